@@ -1,0 +1,46 @@
+/*
+ * cli.h - subcommands and the option parser they share.
+ *
+ * Each subcommand declares a table of fl_opt {long name, short char, kind, help} and calls
+ * fl_args_parse(); unknown options and missing values are errors (exit 2), `--help` prints
+ * every option from the table (so help can never drift from what is parsed).
+ */
+#ifndef FL_CLI_H
+#define FL_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef int (*fl_cmd_fn)(int argc, char **argv);
+typedef struct fl_cli_command {
+    const char *name;
+    const char *help;
+    fl_cmd_fn fn;
+} fl_cli_command;
+
+typedef enum fl_opt_kind { FL_OPT_FLAG, FL_OPT_STR, FL_OPT_INT, FL_OPT_FLOAT, FL_OPT_BYTES } fl_opt_kind;
+
+typedef struct fl_opt {
+    const char *name;  /* long name without dashes, e.g. "model" */
+    char short_name;   /* 'm' or 0 */
+    fl_opt_kind kind;
+    const char *help;  /* "MODEL  path of the GGUF model" (metavar first for non-flags) */
+    /* filled by the parser */
+    bool set;
+    const char *str;
+    int64_t i;
+    double f;
+} fl_opt;
+
+/* Parse argv[1..] against opts (terminated by an entry with name == NULL).  Positional
+ * arguments are collected in pos[] (up to max_pos).  Returns 0 on success, 1 if --help was
+ * printed, 2 on an error (message on stderr).  argv[0] is the command name. */
+int fl_args_parse(int argc, char **argv, fl_opt *opts, const char *usage_line, const char *about,
+                  const char **pos, int max_pos, int *n_pos);
+fl_opt *fl_args_get(fl_opt *opts, const char *name);
+/* Parse "512", "4K", "1.5G", "64MiB" as bytes; returns -1 on error. */
+int64_t fl_parse_bytes(const char *s);
+
+int fl_cmd_inspect(int argc, char **argv);
+
+#endif

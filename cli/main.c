@@ -1,0 +1,38 @@
+/* fitllm command-line entry: dispatches to subcommands (cli/cmd_*.c). */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const fl_cli_command commands[] = {
+    {"inspect", "show a GGUF model's metadata, tensors and memory needs", fl_cmd_inspect},
+};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: fitllm COMMAND [OPTIONS]\n\n"
+                 "fitllm runs, serves and trains llama-family models in the memory you have.\n\n"
+                 "commands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].help);
+    fprintf(out, "\n`fitllm COMMAND --help` lists each command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("fitllm 0.1.0\n");
+        return 0;
+    }
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "fitllm: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,52 @@
+/*
+ * alloc.h - the one tracked allocator of the process.
+ *
+ * Every allocation names a category (fl_mem_cat in fitllm.h).  The allocator keeps current and
+ * peak bytes per category and in total (atomics, cache-line padded: thread-safe and cheap) and
+ * enforces optional budgets per category and in total.
+ *
+ * Like lua_Alloc, the caller passes the size back on free, so counting needs no per-block
+ * header in release builds.  Debug builds (FL_DEBUG_MEM) add a header and a trailing canary to
+ * every block and abort on a size or category mismatch or a smashed canary.
+ *
+ *   fl_alloc()         try-variant: returns NULL and sets the error (FL_ERR_BUDGET or
+ *                      FL_ERR_NOMEM) when a budget would be exceeded or the system is out
+ *   fl_alloc_or_die()  for start-up only: aborts with a message instead of returning NULL
+ *   fl_mem_charge()    account bytes that were not allocated here (mmap of model files)
+ *   fl_mem_fail_after(n)  inject a failure: the n-th fl_alloc from now returns NULL (tests;
+ *                      also read from FL_MEM_FAIL_AFTER at start-up)
+ *
+ * Libraries that allocate with a malloc/free pair (cJSON) use fl_mem_malloc / fl_mem_free_any,
+ * which store the size in a small header.
+ */
+#ifndef FL_ALLOC_H
+#define FL_ALLOC_H
+
+#include "fitllm.h"
+#include <stdbool.h>
+
+#define FL_ALIGN_DEFAULT 64
+
+void *fl_alloc(fl_mem_cat cat, size_t size, size_t align);
+void *fl_calloc(fl_mem_cat cat, size_t n, size_t elem_size); /* zeroed, 64-aligned, overflow-checked */
+void *fl_alloc_or_die(fl_mem_cat cat, size_t size, size_t align);
+void fl_free(fl_mem_cat cat, void *ptr, size_t size);         /* ptr may be NULL */
+/* Grow/shrink keeping contents (min of both sizes). On failure returns NULL, ptr untouched. */
+void *fl_realloc(fl_mem_cat cat, void *ptr, size_t old_size, size_t new_size, size_t align);
+char *fl_strdup(fl_mem_cat cat, const char *s); /* free with fl_free(cat, p, strlen(p) + 1) */
+
+fl_status fl_mem_charge(fl_mem_cat cat, size_t size);  /* FL_ERR_BUDGET if over a budget */
+void fl_mem_uncharge(fl_mem_cat cat, size_t size);
+
+void fl_mem_fail_after(long n); /* n < 0 disables injection */
+
+/* malloc-compatible pair with a size header (for cJSON hooks and the like). */
+void *fl_mem_malloc(size_t size);
+void fl_mem_free_any(void *ptr);
+
+/* Install cJSON hooks so cJSON's allocations are charged to FL_MEM_MISC. Idempotent. */
+void fl_mem_install_cjson_hooks(void);
+
+bool fl_mem_all_zero(void); /* every category at 0 bytes (tests end with this) */
+
+#endif

@@ -1,0 +1,29 @@
+/*
+ * threads.h - the kernel thread team (OpenMP underneath) and the ith/nth convention.
+ *
+ * fl_parallel(fn, ctx) runs fn(ctx, ith, nth) on nth = fl_threads_get() threads and returns when
+ * all are done; with nth == 1 it is a plain call.  Kernels split rows or tiles by ith/nth
+ * themselves, or take chunks from an fl_chunk_counter.  fl_threads_set(0) means all cores.
+ * The thread count is process-wide (set once by the CLI's -t); not for concurrent changes.
+ */
+#ifndef FL_THREADS_H
+#define FL_THREADS_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+typedef void (*fl_task_fn)(void *ctx, int ith, int nth);
+
+void fl_threads_set(int n);
+int fl_threads_get(void);
+void fl_parallel(fl_task_fn fn, void *ctx);
+void fl_parallel_n(fl_task_fn fn, void *ctx, int nth); /* explicit team size */
+
+/* Split [0, n) evenly: thread ith gets [*lo, *hi). */
+static inline void fl_split_range(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+    int64_t per = (n + nth - 1) / nth;
+    *lo = per * ith < n ? per * ith : n;
+    *hi = *lo + per < n ? *lo + per : n;
+}
+
+#endif
