@@ -42,5 +42,7 @@ fl_opt *fl_args_get(fl_opt *opts, const char *name);
 int64_t fl_parse_bytes(const char *s);
 
 int fl_cmd_inspect(int argc, char **argv);
+int fl_cmd_bench(int argc, char **argv);
+/* benchmarks (cli/bench_*.c) */
 
 #endif

@@ -5,6 +5,7 @@
 #include <string.h>
 
 static const fl_cli_command commands[] = {
+    {"bench", "benchmarks that print JSON (attention, kv, model, serve, ...)", fl_cmd_bench},
     {"inspect", "show a GGUF model's metadata, tensors and memory needs", fl_cmd_inspect},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])

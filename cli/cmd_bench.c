@@ -1,0 +1,34 @@
+/* `fitllm bench WHAT ...`: benchmarks that print JSON (speed and memory goals are shown here,
+ * never by timed unit tests).  Each benchmark lives in cli/bench_<what>.c. */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct bench_entry {
+    const char *name;
+    const char *help;
+    fl_cmd_fn fn;
+} bench_entry;
+
+/* One line per benchmark; keep alphabetical. */
+static const bench_entry benches[] = {
+    {NULL, NULL, NULL},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: fitllm bench WHAT [OPTIONS]   (fitllm bench WHAT --help for options)\n\nbenchmarks:\n");
+    for (const bench_entry *b = benches; b->name; b++) fprintf(out, "  %-12s %s\n", b->name, b->help);
+}
+
+int fl_cmd_bench(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (const bench_entry *b = benches; b->name; b++)
+        if (!strcmp(argv[1], b->name)) return b->fn(argc - 1, argv + 1);
+    fprintf(stderr, "fitllm bench: unknown benchmark '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
