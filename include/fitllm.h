@@ -72,6 +72,115 @@ void fl_mem_report(FILE *out);
  * always suffice); returns the length as snprintf does. */
 int fl_mem_report_json(char *buf, size_t n);
 
+/* ---- engine: continuous batching over one model (src/engine) ----
+ *
+ * An engine owns a model, a KV cache and a scheduler.  Requests are added at any time (from any
+ * thread: add/cancel/poll are thread-safe); fl_engine_step() runs one iteration (schedule ->
+ * one packed batch -> forward -> sample -> commit) and is called by one driver thread.
+ * Generated tokens are read back with fl_engine_poll() as they are produced (streaming).
+ */
+typedef struct fl_engine fl_engine;
+
+typedef enum fl_kv_layout { FL_KV_PAGED = 0, FL_KV_CONTIGUOUS = 1 } fl_kv_layout;
+typedef enum fl_preempt_mode { FL_PREEMPT_RECOMPUTE = 0, FL_PREEMPT_SWAP = 1 } fl_preempt_mode;
+
+typedef struct fl_engine_params {
+    const char *model_path;
+    int32_t n_threads;          /* 0 = all cores */
+    int32_t n_ctx;              /* max tokens per sequence; 0 = model's training context */
+    int32_t max_seqs;           /* concurrent running sequences (default 16) */
+    int32_t max_batch_tokens;   /* token budget per step (default 512); also the prefill chunk cap */
+    int64_t kv_mem;             /* bytes for the KV pool; 0 = derive from mem_total or a default */
+    int64_t mem_total;          /* total budget: KV pool sized from the planner (0 = unused) */
+    int32_t kv_block_size;      /* tokens per KV block (default 16) */
+    const char *kv_type;        /* "f32","f16","bf16","fp8_e4m3","fp8_e5m2","q8_0","q4_0" (default f16) */
+    const char *weights_type;   /* load-time quantization: NULL, "nf4","fp8","q8_0","q4_0" */
+    int32_t prefix_cache;       /* 1 = on (default), 0 = off */
+    fl_kv_layout kv_layout;     /* paged (default) or contiguous max-length reservation (baseline) */
+    fl_preempt_mode preempt;    /* recompute (default) or swap to swap_path */
+    const char *swap_path;      /* file for swapped-out KV blocks (default: a temp file) */
+    int32_t seed;               /* default seed for requests that give none */
+} fl_engine_params;
+
+void fl_engine_params_default(fl_engine_params *p);
+
+typedef struct fl_sampling_params {
+    float temperature;          /* 0 = greedy */
+    int32_t top_k;              /* 0 = off */
+    float top_p;                /* 1 = off */
+    float min_p;                /* 0 = off */
+    float repeat_penalty;       /* 1 = off */
+    float presence_penalty;     /* 0 = off */
+    float frequency_penalty;    /* 0 = off */
+    int32_t penalty_last_n;     /* window for penalties (default 64) */
+    uint64_t seed;              /* per-request RNG seed */
+} fl_sampling_params;
+
+void fl_sampling_params_default(fl_sampling_params *p);
+
+#define FL_MAX_STOP_STRINGS 4
+typedef struct fl_request_params {
+    const int32_t *prompt;      /* token ids (BOS included if wanted); copied */
+    int32_t n_prompt;
+    int32_t max_tokens;         /* generated tokens limit */
+    fl_sampling_params sampling;
+    const char *stop[FL_MAX_STOP_STRINGS]; /* stop strings (NULL-terminated list); copied */
+    int32_t ignore_eos;
+    int32_t n;                  /* parallel samples sharing the prompt's KV blocks (copy-on-write); default 1 */
+    uint64_t cache_salt;        /* extra prefix-cache key (tenant / adapter); 0 = none */
+} fl_request_params;
+
+typedef enum fl_request_state {
+    FL_REQ_WAITING = 0, FL_REQ_RUNNING, FL_REQ_PREEMPTED, FL_REQ_FINISHED
+} fl_request_state;
+
+typedef enum fl_finish_reason {
+    FL_FINISH_NONE = 0, FL_FINISH_EOS, FL_FINISH_LENGTH, FL_FINISH_STOP, FL_FINISH_CANCELLED, FL_FINISH_ERROR
+} fl_finish_reason;
+
+/* One streamed event: tokens generated since the last poll for one request (and sample index). */
+typedef struct fl_request_output {
+    int64_t request_id;
+    int32_t sample;             /* 0..n-1 */
+    int32_t n_new;
+    const int32_t *new_tokens;  /* valid until the next poll on this engine */
+    const char *new_text;       /* detokenized text of new_tokens (stop strings trimmed) */
+    fl_finish_reason finish;    /* != NONE once this sample is done */
+    int32_t n_prompt, n_generated, n_cached_prompt;
+    double ttft_s;              /* time to first token (set once the first token exists) */
+} fl_request_output;
+
+typedef struct fl_engine_stats {
+    int64_t steps, requests_finished, tokens_generated, tokens_prefilled;
+    int32_t n_waiting, n_running, n_preempted;
+    int64_t preemptions, swaps_out, swaps_in;
+    int64_t kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached;
+    int64_t prefix_hit_tokens, prefix_miss_tokens, kv_evictions;
+    double kv_utilization;      /* live tokens / allocated token slots */
+    double kv_waste;            /* (allocated slots - live tokens) / allocated slots */
+} fl_engine_stats;
+
+fl_status fl_engine_new(const fl_engine_params *p, fl_engine **out);
+void fl_engine_free(fl_engine *e);
+/* Tokenize text with the model's tokenizer (add_special: BOS as the model asks). */
+fl_status fl_engine_tokenize(fl_engine *e, const char *text, size_t len, int add_special,
+                             int32_t *out, int64_t cap, int64_t *n_out);
+int64_t fl_engine_detokenize(fl_engine *e, const int32_t *ids, int64_t n, char *buf, int64_t cap);
+int32_t fl_engine_n_ctx(const fl_engine *e);
+int32_t fl_engine_n_vocab(const fl_engine *e);
+const char *fl_engine_model_name(const fl_engine *e);
+/* Chat template text from the GGUF (tokenizer.chat_template), or NULL. */
+const char *fl_engine_chat_template(const fl_engine *e);
+/* Queue a request; *id receives its id. FL_ERR_INVALID for prompts over the context etc. */
+fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id);
+/* Cancel: frees its KV blocks at the next step boundary (or at once if not running). */
+fl_status fl_engine_cancel(fl_engine *e, int64_t id);
+/* Run one iteration. *n_active = requests not yet finished. FL_OK even when idle. */
+fl_status fl_engine_step(fl_engine *e, int32_t *n_active);
+/* Drain up to cap output events produced since the last poll. Returns the count. */
+int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap);
+void fl_engine_stats_get(fl_engine *e, fl_engine_stats *s);
+
 #ifdef __cplusplus
 }
 #endif
