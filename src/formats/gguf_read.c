@@ -248,6 +248,9 @@ static fl_status parse(fl_gguf *g) {
         char what[64];
         snprintf(what, sizeof what, "kv %llu", (unsigned long long)i);
         if ((st = rd_str(&c, &kv->key, what))) return st;
+        if (kv->key.len == 0) return fl_set_error(FL_ERR_FORMAT, "%s has an empty key", what);
+        if (memchr(kv->key.data, 0, (size_t)kv->key.len))
+            return fl_set_error(FL_ERR_FORMAT, "%s: key contains a NUL byte", what);
         int32_t type;
         if ((st = rd(&c, &type, 4, what))) return st;
         if ((st = rd_value(g, &c, type, &kv->value, 0, what))) {
@@ -268,6 +271,8 @@ static fl_status parse(fl_gguf *g) {
         snprintf(what, sizeof what, "tensor info %llu", (unsigned long long)i);
         if ((st = rd_str(&c, &t->name, what))) return st;
         if (t->name.len == 0) return fl_set_error(FL_ERR_FORMAT, "%s has an empty name", what);
+        if (memchr(t->name.data, 0, (size_t)t->name.len))
+            return fl_set_error(FL_ERR_FORMAT, "%s: tensor name contains a NUL byte", what);
         uint32_t n_dims;
         if ((st = rd(&c, &n_dims, 4, what))) return st;
         if (n_dims < 1 || n_dims > FL_GGUF_MAX_DIMS)
