@@ -103,7 +103,8 @@ fl_status fl_gguf_get_bool(const fl_gguf *g, const char *key, bool *out);
 fl_status fl_gguf_get_str(const fl_gguf *g, const char *key, char *buf, size_t cap);
 /* Array view: element type and count; NULL if absent or not an array. */
 const fl_gguf_value *fl_gguf_get_arr(const fl_gguf *g, const char *key);
-/* Element i of a scalar array as double / int64 (no bounds check beyond FL_ASSERT). */
+/* Element i of a scalar array as double / int64 (no bounds check beyond FL_ASSERT); floats
+ * convert to int64 truncating toward zero and saturating (NaN gives 0). */
 double fl_gguf_arr_f64(const fl_gguf_value *arr, uint64_t i);
 int64_t fl_gguf_arr_i64(const fl_gguf_value *arr, uint64_t i);
 

@@ -453,6 +453,14 @@ const fl_gguf_value *fl_gguf_get_arr(const fl_gguf *g, const char *key) {
     return kv && kv->value.type == FL_GGUF_ARRAY ? &kv->value : NULL;
 }
 
+/* double -> int64 truncating toward zero, saturating (NaN -> 0) instead of undefined */
+static int64_t f64_to_i64(double x) {
+    if (x != x) return 0;
+    if (x >= 9223372036854775807.0) return INT64_MAX;
+    if (x <= -9223372036854775808.0) return INT64_MIN;
+    return (int64_t)x;
+}
+
 int64_t fl_gguf_arr_i64(const fl_gguf_value *a, uint64_t i) {
     FL_ASSERT(i < a->v.arr.n && a->v.arr.raw);
     const unsigned char *p = a->v.arr.raw + i * vtype_sizes[a->v.arr.type];
@@ -464,8 +472,8 @@ int64_t fl_gguf_arr_i64(const fl_gguf_value *a, uint64_t i) {
     case FL_GGUF_U32: { uint32_t x; memcpy(&x, p, 4); return x; }
     case FL_GGUF_I32: { int32_t x; memcpy(&x, p, 4); return x; }
     case FL_GGUF_U64: case FL_GGUF_I64: { int64_t x; memcpy(&x, p, 8); return x; }
-    case FL_GGUF_F32: { float x; memcpy(&x, p, 4); return (int64_t)x; }
-    case FL_GGUF_F64: { double x; memcpy(&x, p, 8); return (int64_t)x; }
+    case FL_GGUF_F32: { float x; memcpy(&x, p, 4); return f64_to_i64(x); }
+    case FL_GGUF_F64: { double x; memcpy(&x, p, 8); return f64_to_i64(x); }
     }
     return 0;
 }
