@@ -1,6 +1,7 @@
 /* Scalar reference matmul and row dequantization for the float weight types.
  * Quantized block types plug into fl_dequant_row's switch (kernels/quant). */
 #include "kernels/matmul.h"
+#include "kernels/quant.h"
 #include "core/status.h"
 #include "core/threads.h"
 
@@ -8,7 +9,11 @@
 
 fl_status fl_matmul_supported(int32_t type) {
     switch (type) {
-    case FL_TYPE_F32: case FL_TYPE_F16: case FL_TYPE_BF16: return FL_OK;
+    case FL_TYPE_F32: case FL_TYPE_F16: case FL_TYPE_BF16:
+    case FL_TYPE_Q4_0: case FL_TYPE_Q4_1: case FL_TYPE_Q5_0: case FL_TYPE_Q5_1: case FL_TYPE_Q8_0:
+    case FL_TYPE_Q2_K: case FL_TYPE_Q3_K: case FL_TYPE_Q4_K: case FL_TYPE_Q5_K: case FL_TYPE_Q6_K:
+    case FL_TYPE_Q8_K: case FL_TYPE_IQ4_NL: case FL_TYPE_NF4: case FL_TYPE_FP8_E4M3:
+        return FL_OK;
     default: return fl_set_error(FL_ERR_UNSUPPORTED, "weight type %s is not supported by matmul", fl_type_name(type));
     }
 }
@@ -18,6 +23,20 @@ void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K) {
     case FL_TYPE_F32: memcpy(dst, src, (size_t)K * 4); break;
     case FL_TYPE_F16: for (int64_t i = 0; i < K; i++) dst[i] = fl_f16_to_f32(((const uint16_t *)src)[i]); break;
     case FL_TYPE_BF16: for (int64_t i = 0; i < K; i++) dst[i] = fl_bf16_to_f32(((const uint16_t *)src)[i]); break;
+    case FL_TYPE_Q4_0: fl_dequant_q4_0(src, dst, K); break;
+    case FL_TYPE_Q4_1: fl_dequant_q4_1(src, dst, K); break;
+    case FL_TYPE_Q5_0: fl_dequant_q5_0(src, dst, K); break;
+    case FL_TYPE_Q5_1: fl_dequant_q5_1(src, dst, K); break;
+    case FL_TYPE_Q8_0: fl_dequant_q8_0(src, dst, K); break;
+    case FL_TYPE_Q2_K: fl_dequant_q2_K(src, dst, K); break;
+    case FL_TYPE_Q3_K: fl_dequant_q3_K(src, dst, K); break;
+    case FL_TYPE_Q4_K: fl_dequant_q4_K(src, dst, K); break;
+    case FL_TYPE_Q5_K: fl_dequant_q5_K(src, dst, K); break;
+    case FL_TYPE_Q6_K: fl_dequant_q6_K(src, dst, K); break;
+    case FL_TYPE_Q8_K: fl_dequant_q8_K(src, dst, K); break;
+    case FL_TYPE_IQ4_NL: fl_dequant_iq4_nl(src, dst, K); break;
+    case FL_TYPE_NF4: fl_dequant_nf4(src, dst, K); break;
+    case FL_TYPE_FP8_E4M3: fl_dequant_fp8_e4m3(src, dst, K); break;
     default: FL_ASSERT(!"fl_dequant_row: unsupported type");
     }
 }
