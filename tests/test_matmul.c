@@ -109,6 +109,11 @@ static void test_gemm_q8_parity(void **state) {
                     memset(got, 0, sizeof got);
                     fns[f](types[ti], (const char *)q.data + q.W.nb[1], q.W.nb[1], nr, &a, 1, nt, got, 4);
                     for (int t = 0; t < nt; t++)
+                        for (int r = 0; r < nr; r++)
+                            if (!(fabsf(got[t * 4 + r] - ref[t * 4 + r]) <= 1e-4 * (1 + fabsf(ref[t * 4 + r]))))
+                                fail_msg("%s K=%lld isa fn %d tile %dx%d (r %d t %d): %.6g vs ref %.6g", fl_type_name(types[ti]),
+                                         (long long)K, f, nr, nt, r, t, got[t * 4 + r], ref[t * 4 + r]);
+                    for (int t = 0; t < nt; t++)
                         for (int r = 0; r < nr; r++) CHECK_NEAR(got[t * 4 + r], ref[t * 4 + r], 1e-4 * (1 + fabsf(ref[t * 4 + r])));
                 }
             }

@@ -56,6 +56,7 @@ typedef struct fl_act_q8 {
     int32_t *s;        /* [M][nb] sum of the block's codes */
     float *dv;         /* [M][nb][8] */
     int32_t *sv;       /* [M][nb][8]: -s */
+    float *ms;         /* [M][nb]: -s * d (offset correction of unsigned weight codes) */
     size_t bytes;      /* one allocation (FL_MEM_SCRATCH) */
     void *mem;
 } fl_act_q8;

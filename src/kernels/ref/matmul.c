@@ -72,7 +72,7 @@ fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
     const int64_t nb = K / 32;
     const size_t qs = ((size_t)(M * K) + 63) & ~(size_t)63, d = (size_t)(M * nb) * 4;
     const size_t d64 = (d + 63) & ~(size_t)63, v = (size_t)(M * nb) * 32;
-    a->bytes = qs + 2 * d64 + 2 * v;
+    a->bytes = qs + 3 * d64 + 2 * v;
     a->mem = fl_alloc(FL_MEM_SCRATCH, a->bytes, 64);
     if (!a->mem) return FL_ERR_NOMEM; /* fl_alloc set the message */
     char *p = a->mem;
@@ -81,7 +81,8 @@ fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
     a->d = (float *)p; p += d64;
     a->s = (int32_t *)p; p += d64;
     a->dv = (float *)p; p += v;
-    a->sv = (int32_t *)p;
+    a->sv = (int32_t *)p; p += v;
+    a->ms = (float *)p;
     return FL_OK;
 }
 
@@ -107,6 +108,7 @@ void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
         const int64_t i = m * a->nb + b;
         a->d[i] = d;
         a->s[i] = s;
+        a->ms[i] = -(float)s * d;
         for (int l = 0; l < 8; l++) {
             a->dv[i * 8 + l] = d;
             a->sv[i * 8 + l] = -s;
