@@ -13,6 +13,7 @@ typedef struct bench_entry {
 
 /* One line per benchmark; keep alphabetical. */
 static const bench_entry benches[] = {
+    {"matmul", "GEMV GB/s and GEMM GOP/s vs measured bandwidth / int8 peak (TinyLlama shapes)", fl_bench_matmul},
     {NULL, NULL, NULL},
 };
 
