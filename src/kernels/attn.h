@@ -165,7 +165,8 @@ void fl_attn_tile_update(fl_attn_tile *t, const void *k, int64_t k_stride, const
 void fl_attn_tile_get_lane(const fl_attn_tile *t, int32_t lane, float *out, float *lse);
 
 /* ---- micro-kernels (one table per ISA; exposed for parity tests) ----
- * Buffers with FL_ATTN_TQ lanes per row; nq is a multiple of 16 (<= FL_ATTN_TQ).
+ * Buffers with FL_ATTN_TQ lanes per row, all 64-byte aligned (qt, s, ot, m, l, alpha); nq is a
+ * multiple of 16 (<= FL_ATTN_TQ); k and v rows need no alignment.
  *   qk:      s[j][i] = sum_d k[j][d] * qt[d][i]             j < nk, i < nq   (k rows of f32)
  *   softmax: per lane i: mt = max_j s[j][i]; m' = max(m, mt); alpha = exp2(m - m'); s = exp2(s - m');
  *            l = l * alpha + sum_j s[j][i]; m = m'  (with -inf handled: exp2(-inf) = 0, no NaN)
