@@ -13,6 +13,8 @@ typedef struct bench_entry {
 
 /* One line per benchmark; keep alphabetical. */
 static const bench_entry benches[] = {
+    {"attention", "naive vs flash attention: time, GFLOP/s, peak memory vs n", fl_bench_attention},
+    {"packing", "padded batch vs packed varlen attention: bytes and time", fl_bench_packing},
     {NULL, NULL, NULL},
 };
 

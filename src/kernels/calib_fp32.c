@@ -13,9 +13,11 @@
 
 #define CALIB_ACC 12
 
+/* CPU time of the calling thread: time the thread was descheduled (other processes on a shared
+ * machine) does not count, so the result is the peak of the core, not of our share of it. */
 static double now_s(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -56,35 +58,39 @@ static void loop_ref(long iters) {
 typedef struct calib_ctx {
     fl_isa isa;
     long iters;
+    double secs[256]; /* CPU seconds of each thread */
 } calib_ctx;
 
 static void calib_task(void *p, int ith, int nth) {
-    const calib_ctx *c = p;
-    (void)ith, (void)nth;
+    calib_ctx *c = p;
+    (void)nth;
+    const double t0 = now_s();
     if (c->isa == FL_ISA_AVX512) loop_avx512(c->iters);
     else if (c->isa == FL_ISA_AVX2) loop_avx2(c->iters);
     else loop_ref(c->iters);
+    if (ith < 256) c->secs[ith] = now_s() - t0;
 }
 
 double fl_calib_fp32_peak_gflops_isa(fl_isa isa, int n_threads) {
     if (isa > fl_isa_best()) isa = fl_isa_best();
     if (n_threads <= 0) n_threads = fl_threads_get();
     const int lanes = isa == FL_ISA_AVX512 ? 16 : isa == FL_ISA_AVX2 ? 8 : 1;
-    calib_ctx c = {isa, 100000};
-    /* size the loop to ~50 ms on one thread */
-    double t0 = now_s();
-    calib_task(&c, 0, 1);
-    double dt = now_s() - t0;
-    if (dt > 0) c.iters = (long)((double)c.iters * 0.05 / dt) + 1;
-    double best = 0.0;
-    for (int rep = 0; rep < 3; rep++) {
-        t0 = now_s();
-        fl_parallel_n(calib_task, &c, n_threads);
-        dt = now_s() - t0;
-        const double gf = 2.0 * lanes * CALIB_ACC * (double)c.iters * n_threads / dt * 1e-9;
-        if (gf > best) best = gf;
+    if (n_threads > 256) n_threads = 256;
+    calib_ctx c = {.isa = isa, .iters = 100000}, *cp = &c;
+    /* size the loop to ~20 ms on one thread */
+    calib_task(cp, 0, 1);
+    if (cp->secs[0] > 0) cp->iters = (long)((double)cp->iters * 0.02 / cp->secs[0]) + 1;
+    /* per thread: the best of 5 tries (GFLOP per CPU second); the sum over threads */
+    double best[256] = {0}, total = 0.0;
+    for (int rep = 0; rep < 5; rep++) {
+        fl_parallel_n(calib_task, cp, n_threads);
+        for (int t = 0; t < n_threads; t++) {
+            const double gf = cp->secs[t] > 0 ? 2.0 * lanes * CALIB_ACC * (double)cp->iters / cp->secs[t] * 1e-9 : 0.0;
+            if (gf > best[t]) best[t] = gf;
+        }
     }
-    return best;
+    for (int t = 0; t < n_threads; t++) total += best[t];
+    return total;
 }
 
 double fl_calib_fp32_peak_gflops(int n_threads) { return fl_calib_fp32_peak_gflops_isa(fl_isa_get(), n_threads); }
