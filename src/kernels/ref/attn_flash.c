@@ -150,6 +150,7 @@ void fl_attn_tile_update(fl_attn_tile *t, const void *k, int64_t k_stride, const
         if (t->lo[i] < lo_min) lo_min = t->lo[i];
         if (t->hi[i] > hi_max) hi_max = t->hi[i];
     }
+    if (lo_min > hi_max || n_keys <= 0) return; /* no lane sees anything */
     /* keys j in [jb, je) of this run are visible to some lane */
     int64_t jb = lo_min - key_pos0, je = hi_max - key_pos0 + 1;
     if (jb < 0) jb = 0;
@@ -223,9 +224,11 @@ static void flash_item(const flash_ctx *c, fl_attn_tile *t, int32_t s, int64_t i
         fl_attn_row_range(i, lq, lk, a->causal, a->window, &lo, &hi);
         fl_attn_tile_set_lane(t, lane, a->q + (q0 + i) * r->qs + h * hd, r->scale, lo, hi);
     }
-    const size_t off = (size_t)(k0 * r->ks + (int64_t)hk * hd) * r->kv_elem;
-    const size_t offv = (size_t)(k0 * r->vs + (int64_t)hk * hd) * r->kv_elem;
-    fl_attn_tile_update(t, (const char *)a->k + off, r->ks, (const char *)a->v + offv, r->vs, a->kv_type, lk, 0);
+    if (lk > 0) {
+        const size_t off = (size_t)(k0 * r->ks + (int64_t)hk * hd) * r->kv_elem;
+        const size_t offv = (size_t)(k0 * r->vs + (int64_t)hk * hd) * r->kv_elem;
+        fl_attn_tile_update(t, (const char *)a->k + off, r->ks, (const char *)a->v + offv, r->vs, a->kv_type, lk, 0);
+    }
     for (int32_t lane = 0; lane < n; lane++) {
         const int64_t i = (r0 + lane) / r->group, h = (int64_t)hk * r->group + (r0 + lane) % r->group;
         fl_attn_tile_get_lane(t, lane, a->out + (q0 + i) * r->os + h * hd,
