@@ -5,6 +5,7 @@
 #include "core/status.h"
 #include "formats/gguf.h"
 #include "model/tokenizer.h"
+#include "model/tokenizer_impl.h" /* spm_split switch for the chunking check */
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>
@@ -352,6 +353,19 @@ static void test_war_and_peace(void **state) {
     double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     fprintf(stderr, "war-and-peace: %zu bytes -> %lld tokens in %.2f s (llama-spm)\n", len, (long long)n, sec);
     assert_true(n > (int64_t)len / 8 && n < (int64_t)len);
+    /* merging in chunks (cut before "▁" runs) gives what merging the whole text gives */
+    assert_true(t->spm_split);
+    size_t part = 200000;
+    while (part < len && text[part] != '\n') part++;
+    int64_t n_a = 0, n_b = 0;
+    int32_t *a = tok(t, text, part, false, false, &n_a);
+    t->spm_split = false;
+    int32_t *b = tok(t, text, part, false, false, &n_b);
+    t->spm_split = true;
+    assert_int_equal(n_a, n_b);
+    assert_memory_equal(a, b, (size_t)n_a * sizeof(int32_t));
+    free(a);
+    free(b);
     char *back = malloc(len + 16);
     int64_t dl = fl_detokenize(t, ids, n, back, (int64_t)len + 16, true, false);
     assert_int_equal(dl, (int64_t)len);
