@@ -254,6 +254,11 @@ static void test_tiny_random_and_special(void **state) {
     assert_string_equal(buf, "<s> Hello</s>"); /* the SPM prefix space after a special token */
     assert_int_equal(fl_detokenize(t, got, n, buf, sizeof buf, false, false), 6);
     assert_string_equal(buf, " Hello");
+    /* remove_leading_space passes over a leading BOS and strips the next token's space */
+    assert_int_equal(fl_detokenize(t, got, n, buf, sizeof buf, true, true), (int64_t)strlen(s));
+    assert_string_equal(buf, s);
+    assert_int_equal(fl_detokenize(t, got, n, buf, sizeof buf, true, false), 5);
+    assert_string_equal(buf, "Hello");
     free(got);
     got = tok(t, s, strlen(s), false, false, &n);
     for (int64_t i = 0; i < n; i++) assert_true(got[i] != 1 && got[i] != 2);
@@ -334,6 +339,136 @@ static void test_bad_input(void **state) {
     fl_test_mem_zero();
 }
 
+/* Write a small vocabulary GGUF: model kind, tokens, optional scores/types/merges/pre. */
+static const char *write_vocab(const char *file, const char *model, const char *const *toks, int n, const float *scores,
+                               const int32_t *types, const char *const *merges, int n_merges, const char *pre, bool add_eos) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", FL_BINARY_DIR, file);
+    fl_gguf_writer *w = fl_gguf_writer_new();
+    assert_non_null(w);
+    assert_int_equal(fl_gguf_writer_set_str(w, "general.architecture", "llama"), FL_OK);
+    if (model) assert_int_equal(fl_gguf_writer_set_str(w, "tokenizer.ggml.model", model), FL_OK);
+    if (toks) assert_int_equal(fl_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, (uint64_t)n), FL_OK);
+    if (scores) assert_int_equal(fl_gguf_writer_set_arr(w, "tokenizer.ggml.scores", FL_GGUF_F32, scores, (uint64_t)n), FL_OK);
+    if (types) assert_int_equal(fl_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", FL_GGUF_I32, types, (uint64_t)n), FL_OK);
+    if (merges) assert_int_equal(fl_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, (uint64_t)n_merges), FL_OK);
+    if (pre) assert_int_equal(fl_gguf_writer_set_str(w, "tokenizer.ggml.pre", pre), FL_OK);
+    if (add_eos) assert_int_equal(fl_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", true), FL_OK);
+    assert_int_equal(fl_gguf_writer_write(w, path, NULL, NULL), FL_OK);
+    fl_gguf_writer_free(w);
+    return path;
+}
+
+static fl_status open_vocab(const char *path, fl_tokenizer **t) {
+    fl_gguf *g = NULL;
+    assert_int_equal(fl_gguf_open(path, &g), FL_OK);
+    fl_status st = fl_tokenizer_new(g, t);
+    fl_gguf_free(g);
+    remove(path);
+    return st;
+}
+
+static void expect(const fl_tokenizer *t, const char *s, bool add_special, bool parse_special, const int32_t *want, int n_want) {
+    int64_t n = 0;
+    int32_t *got = tok(t, s, strlen(s), add_special, parse_special, &n);
+    if (n != n_want) fail_msg("'%s': %lld ids, want %d", s, (long long)n, n_want);
+    for (int i = 0; i < n_want; i++)
+        if (got[i] != want[i]) fail_msg("'%s': id %d is %d, want %d", s, i, got[i], want[i]);
+    free(got);
+}
+
+/* A hand-made SPM vocabulary: the score order decides merges, stale pairs are skipped, no
+ * byte tokens means <unk> per byte, user-defined tokens are cut out even without
+ * parse_special and the text after a special token gets the space prefix. */
+static void test_synthetic_spm(void **state) {
+    (void)state;
+    static const char *const toks[] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "a", "b", "ab", "\xe2\x96\x81" "a", "", "[x]"};
+    static const float scores[] = {0, 0, 0, -1.0f, -2.0f, -2.0f, -0.5f, -0.1f, 0, 0};
+    static const int32_t types[] = {2, 3, 3, 1, 1, 1, 1, 1, 5, 4};
+    fl_tokenizer *t = NULL;
+    assert_int_equal(open_vocab(write_vocab("tok_spm.gguf", "llama", toks, 10, scores, types, NULL, 0, NULL, true), &t), FL_OK);
+    assert_int_equal(fl_tokenizer_n_vocab(t), 10);
+    assert_true(fl_tokenizer_add_bos(t));
+    assert_true(fl_tokenizer_add_eos(t));
+    expect(t, "ab", false, false, (const int32_t[]){7, 5}, 2);                 /* "▁a" (-0.1) beats "ab" (-0.5) */
+    expect(t, "ab", true, false, (const int32_t[]){1, 7, 5, 2}, 4);            /* BOS ... EOS */
+    expect(t, "b ab", false, false, (const int32_t[]){3, 5, 7, 5}, 4);         /* stale "ab" skipped */
+    expect(t, "\xc3\xa9", false, false, (const int32_t[]){3, 0, 0}, 3);        /* é: <unk> per byte */
+    expect(t, "[x]a", false, false, (const int32_t[]){9, 7}, 2);               /* user-defined always */
+    expect(t, "<s>a", false, false, (const int32_t[]){3, 0, 0, 0, 4}, 5);      /* control stays text */
+    expect(t, "<s>a", false, true, (const int32_t[]){1, 7}, 2);
+    expect(t, "a</s><s>", false, true, (const int32_t[]){7, 2, 1}, 3);
+    const char *x;
+    assert_int_equal(fl_tokenizer_token_text(t, 8, &x), (int32_t)strlen("[EMPTY_8]")); /* empty text renamed */
+    char buf[64];
+    assert_int_equal(fl_token_to_piece(t, 8, buf, sizeof buf, true), 0); /* unused: renders as nothing */
+    assert_int_equal(fl_token_to_piece(t, 9, buf, sizeof buf, false), 3); /* user-defined: always */
+    assert_int_equal(fl_token_to_piece(t, 0, buf, sizeof buf, false), 0); /* unknown: only if special */
+    assert_int_equal(fl_token_to_piece(t, 0, buf, sizeof buf, true), 5);
+    fl_tokenizer_free(t);
+    fl_test_mem_zero();
+}
+
+/* A hand-made byte-level BPE vocabulary: merges by rank, the GPT-2 byte map, specials. */
+static void test_synthetic_bpe(void **state) {
+    (void)state;
+    /* "Ġ" is the byte map of ' ' */
+    static const char *const toks[] = {"a", "b", "c", "\xc4\xa0", "ab", "bc", "\xc4\xa0" "a", "<|end|>"};
+    static const int32_t types[] = {1, 1, 1, 1, 1, 1, 1, 3};
+    static const char *const merges[] = {"b c", "a b", "\xc4\xa0 a"};
+    fl_tokenizer *t = NULL;
+    assert_int_equal(open_vocab(write_vocab("tok_bpe.gguf", "gpt2", toks, 8, NULL, types, merges, 3, "gpt-2", false), &t), FL_OK);
+    assert_string_equal(fl_tokenizer_kind(t), "gpt2");
+    assert_false(fl_tokenizer_add_bos(t));
+    assert_true(fl_tokenizer_is_eog(t, 7)); /* recognized by its text */
+    expect(t, "abc", false, false, (const int32_t[]){0, 5}, 2);      /* "b c" has rank 0 */
+    expect(t, "ab", false, false, (const int32_t[]){4}, 1);
+    expect(t, "ab abc", false, false, (const int32_t[]){4, 6, 5}, 3); /* " abc" -> Ġa + bc */
+    expect(t, "a<|end|>", false, true, (const int32_t[]){0, 7}, 2);
+    char buf[64];
+    int32_t ids[] = {6, 5, 7};
+    assert_int_equal(fl_detokenize(t, ids, 3, buf, sizeof buf, false, false), 4);
+    assert_string_equal(buf, " abc");
+    assert_int_equal(fl_detokenize(t, ids, 3, buf, sizeof buf, false, true), 11);
+    assert_string_equal(buf, " abc<|end|>");
+    fl_tokenizer_free(t);
+    fl_test_mem_zero();
+}
+
+/* Broken tokenizer metadata is an error with a message, never a crash. */
+static void test_bad_metadata(void **state) {
+    (void)state;
+    static const char *const toks[] = {"a", "b"};
+    static const float scores[] = {0, 0};
+    static const int32_t types[] = {1, 1};
+    fl_tokenizer *t = NULL;
+    assert_int_equal(open_vocab(write_vocab("tok_bad.gguf", "bert", toks, 2, scores, types, NULL, 0, NULL, false), &t), FL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(fl_last_error(), "bert"));
+    assert_int_equal(open_vocab(write_vocab("tok_bad.gguf", "llama", NULL, 0, NULL, NULL, NULL, 0, NULL, false), &t), FL_ERR_FORMAT);
+    assert_non_null(strstr(fl_last_error(), "tokenizer.ggml.tokens"));
+    /* scores of the wrong length: write 2 scores for 1 token */
+    {
+        char path[512];
+        snprintf(path, sizeof path, "%s/tok_bad.gguf", FL_BINARY_DIR);
+        fl_gguf_writer *w = fl_gguf_writer_new();
+        fl_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
+        fl_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 1);
+        fl_gguf_writer_set_arr(w, "tokenizer.ggml.scores", FL_GGUF_F32, scores, 2);
+        assert_int_equal(fl_gguf_writer_write(w, path, NULL, NULL), FL_OK);
+        fl_gguf_writer_free(w);
+        assert_int_equal(open_vocab(path, &t), FL_ERR_FORMAT);
+        assert_non_null(strstr(fl_last_error(), "scores"));
+    }
+    assert_int_equal(open_vocab(write_vocab("tok_bad.gguf", "gpt2", toks, 2, NULL, types, NULL, 0, "gpt-2", false), &t), FL_ERR_FORMAT);
+    assert_non_null(strstr(fl_last_error(), "merges"));
+    static const char *const merges[] = {"a b"};
+    assert_int_equal(open_vocab(write_vocab("tok_bad.gguf", "gpt2", toks, 2, NULL, types, merges, 1, "no-such-pre", false), &t),
+                     FL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(fl_last_error(), "no-such-pre"));
+    assert_null(t);
+    fl_test_mem_zero();
+}
+
 /* War and Peace through the Llama-2 SPM vocab: tokenizes and round-trips (time printed for
  * information only; speed claims come from fitllm bench). */
 static void test_war_and_peace(void **state) {
@@ -386,6 +521,8 @@ int main(void) {
         cmocka_unit_test(test_vocab_deepseek_coder), cmocka_unit_test(test_vocab_deepseek_llm),
         cmocka_unit_test(test_vocab_mpt),           cmocka_unit_test(test_vocab_refact),
         cmocka_unit_test(test_vocab_llama_bpe),     cmocka_unit_test(test_war_and_peace),
+        cmocka_unit_test(test_synthetic_spm),       cmocka_unit_test(test_synthetic_bpe),
+        cmocka_unit_test(test_bad_metadata),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

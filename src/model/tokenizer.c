@@ -844,7 +844,7 @@ int64_t fl_detokenize(const fl_tokenizer *t, const int32_t *ids, int64_t n, char
                       bool remove_leading_space, bool render_special) {
     int64_t total = 0;
     /* SPM: strip the one space the tokenizer prefixed to the first text token (a leading BOS
-     * is passed over). */
+     * is passed over: it renders as usual and the token after it loses its space). */
     bool strip = remove_leading_space && t->add_space_prefix;
     for (int64_t i = 0; i < n; i++) {
         int32_t id = ids[i];
@@ -852,10 +852,10 @@ int64_t fl_detokenize(const fl_tokenizer *t, const int32_t *ids, int64_t n, char
             fl_set_error(FL_ERR_INVALID, "fl_detokenize: token id %d out of range [0, %d)", id, t->n_vocab);
             return -1;
         }
-        if (strip && id == t->bos && i == 0) continue;
+        const bool lead_bos = i == 0 && id == t->bos;
         int64_t room = cap - total > 0 ? cap - total : 0;
-        int64_t k = piece(t, id, render_special, strip ? 1 : 0, buf + (room ? total : 0), room);
-        strip = false;
+        int64_t k = piece(t, id, render_special, strip && !lead_bos ? 1 : 0, buf + (room ? total : 0), room);
+        if (!lead_bos) strip = false;
         total += k;
     }
     if (total >= cap) {

@@ -38,7 +38,8 @@ int32_t fl_token_to_piece(const fl_tokenizer *t, int32_t id, char *buf, int32_t 
  * the SPM tokenizer added when remove_leading_space).  Returns length or -1 if buf too small.
  * Precisely: the pieces of fl_token_to_piece concatenated; with remove_leading_space, on vocabs
  * that add a space prefix (SPM), one leading space is dropped from the first token after an
- * optional leading BOS (the BOS is skipped), so detokenize(tokenize(x)) == x.  BPE vocabs with
+ * optional leading BOS (which renders as usual: "" unless render_special), so
+ * detokenize(tokenize(x)) == x.  BPE vocabs with
  * llama.cpp's clean_spaces (gpt-2, llama-bpe, falcon, ...) then drop the space before ? ! . ,
  * and in " 's", " 'm", " 're", " 've", " ' ".  An id out of range gives -1 (FL_ERR_INVALID). */
 int64_t fl_detokenize(const fl_tokenizer *t, const int32_t *ids, int64_t n, char *buf, int64_t cap,
