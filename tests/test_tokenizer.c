@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <time.h>
 
 #define SEP "\n__ggml_vocab_test__\n"
@@ -469,6 +470,113 @@ static void test_bad_metadata(void **state) {
     fl_test_mem_zero();
 }
 
+/* Random strings built from tricky pieces (spaces, tabs, newlines, digits, apostrophes,
+ * accents, combining marks, CJK, emoji, Khmer, ZWJ) round-trip through the pieces on every
+ * vocab kind, and tokenizing from several threads at once gives the same ids. */
+static const char *const PIECES[] = {
+    " ", "  ", "\t", "\n", "\r\n", "a", "Hello", "world", "'s", "'ll", "3", "333", "12345", ".", ",", "!?", "--",
+    "\xc3\xa9", "e\xcc\x81", "\xe6\x88\x91", "\xe5\xb7\xa5\xe4\xbd\x9c", "\xf0\x9f\xa6\x99", "\xe2\x80\x8d",
+    "\xe1\x9e\x80\xe1\x9e\xb6", "\xd0\xbd\xd0\xb5", "\xef\xbd\x9e", "\xe3\x80\x80", "<s>", "\x01",
+}; /* not "▁" (U+2581): SPM reads it as an escaped space, so it comes back as ' ' */
+
+static uint64_t rng_next(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+static size_t random_text(uint64_t *rng, char *buf, size_t cap) {
+    size_t n = 0;
+    int k = (int)(rng_next(rng) % 24);
+    for (int i = 0; i < k; i++) {
+        const char *p = PIECES[rng_next(rng) % (sizeof PIECES / sizeof PIECES[0])];
+        size_t l = strlen(p);
+        if (n + l >= cap) break;
+        memcpy(buf + n, p, l);
+        n += l;
+    }
+    buf[n] = 0;
+    return n;
+}
+
+static void roundtrip_random(const fl_tokenizer *t, uint64_t seed, int n_iter) {
+    uint64_t rng = seed;
+    char text[1024], back[4096];
+    for (int it = 0; it < n_iter; it++) {
+        size_t n = random_text(&rng, text, sizeof text);
+        int64_t n_ids = 0;
+        int32_t *ids = tok(t, text, n, false, false, &n_ids);
+        size_t pl = 0;
+        for (int64_t i = 0; i < n_ids; i++) {
+            char piece[512];
+            int32_t k = fl_token_to_piece(t, ids[i], piece, sizeof piece, false);
+            assert_true(k >= 0);
+            const char *p = piece;
+            if (i == 0 && !strcmp(fl_tokenizer_kind(t), "llama") && k > 0 && piece[0] == ' ') p++, k--;
+            assert_true(pl + (size_t)k < sizeof back);
+            memcpy(back + pl, p, (size_t)k);
+            pl += (size_t)k;
+        }
+        if (pl != n || memcmp(back, text, n) != 0) fail_msg("no round trip for '%s' -> '%.*s'", text, (int)pl, back);
+        free(ids);
+    }
+}
+
+typedef struct thr_job {
+    const fl_tokenizer *t;
+    const char *text;
+    size_t len;
+    int32_t *ids;
+    int64_t n;
+    fl_status st;
+} thr_job;
+
+static void *thr_tokenize(void *p) {
+    thr_job *j = p;
+    for (int r = 0; r < 3 && !j->st; r++) j->st = fl_tokenize(j->t, j->text, j->len, true, true, j->ids, (int64_t)j->len + 8, &j->n);
+    return NULL;
+}
+
+static void test_random_roundtrip_threads(void **state) {
+    (void)state;
+    NEED_SHARED();
+    static const char *const names[] = {"llama-spm", "gpt-2", "falcon", "deepseek-llm"};
+    size_t len = 0;
+    char *text = fl_test_read_file(FL_SHARED_PATH("data/tinystories_val.txt"), &len);
+    assert_non_null(text);
+    const size_t file_len = len;
+    if (len > 60000) len = 60000;
+    while (len > 0 && (text[len] & 0xc0) == 0x80) len--; /* cut on a character boundary */
+    for (size_t v = 0; v < sizeof names / sizeof names[0]; v++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "vocab/ggml-vocab-%s.gguf", names[v]);
+        fl_tokenizer *t = load_gguf_tok(rel);
+        roundtrip_random(t, 0x9e3779b97f4a7c15ull + v, 300);
+        thr_job jobs[3];
+        pthread_t th[3];
+        for (int i = 0; i < 3; i++) {
+            jobs[i] = (thr_job){t, text, len, malloc((len + 8) * sizeof(int32_t)), 0, FL_OK};
+            pthread_create(&th[i], NULL, thr_tokenize, &jobs[i]);
+        }
+        for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(jobs[i].st, FL_OK);
+            assert_int_equal(jobs[i].n, jobs[0].n);
+            assert_memory_equal(jobs[i].ids, jobs[0].ids, (size_t)jobs[0].n * sizeof(int32_t));
+        }
+        int64_t n1 = 0;
+        int32_t *one = tok(t, text, len, true, true, &n1);
+        assert_int_equal(n1, jobs[0].n);
+        assert_memory_equal(one, jobs[0].ids, (size_t)n1 * sizeof(int32_t));
+        free(one);
+        for (int i = 0; i < 3; i++) free(jobs[i].ids);
+        fl_tokenizer_free(t);
+    }
+    fl_test_free_file(text, file_len);
+    fl_test_mem_zero();
+}
+
 /* War and Peace through the Llama-2 SPM vocab: tokenizes and round-trips (time printed for
  * information only; speed claims come from fitllm bench). */
 static void test_war_and_peace(void **state) {
@@ -522,7 +630,7 @@ int main(void) {
         cmocka_unit_test(test_vocab_mpt),           cmocka_unit_test(test_vocab_refact),
         cmocka_unit_test(test_vocab_llama_bpe),     cmocka_unit_test(test_war_and_peace),
         cmocka_unit_test(test_synthetic_spm),       cmocka_unit_test(test_synthetic_bpe),
-        cmocka_unit_test(test_bad_metadata),
+        cmocka_unit_test(test_bad_metadata),        cmocka_unit_test(test_random_roundtrip_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

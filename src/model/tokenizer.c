@@ -738,6 +738,13 @@ fl_status fl_tokenize(const fl_tokenizer *t, const char *text, size_t len, bool 
 /* ------------------------------------------------------------------------------------------ */
 /* pieces                                                                                      */
 
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
 /* Bytes of token id's piece written to buf (at most cap), after skipping up to `lstrip`
  * leading spaces; returns the full length of the piece (which may exceed cap), 0 for pieces
  * that render as nothing. */
@@ -768,9 +775,8 @@ static int64_t piece(const fl_tokenizer *t, int32_t id, bool render_special, int
         }
         return k;
     } else if (t->kind == FL_TOK_SPM && (e->attr & FL_TATTR_BYTE)) {
-        unsigned v = 0;
-        if (n == 6 && sscanf(s + 3, "%2x", &v) == 1) tmp[0] = (char)v;
-        else tmp[0] = s[0];
+        int hi = n == 6 ? hexval(s[3]) : -1, lo = n == 6 ? hexval(s[4]) : -1;
+        tmp[0] = hi >= 0 && lo >= 0 ? (char)(hi << 4 | lo) : s[0]; /* "<0xXX>" */
         s = tmp;
         n = 1;
     } else if (t->kind == FL_TOK_BPE && (e->attr & FL_TATTR_NORMAL)) {
