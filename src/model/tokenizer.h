@@ -5,7 +5,19 @@
  * "gpt2" (byte-level BPE with merges and the pre-tokenizer regex of tokenizer.ggml.pre, run with
  * libpcre2).  Results match llama.cpp's llama_tokenize / llama_token_to_piece exactly.
  * The tokenizer owns copies of what it needs (charged to FL_MEM_MISC); the GGUF may be closed
- * after fl_tokenizer_new.  Immutable after creation: safe to share between threads.
+ * after fl_tokenizer_new.  Immutable after creation: safe to share between threads.  Each call
+ * allocates its working memory from FL_MEM_SCRATCH and releases it before returning.
+ *
+ * Pre-tokenizers (tokenizer.ggml.pre): default, llama3 / llama-bpe (and llama.cpp's aliases),
+ * dbrx, smaug-bpe, deepseek-llm, deepseek-coder, falcon, mpt, olmo, starcoder, refact, gpt-2
+ * (and aliases), qwen2.  Checked against llama.cpp's vectors for all but dbrx/smaug/qwen2.
+ * Special tokens: control, user-defined and unknown tokens are cut out of the text before the
+ * merges, longest first; with parse_special=false only user-defined ones are (as llama.cpp).
+ * End of generation: eos, eot, eom and tokens with texts like <|eot_id|>, <|im_end|>, <|end|>.
+ *
+ * Errors of fl_tokenizer_new: FL_ERR_FORMAT for missing or malformed tokenizer.ggml.* keys
+ * (model, tokens, scores, token_type, merges), FL_ERR_UNSUPPORTED for other tokenizer models
+ * (bert, t5, ...) and unknown pre-tokenizers, FL_ERR_NOMEM; the message names the key.
  */
 #ifndef FL_TOKENIZER_H
 #define FL_TOKENIZER_H
