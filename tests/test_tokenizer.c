@@ -316,6 +316,14 @@ static void test_bad_input(void **state) {
     int64_t n2 = 0;
     assert_int_equal(fl_tokenize(t, "Hello world, this is a test", 27, true, false, ids, 64, &n2), FL_OK);
     assert_int_equal(n2, n);
+    /* streaming helper: hold back an incomplete UTF-8 tail */
+    assert_int_equal(fl_utf8_complete_prefix("ab", 2), 2);
+    assert_int_equal(fl_utf8_complete_prefix("a\xc3", 2), 1);
+    assert_int_equal(fl_utf8_complete_prefix("a\xc3\xa9", 3), 3);
+    assert_int_equal(fl_utf8_complete_prefix("\xf0\x9f\xa6", 3), 0);
+    assert_int_equal(fl_utf8_complete_prefix("\xf0\x9f\xa6\x99", 4), 4);
+    assert_int_equal(fl_utf8_complete_prefix("x\xe6\x88", 3), 1);
+    assert_int_equal(fl_utf8_complete_prefix("", 0), 0);
     /* valid multi-byte text, embedded NUL */
     assert_int_equal(fl_tokenize(t, "a\0b", 3, false, false, ids, 64, &n), FL_OK);
     char buf[64];

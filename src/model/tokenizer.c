@@ -132,6 +132,17 @@ static int64_t utf8_invalid_at(const unsigned char *s, size_t n) {
     return -1;
 }
 
+size_t fl_utf8_complete_prefix(const char *s, size_t n) {
+    /* look back at most 3 bytes for the start of the last sequence */
+    for (size_t back = 1; back <= 4 && back <= n; back++) {
+        unsigned char c = (unsigned char)s[n - back];
+        if ((c & 0xc0) == 0x80) continue; /* continuation byte: keep looking */
+        size_t need = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 1;
+        return need > back ? n - back : n;
+    }
+    return n; /* only continuation bytes (or nothing): not a sequence we can complete */
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* construction                                                                                */
 

@@ -81,4 +81,9 @@ int32_t fl_tokenizer_find(const fl_tokenizer *t, const char *text, size_t len);
 /* Upper bound of any piece length (bytes, without the NUL): size buffers with it + 1. */
 int32_t fl_tokenizer_max_piece(const fl_tokenizer *t);
 
+/* For streaming output: the length of the longest prefix of s[0..n) that does not end inside
+ * an incomplete UTF-8 sequence (byte-fallback tokens can split a character across pieces).
+ * Print that many bytes and keep the rest for the next piece. */
+size_t fl_utf8_complete_prefix(const char *s, size_t n);
+
 #endif
