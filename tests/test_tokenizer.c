@@ -585,6 +585,52 @@ static void test_random_roundtrip_threads(void **state) {
     fl_test_mem_zero();
 }
 
+/* Allocation failures anywhere in construction or tokenization give an error and leave no
+ * memory behind; the first run without a failure gives the normal result. */
+static void test_alloc_failures(void **state) {
+    (void)state;
+    NEED_SHARED();
+    static const char *const files[] = {"models/stories260K.gguf", "vocab/ggml-vocab-gpt-2.gguf"};
+    const char *text = "Hello world! It's 2024, <s> and 12345 \xf0\x9f\xa6\x99 caf\xc3\xa9.";
+    for (int f = 0; f < 2; f++) {
+        fl_gguf *g = NULL;
+        assert_int_equal(fl_gguf_open(FL_SHARED_PATH(files[f]), &g), FL_OK);
+        const size_t base = fl_mem_current_total();
+        fl_tokenizer *t = NULL;
+        int k;
+        for (k = 0; k < 200; k++) {
+            fl_mem_fail_after(k);
+            fl_status st = fl_tokenizer_new(g, &t);
+            fl_mem_fail_after(-1);
+            if (st == FL_OK) break;
+            assert_true(st == FL_ERR_NOMEM || st == FL_ERR_BUDGET || st == FL_ERR_INTERNAL);
+            assert_null(t);
+            assert_int_equal(fl_mem_current_total(), base);
+        }
+        assert_non_null(t);
+        int32_t want[128], got[128];
+        int64_t n_want = 0, n_got = 0;
+        assert_int_equal(fl_tokenize(t, text, strlen(text), true, true, want, 128, &n_want), FL_OK);
+        const size_t with_tok = fl_mem_current_total();
+        int fails = 0;
+        for (k = 0; k < 200; k++) {
+            fl_mem_fail_after(k);
+            fl_status st = fl_tokenize(t, text, strlen(text), true, true, got, 128, &n_got);
+            fl_mem_fail_after(-1);
+            assert_int_equal(fl_mem_current_total(), with_tok);
+            if (st == FL_OK) break;
+            assert_int_equal(n_got, 0);
+            fails++;
+        }
+        assert_true(fails > 0);
+        assert_int_equal(n_got, n_want);
+        assert_memory_equal(got, want, (size_t)n_want * sizeof(int32_t));
+        fl_tokenizer_free(t);
+        fl_gguf_free(g);
+    }
+    fl_test_mem_zero();
+}
+
 /* War and Peace through the Llama-2 SPM vocab: tokenizes and round-trips (time printed for
  * information only; speed claims come from fitllm bench). */
 static void test_war_and_peace(void **state) {
@@ -639,6 +685,7 @@ int main(void) {
         cmocka_unit_test(test_vocab_llama_bpe),     cmocka_unit_test(test_war_and_peace),
         cmocka_unit_test(test_synthetic_spm),       cmocka_unit_test(test_synthetic_bpe),
         cmocka_unit_test(test_bad_metadata),        cmocka_unit_test(test_random_roundtrip_threads),
+        cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

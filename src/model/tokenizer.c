@@ -166,7 +166,7 @@ void fl_tokenizer_free(fl_tokenizer *t) {
     if (t->eog) fl_free(FL_MEM_MISC, t->eog, (size_t)t->n_eog * sizeof(int32_t));
     if (t->special) fl_free(FL_MEM_MISC, t->special, (size_t)t->n_special * sizeof(int32_t));
     if (t->sp_prefix2) fl_free(FL_MEM_MISC, t->sp_prefix2, 1024 * sizeof(uint64_t));
-    if (t->sp_lens) fl_free(FL_MEM_MISC, t->sp_lens, (size_t)t->n_sp_lens * sizeof(uint32_t));
+    if (t->sp_lens) fl_free(FL_MEM_MISC, t->sp_lens, (size_t)t->n_special * sizeof(uint32_t));
     fl_free(FL_MEM_MISC, t, sizeof *t);
 }
 
@@ -286,13 +286,7 @@ static fl_status finish_setup(fl_tokenizer *t) {
             }
             if (n_lens == 0 || t->sp_lens[n_lens - 1] != e->len) t->sp_lens[n_lens++] = e->len;
         }
-        /* shrink the length list to its size */
-        uint32_t *lens = fl_alloc(FL_MEM_MISC, (size_t)n_lens * sizeof(uint32_t), 0);
-        if (!lens) return fl_set_error(FL_ERR_NOMEM, "tokenizer: out of memory");
-        memcpy(lens, t->sp_lens, (size_t)n_lens * sizeof(uint32_t));
-        fl_free(FL_MEM_MISC, t->sp_lens, (size_t)t->n_special * sizeof(uint32_t));
-        t->sp_lens = lens;
-        t->n_sp_lens = n_lens;
+        t->n_sp_lens = n_lens; /* the block keeps n_special entries */
     }
 
     if (t->kind == FL_TOK_SPM) {
