@@ -43,7 +43,8 @@ bool fl_tokenizer_is_eog(const fl_tokenizer *t, int32_t id); /* end of generatio
 fl_status fl_tokenize(const fl_tokenizer *t, const char *text, size_t len, bool add_special, bool parse_special,
                       int32_t *out, int64_t cap, int64_t *n_out);
 /* The text of one token as it appears in output (byte-fallback tokens give their byte, "▁" ->
- * space; special tokens give "" unless render_special).  Returns the byte length written
+ * space; control/unknown tokens give "" unless render_special, user-defined tokens always give
+ * their text, unused ones ""; BPE tokens are mapped back through GPT-2's byte table).  Returns the byte length written
  * (NUL-terminated, truncated to cap-1), or -1 for an invalid id. */
 int32_t fl_token_to_piece(const fl_tokenizer *t, int32_t id, char *buf, int32_t cap, bool render_special);
 /* Detokenize a whole sequence (llama.cpp llama_detokenize semantics: strips the leading space
