@@ -50,5 +50,6 @@ int fl_bench_matmul(int argc, char **argv);
 /* benchmarks (cli/bench_*.c) */
 int fl_bench_attention(int argc, char **argv);
 int fl_bench_packing(int argc, char **argv);
+int fl_bench_tokenize(int argc, char **argv);
 
 #endif

@@ -16,6 +16,7 @@ static const bench_entry benches[] = {
     {"matmul", "GEMV GB/s and GEMM GOP/s vs measured bandwidth / int8 peak (TinyLlama shapes)", fl_bench_matmul},
     {"attention", "naive vs flash attention: time, GFLOP/s, peak memory vs n", fl_bench_attention},
     {"packing", "padded batch vs packed varlen attention: bytes and time", fl_bench_packing},
+    {"tokenize", "tokenizer speed on a text file (-m VOCAB.gguf -f TEXT)", fl_bench_tokenize},
     {NULL, NULL, NULL},
 };
 
