@@ -13,6 +13,7 @@ typedef struct bench_entry {
 
 /* One line per benchmark; keep alphabetical. */
 static const bench_entry benches[] = {
+    {"kv", "paged KV cache: utilization, waste, sharing vs a contiguous reservation", fl_bench_kv},
     {NULL, NULL, NULL},
 };
 
