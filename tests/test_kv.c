@@ -6,6 +6,7 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "core/threads.h"
 #include "kv/block_pool.h"
 #include "kv/kv_cache.h"
 #include "kv/kv_quant.h"
@@ -238,7 +239,7 @@ static void check_paged_case(int32_t n, int32_t n_q, int32_t bs, int32_t n_head,
     paged_fix_init(&f, K, V, n, bs, nkv, hd, pool_blocks);
     fl_paged_seq sq = {.q0 = 0, .n_q = n_q, .pos0 = n - n_q, .blocks = f.blocks};
     fl_paged_attn_params pp = {.n_head = n_head, .scale = 1.0f / sqrtf((float)hd), .window = window, .part_blocks = part_blocks};
-    const size_t wsb = fl_paged_attn_ws_size(&f.kv, &sq, 1, &pp, 4);
+    const size_t wsb = fl_paged_attn_ws_size(&f.kv, &sq, 1, &pp, fl_threads_get());
     void *ws = fl_alloc(FL_MEM_SCRATCH, wsb, 64);
     fl_paged_attn(&f.kv, &sq, 1, &pp, Q, O, ws);
     fl_paged_attn_naive(&f.kv, &sq, 1, &pp, Q, N);
@@ -263,6 +264,8 @@ static void test_paged_vs_contiguous(void **state) {
     (void)state;
     rng_seed(2);
     /* n, n_q, bs, n_head, n_head_kv, hd, window, part_blocks */
+    for (int nth = 1; nth <= 3; nth += 2) { /* 1 thread, and 3 threads on whatever cores */
+    fl_threads_set(nth);
     check_paged_case(1, 1, 16, 4, 2, 8, 0, 16);      /* single token */
     check_paged_case(37, 37, 16, 4, 2, 8, 0, 16);    /* whole prefill, partial last block */
     check_paged_case(100, 20, 16, 8, 2, 16, 0, 2);   /* chunk against cached blocks, several partitions */
@@ -271,6 +274,8 @@ static void test_paged_vs_contiguous(void **state) {
     check_paged_case(77, 5, 5, 4, 4, 12, 0, 1);      /* odd block size, MHA, one block per partition */
     check_paged_case(90, 30, 16, 4, 1, 64, 20, 2);   /* sliding window, MQA */
     check_paged_case(90, 1, 4, 4, 2, 16, 9, 2);      /* window in decode */
+    }
+    fl_threads_set(0);
     fl_test_mem_zero();
 }
 
@@ -939,6 +944,20 @@ static void test_memory_budget(void **state) {
     assert_int_equal(ss.slack, 12);
     assert_int_equal(ss.n_tokens, 20);
     assert_int_equal(ss.bytes_held, 2 * (int64_t)bpb);
+    /* a sequence created on the fly by a batch that does not fit leaves no trace */
+    const size_t misc_before = fl_mem_current(FL_MEM_MISC);
+    int32_t sid5[200], pos5[200], tok5[200] = {0};
+    for (int i = 0; i < 200; i++) sid5[i] = 5, pos5[i] = i;
+    fl_batch b5 = {.n_tokens = 200, .tokens = tok5, .pos = pos5, .seq_id = sid5};
+    assert_int_equal(fl_kv_prepare(kv, &b5), FL_NO_KV_SPACE);
+    assert_false(fl_kv_seq_exists(kv, 5));
+    assert_int_equal(fl_mem_current(FL_MEM_MISC), misc_before);
+    assert_int_equal(fl_kv_blocks_free(kv), 8);
+    /* the same sequence twice in one batch, not contiguous: an error */
+    int32_t sid6[3] = {6, 7, 6}, pos6[3] = {0, 0, 1};
+    fl_batch b6 = {.n_tokens = 3, .tokens = tok5, .pos = pos6, .seq_id = sid6};
+    assert_int_equal(fl_kv_prepare(kv, &b6), FL_ERR_INVALID);
+    assert_false(fl_kv_seq_exists(kv, 6));
     assert_int_equal(fl_kv_seq_fork(kv, 0, 1), FL_OK);
     fl_kv_stats_get(kv, &st);
     assert_int_equal(st.tokens_live, 20);

@@ -261,6 +261,9 @@ void fl_kv_free(fl_kv_cache *kv) {
 }
 
 const fl_kv_config *fl_kv_config_get(const fl_kv_cache *kv) { return &kv->cfg; }
+int32_t fl_kv_blocks_free(const fl_kv_cache *kv) { return fl_kv_pool_n_free(kv->pool); }
+int32_t fl_kv_blocks_total(const fl_kv_cache *kv) { return fl_kv_pool_n_total(kv->pool); }
+int32_t fl_kv_block_size(const fl_kv_cache *kv) { return kv->bs; }
 
 /* ---- sequences ---- */
 
@@ -472,6 +475,16 @@ static void register_full(fl_kv_cache *kv, seq *s) {
     }
 }
 
+/* A failed prepare forgets the sequences it was about to create (their buffers included) and
+ * the batch. */
+static void drop_unborn(fl_kv_cache *kv) {
+    for (int32_t g = 0; g < kv->n_seg; g++) {
+        seq *s = &kv->seqs[kv->seg_seq[g]];
+        if (!s->used) seq_release(kv, s);
+    }
+    kv->n_seg = 0;
+}
+
 fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
     kv->b_n_tokens = 0;
     kv->n_seg = 0;
@@ -486,7 +499,7 @@ fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
         while (j < b->n_tokens && b->seq_id[j] == id) j++;
         if (id < 0 || id >= kv->cfg.n_seq_max) return fl_set_error(FL_ERR_INVALID, "%s: sequence id %d out of range [0, %d)", __func__, id, kv->cfg.n_seq_max);
         seq *s = &kv->seqs[id];
-        if (s->used && s->batch_gen == kv->gen)
+        if (s->batch_gen == kv->gen)
             return fl_set_error(FL_ERR_INVALID, "%s: tokens of sequence %d are not contiguous in the batch", __func__, id);
         if (s->swapped) return fl_set_error(FL_ERR_INVALID, "%s: sequence %d is swapped out", __func__, id);
         const int32_t base = s->used ? s->n : 0;
@@ -495,7 +508,7 @@ fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
                 return fl_set_error(FL_ERR_INVALID, "%s: sequence %d: token %d has position %d, expected %d", __func__, id, k, b->pos[k], base + (k - i));
         if (kv->cfg.n_ctx && base + (j - i) > kv->cfg.n_ctx)
             return fl_set_error(FL_ERR_RANGE, "%s: sequence %d would exceed the context of %d positions", __func__, id, kv->cfg.n_ctx);
-        if (s->used) s->batch_gen = kv->gen;
+        s->batch_gen = kv->gen;
         kv->segs[kv->n_seg] = (fl_paged_seq){.q0 = i, .n_q = j - i, .pos0 = base, .blocks = NULL};
         kv->seg_seq[kv->n_seg++] = id;
         i = j;
@@ -513,7 +526,7 @@ fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
                 }
         }
         if (fl_kv_table_reserve(&s->tab, blocks_for(kv, sg->pos0 + sg->n_q)) != FL_OK || tok_reserve(s, sg->pos0 + sg->n_q) != FL_OK) {
-            if (!s->used) seq_release(kv, s); /* buffers of a sequence that was never created */
+            drop_unborn(kv);
             return fl_set_error(FL_ERR_NOMEM, "%s: out of memory for block tables", __func__);
         }
     }
@@ -537,11 +550,7 @@ fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
         if (s->used && s->tab.n) kv->drop[s->tab.ids[s->tab.n - 1]] = 0;
     }
     if (need > fl_kv_pool_n_free(kv->pool)) {
-        for (int32_t g = 0; g < kv->n_seg; g++) {
-            seq *s = &kv->seqs[kv->seg_seq[g]];
-            if (!s->used) seq_release(kv, s);
-        }
-        kv->n_seg = 0;
+        drop_unborn(kv);
         return FL_NO_KV_SPACE;
     }
     /* 4. apply: create, copy-on-write, append blocks, record tokens and slots, hash */

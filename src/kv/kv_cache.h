@@ -143,7 +143,10 @@ typedef struct fl_kv_stats {
 
 fl_status fl_kv_seq_stats_get(const fl_kv_cache *kv, int32_t seq, fl_kv_seq_stats *out);
 void fl_kv_stats_get(const fl_kv_cache *kv, fl_kv_stats *out);
-const fl_kv_config *fl_kv_config_get(const fl_kv_cache *kv);
+const fl_kv_config *fl_kv_config_get(const fl_kv_cache *kv); /* defaults filled in */
+int32_t fl_kv_blocks_free(const fl_kv_cache *kv);  /* allocatable now (cached free ones included), O(1) */
+int32_t fl_kv_blocks_total(const fl_kv_cache *kv); /* usable blocks (null block excluded) */
+int32_t fl_kv_block_size(const fl_kv_cache *kv);
 /* Check pool invariants and that refcounts equal the references held by block tables.
  * FL_OK or FL_ERR_INTERNAL with a message. */
 fl_status fl_kv_check(const fl_kv_cache *kv);
