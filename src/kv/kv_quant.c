@@ -1,10 +1,23 @@
 /* KV row codecs (see kv_quant.h).  Scalar: the attention kernel calls these per head slice. */
 #include "kv/kv_quant.h"
 
+#include "kernels/convert.h"
+
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #define QK 32 /* elements per q8_0 / q4_0 group */
+
+/* fp8 decoding tables (256 entries each), filled once from core/dtype.h's scalar decoders. */
+static float lut_e4m3[256], lut_e5m2[256];
+static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
+static void lut_init(void) {
+    for (int i = 0; i < 256; i++) {
+        lut_e4m3[i] = fl_fp8_e4m3_to_f32((uint8_t)i);
+        lut_e5m2[i] = fl_fp8_e5m2_to_f32((uint8_t)i);
+    }
+}
 
 bool fl_kv_type_ok(int32_t t) {
     switch (t) {
@@ -70,8 +83,8 @@ static void quant_q4_0(const float *x, uint8_t *dst, int64_t n) {
 void fl_kv_quant(int32_t t, const float *x, void *dst, int64_t n, float scale) {
     switch (t) {
     case FL_TYPE_F32: memcpy(dst, x, (size_t)n * 4); break;
-    case FL_TYPE_F16: for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fl_f32_to_f16(x[i]); break;
-    case FL_TYPE_BF16: for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fl_f32_to_bf16(x[i]); break;
+    case FL_TYPE_F16: fl_convert_kernels_get()->f32_to_f16(x, dst, n); break;
+    case FL_TYPE_BF16: fl_convert_kernels_get()->f32_to_bf16(x, dst, n); break;
     case FL_TYPE_FP8_E4M3: {
         const float is = scale > 0.0f ? 1.0f / scale : 0.0f;
         for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fl_f32_to_fp8_e4m3(x[i] * is);
@@ -92,10 +105,17 @@ void fl_kv_dequant(int32_t t, const void *src, int64_t e0, int64_t n, float scal
     const uint8_t *s = src;
     switch (t) {
     case FL_TYPE_F32: memcpy(out, (const float *)src + e0, (size_t)n * 4); break;
-    case FL_TYPE_F16: for (int64_t i = 0; i < n; i++) out[i] = fl_f16_to_f32(((const uint16_t *)src)[e0 + i]); break;
-    case FL_TYPE_BF16: for (int64_t i = 0; i < n; i++) out[i] = fl_bf16_to_f32(((const uint16_t *)src)[e0 + i]); break;
-    case FL_TYPE_FP8_E4M3: for (int64_t i = 0; i < n; i++) out[i] = scale * fl_fp8_e4m3_to_f32(s[e0 + i]); break;
-    case FL_TYPE_FP8_E5M2: for (int64_t i = 0; i < n; i++) out[i] = scale * fl_fp8_e5m2_to_f32(s[e0 + i]); break;
+    /* the dispatched row converters give the same bits as the scalar ones (tests/test_core.c) */
+    case FL_TYPE_F16: fl_convert_kernels_get()->f16_to_f32((const uint16_t *)src + e0, out, n); break;
+    case FL_TYPE_BF16: fl_convert_kernels_get()->bf16_to_f32((const uint16_t *)src + e0, out, n); break;
+    case FL_TYPE_FP8_E4M3:
+        pthread_once(&lut_once, lut_init);
+        for (int64_t i = 0; i < n; i++) out[i] = scale * lut_e4m3[s[e0 + i]];
+        break;
+    case FL_TYPE_FP8_E5M2:
+        pthread_once(&lut_once, lut_init);
+        for (int64_t i = 0; i < n; i++) out[i] = scale * lut_e5m2[s[e0 + i]];
+        break;
     case FL_TYPE_Q8_0:
         for (int64_t i = 0; i < n; i++) {
             const int64_t e = e0 + i;

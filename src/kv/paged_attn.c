@@ -21,27 +21,45 @@ static void state_init(float *st, int32_t hd) {
     memset(st + 2, 0, sizeof(float) * (size_t)hd);
 }
 
+/* q . k over hd dims in a fixed order: 16 lane sums (lane l takes dims d with d % 16 == l),
+ * then the tail, then a fixed pairwise reduction.  Constant-trip inner loops let the compiler
+ * vectorise without changing the order, so every build computes the same bits per ISA flags. */
+static float dot_f32(const float *restrict a, const float *restrict b, int32_t n) {
+    float lane[16] = {0};
+    int32_t d = 0;
+    for (; d + 16 <= n; d += 16)
+        for (int l = 0; l < 16; l++) lane[l] += a[d + l] * b[d + l];
+    for (int l = 0; d < n; d++, l++) lane[l] += a[d] * b[d];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) lane[l] += lane[l + w];
+    return lane[0];
+}
+
+/* y = y * a + e * x over n dims. */
+static void scale_axpy(float *restrict y, float a, float e, const float *restrict x, int32_t n) {
+    int32_t d = 0;
+    for (; d + 16 <= n; d += 16)
+        for (int l = 0; l < 16; l++) y[d + l] = y[d + l] * a + e * x[d + l];
+    for (; d < n; d++) y[d] = y[d] * a + e * x[d];
+}
+
 /* Fold keys/values kb[j], vb[j] for j in [ja, jb) (rows of the block scratch) into st. */
 static void state_update(float *st, const float *qh, const float *kb, const float *vb, int32_t ja, int32_t jb,
                          int32_t hd, float scale, float *sc) {
     float mb = -INFINITY;
     for (int32_t j = ja; j < jb; j++) {
-        const float *kj = kb + (size_t)j * (size_t)hd;
-        float s = 0.0f;
-        for (int32_t d = 0; d < hd; d++) s += qh[d] * kj[d];
-        sc[j] = s * scale;
+        sc[j] = dot_f32(qh, kb + (size_t)j * (size_t)hd, hd) * scale;
         mb = fmaxf(mb, sc[j]);
     }
     const float m_new = fmaxf(st[0], mb);
     const float alpha = st[0] == -INFINITY ? 0.0f : expf(st[0] - m_new);
     float l = st[1] * alpha;
     float *acc = st + 2;
-    for (int32_t d = 0; d < hd; d++) acc[d] *= alpha;
     for (int32_t j = ja; j < jb; j++) {
         const float e = expf(sc[j] - m_new);
-        const float *vj = vb + (size_t)j * (size_t)hd;
         l += e;
-        for (int32_t d = 0; d < hd; d++) acc[d] += e * vj[d];
+        /* the first row also applies the rescale of the old state */
+        scale_axpy(acc, j == ja ? alpha : 1.0f, e, vb + (size_t)j * (size_t)hd, hd);
     }
     st[0] = m_new;
     st[1] = l;
