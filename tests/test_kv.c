@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "core/threads.h"
+#include "kernels/dispatch.h"
 #include "kv/block_pool.h"
 #include "kv/kv_cache.h"
 #include "kv/kv_quant.h"
@@ -264,7 +265,9 @@ static void test_paged_vs_contiguous(void **state) {
     (void)state;
     rng_seed(2);
     /* n, n_q, bs, n_head, n_head_kv, hd, window, part_blocks */
+    for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++) /* every variant the CPU has */
     for (int nth = 1; nth <= 3; nth += 2) { /* 1 thread, and 3 threads on whatever cores */
+    fl_isa_set((fl_isa)isa);
     fl_threads_set(nth);
     check_paged_case(1, 1, 16, 4, 2, 8, 0, 16);      /* single token */
     check_paged_case(37, 37, 16, 4, 2, 8, 0, 16);    /* whole prefill, partial last block */
@@ -276,6 +279,7 @@ static void test_paged_vs_contiguous(void **state) {
     check_paged_case(90, 1, 4, 4, 2, 16, 9, 2);      /* window in decode */
     }
     fl_threads_set(0);
+    fl_isa_set(fl_isa_best());
     fl_test_mem_zero();
 }
 

@@ -3,8 +3,10 @@
 
 #include "core/status.h"
 #include "core/threads.h"
+#include "kernels/dispatch.h"
 #include "kv/kv_quant.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -43,12 +45,78 @@ static void scale_axpy(float *restrict y, float a, float e, const float *restric
     for (; d < n; d++) y[d] = y[d] * a + e * x[d];
 }
 
+/* SIMD variants of dot_f32 / scale_axpy, compiled with target attributes and picked once per
+ * call from fl_isa_get().  Each fixes its own summation order (FMA, lane layout), so a query's
+ * bits still depend only on its data within one process (all rows use the same variant). */
+__attribute__((target("avx2,fma"))) static float dot_f32_avx2(const float *restrict a, const float *restrict b, int32_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int32_t d = 0;
+    for (; d + 16 <= n; d += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), s1);
+    }
+    if (d + 8 <= n) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), s0);
+        d += 8;
+    }
+    s0 = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float r = _mm_cvtss_f32(h);
+    for (; d < n; d++) r += a[d] * b[d];
+    return r;
+}
+
+__attribute__((target("avx2,fma"))) static void scale_axpy_avx2(float *restrict y, float a, float e, const float *restrict x, int32_t n) {
+    const __m256 va = _mm256_set1_ps(a), ve = _mm256_set1_ps(e);
+    int32_t d = 0;
+    for (; d + 8 <= n; d += 8)
+        _mm256_storeu_ps(y + d, _mm256_fmadd_ps(ve, _mm256_loadu_ps(x + d), _mm256_mul_ps(_mm256_loadu_ps(y + d), va)));
+    for (; d < n; d++) y[d] = y[d] * a + e * x[d];
+}
+
+__attribute__((target("avx512f"))) static float dot_f32_avx512(const float *restrict a, const float *restrict b, int32_t n) {
+    __m512 s = _mm512_setzero_ps(); /* lane l: dims d with d % 16 == l */
+    int32_t d = 0;
+    for (; d + 16 <= n; d += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), s);
+    if (d < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - d)) - 1);
+        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + d), _mm512_maskz_loadu_ps(m, b + d), s);
+    }
+    return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx512f"))) static void scale_axpy_avx512(float *restrict y, float a, float e, const float *restrict x, int32_t n) {
+    const __m512 va = _mm512_set1_ps(a), ve = _mm512_set1_ps(e);
+    int32_t d = 0;
+    for (; d + 16 <= n; d += 16)
+        _mm512_storeu_ps(y + d, _mm512_fmadd_ps(ve, _mm512_loadu_ps(x + d), _mm512_mul_ps(_mm512_loadu_ps(y + d), va)));
+    if (d < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - d)) - 1);
+        _mm512_mask_storeu_ps(y + d, m, _mm512_fmadd_ps(ve, _mm512_maskz_loadu_ps(m, x + d), _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + d), va)));
+    }
+}
+
+typedef struct vec_ops {
+    float (*dot)(const float *restrict a, const float *restrict b, int32_t n);
+    void (*axpy)(float *restrict y, float a, float e, const float *restrict x, int32_t n);
+} vec_ops;
+
+static vec_ops pick_ops(void) {
+    switch (fl_isa_get()) {
+    case FL_ISA_AVX512: return (vec_ops){dot_f32_avx512, scale_axpy_avx512};
+    case FL_ISA_AVX2: return (vec_ops){dot_f32_avx2, scale_axpy_avx2};
+    default: return (vec_ops){dot_f32, scale_axpy};
+    }
+}
+
 /* Fold keys/values kb[j], vb[j] for j in [ja, jb) (rows of the block scratch) into st. */
-static void state_update(float *st, const float *qh, const float *kb, const float *vb, int32_t ja, int32_t jb,
+static void state_update(const vec_ops *vo, float *st, const float *qh, const float *kb, const float *vb, int32_t ja, int32_t jb,
                          int32_t hd, float scale, float *sc) {
     float mb = -INFINITY;
     for (int32_t j = ja; j < jb; j++) {
-        sc[j] = dot_f32(qh, kb + (size_t)j * (size_t)hd, hd) * scale;
+        sc[j] = vo->dot(qh, kb + (size_t)j * (size_t)hd, hd) * scale;
         mb = fmaxf(mb, sc[j]);
     }
     const float m_new = fmaxf(st[0], mb);
@@ -59,7 +127,7 @@ static void state_update(float *st, const float *qh, const float *kb, const floa
         const float e = expf(sc[j] - m_new);
         l += e;
         /* the first row also applies the rescale of the old state */
-        scale_axpy(acc, j == ja ? alpha : 1.0f, e, vb + (size_t)j * (size_t)hd, hd);
+        vo->axpy(acc, j == ja ? alpha : 1.0f, e, vb + (size_t)j * (size_t)hd, hd);
     }
     st[0] = m_new;
     st[1] = l;
@@ -143,6 +211,7 @@ typedef struct job {
     int64_t *item_base;   /* [n_seq + 1] first phase-1 item of each sequence */
     int64_t *part_base;   /* [n_seq + 1] first partial float of each split sequence */
     atomic_llong next;
+    vec_ops ops;          /* dot / axpy variant for the whole call */
 } job;
 
 /* Dequantise rows [ja, jb) of block `id` for kv head kh into kb/vb (row j at j*hd). */
@@ -184,7 +253,7 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_
             for (int32_t gi = 0; gi < g; gi++) {
                 const int32_t h = kh * g + gi;
                 const float *qh = jb_->q + ((size_t)(s->q0 + r) * (size_t)pp->n_head + (size_t)h) * (size_t)hd;
-                state_update(st + ((size_t)(r - ra) * (size_t)g + (size_t)gi) * ss, qh, kb, vb, ra_, rz, hd, pp->scale, sc);
+                state_update(&jb_->ops, st + ((size_t)(r - ra) * (size_t)g + (size_t)gi) * ss, qh, kb, vb, ra_, rz, hd, pp->scale, sc);
             }
         }
     }
@@ -266,7 +335,7 @@ void fl_paged_attn(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n_se
                    const fl_paged_attn_params *pp, const float *q, float *out, void *ws) {
     FL_ASSERT(pp->n_head % kv->n_head_kv == 0 && pp->part_blocks >= 1);
     const int nth = fl_threads_get();
-    job J = {.kv = kv, .seqs = seqs, .n_seq = n_seq, .pp = pp, .q = q, .out = out};
+    job J = {.kv = kv, .seqs = seqs, .n_seq = n_seq, .pp = pp, .q = q, .out = out, .ops = pick_ops()};
     J.pl = make_plan(kv, seqs, n_seq, pp);
     J.thread_ws = ws;
     J.partial = J.thread_ws + J.pl.per_thread * (size_t)nth;
