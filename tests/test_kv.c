@@ -846,7 +846,10 @@ static void test_streaming_past_context(void **state) {
     float k[64], v[64], q[64], o[64];
     assert_int_equal(fl_kv_seq_add(kv, 0, NULL, 0, NULL), FL_OK);
     for (int step = 0; step < 500; step++) {
-        if (fl_kv_seq_len(kv, 0) == c.n_ctx) assert_int_equal(fl_kv_seq_shift(kv, 0, 4, 28), FL_OK);
+        if (fl_kv_seq_len(kv, 0) == c.n_ctx) { /* full: keep 4 sinks + the last 36 */
+            assert_int_equal(fl_kv_seq_stream(kv, 0, 4, 36), FL_OK);
+            assert_int_equal(fl_kv_seq_len(kv, 0), 40);
+        }
         int32_t s[1] = {0}, p[1] = {fl_kv_seq_len(kv, 0)}, t[1] = {step};
         fl_batch b = {.n_tokens = 1, .tokens = t, .pos = p, .seq_id = s};
         assert_int_equal(fl_kv_prepare(kv, &b), FL_OK);

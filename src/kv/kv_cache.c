@@ -688,6 +688,13 @@ fl_status fl_kv_seq_shift(fl_kv_cache *kv, int32_t id, int32_t n_keep, int32_t n
     return FL_OK;
 }
 
+fl_status fl_kv_seq_stream(fl_kv_cache *kv, int32_t id, int32_t n_sink, int32_t n_recent) {
+    const seq *s = get_seq(kv, id);
+    if (!s || n_sink < 0 || n_recent < 0) return fl_set_error(FL_ERR_INVALID, "%s: no sequence %d or negative sizes", __func__, id);
+    if ((int64_t)n_sink + n_recent >= s->n) return FL_OK;
+    return fl_kv_seq_shift(kv, id, n_sink, s->n - n_sink - n_recent);
+}
+
 /* ---- swap tier ---- */
 
 static fl_status swap_open(fl_kv_cache *kv) {

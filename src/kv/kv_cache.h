@@ -106,6 +106,11 @@ const int32_t *fl_kv_seq_blocks(const fl_kv_cache *kv, int32_t seq, int32_t *n_b
  * free blocks: FL_NO_KV_SPACE, nothing changed).  Quantised types re-encode the moved rows. */
 fl_status fl_kv_seq_shift(fl_kv_cache *kv, int32_t seq, int32_t n_keep, int32_t n_discard);
 
+/* StreamingLLM policy on top of fl_kv_seq_shift: if the sequence holds more than
+ * n_sink + n_recent positions, keep the first n_sink and the last n_recent (the sequence then
+ * continues at position n_sink + n_recent).  No-op otherwise.  Same errors as the shift. */
+fl_status fl_kv_seq_stream(fl_kv_cache *kv, int32_t seq, int32_t n_sink, int32_t n_recent);
+
 /* Swap to the file-backed secondary tier: swap_out writes the sequence's blocks (all layers,
  * shared ones copied) to the swap file and releases them; swap_in takes fresh blocks and reads
  * them back (FL_NO_KV_SPACE if the pool can't hold them; nothing changed).  Swapped blocks
