@@ -51,5 +51,6 @@ int fl_bench_matmul(int argc, char **argv);
 int fl_bench_attention(int argc, char **argv);
 int fl_bench_packing(int argc, char **argv);
 int fl_bench_tokenize(int argc, char **argv);
+int fl_bench_kv(int argc, char **argv);
 
 #endif

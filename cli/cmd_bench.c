@@ -17,6 +17,7 @@ static const bench_entry benches[] = {
     {"attention", "naive vs flash attention: time, GFLOP/s, peak memory vs n", fl_bench_attention},
     {"packing", "padded batch vs packed varlen attention: bytes and time", fl_bench_packing},
     {"tokenize", "tokenizer speed on a text file (-m VOCAB.gguf -f TEXT)", fl_bench_tokenize},
+    {"kv", "paged KV cache: utilization, waste, sharing vs a contiguous reservation", fl_bench_kv},
     {NULL, NULL, NULL},
 };
 
