@@ -1,0 +1,120 @@
+/* KV row codecs (see kv_quant.h).  Scalar: the attention kernel calls these per head slice. */
+#include "kv/kv_quant.h"
+
+#include <math.h>
+#include <string.h>
+
+#define QK 32 /* elements per q8_0 / q4_0 group */
+
+bool fl_kv_type_ok(int32_t t) {
+    switch (t) {
+    case FL_TYPE_F32: case FL_TYPE_F16: case FL_TYPE_BF16: case FL_TYPE_FP8_E4M3:
+    case FL_TYPE_FP8_E5M2: case FL_TYPE_Q8_0: case FL_TYPE_Q4_0: return true;
+    default: return false;
+    }
+}
+
+bool fl_kv_type_scaled(int32_t t) { return t == FL_TYPE_FP8_E4M3 || t == FL_TYPE_FP8_E5M2; }
+
+float fl_kv_type_max(int32_t t) {
+    return t == FL_TYPE_FP8_E4M3 ? FL_FP8_E4M3_MAX : t == FL_TYPE_FP8_E5M2 ? FL_FP8_E5M2_MAX : 0.0f;
+}
+
+size_t fl_kv_row_bytes(int32_t t, int64_t n) {
+    if (n <= 0 || !fl_kv_type_ok(t)) return 0;
+    switch (t) {
+    case FL_TYPE_F32: return (size_t)n * 4;
+    case FL_TYPE_F16: case FL_TYPE_BF16: return (size_t)n * 2;
+    case FL_TYPE_FP8_E4M3: case FL_TYPE_FP8_E5M2: return (size_t)n;
+    case FL_TYPE_Q8_0: return n % QK ? 0 : (size_t)(n / QK) * (2 + QK);
+    case FL_TYPE_Q4_0: return n % QK ? 0 : (size_t)(n / QK) * (2 + QK / 2);
+    default: return 0;
+    }
+}
+
+static void quant_q8_0(const float *x, uint8_t *dst, int64_t n) {
+    for (int64_t g = 0; g < n / QK; g++, x += QK, dst += 2 + QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        const float id = d > 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t dh = fl_f32_to_f16(d);
+        memcpy(dst, &dh, 2);
+        int8_t *q = (int8_t *)(dst + 2);
+        for (int j = 0; j < QK; j++) q[j] = (int8_t)lrintf(x[j] * id);
+    }
+}
+
+static void quant_q4_0(const float *x, uint8_t *dst, int64_t n) {
+    for (int64_t g = 0; g < n / QK; g++, x += QK, dst += 2 + QK / 2) {
+        float amax = 0.0f, vmax = 0.0f; /* the value of largest magnitude, with its sign */
+        for (int j = 0; j < QK; j++)
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                vmax = x[j];
+            }
+        const float d = vmax / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t dh = fl_f32_to_f16(d);
+        memcpy(dst, &dh, 2);
+        uint8_t *qs = dst + 2;
+        for (int j = 0; j < QK / 2; j++) {
+            int a = (int)(x[j] * id + 8.5f), b = (int)(x[j + QK / 2] * id + 8.5f);
+            a = a < 0 ? 0 : a > 15 ? 15 : a;
+            b = b < 0 ? 0 : b > 15 ? 15 : b;
+            qs[j] = (uint8_t)(a | (b << 4));
+        }
+    }
+}
+
+void fl_kv_quant(int32_t t, const float *x, void *dst, int64_t n, float scale) {
+    switch (t) {
+    case FL_TYPE_F32: memcpy(dst, x, (size_t)n * 4); break;
+    case FL_TYPE_F16: for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fl_f32_to_f16(x[i]); break;
+    case FL_TYPE_BF16: for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fl_f32_to_bf16(x[i]); break;
+    case FL_TYPE_FP8_E4M3: {
+        const float is = scale > 0.0f ? 1.0f / scale : 0.0f;
+        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fl_f32_to_fp8_e4m3(x[i] * is);
+        break;
+    }
+    case FL_TYPE_FP8_E5M2: {
+        const float is = scale > 0.0f ? 1.0f / scale : 0.0f;
+        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fl_f32_to_fp8_e5m2(x[i] * is);
+        break;
+    }
+    case FL_TYPE_Q8_0: quant_q8_0(x, dst, n); break;
+    case FL_TYPE_Q4_0: quant_q4_0(x, dst, n); break;
+    default: break;
+    }
+}
+
+void fl_kv_dequant(int32_t t, const void *src, int64_t e0, int64_t n, float scale, float *out) {
+    const uint8_t *s = src;
+    switch (t) {
+    case FL_TYPE_F32: memcpy(out, (const float *)src + e0, (size_t)n * 4); break;
+    case FL_TYPE_F16: for (int64_t i = 0; i < n; i++) out[i] = fl_f16_to_f32(((const uint16_t *)src)[e0 + i]); break;
+    case FL_TYPE_BF16: for (int64_t i = 0; i < n; i++) out[i] = fl_bf16_to_f32(((const uint16_t *)src)[e0 + i]); break;
+    case FL_TYPE_FP8_E4M3: for (int64_t i = 0; i < n; i++) out[i] = scale * fl_fp8_e4m3_to_f32(s[e0 + i]); break;
+    case FL_TYPE_FP8_E5M2: for (int64_t i = 0; i < n; i++) out[i] = scale * fl_fp8_e5m2_to_f32(s[e0 + i]); break;
+    case FL_TYPE_Q8_0:
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t e = e0 + i;
+            const uint8_t *g = s + (e / QK) * (2 + QK);
+            uint16_t dh;
+            memcpy(&dh, g, 2);
+            out[i] = fl_f16_to_f32(dh) * (float)((const int8_t *)(g + 2))[e % QK];
+        }
+        break;
+    case FL_TYPE_Q4_0:
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t e = e0 + i, j = e % QK;
+            const uint8_t *g = s + (e / QK) * (2 + QK / 2);
+            uint16_t dh;
+            memcpy(&dh, g, 2);
+            const int q = j < QK / 2 ? (g[2 + j] & 15) : (g[2 + j - QK / 2] >> 4);
+            out[i] = fl_f16_to_f32(dh) * (float)(q - 8);
+        }
+        break;
+    default: break;
+    }
+}

@@ -1,0 +1,312 @@
+/* Paged flash attention: scalar kernel + naive reference (see paged_attn.h). */
+#include "kv/paged_attn.h"
+
+#include "core/status.h"
+#include "core/threads.h"
+#include "kv/kv_quant.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#define SPLIT_MAX_Q 4 /* sequences with at most this many query rows use split-K */
+#define Q_TILE 16     /* query rows per work item otherwise */
+
+/* ---- shared pieces: per-block online-softmax update and the in-order merge ---- */
+
+/* One (query, head) softmax state: st[0] = running max m, st[1] = sum l, st[2..] = acc. */
+static void state_init(float *st, int32_t hd) {
+    st[0] = -INFINITY;
+    st[1] = 0.0f;
+    memset(st + 2, 0, sizeof(float) * (size_t)hd);
+}
+
+/* Fold keys/values kb[j], vb[j] for j in [ja, jb) (rows of the block scratch) into st. */
+static void state_update(float *st, const float *qh, const float *kb, const float *vb, int32_t ja, int32_t jb,
+                         int32_t hd, float scale, float *sc) {
+    float mb = -INFINITY;
+    for (int32_t j = ja; j < jb; j++) {
+        const float *kj = kb + (size_t)j * (size_t)hd;
+        float s = 0.0f;
+        for (int32_t d = 0; d < hd; d++) s += qh[d] * kj[d];
+        sc[j] = s * scale;
+        mb = fmaxf(mb, sc[j]);
+    }
+    const float m_new = fmaxf(st[0], mb);
+    const float alpha = st[0] == -INFINITY ? 0.0f : expf(st[0] - m_new);
+    float l = st[1] * alpha;
+    float *acc = st + 2;
+    for (int32_t d = 0; d < hd; d++) acc[d] *= alpha;
+    for (int32_t j = ja; j < jb; j++) {
+        const float e = expf(sc[j] - m_new);
+        const float *vj = vb + (size_t)j * (size_t)hd;
+        l += e;
+        for (int32_t d = 0; d < hd; d++) acc[d] += e * vj[d];
+    }
+    st[0] = m_new;
+    st[1] = l;
+}
+
+/* dst := merge(dst, src) by log-sum-exp; dst_empty says dst holds nothing yet. */
+static void state_merge(float *dst, const float *src, int32_t hd) {
+    if (src[1] == 0.0f) return; /* partition without a visible key */
+    if (dst[1] == 0.0f) {
+        memcpy(dst, src, sizeof(float) * (size_t)(hd + 2));
+        return;
+    }
+    const float m = fmaxf(dst[0], src[0]);
+    const float a = expf(dst[0] - m), b = expf(src[0] - m);
+    dst[0] = m;
+    dst[1] = dst[1] * a + src[1] * b;
+    for (int32_t d = 0; d < hd; d++) dst[2 + d] = dst[2 + d] * a + src[2 + d] * b;
+}
+
+static void state_final(const float *st, float *o, int32_t hd) {
+    const float il = st[1] > 0.0f ? 1.0f / st[1] : 0.0f;
+    for (int32_t d = 0; d < hd; d++) o[d] = st[2 + d] * il;
+}
+
+/* ---- work decomposition ---- */
+
+typedef struct plan {
+    int64_t n_items;     /* phase-1 work items */
+    int64_t n_merge;     /* phase-2 (split rows x heads) */
+    size_t per_thread;   /* floats of scratch per thread */
+    size_t n_partial;    /* floats of split-K partial states */
+} plan;
+
+static int32_t n_blocks_of(const fl_paged_kv *kv, const fl_paged_seq *s) {
+    return (s->pos0 + s->n_q + kv->block_size - 1) / kv->block_size;
+}
+static int32_t n_parts_of(const fl_paged_kv *kv, const fl_paged_seq *s, const fl_paged_attn_params *pp) {
+    return (n_blocks_of(kv, s) + pp->part_blocks - 1) / pp->part_blocks;
+}
+static int is_split(const fl_paged_kv *kv, const fl_paged_seq *s, const fl_paged_attn_params *pp) {
+    return s->n_q <= SPLIT_MAX_Q && n_parts_of(kv, s, pp) > 1;
+}
+static int64_t n_items_of(const fl_paged_kv *kv, const fl_paged_seq *s, const fl_paged_attn_params *pp) {
+    if (s->n_q <= 0) return 0;
+    return (int64_t)kv->n_head_kv * (is_split(kv, s, pp) ? n_parts_of(kv, s, pp) : (s->n_q + Q_TILE - 1) / Q_TILE);
+}
+
+static plan make_plan(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n_seq, const fl_paged_attn_params *pp) {
+    plan pl = {0};
+    const size_t hd = (size_t)kv->head_dim, g = (size_t)(pp->n_head / kv->n_head_kv);
+    for (int32_t s = 0; s < n_seq; s++) {
+        pl.n_items += n_items_of(kv, &seqs[s], pp);
+        if (seqs[s].n_q > 0 && is_split(kv, &seqs[s], pp)) {
+            pl.n_merge += (int64_t)seqs[s].n_q * pp->n_head;
+            pl.n_partial += (size_t)n_parts_of(kv, &seqs[s], pp) * (size_t)seqs[s].n_q * (size_t)pp->n_head * (hd + 2);
+        }
+    }
+    /* K and V block scratch, scores, running state and partition state for a tile */
+    pl.per_thread = 2 * (size_t)kv->block_size * hd + (size_t)kv->block_size + 2 * Q_TILE * g * (hd + 2);
+    pl.per_thread = (pl.per_thread + 15) & ~(size_t)15; /* keep every thread's slice 64-aligned */
+    return pl;
+}
+
+size_t fl_paged_attn_ws_size(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n_seq,
+                             const fl_paged_attn_params *pp, int nth) {
+    const plan pl = make_plan(kv, seqs, n_seq, pp);
+    return sizeof(float) * (pl.per_thread * (size_t)(nth > 0 ? nth : 1) + pl.n_partial) +
+           sizeof(int64_t) * 2 * ((size_t)n_seq + 1);
+}
+
+typedef struct job {
+    const fl_paged_kv *kv;
+    const fl_paged_seq *seqs;
+    int32_t n_seq;
+    const fl_paged_attn_params *pp;
+    const float *q;
+    float *out;
+    plan pl;
+    float *thread_ws;     /* [nth][per_thread] */
+    float *partial;       /* split-K partial states */
+    int64_t *item_base;   /* [n_seq + 1] first phase-1 item of each sequence */
+    int64_t *part_base;   /* [n_seq + 1] first partial float of each split sequence */
+    atomic_llong next;
+} job;
+
+/* Dequantise rows [ja, jb) of block `id` for kv head kh into kb/vb (row j at j*hd). */
+static void load_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t ja, int32_t jb, float *kb, float *vb) {
+    FL_ASSERT(id > 0); /* the null block has no storage: only out-of-window blocks may be null */
+    const size_t off = (size_t)(id - 1) * kv->block_bytes;
+    const int32_t hd = kv->head_dim;
+    const float ks = kv->k_scale ? kv->k_scale[(size_t)(id - 1) * (size_t)kv->n_head_kv + (size_t)kh] : 1.0f;
+    const float vs = kv->v_scale ? kv->v_scale[(size_t)(id - 1) * (size_t)kv->n_head_kv + (size_t)kh] : 1.0f;
+    for (int32_t j = ja; j < jb; j++) {
+        const size_t ro = off + (size_t)j * kv->row_bytes;
+        fl_kv_dequant(kv->type, kv->k + ro, (int64_t)kh * hd, hd, ks, kb + (size_t)j * (size_t)hd);
+        fl_kv_dequant(kv->type, kv->v + ro, (int64_t)kh * hd, hd, vs, vb + (size_t)j * (size_t)hd);
+    }
+}
+
+/* States for rows [ra, rb) of sequence s (relative rows), heads of kv head kh, over blocks
+ * [b_lo, b_hi).  st: [(rb - ra)][g][hd + 2], initialised here. */
+static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_t ra, int32_t rb, int32_t b_lo,
+                       int32_t b_hi, float *st, float *kb, float *vb, float *sc) {
+    const fl_paged_kv *kv = jb_->kv;
+    const fl_paged_attn_params *pp = jb_->pp;
+    const int32_t hd = kv->head_dim, bs = kv->block_size, g = pp->n_head / kv->n_head_kv, w = pp->window;
+    const size_t ss = (size_t)hd + 2;
+    for (int32_t i = 0; i < (rb - ra) * g; i++) state_init(st + (size_t)i * ss, hd);
+    const int32_t p_first = s->pos0 + ra, p_last = s->pos0 + rb - 1;
+    const int32_t lo_tile = w > 0 && p_first - w + 1 > 0 ? p_first - w + 1 : 0;
+    for (int32_t b = b_lo; b < b_hi; b++) {
+        const int32_t j0 = b * bs;
+        const int32_t ja = lo_tile > j0 ? lo_tile - j0 : 0;        /* first block row anyone sees */
+        const int32_t jz = p_last - j0 + 1 < bs ? p_last - j0 + 1 : bs; /* one past the last */
+        if (ja >= jz) continue;
+        load_block(kv, s->blocks[b], kh, ja, jz, kb, vb);
+        for (int32_t r = ra; r < rb; r++) {
+            const int32_t p = s->pos0 + r;
+            const int32_t lo = w > 0 && p - w + 1 > 0 ? p - w + 1 : 0;
+            const int32_t ra_ = lo > j0 ? lo - j0 : 0, rz = p - j0 + 1 < bs ? p - j0 + 1 : bs;
+            if (ra_ >= rz) continue; /* nothing of this block is visible to row r */
+            for (int32_t gi = 0; gi < g; gi++) {
+                const int32_t h = kh * g + gi;
+                const float *qh = jb_->q + ((size_t)(s->q0 + r) * (size_t)pp->n_head + (size_t)h) * (size_t)hd;
+                state_update(st + ((size_t)(r - ra) * (size_t)g + (size_t)gi) * ss, qh, kb, vb, ra_, rz, hd, pp->scale, sc);
+            }
+        }
+    }
+}
+
+static void phase1(void *ctx, int ith, int nth) {
+    job *J = ctx;
+    const fl_paged_kv *kv = J->kv;
+    const fl_paged_attn_params *pp = J->pp;
+    const int32_t hd = kv->head_dim, bs = kv->block_size, g = pp->n_head / kv->n_head_kv;
+    const size_t ss = (size_t)hd + 2;
+    float *kb = J->thread_ws + (size_t)ith * J->pl.per_thread;
+    float *vb = kb + (size_t)bs * (size_t)hd;
+    float *sc = vb + (size_t)bs * (size_t)hd;
+    float *run = sc + bs;                       /* [Q_TILE][g][hd + 2] merged so far */
+    float *part = run + (size_t)Q_TILE * (size_t)g * ss; /* [Q_TILE][g][hd + 2] one partition */
+    (void)nth;
+    int32_t s = 0;
+    for (;;) {
+        const int64_t it = atomic_fetch_add(&J->next, 1);
+        if (it >= J->pl.n_items) break;
+        while (J->item_base[s + 1] <= it) s++; /* items are taken in increasing order per thread */
+        const fl_paged_seq *sq = &J->seqs[s];
+        const int64_t local = it - J->item_base[s];
+        const int32_t nblk = n_blocks_of(kv, sq), P = pp->part_blocks, nparts = n_parts_of(kv, sq, pp);
+        if (is_split(kv, sq, pp)) {
+            /* split-K: one partition for all rows of this sequence; partial state out */
+            const int32_t kh = (int32_t)(local / nparts), pi = (int32_t)(local % nparts);
+            const int32_t b_hi = (pi + 1) * P < nblk ? (pi + 1) * P : nblk;
+            run_blocks(J, sq, kh, 0, sq->n_q, pi * P, b_hi, part, kb, vb, sc);
+            for (int32_t r = 0; r < sq->n_q; r++)
+                for (int32_t gi = 0; gi < g; gi++) {
+                    const size_t o = J->part_base[s] + (((size_t)pi * (size_t)sq->n_q + (size_t)r) * (size_t)pp->n_head +
+                                                        (size_t)(kh * g + gi)) * ss;
+                    memcpy(J->partial + o, part + ((size_t)r * (size_t)g + (size_t)gi) * ss, sizeof(float) * ss);
+                }
+        } else {
+            /* a tile of rows, all partitions in order, merged as they come */
+            const int32_t ntile = (sq->n_q + Q_TILE - 1) / Q_TILE;
+            const int32_t kh = (int32_t)(local / ntile), ti = (int32_t)(local % ntile);
+            const int32_t ra = ti * Q_TILE, rb = ra + Q_TILE < sq->n_q ? ra + Q_TILE : sq->n_q;
+            for (int32_t i = 0; i < (rb - ra) * g; i++) state_init(run + (size_t)i * ss, hd);
+            for (int32_t pi = 0; pi < nparts; pi++) {
+                const int32_t b_hi = (pi + 1) * P < nblk ? (pi + 1) * P : nblk;
+                run_blocks(J, sq, kh, ra, rb, pi * P, b_hi, part, kb, vb, sc);
+                for (int32_t i = 0; i < (rb - ra) * g; i++) state_merge(run + (size_t)i * ss, part + (size_t)i * ss, hd);
+            }
+            for (int32_t r = ra; r < rb; r++)
+                for (int32_t gi = 0; gi < g; gi++)
+                    state_final(run + ((size_t)(r - ra) * (size_t)g + (size_t)gi) * ss,
+                                J->out + ((size_t)(sq->q0 + r) * (size_t)pp->n_head + (size_t)(kh * g + gi)) * (size_t)hd, hd);
+        }
+    }
+}
+
+/* Merge the split-K partials of each (row, head) in partition order. */
+static void phase2(void *ctx, int ith, int nth) {
+    job *J = ctx;
+    const int32_t hd = J->kv->head_dim, nh = J->pp->n_head;
+    const size_t ss = (size_t)hd + 2;
+    float *run = J->thread_ws + (size_t)ith * J->pl.per_thread;
+    int64_t k = 0;
+    for (int32_t s = 0; s < J->n_seq; s++) {
+        const fl_paged_seq *sq = &J->seqs[s];
+        if (sq->n_q <= 0 || !is_split(J->kv, sq, J->pp)) continue;
+        const int32_t nparts = n_parts_of(J->kv, sq, J->pp);
+        for (int32_t r = 0; r < sq->n_q; r++)
+            for (int32_t h = 0; h < nh; h++, k++) {
+                if (k % nth != ith) continue;
+                state_init(run, hd);
+                for (int32_t pi = 0; pi < nparts; pi++)
+                    state_merge(run, J->partial + J->part_base[s] + (((size_t)pi * (size_t)sq->n_q + (size_t)r) * (size_t)nh + (size_t)h) * ss, hd);
+                state_final(run, J->out + ((size_t)(sq->q0 + r) * (size_t)nh + (size_t)h) * (size_t)hd, hd);
+            }
+    }
+}
+
+void fl_paged_attn(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n_seq,
+                   const fl_paged_attn_params *pp, const float *q, float *out, void *ws) {
+    FL_ASSERT(pp->n_head % kv->n_head_kv == 0 && pp->part_blocks >= 1);
+    const int nth = fl_threads_get();
+    job J = {.kv = kv, .seqs = seqs, .n_seq = n_seq, .pp = pp, .q = q, .out = out};
+    J.pl = make_plan(kv, seqs, n_seq, pp);
+    J.thread_ws = ws;
+    J.partial = J.thread_ws + J.pl.per_thread * (size_t)nth;
+    J.item_base = (int64_t *)(J.partial + J.pl.n_partial);
+    J.part_base = J.item_base + n_seq + 1;
+    J.item_base[0] = J.part_base[0] = 0;
+    const size_t ss = (size_t)kv->head_dim + 2;
+    for (int32_t s = 0; s < n_seq; s++) {
+        J.item_base[s + 1] = J.item_base[s] + n_items_of(kv, &seqs[s], pp);
+        J.part_base[s + 1] = J.part_base[s];
+        if (seqs[s].n_q > 0 && is_split(kv, &seqs[s], pp))
+            J.part_base[s + 1] += (int64_t)((size_t)n_parts_of(kv, &seqs[s], pp) * (size_t)seqs[s].n_q * (size_t)pp->n_head * ss);
+    }
+    atomic_init(&J.next, 0);
+    if (J.pl.n_items) fl_parallel(phase1, &J);
+    if (J.pl.n_merge) fl_parallel(phase2, &J);
+}
+
+/* ---- naive reference ---- */
+
+void fl_paged_attn_naive(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n_seq,
+                         const fl_paged_attn_params *pp, const float *q, float *out) {
+    const int32_t hd = kv->head_dim, bs = kv->block_size, g = pp->n_head / kv->n_head_kv;
+    FL_ASSERT(hd <= 512);
+    float kr[512], vr[512];
+    double acc[512];
+    for (int32_t s = 0; s < n_seq; s++) {
+        const fl_paged_seq *sq = &seqs[s];
+        for (int32_t r = 0; r < sq->n_q; r++) {
+            const int32_t p = sq->pos0 + r;
+            const int32_t lo = pp->window > 0 && p - pp->window + 1 > 0 ? p - pp->window + 1 : 0;
+            for (int32_t h = 0; h < pp->n_head; h++) {
+                const int32_t kh = h / g;
+                const float *qh = q + ((size_t)(sq->q0 + r) * (size_t)pp->n_head + (size_t)h) * (size_t)hd;
+                double mx = -INFINITY, l = 0;
+                for (int pass = 0; pass < 2; pass++) {
+                    for (int32_t j = lo; j <= p; j++) {
+                        const int32_t id = sq->blocks[j / bs];
+                        FL_ASSERT(id > 0);
+                        const size_t ro = (size_t)(id - 1) * kv->block_bytes + (size_t)(j % bs) * kv->row_bytes;
+                        const size_t si = (size_t)(id - 1) * (size_t)kv->n_head_kv + (size_t)kh;
+                        fl_kv_dequant(kv->type, kv->k + ro, (int64_t)kh * hd, hd, kv->k_scale ? kv->k_scale[si] : 1.0f, kr);
+                        double sdot = 0;
+                        for (int32_t d = 0; d < hd; d++) sdot += (double)qh[d] * kr[d];
+                        sdot *= pp->scale;
+                        if (pass == 0) {
+                            if (sdot > mx) mx = sdot;
+                            continue;
+                        }
+                        fl_kv_dequant(kv->type, kv->v + ro, (int64_t)kh * hd, hd, kv->v_scale ? kv->v_scale[si] : 1.0f, vr);
+                        const double e = exp(sdot - mx);
+                        l += e;
+                        for (int32_t d = 0; d < hd; d++) acc[d] = (j == lo ? 0.0 : acc[d]) + e * vr[d];
+                    }
+                }
+                float *o = out + ((size_t)(sq->q0 + r) * (size_t)pp->n_head + (size_t)h) * (size_t)hd;
+                for (int32_t d = 0; d < hd; d++) o[d] = (float)(acc[d] / l);
+            }
+        }
+    }
+}
