@@ -7,6 +7,8 @@
 #include "core/status.h"
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "engine/kv_adapter.h"
+#include "core/dtype.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -617,6 +619,159 @@ static void test_toy_bad_requests(void **state) {
     fl_test_mem_zero();
 }
 
+
+/* ---- the toy model over the real paged cache and the engine's KV adapter ----
+ * prepare() of the real cache must always find the blocks the scheduler promised; prefix-cache
+ * hits must skip exactly the cached tokens; recompute and swap preemption give the same output;
+ * cancellation and the end of every request give every block back. */
+typedef struct tpg {
+    fl_kv_cache *kv;
+    fl_kv_adapter *ad;
+    fl_sched_kv inner;
+    int32_t toks[TOY_SEQS][TOY_CTX];
+    int32_t len[TOY_SEQS];
+    float zeros[512 * 4];
+    int64_t max_batch;
+} tpg;
+
+static int64_t tpg_n_free(void *ctx) { tpg *t = ctx; return t->inner.n_free(t->inner.ctx); }
+static fl_status tpg_seq_begin(void *ctx, fl_request *r, int32_t *n_cached) {
+    tpg *t = ctx;
+    fl_status st = t->inner.seq_begin(t->inner.ctx, r, n_cached);
+    if (st != FL_OK) return st;
+    memcpy(t->toks[r->kv_seq], r->tokens, (size_t)*n_cached * sizeof(int32_t));
+    t->len[r->kv_seq] = *n_cached;
+    return FL_OK;
+}
+static int64_t tpg_n_needed(void *ctx, const fl_request *r, int32_t n) { tpg *t = ctx; return t->inner.n_needed(t->inner.ctx, r, n); }
+static fl_status tpg_reserve(void *ctx, fl_request *r, int32_t n) { tpg *t = ctx; return t->inner.reserve(t->inner.ctx, r, n); }
+static void tpg_seq_end(void *ctx, fl_request *r) { tpg *t = ctx; t->inner.seq_end(t->inner.ctx, r); }
+static fl_status tpg_swap_out(void *ctx, fl_request *r) { tpg *t = ctx; return t->inner.swap_out(t->inner.ctx, r); }
+static fl_status tpg_swap_in(void *ctx, fl_request *r) { tpg *t = ctx; return t->inner.swap_in(t->inner.ctx, r); }
+static fl_status tpg_forward(void *ctx, const fl_batch *b, float *logits) {
+    tpg *t = ctx;
+    if (b->n_tokens > t->max_batch) t->max_batch = b->n_tokens;
+    fl_status st = fl_kv_prepare(t->kv, b);
+    if (st != FL_OK) fail_msg("prepare: %s (%s)", fl_status_str(st), fl_last_error());
+    fl_kv_store(t->kv, 0, b, t->zeros, t->zeros);
+    int32_t row = 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        int32_t s = b->seq_id[i], p = b->pos[i];
+        assert_int_equal(p, t->len[s]);
+        t->toks[s][p] = b->tokens[i];
+        t->len[s] = p + 1;
+        if (b->logits[i]) toy_logits(t->toks[s], p + 1, logits + (size_t)row++ * TOY_VOCAB);
+    }
+    for (int32_t s = 0; s < TOY_SEQS; s++)
+        if (fl_kv_seq_exists(t->kv, s) && !fl_kv_seq_swapped(t->kv, s)) assert_true(fl_kv_seq_len(t->kv, s) >= 0);
+    return FL_OK;
+}
+static void tpg_step_done(void *ctx) { tpg *t = ctx; fl_kv_adapter_step_done(t->ad); }
+static void tpg_kv_stats(void *ctx, fl_backend_kv_stats *st) { tpg *t = ctx; fl_kv_adapter_stats(t->ad, st); }
+static void tpg_free(void *ctx) {
+    tpg *t = ctx;
+    fl_kv_adapter_free(t->ad);
+    fl_kv_free(t->kv);
+    fl_free(FL_MEM_MISC, t, sizeof *t);
+}
+
+static fl_engine *paged_engine(int32_t max_seqs, int32_t budget, int32_t n_blocks, fl_preempt_mode pm, tpg **tp) {
+    tpg *t = fl_calloc(FL_MEM_MISC, 1, sizeof *t);
+    assert_non_null(t);
+    fl_kv_config cfg = {.n_layer = 1, .n_head = 1, .n_head_kv = 1, .head_dim = 4, .type = FL_TYPE_F32,
+                        .block_size = 4, .n_blocks = n_blocks, .n_seq_max = TOY_SEQS, .n_ctx = TOY_CTX,
+                        .prefix_cache = true};
+    t->kv = fl_kv_new(&cfg);
+    assert_non_null(t->kv);
+    assert_int_equal(fl_kv_adapter_new_paged(t->kv, TOY_SEQS, &t->ad), FL_OK);
+    t->inner = fl_kv_adapter_iface(t->ad);
+    fl_engine_backend be = {0};
+    be.ctx = t;
+    be.n_vocab = TOY_VOCAB;
+    be.n_ctx = TOY_CTX;
+    be.block_size = 4;
+    be.n_blocks = fl_kv_adapter_n_blocks(t->ad);
+    be.kv = (fl_sched_kv){t, tpg_n_free, tpg_seq_begin, tpg_n_needed, tpg_reserve, tpg_seq_end, tpg_swap_out,
+                          tpg_swap_in, NULL};
+    be.forward = tpg_forward;
+    be.step_done = tpg_step_done;
+    be.is_eog = toy_is_eog;
+    be.piece = toy_piece;
+    be.kv_stats = tpg_kv_stats;
+    be.free = tpg_free;
+    fl_engine_params p;
+    fl_engine_params_default(&p);
+    p.max_seqs = max_seqs;
+    p.max_batch_tokens = budget;
+    p.preempt = pm;
+    fl_engine *e;
+    assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_OK);
+    *tp = t;
+    return e;
+}
+
+static void shared_prefix(wl *w) {
+    for (int i = 0; i < NREQ; i++) {
+        if (w->n_prompt[i] < 20) w->n_prompt[i] = 20 + i;
+        for (int j = 1; j < 13; j++) w->prompt[i][j] = 3 + (j * 7) % 30; /* 13 common tokens: 3 blocks */
+    }
+}
+
+static void test_paged_equals_alone(void **state) {
+    (void)state;
+    const fl_preempt_mode modes[3] = {FL_PREEMPT_RECOMPUTE, FL_PREEMPT_RECOMPUTE, FL_PREEMPT_SWAP};
+    const int32_t blocks[3] = {400, 28, 28};
+    for (int m = 0; m < 3; m++) {
+        wl w;
+        make_wl(&w, 21);
+        shared_prefix(&w);
+        tpg *t;
+        fl_engine *e = paged_engine(6, 24, blocks[m], modes[m], &t);
+        drive(e, &w, m == 0 ? 2 : 0);
+        check_reference(&w);
+        fl_engine_stats st;
+        fl_engine_stats_get(e, &st);
+        assert_true(st.prefix_hit_tokens >= 12); /* later requests reuse the shared prefix blocks */
+        if (m == 1) assert_true(st.preemptions > 0);
+        if (m == 2) assert_true(st.swaps_out > 0);
+        assert_int_equal(st.kv_blocks_used, 0);
+        assert_int_equal(fl_kv_check(t->kv), FL_OK);
+        fl_engine_free(e);
+    }
+    fl_test_mem_zero();
+}
+
+static void test_paged_cancel_frees_blocks(void **state) {
+    (void)state;
+    wl w;
+    make_wl(&w, 4);
+    tpg *t;
+    fl_engine *e = paged_engine(6, 24, 60, FL_PREEMPT_SWAP, &t);
+    for (int i = 0; i < NREQ; i++) {
+        fl_request_params p = {0};
+        p.prompt = w.prompt[i];
+        p.n_prompt = w.n_prompt[i];
+        p.max_tokens = 100;
+        p.ignore_eos = 1;
+        assert_int_equal(fl_engine_add(e, &p, &w.id[i]), FL_OK);
+    }
+    for (int s = 0; s < 25; s++) assert_int_equal(fl_engine_step(e, NULL), FL_OK);
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    assert_true(st.kv_blocks_used > 0);
+    for (int i = 0; i < NREQ; i++) assert_int_equal(fl_engine_cancel(e, w.id[i]), FL_OK);
+    assert_int_equal(fl_engine_step(e, NULL), FL_OK);
+    fl_engine_stats_get(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    fl_kv_stats ks;
+    fl_kv_stats_get(t->kv, &ks);
+    assert_int_equal(ks.n_blocks_used, 0);
+    assert_int_equal(ks.n_seqs, 0);
+    assert_int_equal(fl_kv_check(t->kv), FL_OK);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stop_strings),
@@ -629,6 +784,8 @@ int main(void) {
         cmocka_unit_test(test_toy_seeds),
         cmocka_unit_test(test_toy_threads),
         cmocka_unit_test(test_toy_bad_requests),
+        cmocka_unit_test(test_paged_equals_alone),
+        cmocka_unit_test(test_paged_cancel_frees_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

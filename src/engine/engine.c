@@ -293,6 +293,7 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
         st = fl_request_new(&q, rid, s, e->next_arrival++, &r);
         if (st != FL_OK) break;
         r->t_arrival = t;
+        if (s > 0) r->fork_parent = find_req(e, rid, 0); /* waits for sample 0's prompt blocks */
         st = table_push(e, r);
         if (st == FL_OK) st = fl_sched_add(e->sched, r);
         if (st != FL_OK) {
@@ -326,6 +327,8 @@ static void finish(fl_engine *e, fl_request *r, fl_finish_reason why) {
     fl_stop_release(&r->stop, true, &s, &n);
     r->event_pending = true;
     e->finished++;
+    for (int32_t i = 0; i < e->n_reqs; i++) /* samples waiting on this one's prompt go on alone */
+        if (e->reqs[i]->fork_parent == r) e->reqs[i]->fork_parent = NULL;
     fl_sched_remove(e->sched, r, why == FL_FINISH_EOS || why == FL_FINISH_LENGTH || why == FL_FINISH_STOP);
 }
 

@@ -226,6 +226,7 @@ static bool admit_one(fl_sched *s, fl_request *r, int32_t budget, fl_sched_out *
     } else {
         st = s->kv.seq_begin(s->kv.ctx, r, &n_cached);
     }
+    if (st == FL_NO_KV_SPACE) return false; /* no sequence id / slot free now */
     if (st != FL_OK) {
         *err = st;
         return false;

@@ -37,7 +37,8 @@ typedef struct fl_sched_kv {
     int64_t (*n_free)(void *ctx);
     /* Start r's KV sequence; attach the longest cached prefix of r->tokens[0, n_tokens) and return
      * its length in *n_cached (0 without prefix caching).  Must leave at least one token to
-     * compute (*n_cached < r->n_tokens).  Errors are hard (the request fails). */
+     * compute (*n_cached < r->n_tokens).  FL_NO_KV_SPACE (soft): no sequence id or slot free now;
+     * other errors are hard (the step fails). */
     fl_status (*seq_begin)(void *ctx, fl_request *r, int32_t *n_cached);
     /* Additional blocks r needs to hold n_total tokens (counting swapped-out blocks as needed). */
     int64_t (*n_needed)(void *ctx, const fl_request *r, int32_t n_total);
