@@ -13,6 +13,7 @@ typedef struct bench_entry {
 
 /* One line per benchmark; keep alphabetical. */
 static const bench_entry benches[] = {
+    {"serve", "synthetic serving workload through the engine (paged vs --baseline static)", fl_bench_serve},
     {NULL, NULL, NULL},
 };
 

@@ -6,6 +6,7 @@
 
 static const fl_cli_command commands[] = {
     {"bench", "benchmarks that print JSON (attention, kv, model, serve, ...)", fl_cmd_bench},
+    {"demo", "run a few dozen concurrent requests through the engine (random tiny model without -m)", fl_cmd_demo},
     {"inspect", "show a GGUF model's metadata, tensors and memory needs", fl_cmd_inspect},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
