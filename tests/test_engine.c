@@ -10,6 +10,7 @@
 #include "engine/kv_adapter.h"
 #include "core/dtype.h"
 
+#include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -772,6 +773,140 @@ static void test_paged_cancel_frees_blocks(void **state) {
     fl_test_mem_zero();
 }
 
+/* ---- the real model: stories260K greedy through the engine == llama.cpp's reference ---- */
+#define NREF 12
+typedef struct ref_set {
+    int32_t prompt[NREF][64], n_prompt[NREF];
+    int32_t want[NREF][256], n_want[NREF];
+} ref_set;
+
+static void load_refs(ref_set *rs, const char *rel) {
+    size_t len;
+    char *txt = fl_test_read_file(FL_SHARED_PATH(rel), &len);
+    assert_non_null(txt);
+    int n = 0;
+    for (char *line = strtok(txt, "\n"); line && n < NREF; line = strtok(NULL, "\n"), n++) {
+        cJSON *o = cJSON_Parse(line);
+        assert_non_null(o);
+        const cJSON *x;
+        rs->n_prompt[n] = rs->n_want[n] = 0;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(o, "prompt_tokens")) rs->prompt[n][rs->n_prompt[n]++] = (int32_t)x->valuedouble;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(o, "greedy_tokens")) rs->want[n][rs->n_want[n]++] = (int32_t)x->valuedouble;
+        cJSON_Delete(o);
+    }
+    assert_int_equal(n, NREF);
+    fl_test_free_file(txt, len);
+}
+
+typedef struct real_run {
+    int64_t preemptions, swaps_out, prefix_hits, max_running, steps;
+} real_run;
+
+/* All 12 prompts at once through an engine with the given shape; every output must equal the
+ * reference (EOS ends the request and is not streamed as a token). */
+static void run_refs(const ref_set *rs, const char *model, fl_kv_layout layout, int32_t max_seqs, int32_t budget,
+                     int64_t kv_mem, fl_preempt_mode pm, real_run *rr) {
+    fl_engine_params p;
+    fl_engine_params_default(&p);
+    p.model_path = FL_SHARED_PATH(model);
+    p.n_threads = 1;
+    p.n_ctx = 256;
+    p.max_seqs = max_seqs;
+    p.max_batch_tokens = budget;
+    p.kv_mem = kv_mem;
+    p.kv_type = "f32";
+    p.kv_layout = layout;
+    p.preempt = pm;
+    fl_engine *e;
+    if (fl_engine_new(&p, &e) != FL_OK) fail_msg("engine: %s", fl_last_error());
+    int64_t ids[NREF];
+    for (int i = 0; i < NREF; i++) {
+        fl_request_params q = {0};
+        fl_sampling_params_default(&q.sampling);
+        q.prompt = rs->prompt[i];
+        q.n_prompt = rs->n_prompt[i];
+        q.max_tokens = rs->n_want[i];
+        if (fl_engine_add(e, &q, &ids[i]) != FL_OK) fail_msg("add: %s", fl_last_error());
+    }
+    static int32_t got[NREF][256];
+    int32_t n_got[NREF] = {0};
+    fl_finish_reason fin[NREF] = {0};
+    int32_t active = 1;
+    memset(rr, 0, sizeof *rr);
+    while (active) {
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output ev[NREF];
+        int32_t k = fl_engine_poll(e, ev, NREF);
+        for (int32_t j = 0; j < k; j++) {
+            int i = (int)ev[j].request_id - (int)ids[0];
+            memcpy(got[i] + n_got[i], ev[j].new_tokens, (size_t)ev[j].n_new * sizeof(int32_t));
+            n_got[i] += ev[j].n_new;
+            if (ev[j].finish) fin[i] = ev[j].finish;
+        }
+        fl_engine_stats st;
+        fl_engine_stats_get(e, &st);
+        if (st.n_running > rr->max_running) rr->max_running = st.n_running;
+    }
+    for (int i = 0; i < NREF; i++) {
+        int32_t nw = rs->n_want[i];
+        bool eos = nw > 0 && rs->want[i][nw - 1] == 2;
+        if (eos) nw--;
+        assert_int_equal(fin[i], eos ? FL_FINISH_EOS : FL_FINISH_LENGTH);
+        assert_int_equal(n_got[i], nw);
+        for (int32_t t = 0; t < nw; t++)
+            if (got[i][t] != rs->want[i][t]) fail_msg("prompt %d token %d: got %d want %d", i, t, got[i][t], rs->want[i][t]);
+    }
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    rr->preemptions = st.preemptions;
+    rr->swaps_out = st.swaps_out;
+    rr->prefix_hits = st.prefix_hit_tokens;
+    rr->steps = st.steps;
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(st.n_running + st.n_waiting + st.n_preempted, 0);
+    fl_engine_free(e);
+}
+
+static void test_stories_batched_chunked(void **state) {
+    (void)state;
+    NEED_SHARED();
+    static ref_set rs;
+    load_refs(&rs, "reference/stories260K.greedy.jsonl");
+    real_run rr;
+    /* 12 at once, an 8-token budget: every prompt is prefilled in chunks beside decodes */
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 8, 8 << 20, FL_PREEMPT_RECOMPUTE, &rr);
+    assert_int_equal(rr.preemptions, 0);
+    assert_int_equal(rr.max_running, 8); /* the budget bounds the decodes per step */
+    fl_test_mem_zero();
+}
+
+static void test_stories_preempt(void **state) {
+    (void)state;
+    NEED_SHARED();
+    static ref_set rs;
+    load_refs(&rs, "reference/stories260K.greedy.jsonl");
+    real_run rr;
+    /* 24 blocks of 16 tokens (1280 bytes a token): the 12 requests need ~150 */
+    const int64_t tiny = 24 * 16 * 1280 + 16 * 1280;
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 32, tiny, FL_PREEMPT_RECOMPUTE, &rr);
+    assert_true(rr.preemptions > 0);
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 32, tiny, FL_PREEMPT_SWAP, &rr);
+    assert_true(rr.swaps_out > 0);
+    fl_test_mem_zero();
+}
+
+static void test_stories_static_baseline(void **state) {
+    (void)state;
+    NEED_SHARED();
+    static ref_set rs;
+    load_refs(&rs, "reference/stories260K.greedy.jsonl");
+    real_run rr;
+    /* 4 contiguous slots of 256 positions: 3 static batches of 4, padded */
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_CONTIGUOUS, 12, 512, 4 * 256 * 1280, FL_PREEMPT_RECOMPUTE, &rr);
+    assert_int_equal(rr.max_running, 4);
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stop_strings),
@@ -786,6 +921,9 @@ int main(void) {
         cmocka_unit_test(test_toy_bad_requests),
         cmocka_unit_test(test_paged_equals_alone),
         cmocka_unit_test(test_paged_cancel_frees_blocks),
+        cmocka_unit_test(test_stories_batched_chunked),
+        cmocka_unit_test(test_stories_preempt),
+        cmocka_unit_test(test_stories_static_baseline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
