@@ -6,6 +6,7 @@
 
 static const fl_cli_command commands[] = {
     {"bench", "benchmarks that print JSON (attention, kv, model, serve, ...)", fl_cmd_bench},
+    {"demo", "run a few dozen concurrent requests through the engine (random tiny model without -m)", fl_cmd_demo},
     {"inspect", "show a GGUF model's metadata, tensors and memory needs", fl_cmd_inspect},
     {"plan", "plan memory per device (weights, KV, activations, training, sharding); --fit, --table", fl_cmd_plan},
     {"quantize", "write a GGUF with weights quantized to Q8_0, Q4_0, ..., Q4_K_M", fl_cmd_quantize},

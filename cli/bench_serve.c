@@ -1,0 +1,371 @@
+/* `fitllm bench serve -m MODEL ...`: a synthetic serving workload through the engine API
+ * (Poisson or all-at-once arrivals, prompt/generation length distributions, an optional common
+ * prefix).  Prints throughput, TTFT and inter-token latency percentiles, KV utilization and
+ * waste, preemptions, prefix-cache hits and peak memory by category; with --baseline static the
+ * same workload also runs as padded static batches over a contiguous max-length KV reservation
+ * with the same KV bytes, side by side. */
+#include "cli/cli.h"
+
+#include "fitllm.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct dist {
+    int32_t lo, hi; /* uniform in [lo, hi] (lo == hi: fixed) */
+} dist;
+
+/* "N" or "A:B" / "A-B" (uniform). */
+static int parse_dist(const char *s, dist *d) {
+    char *end;
+    long a = strtol(s, &end, 10);
+    if (end == s || a < 1) return -1;
+    long b = a;
+    if (*end == ':' || *end == '-') {
+        const char *t = end + 1;
+        b = strtol(t, &end, 10);
+        if (end == t || b < a) return -1;
+    }
+    if (*end || b > 1000000) return -1;
+    d->lo = (int32_t)a;
+    d->hi = (int32_t)b;
+    return 0;
+}
+
+static uint64_t rnd(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double rnd01(uint64_t *s) { return (double)(rnd(s) >> 11) * (1.0 / 9007199254740992.0); }
+static int32_t draw(const dist *d, uint64_t *s) { return d->lo + (int32_t)(rnd(s) % (uint64_t)(d->hi - d->lo + 1)); }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double pct(double *v, int64_t n, double p) {
+    if (n == 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_dbl);
+    int64_t i = (int64_t)ceil(p / 100.0 * (double)n) - 1;
+    return v[i < 0 ? 0 : i >= n ? n - 1 : i];
+}
+
+typedef struct workload {
+    int32_t n;
+    int32_t **prompt, *n_prompt, *gen;
+    double *arrival;
+    int32_t max_len;
+} workload;
+
+typedef struct run_cfg {
+    fl_engine_params ep;
+    int json;
+} run_cfg;
+
+/* Run the workload on a fresh engine; returns a cJSON object with the results (or NULL). */
+static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
+    fl_mem_reset_peaks();
+    fl_engine *e;
+    double t_load = now_s();
+    if (fl_engine_new(&rc->ep, &e) != FL_OK) {
+        fprintf(stderr, "fitllm bench serve: %s\n", fl_last_error());
+        return NULL;
+    }
+    t_load = now_s() - t_load;
+    const int32_t n = w->n;
+    int64_t *ids = calloc((size_t)n, sizeof *ids);
+    double *t_add = calloc((size_t)n, sizeof *t_add), *t_first = calloc((size_t)n, sizeof *t_first);
+    double *t_last = calloc((size_t)n, sizeof *t_last);
+    int64_t itl_cap = 1024, n_itl = 0;
+    double *itl = malloc((size_t)itl_cap * sizeof *itl);
+    int32_t *got = calloc((size_t)n, sizeof *got);
+    fl_request_output *ev = malloc(256 * sizeof *ev);
+    double util_sum = 0, waste_sum = 0;
+    int64_t n_samples = 0, max_running = 0, out_tokens = 0, done = 0, added = 0;
+    int err = 0;
+    const double t0 = now_s();
+    while (done < n && !err) {
+        double t = now_s() - t0;
+        while (added < n && w->arrival[added] <= t) {
+            fl_request_params p = {0};
+            fl_sampling_params_default(&p.sampling);
+            p.prompt = w->prompt[added];
+            p.n_prompt = w->n_prompt[added];
+            p.max_tokens = w->gen[added];
+            p.ignore_eos = 1;
+            p.sampling.seed = (uint64_t)added + 1;
+            if (fl_engine_add(e, &p, &ids[added]) != FL_OK) {
+                fprintf(stderr, "fitllm bench serve: request %lld: %s\n", (long long)added, fl_last_error());
+                err = 1;
+                break;
+            }
+            t_add[added] = now_s();
+            added++;
+        }
+        int32_t active = 0;
+        if (fl_engine_step(e, &active) != FL_OK) {
+            fprintf(stderr, "fitllm bench serve: step: %s\n", fl_last_error());
+            err = 1;
+            break;
+        }
+        double tp = now_s();
+        int32_t k;
+        while ((k = fl_engine_poll(e, ev, 256)) > 0)
+            for (int32_t j = 0; j < k; j++) {
+                int64_t i = ev[j].request_id; /* ids are handed out 0, 1, 2, ... in add order */
+                if (i < 0 || i >= n) continue;
+                if (ev[j].n_new > 0) {
+                    if (got[i] == 0) t_first[i] = tp;
+                    else {
+                        /* tokens of one step arrive together: spread the gap over them */
+                        double gap = (tp - t_last[i]) / ev[j].n_new;
+                        for (int32_t q = 0; q < ev[j].n_new; q++) {
+                            if (n_itl == itl_cap) itl = realloc(itl, (size_t)(itl_cap *= 2) * sizeof *itl);
+                            itl[n_itl++] = gap;
+                        }
+                    }
+                    got[i] += ev[j].n_new;
+                    out_tokens += ev[j].n_new;
+                    t_last[i] = tp;
+                }
+                if (ev[j].finish != FL_FINISH_NONE) done++;
+            }
+        fl_engine_stats st;
+        fl_engine_stats_get(e, &st);
+        if (st.n_running > max_running) max_running = st.n_running;
+        if (st.kv_blocks_used > 0) {
+            util_sum += st.kv_utilization;
+            waste_sum += st.kv_waste;
+            n_samples++;
+        }
+        if (active == 0 && added < n) { /* idle until the next arrival */
+            double wait = w->arrival[added] - (now_s() - t0);
+            if (wait > 0) {
+                struct timespec ts = {(time_t)wait, (long)((wait - floor(wait)) * 1e9)};
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
+    const double dur = now_s() - t0;
+    cJSON *o = NULL;
+    if (!err) {
+        double *ttft = malloc((size_t)n * sizeof *ttft);
+        for (int32_t i = 0; i < n; i++) ttft[i] = t_first[i] - t_add[i];
+        fl_engine_stats st;
+        fl_engine_stats_get(e, &st);
+        o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "engine", label);
+        cJSON_AddStringToObject(o, "model", fl_engine_model_name(e));
+        cJSON_AddNumberToObject(o, "requests", n);
+        cJSON_AddNumberToObject(o, "load_s", t_load);
+        cJSON_AddNumberToObject(o, "duration_s", dur);
+        cJSON_AddNumberToObject(o, "output_tokens", (double)out_tokens);
+        cJSON_AddNumberToObject(o, "output_tokens_per_s", (double)out_tokens / dur);
+        cJSON_AddNumberToObject(o, "requests_per_s", n / dur);
+        cJSON_AddNumberToObject(o, "ttft_p50_ms", 1e3 * pct(ttft, n, 50));
+        cJSON_AddNumberToObject(o, "ttft_p99_ms", 1e3 * pct(ttft, n, 99));
+        cJSON_AddNumberToObject(o, "itl_p50_ms", 1e3 * pct(itl, n_itl, 50));
+        cJSON_AddNumberToObject(o, "itl_p99_ms", 1e3 * pct(itl, n_itl, 99));
+        cJSON_AddNumberToObject(o, "max_concurrent_seqs", (double)max_running);
+        cJSON_AddNumberToObject(o, "steps", (double)st.steps);
+        cJSON_AddNumberToObject(o, "preemptions", (double)st.preemptions);
+        cJSON_AddNumberToObject(o, "swaps_out", (double)st.swaps_out);
+        cJSON_AddNumberToObject(o, "kv_blocks_total", (double)st.kv_blocks_total);
+        cJSON_AddNumberToObject(o, "kv_utilization_avg", n_samples ? util_sum / (double)n_samples : 0);
+        cJSON_AddNumberToObject(o, "kv_waste_avg", n_samples ? waste_sum / (double)n_samples : 0);
+        int64_t pre = st.prefix_hit_tokens + st.prefix_miss_tokens;
+        cJSON_AddNumberToObject(o, "prefix_hit_tokens", (double)st.prefix_hit_tokens);
+        cJSON_AddNumberToObject(o, "prefix_hit_rate", pre ? (double)st.prefix_hit_tokens / (double)pre : 0);
+        cJSON *pk = cJSON_AddObjectToObject(o, "peak_bytes");
+        for (int c = 0; c < FL_MEM_COUNT; c++)
+            if (fl_mem_peak((fl_mem_cat)c)) cJSON_AddNumberToObject(pk, fl_mem_cat_name((fl_mem_cat)c), (double)fl_mem_peak((fl_mem_cat)c));
+        cJSON_AddNumberToObject(pk, "total", (double)fl_mem_peak_total());
+        free(ttft);
+    }
+    fl_engine_free(e);
+    free(ids);
+    free(t_add);
+    free(t_first);
+    free(t_last);
+    free(itl);
+    free(got);
+    free(ev);
+    return o;
+}
+
+static void print_text(const cJSON *o) {
+    printf("%-8s %6.1f tok/s  %5.2f req/s  TTFT p50 %7.1f ms p99 %7.1f ms  ITL p50 %6.1f ms p99 %6.1f ms\n"
+           "         max concurrent %d, preemptions %d, KV util %.1f%% waste %.1f%%, prefix hits %.1f%%, peak %.1f MiB\n",
+           cJSON_GetObjectItem(o, "engine")->valuestring, cJSON_GetObjectItem(o, "output_tokens_per_s")->valuedouble,
+           cJSON_GetObjectItem(o, "requests_per_s")->valuedouble, cJSON_GetObjectItem(o, "ttft_p50_ms")->valuedouble,
+           cJSON_GetObjectItem(o, "ttft_p99_ms")->valuedouble, cJSON_GetObjectItem(o, "itl_p50_ms")->valuedouble,
+           cJSON_GetObjectItem(o, "itl_p99_ms")->valuedouble, cJSON_GetObjectItem(o, "max_concurrent_seqs")->valueint,
+           cJSON_GetObjectItem(o, "preemptions")->valueint, 100 * cJSON_GetObjectItem(o, "kv_utilization_avg")->valuedouble,
+           100 * cJSON_GetObjectItem(o, "kv_waste_avg")->valuedouble, 100 * cJSON_GetObjectItem(o, "prefix_hit_rate")->valuedouble,
+           cJSON_GetObjectItem(cJSON_GetObjectItem(o, "peak_bytes"), "total")->valuedouble / 1048576.0);
+}
+
+int fl_bench_serve(int argc, char **argv) {
+    fl_opt opts[] = {
+        {"model", 'm', FL_OPT_STR, "MODEL  GGUF model (required)"},
+        {"requests", 'n', FL_OPT_INT, "N  number of requests (default 32)"},
+        {"rate", 0, FL_OPT_FLOAT, "R  Poisson arrival rate in requests/s (default: all at once)"},
+        {"prompt-len", 0, FL_OPT_STR, "DIST  prompt tokens: N or A:B uniform (default 32:256)"},
+        {"gen-len", 0, FL_OPT_STR, "DIST  generated tokens: N or A:B uniform (default 32:128)"},
+        {"shared-prefix", 0, FL_OPT_INT, "L  the first L prompt tokens are common to all requests (default 0)"},
+        {"max-seqs", 0, FL_OPT_INT, "N  concurrent sequences (default 16)"},
+        {"max-batch-tokens", 0, FL_OPT_INT, "N  token budget per step (default 512)"},
+        {"kv-mem", 0, FL_OPT_BYTES, "BYTES  KV cache memory (default: 64 MiB)"},
+        {"kv-type", 0, FL_OPT_STR, "TYPE  KV element type (paged engine; default f16)"},
+        {"kv-block-size", 0, FL_OPT_INT, "N  tokens per KV block (default 16)"},
+        {"preempt", 0, FL_OPT_STR, "MODE  recompute (default) or swap"},
+        {"no-prefix-cache", 0, FL_OPT_FLAG, "disable prefix caching"},
+        {"baseline", 0, FL_OPT_STR, "KIND  'static': also run padded static batches on a contiguous max-length KV"},
+        {"threads", 't', FL_OPT_INT, "N  threads (default: all cores)"},
+        {"seed", 0, FL_OPT_INT, "N  workload seed (default 1)"},
+        {"json", 0, FL_OPT_FLAG, "print one JSON object"},
+        {0},
+    };
+    int n_pos;
+    int r = fl_args_parse(argc, argv, opts, "fitllm bench serve -m MODEL [--requests N] [--rate R] [--prompt-len DIST] "
+                                            "[--gen-len DIST] [--shared-prefix L] [--baseline static] [--json]",
+                          "Serve a synthetic workload through the continuous-batching engine and report\n"
+                          "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
+                          "peak memory.  --baseline static adds the same workload as static padded batches.",
+                          NULL, 0, &n_pos);
+    if (r) return r == 1 ? 0 : 2;
+    fl_opt *o_model = fl_args_get(opts, "model");
+    if (!o_model->set) {
+        fprintf(stderr, "fitllm bench serve: -m MODEL is required\n");
+        return 2;
+    }
+    dist dp = {32, 256}, dg = {32, 128};
+    fl_opt *o;
+    if ((o = fl_args_get(opts, "prompt-len"))->set && parse_dist(o->str, &dp)) {
+        fprintf(stderr, "fitllm bench serve: bad --prompt-len '%s' (N or A:B)\n", o->str);
+        return 2;
+    }
+    if ((o = fl_args_get(opts, "gen-len"))->set && parse_dist(o->str, &dg)) {
+        fprintf(stderr, "fitllm bench serve: bad --gen-len '%s' (N or A:B)\n", o->str);
+        return 2;
+    }
+    const char *baseline = fl_args_get(opts, "baseline")->set ? fl_args_get(opts, "baseline")->str : NULL;
+    if (baseline && strcmp(baseline, "static")) {
+        fprintf(stderr, "fitllm bench serve: --baseline must be 'static'\n");
+        return 2;
+    }
+    const char *pm = fl_args_get(opts, "preempt")->set ? fl_args_get(opts, "preempt")->str : "recompute";
+    if (strcmp(pm, "recompute") && strcmp(pm, "swap")) {
+        fprintf(stderr, "fitllm bench serve: --preempt must be recompute or swap\n");
+        return 2;
+    }
+    int32_t n = fl_args_get(opts, "requests")->set ? (int32_t)fl_args_get(opts, "requests")->i : 32;
+    int32_t shared = fl_args_get(opts, "shared-prefix")->set ? (int32_t)fl_args_get(opts, "shared-prefix")->i : 0;
+    double rate = fl_args_get(opts, "rate")->set ? fl_args_get(opts, "rate")->f : 0;
+    if (n < 1 || n > 100000 || shared < 0 || rate < 0) {
+        fprintf(stderr, "fitllm bench serve: --requests must be in [1, 100000], --shared-prefix and --rate >= 0\n");
+        return 2;
+    }
+    uint64_t seed = fl_args_get(opts, "seed")->set ? (uint64_t)fl_args_get(opts, "seed")->i : 1;
+
+    run_cfg rc;
+    memset(&rc, 0, sizeof rc);
+    fl_engine_params_default(&rc.ep);
+    rc.ep.model_path = o_model->str;
+    rc.ep.n_threads = fl_args_get(opts, "threads")->set ? (int32_t)fl_args_get(opts, "threads")->i : 0;
+    if ((o = fl_args_get(opts, "max-seqs"))->set) rc.ep.max_seqs = (int32_t)o->i;
+    if ((o = fl_args_get(opts, "max-batch-tokens"))->set) rc.ep.max_batch_tokens = (int32_t)o->i;
+    rc.ep.kv_mem = fl_args_get(opts, "kv-mem")->set ? fl_args_get(opts, "kv-mem")->i : 64ll << 20;
+    if ((o = fl_args_get(opts, "kv-type"))->set) rc.ep.kv_type = o->str;
+    if ((o = fl_args_get(opts, "kv-block-size"))->set) rc.ep.kv_block_size = (int32_t)o->i;
+    rc.ep.prefix_cache = !fl_args_get(opts, "no-prefix-cache")->set;
+    rc.ep.preempt = strcmp(pm, "swap") ? FL_PREEMPT_RECOMPUTE : FL_PREEMPT_SWAP;
+    rc.json = fl_args_get(opts, "json")->set;
+
+    /* the workload: random ids (BOS first), a common prefix, arrival times */
+    workload w = {0};
+    w.n = n;
+    w.prompt = calloc((size_t)n, sizeof *w.prompt);
+    w.n_prompt = calloc((size_t)n, sizeof *w.n_prompt);
+    w.gen = calloc((size_t)n, sizeof *w.gen);
+    w.arrival = calloc((size_t)n, sizeof *w.arrival);
+    uint64_t rs = seed;
+    int32_t n_vocab_guess = 256; /* ids below every llama vocab's size; the engine checks the range */
+    int32_t *prefix = malloc(((size_t)shared + 1) * sizeof *prefix);
+    for (int32_t j = 0; j < shared; j++) prefix[j] = 3 + (int32_t)(rnd(&rs) % (uint64_t)(n_vocab_guess - 3));
+    double t = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t np = draw(&dp, &rs);
+        if (np < shared + 1) np = shared + 1;
+        w.n_prompt[i] = np;
+        w.gen[i] = draw(&dg, &rs);
+        w.prompt[i] = malloc((size_t)np * sizeof(int32_t));
+        w.prompt[i][0] = 1;
+        for (int32_t j = 1; j < np; j++)
+            w.prompt[i][j] = j - 1 < shared ? prefix[j - 1] : 3 + (int32_t)(rnd(&rs) % (uint64_t)(n_vocab_guess - 3));
+        if (np + w.gen[i] > w.max_len) w.max_len = np + w.gen[i];
+        if (rate > 0) t += -log(1.0 - rnd01(&rs)) / rate;
+        w.arrival[i] = t;
+    }
+    free(prefix);
+    /* both engines get the workload's longest sequence as their context: the static baseline
+     * reserves exactly that per sequence, the paged engine only what each request uses */
+    rc.ep.n_ctx = w.max_len;
+
+    cJSON *root = cJSON_CreateObject();
+    cJSON *wj = cJSON_AddObjectToObject(root, "workload");
+    cJSON_AddNumberToObject(wj, "requests", n);
+    cJSON_AddNumberToObject(wj, "rate", rate);
+    cJSON_AddNumberToObject(wj, "prompt_len_min", dp.lo);
+    cJSON_AddNumberToObject(wj, "prompt_len_max", dp.hi);
+    cJSON_AddNumberToObject(wj, "gen_len_min", dg.lo);
+    cJSON_AddNumberToObject(wj, "gen_len_max", dg.hi);
+    cJSON_AddNumberToObject(wj, "shared_prefix", shared);
+    cJSON_AddNumberToObject(wj, "max_len", w.max_len);
+    cJSON_AddNumberToObject(wj, "kv_mem", (double)rc.ep.kv_mem);
+    cJSON_AddNumberToObject(wj, "max_seqs", rc.ep.max_seqs);
+    int rcode = 0;
+    cJSON *paged = run_one(&rc, &w, "paged");
+    if (!paged) rcode = 1;
+    else cJSON_AddItemToObject(root, "paged", paged);
+    if (!rcode && baseline) {
+        run_cfg rs2 = rc;
+        rs2.ep.kv_layout = FL_KV_CONTIGUOUS;
+        rs2.ep.prefix_cache = 0;
+        cJSON *st = run_one(&rs2, &w, "static");
+        if (!st) rcode = 1;
+        else cJSON_AddItemToObject(root, "static", st);
+    }
+    if (!rcode) {
+        if (rc.json) {
+            char *s = cJSON_PrintUnformatted(root);
+            printf("%s\n", s);
+            cJSON_free(s);
+        } else {
+            printf("workload: %d requests, prompt %d..%d, gen %d..%d, shared prefix %d, %s, KV %.1f MiB\n", n, dp.lo,
+                   dp.hi, dg.lo, dg.hi, shared, rate > 0 ? "Poisson arrivals" : "all at once",
+                   (double)rc.ep.kv_mem / 1048576.0);
+            print_text(cJSON_GetObjectItem(root, "paged"));
+            if (baseline) print_text(cJSON_GetObjectItem(root, "static"));
+        }
+    }
+    cJSON_Delete(root);
+    for (int32_t i = 0; i < n; i++) free(w.prompt[i]);
+    free(w.prompt);
+    free(w.n_prompt);
+    free(w.gen);
+    free(w.arrival);
+    return rcode;
+}

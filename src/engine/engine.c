@@ -1,0 +1,561 @@
+/*
+ * engine.c - fl_engine_step(): schedule -> one packed batch -> forward -> sample -> commit.
+ *
+ * Locking: e->mu guards the request table, the scheduler and the output buffers.  The driver
+ * thread holds it while scheduling and while committing, and drops it for the forward, so HTTP
+ * threads can add, cancel and poll during the (long) forward.  Requests scheduled for the
+ * running forward are not touched by add/cancel: cancel only flags a running request, and the
+ * flag is acted on at the next step boundary.
+ */
+#include "engine/backend.h"
+#include "engine/engine.h"
+
+#include "core/alloc.h"
+#include "core/status.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct fl_engine {
+    fl_engine_params p;
+    fl_engine_backend be;
+    fl_sched *sched;
+    pthread_mutex_t mu;
+
+    fl_request **reqs;  /* every request not yet freed, in creation order */
+    int32_t n_reqs, cap_reqs;
+    int64_t next_id, next_arrival;
+
+    /* batch buffers [max_tokens] and logits [max_rows][n_vocab] */
+    int32_t max_tokens, max_rows;
+    int32_t *b_tok, *b_pos, *b_seq;
+    int8_t *b_logit;
+    float *logits;
+    fl_request **row_req; /* [max_rows] request that owns each logit row */
+    float *probs;         /* [n_vocab] sampler scratch */
+    int32_t *idx;         /* [n_vocab] sampler scratch */
+
+    /* poll buffers: valid until the next poll */
+    int32_t *poll_tok;
+    int64_t poll_tok_cap;
+    char *poll_text;
+    int64_t poll_text_cap;
+
+    double t0;
+    int64_t steps, finished, generated, prefilled, prefix_hit, prefix_miss;
+    int64_t forward_errors;
+    double t_forward;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void fl_engine_params_default(fl_engine_params *p) {
+    memset(p, 0, sizeof *p);
+    p->max_seqs = 16;
+    p->max_batch_tokens = 512;
+    p->kv_block_size = 16;
+    p->kv_type = "f16";
+    p->prefix_cache = 1;
+    p->kv_layout = FL_KV_PAGED;
+    p->preempt = FL_PREEMPT_RECOMPUTE;
+    p->seed = 1234;
+}
+
+void fl_sampling_params_default(fl_sampling_params *p) {
+    memset(p, 0, sizeof *p);
+    p->temperature = 0.0f;
+    p->top_p = 1.0f;
+    p->repeat_penalty = 1.0f;
+    p->penalty_last_n = 64;
+}
+
+/* ---- sampling (per request RNG; greedy when temperature <= 0) ---- */
+
+static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
+    uint64_t x = *s ? *s : 0x2545F4914F6CDD1Dull;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *s = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+static int cmp_prob_desc(const void *a, const void *b, void *ctx) {
+    const float *p = ctx;
+    float x = p[*(const int32_t *)a], y = p[*(const int32_t *)b];
+    return x < y ? 1 : x > y ? -1 : (*(const int32_t *)a - *(const int32_t *)b);
+}
+
+/* Penalties over the last penalty_last_n tokens, then greedy or temperature/top-k/top-p/min-p
+ * sampling.  logits is modified in place. */
+static int32_t sample_token(fl_engine *e, fl_request *r, float *logits) {
+    const int32_t nv = e->be.n_vocab;
+    const fl_sampling_params *sp = &r->sampling;
+    if (sp->repeat_penalty != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) {
+        int32_t last = sp->penalty_last_n > 0 ? sp->penalty_last_n : r->n_tokens;
+        int32_t from = r->n_tokens - last > 0 ? r->n_tokens - last : 0;
+        /* count occurrences with the idx scratch as counters */
+        memset(e->idx, 0, (size_t)nv * sizeof *e->idx);
+        for (int32_t i = from; i < r->n_tokens; i++)
+            if (r->tokens[i] >= 0 && r->tokens[i] < nv) e->idx[r->tokens[i]]++;
+        for (int32_t v = 0; v < nv; v++) {
+            if (!e->idx[v]) continue;
+            float l = logits[v];
+            if (sp->repeat_penalty > 0 && sp->repeat_penalty != 1.0f)
+                l = l > 0 ? l / sp->repeat_penalty : l * sp->repeat_penalty;
+            l -= sp->presence_penalty + sp->frequency_penalty * (float)e->idx[v];
+            logits[v] = l;
+        }
+    }
+    int32_t best = 0;
+    for (int32_t v = 1; v < nv; v++)
+        if (logits[v] > logits[best]) best = v;
+    if (sp->temperature <= 0.0f) return best;
+    /* softmax at temperature */
+    float *p = e->probs;
+    double sum = 0;
+    for (int32_t v = 0; v < nv; v++) {
+        p[v] = expf((logits[v] - logits[best]) / sp->temperature);
+        sum += p[v];
+    }
+    for (int32_t v = 0; v < nv; v++) {
+        p[v] = (float)(p[v] / sum);
+        e->idx[v] = v;
+    }
+    qsort_r(e->idx, (size_t)nv, sizeof *e->idx, cmp_prob_desc, p);
+    int32_t n = nv;
+    if (sp->top_k > 0 && sp->top_k < n) n = sp->top_k;
+    if (sp->min_p > 0) {
+        float lim = sp->min_p * p[e->idx[0]];
+        int32_t k = 1;
+        while (k < n && p[e->idx[k]] >= lim) k++;
+        n = k;
+    }
+    if (sp->top_p < 1.0f) {
+        double c = 0;
+        int32_t k = 0;
+        while (k < n) {
+            c += p[e->idx[k++]];
+            if (c >= sp->top_p) break;
+        }
+        n = k;
+    }
+    double tot = 0;
+    for (int32_t k = 0; k < n; k++) tot += p[e->idx[k]];
+    double u = (double)(rng_next(&r->rng) >> 11) * (1.0 / 9007199254740992.0) * tot;
+    double c = 0;
+    for (int32_t k = 0; k < n; k++) {
+        c += p[e->idx[k]];
+        if (u < c) return e->idx[k];
+    }
+    return e->idx[n - 1];
+}
+
+/* ---- engine life cycle ---- */
+
+static fl_status table_push(fl_engine *e, fl_request *r) {
+    if (e->n_reqs == e->cap_reqs) {
+        int32_t nc = e->cap_reqs ? e->cap_reqs * 2 : 64;
+        fl_request **v = fl_realloc(FL_MEM_MISC, e->reqs, (size_t)e->cap_reqs * sizeof *v, (size_t)nc * sizeof *v, 0);
+        if (!v) return FL_ERR_NOMEM;
+        e->reqs = v;
+        e->cap_reqs = nc;
+    }
+    e->reqs[e->n_reqs++] = r;
+    return FL_OK;
+}
+
+static void free_buffers(fl_engine *e) {
+    int64_t nv = e->be.n_vocab;
+    fl_free(FL_MEM_SCRATCH, e->b_tok, (size_t)e->max_tokens * sizeof(int32_t));
+    fl_free(FL_MEM_SCRATCH, e->b_pos, (size_t)e->max_tokens * sizeof(int32_t));
+    fl_free(FL_MEM_SCRATCH, e->b_seq, (size_t)e->max_tokens * sizeof(int32_t));
+    fl_free(FL_MEM_SCRATCH, e->b_logit, (size_t)e->max_tokens);
+    fl_free(FL_MEM_ACT, e->logits, (size_t)e->max_rows * (size_t)nv * sizeof(float));
+    fl_free(FL_MEM_SCRATCH, e->row_req, (size_t)e->max_rows * sizeof(fl_request *));
+    fl_free(FL_MEM_SCRATCH, e->probs, (size_t)nv * sizeof(float));
+    fl_free(FL_MEM_SCRATCH, e->idx, (size_t)nv * sizeof(int32_t));
+    fl_free(FL_MEM_MISC, e->poll_tok, (size_t)e->poll_tok_cap * sizeof(int32_t));
+    fl_free(FL_MEM_MISC, e->poll_text, (size_t)e->poll_text_cap);
+}
+
+fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backend *be, fl_engine **out) {
+    *out = NULL;
+    fl_status st = FL_OK;
+    fl_engine *e = fl_calloc(FL_MEM_MISC, 1, sizeof *e);
+    if (!e) {
+        if (be->free) be->free(be->ctx);
+        return FL_ERR_NOMEM;
+    }
+    e->p = *p;
+    e->be = *be;
+    pthread_mutex_init(&e->mu, NULL);
+    if (e->p.max_seqs < 1 || e->p.max_batch_tokens < 1 || be->n_vocab < 1) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: max_seqs (%d) and max_batch_tokens (%d) must be >= 1", __func__,
+                          e->p.max_seqs, e->p.max_batch_tokens);
+        goto fail;
+    }
+    /* static padding rows take one token each on top of the budget's decodes */
+    e->max_tokens = e->p.max_batch_tokens + e->p.max_seqs;
+    e->max_rows = e->p.max_seqs;
+    int64_t nv = be->n_vocab;
+    e->b_tok = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(int32_t), 0);
+    e->b_pos = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(int32_t), 0);
+    e->b_seq = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(int32_t), 0);
+    e->b_logit = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens, 0);
+    e->logits = fl_alloc(FL_MEM_ACT, (size_t)e->max_rows * (size_t)nv * sizeof(float), 0);
+    e->row_req = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_rows * sizeof(fl_request *), 0);
+    e->probs = fl_alloc(FL_MEM_SCRATCH, (size_t)nv * sizeof(float), 0);
+    e->idx = fl_alloc(FL_MEM_SCRATCH, (size_t)nv * sizeof(int32_t), 0);
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logit || !e->logits || !e->row_req || !e->probs || !e->idx) {
+        st = FL_ERR_NOMEM;
+        goto fail;
+    }
+    fl_sched_params sp = {
+        .max_seqs = e->p.max_seqs,
+        .max_batch_tokens = e->p.max_batch_tokens,
+        /* ~1% of the pool (at least one block) stays free at admission */
+        .watermark_blocks = e->p.kv_layout == FL_KV_CONTIGUOUS ? 0 : (int32_t)(be->n_blocks / 100 > 1 ? be->n_blocks / 100 : 1),
+        .preempt = e->p.preempt,
+        .static_batch = e->p.kv_layout == FL_KV_CONTIGUOUS,
+    };
+    st = fl_sched_new(&sp, &be->kv, &e->sched);
+    if (st != FL_OK) goto fail;
+    e->t0 = now_s();
+    *out = e;
+    return FL_OK;
+fail:
+    fl_engine_free(e);
+    return st;
+}
+
+void fl_engine_free(fl_engine *e) {
+    if (!e) return;
+    for (int32_t i = 0; i < e->n_reqs; i++) {
+        if (e->sched) fl_sched_remove(e->sched, e->reqs[i], false);
+        fl_request_free(e->reqs[i]);
+    }
+    fl_free(FL_MEM_MISC, e->reqs, (size_t)e->cap_reqs * sizeof *e->reqs);
+    fl_sched_free(e->sched);
+    free_buffers(e);
+    if (e->be.free) e->be.free(e->be.ctx);
+    pthread_mutex_destroy(&e->mu);
+    fl_free(FL_MEM_MISC, e, sizeof *e);
+}
+
+/* ---- requests ---- */
+
+static fl_request *find_req(fl_engine *e, int64_t id, int32_t sample) {
+    for (int32_t i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->id == id && e->reqs[i]->sample == sample) return e->reqs[i];
+    return NULL;
+}
+
+fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
+    if (!p || !p->prompt || p->n_prompt < 1)
+        return fl_set_error(FL_ERR_INVALID, "%s: empty prompt", __func__);
+    int32_t n = p->n > 0 ? p->n : 1;
+    if (n > e->p.max_seqs)
+        return fl_set_error(FL_ERR_INVALID, "%s: n = %d samples > max_seqs %d", __func__, n, e->p.max_seqs);
+    int32_t max_tokens = p->max_tokens;
+    if ((int64_t)p->n_prompt + 1 > e->be.n_ctx)
+        return fl_set_error(FL_ERR_INVALID, "%s: prompt of %d tokens does not fit the context of %d", __func__,
+                            p->n_prompt, e->be.n_ctx);
+    if (max_tokens <= 0 || (int64_t)p->n_prompt + max_tokens > e->be.n_ctx) max_tokens = e->be.n_ctx - p->n_prompt;
+    /* a request must fit the pool on its own, or it could never finish */
+    int64_t bs = e->be.block_size;
+    int64_t need = ((int64_t)p->n_prompt + max_tokens + bs - 1) / bs;
+    int64_t avail = e->be.n_blocks - (e->p.kv_layout == FL_KV_CONTIGUOUS ? 0 : 1);
+    if (need > avail)
+        return fl_set_error(FL_ERR_INVALID, "%s: prompt + max_tokens = %lld tokens need %lld KV blocks, the pool has %lld",
+                            __func__, (long long)p->n_prompt + max_tokens, (long long)need, (long long)avail);
+    for (int32_t i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= e->be.n_vocab)
+            return fl_set_error(FL_ERR_INVALID, "%s: prompt token %d = %d out of the vocabulary (%d)", __func__, i,
+                                p->prompt[i], e->be.n_vocab);
+    fl_request_params q = *p;
+    q.max_tokens = max_tokens;
+    pthread_mutex_lock(&e->mu);
+    int64_t rid = e->next_id++;
+    if (q.sampling.seed == 0) q.sampling.seed = (uint64_t)e->p.seed + (uint64_t)rid * 7919u;
+    fl_status st = FL_OK;
+    double t = now_s() - e->t0;
+    int32_t added = 0;
+    for (int32_t s = 0; s < n && st == FL_OK; s++) {
+        fl_request *r;
+        st = fl_request_new(&q, rid, s, e->next_arrival++, &r);
+        if (st != FL_OK) break;
+        r->t_arrival = t;
+        if (s > 0) r->fork_parent = find_req(e, rid, 0); /* waits for sample 0's prompt blocks */
+        st = table_push(e, r);
+        if (st == FL_OK) st = fl_sched_add(e->sched, r);
+        if (st != FL_OK) {
+            if (e->n_reqs && e->reqs[e->n_reqs - 1] == r) e->n_reqs--;
+            fl_request_free(r);
+            break;
+        }
+        added++;
+    }
+    if (st != FL_OK) /* undo the samples already queued */
+        for (int32_t s = 0; s < added; s++) {
+            fl_request *r = find_req(e, rid, s);
+            fl_sched_remove(e->sched, r, false);
+            for (int32_t i = 0; i < e->n_reqs; i++)
+                if (e->reqs[i] == r) e->reqs[i] = e->reqs[--e->n_reqs];
+            fl_request_free(r);
+        }
+    pthread_mutex_unlock(&e->mu);
+    if (st == FL_OK && id) *id = rid;
+    return st;
+}
+
+/* Mark r finished (under the lock): release the KV (or keep it as a static padding row),
+ * flush its held-back text and queue its final event. */
+static void finish(fl_engine *e, fl_request *r, fl_finish_reason why) {
+    if (r->state == FL_REQ_FINISHED) return;
+    r->state = FL_REQ_FINISHED;
+    r->finish = why;
+    r->t_finish = now_s() - e->t0;
+    int64_t s, n;
+    fl_stop_release(&r->stop, true, &s, &n);
+    r->event_pending = true;
+    e->finished++;
+    for (int32_t i = 0; i < e->n_reqs; i++) /* samples waiting on this one's prompt go on alone */
+        if (e->reqs[i]->fork_parent == r) e->reqs[i]->fork_parent = NULL;
+    fl_sched_remove(e->sched, r, why == FL_FINISH_EOS || why == FL_FINISH_LENGTH || why == FL_FINISH_STOP);
+}
+
+fl_status fl_engine_cancel(fl_engine *e, int64_t id) {
+    pthread_mutex_lock(&e->mu);
+    int found = 0;
+    for (int32_t i = 0; i < e->n_reqs; i++) {
+        fl_request *r = e->reqs[i];
+        if (r->id != id) continue;
+        found = 1;
+        if (r->state == FL_REQ_FINISHED) continue;
+        if (r->state == FL_REQ_WAITING && !r->kv_live) finish(e, r, FL_FINISH_CANCELLED); /* at once */
+        else r->cancel = true;                                                           /* next step */
+    }
+    pthread_mutex_unlock(&e->mu);
+    return found ? FL_OK : fl_set_error(FL_ERR_INVALID, "%s: no request %lld", __func__, (long long)id);
+}
+
+/* Append a sampled token: text, stop conditions, streaming. */
+static void commit_token(fl_engine *e, fl_request *r, int32_t tok) {
+    double t = now_s() - e->t0;
+    if (fl_request_n_generated(r) == 0 && r->t_first_token == 0) r->t_first_token = t;
+    r->t_last_token = t;
+    e->generated++;
+    if (!r->ignore_eos && e->be.is_eog && e->be.is_eog(e->be.ctx, tok)) {
+        finish(e, r, FL_FINISH_EOS);
+        return;
+    }
+    fl_request_append(r, tok);
+    r->event_pending = true;
+    char piece[256];
+    int32_t len = e->be.piece ? e->be.piece(e->be.ctx, tok, piece, (int32_t)sizeof piece) : 0;
+    bool stopped = false;
+    if (len > 0 && fl_stop_push(&r->stop, piece, len, &stopped) != FL_OK) {
+        finish(e, r, FL_FINISH_ERROR);
+        return;
+    }
+    if (stopped) {
+        finish(e, r, FL_FINISH_STOP);
+        return;
+    }
+    int64_t s, n;
+    fl_stop_release(&r->stop, false, &s, &n);
+    if (fl_request_n_generated(r) >= r->max_tokens || r->n_tokens >= e->be.n_ctx) finish(e, r, FL_FINISH_LENGTH);
+}
+
+/* Free finished requests whose last event was polled and that left the scheduler. */
+static void reap(fl_engine *e) {
+    int32_t j = 0;
+    for (int32_t i = 0; i < e->n_reqs; i++) {
+        fl_request *r = e->reqs[i];
+        if (r->state == FL_REQ_FINISHED && r->done_polled && !r->in_sched) fl_request_free(r);
+        else e->reqs[j++] = r;
+    }
+    e->n_reqs = j;
+}
+
+fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
+    fl_status st = FL_OK;
+    pthread_mutex_lock(&e->mu);
+    for (int32_t i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->cancel && e->reqs[i]->state != FL_REQ_FINISHED) finish(e, e->reqs[i], FL_FINISH_CANCELLED);
+    fl_sched_out out;
+    st = fl_sched_schedule(e->sched, &out);
+    if (st != FL_OK) goto done;
+    if (out.n_entries == 0) goto done;
+
+    /* build the flat batch: each entry's tokens contiguous and in position order, no padding */
+    int32_t n = 0, rows = 0;
+    for (int32_t k = 0; k < out.n_entries; k++) {
+        fl_request *r = out.e[k].r;
+        if (out.e[k].pad) { /* static baseline: a finished row keeps computing a dummy token */
+            e->b_tok[n] = r->tokens[r->n_tokens - 1];
+            e->b_pos[n] = r->n_computed;
+            e->b_seq[n] = (int32_t)r->kv_seq;
+            e->b_logit[n++] = 0;
+            continue;
+        }
+        bool sample = r->n_computed + out.e[k].n == r->n_tokens;
+        for (int32_t j = 0; j < out.e[k].n; j++) {
+            e->b_tok[n] = r->tokens[r->n_computed + j];
+            e->b_pos[n] = r->n_computed + j;
+            e->b_seq[n] = (int32_t)r->kv_seq;
+            e->b_logit[n++] = (int8_t)(sample && j == out.e[k].n - 1);
+        }
+        if (sample) e->row_req[rows++] = r;
+        if (r->n_computed == 0 || r->n_computed + out.e[k].n <= r->n_prompt) e->prefilled += out.e[k].n;
+    }
+    FL_ASSERT(n <= e->max_tokens && rows <= e->max_rows);
+    fl_batch b = {n, e->b_tok, e->b_pos, e->b_seq, e->b_logit};
+
+    /* forward without the lock: add/cancel/poll stay responsive */
+    pthread_mutex_unlock(&e->mu);
+    double t = now_s();
+    fl_status fst = e->be.forward(e->be.ctx, &b, e->logits);
+    e->t_forward += now_s() - t;
+    pthread_mutex_lock(&e->mu);
+    if (e->be.step_done) e->be.step_done(e->be.ctx);
+    e->steps++;
+    if (fst != FL_OK) {
+        /* a failed forward changed nothing in the cache: fail the step's requests */
+        e->forward_errors++;
+        for (int32_t k = 0; k < out.n_entries; k++)
+            if (!out.e[k].pad) finish(e, out.e[k].r, FL_FINISH_ERROR);
+        st = fst;
+        goto done;
+    }
+    fl_sched_commit(e->sched, &out);
+    for (int32_t k = 0; k < rows; k++) {
+        fl_request *r = e->row_req[k];
+        if (r->state == FL_REQ_FINISHED) continue;
+        commit_token(e, r, sample_token(e, r, e->logits + (size_t)k * (size_t)e->be.n_vocab));
+    }
+done:;
+    int32_t active = 0;
+    for (int32_t i = 0; i < e->n_reqs; i++) active += e->reqs[i]->state != FL_REQ_FINISHED;
+    reap(e);
+    pthread_mutex_unlock(&e->mu);
+    if (n_active) *n_active = active;
+    return st;
+}
+
+static fl_status grow(fl_mem_cat cat, void **buf, int64_t *cap, int64_t need, size_t elem) {
+    if (need <= *cap) return FL_OK;
+    int64_t nc = *cap ? *cap : 256;
+    while (nc < need) nc *= 2;
+    void *p = fl_alloc(cat, (size_t)nc * elem, 0);
+    if (!p) return FL_ERR_NOMEM;
+    fl_free(cat, *buf, (size_t)*cap * elem);
+    *buf = p;
+    *cap = nc;
+    return FL_OK;
+}
+
+int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
+    pthread_mutex_lock(&e->mu);
+    /* size the buffers for everything pending first, so pointers handed out stay put */
+    int64_t need_tok = 0, need_text = 0;
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->n_reqs && n < cap; i++) {
+        fl_request *r = e->reqs[i];
+        if (!r->event_pending) continue;
+        need_tok += fl_request_n_generated(r) - r->n_streamed;
+        need_text += r->stop.emitted - r->text_pending_start + 1;
+        n++;
+    }
+    if (grow(FL_MEM_MISC, (void **)&e->poll_tok, &e->poll_tok_cap, need_tok + 1, sizeof(int32_t)) != FL_OK ||
+        grow(FL_MEM_MISC, (void **)&e->poll_text, &e->poll_text_cap, need_text + 1, 1) != FL_OK) {
+        pthread_mutex_unlock(&e->mu);
+        return 0;
+    }
+    int64_t ot = 0, ox = 0;
+    n = 0;
+    for (int32_t i = 0; i < e->n_reqs && n < cap; i++) {
+        fl_request *r = e->reqs[i];
+        if (!r->event_pending) continue;
+        fl_request_output *o = &out[n++];
+        memset(o, 0, sizeof *o);
+        o->request_id = r->id;
+        o->sample = r->sample;
+        o->n_new = fl_request_n_generated(r) - r->n_streamed;
+        memcpy(e->poll_tok + ot, r->tokens + r->n_prompt + r->n_streamed, (size_t)o->n_new * sizeof(int32_t));
+        o->new_tokens = e->poll_tok + ot;
+        ot += o->n_new;
+        int64_t tl = r->stop.emitted - r->text_pending_start;
+        memcpy(e->poll_text + ox, r->stop.text + r->text_pending_start, (size_t)tl);
+        e->poll_text[ox + tl] = 0;
+        o->new_text = e->poll_text + ox;
+        ox += tl + 1;
+        o->finish = r->state == FL_REQ_FINISHED ? r->finish : FL_FINISH_NONE;
+        o->n_prompt = r->n_prompt;
+        o->n_generated = fl_request_n_generated(r);
+        o->n_cached_prompt = r->n_cached_prompt;
+        o->ttft_s = r->t_first_token > 0 ? r->t_first_token - r->t_arrival : 0;
+        r->n_streamed = fl_request_n_generated(r);
+        r->text_pending_start = r->stop.emitted;
+        r->event_pending = false;
+        if (r->state == FL_REQ_FINISHED) r->done_polled = true;
+    }
+    reap(e);
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+void fl_engine_stats_get(fl_engine *e, fl_engine_stats *s) {
+    memset(s, 0, sizeof *s);
+    pthread_mutex_lock(&e->mu);
+    fl_sched_stats ss;
+    fl_sched_stats_get(e->sched, &ss);
+    s->steps = e->steps;
+    s->requests_finished = e->finished;
+    s->tokens_generated = e->generated;
+    s->tokens_prefilled = e->prefilled;
+    s->n_waiting = fl_sched_n_waiting(e->sched) - fl_sched_n_preempted(e->sched);
+    s->n_preempted = fl_sched_n_preempted(e->sched);
+    s->n_running = fl_sched_n_running(e->sched);
+    s->preemptions = ss.preemptions;
+    s->swaps_out = ss.swaps_out;
+    s->swaps_in = ss.swaps_in;
+    s->prefix_hit_tokens = ss.prefix_hit_tokens;
+    s->prefix_miss_tokens = ss.prefix_miss_tokens;
+    fl_backend_kv_stats ks = {0};
+    if (e->be.kv_stats) e->be.kv_stats(e->be.ctx, &ks);
+    s->kv_blocks_total = ks.blocks_total;
+    s->kv_blocks_used = ks.blocks_used;
+    s->kv_blocks_free = ks.blocks_free;
+    s->kv_blocks_cached = ks.blocks_cached;
+    s->kv_evictions = ks.evictions;
+    s->kv_utilization = ks.slots_allocated ? (double)ks.tokens_live / (double)ks.slots_allocated : 0;
+    s->kv_waste = ks.slots_allocated ? 1.0 - s->kv_utilization : 0;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int32_t fl_engine_n_ctx(const fl_engine *e) { return e->be.n_ctx; }
+int32_t fl_engine_n_vocab(const fl_engine *e) { return e->be.n_vocab; }
+const char *fl_engine_model_name(const fl_engine *e) { return e->be.name ? e->be.name : "?"; }
+const char *fl_engine_chat_template(const fl_engine *e) { return e->be.chat_template; }
+
+fl_status fl_engine_tokenize(fl_engine *e, const char *text, size_t len, int add_special, int32_t *out, int64_t cap,
+                             int64_t *n_out) {
+    if (!e->be.tokenize) return fl_set_error(FL_ERR_UNSUPPORTED, "%s: this engine has no tokenizer", __func__);
+    return e->be.tokenize(e->be.ctx, text, len, add_special, out, cap, n_out);
+}
+
+int64_t fl_engine_detokenize(fl_engine *e, const int32_t *ids, int64_t n, char *buf, int64_t cap) {
+    if (!e->be.detokenize) return -1;
+    return e->be.detokenize(e->be.ctx, ids, n, buf, cap);
+}
+
+double fl_engine_forward_seconds(const fl_engine *e) { return e->t_forward; }

@@ -1,0 +1,200 @@
+/*
+ * engine_model.c - fl_engine_new(): the engine over a real llama model.
+ *
+ * Builds the backend (backend.h): the model (model/llama.h) with a workspace for the step's
+ * token budget, the GGUF tokenizer, and the KV cache the params ask for: the paged cache
+ * (kv/kv_cache.h) sized from kv_mem, with prefix caching and swap, or the contiguous
+ * max-length reservation (kv/kv_contig.h) for the static baseline, as many slots as kv_mem
+ * holds.  The KV adapter (kv_adapter.h) turns either into the scheduler's block accounting.
+ */
+#include "engine/backend.h"
+#include "engine/kv_adapter.h"
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/threads.h"
+#include "kv/kv_cache.h"
+#include "kv/kv_contig.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+
+#include <string.h>
+
+#define DEFAULT_KV_MEM (256ll << 20)
+
+typedef struct mbackend {
+    fl_model *model;
+    fl_tokenizer *tok;
+    fl_kv_cache *kv;       /* paged, or */
+    fl_kv_contig *contig;  /* contiguous */
+    int32_t n_slots;
+    fl_kv_adapter *ad;
+    fl_kv_iface paged_iface;
+    const fl_kv_iface *iface;
+    void *kv_ctx;
+    char name[128];
+    char *chat_template;
+    size_t chat_template_size;
+} mbackend;
+
+static fl_status mb_forward(void *ctx, const fl_batch *b, float *logits) {
+    mbackend *m = ctx;
+    return fl_model_forward(m->model, b, m->iface, m->kv_ctx, logits);
+}
+static void mb_step_done(void *ctx) { fl_kv_adapter_step_done(((mbackend *)ctx)->ad); }
+static bool mb_is_eog(void *ctx, int32_t t) {
+    mbackend *m = ctx;
+    return m->tok ? fl_tokenizer_is_eog(m->tok, t) : false;
+}
+static int32_t mb_piece(void *ctx, int32_t t, char *buf, int32_t cap) {
+    mbackend *m = ctx;
+    return m->tok ? fl_token_to_piece(m->tok, t, buf, cap, false) : 0;
+}
+static fl_status mb_tokenize(void *ctx, const char *text, size_t len, int add_special, int32_t *out, int64_t cap,
+                             int64_t *n_out) {
+    mbackend *m = ctx;
+    if (!m->tok) return fl_set_error(FL_ERR_UNSUPPORTED, "fl_engine_tokenize: the model has no tokenizer");
+    return fl_tokenize(m->tok, text, len, add_special != 0, false, out, cap, n_out);
+}
+static int64_t mb_detokenize(void *ctx, const int32_t *ids, int64_t n, char *buf, int64_t cap) {
+    mbackend *m = ctx;
+    return m->tok ? fl_detokenize(m->tok, ids, n, buf, cap, false, false) : -1;
+}
+static void mb_kv_stats(void *ctx, fl_backend_kv_stats *st) {
+    mbackend *m = ctx;
+    fl_kv_adapter_stats(m->ad, st);
+    if (m->contig) { /* live tokens of the contiguous slots (cleared slots have length 0) */
+        for (int32_t s = 0; s < m->n_slots; s++) st->tokens_live += fl_kv_contig_seq_len(m->contig, s);
+        st->bytes_total = (int64_t)fl_mem_current(FL_MEM_KV);
+    }
+}
+static void mb_free(void *ctx) {
+    mbackend *m = ctx;
+    if (!m) return;
+    fl_kv_adapter_free(m->ad);
+    fl_kv_free(m->kv);
+    fl_kv_contig_free(m->contig);
+    fl_tokenizer_free(m->tok);
+    fl_model_free(m->model);
+    if (m->chat_template) fl_free(FL_MEM_MISC, m->chat_template, m->chat_template_size);
+    fl_free(FL_MEM_MISC, m, sizeof *m);
+}
+static void contig_clear(void *kv, int32_t slot) { fl_kv_contig_seq_clear(kv, slot); }
+
+fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
+    *out = NULL;
+    fl_engine_params p;
+    if (pin) p = *pin;
+    else fl_engine_params_default(&p);
+    if (!p.model_path) return fl_set_error(FL_ERR_INVALID, "%s: no model path", __func__);
+    if (p.max_seqs < 1 || p.max_batch_tokens < 1 || p.kv_mem < 0 || p.n_ctx < 0 || p.kv_block_size < 0)
+        return fl_set_error(FL_ERR_INVALID, "%s: bad params (max_seqs %d, max_batch_tokens %d, kv_mem %lld)", __func__,
+                            p.max_seqs, p.max_batch_tokens, (long long)p.kv_mem);
+    if (p.n_threads > 0 || fl_threads_get() <= 0) fl_threads_set(p.n_threads);
+    mbackend *m = fl_calloc(FL_MEM_MISC, 1, sizeof *m);
+    if (!m) return FL_ERR_NOMEM;
+    fl_status st;
+    fl_model_params mp = fl_model_default_params();
+    if (p.weights_type && p.weights_type[0]) {
+        mp.weights_type = fl_type_from_name(p.weights_type);
+        if (mp.weights_type < 0) {
+            st = fl_set_error(FL_ERR_INVALID, "%s: unknown weights type '%s'", __func__, p.weights_type);
+            goto fail;
+        }
+    }
+    st = fl_model_load(p.model_path, &mp, &m->model);
+    if (st != FL_OK) goto fail;
+    const fl_hparams *hp = fl_model_hparams(m->model);
+    const fl_gguf *g = fl_model_gguf(m->model);
+    if (fl_tokenizer_new(g, &m->tok) != FL_OK) {
+        m->tok = NULL; /* token ids still work; text does not */
+        fl_clear_error();
+    }
+    if (fl_gguf_get_str(g, "general.name", m->name, sizeof m->name) != FL_OK) snprintf(m->name, sizeof m->name, "%s", hp->arch);
+    const fl_gguf_kv *ct = fl_gguf_find(g, "tokenizer.chat_template");
+    if (ct && ct->value.type == FL_GGUF_STRING) {
+        m->chat_template_size = ct->value.v.str.len + 1;
+        m->chat_template = fl_alloc(FL_MEM_MISC, m->chat_template_size, 0);
+        if (!m->chat_template) {
+            st = FL_ERR_NOMEM;
+            goto fail;
+        }
+        memcpy(m->chat_template, ct->value.v.str.data, ct->value.v.str.len);
+        m->chat_template[ct->value.v.str.len] = 0;
+    }
+    fl_clear_error();
+    const int32_t n_ctx = p.n_ctx > 0 ? p.n_ctx : hp->n_ctx_train > 0 ? hp->n_ctx_train : 2048;
+    const int64_t kv_mem = p.kv_mem > 0 ? p.kv_mem : DEFAULT_KV_MEM;
+    const char *kvt = p.kv_type && p.kv_type[0] ? p.kv_type : "f16";
+    int32_t kv_type = fl_type_from_name(kvt);
+    if (kv_type < 0) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: unknown KV type '%s'", __func__, kvt);
+        goto fail;
+    }
+    int32_t block_size = p.kv_block_size > 0 ? p.kv_block_size : 16;
+    if (p.kv_layout == FL_KV_CONTIGUOUS) {
+        if (kv_type != FL_TYPE_F16 && kv_type != FL_TYPE_F32) kv_type = FL_TYPE_F16;
+        fl_kv_contig_params cp = {hp->n_layer, hp->n_head_local, hp->n_head_kv_local, hp->head_dim, n_ctx, 1,
+                                  hp->n_swa, kv_type};
+        size_t per_seq = fl_kv_contig_bytes(&cp);
+        if (!per_seq || (int64_t)per_seq > kv_mem) {
+            st = fl_set_error(FL_ERR_BUDGET, "%s: kv_mem %lld bytes holds no %d-token sequence (%zu bytes each)",
+                              __func__, (long long)kv_mem, n_ctx, per_seq);
+            goto fail;
+        }
+        cp.n_seq_max = (int32_t)(kv_mem / (int64_t)per_seq);
+        if (cp.n_seq_max > p.max_seqs) cp.n_seq_max = p.max_seqs;
+        m->n_slots = cp.n_seq_max;
+        st = fl_kv_contig_new(&cp, &m->contig);
+        if (st != FL_OK) goto fail;
+        st = fl_kv_adapter_new_slots(m->contig, m->n_slots, n_ctx, contig_clear, &m->ad);
+        if (st != FL_OK) goto fail;
+        m->iface = fl_kv_contig_iface();
+        m->kv_ctx = m->contig;
+        block_size = n_ctx;
+    } else {
+        const int32_t n_seq_max = p.max_seqs * 8 + 64;
+        fl_kv_config kc = {.n_layer = hp->n_layer, .n_head = hp->n_head_local, .n_head_kv = hp->n_head_kv_local,
+                           .head_dim = hp->head_dim, .type = kv_type, .block_size = block_size,
+                           .mem_bytes = (size_t)kv_mem, .n_seq_max = n_seq_max, .n_ctx = n_ctx,
+                           .window = hp->n_swa, .n_rot = hp->rope_dim, .rope_base = hp->rope_freq_base,
+                           .prefix_cache = p.prefix_cache != 0, .swap_dir = p.swap_path};
+        m->kv = fl_kv_new(&kc);
+        if (!m->kv) {
+            st = FL_ERR_INVALID;
+            fl_add_error_context("%s: KV cache", __func__);
+            goto fail;
+        }
+        st = fl_kv_adapter_new_paged(m->kv, n_seq_max, &m->ad);
+        if (st != FL_OK) goto fail;
+        m->paged_iface = fl_kv_iface_get();
+        m->iface = &m->paged_iface;
+        m->kv_ctx = m->kv;
+    }
+    /* the step's tokens: the budget plus one padding row per sequence (static baseline) */
+    st = fl_model_workspace_new(m->model, p.max_batch_tokens + p.max_seqs, p.max_seqs);
+    if (st != FL_OK) goto fail;
+    fl_engine_backend be = {0};
+    be.ctx = m;
+    be.n_vocab = hp->n_vocab;
+    be.n_ctx = n_ctx;
+    be.block_size = block_size;
+    be.n_blocks = fl_kv_adapter_n_blocks(m->ad);
+    be.kv = fl_kv_adapter_iface(m->ad);
+    be.forward = mb_forward;
+    be.step_done = mb_step_done;
+    be.is_eog = mb_is_eog;
+    be.piece = mb_piece;
+    be.tokenize = mb_tokenize;
+    be.detokenize = mb_detokenize;
+    be.kv_stats = mb_kv_stats;
+    be.free = mb_free;
+    be.name = m->name;
+    be.chat_template = m->chat_template;
+    if (p.kv_layout == FL_KV_CONTIGUOUS && p.max_seqs > m->n_slots) p.max_seqs = m->n_slots;
+    return fl_engine_new_backend(&p, &be, out); /* takes m, also on failure */
+fail:
+    mb_free(m);
+    return st;
+}

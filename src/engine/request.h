@@ -1,0 +1,106 @@
+/*
+ * request.h - one generation request (one sample of it) and its state machine.
+ *
+ *   WAITING --admit--> RUNNING --finish--> FINISHED
+ *                        |   ^
+ *                 preempt|   |readmit (recompute from scratch, or swap its KV back in)
+ *                        v   |
+ *                      PREEMPTED
+ *
+ * Token bookkeeping (the vLLM v1 scheme): `tokens` holds the prompt followed by every generated
+ * token; `n_computed` is how many of them have their K/V in the cache.  A step schedules some of
+ * tokens[n_computed .. n_tokens) (a prefill chunk, or the single last sampled token of a decode);
+ * when a step brings n_computed up to n_tokens the logits of the last token are sampled and the
+ * new token is appended.  Preemption by recompute resets n_computed to 0 (the generated tokens
+ * are kept and recomputed as if they were prompt); preemption by swap keeps n_computed and the
+ * KV in the secondary tier.
+ *
+ * Text and stop strings (fl_stop_*): generated tokens are turned into text piece by piece; text
+ * that could be the beginning of a stop string (or an incomplete UTF-8 sequence) is held back
+ * until it is decided, so a stop string split across tokens is still found and never streamed.
+ *
+ * Ownership: a request owns its token array, stop strings and text buffers (FL_MEM_MISC).
+ * Not thread-safe: the engine guards requests with its mutex.
+ */
+#ifndef FL_REQUEST_H
+#define FL_REQUEST_H
+
+#include "fitllm.h"
+#include <stdbool.h>
+
+/* Incremental text + stop-string matcher. */
+typedef struct fl_stop_matcher {
+    char *stop[FL_MAX_STOP_STRINGS]; /* owned copies; n_stop of them */
+    int32_t n_stop;
+    int32_t max_stop_len;
+    char *text;        /* all generated text so far (NUL-terminated) */
+    int64_t len, cap;  /* bytes in text, capacity */
+    int64_t emitted;   /* bytes of text already released to the caller */
+    bool stopped;      /* a stop string was found; text is cut before it */
+} fl_stop_matcher;
+
+/* Copies the NULL-terminated list stop[] (up to FL_MAX_STOP_STRINGS, empty strings ignored).
+ * FL_ERR_NOMEM on allocation failure. */
+fl_status fl_stop_init(fl_stop_matcher *m, const char *const *stop);
+void fl_stop_deinit(fl_stop_matcher *m);
+/* Append one piece of text.  Returns true when a stop string is now complete (the text is then
+ * truncated right before the stop string, and nothing after it is ever released). */
+fl_status fl_stop_push(fl_stop_matcher *m, const char *piece, int64_t n, bool *stopped);
+/* Text that is safe to release now: [*start, *start + *n) of m->text.  With final = true
+ * (generation ended) everything left is released.  Marks it as emitted. */
+void fl_stop_release(fl_stop_matcher *m, bool final, int64_t *start, int64_t *n);
+
+typedef struct fl_request fl_request;
+struct fl_request {
+    int64_t id;                 /* engine-wide request id (shared by the n samples) */
+    int32_t sample;             /* sample index 0..n-1 */
+    int64_t arrival;            /* monotonically increasing admission order key (FCFS) */
+    fl_request_state state;
+    fl_finish_reason finish;
+
+    int32_t *tokens;            /* [cap] prompt then generated tokens */
+    int32_t n_prompt, n_tokens, cap;
+    int32_t n_computed;         /* tokens whose K/V is in the cache (or swapped out) */
+    int32_t n_cached_prompt;    /* prompt tokens served by the prefix cache at first admission */
+    int32_t max_tokens;
+    int32_t ignore_eos;
+    uint64_t cache_salt;
+    fl_sampling_params sampling;
+    uint64_t rng;               /* per-request RNG state (seeded from sampling.seed + sample) */
+    void *sampler;              /* sampler state owned by the engine backend (may be NULL) */
+
+    fl_stop_matcher stop;
+    bool swapped;               /* PREEMPTED with its KV in the swap tier */
+    bool cancel;                /* cancellation requested */
+    bool kv_live;               /* holds a KV sequence (blocks or swap slots) */
+    bool done_polled;           /* its final event was returned by poll */
+    fl_request *fork_parent;    /* n > 1: sample 0 whose prompt KV this sample forks (or NULL) */
+    int64_t kv_seq;             /* sequence handle of the KV side (meaning up to the adapter) */
+    int32_t kv_tokens;          /* tokens the KV side reserved room for (adapter bookkeeping) */
+    bool in_sched;              /* queued or running in the scheduler (the engine may not free it) */
+    bool padding;               /* static mode: finished, kept as a padding row of its batch */
+
+    /* streaming: produced but not yet polled */
+    int32_t n_streamed;         /* generated tokens already handed out by poll */
+    int64_t text_pending_start, text_pending_len; /* in stop.text */
+    bool event_pending;
+
+    /* timing (seconds, engine clock) */
+    double t_arrival, t_first_token, t_last_token, t_finish;
+    int32_t n_preempted;
+};
+
+/* A new WAITING request with a copy of p's prompt and stop strings (capacity for the whole
+ * generation).  FL_ERR_INVALID for an empty prompt or max_tokens < 1, FL_ERR_NOMEM. */
+fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample, int64_t arrival,
+                         fl_request **out);
+void fl_request_free(fl_request *r);
+static inline int32_t fl_request_n_generated(const fl_request *r) { return r->n_tokens - r->n_prompt; }
+/* Tokens still to compute before the next sample (>= 1 for any unfinished request). */
+static inline int32_t fl_request_n_uncomputed(const fl_request *r) { return r->n_tokens - r->n_computed; }
+/* Append a sampled token (capacity is guaranteed by max_tokens). */
+void fl_request_append(fl_request *r, int32_t token);
+const char *fl_request_state_name(fl_request_state s);
+const char *fl_finish_reason_name(fl_finish_reason f);
+
+#endif

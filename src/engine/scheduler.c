@@ -1,0 +1,353 @@
+/* Continuous-batching scheduler (see scheduler.h for the policy). */
+#include "engine/scheduler.h"
+
+#include "core/alloc.h"
+#include "core/status.h"
+
+#include <string.h>
+
+typedef struct req_list {
+    fl_request **v;
+    int32_t n, cap;
+} req_list;
+
+struct fl_sched {
+    fl_sched_params p;
+    fl_sched_kv kv;
+    req_list waiting; /* sorted by arrival (FCFS; preempted requests keep their rank) */
+    req_list running; /* sorted by arrival */
+    fl_sched_entry *e;
+    int32_t e_cap;
+    fl_sched_stats st;
+};
+
+static fl_status list_reserve(req_list *l, int32_t n) {
+    if (n <= l->cap) return FL_OK;
+    int32_t nc = l->cap ? l->cap : 16;
+    while (nc < n) nc *= 2;
+    fl_request **v = fl_realloc(FL_MEM_MISC, l->v, (size_t)l->cap * sizeof *v, (size_t)nc * sizeof *v, 0);
+    if (!v) return FL_ERR_NOMEM;
+    l->v = v;
+    l->cap = nc;
+    return FL_OK;
+}
+
+/* Insert keeping the list sorted by arrival (stable for equal keys). */
+static fl_status list_insert(req_list *l, fl_request *r) {
+    fl_status st = list_reserve(l, l->n + 1);
+    if (st != FL_OK) return st;
+    int32_t i = l->n;
+    while (i > 0 && l->v[i - 1]->arrival > r->arrival) i--;
+    memmove(l->v + i + 1, l->v + i, (size_t)(l->n - i) * sizeof *l->v);
+    l->v[i] = r;
+    l->n++;
+    return FL_OK;
+}
+
+static bool list_remove(req_list *l, const fl_request *r) {
+    for (int32_t i = 0; i < l->n; i++)
+        if (l->v[i] == r) {
+            memmove(l->v + i, l->v + i + 1, (size_t)(l->n - i - 1) * sizeof *l->v);
+            l->n--;
+            return true;
+        }
+    return false;
+}
+
+static void list_free(req_list *l) {
+    fl_free(FL_MEM_MISC, l->v, (size_t)l->cap * sizeof *l->v);
+    memset(l, 0, sizeof *l);
+}
+
+fl_status fl_sched_new(const fl_sched_params *p, const fl_sched_kv *kv, fl_sched **out) {
+    *out = NULL;
+    if (p->max_seqs < 1 || p->max_batch_tokens < 1 || p->watermark_blocks < 0)
+        return fl_set_error(FL_ERR_INVALID, "%s: max_seqs (%d) and max_batch_tokens (%d) must be >= 1",
+                            __func__, p->max_seqs, p->max_batch_tokens);
+    if (!kv->n_free || !kv->seq_begin || !kv->n_needed || !kv->reserve || !kv->seq_end)
+        return fl_set_error(FL_ERR_INVALID, "%s: KV callbacks missing", __func__);
+    fl_sched *s = fl_calloc(FL_MEM_MISC, 1, sizeof *s);
+    if (!s) return FL_ERR_NOMEM;
+    s->p = *p;
+    s->kv = *kv;
+    /* at most one entry per running request + padding rows (bounded by max_seqs too) */
+    s->e_cap = p->max_seqs;
+    s->e = fl_calloc(FL_MEM_MISC, (size_t)s->e_cap, sizeof *s->e);
+    if (!s->e || list_reserve(&s->waiting, 16) != FL_OK || list_reserve(&s->running, p->max_seqs) != FL_OK) {
+        fl_sched_free(s);
+        return FL_ERR_NOMEM;
+    }
+    *out = s;
+    return FL_OK;
+}
+
+void fl_sched_free(fl_sched *s) {
+    if (!s) return;
+    list_free(&s->waiting);
+    list_free(&s->running);
+    if (s->e) fl_free(FL_MEM_MISC, s->e, (size_t)s->e_cap * sizeof *s->e);
+    fl_free(FL_MEM_MISC, s, sizeof *s);
+}
+
+fl_status fl_sched_add(fl_sched *s, fl_request *r) {
+    FL_ASSERT(r->state == FL_REQ_WAITING && !r->in_sched);
+    fl_status st = list_insert(&s->waiting, r);
+    if (st == FL_OK) r->in_sched = true;
+    return st;
+}
+
+static void release_kv(fl_sched *s, fl_request *r) {
+    if (r->kv_live) s->kv.seq_end(s->kv.ctx, r);
+    r->kv_live = false;
+    r->swapped = false;
+}
+
+/* Static mode: once no real member of the batch is left, drop the padding rows. */
+static void drop_padding_if_batch_done(fl_sched *s) {
+    for (int32_t i = 0; i < s->running.n; i++)
+        if (!s->running.v[i]->padding) return;
+    for (int32_t i = 0; i < s->running.n; i++) {
+        fl_request *r = s->running.v[i];
+        release_kv(s, r);
+        r->in_sched = false;
+        r->padding = false;
+    }
+    s->running.n = 0;
+}
+
+void fl_sched_remove(fl_sched *s, fl_request *r, bool keep_as_padding) {
+    if (!r->in_sched) return;
+    if (keep_as_padding && s->p.static_batch && r->state == FL_REQ_FINISHED && list_remove(&s->running, r)) {
+        /* re-insert as a padding row: it keeps its slot and runs dummy tokens until the batch ends */
+        r->padding = true;
+        list_insert(&s->running, r); /* cannot fail: capacity was there a moment ago */
+        drop_padding_if_batch_done(s);
+        return;
+    }
+    if (!list_remove(&s->running, r)) list_remove(&s->waiting, r);
+    release_kv(s, r);
+    r->in_sched = false;
+    if (s->p.static_batch) drop_padding_if_batch_done(s);
+}
+
+/* Preempt the running request v: swap its blocks out (swap mode) or free them (recompute),
+ * and put it back into the waiting queue at its arrival rank. */
+static void preempt(fl_sched *s, fl_request *v, fl_sched_out *out) {
+    list_remove(&s->running, v);
+    bool swapped = false;
+    if (s->p.preempt == FL_PREEMPT_SWAP && s->kv.swap_out && v->n_computed > 0 && v->kv_live) {
+        if (s->kv.swap_out(s->kv.ctx, v) == FL_OK) {
+            swapped = true;
+            s->st.swaps_out++;
+            out->n_swapped_out++;
+        }
+    }
+    if (!swapped) {
+        release_kv(s, v);
+        v->n_computed = 0;
+    }
+    v->swapped = swapped;
+    v->state = FL_REQ_PREEMPTED;
+    v->n_preempted++;
+    s->st.preemptions++;
+    out->n_preempted++;
+    list_insert(&s->waiting, v); /* cannot fail: waiting has room (it held v's slot before) */
+}
+
+static int32_t find_entry(const fl_sched_out *out, const fl_request *r) {
+    for (int32_t i = 0; i < out->n_entries; i++)
+        if (out->e[i].r == r) return i;
+    return -1;
+}
+
+static void drop_entry(fl_sched_out *out, int32_t i) {
+    out->n_tokens -= out->e[i].n;
+    memmove(out->e + i, out->e + i + 1, (size_t)(out->n_entries - i - 1) * sizeof *out->e);
+    out->n_entries--;
+}
+
+/* Grow r to n_total tokens, preempting latest-arrived running requests until it fits.
+ * Returns false when r itself had to be preempted. */
+static bool grow_or_preempt(fl_sched *s, fl_request *r, int32_t n_total, fl_sched_out *out) {
+    while (s->kv.reserve(s->kv.ctx, r, n_total) == FL_NO_KV_SPACE) {
+        fl_request *victim = NULL;
+        for (int32_t i = s->running.n - 1; i >= 0; i--)
+            if (!s->running.v[i]->padding) {
+                victim = s->running.v[i];
+                break;
+            }
+        if (!victim) return false;
+        int32_t ei = find_entry(out, victim);
+        if (ei >= 0) drop_entry(out, ei);
+        preempt(s, victim, out);
+        if (victim == r) return false;
+    }
+    return true;
+}
+
+static void add_entry(fl_sched_out *out, fl_request *r, int32_t n, int32_t pad) {
+    out->e[out->n_entries++] = (fl_sched_entry){r, n, pad};
+    out->n_tokens += n;
+}
+
+/* Admit the head of the waiting queue if its first chunk fits; false to stop admitting. */
+static bool admit_one(fl_sched *s, fl_request *r, int32_t budget, fl_sched_out *out, fl_status *err) {
+    int64_t avail = s->kv.n_free(s->kv.ctx) - s->p.watermark_blocks;
+    fl_request *parent = r->fork_parent;
+    if (parent && parent->state != FL_REQ_FINISHED) {
+        /* n > 1: wait for sample 0's prompt, then share its blocks */
+        if (parent->state != FL_REQ_RUNNING || parent->n_computed < parent->n_prompt) return false;
+    }
+    if (r->swapped) {
+        int32_t n = fl_request_n_uncomputed(r) < budget ? fl_request_n_uncomputed(r) : budget;
+        if (s->kv.n_needed(s->kv.ctx, r, r->n_computed + n) > avail) return false;
+        if (s->kv.swap_in(s->kv.ctx, r) != FL_OK) return false;
+        r->swapped = false;
+        s->st.swaps_in++;
+        out->n_swapped_in++;
+        if (s->kv.reserve(s->kv.ctx, r, r->n_computed + n) != FL_OK) {
+            /* swapped in but cannot grow: fall back to recompute later */
+            release_kv(s, r);
+            r->n_computed = 0;
+            return false;
+        }
+        list_remove(&s->waiting, r);
+        list_insert(&s->running, r);
+        r->state = FL_REQ_RUNNING;
+        add_entry(out, r, n, 0);
+        return true;
+    }
+    FL_ASSERT(!r->kv_live && r->n_computed == 0);
+    int32_t n_cached = 0;
+    fl_status st;
+    if (parent && parent->state == FL_REQ_RUNNING && s->kv.fork) {
+        st = s->kv.fork(s->kv.ctx, parent, r, r->n_prompt - 1);
+        n_cached = r->n_prompt - 1;
+    } else {
+        st = s->kv.seq_begin(s->kv.ctx, r, &n_cached);
+    }
+    if (st == FL_NO_KV_SPACE) return false; /* no sequence id / slot free now */
+    if (st != FL_OK) {
+        *err = st;
+        return false;
+    }
+    r->kv_live = true;
+    FL_ASSERT(n_cached >= 0 && n_cached < r->n_tokens);
+    r->n_computed = n_cached;
+    int32_t n = fl_request_n_uncomputed(r) < budget ? fl_request_n_uncomputed(r) : budget;
+    /* static mode reserves the whole slot up front even when no token fits this step */
+    if ((n == 0 && !s->p.static_batch) || s->kv.n_needed(s->kv.ctx, r, r->n_computed + (n ? n : 1)) > avail ||
+        s->kv.reserve(s->kv.ctx, r, r->n_computed + (n ? n : 1)) != FL_OK) {
+        release_kv(s, r);
+        r->n_computed = 0;
+        return false;
+    }
+    if (r->n_preempted == 0 && r->n_cached_prompt == 0 && !parent) {
+        r->n_cached_prompt = n_cached;
+        s->st.prefix_hit_tokens += n_cached;
+        s->st.prefix_miss_tokens += r->n_prompt - n_cached;
+    }
+    list_remove(&s->waiting, r);
+    list_insert(&s->running, r);
+    r->state = FL_REQ_RUNNING;
+    s->st.admissions++;
+    out->n_admitted++;
+    if (n > 0) add_entry(out, r, n, 0);
+    return true;
+}
+
+fl_status fl_sched_schedule(fl_sched *s, fl_sched_out *out) {
+    memset(out, 0, sizeof *out);
+    out->e = s->e;
+    int32_t budget = s->p.max_batch_tokens;
+    bool batch_empty = s->running.n == 0;
+
+    /* passes 1 and 2: decodes first (and padding rows), then prefill chunks */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t i = 0; i < s->running.n && budget > 0; i++) {
+            fl_request *r = s->running.v[i];
+            if (find_entry(out, r) >= 0) continue;
+            if (r->padding) {
+                if (pass == 0 && s->kv.reserve(s->kv.ctx, r, r->n_computed + 1) == FL_OK) {
+                    add_entry(out, r, 1, 1);
+                    budget--;
+                }
+                continue;
+            }
+            int32_t left = fl_request_n_uncomputed(r);
+            if ((pass == 0) != (left == 1)) continue;
+            int32_t n = left < budget ? left : budget;
+            if (!grow_or_preempt(s, r, r->n_computed + n, out)) {
+                budget = s->p.max_batch_tokens - out->n_tokens;
+                i = -1; /* the running list changed: rescan (scheduled ones are skipped) */
+                continue;
+            }
+            add_entry(out, r, n, 0);
+            budget -= n;
+        }
+    }
+
+    /* pass 3: admissions (FCFS), not in a step that preempted */
+    fl_status err = FL_OK;
+    bool may_admit = out->n_preempted == 0 && (!s->p.static_batch || batch_empty);
+    while (may_admit && s->waiting.n > 0 && s->running.n < s->p.max_seqs &&
+           (budget > 0 || s->p.static_batch)) {
+        fl_request *r = s->waiting.v[0];
+        int32_t before = out->n_tokens;
+        if (!admit_one(s, r, budget, out, &err)) break;
+        budget -= out->n_tokens - before;
+    }
+    if (err != FL_OK) return err;
+    if (s->running.n > s->st.max_running) s->st.max_running = s->running.n;
+    s->st.steps++;
+    return FL_OK;
+}
+
+void fl_sched_commit(fl_sched *s, const fl_sched_out *out) {
+    (void)s;
+    for (int32_t i = 0; i < out->n_entries; i++) {
+        fl_request *r = out->e[i].r;
+        r->n_computed += out->e[i].n;
+        FL_ASSERT(r->padding || r->n_computed <= r->n_tokens);
+    }
+}
+
+int32_t fl_sched_n_waiting(const fl_sched *s) { return s->waiting.n; }
+int32_t fl_sched_n_running(const fl_sched *s) { return s->running.n; }
+int32_t fl_sched_n_preempted(const fl_sched *s) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->waiting.n; i++) n += s->waiting.v[i]->state == FL_REQ_PREEMPTED;
+    return n;
+}
+fl_request *fl_sched_running_at(const fl_sched *s, int32_t i) { return i >= 0 && i < s->running.n ? s->running.v[i] : NULL; }
+fl_request *fl_sched_waiting_at(const fl_sched *s, int32_t i) { return i >= 0 && i < s->waiting.n ? s->waiting.v[i] : NULL; }
+void fl_sched_stats_get(const fl_sched *s, fl_sched_stats *st) { *st = s->st; }
+
+fl_status fl_sched_check(const fl_sched *s) {
+    if (s->running.n > s->p.max_seqs)
+        return fl_set_error(FL_ERR_INTERNAL, "%s: %d running > max_seqs %d", __func__, s->running.n, s->p.max_seqs);
+    for (int32_t i = 0; i < s->running.n; i++) {
+        const fl_request *r = s->running.v[i];
+        if (!r->kv_live || !r->in_sched || r->swapped)
+            return fl_set_error(FL_ERR_INTERNAL, "%s: running request %lld holds no KV", __func__, (long long)r->id);
+        if (!r->padding && r->state != FL_REQ_RUNNING)
+            return fl_set_error(FL_ERR_INTERNAL, "%s: request %lld in running list is %s", __func__,
+                                (long long)r->id, fl_request_state_name(r->state));
+        if (i > 0 && s->running.v[i - 1]->arrival > r->arrival)
+            return fl_set_error(FL_ERR_INTERNAL, "%s: running list out of order", __func__);
+    }
+    for (int32_t i = 0; i < s->waiting.n; i++) {
+        const fl_request *r = s->waiting.v[i];
+        if (r->state != FL_REQ_WAITING && r->state != FL_REQ_PREEMPTED)
+            return fl_set_error(FL_ERR_INTERNAL, "%s: waiting request %lld is %s", __func__, (long long)r->id,
+                                fl_request_state_name(r->state));
+        if (r->kv_live != r->swapped)
+            return fl_set_error(FL_ERR_INTERNAL, "%s: waiting request %lld holds KV without being swapped",
+                                __func__, (long long)r->id);
+        if (!r->swapped && r->n_computed != 0)
+            return fl_set_error(FL_ERR_INTERNAL, "%s: waiting request %lld has computed tokens", __func__, (long long)r->id);
+        if (i > 0 && s->waiting.v[i - 1]->arrival > r->arrival)
+            return fl_set_error(FL_ERR_INTERNAL, "%s: waiting queue out of order", __func__);
+    }
+    return FL_OK;
+}

@@ -1,0 +1,107 @@
+/*
+ * scheduler.h - continuous batching policy: which tokens of which requests run in the next step.
+ *
+ * Pure policy over an abstract KV block budget (fl_sched_kv below): the scheduler never touches
+ * K/V storage, it asks the KV side how many blocks are free, how many a sequence needs to grow,
+ * and tells it to reserve, release, swap or fork.  The engine plugs the paged cache (or the
+ * contiguous one, where a "block" is a whole max-length slot) behind these callbacks; the
+ * scheduler test plugs a fake that only counts.
+ *
+ * One call to fl_sched_schedule() produces the step's entries {request, n tokens from
+ * r->n_computed}, at most max_batch_tokens tokens in total, at most max_seqs running requests:
+ *   1. one decode token for every running request whose prefill is done (oldest first);
+ *   2. prefill chunks of running requests that are still prefilling (chunked prefill: a chunk is
+ *      whatever is left of the token budget, so decodes keep flowing beside long prompts);
+ *   3. admissions from the waiting queue, FCFS (preempted requests keep their arrival rank and
+ *      so go first), only while the blocks the first chunk needs are free above the watermark;
+ *      a request whose prompt starts with cached blocks starts with those tokens computed.
+ *      No admissions in a step that had to preempt (avoids thrashing).
+ * When a running request cannot grow, the latest-arrived running request is preempted (possibly
+ * the one growing): by recompute (its blocks are freed, n_computed := 0) or, in swap mode, by
+ * swapping its blocks to the secondary tier (falling back to recompute if that fails).
+ * Static mode (the --baseline static comparison): a new batch is formed only when the previous
+ * one has completely finished; finished members stay as padding rows until then.
+ *
+ * Invariants (checked by fl_sched_check): every RUNNING request holds KV (kv_live), no WAITING or
+ * recompute-PREEMPTED request does, the waiting queue is sorted by arrival, running <= max_seqs.
+ * Not thread-safe: owned by the engine's driver thread (under the engine mutex).
+ */
+#ifndef FL_SCHEDULER_H
+#define FL_SCHEDULER_H
+
+#include "engine/request.h"
+
+typedef struct fl_sched_kv {
+    void *ctx;
+    /* blocks that can be allocated now (free + evictable cached blocks) */
+    int64_t (*n_free)(void *ctx);
+    /* Start r's KV sequence; attach the longest cached prefix of r->tokens[0, n_tokens) and return
+     * its length in *n_cached (0 without prefix caching).  Must leave at least one token to
+     * compute (*n_cached < r->n_tokens).  FL_NO_KV_SPACE (soft): no sequence id or slot free now;
+     * other errors are hard (the step fails). */
+    fl_status (*seq_begin)(void *ctx, fl_request *r, int32_t *n_cached);
+    /* Additional blocks r needs to hold n_total tokens (counting swapped-out blocks as needed). */
+    int64_t (*n_needed)(void *ctx, const fl_request *r, int32_t n_total);
+    /* Make r hold n_total tokens; FL_NO_KV_SPACE (nothing changed) when the pool is out. */
+    fl_status (*reserve)(void *ctx, fl_request *r, int32_t n_total);
+    /* Drop r's sequence: blocks back to the pool (computed full blocks stay prefix-cached). */
+    void (*seq_end)(void *ctx, fl_request *r);
+    /* Optional (NULL = unsupported): move r's blocks to / from the swap tier. */
+    fl_status (*swap_out)(void *ctx, fl_request *r);
+    fl_status (*swap_in)(void *ctx, fl_request *r);
+    /* Optional: child shares parent's first n_tokens tokens of KV (copy-on-write). */
+    fl_status (*fork)(void *ctx, fl_request *parent, fl_request *child, int32_t n_tokens);
+} fl_sched_kv;
+
+typedef struct fl_sched_params {
+    int32_t max_seqs;          /* running requests at most */
+    int32_t max_batch_tokens;  /* tokens per step at most */
+    int32_t watermark_blocks;  /* blocks kept free at admission */
+    fl_preempt_mode preempt;
+    int32_t static_batch;      /* 1 = static batching baseline */
+} fl_sched_params;
+
+typedef struct fl_sched_entry {
+    fl_request *r;
+    int32_t n;      /* tokens r->tokens[n_computed, n_computed + n) run this step */
+    int32_t pad;    /* static mode: a padding row of a finished request (1 dummy token) */
+} fl_sched_entry;
+
+typedef struct fl_sched_out {
+    fl_sched_entry *e;  /* owned by the scheduler, valid until the next schedule */
+    int32_t n_entries;
+    int32_t n_tokens;
+    int32_t n_preempted, n_admitted, n_swapped_in, n_swapped_out;
+} fl_sched_out;
+
+typedef struct fl_sched_stats {
+    int64_t preemptions, swaps_out, swaps_in, admissions, steps;
+    int64_t prefix_hit_tokens, prefix_miss_tokens;
+    int32_t max_running;       /* most requests running at once */
+} fl_sched_stats;
+
+typedef struct fl_sched fl_sched;
+
+fl_status fl_sched_new(const fl_sched_params *p, const fl_sched_kv *kv, fl_sched **out);
+/* Frees the scheduler only (requests belong to the engine; call fl_sched_remove first). */
+void fl_sched_free(fl_sched *s);
+/* Queue a WAITING request (kept sorted by r->arrival). */
+fl_status fl_sched_add(fl_sched *s, fl_request *r);
+/* Take r off the scheduler (finished, cancelled, failed): its KV sequence is released.  In static
+ * mode a request that finished normally stays as a padding row until its batch is done. */
+void fl_sched_remove(fl_sched *s, fl_request *r, bool keep_as_padding);
+/* Plan the next step (see above).  FL_OK, or a hard error from the KV callbacks. */
+fl_status fl_sched_schedule(fl_sched *s, fl_sched_out *out);
+/* After the step's forward: r's scheduled tokens are now computed (the engine calls this). */
+void fl_sched_commit(fl_sched *s, const fl_sched_out *out);
+
+int32_t fl_sched_n_waiting(const fl_sched *s);
+int32_t fl_sched_n_running(const fl_sched *s);   /* includes padding rows */
+int32_t fl_sched_n_preempted(const fl_sched *s); /* waiting requests that were preempted */
+fl_request *fl_sched_running_at(const fl_sched *s, int32_t i);
+fl_request *fl_sched_waiting_at(const fl_sched *s, int32_t i);
+void fl_sched_stats_get(const fl_sched *s, fl_sched_stats *st);
+/* Check the invariants above; FL_ERR_INTERNAL with a message when one fails. */
+fl_status fl_sched_check(const fl_sched *s);
+
+#endif

@@ -1,0 +1,929 @@
+/* Tests for src/engine: the engine over a deterministic toy backend (batching, chunked prefill,
+ * preemption by recompute and swap, static batches, cancellation, stop strings, seeds, threads),
+ * and the stop-string matcher.  The real-model tests (stories260K greedy equivalence) are at
+ * the end and skip without the shared data. */
+#include "test.h"
+
+#include "core/status.h"
+#include "engine/backend.h"
+#include "engine/engine.h"
+#include "engine/kv_adapter.h"
+#include "core/dtype.h"
+
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- stop-string matcher ---- */
+
+static void push_all(fl_stop_matcher *m, const char *const *pieces, char *out, bool *stopped) {
+    out[0] = 0;
+    *stopped = false;
+    for (int i = 0; pieces[i] && !*stopped; i++) {
+        assert_int_equal(fl_stop_push(m, pieces[i], (int64_t)strlen(pieces[i]), stopped), FL_OK);
+        int64_t s, n;
+        fl_stop_release(m, false, &s, &n);
+        strncat(out, m->text + s, (size_t)n);
+    }
+    int64_t s, n;
+    fl_stop_release(m, true, &s, &n);
+    strncat(out, m->text + s, (size_t)n);
+}
+
+static void test_stop_strings(void **state) {
+    (void)state;
+    char out[256];
+    bool stopped;
+    fl_stop_matcher m;
+    /* a stop string split over three pieces is found and never streamed */
+    const char *stops[] = {"END", "\n\n", NULL};
+    const char *p1[] = {"Hello E", "N", "D world", NULL};
+    assert_int_equal(fl_stop_init(&m, stops), FL_OK);
+    push_all(&m, p1, out, &stopped);
+    assert_true(stopped);
+    assert_string_equal(out, "Hello ");
+    fl_stop_deinit(&m);
+    /* a false start is released once it cannot be a stop string any more */
+    const char *p2[] = {"a E", "Nx", "\n", "b\n", "\nc", NULL};
+    assert_int_equal(fl_stop_init(&m, stops), FL_OK);
+    int64_t s, n;
+    assert_int_equal(fl_stop_push(&m, p2[0], 3, &stopped), FL_OK);
+    fl_stop_release(&m, false, &s, &n);
+    assert_int_equal(n, 2); /* "E" held back */
+    fl_stop_deinit(&m);
+    assert_int_equal(fl_stop_init(&m, stops), FL_OK);
+    push_all(&m, p2, out, &stopped);
+    assert_true(stopped);
+    assert_string_equal(out, "a ENx\nb");
+    fl_stop_deinit(&m);
+    /* no stop strings: incomplete UTF-8 is held until complete; final flush releases all */
+    const char *none[] = {NULL};
+    assert_int_equal(fl_stop_init(&m, none), FL_OK);
+    assert_int_equal(fl_stop_push(&m, "x\xC3", 2, &stopped), FL_OK);
+    fl_stop_release(&m, false, &s, &n);
+    assert_int_equal(n, 1);
+    assert_int_equal(fl_stop_push(&m, "\xA9", 1, &stopped), FL_OK);
+    fl_stop_release(&m, false, &s, &n);
+    assert_int_equal(n, 2);
+    assert_false(stopped);
+    fl_stop_deinit(&m);
+    /* the earliest of several matches wins */
+    const char *st2[] = {"cd", "b", NULL};
+    const char *p3[] = {"abcd", NULL};
+    assert_int_equal(fl_stop_init(&m, st2), FL_OK);
+    push_all(&m, p3, out, &stopped);
+    assert_string_equal(out, "a");
+    fl_stop_deinit(&m);
+    fl_test_mem_zero();
+}
+
+/* ---- toy backend: logits are a hash of the sequence's cached tokens ---- */
+#define TOY_VOCAB 40
+#define TOY_EOS 2
+#define TOY_CTX 256
+#define TOY_SEQS 64
+
+typedef struct toy {
+    int32_t bs;
+    int64_t n_blocks, used;
+    int contiguous;             /* one block = one whole max-length slot */
+    int32_t toks[TOY_SEQS][TOY_CTX];
+    int32_t len[TOY_SEQS];      /* positions stored */
+    int64_t held[TOY_SEQS];     /* blocks held */
+    int64_t swapped[TOY_SEQS];  /* blocks in the swap tier */
+    int32_t swap_toks[TOY_SEQS][TOY_CTX];
+    bool seq_used[TOY_SEQS];
+    int64_t forwards, max_batch;
+} toy;
+
+static uint64_t toy_hash(const int32_t *t, int32_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < n; i++) h = (h ^ (uint64_t)(t[i] + 1)) * 1099511628211ull;
+    return h;
+}
+static void toy_logits(const int32_t *t, int32_t n, float *out) {
+    uint64_t h = toy_hash(t, n);
+    for (int32_t v = 0; v < TOY_VOCAB; v++) {
+        uint64_t x = (h ^ ((uint64_t)v * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+        x ^= x >> 31;
+        out[v] = (float)(x % 10007) / 1000.0f - (v == TOY_EOS ? 1.5f : 0.0f);
+    }
+}
+/* What a request must produce: the reference, computed without any engine. */
+static int32_t toy_reference(const int32_t *prompt, int32_t n_prompt, int32_t max_tokens, int32_t *out) {
+    int32_t seq[TOY_CTX];
+    memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
+    int32_t n = n_prompt, g = 0;
+    float l[TOY_VOCAB];
+    while (g < max_tokens) {
+        toy_logits(seq, n, l);
+        int32_t best = 0;
+        for (int32_t v = 1; v < TOY_VOCAB; v++)
+            if (l[v] > l[best]) best = v;
+        if (best == TOY_EOS) break;
+        seq[n++] = out[g++] = best;
+    }
+    return g;
+}
+
+static int64_t toy_blocks(const toy *t, int32_t n) { return t->contiguous ? (n > 0) : (n + t->bs - 1) / t->bs; }
+static int64_t toy_n_free(void *ctx) {
+    toy *t = ctx;
+    return t->n_blocks - t->used;
+}
+static fl_status toy_seq_begin(void *ctx, fl_request *r, int32_t *n_cached) {
+    toy *t = ctx;
+    for (int32_t s = 0; s < TOY_SEQS; s++)
+        if (!t->seq_used[s]) {
+            t->seq_used[s] = true;
+            t->len[s] = 0;
+            r->kv_seq = s;
+            *n_cached = 0;
+            return FL_OK;
+        }
+    return fl_set_error(FL_ERR_INTERNAL, "toy: out of sequence ids");
+}
+static int64_t toy_n_needed(void *ctx, const fl_request *r, int32_t n_total) {
+    toy *t = ctx;
+    int64_t have = r->swapped ? 0 : t->held[r->kv_seq];
+    int64_t need = toy_blocks(t, n_total) - have;
+    return need > 0 ? need : 0;
+}
+static fl_status toy_reserve(void *ctx, fl_request *r, int32_t n_total) {
+    toy *t = ctx;
+    if (n_total > TOY_CTX) return FL_NO_KV_SPACE;
+    int64_t need = toy_n_needed(ctx, r, n_total);
+    if (need > t->n_blocks - t->used) return FL_NO_KV_SPACE;
+    t->held[r->kv_seq] += need;
+    t->used += need;
+    return FL_OK;
+}
+static void toy_seq_end(void *ctx, fl_request *r) {
+    toy *t = ctx;
+    int32_t s = (int32_t)r->kv_seq;
+    t->used -= t->held[s];
+    t->held[s] = t->swapped[s] = 0;
+    t->len[s] = 0;
+    t->seq_used[s] = false;
+}
+static fl_status toy_swap_out(void *ctx, fl_request *r) {
+    toy *t = ctx;
+    int32_t s = (int32_t)r->kv_seq;
+    memcpy(t->swap_toks[s], t->toks[s], sizeof t->toks[s]);
+    memset(t->toks[s], 0xff, sizeof t->toks[s]); /* the pool copy is gone */
+    t->swapped[s] = t->held[s];
+    t->used -= t->held[s];
+    t->held[s] = 0;
+    return FL_OK;
+}
+static fl_status toy_swap_in(void *ctx, fl_request *r) {
+    toy *t = ctx;
+    int32_t s = (int32_t)r->kv_seq;
+    if (t->swapped[s] > t->n_blocks - t->used) return FL_NO_KV_SPACE;
+    memcpy(t->toks[s], t->swap_toks[s], sizeof t->toks[s]);
+    t->held[s] = t->swapped[s];
+    t->used += t->held[s];
+    t->swapped[s] = 0;
+    return FL_OK;
+}
+static fl_status toy_forward(void *ctx, const fl_batch *b, float *logits) {
+    toy *t = ctx;
+    t->forwards++;
+    if (b->n_tokens > t->max_batch) t->max_batch = b->n_tokens;
+    int32_t row = 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        int32_t s = b->seq_id[i], p = b->pos[i];
+        /* the engine must feed positions in order, into room it reserved */
+        assert_true(s >= 0 && s < TOY_SEQS && t->seq_used[s]);
+        assert_int_equal(p, t->len[s]);
+        assert_true(p < toy_blocks(t, TOY_CTX) * (t->contiguous ? TOY_CTX : t->bs));
+        assert_true(toy_blocks(t, p + 1) <= t->held[s]);
+        t->toks[s][p] = b->tokens[i];
+        t->len[s] = p + 1;
+        if (b->logits[i]) toy_logits(t->toks[s], p + 1, logits + (size_t)row++ * TOY_VOCAB);
+    }
+    return FL_OK;
+}
+static bool toy_is_eog(void *ctx, int32_t tok) { return tok == TOY_EOS; }
+static int32_t toy_piece(void *ctx, int32_t tok, char *buf, int32_t cap) {
+    /* tokens 3..28 are one letter, the others two */
+    if (tok >= 3 && tok < 29) return snprintf(buf, (size_t)cap, "%c", 'a' + tok - 3);
+    return snprintf(buf, (size_t)cap, "%c%c", 'A' + tok % 26, '0' + tok % 10);
+}
+static void toy_kv_stats(void *ctx, fl_backend_kv_stats *st) {
+    toy *t = ctx;
+    st->blocks_total = t->n_blocks;
+    st->blocks_used = t->used;
+    st->blocks_free = t->n_blocks - t->used;
+    int64_t live = 0;
+    for (int s = 0; s < TOY_SEQS; s++) live += t->held[s] ? t->len[s] : 0;
+    st->tokens_live = live;
+    st->slots_allocated = t->used * (t->contiguous ? TOY_CTX : t->bs);
+}
+static void toy_free(void *ctx) { fl_free(FL_MEM_MISC, ctx, sizeof(toy)); }
+
+static toy *toy_new(int32_t bs, int64_t n_blocks, int contiguous, fl_engine_backend *be) {
+    toy *t = fl_calloc(FL_MEM_MISC, 1, sizeof *t);
+    assert_non_null(t);
+    t->bs = contiguous ? TOY_CTX : bs;
+    t->n_blocks = n_blocks;
+    t->contiguous = contiguous;
+    memset(be, 0, sizeof *be);
+    be->ctx = t;
+    be->n_vocab = TOY_VOCAB;
+    be->n_ctx = TOY_CTX;
+    be->block_size = t->bs;
+    be->n_blocks = n_blocks;
+    be->kv = (fl_sched_kv){t, toy_n_free, toy_seq_begin, toy_n_needed, toy_reserve, toy_seq_end,
+                           toy_swap_out, toy_swap_in, NULL};
+    be->forward = toy_forward;
+    be->is_eog = toy_is_eog;
+    be->piece = toy_piece;
+    be->kv_stats = toy_kv_stats;
+    be->free = toy_free;
+    be->name = "toy";
+    return t;
+}
+
+/* ---- a workload and a driver ---- */
+#define NREQ 12
+typedef struct wl {
+    int32_t prompt[NREQ][64];
+    int32_t n_prompt[NREQ], max_tokens[NREQ];
+    int32_t got[NREQ][TOY_CTX], n_got[NREQ];
+    char text[NREQ][1024];
+    fl_finish_reason finish[NREQ];
+    int64_t id[NREQ];
+} wl;
+
+static void make_wl(wl *w, uint32_t seed) {
+    memset(w, 0, sizeof *w);
+    for (int i = 0; i < NREQ; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        w->n_prompt[i] = 2 + (int32_t)(seed >> 8) % 50;
+        w->max_tokens[i] = 4 + (int32_t)(seed >> 16) % 40;
+        w->prompt[i][0] = 1;
+        for (int j = 1; j < w->n_prompt[i]; j++) {
+            seed = seed * 1664525u + 1013904223u;
+            w->prompt[i][j] = 3 + (int32_t)(seed >> 12) % (TOY_VOCAB - 3);
+        }
+    }
+}
+
+static int idx_of(const wl *w, int64_t id) {
+    for (int i = 0; i < NREQ; i++)
+        if (w->id[i] == id) return i;
+    fail_msg("unknown request id %lld", (long long)id);
+    return -1;
+}
+
+/* Add every request at once (or every `stagger` steps one more), step until done, collect the
+ * streamed tokens and text. */
+static void drive(fl_engine *e, wl *w, int stagger) {
+    int added = 0, done = 0;
+    fl_request_output ev[16];
+    for (int guard = 0; done < NREQ; guard++) {
+        assert_true(guard < 20000);
+        while (added < NREQ && (stagger == 0 || guard % stagger == 0)) {
+            fl_request_params p = {0};
+            fl_sampling_params_default(&p.sampling);
+            p.prompt = w->prompt[added];
+            p.n_prompt = w->n_prompt[added];
+            p.max_tokens = w->max_tokens[added];
+            assert_int_equal(fl_engine_add(e, &p, &w->id[added]), FL_OK);
+            added++;
+            if (stagger) break;
+        }
+        int32_t active;
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        int32_t n;
+        while ((n = fl_engine_poll(e, ev, 16)) > 0)
+            for (int32_t k = 0; k < n; k++) {
+                int i = idx_of(w, ev[k].request_id);
+                assert_true(w->finish[i] == FL_FINISH_NONE);
+                memcpy(w->got[i] + w->n_got[i], ev[k].new_tokens, (size_t)ev[k].n_new * sizeof(int32_t));
+                w->n_got[i] += ev[k].n_new;
+                assert_int_equal(ev[k].n_generated, w->n_got[i]);
+                strcat(w->text[i], ev[k].new_text);
+                if (ev[k].finish != FL_FINISH_NONE) {
+                    w->finish[i] = ev[k].finish;
+                    done++;
+                }
+            }
+    }
+}
+
+static void check_reference(const wl *w) {
+    for (int i = 0; i < NREQ; i++) {
+        int32_t ref[TOY_CTX];
+        int32_t n = toy_reference(w->prompt[i], w->n_prompt[i], w->max_tokens[i], ref);
+        if (n != w->n_got[i] || memcmp(ref, w->got[i], (size_t)n * sizeof *ref))
+            fail_msg("request %d: %d tokens vs reference %d (or different ids)", i, w->n_got[i], n);
+        assert_int_equal(w->finish[i], n < w->max_tokens[i] ? FL_FINISH_EOS : FL_FINISH_LENGTH);
+        char txt[1024] = "";
+        for (int32_t j = 0; j < n; j++) {
+            char pc[8];
+            toy_piece(NULL, ref[j], pc, 8);
+            strcat(txt, pc);
+        }
+        assert_string_equal(txt, w->text[i]);
+    }
+}
+
+static fl_engine *toy_engine(int32_t max_seqs, int32_t budget, int32_t bs, int64_t n_blocks, int contiguous,
+                             fl_preempt_mode pm, toy **tp) {
+    fl_engine_params p;
+    fl_engine_params_default(&p);
+    p.max_seqs = max_seqs;
+    p.max_batch_tokens = budget;
+    p.preempt = pm;
+    p.kv_layout = contiguous ? FL_KV_CONTIGUOUS : FL_KV_PAGED;
+    fl_engine_backend be;
+    *tp = toy_new(bs, n_blocks, contiguous, &be);
+    fl_engine *e;
+    assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_OK);
+    return e;
+}
+
+static void test_toy_batched_equals_alone(void **state) {
+    (void)state;
+    wl w;
+    make_wl(&w, 7);
+    toy *t;
+    /* roomy pool, budget 16: long prompts are chunked beside decodes */
+    fl_engine *e = toy_engine(6, 16, 4, 1000, 0, FL_PREEMPT_RECOMPUTE, &t);
+    drive(e, &w, 0);
+    check_reference(&w);
+    assert_int_equal(t->max_batch, 16);
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    assert_int_equal(st.preemptions, 0);
+    assert_int_equal(st.requests_finished, NREQ);
+    assert_int_equal(st.kv_blocks_used, 0);
+    fl_engine_free(e);
+    /* staggered arrivals, budget 7 */
+    make_wl(&w, 11);
+    e = toy_engine(4, 7, 4, 1000, 0, FL_PREEMPT_RECOMPUTE, &t);
+    drive(e, &w, 3);
+    check_reference(&w);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
+static void test_toy_preempt_recompute(void **state) {
+    (void)state;
+    wl w;
+    make_wl(&w, 7);
+    toy *t;
+    /* 26 blocks of 4 tokens: the longest request needs ~23; many preemptions */
+    fl_engine *e = toy_engine(8, 32, 4, 26, 0, FL_PREEMPT_RECOMPUTE, &t);
+    drive(e, &w, 0);
+    check_reference(&w);
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    assert_true(st.preemptions > 0);
+    assert_int_equal(st.swaps_out, 0);
+    assert_int_equal(st.kv_blocks_used, 0);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
+static void test_toy_preempt_swap(void **state) {
+    (void)state;
+    wl w;
+    make_wl(&w, 7);
+    toy *t;
+    fl_engine *e = toy_engine(8, 32, 4, 26, 0, FL_PREEMPT_SWAP, &t);
+    drive(e, &w, 0);
+    check_reference(&w);
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    assert_true(st.swaps_out > 0);
+    assert_int_equal(st.swaps_in, st.swaps_out);
+    assert_int_equal(st.kv_blocks_used, 0);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
+static void test_toy_static_baseline(void **state) {
+    (void)state;
+    wl w;
+    make_wl(&w, 7);
+    toy *t;
+    fl_engine *e = toy_engine(4, 64, 4, 4, 1, FL_PREEMPT_RECOMPUTE, &t);
+    drive(e, &w, 0);
+    check_reference(&w);
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    assert_int_equal(st.preemptions, 0);
+    assert_int_equal(st.kv_blocks_used, 0);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
+static void test_toy_cancel(void **state) {
+    (void)state;
+    wl w;
+    make_wl(&w, 3);
+    toy *t;
+    fl_engine *e = toy_engine(4, 16, 4, 200, 0, FL_PREEMPT_RECOMPUTE, &t);
+    for (int i = 0; i < NREQ; i++) {
+        fl_request_params p = {0};
+        p.prompt = w.prompt[i];
+        p.n_prompt = w.n_prompt[i];
+        p.max_tokens = 100;
+        p.ignore_eos = 1;
+        assert_int_equal(fl_engine_add(e, &p, &w.id[i]), FL_OK);
+    }
+    for (int s = 0; s < 6; s++) assert_int_equal(fl_engine_step(e, NULL), FL_OK);
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    assert_true(st.kv_blocks_used > 0);
+    assert_true(st.n_running >= 2);
+    for (int i = 0; i < NREQ; i++) assert_int_equal(fl_engine_cancel(e, w.id[i]), FL_OK);
+    assert_int_equal(fl_engine_cancel(e, 9999), FL_ERR_INVALID);
+    int32_t active = -1;
+    assert_int_equal(fl_engine_step(e, &active), FL_OK);
+    assert_int_equal(active, 0);
+    fl_engine_stats_get(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(t->used, 0);
+    assert_int_equal(st.n_running + st.n_waiting + st.n_preempted, 0);
+    fl_request_output ev[NREQ];
+    assert_int_equal(fl_engine_poll(e, ev, NREQ), NREQ);
+    for (int i = 0; i < NREQ; i++) assert_int_equal(ev[i].finish, FL_FINISH_CANCELLED);
+    assert_int_equal(fl_engine_poll(e, ev, NREQ), 0);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
+static void test_toy_stop_string(void **state) {
+    (void)state;
+    wl w;
+    make_wl(&w, 5);
+    /* the reference text of request 0, and a stop string spanning pieces in its middle */
+    int32_t ref[TOY_CTX];
+    int32_t n = toy_reference(w.prompt[0], w.n_prompt[0], 40, ref);
+    char txt[1024] = "";
+    for (int32_t j = 0; j < n; j++) {
+        char pc[8];
+        toy_piece(NULL, ref[j], pc, 8);
+        strcat(txt, pc);
+    }
+    assert_true(strlen(txt) > 12);
+    char stop[4] = {txt[8], txt[9], txt[10], 0};
+    const char *first = strstr(txt, stop);
+    toy *t;
+    fl_engine *e = toy_engine(4, 16, 4, 200, 0, FL_PREEMPT_RECOMPUTE, &t);
+    fl_request_params p = {0};
+    p.prompt = w.prompt[0];
+    p.n_prompt = w.n_prompt[0];
+    p.max_tokens = 40;
+    p.stop[0] = "this never appears";
+    p.stop[1] = stop;
+    int64_t id;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_OK);
+    char got[1024] = "";
+    fl_finish_reason fin = FL_FINISH_NONE;
+    for (int s = 0; s < 200 && fin == FL_FINISH_NONE; s++) {
+        assert_int_equal(fl_engine_step(e, NULL), FL_OK);
+        fl_request_output ev[2];
+        int32_t k = fl_engine_poll(e, ev, 2);
+        for (int32_t j = 0; j < k; j++) {
+            strcat(got, ev[j].new_text);
+            fin = ev[j].finish;
+        }
+    }
+    assert_int_equal(fin, FL_FINISH_STOP);
+    assert_int_equal(strlen(got), (size_t)(first - txt));
+    assert_memory_equal(got, txt, strlen(got));
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
+/* temperature > 0: the same seed reproduces, batched or alone; another seed differs */
+static void sample_run(uint64_t seed, int batched, int32_t *out, int32_t *n_out) {
+    toy *t;
+    fl_engine *e = toy_engine(4, 16, 4, 200, 0, FL_PREEMPT_RECOMPUTE, &t);
+    int32_t prompt[3] = {1, 5, 7}, other[5] = {1, 9, 9, 9, 4};
+    fl_request_params p = {0};
+    fl_sampling_params_default(&p.sampling);
+    p.sampling.temperature = 1.5f;
+    p.sampling.top_k = 20;
+    p.sampling.top_p = 0.95f;
+    p.sampling.seed = seed;
+    p.ignore_eos = 1;
+    p.max_tokens = 30;
+    p.n_prompt = 5;
+    p.prompt = other;
+    int64_t id, other_id = -1;
+    if (batched) assert_int_equal(fl_engine_add(e, &p, &other_id), FL_OK);
+    p.prompt = prompt;
+    p.n_prompt = 3;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_OK);
+    *n_out = 0;
+    int32_t active = 1;
+    while (active) {
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output ev[4];
+        int32_t k = fl_engine_poll(e, ev, 4);
+        for (int32_t j = 0; j < k; j++)
+            if (ev[j].request_id == id) {
+                memcpy(out + *n_out, ev[j].new_tokens, (size_t)ev[j].n_new * sizeof *out);
+                *n_out += ev[j].n_new;
+            }
+    }
+    fl_engine_free(e);
+}
+
+static void test_toy_seeds(void **state) {
+    (void)state;
+    int32_t a[64], b[64], c[64], na, nb, nc;
+    sample_run(42, 0, a, &na);
+    sample_run(42, 1, b, &nb);
+    sample_run(43, 0, c, &nc);
+    assert_int_equal(na, 30);
+    assert_int_equal(nb, 30);
+    assert_memory_equal(a, b, 30 * sizeof(int32_t));
+    assert_true(memcmp(a, c, 30 * sizeof(int32_t)) != 0);
+    fl_test_mem_zero();
+}
+
+/* add / poll from another thread while the driver steps */
+typedef struct thr_ctx {
+    fl_engine *e;
+    wl *w;
+    int done;
+} thr_ctx;
+static void *adder(void *p) {
+    thr_ctx *c = p;
+    for (int i = 0; i < NREQ; i++) {
+        fl_request_params q = {0};
+        q.prompt = c->w->prompt[i];
+        q.n_prompt = c->w->n_prompt[i];
+        q.max_tokens = c->w->max_tokens[i];
+        if (fl_engine_add(c->e, &q, &c->w->id[i]) != FL_OK) return p;
+    }
+    __atomic_store_n(&c->done, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+static void test_toy_threads(void **state) {
+    (void)state;
+    wl w;
+    make_wl(&w, 9);
+    for (int i = 0; i < NREQ; i++) w.id[i] = -1;
+    toy *t;
+    fl_engine *e = toy_engine(4, 16, 4, 300, 0, FL_PREEMPT_RECOMPUTE, &t);
+    thr_ctx c = {e, &w, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, adder, &c);
+    int finished = 0;
+    for (int guard = 0; finished < NREQ && guard < 100000; guard++) {
+        int32_t active;
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output ev[8];
+        int32_t k = fl_engine_poll(e, ev, 8);
+        for (int32_t j = 0; j < k; j++) finished += ev[j].finish != FL_FINISH_NONE;
+    }
+    void *ret;
+    pthread_join(th, &ret);
+    assert_null(ret);
+    assert_int_equal(finished, NREQ);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
+static void test_toy_bad_requests(void **state) {
+    (void)state;
+    toy *t;
+    fl_engine *e = toy_engine(4, 16, 4, 10, 0, FL_PREEMPT_RECOMPUTE, &t);
+    int32_t prompt[300] = {1};
+    fl_request_params p = {0};
+    int64_t id;
+    p.prompt = prompt;
+    p.n_prompt = 0;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    p.n_prompt = 300; /* over the context */
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    p.n_prompt = 30;
+    p.max_tokens = 20; /* 50 tokens = 13 blocks > 10 - 1: could never run */
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "blocks"));
+    prompt[3] = TOY_VOCAB;
+    p.max_tokens = 2;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
+
+/* ---- the toy model over the real paged cache and the engine's KV adapter ----
+ * prepare() of the real cache must always find the blocks the scheduler promised; prefix-cache
+ * hits must skip exactly the cached tokens; recompute and swap preemption give the same output;
+ * cancellation and the end of every request give every block back. */
+typedef struct tpg {
+    fl_kv_cache *kv;
+    fl_kv_adapter *ad;
+    fl_sched_kv inner;
+    int32_t toks[TOY_SEQS][TOY_CTX];
+    int32_t len[TOY_SEQS];
+    float zeros[512 * 4];
+    int64_t max_batch;
+} tpg;
+
+static int64_t tpg_n_free(void *ctx) { tpg *t = ctx; return t->inner.n_free(t->inner.ctx); }
+static fl_status tpg_seq_begin(void *ctx, fl_request *r, int32_t *n_cached) {
+    tpg *t = ctx;
+    fl_status st = t->inner.seq_begin(t->inner.ctx, r, n_cached);
+    if (st != FL_OK) return st;
+    memcpy(t->toks[r->kv_seq], r->tokens, (size_t)*n_cached * sizeof(int32_t));
+    t->len[r->kv_seq] = *n_cached;
+    return FL_OK;
+}
+static int64_t tpg_n_needed(void *ctx, const fl_request *r, int32_t n) { tpg *t = ctx; return t->inner.n_needed(t->inner.ctx, r, n); }
+static fl_status tpg_reserve(void *ctx, fl_request *r, int32_t n) { tpg *t = ctx; return t->inner.reserve(t->inner.ctx, r, n); }
+static void tpg_seq_end(void *ctx, fl_request *r) { tpg *t = ctx; t->inner.seq_end(t->inner.ctx, r); }
+static fl_status tpg_swap_out(void *ctx, fl_request *r) { tpg *t = ctx; return t->inner.swap_out(t->inner.ctx, r); }
+static fl_status tpg_swap_in(void *ctx, fl_request *r) { tpg *t = ctx; return t->inner.swap_in(t->inner.ctx, r); }
+static fl_status tpg_forward(void *ctx, const fl_batch *b, float *logits) {
+    tpg *t = ctx;
+    if (b->n_tokens > t->max_batch) t->max_batch = b->n_tokens;
+    fl_status st = fl_kv_prepare(t->kv, b);
+    if (st != FL_OK) fail_msg("prepare: %s (%s)", fl_status_str(st), fl_last_error());
+    fl_kv_store(t->kv, 0, b, t->zeros, t->zeros);
+    int32_t row = 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        int32_t s = b->seq_id[i], p = b->pos[i];
+        assert_int_equal(p, t->len[s]);
+        t->toks[s][p] = b->tokens[i];
+        t->len[s] = p + 1;
+        if (b->logits[i]) toy_logits(t->toks[s], p + 1, logits + (size_t)row++ * TOY_VOCAB);
+    }
+    for (int32_t s = 0; s < TOY_SEQS; s++)
+        if (fl_kv_seq_exists(t->kv, s) && !fl_kv_seq_swapped(t->kv, s)) assert_true(fl_kv_seq_len(t->kv, s) >= 0);
+    return FL_OK;
+}
+static void tpg_step_done(void *ctx) { tpg *t = ctx; fl_kv_adapter_step_done(t->ad); }
+static void tpg_kv_stats(void *ctx, fl_backend_kv_stats *st) { tpg *t = ctx; fl_kv_adapter_stats(t->ad, st); }
+static void tpg_free(void *ctx) {
+    tpg *t = ctx;
+    fl_kv_adapter_free(t->ad);
+    fl_kv_free(t->kv);
+    fl_free(FL_MEM_MISC, t, sizeof *t);
+}
+
+static fl_engine *paged_engine(int32_t max_seqs, int32_t budget, int32_t n_blocks, fl_preempt_mode pm, tpg **tp) {
+    tpg *t = fl_calloc(FL_MEM_MISC, 1, sizeof *t);
+    assert_non_null(t);
+    fl_kv_config cfg = {.n_layer = 1, .n_head = 1, .n_head_kv = 1, .head_dim = 4, .type = FL_TYPE_F32,
+                        .block_size = 4, .n_blocks = n_blocks, .n_seq_max = TOY_SEQS, .n_ctx = TOY_CTX,
+                        .prefix_cache = true};
+    t->kv = fl_kv_new(&cfg);
+    assert_non_null(t->kv);
+    assert_int_equal(fl_kv_adapter_new_paged(t->kv, TOY_SEQS, &t->ad), FL_OK);
+    t->inner = fl_kv_adapter_iface(t->ad);
+    fl_engine_backend be = {0};
+    be.ctx = t;
+    be.n_vocab = TOY_VOCAB;
+    be.n_ctx = TOY_CTX;
+    be.block_size = 4;
+    be.n_blocks = fl_kv_adapter_n_blocks(t->ad);
+    be.kv = (fl_sched_kv){t, tpg_n_free, tpg_seq_begin, tpg_n_needed, tpg_reserve, tpg_seq_end, tpg_swap_out,
+                          tpg_swap_in, NULL};
+    be.forward = tpg_forward;
+    be.step_done = tpg_step_done;
+    be.is_eog = toy_is_eog;
+    be.piece = toy_piece;
+    be.kv_stats = tpg_kv_stats;
+    be.free = tpg_free;
+    fl_engine_params p;
+    fl_engine_params_default(&p);
+    p.max_seqs = max_seqs;
+    p.max_batch_tokens = budget;
+    p.preempt = pm;
+    fl_engine *e;
+    assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_OK);
+    *tp = t;
+    return e;
+}
+
+static void shared_prefix(wl *w) {
+    for (int i = 0; i < NREQ; i++) {
+        if (w->n_prompt[i] < 20) w->n_prompt[i] = 20 + i;
+        for (int j = 1; j < 13; j++) w->prompt[i][j] = 3 + (j * 7) % 30; /* 13 common tokens: 3 blocks */
+    }
+}
+
+static void test_paged_equals_alone(void **state) {
+    (void)state;
+    const fl_preempt_mode modes[3] = {FL_PREEMPT_RECOMPUTE, FL_PREEMPT_RECOMPUTE, FL_PREEMPT_SWAP};
+    const int32_t blocks[3] = {400, 28, 28};
+    for (int m = 0; m < 3; m++) {
+        wl w;
+        make_wl(&w, 21);
+        shared_prefix(&w);
+        tpg *t;
+        fl_engine *e = paged_engine(6, 24, blocks[m], modes[m], &t);
+        drive(e, &w, m == 0 ? 2 : 0);
+        check_reference(&w);
+        fl_engine_stats st;
+        fl_engine_stats_get(e, &st);
+        assert_true(st.prefix_hit_tokens >= 12); /* later requests reuse the shared prefix blocks */
+        if (m == 1) assert_true(st.preemptions > 0);
+        if (m == 2) assert_true(st.swaps_out > 0);
+        assert_int_equal(st.kv_blocks_used, 0);
+        assert_int_equal(fl_kv_check(t->kv), FL_OK);
+        fl_engine_free(e);
+    }
+    fl_test_mem_zero();
+}
+
+static void test_paged_cancel_frees_blocks(void **state) {
+    (void)state;
+    wl w;
+    make_wl(&w, 4);
+    tpg *t;
+    fl_engine *e = paged_engine(6, 24, 60, FL_PREEMPT_SWAP, &t);
+    for (int i = 0; i < NREQ; i++) {
+        fl_request_params p = {0};
+        p.prompt = w.prompt[i];
+        p.n_prompt = w.n_prompt[i];
+        p.max_tokens = 100;
+        p.ignore_eos = 1;
+        assert_int_equal(fl_engine_add(e, &p, &w.id[i]), FL_OK);
+    }
+    for (int s = 0; s < 25; s++) assert_int_equal(fl_engine_step(e, NULL), FL_OK);
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    assert_true(st.kv_blocks_used > 0);
+    for (int i = 0; i < NREQ; i++) assert_int_equal(fl_engine_cancel(e, w.id[i]), FL_OK);
+    assert_int_equal(fl_engine_step(e, NULL), FL_OK);
+    fl_engine_stats_get(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    fl_kv_stats ks;
+    fl_kv_stats_get(t->kv, &ks);
+    assert_int_equal(ks.n_blocks_used, 0);
+    assert_int_equal(ks.n_seqs, 0);
+    assert_int_equal(fl_kv_check(t->kv), FL_OK);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
+/* ---- the real model: stories260K greedy through the engine == llama.cpp's reference ---- */
+#define NREF 12
+typedef struct ref_set {
+    int32_t prompt[NREF][64], n_prompt[NREF];
+    int32_t want[NREF][256], n_want[NREF];
+} ref_set;
+
+static void load_refs(ref_set *rs, const char *rel) {
+    size_t len;
+    char *txt = fl_test_read_file(FL_SHARED_PATH(rel), &len);
+    assert_non_null(txt);
+    int n = 0;
+    for (char *line = strtok(txt, "\n"); line && n < NREF; line = strtok(NULL, "\n"), n++) {
+        cJSON *o = cJSON_Parse(line);
+        assert_non_null(o);
+        const cJSON *x;
+        rs->n_prompt[n] = rs->n_want[n] = 0;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(o, "prompt_tokens")) rs->prompt[n][rs->n_prompt[n]++] = (int32_t)x->valuedouble;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(o, "greedy_tokens")) rs->want[n][rs->n_want[n]++] = (int32_t)x->valuedouble;
+        cJSON_Delete(o);
+    }
+    assert_int_equal(n, NREF);
+    fl_test_free_file(txt, len);
+}
+
+typedef struct real_run {
+    int64_t preemptions, swaps_out, prefix_hits, max_running, steps;
+} real_run;
+
+/* All 12 prompts at once through an engine with the given shape; every output must equal the
+ * reference (EOS ends the request and is not streamed as a token). */
+static void run_refs(const ref_set *rs, const char *model, fl_kv_layout layout, int32_t max_seqs, int32_t budget,
+                     int64_t kv_mem, fl_preempt_mode pm, real_run *rr) {
+    fl_engine_params p;
+    fl_engine_params_default(&p);
+    p.model_path = FL_SHARED_PATH(model);
+    p.n_threads = 1;
+    p.n_ctx = 256;
+    p.max_seqs = max_seqs;
+    p.max_batch_tokens = budget;
+    p.kv_mem = kv_mem;
+    p.kv_type = "f32";
+    p.kv_layout = layout;
+    p.preempt = pm;
+    fl_engine *e;
+    if (fl_engine_new(&p, &e) != FL_OK) fail_msg("engine: %s", fl_last_error());
+    int64_t ids[NREF];
+    for (int i = 0; i < NREF; i++) {
+        fl_request_params q = {0};
+        fl_sampling_params_default(&q.sampling);
+        q.prompt = rs->prompt[i];
+        q.n_prompt = rs->n_prompt[i];
+        q.max_tokens = rs->n_want[i];
+        if (fl_engine_add(e, &q, &ids[i]) != FL_OK) fail_msg("add: %s", fl_last_error());
+    }
+    static int32_t got[NREF][256];
+    int32_t n_got[NREF] = {0};
+    fl_finish_reason fin[NREF] = {0};
+    int32_t active = 1;
+    memset(rr, 0, sizeof *rr);
+    while (active) {
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output ev[NREF];
+        int32_t k = fl_engine_poll(e, ev, NREF);
+        for (int32_t j = 0; j < k; j++) {
+            int i = (int)ev[j].request_id - (int)ids[0];
+            memcpy(got[i] + n_got[i], ev[j].new_tokens, (size_t)ev[j].n_new * sizeof(int32_t));
+            n_got[i] += ev[j].n_new;
+            if (ev[j].finish) fin[i] = ev[j].finish;
+        }
+        fl_engine_stats st;
+        fl_engine_stats_get(e, &st);
+        if (st.n_running > rr->max_running) rr->max_running = st.n_running;
+    }
+    for (int i = 0; i < NREF; i++) {
+        int32_t nw = rs->n_want[i];
+        bool eos = nw > 0 && rs->want[i][nw - 1] == 2;
+        if (eos) nw--;
+        assert_int_equal(fin[i], eos ? FL_FINISH_EOS : FL_FINISH_LENGTH);
+        assert_int_equal(n_got[i], nw);
+        for (int32_t t = 0; t < nw; t++)
+            if (got[i][t] != rs->want[i][t]) fail_msg("prompt %d token %d: got %d want %d", i, t, got[i][t], rs->want[i][t]);
+    }
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    rr->preemptions = st.preemptions;
+    rr->swaps_out = st.swaps_out;
+    rr->prefix_hits = st.prefix_hit_tokens;
+    rr->steps = st.steps;
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(st.n_running + st.n_waiting + st.n_preempted, 0);
+    fl_engine_free(e);
+}
+
+static void test_stories_batched_chunked(void **state) {
+    (void)state;
+    NEED_SHARED();
+    static ref_set rs;
+    load_refs(&rs, "reference/stories260K.greedy.jsonl");
+    real_run rr;
+    /* 12 at once, an 8-token budget: every prompt is prefilled in chunks beside decodes */
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 8, 8 << 20, FL_PREEMPT_RECOMPUTE, &rr);
+    assert_int_equal(rr.preemptions, 0);
+    assert_int_equal(rr.max_running, 8); /* the budget bounds the decodes per step */
+    fl_test_mem_zero();
+}
+
+static void test_stories_preempt(void **state) {
+    (void)state;
+    NEED_SHARED();
+    static ref_set rs;
+    load_refs(&rs, "reference/stories260K.greedy.jsonl");
+    real_run rr;
+    /* 24 blocks of 16 tokens (1280 bytes a token): the 12 requests need ~150 */
+    const int64_t tiny = 24 * 16 * 1280 + 16 * 1280;
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 32, tiny, FL_PREEMPT_RECOMPUTE, &rr);
+    assert_true(rr.preemptions > 0);
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 32, tiny, FL_PREEMPT_SWAP, &rr);
+    assert_true(rr.swaps_out > 0);
+    fl_test_mem_zero();
+}
+
+static void test_stories_static_baseline(void **state) {
+    (void)state;
+    NEED_SHARED();
+    static ref_set rs;
+    load_refs(&rs, "reference/stories260K.greedy.jsonl");
+    real_run rr;
+    /* 4 contiguous slots of 256 positions: 3 static batches of 4, padded */
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_CONTIGUOUS, 12, 512, 4 * 256 * 1280, FL_PREEMPT_RECOMPUTE, &rr);
+    assert_int_equal(rr.max_running, 4);
+    fl_test_mem_zero();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_toy_batched_equals_alone),
+        cmocka_unit_test(test_toy_preempt_recompute),
+        cmocka_unit_test(test_toy_preempt_swap),
+        cmocka_unit_test(test_toy_static_baseline),
+        cmocka_unit_test(test_toy_cancel),
+        cmocka_unit_test(test_toy_stop_string),
+        cmocka_unit_test(test_toy_seeds),
+        cmocka_unit_test(test_toy_threads),
+        cmocka_unit_test(test_toy_bad_requests),
+        cmocka_unit_test(test_paged_equals_alone),
+        cmocka_unit_test(test_paged_cancel_frees_blocks),
+        cmocka_unit_test(test_stories_batched_chunked),
+        cmocka_unit_test(test_stories_preempt),
+        cmocka_unit_test(test_stories_static_baseline),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
