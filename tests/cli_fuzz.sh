@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Short libFuzzer run of tests/fuzz/fuzz_gguf.c inside the test suite: configures a separate
-# clang build (FITLLM_FUZZ=ON: ASan + UBSan + coverage) beside the normal build, builds only the
-# fuzz target and runs it for FL_FUZZ_SECONDS (default 30) on synthetic seeds plus the small
-# shared models.  Skips (77) when clang or libFuzzer is not installed.
+# Short libFuzzer runs inside the test suite: configures a separate clang build (FITLLM_FUZZ=ON:
+# ASan + UBSan + coverage) beside the normal build, builds only the fuzz targets and runs
+# fuzz_gguf for FL_FUZZ_SECONDS (default 30) on synthetic seeds plus the small shared models,
+# then fuzz_plan (config.json + planner arithmetic) for a third of that.  Skips (77) when clang
+# or libFuzzer is not installed.
 # usage: cli_fuzz.sh FITLLM SHARED_DIR
 set -uo pipefail
 BIN="$1"; SHARED="$2"
@@ -21,20 +22,26 @@ if [ ! -f "$OUT/build.ninja" ]; then
     CC=clang cmake -S "$SRC" -B "$OUT" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFITLLM_FUZZ=ON \
         -DFITLLM_MPI=OFF -DFL_SHARED_DIR="$SHARED" >"$OUT.cmake.log" 2>&1 || { cat "$OUT.cmake.log"; exit 1; }
 fi
-ninja -C "$OUT" fuzz_gguf >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
+ninja -C "$OUT" fuzz_gguf fuzz_plan >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
 
-rm -rf "$OUT/run"; mkdir -p "$OUT/run/corpus" "$OUT/run/seeds" "$OUT/run/artifacts"
+rm -rf "$OUT/run"; mkdir -p "$OUT/run/seeds" "$OUT/run/artifacts"
 python3 "$SRC/tests/fuzz/make_seeds.py" "$OUT/run/seeds"
 for f in stories260K-q4_0.gguf stories260K-q8_0.gguf; do
     [ -f "$SHARED/models/$f" ] && cp "$SHARED/models/$f" "$OUT/run/seeds/"
 done
-"$OUT/fuzz_gguf" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-    -artifact_prefix="$OUT/run/artifacts/" "$OUT/run/corpus" "$OUT/run/seeds" >"$OUT/run/fuzz.log" 2>&1
-rc=$?
-grep -E "^stat::(number_of_executed_units|average_exec_per_sec|new_units_added)" "$OUT/run/fuzz.log"
-if [ $rc -ne 0 ] || ls "$OUT/run/artifacts/"* >/dev/null 2>&1; then
-    echo "FAIL: fuzz_gguf found a problem (exit $rc); reproduce with $OUT/fuzz_gguf $OUT/run/artifacts/*" >&2
-    grep -E "ERROR|SUMMARY|invariant|runtime error" "$OUT/run/fuzz.log" | head -20 >&2
-    exit 1
-fi
-echo "cli_fuzz: ran clean for ${SECS}s"
+run_fuzzer() { # name seconds corpus-dirs...
+    local name="$1" secs="$2"; shift 2
+    mkdir -p "$OUT/run/$name-corpus"
+    "$OUT/$name" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+        -artifact_prefix="$OUT/run/artifacts/" "$OUT/run/$name-corpus" "$@" >"$OUT/run/$name.log" 2>&1
+    local rc=$?
+    echo "$name:"; grep -E "^stat::(number_of_executed_units|average_exec_per_sec|new_units_added)" "$OUT/run/$name.log"
+    if [ $rc -ne 0 ] || ls "$OUT/run/artifacts/"* >/dev/null 2>&1; then
+        echo "FAIL: $name found a problem (exit $rc); reproduce with $OUT/$name $OUT/run/artifacts/*" >&2
+        grep -E "ERROR|SUMMARY|invariant|runtime error" "$OUT/run/$name.log" | head -20 >&2
+        exit 1
+    fi
+}
+run_fuzzer fuzz_gguf "$SECS" "$OUT/run/seeds"
+run_fuzzer fuzz_plan $((SECS / 3 + 1)) "$SRC/tests/fuzz/plan_seeds"
+echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan $((SECS / 3 + 1))s)"

@@ -525,12 +525,24 @@ static void test_bad_inputs(void **state) {
     fl_plan_input_default(&in, &s);
     in.offload_layers = 23;
     assert_int_equal(fl_plan_compute(&s, &in, &r), FL_ERR_INVALID);
-    /* absurd sizes saturate instead of wrapping into "fits" */
+    /* absurd shapes are refused; absurd contexts saturate instead of wrapping into "fits" */
     fl_plan_input_default(&in, &s);
-    s.n_vocab = 1ll << 40;
-    s.n_embd = 1ll << 40;
+    fl_model_shape h = s;
+    h.n_embd = 1ll << 40;
+    assert_int_equal(fl_plan_compute(&h, &in, &r), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "out of range"));
+    h = s;
+    h.n_vocab = FL_PLAN_MAX_VOCAB;
+    h.n_embd = h.n_ff = h.n_head = h.n_head_kv = h.head_dim = FL_PLAN_MAX_DIM;
     in.n_ctx = 1ll << 40;
-    assert_int_equal(fl_plan_compute(&s, &in, &r), FL_OK);
+    in.n_seq = 1ll << 20;
+    in.n_prefill = 1ll << 40;
+    assert_int_equal(fl_plan_compute(&h, &in, &r), FL_OK);
+    assert_int_equal(r.max_total, UINT64_MAX);
+    in.attn = FL_ATTN_NAIVE;
+    in.train = true;
+    fl_plan_parse_wtype("f32", &in.weights);
+    assert_int_equal(fl_plan_compute(&h, &in, &r), FL_OK);
     assert_int_equal(r.max_total, UINT64_MAX);
     fl_test_mem_zero();
 }

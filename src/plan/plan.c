@@ -324,6 +324,12 @@ static fl_status check_input(const fl_model_shape *s, const fl_plan_input *in) {
         return fl_set_error(FL_ERR_INVALID, "model shape is incomplete (n_embd %lld, n_head %lld, n_head_kv %lld, head_dim %lld, n_vocab %lld, n_ff %lld)",
                             (long long)s->n_embd, (long long)s->n_head, (long long)s->n_head_kv, (long long)s->head_dim,
                             (long long)s->n_vocab, (long long)s->n_ff);
+    /* bounds that keep every product of dimensions inside 64 bits */
+    if (s->n_embd > FL_PLAN_MAX_DIM || s->n_ff > FL_PLAN_MAX_DIM || s->n_head > FL_PLAN_MAX_DIM ||
+        s->n_head_kv > FL_PLAN_MAX_DIM || s->head_dim > FL_PLAN_MAX_DIM || s->n_vocab > FL_PLAN_MAX_VOCAB ||
+        s->n_expert > FL_PLAN_MAX_EXPERTS || s->sliding_window < 0 || s->n_swa_layers < 0)
+        return fl_set_error(FL_ERR_INVALID, "model shape out of range (dimensions <= %lld, vocab <= %lld, experts <= %d)",
+                            (long long)FL_PLAN_MAX_DIM, (long long)FL_PLAN_MAX_VOCAB, FL_PLAN_MAX_EXPERTS);
     if (s->n_expert < 0 || s->n_expert_used < 0 || s->n_expert_used > s->n_expert)
         return fl_set_error(FL_ERR_INVALID, "%lld of %lld experts used", (long long)s->n_expert_used, (long long)s->n_expert);
     if (in->tp < 1 || in->pp < 1 || in->sp < 1 || in->dp < 1)
@@ -332,8 +338,8 @@ static fl_status check_input(const fl_model_shape *s, const fl_plan_input *in) {
         return fl_set_error(FL_ERR_INVALID, "--tp %d does not divide the %lld attention heads", in->tp, (long long)s->n_head);
     if (in->pp > s->n_layer || in->pp > FL_PLAN_MAX_STAGES)
         return fl_set_error(FL_ERR_INVALID, "--pp %d: more stages than the %lld layers (or > %d)", in->pp, (long long)s->n_layer, FL_PLAN_MAX_STAGES);
-    if (in->n_ctx < 1 || in->n_seq < 1 || in->n_prefill < 1)
-        return fl_set_error(FL_ERR_INVALID, "context, batch and prefill chunk must be >= 1");
+    if (in->n_ctx < 1 || in->n_seq < 1 || in->n_prefill < 1 || in->n_threads < 1)
+        return fl_set_error(FL_ERR_INVALID, "context, batch, prefill chunk and threads must be >= 1");
     if (in->zero_stage < 0 || in->zero_stage > 3) return fl_set_error(FL_ERR_INVALID, "ZeRO stage %d (0..3)", in->zero_stage);
     if (in->offload_layers < 0 || in->offload_layers > s->n_layer)
         return fl_set_error(FL_ERR_INVALID, "cannot offload %lld of %lld layers", (long long)in->offload_layers, (long long)s->n_layer);

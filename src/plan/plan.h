@@ -62,6 +62,9 @@
 #define FL_PLAN_FLASH_BQ 32    /* flash attention: query rows per tile */
 #define FL_PLAN_FLASH_BK 64    /* flash attention: keys per tile */
 #define FL_PLAN_FP8_GROUP 16   /* fp8 KV: tokens per f32 scale (per head) */
+#define FL_PLAN_MAX_DIM ((int64_t)1 << 24)   /* n_embd, n_ff, n_head, n_head_kv, head_dim */
+#define FL_PLAN_MAX_VOCAB ((int64_t)1 << 31)
+#define FL_PLAN_MAX_EXPERTS 65536
 
 typedef enum fl_attn_impl { FL_ATTN_FLASH = 0, FL_ATTN_NAIVE = 1 } fl_attn_impl;
 typedef enum fl_optim_kind { FL_OPTIM_ADAMW = 0, FL_OPTIM_ADAMW8BIT = 1 } fl_optim_kind;
