@@ -22,13 +22,16 @@ static uint32_t bk_rand(void) {
 }
 static int32_t bk_uniform(int32_t lo, int32_t hi) { return lo + (int32_t)(bk_rand() % (uint32_t)(hi - lo + 1)); }
 
-/* Append n tokens to sequence s (positions from its current length). */
-static fl_status bk_feed(fl_kv_cache *kv, int32_t s, const int32_t *tokens, int32_t n, int32_t *pos, int32_t *sid) {
+/* Append n tokens to sequence s (positions from its current length).  The last layer's K/V
+ * (zeros) are stored so that full blocks enter the prefix cache as after a real forward. */
+static fl_status bk_feed(fl_kv_cache *kv, int32_t s, const int32_t *tokens, int32_t n, int32_t *pos, int32_t *sid, const float *zeros) {
     if (n <= 0) return FL_OK;
     const int32_t base = fl_kv_seq_len(kv, s);
     for (int32_t i = 0; i < n; i++) pos[i] = base + i, sid[i] = s;
     fl_batch b = {.n_tokens = n, .tokens = tokens, .pos = pos, .seq_id = sid};
-    return fl_kv_prepare(kv, &b);
+    const fl_status st = fl_kv_prepare(kv, &b);
+    if (st == FL_OK) fl_kv_store(kv, fl_kv_config_get(kv)->n_layer - 1, &b, zeros, zeros);
+    return st;
 }
 
 int fl_bench_kv(int argc, char **argv) {
@@ -106,7 +109,9 @@ int fl_bench_kv(int argc, char **argv) {
     const size_t tb = sizeof(int32_t) * (size_t)max_len;
     int32_t *tok = fl_alloc(FL_MEM_MISC, tb, 0), *pos = fl_alloc(FL_MEM_MISC, tb, 0), *sid = fl_alloc(FL_MEM_MISC, tb, 0);
     int32_t *sys = fl_alloc(FL_MEM_MISC, tb, 0);
-    if (!tok || !pos || !sid || !sys) {
+    const size_t zb = sizeof(float) * (size_t)max_len * (size_t)c.n_head_kv * (size_t)c.head_dim;
+    float *zeros = fl_calloc(FL_MEM_MISC, zb, 1);
+    if (!tok || !pos || !sid || !sys || !zeros) {
         fprintf(stderr, "fitllm bench kv: out of memory\n");
         return 1;
     }
@@ -125,11 +130,11 @@ int fl_bench_kv(int argc, char **argv) {
         const int32_t s0 = next;
         int32_t nc = 0;
         fl_status st = fl_kv_seq_add(kv, s0, tok, prompt, &nc);
-        if (st == FL_OK) st = bk_feed(kv, s0, tok + nc, prompt - nc, pos, sid);
+        if (st == FL_OK) st = bk_feed(kv, s0, tok + nc, prompt - nc, pos, sid, zeros);
         for (int b = 1; st == FL_OK && b < n_branch; b++) st = fl_kv_seq_fork(kv, s0, s0 + b);
         for (int b = 0; st == FL_OK && b < n_branch; b++) {
             for (int32_t i = 0; i < total - prompt; i++) tok[i] = (int32_t)(bk_rand() % 32000);
-            st = bk_feed(kv, s0 + b, tok, total - prompt, pos, sid);
+            st = bk_feed(kv, s0 + b, tok, total - prompt, pos, sid, zeros);
         }
         if (st != FL_OK) { /* full: this request is not admitted */
             for (int b = 0; b < n_branch; b++) fl_kv_seq_free(kv, s0 + b);
@@ -201,6 +206,7 @@ int fl_bench_kv(int argc, char **argv) {
     fl_free(FL_MEM_MISC, pos, tb);
     fl_free(FL_MEM_MISC, sid, tb);
     fl_free(FL_MEM_MISC, sys, tb);
+    fl_free(FL_MEM_MISC, zeros, zb);
     fl_kv_free(kv);
     return chk == FL_OK ? 0 : 1;
 }

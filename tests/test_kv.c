@@ -597,6 +597,22 @@ static void test_prefix_cache(void **state) {
     assert_int_equal(nc, 8);
     fl_kv_seq_free(kv, 8);
     fl_kv_seq_free(kv, 9);
+    /* a full block is offered to the cache only after the last layer's store */
+    int32_t C[8] = {7, 7, 7, 7, 8, 8, 8, 8}, sidc[8] = {0}, posc[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    float kc[8 * 32] = {0};
+    assert_int_equal(fl_kv_seq_add(kv, 10, C, 8, &nc), FL_OK);
+    for (int i = 0; i < 8; i++) sidc[i] = 10;
+    fl_batch bc = {.n_tokens = 8, .tokens = C, .pos = posc, .seq_id = sidc};
+    assert_int_equal(fl_kv_prepare(kv, &bc), FL_OK);
+    fl_kv_store(kv, 0, &bc, kc, kc);
+    assert_int_equal(fl_kv_seq_add(kv, 11, C, 8, &nc), FL_OK);
+    assert_int_equal(nc, 0); /* layer 1 not written yet */
+    fl_kv_seq_free(kv, 11);
+    fl_kv_store(kv, 1, &bc, kc, kc);
+    assert_int_equal(fl_kv_seq_add(kv, 11, C, 8, &nc), FL_OK);
+    assert_int_equal(nc, 4);
+    fl_kv_seq_free(kv, 10);
+    fl_kv_seq_free(kv, 11);
     assert_int_equal(fl_kv_check(kv), FL_OK);
     fl_kv_free(kv);
     fl_test_mem_zero();

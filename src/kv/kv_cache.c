@@ -590,7 +590,6 @@ fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
         if (!b->tokens) s->no_cache = true;
         s->n += sg->n_q;
         sg->blocks = s->tab.ids;
-        if (kv->prefix) register_full(kv, s);
     }
     kv->b_n_tokens = b->n_tokens;
     st = reserve_ws(kv);
@@ -604,6 +603,10 @@ void fl_kv_store(fl_kv_cache *kv, int32_t il, const fl_batch *b, const float *k,
         write_row(kv, il, 0, kv->slot_blk[i], kv->slot_off[i], k + (size_t)i * (size_t)kv->n_row);
         write_row(kv, il, 1, kv->slot_blk[i], kv->slot_off[i], v + (size_t)i * (size_t)kv->n_row);
     }
+    /* blocks that became full are offered to the prefix cache only once every layer's K/V is
+     * in them (the last layer's store), so a hit never finds a half-written block */
+    if (kv->prefix && il == kv->cfg.n_layer - 1)
+        for (int32_t g = 0; g < kv->n_seg; g++) register_full(kv, &kv->seqs[kv->seg_seq[g]]);
 }
 
 void fl_kv_attend(fl_kv_cache *kv, int32_t il, const fl_batch *b, const float *q, float *out) {

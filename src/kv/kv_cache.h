@@ -19,7 +19,8 @@
  * Prefix caching (cfg.prefix_cache): each full block gets a chained XXH3-128 hash of its
  * tokens (prefix_cache.h) with the cache's or the sequence's extra key.  fl_kv_seq_add() reuses
  * the longest chain of cached full blocks, always leaving at least the last prompt token to be
- * computed; freed cached blocks stay reusable until the LRU evicts them.  Sequences that were
+ * computed; freed cached blocks stay reusable until the LRU evicts them.  A block is registered
+ * when the store() of the last layer has filled it (never half-written).  Sequences that were
  * shifted or fed without token ids stop registering blocks.
  *
  * The fl_kv_iface (kv_iface.h): prepare() validates the batch and makes room; it returns
