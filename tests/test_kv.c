@@ -319,7 +319,8 @@ static double fake_step(fl_kv_cache *kv, history *H, int32_t n_tok, const int32_
     int32_t pos[256];
     for (int32_t i = 0; i < n_tok; i++) pos[i] = H->n[seq_id[i]] + (i > 0 && seq_id[i - 1] == seq_id[i] ? pos[i - 1] - H->n[seq_id[i]] + 1 : 0);
     fl_batch b = {.n_tokens = n_tok, .tokens = tokens, .pos = pos, .seq_id = seq_id};
-    fl_status st = fl_kv_prepare(kv, &b);
+    const fl_kv_iface iface = fl_kv_iface_get(); /* the way the model's forward calls it */
+    fl_status st = iface.prepare(kv, &b);
     if (st != FL_OK) fail_msg("prepare: %s %s", fl_status_str(st), fl_last_error());
     float *k = falloc((size_t)n_tok * nrow), *v = falloc((size_t)n_tok * nrow);
     float *q = falloc((size_t)n_tok * qrow), *o = falloc((size_t)n_tok * qrow), *r = falloc((size_t)qrow);
@@ -332,8 +333,8 @@ static double fake_step(fl_kv_cache *kv, history *H, int32_t n_tok, const int32_
             memcpy(H->k[seq_id[i]][il] + (size_t)pos[i] * nrow, k + (size_t)i * nrow, sizeof(float) * nrow);
             memcpy(H->v[seq_id[i]][il] + (size_t)pos[i] * nrow, v + (size_t)i * nrow, sizeof(float) * nrow);
         }
-        fl_kv_store(kv, il, &b, k, v);
-        fl_kv_attend(kv, il, &b, q, o);
+        iface.store(kv, il, &b, k, v);
+        iface.attend(kv, il, &b, q, o);
         for (int32_t i = 0; i < n_tok; i++) {
             attn_contig(q + (size_t)i * qrow, H->k[seq_id[i]][il], H->v[seq_id[i]][il], pos[i], c->n_head, c->n_head_kv, c->head_dim, window, r);
             const double d = fl_test_max_abs_diff(r, o + (size_t)i * qrow, qrow);
@@ -549,6 +550,8 @@ static void test_prefix_cache(void **state) {
     fl_kv_seq_stats ss;
     assert_int_equal(fl_kv_seq_stats_get(kv, 1, &ss), FL_OK);
     assert_int_equal(ss.bytes_shared, 3 * (int64_t)fl_kv_bytes_per_block(&c));
+    assert_int_equal(fl_kv_prefix_probe(kv, A, 14, NULL, 0), 12);
+    assert_int_equal(fl_kv_prefix_probe(kv, A, 14, "x", 1), 0);
     /* exactly 12 tokens: at least one must be computed, so only 2 blocks are reused */
     assert_int_equal(fl_kv_seq_add(kv, 2, A, 12, &nc), FL_OK);
     assert_int_equal(nc, 8);
@@ -561,7 +564,8 @@ static void test_prefix_cache(void **state) {
     A2[0] = 999;
     assert_int_equal(fl_kv_seq_add(kv, 4, A2, 14, &nc), FL_OK);
     assert_int_equal(nc, 0);
-    for (int s = 0; s < 5; s++) fl_kv_seq_free(kv, s);
+    fl_kv_clear(kv);
+    assert_false(fl_kv_seq_exists(kv, 0));
     /* freed cached blocks stay reusable */
     fl_kv_stats st;
     fl_kv_stats_get(kv, &st);
@@ -991,6 +995,7 @@ static void test_memory_budget(void **state) {
     /* a budget below one block is an error; so is a KV category budget that refuses it */
     c.mem_bytes = bpb - 1;
     assert_null(fl_kv_new(&c));
+    assert_null(fl_kv_new(NULL));
     c.mem_bytes = 4 * bpb;
     fl_mem_set_budget(FL_MEM_KV, bpb);
     assert_null(fl_kv_new(&c));

@@ -153,6 +153,10 @@ static void copy_block(fl_kv_cache *kv, int32_t dst, int32_t src) {
 /* ---- creation ---- */
 
 fl_kv_cache *fl_kv_new(const fl_kv_config *cfg) {
+    if (!cfg) {
+        fl_set_error(FL_ERR_INVALID, "%s: no configuration", __func__);
+        return NULL;
+    }
     fl_kv_config c = *cfg;
     if (c.block_size == 0) c.block_size = 16;
     if (c.n_seq_max == 0) c.n_seq_max = 256;
@@ -329,6 +333,28 @@ fl_status fl_kv_seq_add_keyed(fl_kv_cache *kv, int32_t id, const int32_t *tokens
     kv->miss += n - s->n;
     if (n_cached) *n_cached = s->n;
     return FL_OK;
+}
+
+int32_t fl_kv_prefix_probe(const fl_kv_cache *kv, const int32_t *tokens, int32_t n, const void *key, size_t key_len) {
+    if (!kv->prefix || n <= 1 || !tokens) return 0;
+    const fl_kv_hash root = key && key_len ? fl_kv_prefix_root(key, key_len) : kv->root;
+    const fl_kv_pool *pool = kv->pool;
+    fl_kv_hash last;
+    int32_t hit = 0, ids[64];
+    /* match in pieces of 64 blocks (no allocation), continuing the chain */
+    for (int32_t max_blocks = (n - 1) / kv->bs; hit < max_blocks;) {
+        const int32_t want = max_blocks - hit < 64 ? max_blocks - hit : 64;
+        const fl_kv_hash r = hit ? last : root;
+        const int32_t got = fl_kv_prefix_match(kv->prefix, pool, &r, tokens + (size_t)hit * (size_t)kv->bs, want, ids, &last);
+        hit += got;
+        if (got < want) break;
+    }
+    return hit * kv->bs;
+}
+
+void fl_kv_clear(fl_kv_cache *kv) {
+    for (int32_t i = 0; i < kv->cfg.n_seq_max; i++)
+        if (kv->seqs[i].used) seq_release(kv, &kv->seqs[i]);
 }
 
 fl_status fl_kv_seq_add(fl_kv_cache *kv, int32_t id, const int32_t *tokens, int32_t n, int32_t *n_cached) {

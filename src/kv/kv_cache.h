@@ -92,6 +92,12 @@ fl_status fl_kv_seq_add(fl_kv_cache *kv, int32_t seq, const int32_t *tokens, int
 /* Same with a per-sequence extra key for the hashes (adapter id, tenant salt). */
 fl_status fl_kv_seq_add_keyed(fl_kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n, const void *key,
                               size_t key_len, int32_t *n_cached);
+/* How many leading tokens of tokens[0..n) a fl_kv_seq_add(_keyed) would find cached right now
+ * (same rule: full blocks, at least one token left), without taking anything.  For admission
+ * decisions; 0 when prefix caching is off. */
+int32_t fl_kv_prefix_probe(const fl_kv_cache *kv, const int32_t *tokens, int32_t n, const void *key, size_t key_len);
+/* Free every sequence (cached blocks stay reusable). */
+void fl_kv_clear(fl_kv_cache *kv);
 /* dst becomes a copy of src sharing all its blocks (copy-on-write later).  dst must not exist. */
 fl_status fl_kv_seq_fork(fl_kv_cache *kv, int32_t src, int32_t dst);
 /* Release the sequence's blocks (cached full blocks stay reusable).  No-op if it doesn't exist. */
