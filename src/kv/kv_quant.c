@@ -117,22 +117,26 @@ void fl_kv_dequant(int32_t t, const void *src, int64_t e0, int64_t n, float scal
         for (int64_t i = 0; i < n; i++) out[i] = scale * lut_e5m2[s[e0 + i]];
         break;
     case FL_TYPE_Q8_0:
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t e = e0 + i;
+        /* one group (and one scale conversion) at a time */
+        for (int64_t e = e0, i = 0; i < n;) {
             const uint8_t *g = s + (e / QK) * (2 + QK);
             uint16_t dh;
             memcpy(&dh, g, 2);
-            out[i] = fl_f16_to_f32(dh) * (float)((const int8_t *)(g + 2))[e % QK];
+            const float d = fl_f16_to_f32(dh);
+            const int8_t *q = (const int8_t *)(g + 2);
+            for (int64_t j = e % QK; j < QK && i < n; j++, i++, e++) out[i] = d * (float)q[j];
         }
         break;
     case FL_TYPE_Q4_0:
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t e = e0 + i, j = e % QK;
+        for (int64_t e = e0, i = 0; i < n;) {
             const uint8_t *g = s + (e / QK) * (2 + QK / 2);
             uint16_t dh;
             memcpy(&dh, g, 2);
-            const int q = j < QK / 2 ? (g[2 + j] & 15) : (g[2 + j - QK / 2] >> 4);
-            out[i] = fl_f16_to_f32(dh) * (float)(q - 8);
+            const float d = fl_f16_to_f32(dh);
+            for (int64_t j = e % QK; j < QK && i < n; j++, i++, e++) {
+                const int q = j < QK / 2 ? (g[2 + j] & 15) : (g[2 + j - QK / 2] >> 4);
+                out[i] = d * (float)(q - 8);
+            }
         }
         break;
     default: break;
