@@ -712,6 +712,19 @@ static void test_quant_types(void **state) {
         fl_kv_store(kv, 0, &b, k, v);
         fl_kv_attend(kv, 0, &b, q, o);
         for (int32_t i = 0; i < T; i++) attn_contig(q + (size_t)i * qrow, k, v, i, c.n_head, c.n_head_kv, c.head_dim, 0, r + (size_t)i * qrow);
+        /* exact part: attention over the decoded cache contents equals the kernel's output
+         * (dequantisation on load reads the same values, scales of the right block and head) */
+        float *kd = falloc((size_t)T * nrow), *vd = falloc((size_t)T * nrow), *rd = falloc((size_t)qrow);
+        for (int32_t i = 0; i < T; i++) assert_int_equal(fl_kv_seq_read(kv, 0, 0, i, kd + (size_t)i * nrow, vd + (size_t)i * nrow), FL_OK);
+        for (int32_t i = 0; i < T; i++) {
+            attn_contig(q + (size_t)i * qrow, kd, vd, i, c.n_head, c.n_head_kv, c.head_dim, 0, rd);
+            const double dd = fl_test_max_abs_diff(rd, o + (size_t)i * qrow, qrow);
+            if (dd > 1e-5) fail_msg("%s: kernel vs decoded cache differ by %.3g at row %d", fl_type_name(cases[t].type), dd, i);
+        }
+        ffree(kd, (size_t)T * nrow);
+        ffree(vd, (size_t)T * nrow);
+        ffree(rd, (size_t)qrow);
+        assert_int_equal(fl_kv_seq_read(kv, 0, 0, T, NULL, NULL), FL_ERR_INVALID);
         const double e = fl_test_nmse(r, o, (int64_t)T * qrow);
         if (!(e <= cases[t].nmse)) fail_msg("%s: NMSE %.3g > %.3g", fl_type_name(cases[t].type), e, cases[t].nmse);
         fprintf(stderr, "kv type %-9s attention NMSE vs f32 %.3g (limit %.3g), %zu bytes/token\n", fl_type_name(cases[t].type), e,
@@ -806,6 +819,13 @@ static void shift_case(int32_t type, double tol) {
         rope_row(K2 + (size_t)n2 * nrow, nkv, hd, c.n_rot, c.rope_base, n2);
         memcpy(V2 + (size_t)n2 * nrow, v + (size_t)p * nrow, sizeof(float) * nrow);
         n2++;
+    }
+    /* the stored keys themselves equal RoPE recomputed at the new positions */
+    for (int32_t p = 0; p < n2; p++) {
+        float kr[64];
+        assert_int_equal(fl_kv_seq_read(kv, 0, 0, p, kr, NULL), FL_OK);
+        const double dk = fl_test_max_abs_diff(K2 + (size_t)p * nrow, kr, nrow);
+        if (!(dk <= tol)) fail_msg("%s shift: key at new position %d off by %.3g", fl_type_name(type), p, dk);
     }
     /* a new token at the next position attends over the shifted cache */
     float kn[64], vn[64], q[64], o[64], r[64];

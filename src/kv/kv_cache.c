@@ -649,6 +649,16 @@ static void iface_attend(void *ctx, int32_t il, const fl_batch *b, const float *
 
 fl_kv_iface fl_kv_iface_get(void) { return (fl_kv_iface){iface_prepare, iface_store, iface_attend}; }
 
+fl_status fl_kv_seq_read(const fl_kv_cache *kv, int32_t id, int32_t il, int32_t pos, float *k, float *v) {
+    const seq *s = get_seq(kv, id);
+    if (!s || s->swapped || il < 0 || il >= kv->cfg.n_layer || pos < 0 || pos >= s->n || s->tab.ids[pos / kv->bs] == 0)
+        return fl_set_error(FL_ERR_INVALID, "%s: sequence %d layer %d position %d not readable", __func__, id, il, pos);
+    const int32_t blk = s->tab.ids[pos / kv->bs];
+    if (k) read_row(kv, il, 0, blk, pos % kv->bs, k);
+    if (v) read_row(kv, il, 1, blk, pos % kv->bs, v);
+    return FL_OK;
+}
+
 /* ---- shift with RoPE re-rotation ---- */
 
 /* Rotate each head's first n_rot dims of x (adjacent pairs) by delta positions. */

@@ -107,6 +107,11 @@ int32_t fl_kv_seq_len(const fl_kv_cache *kv, int32_t seq); /* positions stored; 
 /* Read-only view of the block table (valid until the next call that changes the cache). */
 const int32_t *fl_kv_seq_blocks(const fl_kv_cache *kv, int32_t seq, int32_t *n_blocks);
 
+/* Decoded K and V rows (n_head_kv * head_dim floats each, either may be NULL) of position pos
+ * of sequence seq in layer il, as attention sees them.  FL_ERR_INVALID if absent, swapped,
+ * out of range or released by the window.  (Tests, debugging, exporting a cache.) */
+fl_status fl_kv_seq_read(const fl_kv_cache *kv, int32_t seq, int32_t il, int32_t pos, float *k, float *v);
+
 /* StreamingLLM / context shift: drop positions [n_keep, n_keep + n_discard) and move the later
  * ones down by n_discard, re-rotating their keys with RoPE to the new positions.  The sequence
  * continues at position len - n_discard.  Blocks it touches are made private first (may need
