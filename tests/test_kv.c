@@ -1023,6 +1023,62 @@ static void test_memory_budget(void **state) {
     fl_test_mem_zero();
 }
 
+/* Allocation failure injected at every point of a scripted session: each call either works
+ * or returns an error; invariants hold and nothing leaks. */
+static void test_alloc_failures(void **state) {
+    (void)state;
+    float kv_rows[40 * 32], q[40 * 64], o[40 * 64];
+    rng_seed(12);
+    fill(kv_rows, 40 * 32, 1);
+    fill(q, 40 * 64, 1);
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++) toks[i] = i % 9;
+    int n_fail_points = 0;
+    for (long k = 0; k < 400; k++) {
+        fl_kv_config c = small_cfg(FL_TYPE_FP8_E4M3, 4, 24);
+        c.n_layer = 1;
+        fl_mem_fail_after(k);
+        fl_kv_cache *kv = fl_kv_new(&c);
+        if (!kv) {
+            fl_mem_fail_after(-1);
+            n_fail_points++;
+            fl_test_mem_zero();
+            continue;
+        }
+        bool failed = false;
+        for (int32_t s = 0; s < 3; s++) {
+            int32_t nc = 0;
+            if (fl_kv_seq_add(kv, s, toks, 20 + s * 7, &nc) != FL_OK) {
+                failed = true;
+                continue;
+            }
+            int32_t sid[40], pos[40];
+            const int32_t n = 20 + s * 7 - nc;
+            for (int32_t i = 0; i < n; i++) sid[i] = s, pos[i] = nc + i;
+            fl_batch b = {.n_tokens = n, .tokens = toks + nc, .pos = pos, .seq_id = sid};
+            if (fl_kv_prepare(kv, &b) != FL_OK) {
+                failed = true;
+                continue;
+            }
+            fl_kv_store(kv, 0, &b, kv_rows, kv_rows);
+            fl_kv_attend(kv, 0, &b, q, o);
+        }
+        failed |= fl_kv_seq_fork(kv, 0, 5) != FL_OK;
+        if (fl_kv_seq_exists(kv, 1)) {
+            failed |= fl_kv_seq_swap_out(kv, 1) != FL_OK;
+            if (fl_kv_seq_swapped(kv, 1)) failed |= fl_kv_seq_swap_in(kv, 1) != FL_OK;
+        }
+        if (fl_kv_seq_exists(kv, 2) && !fl_kv_seq_swapped(kv, 2)) failed |= fl_kv_seq_shift(kv, 2, 4, 5) != FL_OK;
+        fl_mem_fail_after(-1);
+        n_fail_points += failed;
+        if (fl_kv_check(kv) != FL_OK) fail_msg("fail point %ld: %s", k, fl_last_error());
+        fl_kv_free(kv);
+        fl_test_mem_zero();
+        if (!failed) break; /* the whole script ran: every earlier point has been tried */
+    }
+    assert_true(n_fail_points > 10);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_random_ops),   cmocka_unit_test(test_pool_lru_order),
@@ -1031,7 +1087,7 @@ int main(void) {
         cmocka_unit_test(test_batching_bitwise),  cmocka_unit_test(test_quant_types),
         cmocka_unit_test(test_sliding_window),    cmocka_unit_test(test_shift_rerope),
         cmocka_unit_test(test_streaming_past_context), cmocka_unit_test(test_swap_roundtrip),
-        cmocka_unit_test(test_memory_budget),
+        cmocka_unit_test(test_memory_budget),     cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -51,7 +51,8 @@ struct fl_kv_cache {
     /* the batch last prepared */
     int32_t b_n_tokens;
     uint32_t gen;
-    int32_t *slot_blk, *slot_off, slot_cap; /* [n_tokens] where each token's K/V go */
+    int32_t *slot_blk, *slot_off;          /* [n_tokens] where each token's K/V go */
+    int32_t slot_blk_cap, slot_off_cap;
     fl_paged_seq *segs;   /* [n_seg] one per sequence of the batch */
     int32_t *seg_seq;
     int32_t n_seg, seg_cap;
@@ -254,8 +255,8 @@ void fl_kv_free(fl_kv_cache *kv) {
     fl_free(FL_MEM_MISC, kv->rowbuf, sizeof(float) * (size_t)kv->n_row);
     fl_free(FL_MEM_MISC, kv->key, kv->cfg.hash_key_len);
     if (kv->cfg.swap_dir) fl_free(FL_MEM_MISC, (void *)kv->cfg.swap_dir, strlen(kv->cfg.swap_dir) + 1);
-    fl_free(FL_MEM_MISC, kv->slot_blk, sizeof(int32_t) * (size_t)kv->slot_cap);
-    fl_free(FL_MEM_MISC, kv->slot_off, sizeof(int32_t) * (size_t)kv->slot_cap);
+    fl_free(FL_MEM_MISC, kv->slot_blk, sizeof(int32_t) * (size_t)kv->slot_blk_cap);
+    fl_free(FL_MEM_MISC, kv->slot_off, sizeof(int32_t) * (size_t)kv->slot_off_cap);
     fl_free(FL_MEM_MISC, kv->segs, sizeof(fl_paged_seq) * (size_t)kv->seg_cap);
     fl_free(FL_MEM_MISC, kv->seg_seq, sizeof(int32_t) * (size_t)kv->seg_cap);
     fl_free(FL_MEM_SCRATCH, kv->ws, kv->ws_bytes);
@@ -431,28 +432,23 @@ static fl_status grow_i32(int32_t **p, int32_t *cap, int32_t n, size_t elem) {
 }
 
 static fl_status reserve_batch(fl_kv_cache *kv, int32_t n_tokens) {
-    if (n_tokens > kv->slot_cap) {
-        int32_t c1 = kv->slot_cap, c2 = kv->slot_cap;
-        if (grow_i32(&kv->slot_blk, &c1, n_tokens, sizeof(int32_t)) != FL_OK) return FL_ERR_NOMEM;
-        if (grow_i32(&kv->slot_off, &c2, n_tokens, sizeof(int32_t)) != FL_OK) {
-            /* keep both arrays the same capacity */
-            int32_t *b = fl_realloc(FL_MEM_MISC, kv->slot_blk, sizeof(int32_t) * (size_t)c1, sizeof(int32_t) * (size_t)kv->slot_cap, 0);
-            if (b) kv->slot_blk = b;
-            return FL_ERR_NOMEM;
-        }
-        kv->slot_cap = c1;
-    }
+    if (grow_i32(&kv->slot_blk, &kv->slot_blk_cap, n_tokens, sizeof(int32_t)) != FL_OK ||
+        grow_i32(&kv->slot_off, &kv->slot_off_cap, n_tokens, sizeof(int32_t)) != FL_OK)
+        return FL_ERR_NOMEM;
     if (n_tokens > kv->seg_cap) {
         int32_t c = kv->seg_cap ? kv->seg_cap : 16;
         while (c < n_tokens) c *= 2;
-        fl_paged_seq *sg = fl_realloc(FL_MEM_MISC, kv->segs, sizeof(fl_paged_seq) * (size_t)kv->seg_cap, sizeof(fl_paged_seq) * (size_t)c, 0);
-        if (!sg) return FL_ERR_NOMEM;
-        kv->segs = sg;
-        int32_t *ss = fl_realloc(FL_MEM_MISC, kv->seg_seq, sizeof(int32_t) * (size_t)kv->seg_cap, sizeof(int32_t) * (size_t)c, 0);
-        if (!ss) {
-            kv->segs = fl_realloc(FL_MEM_MISC, kv->segs, sizeof(fl_paged_seq) * (size_t)c, sizeof(fl_paged_seq) * (size_t)kv->seg_cap, 0);
+        fl_paged_seq *sg = fl_alloc(FL_MEM_MISC, sizeof(fl_paged_seq) * (size_t)c, 0);
+        int32_t *ss = fl_alloc(FL_MEM_MISC, sizeof(int32_t) * (size_t)c, 0);
+        if (!sg || !ss) {
+            fl_free(FL_MEM_MISC, sg, sg ? sizeof(fl_paged_seq) * (size_t)c : 0);
+            fl_free(FL_MEM_MISC, ss, ss ? sizeof(int32_t) * (size_t)c : 0);
             return FL_ERR_NOMEM;
         }
+        /* contents need not survive: segments are rebuilt by every prepare */
+        fl_free(FL_MEM_MISC, kv->segs, sizeof(fl_paged_seq) * (size_t)kv->seg_cap);
+        fl_free(FL_MEM_MISC, kv->seg_seq, sizeof(int32_t) * (size_t)kv->seg_cap);
+        kv->segs = sg;
         kv->seg_seq = ss;
         kv->seg_cap = c;
     }
