@@ -231,7 +231,8 @@ static void check_paged_case(int32_t n, int32_t n_q, int32_t bs, int32_t n_head,
     const int32_t pool_blocks = (n + bs - 1) / bs + 3;
     const size_t nrow = (size_t)nkv * hd;
     float *K = falloc((size_t)n * nrow), *V = falloc((size_t)n * nrow);
-    float *Q = falloc((size_t)n_q * n_head * hd), *O = falloc((size_t)n_q * n_head * hd);
+    float *Q = falloc((size_t)n_q * n_head * hd), *O = falloc((size_t)n_q * n_head * hd + 16);
+    for (int i = 0; i < 16; i++) O[(size_t)n_q * n_head * hd + i] = 12345.0f; /* sentinels */
     float *R = falloc((size_t)n_q * n_head * hd), *N = falloc((size_t)n_q * n_head * hd);
     fill(K, (size_t)n * nrow, 2.0f);
     fill(V, (size_t)n * nrow, 1.0f);
@@ -250,13 +251,14 @@ static void check_paged_case(int32_t n, int32_t n_q, int32_t bs, int32_t n_head,
     const double d2 = fl_test_max_abs_diff(R, N, (int64_t)n_q * n_head * hd);
     if (d1 > 1e-5 || d2 > 1e-5)
         fail_msg("n %d n_q %d bs %d heads %d/%d hd %d window %d parts %d: flash %.3g naive %.3g", n, n_q, bs, n_head, nkv, hd, window, part_blocks, d1, d2);
+    for (int i = 0; i < 16; i++) assert_true(O[(size_t)n_q * n_head * hd + i] == 12345.0f);
     fl_free(FL_MEM_SCRATCH, ws, wsb);
     paged_fix_deinit(&f, pool_blocks);
     ffree(K, (size_t)n * nrow);
     ffree(V, (size_t)n * nrow);
     const size_t qn = (size_t)n_q * n_head * hd;
     ffree(Q, qn);
-    ffree(O, qn);
+    ffree(O, qn + 16);
     ffree(R, qn);
     ffree(N, qn);
 }

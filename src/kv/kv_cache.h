@@ -31,7 +31,8 @@
  * pointer contents) and must follow it, once per layer.
  *
  * Errors: functions returning fl_status set fl_last_error.  Not thread-safe: one engine thread
- * drives a cache; attend() threads internally with fl_parallel.
+ * drives a cache, queries included (fl_kv_stats_get and fl_kv_check use internal scratch
+ * despite their const argument); attend() threads internally with fl_parallel.
  */
 #ifndef FL_KV_CACHE_H
 #define FL_KV_CACHE_H
