@@ -747,6 +747,17 @@ static void test_quant_types(void **state) {
     fl_kv_quant(FL_TYPE_Q8_0, x, buf, 64, 1);
     fl_kv_dequant(FL_TYPE_Q8_0, buf, 0, 64, 1, y);
     for (int i = 0; i < 64; i++) CHECK_NEAR(x[i], y[i], 3.0 / 127 * 0.51 + 1e-3);
+    { /* every ISA decodes q8_0 to the same bits (aligned slices take the SIMD path) */
+        float z[64];
+        for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++) {
+            fl_isa_set((fl_isa)isa);
+            fl_kv_dequant(FL_TYPE_Q8_0, buf, 16, 48, 1, z);
+            fl_isa_set(FL_ISA_REF);
+            fl_kv_dequant(FL_TYPE_Q8_0, buf, 16, 48, 1, y);
+            assert_memory_equal(y, z, 48 * sizeof(float));
+        }
+        fl_isa_set(fl_isa_best());
+    }
     fl_kv_dequant(FL_TYPE_Q8_0, buf, 40, 8, 1, y); /* a slice from inside a group */
     for (int i = 0; i < 8; i++) CHECK_NEAR(x[40 + i], y[i], 3.0 / 127 * 0.51 + 1e-3);
     fl_kv_quant(FL_TYPE_Q4_0, x, buf, 64, 1);
