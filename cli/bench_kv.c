@@ -6,12 +6,15 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "core/threads.h"
+#include "kernels/dispatch.h"
 #include "kv/kv_cache.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static uint64_t bk_rng;
 static uint32_t bk_rand(void) {
@@ -22,13 +25,93 @@ static uint32_t bk_rand(void) {
 }
 static int32_t bk_uniform(int32_t lo, int32_t hi) { return lo + (int32_t)(bk_rand() % (uint32_t)(hi - lo + 1)); }
 
-/* Append n tokens to sequence s (positions from its current length). */
-static fl_status bk_feed(fl_kv_cache *kv, int32_t s, const int32_t *tokens, int32_t n, int32_t *pos, int32_t *sid) {
+/* Append n tokens to sequence s (positions from its current length).  The last layer's K/V
+ * (zeros) are stored so that full blocks enter the prefix cache as after a real forward. */
+static fl_status bk_feed(fl_kv_cache *kv, int32_t s, const int32_t *tokens, int32_t n, int32_t *pos, int32_t *sid, const float *zeros) {
     if (n <= 0) return FL_OK;
     const int32_t base = fl_kv_seq_len(kv, s);
     for (int32_t i = 0; i < n; i++) pos[i] = base + i, sid[i] = s;
     fl_batch b = {.n_tokens = n, .tokens = tokens, .pos = pos, .seq_id = sid};
-    return fl_kv_prepare(kv, &b);
+    const fl_status st = fl_kv_prepare(kv, &b);
+    if (st == FL_OK) fl_kv_store(kv, fl_kv_config_get(kv)->n_layer - 1, &b, zeros, zeros);
+    return st;
+}
+
+static double bk_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* --attn: time one layer of paged attention, a ctx-token prefill then decodes at ctx. */
+static int bench_attn(fl_kv_config c, int32_t ctx, bool json) {
+    c.n_layer = 1;
+    c.mem_bytes = 0;
+    c.n_blocks = (ctx + c.block_size) / c.block_size + 2;
+    c.n_seq_max = 1;
+    c.prefix_cache = false;
+    fl_kv_cache *kv = fl_kv_new(&c);
+    if (!kv) {
+        fprintf(stderr, "fitllm bench kv: %s\n", fl_last_error());
+        return 1;
+    }
+    const size_t nrow = (size_t)c.n_head_kv * (size_t)c.head_dim, qrow = (size_t)c.n_head * (size_t)c.head_dim;
+    const size_t nb = sizeof(int32_t) * (size_t)ctx, kb = sizeof(float) * (size_t)ctx * nrow, qb = sizeof(float) * (size_t)ctx * qrow;
+    int32_t *pos = fl_alloc(FL_MEM_MISC, nb, 0), *sid = fl_calloc(FL_MEM_MISC, (size_t)ctx, sizeof(int32_t));
+    float *k = fl_alloc(FL_MEM_MISC, kb, 64), *q = fl_alloc(FL_MEM_MISC, qb, 64), *o = fl_alloc(FL_MEM_MISC, qb, 64);
+    if (!pos || !sid || !k || !q || !o) {
+        fprintf(stderr, "fitllm bench kv: out of memory\n");
+        return 1;
+    }
+    bk_rng = 12345;
+    for (size_t i = 0; i < (size_t)ctx * nrow; i++) k[i] = (float)(bk_rand() % 2001) / 1000.0f - 1.0f;
+    for (size_t i = 0; i < (size_t)ctx * qrow; i++) q[i] = (float)(bk_rand() % 2001) / 1000.0f - 1.0f;
+    for (int32_t i = 0; i < ctx; i++) pos[i] = i;
+    fl_batch b = {.n_tokens = ctx, .tokens = NULL, .pos = pos, .seq_id = sid};
+    fl_status st = fl_kv_prepare(kv, &b);
+    if (st != FL_OK) {
+        fprintf(stderr, "fitllm bench kv: %s\n", fl_last_error());
+        return 1;
+    }
+    fl_kv_store(kv, 0, &b, k, k);
+    double t0 = bk_now();
+    fl_kv_attend(kv, 0, &b, q, o);
+    const double t_prefill = bk_now() - t0;
+    /* decode: one more token, attention repeated (same position) */
+    int32_t p1 = ctx, s1 = 0;
+    fl_batch d = {.n_tokens = 1, .tokens = NULL, .pos = &p1, .seq_id = &s1};
+    st = fl_kv_prepare(kv, &d);
+    if (st != FL_OK) {
+        fprintf(stderr, "fitllm bench kv: %s\n", fl_last_error());
+        return 1;
+    }
+    fl_kv_store(kv, 0, &d, k, k);
+    const int reps = 20;
+    t0 = bk_now();
+    for (int r = 0; r < reps; r++) fl_kv_attend(kv, 0, &d, q, o);
+    const double t_decode = (bk_now() - t0) / reps;
+    /* flops: QK^T and PV, 2 flops per multiply-add each */
+    const double f_prefill = 4.0 * (double)c.n_head * c.head_dim * ((double)ctx * (ctx + 1) / 2.0);
+    const double f_decode = 4.0 * (double)c.n_head * c.head_dim * (double)(ctx + 1);
+    if (json) {
+        printf("{\"bench\": \"kv_attn\", \"isa\": \"%s\", \"threads\": %d, \"kv_type\": \"%s\", \"ctx\": %d, \"n_head\": %d, "
+               "\"n_head_kv\": %d, \"head_dim\": %d, \"block_size\": %d, \"prefill_s\": %.6f, \"prefill_gflops\": %.3f, "
+               "\"decode_ms\": %.4f, \"decode_gflops\": %.3f}\n",
+               fl_isa_name(fl_isa_get()), fl_threads_get(), fl_type_name(c.type), ctx, c.n_head, c.n_head_kv, c.head_dim, c.block_size,
+               t_prefill, f_prefill / t_prefill / 1e9, t_decode * 1e3, f_decode / t_decode / 1e9);
+    } else {
+        printf("paged attention, one layer, %s KV, %d heads (%d kv) x %d, %d-token blocks, %s, %d threads:\n", fl_type_name(c.type), c.n_head,
+               c.n_head_kv, c.head_dim, c.block_size, fl_isa_name(fl_isa_get()), fl_threads_get());
+        printf("  prefill %d tokens: %.3f s (%.2f GFLOP/s)\n  decode at %d: %.3f ms (%.2f GFLOP/s)\n", ctx, t_prefill,
+               f_prefill / t_prefill / 1e9, ctx, t_decode * 1e3, f_decode / t_decode / 1e9);
+    }
+    fl_free(FL_MEM_MISC, pos, nb);
+    fl_free(FL_MEM_MISC, sid, sizeof(int32_t) * (size_t)ctx);
+    fl_free(FL_MEM_MISC, k, kb);
+    fl_free(FL_MEM_MISC, q, qb);
+    fl_free(FL_MEM_MISC, o, qb);
+    fl_kv_free(kv);
+    return 0;
 }
 
 int fl_bench_kv(int argc, char **argv) {
@@ -46,6 +129,10 @@ int fl_bench_kv(int argc, char **argv) {
         {"n-head-kv", 0, FL_OPT_INT, "N  kv heads (default 8)"},
         {"head-dim", 0, FL_OPT_INT, "N  head dimension (default 128)"},
         {"seed", 0, FL_OPT_INT, "N  workload seed (default 1)"},
+        {"attn", 0, FL_OPT_FLAG, "time paged attention instead (one layer: prefill of --ctx tokens, decode at --ctx)"},
+        {"ctx", 0, FL_OPT_INT, "N  context for --attn (default 2048)"},
+        {"n-head", 0, FL_OPT_INT, "N  query heads for --attn (default 32)"},
+        {"threads", 't', FL_OPT_INT, "N  threads (default: all cores)"},
         {0},
     };
     int n_pos;
@@ -57,6 +144,7 @@ int fl_bench_kv(int argc, char **argv) {
                           NULL, 0, &n_pos);
     if (r) return r == 1 ? 0 : 2;
     const bool json = fl_args_get(opts, "json")->set;
+    if (fl_args_get(opts, "threads")->set) fl_threads_set((int)fl_args_get(opts, "threads")->i);
     fl_kv_config c = {0};
     c.block_size = fl_args_get(opts, "block-size")->set ? (int32_t)fl_args_get(opts, "block-size")->i : 16;
     c.n_layer = fl_args_get(opts, "n-layer")->set ? (int32_t)fl_args_get(opts, "n-layer")->i : 32;
@@ -81,6 +169,15 @@ int fl_bench_kv(int argc, char **argv) {
         c.mem_bytes = (size_t)((double)fl_args_get(opts, "mem")->i * frac);
     }
     if (fl_args_get(opts, "kv-mem")->set) c.mem_bytes = (size_t)fl_args_get(opts, "kv-mem")->i;
+    if (fl_args_get(opts, "attn")->set) {
+        const int32_t ctx = fl_args_get(opts, "ctx")->set ? (int32_t)fl_args_get(opts, "ctx")->i : 2048;
+        c.n_head = fl_args_get(opts, "n-head")->set ? (int32_t)fl_args_get(opts, "n-head")->i : 32;
+        if (ctx < 1 || ctx > (1 << 20) || c.n_head < c.n_head_kv || c.n_head % c.n_head_kv) {
+            fprintf(stderr, "fitllm bench kv: need 1 <= --ctx <= 1M and --n-head a multiple of --n-head-kv\n");
+            return 2;
+        }
+        return bench_attn(c, ctx, json);
+    }
     const int32_t max_len = fl_args_get(opts, "max-len")->set ? (int32_t)fl_args_get(opts, "max-len")->i : 2048;
     const double fork_frac = fl_args_get(opts, "fork-frac")->set ? fl_args_get(opts, "fork-frac")->f : 0.25;
     const int32_t shared = fl_args_get(opts, "shared-prefix")->set ? (int32_t)fl_args_get(opts, "shared-prefix")->i : 256;
@@ -106,7 +203,9 @@ int fl_bench_kv(int argc, char **argv) {
     const size_t tb = sizeof(int32_t) * (size_t)max_len;
     int32_t *tok = fl_alloc(FL_MEM_MISC, tb, 0), *pos = fl_alloc(FL_MEM_MISC, tb, 0), *sid = fl_alloc(FL_MEM_MISC, tb, 0);
     int32_t *sys = fl_alloc(FL_MEM_MISC, tb, 0);
-    if (!tok || !pos || !sid || !sys) {
+    const size_t zb = sizeof(float) * (size_t)max_len * (size_t)c.n_head_kv * (size_t)c.head_dim;
+    float *zeros = fl_calloc(FL_MEM_MISC, zb, 1);
+    if (!tok || !pos || !sid || !sys || !zeros) {
         fprintf(stderr, "fitllm bench kv: out of memory\n");
         return 1;
     }
@@ -125,11 +224,11 @@ int fl_bench_kv(int argc, char **argv) {
         const int32_t s0 = next;
         int32_t nc = 0;
         fl_status st = fl_kv_seq_add(kv, s0, tok, prompt, &nc);
-        if (st == FL_OK) st = bk_feed(kv, s0, tok + nc, prompt - nc, pos, sid);
+        if (st == FL_OK) st = bk_feed(kv, s0, tok + nc, prompt - nc, pos, sid, zeros);
         for (int b = 1; st == FL_OK && b < n_branch; b++) st = fl_kv_seq_fork(kv, s0, s0 + b);
         for (int b = 0; st == FL_OK && b < n_branch; b++) {
             for (int32_t i = 0; i < total - prompt; i++) tok[i] = (int32_t)(bk_rand() % 32000);
-            st = bk_feed(kv, s0 + b, tok, total - prompt, pos, sid);
+            st = bk_feed(kv, s0 + b, tok, total - prompt, pos, sid, zeros);
         }
         if (st != FL_OK) { /* full: this request is not admitted */
             for (int b = 0; b < n_branch; b++) fl_kv_seq_free(kv, s0 + b);
@@ -201,6 +300,7 @@ int fl_bench_kv(int argc, char **argv) {
     fl_free(FL_MEM_MISC, pos, tb);
     fl_free(FL_MEM_MISC, sid, tb);
     fl_free(FL_MEM_MISC, sys, tb);
+    fl_free(FL_MEM_MISC, zeros, zb);
     fl_kv_free(kv);
     return chk == FL_OK ? 0 : 1;
 }

@@ -12,4 +12,6 @@ awk -v w="$waste" 'BEGIN { exit !(w >= 0 && w < 0.04) }' || { echo "waste $waste
 awk -v r="$ratio" 'BEGIN { exit !(r >= 2.0) }' || { echo "concurrency ratio $ratio < 2"; exit 1; }
 "$BIN" bench kv --bogus >/dev/null 2>&1 && { echo "unknown option accepted"; exit 1; }
 "$BIN" bench kv --help | grep -q -- "--kv-mem" || { echo "--help misses --kv-mem"; exit 1; }
+a=$("$BIN" bench kv --attn --ctx 100 --n-head 8 --n-head-kv 2 --head-dim 64 --kv-type q4_0 --json) || { echo "bench kv --attn failed"; exit 1; }
+echo "$a" | grep -q '"prefill_gflops"' || { echo "bench kv --attn: no JSON"; exit 1; }
 exit 0

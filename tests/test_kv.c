@@ -231,7 +231,8 @@ static void check_paged_case(int32_t n, int32_t n_q, int32_t bs, int32_t n_head,
     const int32_t pool_blocks = (n + bs - 1) / bs + 3;
     const size_t nrow = (size_t)nkv * hd;
     float *K = falloc((size_t)n * nrow), *V = falloc((size_t)n * nrow);
-    float *Q = falloc((size_t)n_q * n_head * hd), *O = falloc((size_t)n_q * n_head * hd);
+    float *Q = falloc((size_t)n_q * n_head * hd), *O = falloc((size_t)n_q * n_head * hd + 16);
+    for (int i = 0; i < 16; i++) O[(size_t)n_q * n_head * hd + i] = 12345.0f; /* sentinels */
     float *R = falloc((size_t)n_q * n_head * hd), *N = falloc((size_t)n_q * n_head * hd);
     fill(K, (size_t)n * nrow, 2.0f);
     fill(V, (size_t)n * nrow, 1.0f);
@@ -250,13 +251,14 @@ static void check_paged_case(int32_t n, int32_t n_q, int32_t bs, int32_t n_head,
     const double d2 = fl_test_max_abs_diff(R, N, (int64_t)n_q * n_head * hd);
     if (d1 > 1e-5 || d2 > 1e-5)
         fail_msg("n %d n_q %d bs %d heads %d/%d hd %d window %d parts %d: flash %.3g naive %.3g", n, n_q, bs, n_head, nkv, hd, window, part_blocks, d1, d2);
+    for (int i = 0; i < 16; i++) assert_true(O[(size_t)n_q * n_head * hd + i] == 12345.0f);
     fl_free(FL_MEM_SCRATCH, ws, wsb);
     paged_fix_deinit(&f, pool_blocks);
     ffree(K, (size_t)n * nrow);
     ffree(V, (size_t)n * nrow);
     const size_t qn = (size_t)n_q * n_head * hd;
     ffree(Q, qn);
-    ffree(O, qn);
+    ffree(O, qn + 16);
     ffree(R, qn);
     ffree(N, qn);
 }
@@ -319,7 +321,8 @@ static double fake_step(fl_kv_cache *kv, history *H, int32_t n_tok, const int32_
     int32_t pos[256];
     for (int32_t i = 0; i < n_tok; i++) pos[i] = H->n[seq_id[i]] + (i > 0 && seq_id[i - 1] == seq_id[i] ? pos[i - 1] - H->n[seq_id[i]] + 1 : 0);
     fl_batch b = {.n_tokens = n_tok, .tokens = tokens, .pos = pos, .seq_id = seq_id};
-    fl_status st = fl_kv_prepare(kv, &b);
+    const fl_kv_iface iface = fl_kv_iface_get(); /* the way the model's forward calls it */
+    fl_status st = iface.prepare(kv, &b);
     if (st != FL_OK) fail_msg("prepare: %s %s", fl_status_str(st), fl_last_error());
     float *k = falloc((size_t)n_tok * nrow), *v = falloc((size_t)n_tok * nrow);
     float *q = falloc((size_t)n_tok * qrow), *o = falloc((size_t)n_tok * qrow), *r = falloc((size_t)qrow);
@@ -332,8 +335,8 @@ static double fake_step(fl_kv_cache *kv, history *H, int32_t n_tok, const int32_
             memcpy(H->k[seq_id[i]][il] + (size_t)pos[i] * nrow, k + (size_t)i * nrow, sizeof(float) * nrow);
             memcpy(H->v[seq_id[i]][il] + (size_t)pos[i] * nrow, v + (size_t)i * nrow, sizeof(float) * nrow);
         }
-        fl_kv_store(kv, il, &b, k, v);
-        fl_kv_attend(kv, il, &b, q, o);
+        iface.store(kv, il, &b, k, v);
+        iface.attend(kv, il, &b, q, o);
         for (int32_t i = 0; i < n_tok; i++) {
             attn_contig(q + (size_t)i * qrow, H->k[seq_id[i]][il], H->v[seq_id[i]][il], pos[i], c->n_head, c->n_head_kv, c->head_dim, window, r);
             const double d = fl_test_max_abs_diff(r, o + (size_t)i * qrow, qrow);
@@ -549,6 +552,8 @@ static void test_prefix_cache(void **state) {
     fl_kv_seq_stats ss;
     assert_int_equal(fl_kv_seq_stats_get(kv, 1, &ss), FL_OK);
     assert_int_equal(ss.bytes_shared, 3 * (int64_t)fl_kv_bytes_per_block(&c));
+    assert_int_equal(fl_kv_prefix_probe(kv, A, 14, NULL, 0), 12);
+    assert_int_equal(fl_kv_prefix_probe(kv, A, 14, "x", 1), 0);
     /* exactly 12 tokens: at least one must be computed, so only 2 blocks are reused */
     assert_int_equal(fl_kv_seq_add(kv, 2, A, 12, &nc), FL_OK);
     assert_int_equal(nc, 8);
@@ -561,7 +566,8 @@ static void test_prefix_cache(void **state) {
     A2[0] = 999;
     assert_int_equal(fl_kv_seq_add(kv, 4, A2, 14, &nc), FL_OK);
     assert_int_equal(nc, 0);
-    for (int s = 0; s < 5; s++) fl_kv_seq_free(kv, s);
+    fl_kv_clear(kv);
+    assert_false(fl_kv_seq_exists(kv, 0));
     /* freed cached blocks stay reusable */
     fl_kv_stats st;
     fl_kv_stats_get(kv, &st);
@@ -597,6 +603,22 @@ static void test_prefix_cache(void **state) {
     assert_int_equal(nc, 8);
     fl_kv_seq_free(kv, 8);
     fl_kv_seq_free(kv, 9);
+    /* a full block is offered to the cache only after the last layer's store */
+    int32_t C[8] = {7, 7, 7, 7, 8, 8, 8, 8}, sidc[8] = {0}, posc[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    float kc[8 * 32] = {0};
+    assert_int_equal(fl_kv_seq_add(kv, 10, C, 8, &nc), FL_OK);
+    for (int i = 0; i < 8; i++) sidc[i] = 10;
+    fl_batch bc = {.n_tokens = 8, .tokens = C, .pos = posc, .seq_id = sidc};
+    assert_int_equal(fl_kv_prepare(kv, &bc), FL_OK);
+    fl_kv_store(kv, 0, &bc, kc, kc);
+    assert_int_equal(fl_kv_seq_add(kv, 11, C, 8, &nc), FL_OK);
+    assert_int_equal(nc, 0); /* layer 1 not written yet */
+    fl_kv_seq_free(kv, 11);
+    fl_kv_store(kv, 1, &bc, kc, kc);
+    assert_int_equal(fl_kv_seq_add(kv, 11, C, 8, &nc), FL_OK);
+    assert_int_equal(nc, 4);
+    fl_kv_seq_free(kv, 10);
+    fl_kv_seq_free(kv, 11);
     assert_int_equal(fl_kv_check(kv), FL_OK);
     fl_kv_free(kv);
     fl_test_mem_zero();
@@ -692,6 +714,19 @@ static void test_quant_types(void **state) {
         fl_kv_store(kv, 0, &b, k, v);
         fl_kv_attend(kv, 0, &b, q, o);
         for (int32_t i = 0; i < T; i++) attn_contig(q + (size_t)i * qrow, k, v, i, c.n_head, c.n_head_kv, c.head_dim, 0, r + (size_t)i * qrow);
+        /* exact part: attention over the decoded cache contents equals the kernel's output
+         * (dequantisation on load reads the same values, scales of the right block and head) */
+        float *kd = falloc((size_t)T * nrow), *vd = falloc((size_t)T * nrow), *rd = falloc((size_t)qrow);
+        for (int32_t i = 0; i < T; i++) assert_int_equal(fl_kv_seq_read(kv, 0, 0, i, kd + (size_t)i * nrow, vd + (size_t)i * nrow), FL_OK);
+        for (int32_t i = 0; i < T; i++) {
+            attn_contig(q + (size_t)i * qrow, kd, vd, i, c.n_head, c.n_head_kv, c.head_dim, 0, rd);
+            const double dd = fl_test_max_abs_diff(rd, o + (size_t)i * qrow, qrow);
+            if (dd > 1e-5) fail_msg("%s: kernel vs decoded cache differ by %.3g at row %d", fl_type_name(cases[t].type), dd, i);
+        }
+        ffree(kd, (size_t)T * nrow);
+        ffree(vd, (size_t)T * nrow);
+        ffree(rd, (size_t)qrow);
+        assert_int_equal(fl_kv_seq_read(kv, 0, 0, T, NULL, NULL), FL_ERR_INVALID);
         const double e = fl_test_nmse(r, o, (int64_t)T * qrow);
         if (!(e <= cases[t].nmse)) fail_msg("%s: NMSE %.3g > %.3g", fl_type_name(cases[t].type), e, cases[t].nmse);
         fprintf(stderr, "kv type %-9s attention NMSE vs f32 %.3g (limit %.3g), %zu bytes/token\n", fl_type_name(cases[t].type), e,
@@ -712,6 +747,17 @@ static void test_quant_types(void **state) {
     fl_kv_quant(FL_TYPE_Q8_0, x, buf, 64, 1);
     fl_kv_dequant(FL_TYPE_Q8_0, buf, 0, 64, 1, y);
     for (int i = 0; i < 64; i++) CHECK_NEAR(x[i], y[i], 3.0 / 127 * 0.51 + 1e-3);
+    { /* every ISA decodes q8_0 to the same bits (aligned slices take the SIMD path) */
+        float z[64];
+        for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++) {
+            fl_isa_set((fl_isa)isa);
+            fl_kv_dequant(FL_TYPE_Q8_0, buf, 16, 48, 1, z);
+            fl_isa_set(FL_ISA_REF);
+            fl_kv_dequant(FL_TYPE_Q8_0, buf, 16, 48, 1, y);
+            assert_memory_equal(y, z, 48 * sizeof(float));
+        }
+        fl_isa_set(fl_isa_best());
+    }
     fl_kv_dequant(FL_TYPE_Q8_0, buf, 40, 8, 1, y); /* a slice from inside a group */
     for (int i = 0; i < 8; i++) CHECK_NEAR(x[40 + i], y[i], 3.0 / 127 * 0.51 + 1e-3);
     fl_kv_quant(FL_TYPE_Q4_0, x, buf, 64, 1);
@@ -786,6 +832,13 @@ static void shift_case(int32_t type, double tol) {
         rope_row(K2 + (size_t)n2 * nrow, nkv, hd, c.n_rot, c.rope_base, n2);
         memcpy(V2 + (size_t)n2 * nrow, v + (size_t)p * nrow, sizeof(float) * nrow);
         n2++;
+    }
+    /* the stored keys themselves equal RoPE recomputed at the new positions */
+    for (int32_t p = 0; p < n2; p++) {
+        float kr[64];
+        assert_int_equal(fl_kv_seq_read(kv, 0, 0, p, kr, NULL), FL_OK);
+        const double dk = fl_test_max_abs_diff(K2 + (size_t)p * nrow, kr, nrow);
+        if (!(dk <= tol)) fail_msg("%s shift: key at new position %d off by %.3g", fl_type_name(type), p, dk);
     }
     /* a new token at the next position attends over the shifted cache */
     float kn[64], vn[64], q[64], o[64], r[64];
@@ -975,11 +1028,68 @@ static void test_memory_budget(void **state) {
     /* a budget below one block is an error; so is a KV category budget that refuses it */
     c.mem_bytes = bpb - 1;
     assert_null(fl_kv_new(&c));
+    assert_null(fl_kv_new(NULL));
     c.mem_bytes = 4 * bpb;
     fl_mem_set_budget(FL_MEM_KV, bpb);
     assert_null(fl_kv_new(&c));
     fl_mem_set_budget(FL_MEM_KV, 0);
     fl_test_mem_zero();
+}
+
+/* Allocation failure injected at every point of a scripted session: each call either works
+ * or returns an error; invariants hold and nothing leaks. */
+static void test_alloc_failures(void **state) {
+    (void)state;
+    float kv_rows[40 * 32], q[40 * 64], o[40 * 64];
+    rng_seed(12);
+    fill(kv_rows, 40 * 32, 1);
+    fill(q, 40 * 64, 1);
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++) toks[i] = i % 9;
+    int n_fail_points = 0;
+    for (long k = 0; k < 400; k++) {
+        fl_kv_config c = small_cfg(FL_TYPE_FP8_E4M3, 4, 24);
+        c.n_layer = 1;
+        fl_mem_fail_after(k);
+        fl_kv_cache *kv = fl_kv_new(&c);
+        if (!kv) {
+            fl_mem_fail_after(-1);
+            n_fail_points++;
+            fl_test_mem_zero();
+            continue;
+        }
+        bool failed = false;
+        for (int32_t s = 0; s < 3; s++) {
+            int32_t nc = 0;
+            if (fl_kv_seq_add(kv, s, toks, 20 + s * 7, &nc) != FL_OK) {
+                failed = true;
+                continue;
+            }
+            int32_t sid[40], pos[40];
+            const int32_t n = 20 + s * 7 - nc;
+            for (int32_t i = 0; i < n; i++) sid[i] = s, pos[i] = nc + i;
+            fl_batch b = {.n_tokens = n, .tokens = toks + nc, .pos = pos, .seq_id = sid};
+            if (fl_kv_prepare(kv, &b) != FL_OK) {
+                failed = true;
+                continue;
+            }
+            fl_kv_store(kv, 0, &b, kv_rows, kv_rows);
+            fl_kv_attend(kv, 0, &b, q, o);
+        }
+        failed |= fl_kv_seq_fork(kv, 0, 5) != FL_OK;
+        if (fl_kv_seq_exists(kv, 1)) {
+            failed |= fl_kv_seq_swap_out(kv, 1) != FL_OK;
+            if (fl_kv_seq_swapped(kv, 1)) failed |= fl_kv_seq_swap_in(kv, 1) != FL_OK;
+        }
+        if (fl_kv_seq_exists(kv, 2) && !fl_kv_seq_swapped(kv, 2)) failed |= fl_kv_seq_shift(kv, 2, 4, 5) != FL_OK;
+        fl_mem_fail_after(-1);
+        n_fail_points += failed;
+        if (fl_kv_check(kv) != FL_OK) fail_msg("fail point %ld: %s", k, fl_last_error());
+        fl_kv_free(kv);
+        fl_test_mem_zero();
+        if (!failed) break; /* the whole script ran: every earlier point has been tried */
+    }
+    assert_true(n_fail_points > 10);
 }
 
 int main(void) {
@@ -990,7 +1100,7 @@ int main(void) {
         cmocka_unit_test(test_batching_bitwise),  cmocka_unit_test(test_quant_types),
         cmocka_unit_test(test_sliding_window),    cmocka_unit_test(test_shift_rerope),
         cmocka_unit_test(test_streaming_past_context), cmocka_unit_test(test_swap_roundtrip),
-        cmocka_unit_test(test_memory_budget),
+        cmocka_unit_test(test_memory_budget),     cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -51,7 +51,8 @@ struct fl_kv_cache {
     /* the batch last prepared */
     int32_t b_n_tokens;
     uint32_t gen;
-    int32_t *slot_blk, *slot_off, slot_cap; /* [n_tokens] where each token's K/V go */
+    int32_t *slot_blk, *slot_off;          /* [n_tokens] where each token's K/V go */
+    int32_t slot_blk_cap, slot_off_cap;
     fl_paged_seq *segs;   /* [n_seg] one per sequence of the batch */
     int32_t *seg_seq;
     int32_t n_seg, seg_cap;
@@ -153,6 +154,10 @@ static void copy_block(fl_kv_cache *kv, int32_t dst, int32_t src) {
 /* ---- creation ---- */
 
 fl_kv_cache *fl_kv_new(const fl_kv_config *cfg) {
+    if (!cfg) {
+        fl_set_error(FL_ERR_INVALID, "%s: no configuration", __func__);
+        return NULL;
+    }
     fl_kv_config c = *cfg;
     if (c.block_size == 0) c.block_size = 16;
     if (c.n_seq_max == 0) c.n_seq_max = 256;
@@ -250,8 +255,8 @@ void fl_kv_free(fl_kv_cache *kv) {
     fl_free(FL_MEM_MISC, kv->rowbuf, sizeof(float) * (size_t)kv->n_row);
     fl_free(FL_MEM_MISC, kv->key, kv->cfg.hash_key_len);
     if (kv->cfg.swap_dir) fl_free(FL_MEM_MISC, (void *)kv->cfg.swap_dir, strlen(kv->cfg.swap_dir) + 1);
-    fl_free(FL_MEM_MISC, kv->slot_blk, sizeof(int32_t) * (size_t)kv->slot_cap);
-    fl_free(FL_MEM_MISC, kv->slot_off, sizeof(int32_t) * (size_t)kv->slot_cap);
+    fl_free(FL_MEM_MISC, kv->slot_blk, sizeof(int32_t) * (size_t)kv->slot_blk_cap);
+    fl_free(FL_MEM_MISC, kv->slot_off, sizeof(int32_t) * (size_t)kv->slot_off_cap);
     fl_free(FL_MEM_MISC, kv->segs, sizeof(fl_paged_seq) * (size_t)kv->seg_cap);
     fl_free(FL_MEM_MISC, kv->seg_seq, sizeof(int32_t) * (size_t)kv->seg_cap);
     fl_free(FL_MEM_SCRATCH, kv->ws, kv->ws_bytes);
@@ -331,6 +336,28 @@ fl_status fl_kv_seq_add_keyed(fl_kv_cache *kv, int32_t id, const int32_t *tokens
     return FL_OK;
 }
 
+int32_t fl_kv_prefix_probe(const fl_kv_cache *kv, const int32_t *tokens, int32_t n, const void *key, size_t key_len) {
+    if (!kv->prefix || n <= 1 || !tokens) return 0;
+    const fl_kv_hash root = key && key_len ? fl_kv_prefix_root(key, key_len) : kv->root;
+    const fl_kv_pool *pool = kv->pool;
+    fl_kv_hash last;
+    int32_t hit = 0, ids[64];
+    /* match in pieces of 64 blocks (no allocation), continuing the chain */
+    for (int32_t max_blocks = (n - 1) / kv->bs; hit < max_blocks;) {
+        const int32_t want = max_blocks - hit < 64 ? max_blocks - hit : 64;
+        const fl_kv_hash r = hit ? last : root;
+        const int32_t got = fl_kv_prefix_match(kv->prefix, pool, &r, tokens + (size_t)hit * (size_t)kv->bs, want, ids, &last);
+        hit += got;
+        if (got < want) break;
+    }
+    return hit * kv->bs;
+}
+
+void fl_kv_clear(fl_kv_cache *kv) {
+    for (int32_t i = 0; i < kv->cfg.n_seq_max; i++)
+        if (kv->seqs[i].used) seq_release(kv, &kv->seqs[i]);
+}
+
 fl_status fl_kv_seq_add(fl_kv_cache *kv, int32_t id, const int32_t *tokens, int32_t n, int32_t *n_cached) {
     return fl_kv_seq_add_keyed(kv, id, tokens, n, NULL, 0, n_cached);
 }
@@ -405,28 +432,23 @@ static fl_status grow_i32(int32_t **p, int32_t *cap, int32_t n, size_t elem) {
 }
 
 static fl_status reserve_batch(fl_kv_cache *kv, int32_t n_tokens) {
-    if (n_tokens > kv->slot_cap) {
-        int32_t c1 = kv->slot_cap, c2 = kv->slot_cap;
-        if (grow_i32(&kv->slot_blk, &c1, n_tokens, sizeof(int32_t)) != FL_OK) return FL_ERR_NOMEM;
-        if (grow_i32(&kv->slot_off, &c2, n_tokens, sizeof(int32_t)) != FL_OK) {
-            /* keep both arrays the same capacity */
-            int32_t *b = fl_realloc(FL_MEM_MISC, kv->slot_blk, sizeof(int32_t) * (size_t)c1, sizeof(int32_t) * (size_t)kv->slot_cap, 0);
-            if (b) kv->slot_blk = b;
-            return FL_ERR_NOMEM;
-        }
-        kv->slot_cap = c1;
-    }
+    if (grow_i32(&kv->slot_blk, &kv->slot_blk_cap, n_tokens, sizeof(int32_t)) != FL_OK ||
+        grow_i32(&kv->slot_off, &kv->slot_off_cap, n_tokens, sizeof(int32_t)) != FL_OK)
+        return FL_ERR_NOMEM;
     if (n_tokens > kv->seg_cap) {
         int32_t c = kv->seg_cap ? kv->seg_cap : 16;
         while (c < n_tokens) c *= 2;
-        fl_paged_seq *sg = fl_realloc(FL_MEM_MISC, kv->segs, sizeof(fl_paged_seq) * (size_t)kv->seg_cap, sizeof(fl_paged_seq) * (size_t)c, 0);
-        if (!sg) return FL_ERR_NOMEM;
-        kv->segs = sg;
-        int32_t *ss = fl_realloc(FL_MEM_MISC, kv->seg_seq, sizeof(int32_t) * (size_t)kv->seg_cap, sizeof(int32_t) * (size_t)c, 0);
-        if (!ss) {
-            kv->segs = fl_realloc(FL_MEM_MISC, kv->segs, sizeof(fl_paged_seq) * (size_t)c, sizeof(fl_paged_seq) * (size_t)kv->seg_cap, 0);
+        fl_paged_seq *sg = fl_alloc(FL_MEM_MISC, sizeof(fl_paged_seq) * (size_t)c, 0);
+        int32_t *ss = fl_alloc(FL_MEM_MISC, sizeof(int32_t) * (size_t)c, 0);
+        if (!sg || !ss) {
+            fl_free(FL_MEM_MISC, sg, sg ? sizeof(fl_paged_seq) * (size_t)c : 0);
+            fl_free(FL_MEM_MISC, ss, ss ? sizeof(int32_t) * (size_t)c : 0);
             return FL_ERR_NOMEM;
         }
+        /* contents need not survive: segments are rebuilt by every prepare */
+        fl_free(FL_MEM_MISC, kv->segs, sizeof(fl_paged_seq) * (size_t)kv->seg_cap);
+        fl_free(FL_MEM_MISC, kv->seg_seq, sizeof(int32_t) * (size_t)kv->seg_cap);
+        kv->segs = sg;
         kv->seg_seq = ss;
         kv->seg_cap = c;
     }
@@ -590,7 +612,6 @@ fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
         if (!b->tokens) s->no_cache = true;
         s->n += sg->n_q;
         sg->blocks = s->tab.ids;
-        if (kv->prefix) register_full(kv, s);
     }
     kv->b_n_tokens = b->n_tokens;
     st = reserve_ws(kv);
@@ -604,6 +625,10 @@ void fl_kv_store(fl_kv_cache *kv, int32_t il, const fl_batch *b, const float *k,
         write_row(kv, il, 0, kv->slot_blk[i], kv->slot_off[i], k + (size_t)i * (size_t)kv->n_row);
         write_row(kv, il, 1, kv->slot_blk[i], kv->slot_off[i], v + (size_t)i * (size_t)kv->n_row);
     }
+    /* blocks that became full are offered to the prefix cache only once every layer's K/V is
+     * in them (the last layer's store), so a hit never finds a half-written block */
+    if (kv->prefix && il == kv->cfg.n_layer - 1)
+        for (int32_t g = 0; g < kv->n_seg; g++) register_full(kv, &kv->seqs[kv->seg_seq[g]]);
 }
 
 void fl_kv_attend(fl_kv_cache *kv, int32_t il, const fl_batch *b, const float *q, float *out) {
@@ -619,6 +644,16 @@ static void iface_store(void *ctx, int32_t il, const fl_batch *b, const float *k
 static void iface_attend(void *ctx, int32_t il, const fl_batch *b, const float *q, float *out) { fl_kv_attend(ctx, il, b, q, out); }
 
 fl_kv_iface fl_kv_iface_get(void) { return (fl_kv_iface){iface_prepare, iface_store, iface_attend}; }
+
+fl_status fl_kv_seq_read(const fl_kv_cache *kv, int32_t id, int32_t il, int32_t pos, float *k, float *v) {
+    const seq *s = get_seq(kv, id);
+    if (!s || s->swapped || il < 0 || il >= kv->cfg.n_layer || pos < 0 || pos >= s->n || s->tab.ids[pos / kv->bs] == 0)
+        return fl_set_error(FL_ERR_INVALID, "%s: sequence %d layer %d position %d not readable", __func__, id, il, pos);
+    const int32_t blk = s->tab.ids[pos / kv->bs];
+    if (k) read_row(kv, il, 0, blk, pos % kv->bs, k);
+    if (v) read_row(kv, il, 1, blk, pos % kv->bs, v);
+    return FL_OK;
+}
 
 /* ---- shift with RoPE re-rotation ---- */
 

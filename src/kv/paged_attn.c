@@ -23,9 +23,15 @@ static void state_init(float *st, int32_t hd) {
     memset(st + 2, 0, sizeof(float) * (size_t)hd);
 }
 
-/* q . k over hd dims in a fixed order: 16 lane sums (lane l takes dims d with d % 16 == l),
- * then the tail, then a fixed pairwise reduction.  Constant-trip inner loops let the compiler
- * vectorise without changing the order, so every build computes the same bits per ISA flags. */
+/* The two inner loops of a block update, each with a fixed summation order:
+ *   scores: sc[j] = scale * (q . k_j)                    for rows j in [ja, jb)
+ *   accum:  acc = acc * alpha + sum_j e[j] * v_j         rows added in increasing j
+ * The portable versions are the reference; the AVX2 / AVX-512 ones (target attributes) are
+ * picked once per call from fl_isa_get(), so every row of a call uses the same order and a
+ * query's bits depend only on its data within one process. */
+
+/* q . k: 16 lane sums (lane l takes dims d % 16 == l), the tail, then a fixed pairwise
+ * reduction; constant-trip inner loops let the compiler vectorise without reordering. */
 static float dot_f32(const float *restrict a, const float *restrict b, int32_t n) {
     float lane[16] = {0};
     int32_t d = 0;
@@ -37,98 +43,110 @@ static float dot_f32(const float *restrict a, const float *restrict b, int32_t n
     return lane[0];
 }
 
-/* y = y * a + e * x over n dims. */
-static void scale_axpy(float *restrict y, float a, float e, const float *restrict x, int32_t n) {
-    int32_t d = 0;
-    for (; d + 16 <= n; d += 16)
-        for (int l = 0; l < 16; l++) y[d + l] = y[d + l] * a + e * x[d + l];
-    for (; d < n; d++) y[d] = y[d] * a + e * x[d];
+static void scores_ref(const float *q, const float *kb, int32_t ja, int32_t jb, int32_t hd, float scale, float *sc) {
+    for (int32_t j = ja; j < jb; j++) sc[j] = dot_f32(q, kb + (size_t)j * (size_t)hd, hd) * scale;
 }
 
-/* SIMD variants of dot_f32 / scale_axpy, compiled with target attributes and picked once per
- * call from fl_isa_get().  Each fixes its own summation order (FMA, lane layout), so a query's
- * bits still depend only on its data within one process (all rows use the same variant). */
-__attribute__((target("avx2,fma"))) static float dot_f32_avx2(const float *restrict a, const float *restrict b, int32_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int32_t d = 0;
-    for (; d + 16 <= n; d += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), s1);
+static void accum_ref(float *restrict acc, float alpha, const float *e, const float *restrict vb, int32_t ja, int32_t jb, int32_t hd) {
+    for (int32_t d = 0; d < hd; d++) acc[d] *= alpha;
+    for (int32_t j = ja; j < jb; j++) {
+        const float *restrict v = vb + (size_t)j * (size_t)hd;
+        const float ej = e[j];
+        int32_t d = 0;
+        for (; d + 16 <= hd; d += 16)
+            for (int l = 0; l < 16; l++) acc[d + l] += ej * v[d + l];
+        for (; d < hd; d++) acc[d] += ej * v[d];
     }
-    if (d + 8 <= n) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), s0);
-        d += 8;
+}
+
+__attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, const float *kb, int32_t ja, int32_t jb, int32_t hd, float scale, float *sc) {
+    for (int32_t j = ja; j < jb; j++) {
+        const float *k = kb + (size_t)j * (size_t)hd;
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        int32_t d = 0;
+        for (; d + 16 <= hd; d += 16) {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), s0);
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), s1);
+        }
+        if (d + 8 <= hd) {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), s0);
+            d += 8;
+        }
+        s0 = _mm256_add_ps(s0, s1);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        float r = _mm_cvtss_f32(h);
+        for (; d < hd; d++) r += q[d] * k[d];
+        sc[j] = r * scale;
     }
-    s0 = _mm256_add_ps(s0, s1);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    float r = _mm_cvtss_f32(h);
-    for (; d < n; d++) r += a[d] * b[d];
-    return r;
 }
 
-__attribute__((target("avx2,fma"))) static void scale_axpy_avx2(float *restrict y, float a, float e, const float *restrict x, int32_t n) {
-    const __m256 va = _mm256_set1_ps(a), ve = _mm256_set1_ps(e);
+__attribute__((target("avx2,fma"))) static void accum_avx2(float *restrict acc, float alpha, const float *e, const float *restrict vb, int32_t ja, int32_t jb, int32_t hd) {
     int32_t d = 0;
-    for (; d + 8 <= n; d += 8)
-        _mm256_storeu_ps(y + d, _mm256_fmadd_ps(ve, _mm256_loadu_ps(x + d), _mm256_mul_ps(_mm256_loadu_ps(y + d), va)));
-    for (; d < n; d++) y[d] = y[d] * a + e * x[d];
-}
-
-__attribute__((target("avx512f"))) static float dot_f32_avx512(const float *restrict a, const float *restrict b, int32_t n) {
-    __m512 s = _mm512_setzero_ps(); /* lane l: dims d with d % 16 == l */
-    int32_t d = 0;
-    for (; d + 16 <= n; d += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), s);
-    if (d < n) {
-        const __mmask16 m = (__mmask16)((1u << (n - d)) - 1);
-        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + d), _mm512_maskz_loadu_ps(m, b + d), s);
+    for (; d + 8 <= hd; d += 8) { /* 8 dims of acc stay in a register across the rows */
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + d), _mm256_set1_ps(alpha));
+        for (int32_t j = ja; j < jb; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), _mm256_loadu_ps(vb + (size_t)j * (size_t)hd + d), a);
+        _mm256_storeu_ps(acc + d, a);
     }
-    return _mm512_reduce_add_ps(s);
+    for (; d < hd; d++) {
+        float a = acc[d] * alpha;
+        for (int32_t j = ja; j < jb; j++) a = fmaf(e[j], vb[(size_t)j * (size_t)hd + d], a);
+        acc[d] = a;
+    }
 }
 
-__attribute__((target("avx512f"))) static void scale_axpy_avx512(float *restrict y, float a, float e, const float *restrict x, int32_t n) {
-    const __m512 va = _mm512_set1_ps(a), ve = _mm512_set1_ps(e);
-    int32_t d = 0;
-    for (; d + 16 <= n; d += 16)
-        _mm512_storeu_ps(y + d, _mm512_fmadd_ps(ve, _mm512_loadu_ps(x + d), _mm512_mul_ps(_mm512_loadu_ps(y + d), va)));
-    if (d < n) {
-        const __mmask16 m = (__mmask16)((1u << (n - d)) - 1);
-        _mm512_mask_storeu_ps(y + d, m, _mm512_fmadd_ps(ve, _mm512_maskz_loadu_ps(m, x + d), _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + d), va)));
+__attribute__((target("avx512f"))) static void scores_avx512(const float *q, const float *kb, int32_t ja, int32_t jb, int32_t hd, float scale, float *sc) {
+    for (int32_t j = ja; j < jb; j++) {
+        const float *k = kb + (size_t)j * (size_t)hd;
+        __m512 s = _mm512_setzero_ps(); /* lane l: dims d % 16 == l */
+        int32_t d = 0;
+        for (; d + 16 <= hd; d += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), s);
+        if (d < hd) {
+            const __mmask16 m = (__mmask16)((1u << (hd - d)) - 1);
+            s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, k + d), s);
+        }
+        sc[j] = _mm512_reduce_add_ps(s) * scale;
+    }
+}
+
+__attribute__((target("avx512f"))) static void accum_avx512(float *restrict acc, float alpha, const float *e, const float *restrict vb, int32_t ja, int32_t jb, int32_t hd) {
+    for (int32_t d = 0; d < hd; d += 16) { /* 16 dims of acc stay in a register across the rows */
+        const __mmask16 m = hd - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (hd - d)) - 1);
+        __m512 a = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, acc + d), _mm512_set1_ps(alpha));
+        for (int32_t j = ja; j < jb; j++) a = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), _mm512_maskz_loadu_ps(m, vb + (size_t)j * (size_t)hd + d), a);
+        _mm512_mask_storeu_ps(acc + d, m, a);
     }
 }
 
 typedef struct vec_ops {
-    float (*dot)(const float *restrict a, const float *restrict b, int32_t n);
-    void (*axpy)(float *restrict y, float a, float e, const float *restrict x, int32_t n);
+    void (*scores)(const float *q, const float *kb, int32_t ja, int32_t jb, int32_t hd, float scale, float *sc);
+    void (*accum)(float *restrict acc, float alpha, const float *e, const float *restrict vb, int32_t ja, int32_t jb, int32_t hd);
 } vec_ops;
 
 static vec_ops pick_ops(void) {
     switch (fl_isa_get()) {
-    case FL_ISA_AVX512: return (vec_ops){dot_f32_avx512, scale_axpy_avx512};
-    case FL_ISA_AVX2: return (vec_ops){dot_f32_avx2, scale_axpy_avx2};
-    default: return (vec_ops){dot_f32, scale_axpy};
+    case FL_ISA_AVX512: return (vec_ops){scores_avx512, accum_avx512};
+    case FL_ISA_AVX2: return (vec_ops){scores_avx2, accum_avx2};
+    default: return (vec_ops){scores_ref, accum_ref};
     }
 }
 
-/* Fold keys/values kb[j], vb[j] for j in [ja, jb) (rows of the block scratch) into st. */
+/* Fold keys/values kb[j], vb[j] for j in [ja, jb) (rows of the block scratch) into st:
+ * one online-softmax step per block. */
 static void state_update(const vec_ops *vo, float *st, const float *qh, const float *kb, const float *vb, int32_t ja, int32_t jb,
                          int32_t hd, float scale, float *sc) {
+    vo->scores(qh, kb, ja, jb, hd, scale, sc);
     float mb = -INFINITY;
-    for (int32_t j = ja; j < jb; j++) {
-        sc[j] = vo->dot(qh, kb + (size_t)j * (size_t)hd, hd) * scale;
-        mb = fmaxf(mb, sc[j]);
-    }
+    for (int32_t j = ja; j < jb; j++) mb = fmaxf(mb, sc[j]);
     const float m_new = fmaxf(st[0], mb);
     const float alpha = st[0] == -INFINITY ? 0.0f : expf(st[0] - m_new);
     float l = st[1] * alpha;
-    float *acc = st + 2;
     for (int32_t j = ja; j < jb; j++) {
-        const float e = expf(sc[j] - m_new);
-        l += e;
-        /* the first row also applies the rescale of the old state */
-        vo->axpy(acc, j == ja ? alpha : 1.0f, e, vb + (size_t)j * (size_t)hd, hd);
+        sc[j] = expf(sc[j] - m_new);
+        l += sc[j];
     }
+    vo->accum(st + 2, alpha, sc, vb, ja, jb, hd);
     st[0] = m_new;
     st[1] = l;
 }
