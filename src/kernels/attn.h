@@ -30,9 +30,12 @@
  *
  * Errors: fl_attn_forward/backward return FL_ERR_INVALID with a message for inconsistent
  * shapes/strides, cu_seqlens that decrease or do not end at the token counts, n_head not a
- * multiple of n_head_kv, head_dim not a positive multiple of 8; FL_ERR_UNSUPPORTED for a K/V
- * type other than F32/F16/BF16 (the backward needs F32); FL_ERR_BUDGET/NOMEM if the scratch
- * cannot be allocated.  impl = FL_ATTN_AUTO picks flash; FL_ATTN_NAIVE forces the reference.
+ * multiple of n_head_kv, head_dim <= 0; FL_ERR_UNSUPPORTED for a K/V type other than
+ * F32/F16/BF16 (the backward needs F32); FL_ERR_BUDGET/NOMEM if the scratch cannot be
+ * allocated.  impl = FL_ATTN_AUTO picks flash, and falls back to the naive path for what the
+ * flash kernels do not support (head_dim not a multiple of 8); FL_ATTN_NAIVE forces the
+ * reference; FL_ATTN_FLASH returns FL_ERR_UNSUPPORTED instead of falling back.
+ * Fast paths: head_dim 64 and 128 (compile-time specialised micro-kernels).
  *
  * Memory: flash charges nth * fl_attn_tile_scratch_bytes(head_dim) (plus n_seq+1 offsets) to
  * FL_MEM_SCRATCH for the duration of the call - independent of the sequence length.  The naive
@@ -149,6 +152,7 @@ typedef struct fl_attn_tile {
     float *kbuf, *vbuf;/* [FL_ATTN_TK][head_dim] f32 copies of f16/bf16 keys/values */
 } fl_attn_tile;
 
+/* head_dim must be a multiple of 8 for the tile (FL_ASSERTed in fl_attn_tile_bind). */
 size_t fl_attn_tile_scratch_bytes(int32_t head_dim);
 /* Carve the tile's buffers out of scratch (fl_attn_tile_scratch_bytes bytes, 64-aligned). */
 void fl_attn_tile_bind(fl_attn_tile *t, void *scratch, int32_t head_dim);

@@ -35,18 +35,22 @@ typedef struct bwd_ctx {
     atomic_long next1, next2;
 } bwd_ctx;
 
-/* n is a multiple of 8 (head_dim); the fixed inner length lets the compiler vectorize. */
+/* The fixed inner length 8 lets the compiler vectorize; any n. */
 static float dotf(const float *x, const float *y, int32_t n) {
     float acc[8] = {0};
-    for (int32_t d = 0; d < n; d += 8)
+    int32_t d = 0;
+    for (; d + 8 <= n; d += 8)
         for (int e = 0; e < 8; e++) acc[e] += x[d + e] * y[d + e];
+    for (; d < n; d++) acc[0] += x[d] * y[d];
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-/* y += a x over n (a multiple of 8) floats */
+/* y += a x over n floats */
 static void axpyf(float *y, float a, const float *x, int32_t n) {
-    for (int32_t d = 0; d < n; d += 8)
+    int32_t d = 0;
+    for (; d + 8 <= n; d += 8)
         for (int e = 0; e < 8; e++) y[d + e] += a * x[d + e];
+    for (; d < n; d++) y[d] += a * x[d];
 }
 
 static fl_status bwd_check(const fl_attn_args *fa, const float *dout, float *dq, float *dk, float *dv, fl_attn_res *r) {

@@ -99,6 +99,7 @@ size_t fl_attn_tile_scratch_bytes(int32_t head_dim) {
 void fl_attn_tile_bind(fl_attn_tile *t, void *scratch, int32_t head_dim) {
     char *p = scratch;
     const size_t hd = (size_t)head_dim;
+    FL_ASSERT(head_dim > 0 && head_dim % 8 == 0);
     memset(t, 0, sizeof *t);
     t->head_dim = head_dim;
 #define CARVE(field, type, n) (t->field = (type *)(void *)p, p += up64((n) * sizeof(type)))
@@ -253,6 +254,9 @@ fl_status fl_attn_forward_flash(const fl_attn_args *a) {
     fl_attn_res r;
     fl_status st = fl_attn_resolve(a, &r);
     if (st != FL_OK) return st;
+    if (a->head_dim % 8)
+        return fl_set_error(FL_ERR_UNSUPPORTED, "fl_attn_forward_flash: head_dim = %d is not a multiple of 8 "
+                            "(fl_attn_forward falls back to the naive path)", a->head_dim);
     if (a->n_q == 0) return FL_OK;
     const int nth = fl_threads_get();
     flash_ctx c = {.a = a, .r = &r, .tile_bytes = fl_attn_tile_scratch_bytes(a->head_dim)};
