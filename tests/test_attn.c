@@ -518,6 +518,23 @@ static void test_errors(void **state) {
     assert_int_equal(fl_attn_forward(&a), FL_ERR_BUDGET);
     a.impl = FL_ATTN_NAIVE;
     assert_int_equal(fl_attn_forward(&a), FL_ERR_BUDGET);
+    /* caller-provided workspace: nothing allocated (the scratch budget is still 16 bytes), same
+     * result; too small: error */
+    fl_mem_set_budget(FL_MEM_SCRATCH, 0);
+    assert_int_equal(fl_attn_forward(&t.a), FL_OK);
+    fl_mem_set_budget(FL_MEM_SCRATCH, 16);
+    a = t.a;
+    const size_t wb = fl_attn_workspace_bytes(&a);
+    assert_true(wb > 0);
+    float *o2 = tbuf(t.nq_el);
+    a.work = fl_alloc(FL_MEM_MISC, wb, 64), a.work_size = wb, a.out = o2;
+    assert_int_equal(fl_attn_forward(&a), FL_OK);
+    assert_true(memcmp(o2, t.out, t.nq_el * sizeof(float)) == 0);
+    a.work_size = wb - 1;
+    assert_int_equal(fl_attn_forward(&a), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "workspace"));
+    fl_free(FL_MEM_MISC, a.work, wb);
+    tfree(o2, t.nq_el);
     fl_mem_set_budget(FL_MEM_SCRATCH, 0);
     tdata_free(&t, &c);
     fl_test_mem_zero();

@@ -37,9 +37,11 @@
  * reference; FL_ATTN_FLASH returns FL_ERR_UNSUPPORTED instead of falling back.
  * Fast paths: head_dim 64 and 128 (compile-time specialised micro-kernels).
  *
- * Memory: flash charges nth * fl_attn_tile_scratch_bytes(head_dim) (plus n_seq+1 offsets) to
- * FL_MEM_SCRATCH for the duration of the call - independent of the sequence length.  The naive
- * path charges one [Lq_max][Lk_max] score matrix per thread to FL_MEM_SCRATCH.
+ * Memory: flash needs fl_attn_workspace_bytes(a) = nth * fl_attn_tile_scratch_bytes(head_dim)
+ * plus the n_seq + 1 work offsets - independent of the sequence length.  It uses a->work when
+ * given (no allocation: reserve it once, like any per-step scratch) or else allocates it from
+ * FL_MEM_SCRATCH for the duration of the call.  The naive path charges one [Lq_max][Lk_max]
+ * score matrix per thread to FL_MEM_SCRATCH.
  *
  * Threading: both paths split (sequence, kv head, query tile) work items over fl_parallel and
  * take them from an atomic counter.  Calls are reentrant (no global state apart from the ISA).
@@ -74,12 +76,17 @@ typedef struct fl_attn_args {
     bool causal;
     int32_t window;              /* 0 = no window */
     fl_attn_impl impl;
+    void *work;                  /* optional flash workspace (64-byte aligned), NULL = allocate */
+    size_t work_size;            /* its bytes, >= fl_attn_workspace_bytes(a) */
 } fl_attn_args;
 
 /* Check a's shapes, strides, cu_seqlens and types; FL_OK or an error with a message. */
 fl_status fl_attn_check(const fl_attn_args *a);
 /* out (and lse) for every query; see the header comment for errors. */
 fl_status fl_attn_forward(const fl_attn_args *a);
+/* Bytes of workspace the flash path needs for a with fl_threads_get() threads (0 if a's n_seq
+ * or head_dim are unusable); depends on n_seq, head_dim and the thread count only. */
+size_t fl_attn_workspace_bytes(const fl_attn_args *a);
 /* The two implementations behind fl_attn_forward (same contract). */
 fl_status fl_attn_forward_naive(const fl_attn_args *a);
 fl_status fl_attn_forward_flash(const fl_attn_args *a);
