@@ -99,14 +99,16 @@ static int write_plot(const char *svg, cJSON *rows) {
     fclose(f);
     f = fopen(gp, "w");
     if (!f) return 1;
-    fprintf(f, "set terminal svg size 900,560 dynamic background rgb 'white'\n");
+    const size_t len = strlen(svg);
+    if (len > 4 && !strcmp(svg + len - 4, ".png")) fprintf(f, "set terminal pngcairo size 900,560\n");
+    else fprintf(f, "set terminal svg size 900,560 dynamic background rgb 'white'\n");
     fprintf(f, "set output '%s'\n", svg);
     fprintf(f, "set title 'attention peak scratch memory vs sequence length (allocator accounting)'\n");
     fprintf(f, "set xlabel 'sequence length n'\nset ylabel 'MiB'\nset logscale xy 2\nset key left top\nset grid\n");
     fprintf(f, "plot ");
     for (int b = 0; b < n_blocks && b < 8; b++) {
-        fprintf(f, "%s'%s' index %d using 1:2 with linespoints title 'naive scores %s', ", b ? ", \\\n     " : "", dat, b, labels[b]);
-        fprintf(f, "'%s' index %d using 1:3 with linespoints title 'flash scratch %s', ", dat, b, labels[b]);
+        fprintf(f, "%s'%s' index %d using 1:2 with linespoints pt 7 ps 0.7 title 'naive scores %s', ", b ? ", \\\n     " : "", dat, b, labels[b]);
+        fprintf(f, "'%s' index %d using 1:3 with linespoints pt 5 ps 0.7 title 'flash scratch %s', ", dat, b, labels[b]);
         fprintf(f, "'%s' index %d using 1:4 with lines dashtype 2 title 'Q/K/V/O %s'", dat, b, labels[b]);
     }
     fprintf(f, "\n");
@@ -132,7 +134,7 @@ int fl_bench_attention(int argc, char **argv) {
         {"no-causal", 0, FL_OPT_FLAG, "full (bidirectional) attention instead of causal"},
         {"kv-type", 0, FL_OPT_STR, "TYPE  f32 (default), f16 or bf16 for K/V"},
         {"threads", 't', FL_OPT_INT, "N  threads (default: all cores)"},
-        {"plot", 0, FL_OPT_STR, "FILE.svg  write FILE.svg.dat + FILE.svg.gp (memory vs n) and run gnuplot"},
+        {"plot", 0, FL_OPT_STR, "FILE.svg  write FILE.svg.dat + FILE.svg.gp (memory vs n) and run gnuplot (.png: PNG)"},
         {0},
     };
     int n_pos;

@@ -437,7 +437,7 @@ static void test_backward_fd(void **state) {
     (void)state;
     tcase c1 = {.n_seq = 1, .lq = {5}, .lk = {7}, .n_head = 4, .n_head_kv = 2, .hd = 8, .causal = true};
     tcase c2 = {.n_seq = 2, .lq = {4, 6}, .lk = {4, 9}, .n_head = 2, .n_head_kv = 1, .hd = 16, .causal = true, .window = 3};
-    tcase c3 = {.n_seq = 1, .lq = {6}, .lk = {6}, .n_head = 2, .n_head_kv = 2, .hd = 8};
+    tcase c3 = {.n_seq = 1, .lq = {6}, .lk = {6}, .n_head = 2, .n_head_kv = 2, .hd = 12}; /* naive fallback fwd */
     check_fd(&c1);
     check_fd(&c2);
     check_fd(&c3);
@@ -482,9 +482,15 @@ static void test_errors(void **state) {
     a.n_head_kv = 3;
     assert_int_equal(fl_attn_forward(&a), FL_ERR_INVALID);
     assert_non_null(strstr(fl_last_error(), "multiple of n_head_kv"));
-    a = t.a, a.head_dim = 12, a.q_stride = a.out_stride = 0, a.k_stride = a.v_stride = 0;
+    a = t.a, a.head_dim = 0, a.q_stride = a.out_stride = 0, a.k_stride = a.v_stride = 0;
     assert_int_equal(fl_attn_forward(&a), FL_ERR_INVALID);
     assert_non_null(strstr(fl_last_error(), "head_dim"));
+    /* head_dim 12: the flash kernels refuse, fl_attn_forward falls back to the naive path */
+    a.head_dim = 12, a.impl = FL_ATTN_FLASH;
+    assert_int_equal(fl_attn_forward(&a), FL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(fl_last_error(), "multiple of 8"));
+    a.impl = FL_ATTN_AUTO;
+    assert_int_equal(fl_attn_forward(&a), FL_OK);
     int32_t bad[3] = {0, 5, 4};
     a = t.a, a.cu_seqlens_q = bad;
     assert_int_equal(fl_attn_forward(&a), FL_ERR_INVALID);
@@ -512,6 +518,23 @@ static void test_errors(void **state) {
     assert_int_equal(fl_attn_forward(&a), FL_ERR_BUDGET);
     a.impl = FL_ATTN_NAIVE;
     assert_int_equal(fl_attn_forward(&a), FL_ERR_BUDGET);
+    /* caller-provided workspace: nothing allocated (the scratch budget is still 16 bytes), same
+     * result; too small: error */
+    fl_mem_set_budget(FL_MEM_SCRATCH, 0);
+    assert_int_equal(fl_attn_forward(&t.a), FL_OK);
+    fl_mem_set_budget(FL_MEM_SCRATCH, 16);
+    a = t.a;
+    const size_t wb = fl_attn_workspace_bytes(&a);
+    assert_true(wb > 0);
+    float *o2 = tbuf(t.nq_el);
+    a.work = fl_alloc(FL_MEM_MISC, wb, 64), a.work_size = wb, a.out = o2;
+    assert_int_equal(fl_attn_forward(&a), FL_OK);
+    assert_true(memcmp(o2, t.out, t.nq_el * sizeof(float)) == 0);
+    a.work_size = wb - 1;
+    assert_int_equal(fl_attn_forward(&a), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "workspace"));
+    fl_free(FL_MEM_MISC, a.work, wb);
+    tfree(o2, t.nq_el);
     fl_mem_set_budget(FL_MEM_SCRATCH, 0);
     tdata_free(&t, &c);
     fl_test_mem_zero();

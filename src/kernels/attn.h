@@ -30,13 +30,18 @@
  *
  * Errors: fl_attn_forward/backward return FL_ERR_INVALID with a message for inconsistent
  * shapes/strides, cu_seqlens that decrease or do not end at the token counts, n_head not a
- * multiple of n_head_kv, head_dim not a positive multiple of 8; FL_ERR_UNSUPPORTED for a K/V
- * type other than F32/F16/BF16 (the backward needs F32); FL_ERR_BUDGET/NOMEM if the scratch
- * cannot be allocated.  impl = FL_ATTN_AUTO picks flash; FL_ATTN_NAIVE forces the reference.
+ * multiple of n_head_kv, head_dim <= 0; FL_ERR_UNSUPPORTED for a K/V type other than
+ * F32/F16/BF16 (the backward needs F32); FL_ERR_BUDGET/NOMEM if the scratch cannot be
+ * allocated.  impl = FL_ATTN_AUTO picks flash, and falls back to the naive path for what the
+ * flash kernels do not support (head_dim not a multiple of 8); FL_ATTN_NAIVE forces the
+ * reference; FL_ATTN_FLASH returns FL_ERR_UNSUPPORTED instead of falling back.
+ * Fast paths: head_dim 64 and 128 (compile-time specialised micro-kernels).
  *
- * Memory: flash charges nth * fl_attn_tile_scratch_bytes(head_dim) (plus n_seq+1 offsets) to
- * FL_MEM_SCRATCH for the duration of the call - independent of the sequence length.  The naive
- * path charges one [Lq_max][Lk_max] score matrix per thread to FL_MEM_SCRATCH.
+ * Memory: flash needs fl_attn_workspace_bytes(a) = nth * fl_attn_tile_scratch_bytes(head_dim)
+ * plus the n_seq + 1 work offsets - independent of the sequence length.  It uses a->work when
+ * given (no allocation: reserve it once, like any per-step scratch) or else allocates it from
+ * FL_MEM_SCRATCH for the duration of the call.  The naive path charges one [Lq_max][Lk_max]
+ * score matrix per thread to FL_MEM_SCRATCH.
  *
  * Threading: both paths split (sequence, kv head, query tile) work items over fl_parallel and
  * take them from an atomic counter.  Calls are reentrant (no global state apart from the ISA).
@@ -71,12 +76,17 @@ typedef struct fl_attn_args {
     bool causal;
     int32_t window;              /* 0 = no window */
     fl_attn_impl impl;
+    void *work;                  /* optional flash workspace (64-byte aligned), NULL = allocate */
+    size_t work_size;            /* its bytes, >= fl_attn_workspace_bytes(a) */
 } fl_attn_args;
 
 /* Check a's shapes, strides, cu_seqlens and types; FL_OK or an error with a message. */
 fl_status fl_attn_check(const fl_attn_args *a);
 /* out (and lse) for every query; see the header comment for errors. */
 fl_status fl_attn_forward(const fl_attn_args *a);
+/* Bytes of workspace the flash path needs for a with fl_threads_get() threads (0 if a's n_seq
+ * or head_dim are unusable); depends on n_seq, head_dim and the thread count only. */
+size_t fl_attn_workspace_bytes(const fl_attn_args *a);
 /* The two implementations behind fl_attn_forward (same contract). */
 fl_status fl_attn_forward_naive(const fl_attn_args *a);
 fl_status fl_attn_forward_flash(const fl_attn_args *a);
@@ -149,6 +159,7 @@ typedef struct fl_attn_tile {
     float *kbuf, *vbuf;/* [FL_ATTN_TK][head_dim] f32 copies of f16/bf16 keys/values */
 } fl_attn_tile;
 
+/* head_dim must be a multiple of 8 for the tile (FL_ASSERTed in fl_attn_tile_bind). */
 size_t fl_attn_tile_scratch_bytes(int32_t head_dim);
 /* Carve the tile's buffers out of scratch (fl_attn_tile_scratch_bytes bytes, 64-aligned). */
 void fl_attn_tile_bind(fl_attn_tile *t, void *scratch, int32_t head_dim);

@@ -51,7 +51,7 @@ FL_INLINE void qk_block(const float *qt, const float *k, int64_t ks, int32_t hd,
     }
 }
 
-void fl_attn_qk_avx2(const float *qt, int32_t nq, const float *k, int64_t k_stride, int32_t nk, int32_t hd, float *s) {
+FL_INLINE void qk_all(const float *qt, int32_t nq, const float *k, int64_t k_stride, int32_t nk, int32_t hd, float *s) {
     for (int32_t i = 0; i < nq; i += 16) { /* nq is a multiple of 16 */
         int32_t j = 0;
         for (; j + 4 <= nk; j += 4) qk_block(qt + i, k + j * k_stride, k_stride, hd, s + (int64_t)j * FL_ATTN_TQ + i, 4);
@@ -64,6 +64,13 @@ void fl_attn_qk_avx2(const float *qt, int32_t nq, const float *k, int64_t k_stri
         default: break;
         }
     }
+}
+
+/* head_dim 64 and 128 get copies with the reduction length known at compile time */
+void fl_attn_qk_avx2(const float *qt, int32_t nq, const float *k, int64_t k_stride, int32_t nk, int32_t hd, float *s) {
+    if (hd == 64) qk_all(qt, nq, k, k_stride, nk, 64, s);
+    else if (hd == 128) qk_all(qt, nq, k, k_stride, nk, 128, s);
+    else qk_all(qt, nq, k, k_stride, nk, hd, s);
 }
 
 void fl_attn_softmax_avx2(float *s, int32_t nk, int32_t nq, float *m, float *l, float *alpha) {
@@ -88,8 +95,8 @@ void fl_attn_softmax_avx2(float *s, int32_t nk, int32_t nq, float *m, float *l, 
     }
 }
 
-void fl_attn_pv_avx2(const float *s, int32_t nk, const float *v, int64_t v_stride, int32_t hd, float *ot,
-                     int32_t nq, const float *alpha) {
+FL_INLINE void pv_all(const float *s, int32_t nk, const float *v, int64_t v_stride, int32_t hd, float *ot,
+                      int32_t nq, const float *alpha) {
     for (int32_t d0 = 0; d0 < hd; d0 += 4) { /* head_dim is a multiple of 8 */
         for (int32_t i = 0; i < nq; i += 16) {
             float *o = ot + (int64_t)d0 * FL_ATTN_TQ + i;
@@ -115,4 +122,11 @@ void fl_attn_pv_avx2(const float *s, int32_t nk, const float *v, int64_t v_strid
             }
         }
     }
+}
+
+void fl_attn_pv_avx2(const float *s, int32_t nk, const float *v, int64_t v_stride, int32_t hd, float *ot,
+                     int32_t nq, const float *alpha) {
+    if (hd == 64) pv_all(s, nk, v, v_stride, 64, ot, nq, alpha);
+    else if (hd == 128) pv_all(s, nk, v, v_stride, 128, ot, nq, alpha);
+    else pv_all(s, nk, v, v_stride, hd, ot, nq, alpha);
 }

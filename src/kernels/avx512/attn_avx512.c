@@ -62,10 +62,17 @@ FL_INLINE void qk_lanes(const float *qt, const float *k, int64_t ks, int32_t nk,
     }
 }
 
-void fl_attn_qk_avx512(const float *qt, int32_t nq, const float *k, int64_t k_stride, int32_t nk, int32_t hd, float *s) {
+FL_INLINE void qk_all(const float *qt, int32_t nq, const float *k, int64_t k_stride, int32_t nk, int32_t hd, float *s) {
     int32_t i = 0;
     for (; i + 32 <= nq; i += 32) qk_lanes(qt + i, k, k_stride, nk, hd, s + i, 2);
     if (i < nq) qk_lanes(qt + i, k, k_stride, nk, hd, s + i, 1);
+}
+
+/* head_dim 64 and 128 get copies with the reduction length known at compile time */
+void fl_attn_qk_avx512(const float *qt, int32_t nq, const float *k, int64_t k_stride, int32_t nk, int32_t hd, float *s) {
+    if (hd == 64) qk_all(qt, nq, k, k_stride, nk, 64, s);
+    else if (hd == 128) qk_all(qt, nq, k, k_stride, nk, 128, s);
+    else qk_all(qt, nq, k, k_stride, nk, hd, s);
 }
 
 void fl_attn_softmax_avx512(float *s, int32_t nk, int32_t nq, float *m, float *l, float *alpha) {
@@ -110,11 +117,18 @@ FL_INLINE void pv_block(const float *s, int32_t nk, const float *v, int64_t vs, 
         for (int w = 0; w < NV; w++) _mm512_store_ps(ot + d * FL_ATTN_TQ + 16 * w, acc[d][w]);
 }
 
-void fl_attn_pv_avx512(const float *s, int32_t nk, const float *v, int64_t v_stride, int32_t hd, float *ot,
-                       int32_t nq, const float *alpha) {
+FL_INLINE void pv_all(const float *s, int32_t nk, const float *v, int64_t v_stride, int32_t hd, float *ot,
+                      int32_t nq, const float *alpha) {
     for (int32_t d = 0; d < hd; d += 8) { /* head_dim is a multiple of 8 */
         int32_t i = 0;
         for (; i + 32 <= nq; i += 32) pv_block(s + i, nk, v + d, v_stride, ot + (int64_t)d * FL_ATTN_TQ + i, alpha + i, 2);
         if (i < nq) pv_block(s + i, nk, v + d, v_stride, ot + (int64_t)d * FL_ATTN_TQ + i, alpha + i, 1);
     }
+}
+
+void fl_attn_pv_avx512(const float *s, int32_t nk, const float *v, int64_t v_stride, int32_t hd, float *ot,
+                       int32_t nq, const float *alpha) {
+    if (hd == 64) pv_all(s, nk, v, v_stride, 64, ot, nq, alpha);
+    else if (hd == 128) pv_all(s, nk, v, v_stride, 128, ot, nq, alpha);
+    else pv_all(s, nk, v, v_stride, hd, ot, nq, alpha);
 }

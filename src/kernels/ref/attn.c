@@ -41,8 +41,8 @@ fl_status fl_attn_resolve(const fl_attn_args *a, fl_attn_res *r) {
         return fl_set_error(FL_ERR_INVALID, "fl_attn: n_head = %d, n_head_kv = %d must be positive", a->n_head, a->n_head_kv);
     if (a->n_head % a->n_head_kv)
         return fl_set_error(FL_ERR_INVALID, "fl_attn: n_head = %d is not a multiple of n_head_kv = %d", a->n_head, a->n_head_kv);
-    if (a->head_dim <= 0 || a->head_dim % 8)
-        return fl_set_error(FL_ERR_INVALID, "fl_attn: head_dim = %d must be a positive multiple of 8", a->head_dim);
+    if (a->head_dim <= 0 || a->head_dim > 65536)
+        return fl_set_error(FL_ERR_INVALID, "fl_attn: head_dim = %d out of range [1, 65536]", a->head_dim);
     if (a->n_q < 0 || a->n_kv < 0 || a->n_q > INT32_MAX || a->n_kv > INT32_MAX)
         return fl_set_error(FL_ERR_INVALID, "fl_attn: token counts n_q = %lld, n_kv = %lld out of range",
                             (long long)a->n_q, (long long)a->n_kv);
@@ -93,9 +93,10 @@ fl_status fl_attn_check(const fl_attn_args *a) { return fl_attn_resolve(a, NULL)
 fl_status fl_attn_forward(const fl_attn_args *a) {
     fl_status st = fl_attn_check(a);
     if (st != FL_OK) return st;
-    /* Every valid combination runs on the flash path; the naive one is the spec and the fallback
-     * when asked for explicitly. */
-    return a->impl == FL_ATTN_NAIVE ? fl_attn_forward_naive(a) : fl_attn_forward_flash(a);
+    /* The flash kernels need head_dim % 8 == 0; anything else falls back to the naive path
+     * (which handles every valid combination), as does an explicit request for it. */
+    if (a->impl == FL_ATTN_NAIVE || (a->impl == FL_ATTN_AUTO && a->head_dim % 8)) return fl_attn_forward_naive(a);
+    return fl_attn_forward_flash(a);
 }
 
 /* ---- naive reference ---- */
@@ -108,12 +109,14 @@ typedef struct naive_ctx {
     atomic_long next;     /* next (seq, head) work item */
 } naive_ctx;
 
-/* Dot product of n (a multiple of 8) floats with 8 partial sums (the compiler can vectorize
- * this without reassociating a single chain). */
+/* Dot product with 8 partial sums (the compiler can vectorize this without reassociating a
+ * single chain); any n. */
 static float naive_dot(const float *x, const float *y, int32_t n) {
     float acc[8] = {0};
-    for (int32_t d = 0; d < n; d += 8)
+    int32_t d = 0;
+    for (; d + 8 <= n; d += 8)
         for (int e = 0; e < 8; e++) acc[e] += x[d + e] * y[d + e];
+    for (; d < n; d++) acc[0] += x[d] * y[d];
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 

@@ -99,6 +99,7 @@ size_t fl_attn_tile_scratch_bytes(int32_t head_dim) {
 void fl_attn_tile_bind(fl_attn_tile *t, void *scratch, int32_t head_dim) {
     char *p = scratch;
     const size_t hd = (size_t)head_dim;
+    FL_ASSERT(head_dim > 0 && head_dim % 8 == 0);
     memset(t, 0, sizeof *t);
     t->head_dim = head_dim;
 #define CARVE(field, type, n) (t->field = (type *)(void *)p, p += up64((n) * sizeof(type)))
@@ -249,22 +250,34 @@ static void flash_task(void *p, int ith, int nth) {
     }
 }
 
+size_t fl_attn_workspace_bytes(const fl_attn_args *a) {
+    if (a->n_seq < 1 || a->head_dim <= 0 || a->head_dim % 8) return 0;
+    return up64(sizeof(int64_t) * (size_t)(a->n_seq + 1)) + fl_attn_tile_scratch_bytes(a->head_dim) * (size_t)fl_threads_get();
+}
+
 fl_status fl_attn_forward_flash(const fl_attn_args *a) {
     fl_attn_res r;
     fl_status st = fl_attn_resolve(a, &r);
     if (st != FL_OK) return st;
+    if (a->head_dim % 8)
+        return fl_set_error(FL_ERR_UNSUPPORTED, "fl_attn_forward_flash: head_dim = %d is not a multiple of 8 "
+                            "(fl_attn_forward falls back to the naive path)", a->head_dim);
     if (a->n_q == 0) return FL_OK;
     const int nth = fl_threads_get();
     flash_ctx c = {.a = a, .r = &r, .tile_bytes = fl_attn_tile_scratch_bytes(a->head_dim)};
     atomic_init(&c.next, 0);
-    const size_t off_bytes = sizeof(int64_t) * (size_t)(a->n_seq + 1);
-    const size_t bytes = c.tile_bytes * (size_t)nth;
-    c.item_off = fl_alloc(FL_MEM_SCRATCH, off_bytes, 64);
-    c.scratch = c.item_off ? fl_alloc(FL_MEM_SCRATCH, bytes, 64) : NULL;
-    if (!c.scratch) {
-        fl_free(FL_MEM_SCRATCH, c.item_off, off_bytes);
+    const size_t off_bytes = up64(sizeof(int64_t) * (size_t)(a->n_seq + 1));
+    const size_t bytes = off_bytes + c.tile_bytes * (size_t)nth;
+    char *work = a->work;
+    if (work) { /* caller's workspace: no allocation */
+        if (a->work_size < bytes || ((uintptr_t)work & 63))
+            return fl_set_error(FL_ERR_INVALID, "fl_attn_forward_flash: workspace of %zu bytes at %p: need %zu bytes, "
+                                "64-byte aligned (fl_attn_workspace_bytes)", a->work_size, (void *)work, bytes);
+    } else if (!(work = fl_alloc(FL_MEM_SCRATCH, bytes, 64))) {
         return fl_attn_alloc_failed(__func__);
     }
+    c.item_off = (int64_t *)(void *)work;
+    c.scratch = work + off_bytes;
     c.item_off[0] = 0;
     for (int32_t s = 0; s < a->n_seq; s++) {
         int64_t q0, lq, k0, lk;
@@ -273,7 +286,6 @@ fl_status fl_attn_forward_flash(const fl_attn_args *a) {
         c.item_off[s + 1] = c.item_off[s] + tiles * a->n_head_kv;
     }
     fl_parallel_n(flash_task, &c, nth);
-    fl_free(FL_MEM_SCRATCH, c.scratch, bytes);
-    fl_free(FL_MEM_SCRATCH, c.item_off, off_bytes);
+    if (!a->work) fl_free(FL_MEM_SCRATCH, work, bytes);
     return FL_OK;
 }
