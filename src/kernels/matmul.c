@@ -30,7 +30,7 @@ static fl_gemm_q8_fn gemm_for(fl_isa isa) {
     return isa == FL_ISA_AVX512 ? fl_gemm_q8_avx512 : isa == FL_ISA_AVX2 ? fl_gemm_q8_avx2 : fl_gemm_q8_ref;
 }
 static dot_fn dot_for(fl_isa isa) {
-    return isa == FL_ISA_AVX512 ? fl_dot_f32_avx512 : isa == FL_ISA_AVX2 ? fl_dot_f32_avx2 : fl_dot_f32_ref;
+    return isa == FL_ISA_AVX512 ? fl_mm_dot_f32_avx512 : isa == FL_ISA_AVX2 ? fl_dot_f32_avx2 : fl_mm_dot_f32_ref;
 }
 
 /* ---- integer path ---- */

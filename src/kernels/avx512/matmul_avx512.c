@@ -38,6 +38,22 @@ INLINE __m512i load_w(int32_t wtype, const char *w, int64_t b, int single, __m51
     }
 }
 
+/* f32 dot for matmul's f32 path. */
+float fl_mm_dot_f32_avx512(const float *a, const float *b, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
 INLINE void tile(const int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy,
                  const int NR, const int NT) {
     __m512 acc[4][4];
@@ -231,17 +247,4 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
             for (int t = 0; t < nt; t++) (q8 ? tile1x1_q8 : tile1x1_q4)(wc + r * ldw, ldw, a, m0 + t, y + t * ldy + r, ldy);
 }
 
-float fl_dot_f32_avx512(const float *a, const float *b, int64_t n) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-    }
-    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-    if (i < n) {
-        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-}
+/* fl_dot_f32_avx512 lives in avx512/ops_avx512.c. */
