@@ -79,5 +79,8 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx2(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);
+/* matmul's own f32 dots (the f32 path). */
+float fl_mm_dot_f32_ref(const float *a, const float *b, int64_t n);
+float fl_mm_dot_f32_avx512(const float *a, const float *b, int64_t n);
 
 #endif

@@ -44,6 +44,12 @@ void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K) {
     }
 }
 
+float fl_mm_dot_f32_ref(const float *a, const float *b, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
 void fl_matmul_ref(const fl_tensor *W, const float *x, float *y, int64_t M) {
     const int64_t K = W->ne[0], N = W->ne[1];
     float row[K > 0 ? K : 1];
