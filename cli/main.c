@@ -7,6 +7,7 @@
 static const fl_cli_command commands[] = {
     {"bench", "benchmarks that print JSON (attention, kv, model, serve, ...)", fl_cmd_bench},
     {"inspect", "show a GGUF model's metadata, tensors and memory needs", fl_cmd_inspect},
+    {"serve", "OpenAI-compatible HTTP server (completions, chat, streaming, metrics)", fl_cmd_serve},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
