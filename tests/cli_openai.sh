@@ -9,8 +9,8 @@ command -v node >/dev/null && command -v npm >/dev/null || { echo "SKIP: node/np
 CLIENT_DIR=$(dirname "$BIN")/openai-client
 if [ ! -d "$CLIENT_DIR/node_modules/openai" ]; then
   mkdir -p "$CLIENT_DIR"
-  npm install --prefix "$CLIENT_DIR" --no-audit --no-fund --loglevel=error openai@6 >/dev/null 2>&1 \
-    || { echo "FAIL: npm install openai@6 failed"; exit 1; }
+  npm install --prefix "$CLIENT_DIR" --no-audit --no-fund --loglevel=error openai@6.49.0 >/dev/null 2>&1 \
+    || { echo "FAIL: npm install openai@6.49.0 failed"; exit 1; }
 fi
 TMP=$(mktemp -d)
 "$BIN" serve -m "$MODEL" --port 0 -t 1 -c 256 --api-key test-key 2>"$TMP/log" &
