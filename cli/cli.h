@@ -47,6 +47,7 @@ int fl_cmd_plan(int argc, char **argv);
 int fl_cmd_quantize(int argc, char **argv);
 int fl_cmd_synth(int argc, char **argv);
 int fl_bench_matmul(int argc, char **argv);
+int fl_cmd_serve(int argc, char **argv);
 /* benchmarks (cli/bench_*.c) */
 int fl_bench_attention(int argc, char **argv);
 int fl_bench_packing(int argc, char **argv);

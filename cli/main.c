@@ -11,6 +11,7 @@ static const fl_cli_command commands[] = {
     {"plan", "plan memory per device (weights, KV, activations, training, sharding); --fit, --table", fl_cmd_plan},
     {"quantize", "write a GGUF with weights quantized to Q8_0, Q4_0, ..., Q4_K_M", fl_cmd_quantize},
     {"synth", "write a llama-shaped GGUF with random weights (e.g. TinyLlama-1.1B shape)", fl_cmd_synth},
+    {"serve", "OpenAI-compatible HTTP server (completions, chat, streaming, metrics)", fl_cmd_serve},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

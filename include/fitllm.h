@@ -181,6 +181,32 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active);
 int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap);
 void fl_engine_stats_get(fl_engine *e, fl_engine_stats *s);
 
+/* ---- OpenAI-compatible HTTP server (src/server) ----
+ * Serves one engine over HTTP with libmicrohttpd: /v1/completions, /v1/chat/completions,
+ * /v1/models, /health, /metrics.  fl_server_start binds and returns; requests are served by
+ * connection threads and one engine driver thread.  fl_server_stop stops accepting, cancels
+ * what is still running, and joins everything. */
+typedef struct fl_server fl_server;
+
+typedef struct fl_server_params {
+    const char *host;           /* default "127.0.0.1" */
+    int32_t port;               /* default 8080; 0 = pick a free port (see fl_server_port) */
+    const char *api_key;        /* NULL = no auth; else "Authorization: Bearer KEY" required */
+    int64_t max_body_bytes;     /* default 1 MiB */
+    int32_t max_tokens_limit;   /* largest max_tokens accepted (default 4096) */
+    int32_t max_connections;    /* concurrent connections (default 256) */
+    int32_t max_queue;          /* waiting requests before 503 (default 256) */
+    int32_t max_n;              /* largest n (default 8) */
+    const char *model_name;     /* name reported in responses (default: file name) */
+} fl_server_params;
+
+void fl_server_params_default(fl_server_params *p);
+/* The engine is borrowed and must outlive the server. */
+fl_status fl_server_start(fl_engine *e, const fl_server_params *p, fl_server **out);
+int32_t fl_server_port(const fl_server *s);
+/* Stop accepting; wait up to grace_ms for in-flight requests, then cancel the rest; free. */
+void fl_server_stop(fl_server *s, int32_t grace_ms);
+
 #ifdef __cplusplus
 }
 #endif

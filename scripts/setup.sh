@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake ninja-build pkg-config libcmocka-dev libmicrohttpd-dev libcjson-dev
       libxxhash-dev libpcre2-dev libopenmpi-dev openmpi-bin gnuplot-nox curl clang)
+      libxxhash-dev libpcre2-dev libopenmpi-dev openmpi-bin gnuplot-nox curl wrk)
 
 missing=()
 for p in "${PKGS[@]}"; do

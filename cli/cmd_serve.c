@@ -1,0 +1,110 @@
+/* `fitllm serve`: the OpenAI-compatible HTTP server over one engine. */
+#include "cli/cli.h"
+#include "core/status.h"
+#include "fitllm.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+int fl_cmd_serve(int argc, char **argv) {
+    fl_opt opts[] = {
+        {"model", 'm', FL_OPT_STR, "MODEL  GGUF model to serve (required)"},
+        {"host", 0, FL_OPT_STR, "ADDR  IPv4 address to bind (default 127.0.0.1)"},
+        {"port", 0, FL_OPT_INT, "PORT  TCP port (default 8080; 0 = any free port)"},
+        {"mem", 0, FL_OPT_BYTES, "BYTES  total memory budget; the KV pool is sized from the plan"},
+        {"kv-mem", 0, FL_OPT_BYTES, "BYTES  KV pool size (e.g. 256M)"},
+        {"ctx-size", 'c', FL_OPT_INT, "CTX  max tokens per sequence (default: the model's)"},
+        {"threads", 't', FL_OPT_INT, "N  compute threads (default: all cores)"},
+        {"max-seqs", 0, FL_OPT_INT, "N  concurrent sequences (default 16)"},
+        {"max-batch-tokens", 0, FL_OPT_INT, "N  token budget per engine step (default 512)"},
+        {"kv-type", 0, FL_OPT_STR, "T  KV cache type: f32 f16 bf16 fp8_e4m3 fp8_e5m2 q8_0 q4_0 (default f16)"},
+        {"block-size", 0, FL_OPT_INT, "N  tokens per KV block (default 16)"},
+        {"weights", 0, FL_OPT_STR, "T  quantize weights at load: nf4 fp8 q8_0 q4_0"},
+        {"prefix-cache", 0, FL_OPT_STR, "on|off  automatic prefix caching (default on)"},
+        {"api-key", 0, FL_OPT_STR, "KEY  require 'Authorization: Bearer KEY'"},
+        {"max-queue", 0, FL_OPT_INT, "N  waiting requests before answering 503 (default 256)"},
+        {"max-connections", 0, FL_OPT_INT, "N  concurrent HTTP connections (default 256)"},
+        {"max-body", 0, FL_OPT_BYTES, "BYTES  largest request body (default 1M)"},
+        {"max-tokens-limit", 0, FL_OPT_INT, "N  largest max_tokens accepted (default 4096)"},
+        {"alias", 0, FL_OPT_STR, "NAME  model name reported by the API (default: file name)"},
+        {0},
+    };
+    const char *pos[1];
+    int n_pos;
+    int r = fl_args_parse(argc, argv, opts,
+                          "fitllm serve -m MODEL [--host 127.0.0.1] [--port 8080] [--mem BYTES | --kv-mem BYTES] [options]",
+                          "Serve MODEL over an OpenAI-compatible HTTP API: POST /v1/completions,\n"
+                          "POST /v1/chat/completions (streaming with \"stream\": true), GET /v1/models,\n"
+                          "GET /health, GET /metrics (Prometheus). SIGINT/SIGTERM stop it gracefully.",
+                          pos, 0, &n_pos);
+    if (r) return r == 1 ? 0 : 2;
+    if (!fl_args_get(opts, "model")->set) {
+        fprintf(stderr, "fitllm serve: -m MODEL is required (see --help)\n");
+        return 2;
+    }
+    const char *pc = fl_args_get(opts, "prefix-cache")->str;
+    if (pc && strcmp(pc, "on") && strcmp(pc, "off")) {
+        fprintf(stderr, "fitllm serve: --prefix-cache takes on or off\n");
+        return 2;
+    }
+    fl_engine_params ep;
+    fl_engine_params_default(&ep);
+    ep.model_path = fl_args_get(opts, "model")->str;
+    if (fl_args_get(opts, "threads")->set) ep.n_threads = (int32_t)fl_args_get(opts, "threads")->i;
+    if (fl_args_get(opts, "ctx-size")->set) ep.n_ctx = (int32_t)fl_args_get(opts, "ctx-size")->i;
+    if (fl_args_get(opts, "max-seqs")->set) ep.max_seqs = (int32_t)fl_args_get(opts, "max-seqs")->i;
+    if (fl_args_get(opts, "max-batch-tokens")->set) ep.max_batch_tokens = (int32_t)fl_args_get(opts, "max-batch-tokens")->i;
+    if (fl_args_get(opts, "kv-mem")->set) ep.kv_mem = fl_args_get(opts, "kv-mem")->i;
+    if (fl_args_get(opts, "mem")->set) ep.mem_total = fl_args_get(opts, "mem")->i;
+    if (fl_args_get(opts, "kv-type")->set) ep.kv_type = fl_args_get(opts, "kv-type")->str;
+    if (fl_args_get(opts, "block-size")->set) ep.kv_block_size = (int32_t)fl_args_get(opts, "block-size")->i;
+    if (fl_args_get(opts, "weights")->set) ep.weights_type = fl_args_get(opts, "weights")->str;
+    if (pc) ep.prefix_cache = !strcmp(pc, "on");
+
+    fl_server_params sp;
+    fl_server_params_default(&sp);
+    if (fl_args_get(opts, "host")->set) sp.host = fl_args_get(opts, "host")->str;
+    if (fl_args_get(opts, "port")->set) sp.port = (int32_t)fl_args_get(opts, "port")->i;
+    if (sp.port < 0 || sp.port > 65535) {
+        fprintf(stderr, "fitllm serve: --port must be in 0..65535\n");
+        return 2;
+    }
+    sp.api_key = fl_args_get(opts, "api-key")->str;
+    if (fl_args_get(opts, "max-queue")->set) sp.max_queue = (int32_t)fl_args_get(opts, "max-queue")->i;
+    if (fl_args_get(opts, "max-connections")->set) sp.max_connections = (int32_t)fl_args_get(opts, "max-connections")->i;
+    if (fl_args_get(opts, "max-body")->set) sp.max_body_bytes = fl_args_get(opts, "max-body")->i;
+    if (fl_args_get(opts, "max-tokens-limit")->set) sp.max_tokens_limit = (int32_t)fl_args_get(opts, "max-tokens-limit")->i;
+    sp.model_name = fl_args_get(opts, "alias")->str;
+
+    /* Block the stop signals in every thread created from here on; main waits for them. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    fl_engine *e;
+    if (fl_engine_new(&ep, &e) != FL_OK) {
+        fprintf(stderr, "fitllm serve: %s\n", fl_last_error());
+        return 1;
+    }
+    fl_server *s;
+    if (fl_server_start(e, &sp, &s) != FL_OK) {
+        fprintf(stderr, "fitllm serve: %s\n", fl_last_error());
+        fl_engine_free(e);
+        return 1;
+    }
+    fprintf(stderr, "fitllm serve: listening on http://%s:%d (model %s, ctx %d)\n", sp.host, fl_server_port(s),
+            fl_engine_model_name(e), fl_engine_n_ctx(e));
+    fflush(stderr);
+    int sig = 0;
+    sigwait(&set, &sig);
+    fprintf(stderr, "fitllm serve: %s received, finishing in-flight requests\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    fl_server_stop(s, 5000);
+    fl_engine_free(e);
+    fprintf(stderr, "fitllm serve: stopped\n");
+    return 0;
+}

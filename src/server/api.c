@@ -1,0 +1,570 @@
+/* HTTP request handling: routing, auth, limits, OpenAI request parsing and response shapes,
+ * streaming with server-sent events, and cancellation when the client goes away. */
+#include "server/server_int.h"
+#include "core/alloc.h"
+#include "core/log.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct srv_conn {
+    srv_buf body;
+    bool too_big;
+};
+
+/* ---- small response helpers ---- */
+
+static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, const char *ctype, const char *body,
+                                 size_t len, const char *retry_after) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    enum MHD_Result ret = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static void count_status(fl_server *s, unsigned status) {
+    pthread_mutex_lock(&s->mu);
+    if (status >= 500) s->m.requests_err5xx++;
+    else if (status >= 400) s->m.requests_err4xx++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* OpenAI-style error body: {"error":{"message","type","param","code"}}. */
+static enum MHD_Result send_error(fl_server *s, struct MHD_Connection *conn, unsigned status, const char *type,
+                                  const char *code, const char *param, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static enum MHD_Result send_error(fl_server *s, struct MHD_Connection *conn, unsigned status, const char *type,
+                                  const char *code, const char *param, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    count_status(s, status);
+    cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddStringToObject(e, "type", type);
+    if (param) cJSON_AddStringToObject(e, "param", param); else cJSON_AddNullToObject(e, "param");
+    if (code) cJSON_AddStringToObject(e, "code", code); else cJSON_AddNullToObject(e, "code");
+    char *txt = cJSON_PrintUnformatted(o);
+    enum MHD_Result r = txt ? send_text(conn, status, "application/json", txt, strlen(txt), status == 503 || status == 429 ? "1" : NULL) : MHD_NO;
+    cJSON_free(txt);
+    cJSON_Delete(o);
+    return r;
+}
+
+#define BAD(...) send_error(s, conn, 400, "invalid_request_error", NULL, NULL, __VA_ARGS__)
+
+/* ---- request parsing helpers ---- */
+
+/* Optional number in [lo, hi]; returns 0 ok, -1 bad (err filled). */
+static int get_num(const cJSON *o, const char *name, double lo, double hi, double *out, char *err, size_t errn) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi) {
+        snprintf(err, errn, "'%s' must be a number in [%g, %g]", name, lo, hi);
+        return -1;
+    }
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int get_int(const cJSON *o, const char *name, double lo, double hi, int64_t *out, char *err, size_t errn) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi) {
+        snprintf(err, errn, "'%s' must be an integer in [%.0f, %.0f]", name, lo, hi);
+        return -1;
+    }
+    *out = (int64_t)v->valuedouble;
+    return 0;
+}
+
+static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "response_format",
+                                                  "logit_bias", "best_of", "suffix", "echo", "audio", "modalities", NULL};
+
+/* ---- streaming machinery ---- */
+
+static const char *finish_str(fl_finish_reason f) {
+    switch (f) {
+    case FL_FINISH_EOS: case FL_FINISH_STOP: return "stop";
+    case FL_FINISH_LENGTH: return "length";
+    case FL_FINISH_CANCELLED: return "cancelled";
+    case FL_FINISH_ERROR: return "error";
+    default: return NULL;
+    }
+}
+
+/* Bytes of s that end on a UTF-8 character boundary. */
+static size_t utf8_complete(const char *s, size_t n) {
+    size_t i = n;
+    int back = 0;
+    while (i > 0 && back < 4 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) { i--; back++; }
+    if (i == 0) return n;
+    unsigned char lead = (unsigned char)s[i - 1];
+    int need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    if (need > 1 && back + 1 < need) return i - 1;
+    return n;
+}
+
+static fl_status append_json(srv_buf *b, cJSON *o, bool sse) {
+    char *t = cJSON_PrintUnformatted(o);
+    if (!t) return FL_ERR_NOMEM;
+    fl_status st = sse ? srv_buf_printf(b, "data: %s\n\n", t) : srv_buf_append(b, t, strlen(t));
+    cJSON_free(t);
+    return st;
+}
+
+static cJSON *chunk_base(fl_server *s, srv_req *r) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", r->created_id);
+    cJSON_AddStringToObject(o, "object", r->chat ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)r->created);
+    cJSON_AddStringToObject(o, "model", s->model_name);
+    return o;
+}
+
+/* Append SSE chunks for new text and finished samples (called with s->mu held). */
+static void produce_stream(fl_server *s, srv_req *r) {
+    for (int i = 0; i < r->n; i++) {
+        srv_sample *sm = &r->samples[i];
+        bool fin = sm->finish != FL_FINISH_NONE;
+        size_t avail = fin ? sm->text.len : utf8_complete(sm->text.p ? sm->text.p : "", sm->text.len);
+        bool first_chat = r->chat && !r->role_sent;
+        if (avail > sm->sent || first_chat || (fin && !sm->finish_sent)) {
+            cJSON *o = chunk_base(s, r), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+            cJSON_AddNumberToObject(c, "index", i);
+            char *delta = fl_alloc(FL_MEM_NET, avail - sm->sent + 1, 16);
+            if (!delta) { cJSON_Delete(o); continue; }
+            memcpy(delta, sm->text.p + sm->sent, avail - sm->sent);
+            delta[avail - sm->sent] = 0;
+            if (r->chat) {
+                cJSON *d = cJSON_AddObjectToObject(c, "delta");
+                if (first_chat) cJSON_AddStringToObject(d, "role", "assistant");
+                if (avail > sm->sent) cJSON_AddStringToObject(d, "content", delta);
+            } else {
+                cJSON_AddStringToObject(c, "text", delta);
+                cJSON_AddNullToObject(c, "logprobs");
+            }
+            fl_free(FL_MEM_NET, delta, avail - sm->sent + 1);
+            if (fin) { cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish)); sm->finish_sent = true; }
+            else cJSON_AddNullToObject(c, "finish_reason");
+            cJSON_AddItemToArray(ch, c);
+            if (fin && r->n_done == r->n && i == r->n - 1) {
+                cJSON *u = cJSON_AddObjectToObject(o, "usage");
+                int32_t gen = 0;
+                for (int k = 0; k < r->n; k++) gen += r->samples[k].n_tokens;
+                cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
+                cJSON_AddNumberToObject(u, "completion_tokens", gen);
+                cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + gen);
+            }
+            append_json(&r->out, o, true);
+            cJSON_Delete(o);
+            sm->sent = avail;
+            if (r->chat) r->role_sent = true;
+        }
+    }
+    if (r->n_done == r->n) {
+        srv_buf_append(&r->out, "data: [DONE]\n\n", 14);
+        r->all_sent = true;
+    }
+}
+
+static void produce_full(fl_server *s, srv_req *r) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", r->created_id);
+    cJSON_AddStringToObject(o, "object", r->chat ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)r->created);
+    cJSON_AddStringToObject(o, "model", s->model_name);
+    cJSON *ch = cJSON_AddArrayToObject(o, "choices");
+    int32_t gen = 0;
+    for (int i = 0; i < r->n; i++) {
+        srv_sample *sm = &r->samples[i];
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", i);
+        const char *txt = sm->text.p ? sm->text.p : "";
+        if (r->chat) {
+            cJSON *m = cJSON_AddObjectToObject(c, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddStringToObject(m, "content", txt);
+        } else {
+            cJSON_AddStringToObject(c, "text", txt);
+            cJSON_AddNullToObject(c, "logprobs");
+        }
+        cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish) ? finish_str(sm->finish) : "stop");
+        cJSON_AddItemToArray(ch, c);
+        gen += sm->n_tokens;
+    }
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", gen);
+    cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + gen);
+    append_json(&r->out, o, false);
+    cJSON_Delete(o);
+    r->all_sent = true;
+}
+
+/* The peer closed its side of the connection (checked without blocking). */
+static bool client_gone(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* Unlink r from the live list (s->mu held). */
+static void unregister(fl_server *s, srv_req *r) {
+    if (!r->registered) return;
+    for (srv_req **pp = &s->reqs; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    r->registered = false;
+    s->n_live--;
+}
+
+typedef struct reader_ctx {
+    fl_server *s;
+    srv_req *r;
+} reader_ctx;
+
+static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    reader_ctx *rc = cls;
+    fl_server *s = rc->s;
+    srv_req *r = rc->r;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        if (r->out_off < r->out.len) {
+            size_t n = r->out.len - r->out_off;
+            if (n > max) n = max;
+            memcpy(buf, r->out.p + r->out_off, n);
+            r->out_off += n;
+            pthread_mutex_unlock(&s->mu);
+            return (ssize_t)n;
+        }
+        r->out.len = r->out_off = 0;
+        if (r->all_sent) {
+            pthread_mutex_unlock(&s->mu);
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        if (r->stream) produce_stream(s, r);
+        else if (r->n_done == r->n) produce_full(s, r);
+        if (r->out.len) continue;
+        if (s->stopping || r->cancelled || client_gone(r->conn)) {
+            if (r->registered) {
+                fl_engine_cancel(s->engine, r->id);
+                unregister(s, r);
+                s->m.requests_cancelled++;
+            }
+            r->cancelled = true;
+            pthread_mutex_unlock(&s->mu);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&r->cv, &s->mu, &ts);
+    }
+}
+
+static void req_free(fl_server *s, srv_req *r) {
+    for (int i = 0; i < SRV_MAX_N; i++) srv_buf_free(&r->samples[i].text);
+    srv_buf_free(&r->out);
+    pthread_cond_destroy(&r->cv);
+    (void)s;
+    fl_free(FL_MEM_NET, r, sizeof *r);
+}
+
+static void reader_free(void *cls) {
+    reader_ctx *rc = cls;
+    fl_server *s = rc->s;
+    srv_req *r = rc->r;
+    pthread_mutex_lock(&s->mu);
+    if (r->registered) { /* response torn down before the request finished: the client left */
+        fl_engine_cancel(s->engine, r->id);
+        unregister(s, r);
+        s->m.requests_cancelled++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    req_free(s, r);
+    fl_free(FL_MEM_NET, rc, sizeof *rc);
+}
+
+/* ---- /v1/completions and /v1/chat/completions ---- */
+
+static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool chat) {
+    char err[256] = "";
+    enum MHD_Result ret;
+    int32_t *toks = NULL;
+    int64_t toks_cap = 0;
+    srv_buf prompt = {0};
+    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
+    if (!j) return BAD("malformed JSON in the request body");
+    if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
+    for (const char *const *f = unsupported_fields; *f; f++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, *f);
+        if (v && !cJSON_IsNull(v) && !cJSON_IsFalse(v)) { ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", *f, "'%s' is not supported by this server", *f); goto out; }
+    }
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(j, "logprobs");
+    if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0)) {
+        ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", "logprobs", "'logprobs' is not supported by this server");
+        goto out;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
+    if (model && !cJSON_IsString(model) && !cJSON_IsNull(model)) { ret = BAD("'model' must be a string"); goto out; }
+    bool special = false;
+    if (chat) {
+        const char *e2 = NULL;
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
+        if (!msgs) { ret = BAD("'messages' is required"); goto out; }
+        fl_status st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, &prompt, &e2);
+        if (st) { ret = st == FL_ERR_NOMEM ? send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory") : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
+        special = true;
+    } else {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+        if (!p) { ret = BAD("'prompt' is required"); goto out; }
+        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0))) p = cJSON_GetArrayItem(p, 0);
+        if (cJSON_IsString(p)) {
+            srv_buf_append(&prompt, p->valuestring, strlen(p->valuestring));
+        } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(p, 0))) {
+            toks_cap = cJSON_GetArraySize(p);
+            toks = fl_alloc(FL_MEM_NET, (size_t)toks_cap * 4, 16);
+            if (!toks) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+            int64_t k = 0;
+            const cJSON *t;
+            cJSON_ArrayForEach(t, p) {
+                if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble >= fl_engine_n_vocab(s->engine)) {
+                    ret = BAD("'prompt' token ids must be integers in [0, %d)", fl_engine_n_vocab(s->engine));
+                    goto out;
+                }
+                toks[k++] = (int32_t)t->valuedouble;
+            }
+        } else {
+            ret = BAD("'prompt' must be a string, an array with one string, or an array of token ids");
+            goto out;
+        }
+    }
+    if (!toks && !srv_utf8_valid(prompt.p ? prompt.p : "", prompt.len)) { ret = BAD("the prompt is not valid UTF-8"); goto out; }
+
+    fl_request_params rp;
+    memset(&rp, 0, sizeof rp);
+    fl_sampling_params_default(&rp.sampling);
+    double temp = 1.0, top_p = 1.0, min_p = 0, pres = 0, freq = 0, rep = 1.0;
+    int64_t max_tokens = chat ? -1 : 16, n = 1, seed = -1, top_k = 0;
+    int32_t n_ctx = fl_engine_n_ctx(s->engine);
+    if (get_num(j, "temperature", 0, 2, &temp, err, sizeof err) || get_num(j, "top_p", 0, 1, &top_p, err, sizeof err) ||
+        get_num(j, "min_p", 0, 1, &min_p, err, sizeof err) || get_num(j, "presence_penalty", -2, 2, &pres, err, sizeof err) ||
+        get_num(j, "frequency_penalty", -2, 2, &freq, err, sizeof err) || get_num(j, "repetition_penalty", 0.01, 10, &rep, err, sizeof err) ||
+        get_int(j, "max_tokens", 1, 1e9, &max_tokens, err, sizeof err) || get_int(j, "max_completion_tokens", 1, 1e9, &max_tokens, err, sizeof err) ||
+        get_int(j, "n", 1, s->p.max_n, &n, err, sizeof err) || get_int(j, "seed", -9.2e18, 9.2e18, &seed, err, sizeof err) ||
+        get_int(j, "top_k", 0, 1e9, &top_k, err, sizeof err)) {
+        ret = BAD("%s", err);
+        goto out;
+    }
+    if (max_tokens > s->p.max_tokens_limit) { ret = BAD("'max_tokens' is %lld, the largest accepted is %d", (long long)max_tokens, s->p.max_tokens_limit); goto out; }
+    const cJSON *stream = cJSON_GetObjectItemCaseSensitive(j, "stream");
+    if (stream && !cJSON_IsBool(stream) && !cJSON_IsNull(stream)) { ret = BAD("'stream' must be a boolean"); goto out; }
+    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(j, "stop");
+    int n_stop = 0;
+    if (cJSON_IsString(stop)) {
+        if (!*stop->valuestring) { ret = BAD("'stop' strings must not be empty"); goto out; }
+        rp.stop[n_stop++] = stop->valuestring;
+    } else if (cJSON_IsArray(stop)) {
+        const cJSON *x;
+        cJSON_ArrayForEach(x, stop) {
+            if (!cJSON_IsString(x) || !*x->valuestring || n_stop >= FL_MAX_STOP_STRINGS) {
+                ret = BAD("'stop' must be a string or an array of at most %d non-empty strings", FL_MAX_STOP_STRINGS);
+                goto out;
+            }
+            rp.stop[n_stop++] = x->valuestring;
+        }
+    } else if (stop && !cJSON_IsNull(stop)) { ret = BAD("'stop' must be a string or an array of strings"); goto out; }
+
+    /* tokenize */
+    int64_t n_prompt = toks_cap;
+    if (!toks) {
+        toks_cap = (int64_t)prompt.len + 8;
+        toks = fl_alloc(FL_MEM_NET, (size_t)toks_cap * 4, 16);
+        if (!toks) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+        fl_status st = fl_engine_tokenize(s->engine, prompt.p ? prompt.p : "", prompt.len, special ? 3 : 1, toks, toks_cap, &n_prompt);
+        if (st != FL_OK) { ret = BAD("cannot tokenize the prompt: %s", fl_last_error()); goto out; }
+    }
+    if (n_prompt == 0 || (!chat && prompt.len == 0 && !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "prompt")))) { ret = BAD("the prompt is empty"); goto out; }
+    if (n_prompt >= n_ctx) {
+        ret = send_error(s, conn, 400, "invalid_request_error", "context_length_exceeded", "prompt",
+                         "the prompt has %lld tokens; the context is %d tokens", (long long)n_prompt, n_ctx);
+        goto out;
+    }
+    if (max_tokens < 0 || max_tokens > n_ctx - n_prompt) max_tokens = n_ctx - n_prompt;
+    if (max_tokens > s->p.max_tokens_limit) max_tokens = s->p.max_tokens_limit;
+
+    fl_engine_stats es;
+    fl_engine_stats_get(s->engine, &es);
+    if (es.n_waiting >= s->p.max_queue) { ret = send_error(s, conn, 503, "server_error", "queue_full", NULL, "the server is busy (%d requests waiting); retry later", es.n_waiting); goto out; }
+
+    rp.prompt = toks;
+    rp.n_prompt = (int32_t)n_prompt;
+    rp.max_tokens = (int32_t)max_tokens;
+    rp.n = (int32_t)n;
+    rp.sampling.temperature = (float)temp;
+    rp.sampling.top_p = (float)top_p;
+    rp.sampling.min_p = (float)min_p;
+    rp.sampling.top_k = (int32_t)top_k;
+    rp.sampling.presence_penalty = (float)pres;
+    rp.sampling.frequency_penalty = (float)freq;
+    rp.sampling.repeat_penalty = (float)rep;
+    if (seed >= 0) rp.sampling.seed = (uint64_t)seed;
+    else {
+        pthread_mutex_lock(&s->mu);
+        rp.sampling.seed = 0x9E3779B97F4A7C15ull ^ (uint64_t)(++s->next_local_id) * 0xBF58476D1CE4E5B9ull ^ (uint64_t)time(NULL);
+        pthread_mutex_unlock(&s->mu);
+    }
+
+    srv_req *r = fl_calloc(FL_MEM_NET, 1, sizeof *r);
+    reader_ctx *rc = fl_calloc(FL_MEM_NET, 1, sizeof *rc);
+    if (!r || !rc) {
+        fl_free(FL_MEM_NET, r, sizeof *r);
+        fl_free(FL_MEM_NET, rc, sizeof *rc);
+        ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory");
+        goto out;
+    }
+    pthread_cond_init(&r->cv, NULL);
+    r->n = (int32_t)n;
+    r->chat = chat;
+    r->stream = stream && cJSON_IsTrue(stream);
+    r->conn = conn;
+    r->n_prompt = (int32_t)n_prompt;
+    r->t_start = srv_now();
+    r->created = (int64_t)time(NULL);
+    rc->s = s;
+    rc->r = r;
+
+    pthread_mutex_lock(&s->mu); /* register before the driver can see outputs for the id */
+    int64_t id;
+    fl_status st = fl_engine_add(s->engine, &rp, &id);
+    if (st != FL_OK) {
+        pthread_mutex_unlock(&s->mu);
+        req_free(s, r);
+        fl_free(FL_MEM_NET, rc, sizeof *rc);
+        ret = st == FL_ERR_INVALID ? BAD("%s", fl_last_error()) : send_error(s, conn, 503, "server_error", NULL, NULL, "cannot queue the request: %s", fl_last_error());
+        goto out;
+    }
+    r->id = id;
+    snprintf(r->created_id, sizeof r->created_id, "%s-%lld", chat ? "chatcmpl" : "cmpl", (long long)id);
+    r->next = s->reqs;
+    s->reqs = r;
+    r->registered = true;
+    s->n_live++;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, rc, reader_free);
+    if (!resp) { reader_free(rc); ret = MHD_NO; goto out; }
+    MHD_add_response_header(resp, "Content-Type", r->stream ? "text/event-stream" : "application/json");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    ret = MHD_queue_response(conn, 200, resp);
+    MHD_destroy_response(resp);
+out:
+    if (toks) fl_free(FL_MEM_NET, toks, (size_t)toks_cap * 4);
+    srv_buf_free(&prompt);
+    cJSON_Delete(j);
+    return ret;
+}
+
+static enum MHD_Result handle_models(fl_server *s, struct MHD_Connection *conn) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *d = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", s->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "fitllm");
+    cJSON_AddNumberToObject(m, "max_model_len", fl_engine_n_ctx(s->engine));
+    cJSON_AddItemToArray(d, m);
+    char *t = cJSON_PrintUnformatted(o);
+    enum MHD_Result r = t ? send_text(conn, 200, "application/json", t, strlen(t), NULL) : MHD_NO;
+    cJSON_free(t);
+    cJSON_Delete(o);
+    return r;
+}
+
+static bool authorized(fl_server *s, struct MHD_Connection *conn) {
+    if (!s->api_key[0]) return true;
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7)) return false;
+    const char *k = h + 7;
+    size_t a = strlen(k), b = strlen(s->api_key);
+    unsigned diff = (unsigned)(a ^ b); /* constant-time compare over the key length */
+    for (size_t i = 0; i < b; i++) diff |= (unsigned char)(i < a ? k[i] : 0) ^ (unsigned char)s->api_key[i];
+    return diff == 0;
+}
+
+enum MHD_Result srv_handle(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                           const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls) {
+    (void)version;
+    fl_server *s = cls;
+    srv_conn *c = *con_cls;
+    if (!c) {
+        c = fl_calloc(FL_MEM_NET, 1, sizeof *c);
+        if (!c) return MHD_NO;
+        *con_cls = c;
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        if (!c->too_big) {
+            if (c->body.len + *upload_data_size > (size_t)s->p.max_body_bytes) {
+                c->too_big = true;
+                srv_buf_free(&c->body);
+            } else if (srv_buf_append(&c->body, upload_data, *upload_data_size)) {
+                c->too_big = true;
+            }
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(url, "/health")) {
+        if (!get) return send_error(s, conn, 405, "invalid_request_error", NULL, NULL, "use GET for %s", url);
+        const char *ok = "{\"status\":\"ok\"}";
+        return send_text(conn, 200, "application/json", ok, strlen(ok), NULL);
+    }
+    bool is_compl = !strcmp(url, "/v1/completions"), is_chat = !strcmp(url, "/v1/chat/completions");
+    bool is_models = !strcmp(url, "/v1/models"), is_metrics = !strcmp(url, "/metrics");
+    if (!is_compl && !is_chat && !is_models && !is_metrics)
+        return send_error(s, conn, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %s", method, url);
+    if (!authorized(s, conn)) return send_error(s, conn, 401, "invalid_request_error", "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
+    if (is_models || is_metrics) {
+        if (!get) return send_error(s, conn, 405, "invalid_request_error", NULL, NULL, "use GET for %s", url);
+        if (is_models) return handle_models(s, conn);
+        srv_buf b = {0};
+        if (srv_metrics_render(s, &b) != FL_OK) { srv_buf_free(&b); return MHD_NO; }
+        enum MHD_Result r = send_text(conn, 200, "text/plain; version=0.0.4", b.p, b.len, NULL);
+        srv_buf_free(&b);
+        return r;
+    }
+    if (!post) return send_error(s, conn, 405, "invalid_request_error", NULL, NULL, "use POST for %s", url);
+    if (c->too_big)
+        return send_error(s, conn, 413, "invalid_request_error", "body_too_large", NULL, "the request body exceeds %lld bytes", (long long)s->p.max_body_bytes);
+    return handle_generate(s, conn, c, is_chat);
+}
+
+void srv_request_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls; (void)conn; (void)toe;
+    srv_conn *c = *con_cls;
+    if (!c) return;
+    srv_buf_free(&c->body);
+    fl_free(FL_MEM_NET, c, sizeof *c);
+    *con_cls = NULL;
+}

@@ -1,0 +1,61 @@
+/* /metrics in the Prometheus text exposition format. */
+#include "server/server_int.h"
+
+static const double bucket_le[SRV_NBUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+
+void srv_hist_add(srv_hist *h, double v) {
+    h->sum += v;
+    h->count++;
+    for (int i = 0; i < SRV_NBUCKETS; i++)
+        if (v <= bucket_le[i]) h->buckets[i]++;
+}
+
+static fl_status hist(srv_buf *o, const char *name, const char *help, const srv_hist *h) {
+    fl_status st = srv_buf_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int i = 0; i < SRV_NBUCKETS && !st; i++) st = srv_buf_printf(o, "%s_bucket{le=\"%g\"} %lld\n", name, bucket_le[i], (long long)h->buckets[i]);
+    if (!st) st = srv_buf_printf(o, "%s_bucket{le=\"+Inf\"} %lld\n%s_sum %.6f\n%s_count %lld\n", name, (long long)h->count, name, h->sum, name, (long long)h->count);
+    return st;
+}
+
+static fl_status gauge(srv_buf *o, const char *name, const char *help, const char *type, double v) {
+    return srv_buf_printf(o, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+fl_status srv_metrics_render(fl_server *s, srv_buf *o) {
+    fl_engine_stats es;
+    fl_engine_stats_get(s->engine, &es);
+    pthread_mutex_lock(&s->mu);
+    srv_metrics m = s->m;
+    int32_t live = s->n_live;
+    pthread_mutex_unlock(&s->mu);
+    fl_status st = FL_OK;
+    st |= srv_buf_printf(o, "# HELP fitllm_requests_total HTTP generation requests by outcome\n# TYPE fitllm_requests_total counter\n");
+    st |= srv_buf_printf(o, "fitllm_requests_total{outcome=\"ok\"} %lld\nfitllm_requests_total{outcome=\"client_error\"} %lld\n"
+                            "fitllm_requests_total{outcome=\"server_error\"} %lld\nfitllm_requests_total{outcome=\"cancelled\"} %lld\n",
+                         (long long)m.requests_ok, (long long)m.requests_err4xx, (long long)m.requests_err5xx, (long long)m.requests_cancelled);
+    st |= gauge(o, "fitllm_prompt_tokens_total", "prompt tokens of finished requests", "counter", (double)m.prompt_tokens);
+    st |= gauge(o, "fitllm_generation_tokens_total", "generated tokens", "counter", (double)m.completion_tokens);
+    st |= hist(o, "fitllm_time_to_first_token_seconds", "time to first token", &m.ttft);
+    st |= hist(o, "fitllm_request_latency_seconds", "end-to-end request latency", &m.e2e);
+    st |= gauge(o, "fitllm_requests_running", "requests being served", "gauge", (double)live);
+    st |= gauge(o, "fitllm_engine_waiting", "requests waiting in the engine", "gauge", es.n_waiting);
+    st |= gauge(o, "fitllm_engine_running", "requests running in the engine", "gauge", es.n_running);
+    st |= gauge(o, "fitllm_engine_steps_total", "engine steps", "counter", (double)es.steps);
+    st |= gauge(o, "fitllm_kv_blocks_total", "KV blocks in the pool", "gauge", (double)es.kv_blocks_total);
+    st |= gauge(o, "fitllm_kv_blocks_used", "KV blocks held by sequences", "gauge", (double)es.kv_blocks_used);
+    st |= gauge(o, "fitllm_kv_blocks_free", "free KV blocks", "gauge", (double)es.kv_blocks_free);
+    st |= gauge(o, "fitllm_kv_blocks_cached", "free KV blocks still holding prefix-cache entries", "gauge", (double)es.kv_blocks_cached);
+    st |= gauge(o, "fitllm_kv_utilization", "live tokens / allocated token slots", "gauge", es.kv_utilization);
+    st |= gauge(o, "fitllm_prefix_cache_hit_tokens_total", "prompt tokens served from the prefix cache", "counter", (double)es.prefix_hit_tokens);
+    st |= gauge(o, "fitllm_prefix_cache_miss_tokens_total", "prompt tokens computed", "counter", (double)es.prefix_miss_tokens);
+    st |= gauge(o, "fitllm_preemptions_total", "preemptions", "counter", (double)es.preemptions);
+    st |= srv_buf_printf(o, "# HELP fitllm_memory_bytes tracked memory by category\n# TYPE fitllm_memory_bytes gauge\n");
+    for (int c = 0; c < FL_MEM_COUNT; c++)
+        st |= srv_buf_printf(o, "fitllm_memory_bytes{category=\"%s\"} %zu\n", fl_mem_cat_name((fl_mem_cat)c), fl_mem_current((fl_mem_cat)c));
+    st |= srv_buf_printf(o, "fitllm_memory_bytes{category=\"total\"} %zu\n", fl_mem_current_total());
+    st |= srv_buf_printf(o, "# HELP fitllm_memory_peak_bytes peak tracked memory by category\n# TYPE fitllm_memory_peak_bytes gauge\n");
+    for (int c = 0; c < FL_MEM_COUNT; c++)
+        st |= srv_buf_printf(o, "fitllm_memory_peak_bytes{category=\"%s\"} %zu\n", fl_mem_cat_name((fl_mem_cat)c), fl_mem_peak((fl_mem_cat)c));
+    st |= srv_buf_printf(o, "fitllm_memory_peak_bytes{category=\"total\"} %zu\n", fl_mem_peak_total());
+    return st ? FL_ERR_NOMEM : FL_OK;
+}

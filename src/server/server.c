@@ -1,0 +1,180 @@
+/* Server lifecycle: the libmicrohttpd daemon, the engine driver thread, graceful stop. */
+#include "server/server_int.h"
+#include "core/alloc.h"
+#include "core/log.h"
+#include "core/status.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <time.h>
+
+void fl_server_params_default(fl_server_params *p) {
+    memset(p, 0, sizeof *p);
+    p->host = "127.0.0.1";
+    p->port = 8080;
+    p->max_body_bytes = 1 << 20;
+    p->max_tokens_limit = 4096;
+    p->max_connections = 256;
+    p->max_queue = 256;
+    p->max_n = 8;
+}
+
+/* Route one engine output to its waiting connection (s->mu held). */
+static void dispatch(fl_server *s, const fl_request_output *o) {
+    srv_req *r = s->reqs;
+    while (r && r->id != o->request_id) r = r->next;
+    if (!r || o->sample < 0 || o->sample >= r->n) return; /* cancelled meanwhile */
+    srv_sample *sm = &r->samples[o->sample];
+    if (o->new_text && *o->new_text) srv_buf_append(&sm->text, o->new_text, strlen(o->new_text));
+    sm->n_tokens = o->n_generated;
+    r->n_prompt = o->n_prompt;
+    r->n_cached = o->n_cached_prompt;
+    if (o->n_new > 0 && r->t_first == 0) {
+        r->t_first = srv_now();
+        srv_hist_add(&s->m.ttft, r->t_first - r->t_start);
+    }
+    if (o->finish != FL_FINISH_NONE && sm->finish == FL_FINISH_NONE) {
+        sm->finish = o->finish;
+        r->n_done++;
+        s->m.completion_tokens += o->n_generated;
+        if (r->n_done == r->n) {
+            r->t_end = srv_now();
+            srv_hist_add(&s->m.e2e, r->t_end - r->t_start);
+            s->m.prompt_tokens += r->n_prompt;
+            s->m.requests_ok++;
+            r->registered = false; /* no more outputs: unlink */
+            for (srv_req **pp = &s->reqs; *pp; pp = &(*pp)->next)
+                if (*pp == r) { *pp = r->next; break; }
+            s->n_live--;
+        }
+    }
+    pthread_cond_broadcast(&r->cv);
+}
+
+static void *driver_main(void *arg) {
+    fl_server *s = arg;
+    fl_request_output outs[64];
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->stopping && s->n_live == 0 && s->engine_active == 0) pthread_cond_wait(&s->work_cv, &s->mu);
+        bool stop = s->stopping && s->n_live == 0 && s->engine_active == 0;
+        pthread_mutex_unlock(&s->mu);
+        if (stop) break;
+        int32_t active = 0;
+        fl_status st = fl_engine_step(s->engine, &active);
+        if (st < 0) FL_LOG_ERROR("%s: engine step failed: %s", __func__, fl_last_error());
+        int32_t n;
+        while ((n = fl_engine_poll(s->engine, outs, 64)) > 0) {
+            pthread_mutex_lock(&s->mu);
+            for (int32_t i = 0; i < n; i++) dispatch(s, &outs[i]);
+            pthread_mutex_unlock(&s->mu);
+        }
+        pthread_mutex_lock(&s->mu);
+        s->engine_active = active;
+        pthread_mutex_unlock(&s->mu);
+        if (st < 0 && active) { /* avoid a hot loop on a persistent error */
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+fl_status fl_server_start(fl_engine *e, const fl_server_params *p, fl_server **out) {
+    *out = NULL;
+    fl_mem_install_cjson_hooks();
+    fl_server *s = fl_calloc(FL_MEM_NET, 1, sizeof *s);
+    if (!s) return FL_ERR_NOMEM;
+    s->engine = e;
+    s->p = *p;
+    if (!s->p.host) s->p.host = "127.0.0.1";
+    if (s->p.max_body_bytes <= 0) s->p.max_body_bytes = 1 << 20;
+    if (s->p.max_tokens_limit <= 0) s->p.max_tokens_limit = 4096;
+    if (s->p.max_connections <= 0) s->p.max_connections = 256;
+    if (s->p.max_queue <= 0) s->p.max_queue = 256;
+    if (s->p.max_n <= 0 || s->p.max_n > SRV_MAX_N) s->p.max_n = s->p.max_n > SRV_MAX_N ? SRV_MAX_N : 8;
+    snprintf(s->model_name, sizeof s->model_name, "%s", p->model_name ? p->model_name : fl_engine_model_name(e));
+    if (p->api_key) snprintf(s->api_key, sizeof s->api_key, "%s", p->api_key);
+    s->p.host = NULL;
+    s->p.api_key = NULL;
+    s->p.model_name = NULL;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work_cv, NULL);
+
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)p->port);
+    const char *host = p->host ? p->host : "127.0.0.1";
+    if (!strcmp(host, "localhost")) host = "127.0.0.1";
+    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
+        fl_status st = fl_set_error(FL_ERR_INVALID, "cannot bind to '%s': give an IPv4 address such as 127.0.0.1", host);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->work_cv);
+        fl_free(FL_MEM_NET, s, sizeof *s);
+        return st;
+    }
+    if (pthread_create(&s->driver, NULL, driver_main, s)) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->work_cv);
+        fl_free(FL_MEM_NET, s, sizeof *s);
+        return fl_set_error(FL_ERR_INTERNAL, "cannot start the driver thread");
+    }
+    s->mhd = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC,
+                              0, NULL, NULL, srv_handle, s,
+                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned int)s->p.max_connections,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)120,
+                              MHD_OPTION_NOTIFY_COMPLETED, srv_request_completed, s,
+                              MHD_OPTION_END);
+    if (!s->mhd) {
+        pthread_mutex_lock(&s->mu);
+        s->stopping = true;
+        pthread_cond_signal(&s->work_cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->driver, NULL);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->work_cv);
+        fl_free(FL_MEM_NET, s, sizeof *s);
+        return fl_set_error(FL_ERR_IO, "cannot listen on %s:%d (port in use or not permitted)", host, p->port);
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : p->port;
+    *out = s;
+    return FL_OK;
+}
+
+int32_t fl_server_port(const fl_server *s) { return s->port; }
+
+void fl_server_stop(fl_server *s, int32_t grace_ms) {
+    if (!s) return;
+    MHD_quiesce_daemon(s->mhd); /* stop accepting new connections */
+    double t_end = srv_now() + grace_ms / 1000.0;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        int32_t live = s->n_live;
+        pthread_mutex_unlock(&s->mu);
+        if (live == 0 || srv_now() >= t_end) break;
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    pthread_mutex_lock(&s->mu);
+    for (srv_req *r = s->reqs; r; r = r->next) {
+        fl_engine_cancel(s->engine, r->id);
+        r->cancelled = true;
+        pthread_cond_broadcast(&r->cv);
+    }
+    s->stopping = true;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+    MHD_stop_daemon(s->mhd); /* joins connection threads; their readers see stopping */
+    pthread_mutex_lock(&s->mu);
+    s->engine_active = 0;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->driver, NULL);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->work_cv);
+    fl_free(FL_MEM_NET, s, sizeof *s);
+}

@@ -1,0 +1,102 @@
+/*
+ * server_int.h - internals shared by the server's files (not public).
+ *
+ * Threads: libmicrohttpd runs one thread per connection (handlers and response callbacks) and
+ * the server runs one driver thread that steps the engine and routes its outputs to the
+ * waiting connections.  s->mu guards the request list, every srv_req and the metrics; each
+ * srv_req has its own condition variable, signalled when output arrives.
+ * Memory: request text buffers and JSON bodies are charged to FL_MEM_NET.
+ */
+#ifndef FL_SERVER_INT_H
+#define FL_SERVER_INT_H
+
+#include "fitllm.h"
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdbool.h>
+
+#define SRV_MAX_N 16
+
+typedef struct srv_buf {
+    char *p;
+    size_t len, cap;
+} srv_buf;
+
+fl_status srv_buf_append(srv_buf *b, const char *s, size_t n);
+fl_status srv_buf_printf(srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void srv_buf_free(srv_buf *b);
+
+typedef struct srv_sample {
+    srv_buf text;        /* all generated text so far */
+    size_t sent;         /* bytes of text already streamed */
+    int32_t n_tokens;
+    fl_finish_reason finish;
+    bool finish_sent;
+} srv_sample;
+
+typedef struct srv_req {
+    struct srv_req *next;
+    int64_t id;            /* engine request id */
+    int32_t n;             /* samples */
+    srv_sample samples[SRV_MAX_N];
+    int32_t n_prompt, n_cached;
+    int32_t n_done;        /* samples finished */
+    bool chat, stream, cancelled, registered, role_sent;
+    double t_start, t_first, t_end;
+    pthread_cond_t cv;
+    struct MHD_Connection *conn;
+    srv_buf out;           /* bytes pending for the response callback */
+    size_t out_off;
+    bool all_sent;
+    char created_id[48];
+    int64_t created;
+} srv_req;
+
+#define SRV_NBUCKETS 11
+typedef struct srv_hist {
+    double sum;
+    int64_t count;
+    int64_t buckets[SRV_NBUCKETS]; /* cumulative at render time */
+} srv_hist;
+
+typedef struct srv_metrics {
+    int64_t requests_ok, requests_err4xx, requests_err5xx, requests_cancelled;
+    int64_t prompt_tokens, completion_tokens;
+    srv_hist ttft, e2e;
+} srv_metrics;
+
+struct fl_server {
+    fl_engine *engine;
+    fl_server_params p;
+    char model_name[256];
+    char api_key[256];
+    struct MHD_Daemon *mhd;
+    pthread_t driver;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;
+    srv_req *reqs;         /* live requests (registered with the engine) */
+    int32_t n_live;
+    int32_t engine_active; /* from the last step */
+    bool stopping;
+    int64_t next_local_id;
+    srv_metrics m;
+    int32_t port;
+};
+
+/* api.c */
+typedef struct srv_conn srv_conn;
+enum MHD_Result srv_handle(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                           const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls);
+void srv_request_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe);
+/* metrics.c */
+void srv_hist_add(srv_hist *h, double v);
+fl_status srv_metrics_render(fl_server *s, srv_buf *out);
+/* chat.c: render messages (cJSON array) with the model's template kind; *err set on bad input. */
+struct cJSON;
+fl_status srv_chat_render(const char *tmpl, const struct cJSON *messages, srv_buf *out, const char **err);
+/* util */
+bool srv_utf8_valid(const char *s, size_t n);
+double srv_now(void);
+
+#endif

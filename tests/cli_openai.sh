@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The official `openai` npm client (v6, Node 20) against `fitllm serve` on stories260K:
+# one chat completion and one streamed completion.  Usage: cli_openai.sh FITLLM_BIN SHARED_DIR
+set -u
+BIN=$1; SHARED=$2
+MODEL=$SHARED/models/stories260K.gguf
+[ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
+command -v node >/dev/null && command -v npm >/dev/null || { echo "SKIP: node/npm not installed"; exit 77; }
+CLIENT_DIR=$(dirname "$BIN")/openai-client
+if [ ! -d "$CLIENT_DIR/node_modules/openai" ]; then
+  mkdir -p "$CLIENT_DIR"
+  npm install --prefix "$CLIENT_DIR" --no-audit --no-fund --loglevel=error openai@6.49.0 >/dev/null 2>&1 \
+    || { echo "FAIL: npm install openai@6.49.0 failed"; exit 1; }
+fi
+TMP=$(mktemp -d)
+"$BIN" serve -m "$MODEL" --port 0 -t 1 -c 256 --api-key test-key 2>"$TMP/log" &
+PID=$!
+trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$TMP"' EXIT
+for _ in $(seq 1 100); do
+  PORT=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/log"); [ -n "$PORT" ] && break; sleep 0.1
+done
+[ -n "$PORT" ] || { cat "$TMP/log"; exit 1; }
+cat >"$TMP/client.mjs" <<JS
+import OpenAI from "$CLIENT_DIR/node_modules/openai/index.mjs";
+const client = new OpenAI({ baseURL: "http://127.0.0.1:$PORT/v1", apiKey: "test-key" });
+let fails = 0, passes = 0;
+function check(name, cond) { if (cond) { passes++; console.log("ok   - " + name); } else { fails++; console.log("FAIL - " + name); } }
+const models = await client.models.list();
+check("models.list", models.data.length === 1);
+const chat = await client.chat.completions.create({
+  model: models.data[0].id, messages: [{ role: "user", content: "Once upon a time" }], max_tokens: 16, temperature: 0 });
+check("chat completion has content", typeof chat.choices[0].message.content === "string" && chat.choices[0].message.content.length > 0);
+check("chat usage", chat.usage.completion_tokens === 16 && chat.usage.prompt_tokens > 0);
+const stream = await client.completions.create({
+  model: models.data[0].id, prompt: "Once upon a time", max_tokens: 24, temperature: 0, stream: true });
+let text = "", chunks = 0, finish = null;
+for await (const part of stream) { text += part.choices[0].text; chunks++; if (part.choices[0].finish_reason) finish = part.choices[0].finish_reason; }
+const full = await client.completions.create({ model: models.data[0].id, prompt: "Once upon a time", max_tokens: 24, temperature: 0 });
+check("streamed completion in several chunks", chunks > 3);
+check("streamed text equals the non-streamed text", text === full.choices[0].text && text.length > 20);
+check("finish_reason length", finish === "length");
+try { await client.completions.create({ model: "x", prompt: "", max_tokens: 3 }); check("empty prompt rejected", false); }
+catch (e) { check("empty prompt rejected with 400", e.status === 400); }
+console.log(passes + " passed, " + fails + " failed");
+process.exit(fails ? 1 : 0);
+JS
+node "$TMP/client.mjs"

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# End-to-end tests of `fitllm serve` over HTTP on loopback (curl + python3 for JSON checks).
+# Usage: cli_serve.sh FITLLM_BIN SHARED_DIR     (exit 77 = skipped)
+set -u
+BIN=$1; SHARED=$2
+MODEL=$SHARED/models/stories260K.gguf
+[ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
+command -v curl >/dev/null || { echo "SKIP: curl not installed"; exit 77; }
+TMP=$(mktemp -d); PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$TMP"; }
+trap cleanup EXIT
+fails=0; passes=0
+ok() { passes=$((passes+1)); echo "ok   - $1"; }
+bad() { fails=$((fails+1)); echo "FAIL - $1"; }
+check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+
+# start_server NAME ARGS... -> sets URL_<NAME>, PID_<NAME>
+start_server() {
+  local name=$1; shift
+  "$BIN" serve -m "$MODEL" --port 0 -t 1 "$@" 2>"$TMP/$name.log" &
+  local pid=$!; PIDS+=("$pid"); eval "PID_$name=$pid"
+  for _ in $(seq 1 100); do
+    local port; port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/$name.log")
+    if [ -n "$port" ]; then eval "URL_$name=http://127.0.0.1:$port"; return 0; fi
+    sleep 0.1
+  done
+  echo "server $name did not start:"; cat "$TMP/$name.log"; exit 1
+}
+# post URL PATH JSON [curl args...] -> body in $TMP/body, status in $TMP/status
+post() { local u=$1 p=$2 d=$3; shift 3; curl -s -o "$TMP/body" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary "$d" "$@" "$u$p" >"$TMP/status"; }
+status() { cat "$TMP/status"; }
+jq_() { python3 -c "import json,sys; d=json.load(open('$TMP/body')); print($1)"; }
+
+start_server A -c 256 --max-seqs 8
+U=$URL_A
+
+check "health" '[ "$(curl -s $U/health)" = "{\"status\":\"ok\"}" ]'
+curl -s "$U/v1/models" >"$TMP/body"; check "models lists the model" '[ "$(jq_ "d[\"data\"][0][\"object\"]")" = model ]'
+
+# greedy completion equals the reference greedy text (llama.cpp) for the same prompt
+REF=$(python3 -c "
+import json
+for l in open('$SHARED/reference/stories260K.greedy.jsonl'):
+    d=json.loads(l)
+    if d['prompt']=='Once upon a time': print(json.dumps(d['greedy_text'])); break")
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":24,"temperature":0}'
+check "completion 200" '[ "$(status)" = 200 ]'
+TEXT=$(jq_ 'json.dumps(d["choices"][0]["text"])')
+check "greedy completion is a prefix of the reference" 'python3 -c "import sys,json; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); sys.exit(0 if len(a)>20 and b.startswith(a) else 1)" "$TEXT" "$REF"'
+check "usage counts" '[ "$(jq_ "d[\"usage\"][\"prompt_tokens\"], d[\"usage\"][\"completion_tokens\"], d[\"choices\"][0][\"finish_reason\"]")" = "5 24 length" ]'
+
+# streaming gives the same text, chunk by chunk, then [DONE]
+curl -sN -H 'Content-Type: application/json' -d '{"prompt":"Once upon a time","max_tokens":24,"temperature":0,"stream":true}' "$U/v1/completions" >"$TMP/sse"
+STEXT=$(python3 -c "
+import json
+t=''; n=0
+for l in open('$TMP/sse'):
+    if l.startswith('data: ') and l.strip()!='data: [DONE]':
+        d=json.loads(l[6:]); t+=d['choices'][0]['text']; n+=1
+print(json.dumps(t)); print(n)" | head -1)
+NCHUNK=$(grep -c '^data: {' "$TMP/sse")
+check "stream text equals non-stream text" '[ "$STEXT" = "$TEXT" ]'
+check "stream has several chunks and [DONE]" '[ "$NCHUNK" -gt 3 ] && tail -2 "$TMP/sse" | grep -q "data: \[DONE\]"'
+
+# chat, plain and streamed
+post "$U" /v1/chat/completions '{"messages":[{"role":"system","content":"Tell a story."},{"role":"user","content":"Once upon a time"}],"max_tokens":16,"temperature":0}'
+check "chat 200 with assistant message" '[ "$(status)" = 200 ] && [ "$(jq_ "d[\"choices\"][0][\"message\"][\"role\"], d[\"object\"]")" = "assistant chat.completion" ]'
+curl -sN -H 'Content-Type: application/json' -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"stream":true,"temperature":0}' "$U/v1/chat/completions" >"$TMP/sse2"
+check "chat stream chunks" 'grep -q "chat.completion.chunk" "$TMP/sse2" && grep -q "\"role\":\"assistant\"" "$TMP/sse2" && grep -q "data: \[DONE\]" "$TMP/sse2"'
+
+# n > 1 and seeds
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":20,"temperature":0.9,"n":3,"seed":42}'
+A1=$(jq_ '"|".join(c["text"] for c in d["choices"])'); NCH=$(jq_ 'len(d["choices"])')
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":20,"temperature":0.9,"n":3,"seed":42}'
+A2=$(jq_ '"|".join(c["text"] for c in d["choices"])')
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":20,"temperature":0.9,"n":3,"seed":7}'
+A3=$(jq_ '"|".join(c["text"] for c in d["choices"])')
+check "n=3 gives 3 choices" '[ "$NCH" = 3 ]'
+check "same seed reproduces" '[ "$A1" = "$A2" ]'
+check "other seed differs" '[ "$A1" != "$A3" ]'
+
+# stop strings
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":60,"temperature":0,"stop":["Lily"]}'
+check "stop string trims and finishes with stop" '[ "$(jq_ "\"Lily\" in d[\"choices\"][0][\"text\"], d[\"choices\"][0][\"finish_reason\"]")" = "False stop" ]'
+
+# bad input -> 4xx with an OpenAI-style error body
+errcase() { # name expected_status path data
+  post "$U" "$3" "$4"; local st; st=$(status)
+  if [ "$st" = "$2" ] && python3 -c "import json; d=json.load(open('$TMP/body')); assert isinstance(d['error']['message'], str) and d['error']['type']" 2>/dev/null; then ok "$1 -> $st"; else bad "$1 (got $st: $(head -c 200 "$TMP/body"))"; fi
+}
+errcase "malformed JSON" 400 /v1/completions '{"prompt": "x",'
+errcase "not an object" 400 /v1/completions '[1,2]'
+errcase "missing prompt" 400 /v1/completions '{"max_tokens":3}'
+errcase "wrong type max_tokens" 400 /v1/completions '{"prompt":"a","max_tokens":"ten"}'
+errcase "negative max_tokens" 400 /v1/completions '{"prompt":"a","max_tokens":-1}'
+errcase "temperature out of range" 400 /v1/completions '{"prompt":"a","temperature":9}'
+errcase "n too large" 400 /v1/completions '{"prompt":"a","n":100}'
+errcase "max_tokens over the limit" 400 /v1/completions '{"prompt":"a","max_tokens":100000}'
+errcase "unsupported field (tools)" 400 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}'
+errcase "empty prompt" 400 /v1/completions '{"prompt":""}'
+errcase "bad role" 400 /v1/chat/completions '{"messages":[{"role":"wizard","content":"hi"}]}'
+errcase "messages not array" 400 /v1/chat/completions '{"messages":"hi"}'
+LONG=$(python3 -c "print('Once upon a time, there was a little girl. '*40)")
+errcase "prompt over the context" 400 /v1/completions "{\"prompt\":\"$LONG\"}"
+check "context error code" '[ "$(jq_ "d[\"error\"][\"code\"]")" = context_length_exceeded ]'
+printf '{"prompt":"bad \xff\xfe utf8"}' >"$TMP/bad.json"
+curl -s -o "$TMP/body" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary @"$TMP/bad.json" "$U/v1/completions" >"$TMP/status"
+check "invalid UTF-8 -> 400" '[ "$(status)" = 400 ] && grep -q UTF-8 "$TMP/body"'
+head -c 2000000 /dev/zero | tr '\0' 'a' >"$TMP/big"
+curl -s -o "$TMP/body" -w '%{http_code}' --data-binary @"$TMP/big" "$U/v1/completions" >"$TMP/status"
+check "body too large -> 413" '[ "$(status)" = 413 ]'
+check "unknown path -> 404" '[ "$(curl -s -o /dev/null -w "%{http_code}" $U/v1/nope)" = 404 ]'
+check "wrong method -> 405" '[ "$(curl -s -o /dev/null -w "%{http_code}" $U/v1/completions)" = 405 ]'
+
+# cancellation on disconnect frees the blocks (seen through /metrics)
+curl -sN --max-time 0.4 -H 'Content-Type: application/json' -d '{"prompt":"Once upon a time","max_tokens":240,"temperature":0.8,"stream":true}' "$U/v1/completions" >/dev/null 2>&1
+freed=no
+for _ in $(seq 1 50); do
+  m=$(curl -s "$U/metrics")
+  used=$(echo "$m" | sed -n 's/^fitllm_kv_blocks_used \(.*\)/\1/p'); canc=$(echo "$m" | sed -n 's/^fitllm_requests_total{outcome="cancelled"} \(.*\)/\1/p')
+  if [ "$used" = 0 ] && [ "${canc:-0}" -ge 1 ]; then freed=yes; break; fi
+  sleep 0.1
+done
+check "client disconnect cancels and frees KV blocks" '[ $freed = yes ]'
+m=$(curl -s "$U/metrics")
+check "metrics has histograms, KV and memory gauges" 'echo "$m" | grep -q "fitllm_time_to_first_token_seconds_bucket" && echo "$m" | grep -q "fitllm_kv_blocks_free" && echo "$m" | grep -q "fitllm_memory_bytes{category=\"kv\"}" && echo "$m" | grep -q fitllm_prefix_cache_hit_tokens_total'
+
+# graceful shutdown
+kill -TERM "$PID_A"; wait "$PID_A"; rc=$?
+check "SIGTERM -> exit 0" '[ $rc = 0 ]'
+
+# auth and a full queue
+start_server B -c 256 --api-key sekrit --max-seqs 1 --max-queue 1
+U=$URL_B
+post "$U" /v1/completions '{"prompt":"a","max_tokens":2}'
+check "no key -> 401" '[ "$(status)" = 401 ]'
+post "$U" /v1/completions '{"prompt":"a","max_tokens":2}' -H 'Authorization: Bearer wrong'
+check "wrong key -> 401" '[ "$(status)" = 401 ]'
+post "$U" /v1/completions '{"prompt":"a","max_tokens":2}' -H 'Authorization: Bearer sekrit'
+check "right key -> 200" '[ "$(status)" = 200 ]'
+for i in 1 2 3 4 5 6; do
+  curl -s -o /dev/null -D "$TMP/h$i" -H 'Authorization: Bearer sekrit' -H 'Content-Type: application/json' \
+    -d '{"prompt":"Once","max_tokens":200,"temperature":0.8}' "$U/v1/completions" &
+done
+wait
+check "full queue -> 503 with Retry-After" 'grep -l "503" $TMP/h* >/dev/null && grep -qi "Retry-After" $(grep -l " 503" $TMP/h* | head -1)'
+kill -INT "$PID_B"; wait "$PID_B"; rc=$?
+check "SIGINT -> exit 0" '[ $rc = 0 ]'
+
+echo "$passes passed, $fails failed"
+[ $fails = 0 ]
