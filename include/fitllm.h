@@ -162,7 +162,10 @@ typedef struct fl_engine_stats {
 
 fl_status fl_engine_new(const fl_engine_params *p, fl_engine **out);
 void fl_engine_free(fl_engine *e);
-/* Tokenize text with the model's tokenizer (add_special: BOS as the model asks). */
+/* Tokenize text with the model's tokenizer.  flags: FL_TOKENIZE_ADD_SPECIAL adds BOS as the
+ * model asks; FL_TOKENIZE_PARSE_SPECIAL reads special-token texts ("<|eot_id|>") as tokens. */
+#define FL_TOKENIZE_ADD_SPECIAL 1
+#define FL_TOKENIZE_PARSE_SPECIAL 2
 fl_status fl_engine_tokenize(fl_engine *e, const char *text, size_t len, int add_special,
                              int32_t *out, int64_t cap, int64_t *n_out);
 int64_t fl_engine_detokenize(fl_engine *e, const int32_t *ids, int64_t n, char *buf, int64_t cap);

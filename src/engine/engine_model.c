@@ -55,7 +55,7 @@ static fl_status mb_tokenize(void *ctx, const char *text, size_t len, int add_sp
                              int64_t *n_out) {
     mbackend *m = ctx;
     if (!m->tok) return fl_set_error(FL_ERR_UNSUPPORTED, "fl_engine_tokenize: the model has no tokenizer");
-    return fl_tokenize(m->tok, text, len, add_special != 0, false, out, cap, n_out);
+    return fl_tokenize(m->tok, text, len, (add_special & FL_TOKENIZE_ADD_SPECIAL) != 0, (add_special & FL_TOKENIZE_PARSE_SPECIAL) != 0, out, cap, n_out);
 }
 static int64_t mb_detokenize(void *ctx, const int32_t *ids, int64_t n, char *buf, int64_t cap) {
     mbackend *m = ctx;

@@ -398,7 +398,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         toks_cap = (int64_t)prompt.len + 8;
         toks = fl_alloc(FL_MEM_NET, (size_t)toks_cap * 4, 16);
         if (!toks) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
-        fl_status st = fl_engine_tokenize(s->engine, prompt.p ? prompt.p : "", prompt.len, special ? 3 : 1, toks, toks_cap, &n_prompt);
+        fl_status st = fl_engine_tokenize(s->engine, prompt.p ? prompt.p : "", prompt.len, special ? (FL_TOKENIZE_ADD_SPECIAL | FL_TOKENIZE_PARSE_SPECIAL) : FL_TOKENIZE_ADD_SPECIAL, toks, toks_cap, &n_prompt);
         if (st != FL_OK) { ret = BAD("cannot tokenize the prompt: %s", fl_last_error()); goto out; }
     }
     if (n_prompt == 0 || (!chat && prompt.len == 0 && !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "prompt")))) { ret = BAD("the prompt is empty"); goto out; }
