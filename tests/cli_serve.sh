@@ -57,7 +57,7 @@ t=''; n=0
 for l in open('$TMP/sse'):
     if l.startswith('data: ') and l.strip()!='data: [DONE]':
         d=json.loads(l[6:]); t+=d['choices'][0]['text']; n+=1
-print(json.dumps(t)); print(n)" | head -1)
+print(json.dumps(t))")
 NCHUNK=$(grep -c '^data: {' "$TMP/sse")
 check "stream text equals non-stream text" '[ "$STEXT" = "$TEXT" ]'
 check "stream has several chunks and [DONE]" '[ "$NCHUNK" -gt 3 ] && tail -2 "$TMP/sse" | grep -q "data: \[DONE\]"'
@@ -112,8 +112,19 @@ check "body too large -> 413" '[ "$(status)" = 413 ]'
 check "unknown path -> 404" '[ "$(curl -s -o /dev/null -w "%{http_code}" $U/v1/nope)" = 404 ]'
 check "wrong method -> 405" '[ "$(curl -s -o /dev/null -w "%{http_code}" $U/v1/completions)" = 405 ]'
 
-# cancellation on disconnect frees the blocks (seen through /metrics)
-curl -sN --max-time 0.4 -H 'Content-Type: application/json' -d '{"prompt":"Once upon a time","max_tokens":240,"temperature":0.8,"stream":true}' "$U/v1/completions" >/dev/null 2>&1
+# stream_options.include_usage adds a last chunk with usage
+curl -sN -H 'Content-Type: application/json' -d '{"prompt":"Once upon a time","max_tokens":5,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' "$U/v1/completions" >"$TMP/sse3"
+check "include_usage chunk" 'grep -q "\"completion_tokens\":5" "$TMP/sse3"'
+
+# cancellation on disconnect frees the blocks (seen through /metrics): a slower model and a
+# long generation (ignore_eos) that the client abandons after 0.3 s
+kill -TERM "$PID_A"; wait "$PID_A"; rc=$?
+check "SIGTERM -> exit 0" '[ $rc = 0 ]'
+MODEL=$SHARED/models/synth256/synth256-F32.gguf
+start_server C -c 1024
+U=$URL_C
+curl -sN --max-time 0.3 -H 'Content-Type: application/json' -d '{"prompt":"Once upon a time","max_tokens":1000,"ignore_eos":true,"stream":true}' "$U/v1/completions" >"$TMP/partial" 2>&1
+got=$(grep -c '^data: {' "$TMP/partial")
 freed=no
 for _ in $(seq 1 50); do
   m=$(curl -s "$U/metrics")
@@ -121,13 +132,11 @@ for _ in $(seq 1 50); do
   if [ "$used" = 0 ] && [ "${canc:-0}" -ge 1 ]; then freed=yes; break; fi
   sleep 0.1
 done
-check "client disconnect cancels and frees KV blocks" '[ $freed = yes ]'
+check "client disconnect (after $got chunks) cancels and frees KV blocks" '[ $freed = yes ] && [ "$got" -lt 900 ]'
 m=$(curl -s "$U/metrics")
 check "metrics has histograms, KV and memory gauges" 'echo "$m" | grep -q "fitllm_time_to_first_token_seconds_bucket" && echo "$m" | grep -q "fitllm_kv_blocks_free" && echo "$m" | grep -q "fitllm_memory_bytes{category=\"kv\"}" && echo "$m" | grep -q fitllm_prefix_cache_hit_tokens_total'
-
-# graceful shutdown
-kill -TERM "$PID_A"; wait "$PID_A"; rc=$?
-check "SIGTERM -> exit 0" '[ $rc = 0 ]'
+kill -TERM "$PID_C"; wait "$PID_C"
+MODEL=$SHARED/models/stories260K.gguf
 
 # auth and a full queue
 start_server B -c 256 --api-key sekrit --max-seqs 1 --max-queue 1
@@ -138,11 +147,13 @@ post "$U" /v1/completions '{"prompt":"a","max_tokens":2}' -H 'Authorization: Bea
 check "wrong key -> 401" '[ "$(status)" = 401 ]'
 post "$U" /v1/completions '{"prompt":"a","max_tokens":2}' -H 'Authorization: Bearer sekrit'
 check "right key -> 200" '[ "$(status)" = 200 ]'
+CPIDS=()
 for i in 1 2 3 4 5 6; do
   curl -s -o /dev/null -D "$TMP/h$i" -H 'Authorization: Bearer sekrit' -H 'Content-Type: application/json' \
-    -d '{"prompt":"Once","max_tokens":200,"temperature":0.8}' "$U/v1/completions" &
+    -d '{"prompt":"Once","max_tokens":200,"temperature":0.8,"ignore_eos":true}' "$U/v1/completions" &
+  CPIDS+=($!)
 done
-wait
+wait "${CPIDS[@]}"
 check "full queue -> 503 with Retry-After" 'grep -l "503" $TMP/h* >/dev/null && grep -qi "Retry-After" $(grep -l " 503" $TMP/h* | head -1)'
 kill -INT "$PID_B"; wait "$PID_B"; rc=$?
 check "SIGINT -> exit 0" '[ $rc = 0 ]'

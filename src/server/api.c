@@ -136,15 +136,23 @@ static cJSON *chunk_base(fl_server *s, srv_req *r) {
 /* Append SSE chunks for new text and finished samples (called with s->mu held). */
 static void produce_stream(fl_server *s, srv_req *r) {
     for (int i = 0; i < r->n; i++) {
+      for (int guard = 0; guard < 1 << 20; guard++) {
         srv_sample *sm = &r->samples[i];
         bool fin = sm->finish != FL_FINISH_NONE;
-        size_t avail = fin ? sm->text.len : utf8_complete(sm->text.p ? sm->text.p : "", sm->text.len);
+        if (sm->finish_sent) break;
+        /* one chunk per engine output: up to the next recorded boundary, whole UTF-8 characters */
+        while (sm->seg_sent < sm->n_seg && sm->seg_end[sm->seg_sent] <= sm->sent) sm->seg_sent++;
+        size_t lim = sm->seg_sent < sm->n_seg ? sm->seg_end[sm->seg_sent] : sm->text.len;
+        size_t avail = utf8_complete(sm->text.p ? sm->text.p : "", lim);
+        if (fin && lim == sm->text.len) avail = lim;
+        bool more = avail < sm->text.len;
+        if (more) fin = false; /* the finish reason goes on the last chunk */
         bool first_chat = r->chat && !r->role_sent;
         if (avail > sm->sent || first_chat || (fin && !sm->finish_sent)) {
             cJSON *o = chunk_base(s, r), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
             cJSON_AddNumberToObject(c, "index", i);
             char *delta = fl_alloc(FL_MEM_NET, avail - sm->sent + 1, 16);
-            if (!delta) { cJSON_Delete(o); continue; }
+            if (!delta) { cJSON_Delete(o); break; }
             memcpy(delta, sm->text.p + sm->sent, avail - sm->sent);
             delta[avail - sm->sent] = 0;
             if (r->chat) {
@@ -159,24 +167,33 @@ static void produce_stream(fl_server *s, srv_req *r) {
             if (fin) { cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish)); sm->finish_sent = true; }
             else cJSON_AddNullToObject(c, "finish_reason");
             cJSON_AddItemToArray(ch, c);
-            if (fin && r->n_done == r->n && i == r->n - 1) {
-                cJSON *u = cJSON_AddObjectToObject(o, "usage");
-                int32_t gen = 0;
-                for (int k = 0; k < r->n; k++) gen += r->samples[k].n_tokens;
-                cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
-                cJSON_AddNumberToObject(u, "completion_tokens", gen);
-                cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + gen);
-            }
             append_json(&r->out, o, true);
             cJSON_Delete(o);
             sm->sent = avail;
             if (r->chat) r->role_sent = true;
+        } else {
+            break;
         }
+      }
     }
-    if (r->n_done == r->n) {
-        srv_buf_append(&r->out, "data: [DONE]\n\n", 14);
-        r->all_sent = true;
+    bool all_fin = r->n_done == r->n;
+    for (int i = 0; i < r->n && all_fin; i++) all_fin = r->samples[i].finish_sent;
+    if (!all_fin) return;
+    if (r->include_usage && !r->usage_sent) { /* stream_options.include_usage: a last chunk with usage */
+        cJSON *o = chunk_base(s, r), *u;
+        cJSON_AddArrayToObject(o, "choices");
+        u = cJSON_AddObjectToObject(o, "usage");
+        int32_t gen = 0;
+        for (int k = 0; k < r->n; k++) gen += r->samples[k].n_tokens;
+        cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
+        cJSON_AddNumberToObject(u, "completion_tokens", gen);
+        cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + gen);
+        append_json(&r->out, o, true);
+        cJSON_Delete(o);
+        r->usage_sent = true;
     }
+    srv_buf_append(&r->out, "data: [DONE]\n\n", 14);
+    r->all_sent = true;
 }
 
 static void produce_full(fl_server *s, srv_req *r) {
@@ -280,7 +297,10 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
 }
 
 static void req_free(fl_server *s, srv_req *r) {
-    for (int i = 0; i < SRV_MAX_N; i++) srv_buf_free(&r->samples[i].text);
+    for (int i = 0; i < SRV_MAX_N; i++) {
+        srv_buf_free(&r->samples[i].text);
+        fl_free(FL_MEM_NET, r->samples[i].seg_end, (size_t)r->samples[i].cap_seg * sizeof(size_t));
+    }
     srv_buf_free(&r->out);
     pthread_cond_destroy(&r->cv);
     (void)s;
@@ -374,6 +394,12 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         goto out;
     }
     if (max_tokens > s->p.max_tokens_limit) { ret = BAD("'max_tokens' is %lld, the largest accepted is %d", (long long)max_tokens, s->p.max_tokens_limit); goto out; }
+    const cJSON *ign = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos");
+    if (ign && !cJSON_IsBool(ign)) { ret = BAD("'ignore_eos' must be a boolean"); goto out; }
+    rp.ignore_eos = cJSON_IsTrue(ign);
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
+    if (so && !cJSON_IsNull(so) && !cJSON_IsObject(so)) { ret = BAD("'stream_options' must be an object"); goto out; }
+    bool include_usage = so && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
     const cJSON *stream = cJSON_GetObjectItemCaseSensitive(j, "stream");
     if (stream && !cJSON_IsBool(stream) && !cJSON_IsNull(stream)) { ret = BAD("'stream' must be a boolean"); goto out; }
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(j, "stop");
@@ -444,6 +470,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     r->n = (int32_t)n;
     r->chat = chat;
     r->stream = stream && cJSON_IsTrue(stream);
+    r->include_usage = include_usage;
     r->conn = conn;
     r->n_prompt = (int32_t)n_prompt;
     r->t_start = srv_now();

@@ -26,7 +26,15 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
     while (r && r->id != o->request_id) r = r->next;
     if (!r || o->sample < 0 || o->sample >= r->n) return; /* cancelled meanwhile */
     srv_sample *sm = &r->samples[o->sample];
-    if (o->new_text && *o->new_text) srv_buf_append(&sm->text, o->new_text, strlen(o->new_text));
+    if (o->new_text && *o->new_text) {
+        srv_buf_append(&sm->text, o->new_text, strlen(o->new_text));
+        if (sm->n_seg == sm->cap_seg) { /* remember the boundary: streaming sends one chunk per output */
+            int32_t cap = sm->cap_seg ? sm->cap_seg * 2 : 32;
+            size_t *p = fl_realloc(FL_MEM_NET, sm->seg_end, (size_t)sm->cap_seg * sizeof *p, (size_t)cap * sizeof *p, 8);
+            if (p) { sm->seg_end = p; sm->cap_seg = cap; }
+        }
+        if (sm->n_seg < sm->cap_seg) sm->seg_end[sm->n_seg++] = sm->text.len;
+    }
     sm->n_tokens = o->n_generated;
     r->n_prompt = o->n_prompt;
     r->n_cached = o->n_cached_prompt;

@@ -30,6 +30,8 @@ void srv_buf_free(srv_buf *b);
 typedef struct srv_sample {
     srv_buf text;        /* all generated text so far */
     size_t sent;         /* bytes of text already streamed */
+    size_t *seg_end;     /* text offsets where each engine output ended (one SSE chunk each) */
+    int32_t n_seg, cap_seg, seg_sent;
     int32_t n_tokens;
     fl_finish_reason finish;
     bool finish_sent;
@@ -42,7 +44,7 @@ typedef struct srv_req {
     srv_sample samples[SRV_MAX_N];
     int32_t n_prompt, n_cached;
     int32_t n_done;        /* samples finished */
-    bool chat, stream, cancelled, registered, role_sent;
+    bool chat, stream, cancelled, registered, role_sent, usage_sent, include_usage;
     double t_start, t_first, t_end;
     pthread_cond_t cv;
     struct MHD_Connection *conn;
