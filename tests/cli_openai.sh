@@ -6,7 +6,7 @@ BIN=$1; SHARED=$2
 MODEL=$SHARED/models/stories260K.gguf
 [ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
 command -v node >/dev/null && command -v npm >/dev/null || { echo "SKIP: node/npm not installed"; exit 77; }
-CLIENT_DIR=$(dirname "$BIN")/openai-client
+CLIENT_DIR=$(cd "$(dirname "$BIN")" && pwd)/openai-client
 if [ ! -d "$CLIENT_DIR/node_modules/openai" ]; then
   mkdir -p "$CLIENT_DIR"
   npm install --prefix "$CLIENT_DIR" --no-audit --no-fund --loglevel=error openai@6.49.0 >/dev/null 2>&1 \
