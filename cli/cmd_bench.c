@@ -13,6 +13,7 @@ typedef struct bench_entry {
 
 /* One line per benchmark; keep alphabetical. */
 static const bench_entry benches[] = {
+    {"tokenize", "tokenizer speed on a text file (-m VOCAB.gguf -f TEXT)", fl_bench_tokenize},
     {NULL, NULL, NULL},
 };
 
