@@ -7,6 +7,8 @@
 static const fl_cli_command commands[] = {
     {"bench", "benchmarks that print JSON (attention, kv, model, serve, ...)", fl_cmd_bench},
     {"inspect", "show a GGUF model's metadata, tensors and memory needs", fl_cmd_inspect},
+    {"perplexity", "perplexity of a model on a text file (llama.cpp's method), KL divergence", fl_cmd_perplexity},
+    {"run", "generate text from a prompt", fl_cmd_run},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
