@@ -7,7 +7,6 @@
 #include "kernels/convert.h"
 #include "kernels/ops.h"
 
-#include <stdlib.h>
 
 #include <math.h>
 #include <string.h>
@@ -144,9 +143,7 @@ static void attend_fn(void *p, int ith, int nth) {
     const int64_t H = kv->p.n_head, HKV = kv->p.n_head_kv, D = kv->p.head_dim, G = H / HKV;
     const float scale = 1.0f / sqrtf((float)D);
     const fl_ops_kernels *ops = fl_ops_kernels_get();
-    float qb[D], kb[D], vb[D];
-    static int emu = -1;
-    if (emu < 0) emu = getenv("FL_KV_EMU") ? atoi(getenv("FL_KV_EMU")) : 0;
+    float qb[D > 0 ? D : 1], kb[D > 0 ? D : 1], vb[D > 0 ? D : 1];
     int64_t lo, hi;
     fl_split_range((int64_t)t->b->n_tokens * H, ith, nth, &lo, &hi);
     for (int64_t u = lo; u < hi; u++) {
@@ -154,46 +151,11 @@ static void attend_fn(void *p, int ith, int nth) {
         const int32_t s = t->b->seq_id[i], pos = t->b->pos[i];
         const int32_t start = kv->p.n_swa > 0 && pos - kv->p.n_swa + 1 > 0 ? pos - kv->p.n_swa + 1 : 0;
         const float *q = t->q + (i * H + h) * D;
-        if (kv->esize == 2 && (emu & 1)) {
+        if (kv->esize == 2) {
             for (int64_t d = 0; d < D; d++) qb[d] = fl_f16_to_f32(fl_f32_to_f16(q[d]));
             q = qb;
         }
         float *o = t->out + (i * H + h) * D;
-        if (emu & 4) { /* FA: f16 accumulator */
-            uint16_t acc[D];
-            for (int64_t d = 0; d < D; d++) acc[d] = 0;
-            float M = -INFINITY, S = 0.0f;
-            for (int32_t j = start; j <= pos; j++) {
-                const float sc = ops->dot(q, kv_row(kv, kv->k, t->il, s, j, hk, kb), D) * scale;
-                const float Mold = M;
-                float ms = 1.0f, vs = 1.0f;
-                if (sc > M) {
-                    M = sc;
-                    ms = expf(Mold - M);
-                    for (int64_t d = 0; d < D; d++) acc[d] = fl_f32_to_f16(fl_f16_to_f32(acc[d]) * ms);
-                } else {
-                    vs = expf(sc - M);
-                }
-                const float *vr = kv_row(kv, kv->v, t->il, s, j, hk, vb);
-                for (int64_t d = 0; d < D; d++) acc[d] = fl_f32_to_f16(fl_f16_to_f32(acc[d]) + vr[d] * vs);
-                S = S * ms + vs;
-            }
-            for (int64_t d = 0; d < D; d++) o[d] = fl_f16_to_f32(acc[d]) / S;
-            continue;
-        }
-        if (emu & 2) { /* non-FA: softmax then P rounded to f16 */
-            float sc[pos + 1];
-            float mx = -INFINITY, sum = 0;
-            for (int32_t j = start; j <= pos; j++) {
-                sc[j] = ops->dot(q, kv_row(kv, kv->k, t->il, s, j, hk, kb), D) * scale;
-                if (sc[j] > mx) mx = sc[j];
-            }
-            for (int32_t j = start; j <= pos; j++) sum += (sc[j] = expf(sc[j] - mx));
-            memset(o, 0, (size_t)D * sizeof(float));
-            for (int32_t j = start; j <= pos; j++)
-                ops->axpy(o, fl_f16_to_f32(fl_f32_to_f16(sc[j] / sum)), kv_row(kv, kv->v, t->il, s, j, hk, vb), D);
-            continue;
-        }
         memset(o, 0, (size_t)D * sizeof(float));
         float mx = -INFINITY, l = 0.0f;
         for (int32_t j = start; j <= pos; j++) {
