@@ -45,8 +45,8 @@ int fl_cmd_inspect(int argc, char **argv);
 int fl_cmd_bench(int argc, char **argv);
 int fl_cmd_quantize(int argc, char **argv);
 int fl_cmd_synth(int argc, char **argv);
-int fl_bench_matmul(int argc, char **argv);
 int fl_bench_model(int argc, char **argv);
+int fl_bench_matmul(int argc, char **argv);
 /* benchmarks (cli/bench_*.c) */
 
 #endif
