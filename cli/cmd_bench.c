@@ -13,6 +13,7 @@ typedef struct bench_entry {
 
 /* One line per benchmark; keep alphabetical. */
 static const bench_entry benches[] = {
+    {"model", "prefill/decode tokens/s, decode GB/s vs bandwidth, prefill % of int8 peak", fl_bench_model},
     {"matmul", "GEMV GB/s and GEMM GOP/s vs measured bandwidth / int8 peak (TinyLlama shapes)", fl_bench_matmul},
     {"attention", "naive vs flash attention: time, GFLOP/s, peak memory vs n", fl_bench_attention},
     {"packing", "padded batch vs packed varlen attention: bytes and time", fl_bench_packing},
