@@ -459,12 +459,16 @@ static void test_backward_vs_naive(void **state) {
         float *dout = tbuf(nq), *g[6];
         for (int w = 0; w < 6; w++) g[w] = tbuf(w % 3 ? nkv : nq);
         for (size_t i = 0; i < nq; i++) dout[i] = rnd_f();
-        assert_int_equal(fl_attn_backward(&t.a, dout, 0, g[0], g[1], g[2]), FL_OK);
         assert_int_equal(fl_attn_backward_naive(&t.a, dout, 0, g[3], g[4], g[5]), FL_OK);
-        for (int w = 0; w < 3; w++) {
-            double e = max_rel(g[w + 3], g[w], (int64_t)(w ? nkv : nq));
-            if (!(e < 1e-4)) fail_msg("case %d grad %d: max rel err %.3g", ci, w, e);
+        for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++) { /* every micro-kernel ISA */
+            fl_isa_set((fl_isa)isa);
+            assert_int_equal(fl_attn_backward(&t.a, dout, 0, g[0], g[1], g[2]), FL_OK);
+            for (int w = 0; w < 3; w++) {
+                double e = max_rel(g[w + 3], g[w], (int64_t)(w ? nkv : nq));
+                if (!(e < 1e-4)) fail_msg("case %d isa %s grad %d: max rel err %.3g", ci, fl_isa_name((fl_isa)isa), w, e);
+            }
         }
+        fl_isa_set(fl_isa_best());
         tfree(dout, nq);
         for (int w = 0; w < 6; w++) tfree(g[w], w % 3 ? nkv : nq);
         tdata_free(&t, &cs[ci]);

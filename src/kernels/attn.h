@@ -105,7 +105,8 @@ void fl_attn_merge(int64_t n_rows, int32_t head_dim,
  * lse; no n x n storage).  Inputs: the forward's args fa (kv_type must be F32; fa->out and
  * fa->lse must hold the forward's results), dout like out.  Outputs (overwritten):
  *   dq [n_q][n_head][head_dim], dk, dv [n_kv][n_head_kv][head_dim], contiguous.
- * Scratch: D = rowsum(dout * out) [n_q][n_head] plus per-thread tiles, FL_MEM_SCRATCH. */
+ * Scratch: D = rowsum(dout * out) [n_q][n_head] plus per-thread tiles of O(64 x head_dim),
+ * FL_MEM_SCRATCH.  Threaded; uses the same qk/pv micro-kernels as the forward. */
 fl_status fl_attn_backward(const fl_attn_args *fa, const float *dout, int64_t dout_stride,
                            float *dq, float *dk, float *dv);
 /* Reference backward: materializes P and dP per (sequence, head). Same contract. */

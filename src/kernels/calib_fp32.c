@@ -79,10 +79,10 @@ double fl_calib_fp32_peak_gflops_isa(fl_isa isa, int n_threads) {
     calib_ctx c = {.isa = isa, .iters = 100000}, *cp = &c;
     /* size the loop to ~20 ms on one thread */
     calib_task(cp, 0, 1);
-    if (cp->secs[0] > 0) cp->iters = (long)((double)cp->iters * 0.02 / cp->secs[0]) + 1;
-    /* per thread: the best of 5 tries (GFLOP per CPU second); the sum over threads */
+    if (cp->secs[0] > 0) cp->iters = (long)((double)cp->iters * 0.01 / cp->secs[0]) + 1;
+    /* per thread: the best of 20 short tries (GFLOP per CPU second); the sum over threads */
     double best[256] = {0}, total = 0.0;
-    for (int rep = 0; rep < 5; rep++) {
+    for (int rep = 0; rep < 20; rep++) {
         fl_parallel_n(calib_task, cp, n_threads);
         for (int t = 0; t < n_threads; t++) {
             const double gf = cp->secs[t] > 0 ? 2.0 * lanes * CALIB_ACC * (double)cp->iters / cp->secs[t] * 1e-9 : 0.0;

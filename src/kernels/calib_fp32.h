@@ -3,10 +3,10 @@
  *
  * The loop runs 12 independent FMA chains (enough to cover FMA latency x 2 ports) on vectors of
  * the chosen ISA (AVX-512: 16 lanes, AVX2: 8, ref: scalar multiply-add) on n_threads threads,
- * ~20 ms per try, 5 tries.  Each thread's rate is FLOP per second of its own CPU time
+ * ~10 ms per try, 20 tries.  Each thread's rate is FLOP per second of its own CPU time
  * (CLOCK_THREAD_CPUTIME_ID), so time stolen by other processes on a shared machine does not
  * lower the peak; the result is the sum of each thread's best try.  Counts 2 FLOP per lane per
- * FMA.  Benchmarks divide their FLOP per CPU second by this.  Reentrant; ~0.1-0.2 s; no allocation.
+ * FMA.  Benchmarks divide their FLOP per CPU second by this.  Reentrant; ~0.2 s; no allocation.
  */
 #ifndef FL_CALIB_FP32_H
 #define FL_CALIB_FP32_H
