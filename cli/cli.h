@@ -43,6 +43,9 @@ int64_t fl_parse_bytes(const char *s);
 
 int fl_cmd_inspect(int argc, char **argv);
 int fl_cmd_bench(int argc, char **argv);
+int fl_cmd_quantize(int argc, char **argv);
+int fl_cmd_synth(int argc, char **argv);
+int fl_bench_matmul(int argc, char **argv);
 /* benchmarks (cli/bench_*.c) */
 int fl_bench_serve(int argc, char **argv);
 int fl_cmd_demo(int argc, char **argv);

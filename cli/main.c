@@ -8,6 +8,8 @@ static const fl_cli_command commands[] = {
     {"bench", "benchmarks that print JSON (attention, kv, model, serve, ...)", fl_cmd_bench},
     {"demo", "run a few dozen concurrent requests through the engine (random tiny model without -m)", fl_cmd_demo},
     {"inspect", "show a GGUF model's metadata, tensors and memory needs", fl_cmd_inspect},
+    {"quantize", "write a GGUF with weights quantized to Q8_0, Q4_0, ..., Q4_K_M", fl_cmd_quantize},
+    {"synth", "write a llama-shaped GGUF with random weights (e.g. TinyLlama-1.1B shape)", fl_cmd_synth},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
