@@ -773,6 +773,53 @@ static void test_paged_cancel_frees_blocks(void **state) {
     fl_test_mem_zero();
 }
 
+/* n > 1: the samples share the prompt's blocks (admitted once sample 0 has prefilled them, via
+ * the prefix cache) and sample with their own RNG streams. */
+static void test_paged_n_samples(void **state) {
+    (void)state;
+    tpg *t;
+    fl_engine *e = paged_engine(6, 64, 100, FL_PREEMPT_RECOMPUTE, &t);
+    int32_t prompt[21];
+    for (int i = 0; i < 21; i++) prompt[i] = 3 + (i * 5) % 30;
+    fl_request_params p = {0};
+    fl_sampling_params_default(&p.sampling);
+    p.sampling.temperature = 1.0f;
+    p.sampling.seed = 5;
+    p.prompt = prompt;
+    p.n_prompt = 21;
+    p.max_tokens = 12;
+    p.ignore_eos = 1;
+    p.n = 3;
+    int64_t id;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_OK);
+    int32_t got[3][16], n_got[3] = {0}, n_done = 0, cached[3] = {0};
+    for (int guard = 0; n_done < 3 && guard < 100; guard++) {
+        assert_int_equal(fl_engine_step(e, NULL), FL_OK);
+        fl_request_output ev[4];
+        int32_t k = fl_engine_poll(e, ev, 4);
+        for (int32_t j = 0; j < k; j++) {
+            assert_int_equal(ev[j].request_id, id);
+            int sidx = ev[j].sample;
+            assert_true(sidx >= 0 && sidx < 3);
+            memcpy(got[sidx] + n_got[sidx], ev[j].new_tokens, (size_t)ev[j].n_new * sizeof(int32_t));
+            n_got[sidx] += ev[j].n_new;
+            cached[sidx] = ev[j].n_cached_prompt;
+            n_done += ev[j].finish != FL_FINISH_NONE;
+        }
+    }
+    assert_int_equal(n_done, 3);
+    for (int i = 0; i < 3; i++) assert_int_equal(n_got[i], 12);
+    assert_true(memcmp(got[0], got[1], sizeof got[0]) || memcmp(got[0], got[2], sizeof got[0]));
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    assert_int_equal(cached[0], 0);
+    assert_int_equal(cached[1], 20); /* 5 full blocks of sample 0's prompt */
+    assert_int_equal(cached[2], 20);
+    assert_int_equal(st.kv_blocks_used, 0);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
 /* ---- the real model: stories260K greedy through the engine == llama.cpp's reference ---- */
 #define NREF 12
 typedef struct ref_set {
@@ -921,6 +968,7 @@ int main(void) {
         cmocka_unit_test(test_toy_bad_requests),
         cmocka_unit_test(test_paged_equals_alone),
         cmocka_unit_test(test_paged_cancel_frees_blocks),
+        cmocka_unit_test(test_paged_n_samples),
         cmocka_unit_test(test_stories_batched_chunked),
         cmocka_unit_test(test_stories_preempt),
         cmocka_unit_test(test_stories_static_baseline),

@@ -242,7 +242,7 @@ static bool admit_one(fl_sched *s, fl_request *r, int32_t budget, fl_sched_out *
         r->n_computed = 0;
         return false;
     }
-    if (r->n_preempted == 0 && r->n_cached_prompt == 0 && !parent) {
+    if (r->n_preempted == 0 && r->n_cached_prompt == 0) {
         r->n_cached_prompt = n_cached;
         s->st.prefix_hit_tokens += n_cached;
         s->st.prefix_miss_tokens += r->n_prompt - n_cached;

@@ -1,0 +1,20 @@
+#!/bin/bash
+# CLI checks for the engine: `fitllm demo` (random model, no data needed) and
+# `fitllm bench serve` (paged vs static) on stories260K.  Args: FITLLM_BINARY SHARED_DIR
+set -u
+bin="$1"
+shared="$2"
+out=$("$bin" demo -n 8 --max-tokens 8 -t 1 2>&1) || { echo "demo failed: $out"; exit 1; }
+echo "$out" | grep -q "RANDOM weights" || { echo "demo does not say the weights are random"; exit 1; }
+echo "$out" | grep -Eq "throughput: [1-9][0-9]* tokens" || { echo "demo: no throughput line: $out"; exit 1; }
+echo "$out" | grep -q "kv " || { echo "demo: no memory report"; exit 1; }
+"$bin" demo --bogus >/dev/null 2>&1 && { echo "demo accepted an unknown option"; exit 1; }
+model="$shared/models/stories260K.gguf"
+[ -f "$model" ] || { echo "SKIP: $model not found"; exit 77; }
+json=$("$bin" bench serve -m "$model" --requests 8 --prompt-len 8:16 --gen-len 8 --kv-mem 256K -t 1 \
+       --baseline static --json 2>&1) || { echo "bench serve failed: $json"; exit 1; }
+echo "$json" | grep -q '"paged":{' || { echo "no paged result: $json"; exit 1; }
+echo "$json" | grep -q '"static":{' || { echo "no static result: $json"; exit 1; }
+echo "$json" | grep -q '"output_tokens":64' || { echo "expected 64 output tokens: $json"; exit 1; }
+"$bin" bench serve -m "$model" --prompt-len 0 >/dev/null 2>&1 && { echo "bad --prompt-len accepted"; exit 1; }
+echo ok
