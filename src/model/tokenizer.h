@@ -35,8 +35,37 @@ fl_status fl_tokenize(const fl_tokenizer *t, const char *text, size_t len, bool 
  * (NUL-terminated, truncated to cap-1), or -1 for an invalid id. */
 int32_t fl_token_to_piece(const fl_tokenizer *t, int32_t id, char *buf, int32_t cap, bool render_special);
 /* Detokenize a whole sequence (llama.cpp llama_detokenize semantics: strips the leading space
- * the SPM tokenizer added when remove_leading_space).  Returns length or -1 if buf too small. */
+ * the SPM tokenizer added when remove_leading_space).  Returns length or -1 if buf too small.
+ * Precisely: the pieces of fl_token_to_piece concatenated; with remove_leading_space, on vocabs
+ * that add a space prefix (SPM), one leading space is dropped from the first token after an
+ * optional leading BOS (the BOS is skipped), so detokenize(tokenize(x)) == x.  BPE vocabs with
+ * llama.cpp's clean_spaces (gpt-2, llama-bpe, falcon, ...) then drop the space before ? ! . ,
+ * and in " 's", " 'm", " 're", " 've", " ' ".  An id out of range gives -1 (FL_ERR_INVALID). */
 int64_t fl_detokenize(const fl_tokenizer *t, const int32_t *ids, int64_t n, char *buf, int64_t cap,
                       bool remove_leading_space, bool render_special);
+
+/* ---- additions (tokenizer part of issue 3) ---- */
+
+/* Byte-level BPE tokenizer from GPT-2 style files: encoder.json (token text in the GPT-2
+ * byte-to-unicode mapping -> id, ids 0..n-1) and a merges file ("left right" per line in rank
+ * order, optional "#version" first line).  pre_kind is a tokenizer.ggml.pre value such as
+ * "llama-bpe" or "gpt-2".  No special tokens are defined (bos/eos = -1).  FL_ERR_IO /
+ * FL_ERR_FORMAT / FL_ERR_UNSUPPORTED (unknown pre_kind) with a message on failure. */
+fl_status fl_tokenizer_new_bpe_files(const char *encoder_json_path, const char *merges_path, const char *pre_kind,
+                                     fl_tokenizer **out);
+
+int32_t fl_tokenizer_eot(const fl_tokenizer *t);   /* -1 if none */
+int32_t fl_tokenizer_unk(const fl_tokenizer *t);   /* -1 if none */
+bool fl_tokenizer_add_eos(const fl_tokenizer *t);  /* tokenizer.ggml.add_eos_token */
+const char *fl_tokenizer_kind(const fl_tokenizer *t); /* "llama" or "gpt2" */
+const char *fl_tokenizer_pre(const fl_tokenizer *t);  /* pre-tokenizer name ("default" for llama) */
+bool fl_tokenizer_is_control(const fl_tokenizer *t, int32_t id);
+/* Raw vocabulary text of a token (not NUL-terminated; borrowed): its length, or -1 for a bad id. */
+int32_t fl_tokenizer_token_text(const fl_tokenizer *t, int32_t id, const char **text);
+float fl_tokenizer_score(const fl_tokenizer *t, int32_t id);
+/* Id of the token whose vocabulary text is exactly text[0..len), or -1. */
+int32_t fl_tokenizer_find(const fl_tokenizer *t, const char *text, size_t len);
+/* Upper bound of any piece length (bytes, without the NUL): size buffers with it + 1. */
+int32_t fl_tokenizer_max_piece(const fl_tokenizer *t);
 
 #endif
