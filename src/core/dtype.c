@@ -73,6 +73,10 @@ int32_t fl_type_from_name(const char *name) {
 size_t fl_type_row_size(int32_t t, int64_t n) {
     const fl_type_info *ti = fl_type_get(t);
     if (!ti || n < 0 || n % ti->blck_size) return 0;
+    /* load-time weight types with row-level scales (kernels/quant.h): nf4 adds an f32 per group
+     * of 256 blocks, fp8_e4m3 an f32 per row */
+    if (t == FL_TYPE_NF4) return (size_t)(n / 64) * 33 + (size_t)((n / 64 + 255) / 256) * 4;
+    if (t == FL_TYPE_FP8_E4M3) return (size_t)n + 4;
     return (size_t)(n / ti->blck_size) * (size_t)ti->type_size;
 }
 

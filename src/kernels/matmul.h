@@ -11,12 +11,25 @@
  * agree with fl_matmul_ref, the plain scalar specification (dequantize a row, dot in double-free
  * f32).  fl_dequant_row(type, src, dst, K) expands one row of any supported type to f32.
  * Unsupported types return FL_ERR_UNSUPPORTED from fl_matmul_supported().
+ *
+ * Fast paths (kernels/matmul.c): Q8_0 and Q4_0 weights take an integer path: the activations
+ * are quantized to 8 bits per block of 32 (f32 scale per block) and dotted with int8 (AVX2
+ * maddubs / AVX-512 VNNI dpbusd); M == 1 is a row-parallel GEMV, M > 1 a cache-tiled, threaded
+ * GEMM (4 rows x 4 tokens register tiles over L2-sized row chunks).  Every other type
+ * dequantizes rows and uses an f32 dot.  fl_matmul_set_f32_act(true) (or the environment
+ * variable FL_MATMUL_F32ACT=1) keeps activations in f32 for every type (reference accuracy).
+ * The kernels are chosen from fl_isa_get() (FL_KERNELS=ref|avx2|avx512).
+ * fl_matmul allocates its activation scratch (FL_MEM_SCRATCH) per call and frees it; if that
+ * allocation fails it falls back to the f32 path (no error).
  */
 #ifndef FL_MATMUL_H
 #define FL_MATMUL_H
 
 #include "core/tensor.h"
 #include "fitllm.h"
+
+#include <stdbool.h>
+#include <stddef.h>
 
 /* FL_OK if W's type can be used by fl_matmul, else FL_ERR_UNSUPPORTED with a message. */
 fl_status fl_matmul_supported(int32_t type);
@@ -26,5 +39,44 @@ void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K);
 void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M);
 /* Scalar reference (single thread, dequantize row + f32 dot). */
 void fl_matmul_ref(const fl_tensor *W, const float *x, float *y, int64_t M);
+
+/* Keep activations in f32 (true) or allow 8-bit activation quantization (false, default unless
+ * FL_MATMUL_F32ACT=1).  Process-wide; set before running kernels. */
+void fl_matmul_set_f32_act(bool on);
+bool fl_matmul_f32_act(void);
+
+/* ---- internals shared by the kernel variants (exposed for parity tests and benches) ---- */
+
+/* Activations quantized per block of 32: x[m][k] ~= d[m][k/32] * qs[m][k].  The SIMD kernels
+ * read dv / sv: per block, its scale and minus its code sum repeated in 8 lanes. */
+typedef struct fl_act_q8 {
+    int64_t M, K, nb;  /* nb = K / 32 */
+    int8_t *qs;        /* [M][K] */
+    float *d;          /* [M][nb] */
+    int32_t *s;        /* [M][nb] sum of the block's codes */
+    float *dv;         /* [M][nb][8] */
+    int32_t *sv;       /* [M][nb][8]: -s */
+    size_t bytes;      /* one allocation (FL_MEM_SCRATCH) */
+    void *mem;
+} fl_act_q8;
+
+fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K); /* K % 32 == 0 */
+void fl_act_q8_free(fl_act_q8 *a);
+void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x); /* scalar reference */
+
+/* Integer tile: y[t * ldy + r] = dot(W row r, token m0 + t) for r < nr, t < nt, where W row r
+ * starts at w + r * ldw and wtype is Q8_0 or Q4_0. */
+typedef void (*fl_gemm_q8_fn)(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a,
+                              int64_t m0, int nt, float *y, int64_t ldy);
+void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
+                    float *y, int64_t ldy);
+void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
+                     float *y, int64_t ldy);
+void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
+                       float *y, int64_t ldy);
+/* f32 dot product of n elements. */
+float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
+float fl_dot_f32_avx2(const float *a, const float *b, int64_t n);
+float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);
 
 #endif

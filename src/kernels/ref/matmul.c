@@ -1,14 +1,22 @@
 /* Scalar reference matmul and row dequantization for the float weight types.
  * Quantized block types plug into fl_dequant_row's switch (kernels/quant). */
 #include "kernels/matmul.h"
+#include "kernels/quant.h"
 #include "core/status.h"
 #include "core/threads.h"
 
+#include "core/alloc.h"
+
+#include <math.h>
 #include <string.h>
 
 fl_status fl_matmul_supported(int32_t type) {
     switch (type) {
-    case FL_TYPE_F32: case FL_TYPE_F16: case FL_TYPE_BF16: return FL_OK;
+    case FL_TYPE_F32: case FL_TYPE_F16: case FL_TYPE_BF16:
+    case FL_TYPE_Q4_0: case FL_TYPE_Q4_1: case FL_TYPE_Q5_0: case FL_TYPE_Q5_1: case FL_TYPE_Q8_0:
+    case FL_TYPE_Q2_K: case FL_TYPE_Q3_K: case FL_TYPE_Q4_K: case FL_TYPE_Q5_K: case FL_TYPE_Q6_K:
+    case FL_TYPE_Q8_K: case FL_TYPE_IQ4_NL: case FL_TYPE_NF4: case FL_TYPE_FP8_E4M3:
+        return FL_OK;
     default: return fl_set_error(FL_ERR_UNSUPPORTED, "weight type %s is not supported by matmul", fl_type_name(type));
     }
 }
@@ -18,6 +26,20 @@ void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K) {
     case FL_TYPE_F32: memcpy(dst, src, (size_t)K * 4); break;
     case FL_TYPE_F16: for (int64_t i = 0; i < K; i++) dst[i] = fl_f16_to_f32(((const uint16_t *)src)[i]); break;
     case FL_TYPE_BF16: for (int64_t i = 0; i < K; i++) dst[i] = fl_bf16_to_f32(((const uint16_t *)src)[i]); break;
+    case FL_TYPE_Q4_0: fl_dequant_q4_0(src, dst, K); break;
+    case FL_TYPE_Q4_1: fl_dequant_q4_1(src, dst, K); break;
+    case FL_TYPE_Q5_0: fl_dequant_q5_0(src, dst, K); break;
+    case FL_TYPE_Q5_1: fl_dequant_q5_1(src, dst, K); break;
+    case FL_TYPE_Q8_0: fl_dequant_q8_0(src, dst, K); break;
+    case FL_TYPE_Q2_K: fl_dequant_q2_K(src, dst, K); break;
+    case FL_TYPE_Q3_K: fl_dequant_q3_K(src, dst, K); break;
+    case FL_TYPE_Q4_K: fl_dequant_q4_K(src, dst, K); break;
+    case FL_TYPE_Q5_K: fl_dequant_q5_K(src, dst, K); break;
+    case FL_TYPE_Q6_K: fl_dequant_q6_K(src, dst, K); break;
+    case FL_TYPE_Q8_K: fl_dequant_q8_K(src, dst, K); break;
+    case FL_TYPE_IQ4_NL: fl_dequant_iq4_nl(src, dst, K); break;
+    case FL_TYPE_NF4: fl_dequant_nf4(src, dst, K); break;
+    case FL_TYPE_FP8_E4M3: fl_dequant_fp8_e4m3(src, dst, K); break;
     default: FL_ASSERT(!"fl_dequant_row: unsupported type");
     }
 }
@@ -36,27 +58,88 @@ void fl_matmul_ref(const fl_tensor *W, const float *x, float *y, int64_t M) {
     }
 }
 
-typedef struct { const fl_tensor *W; const float *x; float *y; int64_t M; } mm_ctx;
+float fl_dot_f32_ref(const float *a, const float *b, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
 
-/* Each thread takes a slice of output rows (weights read once per step for all M tokens). */
-static void mm_task(void *p, int ith, int nth) {
-    mm_ctx *c = p;
-    const int64_t K = c->W->ne[0], N = c->W->ne[1];
-    int64_t lo, hi;
-    fl_split_range(N, ith, nth, &lo, &hi);
-    float row[K > 0 ? K : 1];
-    for (int64_t n = lo; n < hi; n++) {
-        fl_dequant_row(c->W->type, (const char *)c->W->data + (size_t)n * c->W->nb[1], row, K);
-        for (int64_t m = 0; m < c->M; m++) {
-            const float *xm = c->x + m * K;
-            float s = 0;
-            for (int64_t k = 0; k < K; k++) s += row[k] * xm[k];
-            c->y[m * N + n] = s;
+/* ---- 8-bit activations ---- */
+
+fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
+    memset(a, 0, sizeof *a);
+    if (M <= 0 || K <= 0 || K % 32) return fl_set_error(FL_ERR_INVALID, "act_q8: bad shape %lld x %lld", (long long)M, (long long)K);
+    const int64_t nb = K / 32;
+    const size_t qs = ((size_t)(M * K) + 63) & ~(size_t)63, d = (size_t)(M * nb) * 4;
+    const size_t d64 = (d + 63) & ~(size_t)63, v = (size_t)(M * nb) * 32;
+    a->bytes = qs + 2 * d64 + 2 * v;
+    a->mem = fl_alloc(FL_MEM_SCRATCH, a->bytes, 64);
+    if (!a->mem) return FL_ERR_NOMEM; /* fl_alloc set the message */
+    char *p = a->mem;
+    a->M = M; a->K = K; a->nb = nb;
+    a->qs = (int8_t *)p; p += qs;
+    a->d = (float *)p; p += d64;
+    a->s = (int32_t *)p; p += d64;
+    a->dv = (float *)p; p += v;
+    a->sv = (int32_t *)p;
+    return FL_OK;
+}
+
+void fl_act_q8_free(fl_act_q8 *a) {
+    if (a->mem) fl_free(FL_MEM_SCRATCH, a->mem, a->bytes);
+    memset(a, 0, sizeof *a);
+}
+
+void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
+    int8_t *q = a->qs + m * a->K;
+    for (int64_t b = 0; b < a->nb; b++) {
+        const float *xb = x + b * 32;
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127, id = d > 0 ? 127.0f / amax : 0.0f;
+        int s = 0;
+        for (int j = 0; j < 32; j++) {
+            int v = (int)lrintf(xb[j] * id);
+            v = v > 127 ? 127 : v < -127 ? -127 : v;
+            q[b * 32 + j] = (int8_t)v;
+            s += v;
+        }
+        const int64_t i = m * a->nb + b;
+        a->d[i] = d;
+        a->s[i] = s;
+        for (int l = 0; l < 8; l++) {
+            a->dv[i * 8 + l] = d;
+            a->sv[i * 8 + l] = -s;
         }
     }
 }
 
-void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
-    mm_ctx c = {W, x, y, M};
-    fl_parallel(mm_task, &c);
+/* Integer dot of one weight row (Q8_0 / Q4_0) with token m: sum over blocks of
+ * d_w * d_x * (sum of code products), the int sum exact. */
+static float dot_q8_row(int32_t wtype, const void *w, const fl_act_q8 *a, int64_t m) {
+    const int8_t *x = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    float sum = 0;
+    for (int64_t b = 0; b < a->nb; b++) {
+        int32_t is = 0;
+        float dw;
+        if (wtype == FL_TYPE_Q8_0) {
+            const fl_block_q8_0 *blk = (const fl_block_q8_0 *)w + b;
+            dw = fl_f16_to_f32(blk->d);
+            for (int j = 0; j < 32; j++) is += blk->qs[j] * x[b * 32 + j];
+        } else {
+            const fl_block_q4_0 *blk = (const fl_block_q4_0 *)w + b;
+            dw = fl_f16_to_f32(blk->d);
+            for (int j = 0; j < 16; j++)
+                is += ((blk->qs[j] & 0xF) - 8) * x[b * 32 + j] + ((blk->qs[j] >> 4) - 8) * x[b * 32 + j + 16];
+        }
+        sum += dw * dx[b] * (float)is;
+    }
+    return sum;
+}
+
+void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
+                    float *y, int64_t ldy) {
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < nr; r++) y[t * ldy + r] = dot_q8_row(wtype, (const char *)w + r * ldw, a, m0 + t);
 }

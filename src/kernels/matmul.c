@@ -1,0 +1,152 @@
+/* fl_matmul: the dispatching driver (see matmul.h).  Integer path for Q8_0 / Q4_0 weights
+ * (GEMV for one token, cache-tiled GEMM otherwise), f32 path (dequantize rows + f32 dot) for
+ * every other type or when f32 activations are requested. */
+#include "kernels/matmul.h"
+#include "kernels/dispatch.h"
+#include "kernels/quant.h"
+#include "core/alloc.h"
+#include "core/status.h"
+#include "core/threads.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int g_f32_act = -1;
+
+void fl_matmul_set_f32_act(bool on) { g_f32_act = on ? 1 : 0; }
+
+bool fl_matmul_f32_act(void) {
+    if (g_f32_act < 0) {
+        const char *e = getenv("FL_MATMUL_F32ACT");
+        g_f32_act = (e && *e && strcmp(e, "0") != 0) ? 1 : 0;
+    }
+    return g_f32_act == 1;
+}
+
+typedef float (*dot_fn)(const float *, const float *, int64_t);
+
+static fl_gemm_q8_fn gemm_for(fl_isa isa) {
+    return isa == FL_ISA_AVX512 ? fl_gemm_q8_avx512 : isa == FL_ISA_AVX2 ? fl_gemm_q8_avx2 : fl_gemm_q8_ref;
+}
+static dot_fn dot_for(fl_isa isa) {
+    return isa == FL_ISA_AVX512 ? fl_dot_f32_avx512 : isa == FL_ISA_AVX2 ? fl_dot_f32_avx2 : fl_dot_f32_ref;
+}
+
+/* ---- integer path ---- */
+
+typedef struct {
+    const fl_tensor *W;
+    const float *x;
+    float *y;
+    int64_t M;
+    fl_act_q8 act;
+    fl_gemm_q8_fn gemm;
+} q8_ctx;
+
+static void q8_quant_task(void *p, int ith, int nth) {
+    q8_ctx *c = p;
+    int64_t lo, hi;
+    fl_split_range(c->M, ith, nth, &lo, &hi);
+    for (int64_t m = lo; m < hi; m++) fl_act_q8_quantize_row(&c->act, m, c->x + m * c->W->ne[0]);
+}
+
+#define ROW_TILE 4
+#define TOK_TILE 4
+#define CHUNK_BYTES (192 * 1024) /* weight rows per chunk: stay in L2 while all tokens pass */
+
+static void q8_gemm_task(void *p, int ith, int nth) {
+    q8_ctx *c = p;
+    const int64_t N = c->W->ne[1];
+    const size_t ldw = c->W->nb[1];
+    /* split rows in multiples of the row tile */
+    int64_t lo, hi;
+    const int64_t ntiles = (N + ROW_TILE - 1) / ROW_TILE;
+    fl_split_range(ntiles, ith, nth, &lo, &hi);
+    lo *= ROW_TILE;
+    hi = hi * ROW_TILE < N ? hi * ROW_TILE : N;
+    if (c->M == 1) { /* GEMV: stream the rows once */
+        for (int64_t n = lo; n < hi; n += ROW_TILE) {
+            const int nr = (int)(hi - n < ROW_TILE ? hi - n : ROW_TILE);
+            c->gemm(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, &c->act, 0, 1, c->y + n, c->W->ne[1]);
+        }
+        return;
+    }
+    int64_t chunk = (int64_t)(CHUNK_BYTES / ldw);
+    chunk = chunk < ROW_TILE ? ROW_TILE : chunk - chunk % ROW_TILE;
+    for (int64_t n0 = lo; n0 < hi; n0 += chunk) {
+        const int64_t n1 = n0 + chunk < hi ? n0 + chunk : hi;
+        for (int64_t m = 0; m < c->M; m += TOK_TILE) {
+            const int nt = (int)(c->M - m < TOK_TILE ? c->M - m : TOK_TILE);
+            for (int64_t n = n0; n < n1; n += ROW_TILE) {
+                const int nr = (int)(n1 - n < ROW_TILE ? n1 - n : ROW_TILE);
+                c->gemm(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, &c->act, m, nt, c->y + m * N + n, N);
+            }
+        }
+    }
+}
+
+/* ---- f32 path ---- */
+
+#define F32_ROWS 8
+
+typedef struct {
+    const fl_tensor *W;
+    const float *x;
+    float *y;
+    int64_t M;
+    float *buf; /* [nth][F32_ROWS][K] */
+    dot_fn dot;
+} f32_ctx;
+
+static void f32_task(void *p, int ith, int nth) {
+    f32_ctx *c = p;
+    const int64_t K = c->W->ne[0], N = c->W->ne[1];
+    int64_t lo, hi;
+    fl_split_range(N, ith, nth, &lo, &hi);
+    float *rows = c->buf ? c->buf + (size_t)ith * F32_ROWS * K : NULL;
+    for (int64_t n0 = lo; n0 < hi; n0 += F32_ROWS) {
+        const int64_t nr = hi - n0 < F32_ROWS ? hi - n0 : F32_ROWS;
+        const float *r[F32_ROWS];
+        for (int64_t i = 0; i < nr; i++) {
+            const char *src = (const char *)c->W->data + (n0 + i) * c->W->nb[1];
+            if (c->W->type == FL_TYPE_F32) r[i] = (const float *)src;
+            else {
+                fl_dequant_row(c->W->type, src, rows + i * K, K);
+                r[i] = rows + i * K;
+            }
+        }
+        for (int64_t m = 0; m < c->M; m++)
+            for (int64_t i = 0; i < nr; i++) c->y[m * N + n0 + i] = c->dot(r[i], c->x + m * K, K);
+    }
+}
+
+void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
+    const fl_isa isa = fl_isa_get();
+    const int64_t K = W->ne[0];
+    if (M <= 0) return;
+    if (!fl_matmul_f32_act() && (W->type == FL_TYPE_Q8_0 || W->type == FL_TYPE_Q4_0)) {
+        q8_ctx c = {W, x, y, M, {0}, gemm_for(isa)};
+        if (fl_act_q8_alloc(&c.act, M, K) == FL_OK) {
+            if (M >= 8) fl_parallel(q8_quant_task, &c);
+            else q8_quant_task(&c, 0, 1);
+            fl_parallel(q8_gemm_task, &c);
+            fl_act_q8_free(&c.act);
+            return;
+        }
+        fl_clear_error(); /* no scratch: fall back to the f32 path */
+    }
+    const int nth = fl_threads_get();
+    f32_ctx c = {W, x, y, M, NULL, dot_for(isa)};
+    size_t bytes = 0;
+    if (W->type != FL_TYPE_F32) {
+        bytes = (size_t)nth * F32_ROWS * (size_t)K * sizeof(float);
+        c.buf = fl_alloc(FL_MEM_SCRATCH, bytes, 64);
+        if (!c.buf) { /* last resort: the single-threaded reference needs no scratch */
+            fl_clear_error();
+            fl_matmul_ref(W, x, y, M);
+            return;
+        }
+    }
+    fl_parallel_n(f32_task, &c, nth);
+    if (c.buf) fl_free(FL_MEM_SCRATCH, c.buf, bytes);
+}

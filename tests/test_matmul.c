@@ -1,0 +1,158 @@
+/* Tests for kernels/matmul: every weight type through fl_matmul against fl_matmul_ref (f32
+ * activations: tight NMSE; 8-bit activations: NMSE bound), the integer tiles of every ISA the
+ * CPU has against the scalar reference on odd shapes and tails, GEMV vs GEMM consistency. */
+#include "test.h"
+
+#include "core/cpu.h"
+#include "core/dtype.h"
+#include "core/threads.h"
+#include "kernels/dispatch.h"
+#include "kernels/matmul.h"
+#include "kernels/quant.h"
+
+#include <string.h>
+
+static uint64_t g_rng = 88172645463325252ULL;
+static float frand(void) { /* uniform in [-1, 1) */
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 11) * 0x1.0p-53 * 2 - 1);
+}
+
+typedef struct { fl_tensor W; void *data; size_t bytes; } qmat;
+
+static void qmat_make(qmat *q, int32_t type, int64_t N, int64_t K) {
+    float *f = fl_alloc(FL_MEM_MISC, (size_t)(N * K) * 4, 64);
+    assert_non_null(f);
+    for (int64_t i = 0; i < N * K; i++) f[i] = frand() * 0.1f;
+    q->bytes = fl_quantize_size(type, N, K);
+    assert_true(q->bytes > 0);
+    q->data = fl_alloc(FL_MEM_MISC, q->bytes, 64);
+    assert_int_equal(fl_quantize_tensor(type, f, N, K, q->data), FL_OK);
+    fl_free(FL_MEM_MISC, f, (size_t)(N * K) * 4);
+    const int64_t ne[2] = {K, N};
+    assert_true(fl_tensor_init(&q->W, type, 2, ne, q->data) != 0);
+}
+
+static void qmat_free(qmat *q) { fl_free(FL_MEM_MISC, q->data, q->bytes); }
+
+static float *frand_buf(int64_t n) {
+    float *x = fl_alloc(FL_MEM_MISC, (size_t)n * 4, 64);
+    for (int64_t i = 0; i < n; i++) x[i] = frand();
+    return x;
+}
+
+static const int32_t all_types[] = {
+    FL_TYPE_F32, FL_TYPE_F16, FL_TYPE_BF16, FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_1, FL_TYPE_Q5_0,
+    FL_TYPE_Q5_1, FL_TYPE_Q2_K, FL_TYPE_Q3_K, FL_TYPE_Q4_K, FL_TYPE_Q5_K, FL_TYPE_Q6_K, FL_TYPE_IQ4_NL,
+    FL_TYPE_NF4, FL_TYPE_FP8_E4M3,
+};
+
+static void check_type(int32_t type, int64_t N, int64_t K, int64_t M) {
+    qmat q;
+    qmat_make(&q, type, N, K);
+    float *x = frand_buf(M * K), *ref = frand_buf(M * N), *got = frand_buf(M * N);
+    fl_matmul_ref(&q.W, x, ref, M);
+    fl_matmul_set_f32_act(true);
+    fl_matmul(&q.W, x, got, M);
+    double e = fl_test_nmse(ref, got, M * N);
+    if (!(e <= 1e-10)) fail_msg("%s N=%lld K=%lld M=%lld f32 act: NMSE %.3g", fl_type_name(type), (long long)N, (long long)K, (long long)M, e);
+    fl_matmul_set_f32_act(false);
+    fl_matmul(&q.W, x, got, M);
+    e = fl_test_nmse(ref, got, M * N);
+    /* 8-bit activations (Q8_0/Q4_0) add ~1e-5 relative error; other types stay f32 */
+    if (!(e <= 1e-4)) fail_msg("%s N=%lld K=%lld M=%lld int8 act: NMSE %.3g", fl_type_name(type), (long long)N, (long long)K, (long long)M, e);
+    fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+    fl_free(FL_MEM_MISC, ref, (size_t)(M * N) * 4);
+    fl_free(FL_MEM_MISC, got, (size_t)(M * N) * 4);
+    qmat_free(&q);
+}
+
+static void test_all_types_vs_ref(void **state) {
+    (void)state;
+    for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++) {
+        fl_isa_set((fl_isa)isa);
+        for (size_t i = 0; i < sizeof all_types / sizeof all_types[0]; i++) {
+            const int32_t t = all_types[i];
+            const int64_t blk = fl_type_get(t)->blck_size;
+            const int64_t K = blk >= 64 ? 768 : 416; /* 416 = 13 blocks of 32: odd block count */
+            check_type(t, 37, K, 1);
+            check_type(t, 37, K, 7);
+        }
+    }
+    fl_isa_set(fl_isa_best());
+    fl_test_mem_zero();
+}
+
+/* Integer tiles of each ISA against the scalar reference: exact int sums, float order only. */
+static void test_gemm_q8_parity(void **state) {
+    (void)state;
+    const int32_t types[2] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0};
+    const int64_t Ks[3] = {32, 96, 2048}; /* 1 block, odd count (tail), long */
+    for (int ti = 0; ti < 2; ti++)
+        for (int ki = 0; ki < 3; ki++) {
+            const int64_t K = Ks[ki], N = 6, M = 5;
+            qmat q;
+            qmat_make(&q, types[ti], N, K);
+            float *x = frand_buf(M * K);
+            fl_act_q8 a;
+            assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
+            for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
+            float ref[4 * 4], got[4 * 4];
+            const int shapes[][2] = {{4, 4}, {4, 1}, {3, 2}, {1, 1}, {2, 3}};
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                const int nr = shapes[s][0], nt = shapes[s][1];
+                fl_gemm_q8_ref(types[ti], (const char *)q.data + q.W.nb[1], q.W.nb[1], nr, &a, 1, nt, ref, 4);
+                fl_gemm_q8_fn fns[2] = {fl_cpu()->avx2 && fl_cpu()->fma ? fl_gemm_q8_avx2 : NULL,
+                                        fl_isa_best() == FL_ISA_AVX512 ? fl_gemm_q8_avx512 : NULL};
+                for (int f = 0; f < 2; f++) {
+                    if (!fns[f]) continue;
+                    memset(got, 0, sizeof got);
+                    fns[f](types[ti], (const char *)q.data + q.W.nb[1], q.W.nb[1], nr, &a, 1, nt, got, 4);
+                    for (int t = 0; t < nt; t++)
+                        for (int r = 0; r < nr; r++) CHECK_NEAR(got[t * 4 + r], ref[t * 4 + r], 1e-4 * (1 + fabsf(ref[t * 4 + r])));
+                }
+            }
+            /* the 8-bit activations themselves: scale * code within half a step of x */
+            for (int64_t i = 0; i < M * K; i++) CHECK_NEAR(a.d[i / 32] * a.qs[i], x[i], 0.5 * a.d[i / 32] + 1e-7);
+            fl_act_q8_free(&a);
+            fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+            qmat_free(&q);
+        }
+    fl_test_mem_zero();
+}
+
+/* GEMM (M > 1) rows equal GEMV (M = 1) of each token, with 1 and 2 threads. */
+static void test_gemm_vs_gemv(void **state) {
+    (void)state;
+    const int64_t N = 70, K = 320, M = 9;
+    const int32_t types[2] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0};
+    for (int ti = 0; ti < 2; ti++) {
+        qmat q;
+        qmat_make(&q, types[ti], N, K);
+        float *x = frand_buf(M * K), *a = frand_buf(M * N), *b = frand_buf(N);
+        for (int nth = 1; nth <= 2; nth++) {
+            fl_threads_set(nth);
+            fl_matmul(&q.W, x, a, M);
+            for (int64_t m = 0; m < M; m++) {
+                fl_matmul(&q.W, x + m * K, b, 1);
+                for (int64_t n = 0; n < N; n++) CHECK_NEAR(a[m * N + n], b[n], 1e-5 * (1 + fabsf(b[n])));
+            }
+        }
+        fl_threads_set(0);
+        fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+        fl_free(FL_MEM_MISC, a, (size_t)(M * N) * 4);
+        fl_free(FL_MEM_MISC, b, (size_t)N * 4);
+        qmat_free(&q);
+    }
+    assert_int_equal(fl_matmul_supported(FL_TYPE_IQ2_XXS), FL_ERR_UNSUPPORTED);
+    fl_test_mem_zero();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm_q8_parity),
+        cmocka_unit_test(test_all_types_vs_ref),
+        cmocka_unit_test(test_gemm_vs_gemv),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
