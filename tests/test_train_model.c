@@ -259,6 +259,13 @@ static void test_checkpointing_equal(void **state) {
         if (memcmp(g0, gk, nb)) fail_msg("gradients with checkpointing every %d layers differ", ks[i]);
         if (ks[i] == 1) assert_true(m->acts_bytes < act0);
     }
+    /* the plain reference attention of ops_train.c gives the same gradients as flash */
+    m->ref_attn = true;
+    grads_for(m, 2, &t.b, gk);
+    double gmax = 0;
+    for (int64_t i = 0; i < m->n_params; i++) gmax = fmax(gmax, fabsf(g0[i]));
+    for (int64_t i = 0; i < m->n_params; i++)
+        if (!(fabs(g0[i] - gk[i]) <= 1e-5 * gmax)) fail_msg("ref vs flash attention grad %lld: %g vs %g", (long long)i, g0[i], gk[i]);
     fl_free(FL_MEM_MISC, g0, nb);
     fl_free(FL_MEM_MISC, gk, nb);
     fl_train_model_free(m);

@@ -4,6 +4,7 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "kernels/attn.h"
 #include "kernels/matmul.h"
 #include "train/ops_train.h"
 #include "train/rng.h"
@@ -360,6 +361,44 @@ const float *fl_train_model_logits(const fl_train_model *m) {
     return m->have_forward ? ((const act_layout *)m->priv)->logits : NULL;
 }
 
+/* ---------------------------------------------------------------- attention */
+
+/* Flash attention (kernels/attn.h, varlen + lse + FlashAttention-2 backward) when the head size
+ * suits its micro-kernels (multiple of 8), else the plain reference of ops_train.c.  Both are
+ * deterministic (every output element owned by one work item). */
+static fl_attn_args attn_args(const fl_train_model *m, const fl_train_batch *b, const float *q, const float *k,
+                              const float *v, float *out, float *lse) {
+    const fl_train_config *c = &m->cfg;
+    return (fl_attn_args){.n_seq = b->n_seq, .cu_seqlens_q = b->cu_seqlens, .cu_seqlens_k = b->cu_seqlens,
+                          .n_q = b->n_tokens, .n_kv = b->n_tokens, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
+                          .head_dim = c->head_dim, .q = q, .k = k, .v = v, .kv_type = FL_TYPE_F32, .out = out,
+                          .lse = lse, .scale = 1.0f / sqrtf((float)c->head_dim), .causal = true,
+                          .impl = FL_ATTN_FLASH};
+}
+
+static bool use_flash(const fl_train_model *m) { return m->cfg.head_dim % 8 == 0 && !m->ref_attn; }
+
+static fl_status attention_forward(const fl_train_model *m, const fl_train_batch *b, layer_acts *a) {
+    const fl_train_config *c = &m->cfg;
+    if (use_flash(m)) {
+        fl_attn_args fa = attn_args(m, b, a->q, a->k, a->v, a->att, a->lse);
+        return fl_attn_forward(&fa);
+    }
+    return fl_train_attn_forward(a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->n_seq, c->n_head, c->n_head_kv,
+                                 c->head_dim, 1.0f / sqrtf((float)c->head_dim));
+}
+
+static fl_status attention_backward(const fl_train_model *m, const fl_train_batch *b, const layer_acts *a,
+                                    const float *datt, float *dq, float *dk, float *dv) {
+    const fl_train_config *c = &m->cfg;
+    if (use_flash(m)) {
+        fl_attn_args fa = attn_args(m, b, a->q, a->k, a->v, a->att, a->lse);
+        return fl_attn_backward(&fa, datt, 0, dq, dk, dv);
+    }
+    return fl_train_attn_backward(dq, dk, dv, datt, a->q, a->k, a->v, a->att, a->lse, b->cu_seqlens, b->n_seq,
+                                  c->n_head, c->n_head_kv, c->head_dim, 1.0f / sqrtf((float)c->head_dim));
+}
+
 /* ---------------------------------------------------------------- forward */
 
 static void round_compute(const fl_train_model *m, float *x, int64_t n) {
@@ -385,8 +424,7 @@ static fl_status layer_forward(const fl_train_model *m, int l, const fl_train_ba
     fl_train_matmul_forward(a->v, a->ln1, W(m, FL_TP_WV, l), N, C, KV);
     fl_train_rope_forward(a->q, a->q, b->pos, N, c->n_head, c->head_dim, c->rope_dim, c->rope_base);
     fl_train_rope_forward(a->k, a->k, b->pos, N, c->n_head_kv, c->head_dim, c->rope_dim, c->rope_base);
-    fl_status st = fl_train_attn_forward(a->att, a->lse, a->q, a->k, a->v, b->cu_seqlens, b->n_seq, c->n_head,
-                                         c->n_head_kv, c->head_dim, 1.0f / sqrtf((float)c->head_dim));
+    fl_status st = attention_forward(m, b, a);
     if (st) return st;
     round_compute(m, a->att, N * Q);
     fl_train_matmul_forward(out, a->att, W(m, FL_TP_WO, l), N, Q, C);              /* (N, C) */
@@ -501,9 +539,7 @@ static fl_status layer_backward(fl_train_model *m, int l, const fl_train_batch *
     fl_train_matmul_backward(L->dbuf, fl_train_model_tensor(m, g, FL_TP_WO, l), L->dres, a->att, W(m, FL_TP_WO, l), N,
                              Q, C);
     /* attention (dq, dk, dv overwritten), then RoPE back */
-    fl_status st = fl_train_attn_backward(L->dq, L->dk, L->dv, L->dbuf, a->q, a->k, a->v, a->att, a->lse,
-                                          b->cu_seqlens, b->n_seq, c->n_head, c->n_head_kv, c->head_dim,
-                                          1.0f / sqrtf((float)c->head_dim));
+    fl_status st = attention_backward(m, b, a, L->dbuf, L->dq, L->dk, L->dv);
     if (st) return st;
     fl_train_rope_backward(L->dq, L->dq, b->pos, N, c->n_head, c->head_dim, c->rope_dim, c->rope_base);
     fl_train_rope_backward(L->dk, L->dk, b->pos, N, c->n_head_kv, c->head_dim, c->rope_dim, c->rope_base);

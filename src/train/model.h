@@ -74,6 +74,7 @@ struct fl_train_model {
     float *wcompute;                 /* (n_params) rounded copy or NULL (f32) */
     float *grads;                    /* (n_params) FL_MEM_GRAD, NULL until reserve */
     int precision;                   /* fl_train_precision */
+    bool ref_attn;                   /* force the plain attention of ops_train.c (tests) */
     /* activations */
     int64_t max_tokens;
     int ckpt_every;
