@@ -52,7 +52,7 @@ void fl_train_rmsnorm_backward(float *dinp, float *dw, const float *dout, const 
         const float k = r * r * r * dot / (float)C;
         for (int64_t c = 0; c < C; c++) {
             dx[c] += r * w[c] * dy[c] - k * x[c];
-            dw[c] += dy[c] * x[c] * r;
+            if (dw) dw[c] += dy[c] * x[c] * r;
         }
     }
 }

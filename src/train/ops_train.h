@@ -30,7 +30,8 @@
 void fl_train_embed_forward(float *out, const int32_t *tokens, const float *wte, int64_t N, int64_t C);
 void fl_train_embed_backward(float *dwte, const float *dout, const int32_t *tokens, int64_t N, int64_t C);
 
-/* out (N, C) = inp * rstd * w, rstd (N) = 1 / sqrt(mean(inp^2) + eps) (saved for backward). */
+/* out (N, C) = inp * rstd * w, rstd (N) = 1 / sqrt(mean(inp^2) + eps) (saved for backward).
+ * backward: dw may be NULL (frozen weight). */
 void fl_train_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int64_t N, int64_t C,
                               float eps);
 void fl_train_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
