@@ -91,7 +91,7 @@ static void test_adamw8bit_tracks_fp32(void **state) {
     float *g = fl_calloc(FL_MEM_MISC, (size_t)n, 4);
     fl_optim_config c32 = fl_optim_default(), c8 = fl_optim_default();
     c32.weight_decay = c8.weight_decay = 0.0f;
-    c8.kind = FL_OPTIM_ADAMW8BIT;
+    c8.kind = FL_OPTIMIZER_ADAMW8BIT;
     fl_optim *o32, *o8;
     assert_int_equal(fl_optim_new(&c32, n, NULL, -1, &o32), FL_OK);
     assert_int_equal(fl_optim_new(&c8, n, NULL, -1, &o8), FL_OK);

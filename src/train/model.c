@@ -112,7 +112,6 @@ typedef struct act_layout {
     float *dq;         /* (N, H*hd) */
     float *dk, *dv;    /* (N, Hkv*hd) */
     float *dF1, *dF2;  /* (N, F) */
-    float *tmp;        /* (N, C) recompute sink */
     float *dlora;      /* (N, r) LoRA backward */
     size_t meta_bytes;
 } act_layout;
@@ -149,8 +148,19 @@ static size_t carve(const fl_train_config *c, int64_t N, int k, int r, unsigned 
     act_layout *P = base ? L : &tmpL;
     TAKE(P->xL, N * C); TAKE(P->lnf, N * C); TAKE(P->rstdf, N); TAKE(P->logits, N * V);
     TAKE(P->losses, N); TAKE(P->ce_lse, N); TAKE(P->dloss, N);
-    TAKE(P->dres, N * C); TAKE(P->dbuf, N * (C > Q ? C : Q)); TAKE(P->dq, N * Q); TAKE(P->dk, N * KV);
-    TAKE(P->dv, N * KV); TAKE(P->dF1, N * F); TAKE(P->dF2, N * F); TAKE(P->tmp, N * C);
+    /* backward temporaries: the FFN part (dF1, dF2) and the attention part (dq, dk, dv) are
+     * never live at once, so they share one region of max(Q + 2 KV, 2 F) per token */
+    TAKE(P->dres, N * C); TAKE(P->dbuf, N * (C > Q ? C : Q));
+    const int64_t un = (Q + 2 * KV > 2 * F ? Q + 2 * KV : 2 * F);
+    float *u0 = NULL;
+    TAKE(u0, N * un);
+    if (base) {
+        P->dF1 = u0;
+        P->dF2 = u0 + N * F;
+        P->dq = u0;
+        P->dk = u0 + N * Q;
+        P->dv = u0 + N * (Q + KV);
+    }
     P->dlora = NULL;
     if (r > 0) TAKE(P->dlora, N * r);
 #undef TAKE
@@ -665,7 +675,7 @@ fl_status fl_train_model_backward(fl_train_model *m, const fl_train_batch *b, fl
             for (int j = l0; j <= l; j++) {
                 layer_acts *a = slot_of(L, k, j);
                 if (j == l0) a->inp = L->ckpt[l0 / k];
-                float *out = j == l ? L->tmp : L->slots[(j + 1) % k].inp;
+                float *out = j == l ? L->dbuf : L->slots[(j + 1) % k].inp; /* last output: unused */
                 if ((st = layer_forward(m, j, b, a, out))) return st;
             }
         }

@@ -95,19 +95,19 @@ void fl_optim_dequantize_blockwise(const uint8_t *q, const float *absmax, float 
 /* ---------------------------------------------------------------- lifetime */
 
 fl_optim_config fl_optim_default(void) {
-    return (fl_optim_config){.kind = FL_OPTIM_ADAMW, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+    return (fl_optim_config){.kind = FL_OPTIMIZER_ADAMW, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                              .weight_decay = 0.1f, .block_size = 256};
 }
 
 static size_t state_bytes(const fl_optim *o) {
-    if (o->cfg.kind == FL_OPTIM_ADAMW) return 2 * (size_t)o->n * sizeof(float);
+    if (o->cfg.kind == FL_OPTIMIZER_ADAMW) return 2 * (size_t)o->n * sizeof(float);
     return 2 * (size_t)o->n + 2 * (size_t)o->n_blocks * sizeof(float);
 }
 
 fl_status fl_optim_new(const fl_optim_config *cfg, int64_t n_params, const int64_t *ranges, int n_ranges,
                        fl_optim **out) {
     *out = NULL;
-    if (n_params <= 0 || (cfg->kind != FL_OPTIM_ADAMW && cfg->kind != FL_OPTIM_ADAMW8BIT) ||
+    if (n_params <= 0 || (cfg->kind != FL_OPTIMIZER_ADAMW && cfg->kind != FL_OPTIMIZER_ADAMW8BIT) ||
         n_ranges > FL_OPTIM_MAX_RANGES || cfg->block_size < 0)
         return fl_set_error(FL_ERR_INVALID, "%s: bad optimizer config", __func__);
     fl_optim *o = fl_calloc(FL_MEM_MISC, 1, sizeof *o);
@@ -117,7 +117,7 @@ fl_status fl_optim_new(const fl_optim_config *cfg, int64_t n_params, const int64
     o->n = n_params;
     o->n_ranges = n_ranges;
     if (n_ranges > 0) memcpy(o->ranges, ranges, (size_t)n_ranges * 2 * sizeof(int64_t));
-    if (cfg->kind == FL_OPTIM_ADAMW) {
+    if (cfg->kind == FL_OPTIMIZER_ADAMW) {
         o->m = fl_calloc(FL_MEM_OPTIM, (size_t)n_params, sizeof(float));
         o->v = fl_calloc(FL_MEM_OPTIM, (size_t)n_params, sizeof(float));
         if (!o->m || !o->v) goto fail;
@@ -160,7 +160,7 @@ const fl_optim_config *fl_optim_get_config(const fl_optim *o) { return &o->cfg; 
 
 fl_status fl_optim_state(fl_optim *o, int i, void **data, size_t *bytes, const char **name) {
     const size_t n = (size_t)o->n, nb = (size_t)o->n_blocks * sizeof(float);
-    if (o->cfg.kind == FL_OPTIM_ADAMW) {
+    if (o->cfg.kind == FL_OPTIMIZER_ADAMW) {
         if (i == 0) { *data = o->m; *bytes = n * sizeof(float); *name = "adam.m"; return FL_OK; }
         if (i == 1) { *data = o->v; *bytes = n * sizeof(float); *name = "adam.v"; return FL_OK; }
     } else {
@@ -207,7 +207,7 @@ static inline void adam_elem(const step_ctx *c, float wd, float *p, float g, flo
 static void step_task(void *arg, int ith, int nth) {
     const step_ctx *c = arg;
     fl_optim *o = c->o;
-    const int64_t bs = o->cfg.kind == FL_OPTIM_ADAMW ? 4096 : o->cfg.block_size;
+    const int64_t bs = o->cfg.kind == FL_OPTIMIZER_ADAMW ? 4096 : o->cfg.block_size;
     const int64_t nblk = (o->n + bs - 1) / bs;
     int64_t lo, hi;
     fl_split_range(nblk, ith, nth, &lo, &hi);
@@ -215,7 +215,7 @@ static void step_task(void *arg, int ith, int nth) {
     const float *smap = g_map[1], *umap = g_map[0];
     for (int64_t b = lo; b < hi; b++) {
         const int64_t i0 = b * bs, len = o->n - i0 < bs ? o->n - i0 : bs;
-        if (o->cfg.kind == FL_OPTIM_ADAMW) {
+        if (o->cfg.kind == FL_OPTIMIZER_ADAMW) {
             for (int64_t i = i0; i < i0 + len;) {
                 int64_t end;
                 const float wd = decay_run(o, i, &end);

@@ -29,10 +29,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum fl_optim_kind { FL_OPTIM_ADAMW = 0, FL_OPTIM_ADAMW8BIT = 1 } fl_optim_kind;
+typedef enum fl_optimizer_kind { FL_OPTIMIZER_ADAMW = 0, FL_OPTIMIZER_ADAMW8BIT = 1 } fl_optimizer_kind;
 
 typedef struct fl_optim_config {
-    int kind; /* fl_optim_kind */
+    int kind; /* fl_optimizer_kind */
     float beta1, beta2, eps, weight_decay;
     int32_t block_size; /* 8-bit blocks (0 -> 256) */
 } fl_optim_config;
