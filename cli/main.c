@@ -7,6 +7,7 @@
 static const fl_cli_command commands[] = {
     {"bench", "benchmarks that print JSON (attention, kv, model, serve, ...)", fl_cmd_bench},
     {"inspect", "show a GGUF model's metadata, tensors and memory needs", fl_cmd_inspect},
+    {"plan", "plan memory per device (weights, KV, activations, training, sharding); --fit, --table", fl_cmd_plan},
     {"train", "train or fine-tune (LoRA/QLoRA) a model on a text file", fl_cmd_train},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])

@@ -13,6 +13,7 @@
  * overflow before it is used; bad input returns FL_ERR_FORMAT / FL_ERR_RANGE /
  * FL_ERR_UNSUPPORTED with a message naming what is wrong (never a crash or a hang).  Strings
  * and scalar array payloads are borrowed views into the mapping: valid until fl_gguf_free.
+ * Keys and tensor names must be non-empty and hold no NUL byte (the writer takes C strings).
  * The parsed index (kv table, tensor infos, string-array item tables) is charged to FL_MEM_MISC.
  * A reader is immutable after open and may be read from several threads.
  *
@@ -102,7 +103,8 @@ fl_status fl_gguf_get_bool(const fl_gguf *g, const char *key, bool *out);
 fl_status fl_gguf_get_str(const fl_gguf *g, const char *key, char *buf, size_t cap);
 /* Array view: element type and count; NULL if absent or not an array. */
 const fl_gguf_value *fl_gguf_get_arr(const fl_gguf *g, const char *key);
-/* Element i of a scalar array as double / int64 (no bounds check beyond FL_ASSERT). */
+/* Element i of a scalar array as double / int64 (no bounds check beyond FL_ASSERT); floats
+ * convert to int64 truncating toward zero and saturating (NaN gives 0). */
 double fl_gguf_arr_f64(const fl_gguf_value *arr, uint64_t i);
 int64_t fl_gguf_arr_i64(const fl_gguf_value *arr, uint64_t i);
 
@@ -139,7 +141,10 @@ fl_status fl_gguf_writer_add_tensor(fl_gguf_writer *w, const char *name, int32_t
                                     const int64_t *ne, const void *data);
 /* Every kv and tensor of g, in order (with g's alignment and version). */
 fl_status fl_gguf_writer_copy_all(fl_gguf_writer *w, const fl_gguf *g);
-void fl_gguf_writer_set_alignment(fl_gguf_writer *w, uint32_t alignment);
+/* Alignment of the data section and of every tensor: a power of two; sets the
+ * general.alignment key too (FL_ERR_INVALID otherwise).  The writer always aligns by the
+ * general.alignment key when one is set (32 without it), so files it writes parse back. */
+fl_status fl_gguf_writer_set_alignment(fl_gguf_writer *w, uint32_t alignment);
 void fl_gguf_writer_set_version(fl_gguf_writer *w, uint32_t version);
 /* Write atomically (temp file + fsync + rename). progress(done, total, ud) may be NULL. */
 fl_status fl_gguf_writer_write(fl_gguf_writer *w, const char *path,

@@ -248,6 +248,9 @@ static fl_status parse(fl_gguf *g) {
         char what[64];
         snprintf(what, sizeof what, "kv %llu", (unsigned long long)i);
         if ((st = rd_str(&c, &kv->key, what))) return st;
+        if (kv->key.len == 0) return fl_set_error(FL_ERR_FORMAT, "%s has an empty key", what);
+        if (memchr(kv->key.data, 0, (size_t)kv->key.len))
+            return fl_set_error(FL_ERR_FORMAT, "%s: key contains a NUL byte", what);
         int32_t type;
         if ((st = rd(&c, &type, 4, what))) return st;
         if ((st = rd_value(g, &c, type, &kv->value, 0, what))) {
@@ -268,6 +271,8 @@ static fl_status parse(fl_gguf *g) {
         snprintf(what, sizeof what, "tensor info %llu", (unsigned long long)i);
         if ((st = rd_str(&c, &t->name, what))) return st;
         if (t->name.len == 0) return fl_set_error(FL_ERR_FORMAT, "%s has an empty name", what);
+        if (memchr(t->name.data, 0, (size_t)t->name.len))
+            return fl_set_error(FL_ERR_FORMAT, "%s: tensor name contains a NUL byte", what);
         uint32_t n_dims;
         if ((st = rd(&c, &n_dims, 4, what))) return st;
         if (n_dims < 1 || n_dims > FL_GGUF_MAX_DIMS)
@@ -448,6 +453,14 @@ const fl_gguf_value *fl_gguf_get_arr(const fl_gguf *g, const char *key) {
     return kv && kv->value.type == FL_GGUF_ARRAY ? &kv->value : NULL;
 }
 
+/* double -> int64 truncating toward zero, saturating (NaN -> 0) instead of undefined */
+static int64_t f64_to_i64(double x) {
+    if (x != x) return 0;
+    if (x >= 9223372036854775807.0) return INT64_MAX;
+    if (x <= -9223372036854775808.0) return INT64_MIN;
+    return (int64_t)x;
+}
+
 int64_t fl_gguf_arr_i64(const fl_gguf_value *a, uint64_t i) {
     FL_ASSERT(i < a->v.arr.n && a->v.arr.raw);
     const unsigned char *p = a->v.arr.raw + i * vtype_sizes[a->v.arr.type];
@@ -459,8 +472,8 @@ int64_t fl_gguf_arr_i64(const fl_gguf_value *a, uint64_t i) {
     case FL_GGUF_U32: { uint32_t x; memcpy(&x, p, 4); return x; }
     case FL_GGUF_I32: { int32_t x; memcpy(&x, p, 4); return x; }
     case FL_GGUF_U64: case FL_GGUF_I64: { int64_t x; memcpy(&x, p, 8); return x; }
-    case FL_GGUF_F32: { float x; memcpy(&x, p, 4); return (int64_t)x; }
-    case FL_GGUF_F64: { double x; memcpy(&x, p, 8); return (int64_t)x; }
+    case FL_GGUF_F32: { float x; memcpy(&x, p, 4); return f64_to_i64(x); }
+    case FL_GGUF_F64: { double x; memcpy(&x, p, 8); return f64_to_i64(x); }
     }
     return 0;
 }

@@ -78,7 +78,28 @@ void fl_gguf_writer_free(fl_gguf_writer *w) {
     fl_free(FL_MEM_MISC, w, sizeof *w);
 }
 
-void fl_gguf_writer_set_alignment(fl_gguf_writer *w, uint32_t a) { if (a && !(a & (a - 1))) w->alignment = a; }
+fl_status fl_gguf_writer_set_alignment(fl_gguf_writer *w, uint32_t a) {
+    if (!a || (a & (a - 1)) || a > (1u << 20))
+        return fl_set_error(FL_ERR_INVALID, "gguf writer: alignment %u is not a power of two in [1, 1M]", a);
+    w->alignment = a;
+    return fl_gguf_writer_set_u32(w, "general.alignment", a);
+}
+
+/* The alignment the file will declare: general.alignment if set (as u32), else the default. */
+static fl_status file_alignment(const fl_gguf_writer *w, uint32_t *out) {
+    *out = FL_GGUF_DEFAULT_ALIGNMENT;
+    for (int64_t i = 0; i < w->n_kv; i++) {
+        if (strcmp(w->kv[i].key, "general.alignment")) continue;
+        uint32_t type, a;
+        if (w->kv[i].val.len != 8) return fl_set_error(FL_ERR_INVALID, "gguf writer: general.alignment is not a u32");
+        memcpy(&type, w->kv[i].val.p, 4);
+        memcpy(&a, w->kv[i].val.p + 4, 4);
+        if (type != FL_GGUF_U32 || !a || (a & (a - 1)) || a > (1u << 20))
+            return fl_set_error(FL_ERR_INVALID, "gguf writer: general.alignment is not a power-of-two u32");
+        *out = a;
+    }
+    return FL_OK;
+}
 void fl_gguf_writer_set_version(fl_gguf_writer *w, uint32_t v) { w->version = v; }
 
 /* The entry for key, created empty at the end if absent (its value buffer reset). */
@@ -244,6 +265,17 @@ static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 static int fwrite_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n ? 0 : -1; }
 
+/* n zero bytes (padding can be up to the 1 MiB maximum alignment) */
+static int fwrite_zeros(FILE *f, uint64_t n) {
+    static const unsigned char zeros[4096];
+    while (n) {
+        size_t k = n < sizeof zeros ? (size_t)n : sizeof zeros;
+        if (fwrite_all(f, zeros, k)) return -1;
+        n -= k;
+    }
+    return 0;
+}
+
 fl_status fl_gguf_writer_write(fl_gguf_writer *w, const char *path,
                                void (*progress)(uint64_t, uint64_t, void *), void *ud) {
     char tmp[4096];
@@ -251,10 +283,10 @@ fl_status fl_gguf_writer_write(fl_gguf_writer *w, const char *path,
         return fl_set_error(FL_ERR_INVALID, "output path too long");
     FILE *f = fopen(tmp, "wb");
     if (!f) return fl_set_error(FL_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
-    static const unsigned char zeros[4096];
     wbuf h = {0};
-    fl_status st = FL_OK;
     uint64_t total = 0;
+    fl_status st = file_alignment(w, &w->alignment);
+    if (st) goto fail;
     /* header + kv + tensor infos in one buffer */
     if ((st = wb_put(&h, "GGUF", 4)) || (st = wb_u32(&h, w->version)) || (st = wb_u64(&h, (uint64_t)w->n_t)) ||
         (st = wb_u64(&h, (uint64_t)w->n_kv)))
@@ -273,13 +305,13 @@ fl_status fl_gguf_writer_write(fl_gguf_writer *w, const char *path,
     }
     if (fwrite_all(f, h.p, h.len)) goto io_fail;
     uint64_t pos = h.len, pad = align_up(pos, w->alignment) - pos;
-    if (w->n_t && fwrite_all(f, zeros, (size_t)pad)) goto io_fail;
+    if (w->n_t && fwrite_zeros(f, pad)) goto io_fail;
     uint64_t done = 0;
     for (int64_t i = 0; i < w->n_t; i++) {
         wtensor *t = &w->t[i];
         if (t->size && fwrite_all(f, t->data, (size_t)t->size)) goto io_fail;
         uint64_t p2 = align_up(t->size, w->alignment) - t->size;
-        if (fwrite_all(f, zeros, (size_t)p2)) goto io_fail;
+        if (fwrite_zeros(f, p2)) goto io_fail;
         done += t->size;
         if (progress) progress(done, total, ud);
     }

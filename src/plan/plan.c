@@ -1,0 +1,590 @@
+/* Memory planner formulas: weights, KV, step buffers, training state, sharding, fitting.
+ * Every formula is written down in docs/PLANNER.md and the buffers in plan.h. */
+#include "plan/plan.h"
+#include "core/dtype.h"
+#include "core/status.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+/* ---- saturating u64 arithmetic (a plan of absurd inputs must not wrap into "fits") ---- */
+
+static uint64_t sadd(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+static uint64_t smul(uint64_t a, uint64_t b) { return a && b > UINT64_MAX / a ? UINT64_MAX : a * b; }
+static uint64_t smul3(uint64_t a, uint64_t b, uint64_t c) { return smul(smul(a, b), c); }
+static uint64_t cdiv(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+static uint64_t u(int64_t x) { return x > 0 ? (uint64_t)x : 0; }
+
+void fl_plan_fmt_bytes(uint64_t b, char *buf, size_t cap) {
+    double x = (double)b;
+    if (b == UINT64_MAX) snprintf(buf, cap, "overflow");
+    else if (x >= 1099511627776.0) snprintf(buf, cap, "%.2f TiB", x / 1099511627776.0);
+    else if (x >= 1073741824.0) snprintf(buf, cap, "%.2f GiB", x / 1073741824.0);
+    else if (x >= 1048576.0) snprintf(buf, cap, "%.2f MiB", x / 1048576.0);
+    else if (x >= 1024.0) snprintf(buf, cap, "%.2f KiB", x / 1024.0);
+    else snprintf(buf, cap, "%llu B", (unsigned long long)b);
+}
+
+/* ---- weights ---- */
+
+uint64_t fl_plan_tensor_bytes(int32_t type, int64_t ne0, int64_t n_rows) {
+    const fl_type_info *ti = fl_type_get(type);
+    if (!ti || ne0 < 0 || n_rows < 0) return 0;
+    uint64_t row;
+    if (ne0 % ti->blck_size == 0) row = (uint64_t)(ne0 / ti->blck_size) * (uint64_t)ti->type_size;
+    else row = cdiv(smul(u(ne0), (uint64_t)ti->type_size * 8), (uint64_t)ti->blck_size * 8); /* partial block: bits */
+    uint64_t bytes = smul(row, u(n_rows));
+    if (type == FL_TYPE_FP8_E4M3 || type == FL_TYPE_FP8_E5M2) bytes = sadd(bytes, smul(4, u(n_rows))); /* f32 scale per row */
+    if (type == FL_TYPE_NF4) bytes = sadd(bytes, smul(4, cdiv(smul(cdiv(u(ne0), 64), u(n_rows)), 256)));
+    return bytes;
+}
+
+static bool use_more_bits(int64_t l, int64_t n) { return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2; }
+
+int32_t fl_plan_role_type(const fl_plan_wtype *w, fl_plan_role role, int64_t layer, int64_t n_layer) {
+    switch (role) {
+    case FL_ROLE_OUTPUT_NORM: case FL_ROLE_ATTN_NORM: case FL_ROLE_FFN_NORM: case FL_ROLE_QKV_BIAS: case FL_ROLE_FFN_ROUTER:
+        return FL_TYPE_F32;
+    case FL_ROLE_OUTPUT: return w->more >= 0 ? w->more : w->base;
+    case FL_ROLE_ATTN_V: case FL_ROLE_FFN_DOWN:
+        return w->more >= 0 && use_more_bits(layer, n_layer) ? w->more : w->base;
+    default: return w->base;
+    }
+}
+
+/* Elements of a role: ne0 (row length) x rows; 0 rows when the model lacks it. */
+static void role_dims(const fl_model_shape *s, fl_plan_role r, int64_t *ne0, int64_t *rows) {
+    int64_t qd = s->n_head * s->head_dim, kvd = s->n_head_kv * s->head_dim, ne = s->n_expert > 0 ? s->n_expert : 1;
+    *ne0 = s->n_embd;
+    *rows = 1;
+    switch (r) {
+    case FL_ROLE_TOKEN_EMBD: *rows = s->n_vocab; break;
+    case FL_ROLE_OUTPUT: *rows = s->tied_output ? 0 : s->n_vocab; break;
+    case FL_ROLE_OUTPUT_NORM: case FL_ROLE_ATTN_NORM: case FL_ROLE_FFN_NORM: break;
+    case FL_ROLE_ATTN_Q: *rows = qd; break;
+    case FL_ROLE_ATTN_K: case FL_ROLE_ATTN_V: *rows = kvd; break;
+    case FL_ROLE_ATTN_O: *ne0 = qd; *rows = s->n_embd; break;
+    case FL_ROLE_QKV_BIAS: *ne0 = qd + 2 * kvd; *rows = s->qkv_bias ? 1 : 0; break;
+    case FL_ROLE_FFN_ROUTER: *rows = s->n_expert; break;
+    case FL_ROLE_FFN_GATE: case FL_ROLE_FFN_UP: *rows = s->n_ff * ne; break;
+    case FL_ROLE_FFN_DOWN: *ne0 = s->n_ff; *rows = s->n_embd * ne; break;
+    default: *rows = 0;
+    }
+}
+
+static bool role_is_layer(fl_plan_role r) { return r >= FL_ROLE_ATTN_NORM; }
+static bool role_is_1d(fl_plan_role r) {
+    return r == FL_ROLE_ATTN_NORM || r == FL_ROLE_FFN_NORM || r == FL_ROLE_QKV_BIAS || r == FL_ROLE_OUTPUT_NORM || r == FL_ROLE_FFN_ROUTER;
+}
+
+/* Weights of the model split the way sharding needs them. */
+typedef struct wparts {
+    uint64_t embd, output, other;
+    uint64_t split[FL_PLAN_MAX_LAYERS], repl[FL_PLAN_MAX_LAYERS];
+} wparts;
+
+static void weight_parts(const fl_model_shape *s, const fl_plan_wtype *w, bool from_file, wparts *p) {
+    memset(p, 0, sizeof *p);
+    int64_t L = s->n_layer < FL_PLAN_MAX_LAYERS ? s->n_layer : FL_PLAN_MAX_LAYERS;
+    if (from_file && s->has_weight_bytes) {
+        p->embd = s->w_embd;
+        p->output = s->w_output;
+        p->other = s->w_other;
+        for (int64_t l = 0; l < L; l++) {
+            p->split[l] = s->w_layer_split[l];
+            p->repl[l] = s->w_layer_repl[l];
+        }
+        return;
+    }
+    for (int r = 0; r < FL_ROLE_COUNT; r++) {
+        int64_t ne0, rows;
+        role_dims(s, (fl_plan_role)r, &ne0, &rows);
+        if (!rows) continue;
+        if (!role_is_layer((fl_plan_role)r)) {
+            uint64_t b = fl_plan_tensor_bytes(fl_plan_role_type(w, (fl_plan_role)r, -1, s->n_layer), ne0, rows);
+            if (r == FL_ROLE_TOKEN_EMBD) p->embd = b;
+            else if (r == FL_ROLE_OUTPUT) p->output = b;
+            else p->other = sadd(p->other, b);
+            continue;
+        }
+        for (int64_t l = 0; l < L; l++) {
+            uint64_t b = fl_plan_tensor_bytes(fl_plan_role_type(w, (fl_plan_role)r, l, s->n_layer), ne0, rows);
+            if (role_is_1d((fl_plan_role)r)) p->repl[l] = sadd(p->repl[l], b);
+            else p->split[l] = sadd(p->split[l], b);
+        }
+    }
+}
+
+uint64_t fl_plan_weights_bytes(const fl_model_shape *s, const fl_plan_wtype *w, bool from_file) {
+    wparts p;
+    weight_parts(s, w, from_file, &p);
+    uint64_t t = sadd(sadd(p.embd, p.output), p.other);
+    for (int64_t l = 0; l < s->n_layer && l < FL_PLAN_MAX_LAYERS; l++) t = sadd(t, sadd(p.split[l], p.repl[l]));
+    return t;
+}
+
+int64_t fl_plan_n_params(const fl_model_shape *s) {
+    if (s->has_weight_bytes && s->n_params_file > 0) return s->n_params_file;
+    uint64_t n = 0;
+    for (int r = 0; r < FL_ROLE_COUNT; r++) {
+        int64_t ne0, rows;
+        role_dims(s, (fl_plan_role)r, &ne0, &rows);
+        uint64_t e = smul(u(ne0), u(rows));
+        n = sadd(n, role_is_layer((fl_plan_role)r) ? smul(e, u(s->n_layer)) : e);
+    }
+    return n > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)n;
+}
+
+/* ---- KV ---- */
+
+static bool kv_type_ok(int32_t t) {
+    return t == FL_TYPE_F32 || t == FL_TYPE_F16 || t == FL_TYPE_BF16 || t == FL_TYPE_Q8_0 || t == FL_TYPE_Q4_0 ||
+           t == FL_TYPE_FP8_E4M3 || t == FL_TYPE_FP8_E5M2;
+}
+static bool kv_is_float(int32_t t) { return t == FL_TYPE_F32 || t == FL_TYPE_F16 || t == FL_TYPE_BF16; }
+
+static fl_status check_kv(const fl_model_shape *s, int32_t kv_type) {
+    if (!kv_type_ok(kv_type))
+        return fl_set_error(FL_ERR_INVALID, "KV type %s is not supported (f32, f16, bf16, q8_0, q4_0, fp8_e4m3, fp8_e5m2)", fl_type_name(kv_type));
+    if ((kv_type == FL_TYPE_Q8_0 || kv_type == FL_TYPE_Q4_0) && s->head_dim % 32)
+        return fl_set_error(FL_ERR_INVALID, "KV type %s needs head_dim to be a multiple of 32 (it is %lld)", fl_type_name(kv_type), (long long)s->head_dim);
+    return FL_OK;
+}
+
+/* Bytes of K (or V) for one head over a group of n_tok tokens. */
+static uint64_t kv_head_bytes(int32_t t, int64_t head_dim, int64_t n_tok) {
+    uint64_t hd = u(head_dim), n = u(n_tok);
+    switch (t) {
+    case FL_TYPE_F32: return smul3(4, hd, n);
+    case FL_TYPE_Q8_0: return smul3(hd / 32, 34, n);
+    case FL_TYPE_Q4_0: return smul3(hd / 32, 18, n);
+    case FL_TYPE_FP8_E4M3: case FL_TYPE_FP8_E5M2: return sadd(smul(hd, n), 4 * cdiv(n, FL_PLAN_FP8_GROUP));
+    default: return smul3(2, hd, n); /* f16, bf16 */
+    }
+}
+
+fl_status fl_plan_kv_bytes_per_token(const fl_model_shape *s, int32_t kv_type, uint64_t *out) {
+    fl_status st = check_kv(s, kv_type);
+    if (st) return st;
+    /* per FL_PLAN_FP8_GROUP tokens, so fp8 scales come out exact, then per token */
+    uint64_t g = smul3(2 * u(s->n_layer), u(s->n_head_kv), kv_head_bytes(kv_type, s->head_dim, FL_PLAN_FP8_GROUP));
+    *out = g / FL_PLAN_FP8_GROUP;
+    return FL_OK;
+}
+
+/* Does layer l use the sliding window?  n_swa of n layers do, spread evenly. */
+static bool layer_is_swa(const fl_model_shape *s, int64_t l) {
+    if (s->sliding_window <= 0) return false;
+    int64_t n = s->n_layer, k = s->n_swa_layers <= 0 || s->n_swa_layers > n ? n : s->n_swa_layers;
+    return (l * k) / n != ((l + 1) * k) / n;
+}
+
+fl_status fl_plan_kv_bytes(const fl_model_shape *s, int32_t kv_type, int64_t n_ctx, int64_t n_seq, int64_t kv_block,
+                           int32_t tp, int32_t sp, int64_t l0, int64_t l1, uint64_t *out) {
+    fl_status st = check_kv(s, kv_type);
+    if (st) return st;
+    if (kv_block <= 0 || kv_block % FL_PLAN_FP8_GROUP)
+        return fl_set_error(FL_ERR_INVALID, "KV block of %lld tokens: must be a positive multiple of %d", (long long)kv_block, FL_PLAN_FP8_GROUP);
+    if (tp < 1 || sp < 1) return fl_set_error(FL_ERR_INVALID, "tp and sp must be >= 1");
+    uint64_t heads = cdiv(u(s->n_head_kv), (uint64_t)tp);
+    uint64_t tok = cdiv(u(n_ctx), (uint64_t)sp);
+    uint64_t blocks = cdiv(tok, u(kv_block));
+    uint64_t blocks_swa = s->sliding_window > 0 ? cdiv(u(s->sliding_window), u(kv_block)) + 1 : blocks;
+    uint64_t block_bytes = smul3(2, heads, kv_head_bytes(kv_type, s->head_dim, kv_block));
+    uint64_t t = 0;
+    for (int64_t l = l0; l < l1; l++) {
+        uint64_t nb = layer_is_swa(s, l) && blocks_swa < blocks ? blocks_swa : blocks;
+        t = sadd(t, smul(nb, block_bytes));
+    }
+    *out = smul(t, u(n_seq));
+    return FL_OK;
+}
+
+/* ---- inference step buffers ---- */
+
+void fl_plan_inference_buffers(const fl_model_shape *s, int64_t n_tokens, int64_t n_ctx, int64_t n_logit_rows,
+                               fl_attn_impl attn, int32_t n_threads, int32_t tp, int32_t weight_type,
+                               int32_t kv_type, fl_plan_buffers *b) {
+    memset(b, 0, sizeof *b);
+    uint64_t T = u(n_tokens), tpu = tp > 0 ? (uint64_t)tp : 1, hd = u(s->head_dim);
+    uint64_t heads = cdiv(u(s->n_head), tpu), qd = smul(heads, hd), kvd = smul(cdiv(u(s->n_head_kv), tpu), hd);
+    uint64_t ff = cdiv(smul(u(s->n_ff), s->n_expert_used > 0 ? u(s->n_expert_used) : 1), tpu);
+    b->x = smul3(T, u(s->n_embd), 4);
+    b->xb = b->x;
+    b->q = smul3(T, qd, 4);
+    b->k = smul3(T, kvd, 4);
+    b->v = b->k;
+    b->att = b->q;
+    b->hb = smul3(T, ff, 4);
+    b->hb2 = b->hb;
+    b->router = s->n_expert > 0 ? smul3(T, u(s->n_expert), 4) : 0;
+    b->scores = attn == FL_ATTN_NAIVE ? smul(smul3(heads, T, u(n_ctx)), 4) : 0;
+    b->logits = smul3(u(n_logit_rows), cdiv(u(s->n_vocab), tpu), 4);
+    if (attn == FL_ATTN_FLASH) {
+        uint64_t per = (uint64_t)FL_PLAN_FLASH_BQ * FL_PLAN_FLASH_BK + FL_PLAN_FLASH_BQ * hd + 2 * FL_PLAN_FLASH_BQ;
+        if (!kv_is_float(kv_type)) per += 2 * (uint64_t)FL_PLAN_FLASH_BK * hd;
+        b->tiles = smul3(n_threads > 0 ? (uint64_t)n_threads : 1, per, 4);
+    }
+    uint64_t in = u(s->n_embd);
+    if (qd > in) in = qd;
+    if (ff > in) in = ff;
+    const fl_type_info *ti = fl_type_get(weight_type);
+    if (ti && ti->is_quantized) b->qact = smul3(T, cdiv(in, 32), 34);
+    else if (weight_type == FL_TYPE_F16 || weight_type == FL_TYPE_BF16) b->qact = smul3(T, in, 2);
+    uint64_t a[] = {b->x, b->xb, b->q, b->k, b->v, b->att, b->hb, b->hb2, b->router, b->scores, b->logits};
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) b->act_total = sadd(b->act_total, a[i]);
+    b->scratch_total = sadd(b->tiles, b->qact);
+}
+
+uint64_t fl_plan_inference_act_bytes(const fl_model_shape *s, int64_t n_tokens_per_step, int64_t n_ctx, fl_attn_impl attn) {
+    fl_plan_buffers b;
+    fl_plan_inference_buffers(s, n_tokens_per_step, n_ctx, n_tokens_per_step, attn, 1, 1, FL_TYPE_F16, FL_TYPE_F16, &b);
+    return b.act_total;
+}
+
+/* ---- training activations ---- */
+
+static bool is_mixed(const fl_plan_input *in) { return in->weights.base != FL_TYPE_F32; }
+
+void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, int64_t l0, int64_t l1, bool last_stage,
+                             uint64_t *act, uint64_t *scratch) {
+    uint64_t tpu = in->tp > 0 ? (uint64_t)in->tp : 1, hd = u(s->head_dim), E = u(s->n_embd);
+    uint64_t elt = is_mixed(in) ? 2 : 4;
+    uint64_t ctx_r = cdiv(u(in->n_ctx), in->sp > 0 ? (uint64_t)in->sp : 1);
+    uint64_t N = smul(u(in->n_seq), ctx_r); /* tokens on this rank */
+    uint64_t heads = cdiv(u(s->n_head), tpu), qd = smul(heads, hd), kvd = smul(cdiv(u(s->n_head_kv), tpu), hd);
+    uint64_t ff = cdiv(smul(u(s->n_ff), s->n_expert_used > 0 ? u(s->n_expert_used) : 1), tpu);
+    /* saved per layer per token: x_in, attn-norm out, q, k, v, att out, x_mid, ffn-norm out,
+     * gate, up, act(gate)*up, router probs; f32 rms and attention statistics */
+    uint64_t per = smul(elt, 4 * E + 2 * qd + 2 * kvd + 3 * ff + u(s->n_expert));
+    per = sadd(per, smul(4, 2));
+    if (in->attn == FL_ATTN_FLASH) per = sadd(per, smul(4, heads));          /* logsumexp per head */
+    else per = sadd(per, smul3(elt, heads, ctx_r));                          /* probabilities */
+    uint64_t nL = l1 > l0 ? (uint64_t)(l1 - l0) : 0, k = in->ckpt_every > 0 ? u(in->ckpt_every) : 0;
+    uint64_t a;
+    if (!k || k >= nL) a = smul3(N, nL, per);
+    else a = sadd(smul3(N, cdiv(nL, k), smul(E, elt)), smul3(N, k, per)); /* checkpoints + one segment */
+    if (last_stage) a = sadd(a, smul(N, sadd(smul(E, elt), smul(cdiv(u(s->n_vocab), tpu), 4)))); /* final norm, logits */
+    *act = a;
+    /* backward temporaries (f32): d residual x 2 and the widest intermediate gradient */
+    uint64_t wide = qd + 2 * kvd > 2 * ff ? qd + 2 * kvd : 2 * ff;
+    uint64_t sc = smul3(N, 2 * E + wide, 4);
+    if (in->attn == FL_ATTN_NAIVE) sc = sadd(sc, smul(smul3(u(in->n_seq), heads, ctx_r), smul(ctx_r, 4)));
+    *scratch = sc;
+}
+
+/* ---- inputs ---- */
+
+void fl_plan_input_default(fl_plan_input *in, const fl_model_shape *s) {
+    memset(in, 0, sizeof *in);
+    fl_plan_parse_wtype("f16", &in->weights);
+    in->weights_from_file = s && s->has_weight_bytes;
+    in->kv_type = FL_TYPE_F16;
+    in->n_ctx = s && s->n_ctx_train > 0 ? s->n_ctx_train : 4096;
+    in->n_seq = 1;
+    in->n_prefill = 512;
+    in->kv_block = 16;
+    in->attn = FL_ATTN_FLASH;
+    in->n_threads = 1;
+    in->optim = FL_OPTIM_ADAMW;
+    in->tp = in->pp = in->sp = in->dp = 1;
+}
+
+fl_status fl_plan_parse_wtype(const char *name, fl_plan_wtype *out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", name);
+    out->more = -1;
+    size_t n = strlen(name);
+    if (n > 2 && !strcasecmp(name + n - 2, "_M")) {
+        char base[16];
+        if (n - 2 >= sizeof base) return fl_set_error(FL_ERR_INVALID, "unknown weight type '%s'", name);
+        memcpy(base, name, n - 2);
+        base[n - 2] = 0;
+        if (!strcasecmp(base, "q4_K")) out->base = FL_TYPE_Q4_K;
+        else if (!strcasecmp(base, "q5_K")) out->base = FL_TYPE_Q5_K;
+        else return fl_set_error(FL_ERR_INVALID, "unknown weight mix '%s' (q4_K_M, q5_K_M)", name);
+        out->more = FL_TYPE_Q6_K;
+        return FL_OK;
+    }
+    int32_t t = fl_type_from_name(name);
+    const fl_type_info *ti = t >= 0 ? fl_type_get(t) : NULL;
+    if (!ti || (t >= FL_TYPE_I8 && t <= FL_TYPE_F64))
+        return fl_set_error(FL_ERR_INVALID, "unknown weight type '%s' (f32, f16, bf16, q8_0, q4_0, q4_K, q6_K, nf4, fp8, q4_K_M, ...)", name);
+    out->base = t;
+    return FL_OK;
+}
+
+/* ---- the plan ---- */
+
+static fl_status check_input(const fl_model_shape *s, const fl_plan_input *in) {
+    if (s->n_layer < 1 || s->n_layer > FL_PLAN_MAX_LAYERS)
+        return fl_set_error(FL_ERR_INVALID, "model has %lld layers (1..%d supported)", (long long)s->n_layer, FL_PLAN_MAX_LAYERS);
+    if (s->n_embd < 1 || s->n_head < 1 || s->n_head_kv < 1 || s->head_dim < 1 || s->n_vocab < 1 || s->n_ff < 1)
+        return fl_set_error(FL_ERR_INVALID, "model shape is incomplete (n_embd %lld, n_head %lld, n_head_kv %lld, head_dim %lld, n_vocab %lld, n_ff %lld)",
+                            (long long)s->n_embd, (long long)s->n_head, (long long)s->n_head_kv, (long long)s->head_dim,
+                            (long long)s->n_vocab, (long long)s->n_ff);
+    if (s->n_expert < 0 || s->n_expert_used < 0 || s->n_expert_used > s->n_expert)
+        return fl_set_error(FL_ERR_INVALID, "%lld of %lld experts used", (long long)s->n_expert_used, (long long)s->n_expert);
+    if (in->tp < 1 || in->pp < 1 || in->sp < 1 || in->dp < 1)
+        return fl_set_error(FL_ERR_INVALID, "tp, pp, sp and dp must be >= 1");
+    if (s->n_head % in->tp)
+        return fl_set_error(FL_ERR_INVALID, "--tp %d does not divide the %lld attention heads", in->tp, (long long)s->n_head);
+    if (in->pp > s->n_layer || in->pp > FL_PLAN_MAX_STAGES)
+        return fl_set_error(FL_ERR_INVALID, "--pp %d: more stages than the %lld layers (or > %d)", in->pp, (long long)s->n_layer, FL_PLAN_MAX_STAGES);
+    if (in->n_ctx < 1 || in->n_seq < 1 || in->n_prefill < 1)
+        return fl_set_error(FL_ERR_INVALID, "context, batch and prefill chunk must be >= 1");
+    if (in->zero_stage < 0 || in->zero_stage > 3) return fl_set_error(FL_ERR_INVALID, "ZeRO stage %d (0..3)", in->zero_stage);
+    if (in->offload_layers < 0 || in->offload_layers > s->n_layer)
+        return fl_set_error(FL_ERR_INVALID, "cannot offload %lld of %lld layers", (long long)in->offload_layers, (long long)s->n_layer);
+    if (in->ckpt_every < 0) return fl_set_error(FL_ERR_INVALID, "--checkpoint-every must be >= 0");
+    if (in->slack_frac < 0 || in->slack_frac > 10) return fl_set_error(FL_ERR_INVALID, "slack fraction %g out of range", in->slack_frac);
+    if (!fl_type_get(in->weights.base)) return fl_set_error(FL_ERR_INVALID, "unknown weight type %d", in->weights.base);
+    if (in->train) {
+        int32_t t = in->weights.base;
+        if (in->weights.more >= 0 || (t != FL_TYPE_F32 && t != FL_TYPE_F16 && t != FL_TYPE_BF16))
+            return fl_set_error(FL_ERR_INVALID, "training needs f32 weights, or f16/bf16 for mixed precision (not %s)", in->weights.name);
+    }
+    return check_kv(s, in->kv_type);
+}
+
+fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_plan_result *out) {
+    memset(out, 0, sizeof *out);
+    fl_status st = check_input(s, in);
+    if (st) return st;
+    const int64_t L = s->n_layer;
+    const uint64_t tp = (uint64_t)in->tp, dp = (uint64_t)in->dp;
+    const bool from_file = in->weights_from_file && s->has_weight_bytes && !in->train;
+    wparts parts; /* 4 KiB */
+    const wparts *pp_ = &parts;
+    uint64_t elt = in->train ? (is_mixed(in) ? 2 : 4) : 0;
+    out->n_params = fl_plan_n_params(s);
+    if (in->train) {
+        /* every tensor (norms too) in the train dtype: f32 bytes / 4 x elt */
+        fl_plan_wtype f32;
+        fl_plan_parse_wtype("f32", &f32);
+        weight_parts(s, &f32, false, &parts);
+        parts.embd = parts.embd / 4 * elt;
+        parts.output = parts.output / 4 * elt;
+        parts.other = parts.other / 4 * elt;
+        for (int64_t l = 0; l < L; l++) {
+            parts.split[l] = parts.split[l] / 4 * elt;
+            parts.repl[l] = parts.repl[l] / 4 * elt;
+        }
+        out->weights_total = smul(u(out->n_params), elt);
+    } else {
+        weight_parts(s, &in->weights, from_file, &parts);
+        out->weights_total = fl_plan_weights_bytes(s, &in->weights, from_file);
+    }
+    if ((st = fl_plan_kv_bytes_per_token(s, in->kv_type, &out->kv_bytes_per_token))) return st;
+    int32_t wt = from_file && s->file_type >= 0 ? s->file_type : in->weights.base;
+    int64_t first_off = L - in->offload_layers; /* layers >= this run on the host */
+
+    out->n_dev = in->pp;
+    for (int32_t d = 0; d < in->pp; d++) {
+        fl_plan_device *dev = &out->dev[d];
+        int64_t b = L * d / in->pp, e = L * (d + 1) / in->pp;
+        bool first = d == 0, last = d == in->pp - 1;
+        dev->layer_begin = b;
+        dev->layer_end = e;
+        /* weights of this stage; the largest layer (for the ZeRO-3 gather buffer) */
+        uint64_t w = 0, wmax = 0;
+        for (int64_t l = b; l < e; l++) {
+            uint64_t wl = sadd(cdiv(pp_->split[l], tp), pp_->repl[l]);
+            if (wl > wmax) wmax = wl;
+            if (l >= first_off) out->host[FL_MEM_WEIGHTS] = sadd(out->host[FL_MEM_WEIGHTS], wl);
+            else w = sadd(w, wl);
+        }
+        if (first) w = sadd(w, cdiv(pp_->embd, tp));
+        if (last) {
+            w = sadd(w, sadd(cdiv(pp_->output, tp), pp_->other));
+            if (s->tied_output && in->pp > 1) w = sadd(w, cdiv(pp_->embd, tp)); /* the last stage needs the tied matrix too */
+        }
+        if (in->train) {
+            uint64_t params = w / elt;
+            uint64_t grads = w, optim = smul(params, in->optim == FL_OPTIM_ADAMW ? 8 : 2);
+            if (is_mixed(in)) optim = sadd(optim, smul(params, 4));
+            if (in->zero_stage >= 1) optim = cdiv(optim, dp);
+            if (in->zero_stage >= 2) grads = cdiv(grads, dp);
+            if (in->zero_stage >= 3) {
+                w = cdiv(w, dp);
+                dev->bytes[FL_MEM_COMM] = wmax; /* one layer gathered at a time */
+            }
+            dev->bytes[FL_MEM_GRAD] = grads;
+            dev->bytes[FL_MEM_OPTIM] = optim;
+            fl_plan_train_act_bytes(s, in, b, e, last, &dev->bytes[FL_MEM_ACT], &dev->bytes[FL_MEM_SCRATCH]);
+        } else {
+            uint64_t kv = 0, kv_host = 0;
+            int64_t e_dev = e < first_off ? e : (first_off > b ? first_off : b);
+            if ((st = fl_plan_kv_bytes(s, in->kv_type, in->n_ctx, in->n_seq, in->kv_block, in->tp, in->sp, b, e_dev, &kv))) return st;
+            if ((st = fl_plan_kv_bytes(s, in->kv_type, in->n_ctx, in->n_seq, in->kv_block, in->tp, in->sp, e_dev, e, &kv_host))) return st;
+            if (in->offload_kv) {
+                kv_host = sadd(kv_host, kv);
+                kv = 0;
+            }
+            out->host[FL_MEM_KV] = sadd(out->host[FL_MEM_KV], kv_host);
+            dev->bytes[FL_MEM_KV] = kv;
+            int64_t step = in->n_prefill > in->n_seq ? in->n_prefill : in->n_seq;
+            step = (int64_t)cdiv(u(step), (uint64_t)in->sp);
+            fl_plan_buffers buf;
+            fl_plan_inference_buffers(s, step, in->n_ctx, last ? in->n_seq : 0, in->attn, in->n_threads, in->tp, wt,
+                                      in->kv_type, &buf);
+            dev->bytes[FL_MEM_ACT] = buf.act_total;
+            dev->bytes[FL_MEM_SCRATCH] = buf.scratch_total;
+            if (last) out->buf = buf;
+        }
+        dev->bytes[FL_MEM_WEIGHTS] = w;
+        uint64_t t = 0;
+        for (int c = 0; c < FL_MEM_COUNT; c++) t = sadd(t, dev->bytes[c]);
+        uint64_t slack = sadd(in->slack_bytes, (uint64_t)(in->slack_frac * (double)t));
+        dev->bytes[FL_MEM_MISC] = sadd(dev->bytes[FL_MEM_MISC], slack);
+        dev->total = sadd(t, slack);
+        if (dev->total > out->max_total) {
+            out->max_total = dev->total;
+            out->max_dev = d;
+        }
+    }
+    for (int c = 0; c < FL_MEM_COUNT; c++) out->host_total = sadd(out->host_total, out->host[c]);
+    return FL_OK;
+}
+
+fl_status fl_plan_kv_pool_bytes(const fl_model_shape *s, const fl_plan_input *in, uint64_t mem, uint64_t *kv_bytes) {
+    fl_plan_result r;
+    fl_status st = fl_plan_compute(s, in, &r);
+    if (st) return st;
+    uint64_t best = UINT64_MAX;
+    for (int32_t d = 0; d < r.n_dev; d++) {
+        const fl_plan_device *dev = &r.dev[d];
+        uint64_t other = dev->total - dev->bytes[FL_MEM_KV];
+        char a[32], b[32], c[32];
+        fl_plan_fmt_bytes(mem, b, sizeof b);
+        if (dev->bytes[FL_MEM_WEIGHTS] >= mem) {
+            fl_plan_fmt_bytes(dev->bytes[FL_MEM_WEIGHTS], a, sizeof a);
+            fl_plan_fmt_bytes(dev->bytes[FL_MEM_WEIGHTS] - mem, c, sizeof c);
+            return fl_set_error(FL_ERR_BUDGET, "the weights alone (%s) exceed the memory limit %s by %s", a, b, c);
+        }
+        if (other >= mem) {
+            fl_plan_fmt_bytes(other, a, sizeof a);
+            fl_plan_fmt_bytes(other - mem, c, sizeof c);
+            return fl_set_error(FL_ERR_BUDGET, "weights + step buffers + slack (%s) exceed the memory limit %s by %s, leaving nothing for the KV cache",
+                                a, b, c);
+        }
+        if (mem - other < best) best = mem - other;
+    }
+    *kv_bytes = best;
+    return FL_OK;
+}
+
+/* ---- fitting ---- */
+
+static fl_status fits(const fl_model_shape *s, const fl_plan_input *in, uint64_t budget, bool *ok, uint64_t *need) {
+    fl_plan_result r;
+    fl_status st = fl_plan_compute(s, in, &r);
+    if (st) return st;
+    *ok = r.max_total <= budget;
+    if (need) *need = r.max_total;
+    return FL_OK;
+}
+
+static fl_status nothing_fits(uint64_t budget, uint64_t need, const char *what) {
+    char a[32], b[32], c[32];
+    fl_plan_fmt_bytes(budget, a, sizeof a);
+    fl_plan_fmt_bytes(need, b, sizeof b);
+    fl_plan_fmt_bytes(need - budget, c, sizeof c);
+    return fl_set_error(FL_ERR_BUDGET, "nothing fits in %s: the smallest plan (%s) needs %s, %s more", a, what, b, c);
+}
+
+/* Largest v in [lo, cap] (multiples of step) with pred(v) true; pred(lo) must be true. */
+typedef fl_status (*probe_fn)(const fl_model_shape *, fl_plan_input *, int64_t, uint64_t, bool *);
+
+static fl_status probe_ctx(const fl_model_shape *s, fl_plan_input *in, int64_t v, uint64_t budget, bool *ok) {
+    in->n_ctx = v;
+    return fits(s, in, budget, ok, NULL);
+}
+static fl_status probe_seq(const fl_model_shape *s, fl_plan_input *in, int64_t v, uint64_t budget, bool *ok) {
+    in->n_seq = v;
+    return fits(s, in, budget, ok, NULL);
+}
+
+static fl_status search(const fl_model_shape *s, fl_plan_input *in, uint64_t budget, int64_t step, int64_t cap, probe_fn f,
+                        int64_t *out) {
+    int64_t lo = 1, hi = 2; /* in units of step: lo fits */
+    bool ok;
+    fl_status st;
+    while (hi <= cap / step) {
+        if ((st = f(s, in, hi * step, budget, &ok))) return st;
+        if (!ok) break;
+        lo = hi;
+        hi *= 2;
+    }
+    if (hi > cap / step) hi = cap / step + 1;
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if ((st = f(s, in, mid * step, budget, &ok))) return st;
+        if (ok) lo = mid;
+        else hi = mid;
+    }
+    *out = lo * step;
+    return FL_OK;
+}
+
+#define FL_PLAN_FIT_CAP ((int64_t)1 << 26) /* 64M tokens / sequences: "unbounded" */
+
+fl_status fl_plan_fit_ctx(const fl_model_shape *s, const fl_plan_input *in0, uint64_t budget, int64_t *n_ctx) {
+    fl_plan_input in = *in0;
+    bool ok;
+    uint64_t need;
+    in.n_ctx = in.kv_block;
+    fl_status st = fits(s, &in, budget, &ok, &need);
+    if (st) return st;
+    if (!ok) {
+        char what[64];
+        snprintf(what, sizeof what, "context %lld", (long long)in.n_ctx);
+        return nothing_fits(budget, need, what);
+    }
+    return search(s, &in, budget, in.kv_block, FL_PLAN_FIT_CAP, probe_ctx, n_ctx);
+}
+
+fl_status fl_plan_fit_seq(const fl_model_shape *s, const fl_plan_input *in0, uint64_t budget, int64_t *n_seq) {
+    fl_plan_input in = *in0;
+    bool ok;
+    uint64_t need;
+    in.n_seq = 1;
+    fl_status st = fits(s, &in, budget, &ok, &need);
+    if (st) return st;
+    if (!ok) {
+        char what[64];
+        snprintf(what, sizeof what, "1 sequence of %lld tokens", (long long)in.n_ctx);
+        return nothing_fits(budget, need, what);
+    }
+    return search(s, &in, budget, 1, FL_PLAN_FIT_CAP, probe_seq, n_seq);
+}
+
+fl_status fl_plan_fit_types(const fl_model_shape *s, const fl_plan_input *in0, uint64_t budget, fl_plan_input *out) {
+    static const char *const wtypes[] = {"f16", "q8_0", "q6_K", "q5_K_M", "q4_K_M", "q4_0", "q3_K", "q2_K"};
+    static const int32_t kvtypes[] = {FL_TYPE_F16, FL_TYPE_Q8_0, FL_TYPE_FP8_E4M3, FL_TYPE_Q4_0};
+    fl_plan_input in = *in0;
+    in.weights_from_file = false;
+    uint64_t need_min = UINT64_MAX;
+    fl_status st;
+    for (size_t i = 0; i < sizeof wtypes / sizeof wtypes[0]; i++) {
+        if ((st = fl_plan_parse_wtype(wtypes[i], &in.weights))) return st;
+        for (size_t k = 0; k < sizeof kvtypes / sizeof kvtypes[0]; k++) {
+            in.kv_type = kvtypes[k];
+            if (check_kv(s, in.kv_type)) {
+                fl_clear_error();
+                continue;
+            }
+            bool ok;
+            uint64_t need;
+            if ((st = fits(s, &in, budget, &ok, &need))) return st;
+            if (ok) {
+                *out = in;
+                return FL_OK;
+            }
+            if (need < need_min) need_min = need;
+        }
+    }
+    if (need_min == UINT64_MAX) return fl_set_error(FL_ERR_INVALID, "no KV type suits head_dim %lld", (long long)s->head_dim);
+    return nothing_fits(budget, need_min, "q2_K weights, the smallest KV type");
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Short libFuzzer run of tests/fuzz/fuzz_gguf.c inside the test suite: configures a separate
+# clang build (FITLLM_FUZZ=ON: ASan + UBSan + coverage) beside the normal build, builds only the
+# fuzz target and runs it for FL_FUZZ_SECONDS (default 30) on synthetic seeds plus the small
+# shared models.  Skips (77) when clang or libFuzzer is not installed.
+# usage: cli_fuzz.sh FITLLM SHARED_DIR
+set -uo pipefail
+BIN="$1"; SHARED="$2"
+SRC="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="$(cd "$(dirname "$BIN")" && pwd)/fuzz"
+SECS="${FL_FUZZ_SECONDS:-30}"
+command -v clang >/dev/null || { echo "SKIP: clang not installed (scripts/setup.sh installs it)"; exit 77; }
+command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
+echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; (void)n; return 0; }' >"/tmp/fl_fuzz_probe.$$.c"
+if ! clang -fsanitize=fuzzer "/tmp/fl_fuzz_probe.$$.c" -o "/tmp/fl_fuzz_probe.$$" 2>/dev/null; then
+    rm -f "/tmp/fl_fuzz_probe.$$"*; echo "SKIP: clang cannot link libFuzzer"; exit 77
+fi
+rm -f "/tmp/fl_fuzz_probe.$$"*
+
+if [ ! -f "$OUT/build.ninja" ]; then
+    CC=clang cmake -S "$SRC" -B "$OUT" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFITLLM_FUZZ=ON \
+        -DFITLLM_MPI=OFF -DFL_SHARED_DIR="$SHARED" >"$OUT.cmake.log" 2>&1 || { cat "$OUT.cmake.log"; exit 1; }
+fi
+ninja -C "$OUT" fuzz_gguf >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
+
+rm -rf "$OUT/run"; mkdir -p "$OUT/run/corpus" "$OUT/run/seeds" "$OUT/run/artifacts"
+python3 "$SRC/tests/fuzz/make_seeds.py" "$OUT/run/seeds"
+for f in stories260K-q4_0.gguf stories260K-q8_0.gguf; do
+    [ -f "$SHARED/models/$f" ] && cp "$SHARED/models/$f" "$OUT/run/seeds/"
+done
+"$OUT/fuzz_gguf" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$OUT/run/artifacts/" "$OUT/run/corpus" "$OUT/run/seeds" >"$OUT/run/fuzz.log" 2>&1
+rc=$?
+grep -E "^stat::(number_of_executed_units|average_exec_per_sec|new_units_added)" "$OUT/run/fuzz.log"
+if [ $rc -ne 0 ] || ls "$OUT/run/artifacts/"* >/dev/null 2>&1; then
+    echo "FAIL: fuzz_gguf found a problem (exit $rc); reproduce with $OUT/fuzz_gguf $OUT/run/artifacts/*" >&2
+    grep -E "ERROR|SUMMARY|invariant|runtime error" "$OUT/run/fuzz.log" | head -20 >&2
+    exit 1
+fi
+echo "cli_fuzz: ran clean for ${SECS}s"
