@@ -13,6 +13,7 @@ typedef struct bench_entry {
 
 /* One line per benchmark; keep alphabetical. */
 static const bench_entry benches[] = {
+    {"train", "training memory/time vs activation checkpointing, 8-bit optimizer states, planner check", fl_bench_train},
     {NULL, NULL, NULL},
 };
 

@@ -13,7 +13,7 @@ static void test_adamw_reference(void **state) {
     float p[10], g[10];
     double pd[10], m[10] = {0}, v[10] = {0};
     for (int i = 0; i < n; i++) pd[i] = p[i] = 0.1f * (float)(i - 4);
-    fl_optim_config cfg = fl_optim_default();
+    fl_optimizer_config cfg = fl_optim_default();
     cfg.weight_decay = 0.1f;
     const int64_t ranges[2] = {3, 7}; /* decay only on [3, 7) */
     fl_optim *o;
@@ -89,7 +89,7 @@ static void test_adamw8bit_tracks_fp32(void **state) {
     const size_t nb = (size_t)n * sizeof(float);
     float *p32 = fl_calloc(FL_MEM_MISC, (size_t)n, 4), *p8 = fl_calloc(FL_MEM_MISC, (size_t)n, 4);
     float *g = fl_calloc(FL_MEM_MISC, (size_t)n, 4);
-    fl_optim_config c32 = fl_optim_default(), c8 = fl_optim_default();
+    fl_optimizer_config c32 = fl_optim_default(), c8 = fl_optim_default();
     c32.weight_decay = c8.weight_decay = 0.0f;
     c8.kind = FL_OPTIMIZER_ADAMW8BIT;
     fl_optim *o32, *o8;

@@ -11,7 +11,7 @@
 #include <string.h>
 
 struct fl_optim {
-    fl_optim_config cfg;
+    fl_optimizer_config cfg;
     int64_t n, t;
     int64_t ranges[2 * FL_OPTIM_MAX_RANGES];
     int n_ranges; /* -1: decay everything */
@@ -94,8 +94,8 @@ void fl_optim_dequantize_blockwise(const uint8_t *q, const float *absmax, float 
 
 /* ---------------------------------------------------------------- lifetime */
 
-fl_optim_config fl_optim_default(void) {
-    return (fl_optim_config){.kind = FL_OPTIMIZER_ADAMW, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+fl_optimizer_config fl_optim_default(void) {
+    return (fl_optimizer_config){.kind = FL_OPTIMIZER_ADAMW, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                              .weight_decay = 0.1f, .block_size = 256};
 }
 
@@ -104,7 +104,7 @@ static size_t state_bytes(const fl_optim *o) {
     return 2 * (size_t)o->n + 2 * (size_t)o->n_blocks * sizeof(float);
 }
 
-fl_status fl_optim_new(const fl_optim_config *cfg, int64_t n_params, const int64_t *ranges, int n_ranges,
+fl_status fl_optim_new(const fl_optimizer_config *cfg, int64_t n_params, const int64_t *ranges, int n_ranges,
                        fl_optim **out) {
     *out = NULL;
     if (n_params <= 0 || (cfg->kind != FL_OPTIMIZER_ADAMW && cfg->kind != FL_OPTIMIZER_ADAMW8BIT) ||
@@ -156,7 +156,7 @@ void fl_optim_free(fl_optim *o) {
 int64_t fl_optim_steps(const fl_optim *o) { return o->t; }
 void fl_optim_set_steps(fl_optim *o, int64_t t) { o->t = t; }
 size_t fl_optim_state_bytes(const fl_optim *o) { return state_bytes(o); }
-const fl_optim_config *fl_optim_get_config(const fl_optim *o) { return &o->cfg; }
+const fl_optimizer_config *fl_optim_get_config(const fl_optim *o) { return &o->cfg; }
 
 fl_status fl_optim_state(fl_optim *o, int i, void **data, size_t *bytes, const char **name) {
     const size_t n = (size_t)o->n, nb = (size_t)o->n_blocks * sizeof(float);

@@ -31,28 +31,28 @@
 
 typedef enum fl_optimizer_kind { FL_OPTIMIZER_ADAMW = 0, FL_OPTIMIZER_ADAMW8BIT = 1 } fl_optimizer_kind;
 
-typedef struct fl_optim_config {
+typedef struct fl_optimizer_config {
     int kind; /* fl_optimizer_kind */
     float beta1, beta2, eps, weight_decay;
     int32_t block_size; /* 8-bit blocks (0 -> 256) */
-} fl_optim_config;
+} fl_optimizer_config;
 
 #define FL_OPTIM_MAX_RANGES 64
 
 typedef struct fl_optim fl_optim;
 
 /* Default config: AdamW, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, blocks of 256. */
-fl_optim_config fl_optim_default(void);
+fl_optimizer_config fl_optim_default(void);
 /* New optimizer for n_params parameters; decay applies to [ranges[2i], ranges[2i+1]) for i <
  * n_ranges (n_ranges = -1 means everything).  FL_ERR_NOMEM / FL_ERR_INVALID. */
-fl_status fl_optim_new(const fl_optim_config *cfg, int64_t n_params, const int64_t *ranges, int n_ranges,
+fl_status fl_optim_new(const fl_optimizer_config *cfg, int64_t n_params, const int64_t *ranges, int n_ranges,
                        fl_optim **out);
 void fl_optim_free(fl_optim *o);
 /* One update of params with grads at learning rate lr (increments the step count first). */
 void fl_optim_step(fl_optim *o, float *params, const float *grads, float lr);
 int64_t fl_optim_steps(const fl_optim *o);
 size_t fl_optim_state_bytes(const fl_optim *o);
-const fl_optim_config *fl_optim_get_config(const fl_optim *o);
+const fl_optimizer_config *fl_optim_get_config(const fl_optim *o);
 
 /* State tensors for checkpoints: i = 0.. until FL_ERR_RANGE.  *data is the live buffer (read or
  * overwrite it), *bytes its size, *name a stable key ("adam.m", "adam8.qm", ...). */

@@ -232,7 +232,7 @@ fl_status fl_trainer_load(fl_trainer *t, const char *path) {
         (st = fl_gguf_get_u32(g, "fitllm.train.block_size", &bs)) ||
         (st = fl_gguf_get_u32(g, "fitllm.train.lora_rank", &rank)))
         goto done;
-    const fl_optim_config *oc = fl_optim_get_config(t->opt);
+    const fl_optimizer_config *oc = fl_optim_get_config(t->opt);
     if ((int)kind != oc->kind || (int32_t)bs != oc->block_size || (int32_t)rank != t->m->lora_rank) {
         st = fl_set_error(FL_ERR_INVALID, "%s: checkpoint optimizer/LoRA (%u, block %u, rank %u) differ from this run",
                           __func__, kind, bs, rank);

@@ -36,7 +36,7 @@ typedef struct fl_trainer_opts {
     float clip;                  /* 0 = no clipping */
     int ckpt_every;              /* activation checkpointing interval (0 = keep all) */
     int precision;               /* fl_train_precision */
-    fl_optim_config optim;
+    fl_optimizer_config optim;
     int batch_mode;              /* fl_batch_mode */
     uint64_t seed;
     float loss_scale_init;       /* fp16 (0 -> 32768) */
