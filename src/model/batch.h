@@ -19,4 +19,11 @@ typedef struct fl_batch {
     const int8_t *logits;   /* [n_tokens] 1 = compute logits for this token; NULL = last token only */
 } fl_batch;
 
+/* Number of logit rows the batch asks for (logits == NULL: 1 when n_tokens > 0). */
+int32_t fl_batch_n_logits(const fl_batch *b);
+/* FL_OK if the batch is well formed for a vocabulary of n_vocab: n_tokens >= 1, ids in range,
+ * pos >= 0, seq_id >= 0, the tokens of one sequence contiguous and in increasing position order.
+ * Otherwise FL_ERR_INVALID with a message naming the first bad token. (model/batch.c) */
+fl_status fl_batch_validate(const fl_batch *b, int32_t n_vocab);
+
 #endif

@@ -1,0 +1,59 @@
+/*
+ * ops.h - the element-wise and row ops of the llama forward, as free functions.
+ *
+ * Argument order follows llm.c (outputs first, then inputs, then dims) so that a *_backward
+ * can sit beside each *_forward with the same order.  Activations are f32 row-major:
+ * N rows (tokens) of C channels.  `out` may alias the input unless noted.
+ *
+ *   rmsnorm   out[n][c] = inp[n][c] / sqrt(mean_c(inp[n]^2) + eps) * weight[c]
+ *   rope      llama "normal" pairing (adjacent pairs): for head h and i < rope_dim/2,
+ *             (x0, x1) = x[h][2i], x[h][2i+1];  theta = pos * freq_scale * base^(-2i/rope_dim)
+ *             x[h][2i] = x0 cos - x1 sin,  x[h][2i+1] = x0 sin + x1 cos;  dims >= rope_dim pass.
+ *   softmax   out[n][c] = exp(inp[n][c] - max) / sum   (per row)
+ *   silu      out = x * sigmoid(x)
+ *   swiglu    out[i] = silu(gate[i]) * up[i]
+ *   add       out[i] = a[i] + b[i]
+ *   embed     out[n] = row tokens[n] of W (any type fl_dequant_row expands), f32
+ *
+ * fl_ops_kernels() returns the table for the current ISA (kernels/dispatch.h); the *_ref
+ * functions are the specification and are always available.  All functions are
+ * single-threaded and reentrant; callers split rows across threads.
+ */
+#ifndef FL_OPS_H
+#define FL_OPS_H
+
+#include "core/tensor.h"
+#include <stdint.h>
+
+void fl_rmsnorm_forward(float *out, const float *inp, const float *weight, int64_t N, int64_t C, float eps);
+void fl_rope_forward(float *out, const float *inp, const int32_t *pos, int64_t N, int64_t n_head, int64_t head_dim,
+                     int64_t rope_dim, float freq_base, float freq_scale);
+void fl_softmax_forward(float *out, const float *inp, int64_t N, int64_t C);
+void fl_silu_forward(float *out, const float *inp, int64_t n);
+void fl_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
+void fl_add_forward(float *out, const float *a, const float *b, int64_t n);
+void fl_embed_forward(float *out, const fl_tensor *W, const int32_t *tokens, int64_t N);
+
+/* per-ISA row kernels of the hot ops (same semantics as the *_forward above, one row) */
+typedef struct fl_ops_kernels {
+    void (*rmsnorm_row)(float *out, const float *inp, const float *weight, int64_t C, float eps);
+    void (*swiglu)(float *out, const float *gate, const float *up, int64_t n);
+    float (*dot)(const float *a, const float *b, int64_t n);           /* sum a[i] b[i] */
+    void (*axpy)(float *y, float a, const float *x, int64_t n);        /* y += a x */
+    void (*scale)(float *y, float a, int64_t n);                       /* y *= a */
+} fl_ops_kernels;
+
+const fl_ops_kernels *fl_ops_kernels_get(void);
+
+void fl_rmsnorm_row_ref(float *out, const float *inp, const float *weight, int64_t C, float eps);
+void fl_swiglu_ref(float *out, const float *gate, const float *up, int64_t n);
+float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
+void fl_axpy_f32_ref(float *y, float a, const float *x, int64_t n);
+void fl_scale_f32_ref(float *y, float a, int64_t n);
+void fl_rmsnorm_row_avx512(float *out, const float *inp, const float *weight, int64_t C, float eps);
+void fl_swiglu_avx512(float *out, const float *gate, const float *up, int64_t n);
+float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);
+void fl_axpy_f32_avx512(float *y, float a, const float *x, int64_t n);
+void fl_scale_f32_avx512(float *y, float a, int64_t n);
+
+#endif

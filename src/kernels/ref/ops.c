@@ -1,0 +1,100 @@
+/* Scalar reference of the forward ops (the specification; see kernels/ops.h). */
+#include "kernels/ops.h"
+#include "kernels/dispatch.h"
+#include "kernels/matmul.h"
+
+#include <math.h>
+
+void fl_rmsnorm_row_ref(float *out, const float *inp, const float *weight, int64_t C, float eps) {
+    float ss = 0.0f;
+    for (int64_t c = 0; c < C; c++) ss += inp[c] * inp[c];
+    const float rstd = 1.0f / sqrtf(ss / (float)C + eps);
+    for (int64_t c = 0; c < C; c++) out[c] = inp[c] * rstd * weight[c];
+}
+
+void fl_swiglu_ref(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+float fl_dot_f32_ref(const float *a, const float *b, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+void fl_axpy_f32_ref(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void fl_scale_f32_ref(float *y, float a, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] *= a;
+}
+
+static const fl_ops_kernels ops_ref = {fl_rmsnorm_row_ref, fl_swiglu_ref, fl_dot_f32_ref, fl_axpy_f32_ref,
+                                       fl_scale_f32_ref};
+static const fl_ops_kernels ops_avx512 = {fl_rmsnorm_row_avx512, fl_swiglu_avx512, fl_dot_f32_avx512,
+                                          fl_axpy_f32_avx512, fl_scale_f32_avx512};
+
+const fl_ops_kernels *fl_ops_kernels_get(void) {
+    return fl_isa_get() == FL_ISA_AVX512 ? &ops_avx512 : &ops_ref;
+}
+
+void fl_rmsnorm_forward(float *out, const float *inp, const float *weight, int64_t N, int64_t C, float eps) {
+    const fl_ops_kernels *k = fl_ops_kernels_get();
+    for (int64_t n = 0; n < N; n++) k->rmsnorm_row(out + n * C, inp + n * C, weight, C, eps);
+}
+
+void fl_rope_forward(float *out, const float *inp, const int32_t *pos, int64_t N, int64_t n_head, int64_t head_dim,
+                     int64_t rope_dim, float freq_base, float freq_scale) {
+    for (int64_t n = 0; n < N; n++) {
+        const float p = (float)pos[n] * freq_scale;
+        for (int64_t h = 0; h < n_head; h++) {
+            const float *x = inp + (n * n_head + h) * head_dim;
+            float *y = out + (n * n_head + h) * head_dim;
+            for (int64_t i = 0; i < rope_dim / 2; i++) {
+                const float theta = p * powf(freq_base, -2.0f * (float)i / (float)rope_dim);
+                const float c = cosf(theta), s = sinf(theta);
+                const float x0 = x[2 * i], x1 = x[2 * i + 1];
+                y[2 * i] = x0 * c - x1 * s;
+                y[2 * i + 1] = x0 * s + x1 * c;
+            }
+            for (int64_t d = rope_dim; d < head_dim; d++) y[d] = x[d];
+        }
+    }
+}
+
+void fl_softmax_forward(float *out, const float *inp, int64_t N, int64_t C) {
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = inp + n * C;
+        float *y = out + n * C;
+        float mx = -INFINITY;
+        for (int64_t c = 0; c < C; c++) mx = x[c] > mx ? x[c] : mx;
+        float sum = 0.0f;
+        for (int64_t c = 0; c < C; c++) {
+            y[c] = expf(x[c] - mx);
+            sum += y[c];
+        }
+        for (int64_t c = 0; c < C; c++) y[c] /= sum;
+    }
+}
+
+void fl_silu_forward(float *out, const float *inp, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = inp[i] / (1.0f + expf(-inp[i]));
+}
+
+void fl_swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
+    fl_ops_kernels_get()->swiglu(out, gate, up, n);
+}
+
+void fl_add_forward(float *out, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void fl_embed_forward(float *out, const fl_tensor *W, const int32_t *tokens, int64_t N) {
+    const int64_t C = W->ne[0];
+    for (int64_t n = 0; n < N; n++)
+        fl_dequant_row(W->type, (const char *)W->data + (size_t)tokens[n] * W->nb[1], out + n * C, C);
+}

@@ -1,0 +1,186 @@
+/* Contiguous KV cache (see kv_contig.h). */
+#include "kv/kv_contig.h"
+#include "core/alloc.h"
+#include "core/status.h"
+#include "core/threads.h"
+#include "core/dtype.h"
+#include "kernels/convert.h"
+#include "kernels/ops.h"
+
+
+#include <math.h>
+#include <string.h>
+
+struct fl_kv_contig {
+    fl_kv_contig_params p;
+    unsigned char *k, *v; /* [n_layer][n_seq_max][n_ctx][n_head_kv * head_dim] each, inside block */
+    size_t esize;         /* bytes per element: 2 (f16) or 4 (f32) */
+    unsigned char *block;
+    size_t bytes;
+    int32_t *len;       /* [n_seq_max] */
+};
+
+size_t fl_kv_contig_bytes(const fl_kv_contig_params *p) {
+    if (p->n_layer < 1 || p->n_head_kv < 1 || p->head_dim < 1 || p->n_ctx < 1 || p->n_seq_max < 1) return 0;
+    if (p->type != FL_TYPE_F16 && p->type != FL_TYPE_F32) return 0;
+    const size_t es = p->type == FL_TYPE_F16 ? 2 : 4;
+    double d = 2.0 * p->n_layer * p->n_seq_max * (double)p->n_ctx * p->n_head_kv * p->head_dim * (double)es;
+    if (d > (double)SIZE_MAX / 2) return 0;
+    return 2 * (size_t)p->n_layer * (size_t)p->n_seq_max * (size_t)p->n_ctx * (size_t)p->n_head_kv *
+           (size_t)p->head_dim * es;
+}
+
+fl_status fl_kv_contig_new(const fl_kv_contig_params *p, fl_kv_contig **out) {
+    *out = NULL;
+    const size_t bytes = fl_kv_contig_bytes(p);
+    if (!bytes || p->n_head < p->n_head_kv || p->n_head % p->n_head_kv || p->n_swa < 0)
+        return fl_set_error(FL_ERR_INVALID, "%s: bad parameters (n_ctx %d, n_seq_max %d, heads %d/%d)", __func__,
+                            p->n_ctx, p->n_seq_max, p->n_head, p->n_head_kv);
+    fl_kv_contig *kv = fl_calloc(FL_MEM_MISC, 1, sizeof *kv);
+    if (!kv) return FL_ERR_NOMEM;
+    kv->p = *p;
+    kv->len = fl_calloc(FL_MEM_MISC, (size_t)p->n_seq_max, sizeof *kv->len);
+    kv->block = fl_alloc(FL_MEM_KV, bytes, 64);
+    if (!kv->len || !kv->block) {
+        fl_status st = fl_last_error()[0] && strstr(fl_last_error(), "budget") ? FL_ERR_BUDGET : FL_ERR_NOMEM;
+        fl_kv_contig_free(kv);
+        return st;
+    }
+    kv->bytes = bytes;
+    kv->esize = p->type == FL_TYPE_F16 ? 2 : 4;
+    kv->k = kv->block;
+    kv->v = kv->block + bytes / 2;
+    *out = kv;
+    return FL_OK;
+}
+
+void fl_kv_contig_free(fl_kv_contig *kv) {
+    if (!kv) return;
+    if (kv->block) fl_free(FL_MEM_KV, kv->block, kv->bytes);
+    if (kv->len) fl_free(FL_MEM_MISC, kv->len, (size_t)kv->p.n_seq_max * sizeof *kv->len);
+    fl_free(FL_MEM_MISC, kv, sizeof *kv);
+}
+
+void fl_kv_contig_seq_clear(fl_kv_contig *kv, int32_t seq) {
+    if (seq >= 0 && seq < kv->p.n_seq_max) kv->len[seq] = 0;
+}
+
+void fl_kv_contig_clear(fl_kv_contig *kv) { memset(kv->len, 0, (size_t)kv->p.n_seq_max * sizeof *kv->len); }
+
+int32_t fl_kv_contig_seq_len(const fl_kv_contig *kv, int32_t seq) {
+    return seq >= 0 && seq < kv->p.n_seq_max ? kv->len[seq] : 0;
+}
+
+/* Row of (layer il, sequence s, position pos) in k or v: [n_head_kv * head_dim] floats. */
+static inline size_t slot(const fl_kv_contig *kv, int32_t il, int32_t s, int32_t pos) {
+    const fl_kv_contig_params *p = &kv->p;
+    return (((size_t)il * (size_t)p->n_seq_max + (size_t)s) * (size_t)p->n_ctx + (size_t)pos) *
+           (size_t)p->n_head_kv * (size_t)p->head_dim;
+}
+
+static fl_status kv_prepare(void *ctx, const fl_batch *b) {
+    fl_kv_contig *kv = ctx;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        const int32_t s = b->seq_id[i], pos = b->pos[i];
+        if (s < 0 || s >= kv->p.n_seq_max)
+            return fl_set_error(FL_ERR_INVALID, "kv_contig: sequence %d outside [0, %d)", s, kv->p.n_seq_max);
+        if (pos >= kv->p.n_ctx)
+            return fl_set_error(FL_NO_KV_SPACE, "kv_contig: position %d of sequence %d exceeds the context of %d", pos,
+                                s, kv->p.n_ctx);
+        const bool first = i == 0 || b->seq_id[i - 1] != s;
+        if (first && pos > kv->len[s])
+            return fl_set_error(FL_ERR_INVALID, "kv_contig: sequence %d has %d positions; batch starts at %d", s,
+                                kv->len[s], pos);
+        if (!first && pos != b->pos[i - 1] + 1)
+            return fl_set_error(FL_ERR_INVALID, "kv_contig: sequence %d: position %d leaves a gap after %d", s, pos,
+                                b->pos[i - 1]);
+    }
+    for (int32_t i = 0; i < b->n_tokens; i++)
+        if (i == b->n_tokens - 1 || b->seq_id[i + 1] != b->seq_id[i]) kv->len[b->seq_id[i]] = b->pos[i] + 1;
+    return FL_OK;
+}
+
+static void kv_store(void *ctx, int32_t il, const fl_batch *b, const float *k, const float *v) {
+    fl_kv_contig *kv = ctx;
+    const size_t row = (size_t)kv->p.n_head_kv * (size_t)kv->p.head_dim;
+    const fl_convert_kernels *cv = fl_convert_kernels_get();
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        const size_t o = slot(kv, il, b->seq_id[i], b->pos[i]) * kv->esize;
+        if (kv->esize == 2) {
+            cv->f32_to_f16(k + (size_t)i * row, (uint16_t *)(kv->k + o), (int64_t)row);
+            cv->f32_to_f16(v + (size_t)i * row, (uint16_t *)(kv->v + o), (int64_t)row);
+        } else {
+            memcpy(kv->k + o, k + (size_t)i * row, row * sizeof(float));
+            memcpy(kv->v + o, v + (size_t)i * row, row * sizeof(float));
+        }
+    }
+}
+
+typedef struct attend_task {
+    const fl_kv_contig *kv;
+    int32_t il;
+    const fl_batch *b;
+    const float *q;
+    float *out;
+} attend_task;
+
+/* Head row hk of K or V at (il, s, j) as f32: the stored row itself (f32) or expanded into buf. */
+static inline const float *kv_row(const fl_kv_contig *kv, const unsigned char *base, int32_t il, int32_t s, int32_t j,
+                                  int64_t hk, float *buf) {
+    const int64_t D = kv->p.head_dim;
+    const size_t e = (slot(kv, il, s, j) + (size_t)(hk * D)) * kv->esize;
+    if (kv->esize == 4) return (const float *)(base + e);
+    fl_convert_kernels_get()->f16_to_f32((const uint16_t *)(base + e), buf, D);
+    return buf;
+}
+
+/* out[t][h] = sum_j softmax_j(q[t][h] . k[j][h/g] * scale) v[j][h/g], online (one pass):
+ * running max mx, running denominator l, accumulator out rescaled when mx grows.
+ * With f16 K/V the query is rounded to f16 first, as llama.cpp's f16 K . q product does. */
+static void attend_fn(void *p, int ith, int nth) {
+    const attend_task *t = p;
+    const fl_kv_contig *kv = t->kv;
+    const int64_t H = kv->p.n_head, HKV = kv->p.n_head_kv, D = kv->p.head_dim, G = H / HKV;
+    const float scale = 1.0f / sqrtf((float)D);
+    const fl_ops_kernels *ops = fl_ops_kernels_get();
+    float qb[D > 0 ? D : 1], kb[D > 0 ? D : 1], vb[D > 0 ? D : 1];
+    int64_t lo, hi;
+    fl_split_range((int64_t)t->b->n_tokens * H, ith, nth, &lo, &hi);
+    for (int64_t u = lo; u < hi; u++) {
+        const int64_t i = u / H, h = u % H, hk = h / G;
+        const int32_t s = t->b->seq_id[i], pos = t->b->pos[i];
+        const int32_t start = kv->p.n_swa > 0 && pos - kv->p.n_swa + 1 > 0 ? pos - kv->p.n_swa + 1 : 0;
+        const float *q = t->q + (i * H + h) * D;
+        if (kv->esize == 2) {
+            for (int64_t d = 0; d < D; d++) qb[d] = fl_f16_to_f32(fl_f32_to_f16(q[d]));
+            q = qb;
+        }
+        float *o = t->out + (i * H + h) * D;
+        memset(o, 0, (size_t)D * sizeof(float));
+        float mx = -INFINITY, l = 0.0f;
+        for (int32_t j = start; j <= pos; j++) {
+            const float sc = ops->dot(q, kv_row(kv, kv->k, t->il, s, j, hk, kb), D) * scale;
+            if (sc > mx) {
+                const float c = expf(mx - sc); /* 0 on the first key */
+                l *= c;
+                ops->scale(o, c, D);
+                mx = sc;
+            }
+            const float e = expf(sc - mx);
+            l += e;
+            ops->axpy(o, e, kv_row(kv, kv->v, t->il, s, j, hk, vb), D);
+        }
+        ops->scale(o, 1.0f / l, D);
+    }
+}
+
+static void kv_attend(void *ctx, int32_t il, const fl_batch *b, const float *q, float *out) {
+    attend_task t = {ctx, il, b, q, out};
+    const fl_kv_contig *kv = ctx;
+    if ((int64_t)b->n_tokens * kv->p.n_head < 8) attend_fn(&t, 0, 1);
+    else fl_parallel(attend_fn, &t);
+}
+
+static const fl_kv_iface contig_iface = {kv_prepare, kv_store, kv_attend};
+
+const fl_kv_iface *fl_kv_contig_iface(void) { return &contig_iface; }

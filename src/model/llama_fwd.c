@@ -1,0 +1,172 @@
+/* The batched llama forward and its workspace (see llama.h for the buffers and the contract). */
+#include "core/alloc.h"
+#include "core/status.h"
+#include "core/threads.h"
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "model/llama_impl.h"
+
+#include <string.h>
+
+static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+size_t fl_model_workspace_bytes(const fl_hparams *hp, int32_t max_tokens, int32_t max_logit_rows) {
+    const size_t T = (size_t)(max_tokens > 0 ? max_tokens : 0), R = (size_t)(max_logit_rows > 0 ? max_logit_rows : 0);
+    const size_t f = sizeof(float), E = (size_t)hp->n_embd, D = (size_t)hp->head_dim;
+    const size_t HQ = (size_t)hp->n_head_local * D, HKV = (size_t)hp->n_head_kv_local * D;
+    const size_t F = (size_t)hp->n_ff_local;
+    return round64(T * E * f) * 3  /* x, xn, out */
+           + round64(T * HQ * f) * 2 /* q, att */
+           + round64(T * HKV * f) * 2 /* k, v */
+           + round64(T * F * f) * 2  /* gate, up */
+           + round64(R * E * f);     /* xl */
+}
+
+fl_status fl_model_workspace_new(fl_model *m, int32_t max_tokens, int32_t max_logit_rows) {
+    if (max_tokens < 1 || max_logit_rows < 1 || max_logit_rows > max_tokens)
+        return fl_set_error(FL_ERR_INVALID, "%s: need 1 <= max_logit_rows (%d) <= max_tokens (%d)", __func__,
+                            max_logit_rows, max_tokens);
+    fl_model_workspace_free(m);
+    const fl_hparams *hp = &m->hp;
+    fl_model_ws *w = &m->ws;
+    w->bytes = fl_model_workspace_bytes(hp, max_tokens, max_logit_rows);
+    w->block = fl_alloc(FL_MEM_ACT, w->bytes, 64);
+    if (!w->block) return fl_last_error()[0] ? FL_ERR_BUDGET : FL_ERR_NOMEM;
+    w->max_tokens = max_tokens;
+    w->max_logit_rows = max_logit_rows;
+    const size_t T = (size_t)max_tokens, f = sizeof(float), E = (size_t)hp->n_embd, D = (size_t)hp->head_dim;
+    const size_t HQ = (size_t)hp->n_head_local * D, HKV = (size_t)hp->n_head_kv_local * D, F = (size_t)hp->n_ff_local;
+    unsigned char *p = w->block;
+#define CARVE(field, n) (w->field = (float *)p, p += round64((n) * f))
+    CARVE(x, T * E);
+    CARVE(xn, T * E);
+    CARVE(out, T * E);
+    CARVE(q, T * HQ);
+    CARVE(att, T * HQ);
+    CARVE(k, T * HKV);
+    CARVE(v, T * HKV);
+    CARVE(gate, T * F);
+    CARVE(up, T * F);
+    CARVE(xl, (size_t)max_logit_rows * E);
+#undef CARVE
+    FL_ASSERT((size_t)(p - w->block) == w->bytes);
+    m->have_ws = true;
+    return FL_OK;
+}
+
+void fl_model_workspace_free(fl_model *m) {
+    if (!m->have_ws) return;
+    fl_free(FL_MEM_ACT, m->ws.block, m->ws.bytes);
+    memset(&m->ws, 0, sizeof m->ws);
+    m->have_ws = false;
+}
+
+/* ---- row-parallel helpers: each thread takes a contiguous range of tokens ---- */
+
+typedef enum { ROW_RMSNORM, ROW_ROPE, ROW_SWIGLU, ROW_ADD } row_op;
+
+typedef struct row_task {
+    row_op op;
+    float *out;
+    const float *a, *b; /* inputs (rmsnorm: inp, weight; swiglu: gate, up; add: a, b) */
+    int64_t n_rows, C;
+    float eps;
+    const int32_t *pos;             /* rope */
+    int64_t n_head, head_dim, rope_dim;
+    float freq_base, freq_scale;
+} row_task;
+
+static void row_fn(void *p, int ith, int nth) {
+    const row_task *t = p;
+    int64_t lo, hi;
+    fl_split_range(t->n_rows, ith, nth, &lo, &hi);
+    if (lo >= hi) return;
+    const int64_t n = hi - lo;
+    switch (t->op) {
+    case ROW_RMSNORM: fl_rmsnorm_forward(t->out + lo * t->C, t->a + lo * t->C, t->b, n, t->C, t->eps); break;
+    case ROW_ROPE:
+        fl_rope_forward(t->out + lo * t->C, t->a + lo * t->C, t->pos + lo, n, t->n_head, t->head_dim, t->rope_dim,
+                        t->freq_base, t->freq_scale);
+        break;
+    case ROW_SWIGLU: fl_swiglu_forward(t->out + lo * t->C, t->a + lo * t->C, t->b + lo * t->C, n * t->C); break;
+    case ROW_ADD: fl_add_forward(t->out + lo * t->C, t->a + lo * t->C, t->b + lo * t->C, n * t->C); break;
+    }
+}
+
+/* Small steps run on one thread: waking the team costs more than the work. */
+static void run_rows(row_task *t) {
+    if (t->n_rows * t->C < 4096) row_fn(t, 0, 1);
+    else fl_parallel(row_fn, t);
+}
+
+static void rmsnorm_rows(float *out, const float *inp, const float *w, int64_t N, int64_t C, float eps) {
+    row_task t = {.op = ROW_RMSNORM, .out = out, .a = inp, .b = w, .n_rows = N, .C = C, .eps = eps};
+    run_rows(&t);
+}
+
+static void rope_rows(float *x, const int32_t *pos, int64_t N, int64_t n_head, const fl_hparams *hp) {
+    row_task t = {.op = ROW_ROPE, .out = x, .a = x, .n_rows = N, .C = n_head * hp->head_dim, .pos = pos,
+                  .n_head = n_head, .head_dim = hp->head_dim, .rope_dim = hp->rope_dim,
+                  .freq_base = hp->rope_freq_base, .freq_scale = hp->rope_freq_scale};
+    run_rows(&t);
+}
+
+static void binary_rows(row_op op, float *out, const float *a, const float *b, int64_t N, int64_t C) {
+    row_task t = {.op = op, .out = out, .a = a, .b = b, .n_rows = N, .C = C};
+    run_rows(&t);
+}
+
+fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv, void *kv_ctx, float *logits_out) {
+    const fl_hparams *hp = &m->hp;
+    fl_status st = fl_batch_validate(b, hp->n_vocab);
+    if (st) return st;
+    const int32_t n_logits = fl_batch_n_logits(b);
+    if (!m->have_ws)
+        return fl_set_error(FL_ERR_INVALID, "%s: no workspace (call fl_model_workspace_new first)", __func__);
+    fl_model_ws *w = &m->ws;
+    if (b->n_tokens > w->max_tokens || n_logits > w->max_logit_rows)
+        return fl_set_error(FL_ERR_INVALID, "%s: batch of %d tokens / %d logit rows exceeds the workspace (%d / %d)",
+                            __func__, b->n_tokens, n_logits, w->max_tokens, w->max_logit_rows);
+    if ((st = kv->prepare(kv_ctx, b))) return st;
+
+    const int64_t T = b->n_tokens, E = hp->n_embd, F = hp->n_ff_local;
+    const int64_t n_head = hp->n_head_local, n_head_kv = hp->n_head_kv_local;
+    const fl_allreduce_fn allreduce = m->params.allreduce;
+
+    /* x = token_embd[tokens]                                   (T, E) */
+    fl_embed_forward(w->x, &m->tok_embd, b->tokens, T);
+
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const fl_layer *L = &m->layers[il];
+        /* attention block */
+        rmsnorm_rows(w->xn, w->x, L->attn_norm.data, T, E, hp->rms_eps); /* xn (T, E) */
+        fl_matmul(&L->wq, w->xn, w->q, T);                                /* q (T, n_head, D) */
+        fl_matmul(&L->wk, w->xn, w->k, T);                                /* k (T, n_head_kv, D) */
+        fl_matmul(&L->wv, w->xn, w->v, T);                                /* v (T, n_head_kv, D) */
+        rope_rows(w->q, b->pos, T, n_head, hp);
+        rope_rows(w->k, b->pos, T, n_head_kv, hp);
+        kv->store(kv_ctx, il, b, w->k, w->v);
+        kv->attend(kv_ctx, il, b, w->q, w->att);                          /* att (T, n_head, D) */
+        fl_matmul(&L->wo, w->att, w->out, T);                             /* out (T, E) */
+        if (allreduce) allreduce(m->params.allreduce_ud, w->out, T * E);
+        binary_rows(ROW_ADD, w->x, w->x, w->out, T, E);                   /* x += out */
+        /* feed-forward block */
+        rmsnorm_rows(w->xn, w->x, L->ffn_norm.data, T, E, hp->rms_eps);
+        fl_matmul(&L->w1, w->xn, w->gate, T);                             /* gate (T, F) */
+        fl_matmul(&L->w3, w->xn, w->up, T);                               /* up (T, F) */
+        binary_rows(ROW_SWIGLU, w->gate, w->gate, w->up, T, F);           /* gate = silu(gate) * up */
+        fl_matmul(&L->w2, w->gate, w->out, T);                            /* out (T, E) */
+        if (allreduce) allreduce(m->params.allreduce_ud, w->out, T * E);
+        binary_rows(ROW_ADD, w->x, w->x, w->out, T, E);
+    }
+
+    /* final norm of the rows that get logits, then the output projection (R, n_vocab) */
+    int64_t r = 0;
+    for (int64_t i = 0; i < T; i++) {
+        const bool want = b->logits ? b->logits[i] != 0 : i == T - 1;
+        if (want) memcpy(w->xl + r++ * E, w->x + i * E, (size_t)E * sizeof(float));
+    }
+    rmsnorm_rows(w->xl, w->xl, m->output_norm.data, r, E, hp->rms_eps);
+    if (r > 0 && logits_out) fl_matmul(&m->output, w->xl, logits_out, r);
+    return FL_OK;
+}

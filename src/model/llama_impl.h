@@ -1,0 +1,28 @@
+/*
+ * llama_impl.h - the fl_model struct, shared by llama_load.c and llama_fwd.c only.
+ * Invariants: weights point into g's mapping (or into owned, which is FL_MEM_WEIGHTS);
+ * ws_* describe the one FL_MEM_ACT workspace block (ws == NULL when none).
+ */
+#ifndef FL_LLAMA_IMPL_H
+#define FL_LLAMA_IMPL_H
+
+#include "model/llama.h"
+
+typedef struct fl_model_ws {
+    unsigned char *block; /* FL_MEM_ACT, `bytes` long */
+    size_t bytes;
+    int32_t max_tokens, max_logit_rows;
+    float *x, *xn, *q, *k, *v, *att, *gate, *up, *out, *xl; /* see llama.h */
+} fl_model_ws;
+
+struct fl_model {
+    fl_gguf *g;
+    fl_hparams hp;
+    fl_model_params params;
+    fl_tensor tok_embd, output_norm, output;
+    fl_layer *layers; /* [n_layer], FL_MEM_MISC */
+    fl_model_ws ws;
+    bool have_ws;
+};
+
+#endif
