@@ -43,6 +43,10 @@ int64_t fl_parse_bytes(const char *s);
 
 int fl_cmd_inspect(int argc, char **argv);
 int fl_cmd_bench(int argc, char **argv);
+int fl_cmd_quantize(int argc, char **argv);
+int fl_cmd_synth(int argc, char **argv);
+int fl_bench_model(int argc, char **argv);
+int fl_bench_matmul(int argc, char **argv);
 int fl_cmd_plan(int argc, char **argv);
 int fl_cmd_train(int argc, char **argv);
 /* benchmarks (cli/bench_*.c) */

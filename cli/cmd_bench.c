@@ -13,6 +13,8 @@ typedef struct bench_entry {
 
 /* One line per benchmark; keep alphabetical. */
 static const bench_entry benches[] = {
+    {"model", "prefill/decode tokens/s, decode GB/s vs bandwidth, prefill % of int8 peak", fl_bench_model},
+    {"matmul", "GEMV GB/s and GEMM GOP/s vs measured bandwidth / int8 peak (TinyLlama shapes)", fl_bench_matmul},
     {"train", "training memory/time vs activation checkpointing, 8-bit optimizer states, planner check", fl_bench_train},
     {NULL, NULL, NULL},
 };

@@ -7,6 +7,8 @@
 static const fl_cli_command commands[] = {
     {"bench", "benchmarks that print JSON (attention, kv, model, serve, ...)", fl_cmd_bench},
     {"inspect", "show a GGUF model's metadata, tensors and memory needs", fl_cmd_inspect},
+    {"quantize", "write a GGUF with weights quantized to Q8_0, Q4_0, ..., Q4_K_M", fl_cmd_quantize},
+    {"synth", "write a llama-shaped GGUF with random weights (e.g. TinyLlama-1.1B shape)", fl_cmd_synth},
     {"plan", "plan memory per device (weights, KV, activations, training, sharding); --fit, --table", fl_cmd_plan},
     {"train", "train or fine-tune (LoRA/QLoRA) a model on a text file", fl_cmd_train},
 };

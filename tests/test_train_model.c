@@ -9,7 +9,10 @@
 #include "test.h"
 
 #include "core/threads.h"
+#include "core/dtype.h"
 #include "formats/gguf.h"
+#include "kv/kv_contig.h"
+#include "model/llama.h"
 #include "train/model.h"
 
 #include <cjson/cJSON.h>
@@ -409,11 +412,70 @@ static void test_bf16_and_export(void **state) {
     fl_test_mem_zero();
 }
 
+/* ---------------------------------------------------------------- inference loads exports */
+/* A model trained from scratch (random init here) exported to GGUF loads in the inference
+ * model (src/model) and gives the training forward's logits. */
+static void test_export_loads_in_inference(void **state) {
+    (void)state;
+    NEED_SHARED();
+    fl_train_config c = {.n_vocab = 512, .n_ctx = 64, .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
+                         .head_dim = 16, .n_ff = 96, .rope_dim = 16, .rope_base = 10000.0f, .rms_eps = 1e-5f};
+    fl_train_model *m;
+    assert_int_equal(fl_train_model_new(&c, &m), FL_OK);
+    fl_train_model_init_random(m, 5);
+    for (int64_t i = 0; i < m->n_params; i++) m->params[i] *= 10.0f; /* larger weights: peaky logits */
+    assert_int_equal(fl_train_model_reserve(m, 32, 0, FL_TRAIN_F32), FL_OK);
+    char path[512];
+    snprintf(path, sizeof path, "%s/test_train_scratch.gguf", FL_BINARY_DIR);
+    fl_gguf *tok;
+    assert_int_equal(fl_gguf_open(FL_SHARED_PATH("models/stories260K.gguf"), &tok), FL_OK);
+    assert_int_equal(fl_train_model_save_gguf(m, path, tok), FL_OK);
+    fl_gguf_free(tok);
+    tbatch t;
+    const int32_t *s[1] = {seq_a};
+    int lens[1] = {11};
+    make_batch(&t, s, lens, 1);
+    assert_int_equal(fl_train_model_forward(m, &t.b, NULL, NULL), FL_OK);
+    const float *want = fl_train_model_logits(m);
+    fl_model_params mp = fl_model_default_params();
+    fl_model *im;
+    assert_int_equal(fl_model_load(path, &mp, &im), FL_OK);
+    const fl_hparams *hp = fl_model_hparams(im);
+    assert_int_equal(hp->n_layer, 2);
+    fl_kv_contig_params kp = {hp->n_layer, hp->n_head_local, hp->n_head_kv_local, hp->head_dim, 64, 1, 0, FL_TYPE_F32};
+    fl_kv_contig *kv;
+    assert_int_equal(fl_kv_contig_new(&kp, &kv), FL_OK);
+    assert_int_equal(fl_model_workspace_new(im, 32, 32), FL_OK);
+    int32_t pos[11], sid[11];
+    int8_t lg[11];
+    for (int i = 0; i < 11; i++) {
+        pos[i] = i;
+        sid[i] = 0;
+        lg[i] = 1;
+    }
+    float *logits = fl_alloc(FL_MEM_MISC, 11 * 512 * sizeof(float), 64);
+    fl_batch b = {11, seq_a, pos, sid, lg};
+    assert_int_equal(fl_model_forward(im, &b, fl_kv_contig_iface(), kv, logits), FL_OK);
+    double worst = 0, mx = 0;
+    for (int i = 0; i < 11 * 512; i++) {
+        worst = fmax(worst, fabs(logits[i] - want[i]));
+        mx = fmax(mx, fabs(want[i]));
+    }
+    if (!(worst <= 1e-4 * fmax(1.0, mx))) fail_msg("inference logits differ from training by %g (max %g)", worst, mx);
+    fl_free(FL_MEM_MISC, logits, 11 * 512 * sizeof(float));
+    fl_kv_contig_free(kv);
+    fl_model_free(im);
+    fl_train_model_free(m);
+    remove(path);
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_reference_logits), cmocka_unit_test(test_whole_model_gradcheck),
         cmocka_unit_test(test_checkpointing_equal),      cmocka_unit_test(test_grad_accumulation),
         cmocka_unit_test(test_packing_equals_separate),  cmocka_unit_test(test_bf16_and_export),
+        cmocka_unit_test(test_export_loads_in_inference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,6 +2,7 @@
  * (GEMV for one token, cache-tiled GEMM otherwise), f32 path (dequantize rows + f32 dot) for
  * every other type or when f32 activations are requested. */
 #include "kernels/matmul.h"
+#include "kernels/convert.h"
 #include "kernels/dispatch.h"
 #include "kernels/quant.h"
 #include "core/alloc.h"
@@ -29,7 +30,7 @@ static fl_gemm_q8_fn gemm_for(fl_isa isa) {
     return isa == FL_ISA_AVX512 ? fl_gemm_q8_avx512 : isa == FL_ISA_AVX2 ? fl_gemm_q8_avx2 : fl_gemm_q8_ref;
 }
 static dot_fn dot_for(fl_isa isa) {
-    return isa == FL_ISA_AVX512 ? fl_dot_f32_avx512 : isa == FL_ISA_AVX2 ? fl_dot_f32_avx2 : fl_dot_f32_ref;
+    return isa == FL_ISA_AVX512 ? fl_mm_dot_f32_avx512 : isa == FL_ISA_AVX2 ? fl_dot_f32_avx2 : fl_mm_dot_f32_ref;
 }
 
 /* ---- integer path ---- */
@@ -96,6 +97,7 @@ typedef struct {
     int64_t M;
     float *buf; /* [nth][F32_ROWS][K] */
     dot_fn dot;
+    const fl_convert_kernels *cvt;
 } f32_ctx;
 
 static void f32_task(void *p, int ith, int nth) {
@@ -111,7 +113,9 @@ static void f32_task(void *p, int ith, int nth) {
             const char *src = (const char *)c->W->data + (n0 + i) * c->W->nb[1];
             if (c->W->type == FL_TYPE_F32) r[i] = (const float *)src;
             else {
-                fl_dequant_row(c->W->type, src, rows + i * K, K);
+                if (c->W->type == FL_TYPE_F16) c->cvt->f16_to_f32((const uint16_t *)src, rows + i * K, K);
+                else if (c->W->type == FL_TYPE_BF16) c->cvt->bf16_to_f32((const uint16_t *)src, rows + i * K, K);
+                else fl_dequant_row(c->W->type, src, rows + i * K, K);
                 r[i] = rows + i * K;
             }
         }
@@ -136,7 +140,7 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
         fl_clear_error(); /* no scratch: fall back to the f32 path */
     }
     const int nth = fl_threads_get();
-    f32_ctx c = {W, x, y, M, NULL, dot_for(isa)};
+    f32_ctx c = {W, x, y, M, NULL, dot_for(isa), fl_convert_kernels_get()};
     size_t bytes = 0;
     if (W->type != FL_TYPE_F32) {
         bytes = (size_t)nth * F32_ROWS * (size_t)K * sizeof(float);

@@ -56,6 +56,7 @@ typedef struct fl_act_q8 {
     int32_t *s;        /* [M][nb] sum of the block's codes */
     float *dv;         /* [M][nb][8] */
     int32_t *sv;       /* [M][nb][8]: -s */
+    float *ms;         /* [M][nb]: -s * d (offset correction of unsigned weight codes) */
     size_t bytes;      /* one allocation (FL_MEM_SCRATCH) */
     void *mem;
 } fl_act_q8;
@@ -78,5 +79,8 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx2(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);
+/* matmul's own f32 dots (the f32 path). */
+float fl_mm_dot_f32_ref(const float *a, const float *b, int64_t n);
+float fl_mm_dot_f32_avx512(const float *a, const float *b, int64_t n);
 
 #endif

@@ -33,26 +33,33 @@ INLINE __m256i block_dot(int32_t wtype, const char *w, int64_t b, __m256i x, __m
 INLINE void tile(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy,
                  const int NR, const int NT) {
     __m256 acc[2][2];
+    #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
     const int64_t nb = a->nb, K = a->K;
     for (int64_t b = 0; b < nb; b++) {
         __m256i xv[2], iv[2];
         float dx[2];
+        #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             const int64_t mb = (m0 + t) * nb + b;
             xv[t] = _mm256_loadu_si256((const __m256i *)(a->qs + (m0 + t) * K + b * 32));
             iv[t] = _mm256_loadu_si256((const __m256i *)(a->sv + mb * 8));
             dx[t] = a->d[mb];
         }
+        #pragma GCC unroll 4
         for (int r = 0; r < NR; r++)
+            #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) {
                 float dw;
                 const __m256i p = block_dot(wtype, w + r * ldw, b, xv[t], iv[t], &dw);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * dx[t]), acc[r][t]);
             }
     }
+    #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
             __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r][t]), _mm256_extractf128_ps(acc[r][t], 1));
             s = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -10,6 +10,7 @@
 #include "kernels/quant.h"
 
 #include <immintrin.h>
+#include <stdbool.h>
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -37,61 +38,8 @@ INLINE __m512i load_w(int32_t wtype, const char *w, int64_t b, int single, __m51
     }
 }
 
-INLINE void tile(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy,
-                 const int NR, const int NT) {
-    __m512 acc[4][4];
-    for (int r = 0; r < NR; r++)
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
-    const int64_t nb = a->nb, K = a->K;
-    const int shift = wtype == FL_TYPE_Q8_0 ? 4 : 0; /* offset 128 = 16 per lane x 8 lanes; 8 = 1 x 8 */
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        __m512i xv[4], iv[4];
-        __m512 dxv[4];
-        for (int t = 0; t < NT; t++) {
-            const int64_t mb = (m0 + t) * nb + b;
-            xv[t] = _mm512_loadu_si512(a->qs + (m0 + t) * K + b * 32);
-            dxv[t] = _mm512_loadu_ps(a->dv + mb * 8);
-            iv[t] = _mm512_slli_epi32(_mm512_loadu_si512(a->sv + mb * 8), shift);
-        }
-        for (int r = 0; r < NR; r++) {
-            __m512 dw;
-            const __m512i wv = load_w(wtype, w + r * ldw, b, 0, &dw);
-            for (int t = 0; t < NT; t++) {
-                const __m512i p = _mm512_dpbusd_epi32(iv[t], wv, xv[t]);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dxv[t]), acc[r][t]);
-            }
-        }
-    }
-    if (b < nb) { /* one block left */
-        for (int t = 0; t < NT; t++) {
-            const int64_t mb = (m0 + t) * nb + b;
-            const __m512i xv = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, a->qs + (m0 + t) * K + b * 32);
-            const __m512 dxv = _mm512_maskz_loadu_ps(0x00FF, a->dv + mb * 8);
-            const __m512i iv = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(0x00FF, a->sv + mb * 8), shift);
-            for (int r = 0; r < NR; r++) {
-                __m512 dw;
-                const __m512i wv = load_w(wtype, w + r * ldw, b, 1, &dw);
-                const __m512i p = _mm512_dpbusd_epi32(iv, wv, xv);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dxv), acc[r][t]);
-            }
-        }
-    }
-    for (int r = 0; r < NR; r++)
-        for (int t = 0; t < NT; t++) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
-}
-
-void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
-                       float *y, int64_t ldy) {
-    const char *wc = w;
-    if (nr == 4 && nt == 4) tile(wtype, wc, ldw, a, m0, y, ldy, 4, 4);
-    else if (nr == 4 && nt == 1) tile(wtype, wc, ldw, a, m0, y, ldy, 4, 1);
-    else
-        for (int r = 0; r < nr; r++)
-            for (int t = 0; t < nt; t++) tile(wtype, wc + r * ldw, ldw, a, m0 + t, y + t * ldy + r, ldy, 1, 1);
-}
-
-float fl_dot_f32_avx512(const float *a, const float *b, int64_t n) {
+/* f32 dot for matmul's f32 path. */
+float fl_mm_dot_f32_avx512(const float *a, const float *b, int64_t n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -105,3 +53,198 @@ float fl_dot_f32_avx512(const float *a, const float *b, int64_t n) {
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
+
+INLINE void tile(const int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy,
+                 const int NR, const int NT) {
+    __m512 acc[4][4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    const int64_t nb = a->nb, K = a->K;
+    const int shift = wtype == FL_TYPE_Q8_0 ? 4 : 0; /* offset 128 = 16 per lane x 8 lanes; 8 = 1 x 8 */
+    int64_t b = 0;
+    /* groups of 16 blocks: scales gathered once per row / loaded once per token, offset
+     * correction added as dw * (-s d_x) * offset lanes (the accumulator lanes are summed) */
+    const int bsz = wtype == FL_TYPE_Q8_0 ? 34 : 18;
+    const float off = wtype == FL_TYPE_Q8_0 ? 128.0f : 8.0f;
+    const __m512i vidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(bsz));
+    const __m512i zero = _mm512_setzero_si512();
+    for (; b + 16 <= nb; b += 16) {
+        __m512 dw16[4], dx16[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++)
+            dw16[r] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(vidx, (const void *)(w + r * ldw + b * bsz), 1)));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const int64_t mb = (m0 + t) * nb + b;
+            dx16[t] = _mm512_loadu_ps(a->d + mb);
+            const __m512 msv = _mm512_mul_ps(_mm512_loadu_ps(a->ms + mb), _mm512_set1_ps(off));
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) acc[r][t] = _mm512_fmadd_ps(dw16[r], msv, acc[r][t]);
+        }
+        for (int j = 0; j < 8; j++) {
+            const __m512i pidx = _mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
+                                                  2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j);
+            __m512i xv[4];
+            __m512 dxp[4];
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                xv[t] = _mm512_loadu_si512(a->qs + (m0 + t) * K + (b + 2 * j) * 32);
+                dxp[t] = _mm512_permutexvar_ps(pidx, dx16[t]);
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                __m512 unused;
+                const __m512i wv = load_w(wtype, w + r * ldw, b + 2 * j, 0, &unused);
+                const __m512 dwp = _mm512_permutexvar_ps(pidx, dw16[r]);
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    const __m512i p = _mm512_dpbusd_epi32(zero, wv, xv[t]);
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dwp, dxp[t]), acc[r][t]);
+                }
+            }
+        }
+    }
+    for (; b + 2 <= nb; b += 2) {
+        __m512i xv[4], iv[4];
+        __m512 dxv[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const int64_t mb = (m0 + t) * nb + b;
+            xv[t] = _mm512_loadu_si512(a->qs + (m0 + t) * K + b * 32);
+            dxv[t] = _mm512_loadu_ps(a->dv + mb * 8);
+            iv[t] = _mm512_slli_epi32(_mm512_loadu_si512(a->sv + mb * 8), shift);
+        }
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            __m512 dw;
+            const __m512i wv = load_w(wtype, w + r * ldw, b, 0, &dw);
+            #pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const __m512i p = _mm512_dpbusd_epi32(iv[t], wv, xv[t]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dxv[t]), acc[r][t]);
+            }
+        }
+    }
+    if (b < nb) { /* one block left */
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const int64_t mb = (m0 + t) * nb + b;
+            const __m512i xv = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, a->qs + (m0 + t) * K + b * 32);
+            const __m512 dxv = _mm512_maskz_loadu_ps(0x00FF, a->dv + mb * 8);
+            const __m512i iv = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(0x00FF, a->sv + mb * 8), shift);
+            #pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                __m512 dw;
+                const __m512i wv = load_w(wtype, w + r * ldw, b, 1, &dw);
+                const __m512i p = _mm512_dpbusd_epi32(iv, wv, xv);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dxv), acc[r][t]);
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+/* One row (GEMV): groups of 16 blocks take their 16 f16 scales with one gather, so the
+ * per-pair work is load/expand, vpdpbusd from zero, convert, and one fma with the pair's
+ * scales picked by a permute.  The unsigned-code offset (8 or 128 times the activation code
+ * sum) is removed once per group with the precomputed -s*d_x (fl_act_q8.ms). */
+INLINE float gemv_row(const int32_t wtype, const char *w, const fl_act_q8 *a, int64_t m) {
+    const bool q8 = wtype == FL_TYPE_Q8_0;
+    const int bsz = q8 ? 34 : 18;
+    const int64_t nb = a->nb;
+    const int8_t *xq = a->qs + m * a->K;
+    const float *dx = a->d + m * nb, *ms = a->ms + m * nb;
+    const __m512i vidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(bsz));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 16 <= nb; b += 16) {
+        const char *wb = w + b * bsz;
+        const __m512i g = _mm512_i32gather_epi32(vidx, (const void *)wb, 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+        const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(dx + b));
+        corr = _mm512_fmadd_ps(dw, _mm512_loadu_ps(ms + b), corr);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const char *p0 = wb + (2 * j) * bsz + 2, *p1 = p0 + bsz;
+            __m512i wv;
+            if (q8) {
+                wv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                                        _mm256_loadu_si256((const __m256i *)p1), 1);
+                wv = _mm512_xor_si512(wv, flip);
+            } else {
+                const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),
+                                                          _mm_loadu_si128((const __m128i *)p1), 1);
+                const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+                wv = _mm512_and_si512(qq, m4);                          /* lo0 lo1 hi0 hi1 */
+                wv = _mm512_shuffle_i64x2(wv, wv, _MM_SHUFFLE(3, 1, 2, 0)); /* lo0 hi0 lo1 hi1 */
+            }
+            const __m512i xv = _mm512_loadu_si512(xq + (b + 2 * j) * 32);
+            const __m512i p = _mm512_dpbusd_epi32(zero, wv, xv);
+            const __m512 s2 = _mm512_permutexvar_ps(_mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
+                                                                     2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
+                                                                     2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j), sc);
+            if (j & 1) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s2, acc1);
+            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s2, acc0);
+        }
+    }
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + (q8 ? 128.0f : 8.0f) * _mm512_reduce_add_ps(corr);
+    if (b < nb) { /* leftover blocks: the generic tile on the block range [b, nb) */
+        float s = 0;
+        for (; b < nb; b++) {
+            const char *blk = w + b * bsz;
+            uint16_t h;
+            __builtin_memcpy(&h, blk, 2);
+            const float d = _cvtsh_ss(h) * dx[b];
+            const int8_t *x = a->qs + m * a->K + b * 32;
+            int32_t is = 0;
+            if (q8)
+                for (int j2 = 0; j2 < 32; j2++) is += ((const int8_t *)blk + 2)[j2] * x[j2];
+            else
+                for (int j2 = 0; j2 < 16; j2++) {
+                    const uint8_t v = ((const uint8_t *)blk + 2)[j2];
+                    is += ((v & 0xF) - 8) * x[j2] + ((v >> 4) - 8) * x[j2 + 16];
+                }
+            s += d * (float)is;
+        }
+        r += s;
+    }
+    return r;
+}
+
+static void gemv_q8(const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m, float *y) {
+    for (int r = 0; r < nr; r++) y[r] = gemv_row(FL_TYPE_Q8_0, w + r * ldw, a, m);
+}
+static void gemv_q4(const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m, float *y) {
+    for (int r = 0; r < nr; r++) y[r] = gemv_row(FL_TYPE_Q4_0, w + r * ldw, a, m);
+}
+
+#define DEFINE_TILES(WT, sfx)                                                                              \
+    static void tile4x4_##sfx(const char *w, size_t ldw, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy) { \
+        tile(WT, w, ldw, a, m0, y, ldy, 4, 4);                                                              \
+    }                                                                                                       \
+    static void tile1x1_##sfx(const char *w, size_t ldw, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy) { \
+        tile(WT, w, ldw, a, m0, y, ldy, 1, 1);                                                              \
+    }
+DEFINE_TILES(FL_TYPE_Q8_0, q8)
+DEFINE_TILES(FL_TYPE_Q4_0, q4)
+
+void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
+                       float *y, int64_t ldy) {
+    const char *wc = w;
+    const bool q8 = wtype == FL_TYPE_Q8_0;
+    if (nr == 4 && nt == 4) (q8 ? tile4x4_q8 : tile4x4_q4)(wc, ldw, a, m0, y, ldy);
+    else if (nt == 1) (q8 ? gemv_q8 : gemv_q4)(wc, ldw, nr, a, m0, y);
+    else
+        for (int r = 0; r < nr; r++)
+            for (int t = 0; t < nt; t++) (q8 ? tile1x1_q8 : tile1x1_q4)(wc + r * ldw, ldw, a, m0 + t, y + t * ldy + r, ldy);
+}
+
+/* fl_dot_f32_avx512 lives in avx512/ops_avx512.c. */

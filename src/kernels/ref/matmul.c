@@ -44,6 +44,12 @@ void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K) {
     }
 }
 
+float fl_mm_dot_f32_ref(const float *a, const float *b, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
 void fl_matmul_ref(const fl_tensor *W, const float *x, float *y, int64_t M) {
     const int64_t K = W->ne[0], N = W->ne[1];
     float row[K > 0 ? K : 1];
@@ -58,11 +64,7 @@ void fl_matmul_ref(const fl_tensor *W, const float *x, float *y, int64_t M) {
     }
 }
 
-float fl_dot_f32_ref(const float *a, const float *b, int64_t n) {
-    float s = 0;
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
+/* fl_dot_f32_ref lives in ref/ops.c (declared in ops.h and matmul.h). */
 
 /* ---- 8-bit activations ---- */
 
@@ -72,7 +74,7 @@ fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
     const int64_t nb = K / 32;
     const size_t qs = ((size_t)(M * K) + 63) & ~(size_t)63, d = (size_t)(M * nb) * 4;
     const size_t d64 = (d + 63) & ~(size_t)63, v = (size_t)(M * nb) * 32;
-    a->bytes = qs + 2 * d64 + 2 * v;
+    a->bytes = qs + 3 * d64 + 2 * v;
     a->mem = fl_alloc(FL_MEM_SCRATCH, a->bytes, 64);
     if (!a->mem) return FL_ERR_NOMEM; /* fl_alloc set the message */
     char *p = a->mem;
@@ -81,7 +83,8 @@ fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
     a->d = (float *)p; p += d64;
     a->s = (int32_t *)p; p += d64;
     a->dv = (float *)p; p += v;
-    a->sv = (int32_t *)p;
+    a->sv = (int32_t *)p; p += v;
+    a->ms = (float *)p;
     return FL_OK;
 }
 
@@ -96,7 +99,8 @@ void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
         const float *xb = x + b * 32;
         float amax = 0;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
-        const float d = amax / 127, id = d > 0 ? 127.0f / amax : 0.0f;
+        /* as ggml's q8_0 activations: codes rint(x * 127 / amax), scale amax / 127 rounded to f16 */
+        const float d = fl_f16_to_f32(fl_f32_to_f16(amax / 127)), id = amax > 0 ? 127.0f / amax : 0.0f;
         int s = 0;
         for (int j = 0; j < 32; j++) {
             int v = (int)lrintf(xb[j] * id);
@@ -107,6 +111,7 @@ void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
         const int64_t i = m * a->nb + b;
         a->d[i] = d;
         a->s[i] = s;
+        a->ms[i] = -(float)s * d;
         for (int l = 0; l < 8; l++) {
             a->dv[i * 8 + l] = d;
             a->sv[i * 8 + l] = -s;

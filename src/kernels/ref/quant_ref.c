@@ -328,11 +328,15 @@ static void quant_q6_K(const float *x, fl_block_q6_K *y, int64_t k) {
     }
 }
 
+/* Nearest entry of the (ascending) IQ4_NL table: binary search over the midpoints. */
 static int iq4nl_code(float v) {
-    int best = 0;
-    for (int c = 1; c < 16; c++)
-        if (fabsf(v - fl_iq4nl_values[c]) < fabsf(v - fl_iq4nl_values[best])) best = c;
-    return best;
+    int lo = 0, hi = 15;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (v > 0.5f * (float)(fl_iq4nl_values[mid] + fl_iq4nl_values[mid + 1])) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
 }
 
 /* Search d over candidates that map the extreme element near either end of the table, with a

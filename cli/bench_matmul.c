@@ -1,0 +1,195 @@
+/* `fitllm bench matmul`: GEMV (decode) GB/s against the measured read bandwidth and GEMM
+ * (prefill) GOP/s against the measured int8 peak, on TinyLlama-1.1B-shaped matrices.
+ *
+ * GEMV streams R copies of the weight in turn (R copies >= --stream-mib, so the weights come
+ * from memory, not from the last-level cache); GB/s counts weight bytes read per second.
+ * GEMM multiplies -p tokens (default 512) by one copy: GOP/s = 2 M N K / time. */
+#include "cli/cli.h"
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/threads.h"
+#include "kernels/calib_int8.h"
+#include "kernels/dispatch.h"
+#include "kernels/matmul.h"
+#include "kernels/quant.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct { const float *src; float *dst; int64_t n; uint64_t seed; } fill_ctx;
+static void fill_task(void *p, int ith, int nth) {
+    fill_ctx *c = p;
+    int64_t lo, hi;
+    fl_split_range(c->n, ith, nth, &lo, &hi);
+    uint64_t s = c->seed * 0x9E3779B97F4A7C15ULL + (uint64_t)ith * 0xD1B54A32D192ED03ULL + 1;
+    for (int64_t i = lo; i < hi; i++) {
+        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+        c->dst[i] = (float)((double)(s >> 11) * 0x1.0p-53 - 0.5) * 0.1f;
+    }
+}
+
+static float *rand_f32(int64_t n, uint64_t seed) {
+    float *x = fl_alloc(FL_MEM_SCRATCH, (size_t)n * 4, 64);
+    if (!x) return NULL;
+    fill_ctx c = {NULL, x, n, seed};
+    fl_parallel(fill_task, &c);
+    return x;
+}
+
+int fl_bench_matmul(int argc, char **argv) {
+    fl_opt opts[] = {
+        {"threads", 't', FL_OPT_INT, "N  threads (default 2)"},
+        {"json", 0, FL_OPT_FLAG, "print JSON"},
+        {"n-prompt", 'p', FL_OPT_INT, "M  tokens for the GEMM (default 512)"},
+        {"types", 0, FL_OPT_STR, "LIST  weight types, comma separated (default Q4_0,Q8_0)"},
+        {"stream-mib", 0, FL_OPT_INT, "MIB  weight bytes cycled through in GEMV and bandwidth calibration (default 1024)"},
+        {"seconds", 0, FL_OPT_FLOAT, "S  minimum time per measurement (default 0.5)"},
+        {0},
+    };
+    int n_pos;
+    int r = fl_args_parse(argc, argv, opts, "fitllm bench matmul [-t N] [-p M] [--types Q4_0,Q8_0] [--json]",
+                          "GEMV GB/s vs measured memory bandwidth, GEMM GOP/s vs measured int8 peak,\n"
+                          "on TinyLlama-1.1B matrices (N x K): 2048x2048, 5632x2048, 2048x5632, 32000x2048.",
+                          NULL, 0, &n_pos);
+    if (r) return r == 1 ? 0 : 2;
+    const int nth = opts[0].set ? (int)opts[0].i : 2;
+    const int64_t M = opts[2].set ? opts[2].i : 512;
+    const size_t stream = (size_t)(opts[4].set ? opts[4].i : 1024) << 20;
+    const double secs = opts[5].set ? opts[5].f : 0.5;
+    if (nth < 1 || M < 1 || stream < (1u << 20)) {
+        fprintf(stderr, "fitllm bench matmul: bad -t, -p or --stream-mib\n");
+        return 2;
+    }
+    char types_s[256];
+    snprintf(types_s, sizeof types_s, "%s", opts[3].set ? opts[3].str : "Q4_0,Q8_0");
+    fl_threads_set(nth);
+    const bool json = opts[1].set;
+    fl_mem_install_cjson_hooks();
+
+    const double peak = fl_calib_int8_peak_gops(nth, 0.3);
+    const double bw = fl_calib_mem_bandwidth_gbs(nth, stream);
+    if (!json) {
+        printf("isa %s, %d threads\n", fl_isa_name(fl_isa_get()), nth);
+        printf("calibration: int8 peak %.1f GOP/s, memory read bandwidth %.1f GB/s\n", peak, bw);
+        printf("%-6s %-11s %10s %8s %10s %8s\n", "type", "N x K", "gemv GB/s", "%bw", "gemm GOP/s", "%peak");
+    }
+    cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+    cJSON_AddStringToObject(root, "isa", fl_isa_name(fl_isa_get()));
+    cJSON_AddNumberToObject(root, "threads", nth);
+    cJSON_AddNumberToObject(root, "int8_peak_gops", peak);
+    cJSON_AddNumberToObject(root, "mem_bandwidth_gbs", bw);
+    cJSON_AddNumberToObject(root, "gemm_tokens", (double)M);
+    cJSON_AddItemToObject(root, "results", arr);
+
+    static const int64_t shapes[4][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
+    int rc = 0;
+    for (char *save = NULL, *tn = strtok_r(types_s, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
+        const int32_t type = fl_type_from_name(tn);
+        if (type < 0 || fl_matmul_supported(type) != FL_OK || !fl_quantize_supported(type)) {
+            fprintf(stderr, "fitllm bench matmul: unsupported type '%s'\n", tn);
+            rc = 2;
+            break;
+        }
+        double sum_bytes = 0, sum_t_gemv = 0, sum_ops = 0, sum_t_gemm = 0;
+        for (int s = 0; s < 4; s++) {
+            const int64_t N = shapes[s][0], K = shapes[s][1];
+            const size_t wbytes = fl_quantize_size(type, N, K);
+            size_t R = (stream + wbytes - 1) / wbytes;
+            if (R < 1) R = 1;
+            float *f = rand_f32(N * K, (uint64_t)s + 1);
+            char *w = fl_alloc(FL_MEM_WEIGHTS, wbytes * R, 4096);
+            float *x = rand_f32(M * K, 77), *y = fl_alloc(FL_MEM_ACT, (size_t)(M * N) * 4, 64);
+            if (!f || !w || !x || !y) {
+                fprintf(stderr, "fitllm bench matmul: %s\n", fl_last_error());
+                rc = 1;
+                if (f) fl_free(FL_MEM_SCRATCH, f, (size_t)(N * K) * 4);
+                if (w) fl_free(FL_MEM_WEIGHTS, w, wbytes * R);
+                if (x) fl_free(FL_MEM_SCRATCH, x, (size_t)(M * K) * 4);
+                if (y) fl_free(FL_MEM_ACT, y, (size_t)(M * N) * 4);
+                break;
+            }
+            fl_quantize_tensor(type, f, N, K, w);
+            fl_free(FL_MEM_SCRATCH, f, (size_t)(N * K) * 4);
+            for (size_t i = 1; i < R; i++) memcpy(w + i * wbytes, w, wbytes);
+            fl_tensor W[1];
+            const int64_t ne[2] = {K, N};
+            /* GEMV over the copies in turn */
+            size_t calls = 0;
+            for (size_t i = 0; i < R; i++) { /* warm-up pass (page tables, frequency) */
+                fl_tensor_init(W, type, 2, ne, w + i * wbytes);
+                fl_matmul(W, x, y, 1);
+            }
+            double t0 = now_s(), t;
+            do {
+                fl_tensor_init(W, type, 2, ne, w + (calls % R) * wbytes);
+                fl_matmul(W, x, y, 1);
+                calls++;
+                t = now_s() - t0;
+            } while (t < secs || calls < R);
+            const double gbs = (double)wbytes * (double)calls / t / 1e9;
+            sum_bytes += (double)wbytes * (double)calls;
+            sum_t_gemv += t;
+            /* GEMM on one copy */
+            fl_tensor_init(W, type, 2, ne, w);
+            fl_matmul(W, x, y, M < 16 ? M : 16); /* warm-up */
+            size_t runs = 0;
+            t0 = now_s();
+            do {
+                fl_matmul(W, x, y, M);
+                runs++;
+                t = now_s() - t0;
+            } while (t < secs);
+            const double ops = 2.0 * (double)M * (double)N * (double)K * (double)runs;
+            const double gops = ops / t / 1e9;
+            sum_ops += ops;
+            sum_t_gemm += t;
+            char shape[32];
+            snprintf(shape, sizeof shape, "%lldx%lld", (long long)N, (long long)K);
+            if (!json)
+                printf("%-6s %-11s %10.1f %7.1f%% %10.1f %7.1f%%\n", fl_type_name(type), shape, gbs,
+                       bw > 0 ? 100 * gbs / bw : 0, gops, peak > 0 ? 100 * gops / peak : 0);
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "type", fl_type_name(type));
+            cJSON_AddNumberToObject(o, "N", (double)N);
+            cJSON_AddNumberToObject(o, "K", (double)K);
+            cJSON_AddNumberToObject(o, "gemv_gbs", gbs);
+            cJSON_AddNumberToObject(o, "gemv_pct_bandwidth", bw > 0 ? 100 * gbs / bw : 0);
+            cJSON_AddNumberToObject(o, "gemm_gops", gops);
+            cJSON_AddNumberToObject(o, "gemm_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
+            cJSON_AddItemToArray(arr, o);
+            fl_free(FL_MEM_WEIGHTS, w, wbytes * R);
+            fl_free(FL_MEM_SCRATCH, x, (size_t)(M * K) * 4);
+            fl_free(FL_MEM_ACT, y, (size_t)(M * N) * 4);
+        }
+        if (rc) break;
+        const double gbs = sum_bytes / sum_t_gemv / 1e9, gops = sum_ops / sum_t_gemm / 1e9;
+        if (!json)
+            printf("%-6s %-11s %10.1f %7.1f%% %10.1f %7.1f%%\n", fl_type_name(type), "all", gbs, bw > 0 ? 100 * gbs / bw : 0,
+                   gops, peak > 0 ? 100 * gops / peak : 0);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "type", fl_type_name(type));
+        cJSON_AddStringToObject(o, "shape", "all");
+        cJSON_AddNumberToObject(o, "gemv_gbs", gbs);
+        cJSON_AddNumberToObject(o, "gemv_pct_bandwidth", bw > 0 ? 100 * gbs / bw : 0);
+        cJSON_AddNumberToObject(o, "gemm_gops", gops);
+        cJSON_AddNumberToObject(o, "gemm_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
+        cJSON_AddItemToArray(arr, o);
+    }
+    if (json && !rc) {
+        char *s = cJSON_PrintUnformatted(root);
+        printf("%s\n", s);
+        cJSON_free(s);
+    }
+    cJSON_Delete(root);
+    return rc;
+}

@@ -1,0 +1,83 @@
+/* Calibration of the int8 multiply-add peak and of the read bandwidth (see calib_int8.h). */
+#include "kernels/calib_int8.h"
+#include "core/alloc.h"
+#include "core/threads.h"
+#include "kernels/dispatch.h"
+
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct { uint64_t iters; double t[256]; uint64_t macs[256]; bool avx512; } peak_ctx;
+
+static void peak_task(void *p, int ith, int nth) {
+    peak_ctx *c = p;
+    (void)nth;
+    const double t0 = now_s();
+    c->macs[ith] = c->avx512 ? fl_calib_int8_loop_avx512(c->iters) : fl_calib_int8_loop_avx2(c->iters);
+    c->t[ith] = now_s() - t0;
+}
+
+double fl_calib_int8_peak_gops(int nth, double seconds) {
+    if (nth < 1) nth = 1;
+    if (nth > 256) nth = 256;
+    if (fl_isa_best() == FL_ISA_REF) return 0;
+    peak_ctx c;
+    memset(&c, 0, sizeof c);
+    c.avx512 = fl_isa_best() == FL_ISA_AVX512;
+    /* size the loop with a short single-thread probe */
+    c.iters = 1 << 16;
+    peak_task(&c, 0, 1);
+    double per_iter = c.t[0] / (double)c.iters;
+    c.iters = (uint64_t)(seconds / (per_iter > 0 ? per_iter : 1e-9));
+    if (c.iters < 1000) c.iters = 1000;
+    double best = 0;
+    for (int rep = 0; rep < 2; rep++) {
+        fl_parallel_n(peak_task, &c, nth);
+        double ops = 0, tmax = 0;
+        for (int i = 0; i < nth; i++) {
+            ops += 2.0 * (double)c.macs[i];
+            if (c.t[i] > tmax) tmax = c.t[i];
+        }
+        if (tmax > 0 && ops / tmax / 1e9 > best) best = ops / tmax / 1e9;
+    }
+    return best;
+}
+
+typedef struct { const char *buf; size_t bytes; uint64_t sink[256]; } bw_ctx;
+
+static void bw_task(void *p, int ith, int nth) {
+    bw_ctx *c = p;
+    size_t per = (c->bytes / (size_t)nth) & ~(size_t)4095;
+    c->sink[ith] += fl_calib_read_avx2(c->buf + per * (size_t)ith, per);
+}
+
+double fl_calib_mem_bandwidth_gbs(int nth, size_t bytes) {
+    if (nth < 1) nth = 1;
+    if (nth > 256) nth = 256;
+    if (fl_isa_best() == FL_ISA_REF) return -1;
+    bytes &= ~(size_t)4095;
+    bw_ctx c;
+    memset(&c, 0, sizeof c);
+    char *buf = fl_alloc(FL_MEM_SCRATCH, bytes, 4096);
+    if (!buf) return -1;
+    for (size_t i = 0; i < bytes; i += 64) buf[i] = (char)i; /* fault in every page */
+    c.buf = buf;
+    c.bytes = bytes;
+    fl_parallel_n(bw_task, &c, nth); /* warm-up */
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        const double t0 = now_s();
+        fl_parallel_n(bw_task, &c, nth);
+        const double dt = now_s() - t0;
+        const double per = (double)((bytes / (size_t)nth) & ~(size_t)4095) * nth;
+        if (dt > 0 && per / dt / 1e9 > best) best = per / dt / 1e9;
+    }
+    fl_free(FL_MEM_SCRATCH, buf, bytes);
+    return best;
+}

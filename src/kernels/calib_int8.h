@@ -1,0 +1,29 @@
+/*
+ * calib_int8.h - calibration loops for the machine's limits, used to report speeds as a
+ * fraction of what the hardware can do.
+ *
+ *   fl_calib_int8_peak_gops(nth, seconds)  int8 multiply-add peak in GOP/s (1 MAC = 2 ops) on
+ *       nth threads: independent vpdpbusd chains on zmm registers (AVX-512 VNNI), or
+ *       vpmaddubsw + vpmaddwd on AVX2 (counted the same way), from registers only.
+ *   fl_calib_mem_bandwidth_gbs(nth, bytes)  read bandwidth in GB/s (1e9 bytes/s): nth threads
+ *       each stream their slice of a `bytes` buffer (make it several times the last-level
+ *       cache), best of 3 passes after a warm-up.  Allocates the buffer (FL_MEM_SCRATCH);
+ *       returns a negative value if it cannot.
+ * Both run on fl_parallel_n teams; not for concurrent use with other heavy work.
+ */
+#ifndef FL_CALIB_INT8_H
+#define FL_CALIB_INT8_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+double fl_calib_int8_peak_gops(int nth, double seconds);
+double fl_calib_mem_bandwidth_gbs(int nth, size_t bytes);
+
+/* ISA loops (kernels/avx512, kernels/avx2): run `iters` iterations, return int8 MACs done. */
+uint64_t fl_calib_int8_loop_avx512(uint64_t iters);
+uint64_t fl_calib_int8_loop_avx2(uint64_t iters);
+/* Sum of a buffer's bytes as 64-bit lanes (touches every cache line once). */
+uint64_t fl_calib_read_avx2(const void *p, size_t bytes);
+
+#endif
