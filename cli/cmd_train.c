@@ -82,6 +82,28 @@ static fl_status read_text(const char *path, const fl_tokenizer *tok, fl_train_d
     return st;
 }
 
+/* Merge an adapter file (written by --lora training) into base and export a plain GGUF. */
+static int merge_lora(const char *base, const char *adapter, const char *out) {
+    fl_gguf *g = NULL, *ga = NULL;
+    fl_train_model *m = NULL;
+    uint32_t rank = 0;
+    float alpha = 0;
+    fl_status st = fl_gguf_open(base, &g);
+    if (!st) st = fl_gguf_open(adapter, &ga);
+    if (!st && (fl_gguf_get_u32(ga, "lora.rank", &rank) || fl_gguf_get_f32(ga, "lora.alpha", &alpha)))
+        st = fl_set_error(FL_ERR_FORMAT, "%s: not a fitllm LoRA adapter (lora.rank / lora.alpha missing)", adapter);
+    if (!st) st = fl_train_model_load_gguf(g, &m);
+    if (!st) st = fl_train_model_enable_lora(m, (int32_t)rank, alpha, 0);
+    if (!st) st = fl_train_model_read_lora(m, ga);
+    if (!st) st = fl_train_model_save_gguf(m, out, g);
+    if (st) fprintf(stderr, "fitllm train: %s\n", fl_last_error());
+    else fprintf(stderr, "merged %s (rank %u, alpha %g) into %s -> %s\n", adapter, rank, (double)alpha, base, out);
+    fl_train_model_free(m);
+    fl_gguf_free(ga);
+    fl_gguf_free(g);
+    return st ? 1 : 0;
+}
+
 static void mib(char *b, size_t n, size_t bytes) { snprintf(b, n, "%.1f MiB", (double)bytes / 1048576.0); }
 
 int fl_cmd_train(int argc, char **argv) {
@@ -116,6 +138,7 @@ int fl_cmd_train(int argc, char **argv) {
         {"resume", 0, FL_OPT_STR, "CKPT  continue from a checkpoint"},
         {"eval-every", 0, FL_OPT_INT, "N  held-out loss every N steps (default: start and end only)"},
         {"eval-tokens", 0, FL_OPT_INT, "N  cap the held-out tokens evaluated (default all)"},
+        {"merge-lora", 0, FL_OPT_STR, "ADAPTER.gguf  merge saved adapters into -m BASE and write -o OUT.gguf (no training)"},
         {"output", 'o', FL_OPT_STR, "OUT.gguf  final weights (LoRA: merged, adapters also in OUT.lora.gguf)"},
         {"seed", 0, FL_OPT_INT, "S  seed for init, LoRA and shuffling (default 1234)"},
         {"threads", 't', FL_OPT_INT, "N  threads (default all cores)"},
@@ -132,6 +155,13 @@ int fl_cmd_train(int argc, char **argv) {
     if (r) return r == 1 ? 0 : 2;
 #define OPT(name) fl_args_get(opts, name)
     const char *base = OPT("model")->str, *init = OPT("init")->str, *train_path = OPT("file")->str;
+    if (OPT("merge-lora")->set) {
+        if (!base || !OPT("output")->set) {
+            fprintf(stderr, "fitllm train: --merge-lora needs -m BASE.gguf and -o OUT.gguf\n");
+            return 2;
+        }
+        return merge_lora(base, OPT("merge-lora")->str, OPT("output")->str);
+    }
     if ((!base) == (!init) || !train_path) {
         fprintf(stderr, "fitllm train: need exactly one of -m / --init, and -f (see --help)\n");
         return 2;

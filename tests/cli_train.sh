@@ -40,4 +40,8 @@ grep -q "resumed from" "$T/err2.txt" || fail "no resume message"
     --precision bf16 -t 2 -o "$T/q.gguf" 2> "$T/err3.txt" || { cat "$T/err3.txt"; fail "qlora"; }
 [ -f "$T/q.lora.gguf" ] || fail "no adapter file"
 "$F" inspect "$T/q.gguf" > /dev/null || fail "merged QLoRA export does not inspect"
+# merging the saved adapters into the f32 base gives a loadable GGUF too
+"$F" train -m "$S/models/stories260K.gguf" --merge-lora "$T/q.lora.gguf" -o "$T/m.gguf" 2> "$T/err4.txt" || { cat "$T/err4.txt"; fail "merge"; }
+"$F" inspect "$T/m.gguf" > /dev/null || fail "merged adapter GGUF does not inspect"
+"$F" train -m "$S/models/stories260K.gguf" --merge-lora "$S/models/stories260K.gguf" -o "$T/x.gguf" 2>/dev/null; [ $? -eq 1 ] || fail "non-adapter merge must fail"
 exit 0
