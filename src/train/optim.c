@@ -1,0 +1,270 @@
+/* AdamW (fp32 and 8-bit block-wise states), gradient clipping, LR schedules (see optim.h). */
+#include "train/optim.h"
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "core/threads.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct fl_optim {
+    fl_optimizer_config cfg;
+    int64_t n, t;
+    int64_t ranges[2 * FL_OPTIM_MAX_RANGES];
+    int n_ranges; /* -1: decay everything */
+    /* fp32 */
+    float *m, *v;
+    /* 8-bit */
+    uint8_t *qm, *qv;
+    float *am, *av; /* absmax per block */
+    int64_t n_blocks;
+};
+
+/* ---------------------------------------------------------------- code tables */
+
+static float g_map[2][256];
+static pthread_once_t g_map_once = PTHREAD_ONCE_INIT;
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static void build_maps(void) {
+    for (int sgn = 0; sgn < 2; sgn++) {
+        float *d = g_map[sgn];
+        int n = 0;
+        for (int e = 0; e < 7; e++) {
+            const int items = sgn ? (1 << e) + 1 : (1 << (e + 1)) + 1; /* boundaries */
+            const double scale = pow(10.0, e - 6);
+            for (int i = 0; i + 1 < items; i++) {
+                const double b0 = 0.1 + 0.9 * i / (items - 1), b1 = 0.1 + 0.9 * (i + 1) / (items - 1);
+                const double mid = 0.5 * (b0 + b1) * scale;
+                d[n++] = (float)mid;
+                if (sgn) d[n++] = (float)-mid;
+            }
+        }
+        d[n++] = 0.0f;
+        d[n++] = 1.0f;
+        FL_ASSERT(n == 256);
+        qsort(d, 256, sizeof(float), cmp_float);
+    }
+}
+
+const float *fl_optim_dynamic_map(int is_signed) {
+    pthread_once(&g_map_once, build_maps);
+    return g_map[is_signed ? 1 : 0];
+}
+
+/* index of the code nearest to x (map sorted ascending) */
+static uint8_t quant1(const float *map, float x) {
+    int lo = 0, hi = 255;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (map[mid] <= x) lo = mid;
+        else hi = mid;
+    }
+    return (uint8_t)(fabsf(x - map[lo]) <= fabsf(map[hi] - x) ? lo : hi);
+}
+
+static void quant_block(const float *map, const float *x, uint8_t *q, float *absmax, int64_t n) {
+    float a = 0.0f;
+    for (int64_t i = 0; i < n; i++) a = fmaxf(a, fabsf(x[i]));
+    *absmax = a;
+    const float inv = a > 0.0f ? 1.0f / a : 0.0f;
+    for (int64_t i = 0; i < n; i++) q[i] = quant1(map, x[i] * inv);
+}
+
+void fl_optim_quantize_blockwise(const float *x, uint8_t *q, float *absmax, int64_t n, int32_t bs, int is_signed) {
+    const float *map = fl_optim_dynamic_map(is_signed);
+    for (int64_t b = 0; b * bs < n; b++) {
+        const int64_t len = n - b * bs < bs ? n - b * bs : bs;
+        quant_block(map, x + b * bs, q + b * bs, absmax + b, len);
+    }
+}
+
+void fl_optim_dequantize_blockwise(const uint8_t *q, const float *absmax, float *x, int64_t n, int32_t bs,
+                                   int is_signed) {
+    const float *map = fl_optim_dynamic_map(is_signed);
+    for (int64_t i = 0; i < n; i++) x[i] = map[q[i]] * absmax[i / bs];
+}
+
+/* ---------------------------------------------------------------- lifetime */
+
+fl_optimizer_config fl_optim_default(void) {
+    return (fl_optimizer_config){.kind = FL_OPTIMIZER_ADAMW, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                             .weight_decay = 0.1f, .block_size = 256};
+}
+
+static size_t state_bytes(const fl_optim *o) {
+    if (o->cfg.kind == FL_OPTIMIZER_ADAMW) return 2 * (size_t)o->n * sizeof(float);
+    return 2 * (size_t)o->n + 2 * (size_t)o->n_blocks * sizeof(float);
+}
+
+fl_status fl_optim_new(const fl_optimizer_config *cfg, int64_t n_params, const int64_t *ranges, int n_ranges,
+                       fl_optim **out) {
+    *out = NULL;
+    if (n_params <= 0 || (cfg->kind != FL_OPTIMIZER_ADAMW && cfg->kind != FL_OPTIMIZER_ADAMW8BIT) ||
+        n_ranges > FL_OPTIM_MAX_RANGES || cfg->block_size < 0)
+        return fl_set_error(FL_ERR_INVALID, "%s: bad optimizer config", __func__);
+    fl_optim *o = fl_calloc(FL_MEM_MISC, 1, sizeof *o);
+    if (!o) return FL_ERR_NOMEM;
+    o->cfg = *cfg;
+    if (o->cfg.block_size == 0) o->cfg.block_size = 256;
+    o->n = n_params;
+    o->n_ranges = n_ranges;
+    if (n_ranges > 0) memcpy(o->ranges, ranges, (size_t)n_ranges * 2 * sizeof(int64_t));
+    if (cfg->kind == FL_OPTIMIZER_ADAMW) {
+        o->m = fl_calloc(FL_MEM_OPTIM, (size_t)n_params, sizeof(float));
+        o->v = fl_calloc(FL_MEM_OPTIM, (size_t)n_params, sizeof(float));
+        if (!o->m || !o->v) goto fail;
+    } else {
+        fl_optim_dynamic_map(1);
+        o->n_blocks = (n_params + o->cfg.block_size - 1) / o->cfg.block_size;
+        o->qm = fl_alloc(FL_MEM_OPTIM, (size_t)n_params, 64);
+        o->qv = fl_alloc(FL_MEM_OPTIM, (size_t)n_params, 64);
+        o->am = fl_calloc(FL_MEM_OPTIM, (size_t)o->n_blocks, sizeof(float));
+        o->av = fl_calloc(FL_MEM_OPTIM, (size_t)o->n_blocks, sizeof(float));
+        if (!o->qm || !o->qv || !o->am || !o->av) goto fail;
+        /* code of 0.0 in each table, absmax 0: all states start at zero */
+        const uint8_t zm = quant1(g_map[1], 0.0f), zv = quant1(g_map[0], 0.0f);
+        memset(o->qm, zm, (size_t)n_params);
+        memset(o->qv, zv, (size_t)n_params);
+    }
+    *out = o;
+    return FL_OK;
+fail:
+    fl_optim_free(o);
+    return fl_set_error(FL_ERR_NOMEM, "%s: no memory for optimizer states (%lld params)", __func__, (long long)n_params);
+}
+
+void fl_optim_free(fl_optim *o) {
+    if (!o) return;
+    const size_t n = (size_t)o->n;
+    fl_free(FL_MEM_OPTIM, o->m, n * sizeof(float));
+    fl_free(FL_MEM_OPTIM, o->v, n * sizeof(float));
+    fl_free(FL_MEM_OPTIM, o->qm, n);
+    fl_free(FL_MEM_OPTIM, o->qv, n);
+    fl_free(FL_MEM_OPTIM, o->am, (size_t)o->n_blocks * sizeof(float));
+    fl_free(FL_MEM_OPTIM, o->av, (size_t)o->n_blocks * sizeof(float));
+    fl_free(FL_MEM_MISC, o, sizeof *o);
+}
+
+int64_t fl_optim_steps(const fl_optim *o) { return o->t; }
+void fl_optim_set_steps(fl_optim *o, int64_t t) { o->t = t; }
+size_t fl_optim_state_bytes(const fl_optim *o) { return state_bytes(o); }
+const fl_optimizer_config *fl_optim_get_config(const fl_optim *o) { return &o->cfg; }
+
+fl_status fl_optim_state(fl_optim *o, int i, void **data, size_t *bytes, const char **name) {
+    const size_t n = (size_t)o->n, nb = (size_t)o->n_blocks * sizeof(float);
+    if (o->cfg.kind == FL_OPTIMIZER_ADAMW) {
+        if (i == 0) { *data = o->m; *bytes = n * sizeof(float); *name = "adam.m"; return FL_OK; }
+        if (i == 1) { *data = o->v; *bytes = n * sizeof(float); *name = "adam.v"; return FL_OK; }
+    } else {
+        if (i == 0) { *data = o->qm; *bytes = n; *name = "adam8.qm"; return FL_OK; }
+        if (i == 1) { *data = o->qv; *bytes = n; *name = "adam8.qv"; return FL_OK; }
+        if (i == 2) { *data = o->am; *bytes = nb; *name = "adam8.absmax_m"; return FL_OK; }
+        if (i == 3) { *data = o->av; *bytes = nb; *name = "adam8.absmax_v"; return FL_OK; }
+    }
+    return FL_ERR_RANGE;
+}
+
+/* ---------------------------------------------------------------- step */
+
+typedef struct step_ctx {
+    fl_optim *o;
+    float *p;
+    const float *g;
+    float lr, bc1, bc2;
+} step_ctx;
+
+/* Decay of element i and the end of the run of equal decay that starts at i. */
+static float decay_run(const fl_optim *o, int64_t i, int64_t *end) {
+    *end = o->n;
+    if (o->n_ranges < 0) return o->cfg.weight_decay;
+    float wd = 0.0f;
+    for (int r = 0; r < o->n_ranges; r++) {
+        const int64_t a = o->ranges[2 * r], b = o->ranges[2 * r + 1];
+        if (i >= a && i < b) wd = o->cfg.weight_decay;
+        if (a > i && a < *end) *end = a;
+        if (b > i && b < *end) *end = b;
+    }
+    return wd;
+}
+
+static inline void adam_elem(const step_ctx *c, float wd, float *p, float g, float *m, float *v) {
+    const float b1 = c->o->cfg.beta1, b2 = c->o->cfg.beta2;
+    *m = b1 * *m + (1.0f - b1) * g;
+    *v = b2 * *v + (1.0f - b2) * g * g;
+    const float mh = *m / c->bc1, vh = *v / c->bc2;
+    *p -= c->lr * (mh / (sqrtf(vh) + c->o->cfg.eps) + wd * *p);
+}
+
+/* Work unit: a block of bs elements (fp32 uses blocks of 4096 for threading only). */
+static void step_task(void *arg, int ith, int nth) {
+    const step_ctx *c = arg;
+    fl_optim *o = c->o;
+    const int64_t bs = o->cfg.kind == FL_OPTIMIZER_ADAMW ? 4096 : o->cfg.block_size;
+    const int64_t nblk = (o->n + bs - 1) / bs;
+    int64_t lo, hi;
+    fl_split_range(nblk, ith, nth, &lo, &hi);
+    float mbuf[4096], vbuf[4096];
+    const float *smap = g_map[1], *umap = g_map[0];
+    for (int64_t b = lo; b < hi; b++) {
+        const int64_t i0 = b * bs, len = o->n - i0 < bs ? o->n - i0 : bs;
+        if (o->cfg.kind == FL_OPTIMIZER_ADAMW) {
+            for (int64_t i = i0; i < i0 + len;) {
+                int64_t end;
+                const float wd = decay_run(o, i, &end);
+                if (end > i0 + len) end = i0 + len;
+                for (; i < end; i++) adam_elem(c, wd, &c->p[i], c->g[i], &o->m[i], &o->v[i]);
+            }
+            continue;
+        }
+        float *mb = mbuf, *vb = vbuf;
+        for (int64_t i = 0; i < len; i++) {
+            mb[i] = smap[o->qm[i0 + i]] * o->am[b];
+            vb[i] = umap[o->qv[i0 + i]] * o->av[b];
+        }
+        for (int64_t i = 0; i < len;) {
+            int64_t end;
+            const float wd = decay_run(o, i0 + i, &end);
+            end = end - i0 < len ? end - i0 : len;
+            for (; i < end; i++) adam_elem(c, wd, &c->p[i0 + i], c->g[i0 + i], &mb[i], &vb[i]);
+        }
+        quant_block(smap, mb, o->qm + i0, &o->am[b], len);
+        quant_block(umap, vb, o->qv + i0, &o->av[b], len);
+    }
+}
+
+void fl_optim_step(fl_optim *o, float *params, const float *grads, float lr) {
+    FL_ASSERT(o->cfg.block_size <= 4096);
+    o->t++;
+    step_ctx c = {o, params, grads, lr, 1.0f - powf(o->cfg.beta1, (float)o->t), 1.0f - powf(o->cfg.beta2, (float)o->t)};
+    fl_parallel(step_task, &c);
+}
+
+/* ---------------------------------------------------------------- clipping, schedules */
+
+double fl_grad_clip(float *g, int64_t n, double max_norm) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)g[i] * g[i];
+    const double norm = sqrt(ss);
+    if (max_norm > 0 && isfinite(norm) && norm > max_norm) {
+        const float s = (float)(max_norm / norm);
+        for (int64_t i = 0; i < n; i++) g[i] *= s;
+    }
+    return norm;
+}
+
+float fl_lr_at(int kind, int64_t step, int64_t warmup, int64_t total, float lr, float min_lr) {
+    if (step < warmup) return lr * (float)(step + 1) / (float)warmup;
+    if (kind == FL_LR_CONSTANT || total <= warmup + 1) return lr;
+    double frac = (double)(step - warmup) / (double)(total - 1 - warmup);
+    if (frac > 1.0) frac = 1.0;
+    if (kind == FL_LR_COSINE) return (float)(min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(3.141592653589793 * frac)));
+    return (float)(lr + (min_lr - lr) * frac);
+}

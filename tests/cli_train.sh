@@ -1,0 +1,47 @@
+#!/bin/bash
+# fitllm train end to end: a few fine-tuning steps with checkpoints, resume, export that loads
+# back (inspect), QLoRA export, option errors.  Args: path-to-fitllm shared-dir.
+set -u
+F=$1
+S=$2
+[ -f "$S/models/stories260K.gguf" ] || exit 77
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# a small corpus: the first 60 stories
+awk 'BEGIN{RS="\n\n"; ORS="\n\n"} NR<=60' "$S/data/tinystories_val.txt" > "$T/train.txt"
+
+"$F" train --help | grep -q -- "--checkpoint-every" || fail "help lacks --checkpoint-every"
+"$F" train -f "$T/train.txt" 2>/dev/null; [ $? -eq 2 ] || fail "missing -m/--init must exit 2"
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" --precision f8 2>/dev/null; [ $? -eq 2 ] || fail "bad precision must exit 2"
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" --weights nf4 2>/dev/null; [ $? -eq 2 ] || fail "nf4 without --lora must exit 2"
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/missing.txt" 2>/dev/null; [ $? -eq 1 ] || fail "missing file must exit 1"
+
+# 4 steps with a checkpoint every 2, JSON logs
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 4 --save-every 2 \
+    --checkpoint-every 2 --optim adamw8bit --json -t 2 -o "$T/out.gguf" > "$T/log.jsonl" 2> "$T/err.txt" \
+    || { cat "$T/err.txt"; fail "train"; }
+[ "$(grep -c '"event":"step"' "$T/log.jsonl")" -eq 4 ] || fail "expected 4 step lines"
+grep -q '"event":"done"' "$T/log.jsonl" || fail "no done line"
+[ -f "$T/out.gguf.ckpt" ] || fail "no checkpoint"
+"$F" inspect "$T/out.gguf" --json | grep -q '"n_layer":[[:space:]]*5' || fail "exported model does not inspect"
+"$F" inspect "$T/out.gguf" --json | grep -q '"model":[[:space:]]*"llama"' || fail "tokenizer not copied"
+
+# resume from the step-4 checkpoint to step 6
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 6 --save-every 2 \
+    --checkpoint-every 2 --optim adamw8bit --json -t 2 --resume "$T/out.gguf.ckpt" -o "$T/out.gguf" > "$T/log2.jsonl" 2> "$T/err2.txt" \
+    || { cat "$T/err2.txt"; fail "resume"; }
+grep -q "resumed from" "$T/err2.txt" || fail "no resume message"
+[ "$(grep -c '"event":"step"' "$T/log2.jsonl")" -eq 2 ] || fail "resume should run 2 steps"
+
+# QLoRA: adapters + merged export
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 2 --lora 4 --weights nf4 \
+    --precision bf16 -t 2 -o "$T/q.gguf" 2> "$T/err3.txt" || { cat "$T/err3.txt"; fail "qlora"; }
+[ -f "$T/q.lora.gguf" ] || fail "no adapter file"
+"$F" inspect "$T/q.gguf" > /dev/null || fail "merged QLoRA export does not inspect"
+# merging the saved adapters into the f32 base gives a loadable GGUF too
+"$F" train -m "$S/models/stories260K.gguf" --merge-lora "$T/q.lora.gguf" -o "$T/m.gguf" 2> "$T/err4.txt" || { cat "$T/err4.txt"; fail "merge"; }
+"$F" inspect "$T/m.gguf" > /dev/null || fail "merged adapter GGUF does not inspect"
+"$F" train -m "$S/models/stories260K.gguf" --merge-lora "$S/models/stories260K.gguf" -o "$T/x.gguf" 2>/dev/null; [ $? -eq 1 ] || fail "non-adapter merge must fail"
+exit 0

@@ -1,0 +1,158 @@
+/* Tests of src/train/optim.c: AdamW vs a double reference, the 8-bit dynamic code tables and
+ * block-wise quantization, 8-bit AdamW tracking fp32 AdamW, clipping, LR schedules. */
+#include "test.h"
+
+#include "core/threads.h"
+#include "train/optim.h"
+
+#include <string.h>
+
+static void test_adamw_reference(void **state) {
+    (void)state;
+    const int64_t n = 10;
+    float p[10], g[10];
+    double pd[10], m[10] = {0}, v[10] = {0};
+    for (int i = 0; i < n; i++) pd[i] = p[i] = 0.1f * (float)(i - 4);
+    fl_optimizer_config cfg = fl_optim_default();
+    cfg.weight_decay = 0.1f;
+    const int64_t ranges[2] = {3, 7}; /* decay only on [3, 7) */
+    fl_optim *o;
+    assert_int_equal(fl_optim_new(&cfg, n, ranges, 1, &o), FL_OK);
+    assert_int_equal(fl_optim_state_bytes(o), 2 * n * sizeof(float));
+    for (int t = 1; t <= 5; t++) {
+        for (int i = 0; i < n; i++) g[i] = (float)(0.3 * sin(i + t) + 0.01 * i);
+        const float lr = 0.01f * (float)t;
+        fl_optim_step(o, p, g, lr);
+        for (int i = 0; i < n; i++) {
+            m[i] = 0.9 * m[i] + 0.1 * g[i];
+            v[i] = 0.95 * v[i] + 0.05 * (double)g[i] * g[i];
+            const double mh = m[i] / (1 - pow(0.9, t)), vh = v[i] / (1 - pow(0.95, t));
+            const double wd = (i >= 3 && i < 7) ? 0.1 : 0.0;
+            pd[i] -= lr * (mh / (sqrt(vh) + 1e-8) + wd * pd[i]);
+        }
+    }
+    for (int i = 0; i < n; i++) CHECK_NEAR(p[i], pd[i], 1e-5);
+    assert_int_equal(fl_optim_steps(o), 5);
+    fl_optim_free(o);
+    fl_test_mem_zero();
+}
+
+static void test_dynamic_maps(void **state) {
+    (void)state;
+    for (int s = 0; s < 2; s++) {
+        const float *map = fl_optim_dynamic_map(s);
+        for (int i = 1; i < 256; i++) assert_true(map[i] > map[i - 1]); /* sorted, distinct */
+        assert_true(map[255] == 1.0f);
+        if (s) assert_true(map[0] < -0.9f && map[0] > -1.0f);
+        else assert_true(map[0] == 0.0f);
+        int has0 = 0;
+        for (int i = 0; i < 256; i++) has0 |= map[i] == 0.0f;
+        assert_true(has0);
+    }
+    /* block-wise round trip: relative error small near the block max, exact absmax */
+    const int64_t n = 1000;
+    const int32_t bs = 256;
+    float x[1000], y[1000], am[4];
+    uint8_t q[1000];
+    for (int i = 0; i < n; i++) x[i] = (float)(sin(i * 0.37) * pow(10.0, -(i % 5)));
+    fl_optim_quantize_blockwise(x, q, am, n, bs, 1);
+    fl_optim_dequantize_blockwise(q, am, y, n, bs, 1);
+    for (int b = 0; b < 4; b++) {
+        float mx = 0;
+        for (int i = b * bs; i < n && i < (b + 1) * bs; i++) mx = fmaxf(mx, fabsf(x[i]));
+        assert_true(am[b] == mx);
+    }
+    for (int i = 0; i < n; i++) {
+        const float a = am[i / bs], rel = fabsf(x[i]) / a;
+        /* dynamic map: relative error bounded for values within 2 decades of absmax */
+        if (rel > 1e-2f) assert_true(fabsf(y[i] - x[i]) <= 0.2f * fabsf(x[i]));
+        if (rel > 0.1f) assert_true(fabsf(y[i] - x[i]) <= 0.008f * a);
+    }
+    fl_test_mem_zero();
+}
+
+/* minimize sum_i c_i (p_i - t_i)^2 with both optimizers; 8-bit tracks fp32 */
+static double quad_loss(const float *p, int64_t n, float *g) {
+    double l = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double c = 1.0 + (double)(i % 7), t = sin((double)i);
+        l += c * (p[i] - t) * (p[i] - t);
+        if (g) g[i] = (float)(2 * c * (p[i] - t));
+    }
+    return l;
+}
+
+static void test_adamw8bit_tracks_fp32(void **state) {
+    (void)state;
+    fl_threads_set(2);
+    const int64_t n = 3000; /* 12 blocks, last one partial */
+    const size_t nb = (size_t)n * sizeof(float);
+    float *p32 = fl_calloc(FL_MEM_MISC, (size_t)n, 4), *p8 = fl_calloc(FL_MEM_MISC, (size_t)n, 4);
+    float *g = fl_calloc(FL_MEM_MISC, (size_t)n, 4);
+    fl_optimizer_config c32 = fl_optim_default(), c8 = fl_optim_default();
+    c32.weight_decay = c8.weight_decay = 0.0f;
+    c8.kind = FL_OPTIMIZER_ADAMW8BIT;
+    fl_optim *o32, *o8;
+    assert_int_equal(fl_optim_new(&c32, n, NULL, -1, &o32), FL_OK);
+    assert_int_equal(fl_optim_new(&c8, n, NULL, -1, &o8), FL_OK);
+    /* state bytes: 8 per param vs 2 per param + 8 per block of 256 */
+    assert_int_equal(fl_optim_state_bytes(o32), 8 * (size_t)n);
+    assert_int_equal(fl_optim_state_bytes(o8), 2 * (size_t)n + 8 * 12);
+    assert_int_equal(fl_mem_current(FL_MEM_OPTIM), 8 * (size_t)n + 2 * (size_t)n + 8 * 12);
+    const double l0 = quad_loss(p32, n, NULL);
+    for (int t = 0; t < 300; t++) {
+        quad_loss(p32, n, g);
+        fl_optim_step(o32, p32, g, 0.02f);
+        quad_loss(p8, n, g);
+        fl_optim_step(o8, p8, g, 0.02f);
+    }
+    const double l32 = quad_loss(p32, n, NULL), l8 = quad_loss(p8, n, NULL);
+    assert_true(l32 < 0.01 * l0);
+    assert_true(l8 < 0.02 * l0);
+    double diff = 0;
+    for (int64_t i = 0; i < n; i++) diff = fmax(diff, fabs(p32[i] - p8[i]));
+    assert_true(diff < 0.1);
+    /* state enumeration for checkpoints */
+    void *d;
+    size_t bytes;
+    const char *name;
+    assert_int_equal(fl_optim_state(o8, 3, &d, &bytes, &name), FL_OK);
+    assert_string_equal(name, "adam8.absmax_v");
+    assert_int_equal(fl_optim_state(o8, 4, &d, &bytes, &name), FL_ERR_RANGE);
+    fl_optim_free(o32);
+    fl_optim_free(o8);
+    fl_free(FL_MEM_MISC, p32, nb);
+    fl_free(FL_MEM_MISC, p8, nb);
+    fl_free(FL_MEM_MISC, g, nb);
+    fl_test_mem_zero();
+}
+
+static void test_clip_and_schedule(void **state) {
+    (void)state;
+    float g[4] = {3, 4, 0, 0};
+    CHECK_NEAR(fl_grad_clip(g, 4, 10.0), 5.0, 1e-9);
+    assert_true(g[0] == 3.0f); /* under the limit: untouched */
+    CHECK_NEAR(fl_grad_clip(g, 4, 1.0), 5.0, 1e-9);
+    CHECK_NEAR(g[0], 0.6, 1e-6);
+    CHECK_NEAR(g[1], 0.8, 1e-6);
+    g[2] = INFINITY;
+    assert_true(isinf(fl_grad_clip(g, 4, 1.0)));
+    /* warmup 10, total 110, lr 1, min 0.1 */
+    CHECK_NEAR(fl_lr_at(FL_LR_COSINE, 0, 10, 110, 1.0f, 0.1f), 0.1, 1e-6);
+    CHECK_NEAR(fl_lr_at(FL_LR_COSINE, 9, 10, 110, 1.0f, 0.1f), 1.0, 1e-6);
+    CHECK_NEAR(fl_lr_at(FL_LR_COSINE, 10, 10, 110, 1.0f, 0.1f), 1.0, 1e-6);
+    CHECK_NEAR(fl_lr_at(FL_LR_COSINE, 109, 10, 110, 1.0f, 0.1f), 0.1, 1e-6);
+    CHECK_NEAR(fl_lr_at(FL_LR_COSINE, 10 + 99 / 2.0, 10, 110, 1.0f, 0.1f), 0.55, 0.02);
+    CHECK_NEAR(fl_lr_at(FL_LR_LINEAR, 109, 10, 110, 1.0f, 0.1f), 0.1, 1e-6);
+    CHECK_NEAR(fl_lr_at(FL_LR_LINEAR, 59, 10, 110, 1.0f, 0.0f), 0.5050505, 1e-5);
+    CHECK_NEAR(fl_lr_at(FL_LR_CONSTANT, 50, 10, 110, 1.0f, 0.1f), 1.0, 1e-9);
+    fl_test_mem_zero();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_adamw_reference), cmocka_unit_test(test_dynamic_maps),
+        cmocka_unit_test(test_adamw8bit_tracks_fp32), cmocka_unit_test(test_clip_and_schedule),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
