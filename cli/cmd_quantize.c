@@ -136,7 +136,8 @@ int fl_cmd_quantize(int argc, char **argv) {
     size_t *sizes = fl_calloc(FL_MEM_MISC, (size_t)(nt > 0 ? nt : 1), sizeof(size_t));
     int rc = 1;
     if (!w || !bufs || !sizes) goto done;
-    fl_gguf_writer_set_alignment(w, fl_gguf_alignment(g));
+    /* copy_kv carries general.alignment when the source declares one; adding it otherwise
+     * would change the file other tools expect (llama-quantize writes none for the default) */
     for (int64_t i = 0; i < fl_gguf_n_kv(g); i++)
         if (fl_gguf_writer_copy_kv(w, fl_gguf_kv_at(g, i)) != FL_OK) goto fail;
     if (fl_gguf_writer_set_u32(w, "general.file_type", q->ftype) != FL_OK ||
