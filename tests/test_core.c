@@ -287,11 +287,27 @@ static void sum_task(void *ctx, int ith, int nth) {
     __atomic_fetch_add((long *)ctx, s, __ATOMIC_RELAXED);
 }
 
+static void nested_task(void *ctx, int ith, int nth) {
+    (void)ith; (void)nth;
+    long local = 0;
+    fl_parallel_n(sum_task, &local, 2); /* nested: runs serially on this thread, still covers all */
+    __atomic_fetch_add((long *)ctx, local, __ATOMIC_RELAXED);
+}
+
 static void test_threads(void **state) {
     (void)state;
     long s = 0;
     fl_parallel_n(sum_task, &s, 3);
     assert_int_equal(s, 999 * 1000 / 2);
+    /* many short regions with changing team sizes: no lost wake-ups, every ith runs once */
+    for (int it = 0; it < 20000; it++) {
+        long t = 0;
+        fl_parallel_n(sum_task, &t, 1 + it % 4);
+        if (t != 999 * 1000 / 2) fail_msg("iteration %d: sum %ld", it, t);
+    }
+    long n = 0;
+    fl_parallel_n(nested_task, &n, 3);
+    assert_int_equal(n, 3L * 999 * 1000 / 2);
 }
 
 int main(void) {
