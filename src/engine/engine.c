@@ -44,6 +44,8 @@ struct fl_engine {
     char *poll_text;
     int64_t poll_text_cap;
 
+    fl_backend_kv_stats kv_snap; /* taken by the driver under the lock: the cache is never read
+                                  * from other threads while a forward may be changing it */
     double t0;
     int64_t steps, finished, generated, prefilled, prefix_hit, prefix_miss;
     int64_t forward_errors;
@@ -228,6 +230,7 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     };
     st = fl_sched_new(&sp, &be->kv, &e->sched);
     if (st != FL_OK) goto fail;
+    if (e->be.kv_stats) e->be.kv_stats(e->be.ctx, &e->kv_snap);
     e->t0 = now_s();
     *out = e;
     return FL_OK;
@@ -442,7 +445,8 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
         if (r->state == FL_REQ_FINISHED) continue;
         commit_token(e, r, sample_token(e, r, e->logits + (size_t)k * (size_t)e->be.n_vocab));
     }
-done:;
+done:
+    if (e->be.kv_stats) e->be.kv_stats(e->be.ctx, &e->kv_snap);
     int32_t active = 0;
     for (int32_t i = 0; i < e->n_reqs; i++) active += e->reqs[i]->state != FL_REQ_FINISHED;
     reap(e);
@@ -530,8 +534,7 @@ void fl_engine_stats_get(fl_engine *e, fl_engine_stats *s) {
     s->swaps_in = ss.swaps_in;
     s->prefix_hit_tokens = ss.prefix_hit_tokens;
     s->prefix_miss_tokens = ss.prefix_miss_tokens;
-    fl_backend_kv_stats ks = {0};
-    if (e->be.kv_stats) e->be.kv_stats(e->be.ctx, &ks);
+    const fl_backend_kv_stats ks = e->kv_snap;
     s->kv_blocks_total = ks.blocks_total;
     s->kv_blocks_used = ks.blocks_used;
     s->kv_blocks_free = ks.blocks_free;

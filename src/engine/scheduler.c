@@ -124,10 +124,13 @@ void fl_sched_remove(fl_sched *s, fl_request *r, bool keep_as_padding) {
         drop_padding_if_batch_done(s);
         return;
     }
-    if (!list_remove(&s->running, r)) list_remove(&s->waiting, r);
+    bool was_running = list_remove(&s->running, r);
+    if (!was_running) list_remove(&s->waiting, r);
     release_kv(s, r);
     r->in_sched = false;
-    if (s->p.static_batch) drop_padding_if_batch_done(s);
+    /* only a running request can end a batch (removing a waiting one may happen from another
+     * thread during a forward, which must not touch the rows being computed) */
+    if (s->p.static_batch && was_running) drop_padding_if_batch_done(s);
 }
 
 /* Preempt the running request v: swap its blocks out (swap mode) or free them (recompute),
