@@ -36,6 +36,7 @@ struct fl_engine {
     float *logits;
     fl_request **row_req; /* [max_rows] request that owns each logit row */
     float *probs;         /* [n_vocab] sampler scratch */
+    float *row_copy;      /* [n_vocab] a logits row shared by the samples of an n > 1 request */
     int32_t *idx;         /* [n_vocab] sampler scratch */
 
     /* poll buffers: valid until the next poll */
@@ -183,6 +184,7 @@ static void free_buffers(fl_engine *e) {
     fl_free(FL_MEM_ACT, e->logits, (size_t)e->max_rows * (size_t)nv * sizeof(float));
     fl_free(FL_MEM_SCRATCH, e->row_req, (size_t)e->max_rows * sizeof(fl_request *));
     fl_free(FL_MEM_SCRATCH, e->probs, (size_t)nv * sizeof(float));
+    fl_free(FL_MEM_SCRATCH, e->row_copy, (size_t)nv * sizeof(float));
     fl_free(FL_MEM_SCRATCH, e->idx, (size_t)nv * sizeof(int32_t));
     fl_free(FL_MEM_MISC, e->poll_tok, (size_t)e->poll_tok_cap * sizeof(int32_t));
     fl_free(FL_MEM_MISC, e->poll_text, (size_t)e->poll_text_cap);
@@ -215,8 +217,9 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     e->logits = fl_alloc(FL_MEM_ACT, (size_t)e->max_rows * (size_t)nv * sizeof(float), 0);
     e->row_req = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_rows * sizeof(fl_request *), 0);
     e->probs = fl_alloc(FL_MEM_SCRATCH, (size_t)nv * sizeof(float), 0);
+    e->row_copy = fl_alloc(FL_MEM_SCRATCH, (size_t)nv * sizeof(float), 0);
     e->idx = fl_alloc(FL_MEM_SCRATCH, (size_t)nv * sizeof(int32_t), 0);
-    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logit || !e->logits || !e->row_req || !e->probs || !e->idx) {
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logit || !e->logits || !e->row_req || !e->probs || !e->row_copy || !e->idx) {
         st = FL_ERR_NOMEM;
         goto fail;
     }
@@ -389,6 +392,20 @@ static void reap(fl_engine *e) {
     e->n_reqs = j;
 }
 
+/* n > 1: sample 0 just computed its prompt.  Before its own token is committed (which may end
+ * it), fork its blocks to the samples still waiting for them and sample each one's first token
+ * from the same logits row. */
+static void fork_samples(fl_engine *e, fl_request *parent, const float *row) {
+    for (int32_t i = 0; i < e->n_reqs; i++) {
+        fl_request *c = e->reqs[i];
+        if (c->fork_parent != parent || c->state != FL_REQ_WAITING) continue;
+        if (fl_sched_admit_fork(e->sched, parent, c) != FL_OK) continue;
+        c->fork_parent = NULL;
+        memcpy(e->row_copy, row, (size_t)e->be.n_vocab * sizeof(float));
+        commit_token(e, c, sample_token(e, c, e->row_copy));
+    }
+}
+
 fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
     fl_status st = FL_OK;
     pthread_mutex_lock(&e->mu);
@@ -443,7 +460,9 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
     for (int32_t k = 0; k < rows; k++) {
         fl_request *r = e->row_req[k];
         if (r->state == FL_REQ_FINISHED) continue;
-        commit_token(e, r, sample_token(e, r, e->logits + (size_t)k * (size_t)e->be.n_vocab));
+        float *row = e->logits + (size_t)k * (size_t)e->be.n_vocab;
+        if (r->sample == 0 && fl_request_n_generated(r) == 0) fork_samples(e, r, row);
+        commit_token(e, r, sample_token(e, r, row));
     }
 done:
     if (e->be.kv_stats) e->be.kv_stats(e->be.ctx, &e->kv_snap);

@@ -222,13 +222,8 @@ static bool admit_one(fl_sched *s, fl_request *r, int32_t budget, fl_sched_out *
     }
     FL_ASSERT(!r->kv_live && r->n_computed == 0);
     int32_t n_cached = 0;
-    fl_status st;
-    if (parent && parent->state == FL_REQ_RUNNING && s->kv.fork) {
-        st = s->kv.fork(s->kv.ctx, parent, r, r->n_prompt - 1);
-        n_cached = r->n_prompt - 1;
-    } else {
-        st = s->kv.seq_begin(s->kv.ctx, r, &n_cached);
-    }
+    fl_status st = s->kv.seq_begin(s->kv.ctx, r, &n_cached); /* a sample that could not be forked
+                                                                * shares full blocks via the prefix cache */
     if (st == FL_NO_KV_SPACE) return false; /* no sequence id / slot free now */
     if (st != FL_OK) {
         *err = st;
@@ -352,5 +347,21 @@ fl_status fl_sched_check(const fl_sched *s) {
         if (i > 0 && s->waiting.v[i - 1]->arrival > r->arrival)
             return fl_set_error(FL_ERR_INTERNAL, "%s: waiting queue out of order", __func__);
     }
+    return FL_OK;
+}
+
+fl_status fl_sched_admit_fork(fl_sched *s, fl_request *parent, fl_request *child) {
+    if (!s->kv.fork || s->running.n >= s->p.max_seqs || child->state != FL_REQ_WAITING || child->kv_live ||
+        !parent->kv_live || parent->n_computed != child->n_tokens)
+        return FL_NO_KV_SPACE;
+    fl_status st = s->kv.fork(s->kv.ctx, parent, child, parent->n_computed);
+    if (st != FL_OK) return st;
+    child->kv_live = true;
+    child->n_computed = parent->n_computed;
+    child->n_cached_prompt = child->n_prompt;
+    list_remove(&s->waiting, child);
+    list_insert(&s->running, child); /* capacity: running < max_seqs <= cap */
+    child->state = FL_REQ_RUNNING;
+    s->st.admissions++;
     return FL_OK;
 }
