@@ -31,6 +31,7 @@ struct fl_engine {
 
     /* batch buffers [max_tokens] and logits [max_rows][n_vocab] */
     int32_t max_tokens, max_rows;
+    int32_t watermark;    /* blocks kept free at admission */
     int32_t *b_tok, *b_pos, *b_seq;
     int8_t *b_logit;
     float *logits;
@@ -223,11 +224,12 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
         st = FL_ERR_NOMEM;
         goto fail;
     }
+    /* ~1% of the pool (at least one block) stays free at admission */
+    e->watermark = e->p.kv_layout == FL_KV_CONTIGUOUS ? 0 : (int32_t)(be->n_blocks / 100 > 1 ? be->n_blocks / 100 : 1);
     fl_sched_params sp = {
         .max_seqs = e->p.max_seqs,
         .max_batch_tokens = e->p.max_batch_tokens,
-        /* ~1% of the pool (at least one block) stays free at admission */
-        .watermark_blocks = e->p.kv_layout == FL_KV_CONTIGUOUS ? 0 : (int32_t)(be->n_blocks / 100 > 1 ? be->n_blocks / 100 : 1),
+        .watermark_blocks = e->watermark,
         .preempt = e->p.preempt,
         .static_batch = e->p.kv_layout == FL_KV_CONTIGUOUS,
     };
@@ -278,7 +280,7 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
     /* a request must fit the pool on its own, or it could never finish */
     int64_t bs = e->be.block_size;
     int64_t need = ((int64_t)p->n_prompt + max_tokens + bs - 1) / bs;
-    int64_t avail = e->be.n_blocks - (e->p.kv_layout == FL_KV_CONTIGUOUS ? 0 : 1);
+    int64_t avail = e->be.n_blocks - e->watermark;
     if (need > avail)
         return fl_set_error(FL_ERR_INVALID, "%s: prompt + max_tokens = %lld tokens need %lld KV blocks, the pool has %lld",
                             __func__, (long long)p->n_prompt + max_tokens, (long long)need, (long long)avail);
@@ -414,7 +416,17 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
     fl_sched_out out;
     st = fl_sched_schedule(e->sched, &out);
     if (st != FL_OK) goto done;
-    if (out.n_entries == 0) goto done;
+    if (out.n_entries == 0) {
+        /* nothing can run although requests wait: a bug in the accounting; fail the head request
+         * rather than spin */
+        fl_request *head = fl_sched_waiting_at(e->sched, 0);
+        if (head && fl_sched_n_running(e->sched) == 0) {
+            st = fl_set_error(FL_ERR_INTERNAL, "%s: request %lld cannot be admitted into an empty engine", __func__,
+                              (long long)head->id);
+            finish(e, head, FL_FINISH_ERROR);
+        }
+        goto done;
+    }
 
     /* build the flat batch: each entry's tokens contiguous and in position order, no padding */
     int32_t n = 0, rows = 0;

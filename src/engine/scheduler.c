@@ -195,7 +195,9 @@ static void add_entry(fl_sched_out *out, fl_request *r, int32_t n, int32_t pad) 
 
 /* Admit the head of the waiting queue if its first chunk fits; false to stop admitting. */
 static bool admit_one(fl_sched *s, fl_request *r, int32_t budget, fl_sched_out *out, fl_status *err) {
-    int64_t avail = s->kv.n_free(s->kv.ctx) - s->p.watermark_blocks;
+    /* the watermark keeps room for running requests to grow; with none running it only could
+     * stall a request that grew past pool - watermark before being swapped out */
+    int64_t avail = s->kv.n_free(s->kv.ctx) - (s->running.n > 0 ? s->p.watermark_blocks : 0);
     fl_request *parent = r->fork_parent;
     if (parent && parent->state != FL_REQ_FINISHED) {
         /* n > 1: wait for sample 0's prompt, then share its blocks */
