@@ -51,7 +51,8 @@ struct fl_kv_cache {
     /* the batch last prepared */
     int32_t b_n_tokens;
     uint32_t gen;
-    int32_t *slot_blk, *slot_off, slot_cap; /* [n_tokens] where each token's K/V go */
+    int32_t *slot_blk, *slot_off;          /* [n_tokens] where each token's K/V go */
+    int32_t slot_blk_cap, slot_off_cap;
     fl_paged_seq *segs;   /* [n_seg] one per sequence of the batch */
     int32_t *seg_seq;
     int32_t n_seg, seg_cap;
@@ -153,6 +154,10 @@ static void copy_block(fl_kv_cache *kv, int32_t dst, int32_t src) {
 /* ---- creation ---- */
 
 fl_kv_cache *fl_kv_new(const fl_kv_config *cfg) {
+    if (!cfg) {
+        fl_set_error(FL_ERR_INVALID, "%s: no configuration", __func__);
+        return NULL;
+    }
     fl_kv_config c = *cfg;
     if (c.block_size == 0) c.block_size = 16;
     if (c.n_seq_max == 0) c.n_seq_max = 256;
@@ -250,8 +255,8 @@ void fl_kv_free(fl_kv_cache *kv) {
     fl_free(FL_MEM_MISC, kv->rowbuf, sizeof(float) * (size_t)kv->n_row);
     fl_free(FL_MEM_MISC, kv->key, kv->cfg.hash_key_len);
     if (kv->cfg.swap_dir) fl_free(FL_MEM_MISC, (void *)kv->cfg.swap_dir, strlen(kv->cfg.swap_dir) + 1);
-    fl_free(FL_MEM_MISC, kv->slot_blk, sizeof(int32_t) * (size_t)kv->slot_cap);
-    fl_free(FL_MEM_MISC, kv->slot_off, sizeof(int32_t) * (size_t)kv->slot_cap);
+    fl_free(FL_MEM_MISC, kv->slot_blk, sizeof(int32_t) * (size_t)kv->slot_blk_cap);
+    fl_free(FL_MEM_MISC, kv->slot_off, sizeof(int32_t) * (size_t)kv->slot_off_cap);
     fl_free(FL_MEM_MISC, kv->segs, sizeof(fl_paged_seq) * (size_t)kv->seg_cap);
     fl_free(FL_MEM_MISC, kv->seg_seq, sizeof(int32_t) * (size_t)kv->seg_cap);
     fl_free(FL_MEM_SCRATCH, kv->ws, kv->ws_bytes);
@@ -261,6 +266,9 @@ void fl_kv_free(fl_kv_cache *kv) {
 }
 
 const fl_kv_config *fl_kv_config_get(const fl_kv_cache *kv) { return &kv->cfg; }
+int32_t fl_kv_blocks_free(const fl_kv_cache *kv) { return fl_kv_pool_n_free(kv->pool); }
+int32_t fl_kv_blocks_total(const fl_kv_cache *kv) { return fl_kv_pool_n_total(kv->pool); }
+int32_t fl_kv_block_size(const fl_kv_cache *kv) { return kv->bs; }
 
 /* ---- sequences ---- */
 
@@ -326,6 +334,28 @@ fl_status fl_kv_seq_add_keyed(fl_kv_cache *kv, int32_t id, const int32_t *tokens
     kv->miss += n - s->n;
     if (n_cached) *n_cached = s->n;
     return FL_OK;
+}
+
+int32_t fl_kv_prefix_probe(const fl_kv_cache *kv, const int32_t *tokens, int32_t n, const void *key, size_t key_len) {
+    if (!kv->prefix || n <= 1 || !tokens) return 0;
+    const fl_kv_hash root = key && key_len ? fl_kv_prefix_root(key, key_len) : kv->root;
+    const fl_kv_pool *pool = kv->pool;
+    fl_kv_hash last;
+    int32_t hit = 0, ids[64];
+    /* match in pieces of 64 blocks (no allocation), continuing the chain */
+    for (int32_t max_blocks = (n - 1) / kv->bs; hit < max_blocks;) {
+        const int32_t want = max_blocks - hit < 64 ? max_blocks - hit : 64;
+        const fl_kv_hash r = hit ? last : root;
+        const int32_t got = fl_kv_prefix_match(kv->prefix, pool, &r, tokens + (size_t)hit * (size_t)kv->bs, want, ids, &last);
+        hit += got;
+        if (got < want) break;
+    }
+    return hit * kv->bs;
+}
+
+void fl_kv_clear(fl_kv_cache *kv) {
+    for (int32_t i = 0; i < kv->cfg.n_seq_max; i++)
+        if (kv->seqs[i].used) seq_release(kv, &kv->seqs[i]);
 }
 
 fl_status fl_kv_seq_add(fl_kv_cache *kv, int32_t id, const int32_t *tokens, int32_t n, int32_t *n_cached) {
@@ -402,28 +432,23 @@ static fl_status grow_i32(int32_t **p, int32_t *cap, int32_t n, size_t elem) {
 }
 
 static fl_status reserve_batch(fl_kv_cache *kv, int32_t n_tokens) {
-    if (n_tokens > kv->slot_cap) {
-        int32_t c1 = kv->slot_cap, c2 = kv->slot_cap;
-        if (grow_i32(&kv->slot_blk, &c1, n_tokens, sizeof(int32_t)) != FL_OK) return FL_ERR_NOMEM;
-        if (grow_i32(&kv->slot_off, &c2, n_tokens, sizeof(int32_t)) != FL_OK) {
-            /* keep both arrays the same capacity */
-            int32_t *b = fl_realloc(FL_MEM_MISC, kv->slot_blk, sizeof(int32_t) * (size_t)c1, sizeof(int32_t) * (size_t)kv->slot_cap, 0);
-            if (b) kv->slot_blk = b;
-            return FL_ERR_NOMEM;
-        }
-        kv->slot_cap = c1;
-    }
+    if (grow_i32(&kv->slot_blk, &kv->slot_blk_cap, n_tokens, sizeof(int32_t)) != FL_OK ||
+        grow_i32(&kv->slot_off, &kv->slot_off_cap, n_tokens, sizeof(int32_t)) != FL_OK)
+        return FL_ERR_NOMEM;
     if (n_tokens > kv->seg_cap) {
         int32_t c = kv->seg_cap ? kv->seg_cap : 16;
         while (c < n_tokens) c *= 2;
-        fl_paged_seq *sg = fl_realloc(FL_MEM_MISC, kv->segs, sizeof(fl_paged_seq) * (size_t)kv->seg_cap, sizeof(fl_paged_seq) * (size_t)c, 0);
-        if (!sg) return FL_ERR_NOMEM;
-        kv->segs = sg;
-        int32_t *ss = fl_realloc(FL_MEM_MISC, kv->seg_seq, sizeof(int32_t) * (size_t)kv->seg_cap, sizeof(int32_t) * (size_t)c, 0);
-        if (!ss) {
-            kv->segs = fl_realloc(FL_MEM_MISC, kv->segs, sizeof(fl_paged_seq) * (size_t)c, sizeof(fl_paged_seq) * (size_t)kv->seg_cap, 0);
+        fl_paged_seq *sg = fl_alloc(FL_MEM_MISC, sizeof(fl_paged_seq) * (size_t)c, 0);
+        int32_t *ss = fl_alloc(FL_MEM_MISC, sizeof(int32_t) * (size_t)c, 0);
+        if (!sg || !ss) {
+            fl_free(FL_MEM_MISC, sg, sg ? sizeof(fl_paged_seq) * (size_t)c : 0);
+            fl_free(FL_MEM_MISC, ss, ss ? sizeof(int32_t) * (size_t)c : 0);
             return FL_ERR_NOMEM;
         }
+        /* contents need not survive: segments are rebuilt by every prepare */
+        fl_free(FL_MEM_MISC, kv->segs, sizeof(fl_paged_seq) * (size_t)kv->seg_cap);
+        fl_free(FL_MEM_MISC, kv->seg_seq, sizeof(int32_t) * (size_t)kv->seg_cap);
+        kv->segs = sg;
         kv->seg_seq = ss;
         kv->seg_cap = c;
     }
@@ -472,6 +497,16 @@ static void register_full(fl_kv_cache *kv, seq *s) {
     }
 }
 
+/* A failed prepare forgets the sequences it was about to create (their buffers included) and
+ * the batch. */
+static void drop_unborn(fl_kv_cache *kv) {
+    for (int32_t g = 0; g < kv->n_seg; g++) {
+        seq *s = &kv->seqs[kv->seg_seq[g]];
+        if (!s->used) seq_release(kv, s);
+    }
+    kv->n_seg = 0;
+}
+
 fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
     kv->b_n_tokens = 0;
     kv->n_seg = 0;
@@ -486,7 +521,7 @@ fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
         while (j < b->n_tokens && b->seq_id[j] == id) j++;
         if (id < 0 || id >= kv->cfg.n_seq_max) return fl_set_error(FL_ERR_INVALID, "%s: sequence id %d out of range [0, %d)", __func__, id, kv->cfg.n_seq_max);
         seq *s = &kv->seqs[id];
-        if (s->used && s->batch_gen == kv->gen)
+        if (s->batch_gen == kv->gen)
             return fl_set_error(FL_ERR_INVALID, "%s: tokens of sequence %d are not contiguous in the batch", __func__, id);
         if (s->swapped) return fl_set_error(FL_ERR_INVALID, "%s: sequence %d is swapped out", __func__, id);
         const int32_t base = s->used ? s->n : 0;
@@ -495,7 +530,7 @@ fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
                 return fl_set_error(FL_ERR_INVALID, "%s: sequence %d: token %d has position %d, expected %d", __func__, id, k, b->pos[k], base + (k - i));
         if (kv->cfg.n_ctx && base + (j - i) > kv->cfg.n_ctx)
             return fl_set_error(FL_ERR_RANGE, "%s: sequence %d would exceed the context of %d positions", __func__, id, kv->cfg.n_ctx);
-        if (s->used) s->batch_gen = kv->gen;
+        s->batch_gen = kv->gen;
         kv->segs[kv->n_seg] = (fl_paged_seq){.q0 = i, .n_q = j - i, .pos0 = base, .blocks = NULL};
         kv->seg_seq[kv->n_seg++] = id;
         i = j;
@@ -513,7 +548,7 @@ fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
                 }
         }
         if (fl_kv_table_reserve(&s->tab, blocks_for(kv, sg->pos0 + sg->n_q)) != FL_OK || tok_reserve(s, sg->pos0 + sg->n_q) != FL_OK) {
-            if (!s->used) seq_release(kv, s); /* buffers of a sequence that was never created */
+            drop_unborn(kv);
             return fl_set_error(FL_ERR_NOMEM, "%s: out of memory for block tables", __func__);
         }
     }
@@ -537,11 +572,7 @@ fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
         if (s->used && s->tab.n) kv->drop[s->tab.ids[s->tab.n - 1]] = 0;
     }
     if (need > fl_kv_pool_n_free(kv->pool)) {
-        for (int32_t g = 0; g < kv->n_seg; g++) {
-            seq *s = &kv->seqs[kv->seg_seq[g]];
-            if (!s->used) seq_release(kv, s);
-        }
-        kv->n_seg = 0;
+        drop_unborn(kv);
         return FL_NO_KV_SPACE;
     }
     /* 4. apply: create, copy-on-write, append blocks, record tokens and slots, hash */
@@ -581,7 +612,6 @@ fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
         if (!b->tokens) s->no_cache = true;
         s->n += sg->n_q;
         sg->blocks = s->tab.ids;
-        if (kv->prefix) register_full(kv, s);
     }
     kv->b_n_tokens = b->n_tokens;
     st = reserve_ws(kv);
@@ -595,6 +625,10 @@ void fl_kv_store(fl_kv_cache *kv, int32_t il, const fl_batch *b, const float *k,
         write_row(kv, il, 0, kv->slot_blk[i], kv->slot_off[i], k + (size_t)i * (size_t)kv->n_row);
         write_row(kv, il, 1, kv->slot_blk[i], kv->slot_off[i], v + (size_t)i * (size_t)kv->n_row);
     }
+    /* blocks that became full are offered to the prefix cache only once every layer's K/V is
+     * in them (the last layer's store), so a hit never finds a half-written block */
+    if (kv->prefix && il == kv->cfg.n_layer - 1)
+        for (int32_t g = 0; g < kv->n_seg; g++) register_full(kv, &kv->seqs[kv->seg_seq[g]]);
 }
 
 void fl_kv_attend(fl_kv_cache *kv, int32_t il, const fl_batch *b, const float *q, float *out) {
@@ -610,6 +644,16 @@ static void iface_store(void *ctx, int32_t il, const fl_batch *b, const float *k
 static void iface_attend(void *ctx, int32_t il, const fl_batch *b, const float *q, float *out) { fl_kv_attend(ctx, il, b, q, out); }
 
 fl_kv_iface fl_kv_iface_get(void) { return (fl_kv_iface){iface_prepare, iface_store, iface_attend}; }
+
+fl_status fl_kv_seq_read(const fl_kv_cache *kv, int32_t id, int32_t il, int32_t pos, float *k, float *v) {
+    const seq *s = get_seq(kv, id);
+    if (!s || s->swapped || il < 0 || il >= kv->cfg.n_layer || pos < 0 || pos >= s->n || s->tab.ids[pos / kv->bs] == 0)
+        return fl_set_error(FL_ERR_INVALID, "%s: sequence %d layer %d position %d not readable", __func__, id, il, pos);
+    const int32_t blk = s->tab.ids[pos / kv->bs];
+    if (k) read_row(kv, il, 0, blk, pos % kv->bs, k);
+    if (v) read_row(kv, il, 1, blk, pos % kv->bs, v);
+    return FL_OK;
+}
 
 /* ---- shift with RoPE re-rotation ---- */
 
@@ -677,6 +721,13 @@ fl_status fl_kv_seq_shift(fl_kv_cache *kv, int32_t id, int32_t n_keep, int32_t n
     s->no_cache = true; /* later keys were computed with the dropped tokens in context */
     if (s->n_hashed > bt) s->n_hashed = bt;
     return FL_OK;
+}
+
+fl_status fl_kv_seq_stream(fl_kv_cache *kv, int32_t id, int32_t n_sink, int32_t n_recent) {
+    const seq *s = get_seq(kv, id);
+    if (!s || n_sink < 0 || n_recent < 0) return fl_set_error(FL_ERR_INVALID, "%s: no sequence %d or negative sizes", __func__, id);
+    if ((int64_t)n_sink + n_recent >= s->n) return FL_OK;
+    return fl_kv_seq_shift(kv, id, n_sink, s->n - n_sink - n_recent);
 }
 
 /* ---- swap tier ---- */

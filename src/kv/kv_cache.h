@@ -19,7 +19,8 @@
  * Prefix caching (cfg.prefix_cache): each full block gets a chained XXH3-128 hash of its
  * tokens (prefix_cache.h) with the cache's or the sequence's extra key.  fl_kv_seq_add() reuses
  * the longest chain of cached full blocks, always leaving at least the last prompt token to be
- * computed; freed cached blocks stay reusable until the LRU evicts them.  Sequences that were
+ * computed; freed cached blocks stay reusable until the LRU evicts them.  A block is registered
+ * when the store() of the last layer has filled it (never half-written).  Sequences that were
  * shifted or fed without token ids stop registering blocks.
  *
  * The fl_kv_iface (kv_iface.h): prepare() validates the batch and makes room; it returns
@@ -30,7 +31,8 @@
  * pointer contents) and must follow it, once per layer.
  *
  * Errors: functions returning fl_status set fl_last_error.  Not thread-safe: one engine thread
- * drives a cache; attend() threads internally with fl_parallel.
+ * drives a cache, queries included (fl_kv_stats_get and fl_kv_check use internal scratch
+ * despite their const argument); attend() threads internally with fl_parallel.
  */
 #ifndef FL_KV_CACHE_H
 #define FL_KV_CACHE_H
@@ -91,6 +93,12 @@ fl_status fl_kv_seq_add(fl_kv_cache *kv, int32_t seq, const int32_t *tokens, int
 /* Same with a per-sequence extra key for the hashes (adapter id, tenant salt). */
 fl_status fl_kv_seq_add_keyed(fl_kv_cache *kv, int32_t seq, const int32_t *tokens, int32_t n, const void *key,
                               size_t key_len, int32_t *n_cached);
+/* How many leading tokens of tokens[0..n) a fl_kv_seq_add(_keyed) would find cached right now
+ * (same rule: full blocks, at least one token left), without taking anything.  For admission
+ * decisions; 0 when prefix caching is off. */
+int32_t fl_kv_prefix_probe(const fl_kv_cache *kv, const int32_t *tokens, int32_t n, const void *key, size_t key_len);
+/* Free every sequence (cached blocks stay reusable). */
+void fl_kv_clear(fl_kv_cache *kv);
 /* dst becomes a copy of src sharing all its blocks (copy-on-write later).  dst must not exist. */
 fl_status fl_kv_seq_fork(fl_kv_cache *kv, int32_t src, int32_t dst);
 /* Release the sequence's blocks (cached full blocks stay reusable).  No-op if it doesn't exist. */
@@ -100,11 +108,21 @@ int32_t fl_kv_seq_len(const fl_kv_cache *kv, int32_t seq); /* positions stored; 
 /* Read-only view of the block table (valid until the next call that changes the cache). */
 const int32_t *fl_kv_seq_blocks(const fl_kv_cache *kv, int32_t seq, int32_t *n_blocks);
 
+/* Decoded K and V rows (n_head_kv * head_dim floats each, either may be NULL) of position pos
+ * of sequence seq in layer il, as attention sees them.  FL_ERR_INVALID if absent, swapped,
+ * out of range or released by the window.  (Tests, debugging, exporting a cache.) */
+fl_status fl_kv_seq_read(const fl_kv_cache *kv, int32_t seq, int32_t il, int32_t pos, float *k, float *v);
+
 /* StreamingLLM / context shift: drop positions [n_keep, n_keep + n_discard) and move the later
  * ones down by n_discard, re-rotating their keys with RoPE to the new positions.  The sequence
  * continues at position len - n_discard.  Blocks it touches are made private first (may need
  * free blocks: FL_NO_KV_SPACE, nothing changed).  Quantised types re-encode the moved rows. */
 fl_status fl_kv_seq_shift(fl_kv_cache *kv, int32_t seq, int32_t n_keep, int32_t n_discard);
+
+/* StreamingLLM policy on top of fl_kv_seq_shift: if the sequence holds more than
+ * n_sink + n_recent positions, keep the first n_sink and the last n_recent (the sequence then
+ * continues at position n_sink + n_recent).  No-op otherwise.  Same errors as the shift. */
+fl_status fl_kv_seq_stream(fl_kv_cache *kv, int32_t seq, int32_t n_sink, int32_t n_recent);
 
 /* Swap to the file-backed secondary tier: swap_out writes the sequence's blocks (all layers,
  * shared ones copied) to the swap file and releases them; swap_in takes fresh blocks and reads
@@ -143,7 +161,10 @@ typedef struct fl_kv_stats {
 
 fl_status fl_kv_seq_stats_get(const fl_kv_cache *kv, int32_t seq, fl_kv_seq_stats *out);
 void fl_kv_stats_get(const fl_kv_cache *kv, fl_kv_stats *out);
-const fl_kv_config *fl_kv_config_get(const fl_kv_cache *kv);
+const fl_kv_config *fl_kv_config_get(const fl_kv_cache *kv); /* defaults filled in */
+int32_t fl_kv_blocks_free(const fl_kv_cache *kv);  /* allocatable now (cached free ones included), O(1) */
+int32_t fl_kv_blocks_total(const fl_kv_cache *kv); /* usable blocks (null block excluded) */
+int32_t fl_kv_block_size(const fl_kv_cache *kv);
 /* Check pool invariants and that refcounts equal the references held by block tables.
  * FL_OK or FL_ERR_INTERNAL with a message. */
 fl_status fl_kv_check(const fl_kv_cache *kv);

@@ -1,10 +1,26 @@
 /* KV row codecs (see kv_quant.h).  Scalar: the attention kernel calls these per head slice. */
 #include "kv/kv_quant.h"
 
+#include "kernels/convert.h"
+#include "kernels/dispatch.h"
+
+#include <immintrin.h>
+
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #define QK 32 /* elements per q8_0 / q4_0 group */
+
+/* fp8 decoding tables (256 entries each), filled once from core/dtype.h's scalar decoders. */
+static float lut_e4m3[256], lut_e5m2[256];
+static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
+static void lut_init(void) {
+    for (int i = 0; i < 256; i++) {
+        lut_e4m3[i] = fl_fp8_e4m3_to_f32((uint8_t)i);
+        lut_e5m2[i] = fl_fp8_e5m2_to_f32((uint8_t)i);
+    }
+}
 
 bool fl_kv_type_ok(int32_t t) {
     switch (t) {
@@ -70,8 +86,8 @@ static void quant_q4_0(const float *x, uint8_t *dst, int64_t n) {
 void fl_kv_quant(int32_t t, const float *x, void *dst, int64_t n, float scale) {
     switch (t) {
     case FL_TYPE_F32: memcpy(dst, x, (size_t)n * 4); break;
-    case FL_TYPE_F16: for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fl_f32_to_f16(x[i]); break;
-    case FL_TYPE_BF16: for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fl_f32_to_bf16(x[i]); break;
+    case FL_TYPE_F16: fl_convert_kernels_get()->f32_to_f16(x, dst, n); break;
+    case FL_TYPE_BF16: fl_convert_kernels_get()->f32_to_bf16(x, dst, n); break;
     case FL_TYPE_FP8_E4M3: {
         const float is = scale > 0.0f ? 1.0f / scale : 0.0f;
         for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fl_f32_to_fp8_e4m3(x[i] * is);
@@ -88,31 +104,60 @@ void fl_kv_quant(int32_t t, const float *x, void *dst, int64_t n, float scale) {
     }
 }
 
+/* q8_0 decode of 16-element pieces (e0 and n multiples of 16): the same single multiply
+ * d * q per element as the scalar loop, so the same bits. */
+__attribute__((target("avx512f"))) static void dequant_q8_0_avx512(const uint8_t *s, int64_t e0, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const int64_t e = e0 + i;
+        const uint8_t *g = s + (e / QK) * (2 + QK);
+        uint16_t dh;
+        memcpy(&dh, g, 2);
+        const __m128i q8 = _mm_loadu_si128((const __m128i *)(g + 2 + e % QK));
+        const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_set1_ps(fl_f16_to_f32(dh)), q));
+    }
+}
+
 void fl_kv_dequant(int32_t t, const void *src, int64_t e0, int64_t n, float scale, float *out) {
     const uint8_t *s = src;
     switch (t) {
     case FL_TYPE_F32: memcpy(out, (const float *)src + e0, (size_t)n * 4); break;
-    case FL_TYPE_F16: for (int64_t i = 0; i < n; i++) out[i] = fl_f16_to_f32(((const uint16_t *)src)[e0 + i]); break;
-    case FL_TYPE_BF16: for (int64_t i = 0; i < n; i++) out[i] = fl_bf16_to_f32(((const uint16_t *)src)[e0 + i]); break;
-    case FL_TYPE_FP8_E4M3: for (int64_t i = 0; i < n; i++) out[i] = scale * fl_fp8_e4m3_to_f32(s[e0 + i]); break;
-    case FL_TYPE_FP8_E5M2: for (int64_t i = 0; i < n; i++) out[i] = scale * fl_fp8_e5m2_to_f32(s[e0 + i]); break;
+    /* the dispatched row converters give the same bits as the scalar ones (tests/test_core.c) */
+    case FL_TYPE_F16: fl_convert_kernels_get()->f16_to_f32((const uint16_t *)src + e0, out, n); break;
+    case FL_TYPE_BF16: fl_convert_kernels_get()->bf16_to_f32((const uint16_t *)src + e0, out, n); break;
+    case FL_TYPE_FP8_E4M3:
+        pthread_once(&lut_once, lut_init);
+        for (int64_t i = 0; i < n; i++) out[i] = scale * lut_e4m3[s[e0 + i]];
+        break;
+    case FL_TYPE_FP8_E5M2:
+        pthread_once(&lut_once, lut_init);
+        for (int64_t i = 0; i < n; i++) out[i] = scale * lut_e5m2[s[e0 + i]];
+        break;
     case FL_TYPE_Q8_0:
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t e = e0 + i;
+        if (e0 % 16 == 0 && n % 16 == 0 && fl_isa_get() == FL_ISA_AVX512) {
+            dequant_q8_0_avx512(s, e0, n, out);
+            break;
+        }
+        /* one group (and one scale conversion) at a time */
+        for (int64_t e = e0, i = 0; i < n;) {
             const uint8_t *g = s + (e / QK) * (2 + QK);
             uint16_t dh;
             memcpy(&dh, g, 2);
-            out[i] = fl_f16_to_f32(dh) * (float)((const int8_t *)(g + 2))[e % QK];
+            const float d = fl_f16_to_f32(dh);
+            const int8_t *q = (const int8_t *)(g + 2);
+            for (int64_t j = e % QK; j < QK && i < n; j++, i++, e++) out[i] = d * (float)q[j];
         }
         break;
     case FL_TYPE_Q4_0:
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t e = e0 + i, j = e % QK;
+        for (int64_t e = e0, i = 0; i < n;) {
             const uint8_t *g = s + (e / QK) * (2 + QK / 2);
             uint16_t dh;
             memcpy(&dh, g, 2);
-            const int q = j < QK / 2 ? (g[2 + j] & 15) : (g[2 + j - QK / 2] >> 4);
-            out[i] = fl_f16_to_f32(dh) * (float)(q - 8);
+            const float d = fl_f16_to_f32(dh);
+            for (int64_t j = e % QK; j < QK && i < n; j++, i++, e++) {
+                const int q = j < QK / 2 ? (g[2 + j] & 15) : (g[2 + j - QK / 2] >> 4);
+                out[i] = d * (float)(q - 8);
+            }
         }
         break;
     default: break;

@@ -3,8 +3,10 @@
 
 #include "core/status.h"
 #include "core/threads.h"
+#include "kernels/dispatch.h"
 #include "kv/kv_quant.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -21,28 +23,130 @@ static void state_init(float *st, int32_t hd) {
     memset(st + 2, 0, sizeof(float) * (size_t)hd);
 }
 
-/* Fold keys/values kb[j], vb[j] for j in [ja, jb) (rows of the block scratch) into st. */
-static void state_update(float *st, const float *qh, const float *kb, const float *vb, int32_t ja, int32_t jb,
-                         int32_t hd, float scale, float *sc) {
-    float mb = -INFINITY;
+/* The two inner loops of a block update, each with a fixed summation order:
+ *   scores: sc[j] = scale * (q . k_j)                    for rows j in [ja, jb)
+ *   accum:  acc = acc * alpha + sum_j e[j] * v_j         rows added in increasing j
+ * The portable versions are the reference; the AVX2 / AVX-512 ones (target attributes) are
+ * picked once per call from fl_isa_get(), so every row of a call uses the same order and a
+ * query's bits depend only on its data within one process. */
+
+/* q . k: 16 lane sums (lane l takes dims d % 16 == l), the tail, then a fixed pairwise
+ * reduction; constant-trip inner loops let the compiler vectorise without reordering. */
+static float dot_f32(const float *restrict a, const float *restrict b, int32_t n) {
+    float lane[16] = {0};
+    int32_t d = 0;
+    for (; d + 16 <= n; d += 16)
+        for (int l = 0; l < 16; l++) lane[l] += a[d + l] * b[d + l];
+    for (int l = 0; d < n; d++, l++) lane[l] += a[d] * b[d];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) lane[l] += lane[l + w];
+    return lane[0];
+}
+
+static void scores_ref(const float *q, const float *kb, int32_t ja, int32_t jb, int32_t hd, float scale, float *sc) {
+    for (int32_t j = ja; j < jb; j++) sc[j] = dot_f32(q, kb + (size_t)j * (size_t)hd, hd) * scale;
+}
+
+static void accum_ref(float *restrict acc, float alpha, const float *e, const float *restrict vb, int32_t ja, int32_t jb, int32_t hd) {
+    for (int32_t d = 0; d < hd; d++) acc[d] *= alpha;
     for (int32_t j = ja; j < jb; j++) {
-        const float *kj = kb + (size_t)j * (size_t)hd;
-        float s = 0.0f;
-        for (int32_t d = 0; d < hd; d++) s += qh[d] * kj[d];
-        sc[j] = s * scale;
-        mb = fmaxf(mb, sc[j]);
+        const float *restrict v = vb + (size_t)j * (size_t)hd;
+        const float ej = e[j];
+        int32_t d = 0;
+        for (; d + 16 <= hd; d += 16)
+            for (int l = 0; l < 16; l++) acc[d + l] += ej * v[d + l];
+        for (; d < hd; d++) acc[d] += ej * v[d];
     }
+}
+
+__attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, const float *kb, int32_t ja, int32_t jb, int32_t hd, float scale, float *sc) {
+    for (int32_t j = ja; j < jb; j++) {
+        const float *k = kb + (size_t)j * (size_t)hd;
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        int32_t d = 0;
+        for (; d + 16 <= hd; d += 16) {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), s0);
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), s1);
+        }
+        if (d + 8 <= hd) {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), s0);
+            d += 8;
+        }
+        s0 = _mm256_add_ps(s0, s1);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        float r = _mm_cvtss_f32(h);
+        for (; d < hd; d++) r += q[d] * k[d];
+        sc[j] = r * scale;
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void accum_avx2(float *restrict acc, float alpha, const float *e, const float *restrict vb, int32_t ja, int32_t jb, int32_t hd) {
+    int32_t d = 0;
+    for (; d + 8 <= hd; d += 8) { /* 8 dims of acc stay in a register across the rows */
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + d), _mm256_set1_ps(alpha));
+        for (int32_t j = ja; j < jb; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), _mm256_loadu_ps(vb + (size_t)j * (size_t)hd + d), a);
+        _mm256_storeu_ps(acc + d, a);
+    }
+    for (; d < hd; d++) {
+        float a = acc[d] * alpha;
+        for (int32_t j = ja; j < jb; j++) a = fmaf(e[j], vb[(size_t)j * (size_t)hd + d], a);
+        acc[d] = a;
+    }
+}
+
+__attribute__((target("avx512f"))) static void scores_avx512(const float *q, const float *kb, int32_t ja, int32_t jb, int32_t hd, float scale, float *sc) {
+    for (int32_t j = ja; j < jb; j++) {
+        const float *k = kb + (size_t)j * (size_t)hd;
+        __m512 s = _mm512_setzero_ps(); /* lane l: dims d % 16 == l */
+        int32_t d = 0;
+        for (; d + 16 <= hd; d += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), s);
+        if (d < hd) {
+            const __mmask16 m = (__mmask16)((1u << (hd - d)) - 1);
+            s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, k + d), s);
+        }
+        sc[j] = _mm512_reduce_add_ps(s) * scale;
+    }
+}
+
+__attribute__((target("avx512f"))) static void accum_avx512(float *restrict acc, float alpha, const float *e, const float *restrict vb, int32_t ja, int32_t jb, int32_t hd) {
+    for (int32_t d = 0; d < hd; d += 16) { /* 16 dims of acc stay in a register across the rows */
+        const __mmask16 m = hd - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (hd - d)) - 1);
+        __m512 a = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, acc + d), _mm512_set1_ps(alpha));
+        for (int32_t j = ja; j < jb; j++) a = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), _mm512_maskz_loadu_ps(m, vb + (size_t)j * (size_t)hd + d), a);
+        _mm512_mask_storeu_ps(acc + d, m, a);
+    }
+}
+
+typedef struct vec_ops {
+    void (*scores)(const float *q, const float *kb, int32_t ja, int32_t jb, int32_t hd, float scale, float *sc);
+    void (*accum)(float *restrict acc, float alpha, const float *e, const float *restrict vb, int32_t ja, int32_t jb, int32_t hd);
+} vec_ops;
+
+static vec_ops pick_ops(void) {
+    switch (fl_isa_get()) {
+    case FL_ISA_AVX512: return (vec_ops){scores_avx512, accum_avx512};
+    case FL_ISA_AVX2: return (vec_ops){scores_avx2, accum_avx2};
+    default: return (vec_ops){scores_ref, accum_ref};
+    }
+}
+
+/* Fold keys/values kb[j], vb[j] for j in [ja, jb) (rows of the block scratch) into st:
+ * one online-softmax step per block. */
+static void state_update(const vec_ops *vo, float *st, const float *qh, const float *kb, const float *vb, int32_t ja, int32_t jb,
+                         int32_t hd, float scale, float *sc) {
+    vo->scores(qh, kb, ja, jb, hd, scale, sc);
+    float mb = -INFINITY;
+    for (int32_t j = ja; j < jb; j++) mb = fmaxf(mb, sc[j]);
     const float m_new = fmaxf(st[0], mb);
     const float alpha = st[0] == -INFINITY ? 0.0f : expf(st[0] - m_new);
     float l = st[1] * alpha;
-    float *acc = st + 2;
-    for (int32_t d = 0; d < hd; d++) acc[d] *= alpha;
     for (int32_t j = ja; j < jb; j++) {
-        const float e = expf(sc[j] - m_new);
-        const float *vj = vb + (size_t)j * (size_t)hd;
-        l += e;
-        for (int32_t d = 0; d < hd; d++) acc[d] += e * vj[d];
+        sc[j] = expf(sc[j] - m_new);
+        l += sc[j];
     }
+    vo->accum(st + 2, alpha, sc, vb, ja, jb, hd);
     st[0] = m_new;
     st[1] = l;
 }
@@ -125,6 +229,7 @@ typedef struct job {
     int64_t *item_base;   /* [n_seq + 1] first phase-1 item of each sequence */
     int64_t *part_base;   /* [n_seq + 1] first partial float of each split sequence */
     atomic_llong next;
+    vec_ops ops;          /* dot / axpy variant for the whole call */
 } job;
 
 /* Dequantise rows [ja, jb) of block `id` for kv head kh into kb/vb (row j at j*hd). */
@@ -166,7 +271,7 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_
             for (int32_t gi = 0; gi < g; gi++) {
                 const int32_t h = kh * g + gi;
                 const float *qh = jb_->q + ((size_t)(s->q0 + r) * (size_t)pp->n_head + (size_t)h) * (size_t)hd;
-                state_update(st + ((size_t)(r - ra) * (size_t)g + (size_t)gi) * ss, qh, kb, vb, ra_, rz, hd, pp->scale, sc);
+                state_update(&jb_->ops, st + ((size_t)(r - ra) * (size_t)g + (size_t)gi) * ss, qh, kb, vb, ra_, rz, hd, pp->scale, sc);
             }
         }
     }
@@ -248,7 +353,7 @@ void fl_paged_attn(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n_se
                    const fl_paged_attn_params *pp, const float *q, float *out, void *ws) {
     FL_ASSERT(pp->n_head % kv->n_head_kv == 0 && pp->part_blocks >= 1);
     const int nth = fl_threads_get();
-    job J = {.kv = kv, .seqs = seqs, .n_seq = n_seq, .pp = pp, .q = q, .out = out};
+    job J = {.kv = kv, .seqs = seqs, .n_seq = n_seq, .pp = pp, .q = q, .out = out, .ops = pick_ops()};
     J.pl = make_plan(kv, seqs, n_seq, pp);
     J.thread_ws = ws;
     J.partial = J.thread_ws + J.pl.per_thread * (size_t)nth;

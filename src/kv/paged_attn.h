@@ -19,6 +19,8 @@
  * prefix-cache oracle relies on this).
  *
  * K/V are dequantised on load (kv_quant.h), per block and kv head, into per-thread scratch.
+ * The inner dot / scale-add loops have a portable fixed-order version (the reference) and
+ * AVX2 / AVX-512 versions (target attributes), chosen once per call from fl_isa_get().
  * Threads: fl_parallel inside; the caller provides the workspace (fl_paged_attn_ws_size).
  */
 #ifndef FL_PAGED_ATTN_H
