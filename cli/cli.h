@@ -50,5 +50,6 @@ int fl_bench_matmul(int argc, char **argv);
 int fl_bench_serve(int argc, char **argv);
 int fl_cmd_demo(int argc, char **argv);
 int fl_bench_kv(int argc, char **argv);
+int fl_bench_tokenize(int argc, char **argv);
 
 #endif

@@ -132,6 +132,17 @@ static int64_t utf8_invalid_at(const unsigned char *s, size_t n) {
     return -1;
 }
 
+size_t fl_utf8_complete_prefix(const char *s, size_t n) {
+    /* look back at most 3 bytes for the start of the last sequence */
+    for (size_t back = 1; back <= 4 && back <= n; back++) {
+        unsigned char c = (unsigned char)s[n - back];
+        if ((c & 0xc0) == 0x80) continue; /* continuation byte: keep looking */
+        size_t need = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 1;
+        return need > back ? n - back : n;
+    }
+    return n; /* only continuation bytes (or nothing): not a sequence we can complete */
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* construction                                                                                */
 
@@ -154,6 +165,8 @@ void fl_tokenizer_free(fl_tokenizer *t) {
     if (t->merge_text) fl_free(FL_MEM_MISC, t->merge_text, t->merge_text_size);
     if (t->eog) fl_free(FL_MEM_MISC, t->eog, (size_t)t->n_eog * sizeof(int32_t));
     if (t->special) fl_free(FL_MEM_MISC, t->special, (size_t)t->n_special * sizeof(int32_t));
+    if (t->sp_prefix2) fl_free(FL_MEM_MISC, t->sp_prefix2, 1024 * sizeof(uint64_t));
+    if (t->sp_lens) fl_free(FL_MEM_MISC, t->sp_lens, (size_t)t->n_special * sizeof(uint32_t));
     fl_free(FL_MEM_MISC, t, sizeof *t);
 }
 
@@ -258,6 +271,22 @@ static fl_status finish_setup(fl_tokenizer *t) {
         for (int32_t i = 0; i < t->n_vocab; i++)
             if (t->tokens[i].attr & (FL_TATTR_CONTROL | FL_TATTR_USER_DEFINED | FL_TATTR_UNKNOWN)) t->special[t->n_special++] = i;
         qsort_r(t->special, (size_t)t->n_special, sizeof(int32_t), cmp_special, t);
+        /* pre-filter: first two bytes and distinct lengths (the list is longest first) */
+        t->sp_prefix2 = fl_calloc(FL_MEM_MISC, 1024, sizeof(uint64_t));
+        t->sp_lens = fl_alloc(FL_MEM_MISC, (size_t)t->n_special * sizeof(uint32_t), 0);
+        if (!t->sp_prefix2 || !t->sp_lens) return fl_set_error(FL_ERR_NOMEM, "tokenizer: out of memory");
+        int32_t n_lens = 0;
+        for (int32_t k = 0; k < t->n_special; k++) {
+            const fl_tok_entry *e = &t->tokens[t->special[k]];
+            const unsigned char *x = (const unsigned char *)t->text + e->off;
+            if (e->len == 1) t->sp_prefix1[x[0] >> 6] |= 1ull << (x[0] & 63);
+            else {
+                unsigned b = (unsigned)x[0] << 8 | x[1];
+                t->sp_prefix2[b >> 6] |= 1ull << (b & 63);
+            }
+            if (n_lens == 0 || t->sp_lens[n_lens - 1] != e->len) t->sp_lens[n_lens++] = e->len;
+        }
+        t->n_sp_lens = n_lens; /* the block keeps n_special entries */
     }
 
     if (t->kind == FL_TOK_SPM) {
@@ -271,6 +300,7 @@ static fl_status finish_setup(fl_tokenizer *t) {
             }
             t->byte_tok[b] = id;
         }
+        t->spm_split = fl_spm_can_split(t);
         char nl = '\n';
         t->nl = t->byte_tok['\n'] >= 0 ? t->byte_tok['\n'] : fl_tok_find(t, &nl, 1);
     }
@@ -587,14 +617,52 @@ static bool is_space_byte(char c) { return c == ' ' || c == '\t' || c == '\n' ||
  * text first); every occurrence inside a raw fragment is cut out, leftmost first.  With
  * parse_special=false, control and unknown tokens are left in the text (user-defined ones are
  * still cut out, as llama.cpp does). */
+static bool special_active(const fl_tok_entry *e, bool parse_special) {
+    return parse_special || !(e->attr & (FL_TATTR_CONTROL | FL_TATTR_UNKNOWN));
+}
+
+/* One pass over the text: mark (in seen, a bitmap over ids) the vocabulary id of every
+ * special-token text that occurs somewhere, using the two-byte prefix filter and a hash
+ * lookup per distinct special length at the positions that pass it. */
+static void mark_specials(const fl_tokenizer *t, const char *text, int64_t len, bool parse_special, uint64_t *seen) {
+    const unsigned char *u = (const unsigned char *)text;
+    for (int64_t i = 0; i < len; i++) {
+        bool hit1 = (t->sp_prefix1[u[i] >> 6] >> (u[i] & 63)) & 1;
+        bool hit2 = false;
+        if (i + 1 < len) {
+            unsigned b = (unsigned)u[i] << 8 | u[i + 1];
+            hit2 = (t->sp_prefix2[b >> 6] >> (b & 63)) & 1;
+        }
+        if (!hit1 && !hit2) continue;
+        for (int32_t k = 0; k < t->n_sp_lens; k++) {
+            int64_t l = t->sp_lens[k];
+            if (l > len - i || (l == 1 && !hit1) || (l > 1 && !hit2)) continue;
+            int32_t id = fl_tok_find(t, text + i, (size_t)l);
+            if (id >= 0 && (t->tokens[id].attr & (FL_TATTR_CONTROL | FL_TATTR_USER_DEFINED | FL_TATTR_UNKNOWN)) &&
+                special_active(&t->tokens[id], parse_special))
+                seen[id >> 6] |= 1ull << (id & 63);
+        }
+    }
+}
+
 static fl_status partition(const fl_tokenizer *t, const char *text, int64_t len, bool parse_special, fragvec *out) {
     fragvec cur = {0}, nxt = {0};
     fl_status st = frag_push(&cur, 0, len, -1);
+    if (st || t->n_special == 0) goto finish;
+    const size_t seen_size = ((size_t)t->n_vocab + 63) / 64 * sizeof(uint64_t);
+    uint64_t *seen = fl_calloc(FL_MEM_SCRATCH, 1, seen_size);
+    if (!seen) {
+        st = fl_set_error(FL_ERR_NOMEM, "tokenizer: out of memory");
+        goto finish;
+    }
+    mark_specials(t, text, len, parse_special, seen);
     for (int32_t k = 0; k < t->n_special && !st; k++) {
         const int32_t id = t->special[k];
         const fl_tok_entry *e = &t->tokens[id];
-        if (!parse_special && (e->attr & (FL_TATTR_CONTROL | FL_TATTR_UNKNOWN))) continue;
+        if (!special_active(e, parse_special)) continue;
         const char *tt = t->text + e->off;
+        const int32_t canon = fl_tok_find(t, tt, e->len); /* the id its text maps to */
+        if (canon < 0 || !((seen[canon >> 6] >> (canon & 63)) & 1)) continue; /* not in the text */
         bool any = false;
         for (int64_t f = 0; f < cur.n && !any; f++)
             if (cur.v[f].tok < 0 && memmem(text + cur.v[f].off, (size_t)cur.v[f].len, tt, e->len)) any = true;
@@ -623,6 +691,8 @@ static fl_status partition(const fl_tokenizer *t, const char *text, int64_t len,
         cur = nxt;
         nxt = tmp;
     }
+    fl_free(FL_MEM_SCRATCH, seen, seen_size);
+finish:
     frag_free(&nxt);
     if (st) {
         frag_free(&cur);
@@ -673,6 +743,13 @@ fl_status fl_tokenize(const fl_tokenizer *t, const char *text, size_t len, bool 
 /* ------------------------------------------------------------------------------------------ */
 /* pieces                                                                                      */
 
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
 /* Bytes of token id's piece written to buf (at most cap), after skipping up to `lstrip`
  * leading spaces; returns the full length of the piece (which may exceed cap), 0 for pieces
  * that render as nothing. */
@@ -703,9 +780,8 @@ static int64_t piece(const fl_tokenizer *t, int32_t id, bool render_special, int
         }
         return k;
     } else if (t->kind == FL_TOK_SPM && (e->attr & FL_TATTR_BYTE)) {
-        unsigned v = 0;
-        if (n == 6 && sscanf(s + 3, "%2x", &v) == 1) tmp[0] = (char)v;
-        else tmp[0] = s[0];
+        int hi = n == 6 ? hexval(s[3]) : -1, lo = n == 6 ? hexval(s[4]) : -1;
+        tmp[0] = hi >= 0 && lo >= 0 ? (char)(hi << 4 | lo) : s[0]; /* "<0xXX>" */
         s = tmp;
         n = 1;
     } else if (t->kind == FL_TOK_BPE && (e->attr & FL_TATTR_NORMAL)) {
@@ -779,7 +855,7 @@ int64_t fl_detokenize(const fl_tokenizer *t, const int32_t *ids, int64_t n, char
                       bool remove_leading_space, bool render_special) {
     int64_t total = 0;
     /* SPM: strip the one space the tokenizer prefixed to the first text token (a leading BOS
-     * is passed over). */
+     * is passed over: it renders as usual and the token after it loses its space). */
     bool strip = remove_leading_space && t->add_space_prefix;
     for (int64_t i = 0; i < n; i++) {
         int32_t id = ids[i];
@@ -787,10 +863,10 @@ int64_t fl_detokenize(const fl_tokenizer *t, const int32_t *ids, int64_t n, char
             fl_set_error(FL_ERR_INVALID, "fl_detokenize: token id %d out of range [0, %d)", id, t->n_vocab);
             return -1;
         }
-        if (strip && id == t->bos && i == 0) continue;
+        const bool lead_bos = i == 0 && id == t->bos;
         int64_t room = cap - total > 0 ? cap - total : 0;
-        int64_t k = piece(t, id, render_special, strip ? 1 : 0, buf + (room ? total : 0), room);
-        strip = false;
+        int64_t k = piece(t, id, render_special, strip && !lead_bos ? 1 : 0, buf + (room ? total : 0), room);
+        if (!lead_bos) strip = false;
         total += k;
     }
     if (total >= cap) {

@@ -5,7 +5,19 @@
  * "gpt2" (byte-level BPE with merges and the pre-tokenizer regex of tokenizer.ggml.pre, run with
  * libpcre2).  Results match llama.cpp's llama_tokenize / llama_token_to_piece exactly.
  * The tokenizer owns copies of what it needs (charged to FL_MEM_MISC); the GGUF may be closed
- * after fl_tokenizer_new.  Immutable after creation: safe to share between threads.
+ * after fl_tokenizer_new.  Immutable after creation: safe to share between threads.  Each call
+ * allocates its working memory from FL_MEM_SCRATCH and releases it before returning.
+ *
+ * Pre-tokenizers (tokenizer.ggml.pre): default, llama3 / llama-bpe (and llama.cpp's aliases),
+ * dbrx, smaug-bpe, deepseek-llm, deepseek-coder, falcon, mpt, olmo, starcoder, refact, gpt-2
+ * (and aliases), qwen2.  Checked against llama.cpp's vectors for all but dbrx/smaug/qwen2.
+ * Special tokens: control, user-defined and unknown tokens are cut out of the text before the
+ * merges, longest first; with parse_special=false only user-defined ones are (as llama.cpp).
+ * End of generation: eos, eot, eom and tokens with texts like <|eot_id|>, <|im_end|>, <|end|>.
+ *
+ * Errors of fl_tokenizer_new: FL_ERR_FORMAT for missing or malformed tokenizer.ggml.* keys
+ * (model, tokens, scores, token_type, merges), FL_ERR_UNSUPPORTED for other tokenizer models
+ * (bert, t5, ...) and unknown pre-tokenizers, FL_ERR_NOMEM; the message names the key.
  */
 #ifndef FL_TOKENIZER_H
 #define FL_TOKENIZER_H
@@ -31,14 +43,16 @@ bool fl_tokenizer_is_eog(const fl_tokenizer *t, int32_t id); /* end of generatio
 fl_status fl_tokenize(const fl_tokenizer *t, const char *text, size_t len, bool add_special, bool parse_special,
                       int32_t *out, int64_t cap, int64_t *n_out);
 /* The text of one token as it appears in output (byte-fallback tokens give their byte, "▁" ->
- * space; special tokens give "" unless render_special).  Returns the byte length written
+ * space; control/unknown tokens give "" unless render_special, user-defined tokens always give
+ * their text, unused ones ""; BPE tokens are mapped back through GPT-2's byte table).  Returns the byte length written
  * (NUL-terminated, truncated to cap-1), or -1 for an invalid id. */
 int32_t fl_token_to_piece(const fl_tokenizer *t, int32_t id, char *buf, int32_t cap, bool render_special);
 /* Detokenize a whole sequence (llama.cpp llama_detokenize semantics: strips the leading space
  * the SPM tokenizer added when remove_leading_space).  Returns length or -1 if buf too small.
  * Precisely: the pieces of fl_token_to_piece concatenated; with remove_leading_space, on vocabs
  * that add a space prefix (SPM), one leading space is dropped from the first token after an
- * optional leading BOS (the BOS is skipped), so detokenize(tokenize(x)) == x.  BPE vocabs with
+ * optional leading BOS (which renders as usual: "" unless render_special), so
+ * detokenize(tokenize(x)) == x.  BPE vocabs with
  * llama.cpp's clean_spaces (gpt-2, llama-bpe, falcon, ...) then drop the space before ? ! . ,
  * and in " 's", " 'm", " 're", " 've", " ' ".  An id out of range gives -1 (FL_ERR_INVALID). */
 int64_t fl_detokenize(const fl_tokenizer *t, const int32_t *ids, int64_t n, char *buf, int64_t cap,
@@ -67,5 +81,10 @@ float fl_tokenizer_score(const fl_tokenizer *t, int32_t id);
 int32_t fl_tokenizer_find(const fl_tokenizer *t, const char *text, size_t len);
 /* Upper bound of any piece length (bytes, without the NUL): size buffers with it + 1. */
 int32_t fl_tokenizer_max_piece(const fl_tokenizer *t);
+
+/* For streaming output: the length of the longest prefix of s[0..n) that does not end inside
+ * an incomplete UTF-8 sequence (byte-fallback tokens can split a character across pieces).
+ * Print that many bytes and keep the rest for the next piece. */
+size_t fl_utf8_complete_prefix(const char *s, size_t n);
 
 #endif

@@ -159,9 +159,8 @@ fl_status fl_bpe_set_merges(fl_tokenizer *t, const fl_gguf_str *lines, int64_t n
     size_t total = 0;
     for (int64_t i = 0; i < n; i++) total += (size_t)lines[i].len;
     if (total > UINT32_MAX / 2) return fl_set_error(FL_ERR_FORMAT, "tokenizer: merges too large");
-    t->n_merges = n;
-    t->merges = fl_calloc(FL_MEM_MISC, (size_t)(n ? n : 1), sizeof(fl_bpe_merge));
-    if (!n) t->n_merges = 1; /* keep the allocation size consistent with the free */
+    t->n_merges = n > 0 ? n : 1; /* at least one (zeroed) entry so the block is never empty */
+    t->merges = fl_calloc(FL_MEM_MISC, (size_t)t->n_merges, sizeof(fl_bpe_merge));
     t->merge_text_size = total + 1;
     t->merge_text = fl_alloc(FL_MEM_MISC, t->merge_text_size, 0);
     if (!t->merges || !t->merge_text) return fl_set_error(FL_ERR_NOMEM, "tokenizer: cannot allocate %lld merges", (long long)n);

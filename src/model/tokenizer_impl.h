@@ -67,7 +67,16 @@ struct fl_tokenizer {
     int32_t n_eog;
     int32_t *special;      /* control/user-defined/unknown ids, longest text first */
     int32_t n_special;
+    /* Pre-filter for the partition: bit (b0 << 8 | b1) of sp_prefix2 is set when a special
+     * token text starts with bytes b0 b1 (sp_prefix1: one-byte texts); sp_lens are the
+     * distinct special text lengths. */
+    uint64_t *sp_prefix2; /* [1024] */
+    uint64_t sp_prefix1[4];
+    uint32_t *sp_lens;
+    int32_t n_sp_lens;
     int32_t byte_tok[256]; /* SPM: id of <0xXX> (or the 1-byte token), -1 if none */
+    bool spm_split;        /* SPM: no token has a character followed by "▁", so text may be
+                              merged in chunks cut before each "▁" run (same result) */
 
     /* BPE */
     char pre_name[64];
@@ -111,6 +120,8 @@ static inline int fl_utf8_len(unsigned char c) {
 }
 
 /* ---- SPM (tokenizer_spm.c): tokenize one raw text fragment (spaces not yet escaped). ---- */
+/* True if no token text has a character other than "▁" followed by "▁". */
+bool fl_spm_can_split(const fl_tokenizer *t);
 fl_status fl_spm_tokenize(const fl_tokenizer *t, const char *text, size_t len, bool add_prefix, fl_idvec *out);
 
 /* ---- BPE (tokenizer_bpe.c) ---- */

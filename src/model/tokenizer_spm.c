@@ -79,52 +79,34 @@ static fl_status try_bigram(const fl_tokenizer *t, const char *s, const spm_sym 
     return heap_push(h, (spm_bigram){t->tokens[id].score, left, right, size});
 }
 
-fl_status fl_spm_tokenize(const fl_tokenizer *t, const char *text, size_t len, bool add_prefix, fl_idvec *out) {
-    static const char sp[3] = {(char)0xe2, (char)0x96, (char)0x81}; /* "▁" */
-    size_t n_space = 0;
-    for (size_t i = 0; i < len; i++) n_space += text[i] == ' ';
-    const size_t elen = len + 2 * n_space + (add_prefix ? 3 : 0);
-    if (elen == 0) return FL_OK;
-    if (elen > INT32_MAX / 2) return fl_set_error(FL_ERR_RANGE, "spm: text fragment of %zu bytes is too long", len);
-
+/* Merge the symbols of one chunk s[0, n) (n > 0) and append its tokens.  sym and heap are
+ * reused between chunks. */
+static fl_status spm_chunk(const fl_tokenizer *t, const char *s, int32_t n, spm_sym *sym, spm_heap *heap, fl_idvec *out) {
     fl_status st = FL_OK;
-    spm_heap heap = {0};
-    char *s = fl_alloc(FL_MEM_SCRATCH, elen, 0);
-    spm_sym *sym = fl_alloc(FL_MEM_SCRATCH, elen * sizeof(spm_sym), 0);
-    if (!s || !sym) {
-        st = fl_set_error(FL_ERR_NOMEM, "spm: out of memory for a %zu-byte fragment", len);
-        goto done;
-    }
-    /* 1. escape */
-    size_t w = 0;
-    if (add_prefix) memcpy(s, sp, 3), w = 3;
-    for (size_t i = 0; i < len; i++) {
-        if (text[i] == ' ') memcpy(s + w, sp, 3), w += 3;
-        else s[w++] = text[i];
-    }
-    /* 2. one symbol per UTF-8 character */
+    /* one symbol per UTF-8 character */
     int32_t n_sym = 0;
-    for (size_t off = 0; off < elen;) {
-        size_t cl = (size_t)fl_utf8_len((unsigned char)s[off]);
-        if (cl > elen - off) cl = elen - off;
-        sym[n_sym] = (spm_sym){(int32_t)off, (int32_t)cl, n_sym - 1, off + cl == elen ? -1 : n_sym + 1};
+    for (int32_t off = 0; off < n;) {
+        int32_t cl = fl_utf8_len((unsigned char)s[off]);
+        if (cl > n - off) cl = n - off;
+        sym[n_sym] = (spm_sym){off, cl, n_sym - 1, off + cl == n ? -1 : n_sym + 1};
         n_sym++;
         off += cl;
     }
-    /* 3. merge the best-scoring pairs */
-    for (int32_t i = 1; i < n_sym && !st; i++) st = try_bigram(t, s, sym, i - 1, i, &heap);
-    while (heap.n > 0 && !st) {
-        spm_bigram b = heap_pop(&heap);
+    /* merge the best-scoring pairs */
+    heap->n = 0;
+    for (int32_t i = 1; i < n_sym && !st; i++) st = try_bigram(t, s, sym, i - 1, i, heap);
+    while (heap->n > 0 && !st) {
+        spm_bigram b = heap_pop(heap);
         spm_sym *l = &sym[b.left], *r = &sym[b.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.size) continue; /* stale */
         l->n += r->n;
         r->n = 0;
         l->next = r->next;
         if (r->next >= 0) sym[r->next].prev = b.left;
-        st = try_bigram(t, s, sym, l->prev, b.left, &heap);
-        if (!st) st = try_bigram(t, s, sym, b.left, l->next, &heap);
+        st = try_bigram(t, s, sym, l->prev, b.left, heap);
+        if (!st) st = try_bigram(t, s, sym, b.left, l->next, heap);
     }
-    /* 4. emit tokens, falling back to bytes */
+    /* emit tokens, falling back to bytes */
     for (int32_t i = 0; i != -1 && !st; i = sym[i].next) {
         int32_t id = fl_tok_find(t, s + sym[i].off, (size_t)sym[i].n);
         if (id >= 0) {
@@ -142,9 +124,73 @@ fl_status fl_spm_tokenize(const fl_tokenizer *t, const char *text, size_t len, b
             st = fl_idvec_push(out, bt);
         }
     }
+    return st;
+}
+
+static bool is_sp(const char *s) { return (unsigned char)s[0] == 0xe2 && (unsigned char)s[1] == 0x96 && (unsigned char)s[2] == 0x81; }
+
+bool fl_spm_can_split(const fl_tokenizer *t) {
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        const char *x = fl_tok_text(t, id);
+        const uint32_t n = t->tokens[id].len;
+        for (uint32_t p = 1; p + 3 <= n; p++)
+            if (is_sp(x + p) && !(p >= 3 && is_sp(x + p - 3))) return false;
+    }
+    return true;
+}
+
+fl_status fl_spm_tokenize(const fl_tokenizer *t, const char *text, size_t len, bool add_prefix, fl_idvec *out) {
+    static const char sp[3] = {(char)0xe2, (char)0x96, (char)0x81}; /* "▁" */
+    size_t n_space = 0;
+    for (size_t i = 0; i < len; i++) n_space += text[i] == ' ';
+    const size_t elen = len + 2 * n_space + (add_prefix ? 3 : 0);
+    if (elen == 0) return FL_OK;
+    if (elen > INT32_MAX / 2) return fl_set_error(FL_ERR_RANGE, "spm: text fragment of %zu bytes is too long", len);
+
+    fl_status st = FL_OK;
+    spm_heap heap = {0};
+    spm_sym *sym = NULL;
+    size_t sym_cap = 0;
+    char *s = fl_alloc(FL_MEM_SCRATCH, elen, 0);
+    if (!s) {
+        st = fl_set_error(FL_ERR_NOMEM, "spm: out of memory for a %zu-byte fragment", len);
+        goto done;
+    }
+    /* escape spaces */
+    size_t w = 0;
+    if (add_prefix) memcpy(s, sp, 3), w = 3;
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == ' ') memcpy(s + w, sp, 3), w += 3;
+        else s[w++] = text[i];
+    }
+    /* Cut into chunks before each "▁" that follows another character, when no token contains
+     * a character followed by "▁" (t->spm_split): no merge can then cross a cut, so the chunks
+     * merge independently with the same result as the whole fragment, in far less memory. */
+    for (size_t a = 0; a < elen && !st;) {
+        size_t b = elen;
+        if (t->spm_split)
+            for (size_t i = a + 1; i + 3 <= elen; i++)
+                if (is_sp(s + i) && !(i >= a + 3 && is_sp(s + i - 3))) { /* i starts a "▁" run */
+                    b = i;
+                    break;
+                }
+        if (b - a > sym_cap) {
+            size_t nc = sym_cap ? sym_cap : 256;
+            while (nc < b - a) nc *= 2;
+            spm_sym *ns = fl_realloc(FL_MEM_SCRATCH, sym, sym_cap * sizeof(spm_sym), nc * sizeof(spm_sym), 0);
+            if (!ns) {
+                st = fl_set_error(FL_ERR_NOMEM, "spm: out of memory for %zu symbols", nc);
+                break;
+            }
+            sym = ns;
+            sym_cap = nc;
+        }
+        st = spm_chunk(t, s + a, (int32_t)(b - a), sym, &heap, out);
+        a = b;
+    }
 done:
     if (heap.v) fl_free(FL_MEM_SCRATCH, heap.v, (size_t)heap.cap * sizeof(spm_bigram));
-    if (sym) fl_free(FL_MEM_SCRATCH, sym, elen * sizeof(spm_sym));
+    if (sym) fl_free(FL_MEM_SCRATCH, sym, sym_cap * sizeof(spm_sym));
     if (s) fl_free(FL_MEM_SCRATCH, s, elen);
     return st;
 }
