@@ -46,6 +46,14 @@ int fl_cmd_bench(int argc, char **argv);
 int fl_cmd_quantize(int argc, char **argv);
 int fl_cmd_synth(int argc, char **argv);
 int fl_bench_matmul(int argc, char **argv);
+int fl_cmd_run(int argc, char **argv);
+int fl_cmd_perplexity(int argc, char **argv);
+/* cli/cmd_run.c helpers shared with perplexity: whole file (FL_MEM_MISC, free len + 1 bytes);
+ * text -> ids with BOS (FL_MEM_MISC, free (*n + 1) * 4 bytes). */
+#include "fitllm.h"
+struct fl_tokenizer;
+char *fl_cli_read_file(const char *path, size_t *len);
+fl_status fl_cli_tokenize(const struct fl_tokenizer *tok, const char *text, size_t len, int32_t **ids, int64_t *n);
 /* benchmarks (cli/bench_*.c) */
 int fl_bench_serve(int argc, char **argv);
 int fl_cmd_demo(int argc, char **argv);

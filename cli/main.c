@@ -10,6 +10,8 @@ static const fl_cli_command commands[] = {
     {"inspect", "show a GGUF model's metadata, tensors and memory needs", fl_cmd_inspect},
     {"quantize", "write a GGUF with weights quantized to Q8_0, Q4_0, ..., Q4_K_M", fl_cmd_quantize},
     {"synth", "write a llama-shaped GGUF with random weights (e.g. TinyLlama-1.1B shape)", fl_cmd_synth},
+    {"perplexity", "perplexity of a model on a text file (llama.cpp's method), KL divergence", fl_cmd_perplexity},
+    {"run", "generate text from a prompt", fl_cmd_run},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

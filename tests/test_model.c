@@ -3,6 +3,7 @@
 #include "test.h"
 
 #include "core/status.h"
+#include "core/threads.h"
 #include "formats/gguf.h"
 #include "kv/kv_contig.h"
 #include "model/llama.h"
@@ -21,19 +22,24 @@ typedef struct runner {
     int32_t n_vocab, max_rows;
 } runner;
 
-static void runner_init(runner *r, const char *model, int32_t n_ctx, int32_t n_seq, int32_t max_tokens, int32_t max_rows) {
+static void runner_init_kv(runner *r, const char *model, int32_t n_ctx, int32_t n_seq, int32_t max_tokens,
+                           int32_t max_rows, int32_t kv_type) {
     memset(r, 0, sizeof *r);
     fl_status st = fl_model_load(FL_SHARED_PATH(model), NULL, &r->m);
     if (st) fail_msg("load %s: %s", model, fl_last_error());
     const fl_hparams *hp = fl_model_hparams(r->m);
-    fl_kv_contig_params kp = {hp->n_layer, hp->n_head_local, hp->n_head_kv_local, hp->head_dim, n_ctx, n_seq, hp->n_swa,
-                              getenv("FL_KV_F32") ? FL_TYPE_F32 : FL_TYPE_F16};
+    fl_kv_contig_params kp = {hp->n_layer, hp->n_head_local, hp->n_head_kv_local, hp->head_dim, n_ctx, n_seq, hp->n_swa, kv_type};
     assert_int_equal(fl_kv_contig_new(&kp, &r->kv), FL_OK);
     assert_int_equal(fl_model_workspace_new(r->m, max_tokens, max_rows), FL_OK);
     r->n_vocab = hp->n_vocab;
     r->max_rows = max_rows;
     r->logits = fl_alloc(FL_MEM_ACT, (size_t)max_rows * (size_t)r->n_vocab * sizeof(float), 64);
     assert_non_null(r->logits);
+}
+
+/* llama.cpp's default: f16 K/V */
+static void runner_init(runner *r, const char *model, int32_t n_ctx, int32_t n_seq, int32_t max_tokens, int32_t max_rows) {
+    runner_init_kv(r, model, n_ctx, n_seq, max_tokens, max_rows, FL_TYPE_F16);
 }
 
 static void runner_free(runner *r) {
@@ -76,53 +82,71 @@ static int32_t json_ids(const cJSON *arr, int32_t *out, int32_t cap) {
 }
 
 /* Greedy: prefill the prompt, then feed each argmax back one at a time (as llama.cpp does);
- * stops at EOS (2) or after n_gen tokens. Returns the number generated. */
-static int32_t greedy(runner *r, const int32_t *prompt, int32_t n_prompt, int32_t n_gen, int32_t eos, int32_t *out) {
+ * stops at EOS (2) or after n_gen tokens. Returns the number generated.  If want != NULL,
+ * stops at the first token that differs from want[] and reports through *tie_gap the gap
+ * between our top logit and the logit we give want's token (a near tie if tiny). */
+static int32_t greedy(runner *r, const int32_t *prompt, int32_t n_prompt, int32_t n_gen, int32_t eos, int32_t *out,
+                      const int32_t *want, float *tie_gap) {
     fl_kv_contig_clear(r->kv);
     eval(r, 0, prompt, n_prompt, 0, 0);
     int32_t n = 0, pos = n_prompt;
     while (n < n_gen) {
         int32_t t = argmax(r->logits, r->n_vocab);
         out[n++] = t;
+        if (want && t != want[n - 1]) {
+            *tie_gap = r->logits[t] - r->logits[want[n - 1]];
+            break;
+        }
         if (t == eos) break;
         eval(r, 0, &t, 1, pos++, 0);
     }
     return n;
 }
 
-static void check_greedy_file(const char *model, const char *ref) {
+/* Token-for-token against a greedy jsonl.  The reference README allows a divergence only at a
+ * near tie (two top logits within ~1e-3; llama.cpp rounds activations / K / V to f16): at most
+ * max_ties prompts may diverge, each at a step where our top-2 gap is below 3e-3. */
+static void check_greedy_file(const char *model, const char *ref, int max_ties) {
     size_t len;
     char *txt = fl_test_read_file(FL_SHARED_PATH(ref), &len);
     assert_non_null(txt);
     runner r;
     runner_init(&r, model, 512, 1, 512, 1);
-    int lines = 0;
+    int lines = 0, ties = 0;
     for (char *line = strtok(txt, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *o = cJSON_Parse(line);
         assert_non_null(o);
         int32_t prompt[512], want[512], got[512];
         int32_t np = json_ids(cJSON_GetObjectItem(o, "prompt_tokens"), prompt, 512);
         int32_t nw = json_ids(cJSON_GetObjectItem(o, "greedy_tokens"), want, 512);
-        int32_t ng = greedy(&r, prompt, np, nw, 2, got);
-        assert_int_equal(ng, nw);
-        for (int32_t i = 0; i < nw; i++)
-            if (got[i] != want[i]) fail_msg("%s line %d token %d: got %d want %d", ref, lines, i, got[i], want[i]);
+        float gap = 0;
+        int32_t ng = greedy(&r, prompt, np, nw, 2, got, want, &gap);
+        if (got[ng - 1] != want[ng - 1]) {
+            fprintf(stderr, "%s line %d token %d: got %d want %d, logit gap %.4g\n", ref, lines, ng - 1,
+                    got[ng - 1], want[ng - 1], gap);
+            assert_true(gap < 3e-3f);
+            ties++;
+        } else {
+            assert_int_equal(ng, nw);
+        }
         cJSON_Delete(o);
         lines++;
     }
     assert_int_equal(lines, 12);
+    assert_true(ties <= max_ties);
     runner_free(&r);
     fl_test_free_file(txt, len);
 }
 
-static void check_logits_file(const char *model, const char *ref, double tol) {
+static void check_logits_file(const char *model, const char *ref, double tol, double mean_tol) {
     size_t len;
     char *txt = fl_test_read_file(FL_SHARED_PATH(ref), &len);
     assert_non_null(txt);
     runner r;
     runner_init(&r, model, 512, 1, 256, 256);
     int lines = 0;
-    double worst = 0;
+    double worst = 0, sum = 0;
+    long cnt = 0;
     for (char *line = strtok(txt, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *o = cJSON_Parse(line);
         assert_non_null(o);
@@ -142,6 +166,8 @@ static void check_logits_file(const char *model, const char *ref, double tol) {
                 double d = fabs(e->valuedouble - r.logits[(size_t)i * r.n_vocab + j]);
                 if (d > worst) worst = d;
                 if (d > rw) rw = d;
+                sum += d;
+                cnt++;
                 j++;
             }
             if (getenv("FL_DEBUG_LOGITS")) fprintf(stderr, "line %d pos %d maxdiff %.3g\n", lines, i, rw);
@@ -149,9 +175,10 @@ static void check_logits_file(const char *model, const char *ref, double tol) {
         cJSON_Delete(o);
         lines++;
     }
-    fprintf(stderr, "%s: %d prompts, max |diff| %.3g\n", ref, lines, worst);
+    fprintf(stderr, "%s: %d prompts, max |diff| %.3g, mean |diff| %.3g\n", ref, lines, worst, sum / (double)cnt);
     assert_true(lines >= 1);
     assert_true(worst < tol);
+    assert_true(sum / (double)cnt < mean_tol);
     runner_free(&r);
     fl_test_free_file(txt, len);
 }
@@ -161,28 +188,96 @@ static void check_logits_file(const char *model, const char *ref, double tol) {
 static void test_greedy_f32(void **state) {
     (void)state;
     NEED_SHARED();
-    check_greedy_file("models/stories260K.gguf", "reference/stories260K.greedy.jsonl");
+    check_greedy_file("models/stories260K.gguf", "reference/stories260K.greedy.jsonl", 0);
     fl_test_mem_zero();
 }
 
 static void test_greedy_f16(void **state) {
     (void)state;
     NEED_SHARED();
-    check_greedy_file("models/stories260K-f16.gguf", "reference/stories260K-f16.greedy.jsonl");
+    check_greedy_file("models/stories260K-f16.gguf", "reference/stories260K-f16.greedy.jsonl", 2);
     fl_test_mem_zero();
 }
 
 static void test_logits_f32(void **state) {
     (void)state;
     NEED_SHARED();
-    check_logits_file("models/stories260K.gguf", "reference/stories260K.logits.jsonl", 1e-3);
+    check_logits_file("models/stories260K.gguf", "reference/stories260K.logits.jsonl", 1e-2, 2e-3);
     fl_test_mem_zero();
 }
 
 static void test_logits_f16(void **state) {
     (void)state;
     NEED_SHARED();
-    check_logits_file("models/stories260K-f16.gguf", "reference/stories260K-f16.logits.jsonl", 1e-3);
+    check_logits_file("models/stories260K-f16.gguf", "reference/stories260K-f16.logits.jsonl", 2.5e-2, 5e-3);
+    fl_test_mem_zero();
+}
+
+/* With f32 K/V the forward is plain f32 arithmetic: it must match the independent float64
+ * reference (stories260K.reference.json prompt_logits, rounded to 5 decimals) to 1e-4. */
+static void test_logits_float64_ref(void **state) {
+    (void)state;
+    NEED_SHARED();
+    size_t len;
+    char *txt = fl_test_read_file(FL_SHARED_PATH("models/stories260K.reference.json"), &len);
+    assert_non_null(txt);
+    cJSON *o = cJSON_Parse(txt);
+    assert_non_null(o);
+    int32_t toks[16];
+    int32_t n = json_ids(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "prompt_greedy"), "prompt_ids"), toks, 16);
+    assert_int_equal(n, 5);
+    const cJSON *rows = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "prompt_logits"), "positions");
+    assert_int_equal(cJSON_GetArraySize(rows), n);
+    runner r;
+    runner_init_kv(&r, "models/stories260K.gguf", 16, 1, 16, 16, FL_TYPE_F32);
+    eval(&r, 0, toks, n, 0, 1);
+    double worst = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const cJSON *row = cJSON_GetArrayItem(rows, i);
+        assert_int_equal(cJSON_GetArraySize(row), r.n_vocab);
+        for (int32_t j = 0; j < r.n_vocab; j++) {
+            double d = fabs(cJSON_GetArrayItem(row, j)->valuedouble - r.logits[(size_t)i * r.n_vocab + j]);
+            worst = d > worst ? d : worst;
+        }
+    }
+    fprintf(stderr, "float64 reference: max |diff| %.3g\n", worst);
+    assert_true(worst < 1e-4);
+    runner_free(&r);
+    cJSON_Delete(o);
+    fl_test_free_file(txt, len);
+    fl_test_mem_zero();
+}
+
+/* synth256 (n_embd 256, head_dim 64, random weights) in every weight type fl_matmul supports:
+ * the F32 / F16 / BF16 files always, the quantized ones as soon as kernels/quant lands.  The
+ * -dequant references are llama.cpp on the exactly dequantized model (f16 K/V), so the same
+ * tolerance applies to every type: this checks that each block type is decoded exactly.
+ * An unsupported type must fail at load with a message naming the tensor and the type. */
+static void test_synth256_types(void **state) {
+    (void)state;
+    NEED_SHARED();
+    static const char *types[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                                  "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"};
+    int n_ok = 0;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        char model[128], ref[128];
+        snprintf(model, sizeof model, "models/synth256/synth256-%s.gguf", types[i]);
+        snprintf(ref, sizeof ref, "reference/synth256/synth256-%s%s.logits.jsonl", types[i],
+                 strcmp(types[i], "F32") ? "-dequant" : "");
+        fl_model *m = NULL;
+        fl_status st = fl_model_load(FL_SHARED_PATH(model), NULL, &m);
+        if (st != FL_OK) {
+            fprintf(stderr, "%s: not supported yet: %s\n", types[i], fl_last_error());
+            assert_int_equal(st, FL_ERR_UNSUPPORTED);
+            assert_non_null(strstr(fl_last_error(), "tensor "));
+            assert_true(i >= 3); /* F32, F16, BF16 must load */
+            continue;
+        }
+        fl_model_free(m);
+        check_logits_file(model, ref, 1e-2, 1.5e-3);
+        n_ok++;
+    }
+    assert_true(n_ok >= 3);
     fl_test_mem_zero();
 }
 
@@ -195,13 +290,14 @@ static void test_tiny_random_greedy(void **state) {
     assert_non_null(txt);
     cJSON *o = cJSON_Parse(txt);
     assert_non_null(o);
-    int32_t prompt[16], want[64], got[64];
+    int32_t prompt[16], want[64] = {0}, got[64];
     int32_t np = json_ids(cJSON_GetObjectItem(o, "prompt_ids"), prompt, 16);
     int32_t nw = json_ids(cJSON_GetObjectItem(o, "greedy_ids"), want, 64);
     assert_int_equal(nw, 20);
     runner r;
     runner_init(&r, "models/llama-2-tiny-random.gguf", 64, 1, 16, 1);
-    int32_t ng = greedy(&r, prompt, np, nw, 2, got);
+    float gap = 0;
+    int32_t ng = greedy(&r, prompt, np, nw, 2, got, want, &gap);
     assert_int_equal(ng, nw);
     for (int32_t i = 0; i < nw; i++) assert_int_equal(got[i], want[i]);
     runner_free(&r);
@@ -254,9 +350,20 @@ static void test_mixed_batch(void **state) {
     bad_p[0] = 9; /* gap after length 6 */
     bad_p[1] = 10;
     assert_int_equal(fl_model_forward(r.m, &bad, fl_kv_contig_iface(), r.kv, r.logits), FL_ERR_INVALID);
-    bad_p[0] = 63;
-    bad_p[1] = 64; /* past the 64-position reservation: soft, nothing changed */
     assert_int_equal(fl_kv_contig_seq_len(r.kv, 0), 6);
+    /* past the reservation: soft FL_NO_KV_SPACE, nothing changed */
+    fl_kv_contig *small;
+    fl_kv_contig_params kp = {1, 2, 1, 4, 4, 1, 0, FL_TYPE_F32};
+    assert_int_equal(fl_kv_contig_new(&kp, &small), FL_OK);
+    assert_int_equal(fl_kv_contig_bytes(&kp), 2 * 4 * 4 * 4);
+    int32_t st_t[5] = {1, 1, 1, 1, 1}, st_p[5] = {0, 1, 2, 3, 4}, st_s[5] = {0};
+    fl_batch full = {5, st_t, st_p, st_s, NULL};
+    assert_int_equal(fl_kv_contig_iface()->prepare(small, &full), FL_NO_KV_SPACE);
+    assert_int_equal(fl_kv_contig_seq_len(small, 0), 0);
+    full.n_tokens = 4;
+    assert_int_equal(fl_kv_contig_iface()->prepare(small, &full), FL_OK);
+    assert_int_equal(fl_kv_contig_seq_len(small, 0), 4);
+    fl_kv_contig_free(small);
     runner_free(&r);
     fl_test_mem_zero();
 }
@@ -312,10 +419,12 @@ static void test_unknown_arch(void **state) {
 
 int main(void) {
     fl_mem_install_cjson_hooks();
+    fl_threads_set(getenv("FL_TEST_THREADS") ? atoi(getenv("FL_TEST_THREADS")) : 1);
+    if (getenv("FL_TEST_FILTER")) cmocka_set_test_filter(getenv("FL_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_workspace_bytes),  cmocka_unit_test(test_logits_f32),
+        cmocka_unit_test(test_workspace_bytes),  cmocka_unit_test(test_logits_f32), cmocka_unit_test(test_logits_float64_ref),
         cmocka_unit_test(test_logits_f16),       cmocka_unit_test(test_greedy_f32),
-        cmocka_unit_test(test_greedy_f16),       cmocka_unit_test(test_tiny_random_greedy),
+        cmocka_unit_test(test_greedy_f16),       cmocka_unit_test(test_tiny_random_greedy), cmocka_unit_test(test_synth256_types),
         cmocka_unit_test(test_mixed_batch),      cmocka_unit_test(test_unknown_arch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

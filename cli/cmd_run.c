@@ -1,0 +1,284 @@
+/* `fitllm run`: generate text from a prompt with one model, contiguous KV cache and a sampler. */
+#include "cli/cli.h"
+#include "core/alloc.h"
+#include "core/status.h"
+#include "core/threads.h"
+#include "engine/sampling.h"
+#include "kv/kv_contig.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Read a whole file into a FL_MEM_MISC buffer (NUL-terminated); *len excludes the NUL. */
+char *fl_cli_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fl_set_error(FL_ERR_IO, "cannot open %s", path);
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n + 65536 + 1 > cap) {
+            size_t ncap = cap ? cap * 2 : 131072;
+            char *nb = fl_realloc(FL_MEM_MISC, buf, cap, ncap, 16);
+            if (!nb) break;
+            buf = nb;
+            cap = ncap;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0) break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (!buf || err) {
+        fl_free(FL_MEM_MISC, buf, cap);
+        fl_set_error(FL_ERR_IO, "cannot read %s", path);
+        return NULL;
+    }
+    /* shrink to exactly n + 1 so the caller frees with len + 1 */
+    char *fit = fl_realloc(FL_MEM_MISC, buf, cap, n + 1, 16);
+    if (!fit) {
+        fl_free(FL_MEM_MISC, buf, cap);
+        return NULL;
+    }
+    fit[n] = 0;
+    *len = n;
+    return fit;
+}
+
+/* Tokenize text with BOS; the ids are a FL_MEM_MISC array of *n (+1 spare) entries. */
+fl_status fl_cli_tokenize(const struct fl_tokenizer *tok, const char *text, size_t len, int32_t **ids, int64_t *n) {
+    int64_t cap = (int64_t)len + 8, need = 0;
+    *ids = fl_alloc(FL_MEM_MISC, (size_t)cap * sizeof(int32_t), 16);
+    if (!*ids) return FL_ERR_NOMEM;
+    fl_status st = fl_tokenize(tok, text, len, true, false, *ids, cap, &need);
+    if (st == FL_OK && need > cap) st = fl_set_error(FL_ERR_INTERNAL, "tokenizer returned more ids than bytes");
+    if (st) {
+        fl_free(FL_MEM_MISC, *ids, (size_t)cap * sizeof(int32_t));
+        *ids = NULL;
+        return st;
+    }
+    /* keep the allocation size recoverable: shrink to need + 1 */
+    int32_t *fit = fl_realloc(FL_MEM_MISC, *ids, (size_t)cap * sizeof(int32_t), (size_t)(need + 1) * sizeof(int32_t), 16);
+    if (!fit) {
+        fl_free(FL_MEM_MISC, *ids, (size_t)cap * sizeof(int32_t));
+        *ids = NULL;
+        return FL_ERR_NOMEM;
+    }
+    *ids = fit;
+    *n = need;
+    return FL_OK;
+}
+
+int fl_cmd_run(int argc, char **argv) {
+    fl_opt opts[] = {
+        {"model", 'm', FL_OPT_STR, "MODEL  GGUF model file (llama architecture)"},
+        {"prompt", 'p', FL_OPT_STR, "TEXT  prompt text"},
+        {"file", 'f', FL_OPT_STR, "FILE  read the prompt from FILE"},
+        {"n-predict", 'n', FL_OPT_INT, "N  tokens to generate (default 128; stops earlier at EOS)"},
+        {"ctx-size", 'c', FL_OPT_INT, "CTX  context length (default: the model's, at most 4096)"},
+        {"threads", 't', FL_OPT_INT, "N  threads (default: all cores)"},
+        {"temp", 0, FL_OPT_FLOAT, "T  temperature (default 0.8; 0 = greedy)"},
+        {"top-k", 0, FL_OPT_INT, "K  keep the K most likely tokens (default 40; 0 = off)"},
+        {"top-p", 0, FL_OPT_FLOAT, "P  nucleus sampling threshold (default 0.95; 1 = off)"},
+        {"min-p", 0, FL_OPT_FLOAT, "M  drop tokens below M x the top probability (default 0.05)"},
+        {"repeat-penalty", 0, FL_OPT_FLOAT, "R  repetition penalty (default 1 = off)"},
+        {"frequency-penalty", 0, FL_OPT_FLOAT, "F  frequency penalty (default 0)"},
+        {"presence-penalty", 0, FL_OPT_FLOAT, "P  presence penalty (default 0)"},
+        {"repeat-last-n", 0, FL_OPT_INT, "N  tokens the penalties look back at (default 64, -1 = all)"},
+        {"seed", 's', FL_OPT_INT, "S  RNG seed (default 0)"},
+        {"json", 0, FL_OPT_FLAG, "print one JSON object (ids, text, timings, memory) instead of streaming"},
+        {0},
+    };
+    int n_pos;
+    int r = fl_args_parse(argc, argv, opts, "fitllm run -m MODEL (-p PROMPT | -f FILE) [-n N] [-c CTX] [options]",
+                          "Generate text after a prompt.  Streams the text to stdout, then prints prefill and\n"
+                          "decode speed and the memory report to stderr.",
+                          NULL, 0, &n_pos);
+    if (r) return r == 1 ? 0 : 2;
+    const fl_opt *o_model = fl_args_get(opts, "model"), *o_prompt = fl_args_get(opts, "prompt"),
+                 *o_file = fl_args_get(opts, "file");
+    if (!o_model->set) {
+        fprintf(stderr, "fitllm run: -m MODEL is required\n");
+        return 2;
+    }
+    if (o_prompt->set == o_file->set) {
+        fprintf(stderr, "fitllm run: give exactly one of -p PROMPT or -f FILE\n");
+        return 2;
+    }
+    const bool json = fl_args_get(opts, "json")->set;
+    const int64_t n_predict = fl_args_get(opts, "n-predict")->set ? fl_args_get(opts, "n-predict")->i : 128;
+    if (n_predict < 0) {
+        fprintf(stderr, "fitllm run: -n must be >= 0\n");
+        return 2;
+    }
+    fl_threads_set(fl_args_get(opts, "threads")->set ? (int)fl_args_get(opts, "threads")->i : 0);
+    fl_sampler_params sp = fl_sampler_default_params();
+#define FOPT(name, field) if (fl_args_get(opts, name)->set) sp.field = (float)fl_args_get(opts, name)->f
+#define IOPT(name, field) if (fl_args_get(opts, name)->set) sp.field = (int32_t)fl_args_get(opts, name)->i
+    FOPT("temp", temp);
+    IOPT("top-k", top_k);
+    FOPT("top-p", top_p);
+    FOPT("min-p", min_p);
+    FOPT("repeat-penalty", repeat_penalty);
+    FOPT("frequency-penalty", freq_penalty);
+    FOPT("presence-penalty", presence_penalty);
+    IOPT("repeat-last-n", penalty_last_n);
+#undef FOPT
+#undef IOPT
+    if (fl_args_get(opts, "seed")->set) sp.seed = (uint64_t)fl_args_get(opts, "seed")->i;
+
+    int rc = 1;
+    char *text = NULL;
+    size_t text_len = 0;
+    bool text_owned = false;
+    fl_model *m = NULL;
+    fl_tokenizer *tok = NULL;
+    fl_kv_contig *kv = NULL;
+    fl_sampler *smp = NULL;
+    int32_t *ids = NULL, *gen = NULL;
+    int64_t n_ids = 0, n_gen = 0;
+    float *logits = NULL;
+    char *out_text = NULL;
+    size_t out_cap = 0, logits_bytes = 0, gen_bytes = 0;
+    fl_status st;
+
+    if (o_file->set) {
+        if (!(text = fl_cli_read_file(o_file->str, &text_len))) goto fail;
+        text_owned = true;
+    } else {
+        text = (char *)o_prompt->str;
+        text_len = strlen(text);
+    }
+    if (text_len == 0) {
+        fl_set_error(FL_ERR_INVALID, "the prompt is empty");
+        goto fail;
+    }
+    if ((st = fl_model_load(o_model->str, NULL, &m))) goto fail;
+    const fl_hparams *hp = fl_model_hparams(m);
+    if ((st = fl_tokenizer_new(fl_model_gguf(m), &tok))) goto fail;
+    if ((st = fl_cli_tokenize(tok, text, text_len, &ids, &n_ids))) goto fail;
+    int64_t n_ctx = fl_args_get(opts, "ctx-size")->set ? fl_args_get(opts, "ctx-size")->i
+                                                       : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+    if (n_ctx < 1 || n_ctx > (1 << 24)) {
+        fl_set_error(FL_ERR_INVALID, "context size %lld out of range", (long long)n_ctx);
+        goto fail;
+    }
+    if (n_ids >= n_ctx) {
+        fl_set_error(FL_ERR_INVALID, "the prompt has %lld tokens, which does not leave room in the context of %lld",
+                     (long long)n_ids, (long long)n_ctx);
+        goto fail;
+    }
+    const int64_t max_gen = n_predict < n_ctx - n_ids ? n_predict : n_ctx - n_ids;
+    const int32_t max_batch = n_ids < 512 ? (int32_t)n_ids : 512;
+    fl_kv_contig_params kp = {hp->n_layer, hp->n_head_local, hp->n_head_kv_local, hp->head_dim, (int32_t)n_ctx, 1,
+                              hp->n_swa, FL_TYPE_F16};
+    if ((st = fl_kv_contig_new(&kp, &kv))) goto fail;
+    if ((st = fl_model_workspace_new(m, max_batch, 1))) goto fail;
+    if ((st = fl_sampler_new(&sp, hp->n_vocab, &smp))) goto fail;
+    logits_bytes = (size_t)hp->n_vocab * sizeof(float);
+    logits = fl_alloc(FL_MEM_ACT, logits_bytes, 64);
+    gen_bytes = (size_t)(n_ids + max_gen + 1) * sizeof(int32_t);
+    gen = fl_alloc(FL_MEM_MISC, gen_bytes, 16); /* history: prompt + generated */
+    if (!logits || !gen) goto fail;
+    memcpy(gen, ids, (size_t)n_ids * sizeof(int32_t));
+
+    /* prefill in batches of up to max_batch tokens */
+    int32_t pos[512], seq[512];
+    memset(seq, 0, sizeof seq);
+    const double t0 = now_s();
+    for (int64_t i = 0; i < n_ids; i += max_batch) {
+        const int32_t n = (int32_t)(n_ids - i < max_batch ? n_ids - i : max_batch);
+        for (int32_t j = 0; j < n; j++) pos[j] = (int32_t)(i + j);
+        fl_batch b = {n, ids + i, pos, seq, NULL};
+        if ((st = fl_model_forward(m, &b, fl_kv_contig_iface(), kv, logits))) goto fail;
+    }
+    const double t1 = now_s();
+    /* decode */
+    char piece[256], pending[1024];
+    size_t n_pending = 0;
+    while (n_gen < max_gen) {
+        const int32_t t = fl_sample(smp, logits, hp->n_vocab, gen, n_ids + n_gen);
+        if (fl_tokenizer_is_eog(tok, t)) break;
+        gen[n_ids + n_gen++] = t;
+        if (!json) {
+            int32_t pl = fl_token_to_piece(tok, t, piece, sizeof piece, false);
+            if (pl > 0 && n_pending + (size_t)pl < sizeof pending) {
+                memcpy(pending + n_pending, piece, (size_t)pl);
+                n_pending += (size_t)pl;
+            }
+            size_t ok = fl_utf8_complete_prefix(pending, n_pending);
+            fwrite(pending, 1, ok, stdout);
+            fflush(stdout);
+            memmove(pending, pending + ok, n_pending - ok);
+            n_pending -= ok;
+        }
+        if (n_gen == max_gen) break;
+        int32_t p1 = (int32_t)(n_ids + n_gen - 1), s1 = 0;
+        fl_batch b = {1, &t, &p1, &s1, NULL};
+        if ((st = fl_model_forward(m, &b, fl_kv_contig_iface(), kv, logits))) goto fail;
+    }
+    const double t2 = now_s();
+    if (!json) {
+        fwrite(pending, 1, n_pending, stdout);
+        printf("\n");
+    }
+    const double prefill_tps = (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9);
+    const double decode_tps = n_gen > 1 ? (double)(n_gen - 1) / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0;
+    /* the whole continuation as text */
+    out_cap = (size_t)n_gen * 64 + 16;
+    out_text = fl_alloc(FL_MEM_MISC, out_cap, 16);
+    if (!out_text) goto fail;
+    int64_t tl = fl_detokenize(tok, gen + n_ids, n_gen, out_text, (int64_t)out_cap, false, false);
+    out_text[tl < 0 ? 0 : tl] = 0;
+    if (json) {
+        fl_mem_install_cjson_hooks();
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "prompt_tokens", cJSON_CreateIntArray(ids, (int)n_ids));
+        cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(gen + n_ids, (int)n_gen));
+        cJSON_AddStringToObject(o, "text", out_text);
+        cJSON *tm = cJSON_AddObjectToObject(o, "timings");
+        cJSON_AddNumberToObject(tm, "prefill_tok_s", prefill_tps);
+        cJSON_AddNumberToObject(tm, "decode_tok_s", decode_tps);
+        char mem[1024];
+        fl_mem_report_json(mem, sizeof mem);
+        cJSON *mj = cJSON_Parse(mem);
+        if (mj) cJSON_AddItemToObject(o, "memory", mj);
+        char *s = cJSON_PrintUnformatted(o);
+        if (s) {
+            puts(s);
+            cJSON_free(s);
+        }
+        cJSON_Delete(o);
+    } else {
+        fprintf(stderr, "prefill: %lld tokens, %.1f tok/s; decode: %lld tokens, %.1f tok/s\n", (long long)n_ids,
+                prefill_tps, (long long)n_gen, decode_tps);
+        fl_mem_report(stderr);
+    }
+    rc = 0;
+fail:
+    if (rc) fprintf(stderr, "fitllm run: %s\n", fl_last_error()[0] ? fl_last_error() : "failed");
+    if (out_text) fl_free(FL_MEM_MISC, out_text, out_cap);
+    fl_free(FL_MEM_MISC, gen, gen_bytes);
+    fl_free(FL_MEM_ACT, logits, logits_bytes);
+    fl_sampler_free(smp);
+    fl_kv_contig_free(kv);
+    if (ids) fl_free(FL_MEM_MISC, ids, (size_t)(n_ids + 1) * sizeof(int32_t));
+    fl_tokenizer_free(tok);
+    fl_model_free(m);
+    if (text_owned) fl_free(FL_MEM_MISC, text, text_len + 1);
+    return rc;
+}

@@ -1,0 +1,155 @@
+/* Sampling (see sampling.h). */
+#include "engine/sampling.h"
+#include "core/alloc.h"
+#include "core/status.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cand {
+    int32_t id;
+    float logit;
+    float p;
+} cand;
+
+struct fl_sampler {
+    fl_sampler_params p;
+    int32_t n_vocab;
+    uint64_t rng[4];
+    cand *c;    /* [n_vocab] */
+    int32_t *count; /* [n_vocab] penalty counts, zero between calls */
+};
+
+fl_sampler_params fl_sampler_default_params(void) {
+    fl_sampler_params p = {0.8f, 40, 0.95f, 0.05f, 1.0f, 0.0f, 0.0f, 64, 0};
+    return p;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t fl_sampler_rand_u64(fl_sampler *s) {
+    uint64_t *r = s->rng;
+    const uint64_t result = rotl(r[1] * 5, 7) * 9, t = r[1] << 17;
+    r[2] ^= r[0];
+    r[3] ^= r[1];
+    r[1] ^= r[2];
+    r[0] ^= r[3];
+    r[2] ^= t;
+    r[3] = rotl(r[3], 45);
+    return result;
+}
+
+float fl_sampler_rand_float(fl_sampler *s) { return (float)(fl_sampler_rand_u64(s) >> 40) * (1.0f / 16777216.0f); }
+
+void fl_sampler_reseed(fl_sampler *s, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+}
+
+fl_status fl_sampler_new(const fl_sampler_params *p, int32_t n_vocab, fl_sampler **out) {
+    *out = NULL;
+    if (n_vocab < 1 || isnan(p->temp) || isnan(p->top_p) || isnan(p->min_p) || !(p->repeat_penalty > 0.0f) ||
+        isnan(p->freq_penalty) || isnan(p->presence_penalty) || p->penalty_last_n < -1)
+        return fl_set_error(FL_ERR_INVALID, "%s: invalid sampling parameters (n_vocab %d, repeat_penalty %g)", __func__,
+                            n_vocab, (double)p->repeat_penalty);
+    fl_sampler *s = fl_calloc(FL_MEM_MISC, 1, sizeof *s);
+    if (!s) return FL_ERR_NOMEM;
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->c = fl_calloc(FL_MEM_MISC, (size_t)n_vocab, sizeof *s->c);
+    s->count = fl_calloc(FL_MEM_MISC, (size_t)n_vocab, sizeof *s->count);
+    if (!s->c || !s->count) {
+        fl_sampler_free(s);
+        return FL_ERR_NOMEM;
+    }
+    fl_sampler_reseed(s, p->seed);
+    *out = s;
+    return FL_OK;
+}
+
+void fl_sampler_free(fl_sampler *s) {
+    if (!s) return;
+    if (s->c) fl_free(FL_MEM_MISC, s->c, (size_t)s->n_vocab * sizeof *s->c);
+    if (s->count) fl_free(FL_MEM_MISC, s->count, (size_t)s->n_vocab * sizeof *s->count);
+    fl_free(FL_MEM_MISC, s, sizeof *s);
+}
+
+/* descending logit, ties by id (deterministic) */
+static int cmp_cand(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* p[i] = softmax(logit[i] / temp) over c[0..n) (sorted, so c[0] holds the max). */
+static void softmax_cands(cand *c, int32_t n, float temp) {
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += c[i].p = expf((c[i].logit - c[0].logit) / temp);
+    for (int32_t i = 0; i < n; i++) c[i].p = (float)(c[i].p / sum);
+}
+
+int32_t fl_sample(fl_sampler *s, const float *logits, int32_t n_vocab, const int32_t *history, int64_t n_history) {
+    FL_ASSERT(n_vocab == s->n_vocab);
+    const fl_sampler_params *p = &s->p;
+    cand *c = s->c;
+    for (int32_t i = 0; i < n_vocab; i++) c[i] = (cand){i, logits[i], 0.0f};
+    /* penalties over the last penalty_last_n tokens */
+    const bool penal = p->repeat_penalty != 1.0f || p->freq_penalty != 0.0f || p->presence_penalty != 0.0f;
+    if (penal && history && n_history > 0 && p->penalty_last_n != 0) {
+        const int64_t first = p->penalty_last_n < 0 || n_history <= p->penalty_last_n ? 0 : n_history - p->penalty_last_n;
+        for (int64_t i = first; i < n_history; i++)
+            if (history[i] >= 0 && history[i] < n_vocab) s->count[history[i]]++;
+        for (int64_t i = first; i < n_history; i++) {
+            const int32_t t = history[i];
+            if (t < 0 || t >= n_vocab || s->count[t] == 0) continue;
+            float l = c[t].logit;
+            l = l > 0 ? l / p->repeat_penalty : l * p->repeat_penalty;
+            c[t].logit = l - (float)s->count[t] * p->freq_penalty - p->presence_penalty;
+            s->count[t] = 0; /* applied once; also resets the scratch counts */
+        }
+    }
+    if (!(p->temp > 0.0f)) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < n_vocab; i++)
+            if (c[i].logit > c[best].logit) best = i;
+        return best;
+    }
+    int32_t n = n_vocab;
+    qsort(c, (size_t)n, sizeof *c, cmp_cand);
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    if (p->top_p < 1.0f) {
+        softmax_cands(c, n, 1.0f);
+        double cum = 0;
+        for (int32_t i = 0; i < n; i++) {
+            cum += c[i].p;
+            if (cum >= p->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (p->min_p > 0.0f) {
+        softmax_cands(c, n, 1.0f);
+        const float thr = c[0].p * p->min_p;
+        int32_t k = 1;
+        while (k < n && c[k].p >= thr) k++;
+        n = k;
+    }
+    softmax_cands(c, n, p->temp);
+    const float r = fl_sampler_rand_float(s);
+    double cum = 0;
+    for (int32_t i = 0; i < n; i++) {
+        cum += c[i].p;
+        if (r < cum) return c[i].id;
+    }
+    return c[n - 1].id;
+}

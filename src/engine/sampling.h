@@ -1,0 +1,50 @@
+/*
+ * sampling.h - next-token choice from a logit vector: greedy, temperature, top-k, top-p, min-p,
+ * repetition / frequency / presence penalties, with a seeded RNG per request.
+ *
+ * Order (llama.cpp's default chain): penalties -> (temp <= 0: argmax) -> top-k -> top-p ->
+ * min-p -> temperature -> draw from the softmax.  Penalties look at the last penalty_last_n
+ * tokens of the history (-1 = all, 0 = none): a logit l of a token seen c > 0 times becomes
+ * (l > 0 ? l / repeat : l * repeat) - c * frequency - presence.
+ *
+ * RNG: xoshiro256** (Blackman & Vigna), state seeded with splitmix64(seed); uniform floats
+ * from the top 24 bits.  The same seed and inputs always give the same tokens.
+ *
+ * Ownership: fl_sampler_new allocates the sampler and an n_vocab candidate buffer (FL_MEM_MISC);
+ * the logits are only read.  A sampler belongs to one request: not thread-safe.
+ */
+#ifndef FL_SAMPLING_H
+#define FL_SAMPLING_H
+
+#include "fitllm.h"
+#include <stdint.h>
+
+typedef struct fl_sampler_params {
+    float temp;           /* <= 0: greedy */
+    int32_t top_k;        /* <= 0: off */
+    float top_p;          /* >= 1: off */
+    float min_p;          /* <= 0: off */
+    float repeat_penalty; /* 1: off */
+    float freq_penalty;   /* 0: off */
+    float presence_penalty;
+    int32_t penalty_last_n; /* window of history for penalties; -1 = all */
+    uint64_t seed;
+} fl_sampler_params;
+
+typedef struct fl_sampler fl_sampler;
+
+/* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, no penalties (window 64), seed 0. */
+fl_sampler_params fl_sampler_default_params(void);
+/* FL_ERR_INVALID for n_vocab < 1 or a NaN / negative parameter that has no meaning. */
+fl_status fl_sampler_new(const fl_sampler_params *p, int32_t n_vocab, fl_sampler **out);
+void fl_sampler_free(fl_sampler *s);
+/* Restart the RNG from seed (a new request reusing the sampler). */
+void fl_sampler_reseed(fl_sampler *s, uint64_t seed);
+/* Choose a token.  history: the request's tokens so far (prompt and generated), may be NULL. */
+int32_t fl_sample(fl_sampler *s, const float *logits, int32_t n_vocab, const int32_t *history, int64_t n_history);
+
+/* The RNG alone (exposed for tests): next 64 bits / a float in [0, 1). */
+uint64_t fl_sampler_rand_u64(fl_sampler *s);
+float fl_sampler_rand_float(fl_sampler *s);
+
+#endif

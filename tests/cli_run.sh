@@ -1,0 +1,72 @@
+#!/bin/bash
+# fitllm run / perplexity end to end on stories260K: greedy text and ids equal llama.cpp's,
+# --json fields, bad inputs fail with a message, perplexity on a slice equals llama.cpp's.
+fitllm="$1"; shared="$2"
+model="$shared/models/stories260K.gguf"
+[ -f "$model" ] || exit 77
+set -e
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# greedy text: the reference continuation of "Once upon a time" (first line of the jsonl)
+ref="$shared/reference/stories260K.greedy.jsonl"
+"$fitllm" run -m "$model" -p "Once upon a time" -n 30 --temp 0 -t 1 >"$tmp/out.txt" 2>"$tmp/err.txt"
+grep -q ", there was a little girl named Lily. She loved to play outside in the park." "$tmp/out.txt" || fail "greedy text: $(cat "$tmp/out.txt")"
+grep -q "decode" "$tmp/err.txt" || fail "no speed line on stderr"
+grep -q "mapped" "$tmp/err.txt" || fail "no memory report on stderr"
+
+# --json: prompt ids with BOS, generated ids equal to the reference, text, timings, memory
+"$fitllm" run -m "$model" -p "Once upon a time" -n 50 --temp 0 -t 1 --json >"$tmp/out.json"
+python3 - "$tmp/out.json" "$ref" <<'PY' || fail "json check"
+import json, sys
+o = json.load(open(sys.argv[1])); r = json.loads(open(sys.argv[2]).readline())
+assert o["prompt_tokens"] == r["prompt_tokens"], (o["prompt_tokens"], r["prompt_tokens"])
+assert o["tokens"] == r["greedy_tokens"][:50], o["tokens"]
+assert r["greedy_text"].startswith(o["text"]), o["text"]
+assert o["timings"]["prefill_tok_s"] > 0 and o["timings"]["decode_tok_s"] > 0
+assert o["memory"]["current"]["kv"] > 0 and o["memory"]["peak"]["mapped"] > 0
+PY
+
+# sampling: the same seed gives the same tokens, another seed (almost surely) others
+"$fitllm" run -m "$model" -p "Once upon a time" -n 40 --temp 1 --seed 5 --json -t 1 >"$tmp/s1.json"
+"$fitllm" run -m "$model" -p "Once upon a time" -n 40 --temp 1 --seed 5 --json -t 1 >"$tmp/s2.json"
+"$fitllm" run -m "$model" -p "Once upon a time" -n 40 --temp 1 --seed 6 --json -t 1 >"$tmp/s3.json"
+python3 - "$tmp" <<'PY' || fail "seeded sampling"
+import json, sys
+a, b, c = (json.load(open(f"{sys.argv[1]}/s{i}.json"))["tokens"] for i in (1, 2, 3))
+assert a == b and a != c, (a, b, c)
+PY
+
+# bad inputs: non-zero exit and a message
+expect_fail() { # what, then the command
+    local what="$1"; shift
+    if "$@" >"$tmp/o" 2>"$tmp/e"; then fail "$what accepted"; fi
+    [ -s "$tmp/e" ] || fail "$what: no message"
+    echo "$what -> $(head -c 200 "$tmp/e")"
+}
+expect_fail "empty prompt" "$fitllm" run -m "$model" -p ""
+expect_fail "missing model" "$fitllm" run -m "$tmp/none.gguf" -p "hi"
+printf 'Once upon \xff\xfe a time' >"$tmp/bad.txt"
+expect_fail "invalid UTF-8" "$fitllm" run -m "$model" -f "$tmp/bad.txt"
+grep -qi "utf" "$tmp/e" || fail "invalid UTF-8 message does not say so"
+expect_fail "prompt over the context" "$fitllm" run -m "$model" -p "Once upon a time there was a girl" -c 4
+grep -q "context" "$tmp/e" || fail "context message"
+expect_fail "unknown option" "$fitllm" run -m "$model" -p "x" --bogus
+printf 'GGUF' >"$tmp/trunc.gguf"
+expect_fail "truncated model" "$fitllm" run -m "$tmp/trunc.gguf" -p "hi"
+
+# perplexity on a slice: llama.cpp -c 128 --chunks 32 gives 3.6197 +/- 0.14055 (models/stories260K.reference.json)
+"$fitllm" perplexity -m "$model" -f "$shared/data/tinystories_val.txt" -c 128 --chunks 32 -t 1 >"$tmp/ppl.txt" 2>/dev/null
+cat "$tmp/ppl.txt"
+grep -q "PPL = 3.619[6-8] +/- 0.140[5-6]" "$tmp/ppl.txt" || fail "perplexity slice"
+# KL base: save, then compare the same model with itself (KL 0, same top 1)
+"$fitllm" perplexity -m "$model" -f "$shared/data/tinystories_val.txt" -c 64 --chunks 2 -t 1 --kl-base "$tmp/kl.bin" >/dev/null 2>&1
+"$fitllm" perplexity -m "$shared/models/stories260K-f16.gguf" -f "$shared/data/tinystories_val.txt" -c 64 --chunks 2 -t 1 \
+    --kl-base "$tmp/kl.bin" --json >"$tmp/kl.json" 2>/dev/null
+python3 - "$tmp/kl.json" <<'PY' || fail "kl"
+import json, sys
+o = json.load(open(sys.argv[1])); k = o["kl"]
+print(k)
+assert 0 <= k["mean"] < 1e-3 and k["max"] < 1e-2 and k["same_top"] > 0.95
+PY
+echo ok

@@ -1,0 +1,120 @@
+/* Parity of the forward ops: every ISA variant against the scalar reference (kernels/ops.h),
+ * on sizes with tails, with guard regions after the outputs; plus the reference ops' maths. */
+#include "test.h"
+
+#include "core/cpu.h"
+#include "kernels/dispatch.h"
+#include "kernels/ops.h"
+
+#include <string.h>
+
+#define GUARD 16
+static const int64_t sizes[] = {1, 7, 15, 16, 17, 31, 64, 100, 172, 257, 1000};
+
+static void fill(float *x, int64_t n, unsigned seed) {
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        x[i] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 8.0f;
+    }
+}
+
+static void check_guard(const float *y, int64_t n) {
+    for (int64_t i = n; i < n + GUARD; i++) assert_true(y[i] == 1234.5f);
+}
+
+typedef struct variant {
+    const char *name;
+    fl_isa isa;
+    void (*rmsnorm_row)(float *, const float *, const float *, int64_t, float);
+    void (*swiglu)(float *, const float *, const float *, int64_t);
+    float (*dot)(const float *, const float *, int64_t);
+    void (*axpy)(float *, float, const float *, int64_t);
+    void (*scale)(float *, float, int64_t);
+} variant;
+
+static const variant variants[] = {
+    {"avx512", FL_ISA_AVX512, fl_rmsnorm_row_avx512, fl_swiglu_avx512, fl_dot_f32_avx512, fl_axpy_f32_avx512,
+     fl_scale_f32_avx512},
+};
+
+static void test_parity(void **state) {
+    (void)state;
+    float a[1000 + GUARD], b[1000 + GUARD], w[1000], yr[1000 + GUARD], yv[1000 + GUARD];
+    int ran = 0;
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        const variant *k = &variants[v];
+        if (fl_isa_best() < k->isa) {
+            fprintf(stderr, "skip %s: not supported by this CPU\n", k->name);
+            continue;
+        }
+        ran++;
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            const int64_t n = sizes[si];
+            fill(a, n, 1 + (unsigned)n);
+            fill(b, n, 2 + (unsigned)n);
+            fill(w, n, 3 + (unsigned)n);
+            for (int i = 0; i < GUARD; i++) yr[n + i] = yv[n + i] = 1234.5f;
+            fl_rmsnorm_row_ref(yr, a, w, n, 1e-5f);
+            k->rmsnorm_row(yv, a, w, n, 1e-5f);
+            CHECK_NMSE(yr, yv, n, 1e-10);
+            check_guard(yv, n);
+            fl_swiglu_ref(yr, a, b, n);
+            k->swiglu(yv, a, b, n);
+            CHECK_NMSE(yr, yv, n, 1e-10);
+            check_guard(yv, n);
+            CHECK_NEAR(fl_dot_f32_ref(a, b, n), k->dot(a, b, n), 1e-4 * (double)n);
+            memcpy(yr, b, (size_t)n * 4);
+            memcpy(yv, b, (size_t)n * 4);
+            fl_axpy_f32_ref(yr, 0.37f, a, n);
+            k->axpy(yv, 0.37f, a, n);
+            CHECK_NMSE(yr, yv, n, 1e-12);
+            check_guard(yv, n);
+            fl_scale_f32_ref(yr, -1.5f, n);
+            k->scale(yv, -1.5f, n);
+            CHECK_NMSE(yr, yv, n, 1e-12);
+            check_guard(yv, n);
+        }
+    }
+    fprintf(stderr, "%d variant(s) compared\n", ran);
+    fl_test_mem_zero();
+}
+
+/* The reference ops' maths on hand-checked values. */
+static void test_ref_maths(void **state) {
+    (void)state;
+    /* rmsnorm of (3, 4): rms = sqrt(12.5) */
+    float x[2] = {3, 4}, w[2] = {1, 2}, y[2];
+    fl_rmsnorm_forward(y, x, w, 1, 2, 0.0f);
+    CHECK_NEAR(y[0], 3 / sqrt(12.5), 1e-6);
+    CHECK_NEAR(y[1], 8 / sqrt(12.5), 1e-6);
+    /* rope normal pairing: pos 1, head_dim 4, rope_dim 4, base 10000: pair 0 turns by 1 rad,
+     * pair 1 by 10000^(-1/2) = 0.01 rad */
+    float q[4] = {1, 0, 1, 0}, r[4];
+    int32_t pos = 1;
+    fl_rope_forward(r, q, &pos, 1, 1, 4, 4, 10000.0f, 1.0f);
+    CHECK_NEAR(r[0], cos(1.0), 1e-6);
+    CHECK_NEAR(r[1], sin(1.0), 1e-6);
+    CHECK_NEAR(r[2], cos(0.01), 1e-6);
+    CHECK_NEAR(r[3], sin(0.01), 1e-6);
+    /* rope_dim 2 leaves dims 2..3 alone */
+    fl_rope_forward(r, q, &pos, 1, 1, 4, 2, 10000.0f, 1.0f);
+    assert_true(r[2] == 1.0f && r[3] == 0.0f);
+    /* softmax, silu, swiglu, add */
+    float s_in[3] = {0, 1, 2}, s[3];
+    fl_softmax_forward(s, s_in, 1, 3);
+    const double z = 1 + exp(1.0) + exp(2.0);
+    CHECK_NEAR(s[2], exp(2.0) / z, 1e-6);
+    fl_silu_forward(s, s_in, 3);
+    CHECK_NEAR(s[1], 1 / (1 + exp(-1.0)), 1e-6);
+    float g[1] = {2}, u[1] = {3}, o[1];
+    fl_swiglu_forward(o, g, u, 1);
+    CHECK_NEAR(o[0], 2 / (1 + exp(-2.0)) * 3, 1e-5);
+    fl_add_forward(s, s_in, s_in, 3);
+    assert_true(s[2] == 4.0f);
+    fl_test_mem_zero();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_parity), cmocka_unit_test(test_ref_maths)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
