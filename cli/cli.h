@@ -45,6 +45,7 @@ int fl_cmd_inspect(int argc, char **argv);
 int fl_cmd_bench(int argc, char **argv);
 int fl_cmd_quantize(int argc, char **argv);
 int fl_cmd_synth(int argc, char **argv);
+int fl_bench_model(int argc, char **argv);
 int fl_bench_matmul(int argc, char **argv);
 int fl_cmd_run(int argc, char **argv);
 int fl_cmd_perplexity(int argc, char **argv);

@@ -47,7 +47,9 @@ const fl_type_info *fl_type_get(int32_t t);
 const char *fl_type_name(int32_t t); /* "?" if unknown */
 /* Type by case-insensitive name ("Q4_K", "f16", "nf4"); returns -1 if unknown. */
 int32_t fl_type_from_name(const char *name);
-/* Bytes of a row of n elements; 0 if n is not a multiple of the block size or t unknown. */
+/* Bytes of a row of n elements; 0 if n is not a multiple of the block size or t unknown.
+ * The load-time weight types carry row-level scales (layouts in kernels/quant.h): nf4 rows add
+ * an f32 per group of 256 blocks, fp8_e4m3 rows an f32 scale in front. */
 size_t fl_type_row_size(int32_t t, int64_t n);
 double fl_type_bits_per_weight(int32_t t);
 

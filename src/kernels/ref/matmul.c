@@ -99,7 +99,8 @@ void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
         const float *xb = x + b * 32;
         float amax = 0;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
-        const float d = amax / 127, id = d > 0 ? 127.0f / amax : 0.0f;
+        /* as ggml's q8_0 activations: codes rint(x * 127 / amax), scale amax / 127 rounded to f16 */
+        const float d = fl_f16_to_f32(fl_f32_to_f16(amax / 127)), id = amax > 0 ? 127.0f / amax : 0.0f;
         int s = 0;
         for (int j = 0; j < 32; j++) {
             int v = (int)lrintf(xb[j] * id);

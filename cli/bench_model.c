@@ -1,0 +1,151 @@
+/* `fitllm bench model -m MODEL [-p 512] [-n 128] [-t N] [--json]`: llama-bench-style prefill
+ * (pp) and decode (tg) tokens/s through the model forward, with the weight bytes streamed per
+ * decoded token as GB/s and % of the measured read bandwidth, and prefill GOP/s (2 x matmul
+ * weights x tokens) as % of the measured int8 peak (kernels/calib_int8.h).
+ * pp: one forward over -p tokens; tg: -n single-token forwards from an empty cache.
+ * Builds to a stub where the model module is absent. */
+#include "cli/cli.h"
+
+#include <stdio.h>
+
+#if __has_include("model/llama.h") && __has_include("kv/kv_contig.h")
+#include "core/alloc.h"
+#include "core/status.h"
+#include "core/threads.h"
+#include "kernels/calib_int8.h"
+#include "kernels/dispatch.h"
+#include "kv/kv_contig.h"
+#include "model/llama.h"
+
+#include <cjson/cJSON.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int fl_bench_model(int argc, char **argv) {
+    fl_opt opts[] = {
+        {"model", 'm', FL_OPT_STR, "MODEL  GGUF file (required)"},
+        {"n-prompt", 'p', FL_OPT_INT, "N  prompt tokens for pp (default 512)"},
+        {"n-gen", 'n', FL_OPT_INT, "N  generated tokens for tg (default 128)"},
+        {"threads", 't', FL_OPT_INT, "N  threads (default 2)"},
+        {"json", 0, FL_OPT_FLAG, "print JSON"},
+        {"stream-mib", 0, FL_OPT_INT, "MIB  buffer for the bandwidth calibration (default 1024)"},
+        {0},
+    };
+    int n_pos;
+    int r = fl_args_parse(argc, argv, opts, "fitllm bench model -m MODEL [-p 512] [-n 128] [-t N] [--json]",
+                          "Prefill (pp) and decode (tg) tokens/s, decode GB/s of weights vs measured memory\n"
+                          "bandwidth, prefill GOP/s vs measured int8 peak.", NULL, 0, &n_pos);
+    if (r) return r == 1 ? 0 : 2;
+    if (!opts[0].set) {
+        fprintf(stderr, "fitllm bench model: -m MODEL is required\n");
+        return 2;
+    }
+    const int32_t np = opts[1].set ? (int32_t)opts[1].i : 512, ng = opts[2].set ? (int32_t)opts[2].i : 128;
+    const int nth = opts[3].set ? (int)opts[3].i : 2;
+    const size_t stream = (size_t)(opts[5].set ? opts[5].i : 1024) << 20;
+    if (np < 1 || ng < 1 || nth < 1 || np > 1 << 16 || ng > 1 << 16) {
+        fprintf(stderr, "fitllm bench model: bad -p, -n or -t\n");
+        return 2;
+    }
+    fl_threads_set(nth);
+    fl_model *m = NULL;
+    fl_kv_contig *kv = NULL;
+    float *logits = NULL;
+    int32_t *tok = NULL, *pos = NULL, *sid = NULL;
+    int rc = 1;
+    if (fl_model_load(opts[0].str, NULL, &m) != FL_OK) goto fail;
+    const fl_hparams *hp = fl_model_hparams(m);
+    fl_kv_contig_params kp = {hp->n_layer, hp->n_head_local, hp->n_head_kv_local, hp->head_dim, np + ng, 1, hp->n_swa, FL_TYPE_F16};
+    if (fl_kv_contig_new(&kp, &kv) != FL_OK || fl_model_workspace_new(m, np, 1) != FL_OK) goto fail;
+    logits = fl_alloc(FL_MEM_ACT, (size_t)hp->n_vocab * 4, 64);
+    tok = fl_calloc(FL_MEM_MISC, (size_t)np, 4);
+    pos = fl_calloc(FL_MEM_MISC, (size_t)np, 4);
+    sid = fl_calloc(FL_MEM_MISC, (size_t)np, 4);
+    if (!logits || !tok || !pos || !sid) goto fail;
+    /* weight bytes read per decoded token: every matmul weight + one embedding row */
+    double wbytes = 0, wparams = 0;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const fl_layer *L = fl_model_layer(m, l);
+        const fl_tensor *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w1, &L->w3, &L->w2};
+        for (int i = 0; i < 7; i++) {
+            wbytes += (double)fl_tensor_nbytes(ws[i]);
+            wparams += (double)fl_tensor_nelements(ws[i]);
+        }
+    }
+    wbytes += (double)fl_tensor_nbytes(fl_model_output(m));
+    wparams += (double)fl_tensor_nelements(fl_model_output(m));
+    const double bw = fl_calib_mem_bandwidth_gbs(nth, stream);
+    const double peak = fl_calib_int8_peak_gops(nth, 0.3);
+
+    for (int32_t i = 0; i < np; i++) { tok[i] = 3 + (int32_t)((i * 7919u) % (uint32_t)(hp->n_vocab - 3)); pos[i] = i; sid[i] = 0; }
+    /* warm-up: a short prefill and one decode */
+    fl_batch wb = {np < 16 ? np : 16, tok, pos, sid, NULL};
+    if (fl_model_forward(m, &wb, fl_kv_contig_iface(), kv, logits) != FL_OK) goto fail;
+    fl_kv_contig_clear(kv);
+    fl_batch pb = {np, tok, pos, sid, NULL};
+    double t0 = now_s();
+    if (fl_model_forward(m, &pb, fl_kv_contig_iface(), kv, logits) != FL_OK) goto fail;
+    const double t_pp = now_s() - t0;
+    fl_kv_contig_clear(kv);
+    t0 = now_s();
+    for (int32_t i = 0; i < ng; i++) {
+        fl_batch db = {1, &tok[i % np], &i, &sid[0], NULL};
+        if (fl_model_forward(m, &db, fl_kv_contig_iface(), kv, logits) != FL_OK) goto fail;
+    }
+    const double t_tg = now_s() - t0;
+    const double pp = np / t_pp, tg = ng / t_tg, gbs = wbytes * tg / 1e9, gops = 2.0 * wparams * np / t_pp / 1e9;
+    if (opts[4].set) {
+        fl_mem_install_cjson_hooks();
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "model", opts[0].str);
+        cJSON_AddStringToObject(o, "isa", fl_isa_name(fl_isa_get()));
+        cJSON_AddNumberToObject(o, "threads", nth);
+        cJSON_AddNumberToObject(o, "weight_bytes_per_token", wbytes);
+        cJSON_AddNumberToObject(o, "mem_bandwidth_gbs", bw);
+        cJSON_AddNumberToObject(o, "int8_peak_gops", peak);
+        cJSON_AddNumberToObject(o, "n_prompt", np);
+        cJSON_AddNumberToObject(o, "pp_tok_s", pp);
+        cJSON_AddNumberToObject(o, "pp_gops", gops);
+        cJSON_AddNumberToObject(o, "pp_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
+        cJSON_AddNumberToObject(o, "n_gen", ng);
+        cJSON_AddNumberToObject(o, "tg_tok_s", tg);
+        cJSON_AddNumberToObject(o, "tg_gbs", gbs);
+        cJSON_AddNumberToObject(o, "tg_pct_bandwidth", bw > 0 ? 100 * gbs / bw : 0);
+        char *s = cJSON_PrintUnformatted(o);
+        printf("%s\n", s);
+        cJSON_free(s);
+        cJSON_Delete(o);
+    } else {
+        printf("model %s: %.1f MiB of matmul weights per token, isa %s, %d threads\n", opts[0].str, wbytes / 1048576.0,
+               fl_isa_name(fl_isa_get()), nth);
+        printf("calibration: memory read bandwidth %.1f GB/s, int8 peak %.1f GOP/s\n", bw, peak);
+        printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak\n", np, pp, gops, peak > 0 ? 100 * gops / peak : 0);
+        printf("tg%-5d %9.2f tok/s  %8.2f GB/s   %5.1f%% of memory bandwidth\n", ng, tg, gbs, bw > 0 ? 100 * gbs / bw : 0);
+    }
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "fitllm bench model: %s\n", fl_last_error());
+done:
+    if (sid) fl_free(FL_MEM_MISC, sid, (size_t)np * 4);
+    if (pos) fl_free(FL_MEM_MISC, pos, (size_t)np * 4);
+    if (tok) fl_free(FL_MEM_MISC, tok, (size_t)np * 4);
+    if (logits) fl_free(FL_MEM_ACT, logits, (size_t)fl_model_hparams(m)->n_vocab * 4);
+    if (kv) fl_kv_contig_free(kv);
+    if (m) fl_model_free(m);
+    return rc;
+}
+#else
+int fl_bench_model(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "fitllm bench model: this build has no model module (src/model)\n");
+    return 1;
+}
+#endif
