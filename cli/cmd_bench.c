@@ -14,8 +14,8 @@ typedef struct bench_entry {
 /* One line per benchmark; keep alphabetical. */
 static const bench_entry benches[] = {
     {"kv", "paged KV cache: utilization, waste, sharing vs a contiguous reservation", fl_bench_kv},
-    {"model", "prefill/decode tokens/s, decode GB/s vs bandwidth, prefill % of int8 peak", fl_bench_model},
     {"matmul", "GEMV GB/s and GEMM GOP/s vs measured bandwidth / int8 peak (TinyLlama shapes)", fl_bench_matmul},
+    {"model", "prefill/decode tokens/s, decode GB/s vs bandwidth, prefill % of int8 peak", fl_bench_model},
     {"serve", "synthetic serving workload through the engine (paged vs --baseline static)", fl_bench_serve},
     {"tokenize", "tokenizer speed on a text file (-m VOCAB.gguf -f TEXT)", fl_bench_tokenize},
     {NULL, NULL, NULL},
