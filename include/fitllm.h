@@ -107,9 +107,9 @@ void fl_engine_params_default(fl_engine_params *p);
 typedef struct fl_sampling_params {
     float temperature;          /* 0 = greedy */
     int32_t top_k;              /* 0 = off */
-    float top_p;                /* 1 = off */
+    float top_p;                /* 1 = off (0, as in a zeroed struct, also = off) */
     float min_p;                /* 0 = off */
-    float repeat_penalty;       /* 1 = off */
+    float repeat_penalty;       /* 1 = off (0 also = off) */
     float presence_penalty;     /* 0 = off */
     float frequency_penalty;    /* 0 = off */
     int32_t penalty_last_n;     /* window for penalties (default 64) */
