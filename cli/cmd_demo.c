@@ -38,8 +38,8 @@ static const char *find_tokenizer_source(void) {
     static char buf[1024];
     struct stat st;
     const char *env = getenv("FL_SHARED_DIR");
-    const char *cands[] = {env, "../shared", "/work/shared"};
-    for (int i = 0; i < 3; i++) {
+    const char *cands[] = {env, "../shared"};
+    for (int i = 0; i < 2; i++) {
         if (!cands[i]) continue;
         snprintf(buf, sizeof buf, "%s/models/stories260K.gguf", cands[i]);
         if (stat(buf, &st) == 0) return buf;
