@@ -38,8 +38,8 @@ static const char *find_tokenizer_source(void) {
     static char buf[1024];
     struct stat st;
     const char *env = getenv("FL_SHARED_DIR");
-    const char *cands[] = {env, "../shared", "/work/shared"};
-    for (int i = 0; i < 3; i++) {
+    const char *cands[] = {env, "../shared"};
+    for (int i = 0; i < 2; i++) {
         if (!cands[i]) continue;
         snprintf(buf, sizeof buf, "%s/models/stories260K.gguf", cands[i]);
         if (stat(buf, &st) == 0) return buf;
@@ -194,7 +194,13 @@ int fl_cmd_demo(int argc, char **argv) {
                    (long long)out_tokens, dur, tps, (long long)s.steps, (long long)max_running, (long long)s.preemptions);
             printf("KV cache: %lld blocks of %d tokens; average waste %.1f%% of allocated slots\n\n",
                    (long long)s.kv_blocks_total, ep.kv_block_size, 100.0 * waste);
-            printf("memory (weights / kv / activations / peak):\n");
+            const double mib = 1048576.0;
+            printf("memory: weights %.2f MiB (%.2f MiB mapped from the file + %.2f MiB converted), KV %.2f MiB, "
+                   "activations %.2f MiB, scratch %.2f MiB; peak total %.2f MiB\n\n",
+                   (double)(fl_mem_peak(FL_MEM_MAPPED) + fl_mem_peak(FL_MEM_WEIGHTS)) / mib,
+                   (double)fl_mem_peak(FL_MEM_MAPPED) / mib, (double)fl_mem_peak(FL_MEM_WEIGHTS) / mib,
+                   (double)fl_mem_peak(FL_MEM_KV) / mib, (double)fl_mem_peak(FL_MEM_ACT) / mib,
+                   (double)fl_mem_peak(FL_MEM_SCRATCH) / mib, (double)fl_mem_peak_total() / mib);
             fl_mem_report(stdout);
         }
     }

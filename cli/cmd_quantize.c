@@ -138,6 +138,9 @@ int fl_cmd_quantize(int argc, char **argv) {
     if (!w || !bufs || !sizes) goto done;
     /* copy_kv carries general.alignment when the source declares one; adding it otherwise
      * would change the file other tools expect (llama-quantize writes none for the default) */
+    /* the copied general.alignment key (if any) carries the alignment; set it explicitly only
+     * when it differs from the default, so files match llama.cpp's key for key */
+    if (fl_gguf_alignment(g) != FL_GGUF_DEFAULT_ALIGNMENT) (void)fl_gguf_writer_set_alignment(w, fl_gguf_alignment(g));
     for (int64_t i = 0; i < fl_gguf_n_kv(g); i++)
         if (fl_gguf_writer_copy_kv(w, fl_gguf_kv_at(g, i)) != FL_OK) goto fail;
     if (fl_gguf_writer_set_u32(w, "general.file_type", q->ftype) != FL_OK ||

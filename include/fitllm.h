@@ -90,15 +90,15 @@ typedef struct fl_engine_params {
     int32_t n_ctx;              /* max tokens per sequence; 0 = model's training context */
     int32_t max_seqs;           /* concurrent running sequences (default 16) */
     int32_t max_batch_tokens;   /* token budget per step (default 512); also the prefill chunk cap */
-    int64_t kv_mem;             /* bytes for the KV pool; 0 = derive from mem_total or a default */
-    int64_t mem_total;          /* total budget: KV pool sized from the planner (0 = unused) */
+    int64_t kv_mem;             /* bytes for the KV pool; 0 = derive from mem_total or a default (256 MiB) */
+    int64_t mem_total;          /* total budget: KV pool sized from the planner (0 = unused; not wired yet) */
     int32_t kv_block_size;      /* tokens per KV block (default 16) */
     const char *kv_type;        /* "f32","f16","bf16","fp8_e4m3","fp8_e5m2","q8_0","q4_0" (default f16) */
     const char *weights_type;   /* load-time quantization: NULL, "nf4","fp8","q8_0","q4_0" */
     int32_t prefix_cache;       /* 1 = on (default), 0 = off */
     fl_kv_layout kv_layout;     /* paged (default) or contiguous max-length reservation (baseline) */
     fl_preempt_mode preempt;    /* recompute (default) or swap to swap_path */
-    const char *swap_path;      /* file for swapped-out KV blocks (default: a temp file) */
+    const char *swap_path;      /* directory of the swap file for swapped-out KV blocks (default: $TMPDIR or /tmp) */
     int32_t seed;               /* default seed for requests that give none */
 } fl_engine_params;
 
@@ -107,13 +107,13 @@ void fl_engine_params_default(fl_engine_params *p);
 typedef struct fl_sampling_params {
     float temperature;          /* 0 = greedy */
     int32_t top_k;              /* 0 = off */
-    float top_p;                /* 1 = off */
+    float top_p;                /* 1 = off (0, as in a zeroed struct, also = off) */
     float min_p;                /* 0 = off */
-    float repeat_penalty;       /* 1 = off */
+    float repeat_penalty;       /* 1 = off (0 also = off) */
     float presence_penalty;     /* 0 = off */
     float frequency_penalty;    /* 0 = off */
     int32_t penalty_last_n;     /* window for penalties (default 64) */
-    uint64_t seed;              /* per-request RNG seed */
+    uint64_t seed;              /* per-request RNG seed (0 = derived from the engine seed and the request id) */
 } fl_sampling_params;
 
 void fl_sampling_params_default(fl_sampling_params *p);
@@ -122,7 +122,7 @@ void fl_sampling_params_default(fl_sampling_params *p);
 typedef struct fl_request_params {
     const int32_t *prompt;      /* token ids (BOS included if wanted); copied */
     int32_t n_prompt;
-    int32_t max_tokens;         /* generated tokens limit */
+    int32_t max_tokens;         /* generated tokens limit (<= 0: up to the context) */
     fl_sampling_params sampling;
     const char *stop[FL_MAX_STOP_STRINGS]; /* stop strings (NULL-terminated list); copied */
     int32_t ignore_eos;

@@ -649,6 +649,14 @@ static fl_status tpg_reserve(void *ctx, fl_request *r, int32_t n) { tpg *t = ctx
 static void tpg_seq_end(void *ctx, fl_request *r) { tpg *t = ctx; t->inner.seq_end(t->inner.ctx, r); }
 static fl_status tpg_swap_out(void *ctx, fl_request *r) { tpg *t = ctx; return t->inner.swap_out(t->inner.ctx, r); }
 static fl_status tpg_swap_in(void *ctx, fl_request *r) { tpg *t = ctx; return t->inner.swap_in(t->inner.ctx, r); }
+static fl_status tpg_fork(void *ctx, fl_request *parent, fl_request *child, int32_t n) {
+    tpg *t = ctx;
+    fl_status st = t->inner.fork(t->inner.ctx, parent, child, n);
+    if (st != FL_OK) return st;
+    memcpy(t->toks[child->kv_seq], t->toks[parent->kv_seq], sizeof t->toks[0]);
+    t->len[child->kv_seq] = t->len[parent->kv_seq];
+    return FL_OK;
+}
 static fl_status tpg_forward(void *ctx, const fl_batch *b, float *logits) {
     tpg *t = ctx;
     if (b->n_tokens > t->max_batch) t->max_batch = b->n_tokens;
@@ -693,7 +701,7 @@ static fl_engine *paged_engine(int32_t max_seqs, int32_t budget, int32_t n_block
     be.block_size = 4;
     be.n_blocks = fl_kv_adapter_n_blocks(t->ad);
     be.kv = (fl_sched_kv){t, tpg_n_free, tpg_seq_begin, tpg_n_needed, tpg_reserve, tpg_seq_end, tpg_swap_out,
-                          tpg_swap_in, NULL};
+                          tpg_swap_in, tpg_fork};
     be.forward = tpg_forward;
     be.step_done = tpg_step_done;
     be.is_eog = toy_is_eog;
@@ -773,8 +781,8 @@ static void test_paged_cancel_frees_blocks(void **state) {
     fl_test_mem_zero();
 }
 
-/* n > 1: the samples share the prompt's blocks (admitted once sample 0 has prefilled them, via
- * the prefix cache) and sample with their own RNG streams. */
+/* n > 1: the samples fork sample 0's prompt blocks (copy-on-write) when its prefill is done and
+ * sample with their own RNG streams; greedy samples all equal the reference. */
 static void test_paged_n_samples(void **state) {
     (void)state;
     tpg *t;
@@ -813,9 +821,33 @@ static void test_paged_n_samples(void **state) {
     fl_engine_stats st;
     fl_engine_stats_get(e, &st);
     assert_int_equal(cached[0], 0);
-    assert_int_equal(cached[1], 20); /* 5 full blocks of sample 0's prompt */
-    assert_int_equal(cached[2], 20);
+    assert_int_equal(cached[1], 21); /* forked: the whole prompt, last partial block shared too */
+    assert_int_equal(cached[2], 21);
     assert_int_equal(st.kv_blocks_used, 0);
+    /* greedy: every sample is the reference continuation */
+    p.sampling.temperature = 0;
+    p.ignore_eos = 0;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_OK);
+    int32_t ref[16];
+    int32_t n_ref = toy_reference(prompt, 21, 12, ref);
+    memset(n_got, 0, sizeof n_got);
+    n_done = 0;
+    for (int guard = 0; n_done < 3 && guard < 100; guard++) {
+        assert_int_equal(fl_engine_step(e, NULL), FL_OK);
+        fl_request_output ev[4];
+        int32_t k = fl_engine_poll(e, ev, 4);
+        for (int32_t j = 0; j < k; j++) {
+            int sidx = ev[j].sample;
+            memcpy(got[sidx] + n_got[sidx], ev[j].new_tokens, (size_t)ev[j].n_new * sizeof(int32_t));
+            n_got[sidx] += ev[j].n_new;
+            n_done += ev[j].finish != FL_FINISH_NONE;
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(n_got[i], n_ref);
+        assert_memory_equal(got[i], ref, (size_t)n_ref * sizeof(int32_t));
+    }
+    assert_int_equal(fl_kv_check(t->kv), FL_OK);
     fl_engine_free(e);
     fl_test_mem_zero();
 }
@@ -954,6 +986,54 @@ static void test_stories_static_baseline(void **state) {
     fl_test_mem_zero();
 }
 
+/* n = 3 greedy samples of one prompt on the real model: forked (copy-on-write) blocks, every
+ * sample equal to the reference. */
+static void test_stories_n_samples(void **state) {
+    (void)state;
+    NEED_SHARED();
+    static ref_set rs;
+    load_refs(&rs, "reference/stories260K.greedy.jsonl");
+    fl_engine_params p;
+    fl_engine_params_default(&p);
+    p.model_path = FL_SHARED_PATH("models/stories260K.gguf");
+    p.n_threads = 1;
+    p.n_ctx = 256;
+    p.kv_type = "f32";
+    p.kv_mem = 4 << 20;
+    fl_engine *e;
+    if (fl_engine_new(&p, &e) != FL_OK) fail_msg("engine: %s", fl_last_error());
+    const int k = 1; /* "Lily and Tom went to the park": 12 prompt tokens, a partial block */
+    fl_request_params q = {0};
+    fl_sampling_params_default(&q.sampling);
+    q.prompt = rs.prompt[k];
+    q.n_prompt = rs.n_prompt[k];
+    q.max_tokens = 40;
+    q.n = 3;
+    int64_t id;
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+    int32_t got[3][64], n_got[3] = {0}, cached[3] = {0};
+    int32_t active = 1;
+    while (active) {
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output ev[4];
+        int32_t n = fl_engine_poll(e, ev, 4);
+        for (int32_t j = 0; j < n; j++) {
+            int si = ev[j].sample;
+            memcpy(got[si] + n_got[si], ev[j].new_tokens, (size_t)ev[j].n_new * sizeof(int32_t));
+            n_got[si] += ev[j].n_new;
+            cached[si] = ev[j].n_cached_prompt;
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(n_got[i], 40);
+        for (int32_t t = 0; t < 40; t++)
+            if (got[i][t] != rs.want[k][t]) fail_msg("sample %d token %d: got %d want %d", i, t, got[i][t], rs.want[k][t]);
+    }
+    assert_int_equal(cached[1], rs.n_prompt[k]);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stop_strings),
@@ -972,6 +1052,7 @@ int main(void) {
         cmocka_unit_test(test_stories_batched_chunked),
         cmocka_unit_test(test_stories_preempt),
         cmocka_unit_test(test_stories_static_baseline),
+        cmocka_unit_test(test_stories_n_samples),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
  */
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "engine/sampling.h"
 
 #include "core/alloc.h"
 #include "core/status.h"
@@ -31,12 +32,11 @@ struct fl_engine {
 
     /* batch buffers [max_tokens] and logits [max_rows][n_vocab] */
     int32_t max_tokens, max_rows;
+    int32_t watermark;    /* blocks kept free at admission */
     int32_t *b_tok, *b_pos, *b_seq;
     int8_t *b_logit;
     float *logits;
     fl_request **row_req; /* [max_rows] request that owns each logit row */
-    float *probs;         /* [n_vocab] sampler scratch */
-    int32_t *idx;         /* [n_vocab] sampler scratch */
 
     /* poll buffers: valid until the next poll */
     int32_t *poll_tok;
@@ -44,6 +44,8 @@ struct fl_engine {
     char *poll_text;
     int64_t poll_text_cap;
 
+    fl_backend_kv_stats kv_snap; /* taken by the driver under the lock: the cache is never read
+                                  * from other threads while a forward may be changing it */
     double t0;
     int64_t steps, finished, generated, prefilled, prefix_hit, prefix_miss;
     int64_t forward_errors;
@@ -76,86 +78,35 @@ void fl_sampling_params_default(fl_sampling_params *p) {
     p->penalty_last_n = 64;
 }
 
-/* ---- sampling (per request RNG; greedy when temperature <= 0) ---- */
+/* ---- sampling: each request owns an fl_sampler (sampling.h) with its own seeded RNG ---- */
 
-static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
-    uint64_t x = *s ? *s : 0x2545F4914F6CDD1Dull;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *s = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
-
-static int cmp_prob_desc(const void *a, const void *b, void *ctx) {
-    const float *p = ctx;
-    float x = p[*(const int32_t *)a], y = p[*(const int32_t *)b];
-    return x < y ? 1 : x > y ? -1 : (*(const int32_t *)a - *(const int32_t *)b);
-}
-
-/* Penalties over the last penalty_last_n tokens, then greedy or temperature/top-k/top-p/min-p
- * sampling.  logits is modified in place. */
-static int32_t sample_token(fl_engine *e, fl_request *r, float *logits) {
-    const int32_t nv = e->be.n_vocab;
+static fl_status req_sampler_new(fl_engine *e, fl_request *r) {
     const fl_sampling_params *sp = &r->sampling;
-    if (sp->repeat_penalty != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) {
-        int32_t last = sp->penalty_last_n > 0 ? sp->penalty_last_n : r->n_tokens;
-        int32_t from = r->n_tokens - last > 0 ? r->n_tokens - last : 0;
-        /* count occurrences with the idx scratch as counters */
-        memset(e->idx, 0, (size_t)nv * sizeof *e->idx);
-        for (int32_t i = from; i < r->n_tokens; i++)
-            if (r->tokens[i] >= 0 && r->tokens[i] < nv) e->idx[r->tokens[i]]++;
-        for (int32_t v = 0; v < nv; v++) {
-            if (!e->idx[v]) continue;
-            float l = logits[v];
-            if (sp->repeat_penalty > 0 && sp->repeat_penalty != 1.0f)
-                l = l > 0 ? l / sp->repeat_penalty : l * sp->repeat_penalty;
-            l -= sp->presence_penalty + sp->frequency_penalty * (float)e->idx[v];
-            logits[v] = l;
-        }
-    }
-    int32_t best = 0;
-    for (int32_t v = 1; v < nv; v++)
-        if (logits[v] > logits[best]) best = v;
-    if (sp->temperature <= 0.0f) return best;
-    /* softmax at temperature */
-    float *p = e->probs;
-    double sum = 0;
-    for (int32_t v = 0; v < nv; v++) {
-        p[v] = expf((logits[v] - logits[best]) / sp->temperature);
-        sum += p[v];
-    }
-    for (int32_t v = 0; v < nv; v++) {
-        p[v] = (float)(p[v] / sum);
-        e->idx[v] = v;
-    }
-    qsort_r(e->idx, (size_t)nv, sizeof *e->idx, cmp_prob_desc, p);
-    int32_t n = nv;
-    if (sp->top_k > 0 && sp->top_k < n) n = sp->top_k;
-    if (sp->min_p > 0) {
-        float lim = sp->min_p * p[e->idx[0]];
-        int32_t k = 1;
-        while (k < n && p[e->idx[k]] >= lim) k++;
-        n = k;
-    }
-    if (sp->top_p < 1.0f) {
-        double c = 0;
-        int32_t k = 0;
-        while (k < n) {
-            c += p[e->idx[k++]];
-            if (c >= sp->top_p) break;
-        }
-        n = k;
-    }
-    double tot = 0;
-    for (int32_t k = 0; k < n; k++) tot += p[e->idx[k]];
-    double u = (double)(rng_next(&r->rng) >> 11) * (1.0 / 9007199254740992.0) * tot;
-    double c = 0;
-    for (int32_t k = 0; k < n; k++) {
-        c += p[e->idx[k]];
-        if (u < c) return e->idx[k];
-    }
-    return e->idx[n - 1];
+    fl_sampler_params q = {
+        .temp = sp->temperature,
+        .top_k = sp->top_k,
+        .top_p = sp->top_p > 0 ? sp->top_p : 1.0f,                       /* 0 (a zeroed struct) = off */
+        .min_p = sp->min_p,
+        .repeat_penalty = sp->repeat_penalty > 0 ? sp->repeat_penalty : 1.0f, /* 0 = off */
+        .freq_penalty = sp->frequency_penalty,
+        .presence_penalty = sp->presence_penalty,
+        .penalty_last_n = sp->penalty_last_n,
+        .seed = r->rng, /* sampling.seed mixed with the sample index */
+    };
+    fl_sampler *smp = NULL;
+    fl_status st = fl_sampler_new(&q, e->be.n_vocab, &smp);
+    r->sampler = smp;
+    return st;
+}
+
+static void req_free(fl_request *r) {
+    if (!r) return;
+    fl_sampler_free((fl_sampler *)r->sampler);
+    fl_request_free(r);
+}
+
+static int32_t sample_token(fl_engine *e, fl_request *r, const float *logits) {
+    return fl_sample(r->sampler, logits, e->be.n_vocab, r->tokens, r->n_tokens);
 }
 
 /* ---- engine life cycle ---- */
@@ -180,8 +131,6 @@ static void free_buffers(fl_engine *e) {
     fl_free(FL_MEM_SCRATCH, e->b_logit, (size_t)e->max_tokens);
     fl_free(FL_MEM_ACT, e->logits, (size_t)e->max_rows * (size_t)nv * sizeof(float));
     fl_free(FL_MEM_SCRATCH, e->row_req, (size_t)e->max_rows * sizeof(fl_request *));
-    fl_free(FL_MEM_SCRATCH, e->probs, (size_t)nv * sizeof(float));
-    fl_free(FL_MEM_SCRATCH, e->idx, (size_t)nv * sizeof(int32_t));
     fl_free(FL_MEM_MISC, e->poll_tok, (size_t)e->poll_tok_cap * sizeof(int32_t));
     fl_free(FL_MEM_MISC, e->poll_text, (size_t)e->poll_text_cap);
 }
@@ -212,22 +161,22 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     e->b_logit = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens, 0);
     e->logits = fl_alloc(FL_MEM_ACT, (size_t)e->max_rows * (size_t)nv * sizeof(float), 0);
     e->row_req = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_rows * sizeof(fl_request *), 0);
-    e->probs = fl_alloc(FL_MEM_SCRATCH, (size_t)nv * sizeof(float), 0);
-    e->idx = fl_alloc(FL_MEM_SCRATCH, (size_t)nv * sizeof(int32_t), 0);
-    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logit || !e->logits || !e->row_req || !e->probs || !e->idx) {
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logit || !e->logits || !e->row_req) {
         st = FL_ERR_NOMEM;
         goto fail;
     }
+    /* ~1% of the pool (at least one block) stays free at admission */
+    e->watermark = e->p.kv_layout == FL_KV_CONTIGUOUS ? 0 : (int32_t)(be->n_blocks / 100 > 1 ? be->n_blocks / 100 : 1);
     fl_sched_params sp = {
         .max_seqs = e->p.max_seqs,
         .max_batch_tokens = e->p.max_batch_tokens,
-        /* ~1% of the pool (at least one block) stays free at admission */
-        .watermark_blocks = e->p.kv_layout == FL_KV_CONTIGUOUS ? 0 : (int32_t)(be->n_blocks / 100 > 1 ? be->n_blocks / 100 : 1),
+        .watermark_blocks = e->watermark,
         .preempt = e->p.preempt,
         .static_batch = e->p.kv_layout == FL_KV_CONTIGUOUS,
     };
     st = fl_sched_new(&sp, &be->kv, &e->sched);
     if (st != FL_OK) goto fail;
+    if (e->be.kv_stats) e->be.kv_stats(e->be.ctx, &e->kv_snap);
     e->t0 = now_s();
     *out = e;
     return FL_OK;
@@ -240,7 +189,7 @@ void fl_engine_free(fl_engine *e) {
     if (!e) return;
     for (int32_t i = 0; i < e->n_reqs; i++) {
         if (e->sched) fl_sched_remove(e->sched, e->reqs[i], false);
-        fl_request_free(e->reqs[i]);
+        req_free(e->reqs[i]);
     }
     fl_free(FL_MEM_MISC, e->reqs, (size_t)e->cap_reqs * sizeof *e->reqs);
     fl_sched_free(e->sched);
@@ -272,7 +221,7 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
     /* a request must fit the pool on its own, or it could never finish */
     int64_t bs = e->be.block_size;
     int64_t need = ((int64_t)p->n_prompt + max_tokens + bs - 1) / bs;
-    int64_t avail = e->be.n_blocks - (e->p.kv_layout == FL_KV_CONTIGUOUS ? 0 : 1);
+    int64_t avail = e->be.n_blocks - e->watermark;
     if (need > avail)
         return fl_set_error(FL_ERR_INVALID, "%s: prompt + max_tokens = %lld tokens need %lld KV blocks, the pool has %lld",
                             __func__, (long long)p->n_prompt + max_tokens, (long long)need, (long long)avail);
@@ -293,12 +242,17 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
         st = fl_request_new(&q, rid, s, e->next_arrival++, &r);
         if (st != FL_OK) break;
         r->t_arrival = t;
+        st = req_sampler_new(e, r);
+        if (st != FL_OK) {
+            req_free(r);
+            break;
+        }
         if (s > 0) r->fork_parent = find_req(e, rid, 0); /* waits for sample 0's prompt blocks */
         st = table_push(e, r);
         if (st == FL_OK) st = fl_sched_add(e->sched, r);
         if (st != FL_OK) {
             if (e->n_reqs && e->reqs[e->n_reqs - 1] == r) e->n_reqs--;
-            fl_request_free(r);
+            req_free(r);
             break;
         }
         added++;
@@ -309,7 +263,7 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
             fl_sched_remove(e->sched, r, false);
             for (int32_t i = 0; i < e->n_reqs; i++)
                 if (e->reqs[i] == r) e->reqs[i] = e->reqs[--e->n_reqs];
-            fl_request_free(r);
+            req_free(r);
         }
     pthread_mutex_unlock(&e->mu);
     if (st == FL_OK && id) *id = rid;
@@ -380,10 +334,23 @@ static void reap(fl_engine *e) {
     int32_t j = 0;
     for (int32_t i = 0; i < e->n_reqs; i++) {
         fl_request *r = e->reqs[i];
-        if (r->state == FL_REQ_FINISHED && r->done_polled && !r->in_sched) fl_request_free(r);
+        if (r->state == FL_REQ_FINISHED && r->done_polled && !r->in_sched) req_free(r);
         else e->reqs[j++] = r;
     }
     e->n_reqs = j;
+}
+
+/* n > 1: sample 0 just computed its prompt.  Before its own token is committed (which may end
+ * it), fork its blocks to the samples still waiting for them and sample each one's first token
+ * from the same logits row. */
+static void fork_samples(fl_engine *e, fl_request *parent, const float *row) {
+    for (int32_t i = 0; i < e->n_reqs; i++) {
+        fl_request *c = e->reqs[i];
+        if (c->fork_parent != parent || c->state != FL_REQ_WAITING) continue;
+        if (fl_sched_admit_fork(e->sched, parent, c) != FL_OK) continue;
+        c->fork_parent = NULL;
+        commit_token(e, c, sample_token(e, c, row)); /* the sampler only reads the row */
+    }
 }
 
 fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
@@ -394,7 +361,17 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
     fl_sched_out out;
     st = fl_sched_schedule(e->sched, &out);
     if (st != FL_OK) goto done;
-    if (out.n_entries == 0) goto done;
+    if (out.n_entries == 0) {
+        /* nothing can run although requests wait: a bug in the accounting; fail the head request
+         * rather than spin */
+        fl_request *head = fl_sched_waiting_at(e->sched, 0);
+        if (head && fl_sched_n_running(e->sched) == 0) {
+            st = fl_set_error(FL_ERR_INTERNAL, "%s: request %lld cannot be admitted into an empty engine", __func__,
+                              (long long)head->id);
+            finish(e, head, FL_FINISH_ERROR);
+        }
+        goto done;
+    }
 
     /* build the flat batch: each entry's tokens contiguous and in position order, no padding */
     int32_t n = 0, rows = 0;
@@ -440,9 +417,12 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
     for (int32_t k = 0; k < rows; k++) {
         fl_request *r = e->row_req[k];
         if (r->state == FL_REQ_FINISHED) continue;
-        commit_token(e, r, sample_token(e, r, e->logits + (size_t)k * (size_t)e->be.n_vocab));
+        float *row = e->logits + (size_t)k * (size_t)e->be.n_vocab;
+        if (r->sample == 0 && fl_request_n_generated(r) == 0) fork_samples(e, r, row);
+        commit_token(e, r, sample_token(e, r, row));
     }
-done:;
+done:
+    if (e->be.kv_stats) e->be.kv_stats(e->be.ctx, &e->kv_snap);
     int32_t active = 0;
     for (int32_t i = 0; i < e->n_reqs; i++) active += e->reqs[i]->state != FL_REQ_FINISHED;
     reap(e);
@@ -530,8 +510,7 @@ void fl_engine_stats_get(fl_engine *e, fl_engine_stats *s) {
     s->swaps_in = ss.swaps_in;
     s->prefix_hit_tokens = ss.prefix_hit_tokens;
     s->prefix_miss_tokens = ss.prefix_miss_tokens;
-    fl_backend_kv_stats ks = {0};
-    if (e->be.kv_stats) e->be.kv_stats(e->be.ctx, &ks);
+    const fl_backend_kv_stats ks = e->kv_snap;
     s->kv_blocks_total = ks.blocks_total;
     s->kv_blocks_used = ks.blocks_used;
     s->kv_blocks_free = ks.blocks_free;

@@ -97,7 +97,6 @@ static fl_status pg_swap_in(void *ctx, fl_request *r) {
     return fl_kv_seq_swap_in(a->kv, (int32_t)r->kv_seq);
 }
 
-static fl_status pg_fork(void *ctx, fl_request *parent, fl_request *child, int32_t n_tokens) __attribute__((unused));
 static fl_status pg_fork(void *ctx, fl_request *parent, fl_request *child, int32_t n_tokens) {
     fl_kv_adapter *a = ctx;
     if (fl_kv_seq_len(a->kv, (int32_t)parent->kv_seq) != n_tokens) return FL_ERR_UNSUPPORTED;
@@ -196,7 +195,7 @@ void fl_kv_adapter_free(fl_kv_adapter *a) {
 
 fl_sched_kv fl_kv_adapter_iface(fl_kv_adapter *a) {
     if (a->paged) return (fl_sched_kv){a, pg_n_free, pg_seq_begin, pg_n_needed, pg_reserve, pg_seq_end,
-                                       pg_swap_out, pg_swap_in, NULL};
+                                       pg_swap_out, pg_swap_in, pg_fork};
     return (fl_sched_kv){a, sl_n_free, sl_seq_begin, sl_n_needed, sl_reserve, sl_seq_end, NULL, NULL, NULL};
 }
 

@@ -124,10 +124,13 @@ void fl_sched_remove(fl_sched *s, fl_request *r, bool keep_as_padding) {
         drop_padding_if_batch_done(s);
         return;
     }
-    if (!list_remove(&s->running, r)) list_remove(&s->waiting, r);
+    bool was_running = list_remove(&s->running, r);
+    if (!was_running) list_remove(&s->waiting, r);
     release_kv(s, r);
     r->in_sched = false;
-    if (s->p.static_batch) drop_padding_if_batch_done(s);
+    /* only a running request can end a batch (removing a waiting one may happen from another
+     * thread during a forward, which must not touch the rows being computed) */
+    if (s->p.static_batch && was_running) drop_padding_if_batch_done(s);
 }
 
 /* Preempt the running request v: swap its blocks out (swap mode) or free them (recompute),
@@ -192,7 +195,9 @@ static void add_entry(fl_sched_out *out, fl_request *r, int32_t n, int32_t pad) 
 
 /* Admit the head of the waiting queue if its first chunk fits; false to stop admitting. */
 static bool admit_one(fl_sched *s, fl_request *r, int32_t budget, fl_sched_out *out, fl_status *err) {
-    int64_t avail = s->kv.n_free(s->kv.ctx) - s->p.watermark_blocks;
+    /* the watermark keeps room for running requests to grow; with none running it only could
+     * stall a request that grew past pool - watermark before being swapped out */
+    int64_t avail = s->kv.n_free(s->kv.ctx) - (s->running.n > 0 ? s->p.watermark_blocks : 0);
     fl_request *parent = r->fork_parent;
     if (parent && parent->state != FL_REQ_FINISHED) {
         /* n > 1: wait for sample 0's prompt, then share its blocks */
@@ -219,13 +224,8 @@ static bool admit_one(fl_sched *s, fl_request *r, int32_t budget, fl_sched_out *
     }
     FL_ASSERT(!r->kv_live && r->n_computed == 0);
     int32_t n_cached = 0;
-    fl_status st;
-    if (parent && parent->state == FL_REQ_RUNNING && s->kv.fork) {
-        st = s->kv.fork(s->kv.ctx, parent, r, r->n_prompt - 1);
-        n_cached = r->n_prompt - 1;
-    } else {
-        st = s->kv.seq_begin(s->kv.ctx, r, &n_cached);
-    }
+    fl_status st = s->kv.seq_begin(s->kv.ctx, r, &n_cached); /* a sample that could not be forked
+                                                                * shares full blocks via the prefix cache */
     if (st == FL_NO_KV_SPACE) return false; /* no sequence id / slot free now */
     if (st != FL_OK) {
         *err = st;
@@ -349,5 +349,21 @@ fl_status fl_sched_check(const fl_sched *s) {
         if (i > 0 && s->waiting.v[i - 1]->arrival > r->arrival)
             return fl_set_error(FL_ERR_INTERNAL, "%s: waiting queue out of order", __func__);
     }
+    return FL_OK;
+}
+
+fl_status fl_sched_admit_fork(fl_sched *s, fl_request *parent, fl_request *child) {
+    if (!s->kv.fork || s->running.n >= s->p.max_seqs || child->state != FL_REQ_WAITING || child->kv_live ||
+        !parent->kv_live || parent->n_computed != child->n_tokens)
+        return FL_NO_KV_SPACE;
+    fl_status st = s->kv.fork(s->kv.ctx, parent, child, parent->n_computed);
+    if (st != FL_OK) return st;
+    child->kv_live = true;
+    child->n_computed = parent->n_computed;
+    child->n_cached_prompt = child->n_prompt;
+    list_remove(&s->waiting, child);
+    list_insert(&s->running, child); /* capacity: running < max_seqs <= cap */
+    child->state = FL_REQ_RUNNING;
+    s->st.admissions++;
     return FL_OK;
 }

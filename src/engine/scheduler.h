@@ -49,7 +49,7 @@ typedef struct fl_sched_kv {
     /* Optional (NULL = unsupported): move r's blocks to / from the swap tier. */
     fl_status (*swap_out)(void *ctx, fl_request *r);
     fl_status (*swap_in)(void *ctx, fl_request *r);
-    /* Optional: child shares parent's first n_tokens tokens of KV (copy-on-write). */
+    /* Optional: child shares all of parent's n_tokens tokens of KV (copy-on-write). */
     fl_status (*fork)(void *ctx, fl_request *parent, fl_request *child, int32_t n_tokens);
 } fl_sched_kv;
 
@@ -94,6 +94,13 @@ void fl_sched_remove(fl_sched *s, fl_request *r, bool keep_as_padding);
 fl_status fl_sched_schedule(fl_sched *s, fl_sched_out *out);
 /* After the step's forward: r's scheduled tokens are now computed (the engine calls this). */
 void fl_sched_commit(fl_sched *s, const fl_sched_out *out);
+
+/* n > 1: right after parent's prompt was computed (its logits row not yet consumed), child
+ * (a WAITING sample with the same prompt) takes a copy-on-write fork of the parent's blocks and
+ * becomes RUNNING with its whole prompt computed; the caller samples its first token from the
+ * parent's logits.  FL_NO_KV_SPACE (soft) when forking is unsupported or max_seqs is reached:
+ * the child then waits and is admitted normally (sharing full blocks via the prefix cache). */
+fl_status fl_sched_admit_fork(fl_sched *s, fl_request *parent, fl_request *child);
 
 int32_t fl_sched_n_waiting(const fl_sched *s);
 int32_t fl_sched_n_running(const fl_sched *s);   /* includes padding rows */

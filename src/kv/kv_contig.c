@@ -71,11 +71,12 @@ int32_t fl_kv_contig_seq_len(const fl_kv_contig *kv, int32_t seq) {
     return seq >= 0 && seq < kv->p.n_seq_max ? kv->len[seq] : 0;
 }
 
-/* Row of (layer il, sequence s, position pos) in k or v: [n_head_kv * head_dim] floats. */
-static inline size_t slot(const fl_kv_contig *kv, int32_t il, int32_t s, int32_t pos) {
+/* Element offset of (layer il, sequence s, kv head hk, position pos) in k or v: each head's
+ * positions are contiguous, [head_dim] floats apart, so attention reads a tile of keys at once. */
+static inline size_t slot(const fl_kv_contig *kv, int32_t il, int32_t s, int64_t hk, int32_t pos) {
     const fl_kv_contig_params *p = &kv->p;
-    return (((size_t)il * (size_t)p->n_seq_max + (size_t)s) * (size_t)p->n_ctx + (size_t)pos) *
-           (size_t)p->n_head_kv * (size_t)p->head_dim;
+    return ((((size_t)il * (size_t)p->n_seq_max + (size_t)s) * (size_t)p->n_head_kv + (size_t)hk) * (size_t)p->n_ctx +
+            (size_t)pos) * (size_t)p->head_dim;
 }
 
 static fl_status kv_prepare(void *ctx, const fl_batch *b) {
@@ -102,18 +103,21 @@ static fl_status kv_prepare(void *ctx, const fl_batch *b) {
 
 static void kv_store(void *ctx, int32_t il, const fl_batch *b, const float *k, const float *v) {
     fl_kv_contig *kv = ctx;
-    const size_t row = (size_t)kv->p.n_head_kv * (size_t)kv->p.head_dim;
+    const int64_t HKV = kv->p.n_head_kv, D = kv->p.head_dim;
     const fl_convert_kernels *cv = fl_convert_kernels_get();
-    for (int32_t i = 0; i < b->n_tokens; i++) {
-        const size_t o = slot(kv, il, b->seq_id[i], b->pos[i]) * kv->esize;
-        if (kv->esize == 2) {
-            cv->f32_to_f16(k + (size_t)i * row, (uint16_t *)(kv->k + o), (int64_t)row);
-            cv->f32_to_f16(v + (size_t)i * row, (uint16_t *)(kv->v + o), (int64_t)row);
-        } else {
-            memcpy(kv->k + o, k + (size_t)i * row, row * sizeof(float));
-            memcpy(kv->v + o, v + (size_t)i * row, row * sizeof(float));
+    for (int32_t i = 0; i < b->n_tokens; i++)
+        for (int64_t hk = 0; hk < HKV; hk++) {
+            const size_t o = slot(kv, il, b->seq_id[i], hk, b->pos[i]) * kv->esize;
+            const float *ks = k + ((size_t)i * (size_t)HKV + (size_t)hk) * (size_t)D;
+            const float *vs = v + ((size_t)i * (size_t)HKV + (size_t)hk) * (size_t)D;
+            if (kv->esize == 2) {
+                cv->f32_to_f16(ks, (uint16_t *)(kv->k + o), D);
+                cv->f32_to_f16(vs, (uint16_t *)(kv->v + o), D);
+            } else {
+                memcpy(kv->k + o, ks, (size_t)D * sizeof(float));
+                memcpy(kv->v + o, vs, (size_t)D * sizeof(float));
+            }
         }
-    }
 }
 
 typedef struct attend_task {
@@ -124,26 +128,33 @@ typedef struct attend_task {
     float *out;
 } attend_task;
 
-/* Head row hk of K or V at (il, s, j) as f32: the stored row itself (f32) or expanded into buf. */
-static inline const float *kv_row(const fl_kv_contig *kv, const unsigned char *base, int32_t il, int32_t s, int32_t j,
-                                  int64_t hk, float *buf) {
-    const int64_t D = kv->p.head_dim;
-    const size_t e = (slot(kv, il, s, j) + (size_t)(hk * D)) * kv->esize;
+/* Keys/values [j0, j0 + n) of head hk as f32 rows of head_dim: the stored rows themselves
+ * (f32) or expanded into buf (f16, one SIMD conversion for the whole tile). */
+static inline const float *kv_tile(const fl_kv_contig *kv, const unsigned char *base, int32_t il, int32_t s, int64_t hk,
+                                   int32_t j0, int32_t n, float *buf, const fl_convert_kernels *cv) {
+    const size_t e = slot(kv, il, s, hk, j0) * kv->esize;
     if (kv->esize == 4) return (const float *)(base + e);
-    fl_convert_kernels_get()->f16_to_f32((const uint16_t *)(base + e), buf, D);
+    cv->f16_to_f32((const uint16_t *)(base + e), buf, (int64_t)n * kv->p.head_dim);
     return buf;
 }
 
+/* Keys per tile: about 8 KiB of f32 per K and V tile on the stack. */
+#define TILE_FLOATS 2048
+
 /* out[t][h] = sum_j softmax_j(q[t][h] . k[j][h/g] * scale) v[j][h/g], online (one pass):
- * running max mx, running denominator l, accumulator out rescaled when mx grows.
+ * running max mx, running denominator l, accumulator out rescaled when mx grows.  Keys and
+ * values are read in tiles of TILE_FLOATS / head_dim positions.
  * With f16 K/V the query is rounded to f16 first, as llama.cpp's f16 K . q product does. */
 static void attend_fn(void *p, int ith, int nth) {
     const attend_task *t = p;
     const fl_kv_contig *kv = t->kv;
     const int64_t H = kv->p.n_head, HKV = kv->p.n_head_kv, D = kv->p.head_dim, G = H / HKV;
+    const int32_t TK = D >= TILE_FLOATS ? 1 : (int32_t)(TILE_FLOATS / D);
     const float scale = 1.0f / sqrtf((float)D);
     const fl_ops_kernels *ops = fl_ops_kernels_get();
-    float qb[D > 0 ? D : 1], kb[D > 0 ? D : 1], vb[D > 0 ? D : 1];
+    const fl_convert_kernels *cv = fl_convert_kernels_get();
+    float qb[D > 0 ? D : 1], kb[(size_t)TK * (size_t)D], vb[(size_t)TK * (size_t)D];
+    uint16_t qh[D > 0 ? D : 1];
     int64_t lo, hi;
     fl_split_range((int64_t)t->b->n_tokens * H, ith, nth, &lo, &hi);
     for (int64_t u = lo; u < hi; u++) {
@@ -152,23 +163,29 @@ static void attend_fn(void *p, int ith, int nth) {
         const int32_t start = kv->p.n_swa > 0 && pos - kv->p.n_swa + 1 > 0 ? pos - kv->p.n_swa + 1 : 0;
         const float *q = t->q + (i * H + h) * D;
         if (kv->esize == 2) {
-            for (int64_t d = 0; d < D; d++) qb[d] = fl_f16_to_f32(fl_f32_to_f16(q[d]));
+            cv->f32_to_f16(q, qh, D);
+            cv->f16_to_f32(qh, qb, D);
             q = qb;
         }
         float *o = t->out + (i * H + h) * D;
         memset(o, 0, (size_t)D * sizeof(float));
         float mx = -INFINITY, l = 0.0f;
-        for (int32_t j = start; j <= pos; j++) {
-            const float sc = ops->dot(q, kv_row(kv, kv->k, t->il, s, j, hk, kb), D) * scale;
-            if (sc > mx) {
-                const float c = expf(mx - sc); /* 0 on the first key */
-                l *= c;
-                ops->scale(o, c, D);
-                mx = sc;
+        for (int32_t j0 = start; j0 <= pos; j0 += TK) {
+            const int32_t n = pos + 1 - j0 < TK ? pos + 1 - j0 : TK;
+            const float *kt = kv_tile(kv, kv->k, t->il, s, hk, j0, n, kb, cv);
+            const float *vt = kv_tile(kv, kv->v, t->il, s, hk, j0, n, vb, cv);
+            for (int32_t j = 0; j < n; j++) {
+                const float sc = ops->dot(q, kt + (size_t)j * (size_t)D, D) * scale;
+                if (sc > mx) {
+                    const float c = expf(mx - sc); /* 0 on the first key */
+                    l *= c;
+                    ops->scale(o, c, D);
+                    mx = sc;
+                }
+                const float e = expf(sc - mx);
+                l += e;
+                ops->axpy(o, e, vt + (size_t)j * (size_t)D, D);
             }
-            const float e = expf(sc - mx);
-            l += e;
-            ops->axpy(o, e, kv_row(kv, kv->v, t->il, s, j, hk, vb), D);
         }
         ops->scale(o, 1.0f / l, D);
     }

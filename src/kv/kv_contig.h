@@ -2,11 +2,12 @@
  * kv_contig.h - the contiguous KV cache: one max-length reservation per sequence.
  *
  * The static baseline the paged cache is measured against.  For n_seq_max sequences of up to
- * n_ctx positions each it reserves, once, per layer and sequence, K and V as f32
- *     k, v: [n_layer][n_seq_max][n_ctx][n_head_kv][head_dim]
+ * n_ctx positions each it reserves, once, K and V with elements of p.type (f16 or f32)
+ *     k, v: [n_layer][n_seq_max][n_head_kv][n_ctx][head_dim]
  * in one FL_MEM_KV block of fl_kv_contig_bytes(p) bytes (exactly 2 * n_layer * n_seq_max * n_ctx
- * * n_head_kv * head_dim * 4).  A token at position pos of sequence s lives in slot
- * [s][pos]; a sequence's length is one past its highest position.
+ * * n_head_kv * head_dim * sizeof(element)).  A token at position pos of sequence s lives at
+ * [s][hk][pos] for each kv head hk (a head's positions are contiguous: attention reads tiles of
+ * keys); a sequence's length is one past its highest position.
  *
  * Implements kv/kv_iface.h (fl_kv_contig_iface(), ctx = the fl_kv_contig *):
  *   prepare  FL_ERR_INVALID for seq_id >= n_seq_max or a position that leaves a gap after the
