@@ -108,20 +108,19 @@ static fl_status bind(const fl_gguf *g, const char *name, int64_t ne0, int64_t n
     if (!fl_tensor_init(t, gt->type, ne1 ? 2 : 1, gt->ne, (void *)gt->data))
         return fl_set_error(FL_ERR_FORMAT, "tensor %s: row of %lld is not a multiple of the %s block", name,
                             (long long)ne0, fl_type_name(gt->type));
-    t->name = name; /* NOTE: callers replace with a stable name below */
+    t->name = NULL; /* name is a caller's buffer; callers set a static name where they have one */
     return FL_OK;
 }
 
-/* Tensor names must outlive the load: point them at the GGUF's own (non-NUL-terminated)
- * strings is not possible, so descriptors keep NULL names except for the fixed ones. */
+/* Bind layer il's nine tensors with the shapes the hparams imply (per-layer names are formatted
+ * into a local buffer, so layer descriptors carry no name). */
 static fl_status bind_layer(const fl_gguf *g, const fl_hparams *hp, int il, fl_layer *L) {
     char n[96];
     const int64_t E = hp->n_embd, D = hp->head_dim, F = hp->n_ff;
     fl_status st;
 #define B(tmpl, ne0, ne1, mm, field)                                                            \
     if ((st = bind(g, fl_arch_tensor_name(n, sizeof n, tmpl, il), ne0, ne1, mm, &L->field))) \
-        return st;                                                                              \
-    L->field.name = NULL;
+        return st;
     B(FL_TN_ATTN_NORM, E, 0, false, attn_norm);
     B(FL_TN_ATTN_Q, E, hp->n_head * D, true, wq);
     B(FL_TN_ATTN_K, E, hp->n_head_kv * D, true, wk);
