@@ -35,6 +35,19 @@ grep -q '"event":"done"' "$T/log.jsonl" || fail "no done line"
 grep -q "resumed from" "$T/err2.txt" || fail "no resume message"
 [ "$(grep -c '"event":"step"' "$T/log2.jsonl")" -eq 2 ] || fail "resume should run 2 steps"
 
+# kill -9 during training: the last checkpoint is intact and resumes
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 100000 --save-every 2 \
+    -t 1 -o "$T/k.gguf" > /dev/null 2>&1 &
+PID=$!
+for i in $(seq 1 600); do [ -f "$T/k.gguf.ckpt" ] && break; sleep 0.1; done
+sleep 1
+kill -9 $PID 2>/dev/null
+wait $PID 2>/dev/null
+[ -f "$T/k.gguf.ckpt" ] || fail "no checkpoint before the kill"
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 100000 --time-limit 0.1 \
+    -t 1 --resume "$T/k.gguf.ckpt" > /dev/null 2> "$T/err5.txt" || { cat "$T/err5.txt"; fail "resume after kill -9"; }
+grep -Eq "resumed from .* at step [0-9]*[02468]$" "$T/err5.txt" || fail "resume step should be a multiple of 2"
+
 # QLoRA: adapters + merged export
 "$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 2 --lora 4 --weights nf4 \
     --precision bf16 -t 1 -o "$T/q.gguf" 2> "$T/err3.txt" || { cat "$T/err3.txt"; fail "qlora"; }
