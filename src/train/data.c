@@ -51,6 +51,11 @@ static bool next_doc(const char *t, size_t len, size_t *p, size_t *b, size_t *e)
 }
 
 fl_status fl_train_data_from_text(const fl_tokenizer *tok, const char *text, size_t len, fl_train_data *out) {
+    return fl_train_data_from_text_ex(tok, text, len, false, out);
+}
+
+fl_status fl_train_data_from_text_ex(const fl_tokenizer *tok, const char *text, size_t len, bool one_doc,
+                                     fl_train_data *out) {
     memset(out, 0, sizeof *out);
     out->bos = fl_tokenizer_bos(tok);
     out->eos = fl_tokenizer_eos(tok);
@@ -60,13 +65,15 @@ fl_status fl_train_data_from_text(const fl_tokenizer *tok, const char *text, siz
     size_t p = 0, b, e;
     int64_t n_docs = 0;
     while (next_doc(text, len, &p, &b, &e)) n_docs++;
+    if (one_doc && n_docs > 0) n_docs = 1;
     if (n_docs == 0) return fl_set_error(FL_ERR_INVALID, "%s: no text", __func__);
     int64_t cap = (int64_t)len + 2 * n_docs + 1;
     fl_status st = data_alloc(out, cap, n_docs);
     if (st) return st;
     p = 0;
     int64_t n = 0, d = 0;
-    while (next_doc(text, len, &p, &b, &e)) {
+    while (d < n_docs && next_doc(text, len, &p, &b, &e)) {
+        if (one_doc) e = len; /* the whole text, blank lines included */
         out->doc_off[d++] = n;
         out->ids[n++] = out->bos;
         int64_t got;
