@@ -272,7 +272,6 @@ int fl_cmd_train(int argc, char **argv) {
         if (to.steps < 1) to.steps = 1;
     }
     if (to.warmup >= to.steps) to.warmup = to.steps / 10;
-    const double unigram = fl_train_unigram_loss(&train, &held, m->cfg.n_vocab);
     fprintf(stderr, "train: %lld documents, %lld tokens; held-out: %lld documents, %lld scored tokens (tokenized in %.1f s)\n",
             (long long)train.n_docs, (long long)train.n_ids, (long long)held.n_docs,
             (long long)fl_train_data_n_scored(&held), now_s() - t0);
@@ -285,6 +284,7 @@ int fl_cmd_train(int argc, char **argv) {
         fprintf(stderr, "resumed from %s at step %lld\n", OPT("resume")->str, (long long)fl_trainer_step_count(t));
     }
     const int64_t eval_tokens = OPT("eval-tokens")->set ? OPT("eval-tokens")->i : 0;
+    const double unigram = fl_train_unigram_loss(&train, &held, m->cfg.n_vocab, eval_tokens);
     const int64_t eval_every = OPT("eval-every")->set ? OPT("eval-every")->i : 0;
     const int64_t save_every = OPT("save-every")->set ? OPT("save-every")->i : 0;
     const char *out = OPT("output")->str;

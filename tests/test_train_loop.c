@@ -224,7 +224,7 @@ static void test_batchers(void **state) {
     assert_int_equal(d.n_docs, 9);
     assert_int_equal(h.n_docs, 3);
     assert_int_equal(h.ids[0], 1);
-    assert_true(isfinite(fl_train_unigram_loss(&d, &h, 512)));
+    assert_true(isfinite(fl_train_unigram_loss(&d, &h, 512, 0)));
     fl_train_data_free(&h);
     fl_train_data_free(&d);
     fl_test_mem_zero();

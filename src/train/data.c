@@ -332,7 +332,7 @@ fl_status fl_train_eval(fl_train_model *m, const fl_train_data *d, int64_t ctx, 
     return FL_OK;
 }
 
-double fl_train_unigram_loss(const fl_train_data *train, const fl_train_data *held, int32_t n_vocab) {
+double fl_train_unigram_loss(const fl_train_data *train, const fl_train_data *held, int32_t n_vocab, int64_t max_tokens) {
     double *cnt = fl_calloc(FL_MEM_MISC, (size_t)n_vocab, sizeof(double));
     if (!cnt) return NAN;
     double total = 0.0;
@@ -345,7 +345,9 @@ double fl_train_unigram_loss(const fl_train_data *train, const fl_train_data *he
     }
     double nll = 0.0;
     int64_t n = 0;
-    for (int64_t i = 0; i + 1 < held->n_ids; i++) {
+    int64_t limit = held->n_ids - 1;
+    if (max_tokens > 0 && max_tokens < limit) limit = max_tokens;
+    for (int64_t i = 0; i < limit; i++) {
         const int32_t y = held->ids[i + 1];
         if (y == held->bos || y < 0 || y >= n_vocab) continue;
         nll -= log((cnt[y] + 1.0) / (total + n_vocab));

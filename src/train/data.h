@@ -82,7 +82,8 @@ fl_status fl_train_eval(fl_train_model *m, const fl_train_data *d, int64_t ctx, 
                         double *mean_loss, int64_t *n_scored);
 
 /* Unigram baseline: token frequencies of train (add-one smoothing over n_vocab), mean
- * -log p over the scored targets of held. */
-double fl_train_unigram_loss(const fl_train_data *train, const fl_train_data *held, int32_t n_vocab);
+ * -log p over the scored targets of held (the first max_tokens inputs when > 0, as
+ * fl_train_eval reads them). */
+double fl_train_unigram_loss(const fl_train_data *train, const fl_train_data *held, int32_t n_vocab, int64_t max_tokens);
 
 #endif
