@@ -139,8 +139,8 @@ static void state_update(const vec_ops *vo, float *st, const float *qh, const fl
                          int32_t hd, float scale, float *sc) {
     vo->scores(qh, kb, ja, jb, hd, scale, sc);
     float mb = -INFINITY;
-    for (int32_t j = ja; j < jb; j++) mb = fmaxf(mb, sc[j]);
-    const float m_new = fmaxf(st[0], mb);
+    for (int32_t j = ja; j < jb; j++) mb = sc[j] > mb ? sc[j] : mb; /* scores are finite: same as fmaxf, inlined */
+    const float m_new = st[0] > mb ? st[0] : mb;
     const float alpha = st[0] == -INFINITY ? 0.0f : expf(st[0] - m_new);
     float l = st[1] * alpha;
     for (int32_t j = ja; j < jb; j++) {
