@@ -7,6 +7,7 @@
 #include "core/threads.h"
 #include "dist/dist.h"
 #include "dist/sp.h"
+#include "kernels/attn.h"
 #include "kv/kv_contig.h"
 
 #include <stdlib.h>

@@ -4,6 +4,7 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "kernels/attn.h"
 
 #include <math.h>
 #include <string.h>
@@ -173,7 +174,7 @@ static void attend_merge(fl_sp *s, const float *q, int64_t nq, const void *k, co
     const int32_t H = s->p.n_head, D = s->p.head_dim;
     fl_attn_args a = {.n_seq = 1, .n_q = nq, .n_kv = nk, .n_head = H, .n_head_kv = s->p.n_head_kv, .head_dim = D,
                       .q = q, .k = k, .v = v, .kv_type = s->p.kv_type, .out = part, .lse = part_lse,
-                      .causal = causal, .impl = s->p.impl};
+                      .causal = causal, .impl = (fl_attn_impl)s->p.impl};
     fl_status st = fl_attn_forward(&a);
     if (st) {
         s->st = st;
@@ -251,7 +252,7 @@ static void attend_decode(fl_sp *s, int32_t il, const float *q, float *out) {
     if (nk > 0) {
         fl_attn_args a = {.n_seq = 1, .n_q = 1, .n_kv = nk, .n_head = H, .n_head_kv = s->p.n_head_kv, .head_dim = D,
                           .q = q, .k = kv_at(s, il, 0, 0), .v = kv_at(s, il, 1, 0), .kv_type = s->p.kv_type,
-                          .out = mine, .lse = mine + qrow, .causal = false, .impl = s->p.impl};
+                          .out = mine, .lse = mine + qrow, .causal = false, .impl = (fl_attn_impl)s->p.impl};
         fl_status st = fl_attn_forward(&a);
         if (st) {
             s->st = st;

@@ -33,14 +33,13 @@
 #define FL_SP_H
 
 #include "dist/dist.h"
-#include "kernels/attn.h"
 #include "model/llama.h"
 
 typedef struct fl_sp_params {
     int32_t n_layer, n_head, n_head_kv, head_dim;
     int32_t n_ctx;   /* total positions of the sequence */
     int32_t kv_type; /* FL_TYPE_F32 or FL_TYPE_F16 */
-    fl_attn_impl impl;
+    int32_t impl;    /* kernels/attn.h fl_attn_impl: 0 auto (flash), 1 naive, 2 flash only */
 } fl_sp_params;
 
 typedef struct fl_sp fl_sp;
