@@ -4,6 +4,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "kernels/matmul.h"
+#include "kernels/ops.h"
 #include "model/llama_impl.h"
 
 #include <string.h>
@@ -22,6 +23,11 @@ struct fl_tp_model {
     size_t weight_bytes;
     int32_t n_dequant;
     fl_status comm_st; /* first allreduce failure of the current forward */
+    /* vocab parallel: rows [v0, v0 + nv) of token_embd / output; vmax = ceil(n_vocab / N) */
+    int32_t v0, nv, vmax;
+    float *lbuf;       /* FL_MEM_ACT [R][vmax] local logits */
+    float *gbuf;       /* FL_MEM_COMM [N][R][vmax] gathered logits */
+    int32_t buf_rows;
 };
 
 fl_status fl_tp_shard_compute(const fl_hparams *hp, int32_t ff_block, int32_t rank, int32_t size, fl_tp_shard *out) {
@@ -121,6 +127,19 @@ static void tp_allreduce(void *ud, float *x, int64_t n) {
     t->comm_st = fl_comm_allreduce_sum_f32(t->comm, x, n);
 }
 
+/* Vocab-parallel embedding: rows this rank holds, zeros elsewhere, summed over the ranks. */
+static void tp_embed(void *ud, const int32_t *tokens, int64_t n, float *x) {
+    fl_tp_model *t = ud;
+    const fl_model *m = t->m;
+    const int64_t E = m->hp.n_embd;
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t id = tokens[i] - t->v0;
+        if (id >= 0 && id < t->nv) fl_embed_forward(x + i * E, &m->tok_embd, &id, 1);
+        else memset(x + i * E, 0, (size_t)E * sizeof(float));
+    }
+    tp_allreduce(t, x, n * E);
+}
+
 static fl_status shard(fl_tp_model *t) {
     fl_model *m = t->m;
     fl_hparams *hp = &m->hp;
@@ -138,9 +157,13 @@ static fl_status shard(fl_tp_model *t) {
     t->cap = 3 + 9 * hp->n_layer;
     t->blocks = fl_calloc(FL_MEM_MISC, (size_t)t->cap, sizeof *t->blocks);
     if (!t->blocks) return FL_ERR_NOMEM;
-    if ((st = copy_whole(t, &m->tok_embd)) || (st = copy_whole(t, &m->output_norm))) return st;
+    t->vmax = (hp->n_vocab + size - 1) / size;
+    t->v0 = rank * t->vmax;
+    t->nv = hp->n_vocab - t->v0 < t->vmax ? hp->n_vocab - t->v0 : t->vmax;
+    if (t->nv < 1) return fl_set_error(FL_ERR_UNSUPPORTED, "tp: %d ranks for a vocabulary of %d", size, hp->n_vocab);
+    if ((st = slice_rows(t, &m->tok_embd, t->v0, t->nv)) || (st = copy_whole(t, &m->output_norm))) return st;
     if (hp->tied_output) m->output = m->tok_embd;
-    else if ((st = copy_whole(t, &m->output))) return st;
+    else if ((st = slice_rows(t, &m->output, t->v0, t->nv))) return st;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         fl_layer *L = &m->layers[il];
         if ((st = copy_whole(t, &L->attn_norm)) || (st = copy_whole(t, &L->ffn_norm)) ||
@@ -167,6 +190,8 @@ fl_status fl_tp_load(const char *path, fl_comm *comm, fl_tp_model **out) {
     if (fl_comm_size(comm) > 1) {
         p.allreduce = tp_allreduce;
         p.allreduce_ud = t;
+        p.embed = tp_embed;
+        p.embed_ud = t;
     }
     fl_status st = fl_model_load(path, &p, &t->m);
     if (!st) st = shard(t);
@@ -181,6 +206,10 @@ fl_status fl_tp_load(const char *path, fl_comm *comm, fl_tp_model **out) {
 
 void fl_tp_free(fl_tp_model *t) {
     if (!t) return;
+    if (t->buf_rows) {
+        fl_free(FL_MEM_ACT, t->lbuf, (size_t)t->buf_rows * (size_t)t->vmax * sizeof(float));
+        fl_free(FL_MEM_COMM, t->gbuf, (size_t)t->sh.size * (size_t)t->buf_rows * (size_t)t->vmax * sizeof(float));
+    }
     fl_model_free(t->m);
     for (int32_t i = 0; i < t->n_blocks; i++) fl_free(FL_MEM_WEIGHTS, t->blocks[i].p, t->blocks[i].bytes);
     fl_free(FL_MEM_MISC, t->blocks, (size_t)t->cap * sizeof *t->blocks);
@@ -194,6 +223,40 @@ int32_t fl_tp_n_dequantized(const fl_tp_model *t) { return t->n_dequant; }
 
 fl_status fl_tp_forward(fl_tp_model *t, const fl_batch *b, const fl_kv_iface *kv, void *kv_ctx, float *logits) {
     t->comm_st = FL_OK;
-    fl_status st = fl_model_forward(t->m, b, kv, kv_ctx, logits);
-    return st ? st : t->comm_st;
+    const int32_t N = t->sh.size;
+    if (N == 1) return fl_model_forward(t->m, b, kv, kv_ctx, logits);
+    const int32_t R = fl_batch_n_logits(b), vmax = t->vmax, V = t->m->hp.n_vocab;
+    if (logits && R > t->buf_rows) {
+        const size_t lo = (size_t)t->buf_rows * (size_t)vmax * sizeof(float), ln = (size_t)R * (size_t)vmax * sizeof(float);
+        float *l = fl_alloc(FL_MEM_ACT, ln, 64), *g = fl_alloc(FL_MEM_COMM, ln * (size_t)N, 64);
+        if (!l || !g) {
+            fl_free(FL_MEM_ACT, l, ln);
+            fl_free(FL_MEM_COMM, g, ln * (size_t)N);
+            return FL_ERR_NOMEM;
+        }
+        if (t->buf_rows) {
+            fl_free(FL_MEM_ACT, t->lbuf, lo);
+            fl_free(FL_MEM_COMM, t->gbuf, lo * (size_t)N);
+        }
+        t->lbuf = l;
+        t->gbuf = g;
+        t->buf_rows = R;
+    }
+    fl_status st = fl_model_forward(t->m, b, kv, kv_ctx, logits ? t->lbuf : NULL);
+    if (st) return st;
+    if (t->comm_st) return t->comm_st;
+    if (!logits || R == 0) return FL_OK;
+    /* local logits [R][nv] -> rows of vmax (backwards: in place), gather, reassemble [R][V] */
+    for (int32_t r = R - 1; r >= 0; r--) {
+        memmove(t->lbuf + (size_t)r * vmax, t->lbuf + (size_t)r * t->nv, (size_t)t->nv * sizeof(float));
+        memset(t->lbuf + (size_t)r * vmax + t->nv, 0, (size_t)(vmax - t->nv) * sizeof(float));
+    }
+    const size_t bytes = (size_t)R * (size_t)vmax * sizeof(float);
+    if ((st = fl_comm_allgather(t->comm, t->lbuf, t->gbuf, bytes))) return st;
+    for (int32_t k = 0; k < N; k++) {
+        const int32_t v0 = k * vmax, nv = V - v0 < vmax ? V - v0 : vmax;
+        for (int32_t r = 0; r < R; r++)
+            memcpy(logits + (size_t)r * V + v0, t->gbuf + ((size_t)k * R + r) * vmax, (size_t)nv * sizeof(float));
+    }
+    return FL_OK;
 }

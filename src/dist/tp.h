@@ -10,8 +10,13 @@
  * and runs the model's own forward on its slice (hparams n_head_local / n_head_kv_local /
  * n_ff_local); the model calls the allreduce hook (fl_model_params.allreduce) after the wo and
  * w2 matmuls, which sums the partial outputs over the ranks: 2 allreduces of n_tokens x n_embd
- * floats per layer.  Norms, token_embd and output are replicated (every rank computes the same
- * logits).  H must be a multiple of N; other head counts are refused (FL_ERR_UNSUPPORTED).
+ * floats per layer.  Norms are replicated.  token_embd and output are split by vocabulary rows
+ * ([r*ceil(V/N), ...)): the embedding goes through the model's embed hook (rows this rank holds,
+ * zeros elsewhere, one allreduce of n_tokens x n_embd), the output matmul gives this rank's
+ * slice of the logits, which fl_tp_forward all-gathers (every rank gets the full logits).
+ * H must be a multiple of N; other head counts are refused (FL_ERR_UNSUPPORTED).
+ * Communication per forward of T tokens: (2 n_layer + 1) allreduces of T x n_embd floats plus
+ * an allgather of R x ceil(V/N) floats per rank (R logit rows).
  *
  * Quantized weights.  Row slices (wq, wk, wv, w1, w3) are whole rows of any type, copied byte
  * for byte.  Column slices (wo, w2: a split along K of a row-major matrix) are copied byte for
@@ -28,7 +33,8 @@
  * fl_tp_model, charged to FL_MEM_WEIGHTS, so each rank's allocator shows exactly the weights it
  * holds (the file mapping, FL_MEM_MAPPED, is shared page cache and is only read at load).  The
  * model's layer descriptors are pointed at the copies (this file includes model/llama_impl.h:
- * it edits the loaded model's descriptors and local hparams, nothing else).
+ * it edits the loaded model's descriptors and local hparams, nothing else).  Logit buffers of
+ * the gather: [R][ceil(V/N)] FL_MEM_ACT and N times that FL_MEM_COMM, grown on demand.
  *
  * Errors: load errors as fl_model_load; FL_ERR_UNSUPPORTED for head counts that do not split;
  * a failed allreduce during a forward is returned by fl_tp_forward (FL_ERR_IO).
