@@ -14,6 +14,7 @@
 #include "core/threads.h"
 #include "dist/dist.h"
 #include "dist/sp.h"
+#include "dist/tp.h"
 #include "kv/kv_cache.h"
 #include "model/llama.h"
 #include "plan/plan.h"
@@ -54,10 +55,16 @@ static void bc_peaks(bc_row *r) {
     r->peak_total = fl_mem_peak_total();
 }
 
-/* Paged cache: prefill ctx - n_decode tokens in chunks, then n_decode single-token steps. */
-static fl_status bc_run_paged(fl_model *m, const bc_config *c, int64_t ctx, int32_t chunk, int32_t n_decode, bc_row *r) {
+/* Paged cache: prefill ctx - n_decode tokens in chunks, then n_decode single-token steps.
+ * With tp (a tensor-parallel model over the comm's ranks) the forward is fl_tp_forward. */
+static fl_status bc_fwd(fl_model *m, fl_tp_model *tp, const fl_batch *b, const fl_kv_iface *kif, void *kv, float *logits) {
+    return tp ? fl_tp_forward(tp, b, kif, kv, logits) : fl_model_forward(m, b, kif, kv, logits);
+}
+
+static fl_status bc_run_paged(fl_model *m, fl_tp_model *tp, fl_comm *comm, const bc_config *c, int64_t ctx, int32_t chunk,
+                              int32_t n_decode, bc_row *r) {
     const fl_hparams *hp = fl_model_hparams(m);
-    fl_kv_config kc = {.n_layer = hp->n_layer, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+    fl_kv_config kc = {.n_layer = hp->n_layer, .n_head = hp->n_head_local, .n_head_kv = hp->n_head_kv_local, .head_dim = hp->head_dim,
                        .type = c->kv_type, .block_size = 16, .n_blocks = (int32_t)((ctx + 15) / 16 + 1), .n_seq_max = 1};
     fl_model_workspace_free(m);
     fl_mem_reset_peaks();
@@ -73,6 +80,8 @@ static fl_status bc_run_paged(fl_model *m, const bc_config *c, int64_t ctx, int3
     if (!st) {
         int32_t *tok = ib_, *pos = ib_ + chunk, *seq0 = ib_ + 2 * chunk;
         int32_t zero[1] = {0};
+        fl_comm_barrier(comm);
+        uint64_t c0 = fl_comm_bytes_sent(comm);
         double t0 = bc_now();
         for (int64_t p0 = 0; p0 < n_pre && !st; p0 += chunk) {
             const int32_t n = (int32_t)(n_pre - p0 < chunk ? n_pre - p0 : chunk);
@@ -82,15 +91,19 @@ static fl_status bc_run_paged(fl_model *m, const bc_config *c, int64_t ctx, int3
                 seq0[i] = 0;
             }
             fl_batch b = {n, tok, pos, seq0, NULL};
-            st = fl_model_forward(m, &b, &kif, kv, logits);
+            st = bc_fwd(m, tp, &b, &kif, kv, logits);
         }
+        fl_comm_barrier(comm);
         r->prefill_s = bc_now() - t0;
+        r->comm_prefill = fl_comm_bytes_sent(comm) - c0;
+        c0 = fl_comm_bytes_sent(comm);
         t0 = bc_now();
         for (int32_t g = 0; g < n_decode && !st; g++) {
             int32_t t = bc_token(n_pre + g, hp->n_vocab), p = (int32_t)(n_pre + g);
             fl_batch b = {1, &t, &p, zero, NULL};
-            st = fl_model_forward(m, &b, &kif, kv, logits);
+            st = bc_fwd(m, tp, &b, &kif, kv, logits);
         }
+        r->comm_decode = fl_comm_bytes_sent(comm) - c0;
         r->decode_s = (bc_now() - t0) / (n_decode > 0 ? n_decode : 1);
         r->n_decode = n_decode;
     }
@@ -204,6 +217,7 @@ int fl_bench_context(int argc, char **argv) {
         {"chunk", 0, FL_OPT_INT, "N  prefill chunk of the paged configs (default 512)"},
         {"decode", 0, FL_OPT_INT, "N  decode steps timed at each length (default 8)"},
         {"sp", 0, FL_OPT_FLAG, "sequence parallel over the mpirun ranks (ring attention); only that config"},
+        {"tp", 0, FL_OPT_FLAG, "tensor parallel over the mpirun ranks (paged f16 KV, 1/N of the heads); only that config"},
         {"threads", 't', FL_OPT_INT, "N  threads per rank (default: all cores; 1 under mpirun)"},
         {"plot", 0, FL_OPT_STR, "FILE.svg  write FILE.svg.dat + .gp (memory vs context) and run gnuplot (.png: PNG)"},
         {0},
@@ -225,7 +239,7 @@ int fl_bench_context(int argc, char **argv) {
         return rc == 1 ? 0 : 2;
     }
 #define OPTI(name, d) (fl_args_get(opts, name)->set ? fl_args_get(opts, name)->i : (d))
-    const int json = fl_args_get(opts, "json")->set, use_sp = fl_args_get(opts, "sp")->set;
+    const int json = fl_args_get(opts, "json")->set, use_sp = fl_args_get(opts, "sp")->set, use_tp = fl_args_get(opts, "tp")->set;
     const int64_t min_ctx = OPTI("min-ctx", 1024), max_ctx = OPTI("max-ctx", 131072);
     const int64_t kv_mem = OPTI("kv-mem", 0), flash_max = OPTI("flash-max", 16384), naive_max = OPTI("naive-max", 2048);
     const int32_t chunk = (int32_t)OPTI("chunk", 512), n_decode = (int32_t)OPTI("decode", 8);
@@ -238,16 +252,25 @@ int fl_bench_context(int argc, char **argv) {
     }
     fl_threads_set(fl_args_get(opts, "threads")->set ? (int)fl_args_get(opts, "threads")->i : (N > 1 ? 1 : 0));
     const char *path = fl_args_get(opts, "model")->str;
-    fl_model *m;
+    fl_model *m = NULL;
+    fl_tp_model *tp = NULL;
     fl_model_shape shape;
-    if (fl_model_load(path, NULL, &m) || fl_plan_shape_from_gguf(path, &shape)) {
+    if (use_sp && use_tp) {
+        fprintf(stderr, "fitllm bench context: --sp and --tp together are not supported\n");
+        fl_comm_free(comm);
+        return 2;
+    }
+    if ((use_tp ? fl_tp_load(path, comm, &tp) : fl_model_load(path, NULL, &m)) || fl_plan_shape_from_gguf(path, &shape)) {
         fprintf(stderr, "fitllm bench context: %s\n", fl_last_error());
         fl_comm_free(comm);
         return 1;
     }
+    if (tp) m = fl_tp_model_get(tp);
     bc_config cfgs[5];
     int n_cfg = 0;
-    if (use_sp) {
+    if (use_tp) {
+        cfgs[n_cfg++] = (bc_config){"tp paged f16", BC_PAGED, FL_TYPE_F16, 0, max_ctx};
+    } else if (use_sp) {
         cfgs[n_cfg++] = (bc_config){"sp flash f16", BC_SP, FL_TYPE_F16, 0, max_ctx};
     } else {
         cfgs[n_cfg++] = (bc_config){"paged f16", BC_PAGED, FL_TYPE_F16, 0, max_ctx};
@@ -276,7 +299,7 @@ int fl_bench_context(int argc, char **argv) {
             }
             bc_row r;
             memset(&r, 0, sizeof r);
-            fl_status st = c->kind == BC_PAGED ? bc_run_paged(m, c, ctx, chunk, n_decode, &r)
+            fl_status st = c->kind == BC_PAGED ? bc_run_paged(m, tp, comm, c, ctx, chunk, n_decode, &r)
                                                : bc_run_sp(m, comm, c, ctx, n_decode, &r);
             fl_mem_set_budget(FL_MEM_KV, 0);
             /* every rank must agree to stop (a budget failure may hit one rank only) */
@@ -295,7 +318,8 @@ int fl_bench_context(int argc, char **argv) {
                 break;
             }
             uint64_t plan_kv = 0;
-            if (fl_plan_kv_bytes(&shape, c->kv_type, ctx, 1, 16, 1, N, 0, shape.n_layer, &plan_kv)) plan_kv = 0;
+            if (fl_plan_kv_bytes(&shape, c->kv_type, ctx, 1, 16, use_tp ? N : 1, use_tp ? 1 : N, 0, shape.n_layer, &plan_kv))
+                plan_kv = 0;
             uint64_t kv_peaks[64] = {0}, mine = r.peak[FL_MEM_KV];
             if (N > 1 && N <= 64) fl_comm_allgather(comm, &mine, kv_peaks, sizeof mine);
             else kv_peaks[0] = mine;
@@ -340,7 +364,8 @@ int fl_bench_context(int argc, char **argv) {
         if (fl_args_get(opts, "plot")->set) bc_plot(fl_args_get(opts, "plot")->str, rows, N);
     }
     cJSON_Delete(root);
-    fl_model_free(m);
+    if (tp) fl_tp_free(tp);
+    else fl_model_free(m);
     fl_comm_free(comm);
     return ret;
 }
