@@ -38,7 +38,8 @@ fl_status fl_comm_allgather(fl_comm *c, const void *send, void *recv, size_t byt
 /* send[size * n] summed over ranks; rank r receives the sum of slice r into recv[n]. */
 fl_status fl_comm_reduce_scatter_sum_f32(fl_comm *c, const float *send, float *recv, int64_t n);
 fl_status fl_comm_bcast(fl_comm *c, void *buf, size_t bytes, int root);
-/* Send sbytes to dst and receive rbytes from src at once (ring steps); not collective. */
+/* Send sbytes to dst and receive rbytes from src at once (ring steps); not collective.
+ * dst < 0: nothing is sent; src < 0: nothing is received (pipeline stages). */
 fl_status fl_comm_sendrecv(fl_comm *c, const void *sendbuf, size_t sbytes, int dst, void *recvbuf, size_t rbytes, int src);
 
 /* Implementation table (dist.c: single process, dist_mpi.c: Open MPI). */

@@ -64,7 +64,9 @@ static fl_status m_bcast(fl_comm *c, void *b, size_t n, int root) {
 static fl_status m_sendrecv(fl_comm *c, const void *s, size_t sb, int dst, void *r, size_t rb, int src) {
     (void)c;
     if (sb > (size_t)INT32_MAX || rb > (size_t)INT32_MAX) return fl_set_error(FL_ERR_RANGE, "sendrecv message too large");
-    return mpi_err(MPI_Sendrecv(s, (int)sb, MPI_BYTE, dst, 7, r, (int)rb, MPI_BYTE, src, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Sendrecv");
+    /* dst / src < 0: no send / no receive (plain send or recv for pipeline stages) */
+    return mpi_err(MPI_Sendrecv(s, (int)sb, MPI_BYTE, dst < 0 ? MPI_PROC_NULL : dst, 7, r, (int)rb, MPI_BYTE,
+                                src < 0 ? MPI_PROC_NULL : src, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Sendrecv");
 }
 
 static void m_finalize(fl_comm *c) {
