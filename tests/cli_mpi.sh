@@ -10,7 +10,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 export OMPI_MCA_mpi_yield_when_idle=1
 fails=0
 for np in 2 4; do
-  for t in "$DIR"/test_dist "$DIR"/test_tp "$DIR"/test_sp "$DIR"/test_pp; do
+  for t in "$DIR"/test_dist "$DIR"/test_tp "$DIR"/test_sp "$DIR"/test_pp "$DIR"/test_zero; do
     [ -x "$t" ] || continue
     if timeout 120 mpirun -np $np --oversubscribe --bind-to none "$t" >"$DIR/mpi_$(basename "$t")_$np.log" 2>&1; then
       echo "ok   - $(basename "$t") with $np ranks"
