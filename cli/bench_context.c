@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "core/threads.h"
 #include "dist/dist.h"
+#include "dist/pp.h"
 #include "dist/sp.h"
 #include "dist/tp.h"
 #include "kv/kv_cache.h"
@@ -57,7 +58,11 @@ static void bc_peaks(bc_row *r) {
 
 /* Paged cache: prefill ctx - n_decode tokens in chunks, then n_decode single-token steps.
  * With tp (a tensor-parallel model over the comm's ranks) the forward is fl_tp_forward. */
+static fl_pp_model *g_pp;    /* --pp: the stage model */
+static int32_t g_pp_micro;   /* micro-batches per prefill chunk */
+
 static fl_status bc_fwd(fl_model *m, fl_tp_model *tp, const fl_batch *b, const fl_kv_iface *kif, void *kv, float *logits) {
+    if (g_pp) return fl_pp_forward(g_pp, b, b->n_tokens > 1 ? g_pp_micro : 1, kif, kv, logits);
     return tp ? fl_tp_forward(tp, b, kif, kv, logits) : fl_model_forward(m, b, kif, kv, logits);
 }
 
@@ -74,7 +79,8 @@ static fl_status bc_run_paged(fl_model *m, fl_tp_model *tp, fl_comm *comm, const
     const size_t lb = (size_t)hp->n_vocab * sizeof(float), ib = (size_t)chunk * 3 * sizeof(int32_t);
     float *logits = fl_alloc(FL_MEM_ACT, lb, 64);
     int32_t *ib_ = fl_alloc(FL_MEM_ACT, ib, 64);
-    fl_status st = logits && ib_ ? fl_model_workspace_new(m, chunk, 1) : FL_ERR_NOMEM;
+    const int32_t ws_tokens = g_pp ? (chunk + g_pp_micro - 1) / g_pp_micro : chunk;
+    fl_status st = logits && ib_ ? fl_model_workspace_new(m, ws_tokens, 1) : FL_ERR_NOMEM;
     const fl_kv_iface kif = fl_kv_iface_get();
     const int64_t n_pre = ctx - n_decode;
     if (!st) {
@@ -218,6 +224,7 @@ int fl_bench_context(int argc, char **argv) {
         {"decode", 0, FL_OPT_INT, "N  decode steps timed at each length (default 8)"},
         {"sp", 0, FL_OPT_FLAG, "sequence parallel over the mpirun ranks (ring attention); only that config"},
         {"tp", 0, FL_OPT_FLAG, "tensor parallel over the mpirun ranks (paged f16 KV, 1/N of the heads); only that config"},
+        {"pp", 0, FL_OPT_INT, "M  pipeline parallel over the mpirun ranks, M micro-batches per prefill chunk; only that config"},
         {"threads", 't', FL_OPT_INT, "N  threads per rank (default: all cores; 1 under mpirun)"},
         {"plot", 0, FL_OPT_STR, "FILE.svg  write FILE.svg.dat + .gp (memory vs context) and run gnuplot (.png: PNG)"},
         {0},
@@ -239,7 +246,8 @@ int fl_bench_context(int argc, char **argv) {
         return rc == 1 ? 0 : 2;
     }
 #define OPTI(name, d) (fl_args_get(opts, name)->set ? fl_args_get(opts, name)->i : (d))
-    const int json = fl_args_get(opts, "json")->set, use_sp = fl_args_get(opts, "sp")->set, use_tp = fl_args_get(opts, "tp")->set;
+    const int json = fl_args_get(opts, "json")->set, use_sp = fl_args_get(opts, "sp")->set, use_tp = fl_args_get(opts, "tp")->set,
+              use_pp = fl_args_get(opts, "pp")->set;
     const int64_t min_ctx = OPTI("min-ctx", 1024), max_ctx = OPTI("max-ctx", 131072);
     const int64_t kv_mem = OPTI("kv-mem", 0), flash_max = OPTI("flash-max", 16384), naive_max = OPTI("naive-max", 2048);
     const int32_t chunk = (int32_t)OPTI("chunk", 512), n_decode = (int32_t)OPTI("decode", 8);
@@ -255,20 +263,25 @@ int fl_bench_context(int argc, char **argv) {
     fl_model *m = NULL;
     fl_tp_model *tp = NULL;
     fl_model_shape shape;
-    if (use_sp && use_tp) {
-        fprintf(stderr, "fitllm bench context: --sp and --tp together are not supported\n");
+    if (use_sp + use_tp + use_pp > 1 || (use_pp && fl_args_get(opts, "pp")->i < 1)) {
+        fprintf(stderr, "fitllm bench context: one of --sp, --tp, --pp M (M >= 1)\n");
         fl_comm_free(comm);
         return 2;
     }
-    if ((use_tp ? fl_tp_load(path, comm, &tp) : fl_model_load(path, NULL, &m)) || fl_plan_shape_from_gguf(path, &shape)) {
+    g_pp_micro = use_pp ? (int32_t)fl_args_get(opts, "pp")->i : 1;
+    if ((use_tp ? fl_tp_load(path, comm, &tp) : use_pp ? fl_pp_load(path, comm, &g_pp) : fl_model_load(path, NULL, &m)) ||
+        fl_plan_shape_from_gguf(path, &shape)) {
         fprintf(stderr, "fitllm bench context: %s\n", fl_last_error());
         fl_comm_free(comm);
         return 1;
     }
     if (tp) m = fl_tp_model_get(tp);
+    if (g_pp) m = fl_pp_model_get(g_pp);
     bc_config cfgs[5];
     int n_cfg = 0;
-    if (use_tp) {
+    if (use_pp) {
+        cfgs[n_cfg++] = (bc_config){"pp paged f16", BC_PAGED, FL_TYPE_F16, 0, max_ctx};
+    } else if (use_tp) {
         cfgs[n_cfg++] = (bc_config){"tp paged f16", BC_PAGED, FL_TYPE_F16, 0, max_ctx};
     } else if (use_sp) {
         cfgs[n_cfg++] = (bc_config){"sp flash f16", BC_SP, FL_TYPE_F16, 0, max_ctx};
@@ -318,7 +331,9 @@ int fl_bench_context(int argc, char **argv) {
                 break;
             }
             uint64_t plan_kv = 0;
-            if (fl_plan_kv_bytes(&shape, c->kv_type, ctx, 1, 16, use_tp ? N : 1, use_tp ? 1 : N, 0, shape.n_layer, &plan_kv))
+            int32_t pl0 = 0, pl1 = (int32_t)shape.n_layer;
+            if (use_pp) fl_pp_stage_layers((int32_t)shape.n_layer, rank, N, &pl0, &pl1);
+            if (fl_plan_kv_bytes(&shape, c->kv_type, ctx, 1, 16, use_tp ? N : 1, use_sp ? N : 1, pl0, pl1, &plan_kv))
                 plan_kv = 0;
             uint64_t kv_peaks[64] = {0}, mine = r.peak[FL_MEM_KV];
             if (N > 1 && N <= 64) fl_comm_allgather(comm, &mine, kv_peaks, sizeof mine);
@@ -365,6 +380,7 @@ int fl_bench_context(int argc, char **argv) {
     }
     cJSON_Delete(root);
     if (tp) fl_tp_free(tp);
+    else if (g_pp) fl_pp_free(g_pp);
     else fl_model_free(m);
     fl_comm_free(comm);
     return ret;
