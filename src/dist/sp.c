@@ -203,6 +203,22 @@ static void attend_prefill(fl_sp *s, int32_t il, const float *q, float *out) {
     int cur_buf = 0;
     for (int32_t step = 0; step < N; step++) {
         const int32_t owner = (r - step + N) % N;
+        /* start passing the block on (send what I hold to r+1, receive owner-1's from r-1) and
+         * attend to it meanwhile: communication overlaps the step's attention */
+        const bool pass = step < N - 1;
+        fl_comm_req rk, rv;
+        unsigned char *nk = pass ? s->ring[cur_buf][0] : NULL, *nv = pass ? s->ring[cur_buf][1] : NULL;
+        if (pass) {
+            const int64_t n_send = fl_sp_local_tokens(s->T, N, owner);
+            const int64_t n_recv = fl_sp_local_tokens(s->T, N, (owner - 1 + N) % N);
+            const size_t sb = (size_t)n_send * (size_t)s->row * s->esz, rb = (size_t)n_recv * (size_t)s->row * s->esz;
+            fl_status st = fl_comm_isendrecv(s->comm, ck, sb, (r + 1) % N, nk, rb, (r - 1 + N) % N, &rk);
+            if (!st) st = fl_comm_isendrecv(s->comm, cv, sb, (r + 1) % N, nv, rb, (r - 1 + N) % N, &rv);
+            if (st) {
+                s->st = st;
+                return;
+            }
+        }
         int64_t klo[2], khi[2];
         fl_sp_chunk(s->T, 2 * N, owner, &klo[0], &khi[0]);
         fl_sp_chunk(s->T, 2 * N, 2 * N - 1 - owner, &klo[1], &khi[1]);
@@ -219,18 +235,14 @@ static void attend_prefill(fl_sp *s, int32_t il, const float *q, float *out) {
                              lse_acc + qrow0[a] * H, part, part_lse);
             }
         }
-        if (step == N - 1 || s->st) break;
-        /* pass the block on: send what I hold to r+1, receive the block of owner-1 from r-1 */
-        const int64_t n_send = fl_sp_local_tokens(s->T, N, owner);
-        const int64_t n_recv = fl_sp_local_tokens(s->T, N, (owner - 1 + N) % N);
-        const size_t sb = (size_t)n_send * (size_t)s->row * s->esz, rb = (size_t)n_recv * (size_t)s->row * s->esz;
-        unsigned char *nk = s->ring[cur_buf][0], *nv = s->ring[cur_buf][1];
-        fl_status st = fl_comm_sendrecv(s->comm, ck, sb, (r + 1) % N, nk, rb, (r - 1 + N) % N);
-        if (!st) st = fl_comm_sendrecv(s->comm, cv, sb, (r + 1) % N, nv, rb, (r - 1 + N) % N);
-        if (st) {
-            s->st = st;
+        if (!pass) break;
+        fl_status st = fl_comm_wait(s->comm, &rk);
+        fl_status st2 = fl_comm_wait(s->comm, &rv);
+        if (st || st2) {
+            s->st = st ? st : st2;
             return;
         }
+        if (s->st) return;
         ck = nk;
         cv = nv;
         cur_buf ^= 1;

@@ -11,7 +11,8 @@
  * a rank attends its queries to the K/V block of rank (r - s) mod N (flash attention with
  * log-sum-exp, kernels/attn.h; a key chunk entirely before a query chunk: full attention, the
  * same chunk: causal, a later chunk: skipped), merges the partial result with fl_attn_merge,
- * and passes the block to rank r+1 (fl_comm_sendrecv; blocking, no compute/comm overlap).
+ * and passes the block to rank r+1 (fl_comm_isendrecv started before the step's attention and
+ * waited for after it: the transfer overlaps the compute).
  * Per layer a rank sends (N-1) blocks of its ~T/N tokens' K and V.  The last token is in
  * chunk 2N-1 (rank 0): its logits are broadcast to every rank.
  *
