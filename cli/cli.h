@@ -63,6 +63,7 @@ int fl_bench_packing(int argc, char **argv);
 int fl_bench_tokenize(int argc, char **argv);
 int fl_bench_kv(int argc, char **argv);
 int fl_bench_serve(int argc, char **argv);
+int fl_bench_context(int argc, char **argv);
 int fl_cmd_demo(int argc, char **argv);
 int fl_cmd_plan(int argc, char **argv);
 int fl_cmd_train(int argc, char **argv);

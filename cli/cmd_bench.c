@@ -19,6 +19,7 @@ static const bench_entry benches[] = {
     {"packing", "padded batch vs packed varlen attention: bytes and time", fl_bench_packing},
     {"tokenize", "tokenizer speed on a text file (-m VOCAB.gguf -f TEXT)", fl_bench_tokenize},
     {"kv", "paged KV cache: utilization, waste, sharing vs a contiguous reservation", fl_bench_kv},
+    {"context", "long context: prefill/decode time and memory vs n_ctx (paged f16/fp8, flash/naive, --sp)", fl_bench_context},
     {"serve", "synthetic serving workload through the engine (paged vs --baseline static)", fl_bench_serve},
     {"train", "training memory/time vs activation checkpointing, 8-bit optimizer states, planner check", fl_bench_train},
     {NULL, NULL, NULL},

@@ -33,6 +33,21 @@ static void test_collectives(void **state) {
     int32_t out = r, in = -1;
     assert_int_equal(fl_comm_sendrecv(c, &out, 4, (r + 1) % n, &in, 4, (r + n - 1) % n), FL_OK);
     assert_int_equal(in, (r + n - 1) % n);
+    /* non-blocking ring, two messages in flight, matched in order */
+    int32_t o2[2] = {100 + r, 200 + r}, i2[2] = {-1, -1};
+    fl_comm_req q1, q2;
+    assert_int_equal(fl_comm_isendrecv(c, &o2[0], 4, (r + 1) % n, &i2[0], 4, (r + n - 1) % n, &q1), FL_OK);
+    assert_int_equal(fl_comm_isendrecv(c, &o2[1], 4, (r + 1) % n, &i2[1], 4, (r + n - 1) % n, &q2), FL_OK);
+    assert_int_equal(fl_comm_wait(c, &q1), FL_OK);
+    assert_int_equal(fl_comm_wait(c, &q2), FL_OK);
+    assert_int_equal(i2[0], 100 + (r + n - 1) % n);
+    assert_int_equal(i2[1], 200 + (r + n - 1) % n);
+    /* plain send / receive: rank 0 -> rank 1 with sendrecv's -1 */
+    if (n > 1 && r < 2) {
+        int32_t x = r == 0 ? 42 : 0;
+        assert_int_equal(r == 0 ? fl_comm_sendrecv(c, &x, 4, 1, NULL, 0, -1) : fl_comm_sendrecv(c, NULL, 0, -1, &x, 4, 0), FL_OK);
+        assert_int_equal(x, 42);
+    }
     assert_int_equal(fl_comm_barrier(c), FL_OK);
     if (n > 1) assert_true(fl_comm_bytes_sent(c) > 0);
 }

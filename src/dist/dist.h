@@ -38,8 +38,18 @@ fl_status fl_comm_allgather(fl_comm *c, const void *send, void *recv, size_t byt
 /* send[size * n] summed over ranks; rank r receives the sum of slice r into recv[n]. */
 fl_status fl_comm_reduce_scatter_sum_f32(fl_comm *c, const float *send, float *recv, int64_t n);
 fl_status fl_comm_bcast(fl_comm *c, void *buf, size_t bytes, int root);
-/* Send sbytes to dst and receive rbytes from src at once (ring steps); not collective. */
+/* Send sbytes to dst and receive rbytes from src at once (ring steps); not collective.
+ * dst < 0: nothing is sent; src < 0: nothing is received (pipeline stages). */
 fl_status fl_comm_sendrecv(fl_comm *c, const void *sendbuf, size_t sbytes, int dst, void *recvbuf, size_t rbytes, int src);
+/* Non-blocking sendrecv: start it, compute, then fl_comm_wait (both buffers stay untouched until
+ * the wait returns).  Several may be in flight; messages between two ranks match in the order
+ * they were started.  Not collective. */
+typedef struct fl_comm_req {
+    uint64_t h[2]; /* implementation handles */
+} fl_comm_req;
+fl_status fl_comm_isendrecv(fl_comm *c, const void *sendbuf, size_t sbytes, int dst, void *recvbuf, size_t rbytes, int src,
+                            fl_comm_req *req);
+fl_status fl_comm_wait(fl_comm *c, fl_comm_req *req);
 
 /* Implementation table (dist.c: single process, dist_mpi.c: Open MPI). */
 typedef struct fl_comm_ops {
@@ -51,6 +61,8 @@ typedef struct fl_comm_ops {
     fl_status (*bcast)(fl_comm *c, void *buf, size_t bytes, int root);
     fl_status (*sendrecv)(fl_comm *c, const void *s, size_t sb, int dst, void *r, size_t rb, int src);
     void (*finalize)(fl_comm *c);
+    fl_status (*isendrecv)(fl_comm *c, const void *s, size_t sb, int dst, void *r, size_t rb, int src, fl_comm_req *q);
+    fl_status (*wait)(fl_comm *c, fl_comm_req *q);
 } fl_comm_ops;
 
 struct fl_comm {

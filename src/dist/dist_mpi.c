@@ -64,7 +64,9 @@ static fl_status m_bcast(fl_comm *c, void *b, size_t n, int root) {
 static fl_status m_sendrecv(fl_comm *c, const void *s, size_t sb, int dst, void *r, size_t rb, int src) {
     (void)c;
     if (sb > (size_t)INT32_MAX || rb > (size_t)INT32_MAX) return fl_set_error(FL_ERR_RANGE, "sendrecv message too large");
-    return mpi_err(MPI_Sendrecv(s, (int)sb, MPI_BYTE, dst, 7, r, (int)rb, MPI_BYTE, src, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Sendrecv");
+    /* dst / src < 0: no send / no receive (plain send or recv for pipeline stages) */
+    return mpi_err(MPI_Sendrecv(s, (int)sb, MPI_BYTE, dst < 0 ? MPI_PROC_NULL : dst, 7, r, (int)rb, MPI_BYTE,
+                                src < 0 ? MPI_PROC_NULL : src, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Sendrecv");
 }
 
 static void m_finalize(fl_comm *c) {
@@ -73,7 +75,35 @@ static void m_finalize(fl_comm *c) {
     if (c->owns_mpi && !fin) MPI_Finalize();
 }
 
-static const fl_comm_ops mpi_ops = {m_barrier, m_ar32, m_ar64, m_allgather, m_rs32, m_bcast, m_sendrecv, m_finalize};
+_Static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "MPI_Request must fit fl_comm_req");
+
+static fl_status m_isendrecv(fl_comm *c, const void *s, size_t sb, int dst, void *r, size_t rb, int src, fl_comm_req *q) {
+    (void)c;
+    memset(q, 0, sizeof *q);
+    if (sb > (size_t)INT32_MAX || rb > (size_t)INT32_MAX) return fl_set_error(FL_ERR_RANGE, "isendrecv message too large");
+    MPI_Request rq[2];
+    fl_status st = mpi_err(MPI_Irecv(r, (int)rb, MPI_BYTE, src < 0 ? MPI_PROC_NULL : src, 8, MPI_COMM_WORLD, &rq[0]), "MPI_Irecv");
+    if (st) return st;
+    if ((st = mpi_err(MPI_Isend(s, (int)sb, MPI_BYTE, dst < 0 ? MPI_PROC_NULL : dst, 8, MPI_COMM_WORLD, &rq[1]), "MPI_Isend"))) {
+        MPI_Cancel(&rq[0]);
+        MPI_Request_free(&rq[0]);
+        return st;
+    }
+    memcpy(&q->h[0], &rq[0], sizeof rq[0]);
+    memcpy(&q->h[1], &rq[1], sizeof rq[1]);
+    return FL_OK;
+}
+
+static fl_status m_wait(fl_comm *c, fl_comm_req *q) {
+    (void)c;
+    MPI_Request rq[2];
+    memcpy(&rq[0], &q->h[0], sizeof rq[0]);
+    memcpy(&rq[1], &q->h[1], sizeof rq[1]);
+    return mpi_err(MPI_Waitall(2, rq, MPI_STATUSES_IGNORE), "MPI_Waitall");
+}
+
+static const fl_comm_ops mpi_ops = {m_barrier, m_ar32, m_ar64, m_allgather, m_rs32, m_bcast, m_sendrecv, m_finalize,
+                                    m_isendrecv, m_wait};
 
 fl_status fl_comm_new_mpi(int *argc, char ***argv, fl_comm **out) {
     *out = NULL;

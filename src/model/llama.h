@@ -78,10 +78,15 @@ typedef struct fl_hparams {
 /* In-place sum across tensor-parallel ranks of x [n] (NULL for a single process). */
 typedef void (*fl_allreduce_fn)(void *ud, float *x, int64_t n);
 
+/* [dist/tp] Fill x [n][n_embd] with the embeddings of tokens[0..n) (vocab-parallel lookup). */
+typedef void (*fl_embed_fn)(void *ud, const int32_t *tokens, int64_t n, float *x);
+
 typedef struct fl_model_params {
     int32_t weights_type;      /* -1: keep file types; else convert at load (quant module, later) */
     fl_allreduce_fn allreduce; /* called after attn_output and ffn_down matmuls; NULL = none */
     void *allreduce_ud;
+    fl_embed_fn embed;         /* [dist/tp] replaces the token_embd lookup when not NULL */
+    void *embed_ud;
 } fl_model_params;
 
 typedef struct fl_layer {

@@ -134,7 +134,8 @@ fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv
     const fl_allreduce_fn allreduce = m->params.allreduce;
 
     /* x = token_embd[tokens]                                   (T, E) */
-    fl_embed_forward(w->x, &m->tok_embd, b->tokens, T);
+    if (m->params.embed) m->params.embed(m->params.embed_ud, b->tokens, T, w->x); /* [dist/tp] vocab-parallel */
+    else fl_embed_forward(w->x, &m->tok_embd, b->tokens, T);
 
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const fl_layer *L = &m->layers[il];
