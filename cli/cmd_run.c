@@ -11,6 +11,8 @@
 #include "core/dtype.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "dist/dist.h"
+#include "dist/tp.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -107,6 +109,7 @@ int fl_cmd_run(int argc, char **argv) {
         {"json", 0, FL_OPT_FLAG, "print one JSON object (ids, text, timings, memory) instead of streaming"},
         {"context-shift", 0, FL_OPT_FLAG, "generate past CTX: keep the sink tokens + the recent half (paged KV only)"},
         {"sink", 0, FL_OPT_INT, "S  sink tokens kept by --context-shift (default 4)"},
+        {"tp", 0, FL_OPT_INT, "N  tensor parallel over N ranks: run as `mpirun -np N fitllm run --tp N ...`"},
         FL_CLI_KV_OPTS,
         {0},
     };
@@ -132,7 +135,16 @@ int fl_cmd_run(int argc, char **argv) {
         fprintf(stderr, "fitllm run: -n must be >= 0\n");
         return 2;
     }
+    const int64_t n_tp = fl_args_get(opts, "tp")->set ? fl_args_get(opts, "tp")->i : 1;
+    if (n_tp < 1 || n_tp > 1024) {
+        fprintf(stderr, "fitllm run: --tp must be in 1..1024\n");
+        return 2;
+    }
     fl_threads_set(fl_args_get(opts, "threads")->set ? (int)fl_args_get(opts, "threads")->i : 0);
+    if (n_tp > 1 && !fl_args_get(opts, "threads")->set) { /* ranks share the cores */
+        int per = fl_threads_get() / (int)n_tp;
+        fl_threads_set(per > 0 ? per : 1);
+    }
     fl_sampler_params sp = fl_sampler_default_params();
 #define FOPT(name, field) if (fl_args_get(opts, name)->set) sp.field = (float)fl_args_get(opts, name)->f
 #define IOPT(name, field) if (fl_args_get(opts, name)->set) sp.field = (int32_t)fl_args_get(opts, name)->i
@@ -153,6 +165,9 @@ int fl_cmd_run(int argc, char **argv) {
     size_t text_len = 0;
     bool text_owned = false;
     fl_model *m = NULL;
+    fl_comm *comm = NULL;
+    fl_tp_model *tpm = NULL;
+    int rank = 0;
     fl_tokenizer *tok = NULL;
     fl_cli_kv kv = {0};
     fl_sampler *smp = NULL;
@@ -174,7 +189,19 @@ int fl_cmd_run(int argc, char **argv) {
         fl_set_error(FL_ERR_INVALID, "the prompt is empty");
         goto fail;
     }
-    if ((st = fl_model_load(o_model->str, NULL, &m))) goto fail;
+    if (n_tp > 1) { /* every rank loads its slice; logits are all-gathered, so all sample alike */
+        if ((st = fl_comm_new(NULL, NULL, &comm))) goto fail;
+        rank = fl_comm_rank(comm);
+        if (fl_comm_size(comm) != n_tp) {
+            fl_set_error(FL_ERR_INVALID, "--tp %lld needs exactly %lld ranks (mpirun -np %lld), this run has %d",
+                         (long long)n_tp, (long long)n_tp, (long long)n_tp, fl_comm_size(comm));
+            goto fail;
+        }
+        if ((st = fl_tp_load(o_model->str, comm, &tpm))) goto fail;
+        m = fl_tp_model_get(tpm);
+    } else if ((st = fl_model_load(o_model->str, NULL, &m))) {
+        goto fail;
+    }
     const fl_hparams *hp = fl_model_hparams(m);
     if ((st = fl_tokenizer_new(fl_model_gguf(m), &tok))) goto fail;
     if ((st = fl_cli_tokenize(tok, text, text_len, &ids, &n_ids))) goto fail;
@@ -226,7 +253,7 @@ int fl_cmd_run(int argc, char **argv) {
         const int32_t n = (int32_t)(n_ids - i < max_batch ? n_ids - i : max_batch);
         for (int32_t j = 0; j < n; j++) pos[j] = (int32_t)(i + j);
         fl_batch b = {n, ids + i, pos, seq, NULL};
-        if ((st = fl_model_forward(m, &b, &kv.iface, kv.ctx, logits))) goto fail;
+        if ((st = tpm ? fl_tp_forward(tpm, &b, &kv.iface, kv.ctx, logits) : fl_model_forward(m, &b, &kv.iface, kv.ctx, logits))) goto fail;
     }
     const double t1 = now_s();
     /* decode */
@@ -237,7 +264,7 @@ int fl_cmd_run(int argc, char **argv) {
         const int32_t t = fl_sample(smp, logits, hp->n_vocab, gen, n_ids + n_gen);
         if (fl_tokenizer_is_eog(tok, t)) break;
         gen[n_ids + n_gen++] = t;
-        if (!json) {
+        if (!json && rank == 0) {
             int32_t pl = fl_token_to_piece(tok, t, piece, sizeof piece, false);
             if (pl > 0 && n_pending + (size_t)pl < sizeof pending) {
                 memcpy(pending + n_pending, piece, (size_t)pl);
@@ -259,10 +286,10 @@ int fl_cmd_run(int argc, char **argv) {
             n_shifts++;
         }
         fl_batch b = {1, &t, &p1, &s1, NULL};
-        if ((st = fl_model_forward(m, &b, &kv.iface, kv.ctx, logits))) goto fail;
+        if ((st = tpm ? fl_tp_forward(tpm, &b, &kv.iface, kv.ctx, logits) : fl_model_forward(m, &b, &kv.iface, kv.ctx, logits))) goto fail;
     }
     const double t2 = now_s();
-    if (!json) {
+    if (!json && rank == 0) {
         fwrite(pending, 1, n_pending, stdout);
         printf("\n");
     }
@@ -274,7 +301,7 @@ int fl_cmd_run(int argc, char **argv) {
     if (!out_text) goto fail;
     int64_t tl = fl_detokenize(tok, gen + n_ids, n_gen, out_text, (int64_t)out_cap, false, false);
     out_text[tl < 0 ? 0 : tl] = 0;
-    if (json) {
+    if (json && rank == 0) {
         fl_mem_install_cjson_hooks();
         cJSON *o = cJSON_CreateObject();
         cJSON_AddItemToObject(o, "prompt_tokens", cJSON_CreateIntArray(ids, (int)n_ids));
@@ -299,7 +326,8 @@ int fl_cmd_run(int argc, char **argv) {
             cJSON_free(s);
         }
         cJSON_Delete(o);
-    } else {
+    } else if (!json) {
+        if (tpm) fprintf(stderr, "rank %d of %lld: ", rank, (long long)n_tp);
         fprintf(stderr, "prefill: %lld tokens, %.1f tok/s; decode: %lld tokens, %.1f tok/s\n", (long long)n_ids,
                 prefill_tps, (long long)n_gen, decode_tps);
         fl_mem_report(stderr);
@@ -314,7 +342,9 @@ fail:
     fl_cli_kv_free(&kv);
     if (ids) fl_free(FL_MEM_MISC, ids, (size_t)(n_ids + 1) * sizeof(int32_t));
     fl_tokenizer_free(tok);
-    fl_model_free(m);
+    if (tpm) fl_tp_free(tpm);
+    else fl_model_free(m);
+    fl_comm_free(comm);
     if (text_owned) fl_free(FL_MEM_MISC, text, text_len + 1);
     return rc;
 }

@@ -19,4 +19,13 @@ for np in 2 4; do
     fi
   done
 done
+# the CLI: `mpirun -np N fitllm run --tp N` gives the one-process greedy tokens (stories260K)
+MODEL=${2:-}/models/stories260K.gguf
+if [ -f "$MODEL" ] && command -v python3 >/dev/null; then
+  want=$("$BIN" run -m "$MODEL" -p "Once upon a time" -n 40 --temp 0 --json -t 1 | python3 -c "import json,sys; print(json.load(sys.stdin)['tokens'])")
+  for np in 2 4; do
+    got=$(timeout 120 mpirun -np $np --oversubscribe --bind-to none "$BIN" run --tp $np -m "$MODEL" -p "Once upon a time" -n 40 --temp 0 --json 2>"$DIR/mpi_run_$np.log" | python3 -c "import json,sys; print(json.load(sys.stdin)['tokens'])")
+    if [ -n "$want" ] && [ "$got" = "$want" ]; then echo "ok   - fitllm run --tp $np equals one process"; else echo "FAIL - fitllm run --tp $np: $got vs $want"; fails=$((fails+1)); fi
+  done
+fi
 [ $fails = 0 ]
