@@ -1,6 +1,7 @@
 /* `fitllm train`: fine-tune a GGUF model (full, LoRA, QLoRA on an NF4 base) or train one from
  * scratch on a text file; held-out perplexity before/after, checkpoints, GGUF export. */
 #include "cli/cli.h"
+#include "dist/dist.h"
 #include "core/alloc.h"
 #include "core/status.h"
 #include "core/threads.h"
@@ -155,7 +156,8 @@ int fl_cmd_train(int argc, char **argv) {
         {"merge-lora", 0, FL_OPT_STR, "ADAPTER.gguf  merge saved adapters into -m BASE and write -o OUT.gguf (no training)"},
         {"output", 'o', FL_OPT_STR, "OUT.gguf  final weights (LoRA: merged, adapters also in OUT.lora.gguf)"},
         {"seed", 0, FL_OPT_INT, "S  seed for init, LoRA and shuffling (default 1234)"},
-        {"threads", 't', FL_OPT_INT, "N  threads (default all cores)"},
+        {"threads", 't', FL_OPT_INT, "N  threads (default all cores; under mpirun: cores / ranks)"},
+        {"zero", 0, FL_OPT_INT, "S  data parallel with ZeRO stage S (1 or 2) over the ranks of `mpirun -np N`"},
         {"json", 0, FL_OPT_FLAG, "one JSON object per step and per evaluation on stdout"},
         {0},
     };
@@ -198,6 +200,26 @@ int fl_cmd_train(int argc, char **argv) {
     if (OPT("seed")->set) to.seed = (uint64_t)OPT("seed")->i;
     if (OPT("bucket")->set) to.batch_mode = FL_BATCH_BUCKET;
     if (OPT("threads")->set) fl_threads_set((int)OPT("threads")->i);
+    fl_comm *comm = NULL;
+    int zrank = 0;
+    if (OPT("zero")->set) {
+        if (OPT("zero")->i < 1 || OPT("zero")->i > 2) { fprintf(stderr, "fitllm train: --zero takes 1 or 2\n"); return 2; }
+        if (OPT("save-every")->set || OPT("resume")->set) {
+            fprintf(stderr, "fitllm train: --save-every / --resume are not supported with --zero (sharded optimizer states)\n");
+            return 2;
+        }
+        if (fl_comm_new(NULL, NULL, &comm) != FL_OK) { fprintf(stderr, "fitllm train: %s\n", fl_last_error()); return 1; }
+        to.comm = comm;
+        to.zero_stage = (int)OPT("zero")->i;
+        zrank = fl_comm_rank(comm);
+        if (!OPT("threads")->set) {
+            int per = fl_threads_get() / fl_comm_size(comm);
+            fl_threads_set(per > 0 ? per : 1);
+        }
+        if (zrank > 0) { /* every rank holds the same parameters: rank 0 reports and writes */
+            if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) return 1;
+        }
+    }
     const char *sched = OPT("schedule")->str, *prec = OPT("precision")->str, *optim = OPT("optim")->str;
     if (sched) {
         if (!strcmp(sched, "cosine")) to.sched = FL_LR_COSINE;
@@ -359,7 +381,7 @@ int fl_cmd_train(int argc, char **argv) {
                (long long)fl_trainer_step_count(t), train_s, l0, exp(l0), l1, exp(l1), exp(unigram),
                fl_mem_peak_total(), fl_mem_peak(FL_MEM_ACT), fl_optim_state_bytes(fl_trainer_optim(t)));
     if (save_every > 0 && (st = fl_trainer_save(t, ckpt))) goto fail;
-    if (out) {
+    if (out && zrank == 0) {
         if ((st = fl_train_model_save_gguf(m, out, g))) goto fail;
         fprintf(stderr, "wrote %s\n", out);
         if (lora) {
@@ -380,6 +402,7 @@ out:
     fl_train_model_free(m);
     fl_tokenizer_free(tok);
     fl_gguf_free(g);
+    fl_comm_free(comm);
     return rc;
 #undef OPT
 }

@@ -28,4 +28,28 @@ if [ -f "$MODEL" ] && command -v python3 >/dev/null; then
     if [ -n "$want" ] && [ "$got" = "$want" ]; then echo "ok   - fitllm run --tp $np equals one process"; else echo "FAIL - fitllm run --tp $np: $got vs $want"; fails=$((fails+1)); fi
   done
 fi
+# ZeRO data-parallel training: N ranks x grad_accum 1 follow the loss curve of one process with
+# grad_accum N, and each rank holds 1/N of the optimizer states
+if [ -f "$MODEL" ] && command -v python3 >/dev/null; then
+  TXT=$(mktemp); head -c 60000 "${2}/data/war-and-peace.txt" >"$TXT"
+  ARGS=(train --init tiny --tokenizer "$MODEL" -f "$TXT" -c 64 --batch 2 --steps 6 --lr 3e-3 --warmup 1 --eval-tokens 500 --json)
+  curve() { python3 -c "import sys,json; ev=[json.loads(l) for l in sys.stdin]; print([round(d['loss'],5) for d in ev if d.get('event')=='step'], [d['optim_bytes'] for d in ev if d.get('event')=='done'][0])"; }
+  for np in 2 4; do
+    one=$("$BIN" "${ARGS[@]}" --grad-accum $np -t 1 2>/dev/null | curve)
+    for z in 1 2; do
+      dp=$(timeout 120 mpirun -np $np --oversubscribe --bind-to none "$BIN" "${ARGS[@]}" --grad-accum 1 --zero $z 2>"$DIR/mpi_zero_${np}_$z.log" | curve)
+      if python3 - "$one" "$dp" "$np" <<'PY'
+import sys, ast
+a, b, n = sys.argv[1].rsplit(" ", 1), sys.argv[2].rsplit(" ", 1), int(sys.argv[3])
+la, lb = ast.literal_eval(a[0]), ast.literal_eval(b[0])
+assert len(la) == 6 and len(lb) == 6, (la, lb)
+assert all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(la, lb)), (la, lb)
+ratio = int(a[1]) / int(b[1])
+assert 0.9 * n <= ratio <= 1.1 * n, ("optimizer bytes per rank not 1/N", a[1], b[1])
+PY
+      then echo "ok   - train --zero $z on $np ranks: same loss curve, optimizer states / $np"; else echo "FAIL - train --zero $z on $np ranks: $dp vs $one"; fails=$((fails+1)); fi
+    done
+  done
+  rm -f "$TXT"
+fi
 [ $fails = 0 ]

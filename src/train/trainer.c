@@ -24,6 +24,12 @@ struct fl_trainer {
     int64_t step;
     float loss_scale;
     int64_t good_steps;
+    /* ZeRO data parallelism (o.comm with more than one rank) */
+    fl_zero *zero;
+    int world, rank;
+    float *gpad;      /* stage 2: gradients padded to fl_zero_padded_n (FL_MEM_GRAD) */
+    int64_t gpad_n;
+    float cur_lr;
 };
 
 fl_trainer_opts fl_trainer_default_opts(void) {
@@ -49,6 +55,8 @@ void fl_trainer_free(fl_trainer *t) {
     }
     fl_batcher_deinit(&t->bat);
     fl_optim_free(t->opt);
+    fl_zero_free(t->zero);
+    if (t->gpad) fl_free(FL_MEM_GRAD, t->gpad, (size_t)t->gpad_n * sizeof(float));
     fl_free(FL_MEM_MISC, t, sizeof *t);
 }
 
@@ -72,7 +80,34 @@ fl_status fl_trainer_new(fl_train_model *m, const fl_train_data *train, const fl
     fl_train_model_trainable(m, &params, &grads, &n);
     int64_t ranges[2 * FL_OPTIM_MAX_RANGES];
     const int nr = fl_train_model_decay_ranges(m, ranges, FL_OPTIM_MAX_RANGES);
-    if ((st = fl_optim_new(&o->optim, n, ranges, nr, &t->opt))) goto fail;
+    t->world = o->comm ? fl_comm_size(o->comm) : 1;
+    t->rank = o->comm ? fl_comm_rank(o->comm) : 0;
+    if (t->world > 1) {
+        if (o->precision == FL_TRAIN_FP16) {
+            st = fl_set_error(FL_ERR_UNSUPPORTED, "%s: fp16 loss scaling with ZeRO data parallelism is not implemented", __func__);
+            goto fail;
+        }
+        if ((st = fl_zero_new(o->comm, o->zero_stage ? o->zero_stage : 1, n, &t->zero))) goto fail;
+        int64_t off, len;
+        fl_zero_shard(t->zero, &off, &len);
+        /* this rank's optimizer covers [off, off + len): decay ranges shifted and clipped */
+        int64_t sr[2 * FL_OPTIM_MAX_RANGES];
+        int ns = 0;
+        for (int i = 0; i < (nr < 0 ? 1 : nr); i++) {
+            int64_t a = nr < 0 ? 0 : ranges[2 * i], b = nr < 0 ? n : ranges[2 * i + 1];
+            if (a < off) a = off;
+            if (b > off + len) b = off + len;
+            if (a < b) { sr[2 * ns] = a - off; sr[2 * ns + 1] = b - off; ns++; }
+        }
+        if ((st = fl_optim_new(&o->optim, len > 0 ? len : 1, sr, ns, &t->opt))) goto fail;
+        if ((o->zero_stage == 2)) {
+            t->gpad_n = fl_zero_padded_n(t->zero);
+            t->gpad = fl_calloc(FL_MEM_GRAD, (size_t)t->gpad_n, sizeof(float));
+            if (!t->gpad) goto nomem;
+        }
+    } else if ((st = fl_optim_new(&o->optim, n, ranges, nr, &t->opt))) {
+        goto fail;
+    }
     if ((st = fl_batcher_init(&t->bat, train, o->batch_mode, o->ctx, o->batch, o->seed))) goto fail;
     t->mb = fl_calloc(FL_MEM_MISC, (size_t)o->grad_accum, sizeof(micro));
     if (!t->mb) goto nomem;
@@ -105,14 +140,51 @@ static void copy_batch(micro *u, const fl_train_batch *b) {
     u->b = (fl_train_batch){u->tok, u->tgt, u->pos, u->cu, b->n_tokens, b->n_seq};
 }
 
+static void zero_update(void *ud, float *params, const float *grads, int64_t n) {
+    fl_trainer *t = ud;
+    (void)n;
+    fl_optim_step(t->opt, params, (float *)grads, t->cur_lr);
+}
+
+/* The data-parallel end of a step: global loss, ZeRO gradient sum + clip + sharded update. */
+static fl_status zero_finish(fl_trainer *t, fl_step_stats *s, double loss, int64_t scored, int64_t tokens, float lr) {
+    float *params, *grads;
+    int64_t n;
+    fl_train_model_trainable(t->m, &params, &grads, &n);
+    fl_status st = fl_comm_allreduce_sum_f64(t->o.comm, &loss, 1);
+    if (st) return st;
+    s->loss = scored ? loss / (double)scored : 0.0;
+    s->tokens = tokens;
+    s->scored = scored;
+    s->lr = lr;
+    s->loss_scale = 1.0f;
+    t->cur_lr = lr;
+    float *g = grads;
+    if (t->gpad) {
+        memcpy(t->gpad, grads, (size_t)n * sizeof(float));
+        g = t->gpad;
+    }
+    double norm = 0;
+    st = fl_zero_step(t->zero, params, g, t->o.clip, &norm, zero_update, t);
+    if (st) return st;
+    s->grad_norm = norm;
+    t->step++;
+    if (!isfinite(norm))
+        return fl_set_error(FL_ERR_INVALID, "%s: non-finite gradient norm at step %lld (lower the LR?)", __func__, (long long)t->step);
+    fl_train_model_after_update(t->m);
+    return FL_OK;
+}
+
 fl_status fl_trainer_step(fl_trainer *t, fl_step_stats *s) {
     memset(s, 0, sizeof *s);
     /* fetch the step's micro-batches first: the loss weight is 1 / (scored tokens of the step) */
     int64_t scored = 0, tokens = 0;
-    for (int64_t i = 0; i < t->o.grad_accum; i++) {
+    for (int64_t i = 0; i < t->o.grad_accum * t->world; i++) {
+        /* every rank draws the same sequence and keeps its share: the scored count (the loss
+         * weight) is the global one without any communication */
         fl_train_batch b;
         fl_batcher_next(&t->bat, &b);
-        copy_batch(&t->mb[i], &b);
+        if (i % t->world == t->rank) copy_batch(&t->mb[i / t->world], &b);
         scored += fl_batch_n_scored(&b);
         tokens += b.n_tokens;
     }
@@ -130,6 +202,7 @@ fl_status fl_trainer_step(fl_trainer *t, fl_step_stats *s) {
         loss += l;
     }
     const float lr = fl_lr_at(t->o.sched, t->step, t->o.warmup, t->o.steps, t->o.lr, t->o.min_lr);
+    if (t->zero) return zero_finish(t, s, loss, scored, tokens, lr);
     s->loss = scored ? loss / (double)scored : 0.0;
     s->tokens = tokens;
     s->scored = scored;
@@ -165,6 +238,7 @@ fl_status fl_trainer_step(fl_trainer *t, fl_step_stats *s) {
 /* ---------------------------------------------------------------- checkpoints */
 
 fl_status fl_trainer_save(fl_trainer *t, const char *path) {
+    if (t->zero) return fl_set_error(FL_ERR_UNSUPPORTED, "%s: checkpoints of ZeRO-sharded optimizer states are not implemented", __func__);
     fl_gguf_writer *w = fl_gguf_writer_new();
     if (!w) return FL_ERR_NOMEM;
     fl_status st = fl_gguf_writer_set_str(w, "general.name", "fitllm-checkpoint");
@@ -212,6 +286,7 @@ static fl_status get_u64(const fl_gguf *g, const char *key, uint64_t *v) {
 }
 
 fl_status fl_trainer_load(fl_trainer *t, const char *path) {
+    if (t->zero) return fl_set_error(FL_ERR_UNSUPPORTED, "%s: resuming ZeRO-sharded training is not implemented", __func__);
     fl_gguf *g;
     fl_status st = fl_gguf_open(path, &g);
     if (st) return st;

@@ -23,6 +23,7 @@
 #include "train/data.h"
 #include "train/model.h"
 #include "train/optim.h"
+#include "dist/zero.h"
 
 #define FL_TRAIN_CKPT_VERSION 1
 #define FL_LOSS_SCALE_WINDOW 200
@@ -40,6 +41,14 @@ typedef struct fl_trainer_opts {
     int batch_mode;              /* fl_batch_mode */
     uint64_t seed;
     float loss_scale_init;       /* fp16 (0 -> 32768) */
+    /* Data parallel over comm's ranks with ZeRO (dist/zero.h): every rank runs the same batcher
+     * and takes micro-batches i with i % size == rank, so N ranks with grad_accum K compute the
+     * step of one process with grad_accum N*K; gradients are summed (stage 1: allreduce, 2:
+     * reduce-scatter), each rank updates its 1/N shard with its own 1/N of the optimizer
+     * states, parameters are all-gathered.  NULL or one rank: plain single-process training.
+     * Not combinable with fp16 loss scaling or checkpoints (FL_ERR_UNSUPPORTED). */
+    fl_comm *comm;
+    int zero_stage;              /* 1 or 2 (0 -> 1) */
 } fl_trainer_opts;
 
 fl_trainer_opts fl_trainer_default_opts(void);
