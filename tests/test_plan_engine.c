@@ -1,0 +1,186 @@
+/* Predictions vs measurements: the engine-exact plan (plan/plan_engine.h) against the
+ * allocator's peaks while the real engine runs synthetic models of several shapes and weight
+ * types, with several batch sizes, contexts and KV types, through prefill and decode.
+ *
+ * Measured: fl_mem_peak per category, peaks reset once fl_engine_new has returned (so load-time
+ * temporaries are not counted; everything the engine keeps stays in the peak).  The workload
+ * fills the step budget: max_seqs requests whose prompts are max_batch_tokens long, then decode
+ * with all of them running.  Every compared category (MAPPED, WEIGHTS, KV, ACT, SCRATCH, MISC)
+ * and the total must be within 5% (categories under 64 KiB predicted and measured: within
+ * 64 KiB).  The table is printed (docs/PLANNER.md quotes it).  Also: --mem sizing and refusal. */
+#include "test.h"
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "engine/engine.h"
+#include "engine/synth_tiny.h"
+#include "plan/plan_engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct shape { int32_t n_embd, n_layer, n_head, n_head_kv, n_ff; } shape;
+static const shape shapes[] = {
+    {256, 4, 8, 4, 768},  /* synth tiny default: head_dim 32, GQA 2 */
+    {128, 2, 4, 4, 384},  /* MHA, head_dim 32 */
+    {384, 3, 6, 2, 1024}, /* head_dim 64, GQA 3 */
+};
+
+static void model_path(char *buf, size_t cap, int i) { snprintf(buf, cap, "/tmp/fl_plan_engine_%d_%d.gguf", (int)getpid(), i); }
+
+static void write_models(void) {
+    for (int i = 0; i < 3; i++) {
+        fl_synth_tiny_params p;
+        fl_synth_tiny_default(&p);
+        p.n_embd = shapes[i].n_embd;
+        p.n_layer = shapes[i].n_layer;
+        p.n_head = shapes[i].n_head;
+        p.n_head_kv = shapes[i].n_head_kv;
+        p.n_ff = shapes[i].n_ff;
+        p.n_ctx = 512;
+        p.seed = 7 + (uint64_t)i;
+        char path[128];
+        model_path(path, sizeof path, i);
+        assert_int_equal(fl_synth_write_tiny(path, &p), FL_OK);
+    }
+}
+static void remove_models(void) {
+    for (int i = 0; i < 3; i++) {
+        char path[128];
+        model_path(path, sizeof path, i);
+        unlink(path);
+    }
+}
+
+typedef struct ecase {
+    int shape;
+    const char *wtype; /* NULL = the file's F32 */
+    const char *kvtype;
+    int32_t max_seqs, mbt, n_ctx;
+    int64_t kv_mem;
+} ecase;
+
+static const fl_mem_cat cats[] = {FL_MEM_MAPPED, FL_MEM_WEIGHTS, FL_MEM_KV, FL_MEM_ACT, FL_MEM_SCRATCH, FL_MEM_MISC};
+
+static bool close_enough(uint64_t pred, uint64_t meas) {
+    uint64_t d = pred > meas ? pred - meas : meas - pred;
+    uint64_t big = pred > meas ? pred : meas;
+    return d <= big / 20 || (big < (64u << 10) && d <= (64u << 10));
+}
+
+/* Run the engine on the case; fill measured peaks. */
+static void run_case(const ecase *c, uint64_t meas[FL_MEM_COUNT], uint64_t *meas_total) {
+    char path[128];
+    model_path(path, sizeof path, c->shape);
+    fl_engine_params ep;
+    fl_engine_params_default(&ep);
+    ep.model_path = path;
+    ep.n_threads = 2;
+    ep.n_ctx = c->n_ctx;
+    ep.max_seqs = c->max_seqs;
+    ep.max_batch_tokens = c->mbt;
+    ep.kv_mem = c->kv_mem;
+    ep.kv_type = c->kvtype;
+    ep.weights_type = c->wtype;
+    fl_engine *e = NULL;
+    assert_int_equal(fl_engine_new(&ep, &e), FL_OK);
+    fl_mem_reset_peaks();
+    if (getenv("FL_PLAN_DEBUG")) fprintf(stderr, "static %zu\n", fl_mem_current(FL_MEM_MISC));
+    int32_t n_vocab = fl_engine_n_vocab(e);
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)c->mbt);
+    for (int32_t r = 0; r < c->max_seqs; r++) {
+        for (int32_t i = 0; i < c->mbt; i++) prompt[i] = 3 + (int32_t)((r * 7919 + i * 104729) % (n_vocab - 3));
+        fl_request_params rp;
+        memset(&rp, 0, sizeof rp);
+        rp.prompt = prompt;
+        rp.n_prompt = c->mbt - 1 - r; /* distinct lengths: no prefix sharing between requests */
+        rp.max_tokens = 6;
+        rp.ignore_eos = 1;
+        int64_t id;
+        assert_int_equal(fl_engine_add(e, &rp, &id), FL_OK);
+    }
+    free(prompt);
+    int32_t active = 1;
+    for (int s = 0; s < 10000 && active; s++) {
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output o[64];
+        while (fl_engine_poll(e, o, 64) > 0) {}
+    }
+    assert_int_equal(active, 0);
+    for (int k = 0; k < FL_MEM_COUNT; k++) meas[k] = fl_mem_peak((fl_mem_cat)k);
+    *meas_total = fl_mem_peak_total();
+    fl_engine_free(e);
+}
+
+static void test_predicted_vs_measured(void **state) {
+    (void)state;
+    write_models();
+    static const ecase cases[] = {
+        {0, NULL, "f16", 4, 64, 512, 4 << 20},
+        {0, "f16", "f16", 8, 128, 512, 8 << 20},
+        {0, "q8_0", "q8_0", 4, 96, 256, 2 << 20},
+        {0, "q4_0", "f16", 2, 64, 512, 4 << 20},
+        {1, NULL, "f32", 1, 32, 128, 1 << 20},
+        {1, "q8_0", "fp8_e4m3", 16, 64, 256, 2 << 20},
+        {1, "q4_0", "q4_0", 8, 48, 512, 1 << 20},
+        {2, NULL, "f16", 4, 128, 512, 8 << 20},
+        {2, "f16", "q8_0", 2, 256, 512, 4 << 20},
+        {2, "q4_0", "f16", 8, 64, 384, 6 << 20},
+    };
+    const char *cn[] = {"mapped", "weights", "kv", "act", "scratch", "misc"};
+    printf("| model | weights | kv | seqs | batch tok | ctx |");
+    for (size_t k = 0; k < 6; k++) printf(" %s pred / meas |", cn[k]);
+    printf(" total pred / meas | err |\n");
+    int bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const ecase *c = &cases[i];
+        char path[128];
+        model_path(path, sizeof path, c->shape);
+        fl_engine_params ep;
+        fl_engine_params_default(&ep);
+        ep.model_path = path;
+        ep.n_threads = 2;
+        ep.n_ctx = c->n_ctx;
+        ep.max_seqs = c->max_seqs;
+        ep.max_batch_tokens = c->mbt;
+        ep.kv_mem = c->kv_mem;
+        ep.kv_type = c->kvtype;
+        ep.weights_type = c->wtype;
+        fl_plan_engine_in pi;
+        assert_int_equal(fl_engine_plan_input(&ep, &pi), FL_OK);
+        fl_plan_engine_out po;
+        assert_int_equal(fl_plan_engine(&pi, &po), FL_OK);
+        if (getenv("FL_PLAN_DEBUG")) fprintf(stderr, "F %llu %lld %d %d %d %d %d ", (unsigned long long)po.meta_bytes, (long long)po.kv_blocks + 1, c->max_seqs * 8 + 64, c->max_seqs, po.n_vocab, po.n_ctx, c->mbt);
+        uint64_t meas[FL_MEM_COUNT], mt;
+        run_case(c, meas, &mt);
+        if (getenv("FL_PLAN_DEBUG")) fprintf(stderr, "peak %llu\n", (unsigned long long)meas[FL_MEM_MISC]);
+        const shape *s = &shapes[c->shape];
+        printf("| %dx%d h%d/%d ff%d | %s | %s | %d | %d | %d |", s->n_embd, s->n_layer, s->n_head, s->n_head_kv, s->n_ff,
+               c->wtype ? c->wtype : "f32 (file)", c->kvtype, c->max_seqs, c->mbt, c->n_ctx);
+        for (size_t k = 0; k < 6; k++) {
+            uint64_t p = po.bytes[cats[k]], m = meas[cats[k]];
+            printf(" %.1f / %.1f KiB%s |", (double)p / 1024, (double)m / 1024, close_enough(p, m) ? "" : " (!)");
+            if (!close_enough(p, m)) bad++;
+        }
+        double err = 100.0 * ((double)po.total - (double)mt) / (double)mt;
+        if ((err < 0 ? -err : err) > worst) worst = err < 0 ? -err : err;
+        printf(" %.2f / %.2f MiB | %+.2f%% |\n", (double)po.total / 1048576, (double)mt / 1048576, err);
+        if (!close_enough(po.total, mt)) bad++;
+        fflush(stdout);
+    }
+    printf("worst total error %.2f%%\n", worst);
+    remove_models();
+    assert_int_equal(bad, 0);
+    fl_test_mem_zero();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_predicted_vs_measured),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
