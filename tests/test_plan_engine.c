@@ -60,7 +60,6 @@ typedef struct ecase {
     const char *wtype; /* NULL = the file's F32 */
     const char *kvtype;
     int32_t max_seqs, mbt, n_ctx;
-    int64_t kv_mem;
 } ecase;
 
 static const fl_mem_cat cats[] = {FL_MEM_MAPPED, FL_MEM_WEIGHTS, FL_MEM_KV, FL_MEM_ACT, FL_MEM_SCRATCH, FL_MEM_MISC};
@@ -72,7 +71,7 @@ static bool close_enough(uint64_t pred, uint64_t meas) {
 }
 
 /* Run the engine on the case; fill measured peaks. */
-static void run_case(const ecase *c, uint64_t meas[FL_MEM_COUNT], uint64_t *meas_total) {
+static void run_case(const ecase *c, int64_t kv_mem, uint64_t meas[FL_MEM_COUNT], uint64_t *meas_total) {
     char path[128];
     model_path(path, sizeof path, c->shape);
     fl_engine_params ep;
@@ -82,7 +81,7 @@ static void run_case(const ecase *c, uint64_t meas[FL_MEM_COUNT], uint64_t *meas
     ep.n_ctx = c->n_ctx;
     ep.max_seqs = c->max_seqs;
     ep.max_batch_tokens = c->mbt;
-    ep.kv_mem = c->kv_mem;
+    ep.kv_mem = kv_mem;
     ep.kv_type = c->kvtype;
     ep.weights_type = c->wtype;
     fl_engine *e = NULL;
@@ -97,7 +96,7 @@ static void run_case(const ecase *c, uint64_t meas[FL_MEM_COUNT], uint64_t *meas
         memset(&rp, 0, sizeof rp);
         rp.prompt = prompt;
         rp.n_prompt = c->mbt - 1 - r; /* distinct lengths: no prefix sharing between requests */
-        rp.max_tokens = 6;
+        rp.max_tokens = c->n_ctx - rp.n_prompt; /* every request ends holding a full context */
         rp.ignore_eos = 1;
         int64_t id;
         assert_int_equal(fl_engine_add(e, &rp, &id), FL_OK);
@@ -119,16 +118,16 @@ static void test_predicted_vs_measured(void **state) {
     (void)state;
     write_models();
     static const ecase cases[] = {
-        {0, NULL, "f16", 4, 64, 512, 4 << 20},
-        {0, "f16", "f16", 8, 128, 512, 8 << 20},
-        {0, "q8_0", "q8_0", 4, 96, 256, 2 << 20},
-        {0, "q4_0", "f16", 2, 64, 512, 4 << 20},
-        {1, NULL, "f32", 1, 32, 128, 1 << 20},
-        {1, "q8_0", "fp8_e4m3", 16, 64, 256, 2 << 20},
-        {1, "q4_0", "q4_0", 8, 48, 512, 1 << 20},
-        {2, NULL, "f16", 4, 128, 512, 8 << 20},
-        {2, "f16", "q8_0", 2, 256, 512, 4 << 20},
-        {2, "q4_0", "f16", 8, 64, 384, 6 << 20},
+        {0, NULL, "f16", 4, 64, 512},
+        {0, "f16", "f16", 8, 128, 512},
+        {0, "q8_0", "q8_0", 4, 96, 256},
+        {0, "q4_0", "f16", 2, 64, 512},
+        {1, NULL, "f32", 1, 32, 128},
+        {1, "q8_0", "fp8_e4m3", 16, 64, 256},
+        {1, "q4_0", "q4_0", 8, 48, 512},
+        {2, NULL, "f16", 4, 128, 512},
+        {2, "f16", "q8_0", 2, 256, 512},
+        {2, "q4_0", "f16", 8, 64, 384},
     };
     const char *cn[] = {"mapped", "weights", "kv", "act", "scratch", "misc"};
     printf("| model | weights | kv | seqs | batch tok | ctx |");
@@ -147,16 +146,19 @@ static void test_predicted_vs_measured(void **state) {
         ep.n_ctx = c->n_ctx;
         ep.max_seqs = c->max_seqs;
         ep.max_batch_tokens = c->mbt;
-        ep.kv_mem = c->kv_mem;
         ep.kv_type = c->kvtype;
         ep.weights_type = c->wtype;
         fl_plan_engine_in pi;
         assert_int_equal(fl_engine_plan_input(&ep, &pi), FL_OK);
         fl_plan_engine_out po;
         assert_int_equal(fl_plan_engine(&pi, &po), FL_OK);
+        /* a pool that holds every sequence's whole context (no preemption), + 2 blocks */
+        ep.kv_mem = (int64_t)po.kv_bytes_per_block * (c->max_seqs * ((c->n_ctx + 15) / 16) + 2);
+        assert_int_equal(fl_engine_plan_input(&ep, &pi), FL_OK);
+        assert_int_equal(fl_plan_engine(&pi, &po), FL_OK);
         if (getenv("FL_PLAN_DEBUG")) fprintf(stderr, "F %llu %lld %d %d %d %d %d ", (unsigned long long)po.meta_bytes, (long long)po.kv_blocks + 1, c->max_seqs * 8 + 64, c->max_seqs, po.n_vocab, po.n_ctx, c->mbt);
         uint64_t meas[FL_MEM_COUNT], mt;
-        run_case(c, meas, &mt);
+        run_case(c, ep.kv_mem, meas, &mt);
         if (getenv("FL_PLAN_DEBUG")) fprintf(stderr, "peak %llu\n", (unsigned long long)meas[FL_MEM_MISC]);
         const shape *s = &shapes[c->shape];
         printf("| %dx%d h%d/%d ff%d | %s | %s | %d | %d | %d |", s->n_embd, s->n_layer, s->n_head, s->n_head_kv, s->n_ff,

@@ -144,11 +144,22 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
     }
     out->bytes[FL_MEM_SCRATCH] = out->batch_bytes + out->matmul_scratch + out->attn_ws;
 
-    /* MISC: measured bookkeeping (plan_engine.h) */
-    const int32_t n_seq_max = in->max_seqs * 8 + 64; /* engine_model.c */
-    out->bytes[FL_MEM_MISC] = FL_PLAN_MISC_BASE + (uint64_t)(FL_PLAN_MISC_META * (double)out->meta_bytes) +
-                              FL_PLAN_MISC_PER_BLOCK * ((uint64_t)out->kv_blocks + 1) +
-                              FL_PLAN_MISC_PER_SEQ * (uint64_t)n_seq_max;
+    /* MISC: bookkeeping (plan_engine.h), constants measured from the engine */
+    {
+        const uint64_t nb = (uint64_t)out->kv_blocks + 1, bs = (uint64_t)kc.block_size; /* + the null block */
+        uint64_t buckets = 16;
+        while (buckets < nb) buckets *= 2;
+        uint64_t ctx2 = 64;
+        while (ctx2 < (uint64_t)out->n_ctx) ctx2 *= 2;
+        const uint64_t n_seq_max = (uint64_t)in->max_seqs * 8 + 64; /* engine_model.c */
+        const uint64_t per_block = FL_PLAN_MISC_BLOCK + (in->prefix_cache ? FL_PLAN_MISC_BLOCK_PREFIX + 4 * bs : 0);
+        out->misc_static = FL_PLAN_MISC_BASE + FL_PLAN_MISC_META * out->meta_bytes + nb * per_block + 4 * buckets +
+                           FL_PLAN_MISC_SEQ_SLOT * n_seq_max;
+        out->misc_requests = FL_PLAN_MISC_STEP + FL_PLAN_MISC_BATCH_TOKEN * (uint64_t)in->max_batch_tokens +
+                             (uint64_t)in->max_seqs * (FL_PLAN_MISC_REQUEST + 12 * (uint64_t)hp.n_vocab +
+                                                       4 * (uint64_t)out->n_ctx + 5 * ctx2);
+        out->bytes[FL_MEM_MISC] = out->misc_static + out->misc_requests;
+    }
     for (int c = 0; c < FL_MEM_COUNT; c++) out->total += out->bytes[c];
 done:
     fl_gguf_free(g);
@@ -169,14 +180,20 @@ fl_status fl_plan_engine_kv_mem(const fl_plan_engine_in *in0, uint64_t mem, uint
         fl_plan_fmt_bytes(w - mem, c, sizeof c);
         return fl_set_error(FL_ERR_BUDGET, "the weights alone (%s) exceed the memory limit %s by %s", a, b, c);
     }
-    /* every block costs its bytes and its bookkeeping; keep at least 2 blocks */
-    const uint64_t per = o.kv_bytes_per_block + FL_PLAN_MISC_PER_BLOCK;
+    /* every block costs its bytes and its bookkeeping (table, prefix entry, hash bucket) */
+    const uint64_t per = o.kv_bytes_per_block + FL_PLAN_MISC_BLOCK + FL_PLAN_MISC_BLOCK_PREFIX + 4 * (uint64_t)(in.kv_block > 0 ? in.kv_block : 16) + 8;
     if (o.total + 2 * per > mem) {
         fl_plan_fmt_bytes(o.total + 2 * per, a, sizeof a);
         fl_plan_fmt_bytes(o.total + 2 * per - mem, c, sizeof c);
         return fl_set_error(FL_ERR_BUDGET,
                             "weights + step buffers + bookkeeping + 2 KV blocks (%s) exceed the memory limit %s by %s", a, b, c);
     }
-    *kv_mem = (mem - o.total) / per * o.kv_bytes_per_block;
+    uint64_t nb = (mem - o.total) / per;
+    for (;; nb--) { /* the estimate is exact up to the hash table's rounding: check it */
+        in.kv_mem = nb * o.kv_bytes_per_block;
+        if ((st = fl_plan_engine(&in, &o))) return st;
+        if (o.total <= mem || nb <= 2) break;
+    }
+    *kv_mem = in.kv_mem;
     return FL_OK;
 }

@@ -16,10 +16,17 @@
  *            + the largest single matmul workspace of a step (fl_matmul allocates it per call:
  *              q8 activations for Q8_0/Q4_0 weights, else n_threads x 8 dequantized rows)
  *            + the paged-attention workspace (kept by the cache; grows by doubling from 64 KiB)
- *   MISC     bookkeeping, measured from the engine: the parsed GGUF metadata and tokenizer
- *            (FL_PLAN_MISC_META x the file's metadata bytes), the KV block table and sequences
- *            (FL_PLAN_MISC_PER_BLOCK per block, FL_PLAN_MISC_PER_SEQ per cache sequence slot)
- *            and a constant FL_PLAN_MISC_BASE (model, engine, scheduler structs)
+ *   MISC     bookkeeping, from constants measured on the engine (tests/test_plan_engine.c):
+ *            static: FL_PLAN_MISC_BASE (model, engine, scheduler, tokenizer structs)
+ *                    + FL_PLAN_MISC_META x the file's metadata bytes (parsed GGUF + tokenizer)
+ *                    + per KV block FL_PLAN_MISC_BLOCK (+ FL_PLAN_MISC_BLOCK_PREFIX + 4 x block
+ *                      tokens with the prefix cache) + a 4-byte hash bucket (power of two)
+ *                    + FL_PLAN_MISC_SEQ_SLOT per cache sequence slot (8 x max_seqs + 64)
+ *            requests: FL_PLAN_MISC_STEP + FL_PLAN_MISC_BATCH_TOKEN x max_batch_tokens
+ *                    + max_seqs x (FL_PLAN_MISC_REQUEST + 12 x n_vocab (sampler)
+ *                      + 4 x n_ctx (token ids) + 5 x n_ctx rounded up to a power of two
+ *                      (the cache's token ids, the streamed text)): at most max_seqs
+ *                      requests queued or running, each up to a full context, n = 1
  *
  * Errors: FL_ERR_INVALID for bad parameters; the GGUF loader's errors; FL_ERR_BUDGET from
  * fl_plan_engine_kv_mem when the weights alone, or everything but the KV cache, exceed the
@@ -31,10 +38,14 @@
 #include "fitllm.h"
 #include <stdint.h>
 
-#define FL_PLAN_MISC_BASE (64u << 10)
-#define FL_PLAN_MISC_META 2.0
-#define FL_PLAN_MISC_PER_BLOCK 64u
-#define FL_PLAN_MISC_PER_SEQ 160u
+#define FL_PLAN_MISC_BASE 18260u
+#define FL_PLAN_MISC_META 3u
+#define FL_PLAN_MISC_BLOCK 44u
+#define FL_PLAN_MISC_BLOCK_PREFIX 16u
+#define FL_PLAN_MISC_SEQ_SLOT 86u
+#define FL_PLAN_MISC_STEP 2560u
+#define FL_PLAN_MISC_BATCH_TOKEN 34u
+#define FL_PLAN_MISC_REQUEST 1440u
 
 typedef struct fl_plan_engine_in {
     const char *model_path;
@@ -45,6 +56,7 @@ typedef struct fl_plan_engine_in {
     int32_t max_seqs, max_batch_tokens;
     int32_t n_threads;        /* 0 = fl_threads_get() */
     uint64_t kv_mem;          /* the KV budget handed to the cache */
+    int32_t prefix_cache;     /* the cache keeps prefix-cache entries per block */
 } fl_plan_engine_in;
 
 typedef struct fl_plan_engine_out {
@@ -54,6 +66,7 @@ typedef struct fl_plan_engine_out {
     uint64_t kv_bytes_per_block;
     uint64_t file_bytes, meta_bytes, tensor_bytes; /* file = meta + tensors (+ alignment) */
     uint64_t ws_bytes, logits_bytes, batch_bytes, matmul_scratch, attn_ws;
+    uint64_t misc_static, misc_requests;
     int64_t n_params;           /* elements of the matrices and norms */
     double bits_per_weight;     /* of the weights the matmuls read */
     int32_t n_vocab, n_ctx;
