@@ -60,6 +60,8 @@ typedef struct ecase {
     const char *wtype; /* NULL = the file's F32 */
     const char *kvtype;
     int32_t max_seqs, mbt, n_ctx;
+    int32_t kv_block;     /* 0 = 16 */
+    int32_t no_prefix;    /* 1 = prefix cache off */
 } ecase;
 
 static const fl_mem_cat cats[] = {FL_MEM_MAPPED, FL_MEM_WEIGHTS, FL_MEM_KV, FL_MEM_ACT, FL_MEM_SCRATCH, FL_MEM_MISC};
@@ -84,10 +86,11 @@ static void run_case(const ecase *c, int64_t kv_mem, uint64_t meas[FL_MEM_COUNT]
     ep.kv_mem = kv_mem;
     ep.kv_type = c->kvtype;
     ep.weights_type = c->wtype;
+    ep.kv_block_size = c->kv_block;
+    ep.prefix_cache = !c->no_prefix;
     fl_engine *e = NULL;
     assert_int_equal(fl_engine_new(&ep, &e), FL_OK);
     fl_mem_reset_peaks();
-    if (getenv("FL_PLAN_DEBUG")) fprintf(stderr, "static %zu\n", fl_mem_current(FL_MEM_MISC));
     int32_t n_vocab = fl_engine_n_vocab(e);
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)c->mbt);
     for (int32_t r = 0; r < c->max_seqs; r++) {
@@ -118,19 +121,24 @@ static void test_predicted_vs_measured(void **state) {
     (void)state;
     write_models();
     static const ecase cases[] = {
-        {0, NULL, "f16", 4, 64, 512},
-        {0, "f16", "f16", 8, 128, 512},
-        {0, "q8_0", "q8_0", 4, 96, 256},
-        {0, "q4_0", "f16", 2, 64, 512},
+        {0, NULL, "f16", 4, 64, 256},
+        {0, "f16", "f16", 8, 128, 192},
+        {0, "q8_0", "q8_0", 4, 96, 160},
+        {0, "q4_0", "f16", 2, 64, 256},
         {1, NULL, "f32", 1, 32, 128},
-        {1, "q8_0", "fp8_e4m3", 16, 64, 256},
-        {1, "q4_0", "q4_0", 8, 48, 512},
-        {2, NULL, "f16", 4, 128, 512},
-        {2, "f16", "q8_0", 2, 256, 512},
-        {2, "q4_0", "f16", 8, 64, 384},
+        {1, "q8_0", "fp8_e4m3", 16, 64, 128},
+        {1, "q4_0", "q4_0", 8, 48, 256},
+        {2, NULL, "f16", 4, 128, 192},
+        {2, "f16", "q8_0", 2, 256, 320},
+        {2, "q4_0", "f16", 8, 64, 160},
+        /* held out: not used to measure the MISC constants */
+        {1, "f16", "bf16", 3, 100, 200, 32, 0},
+        {2, NULL, "fp8_e5m2", 5, 40, 144, 16, 1},
+        {0, "q8_0", "q4_0", 12, 32, 96, 48, 0},
+        {2, "q8_0", "f16", 6, 192, 224, 16, 1},
     };
     const char *cn[] = {"mapped", "weights", "kv", "act", "scratch", "misc"};
-    printf("| model | weights | kv | seqs | batch tok | ctx |");
+    printf("| model | weights | kv | seqs | batch tok | ctx | block |");
     for (size_t k = 0; k < 6; k++) printf(" %s pred / meas |", cn[k]);
     printf(" total pred / meas | err |\n");
     int bad = 0;
@@ -148,21 +156,22 @@ static void test_predicted_vs_measured(void **state) {
         ep.max_batch_tokens = c->mbt;
         ep.kv_type = c->kvtype;
         ep.weights_type = c->wtype;
+        ep.kv_block_size = c->kv_block;
+        ep.prefix_cache = !c->no_prefix;
         fl_plan_engine_in pi;
         assert_int_equal(fl_engine_plan_input(&ep, &pi), FL_OK);
         fl_plan_engine_out po;
         assert_int_equal(fl_plan_engine(&pi, &po), FL_OK);
         /* a pool that holds every sequence's whole context (no preemption), + 2 blocks */
-        ep.kv_mem = (int64_t)po.kv_bytes_per_block * (c->max_seqs * ((c->n_ctx + 15) / 16) + 2);
+        const int32_t bs = c->kv_block ? c->kv_block : 16;
+        ep.kv_mem = (int64_t)po.kv_bytes_per_block * (c->max_seqs * ((c->n_ctx + bs - 1) / bs) + 2);
         assert_int_equal(fl_engine_plan_input(&ep, &pi), FL_OK);
         assert_int_equal(fl_plan_engine(&pi, &po), FL_OK);
-        if (getenv("FL_PLAN_DEBUG")) fprintf(stderr, "F %llu %lld %d %d %d %d %d ", (unsigned long long)po.meta_bytes, (long long)po.kv_blocks + 1, c->max_seqs * 8 + 64, c->max_seqs, po.n_vocab, po.n_ctx, c->mbt);
         uint64_t meas[FL_MEM_COUNT], mt;
         run_case(c, ep.kv_mem, meas, &mt);
-        if (getenv("FL_PLAN_DEBUG")) fprintf(stderr, "peak %llu\n", (unsigned long long)meas[FL_MEM_MISC]);
         const shape *s = &shapes[c->shape];
-        printf("| %dx%d h%d/%d ff%d | %s | %s | %d | %d | %d |", s->n_embd, s->n_layer, s->n_head, s->n_head_kv, s->n_ff,
-               c->wtype ? c->wtype : "f32 (file)", c->kvtype, c->max_seqs, c->mbt, c->n_ctx);
+        printf("| %dx%d h%d/%d ff%d | %s | %s | %d | %d | %d | %d%s |", s->n_embd, s->n_layer, s->n_head, s->n_head_kv, s->n_ff,
+               c->wtype ? c->wtype : "f32 (file)", c->kvtype, c->max_seqs, c->mbt, c->n_ctx, bs, c->no_prefix ? " no prefix cache" : "");
         for (size_t k = 0; k < 6; k++) {
             uint64_t p = po.bytes[cats[k]], m = meas[cats[k]];
             printf(" %.1f / %.1f KiB%s |", (double)p / 1024, (double)m / 1024, close_enough(p, m) ? "" : " (!)");
@@ -180,9 +189,82 @@ static void test_predicted_vs_measured(void **state) {
     fl_test_mem_zero();
 }
 
+/* mem_total: the engine sizes its KV pool from the plan, stays inside the limit while it runs,
+ * and refuses to start with the plan's explanation when the weights alone exceed it. */
+static void test_mem_total(void **state) {
+    (void)state;
+    write_models();
+    char path[128];
+    model_path(path, sizeof path, 0);
+    const int64_t limits[] = {24ll << 20, 32ll << 20};
+    for (size_t i = 0; i < 2; i++) {
+        fl_mem_reset_peaks();
+        fl_engine_params ep;
+        fl_engine_params_default(&ep);
+        ep.model_path = path;
+        ep.n_threads = 2;
+        ep.n_ctx = 256;
+        ep.max_seqs = 4;
+        ep.max_batch_tokens = 64;
+        ep.weights_type = "q8_0";
+        ep.mem_total = limits[i];
+        fl_plan_engine_in pi;
+        assert_int_equal(fl_engine_plan_input(&ep, &pi), FL_OK);
+        uint64_t kvm;
+        assert_int_equal(fl_plan_engine_kv_mem(&pi, (uint64_t)limits[i], &kvm), FL_OK);
+        pi.kv_mem = kvm;
+        fl_plan_engine_out po;
+        assert_int_equal(fl_plan_engine(&pi, &po), FL_OK);
+        assert_true(po.total <= (uint64_t)limits[i]);
+        assert_true(po.total > (uint64_t)limits[i] - po.kv_bytes_per_block - 1024); /* the pool takes the rest */
+        fl_engine *e = NULL;
+        assert_int_equal(fl_engine_new(&ep, &e), FL_OK);
+        fl_engine_stats st;
+        fl_engine_stats_get(e, &st);
+        assert_int_equal(st.kv_blocks_total, po.kv_blocks);
+        int32_t prompt[60];
+        for (int r = 0; r < 4; r++) {
+            for (int j = 0; j < 60; j++) prompt[j] = 3 + (r * 31 + j * 17) % 250;
+            fl_request_params rp;
+            memset(&rp, 0, sizeof rp);
+            rp.prompt = prompt;
+            rp.n_prompt = 60 - r;
+            rp.max_tokens = 256 - 60;
+            rp.ignore_eos = 1;
+            int64_t id;
+            assert_int_equal(fl_engine_add(e, &rp, &id), FL_OK);
+        }
+        int32_t active = 1;
+        for (int s = 0; s < 5000 && active; s++) assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        assert_int_equal(active, 0);
+        assert_true(fl_mem_peak_total() <= (size_t)limits[i]);
+        fl_engine_free(e);
+    }
+    /* weights alone over the limit: refused before anything is loaded, with the numbers */
+    fl_engine_params ep;
+    fl_engine_params_default(&ep);
+    ep.model_path = path;
+    ep.mem_total = 8ll << 20;
+    fl_engine *e = NULL;
+    assert_int_equal(fl_engine_new(&ep, &e), FL_ERR_BUDGET);
+    assert_null(e);
+    assert_non_null(strstr(fl_last_error(), "the weights alone"));
+    assert_non_null(strstr(fl_last_error(), "exceed the memory limit 8.00 MiB by"));
+    /* weights fit, the rest does not */
+    ep.weights_type = "q4_0";
+    ep.mem_total = 16ll << 20;
+    ep.max_seqs = 64;
+    ep.max_batch_tokens = 2048;
+    assert_int_equal(fl_engine_new(&ep, &e), FL_ERR_BUDGET);
+    assert_non_null(strstr(fl_last_error(), "step buffers"));
+    remove_models();
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_predicted_vs_measured),
+        cmocka_unit_test(test_mem_total),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
