@@ -101,6 +101,7 @@ int fl_cmd_run(int argc, char **argv) {
         {"repeat-last-n", 0, FL_OPT_INT, "N  tokens the penalties look back at (default 64, -1 = all)"},
         {"seed", 's', FL_OPT_INT, "S  RNG seed (default 0)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object (ids, text, timings, memory) instead of streaming"},
+        {"weights", 0, FL_OPT_STR, "T  convert weights at load: q8_0 q4_0 nf4 fp8_e4m3 f16 ..."},
         {0},
     };
     int n_pos;
@@ -167,7 +168,25 @@ int fl_cmd_run(int argc, char **argv) {
         fl_set_error(FL_ERR_INVALID, "the prompt is empty");
         goto fail;
     }
-    if ((st = fl_model_load(o_model->str, NULL, &m))) goto fail;
+    fl_model_params mparams = fl_model_default_params();
+    if (fl_args_get(opts, "weights")->set) {
+        const char *wn = fl_args_get(opts, "weights")->str;
+        mparams.weights_type = fl_type_from_name(wn);
+        if (mparams.weights_type < 0) {
+            st = fl_set_error(FL_ERR_INVALID, "unknown --weights type '%s'", wn);
+            goto fail;
+        }
+    }
+    if ((st = fl_model_load(o_model->str, &mparams, &m))) goto fail;
+    {
+        size_t src = 0;
+        int64_t ne = 0;
+        const size_t conv = fl_model_converted(m, &src, &ne);
+        if (conv)
+            fprintf(stderr, "weights converted to %s at load: %.2f MiB -> %.2f MiB (%.2f bits per weight, %.2f MiB saved)\n",
+                    fl_type_name(mparams.weights_type), (double)src / 1048576.0, (double)conv / 1048576.0,
+                    8.0 * (double)conv / (double)ne, ((double)src - (double)conv) / 1048576.0);
+    }
     const fl_hparams *hp = fl_model_hparams(m);
     if ((st = fl_tokenizer_new(fl_model_gguf(m), &tok))) goto fail;
     if ((st = fl_cli_tokenize(tok, text, text_len, &ids, &n_ids))) goto fail;

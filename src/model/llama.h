@@ -112,6 +112,10 @@ const fl_layer *fl_model_layer(const fl_model *m, int32_t il);
  * not tied) and the seven per-layer projections; norms stay f32. */
 size_t fl_model_converted_bytes(int32_t wt, int32_t src_type, int64_t ne0, int64_t ne1);
 
+/* Bytes converted at load (FL_MEM_WEIGHTS, 0 when none); *src_bytes: the same matrices' bytes
+ * in the file, *n_elems: their elements (bits per weight = 8 x bytes / n_elems). */
+size_t fl_model_converted(const fl_model *m, size_t *src_bytes, int64_t *n_elems);
+
 /* Read and check hyperparameters from a GGUF (used by load; the planner may call it too). */
 fl_status fl_hparams_from_gguf(const fl_gguf *g, fl_hparams *hp);
 

@@ -1,5 +1,6 @@
 /* GGUF -> llama model: hyperparameters from metadata, weights as zero-copy views (llama.h). */
 #include "core/alloc.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
@@ -207,11 +208,18 @@ static fl_status convert_weights(fl_model *m) {
     for (size_t i = 0; i < n && !st; i++) {
         if (!converts(all[i], wt)) continue;
         const size_t b = fl_model_converted_bytes(wt, all[i]->type, all[i]->ne[0], all[i]->ne[1]);
+        m->wconv_src_bytes += fl_tensor_nbytes(all[i]);
+        m->wconv_elems += all[i]->ne[0] * all[i]->ne[1];
         st = convert_one(all[i], wt, p, buf);
         p += b;
     }
     fl_free(FL_MEM_SCRATCH, buf, buf_bytes);
     if (tied) m->output = m->tok_embd;
+    if (!st)
+        FL_LOG_INFO("weights converted to %s at load: %.2f MiB -> %.2f MiB (%.2f bits per weight, %.2f MiB saved)",
+                    fl_type_name(wt), (double)m->wconv_src_bytes / 1048576.0, (double)m->wconv_bytes / 1048576.0,
+                    8.0 * (double)m->wconv_bytes / (double)m->wconv_elems,
+                    ((double)m->wconv_src_bytes - (double)m->wconv_bytes) / 1048576.0);
     return st;
 }
 
@@ -263,6 +271,12 @@ void fl_model_free(fl_model *m) {
     if (m->layers) fl_free(FL_MEM_MISC, m->layers, (size_t)m->hp.n_layer * sizeof *m->layers);
     fl_gguf_free(m->g);
     fl_free(FL_MEM_MISC, m, sizeof *m);
+}
+
+size_t fl_model_converted(const fl_model *m, size_t *src_bytes, int64_t *n_elems) {
+    if (src_bytes) *src_bytes = m->wconv_src_bytes;
+    if (n_elems) *n_elems = m->wconv_elems;
+    return m->wconv_bytes;
 }
 
 const fl_hparams *fl_model_hparams(const fl_model *m) { return &m->hp; }
