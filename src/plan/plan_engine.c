@@ -10,6 +10,8 @@
 #include "kv/kv_cache.h"
 #include "model/arch.h"
 #include "model/llama.h"
+#include "model/tokenizer.h"
+#include "core/alloc.h"
 
 #include <string.h>
 #include <sys/stat.h>
@@ -49,9 +51,32 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
                             in->max_seqs, in->max_batch_tokens);
     struct stat sb;
     if (stat(in->model_path, &sb) != 0) return fl_set_error(FL_ERR_IO, "%s: cannot stat %s", __func__, in->model_path);
+    /* the parsed GGUF and the tokenizer are built here to count their MISC bytes exactly: the
+     * engine builds the same ones from the same file */
+    const size_t misc0 = fl_mem_current(FL_MEM_MISC);
     fl_gguf *g = NULL;
     fl_status st = fl_gguf_open(in->model_path, &g);
     if (st) return st;
+    const size_t misc1 = fl_mem_current(FL_MEM_MISC);
+    out->gguf_bytes = misc1 > misc0 ? misc1 - misc0 : 0;
+    {
+        fl_tokenizer *tok = NULL;
+        if (fl_tokenizer_new(g, &tok) == FL_OK) {
+            const size_t misc2 = fl_mem_current(FL_MEM_MISC);
+            out->tokenizer_bytes = misc2 > misc1 ? misc2 - misc1 : 0;
+            char piece[256];
+            int64_t sum = 0, n = fl_tokenizer_n_vocab(tok);
+            for (int32_t t = 0; t < n; t++) {
+                const int32_t l = fl_token_to_piece(tok, t, piece, sizeof piece, false);
+                sum += l > 0 ? l : 0;
+            }
+            out->avg_piece_bytes = n > 0 ? (double)sum / (double)n : 1.0;
+            fl_tokenizer_free(tok);
+        }
+        fl_clear_error();
+        const fl_gguf_kv *ct = fl_gguf_find(g, "tokenizer.chat_template");
+        if (ct && ct->value.type == FL_GGUF_STRING) out->tokenizer_bytes += ct->value.v.str.len + 1; /* the engine's copy */
+    }
     fl_hparams hp;
     if ((st = fl_hparams_from_gguf(g, &hp))) goto done;
     const int nth = in->n_threads > 0 ? in->n_threads : (fl_threads_get() > 0 ? fl_threads_get() : 1);
@@ -149,15 +174,18 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
         const uint64_t nb = (uint64_t)out->kv_blocks + 1, bs = (uint64_t)kc.block_size; /* + the null block */
         uint64_t buckets = 16;
         while (buckets < nb) buckets *= 2;
-        uint64_t ctx2 = 64;
+        uint64_t ctx2 = 64, text2 = 64;
         while (ctx2 < (uint64_t)out->n_ctx) ctx2 *= 2;
+        const double text = (out->avg_piece_bytes > 0 ? out->avg_piece_bytes : 1.0) * (double)out->n_ctx;
+        while ((double)text2 < text) text2 *= 2;
         const uint64_t n_seq_max = (uint64_t)in->max_seqs * 8 + 64; /* engine_model.c */
         const uint64_t per_block = FL_PLAN_MISC_BLOCK + (in->prefix_cache ? FL_PLAN_MISC_BLOCK_PREFIX + 4 * bs : 0);
-        out->misc_static = FL_PLAN_MISC_BASE + FL_PLAN_MISC_META * out->meta_bytes + nb * per_block + 4 * buckets +
+        out->misc_static = FL_PLAN_MISC_BASE + out->gguf_bytes + out->tokenizer_bytes +
+                           (uint64_t)hp.n_layer * sizeof(fl_layer) + nb * per_block + 4 * buckets +
                            FL_PLAN_MISC_SEQ_SLOT * n_seq_max;
         out->misc_requests = FL_PLAN_MISC_STEP + FL_PLAN_MISC_BATCH_TOKEN * (uint64_t)in->max_batch_tokens +
-                             (uint64_t)in->max_seqs * (FL_PLAN_MISC_REQUEST + 12 * (uint64_t)hp.n_vocab +
-                                                       4 * (uint64_t)out->n_ctx + 5 * ctx2);
+                             (uint64_t)in->max_seqs * (FL_PLAN_MISC_REQUEST + 16 * (uint64_t)hp.n_vocab +
+                                                       4 * (uint64_t)out->n_ctx + 4 * ctx2 + text2);
         out->bytes[FL_MEM_MISC] = out->misc_static + out->misc_requests;
     }
     for (int c = 0; c < FL_MEM_COUNT; c++) out->total += out->bytes[c];

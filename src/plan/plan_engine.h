@@ -17,15 +17,18 @@
  *              q8 activations for Q8_0/Q4_0 weights, else n_threads x 8 dequantized rows)
  *            + the paged-attention workspace (kept by the cache; grows by doubling from 64 KiB)
  *   MISC     bookkeeping, from constants measured on the engine (tests/test_plan_engine.c):
- *            static: FL_PLAN_MISC_BASE (model, engine, scheduler, tokenizer structs)
- *                    + FL_PLAN_MISC_META x the file's metadata bytes (parsed GGUF + tokenizer)
+ *            static: the parsed GGUF and the tokenizer, counted exactly by building them here
+ *                    (so a plan is exact only while no other thread allocates MISC)
+ *                    + the chat template copy + n_layer x sizeof(fl_layer)
+ *                    + FL_PLAN_MISC_BASE (model, engine, scheduler, KV cache structs)
  *                    + per KV block FL_PLAN_MISC_BLOCK (+ FL_PLAN_MISC_BLOCK_PREFIX + 4 x block
  *                      tokens with the prefix cache) + a 4-byte hash bucket (power of two)
  *                    + FL_PLAN_MISC_SEQ_SLOT per cache sequence slot (8 x max_seqs + 64)
  *            requests: FL_PLAN_MISC_STEP + FL_PLAN_MISC_BATCH_TOKEN x max_batch_tokens
- *                    + max_seqs x (FL_PLAN_MISC_REQUEST + 12 x n_vocab (sampler)
- *                      + 4 x n_ctx (token ids) + 5 x n_ctx rounded up to a power of two
- *                      (the cache's token ids, the streamed text)): at most max_seqs
+ *                    + max_seqs x (FL_PLAN_MISC_REQUEST + 16 x n_vocab (sampler)
+ *                      + 4 x n_ctx (token ids) + 4 x n_ctx rounded up to a power of two
+ *                      (the cache's token ids) + n_ctx x the mean piece length, rounded up
+ *                      to a power of two (the streamed text)): at most max_seqs
  *                      requests queued or running, each up to a full context, n = 1
  *
  * Errors: FL_ERR_INVALID for bad parameters; the GGUF loader's errors; FL_ERR_BUDGET from
@@ -38,14 +41,13 @@
 #include "fitllm.h"
 #include <stdint.h>
 
-#define FL_PLAN_MISC_BASE 18260u
-#define FL_PLAN_MISC_META 3u
+#define FL_PLAN_MISC_BASE 2400u
 #define FL_PLAN_MISC_BLOCK 44u
 #define FL_PLAN_MISC_BLOCK_PREFIX 16u
 #define FL_PLAN_MISC_SEQ_SLOT 86u
 #define FL_PLAN_MISC_STEP 2560u
 #define FL_PLAN_MISC_BATCH_TOKEN 34u
-#define FL_PLAN_MISC_REQUEST 1440u
+#define FL_PLAN_MISC_REQUEST 400u
 
 typedef struct fl_plan_engine_in {
     const char *model_path;
@@ -67,6 +69,8 @@ typedef struct fl_plan_engine_out {
     uint64_t file_bytes, meta_bytes, tensor_bytes; /* file = meta + tensors (+ alignment) */
     uint64_t ws_bytes, logits_bytes, batch_bytes, matmul_scratch, attn_ws;
     uint64_t misc_static, misc_requests;
+    double avg_piece_bytes;     /* mean detokenized bytes per vocabulary token (1 without a tokenizer) */
+    uint64_t gguf_bytes, tokenizer_bytes; /* MISC of the parsed GGUF and of the tokenizer (+ chat template) */
     int64_t n_params;           /* elements of the matrices and norms */
     double bits_per_weight;     /* of the weights the matmuls read */
     int32_t n_vocab, n_ctx;
