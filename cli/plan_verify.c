@@ -46,9 +46,6 @@ int fl_plan_verify(const fl_plan_verify_opts *vo) {
     fl_engine *e = NULL;
     if ((st = fl_engine_new(&ep, &e))) goto fail;
     fl_mem_reset_peaks();
-    if (getenv("FL_PLAN_DEBUG"))
-        fprintf(stderr, "misc static: predicted %llu measured %zu; meta %llu n_vocab %d\n", (unsigned long long)po.misc_static,
-                fl_mem_current(FL_MEM_MISC), (unsigned long long)po.meta_bytes, po.n_vocab);
     const int32_t nv = fl_engine_n_vocab(e), P = ep.max_batch_tokens;
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)P);
     for (int32_t r = 0; r < ep.max_seqs && !st; r++) {
