@@ -15,6 +15,7 @@
 #include "core/status.h"
 #include "engine/engine.h"
 #include "engine/synth_tiny.h"
+#include "plan/plan.h"
 #include "plan/plan_engine.h"
 
 #include <stdio.h>
@@ -167,6 +168,23 @@ static void test_predicted_vs_measured(void **state) {
         ep.kv_mem = (int64_t)po.kv_bytes_per_block * (c->max_seqs * ((c->n_ctx + bs - 1) / bs) + 2);
         assert_int_equal(fl_engine_plan_input(&ep, &pi), FL_OK);
         assert_int_equal(fl_plan_engine(&pi, &po), FL_OK);
+        /* the generic planner (shape only) predicts the same step activations */
+        fl_model_shape ms;
+        assert_int_equal(fl_plan_shape_from_gguf(path, &ms), FL_OK);
+        fl_plan_input gi;
+        fl_plan_input_default(&gi, &ms);
+        if (c->wtype) {
+            assert_int_equal(fl_plan_parse_wtype(c->wtype, &gi.weights), FL_OK);
+            gi.weights_from_file = false;
+        }
+        gi.kv_type = pi.kv_type;
+        gi.n_ctx = po.n_ctx;
+        gi.n_seq = c->max_seqs;
+        gi.n_prefill = c->mbt;
+        gi.n_threads = 2;
+        fl_plan_result gr;
+        assert_int_equal(fl_plan_compute(&ms, &gi, &gr), FL_OK);
+        assert_int_equal(gr.dev[0].bytes[FL_MEM_ACT], po.bytes[FL_MEM_ACT]);
         uint64_t meas[FL_MEM_COUNT], mt;
         run_case(c, ep.kv_mem, meas, &mt);
         const shape *s = &shapes[c->shape];
