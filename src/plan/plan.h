@@ -218,7 +218,8 @@ void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, i
 fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_plan_result *out);
 
 /* KV pool for an engine given mem_bytes on its device: mem - everything else the plan puts on
- * the fullest device.  FL_ERR_BUDGET with the plan's explanation when the weights alone (or
+ * the fullest device (from the shape alone; fl_engine_new sizes its pool for a GGUF with the
+ * engine-exact fl_plan_engine_kv_mem, plan_engine.h).  FL_ERR_BUDGET with the plan's explanation when the weights alone (or
  * weights + step buffers) exceed mem. */
 fl_status fl_plan_kv_pool_bytes(const fl_model_shape *s, const fl_plan_input *in, uint64_t mem_bytes,
                                 uint64_t *kv_bytes);
