@@ -186,6 +186,9 @@ int fl_cmd_run(int argc, char **argv) {
             fprintf(stderr, "weights converted to %s at load: %.2f MiB -> %.2f MiB (%.2f bits per weight, %.2f MiB saved)\n",
                     fl_type_name(mparams.weights_type), (double)src / 1048576.0, (double)conv / 1048576.0,
                     8.0 * (double)conv / (double)ne, ((double)src - (double)conv) / 1048576.0);
+        else if (mparams.weights_type >= 0)
+            fprintf(stderr, "weights: no matrix converted to %s (already that type, or rows not a multiple of its block)\n",
+                    fl_type_name(mparams.weights_type));
     }
     const fl_hparams *hp = fl_model_hparams(m);
     if ((st = fl_tokenizer_new(fl_model_gguf(m), &tok))) goto fail;
