@@ -15,6 +15,7 @@
 #include "core/status.h"
 #include "engine/engine.h"
 #include "engine/synth_tiny.h"
+#include "model/llama.h"
 #include "plan/plan.h"
 #include "plan/plan_engine.h"
 
@@ -279,10 +280,47 @@ static void test_mem_total(void **state) {
     fl_test_mem_zero();
 }
 
+/* Load-time conversion: stories260K (f32) converted to q8_0 / q4_0 at load holds the same blocks
+ * as the files quantized offline (the quantizers are byte-identical to the reference ones). */
+static void test_load_conversion(void **state) {
+    NEED_SHARED();
+    const char *types[] = {"q8_0", "q4_0"};
+    for (int k = 0; k < 2; k++) {
+        fl_model_params mp = fl_model_default_params();
+        mp.weights_type = fl_type_from_name(types[k]);
+        fl_model *a = NULL, *b = NULL;
+        assert_int_equal(fl_model_load(FL_SHARED_PATH("models/stories260K.gguf"), &mp, &a), FL_OK);
+        char rel[64];
+        snprintf(rel, sizeof rel, "models/stories260K-%s.gguf", types[k]);
+        assert_int_equal(fl_model_load(FL_SHARED_PATH(rel), NULL, &b), FL_OK);
+        size_t src = 0;
+        int64_t ne = 0;
+        const size_t conv = fl_model_converted(a, &src, &ne);
+        assert_true(conv > 0 && conv < src);
+        int same = 0, compared = 0;
+        for (int il = 0; il < fl_model_hparams(a)->n_layer; il++) {
+            const fl_layer *la = fl_model_layer(a, il), *lb = fl_model_layer(b, il);
+            const fl_tensor *ta[] = {&la->wq, &la->wk, &la->wv, &la->wo, &la->w1, &la->w3, &la->w2};
+            const fl_tensor *tb[] = {&lb->wq, &lb->wk, &lb->wv, &lb->wo, &lb->w1, &lb->w3, &lb->w2};
+            for (int t = 0; t < 7; t++) {
+                if (ta[t]->type != mp.weights_type || tb[t]->type != mp.weights_type) continue;
+                compared++;
+                same += memcmp(ta[t]->data, tb[t]->data, fl_tensor_nbytes(ta[t])) == 0;
+            }
+        }
+        assert_true(compared >= 10);
+        assert_int_equal(same, compared);
+        fl_model_free(a);
+        fl_model_free(b);
+    }
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_predicted_vs_measured),
         cmocka_unit_test(test_mem_total),
+        cmocka_unit_test(test_load_conversion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
