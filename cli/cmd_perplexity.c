@@ -11,9 +11,10 @@
  * and the rate at which both runs pick the same top token. */
 #include "cli/cli.h"
 #include "core/alloc.h"
+#include "core/dtype.h"
 #include "core/status.h"
 #include "core/threads.h"
-#include "kv/kv_contig.h"
+#include "cli/cli_kv.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 
@@ -49,10 +50,11 @@ int fl_cmd_perplexity(int argc, char **argv) {
         {"threads", 't', FL_OPT_INT, "N  threads (default: all cores)"},
         {"kl-base", 0, FL_OPT_STR, "FILE  save log-probs to FILE, or compare with it if it exists (KL divergence)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
+        FL_CLI_KV_OPTS,
         {0},
     };
     int n_pos;
-    int r = fl_args_parse(argc, argv, opts, "fitllm perplexity -m MODEL -f TEXT [-c CTX] [-b BATCH] [--chunks N] [--json]",
+    int r = fl_args_parse(argc, argv, opts, "fitllm perplexity -m MODEL -f TEXT [-c CTX] [-b BATCH] [--chunks N] [--kv-type T] [--json]",
                           "Perplexity of MODEL on TEXT with llama.cpp's method (chunks of CTX tokens from an\n"
                           "empty cache, BOS over each chunk's first token, second half of each chunk scored).",
                           NULL, 0, &n_pos);
@@ -79,7 +81,7 @@ int fl_cmd_perplexity(int argc, char **argv) {
     char *text = NULL;
     fl_model *m = NULL;
     fl_tokenizer *tok = NULL;
-    fl_kv_contig *kv = NULL;
+    fl_cli_kv kv = {0};
     int32_t *ids = NULL;
     int64_t n_ids = 0;
     float *logits = NULL, *lp = NULL, *lp_base = NULL;
@@ -103,9 +105,10 @@ int fl_cmd_perplexity(int argc, char **argv) {
     }
     const int32_t bsz = (int32_t)(n_batch < n_ctx ? n_batch : n_ctx);
     const int64_t first = n_ctx / 2;
-    fl_kv_contig_params kp = {hp->n_layer, hp->n_head_local, hp->n_head_kv_local, hp->head_dim, (int32_t)n_ctx, 1,
-                              hp->n_swa, FL_TYPE_F16};
-    if ((st = fl_kv_contig_new(&kp, &kv))) goto fail;
+    if ((st = fl_cli_kv_new(hp, fl_args_get(opts, "kv-layout")->str, fl_args_get(opts, "kv-type")->str,
+                            fl_args_get(opts, "block-size")->set ? fl_args_get(opts, "block-size")->i : 0, (int32_t)n_ctx,
+                            &kv)))
+        goto fail;
     if ((st = fl_model_workspace_new(m, bsz, bsz))) goto fail;
     logits_bytes = (size_t)bsz * (size_t)V * sizeof(float);
     lp_bytes = 2 * (size_t)V * sizeof(float);
@@ -147,7 +150,7 @@ int fl_cmd_perplexity(int argc, char **argv) {
     memset(seq, 0, (size_t)bsz * sizeof *seq);
     for (int64_t c = 0; c < n_chunk; c++) {
         const int64_t start = c * n_ctx;
-        fl_kv_contig_clear(kv);
+        fl_cli_kv_reset(&kv);
         const int32_t saved = ids[start];
         ids[start] = fl_tokenizer_bos(tok) >= 0 ? fl_tokenizer_bos(tok) : saved;
         for (int64_t b0 = 0; b0 < n_ctx; b0 += bsz) {
@@ -158,7 +161,7 @@ int fl_cmd_perplexity(int argc, char **argv) {
             }
             fl_batch b = {n, ids + start + b0, pos, seq, want};
             if (fl_batch_n_logits(&b) == 0) want[n - 1] = 1; /* keep the step well formed; row unused */
-            if ((st = fl_model_forward(m, &b, fl_kv_contig_iface(), kv, logits))) {
+            if ((st = fl_model_forward(m, &b, &kv.iface, kv.ctx, logits))) {
                 ids[start] = saved;
                 goto fail;
             }
@@ -220,6 +223,9 @@ int fl_cmd_perplexity(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "n_chunk", (double)n_chunk);
         cJSON_AddNumberToObject(o, "n_tokens", (double)n_ids);
         cJSON_AddNumberToObject(o, "n_scored", (double)count);
+        cJSON_AddStringToObject(o, "kv_layout", kv.paged ? "paged" : "contiguous");
+        cJSON_AddStringToObject(o, "kv_type", fl_type_name(kv.type));
+        cJSON_AddNumberToObject(o, "kv_bytes_per_token", fl_cli_kv_bytes_per_token(&kv, hp));
         if (kl_compare) {
             cJSON *k = cJSON_AddObjectToObject(o, "kl");
             cJSON_AddNumberToObject(k, "mean", kl_sum / (double)count);
@@ -240,6 +246,8 @@ int fl_cmd_perplexity(int argc, char **argv) {
     } else {
         printf("%lld tokens, %lld chunks of %lld, %lld scored\n", (long long)n_ids, (long long)n_chunk,
                (long long)n_ctx, (long long)count);
+        printf("KV: %s %s, %.0f bytes/token\n", kv.paged ? "paged" : "contiguous", fl_type_name(kv.type),
+               fl_cli_kv_bytes_per_token(&kv, hp));
         printf("PPL = %.4f +/- %.4f\n", ppl, err);
         if (kl_compare)
             printf("KL divergence vs %s: mean %.6f, p99 %.6f, max %.6f; same top token %.4f\n", kl_path,
@@ -256,7 +264,7 @@ fail:
     fl_free(FL_MEM_SCRATCH, lp, lp_bytes);
     fl_free(FL_MEM_SCRATCH, aux, aux_bytes);
     fl_free(FL_MEM_ACT, logits, logits_bytes);
-    fl_kv_contig_free(kv);
+    fl_cli_kv_free(&kv);
     if (ids) fl_free(FL_MEM_MISC, ids, (size_t)(n_ids + 1) * sizeof(int32_t));
     fl_tokenizer_free(tok);
     fl_model_free(m);

@@ -1,10 +1,14 @@
-/* `fitllm run`: generate text from a prompt with one model, contiguous KV cache and a sampler. */
+/* `fitllm run`: generate text from a prompt with one model, a KV cache (paged by default,
+ * cli_kv.h) and a sampler.  --context-shift: when the context is full, keep the first S "sink"
+ * positions and the most recent half of the rest (StreamingLLM; the paged cache re-rotates the
+ * moved keys with RoPE, fl_kv_seq_stream) and go on generating. */
 #include "cli/cli.h"
 #include "core/alloc.h"
 #include "core/status.h"
 #include "core/threads.h"
 #include "engine/sampling.h"
-#include "kv/kv_contig.h"
+#include "cli/cli_kv.h"
+#include "core/dtype.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 
@@ -101,6 +105,9 @@ int fl_cmd_run(int argc, char **argv) {
         {"repeat-last-n", 0, FL_OPT_INT, "N  tokens the penalties look back at (default 64, -1 = all)"},
         {"seed", 's', FL_OPT_INT, "S  RNG seed (default 0)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object (ids, text, timings, memory) instead of streaming"},
+        {"context-shift", 0, FL_OPT_FLAG, "generate past CTX: keep the sink tokens + the recent half (paged KV only)"},
+        {"sink", 0, FL_OPT_INT, "S  sink tokens kept by --context-shift (default 4)"},
+        FL_CLI_KV_OPTS,
         {"weights", 0, FL_OPT_STR, "T  convert weights at load: q8_0 q4_0 nf4 fp8_e4m3 f16 ..."},
         {0},
     };
@@ -148,7 +155,7 @@ int fl_cmd_run(int argc, char **argv) {
     bool text_owned = false;
     fl_model *m = NULL;
     fl_tokenizer *tok = NULL;
-    fl_kv_contig *kv = NULL;
+    fl_cli_kv kv = {0};
     fl_sampler *smp = NULL;
     int32_t *ids = NULL, *gen = NULL;
     int64_t n_ids = 0, n_gen = 0;
@@ -204,11 +211,26 @@ int fl_cmd_run(int argc, char **argv) {
                      (long long)n_ids, (long long)n_ctx);
         goto fail;
     }
-    const int64_t max_gen = n_predict < n_ctx - n_ids ? n_predict : n_ctx - n_ids;
+    const bool shift = fl_args_get(opts, "context-shift")->set;
+    const int64_t n_sink = fl_args_get(opts, "sink")->set ? fl_args_get(opts, "sink")->i : 4;
+    if (shift && (n_sink < 0 || n_sink > n_ctx / 2)) {
+        fl_set_error(FL_ERR_INVALID, "--sink %lld must be in [0, CTX/2]", (long long)n_sink);
+        goto fail;
+    }
+    const int64_t max_gen = shift || n_predict < n_ctx - n_ids ? n_predict : n_ctx - n_ids;
     const int32_t max_batch = n_ids < 512 ? (int32_t)n_ids : 512;
-    fl_kv_contig_params kp = {hp->n_layer, hp->n_head_local, hp->n_head_kv_local, hp->head_dim, (int32_t)n_ctx, 1,
-                              hp->n_swa, FL_TYPE_F16};
-    if ((st = fl_kv_contig_new(&kp, &kv))) goto fail;
+    if ((st = fl_cli_kv_new(hp, fl_args_get(opts, "kv-layout")->str, fl_args_get(opts, "kv-type")->str,
+                            fl_args_get(opts, "block-size")->set ? fl_args_get(opts, "block-size")->i : 0, (int32_t)n_ctx,
+                            &kv)))
+        goto fail;
+    if (shift && !kv.paged) {
+        fl_set_error(FL_ERR_UNSUPPORTED, "--context-shift needs the paged KV cache");
+        goto fail;
+    }
+    if (shift && hp->rope_freq_scale != 1.0f) {
+        fl_set_error(FL_ERR_UNSUPPORTED, "--context-shift: re-rotation with a RoPE frequency scale is not implemented");
+        goto fail;
+    }
     if ((st = fl_model_workspace_new(m, max_batch, 1))) goto fail;
     if ((st = fl_sampler_new(&sp, hp->n_vocab, &smp))) goto fail;
     logits_bytes = (size_t)hp->n_vocab * sizeof(float);
@@ -226,10 +248,11 @@ int fl_cmd_run(int argc, char **argv) {
         const int32_t n = (int32_t)(n_ids - i < max_batch ? n_ids - i : max_batch);
         for (int32_t j = 0; j < n; j++) pos[j] = (int32_t)(i + j);
         fl_batch b = {n, ids + i, pos, seq, NULL};
-        if ((st = fl_model_forward(m, &b, fl_kv_contig_iface(), kv, logits))) goto fail;
+        if ((st = fl_model_forward(m, &b, &kv.iface, kv.ctx, logits))) goto fail;
     }
     const double t1 = now_s();
     /* decode */
+    int64_t n_shifted = 0, n_shifts = 0; /* positions dropped by --context-shift, and how often */
     char piece[256], pending[1024];
     size_t n_pending = 0;
     while (n_gen < max_gen) {
@@ -249,9 +272,16 @@ int fl_cmd_run(int argc, char **argv) {
             n_pending -= ok;
         }
         if (n_gen == max_gen) break;
-        int32_t p1 = (int32_t)(n_ids + n_gen - 1), s1 = 0;
+        int32_t p1 = (int32_t)(n_ids + n_gen - 1) - (int32_t)n_shifted, s1 = 0;
+        if (shift && p1 >= n_ctx) { /* full: keep the sinks and the most recent half of the rest */
+            const int32_t recent = (int32_t)((n_ctx - n_sink) / 2);
+            if ((st = fl_kv_seq_stream(kv.pk, 0, (int32_t)n_sink, recent))) goto fail;
+            n_shifted += p1 - (int32_t)n_sink - recent;
+            p1 = (int32_t)n_sink + recent;
+            n_shifts++;
+        }
         fl_batch b = {1, &t, &p1, &s1, NULL};
-        if ((st = fl_model_forward(m, &b, fl_kv_contig_iface(), kv, logits))) goto fail;
+        if ((st = fl_model_forward(m, &b, &kv.iface, kv.ctx, logits))) goto fail;
     }
     const double t2 = now_s();
     if (!json) {
@@ -275,6 +305,12 @@ int fl_cmd_run(int argc, char **argv) {
         cJSON *tm = cJSON_AddObjectToObject(o, "timings");
         cJSON_AddNumberToObject(tm, "prefill_tok_s", prefill_tps);
         cJSON_AddNumberToObject(tm, "decode_tok_s", decode_tps);
+        cJSON *kj = cJSON_AddObjectToObject(o, "kv");
+        cJSON_AddStringToObject(kj, "layout", kv.paged ? "paged" : "contiguous");
+        cJSON_AddStringToObject(kj, "type", fl_type_name(kv.type));
+        cJSON_AddNumberToObject(kj, "bytes_per_token", fl_cli_kv_bytes_per_token(&kv, hp));
+        cJSON_AddNumberToObject(kj, "context_shifts", (double)n_shifts);
+        cJSON_AddNumberToObject(kj, "positions_dropped", (double)n_shifted);
         char mem[1024];
         fl_mem_report_json(mem, sizeof mem);
         cJSON *mj = cJSON_Parse(mem);
@@ -297,7 +333,7 @@ fail:
     fl_free(FL_MEM_MISC, gen, gen_bytes);
     fl_free(FL_MEM_ACT, logits, logits_bytes);
     fl_sampler_free(smp);
-    fl_kv_contig_free(kv);
+    fl_cli_kv_free(&kv);
     if (ids) fl_free(FL_MEM_MISC, ids, (size_t)(n_ids + 1) * sizeof(int32_t));
     fl_tokenizer_free(tok);
     fl_model_free(m);

@@ -60,7 +60,10 @@ static int parse_init(const char *spec, int32_t n_vocab, fl_train_config *c) {
     return fl_train_config_check(c) == FL_OK ? 0 : -1;
 }
 
-static fl_status read_text(const char *path, const fl_tokenizer *tok, fl_train_data *d) {
+/* Read a text file; raw: one running document (held > 0: the last `held` fraction of the bytes,
+ * cut at a blank line, goes to *heldout as a second running document). */
+static fl_status read_text(const char *path, const fl_tokenizer *tok, bool raw, double held, fl_train_data *d,
+                           fl_train_data *heldout) {
     FILE *f = fopen(path, "rb");
     if (!f) return fl_set_error(FL_ERR_IO, "cannot open %s", path);
     struct stat sb;
@@ -76,7 +79,17 @@ static fl_status read_text(const char *path, const fl_tokenizer *tok, fl_train_d
     }
     const size_t got = fread(buf, 1, n, f);
     fclose(f);
-    fl_status st = got == n ? fl_train_data_from_text(tok, buf, n, d) : fl_set_error(FL_ERR_IO, "short read of %s", path);
+    size_t cut = n;
+    if (raw && held > 0) { /* the last `held` of the bytes, from a blank line on */
+        cut = (size_t)((1.0 - held) * (double)n);
+        while (cut + 1 < n && !(buf[cut] == '\n' && buf[cut + 1] == '\n')) cut++;
+        if (cut + 1 >= n) cut = (size_t)((1.0 - held) * (double)n);
+    }
+    fl_status st = got == n ? fl_train_data_from_text_ex(tok, buf, cut, raw, d) : fl_set_error(FL_ERR_IO, "short read of %s", path);
+    if (!st && raw && held > 0) {
+        st = fl_train_data_from_text_ex(tok, buf + cut, n - cut, true, heldout);
+        if (st) fl_train_data_free(d);
+    }
     if (st) fl_add_error_context("%s", path);
     fl_free(FL_MEM_MISC, buf, n);
     return st;
@@ -132,6 +145,7 @@ int fl_cmd_train(int argc, char **argv) {
         {"lora", 0, FL_OPT_INT, "R  train LoRA adapters of rank R on a frozen base"},
         {"lora-alpha", 0, FL_OPT_FLOAT, "A  LoRA scale numerator (default 2R)"},
         {"weights", 0, FL_OPT_STR, "nf4  quantize the frozen base to NF4 at load time (QLoRA; needs --lora)"},
+        {"raw", 0, FL_OPT_FLAG, "the text is one running document (no per-document BOS/EOS, positions run on): llama.cpp perplexity's view"},
         {"bucket", 0, FL_OPT_FLAG, "one document per sequence, length-bucketed batches (default: --pack)"},
         {"pack", 0, FL_OPT_FLAG, "pack several documents per row with block-diagonal attention (default)"},
         {"save-every", 0, FL_OPT_INT, "N  write the checkpoint OUT.ckpt every N steps (atomic)"},
@@ -244,10 +258,12 @@ int fl_cmd_train(int argc, char **argv) {
     }
     /* data */
     double t0 = now_s();
-    if ((st = read_text(train_path, tok, &train))) goto fail;
+    const bool raw = OPT("raw")->set;
+    const double vfrac = OPT("val-frac")->set ? OPT("val-frac")->f : 0.05;
+    if ((st = read_text(train_path, tok, raw, OPT("val")->set ? 0.0 : vfrac, &train, &held))) goto fail;
     if (OPT("val")->set) {
-        if ((st = read_text(OPT("val")->str, tok, &held))) goto fail;
-    } else if ((st = fl_train_data_split(&train, OPT("val-frac")->set ? OPT("val-frac")->f : 0.05, &held))) {
+        if ((st = read_text(OPT("val")->str, tok, raw, 0.0, &held, NULL))) goto fail;
+    } else if (!raw && (st = fl_train_data_split(&train, vfrac, &held))) {
         goto fail;
     }
     if (OPT("epochs")->set) {
@@ -256,7 +272,6 @@ int fl_cmd_train(int argc, char **argv) {
         if (to.steps < 1) to.steps = 1;
     }
     if (to.warmup >= to.steps) to.warmup = to.steps / 10;
-    const double unigram = fl_train_unigram_loss(&train, &held, m->cfg.n_vocab);
     fprintf(stderr, "train: %lld documents, %lld tokens; held-out: %lld documents, %lld scored tokens (tokenized in %.1f s)\n",
             (long long)train.n_docs, (long long)train.n_ids, (long long)held.n_docs,
             (long long)fl_train_data_n_scored(&held), now_s() - t0);
@@ -269,6 +284,7 @@ int fl_cmd_train(int argc, char **argv) {
         fprintf(stderr, "resumed from %s at step %lld\n", OPT("resume")->str, (long long)fl_trainer_step_count(t));
     }
     const int64_t eval_tokens = OPT("eval-tokens")->set ? OPT("eval-tokens")->i : 0;
+    const double unigram = fl_train_unigram_loss(&train, &held, m->cfg.n_vocab, eval_tokens);
     const int64_t eval_every = OPT("eval-every")->set ? OPT("eval-every")->i : 0;
     const int64_t save_every = OPT("save-every")->set ? OPT("save-every")->i : 0;
     const char *out = OPT("output")->str;

@@ -20,7 +20,7 @@ awk 'BEGIN{RS="\n\n"; ORS="\n\n"} NR<=60' "$S/data/tinystories_val.txt" > "$T/tr
 
 # 4 steps with a checkpoint every 2, JSON logs
 "$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 4 --save-every 2 \
-    --checkpoint-every 2 --optim adamw8bit --json -t 2 -o "$T/out.gguf" > "$T/log.jsonl" 2> "$T/err.txt" \
+    --checkpoint-every 2 --optim adamw8bit --json -t 1 -o "$T/out.gguf" > "$T/log.jsonl" 2> "$T/err.txt" \
     || { cat "$T/err.txt"; fail "train"; }
 [ "$(grep -c '"event":"step"' "$T/log.jsonl")" -eq 4 ] || fail "expected 4 step lines"
 grep -q '"event":"done"' "$T/log.jsonl" || fail "no done line"
@@ -30,14 +30,27 @@ grep -q '"event":"done"' "$T/log.jsonl" || fail "no done line"
 
 # resume from the step-4 checkpoint to step 6
 "$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 6 --save-every 2 \
-    --checkpoint-every 2 --optim adamw8bit --json -t 2 --resume "$T/out.gguf.ckpt" -o "$T/out.gguf" > "$T/log2.jsonl" 2> "$T/err2.txt" \
+    --checkpoint-every 2 --optim adamw8bit --json -t 1 --resume "$T/out.gguf.ckpt" -o "$T/out.gguf" > "$T/log2.jsonl" 2> "$T/err2.txt" \
     || { cat "$T/err2.txt"; fail "resume"; }
 grep -q "resumed from" "$T/err2.txt" || fail "no resume message"
 [ "$(grep -c '"event":"step"' "$T/log2.jsonl")" -eq 2 ] || fail "resume should run 2 steps"
 
+# kill -9 during training: the last checkpoint is intact and resumes
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 100000 --save-every 2 \
+    -t 1 -o "$T/k.gguf" > /dev/null 2>&1 &
+PID=$!
+for i in $(seq 1 600); do [ -f "$T/k.gguf.ckpt" ] && break; sleep 0.1; done
+sleep 1
+kill -9 $PID 2>/dev/null
+wait $PID 2>/dev/null
+[ -f "$T/k.gguf.ckpt" ] || fail "no checkpoint before the kill"
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 100000 --time-limit 0.1 \
+    -t 1 --resume "$T/k.gguf.ckpt" > /dev/null 2> "$T/err5.txt" || { cat "$T/err5.txt"; fail "resume after kill -9"; }
+grep -Eq "resumed from .* at step [0-9]*[02468]$" "$T/err5.txt" || fail "resume step should be a multiple of 2"
+
 # QLoRA: adapters + merged export
 "$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 2 --lora 4 --weights nf4 \
-    --precision bf16 -t 2 -o "$T/q.gguf" 2> "$T/err3.txt" || { cat "$T/err3.txt"; fail "qlora"; }
+    --precision bf16 -t 1 -o "$T/q.gguf" 2> "$T/err3.txt" || { cat "$T/err3.txt"; fail "qlora"; }
 [ -f "$T/q.lora.gguf" ] || fail "no adapter file"
 "$F" inspect "$T/q.gguf" > /dev/null || fail "merged QLoRA export does not inspect"
 # merging the saved adapters into the f32 base gives a loadable GGUF too

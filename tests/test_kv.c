@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "core/threads.h"
+#include "kernels/convert.h"
 #include "kernels/dispatch.h"
 #include "kv/block_pool.h"
 #include "kv/kv_cache.h"
@@ -718,6 +719,9 @@ static void test_quant_types(void **state) {
          * (dequantisation on load reads the same values, scales of the right block and head) */
         float *kd = falloc((size_t)T * nrow), *vd = falloc((size_t)T * nrow), *rd = falloc((size_t)qrow);
         for (int32_t i = 0; i < T; i++) assert_int_equal(fl_kv_seq_read(kv, 0, 0, i, kd + (size_t)i * nrow, vd + (size_t)i * nrow), FL_OK);
+        /* f16 K/V: the cache rounds the queries to f16 first (as llama.cpp and kv_contig do) */
+        if (cases[t].type == FL_TYPE_F16)
+            for (int32_t i = 0; i < T * qrow; i++) q[i] = fl_f16_to_f32(fl_f32_to_f16(q[i]));
         for (int32_t i = 0; i < T; i++) {
             attn_contig(q + (size_t)i * qrow, kd, vd, i, c.n_head, c.n_head_kv, c.head_dim, 0, rd);
             const double dd = fl_test_max_abs_diff(rd, o + (size_t)i * qrow, qrow);
@@ -1092,6 +1096,40 @@ static void test_alloc_failures(void **state) {
     assert_true(n_fail_points > 10);
 }
 
+/* The paged decode converts one head slice (often 8 or 16 elements) per call: every ISA's row
+ * converters must match the scalar reference bit for bit on short rows and at odd offsets. */
+static void test_convert_short_rows(void **state) {
+    (void)state;
+    uint16_t h[80], h2[80], h3[80];
+    float f[80], g[80];
+    srand(11);
+    const fl_isa best = fl_isa_best();
+    for (int isa = FL_ISA_REF; isa <= (int)best; isa++) {
+        fl_isa_set((fl_isa)isa);
+        const fl_convert_kernels *k = fl_convert_kernels_get();
+        for (int n = 0; n <= 40; n++)
+            for (int off = 0; off < 3; off++) {
+                for (int i = 0; i < 80; i++) {
+                    h[i] = (uint16_t)(rand() & 0x7BFF); /* finite f16 of either sign */
+                    h[i] |= (uint16_t)((rand() & 1) << 15);
+                    f[i] = g[i] = -7.0f;
+                    h2[i] = h3[i] = 0xABCD;
+                }
+                k->f16_to_f32(h + off, f + off, n);
+                fl_f16_to_f32_row_ref(h + off, g + off, n);
+                assert_memory_equal(f, g, sizeof f); /* outside [off, off + n) untouched too */
+                for (int i = 0; i < 80; i++) f[i] = (float)(rand() - RAND_MAX / 2) / 3e4f;
+                k->f32_to_f16(f + off, h2 + off, n);
+                fl_f32_to_f16_row_ref(f + off, h3 + off, n);
+                assert_memory_equal(h2, h3, sizeof h2);
+                k->bf16_to_f32(h + off, f + off, n);
+                fl_bf16_to_f32_row_ref(h + off, g + off, n);
+                assert_memory_equal(f + off, g + off, (size_t)n * sizeof(float));
+            }
+    }
+    fl_isa_set(best);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_random_ops),   cmocka_unit_test(test_pool_lru_order),
@@ -1101,6 +1139,7 @@ int main(void) {
         cmocka_unit_test(test_sliding_window),    cmocka_unit_test(test_shift_rerope),
         cmocka_unit_test(test_streaming_past_context), cmocka_unit_test(test_swap_roundtrip),
         cmocka_unit_test(test_memory_budget),     cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_convert_short_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

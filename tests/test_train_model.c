@@ -13,6 +13,7 @@
 #include "formats/gguf.h"
 #include "kv/kv_contig.h"
 #include "model/llama.h"
+#include "plan/plan.h"
 #include "train/model.h"
 
 #include <cjson/cJSON.h>
@@ -470,12 +471,63 @@ static void test_export_loads_in_inference(void **state) {
     fl_test_mem_zero();
 }
 
+/* ---------------------------------------------------------------- planner */
+/* The planner's training prediction (src/plan) vs the measured peaks of a real step: weights,
+ * gradients, optimizer (fp32 AdamW: 8 bytes per parameter) and activations + temporaries. */
+static void test_planner_prediction(void **state) {
+    (void)state;
+    NEED_SHARED();
+    fl_train_model *m = load_stories();
+    const int64_t ctx = 128, batch = 2;
+    int32_t tok[256], tgt[256], pos[256], cu[3] = {0, 128, 256};
+    for (int i = 0; i < 256; i++) {
+        tok[i] = 3 + (i * 37) % 500;
+        pos[i] = i % 128;
+    }
+    for (int i = 0; i < 256; i++) tgt[i] = (i % 128) == 127 ? -1 : tok[i + 1];
+    fl_train_batch b = {tok, tgt, pos, cu, 256, 2};
+    fl_model_shape s;
+    memset(&s, 0, sizeof s);
+    s.n_vocab = m->cfg.n_vocab; s.n_embd = m->cfg.n_embd; s.n_ff = m->cfg.n_ff; s.n_layer = m->cfg.n_layer;
+    s.n_head = m->cfg.n_head; s.n_head_kv = m->cfg.n_head_kv; s.head_dim = m->cfg.head_dim; s.n_ctx_train = 512;
+    for (int k = 0; k <= 2; k++) {
+        assert_int_equal(fl_train_model_reserve(m, ctx * batch, k, FL_TRAIN_F32), FL_OK);
+        fl_mem_reset_peaks();
+        double l;
+        fl_train_model_zero_grad(m);
+        assert_int_equal(fl_train_model_forward(m, &b, &l, NULL), FL_OK);
+        assert_int_equal(fl_train_model_backward(m, &b, 1.0f), FL_OK);
+        const double act = (double)(fl_mem_peak(FL_MEM_ACT) + fl_mem_peak(FL_MEM_SCRATCH));
+        fl_plan_input in;
+        fl_plan_input_default(&in, &s);
+        assert_int_equal(fl_plan_parse_wtype("f32", &in.weights), FL_OK);
+        in.weights_from_file = false;
+        in.train = true;
+        in.n_ctx = ctx;
+        in.n_seq = batch;
+        in.ckpt_every = k;
+        in.n_threads = fl_threads_get();
+        fl_plan_result r;
+        assert_int_equal(fl_plan_compute(&s, &in, &r), FL_OK);
+        const double pact = (double)(r.dev[0].bytes[FL_MEM_ACT] + r.dev[0].bytes[FL_MEM_SCRATCH]);
+        if (fabs(pact - act) > 0.10 * act) fail_msg("k=%d: planner act+scratch %.0f vs measured %.0f", k, pact, act);
+        const double w = (double)m->n_params * 4;
+        CHECK_NEAR((double)r.dev[0].bytes[FL_MEM_WEIGHTS], w, 0.01 * w);
+        CHECK_NEAR((double)r.dev[0].bytes[FL_MEM_GRAD], w, 0.01 * w);
+        CHECK_NEAR((double)r.dev[0].bytes[FL_MEM_OPTIM], 2 * w, 0.01 * w);
+        const double total = 4 * w + act, ptotal = (double)r.dev[0].total;
+        if (fabs(ptotal - total) > 0.05 * total) fail_msg("k=%d: planner total %.0f vs measured %.0f", k, ptotal, total);
+    }
+    fl_train_model_free(m);
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_reference_logits), cmocka_unit_test(test_whole_model_gradcheck),
         cmocka_unit_test(test_checkpointing_equal),      cmocka_unit_test(test_grad_accumulation),
         cmocka_unit_test(test_packing_equals_separate),  cmocka_unit_test(test_bf16_and_export),
-        cmocka_unit_test(test_export_loads_in_inference),
+        cmocka_unit_test(test_export_loads_in_inference), cmocka_unit_test(test_planner_prediction),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,9 +32,7 @@ static void drop_promise(fl_kv_adapter *a, int32_t id) {
 
 static int64_t pg_n_free(void *ctx) {
     fl_kv_adapter *a = ctx;
-    fl_kv_stats st;
-    fl_kv_stats_get(a->kv, &st);
-    return st.n_blocks_free - a->promised_total;
+    return fl_kv_blocks_free(a->kv) - a->promised_total; /* O(1); fl_kv_stats_get walks every table */
 }
 
 static fl_status pg_seq_begin(void *ctx, fl_request *r, int32_t *n_cached) {

@@ -5,6 +5,7 @@
 #include "core/status.h"
 #include "core/threads.h"
 #include "kv/block_pool.h"
+#include "kernels/convert.h"
 #include "kv/block_table.h"
 #include "kv/kv_quant.h"
 #include "kv/paged_attn.h"
@@ -470,10 +471,19 @@ static fl_paged_attn_params attn_params(const fl_kv_cache *kv) {
                                   .part_blocks = kv->part_blocks};
 }
 
-static fl_status reserve_ws(fl_kv_cache *kv) {
+/* f16 K/V: the queries are rounded to f16 before attention, as llama.cpp's f16 K . q product
+ * and kv_contig do; the rounded copy lives in the workspace after the kernel's part. */
+static size_t q_round_bytes(const fl_kv_cache *kv) {
+    return kv->cfg.type == FL_TYPE_F16 ? sizeof(float) * (size_t)kv->b_n_tokens * (size_t)kv->cfg.n_head * (size_t)kv->cfg.head_dim : 0;
+}
+static size_t q_round_off(const fl_kv_cache *kv) {
     const fl_paged_kv v = layer_view(kv, 0);
     const fl_paged_attn_params pp = attn_params(kv);
-    const size_t need = fl_paged_attn_ws_size(&v, kv->segs, kv->n_seg, &pp, fl_threads_get());
+    return (fl_paged_attn_ws_size(&v, kv->segs, kv->n_seg, &pp, fl_threads_get()) + 63) & ~(size_t)63;
+}
+
+static fl_status reserve_ws(fl_kv_cache *kv) {
+    const size_t need = q_round_off(kv) + q_round_bytes(kv);
     if (need <= kv->ws_bytes) return FL_OK;
     size_t cap = kv->ws_bytes ? kv->ws_bytes : 65536;
     while (cap < need) cap *= 2;
@@ -636,6 +646,17 @@ void fl_kv_attend(fl_kv_cache *kv, int32_t il, const fl_batch *b, const float *q
     if (reserve_ws(kv) != FL_OK) fl_abort(__FILE__, __LINE__, "%s", fl_last_error()); /* thread count changed after prepare */
     const fl_paged_kv v = layer_view(kv, il);
     const fl_paged_attn_params pp = attn_params(kv);
+    if (kv->cfg.type == FL_TYPE_F16) {
+        float *qr = (float *)((uint8_t *)kv->ws + q_round_off(kv));
+        uint16_t tmp[512];
+        const fl_convert_kernels *cv = fl_convert_kernels_get();
+        const int64_t n_rows = (int64_t)b->n_tokens * kv->cfg.n_head, hd = kv->cfg.head_dim;
+        for (int64_t r = 0; r < n_rows; r++) {
+            cv->f32_to_f16(q + r * hd, tmp, hd);
+            cv->f16_to_f32(tmp, qr + r * hd, hd);
+        }
+        q = qr;
+    }
     fl_paged_attn(&v, kv->segs, kv->n_seg, &pp, q, out, kv->ws);
 }
 

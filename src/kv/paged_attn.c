@@ -3,6 +3,7 @@
 
 #include "core/status.h"
 #include "core/threads.h"
+#include "kernels/convert.h"
 #include "kernels/dispatch.h"
 #include "kv/kv_quant.h"
 
@@ -138,8 +139,8 @@ static void state_update(const vec_ops *vo, float *st, const float *qh, const fl
                          int32_t hd, float scale, float *sc) {
     vo->scores(qh, kb, ja, jb, hd, scale, sc);
     float mb = -INFINITY;
-    for (int32_t j = ja; j < jb; j++) mb = fmaxf(mb, sc[j]);
-    const float m_new = fmaxf(st[0], mb);
+    for (int32_t j = ja; j < jb; j++) mb = sc[j] > mb ? sc[j] : mb; /* scores are finite: same as fmaxf, inlined */
+    const float m_new = st[0] > mb ? st[0] : mb;
     const float alpha = st[0] == -INFINITY ? 0.0f : expf(st[0] - m_new);
     float l = st[1] * alpha;
     for (int32_t j = ja; j < jb; j++) {
@@ -239,6 +240,16 @@ static void load_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t ja
     const int32_t hd = kv->head_dim;
     const float ks = kv->k_scale ? kv->k_scale[(size_t)(id - 1) * (size_t)kv->n_head_kv + (size_t)kh] : 1.0f;
     const float vs = kv->v_scale ? kv->v_scale[(size_t)(id - 1) * (size_t)kv->n_head_kv + (size_t)kh] : 1.0f;
+    if (kv->type == FL_TYPE_F16 || kv->type == FL_TYPE_BF16) { /* plain 16-bit rows: one SIMD conversion per head slice */
+        const fl_convert_kernels *cv = fl_convert_kernels_get();
+        void (*conv)(const uint16_t *, float *, int64_t) = kv->type == FL_TYPE_F16 ? cv->f16_to_f32 : cv->bf16_to_f32;
+        for (int32_t j = ja; j < jb; j++) {
+            const size_t ro = off + (size_t)j * kv->row_bytes;
+            conv((const uint16_t *)(kv->k + ro) + (size_t)kh * (size_t)hd, kb + (size_t)j * (size_t)hd, hd);
+            conv((const uint16_t *)(kv->v + ro) + (size_t)kh * (size_t)hd, vb + (size_t)j * (size_t)hd, hd);
+        }
+        return;
+    }
     for (int32_t j = ja; j < jb; j++) {
         const size_t ro = off + (size_t)j * kv->row_bytes;
         fl_kv_dequant(kv->type, kv->k + ro, (int64_t)kh * hd, hd, ks, kb + (size_t)j * (size_t)hd);

@@ -51,6 +51,11 @@ static bool next_doc(const char *t, size_t len, size_t *p, size_t *b, size_t *e)
 }
 
 fl_status fl_train_data_from_text(const fl_tokenizer *tok, const char *text, size_t len, fl_train_data *out) {
+    return fl_train_data_from_text_ex(tok, text, len, false, out);
+}
+
+fl_status fl_train_data_from_text_ex(const fl_tokenizer *tok, const char *text, size_t len, bool one_doc,
+                                     fl_train_data *out) {
     memset(out, 0, sizeof *out);
     out->bos = fl_tokenizer_bos(tok);
     out->eos = fl_tokenizer_eos(tok);
@@ -60,13 +65,15 @@ fl_status fl_train_data_from_text(const fl_tokenizer *tok, const char *text, siz
     size_t p = 0, b, e;
     int64_t n_docs = 0;
     while (next_doc(text, len, &p, &b, &e)) n_docs++;
+    if (one_doc && n_docs > 0) n_docs = 1;
     if (n_docs == 0) return fl_set_error(FL_ERR_INVALID, "%s: no text", __func__);
     int64_t cap = (int64_t)len + 2 * n_docs + 1;
     fl_status st = data_alloc(out, cap, n_docs);
     if (st) return st;
     p = 0;
     int64_t n = 0, d = 0;
-    while (next_doc(text, len, &p, &b, &e)) {
+    while (d < n_docs && next_doc(text, len, &p, &b, &e)) {
+        if (one_doc) e = len; /* the whole text, blank lines included */
         out->doc_off[d++] = n;
         out->ids[n++] = out->bos;
         int64_t got;
@@ -325,7 +332,7 @@ fl_status fl_train_eval(fl_train_model *m, const fl_train_data *d, int64_t ctx, 
     return FL_OK;
 }
 
-double fl_train_unigram_loss(const fl_train_data *train, const fl_train_data *held, int32_t n_vocab) {
+double fl_train_unigram_loss(const fl_train_data *train, const fl_train_data *held, int32_t n_vocab, int64_t max_tokens) {
     double *cnt = fl_calloc(FL_MEM_MISC, (size_t)n_vocab, sizeof(double));
     if (!cnt) return NAN;
     double total = 0.0;
@@ -338,7 +345,9 @@ double fl_train_unigram_loss(const fl_train_data *train, const fl_train_data *he
     }
     double nll = 0.0;
     int64_t n = 0;
-    for (int64_t i = 0; i + 1 < held->n_ids; i++) {
+    int64_t limit = held->n_ids - 1;
+    if (max_tokens > 0 && max_tokens < limit) limit = max_tokens;
+    for (int64_t i = 0; i < limit; i++) {
         const int32_t y = held->ids[i + 1];
         if (y == held->bos || y < 0 || y >= n_vocab) continue;
         nll -= log((cnt[y] + 1.0) / (total + n_vocab));

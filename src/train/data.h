@@ -37,6 +37,10 @@ typedef struct fl_train_data {
 
 /* Tokenize text into documents.  FL_ERR_INVALID on invalid UTF-8 (message has the offset). */
 fl_status fl_train_data_from_text(const fl_tokenizer *tok, const char *text, size_t len, fl_train_data *out);
+/* one_doc: the whole text is ONE document (blank lines kept as text): training windows are then
+ * plain slices of the running text, as llama.cpp's perplexity reads it. */
+fl_status fl_train_data_from_text_ex(const fl_tokenizer *tok, const char *text, size_t len, bool one_doc,
+                                     fl_train_data *out);
 /* From ready token documents (tests): docs[i] of lens[i] ids each, BOS/EOS not added. */
 fl_status fl_train_data_from_ids(const int32_t *const *docs, const int64_t *lens, int64_t n_docs, int32_t bos,
                                  int32_t eos, fl_train_data *out);
@@ -78,7 +82,8 @@ fl_status fl_train_eval(fl_train_model *m, const fl_train_data *d, int64_t ctx, 
                         double *mean_loss, int64_t *n_scored);
 
 /* Unigram baseline: token frequencies of train (add-one smoothing over n_vocab), mean
- * -log p over the scored targets of held. */
-double fl_train_unigram_loss(const fl_train_data *train, const fl_train_data *held, int32_t n_vocab);
+ * -log p over the scored targets of held (the first max_tokens inputs when > 0, as
+ * fl_train_eval reads them). */
+double fl_train_unigram_loss(const fl_train_data *train, const fl_train_data *held, int32_t n_vocab, int64_t max_tokens);
 
 #endif
