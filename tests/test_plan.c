@@ -279,8 +279,9 @@ static void test_step_buffers(void **state) {
     assert_int_equal(b.router, 0);
     assert_int_equal(b.xl, 4096ull * 4);
     /* paged-attention workspace: 4 threads x (2 x 16 x 128 + 16 + 2 x 16 x 4 x 130) floats =
-     * 332032 bytes, grown by doubling from 64 KiB */
-    assert_int_equal(b.tiles, 524288);
+     * 332032 bytes, + the 512 f16-rounded query rows (f16 KV) of 4096 floats = 8720640 bytes,
+     * grown by doubling from 64 KiB */
+    assert_int_equal(b.tiles, 16777216);
     assert_int_equal(b.qact, 4ull * 8 * 14336 * 4); /* q4_K: f32 path, 8 dequantized rows per thread */
     assert_int_equal(b.batch, 512ull * 13 + 8);
     assert_int_equal(b.act_total, b.x * 3 + b.q * 2 + b.k * 2 + b.hb * 2 + b.xl + b.logits);

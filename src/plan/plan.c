@@ -219,7 +219,6 @@ void fl_plan_inference_buffers(const fl_model_shape *s, int64_t n_tokens, int64_
                                fl_attn_impl attn, int32_t n_threads, int32_t tp, int32_t weight_type,
                                int32_t kv_type, fl_plan_buffers *b) {
     memset(b, 0, sizeof *b);
-    (void)kv_type;
     uint64_t T = u(n_tokens), R = u(n_logit_rows), tpu = tp > 0 ? (uint64_t)tp : 1, hd = u(s->head_dim);
     uint64_t heads = cdiv(u(s->n_head), tpu), qd = smul(heads, hd), kvh = cdiv(u(s->n_head_kv), tpu), kvd = smul(kvh, hd);
     uint64_t ff = cdiv(smul(u(s->n_ff), s->n_expert_used > 0 ? u(s->n_expert_used) : 1), tpu);
@@ -245,7 +244,8 @@ void fl_plan_inference_buffers(const fl_model_shape *s, int64_t n_tokens, int64_
         const uint64_t g = kvh ? cdiv(heads, kvh) : 1, bs = 16;
         uint64_t per = 2 * bs * hd + bs + smul(2 * 16 * g, hd + 2);
         per = (per + 15) & ~(uint64_t)15;
-        const uint64_t need = smul3(4, per, nth);
+        uint64_t need = smul3(4, per, nth);
+        if (kv_type == FL_TYPE_F16) need = sadd(r64(need), smul3(T, qd, 4)); /* f16-rounded queries (kv_cache.c) */
         uint64_t cap = 65536;
         while (cap < need && cap < UINT64_MAX / 2) cap *= 2;
         b->tiles = cap;

@@ -34,8 +34,9 @@
  *   SCRATCH:
  *     tiles   the paged-attention workspace: per thread 2 x 16 x head_dim + 16 + 2 x 16 x
  *             (n_head / n_head_kv) x (head_dim + 2) floats (rounded to 16), the total rounded up
- *             to a power of two >= 64 KiB, as the cache grows it (split-K partials of long
- *             decodes come on top: see plan_engine.h)
+ *             to a power of two >= 64 KiB, as the cache grows it; with f16 KV + the step's
+ *             queries rounded to f16, [n_tokens][n_head/tp][head_dim] f32 (split-K partials of
+ *             long decodes come on top: see plan_engine.h)
  *     qact    the largest single matmul workspace (fl_plan_matmul_scratch): Q8_0 / Q4_0 weights
  *             quantize the activations (about 3.4 bytes per element of [n_tokens][widest input]);
  *             other non-f32 weights dequantize n_threads x 8 rows of the widest input to f32

@@ -163,6 +163,9 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
         const uint64_t parts = ((uint64_t)out->n_ctx + part_tok - 1) / part_tok;
         uint64_t need = 4 * (per * (uint64_t)nth + (parts > 1 ? (uint64_t)in->max_seqs * parts * (uint64_t)hp.n_head_local * (hd + 2) : 0)) +
                         16 * ((uint64_t)in->max_seqs + 1);
+        /* f16 KV: the queries of the step, rounded to f16, follow the kernel's part (kv_cache.c) */
+        if (in->kv_type == FL_TYPE_F16)
+            need = r64(need) + (uint64_t)in->max_batch_tokens * (uint64_t)hp.n_head_local * hd * 4;
         uint64_t cap = 65536;
         while (cap < need) cap *= 2;
         out->attn_ws = cap;

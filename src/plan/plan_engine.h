@@ -15,7 +15,8 @@
  *   SCRATCH  the engine's batch arrays (13 bytes per step token + 8 per row)
  *            + the largest single matmul workspace of a step (fl_matmul allocates it per call:
  *              q8 activations for Q8_0/Q4_0 weights, else n_threads x 8 dequantized rows)
- *            + the paged-attention workspace (kept by the cache; grows by doubling from 64 KiB)
+ *            + the paged-attention workspace (kept by the cache; grows by doubling from 64 KiB;
+ *              with f16 KV it also holds the step's queries rounded to f16)
  *   MISC     bookkeeping, from constants measured on the engine (tests/test_plan_engine.c):
  *            static: the parsed GGUF and the tokenizer, counted exactly by building them here
  *                    (so a plan is exact only while no other thread allocates MISC)
