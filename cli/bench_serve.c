@@ -5,6 +5,8 @@
  * same workload also runs as padded static batches over a contiguous max-length KV reservation
  * with the same KV bytes, side by side. */
 #include "cli/cli.h"
+#include "engine/engine.h"
+#include "plan/plan_engine.h"
 
 #include "fitllm.h"
 
@@ -228,6 +230,8 @@ int fl_bench_serve(int argc, char **argv) {
         {"max-seqs", 0, FL_OPT_INT, "N  concurrent sequences (default 16)"},
         {"max-batch-tokens", 0, FL_OPT_INT, "N  token budget per step (default 512)"},
         {"kv-mem", 0, FL_OPT_BYTES, "BYTES  KV cache memory (default: 64 MiB)"},
+        {"mem", 0, FL_OPT_BYTES, "BYTES  total memory limit: the plan sizes the KV cache (instead of --kv-mem)"},
+        {"weights", 0, FL_OPT_STR, "T  convert weights at load: q8_0 q4_0 nf4 fp8_e4m3 f16 ..."},
         {"kv-type", 0, FL_OPT_STR, "TYPE  KV element type (paged engine; default f16)"},
         {"kv-block-size", 0, FL_OPT_INT, "N  tokens per KV block (default 16)"},
         {"preempt", 0, FL_OPT_STR, "MODE  recompute (default) or swap"},
@@ -289,6 +293,7 @@ int fl_bench_serve(int argc, char **argv) {
     if ((o = fl_args_get(opts, "max-batch-tokens"))->set) rc.ep.max_batch_tokens = (int32_t)o->i;
     rc.ep.kv_mem = fl_args_get(opts, "kv-mem")->set ? fl_args_get(opts, "kv-mem")->i : 64ll << 20;
     if ((o = fl_args_get(opts, "kv-type"))->set) rc.ep.kv_type = o->str;
+    if ((o = fl_args_get(opts, "weights"))->set) rc.ep.weights_type = o->str;
     if ((o = fl_args_get(opts, "kv-block-size"))->set) rc.ep.kv_block_size = (int32_t)o->i;
     rc.ep.prefix_cache = !fl_args_get(opts, "no-prefix-cache")->set;
     rc.ep.preempt = strcmp(pm, "swap") ? FL_PREEMPT_RECOMPUTE : FL_PREEMPT_SWAP;
@@ -323,6 +328,23 @@ int fl_bench_serve(int argc, char **argv) {
     /* both engines get the workload's longest sequence as their context: the static baseline
      * reserves exactly that per sequence, the paged engine only what each request uses */
     rc.ep.n_ctx = w.max_len;
+    if ((o = fl_args_get(opts, "mem"))->set) {
+        /* the plan sizes the KV pool for the whole limit; both engines get that pool */
+        fl_plan_engine_in pi;
+        uint64_t kvm = 0;
+        fl_status pst = fl_engine_plan_input(&rc.ep, &pi);
+        if (pst == FL_OK) pst = fl_plan_engine_kv_mem(&pi, (uint64_t)o->i, &kvm);
+        if (pst != FL_OK) {
+            fprintf(stderr, "fitllm bench serve: %s\n", fl_last_error());
+            for (int32_t i = 0; i < n; i++) free(w.prompt[i]);
+            free(w.prompt);
+            free(w.n_prompt);
+            free(w.gen);
+            free(w.arrival);
+            return 1;
+        }
+        rc.ep.kv_mem = (int64_t)kvm;
+    }
 
     cJSON *root = cJSON_CreateObject();
     cJSON *wj = cJSON_AddObjectToObject(root, "workload");
@@ -335,6 +357,7 @@ int fl_bench_serve(int argc, char **argv) {
     cJSON_AddNumberToObject(wj, "shared_prefix", shared);
     cJSON_AddNumberToObject(wj, "max_len", w.max_len);
     cJSON_AddNumberToObject(wj, "kv_mem", (double)rc.ep.kv_mem);
+    if (fl_args_get(opts, "mem")->set) cJSON_AddNumberToObject(wj, "mem_total", (double)fl_args_get(opts, "mem")->i);
     cJSON_AddNumberToObject(wj, "max_seqs", rc.ep.max_seqs);
     int rcode = 0;
     cJSON *paged = run_one(&rc, &w, "paged");

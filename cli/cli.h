@@ -69,4 +69,12 @@ int fl_cmd_plan(int argc, char **argv);
 int fl_cmd_train(int argc, char **argv);
 int fl_bench_train(int argc, char **argv);
 
+/* fitllm plan --verify (cli/plan_verify.c): engine-exact plan vs the real engine's peaks. */
+typedef struct fl_plan_verify_opts {
+    const char *model, *weights, *kv_type;
+    int32_t n_ctx, max_seqs, max_batch_tokens, kv_block, n_threads;
+    int64_t mem;
+} fl_plan_verify_opts;
+int fl_plan_verify(const fl_plan_verify_opts *o);
+
 #endif

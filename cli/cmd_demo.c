@@ -3,7 +3,10 @@
  * Without -m it synthesizes a small llama-shaped model with random weights (and says so). */
 #include "cli/cli.h"
 
+#include "core/status.h"
+#include "engine/engine.h"
 #include "engine/synth_tiny.h"
+#include "plan/plan_engine.h"
 #include "fitllm.h"
 
 #include <stdio.h>
@@ -54,13 +57,16 @@ int fl_cmd_demo(int argc, char **argv) {
         {"max-tokens", 0, FL_OPT_INT, "N  tokens generated per request (default 48)"},
         {"max-seqs", 0, FL_OPT_INT, "N  sequences running at once (default 16)"},
         {"kv-mem", 0, FL_OPT_BYTES, "BYTES  KV cache memory (default 32 MiB)"},
+        {"mem", 0, FL_OPT_BYTES, "BYTES  total memory limit: the plan sizes the KV cache (instead of --kv-mem)"},
+        {"weights", 0, FL_OPT_STR, "T  convert weights at load: q8_0 q4_0 nf4 fp8_e4m3 f16 ..."},
+        {"kv-type", 0, FL_OPT_STR, "T  KV cache type: f16 (default) f32 bf16 q8_0 q4_0 fp8_e4m3 fp8_e5m2"},
         {"threads", 't', FL_OPT_INT, "N  threads (default: all cores)"},
         {"temp", 0, FL_OPT_FLOAT, "T  sampling temperature (default 0.8; 0 = greedy)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object instead of text"},
         {0},
     };
     int n_pos;
-    int r = fl_args_parse(argc, argv, opts, "fitllm demo [-m MODEL] [-n REQUESTS] [--max-tokens N]",
+    int r = fl_args_parse(argc, argv, opts, "fitllm demo [-m MODEL] [-n REQUESTS] [--max-tokens N] [--mem BYTES] [--weights T]",
                           "Run a few dozen concurrent requests through the continuous-batching engine and\n"
                           "print throughput, the memory report and KV waste.  Without -m, a small\n"
                           "llama-shaped model with RANDOM weights is synthesized (its text is noise).",
@@ -100,7 +106,26 @@ int fl_cmd_demo(int argc, char **argv) {
     ep.n_threads = (o = fl_args_get(opts, "threads"))->set ? (int32_t)o->i : 0;
     if ((o = fl_args_get(opts, "max-seqs"))->set) ep.max_seqs = (int32_t)o->i;
     ep.kv_mem = (o = fl_args_get(opts, "kv-mem"))->set ? o->i : 32ll << 20;
+    if ((o = fl_args_get(opts, "mem"))->set) {
+        ep.mem_total = o->i;
+        ep.kv_mem = 0;
+    }
+    if ((o = fl_args_get(opts, "weights"))->set) ep.weights_type = o->str;
+    if ((o = fl_args_get(opts, "kv-type"))->set) ep.kv_type = o->str;
     ep.n_ctx = 512;
+    /* what the plan says the engine will use (compared with the measured peak at the end) */
+    fl_plan_engine_out plan;
+    memset(&plan, 0, sizeof plan);
+    {
+        fl_plan_engine_in pi;
+        uint64_t kvm = 0;
+        if (fl_engine_plan_input(&ep, &pi) == FL_OK &&
+            (!ep.mem_total || fl_plan_engine_kv_mem(&pi, (uint64_t)ep.mem_total, &kvm) == FL_OK)) {
+            if (ep.mem_total) pi.kv_mem = kvm;
+            if (fl_plan_engine(&pi, &plan) != FL_OK) plan.total = 0;
+        }
+        fl_clear_error();
+    }
     float temp = (o = fl_args_get(opts, "temp"))->set ? (float)o->f : 0.8f;
     fl_mem_reset_peaks();
     fl_engine *e;
@@ -201,6 +226,11 @@ int fl_cmd_demo(int argc, char **argv) {
                    (double)fl_mem_peak(FL_MEM_MAPPED) / mib, (double)fl_mem_peak(FL_MEM_WEIGHTS) / mib,
                    (double)fl_mem_peak(FL_MEM_KV) / mib, (double)fl_mem_peak(FL_MEM_ACT) / mib,
                    (double)fl_mem_peak(FL_MEM_SCRATCH) / mib, (double)fl_mem_peak_total() / mib);
+            if (plan.total)
+                printf("plan: predicted %.2f MiB, measured peak %.2f MiB (%+.2f%%)%s\n\n", (double)plan.total / mib,
+                       (double)fl_mem_peak_total() / mib,
+                       100.0 * ((double)plan.total - (double)fl_mem_peak_total()) / (double)fl_mem_peak_total(),
+                       ep.mem_total ? "; the limit is enforced by the allocator" : "");
             fl_mem_report(stdout);
         }
     }

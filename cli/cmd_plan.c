@@ -14,7 +14,7 @@
 enum {
     O_MODEL, O_CONFIG, O_PRESET, O_WEIGHTS, O_KV, O_CTX, O_BATCH, O_PREFILL, O_BLOCK, O_ATTN, O_THREADS,
     O_TRAIN, O_CKPT, O_OPTIM, O_ZERO, O_TP, O_PP, O_SP, O_DP, O_OFF_LAYERS, O_OFF_KV, O_SLACK, O_FIT,
-    O_MAXIMIZE, O_TABLE, O_LIST, O_JSON
+    O_MAXIMIZE, O_TABLE, O_LIST, O_JSON, O_VERIFY, O_MEM
 };
 
 /* Columns of the breakdown: category, label. */
@@ -227,6 +227,8 @@ int fl_cmd_plan(int argc, char **argv) {
         [O_TABLE] = {"table", 0, FL_OPT_FLAG, "fit table: presets x weight types on 24/48/80 GB and 8 x 80 GB"},
         [O_LIST] = {"list-presets", 0, FL_OPT_FLAG, "list the built-in presets"},
         [O_JSON] = {"json", 0, FL_OPT_FLAG, "print JSON"},
+        [O_VERIFY] = {"verify", 0, FL_OPT_FLAG, "with -m: run the engine (--batch seqs, --prefill step tokens, -c) and compare the plan with its measured peaks"},
+        [O_MEM] = {"mem", 0, FL_OPT_BYTES, "BYTES  with --verify: size the KV cache from a total memory limit"},
         {0},
     };
     const char *pos[1];
@@ -317,6 +319,19 @@ int fl_cmd_plan(int argc, char **argv) {
         if (!opts[O_CTX].set && in.n_ctx > 2048) in.n_ctx = 2048;
     }
     if (opts[O_TABLE].set) return fit_table(&in, json);
+    if (opts[O_VERIFY].set) {
+        if (!opts[O_MODEL].set) {
+            fprintf(stderr, "fitllm plan: --verify needs -m MODEL\n");
+            return 2;
+        }
+        fl_plan_verify_opts vo = {opts[O_MODEL].str, opts[O_WEIGHTS].set ? opts[O_WEIGHTS].str : NULL,
+                                  opts[O_KV].set ? opts[O_KV].str : NULL, opts[O_CTX].set ? (int32_t)opts[O_CTX].i : 0,
+                                  opts[O_BATCH].set ? (int32_t)opts[O_BATCH].i : 4,
+                                  opts[O_PREFILL].set ? (int32_t)opts[O_PREFILL].i : 64,
+                                  opts[O_BLOCK].set ? (int32_t)opts[O_BLOCK].i : 0,
+                                  opts[O_THREADS].set ? (int32_t)opts[O_THREADS].i : 0, opts[O_MEM].set ? opts[O_MEM].i : 0};
+        return fl_plan_verify(&vo);
+    }
 
     cJSON *fit = NULL;
     if (opts[O_FIT].set) {

@@ -111,6 +111,7 @@ int fl_cmd_run(int argc, char **argv) {
         {"sink", 0, FL_OPT_INT, "S  sink tokens kept by --context-shift (default 4)"},
         {"tp", 0, FL_OPT_INT, "N  tensor parallel over N ranks: run as `mpirun -np N fitllm run --tp N ...`"},
         FL_CLI_KV_OPTS,
+        {"weights", 0, FL_OPT_STR, "T  convert weights at load: q8_0 q4_0 nf4 fp8_e4m3 f16 ..."},
         {0},
     };
     int n_pos;
@@ -189,7 +190,20 @@ int fl_cmd_run(int argc, char **argv) {
         fl_set_error(FL_ERR_INVALID, "the prompt is empty");
         goto fail;
     }
+    fl_model_params mparams = fl_model_default_params();
+    if (fl_args_get(opts, "weights")->set) {
+        const char *wn = fl_args_get(opts, "weights")->str;
+        mparams.weights_type = fl_type_from_name(wn);
+        if (mparams.weights_type < 0) {
+            st = fl_set_error(FL_ERR_INVALID, "unknown --weights type '%s'", wn);
+            goto fail;
+        }
+    }
     if (n_tp > 1) { /* every rank loads its slice; logits are all-gathered, so all sample alike */
+        if (mparams.weights_type >= 0) {
+            st = fl_set_error(FL_ERR_UNSUPPORTED, "--weights with --tp is not supported (quantize the file with fitllm quantize)");
+            goto fail;
+        }
         if ((st = fl_comm_new(NULL, NULL, &comm))) goto fail;
         rank = fl_comm_rank(comm);
         if (fl_comm_size(comm) != n_tp) {
@@ -199,8 +213,20 @@ int fl_cmd_run(int argc, char **argv) {
         }
         if ((st = fl_tp_load(o_model->str, comm, &tpm))) goto fail;
         m = fl_tp_model_get(tpm);
-    } else if ((st = fl_model_load(o_model->str, NULL, &m))) {
+    } else if ((st = fl_model_load(o_model->str, &mparams, &m))) {
         goto fail;
+    }
+    {
+        size_t src = 0;
+        int64_t ne = 0;
+        const size_t conv = fl_model_converted(m, &src, &ne);
+        if (conv)
+            fprintf(stderr, "weights converted to %s at load: %.2f MiB -> %.2f MiB (%.2f bits per weight, %.2f MiB saved)\n",
+                    fl_type_name(mparams.weights_type), (double)src / 1048576.0, (double)conv / 1048576.0,
+                    8.0 * (double)conv / (double)ne, ((double)src - (double)conv) / 1048576.0);
+        else if (mparams.weights_type >= 0)
+            fprintf(stderr, "weights: no matrix converted to %s (already that type, or rows not a multiple of its block)\n",
+                    fl_type_name(mparams.weights_type));
     }
     const fl_hparams *hp = fl_model_hparams(m);
     if ((st = fl_tokenizer_new(fl_model_gguf(m), &tok))) goto fail;

@@ -91,7 +91,7 @@ typedef struct fl_engine_params {
     int32_t max_seqs;           /* concurrent running sequences (default 16) */
     int32_t max_batch_tokens;   /* token budget per step (default 512); also the prefill chunk cap */
     int64_t kv_mem;             /* bytes for the KV pool; 0 = derive from mem_total or a default (256 MiB) */
-    int64_t mem_total;          /* total budget: KV pool sized from the planner (0 = unused; not wired yet) */
+    int64_t mem_total;          /* total budget (kv_mem 0): KV pool sized by the plan, enforced; FL_ERR_BUDGET if it cannot fit */
     int32_t kv_block_size;      /* tokens per KV block (default 16) */
     const char *kv_type;        /* "f32","f16","bf16","fp8_e4m3","fp8_e5m2","q8_0","q4_0" (default f16) */
     const char *weights_type;   /* load-time quantization: NULL, "nf4","fp8","q8_0","q4_0" */

@@ -277,22 +277,32 @@ static void test_step_buffers(void **state) {
     assert_int_equal(b.scores, 0);
     assert_int_equal(b.logits, 128256ull * 4);
     assert_int_equal(b.router, 0);
-    assert_int_equal(b.tiles, 4ull * 4 * (FL_PLAN_FLASH_BQ * FL_PLAN_FLASH_BK + FL_PLAN_FLASH_BQ * 128 + 2 * FL_PLAN_FLASH_BQ));
-    assert_int_equal(b.qact, 512ull * 14336 / 32 * 34);
-    assert_int_equal(b.act_total, b.x * 2 + b.q * 2 + b.k * 2 + b.hb * 2 + b.logits);
-    assert_int_equal(b.scratch_total, b.tiles + b.qact);
+    assert_int_equal(b.xl, 4096ull * 4);
+    /* paged-attention workspace: 4 threads x (2 x 16 x 128 + 16 + 2 x 16 x 4 x 130) floats =
+     * 332032 bytes, + the 512 f16-rounded query rows (f16 KV) of 4096 floats = 8720640 bytes,
+     * grown by doubling from 64 KiB */
+    assert_int_equal(b.tiles, 16777216);
+    assert_int_equal(b.qact, 4ull * 8 * 14336 * 4); /* q4_K: f32 path, 8 dequantized rows per thread */
+    assert_int_equal(b.batch, 512ull * 13 + 8);
+    assert_int_equal(b.act_total, b.x * 3 + b.q * 2 + b.k * 2 + b.hb * 2 + b.xl + b.logits);
+    assert_int_equal(b.scratch_total, b.tiles + b.qact + b.batch);
+    /* q8_0 / q4_0 weights: quantized activations [512][14336] (1 byte each, 3 x f32 and 2 x 32
+     * bytes per 32-block) */
+    fl_plan_buffers q;
+    fl_plan_inference_buffers(&s, 512, 8192, 1, FL_ATTN_FLASH, 4, 1, FL_TYPE_Q4_0, FL_TYPE_F16, &q);
+    assert_int_equal(q.qact, 512ull * 14336 + 3 * 512ull * 448 * 4 + 2 * 512ull * 448 * 32);
     /* naive attention keeps [n_head][n_tokens][n_ctx] scores */
     fl_plan_buffers n;
     fl_plan_inference_buffers(&s, 512, 8192, 1, FL_ATTN_NAIVE, 4, 1, FL_TYPE_Q4_K, FL_TYPE_F16, &n);
     assert_int_equal(n.scores, 32ull * 512 * 8192 * 4);
     assert_int_equal(n.tiles, 0);
     assert_int_equal(fl_plan_inference_act_bytes(&s, 512, 8192, FL_ATTN_NAIVE),
-                     n.act_total - n.logits + 512ull * 128256 * 4); /* convenience: every row's logits */
-    /* quantized KV adds dequantized K/V tiles; f16 weights convert activations to 2 bytes */
+                     n.act_total - n.logits - n.xl + 512ull * 128256 * 4 + 512ull * 4096 * 4); /* every row's logits */
+    /* one thread: the attention workspace (83008 bytes) rounds to 128 KiB; f16 weights
+     * dequantize 8 rows of the widest input */
     fl_plan_inference_buffers(&s, 8, 8192, 8, FL_ATTN_FLASH, 1, 1, FL_TYPE_F16, FL_TYPE_Q8_0, &b);
-    assert_int_equal(b.tiles, 4ull * (FL_PLAN_FLASH_BQ * FL_PLAN_FLASH_BK + FL_PLAN_FLASH_BQ * 128 + 2 * FL_PLAN_FLASH_BQ +
-                                      2 * FL_PLAN_FLASH_BK * 128));
-    assert_int_equal(b.qact, 8ull * 14336 * 2);
+    assert_int_equal(b.tiles, 131072);
+    assert_int_equal(b.qact, 8ull * 14336 * 4);
     /* MoE: router logits and n_expert_used x n_ff hidden */
     fl_model_shape x = shape("mixtral-8x7b");
     fl_plan_inference_buffers(&x, 4, 64, 4, FL_ATTN_FLASH, 1, 2, FL_TYPE_F32, FL_TYPE_F16, &b);
@@ -389,7 +399,8 @@ static void test_sharding(void **state) {
     assert_int_equal(pp.dev[3].bytes[FL_MEM_WEIGHTS], 8 * layer + embd + 4096 * 4);
     assert_int_equal(pp.dev[2].bytes[FL_MEM_KV], GiB / 4);
     assert_int_equal(pp.dev[3].layer_begin, 24);
-    assert_int_equal(pp.dev[1].bytes[FL_MEM_ACT], pp.dev[3].bytes[FL_MEM_ACT] - 128256ull * 4); /* logits on the last */
+    /* logits and the final-normed row on the last */
+    assert_int_equal(pp.dev[1].bytes[FL_MEM_ACT], pp.dev[3].bytes[FL_MEM_ACT] - 128256ull * 4 - 4096ull * 4);
     assert_int_equal(pp.max_dev, 3);
     uint64_t sum = 0;
     for (int d = 0; d < 4; d++) sum += pp.dev[d].bytes[FL_MEM_WEIGHTS];
@@ -399,7 +410,7 @@ static void test_sharding(void **state) {
     in.sp = 2;
     fl_plan_result sp = plan(&s, &in);
     assert_int_equal(sp.dev[0].bytes[FL_MEM_KV], GiB / 2);
-    assert_int_equal(sp.buf.x, 256ull * 4096 * 4);
+    assert_int_equal(sp.buf.x, 257ull * 4096 * 4); /* (512-token budget + 1 sequence row) / 2 */
     /* offload: the last 8 layers (weights and KV) on the host; or all KV on the host */
     in.sp = 1;
     in.offload_layers = 8;

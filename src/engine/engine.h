@@ -14,4 +14,12 @@
 /* Seconds spent inside the backend's forward since the engine was created (driver thread). */
 double fl_engine_forward_seconds(const fl_engine *e);
 
+/* The engine-exact plan's input (plan/plan_engine.h) for these engine params: the same defaults
+ * fl_engine_new applies (KV f16, block 16, kv_mem 256 MiB when 0).  FL_ERR_INVALID for unknown
+ * type names.  fl_engine_new with mem_total > 0 and kv_mem == 0 sizes kv_mem with
+ * fl_plan_engine_kv_mem over this input and sets the allocator's total budget to mem_total
+ * (cleared when the engine is freed). */
+struct fl_plan_engine_in;
+fl_status fl_engine_plan_input(const fl_engine_params *p, struct fl_plan_engine_in *pi);
+
 #endif

@@ -8,6 +8,7 @@
  * holds.  The KV adapter (kv_adapter.h) turns either into the scheduler's block accounting.
  */
 #include "engine/backend.h"
+#include "engine/engine.h"
 #include "engine/kv_adapter.h"
 
 #include "core/alloc.h"
@@ -18,6 +19,7 @@
 #include "kv/kv_contig.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "plan/plan_engine.h"
 
 #include <string.h>
 
@@ -36,6 +38,7 @@ typedef struct mbackend {
     char name[128];
     char *chat_template;
     size_t chat_template_size;
+    bool budget_set;       /* this engine set the allocator's total budget (mem_total) */
 } mbackend;
 
 static fl_status mb_forward(void *ctx, const fl_batch *b, float *logits) {
@@ -78,9 +81,32 @@ static void mb_free(void *ctx) {
     fl_tokenizer_free(m->tok);
     fl_model_free(m->model);
     if (m->chat_template) fl_free(FL_MEM_MISC, m->chat_template, m->chat_template_size);
+    const bool budget = m->budget_set;
     fl_free(FL_MEM_MISC, m, sizeof *m);
+    if (budget) fl_mem_set_budget_total(0);
 }
 static void contig_clear(void *kv, int32_t slot) { fl_kv_contig_seq_clear(kv, slot); }
+
+fl_status fl_engine_plan_input(const fl_engine_params *p, fl_plan_engine_in *pi) {
+    memset(pi, 0, sizeof *pi);
+    pi->model_path = p->model_path;
+    pi->weights_type = -1;
+    if (p->weights_type && p->weights_type[0]) {
+        pi->weights_type = fl_type_from_name(p->weights_type);
+        if (pi->weights_type < 0) return fl_set_error(FL_ERR_INVALID, "unknown weights type '%s'", p->weights_type);
+    }
+    const char *kvt = p->kv_type && p->kv_type[0] ? p->kv_type : "f16";
+    pi->kv_type = fl_type_from_name(kvt);
+    if (pi->kv_type < 0) return fl_set_error(FL_ERR_INVALID, "unknown KV type '%s'", kvt);
+    pi->kv_block = p->kv_block_size > 0 ? p->kv_block_size : 16;
+    pi->n_ctx = p->n_ctx;
+    pi->max_seqs = p->max_seqs;
+    pi->max_batch_tokens = p->max_batch_tokens;
+    pi->n_threads = p->n_threads;
+    pi->kv_mem = (uint64_t)(p->kv_mem > 0 ? p->kv_mem : DEFAULT_KV_MEM);
+    pi->prefix_cache = p->prefix_cache != 0;
+    return FL_OK;
+}
 
 fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
     *out = NULL;
@@ -88,12 +114,28 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
     if (pin) p = *pin;
     else fl_engine_params_default(&p);
     if (!p.model_path) return fl_set_error(FL_ERR_INVALID, "%s: no model path", __func__);
-    if (p.max_seqs < 1 || p.max_batch_tokens < 1 || p.kv_mem < 0 || p.n_ctx < 0 || p.kv_block_size < 0)
+    if (p.max_seqs < 1 || p.max_batch_tokens < 1 || p.kv_mem < 0 || p.n_ctx < 0 || p.kv_block_size < 0 || p.mem_total < 0)
         return fl_set_error(FL_ERR_INVALID, "%s: bad params (max_seqs %d, max_batch_tokens %d, kv_mem %lld)", __func__,
                             p.max_seqs, p.max_batch_tokens, (long long)p.kv_mem);
     if (p.n_threads > 0 || fl_threads_get() <= 0) fl_threads_set(p.n_threads);
+    const bool planned = p.mem_total > 0 && p.kv_mem == 0;
+    if (planned) {
+        /* the plan sizes the KV pool so that everything the engine allocates fits mem_total */
+        if (p.kv_layout == FL_KV_CONTIGUOUS)
+            return fl_set_error(FL_ERR_UNSUPPORTED, "%s: mem_total sizes the paged KV cache only (give kv_mem)", __func__);
+        fl_plan_engine_in pi;
+        fl_status pst = fl_engine_plan_input(&p, &pi);
+        uint64_t kvm = 0;
+        if (pst == FL_OK) pst = fl_plan_engine_kv_mem(&pi, (uint64_t)p.mem_total, &kvm);
+        if (pst != FL_OK) return pst;
+        p.kv_mem = (int64_t)kvm;
+    }
     mbackend *m = fl_calloc(FL_MEM_MISC, 1, sizeof *m);
     if (!m) return FL_ERR_NOMEM;
+    if (planned) { /* the promise is enforced: nothing allocates past it */
+        fl_mem_set_budget_total((size_t)p.mem_total);
+        m->budget_set = true;
+    }
     fl_status st;
     fl_model_params mp = fl_model_default_params();
     if (p.weights_type && p.weights_type[0]) {

@@ -5,7 +5,8 @@
  * builds weight descriptors (fl_tensor) that are zero-copy views into the mapping for every
  * type fl_matmul supports.  Weights converted at load time (fl_model_params.weights_type, the
  * place where the quant module's fl_quantize_tensor() plugs in) would be owned by the model and
- * charged to FL_MEM_WEIGHTS.  The model struct itself and its layer table are FL_MEM_MISC.
+ * charged to FL_MEM_WEIGHTS (one block; see fl_model_converted_bytes;
+ * a temporary f32 buffer of 64 rows is FL_MEM_SCRATCH during load).  The model struct itself and its layer table are FL_MEM_MISC.
  * fl_model_free() releases everything, the workspace included.
  *
  * Errors.  Load fails with FL_ERR_UNSUPPORTED for an architecture other than "llama" or a
@@ -82,7 +83,7 @@ typedef void (*fl_allreduce_fn)(void *ud, float *x, int64_t n);
 typedef void (*fl_embed_fn)(void *ud, const int32_t *tokens, int64_t n, float *x);
 
 typedef struct fl_model_params {
-    int32_t weights_type;      /* -1: keep file types; else convert at load (quant module, later) */
+    int32_t weights_type;      /* -1: keep file types; else convert matrices at load (fl_quantize_tensor) */
     fl_allreduce_fn allreduce; /* called after attn_output and ffn_down matmuls; NULL = none */
     void *allreduce_ud;
     fl_embed_fn embed;         /* [dist/tp] replaces the token_embd lookup when not NULL */
@@ -109,6 +110,16 @@ const fl_gguf *fl_model_gguf(const fl_model *m);
 const fl_tensor *fl_model_tok_embd(const fl_model *m);
 const fl_tensor *fl_model_output(const fl_model *m); /* token_embd when tied */
 const fl_layer *fl_model_layer(const fl_model *m, int32_t il);
+
+/* FL_MEM_WEIGHTS bytes that load-time conversion to wt (params.weights_type) allocates for one
+ * [ne1][ne0] matrix of src_type: 0 when it is kept (wt < 0, same type, or ne0 not a multiple of
+ * wt's block), else fl_quantize_size rounded up to 64.  Matrices are token_embd, output (when
+ * not tied) and the seven per-layer projections; norms stay f32. */
+size_t fl_model_converted_bytes(int32_t wt, int32_t src_type, int64_t ne0, int64_t ne1);
+
+/* Bytes converted at load (FL_MEM_WEIGHTS, 0 when none); *src_bytes: the same matrices' bytes
+ * in the file, *n_elems: their elements (bits per weight = 8 x bytes / n_elems). */
+size_t fl_model_converted(const fl_model *m, size_t *src_bytes, int64_t *n_elems);
 
 /* Read and check hyperparameters from a GGUF (used by load; the planner may call it too). */
 fl_status fl_hparams_from_gguf(const fl_gguf *g, fl_hparams *hp);

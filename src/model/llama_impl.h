@@ -23,6 +23,10 @@ struct fl_model {
     fl_layer *layers; /* [n_layer], FL_MEM_MISC */
     fl_model_ws ws;
     bool have_ws;
+    unsigned char *wconv;   /* weights converted at load (params.weights_type), FL_MEM_WEIGHTS */
+    size_t wconv_bytes;
+    size_t wconv_src_bytes; /* file bytes of the converted matrices */
+    int64_t wconv_elems;    /* their elements */
 };
 
 #endif

@@ -1,7 +1,9 @@
 /* GGUF -> llama model: hyperparameters from metadata, weights as zero-copy views (llama.h). */
 #include "core/alloc.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "kernels/matmul.h"
+#include "kernels/quant.h"
 #include "model/arch.h"
 #include "model/llama_impl.h"
 
@@ -134,6 +136,93 @@ static fl_status bind_layer(const fl_gguf *g, const fl_hparams *hp, int il, fl_l
     return FL_OK;
 }
 
+/* ---- load-time conversion (params.weights_type) ---- */
+
+static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Does t get converted to type wt?  Matrices only, and only when rows fit wt's blocks. */
+static bool converts(const fl_tensor *t, int32_t wt) {
+    return t->type != wt && fl_quantize_size(wt, 1, t->ne[0]) > 0;
+}
+
+size_t fl_model_converted_bytes(int32_t wt, int32_t src_type, int64_t ne0, int64_t ne1) {
+    if (wt < 0 || src_type == wt) return 0;
+    const size_t row = fl_quantize_size(wt, 1, ne0);
+    return row ? round64(fl_quantize_size(wt, ne1, ne0)) : 0;
+}
+
+#define CONV_ROWS 64 /* rows dequantized to f32 at a time (FL_MEM_SCRATCH) */
+
+/* Quantize *t into dst (fl_quantize_size bytes) through an f32 buffer of CONV_ROWS rows. */
+static fl_status convert_one(fl_tensor *t, int32_t wt, unsigned char *dst, float *buf) {
+    const int64_t K = t->ne[0], N = t->ne[1];
+    const size_t row_out = fl_quantize_size(wt, 1, K);
+    for (int64_t r0 = 0; r0 < N; r0 += CONV_ROWS) {
+        const int64_t nr = N - r0 < CONV_ROWS ? N - r0 : CONV_ROWS;
+        for (int64_t r = 0; r < nr; r++)
+            fl_dequant_row(t->type, (const char *)t->data + (size_t)(r0 + r) * t->nb[1], buf + r * K, K);
+        fl_status st = fl_quantize_tensor(wt, buf, nr, K, dst + (size_t)r0 * row_out);
+        if (st) return st;
+    }
+    int64_t ne[2] = {K, N};
+    fl_tensor nt;
+    if (!fl_tensor_init(&nt, wt, 2, ne, dst)) return fl_set_error(FL_ERR_INTERNAL, "converted tensor shape");
+    nt.name = t->name;
+    *t = nt;
+    return FL_OK;
+}
+
+/* Convert every matrix to params.weights_type: one FL_MEM_WEIGHTS block, each tensor 64-aligned. */
+static fl_status convert_weights(fl_model *m) {
+    const int32_t wt = m->params.weights_type;
+    const fl_hparams *hp = &m->hp;
+    fl_tensor *all[2 + 7 * 1024];
+    size_t n = 0;
+    if (hp->n_layer > 1024) return fl_set_error(FL_ERR_UNSUPPORTED, "load-time conversion: more than 1024 layers");
+    all[n++] = &m->tok_embd;
+    if (!hp->tied_output) all[n++] = &m->output;
+    for (int il = 0; il < hp->n_layer; il++) {
+        fl_layer *L = &m->layers[il];
+        fl_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w1, &L->w3, &L->w2};
+        for (size_t i = 0; i < 7; i++) all[n++] = ts[i];
+    }
+    size_t total = 0;
+    int64_t kmax = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!converts(all[i], wt)) continue;
+        total += fl_model_converted_bytes(wt, all[i]->type, all[i]->ne[0], all[i]->ne[1]);
+        if (all[i]->ne[0] > kmax) kmax = all[i]->ne[0];
+    }
+    if (!total) return FL_OK;
+    if (fl_matmul_supported(wt) != FL_OK)
+        return fl_set_error(FL_ERR_UNSUPPORTED, "load-time conversion: matmul does not support %s weights", fl_type_name(wt));
+    m->wconv = fl_alloc(FL_MEM_WEIGHTS, total, 64);
+    if (!m->wconv) return FL_ERR_BUDGET;
+    m->wconv_bytes = total;
+    const size_t buf_bytes = (size_t)CONV_ROWS * (size_t)kmax * sizeof(float);
+    float *buf = fl_alloc(FL_MEM_SCRATCH, buf_bytes, 64);
+    if (!buf) return FL_ERR_NOMEM;
+    unsigned char *p = m->wconv;
+    fl_status st = FL_OK;
+    const bool tied = hp->tied_output;
+    for (size_t i = 0; i < n && !st; i++) {
+        if (!converts(all[i], wt)) continue;
+        const size_t b = fl_model_converted_bytes(wt, all[i]->type, all[i]->ne[0], all[i]->ne[1]);
+        m->wconv_src_bytes += fl_tensor_nbytes(all[i]);
+        m->wconv_elems += all[i]->ne[0] * all[i]->ne[1];
+        st = convert_one(all[i], wt, p, buf);
+        p += b;
+    }
+    fl_free(FL_MEM_SCRATCH, buf, buf_bytes);
+    if (tied) m->output = m->tok_embd;
+    if (!st)
+        FL_LOG_INFO("weights converted to %s at load: %.2f MiB -> %.2f MiB (%.2f bits per weight, %.2f MiB saved)",
+                    fl_type_name(wt), (double)m->wconv_src_bytes / 1048576.0, (double)m->wconv_bytes / 1048576.0,
+                    8.0 * (double)m->wconv_bytes / (double)m->wconv_elems,
+                    ((double)m->wconv_src_bytes - (double)m->wconv_bytes) / 1048576.0);
+    return st;
+}
+
 fl_status fl_model_load(const char *path, const fl_model_params *params, fl_model **out) {
     *out = NULL;
     fl_model *m = fl_calloc(FL_MEM_MISC, 1, sizeof *m);
@@ -142,9 +231,8 @@ fl_status fl_model_load(const char *path, const fl_model_params *params, fl_mode
     fl_status st = fl_gguf_open(path, &m->g);
     if (st) goto fail;
     if ((st = fl_hparams_from_gguf(m->g, &m->hp))) goto fail_ctx;
-    if (m->params.weights_type >= 0) {
-        /* TODO(quant): load-time conversion with fl_quantize_tensor(), charged to FL_MEM_WEIGHTS. */
-        st = fl_set_error(FL_ERR_UNSUPPORTED, "load-time weight conversion to %s is not available yet",
+    if (m->params.weights_type >= 0 && !fl_quantize_supported(m->params.weights_type)) {
+        st = fl_set_error(FL_ERR_UNSUPPORTED, "load-time weight conversion to %s is not supported",
                           fl_type_name(m->params.weights_type));
         goto fail_ctx;
     }
@@ -166,6 +254,7 @@ fl_status fl_model_load(const char *path, const fl_model_params *params, fl_mode
     }
     for (int il = 0; il < hp->n_layer; il++)
         if ((st = bind_layer(m->g, hp, il, &m->layers[il]))) goto fail_ctx;
+    if (m->params.weights_type >= 0 && (st = convert_weights(m))) goto fail_ctx;
     *out = m;
     return FL_OK;
 fail_ctx:
@@ -178,9 +267,16 @@ fail:
 void fl_model_free(fl_model *m) {
     if (!m) return;
     fl_model_workspace_free(m);
+    if (m->wconv) fl_free(FL_MEM_WEIGHTS, m->wconv, m->wconv_bytes);
     if (m->layers) fl_free(FL_MEM_MISC, m->layers, (size_t)m->hp.n_layer * sizeof *m->layers);
     fl_gguf_free(m->g);
     fl_free(FL_MEM_MISC, m, sizeof *m);
+}
+
+size_t fl_model_converted(const fl_model *m, size_t *src_bytes, int64_t *n_elems) {
+    if (src_bytes) *src_bytes = m->wconv_src_bytes;
+    if (n_elems) *n_elems = m->wconv_elems;
+    return m->wconv_bytes;
 }
 
 const fl_hparams *fl_model_hparams(const fl_model *m) { return &m->hp; }

@@ -142,7 +142,6 @@ static bool kv_type_ok(int32_t t) {
     return t == FL_TYPE_F32 || t == FL_TYPE_F16 || t == FL_TYPE_BF16 || t == FL_TYPE_Q8_0 || t == FL_TYPE_Q4_0 ||
            t == FL_TYPE_FP8_E4M3 || t == FL_TYPE_FP8_E5M2;
 }
-static bool kv_is_float(int32_t t) { return t == FL_TYPE_F32 || t == FL_TYPE_F16 || t == FL_TYPE_BF16; }
 
 static fl_status check_kv(const fl_model_shape *s, int32_t kv_type) {
     if (!kv_type_ok(kv_type))
@@ -203,38 +202,66 @@ fl_status fl_plan_kv_bytes(const fl_model_shape *s, int32_t kv_type, int64_t n_c
 
 /* ---- inference step buffers ---- */
 
+static uint64_t r64(uint64_t n) { return n > UINT64_MAX - 63 ? UINT64_MAX : (n + 63) & ~(uint64_t)63; }
+
+/* FL_MEM_SCRATCH fl_matmul allocates for one call (kernels/matmul.c): q8 activations for Q8_0 /
+ * Q4_0 weights, n_threads x 8 dequantized f32 rows for other non-f32 types. */
+uint64_t fl_plan_matmul_scratch(int32_t type, int64_t M, int64_t K, int32_t n_threads) {
+    if (M <= 0 || K <= 0 || type == FL_TYPE_F32) return 0;
+    if (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0) {
+        const uint64_t nb = u(K) / 32, m = u(M);
+        return sadd(sadd(r64(smul(m, u(K))), smul(3, r64(smul3(m, nb, 4)))), smul3(2, smul(m, nb), 32));
+    }
+    return smul3(n_threads > 0 ? (uint64_t)n_threads : 1, 8, smul(u(K), 4));
+}
+
 void fl_plan_inference_buffers(const fl_model_shape *s, int64_t n_tokens, int64_t n_ctx, int64_t n_logit_rows,
                                fl_attn_impl attn, int32_t n_threads, int32_t tp, int32_t weight_type,
                                int32_t kv_type, fl_plan_buffers *b) {
     memset(b, 0, sizeof *b);
-    uint64_t T = u(n_tokens), tpu = tp > 0 ? (uint64_t)tp : 1, hd = u(s->head_dim);
-    uint64_t heads = cdiv(u(s->n_head), tpu), qd = smul(heads, hd), kvd = smul(cdiv(u(s->n_head_kv), tpu), hd);
+    uint64_t T = u(n_tokens), R = u(n_logit_rows), tpu = tp > 0 ? (uint64_t)tp : 1, hd = u(s->head_dim);
+    uint64_t heads = cdiv(u(s->n_head), tpu), qd = smul(heads, hd), kvh = cdiv(u(s->n_head_kv), tpu), kvd = smul(kvh, hd);
     uint64_t ff = cdiv(smul(u(s->n_ff), s->n_expert_used > 0 ? u(s->n_expert_used) : 1), tpu);
-    b->x = smul3(T, u(s->n_embd), 4);
+    const uint64_t nth = n_threads > 0 ? (uint64_t)n_threads : 1;
+    /* the model's workspace (fl_model_workspace_bytes: every buffer rounded up to 64 bytes) */
+    b->x = r64(smul3(T, u(s->n_embd), 4));
     b->xb = b->x;
-    b->q = smul3(T, qd, 4);
-    b->k = smul3(T, kvd, 4);
+    b->out = b->x;
+    b->q = r64(smul3(T, qd, 4));
+    b->k = r64(smul3(T, kvd, 4));
     b->v = b->k;
     b->att = b->q;
-    b->hb = smul3(T, ff, 4);
+    b->hb = r64(smul3(T, ff, 4));
     b->hb2 = b->hb;
+    b->xl = r64(smul3(R, u(s->n_embd), 4));
     b->router = s->n_expert > 0 ? smul3(T, u(s->n_expert), 4) : 0;
     b->scores = attn == FL_ATTN_NAIVE ? smul(smul3(heads, T, u(n_ctx)), 4) : 0;
-    b->logits = smul3(u(n_logit_rows), cdiv(u(s->n_vocab), tpu), 4);
+    b->logits = smul3(R, cdiv(u(s->n_vocab), tpu), 4); /* the engine's logits rows */
     if (attn == FL_ATTN_FLASH) {
-        uint64_t per = (uint64_t)FL_PLAN_FLASH_BQ * FL_PLAN_FLASH_BK + FL_PLAN_FLASH_BQ * hd + 2 * FL_PLAN_FLASH_BQ;
-        if (!kv_is_float(kv_type)) per += 2 * (uint64_t)FL_PLAN_FLASH_BK * hd;
-        b->tiles = smul3(n_threads > 0 ? (uint64_t)n_threads : 1, per, 4);
+        /* the paged-attention workspace (kv/paged_attn.c, 16-token blocks): per thread a K and a
+         * V block, their scores and 16 query rows' states per head of a KV group; the cache
+         * grows it by doubling from 64 KiB */
+        const uint64_t g = kvh ? cdiv(heads, kvh) : 1, bs = 16;
+        uint64_t per = 2 * bs * hd + bs + smul(2 * 16 * g, hd + 2);
+        per = (per + 15) & ~(uint64_t)15;
+        uint64_t need = smul3(4, per, nth);
+        if (kv_type == FL_TYPE_F16) need = sadd(r64(need), smul3(T, qd, 4)); /* f16-rounded queries (kv_cache.c) */
+        uint64_t cap = 65536;
+        while (cap < need && cap < UINT64_MAX / 2) cap *= 2;
+        b->tiles = cap;
     }
+    /* the largest matmul workspace of the step: the layers' matrices for T rows (the widest
+     * input: n_embd, q width or ffn width), the output matrix for R rows */
     uint64_t in = u(s->n_embd);
     if (qd > in) in = qd;
     if (ff > in) in = ff;
-    const fl_type_info *ti = fl_type_get(weight_type);
-    if (ti && ti->is_quantized) b->qact = smul3(T, cdiv(in, 32), 34);
-    else if (weight_type == FL_TYPE_F16 || weight_type == FL_TYPE_BF16) b->qact = smul3(T, in, 2);
-    uint64_t a[] = {b->x, b->xb, b->q, b->k, b->v, b->att, b->hb, b->hb2, b->router, b->scores, b->logits};
+    b->qact = fl_plan_matmul_scratch(weight_type, (int64_t)T, (int64_t)in, n_threads);
+    uint64_t o = fl_plan_matmul_scratch(weight_type, (int64_t)R, s->n_embd, n_threads);
+    if (o > b->qact) b->qact = o;
+    b->batch = sadd(smul(T, 13), smul(R, 8)); /* the engine's token / position / sequence / flag arrays */
+    uint64_t a[] = {b->x, b->xb, b->out, b->q, b->k, b->v, b->att, b->hb, b->hb2, b->xl, b->router, b->scores, b->logits};
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) b->act_total = sadd(b->act_total, a[i]);
-    b->scratch_total = sadd(b->tiles, b->qact);
+    b->scratch_total = sadd(sadd(b->tiles, b->qact), b->batch);
 }
 
 uint64_t fl_plan_inference_act_bytes(const fl_model_shape *s, int64_t n_tokens_per_step, int64_t n_ctx, fl_attn_impl attn) {
@@ -430,8 +457,8 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             }
             out->host[FL_MEM_KV] = sadd(out->host[FL_MEM_KV], kv_host);
             dev->bytes[FL_MEM_KV] = kv;
-            int64_t step = in->n_prefill > in->n_seq ? in->n_prefill : in->n_seq;
-            step = (int64_t)cdiv(u(step), (uint64_t)in->sp);
+            /* the engine's step: the prefill budget plus one row per sequence */
+            int64_t step = (int64_t)cdiv(sadd(u(in->n_prefill), u(in->n_seq)), (uint64_t)in->sp);
             fl_plan_buffers buf;
             fl_plan_inference_buffers(s, step, in->n_ctx, last ? in->n_seq : 0, in->attn, in->n_threads, in->tp, wt,
                                       in->kv_type, &buf);

@@ -18,28 +18,31 @@
  *   COMM     ZeRO-3 gather buffer (one layer's full weights)
  *   MISC     allocator slack measured from the engine (in.slack_bytes + in.slack_frac x total)
  *
- * Inference step buffers.  One engine step processes n_tokens tokens (a prefill chunk of T
- * tokens or a decode batch of B sequences, or a mix, sized for max(T, B)) and produces
- * n_logit_rows rows of logits (B: one per sequence).  The engine allocates exactly these, once,
- * f32 unless noted, sizes in elements (tp = tensor-parallel ranks, sp = sequence-parallel):
- *   ACT:
- *     x       [n_tokens][n_embd]                residual stream
- *     xb      [n_tokens][n_embd]                rmsnorm output; also wo / w2 output before the add
- *     q       [n_tokens][n_head/tp][head_dim]
- *     k, v    [n_tokens][n_head_kv'][head_dim]  n_head_kv' = ceil(n_head_kv / tp); before the KV write
- *     att     [n_tokens][n_head/tp][head_dim]   attention output (input of wo)
+ * Inference step buffers: what the engine (src/engine, model/llama.h) allocates.  One step
+ * processes up to n_tokens tokens (fl_plan_compute: the prefill budget n_prefill plus one row per
+ * sequence, / sp) and produces n_logit_rows rows of logits (n_seq, last pipeline stage).  f32,
+ * every model-workspace buffer rounded up to 64 bytes (tp = tensor-parallel ranks):
+ *   ACT (fl_model_workspace_bytes + the engine's logits):
+ *     x, xb, out [n_tokens][n_embd]             residual stream, normed input, wo / w2 output
+ *     q, att  [n_tokens][n_head/tp][head_dim]   queries, attention output
+ *     k, v    [n_tokens][n_head_kv'][head_dim]  n_head_kv' = ceil(n_head_kv / tp)
  *     hb, hb2 [n_tokens][n_ff_act/tp]           ffn gate and up (n_ff_act = n_ff x n_expert_used)
+ *     xl      [n_logit_rows][n_embd]            final-normed rows that get logits
  *     router  [n_tokens][n_expert]              MoE router logits (0 for dense models)
  *     scores  [n_head/tp][n_tokens][n_ctx]      naive attention only (0 with flash attention)
- *     logits  [n_logit_rows][n_vocab/tp]
+ *     logits  [n_logit_rows][n_vocab/tp]        not rounded
  *   SCRATCH:
- *     tiles   n_threads x { [BQ][BK] scores + [BQ][head_dim] accumulator + [BQ] max + [BQ] sum
- *             (+ [BK][head_dim] x 2 dequantized K/V when the KV type is not f32/f16/bf16) }
- *             with BQ = FL_PLAN_FLASH_BQ, BK = FL_PLAN_FLASH_BK; flash attention only
- *     qact    [n_tokens][max(n_embd, n_head x head_dim, n_ff_act)/(tp for the row-split inputs)]
- *             activations converted for the matmul: 34/32 bytes per element (q8_0 blocks) when
- *             any weight is block-quantized, 2 bytes when weights are f16/bf16, 0 for f32
- *   MISC: slack = in.slack_bytes + in.slack_frac x (the rest), both measured by the engine.
+ *     tiles   the paged-attention workspace: per thread 2 x 16 x head_dim + 16 + 2 x 16 x
+ *             (n_head / n_head_kv) x (head_dim + 2) floats (rounded to 16), the total rounded up
+ *             to a power of two >= 64 KiB, as the cache grows it; with f16 KV + the step's
+ *             queries rounded to f16, [n_tokens][n_head/tp][head_dim] f32 (split-K partials of
+ *             long decodes come on top: see plan_engine.h)
+ *     qact    the largest single matmul workspace (fl_plan_matmul_scratch): Q8_0 / Q4_0 weights
+ *             quantize the activations (about 3.4 bytes per element of [n_tokens][widest input]);
+ *             other non-f32 weights dequantize n_threads x 8 rows of the widest input to f32
+ *     batch   the engine's batch arrays: 13 bytes per token + 8 per logits row
+ *   MISC: slack = in.slack_bytes + in.slack_frac x (the rest).  For a GGUF served by the engine,
+ *   plan/plan_engine.h gives the engine-exact plan (MISC constants measured from the engine).
  *
  * KV bytes per element: f32 4, f16/bf16 2, q8_0 34/32, q4_0 18/32 (head_dim a multiple of 32),
  * fp8 (e4m3/e5m2) 1 + one f32 scale per 16 tokens x head.  A sequence of n_ctx tokens holds
@@ -137,8 +140,8 @@ typedef struct fl_plan_input {
 
 /* Exact step buffers (bytes), as described at the top of this file. */
 typedef struct fl_plan_buffers {
-    uint64_t x, xb, q, k, v, att, hb, hb2, router, scores, logits; /* ACT */
-    uint64_t tiles, qact;                                          /* SCRATCH */
+    uint64_t x, xb, out, q, k, v, att, hb, hb2, xl, router, scores, logits; /* ACT */
+    uint64_t tiles, qact, batch;                                            /* SCRATCH */
     uint64_t act_total, scratch_total;
 } fl_plan_buffers;
 
@@ -201,6 +204,8 @@ fl_status fl_plan_kv_bytes(const fl_model_shape *s, int32_t kv_type, int64_t n_c
 void fl_plan_inference_buffers(const fl_model_shape *s, int64_t n_tokens, int64_t n_ctx, int64_t n_logit_rows,
                                fl_attn_impl attn, int32_t n_threads, int32_t tp, int32_t weight_type,
                                int32_t kv_type, fl_plan_buffers *out);
+/* FL_MEM_SCRATCH fl_matmul allocates for one call of M rows on [N][K] weights of `type`. */
+uint64_t fl_plan_matmul_scratch(int32_t type, int64_t M, int64_t K, int32_t n_threads);
 /* ACT bytes of one step with every token's logits, one thread, f16 KV and weights (convenience). */
 uint64_t fl_plan_inference_act_bytes(const fl_model_shape *s, int64_t n_tokens_per_step, int64_t n_ctx,
                                      fl_attn_impl attn);
@@ -214,7 +219,8 @@ void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, i
 fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_plan_result *out);
 
 /* KV pool for an engine given mem_bytes on its device: mem - everything else the plan puts on
- * the fullest device.  FL_ERR_BUDGET with the plan's explanation when the weights alone (or
+ * the fullest device (from the shape alone; fl_engine_new sizes its pool for a GGUF with the
+ * engine-exact fl_plan_engine_kv_mem, plan_engine.h).  FL_ERR_BUDGET with the plan's explanation when the weights alone (or
  * weights + step buffers) exceed mem. */
 fl_status fl_plan_kv_pool_bytes(const fl_model_shape *s, const fl_plan_input *in, uint64_t mem_bytes,
                                 uint64_t *kv_bytes);

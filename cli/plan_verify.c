@@ -1,0 +1,99 @@
+/* `fitllm plan -m MODEL --verify`: the engine-exact plan (plan/plan_engine.h) beside what the
+ * real engine allocates.  The engine runs the plan's worst case: max_seqs requests whose prompts
+ * fill the step budget, each generating to the end of its context; peaks are reset once the
+ * engine is built (load-time temporaries are not part of the steady state). */
+#include "cli/cli.h"
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "engine/engine.h"
+#include "plan/plan.h"
+#include "plan/plan_engine.h"
+#include "fitllm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int fl_plan_verify(const fl_plan_verify_opts *vo) {
+    fl_engine_params ep;
+    fl_engine_params_default(&ep);
+    ep.model_path = vo->model;
+    ep.n_threads = vo->n_threads;
+    ep.n_ctx = vo->n_ctx;
+    if (vo->max_seqs > 0) ep.max_seqs = vo->max_seqs;
+    if (vo->max_batch_tokens > 0) ep.max_batch_tokens = vo->max_batch_tokens;
+    ep.kv_type = vo->kv_type;
+    ep.weights_type = vo->weights;
+    if (vo->kv_block > 0) ep.kv_block_size = vo->kv_block;
+    fl_plan_engine_in pi;
+    fl_plan_engine_out po;
+    fl_status st = fl_engine_plan_input(&ep, &pi);
+    if (!st) st = fl_plan_engine(&pi, &po); /* context and block size */
+    if (st) goto fail;
+    if (ep.n_ctx <= 0) ep.n_ctx = po.n_ctx > 1024 ? 1024 : po.n_ctx;
+    if (ep.max_batch_tokens >= ep.n_ctx) ep.max_batch_tokens = ep.n_ctx / 2 > 0 ? ep.n_ctx / 2 : 1;
+    const int32_t bs = ep.kv_block_size > 0 ? ep.kv_block_size : 16;
+    if (vo->mem > 0) {
+        ep.mem_total = vo->mem;
+        ep.kv_mem = 0;
+    } else {
+        ep.kv_mem = (int64_t)po.kv_bytes_per_block * ((int64_t)ep.max_seqs * ((ep.n_ctx + bs - 1) / bs) + 2);
+    }
+    if ((st = fl_engine_plan_input(&ep, &pi))) goto fail;
+    if (vo->mem > 0 && (st = fl_plan_engine_kv_mem(&pi, (uint64_t)vo->mem, &pi.kv_mem))) goto fail;
+    if ((st = fl_plan_engine(&pi, &po))) goto fail;
+    fl_engine *e = NULL;
+    if ((st = fl_engine_new(&ep, &e))) goto fail;
+    fl_mem_reset_peaks();
+    const int32_t nv = fl_engine_n_vocab(e), P = ep.max_batch_tokens;
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)P);
+    for (int32_t r = 0; r < ep.max_seqs && !st; r++) {
+        for (int32_t i = 0; i < P; i++) prompt[i] = 3 + (int32_t)(((int64_t)r * 7919 + (int64_t)i * 104729) % (nv - 3));
+        fl_request_params rp;
+        memset(&rp, 0, sizeof rp);
+        rp.prompt = prompt;
+        rp.n_prompt = P - r % P > 1 ? P - r % P : 1;
+        rp.max_tokens = ep.n_ctx - rp.n_prompt;
+        rp.ignore_eos = 1;
+        int64_t id;
+        st = fl_engine_add(e, &rp, &id);
+    }
+    free(prompt);
+    int32_t active = 1;
+    fl_request_output ev[64];
+    while (!st && active) {
+        st = fl_engine_step(e, &active);
+        while (fl_engine_poll(e, ev, 64) > 0) {}
+    }
+    uint64_t meas[FL_MEM_COUNT];
+    for (int c = 0; c < FL_MEM_COUNT; c++) meas[c] = fl_mem_peak((fl_mem_cat)c);
+    const uint64_t mt = fl_mem_peak_total();
+    fl_engine_stats es;
+    fl_engine_stats_get(e, &es);
+    fl_engine_free(e);
+    if (st) goto fail;
+    static const fl_mem_cat cats[] = {FL_MEM_MAPPED, FL_MEM_WEIGHTS, FL_MEM_KV, FL_MEM_ACT, FL_MEM_SCRATCH, FL_MEM_MISC};
+    printf("plan vs engine: %s, weights %s, KV %s x %lld blocks of %d, %d seqs x %d tokens, %d-token steps, %d threads%s\n",
+           vo->model, vo->weights ? vo->weights : "(file)", vo->kv_type ? vo->kv_type : "f16", (long long)po.kv_blocks, bs,
+           ep.max_seqs, ep.n_ctx, ep.max_batch_tokens, pi.n_threads > 0 ? pi.n_threads : 0, vo->mem > 0 ? " (KV from --mem)" : "");
+    printf("%-10s %14s %14s %9s\n", "category", "predicted", "measured", "error");
+    int bad = 0;
+    for (size_t k = 0; k <= sizeof cats / sizeof cats[0]; k++) {
+        const bool tot = k == sizeof cats / sizeof cats[0];
+        const uint64_t p = tot ? po.total : po.bytes[cats[k]], m = tot ? mt : meas[cats[k]];
+        char a[32], b[32];
+        fl_plan_fmt_bytes(p, a, sizeof a);
+        fl_plan_fmt_bytes(m, b, sizeof b);
+        const double err = m ? 100.0 * ((double)p - (double)m) / (double)m : (p ? 100.0 : 0.0);
+        const bool ok = (err <= 5.0 && err >= -5.0) || (p < 65536 && m < 65536);
+        if (!ok) bad++;
+        printf("%-10s %14s %14s %+8.2f%%%s\n", tot ? "total" : fl_mem_cat_name(cats[k]), a, b, err, ok ? "" : "  > 5%");
+    }
+    printf("%lld steps, %lld tokens generated, %lld preemptions\n", (long long)es.steps, (long long)es.tokens_generated,
+           (long long)es.preemptions);
+    return bad ? 1 : 0;
+fail:
+    fprintf(stderr, "fitllm plan --verify: %s\n", fl_last_error());
+    return 1;
+}

@@ -1,0 +1,230 @@
+/* The engine-exact plan (plan_engine.h): the engine's own size functions, added up. */
+#include "plan/plan_engine.h"
+#include "plan/plan.h"
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/threads.h"
+#include "formats/gguf.h"
+#include "kernels/matmul.h"
+#include "kv/kv_cache.h"
+#include "model/arch.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+#include "core/alloc.h"
+
+#include <string.h>
+#include <sys/stat.h>
+
+static uint64_t r64(uint64_t n) { return (n + 63) & ~(uint64_t)63; }
+
+/* Bytes fl_matmul allocates (FL_MEM_SCRATCH) for one call: W [ne1][K] of type t, M rows. */
+static uint64_t matmul_scratch(int32_t t, int64_t M, int64_t K, int nth) {
+    if (M <= 0) return 0;
+    if (!fl_matmul_f32_act() && (t == FL_TYPE_Q8_0 || t == FL_TYPE_Q4_0)) { /* fl_act_q8_alloc */
+        const uint64_t nb = (uint64_t)K / 32, m = (uint64_t)M;
+        return r64(m * (uint64_t)K) + 3 * r64(m * nb * 4) + 2 * m * nb * 32;
+    }
+    if (t == FL_TYPE_F32) return 0;
+    return (uint64_t)nth * 8 * (uint64_t)K * 4;
+}
+
+typedef struct mat { int32_t type; int64_t ne0, ne1; } mat;
+
+static fl_status find(const fl_gguf *g, const char *name, mat *m, bool required) {
+    const fl_gguf_tensor *t = fl_gguf_find_tensor(g, name);
+    if (!t) {
+        m->ne0 = m->ne1 = 0;
+        return required ? fl_set_error(FL_ERR_FORMAT, "missing tensor %s", name) : FL_OK;
+    }
+    m->type = t->type;
+    m->ne0 = t->ne[0];
+    m->ne1 = t->ne[1];
+    return FL_OK;
+}
+
+fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
+    memset(out, 0, sizeof *out);
+    if (!in->model_path) return fl_set_error(FL_ERR_INVALID, "%s: no model path", __func__);
+    if (in->max_seqs < 1 || in->max_batch_tokens < 1 || in->n_ctx < 0 || in->kv_block < 0)
+        return fl_set_error(FL_ERR_INVALID, "%s: bad parameters (max_seqs %d, max_batch_tokens %d)", __func__,
+                            in->max_seqs, in->max_batch_tokens);
+    struct stat sb;
+    if (stat(in->model_path, &sb) != 0) return fl_set_error(FL_ERR_IO, "%s: cannot stat %s", __func__, in->model_path);
+    /* the parsed GGUF and the tokenizer are built here to count their MISC bytes exactly: the
+     * engine builds the same ones from the same file */
+    const size_t misc0 = fl_mem_current(FL_MEM_MISC);
+    fl_gguf *g = NULL;
+    fl_status st = fl_gguf_open(in->model_path, &g);
+    if (st) return st;
+    const size_t misc1 = fl_mem_current(FL_MEM_MISC);
+    out->gguf_bytes = misc1 > misc0 ? misc1 - misc0 : 0;
+    {
+        fl_tokenizer *tok = NULL;
+        if (fl_tokenizer_new(g, &tok) == FL_OK) {
+            const size_t misc2 = fl_mem_current(FL_MEM_MISC);
+            out->tokenizer_bytes = misc2 > misc1 ? misc2 - misc1 : 0;
+            char piece[256];
+            int64_t sum = 0, n = fl_tokenizer_n_vocab(tok);
+            for (int32_t t = 0; t < n; t++) {
+                const int32_t l = fl_token_to_piece(tok, t, piece, sizeof piece, false);
+                sum += l > 0 ? l : 0;
+            }
+            out->avg_piece_bytes = n > 0 ? (double)sum / (double)n : 1.0;
+            fl_tokenizer_free(tok);
+        }
+        fl_clear_error();
+        const fl_gguf_kv *ct = fl_gguf_find(g, "tokenizer.chat_template");
+        if (ct && ct->value.type == FL_GGUF_STRING) out->tokenizer_bytes += ct->value.v.str.len + 1; /* the engine's copy */
+    }
+    fl_hparams hp;
+    if ((st = fl_hparams_from_gguf(g, &hp))) goto done;
+    const int nth = in->n_threads > 0 ? in->n_threads : (fl_threads_get() > 0 ? fl_threads_get() : 1);
+    const int32_t wt = in->weights_type;
+    out->file_bytes = (uint64_t)sb.st_size;
+    out->n_vocab = hp.n_vocab;
+    out->n_ctx = in->n_ctx > 0 ? in->n_ctx : hp.n_ctx_train > 0 ? hp.n_ctx_train : 2048;
+
+    /* weights: every tensor's bytes in the file; the matrices converted at load */
+    for (int64_t i = 0; i < fl_gguf_n_tensors(g); i++) out->tensor_bytes += fl_gguf_tensor_at(g, i)->size;
+    out->meta_bytes = out->file_bytes > out->tensor_bytes ? out->file_bytes - out->tensor_bytes : 0;
+    mat te = {0}, outm = {0}, lay[7];
+    if ((st = find(g, FL_TN_TOKEN_EMBD, &te, true)) || (st = find(g, FL_TN_OUTPUT, &outm, false))) goto done;
+    const char *const names[7] = {FL_TN_ATTN_Q, FL_TN_ATTN_K, FL_TN_ATTN_V, FL_TN_ATTN_OUT, FL_TN_FFN_GATE, FL_TN_FFN_UP, FL_TN_FFN_DOWN};
+    uint64_t conv = 0, read_bytes = 0; /* converted; bytes the matmuls read */
+    int64_t n_mat = 0;
+    uint64_t mm = 0; /* the largest matmul workspace of a step */
+    const int64_t T = in->max_batch_tokens, R = in->max_seqs;
+    int32_t type_embd = te.type, type_out = te.type;
+    {
+        uint64_t c = fl_model_converted_bytes(wt, te.type, te.ne0, te.ne1);
+        conv += c;
+        if (c) type_embd = type_out = wt;
+    }
+    if (outm.ne0) {
+        uint64_t c = fl_model_converted_bytes(wt, outm.type, outm.ne0, outm.ne1);
+        conv += c;
+        type_out = c ? wt : outm.type;
+        read_bytes += c ? c : fl_plan_tensor_bytes(outm.type, outm.ne0, outm.ne1);
+        n_mat += outm.ne0 * outm.ne1;
+    } else {
+        read_bytes += fl_plan_tensor_bytes(type_embd, te.ne0, te.ne1);
+        n_mat += te.ne0 * te.ne1;
+    }
+    (void)type_embd;
+    uint64_t s = matmul_scratch(type_out, R, hp.n_embd, nth);
+    if (s > mm) mm = s;
+    for (int il = 0; il < hp.n_layer; il++) {
+        char n[96];
+        for (int k = 0; k < 7; k++)
+            if ((st = find(g, fl_arch_tensor_name(n, sizeof n, names[k], il), &lay[k], true))) goto done;
+        for (int k = 0; k < 7; k++) {
+            uint64_t c = fl_model_converted_bytes(wt, lay[k].type, lay[k].ne0, lay[k].ne1);
+            conv += c;
+            int32_t t = c ? wt : lay[k].type;
+            read_bytes += c ? fl_plan_tensor_bytes(wt, lay[k].ne0, lay[k].ne1) : fl_plan_tensor_bytes(t, lay[k].ne0, lay[k].ne1);
+            n_mat += lay[k].ne0 * lay[k].ne1;
+            s = matmul_scratch(t, T, lay[k].ne0, nth);
+            if (s > mm) mm = s;
+        }
+    }
+    out->n_params = n_mat;
+    out->bits_per_weight = n_mat ? 8.0 * (double)read_bytes / (double)n_mat : 0;
+    out->bytes[FL_MEM_MAPPED] = out->file_bytes;
+    out->bytes[FL_MEM_WEIGHTS] = conv;
+
+    /* KV: the paged pool (engine_model.c's fl_kv_config) */
+    fl_kv_config kc = {.n_layer = hp.n_layer, .n_head = hp.n_head_local, .n_head_kv = hp.n_head_kv_local,
+                       .head_dim = hp.head_dim, .type = in->kv_type, .block_size = in->kv_block > 0 ? in->kv_block : 16};
+    out->kv_bytes_per_block = fl_kv_bytes_per_block(&kc);
+    if (!out->kv_bytes_per_block) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: KV type %s does not fit head_dim %d", __func__, fl_type_name(in->kv_type), hp.head_dim);
+        goto done;
+    }
+    out->kv_blocks = (int64_t)(in->kv_mem / out->kv_bytes_per_block);
+    out->bytes[FL_MEM_KV] = (uint64_t)out->kv_blocks * out->kv_bytes_per_block;
+
+    /* ACT: the model's workspace and the engine's logits */
+    out->ws_bytes = fl_model_workspace_bytes(&hp, in->max_batch_tokens + in->max_seqs, in->max_seqs);
+    out->logits_bytes = (uint64_t)in->max_seqs * (uint64_t)hp.n_vocab * 4;
+    out->bytes[FL_MEM_ACT] = out->ws_bytes + out->logits_bytes;
+
+    /* SCRATCH: batch arrays, the largest matmul workspace, the attention workspace */
+    const uint64_t Ts = (uint64_t)in->max_batch_tokens + (uint64_t)in->max_seqs;
+    out->batch_bytes = Ts * 13 + (uint64_t)in->max_seqs * sizeof(void *);
+    out->matmul_scratch = mm;
+    {   /* per thread: K/V block, scores, 16-row query tile states (paged_attn.c); partials of
+         * split decodes: max_seqs x partitions x n_head x (head_dim + 2) */
+        const uint64_t bs = (uint64_t)kc.block_size, hd = (uint64_t)hp.head_dim;
+        const uint64_t grp = (uint64_t)(hp.n_head_local / hp.n_head_kv_local);
+        uint64_t per = 2 * bs * hd + bs + 2 * 16 * grp * (hd + 2);
+        per = (per + 15) & ~(uint64_t)15;
+        const uint64_t part_tok = (256 + bs - 1) / bs * bs;
+        const uint64_t parts = ((uint64_t)out->n_ctx + part_tok - 1) / part_tok;
+        uint64_t need = 4 * (per * (uint64_t)nth + (parts > 1 ? (uint64_t)in->max_seqs * parts * (uint64_t)hp.n_head_local * (hd + 2) : 0)) +
+                        16 * ((uint64_t)in->max_seqs + 1);
+        /* f16 KV: the queries of the step, rounded to f16, follow the kernel's part (kv_cache.c) */
+        if (in->kv_type == FL_TYPE_F16)
+            need = r64(need) + (uint64_t)in->max_batch_tokens * (uint64_t)hp.n_head_local * hd * 4;
+        uint64_t cap = 65536;
+        while (cap < need) cap *= 2;
+        out->attn_ws = cap;
+    }
+    out->bytes[FL_MEM_SCRATCH] = out->batch_bytes + out->matmul_scratch + out->attn_ws;
+
+    /* MISC: bookkeeping (plan_engine.h), constants measured from the engine */
+    {
+        const uint64_t nb = (uint64_t)out->kv_blocks + 1, bs = (uint64_t)kc.block_size; /* + the null block */
+        uint64_t buckets = 16;
+        while (buckets < nb) buckets *= 2;
+        uint64_t ctx2 = 64, text2 = 64;
+        while (ctx2 < (uint64_t)out->n_ctx) ctx2 *= 2;
+        const double text = (out->avg_piece_bytes > 0 ? out->avg_piece_bytes : 1.0) * (double)out->n_ctx;
+        while ((double)text2 < text) text2 *= 2;
+        const uint64_t n_seq_max = (uint64_t)in->max_seqs * 8 + 64; /* engine_model.c */
+        const uint64_t per_block = FL_PLAN_MISC_BLOCK + (in->prefix_cache ? FL_PLAN_MISC_BLOCK_PREFIX + 4 * bs : 0);
+        out->misc_static = FL_PLAN_MISC_BASE + out->gguf_bytes + out->tokenizer_bytes +
+                           (uint64_t)hp.n_layer * sizeof(fl_layer) + nb * per_block + 4 * buckets +
+                           FL_PLAN_MISC_SEQ_SLOT * n_seq_max;
+        out->misc_requests = FL_PLAN_MISC_STEP + FL_PLAN_MISC_BATCH_TOKEN * (uint64_t)in->max_batch_tokens +
+                             (uint64_t)in->max_seqs * (FL_PLAN_MISC_REQUEST + 16 * (uint64_t)hp.n_vocab +
+                                                       4 * (uint64_t)out->n_ctx + 4 * ctx2 + text2);
+        out->bytes[FL_MEM_MISC] = out->misc_static + out->misc_requests;
+    }
+    for (int c = 0; c < FL_MEM_COUNT; c++) out->total += out->bytes[c];
+done:
+    fl_gguf_free(g);
+    return st;
+}
+
+fl_status fl_plan_engine_kv_mem(const fl_plan_engine_in *in0, uint64_t mem, uint64_t *kv_mem) {
+    fl_plan_engine_in in = *in0;
+    in.kv_mem = 0;
+    fl_plan_engine_out o;
+    fl_status st = fl_plan_engine(&in, &o);
+    if (st) return st;
+    char a[32], b[32], c[32];
+    fl_plan_fmt_bytes(mem, b, sizeof b);
+    const uint64_t w = o.bytes[FL_MEM_WEIGHTS] + o.bytes[FL_MEM_MAPPED];
+    if (w >= mem) {
+        fl_plan_fmt_bytes(w, a, sizeof a);
+        fl_plan_fmt_bytes(w - mem, c, sizeof c);
+        return fl_set_error(FL_ERR_BUDGET, "the weights alone (%s) exceed the memory limit %s by %s", a, b, c);
+    }
+    /* every block costs its bytes and its bookkeeping (table, prefix entry, hash bucket) */
+    const uint64_t per = o.kv_bytes_per_block + FL_PLAN_MISC_BLOCK + FL_PLAN_MISC_BLOCK_PREFIX + 4 * (uint64_t)(in.kv_block > 0 ? in.kv_block : 16) + 8;
+    if (o.total + 2 * per > mem) {
+        fl_plan_fmt_bytes(o.total + 2 * per, a, sizeof a);
+        fl_plan_fmt_bytes(o.total + 2 * per - mem, c, sizeof c);
+        return fl_set_error(FL_ERR_BUDGET,
+                            "weights + step buffers + bookkeeping + 2 KV blocks (%s) exceed the memory limit %s by %s", a, b, c);
+    }
+    uint64_t nb = (mem - o.total) / per;
+    for (;; nb--) { /* the estimate is exact up to the hash table's rounding: check it */
+        in.kv_mem = nb * o.kv_bytes_per_block;
+        if ((st = fl_plan_engine(&in, &o))) return st;
+        if (o.total <= mem || nb <= 2) break;
+    }
+    *kv_mem = in.kv_mem;
+    return FL_OK;
+}

@@ -1,0 +1,87 @@
+/*
+ * plan_engine.h - the exact plan of one inference engine (fl_engine_new over a GGUF): the bytes
+ * the engine will allocate, by category, computed with the engine's own size functions.
+ *
+ * fl_plan_compute (plan.h) plans any shape from its hyperparameters alone (presets, config.json,
+ * sharding, training).  This is its engine-exact counterpart for a file that is about to be
+ * served: it reads the GGUF header and tensor table (nothing is copied; the file is mapped and
+ * unmapped again) and adds up exactly what fl_engine_new and the steps allocate:
+ *
+ *   MAPPED   the whole GGUF file (core/mmap charges the mapping)
+ *   WEIGHTS  matrices converted at load (weights_type): fl_model_converted_bytes per matrix
+ *   KV       the paged pool: floor(kv_mem / fl_kv_bytes_per_block) blocks x bytes per block
+ *   ACT      fl_model_workspace_bytes(hp, max_batch_tokens + max_seqs, max_seqs)
+ *            + the engine's logits [max_seqs][n_vocab] f32
+ *   SCRATCH  the engine's batch arrays (13 bytes per step token + 8 per row)
+ *            + the largest single matmul workspace of a step (fl_matmul allocates it per call:
+ *              q8 activations for Q8_0/Q4_0 weights, else n_threads x 8 dequantized rows)
+ *            + the paged-attention workspace (kept by the cache; grows by doubling from 64 KiB;
+ *              with f16 KV it also holds the step's queries rounded to f16)
+ *   MISC     bookkeeping, from constants measured on the engine (tests/test_plan_engine.c):
+ *            static: the parsed GGUF and the tokenizer, counted exactly by building them here
+ *                    (so a plan is exact only while no other thread allocates MISC)
+ *                    + the chat template copy + n_layer x sizeof(fl_layer)
+ *                    + FL_PLAN_MISC_BASE (model, engine, scheduler, KV cache structs)
+ *                    + per KV block FL_PLAN_MISC_BLOCK (+ FL_PLAN_MISC_BLOCK_PREFIX + 4 x block
+ *                      tokens with the prefix cache) + a 4-byte hash bucket (power of two)
+ *                    + FL_PLAN_MISC_SEQ_SLOT per cache sequence slot (8 x max_seqs + 64)
+ *            requests: FL_PLAN_MISC_STEP + FL_PLAN_MISC_BATCH_TOKEN x max_batch_tokens
+ *                    + max_seqs x (FL_PLAN_MISC_REQUEST + 16 x n_vocab (sampler)
+ *                      + 4 x n_ctx (token ids) + 4 x n_ctx rounded up to a power of two
+ *                      (the cache's token ids) + n_ctx x the mean piece length, rounded up
+ *                      to a power of two (the streamed text)): at most max_seqs
+ *                      requests queued or running, each up to a full context, n = 1
+ *
+ * Errors: FL_ERR_INVALID for bad parameters; the GGUF loader's errors; FL_ERR_BUDGET from
+ * fl_plan_engine_kv_mem when the weights alone, or everything but the KV cache, exceed the
+ * limit (the message says by how much).  Thread-safe; allocates only while reading the header.
+ */
+#ifndef FL_PLAN_ENGINE_H
+#define FL_PLAN_ENGINE_H
+
+#include "fitllm.h"
+#include <stdint.h>
+
+#define FL_PLAN_MISC_BASE 2400u
+#define FL_PLAN_MISC_BLOCK 44u
+#define FL_PLAN_MISC_BLOCK_PREFIX 16u
+#define FL_PLAN_MISC_SEQ_SLOT 86u
+#define FL_PLAN_MISC_STEP 2560u
+#define FL_PLAN_MISC_BATCH_TOKEN 34u
+#define FL_PLAN_MISC_REQUEST 400u
+
+typedef struct fl_plan_engine_in {
+    const char *model_path;
+    int32_t weights_type;     /* fl_type to convert matrices to at load, -1 = keep the file's */
+    int32_t kv_type;          /* fl_type of the paged KV cache */
+    int32_t kv_block;         /* tokens per block (0 = 16) */
+    int32_t n_ctx;            /* 0 = the model's training context, else 2048 */
+    int32_t max_seqs, max_batch_tokens;
+    int32_t n_threads;        /* 0 = fl_threads_get() */
+    uint64_t kv_mem;          /* the KV budget handed to the cache */
+    int32_t prefix_cache;     /* the cache keeps prefix-cache entries per block */
+} fl_plan_engine_in;
+
+typedef struct fl_plan_engine_out {
+    uint64_t bytes[FL_MEM_COUNT];
+    uint64_t total;
+    int64_t kv_blocks;          /* usable blocks */
+    uint64_t kv_bytes_per_block;
+    uint64_t file_bytes, meta_bytes, tensor_bytes; /* file = meta + tensors (+ alignment) */
+    uint64_t ws_bytes, logits_bytes, batch_bytes, matmul_scratch, attn_ws;
+    uint64_t misc_static, misc_requests;
+    double avg_piece_bytes;     /* mean detokenized bytes per vocabulary token (1 without a tokenizer) */
+    uint64_t gguf_bytes, tokenizer_bytes; /* MISC of the parsed GGUF and of the tokenizer (+ chat template) */
+    int64_t n_params;           /* elements of the matrices and norms */
+    double bits_per_weight;     /* of the weights the matmuls read */
+    int32_t n_vocab, n_ctx;
+} fl_plan_engine_out;
+
+fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out);
+
+/* The KV budget that makes the engine's plan total exactly mem_total (in->kv_mem ignored).
+ * FL_ERR_BUDGET: "the weights alone (X) exceed the memory limit M by D", or the same for
+ * weights + step buffers + bookkeeping. */
+fl_status fl_plan_engine_kv_mem(const fl_plan_engine_in *in, uint64_t mem_total, uint64_t *kv_mem);
+
+#endif
