@@ -27,9 +27,9 @@ int fl_bench_train_plan(const fl_bench_train_shape *b, uint64_t bytes[FL_MEM_COU
     in.n_ctx = b->n_ctx;
     in.n_seq = b->batch;
     in.ckpt_every = b->ckpt_every;
-    in.optim = b->optim8 ? FL_OPTIM_ADAMW8BIT : FL_OPTIM_ADAMW;
+    in.optim = b->optim8 ? FL_PLAN_OPTIM_ADAMW8BIT : FL_PLAN_OPTIM_ADAMW;
     in.n_threads = b->n_threads;
-    in.attn = FL_ATTN_FLASH;
+    in.attn = FL_PLAN_ATTN_FLASH;
     fl_plan_result r;
     if (fl_plan_compute(&s, &in, &r) != FL_OK) return -1;
     for (int c = 0; c < FL_MEM_COUNT; c++) bytes[c] = r.dev[0].bytes[c];

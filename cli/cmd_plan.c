@@ -38,11 +38,11 @@ static void print_plan(const fl_model_shape *s, const fl_plan_input *in, const f
            in->weights_from_file && s->has_weight_bytes && !in->train ? "exact, from the file" : in->weights.name, b, kv_name(in->kv_type));
     if (in->train)
         printf("training: batch %lld x %lld tokens, %s, %s, checkpoint every %lld, ZeRO-%d over %d\n", (long long)in->n_seq,
-               (long long)in->n_ctx, in->weights.base == FL_TYPE_F32 ? "fp32" : "mixed precision", in->optim == FL_OPTIM_ADAMW ? "AdamW" : "8-bit AdamW",
+               (long long)in->n_ctx, in->weights.base == FL_TYPE_F32 ? "fp32" : "mixed precision", in->optim == FL_PLAN_OPTIM_ADAMW ? "AdamW" : "8-bit AdamW",
                (long long)in->ckpt_every, in->zero_stage, in->dp);
     else
         printf("serving:  ctx %lld x %lld sequences, prefill chunk %lld, %s attention, KV blocks of %lld\n", (long long)in->n_ctx,
-               (long long)in->n_seq, (long long)in->n_prefill, in->attn == FL_ATTN_FLASH ? "flash" : "naive", (long long)in->kv_block);
+               (long long)in->n_seq, (long long)in->n_prefill, in->attn == FL_PLAN_ATTN_FLASH ? "flash" : "naive", (long long)in->kv_block);
     printf("ranks:    tp %d x pp %d x sp %d x dp %d = %d devices\n\n", in->tp, in->pp, in->sp, in->dp, in->tp * in->pp * in->sp * in->dp);
     printf("%-12s", "device");
     for (size_t k = 0; k < N_COLS; k++) printf(" %11s", cols[k].label);
@@ -92,7 +92,7 @@ static cJSON *plan_json(const fl_model_shape *s, const fl_plan_input *in, const 
     cJSON_AddNumberToObject(ij, "batch", (double)in->n_seq);
     cJSON_AddNumberToObject(ij, "prefill", (double)in->n_prefill);
     cJSON_AddNumberToObject(ij, "kv_block", (double)in->kv_block);
-    cJSON_AddStringToObject(ij, "attn", in->attn == FL_ATTN_FLASH ? "flash" : "naive");
+    cJSON_AddStringToObject(ij, "attn", in->attn == FL_PLAN_ATTN_FLASH ? "flash" : "naive");
     cJSON_AddBoolToObject(ij, "train", in->train);
     cJSON_AddNumberToObject(ij, "tp", in->tp);
     cJSON_AddNumberToObject(ij, "pp", in->pp);
@@ -276,13 +276,13 @@ int fl_cmd_plan(int argc, char **argv) {
         if (in.kv_type < 0) bad = "unknown --kv-type (f32, f16, bf16, q8_0, q4_0, fp8)";
     }
     if (opts[O_ATTN].set && !bad) {
-        if (!strcmp(opts[O_ATTN].str, "flash")) in.attn = FL_ATTN_FLASH;
-        else if (!strcmp(opts[O_ATTN].str, "naive")) in.attn = FL_ATTN_NAIVE;
+        if (!strcmp(opts[O_ATTN].str, "flash")) in.attn = FL_PLAN_ATTN_FLASH;
+        else if (!strcmp(opts[O_ATTN].str, "naive")) in.attn = FL_PLAN_ATTN_NAIVE;
         else bad = "--attn must be flash or naive";
     }
     if (opts[O_OPTIM].set && !bad) {
-        if (!strcmp(opts[O_OPTIM].str, "adamw")) in.optim = FL_OPTIM_ADAMW;
-        else if (!strcmp(opts[O_OPTIM].str, "adamw8bit")) in.optim = FL_OPTIM_ADAMW8BIT;
+        if (!strcmp(opts[O_OPTIM].str, "adamw")) in.optim = FL_PLAN_OPTIM_ADAMW;
+        else if (!strcmp(opts[O_OPTIM].str, "adamw8bit")) in.optim = FL_PLAN_OPTIM_ADAMW8BIT;
         else bad = "--optim must be adamw or adamw8bit";
     }
     struct { int o; int64_t lo, hi; } ranges[] = {{O_CTX, 1, 1ll << 30}, {O_BATCH, 1, 1 << 20}, {O_PREFILL, 1, 1 << 24},

@@ -269,7 +269,7 @@ static void test_step_buffers(void **state) {
     fl_model_shape s = shape("llama3-8b");
     fl_plan_buffers b;
     /* 512-token prefill chunk at 8K, 1 logits row, flash, 4 threads, q4_K weights, f16 KV */
-    fl_plan_inference_buffers(&s, 512, 8192, 1, FL_ATTN_FLASH, 4, 1, FL_TYPE_Q4_K, FL_TYPE_F16, &b);
+    fl_plan_inference_buffers(&s, 512, 8192, 1, FL_PLAN_ATTN_FLASH, 4, 1, FL_TYPE_Q4_K, FL_TYPE_F16, &b);
     assert_int_equal(b.x, 512ull * 4096 * 4);
     assert_int_equal(b.q, 512ull * 4096 * 4);
     assert_int_equal(b.k, 512ull * 1024 * 4);
@@ -289,23 +289,23 @@ static void test_step_buffers(void **state) {
     /* q8_0 / q4_0 weights: quantized activations [512][14336] (1 byte each, 3 x f32 and 2 x 32
      * bytes per 32-block) */
     fl_plan_buffers q;
-    fl_plan_inference_buffers(&s, 512, 8192, 1, FL_ATTN_FLASH, 4, 1, FL_TYPE_Q4_0, FL_TYPE_F16, &q);
+    fl_plan_inference_buffers(&s, 512, 8192, 1, FL_PLAN_ATTN_FLASH, 4, 1, FL_TYPE_Q4_0, FL_TYPE_F16, &q);
     assert_int_equal(q.qact, 512ull * 14336 + 3 * 512ull * 448 * 4 + 2 * 512ull * 448 * 32);
     /* naive attention keeps [n_head][n_tokens][n_ctx] scores */
     fl_plan_buffers n;
-    fl_plan_inference_buffers(&s, 512, 8192, 1, FL_ATTN_NAIVE, 4, 1, FL_TYPE_Q4_K, FL_TYPE_F16, &n);
+    fl_plan_inference_buffers(&s, 512, 8192, 1, FL_PLAN_ATTN_NAIVE, 4, 1, FL_TYPE_Q4_K, FL_TYPE_F16, &n);
     assert_int_equal(n.scores, 32ull * 512 * 8192 * 4);
     assert_int_equal(n.tiles, 0);
-    assert_int_equal(fl_plan_inference_act_bytes(&s, 512, 8192, FL_ATTN_NAIVE),
+    assert_int_equal(fl_plan_inference_act_bytes(&s, 512, 8192, FL_PLAN_ATTN_NAIVE),
                      n.act_total - n.logits - n.xl + 512ull * 128256 * 4 + 512ull * 4096 * 4); /* every row's logits */
     /* one thread: the attention workspace (83008 bytes) rounds to 128 KiB; f16 weights
      * dequantize 8 rows of the widest input */
-    fl_plan_inference_buffers(&s, 8, 8192, 8, FL_ATTN_FLASH, 1, 1, FL_TYPE_F16, FL_TYPE_Q8_0, &b);
+    fl_plan_inference_buffers(&s, 8, 8192, 8, FL_PLAN_ATTN_FLASH, 1, 1, FL_TYPE_F16, FL_TYPE_Q8_0, &b);
     assert_int_equal(b.tiles, 131072);
     assert_int_equal(b.qact, 8ull * 14336 * 4);
     /* MoE: router logits and n_expert_used x n_ff hidden */
     fl_model_shape x = shape("mixtral-8x7b");
-    fl_plan_inference_buffers(&x, 4, 64, 4, FL_ATTN_FLASH, 1, 2, FL_TYPE_F32, FL_TYPE_F16, &b);
+    fl_plan_inference_buffers(&x, 4, 64, 4, FL_PLAN_ATTN_FLASH, 1, 2, FL_TYPE_F32, FL_TYPE_F16, &b);
     assert_int_equal(b.router, 4ull * 8 * 4);
     assert_int_equal(b.hb, 4ull * 14336 * 2 / 2 * 4); /* tp 2 */
     assert_int_equal(b.logits, 4ull * 16000 * 4);
@@ -328,12 +328,12 @@ static void test_training(void **state) {
     assert_int_equal(a.dev[0].bytes[FL_MEM_GRAD], 4 * P);
     assert_int_equal(a.dev[0].bytes[FL_MEM_OPTIM], 8 * P); /* fp32 m and v */
     assert_int_equal(a.dev[0].bytes[FL_MEM_KV], 0);
-    in.optim = FL_OPTIM_ADAMW8BIT;
+    in.optim = FL_PLAN_OPTIM_ADAMW8BIT;
     fl_plan_result b = plan(&s, &in);
     assert_int_equal(b.dev[0].bytes[FL_MEM_OPTIM], 2 * P);
     assert_int_equal(a.max_total - b.max_total, 6 * P);
     /* mixed precision: bf16 weights and grads, fp32 master copy with the optimizer */
-    in.optim = FL_OPTIM_ADAMW;
+    in.optim = FL_PLAN_OPTIM_ADAMW;
     fl_plan_parse_wtype("bf16", &in.weights);
     fl_plan_result m = plan(&s, &in);
     assert_int_equal(m.dev[0].bytes[FL_MEM_WEIGHTS], 2 * P);
@@ -451,7 +451,7 @@ static void test_fit(void **state) {
     assert_true(ctx > 20000 && ctx < 40000); /* ~ (24 - 16.1) GiB / 2 / 128 KiB */
     /* naive attention's scores grow with the context: less fits */
     t = in;
-    t.attn = FL_ATTN_NAIVE;
+    t.attn = FL_PLAN_ATTN_NAIVE;
     int64_t ctx_naive;
     assert_int_equal(fl_plan_fit_ctx(&s, &t, budget, &ctx_naive), FL_OK);
     assert_true(ctx_naive < ctx);
@@ -550,7 +550,7 @@ static void test_bad_inputs(void **state) {
     in.n_prefill = 1ll << 40;
     assert_int_equal(fl_plan_compute(&h, &in, &r), FL_OK);
     assert_int_equal(r.max_total, UINT64_MAX);
-    in.attn = FL_ATTN_NAIVE;
+    in.attn = FL_PLAN_ATTN_NAIVE;
     in.train = true;
     fl_plan_parse_wtype("f32", &in.weights);
     assert_int_equal(fl_plan_compute(&h, &in, &r), FL_OK);

@@ -216,7 +216,7 @@ uint64_t fl_plan_matmul_scratch(int32_t type, int64_t M, int64_t K, int32_t n_th
 }
 
 void fl_plan_inference_buffers(const fl_model_shape *s, int64_t n_tokens, int64_t n_ctx, int64_t n_logit_rows,
-                               fl_attn_impl attn, int32_t n_threads, int32_t tp, int32_t weight_type,
+                               fl_plan_attn attn, int32_t n_threads, int32_t tp, int32_t weight_type,
                                int32_t kv_type, fl_plan_buffers *b) {
     memset(b, 0, sizeof *b);
     uint64_t T = u(n_tokens), R = u(n_logit_rows), tpu = tp > 0 ? (uint64_t)tp : 1, hd = u(s->head_dim);
@@ -235,9 +235,9 @@ void fl_plan_inference_buffers(const fl_model_shape *s, int64_t n_tokens, int64_
     b->hb2 = b->hb;
     b->xl = r64(smul3(R, u(s->n_embd), 4));
     b->router = s->n_expert > 0 ? smul3(T, u(s->n_expert), 4) : 0;
-    b->scores = attn == FL_ATTN_NAIVE ? smul(smul3(heads, T, u(n_ctx)), 4) : 0;
+    b->scores = attn == FL_PLAN_ATTN_NAIVE ? smul(smul3(heads, T, u(n_ctx)), 4) : 0;
     b->logits = smul3(R, cdiv(u(s->n_vocab), tpu), 4); /* the engine's logits rows */
-    if (attn == FL_ATTN_FLASH) {
+    if (attn == FL_PLAN_ATTN_FLASH) {
         /* the paged-attention workspace (kv/paged_attn.c, 16-token blocks): per thread a K and a
          * V block, their scores and 16 query rows' states per head of a KV group; the cache
          * grows it by doubling from 64 KiB */
@@ -264,7 +264,7 @@ void fl_plan_inference_buffers(const fl_model_shape *s, int64_t n_tokens, int64_
     b->scratch_total = sadd(sadd(b->tiles, b->qact), b->batch);
 }
 
-uint64_t fl_plan_inference_act_bytes(const fl_model_shape *s, int64_t n_tokens_per_step, int64_t n_ctx, fl_attn_impl attn) {
+uint64_t fl_plan_inference_act_bytes(const fl_model_shape *s, int64_t n_tokens_per_step, int64_t n_ctx, fl_plan_attn attn) {
     fl_plan_buffers b;
     fl_plan_inference_buffers(s, n_tokens_per_step, n_ctx, n_tokens_per_step, attn, 1, 1, FL_TYPE_F16, FL_TYPE_F16, &b);
     return b.act_total;
@@ -286,7 +286,7 @@ void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, i
      * gate, up, act(gate)*up, router probs; f32 rms and attention statistics */
     uint64_t per = smul(elt, 4 * E + 2 * qd + 2 * kvd + 3 * ff + u(s->n_expert));
     per = sadd(per, smul(4, 2));
-    if (in->attn == FL_ATTN_FLASH) per = sadd(per, smul(4, heads));          /* logsumexp per head */
+    if (in->attn == FL_PLAN_ATTN_FLASH) per = sadd(per, smul(4, heads));          /* logsumexp per head */
     else per = sadd(per, smul3(elt, heads, ctx_r));                          /* probabilities */
     uint64_t nL = l1 > l0 ? (uint64_t)(l1 - l0) : 0, k = in->ckpt_every > 0 ? u(in->ckpt_every) : 0;
     uint64_t a;
@@ -297,7 +297,7 @@ void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, i
     /* backward temporaries (f32): d residual x 2 and the widest intermediate gradient */
     uint64_t wide = qd + 2 * kvd > 2 * ff ? qd + 2 * kvd : 2 * ff;
     uint64_t sc = smul3(N, 2 * E + wide, 4);
-    if (in->attn == FL_ATTN_NAIVE) sc = sadd(sc, smul(smul3(u(in->n_seq), heads, ctx_r), smul(ctx_r, 4)));
+    if (in->attn == FL_PLAN_ATTN_NAIVE) sc = sadd(sc, smul(smul3(u(in->n_seq), heads, ctx_r), smul(ctx_r, 4)));
     *scratch = sc;
 }
 
@@ -312,9 +312,9 @@ void fl_plan_input_default(fl_plan_input *in, const fl_model_shape *s) {
     in->n_seq = 1;
     in->n_prefill = 512;
     in->kv_block = 16;
-    in->attn = FL_ATTN_FLASH;
+    in->attn = FL_PLAN_ATTN_FLASH;
     in->n_threads = 1;
-    in->optim = FL_OPTIM_ADAMW;
+    in->optim = FL_PLAN_OPTIM_ADAMW;
     in->tp = in->pp = in->sp = in->dp = 1;
 }
 
@@ -435,7 +435,7 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
         }
         if (in->train) {
             uint64_t params = w / elt;
-            uint64_t grads = w, optim = smul(params, in->optim == FL_OPTIM_ADAMW ? 8 : 2);
+            uint64_t grads = w, optim = smul(params, in->optim == FL_PLAN_OPTIM_ADAMW ? 8 : 2);
             if (is_mixed(in)) optim = sadd(optim, smul(params, 4));
             if (in->zero_stage >= 1) optim = cdiv(optim, dp);
             if (in->zero_stage >= 2) grads = cdiv(grads, dp);

@@ -69,8 +69,8 @@
 #define FL_PLAN_MAX_VOCAB ((int64_t)1 << 31)
 #define FL_PLAN_MAX_EXPERTS 65536
 
-typedef enum fl_attn_impl { FL_ATTN_FLASH = 0, FL_ATTN_NAIVE = 1 } fl_attn_impl;
-typedef enum fl_optim_kind { FL_OPTIM_ADAMW = 0, FL_OPTIM_ADAMW8BIT = 1 } fl_optim_kind;
+typedef enum fl_plan_attn { FL_PLAN_ATTN_FLASH = 0, FL_PLAN_ATTN_NAIVE = 1 } fl_plan_attn;
+typedef enum fl_plan_optim { FL_PLAN_OPTIM_ADAMW = 0, FL_PLAN_OPTIM_ADAMW8BIT = 1 } fl_plan_optim;
 
 /* Weight roles: one per kind of tensor in a llama-family block. */
 typedef enum fl_plan_role {
@@ -121,13 +121,13 @@ typedef struct fl_plan_input {
     int64_t n_seq;          /* concurrent sequences (inference) / batch B (training) */
     int64_t n_prefill;      /* prefill chunk T, tokens per step (inference) */
     int64_t kv_block;       /* tokens per KV block, a multiple of 16 */
-    fl_attn_impl attn;
+    fl_plan_attn attn;
     int32_t n_threads;      /* flash-attention tiles are per thread */
     /* training */
     bool train;             /* weights f32, or f16/bf16 = mixed precision: 16-bit weights, grads
                                and activations + fp32 master weights */
     int64_t ckpt_every;     /* keep layer inputs every k layers and recompute; 0 = keep all */
-    fl_optim_kind optim;
+    fl_plan_optim optim;
     int32_t zero_stage;     /* 0..3 over dp ranks */
     /* parallelism and offload */
     int32_t tp, pp, sp, dp;
@@ -202,13 +202,13 @@ fl_status fl_plan_kv_bytes(const fl_model_shape *s, int32_t kv_type, int64_t n_c
 /* The inference step buffers (see the top of this file). weight_type decides qact's element
  * size (any block-quantized type: 34/32; f16/bf16: 2; f32: 0). */
 void fl_plan_inference_buffers(const fl_model_shape *s, int64_t n_tokens, int64_t n_ctx, int64_t n_logit_rows,
-                               fl_attn_impl attn, int32_t n_threads, int32_t tp, int32_t weight_type,
+                               fl_plan_attn attn, int32_t n_threads, int32_t tp, int32_t weight_type,
                                int32_t kv_type, fl_plan_buffers *out);
 /* FL_MEM_SCRATCH fl_matmul allocates for one call of M rows on [N][K] weights of `type`. */
 uint64_t fl_plan_matmul_scratch(int32_t type, int64_t M, int64_t K, int32_t n_threads);
 /* ACT bytes of one step with every token's logits, one thread, f16 KV and weights (convenience). */
 uint64_t fl_plan_inference_act_bytes(const fl_model_shape *s, int64_t n_tokens_per_step, int64_t n_ctx,
-                                     fl_attn_impl attn);
+                                     fl_plan_attn attn);
 /* Training activations saved for the backward pass (ACT) and backward temporaries (SCRATCH)
  * for n_seq x n_ctx tokens over layers [l0, l1) on one rank. */
 void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, int64_t l0, int64_t l1,

@@ -47,7 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     in.n_seq = 1 + (k >> 6);
     in.tp = 1 << (k & 3);
     in.pp = 1 + ((k >> 2) & 1);
-    in.attn = (k >> 3) & 1 ? FL_ATTN_NAIVE : FL_ATTN_FLASH;
+    in.attn = (k >> 3) & 1 ? FL_PLAN_ATTN_NAIVE : FL_PLAN_ATTN_FLASH;
     in.kv_type = kvs[(k >> 4) & 3];
     if (k2 & 0x80) {
         in.train = true;
