@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "core/threads.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +43,8 @@ typedef struct {
     int64_t M;
     fl_act_q8 act;
     fl_gemm_q8_fn gemm;
+    char *panels; /* AVX-512 GEMM: [nth][fl_panel_bytes(K)] repacked row panels, else NULL */
+    size_t panel_bytes;
 } q8_ctx;
 
 static void q8_quant_task(void *p, int ith, int nth) {
@@ -83,6 +86,24 @@ static void q8_gemm_task(void *p, int ith, int nth) {
                 c->gemm(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, &c->act, m, nt, c->y + m * N + n, N);
             }
         }
+    }
+}
+
+/* AVX-512 GEMM (M > 1): each thread repacks 16-row panels of its row range into its own
+ * scratch and runs every token through the panel (fl_panel_gemm_avx512). */
+static void q8_panel_task(void *p, int ith, int nth) {
+    q8_ctx *c = p;
+    const int64_t N = c->W->ne[1], K = c->W->ne[0];
+    const size_t ldw = c->W->nb[1];
+    const int64_t np = (N + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS;
+    int64_t lo, hi;
+    fl_split_range(np, ith, nth, &lo, &hi);
+    char *pan = c->panels + (size_t)ith * c->panel_bytes;
+    for (int64_t pi = lo; pi < hi; pi++) {
+        const int64_t n = pi * FL_PANEL_ROWS;
+        const int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
+        fl_panel_pack_avx512(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, K, pan);
+        fl_panel_gemm_avx512(c->W->type, pan, nr, &c->act, 0, (int)c->M, c->y + n, N);
     }
 }
 
@@ -129,11 +150,21 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
     const int64_t K = W->ne[0];
     if (M <= 0) return;
     if (!fl_matmul_f32_act() && (W->type == FL_TYPE_Q8_0 || W->type == FL_TYPE_Q4_0)) {
-        q8_ctx c = {W, x, y, M, {0}, gemm_for(isa)};
+        q8_ctx c = {W, x, y, M, {0}, gemm_for(isa), NULL, 0};
         if (fl_act_q8_alloc(&c.act, M, K) == FL_OK) {
             if (M >= 8) fl_parallel(q8_quant_task, &c);
             else q8_quant_task(&c, 0, 1);
-            fl_parallel(q8_gemm_task, &c);
+            const int nth = fl_threads_get();
+            if (isa == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) {
+                c.panel_bytes = fl_panel_bytes(K);
+                c.panels = fl_alloc(FL_MEM_SCRATCH, (size_t)nth * c.panel_bytes, 64);
+                if (!c.panels) fl_clear_error(); /* no scratch: the tile path below */
+            }
+            if (c.panels) {
+                fl_parallel_n(q8_panel_task, &c, nth);
+                fl_free(FL_MEM_SCRATCH, c.panels, (size_t)nth * c.panel_bytes);
+            } else
+                fl_parallel(q8_gemm_task, &c);
             fl_act_q8_free(&c.act);
             return;
         }

@@ -75,6 +75,22 @@ void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_
                      float *y, int64_t ldy);
 void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
                        float *y, int64_t ldy);
+/* Row panels (the AVX-512 GEMM path, M > 1): FL_PANEL_ROWS weight rows repacked per call into
+ * per-thread scratch, per block of 32: 16 f32 scales (64 bytes), then the 32 x 16 codes as
+ * unsigned bytes ordered [k / 4][row][k % 4] (Q8_0: code + 128, Q4_0: the nibble 0..15), so one
+ * 64-byte load feeds vpdpbusd for 16 rows against 4 broadcast activation codes.  Rows >= nr are
+ * zero-scaled.  fl_panel_bytes(K) = (K / 32) * 576 is the scratch for one panel.
+ * fl_panel_gemm: y[t * ldy + r] = dot(panel row r, token m0 + t) for r < nr, t < nt (any nt,
+ * the kernel tiles 8 tokens); the per-block integer sums are exact (offset 128 / 8 times the
+ * activation code sum is subtracted in int32), so it matches fl_gemm_q8_ref up to f32 order. */
+#define FL_PANEL_ROWS 16
+size_t fl_panel_bytes(int64_t K);
+void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
+void fl_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
+void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                       int64_t ldy);
+void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                          int64_t ldy);
 /* f32 dot product of n elements. */
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx2(const float *a, const float *b, int64_t n);

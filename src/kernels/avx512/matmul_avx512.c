@@ -247,4 +247,100 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
             for (int t = 0; t < nt; t++) (q8 ? tile1x1_q8 : tile1x1_q4)(wc + r * ldw, ldw, a, m0 + t, y + t * ldy + r, ldy);
 }
 
+/* ---- row panels (layout in matmul.h; reference fl_panel_pack_ref / fl_panel_gemm_ref) ---- */
+
+#define PANEL_BLOCK (FL_PANEL_ROWS * 4 + FL_PANEL_ROWS * 32)
+
+/* Repack up to 16 rows with gathers: lane r of each gather reads row r (masked past nr). */
+void fl_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
+    const bool q8 = wtype == FL_TYPE_Q8_0;
+    const int bsz = q8 ? 34 : 18;
+    const int64_t nb = K / 32;
+    const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
+    if ((uint64_t)ldw * FL_PANEL_ROWS >= (1ull << 31)) { /* gather offsets are int32 */
+        fl_panel_pack_ref(wtype, w, ldw, nr, K, panel);
+        return;
+    }
+    const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)ldw));
+    const __m512i zero = _mm512_setzero_si512(), m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++) {
+        const char *base = (const char *)w + b * bsz;
+        char *pb = (char *)panel + b * PANEL_BLOCK;
+        const __m512i g = _mm512_mask_i32gather_epi32(zero, rm, vrow, (const void *)base, 1);
+        _mm512_storeu_ps(pb, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
+        __m512i *q = (__m512i *)(pb + 64);
+        if (q8) {
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++)
+                _mm512_storeu_si512(q + i, _mm512_xor_si512(_mm512_mask_i32gather_epi32(zero, rm, vrow, (const void *)(base + 2 + 4 * i), 1), flip));
+        } else {
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const __m512i v = _mm512_mask_i32gather_epi32(zero, rm, vrow, (const void *)(base + 2 + 4 * i), 1);
+                _mm512_storeu_si512(q + i, _mm512_and_si512(v, m4));
+                _mm512_storeu_si512(q + i + 4, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            }
+        }
+    }
+}
+
+/* 16 rows x NT tokens: per block, 8 weight vectors loaded once; per token an int32 sum started
+ * at -offset * (code sum) takes 8 vpdpbusd with 4 broadcast activation codes each, then one
+ * convert and one fma with d_w (16 lanes) * d_x. */
+INLINE void panel_tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, const int32_t off, float *y,
+                       int64_t ldy, int nr) {
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    const int64_t nb = a->nb, K = a->K;
+    const int8_t *xq0 = a->qs + m0 * K;
+    const int32_t *s0 = a->s + m0 * nb;
+    const float *d0 = a->d + m0 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const char *pb = pan + b * PANEL_BLOCK;
+        const __m512 dw = _mm512_loadu_ps(pb);
+        __m512i wv[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) wv[i] = _mm512_loadu_si512(pb + 64 + 64 * i);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const int32_t *x = (const int32_t *)(xq0 + t * K + b * 32);
+            __m512i s = _mm512_set1_epi32(-off * s0[t * nb + b]);
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) s = _mm512_dpbusd_epi32(s, wv[i], _mm512_set1_epi32(x[i]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(d0[t * nb + b])), acc[t]);
+        }
+    }
+    const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
+}
+
+#define DEFINE_PANEL(n)                                                                                     \
+    static void panel_tile##n(const char *pan, const fl_act_q8 *a, int64_t m0, int32_t off, float *y,        \
+                              int64_t ldy, int nr) {                                                        \
+        panel_tile(pan, a, m0, n, off, y, ldy, nr);                                                        \
+    }
+DEFINE_PANEL(1)
+DEFINE_PANEL(2)
+DEFINE_PANEL(3)
+DEFINE_PANEL(4)
+DEFINE_PANEL(5)
+DEFINE_PANEL(6)
+DEFINE_PANEL(7)
+DEFINE_PANEL(8)
+
+void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                          int64_t ldy) {
+    typedef void (*fn)(const char *, const fl_act_q8 *, int64_t, int32_t, float *, int64_t, int);
+    static const fn tiles[9] = {NULL, panel_tile1, panel_tile2, panel_tile3, panel_tile4,
+                                panel_tile5, panel_tile6, panel_tile7, panel_tile8};
+    const int32_t off = wtype == FL_TYPE_Q8_0 ? 128 : 8;
+    for (int t = 0; t < nt; t += 8) {
+        const int n = nt - t < 8 ? nt - t : 8;
+        tiles[n]((const char *)panel, a, m0 + t, off, y + t * ldy, ldy, nr);
+    }
+}
+
 /* fl_dot_f32_avx512 lives in avx512/ops_avx512.c. */
