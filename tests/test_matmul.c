@@ -154,11 +154,101 @@ static void test_gemm_vs_gemv(void **state) {
     fl_test_mem_zero();
 }
 
+/* Row panels: the AVX-512 packer is byte-identical to the reference packer, the reference panel
+ * product equals the integer tile reference (f32 order only), and the AVX-512 panel product
+ * matches it on partial panels (nr < 16), every token tail of the 8-token tile, odd block counts. */
+static void test_panel_parity(void **state) {
+    (void)state;
+    const int32_t types[2] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0};
+    const int64_t Ks[3] = {32, 416, 2048};
+    const bool fast = fl_isa_best() == FL_ISA_AVX512;
+    for (int ti = 0; ti < 2; ti++)
+        for (int ki = 0; ki < 3; ki++) {
+            const int64_t K = Ks[ki], N = 21, M = 19;
+            qmat q;
+            qmat_make(&q, types[ti], N, K);
+            float *x = frand_buf(M * K);
+            fl_act_q8 a;
+            assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
+            for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
+            const size_t pb = fl_panel_bytes(K);
+            assert_int_equal(pb, (size_t)(K / 32) * (16 * 4 + 16 * 32));
+            char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
+            float *ref = frand_buf(M * 16), *pr = frand_buf(M * 16), *got = frand_buf(M * 16);
+            const int nrs[3] = {16, 5, 1};
+            for (int ni = 0; ni < 3; ni++) {
+                const int nr = nrs[ni];
+                const char *w = (const char *)q.data + 3 * q.W.nb[1]; /* rows 3 .. 3 + nr */
+                memset(p0, 0x5A, pb);
+                fl_panel_pack_ref(types[ti], w, q.W.nb[1], nr, K, p0);
+                fl_gemm_q8_ref(types[ti], w, q.W.nb[1], nr, &a, 0, (int)M, ref, 16);
+                fl_panel_gemm_ref(types[ti], p0, nr, &a, 0, (int)M, pr, 16);
+                for (int64_t t = 0; t < M; t++)
+                    for (int r = 0; r < nr; r++) CHECK_NEAR(pr[t * 16 + r], ref[t * 16 + r], 1e-4 * (1 + fabsf(ref[t * 16 + r])));
+                if (!fast) continue;
+                memset(p1, 0xA5, pb);
+                fl_panel_pack_avx512(types[ti], w, q.W.nb[1], nr, K, p1);
+                assert_memory_equal(p0, p1, pb);
+                for (int nt = 1; nt <= (int)M; nt += 3) { /* 1, 4, 7, ..., 19: tails of the 8-token tile */
+                    for (int64_t i = 0; i < M * 16; i++) got[i] = -12345.0f;
+                    fl_panel_gemm_avx512(types[ti], p1, nr, &a, M - nt, nt, got, 16);
+                    for (int t = 0; t < nt; t++) {
+                        for (int r = 0; r < nr; r++) {
+                            const float e = pr[(M - nt + t) * 16 + r];
+                            CHECK_NEAR(got[t * 16 + r], e, 1e-4 * (1 + fabsf(e)));
+                        }
+                        for (int r = nr; r < 16; r++) assert_true(got[t * 16 + r] == -12345.0f); /* rows past nr untouched */
+                    }
+                }
+            }
+            fl_free(FL_MEM_MISC, p0, pb);
+            fl_free(FL_MEM_MISC, p1, pb);
+            fl_free(FL_MEM_MISC, ref, (size_t)(M * 16) * 4);
+            fl_free(FL_MEM_MISC, pr, (size_t)(M * 16) * 4);
+            fl_free(FL_MEM_MISC, got, (size_t)(M * 16) * 4);
+            fl_act_q8_free(&a);
+            fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+            qmat_free(&q);
+        }
+    fl_test_mem_zero();
+}
+
+/* Whole-matrix GEMM through fl_matmul (panel path on AVX-512) on shapes with row and token tails
+ * against the scalar integer tiles of the reference ISA. */
+static void test_gemm_shapes_vs_ref_isa(void **state) {
+    (void)state;
+    const int32_t types[2] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0};
+    const int64_t shapes[][3] = {{33, 96, 2}, {16, 64, 8}, {47, 352, 17}, {5, 32, 3}}; /* N, K, M */
+    for (int ti = 0; ti < 2; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int64_t N = shapes[si][0], K = shapes[si][1], M = shapes[si][2];
+            qmat q;
+            qmat_make(&q, types[ti], N, K);
+            float *x = frand_buf(M * K), *ref = frand_buf(M * N), *got = frand_buf(M * N);
+            fl_isa_set(FL_ISA_REF);
+            fl_matmul(&q.W, x, ref, M);
+            fl_isa_set(fl_isa_best());
+            for (int nth = 1; nth <= 3; nth++) {
+                fl_threads_set(nth);
+                fl_matmul(&q.W, x, got, M);
+                for (int64_t i = 0; i < M * N; i++) CHECK_NEAR(got[i], ref[i], 1e-4 * (1 + fabsf(ref[i])));
+            }
+            fl_threads_set(0);
+            fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+            fl_free(FL_MEM_MISC, ref, (size_t)(M * N) * 4);
+            fl_free(FL_MEM_MISC, got, (size_t)(M * N) * 4);
+            qmat_free(&q);
+        }
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_q8_parity),
         cmocka_unit_test(test_all_types_vs_ref),
         cmocka_unit_test(test_gemm_vs_gemv),
+        cmocka_unit_test(test_panel_parity),
+        cmocka_unit_test(test_gemm_shapes_vs_ref_isa),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

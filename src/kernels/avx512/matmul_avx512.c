@@ -273,7 +273,7 @@ void fl_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int6
         if (q8) {
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++)
-                _mm512_storeu_si512(q + i, _mm512_xor_si512(_mm512_mask_i32gather_epi32(zero, rm, vrow, (const void *)(base + 2 + 4 * i), 1), flip));
+                _mm512_storeu_si512(q + i, _mm512_maskz_xor_epi32(rm, _mm512_mask_i32gather_epi32(zero, rm, vrow, (const void *)(base + 2 + 4 * i), 1), flip));
         } else {
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
