@@ -242,12 +242,46 @@ static void test_gemm_shapes_vs_ref_isa(void **state) {
     fl_test_mem_zero();
 }
 
+/* The AVX-512 activation quantizer equals the scalar reference bit for bit: codes, scales, sums
+ * and the derived lanes; blocks of zeros, tiny (f16-subnormal scale) and large magnitudes, ties. */
+static void test_act_quant_parity(void **state) {
+    (void)state;
+    if (fl_isa_best() != FL_ISA_AVX512) skip();
+    const int64_t M = 3, K = 320;
+    float *x = frand_buf(M * K);
+    for (int j = 0; j < 32; j++) x[32 + j] = 0.0f;        /* all-zero block */
+    for (int j = 0; j < 32; j++) x[64 + j] *= 1e-7f;      /* scale below the f16 normal range */
+    for (int j = 0; j < 32; j++) x[96 + j] *= 3e4f;       /* large */
+    for (int j = 0; j < 31; j++) x[128 + j] = (float)j - 15.5f; /* amax 127: id = 1, codes are .5 ties */
+    x[128 + 31] = 127.0f;
+    fl_act_q8 a, b;
+    assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
+    assert_int_equal(fl_act_q8_alloc(&b, M, K), FL_OK);
+    memset(a.mem, 0, a.bytes);
+    memset(b.mem, 0xEE, b.bytes);
+    for (int64_t m = 0; m < M; m++) {
+        fl_act_q8_quantize_row(&a, m, x + m * K);
+        fl_act_q8_quantize_row_avx512(&b, m, x + m * K);
+    }
+    assert_memory_equal(a.qs, b.qs, (size_t)(M * K));
+    assert_memory_equal(a.d, b.d, (size_t)(M * a.nb) * 4);
+    assert_memory_equal(a.s, b.s, (size_t)(M * a.nb) * 4);
+    assert_memory_equal(a.ms, b.ms, (size_t)(M * a.nb) * 4);
+    assert_memory_equal(a.dv, b.dv, (size_t)(M * a.nb) * 32);
+    assert_memory_equal(a.sv, b.sv, (size_t)(M * a.nb) * 32);
+    fl_act_q8_free(&a);
+    fl_act_q8_free(&b);
+    fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_q8_parity),
         cmocka_unit_test(test_all_types_vs_ref),
         cmocka_unit_test(test_gemm_vs_gemv),
         cmocka_unit_test(test_panel_parity),
+        cmocka_unit_test(test_act_quant_parity),
         cmocka_unit_test(test_gemm_shapes_vs_ref_isa),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

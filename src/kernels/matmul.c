@@ -51,7 +51,9 @@ static void q8_quant_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
     int64_t lo, hi;
     fl_split_range(c->M, ith, nth, &lo, &hi);
-    for (int64_t m = lo; m < hi; m++) fl_act_q8_quantize_row(&c->act, m, c->x + m * c->W->ne[0]);
+    void (*quant)(fl_act_q8 *, int64_t, const float *) =
+        fl_isa_get() == FL_ISA_AVX512 ? fl_act_q8_quantize_row_avx512 : fl_act_q8_quantize_row;
+    for (int64_t m = lo; m < hi; m++) quant(&c->act, m, c->x + m * c->W->ne[0]);
 }
 
 #define ROW_TILE 4

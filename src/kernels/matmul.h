@@ -64,6 +64,8 @@ typedef struct fl_act_q8 {
 fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K); /* K % 32 == 0 */
 void fl_act_q8_free(fl_act_q8 *a);
 void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x); /* scalar reference */
+/* Same result bit for bit (round to nearest even, f16-rounded scale), 16 lanes at a time. */
+void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x);
 
 /* Integer tile: y[t * ldy + r] = dot(W row r, token m0 + t) for r < nr, t < nt, where W row r
  * starts at w + r * ldw and wtype is Q8_0 or Q4_0. */

@@ -247,6 +247,32 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
             for (int t = 0; t < nt; t++) (q8 ? tile1x1_q8 : tile1x1_q4)(wc + r * ldw, ldw, a, m0 + t, y + t * ldy + r, ldy);
 }
 
+/* ---- 8-bit activations (reference: fl_act_q8_quantize_row) ---- */
+
+void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x) {
+    int8_t *q = a->qs + m * a->K;
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    for (int64_t b = 0; b < a->nb; b++) {
+        const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
+        const float d = _cvtsh_ss(_cvtss_sh(amax / 127, _MM_FROUND_TO_NEAREST_INT)), id = amax > 0 ? 127.0f / amax : 0.0f;
+        const __m512 vid = _mm512_set1_ps(id);
+        __m512i c0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)), c1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vid));
+        c0 = _mm512_min_epi32(_mm512_max_epi32(c0, lo), hi);
+        c1 = _mm512_min_epi32(_mm512_max_epi32(c1, lo), hi);
+        _mm_storeu_si128((__m128i *)(q + b * 32), _mm512_cvtepi32_epi8(c0));
+        _mm_storeu_si128((__m128i *)(q + b * 32 + 16), _mm512_cvtepi32_epi8(c1));
+        const int s = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
+        const int64_t i = m * a->nb + b;
+        a->d[i] = d;
+        a->s[i] = s;
+        a->ms[i] = -(float)s * d;
+        _mm256_storeu_ps(a->dv + i * 8, _mm256_set1_ps(d));
+        _mm256_storeu_si256((__m256i *)(a->sv + i * 8), _mm256_set1_epi32(-s));
+    }
+}
+
 /* ---- row panels (layout in matmul.h; reference fl_panel_pack_ref / fl_panel_gemm_ref) ---- */
 
 #define PANEL_BLOCK (FL_PANEL_ROWS * 4 + FL_PANEL_ROWS * 32)
