@@ -277,6 +277,57 @@ void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x) {
 
 #define PANEL_BLOCK (FL_PANEL_ROWS * 4 + FL_PANEL_ROWS * 32)
 
+/* 16 rows x 32 Q8_0 codes (row r at p + r * ldw) -> 8 vectors [quad c][row][4], sign-flipped:
+ * rows j and j + 8 share a zmm, an 8 x 8 dword transpose runs in both halves, and a two-source
+ * qword permute puts the halves in row order. */
+INLINE void pack_q8_full(const char *p, size_t ldw, __m512i *out, __m512i flip) {
+    __m512i z[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+        z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + j * ldw))),
+                                  _mm256_loadu_si256((const __m256i *)(p + (j + 8) * ldw)), 1);
+#pragma GCC unroll 4
+    for (int j = 0; j < 8; j += 2) {
+        t[j] = _mm512_unpacklo_epi32(z[j], z[j + 1]);     /* per 128 lane: c0 r_j, c0 r_j+1, c1 r_j, c1 r_j+1 */
+        t[j + 1] = _mm512_unpackhi_epi32(z[j], z[j + 1]); /* c2, c3 */
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 8; h += 4) {
+        u[h + 0] = _mm512_unpacklo_epi64(t[h + 0], t[h + 2]); /* col 0 (lane 0) / col 4 (lane 1), 4 rows */
+        u[h + 1] = _mm512_unpackhi_epi64(t[h + 0], t[h + 2]); /* col 1 / 5 */
+        u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]); /* col 2 / 6 */
+        u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]); /* col 3 / 7 */
+    }
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        _mm512_storeu_si512(out + c, _mm512_xor_si512(_mm512_permutex2var_epi64(u[c], lo, u[c + 4]), flip));
+        _mm512_storeu_si512(out + c + 4, _mm512_xor_si512(_mm512_permutex2var_epi64(u[c], hi, u[c + 4]), flip));
+    }
+}
+
+/* 16 rows x 16 Q4_0 bytes: 128-bit lane k of z[j] holds row j + 4k, a 4 x 4 dword transpose per
+ * lane gives [quad c][row], then the nibbles split into quads c (low) and c + 4 (high). */
+INLINE void pack_q4_full(const char *p, size_t ldw, __m512i *out, __m512i m4) {
+    __m512i z[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + j * ldw)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (j + 4) * ldw)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (j + 8) * ldw)), 2);
+        z[j] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (j + 12) * ldw)), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    const __m512i v[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2), _mm512_unpacklo_epi64(t1, t3),
+                          _mm512_unpackhi_epi64(t1, t3)};
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        _mm512_storeu_si512(out + c, _mm512_and_si512(v[c], m4));
+        _mm512_storeu_si512(out + c + 4, _mm512_and_si512(_mm512_srli_epi16(v[c], 4), m4));
+    }
+}
+
 /* Repack up to 16 rows with gathers: lane r of each gather reads row r (masked past nr). */
 void fl_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
     const bool q8 = wtype == FL_TYPE_Q8_0;
@@ -294,6 +345,12 @@ void fl_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int6
         const char *base = (const char *)w + b * bsz;
         char *pb = (char *)panel + b * PANEL_BLOCK;
         const __m512i g = _mm512_mask_i32gather_epi32(zero, rm, vrow, (const void *)base, 1);
+        if (nr == FL_PANEL_ROWS) { /* full panel: codes by in-register transposes */
+            _mm512_storeu_ps(pb, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
+            if (q8) pack_q8_full(base + 2, ldw, (__m512i *)(pb + 64), flip);
+            else pack_q4_full(base + 2, ldw, (__m512i *)(pb + 64), m4);
+            continue;
+        }
         _mm512_storeu_ps(pb, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
         __m512i *q = (__m512i *)(pb + 64);
         if (q8) {
