@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "core/threads.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,7 @@ typedef struct {
     fl_gemm_q8_fn gemm;
     char *panels; /* AVX-512 GEMM: [nth][fl_panel_bytes(K)] repacked row panels, else NULL */
     size_t panel_bytes;
+    _Atomic int64_t next; /* next unit (GEMV row chunk / panel) to take: dynamic split */
 } q8_ctx;
 
 static void q8_quant_task(void *p, int ith, int nth) {
@@ -58,6 +60,7 @@ static void q8_quant_task(void *p, int ith, int nth) {
 
 #define ROW_TILE 4
 #define TOK_TILE 4
+#define GEMV_CHUNK 32 /* rows per dynamically taken GEMV chunk (a multiple of ROW_TILE) */
 #define CHUNK_BYTES (192 * 1024) /* weight rows per chunk: stay in L2 while all tokens pass */
 
 static void q8_gemm_task(void *p, int ith, int nth) {
@@ -70,10 +73,16 @@ static void q8_gemm_task(void *p, int ith, int nth) {
     fl_split_range(ntiles, ith, nth, &lo, &hi);
     lo *= ROW_TILE;
     hi = hi * ROW_TILE < N ? hi * ROW_TILE : N;
-    if (c->M == 1) { /* GEMV: stream the rows once */
-        for (int64_t n = lo; n < hi; n += ROW_TILE) {
-            const int nr = (int)(hi - n < ROW_TILE ? hi - n : ROW_TILE);
-            c->gemm(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, &c->act, 0, 1, c->y + n, c->W->ne[1]);
+    if (c->M == 1) { /* GEMV: stream the rows once, chunks taken dynamically so a thread the
+                        * scheduler holds back does not hold up the others */
+        for (;;) {
+            const int64_t n0 = atomic_fetch_add_explicit(&c->next, GEMV_CHUNK, memory_order_relaxed);
+            if (n0 >= N) break;
+            const int64_t n1 = n0 + GEMV_CHUNK < N ? n0 + GEMV_CHUNK : N;
+            for (int64_t n = n0; n < n1; n += ROW_TILE) {
+                const int nr = (int)(n1 - n < ROW_TILE ? n1 - n : ROW_TILE);
+                c->gemm(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, &c->act, 0, 1, c->y + n, N);
+            }
         }
         return;
     }
@@ -98,10 +107,11 @@ static void q8_panel_task(void *p, int ith, int nth) {
     const int64_t N = c->W->ne[1], K = c->W->ne[0];
     const size_t ldw = c->W->nb[1];
     const int64_t np = (N + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS;
-    int64_t lo, hi;
-    fl_split_range(np, ith, nth, &lo, &hi);
+    (void)nth;
     char *pan = c->panels + (size_t)ith * c->panel_bytes;
-    for (int64_t pi = lo; pi < hi; pi++) {
+    for (;;) { /* panels taken dynamically (see the GEMV loop) */
+        const int64_t pi = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+        if (pi >= np) break;
         const int64_t n = pi * FL_PANEL_ROWS;
         const int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
         fl_panel_pack_avx512(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, K, pan);
@@ -157,6 +167,7 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
             if (M >= 8) fl_parallel(q8_quant_task, &c);
             else q8_quant_task(&c, 0, 1);
             const int nth = fl_threads_get();
+            atomic_store(&c.next, 0);
             if (isa == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) {
                 c.panel_bytes = fl_panel_bytes(K);
                 c.panels = fl_alloc(FL_MEM_SCRATCH, (size_t)nth * c.panel_bytes, 64);
