@@ -386,14 +386,18 @@ INLINE void panel_tile(const char *pan, const fl_act_q8 *a, int64_t m0, const in
         __m512i wv[8];
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) wv[i] = _mm512_loadu_si512(pb + 64 + 64 * i);
+        /* token-interleaved: the 8 dependent vpdpbusd of one token are NT instructions apart */
+        __m512i s[8];
 #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) {
-            const int32_t *x = (const int32_t *)(xq0 + t * K + b * 32);
-            __m512i s = _mm512_set1_epi32(-off * s0[t * nb + b]);
+        for (int t = 0; t < NT; t++) s[t] = _mm512_set1_epi32(-off * s0[t * nb + b]);
 #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) s = _mm512_dpbusd_epi32(s, wv[i], _mm512_set1_epi32(x[i]));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(d0[t * nb + b])), acc[t]);
-        }
+        for (int i = 0; i < 8; i++)
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++)
+                s[t] = _mm512_dpbusd_epi32(s[t], wv[i], _mm512_set1_epi32(((const int32_t *)(xq0 + t * K + b * 32))[i]));
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++)
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, _mm512_set1_ps(d0[t * nb + b])), acc[t]);
     }
     const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
 #pragma GCC unroll 8
