@@ -3,6 +3,7 @@
  * CPU has against the scalar reference on odd shapes and tails, GEMV vs GEMM consistency. */
 #include "test.h"
 
+#include "core/alloc.h"
 #include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/threads.h"
@@ -275,6 +276,37 @@ static void test_act_quant_parity(void **state) {
     fl_test_mem_zero();
 }
 
+/* fl_matmul_scratch_bytes equals the FL_MEM_SCRATCH high-water mark of a call (GEMV, GEMM, f32 path). */
+static void test_scratch_bytes(void **state) {
+    (void)state;
+    const int32_t types[3] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K};
+    const int64_t Ms[3] = {1, 5, 17};
+    for (int ti = 0; ti < 3; ti++) {
+        const int64_t N = 40, K = 256;
+        qmat q;
+        qmat_make(&q, types[ti], N, K);
+        float *x = frand_buf(17 * K), *y = frand_buf(17 * N);
+        for (int nth = 1; nth <= 2; nth++) {
+            fl_threads_set(nth);
+            for (int mi = 0; mi < 3; mi++) {
+                const size_t before = fl_mem_current(FL_MEM_SCRATCH);
+                fl_mem_reset_peaks();
+                fl_matmul(&q.W, x, y, Ms[mi]);
+                const size_t used = fl_mem_peak(FL_MEM_SCRATCH) - before, want = fl_matmul_scratch_bytes(&q.W, Ms[mi], nth);
+                if (used != want)
+                    fail_msg("%s M=%lld nth=%d: scratch %zu, fl_matmul_scratch_bytes %zu", fl_type_name(types[ti]),
+                             (long long)Ms[mi], nth, used, want);
+                assert_true(want > 0);
+            }
+        }
+        fl_threads_set(0);
+        fl_free(FL_MEM_MISC, x, (size_t)(17 * K) * 4);
+        fl_free(FL_MEM_MISC, y, (size_t)(17 * N) * 4);
+        qmat_free(&q);
+    }
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_q8_parity),
@@ -282,6 +314,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_vs_gemv),
         cmocka_unit_test(test_panel_parity),
         cmocka_unit_test(test_act_quant_parity),
+        cmocka_unit_test(test_scratch_bytes),
         cmocka_unit_test(test_gemm_shapes_vs_ref_isa),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -157,6 +157,17 @@ static void f32_task(void *p, int ith, int nth) {
     }
 }
 
+size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
+    const int64_t K = W->ne[0];
+    if (M <= 0) return 0;
+    if (!fl_matmul_f32_act() && (W->type == FL_TYPE_Q8_0 || W->type == FL_TYPE_Q4_0)) {
+        size_t b = fl_act_q8_bytes(M, K);
+        if (fl_isa_get() == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) b += (size_t)nth * fl_panel_bytes(K);
+        return b;
+    }
+    return W->type == FL_TYPE_F32 ? 0 : (size_t)nth * F32_ROWS * (size_t)K * sizeof(float);
+}
+
 void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
     const fl_isa isa = fl_isa_get();
     const int64_t K = W->ne[0];

@@ -20,7 +20,11 @@
  * variable FL_MATMUL_F32ACT=1) keeps activations in f32 for every type (reference accuracy).
  * The kernels are chosen from fl_isa_get() (FL_KERNELS=ref|avx2|avx512).
  * fl_matmul allocates its activation scratch (FL_MEM_SCRATCH) per call and frees it; if that
- * allocation fails it falls back to the f32 path (no error).
+ * allocation fails it falls back to the f32 path (no error).  fl_matmul_scratch_bytes(W, M, nth)
+ * is the exact FL_MEM_SCRATCH high-water mark of one call on nth threads with the current ISA
+ * and activation mode (for memory planners): the 8-bit activations (fl_act_q8_bytes) plus, for
+ * M > 1 on AVX-512, nth repacked row panels (fl_panel_bytes each); or nth x 8 dequantized f32
+ * rows on the f32 path.
  */
 #ifndef FL_MATMUL_H
 #define FL_MATMUL_H
@@ -37,6 +41,8 @@ fl_status fl_matmul_supported(int32_t type);
 void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K);
 /* y [M][N] = x [M][K] . W^T, threaded. */
 void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M);
+/* FL_MEM_SCRATCH bytes one fl_matmul(W, ., ., M) call on nth threads allocates (see above). */
+size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth);
 /* Scalar reference (single thread, dequantize row + f32 dot). */
 void fl_matmul_ref(const fl_tensor *W, const float *x, float *y, int64_t M);
 
@@ -62,6 +68,7 @@ typedef struct fl_act_q8 {
 } fl_act_q8;
 
 fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K); /* K % 32 == 0 */
+size_t fl_act_q8_bytes(int64_t M, int64_t K);                      /* a->bytes of that allocation */
 void fl_act_q8_free(fl_act_q8 *a);
 void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x); /* scalar reference */
 /* Same result bit for bit (round to nearest even, f16-rounded scale), 16 lanes at a time. */

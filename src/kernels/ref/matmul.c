@@ -68,13 +68,20 @@ void fl_matmul_ref(const fl_tensor *W, const float *x, float *y, int64_t M) {
 
 /* ---- 8-bit activations ---- */
 
+size_t fl_act_q8_bytes(int64_t M, int64_t K) {
+    const int64_t nb = K / 32;
+    const size_t qs = ((size_t)(M * K) + 63) & ~(size_t)63, d = (size_t)(M * nb) * 4;
+    const size_t d64 = (d + 63) & ~(size_t)63, v = (size_t)(M * nb) * 32;
+    return qs + 3 * d64 + 2 * v;
+}
+
 fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
     memset(a, 0, sizeof *a);
     if (M <= 0 || K <= 0 || K % 32) return fl_set_error(FL_ERR_INVALID, "act_q8: bad shape %lld x %lld", (long long)M, (long long)K);
     const int64_t nb = K / 32;
     const size_t qs = ((size_t)(M * K) + 63) & ~(size_t)63, d = (size_t)(M * nb) * 4;
     const size_t d64 = (d + 63) & ~(size_t)63, v = (size_t)(M * nb) * 32;
-    a->bytes = qs + 3 * d64 + 2 * v;
+    a->bytes = fl_act_q8_bytes(M, K);
     a->mem = fl_alloc(FL_MEM_SCRATCH, a->bytes, 64);
     if (!a->mem) return FL_ERR_NOMEM; /* fl_alloc set the message */
     char *p = a->mem;
