@@ -154,6 +154,9 @@ INLINE void tile(const int32_t wtype, const char *w, size_t ldw, const fl_act_q8
  * per-pair work is load/expand, vpdpbusd from zero, convert, and one fma with the pair's
  * scales picked by a permute.  The unsigned-code offset (8 or 128 times the activation code
  * sum) is removed once per group with the precomputed -s*d_x (fl_act_q8.ms). */
+#ifndef GEMV_PF
+#define GEMV_PF 4096
+#endif
 INLINE float gemv_row(const int32_t wtype, const char *w, const fl_act_q8 *a, int64_t m) {
     const bool q8 = wtype == FL_TYPE_Q8_0;
     const int bsz = q8 ? 34 : 18;
@@ -167,6 +170,11 @@ INLINE float gemv_row(const int32_t wtype, const char *w, const fl_act_q8 *a, in
     int64_t b = 0;
     for (; b + 16 <= nb; b += 16) {
         const char *wb = w + b * bsz;
+#ifndef FL_GEMV_NO_PREFETCH
+        /* software prefetch GEMV_PF bytes ahead (rows are contiguous, so past the row end this
+         * reads the next row; a prefetch never faults) */
+        for (int l = 0; l < 16 * bsz; l += 64) _mm_prefetch(wb + GEMV_PF + l, _MM_HINT_T0);
+#endif
         const __m512i g = _mm512_i32gather_epi32(vidx, (const void *)wb, 1);
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
         const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(dx + b));
