@@ -3,6 +3,7 @@
  * CPU has against the scalar reference on odd shapes and tails, GEMV vs GEMM consistency. */
 #include "test.h"
 
+#include "core/alloc.h"
 #include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/threads.h"
@@ -154,11 +155,167 @@ static void test_gemm_vs_gemv(void **state) {
     fl_test_mem_zero();
 }
 
+/* Row panels: the AVX-512 packer is byte-identical to the reference packer, the reference panel
+ * product equals the integer tile reference (f32 order only), and the AVX-512 panel product
+ * matches it on partial panels (nr < 16), every token tail of the 8-token tile, odd block counts. */
+static void test_panel_parity(void **state) {
+    (void)state;
+    const int32_t types[2] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0};
+    const int64_t Ks[3] = {32, 416, 2048};
+    const bool fast = fl_isa_best() == FL_ISA_AVX512;
+    for (int ti = 0; ti < 2; ti++)
+        for (int ki = 0; ki < 3; ki++) {
+            const int64_t K = Ks[ki], N = 21, M = 19;
+            qmat q;
+            qmat_make(&q, types[ti], N, K);
+            float *x = frand_buf(M * K);
+            fl_act_q8 a;
+            assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
+            for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
+            const size_t pb = fl_panel_bytes(K);
+            assert_int_equal(pb, (size_t)(K / 32) * (16 * 4 + 16 * 32));
+            char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
+            float *ref = frand_buf(M * 16), *pr = frand_buf(M * 16), *got = frand_buf(M * 16);
+            const int nrs[3] = {16, 5, 1};
+            for (int ni = 0; ni < 3; ni++) {
+                const int nr = nrs[ni];
+                const char *w = (const char *)q.data + 3 * q.W.nb[1]; /* rows 3 .. 3 + nr */
+                memset(p0, 0x5A, pb);
+                fl_panel_pack_ref(types[ti], w, q.W.nb[1], nr, K, p0);
+                fl_gemm_q8_ref(types[ti], w, q.W.nb[1], nr, &a, 0, (int)M, ref, 16);
+                fl_panel_gemm_ref(types[ti], p0, nr, &a, 0, (int)M, pr, 16);
+                for (int64_t t = 0; t < M; t++)
+                    for (int r = 0; r < nr; r++) CHECK_NEAR(pr[t * 16 + r], ref[t * 16 + r], 1e-4 * (1 + fabsf(ref[t * 16 + r])));
+                if (!fast) continue;
+                memset(p1, 0xA5, pb);
+                fl_panel_pack_avx512(types[ti], w, q.W.nb[1], nr, K, p1);
+                assert_memory_equal(p0, p1, pb);
+                for (int nt = 1; nt <= (int)M; nt += 3) { /* 1, 4, 7, ..., 19: tails of the 8-token tile */
+                    for (int64_t i = 0; i < M * 16; i++) got[i] = -12345.0f;
+                    fl_panel_gemm_avx512(types[ti], p1, nr, &a, M - nt, nt, got, 16);
+                    for (int t = 0; t < nt; t++) {
+                        for (int r = 0; r < nr; r++) {
+                            const float e = pr[(M - nt + t) * 16 + r];
+                            CHECK_NEAR(got[t * 16 + r], e, 1e-4 * (1 + fabsf(e)));
+                        }
+                        for (int r = nr; r < 16; r++) assert_true(got[t * 16 + r] == -12345.0f); /* rows past nr untouched */
+                    }
+                }
+            }
+            fl_free(FL_MEM_MISC, p0, pb);
+            fl_free(FL_MEM_MISC, p1, pb);
+            fl_free(FL_MEM_MISC, ref, (size_t)(M * 16) * 4);
+            fl_free(FL_MEM_MISC, pr, (size_t)(M * 16) * 4);
+            fl_free(FL_MEM_MISC, got, (size_t)(M * 16) * 4);
+            fl_act_q8_free(&a);
+            fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+            qmat_free(&q);
+        }
+    fl_test_mem_zero();
+}
+
+/* Whole-matrix GEMM through fl_matmul (panel path on AVX-512) on shapes with row and token tails
+ * against the scalar integer tiles of the reference ISA. */
+static void test_gemm_shapes_vs_ref_isa(void **state) {
+    (void)state;
+    const int32_t types[2] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0};
+    const int64_t shapes[][3] = {{33, 96, 2}, {16, 64, 8}, {47, 352, 17}, {5, 32, 3}}; /* N, K, M */
+    for (int ti = 0; ti < 2; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int64_t N = shapes[si][0], K = shapes[si][1], M = shapes[si][2];
+            qmat q;
+            qmat_make(&q, types[ti], N, K);
+            float *x = frand_buf(M * K), *ref = frand_buf(M * N), *got = frand_buf(M * N);
+            fl_isa_set(FL_ISA_REF);
+            fl_matmul(&q.W, x, ref, M);
+            fl_isa_set(fl_isa_best());
+            for (int nth = 1; nth <= 3; nth++) {
+                fl_threads_set(nth);
+                fl_matmul(&q.W, x, got, M);
+                for (int64_t i = 0; i < M * N; i++) CHECK_NEAR(got[i], ref[i], 1e-4 * (1 + fabsf(ref[i])));
+            }
+            fl_threads_set(0);
+            fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+            fl_free(FL_MEM_MISC, ref, (size_t)(M * N) * 4);
+            fl_free(FL_MEM_MISC, got, (size_t)(M * N) * 4);
+            qmat_free(&q);
+        }
+    fl_test_mem_zero();
+}
+
+/* The AVX-512 activation quantizer equals the scalar reference bit for bit: codes, scales, sums
+ * and the derived lanes; blocks of zeros, tiny (f16-subnormal scale) and large magnitudes, ties. */
+static void test_act_quant_parity(void **state) {
+    (void)state;
+    if (fl_isa_best() != FL_ISA_AVX512) skip();
+    const int64_t M = 3, K = 320;
+    float *x = frand_buf(M * K);
+    for (int j = 0; j < 32; j++) x[32 + j] = 0.0f;        /* all-zero block */
+    for (int j = 0; j < 32; j++) x[64 + j] *= 1e-7f;      /* scale below the f16 normal range */
+    for (int j = 0; j < 32; j++) x[96 + j] *= 3e4f;       /* large */
+    for (int j = 0; j < 31; j++) x[128 + j] = (float)j - 15.5f; /* amax 127: id = 1, codes are .5 ties */
+    x[128 + 31] = 127.0f;
+    fl_act_q8 a, b;
+    assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
+    assert_int_equal(fl_act_q8_alloc(&b, M, K), FL_OK);
+    memset(a.mem, 0, a.bytes);
+    memset(b.mem, 0xEE, b.bytes);
+    for (int64_t m = 0; m < M; m++) {
+        fl_act_q8_quantize_row(&a, m, x + m * K);
+        fl_act_q8_quantize_row_avx512(&b, m, x + m * K);
+    }
+    assert_memory_equal(a.qs, b.qs, (size_t)(M * K));
+    assert_memory_equal(a.d, b.d, (size_t)(M * a.nb) * 4);
+    assert_memory_equal(a.s, b.s, (size_t)(M * a.nb) * 4);
+    assert_memory_equal(a.ms, b.ms, (size_t)(M * a.nb) * 4);
+    assert_memory_equal(a.dv, b.dv, (size_t)(M * a.nb) * 32);
+    assert_memory_equal(a.sv, b.sv, (size_t)(M * a.nb) * 32);
+    fl_act_q8_free(&a);
+    fl_act_q8_free(&b);
+    fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+    fl_test_mem_zero();
+}
+
+/* fl_matmul_scratch_bytes equals the FL_MEM_SCRATCH high-water mark of a call (GEMV, GEMM, f32 path). */
+static void test_scratch_bytes(void **state) {
+    (void)state;
+    const int32_t types[3] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K};
+    const int64_t Ms[3] = {1, 5, 17};
+    for (int ti = 0; ti < 3; ti++) {
+        const int64_t N = 40, K = 256;
+        qmat q;
+        qmat_make(&q, types[ti], N, K);
+        float *x = frand_buf(17 * K), *y = frand_buf(17 * N);
+        for (int nth = 1; nth <= 2; nth++) {
+            fl_threads_set(nth);
+            for (int mi = 0; mi < 3; mi++) {
+                const size_t before = fl_mem_current(FL_MEM_SCRATCH);
+                fl_mem_reset_peaks();
+                fl_matmul(&q.W, x, y, Ms[mi]);
+                const size_t used = fl_mem_peak(FL_MEM_SCRATCH) - before, want = fl_matmul_scratch_bytes(&q.W, Ms[mi], nth);
+                if (used != want)
+                    fail_msg("%s M=%lld nth=%d: scratch %zu, fl_matmul_scratch_bytes %zu", fl_type_name(types[ti]),
+                             (long long)Ms[mi], nth, used, want);
+                assert_true(want > 0);
+            }
+        }
+        fl_threads_set(0);
+        fl_free(FL_MEM_MISC, x, (size_t)(17 * K) * 4);
+        fl_free(FL_MEM_MISC, y, (size_t)(17 * N) * 4);
+        qmat_free(&q);
+    }
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_q8_parity),
         cmocka_unit_test(test_all_types_vs_ref),
         cmocka_unit_test(test_gemm_vs_gemv),
+        cmocka_unit_test(test_panel_parity),
+        cmocka_unit_test(test_act_quant_parity),
+        cmocka_unit_test(test_scratch_bytes),
+        cmocka_unit_test(test_gemm_shapes_vs_ref_isa),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,8 @@
 #include "core/status.h"
 #include "core/threads.h"
 
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,17 +44,23 @@ typedef struct {
     int64_t M;
     fl_act_q8 act;
     fl_gemm_q8_fn gemm;
+    char *panels; /* AVX-512 GEMM: [nth][fl_panel_bytes(K)] repacked row panels, else NULL */
+    size_t panel_bytes;
+    _Atomic int64_t next; /* next unit (GEMV row chunk / panel) to take: dynamic split */
 } q8_ctx;
 
 static void q8_quant_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
     int64_t lo, hi;
     fl_split_range(c->M, ith, nth, &lo, &hi);
-    for (int64_t m = lo; m < hi; m++) fl_act_q8_quantize_row(&c->act, m, c->x + m * c->W->ne[0]);
+    void (*quant)(fl_act_q8 *, int64_t, const float *) =
+        fl_isa_get() == FL_ISA_AVX512 ? fl_act_q8_quantize_row_avx512 : fl_act_q8_quantize_row;
+    for (int64_t m = lo; m < hi; m++) quant(&c->act, m, c->x + m * c->W->ne[0]);
 }
 
 #define ROW_TILE 4
 #define TOK_TILE 4
+#define GEMV_CHUNK 32 /* rows per dynamically taken GEMV chunk (a multiple of ROW_TILE) */
 #define CHUNK_BYTES (192 * 1024) /* weight rows per chunk: stay in L2 while all tokens pass */
 
 static void q8_gemm_task(void *p, int ith, int nth) {
@@ -65,10 +73,16 @@ static void q8_gemm_task(void *p, int ith, int nth) {
     fl_split_range(ntiles, ith, nth, &lo, &hi);
     lo *= ROW_TILE;
     hi = hi * ROW_TILE < N ? hi * ROW_TILE : N;
-    if (c->M == 1) { /* GEMV: stream the rows once */
-        for (int64_t n = lo; n < hi; n += ROW_TILE) {
-            const int nr = (int)(hi - n < ROW_TILE ? hi - n : ROW_TILE);
-            c->gemm(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, &c->act, 0, 1, c->y + n, c->W->ne[1]);
+    if (c->M == 1) { /* GEMV: stream the rows once, chunks taken dynamically so a thread the
+                        * scheduler holds back does not hold up the others */
+        for (;;) {
+            const int64_t n0 = atomic_fetch_add_explicit(&c->next, GEMV_CHUNK, memory_order_relaxed);
+            if (n0 >= N) break;
+            const int64_t n1 = n0 + GEMV_CHUNK < N ? n0 + GEMV_CHUNK : N;
+            for (int64_t n = n0; n < n1; n += ROW_TILE) {
+                const int nr = (int)(n1 - n < ROW_TILE ? n1 - n : ROW_TILE);
+                c->gemm(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, &c->act, 0, 1, c->y + n, N);
+            }
         }
         return;
     }
@@ -83,6 +97,25 @@ static void q8_gemm_task(void *p, int ith, int nth) {
                 c->gemm(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, &c->act, m, nt, c->y + m * N + n, N);
             }
         }
+    }
+}
+
+/* AVX-512 GEMM (M > 1): each thread repacks 16-row panels of its row range into its own
+ * scratch and runs every token through the panel (fl_panel_gemm_avx512). */
+static void q8_panel_task(void *p, int ith, int nth) {
+    q8_ctx *c = p;
+    const int64_t N = c->W->ne[1], K = c->W->ne[0];
+    const size_t ldw = c->W->nb[1];
+    const int64_t np = (N + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS;
+    (void)nth;
+    char *pan = c->panels + (size_t)ith * c->panel_bytes;
+    for (;;) { /* panels taken dynamically (see the GEMV loop) */
+        const int64_t pi = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+        if (pi >= np) break;
+        const int64_t n = pi * FL_PANEL_ROWS;
+        const int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
+        fl_panel_pack_avx512(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, K, pan);
+        fl_panel_gemm_avx512(c->W->type, pan, nr, &c->act, 0, (int)c->M, c->y + n, N);
     }
 }
 
@@ -124,16 +157,38 @@ static void f32_task(void *p, int ith, int nth) {
     }
 }
 
+size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
+    const int64_t K = W->ne[0];
+    if (M <= 0) return 0;
+    if (!fl_matmul_f32_act() && (W->type == FL_TYPE_Q8_0 || W->type == FL_TYPE_Q4_0)) {
+        size_t b = fl_act_q8_bytes(M, K);
+        if (fl_isa_get() == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) b += (size_t)nth * fl_panel_bytes(K);
+        return b;
+    }
+    return W->type == FL_TYPE_F32 ? 0 : (size_t)nth * F32_ROWS * (size_t)K * sizeof(float);
+}
+
 void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
     const fl_isa isa = fl_isa_get();
     const int64_t K = W->ne[0];
     if (M <= 0) return;
     if (!fl_matmul_f32_act() && (W->type == FL_TYPE_Q8_0 || W->type == FL_TYPE_Q4_0)) {
-        q8_ctx c = {W, x, y, M, {0}, gemm_for(isa)};
+        q8_ctx c = {W, x, y, M, {0}, gemm_for(isa), NULL, 0};
         if (fl_act_q8_alloc(&c.act, M, K) == FL_OK) {
             if (M >= 8) fl_parallel(q8_quant_task, &c);
             else q8_quant_task(&c, 0, 1);
-            fl_parallel(q8_gemm_task, &c);
+            const int nth = fl_threads_get();
+            atomic_store(&c.next, 0);
+            if (isa == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) {
+                c.panel_bytes = fl_panel_bytes(K);
+                c.panels = fl_alloc(FL_MEM_SCRATCH, (size_t)nth * c.panel_bytes, 64);
+                if (!c.panels) fl_clear_error(); /* no scratch: the tile path below */
+            }
+            if (c.panels) {
+                fl_parallel_n(q8_panel_task, &c, nth);
+                fl_free(FL_MEM_SCRATCH, c.panels, (size_t)nth * c.panel_bytes);
+            } else
+                fl_parallel(q8_gemm_task, &c);
             fl_act_q8_free(&c.act);
             return;
         }

@@ -20,7 +20,11 @@
  * variable FL_MATMUL_F32ACT=1) keeps activations in f32 for every type (reference accuracy).
  * The kernels are chosen from fl_isa_get() (FL_KERNELS=ref|avx2|avx512).
  * fl_matmul allocates its activation scratch (FL_MEM_SCRATCH) per call and frees it; if that
- * allocation fails it falls back to the f32 path (no error).
+ * allocation fails it falls back to the f32 path (no error).  fl_matmul_scratch_bytes(W, M, nth)
+ * is the exact FL_MEM_SCRATCH high-water mark of one call on nth threads with the current ISA
+ * and activation mode (for memory planners): the 8-bit activations (fl_act_q8_bytes) plus, for
+ * M > 1 on AVX-512, nth repacked row panels (fl_panel_bytes each); or nth x 8 dequantized f32
+ * rows on the f32 path.
  */
 #ifndef FL_MATMUL_H
 #define FL_MATMUL_H
@@ -37,6 +41,8 @@ fl_status fl_matmul_supported(int32_t type);
 void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K);
 /* y [M][N] = x [M][K] . W^T, threaded. */
 void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M);
+/* FL_MEM_SCRATCH bytes one fl_matmul(W, ., ., M) call on nth threads allocates (see above). */
+size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth);
 /* Scalar reference (single thread, dequantize row + f32 dot). */
 void fl_matmul_ref(const fl_tensor *W, const float *x, float *y, int64_t M);
 
@@ -62,8 +68,11 @@ typedef struct fl_act_q8 {
 } fl_act_q8;
 
 fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K); /* K % 32 == 0 */
+size_t fl_act_q8_bytes(int64_t M, int64_t K);                      /* a->bytes of that allocation */
 void fl_act_q8_free(fl_act_q8 *a);
 void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x); /* scalar reference */
+/* Same result bit for bit (round to nearest even, f16-rounded scale), 16 lanes at a time. */
+void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x);
 
 /* Integer tile: y[t * ldy + r] = dot(W row r, token m0 + t) for r < nr, t < nt, where W row r
  * starts at w + r * ldw and wtype is Q8_0 or Q4_0. */
@@ -75,6 +84,22 @@ void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_
                      float *y, int64_t ldy);
 void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
                        float *y, int64_t ldy);
+/* Row panels (the AVX-512 GEMM path, M > 1): FL_PANEL_ROWS weight rows repacked per call into
+ * per-thread scratch, per block of 32: 16 f32 scales (64 bytes), then the 32 x 16 codes as
+ * unsigned bytes ordered [k / 4][row][k % 4] (Q8_0: code + 128, Q4_0: the nibble 0..15), so one
+ * 64-byte load feeds vpdpbusd for 16 rows against 4 broadcast activation codes.  Rows >= nr are
+ * zero-scaled.  fl_panel_bytes(K) = (K / 32) * 576 is the scratch for one panel.
+ * fl_panel_gemm: y[t * ldy + r] = dot(panel row r, token m0 + t) for r < nr, t < nt (any nt,
+ * the kernel tiles 8 tokens); the per-block integer sums are exact (offset 128 / 8 times the
+ * activation code sum is subtracted in int32), so it matches fl_gemm_q8_ref up to f32 order. */
+#define FL_PANEL_ROWS 16
+size_t fl_panel_bytes(int64_t K);
+void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
+void fl_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
+void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                       int64_t ldy);
+void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                          int64_t ldy);
 /* f32 dot product of n elements. */
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx2(const float *a, const float *b, int64_t n);

@@ -154,6 +154,9 @@ INLINE void tile(const int32_t wtype, const char *w, size_t ldw, const fl_act_q8
  * per-pair work is load/expand, vpdpbusd from zero, convert, and one fma with the pair's
  * scales picked by a permute.  The unsigned-code offset (8 or 128 times the activation code
  * sum) is removed once per group with the precomputed -s*d_x (fl_act_q8.ms). */
+#ifndef GEMV_PF
+#define GEMV_PF 4096
+#endif
 INLINE float gemv_row(const int32_t wtype, const char *w, const fl_act_q8 *a, int64_t m) {
     const bool q8 = wtype == FL_TYPE_Q8_0;
     const int bsz = q8 ? 34 : 18;
@@ -167,6 +170,11 @@ INLINE float gemv_row(const int32_t wtype, const char *w, const fl_act_q8 *a, in
     int64_t b = 0;
     for (; b + 16 <= nb; b += 16) {
         const char *wb = w + b * bsz;
+#ifndef FL_GEMV_NO_PREFETCH
+        /* software prefetch GEMV_PF bytes ahead (rows are contiguous, so past the row end this
+         * reads the next row; a prefetch never faults) */
+        for (int l = 0; l < 16 * bsz; l += 64) _mm_prefetch(wb + GEMV_PF + l, _MM_HINT_T0);
+#endif
         const __m512i g = _mm512_i32gather_epi32(vidx, (const void *)wb, 1);
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
         const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(dx + b));
@@ -245,6 +253,189 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
     else
         for (int r = 0; r < nr; r++)
             for (int t = 0; t < nt; t++) (q8 ? tile1x1_q8 : tile1x1_q4)(wc + r * ldw, ldw, a, m0 + t, y + t * ldy + r, ldy);
+}
+
+/* ---- 8-bit activations (reference: fl_act_q8_quantize_row) ---- */
+
+void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x) {
+    int8_t *q = a->qs + m * a->K;
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    for (int64_t b = 0; b < a->nb; b++) {
+        const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
+        const float d = _cvtsh_ss(_cvtss_sh(amax / 127, _MM_FROUND_TO_NEAREST_INT)), id = amax > 0 ? 127.0f / amax : 0.0f;
+        const __m512 vid = _mm512_set1_ps(id);
+        __m512i c0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)), c1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vid));
+        c0 = _mm512_min_epi32(_mm512_max_epi32(c0, lo), hi);
+        c1 = _mm512_min_epi32(_mm512_max_epi32(c1, lo), hi);
+        _mm_storeu_si128((__m128i *)(q + b * 32), _mm512_cvtepi32_epi8(c0));
+        _mm_storeu_si128((__m128i *)(q + b * 32 + 16), _mm512_cvtepi32_epi8(c1));
+        const int s = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
+        const int64_t i = m * a->nb + b;
+        a->d[i] = d;
+        a->s[i] = s;
+        a->ms[i] = -(float)s * d;
+        _mm256_storeu_ps(a->dv + i * 8, _mm256_set1_ps(d));
+        _mm256_storeu_si256((__m256i *)(a->sv + i * 8), _mm256_set1_epi32(-s));
+    }
+}
+
+/* ---- row panels (layout in matmul.h; reference fl_panel_pack_ref / fl_panel_gemm_ref) ---- */
+
+#define PANEL_BLOCK (FL_PANEL_ROWS * 4 + FL_PANEL_ROWS * 32)
+
+/* 16 rows x 32 Q8_0 codes (row r at p + r * ldw) -> 8 vectors [quad c][row][4], sign-flipped:
+ * rows j and j + 8 share a zmm, an 8 x 8 dword transpose runs in both halves, and a two-source
+ * qword permute puts the halves in row order. */
+INLINE void pack_q8_full(const char *p, size_t ldw, __m512i *out, __m512i flip) {
+    __m512i z[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+        z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + j * ldw))),
+                                  _mm256_loadu_si256((const __m256i *)(p + (j + 8) * ldw)), 1);
+#pragma GCC unroll 4
+    for (int j = 0; j < 8; j += 2) {
+        t[j] = _mm512_unpacklo_epi32(z[j], z[j + 1]);     /* per 128 lane: c0 r_j, c0 r_j+1, c1 r_j, c1 r_j+1 */
+        t[j + 1] = _mm512_unpackhi_epi32(z[j], z[j + 1]); /* c2, c3 */
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 8; h += 4) {
+        u[h + 0] = _mm512_unpacklo_epi64(t[h + 0], t[h + 2]); /* col 0 (lane 0) / col 4 (lane 1), 4 rows */
+        u[h + 1] = _mm512_unpackhi_epi64(t[h + 0], t[h + 2]); /* col 1 / 5 */
+        u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]); /* col 2 / 6 */
+        u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]); /* col 3 / 7 */
+    }
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        _mm512_storeu_si512(out + c, _mm512_xor_si512(_mm512_permutex2var_epi64(u[c], lo, u[c + 4]), flip));
+        _mm512_storeu_si512(out + c + 4, _mm512_xor_si512(_mm512_permutex2var_epi64(u[c], hi, u[c + 4]), flip));
+    }
+}
+
+/* 16 rows x 16 Q4_0 bytes: 128-bit lane k of z[j] holds row j + 4k, a 4 x 4 dword transpose per
+ * lane gives [quad c][row], then the nibbles split into quads c (low) and c + 4 (high). */
+INLINE void pack_q4_full(const char *p, size_t ldw, __m512i *out, __m512i m4) {
+    __m512i z[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + j * ldw)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (j + 4) * ldw)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (j + 8) * ldw)), 2);
+        z[j] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (j + 12) * ldw)), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    const __m512i v[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2), _mm512_unpacklo_epi64(t1, t3),
+                          _mm512_unpackhi_epi64(t1, t3)};
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        _mm512_storeu_si512(out + c, _mm512_and_si512(v[c], m4));
+        _mm512_storeu_si512(out + c + 4, _mm512_and_si512(_mm512_srli_epi16(v[c], 4), m4));
+    }
+}
+
+/* Repack up to 16 rows with gathers: lane r of each gather reads row r (masked past nr). */
+void fl_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
+    const bool q8 = wtype == FL_TYPE_Q8_0;
+    const int bsz = q8 ? 34 : 18;
+    const int64_t nb = K / 32;
+    const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
+    if ((uint64_t)ldw * FL_PANEL_ROWS >= (1ull << 31)) { /* gather offsets are int32 */
+        fl_panel_pack_ref(wtype, w, ldw, nr, K, panel);
+        return;
+    }
+    const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)ldw));
+    const __m512i zero = _mm512_setzero_si512(), m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++) {
+        const char *base = (const char *)w + b * bsz;
+        char *pb = (char *)panel + b * PANEL_BLOCK;
+        const __m512i g = _mm512_mask_i32gather_epi32(zero, rm, vrow, (const void *)base, 1);
+        if (nr == FL_PANEL_ROWS) { /* full panel: codes by in-register transposes */
+            _mm512_storeu_ps(pb, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
+            if (q8) pack_q8_full(base + 2, ldw, (__m512i *)(pb + 64), flip);
+            else pack_q4_full(base + 2, ldw, (__m512i *)(pb + 64), m4);
+            continue;
+        }
+        _mm512_storeu_ps(pb, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
+        __m512i *q = (__m512i *)(pb + 64);
+        if (q8) {
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++)
+                _mm512_storeu_si512(q + i, _mm512_maskz_xor_epi32(rm, _mm512_mask_i32gather_epi32(zero, rm, vrow, (const void *)(base + 2 + 4 * i), 1), flip));
+        } else {
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const __m512i v = _mm512_mask_i32gather_epi32(zero, rm, vrow, (const void *)(base + 2 + 4 * i), 1);
+                _mm512_storeu_si512(q + i, _mm512_and_si512(v, m4));
+                _mm512_storeu_si512(q + i + 4, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            }
+        }
+    }
+}
+
+/* 16 rows x NT tokens: per block, 8 weight vectors loaded once; per token an int32 sum started
+ * at -offset * (code sum) takes 8 vpdpbusd with 4 broadcast activation codes each, then one
+ * convert and one fma with d_w (16 lanes) * d_x. */
+INLINE void panel_tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, const int32_t off, float *y,
+                       int64_t ldy, int nr) {
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    const int64_t nb = a->nb, K = a->K;
+    const int8_t *xq0 = a->qs + m0 * K;
+    const int32_t *s0 = a->s + m0 * nb;
+    const float *d0 = a->d + m0 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const char *pb = pan + b * PANEL_BLOCK;
+        const __m512 dw = _mm512_loadu_ps(pb);
+        __m512i wv[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) wv[i] = _mm512_loadu_si512(pb + 64 + 64 * i);
+        /* token-interleaved: the 8 dependent vpdpbusd of one token are NT instructions apart */
+        __m512i s[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) s[t] = _mm512_set1_epi32(-off * s0[t * nb + b]);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++)
+                s[t] = _mm512_dpbusd_epi32(s[t], wv[i], _mm512_set1_epi32(((const int32_t *)(xq0 + t * K + b * 32))[i]));
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++)
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, _mm512_set1_ps(d0[t * nb + b])), acc[t]);
+    }
+    const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
+}
+
+#define DEFINE_PANEL(n)                                                                                     \
+    static void panel_tile##n(const char *pan, const fl_act_q8 *a, int64_t m0, int32_t off, float *y,        \
+                              int64_t ldy, int nr) {                                                        \
+        panel_tile(pan, a, m0, n, off, y, ldy, nr);                                                        \
+    }
+DEFINE_PANEL(1)
+DEFINE_PANEL(2)
+DEFINE_PANEL(3)
+DEFINE_PANEL(4)
+DEFINE_PANEL(5)
+DEFINE_PANEL(6)
+DEFINE_PANEL(7)
+DEFINE_PANEL(8)
+
+void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                          int64_t ldy) {
+    typedef void (*fn)(const char *, const fl_act_q8 *, int64_t, int32_t, float *, int64_t, int);
+    static const fn tiles[9] = {NULL, panel_tile1, panel_tile2, panel_tile3, panel_tile4,
+                                panel_tile5, panel_tile6, panel_tile7, panel_tile8};
+    const int32_t off = wtype == FL_TYPE_Q8_0 ? 128 : 8;
+    for (int t = 0; t < nt; t += 8) {
+        const int n = nt - t < 8 ? nt - t : 8;
+        tiles[n]((const char *)panel, a, m0 + t, off, y + t * ldy, ldy, nr);
+    }
 }
 
 /* fl_dot_f32_avx512 lives in avx512/ops_avx512.c. */

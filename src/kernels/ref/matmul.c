@@ -68,13 +68,20 @@ void fl_matmul_ref(const fl_tensor *W, const float *x, float *y, int64_t M) {
 
 /* ---- 8-bit activations ---- */
 
+size_t fl_act_q8_bytes(int64_t M, int64_t K) {
+    const int64_t nb = K / 32;
+    const size_t qs = ((size_t)(M * K) + 63) & ~(size_t)63, d = (size_t)(M * nb) * 4;
+    const size_t d64 = (d + 63) & ~(size_t)63, v = (size_t)(M * nb) * 32;
+    return qs + 3 * d64 + 2 * v;
+}
+
 fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
     memset(a, 0, sizeof *a);
     if (M <= 0 || K <= 0 || K % 32) return fl_set_error(FL_ERR_INVALID, "act_q8: bad shape %lld x %lld", (long long)M, (long long)K);
     const int64_t nb = K / 32;
     const size_t qs = ((size_t)(M * K) + 63) & ~(size_t)63, d = (size_t)(M * nb) * 4;
     const size_t d64 = (d + 63) & ~(size_t)63, v = (size_t)(M * nb) * 32;
-    a->bytes = qs + 3 * d64 + 2 * v;
+    a->bytes = fl_act_q8_bytes(M, K);
     a->mem = fl_alloc(FL_MEM_SCRATCH, a->bytes, 64);
     if (!a->mem) return FL_ERR_NOMEM; /* fl_alloc set the message */
     char *p = a->mem;
@@ -147,4 +154,58 @@ void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_a
                     float *y, int64_t ldy) {
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < nr; r++) y[t * ldy + r] = dot_q8_row(wtype, (const char *)w + r * ldw, a, m0 + t);
+}
+
+/* ---- row panels (see matmul.h): layout reference ---- */
+
+#define PANEL_BLOCK (FL_PANEL_ROWS * 4 + FL_PANEL_ROWS * 32)
+
+size_t fl_panel_bytes(int64_t K) { return (size_t)(K / 32) * PANEL_BLOCK; }
+
+void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
+    const int64_t nb = K / 32;
+    for (int64_t b = 0; b < nb; b++) {
+        char *pb = (char *)panel + b * PANEL_BLOCK;
+        float *dw = (float *)pb;
+        uint8_t *q = (uint8_t *)pb + FL_PANEL_ROWS * 4;
+        for (int r = 0; r < FL_PANEL_ROWS; r++) {
+            uint8_t codes[32];
+            if (r >= nr) {
+                dw[r] = 0;
+                memset(codes, 0, sizeof codes);
+            } else if (wtype == FL_TYPE_Q8_0) {
+                const fl_block_q8_0 *blk = (const fl_block_q8_0 *)((const char *)w + r * ldw) + b;
+                dw[r] = fl_f16_to_f32(blk->d);
+                for (int j = 0; j < 32; j++) codes[j] = (uint8_t)(blk->qs[j] + 128);
+            } else {
+                const fl_block_q4_0 *blk = (const fl_block_q4_0 *)((const char *)w + r * ldw) + b;
+                dw[r] = fl_f16_to_f32(blk->d);
+                for (int j = 0; j < 16; j++) {
+                    codes[j] = blk->qs[j] & 0xF;
+                    codes[j + 16] = blk->qs[j] >> 4;
+                }
+            }
+            for (int k = 0; k < 32; k++) q[(k / 4) * FL_PANEL_ROWS * 4 + r * 4 + k % 4] = codes[k];
+        }
+    }
+}
+
+void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                       int64_t ldy) {
+    const int32_t off = wtype == FL_TYPE_Q8_0 ? 128 : 8;
+    for (int t = 0; t < nt; t++) {
+        const int64_t m = m0 + t;
+        for (int r = 0; r < nr; r++) {
+            float sum = 0;
+            for (int64_t b = 0; b < a->nb; b++) {
+                const char *pb = (const char *)panel + b * PANEL_BLOCK;
+                const uint8_t *q = (const uint8_t *)pb + FL_PANEL_ROWS * 4;
+                const int8_t *x = a->qs + m * a->K + b * 32;
+                int32_t is = -off * a->s[m * a->nb + b];
+                for (int k = 0; k < 32; k++) is += q[(k / 4) * FL_PANEL_ROWS * 4 + r * 4 + k % 4] * x[k];
+                sum += ((const float *)pb)[r] * a->d[m * a->nb + b] * (float)is;
+            }
+            y[t * ldy + r] = sum;
+        }
+    }
 }
