@@ -1,6 +1,7 @@
 /* Memory planner formulas: weights, KV, step buffers, training state, sharding, fitting.
  * Every formula is written down in docs/PLANNER.md and the buffers in plan.h. */
 #include "plan/plan.h"
+#include "kernels/matmul.h"
 #include "core/dtype.h"
 #include "core/status.h"
 
@@ -204,15 +205,15 @@ fl_status fl_plan_kv_bytes(const fl_model_shape *s, int32_t kv_type, int64_t n_c
 
 static uint64_t r64(uint64_t n) { return n > UINT64_MAX - 63 ? UINT64_MAX : (n + 63) & ~(uint64_t)63; }
 
-/* FL_MEM_SCRATCH fl_matmul allocates for one call (kernels/matmul.c): q8 activations for Q8_0 /
- * Q4_0 weights, n_threads x 8 dequantized f32 rows for other non-f32 types. */
+/* FL_MEM_SCRATCH fl_matmul allocates for one call: asked of kernels/matmul itself, so the plan
+ * follows the kernels (q8 activations for Q8_0 / Q4_0, AVX-512 weight panels per thread for
+ * M > 1, dequantized f32 rows for other types).  It is the figure for the ISA of this machine. */
 uint64_t fl_plan_matmul_scratch(int32_t type, int64_t M, int64_t K, int32_t n_threads) {
     if (M <= 0 || K <= 0 || type == FL_TYPE_F32) return 0;
-    if (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0) {
-        const uint64_t nb = u(K) / 32, m = u(M);
-        return sadd(sadd(r64(smul(m, u(K))), smul(3, r64(smul3(m, nb, 4)))), smul3(2, smul(m, nb), 32));
-    }
-    return smul3(n_threads > 0 ? (uint64_t)n_threads : 1, 8, smul(u(K), 4));
+    fl_tensor W;
+    const int64_t ne[2] = {K, 16};
+    if (!fl_tensor_init(&W, type, 2, ne, NULL)) return 0;
+    return (uint64_t)fl_matmul_scratch_bytes(&W, M, n_threads > 0 ? n_threads : 1);
 }
 
 void fl_plan_inference_buffers(const fl_model_shape *s, int64_t n_tokens, int64_t n_ctx, int64_t n_logit_rows,

@@ -18,15 +18,10 @@
 
 static uint64_t r64(uint64_t n) { return (n + 63) & ~(uint64_t)63; }
 
-/* Bytes fl_matmul allocates (FL_MEM_SCRATCH) for one call: W [ne1][K] of type t, M rows. */
+/* Bytes fl_matmul allocates (FL_MEM_SCRATCH) for one call: W [ne1][K] of type t, M rows
+ * (asked of kernels/matmul, so the plan follows the kernels' workspaces exactly). */
 static uint64_t matmul_scratch(int32_t t, int64_t M, int64_t K, int nth) {
-    if (M <= 0) return 0;
-    if (!fl_matmul_f32_act() && (t == FL_TYPE_Q8_0 || t == FL_TYPE_Q4_0)) { /* fl_act_q8_alloc */
-        const uint64_t nb = (uint64_t)K / 32, m = (uint64_t)M;
-        return r64(m * (uint64_t)K) + 3 * r64(m * nb * 4) + 2 * m * nb * 32;
-    }
-    if (t == FL_TYPE_F32) return 0;
-    return (uint64_t)nth * 8 * (uint64_t)K * 4;
+    return fl_plan_matmul_scratch(t, M, K, nth);
 }
 
 typedef struct mat { int32_t type; int64_t ne0, ne1; } mat;
