@@ -260,9 +260,8 @@ static void test_memory_vs_plan(void **state) {
     (void)state;
     NEED_SHARED();
     plan_case("models/stories260K.gguf", FL_TYPE_F16, 512, 64);
-    /* synth256 has 2 kv heads: with 4 ranks each holds a replicated kv head (1/2 of wk, wv), which
-     * the planner's weight formula (split bytes / tp) does not model; its KV formula does */
-    if (2 % fl_comm_size(g_comm) == 0) plan_case("models/synth256/synth256-Q8_0.gguf", FL_TYPE_F16, 512, 64);
+    /* synth256 has 2 kv heads: with 4 ranks each holds one replicated kv head (1/2 of wk, wv) */
+    plan_case("models/synth256/synth256-Q8_0.gguf", FL_TYPE_F16, 512, 64);
 }
 
 int main(int argc, char **argv) {

@@ -83,6 +83,7 @@ static bool role_is_1d(fl_plan_role r) {
 typedef struct wparts {
     uint64_t embd, output, other;
     uint64_t split[FL_PLAN_MAX_LAYERS], repl[FL_PLAN_MAX_LAYERS];
+    uint64_t kv[FL_PLAN_MAX_LAYERS]; /* part of split: attn_k + attn_v */
 } wparts;
 
 static void weight_parts(const fl_model_shape *s, const fl_plan_wtype *w, bool from_file, wparts *p) {
@@ -95,6 +96,7 @@ static void weight_parts(const fl_model_shape *s, const fl_plan_wtype *w, bool f
         for (int64_t l = 0; l < L; l++) {
             p->split[l] = s->w_layer_split[l];
             p->repl[l] = s->w_layer_repl[l];
+            p->kv[l] = s->w_layer_kv[l];
         }
         return;
     }
@@ -113,6 +115,7 @@ static void weight_parts(const fl_model_shape *s, const fl_plan_wtype *w, bool f
             uint64_t b = fl_plan_tensor_bytes(fl_plan_role_type(w, (fl_plan_role)r, l, s->n_layer), ne0, rows);
             if (role_is_1d((fl_plan_role)r)) p->repl[l] = sadd(p->repl[l], b);
             else p->split[l] = sadd(p->split[l], b);
+            if (r == FL_ROLE_ATTN_K || r == FL_ROLE_ATTN_V) p->kv[l] = sadd(p->kv[l], b);
         }
     }
 }
@@ -404,6 +407,7 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
         for (int64_t l = 0; l < L; l++) {
             parts.split[l] = parts.split[l] / 4 * elt;
             parts.repl[l] = parts.repl[l] / 4 * elt;
+            parts.kv[l] = parts.kv[l] / 4 * elt;
         }
         out->weights_total = smul(u(out->n_params), elt);
     } else {
@@ -424,7 +428,11 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
         /* weights of this stage; the largest layer (for the ZeRO-3 gather buffer) */
         uint64_t w = 0, wmax = 0;
         for (int64_t l = b; l < e; l++) {
-            uint64_t wl = sadd(cdiv(pp_->split[l], tp), pp_->repl[l]);
+            /* K/V projections split by whole kv heads: 1/tp of them, or one head each
+             * (replicated) when there are more ranks than kv heads (as dist/tp.c does) */
+            const uint64_t kvp = pp_->kv[l] <= pp_->split[l] ? pp_->kv[l] : 0;
+            const uint64_t kv_share = (uint64_t)tp > u(s->n_head_kv) && s->n_head_kv > 0 ? cdiv(kvp, u(s->n_head_kv)) : cdiv(kvp, tp);
+            uint64_t wl = sadd(sadd(cdiv(pp_->split[l] - kvp, tp), kv_share), pp_->repl[l]);
             if (wl > wmax) wmax = wl;
             if (l >= first_off) out->host[FL_MEM_WEIGHTS] = sadd(out->host[FL_MEM_WEIGHTS], wl);
             else w = sadd(w, wl);

@@ -99,6 +99,9 @@ typedef struct fl_model_shape {
     bool has_weight_bytes;
     uint64_t w_embd, w_output, w_other;
     uint64_t w_layer_split[FL_PLAN_MAX_LAYERS], w_layer_repl[FL_PLAN_MAX_LAYERS];
+    /* of w_layer_split: attn_k + attn_v bytes (tensor parallelism keeps whole kv heads, so with
+     * more ranks than kv heads each rank holds one replicated head, not 1/tp of them) */
+    uint64_t w_layer_kv[FL_PLAN_MAX_LAYERS];
     int64_t n_params_file;           /* elements in the file (has_weight_bytes) */
     int32_t file_type;               /* most common 2-D tensor type in the file, -1 if unknown */
 } fl_model_shape;

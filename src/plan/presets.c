@@ -205,6 +205,7 @@ fl_status fl_plan_shape_from_gguf(const char *path, fl_model_shape *out) {
         if (sscanf(nm, "blk.%ld.%n", &l, &k) == 1 && k > 0 && l >= 0 && l < out->n_layer) {
             if (is_2d) out->w_layer_split[l] += t->size;
             else out->w_layer_repl[l] += t->size;
+            if (is_2d && (strstr(nm + k, "attn_k.") == nm + k || strstr(nm + k, "attn_v.") == nm + k)) out->w_layer_kv[l] += t->size;
         } else if (fl_gguf_str_eq(t->name, "token_embd.weight")) out->w_embd += t->size;
         else if (fl_gguf_str_eq(t->name, "output.weight")) out->w_output += t->size;
         else out->w_other += t->size;
