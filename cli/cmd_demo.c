@@ -3,6 +3,7 @@
  * Without -m it synthesizes a small llama-shaped model with random weights (and says so). */
 #include "cli/cli.h"
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "engine/engine.h"
 #include "engine/synth_tiny.h"
@@ -48,6 +49,20 @@ static const char *find_tokenizer_source(void) {
         if (stat(buf, &st) == 0) return buf;
     }
     return NULL;
+}
+
+/* Make generated text safe for one terminal line: invalid UTF-8 and control bytes become '?'
+ * (random weights produce byte-fallback tokens that are not valid text). */
+static void printable(char *t) {
+    unsigned char *s = (unsigned char *)t;
+    while (*s) {
+        int len = *s < 0x80 ? 1 : (*s & 0xE0) == 0xC0 ? 2 : (*s & 0xF0) == 0xE0 ? 3 : (*s & 0xF8) == 0xF0 ? 4 : 0;
+        int ok = len > 0;
+        for (int k = 1; ok && k < len; k++) ok = (s[k] & 0xC0) == 0x80;
+        if (!ok) { *s++ = '?'; continue; }
+        if (len == 1 && (*s < 0x20 || *s == 0x7F)) *s = *s == '\n' ? ' ' : '?';
+        s += len;
+    }
 }
 
 int fl_cmd_demo(int argc, char **argv) {
@@ -139,7 +154,12 @@ int fl_cmd_demo(int argc, char **argv) {
     t_load = now_s() - t_load;
     int rc = 0;
     int64_t first_id = -1;
-    char *first_text = calloc(1, 65536);
+    char *first_text = fl_calloc(FL_MEM_MISC, 1, 65536);
+    if (!first_text) {
+        fprintf(stderr, "fitllm demo: %s\n", fl_last_error());
+        fl_engine_free(e);
+        return 1;
+    }
     size_t first_len = 0;
     const double t0 = now_s();
     for (int32_t i = 0; i < n_req && !rc; i++) {
@@ -213,6 +233,7 @@ int fl_cmd_demo(int argc, char **argv) {
         } else {
             printf("model %s loaded in %.2f s; %d requests, %d tokens each, up to %d at once\n",
                    fl_engine_model_name(e), t_load, n_req, max_tokens, ep.max_seqs);
+            printable(first_text);
             printf("request 0: \"%s\" ->%s%s\n\n", prompts[0], first_text, tmp[0] ? "   (random weights: noise)" : "");
             printf("throughput: %lld tokens in %.2f s = %.1f tokens/s (%lld steps, max %lld sequences per step, "
                    "%lld preemptions)\n",
@@ -234,7 +255,7 @@ int fl_cmd_demo(int argc, char **argv) {
             fl_mem_report(stdout);
         }
     }
-    free(first_text);
+    fl_free(FL_MEM_MISC, first_text, 65536);
     fl_engine_free(e);
     return rc;
 }
