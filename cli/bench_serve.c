@@ -5,6 +5,7 @@
  * same workload also runs as padded static batches over a contiguous max-length KV reservation
  * with the same KV bytes, side by side. */
 #include "cli/cli.h"
+#include "core/alloc.h"
 #include "engine/engine.h"
 #include "plan/plan_engine.h"
 
@@ -87,16 +88,21 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
     }
     t_load = now_s() - t_load;
     const int32_t n = w->n;
-    int64_t *ids = calloc((size_t)n, sizeof *ids);
-    double *t_add = calloc((size_t)n, sizeof *t_add), *t_first = calloc((size_t)n, sizeof *t_first);
-    double *t_last = calloc((size_t)n, sizeof *t_last);
+    /* the benchmark's own bookkeeping is tracked too (MISC), like every allocation */
+    int64_t *ids = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *ids);
+    double *t_add = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *t_add), *t_first = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *t_first);
+    double *t_last = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *t_last);
     int64_t itl_cap = 1024, n_itl = 0;
-    double *itl = malloc((size_t)itl_cap * sizeof *itl);
-    int32_t *got = calloc((size_t)n, sizeof *got);
-    fl_request_output *ev = malloc(256 * sizeof *ev);
+    double *itl = fl_calloc(FL_MEM_MISC, (size_t)itl_cap, sizeof *itl);
+    int32_t *got = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *got);
+    fl_request_output *ev = fl_calloc(FL_MEM_MISC, 256, sizeof *ev);
     double util_sum = 0, waste_sum = 0;
     int64_t n_samples = 0, max_running = 0, out_tokens = 0, done = 0, added = 0;
     int err = 0;
+    if (!ids || !t_add || !t_first || !t_last || !itl || !got || !ev) {
+        fprintf(stderr, "fitllm bench serve: %s\n", fl_last_error());
+        err = 1;
+    }
     const double t0 = now_s();
     while (done < n && !err) {
         double t = now_s() - t0;
@@ -134,7 +140,12 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
                         /* tokens of one step arrive together: spread the gap over them */
                         double gap = (tp - t_last[i]) / ev[j].n_new;
                         for (int32_t q = 0; q < ev[j].n_new; q++) {
-                            if (n_itl == itl_cap) itl = realloc(itl, (size_t)(itl_cap *= 2) * sizeof *itl);
+                            if (n_itl == itl_cap) {
+                                double *g = fl_realloc(FL_MEM_MISC, itl, (size_t)itl_cap * sizeof *itl, (size_t)itl_cap * 2 * sizeof *itl, 64);
+                                if (!g) break; /* keep the samples so far */
+                                itl = g;
+                                itl_cap *= 2;
+                            }
                             itl[n_itl++] = gap;
                         }
                     }
@@ -163,7 +174,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
     const double dur = now_s() - t0;
     cJSON *o = NULL;
     if (!err) {
-        double *ttft = malloc((size_t)n * sizeof *ttft);
+        double *ttft = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *ttft);
         for (int32_t i = 0; i < n; i++) ttft[i] = t_first[i] - t_add[i];
         fl_engine_stats st;
         fl_engine_stats_get(e, &st);
@@ -194,16 +205,16 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
         for (int c = 0; c < FL_MEM_COUNT; c++)
             if (fl_mem_peak((fl_mem_cat)c)) cJSON_AddNumberToObject(pk, fl_mem_cat_name((fl_mem_cat)c), (double)fl_mem_peak((fl_mem_cat)c));
         cJSON_AddNumberToObject(pk, "total", (double)fl_mem_peak_total());
-        free(ttft);
+        fl_free(FL_MEM_MISC, ttft, (size_t)n * sizeof *ttft);
     }
     fl_engine_free(e);
-    free(ids);
-    free(t_add);
-    free(t_first);
-    free(t_last);
-    free(itl);
-    free(got);
-    free(ev);
+    fl_free(FL_MEM_MISC, ids, (size_t)n * sizeof *ids);
+    fl_free(FL_MEM_MISC, t_add, (size_t)n * sizeof *t_add);
+    fl_free(FL_MEM_MISC, t_first, (size_t)n * sizeof *t_first);
+    fl_free(FL_MEM_MISC, t_last, (size_t)n * sizeof *t_last);
+    fl_free(FL_MEM_MISC, itl, (size_t)itl_cap * sizeof *itl);
+    fl_free(FL_MEM_MISC, got, (size_t)n * sizeof *got);
+    fl_free(FL_MEM_MISC, ev, 256 * sizeof *ev);
     return o;
 }
 
