@@ -72,6 +72,17 @@ typedef struct workload {
     int32_t max_len;
 } workload;
 
+/* The workload's arrays, tracked (MISC) like every allocation. */
+static void workload_free(workload *w) {
+    if (w->prompt)
+        for (int32_t i = 0; i < w->n; i++)
+            if (w->prompt[i]) fl_free(FL_MEM_MISC, w->prompt[i], (size_t)w->n_prompt[i] * sizeof(int32_t));
+    fl_free(FL_MEM_MISC, w->prompt, (size_t)w->n * sizeof *w->prompt);
+    fl_free(FL_MEM_MISC, w->n_prompt, (size_t)w->n * sizeof *w->n_prompt);
+    fl_free(FL_MEM_MISC, w->gen, (size_t)w->n * sizeof *w->gen);
+    fl_free(FL_MEM_MISC, w->arrival, (size_t)w->n * sizeof *w->arrival);
+}
+
 typedef struct run_cfg {
     fl_engine_params ep;
     int json;
@@ -313,13 +324,19 @@ int fl_bench_serve(int argc, char **argv) {
     /* the workload: random ids (BOS first), a common prefix, arrival times */
     workload w = {0};
     w.n = n;
-    w.prompt = calloc((size_t)n, sizeof *w.prompt);
-    w.n_prompt = calloc((size_t)n, sizeof *w.n_prompt);
-    w.gen = calloc((size_t)n, sizeof *w.gen);
-    w.arrival = calloc((size_t)n, sizeof *w.arrival);
+    w.prompt = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *w.prompt);
+    w.n_prompt = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *w.n_prompt);
+    w.gen = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *w.gen);
+    w.arrival = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *w.arrival);
     uint64_t rs = seed;
     int32_t n_vocab_guess = 256; /* ids below every llama vocab's size; the engine checks the range */
-    int32_t *prefix = malloc(((size_t)shared + 1) * sizeof *prefix);
+    int32_t *prefix = fl_calloc(FL_MEM_MISC, (size_t)shared + 1, sizeof *prefix);
+    if (!w.prompt || !w.n_prompt || !w.gen || !w.arrival || !prefix) {
+        fprintf(stderr, "fitllm bench serve: %s\n", fl_last_error());
+        fl_free(FL_MEM_MISC, prefix, ((size_t)shared + 1) * sizeof *prefix);
+        workload_free(&w);
+        return 1;
+    }
     for (int32_t j = 0; j < shared; j++) prefix[j] = 3 + (int32_t)(rnd(&rs) % (uint64_t)(n_vocab_guess - 3));
     double t = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -327,7 +344,14 @@ int fl_bench_serve(int argc, char **argv) {
         if (np < shared + 1) np = shared + 1;
         w.n_prompt[i] = np;
         w.gen[i] = draw(&dg, &rs);
-        w.prompt[i] = malloc((size_t)np * sizeof(int32_t));
+        w.prompt[i] = fl_alloc(FL_MEM_MISC, (size_t)np * sizeof(int32_t), 16);
+        if (!w.prompt[i]) {
+            fprintf(stderr, "fitllm bench serve: %s\n", fl_last_error());
+            for (int32_t k = i; k < n; k++) w.n_prompt[k] = 0;
+            fl_free(FL_MEM_MISC, prefix, ((size_t)shared + 1) * sizeof *prefix);
+            workload_free(&w);
+            return 1;
+        }
         w.prompt[i][0] = 1;
         for (int32_t j = 1; j < np; j++)
             w.prompt[i][j] = j - 1 < shared ? prefix[j - 1] : 3 + (int32_t)(rnd(&rs) % (uint64_t)(n_vocab_guess - 3));
@@ -335,7 +359,7 @@ int fl_bench_serve(int argc, char **argv) {
         if (rate > 0) t += -log(1.0 - rnd01(&rs)) / rate;
         w.arrival[i] = t;
     }
-    free(prefix);
+    fl_free(FL_MEM_MISC, prefix, ((size_t)shared + 1) * sizeof *prefix);
     /* both engines get the workload's longest sequence as their context: the static baseline
      * reserves exactly that per sequence, the paged engine only what each request uses */
     rc.ep.n_ctx = w.max_len;
@@ -347,11 +371,7 @@ int fl_bench_serve(int argc, char **argv) {
         if (pst == FL_OK) pst = fl_plan_engine_kv_mem(&pi, (uint64_t)o->i, &kvm);
         if (pst != FL_OK) {
             fprintf(stderr, "fitllm bench serve: %s\n", fl_last_error());
-            for (int32_t i = 0; i < n; i++) free(w.prompt[i]);
-            free(w.prompt);
-            free(w.n_prompt);
-            free(w.gen);
-            free(w.arrival);
+            workload_free(&w);
             return 1;
         }
         rc.ep.kv_mem = (int64_t)kvm;
@@ -396,10 +416,6 @@ int fl_bench_serve(int argc, char **argv) {
         }
     }
     cJSON_Delete(root);
-    for (int32_t i = 0; i < n; i++) free(w.prompt[i]);
-    free(w.prompt);
-    free(w.n_prompt);
-    free(w.gen);
-    free(w.arrival);
+    workload_free(&w);
     return rcode;
 }

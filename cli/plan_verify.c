@@ -47,7 +47,13 @@ int fl_plan_verify(const fl_plan_verify_opts *vo) {
     if ((st = fl_engine_new(&ep, &e))) goto fail;
     fl_mem_reset_peaks();
     const int32_t nv = fl_engine_n_vocab(e), P = ep.max_batch_tokens;
-    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)P);
+    /* the harness's prompt lives on the stack so the allocator measures only the engine */
+    int32_t prompt[8192];
+    if (P > 8192) {
+        fl_engine_free(e);
+        st = fl_set_error(FL_ERR_INVALID, "--prefill %d: --verify handles at most 8192 tokens per step", P);
+        goto fail;
+    }
     for (int32_t r = 0; r < ep.max_seqs && !st; r++) {
         for (int32_t i = 0; i < P; i++) prompt[i] = 3 + (int32_t)(((int64_t)r * 7919 + (int64_t)i * 104729) % (nv - 3));
         fl_request_params rp;
@@ -59,7 +65,6 @@ int fl_plan_verify(const fl_plan_verify_opts *vo) {
         int64_t id;
         st = fl_engine_add(e, &rp, &id);
     }
-    free(prompt);
     int32_t active = 1;
     fl_request_output ev[64];
     while (!st && active) {
