@@ -56,6 +56,9 @@ int fl_cmd_perplexity(int argc, char **argv);
 #include "fitllm.h"
 struct fl_tokenizer;
 char *fl_cli_read_file(const char *path, size_t *len);
+struct cJSON;
+/* Add the allocator's report as "memory" to o, print o on one line to stdout, delete o. */
+void fl_cli_print_json_with_memory(struct cJSON *o);
 fl_status fl_cli_tokenize(const struct fl_tokenizer *tok, const char *text, size_t len, int32_t **ids, int64_t *n);
 /* benchmarks (cli/bench_*.c) */
 int fl_bench_attention(int argc, char **argv);

@@ -233,16 +233,7 @@ int fl_cmd_perplexity(int argc, char **argv) {
             cJSON_AddNumberToObject(k, "max", kl_max);
             cJSON_AddNumberToObject(k, "same_top", (double)same_top / (double)count);
         }
-        char mem[1024];
-        fl_mem_report_json(mem, sizeof mem);
-        cJSON *mj = cJSON_Parse(mem);
-        if (mj) cJSON_AddItemToObject(o, "memory", mj);
-        char *s = cJSON_PrintUnformatted(o);
-        if (s) {
-            puts(s);
-            cJSON_free(s);
-        }
-        cJSON_Delete(o);
+        fl_cli_print_json_with_memory(o);
     } else {
         printf("%lld tokens, %lld chunks of %lld, %lld scored\n", (long long)n_ids, (long long)n_chunk,
                (long long)n_ctx, (long long)count);

@@ -27,6 +27,19 @@ static double now_s(void) {
 }
 
 /* Read a whole file into a FL_MEM_MISC buffer (NUL-terminated); *len excludes the NUL. */
+void fl_cli_print_json_with_memory(cJSON *o) {
+    char mem[1024];
+    fl_mem_report_json(mem, sizeof mem);
+    cJSON *mj = cJSON_Parse(mem);
+    if (mj) cJSON_AddItemToObject(o, "memory", mj);
+    char *s = cJSON_PrintUnformatted(o);
+    if (s) {
+        puts(s);
+        cJSON_free(s);
+    }
+    cJSON_Delete(o);
+}
+
 char *fl_cli_read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -342,16 +355,7 @@ int fl_cmd_run(int argc, char **argv) {
         cJSON_AddNumberToObject(kj, "bytes_per_token", fl_cli_kv_bytes_per_token(&kv, hp));
         cJSON_AddNumberToObject(kj, "context_shifts", (double)n_shifts);
         cJSON_AddNumberToObject(kj, "positions_dropped", (double)n_shifted);
-        char mem[1024];
-        fl_mem_report_json(mem, sizeof mem);
-        cJSON *mj = cJSON_Parse(mem);
-        if (mj) cJSON_AddItemToObject(o, "memory", mj);
-        char *s = cJSON_PrintUnformatted(o);
-        if (s) {
-            puts(s);
-            cJSON_free(s);
-        }
-        cJSON_Delete(o);
+        fl_cli_print_json_with_memory(o);
     } else if (!json) {
         if (tpm) fprintf(stderr, "rank %d of %lld: ", rank, (long long)n_tp);
         fprintf(stderr, "prefill: %lld tokens, %.1f tok/s; decode: %lld tokens, %.1f tok/s\n", (long long)n_ids,
