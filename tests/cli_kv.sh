@@ -43,8 +43,9 @@ assert r["f32"]["kl"]["mean"] == 0 and r["f32"]["kl"]["same_top"] == 1
 kl = [r[t]["kl"]["mean"] for t in ["f16", "bf16", "q8_0", "fp8_e4m3", "fp8_e5m2", "q4_0"]]
 assert all(a < b for a, b in zip(kl, kl[1:])), kl
 assert r["q4_0"]["ppl"] > base and r["fp8_e5m2"]["ppl"] > base
-# the contiguous f16 path and the paged one differ only in the softmax/accumulation order
-assert abs(r["contig"]["ppl"] / r["f16"]["ppl"] - 1) < 1e-5, (r["contig"]["ppl"], r["f16"]["ppl"])
+# the contiguous f16 path follows llama.cpp's arithmetic (softmax weights rounded to f16); the
+# paged one keeps them in f32: measured 2.6e-5 apart on this slice
+assert abs(r["contig"]["ppl"] / r["f16"]["ppl"] - 1) < 1e-4, (r["contig"]["ppl"], r["f16"]["ppl"])
 assert r["contig"]["kv_layout"] == "contiguous" and r["contig"]["kv_bytes_per_token"] == 640
 assert r["fp8_bs32"]["kv_bytes_per_token"] == 325  # scales amortised over 32 tokens
 PY

@@ -6,6 +6,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
 
+#include <math.h>
 #include <string.h>
 
 #define GUARD 16
@@ -58,9 +59,11 @@ static void test_parity(void **state) {
             k->rmsnorm_row(yv, a, w, n, 1e-5f);
             CHECK_NMSE(yr, yv, n, 1e-10);
             check_guard(yv, n);
+            /* same arithmetic in both (llama.cpp's): equal bit for bit */
+            assert_memory_equal(yr, yv, (size_t)n * sizeof(float));
             fl_swiglu_ref(yr, a, b, n);
             k->swiglu(yv, a, b, n);
-            CHECK_NMSE(yr, yv, n, 1e-10);
+            assert_memory_equal(yr, yv, (size_t)n * sizeof(float));
             check_guard(yv, n);
             CHECK_NEAR(fl_dot_f32_ref(a, b, n), k->dot(a, b, n), 1e-4 * (double)n);
             memcpy(yr, b, (size_t)n * 4);
@@ -80,6 +83,25 @@ static void test_parity(void **state) {
 }
 
 /* The reference ops' maths on hand-checked values. */
+/* fl_expf_poly: within 2 ulp of libm's expf from -87 to 88, 0 far below, inf far above. */
+static void test_expf_poly(void **state) {
+    (void)state;
+    int worst = 0;
+    for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
+        const float e = expf(x), p = fl_expf_poly(x);
+        int32_t ie, ip;
+        memcpy(&ie, &e, 4);
+        memcpy(&ip, &p, 4);
+        const int ulp = ie > ip ? ie - ip : ip - ie;
+        if (ulp > worst) worst = ulp;
+    }
+    fprintf(stderr, "fl_expf_poly: worst %d ulp against expf over [-87, 88]\n", worst);
+    assert_true(worst <= 2);
+    assert_true(fl_expf_poly(0.0f) == 1.0f);
+    assert_true(fl_expf_poly(-200.0f) == 0.0f);
+    assert_true(isinf(fl_expf_poly(200.0f)));
+}
+
 static void test_ref_maths(void **state) {
     (void)state;
     /* rmsnorm of (3, 4): rms = sqrt(12.5) */
@@ -115,6 +137,7 @@ static void test_ref_maths(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_parity), cmocka_unit_test(test_ref_maths)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_parity), cmocka_unit_test(test_expf_poly),
+                                       cmocka_unit_test(test_ref_maths)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

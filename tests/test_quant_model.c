@@ -3,7 +3,9 @@
  *    (shared/reference/synth256/synth256-T-dequant.logits.jsonl) within 1e-3, every type T;
  *  - the default int8-activation path for Q8_0 / Q4_0 stays close to llama.cpp's own
  *    (q8_0-activation) logits;
- *  - stories260K-q8_0 / -q5_0 reproduce the reference greedy tokens.
+ *  - stories260K-q8_0 / -q5_0 follow the reference greedy tokens (prompt 0: its first 32 at
+ *    least; how many of the 12 prompts agree for all 200 steps is printed: llama.cpp quantizes
+ *    the activations of Q5_0 to q8_0 where we keep f32, and sums Q8_0 blocks in another order).
  * Skips when the model module is not in the tree (this file builds on the quant branch alone). */
 #include "test.h"
 
@@ -92,22 +94,23 @@ static double logits_diff(const char *model, const char *ref_rel) {
 static const char *synth_types[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                                     "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"};
 
-/* The forward itself (not this module) differs from llama.cpp by a few 1e-3 on the F32 file;
- * every block type must add no more than 1e-3 on top of that F32 baseline (a wrong layout or
- * scale gives errors of 0.1 and more). */
+/* With f32 activations and the contiguous f16 cache the forward follows llama.cpp's arithmetic
+ * (its summation orders and f16 roundings), so every dequantized type must agree within 1e-3
+ * (a wrong layout or scale gives errors of 0.1 and more). */
 static void test_synth256_dequant_logits(void **state) {
     (void)state;
     NEED_SHARED();
     fl_matmul_set_f32_act(true);
     const double base = logits_diff("models/synth256/synth256-F32.gguf", "reference/synth256/synth256-F32.logits.jsonl");
     fprintf(stderr, "synth256-F32     baseline (forward vs llama.cpp): max |logit diff| %.2e\n", base);
+    assert_true(base < 1e-3);
     for (size_t i = 1; i < sizeof synth_types / sizeof synth_types[0]; i++) {
         char model[128], ref[160];
         snprintf(model, sizeof model, "models/synth256/synth256-%s.gguf", synth_types[i]);
         snprintf(ref, sizeof ref, "reference/synth256/synth256-%s-dequant.logits.jsonl", synth_types[i]);
         const double d = logits_diff(model, ref);
         fprintf(stderr, "synth256-%-7s f32 activations: max |logit diff| vs llama.cpp dequant %.2e\n", synth_types[i], d);
-        if (!(d < base + 5e-3)) fail_msg("synth256-%s: max logit diff %.3g (F32 baseline %.3g)", synth_types[i], d, base);
+        if (!(d < 1e-3)) fail_msg("synth256-%s: max logit diff %.3g (F32 baseline %.3g)", synth_types[i], d, base);
     }
     fl_matmul_set_f32_act(false);
     fl_test_mem_zero();
@@ -137,6 +140,7 @@ static void test_stories_quant_greedy(void **state) {
     (void)state;
     NEED_SHARED();
     const char *names[2] = {"q8_0", "q5_0"};
+    int diverged[2] = {0, 0};
     for (int k = 0; k < 2; k++) {
         char model[128], ref[160];
         snprintf(model, sizeof model, "models/stories260K-%s.gguf", names[k]);
@@ -147,7 +151,7 @@ static void test_stories_quant_greedy(void **state) {
         char *txt = fl_test_read_file(FL_SHARED_PATH(ref), &len);
         assert_non_null(txt);
         int lines = 0;
-        for (char *line = strtok(txt, "\n"); line && lines < 4; line = strtok(NULL, "\n"), lines++) {
+        for (char *line = strtok(txt, "\n"); line; line = strtok(NULL, "\n"), lines++) {
             cJSON *o = cJSON_Parse(line);
             int32_t prompt[256], want[256];
             const int32_t np = ids(cJSON_GetObjectItem(o, "prompt_tokens"), prompt, 256);
@@ -166,12 +170,15 @@ static void test_stories_quant_greedy(void **state) {
                             (double)(r.logits[best] - r.logits[want[i]]));
                     /* prompt 0 must agree on at least its first 32 tokens */
                     if (lines == 0 && i < 32) fail_msg("stories260K-%s prompt 0 step %d: token %d, reference %d", names[k], i, best, want[i]);
+                    diverged[k]++;
                     break;
                 }
                 eval(&r, &best, 1, np + i, 0);
             }
             cJSON_Delete(o);
         }
+        assert_int_equal(lines, 12);
+        fprintf(stderr, "stories260K-%s: %d of 12 prompts give llama.cpp's 200 greedy tokens exactly\n", names[k], 12 - diverged[k]);
         fl_test_free_file(txt, len);
         runner_free(&r);
     }

@@ -2,6 +2,7 @@
  * (GEMV for one token, cache-tiled GEMM otherwise), f32 path (dequantize rows + f32 dot) for
  * every other type or when f32 activations are requested. */
 #include "kernels/matmul.h"
+#include "core/dtype.h"
 #include "kernels/convert.h"
 #include "kernels/dispatch.h"
 #include "kernels/quant.h"
@@ -34,6 +35,8 @@ static fl_gemm_q8_fn gemm_for(fl_isa isa) {
 static dot_fn dot_for(fl_isa isa) {
     return isa == FL_ISA_AVX512 ? fl_mm_dot_f32_avx512 : isa == FL_ISA_AVX2 ? fl_dot_f32_avx2 : fl_mm_dot_f32_ref;
 }
+
+float fl_mm_dot_f32(const float *a, const float *b, int64_t n) { return dot_for(fl_isa_get())(a, b, n); }
 
 /* ---- integer path ---- */
 
@@ -152,8 +155,10 @@ static void f32_task(void *p, int ith, int nth) {
                 r[i] = rows + i * K;
             }
         }
-        for (int64_t m = 0; m < c->M; m++)
-            for (int64_t i = 0; i < nr; i++) c->y[m * N + n0 + i] = c->dot(r[i], c->x + m * K, K);
+        if (c->dot == fl_mm_dot_f32_avx512) fl_mm_rows_f32_avx512(r, (int)nr, c->x, c->M, K, c->y + n0, N, c->W->type == FL_TYPE_F16);
+        else
+            for (int64_t m = 0; m < c->M; m++)
+                for (int64_t i = 0; i < nr; i++) c->y[m * N + n0 + i] = c->dot(r[i], c->x + m * K, K);
     }
 }
 
@@ -165,7 +170,10 @@ size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
         if (fl_isa_get() == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) b += (size_t)nth * fl_panel_bytes(K);
         return b;
     }
-    return W->type == FL_TYPE_F32 ? 0 : (size_t)nth * F32_ROWS * (size_t)K * sizeof(float);
+    if (W->type == FL_TYPE_F32) return 0;
+    size_t b = (size_t)nth * F32_ROWS * (size_t)K * sizeof(float);
+    if (W->type == FL_TYPE_F16 && !fl_matmul_f32_act()) b += (size_t)M * (size_t)K * sizeof(float);
+    return b;
 }
 
 void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
@@ -206,6 +214,24 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
             return;
         }
     }
+    /* F16 weights take f16 activations (x rounded to f16, as llama.cpp's f16 dot products do),
+     * unless f32 activations are asked for. */
+    float *xr = NULL;
+    const size_t xr_bytes = (size_t)M * (size_t)K * sizeof(float);
+    if (W->type == FL_TYPE_F16 && !fl_matmul_f32_act()) {
+        xr = fl_alloc(FL_MEM_SCRATCH, xr_bytes, 64);
+        if (!xr) fl_clear_error(); /* no scratch: f32 activations */
+        else {
+            uint16_t h[256];
+            for (int64_t i = 0; i < M * K; i += 256) {
+                const int64_t n = M * K - i < 256 ? M * K - i : 256;
+                c.cvt->f32_to_f16(x + i, h, n);
+                c.cvt->f16_to_f32(h, xr + i, n);
+            }
+            c.x = xr;
+        }
+    }
     fl_parallel_n(f32_task, &c, nth);
+    if (xr) fl_free(FL_MEM_SCRATCH, xr, xr_bytes);
     if (c.buf) fl_free(FL_MEM_SCRATCH, c.buf, bytes);
 }

@@ -16,7 +16,9 @@
  * are quantized to 8 bits per block of 32 (f32 scale per block) and dotted with int8 (AVX2
  * maddubs / AVX-512 VNNI dpbusd); M == 1 is a row-parallel GEMV, M > 1 a cache-tiled, threaded
  * GEMM (4 rows x 4 tokens register tiles over L2-sized row chunks).  Every other type
- * dequantizes rows and uses an f32 dot.  fl_matmul_set_f32_act(true) (or the environment
+ * dequantizes rows and uses an f32 dot; F16 weights round the activations to f16 first
+ * (llama.cpp's f16 x f16 products; the rounded copy is M x K floats of scratch).
+ * fl_matmul_set_f32_act(true) (or the environment
  * variable FL_MATMUL_F32ACT=1) keeps activations in f32 for every type (reference accuracy).
  * The kernels are chosen from fl_isa_get() (FL_KERNELS=ref|avx2|avx512).
  * fl_matmul allocates its activation scratch (FL_MEM_SCRATCH) per call and frees it; if that
@@ -24,7 +26,7 @@
  * is the exact FL_MEM_SCRATCH high-water mark of one call on nth threads with the current ISA
  * and activation mode (for memory planners): the 8-bit activations (fl_act_q8_bytes) plus, for
  * M > 1 on AVX-512, nth repacked row panels (fl_panel_bytes each); or nth x 8 dequantized f32
- * rows on the f32 path.
+ * rows on the f32 path (plus the M x K rounded activations for F16).
  */
 #ifndef FL_MATMUL_H
 #define FL_MATMUL_H
@@ -104,8 +106,14 @@ void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx2(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);
-/* matmul's own f32 dots (the f32 path). */
+/* matmul's own f32 dots (the f32 path); fl_mm_dot_f32 dispatches on fl_isa_get().  The AVX-512
+ * one sums in llama.cpp's order (see matmul_avx512.c). */
+float fl_mm_dot_f32(const float *a, const float *b, int64_t n);
 float fl_mm_dot_f32_ref(const float *a, const float *b, int64_t n);
 float fl_mm_dot_f32_avx512(const float *a, const float *b, int64_t n);
+/* y[m][r] = w[r] . x[m] for r < nr, m < M (y[m] at y + m ldy), in fl_mm_dot_f32_avx512's order;
+ * f16_rows: the rows hold f16 values (llama.cpp sums their dot's tail in double). */
+void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_t M, int64_t K, float *y, int64_t ldy,
+                           bool f16_rows);
 
 #endif

@@ -45,6 +45,12 @@ typedef struct fl_ops_kernels {
 
 const fl_ops_kernels *fl_ops_kernels_get(void);
 
+/* exp(x) by the polynomial llama.cpp's CPU backend evaluates 16 (or 8) lanes at a time (after
+ * ARM's optimized-routines expf): n = round(x / ln 2) by the 1.5 * 2^23 shift, b = x - n ln 2 in
+ * two parts, a degree-5 polynomial in b, times 2^n; 0 or inf once |n| > 192.  Within ~1.5 ulp
+ * of expf.  Used where matching its logits needs the same roundings: SwiGLU (every element)
+ * and the attention softmax of the contiguous f16 cache. */
+float fl_expf_poly(float x);
 void fl_rmsnorm_row_ref(float *out, const float *inp, const float *weight, int64_t C, float eps);
 void fl_swiglu_ref(float *out, const float *gate, const float *up, int64_t n);
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);

@@ -5,6 +5,7 @@
 #include "core/threads.h"
 #include "core/dtype.h"
 #include "kernels/convert.h"
+#include "kernels/matmul.h"
 #include "kernels/ops.h"
 
 
@@ -140,54 +141,140 @@ static inline const float *kv_tile(const fl_kv_contig *kv, const unsigned char *
 
 /* Keys per tile: about 8 KiB of f32 per K and V tile on the stack. */
 #define TILE_FLOATS 2048
+/* Scores kept per query row on the stack by the f16 path; longer rows recompute them. */
+#define SCORE_ROW 4096
 
-/* out[t][h] = sum_j softmax_j(q[t][h] . k[j][h/g] * scale) v[j][h/g], online (one pass):
- * running max mx, running denominator l, accumulator out rescaled when mx grows.  Keys and
- * values are read in tiles of TILE_FLOATS / head_dim positions.
- * With f16 K/V the query is rounded to f16 first, as llama.cpp's f16 K . q product does. */
-static void attend_fn(void *p, int ith, int nth) {
-    const attend_task *t = p;
+/* f32 K/V: out[t][h] = sum_j softmax_j(q[t][h] . k[j][h/g] * scale) v[j][h/g], online (one
+ * pass): running max mx, running denominator l, accumulator out rescaled when mx grows.  Keys
+ * and values are read in tiles of TILE_FLOATS / head_dim positions. */
+static void attend_f32(const attend_task *t, int64_t i, int64_t h, float *o, float *kb, float *vb) {
     const fl_kv_contig *kv = t->kv;
-    const int64_t H = kv->p.n_head, HKV = kv->p.n_head_kv, D = kv->p.head_dim, G = H / HKV;
+    const int64_t H = kv->p.n_head, D = kv->p.head_dim, hk = h / (H / kv->p.n_head_kv);
     const int32_t TK = D >= TILE_FLOATS ? 1 : (int32_t)(TILE_FLOATS / D);
+    const int32_t s = t->b->seq_id[i], pos = t->b->pos[i];
+    const int32_t start = kv->p.n_swa > 0 && pos - kv->p.n_swa + 1 > 0 ? pos - kv->p.n_swa + 1 : 0;
     const float scale = 1.0f / sqrtf((float)D);
     const fl_ops_kernels *ops = fl_ops_kernels_get();
     const fl_convert_kernels *cv = fl_convert_kernels_get();
-    float qb[D > 0 ? D : 1], kb[(size_t)TK * (size_t)D], vb[(size_t)TK * (size_t)D];
-    uint16_t qh[D > 0 ? D : 1];
+    const float *q = t->q + (i * H + h) * D;
+    memset(o, 0, (size_t)D * sizeof(float));
+    float mx = -INFINITY, l = 0.0f;
+    for (int32_t j0 = start; j0 <= pos; j0 += TK) {
+        const int32_t n = pos + 1 - j0 < TK ? pos + 1 - j0 : TK;
+        const float *kt = kv_tile(kv, kv->k, t->il, s, hk, j0, n, kb, cv);
+        const float *vt = kv_tile(kv, kv->v, t->il, s, hk, j0, n, vb, cv);
+        for (int32_t j = 0; j < n; j++) {
+            const float sc = ops->dot(q, kt + (size_t)j * (size_t)D, D) * scale;
+            if (sc > mx) {
+                const float c = expf(mx - sc); /* 0 on the first key */
+                l *= c;
+                ops->scale(o, c, D);
+                mx = sc;
+            }
+            const float e = expf(sc - mx);
+            l += e;
+            ops->axpy(o, e, vt + (size_t)j * (size_t)D, D);
+        }
+    }
+    ops->scale(o, 1.0f / l, D);
+}
+
+/* Sum of 16 lanes in the order of _mm512_reduce_add_ps (halves, then quarters, ...). */
+static inline float lane_sum16(const float *x) {
+    float a[8];
+    for (int l = 0; l < 8; l++) a[l] = x[l] + x[l + 8];
+    for (int l = 0; l < 4; l++) a[l] = a[l] + a[l + 4];
+    return (a[0] + a[2]) + (a[1] + a[3]);
+}
+
+/* q . k for f16-valued q and k (every product exact in f32) in llama.cpp's order: head_dim a
+ * multiple of 16 goes through its tinyBLAS GEMM (one 16-lane accumulator, the matmul dot);
+ * otherwise ggml_vec_dot_f16 (64-element SIMD steps, the rest summed in double). */
+static inline float score_dot(const float *q, const float *k, int64_t D) {
+    if (D % 16 == 0) return fl_mm_dot_f32(q, k, D);
+    const int64_t np = D & ~(int64_t)63;
+    double sum = np ? (double)fl_mm_dot_f32(q, k, np) : 0.0;
+    for (int64_t d = np; d < D; d++) sum += (double)(q[d] * k[d]);
+    return (float)sum;
+}
+
+/* f16 K/V: the arithmetic of llama.cpp's CPU attention without flash attention, so that the
+ * contiguous f16 cache reproduces its logits: the query is rounded to f16 (its f16 K . q
+ * product), s_j = (q . k_j) * scale, p_j = e_j * (float)(1 / sum), e_j = fl_expf_poly(s_j - max) (its
+ * 16-lane softmax exp over the padded cache row), where the sum
+ * adds the exponentials of each 16-position group of the cache in f32 (lane order) and the
+ * groups in double; p is rounded to f16 (its f16 V . p product) and out = sum_j p_j v_j with
+ * one accumulator per position mod 16, reduced in lane order (its tinyBLAS GEMM over the
+ * 16-aligned cache).  Scores of rows up to SCORE_ROW keys are kept on the stack; longer rows
+ * recompute them per pass.  acc: [16][head_dim] scratch. */
+static void attend_f16(const attend_task *t, int64_t i, int64_t h, float *o, float *kb, float *vb, float *srow,
+                       float *acc) {
+    const fl_kv_contig *kv = t->kv;
+    const int64_t H = kv->p.n_head, D = kv->p.head_dim, hk = h / (H / kv->p.n_head_kv);
+    const int32_t TK = D >= TILE_FLOATS ? 1 : (int32_t)(TILE_FLOATS / D);
+    const int32_t s = t->b->seq_id[i], pos = t->b->pos[i];
+    const int32_t start = kv->p.n_swa > 0 && pos - kv->p.n_swa + 1 > 0 ? pos - kv->p.n_swa + 1 : 0;
+    const int32_t n_all = pos + 1 - start;
+    const bool keep = n_all <= SCORE_ROW;
+    const float scale = 1.0f / sqrtf((float)D);
+    const fl_ops_kernels *ops = fl_ops_kernels_get();
+    const fl_convert_kernels *cv = fl_convert_kernels_get();
+    float qb[D], lanes[16];
+    uint16_t qh[D];
+    cv->f32_to_f16(t->q + (i * H + h) * D, qh, D);
+    cv->f16_to_f32(qh, qb, D);
+    /* pass 0: scores (kept when they fit) and their max; 1: sum of exponentials; 2: p . V */
+    float mx = -INFINITY, inv = 0.0f;
+    double sum = 0;
+    memset(acc, 0, 16 * (size_t)D * sizeof(float));
+    memset(lanes, 0, sizeof lanes);
+    for (int pass = 0; pass < 3; pass++) {
+        if (pass == 2) inv = (float)(1.0 / sum);
+        const bool need_k = pass == 0 || !keep;
+        for (int32_t j0 = start; j0 <= pos; j0 += TK) {
+            const int32_t n = pos + 1 - j0 < TK ? pos + 1 - j0 : TK;
+            const float *kt = need_k ? kv_tile(kv, kv->k, t->il, s, hk, j0, n, kb, cv) : NULL;
+            const float *vt = pass == 2 ? kv_tile(kv, kv->v, t->il, s, hk, j0, n, vb, cv) : NULL;
+            for (int32_t j = 0; j < n; j++) {
+                const int32_t jj = j0 + j, lane = jj % 16;
+                float sc;
+                if (need_k) {
+                    sc = score_dot(qb, kt + (size_t)j * (size_t)D, D) * scale;
+                    if (keep) srow[jj - start] = sc;
+                } else
+                    sc = srow[jj - start];
+                if (pass == 0) mx = sc > mx ? sc : mx;
+                else if (pass == 1) {
+                    lanes[lane] = fl_expf_poly(sc - mx);
+                    if (lane == 15 || jj == pos) {
+                        sum += (double)lane_sum16(lanes);
+                        memset(lanes, 0, sizeof lanes);
+                    }
+                } else
+                    ops->axpy(acc + (size_t)lane * (size_t)D, fl_f16_to_f32(fl_f32_to_f16(fl_expf_poly(sc - mx) * inv)),
+                              vt + (size_t)j * (size_t)D, D);
+            }
+        }
+    }
+    for (int64_t d = 0; d < D; d++) {
+        for (int l = 0; l < 16; l++) lanes[l] = acc[(size_t)l * (size_t)D + (size_t)d];
+        o[d] = lane_sum16(lanes);
+    }
+}
+
+static void attend_fn(void *p, int ith, int nth) {
+    const attend_task *t = p;
+    const fl_kv_contig *kv = t->kv;
+    const int64_t H = kv->p.n_head, D = kv->p.head_dim;
+    const int32_t TK = D >= TILE_FLOATS ? 1 : (int32_t)(TILE_FLOATS / D);
+    const size_t f16 = kv->esize == 2;
+    float kb[(size_t)TK * (size_t)D], vb[(size_t)TK * (size_t)D], srow[f16 ? SCORE_ROW : 1], acc[f16 ? 16 * D : 1];
     int64_t lo, hi;
     fl_split_range((int64_t)t->b->n_tokens * H, ith, nth, &lo, &hi);
     for (int64_t u = lo; u < hi; u++) {
-        const int64_t i = u / H, h = u % H, hk = h / G;
-        const int32_t s = t->b->seq_id[i], pos = t->b->pos[i];
-        const int32_t start = kv->p.n_swa > 0 && pos - kv->p.n_swa + 1 > 0 ? pos - kv->p.n_swa + 1 : 0;
-        const float *q = t->q + (i * H + h) * D;
-        if (kv->esize == 2) {
-            cv->f32_to_f16(q, qh, D);
-            cv->f16_to_f32(qh, qb, D);
-            q = qb;
-        }
-        float *o = t->out + (i * H + h) * D;
-        memset(o, 0, (size_t)D * sizeof(float));
-        float mx = -INFINITY, l = 0.0f;
-        for (int32_t j0 = start; j0 <= pos; j0 += TK) {
-            const int32_t n = pos + 1 - j0 < TK ? pos + 1 - j0 : TK;
-            const float *kt = kv_tile(kv, kv->k, t->il, s, hk, j0, n, kb, cv);
-            const float *vt = kv_tile(kv, kv->v, t->il, s, hk, j0, n, vb, cv);
-            for (int32_t j = 0; j < n; j++) {
-                const float sc = ops->dot(q, kt + (size_t)j * (size_t)D, D) * scale;
-                if (sc > mx) {
-                    const float c = expf(mx - sc); /* 0 on the first key */
-                    l *= c;
-                    ops->scale(o, c, D);
-                    mx = sc;
-                }
-                const float e = expf(sc - mx);
-                l += e;
-                ops->axpy(o, e, vt + (size_t)j * (size_t)D, D);
-            }
-        }
-        ops->scale(o, 1.0f / l, D);
+        float *o = t->out + u * D;
+        if (kv->esize == 2) attend_f16(t, u / H, u % H, o, kb, vb, srow, acc);
+        else attend_f32(t, u / H, u % H, o, kb, vb);
     }
 }
 

@@ -154,9 +154,9 @@ static void rope_apply(float *out, const float *inp, const int32_t *pos, int64_t
                        int rope_dim, float base, float sign) {
     const int64_t row = (int64_t)n_head * head_dim;
     for (int64_t t = 0; t < N; t++) {
-        const float p = (float)pos[t];
-        for (int i = 0; i < rope_dim / 2; i++) {
-            const float theta = p * powf(base, -2.0f * (float)i / (float)rope_dim);
+        const float tscale = powf(base, -2.0f / (float)rope_dim);
+        float theta = (float)pos[t]; /* theta_i = pos * tscale^i, by repeated f32 products (as fl_rope_forward) */
+        for (int i = 0; i < rope_dim / 2; i++, theta *= tscale) {
             const float cs = cosf(theta), sn = sign * sinf(theta);
             for (int h = 0; h < n_head; h++) {
                 const float *x = inp + t * row + (int64_t)h * head_dim + 2 * i;

@@ -10,6 +10,7 @@
 #include "kernels/quant.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdbool.h>
 
 #define INLINE static inline __attribute__((always_inline))
@@ -38,20 +39,70 @@ INLINE __m512i load_w(int32_t wtype, const char *w, int64_t b, int single, __m51
     }
 }
 
-/* f32 dot for matmul's f32 path. */
-float fl_mm_dot_f32_avx512(const float *a, const float *b, int64_t n) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
+/* f32 dot for matmul's f32 path, in llama.cpp's (ggml's) summation order so that models
+ * computed in f32 give its logits bit for bit more often (the f16 roundings of its attention
+ * amplify one-ulp differences):
+ *   n % 16 == 0: one 16-lane accumulator over k, then _mm512_reduce_add_ps (its tinyBLAS GEMM);
+ *   otherwise: four accumulators over 64-element steps, added 0+2, 1+3, then together, reduced,
+ *   then the last n % 64 products added one at a time: to an f32 sum for f32 rows
+ *   (ggml_vec_dot_f32), to a double sum for rows of f16 values (ggml_vec_dot_f16, f16_rows). */
+static inline float dot_ggml(const float *a, const float *b, int64_t n, bool f16_rows) {
+    if (n % 16 == 0) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+        return _mm512_reduce_add_ps(acc);
+    }
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    const int64_t np = n & ~(int64_t)63;
+    for (int64_t i = 0; i < np; i += 64) {
         s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
         s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
     }
-    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-    if (i < n) {
-        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+    const float head = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
+    if (f16_rows) {
+        double sum = head;
+        for (int64_t i = np; i < n; i++) sum += (double)(a[i] * b[i]);
+        return (float)sum;
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    float sum = head;
+    for (int64_t i = np; i < n; i++) {
+        const float p = a[i] * b[i]; /* rounded, then added: no fused multiply-add here */
+        sum += p;
+    }
+    return sum;
+}
+
+float fl_mm_dot_f32_avx512(const float *a, const float *b, int64_t n) { return dot_ggml(a, b, n, false); }
+
+/* Four rows against one activation row: out[r] = dot_ggml(w[r], x, n) exactly (the same order
+ * per row), with x loaded once per step for the four rows (n % 16 == 0). */
+static void dot4_f32(const float *const *w, const float *x, int64_t n, float *out) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512 xv = _mm512_loadu_ps(x + i);
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w[0] + i), xv, a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w[1] + i), xv, a1);
+        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w[2] + i), xv, a2);
+        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w[3] + i), xv, a3);
+    }
+    out[0] = _mm512_reduce_add_ps(a0);
+    out[1] = _mm512_reduce_add_ps(a1);
+    out[2] = _mm512_reduce_add_ps(a2);
+    out[3] = _mm512_reduce_add_ps(a3);
+}
+
+void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_t M, int64_t K, float *y, int64_t ldy,
+                           bool f16_rows) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *xm = x + m * K;
+        float *ym = y + m * ldy;
+        int r = 0;
+        if (K % 16 == 0)
+            for (; r + 4 <= nr; r += 4) dot4_f32(w + r, xm, K, ym + r);
+        for (; r < nr; r++) ym[r] = dot_ggml(w[r], xm, K, f16_rows);
+    }
 }
 
 INLINE void tile(const int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy,

@@ -43,8 +43,16 @@ void fl_scale_f32_avx512(float *y, float a, int64_t n) {
 }
 
 void fl_rmsnorm_row_avx512(float *out, const float *inp, const float *weight, int64_t C, float eps) {
-    const float ss = fl_dot_f32_avx512(inp, inp, C);
-    const __m512 rstd = _mm512_set1_ps(1.0f / sqrtf(ss / (float)C + eps));
+    /* f32 squares summed in double (as the reference): 8 products per step, widened */
+    __m512d acc = _mm512_setzero_pd();
+    int64_t j = 0;
+    for (; j + 8 <= C; j += 8) {
+        const __m256 v = _mm256_loadu_ps(inp + j);
+        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_mul_ps(v, v)));
+    }
+    double ss = _mm512_reduce_add_pd(acc);
+    for (; j < C; j++) ss += (double)(inp[j] * inp[j]);
+    const __m512 rstd = _mm512_set1_ps(1.0f / sqrtf((float)(ss / (double)C) + eps));
     int64_t i = 0;
     for (; i + 16 <= C; i += 16)
         _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(inp + i), rstd), _mm512_loadu_ps(weight + i)));
@@ -56,22 +64,21 @@ void fl_rmsnorm_row_avx512(float *out, const float *inp, const float *weight, in
     }
 }
 
-/* exp(x) for x in about [-87, 88]: x = n ln2 + r, |r| <= ln2/2, exp(r) by a degree-6
- * polynomial (relative error ~2e-7), 2^n by exponent scaling (_mm512_scalef_ps). */
+/* exp(x), 16 lanes: the arithmetic of fl_expf_poly (kernels/ops.h), lane for lane. */
 static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    const __m512 shift = _mm512_set1_ps(0x1.8p23f);
+    const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), shift), shift);
+    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 hi = _mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f));
+    const __m512 mid = _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f));
+    const __m512 lo = _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f));
+    const __m512 r = _mm512_scalef_ps(_mm512_fmadd_ps(_mm512_fmadd_ps(hi, u, mid), u, lo), n);
+    const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
+    if (!big) return r;
+    const __m512 sat = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
+                                            _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
+    return _mm512_mask_blend_ps(big, r, sat);
 }
 
 static inline __m512 swiglu512(__m512 g, __m512 u) {
@@ -79,6 +86,8 @@ static inline __m512 swiglu512(__m512 g, __m512 u) {
     return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
 }
 
+/* silu(g) u = g / (1 + exp(-g)) u with exp512 on every lane (the tail masked): the arithmetic
+ * of llama.cpp's CPU SwiGLU, which its logits depend on (see fl_expf_poly). */
 void fl_swiglu_avx512(float *out, const float *gate, const float *up, int64_t n) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, swiglu512(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i)));

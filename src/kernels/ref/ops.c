@@ -6,16 +6,28 @@
 #include <math.h>
 
 void fl_rmsnorm_row_ref(float *out, const float *inp, const float *weight, int64_t C, float eps) {
-    float ss = 0.0f;
-    for (int64_t c = 0; c < C; c++) ss += inp[c] * inp[c];
-    const float rstd = 1.0f / sqrtf(ss / (float)C + eps);
+    /* sum of f32 squares in double, mean rounded to f32, then (x * rstd) * w: llama.cpp's order */
+    double ss = 0.0;
+    for (int64_t c = 0; c < C; c++) ss += (double)(inp[c] * inp[c]);
+    const float rstd = 1.0f / sqrtf((float)(ss / (double)C) + eps);
     for (int64_t c = 0; c < C; c++) out[c] = inp[c] * rstd * weight[c];
+}
+
+float fl_expf_poly(float x) {
+    const float shift = 0x1.8p23f;
+    const float n = fmaf(x, 0x1.715476p+0f, shift) - shift;             /* round(x / ln 2) */
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x)); /* x - n ln 2 */
+    const float u = b * b;
+    const float p = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+                         fmaf(0x1.ffffecp-1f, b, 1.0f));
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
+    return ldexpf(p, (int)n);
 }
 
 void fl_swiglu_ref(float *out, const float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         const float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        out[i] = g / (1.0f + fl_expf_poly(-g)) * up[i];
     }
 }
 
@@ -54,8 +66,10 @@ void fl_rope_forward(float *out, const float *inp, const int32_t *pos, int64_t N
         for (int64_t h = 0; h < n_head; h++) {
             const float *x = inp + (n * n_head + h) * head_dim;
             float *y = out + (n * n_head + h) * head_dim;
-            for (int64_t i = 0; i < rope_dim / 2; i++) {
-                const float theta = p * powf(freq_base, -2.0f * (float)i / (float)rope_dim);
+            /* theta_i = p * tscale^i by repeated f32 products, as llama.cpp computes its angles */
+            const float tscale = powf(freq_base, -2.0f / (float)rope_dim);
+            float theta = p;
+            for (int64_t i = 0; i < rope_dim / 2; i++, theta *= tscale) {
                 const float c = cosf(theta), s = sinf(theta);
                 const float x0 = x[2 * i], x1 = x[2 * i + 1];
                 y[2 * i] = x0 * c - x1 * s;
