@@ -2,7 +2,8 @@
  * (pp) and decode (tg) tokens/s through the model forward, with the weight bytes streamed per
  * decoded token as GB/s and % of the measured read bandwidth, and prefill GOP/s (2 x matmul
  * weights x tokens) as % of the measured int8 peak (kernels/calib_int8.h).
- * pp: one forward over -p tokens; tg: -n single-token forwards from an empty cache.
+ * pp: one forward over -p tokens; tg: -n single-token forwards from an empty cache.  The KV
+ * cache is `fitllm run`'s (--kv-layout paged by default, --kv-type f16, --block-size 16).
  * Builds to a stub where the model module is absent. */
 #include "cli/cli.h"
 
@@ -14,7 +15,7 @@
 #include "core/threads.h"
 #include "kernels/calib_int8.h"
 #include "kernels/dispatch.h"
-#include "kv/kv_contig.h"
+#include "cli/cli_kv.h"
 #include "model/llama.h"
 
 #include <cjson/cJSON.h>
@@ -35,6 +36,7 @@ int fl_bench_model(int argc, char **argv) {
         {"threads", 't', FL_OPT_INT, "N  threads (default 2)"},
         {"json", 0, FL_OPT_FLAG, "print JSON"},
         {"stream-mib", 0, FL_OPT_INT, "MIB  buffer for the bandwidth calibration (default 1024)"},
+        FL_CLI_KV_OPTS,
         {0},
     };
     int n_pos;
@@ -55,14 +57,16 @@ int fl_bench_model(int argc, char **argv) {
     }
     fl_threads_set(nth);
     fl_model *m = NULL;
-    fl_kv_contig *kv = NULL;
+    fl_cli_kv kv = {0};
     float *logits = NULL;
     int32_t *tok = NULL, *pos = NULL, *sid = NULL;
     int rc = 1;
     if (fl_model_load(opts[0].str, NULL, &m) != FL_OK) goto fail;
     const fl_hparams *hp = fl_model_hparams(m);
-    fl_kv_contig_params kp = {hp->n_layer, hp->n_head_local, hp->n_head_kv_local, hp->head_dim, np + ng, 1, hp->n_swa, FL_TYPE_F16};
-    if (fl_kv_contig_new(&kp, &kv) != FL_OK || fl_model_workspace_new(m, np, 1) != FL_OK) goto fail;
+    if (fl_cli_kv_new(hp, fl_args_get(opts, "kv-layout")->str, fl_args_get(opts, "kv-type")->str,
+                      fl_args_get(opts, "block-size")->set ? fl_args_get(opts, "block-size")->i : 0, np + ng, &kv) != FL_OK ||
+        fl_model_workspace_new(m, np, 1) != FL_OK)
+        goto fail;
     logits = fl_alloc(FL_MEM_ACT, (size_t)hp->n_vocab * 4, 64);
     tok = fl_calloc(FL_MEM_MISC, (size_t)np, 4);
     pos = fl_calloc(FL_MEM_MISC, (size_t)np, 4);
@@ -86,17 +90,17 @@ int fl_bench_model(int argc, char **argv) {
     for (int32_t i = 0; i < np; i++) { tok[i] = 3 + (int32_t)((i * 7919u) % (uint32_t)(hp->n_vocab - 3)); pos[i] = i; sid[i] = 0; }
     /* warm-up: a short prefill and one decode */
     fl_batch wb = {np < 16 ? np : 16, tok, pos, sid, NULL};
-    if (fl_model_forward(m, &wb, fl_kv_contig_iface(), kv, logits) != FL_OK) goto fail;
-    fl_kv_contig_clear(kv);
+    if (fl_model_forward(m, &wb, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
+    fl_cli_kv_reset(&kv);
     fl_batch pb = {np, tok, pos, sid, NULL};
     double t0 = now_s();
-    if (fl_model_forward(m, &pb, fl_kv_contig_iface(), kv, logits) != FL_OK) goto fail;
+    if (fl_model_forward(m, &pb, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
     const double t_pp = now_s() - t0;
-    fl_kv_contig_clear(kv);
+    fl_cli_kv_reset(&kv);
     t0 = now_s();
     for (int32_t i = 0; i < ng; i++) {
         fl_batch db = {1, &tok[i % np], &i, &sid[0], NULL};
-        if (fl_model_forward(m, &db, fl_kv_contig_iface(), kv, logits) != FL_OK) goto fail;
+        if (fl_model_forward(m, &db, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
     }
     const double t_tg = now_s() - t0;
     const double pp = np / t_pp, tg = ng / t_tg, gbs = wbytes * tg / 1e9, gops = 2.0 * wparams * np / t_pp / 1e9;
@@ -106,6 +110,7 @@ int fl_bench_model(int argc, char **argv) {
         cJSON_AddStringToObject(o, "model", opts[0].str);
         cJSON_AddStringToObject(o, "isa", fl_isa_name(fl_isa_get()));
         cJSON_AddNumberToObject(o, "threads", nth);
+        cJSON_AddStringToObject(o, "kv_layout", kv.paged ? "paged" : "contiguous");
         cJSON_AddNumberToObject(o, "weight_bytes_per_token", wbytes);
         cJSON_AddNumberToObject(o, "mem_bandwidth_gbs", bw);
         cJSON_AddNumberToObject(o, "int8_peak_gops", peak);
@@ -137,7 +142,7 @@ done:
     if (pos) fl_free(FL_MEM_MISC, pos, (size_t)np * 4);
     if (tok) fl_free(FL_MEM_MISC, tok, (size_t)np * 4);
     if (logits) fl_free(FL_MEM_ACT, logits, (size_t)fl_model_hparams(m)->n_vocab * 4);
-    if (kv) fl_kv_contig_free(kv);
+    fl_cli_kv_free(&kv);
     if (m) fl_model_free(m);
     return rc;
 }

@@ -69,4 +69,17 @@ o = json.load(open(sys.argv[1])); k = o["kl"]
 print(k)
 assert 0 <= k["mean"] < 1e-3 and k["max"] < 1e-2 and k["same_top"] > 0.95
 PY
+
+# bench model: llama-bench-style pp/tg on the paged cache (default) and the contiguous one
+for layout in paged contiguous; do
+    "$fitllm" bench model -m "$model" -p 64 -n 8 -t 1 --stream-mib 16 --kv-layout $layout --json >"$tmp/bm.json" ||
+        fail "bench model ($layout)"
+    python3 - "$tmp/bm.json" "$layout" <<'PY' || fail "bench model json ($layout)"
+import json, sys
+o = json.load(open(sys.argv[1]))
+assert o["kv_layout"] == sys.argv[2], o
+assert o["n_prompt"] == 64 and o["n_gen"] == 8 and o["pp_tok_s"] > 0 and o["tg_tok_s"] > 0, o
+assert o["mem_bandwidth_gbs"] > 0 and o["int8_peak_gops"] >= 0 and o["weight_bytes_per_token"] > 0, o
+PY
+done
 echo ok

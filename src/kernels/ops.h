@@ -41,6 +41,7 @@ typedef struct fl_ops_kernels {
     float (*dot)(const float *a, const float *b, int64_t n);           /* sum a[i] b[i] */
     void (*axpy)(float *y, float a, const float *x, int64_t n);        /* y += a x */
     void (*scale)(float *y, float a, int64_t n);                       /* y *= a */
+    void (*expf_poly)(float *y, const float *x, int64_t n);            /* y = fl_expf_poly(x), bitwise */
 } fl_ops_kernels;
 
 const fl_ops_kernels *fl_ops_kernels_get(void);
@@ -56,10 +57,12 @@ void fl_swiglu_ref(float *out, const float *gate, const float *up, int64_t n);
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
 void fl_axpy_f32_ref(float *y, float a, const float *x, int64_t n);
 void fl_scale_f32_ref(float *y, float a, int64_t n);
+void fl_expf_poly_row_ref(float *y, const float *x, int64_t n);
 void fl_rmsnorm_row_avx512(float *out, const float *inp, const float *weight, int64_t C, float eps);
 void fl_swiglu_avx512(float *out, const float *gate, const float *up, int64_t n);
 float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);
 void fl_axpy_f32_avx512(float *y, float a, const float *x, int64_t n);
 void fl_scale_f32_avx512(float *y, float a, int64_t n);
+void fl_expf_poly_row_avx512(float *y, const float *x, int64_t n);
 
 #endif

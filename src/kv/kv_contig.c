@@ -223,36 +223,68 @@ static void attend_f16(const attend_task *t, int64_t i, int64_t h, float *o, flo
     uint16_t qh[D];
     cv->f32_to_f16(t->q + (i * H + h) * D, qh, D);
     cv->f16_to_f32(qh, qb, D);
-    /* pass 0: scores (kept when they fit) and their max; 1: sum of exponentials; 2: p . V */
     float mx = -INFINITY, inv = 0.0f;
     double sum = 0;
     memset(acc, 0, 16 * (size_t)D * sizeof(float));
     memset(lanes, 0, sizeof lanes);
-    for (int pass = 0; pass < 3; pass++) {
-        if (pass == 2) inv = (float)(1.0 / sum);
-        const bool need_k = pass == 0 || !keep;
+    if (keep) {
+        /* scores, their max; exponentials (one vector call); the sum by 16-position groups;
+         * p rounded to f16 by row conversions; then p . V */
         for (int32_t j0 = start; j0 <= pos; j0 += TK) {
             const int32_t n = pos + 1 - j0 < TK ? pos + 1 - j0 : TK;
-            const float *kt = need_k ? kv_tile(kv, kv->k, t->il, s, hk, j0, n, kb, cv) : NULL;
-            const float *vt = pass == 2 ? kv_tile(kv, kv->v, t->il, s, hk, j0, n, vb, cv) : NULL;
+            const float *kt = kv_tile(kv, kv->k, t->il, s, hk, j0, n, kb, cv);
             for (int32_t j = 0; j < n; j++) {
-                const int32_t jj = j0 + j, lane = jj % 16;
-                float sc;
-                if (need_k) {
-                    sc = score_dot(qb, kt + (size_t)j * (size_t)D, D) * scale;
-                    if (keep) srow[jj - start] = sc;
-                } else
-                    sc = srow[jj - start];
-                if (pass == 0) mx = sc > mx ? sc : mx;
-                else if (pass == 1) {
-                    lanes[lane] = fl_expf_poly(sc - mx);
-                    if (lane == 15 || jj == pos) {
-                        sum += (double)lane_sum16(lanes);
-                        memset(lanes, 0, sizeof lanes);
-                    }
-                } else
-                    ops->axpy(acc + (size_t)lane * (size_t)D, fl_f16_to_f32(fl_f32_to_f16(fl_expf_poly(sc - mx) * inv)),
-                              vt + (size_t)j * (size_t)D, D);
+                const float sc = score_dot(qb, kt + (size_t)j * (size_t)D, D) * scale;
+                srow[j0 - start + j] = sc;
+                mx = sc > mx ? sc : mx;
+            }
+        }
+        for (int32_t j = 0; j < n_all; j++) srow[j] -= mx;
+        ops->expf_poly(srow, srow, n_all);
+        for (int32_t j = 0; j < n_all; j++) {
+            const int32_t lane = (start + j) % 16;
+            lanes[lane] = srow[j];
+            if (lane == 15 || j == n_all - 1) {
+                sum += (double)lane_sum16(lanes);
+                memset(lanes, 0, sizeof lanes);
+            }
+        }
+        inv = (float)(1.0 / sum);
+        ops->scale(srow, inv, n_all);
+        uint16_t ph[256];
+        for (int32_t j = 0; j < n_all; j += 256) {
+            const int32_t n = n_all - j < 256 ? n_all - j : 256;
+            cv->f32_to_f16(srow + j, ph, n);
+            cv->f16_to_f32(ph, srow + j, n);
+        }
+        for (int32_t j0 = start; j0 <= pos; j0 += TK) {
+            const int32_t n = pos + 1 - j0 < TK ? pos + 1 - j0 : TK;
+            const float *vt = kv_tile(kv, kv->v, t->il, s, hk, j0, n, vb, cv);
+            for (int32_t j = 0; j < n; j++)
+                ops->axpy(acc + (size_t)((j0 + j) % 16) * (size_t)D, srow[j0 - start + j], vt + (size_t)j * (size_t)D, D);
+        }
+    } else {
+        /* long rows: three sweeps that recompute the scores (0: max, 1: sum, 2: p . V) */
+        for (int pass = 0; pass < 3; pass++) {
+            if (pass == 2) inv = (float)(1.0 / sum);
+            for (int32_t j0 = start; j0 <= pos; j0 += TK) {
+                const int32_t n = pos + 1 - j0 < TK ? pos + 1 - j0 : TK;
+                const float *kt = kv_tile(kv, kv->k, t->il, s, hk, j0, n, kb, cv);
+                const float *vt = pass == 2 ? kv_tile(kv, kv->v, t->il, s, hk, j0, n, vb, cv) : NULL;
+                for (int32_t j = 0; j < n; j++) {
+                    const int32_t jj = j0 + j, lane = jj % 16;
+                    const float sc = score_dot(qb, kt + (size_t)j * (size_t)D, D) * scale;
+                    if (pass == 0) mx = sc > mx ? sc : mx;
+                    else if (pass == 1) {
+                        lanes[lane] = fl_expf_poly(sc - mx);
+                        if (lane == 15 || jj == pos) {
+                            sum += (double)lane_sum16(lanes);
+                            memset(lanes, 0, sizeof lanes);
+                        }
+                    } else
+                        ops->axpy(acc + (size_t)lane * (size_t)D, fl_f16_to_f32(fl_f32_to_f16(fl_expf_poly(sc - mx) * inv)),
+                                  vt + (size_t)j * (size_t)D, D);
+                }
             }
         }
     }

@@ -81,6 +81,15 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_mask_blend_ps(big, r, sat);
 }
 
+void fl_expf_poly_row_avx512(float *y, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp512(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, exp512(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
 static inline __m512 swiglu512(__m512 g, __m512 u) {
     const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
     return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);

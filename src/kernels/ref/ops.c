@@ -45,10 +45,14 @@ void fl_scale_f32_ref(float *y, float a, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] *= a;
 }
 
+void fl_expf_poly_row_ref(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = fl_expf_poly(x[i]);
+}
+
 static const fl_ops_kernels ops_ref = {fl_rmsnorm_row_ref, fl_swiglu_ref, fl_dot_f32_ref, fl_axpy_f32_ref,
-                                       fl_scale_f32_ref};
+                                       fl_scale_f32_ref, fl_expf_poly_row_ref};
 static const fl_ops_kernels ops_avx512 = {fl_rmsnorm_row_avx512, fl_swiglu_avx512, fl_dot_f32_avx512,
-                                          fl_axpy_f32_avx512, fl_scale_f32_avx512};
+                                          fl_axpy_f32_avx512, fl_scale_f32_avx512, fl_expf_poly_row_avx512};
 
 const fl_ops_kernels *fl_ops_kernels_get(void) {
     return fl_isa_get() == FL_ISA_AVX512 ? &ops_avx512 : &ops_ref;
