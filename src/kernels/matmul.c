@@ -37,6 +37,9 @@ static dot_fn dot_for(fl_isa isa) {
 }
 
 float fl_mm_dot_f32(const float *a, const float *b, int64_t n) { return dot_for(fl_isa_get())(a, b, n); }
+float fl_mm_dot_f16vals(const float *a, const float *b, int64_t n) {
+    return fl_isa_get() == FL_ISA_AVX512 ? fl_mm_dot_f16vals_avx512(a, b, n) : dot_for(fl_isa_get())(a, b, n);
+}
 
 /* ---- integer path ---- */
 

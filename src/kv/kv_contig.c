@@ -190,13 +190,7 @@ static inline float lane_sum16(const float *x) {
 /* q . k for f16-valued q and k (every product exact in f32) in llama.cpp's order: head_dim a
  * multiple of 16 goes through its tinyBLAS GEMM (one 16-lane accumulator, the matmul dot);
  * otherwise ggml_vec_dot_f16 (64-element SIMD steps, the rest summed in double). */
-static inline float score_dot(const float *q, const float *k, int64_t D) {
-    if (D % 16 == 0) return fl_mm_dot_f32(q, k, D);
-    const int64_t np = D & ~(int64_t)63;
-    double sum = np ? (double)fl_mm_dot_f32(q, k, np) : 0.0;
-    for (int64_t d = np; d < D; d++) sum += (double)(q[d] * k[d]);
-    return (float)sum;
-}
+static inline float score_dot(const float *q, const float *k, int64_t D) { return fl_mm_dot_f16vals(q, k, D); }
 
 /* f16 K/V: the arithmetic of llama.cpp's CPU attention without flash attention, so that the
  * contiguous f16 cache reproduces its logits: the query is rounded to f16 (its f16 K . q

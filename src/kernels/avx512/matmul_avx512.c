@@ -75,6 +75,7 @@ static inline float dot_ggml(const float *a, const float *b, int64_t n, bool f16
 }
 
 float fl_mm_dot_f32_avx512(const float *a, const float *b, int64_t n) { return dot_ggml(a, b, n, false); }
+float fl_mm_dot_f16vals_avx512(const float *a, const float *b, int64_t n) { return dot_ggml(a, b, n, true); }
 
 /* Four rows against one activation row: out[r] = dot_ggml(w[r], x, n) exactly (the same order
  * per row), with x loaded once per step for the four rows (n % 16 == 0). */
