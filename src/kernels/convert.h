@@ -17,6 +17,9 @@ typedef struct fl_convert_kernels {
 
 const fl_convert_kernels *fl_convert_kernels_get(void);
 
+/* y[i] = f16(x[i]) as f32 (round to nearest even through f16); x == y allowed. */
+void fl_round_f16_row(const float *x, float *y, int64_t n);
+
 /* variants (exposed for parity tests) */
 void fl_f16_to_f32_row_ref(const uint16_t *x, float *y, int64_t n);
 void fl_f32_to_f16_row_ref(const float *x, uint16_t *y, int64_t n);

@@ -225,12 +225,7 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
         xr = fl_alloc(FL_MEM_SCRATCH, xr_bytes, 64);
         if (!xr) fl_clear_error(); /* no scratch: f32 activations */
         else {
-            uint16_t h[256];
-            for (int64_t i = 0; i < M * K; i += 256) {
-                const int64_t n = M * K - i < 256 ? M * K - i : 256;
-                c.cvt->f32_to_f16(x + i, h, n);
-                c.cvt->f16_to_f32(h, xr + i, n);
-            }
+            fl_round_f16_row(x, xr, M * K);
             c.x = xr;
         }
     }

@@ -187,20 +187,17 @@ static inline float lane_sum16(const float *x) {
     return (a[0] + a[2]) + (a[1] + a[3]);
 }
 
-/* q . k for f16-valued q and k (every product exact in f32) in llama.cpp's order: head_dim a
- * multiple of 16 goes through its tinyBLAS GEMM (one 16-lane accumulator, the matmul dot);
- * otherwise ggml_vec_dot_f16 (64-element SIMD steps, the rest summed in double). */
-static inline float score_dot(const float *q, const float *k, int64_t D) { return fl_mm_dot_f16vals(q, k, D); }
 
 /* f16 K/V: the arithmetic of llama.cpp's CPU attention without flash attention, so that the
- * contiguous f16 cache reproduces its logits: the query is rounded to f16 (its f16 K . q
- * product), s_j = (q . k_j) * scale, p_j = e_j * (float)(1 / sum), e_j = fl_expf_poly(s_j - max) (its
- * 16-lane softmax exp over the padded cache row), where the sum
- * adds the exponentials of each 16-position group of the cache in f32 (lane order) and the
- * groups in double; p is rounded to f16 (its f16 V . p product) and out = sum_j p_j v_j with
- * one accumulator per position mod 16, reduced in lane order (its tinyBLAS GEMM over the
- * 16-aligned cache).  Scores of rows up to SCORE_ROW keys are kept on the stack; longer rows
- * recompute them per pass.  acc: [16][head_dim] scratch. */
+ * contiguous f16 cache reproduces its logits:
+ *   q rounded to f16 (its f16 K . q product); s_j = (q . k_j) * scale, the dot in its order
+ *   (fl_mm_dot_f16vals); e_j = fl_expf_poly(s_j - max) (its 16-lane softmax exp over the
+ *   16-aligned cache row); sum = the e_j of each 16-position group added in f32 lane order, the
+ *   groups in double; p_j = e_j * (float)(1 / sum), rounded to f16 (its f16 V . p product);
+ *   out = sum_j p_j v_j with one accumulator per position mod 16, reduced in lane order (its
+ *   tinyBLAS GEMM).
+ * Scores of rows up to SCORE_ROW keys are kept on the stack; longer rows recompute them per
+ * pass.  acc: [16][head_dim] scratch. */
 static void attend_f16(const attend_task *t, int64_t i, int64_t h, float *o, float *kb, float *vb, float *srow,
                        float *acc) {
     const fl_kv_contig *kv = t->kv;
@@ -228,7 +225,7 @@ static void attend_f16(const attend_task *t, int64_t i, int64_t h, float *o, flo
             const int32_t n = pos + 1 - j0 < TK ? pos + 1 - j0 : TK;
             const float *kt = kv_tile(kv, kv->k, t->il, s, hk, j0, n, kb, cv);
             for (int32_t j = 0; j < n; j++) {
-                const float sc = score_dot(qb, kt + (size_t)j * (size_t)D, D) * scale;
+                const float sc = fl_mm_dot_f16vals(qb, kt + (size_t)j * (size_t)D, D) * scale;
                 srow[j0 - start + j] = sc;
                 mx = sc > mx ? sc : mx;
             }
@@ -245,12 +242,7 @@ static void attend_f16(const attend_task *t, int64_t i, int64_t h, float *o, flo
         }
         inv = (float)(1.0 / sum);
         ops->scale(srow, inv, n_all);
-        uint16_t ph[256];
-        for (int32_t j = 0; j < n_all; j += 256) {
-            const int32_t n = n_all - j < 256 ? n_all - j : 256;
-            cv->f32_to_f16(srow + j, ph, n);
-            cv->f16_to_f32(ph, srow + j, n);
-        }
+        fl_round_f16_row(srow, srow, n_all);
         for (int32_t j0 = start; j0 <= pos; j0 += TK) {
             const int32_t n = pos + 1 - j0 < TK ? pos + 1 - j0 : TK;
             const float *vt = kv_tile(kv, kv->v, t->il, s, hk, j0, n, vb, cv);
@@ -267,7 +259,7 @@ static void attend_f16(const attend_task *t, int64_t i, int64_t h, float *o, flo
                 const float *vt = pass == 2 ? kv_tile(kv, kv->v, t->il, s, hk, j0, n, vb, cv) : NULL;
                 for (int32_t j = 0; j < n; j++) {
                     const int32_t jj = j0 + j, lane = jj % 16;
-                    const float sc = score_dot(qb, kt + (size_t)j * (size_t)D, D) * scale;
+                    const float sc = fl_mm_dot_f16vals(qb, kt + (size_t)j * (size_t)D, D) * scale;
                     if (pass == 0) mx = sc > mx ? sc : mx;
                     else if (pass == 1) {
                         lanes[lane] = fl_expf_poly(sc - mx);
@@ -293,13 +285,13 @@ static void attend_fn(void *p, int ith, int nth) {
     const fl_kv_contig *kv = t->kv;
     const int64_t H = kv->p.n_head, D = kv->p.head_dim;
     const int32_t TK = D >= TILE_FLOATS ? 1 : (int32_t)(TILE_FLOATS / D);
-    const size_t f16 = kv->esize == 2;
+    const bool f16 = kv->esize == 2;
     float kb[(size_t)TK * (size_t)D], vb[(size_t)TK * (size_t)D], srow[f16 ? SCORE_ROW : 1], acc[f16 ? 16 * D : 1];
     int64_t lo, hi;
     fl_split_range((int64_t)t->b->n_tokens * H, ith, nth, &lo, &hi);
     for (int64_t u = lo; u < hi; u++) {
         float *o = t->out + u * D;
-        if (kv->esize == 2) attend_f16(t, u / H, u % H, o, kb, vb, srow, acc);
+        if (f16) attend_f16(t, u / H, u % H, o, kb, vb, srow, acc);
         else attend_f32(t, u / H, u % H, o, kb, vb);
     }
 }

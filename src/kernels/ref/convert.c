@@ -29,3 +29,13 @@ const fl_convert_kernels *fl_convert_kernels_get(void) {
     default: return &k_ref;
     }
 }
+
+void fl_round_f16_row(const float *x, float *y, int64_t n) {
+    const fl_convert_kernels *cv = fl_convert_kernels_get();
+    uint16_t h[256];
+    for (int64_t i = 0; i < n; i += 256) {
+        const int64_t m = n - i < 256 ? n - i : 256;
+        cv->f32_to_f16(x + i, h, m);
+        cv->f16_to_f32(h, y + i, m);
+    }
+}
