@@ -33,6 +33,7 @@ static void detect(fl_cpu_features *f) {
         f->avx512bw = ((b >> 30) & 1) && f->avx512f;
         f->avx512vl = ((b >> 31) & 1) && f->avx512f;
         f->avx512vnni = ((c >> 11) & 1) && f->avx512f;
+        f->avx512vbmi = ((c >> 1) & 1) && f->avx512f;
     }
     if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
         f->avx512bf16 = ((a >> 5) & 1) && f->avx512f;

@@ -9,7 +9,7 @@
 
 typedef struct fl_cpu_features {
     bool sse42, avx, fma, f16c, avx2;
-    bool avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16;
+    bool avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16, avx512vbmi;
     bool avxvnni;
     char brand[49];
 } fl_cpu_features;

@@ -7,7 +7,9 @@
  *       vpmaddubsw + vpmaddwd on AVX2 (counted the same way), from registers only.
  *   fl_calib_mem_bandwidth_gbs(nth, bytes)  read bandwidth in GB/s (1e9 bytes/s): nth threads
  *       each stream their slice of a `bytes` buffer (make it several times the last-level
- *       cache), best of 3 passes after a warm-up.  Allocates the buffer (FL_MEM_SCRATCH);
+ *       cache), the best of 3 passes after a warm-up for each read loop: plain loads, and on
+ *       AVX-512 also 512-bit loads with and without the GEMV's software prefetch (the highest
+ *       rate any of them reaches is the figure kernels are compared with).  Allocates the buffer (FL_MEM_SCRATCH);
  *       returns a negative value if it cannot.
  * Both run on fl_parallel_n teams; not for concurrent use with other heavy work.
  */
@@ -25,5 +27,7 @@ uint64_t fl_calib_int8_loop_avx512(uint64_t iters);
 uint64_t fl_calib_int8_loop_avx2(uint64_t iters);
 /* Sum of a buffer's bytes as 64-bit lanes (touches every cache line once). */
 uint64_t fl_calib_read_avx2(const void *p, size_t bytes);
+/* The same with 512-bit loads, and software prefetch `prefetch` bytes ahead when non-zero. */
+uint64_t fl_calib_read_avx512(const void *p, size_t bytes, size_t prefetch);
 
 #endif

@@ -1,4 +1,6 @@
-/* int8 peak loop: 12 independent vpdpbusd accumulator chains (covers the 4-5 cycle latency on
+/* int8 peak loop and a 512-bit streaming read loop for the bandwidth calibration.
+ *
+ * int8 peak loop: 12 independent vpdpbusd accumulator chains (covers the 4-5 cycle latency on
  * two ports).  Each vpdpbusd on zmm is 64 u8 x s8 multiply-adds. */
 #include "kernels/calib_int8.h"
 
@@ -23,4 +25,21 @@ uint64_t fl_calib_int8_loop_avx512(uint64_t iters) {
     volatile int sink = _mm512_reduce_add_epi32(t);
     (void)sink;
     return iters * 12 * 64;
+}
+
+uint64_t fl_calib_read_avx512(const void *p, size_t bytes, size_t prefetch) {
+    const char *c = p;
+    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+    size_t i = 0;
+    for (; i + 256 <= bytes; i += 256) {
+        if (prefetch) /* the same software prefetch the GEMV uses; past the end it is harmless */
+            for (int l = 0; l < 256; l += 64) _mm_prefetch(c + i + prefetch + l, _MM_HINT_T0);
+        s0 = _mm512_add_epi64(s0, _mm512_load_si512((const void *)(c + i)));
+        s1 = _mm512_add_epi64(s1, _mm512_load_si512((const void *)(c + i + 64)));
+        s2 = _mm512_add_epi64(s2, _mm512_load_si512((const void *)(c + i + 128)));
+        s3 = _mm512_add_epi64(s3, _mm512_load_si512((const void *)(c + i + 192)));
+    }
+    uint64_t r = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
+    for (; i < bytes; i++) r += (uint8_t)c[i];
+    return r;
 }
