@@ -27,6 +27,22 @@ assert o["timings"]["prefill_tok_s"] > 0 and o["timings"]["decode_tok_s"] > 0
 assert o["memory"]["current"]["kv"] > 0 and o["memory"]["peak"]["mapped"] > 0
 PY
 
+# quantized files: with llama.cpp's integer arithmetic (FL_MATMUL_LLAMA=1) q8_0, q5_0 and q4_0
+# give llama-simple's 64 greedy tokens of "Once upon a time" (models/stories260K-quants.reference.json);
+# the default fast path does too for q4_0 and q5_0 (q5_0 keeps f32 activations there)
+for spec in q8_0:1 q5_0:1 q4_0:1 q4_0:0 q5_0:0; do
+    q=${spec%%:*}; mode=${spec##*:}
+    FL_MATMUL_LLAMA=$mode "$fitllm" run -m "$shared/models/stories260K-$q.gguf" -p "Once upon a time" -n 64 --temp 0 -t 2 \
+        --json >"$tmp/q.json"
+    python3 - "$tmp/q.json" "$shared/models/stories260K-quants.reference.json" "stories260K-$q.gguf" <<'PY' || fail "$q greedy (FL_MATMUL_LLAMA=$mode)"
+import json, sys
+o = json.load(open(sys.argv[1]))
+want = [v for v in json.load(open(sys.argv[2]))["variants"] if v["file"] == sys.argv[3]][0]["llama_simple_greedy_64"]
+got = "<s> Once upon a time" + o["text"]
+assert want.startswith(got) and len(got) >= len(want) - 1, (got, want)
+PY
+done
+
 # sampling: the same seed gives the same tokens, another seed (almost surely) others
 "$fitllm" run -m "$model" -p "Once upon a time" -n 40 --temp 1 --seed 5 --json -t 1 >"$tmp/s1.json"
 "$fitllm" run -m "$model" -p "Once upon a time" -n 40 --temp 1 --seed 5 --json -t 1 >"$tmp/s2.json"

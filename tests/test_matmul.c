@@ -267,7 +267,6 @@ static void test_act_quant_parity(void **state) {
     assert_memory_equal(a.qs, b.qs, (size_t)(M * K));
     assert_memory_equal(a.d, b.d, (size_t)(M * a.nb) * 4);
     assert_memory_equal(a.s, b.s, (size_t)(M * a.nb) * 4);
-    assert_memory_equal(a.ms, b.ms, (size_t)(M * a.nb) * 4);
     assert_memory_equal(a.dv, b.dv, (size_t)(M * a.nb) * 32);
     assert_memory_equal(a.sv, b.sv, (size_t)(M * a.nb) * 32);
     fl_act_q8_free(&a);
@@ -276,15 +275,64 @@ static void test_act_quant_parity(void **state) {
     fl_test_mem_zero();
 }
 
+/* One-token GEMV (M == 1): the quantizers fill the Q4_0-order copy qs4 identically, and the
+ * AVX-512 GEMV (the VBMI kernel on qs4 when the CPU has it, the pairwise one without qs4) matches
+ * the scalar reference for block counts with 4- and 16-block tails. */
+static void test_gemv_parity(void **state) {
+    (void)state;
+    if (fl_isa_best() != FL_ISA_AVX512) skip();
+    const int32_t types[2] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0};
+    const int64_t Ks[8] = {32, 96, 128, 160, 512, 544, 2048, 2080};
+    for (int ti = 0; ti < 2; ti++)
+        for (int ki = 0; ki < 8; ki++) {
+            const int64_t K = Ks[ki], N = 7;
+            qmat q;
+            qmat_make(&q, types[ti], N, K);
+            float *x = frand_buf(K);
+            fl_act_q8 a, b;
+            assert_int_equal(fl_act_q8_alloc(&a, 1, K), FL_OK);
+            assert_int_equal(fl_act_q8_alloc(&b, 1, K), FL_OK);
+            assert_non_null(a.qs4);
+            memset(a.mem, 0, a.bytes);
+            memset(b.mem, 0, b.bytes);
+            fl_act_q8_quantize_row(&a, 0, x);
+            fl_act_q8_quantize_row_avx512(&b, 0, x);
+            assert_memory_equal(a.mem, b.mem, a.bytes);
+            for (int64_t g = 0; g + 4 <= a.nb; g += 4) /* spot-check the order */
+                for (int k = 0; k < 4; k++) {
+                    assert_int_equal(a.qs4[g * 32 + k * 16 + 5], a.qs[(g + k) * 32 + 5]);
+                    assert_int_equal(a.qs4[g * 32 + 64 + k * 16 + 9], a.qs[(g + k) * 32 + 25]);
+                }
+            float ref[7], got[7], pair[7];
+            fl_gemm_q8_ref(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, 1, ref, 7);
+            fl_gemm_q8_avx512(types[ti], q.data, q.W.nb[1], (int)N, &b, 0, 1, got, 7);
+            int8_t *keep = b.qs4;
+            b.qs4 = NULL;
+            fl_gemm_q8_avx512(types[ti], q.data, q.W.nb[1], (int)N, &b, 0, 1, pair, 7);
+            b.qs4 = keep;
+            for (int r = 0; r < N; r++) {
+                if (!(fabsf(got[r] - ref[r]) <= 1e-4f * (1 + fabsf(ref[r]))))
+                    fail_msg("%s K=%lld row %d: GEMV %.7g vs ref %.7g", fl_type_name(types[ti]), (long long)K, r, got[r], ref[r]);
+                CHECK_NEAR(pair[r], ref[r], 1e-4 * (1 + fabsf(ref[r])));
+            }
+            fl_act_q8_free(&a);
+            fl_act_q8_free(&b);
+            fl_free(FL_MEM_MISC, x, (size_t)K * 4);
+            qmat_free(&q);
+        }
+    fl_test_mem_zero();
+}
+
 /* fl_matmul_scratch_bytes equals the FL_MEM_SCRATCH high-water mark of a call (GEMV, GEMM, f32 path). */
 static void test_scratch_bytes(void **state) {
     (void)state;
-    const int32_t types[3] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K};
+    const int32_t types[4] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_0};
     const int64_t Ms[3] = {1, 5, 17};
-    for (int ti = 0; ti < 3; ti++) {
+    for (int ti = 0; ti < 8; ti++) {
+        fl_matmul_set_llama_order(ti >= 4); /* the llama.cpp-order path (Q5_0 goes int8 there) */
         const int64_t N = 40, K = 256;
         qmat q;
-        qmat_make(&q, types[ti], N, K);
+        qmat_make(&q, types[ti % 4], N, K);
         float *x = frand_buf(17 * K), *y = frand_buf(17 * N);
         for (int nth = 1; nth <= 2; nth++) {
             fl_threads_set(nth);
@@ -294,7 +342,7 @@ static void test_scratch_bytes(void **state) {
                 fl_matmul(&q.W, x, y, Ms[mi]);
                 const size_t used = fl_mem_peak(FL_MEM_SCRATCH) - before, want = fl_matmul_scratch_bytes(&q.W, Ms[mi], nth);
                 if (used != want)
-                    fail_msg("%s M=%lld nth=%d: scratch %zu, fl_matmul_scratch_bytes %zu", fl_type_name(types[ti]),
+                    fail_msg("%s M=%lld nth=%d: scratch %zu, fl_matmul_scratch_bytes %zu", fl_type_name(types[ti % 4]),
                              (long long)Ms[mi], nth, used, want);
                 assert_true(want > 0);
             }
@@ -304,6 +352,7 @@ static void test_scratch_bytes(void **state) {
         fl_free(FL_MEM_MISC, y, (size_t)(17 * N) * 4);
         qmat_free(&q);
     }
+    fl_matmul_set_llama_order(false);
     fl_test_mem_zero();
 }
 
@@ -314,6 +363,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_vs_gemv),
         cmocka_unit_test(test_panel_parity),
         cmocka_unit_test(test_act_quant_parity),
+        cmocka_unit_test(test_gemv_parity),
         cmocka_unit_test(test_scratch_bytes),
         cmocka_unit_test(test_gemm_shapes_vs_ref_isa),
     };

@@ -132,13 +132,26 @@ static void test_synth256_int8_logits(void **state) {
         /* llama.cpp's own q8_0-activation logits differ from its dequant logits by 0.23 (Q8_0)
          * and 0.22 (Q4_0) max: rounding flips of 8-bit codes; ours must be no further away */
         if (!(d < 0.25)) fail_msg("synth256-%s int8 path: max logit diff %.3g", types[i], d);
+        /* in llama.cpp's summation order the same 8-bit codes give its logits (to print precision) */
+        fl_matmul_set_llama_order(true);
+        const double dl = logits_diff(model, ref);
+        fl_matmul_set_llama_order(false);
+        fprintf(stderr, "synth256-%-7s llama.cpp-order int8: max |logit diff| %.2e\n", types[i], dl);
+        if (!(dl < 1e-4)) fail_msg("synth256-%s llama-order int8 path: max logit diff %.3g", types[i], dl);
     }
     fl_test_mem_zero();
 }
 
+/* With llama.cpp's integer arithmetic (fl_matmul_set_llama_order: q8_0 activations for Q8_0 and
+ * Q5_0 weights, ggml's 8-lane summation order) the quantized stories260K files give llama.cpp's
+ * greedy tokens: 9 of 12 prompts for all 200 steps on each file (measured; the other three part
+ * after 61-154 steps, with no near-tie in the reference there: some arithmetic outside the
+ * matmuls still differs by an ulp now and then, and 8-bit activations turn that into a
+ * different code), prompt 0 always. */
 static void test_stories_quant_greedy(void **state) {
     (void)state;
     NEED_SHARED();
+    fl_matmul_set_llama_order(true);
     const char *names[2] = {"q8_0", "q5_0"};
     int diverged[2] = {0, 0};
     for (int k = 0; k < 2; k++) {
@@ -168,8 +181,7 @@ static void test_stories_quant_greedy(void **state) {
                     fprintf(stderr, "stories260K-%s prompt %2d: same tokens as llama.cpp for %d of %d steps "
                             "(there our top logit leads the reference token's by %.4f)\n", names[k], lines, i, nw,
                             (double)(r.logits[best] - r.logits[want[i]]));
-                    /* prompt 0 must agree on at least its first 32 tokens */
-                    if (lines == 0 && i < 32) fail_msg("stories260K-%s prompt 0 step %d: token %d, reference %d", names[k], i, best, want[i]);
+                    if (lines == 0) fail_msg("stories260K-%s prompt 0 step %d: token %d, reference %d", names[k], i, best, want[i]);
                     diverged[k]++;
                     break;
                 }
@@ -179,9 +191,11 @@ static void test_stories_quant_greedy(void **state) {
         }
         assert_int_equal(lines, 12);
         fprintf(stderr, "stories260K-%s: %d of 12 prompts give llama.cpp's 200 greedy tokens exactly\n", names[k], 12 - diverged[k]);
+        if (diverged[k] > 3) fail_msg("stories260K-%s: only %d of 12 prompts follow llama.cpp's greedy tokens", names[k], 12 - diverged[k]);
         fl_test_free_file(txt, len);
         runner_free(&r);
     }
+    fl_matmul_set_llama_order(false);
     fl_test_mem_zero();
 }
 

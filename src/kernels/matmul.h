@@ -14,8 +14,11 @@
  *
  * Fast paths (kernels/matmul.c): Q8_0 and Q4_0 weights take an integer path: the activations
  * are quantized to 8 bits per block of 32 (f32 scale per block) and dotted with int8 (AVX2
- * maddubs / AVX-512 VNNI dpbusd); M == 1 is a row-parallel GEMV, M > 1 a cache-tiled, threaded
- * GEMM (4 rows x 4 tokens register tiles over L2-sized row chunks).  Every other type
+ * maddubs / AVX-512 VNNI dpbusd); M == 1 is a row-parallel GEMV (chunks of ~256 KiB of rows
+ * taken dynamically; Q4_0 on AVX-512 VBMI reads activations pre-ordered for its nibbles, qs4),
+ * M > 1 a cache-tiled, threaded GEMM (AVX-512: 16-row repacked panels x 8 tokens; otherwise
+ * 4 rows x 4 tokens register tiles over L2-sized row chunks).  fl_matmul_set_llama_order(true)
+ * instead computes Q8_0 / Q4_0 / Q5_0 exactly as llama.cpp's CPU build does (see below).  Every other type
  * dequantizes rows and uses an f32 dot; F16 weights round the activations to f16 first
  * (llama.cpp's f16 x f16 products; the rounded copy is M x K floats of scratch).
  * fl_matmul_set_f32_act(true) (or the environment
@@ -52,11 +55,19 @@ void fl_matmul_ref(const fl_tensor *W, const float *x, float *y, int64_t M);
  * FL_MATMUL_F32ACT=1).  Process-wide; set before running kernels. */
 void fl_matmul_set_f32_act(bool on);
 bool fl_matmul_f32_act(void);
+/* llama.cpp's arithmetic for Q8_0, Q4_0 and Q5_0 weights (false by default; true with
+ * FL_MATMUL_LLAMA=1): 8-bit activations (Q5_0 too), and each dot summed in ggml's x86 order
+ * (fl_dot_q8_llama), so results are those of llama.cpp's CPU build bit for bit where the rest
+ * of the forward follows it as well.  A scalar, threaded path: for checking against
+ * llama.cpp, not for speed.  Ignored when f32 activations are on. */
+void fl_matmul_set_llama_order(bool on);
+bool fl_matmul_llama_order(void);
 
 /* ---- internals shared by the kernel variants (exposed for parity tests and benches) ---- */
 
 /* Activations quantized per block of 32: x[m][k] ~= d[m][k/32] * qs[m][k].  The SIMD kernels
- * read dv / sv: per block, its scale and minus its code sum repeated in 8 lanes. */
+ * read dv / sv: per block, its scale and minus its code sum repeated in 8 lanes (the integer
+ * sums of unsigned weight codes start from the offset times sv, so they come out exact). */
 typedef struct fl_act_q8 {
     int64_t M, K, nb;  /* nb = K / 32 */
     int8_t *qs;        /* [M][K] */
@@ -64,7 +75,11 @@ typedef struct fl_act_q8 {
     int32_t *s;        /* [M][nb] sum of the block's codes */
     float *dv;         /* [M][nb][8] */
     int32_t *sv;       /* [M][nb][8]: -s */
-    float *ms;         /* [M][nb]: -s * d (offset correction of unsigned weight codes) */
+    int8_t *qs4;       /* M == 1 only, else NULL: the codes of each 4 blocks reordered as the 4
+                        * first halves (k % 32 < 16) then the 4 second halves, the order of a
+                        * Q4_0 group's low / high nibbles (the AVX-512 GEMV); a tail of nb % 4
+                        * blocks is left unset */
+    int32_t *sv4;      /* with qs4: [M][nb][4] -2 * s (4 lanes of a block start at -8 s in all) */
     size_t bytes;      /* one allocation (FL_MEM_SCRATCH) */
     void *mem;
 } fl_act_q8;
@@ -73,6 +88,8 @@ fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K); /* K % 32 == 0 */
 size_t fl_act_q8_bytes(int64_t M, int64_t K);                      /* a->bytes of that allocation */
 void fl_act_q8_free(fl_act_q8 *a);
 void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x); /* scalar reference */
+/* Fill row m of qs4 from qs (no-op without qs4); the quantizers call it. */
+void fl_act_q8_order_q4(fl_act_q8 *a, int64_t m);
 /* Same result bit for bit (round to nearest even, f16-rounded scale), 16 lanes at a time. */
 void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x);
 
@@ -86,6 +103,8 @@ void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_
                      float *y, int64_t ldy);
 void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
                        float *y, int64_t ldy);
+/* One dot of a Q8_0 / Q4_0 / Q5_0 row with token m in llama.cpp's order (see above). */
+float fl_dot_q8_llama(int32_t wtype, const void *w, const fl_act_q8 *a, int64_t m);
 /* Row panels (the AVX-512 GEMM path, M > 1): FL_PANEL_ROWS weight rows repacked per call into
  * per-thread scratch, per block of 32: 16 f32 scales (64 bytes), then the 32 x 16 codes as
  * unsigned bytes ordered [k / 4][row][k % 4] (Q8_0: code + 128, Q4_0: the nibble 0..15), so one

@@ -6,6 +6,7 @@
  * block's accumulator at -offset * (sum of the activation codes), spread over its 8 lanes
  * (fl_act_q8.sv).  Each block's int32 sum is converted once and scaled by d_w * d_x.
  * Leftover blocks use masked loads of a single block; reference: fl_gemm_q8_ref. */
+#include "core/cpu.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 
@@ -116,34 +117,27 @@ INLINE void tile(const int32_t wtype, const char *w, size_t ldw, const fl_act_q8
     const int64_t nb = a->nb, K = a->K;
     const int shift = wtype == FL_TYPE_Q8_0 ? 4 : 0; /* offset 128 = 16 per lane x 8 lanes; 8 = 1 x 8 */
     int64_t b = 0;
-    /* groups of 16 blocks: scales gathered once per row / loaded once per token, offset
-     * correction added as dw * (-s d_x) * offset lanes (the accumulator lanes are summed) */
+    /* groups of 16 blocks: scales gathered once per row / loaded once per token; every
+     * block's int32 sum starts at -offset * (activation code sum), so it is exact */
     const int bsz = wtype == FL_TYPE_Q8_0 ? 34 : 18;
-    const float off = wtype == FL_TYPE_Q8_0 ? 128.0f : 8.0f;
     const __m512i vidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32(bsz));
-    const __m512i zero = _mm512_setzero_si512();
     for (; b + 16 <= nb; b += 16) {
         __m512 dw16[4], dx16[4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++)
             dw16[r] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(vidx, (const void *)(w + r * ldw + b * bsz), 1)));
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            const int64_t mb = (m0 + t) * nb + b;
-            dx16[t] = _mm512_loadu_ps(a->d + mb);
-            const __m512 msv = _mm512_mul_ps(_mm512_loadu_ps(a->ms + mb), _mm512_set1_ps(off));
-#pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) acc[r][t] = _mm512_fmadd_ps(dw16[r], msv, acc[r][t]);
-        }
+        for (int t = 0; t < NT; t++) dx16[t] = _mm512_loadu_ps(a->d + (m0 + t) * nb + b);
         for (int j = 0; j < 8; j++) {
             const __m512i pidx = _mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
                                                   2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j);
-            __m512i xv[4];
+            __m512i xv[4], iv[4];
             __m512 dxp[4];
 #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) {
                 xv[t] = _mm512_loadu_si512(a->qs + (m0 + t) * K + (b + 2 * j) * 32);
+                iv[t] = _mm512_slli_epi32(_mm512_loadu_si512(a->sv + ((m0 + t) * nb + b + 2 * j) * 8), shift);
                 dxp[t] = _mm512_permutexvar_ps(pidx, dx16[t]);
             }
 #pragma GCC unroll 4
@@ -153,7 +147,7 @@ INLINE void tile(const int32_t wtype, const char *w, size_t ldw, const fl_act_q8
                 const __m512 dwp = _mm512_permutexvar_ps(pidx, dw16[r]);
 #pragma GCC unroll 4
                 for (int t = 0; t < NT; t++) {
-                    const __m512i p = _mm512_dpbusd_epi32(zero, wv, xv[t]);
+                    const __m512i p = _mm512_dpbusd_epi32(iv[t], wv, xv[t]);
                     acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dwp, dxp[t]), acc[r][t]);
                 }
             }
@@ -203,9 +197,10 @@ INLINE void tile(const int32_t wtype, const char *w, size_t ldw, const fl_act_q8
 }
 
 /* One row (GEMV): groups of 16 blocks take their 16 f16 scales with one gather, so the
- * per-pair work is load/expand, vpdpbusd from zero, convert, and one fma with the pair's
- * scales picked by a permute.  The unsigned-code offset (8 or 128 times the activation code
- * sum) is removed once per group with the precomputed -s*d_x (fl_act_q8.ms). */
+ * per-pair work is load/expand, vpdpbusd, convert, and one fma with the pair's scales picked
+ * by a permute.  Each block's int32 sum starts at -offset * (activation code sum) (8 or 128;
+ * fl_act_q8.sv shifted), so it is exact: removing the offset afterwards in f32 would cancel
+ * 128-times-larger terms and lose digits (Q8_0). */
 #ifndef GEMV_PF
 #define GEMV_PF 4096
 #endif
@@ -214,11 +209,13 @@ INLINE float gemv_row(const int32_t wtype, const char *w, const fl_act_q8 *a, in
     const int bsz = q8 ? 34 : 18;
     const int64_t nb = a->nb;
     const int8_t *xq = a->qs + m * a->K;
-    const float *dx = a->d + m * nb, *ms = a->ms + m * nb;
+    const float *dx = a->d + m * nb;
     const __m512i vidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32(bsz));
-    const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    const int shift = q8 ? 4 : 0; /* 8 lanes x 16 = 128, 8 lanes x 1 = 8 */
+    const int32_t *sv = a->sv + m * nb * 8;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + 16 <= nb; b += 16) {
         const char *wb = w + b * bsz;
@@ -230,7 +227,6 @@ INLINE float gemv_row(const int32_t wtype, const char *w, const fl_act_q8 *a, in
         const __m512i g = _mm512_i32gather_epi32(vidx, (const void *)wb, 1);
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
         const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(dx + b));
-        corr = _mm512_fmadd_ps(dw, _mm512_loadu_ps(ms + b), corr);
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             const char *p0 = wb + (2 * j) * bsz + 2, *p1 = p0 + bsz;
@@ -247,7 +243,7 @@ INLINE float gemv_row(const int32_t wtype, const char *w, const fl_act_q8 *a, in
                 wv = _mm512_shuffle_i64x2(wv, wv, _MM_SHUFFLE(3, 1, 2, 0)); /* lo0 hi0 lo1 hi1 */
             }
             const __m512i xv = _mm512_loadu_si512(xq + (b + 2 * j) * 32);
-            const __m512i p = _mm512_dpbusd_epi32(zero, wv, xv);
+            const __m512i p = _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_loadu_si512(sv + (b + 2 * j) * 8), shift), wv, xv);
             const __m512 s2 = _mm512_permutexvar_ps(_mm512_set_epi32(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
                                                                      2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
                                                                      2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j), sc);
@@ -255,7 +251,7 @@ INLINE float gemv_row(const int32_t wtype, const char *w, const fl_act_q8 *a, in
             else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s2, acc0);
         }
     }
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + (q8 ? 128.0f : 8.0f) * _mm512_reduce_add_ps(corr);
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
     if (b < nb) { /* leftover blocks: the generic tile on the block range [b, nb) */
         float s = 0;
         for (; b < nb; b++) {
@@ -282,8 +278,80 @@ INLINE float gemv_row(const int32_t wtype, const char *w, const fl_act_q8 *a, in
 static void gemv_q8(const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m, float *y) {
     for (int r = 0; r < nr; r++) y[r] = gemv_row(FL_TYPE_Q8_0, w + r * ldw, a, m);
 }
+
+/* Q4_0 GEMV with AVX-512 VBMI, on the activations in Q4_0 order (fl_act_q8.qs4): 4 blocks
+ * (72 bytes) at a time, one two-source byte permute pulls their 64 code bytes out of the 18-byte
+ * blocks; the low and high nibbles then meet the 4 first and the 4 second activation halves, two
+ * vpdpbusd into one int32 sum whose lanes 4k..4k+3 belong to block k, one convert, and one fma
+ * with the blocks' scales spread over 4 lanes each.  Per 4 blocks that is 2 shuffles and 7 other
+ * vector operations, against 18 for the pairwise unpack above: Q4_0 decode stops being
+ * compute-bound.  Each block's 4 lanes start at -2 * (its activation code sum) (fl_act_q8.sv4),
+ * so the nibble offset 8 is removed exactly in int32. */
+__attribute__((target("avx512vbmi"))) static float gemv_row_q4_vbmi(const char *w, const fl_act_q8 *a, int64_t m) {
+    const int bsz = 18;
+    const int64_t nb = a->nb;
+    const int8_t *x4 = a->qs4 + m * a->K;
+    const float *dx = a->d + m * nb;
+    const int32_t *sv4 = a->sv4 + m * nb * 4;
+    const __m512i vidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(bsz));
+    /* byte i of the group's codes: block i / 16, code byte i % 16, at 18 (i / 16) + 2 + i % 16;
+     * blocks 0-2 come from the 64 bytes at the group start, block 3 from the 16 bytes at 56 */
+    static const uint8_t ix[64] = {
+        2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 20, 21, 22, 23, 24, 25,
+        26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49,
+        50, 51, 52, 53, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79};
+    const __m512i pidx = _mm512_loadu_si512(ix);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 16 <= nb; b += 16) {
+        const char *wb = w + b * bsz;
+#ifndef FL_GEMV_NO_PREFETCH
+        for (int l = 0; l < 16 * bsz; l += 64) _mm_prefetch(wb + GEMV_PF + l, _MM_HINT_T0);
+#endif
+        const __m512i g = _mm512_i32gather_epi32(vidx, (const void *)wb, 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+        const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(dx + b));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const char *p = wb + j * 4 * bsz;
+            const __m512i v0 = _mm512_loadu_si512(p);
+            const __m512i v1 = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 56)));
+            const __m512i q = _mm512_permutex2var_epi8(v0, pidx, v1);
+            const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            const int8_t *xg = x4 + (b + 4 * j) * 32;
+            __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(sv4 + (b + 4 * j) * 4), lo, _mm512_loadu_si512(xg));
+            s = _mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512(xg + 64));
+            const __m512 s4 = _mm512_permutexvar_ps(
+                _mm512_set_epi32(4 * j + 3, 4 * j + 3, 4 * j + 3, 4 * j + 3, 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2,
+                                 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j, 4 * j, 4 * j, 4 * j), sc);
+            if (j & 1) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), s4, acc1);
+            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), s4, acc0);
+        }
+    }
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    float t = 0; /* leftover blocks (nb % 16), natural-order codes */
+    for (; b < nb; b++) {
+        const char *blk = w + b * bsz;
+        uint16_t h;
+        __builtin_memcpy(&h, blk, 2);
+        const int8_t *xb = a->qs + m * a->K + b * 32;
+        int32_t is = 0;
+        for (int j2 = 0; j2 < 16; j2++) {
+            const uint8_t v = ((const uint8_t *)blk + 2)[j2];
+            is += ((v & 0xF) - 8) * xb[j2] + ((v >> 4) - 8) * xb[j2 + 16];
+        }
+        t += _cvtsh_ss(h) * dx[b] * (float)is;
+    }
+    return r + t;
+}
+
 static void gemv_q4(const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m, float *y) {
-    for (int r = 0; r < nr; r++) y[r] = gemv_row(FL_TYPE_Q4_0, w + r * ldw, a, m);
+    if (fl_cpu()->avx512vbmi && a->qs4)
+        for (int r = 0; r < nr; r++) y[r] = gemv_row_q4_vbmi(w + r * ldw, a, m);
+    else
+        for (int r = 0; r < nr; r++) y[r] = gemv_row(FL_TYPE_Q4_0, w + r * ldw, a, m);
 }
 
 #define DEFINE_TILES(WT, sfx)                                                                              \
@@ -327,10 +395,10 @@ void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x) {
         const int64_t i = m * a->nb + b;
         a->d[i] = d;
         a->s[i] = s;
-        a->ms[i] = -(float)s * d;
         _mm256_storeu_ps(a->dv + i * 8, _mm256_set1_ps(d));
         _mm256_storeu_si256((__m256i *)(a->sv + i * 8), _mm256_set1_epi32(-s));
     }
+    fl_act_q8_order_q4(a, m);
 }
 
 /* ---- row panels (layout in matmul.h; reference fl_panel_pack_ref / fl_panel_gemm_ref) ---- */

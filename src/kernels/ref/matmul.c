@@ -72,7 +72,8 @@ size_t fl_act_q8_bytes(int64_t M, int64_t K) {
     const int64_t nb = K / 32;
     const size_t qs = ((size_t)(M * K) + 63) & ~(size_t)63, d = (size_t)(M * nb) * 4;
     const size_t d64 = (d + 63) & ~(size_t)63, v = (size_t)(M * nb) * 32;
-    return qs + 3 * d64 + 2 * v;
+    const size_t q4 = M == 1 ? qs + (((size_t)nb * 16 + 63) & ~(size_t)63) : 0; /* M == 1: qs4 and sv4 */
+    return qs + 2 * d64 + 2 * v + q4;
 }
 
 fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
@@ -91,7 +92,8 @@ fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
     a->s = (int32_t *)p; p += d64;
     a->dv = (float *)p; p += v;
     a->sv = (int32_t *)p; p += v;
-    a->ms = (float *)p;
+    a->qs4 = M == 1 ? (int8_t *)p : NULL;
+    a->sv4 = M == 1 ? (int32_t *)(p + qs) : NULL;
     return FL_OK;
 }
 
@@ -118,12 +120,26 @@ void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
         const int64_t i = m * a->nb + b;
         a->d[i] = d;
         a->s[i] = s;
-        a->ms[i] = -(float)s * d;
         for (int l = 0; l < 8; l++) {
             a->dv[i * 8 + l] = d;
             a->sv[i * 8 + l] = -s;
         }
     }
+    fl_act_q8_order_q4(a, m);
+}
+
+void fl_act_q8_order_q4(fl_act_q8 *a, int64_t m) {
+    if (!a->qs4) return;
+    const int8_t *q = a->qs + m * a->K;
+    int8_t *o = a->qs4 + m * a->K;
+    for (int64_t b = 0; b < a->nb; b++)
+        for (int l = 0; l < 4; l++) a->sv4[(m * a->nb + b) * 4 + l] = -2 * a->s[m * a->nb + b];
+    for (int64_t g = 0; g + 4 <= a->nb; g += 4) /* per 4 blocks: the 4 low halves, then the 4 high halves */
+        for (int k = 0; k < 4; k++)
+            for (int j = 0; j < 16; j++) {
+                o[g * 32 + k * 16 + j] = q[(g + k) * 32 + j];
+                o[g * 32 + 64 + k * 16 + j] = q[(g + k) * 32 + 16 + j];
+            }
 }
 
 /* Integer dot of one weight row (Q8_0 / Q4_0) with token m: sum over blocks of
@@ -154,6 +170,55 @@ void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_a
                     float *y, int64_t ldy) {
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < nr; r++) y[t * ldy + r] = dot_q8_row(wtype, (const char *)w + r * ldw, a, m0 + t);
+}
+
+/* ---- llama.cpp's order (fl_matmul_set_llama_order) ----
+ * ggml's x86 integer dots (vec_dot_q8_0_q8_0 / q4_0 / q5_0 and the tinyBLAS GEMM) keep 8
+ * float lanes: lane l takes the exact int sum of codes 4l..4l+3 of each block, converted to
+ * f32 and fused-multiply-added with the block's d_w * d_x; blocks go in order, and the 8 lanes
+ * are reduced as (l + l+4), then (0 + 2) + (1 + 3).  Every step is an IEEE f32 operation, so
+ * this scalar code gives the same bits as those SIMD kernels. */
+
+/* The 32 signed weight codes of block b of a Q8_0 / Q4_0 / Q5_0 row and its scale. */
+static float block_codes(int32_t wtype, const void *w, int64_t b, int8_t *q) {
+    if (wtype == FL_TYPE_Q8_0) {
+        const fl_block_q8_0 *blk = (const fl_block_q8_0 *)w + b;
+        memcpy(q, blk->qs, 32);
+        return fl_f16_to_f32(blk->d);
+    }
+    if (wtype == FL_TYPE_Q4_0) {
+        const fl_block_q4_0 *blk = (const fl_block_q4_0 *)w + b;
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)((blk->qs[j] & 0xF) - 8);
+            q[j + 16] = (int8_t)((blk->qs[j] >> 4) - 8);
+        }
+        return fl_f16_to_f32(blk->d);
+    }
+    const fl_block_q5_0 *blk = (const fl_block_q5_0 *)w + b;
+    uint32_t qh;
+    memcpy(&qh, blk->qh, 4);
+    for (int j = 0; j < 16; j++) {
+        q[j] = (int8_t)(((blk->qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16);
+        q[j + 16] = (int8_t)(((blk->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+    }
+    return fl_f16_to_f32(blk->d);
+}
+
+float fl_dot_q8_llama(int32_t wtype, const void *w, const fl_act_q8 *a, int64_t m) {
+    const int8_t *x = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    float acc[8] = {0};
+    for (int64_t b = 0; b < a->nb; b++) {
+        int8_t q[32];
+        const float d = block_codes(wtype, w, b, q) * dx[b];
+        for (int l = 0; l < 8; l++) {
+            int32_t is = 0;
+            for (int k = 4 * l; k < 4 * l + 4; k++) is += q[k] * x[b * 32 + k];
+            acc[l] = fmaf(d, (float)is, acc[l]);
+        }
+    }
+    const float v0 = acc[4] + acc[0], v1 = acc[5] + acc[1], v2 = acc[6] + acc[2], v3 = acc[7] + acc[3];
+    return (v0 + v2) + (v1 + v3);
 }
 
 /* ---- row panels (see matmul.h): layout reference ---- */
