@@ -5,11 +5,13 @@
 #include "core/threads.h"
 #include "kernels/convert.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 #include "kv/kv_quant.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
 
 #define SPLIT_MAX_Q 4 /* sequences with at most this many query rows use split-K */
@@ -97,56 +99,84 @@ __attribute__((target("avx2,fma"))) static void accum_avx2(float *restrict acc, 
     }
 }
 
-__attribute__((target("avx512f"))) static void scores_avx512(const float *q, const float *kb, int32_t ja, int32_t jb, int32_t hd, float scale, float *sc) {
-    for (int32_t j = ja; j < jb; j++) {
-        const float *k = kb + (size_t)j * (size_t)hd;
-        __m512 s = _mm512_setzero_ps(); /* lane l: dims d % 16 == l */
+/* AVX-512 with K transposed in the block scratch (kb[d * bs + j]): 16 keys' scores per vector,
+ * dims d taken in four interleaved sums (d % 4), then (0 + 1) + (2 + 3); no horizontal
+ * reductions.  Rows outside [ja, jb) are computed from whatever the scratch holds and not
+ * stored. */
+__attribute__((target("avx512f"))) static void scores_avx512_t(const float *q, const float *kt, int32_t ja, int32_t jb, int32_t hd, int32_t bs,
+                                                             float scale, float *sc) {
+    for (int32_t j0 = ja & ~15; j0 < jb; j0 += 16) {
+        const int32_t nj = bs - j0 < 16 ? bs - j0 : 16;
+        const __mmask16 lm = (__mmask16)(nj >= 16 ? 0xFFFFu : (1u << nj) - 1);
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float *k = kt + j0;
         int32_t d = 0;
-        for (; d + 16 <= hd; d += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), s);
-        if (d < hd) {
-            const __mmask16 m = (__mmask16)((1u << (hd - d)) - 1);
-            s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, k + d), s);
+        for (; d + 4 <= hd; d += 4) {
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_maskz_loadu_ps(lm, k + (size_t)d * (size_t)bs), a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 1]), _mm512_maskz_loadu_ps(lm, k + (size_t)(d + 1) * (size_t)bs), a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 2]), _mm512_maskz_loadu_ps(lm, k + (size_t)(d + 2) * (size_t)bs), a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 3]), _mm512_maskz_loadu_ps(lm, k + (size_t)(d + 3) * (size_t)bs), a3);
         }
-        sc[j] = _mm512_reduce_add_ps(s) * scale;
+        for (; d < hd; d++) a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_maskz_loadu_ps(lm, k + (size_t)d * (size_t)bs), a0);
+        const __m512 r = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), _mm512_set1_ps(scale));
+        const int32_t lo = ja > j0 ? ja - j0 : 0, hi = jb - j0 < 16 ? jb - j0 : 16;
+        const __mmask16 sm = (__mmask16)(((hi >= 16 ? 0xFFFFu : (1u << hi) - 1)) & ~((1u << lo) - 1));
+        _mm512_mask_storeu_ps(sc + j0, sm, r);
     }
 }
 
+/* acc = acc * alpha + sum_j e[j] v_j with even and odd rows in two chains (half the fma
+ * latency per 16 dims), added at the end. */
 __attribute__((target("avx512f"))) static void accum_avx512(float *restrict acc, float alpha, const float *e, const float *restrict vb, int32_t ja, int32_t jb, int32_t hd) {
-    for (int32_t d = 0; d < hd; d += 16) { /* 16 dims of acc stay in a register across the rows */
+    for (int32_t d = 0; d < hd; d += 16) {
         const __mmask16 m = hd - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (hd - d)) - 1);
-        __m512 a = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, acc + d), _mm512_set1_ps(alpha));
-        for (int32_t j = ja; j < jb; j++) a = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), _mm512_maskz_loadu_ps(m, vb + (size_t)j * (size_t)hd + d), a);
-        _mm512_mask_storeu_ps(acc + d, m, a);
+        __m512 a = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, acc + d), _mm512_set1_ps(alpha)), b = _mm512_setzero_ps();
+        int32_t j = ja;
+        for (; j + 2 <= jb; j += 2) {
+            a = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), _mm512_maskz_loadu_ps(m, vb + (size_t)j * (size_t)hd + d), a);
+            b = _mm512_fmadd_ps(_mm512_set1_ps(e[j + 1]), _mm512_maskz_loadu_ps(m, vb + (size_t)(j + 1) * (size_t)hd + d), b);
+        }
+        if (j < jb) a = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), _mm512_maskz_loadu_ps(m, vb + (size_t)j * (size_t)hd + d), a);
+        _mm512_mask_storeu_ps(acc + d, m, _mm512_add_ps(a, b));
     }
+}
+
+static void exp_rows_libm(float *sc, int32_t n) {
+    for (int32_t j = 0; j < n; j++) sc[j] = expf(sc[j]);
 }
 
 typedef struct vec_ops {
     void (*scores)(const float *q, const float *kb, int32_t ja, int32_t jb, int32_t hd, float scale, float *sc);
+    /* non-NULL: K is kept transposed in the block scratch and scored with this instead */
+    void (*scores_t)(const float *q, const float *kt, int32_t ja, int32_t jb, int32_t hd, int32_t bs, float scale, float *sc);
     void (*accum)(float *restrict acc, float alpha, const float *e, const float *restrict vb, int32_t ja, int32_t jb, int32_t hd);
+    void (*exp_row)(float *sc, int32_t n); /* sc[j] = exp(sc[j]) */
 } vec_ops;
+
+static void exp_rows_poly(float *sc, int32_t n) { fl_ops_kernels_get()->expf_poly(sc, sc, n); }
 
 static vec_ops pick_ops(void) {
     switch (fl_isa_get()) {
-    case FL_ISA_AVX512: return (vec_ops){scores_avx512, accum_avx512};
-    case FL_ISA_AVX2: return (vec_ops){scores_avx2, accum_avx2};
-    default: return (vec_ops){scores_ref, accum_ref};
+    case FL_ISA_AVX512: return (vec_ops){NULL, scores_avx512_t, accum_avx512, exp_rows_poly};
+    case FL_ISA_AVX2: return (vec_ops){scores_avx2, NULL, accum_avx2, exp_rows_libm};
+    default: return (vec_ops){scores_ref, NULL, accum_ref, exp_rows_libm};
     }
 }
 
 /* Fold keys/values kb[j], vb[j] for j in [ja, jb) (rows of the block scratch) into st:
  * one online-softmax step per block. */
 static void state_update(const vec_ops *vo, float *st, const float *qh, const float *kb, const float *vb, int32_t ja, int32_t jb,
-                         int32_t hd, float scale, float *sc) {
-    vo->scores(qh, kb, ja, jb, hd, scale, sc);
+                         int32_t hd, int32_t bs, float scale, float *sc) {
+    if (vo->scores_t) vo->scores_t(qh, kb, ja, jb, hd, bs, scale, sc);
+    else vo->scores(qh, kb, ja, jb, hd, scale, sc);
     float mb = -INFINITY;
     for (int32_t j = ja; j < jb; j++) mb = sc[j] > mb ? sc[j] : mb; /* scores are finite: same as fmaxf, inlined */
     const float m_new = st[0] > mb ? st[0] : mb;
     const float alpha = st[0] == -INFINITY ? 0.0f : expf(st[0] - m_new);
     float l = st[1] * alpha;
-    for (int32_t j = ja; j < jb; j++) {
-        sc[j] = expf(sc[j] - m_new);
-        l += sc[j];
-    }
+    for (int32_t j = ja; j < jb; j++) sc[j] -= m_new;
+    vo->exp_row(sc + ja, jb - ja);
+    for (int32_t j = ja; j < jb; j++) l += sc[j];
     vo->accum(st + 2, alpha, sc, vb, ja, jb, hd);
     st[0] = m_new;
     st[1] = l;
@@ -233,28 +263,36 @@ typedef struct job {
     vec_ops ops;          /* dot / axpy variant for the whole call */
 } job;
 
-/* Dequantise rows [ja, jb) of block `id` for kv head kh into kb/vb (row j at j*hd). */
-static void load_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t ja, int32_t jb, float *kb, float *vb) {
+/* Dequantise rows [ja, jb) of block `id` for kv head kh from `src` (kv->k or kv->v, with its
+ * fp8 scales `scl` or NULL) into dst (row j at j * hd). */
+static void load_rows(const fl_paged_kv *kv, const uint8_t *src, const float *scl, int32_t id, int32_t kh, int32_t ja, int32_t jb,
+                      float *dst) {
     FL_ASSERT(id > 0); /* the null block has no storage: only out-of-window blocks may be null */
     const size_t off = (size_t)(id - 1) * kv->block_bytes;
     const int32_t hd = kv->head_dim;
-    const float ks = kv->k_scale ? kv->k_scale[(size_t)(id - 1) * (size_t)kv->n_head_kv + (size_t)kh] : 1.0f;
-    const float vs = kv->v_scale ? kv->v_scale[(size_t)(id - 1) * (size_t)kv->n_head_kv + (size_t)kh] : 1.0f;
     if (kv->type == FL_TYPE_F16 || kv->type == FL_TYPE_BF16) { /* plain 16-bit rows: one SIMD conversion per head slice */
         const fl_convert_kernels *cv = fl_convert_kernels_get();
         void (*conv)(const uint16_t *, float *, int64_t) = kv->type == FL_TYPE_F16 ? cv->f16_to_f32 : cv->bf16_to_f32;
-        for (int32_t j = ja; j < jb; j++) {
-            const size_t ro = off + (size_t)j * kv->row_bytes;
-            conv((const uint16_t *)(kv->k + ro) + (size_t)kh * (size_t)hd, kb + (size_t)j * (size_t)hd, hd);
-            conv((const uint16_t *)(kv->v + ro) + (size_t)kh * (size_t)hd, vb + (size_t)j * (size_t)hd, hd);
-        }
+        for (int32_t j = ja; j < jb; j++)
+            conv((const uint16_t *)(src + off + (size_t)j * kv->row_bytes) + (size_t)kh * (size_t)hd, dst + (size_t)j * (size_t)hd, hd);
         return;
     }
-    for (int32_t j = ja; j < jb; j++) {
-        const size_t ro = off + (size_t)j * kv->row_bytes;
-        fl_kv_dequant(kv->type, kv->k + ro, (int64_t)kh * hd, hd, ks, kb + (size_t)j * (size_t)hd);
-        fl_kv_dequant(kv->type, kv->v + ro, (int64_t)kh * hd, hd, vs, vb + (size_t)j * (size_t)hd);
-    }
+    const float sc = scl ? scl[(size_t)(id - 1) * (size_t)kv->n_head_kv + (size_t)kh] : 1.0f;
+    for (int32_t j = ja; j < jb; j++)
+        fl_kv_dequant(kv->type, src + off + (size_t)j * kv->row_bytes, (int64_t)kh * hd, hd, sc, dst + (size_t)j * (size_t)hd);
+}
+
+/* K and V rows [ja, jb) of block `id` for kv head kh: V into vb (row j at j * hd), K into kb
+ * the same way, or transposed (kb[d * bs + j], through vb first) when the scorer wants it. */
+static void load_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t ja, int32_t jb, float *kb, float *vb, bool k_t) {
+    if (k_t) {
+        const int32_t hd = kv->head_dim, bs = kv->block_size;
+        load_rows(kv, kv->k, kv->k_scale, id, kh, ja, jb, vb);
+        for (int32_t j = ja; j < jb; j++)
+            for (int32_t d = 0; d < hd; d++) kb[(size_t)d * (size_t)bs + (size_t)j] = vb[(size_t)j * (size_t)hd + (size_t)d];
+    } else
+        load_rows(kv, kv->k, kv->k_scale, id, kh, ja, jb, kb);
+    load_rows(kv, kv->v, kv->v_scale, id, kh, ja, jb, vb);
 }
 
 /* States for rows [ra, rb) of sequence s (relative rows), heads of kv head kh, over blocks
@@ -273,7 +311,7 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_
         const int32_t ja = lo_tile > j0 ? lo_tile - j0 : 0;        /* first block row anyone sees */
         const int32_t jz = p_last - j0 + 1 < bs ? p_last - j0 + 1 : bs; /* one past the last */
         if (ja >= jz) continue;
-        load_block(kv, s->blocks[b], kh, ja, jz, kb, vb);
+        load_block(kv, s->blocks[b], kh, ja, jz, kb, vb, jb_->ops.scores_t != NULL);
         for (int32_t r = ra; r < rb; r++) {
             const int32_t p = s->pos0 + r;
             const int32_t lo = w > 0 && p - w + 1 > 0 ? p - w + 1 : 0;
@@ -282,7 +320,7 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_
             for (int32_t gi = 0; gi < g; gi++) {
                 const int32_t h = kh * g + gi;
                 const float *qh = jb_->q + ((size_t)(s->q0 + r) * (size_t)pp->n_head + (size_t)h) * (size_t)hd;
-                state_update(&jb_->ops, st + ((size_t)(r - ra) * (size_t)g + (size_t)gi) * ss, qh, kb, vb, ra_, rz, hd, pp->scale, sc);
+                state_update(&jb_->ops, st + ((size_t)(r - ra) * (size_t)g + (size_t)gi) * ss, qh, kb, vb, ra_, rz, hd, bs, pp->scale, sc);
             }
         }
     }
