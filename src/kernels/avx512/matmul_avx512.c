@@ -506,23 +506,25 @@ INLINE void panel_tile(const char *pan, const fl_act_q8 *a, int64_t m0, const in
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     const int64_t nb = a->nb, K = a->K;
     const int8_t *xq0 = a->qs + m0 * K;
-    const int32_t *s0 = a->s + m0 * nb;
+    const int32_t *sv0 = a->sv + m0 * nb * 8;
     const float *d0 = a->d + m0 * nb;
+    const int shift = off == 128 ? 7 : 3;
     for (int64_t b = 0; b < nb; b++) {
         const char *pb = pan + b * PANEL_BLOCK;
-        const __m512 dw = _mm512_loadu_ps(pb);
-        __m512i wv[8];
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) wv[i] = _mm512_loadu_si512(pb + 64 + 64 * i);
-        /* token-interleaved: the 8 dependent vpdpbusd of one token are NT instructions apart */
+        /* each token's int32 sums start at -offset * (its code sum): a broadcast load of -s
+         * (fl_act_q8.sv) and a shift */
         __m512i s[8];
 #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) s[t] = _mm512_set1_epi32(-off * s0[t * nb + b]);
+        for (int t = 0; t < NT; t++) s[t] = _mm512_slli_epi32(_mm512_set1_epi32(sv0[(t * nb + b) * 8]), shift);
+        /* one weight vector at a time, the tokens' dependent vpdpbusd NT instructions apart */
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++)
+        for (int i = 0; i < 8; i++) {
+            const __m512i wv = _mm512_loadu_si512(pb + 64 + 64 * i);
 #pragma GCC unroll 8
             for (int t = 0; t < NT; t++)
-                s[t] = _mm512_dpbusd_epi32(s[t], wv[i], _mm512_set1_epi32(((const int32_t *)(xq0 + t * K + b * 32))[i]));
+                s[t] = _mm512_dpbusd_epi32(s[t], wv, _mm512_set1_epi32(((const int32_t *)(xq0 + t * K + b * 32))[i]));
+        }
+        const __m512 dw = _mm512_loadu_ps(pb);
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, _mm512_set1_ps(d0[t * nb + b])), acc[t]);
