@@ -39,14 +39,16 @@ bool fl_matmul_llama_order(void) {
     return g_llama_order == 1;
 }
 
-/* Does W take 8-bit activations in the current mode, and through the llama.cpp-order path? */
-static bool int8_path(int32_t type, bool *llama) {
+/* Does W take 8-bit activations in the current mode, and through the llama.cpp-order path?
+ * Q4_K does for one-token steps on AVX-512 (its VNNI GEMV); larger steps dequantize. */
+static bool int8_path(int32_t type, int64_t M, bool *llama) {
     *llama = false;
     if (fl_matmul_f32_act()) return false;
     if (fl_matmul_llama_order() && (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0 || type == FL_TYPE_Q5_0)) {
         *llama = true;
         return true;
     }
+    if (type == FL_TYPE_Q4_K) return M == 1 && fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order();
     return type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0;
 }
 
@@ -209,7 +211,7 @@ size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
     const int64_t K = W->ne[0];
     if (M <= 0) return 0;
     bool llama;
-    if (int8_path(W->type, &llama)) {
+    if (int8_path(W->type, M, &llama)) {
         size_t b = fl_act_q8_bytes(M, K);
         if (!llama && fl_isa_get() == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) b += (size_t)nth * fl_panel_bytes(K);
         return b;
@@ -225,7 +227,7 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
     const int64_t K = W->ne[0];
     if (M <= 0) return;
     bool llama;
-    if (int8_path(W->type, &llama)) {
+    if (int8_path(W->type, M, &llama)) {
         q8_ctx c = {W, x, y, M, {0}, gemm_for(isa), NULL, 0};
         if (fl_act_q8_alloc(&c.act, M, K) == FL_OK) {
             if (M >= 8) fl_parallel(q8_quant_task, &c);

@@ -74,6 +74,8 @@ void fl_dequant_q5_1(const void *src, float *y, int64_t k);
 void fl_dequant_q8_0(const void *src, float *y, int64_t k);
 void fl_dequant_q2_K(const void *src, float *y, int64_t k);
 void fl_dequant_q3_K(const void *src, float *y, int64_t k);
+/* Scale and min of sub-block j (0..7) from a q4_K / q5_K block's 12-byte 6-bit table. */
+void fl_q4_K_scale_min(int j, const uint8_t *scales, uint8_t *sc, uint8_t *mn);
 void fl_dequant_q4_K(const void *src, float *y, int64_t k);
 void fl_dequant_q5_K(const void *src, float *y, int64_t k);
 void fl_dequant_q6_K(const void *src, float *y, int64_t k);

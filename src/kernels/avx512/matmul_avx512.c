@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdbool.h>
+#include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -354,6 +355,61 @@ static void gemv_q4(const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64
         for (int r = 0; r < nr; r++) y[r] = gemv_row(FL_TYPE_Q4_0, w + r * ldw, a, m);
 }
 
+/* Q4_K row (GEMV) with the 8-bit activations in blocks of 32, one per Q4_K sub-block.  Per
+ * super-block: the 6-bit scales and mins unpacked with 32-bit masks (sub-blocks 0-3 in the low
+ * 6 bits of bytes 0-7, 4-7 split over bytes 8-11 and the top bits of 0-7), 8 scales
+ * (d sc_j) d_x in one vector; the 128 code bytes as two zmm, whose low nibbles hold sub-blocks
+ * 0 and 2 (then 4 and 6) and high nibbles 1 and 3 (5 and 7), so each vpdpbusd takes the
+ * activation halves of two sub-blocks; the mins term dmin m_j d_x s_j is one 8-lane fma per
+ * super-block.  Codes are unsigned 0..15, so no offset. */
+INLINE float gemv_row_q4_K(const char *w, const fl_act_q8 *a, int64_t m) {
+    const fl_block_q4_K *blk = (const fl_block_q4_K *)w;
+    const int64_t nsb = a->K / FL_QK_K;
+    const int8_t *x = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    const int32_t *sx = a->s + m * a->nb;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+    const __m512i i02 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    const __m512i i13 = _mm512_add_epi32(i02, _mm512_set1_epi32(1)), i46 = _mm512_add_epi32(i02, _mm512_set1_epi32(4));
+    const __m512i i57 = _mm512_add_epi32(i02, _mm512_set1_epi32(5));
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m256 mins = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const fl_block_q4_K *b = blk + i;
+        _mm_prefetch((const char *)b + 2048, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + 2048 + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + 2048 + 128, _MM_HINT_T0);
+        uint32_t w0, w1, w2;
+        memcpy(&w0, b->scales, 4);
+        memcpy(&w1, b->scales + 4, 4);
+        memcpy(&w2, b->scales + 8, 4);
+        const uint32_t sc[2] = {w0 & 0x3F3F3F3Fu, (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4)};
+        const uint32_t mn[2] = {w1 & 0x3F3F3F3Fu, ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4)};
+        const __m128i scv = _mm_loadl_epi64((const __m128i *)sc), mnv = _mm_loadl_epi64((const __m128i *)mn);
+        const __m256 dx8 = _mm256_loadu_ps(dx + i * 8);
+        const __m256 scf = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scv))), dx8);
+        const __m256 mnf = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->dmin)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mnv)));
+        mins = _mm256_fmadd_ps(mnf, _mm256_mul_ps(dx8, _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(sx + i * 8)))), mins);
+        const __m512 s512 = _mm512_castps256_ps512(scf);
+        const __m512i v0 = _mm512_loadu_si512(b->qs), v1 = _mm512_loadu_si512(b->qs + 64);
+        const int8_t *xb = x + i * FL_QK_K;
+#define XPAIR(o1, o2) _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xb + (o1)))), \
+                                         _mm256_loadu_si256((const __m256i *)(xb + (o2))), 1)
+        const __m512i p02 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(v0, m4), XPAIR(0, 64));
+        const __m512i p13 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4), XPAIR(32, 96));
+        const __m512i p46 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(v1, m4), XPAIR(128, 192));
+        const __m512i p57 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4), XPAIR(160, 224));
+#undef XPAIR
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p02), _mm512_permutexvar_ps(i02, s512), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p13), _mm512_permutexvar_ps(i13, s512), acc1);
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p46), _mm512_permutexvar_ps(i46, s512), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p57), _mm512_permutexvar_ps(i57, s512), acc1);
+    }
+    const __m128 mh = _mm_add_ps(_mm256_castps256_ps128(mins), _mm256_extractf128_ps(mins, 1));
+    const float msum = _mm_cvtss_f32(_mm_add_ss(_mm_add_ps(mh, _mm_movehl_ps(mh, mh)), _mm_movehdup_ps(_mm_add_ps(mh, _mm_movehl_ps(mh, mh)))));
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - msum;
+}
+
 #define DEFINE_TILES(WT, sfx)                                                                              \
     static void tile4x4_##sfx(const char *w, size_t ldw, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy) { \
         tile(WT, w, ldw, a, m0, y, ldy, 4, 4);                                                              \
@@ -368,6 +424,11 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
                        float *y, int64_t ldy) {
     const char *wc = w;
     const bool q8 = wtype == FL_TYPE_Q8_0;
+    if (wtype == FL_TYPE_Q4_K) { /* one-token steps only (fl_matmul) */
+        for (int t = 0; t < nt; t++)
+            for (int r = 0; r < nr; r++) y[t * ldy + r] = gemv_row_q4_K(wc + r * ldw, a, m0 + t);
+        return;
+    }
     if (nr == 4 && nt == 4) (q8 ? tile4x4_q8 : tile4x4_q4)(wc, ldw, a, m0, y, ldy);
     else if (nt == 1) (q8 ? gemv_q8 : gemv_q4)(wc, ldw, nr, a, m0, y);
     else

@@ -137,6 +137,8 @@ static inline void k4_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
     }
 }
 
+void fl_q4_K_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m) { k4_scale_min(j, q, d, m); }
+
 void fl_dequant_q4_K(const void *src, float *y, int64_t k) {
     const fl_block_q4_K *b = src;
     for (int64_t i = 0; i < k / FL_QK_K; i++) {
