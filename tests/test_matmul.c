@@ -277,16 +277,16 @@ static void test_act_quant_parity(void **state) {
 
 /* One-token GEMV (M == 1): the quantizers fill the Q4_0-order copy qs4 identically, and the
  * AVX-512 GEMV (the VBMI kernel on qs4 when the CPU has it, the pairwise one without qs4) matches
- * the scalar reference for block counts with 4- and 16-block tails; Q4_K (its own GEMV, 1 to 8
- * super-blocks) too. */
+ * the scalar reference for block counts with 4- and 16-block tails; Q4_K and Q6_K (their own GEMVs,
+ * 1 to 8 super-blocks) too. */
 static void test_gemv_parity(void **state) {
     (void)state;
     if (fl_isa_best() != FL_ISA_AVX512) skip();
-    const int32_t types[3] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K};
+    const int32_t types[4] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K};
     const int64_t Ks[8] = {32, 96, 128, 160, 512, 544, 2048, 2080};
-    for (int ti = 0; ti < 3; ti++)
+    for (int ti = 0; ti < 4; ti++)
         for (int ki = 0; ki < 8; ki++) {
-            const int64_t K = types[ti] == FL_TYPE_Q4_K ? 256 * (ki + 1) : Ks[ki], N = 7;
+            const int64_t K = ti >= 2 ? 256 * (ki + 1) : Ks[ki], N = 7;
             qmat q;
             qmat_make(&q, types[ti], N, K);
             float *x = frand_buf(K);

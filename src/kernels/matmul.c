@@ -40,7 +40,7 @@ bool fl_matmul_llama_order(void) {
 }
 
 /* Does W take 8-bit activations in the current mode, and through the llama.cpp-order path?
- * Q4_K does for one-token steps on AVX-512 (its VNNI GEMV); larger steps dequantize. */
+ * Q4_K and Q6_K do for one-token steps on AVX-512 (their VNNI GEMVs); larger steps dequantize. */
 static bool int8_path(int32_t type, int64_t M, bool *llama) {
     *llama = false;
     if (fl_matmul_f32_act()) return false;
@@ -48,7 +48,7 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
         *llama = true;
         return true;
     }
-    if (type == FL_TYPE_Q4_K) return M == 1 && fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order();
+    if (type == FL_TYPE_Q4_K || type == FL_TYPE_Q6_K) return M == 1 && fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order();
     return type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0;
 }
 

@@ -410,6 +410,52 @@ INLINE float gemv_row_q4_K(const char *w, const fl_act_q8 *a, int64_t m) {
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - msum;
 }
 
+/* Q6_K row (GEMV), 8-bit activations in blocks of 32.  Per 128 codes (64 ql + 32 qh bytes):
+ * the low nibbles of ql[0..63] are codes 0..63 in order and the high nibbles codes 64..127;
+ * their two high bits come from qh shifted per 256-bit half (a variable word shift); codes are
+ * then 0..63 unsigned, and the -32 offset is a second vpdpbusd of the constant 32 against the
+ * same activations.  vpdpbusd lanes 4k..4k+3 are one 16-code sub-block, so the scale vector is
+ * d sc_j spread over 4 lanes times the activation scale of its 32-block. */
+INLINE float gemv_row_q6_K(const char *w, const fl_act_q8 *a, int64_t m) {
+    const fl_block_q6_K *blk = (const fl_block_q6_K *)w;
+    const int64_t nsb = a->K / FL_QK_K;
+    const int8_t *x = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi8(32), zero = _mm512_setzero_si512();
+    /* per 16-bit word: low half shifted by 4 / high half by 2 (left), or 0 / 2 (right) */
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i sidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i didx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const fl_block_q6_K *b = blk + i;
+        for (int l = 0; l < 4; l++) _mm_prefetch((const char *)b + 2048 + 64 * l, _MM_HINT_T0);
+        const __m512 sc16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)),
+                                          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->scales))));
+        const __m512 dx8 = _mm512_castps256_ps512(_mm256_loadu_ps(dx + i * 8));
+        const int8_t *xb = x + i * FL_QK_K;
+#pragma GCC unroll 2
+        for (int c = 0; c < 2; c++) {
+            const __m512i ql = _mm512_loadu_si512(b->ql + 64 * c);
+            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * c)));
+            const __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+            const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m512i xv = _mm512_loadu_si512(xb + 128 * c + 64 * h);
+                const __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, h ? q23 : q01, xv), _mm512_dpbusd_epi32(zero, c32, xv));
+                const int j0 = 8 * c + 4 * h, b0 = 4 * c + 2 * h; /* first scale, first 32-block */
+                const __m512 scale = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_add_epi32(sidx, _mm512_set1_epi32(j0)), sc16),
+                                                   _mm512_permutexvar_ps(_mm512_add_epi32(didx, _mm512_set1_epi32(b0)), dx8));
+                if (h) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc1);
+                else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc0);
+            }
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
 #define DEFINE_TILES(WT, sfx)                                                                              \
     static void tile4x4_##sfx(const char *w, size_t ldw, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy) { \
         tile(WT, w, ldw, a, m0, y, ldy, 4, 4);                                                              \
@@ -424,9 +470,10 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
                        float *y, int64_t ldy) {
     const char *wc = w;
     const bool q8 = wtype == FL_TYPE_Q8_0;
-    if (wtype == FL_TYPE_Q4_K) { /* one-token steps only (fl_matmul) */
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K) { /* one-token steps only (fl_matmul) */
         for (int t = 0; t < nt; t++)
-            for (int r = 0; r < nr; r++) y[t * ldy + r] = gemv_row_q4_K(wc + r * ldw, a, m0 + t);
+            for (int r = 0; r < nr; r++)
+                y[t * ldy + r] = wtype == FL_TYPE_Q4_K ? gemv_row_q4_K(wc + r * ldw, a, m0 + t) : gemv_row_q6_K(wc + r * ldw, a, m0 + t);
         return;
     }
     if (nr == 4 && nt == 4) (q8 ? tile4x4_q8 : tile4x4_q4)(wc, ldw, a, m0, y, ldy);

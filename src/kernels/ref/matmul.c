@@ -191,11 +191,41 @@ static float dot_q4_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
     return sum - mins;
 }
 
+/* Q6_K row with 8-bit activations in blocks of 32: per 16-code sub-block, d sc * d_x of its
+ * 32-block * sum((q - 32) x). */
+static float dot_q6_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
+    const fl_block_q6_K *blk = w;
+    const int8_t *x = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    float sum = 0;
+    for (int64_t i = 0; i < a->K / FL_QK_K; i++) {
+        const float d = fl_f16_to_f32(blk[i].d);
+        int8_t q[FL_QK_K];
+        for (int n = 0; n < 2; n++) {
+            const uint8_t *ql = blk[i].ql + 64 * n, *qh = blk[i].qh + 32 * n;
+            for (int l = 0; l < 32; l++) {
+                q[128 * n + l] = (int8_t)(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+                q[128 * n + l + 32] = (int8_t)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                q[128 * n + l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                q[128 * n + l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+            }
+        }
+        for (int j = 0; j < 16; j++) {
+            int32_t is = 0;
+            for (int l = 0; l < 16; l++) is += q[16 * j + l] * x[i * FL_QK_K + 16 * j + l];
+            sum += d * (float)blk[i].scales[j] * dx[i * 8 + j / 2] * (float)is;
+        }
+    }
+    return sum;
+}
+
 void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
                     float *y, int64_t ldy) {
-    if (wtype == FL_TYPE_Q4_K) {
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K) {
         for (int t = 0; t < nt; t++)
-            for (int r = 0; r < nr; r++) y[t * ldy + r] = dot_q4_K_row((const char *)w + r * ldw, a, m0 + t);
+            for (int r = 0; r < nr; r++)
+                y[t * ldy + r] = wtype == FL_TYPE_Q4_K ? dot_q4_K_row((const char *)w + r * ldw, a, m0 + t)
+                                                       : dot_q6_K_row((const char *)w + r * ldw, a, m0 + t);
         return;
     }
     for (int t = 0; t < nt; t++)
