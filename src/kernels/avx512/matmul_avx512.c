@@ -205,6 +205,41 @@ INLINE void tile(const int32_t wtype, const char *w, size_t ldw, const fl_act_q8
 #ifndef GEMV_PF
 #define GEMV_PF 4096
 #endif
+/* Blocks [b, nb) of one row (the part a GEMV's 16-block groups leave): pairs of blocks in one
+ * zmm (exact int32 sums as below), then a last single block in scalar code. */
+INLINE float gemv_tail(const int32_t wtype, const char *w, const fl_act_q8 *a, int64_t m, int64_t b) {
+    const bool q8 = wtype == FL_TYPE_Q8_0;
+    const int bsz = q8 ? 34 : 18, shift = q8 ? 4 : 0;
+    const int64_t nb = a->nb;
+    const float *dx = a->d + m * nb;
+    __m512 acc = _mm512_setzero_ps();
+    for (; b + 2 <= nb; b += 2) {
+        __m512 dw;
+        const __m512i wv = load_w(wtype, w, b, 0, &dw);
+        const __m512i xv = _mm512_loadu_si512(a->qs + m * a->K + b * 32);
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_loadu_si512(a->sv + (m * nb + b) * 8), shift), wv, xv);
+        const __m512 dxv = _mm512_insertf32x8(_mm512_set1_ps(dx[b]), _mm256_set1_ps(dx[b + 1]), 1);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dxv), acc);
+    }
+    float r = _mm512_reduce_add_ps(acc);
+    if (b < nb) {
+        const char *blk = w + b * bsz;
+        uint16_t h;
+        __builtin_memcpy(&h, blk, 2);
+        const int8_t *x = a->qs + m * a->K + b * 32;
+        int32_t is = 0;
+        if (q8)
+            for (int j = 0; j < 32; j++) is += ((const int8_t *)blk + 2)[j] * x[j];
+        else
+            for (int j = 0; j < 16; j++) {
+                const uint8_t v = ((const uint8_t *)blk + 2)[j];
+                is += ((v & 0xF) - 8) * x[j] + ((v >> 4) - 8) * x[j + 16];
+            }
+        r += _cvtsh_ss(h) * dx[b] * (float)is;
+    }
+    return r;
+}
+
 INLINE float gemv_row(const int32_t wtype, const char *w, const fl_act_q8 *a, int64_t m) {
     const bool q8 = wtype == FL_TYPE_Q8_0;
     const int bsz = q8 ? 34 : 18;
@@ -252,28 +287,7 @@ INLINE float gemv_row(const int32_t wtype, const char *w, const fl_act_q8 *a, in
             else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s2, acc0);
         }
     }
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    if (b < nb) { /* leftover blocks: the generic tile on the block range [b, nb) */
-        float s = 0;
-        for (; b < nb; b++) {
-            const char *blk = w + b * bsz;
-            uint16_t h;
-            __builtin_memcpy(&h, blk, 2);
-            const float d = _cvtsh_ss(h) * dx[b];
-            const int8_t *x = a->qs + m * a->K + b * 32;
-            int32_t is = 0;
-            if (q8)
-                for (int j2 = 0; j2 < 32; j2++) is += ((const int8_t *)blk + 2)[j2] * x[j2];
-            else
-                for (int j2 = 0; j2 < 16; j2++) {
-                    const uint8_t v = ((const uint8_t *)blk + 2)[j2];
-                    is += ((v & 0xF) - 8) * x[j2] + ((v >> 4) - 8) * x[j2 + 16];
-                }
-            s += d * (float)is;
-        }
-        r += s;
-    }
-    return r;
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + (b < nb ? gemv_tail(wtype, w, a, m, b) : 0.0f);
 }
 
 static void gemv_q8(const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m, float *y) {
@@ -331,21 +345,7 @@ __attribute__((target("avx512vbmi"))) static float gemv_row_q4_vbmi(const char *
             else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), s4, acc0);
         }
     }
-    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    float t = 0; /* leftover blocks (nb % 16), natural-order codes */
-    for (; b < nb; b++) {
-        const char *blk = w + b * bsz;
-        uint16_t h;
-        __builtin_memcpy(&h, blk, 2);
-        const int8_t *xb = a->qs + m * a->K + b * 32;
-        int32_t is = 0;
-        for (int j2 = 0; j2 < 16; j2++) {
-            const uint8_t v = ((const uint8_t *)blk + 2)[j2];
-            is += ((v & 0xF) - 8) * xb[j2] + ((v >> 4) - 8) * xb[j2 + 16];
-        }
-        t += _cvtsh_ss(h) * dx[b] * (float)is;
-    }
-    return r + t;
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + (b < nb ? gemv_tail(FL_TYPE_Q4_0, w, a, m, b) : 0.0f);
 }
 
 static void gemv_q4(const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m, float *y) {
