@@ -155,25 +155,26 @@ static void test_gemm_vs_gemv(void **state) {
     fl_test_mem_zero();
 }
 
-/* Row panels: the AVX-512 packer is byte-identical to the reference packer, the reference panel
- * product equals the integer tile reference (f32 order only), and the AVX-512 panel product
- * matches it on partial panels (nr < 16), every token tail of the 8-token tile, odd block counts. */
+/* Row panels (Q8_0, Q4_0, and Q4_K with its mins): the AVX-512 packer is byte-identical to the
+ * reference packer, the reference panel product equals the integer tile reference (f32 order
+ * only), and the AVX-512 panel product matches it on partial panels (nr < 16), every token tail
+ * of the 8-token tile, odd block counts. */
 static void test_panel_parity(void **state) {
     (void)state;
-    const int32_t types[2] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0};
-    const int64_t Ks[3] = {32, 416, 2048};
+    const int32_t types[3] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K};
+    const int64_t Ks[3] = {32, 416, 2048}, Ks_k[3] = {256, 768, 2048};
     const bool fast = fl_isa_best() == FL_ISA_AVX512;
-    for (int ti = 0; ti < 2; ti++)
+    for (int ti = 0; ti < 3; ti++)
         for (int ki = 0; ki < 3; ki++) {
-            const int64_t K = Ks[ki], N = 21, M = 19;
+            const int64_t K = types[ti] == FL_TYPE_Q4_K ? Ks_k[ki] : Ks[ki], N = 21, M = 19;
             qmat q;
             qmat_make(&q, types[ti], N, K);
             float *x = frand_buf(M * K);
             fl_act_q8 a;
             assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
             for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
-            const size_t pb = fl_panel_bytes(K);
-            assert_int_equal(pb, (size_t)(K / 32) * (16 * 4 + 16 * 32));
+            const size_t pb = fl_panel_bytes_for(types[ti], K);
+            assert_int_equal(pb, (size_t)(K / 32) * (16 * 4 + 16 * 32 + (types[ti] == FL_TYPE_Q4_K ? 16 * 4 : 0)));
             char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
             float *ref = frand_buf(M * 16), *pr = frand_buf(M * 16), *got = frand_buf(M * 16);
             const int nrs[3] = {16, 5, 1};

@@ -283,17 +283,22 @@ static void test_step_buffers(void **state) {
      * 332032 bytes, + the 512 f16-rounded query rows (f16 KV) of 4096 floats = 8720640 bytes,
      * grown by doubling from 64 KiB */
     assert_int_equal(b.tiles, 16777216);
-    assert_int_equal(b.qact, 4ull * 8 * 14336 * 4); /* q4_K: f32 path, 8 dequantized rows per thread */
+    /* q4_K: on AVX-512 the int8 panel path (activations as below + one 16-row panel per thread
+     * with its mins: 448 blocks x (576 + 64) bytes); otherwise 8 dequantized f32 rows per thread */
+    if (fl_isa_get() == FL_ISA_AVX512)
+        assert_int_equal(b.qact, 512ull * 14336 + 3 * 512ull * 448 * 4 + 2 * 512ull * 448 * 32 + 4ull * 448 * 640);
+    else
+        assert_int_equal(b.qact, 4ull * 8 * 14336 * 4);
     assert_int_equal(b.batch, 512ull * 13 + 8);
     assert_int_equal(b.act_total, b.x * 3 + b.q * 2 + b.k * 2 + b.hb * 2 + b.xl + b.logits);
     assert_int_equal(b.scratch_total, b.tiles + b.qact + b.batch);
-    /* q8_0 / q4_0 weights: quantized activations [512][14336] (1 byte each, 2 x f32 and 2 x 32
+    /* q8_0 / q4_0 weights: quantized activations [512][14336] (1 byte each, 3 x f32 and 2 x 32
      * bytes per 32-block) */
     fl_plan_buffers q;
     fl_plan_inference_buffers(&s, 512, 8192, 1, FL_PLAN_ATTN_FLASH, 4, 1, FL_TYPE_Q4_0, FL_TYPE_F16, &q);
     /* + on AVX-512, one repacked 16-row weight panel per thread: 448 blocks x 576 bytes */
     const uint64_t panels = fl_isa_get() == FL_ISA_AVX512 ? 4ull * 448 * 576 : 0;
-    assert_int_equal(q.qact, 512ull * 14336 + 2 * 512ull * 448 * 4 + 2 * 512ull * 448 * 32 + panels);
+    assert_int_equal(q.qact, 512ull * 14336 + 3 * 512ull * 448 * 4 + 2 * 512ull * 448 * 32 + panels);
     /* naive attention keeps [n_head][n_tokens][n_ctx] scores */
     fl_plan_buffers n;
     fl_plan_inference_buffers(&s, 512, 8192, 1, FL_PLAN_ATTN_NAIVE, 4, 1, FL_TYPE_Q4_K, FL_TYPE_F16, &n);

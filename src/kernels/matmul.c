@@ -40,7 +40,8 @@ bool fl_matmul_llama_order(void) {
 }
 
 /* Does W take 8-bit activations in the current mode, and through the llama.cpp-order path?
- * Q4_K and Q6_K do for one-token steps on AVX-512 (their VNNI GEMVs); larger steps dequantize. */
+ * On AVX-512 Q4_K does (VNNI GEMV, panel GEMM) and Q6_K for one-token steps (its GEMV; larger
+ * steps dequantize). */
 static bool int8_path(int32_t type, int64_t M, bool *llama) {
     *llama = false;
     if (fl_matmul_f32_act()) return false;
@@ -48,7 +49,8 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
         *llama = true;
         return true;
     }
-    if (type == FL_TYPE_Q4_K || type == FL_TYPE_Q6_K) return M == 1 && fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order();
+    if (type == FL_TYPE_Q4_K) return fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order() && M <= INT32_MAX;
+    if (type == FL_TYPE_Q6_K) return M == 1 && fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order();
     return type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0;
 }
 
@@ -213,7 +215,7 @@ size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
     bool llama;
     if (int8_path(W->type, M, &llama)) {
         size_t b = fl_act_q8_bytes(M, K);
-        if (!llama && fl_isa_get() == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) b += (size_t)nth * fl_panel_bytes(K);
+        if (!llama && fl_isa_get() == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) b += (size_t)nth * fl_panel_bytes_for(W->type, K);
         return b;
     }
     if (W->type == FL_TYPE_F32) return 0;
@@ -240,7 +242,7 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
             const int nth = fl_threads_get();
             atomic_store(&c.next, 0);
             if (isa == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) {
-                c.panel_bytes = fl_panel_bytes(K);
+                c.panel_bytes = fl_panel_bytes_for(W->type, K);
                 c.panels = fl_alloc(FL_MEM_SCRATCH, (size_t)nth * c.panel_bytes, 64);
                 if (!c.panels) fl_clear_error(); /* no scratch: the tile path below */
             }

@@ -78,6 +78,7 @@ typedef struct fl_act_q8 {
     int32_t *s;        /* [M][nb] sum of the block's codes */
     float *dv;         /* [M][nb][8] */
     int32_t *sv;       /* [M][nb][8]: -s */
+    float *ms;         /* [M][nb]: -s * d (the mins term of affine weight blocks, Q4_K panels) */
     int8_t *qs4;       /* M == 1 only, else NULL: the codes of each 4 blocks reordered as the 4
                         * first halves (k % 32 < 16) then the 4 second halves, the order of a
                         * Q4_0 group's low / high nibbles (the AVX-512 GEMV); a tail of nb % 4
@@ -118,6 +119,10 @@ float fl_dot_q8_llama(int32_t wtype, const void *w, const fl_act_q8 *a, int64_t 
  * activation code sum is subtracted in int32), so it matches fl_gemm_q8_ref up to f32 order. */
 #define FL_PANEL_ROWS 16
 size_t fl_panel_bytes(int64_t K);
+/* Q4_K panels (M > 1 on AVX-512): the same blocks with codes 0..15 and scales d sc_j, no
+ * offset, followed by [K / 32][16] f32 mins dmin m_j (subtracted times the activation block's
+ * d_x * code sum, fl_act_q8.ms).  fl_panel_bytes_for(type, K) is the panel scratch of a type. */
+size_t fl_panel_bytes_for(int32_t wtype, int64_t K);
 void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 void fl_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,

@@ -503,6 +503,7 @@ void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x) {
         const int64_t i = m * a->nb + b;
         a->d[i] = d;
         a->s[i] = s;
+        a->ms[i] = -(float)s * d;
         _mm256_storeu_ps(a->dv + i * 8, _mm256_set1_ps(d));
         _mm256_storeu_si256((__m256i *)(a->sv + i * 8), _mm256_set1_epi32(-s));
     }
@@ -565,7 +566,46 @@ INLINE void pack_q4_full(const char *p, size_t ldw, __m512i *out, __m512i m4) {
 }
 
 /* Repack up to 16 rows with gathers: lane r of each gather reads row r (masked past nr). */
+/* Q4_K: per super-block and row the 8 scales / mins as floats, per 32-code sub-block the 16
+ * rows' nibbles unpacked to a 16 x 32 byte tile, then transposed like Q8_0 codes (no flip). */
+static void pack_q4_K(const char *w, size_t ldw, int nr, int64_t K, char *panel) {
+    const int64_t nb = K / 32;
+    float *mins = (float *)(panel + nb * PANEL_BLOCK);
+    uint8_t tile[2][FL_PANEL_ROWS * 32] __attribute__((aligned(64)));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < K / FL_QK_K; i++) {
+        for (int r = 0; r < FL_PANEL_ROWS; r++)
+            for (int j = 0; j < 8; j++) {
+                char *pb = panel + (i * 8 + j) * PANEL_BLOCK;
+                if (r >= nr) {
+                    ((float *)pb)[r] = 0;
+                    mins[(i * 8 + j) * FL_PANEL_ROWS + r] = 0;
+                    continue;
+                }
+                const fl_block_q4_K *blk = (const fl_block_q4_K *)(w + r * ldw) + i;
+                uint8_t sc, mn;
+                fl_q4_K_scale_min(j, blk->scales, &sc, &mn);
+                ((float *)pb)[r] = _cvtsh_ss(blk->d) * (float)sc;
+                mins[(i * 8 + j) * FL_PANEL_ROWS + r] = _cvtsh_ss(blk->dmin) * (float)mn;
+            }
+        for (int g = 0; g < 4; g++) {
+            for (int r = 0; r < FL_PANEL_ROWS; r++) {
+                __m256i v = _mm256_setzero_si256();
+                if (r < nr) v = _mm256_loadu_si256((const __m256i *)(((const fl_block_q4_K *)(w + r * ldw) + i)->qs + 32 * g));
+                _mm256_store_si256((__m256i *)(tile[0] + 32 * r), _mm256_and_si256(v, m4));
+                _mm256_store_si256((__m256i *)(tile[1] + 32 * r), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            }
+            pack_q8_full((const char *)tile[0], 32, (__m512i *)(panel + (i * 8 + 2 * g) * PANEL_BLOCK + 64), _mm512_setzero_si512());
+            pack_q8_full((const char *)tile[1], 32, (__m512i *)(panel + (i * 8 + 2 * g + 1) * PANEL_BLOCK + 64), _mm512_setzero_si512());
+        }
+    }
+}
+
 void fl_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
+    if (wtype == FL_TYPE_Q4_K) {
+        pack_q4_K(w, ldw, nr, K, panel);
+        return;
+    }
     const bool q8 = wtype == FL_TYPE_Q8_0;
     const int bsz = q8 ? 34 : 18;
     const int64_t nb = K / 32;
@@ -609,6 +649,9 @@ void fl_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int6
  * convert and one fma with d_w (16 lanes) * d_x. */
 INLINE void panel_tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, const int32_t off, float *y,
                        int64_t ldy, int nr) {
+    /* off 0: a Q4_K panel (unsigned codes, no offset; mins after the blocks) */
+    const float *mins = off == 0 ? (const float *)(pan + a->nb * PANEL_BLOCK) : NULL;
+    const float *ms0 = a->ms + m0 * a->nb;
     __m512 acc[8];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
@@ -623,7 +666,8 @@ INLINE void panel_tile(const char *pan, const fl_act_q8 *a, int64_t m0, const in
          * (fl_act_q8.sv) and a shift */
         __m512i s[8];
 #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) s[t] = _mm512_slli_epi32(_mm512_set1_epi32(sv0[(t * nb + b) * 8]), shift);
+        for (int t = 0; t < NT; t++)
+            s[t] = off ? _mm512_slli_epi32(_mm512_set1_epi32(sv0[(t * nb + b) * 8]), shift) : _mm512_setzero_si512();
         /* one weight vector at a time, the tokens' dependent vpdpbusd NT instructions apart */
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {
@@ -636,6 +680,11 @@ INLINE void panel_tile(const char *pan, const fl_act_q8 *a, int64_t m0, const in
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, _mm512_set1_ps(d0[t * nb + b])), acc[t]);
+        if (mins) {
+            const __m512 mv = _mm512_loadu_ps(mins + b * FL_PANEL_ROWS);
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) acc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(ms0[t * nb + b]), acc[t]);
+        }
     }
     const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
 #pragma GCC unroll 8
@@ -661,7 +710,7 @@ void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act
     typedef void (*fn)(const char *, const fl_act_q8 *, int64_t, int32_t, float *, int64_t, int);
     static const fn tiles[9] = {NULL, panel_tile1, panel_tile2, panel_tile3, panel_tile4,
                                 panel_tile5, panel_tile6, panel_tile7, panel_tile8};
-    const int32_t off = wtype == FL_TYPE_Q8_0 ? 128 : 8;
+    const int32_t off = wtype == FL_TYPE_Q8_0 ? 128 : wtype == FL_TYPE_Q4_K ? 0 : 8;
     for (int t = 0; t < nt; t += 8) {
         const int n = nt - t < 8 ? nt - t : 8;
         tiles[n]((const char *)panel, a, m0 + t, off, y + t * ldy, ldy, nr);

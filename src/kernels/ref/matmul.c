@@ -73,7 +73,7 @@ size_t fl_act_q8_bytes(int64_t M, int64_t K) {
     const size_t qs = ((size_t)(M * K) + 63) & ~(size_t)63, d = (size_t)(M * nb) * 4;
     const size_t d64 = (d + 63) & ~(size_t)63, v = (size_t)(M * nb) * 32;
     const size_t q4 = M == 1 ? qs + (((size_t)nb * 16 + 63) & ~(size_t)63) : 0; /* M == 1: qs4 and sv4 */
-    return qs + 2 * d64 + 2 * v + q4;
+    return qs + 3 * d64 + 2 * v + q4;
 }
 
 fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
@@ -92,6 +92,7 @@ fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
     a->s = (int32_t *)p; p += d64;
     a->dv = (float *)p; p += v;
     a->sv = (int32_t *)p; p += v;
+    a->ms = (float *)p; p += d64;
     a->qs4 = M == 1 ? (int8_t *)p : NULL;
     a->sv4 = M == 1 ? (int32_t *)(p + qs) : NULL;
     return FL_OK;
@@ -120,6 +121,7 @@ void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
         const int64_t i = m * a->nb + b;
         a->d[i] = d;
         a->s[i] = s;
+        a->ms[i] = -(float)s * d;
         for (int l = 0; l < 8; l++) {
             a->dv[i * 8 + l] = d;
             a->sv[i * 8 + l] = -s;
@@ -287,6 +289,10 @@ float fl_dot_q8_llama(int32_t wtype, const void *w, const fl_act_q8 *a, int64_t 
 
 size_t fl_panel_bytes(int64_t K) { return (size_t)(K / 32) * PANEL_BLOCK; }
 
+size_t fl_panel_bytes_for(int32_t wtype, int64_t K) {
+    return fl_panel_bytes(K) + (wtype == FL_TYPE_Q4_K ? (size_t)(K / 32) * FL_PANEL_ROWS * 4 : 0);
+}
+
 void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
     const int64_t nb = K / 32;
     for (int64_t b = 0; b < nb; b++) {
@@ -298,10 +304,19 @@ void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t
             if (r >= nr) {
                 dw[r] = 0;
                 memset(codes, 0, sizeof codes);
+                if (wtype == FL_TYPE_Q4_K) ((float *)((char *)panel + nb * PANEL_BLOCK))[b * FL_PANEL_ROWS + r] = 0;
             } else if (wtype == FL_TYPE_Q8_0) {
                 const fl_block_q8_0 *blk = (const fl_block_q8_0 *)((const char *)w + r * ldw) + b;
                 dw[r] = fl_f16_to_f32(blk->d);
                 for (int j = 0; j < 32; j++) codes[j] = (uint8_t)(blk->qs[j] + 128);
+            } else if (wtype == FL_TYPE_Q4_K) {
+                const fl_block_q4_K *blk = (const fl_block_q4_K *)((const char *)w + r * ldw) + b / 8;
+                const int j = (int)(b % 8);
+                uint8_t sc, mn;
+                fl_q4_K_scale_min(j, blk->scales, &sc, &mn);
+                dw[r] = fl_f16_to_f32(blk->d) * (float)sc;
+                ((float *)((char *)panel + nb * PANEL_BLOCK))[b * FL_PANEL_ROWS + r] = fl_f16_to_f32(blk->dmin) * (float)mn;
+                for (int l = 0; l < 32; l++) codes[l] = j % 2 ? blk->qs[(j / 2) * 32 + l] >> 4 : blk->qs[(j / 2) * 32 + l] & 0xF;
             } else {
                 const fl_block_q4_0 *blk = (const fl_block_q4_0 *)((const char *)w + r * ldw) + b;
                 dw[r] = fl_f16_to_f32(blk->d);
@@ -317,7 +332,8 @@ void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t
 
 void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                        int64_t ldy) {
-    const int32_t off = wtype == FL_TYPE_Q8_0 ? 128 : 8;
+    const int32_t off = wtype == FL_TYPE_Q8_0 ? 128 : wtype == FL_TYPE_Q4_K ? 0 : 8;
+    const float *mins = wtype == FL_TYPE_Q4_K ? (const float *)((const char *)panel + a->nb * PANEL_BLOCK) : NULL;
     for (int t = 0; t < nt; t++) {
         const int64_t m = m0 + t;
         for (int r = 0; r < nr; r++) {
@@ -329,6 +345,7 @@ void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8
                 int32_t is = -off * a->s[m * a->nb + b];
                 for (int k = 0; k < 32; k++) is += q[(k / 4) * FL_PANEL_ROWS * 4 + r * 4 + k % 4] * x[k];
                 sum += ((const float *)pb)[r] * a->d[m * a->nb + b] * (float)is;
+                if (mins) sum += mins[b * FL_PANEL_ROWS + r] * a->ms[m * a->nb + b];
             }
             y[t * ldy + r] = sum;
         }
