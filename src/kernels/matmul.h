@@ -17,7 +17,9 @@
  * maddubs / AVX-512 VNNI dpbusd); M == 1 is a row-parallel GEMV (chunks of ~256 KiB of rows
  * taken dynamically; Q4_0 on AVX-512 VBMI reads activations pre-ordered for its nibbles, qs4),
  * M > 1 a cache-tiled, threaded GEMM (AVX-512: 16-row repacked panels x 8 tokens; otherwise
- * 4 rows x 4 tokens register tiles over L2-sized row chunks).  fl_matmul_set_llama_order(true)
+ * 4 rows x 4 tokens register tiles over L2-sized row chunks).  On AVX-512 Q4_K takes the same
+ * two paths (its own GEMV; panels with scales d sc_j and mins), and Q6_K its own GEMV for
+ * M == 1.  fl_matmul_set_llama_order(true)
  * instead computes Q8_0 / Q4_0 / Q5_0 exactly as llama.cpp's CPU build does (see below).  Every other type
  * dequantizes rows and uses an f32 dot; F16 weights round the activations to f16 first
  * (llama.cpp's f16 x f16 products; the rounded copy is M x K floats of scratch).
