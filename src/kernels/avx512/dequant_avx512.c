@@ -92,17 +92,6 @@ static void iq4_nl(const fl_block_iq4_nl *b, float *y, int64_t nb) {
     }
 }
 
-/* Scale and min j (0..7) of q4_K/q5_K's 12-byte packed 6-bit table (as ref/quant.c). */
-static inline void k4_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
-    if (j < 4) {
-        *d = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
-
 /* 32 codes (two 16-lane halves) times d1 minus m1 */
 INLINE void k_store(float *y, __m512i c0, __m512i c1, float d1, float m1) {
     const __m512 d = _mm512_set1_ps(d1), m = _mm512_set1_ps(m1);
@@ -117,9 +106,9 @@ static void q4_K(const fl_block_q4_K *b, float *y, int64_t nb) {
         const uint8_t *q = b[i].qs;
         for (int j = 0; j < 8; j += 2, q += 32, y += 64) {
             uint8_t sc, m;
-            k4_scale_min(j, b[i].scales, &sc, &m);
+            fl_q4_K_scale_min(j, b[i].scales, &sc, &m);
             const float d1 = d * sc, m1 = dmin * m;
-            k4_scale_min(j + 1, b[i].scales, &sc, &m);
+            fl_q4_K_scale_min(j + 1, b[i].scales, &sc, &m);
             const float d2 = d * sc, m2 = dmin * m;
             const __m512i a = u8x16(q), c = u8x16(q + 16);
             k_store(y, _mm512_and_si512(a, m4), _mm512_and_si512(c, m4), d1, m1);
@@ -136,9 +125,9 @@ static void q5_K(const fl_block_q5_K *b, float *y, int64_t nb) {
         const __m512i h0 = u8x16(b[i].qh), h1 = u8x16(b[i].qh + 16);
         for (int j = 0; j < 8; j += 2, ql += 32, y += 64) {
             uint8_t sc, m;
-            k4_scale_min(j, b[i].scales, &sc, &m);
+            fl_q4_K_scale_min(j, b[i].scales, &sc, &m);
             const float d1 = d * sc, m1 = dmin * m;
-            k4_scale_min(j + 1, b[i].scales, &sc, &m);
+            fl_q4_K_scale_min(j + 1, b[i].scales, &sc, &m);
             const float d2 = d * sc, m2 = dmin * m;
             const __m512i a = u8x16(ql), c = u8x16(ql + 16);
             /* bit j of qh[l] is the fifth bit of code l of sub-block j: 16 when set */

@@ -205,6 +205,17 @@ INLINE void tile(const int32_t wtype, const char *w, size_t ldw, const fl_act_q8
 #ifndef GEMV_PF
 #define GEMV_PF 4096
 #endif
+/* A GEMV's group of 16 blocks at wb (bsz bytes each, f16 scale first): software prefetch
+ * GEMV_PF bytes ahead (rows are contiguous, so past the row end this reads the next row; a
+ * prefetch never faults), then the 16 weight scales (one gather) times the activation scales. */
+INLINE __m512 group_scales(const char *wb, int bsz, __m512i vidx, const float *dxb) {
+#ifndef FL_GEMV_NO_PREFETCH
+    for (int l = 0; l < 16 * bsz; l += 64) _mm_prefetch(wb + GEMV_PF + l, _MM_HINT_T0);
+#endif
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(vidx, (const void *)wb, 1)));
+    return _mm512_mul_ps(dw, _mm512_loadu_ps(dxb));
+}
+
 /* Blocks [b, nb) of one row (the part a GEMV's 16-block groups leave): pairs of blocks in one
  * zmm (exact int32 sums as below), then a last single block in scalar code. */
 INLINE float gemv_tail(const int32_t wtype, const char *w, const fl_act_q8 *a, int64_t m, int64_t b) {
@@ -255,14 +266,7 @@ INLINE float gemv_row(const int32_t wtype, const char *w, const fl_act_q8 *a, in
     int64_t b = 0;
     for (; b + 16 <= nb; b += 16) {
         const char *wb = w + b * bsz;
-#ifndef FL_GEMV_NO_PREFETCH
-        /* software prefetch GEMV_PF bytes ahead (rows are contiguous, so past the row end this
-         * reads the next row; a prefetch never faults) */
-        for (int l = 0; l < 16 * bsz; l += 64) _mm_prefetch(wb + GEMV_PF + l, _MM_HINT_T0);
-#endif
-        const __m512i g = _mm512_i32gather_epi32(vidx, (const void *)wb, 1);
-        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-        const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(dx + b));
+        const __m512 sc = group_scales(wb, bsz, vidx, dx + b);
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             const char *p0 = wb + (2 * j) * bsz + 2, *p1 = p0 + bsz;
@@ -322,12 +326,7 @@ __attribute__((target("avx512vbmi"))) static float gemv_row_q4_vbmi(const char *
     int64_t b = 0;
     for (; b + 16 <= nb; b += 16) {
         const char *wb = w + b * bsz;
-#ifndef FL_GEMV_NO_PREFETCH
-        for (int l = 0; l < 16 * bsz; l += 64) _mm_prefetch(wb + GEMV_PF + l, _MM_HINT_T0);
-#endif
-        const __m512i g = _mm512_i32gather_epi32(vidx, (const void *)wb, 1);
-        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-        const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(dx + b));
+        const __m512 sc = group_scales(wb, bsz, vidx, dx + b);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             const char *p = wb + j * 4 * bsz;
