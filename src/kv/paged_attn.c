@@ -153,7 +153,7 @@ typedef struct vec_ops {
     void (*exp_row)(float *sc, int32_t n); /* sc[j] = exp(sc[j]) */
 } vec_ops;
 
-static void exp_rows_poly(float *sc, int32_t n) { fl_ops_kernels_get()->expf_poly(sc, sc, n); }
+static void exp_rows_poly(float *sc, int32_t n) { fl_expf_poly_row_avx512(sc, sc, n); }
 
 static vec_ops pick_ops(void) {
     switch (fl_isa_get()) {
