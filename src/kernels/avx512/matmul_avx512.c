@@ -690,10 +690,17 @@ INLINE void panel_tile(const char *pan, const fl_act_q8 *a, int64_t m0, const in
     for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
 }
 
+/* one function per tile width and offset (128: Q8_0, 8: Q4_0, 0: Q4_K with mins), so the
+ * offset and the mins branch are compile-time constants inside the loop */
 #define DEFINE_PANEL(n)                                                                                     \
-    static void panel_tile##n(const char *pan, const fl_act_q8 *a, int64_t m0, int32_t off, float *y,        \
-                              int64_t ldy, int nr) {                                                        \
-        panel_tile(pan, a, m0, n, off, y, ldy, nr);                                                        \
+    static void panel_tile##n##_128(const char *pan, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy, int nr) { \
+        panel_tile(pan, a, m0, n, 128, y, ldy, nr);                                                        \
+    }                                                                                                       \
+    static void panel_tile##n##_8(const char *pan, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy, int nr) { \
+        panel_tile(pan, a, m0, n, 8, y, ldy, nr);                                                          \
+    }                                                                                                       \
+    static void panel_tile##n##_0(const char *pan, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy, int nr) { \
+        panel_tile(pan, a, m0, n, 0, y, ldy, nr);                                                          \
     }
 DEFINE_PANEL(1)
 DEFINE_PANEL(2)
@@ -706,13 +713,15 @@ DEFINE_PANEL(8)
 
 void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                           int64_t ldy) {
-    typedef void (*fn)(const char *, const fl_act_q8 *, int64_t, int32_t, float *, int64_t, int);
-    static const fn tiles[9] = {NULL, panel_tile1, panel_tile2, panel_tile3, panel_tile4,
-                                panel_tile5, panel_tile6, panel_tile7, panel_tile8};
-    const int32_t off = wtype == FL_TYPE_Q8_0 ? 128 : wtype == FL_TYPE_Q4_K ? 0 : 8;
+    typedef void (*fn)(const char *, const fl_act_q8 *, int64_t, float *, int64_t, int);
+#define ROW(o) {NULL, panel_tile1_##o, panel_tile2_##o, panel_tile3_##o, panel_tile4_##o, \
+                panel_tile5_##o, panel_tile6_##o, panel_tile7_##o, panel_tile8_##o}
+    static const fn tiles[3][9] = {ROW(128), ROW(8), ROW(0)};
+#undef ROW
+    const int o = wtype == FL_TYPE_Q8_0 ? 0 : wtype == FL_TYPE_Q4_K ? 2 : 1;
     for (int t = 0; t < nt; t += 8) {
         const int n = nt - t < 8 ? nt - t : 8;
-        tiles[n]((const char *)panel, a, m0 + t, off, y + t * ldy, ldy, nr);
+        tiles[o][n]((const char *)panel, a, m0 + t, y + t * ldy, ldy, nr);
     }
 }
 
