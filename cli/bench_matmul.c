@@ -77,16 +77,20 @@ int fl_bench_matmul(int argc, char **argv) {
     fl_mem_install_cjson_hooks();
 
     const double peak = fl_calib_int8_peak_gops(nth, 0.3);
+    const double amx_peak = fl_calib_amx_int8_peak_gops(nth, 0.3);
     const double bw = fl_calib_mem_bandwidth_gbs(nth, stream);
     if (!json) {
         printf("isa %s, %d threads\n", fl_isa_name(fl_isa_get()), nth);
-        printf("calibration: int8 peak %.1f GOP/s, memory read bandwidth %.1f GB/s\n", peak, bw);
+        printf("calibration: int8 peak %.1f GOP/s (AVX-512 VNNI), memory read bandwidth %.1f GB/s\n", peak, bw);
+        if (amx_peak > 0) printf("AMX-INT8 tiles: %.1f GOP/s peak, used for the GEMM (FL_AMX=0 turns them off)\n", amx_peak);
         printf("%-6s %-11s %10s %8s %10s %8s\n", "type", "N x K", "gemv GB/s", "%bw", "gemm GOP/s", "%peak");
     }
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
     cJSON_AddStringToObject(root, "isa", fl_isa_name(fl_isa_get()));
     cJSON_AddNumberToObject(root, "threads", nth);
     cJSON_AddNumberToObject(root, "int8_peak_gops", peak);
+    cJSON_AddBoolToObject(root, "amx", fl_amx_usable());
+    cJSON_AddNumberToObject(root, "amx_int8_peak_gops", amx_peak);
     cJSON_AddNumberToObject(root, "mem_bandwidth_gbs", bw);
     cJSON_AddNumberToObject(root, "gemm_tokens", (double)M);
     cJSON_AddItemToObject(root, "results", arr);

@@ -14,6 +14,7 @@
 #include "core/status.h"
 #include "core/threads.h"
 #include "kernels/calib_int8.h"
+#include "kernels/matmul.h"
 #include "kernels/dispatch.h"
 #include "cli/cli_kv.h"
 #include "model/llama.h"
@@ -86,6 +87,7 @@ int fl_bench_model(int argc, char **argv) {
     wparams += (double)fl_tensor_nelements(fl_model_output(m));
     const double bw = fl_calib_mem_bandwidth_gbs(nth, stream);
     const double peak = fl_calib_int8_peak_gops(nth, 0.3);
+    const double amx_peak = fl_calib_amx_int8_peak_gops(nth, 0.3);
 
     for (int32_t i = 0; i < np; i++) { tok[i] = 3 + (int32_t)((i * 7919u) % (uint32_t)(hp->n_vocab - 3)); pos[i] = i; sid[i] = 0; }
     /* warm-up: a short prefill and one decode */
@@ -114,6 +116,8 @@ int fl_bench_model(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "weight_bytes_per_token", wbytes);
         cJSON_AddNumberToObject(o, "mem_bandwidth_gbs", bw);
         cJSON_AddNumberToObject(o, "int8_peak_gops", peak);
+        cJSON_AddBoolToObject(o, "amx", fl_amx_usable());
+        cJSON_AddNumberToObject(o, "amx_int8_peak_gops", amx_peak);
         cJSON_AddNumberToObject(o, "n_prompt", np);
         cJSON_AddNumberToObject(o, "pp_tok_s", pp);
         cJSON_AddNumberToObject(o, "pp_gops", gops);
@@ -129,7 +133,9 @@ int fl_bench_model(int argc, char **argv) {
     } else {
         printf("model %s: %.1f MiB of matmul weights per token, isa %s, %d threads\n", opts[0].str, wbytes / 1048576.0,
                fl_isa_name(fl_isa_get()), nth);
-        printf("calibration: memory read bandwidth %.1f GB/s, int8 peak %.1f GOP/s\n", bw, peak);
+        printf("calibration: memory read bandwidth %.1f GB/s, int8 peak %.1f GOP/s (AVX-512 VNNI)", bw, peak);
+        if (amx_peak > 0) printf(", AMX-INT8 tiles %.1f GOP/s (used for prefill)", amx_peak);
+        printf("\n");
         printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak\n", np, pp, gops, peak > 0 ? 100 * gops / peak : 0);
         printf("tg%-5d %9.2f tok/s  %8.2f GB/s   %5.1f%% of memory bandwidth\n", ng, tg, gbs, bw > 0 ? 100 * gbs / bw : 0);
     }

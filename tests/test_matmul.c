@@ -215,6 +215,111 @@ static void test_panel_parity(void **state) {
     fl_test_mem_zero();
 }
 
+/* AMX-INT8 GEMM: the AVX-512 panel packer is byte-identical to the reference packer; the scalar
+ * product on packed data (fl_amx_gemm_ref) equals the integer tile reference (f32 order only) on
+ * partial panels, a partial second token tile and odd block counts; and where the OS grants AMX
+ * the tile kernel matches it. */
+static void test_amx_parity(void **state) {
+    (void)state;
+    const int32_t types[3] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K};
+    const int64_t Ks[3] = {32, 416, 2048}, Ks_k[3] = {256, 768, 2048};
+    const bool fast = fl_isa_best() == FL_ISA_AVX512, amx = fl_cpu()->amx_int8;
+    int amx_runs = 0;
+    for (int ti = 0; ti < 3; ti++)
+        for (int ki = 0; ki < 3; ki++) {
+            const int64_t K = types[ti] == FL_TYPE_Q4_K ? Ks_k[ki] : Ks[ki], N = 21, M = 19;
+            qmat q;
+            qmat_make(&q, types[ti], N, K);
+            float *x = frand_buf(M * K);
+            fl_act_q8 a;
+            assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
+            for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
+            const size_t ab = fl_amx_act_bytes(M, K);
+            assert_int_equal(ab, (size_t)2 * (K / 32) * 640);
+            char *act = fl_alloc(FL_MEM_MISC, ab, 64);
+            memset(act, 0x77, ab);
+            for (int64_t m = 0; m < 32; m++) fl_amx_act_pack_row(&a, m, act);
+            if (fast) { /* the AVX-512 tile packer writes the same bytes */
+                char *act2 = fl_alloc(FL_MEM_MISC, ab, 64);
+                memset(act2, 0x33, ab);
+                for (int64_t m = 0; m < 32; m++) fl_amx_act_pack_row_avx512(&a, m, act2);
+                assert_memory_equal(act, act2, ab);
+                fl_free(FL_MEM_MISC, act2, ab);
+            }
+            const size_t pb = fl_amx_panel_bytes(types[ti], K);
+            assert_int_equal(pb, (size_t)(16 * K + (K / 32) * 64 * (types[ti] == FL_TYPE_Q4_K ? 2 : 1)));
+            char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
+            float *ref = frand_buf(M * 16), *pr = frand_buf(M * 16), *got = frand_buf(M * 16);
+            const int nrs[3] = {16, 5, 1};
+            for (int ni = 0; ni < 3; ni++) {
+                const int nr = nrs[ni];
+                const char *w = (const char *)q.data + 3 * q.W.nb[1]; /* rows 3 .. 3 + nr */
+                memset(p0, 0x5A, pb);
+                fl_amx_panel_pack_ref(types[ti], w, q.W.nb[1], nr, K, p0);
+                fl_gemm_q8_ref(types[ti], w, q.W.nb[1], nr, &a, 0, (int)M, ref, 16);
+                for (int mt = 0; mt < 2; mt++) {
+                    const int nt = mt == 0 ? 16 : (int)M - 16;
+                    fl_amx_gemm_ref(types[ti], p0, K, act, mt, nt, pr + mt * 16 * 16, 16, nr);
+                }
+                for (int64_t t = 0; t < M; t++)
+                    for (int r = 0; r < nr; r++) CHECK_NEAR(pr[t * 16 + r], ref[t * 16 + r], 1e-4 * (1 + fabsf(ref[t * 16 + r])));
+                if (!fast) continue;
+                memset(p1, 0xA5, pb);
+                fl_amx_panel_pack_avx512(types[ti], w, q.W.nb[1], nr, K, p1);
+                assert_memory_equal(p0, p1, pb);
+                if (!amx) continue;
+                /* one panel x two token tiles (tokens 0 .. 18), then one x one (the second tile alone) */
+                for (int64_t i = 0; i < M * 16; i++) got[i] = -12345.0f;
+                fl_amx_begin();
+                fl_amx_gemm(types[ti], p1, pb, 1, K, act, 0, (int)M, got, 16, nr);
+                fl_amx_end();
+                amx_runs++;
+                for (int64_t t = 0; t < M; t++) {
+                    for (int r = 0; r < nr; r++) CHECK_NEAR(got[t * 16 + r], pr[t * 16 + r], 1e-5 * (1 + fabsf(pr[t * 16 + r])));
+                    for (int r = nr; r < 16; r++) assert_true(got[t * 16 + r] == -12345.0f); /* rows past nr untouched */
+                }
+                fl_amx_begin();
+                fl_amx_gemm(types[ti], p1, pb, 1, K, act, 1, (int)M - 16, got, 16, nr);
+                fl_amx_end();
+                for (int64_t t = 16; t < M; t++)
+                    for (int r = 0; r < nr; r++) CHECK_NEAR(got[(t - 16) * 16 + r], pr[t * 16 + r], 1e-5 * (1 + fabsf(pr[t * 16 + r])));
+                /* two panels (the full reference panel p0 first, this one second) x 1 and 2 token tiles */
+                char *pp = fl_alloc(FL_MEM_MISC, 2 * pb, 64);
+                fl_amx_panel_pack_ref(types[ti], (const char *)q.data, q.W.nb[1], 16, K, pp); /* rows 0 .. 15 */
+                memcpy(pp + pb, p1, pb);
+                float *ref0 = frand_buf(M * 16), *g2 = frand_buf(M * 32);
+                fl_gemm_q8_ref(types[ti], q.data, q.W.nb[1], 16, &a, 0, (int)M, ref0, 16);
+                for (int ntok = 16; ntok <= (int)M; ntok += (int)M - 16) {
+                    for (int64_t i = 0; i < M * 32; i++) g2[i] = -12345.0f;
+                    fl_amx_begin();
+                    fl_amx_gemm(types[ti], pp, pb, 2, K, act, 0, ntok, g2, 32, nr);
+                    fl_amx_end();
+                    for (int t = 0; t < (int)M; t++)
+                        for (int r = 0; r < 32; r++) {
+                            const float g = g2[t * 32 + r];
+                            if (t >= ntok || (r >= 16 && r - 16 >= nr)) assert_true(g == -12345.0f);
+                            else if (r < 16) CHECK_NEAR(g, ref0[t * 16 + r], 1e-4 * (1 + fabsf(ref0[t * 16 + r])));
+                            else CHECK_NEAR(g, pr[t * 16 + r - 16], 1e-5 * (1 + fabsf(pr[t * 16 + r - 16])));
+                        }
+                }
+                fl_free(FL_MEM_MISC, pp, 2 * pb);
+                fl_free(FL_MEM_MISC, ref0, (size_t)(M * 16) * 4);
+                fl_free(FL_MEM_MISC, g2, (size_t)(M * 32) * 4);
+            }
+            fl_free(FL_MEM_MISC, act, ab);
+            fl_free(FL_MEM_MISC, p0, pb);
+            fl_free(FL_MEM_MISC, p1, pb);
+            fl_free(FL_MEM_MISC, ref, (size_t)(M * 16) * 4);
+            fl_free(FL_MEM_MISC, pr, (size_t)(M * 16) * 4);
+            fl_free(FL_MEM_MISC, got, (size_t)(M * 16) * 4);
+            fl_act_q8_free(&a);
+            fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+            qmat_free(&q);
+        }
+    if (amx) assert_int_equal(amx_runs, 27);
+    fl_test_mem_zero();
+}
+
 /* Whole-matrix GEMM through fl_matmul (panel path on AVX-512) on shapes with row and token tails
  * against the scalar integer tiles of the reference ISA. */
 static void test_gemm_shapes_vs_ref_isa(void **state) {
@@ -387,6 +492,7 @@ int main(void) {
         cmocka_unit_test(test_all_types_vs_ref),
         cmocka_unit_test(test_gemm_vs_gemv),
         cmocka_unit_test(test_panel_parity),
+        cmocka_unit_test(test_amx_parity),
         cmocka_unit_test(test_act_quant_parity),
         cmocka_unit_test(test_gemv_parity),
         cmocka_unit_test(test_dequant_avx512),

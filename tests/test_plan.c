@@ -2,6 +2,7 @@
  * KV types and windows, step buffers, training state, sharding, ZeRO, fitting (checked by
  * re-planning), the KV pool an engine gets from --mem. */
 #include "test.h"
+#include "kernels/matmul.h"
 
 #include "core/dtype.h"
 #include "core/status.h"
@@ -285,8 +286,13 @@ static void test_step_buffers(void **state) {
     assert_int_equal(b.tiles, 16777216);
     /* q4_K: on AVX-512 the int8 panel path (activations as below + one 16-row panel per thread
      * with its mins: 448 blocks x (576 + 64) bytes); otherwise 8 dequantized f32 rows per thread */
-    if (fl_isa_get() == FL_ISA_AVX512)
-        assert_int_equal(b.qact, 512ull * 14336 + 3 * 512ull * 448 * 4 + 2 * 512ull * 448 * 32 + 4ull * 448 * 640);
+    const uint64_t act8 = 512ull * 14336 + 3 * 512ull * 448 * 4 + 2 * 512ull * 448 * 32;
+    if (fl_amx_usable()) /* AMX tiles instead: 32 token tiles x 448 blocks x 640 bytes, and per
+                          * thread floor(512 KiB / panel) = 1 panel of 16 x 14336 codes + 448 x 16
+                          * scales and mins */
+        assert_int_equal(b.qact, act8 + 32ull * 448 * 640 + 4ull * (16 * 14336 + 448 * 128));
+    else if (fl_isa_get() == FL_ISA_AVX512)
+        assert_int_equal(b.qact, act8 + 4ull * 448 * 640);
     else
         assert_int_equal(b.qact, 4ull * 8 * 14336 * 4);
     assert_int_equal(b.batch, 512ull * 13 + 8);
@@ -297,8 +303,10 @@ static void test_step_buffers(void **state) {
     fl_plan_buffers q;
     fl_plan_inference_buffers(&s, 512, 8192, 1, FL_PLAN_ATTN_FLASH, 4, 1, FL_TYPE_Q4_0, FL_TYPE_F16, &q);
     /* + on AVX-512, one repacked 16-row weight panel per thread: 448 blocks x 576 bytes */
-    const uint64_t panels = fl_isa_get() == FL_ISA_AVX512 ? 4ull * 448 * 576 : 0;
-    assert_int_equal(q.qact, 512ull * 14336 + 3 * 512ull * 448 * 4 + 2 * 512ull * 448 * 32 + panels);
+    /* (AMX: the tiles and per thread 2 panels of 16 x 14336 codes + 448 x 16 scales) */
+    const uint64_t panels = fl_amx_usable() ? 32ull * 448 * 640 + 4ull * 2 * (16 * 14336 + 448 * 64)
+                            : fl_isa_get() == FL_ISA_AVX512 ? 4ull * 448 * 576 : 0;
+    assert_int_equal(q.qact, act8 + panels);
     /* naive attention keeps [n_head][n_tokens][n_ctx] scores */
     fl_plan_buffers n;
     fl_plan_inference_buffers(&s, 512, 8192, 1, FL_PLAN_ATTN_NAIVE, 4, 1, FL_TYPE_Q4_K, FL_TYPE_F16, &n);

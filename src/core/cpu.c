@@ -3,6 +3,10 @@
 #include <cpuid.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 static fl_cpu_features g_cpu;
 static int g_cpu_done;
@@ -11,6 +15,17 @@ static uint64_t xgetbv0(void) {
     uint32_t eax, edx;
     __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
     return ((uint64_t)edx << 32) | eax;
+}
+
+/* Linux hands out the 8 KiB AMX tile state only to processes that ask (arch_prctl
+ * ARCH_REQ_XCOMP_PERM for XTILEDATA, feature 18); the grant covers every thread. */
+static bool amx_granted(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    if (((xgetbv0() >> 17) & 3) != 3) return false; /* XTILECFG + XTILEDATA enabled in XCR0 */
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+#else
+    return false;
+#endif
 }
 
 static void detect(fl_cpu_features *f) {
@@ -34,6 +49,7 @@ static void detect(fl_cpu_features *f) {
         f->avx512vl = ((b >> 31) & 1) && f->avx512f;
         f->avx512vnni = ((c >> 11) & 1) && f->avx512f;
         f->avx512vbmi = ((c >> 1) & 1) && f->avx512f;
+        f->amx_int8 = ((d >> 24) & 1) && ((d >> 25) & 1) && f->avx512f && amx_granted();
     }
     if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
         f->avx512bf16 = ((a >> 5) & 1) && f->avx512f;

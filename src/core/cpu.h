@@ -11,6 +11,7 @@ typedef struct fl_cpu_features {
     bool sse42, avx, fma, f16c, avx2;
     bool avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16, avx512vbmi;
     bool avxvnni;
+    bool amx_int8; /* AMX-TILE + AMX-INT8, and the OS granted this process the tile state */
     char brand[49];
 } fl_cpu_features;
 

@@ -3,6 +3,7 @@
 #include "core/alloc.h"
 #include "core/threads.h"
 #include "kernels/dispatch.h"
+#include "kernels/matmul.h"
 
 #include <string.h>
 #include <time.h>
@@ -13,23 +14,24 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-typedef struct { uint64_t iters; double t[256]; uint64_t macs[256]; bool avx512; } peak_ctx;
+typedef struct { uint64_t iters; double t[256]; uint64_t macs[256]; bool avx512, amx; } peak_ctx;
 
 static void peak_task(void *p, int ith, int nth) {
     peak_ctx *c = p;
     (void)nth;
     const double t0 = now_s();
-    c->macs[ith] = c->avx512 ? fl_calib_int8_loop_avx512(c->iters) : fl_calib_int8_loop_avx2(c->iters);
+    c->macs[ith] = c->amx ? fl_calib_int8_loop_amx(c->iters) : c->avx512 ? fl_calib_int8_loop_avx512(c->iters) : fl_calib_int8_loop_avx2(c->iters);
     c->t[ith] = now_s() - t0;
 }
 
-double fl_calib_int8_peak_gops(int nth, double seconds) {
+static double peak_gops(int nth, double seconds, bool amx) {
     if (nth < 1) nth = 1;
     if (nth > 256) nth = 256;
     if (fl_isa_best() == FL_ISA_REF) return 0;
     peak_ctx c;
     memset(&c, 0, sizeof c);
     c.avx512 = fl_isa_best() == FL_ISA_AVX512;
+    c.amx = amx;
     /* size the loop with a short single-thread probe */
     c.iters = 1 << 16;
     peak_task(&c, 0, 1);
@@ -47,6 +49,12 @@ double fl_calib_int8_peak_gops(int nth, double seconds) {
         if (tmax > 0 && ops / tmax / 1e9 > best) best = ops / tmax / 1e9;
     }
     return best;
+}
+
+double fl_calib_int8_peak_gops(int nth, double seconds) { return peak_gops(nth, seconds, false); }
+
+double fl_calib_amx_int8_peak_gops(int nth, double seconds) {
+    return fl_amx_usable() ? peak_gops(nth, seconds, true) : 0;
 }
 
 typedef struct { const char *buf; size_t bytes; int loop; uint64_t sink[256]; } bw_ctx;

@@ -11,7 +11,10 @@
  *       AVX-512 also 512-bit loads with and without the GEMV's software prefetch (the highest
  *       rate any of them reaches is the figure kernels are compared with).  Allocates the buffer (FL_MEM_SCRATCH);
  *       returns a negative value if it cannot.
- * Both run on fl_parallel_n teams; not for concurrent use with other heavy work.
+ *   fl_calib_amx_int8_peak_gops(nth, seconds)  the same for AMX-INT8 tiles (4 independent
+ *       TDPBSSD on full 16 x 64 tiles), 0 where fl_amx_usable() is false.  The int8 peak that
+ *       speeds are reported against stays the VNNI one; this is printed beside it.
+ * All run on fl_parallel_n teams; not for concurrent use with other heavy work.
  */
 #ifndef FL_CALIB_INT8_H
 #define FL_CALIB_INT8_H
@@ -25,6 +28,8 @@ double fl_calib_mem_bandwidth_gbs(int nth, size_t bytes);
 /* ISA loops (kernels/avx512, kernels/avx2): run `iters` iterations, return int8 MACs done. */
 uint64_t fl_calib_int8_loop_avx512(uint64_t iters);
 uint64_t fl_calib_int8_loop_avx2(uint64_t iters);
+uint64_t fl_calib_int8_loop_amx(uint64_t iters); /* kernels/amx; loads and releases its own tiles */
+double fl_calib_amx_int8_peak_gops(int nth, double seconds);
 /* Sum of a buffer's bytes as 64-bit lanes (touches every cache line once). */
 uint64_t fl_calib_read_avx2(const void *p, size_t bytes);
 /* The same with 512-bit loads, and software prefetch `prefetch` bytes ahead when non-zero. */

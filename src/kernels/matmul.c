@@ -77,8 +77,11 @@ typedef struct {
     int64_t M;
     fl_act_q8 act;
     fl_gemm_q8_fn gemm;
-    char *panels; /* AVX-512 GEMM: [nth][fl_panel_bytes(K)] repacked row panels, else NULL */
+    char *panels; /* AVX-512 GEMM: [nth][fl_panel_bytes(K)] repacked row panels, else NULL;
+                   * AMX: [nth][amx_group][fl_amx_panel_bytes] */
     size_t panel_bytes;
+    char *amx_act;     /* AMX: activation tiles (fl_amx_act_bytes), else NULL */
+    int64_t amx_group; /* AMX: panels a thread takes at once (each token tile passes them all) */
     _Atomic int64_t next; /* next unit (GEMV row chunk / panel) to take: dynamic split */
 } q8_ctx;
 
@@ -88,7 +91,10 @@ static void q8_quant_task(void *p, int ith, int nth) {
     fl_split_range(c->M, ith, nth, &lo, &hi);
     void (*quant)(fl_act_q8 *, int64_t, const float *) =
         fl_isa_get() == FL_ISA_AVX512 ? fl_act_q8_quantize_row_avx512 : fl_act_q8_quantize_row;
-    for (int64_t m = lo; m < hi; m++) quant(&c->act, m, c->x + m * c->W->ne[0]);
+    for (int64_t m = lo; m < hi; m++) {
+        quant(&c->act, m, c->x + m * c->W->ne[0]);
+        if (c->amx_act) fl_amx_act_pack_row_avx512(&c->act, m, c->amx_act);
+    }
 }
 
 #define ROW_TILE 4
@@ -156,6 +162,60 @@ static void q8_panel_task(void *p, int ith, int nth) {
     }
 }
 
+/* AMX GEMM (M > 1): each thread takes amx_group panels at a time, packs them into its scratch,
+ * then runs every 16-token tile through all of them (the tile stays in L2 while they pass). */
+/* Panels of a group fit L2: each thread's scratch holds amx_group_max of them whatever N is (so
+ * the scratch of a step does not depend on the matrix's rows); a matrix with few panels takes
+ * fewer at a time, so every thread gets >= 4 groups. */
+static int64_t amx_group_max(int32_t type, int64_t K) {
+    const int64_t g = (int64_t)((512 * 1024) / fl_amx_panel_bytes(type, K));
+    return g < 1 ? 1 : g;
+}
+
+static int64_t amx_group(int32_t type, int64_t N, int64_t K, int nth) {
+    const int64_t np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, fair = np / (4 * (int64_t)nth);
+    const int64_t g = amx_group_max(type, K);
+    return fair < 1 ? 1 : fair < g ? fair : g;
+}
+
+/* Steps of more than one token tile: at 16 tokens and fewer (batched decode) the tiles measured
+ * no faster than the VNNI panels (`fitllm bench matmul -p 16`: 300-400 GOP/s either way, the
+ * panel packing dominates), so those keep the VNNI path. */
+static bool amx_path(int32_t type, int64_t M) {
+    return M > FL_AMX_TOK && M <= INT32_MAX && fl_amx_type(type) && fl_amx_usable();
+}
+
+static void q8_amx_task(void *p, int ith, int nth) {
+    q8_ctx *c = p;
+    const int64_t N = c->W->ne[1], K = c->W->ne[0], M = c->M, G = c->amx_group;
+    const size_t ldw = c->W->nb[1];
+    const int64_t np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, tiles = (M + FL_AMX_TOK - 1) / FL_AMX_TOK;
+    (void)nth;
+    char *pan = c->panels + (size_t)ith * (size_t)amx_group_max(c->W->type, K) * c->panel_bytes;
+    fl_amx_begin();
+    for (;;) {
+        const int64_t g0 = atomic_fetch_add_explicit(&c->next, G, memory_order_relaxed);
+        if (g0 >= np) break;
+        const int64_t g1 = g0 + G < np ? g0 + G : np;
+        for (int64_t pi = g0; pi < g1; pi++) {
+            const int64_t n = pi * FL_AMX_ROWS;
+            const int nr = (int)(N - n < FL_AMX_ROWS ? N - n : FL_AMX_ROWS);
+            fl_amx_panel_pack_avx512(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, K, pan + (size_t)(pi - g0) * c->panel_bytes);
+        }
+        for (int64_t mt = 0; mt < tiles; mt += 2) { /* 2 token tiles x 2 panels per kernel call */
+            const int ntok = (int)(M - mt * FL_AMX_TOK < 2 * FL_AMX_TOK ? M - mt * FL_AMX_TOK : 2 * FL_AMX_TOK);
+            for (int64_t pi = g0; pi < g1; pi += 2) {
+                const int two = g1 - pi < 2 ? 1 : 2;
+                const int64_t n = pi * FL_AMX_ROWS, nl = (pi + two - 1) * FL_AMX_ROWS;
+                const int nr = (int)(N - nl < FL_AMX_ROWS ? N - nl : FL_AMX_ROWS);
+                fl_amx_gemm(c->W->type, pan + (size_t)(pi - g0) * c->panel_bytes, c->panel_bytes, two, K, c->amx_act, mt,
+                            ntok, c->y + mt * FL_AMX_TOK * N + n, N, nr);
+            }
+        }
+    }
+    fl_amx_end();
+}
+
 /* llama.cpp-order path: rows split over threads, every token through each row */
 static void q8_llama_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
@@ -215,6 +275,8 @@ size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
     bool llama;
     if (int8_path(W->type, M, &llama)) {
         size_t b = fl_act_q8_bytes(M, K);
+        if (!llama && amx_path(W->type, M))
+            return b + fl_amx_act_bytes(M, K) + (size_t)nth * (size_t)amx_group_max(W->type, K) * fl_amx_panel_bytes(W->type, K);
         if (!llama && fl_isa_get() == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) b += (size_t)nth * fl_panel_bytes_for(W->type, K);
         return b;
     }
@@ -230,8 +292,23 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
     if (M <= 0) return;
     bool llama;
     if (int8_path(W->type, M, &llama)) {
-        q8_ctx c = {W, x, y, M, {0}, gemm_for(isa), NULL, 0};
+        q8_ctx c = {W, x, y, M, {0}, gemm_for(isa), NULL, 0, NULL, 0};
         if (fl_act_q8_alloc(&c.act, M, K) == FL_OK) {
+            const int nth = fl_threads_get();
+            size_t amx_act_bytes = 0, amx_pan_bytes = 0;
+            if (!llama && amx_path(W->type, M)) {
+                amx_act_bytes = fl_amx_act_bytes(M, K);
+                c.amx_group = amx_group(W->type, W->ne[1], K, nth);
+                c.panel_bytes = fl_amx_panel_bytes(W->type, K);
+                c.amx_act = fl_alloc(FL_MEM_SCRATCH, amx_act_bytes, 64);
+                amx_pan_bytes = (size_t)nth * (size_t)amx_group_max(W->type, K) * c.panel_bytes;
+                c.panels = c.amx_act ? fl_alloc(FL_MEM_SCRATCH, amx_pan_bytes, 64) : NULL;
+                if (!c.panels) { /* no scratch: the AVX-512 paths below */
+                    fl_clear_error();
+                    if (c.amx_act) fl_free(FL_MEM_SCRATCH, c.amx_act, amx_act_bytes);
+                    c.amx_act = NULL;
+                }
+            }
             if (M >= 8) fl_parallel(q8_quant_task, &c);
             else q8_quant_task(&c, 0, 1);
             if (llama) {
@@ -239,8 +316,15 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
                 fl_act_q8_free(&c.act);
                 return;
             }
-            const int nth = fl_threads_get();
             atomic_store(&c.next, 0);
+            if (c.amx_act) {
+                for (int64_t m = M; m % FL_AMX_TOK; m++) fl_amx_act_pack_row(&c.act, m, c.amx_act); /* zero pad */
+                fl_parallel_n(q8_amx_task, &c, nth);
+                fl_free(FL_MEM_SCRATCH, c.panels, amx_pan_bytes);
+                fl_free(FL_MEM_SCRATCH, c.amx_act, amx_act_bytes);
+                fl_act_q8_free(&c.act);
+                return;
+            }
             if (isa == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) {
                 c.panel_bytes = fl_panel_bytes_for(W->type, K);
                 c.panels = fl_alloc(FL_MEM_SCRATCH, (size_t)nth * c.panel_bytes, 64);

@@ -19,7 +19,10 @@
  * M > 1 a cache-tiled, threaded GEMM (AVX-512: 16-row repacked panels x 8 tokens; otherwise
  * 4 rows x 4 tokens register tiles over L2-sized row chunks).  On AVX-512 Q4_K takes the same
  * two paths (its own GEMV; panels with scales d sc_j and mins), and Q6_K its own GEMV for
- * M == 1.  fl_matmul_set_llama_order(true)
+ * M == 1.  Where the CPU has AMX-INT8 and the OS grants the tile state, steps of more than 16
+ * tokens of Q8_0 / Q4_0 / Q4_K take the AMX GEMM instead (see below; FL_AMX=0 or
+ * fl_matmul_set_amx(false) turns it off); the integer sums are the same, only the f32 order of
+ * the per-block folds differs.  fl_matmul_set_llama_order(true)
  * instead computes Q8_0 / Q4_0 / Q5_0 exactly as llama.cpp's CPU build does (see below).  Every other type
  * dequantizes rows and uses an f32 dot; F16 weights round the activations to f16 first
  * (llama.cpp's f16 x f16 products; the rounded copy is M x K floats of scratch).
@@ -30,8 +33,10 @@
  * allocation fails it falls back to the f32 path (no error).  fl_matmul_scratch_bytes(W, M, nth)
  * is the exact FL_MEM_SCRATCH high-water mark of one call on nth threads with the current ISA
  * and activation mode (for memory planners): the 8-bit activations (fl_act_q8_bytes) plus, for
- * M > 1 on AVX-512, nth repacked row panels (fl_panel_bytes each); or nth x 8 dequantized f32
- * rows on the f32 path (plus the M x K rounded activations for F16).
+ * M > 1 on AVX-512, nth repacked row panels (fl_panel_bytes each), or on the AMX path the
+ * activation tiles (fl_amx_act_bytes) plus nth x G AMX panels (G = max(1, 512 KiB /
+ * fl_amx_panel_bytes), whatever N is); or
+ * nth x 8 dequantized f32 rows on the f32 path (plus the M x K rounded activations for F16).
  */
 #ifndef FL_MATMUL_H
 #define FL_MATMUL_H
@@ -148,5 +153,44 @@ float fl_mm_dot_f32_avx512(const float *a, const float *b, int64_t n);
  * f16_rows: the rows hold f16 values (llama.cpp sums their dot's tail in double). */
 void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_t M, int64_t K, float *y, int64_t ldy,
                            bool f16_rows);
+
+/* ---- AMX-INT8 GEMM (M > 1 on CPUs whose OS grants AMX tile state; kernels/amx) ----
+ * C = A . B with int8 tiles: A = 16 weight rows x 32 codes (one block of 32) straight from a
+ * panel, B = the same block of 16 tokens' activation codes in the AMX "VNNI" layout, C = 16 x 16
+ * exact int32 sums.  Each block's C tile is stored and folded into 16 f32 accumulators with
+ * d_w (per row) x d_x (per token) in AVX-512, plus for Q4_K dmin m_j x ms (the mins term).
+ * Panel (fl_amx_panel_bytes(type, K)): codes as signed bytes [K/32][16][32] (block-major; Q8_0 the code, Q4_0 the
+ * nibble - 8, Q4_K the nibble 0..15), then f32 scales [K/32][16] (d, or d sc_j for Q4_K), then
+ * for Q4_K f32 mins [K/32][16] (dmin m_j).  Rows >= nr are zero.
+ * Activation tiles (fl_amx_act_bytes(M, K)): per 16 tokens and block of 32, FL_AMX_ACT_BLOCK
+ * bytes: the codes [k/4][token][k%4] (512), d_x [16] (64), ms = -s d_x [16] (64); tokens past M
+ * are zero.  fl_amx_gemm_ref is the scalar definition of the tile product on packed data (it
+ * runs anywhere); fl_amx_gemm runs the tiles (only where fl_amx_usable()). */
+#define FL_AMX_ROWS 16
+#define FL_AMX_TOK 16
+#define FL_AMX_ACT_BLOCK 640
+/* AMX-INT8 present, tile state granted by the OS (arch_prctl), and not turned off with
+ * fl_matmul_set_amx(false) or FL_AMX=0.  Requires the AVX-512 ISA to be selected. */
+bool fl_amx_usable(void);
+void fl_matmul_set_amx(bool on);
+bool fl_amx_type(int32_t wtype); /* Q8_0, Q4_0, Q4_K */
+size_t fl_amx_panel_bytes(int32_t wtype, int64_t K);
+size_t fl_amx_act_bytes(int64_t M, int64_t K);
+/* Write token m's activation codes / scales into its tile (m >= a->M: zeros). */
+void fl_amx_act_pack_row(const fl_act_q8 *a, int64_t m, void *act);
+void fl_amx_act_pack_row_avx512(const fl_act_q8 *a, int64_t m, void *act); /* byte-identical */
+void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
+void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
+/* y[t * ldy + r] = dot(panel row r, token 16 mt + t) for r < nr, t < nt (nt <= 16). */
+void fl_amx_gemm_ref(int32_t wtype, const void *panel, int64_t K, const void *act, int64_t mt, int nt, float *y,
+                     int64_t ldy, int nr);
+/* The tiles, 2 panels x 2 token tiles at a time: y[t * ldy + 16 p + r] = dot(panel p row r,
+ * token 16 mt + t) for panels p < np (1 or 2, panel p at panel + p * pstride), tokens t < ntok
+ * (1 .. 32), rows r < 16 (r < nr in the last panel).  Between fl_amx_begin / fl_amx_end. */
+void fl_amx_gemm(int32_t wtype, const void *panel, size_t pstride, int np, int64_t K, const void *act, int64_t mt,
+                 int ntok, float *y, int64_t ldy, int nr);
+/* Load / release the tile configuration on the calling thread (around fl_amx_gemm calls). */
+void fl_amx_begin(void);
+void fl_amx_end(void);
 
 #endif

@@ -1,0 +1,256 @@
+/* AMX-INT8 GEMM (see matmul.h, "AMX-INT8 GEMM"): up to 2 weight panels (16 rows each) x 2 tiles
+ * of 16 tokens per call.  Per block of 32: load each panel's 16 x 32 codes (tiles A) and each
+ * token tile's codes (tiles B, 8 rows of 16 tokens x 4 codes), TDPBSSD into zeroed int32 tiles C,
+ * store them, and fold each into 16 f32 accumulators (row r, lane t): acc_r += float(C_r) *
+ * (d_w[r] * d_x) [+ dmin m_j[r] * ms for Q4_K].  The fold is the cost: per 16 x 16 x 32 block
+ * it is 16 x (convert, multiply, fma), which the tile unit's work cannot hide.  Also the
+ * AVX-512 panel and activation-tile packers. */
+#include "kernels/matmul.h"
+#include "kernels/quant.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+typedef struct {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Tiles: A0, A1 = 0, 1 (16 weight rows x one block of codes, from panels 0 and 1); B0, B1 = 2, 3
+ * (8 groups of 4 codes x 16 tokens, token tiles 0 and 1); C[p][t] = 4 + 2p + t (16 rows x 16
+ * tokens of int32).  A static object: GCC 12 drops stores to a local config before
+ * _tile_loadconfig. */
+static const tile_config g_cfg __attribute__((aligned(64))) = {
+    .palette = 1,
+    .colsb = {32, 32, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 8, 8, 16, 16, 16, 16},
+};
+
+void fl_amx_begin(void) { _tile_loadconfig(&g_cfg); }
+
+void fl_amx_end(void) { _tile_release(); }
+
+/* Blocks go in chunks of CHUNK.  The tiles of chunk c + 1 are computed and stored before chunk c
+ * is folded: AMX stores do not forward to loads, so a fold right after its tile store would
+ * stall until the store commits (measured: 21 ns per 16x16x32 tile-block pipelined, 29 not). */
+#define CHUNK 4
+
+/* The int32 tiles of blocks b0 .. b0 + n - 1 for NP panels x NT token tiles into cb[j][2p + t]. */
+INLINE void tile_ops(const int8_t *c0, const int8_t *c1, const char *a0, const char *a1, int64_t b0, int n,
+                     int32_t (*cb)[4][256], const int NP, const int NT) {
+#pragma GCC unroll 4
+    for (int j = 0; j < n; j++) {
+        const int64_t b = b0 + j;
+        _tile_loadd(0, c0 + b * 512, 32);
+        if (NP == 2) _tile_loadd(1, c1 + b * 512, 32);
+        _tile_loadd(2, a0 + b * FL_AMX_ACT_BLOCK, 64);
+        if (NT == 2) _tile_loadd(3, a1 + b * FL_AMX_ACT_BLOCK, 64);
+        _tile_zero(4);
+        if (NT == 2) _tile_zero(5);
+        if (NP == 2) _tile_zero(6);
+        if (NP == 2 && NT == 2) _tile_zero(7);
+        _tile_dpbssd(4, 0, 2);
+        if (NT == 2) _tile_dpbssd(5, 0, 3);
+        if (NP == 2) _tile_dpbssd(6, 1, 2);
+        if (NP == 2 && NT == 2) _tile_dpbssd(7, 1, 3);
+        _tile_stored(4, cb[j][0], 64);
+        if (NT == 2) _tile_stored(5, cb[j][1], 64);
+        if (NP == 2) _tile_stored(6, cb[j][2], 64);
+        if (NP == 2 && NT == 2) _tile_stored(7, cb[j][3], 64);
+    }
+}
+
+/* acc[r] (lanes = tokens) += float(C_r) * (d_w[r] d_x) [+ dmin m_j[r] * ms], blocks b0 .. b0 + n. */
+INLINE void fold_regs(__m512 acc[16], int32_t (*cb)[4][256], int ct, const float *sc, const float *mn, const char *ab,
+                      int64_t b0, int n, const bool mins) {
+    for (int j = 0; j < n; j++) {
+        const int64_t b = b0 + j;
+        const int32_t *c = cb[j][ct];
+        const float *s = sc + b * 16;
+        const __m512 dx = _mm512_load_ps((const float *)(ab + b * FL_AMX_ACT_BLOCK + 512));
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)), _mm512_mul_ps(dx, _mm512_set1_ps(s[r])), acc[r]);
+        if (mins) {
+            const __m512 ms = _mm512_load_ps((const float *)(ab + b * FL_AMX_ACT_BLOCK + 576));
+            const float *m = mn + b * 16;
+#pragma GCC unroll 16
+            for (int r = 0; r < 16; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(m[r]), ms, acc[r]);
+        }
+    }
+}
+
+/* The same with the accumulators in memory (four C tiles' worth do not fit the registers). */
+INLINE void fold(float *accm, int32_t (*cb)[4][256], int ct, const float *sc, const float *mn, const char *ab,
+                 int64_t b0, int n, const bool mins) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) acc[r] = _mm512_load_ps(accm + 16 * r);
+    fold_regs(acc, cb, ct, sc, mn, ab, b0, n, mins);
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) _mm512_store_ps(accm + 16 * r, acc[r]);
+}
+
+INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void *act, int64_t mt, int ntok,
+                       float *y, int64_t ldy, int nr, const int NP, const int NT, const bool mins) {
+    const int64_t nb = K / 32;
+    const size_t tile_bytes = (size_t)nb * FL_AMX_ACT_BLOCK;
+    const int8_t *c0 = panel, *c1 = (const int8_t *)panel + pstride;
+    const char *a0 = (const char *)act + (size_t)mt * tile_bytes, *a1 = a0 + tile_bytes;
+    int32_t cb[2][CHUNK][4][256] __attribute__((aligned(64)));
+    float accm[4][256] __attribute__((aligned(64)));
+    const bool regs = NP == 1 && NT == 1; /* one C tile: its accumulators stay in registers */
+    __m512 acc[16];
+    if (regs) {
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+    } else
+        memset(accm, 0, sizeof accm);
+    const int64_t nc = (nb + CHUNK - 1) / CHUNK;
+    tile_ops(c0, c1, a0, a1, 0, (int)(nb < CHUNK ? nb : CHUNK), cb[0], NP, NT);
+    for (int64_t c = 0; c < nc; c++) {
+        const int64_t b0 = c * CHUNK, b1 = b0 + CHUNK;
+        if (c + 1 < nc) tile_ops(c0, c1, a0, a1, b1, (int)(nb - b1 < CHUNK ? nb - b1 : CHUNK), cb[(c + 1) & 1], NP, NT);
+        const int n = (int)(nb - b0 < CHUNK ? nb - b0 : CHUNK);
+        for (int p = 0; p < NP; p++) {
+            const int8_t *cp = p ? c1 : c0;
+            const float *sc = (const float *)(cp + FL_AMX_ROWS * K), *mn = sc + nb * FL_AMX_ROWS;
+            for (int t = 0; t < NT; t++) {
+                if (regs) fold_regs(acc, cb[c & 1], 0, sc, mn, a0, b0, n, mins);
+                else fold(accm[2 * p + t], cb[c & 1], 2 * p + t, sc, mn, t ? a1 : a0, b0, n, mins);
+            }
+        }
+    }
+    if (regs) {
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++) _mm512_store_ps(accm[0] + 16 * r, acc[r]);
+    }
+    for (int p = 0; p < NP; p++)
+        for (int t = 0; t < NT; t++) {
+            const float *o = accm[2 * p + t];
+            const int rows = p == NP - 1 ? nr : FL_AMX_ROWS;
+            const int toks = ntok - 16 * t < 16 ? ntok - 16 * t : 16;
+            float *yt = y + (int64_t)(16 * t) * ldy + 16 * p;
+            for (int tt = 0; tt < toks; tt++)
+                for (int r = 0; r < rows; r++) yt[tt * ldy + r] = o[r * 16 + tt];
+        }
+}
+
+#define VARIANTS(NP, NT)                                                                                            \
+    if (wtype == FL_TYPE_Q4_K) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, NP, NT, true);            \
+    else gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, NP, NT, false);
+
+void fl_amx_gemm(int32_t wtype, const void *panel, size_t pstride, int np, int64_t K, const void *act, int64_t mt,
+                 int ntok, float *y, int64_t ldy, int nr) {
+    if (np == 2 && ntok > 16) { VARIANTS(2, 2) }
+    else if (np == 2) { VARIANTS(2, 1) }
+    else if (ntok > 16) { VARIANTS(1, 2) }
+    else { VARIANTS(1, 1) }
+}
+
+/* ---- AVX-512 panel packer (byte-identical to fl_amx_panel_pack_ref) ---- */
+
+/* The 16 rows' block scales (f16 at the start of each block, blocks bsz bytes apart) with one
+ * gather per block: sc[b][r] (rows >= nr zero). */
+static void gather_scales(const char *w, size_t ldw, int nr, int64_t nb, int bsz, float *sc) {
+    const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
+    const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)ldw));
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rm, vrow, (const void *)(w + b * bsz), 1);
+        _mm512_store_ps(sc + b * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
+    }
+}
+
+void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
+    const int64_t nb = K / 32;
+    int8_t *codes = panel;
+    float *sc = (float *)(codes + FL_AMX_ROWS * K), *mins = sc + nb * FL_AMX_ROWS;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m512i eight = _mm512_set1_epi8(8);
+    const bool gather = wtype != FL_TYPE_Q4_K && (uint64_t)ldw * FL_AMX_ROWS < (1ull << 31); /* int32 offsets */
+    for (int r = 0; r < FL_AMX_ROWS; r++) {
+        int8_t *q = codes + r * 32; /* block b of row r at q + b * 512 */
+        const char *row = (const char *)w + (size_t)r * ldw;
+        if (r >= nr) {
+            for (int64_t b = 0; b < nb; b++) memset(q + b * 512, 0, 32);
+            if (!gather)
+                for (int64_t b = 0; b < nb; b++) {
+                    sc[b * FL_AMX_ROWS + r] = 0;
+                    if (wtype == FL_TYPE_Q4_K) mins[b * FL_AMX_ROWS + r] = 0;
+                }
+            continue;
+        }
+        if (wtype == FL_TYPE_Q8_0) {
+            const fl_block_q8_0 *blk = (const fl_block_q8_0 *)row;
+            for (int64_t b = 0; b < nb; b++) {
+                _mm256_storeu_si256((__m256i *)(q + b * 512), _mm256_loadu_si256((const __m256i *)blk[b].qs));
+                if (!gather) sc[b * FL_AMX_ROWS + r] = _cvtsh_ss(blk[b].d);
+            }
+        } else if (wtype == FL_TYPE_Q4_0) {
+            const fl_block_q4_0 *blk = (const fl_block_q4_0 *)row;
+            int64_t b = 0;
+            for (; b + 1 < nb; b += 2) { /* two blocks: [lo_b hi_b lo_b+1 hi_b+1] - 8 */
+                const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)blk[b].qs)),
+                                                          _mm_loadu_si128((const __m128i *)blk[b + 1].qs), 1);
+                const __m512i lohi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
+                                                        _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1);
+                const __m512i c = _mm512_sub_epi8(_mm512_shuffle_i64x2(lohi, lohi, 0xD8), eight); /* lanes 0 2 1 3 */
+                _mm256_storeu_si256((__m256i *)(q + b * 512), _mm512_castsi512_si256(c));
+                _mm256_storeu_si256((__m256i *)(q + (b + 1) * 512), _mm512_extracti64x4_epi64(c, 1));
+                if (!gather) {
+                    sc[b * FL_AMX_ROWS + r] = _cvtsh_ss(blk[b].d);
+                    sc[(b + 1) * FL_AMX_ROWS + r] = _cvtsh_ss(blk[b + 1].d);
+                }
+            }
+            for (; b < nb; b++) {
+                const __m128i v = _mm_loadu_si128((const __m128i *)blk[b].qs);
+                const __m256i c = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), m4);
+                _mm256_storeu_si256((__m256i *)(q + b * 512), _mm256_sub_epi8(c, _mm512_castsi512_si256(eight)));
+                if (!gather) sc[b * FL_AMX_ROWS + r] = _cvtsh_ss(blk[b].d);
+            }
+        } else { /* Q4_K */
+            const fl_block_q4_K *blk = (const fl_block_q4_K *)row;
+            for (int64_t i = 0; i < K / FL_QK_K; i++) {
+                const float d = _cvtsh_ss(blk[i].d), dmin = _cvtsh_ss(blk[i].dmin);
+                for (int j = 0; j < 8; j++) {
+                    uint8_t s, mn;
+                    fl_q4_K_scale_min(j, blk[i].scales, &s, &mn);
+                    sc[(i * 8 + j) * FL_AMX_ROWS + r] = d * (float)s;
+                    mins[(i * 8 + j) * FL_AMX_ROWS + r] = dmin * (float)mn;
+                }
+                for (int g = 0; g < 4; g++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk[i].qs + 32 * g));
+                    _mm256_storeu_si256((__m256i *)(q + (i * 8 + 2 * g) * 512), _mm256_and_si256(v, m4));
+                    _mm256_storeu_si256((__m256i *)(q + (i * 8 + 2 * g + 1) * 512), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                }
+            }
+        }
+    }
+    /* after the codes: the rows just streamed in are in cache, so the gathers do not wait on memory */
+    if (gather) gather_scales(w, ldw, nr, nb, wtype == FL_TYPE_Q8_0 ? 34 : 18, sc);
+}
+
+/* fl_amx_act_pack_row with one 8-dword scatter per block (byte-identical). */
+void fl_amx_act_pack_row_avx512(const fl_act_q8 *a, int64_t m, void *act) {
+    if (m >= a->M) {
+        fl_amx_act_pack_row(a, m, act);
+        return;
+    }
+    const int64_t nb = a->nb, lane = m % FL_AMX_TOK;
+    char *base = (char *)act + (size_t)(m / FL_AMX_TOK) * (size_t)nb * FL_AMX_ACT_BLOCK + lane * 4;
+    const __m256i idx = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
+    const int8_t *q = a->qs + m * a->K;
+    const float *d = a->d + m * nb, *ms = a->ms + m * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        char *blk = base + b * FL_AMX_ACT_BLOCK;
+        _mm256_i32scatter_epi32(blk, idx, _mm256_loadu_si256((const __m256i *)(q + b * 32)), 1);
+        ((float *)(blk + 512))[0] = d[b];
+        ((float *)(blk + 576))[0] = ms[b];
+    }
+}

@@ -1,0 +1,123 @@
+/* The AMX-INT8 GEMM's data layouts and its scalar definition (see matmul.h, "AMX-INT8 GEMM"):
+ * panel and activation-tile packers, and the tile product on packed data.  None of this needs
+ * AMX, so the layouts are checked on every machine; kernels/amx runs the same product in tiles. */
+#include "kernels/matmul.h"
+#include "core/cpu.h"
+#include "core/dtype.h"
+#include "kernels/dispatch.h"
+#include "kernels/quant.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int g_amx = -1;
+
+void fl_matmul_set_amx(bool on) { g_amx = on ? 1 : 0; }
+
+bool fl_amx_usable(void) {
+    if (g_amx < 0) {
+        const char *e = getenv("FL_AMX");
+        g_amx = (e && strcmp(e, "0") == 0) ? 0 : 1;
+    }
+    return g_amx == 1 && fl_cpu()->amx_int8 && fl_isa_get() == FL_ISA_AVX512;
+}
+
+bool fl_amx_type(int32_t wtype) { return wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_Q4_0 || wtype == FL_TYPE_Q4_K; }
+
+size_t fl_amx_panel_bytes(int32_t wtype, int64_t K) {
+    const size_t nb = (size_t)(K / 32);
+    return (size_t)FL_AMX_ROWS * (size_t)K + nb * FL_AMX_ROWS * 4 * (wtype == FL_TYPE_Q4_K ? 2 : 1);
+}
+
+size_t fl_amx_act_bytes(int64_t M, int64_t K) {
+    const size_t tiles = (size_t)((M + FL_AMX_TOK - 1) / FL_AMX_TOK);
+    return tiles * (size_t)(K / 32) * FL_AMX_ACT_BLOCK;
+}
+
+void fl_amx_act_pack_row(const fl_act_q8 *a, int64_t m, void *act) {
+    const int64_t nb = a->nb, lane = m % FL_AMX_TOK;
+    char *base = (char *)act + (size_t)(m / FL_AMX_TOK) * (size_t)nb * FL_AMX_ACT_BLOCK;
+    for (int64_t b = 0; b < nb; b++) {
+        char *blk = base + b * FL_AMX_ACT_BLOCK;
+        float *dx = (float *)(blk + 512), *ms = dx + 16;
+        if (m >= a->M) {
+            for (int kq = 0; kq < 8; kq++) memset(blk + kq * 64 + lane * 4, 0, 4);
+            dx[lane] = 0;
+            ms[lane] = 0;
+            continue;
+        }
+        const int8_t *q = a->qs + m * a->K + b * 32;
+        for (int kq = 0; kq < 8; kq++) memcpy(blk + kq * 64 + lane * 4, q + kq * 4, 4);
+        dx[lane] = a->d[m * nb + b];
+        ms[lane] = a->ms[m * nb + b];
+    }
+}
+
+void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
+    const int64_t nb = K / 32;
+    int8_t *codes = panel;
+    float *sc = (float *)(codes + FL_AMX_ROWS * K), *mins = sc + nb * FL_AMX_ROWS;
+    for (int r = 0; r < FL_AMX_ROWS; r++) {
+        int8_t *q = codes + r * 32; /* block b of row r at q + b * 512 */
+        const char *row = (const char *)w + (size_t)r * ldw;
+        if (r >= nr) {
+            for (int64_t b = 0; b < nb; b++) memset(q + b * 512, 0, 32);
+            for (int64_t b = 0; b < nb; b++) {
+                sc[b * FL_AMX_ROWS + r] = 0;
+                if (wtype == FL_TYPE_Q4_K) mins[b * FL_AMX_ROWS + r] = 0;
+            }
+            continue;
+        }
+        if (wtype == FL_TYPE_Q8_0) {
+            const fl_block_q8_0 *blk = (const fl_block_q8_0 *)row;
+            for (int64_t b = 0; b < nb; b++) {
+                memcpy(q + b * 512, blk[b].qs, 32);
+                sc[b * FL_AMX_ROWS + r] = fl_f16_to_f32(blk[b].d);
+            }
+        } else if (wtype == FL_TYPE_Q4_0) {
+            const fl_block_q4_0 *blk = (const fl_block_q4_0 *)row;
+            for (int64_t b = 0; b < nb; b++) {
+                for (int l = 0; l < 16; l++) {
+                    q[b * 512 + l] = (int8_t)((blk[b].qs[l] & 0xF) - 8);
+                    q[b * 512 + l + 16] = (int8_t)((blk[b].qs[l] >> 4) - 8);
+                }
+                sc[b * FL_AMX_ROWS + r] = fl_f16_to_f32(blk[b].d);
+            }
+        } else { /* Q4_K */
+            const fl_block_q4_K *blk = (const fl_block_q4_K *)row;
+            for (int64_t i = 0; i < K / FL_QK_K; i++) {
+                const float d = fl_f16_to_f32(blk[i].d), dmin = fl_f16_to_f32(blk[i].dmin);
+                for (int j = 0; j < 8; j++) {
+                    uint8_t s, mn;
+                    fl_q4_K_scale_min(j, blk[i].scales, &s, &mn);
+                    const int64_t b = i * 8 + j;
+                    sc[b * FL_AMX_ROWS + r] = d * (float)s;
+                    mins[b * FL_AMX_ROWS + r] = dmin * (float)mn;
+                    const uint8_t *qs = blk[i].qs + (j / 2) * 32;
+                    for (int l = 0; l < 32; l++) q[b * 512 + l] = (int8_t)(j % 2 ? qs[l] >> 4 : qs[l] & 0xF);
+                }
+            }
+        }
+    }
+}
+
+void fl_amx_gemm_ref(int32_t wtype, const void *panel, int64_t K, const void *act, int64_t mt, int nt, float *y,
+                     int64_t ldy, int nr) {
+    const int64_t nb = K / 32;
+    const int8_t *codes = panel;
+    const float *sc = (const float *)(codes + FL_AMX_ROWS * K), *mins = sc + nb * FL_AMX_ROWS;
+    const char *base = (const char *)act + (size_t)mt * (size_t)nb * FL_AMX_ACT_BLOCK;
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < nr; r++) {
+            float acc = 0;
+            for (int64_t b = 0; b < nb; b++) {
+                const char *blk = base + b * FL_AMX_ACT_BLOCK;
+                const float *dx = (const float *)(blk + 512), *ms = dx + 16;
+                int32_t is = 0;
+                for (int k = 0; k < 32; k++) is += codes[(b * 16 + r) * 32 + k] * ((const int8_t *)blk)[(k / 4) * 64 + t * 4 + k % 4];
+                acc += (float)is * (sc[b * FL_AMX_ROWS + r] * dx[t]);
+                if (wtype == FL_TYPE_Q4_K) acc += mins[b * FL_AMX_ROWS + r] * ms[t];
+            }
+            y[t * ldy + r] = acc;
+        }
+}
