@@ -162,9 +162,9 @@ static void q8_panel_task(void *p, int ith, int nth) {
     }
 }
 
-/* AMX GEMM (M > 1): each thread takes amx_group panels at a time, packs them into its scratch,
- * then runs every 16-token tile through all of them (the tile stays in L2 while they pass). */
-/* Panels of a group fit L2: each thread's scratch holds amx_group_max of them whatever N is (so
+/* AMX GEMM (M > 16): each thread takes amx_group panels at a time, packs them into its scratch,
+ * then runs every 16-token tile through all of them (the tile stays in L2 while they pass).
+ * Panels of a group fit L2: each thread's scratch holds amx_group_max of them whatever N is (so
  * the scratch of a step does not depend on the matrix's rows); a matrix with few panels takes
  * fewer at a time, so every thread gets >= 4 groups. */
 static int64_t amx_group_max(int32_t type, int64_t K) {
