@@ -271,7 +271,7 @@ static void test_amx_parity(void **state) {
                 /* one panel x two token tiles (tokens 0 .. 18), then one x one (the second tile alone) */
                 for (int64_t i = 0; i < M * 16; i++) got[i] = -12345.0f;
                 fl_amx_begin();
-                fl_amx_gemm(types[ti], p1, pb, 1, K, act, 0, (int)M, got, 16, nr);
+                fl_amx_gemm(types[ti], p1, pb, 1, K, act, 0, (int)M, got, 16, nr, NULL, 0);
                 fl_amx_end();
                 amx_runs++;
                 for (int64_t t = 0; t < M; t++) {
@@ -279,7 +279,7 @@ static void test_amx_parity(void **state) {
                     for (int r = nr; r < 16; r++) assert_true(got[t * 16 + r] == -12345.0f); /* rows past nr untouched */
                 }
                 fl_amx_begin();
-                fl_amx_gemm(types[ti], p1, pb, 1, K, act, 1, (int)M - 16, got, 16, nr);
+                fl_amx_gemm(types[ti], p1, pb, 1, K, act, 1, (int)M - 16, got, 16, nr, q.data, q.bytes); /* with a prefetch */
                 fl_amx_end();
                 for (int64_t t = 16; t < M; t++)
                     for (int r = 0; r < nr; r++) CHECK_NEAR(got[(t - 16) * 16 + r], pr[t * 16 + r], 1e-5 * (1 + fabsf(pr[t * 16 + r])));
@@ -292,7 +292,7 @@ static void test_amx_parity(void **state) {
                 for (int ntok = 16; ntok <= (int)M; ntok += (int)M - 16) {
                     for (int64_t i = 0; i < M * 32; i++) g2[i] = -12345.0f;
                     fl_amx_begin();
-                    fl_amx_gemm(types[ti], pp, pb, 2, K, act, 0, ntok, g2, 32, nr);
+                    fl_amx_gemm(types[ti], pp, pb, 2, K, act, 0, ntok, g2, 32, nr, NULL, 0);
                     fl_amx_end();
                     for (int t = 0; t < (int)M; t++)
                         for (int r = 0; r < 32; r++) {

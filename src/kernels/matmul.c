@@ -193,25 +193,41 @@ static void q8_amx_task(void *p, int ith, int nth) {
     (void)nth;
     char *pan = c->panels + (size_t)ith * (size_t)amx_group_max(c->W->type, K) * c->panel_bytes;
     fl_amx_begin();
-    for (;;) {
-        const int64_t g0 = atomic_fetch_add_explicit(&c->next, G, memory_order_relaxed);
-        if (g0 >= np) break;
+    /* groups taken dynamically, one ahead: while a group's tiles run, its successor's weight rows
+     * are prefetched (at a few tokens per step the weights stream from memory once) */
+    int64_t g0 = atomic_fetch_add_explicit(&c->next, G, memory_order_relaxed);
+    while (g0 < np) {
+        const int64_t gn = atomic_fetch_add_explicit(&c->next, G, memory_order_relaxed);
         const int64_t g1 = g0 + G < np ? g0 + G : np;
+        const char *pf = NULL;
+        size_t pf_bytes = 0;
+        if (gn < np) {
+            const int64_t gn1 = gn + G < np ? gn + G : np;
+            pf = (const char *)c->W->data + (size_t)(gn * FL_AMX_ROWS) * ldw;
+            pf_bytes = (size_t)((gn1 * FL_AMX_ROWS < N ? gn1 * FL_AMX_ROWS : N) - gn * FL_AMX_ROWS) * ldw;
+        }
         for (int64_t pi = g0; pi < g1; pi++) {
             const int64_t n = pi * FL_AMX_ROWS;
             const int nr = (int)(N - n < FL_AMX_ROWS ? N - n : FL_AMX_ROWS);
             fl_amx_panel_pack_avx512(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, K, pan + (size_t)(pi - g0) * c->panel_bytes);
         }
+        const int64_t pairs = (g1 - g0 + 1) / 2, calls = pairs * ((tiles + 1) / 2);
+        int64_t call = 0;
         for (int64_t mt = 0; mt < tiles; mt += 2) { /* 2 token tiles x 2 panels per kernel call */
             const int ntok = (int)(M - mt * FL_AMX_TOK < 2 * FL_AMX_TOK ? M - mt * FL_AMX_TOK : 2 * FL_AMX_TOK);
-            for (int64_t pi = g0; pi < g1; pi += 2) {
+            for (int64_t pi = g0; pi < g1; pi += 2, call++) {
                 const int two = g1 - pi < 2 ? 1 : 2;
                 const int64_t n = pi * FL_AMX_ROWS, nl = (pi + two - 1) * FL_AMX_ROWS;
                 const int nr = (int)(N - nl < FL_AMX_ROWS ? N - nl : FL_AMX_ROWS);
+                /* this call's share of the prefetch */
+                const size_t share = ((pf_bytes + (size_t)calls - 1) / (size_t)calls + 63) & ~(size_t)63;
+                const size_t o = (size_t)call * share;
                 fl_amx_gemm(c->W->type, pan + (size_t)(pi - g0) * c->panel_bytes, c->panel_bytes, two, K, c->amx_act, mt,
-                            ntok, c->y + mt * FL_AMX_TOK * N + n, N, nr);
+                            ntok, c->y + mt * FL_AMX_TOK * N + n, N, nr, o < pf_bytes ? pf + o : NULL,
+                            o < pf_bytes ? (pf_bytes - o < share ? pf_bytes - o : share) : 0);
             }
         }
+        g0 = gn;
     }
     fl_amx_end();
 }

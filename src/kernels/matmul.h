@@ -186,9 +186,10 @@ void fl_amx_gemm_ref(int32_t wtype, const void *panel, int64_t K, const void *ac
                      int64_t ldy, int nr);
 /* The tiles, 2 panels x 2 token tiles at a time: y[t * ldy + 16 p + r] = dot(panel p row r,
  * token 16 mt + t) for panels p < np (1 or 2, panel p at panel + p * pstride), tokens t < ntok
- * (1 .. 32), rows r < 16 (r < nr in the last panel).  Between fl_amx_begin / fl_amx_end. */
+ * (1 .. 32), rows r < 16 (r < nr in the last panel).  Between fl_amx_begin / fl_amx_end.
+ * pf / pf_bytes (may be NULL / 0): memory to prefetch into L2 meanwhile (the next weights). */
 void fl_amx_gemm(int32_t wtype, const void *panel, size_t pstride, int np, int64_t K, const void *act, int64_t mt,
-                 int ntok, float *y, int64_t ldy, int nr);
+                 int ntok, float *y, int64_t ldy, int nr, const void *pf, size_t pf_bytes);
 /* Load / release the tile configuration on the calling thread (around fl_amx_gemm calls). */
 void fl_amx_begin(void);
 void fl_amx_end(void);

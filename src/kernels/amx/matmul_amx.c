@@ -97,7 +97,8 @@ INLINE void fold(float *accm, int32_t (*cb)[4][256], int ct, const float *sc, co
 }
 
 INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void *act, int64_t mt, int ntok,
-                       float *y, int64_t ldy, int nr, const int NP, const int NT, const bool mins) {
+                       float *y, int64_t ldy, int nr, const char *pf, size_t pf_bytes, const int NP, const int NT,
+                       const bool mins) {
     const int64_t nb = K / 32;
     const size_t tile_bytes = (size_t)nb * FL_AMX_ACT_BLOCK;
     const int8_t *c0 = panel, *c1 = (const int8_t *)panel + pstride;
@@ -112,9 +113,14 @@ INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void 
     } else
         memset(accm, 0, sizeof accm);
     const int64_t nc = (nb + CHUNK - 1) / CHUNK;
+    /* the caller's next weights, spread over the chunks: while the tiles run, memory fills L2 */
+    const size_t pf_step = ((pf_bytes + (size_t)nc - 1) / (size_t)nc + 63) & ~(size_t)63;
     tile_ops(c0, c1, a0, a1, 0, (int)(nb < CHUNK ? nb : CHUNK), cb[0], NP, NT);
     for (int64_t c = 0; c < nc; c++) {
         const int64_t b0 = c * CHUNK, b1 = b0 + CHUNK;
+        if (pf)
+            for (size_t o = (size_t)c * pf_step; o < (size_t)(c + 1) * pf_step && o < pf_bytes; o += 64)
+                _mm_prefetch(pf + o, _MM_HINT_T1);
         if (c + 1 < nc) tile_ops(c0, c1, a0, a1, b1, (int)(nb - b1 < CHUNK ? nb - b1 : CHUNK), cb[(c + 1) & 1], NP, NT);
         const int n = (int)(nb - b0 < CHUNK ? nb - b0 : CHUNK);
         for (int p = 0; p < NP; p++) {
@@ -142,11 +148,11 @@ INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void 
 }
 
 #define VARIANTS(NP, NT)                                                                                            \
-    if (wtype == FL_TYPE_Q4_K) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, NP, NT, true);            \
-    else gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, NP, NT, false);
+    if (wtype == FL_TYPE_Q4_K) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, true); \
+    else gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, false);
 
 void fl_amx_gemm(int32_t wtype, const void *panel, size_t pstride, int np, int64_t K, const void *act, int64_t mt,
-                 int ntok, float *y, int64_t ldy, int nr) {
+                 int ntok, float *y, int64_t ldy, int nr, const void *pf, size_t pf_bytes) {
     if (np == 2 && ntok > 16) { VARIANTS(2, 2) }
     else if (np == 2) { VARIANTS(2, 1) }
     else if (ntok > 16) { VARIANTS(1, 2) }
