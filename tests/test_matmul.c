@@ -430,10 +430,11 @@ static void test_gemv_parity(void **state) {
     fl_test_mem_zero();
 }
 
-/* The AVX-512 dequantizers give the scalar specification's floats bit for bit, every type. */
-static void test_dequant_avx512(void **state) {
+/* The AVX2 and AVX-512 dequantizers give the scalar specification's floats bit for bit, every type. */
+static void test_dequant_simd(void **state) {
     (void)state;
-    if (fl_isa_best() != FL_ISA_AVX512) skip();
+    if (fl_isa_best() == FL_ISA_REF) skip();
+    const bool avx512 = fl_isa_best() == FL_ISA_AVX512;
     for (size_t ti = 0; ti < sizeof all_types / sizeof all_types[0]; ti++) {
         const int32_t t = all_types[ti];
         const int64_t N = 3, K = 768; /* 3 super-blocks of 256, 24 blocks of 32 */
@@ -443,6 +444,9 @@ static void test_dequant_avx512(void **state) {
         for (int64_t n = 0; n < N; n++) {
             const char *row = (const char *)q.data + n * q.W.nb[1];
             fl_dequant_row(t, row, a, K);
+            fl_dequant_row_avx2(t, row, b, K);
+            if (memcmp(a, b, (size_t)K * 4) != 0) fail_msg("%s row %lld: AVX2 dequant differs", fl_type_name(t), (long long)n);
+            if (!avx512) continue;
             fl_dequant_row_avx512(t, row, b, K);
             if (memcmp(a, b, (size_t)K * 4) != 0) fail_msg("%s row %lld: AVX-512 dequant differs", fl_type_name(t), (long long)n);
         }
@@ -495,7 +499,7 @@ int main(void) {
         cmocka_unit_test(test_amx_parity),
         cmocka_unit_test(test_act_quant_parity),
         cmocka_unit_test(test_gemv_parity),
-        cmocka_unit_test(test_dequant_avx512),
+        cmocka_unit_test(test_dequant_simd),
         cmocka_unit_test(test_scratch_bytes),
         cmocka_unit_test(test_gemm_shapes_vs_ref_isa),
     };

@@ -274,6 +274,7 @@ static void f32_task(void *p, int ith, int nth) {
                 if (c->W->type == FL_TYPE_F16) c->cvt->f16_to_f32((const uint16_t *)src, rows + i * K, K);
                 else if (c->W->type == FL_TYPE_BF16) c->cvt->bf16_to_f32((const uint16_t *)src, rows + i * K, K);
                 else if (c->dot == fl_mm_dot_f32_avx512) fl_dequant_row_avx512(c->W->type, src, rows + i * K, K);
+                else if (c->dot == fl_dot_f32_avx2) fl_dequant_row_avx2(c->W->type, src, rows + i * K, K);
                 else fl_dequant_row(c->W->type, src, rows + i * K, K);
                 r[i] = rows + i * K;
             }

@@ -54,6 +54,8 @@ void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K);
 /* The same with AVX-512 (bit-identical; Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K
  * vectorized, other types forwarded to fl_dequant_row). */
 void fl_dequant_row_avx512(int32_t type, const void *src, float *dst, int64_t K);
+/* The same with AVX2, 8 codes at a time (bit-identical; the same types vectorized). */
+void fl_dequant_row_avx2(int32_t type, const void *src, float *dst, int64_t K);
 /* y [M][N] = x [M][K] . W^T, threaded. */
 void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M);
 /* FL_MEM_SCRATCH bytes one fl_matmul(W, ., ., M) call on nth threads allocates (see above). */
