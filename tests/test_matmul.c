@@ -387,7 +387,8 @@ static void test_act_quant_parity(void **state) {
  * 1 to 8 super-blocks) too. */
 static void test_gemv_parity(void **state) {
     (void)state;
-    if (fl_isa_best() != FL_ISA_AVX512) skip();
+    if (fl_isa_best() == FL_ISA_REF) skip();
+    const bool avx512 = fl_isa_best() == FL_ISA_AVX512;
     const int32_t types[4] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K};
     const int64_t Ks[8] = {32, 96, 128, 160, 512, 544, 2048, 2080};
     for (int ti = 0; ti < 4; ti++)
@@ -403,6 +404,20 @@ static void test_gemv_parity(void **state) {
             memset(a.mem, 0, a.bytes);
             memset(b.mem, 0, b.bytes);
             fl_act_q8_quantize_row(&a, 0, x);
+            float ref[7], got[7], pair[7];
+            fl_gemm_q8_ref(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, 1, ref, 7);
+            /* AVX2: maddubs tiles (Q8_0 / Q4_0) and row dots (Q4_K / Q6_K) */
+            fl_gemm_q8_avx2(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, 1, got, 7);
+            for (int r = 0; r < N; r++)
+                if (!(fabsf(got[r] - ref[r]) <= 1e-4f * (1 + fabsf(ref[r]))))
+                    fail_msg("%s K=%lld row %d: AVX2 %.7g vs ref %.7g", fl_type_name(types[ti]), (long long)K, r, got[r], ref[r]);
+            if (!avx512) {
+                fl_act_q8_free(&a);
+                fl_act_q8_free(&b);
+                fl_free(FL_MEM_MISC, x, (size_t)K * 4);
+                qmat_free(&q);
+                continue;
+            }
             fl_act_q8_quantize_row_avx512(&b, 0, x);
             assert_memory_equal(a.mem, b.mem, a.bytes);
             for (int64_t g = 0; g + 4 <= a.nb; g += 4) /* spot-check the order */
@@ -410,8 +425,6 @@ static void test_gemv_parity(void **state) {
                     assert_int_equal(a.qs4[g * 32 + k * 16 + 5], a.qs[(g + k) * 32 + 5]);
                     assert_int_equal(a.qs4[g * 32 + 64 + k * 16 + 9], a.qs[(g + k) * 32 + 25]);
                 }
-            float ref[7], got[7], pair[7];
-            fl_gemm_q8_ref(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, 1, ref, 7);
             fl_gemm_q8_avx512(types[ti], q.data, q.W.nb[1], (int)N, &b, 0, 1, got, 7);
             int8_t *keep = b.qs4;
             b.qs4 = NULL;
@@ -427,6 +440,38 @@ static void test_gemv_parity(void **state) {
             fl_free(FL_MEM_MISC, x, (size_t)K * 4);
             qmat_free(&q);
         }
+    fl_test_mem_zero();
+}
+
+/* AVX2 Q4_K / Q6_K row dots over several tokens (the M > 1 tiles call them per token) against
+ * the reference on partial row / token counts. */
+static void test_avx2_kquant_tiles(void **state) {
+    (void)state;
+    if (fl_isa_best() == FL_ISA_REF) skip();
+    const int32_t types[2] = {FL_TYPE_Q4_K, FL_TYPE_Q6_K};
+    for (int ti = 0; ti < 2; ti++) {
+        const int64_t K = 768, N = 5, M = 3;
+        qmat q;
+        qmat_make(&q, types[ti], N, K);
+        float *x = frand_buf(M * K);
+        fl_act_q8 a;
+        assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
+        for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
+        float ref[15], got[15];
+        for (int i = 0; i < 15; i++) got[i] = -1.0f;
+        fl_gemm_q8_ref(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, (int)M, ref, N);
+        fl_gemm_q8_avx2(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, (int)M, got, N);
+        for (int i = 0; i < M * N; i++) CHECK_NEAR(got[i], ref[i], 1e-4 * (1 + fabsf(ref[i])));
+        /* two rows of the last token only */
+        for (int i = 0; i < 15; i++) got[i] = -1.0f;
+        fl_gemm_q8_avx2(types[ti], (const char *)q.data + 3 * q.W.nb[1], q.W.nb[1], 2, &a, 2, 1, got, N);
+        CHECK_NEAR(got[0], ref[2 * N + 3], 1e-4 * (1 + fabsf(ref[2 * N + 3])));
+        CHECK_NEAR(got[1], ref[2 * N + 4], 1e-4 * (1 + fabsf(ref[2 * N + 4])));
+        assert_true(got[2] == -1.0f);
+        fl_act_q8_free(&a);
+        fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+        qmat_free(&q);
+    }
     fl_test_mem_zero();
 }
 
@@ -499,6 +544,7 @@ int main(void) {
         cmocka_unit_test(test_amx_parity),
         cmocka_unit_test(test_act_quant_parity),
         cmocka_unit_test(test_gemv_parity),
+        cmocka_unit_test(test_avx2_kquant_tiles),
         cmocka_unit_test(test_dequant_simd),
         cmocka_unit_test(test_scratch_bytes),
         cmocka_unit_test(test_gemm_shapes_vs_ref_isa),

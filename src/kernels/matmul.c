@@ -41,7 +41,7 @@ bool fl_matmul_llama_order(void) {
 
 /* Does W take 8-bit activations in the current mode, and through the llama.cpp-order path?
  * On AVX-512 Q4_K does (VNNI GEMV, panel GEMM) and Q6_K for one-token steps (its GEMV; larger
- * steps dequantize). */
+ * steps dequantize); on AVX2 the same types, through maddubs row dots. */
 static bool int8_path(int32_t type, int64_t M, bool *llama) {
     *llama = false;
     if (fl_matmul_f32_act()) return false;
@@ -49,8 +49,10 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
         *llama = true;
         return true;
     }
-    if (type == FL_TYPE_Q4_K) return fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order() && M <= INT32_MAX;
-    if (type == FL_TYPE_Q6_K) return M == 1 && fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order();
+    const bool simd = fl_isa_get() == FL_ISA_AVX512 || fl_isa_get() == FL_ISA_AVX2;
+    if (type == FL_TYPE_Q4_K) /* AVX2: row dots for every step (prefill as well, same sums) */
+        return simd && !fl_matmul_llama_order() && M <= INT32_MAX;
+    if (type == FL_TYPE_Q6_K) return M == 1 && simd && !fl_matmul_llama_order();
     return type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0;
 }
 

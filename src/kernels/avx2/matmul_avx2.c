@@ -1,4 +1,5 @@
-/* AVX2 integer tiles (Q8_0 / Q4_0 weights x 8-bit activations) and the f32 dot.
+/* AVX2 integer tiles (Q8_0 / Q4_0 weights x 8-bit activations), Q4_K / Q6_K row dots, and the
+ * f32 dot.
  * One ymm holds one block of 32 codes.  maddubs multiplies unsigned by signed bytes: Q4_0
  * nibbles enter as 0..15 and the -8 offset is removed by starting the block's int32 lanes at
  * -(activation code sum) (fl_act_q8.sv); Q8_0 uses |w| and sign(x, w).  Tiles of 2 rows x 2
@@ -7,6 +8,7 @@
 #include "kernels/quant.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -68,9 +70,103 @@ INLINE void tile(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, i
         }
 }
 
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Q4_K row x token m: per super-block the 8 scales (d sc_j) d_x and mins (dmin m_j) unpacked
+ * with 32-bit masks; per 32 code bytes the low nibbles are sub-block 2g and the high ones 2g + 1,
+ * each one maddubs (codes 0..15 unsigned, so no offset) + madd into 8 int32 lanes, converted and
+ * fma'd with its sub-block's scale; the mins term d_x s_j dmin m_j is one 8-lane fma. */
+static float dot_q4_K(const char *w, const fl_act_q8 *a, int64_t m) {
+    const fl_block_q4_K *blk = (const fl_block_q4_K *)w;
+    const int64_t nsb = a->K / FL_QK_K;
+    const int8_t *x = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    const int32_t *sx = a->s + m * a->nb;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const fl_block_q4_K *b = blk + i;
+        uint32_t w0, w1, w2;
+        memcpy(&w0, b->scales, 4);
+        memcpy(&w1, b->scales + 4, 4);
+        memcpy(&w2, b->scales + 8, 4);
+        const uint32_t sc[2] = {w0 & 0x3F3F3F3Fu, (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4)};
+        const uint32_t mn[2] = {w1 & 0x3F3F3F3Fu, ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4)};
+        const __m256 dx8 = _mm256_loadu_ps(dx + i * 8);
+        const __m256 scf = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)),
+                                                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc)))), dx8);
+        const __m256 mnf = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->dmin)),
+                                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn))));
+        mins = _mm256_fmadd_ps(mnf, _mm256_mul_ps(dx8, _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(sx + i * 8)))), mins);
+        const int8_t *xb = x + i * FL_QK_K;
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * g));
+            const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, m4), _mm256_loadu_si256((const __m256i *)(xb + 64 * g))), ones);
+            const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                                                       _mm256_loadu_si256((const __m256i *)(xb + 64 * g + 32))), ones);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(2 * g)), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(2 * g + 1)), acc1);
+        }
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1)) - hsum8(mins);
+}
+
+/* Q6_K row x token m: per 32 codes (two 16-code sub-blocks sharing one activation block) the
+ * 6-bit codes are rebuilt from ql / qh, maddubs(q, x) - maddubs(32, x) gives the pair sums of
+ * (q - 32) x in int16 (|.| <= 24130), one madd with the two sub-blocks' int8 scales sums them
+ * into int32, and one fma adds them times d d_x. */
+static float dot_q6_K(const char *w, const fl_act_q8 *a, int64_t m) {
+    const fl_block_q6_K *blk = (const fl_block_q6_K *)w;
+    const int64_t nsb = a->K / FL_QK_K;
+    const int8_t *x = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const fl_block_q6_K *b = blk + i;
+        const float d = _cvtsh_ss(b->d);
+        for (int n = 0; n < 2; n++) {
+            const __m256i A = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * n));
+            const __m256i C = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * n + 32));
+            const __m256i H = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * n));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_slli_epi16(_mm256_and_si256(H, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(C, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(C, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 6), m2), 4));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const int64_t off = i * FL_QK_K + 128 * n + 32 * k; /* code index; sub-blocks off/16, off/16 + 1 */
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + off));
+                const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], xv), _mm256_maddubs_epi16(k32, xv));
+                const int j = (int)((128 * n + 32 * k) / 16);
+                const __m256i sc16 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(b->scales[j])),
+                                                             _mm_set1_epi16(b->scales[j + 1]), 1);
+                const __m256i p = _mm256_madd_epi16(p16, sc16);
+                const __m256 s = _mm256_set1_ps(d * dx[off / 32]);
+                if (k & 1) acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc1);
+                else acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc0);
+            }
+        }
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
 void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
                      float *y, int64_t ldy) {
     const char *wc = w;
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K) {
+        for (int t = 0; t < nt; t++)
+            for (int r = 0; r < nr; r++)
+                y[t * ldy + r] = wtype == FL_TYPE_Q4_K ? dot_q4_K(wc + r * ldw, a, m0 + t) : dot_q6_K(wc + r * ldw, a, m0 + t);
+        return;
+    }
     for (int r = 0; r < nr; r += 2)
         for (int t = 0; t < nt; t += 2) {
             const char *wr = wc + r * ldw;
