@@ -223,7 +223,7 @@ static void test_amx_parity(void **state) {
     (void)state;
     const int32_t types[3] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K};
     const int64_t Ks[3] = {32, 416, 2048}, Ks_k[3] = {256, 768, 2048};
-    const bool fast = fl_isa_best() == FL_ISA_AVX512, amx = fl_cpu()->amx_int8;
+    const bool fast = fl_isa_best() == FL_ISA_AVX512, amx = fast && fl_cpu_amx_request();
     int amx_runs = 0;
     for (int ti = 0; ti < 3; ti++)
         for (int ki = 0; ki < 3; ki++) {

@@ -17,15 +17,24 @@ static uint64_t xgetbv0(void) {
     return ((uint64_t)edx << 32) | eax;
 }
 
+/* AMX tile state enabled in XCR0 (XTILECFG + XTILEDATA, bits 17 and 18). */
+static bool amx_os_enabled(void) { return ((xgetbv0() >> 17) & 3) == 3; }
+
 /* Linux hands out the 8 KiB AMX tile state only to processes that ask (arch_prctl
- * ARCH_REQ_XCOMP_PERM for XTILEDATA, feature 18); the grant covers every thread. */
-static bool amx_granted(void) {
+ * ARCH_REQ_XCOMP_PERM for XTILEDATA, feature 18); the grant covers every thread.  Asked once,
+ * on first use, so processes that never run the tiles keep the smaller signal frames. */
+static int g_amx_grant = -1;
+
+bool fl_cpu_amx_request(void) {
+    int g = __atomic_load_n(&g_amx_grant, __ATOMIC_ACQUIRE);
+    if (g < 0) {
+        g = 0;
 #if defined(__linux__) && defined(SYS_arch_prctl)
-    if (((xgetbv0() >> 17) & 3) != 3) return false; /* XTILECFG + XTILEDATA enabled in XCR0 */
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
-#else
-    return false;
+        if (fl_cpu()->amx_int8) g = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
 #endif
+        __atomic_store_n(&g_amx_grant, g, __ATOMIC_RELEASE); /* idempotent: racing threads agree */
+    }
+    return g == 1;
 }
 
 static void detect(fl_cpu_features *f) {
@@ -49,7 +58,7 @@ static void detect(fl_cpu_features *f) {
         f->avx512vl = ((b >> 31) & 1) && f->avx512f;
         f->avx512vnni = ((c >> 11) & 1) && f->avx512f;
         f->avx512vbmi = ((c >> 1) & 1) && f->avx512f;
-        f->amx_int8 = ((d >> 24) & 1) && ((d >> 25) & 1) && f->avx512f && amx_granted();
+        f->amx_int8 = ((d >> 24) & 1) && ((d >> 25) & 1) && f->avx512f && amx_os_enabled();
     }
     if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
         f->avx512bf16 = ((a >> 5) & 1) && f->avx512f;

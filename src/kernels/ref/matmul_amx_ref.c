@@ -19,7 +19,7 @@ bool fl_amx_usable(void) {
         const char *e = getenv("FL_AMX");
         g_amx = (e && strcmp(e, "0") == 0) ? 0 : 1;
     }
-    return g_amx == 1 && fl_cpu()->amx_int8 && fl_isa_get() == FL_ISA_AVX512;
+    return g_amx == 1 && fl_isa_get() == FL_ISA_AVX512 && fl_cpu_amx_request();
 }
 
 bool fl_amx_type(int32_t wtype) { return wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_Q4_0 || wtype == FL_TYPE_Q4_K; }
