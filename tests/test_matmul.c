@@ -221,13 +221,14 @@ static void test_panel_parity(void **state) {
  * the tile kernel matches it. */
 static void test_amx_parity(void **state) {
     (void)state;
-    const int32_t types[3] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K};
+    const int32_t types[4] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K};
     const int64_t Ks[3] = {32, 416, 2048}, Ks_k[3] = {256, 768, 2048};
     const bool fast = fl_isa_best() == FL_ISA_AVX512, amx = fast && fl_cpu_amx_request();
     int amx_runs = 0;
-    for (int ti = 0; ti < 3; ti++)
+    for (int ti = 0; ti < 4; ti++)
         for (int ki = 0; ki < 3; ki++) {
-            const int64_t K = types[ti] == FL_TYPE_Q4_K ? Ks_k[ki] : Ks[ki], N = 21, M = 19;
+            const bool kq = types[ti] == FL_TYPE_Q4_K || types[ti] == FL_TYPE_Q6_K;
+            const int64_t K = kq ? Ks_k[ki] : Ks[ki], N = 21, M = 19;
             qmat q;
             qmat_make(&q, types[ti], N, K);
             float *x = frand_buf(M * K);
@@ -247,7 +248,7 @@ static void test_amx_parity(void **state) {
                 fl_free(FL_MEM_MISC, act2, ab);
             }
             const size_t pb = fl_amx_panel_bytes(types[ti], K);
-            assert_int_equal(pb, (size_t)(16 * K + (K / 32) * 64 * (types[ti] == FL_TYPE_Q4_K ? 2 : 1)));
+            assert_int_equal(pb, (size_t)(16 * K + (K / 32) * 64 * (kq ? 2 : 1)));
             char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
             float *ref = frand_buf(M * 16), *pr = frand_buf(M * 16), *got = frand_buf(M * 16);
             const int nrs[3] = {16, 5, 1};
@@ -270,7 +271,7 @@ static void test_amx_parity(void **state) {
                 if (!amx) continue;
                 /* one panel x two token tiles (tokens 0 .. 18), then one x one (the second tile alone) */
                 for (int64_t i = 0; i < M * 16; i++) got[i] = -12345.0f;
-                fl_amx_begin();
+                fl_amx_begin(types[ti]);
                 fl_amx_gemm(types[ti], p1, pb, 1, K, act, 0, (int)M, got, 16, nr, NULL, 0);
                 fl_amx_end();
                 amx_runs++;
@@ -278,7 +279,7 @@ static void test_amx_parity(void **state) {
                     for (int r = 0; r < nr; r++) CHECK_NEAR(got[t * 16 + r], pr[t * 16 + r], 1e-5 * (1 + fabsf(pr[t * 16 + r])));
                     for (int r = nr; r < 16; r++) assert_true(got[t * 16 + r] == -12345.0f); /* rows past nr untouched */
                 }
-                fl_amx_begin();
+                fl_amx_begin(types[ti]);
                 fl_amx_gemm(types[ti], p1, pb, 1, K, act, 1, (int)M - 16, got, 16, nr, q.data, q.bytes); /* with a prefetch */
                 fl_amx_end();
                 for (int64_t t = 16; t < M; t++)
@@ -291,7 +292,7 @@ static void test_amx_parity(void **state) {
                 fl_gemm_q8_ref(types[ti], q.data, q.W.nb[1], 16, &a, 0, (int)M, ref0, 16);
                 for (int ntok = 16; ntok <= (int)M; ntok += (int)M - 16) {
                     for (int64_t i = 0; i < M * 32; i++) g2[i] = -12345.0f;
-                    fl_amx_begin();
+                    fl_amx_begin(types[ti]);
                     fl_amx_gemm(types[ti], pp, pb, 2, K, act, 0, ntok, g2, 32, nr, NULL, 0);
                     fl_amx_end();
                     for (int t = 0; t < (int)M; t++)
@@ -316,7 +317,7 @@ static void test_amx_parity(void **state) {
             fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
             qmat_free(&q);
         }
-    if (amx) assert_int_equal(amx_runs, 27);
+    if (amx) assert_int_equal(amx_runs, 36);
     fl_test_mem_zero();
 }
 
@@ -505,13 +506,13 @@ static void test_dequant_simd(void **state) {
 /* fl_matmul_scratch_bytes equals the FL_MEM_SCRATCH high-water mark of a call (GEMV, GEMM, f32 path). */
 static void test_scratch_bytes(void **state) {
     (void)state;
-    const int32_t types[4] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_0};
+    const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_0, FL_TYPE_Q6_K};
     const int64_t Ms[3] = {1, 5, 17};
-    for (int ti = 0; ti < 8; ti++) {
-        fl_matmul_set_llama_order(ti >= 4); /* the llama.cpp-order path (Q5_0 goes int8 there) */
+    for (int ti = 0; ti < 10; ti++) {
+        fl_matmul_set_llama_order(ti >= 5); /* the llama.cpp-order path (Q5_0 goes int8 there) */
         const int64_t N = 40, K = 256;
         qmat q;
-        qmat_make(&q, types[ti % 4], N, K);
+        qmat_make(&q, types[ti % 5], N, K);
         float *x = frand_buf(17 * K), *y = frand_buf(17 * N);
         for (int nth = 1; nth <= 2; nth++) {
             fl_threads_set(nth);
@@ -521,7 +522,7 @@ static void test_scratch_bytes(void **state) {
                 fl_matmul(&q.W, x, y, Ms[mi]);
                 const size_t used = fl_mem_peak(FL_MEM_SCRATCH) - before, want = fl_matmul_scratch_bytes(&q.W, Ms[mi], nth);
                 if (used != want)
-                    fail_msg("%s M=%lld nth=%d: scratch %zu, fl_matmul_scratch_bytes %zu", fl_type_name(types[ti % 4]),
+                    fail_msg("%s M=%lld nth=%d: scratch %zu, fl_matmul_scratch_bytes %zu", fl_type_name(types[ti % 5]),
                              (long long)Ms[mi], nth, used, want);
                 assert_true(want > 0);
             }

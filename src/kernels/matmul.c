@@ -42,6 +42,8 @@ bool fl_matmul_llama_order(void) {
 /* Does W take 8-bit activations in the current mode, and through the llama.cpp-order path?
  * On AVX-512 Q4_K does (VNNI GEMV, panel GEMM) and Q6_K for one-token steps (its GEMV; larger
  * steps dequantize); on AVX2 the same types, through maddubs row dots. */
+static bool amx_path(int32_t type, int64_t M);
+
 static bool int8_path(int32_t type, int64_t M, bool *llama) {
     *llama = false;
     if (fl_matmul_f32_act()) return false;
@@ -52,7 +54,8 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
     const bool simd = fl_isa_get() == FL_ISA_AVX512 || fl_isa_get() == FL_ISA_AVX2;
     if (type == FL_TYPE_Q4_K) /* AVX2: row dots for every step (prefill as well, same sums) */
         return simd && !fl_matmul_llama_order() && M <= INT32_MAX;
-    if (type == FL_TYPE_Q6_K) return M == 1 && simd && !fl_matmul_llama_order();
+    if (type == FL_TYPE_Q6_K) /* and steps of > 16 tokens on the AMX tiles (half-block tiles) */
+        return (M == 1 && simd && !fl_matmul_llama_order()) || (!fl_matmul_llama_order() && amx_path(type, M));
     return type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0;
 }
 
@@ -194,7 +197,7 @@ static void q8_amx_task(void *p, int ith, int nth) {
     const int64_t np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, tiles = (M + FL_AMX_TOK - 1) / FL_AMX_TOK;
     (void)nth;
     char *pan = c->panels + (size_t)ith * (size_t)amx_group_max(c->W->type, K) * c->panel_bytes;
-    fl_amx_begin();
+    fl_amx_begin(c->W->type);
     /* groups taken dynamically, one ahead: while a group's tiles run, its successor's weight rows
      * are prefetched (at a few tokens per step the weights stream from memory once) */
     int64_t g0 = atomic_fetch_add_explicit(&c->next, G, memory_order_relaxed);
@@ -322,11 +325,15 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
                 c.amx_act = fl_alloc(FL_MEM_SCRATCH, amx_act_bytes, 64);
                 amx_pan_bytes = (size_t)nth * (size_t)amx_group_max(W->type, K) * c.panel_bytes;
                 c.panels = c.amx_act ? fl_alloc(FL_MEM_SCRATCH, amx_pan_bytes, 64) : NULL;
-                if (!c.panels) { /* no scratch: the AVX-512 paths below */
+                if (!c.panels) { /* no scratch: the AVX-512 paths below (Q6_K: the f32 path) */
                     fl_clear_error();
                     if (c.amx_act) fl_free(FL_MEM_SCRATCH, c.amx_act, amx_act_bytes);
                     c.amx_act = NULL;
                 }
+            }
+            if (!c.amx_act && W->type == FL_TYPE_Q6_K && M > 1) {
+                fl_act_q8_free(&c.act);
+                goto f32_path;
             }
             if (M >= 8) fl_parallel(q8_quant_task, &c);
             else q8_quant_task(&c, 0, 1);
@@ -359,6 +366,7 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
         }
         fl_clear_error(); /* no scratch: fall back to the f32 path */
     }
+f32_path:;
     const int nth = fl_threads_get();
     f32_ctx c = {W, x, y, M, NULL, dot_for(isa), fl_convert_kernels_get()};
     size_t bytes = 0;

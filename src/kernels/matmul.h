@@ -21,7 +21,7 @@
  * two paths (its own GEMV; panels with scales d sc_j and mins), and Q6_K its own GEMV for
  * M == 1; on AVX2 both take maddubs row dots (fl_gemm_q8_avx2: Q4_K for every step, Q6_K for
  * M == 1).  Where the CPU has AMX-INT8 and the OS grants the tile state, steps of more than 16
- * tokens of Q8_0 / Q4_0 / Q4_K take the AMX GEMM instead (see below; FL_AMX=0 or
+ * tokens of Q8_0 / Q4_0 / Q4_K / Q6_K take the AMX GEMM instead (see below; FL_AMX=0 or
  * fl_matmul_set_amx(false) turns it off); the integer sums are the same, only the f32 order of
  * the per-block folds differs.  fl_matmul_set_llama_order(true)
  * instead computes Q8_0 / Q4_0 / Q5_0 exactly as llama.cpp's CPU build does (see below).  Every other type
@@ -44,6 +44,7 @@
 
 #include "core/tensor.h"
 #include "fitllm.h"
+#include "kernels/quant.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -163,8 +164,10 @@ void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_
  * exact int32 sums.  Each block's C tile is stored and folded into 16 f32 accumulators with
  * d_w (per row) x d_x (per token) in AVX-512, plus for Q4_K dmin m_j x ms (the mins term).
  * Panel (fl_amx_panel_bytes(type, K)): codes as signed bytes [K/32][16][32] (block-major; Q8_0 the code, Q4_0 the
- * nibble - 8, Q4_K the nibble 0..15), then f32 scales [K/32][16] (d, or d sc_j for Q4_K), then
- * for Q4_K f32 mins [K/32][16] (dmin m_j).  Rows >= nr are zero.
+ * nibble - 8, Q4_K the nibble 0..15, Q6_K the code - 32), then f32 scales [K/32][16] (d, d sc_j
+ * for Q4_K; for Q6_K d sc_j of each block's first 16 codes), then [K/32][16] f32 more: Q4_K's
+ * mins dmin m_j, or Q6_K's scales of each block's second 16 codes (Q6_K runs half-block tiles).
+ * Rows >= nr are zero.
  * Activation tiles (fl_amx_act_bytes(M, K)): per 16 tokens and block of 32, FL_AMX_ACT_BLOCK
  * bytes: the codes [k/4][token][k%4] (512), d_x [16] (64), ms = -s d_x [16] (64); tokens past M
  * are zero.  fl_amx_gemm_ref is the scalar definition of the tile product on packed data (it
@@ -176,13 +179,15 @@ void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_
  * fl_matmul_set_amx(false) or FL_AMX=0.  Requires the AVX-512 ISA to be selected. */
 bool fl_amx_usable(void);
 void fl_matmul_set_amx(bool on);
-bool fl_amx_type(int32_t wtype); /* Q8_0, Q4_0, Q4_K */
+bool fl_amx_type(int32_t wtype); /* Q8_0, Q4_0, Q4_K, Q6_K */
 size_t fl_amx_panel_bytes(int32_t wtype, int64_t K);
 size_t fl_amx_act_bytes(int64_t M, int64_t K);
 /* Write token m's activation codes / scales into its tile (m >= a->M: zeros). */
 void fl_amx_act_pack_row(const fl_act_q8 *a, int64_t m, void *act);
 void fl_amx_act_pack_row_avx512(const fl_act_q8 *a, int64_t m, void *act); /* byte-identical */
 void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
+/* One Q6_K row into panel row r (codes q = panel + 32 r, scales sc) - both packers use it. */
+void fl_amx_pack_q6_K_row(const fl_block_q6_K *blk, int64_t K, int8_t *q, float *sc, int r);
 void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 /* y[t * ldy + r] = dot(panel row r, token 16 mt + t) for r < nr, t < nt (nt <= 16). */
 void fl_amx_gemm_ref(int32_t wtype, const void *panel, int64_t K, const void *act, int64_t mt, int nt, float *y,
@@ -193,8 +198,9 @@ void fl_amx_gemm_ref(int32_t wtype, const void *panel, int64_t K, const void *ac
  * pf / pf_bytes (may be NULL / 0): memory to prefetch into L2 meanwhile (the next weights). */
 void fl_amx_gemm(int32_t wtype, const void *panel, size_t pstride, int np, int64_t K, const void *act, int64_t mt,
                  int ntok, float *y, int64_t ldy, int nr, const void *pf, size_t pf_bytes);
-/* Load / release the tile configuration on the calling thread (around fl_amx_gemm calls). */
-void fl_amx_begin(void);
+/* Load / release the tile configuration on the calling thread (around fl_amx_gemm calls on
+ * weights of type wtype). */
+void fl_amx_begin(int32_t wtype);
 void fl_amx_end(void);
 
 #endif

@@ -23,15 +23,21 @@ typedef struct {
 
 /* Tiles: A0, A1 = 0, 1 (16 weight rows x one block of codes, from panels 0 and 1); B0, B1 = 2, 3
  * (8 groups of 4 codes x 16 tokens, token tiles 0 and 1); C[p][t] = 4 + 2p + t (16 rows x 16
- * tokens of int32).  A static object: GCC 12 drops stores to a local config before
+ * tokens of int32).  Q6_K works in half blocks (its scales cover 16 codes): A is 16 rows x 16
+ * codes, B 4 groups of 4.  Static objects: GCC 12 drops stores to a local config before
  * _tile_loadconfig. */
 static const tile_config g_cfg __attribute__((aligned(64))) = {
     .palette = 1,
     .colsb = {32, 32, 64, 64, 64, 64, 64, 64},
     .rows = {16, 16, 8, 8, 16, 16, 16, 16},
 };
+static const tile_config g_cfg_half __attribute__((aligned(64))) = {
+    .palette = 1,
+    .colsb = {16, 16, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 4, 4, 16, 16, 16, 16},
+};
 
-void fl_amx_begin(void) { _tile_loadconfig(&g_cfg); }
+void fl_amx_begin(int32_t wtype) { _tile_loadconfig(wtype == FL_TYPE_Q6_K ? &g_cfg_half : &g_cfg); }
 
 void fl_amx_end(void) { _tile_release(); }
 
@@ -41,16 +47,30 @@ void fl_amx_end(void) { _tile_release(); }
  * tile-block pipelined, ~29 ns not). */
 #define CHUNK 4
 
-/* The int32 tiles of blocks b0 .. b0 + n - 1 for NP panels x NT token tiles into cb[j][2p + t]. */
-INLINE void tile_ops(const int8_t *c0, const int8_t *c1, const char *a0, const char *a1, int64_t b0, int n,
-                     int32_t (*cb)[4][256], const int NP, const int NT) {
+/* Work unit u: a block of 32 codes, or with HALF (Q6_K) half h = u % 2 of block u / 2. */
+INLINE const int8_t *unit_codes(const int8_t *c, int64_t u, const bool HALF) {
+    return HALF ? c + (u >> 1) * 512 + (u & 1) * 16 : c + u * 512;
+}
+INLINE const char *unit_act(const char *a, int64_t u, const bool HALF) {
+    return HALF ? a + (u >> 1) * FL_AMX_ACT_BLOCK + (u & 1) * 256 : a + u * FL_AMX_ACT_BLOCK;
+}
+INLINE const char *unit_block(const char *a, int64_t u, const bool HALF) { /* its block's d_x, ms */
+    return a + (HALF ? u >> 1 : u) * FL_AMX_ACT_BLOCK;
+}
+INLINE const float *unit_scales(const float *sc, int64_t nb, int64_t u, const bool HALF) {
+    return HALF ? sc + (u & 1) * nb * 16 + (u >> 1) * 16 : sc + u * 16;
+}
+
+/* The int32 tiles of units u0 .. u0 + n - 1 for NP panels x NT token tiles into cb[j][2p + t]. */
+INLINE void tile_ops(const int8_t *c0, const int8_t *c1, const char *a0, const char *a1, int64_t u0, int n,
+                     int32_t (*cb)[4][256], const int NP, const int NT, const bool HALF) {
 #pragma GCC unroll 4
     for (int j = 0; j < n; j++) {
-        const int64_t b = b0 + j;
-        _tile_loadd(0, c0 + b * 512, 32);
-        if (NP == 2) _tile_loadd(1, c1 + b * 512, 32);
-        _tile_loadd(2, a0 + b * FL_AMX_ACT_BLOCK, 64);
-        if (NT == 2) _tile_loadd(3, a1 + b * FL_AMX_ACT_BLOCK, 64);
+        const int64_t u = u0 + j;
+        _tile_loadd(0, unit_codes(c0, u, HALF), 32); /* rows: a panel row's 32-code blocks */
+        if (NP == 2) _tile_loadd(1, unit_codes(c1, u, HALF), 32);
+        _tile_loadd(2, unit_act(a0, u, HALF), 64);
+        if (NT == 2) _tile_loadd(3, unit_act(a1, u, HALF), 64);
         _tile_zero(4);
         if (NT == 2) _tile_zero(5);
         if (NP == 2) _tile_zero(6);
@@ -66,20 +86,21 @@ INLINE void tile_ops(const int8_t *c0, const int8_t *c1, const char *a0, const c
     }
 }
 
-/* acc[r] (lanes = tokens) += float(C_r) * (d_w[r] d_x) [+ dmin m_j[r] * ms], blocks b0 .. b0 + n. */
-INLINE void fold_regs(__m512 acc[16], int32_t (*cb)[4][256], int ct, const float *sc, const float *mn, const char *ab,
-                      int64_t b0, int n, const bool mins) {
+/* acc[r] (lanes = tokens) += float(C_r) * (d_w[r] d_x) [+ dmin m_j[r] * ms], units u0 .. u0 + n. */
+INLINE void fold_regs(__m512 acc[16], int32_t (*cb)[4][256], int ct, const float *sc, const float *mn, int64_t nb,
+                      const char *ab, int64_t u0, int n, const bool mins, const bool HALF) {
     for (int j = 0; j < n; j++) {
-        const int64_t b = b0 + j;
+        const int64_t u = u0 + j;
         const int32_t *c = cb[j][ct];
-        const float *s = sc + b * 16;
-        const __m512 dx = _mm512_load_ps((const float *)(ab + b * FL_AMX_ACT_BLOCK + 512));
+        const float *s = unit_scales(sc, nb, u, HALF);
+        const char *blk = unit_block(ab, u, HALF);
+        const __m512 dx = _mm512_load_ps((const float *)(blk + 512));
 #pragma GCC unroll 16
         for (int r = 0; r < 16; r++)
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)), _mm512_mul_ps(dx, _mm512_set1_ps(s[r])), acc[r]);
         if (mins) {
-            const __m512 ms = _mm512_load_ps((const float *)(ab + b * FL_AMX_ACT_BLOCK + 576));
-            const float *m = mn + b * 16;
+            const __m512 ms = _mm512_load_ps((const float *)(blk + 576));
+            const float *m = mn + u * 16;
 #pragma GCC unroll 16
             for (int r = 0; r < 16; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(m[r]), ms, acc[r]);
         }
@@ -87,20 +108,20 @@ INLINE void fold_regs(__m512 acc[16], int32_t (*cb)[4][256], int ct, const float
 }
 
 /* The same with the accumulators in memory (four C tiles' worth do not fit the registers). */
-INLINE void fold(float *accm, int32_t (*cb)[4][256], int ct, const float *sc, const float *mn, const char *ab,
-                 int64_t b0, int n, const bool mins) {
+INLINE void fold(float *accm, int32_t (*cb)[4][256], int ct, const float *sc, const float *mn, int64_t nb,
+                 const char *ab, int64_t u0, int n, const bool mins, const bool HALF) {
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) acc[r] = _mm512_load_ps(accm + 16 * r);
-    fold_regs(acc, cb, ct, sc, mn, ab, b0, n, mins);
+    fold_regs(acc, cb, ct, sc, mn, nb, ab, u0, n, mins, HALF);
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) _mm512_store_ps(accm + 16 * r, acc[r]);
 }
 
 INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void *act, int64_t mt, int ntok,
                        float *y, int64_t ldy, int nr, const char *pf, size_t pf_bytes, const int NP, const int NT,
-                       const bool mins) {
-    const int64_t nb = K / 32;
+                       const bool mins, const bool HALF) {
+    const int64_t nb = K / 32, nu = HALF ? 2 * nb : nb;
     const size_t tile_bytes = (size_t)nb * FL_AMX_ACT_BLOCK;
     const int8_t *c0 = panel, *c1 = (const int8_t *)panel + pstride;
     const char *a0 = (const char *)act + (size_t)mt * tile_bytes, *a1 = a0 + tile_bytes;
@@ -113,23 +134,23 @@ INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void 
         for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
     } else
         memset(accm, 0, sizeof accm);
-    const int64_t nc = (nb + CHUNK - 1) / CHUNK;
+    const int64_t nc = (nu + CHUNK - 1) / CHUNK;
     /* the caller's next weights, spread over the chunks: while the tiles run, memory fills L2 */
     const size_t pf_step = ((pf_bytes + (size_t)nc - 1) / (size_t)nc + 63) & ~(size_t)63;
-    tile_ops(c0, c1, a0, a1, 0, (int)(nb < CHUNK ? nb : CHUNK), cb[0], NP, NT);
+    tile_ops(c0, c1, a0, a1, 0, (int)(nu < CHUNK ? nu : CHUNK), cb[0], NP, NT, HALF);
     for (int64_t c = 0; c < nc; c++) {
-        const int64_t b0 = c * CHUNK, b1 = b0 + CHUNK;
+        const int64_t u0 = c * CHUNK, u1 = u0 + CHUNK;
         if (pf)
             for (size_t o = (size_t)c * pf_step; o < (size_t)(c + 1) * pf_step && o < pf_bytes; o += 64)
                 _mm_prefetch(pf + o, _MM_HINT_T1);
-        if (c + 1 < nc) tile_ops(c0, c1, a0, a1, b1, (int)(nb - b1 < CHUNK ? nb - b1 : CHUNK), cb[(c + 1) & 1], NP, NT);
-        const int n = (int)(nb - b0 < CHUNK ? nb - b0 : CHUNK);
+        if (c + 1 < nc) tile_ops(c0, c1, a0, a1, u1, (int)(nu - u1 < CHUNK ? nu - u1 : CHUNK), cb[(c + 1) & 1], NP, NT, HALF);
+        const int n = (int)(nu - u0 < CHUNK ? nu - u0 : CHUNK);
         for (int p = 0; p < NP; p++) {
             const int8_t *cp = p ? c1 : c0;
             const float *sc = (const float *)(cp + FL_AMX_ROWS * K), *mn = sc + nb * FL_AMX_ROWS;
             for (int t = 0; t < NT; t++) {
-                if (regs) fold_regs(acc, cb[c & 1], 0, sc, mn, a0, b0, n, mins);
-                else fold(accm[2 * p + t], cb[c & 1], 2 * p + t, sc, mn, t ? a1 : a0, b0, n, mins);
+                if (regs) fold_regs(acc, cb[c & 1], 0, sc, mn, nb, a0, u0, n, mins, HALF);
+                else fold(accm[2 * p + t], cb[c & 1], 2 * p + t, sc, mn, nb, t ? a1 : a0, u0, n, mins, HALF);
             }
         }
     }
@@ -149,8 +170,9 @@ INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void 
 }
 
 #define VARIANTS(NP, NT)                                                                                            \
-    if (wtype == FL_TYPE_Q4_K) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, true); \
-    else gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, false);
+    if (wtype == FL_TYPE_Q4_K) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, true, false); \
+    else if (wtype == FL_TYPE_Q6_K) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, false, true); \
+    else gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, false, false);
 
 void fl_amx_gemm(int32_t wtype, const void *panel, size_t pstride, int np, int64_t K, const void *act, int64_t mt,
                  int ntok, float *y, int64_t ldy, int nr, const void *pf, size_t pf_bytes) {
@@ -180,7 +202,7 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
     float *sc = (float *)(codes + FL_AMX_ROWS * K), *mins = sc + nb * FL_AMX_ROWS;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m512i eight = _mm512_set1_epi8(8);
-    const bool gather = wtype != FL_TYPE_Q4_K && (uint64_t)ldw * FL_AMX_ROWS < (1ull << 31); /* int32 offsets */
+    const bool gather = (wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_Q4_0) && (uint64_t)ldw * FL_AMX_ROWS < (1ull << 31); /* int32 offsets */
     for (int r = 0; r < FL_AMX_ROWS; r++) {
         int8_t *q = codes + r * 32; /* block b of row r at q + b * 512 */
         const char *row = (const char *)w + (size_t)r * ldw;
@@ -189,7 +211,7 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
             if (!gather)
                 for (int64_t b = 0; b < nb; b++) {
                     sc[b * FL_AMX_ROWS + r] = 0;
-                    if (wtype == FL_TYPE_Q4_K) mins[b * FL_AMX_ROWS + r] = 0;
+                    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K) mins[b * FL_AMX_ROWS + r] = 0;
                 }
             continue;
         }
@@ -221,6 +243,8 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
                 _mm256_storeu_si256((__m256i *)(q + b * 512), _mm256_sub_epi8(c, _mm512_castsi512_si256(eight)));
                 if (!gather) sc[b * FL_AMX_ROWS + r] = _cvtsh_ss(blk[b].d);
             }
+        } else if (wtype == FL_TYPE_Q6_K) {
+            fl_amx_pack_q6_K_row((const fl_block_q6_K *)row, K, q, sc, r);
         } else { /* Q4_K */
             const fl_block_q4_K *blk = (const fl_block_q4_K *)row;
             for (int64_t i = 0; i < K / FL_QK_K; i++) {

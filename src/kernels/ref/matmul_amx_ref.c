@@ -22,11 +22,13 @@ bool fl_amx_usable(void) {
     return g_amx == 1 && fl_isa_get() == FL_ISA_AVX512 && fl_cpu_amx_request();
 }
 
-bool fl_amx_type(int32_t wtype) { return wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_Q4_0 || wtype == FL_TYPE_Q4_K; }
+bool fl_amx_type(int32_t wtype) {
+    return wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_Q4_0 || wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K;
+}
 
 size_t fl_amx_panel_bytes(int32_t wtype, int64_t K) {
     const size_t nb = (size_t)(K / 32);
-    return (size_t)FL_AMX_ROWS * (size_t)K + nb * FL_AMX_ROWS * 4 * (wtype == FL_TYPE_Q4_K ? 2 : 1);
+    return (size_t)FL_AMX_ROWS * (size_t)K + nb * FL_AMX_ROWS * 4 * (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K ? 2 : 1);
 }
 
 size_t fl_amx_act_bytes(int64_t M, int64_t K) {
@@ -53,6 +55,26 @@ void fl_amx_act_pack_row(const fl_act_q8 *a, int64_t m, void *act) {
     }
 }
 
+void fl_amx_pack_q6_K_row(const fl_block_q6_K *blk, int64_t K, int8_t *q, float *sc, int r) {
+    const int64_t nb = K / 32;
+    for (int64_t i = 0; i < K / FL_QK_K; i++) {
+        const float d = fl_f16_to_f32(blk[i].d);
+        int8_t c[FL_QK_K];
+        for (int n = 0; n < 2; n++) {
+            const uint8_t *ql = blk[i].ql + 64 * n, *qh = blk[i].qh + 32 * n;
+            for (int l = 0; l < 32; l++) {
+                c[128 * n + l] = (int8_t)(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+                c[128 * n + l + 32] = (int8_t)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                c[128 * n + l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                c[128 * n + l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+            }
+        }
+        for (int jb = 0; jb < 8; jb++) memcpy(q + (i * 8 + jb) * 512, c + 32 * jb, 32);
+        for (int j = 0; j < 16; j++) /* sub-block j: half j % 2 of block j / 2 */
+            sc[(j % 2) * nb * FL_AMX_ROWS + (i * 8 + j / 2) * FL_AMX_ROWS + r] = d * (float)blk[i].scales[j];
+    }
+}
+
 void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
     const int64_t nb = K / 32;
     int8_t *codes = panel;
@@ -64,7 +86,7 @@ void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int
             for (int64_t b = 0; b < nb; b++) memset(q + b * 512, 0, 32);
             for (int64_t b = 0; b < nb; b++) {
                 sc[b * FL_AMX_ROWS + r] = 0;
-                if (wtype == FL_TYPE_Q4_K) mins[b * FL_AMX_ROWS + r] = 0;
+                if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K) mins[b * FL_AMX_ROWS + r] = 0;
             }
             continue;
         }
@@ -83,6 +105,8 @@ void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int
                 }
                 sc[b * FL_AMX_ROWS + r] = fl_f16_to_f32(blk[b].d);
             }
+        } else if (wtype == FL_TYPE_Q6_K) {
+            fl_amx_pack_q6_K_row((const fl_block_q6_K *)row, K, q, sc, r);
         } else { /* Q4_K */
             const fl_block_q4_K *blk = (const fl_block_q4_K *)row;
             for (int64_t i = 0; i < K / FL_QK_K; i++) {
@@ -107,15 +131,19 @@ void fl_amx_gemm_ref(int32_t wtype, const void *panel, int64_t K, const void *ac
     const int8_t *codes = panel;
     const float *sc = (const float *)(codes + FL_AMX_ROWS * K), *mins = sc + nb * FL_AMX_ROWS;
     const char *base = (const char *)act + (size_t)mt * (size_t)nb * FL_AMX_ACT_BLOCK;
+    const int halves = wtype == FL_TYPE_Q6_K ? 2 : 1, len = 32 / halves; /* Q6_K: a scale per 16 codes */
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < nr; r++) {
             float acc = 0;
             for (int64_t b = 0; b < nb; b++) {
                 const char *blk = base + b * FL_AMX_ACT_BLOCK;
                 const float *dx = (const float *)(blk + 512), *ms = dx + 16;
-                int32_t is = 0;
-                for (int k = 0; k < 32; k++) is += codes[(b * 16 + r) * 32 + k] * ((const int8_t *)blk)[(k / 4) * 64 + t * 4 + k % 4];
-                acc += (float)is * (sc[b * FL_AMX_ROWS + r] * dx[t]);
+                for (int h = 0; h < halves; h++) {
+                    int32_t is = 0;
+                    for (int k = h * len; k < (h + 1) * len; k++)
+                        is += codes[(b * 16 + r) * 32 + k] * ((const int8_t *)blk)[(k / 4) * 64 + t * 4 + k % 4];
+                    acc += (float)is * (sc[h * nb * FL_AMX_ROWS + b * FL_AMX_ROWS + r] * dx[t]);
+                }
                 if (wtype == FL_TYPE_Q4_K) acc += mins[b * FL_AMX_ROWS + r] * ms[t];
             }
             y[t * ldy + r] = acc;
