@@ -215,19 +215,34 @@ static void test_panel_parity(void **state) {
     fl_test_mem_zero();
 }
 
+/* The dot of dequantized weight row n with token m's dequantized 8-bit activations, in double:
+ * what every integer path computes up to f32 rounding. */
+static double deq_dot(const qmat *q, int64_t n, const fl_act_q8 *a, int64_t m) {
+    const int64_t K = q->W.ne[0];
+    float *w = fl_alloc(FL_MEM_MISC, (size_t)K * 4, 64);
+    fl_dequant_row(q->W.type, (const char *)q->data + n * q->W.nb[1], w, K);
+    double s = 0;
+    for (int64_t k = 0; k < K; k++) s += (double)w[k] * (double)a->d[m * a->nb + k / 32] * (double)a->qs[m * K + k];
+    fl_free(FL_MEM_MISC, w, (size_t)K * 4);
+    return s;
+}
+
 /* AMX-INT8 GEMM: the AVX-512 panel packer is byte-identical to the reference packer; the scalar
- * product on packed data (fl_amx_gemm_ref) equals the integer tile reference (f32 order only) on
- * partial panels, a partial second token tile and odd block counts; and where the OS grants AMX
- * the tile kernel matches it. */
+ * product on packed data (fl_amx_gemm_ref) equals the dequantized product in double and, where
+ * it exists, the integer tile reference (f32 order only), on partial panels, a partial second
+ * token tile and odd block counts; and where the OS grants AMX the tile kernel matches it. */
 static void test_amx_parity(void **state) {
     (void)state;
-    const int32_t types[4] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K};
+    const int32_t types[9] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_1, FL_TYPE_Q5_0, FL_TYPE_Q5_1,
+                              FL_TYPE_IQ4_NL, FL_TYPE_Q4_K, FL_TYPE_Q5_K, FL_TYPE_Q6_K};
     const int64_t Ks[3] = {32, 416, 2048}, Ks_k[3] = {256, 768, 2048};
     const bool fast = fl_isa_best() == FL_ISA_AVX512, amx = fast && fl_cpu_amx_request();
     int amx_runs = 0;
-    for (int ti = 0; ti < 4; ti++)
+    for (int ti = 0; ti < 9; ti++)
         for (int ki = 0; ki < 3; ki++) {
-            const bool kq = types[ti] == FL_TYPE_Q4_K || types[ti] == FL_TYPE_Q6_K;
+            const bool kq = types[ti] == FL_TYPE_Q4_K || types[ti] == FL_TYPE_Q5_K || types[ti] == FL_TYPE_Q6_K;
+            const bool intref = types[ti] == FL_TYPE_Q8_0 || types[ti] == FL_TYPE_Q4_0 || types[ti] == FL_TYPE_Q4_K ||
+                                types[ti] == FL_TYPE_Q6_K; /* fl_gemm_q8_ref has these */
             const int64_t K = kq ? Ks_k[ki] : Ks[ki], N = 21, M = 19;
             qmat q;
             qmat_make(&q, types[ti], N, K);
@@ -248,7 +263,7 @@ static void test_amx_parity(void **state) {
                 fl_free(FL_MEM_MISC, act2, ab);
             }
             const size_t pb = fl_amx_panel_bytes(types[ti], K);
-            assert_int_equal(pb, (size_t)(16 * K + (K / 32) * 64 * (kq ? 2 : 1)));
+            assert_int_equal(pb, (size_t)(16 * K + (K / 32) * 64 * (fl_amx_has_mins(types[ti]) || types[ti] == FL_TYPE_Q6_K ? 2 : 1)));
             char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
             float *ref = frand_buf(M * 16), *pr = frand_buf(M * 16), *got = frand_buf(M * 16);
             const int nrs[3] = {16, 5, 1};
@@ -257,7 +272,10 @@ static void test_amx_parity(void **state) {
                 const char *w = (const char *)q.data + 3 * q.W.nb[1]; /* rows 3 .. 3 + nr */
                 memset(p0, 0x5A, pb);
                 fl_amx_panel_pack_ref(types[ti], w, q.W.nb[1], nr, K, p0);
-                fl_gemm_q8_ref(types[ti], w, q.W.nb[1], nr, &a, 0, (int)M, ref, 16);
+                if (intref) fl_gemm_q8_ref(types[ti], w, q.W.nb[1], nr, &a, 0, (int)M, ref, 16);
+                else
+                    for (int64_t t2 = 0; t2 < M; t2++)
+                        for (int r = 0; r < nr; r++) ref[t2 * 16 + r] = (float)deq_dot(&q, 3 + r, &a, t2);
                 for (int mt = 0; mt < 2; mt++) {
                     const int nt = mt == 0 ? 16 : (int)M - 16;
                     fl_amx_gemm_ref(types[ti], p0, K, act, mt, nt, pr + mt * 16 * 16, 16, nr);
@@ -289,7 +307,10 @@ static void test_amx_parity(void **state) {
                 fl_amx_panel_pack_ref(types[ti], (const char *)q.data, q.W.nb[1], 16, K, pp); /* rows 0 .. 15 */
                 memcpy(pp + pb, p1, pb);
                 float *ref0 = frand_buf(M * 16), *g2 = frand_buf(M * 32);
-                fl_gemm_q8_ref(types[ti], q.data, q.W.nb[1], 16, &a, 0, (int)M, ref0, 16);
+                if (intref) fl_gemm_q8_ref(types[ti], q.data, q.W.nb[1], 16, &a, 0, (int)M, ref0, 16);
+                else
+                    for (int64_t t2 = 0; t2 < M; t2++)
+                        for (int r = 0; r < 16; r++) ref0[t2 * 16 + r] = (float)deq_dot(&q, r, &a, t2);
                 for (int ntok = 16; ntok <= (int)M; ntok += (int)M - 16) {
                     for (int64_t i = 0; i < M * 32; i++) g2[i] = -12345.0f;
                     fl_amx_begin(types[ti]);
@@ -317,7 +338,7 @@ static void test_amx_parity(void **state) {
             fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
             qmat_free(&q);
         }
-    if (amx) assert_int_equal(amx_runs, 36);
+    if (amx) assert_int_equal(amx_runs, 81);
     fl_test_mem_zero();
 }
 
@@ -390,9 +411,9 @@ static void test_gemv_parity(void **state) {
     (void)state;
     if (fl_isa_best() == FL_ISA_REF) skip();
     const bool avx512 = fl_isa_best() == FL_ISA_AVX512;
-    const int32_t types[4] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K};
+    const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K, FL_TYPE_Q5_K};
     const int64_t Ks[8] = {32, 96, 128, 160, 512, 544, 2048, 2080};
-    for (int ti = 0; ti < 4; ti++)
+    for (int ti = 0; ti < 5; ti++)
         for (int ki = 0; ki < 8; ki++) {
             const int64_t K = ti >= 2 ? 256 * (ki + 1) : Ks[ki], N = 7;
             qmat q;
@@ -408,7 +429,10 @@ static void test_gemv_parity(void **state) {
             float ref[7], got[7], pair[7];
             fl_gemm_q8_ref(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, 1, ref, 7);
             /* AVX2: maddubs tiles (Q8_0 / Q4_0) and row dots (Q4_K / Q6_K) */
-            fl_gemm_q8_avx2(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, 1, got, 7);
+            if (types[ti] != FL_TYPE_Q5_K) /* (no AVX2 Q5_K kernel: the f32 path) */
+                fl_gemm_q8_avx2(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, 1, got, 7);
+            else
+                memcpy(got, ref, sizeof got);
             for (int r = 0; r < N; r++)
                 if (!(fabsf(got[r] - ref[r]) <= 1e-4f * (1 + fabsf(ref[r]))))
                     fail_msg("%s K=%lld row %d: AVX2 %.7g vs ref %.7g", fl_type_name(types[ti]), (long long)K, r, got[r], ref[r]);

@@ -56,7 +56,9 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
         return simd && !fl_matmul_llama_order() && M <= INT32_MAX;
     if (type == FL_TYPE_Q6_K) /* and steps of > 16 tokens on the AMX tiles (half-block tiles) */
         return (M == 1 && simd && !fl_matmul_llama_order()) || (!fl_matmul_llama_order() && amx_path(type, M));
-    return type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0;
+    if (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0) return true;
+    if (type == FL_TYPE_Q5_K && M == 1 && fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order()) return true; /* its GEMV */
+    return !fl_matmul_llama_order() && amx_path(type, M); /* Q4_1, Q5_0, Q5_1, IQ4_NL, Q5_K: AMX */
 }
 
 typedef float (*dot_fn)(const float *, const float *, int64_t);
@@ -331,7 +333,7 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
                     c.amx_act = NULL;
                 }
             }
-            if (!c.amx_act && W->type == FL_TYPE_Q6_K && M > 1) {
+            if (!c.amx_act && M > 1 && W->type != FL_TYPE_Q8_0 && W->type != FL_TYPE_Q4_0 && W->type != FL_TYPE_Q4_K && !llama) {
                 fl_act_q8_free(&c.act);
                 goto f32_path;
             }

@@ -18,10 +18,10 @@
  * taken dynamically; Q4_0 on AVX-512 VBMI reads activations pre-ordered for its nibbles, qs4),
  * M > 1 a cache-tiled, threaded GEMM (AVX-512: 16-row repacked panels x 8 tokens; otherwise
  * 4 rows x 4 tokens register tiles over L2-sized row chunks).  On AVX-512 Q4_K takes the same
- * two paths (its own GEMV; panels with scales d sc_j and mins), and Q6_K its own GEMV for
- * M == 1; on AVX2 both take maddubs row dots (fl_gemm_q8_avx2: Q4_K for every step, Q6_K for
+ * two paths (its own GEMV; panels with scales d sc_j and mins), and Q5_K and Q6_K their own
+ * GEMVs for M == 1; on AVX2 both take maddubs row dots (fl_gemm_q8_avx2: Q4_K for every step, Q6_K for
  * M == 1).  Where the CPU has AMX-INT8 and the OS grants the tile state, steps of more than 16
- * tokens of Q8_0 / Q4_0 / Q4_K / Q6_K take the AMX GEMM instead (see below; FL_AMX=0 or
+ * tokens of Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K take the AMX GEMM instead (see below; FL_AMX=0 or
  * fl_matmul_set_amx(false) turns it off); the integer sums are the same, only the f32 order of
  * the per-block folds differs.  fl_matmul_set_llama_order(true)
  * instead computes Q8_0 / Q4_0 / Q5_0 exactly as llama.cpp's CPU build does (see below).  Every other type
@@ -164,9 +164,10 @@ void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_
  * exact int32 sums.  Each block's C tile is stored and folded into 16 f32 accumulators with
  * d_w (per row) x d_x (per token) in AVX-512, plus for Q4_K dmin m_j x ms (the mins term).
  * Panel (fl_amx_panel_bytes(type, K)): codes as signed bytes [K/32][16][32] (block-major; Q8_0 the code, Q4_0 the
- * nibble - 8, Q4_K the nibble 0..15, Q6_K the code - 32), then f32 scales [K/32][16] (d, d sc_j
- * for Q4_K; for Q6_K d sc_j of each block's first 16 codes), then [K/32][16] f32 more: Q4_K's
- * mins dmin m_j, or Q6_K's scales of each block's second 16 codes (Q6_K runs half-block tiles).
+ * nibble - 8, Q4_K the nibble 0..15, Q6_K the code - 32, ... see fl_amx_pack_row), then f32
+ * scales [K/32][16] (d, d sc_j for K-quants; for Q6_K d sc_j of each block's first 16 codes),
+ * then [K/32][16] f32 more: the mins of Q4_1 / Q5_1 / Q4_K / Q5_K (fl_amx_has_mins), or Q6_K's
+ * scales of each block's second 16 codes (Q6_K runs half-block tiles).
  * Rows >= nr are zero.
  * Activation tiles (fl_amx_act_bytes(M, K)): per 16 tokens and block of 32, FL_AMX_ACT_BLOCK
  * bytes: the codes [k/4][token][k%4] (512), d_x [16] (64), ms = -s d_x [16] (64); tokens past M
@@ -179,7 +180,8 @@ void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_
  * fl_matmul_set_amx(false) or FL_AMX=0.  Requires the AVX-512 ISA to be selected. */
 bool fl_amx_usable(void);
 void fl_matmul_set_amx(bool on);
-bool fl_amx_type(int32_t wtype); /* Q8_0, Q4_0, Q4_K, Q6_K */
+bool fl_amx_type(int32_t wtype); /* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K */
+bool fl_amx_has_mins(int32_t wtype); /* Q4_1, Q5_1, Q4_K, Q5_K: the panel's second array is mins */
 size_t fl_amx_panel_bytes(int32_t wtype, int64_t K);
 size_t fl_amx_act_bytes(int64_t M, int64_t K);
 /* Write token m's activation codes / scales into its tile (m >= a->M: zeros). */
@@ -188,6 +190,10 @@ void fl_amx_act_pack_row_avx512(const fl_act_q8 *a, int64_t m, void *act); /* by
 void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 /* One Q6_K row into panel row r (codes q = panel + 32 r, scales sc) - both packers use it. */
 void fl_amx_pack_q6_K_row(const fl_block_q6_K *blk, int64_t K, int8_t *q, float *sc, int r);
+/* One row of Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q5_K / Q6_K into panel row r, scalar (both packers
+ * use it): codes (Q5_0 code - 16, IQ4_NL its table value, the others unsigned), scales d (d sc_j),
+ * mins (if mn): -m for Q4_1 / Q5_1 (added as + m d_x s), dmin m_j for Q5_K. */
+void fl_amx_pack_row(int32_t wtype, const void *row, int64_t K, int8_t *q, float *sc, float *mn, int r);
 void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 /* y[t * ldy + r] = dot(panel row r, token 16 mt + t) for r < nr, t < nt (nt <= 16). */
 void fl_amx_gemm_ref(int32_t wtype, const void *panel, int64_t K, const void *act, int64_t mt, int nt, float *y,

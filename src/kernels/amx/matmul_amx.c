@@ -170,7 +170,7 @@ INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void 
 }
 
 #define VARIANTS(NP, NT)                                                                                            \
-    if (wtype == FL_TYPE_Q4_K) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, true, false); \
+    if (fl_amx_has_mins(wtype)) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, true, false); \
     else if (wtype == FL_TYPE_Q6_K) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, false, true); \
     else gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, false, false);
 
@@ -211,7 +211,7 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
             if (!gather)
                 for (int64_t b = 0; b < nb; b++) {
                     sc[b * FL_AMX_ROWS + r] = 0;
-                    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K) mins[b * FL_AMX_ROWS + r] = 0;
+                    if (fl_amx_has_mins(wtype) || wtype == FL_TYPE_Q6_K) mins[b * FL_AMX_ROWS + r] = 0;
                 }
             continue;
         }
@@ -243,8 +243,29 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
                 _mm256_storeu_si256((__m256i *)(q + b * 512), _mm256_sub_epi8(c, _mm512_castsi512_si256(eight)));
                 if (!gather) sc[b * FL_AMX_ROWS + r] = _cvtsh_ss(blk[b].d);
             }
-        } else if (wtype == FL_TYPE_Q6_K) {
-            fl_amx_pack_q6_K_row((const fl_block_q6_K *)row, K, q, sc, r);
+        } else if (wtype == FL_TYPE_Q5_K) {
+            const fl_block_q5_K *blk = (const fl_block_q5_K *)row;
+            const __m256i one = _mm256_set1_epi8(1);
+            for (int64_t i = 0; i < K / FL_QK_K; i++) {
+                const float d = _cvtsh_ss(blk[i].d), dmin = _cvtsh_ss(blk[i].dmin);
+                for (int j = 0; j < 8; j++) {
+                    uint8_t s, mn;
+                    fl_q4_K_scale_min(j, blk[i].scales, &s, &mn);
+                    sc[(i * 8 + j) * FL_AMX_ROWS + r] = d * (float)s;
+                    mins[(i * 8 + j) * FL_AMX_ROWS + r] = dmin * (float)mn;
+                }
+                const __m256i h = _mm256_loadu_si256((const __m256i *)blk[i].qh);
+                for (int g = 0; g < 4; g++) { /* bit j of qh[l]: the fifth bit of code l of sub-block j */
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk[i].qs + 32 * g));
+                    const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * g), one), 4);
+                    const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * g + 1), one), 4);
+                    _mm256_storeu_si256((__m256i *)(q + (i * 8 + 2 * g) * 512), _mm256_or_si256(_mm256_and_si256(v, m4), h0));
+                    _mm256_storeu_si256((__m256i *)(q + (i * 8 + 2 * g + 1) * 512),
+                                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), h1));
+                }
+            }
+        } else if (wtype != FL_TYPE_Q4_K) { /* the other types: the scalar row packer */
+            fl_amx_pack_row(wtype, row, K, q, sc, fl_amx_has_mins(wtype) ? mins : NULL, r);
         } else { /* Q4_K */
             const fl_block_q4_K *blk = (const fl_block_q4_K *)row;
             for (int64_t i = 0; i < K / FL_QK_K; i++) {

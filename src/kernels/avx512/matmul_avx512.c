@@ -11,6 +11,7 @@
 #include "kernels/quant.h"
 
 #include <immintrin.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
@@ -354,15 +355,25 @@ static void gemv_q4(const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64
         for (int r = 0; r < nr; r++) y[r] = gemv_row(FL_TYPE_Q4_0, w + r * ldw, a, m);
 }
 
-/* Q4_K row (GEMV) with the 8-bit activations in blocks of 32, one per Q4_K sub-block.  Per
+/* Q4_K / Q5_K row (GEMV) with the 8-bit activations in blocks of 32, one per sub-block (Q5_K:
+ * the fifth bits from qh[l], bit j for sub-block j, shifted per 256-bit half and or'd in as 16).  Per
  * super-block: the 6-bit scales and mins unpacked with 32-bit masks (sub-blocks 0-3 in the low
  * 6 bits of bytes 0-7, 4-7 split over bytes 8-11 and the top bits of 0-7), 8 scales
  * (d sc_j) d_x in one vector; the 128 code bytes as two zmm, whose low nibbles hold sub-blocks
  * 0 and 2 (then 4 and 6) and high nibbles 1 and 3 (5 and 7), so each vpdpbusd takes the
  * activation halves of two sub-blocks; the mins term dmin m_j d_x s_j is one 8-lane fma per
  * super-block.  Codes are unsigned 0..15, so no offset. */
-INLINE float gemv_row_q4_K(const char *w, const fl_act_q8 *a, int64_t m) {
-    const fl_block_q4_K *blk = (const fl_block_q4_K *)w;
+INLINE float gemv_row_k4(const char *w, const fl_act_q8 *a, int64_t m, const bool Q5) {
+    /* Q4_K and Q5_K share d, dmin and scales at the start; Q5_K's qh[32] comes before its qs */
+    const size_t bsz = Q5 ? sizeof(fl_block_q5_K) : sizeof(fl_block_q4_K);
+    const size_t qs_off = Q5 ? offsetof(fl_block_q5_K, qs) : offsetof(fl_block_q4_K, qs);
+    const __m512i one = _mm512_set1_epi8(1);
+    /* per 256-bit half, the qh bit of each nibble vector: low / high nibbles of qs[0..63] hold
+     * sub-blocks 0, 2 / 1, 3, of qs[64..127] 4, 6 / 5, 7 */
+    const __m512i sh02 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    const __m512i sh13 = _mm512_inserti64x4(_mm512_set1_epi16(1), _mm256_set1_epi16(3), 1);
+    const __m512i sh46 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    const __m512i sh57 = _mm512_inserti64x4(_mm512_set1_epi16(5), _mm256_set1_epi16(7), 1);
     const int64_t nsb = a->K / FL_QK_K;
     const int8_t *x = a->qs + m * a->K;
     const float *dx = a->d + m * a->nb;
@@ -374,7 +385,7 @@ INLINE float gemv_row_q4_K(const char *w, const fl_act_q8 *a, int64_t m) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     __m256 mins = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
-        const fl_block_q4_K *b = blk + i;
+        const fl_block_q4_K *b = (const fl_block_q4_K *)(w + (size_t)i * bsz); /* d, dmin, scales */
         _mm_prefetch((const char *)b + 2048, _MM_HINT_T0);
         _mm_prefetch((const char *)b + 2048 + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)b + 2048 + 128, _MM_HINT_T0);
@@ -390,14 +401,23 @@ INLINE float gemv_row_q4_K(const char *w, const fl_act_q8 *a, int64_t m) {
         const __m256 mnf = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->dmin)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mnv)));
         mins = _mm256_fmadd_ps(mnf, _mm256_mul_ps(dx8, _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(sx + i * 8)))), mins);
         const __m512 s512 = _mm512_castps256_ps512(scf);
-        const __m512i v0 = _mm512_loadu_si512(b->qs), v1 = _mm512_loadu_si512(b->qs + 64);
+        const uint8_t *qs = (const uint8_t *)b + qs_off;
+        const __m512i v0 = _mm512_loadu_si512(qs), v1 = _mm512_loadu_si512(qs + 64);
+        __m512i h02 = zero, h13 = zero, h46 = zero, h57 = zero; /* the fifth bits (Q5_K), as 16 */
+        if (Q5) {
+            const __m512i hz = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)((const fl_block_q5_K *)b)->qh));
+            h02 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hz, sh02), one), 4);
+            h13 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hz, sh13), one), 4);
+            h46 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hz, sh46), one), 4);
+            h57 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hz, sh57), one), 4);
+        }
         const int8_t *xb = x + i * FL_QK_K;
 #define XPAIR(o1, o2) _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xb + (o1)))), \
                                          _mm256_loadu_si256((const __m256i *)(xb + (o2))), 1)
-        const __m512i p02 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(v0, m4), XPAIR(0, 64));
-        const __m512i p13 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4), XPAIR(32, 96));
-        const __m512i p46 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(v1, m4), XPAIR(128, 192));
-        const __m512i p57 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4), XPAIR(160, 224));
+        const __m512i p02 = _mm512_dpbusd_epi32(zero, _mm512_or_si512(_mm512_and_si512(v0, m4), h02), XPAIR(0, 64));
+        const __m512i p13 = _mm512_dpbusd_epi32(zero, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), m4), h13), XPAIR(32, 96));
+        const __m512i p46 = _mm512_dpbusd_epi32(zero, _mm512_or_si512(_mm512_and_si512(v1, m4), h46), XPAIR(128, 192));
+        const __m512i p57 = _mm512_dpbusd_epi32(zero, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), m4), h57), XPAIR(160, 224));
 #undef XPAIR
         acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p02), _mm512_permutexvar_ps(i02, s512), acc0);
         acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p13), _mm512_permutexvar_ps(i13, s512), acc1);
@@ -408,6 +428,9 @@ INLINE float gemv_row_q4_K(const char *w, const fl_act_q8 *a, int64_t m) {
     const float msum = _mm_cvtss_f32(_mm_add_ss(_mm_add_ps(mh, _mm_movehl_ps(mh, mh)), _mm_movehdup_ps(_mm_add_ps(mh, _mm_movehl_ps(mh, mh)))));
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - msum;
 }
+
+static float gemv_row_q4_K(const char *w, const fl_act_q8 *a, int64_t m) { return gemv_row_k4(w, a, m, false); }
+static float gemv_row_q5_K(const char *w, const fl_act_q8 *a, int64_t m) { return gemv_row_k4(w, a, m, true); }
 
 /* Q6_K row (GEMV), 8-bit activations in blocks of 32.  Per 128 codes (64 ql + 32 qh bytes):
  * the low nibbles of ql[0..63] are codes 0..63 in order and the high nibbles codes 64..127;
@@ -469,10 +492,11 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
                        float *y, int64_t ldy) {
     const char *wc = w;
     const bool q8 = wtype == FL_TYPE_Q8_0;
-    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K) { /* one-token steps only (fl_matmul) */
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K) { /* one-token steps (fl_matmul) */
+        float (*row)(const char *, const fl_act_q8 *, int64_t) =
+            wtype == FL_TYPE_Q4_K ? gemv_row_q4_K : wtype == FL_TYPE_Q5_K ? gemv_row_q5_K : gemv_row_q6_K;
         for (int t = 0; t < nt; t++)
-            for (int r = 0; r < nr; r++)
-                y[t * ldy + r] = wtype == FL_TYPE_Q4_K ? gemv_row_q4_K(wc + r * ldw, a, m0 + t) : gemv_row_q6_K(wc + r * ldw, a, m0 + t);
+            for (int r = 0; r < nr; r++) y[t * ldy + r] = row(wc + r * ldw, a, m0 + t);
         return;
     }
     if (nr == 4 && nt == 4) (q8 ? tile4x4_q8 : tile4x4_q4)(wc, ldw, a, m0, y, ldy);

@@ -193,6 +193,31 @@ static float dot_q4_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
     return sum - mins;
 }
 
+/* Q5_K row with 8-bit activations in blocks of 32: as Q4_K, the codes with their fifth bit. */
+static float dot_q5_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
+    const fl_block_q5_K *blk = w;
+    const int8_t *x = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    const int32_t *sx = a->s + m * a->nb;
+    float sum = 0, mins = 0;
+    for (int64_t i = 0; i < a->K / FL_QK_K; i++) {
+        const float d = fl_f16_to_f32(blk[i].d), dmin = fl_f16_to_f32(blk[i].dmin);
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, mn;
+            fl_q4_K_scale_min(j, blk[i].scales, &sc, &mn);
+            const uint8_t *q = blk[i].qs + (j / 2) * 32;
+            const int8_t *xb = x + i * FL_QK_K + j * 32;
+            int32_t is = 0;
+            for (int l = 0; l < 32; l++)
+                is += ((j % 2 ? q[l] >> 4 : q[l] & 0xF) + ((blk[i].qh[l] >> j) & 1 ? 16 : 0)) * xb[l];
+            const int64_t b = i * 8 + j;
+            sum += d * (float)sc * dx[b] * (float)is;
+            mins += dmin * (float)mn * dx[b] * (float)sx[b];
+        }
+    }
+    return sum - mins;
+}
+
 /* Q6_K row with 8-bit activations in blocks of 32: per 16-code sub-block, d sc * d_x of its
  * 32-block * sum((q - 32) x). */
 static float dot_q6_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
@@ -223,11 +248,11 @@ static float dot_q6_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
 
 void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
                     float *y, int64_t ldy) {
-    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K) {
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K) {
+        float (*row)(const void *, const fl_act_q8 *, int64_t) =
+            wtype == FL_TYPE_Q4_K ? dot_q4_K_row : wtype == FL_TYPE_Q5_K ? dot_q5_K_row : dot_q6_K_row;
         for (int t = 0; t < nt; t++)
-            for (int r = 0; r < nr; r++)
-                y[t * ldy + r] = wtype == FL_TYPE_Q4_K ? dot_q4_K_row((const char *)w + r * ldw, a, m0 + t)
-                                                       : dot_q6_K_row((const char *)w + r * ldw, a, m0 + t);
+            for (int r = 0; r < nr; r++) y[t * ldy + r] = row((const char *)w + r * ldw, a, m0 + t);
         return;
     }
     for (int t = 0; t < nt; t++)

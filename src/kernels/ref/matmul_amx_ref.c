@@ -23,12 +23,20 @@ bool fl_amx_usable(void) {
 }
 
 bool fl_amx_type(int32_t wtype) {
-    return wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_Q4_0 || wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K;
+    switch (wtype) {
+    case FL_TYPE_Q8_0: case FL_TYPE_Q4_0: case FL_TYPE_Q4_1: case FL_TYPE_Q5_0: case FL_TYPE_Q5_1:
+    case FL_TYPE_IQ4_NL: case FL_TYPE_Q4_K: case FL_TYPE_Q5_K: case FL_TYPE_Q6_K: return true;
+    default: return false;
+    }
+}
+
+bool fl_amx_has_mins(int32_t wtype) {
+    return wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K;
 }
 
 size_t fl_amx_panel_bytes(int32_t wtype, int64_t K) {
     const size_t nb = (size_t)(K / 32);
-    return (size_t)FL_AMX_ROWS * (size_t)K + nb * FL_AMX_ROWS * 4 * (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K ? 2 : 1);
+    return (size_t)FL_AMX_ROWS * (size_t)K + nb * FL_AMX_ROWS * 4 * (fl_amx_has_mins(wtype) || wtype == FL_TYPE_Q6_K ? 2 : 1);
 }
 
 size_t fl_amx_act_bytes(int64_t M, int64_t K) {
@@ -75,6 +83,68 @@ void fl_amx_pack_q6_K_row(const fl_block_q6_K *blk, int64_t K, int8_t *q, float 
     }
 }
 
+void fl_amx_pack_row(int32_t wtype, const void *row, int64_t K, int8_t *q, float *sc, float *mn, int r) {
+    const int64_t nb = K / 32;
+    switch (wtype) {
+    case FL_TYPE_Q6_K: fl_amx_pack_q6_K_row(row, K, q, sc, r); return;
+    case FL_TYPE_Q4_1: case FL_TYPE_Q5_1: case FL_TYPE_Q5_0: case FL_TYPE_IQ4_NL:
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *qs;
+            uint32_t qh = 0;
+            float d, m = 0;
+            if (wtype == FL_TYPE_Q4_1) {
+                const fl_block_q4_1 *blk = (const fl_block_q4_1 *)row + b;
+                qs = blk->qs; d = fl_f16_to_f32(blk->d); m = fl_f16_to_f32(blk->m);
+            } else if (wtype == FL_TYPE_Q5_1) {
+                const fl_block_q5_1 *blk = (const fl_block_q5_1 *)row + b;
+                qs = blk->qs; d = fl_f16_to_f32(blk->d); m = fl_f16_to_f32(blk->m);
+                memcpy(&qh, blk->qh, 4);
+            } else if (wtype == FL_TYPE_Q5_0) {
+                const fl_block_q5_0 *blk = (const fl_block_q5_0 *)row + b;
+                qs = blk->qs; d = fl_f16_to_f32(blk->d);
+                memcpy(&qh, blk->qh, 4);
+            } else {
+                const fl_block_iq4_nl *blk = (const fl_block_iq4_nl *)row + b;
+                qs = blk->qs; d = fl_f16_to_f32(blk->d);
+            }
+            int8_t *o = q + b * 512;
+            for (int j = 0; j < 16; j++) {
+                int lo = qs[j] & 0xF, hi = qs[j] >> 4;
+                if (wtype == FL_TYPE_IQ4_NL) {
+                    lo = fl_iq4nl_values[lo];
+                    hi = fl_iq4nl_values[hi];
+                } else if (wtype != FL_TYPE_Q4_1) { /* the fifth bits */
+                    lo |= (int)((qh >> j) << 4) & 0x10;
+                    hi |= (int)(qh >> (j + 12)) & 0x10;
+                    if (wtype == FL_TYPE_Q5_0) { lo -= 16; hi -= 16; }
+                }
+                o[j] = (int8_t)lo;
+                o[j + 16] = (int8_t)hi;
+            }
+            sc[b * FL_AMX_ROWS + r] = d;
+            if (mn) mn[b * FL_AMX_ROWS + r] = -m; /* + m d_x s = -m * ms */
+        }
+        return;
+    case FL_TYPE_Q5_K:
+        for (int64_t i = 0; i < K / FL_QK_K; i++) {
+            const fl_block_q5_K *blk = (const fl_block_q5_K *)row + i;
+            const float d = fl_f16_to_f32(blk->d), dmin = fl_f16_to_f32(blk->dmin);
+            for (int j = 0; j < 8; j++) {
+                uint8_t s, m;
+                fl_q4_K_scale_min(j, blk->scales, &s, &m);
+                const int64_t b = i * 8 + j;
+                sc[b * FL_AMX_ROWS + r] = d * (float)s;
+                mn[b * FL_AMX_ROWS + r] = dmin * (float)m;
+                const uint8_t *ql = blk->qs + (j / 2) * 32;
+                for (int l = 0; l < 32; l++)
+                    q[b * 512 + l] = (int8_t)((j % 2 ? ql[l] >> 4 : ql[l] & 0xF) + ((blk->qh[l] >> j) & 1 ? 16 : 0));
+            }
+        }
+        return;
+    default: return;
+    }
+}
+
 void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
     const int64_t nb = K / 32;
     int8_t *codes = panel;
@@ -86,7 +156,7 @@ void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int
             for (int64_t b = 0; b < nb; b++) memset(q + b * 512, 0, 32);
             for (int64_t b = 0; b < nb; b++) {
                 sc[b * FL_AMX_ROWS + r] = 0;
-                if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K) mins[b * FL_AMX_ROWS + r] = 0;
+                if (fl_amx_has_mins(wtype) || wtype == FL_TYPE_Q6_K) mins[b * FL_AMX_ROWS + r] = 0;
             }
             continue;
         }
@@ -105,8 +175,8 @@ void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int
                 }
                 sc[b * FL_AMX_ROWS + r] = fl_f16_to_f32(blk[b].d);
             }
-        } else if (wtype == FL_TYPE_Q6_K) {
-            fl_amx_pack_q6_K_row((const fl_block_q6_K *)row, K, q, sc, r);
+        } else if (wtype != FL_TYPE_Q4_K) {
+            fl_amx_pack_row(wtype, row, K, q, sc, fl_amx_has_mins(wtype) ? mins : NULL, r);
         } else { /* Q4_K */
             const fl_block_q4_K *blk = (const fl_block_q4_K *)row;
             for (int64_t i = 0; i < K / FL_QK_K; i++) {
@@ -144,7 +214,7 @@ void fl_amx_gemm_ref(int32_t wtype, const void *panel, int64_t K, const void *ac
                         is += codes[(b * 16 + r) * 32 + k] * ((const int8_t *)blk)[(k / 4) * 64 + t * 4 + k % 4];
                     acc += (float)is * (sc[h * nb * FL_AMX_ROWS + b * FL_AMX_ROWS + r] * dx[t]);
                 }
-                if (wtype == FL_TYPE_Q4_K) acc += mins[b * FL_AMX_ROWS + r] * ms[t];
+                if (fl_amx_has_mins(wtype)) acc += mins[b * FL_AMX_ROWS + r] * ms[t];
             }
             y[t * ldy + r] = acc;
         }
