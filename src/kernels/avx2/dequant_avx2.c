@@ -1,8 +1,8 @@
 /* AVX2 dequantizers, 8 codes at a time, bit-identical to the scalar specification in
  * ref/quant.c (the same f32 operations in the same order as the AVX-512 ones in
  * avx512/dequant_avx512.c: scale products first, then times the code, then the min; no fused
- * multiply-add).  Used by matmul's f32 path on AVX2 machines.  Types not handled here (Q2_K,
- * Q3_K, NF4, FP8, ...) go to the scalar code. */
+ * multiply-add).  Used by matmul's f32 path on AVX2 machines.  Types not handled here (NF4, FP8,
+ * ...) go to the scalar code. */
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 
@@ -165,6 +165,51 @@ static void q6_K(const fl_block_q6_K *b, float *y, int64_t nb) {
     }
 }
 
+static void q2_K(const fl_block_q2_K *b, float *y, int64_t nb) {
+    const __m256i m3 = _mm256_set1_epi32(3);
+    for (int64_t i = 0; i < nb; i++) {
+        const float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
+        const uint8_t *q = b[i].qs;
+        int is = 0;
+        for (int n = 0; n < FL_QK_K; n += 128, q += 32)
+            for (int shift = 0; shift < 8; shift += 2)
+                for (int half = 0; half < 2; half++, y += 16) {
+                    const uint8_t sc = b[i].scales[is++];
+                    const __m256 dl = _mm256_set1_ps(d * (float)(sc & 0xF)), ml = _mm256_set1_ps(dmin * (float)(sc >> 4));
+                    for (int h = 0; h < 16; h += 8) {
+                        const __m256i c = _mm256_and_si256(_mm256_srli_epi32(u8x8(q + 16 * half + h), shift), m3);
+                        st_dmul_sub(y + h, c, dl, ml);
+                    }
+                }
+    }
+}
+
+static void q3_K(const fl_block_q3_K *b, float *y, int64_t nb) {
+    const __m256i m3 = _mm256_set1_epi32(3), four = _mm256_set1_epi32(4), zero = _mm256_setzero_si256();
+    for (int64_t i = 0; i < nb; i++) {
+        const float d_all = h2f(b[i].d);
+        int8_t sc[16];
+        for (int j = 0; j < 16; j++) { /* as ref/quant.c's q3k_scales */
+            const int lo = j < 8 ? (b[i].scales[j] & 0xF) : (b[i].scales[j - 8] >> 4);
+            const int hi = (b[i].scales[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+            sc[j] = (int8_t)((lo | (hi << 4)) - 32);
+        }
+        const uint8_t *q = b[i].qs;
+        uint8_t m = 1;
+        int is = 0;
+        for (int n = 0; n < FL_QK_K; n += 128, q += 32)
+            for (int shift = 0; shift < 8; shift += 2, m <<= 1)
+                for (int half = 0; half < 2; half++, y += 16) {
+                    const __m256 dl = _mm256_set1_ps(d_all * (float)sc[is++]);
+                    for (int h = 0; h < 16; h += 8) {
+                        const __m256i c = _mm256_and_si256(_mm256_srli_epi32(u8x8(q + 16 * half + h), shift), m3);
+                        const __m256i clear = _mm256_cmpeq_epi32(_mm256_and_si256(u8x8(b[i].hmask + 16 * half + h), _mm256_set1_epi32(m)), zero);
+                        st_mul(y + h, _mm256_sub_epi32(c, _mm256_and_si256(clear, four)), dl);
+                    }
+                }
+    }
+}
+
 void fl_dequant_row_avx2(int32_t type, const void *src, float *dst, int64_t K) {
     switch (type) {
     case FL_TYPE_Q4_0: q4_0(src, dst, K / FL_QK); break;
@@ -175,6 +220,8 @@ void fl_dequant_row_avx2(int32_t type, const void *src, float *dst, int64_t K) {
     case FL_TYPE_Q4_K: q4_K(src, dst, K / FL_QK_K); break;
     case FL_TYPE_Q5_K: q5_K(src, dst, K / FL_QK_K); break;
     case FL_TYPE_Q6_K: q6_K(src, dst, K / FL_QK_K); break;
+    case FL_TYPE_Q2_K: q2_K(src, dst, K / FL_QK_K); break;
+    case FL_TYPE_Q3_K: q3_K(src, dst, K / FL_QK_K); break;
     default: fl_dequant_row(type, src, dst, K);
     }
 }
