@@ -432,6 +432,77 @@ INLINE float gemv_row_k4(const char *w, const fl_act_q8 *a, int64_t m, const boo
 static float gemv_row_q4_K(const char *w, const fl_act_q8 *a, int64_t m) { return gemv_row_k4(w, a, m, false); }
 static float gemv_row_q5_K(const char *w, const fl_act_q8 *a, int64_t m) { return gemv_row_k4(w, a, m, true); }
 
+/* Q4_1 / Q5_0 / Q5_1 / IQ4_NL row (GEMV), two blocks per zmm: the codes as 64 unsigned bytes
+ * (nibbles; Q5_x's fifth bits from the two 32-bit qh words as a 64-bit byte mask; IQ4_NL's table
+ * values by a byte shuffle, + 128), one vpdpbusd from -offset * (activation code sum) (Q5_0 16,
+ * IQ4_NL 128), one fma with the blocks' d_w d_x; Q4_1 / Q5_1 add m d_x s per block. */
+INLINE float gemv_row_b32(const int32_t wtype, const char *w, const fl_act_q8 *a, int64_t m) {
+    const int bsz = wtype == FL_TYPE_Q4_1 ? 20 : wtype == FL_TYPE_Q5_0 ? 22 : wtype == FL_TYPE_Q5_1 ? 24 : 18;
+    const int qs_off = wtype == FL_TYPE_Q4_1 ? 4 : wtype == FL_TYPE_Q5_0 ? 6 : wtype == FL_TYPE_Q5_1 ? 8 : 2;
+    const int qh_off = wtype == FL_TYPE_Q5_0 ? 2 : 4;
+    const bool q5 = wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1, mins = wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_1;
+    const int shift = wtype == FL_TYPE_Q5_0 ? 1 : wtype == FL_TYPE_IQ4_NL ? 4 : -1; /* 8 lanes x 2^shift = 16 / 128 */
+    const int64_t nb = a->nb;
+    const int8_t *xq = a->qs + m * a->K;
+    const float *dx = a->d + m * nb;
+    const int32_t *sv = a->sv + m * nb * 8, *sx = a->s + m * nb;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)fl_iq4nl_values));
+    const __m512i flip = _mm512_set1_epi8((char)0x80), k16 = _mm512_set1_epi8(16);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    float msum = 0;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const char *p0 = w + b * bsz, *p1 = p0 + bsz;
+        _mm_prefetch(p0 + GEMV_PF, _MM_HINT_T0);
+        const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + qs_off))),
+                                                  _mm_loadu_si128((const __m128i *)(p1 + qs_off)), 1);
+        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q, m4)), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4), 1);
+        v = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0)); /* lo0 hi0 lo1 hi1: x order */
+        if (q5) {
+            uint32_t h0, h1;
+            memcpy(&h0, p0 + qh_off, 4);
+            memcpy(&h1, p1 + qh_off, 4);
+            v = _mm512_mask_add_epi8(v, (__mmask64)h0 | ((__mmask64)h1 << 32), v, k16);
+        } else if (wtype == FL_TYPE_IQ4_NL)
+            v = _mm512_xor_si512(_mm512_shuffle_epi8(tab, v), flip);
+        const __m512i init = shift >= 0 ? _mm512_slli_epi32(_mm512_loadu_si512(sv + b * 8), shift) : _mm512_setzero_si512();
+        const __m512i p = _mm512_dpbusd_epi32(init, v, _mm512_loadu_si512(xq + b * 32));
+        uint16_t d0, d1;
+        memcpy(&d0, p0, 2);
+        memcpy(&d1, p1, 2);
+        const __m512 s = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(d0) * dx[b]), _mm256_set1_ps(_cvtsh_ss(d1) * dx[b + 1]), 1);
+        if (b & 2) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc1);
+        else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc0);
+        if (mins) {
+            uint16_t m0, m1;
+            memcpy(&m0, p0 + 2, 2);
+            memcpy(&m1, p1 + 2, 2);
+            msum += _cvtsh_ss(m0) * dx[b] * (float)sx[b] + _cvtsh_ss(m1) * dx[b + 1] * (float)sx[b + 1];
+        }
+    }
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + msum;
+    if (b < nb) { /* a last single block */
+        const char *p0 = w + b * bsz;
+        const uint8_t *qs = (const uint8_t *)p0 + qs_off;
+        uint32_t qh = 0;
+        if (q5) memcpy(&qh, p0 + qh_off, 4);
+        int32_t is = 0;
+        for (int j = 0; j < 32; j++) {
+            int c = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+            if (wtype == FL_TYPE_IQ4_NL) c = fl_iq4nl_values[c];
+            else if (q5) c |= (int)((qh >> j) & 1) << 4;
+            if (wtype == FL_TYPE_Q5_0) c -= 16;
+            is += c * xq[b * 32 + j];
+        }
+        uint16_t d0, m0 = 0;
+        memcpy(&d0, p0, 2);
+        if (mins) memcpy(&m0, p0 + 2, 2);
+        r += _cvtsh_ss(d0) * dx[b] * (float)is + (mins ? _cvtsh_ss(m0) * dx[b] * (float)sx[b] : 0.0f);
+    }
+    return r;
+}
+
 /* Q6_K row (GEMV), 8-bit activations in blocks of 32.  Per 128 codes (64 ql + 32 qh bytes):
  * the low nibbles of ql[0..63] are codes 0..63 in order and the high nibbles codes 64..127;
  * their two high bits come from qh shifted per 256-bit half (a variable word shift); codes are
@@ -492,6 +563,11 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
                        float *y, int64_t ldy) {
     const char *wc = w;
     const bool q8 = wtype == FL_TYPE_Q8_0;
+    if (wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_IQ4_NL) {
+        for (int t = 0; t < nt; t++) /* one-token steps (fl_matmul) */
+            for (int r = 0; r < nr; r++) y[t * ldy + r] = gemv_row_b32(wtype, wc + r * ldw, a, m0 + t);
+        return;
+    }
     if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K) { /* one-token steps (fl_matmul) */
         float (*row)(const char *, const fl_act_q8 *, int64_t) =
             wtype == FL_TYPE_Q4_K ? gemv_row_q4_K : wtype == FL_TYPE_Q5_K ? gemv_row_q5_K : gemv_row_q6_K;

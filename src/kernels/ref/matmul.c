@@ -168,6 +168,47 @@ static float dot_q8_row(int32_t wtype, const void *w, const fl_act_q8 *a, int64_
     return sum;
 }
 
+/* Q4_1 / Q5_0 / Q5_1 / IQ4_NL row with 8-bit activations: per block d_w d_x * (sum of code
+ * products, codes as the format defines them: Q5_0 - 16, IQ4_NL its table values), plus for
+ * Q4_1 / Q5_1 m * d_x * (activation code sum). */
+static float dot_b32_row(int32_t wtype, const void *w, const fl_act_q8 *a, int64_t m) {
+    const int8_t *x = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    const int32_t *sx = a->s + m * a->nb;
+    float sum = 0, mins = 0;
+    for (int64_t b = 0; b < a->nb; b++) {
+        const uint8_t *qs;
+        uint32_t qh = 0;
+        float d, mn = 0;
+        if (wtype == FL_TYPE_Q4_1) {
+            const fl_block_q4_1 *blk = (const fl_block_q4_1 *)w + b;
+            qs = blk->qs; d = fl_f16_to_f32(blk->d); mn = fl_f16_to_f32(blk->m);
+        } else if (wtype == FL_TYPE_Q5_0) {
+            const fl_block_q5_0 *blk = (const fl_block_q5_0 *)w + b;
+            qs = blk->qs; d = fl_f16_to_f32(blk->d);
+            memcpy(&qh, blk->qh, 4);
+        } else if (wtype == FL_TYPE_Q5_1) {
+            const fl_block_q5_1 *blk = (const fl_block_q5_1 *)w + b;
+            qs = blk->qs; d = fl_f16_to_f32(blk->d); mn = fl_f16_to_f32(blk->m);
+            memcpy(&qh, blk->qh, 4);
+        } else {
+            const fl_block_iq4_nl *blk = (const fl_block_iq4_nl *)w + b;
+            qs = blk->qs; d = fl_f16_to_f32(blk->d);
+        }
+        int32_t is = 0;
+        for (int j = 0; j < 32; j++) {
+            int c = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+            if (wtype == FL_TYPE_IQ4_NL) c = fl_iq4nl_values[c];
+            else if (wtype != FL_TYPE_Q4_1) c |= (int)((qh >> j) & 1) << 4;
+            if (wtype == FL_TYPE_Q5_0) c -= 16;
+            is += c * x[b * 32 + j];
+        }
+        sum += d * dx[b] * (float)is;
+        mins += mn * dx[b] * (float)sx[b];
+    }
+    return sum + mins;
+}
+
 /* Q4_K row with 8-bit activations in blocks of 32 (one per Q4_K sub-block): per sub-block j
  * of super-block i, (d sc_j) d_x * sum(q x) - (dmin m_j) * d_x * (code sum). */
 static float dot_q4_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
@@ -248,6 +289,11 @@ static float dot_q6_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
 
 void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
                     float *y, int64_t ldy) {
+    if (wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_IQ4_NL) {
+        for (int t = 0; t < nt; t++)
+            for (int r = 0; r < nr; r++) y[t * ldy + r] = dot_b32_row(wtype, (const char *)w + r * ldw, a, m0 + t);
+        return;
+    }
     if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K) {
         float (*row)(const void *, const fl_act_q8 *, int64_t) =
             wtype == FL_TYPE_Q4_K ? dot_q4_K_row : wtype == FL_TYPE_Q5_K ? dot_q5_K_row : dot_q6_K_row;
