@@ -432,6 +432,57 @@ INLINE float gemv_row_k4(const char *w, const fl_act_q8 *a, int64_t m, const boo
 static float gemv_row_q4_K(const char *w, const fl_act_q8 *a, int64_t m) { return gemv_row_k4(w, a, m, false); }
 static float gemv_row_q5_K(const char *w, const fl_act_q8 *a, int64_t m) { return gemv_row_k4(w, a, m, true); }
 
+/* Q3_K row (GEMV), 8-bit activations in blocks of 32.  Per super-block the 16 6-bit signed
+ * scales are unpacked with 64-bit masks and converted once (times d); per s = 0..3 one zmm of
+ * qs holds groups s (bytes 0..31) and 4 + s (32..63): bits 2s are their two low code bits, and
+ * hmask (both halves) shifted by s / 4 + s gives the third, so codes are 0..7 unsigned and the
+ * -4 is a second vpdpbusd of the constant 4.  vpdpbusd lanes 4k..4k+3 are one 16-code
+ * sub-block, so the scale vector is sc spread over 4 lanes times each group's d_x. */
+INLINE float gemv_row_q3_K(const char *w, const fl_act_q8 *a, int64_t m) {
+    const fl_block_q3_K *blk = (const fl_block_q3_K *)w;
+    const int64_t nsb = a->K / FL_QK_K;
+    const int8_t *x = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1), c4 = _mm512_set1_epi8(4), zero = _mm512_setzero_si512();
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const fl_block_q3_K *b = blk + i;
+        _mm_prefetch((const char *)b + 2048, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + 2048 + 64, _MM_HINT_T0);
+        uint64_t lo8;
+        uint32_t h4;
+        memcpy(&lo8, b->scales, 8);
+        memcpy(&h4, b->scales + 8, 4);
+        /* scale j: low 4 bits from byte j (j < 8) or the high nibble of byte j - 8; high 2 bits
+         * from byte 8 + (j & 3) at bit 2 (j >> 2) */
+        const uint64_t hi0 = (uint64_t)(h4 & 0x03030303u) | ((uint64_t)((h4 >> 2) & 0x03030303u) << 32);
+        const uint64_t hi1 = (uint64_t)((h4 >> 4) & 0x03030303u) | ((uint64_t)((h4 >> 6) & 0x03030303u) << 32);
+        const uint64_t s0 = (lo8 & 0x0F0F0F0F0F0F0F0Full) | (hi0 << 4), s1 = ((lo8 >> 4) & 0x0F0F0F0F0F0F0F0Full) | (hi1 << 4);
+        const __m128i scb = _mm_sub_epi8(_mm_set_epi64x((long long)s1, (long long)s0), _mm_set1_epi8(32));
+        const __m512 sc16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scb)));
+        const __m512i q = _mm512_loadu_si512(b->qs);
+        const __m512i hz = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->hmask));
+        const int8_t *xb = x + i * FL_QK_K;
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) {
+            const __m512i hsh = _mm512_inserti64x4(_mm512_set1_epi16((short)s), _mm256_set1_epi16((short)(4 + s)), 1);
+            const __m512i u = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 2 * s), m3),
+                                              _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hz, hsh), one), 2));
+            const __m512i xv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xb + 32 * s))),
+                                                  _mm256_loadu_si256((const __m256i *)(xb + 128 + 32 * s)), 1);
+            const __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, u, xv), _mm512_dpbusd_epi32(zero, c4, xv));
+            /* lanes 0-3 / 4-7: sub-blocks 2s, 2s + 1 (group s); 8-11 / 12-15: 8 + 2s, 9 + 2s */
+            const __m512i sidx = _mm512_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1, 2 * s + 1, 2 * s + 1,
+                                                   8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s);
+            const __m512 dxv = _mm512_insertf32x8(_mm512_set1_ps(dx[i * 8 + s]), _mm256_set1_ps(dx[i * 8 + 4 + s]), 1);
+            const __m512 scv = _mm512_mul_ps(_mm512_permutexvar_ps(sidx, sc16), dxv);
+            if (s & 1) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scv, acc1);
+            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scv, acc0);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
 /* Q4_1 / Q5_0 / Q5_1 / IQ4_NL row (GEMV), two blocks per zmm: the codes as 64 unsigned bytes
  * (nibbles; Q5_x's fifth bits from the two 32-bit qh words as a 64-bit byte mask; IQ4_NL's table
  * values by a byte shuffle, + 128), one vpdpbusd from -offset * (activation code sum) (Q5_0 16,
@@ -568,9 +619,9 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
             for (int r = 0; r < nr; r++) y[t * ldy + r] = gemv_row_b32(wtype, wc + r * ldw, a, m0 + t);
         return;
     }
-    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K) { /* one-token steps (fl_matmul) */
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K) { /* one-token steps */
         float (*row)(const char *, const fl_act_q8 *, int64_t) =
-            wtype == FL_TYPE_Q4_K ? gemv_row_q4_K : wtype == FL_TYPE_Q5_K ? gemv_row_q5_K : gemv_row_q6_K;
+            wtype == FL_TYPE_Q4_K ? gemv_row_q4_K : wtype == FL_TYPE_Q5_K ? gemv_row_q5_K : wtype == FL_TYPE_Q3_K ? gemv_row_q3_K : gemv_row_q6_K;
         for (int t = 0; t < nt; t++)
             for (int r = 0; r < nr; r++) y[t * ldy + r] = row(wc + r * ldw, a, m0 + t);
         return;

@@ -209,6 +209,35 @@ static float dot_b32_row(int32_t wtype, const void *w, const fl_act_q8 *a, int64
     return sum + mins;
 }
 
+/* Q3_K row with 8-bit activations in blocks of 32: per 16-code sub-block j, d sc_j * d_x of its
+ * 32-block * sum(code x), code = two bits - (hmask bit clear ? 4 : 0) (ref/quant.c's order:
+ * group g = 0..7 of 32 codes takes bits 2 (g % 4) of qs[32 (g / 4) + l] and bit g of hmask[l]). */
+static float dot_q3_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
+    const fl_block_q3_K *blk = w;
+    const int8_t *x = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    float sum = 0;
+    for (int64_t i = 0; i < a->K / FL_QK_K; i++) {
+        const float d = fl_f16_to_f32(blk[i].d);
+        int8_t sc[16];
+        for (int j = 0; j < 16; j++) {
+            const int lo = j < 8 ? (blk[i].scales[j] & 0xF) : (blk[i].scales[j - 8] >> 4);
+            const int hi = (blk[i].scales[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+            sc[j] = (int8_t)((lo | (hi << 4)) - 32);
+        }
+        for (int g = 0; g < 8; g++)
+            for (int h = 0; h < 2; h++) {
+                int32_t is = 0;
+                for (int l = 16 * h; l < 16 * h + 16; l++) {
+                    const int c = ((blk[i].qs[32 * (g / 4) + l] >> (2 * (g % 4))) & 3) - ((blk[i].hmask[l] >> g) & 1 ? 0 : 4);
+                    is += c * x[i * FL_QK_K + 32 * g + l];
+                }
+                sum += d * (float)sc[2 * g + h] * dx[i * 8 + g] * (float)is;
+            }
+    }
+    return sum;
+}
+
 /* Q4_K row with 8-bit activations in blocks of 32 (one per Q4_K sub-block): per sub-block j
  * of super-block i, (d sc_j) d_x * sum(q x) - (dmin m_j) * d_x * (code sum). */
 static float dot_q4_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
@@ -294,9 +323,9 @@ void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_a
             for (int r = 0; r < nr; r++) y[t * ldy + r] = dot_b32_row(wtype, (const char *)w + r * ldw, a, m0 + t);
         return;
     }
-    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K) {
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K) {
         float (*row)(const void *, const fl_act_q8 *, int64_t) =
-            wtype == FL_TYPE_Q4_K ? dot_q4_K_row : wtype == FL_TYPE_Q5_K ? dot_q5_K_row : dot_q6_K_row;
+            wtype == FL_TYPE_Q4_K ? dot_q4_K_row : wtype == FL_TYPE_Q5_K ? dot_q5_K_row : wtype == FL_TYPE_Q3_K ? dot_q3_K_row : dot_q6_K_row;
         for (int t = 0; t < nt; t++)
             for (int r = 0; r < nr; r++) y[t * ldy + r] = row((const char *)w + r * ldw, a, m0 + t);
         return;
