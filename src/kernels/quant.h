@@ -76,6 +76,15 @@ void fl_dequant_q2_K(const void *src, float *y, int64_t k);
 void fl_dequant_q3_K(const void *src, float *y, int64_t k);
 /* Scale and min of sub-block j (0..7) from a q4_K / q5_K block's 12-byte 6-bit table. */
 void fl_q4_K_scale_min(int j, const uint8_t *scales, uint8_t *sc, uint8_t *mn);
+/* The 8 sub-block scales d sc_j and mins dmin m_j of a Q4_K / Q5_K super-block (d and dmin are
+ * its f16 fields; the products as the dequantizers form them). */
+void fl_k4_scales_mins(uint16_t d, uint16_t dmin, const uint8_t *scales, float sc[8], float mn[8]);
+/* Q3_K's 16 signed 6-bit sub-block scales (low 4 bits in bytes 0..7, high 2 in bytes 8..11). */
+void fl_q3_K_scales(const uint8_t *scales, int8_t out[16]);
+/* The 32 codes of one Q4_1 / Q5_0 / Q5_1 / IQ4_NL block as the format defines them (Q5_0: the
+ * 5-bit code - 16, IQ4_NL: its table values, Q4_1 / Q5_1 unsigned), its scale *d and min *m
+ * (0 for the types without one): value j = d * c[j] + m. */
+void fl_b32_block_codes(int32_t wtype, const void *blk, int c[32], float *d, float *m);
 void fl_dequant_q4_K(const void *src, float *y, int64_t k);
 void fl_dequant_q5_K(const void *src, float *y, int64_t k);
 void fl_dequant_q6_K(const void *src, float *y, int64_t k);

@@ -1,16 +1,11 @@
 /* AMX-INT8 peak loop (see calib_int8.h): 4 independent TDPBSSD on full tiles (16 x 64 bytes),
  * each 16 x 16 x 64 multiply-adds. */
+#include "kernels/amx/amx.h"
 #include "kernels/calib_int8.h"
 
 #include <immintrin.h>
 #include <stdint.h>
 
-typedef struct {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
 
 static const tile_config g_full __attribute__((aligned(64))) = {
     .palette = 1,

@@ -5,6 +5,7 @@
  * (d_w[r] * d_x) [+ dmin m_j[r] * ms for Q4_K].  The fold is the cost: per 16 x 16 x 32 block
  * it is 16 x (convert, multiply, fma), which the tile unit's work cannot hide.  Also the
  * AVX-512 panel and activation-tile packers. */
+#include "kernels/amx/amx.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 
@@ -14,12 +15,6 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-typedef struct {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
 
 /* Tiles: A0, A1 = 0, 1 (16 weight rows x one block of codes, from panels 0 and 1); B0, B1 = 2, 3
  * (8 groups of 4 codes x 16 tokens, token tiles 0 and 1); C[p][t] = 4 + 2p + t (16 rows x 16
@@ -247,12 +242,11 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
             const fl_block_q5_K *blk = (const fl_block_q5_K *)row;
             const __m256i one = _mm256_set1_epi8(1);
             for (int64_t i = 0; i < K / FL_QK_K; i++) {
-                const float d = _cvtsh_ss(blk[i].d), dmin = _cvtsh_ss(blk[i].dmin);
+                float s8[8], m8[8];
+                fl_k4_scales_mins(blk[i].d, blk[i].dmin, blk[i].scales, s8, m8);
                 for (int j = 0; j < 8; j++) {
-                    uint8_t s, mn;
-                    fl_q4_K_scale_min(j, blk[i].scales, &s, &mn);
-                    sc[(i * 8 + j) * FL_AMX_ROWS + r] = d * (float)s;
-                    mins[(i * 8 + j) * FL_AMX_ROWS + r] = dmin * (float)mn;
+                    sc[(i * 8 + j) * FL_AMX_ROWS + r] = s8[j];
+                    mins[(i * 8 + j) * FL_AMX_ROWS + r] = m8[j];
                 }
                 const __m256i h = _mm256_loadu_si256((const __m256i *)blk[i].qh);
                 for (int g = 0; g < 4; g++) { /* bit j of qh[l]: the fifth bit of code l of sub-block j */
@@ -269,12 +263,11 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
         } else { /* Q4_K */
             const fl_block_q4_K *blk = (const fl_block_q4_K *)row;
             for (int64_t i = 0; i < K / FL_QK_K; i++) {
-                const float d = _cvtsh_ss(blk[i].d), dmin = _cvtsh_ss(blk[i].dmin);
+                float s8[8], m8[8];
+                fl_k4_scales_mins(blk[i].d, blk[i].dmin, blk[i].scales, s8, m8);
                 for (int j = 0; j < 8; j++) {
-                    uint8_t s, mn;
-                    fl_q4_K_scale_min(j, blk[i].scales, &s, &mn);
-                    sc[(i * 8 + j) * FL_AMX_ROWS + r] = d * (float)s;
-                    mins[(i * 8 + j) * FL_AMX_ROWS + r] = dmin * (float)mn;
+                    sc[(i * 8 + j) * FL_AMX_ROWS + r] = s8[j];
+                    mins[(i * 8 + j) * FL_AMX_ROWS + r] = m8[j];
                 }
                 for (int g = 0; g < 4; g++) {
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(blk[i].qs + 32 * g));

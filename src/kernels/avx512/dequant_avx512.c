@@ -189,11 +189,7 @@ static void q3_K(const fl_block_q3_K *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         const float d_all = h2f(b[i].d);
         int8_t sc[16];
-        for (int j = 0; j < 16; j++) { /* as ref/quant.c's q3k_scales */
-            const int lo = j < 8 ? (b[i].scales[j] & 0xF) : (b[i].scales[j - 8] >> 4);
-            const int hi = (b[i].scales[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
-            sc[j] = (int8_t)((lo | (hi << 4)) - 32);
-        }
+        fl_q3_K_scales(b[i].scales, sc);
         const uint8_t *q = b[i].qs;
         uint8_t m = 1;
         int is = 0;

@@ -534,22 +534,12 @@ INLINE float gemv_row_b32(const int32_t wtype, const char *w, const fl_act_q8 *a
     }
     float r = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + msum;
     if (b < nb) { /* a last single block */
-        const char *p0 = w + b * bsz;
-        const uint8_t *qs = (const uint8_t *)p0 + qs_off;
-        uint32_t qh = 0;
-        if (q5) memcpy(&qh, p0 + qh_off, 4);
+        int c[32];
+        float d0, m0;
+        fl_b32_block_codes(wtype, w + b * bsz, c, &d0, &m0);
         int32_t is = 0;
-        for (int j = 0; j < 32; j++) {
-            int c = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
-            if (wtype == FL_TYPE_IQ4_NL) c = fl_iq4nl_values[c];
-            else if (q5) c |= (int)((qh >> j) & 1) << 4;
-            if (wtype == FL_TYPE_Q5_0) c -= 16;
-            is += c * xq[b * 32 + j];
-        }
-        uint16_t d0, m0 = 0;
-        memcpy(&d0, p0, 2);
-        if (mins) memcpy(&m0, p0 + 2, 2);
-        r += _cvtsh_ss(d0) * dx[b] * (float)is + (mins ? _cvtsh_ss(m0) * dx[b] * (float)sx[b] : 0.0f);
+        for (int j = 0; j < 32; j++) is += c[j] * xq[b * 32 + j];
+        r += d0 * dx[b] * (float)is + m0 * dx[b] * (float)sx[b];
     }
     return r;
 }

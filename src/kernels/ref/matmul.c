@@ -1,6 +1,7 @@
 /* Scalar reference matmul and row dequantization for the float weight types.
  * Quantized block types plug into fl_dequant_row's switch (kernels/quant). */
 #include "kernels/matmul.h"
+#include "core/dtype.h"
 #include "kernels/quant.h"
 #include "core/status.h"
 #include "core/threads.h"
@@ -175,34 +176,14 @@ static float dot_b32_row(int32_t wtype, const void *w, const fl_act_q8 *a, int64
     const int8_t *x = a->qs + m * a->K;
     const float *dx = a->d + m * a->nb;
     const int32_t *sx = a->s + m * a->nb;
+    const size_t bsz = fl_type_row_size(wtype, 32);
     float sum = 0, mins = 0;
     for (int64_t b = 0; b < a->nb; b++) {
-        const uint8_t *qs;
-        uint32_t qh = 0;
-        float d, mn = 0;
-        if (wtype == FL_TYPE_Q4_1) {
-            const fl_block_q4_1 *blk = (const fl_block_q4_1 *)w + b;
-            qs = blk->qs; d = fl_f16_to_f32(blk->d); mn = fl_f16_to_f32(blk->m);
-        } else if (wtype == FL_TYPE_Q5_0) {
-            const fl_block_q5_0 *blk = (const fl_block_q5_0 *)w + b;
-            qs = blk->qs; d = fl_f16_to_f32(blk->d);
-            memcpy(&qh, blk->qh, 4);
-        } else if (wtype == FL_TYPE_Q5_1) {
-            const fl_block_q5_1 *blk = (const fl_block_q5_1 *)w + b;
-            qs = blk->qs; d = fl_f16_to_f32(blk->d); mn = fl_f16_to_f32(blk->m);
-            memcpy(&qh, blk->qh, 4);
-        } else {
-            const fl_block_iq4_nl *blk = (const fl_block_iq4_nl *)w + b;
-            qs = blk->qs; d = fl_f16_to_f32(blk->d);
-        }
+        int c[32];
+        float d, mn;
+        fl_b32_block_codes(wtype, (const char *)w + b * bsz, c, &d, &mn);
         int32_t is = 0;
-        for (int j = 0; j < 32; j++) {
-            int c = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
-            if (wtype == FL_TYPE_IQ4_NL) c = fl_iq4nl_values[c];
-            else if (wtype != FL_TYPE_Q4_1) c |= (int)((qh >> j) & 1) << 4;
-            if (wtype == FL_TYPE_Q5_0) c -= 16;
-            is += c * x[b * 32 + j];
-        }
+        for (int j = 0; j < 32; j++) is += c[j] * x[b * 32 + j];
         sum += d * dx[b] * (float)is;
         mins += mn * dx[b] * (float)sx[b];
     }
@@ -220,11 +201,7 @@ static float dot_q3_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
     for (int64_t i = 0; i < a->K / FL_QK_K; i++) {
         const float d = fl_f16_to_f32(blk[i].d);
         int8_t sc[16];
-        for (int j = 0; j < 16; j++) {
-            const int lo = j < 8 ? (blk[i].scales[j] & 0xF) : (blk[i].scales[j - 8] >> 4);
-            const int hi = (blk[i].scales[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
-            sc[j] = (int8_t)((lo | (hi << 4)) - 32);
-        }
+        fl_q3_K_scales(blk[i].scales, sc);
         for (int g = 0; g < 8; g++)
             for (int h = 0; h < 2; h++) {
                 int32_t is = 0;
@@ -238,55 +215,35 @@ static float dot_q3_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
     return sum;
 }
 
-/* Q4_K row with 8-bit activations in blocks of 32 (one per Q4_K sub-block): per sub-block j
- * of super-block i, (d sc_j) d_x * sum(q x) - (dmin m_j) * d_x * (code sum). */
-static float dot_q4_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
-    const fl_block_q4_K *blk = w;
+/* Q4_K / Q5_K row with 8-bit activations in blocks of 32 (one per sub-block): per sub-block j
+ * of super-block i, (d sc_j) d_x * sum(q x) - (dmin m_j) * d_x * (code sum); Q5_K's codes add
+ * 16 where bit j of qh[l] is set. */
+static float dot_k4_row(const void *w, const fl_act_q8 *a, int64_t m, bool q5) {
     const int8_t *x = a->qs + m * a->K;
     const float *dx = a->d + m * a->nb;
     const int32_t *sx = a->s + m * a->nb;
     float sum = 0, mins = 0;
     for (int64_t i = 0; i < a->K / FL_QK_K; i++) {
-        const float d = fl_f16_to_f32(blk[i].d), dmin = fl_f16_to_f32(blk[i].dmin);
+        const fl_block_q4_K *b4 = (const fl_block_q4_K *)w + i;
+        const fl_block_q5_K *b5 = (const fl_block_q5_K *)w + i;
+        float sc[8], mn[8];
+        if (q5) fl_k4_scales_mins(b5->d, b5->dmin, b5->scales, sc, mn);
+        else fl_k4_scales_mins(b4->d, b4->dmin, b4->scales, sc, mn);
         for (int j = 0; j < 8; j++) {
-            uint8_t sc, mn;
-            fl_q4_K_scale_min(j, blk[i].scales, &sc, &mn);
-            const uint8_t *q = blk[i].qs + (j / 2) * 32;
-            const int8_t *xb = x + i * FL_QK_K + j * 32;
-            int32_t is = 0;
-            for (int l = 0; l < 32; l++) is += (j % 2 ? q[l] >> 4 : q[l] & 0xF) * xb[l];
-            const int64_t b = i * 8 + j;
-            sum += d * (float)sc * dx[b] * (float)is;
-            mins += dmin * (float)mn * dx[b] * (float)sx[b];
-        }
-    }
-    return sum - mins;
-}
-
-/* Q5_K row with 8-bit activations in blocks of 32: as Q4_K, the codes with their fifth bit. */
-static float dot_q5_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
-    const fl_block_q5_K *blk = w;
-    const int8_t *x = a->qs + m * a->K;
-    const float *dx = a->d + m * a->nb;
-    const int32_t *sx = a->s + m * a->nb;
-    float sum = 0, mins = 0;
-    for (int64_t i = 0; i < a->K / FL_QK_K; i++) {
-        const float d = fl_f16_to_f32(blk[i].d), dmin = fl_f16_to_f32(blk[i].dmin);
-        for (int j = 0; j < 8; j++) {
-            uint8_t sc, mn;
-            fl_q4_K_scale_min(j, blk[i].scales, &sc, &mn);
-            const uint8_t *q = blk[i].qs + (j / 2) * 32;
+            const uint8_t *q = (q5 ? b5->qs : b4->qs) + (j / 2) * 32;
             const int8_t *xb = x + i * FL_QK_K + j * 32;
             int32_t is = 0;
             for (int l = 0; l < 32; l++)
-                is += ((j % 2 ? q[l] >> 4 : q[l] & 0xF) + ((blk[i].qh[l] >> j) & 1 ? 16 : 0)) * xb[l];
+                is += ((j % 2 ? q[l] >> 4 : q[l] & 0xF) + (q5 && (b5->qh[l] >> j) & 1 ? 16 : 0)) * xb[l];
             const int64_t b = i * 8 + j;
-            sum += d * (float)sc * dx[b] * (float)is;
-            mins += dmin * (float)mn * dx[b] * (float)sx[b];
+            sum += sc[j] * dx[b] * (float)is;
+            mins += mn[j] * dx[b] * (float)sx[b];
         }
     }
     return sum - mins;
 }
+static float dot_q4_K_row(const void *w, const fl_act_q8 *a, int64_t m) { return dot_k4_row(w, a, m, false); }
+static float dot_q5_K_row(const void *w, const fl_act_q8 *a, int64_t m) { return dot_k4_row(w, a, m, true); }
 
 /* Q6_K row with 8-bit activations in blocks of 32: per 16-code sub-block, d sc * d_x of its
  * 32-block * sum((q - 32) x). */

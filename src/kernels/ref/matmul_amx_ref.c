@@ -87,54 +87,27 @@ void fl_amx_pack_row(int32_t wtype, const void *row, int64_t K, int8_t *q, float
     const int64_t nb = K / 32;
     switch (wtype) {
     case FL_TYPE_Q6_K: fl_amx_pack_q6_K_row(row, K, q, sc, r); return;
-    case FL_TYPE_Q4_1: case FL_TYPE_Q5_1: case FL_TYPE_Q5_0: case FL_TYPE_IQ4_NL:
+    case FL_TYPE_Q4_1: case FL_TYPE_Q5_1: case FL_TYPE_Q5_0: case FL_TYPE_IQ4_NL: {
+        const size_t bsz = fl_type_row_size(wtype, 32);
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *qs;
-            uint32_t qh = 0;
-            float d, m = 0;
-            if (wtype == FL_TYPE_Q4_1) {
-                const fl_block_q4_1 *blk = (const fl_block_q4_1 *)row + b;
-                qs = blk->qs; d = fl_f16_to_f32(blk->d); m = fl_f16_to_f32(blk->m);
-            } else if (wtype == FL_TYPE_Q5_1) {
-                const fl_block_q5_1 *blk = (const fl_block_q5_1 *)row + b;
-                qs = blk->qs; d = fl_f16_to_f32(blk->d); m = fl_f16_to_f32(blk->m);
-                memcpy(&qh, blk->qh, 4);
-            } else if (wtype == FL_TYPE_Q5_0) {
-                const fl_block_q5_0 *blk = (const fl_block_q5_0 *)row + b;
-                qs = blk->qs; d = fl_f16_to_f32(blk->d);
-                memcpy(&qh, blk->qh, 4);
-            } else {
-                const fl_block_iq4_nl *blk = (const fl_block_iq4_nl *)row + b;
-                qs = blk->qs; d = fl_f16_to_f32(blk->d);
-            }
-            int8_t *o = q + b * 512;
-            for (int j = 0; j < 16; j++) {
-                int lo = qs[j] & 0xF, hi = qs[j] >> 4;
-                if (wtype == FL_TYPE_IQ4_NL) {
-                    lo = fl_iq4nl_values[lo];
-                    hi = fl_iq4nl_values[hi];
-                } else if (wtype != FL_TYPE_Q4_1) { /* the fifth bits */
-                    lo |= (int)((qh >> j) << 4) & 0x10;
-                    hi |= (int)(qh >> (j + 12)) & 0x10;
-                    if (wtype == FL_TYPE_Q5_0) { lo -= 16; hi -= 16; }
-                }
-                o[j] = (int8_t)lo;
-                o[j + 16] = (int8_t)hi;
-            }
+            int c[32];
+            float d, m;
+            fl_b32_block_codes(wtype, (const char *)row + b * bsz, c, &d, &m);
+            for (int j = 0; j < 32; j++) q[b * 512 + j] = (int8_t)c[j];
             sc[b * FL_AMX_ROWS + r] = d;
             if (mn) mn[b * FL_AMX_ROWS + r] = -m; /* + m d_x s = -m * ms */
         }
         return;
+    }
     case FL_TYPE_Q5_K:
         for (int64_t i = 0; i < K / FL_QK_K; i++) {
             const fl_block_q5_K *blk = (const fl_block_q5_K *)row + i;
-            const float d = fl_f16_to_f32(blk->d), dmin = fl_f16_to_f32(blk->dmin);
+            float s8[8], m8[8];
+            fl_k4_scales_mins(blk->d, blk->dmin, blk->scales, s8, m8);
             for (int j = 0; j < 8; j++) {
-                uint8_t s, m;
-                fl_q4_K_scale_min(j, blk->scales, &s, &m);
                 const int64_t b = i * 8 + j;
-                sc[b * FL_AMX_ROWS + r] = d * (float)s;
-                mn[b * FL_AMX_ROWS + r] = dmin * (float)m;
+                sc[b * FL_AMX_ROWS + r] = s8[j];
+                mn[b * FL_AMX_ROWS + r] = m8[j];
                 const uint8_t *ql = blk->qs + (j / 2) * 32;
                 for (int l = 0; l < 32; l++)
                     q[b * 512 + l] = (int8_t)((j % 2 ? ql[l] >> 4 : ql[l] & 0xF) + ((blk->qh[l] >> j) & 1 ? 16 : 0));
@@ -180,13 +153,12 @@ void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int
         } else { /* Q4_K */
             const fl_block_q4_K *blk = (const fl_block_q4_K *)row;
             for (int64_t i = 0; i < K / FL_QK_K; i++) {
-                const float d = fl_f16_to_f32(blk[i].d), dmin = fl_f16_to_f32(blk[i].dmin);
+                float s8[8], m8[8];
+                fl_k4_scales_mins(blk[i].d, blk[i].dmin, blk[i].scales, s8, m8);
                 for (int j = 0; j < 8; j++) {
-                    uint8_t s, mn;
-                    fl_q4_K_scale_min(j, blk[i].scales, &s, &mn);
                     const int64_t b = i * 8 + j;
-                    sc[b * FL_AMX_ROWS + r] = d * (float)s;
-                    mins[b * FL_AMX_ROWS + r] = dmin * (float)mn;
+                    sc[b * FL_AMX_ROWS + r] = s8[j];
+                    mins[b * FL_AMX_ROWS + r] = m8[j];
                     const uint8_t *qs = blk[i].qs + (j / 2) * 32;
                     for (int l = 0; l < 32; l++) q[b * 512 + l] = (int8_t)(j % 2 ? qs[l] >> 4 : qs[l] & 0xF);
                 }

@@ -93,8 +93,7 @@ void fl_dequant_q2_K(const void *src, float *y, int64_t k) {
     }
 }
 
-/* Unpack q3_K's 16 6-bit scales (low 4 bits in bytes 0..7, high 2 bits in bytes 8..11). */
-static void q3k_scales(const uint8_t *s, int8_t out[16]) {
+void fl_q3_K_scales(const uint8_t *s, int8_t out[16]) {
     for (int j = 0; j < 16; j++) {
         int lo = j < 8 ? (s[j] & 0xF) : (s[j - 8] >> 4);
         int hi = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
@@ -107,7 +106,7 @@ void fl_dequant_q3_K(const void *src, float *y, int64_t k) {
     for (int64_t i = 0; i < k / FL_QK_K; i++) {
         const float d_all = H2F(b[i].d);
         int8_t sc[16];
-        q3k_scales(b[i].scales, sc);
+        fl_q3_K_scales(b[i].scales, sc);
         const uint8_t *q = b[i].qs;
         uint8_t m = 1;
         int is = 0;
@@ -138,6 +137,43 @@ static inline void k4_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
 }
 
 void fl_q4_K_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m) { k4_scale_min(j, q, d, m); }
+
+void fl_k4_scales_mins(uint16_t d16, uint16_t dmin16, const uint8_t *scales, float sc[8], float mn[8]) {
+    const float d = H2F(d16), dmin = H2F(dmin16);
+    for (int j = 0; j < 8; j++) {
+        uint8_t s, m;
+        k4_scale_min(j, scales, &s, &m);
+        sc[j] = d * (float)s;
+        mn[j] = dmin * (float)m;
+    }
+}
+
+void fl_b32_block_codes(int32_t wtype, const void *blk, int c[32], float *d, float *m) {
+    const uint8_t *qs;
+    uint32_t qh = 0;
+    *m = 0;
+    if (wtype == FL_TYPE_Q4_1) {
+        const fl_block_q4_1 *b = blk;
+        qs = b->qs; *d = H2F(b->d); *m = H2F(b->m);
+    } else if (wtype == FL_TYPE_Q5_0) {
+        const fl_block_q5_0 *b = blk;
+        qs = b->qs; *d = H2F(b->d);
+        memcpy(&qh, b->qh, 4);
+    } else if (wtype == FL_TYPE_Q5_1) {
+        const fl_block_q5_1 *b = blk;
+        qs = b->qs; *d = H2F(b->d); *m = H2F(b->m);
+        memcpy(&qh, b->qh, 4);
+    } else { /* IQ4_NL */
+        const fl_block_iq4_nl *b = blk;
+        qs = b->qs; *d = H2F(b->d);
+    }
+    for (int j = 0; j < 32; j++) {
+        int v = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+        if (wtype == FL_TYPE_IQ4_NL) v = fl_iq4nl_values[v];
+        else if (wtype != FL_TYPE_Q4_1) v |= (int)((qh >> j) & 1) << 4; /* bit j: code j's fifth bit */
+        c[j] = wtype == FL_TYPE_Q5_0 ? v - 16 : v;
+    }
+}
 
 void fl_dequant_q4_K(const void *src, float *y, int64_t k) {
     const fl_block_q4_K *b = src;
