@@ -411,12 +411,12 @@ static void test_gemv_parity(void **state) {
     (void)state;
     if (fl_isa_best() == FL_ISA_REF) skip();
     const bool avx512 = fl_isa_best() == FL_ISA_AVX512;
-    const int32_t types[10] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K, FL_TYPE_Q5_K, FL_TYPE_Q3_K,
-                               FL_TYPE_Q4_1, FL_TYPE_Q5_0, FL_TYPE_Q5_1, FL_TYPE_IQ4_NL};
+    const int32_t types[11] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K, FL_TYPE_Q5_K, FL_TYPE_Q3_K,
+                               FL_TYPE_Q2_K, FL_TYPE_Q4_1, FL_TYPE_Q5_0, FL_TYPE_Q5_1, FL_TYPE_IQ4_NL};
     const int64_t Ks[8] = {32, 96, 128, 160, 512, 544, 2048, 2080};
-    for (int ti = 0; ti < 10; ti++)
+    for (int ti = 0; ti < 11; ti++)
         for (int ki = 0; ki < 8; ki++) {
-            const int64_t K = ti >= 2 && ti <= 5 ? 256 * (ki + 1) : Ks[ki], N = 7;
+            const int64_t K = ti >= 2 && ti <= 6 ? 256 * (ki + 1) : Ks[ki], N = 7;
             qmat q;
             qmat_make(&q, types[ti], N, K);
             float *x = frand_buf(K);

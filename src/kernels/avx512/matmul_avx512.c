@@ -483,6 +483,45 @@ INLINE float gemv_row_q3_K(const char *w, const fl_act_q8 *a, int64_t m) {
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
+/* Q2_K row (GEMV), 8-bit activations in blocks of 32: as the Q3_K kernel without the third bit
+ * (codes 0..3, no offset), and per 16-code sub-block a min: a second vpdpbusd of the constant 1
+ * gives the activation sums, times dmin (sc >> 4) d_x, subtracted. */
+INLINE float gemv_row_q2_K(const char *w, const fl_act_q8 *a, int64_t m) {
+    const fl_block_q2_K *blk = (const fl_block_q2_K *)w;
+    const int64_t nsb = a->K / FL_QK_K;
+    const int8_t *x = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1), zero = _mm512_setzero_si512();
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const fl_block_q2_K *b = blk + i;
+        _mm_prefetch((const char *)b + 2048, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + 2048 + 64, _MM_HINT_T0);
+        const __m128i sb = _mm_loadu_si128((const __m128i *)b->scales);
+        const __m512 sc16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(sb, m4))));
+        const __m512 mn16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->dmin)),
+                                          _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(sb, 4), m4))));
+        const __m512i q = _mm512_loadu_si512(b->qs);
+        const int8_t *xb = x + i * FL_QK_K;
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) { /* groups s (bytes 0..31 of qs) and 4 + s (32..63) */
+            const __m512i u = _mm512_and_si512(_mm512_srli_epi16(q, 2 * s), m3);
+            const __m512i xv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xb + 32 * s))),
+                                                  _mm256_loadu_si256((const __m256i *)(xb + 128 + 32 * s)), 1);
+            const __m512i p = _mm512_dpbusd_epi32(zero, u, xv), px = _mm512_dpbusd_epi32(zero, one, xv);
+            const __m512i sidx = _mm512_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1, 2 * s + 1, 2 * s + 1,
+                                                   8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s);
+            const __m512 dxv = _mm512_insertf32x8(_mm512_set1_ps(dx[i * 8 + s]), _mm256_set1_ps(dx[i * 8 + 4 + s]), 1);
+            const __m512 scv = _mm512_mul_ps(_mm512_permutexvar_ps(sidx, sc16), dxv);
+            const __m512 mnv = _mm512_mul_ps(_mm512_permutexvar_ps(sidx, mn16), dxv);
+            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scv, acc0);
+            acc1 = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(px), mnv, acc1);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
 /* Q4_1 / Q5_0 / Q5_1 / IQ4_NL row (GEMV), two blocks per zmm: the codes as 64 unsigned bytes
  * (nibbles; Q5_x's fifth bits from the two 32-bit qh words as a 64-bit byte mask; IQ4_NL's table
  * values by a byte shuffle, + 128), one vpdpbusd from -offset * (activation code sum) (Q5_0 16,
@@ -609,9 +648,10 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
             for (int r = 0; r < nr; r++) y[t * ldy + r] = gemv_row_b32(wtype, wc + r * ldw, a, m0 + t);
         return;
     }
-    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K) { /* one-token steps */
-        float (*row)(const char *, const fl_act_q8 *, int64_t) =
-            wtype == FL_TYPE_Q4_K ? gemv_row_q4_K : wtype == FL_TYPE_Q5_K ? gemv_row_q5_K : wtype == FL_TYPE_Q3_K ? gemv_row_q3_K : gemv_row_q6_K;
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K || wtype == FL_TYPE_Q2_K) {
+        float (*row)(const char *, const fl_act_q8 *, int64_t) = /* one-token steps */
+            wtype == FL_TYPE_Q4_K ? gemv_row_q4_K : wtype == FL_TYPE_Q5_K ? gemv_row_q5_K : wtype == FL_TYPE_Q3_K ? gemv_row_q3_K
+            : wtype == FL_TYPE_Q2_K ? gemv_row_q2_K : gemv_row_q6_K;
         for (int t = 0; t < nt; t++)
             for (int r = 0; r < nr; r++) y[t * ldy + r] = row(wc + r * ldw, a, m0 + t);
         return;

@@ -190,6 +190,32 @@ static float dot_b32_row(int32_t wtype, const void *w, const fl_act_q8 *a, int64
     return sum + mins;
 }
 
+/* Q2_K row with 8-bit activations in blocks of 32: per 16-code sub-block j (scale byte sc),
+ * d (sc & 15) * d_x * sum(q x) - dmin (sc >> 4) * d_x * sum(x), group g = 0..7 of 32 codes taking
+ * bits 2 (g % 4) of qs[32 (g / 4) + l] (ref/quant.c's order). */
+static float dot_q2_K_row(const void *w, const fl_act_q8 *a, int64_t m) {
+    const fl_block_q2_K *blk = w;
+    const int8_t *x = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    float sum = 0, mins = 0;
+    for (int64_t i = 0; i < a->K / FL_QK_K; i++) {
+        const float d = fl_f16_to_f32(blk[i].d), dmin = fl_f16_to_f32(blk[i].dmin);
+        for (int g = 0; g < 8; g++)
+            for (int h = 0; h < 2; h++) {
+                const uint8_t sc = blk[i].scales[2 * g + h];
+                int32_t is = 0, xs = 0;
+                for (int l = 16 * h; l < 16 * h + 16; l++) {
+                    const int8_t xv = x[i * FL_QK_K + 32 * g + l];
+                    is += ((blk[i].qs[32 * (g / 4) + l] >> (2 * (g % 4))) & 3) * xv;
+                    xs += xv;
+                }
+                sum += d * (float)(sc & 0xF) * dx[i * 8 + g] * (float)is;
+                mins += dmin * (float)(sc >> 4) * dx[i * 8 + g] * (float)xs;
+            }
+    }
+    return sum - mins;
+}
+
 /* Q3_K row with 8-bit activations in blocks of 32: per 16-code sub-block j, d sc_j * d_x of its
  * 32-block * sum(code x), code = two bits - (hmask bit clear ? 4 : 0) (ref/quant.c's order:
  * group g = 0..7 of 32 codes takes bits 2 (g % 4) of qs[32 (g / 4) + l] and bit g of hmask[l]). */
@@ -280,9 +306,9 @@ void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_a
             for (int r = 0; r < nr; r++) y[t * ldy + r] = dot_b32_row(wtype, (const char *)w + r * ldw, a, m0 + t);
         return;
     }
-    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K) {
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K || wtype == FL_TYPE_Q2_K) {
         float (*row)(const void *, const fl_act_q8 *, int64_t) =
-            wtype == FL_TYPE_Q4_K ? dot_q4_K_row : wtype == FL_TYPE_Q5_K ? dot_q5_K_row : wtype == FL_TYPE_Q3_K ? dot_q3_K_row : dot_q6_K_row;
+            wtype == FL_TYPE_Q4_K ? dot_q4_K_row : wtype == FL_TYPE_Q5_K ? dot_q5_K_row : wtype == FL_TYPE_Q3_K ? dot_q3_K_row : wtype == FL_TYPE_Q2_K ? dot_q2_K_row : dot_q6_K_row;
         for (int t = 0; t < nt; t++)
             for (int r = 0; r < nr; r++) y[t * ldy + r] = row((const char *)w + r * ldw, a, m0 + t);
         return;
