@@ -430,7 +430,7 @@ static void test_gemv_parity(void **state) {
             float ref[7], got[7], pair[7];
             fl_gemm_q8_ref(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, 1, ref, 7);
             /* AVX2: maddubs tiles (Q8_0 / Q4_0) and row dots (Q4_K / Q6_K) */
-            if (ti <= 3) /* (no AVX2 kernels for Q5_K and the legacy types: the f32 path) */
+            if (ti <= 4) /* (no AVX2 kernels for Q2_K, Q3_K and the legacy types: the f32 path) */
                 fl_gemm_q8_avx2(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, 1, got, 7);
             else
                 memcpy(got, ref, sizeof got);
@@ -474,8 +474,8 @@ static void test_gemv_parity(void **state) {
 static void test_avx2_kquant_tiles(void **state) {
     (void)state;
     if (fl_isa_best() == FL_ISA_REF) skip();
-    const int32_t types[2] = {FL_TYPE_Q4_K, FL_TYPE_Q6_K};
-    for (int ti = 0; ti < 2; ti++) {
+    const int32_t types[3] = {FL_TYPE_Q4_K, FL_TYPE_Q6_K, FL_TYPE_Q5_K};
+    for (int ti = 0; ti < 3; ti++) {
         const int64_t K = 768, N = 5, M = 3;
         qmat q;
         qmat_make(&q, types[ti], N, K);

@@ -1,4 +1,4 @@
-/* AVX2 integer tiles (Q8_0 / Q4_0 weights x 8-bit activations), Q4_K / Q6_K row dots, and the
+/* AVX2 integer tiles (Q8_0 / Q4_0 weights x 8-bit activations), Q4_K / Q5_K / Q6_K row dots, and the
  * f32 dot.
  * One ymm holds one block of 32 codes.  maddubs multiplies unsigned by signed bytes: Q4_0
  * nibbles enter as 0..15 and the -8 offset is removed by starting the block's int32 lanes at
@@ -8,6 +8,7 @@
 #include "kernels/quant.h"
 
 #include <immintrin.h>
+#include <stddef.h>
 #include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
@@ -81,8 +82,11 @@ INLINE float hsum8(__m256 v) {
  * with 32-bit masks; per 32 code bytes the low nibbles are sub-block 2g and the high ones 2g + 1,
  * each one maddubs (codes 0..15 unsigned, so no offset) + madd into 8 int32 lanes, converted and
  * fma'd with its sub-block's scale; the mins term d_x s_j dmin m_j is one 8-lane fma. */
-static float dot_q4_K(const char *w, const fl_act_q8 *a, int64_t m) {
-    const fl_block_q4_K *blk = (const fl_block_q4_K *)w;
+INLINE float dot_k4(const char *w, const fl_act_q8 *a, int64_t m, const bool q5) {
+    /* Q4_K and Q5_K share d, dmin and scales at the start; Q5_K's qh[32] comes before its qs */
+    const size_t bsz = q5 ? sizeof(fl_block_q5_K) : sizeof(fl_block_q4_K);
+    const size_t qs_off = q5 ? offsetof(fl_block_q5_K, qs) : offsetof(fl_block_q4_K, qs);
+    const __m256i one8 = _mm256_set1_epi8(1);
     const int64_t nsb = a->K / FL_QK_K;
     const int8_t *x = a->qs + m * a->K;
     const float *dx = a->d + m * a->nb;
@@ -90,7 +94,9 @@ static float dot_q4_K(const char *w, const fl_act_q8 *a, int64_t m) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
-        const fl_block_q4_K *b = blk + i;
+        const fl_block_q4_K *b = (const fl_block_q4_K *)(w + (size_t)i * bsz); /* d, dmin, scales */
+        const uint8_t *qs = (const uint8_t *)b + qs_off;
+        const __m256i hb = q5 ? _mm256_loadu_si256((const __m256i *)((const fl_block_q5_K *)b)->qh) : _mm256_setzero_si256();
         uint32_t w0, w1, w2;
         memcpy(&w0, b->scales, 4);
         memcpy(&w1, b->scales + 4, 4);
@@ -106,16 +112,22 @@ static float dot_q4_K(const char *w, const fl_act_q8 *a, int64_t m) {
         const int8_t *xb = x + i * FL_QK_K;
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * g));
-            const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, m4), _mm256_loadu_si256((const __m256i *)(xb + 64 * g))), ones);
-            const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                                                       _mm256_loadu_si256((const __m256i *)(xb + 64 * g + 32))), ones);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (q5) { /* bit j of qh[l]: the fifth bit of code l of sub-block j (2g, 2g + 1) */
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), one8), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * g + 1), one8), 4));
+            }
+            const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(xb + 64 * g))), ones);
+            const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xb + 64 * g + 32))), ones);
             acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(2 * g)), acc0);
             acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(2 * g + 1)), acc1);
         }
     }
     return hsum8(_mm256_add_ps(acc0, acc1)) - hsum8(mins);
 }
+static float dot_q4_K(const char *w, const fl_act_q8 *a, int64_t m) { return dot_k4(w, a, m, false); }
+static float dot_q5_K(const char *w, const fl_act_q8 *a, int64_t m) { return dot_k4(w, a, m, true); }
 
 /* Q6_K row x token m: per 32 codes (two 16-code sub-blocks sharing one activation block) the
  * 6-bit codes are rebuilt from ql / qh, maddubs(q, x) - maddubs(32, x) gives the pair sums of
@@ -161,10 +173,11 @@ static float dot_q6_K(const char *w, const fl_act_q8 *a, int64_t m) {
 void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
                      float *y, int64_t ldy) {
     const char *wc = w;
-    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q6_K) {
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K) {
+        float (*row)(const char *, const fl_act_q8 *, int64_t) =
+            wtype == FL_TYPE_Q4_K ? dot_q4_K : wtype == FL_TYPE_Q5_K ? dot_q5_K : dot_q6_K;
         for (int t = 0; t < nt; t++)
-            for (int r = 0; r < nr; r++)
-                y[t * ldy + r] = wtype == FL_TYPE_Q4_K ? dot_q4_K(wc + r * ldw, a, m0 + t) : dot_q6_K(wc + r * ldw, a, m0 + t);
+            for (int r = 0; r < nr; r++) y[t * ldy + r] = row(wc + r * ldw, a, m0 + t);
         return;
     }
     for (int r = 0; r < nr; r += 2)
