@@ -33,6 +33,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define FL_QK 32
 #define FL_QK_K 256
@@ -76,6 +77,19 @@ void fl_dequant_q2_K(const void *src, float *y, int64_t k);
 void fl_dequant_q3_K(const void *src, float *y, int64_t k);
 /* Scale and min of sub-block j (0..7) from a q4_K / q5_K block's 12-byte 6-bit table. */
 void fl_q4_K_scale_min(int j, const uint8_t *scales, uint8_t *sc, uint8_t *mn);
+/* All 8 of fl_q4_K_scale_min's scales and mins at once, as bytes, with 32-bit masks (sub-blocks
+ * 0-3 in the low 6 bits of bytes 0-7, 4-7 split over bytes 8-11 and the top bits of 0-7); the
+ * SIMD kernels load them as vectors. */
+static inline void fl_k4_scale_min_bytes(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t w0, w1, w2;
+    memcpy(&w0, scales, 4);
+    memcpy(&w1, scales + 4, 4);
+    memcpy(&w2, scales + 8, 4);
+    const uint32_t s[2] = {w0 & 0x3F3F3F3Fu, (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4)};
+    const uint32_t m[2] = {w1 & 0x3F3F3F3Fu, ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4)};
+    memcpy(sc, s, 8);
+    memcpy(mn, m, 8);
+}
 /* The 8 sub-block scales d sc_j and mins dmin m_j of a Q4_K / Q5_K super-block (d and dmin are
  * its f16 fields; the products as the dequantizers form them). */
 void fl_k4_scales_mins(uint16_t d, uint16_t dmin, const uint8_t *scales, float sc[8], float mn[8]);

@@ -389,12 +389,8 @@ INLINE float gemv_row_k4(const char *w, const fl_act_q8 *a, int64_t m, const boo
         _mm_prefetch((const char *)b + 2048, _MM_HINT_T0);
         _mm_prefetch((const char *)b + 2048 + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)b + 2048 + 128, _MM_HINT_T0);
-        uint32_t w0, w1, w2;
-        memcpy(&w0, b->scales, 4);
-        memcpy(&w1, b->scales + 4, 4);
-        memcpy(&w2, b->scales + 8, 4);
-        const uint32_t sc[2] = {w0 & 0x3F3F3F3Fu, (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4)};
-        const uint32_t mn[2] = {w1 & 0x3F3F3F3Fu, ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4)};
+        uint8_t sc[8], mn[8];
+        fl_k4_scale_min_bytes(b->scales, sc, mn);
         const __m128i scv = _mm_loadl_epi64((const __m128i *)sc), mnv = _mm_loadl_epi64((const __m128i *)mn);
         const __m256 dx8 = _mm256_loadu_ps(dx + i * 8);
         const __m256 scf = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scv))), dx8);
