@@ -342,12 +342,12 @@ static void test_amx_parity(void **state) {
     fl_test_mem_zero();
 }
 
-/* Whole-matrix GEMM through fl_matmul (panel path on AVX-512) on shapes with row and token tails
+/* Whole-matrix GEMM through fl_matmul (panels on AVX-512, AMX tiles from 13 tokens) on shapes with row and token tails
  * against the scalar integer tiles of the reference ISA. */
 static void test_gemm_shapes_vs_ref_isa(void **state) {
     (void)state;
     const int32_t types[2] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0};
-    const int64_t shapes[][3] = {{33, 96, 2}, {16, 64, 8}, {47, 352, 17}, {5, 32, 3}}; /* N, K, M */
+    const int64_t shapes[][3] = {{33, 96, 2}, {16, 64, 8}, {47, 352, 17}, {5, 32, 3}, {40, 128, 13}, {18, 96, 12}}; /* N, K, M */
     for (int ti = 0; ti < 2; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int64_t N = shapes[si][0], K = shapes[si][1], M = shapes[si][2];

@@ -172,7 +172,7 @@ static void q8_panel_task(void *p, int ith, int nth) {
     }
 }
 
-/* AMX GEMM (M > 16): each thread takes amx_group panels at a time, packs them into its scratch,
+/* AMX GEMM (M >= 13): each thread takes amx_group panels at a time, packs them into its scratch,
  * then runs every 16-token tile through all of them (the tile stays in L2 while they pass).
  * Panels of a group fit L2: each thread's scratch holds amx_group_max of them whatever N is (so
  * the scratch of a step does not depend on the matrix's rows); a matrix with few panels takes
@@ -188,11 +188,14 @@ static int64_t amx_group(int32_t type, int64_t N, int64_t K, int nth) {
     return fair < 1 ? 1 : fair < g ? fair : g;
 }
 
-/* Steps of more than one token tile: at 16 tokens and fewer (batched decode) the tiles measured
- * no faster than the VNNI panels (`fitllm bench matmul -p 16`: 300-400 GOP/s either way, the
- * panel packing dominates), so those keep the VNNI path. */
+/* Steps of more than 12 tokens (a tile of 16 at least 13/16 used).  At 16 tokens (batched decode
+ * of 16 sequences) the tiles beat the VNNI panels: `fitllm bench serve -m tl-q4_0.gguf -n 16
+ * --max-seqs 16 ...` ITL p50 135 / 127 ms against 160 / 145 (Q8_0 141 / 164 against 186 / 164),
+ * alternated in one session; `fitllm bench matmul -p 12` was even and `-p 8` favoured the panels
+ * (Q4_0 168-211 against 214-228 GOP/s), whose cost shrinks with the tokens where a tile's does not. */
+#define AMX_MIN_TOKENS 13
 static bool amx_path(int32_t type, int64_t M) {
-    return M > FL_AMX_TOK && M <= INT32_MAX && fl_amx_type(type) && fl_amx_usable();
+    return M >= AMX_MIN_TOKENS && M <= INT32_MAX && fl_amx_type(type) && fl_amx_usable();
 }
 
 static void q8_amx_task(void *p, int ith, int nth) {

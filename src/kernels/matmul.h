@@ -21,7 +21,7 @@
  * two paths (its own GEMV; panels with scales d sc_j and mins), and Q2_K, Q3_K, Q5_K, Q6_K, Q4_1,
  * Q5_0, Q5_1 and IQ4_NL their own GEMVs for M == 1; on AVX2 Q4_K, Q5_K and Q6_K take maddubs row
  * dots (fl_gemm_q8_avx2: Q4_K for every step, Q5_K and Q6_K for M == 1).  Where the CPU has
- * AMX-INT8 and the OS grants the tile state, steps of more than 16 tokens of Q8_0 / Q4_0 / Q4_1 /
+ * AMX-INT8 and the OS grants the tile state, steps of 13 tokens or more of Q8_0 / Q4_0 / Q4_1 /
  * Q5_0 / Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K take the AMX GEMM instead (see below; FL_AMX=0 or
  * fl_matmul_set_amx(false) turns it off); the integer sums are the same, only the f32 order of
  * the per-block folds differs.  fl_matmul_set_llama_order(true)

@@ -2,9 +2,13 @@
  * of 16 tokens per call.  Per block of 32: load each panel's 16 x 32 codes (tiles A) and each
  * token tile's codes (tiles B, 8 rows of 16 tokens x 4 codes), TDPBSSD into zeroed int32 tiles C,
  * store them, and fold each into 16 f32 accumulators (row r, lane t): acc_r += float(C_r) *
- * (d_w[r] * d_x) [+ dmin m_j[r] * ms for Q4_K].  The fold is the cost: per 16 x 16 x 32 block
- * it is 16 x (convert, multiply, fma), which the tile unit's work cannot hide.  Also the
- * AVX-512 panel and activation-tile packers. */
+ * (d_w[r] * d_x) [+ dmin m_j[r] * ms for Q4_K].
+ * What it costs (one thread, weights and activations in L2, 16 x 16 x 32 products): a TDPBSSD
+ * ~6 ns, a tile store about as long and not overlapped with the products; the tiles alone ~20 ns
+ * per product with their loads, the fold alone ~12 ns, and the two do not overlap either (the
+ * kernel runs ~28-31 ns): per block the fold's 16 x (convert, multiply, fma) is as dear as the
+ * tile work.  Reordering the stores and folds, or prefetching the tiles' data into L1, measured
+ * no faster.  Also the AVX-512 panel and activation-tile packers. */
 #include "kernels/amx/amx.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
@@ -36,12 +40,6 @@ void fl_amx_begin(int32_t wtype) { _tile_loadconfig(wtype == FL_TYPE_Q6_K ? &g_c
 
 void fl_amx_end(void) { _tile_release(); }
 
-/* Blocks go in chunks of CHUNK.  The tiles of chunk c + 1 are computed and stored before chunk c
- * is folded: AMX stores do not forward to loads, so a fold right after its tile store would
- * stall until the store commits (a standalone loop on this machine: ~21 ns per 16 x 16 x 32
- * tile-block pipelined, ~29 ns not). */
-#define CHUNK 4
-
 /* Work unit u: a block of 32 codes, or with HALF (Q6_K) half h = u % 2 of block u / 2. */
 INLINE const int8_t *unit_codes(const int8_t *c, int64_t u, const bool HALF) {
     return HALF ? c + (u >> 1) * 512 + (u & 1) * 16 : c + u * 512;
@@ -56,61 +54,86 @@ INLINE const float *unit_scales(const float *sc, int64_t nb, int64_t u, const bo
     return HALF ? sc + (u & 1) * nb * 16 + (u >> 1) * 16 : sc + u * 16;
 }
 
-/* The int32 tiles of units u0 .. u0 + n - 1 for NP panels x NT token tiles into cb[j][2p + t]. */
-INLINE void tile_ops(const int8_t *c0, const int8_t *c1, const char *a0, const char *a1, int64_t u0, int n,
-                     int32_t (*cb)[4][256], const int NP, const int NT, const bool HALF) {
-#pragma GCC unroll 4
-    for (int j = 0; j < n; j++) {
-        const int64_t u = u0 + j;
-        _tile_loadd(0, unit_codes(c0, u, HALF), 32); /* rows: a panel row's 32-code blocks */
-        if (NP == 2) _tile_loadd(1, unit_codes(c1, u, HALF), 32);
-        _tile_loadd(2, unit_act(a0, u, HALF), 64);
-        if (NT == 2) _tile_loadd(3, unit_act(a1, u, HALF), 64);
-        _tile_zero(4);
-        if (NT == 2) _tile_zero(5);
-        if (NP == 2) _tile_zero(6);
-        if (NP == 2 && NT == 2) _tile_zero(7);
-        _tile_dpbssd(4, 0, 2);
-        if (NT == 2) _tile_dpbssd(5, 0, 3);
-        if (NP == 2) _tile_dpbssd(6, 1, 2);
-        if (NP == 2 && NT == 2) _tile_dpbssd(7, 1, 3);
-        _tile_stored(4, cb[j][0], 64);
-        if (NT == 2) _tile_stored(5, cb[j][1], 64);
-        if (NP == 2) _tile_stored(6, cb[j][2], 64);
-        if (NP == 2 && NT == 2) _tile_stored(7, cb[j][3], 64);
-    }
+/* Unit u's products for NP panels x NT token tiles into the C tiles (4 + 2p + t). */
+INLINE void tile_dp(const int8_t *c0, const int8_t *c1, const char *a0, const char *a1, int64_t u, const int NP,
+                    const int NT, const bool HALF) {
+    _tile_loadd(0, unit_codes(c0, u, HALF), 32); /* rows: a panel row's 32-code blocks */
+    if (NP == 2) _tile_loadd(1, unit_codes(c1, u, HALF), 32);
+    _tile_loadd(2, unit_act(a0, u, HALF), 64);
+    if (NT == 2) _tile_loadd(3, unit_act(a1, u, HALF), 64);
+    _tile_zero(4);
+    if (NT == 2) _tile_zero(5);
+    if (NP == 2) _tile_zero(6);
+    if (NP == 2 && NT == 2) _tile_zero(7);
+    _tile_dpbssd(4, 0, 2);
+    if (NT == 2) _tile_dpbssd(5, 0, 3);
+    if (NP == 2) _tile_dpbssd(6, 1, 2);
+    if (NP == 2 && NT == 2) _tile_dpbssd(7, 1, 3);
 }
 
-/* acc[r] (lanes = tokens) += float(C_r) * (d_w[r] d_x) [+ dmin m_j[r] * ms], units u0 .. u0 + n. */
-INLINE void fold_regs(__m512 acc[16], int32_t (*cb)[4][256], int ct, const float *sc, const float *mn, int64_t nb,
-                      const char *ab, int64_t u0, int n, const bool mins, const bool HALF) {
-    for (int j = 0; j < n; j++) {
-        const int64_t u = u0 + j;
-        const int32_t *c = cb[j][ct];
-        const float *s = unit_scales(sc, nb, u, HALF);
-        const char *blk = unit_block(ab, u, HALF);
-        const __m512 dx = _mm512_load_ps((const float *)(blk + 512));
+/* The C tiles into cb[2p + t]. */
+INLINE void tile_st(int32_t (*cb)[256], const int NP, const int NT) {
+    _tile_stored(4, cb[0], 64);
+    if (NT == 2) _tile_stored(5, cb[1], 64);
+    if (NP == 2) _tile_stored(6, cb[2], 64);
+    if (NP == 2 && NT == 2) _tile_stored(7, cb[3], 64);
+}
+
+/* acc[r] (lanes = tokens) += float(C_r) * (d_w[r] d_x) [+ dmin m_j[r] * ms] for unit u (C = its tile). */
+INLINE void fold_regs(__m512 acc[16], const int32_t *c, const float *sc, const float *mn, int64_t nb, const char *ab,
+                      int64_t u, const bool mins, const bool HALF) {
+    const float *s = unit_scales(sc, nb, u, HALF);
+    const char *blk = unit_block(ab, u, HALF);
+    const __m512 dx = _mm512_load_ps((const float *)(blk + 512));
 #pragma GCC unroll 16
-        for (int r = 0; r < 16; r++)
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)), _mm512_mul_ps(dx, _mm512_set1_ps(s[r])), acc[r]);
-        if (mins) {
-            const __m512 ms = _mm512_load_ps((const float *)(blk + 576));
-            const float *m = mn + u * 16;
+    for (int r = 0; r < 16; r++)
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)), _mm512_mul_ps(dx, _mm512_set1_ps(s[r])), acc[r]);
+    if (mins) {
+        const __m512 ms = _mm512_load_ps((const float *)(blk + 576));
+        const float *m = mn + u * 16;
 #pragma GCC unroll 16
-            for (int r = 0; r < 16; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(m[r]), ms, acc[r]);
-        }
+        for (int r = 0; r < 16; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(m[r]), ms, acc[r]);
     }
 }
 
 /* The same with the accumulators in memory (four C tiles' worth do not fit the registers). */
-INLINE void fold(float *accm, int32_t (*cb)[4][256], int ct, const float *sc, const float *mn, int64_t nb,
-                 const char *ab, int64_t u0, int n, const bool mins, const bool HALF) {
+INLINE void fold(float *accm, const int32_t *c, const float *sc, const float *mn, int64_t nb, const char *ab, int64_t u,
+                 const bool mins, const bool HALF) {
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) acc[r] = _mm512_load_ps(accm + 16 * r);
-    fold_regs(acc, cb, ct, sc, mn, nb, ab, u0, n, mins, HALF);
+    fold_regs(acc, c, sc, mn, nb, ab, u, mins, HALF);
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) _mm512_store_ps(accm + 16 * r, acc[r]);
+}
+
+/* r[i] lane j -> r[j] lane i (16 x 16 f32): unpack pairs of rows, then 4-row groups, then the
+ * 128-bit lanes in two steps. */
+INLINE void transpose16(__m512 r[16]) {
+    __m512 t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) { /* r[4i + j], 128-bit lane k: rows 4i .. 4i + 3 of column 4k + j */
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88), b = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+        const __m512 c = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88), d = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+        t[j] = _mm512_shuffle_f32x4(a, c, 0x88);      /* column j */
+        t[8 + j] = _mm512_shuffle_f32x4(a, c, 0xDD);  /* column 8 + j */
+        t[4 + j] = _mm512_shuffle_f32x4(b, d, 0x88);  /* column 4 + j */
+        t[12 + j] = _mm512_shuffle_f32x4(b, d, 0xDD); /* column 12 + j */
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
 INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void *act, int64_t mt, int ntok,
@@ -120,7 +143,7 @@ INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void 
     const size_t tile_bytes = (size_t)nb * FL_AMX_ACT_BLOCK;
     const int8_t *c0 = panel, *c1 = (const int8_t *)panel + pstride;
     const char *a0 = (const char *)act + (size_t)mt * tile_bytes, *a1 = a0 + tile_bytes;
-    int32_t cb[2][CHUNK][4][256] __attribute__((aligned(64)));
+    int32_t cb[2][4][256] __attribute__((aligned(64)));
     float accm[4][256] __attribute__((aligned(64)));
     const bool regs = NP == 1 && NT == 1; /* one C tile: its accumulators stay in registers */
     __m512 acc[16];
@@ -129,38 +152,43 @@ INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void 
         for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
     } else
         memset(accm, 0, sizeof accm);
-    const int64_t nc = (nu + CHUNK - 1) / CHUNK;
-    /* the caller's next weights, spread over the chunks: while the tiles run, memory fills L2 */
-    const size_t pf_step = ((pf_bytes + (size_t)nc - 1) / (size_t)nc + 63) & ~(size_t)63;
-    tile_ops(c0, c1, a0, a1, 0, (int)(nu < CHUNK ? nu : CHUNK), cb[0], NP, NT, HALF);
-    for (int64_t c = 0; c < nc; c++) {
-        const int64_t u0 = c * CHUNK, u1 = u0 + CHUNK;
+    /* the caller's next weights, spread over the units: while the tiles run, memory fills L2 */
+    const size_t pf_step = ((pf_bytes + (size_t)nu - 1) / (size_t)nu + 63) & ~(size_t)63;
+    tile_dp(c0, c1, a0, a1, 0, NP, NT, HALF);
+    tile_st(cb[0], NP, NT);
+    for (int64_t u = 0; u < nu; u++) {
         if (pf)
-            for (size_t o = (size_t)c * pf_step; o < (size_t)(c + 1) * pf_step && o < pf_bytes; o += 64)
+            for (size_t o = (size_t)u * pf_step; o < (size_t)(u + 1) * pf_step && o < pf_bytes; o += 64)
                 _mm_prefetch(pf + o, _MM_HINT_T1);
-        if (c + 1 < nc) tile_ops(c0, c1, a0, a1, u1, (int)(nu - u1 < CHUNK ? nu - u1 : CHUNK), cb[(c + 1) & 1], NP, NT, HALF);
-        const int n = (int)(nu - u0 < CHUNK ? nu - u0 : CHUNK);
+        /* unit u + 1's products are queued before unit u's fold and stored after it, so the
+         * fold's loads never sit behind a store of the tile unit's that is still waiting */
+        if (u + 1 < nu) tile_dp(c0, c1, a0, a1, u + 1, NP, NT, HALF);
         for (int p = 0; p < NP; p++) {
             const int8_t *cp = p ? c1 : c0;
             const float *sc = (const float *)(cp + FL_AMX_ROWS * K), *mn = sc + nb * FL_AMX_ROWS;
             for (int t = 0; t < NT; t++) {
-                if (regs) fold_regs(acc, cb[c & 1], 0, sc, mn, nb, a0, u0, n, mins, HALF);
-                else fold(accm[2 * p + t], cb[c & 1], 2 * p + t, sc, mn, nb, t ? a1 : a0, u0, n, mins, HALF);
+                if (regs) fold_regs(acc, cb[u & 1][0], sc, mn, nb, a0, u, mins, HALF);
+                else fold(accm[2 * p + t], cb[u & 1][2 * p + t], sc, mn, nb, t ? a1 : a0, u, mins, HALF);
             }
         }
-    }
-    if (regs) {
-#pragma GCC unroll 16
-        for (int r = 0; r < 16; r++) _mm512_store_ps(accm[0] + 16 * r, acc[r]);
+        if (u + 1 < nu) tile_st(cb[(u + 1) & 1], NP, NT);
     }
     for (int p = 0; p < NP; p++)
         for (int t = 0; t < NT; t++) {
-            const float *o = accm[2 * p + t];
+            __m512 o[16];
+            if (regs) {
+#pragma GCC unroll 16
+                for (int r = 0; r < 16; r++) o[r] = acc[r];
+            } else {
+#pragma GCC unroll 16
+                for (int r = 0; r < 16; r++) o[r] = _mm512_load_ps(accm[2 * p + t] + 16 * r);
+            }
+            transpose16(o); /* o[token] lanes = rows */
             const int rows = p == NP - 1 ? nr : FL_AMX_ROWS;
             const int toks = ntok - 16 * t < 16 ? ntok - 16 * t : 16;
+            const __mmask16 rm = (__mmask16)((1u << rows) - 1);
             float *yt = y + (int64_t)(16 * t) * ldy + 16 * p;
-            for (int tt = 0; tt < toks; tt++)
-                for (int r = 0; r < rows; r++) yt[tt * ldy + r] = o[r * 16 + tt];
+            for (int tt = 0; tt < toks; tt++) _mm512_mask_storeu_ps(yt + tt * ldy, rm, o[tt]);
         }
 }
 
