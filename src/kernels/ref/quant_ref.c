@@ -12,6 +12,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #define F2H(x) fl_f32_to_f16(x)
@@ -124,7 +125,12 @@ void fl_quantize_row_q8_K(const float *x, fl_block_q8_K *y, int64_t k) {
 
 /* Fit x ~= s * q + mn with q in [0, nmax], mn <= 0 (affine, for q2_K/q4_K/q5_K sub-blocks).
  * Tries a range of scales around (max - min) / nmax, refits (s, mn) by least squares for each
- * candidate code assignment, keeps the lowest squared error.  Returns s >= 0 and -mn >= 0. */
+ * candidate code assignment, keeps the lowest squared error (the first of equals).  Returns
+ * s >= 0 and -mn >= 0.  The candidates go AFFINE_G at a time through each loop over x, each with
+ * its own sums in the same order as one at a time (same results), so that the sums' dependency
+ * chains overlap. */
+#define AFFINE_STEPS 12 /* candidates -12 .. 12 */
+#define AFFINE_G 5      /* divides 2 * AFFINE_STEPS + 1 */
 static void fit_affine(const float *x, int n, int nmax, float *out_s, float *out_m) {
     float mn = x[0], mx = x[0];
     for (int i = 1; i < n; i++) {
@@ -133,38 +139,52 @@ static void fit_affine(const float *x, int n, int nmax, float *out_s, float *out
     }
     if (mn > 0) mn = 0;
     if (mx <= mn) { *out_s = 0; *out_m = -mn; return; }
+    double sx = 0;
+    for (int i = 0; i < n; i++) sx += x[i];
     float best_s = (mx - mn) / nmax, best_mn = mn, best_err = FLT_MAX;
-    for (int step = -12; step <= 12; step++) {
-        const float iscale = (nmax + 0.08f * step) / (mx - mn);
-        if (iscale <= 0) continue;
-        double sq = 0, sqq = 0, sx = 0, sxq = 0;
-        int q[256];
-        for (int i = 0; i < n; i++) {
-            q[i] = clampi((int)lrintf((x[i] - mn) * iscale), 0, nmax);
-            sq += q[i]; sqq += (double)q[i] * q[i]; sx += x[i]; sxq += (double)x[i] * q[i];
+    for (int step0 = -AFFINE_STEPS; step0 <= AFFINE_STEPS; step0 += AFFINE_G) {
+        float iscale[AFFINE_G];
+        double sq[AFFINE_G] = {0}, sqq[AFFINE_G] = {0}, sxq[AFFINE_G] = {0}, s[AFFINE_G], m[AFFINE_G];
+        bool skip[AFFINE_G];
+        for (int g = 0; g < AFFINE_G; g++) {
+            iscale[g] = (nmax + 0.08f * (step0 + g)) / (mx - mn);
+            skip[g] = iscale[g] <= 0;
         }
-        /* least squares for x = s q + m */
-        double det = n * sqq - sq * sq, s, m;
-        if (det > 0) {
-            s = (n * sxq - sq * sx) / det;
-            m = (sx - s * sq) / n;
-        } else { s = 0; m = sx / n; }
-        if (m > 0) { m = 0; s = sqq > 0 ? sxq / sqq : 0; }
-        if (s < 0) continue;
-        float err = 0;
-        for (int i = 0; i < n; i++) {
-            /* error with codes re-rounded against the fitted (s, m) */
-            int qi = s > 0 ? clampi((int)lrintf((float)((x[i] - m) / s)), 0, nmax) : 0;
-            float e = (float)(s * qi + m) - x[i];
-            err += e * e;
+        for (int i = 0; i < n; i++)
+#pragma GCC unroll 8
+            for (int g = 0; g < AFFINE_G; g++) {
+                const int q = clampi((int)lrintf((x[i] - mn) * iscale[g]), 0, nmax);
+                sq[g] += q; sqq[g] += (double)q * q; sxq[g] += (double)x[i] * q;
+            }
+        for (int g = 0; g < AFFINE_G; g++) { /* least squares for x = s q + m */
+            const double det = n * sqq[g] - sq[g] * sq[g];
+            if (det > 0) {
+                s[g] = (n * sxq[g] - sq[g] * sx) / det;
+                m[g] = (sx - s[g] * sq[g]) / n;
+            } else { s[g] = 0; m[g] = sx / n; }
+            if (m[g] > 0) { m[g] = 0; s[g] = sqq[g] > 0 ? sxq[g] / sqq[g] : 0; }
+            if (s[g] < 0) skip[g] = true;
         }
-        if (err < best_err) { best_err = err; best_s = (float)s; best_mn = (float)m; }
+        float err[AFFINE_G] = {0};
+        for (int i = 0; i < n; i++)
+#pragma GCC unroll 8
+            for (int g = 0; g < AFFINE_G; g++) {
+                /* error with codes re-rounded against the fitted (s, m) */
+                const int qi = s[g] > 0 ? clampi((int)lrintf((float)((x[i] - m[g]) / s[g])), 0, nmax) : 0;
+                const float e = (float)(s[g] * qi + m[g]) - x[i];
+                err[g] += e * e;
+            }
+        for (int g = 0; g < AFFINE_G; g++)
+            if (!skip[g] && err[g] < best_err) { best_err = err[g]; best_s = (float)s[g]; best_mn = (float)m[g]; }
     }
     *out_s = best_s;
     *out_m = -best_mn;
 }
 
-/* Fit x ~= s * q with q in [qmin, qmax] (symmetric, for q3_K/q6_K).  s may be negative. */
+/* Fit x ~= s * q with q in [qmin, qmax] (symmetric, for q3_K/q6_K).  s may be negative.  As
+ * fit_affine, SYM_G candidates at a time, each summed in its own order. */
+#define SYM_STEPS 10 /* candidates -10 .. 10 per side */
+#define SYM_G 7      /* divides 2 * SYM_STEPS + 1 */
 static float fit_sym(const float *x, int n, int qmin, int qmax) {
     float amax = 0, max = 0;
     for (int i = 0; i < n; i++)
@@ -173,26 +193,37 @@ static float fit_sym(const float *x, int n, int qmin, int qmax) {
     float best_s = 0, best_err = FLT_MAX;
     for (int side = 0; side < 2; side++) {
         const int target = side ? qmin : qmax; /* map the extreme element to qmin or qmax */
-        for (int step = -10; step <= 10; step++) {
-            const float t = (float)target * (1.0f + 0.02f * step);
-            if (t == 0) continue;
-            const float s0 = max / t;
-            if (s0 == 0) continue;
-            double sxq = 0, sqq = 0;
-            for (int i = 0; i < n; i++) {
-                const int q = clampi((int)lrintf(x[i] / s0), qmin, qmax);
-                sxq += (double)x[i] * q; sqq += (double)q * q;
+        for (int step0 = -SYM_STEPS; step0 <= SYM_STEPS; step0 += SYM_G) {
+            float s0[SYM_G], s[SYM_G];
+            bool skip[SYM_G];
+            double sxq[SYM_G] = {0}, sqq[SYM_G] = {0};
+            for (int g = 0; g < SYM_G; g++) {
+                const float t = (float)target * (1.0f + 0.02f * (step0 + g));
+                s0[g] = t == 0 ? 0 : max / t;
+                skip[g] = s0[g] == 0;
+                if (skip[g]) s0[g] = 1; /* any finite value: its sums are not used */
             }
-            if (sqq <= 0) continue;
-            const float s = (float)(sxq / sqq);
-            if (s == 0) continue;
-            float err = 0;
-            for (int i = 0; i < n; i++) {
-                const int q = clampi((int)lrintf(x[i] / s), qmin, qmax);
-                const float e = s * q - x[i];
-                err += e * e;
+            for (int i = 0; i < n; i++)
+#pragma GCC unroll 8
+                for (int g = 0; g < SYM_G; g++) {
+                    const int q = clampi((int)lrintf(x[i] / s0[g]), qmin, qmax);
+                    sxq[g] += (double)x[i] * q; sqq[g] += (double)q * q;
+                }
+            for (int g = 0; g < SYM_G; g++) {
+                if (sqq[g] <= 0) skip[g] = true;
+                s[g] = skip[g] ? 1 : (float)(sxq[g] / sqq[g]);
+                if (s[g] == 0) { skip[g] = true; s[g] = 1; }
             }
-            if (err < best_err) { best_err = err; best_s = s; }
+            float err[SYM_G] = {0};
+            for (int i = 0; i < n; i++)
+#pragma GCC unroll 8
+                for (int g = 0; g < SYM_G; g++) {
+                    const int q = clampi((int)lrintf(x[i] / s[g]), qmin, qmax);
+                    const float e = s[g] * q - x[i];
+                    err[g] += e * e;
+                }
+            for (int g = 0; g < SYM_G; g++)
+                if (!skip[g] && err[g] < best_err) { best_err = err[g]; best_s = s[g]; }
         }
     }
     return best_s;
