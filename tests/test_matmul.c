@@ -342,12 +342,65 @@ static void test_amx_parity(void **state) {
     fl_test_mem_zero();
 }
 
+/* AMX steps of up to 16 tokens, Q8_0 / Q4_0 (fl_amx_gemm_rows: rows unpacked per block into
+ * L1, Q8_0 with 16 real rows loaded straight from them): 32, 20 (second panel partial), 16 and 5
+ * rows, 16, 13 and 1 tokens, odd block counts, equal the integer reference; rows past nr and
+ * tokens past ntok are not written. */
+static void test_amx_rows(void **state) {
+    (void)state;
+    if (fl_isa_best() != FL_ISA_AVX512 || !fl_cpu_amx_request()) skip();
+    const int32_t types[2] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0};
+    const int64_t Ks[3] = {32, 416, 2048}, N = 40, LD = 40;
+    const int nrs[4] = {32, 20, 16, 5}, Ms[3] = {16, 13, 1};
+    int runs = 0;
+    for (int ti = 0; ti < 2; ti++)
+        for (int ki = 0; ki < 3; ki++) {
+            const int64_t K = Ks[ki];
+            qmat q;
+            qmat_make(&q, types[ti], N, K);
+            for (int mi = 0; mi < 3; mi++) {
+                const int64_t M = Ms[mi];
+                float *x = frand_buf(M * K);
+                fl_act_q8 a;
+                assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
+                for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
+                const size_t ab = fl_amx_act_bytes(M, K);
+                char *act = fl_alloc(FL_MEM_MISC, ab, 64);
+                for (int64_t m = 0; m < 16; m++) fl_amx_act_pack_row(&a, m, act);
+                float *ref = frand_buf(16 * LD), *got = frand_buf(16 * LD);
+                for (int ni = 0; ni < 4; ni++) {
+                    const int nr = nrs[ni];
+                    const char *w = (const char *)q.data + 3 * q.W.nb[1]; /* rows 3 .. 3 + nr */
+                    fl_gemm_q8_ref(types[ti], w, q.W.nb[1], nr, &a, 0, (int)M, ref, LD);
+                    for (int64_t i = 0; i < 16 * LD; i++) got[i] = -12345.0f;
+                    fl_amx_begin(types[ti]);
+                    fl_amx_gemm_rows(types[ti], w, q.W.nb[1], nr, K, act, (int)M, got, LD, ni ? q.data : NULL, ni ? q.bytes : 0);
+                    fl_amx_end();
+                    runs++;
+                    for (int64_t t = 0; t < 16; t++)
+                        for (int r = 0; r < LD; r++) {
+                            if (t >= M || r >= nr) assert_true(got[t * LD + r] == -12345.0f);
+                            else CHECK_NEAR(got[t * LD + r], ref[t * LD + r], 1e-4 * (1 + fabsf(ref[t * LD + r])));
+                        }
+                }
+                fl_free(FL_MEM_MISC, ref, (size_t)(16 * LD) * 4);
+                fl_free(FL_MEM_MISC, got, (size_t)(16 * LD) * 4);
+                fl_free(FL_MEM_MISC, act, ab);
+                fl_act_q8_free(&a);
+                fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+            }
+            qmat_free(&q);
+        }
+    assert_int_equal(runs, 72);
+    fl_test_mem_zero();
+}
+
 /* Whole-matrix GEMM through fl_matmul (panels on AVX-512, AMX tiles from 13 tokens) on shapes with row and token tails
  * against the scalar integer tiles of the reference ISA. */
 static void test_gemm_shapes_vs_ref_isa(void **state) {
     (void)state;
     const int32_t types[2] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0};
-    const int64_t shapes[][3] = {{33, 96, 2}, {16, 64, 8}, {47, 352, 17}, {5, 32, 3}, {40, 128, 13}, {18, 96, 12}}; /* N, K, M */
+    const int64_t shapes[][3] = {{33, 96, 2}, {16, 64, 8}, {47, 352, 17}, {5, 32, 3}, {40, 128, 13}, {18, 96, 12}, {70, 160, 16}}; /* N, K, M */
     for (int ti = 0; ti < 2; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int64_t N = shapes[si][0], K = shapes[si][1], M = shapes[si][2];
@@ -568,6 +621,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_vs_gemv),
         cmocka_unit_test(test_panel_parity),
         cmocka_unit_test(test_amx_parity),
+        cmocka_unit_test(test_amx_rows),
         cmocka_unit_test(test_act_quant_parity),
         cmocka_unit_test(test_gemv_parity),
         cmocka_unit_test(test_avx2_kquant_tiles),

@@ -205,6 +205,109 @@ void fl_amx_gemm(int32_t wtype, const void *panel, size_t pstride, int np, int64
     else { VARIANTS(1, 1) }
 }
 
+/* ---- steps of up to 16 tokens: the weight rows straight into the tiles ---- */
+
+/* Block b of the 16 rows at w (rows >= nr zero) as a tile A, 16 x 32 signed codes (Q4_0 nibble
+ * - 8, Q8_0 the code) at a, and their scales at sc: what fl_amx_pack_row puts in a panel. */
+INLINE void rows_block(int32_t wtype, const char *w, size_t ldw, int nr, int64_t b, int8_t *a, float *sc) {
+    const bool q8 = wtype == FL_TYPE_Q8_0;
+    const int bsz = q8 ? 34 : 18;
+    const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)ldw));
+    const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
+    const char *wb = w + b * bsz;
+    const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rm, vrow, (const void *)wb, 1);
+    _mm512_store_ps(sc, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
+    if (q8) {
+        for (int r = 0; r < 16; r++)
+            _mm256_store_si256((__m256i *)(a + 32 * r), r < nr ? _mm256_loadu_si256((const __m256i *)(wb + r * ldw + 2))
+                                                              : _mm256_setzero_si256());
+        return;
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m512i eight = _mm512_set1_epi8(8);
+    for (int r = 0; r < 16; r += 2) { /* two rows: [lo_r hi_r lo_r+1 hi_r+1] - 8 */
+        const __m128i q0 = r < nr ? _mm_loadu_si128((const __m128i *)(wb + r * ldw + 2)) : _mm_set1_epi8((char)0x88);
+        const __m128i q1 = r + 1 < nr ? _mm_loadu_si128((const __m128i *)(wb + (r + 1) * ldw + 2)) : _mm_set1_epi8((char)0x88);
+        const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
+        const __m512i lohi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
+                                                _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1);
+        _mm512_store_si512(a + 32 * r, _mm512_sub_epi8(_mm512_shuffle_i64x2(lohi, lohi, 0xD8), eight));
+    }
+}
+
+/* acc (in memory) += float(C_r) * (s[r] d_x) for the 16 rows of one C tile. */
+INLINE void fold_rows(float *accm, const int32_t *c, const float *s, const char *blk) {
+    const __m512 dx = _mm512_load_ps((const float *)(blk + 512));
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++)
+        _mm512_store_ps(accm + 16 * r, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)),
+                                                       _mm512_mul_ps(dx, _mm512_set1_ps(s[r])), _mm512_load_ps(accm + 16 * r)));
+}
+
+/* NP (1, 2) panels of rows x one token tile.  Per block: the next block's rows unpacked into
+ * an L1 buffer (Q8_0 with every row real: none, its codes are loaded straight from the rows),
+ * its products queued, this block folded, the next one's tiles stored. */
+INLINE void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y,
+                      int64_t ldy, const char *pf, size_t pf_bytes, const int NP) {
+    const int64_t nb = K / 32;
+    const bool direct = wtype == FL_TYPE_Q8_0 && nr == 16 * NP;
+    int8_t abuf[2][2][512] __attribute__((aligned(64)));
+    float sbuf[2][2][16] __attribute__((aligned(64)));
+    int32_t cb[2][4][256] __attribute__((aligned(64)));
+    float accm[2][256] __attribute__((aligned(64)));
+    memset(accm, 0, sizeof accm);
+    const size_t pf_step = ((pf_bytes + (size_t)nb - 1) / (size_t)nb + 63) & ~(size_t)63;
+    for (int64_t b = 0; b <= nb; b++) { /* step b: block b's rows and products, block b - 1's fold */
+        if (b < nb) {
+            if (pf)
+                for (size_t o = (size_t)b * pf_step; o < (size_t)(b + 1) * pf_step && o < pf_bytes; o += 64)
+                    _mm_prefetch(pf + o, _MM_HINT_T1);
+            for (int p = 0; p < NP; p++) {
+                const int rows = nr - 16 * p < 16 ? nr - 16 * p : 16;
+                const char *wp = w + (size_t)(16 * p) * ldw;
+                if (direct) { /* the scales only: the codes are loaded from the rows below */
+                    const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                            _mm512_set1_epi32((int)ldw));
+                    const __m512i g = _mm512_i32gather_epi32(vrow, (const void *)(wp + b * 34), 1);
+                    _mm512_store_ps(sbuf[b & 1][p], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
+                } else
+                    rows_block(wtype, wp, ldw, rows, b, abuf[b & 1][p], sbuf[b & 1][p]);
+            }
+            /* tile numbers are immediates */
+            if (direct) _tile_loadd(0, w + b * 34 + 2, (long)ldw);
+            else _tile_loadd(0, abuf[b & 1][0], 32);
+            if (NP == 2) {
+                if (direct) _tile_loadd(1, w + 16 * ldw + b * 34 + 2, (long)ldw);
+                else _tile_loadd(1, abuf[b & 1][1], 32);
+            }
+            _tile_loadd(2, act + b * FL_AMX_ACT_BLOCK, 64);
+            _tile_zero(4);
+            if (NP == 2) _tile_zero(6);
+            _tile_dpbssd(4, 0, 2);
+            if (NP == 2) _tile_dpbssd(6, 1, 2);
+        }
+        if (b > 0)
+            for (int p = 0; p < NP; p++) fold_rows(accm[p], cb[(b - 1) & 1][2 * p], sbuf[(b - 1) & 1][p], act + (b - 1) * FL_AMX_ACT_BLOCK);
+        if (b < nb) tile_st(cb[b & 1], NP, 1);
+    }
+    for (int p = 0; p < NP; p++) {
+        __m512 o[16];
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++) o[r] = _mm512_load_ps(accm[p] + 16 * r);
+        transpose16(o); /* o[token] lanes = rows */
+        const int rows = nr - 16 * p < 16 ? nr - 16 * p : 16;
+        const __mmask16 rm = (__mmask16)((1u << rows) - 1);
+        for (int t = 0; t < ntok; t++) _mm512_mask_storeu_ps(y + t * ldy + 16 * p, rm, o[t]);
+    }
+}
+
+void fl_amx_gemm_rows(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, const void *act, int ntok, float *y,
+                      int64_t ldy, const void *pf, size_t pf_bytes) {
+    if (nr > 16) gemm_rows(wtype, w, ldw, nr, K, act, ntok, y, ldy, pf, pf_bytes, 2);
+    else gemm_rows(wtype, w, ldw, nr, K, act, ntok, y, ldy, pf, pf_bytes, 1);
+}
+
 /* ---- AVX-512 panel packer (byte-identical to fl_amx_panel_pack_ref) ---- */
 
 /* The 16 rows' block scales (f16 at the start of each block, blocks bsz bytes apart) with one
