@@ -236,76 +236,65 @@ INLINE void rows_block(int32_t wtype, const char *w, size_t ldw, int nr, int64_t
     }
 }
 
-/* acc (in memory) += float(C_r) * (s[r] d_x) for the 16 rows of one C tile. */
-INLINE void fold_rows(float *accm, const int32_t *c, const float *s, const char *blk) {
-    const __m512 dx = _mm512_load_ps((const float *)(blk + 512));
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; r++)
-        _mm512_store_ps(accm + 16 * r, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)),
-                                                       _mm512_mul_ps(dx, _mm512_set1_ps(s[r])), _mm512_load_ps(accm + 16 * r)));
-}
-
-/* NP (1, 2) panels of rows x one token tile.  Per block: the next block's rows unpacked into
- * an L1 buffer (Q8_0 with every row real: none, its codes are loaded straight from the rows),
- * its products queued, this block folded, the next one's tiles stored. */
-INLINE void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y,
-                      int64_t ldy, const char *pf, size_t pf_bytes, const int NP) {
+/* One panel of up to 16 rows x one token tile, the accumulators in registers.  Per block: the
+ * next block's rows unpacked into an L1 buffer (Q8_0 with 16 real rows: only their scales, the
+ * codes are loaded straight from the rows), its product queued, this block folded, the next
+ * one's tile stored. */
+static void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y,
+                      int64_t ldy, const char *pf, size_t pf_bytes) {
     const int64_t nb = K / 32;
-    const bool direct = wtype == FL_TYPE_Q8_0 && nr == 16 * NP;
-    int8_t abuf[2][2][512] __attribute__((aligned(64)));
-    float sbuf[2][2][16] __attribute__((aligned(64)));
-    int32_t cb[2][4][256] __attribute__((aligned(64)));
-    float accm[2][256] __attribute__((aligned(64)));
-    memset(accm, 0, sizeof accm);
+    const bool direct = wtype == FL_TYPE_Q8_0 && nr == 16;
+    const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)ldw));
+    int8_t abuf[2][512] __attribute__((aligned(64)));
+    float sbuf[2][16] __attribute__((aligned(64)));
+    int32_t cb[2][256] __attribute__((aligned(64)));
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
     const size_t pf_step = ((pf_bytes + (size_t)nb - 1) / (size_t)nb + 63) & ~(size_t)63;
-    for (int64_t b = 0; b <= nb; b++) { /* step b: block b's rows and products, block b - 1's fold */
+    for (int64_t b = 0; b <= nb; b++) { /* step b: block b's rows and product, block b - 1's fold */
         if (b < nb) {
             if (pf)
                 for (size_t o = (size_t)b * pf_step; o < (size_t)(b + 1) * pf_step && o < pf_bytes; o += 64)
                     _mm_prefetch(pf + o, _MM_HINT_T1);
-            for (int p = 0; p < NP; p++) {
-                const int rows = nr - 16 * p < 16 ? nr - 16 * p : 16;
-                const char *wp = w + (size_t)(16 * p) * ldw;
-                if (direct) { /* the scales only: the codes are loaded from the rows below */
-                    const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                            _mm512_set1_epi32((int)ldw));
-                    const __m512i g = _mm512_i32gather_epi32(vrow, (const void *)(wp + b * 34), 1);
-                    _mm512_store_ps(sbuf[b & 1][p], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
-                } else
-                    rows_block(wtype, wp, ldw, rows, b, abuf[b & 1][p], sbuf[b & 1][p]);
-            }
-            /* tile numbers are immediates */
-            if (direct) _tile_loadd(0, w + b * 34 + 2, (long)ldw);
-            else _tile_loadd(0, abuf[b & 1][0], 32);
-            if (NP == 2) {
-                if (direct) _tile_loadd(1, w + 16 * ldw + b * 34 + 2, (long)ldw);
-                else _tile_loadd(1, abuf[b & 1][1], 32);
+            if (direct) {
+                const __m512i g = _mm512_i32gather_epi32(vrow, (const void *)(w + b * 34), 1);
+                _mm512_store_ps(sbuf[b & 1], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
+                _tile_loadd(0, w + b * 34 + 2, (long)ldw);
+            } else {
+                rows_block(wtype, w, ldw, nr, b, abuf[b & 1], sbuf[b & 1]);
+                _tile_loadd(0, abuf[b & 1], 32);
             }
             _tile_loadd(2, act + b * FL_AMX_ACT_BLOCK, 64);
             _tile_zero(4);
-            if (NP == 2) _tile_zero(6);
             _tile_dpbssd(4, 0, 2);
-            if (NP == 2) _tile_dpbssd(6, 1, 2);
         }
-        if (b > 0)
-            for (int p = 0; p < NP; p++) fold_rows(accm[p], cb[(b - 1) & 1][2 * p], sbuf[(b - 1) & 1][p], act + (b - 1) * FL_AMX_ACT_BLOCK);
-        if (b < nb) tile_st(cb[b & 1], NP, 1);
-    }
-    for (int p = 0; p < NP; p++) {
-        __m512 o[16];
+        if (b > 0) {
+            const float *sv = sbuf[(b - 1) & 1];
+            const int32_t *c = cb[(b - 1) & 1];
+            const __m512 dx = _mm512_load_ps((const float *)(act + (b - 1) * FL_AMX_ACT_BLOCK + 512));
 #pragma GCC unroll 16
-        for (int r = 0; r < 16; r++) o[r] = _mm512_load_ps(accm[p] + 16 * r);
-        transpose16(o); /* o[token] lanes = rows */
-        const int rows = nr - 16 * p < 16 ? nr - 16 * p : 16;
-        const __mmask16 rm = (__mmask16)((1u << rows) - 1);
-        for (int t = 0; t < ntok; t++) _mm512_mask_storeu_ps(y + t * ldy + 16 * p, rm, o[t]);
+            for (int r = 0; r < 16; r++)
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)), _mm512_mul_ps(dx, _mm512_set1_ps(sv[r])), acc[r]);
+        }
+        if (b < nb) _tile_stored(4, cb[b & 1], 64);
     }
+    transpose16(acc); /* acc[token] lanes = rows */
+    const __mmask16 rm = (__mmask16)((1u << nr) - 1);
+    for (int t = 0; t < ntok; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
 }
 
 void fl_amx_gemm_rows(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, const void *act, int ntok, float *y,
                       int64_t ldy, const void *pf, size_t pf_bytes) {
-    if (nr > 16) gemm_rows(wtype, w, ldw, nr, K, act, ntok, y, ldy, pf, pf_bytes, 2);
-    else gemm_rows(wtype, w, ldw, nr, K, act, ntok, y, ldy, pf, pf_bytes, 1);
+    /* one panel at a time: its accumulators stay in registers (two panels' would not fit), which
+     * measured faster for Q8_0 (`fitllm bench matmul -p 16`: 630-655 against 436-530 GOP/s)
+     * and the same for Q4_0, whose unpacking is the cost */
+    const size_t half = nr > 16 ? pf_bytes / 2 : pf_bytes;
+    gemm_rows(wtype, w, ldw, nr < 16 ? nr : 16, K, act, ntok, y, ldy, pf, half);
+    if (nr > 16)
+        gemm_rows(wtype, (const char *)w + 16 * ldw, ldw, nr - 16, K, act, ntok, y + 16, ldy, pf ? (const char *)pf + half : NULL,
+                  pf_bytes - half);
 }
 
 /* ---- AVX-512 panel packer (byte-identical to fl_amx_panel_pack_ref) ---- */
