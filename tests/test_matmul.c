@@ -260,6 +260,11 @@ static void test_amx_parity(void **state) {
                 memset(act2, 0x33, ab);
                 for (int64_t m = 0; m < 32; m++) fl_amx_act_pack_row_avx512(&a, m, act2);
                 assert_memory_equal(act, act2, ab);
+                memset(act2, 0x33, ab); /* and 8 tokens at a time where 8 are there */
+                for (int64_t m = 0; m < 32; m += m + 8 <= M ? 8 : 1)
+                    if (m + 8 <= M) fl_amx_act_pack8_avx512(&a, m, act2);
+                    else fl_amx_act_pack_row_avx512(&a, m, act2);
+                assert_memory_equal(act, act2, ab);
                 fl_free(FL_MEM_MISC, act2, ab);
             }
             const size_t pb = fl_amx_panel_bytes(types[ti], K);

@@ -101,10 +101,15 @@ static void q8_quant_task(void *p, int ith, int nth) {
     fl_split_range(c->M, ith, nth, &lo, &hi);
     void (*quant)(fl_act_q8 *, int64_t, const float *) =
         fl_isa_get() == FL_ISA_AVX512 ? fl_act_q8_quantize_row_avx512 : fl_act_q8_quantize_row;
-    for (int64_t m = lo; m < hi; m++) {
-        quant(&c->act, m, c->x + m * c->W->ne[0]);
-        if (c->amx_act) fl_amx_act_pack_row_avx512(&c->act, m, c->amx_act);
-    }
+    for (int64_t m = lo; m < hi; m++) quant(&c->act, m, c->x + m * c->W->ne[0]);
+    if (c->amx_act) /* the activation tiles: 8 tokens at a time where this thread has all 8 */
+        for (int64_t m = lo; m < hi;) {
+            if (m % 8 == 0 && m + 8 <= hi) {
+                fl_amx_act_pack8_avx512(&c->act, m, c->amx_act);
+                m += 8;
+            } else
+                fl_amx_act_pack_row_avx512(&c->act, m++, c->amx_act);
+        }
 }
 
 #define ROW_TILE 4

@@ -189,6 +189,8 @@ size_t fl_amx_act_bytes(int64_t M, int64_t K);
 /* Write token m's activation codes / scales into its tile (m >= a->M: zeros). */
 void fl_amx_act_pack_row(const fl_act_q8 *a, int64_t m, void *act);
 void fl_amx_act_pack_row_avx512(const fl_act_q8 *a, int64_t m, void *act); /* byte-identical */
+/* Tokens m0 .. m0 + 7 (m0 % 8 == 0, m0 + 8 <= a->M) at once, byte-identical. */
+void fl_amx_act_pack8_avx512(const fl_act_q8 *a, int64_t m0, void *act);
 void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 /* One Q6_K row into panel row r (codes q = panel + 32 r, scales sc) - both packers use it. */
 void fl_amx_pack_q6_K_row(const fl_block_q6_K *blk, int64_t K, int8_t *q, float *sc, int r);
