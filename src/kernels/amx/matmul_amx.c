@@ -236,6 +236,14 @@ INLINE void rows_block(int32_t wtype, const char *w, size_t ldw, int nr, int64_t
     }
 }
 
+/* acc[r] += float(C_r) * (s[r] d_x) (one C tile, no mins), d_x from the block's activations. */
+INLINE void fold16(__m512 acc[16], const int32_t *c, const float *s, const char *blk) {
+    const __m512 dx = _mm512_load_ps((const float *)(blk + 512));
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++)
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)), _mm512_mul_ps(dx, _mm512_set1_ps(s[r])), acc[r]);
+}
+
 /* One panel of up to 16 rows x one token tile, the accumulators in registers.  Per block: the
  * next block's rows unpacked into an L1 buffer (Q8_0 with 16 real rows: only their scales, the
  * codes are loaded straight from the rows), its product queued, this block folded, the next
@@ -253,33 +261,35 @@ static void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t 
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
     const size_t pf_step = ((pf_bytes + (size_t)nb - 1) / (size_t)nb + 63) & ~(size_t)63;
-    for (int64_t b = 0; b <= nb; b++) { /* step b: block b's rows and product, block b - 1's fold */
-        if (b < nb) {
-            if (pf)
-                for (size_t o = (size_t)b * pf_step; o < (size_t)(b + 1) * pf_step && o < pf_bytes; o += 64)
-                    _mm_prefetch(pf + o, _MM_HINT_T1);
-            if (direct) {
-                const __m512i g = _mm512_i32gather_epi32(vrow, (const void *)(w + b * 34), 1);
-                _mm512_store_ps(sbuf[b & 1], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
-                _tile_loadd(0, w + b * 34 + 2, (long)ldw);
-            } else {
-                rows_block(wtype, w, ldw, nr, b, abuf[b & 1], sbuf[b & 1]);
-                _tile_loadd(0, abuf[b & 1], 32);
-            }
-            _tile_loadd(2, act + b * FL_AMX_ACT_BLOCK, 64);
-            _tile_zero(4);
-            _tile_dpbssd(4, 0, 2);
-        }
-        if (b > 0) {
-            const float *sv = sbuf[(b - 1) & 1];
-            const int32_t *c = cb[(b - 1) & 1];
-            const __m512 dx = _mm512_load_ps((const float *)(act + (b - 1) * FL_AMX_ACT_BLOCK + 512));
-#pragma GCC unroll 16
-            for (int r = 0; r < 16; r++)
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)), _mm512_mul_ps(dx, _mm512_set1_ps(sv[r])), acc[r]);
-        }
-        if (b < nb) _tile_stored(4, cb[b & 1], 64);
+    /* step b: block b's rows and product, block b - 1's fold, block b's store.  Even blocks use
+     * tiles A0 B2 C4, odd ones A1 B3 C5, so a block's product does not wait for the store of
+     * the one before (tile numbers are immediates: the loop goes two blocks per turn) */
+#define ROWS_STEP(b, TA, TB, TC)                                                                          \
+    do {                                                                                                  \
+        if ((b) < nb) {                                                                                   \
+            if (pf)                                                                                       \
+                for (size_t o = (size_t)(b) * pf_step; o < (size_t)((b) + 1) * pf_step && o < pf_bytes; o += 64) \
+                    _mm_prefetch(pf + o, _MM_HINT_T1);                                                    \
+            if (direct) {                                                                                 \
+                const __m512i g = _mm512_i32gather_epi32(vrow, (const void *)(w + (b) * 34), 1);          \
+                _mm512_store_ps(sbuf[(b) & 1], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));               \
+                _tile_loadd(TA, w + (b) * 34 + 2, (long)ldw);                                             \
+            } else {                                                                                      \
+                rows_block(wtype, w, ldw, nr, (b), abuf[(b) & 1], sbuf[(b) & 1]);                         \
+                _tile_loadd(TA, abuf[(b) & 1], 32);                                                       \
+            }                                                                                             \
+            _tile_loadd(TB, act + (b) * FL_AMX_ACT_BLOCK, 64);                                            \
+            _tile_zero(TC);                                                                               \
+            _tile_dpbssd(TC, TA, TB);                                                                     \
+        }                                                                                                 \
+        if ((b) > 0) fold16(acc, cb[((b) - 1) & 1], sbuf[((b) - 1) & 1], act + ((b) - 1) * FL_AMX_ACT_BLOCK); \
+        if ((b) < nb) _tile_stored(TC, cb[(b) & 1], 64);                                                  \
+    } while (0)
+    for (int64_t b = 0; b <= nb; b += 2) {
+        ROWS_STEP(b, 0, 2, 4);
+        if (b + 1 <= nb) ROWS_STEP(b + 1, 1, 3, 5);
     }
+#undef ROWS_STEP
     transpose16(acc); /* acc[token] lanes = rows */
     const __mmask16 rm = (__mmask16)((1u << nr) - 1);
     for (int t = 0; t < ntok; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
