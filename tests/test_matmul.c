@@ -524,6 +524,28 @@ static void test_gemv_parity(void **state) {
             fl_free(FL_MEM_MISC, x, (size_t)K * 4);
             qmat_free(&q);
         }
+    /* Q2_K / Q3_K rows longer than one pass of their per-call activation sums (64 super-blocks):
+     * 65 and 130 super-blocks, two tokens */
+    for (int ti = 0; ti < 2 && avx512; ti++)
+        for (int64_t K = 65 * 256; K <= 130 * 256; K += 65 * 256) {
+            const int32_t type = ti ? FL_TYPE_Q3_K : FL_TYPE_Q2_K;
+            const int64_t N = 3;
+            qmat q;
+            qmat_make(&q, type, N, K);
+            float *x = frand_buf(2 * K);
+            fl_act_q8 a;
+            assert_int_equal(fl_act_q8_alloc(&a, 2, K), FL_OK);
+            for (int64_t m = 0; m < 2; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
+            float ref[6], got[6];
+            fl_gemm_q8_ref(type, q.data, q.W.nb[1], (int)N, &a, 0, 2, ref, 3);
+            fl_gemm_q8_avx512(type, q.data, q.W.nb[1], (int)N, &a, 0, 2, got, 3);
+            for (int i = 0; i < 6; i++)
+                if (!(fabsf(got[i] - ref[i]) <= 1e-4f * (1 + fabsf(ref[i]))))
+                    fail_msg("%s K=%lld %d: GEMV %.7g vs ref %.7g", fl_type_name(type), (long long)K, i, got[i], ref[i]);
+            fl_act_q8_free(&a);
+            fl_free(FL_MEM_MISC, x, (size_t)(2 * K) * 4);
+            qmat_free(&q);
+        }
     fl_test_mem_zero();
 }
 

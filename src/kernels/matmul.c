@@ -137,10 +137,8 @@ static void q8_gemm_task(void *p, int ith, int nth) {
             const int64_t n0 = atomic_fetch_add_explicit(&c->next, gc, memory_order_relaxed);
             if (n0 >= N) break;
             const int64_t n1 = n0 + gc < N ? n0 + gc : N;
-            for (int64_t n = n0; n < n1; n += ROW_TILE) {
-                const int nr = (int)(n1 - n < ROW_TILE ? n1 - n : ROW_TILE);
-                c->gemm(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, &c->act, 0, 1, c->y + n, N);
-            }
+            /* the chunk in one call: per-call work on the activations (Q2_K / Q3_K) is done once */
+            c->gemm(c->W->type, (const char *)c->W->data + n0 * ldw, ldw, (int)(n1 - n0), &c->act, 0, 1, c->y + n0, N);
         }
         return;
     }

@@ -428,21 +428,51 @@ INLINE float gemv_row_k4(const char *w, const fl_act_q8 *a, int64_t m, const boo
 static float gemv_row_q4_K(const char *w, const fl_act_q8 *a, int64_t m) { return gemv_row_k4(w, a, m, false); }
 static float gemv_row_q5_K(const char *w, const fl_act_q8 *a, int64_t m) { return gemv_row_k4(w, a, m, true); }
 
-/* Q3_K row (GEMV), 8-bit activations in blocks of 32.  Per super-block the 16 6-bit signed
- * scales are unpacked with 64-bit masks and converted once (times d); per s = 0..3 one zmm of
- * qs holds groups s (bytes 0..31) and 4 + s (32..63): bits 2s are their two low code bits, and
- * hmask (both halves) shifted by s / 4 + s gives the third, so codes are 0..7 unsigned and the
- * -4 is a second vpdpbusd of the constant 4.  vpdpbusd lanes 4k..4k+3 are one 16-code
- * sub-block, so the scale vector is sc spread over 4 lanes times each group's d_x. */
-INLINE float gemv_row_q3_K(const char *w, const fl_act_q8 *a, int64_t m) {
-    const fl_block_q3_K *blk = (const fl_block_q3_K *)w;
-    const int64_t nsb = a->K / FL_QK_K;
+/* What the Q2_K / Q3_K GEMVs need of one token per super-block, computed once per call instead
+ * of once per row: ext[i][j] = d_x of 16-code sub-block j (its block of 32's scale) and
+ * ext[i][16 + j] = d_x * (the sum of its 16 codes), for super-blocks i0 .. i1 - 1. */
+#define KQ_EXT_SB 64 /* super-blocks per pass: 8 KiB of ext on the stack */
+static void kq_ext(const fl_act_q8 *a, int64_t m, int64_t i0, int64_t i1, float *ext) {
     const int8_t *x = a->qs + m * a->K;
     const float *dx = a->d + m * a->nb;
-    const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1), c4 = _mm512_set1_epi8(4), zero = _mm512_setzero_si512();
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nsb; i++) {
+    const __m512i idx2 = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    for (int64_t i = i0; i < i1; i++) {
+        float *e = ext + (i - i0) * 32;
+        const __m512 d16 = _mm512_permutexvar_ps(idx2, _mm512_castps256_ps512(_mm256_loadu_ps(dx + i * 8)));
+        int32_t s16[16];
+        for (int j = 0; j < 16; j++)
+            s16[j] = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x + i * FL_QK_K + 16 * j))));
+        _mm512_storeu_ps(e, d16);
+        _mm512_storeu_ps(e + 16, _mm512_mul_ps(d16, _mm512_cvtepi32_ps(_mm512_loadu_si512(s16))));
+    }
+}
+
+/* The per-s activation pair of a super-block: groups s (codes 32s .. 32s + 31) and 4 + s. */
+INLINE __m512i kq_xpair(const int8_t *xb, int s) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xb + 32 * s))),
+                              _mm256_loadu_si256((const __m256i *)(xb + 128 + 32 * s)), 1);
+}
+
+/* vpdpbusd lanes 4k .. 4k + 3 of group pair s: sub-blocks 2s, 2s + 1, 8 + 2s, 9 + 2s. */
+INLINE __m512i kq_sidx(int s) {
+    return _mm512_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1, 2 * s + 1, 2 * s + 1, 8 + 2 * s, 8 + 2 * s,
+                             8 + 2 * s, 8 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s);
+}
+
+/* Q3_K row (GEMV), 8-bit activations in blocks of 32, super-blocks i0 .. i1 - 1 (ext from
+ * kq_ext).  Per super-block the 16 6-bit signed scales are unpacked with 64-bit masks and
+ * converted once (times d, times each sub-block's d_x from ext); per s = 0..3 one zmm of qs
+ * holds groups s (bytes 0..31) and 4 + s (32..63): bits 2s are their two low code bits, and
+ * hmask (both halves) shifted by s / 4 + s gives the third, so codes are 0..7 unsigned.  The
+ * -4 is applied once per super-block: -4 * sum_j d sc_j (d_x sum_j x). */
+INLINE float gemv_row_q3_K(const char *w, const fl_act_q8 *a, int64_t m, const float *ext, int64_t i0, int64_t i1) {
+    const fl_block_q3_K *blk = (const fl_block_q3_K *)w;
+    const int8_t *x = a->qs + m * a->K;
+    const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1), zero = _mm512_setzero_si512();
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), off = _mm512_setzero_ps();
+    for (int64_t i = i0; i < i1; i++) {
         const fl_block_q3_K *b = blk + i;
+        const float *e = ext + (i - i0) * 32;
         _mm_prefetch((const char *)b + 2048, _MM_HINT_T0);
         _mm_prefetch((const char *)b + 2048 + 64, _MM_HINT_T0);
         uint64_t lo8;
@@ -456,6 +486,8 @@ INLINE float gemv_row_q3_K(const char *w, const fl_act_q8 *a, int64_t m) {
         const uint64_t s0 = (lo8 & 0x0F0F0F0F0F0F0F0Full) | (hi0 << 4), s1 = ((lo8 >> 4) & 0x0F0F0F0F0F0F0F0Full) | (hi1 << 4);
         const __m128i scb = _mm_sub_epi8(_mm_set_epi64x((long long)s1, (long long)s0), _mm_set1_epi8(32));
         const __m512 sc16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scb)));
+        const __m512 scx = _mm512_mul_ps(sc16, _mm512_loadu_ps(e));
+        off = _mm512_fmadd_ps(sc16, _mm512_loadu_ps(e + 16), off);
         const __m512i q = _mm512_loadu_si512(b->qs);
         const __m512i hz = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->hmask));
         const int8_t *xb = x + i * FL_QK_K;
@@ -464,58 +496,60 @@ INLINE float gemv_row_q3_K(const char *w, const fl_act_q8 *a, int64_t m) {
             const __m512i hsh = _mm512_inserti64x4(_mm512_set1_epi16((short)s), _mm256_set1_epi16((short)(4 + s)), 1);
             const __m512i u = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 2 * s), m3),
                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hz, hsh), one), 2));
-            const __m512i xv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xb + 32 * s))),
-                                                  _mm256_loadu_si256((const __m256i *)(xb + 128 + 32 * s)), 1);
-            const __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, u, xv), _mm512_dpbusd_epi32(zero, c4, xv));
-            /* lanes 0-3 / 4-7: sub-blocks 2s, 2s + 1 (group s); 8-11 / 12-15: 8 + 2s, 9 + 2s */
-            const __m512i sidx = _mm512_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1, 2 * s + 1, 2 * s + 1,
-                                                   8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s);
-            const __m512 dxv = _mm512_insertf32x8(_mm512_set1_ps(dx[i * 8 + s]), _mm256_set1_ps(dx[i * 8 + 4 + s]), 1);
-            const __m512 scv = _mm512_mul_ps(_mm512_permutexvar_ps(sidx, sc16), dxv);
-            if (s & 1) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scv, acc1);
-            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scv, acc0);
+            const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, kq_xpair(xb, s)));
+            if (s & 1) acc1 = _mm512_fmadd_ps(p, _mm512_permutexvar_ps(kq_sidx(s), scx), acc1);
+            else acc0 = _mm512_fmadd_ps(p, _mm512_permutexvar_ps(kq_sidx(s), scx), acc0);
         }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - 4.0f * _mm512_reduce_add_ps(off);
 }
 
-/* Q2_K row (GEMV), 8-bit activations in blocks of 32: as the Q3_K kernel without the third bit
- * (codes 0..3, no offset), and per 16-code sub-block a min: a second vpdpbusd of the constant 1
- * gives the activation sums, times dmin (sc >> 4) d_x, subtracted. */
-INLINE float gemv_row_q2_K(const char *w, const fl_act_q8 *a, int64_t m) {
+/* Q2_K row (GEMV), super-blocks i0 .. i1 - 1: as the Q3_K kernel without the third bit (codes
+ * 0..3, no offset); the mins once per super-block: sum_j dmin m_j (d_x sum_j x), subtracted. */
+INLINE float gemv_row_q2_K(const char *w, const fl_act_q8 *a, int64_t m, const float *ext, int64_t i0, int64_t i1) {
     const fl_block_q2_K *blk = (const fl_block_q2_K *)w;
-    const int64_t nsb = a->K / FL_QK_K;
     const int8_t *x = a->qs + m * a->K;
-    const float *dx = a->d + m * a->nb;
-    const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1), zero = _mm512_setzero_si512();
+    const __m512i m3 = _mm512_set1_epi8(3), zero = _mm512_setzero_si512();
     const __m128i m4 = _mm_set1_epi8(0x0F);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nsb; i++) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), mins = _mm512_setzero_ps();
+    for (int64_t i = i0; i < i1; i++) {
         const fl_block_q2_K *b = blk + i;
+        const float *e = ext + (i - i0) * 32;
         _mm_prefetch((const char *)b + 2048, _MM_HINT_T0);
         _mm_prefetch((const char *)b + 2048 + 64, _MM_HINT_T0);
         const __m128i sb = _mm_loadu_si128((const __m128i *)b->scales);
         const __m512 sc16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(sb, m4))));
         const __m512 mn16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->dmin)),
                                           _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(sb, 4), m4))));
+        const __m512 scx = _mm512_mul_ps(sc16, _mm512_loadu_ps(e));
+        mins = _mm512_fmadd_ps(mn16, _mm512_loadu_ps(e + 16), mins);
         const __m512i q = _mm512_loadu_si512(b->qs);
         const int8_t *xb = x + i * FL_QK_K;
 #pragma GCC unroll 4
         for (int s = 0; s < 4; s++) { /* groups s (bytes 0..31 of qs) and 4 + s (32..63) */
             const __m512i u = _mm512_and_si512(_mm512_srli_epi16(q, 2 * s), m3);
-            const __m512i xv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xb + 32 * s))),
-                                                  _mm256_loadu_si256((const __m256i *)(xb + 128 + 32 * s)), 1);
-            const __m512i p = _mm512_dpbusd_epi32(zero, u, xv), px = _mm512_dpbusd_epi32(zero, one, xv);
-            const __m512i sidx = _mm512_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1, 2 * s + 1, 2 * s + 1,
-                                                   8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s);
-            const __m512 dxv = _mm512_insertf32x8(_mm512_set1_ps(dx[i * 8 + s]), _mm256_set1_ps(dx[i * 8 + 4 + s]), 1);
-            const __m512 scv = _mm512_mul_ps(_mm512_permutexvar_ps(sidx, sc16), dxv);
-            const __m512 mnv = _mm512_mul_ps(_mm512_permutexvar_ps(sidx, mn16), dxv);
-            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scv, acc0);
-            acc1 = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(px), mnv, acc1);
+            const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, kq_xpair(xb, s)));
+            if (s & 1) acc1 = _mm512_fmadd_ps(p, _mm512_permutexvar_ps(kq_sidx(s), scx), acc1);
+            else acc0 = _mm512_fmadd_ps(p, _mm512_permutexvar_ps(kq_sidx(s), scx), acc0);
         }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - _mm512_reduce_add_ps(mins);
+}
+
+/* Rows of Q2_K / Q3_K for token m: KQ_EXT_SB super-blocks at a time (one pass for K <= 16384),
+ * each pass's partial dot added to y. */
+static void gemv_kq23(const int32_t wtype, const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m, float *y) {
+    float ext[KQ_EXT_SB * 32];
+    const int64_t nsb = a->K / FL_QK_K;
+    for (int64_t i0 = 0; i0 < nsb; i0 += KQ_EXT_SB) {
+        const int64_t i1 = nsb - i0 < KQ_EXT_SB ? nsb : i0 + KQ_EXT_SB;
+        kq_ext(a, m, i0, i1, ext);
+        for (int r = 0; r < nr; r++) {
+            const float v = wtype == FL_TYPE_Q3_K ? gemv_row_q3_K(w + r * ldw, a, m, ext, i0, i1)
+                                                  : gemv_row_q2_K(w + r * ldw, a, m, ext, i0, i1);
+            y[r] = i0 ? y[r] + v : v;
+        }
+    }
 }
 
 /* Q4_1 / Q5_0 / Q5_1 / IQ4_NL row (GEMV), two blocks per zmm: the codes as 64 unsigned bytes
@@ -644,10 +678,13 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
             for (int r = 0; r < nr; r++) y[t * ldy + r] = gemv_row_b32(wtype, wc + r * ldw, a, m0 + t);
         return;
     }
-    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K || wtype == FL_TYPE_Q2_K) {
+    if (wtype == FL_TYPE_Q3_K || wtype == FL_TYPE_Q2_K) { /* one-token steps */
+        for (int t = 0; t < nt; t++) gemv_kq23(wtype, wc, ldw, nr, a, m0 + t, y + t * ldy);
+        return;
+    }
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K) {
         float (*row)(const char *, const fl_act_q8 *, int64_t) = /* one-token steps */
-            wtype == FL_TYPE_Q4_K ? gemv_row_q4_K : wtype == FL_TYPE_Q5_K ? gemv_row_q5_K : wtype == FL_TYPE_Q3_K ? gemv_row_q3_K
-            : wtype == FL_TYPE_Q2_K ? gemv_row_q2_K : gemv_row_q6_K;
+            wtype == FL_TYPE_Q4_K ? gemv_row_q4_K : wtype == FL_TYPE_Q5_K ? gemv_row_q5_K : gemv_row_q6_K;
         for (int t = 0; t < nt; t++)
             for (int r = 0; r < nr; r++) y[t * ldy + r] = row(wc + r * ldw, a, m0 + t);
         return;
