@@ -61,7 +61,7 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
     if ((type == FL_TYPE_Q5_K || type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K || type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL) &&
         M == 1 && fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order())
         return true; /* their AVX-512 GEMVs */
-    return !fl_matmul_llama_order() && amx_path(type, M); /* Q4_1, Q5_0, Q5_1, IQ4_NL, Q5_K: AMX */
+    return !fl_matmul_llama_order() && amx_path(type, M); /* Q4_1, Q5_0, Q5_1, IQ4_NL, Q5_K, Q3_K: AMX */
 }
 
 typedef float (*dot_fn)(const float *, const float *, int64_t);

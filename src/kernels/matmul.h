@@ -22,7 +22,7 @@
  * Q5_0, Q5_1 and IQ4_NL their own GEMVs for M == 1; on AVX2 Q4_K, Q5_K and Q6_K take maddubs row
  * dots (fl_gemm_q8_avx2: Q4_K for every step, Q5_K and Q6_K for M == 1).  Where the CPU has
  * AMX-INT8 and the OS grants the tile state, steps of 13 tokens or more of Q8_0 / Q4_0 / Q4_1 /
- * Q5_0 / Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K take the AMX GEMM instead (see below; FL_AMX=0 or
+ * Q5_0 / Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K / Q3_K take the AMX GEMM instead (see below; FL_AMX=0 or
  * fl_matmul_set_amx(false) turns it off; Q4_0 / Q8_0 steps of up to 16 tokens feed the weight rows
  * to the tiles without a panel, fl_amx_gemm_rows); the integer sums are the same, only the f32 order of
  * the per-block folds differs.  fl_matmul_set_llama_order(true)
@@ -166,10 +166,10 @@ void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_
  * exact int32 sums.  Each block's C tile is stored and folded into 16 f32 accumulators with
  * d_w (per row) x d_x (per token) in AVX-512, plus for Q4_K dmin m_j x ms (the mins term).
  * Panel (fl_amx_panel_bytes(type, K)): codes as signed bytes [K/32][16][32] (block-major; Q8_0 the code, Q4_0 the
- * nibble - 8, Q4_K the nibble 0..15, Q6_K the code - 32, ... see fl_amx_pack_row), then f32
- * scales [K/32][16] (d, d sc_j for K-quants; for Q6_K d sc_j of each block's first 16 codes),
- * then [K/32][16] f32 more: the mins of Q4_1 / Q5_1 / Q4_K / Q5_K (fl_amx_has_mins), or Q6_K's
- * scales of each block's second 16 codes (Q6_K runs half-block tiles).
+ * nibble - 8, Q4_K the nibble 0..15, Q6_K the code - 32, Q3_K -4..3, ... see fl_amx_pack_row), then f32
+ * scales [K/32][16] (d, d sc_j for K-quants; for Q6_K / Q3_K d sc_j of each block's first 16 codes),
+ * then [K/32][16] f32 more: the mins of Q4_1 / Q5_1 / Q4_K / Q5_K (fl_amx_has_mins), or Q6_K's / Q3_K's
+ * scales of each block's second 16 codes (they run half-block tiles, fl_amx_half).
  * Rows >= nr are zero.
  * Activation tiles (fl_amx_act_bytes(M, K)): per 16 tokens and block of 32, FL_AMX_ACT_BLOCK
  * bytes: the codes [k/4][token][k%4] (512), d_x [16] (64), ms = -s d_x [16] (64); tokens past M
@@ -182,8 +182,9 @@ void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_
  * fl_matmul_set_amx(false) or FL_AMX=0.  Requires the AVX-512 ISA to be selected. */
 bool fl_amx_usable(void);
 void fl_matmul_set_amx(bool on);
-bool fl_amx_type(int32_t wtype); /* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K */
+bool fl_amx_type(int32_t wtype); /* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, Q3_K */
 bool fl_amx_has_mins(int32_t wtype); /* Q4_1, Q5_1, Q4_K, Q5_K: the panel's second array is mins */
+bool fl_amx_half(int32_t wtype);     /* Q6_K, Q3_K: half-block tiles, the second array is the second halves' scales */
 size_t fl_amx_panel_bytes(int32_t wtype, int64_t K);
 size_t fl_amx_act_bytes(int64_t M, int64_t K);
 /* Write token m's activation codes / scales into its tile (m >= a->M: zeros). */

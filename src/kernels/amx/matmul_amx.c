@@ -22,7 +22,7 @@
 
 /* Tiles: A0, A1 = 0, 1 (16 weight rows x one block of codes, from panels 0 and 1); B0, B1 = 2, 3
  * (8 groups of 4 codes x 16 tokens, token tiles 0 and 1); C[p][t] = 4 + 2p + t (16 rows x 16
- * tokens of int32).  Q6_K works in half blocks (its scales cover 16 codes): A is 16 rows x 16
+ * tokens of int32).  Q6_K and Q3_K work in half blocks (their scales cover 16 codes): A is 16 rows x 16
  * codes, B 4 groups of 4.  Static objects: GCC 12 drops stores to a local config before
  * _tile_loadconfig. */
 static const tile_config g_cfg __attribute__((aligned(64))) = {
@@ -36,11 +36,11 @@ static const tile_config g_cfg_half __attribute__((aligned(64))) = {
     .rows = {16, 16, 4, 4, 16, 16, 16, 16},
 };
 
-void fl_amx_begin(int32_t wtype) { _tile_loadconfig(wtype == FL_TYPE_Q6_K ? &g_cfg_half : &g_cfg); }
+void fl_amx_begin(int32_t wtype) { _tile_loadconfig(fl_amx_half(wtype) ? &g_cfg_half : &g_cfg); }
 
 void fl_amx_end(void) { _tile_release(); }
 
-/* Work unit u: a block of 32 codes, or with HALF (Q6_K) half h = u % 2 of block u / 2. */
+/* Work unit u: a block of 32 codes, or with HALF (Q6_K, Q3_K) half h = u % 2 of block u / 2. */
 INLINE const int8_t *unit_codes(const int8_t *c, int64_t u, const bool HALF) {
     return HALF ? c + (u >> 1) * 512 + (u & 1) * 16 : c + u * 512;
 }
@@ -194,7 +194,7 @@ INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void 
 
 #define VARIANTS(NP, NT)                                                                                            \
     if (fl_amx_has_mins(wtype)) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, true, false); \
-    else if (wtype == FL_TYPE_Q6_K) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, false, true); \
+    else if (fl_amx_half(wtype)) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, false, true); \
     else gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, false, false);
 
 void fl_amx_gemm(int32_t wtype, const void *panel, size_t pstride, int np, int64_t K, const void *act, int64_t mt,
@@ -336,7 +336,7 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
             if (!gather)
                 for (int64_t b = 0; b < nb; b++) {
                     sc[b * FL_AMX_ROWS + r] = 0;
-                    if (fl_amx_has_mins(wtype) || wtype == FL_TYPE_Q6_K) mins[b * FL_AMX_ROWS + r] = 0;
+                    if (fl_amx_has_mins(wtype) || fl_amx_half(wtype)) mins[b * FL_AMX_ROWS + r] = 0;
                 }
             continue;
         }
@@ -386,6 +386,24 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
                     _mm256_storeu_si256((__m256i *)(q + (i * 8 + 2 * g) * 512), _mm256_or_si256(_mm256_and_si256(v, m4), h0));
                     _mm256_storeu_si256((__m256i *)(q + (i * 8 + 2 * g + 1) * 512),
                                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), h1));
+                }
+            }
+        } else if (wtype == FL_TYPE_Q3_K) { /* 32 codes per step: (qs >> 2g) & 3, | hmask bit << 2, - 4 */
+            const fl_block_q3_K *blk = (const fl_block_q3_K *)row;
+            const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+            for (int64_t i = 0; i < K / FL_QK_K; i++) {
+                const float d = _cvtsh_ss(blk[i].d);
+                int8_t s16[16];
+                fl_q3_K_scales(blk[i].scales, s16);
+                for (int j = 0; j < 16; j++) sc[(j % 2) * nb * FL_AMX_ROWS + (i * 8 + j / 2) * FL_AMX_ROWS + r] = d * (float)s16[j];
+                const __m256i h = _mm256_loadu_si256((const __m256i *)blk[i].hmask);
+                for (int n = 0; n < 2; n++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk[i].qs + 32 * n));
+                    for (int g = 0; g < 4; g++) {
+                        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * g), three);
+                        const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4 * n + g), one), 2);
+                        _mm256_storeu_si256((__m256i *)(q + (i * 8 + 4 * n + g) * 512), _mm256_sub_epi8(_mm256_or_si256(lo, hb), four));
+                    }
                 }
             }
         } else if (wtype != FL_TYPE_Q4_K) { /* the other types: the scalar row packer */

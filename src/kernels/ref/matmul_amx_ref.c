@@ -25,10 +25,12 @@ bool fl_amx_usable(void) {
 bool fl_amx_type(int32_t wtype) {
     switch (wtype) {
     case FL_TYPE_Q8_0: case FL_TYPE_Q4_0: case FL_TYPE_Q4_1: case FL_TYPE_Q5_0: case FL_TYPE_Q5_1:
-    case FL_TYPE_IQ4_NL: case FL_TYPE_Q4_K: case FL_TYPE_Q5_K: case FL_TYPE_Q6_K: return true;
+    case FL_TYPE_IQ4_NL: case FL_TYPE_Q4_K: case FL_TYPE_Q5_K: case FL_TYPE_Q6_K: case FL_TYPE_Q3_K: return true;
     default: return false;
     }
 }
+
+bool fl_amx_half(int32_t wtype) { return wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K; }
 
 bool fl_amx_has_mins(int32_t wtype) {
     return wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K;
@@ -36,7 +38,7 @@ bool fl_amx_has_mins(int32_t wtype) {
 
 size_t fl_amx_panel_bytes(int32_t wtype, int64_t K) {
     const size_t nb = (size_t)(K / 32);
-    return (size_t)FL_AMX_ROWS * (size_t)K + nb * FL_AMX_ROWS * 4 * (fl_amx_has_mins(wtype) || wtype == FL_TYPE_Q6_K ? 2 : 1);
+    return (size_t)FL_AMX_ROWS * (size_t)K + nb * FL_AMX_ROWS * 4 * (fl_amx_has_mins(wtype) || fl_amx_half(wtype) ? 2 : 1);
 }
 
 size_t fl_amx_act_bytes(int64_t M, int64_t K) {
@@ -83,10 +85,30 @@ void fl_amx_pack_q6_K_row(const fl_block_q6_K *blk, int64_t K, int8_t *q, float 
     }
 }
 
+/* Q3_K: code ((qs >> 2g) & 3) - (hmask bit ? 0 : 4) in -4..3 (element e of a super-block: byte
+ * 32 (e / 128) + e % 32 of qs at bits 2g, g = e % 128 / 32, hmask byte e % 32 at bit
+ * 4 (e / 128) + g), scale d sc_j per 16 codes in the Q6_K layout (half j % 2 of block j / 2). */
+static void pack_q3_K_row(const fl_block_q3_K *blk, int64_t K, int8_t *q, float *sc, int r) {
+    const int64_t nb = K / 32;
+    for (int64_t i = 0; i < K / FL_QK_K; i++) {
+        const float d = fl_f16_to_f32(blk[i].d);
+        int8_t s16[16];
+        fl_q3_K_scales(blk[i].scales, s16);
+        for (int e = 0; e < FL_QK_K; e++) {
+            const int n = e / 128, g = e % 128 / 32, ll = e % 32;
+            const int c = ((blk[i].qs[32 * n + ll] >> (2 * g)) & 3) - ((blk[i].hmask[ll] >> (4 * n + g)) & 1 ? 0 : 4);
+            q[(i * 8 + e / 32) * 512 + e % 32] = (int8_t)c;
+        }
+        for (int j = 0; j < 16; j++)
+            sc[(j % 2) * nb * FL_AMX_ROWS + (i * 8 + j / 2) * FL_AMX_ROWS + r] = d * (float)s16[j];
+    }
+}
+
 void fl_amx_pack_row(int32_t wtype, const void *row, int64_t K, int8_t *q, float *sc, float *mn, int r) {
     const int64_t nb = K / 32;
     switch (wtype) {
     case FL_TYPE_Q6_K: fl_amx_pack_q6_K_row(row, K, q, sc, r); return;
+    case FL_TYPE_Q3_K: pack_q3_K_row(row, K, q, sc, r); return;
     case FL_TYPE_Q4_1: case FL_TYPE_Q5_1: case FL_TYPE_Q5_0: case FL_TYPE_IQ4_NL: {
         const size_t bsz = fl_type_row_size(wtype, 32);
         for (int64_t b = 0; b < nb; b++) {
@@ -129,7 +151,7 @@ void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int
             for (int64_t b = 0; b < nb; b++) memset(q + b * 512, 0, 32);
             for (int64_t b = 0; b < nb; b++) {
                 sc[b * FL_AMX_ROWS + r] = 0;
-                if (fl_amx_has_mins(wtype) || wtype == FL_TYPE_Q6_K) mins[b * FL_AMX_ROWS + r] = 0;
+                if (fl_amx_has_mins(wtype) || fl_amx_half(wtype)) mins[b * FL_AMX_ROWS + r] = 0;
             }
             continue;
         }
@@ -173,7 +195,7 @@ void fl_amx_gemm_ref(int32_t wtype, const void *panel, int64_t K, const void *ac
     const int8_t *codes = panel;
     const float *sc = (const float *)(codes + FL_AMX_ROWS * K), *mins = sc + nb * FL_AMX_ROWS;
     const char *base = (const char *)act + (size_t)mt * (size_t)nb * FL_AMX_ACT_BLOCK;
-    const int halves = wtype == FL_TYPE_Q6_K ? 2 : 1, len = 32 / halves; /* Q6_K: a scale per 16 codes */
+    const int halves = fl_amx_half(wtype) ? 2 : 1, len = 32 / halves; /* Q6_K, Q3_K: a scale per 16 codes */
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < nr; r++) {
             float acc = 0;
