@@ -236,6 +236,51 @@ INLINE void rows_block(int32_t wtype, const char *w, size_t ldw, int nr, int64_t
     }
 }
 
+/* Block b of the 16 Q4_K rows at w (rows >= nr zero): codes (the nibbles 0..15), d sc_j into sc
+ * and dmin m_j into mn.  Once per super-block (b % 8 == 0) the 16 rows' d, dmin and 12 scale
+ * bytes come in by four gathers and their 8 scales and mins are unpacked with the rows in the
+ * lanes, ks[j] / km[j] (the same products as fl_k4_scales_mins). */
+INLINE void rows_block_k4(const char *w, size_t ldw, int nr, int64_t b, int8_t *a, float *sc, float *mn, float ks[8][16],
+                          float km[8][16]) {
+    const int64_t i = b / 8;
+    const int j = (int)(b % 8);
+    if (j == 0) {
+        const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                _mm512_set1_epi32((int)ldw));
+        const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
+        const char *base = w + i * (int64_t)sizeof(fl_block_q4_K);
+        const __m512i z = _mm512_setzero_si512();
+        const __m512i dd = _mm512_mask_i32gather_epi32(z, rm, vrow, (const void *)base, 1); /* d | dmin << 16 */
+        const __m512i q0 = _mm512_mask_i32gather_epi32(z, rm, vrow, (const void *)(base + 4), 1);
+        const __m512i q1 = _mm512_mask_i32gather_epi32(z, rm, vrow, (const void *)(base + 8), 1);
+        const __m512i q2 = _mm512_mask_i32gather_epi32(z, rm, vrow, (const void *)(base + 12), 1);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)), dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+        const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+        for (int k = 0; k < 4; k++) { /* j = k: the low 6 bits of bytes k, 4 + k; j = 4 + k: nibbles of byte 8 + k, top bits of k, 4 + k */
+            const __m512i b0 = _mm512_srli_epi32(q0, 8 * k), b1 = _mm512_srli_epi32(q1, 8 * k), b2 = _mm512_srli_epi32(q2, 8 * k);
+            _mm512_store_ps(ks[k], _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(b0, m6))));
+            _mm512_store_ps(km[k], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_and_si512(b1, m6))));
+            const __m512i s4 = _mm512_or_si512(_mm512_and_si512(b2, m4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b0, 6), m2), 4));
+            const __m512i n4 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(b2, 4), m4),
+                                               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b1, 6), m2), 4));
+            _mm512_store_ps(ks[4 + k], _mm512_mul_ps(d, _mm512_cvtepi32_ps(s4)));
+            _mm512_store_ps(km[4 + k], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(n4)));
+        }
+    }
+    _mm512_store_ps(sc, _mm512_load_ps(ks[j]));
+    _mm512_store_ps(mn, _mm512_load_ps(km[j]));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int r = 0; r < 16; r++) {
+        if (r >= nr) {
+            _mm256_store_si256((__m256i *)(a + 32 * r), _mm256_setzero_si256());
+            continue;
+        }
+        const fl_block_q4_K *blk = (const fl_block_q4_K *)(w + r * ldw) + i;
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * (j / 2)));
+        _mm256_store_si256((__m256i *)(a + 32 * r), _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, m4));
+    }
+}
+
 /* acc[r] += float(C_r) * (s[r] d_x) (one C tile, no mins), d_x from the block's activations. */
 INLINE void fold16(__m512 acc[16], const int32_t *c, const float *s, const char *blk) {
     const __m512 dx = _mm512_load_ps((const float *)(blk + 512));
@@ -251,11 +296,12 @@ INLINE void fold16(__m512 acc[16], const int32_t *c, const float *s, const char 
 static void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y,
                       int64_t ldy, const char *pf, size_t pf_bytes) {
     const int64_t nb = K / 32;
-    const bool direct = wtype == FL_TYPE_Q8_0 && nr == 16;
+    const bool direct = wtype == FL_TYPE_Q8_0 && nr == 16, k4 = wtype == FL_TYPE_Q4_K;
     const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32((int)ldw));
     int8_t abuf[2][512] __attribute__((aligned(64)));
-    float sbuf[2][16] __attribute__((aligned(64)));
+    float sbuf[2][16] __attribute__((aligned(64))), mbuf[2][16] __attribute__((aligned(64)));
+    float ks[8][16] __attribute__((aligned(64))), km[8][16] __attribute__((aligned(64))); /* Q4_K: the super-block's scales / mins */
     int32_t cb[2][256] __attribute__((aligned(64)));
     __m512 acc[16];
 #pragma GCC unroll 16
@@ -275,14 +321,22 @@ static void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t 
                 _mm512_store_ps(sbuf[(b) & 1], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));               \
                 _tile_loadd(TA, w + (b) * 34 + 2, (long)ldw);                                             \
             } else {                                                                                      \
-                rows_block(wtype, w, ldw, nr, (b), abuf[(b) & 1], sbuf[(b) & 1]);                         \
+                if (k4) rows_block_k4(w, ldw, nr, (b), abuf[(b) & 1], sbuf[(b) & 1], mbuf[(b) & 1], ks, km); \
+                else rows_block(wtype, w, ldw, nr, (b), abuf[(b) & 1], sbuf[(b) & 1]);                    \
                 _tile_loadd(TA, abuf[(b) & 1], 32);                                                       \
             }                                                                                             \
             _tile_loadd(TB, act + (b) * FL_AMX_ACT_BLOCK, 64);                                            \
             _tile_zero(TC);                                                                               \
             _tile_dpbssd(TC, TA, TB);                                                                     \
         }                                                                                                 \
-        if ((b) > 0) fold16(acc, cb[((b) - 1) & 1], sbuf[((b) - 1) & 1], act + ((b) - 1) * FL_AMX_ACT_BLOCK); \
+        if ((b) > 0) {                                                                                    \
+            const char *blk_ = act + ((b) - 1) * FL_AMX_ACT_BLOCK;                                        \
+            fold16(acc, cb[((b) - 1) & 1], sbuf[((b) - 1) & 1], blk_);                                    \
+            if (k4) { /* + dmin m_j * (-s d_x) */                                                         \
+                const __m512 ms = _mm512_load_ps((const float *)(blk_ + 576));                            \
+                for (int r = 0; r < 16; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(mbuf[((b) - 1) & 1][r]), ms, acc[r]); \
+            }                                                                                             \
+        }                                                                                                 \
         if ((b) < nb) _tile_stored(TC, cb[(b) & 1], 64);                                                  \
     } while (0)
     for (int64_t b = 0; b <= nb; b += 2) {
