@@ -233,16 +233,17 @@ static double deq_dot(const qmat *q, int64_t n, const fl_act_q8 *a, int64_t m) {
  * token tile and odd block counts; and where the OS grants AMX the tile kernel matches it. */
 static void test_amx_parity(void **state) {
     (void)state;
-    const int32_t types[10] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_1, FL_TYPE_Q5_0, FL_TYPE_Q5_1,
-                               FL_TYPE_IQ4_NL, FL_TYPE_Q4_K, FL_TYPE_Q5_K, FL_TYPE_Q6_K, FL_TYPE_Q3_K};
+    const int32_t types[11] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_1, FL_TYPE_Q5_0, FL_TYPE_Q5_1, FL_TYPE_IQ4_NL,
+                               FL_TYPE_Q4_K, FL_TYPE_Q5_K, FL_TYPE_Q6_K, FL_TYPE_Q3_K, FL_TYPE_Q2_K};
     const int64_t Ks[3] = {32, 416, 2048}, Ks_k[3] = {256, 768, 2048};
     const bool fast = fl_isa_best() == FL_ISA_AVX512, amx = fast && fl_cpu_amx_request();
     int amx_runs = 0;
-    for (int ti = 0; ti < 10; ti++)
+    for (int ti = 0; ti < 11; ti++)
         for (int ki = 0; ki < 3; ki++) {
-            const bool kq = types[ti] == FL_TYPE_Q4_K || types[ti] == FL_TYPE_Q5_K || types[ti] == FL_TYPE_Q6_K || types[ti] == FL_TYPE_Q3_K;
+            const bool kq = types[ti] == FL_TYPE_Q4_K || types[ti] == FL_TYPE_Q5_K || types[ti] == FL_TYPE_Q6_K || types[ti] == FL_TYPE_Q3_K ||
+                            types[ti] == FL_TYPE_Q2_K;
             const bool intref = types[ti] == FL_TYPE_Q8_0 || types[ti] == FL_TYPE_Q4_0 || types[ti] == FL_TYPE_Q4_K ||
-                                types[ti] == FL_TYPE_Q6_K || types[ti] == FL_TYPE_Q3_K; /* fl_gemm_q8_ref has these */
+                                types[ti] == FL_TYPE_Q6_K || types[ti] == FL_TYPE_Q3_K || types[ti] == FL_TYPE_Q2_K; /* fl_gemm_q8_ref has these */
             const int64_t K = kq ? Ks_k[ki] : Ks[ki], N = 21, M = 19;
             qmat q;
             qmat_make(&q, types[ti], N, K);
@@ -251,7 +252,7 @@ static void test_amx_parity(void **state) {
             assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
             for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
             const size_t ab = fl_amx_act_bytes(M, K);
-            assert_int_equal(ab, (size_t)2 * (K / 32) * 640);
+            assert_int_equal(ab, (size_t)2 * (K / 32) * 768);
             char *act = fl_alloc(FL_MEM_MISC, ab, 64);
             memset(act, 0x77, ab);
             for (int64_t m = 0; m < 32; m++) fl_amx_act_pack_row(&a, m, act);
@@ -268,7 +269,7 @@ static void test_amx_parity(void **state) {
                 fl_free(FL_MEM_MISC, act2, ab);
             }
             const size_t pb = fl_amx_panel_bytes(types[ti], K);
-            assert_int_equal(pb, (size_t)(16 * K + (K / 32) * 64 * (fl_amx_has_mins(types[ti]) || fl_amx_half(types[ti]) ? 2 : 1)));
+            assert_int_equal(pb, (size_t)(16 * K + (K / 32) * 64 * (types[ti] == FL_TYPE_Q2_K ? 4 : fl_amx_has_mins(types[ti]) || fl_amx_half(types[ti]) ? 2 : 1)));
             char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
             float *ref = frand_buf(M * 16), *pr = frand_buf(M * 16), *got = frand_buf(M * 16);
             const int nrs[3] = {16, 5, 1};
@@ -343,7 +344,7 @@ static void test_amx_parity(void **state) {
             fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
             qmat_free(&q);
         }
-    if (amx) assert_int_equal(amx_runs, 90);
+    if (amx) assert_int_equal(amx_runs, 99);
     fl_test_mem_zero();
 }
 

@@ -169,22 +169,27 @@ void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_
  * nibble - 8, Q4_K the nibble 0..15, Q6_K the code - 32, Q3_K -4..3, ... see fl_amx_pack_row), then f32
  * scales [K/32][16] (d, d sc_j for K-quants; for Q6_K / Q3_K d sc_j of each block's first 16 codes),
  * then [K/32][16] f32 more: the mins of Q4_1 / Q5_1 / Q4_K / Q5_K (fl_amx_has_mins), or Q6_K's / Q3_K's
- * scales of each block's second 16 codes (they run half-block tiles, fl_amx_half).
+ * scales of each block's second 16 codes (they run half-block tiles, fl_amx_half); Q2_K (half
+ * blocks with mins, codes 0..3) has four arrays: scales of first / second halves, then mins of
+ * first / second halves (fl_amx_arrays).
  * Rows >= nr are zero.
  * Activation tiles (fl_amx_act_bytes(M, K)): per 16 tokens and block of 32, FL_AMX_ACT_BLOCK
- * bytes: the codes [k/4][token][k%4] (512), d_x [16] (64), ms = -s d_x [16] (64); tokens past M
- * are zero.  fl_amx_gemm_ref is the scalar definition of the tile product on packed data (it
+ * bytes: the codes [k/4][token][k%4] (512), d_x [16] (64), ms = -s d_x [16] (64), and the same
+ * -s d_x of each half block, codes 0-15 [16] (64) and 16-31 [16] (64) (Q2_K's mins); tokens
+ * past M are zero.  fl_amx_gemm_ref is the scalar definition of the tile product on packed data (it
  * runs anywhere); fl_amx_gemm runs the tiles (only where fl_amx_usable()). */
 #define FL_AMX_ROWS 16
 #define FL_AMX_TOK 16
-#define FL_AMX_ACT_BLOCK 640
+#define FL_AMX_ACT_BLOCK 768
 /* AMX-INT8 present, tile state granted by the OS (arch_prctl), and not turned off with
  * fl_matmul_set_amx(false) or FL_AMX=0.  Requires the AVX-512 ISA to be selected. */
 bool fl_amx_usable(void);
 void fl_matmul_set_amx(bool on);
-bool fl_amx_type(int32_t wtype); /* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, Q3_K */
-bool fl_amx_has_mins(int32_t wtype); /* Q4_1, Q5_1, Q4_K, Q5_K: the panel's second array is mins */
-bool fl_amx_half(int32_t wtype);     /* Q6_K, Q3_K: half-block tiles, the second array is the second halves' scales */
+bool fl_amx_type(int32_t wtype); /* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K */
+bool fl_amx_has_mins(int32_t wtype); /* Q4_1, Q5_1, Q4_K, Q5_K, Q2_K: the panel has mins after the scales */
+/* The panel's f32 arrays of [K/32][16] after the codes: scales (two with half blocks), then mins (two with half blocks). */
+int fl_amx_arrays(int32_t wtype);
+bool fl_amx_half(int32_t wtype);     /* Q6_K, Q3_K, Q2_K: half-block tiles, scales (and Q2_K's mins) per half */
 size_t fl_amx_panel_bytes(int32_t wtype, int64_t K);
 size_t fl_amx_act_bytes(int64_t M, int64_t K);
 /* Write token m's activation codes / scales into its tile (m >= a->M: zeros). */

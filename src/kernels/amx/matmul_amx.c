@@ -89,8 +89,9 @@ INLINE void fold_regs(__m512 acc[16], const int32_t *c, const float *sc, const f
     for (int r = 0; r < 16; r++)
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)), _mm512_mul_ps(dx, _mm512_set1_ps(s[r])), acc[r]);
     if (mins) {
-        const __m512 ms = _mm512_load_ps((const float *)(blk + 576));
-        const float *m = mn + u * 16;
+        /* whole blocks: the block's ms; half blocks (Q2_K): the half's (its 16 codes' sum) */
+        const __m512 ms = _mm512_load_ps((const float *)(blk + (HALF ? 640 + (u & 1) * 64 : 576)));
+        const float *m = unit_scales(mn, nb, u, HALF);
 #pragma GCC unroll 16
         for (int r = 0; r < 16; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(m[r]), ms, acc[r]);
     }
@@ -165,7 +166,7 @@ INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void 
         if (u + 1 < nu) tile_dp(c0, c1, a0, a1, u + 1, NP, NT, HALF);
         for (int p = 0; p < NP; p++) {
             const int8_t *cp = p ? c1 : c0;
-            const float *sc = (const float *)(cp + FL_AMX_ROWS * K), *mn = sc + nb * FL_AMX_ROWS;
+            const float *sc = (const float *)(cp + FL_AMX_ROWS * K), *mn = sc + (HALF ? 2 : 1) * nb * FL_AMX_ROWS;
             for (int t = 0; t < NT; t++) {
                 if (regs) fold_regs(acc, cb[u & 1][0], sc, mn, nb, a0, u, mins, HALF);
                 else fold(accm[2 * p + t], cb[u & 1][2 * p + t], sc, mn, nb, t ? a1 : a0, u, mins, HALF);
@@ -193,7 +194,8 @@ INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void 
 }
 
 #define VARIANTS(NP, NT)                                                                                            \
-    if (fl_amx_has_mins(wtype)) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, true, false); \
+    if (wtype == FL_TYPE_Q2_K) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, true, true); \
+    else if (fl_amx_has_mins(wtype)) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, true, false); \
     else if (fl_amx_half(wtype)) gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, false, true); \
     else gemm_tiles(panel, pstride, K, act, mt, ntok, y, ldy, nr, pf, pf_bytes, NP, NT, false, false);
 
@@ -388,10 +390,8 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
         if (r >= nr) {
             for (int64_t b = 0; b < nb; b++) memset(q + b * 512, 0, 32);
             if (!gather)
-                for (int64_t b = 0; b < nb; b++) {
-                    sc[b * FL_AMX_ROWS + r] = 0;
-                    if (fl_amx_has_mins(wtype) || fl_amx_half(wtype)) mins[b * FL_AMX_ROWS + r] = 0;
-                }
+                for (int k = 0; k < fl_amx_arrays(wtype); k++)
+                    for (int64_t b = 0; b < nb; b++) sc[(k * nb + b) * FL_AMX_ROWS + r] = 0;
             continue;
         }
         if (wtype == FL_TYPE_Q8_0) {
@@ -442,6 +442,23 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
                                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), h1));
                 }
             }
+        } else if (wtype == FL_TYPE_Q2_K) { /* 32 codes per step: (qs >> 2g) & 3; scales and mins per 16 */
+            const fl_block_q2_K *blk = (const fl_block_q2_K *)row;
+            const __m256i three = _mm256_set1_epi8(3);
+            float *mn2 = sc + 2 * nb * FL_AMX_ROWS;
+            for (int64_t i = 0; i < K / FL_QK_K; i++) {
+                const float d = _cvtsh_ss(blk[i].d), dmin = _cvtsh_ss(blk[i].dmin);
+                for (int j = 0; j < 16; j++) {
+                    const int64_t o = (j % 2) * nb * FL_AMX_ROWS + (i * 8 + j / 2) * FL_AMX_ROWS + r;
+                    sc[o] = d * (float)(blk[i].scales[j] & 0xF);
+                    mn2[o] = dmin * (float)(blk[i].scales[j] >> 4);
+                }
+                for (int n = 0; n < 2; n++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk[i].qs + 32 * n));
+                    for (int g = 0; g < 4; g++)
+                        _mm256_storeu_si256((__m256i *)(q + (i * 8 + 4 * n + g) * 512), _mm256_and_si256(_mm256_srli_epi16(v, 2 * g), three));
+                }
+            }
         } else if (wtype == FL_TYPE_Q3_K) { /* 32 codes per step: (qs >> 2g) & 3, | hmask bit << 2, - 4 */
             const fl_block_q3_K *blk = (const fl_block_q3_K *)row;
             const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
@@ -483,6 +500,15 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
     if (gather) gather_scales(w, ldw, nr, nb, wtype == FL_TYPE_Q8_0 ? 34 : 18, sc);
 }
 
+/* The -s d_x of each 16 codes of a block (v: its 32 codes), as fl_amx_act_pack_row: the codes
+ * + 128 summed per 8 by vpsadbw, the offset taken off in int. */
+static inline void half_sums(__m256i v, __m256i flip, float d, float *h0, float *h1) {
+    int64_t s[4];
+    _mm256_storeu_si256((__m256i *)s, _mm256_sad_epu8(_mm256_xor_si256(v, flip), _mm256_setzero_si256()));
+    *h0 = -(float)(int)(s[0] + s[1] - 2048) * d;
+    *h1 = -(float)(int)(s[2] + s[3] - 2048) * d;
+}
+
 /* fl_amx_act_pack_row with one 8-dword scatter per block (byte-identical). */
 void fl_amx_act_pack_row_avx512(const fl_act_q8 *a, int64_t m, void *act) {
     if (m >= a->M) {
@@ -494,11 +520,14 @@ void fl_amx_act_pack_row_avx512(const fl_act_q8 *a, int64_t m, void *act) {
     const __m256i idx = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
     const int8_t *q = a->qs + m * a->K;
     const float *d = a->d + m * nb, *ms = a->ms + m * nb;
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
     for (int64_t b = 0; b < nb; b++) {
         char *blk = base + b * FL_AMX_ACT_BLOCK;
-        _mm256_i32scatter_epi32(blk, idx, _mm256_loadu_si256((const __m256i *)(q + b * 32)), 1);
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + b * 32));
+        _mm256_i32scatter_epi32(blk, idx, v, 1);
         ((float *)(blk + 512))[0] = d[b];
         ((float *)(blk + 576))[0] = ms[b];
+        half_sums(v, flip, d[b], (float *)(blk + 640), (float *)(blk + 704));
     }
 }
 
@@ -534,5 +563,8 @@ void fl_amx_act_pack8_avx512(const fl_act_q8 *a, int64_t m0, void *act) {
         }
         _mm256_storeu_ps((float *)(blk + 512), _mm256_i32gather_ps(a->d + m0 * nb + b, vm, 4));
         _mm256_storeu_ps((float *)(blk + 576), _mm256_i32gather_ps(a->ms + m0 * nb + b, vm, 4));
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
+        for (int i = 0; i < 8; i++)
+            half_sums(r[i], flip, a->d[(m0 + i) * nb + b], (float *)(blk + 640) + i, (float *)(blk + 704) + i);
     }
 }

@@ -25,20 +25,22 @@ bool fl_amx_usable(void) {
 bool fl_amx_type(int32_t wtype) {
     switch (wtype) {
     case FL_TYPE_Q8_0: case FL_TYPE_Q4_0: case FL_TYPE_Q4_1: case FL_TYPE_Q5_0: case FL_TYPE_Q5_1:
-    case FL_TYPE_IQ4_NL: case FL_TYPE_Q4_K: case FL_TYPE_Q5_K: case FL_TYPE_Q6_K: case FL_TYPE_Q3_K: return true;
+    case FL_TYPE_IQ4_NL: case FL_TYPE_Q4_K: case FL_TYPE_Q5_K: case FL_TYPE_Q6_K: case FL_TYPE_Q3_K: case FL_TYPE_Q2_K: return true;
     default: return false;
     }
 }
 
-bool fl_amx_half(int32_t wtype) { return wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K; }
+bool fl_amx_half(int32_t wtype) { return wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K || wtype == FL_TYPE_Q2_K; }
 
 bool fl_amx_has_mins(int32_t wtype) {
-    return wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K;
+    return wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q2_K;
 }
+
+int fl_amx_arrays(int32_t wtype) { return (fl_amx_half(wtype) ? 2 : 1) * (fl_amx_has_mins(wtype) ? 2 : 1); }
 
 size_t fl_amx_panel_bytes(int32_t wtype, int64_t K) {
     const size_t nb = (size_t)(K / 32);
-    return (size_t)FL_AMX_ROWS * (size_t)K + nb * FL_AMX_ROWS * 4 * (fl_amx_has_mins(wtype) || fl_amx_half(wtype) ? 2 : 1);
+    return (size_t)FL_AMX_ROWS * (size_t)K + nb * FL_AMX_ROWS * 4 * (size_t)fl_amx_arrays(wtype);
 }
 
 size_t fl_amx_act_bytes(int64_t M, int64_t K) {
@@ -51,17 +53,23 @@ void fl_amx_act_pack_row(const fl_act_q8 *a, int64_t m, void *act) {
     char *base = (char *)act + (size_t)(m / FL_AMX_TOK) * (size_t)nb * FL_AMX_ACT_BLOCK;
     for (int64_t b = 0; b < nb; b++) {
         char *blk = base + b * FL_AMX_ACT_BLOCK;
-        float *dx = (float *)(blk + 512), *ms = dx + 16;
+        float *dx = (float *)(blk + 512), *ms = dx + 16, *mh = ms + 16;
         if (m >= a->M) {
             for (int kq = 0; kq < 8; kq++) memset(blk + kq * 64 + lane * 4, 0, 4);
             dx[lane] = 0;
             ms[lane] = 0;
+            mh[lane] = mh[16 + lane] = 0;
             continue;
         }
         const int8_t *q = a->qs + m * a->K + b * 32;
         for (int kq = 0; kq < 8; kq++) memcpy(blk + kq * 64 + lane * 4, q + kq * 4, 4);
         dx[lane] = a->d[m * nb + b];
         ms[lane] = a->ms[m * nb + b];
+        for (int h = 0; h < 2; h++) { /* each 16 codes' -s d_x (Q2_K's mins per half block) */
+            int s = 0;
+            for (int k = 0; k < 16; k++) s += q[16 * h + k];
+            mh[16 * h + lane] = -(float)s * dx[lane];
+        }
     }
 }
 
@@ -104,11 +112,29 @@ static void pack_q3_K_row(const fl_block_q3_K *blk, int64_t K, int8_t *q, float 
     }
 }
 
+/* Q2_K: code (qs >> 2g) & 3 in 0..3 (element e of a super-block: byte 32 (e / 128) + e % 32 of
+ * qs at bits 2g, g = e % 128 / 32), per 16 codes j the scale d (sc_j & 15) and the min
+ * dmin (sc_j >> 4), both in the half-block layout: sc (and mn) [half j % 2][block j / 2]. */
+static void pack_q2_K_row(const fl_block_q2_K *blk, int64_t K, int8_t *q, float *sc, float *mn, int r) {
+    const int64_t nb = K / 32;
+    for (int64_t i = 0; i < K / FL_QK_K; i++) {
+        const float d = fl_f16_to_f32(blk[i].d), dmin = fl_f16_to_f32(blk[i].dmin);
+        for (int e = 0; e < FL_QK_K; e++)
+            q[(i * 8 + e / 32) * 512 + e % 32] = (int8_t)((blk[i].qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3);
+        for (int j = 0; j < 16; j++) {
+            const int64_t o = (j % 2) * nb * FL_AMX_ROWS + (i * 8 + j / 2) * FL_AMX_ROWS + r;
+            sc[o] = d * (float)(blk[i].scales[j] & 0xF);
+            mn[o] = dmin * (float)(blk[i].scales[j] >> 4);
+        }
+    }
+}
+
 void fl_amx_pack_row(int32_t wtype, const void *row, int64_t K, int8_t *q, float *sc, float *mn, int r) {
     const int64_t nb = K / 32;
     switch (wtype) {
     case FL_TYPE_Q6_K: fl_amx_pack_q6_K_row(row, K, q, sc, r); return;
     case FL_TYPE_Q3_K: pack_q3_K_row(row, K, q, sc, r); return;
+    case FL_TYPE_Q2_K: pack_q2_K_row(row, K, q, sc, sc + 2 * nb * FL_AMX_ROWS, r); return;
     case FL_TYPE_Q4_1: case FL_TYPE_Q5_1: case FL_TYPE_Q5_0: case FL_TYPE_IQ4_NL: {
         const size_t bsz = fl_type_row_size(wtype, 32);
         for (int64_t b = 0; b < nb; b++) {
@@ -149,10 +175,8 @@ void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int
         const char *row = (const char *)w + (size_t)r * ldw;
         if (r >= nr) {
             for (int64_t b = 0; b < nb; b++) memset(q + b * 512, 0, 32);
-            for (int64_t b = 0; b < nb; b++) {
-                sc[b * FL_AMX_ROWS + r] = 0;
-                if (fl_amx_has_mins(wtype) || fl_amx_half(wtype)) mins[b * FL_AMX_ROWS + r] = 0;
-            }
+            for (int k = 0; k < fl_amx_arrays(wtype); k++)
+                for (int64_t b = 0; b < nb; b++) sc[(k * nb + b) * FL_AMX_ROWS + r] = 0;
             continue;
         }
         if (wtype == FL_TYPE_Q8_0) {
@@ -193,22 +217,23 @@ void fl_amx_gemm_ref(int32_t wtype, const void *panel, int64_t K, const void *ac
                      int64_t ldy, int nr) {
     const int64_t nb = K / 32;
     const int8_t *codes = panel;
-    const float *sc = (const float *)(codes + FL_AMX_ROWS * K), *mins = sc + nb * FL_AMX_ROWS;
+    const int halves = fl_amx_half(wtype) ? 2 : 1, len = 32 / halves; /* Q6_K, Q3_K, Q2_K: a scale per 16 codes */
+    const float *sc = (const float *)(codes + FL_AMX_ROWS * K), *mins = sc + halves * nb * FL_AMX_ROWS;
     const char *base = (const char *)act + (size_t)mt * (size_t)nb * FL_AMX_ACT_BLOCK;
-    const int halves = fl_amx_half(wtype) ? 2 : 1, len = 32 / halves; /* Q6_K, Q3_K: a scale per 16 codes */
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < nr; r++) {
             float acc = 0;
             for (int64_t b = 0; b < nb; b++) {
                 const char *blk = base + b * FL_AMX_ACT_BLOCK;
-                const float *dx = (const float *)(blk + 512), *ms = dx + 16;
+                const float *dx = (const float *)(blk + 512), *ms = dx + 16, *mh = ms + 16;
                 for (int h = 0; h < halves; h++) {
                     int32_t is = 0;
                     for (int k = h * len; k < (h + 1) * len; k++)
                         is += codes[(b * 16 + r) * 32 + k] * ((const int8_t *)blk)[(k / 4) * 64 + t * 4 + k % 4];
                     acc += (float)is * (sc[h * nb * FL_AMX_ROWS + b * FL_AMX_ROWS + r] * dx[t]);
+                    if (fl_amx_has_mins(wtype) && halves == 2) acc += mins[h * nb * FL_AMX_ROWS + b * FL_AMX_ROWS + r] * mh[16 * h + t];
                 }
-                if (fl_amx_has_mins(wtype)) acc += mins[b * FL_AMX_ROWS + r] * ms[t];
+                if (fl_amx_has_mins(wtype) && halves == 1) acc += mins[b * FL_AMX_ROWS + r] * ms[t];
             }
             y[t * ldy + r] = acc;
         }
