@@ -442,6 +442,25 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
                                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), h1));
                 }
             }
+        } else if (wtype == FL_TYPE_Q6_K) { /* 32 codes per step: 4 bits of ql | 2 bits of qh << 4, - 32 */
+            const fl_block_q6_K *blk = (const fl_block_q6_K *)row;
+            const __m256i m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+            for (int64_t i = 0; i < K / FL_QK_K; i++) {
+                const float d = _cvtsh_ss(blk[i].d);
+                for (int j = 0; j < 16; j++) sc[(j % 2) * nb * FL_AMX_ROWS + (i * 8 + j / 2) * FL_AMX_ROWS + r] = d * (float)blk[i].scales[j];
+                for (int n = 0; n < 2; n++) {
+                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk[i].ql + 64 * n));
+                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk[i].ql + 64 * n + 32));
+                    const __m256i h = _mm256_loadu_si256((const __m256i *)(blk[i].qh + 32 * n));
+                    const __m256i c[4] = {
+                        _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30)),
+                        _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m30))};
+                    for (int g = 0; g < 4; g++)
+                        _mm256_storeu_si256((__m256i *)(q + (i * 8 + 4 * n + g) * 512), _mm256_sub_epi8(c[g], k32));
+                }
+            }
         } else if (wtype == FL_TYPE_Q2_K) { /* 32 codes per step: (qs >> 2g) & 3; scales and mins per 16 */
             const fl_block_q2_K *blk = (const fl_block_q2_K *)row;
             const __m256i three = _mm256_set1_epi8(3);
