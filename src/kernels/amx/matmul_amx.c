@@ -351,16 +351,102 @@ static void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t 
     for (int t = 0; t < ntok; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
 }
 
+/* Q6_K rows (half-block tiles, the configuration of fl_amx_begin(Q6_K)): per block the 16 rows'
+ * 32 codes (4 bits of ql | 2 of qh, - 32) unpacked into L1, once per super-block their 16 scales
+ * times d by five gathers with the rows in the lanes; then two units (halves) per block, each
+ * a product of 16 codes, its fold, its store, tile sets alternating by unit. */
+static void gemm_rows_q6(const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y, int64_t ldy,
+                         const char *pf, size_t pf_bytes) {
+    const int64_t nb = K / 32, nu = 2 * nb;
+    const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)ldw));
+    const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    int8_t abuf[2][512] __attribute__((aligned(64)));
+    float sk[16][16] __attribute__((aligned(64)));      /* the super-block's d sc_j, rows in the lanes */
+    float sbuf[2][2][16] __attribute__((aligned(64))); /* [block parity][half] */
+    int32_t cb[2][256] __attribute__((aligned(64)));
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+    const size_t pf_step = ((pf_bytes + (size_t)nb - 1) / (size_t)nb + 63) & ~(size_t)63;
+#define Q6_STEP(u, TA, TB, TC)                                                                            \
+    do {                                                                                                  \
+        if ((u) < nu) {                                                                                   \
+            const int64_t b = (u) >> 1;                                                                   \
+            if (((u) & 1) == 0) { /* block b's rows */                                                    \
+                const int64_t i = b / 8;                                                                  \
+                const int jb = (int)(b % 8), n = jb / 4, g = jb % 4;                                      \
+                if (pf)                                                                                   \
+                    for (size_t o = (size_t)b * pf_step; o < (size_t)(b + 1) * pf_step && o < pf_bytes; o += 64) \
+                        _mm_prefetch(pf + o, _MM_HINT_T1);                                                \
+                if (jb == 0) {                                                                            \
+                    const char *base = w + i * (int64_t)sizeof(fl_block_q6_K);                            \
+                    const __m512i z = _mm512_setzero_si512();                                             \
+                    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(            \
+                        _mm512_mask_i32gather_epi32(z, rm, vrow, (const void *)(base + 206), 1), 16)));   \
+                    for (int k = 0; k < 4; k++) {                                                         \
+                        const __m512i sw = _mm512_mask_i32gather_epi32(z, rm, vrow, (const void *)(base + 192 + 4 * k), 1); \
+                        for (int t = 0; t < 4; t++)                                                       \
+                            _mm512_store_ps(sk[4 * k + t], _mm512_mul_ps(d, _mm512_cvtepi32_ps(          \
+                                _mm512_srai_epi32(_mm512_slli_epi32(sw, 24 - 8 * t), 24))));              \
+                    }                                                                                     \
+                }                                                                                         \
+                _mm512_store_ps(sbuf[b & 1][0], _mm512_load_ps(sk[2 * jb]));                              \
+                _mm512_store_ps(sbuf[b & 1][1], _mm512_load_ps(sk[2 * jb + 1]));                          \
+                for (int r = 0; r < 16; r++) {                                                            \
+                    __m256i c = _mm256_setzero_si256();                                                   \
+                    if (r < nr) {                                                                         \
+                        const fl_block_q6_K *blk = (const fl_block_q6_K *)(w + r * ldw) + i;               \
+                        const __m256i l = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * n + 32 * (g & 1))); \
+                        const __m256i h = _mm256_loadu_si256((const __m256i *)(blk->qh + 32 * n));         \
+                        const __m256i lo = _mm256_and_si256(g >= 2 ? _mm256_srli_epi16(l, 4) : l, m4);    \
+                        const __m256i hi = g == 0 ? _mm256_slli_epi16(h, 4) : g == 1 ? _mm256_slli_epi16(h, 2) \
+                                         : g == 2 ? h : _mm256_srli_epi16(h, 2);                          \
+                        c = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_and_si256(hi, m30)), k32);         \
+                    }                                                                                     \
+                    _mm256_store_si256((__m256i *)(abuf[b & 1] + 32 * r), c);                             \
+                }                                                                                         \
+            }                                                                                             \
+            _tile_loadd(TA, abuf[b & 1] + 16 * ((u) & 1), 32);                                            \
+            _tile_loadd(TB, act + b * FL_AMX_ACT_BLOCK + 256 * ((u) & 1), 64);                            \
+            _tile_zero(TC);                                                                               \
+            _tile_dpbssd(TC, TA, TB);                                                                     \
+        }                                                                                                 \
+        if ((u) > 0) {                                                                                    \
+            const int64_t v = (u) - 1;                                                                    \
+            fold16(acc, cb[v & 1], sbuf[(v >> 1) & 1][v & 1], act + (v >> 1) * FL_AMX_ACT_BLOCK);         \
+        }                                                                                                 \
+        if ((u) < nu) _tile_stored(TC, cb[(u) & 1], 64);                                                  \
+    } while (0)
+    for (int64_t u = 0; u <= nu; u += 2) {
+        Q6_STEP(u, 0, 2, 4);
+        if (u + 1 <= nu) Q6_STEP(u + 1, 1, 3, 5);
+    }
+#undef Q6_STEP
+    transpose16(acc); /* acc[token] lanes = rows */
+    const __mmask16 om = (__mmask16)((1u << nr) - 1);
+    for (int t = 0; t < ntok; t++) _mm512_mask_storeu_ps(y + t * ldy, om, acc[t]);
+}
+
+static void gemm_rows_q6_t(int32_t wtype, const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y,
+                           int64_t ldy, const char *pf, size_t pf_bytes) {
+    (void)wtype;
+    gemm_rows_q6(w, ldw, nr, K, act, ntok, y, ldy, pf, pf_bytes);
+}
+
 void fl_amx_gemm_rows(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, const void *act, int ntok, float *y,
                       int64_t ldy, const void *pf, size_t pf_bytes) {
     /* one panel at a time: its accumulators stay in registers (two panels' would not fit), which
      * measured faster for Q8_0 (`fitllm bench matmul -p 16`: 630-655 against 436-530 GOP/s)
      * and the same for Q4_0, whose unpacking is the cost */
     const size_t half = nr > 16 ? pf_bytes / 2 : pf_bytes;
-    gemm_rows(wtype, w, ldw, nr < 16 ? nr : 16, K, act, ntok, y, ldy, pf, half);
+    void (*rows)(int32_t, const char *, size_t, int, int64_t, const char *, int, float *, int64_t, const char *, size_t) = gemm_rows;
+    if (wtype == FL_TYPE_Q6_K) rows = gemm_rows_q6_t;
+    rows(wtype, w, ldw, nr < 16 ? nr : 16, K, act, ntok, y, ldy, pf, half);
     if (nr > 16)
-        gemm_rows(wtype, (const char *)w + 16 * ldw, ldw, nr - 16, K, act, ntok, y + 16, ldy, pf ? (const char *)pf + half : NULL,
-                  pf_bytes - half);
+        rows(wtype, (const char *)w + 16 * ldw, ldw, nr - 16, K, act, ntok, y + 16, ldy, pf ? (const char *)pf + half : NULL,
+             pf_bytes - half);
 }
 
 /* ---- AVX-512 panel packer (byte-identical to fl_amx_panel_pack_ref) ---- */
