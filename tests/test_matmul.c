@@ -348,20 +348,20 @@ static void test_amx_parity(void **state) {
     fl_test_mem_zero();
 }
 
-/* AMX steps of up to 16 tokens, Q8_0 / Q4_0 / Q4_K / Q6_K (fl_amx_gemm_rows: rows unpacked per block into
+/* AMX steps of up to 16 tokens, Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K (fl_amx_gemm_rows: rows unpacked per block into
  * L1, Q8_0 with 16 real rows loaded straight from them): 32, 20 (second panel partial), 16 and 5
  * rows, 16, 13 and 1 tokens, odd block counts, equal the integer reference; rows past nr and
  * tokens past ntok are not written. */
 static void test_amx_rows(void **state) {
     (void)state;
     if (fl_isa_best() != FL_ISA_AVX512 || !fl_cpu_amx_request()) skip();
-    const int32_t types[4] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K};
+    const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K, FL_TYPE_Q5_K};
     const int64_t Ks[3] = {32, 416, 2048}, Ks_k[3] = {256, 768, 2048}, N = 40, LD = 40;
     const int nrs[4] = {32, 20, 16, 5}, Ms[3] = {16, 13, 1};
     int runs = 0;
-    for (int ti = 0; ti < 4; ti++)
+    for (int ti = 0; ti < 5; ti++)
         for (int ki = 0; ki < 3; ki++) {
-            const int64_t K = types[ti] == FL_TYPE_Q4_K || types[ti] == FL_TYPE_Q6_K ? Ks_k[ki] : Ks[ki];
+            const int64_t K = ti >= 2 ? Ks_k[ki] : Ks[ki]; /* K-quants: whole super-blocks */
             qmat q;
             qmat_make(&q, types[ti], N, K);
             for (int mi = 0; mi < 3; mi++) {
@@ -397,7 +397,7 @@ static void test_amx_rows(void **state) {
             }
             qmat_free(&q);
         }
-    assert_int_equal(runs, 144);
+    assert_int_equal(runs, 180);
     fl_test_mem_zero();
 }
 

@@ -201,7 +201,7 @@ static bool amx_path(int32_t type, int64_t M) {
     return M >= AMX_MIN_TOKENS && M <= INT32_MAX && fl_amx_type(type) && fl_amx_usable();
 }
 
-/* One token tile of Q4_0 / Q8_0 / Q4_K / Q6_K (batched decode): each panel is used once, so its rows go
+/* One token tile of Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K (batched decode): each panel is used once, so its rows go
  * straight to the tiles (fl_amx_gemm_rows) with no panel in between; pairs of panels are taken
  * dynamically, one ahead, the next pair's rows prefetched meanwhile.  Against the panels (built
  * at 4112012, runs alternated): `fitllm bench serve -m tl-T.gguf -n 16 --max-seqs 16
@@ -209,7 +209,7 @@ static bool amx_path(int32_t type, int64_t M) {
  * Q8_0 102 / 99 against 150 / 139. */
 static bool amx_rows_path(int32_t type, int64_t M) {
     return amx_path(type, M) && M <= FL_AMX_TOK &&
-           (type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K || type == FL_TYPE_Q6_K);
+           (type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K || type == FL_TYPE_Q5_K || type == FL_TYPE_Q6_K);
 }
 
 static void q8_amx_rows_task(void *p, int ith, int nth) {

@@ -23,7 +23,7 @@
  * dots (fl_gemm_q8_avx2: Q4_K for every step, Q5_K and Q6_K for M == 1).  Where the CPU has
  * AMX-INT8 and the OS grants the tile state, steps of 13 tokens or more of Q8_0 / Q4_0 / Q4_1 /
  * Q5_0 / Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K / Q3_K take the AMX GEMM instead (see below; FL_AMX=0 or
- * fl_matmul_set_amx(false) turns it off; Q4_0 / Q8_0 / Q4_K / Q6_K steps of up to 16 tokens feed the weight rows
+ * fl_matmul_set_amx(false) turns it off; Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K steps of up to 16 tokens feed the weight rows
  * to the tiles without a panel, fl_amx_gemm_rows); the integer sums are the same, only the f32 order of
  * the per-block folds differs.  fl_matmul_set_llama_order(true)
  * instead computes Q8_0 / Q4_0 / Q5_0 exactly as llama.cpp's CPU build does (see below).  Every other type
@@ -214,7 +214,7 @@ void fl_amx_gemm_ref(int32_t wtype, const void *panel, int64_t K, const void *ac
  * pf / pf_bytes (may be NULL / 0): memory to prefetch into L2 meanwhile (the next weights). */
 void fl_amx_gemm(int32_t wtype, const void *panel, size_t pstride, int np, int64_t K, const void *act, int64_t mt,
                  int ntok, float *y, int64_t ldy, int nr, const void *pf, size_t pf_bytes);
-/* Steps of up to 16 tokens (the activation tiles of one token tile), Q4_0, Q8_0, Q4_K and Q6_K: the same
+/* Steps of up to 16 tokens (the activation tiles of one token tile), Q4_0, Q8_0, Q4_K, Q5_K and Q6_K: the same
  * products for nr (1 .. 32) weight rows at w (row stride ldw), 16 at a time, with no panel -
  * each block of rows is unpacked into L1 right before its tiles (Q8_0 with 16 real rows is
  * loaded straight from them).  y[t * ldy + r] for t < ntok, r < nr.  Between fl_amx_begin /

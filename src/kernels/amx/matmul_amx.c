@@ -14,6 +14,7 @@
 #include "kernels/quant.h"
 
 #include <immintrin.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -238,19 +239,23 @@ INLINE void rows_block(int32_t wtype, const char *w, size_t ldw, int nr, int64_t
     }
 }
 
-/* Block b of the 16 Q4_K rows at w (rows >= nr zero): codes (the nibbles 0..15), d sc_j into sc
+/* Block b of the 16 Q4_K (Q5: Q5_K) rows at w (rows >= nr zero): codes (the nibbles 0..15, Q5_K + 16 x its fifth bit), d sc_j into sc
  * and dmin m_j into mn.  Once per super-block (b % 8 == 0) the 16 rows' d, dmin and 12 scale
  * bytes come in by four gathers and their 8 scales and mins are unpacked with the rows in the
  * lanes, ks[j] / km[j] (the same products as fl_k4_scales_mins). */
 INLINE void rows_block_k4(const char *w, size_t ldw, int nr, int64_t b, int8_t *a, float *sc, float *mn, float ks[8][16],
-                          float km[8][16]) {
+                          float km[8][16], const bool Q5) {
+    /* Q5_K: the same d, dmin and scales first, qh[32] before qs, and the fifth bit of code l of
+     * sub-block j at bit j of qh[l] (+ 16) */
+    const size_t bsz = Q5 ? sizeof(fl_block_q5_K) : sizeof(fl_block_q4_K);
+    const size_t qs_off = Q5 ? offsetof(fl_block_q5_K, qs) : offsetof(fl_block_q4_K, qs);
     const int64_t i = b / 8;
     const int j = (int)(b % 8);
     if (j == 0) {
         const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                 _mm512_set1_epi32((int)ldw));
         const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
-        const char *base = w + i * (int64_t)sizeof(fl_block_q4_K);
+        const char *base = w + i * (int64_t)bsz;
         const __m512i z = _mm512_setzero_si512();
         const __m512i dd = _mm512_mask_i32gather_epi32(z, rm, vrow, (const void *)base, 1); /* d | dmin << 16 */
         const __m512i q0 = _mm512_mask_i32gather_epi32(z, rm, vrow, (const void *)(base + 4), 1);
@@ -277,9 +282,14 @@ INLINE void rows_block_k4(const char *w, size_t ldw, int nr, int64_t b, int8_t *
             _mm256_store_si256((__m256i *)(a + 32 * r), _mm256_setzero_si256());
             continue;
         }
-        const fl_block_q4_K *blk = (const fl_block_q4_K *)(w + r * ldw) + i;
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * (j / 2)));
-        _mm256_store_si256((__m256i *)(a + 32 * r), _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, m4));
+        const char *blk = w + r * ldw + i * (int64_t)bsz;
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * (j / 2)));
+        __m256i c = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
+        if (Q5) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + offsetof(fl_block_q5_K, qh)));
+            c = _mm256_or_si256(c, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, j), _mm256_set1_epi8(1)), 4));
+        }
+        _mm256_store_si256((__m256i *)(a + 32 * r), c);
     }
 }
 
@@ -298,7 +308,7 @@ INLINE void fold16(__m512 acc[16], const int32_t *c, const float *s, const char 
 static void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y,
                       int64_t ldy, const char *pf, size_t pf_bytes) {
     const int64_t nb = K / 32;
-    const bool direct = wtype == FL_TYPE_Q8_0 && nr == 16, k4 = wtype == FL_TYPE_Q4_K;
+    const bool direct = wtype == FL_TYPE_Q8_0 && nr == 16, k4 = wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K, q5 = wtype == FL_TYPE_Q5_K;
     const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32((int)ldw));
     int8_t abuf[2][512] __attribute__((aligned(64)));
@@ -323,7 +333,8 @@ static void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t 
                 _mm512_store_ps(sbuf[(b) & 1], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));               \
                 _tile_loadd(TA, w + (b) * 34 + 2, (long)ldw);                                             \
             } else {                                                                                      \
-                if (k4) rows_block_k4(w, ldw, nr, (b), abuf[(b) & 1], sbuf[(b) & 1], mbuf[(b) & 1], ks, km); \
+                if (q5) rows_block_k4(w, ldw, nr, (b), abuf[(b) & 1], sbuf[(b) & 1], mbuf[(b) & 1], ks, km, true); \
+                else if (k4) rows_block_k4(w, ldw, nr, (b), abuf[(b) & 1], sbuf[(b) & 1], mbuf[(b) & 1], ks, km, false); \
                 else rows_block(wtype, w, ldw, nr, (b), abuf[(b) & 1], sbuf[(b) & 1]);                    \
                 _tile_loadd(TA, abuf[(b) & 1], 32);                                                       \
             }                                                                                             \
