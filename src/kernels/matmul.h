@@ -197,12 +197,14 @@ void fl_amx_act_pack_row(const fl_act_q8 *a, int64_t m, void *act);
 void fl_amx_act_pack_row_avx512(const fl_act_q8 *a, int64_t m, void *act); /* byte-identical */
 /* Tokens m0 .. m0 + 7 (m0 % 8 == 0, m0 + 8 <= a->M) at once, byte-identical. */
 void fl_amx_act_pack8_avx512(const fl_act_q8 *a, int64_t m0, void *act);
+/* Panel row r as a row past nr: zero codes, scales (and mins). Both packers use it. */
+void fl_amx_panel_zero_row(int32_t wtype, int64_t K, void *panel, int r);
 void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 /* One Q6_K row into panel row r (codes q = panel + 32 r, scales sc) - both packers use it. */
 void fl_amx_pack_q6_K_row(const fl_block_q6_K *blk, int64_t K, int8_t *q, float *sc, int r);
 /* One row of Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q5_K / Q6_K into panel row r, scalar (both packers
  * use it): codes (Q5_0 code - 16, IQ4_NL its table value, the others unsigned), scales d (d sc_j),
- * mins (if mn): -m for Q4_1 / Q5_1 (added as + m d_x s), dmin m_j for Q5_K. */
+ * mins (if mn): -m for Q4_1 / Q5_1 (added as + m d_x s), dmin m_j for Q5_K and Q2_K (half-block layout). */
 void fl_amx_pack_row(int32_t wtype, const void *row, int64_t K, int8_t *q, float *sc, float *mn, int r);
 void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 /* y[t * ldy + r] = dot(panel row r, token 16 mt + t) for r < nr, t < nt (nt <= 16). */

@@ -41,6 +41,12 @@ void fl_amx_begin(int32_t wtype) { _tile_loadconfig(fl_amx_half(wtype) ? &g_cfg_
 
 void fl_amx_end(void) { _tile_release(); }
 
+/* Byte offsets of 16 rows ldw apart, for the gathers that take one value per row (int32: the
+ * callers keep 16 * ldw below 2^31). */
+INLINE __m512i row_offsets(size_t ldw) {
+    return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)ldw));
+}
+
 /* Work unit u: a block of 32 codes, or with HALF (Q6_K, Q3_K) half h = u % 2 of block u / 2. */
 INLINE const int8_t *unit_codes(const int8_t *c, int64_t u, const bool HALF) {
     return HALF ? c + (u >> 1) * 512 + (u & 1) * 16 : c + u * 512;
@@ -215,8 +221,7 @@ void fl_amx_gemm(int32_t wtype, const void *panel, size_t pstride, int np, int64
 INLINE void rows_block(int32_t wtype, const char *w, size_t ldw, int nr, int64_t b, int8_t *a, float *sc) {
     const bool q8 = wtype == FL_TYPE_Q8_0;
     const int bsz = q8 ? 34 : 18;
-    const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)ldw));
+    const __m512i vrow = row_offsets(ldw);
     const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
     const char *wb = w + b * bsz;
     const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rm, vrow, (const void *)wb, 1);
@@ -252,8 +257,7 @@ INLINE void rows_block_k4(const char *w, size_t ldw, int nr, int64_t b, int8_t *
     const int64_t i = b / 8;
     const int j = (int)(b % 8);
     if (j == 0) {
-        const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                _mm512_set1_epi32((int)ldw));
+        const __m512i vrow = row_offsets(ldw);
         const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
         const char *base = w + i * (int64_t)bsz;
         const __m512i z = _mm512_setzero_si512();
@@ -309,8 +313,7 @@ static void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t 
                       int64_t ldy, const char *pf, size_t pf_bytes) {
     const int64_t nb = K / 32;
     const bool direct = wtype == FL_TYPE_Q8_0 && nr == 16, k4 = wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K, q5 = wtype == FL_TYPE_Q5_K;
-    const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)ldw));
+    const __m512i vrow = row_offsets(ldw);
     int8_t abuf[2][512] __attribute__((aligned(64)));
     float sbuf[2][16] __attribute__((aligned(64))), mbuf[2][16] __attribute__((aligned(64)));
     float ks[8][16] __attribute__((aligned(64))), km[8][16] __attribute__((aligned(64))); /* Q4_K: the super-block's scales / mins */
@@ -369,8 +372,7 @@ static void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t 
 static void gemm_rows_q6(const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y, int64_t ldy,
                          const char *pf, size_t pf_bytes) {
     const int64_t nb = K / 32, nu = 2 * nb;
-    const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)ldw));
+    const __m512i vrow = row_offsets(ldw);
     const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
     int8_t abuf[2][512] __attribute__((aligned(64)));
@@ -466,8 +468,7 @@ void fl_amx_gemm_rows(int32_t wtype, const void *w, size_t ldw, int nr, int64_t 
  * gather per block: sc[b][r] (rows >= nr zero). */
 static void gather_scales(const char *w, size_t ldw, int nr, int64_t nb, int bsz, float *sc) {
     const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
-    const __m512i vrow = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)ldw));
+    const __m512i vrow = row_offsets(ldw);
     for (int64_t b = 0; b < nb; b++) {
         const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rm, vrow, (const void *)(w + b * bsz), 1);
         _mm512_store_ps(sc + b * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
@@ -477,18 +478,15 @@ static void gather_scales(const char *w, size_t ldw, int nr, int64_t nb, int bsz
 void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
     const int64_t nb = K / 32;
     int8_t *codes = panel;
-    float *sc = (float *)(codes + FL_AMX_ROWS * K), *mins = sc + nb * FL_AMX_ROWS;
+    float *sc = (float *)(codes + FL_AMX_ROWS * K), *mins = sc + (fl_amx_half(wtype) ? 2 : 1) * nb * FL_AMX_ROWS;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m512i eight = _mm512_set1_epi8(8);
     const bool gather = (wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_Q4_0) && (uint64_t)ldw * FL_AMX_ROWS < (1ull << 31); /* int32 offsets */
     for (int r = 0; r < FL_AMX_ROWS; r++) {
         int8_t *q = codes + r * 32; /* block b of row r at q + b * 512 */
         const char *row = (const char *)w + (size_t)r * ldw;
-        if (r >= nr) {
-            for (int64_t b = 0; b < nb; b++) memset(q + b * 512, 0, 32);
-            if (!gather)
-                for (int k = 0; k < fl_amx_arrays(wtype); k++)
-                    for (int64_t b = 0; b < nb; b++) sc[(k * nb + b) * FL_AMX_ROWS + r] = 0;
+        if (r >= nr) { /* (with gather the scales' masked gathers write the zeros again) */
+            fl_amx_panel_zero_row(wtype, K, panel, r);
             continue;
         }
         if (wtype == FL_TYPE_Q8_0) {
@@ -561,13 +559,12 @@ void fl_amx_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, 
         } else if (wtype == FL_TYPE_Q2_K) { /* 32 codes per step: (qs >> 2g) & 3; scales and mins per 16 */
             const fl_block_q2_K *blk = (const fl_block_q2_K *)row;
             const __m256i three = _mm256_set1_epi8(3);
-            float *mn2 = sc + 2 * nb * FL_AMX_ROWS;
             for (int64_t i = 0; i < K / FL_QK_K; i++) {
                 const float d = _cvtsh_ss(blk[i].d), dmin = _cvtsh_ss(blk[i].dmin);
                 for (int j = 0; j < 16; j++) {
                     const int64_t o = (j % 2) * nb * FL_AMX_ROWS + (i * 8 + j / 2) * FL_AMX_ROWS + r;
                     sc[o] = d * (float)(blk[i].scales[j] & 0xF);
-                    mn2[o] = dmin * (float)(blk[i].scales[j] >> 4);
+                    mins[o] = dmin * (float)(blk[i].scales[j] >> 4);
                 }
                 for (int n = 0; n < 2; n++) {
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(blk[i].qs + 32 * n));

@@ -134,7 +134,7 @@ void fl_amx_pack_row(int32_t wtype, const void *row, int64_t K, int8_t *q, float
     switch (wtype) {
     case FL_TYPE_Q6_K: fl_amx_pack_q6_K_row(row, K, q, sc, r); return;
     case FL_TYPE_Q3_K: pack_q3_K_row(row, K, q, sc, r); return;
-    case FL_TYPE_Q2_K: pack_q2_K_row(row, K, q, sc, sc + 2 * nb * FL_AMX_ROWS, r); return;
+    case FL_TYPE_Q2_K: pack_q2_K_row(row, K, q, sc, mn, r); return;
     case FL_TYPE_Q4_1: case FL_TYPE_Q5_1: case FL_TYPE_Q5_0: case FL_TYPE_IQ4_NL: {
         const size_t bsz = fl_type_row_size(wtype, 32);
         for (int64_t b = 0; b < nb; b++) {
@@ -166,17 +166,24 @@ void fl_amx_pack_row(int32_t wtype, const void *row, int64_t K, int8_t *q, float
     }
 }
 
+void fl_amx_panel_zero_row(int32_t wtype, int64_t K, void *panel, int r) {
+    const int64_t nb = K / 32;
+    int8_t *q = (int8_t *)panel + r * 32;
+    float *sc = (float *)((int8_t *)panel + FL_AMX_ROWS * K);
+    for (int64_t b = 0; b < nb; b++) memset(q + b * 512, 0, 32);
+    for (int k = 0; k < fl_amx_arrays(wtype); k++)
+        for (int64_t b = 0; b < nb; b++) sc[(k * nb + b) * FL_AMX_ROWS + r] = 0;
+}
+
 void fl_amx_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
     const int64_t nb = K / 32;
     int8_t *codes = panel;
-    float *sc = (float *)(codes + FL_AMX_ROWS * K), *mins = sc + nb * FL_AMX_ROWS;
+    float *sc = (float *)(codes + FL_AMX_ROWS * K), *mins = sc + (fl_amx_half(wtype) ? 2 : 1) * nb * FL_AMX_ROWS;
     for (int r = 0; r < FL_AMX_ROWS; r++) {
         int8_t *q = codes + r * 32; /* block b of row r at q + b * 512 */
         const char *row = (const char *)w + (size_t)r * ldw;
         if (r >= nr) {
-            for (int64_t b = 0; b < nb; b++) memset(q + b * 512, 0, 32);
-            for (int k = 0; k < fl_amx_arrays(wtype); k++)
-                for (int64_t b = 0; b < nb; b++) sc[(k * nb + b) * FL_AMX_ROWS + r] = 0;
+            fl_amx_panel_zero_row(wtype, K, panel, r);
             continue;
         }
         if (wtype == FL_TYPE_Q8_0) {
