@@ -232,15 +232,14 @@ INLINE void rows_block(int32_t wtype, const char *w, size_t ldw, int nr, int64_t
                                                               : _mm256_setzero_si256());
         return;
     }
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m512i eight = _mm512_set1_epi8(8);
-    for (int r = 0; r < 16; r += 2) { /* two rows: [lo_r hi_r lo_r+1 hi_r+1] - 8 */
-        const __m128i q0 = r < nr ? _mm_loadu_si128((const __m128i *)(wb + r * ldw + 2)) : _mm_set1_epi8((char)0x88);
-        const __m128i q1 = r + 1 < nr ? _mm_loadu_si128((const __m128i *)(wb + (r + 1) * ldw + 2)) : _mm_set1_epi8((char)0x88);
-        const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
-        const __m512i lohi = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
-                                                _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1);
-        _mm512_store_si512(a + 32 * r, _mm512_sub_epi8(_mm512_shuffle_i64x2(lohi, lohi, 0xD8), eight));
+    /* per row: its 16 bytes in both halves of a ymm, the upper half shifted down a nibble (one
+     * variable shift: 256-bit ops spread over three ports, the 512-bit packing of two rows
+     * needed three shuffles on one) */
+    const __m256i m4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8), sh = _mm256_setr_epi64x(0, 0, 4, 4);
+    for (int r = 0; r < 16; r++) {
+        const __m256i v = r < nr ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb + r * ldw + 2)))
+                                 : _mm256_set1_epi8((char)0x88);
+        _mm256_store_si256((__m256i *)(a + 32 * r), _mm256_sub_epi8(_mm256_and_si256(_mm256_srlv_epi64(v, sh), m4), eight));
     }
 }
 
@@ -305,27 +304,28 @@ INLINE void fold16(__m512 acc[16], const int32_t *c, const float *s, const char 
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)), _mm512_mul_ps(dx, _mm512_set1_ps(s[r])), acc[r]);
 }
 
-/* One panel of up to 16 rows x one token tile, the accumulators in registers.  Per block: the
- * next block's rows unpacked into an L1 buffer (Q8_0 with 16 real rows: only their scales, the
- * codes are loaded straight from the rows), its product queued, this block folded, the next
- * one's tile stored. */
-static void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y,
-                      int64_t ldy, const char *pf, size_t pf_bytes) {
+/* One panel of up to 16 rows x one token tile, the accumulators in registers.  Per block: its
+ * rows unpacked into an L1 buffer one step ahead (Q8_0 with 16 real rows: only their scales, the
+ * codes are loaded straight from the rows), its product queued, its tile stored a step later and
+ * folded two steps later.  Against ae3dd83 (`fitllm bench matmul -p 16 --stream-mib 256`, runs
+ * alternated): Q4_0 593-653 against 451-554 GOP/s; Q8_0, Q4_K, Q5_K within the noise. */
+INLINE void gemm_rows_t(int32_t wtype, const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y,
+                        int64_t ldy, const char *pf, size_t pf_bytes, const bool direct, const bool k4, const bool q5) {
     const int64_t nb = K / 32;
-    const bool direct = wtype == FL_TYPE_Q8_0 && nr == 16, k4 = wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K, q5 = wtype == FL_TYPE_Q5_K;
     const __m512i vrow = row_offsets(ldw);
-    int8_t abuf[2][512] __attribute__((aligned(64)));
-    float sbuf[2][16] __attribute__((aligned(64))), mbuf[2][16] __attribute__((aligned(64)));
+    /* block b's rows are unpacked during step b - 1, so its tile load at step b reads stores that
+     * have reached L1 (a tile load does not take data from the store buffer: unpacking right
+     * before the load stalled it, ~10% of the samples) */
+    int8_t abuf[4][512] __attribute__((aligned(64)));
+    float sbuf[4][16] __attribute__((aligned(64))), mbuf[4][16] __attribute__((aligned(64)));
     float ks[8][16] __attribute__((aligned(64))), km[8][16] __attribute__((aligned(64))); /* Q4_K: the super-block's scales / mins */
     int32_t cb[2][256] __attribute__((aligned(64)));
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
     const size_t pf_step = ((pf_bytes + (size_t)nb - 1) / (size_t)nb + 63) & ~(size_t)63;
-    /* step b: block b's rows and product, block b - 1's fold, block b's store.  Even blocks use
-     * tiles A0 B2 C4, odd ones A1 B3 C5, so a block's product does not wait for the store of
-     * the one before (tile numbers are immediates: the loop goes two blocks per turn) */
-#define ROWS_STEP(b, TA, TB, TC)                                                                          \
+    /* block b's scales (and for all but direct Q8_0 its codes) into buffer i */
+#define ROWS_UNPACK(b, i)                                                                                 \
     do {                                                                                                  \
         if ((b) < nb) {                                                                                   \
             if (pf)                                                                                       \
@@ -333,36 +333,58 @@ static void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t 
                     _mm_prefetch(pf + o, _MM_HINT_T1);                                                    \
             if (direct) {                                                                                 \
                 const __m512i g = _mm512_i32gather_epi32(vrow, (const void *)(w + (b) * 34), 1);          \
-                _mm512_store_ps(sbuf[(b) & 1], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));               \
+                _mm512_store_ps(sbuf[i], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));                     \
+            } else if (q5) rows_block_k4(w, ldw, nr, (b), abuf[i], sbuf[i], mbuf[i], ks, km, true);       \
+            else if (k4) rows_block_k4(w, ldw, nr, (b), abuf[i], sbuf[i], mbuf[i], ks, km, false);        \
+            else rows_block(wtype, w, ldw, nr, (b), abuf[i], sbuf[i]);                                    \
+        }                                                                                                 \
+    } while (0)
+    /* step b: block b's product (tiles A0 B2 C4 for even blocks, A1 B3 C5 for odd ones; tile
+     * numbers are immediates, so the loop goes two blocks per turn), block b + 1's rows, block
+     * b - 1's store, block b - 2's fold.
+     * Buffers: rows and scales by b % 4 (blocks b - 2 .. b + 1 live), C tiles' stores by b % 2. */
+#define ROWS_STEP(b, TA, TB, TC, TP)                                                                      \
+    do {                                                                                                  \
+        if ((b) < nb) {                                                                                   \
+            if (direct) {                                                                                 \
+                ROWS_UNPACK((b), (b) & 3);                                                                \
                 _tile_loadd(TA, w + (b) * 34 + 2, (long)ldw);                                             \
-            } else {                                                                                      \
-                if (q5) rows_block_k4(w, ldw, nr, (b), abuf[(b) & 1], sbuf[(b) & 1], mbuf[(b) & 1], ks, km, true); \
-                else if (k4) rows_block_k4(w, ldw, nr, (b), abuf[(b) & 1], sbuf[(b) & 1], mbuf[(b) & 1], ks, km, false); \
-                else rows_block(wtype, w, ldw, nr, (b), abuf[(b) & 1], sbuf[(b) & 1]);                    \
-                _tile_loadd(TA, abuf[(b) & 1], 32);                                                       \
-            }                                                                                             \
+            } else _tile_loadd(TA, abuf[(b) & 3], 32);                                                    \
             _tile_loadd(TB, act + (b) * FL_AMX_ACT_BLOCK, 64);                                            \
             _tile_zero(TC);                                                                               \
             _tile_dpbssd(TC, TA, TB);                                                                     \
         }                                                                                                 \
-        if ((b) > 0) {                                                                                    \
-            const char *blk_ = act + ((b) - 1) * FL_AMX_ACT_BLOCK;                                        \
-            fold16(acc, cb[((b) - 1) & 1], sbuf[((b) - 1) & 1], blk_);                                    \
+        if (!direct) ROWS_UNPACK((b) + 1, ((b) + 1) & 3);                                                 \
+        if ((b) >= 1 && (b) - 1 < nb) _tile_stored(TP, cb[((b) - 1) & 1], 64);                            \
+        if ((b) >= 2) {                                                                                   \
+            const int64_t f_ = (b) - 2;                                                                   \
+            const char *blk_ = act + f_ * FL_AMX_ACT_BLOCK;                                               \
+            fold16(acc, cb[f_ & 1], sbuf[f_ & 3], blk_);                                                  \
             if (k4) { /* + dmin m_j * (-s d_x) */                                                         \
                 const __m512 ms = _mm512_load_ps((const float *)(blk_ + 576));                            \
-                for (int r = 0; r < 16; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(mbuf[((b) - 1) & 1][r]), ms, acc[r]); \
+                for (int r = 0; r < 16; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(mbuf[f_ & 3][r]), ms, acc[r]); \
             }                                                                                             \
         }                                                                                                 \
-        if ((b) < nb) _tile_stored(TC, cb[(b) & 1], 64);                                                  \
     } while (0)
-    for (int64_t b = 0; b <= nb; b += 2) {
-        ROWS_STEP(b, 0, 2, 4);
-        if (b + 1 <= nb) ROWS_STEP(b + 1, 1, 3, 5);
+    if (!direct) ROWS_UNPACK(0, 0);
+    for (int64_t b = 0; b <= nb + 1; b += 2) {
+        ROWS_STEP(b, 0, 2, 4, 5);
+        if (b + 1 <= nb + 1) ROWS_STEP(b + 1, 1, 3, 5, 4);
     }
 #undef ROWS_STEP
+#undef ROWS_UNPACK
     transpose16(acc); /* acc[token] lanes = rows */
     const __mmask16 rm = (__mmask16)((1u << nr) - 1);
     for (int t = 0; t < ntok; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
+}
+
+/* gemm_rows_t compiled for each kind of row: Q8_0 loaded straight from 16 rows, Q4_K, Q5_K, and
+ * the rest (Q4_0, Q8_0 with fewer rows) unpacked by rows_block */
+static void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y,
+                      int64_t ldy, const char *pf, size_t pf_bytes) {
+    if (wtype == FL_TYPE_Q4_K) gemm_rows_t(wtype, w, ldw, nr, K, act, ntok, y, ldy, pf, pf_bytes, false, true, false);
+    else if (wtype == FL_TYPE_Q5_K) gemm_rows_t(wtype, w, ldw, nr, K, act, ntok, y, ldy, pf, pf_bytes, false, true, true);
+    else gemm_rows_t(wtype, w, ldw, nr, K, act, ntok, y, ldy, pf, pf_bytes, wtype == FL_TYPE_Q8_0 && nr == 16, false, false);
 }
 
 /* Q6_K rows (half-block tiles, the configuration of fl_amx_begin(Q6_K)): per block the 16 rows'
