@@ -389,76 +389,85 @@ static void gemm_rows(int32_t wtype, const char *w, size_t ldw, int nr, int64_t 
 
 /* Q6_K rows (half-block tiles, the configuration of fl_amx_begin(Q6_K)): per block the 16 rows'
  * 32 codes (4 bits of ql | 2 of qh, - 32) unpacked into L1, once per super-block their 16 scales
- * times d by five gathers with the rows in the lanes; then two units (halves) per block, each
- * a product of 16 codes, its fold, its store, tile sets alternating by unit. */
+ * times d by five gathers with the rows in the lanes, one block ahead; then two units (halves)
+ * per block, each a product of 16 codes, stored and folded in the order of gemm_rows_t. */
 static void gemm_rows_q6(const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y, int64_t ldy,
                          const char *pf, size_t pf_bytes) {
     const int64_t nb = K / 32, nu = 2 * nb;
     const __m512i vrow = row_offsets(ldw);
     const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
-    int8_t abuf[2][512] __attribute__((aligned(64)));
+    int8_t abuf[4][512] __attribute__((aligned(64)));  /* by block % 4 (see gemm_rows_t) */
     float sk[16][16] __attribute__((aligned(64)));      /* the super-block's d sc_j, rows in the lanes */
-    float sbuf[2][2][16] __attribute__((aligned(64))); /* [block parity][half] */
+    float sbuf[4][2][16] __attribute__((aligned(64))); /* [block % 4][half] */
     int32_t cb[2][256] __attribute__((aligned(64)));
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
     const size_t pf_step = ((pf_bytes + (size_t)nb - 1) / (size_t)nb + 63) & ~(size_t)63;
-#define Q6_STEP(u, TA, TB, TC)                                                                            \
+    /* block b's rows into abuf[b % 4], its two halves' scales into sbuf[b % 4] */
+#define Q6_UNPACK(b)                                                                                      \
+    do {                                                                                                  \
+        if ((b) < nb) {                                                                                   \
+            const int64_t i = (b) / 8;                                                                    \
+            const int jb = (int)((b) % 8), n = jb / 4, g = jb % 4;                                        \
+            if (pf)                                                                                       \
+                for (size_t o = (size_t)(b) * pf_step; o < (size_t)((b) + 1) * pf_step && o < pf_bytes; o += 64) \
+                    _mm_prefetch(pf + o, _MM_HINT_T1);                                                    \
+            if (jb == 0) {                                                                                \
+                const char *base = w + i * (int64_t)sizeof(fl_block_q6_K);                                \
+                const __m512i z = _mm512_setzero_si512();                                                 \
+                const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(                \
+                    _mm512_mask_i32gather_epi32(z, rm, vrow, (const void *)(base + 206), 1), 16)));       \
+                for (int k = 0; k < 4; k++) {                                                             \
+                    const __m512i sw = _mm512_mask_i32gather_epi32(z, rm, vrow, (const void *)(base + 192 + 4 * k), 1); \
+                    for (int t = 0; t < 4; t++)                                                           \
+                        _mm512_store_ps(sk[4 * k + t], _mm512_mul_ps(d, _mm512_cvtepi32_ps(              \
+                            _mm512_srai_epi32(_mm512_slli_epi32(sw, 24 - 8 * t), 24))));                  \
+                }                                                                                         \
+            }                                                                                             \
+            _mm512_store_ps(sbuf[(b) & 3][0], _mm512_load_ps(sk[2 * jb]));                                \
+            _mm512_store_ps(sbuf[(b) & 3][1], _mm512_load_ps(sk[2 * jb + 1]));                            \
+            for (int r = 0; r < 16; r++) {                                                                \
+                __m256i c = _mm256_setzero_si256();                                                       \
+                if (r < nr) {                                                                             \
+                    const fl_block_q6_K *blk = (const fl_block_q6_K *)(w + r * ldw) + i;                   \
+                    const __m256i l = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * n + 32 * (g & 1))); \
+                    const __m256i h = _mm256_loadu_si256((const __m256i *)(blk->qh + 32 * n));             \
+                    const __m256i lo = _mm256_and_si256(g >= 2 ? _mm256_srli_epi16(l, 4) : l, m4);        \
+                    const __m256i hi = g == 0 ? _mm256_slli_epi16(h, 4) : g == 1 ? _mm256_slli_epi16(h, 2) \
+                                     : g == 2 ? h : _mm256_srli_epi16(h, 2);                              \
+                    c = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_and_si256(hi, m30)), k32);             \
+                }                                                                                         \
+                _mm256_store_si256((__m256i *)(abuf[(b) & 3] + 32 * r), c);                               \
+            }                                                                                             \
+        }                                                                                                 \
+    } while (0)
+    /* step u: unit u's product, at even u block u / 2 + 1's rows, unit u - 1's store, unit u - 2's
+     * fold (the order of gemm_rows_t) */
+#define Q6_STEP(u, TA, TB, TC, TP)                                                                        \
     do {                                                                                                  \
         if ((u) < nu) {                                                                                   \
             const int64_t b = (u) >> 1;                                                                   \
-            if (((u) & 1) == 0) { /* block b's rows */                                                    \
-                const int64_t i = b / 8;                                                                  \
-                const int jb = (int)(b % 8), n = jb / 4, g = jb % 4;                                      \
-                if (pf)                                                                                   \
-                    for (size_t o = (size_t)b * pf_step; o < (size_t)(b + 1) * pf_step && o < pf_bytes; o += 64) \
-                        _mm_prefetch(pf + o, _MM_HINT_T1);                                                \
-                if (jb == 0) {                                                                            \
-                    const char *base = w + i * (int64_t)sizeof(fl_block_q6_K);                            \
-                    const __m512i z = _mm512_setzero_si512();                                             \
-                    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(            \
-                        _mm512_mask_i32gather_epi32(z, rm, vrow, (const void *)(base + 206), 1), 16)));   \
-                    for (int k = 0; k < 4; k++) {                                                         \
-                        const __m512i sw = _mm512_mask_i32gather_epi32(z, rm, vrow, (const void *)(base + 192 + 4 * k), 1); \
-                        for (int t = 0; t < 4; t++)                                                       \
-                            _mm512_store_ps(sk[4 * k + t], _mm512_mul_ps(d, _mm512_cvtepi32_ps(          \
-                                _mm512_srai_epi32(_mm512_slli_epi32(sw, 24 - 8 * t), 24))));              \
-                    }                                                                                     \
-                }                                                                                         \
-                _mm512_store_ps(sbuf[b & 1][0], _mm512_load_ps(sk[2 * jb]));                              \
-                _mm512_store_ps(sbuf[b & 1][1], _mm512_load_ps(sk[2 * jb + 1]));                          \
-                for (int r = 0; r < 16; r++) {                                                            \
-                    __m256i c = _mm256_setzero_si256();                                                   \
-                    if (r < nr) {                                                                         \
-                        const fl_block_q6_K *blk = (const fl_block_q6_K *)(w + r * ldw) + i;               \
-                        const __m256i l = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * n + 32 * (g & 1))); \
-                        const __m256i h = _mm256_loadu_si256((const __m256i *)(blk->qh + 32 * n));         \
-                        const __m256i lo = _mm256_and_si256(g >= 2 ? _mm256_srli_epi16(l, 4) : l, m4);    \
-                        const __m256i hi = g == 0 ? _mm256_slli_epi16(h, 4) : g == 1 ? _mm256_slli_epi16(h, 2) \
-                                         : g == 2 ? h : _mm256_srli_epi16(h, 2);                          \
-                        c = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_and_si256(hi, m30)), k32);         \
-                    }                                                                                     \
-                    _mm256_store_si256((__m256i *)(abuf[b & 1] + 32 * r), c);                             \
-                }                                                                                         \
-            }                                                                                             \
-            _tile_loadd(TA, abuf[b & 1] + 16 * ((u) & 1), 32);                                            \
+            _tile_loadd(TA, abuf[b & 3] + 16 * ((u) & 1), 32);                                            \
             _tile_loadd(TB, act + b * FL_AMX_ACT_BLOCK + 256 * ((u) & 1), 64);                            \
             _tile_zero(TC);                                                                               \
             _tile_dpbssd(TC, TA, TB);                                                                     \
         }                                                                                                 \
-        if ((u) > 0) {                                                                                    \
-            const int64_t v = (u) - 1;                                                                    \
-            fold16(acc, cb[v & 1], sbuf[(v >> 1) & 1][v & 1], act + (v >> 1) * FL_AMX_ACT_BLOCK);         \
+        if (((u) & 1) == 0) Q6_UNPACK(((u) >> 1) + 1);                                                    \
+        if ((u) >= 1 && (u) - 1 < nu) _tile_stored(TP, cb[((u) - 1) & 1], 64);                            \
+        if ((u) >= 2) {                                                                                   \
+            const int64_t v = (u) - 2;                                                                    \
+            fold16(acc, cb[v & 1], sbuf[(v >> 1) & 3][v & 1], act + (v >> 1) * FL_AMX_ACT_BLOCK);         \
         }                                                                                                 \
-        if ((u) < nu) _tile_stored(TC, cb[(u) & 1], 64);                                                  \
     } while (0)
-    for (int64_t u = 0; u <= nu; u += 2) {
-        Q6_STEP(u, 0, 2, 4);
-        if (u + 1 <= nu) Q6_STEP(u + 1, 1, 3, 5);
+    Q6_UNPACK(0);
+    for (int64_t u = 0; u <= nu + 1; u += 2) {
+        Q6_STEP(u, 0, 2, 4, 5);
+        if (u + 1 <= nu + 1) Q6_STEP(u + 1, 1, 3, 5, 4);
     }
 #undef Q6_STEP
+#undef Q6_UNPACK
     transpose16(acc); /* acc[token] lanes = rows */
     const __mmask16 om = (__mmask16)((1u << nr) - 1);
     for (int t = 0; t < ntok; t++) _mm512_mask_storeu_ps(y + t * ldy, om, acc[t]);
