@@ -59,7 +59,7 @@ int fl_bench_matmul(int argc, char **argv) {
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench matmul [-t N] [-p M] [--types Q4_0,Q8_0] [--json]",
                           "GEMV GB/s vs measured memory bandwidth, GEMM GOP/s vs measured int8 peak,\n"
-                          "on TinyLlama-1.1B matrices (N x K): 2048x2048, 5632x2048, 2048x5632, 32000x2048.",
+                          "on TinyLlama-1.1B matrices (N x K): 2048x2048, 256x2048 (K, V), 5632x2048, 2048x5632, 32000x2048.",
                           NULL, 0, &n_pos);
     if (r) return r == 1 ? 0 : 2;
     const int nth = opts[0].set ? (int)opts[0].i : 2;
@@ -95,7 +95,7 @@ int fl_bench_matmul(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "gemm_tokens", (double)M);
     cJSON_AddItemToObject(root, "results", arr);
 
-    static const int64_t shapes[4][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
+    static const int64_t shapes[5][2] = {{2048, 2048}, {256, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
     int rc = 0;
     for (char *save = NULL, *tn = strtok_r(types_s, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
         const int32_t type = fl_type_from_name(tn);
@@ -105,7 +105,7 @@ int fl_bench_matmul(int argc, char **argv) {
             break;
         }
         double sum_bytes = 0, sum_t_gemv = 0, sum_ops = 0, sum_t_gemm = 0;
-        for (int s = 0; s < 4; s++) {
+        for (int s = 0; s < 5; s++) {
             const int64_t N = shapes[s][0], K = shapes[s][1];
             const size_t wbytes = fl_quantize_size(type, N, K);
             size_t R = (stream + wbytes - 1) / wbytes;

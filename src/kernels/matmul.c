@@ -114,7 +114,6 @@ static void q8_quant_task(void *p, int ith, int nth) {
 
 #define ROW_TILE 4
 #define TOK_TILE 4
-#define GEMV_CHUNK 32 /* fewest rows per dynamically taken GEMV chunk (a multiple of ROW_TILE) */
 #define GEMV_CHUNK_BYTES (256 * 1024) /* GEMV chunk size: long runs keep each thread's stream
                                        * sequential for the prefetchers (Q4_0 decode +5-10%) */
 #define CHUNK_BYTES (192 * 1024) /* weight rows per chunk: stay in L2 while all tokens pass */
@@ -130,9 +129,18 @@ static void q8_gemm_task(void *p, int ith, int nth) {
     lo *= ROW_TILE;
     hi = hi * ROW_TILE < N ? hi * ROW_TILE : N;
     if (c->M == 1) { /* GEMV: stream the rows once, chunks taken dynamically so a thread the
-                        * scheduler holds back does not hold up the others */
-        int64_t gc = (int64_t)(GEMV_CHUNK_BYTES / ldw);
-        gc = gc < GEMV_CHUNK ? GEMV_CHUNK : gc - gc % ROW_TILE;
+                        * scheduler holds back does not hold up the others.  Chunks of about
+                        * GEMV_CHUNK_BYTES, as many as a multiple of the threads and equal, so the
+                        * threads finish together: fixed 256 KiB chunks left the last one running
+                        * alone (TinyLlama's 256-row K and V projections in Q4_0 split 224 + 32
+                        * rows) */
+        const int64_t tiles = (N + ROW_TILE - 1) / ROW_TILE;
+        int64_t tpc = (int64_t)(GEMV_CHUNK_BYTES / (ROW_TILE * ldw)); /* row tiles per full chunk */
+        if (tpc < 1) tpc = 1;
+        int64_t nc = nth * ((2 * tiles + nth * tpc) / (2 * nth * tpc)); /* a multiple of nth: rounded */
+        if (nc < nth) nc = nth; /* (chunks of 2/3 to 3/2 of the full size, one per thread at least) */
+        if (nc > tiles) nc = tiles;
+        const int64_t gc = (tiles + nc - 1) / nc * ROW_TILE;
         for (;;) {
             const int64_t n0 = atomic_fetch_add_explicit(&c->next, gc, memory_order_relaxed);
             if (n0 >= N) break;
