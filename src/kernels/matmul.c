@@ -91,7 +91,8 @@ typedef struct {
                    * AMX: [nth][amx_group][fl_amx_panel_bytes] */
     size_t panel_bytes;
     char *amx_act;     /* AMX: activation tiles (fl_amx_act_bytes), else NULL */
-    int64_t amx_group; /* AMX: panels a thread takes at once (each token tile passes them all) */
+    int64_t amx_group; /* AMX: groups of panels (amx_groups), a thread takes one at a time and
+                        * passes every token tile through its panels */
     _Atomic int64_t next; /* next unit (GEMV row chunk / panel) to take: dynamic split */
 } q8_ctx;
 
@@ -183,7 +184,7 @@ static void q8_panel_task(void *p, int ith, int nth) {
     }
 }
 
-/* AMX GEMM (M >= 13): each thread takes amx_group panels at a time, packs them into its scratch,
+/* AMX GEMM (M >= 13): each thread takes a group of panels at a time, packs them into its scratch,
  * then runs every 16-token tile through all of them (the tile stays in L2 while they pass).
  * Panels of a group fit L2: each thread's scratch holds amx_group_max of them whatever N is (so
  * the scratch of a step does not depend on the matrix's rows); a matrix with few panels takes
@@ -193,10 +194,16 @@ static int64_t amx_group_max(int32_t type, int64_t K) {
     return g < 1 ? 1 : g;
 }
 
-static int64_t amx_group(int32_t type, int64_t N, int64_t K, int nth) {
-    const int64_t np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, fair = np / (4 * (int64_t)nth);
-    const int64_t g = amx_group_max(type, K);
-    return fair < 1 ? 1 : fair < g ? fair : g;
+/* How many groups the panels are cut into: a multiple of the threads, at least 4 per thread,
+ * so that no group exceeds amx_group_max; group i is panels [i np / ng, (i + 1) np / ng), sizes
+ * within one of each other, so the threads finish together (with groups of the full size the
+ * last one was a remainder: 2048 rows as 9 groups of 14 panels and one of 2 left a thread
+ * idle for a group) */
+static int64_t amx_groups(int32_t type, int64_t N, int64_t K, int nth) {
+    const int64_t np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, g = amx_group_max(type, K);
+    int64_t ng = nth * ((np + nth * g - 1) / (nth * g));
+    if (ng < 4 * (int64_t)nth) ng = 4 * (int64_t)nth;
+    return ng < np ? ng : np;
 }
 
 /* Steps of more than 12 tokens (a tile of 16 at least 13/16 used).  At 16 tokens (batched decode
@@ -248,7 +255,7 @@ static void q8_amx_rows_task(void *p, int ith, int nth) {
 
 static void q8_amx_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
-    const int64_t N = c->W->ne[1], K = c->W->ne[0], M = c->M, G = c->amx_group;
+    const int64_t N = c->W->ne[1], K = c->W->ne[0], M = c->M, ng = c->amx_group;
     const size_t ldw = c->W->nb[1];
     const int64_t np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, tiles = (M + FL_AMX_TOK - 1) / FL_AMX_TOK;
     (void)nth;
@@ -256,14 +263,14 @@ static void q8_amx_task(void *p, int ith, int nth) {
     fl_amx_begin(c->W->type);
     /* groups taken dynamically, one ahead: while a group's tiles run, its successor's weight rows
      * are prefetched (at a few tokens per step the weights stream from memory once) */
-    int64_t g0 = atomic_fetch_add_explicit(&c->next, G, memory_order_relaxed);
-    while (g0 < np) {
-        const int64_t gn = atomic_fetch_add_explicit(&c->next, G, memory_order_relaxed);
-        const int64_t g1 = g0 + G < np ? g0 + G : np;
+    int64_t gi = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+    while (gi < ng) {
+        const int64_t gni = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+        const int64_t g0 = gi * np / ng, g1 = (gi + 1) * np / ng;
         const char *pf = NULL;
         size_t pf_bytes = 0;
-        if (gn < np) {
-            const int64_t gn1 = gn + G < np ? gn + G : np;
+        if (gni < ng) {
+            const int64_t gn = gni * np / ng, gn1 = (gni + 1) * np / ng;
             pf = (const char *)c->W->data + (size_t)(gn * FL_AMX_ROWS) * ldw;
             pf_bytes = (size_t)((gn1 * FL_AMX_ROWS < N ? gn1 * FL_AMX_ROWS : N) - gn * FL_AMX_ROWS) * ldw;
         }
@@ -288,7 +295,7 @@ static void q8_amx_task(void *p, int ith, int nth) {
                             o < pf_bytes ? (pf_bytes - o < share ? pf_bytes - o : share) : 0);
             }
         }
-        g0 = gn;
+        gi = gni;
     }
     fl_amx_end();
 }
@@ -377,7 +384,7 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
             size_t amx_act_bytes = 0, amx_pan_bytes = 0;
             if (!llama && amx_path(W->type, M)) {
                 amx_act_bytes = fl_amx_act_bytes(M, K);
-                c.amx_group = amx_group(W->type, W->ne[1], K, nth);
+                c.amx_group = amx_groups(W->type, W->ne[1], K, nth);
                 c.panel_bytes = fl_amx_panel_bytes(W->type, K);
                 c.amx_act = fl_alloc(FL_MEM_SCRATCH, amx_act_bytes, 64);
                 amx_pan_bytes = amx_rows_path(W->type, M) ? 0 : (size_t)nth * (size_t)amx_group_max(W->type, K) * c.panel_bytes;
