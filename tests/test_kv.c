@@ -253,6 +253,25 @@ static void check_paged_case(int32_t n, int32_t n_q, int32_t bs, int32_t n_head,
     if (d1 > 1e-5 || d2 > 1e-5)
         fail_msg("n %d n_q %d bs %d heads %d/%d hd %d window %d parts %d: flash %.3g naive %.3g", n, n_q, bs, n_head, nkv, hd, window, part_blocks, d1, d2);
     for (int i = 0; i < 16; i++) assert_true(O[(size_t)n_q * n_head * hd + i] == 12345.0f);
+    const int32_t g = n_head / nkv;
+    if (g >= 2) { /* the heads of each KV group reversed: every head's output bits move with it
+                   * (the AVX-512 path takes heads in pairs and an odd one alone) */
+        float *Qp = falloc((size_t)n_q * n_head * hd), *Op = falloc((size_t)n_q * n_head * hd);
+        for (int32_t r = 0; r < n_q; r++)
+            for (int32_t h = 0; h < n_head; h++) {
+                const int32_t hp = (h / g) * g + (g - 1 - h % g);
+                memcpy(Qp + ((size_t)r * n_head + hp) * hd, Q + ((size_t)r * n_head + h) * hd, sizeof(float) * (size_t)hd);
+            }
+        fl_paged_attn(&f.kv, &sq, 1, &pp, Qp, Op, ws);
+        for (int32_t r = 0; r < n_q; r++)
+            for (int32_t h = 0; h < n_head; h++) {
+                const int32_t hp = (h / g) * g + (g - 1 - h % g);
+                if (memcmp(Op + ((size_t)r * n_head + hp) * hd, O + ((size_t)r * n_head + h) * hd, sizeof(float) * (size_t)hd))
+                    fail_msg("n %d n_q %d bs %d heads %d/%d: row %d head %d differs when heads are reordered", n, n_q, bs, n_head, nkv, r, h);
+            }
+        ffree(Qp, (size_t)n_q * n_head * hd);
+        ffree(Op, (size_t)n_q * n_head * hd);
+    }
     fl_free(FL_MEM_SCRATCH, ws, wsb);
     paged_fix_deinit(&f, pool_blocks);
     ffree(K, (size_t)n * nrow);
@@ -280,6 +299,7 @@ static void test_paged_vs_contiguous(void **state) {
     check_paged_case(77, 5, 5, 4, 4, 12, 0, 1);      /* odd block size, MHA, one block per partition */
     check_paged_case(90, 30, 16, 4, 1, 64, 20, 2);   /* sliding window, MQA */
     check_paged_case(90, 1, 4, 4, 2, 16, 9, 2);      /* window in decode */
+    check_paged_case(70, 40, 16, 6, 2, 64, 0, 16);   /* groups of 3 heads (a pair and one alone), hd 64 */
     }
     fl_threads_set(0);
     fl_isa_set(fl_isa_best());
