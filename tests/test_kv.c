@@ -300,6 +300,7 @@ static void test_paged_vs_contiguous(void **state) {
     check_paged_case(90, 30, 16, 4, 1, 64, 20, 2);   /* sliding window, MQA */
     check_paged_case(90, 1, 4, 4, 2, 16, 9, 2);      /* window in decode */
     check_paged_case(70, 40, 16, 6, 2, 64, 0, 16);   /* groups of 3 heads (a pair and one alone), hd 64 */
+    check_paged_case(45, 3, 16, 14, 2, 64, 0, 1);    /* groups of 7 (four, a pair, one), split-K decode */
     }
     fl_threads_set(0);
     fl_isa_set(fl_isa_best());

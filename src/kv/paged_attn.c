@@ -163,101 +163,103 @@ static vec_ops pick_ops(void) {
     }
 }
 
-/* The AVX-512 block update for blocks of at most 16 keys (K transposed): the scores stay in one
- * vector, their max and sum are vector reductions, exp is the same polynomial per lane.  The
- * same bits as the general path below except l, whose 16 terms are added as a tree instead of
- * in key order.  The scalar max / subtract / sum loops and the scores' store and reload had
- * made the per-row bookkeeping cost about as much as the two 64-fma loops. */
-__attribute__((target("avx512f"))) static void state_update16(float *st, const float *q, const float *kt, const float *vb,
-                                                             int32_t ja, int32_t jb, int32_t hd, int32_t bs, float scale,
-                                                             float *sc) {
+/* The AVX-512 block update for blocks of at most 16 keys (K transposed), for N heads of one KV
+ * group at once (GQA: they read the same K and V block, so each load feeds N fmas; the two
+ * 64-fma loops were bound by their loads).  Per head: the scores stay in one vector (the
+ * arithmetic of scores_avx512_t), their max and sum are vector reductions, exp is the same
+ * polynomial per lane, acc the arithmetic of accum_avx512; the same bits for every N, and as
+ * the general path below except l, whose 16 terms are added as a tree instead of in key order.
+ * The scalar max / subtract / sum loops and the scores' store and reload had made the per-row
+ * bookkeeping cost about as much as the two 64-fma loops.  sc[0] is the workspace's (bs
+ * floats), the others this frame's. */
+#define U16_INLINE static inline __attribute__((always_inline, target("avx512f")))
+U16_INLINE void update16_n(const int N, float *const *st, const float *const *q, const float *kt, const float *vb, int32_t ja,
+                           int32_t jb, int32_t hd, int32_t bs, float scale, float *sc_ws) {
+    float sc_own[4][16];
+    float *sc[4] = {sc_ws, sc_own[1], sc_own[2], sc_own[3]};
     const __mmask16 vm = (__mmask16)(((jb >= 16 ? 0xFFFFu : (1u << jb) - 1)) & ~((1u << ja) - 1));
     const __mmask16 lm = (__mmask16)(bs >= 16 ? 0xFFFFu : (1u << bs) - 1);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int32_t d = 0;
-    for (; d + 4 <= hd; d += 4) { /* as scores_avx512_t */
-        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_maskz_loadu_ps(lm, kt + (size_t)d * (size_t)bs), a0);
-        a1 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 1]), _mm512_maskz_loadu_ps(lm, kt + (size_t)(d + 1) * (size_t)bs), a1);
-        a2 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 2]), _mm512_maskz_loadu_ps(lm, kt + (size_t)(d + 2) * (size_t)bs), a2);
-        a3 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 3]), _mm512_maskz_loadu_ps(lm, kt + (size_t)(d + 3) * (size_t)bs), a3);
-    }
-    for (; d < hd; d++) a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_maskz_loadu_ps(lm, kt + (size_t)d * (size_t)bs), a0);
-    const __m512 r = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), _mm512_set1_ps(scale));
-    const float mb = _mm512_mask_reduce_max_ps(vm, r);
-    const float m_new = st[0] > mb ? st[0] : mb;
-    const float alpha = st[0] == -INFINITY ? 0.0f : expf(st[0] - m_new);
-    _mm512_mask_storeu_ps(sc, vm, _mm512_sub_ps(r, _mm512_set1_ps(m_new))); /* sc holds bs floats */
-    fl_expf_poly_row_avx512(sc + ja, sc + ja, jb - ja);
-    st[1] = st[1] * alpha + _mm512_mask_reduce_add_ps(vm, _mm512_maskz_loadu_ps(vm, sc));
-    accum_avx512(st + 2, alpha, sc, vb, ja, jb, hd);
-    st[0] = m_new;
-}
-
-/* state_update16 for two heads of the same kv head at once (GQA: they read the same K and V
- * block), each with exactly the arithmetic of state_update16: every K and V load feeds two fmas
- * instead of one (the two 64-fma loops were bound by their loads). */
-__attribute__((target("avx512f"))) static void state_update16x2(float *st0, float *st1, const float *q0, const float *q1,
-                                                               const float *kt, const float *vb, int32_t ja, int32_t jb,
-                                                               int32_t hd, int32_t bs, float scale, float *sc0) {
-    float sc1[16]; /* the second head's (the workspace holds one block's scores) */
-    const __mmask16 vm = (__mmask16)(((jb >= 16 ? 0xFFFFu : (1u << jb) - 1)) & ~((1u << ja) - 1));
-    const __mmask16 lm = (__mmask16)(bs >= 16 ? 0xFFFFu : (1u << bs) - 1);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    __m512 a[4][4];
+#pragma GCC unroll 4
+    for (int h = 0; h < N; h++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) a[h][c] = _mm512_setzero_ps();
     int32_t d = 0;
     for (; d + 4 <= hd; d += 4) {
-        const __m512 k0 = _mm512_maskz_loadu_ps(lm, kt + (size_t)d * (size_t)bs), k1 = _mm512_maskz_loadu_ps(lm, kt + (size_t)(d + 1) * (size_t)bs);
-        const __m512 k2 = _mm512_maskz_loadu_ps(lm, kt + (size_t)(d + 2) * (size_t)bs), k3 = _mm512_maskz_loadu_ps(lm, kt + (size_t)(d + 3) * (size_t)bs);
-        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), k0, a0);
-        b0 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), k0, b0);
-        a1 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d + 1]), k1, a1);
-        b1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d + 1]), k1, b1);
-        a2 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d + 2]), k2, a2);
-        b2 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d + 2]), k2, b2);
-        a3 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d + 3]), k3, a3);
-        b3 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d + 3]), k3, b3);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m512 k = _mm512_maskz_loadu_ps(lm, kt + (size_t)(d + c) * (size_t)bs);
+#pragma GCC unroll 4
+            for (int h = 0; h < N; h++) a[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d + c]), k, a[h][c]);
+        }
     }
     for (; d < hd; d++) {
-        const __m512 k0 = _mm512_maskz_loadu_ps(lm, kt + (size_t)d * (size_t)bs);
-        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), k0, a0);
-        b0 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), k0, b0);
+        const __m512 k = _mm512_maskz_loadu_ps(lm, kt + (size_t)d * (size_t)bs);
+#pragma GCC unroll 4
+        for (int h = 0; h < N; h++) a[h][0] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d]), k, a[h][0]);
     }
-    const __m512 vs = _mm512_set1_ps(scale);
-    const __m512 r0 = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), vs);
-    const __m512 r1 = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)), vs);
-    const float mb0 = _mm512_mask_reduce_max_ps(vm, r0), mb1 = _mm512_mask_reduce_max_ps(vm, r1);
-    const float mn0 = st0[0] > mb0 ? st0[0] : mb0, mn1 = st1[0] > mb1 ? st1[0] : mb1;
-    const float al0 = st0[0] == -INFINITY ? 0.0f : expf(st0[0] - mn0), al1 = st1[0] == -INFINITY ? 0.0f : expf(st1[0] - mn1);
-    _mm512_mask_storeu_ps(sc0, vm, _mm512_sub_ps(r0, _mm512_set1_ps(mn0)));
-    _mm512_mask_storeu_ps(sc1, vm, _mm512_sub_ps(r1, _mm512_set1_ps(mn1)));
-    fl_expf_poly_row_avx512(sc0 + ja, sc0 + ja, jb - ja);
-    fl_expf_poly_row_avx512(sc1 + ja, sc1 + ja, jb - ja);
-    st0[1] = st0[1] * al0 + _mm512_mask_reduce_add_ps(vm, _mm512_maskz_loadu_ps(vm, sc0));
-    st1[1] = st1[1] * al1 + _mm512_mask_reduce_add_ps(vm, _mm512_maskz_loadu_ps(vm, sc1));
-    /* accum_avx512 for both: even / odd rows in two chains each, added at the end */
-    float *acc0 = st0 + 2, *acc1 = st1 + 2;
-    for (d = 0; d < hd; d += 16) {
+    float al[4];
+#pragma GCC unroll 4
+    for (int h = 0; h < N; h++) {
+        const __m512 r = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a[h][0], a[h][1]), _mm512_add_ps(a[h][2], a[h][3])), _mm512_set1_ps(scale));
+        const float mb = _mm512_mask_reduce_max_ps(vm, r);
+        const float m_new = st[h][0] > mb ? st[h][0] : mb;
+        al[h] = st[h][0] == -INFINITY ? 0.0f : expf(st[h][0] - m_new);
+        _mm512_mask_storeu_ps(sc[h], vm, _mm512_sub_ps(r, _mm512_set1_ps(m_new)));
+        fl_expf_poly_row_avx512(sc[h] + ja, sc[h] + ja, jb - ja);
+        st[h][1] = st[h][1] * al[h] + _mm512_mask_reduce_add_ps(vm, _mm512_maskz_loadu_ps(vm, sc[h]));
+        st[h][0] = m_new;
+    }
+    for (d = 0; d < hd; d += 16) { /* accum_avx512: even / odd keys in two chains, added at the end */
         const __mmask16 m = hd - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (hd - d)) - 1);
-        __m512 x0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, acc0 + d), _mm512_set1_ps(al0)), y0 = _mm512_setzero_ps();
-        __m512 x1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, acc1 + d), _mm512_set1_ps(al1)), y1 = _mm512_setzero_ps();
+        __m512 x[4], y[4];
+#pragma GCC unroll 4
+        for (int h = 0; h < N; h++) {
+            x[h] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, st[h] + 2 + d), _mm512_set1_ps(al[h]));
+            y[h] = _mm512_setzero_ps();
+        }
         int32_t j = ja;
         for (; j + 2 <= jb; j += 2) {
             const __m512 v0 = _mm512_maskz_loadu_ps(m, vb + (size_t)j * (size_t)hd + d);
             const __m512 v1 = _mm512_maskz_loadu_ps(m, vb + (size_t)(j + 1) * (size_t)hd + d);
-            x0 = _mm512_fmadd_ps(_mm512_set1_ps(sc0[j]), v0, x0);
-            x1 = _mm512_fmadd_ps(_mm512_set1_ps(sc1[j]), v0, x1);
-            y0 = _mm512_fmadd_ps(_mm512_set1_ps(sc0[j + 1]), v1, y0);
-            y1 = _mm512_fmadd_ps(_mm512_set1_ps(sc1[j + 1]), v1, y1);
+#pragma GCC unroll 4
+            for (int h = 0; h < N; h++) {
+                x[h] = _mm512_fmadd_ps(_mm512_set1_ps(sc[h][j]), v0, x[h]);
+                y[h] = _mm512_fmadd_ps(_mm512_set1_ps(sc[h][j + 1]), v1, y[h]);
+            }
         }
         if (j < jb) {
             const __m512 v0 = _mm512_maskz_loadu_ps(m, vb + (size_t)j * (size_t)hd + d);
-            x0 = _mm512_fmadd_ps(_mm512_set1_ps(sc0[j]), v0, x0);
-            x1 = _mm512_fmadd_ps(_mm512_set1_ps(sc1[j]), v0, x1);
+#pragma GCC unroll 4
+            for (int h = 0; h < N; h++) x[h] = _mm512_fmadd_ps(_mm512_set1_ps(sc[h][j]), v0, x[h]);
         }
-        _mm512_mask_storeu_ps(acc0 + d, m, _mm512_add_ps(x0, y0));
-        _mm512_mask_storeu_ps(acc1 + d, m, _mm512_add_ps(x1, y1));
+#pragma GCC unroll 4
+        for (int h = 0; h < N; h++) _mm512_mask_storeu_ps(st[h] + 2 + d, m, _mm512_add_ps(x[h], y[h]));
     }
-    st0[0] = mn0;
-    st1[0] = mn1;
+}
+
+/* Heads [0, n) of one KV group, st / q at stride ss / hd floats: fours, then a pair, then one. */
+__attribute__((target("avx512f"))) static void update16_heads(int32_t n, float *st, size_t ss, const float *q, int32_t hd,
+                                                             const float *kt, const float *vb, int32_t ja, int32_t jb, int32_t bs,
+                                                             float scale, float *sc) {
+    int32_t h = 0;
+    for (; h + 4 <= n; h += 4) {
+        float *const s4[4] = {st + (size_t)h * ss, st + (size_t)(h + 1) * ss, st + (size_t)(h + 2) * ss, st + (size_t)(h + 3) * ss};
+        const float *const q4[4] = {q + (size_t)h * (size_t)hd, q + (size_t)(h + 1) * (size_t)hd, q + (size_t)(h + 2) * (size_t)hd,
+                                    q + (size_t)(h + 3) * (size_t)hd};
+        update16_n(4, s4, q4, kt, vb, ja, jb, hd, bs, scale, sc);
+    }
+    if (h + 2 <= n) {
+        float *const s2[2] = {st + (size_t)h * ss, st + (size_t)(h + 1) * ss};
+        const float *const q2[2] = {q + (size_t)h * (size_t)hd, q + (size_t)(h + 1) * (size_t)hd};
+        update16_n(2, s2, q2, kt, vb, ja, jb, hd, bs, scale, sc);
+        h += 2;
+    }
+    if (h < n) {
+        float *const s1[1] = {st + (size_t)h * ss};
+        const float *const q1[1] = {q + (size_t)h * (size_t)hd};
+        update16_n(1, s1, q1, kt, vb, ja, jb, hd, bs, scale, sc);
+    }
 }
 
 /* Fold keys/values kb[j], vb[j] for j in [ja, jb) (rows of the block scratch) into st:
@@ -265,7 +267,7 @@ __attribute__((target("avx512f"))) static void state_update16x2(float *st0, floa
 static void state_update(const vec_ops *vo, float *st, const float *qh, const float *kb, const float *vb, int32_t ja, int32_t jb,
                          int32_t hd, int32_t bs, float scale, float *sc) {
     if (vo->scores_t == scores_avx512_t && bs <= 16) {
-        state_update16(st, qh, kb, vb, ja, jb, hd, bs, scale, sc);
+        update16_heads(1, st, 0, qh, hd, kb, vb, ja, jb, bs, scale, sc);
         return;
     }
     if (vo->scores_t) vo->scores_t(qh, kb, ja, jb, hd, bs, scale, sc);
@@ -420,13 +422,11 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_
             if (ra_ >= rz) continue; /* nothing of this block is visible to row r */
             const float *q_r = jb_->q + ((size_t)(s->q0 + r) * (size_t)pp->n_head + (size_t)(kh * g)) * (size_t)hd;
             float *st_r = st + (size_t)(r - ra) * (size_t)g * ss;
-            int32_t gi = 0;
-            if (jb_->ops.scores_t == scores_avx512_t && bs <= 16) /* heads in pairs */
-                for (; gi + 2 <= g; gi += 2)
-                    state_update16x2(st_r + (size_t)gi * ss, st_r + (size_t)(gi + 1) * ss, q_r + (size_t)gi * (size_t)hd,
-                                     q_r + (size_t)(gi + 1) * (size_t)hd, kb, vb, ra_, rz, hd, bs, pp->scale, sc);
-            for (; gi < g; gi++)
-                state_update(&jb_->ops, st_r + (size_t)gi * ss, q_r + (size_t)gi * (size_t)hd, kb, vb, ra_, rz, hd, bs, pp->scale, sc);
+            if (jb_->ops.scores_t == scores_avx512_t && bs <= 16) /* the group's heads together */
+                update16_heads(g, st_r, ss, q_r, hd, kb, vb, ra_, rz, bs, pp->scale, sc);
+            else
+                for (int32_t gi = 0; gi < g; gi++)
+                    state_update(&jb_->ops, st_r + (size_t)gi * ss, q_r + (size_t)gi * (size_t)hd, kb, vb, ra_, rz, hd, bs, pp->scale, sc);
         }
     }
 }
