@@ -11,6 +11,7 @@
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 
+#include <math.h>
 #include <string.h>
 
 static uint64_t g_rng = 88172645463325252ULL;
@@ -610,6 +611,40 @@ static void test_dequant_simd(void **state) {
 }
 
 /* fl_matmul_scratch_bytes equals the FL_MEM_SCRATCH high-water mark of a call (GEMV, GEMM, f32 path). */
+/* matmul's f32 dots: AVX2 gives the AVX-512 bits (llama.cpp's order) for both f32 rows and rows
+ * of f16 values, and both stay near the plain reference. */
+static void test_f32_dot_orders(void **state) {
+    (void)state;
+    if (fl_isa_best() == FL_ISA_REF) skip();
+    const bool avx512 = fl_isa_best() == FL_ISA_AVX512;
+    static const int64_t ns[] = {0, 1, 7, 16, 48, 63, 64, 100, 130, 256, 2048, 5635};
+    float *a = fl_alloc(FL_MEM_SCRATCH, sizeof(float) * 5635, 64), *b = fl_alloc(FL_MEM_SCRATCH, sizeof(float) * 5635, 64);
+    assert_non_null(a);
+    assert_non_null(b);
+    for (int i = 0; i < 5635; i++) {
+        a[i] = frand();
+        b[i] = fl_f16_to_f32(fl_f32_to_f16(frand())); /* f16 values, as the f16 rows hold */
+    }
+    int differ = 0; /* lengths where llama's order and the plain one give other bits */
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        const int64_t n = ns[k];
+        const float r = fl_mm_dot_f32_ref(a, b, n), v = fl_mm_dot_f32_avx2(a, b, n), h = fl_mm_dot_f16vals_avx2(a, b, n);
+        double mag = 0;
+        for (int64_t i = 0; i < n; i++) mag += fabs((double)a[i] * b[i]);
+        assert_true(fabs((double)v - r) <= 1e-6 * mag + 1e-30);
+        assert_true(fabs((double)h - r) <= 1e-6 * mag + 1e-30);
+        if (v != r) differ++;
+        if (avx512) {
+            const float v5 = fl_mm_dot_f32_avx512(a, b, n), h5 = fl_mm_dot_f16vals_avx512(a, b, n);
+            if (memcmp(&v, &v5, 4) || memcmp(&h, &h5, 4))
+                fail_msg("n %lld: avx2 %.9g / %.9g, avx512 %.9g / %.9g", (long long)n, (double)v, (double)h, (double)v5, (double)h5);
+        }
+    }
+    assert_true(differ > 0); /* the orders are not the plain one (else this test shows nothing) */
+    fl_free(FL_MEM_SCRATCH, a, sizeof(float) * 5635);
+    fl_free(FL_MEM_SCRATCH, b, sizeof(float) * 5635);
+}
+
 static void test_scratch_bytes(void **state) {
     (void)state;
     const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_0, FL_TYPE_Q6_K};
@@ -645,6 +680,7 @@ static void test_scratch_bytes(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_q8_parity),
+        cmocka_unit_test(test_f32_dot_orders),
         cmocka_unit_test(test_all_types_vs_ref),
         cmocka_unit_test(test_gemm_vs_gemv),
         cmocka_unit_test(test_panel_parity),

@@ -285,7 +285,8 @@ static void test_step_buffers(void **state) {
      * grown by doubling from 64 KiB */
     assert_int_equal(b.tiles, 16777216);
     /* q4_K: on AVX-512 the int8 panel path (activations as below + one 16-row panel per thread
-     * with its mins: 448 blocks x (576 + 64) bytes); otherwise 8 dequantized f32 rows per thread */
+     * with its mins: 448 blocks x (576 + 64) bytes); on AVX2 the activations alone; otherwise 8
+     * dequantized f32 rows per thread */
     const uint64_t act8 = 512ull * 14336 + 3 * 512ull * 448 * 4 + 2 * 512ull * 448 * 32;
     if (fl_amx_usable()) /* AMX tiles instead: 32 token tiles x 448 blocks x 768 bytes, and per
                           * thread floor(512 KiB / panel) = 1 panel of 16 x 14336 codes + 448 x 16
@@ -293,6 +294,8 @@ static void test_step_buffers(void **state) {
         assert_int_equal(b.qact, act8 + 32ull * 448 * 768 + 4ull * (16 * 14336 + 448 * 128));
     else if (fl_isa_get() == FL_ISA_AVX512)
         assert_int_equal(b.qact, act8 + 4ull * 448 * 640);
+    else if (fl_isa_get() == FL_ISA_AVX2) /* the maddubs row dots: the 8-bit activations only */
+        assert_int_equal(b.qact, act8);
     else
         assert_int_equal(b.qact, 4ull * 8 * 14336 * 4);
     assert_int_equal(b.batch, 512ull * 13 + 8);

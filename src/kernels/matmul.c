@@ -70,12 +70,14 @@ static fl_gemm_q8_fn gemm_for(fl_isa isa) {
     return isa == FL_ISA_AVX512 ? fl_gemm_q8_avx512 : isa == FL_ISA_AVX2 ? fl_gemm_q8_avx2 : fl_gemm_q8_ref;
 }
 static dot_fn dot_for(fl_isa isa) {
-    return isa == FL_ISA_AVX512 ? fl_mm_dot_f32_avx512 : isa == FL_ISA_AVX2 ? fl_dot_f32_avx2 : fl_mm_dot_f32_ref;
+    return isa == FL_ISA_AVX512 ? fl_mm_dot_f32_avx512 : isa == FL_ISA_AVX2 ? fl_mm_dot_f32_avx2 : fl_mm_dot_f32_ref;
 }
 
 float fl_mm_dot_f32(const float *a, const float *b, int64_t n) { return dot_for(fl_isa_get())(a, b, n); }
 float fl_mm_dot_f16vals(const float *a, const float *b, int64_t n) {
-    return fl_isa_get() == FL_ISA_AVX512 ? fl_mm_dot_f16vals_avx512(a, b, n) : dot_for(fl_isa_get())(a, b, n);
+    const fl_isa isa = fl_isa_get();
+    return isa == FL_ISA_AVX512 ? fl_mm_dot_f16vals_avx512(a, b, n) : isa == FL_ISA_AVX2 ? fl_mm_dot_f16vals_avx2(a, b, n)
+                                                                                         : fl_mm_dot_f32_ref(a, b, n);
 }
 
 /* ---- integer path ---- */
@@ -342,15 +344,18 @@ static void f32_task(void *p, int ith, int nth) {
                 if (c->W->type == FL_TYPE_F16) c->cvt->f16_to_f32((const uint16_t *)src, rows + i * K, K);
                 else if (c->W->type == FL_TYPE_BF16) c->cvt->bf16_to_f32((const uint16_t *)src, rows + i * K, K);
                 else if (c->dot == fl_mm_dot_f32_avx512) fl_dequant_row_avx512(c->W->type, src, rows + i * K, K);
-                else if (c->dot == fl_dot_f32_avx2) fl_dequant_row_avx2(c->W->type, src, rows + i * K, K);
+                else if (c->dot == fl_mm_dot_f32_avx2) fl_dequant_row_avx2(c->W->type, src, rows + i * K, K);
                 else fl_dequant_row(c->W->type, src, rows + i * K, K);
                 r[i] = rows + i * K;
             }
         }
         if (c->dot == fl_mm_dot_f32_avx512) fl_mm_rows_f32_avx512(r, (int)nr, c->x, c->M, K, c->y + n0, N, c->W->type == FL_TYPE_F16);
-        else
+        else {
+            /* rows of f16 values: AVX2 sums their tail in double, as the AVX-512 rows do */
+            const dot_fn dot = c->dot == fl_mm_dot_f32_avx2 && c->W->type == FL_TYPE_F16 ? fl_mm_dot_f16vals_avx2 : c->dot;
             for (int64_t m = 0; m < c->M; m++)
-                for (int64_t i = 0; i < nr; i++) c->y[m * N + n0 + i] = c->dot(r[i], c->x + m * K, K);
+                for (int64_t i = 0; i < nr; i++) c->y[m * N + n0 + i] = dot(r[i], c->x + m * K, K);
+        }
     }
 }
 

@@ -144,15 +144,17 @@ void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act
                           int64_t ldy);
 /* f32 dot product of n elements. */
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
-float fl_dot_f32_avx2(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);
 /* matmul's own f32 dots (the f32 path); fl_mm_dot_f32 dispatches on fl_isa_get().  The AVX-512
- * one sums in llama.cpp's order (see matmul_avx512.c). */
+ * and AVX2 ones sum in llama.cpp's order (see matmul_avx512.c); the reference in plain order. */
 float fl_mm_dot_f32(const float *a, const float *b, int64_t n);
 /* The same for vectors holding f16 values (AVX-512: the tail of a length that is not a multiple
  * of 16 is summed in double, as llama.cpp's f16 dot does). */
 float fl_mm_dot_f16vals(const float *a, const float *b, int64_t n);
 float fl_mm_dot_f16vals_avx512(const float *a, const float *b, int64_t n);
+/* The AVX2 ones: the same bits as the AVX-512 ones (matmul_avx2.c). */
+float fl_mm_dot_f32_avx2(const float *a, const float *b, int64_t n);
+float fl_mm_dot_f16vals_avx2(const float *a, const float *b, int64_t n);
 float fl_mm_dot_f32_ref(const float *a, const float *b, int64_t n);
 float fl_mm_dot_f32_avx512(const float *a, const float *b, int64_t n);
 /* y[m][r] = w[r] . x[m] for r < nr, m < M (y[m] at y + m ldy), in fl_mm_dot_f32_avx512's order;

@@ -8,6 +8,7 @@
 #include "kernels/quant.h"
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -187,18 +188,45 @@ void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_
         }
 }
 
-float fl_dot_f32_avx2(const float *a, const float *b, int64_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    s0 = _mm256_add_ps(s0, s1);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float r = _mm_cvtss_f32(s);
-    for (; i < n; i++) r += a[i] * b[i];
-    return r;
+/* matmul's f32 dots in llama.cpp's (ggml's) order, the same bits as matmul_avx512.c's dot_ggml:
+ * each 16-lane accumulator is two ymm (lanes 0-7, 8-15) with the same fmas, reduced in
+ * _mm512_reduce_add_ps's order ((l + l+8), then (l + l+4), then (0 + 2) + (1 + 3)); so
+ * FL_KERNELS=avx2 follows the AVX-512 build's tokens (and llama.cpp's more often) */
+static inline float reduce16(__m256 lo, __m256 hi) {
+    const __m256 t3 = _mm256_add_ps(hi, lo);
+    const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+    const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
 }
+
+static inline float dot_ggml(const float *a, const float *b, int64_t n, bool f16_rows) {
+    if (n % 16 == 0) {
+        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), hi);
+        }
+        return reduce16(lo, hi);
+    }
+    __m256 s[8]; /* four 16-lane accumulators: s[2k] lanes 0-7, s[2k + 1] lanes 8-15 */
+    for (int k = 0; k < 8; k++) s[k] = _mm256_setzero_ps();
+    const int64_t np = n & ~(int64_t)63;
+    for (int64_t i = 0; i < np; i += 64)
+        for (int k = 0; k < 8; k++) s[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k), _mm256_loadu_ps(b + i + 8 * k), s[k]);
+    const float head = reduce16(_mm256_add_ps(_mm256_add_ps(s[0], s[4]), _mm256_add_ps(s[2], s[6])),
+                                _mm256_add_ps(_mm256_add_ps(s[1], s[5]), _mm256_add_ps(s[3], s[7])));
+    if (f16_rows) {
+        double sum = head;
+        for (int64_t i = np; i < n; i++) sum += (double)(a[i] * b[i]);
+        return (float)sum;
+    }
+    float sum = head;
+    for (int64_t i = np; i < n; i++) {
+        const float p = a[i] * b[i]; /* rounded, then added: no fused multiply-add here */
+        sum += p;
+    }
+    return sum;
+}
+
+float fl_mm_dot_f32_avx2(const float *a, const float *b, int64_t n) { return dot_ggml(a, b, n, false); }
+float fl_mm_dot_f16vals_avx2(const float *a, const float *b, int64_t n) { return dot_ggml(a, b, n, true); }
