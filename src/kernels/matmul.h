@@ -152,6 +152,22 @@ float fl_mm_dot_f32(const float *a, const float *b, int64_t n);
  * of 16 is summed in double, as llama.cpp's f16 dot does). */
 float fl_mm_dot_f16vals(const float *a, const float *b, int64_t n);
 float fl_mm_dot_f16vals_avx512(const float *a, const float *b, int64_t n);
+/* The end of those dots in llama.cpp's order: elements [i, n) after the SIMD head, each product
+ * rounded and then added one at a time, to an f32 sum (f32 rows) or a double one (rows of f16
+ * values, as its f16 dot). */
+static inline float fl_dot_tail_ggml(const float *a, const float *b, int64_t i, int64_t n, float head, bool f16_rows) {
+    if (f16_rows) {
+        double sum = head;
+        for (; i < n; i++) sum += (double)(a[i] * b[i]);
+        return (float)sum;
+    }
+    float sum = head;
+    for (; i < n; i++) {
+        const float p = a[i] * b[i]; /* no fused multiply-add here */
+        sum += p;
+    }
+    return sum;
+}
 /* The AVX2 ones: the same bits as the AVX-512 ones (matmul_avx2.c). */
 float fl_mm_dot_f32_avx2(const float *a, const float *b, int64_t n);
 float fl_mm_dot_f16vals_avx2(const float *a, const float *b, int64_t n);

@@ -215,17 +215,7 @@ static inline float dot_ggml(const float *a, const float *b, int64_t n, bool f16
         for (int k = 0; k < 8; k++) s[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k), _mm256_loadu_ps(b + i + 8 * k), s[k]);
     const float head = reduce16(_mm256_add_ps(_mm256_add_ps(s[0], s[4]), _mm256_add_ps(s[2], s[6])),
                                 _mm256_add_ps(_mm256_add_ps(s[1], s[5]), _mm256_add_ps(s[3], s[7])));
-    if (f16_rows) {
-        double sum = head;
-        for (int64_t i = np; i < n; i++) sum += (double)(a[i] * b[i]);
-        return (float)sum;
-    }
-    float sum = head;
-    for (int64_t i = np; i < n; i++) {
-        const float p = a[i] * b[i]; /* rounded, then added: no fused multiply-add here */
-        sum += p;
-    }
-    return sum;
+    return fl_dot_tail_ggml(a, b, np, n, head, f16_rows);
 }
 
 float fl_mm_dot_f32_avx2(const float *a, const float *b, int64_t n) { return dot_ggml(a, b, n, false); }

@@ -63,18 +63,7 @@ static inline float dot_ggml(const float *a, const float *b, int64_t n, bool f16
         s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
         s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
     }
-    const float head = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
-    if (f16_rows) {
-        double sum = head;
-        for (int64_t i = np; i < n; i++) sum += (double)(a[i] * b[i]);
-        return (float)sum;
-    }
-    float sum = head;
-    for (int64_t i = np; i < n; i++) {
-        const float p = a[i] * b[i]; /* rounded, then added: no fused multiply-add here */
-        sum += p;
-    }
-    return sum;
+    return fl_dot_tail_ggml(a, b, np, n, _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3))), f16_rows);
 }
 
 float fl_mm_dot_f32_avx512(const float *a, const float *b, int64_t n) { return dot_ggml(a, b, n, false); }
