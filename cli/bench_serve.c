@@ -86,6 +86,8 @@ static void workload_free(workload *w) {
 typedef struct run_cfg {
     fl_engine_params ep;
     int json;
+    float temp, top_p; /* the requests' sampling: greedy by default */
+    int32_t top_k;
 } run_cfg;
 
 /* Run the workload on a fresh engine; returns a cJSON object with the results (or NULL). */
@@ -120,6 +122,9 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
         while (added < n && w->arrival[added] <= t) {
             fl_request_params p = {0};
             fl_sampling_params_default(&p.sampling);
+            p.sampling.temperature = rc->temp;
+            p.sampling.top_k = rc->top_k;
+            p.sampling.top_p = rc->top_p;
             p.prompt = w->prompt[added];
             p.n_prompt = w->n_prompt[added];
             p.max_tokens = w->gen[added];
@@ -261,12 +266,15 @@ int fl_bench_serve(int argc, char **argv) {
         {"baseline", 0, FL_OPT_STR, "KIND  'static': also run padded static batches on a contiguous max-length KV"},
         {"threads", 't', FL_OPT_INT, "N  threads (default: all cores)"},
         {"seed", 0, FL_OPT_INT, "N  workload seed (default 1)"},
+        {"temp", 0, FL_OPT_FLOAT, "T  sampling temperature of every request (default 0: greedy)"},
+        {"top-k", 0, FL_OPT_INT, "K  top-k of every request (default 0: off)"},
+        {"top-p", 0, FL_OPT_FLOAT, "P  top-p of every request (default 1: off)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {0},
     };
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench serve -m MODEL [--requests N] [--rate R] [--prompt-len DIST] "
-                                            "[--gen-len DIST] [--shared-prefix L] [--baseline static] [--json]",
+                                            "[--gen-len DIST] [--shared-prefix L] [--temp T] [--top-k K] [--top-p P] [--baseline static] [--json]",
                           "Serve a synthetic workload through the continuous-batching engine and report\n"
                           "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
                           "peak memory.  --baseline static adds the same workload as static padded batches.",
@@ -320,6 +328,13 @@ int fl_bench_serve(int argc, char **argv) {
     rc.ep.prefix_cache = !fl_args_get(opts, "no-prefix-cache")->set;
     rc.ep.preempt = strcmp(pm, "swap") ? FL_PREEMPT_RECOMPUTE : FL_PREEMPT_SWAP;
     rc.json = fl_args_get(opts, "json")->set;
+    rc.temp = fl_args_get(opts, "temp")->set ? (float)fl_args_get(opts, "temp")->f : 0.0f;
+    rc.top_k = fl_args_get(opts, "top-k")->set ? (int32_t)fl_args_get(opts, "top-k")->i : 0;
+    rc.top_p = fl_args_get(opts, "top-p")->set ? (float)fl_args_get(opts, "top-p")->f : 1.0f;
+    if (!(rc.temp >= 0.0f && rc.temp <= 100.0f) || rc.top_k < 0 || !(rc.top_p > 0.0f && rc.top_p <= 1.0f)) {
+        fprintf(stderr, "fitllm bench serve: --temp must be in [0, 100], --top-k >= 0, --top-p in (0, 1]\n");
+        return 2;
+    }
 
     /* the workload: random ids (BOS first), a common prefix, arrival times */
     workload w = {0};

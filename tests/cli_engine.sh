@@ -17,4 +17,12 @@ echo "$json" | grep -q '"paged":{' || { echo "no paged result: $json"; exit 1; }
 echo "$json" | grep -q '"static":{' || { echo "no static result: $json"; exit 1; }
 echo "$json" | grep -q '"output_tokens":64' || { echo "expected 64 output tokens: $json"; exit 1; }
 "$bin" bench serve -m "$model" --prompt-len 0 >/dev/null 2>&1 && { echo "bad --prompt-len accepted"; exit 1; }
+# sampled requests (temperature with top-p, then top-k): every request still produces its tokens
+for s in "--temp 1 --top-p 0.9" "--temp 0.8 --top-k 5"; do
+    json=$("$bin" bench serve -m "$model" --requests 4 --prompt-len 8 --gen-len 8 --kv-mem 256K -t 1 $s --json 2>&1) ||
+        { echo "bench serve $s failed: $json"; exit 1; }
+    echo "$json" | grep -q '"output_tokens":32' || { echo "bench serve $s: expected 32 output tokens: $json"; exit 1; }
+done
+"$bin" bench serve -m "$model" --temp -1 >/dev/null 2>&1 && { echo "negative --temp accepted"; exit 1; }
+"$bin" bench serve -m "$model" --top-p 0 >/dev/null 2>&1 && { echo "--top-p 0 accepted"; exit 1; }
 echo ok

@@ -3,6 +3,8 @@
 
 #include "engine/sampling.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static fl_sampler_params plain(float temp) {
@@ -129,11 +131,106 @@ static void test_seeded(void **state) {
     fl_test_mem_zero();
 }
 
+/* A 5000-token vocabulary: top-k keeps exactly the k best in (logit, then lowest id) order, also
+ * through a three-way tie at the top; temperature alone draws every token at its softmax rate. */
+static int cmp_desc(const void *a, const void *b, const float *l) {
+    const int x = *(const int *)a, y = *(const int *)b;
+    if (l[x] != l[y]) return l[x] > l[y] ? -1 : 1;
+    return x - y;
+}
+static const float *g_l;
+static int cmp_desc_g(const void *a, const void *b) { return cmp_desc(a, b, g_l); }
+
+static void test_large_vocab(void **state) {
+    (void)state;
+    enum { V = 5000, DRAWS = 20000 };
+    static float l[V];
+    static int order[V], counts[V];
+    for (int i = 0; i < V; i++) l[i] = 3.0f * sinf(0.37f * (float)i) + 0.001f * (float)(i % 7);
+    l[100] = l[200] = l[4000] = 4.0f; /* the best three tie */
+    g_l = l;
+    for (int i = 0; i < V; i++) order[i] = i;
+    qsort(order, V, sizeof *order, cmp_desc_g);
+    assert_int_equal(order[0], 100);
+    assert_int_equal(order[1], 200);
+    assert_int_equal(order[2], 4000);
+    fl_sampler *s;
+    /* top-k 2 at a high temperature: only 100 and 200, about equally */
+    fl_sampler_params p = plain(100.0f);
+    p.top_k = 2;
+    p.seed = 5;
+    assert_int_equal(fl_sampler_new(&p, V, &s), FL_OK);
+    memset(counts, 0, sizeof counts);
+    for (int i = 0; i < 2000; i++) counts[fl_sample(s, l, V, NULL, 0)]++;
+    assert_int_equal(counts[100] + counts[200], 2000);
+    CHECK_NEAR(counts[100] / 2000.0, 0.5, 0.05);
+    fl_sampler_free(s);
+    /* top-k 40 at temperature 1: only the 40 best, the best at its renormalized rate */
+    p = plain(1.0f);
+    p.top_k = 40;
+    p.seed = 6;
+    assert_int_equal(fl_sampler_new(&p, V, &s), FL_OK);
+    memset(counts, 0, sizeof counts);
+    for (int i = 0; i < DRAWS; i++) counts[fl_sample(s, l, V, NULL, 0)]++;
+    int inside = 0;
+    double z = 0;
+    for (int i = 0; i < 40; i++) {
+        inside += counts[order[i]];
+        z += exp((double)l[order[i]] - 4.0);
+    }
+    assert_int_equal(inside, DRAWS);
+    CHECK_NEAR(counts[order[0]] / (double)DRAWS, 1.0 / z, 0.01);
+    fl_sampler_free(s);
+    /* top-p 0.5 and min-p 0.3 without top-k, nuclei of hundreds of tokens: the draws stay inside
+     * the sorted prefix each rule keeps, and min-p keeps the best at its renormalized rate */
+    double zall = 0;
+    for (int i = 0; i < V; i++) zall += exp((double)l[i] - 4.0);
+    int nucleus = 0;
+    for (double cum = 0; nucleus < V && cum < 0.5;) cum += exp((double)l[order[nucleus++]] - 4.0) / zall;
+    int kept = 0;
+    while (kept < V && exp((double)l[order[kept]] - 4.0) >= 0.3) kept++;
+    assert_true(nucleus > 256 && kept > 64); /* both past the first selections */
+    for (int rule = 0; rule < 2; rule++) {
+        p = plain(1.0f);
+        if (rule == 0) p.top_p = 0.5f;
+        else p.min_p = 0.3f;
+        p.seed = 8 + (uint64_t)rule;
+        assert_int_equal(fl_sampler_new(&p, V, &s), FL_OK);
+        memset(counts, 0, sizeof counts);
+        for (int i = 0; i < DRAWS; i++) counts[fl_sample(s, l, V, NULL, 0)]++;
+        const int lim = (rule == 0 ? nucleus : kept) + 1; /* (+ 1: a boundary token f32 rounding may keep) */
+        int in = 0;
+        double zk = 0;
+        for (int i = 0; i < lim; i++) {
+            in += counts[order[i]];
+            zk += exp((double)l[order[i]] - 4.0);
+        }
+        assert_int_equal(in, DRAWS);
+        CHECK_NEAR((counts[100] + counts[200] + counts[4000]) / (double)DRAWS, 3.0 / zk, 0.01);
+        fl_sampler_free(s);
+    }
+    /* temperature alone: the whole vocabulary at its softmax rates */
+    p = plain(1.0f);
+    p.seed = 7;
+    assert_int_equal(fl_sampler_new(&p, V, &s), FL_OK);
+    memset(counts, 0, sizeof counts);
+    for (int i = 0; i < DRAWS; i++) counts[fl_sample(s, l, V, NULL, 0)]++;
+    z = 0;
+    for (int i = 0; i < V; i++) z += exp((double)l[i] - 4.0);
+    int seen = 0;
+    for (int i = 0; i < V; i++) seen += counts[i] > 0;
+    CHECK_NEAR((counts[100] + counts[200] + counts[4000]) / (double)DRAWS, 3.0 / z, 0.01);
+    assert_true(seen > 200); /* far more than any top-k above */
+    fl_sampler_free(s);
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),
         cmocka_unit_test(test_distribution_and_filters),
         cmocka_unit_test(test_seeded),
+        cmocka_unit_test(test_large_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

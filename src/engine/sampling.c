@@ -90,6 +90,53 @@ static int cmp_cand(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* The candidate of the two that cmp_cand puts later (the worse one). */
+static inline bool worse(const cand *x, const cand *y) { return cmp_cand(x, y) > 0; }
+
+/* Heap on c[0..k) with its worst candidate at the root: move c[i] down into place. */
+static void sift_worst(cand *c, int32_t k, int32_t i) {
+    for (;;) {
+        int32_t w = i;
+        const int32_t l = 2 * i + 1, r = l + 1;
+        if (l < k && worse(&c[l], &c[w])) w = l;
+        if (r < k && worse(&c[r], &c[w])) w = r;
+        if (w == i) return;
+        const cand t = c[i];
+        c[i] = c[w];
+        c[w] = t;
+        i = w;
+    }
+}
+
+/* c[0..k) := the k best of c[0..n) in cmp_cand's order, sorted; the same as sorting all n
+ * (a total order) at O(n log k): the full qsort of a 32000-token vocabulary had cost ~2 ms per
+ * token and sequence.  Returns how many lead sorted (k, or n where it sorted them all). */
+static int32_t select_top(cand *c, int32_t n, int32_t k) {
+    if (k >= n / 8) { /* most of them: sorting all is cheaper than the heap */
+        qsort(c, (size_t)n, sizeof *c, cmp_cand);
+        return n;
+    }
+    for (int32_t i = k / 2 - 1; i >= 0; i--) sift_worst(c, k, i);
+    for (int32_t i = k; i < n; i++)
+        if (worse(&c[0], &c[i])) {
+            const cand t = c[0];
+            c[0] = c[i];
+            c[i] = t;
+            sift_worst(c, k, 0);
+        }
+    qsort(c, (size_t)k, sizeof *c, cmp_cand);
+    return k;
+}
+
+/* p[i] = softmax(logit[i] / temp) over c[0..n) in any order. */
+static void softmax_all(cand *c, int32_t n, float temp) {
+    float mx = c[0].logit;
+    for (int32_t i = 1; i < n; i++) mx = c[i].logit > mx ? c[i].logit : mx;
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += c[i].p = expf((c[i].logit - mx) / temp);
+    for (int32_t i = 0; i < n; i++) c[i].p = (float)(c[i].p / sum);
+}
+
 /* p[i] = softmax(logit[i] / temp) over c[0..n) (sorted, so c[0] holds the max). */
 static void softmax_cands(cand *c, int32_t n, float temp) {
     double sum = 0;
@@ -124,9 +171,55 @@ int32_t fl_sample(fl_sampler *s, const float *logits, int32_t n_vocab, const int
         return best;
     }
     int32_t n = n_vocab;
-    qsort(c, (size_t)n, sizeof *c, cmp_cand);
-    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
-    if (p->top_p < 1.0f) {
+    bool nucleus_done = false;
+    if (p->top_k > 0 && p->top_k < n) { /* only the k best need sorting */
+        select_top(c, n, p->top_k);
+        n = p->top_k;
+    } else if (p->top_p >= 1.0f && !(p->min_p > 0.0f)) {
+        /* temperature alone (the OpenAI default): no order needed, draw from the softmax of
+         * all candidates in vocabulary order */
+        softmax_all(c, n, p->temp);
+        const float r = fl_sampler_rand_float(s);
+        double cum = 0;
+        for (int32_t i = 0; i < n; i++) {
+            cum += c[i].p;
+            if (r < cum) return c[i].id;
+        }
+        int32_t last = n - 1; /* rounding left cum just under r: the last candidate with mass */
+        while (last > 0 && c[last].p == 0.0f) last--;
+        return c[last].id;
+    } else {
+        /* top-p and / or min-p without top-k: probabilities over the whole vocabulary, then the
+         * best k sorted, k growing 16x until the nucleus (and every candidate min-p keeps) lies
+         * inside them */
+        softmax_all(c, n, 1.0f);
+        float p_max = 0.0f; /* k candidates hold at most k p_max: skip sizes that cannot reach top-p */
+        for (int32_t i = 0; i < n; i++) p_max = c[i].p > p_max ? c[i].p : p_max;
+        int32_t k = n < 64 ? n : 64;
+        while (p->top_p < 1.0f && k < n && (double)k * p_max < p->top_p) k = k > n / 16 ? n : 16 * k;
+        for (;;) {
+            k = select_top(c, n, k);
+            bool inside = true;
+            if (p->top_p < 1.0f) {
+                double cum = 0;
+                int32_t i = 0;
+                while (i < k && cum < p->top_p) cum += c[i++].p;
+                inside = cum >= p->top_p;
+            } else /* min-p alone: the first candidate it drops must be inside */
+                inside = c[k - 1].p < c[0].p * p->min_p;
+            if (inside || k == n) break;
+            k = k > n / 16 ? n : 16 * k; /* 64, 1024, ..., then all (a flat distribution: one full sort more) */
+        }
+        if (p->top_p < 1.0f) { /* the same loop as below, on these probabilities */
+            double cum = 0;
+            int32_t i = 0;
+            while (i < k - 1 && (cum += c[i].p) < p->top_p) i++;
+            n = i + 1;
+        } else
+            n = k;
+        nucleus_done = true;
+    }
+    if (p->top_p < 1.0f && !nucleus_done) {
         softmax_cands(c, n, 1.0f);
         double cum = 0;
         for (int32_t i = 0; i < n; i++) {
