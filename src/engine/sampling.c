@@ -144,6 +144,20 @@ static void softmax_cands(cand *c, int32_t n, float temp) {
     for (int32_t i = 0; i < n; i++) c[i].p = (float)(c[i].p / sum);
 }
 
+/* One draw from the probabilities c[0..n).p: the first candidate whose cumulative mass passes a
+ * uniform r (if rounding leaves the total just under r, the last candidate with mass). */
+static int32_t draw(fl_sampler *s, const cand *c, int32_t n) {
+    const float r = fl_sampler_rand_float(s);
+    double cum = 0;
+    for (int32_t i = 0; i < n; i++) {
+        cum += c[i].p;
+        if (r < cum) return c[i].id;
+    }
+    int32_t last = n - 1;
+    while (last > 0 && c[last].p == 0.0f) last--;
+    return c[last].id;
+}
+
 int32_t fl_sample(fl_sampler *s, const float *logits, int32_t n_vocab, const int32_t *history, int64_t n_history) {
     FL_ASSERT(n_vocab == s->n_vocab);
     const fl_sampler_params *p = &s->p;
@@ -179,15 +193,7 @@ int32_t fl_sample(fl_sampler *s, const float *logits, int32_t n_vocab, const int
         /* temperature alone (the OpenAI default): no order needed, draw from the softmax of
          * all candidates in vocabulary order */
         softmax_all(c, n, p->temp);
-        const float r = fl_sampler_rand_float(s);
-        double cum = 0;
-        for (int32_t i = 0; i < n; i++) {
-            cum += c[i].p;
-            if (r < cum) return c[i].id;
-        }
-        int32_t last = n - 1; /* rounding left cum just under r: the last candidate with mass */
-        while (last > 0 && c[last].p == 0.0f) last--;
-        return c[last].id;
+        return draw(s, c, n);
     } else {
         /* top-p and / or min-p without top-k: probabilities over the whole vocabulary, then the
          * best k sorted, k growing 16x until the nucleus (and every candidate min-p keeps) lies
@@ -238,11 +244,5 @@ int32_t fl_sample(fl_sampler *s, const float *logits, int32_t n_vocab, const int
         n = k;
     }
     softmax_cands(c, n, p->temp);
-    const float r = fl_sampler_rand_float(s);
-    double cum = 0;
-    for (int32_t i = 0; i < n; i++) {
-        cum += c[i].p;
-        if (r < cum) return c[i].id;
-    }
-    return c[n - 1].id;
+    return draw(s, c, n);
 }
