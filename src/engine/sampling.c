@@ -162,10 +162,17 @@ int32_t fl_sample(fl_sampler *s, const float *logits, int32_t n_vocab, const int
     FL_ASSERT(n_vocab == s->n_vocab);
     const fl_sampler_params *p = &s->p;
     cand *c = s->c;
-    for (int32_t i = 0; i < n_vocab; i++) c[i] = (cand){i, logits[i], 0.0f};
     /* penalties over the last penalty_last_n tokens */
     const bool penal = p->repeat_penalty != 1.0f || p->freq_penalty != 0.0f || p->presence_penalty != 0.0f;
-    if (penal && history && n_history > 0 && p->penalty_last_n != 0) {
+    const bool apply = penal && history && n_history > 0 && p->penalty_last_n != 0;
+    if (!apply && !(p->temp > 0.0f)) { /* plain greedy: the first largest logit */
+        int32_t best = 0;
+        for (int32_t i = 1; i < n_vocab; i++)
+            if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+    for (int32_t i = 0; i < n_vocab; i++) c[i] = (cand){i, logits[i], 0.0f};
+    if (apply) {
         const int64_t first = p->penalty_last_n < 0 || n_history <= p->penalty_last_n ? 0 : n_history - p->penalty_last_n;
         for (int64_t i = first; i < n_history; i++)
             if (history[i] >= 0 && history[i] < n_vocab) s->count[history[i]]++;
