@@ -65,16 +65,22 @@ void fl_rmsnorm_forward(float *out, const float *inp, const float *weight, int64
 
 void fl_rope_forward(float *out, const float *inp, const int32_t *pos, int64_t N, int64_t n_head, int64_t head_dim,
                      int64_t rope_dim, float freq_base, float freq_scale) {
+    /* theta_i = p * tscale^i by repeated f32 products, as llama.cpp computes its angles; their
+     * cosines and sines once per token for all its heads */
+    const float tscale = powf(freq_base, -2.0f / (float)rope_dim);
+    const int64_t np = rope_dim / 2;
+    float cs[np > 0 ? np : 1], sn[np > 0 ? np : 1];
     for (int64_t n = 0; n < N; n++) {
-        const float p = (float)pos[n] * freq_scale;
+        float theta = (float)pos[n] * freq_scale;
+        for (int64_t i = 0; i < np; i++, theta *= tscale) {
+            cs[i] = cosf(theta);
+            sn[i] = sinf(theta);
+        }
         for (int64_t h = 0; h < n_head; h++) {
             const float *x = inp + (n * n_head + h) * head_dim;
             float *y = out + (n * n_head + h) * head_dim;
-            /* theta_i = p * tscale^i by repeated f32 products, as llama.cpp computes its angles */
-            const float tscale = powf(freq_base, -2.0f / (float)rope_dim);
-            float theta = p;
-            for (int64_t i = 0; i < rope_dim / 2; i++, theta *= tscale) {
-                const float c = cosf(theta), s = sinf(theta);
+            for (int64_t i = 0; i < np; i++) {
+                const float c = cs[i], s = sn[i];
                 const float x0 = x[2 * i], x1 = x[2 * i + 1];
                 y[2 * i] = x0 * c - x1 * s;
                 y[2 * i + 1] = x0 * s + x1 * c;
