@@ -611,8 +611,8 @@ static void test_dequant_simd(void **state) {
 }
 
 /* fl_matmul_scratch_bytes equals the FL_MEM_SCRATCH high-water mark of a call (GEMV, GEMM, f32 path). */
-/* matmul's f32 dots: AVX2 gives the AVX-512 bits (llama.cpp's order) for both f32 rows and rows
- * of f16 values, and both stay near the plain reference. */
+/* matmul's f32 dots: AVX2 and the scalar llama-order code give the AVX-512 bits (llama.cpp's
+ * order) for both f32 rows and rows of f16 values, and all stay near the plain reference. */
 static void test_f32_dot_orders(void **state) {
     (void)state;
     if (fl_isa_best() == FL_ISA_REF) skip();
@@ -629,6 +629,10 @@ static void test_f32_dot_orders(void **state) {
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         const int64_t n = ns[k];
         const float r = fl_mm_dot_f32_ref(a, b, n), v = fl_mm_dot_f32_avx2(a, b, n), h = fl_mm_dot_f16vals_avx2(a, b, n);
+        /* the scalar code of the same order: the same bits */
+        const float vr = fl_mm_dot_ggml_ref(a, b, n, false), hr = fl_mm_dot_ggml_ref(a, b, n, true);
+        if (memcmp(&v, &vr, 4) || memcmp(&h, &hr, 4))
+            fail_msg("n %lld: avx2 %.9g / %.9g, scalar llama order %.9g / %.9g", (long long)n, (double)v, (double)h, (double)vr, (double)hr);
         double mag = 0;
         for (int64_t i = 0; i < n; i++) mag += fabs((double)a[i] * b[i]);
         assert_true(fabs((double)v - r) <= 1e-6 * mag + 1e-30);

@@ -66,18 +66,21 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
 
 typedef float (*dot_fn)(const float *, const float *, int64_t);
 
+static float dot_ggml_f32_ref(const float *a, const float *b, int64_t n) { return fl_mm_dot_ggml_ref(a, b, n, false); }
+static float dot_ggml_f16_ref(const float *a, const float *b, int64_t n) { return fl_mm_dot_ggml_ref(a, b, n, true); }
+
 static fl_gemm_q8_fn gemm_for(fl_isa isa) {
     return isa == FL_ISA_AVX512 ? fl_gemm_q8_avx512 : isa == FL_ISA_AVX2 ? fl_gemm_q8_avx2 : fl_gemm_q8_ref;
 }
 static dot_fn dot_for(fl_isa isa) {
-    return isa == FL_ISA_AVX512 ? fl_mm_dot_f32_avx512 : isa == FL_ISA_AVX2 ? fl_mm_dot_f32_avx2 : fl_mm_dot_f32_ref;
+    return isa == FL_ISA_AVX512 ? fl_mm_dot_f32_avx512 : isa == FL_ISA_AVX2 ? fl_mm_dot_f32_avx2 : dot_ggml_f32_ref;
 }
 
 float fl_mm_dot_f32(const float *a, const float *b, int64_t n) { return dot_for(fl_isa_get())(a, b, n); }
 float fl_mm_dot_f16vals(const float *a, const float *b, int64_t n) {
     const fl_isa isa = fl_isa_get();
     return isa == FL_ISA_AVX512 ? fl_mm_dot_f16vals_avx512(a, b, n) : isa == FL_ISA_AVX2 ? fl_mm_dot_f16vals_avx2(a, b, n)
-                                                                                         : fl_mm_dot_f32_ref(a, b, n);
+                                                                                         : dot_ggml_f16_ref(a, b, n);
 }
 
 /* ---- integer path ---- */
@@ -351,8 +354,9 @@ static void f32_task(void *p, int ith, int nth) {
         }
         if (c->dot == fl_mm_dot_f32_avx512) fl_mm_rows_f32_avx512(r, (int)nr, c->x, c->M, K, c->y + n0, N, c->W->type == FL_TYPE_F16);
         else {
-            /* rows of f16 values: AVX2 sums their tail in double, as the AVX-512 rows do */
-            const dot_fn dot = c->dot == fl_mm_dot_f32_avx2 && c->W->type == FL_TYPE_F16 ? fl_mm_dot_f16vals_avx2 : c->dot;
+            /* rows of f16 values: AVX2 and the reference sum their tail in double, as the AVX-512 rows do */
+            const bool f16 = c->W->type == FL_TYPE_F16;
+            const dot_fn dot = f16 && c->dot == fl_mm_dot_f32_avx2 ? fl_mm_dot_f16vals_avx2 : f16 && c->dot == dot_ggml_f32_ref ? dot_ggml_f16_ref : c->dot;
             for (int64_t m = 0; m < c->M; m++)
                 for (int64_t i = 0; i < nr; i++) c->y[m * N + n0 + i] = dot(r[i], c->x + m * K, K);
         }

@@ -168,6 +168,8 @@ static inline float fl_dot_tail_ggml(const float *a, const float *b, int64_t i, 
     }
     return sum;
 }
+/* The same order in scalar code (the reference ISA's f32 dots; fl_mm_dot_f32_ref stays plain). */
+float fl_mm_dot_ggml_ref(const float *a, const float *b, int64_t n, bool f16_rows);
 /* The AVX2 ones: the same bits as the AVX-512 ones (matmul_avx2.c). */
 float fl_mm_dot_f32_avx2(const float *a, const float *b, int64_t n);
 float fl_mm_dot_f16vals_avx2(const float *a, const float *b, int64_t n);

@@ -51,6 +51,32 @@ float fl_mm_dot_f32_ref(const float *a, const float *b, int64_t n) {
     return s;
 }
 
+/* _mm512_reduce_add_ps's order on 16 lanes: (l + l+8), (l + l+4), then (0 + 2) + (1 + 3). */
+static float reduce16_ref(const float *v) {
+    float t8[8], t4[4];
+    for (int l = 0; l < 8; l++) t8[l] = v[l + 8] + v[l];
+    for (int l = 0; l < 4; l++) t4[l] = t8[l + 4] + t8[l];
+    return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+/* fl_mm_dot_f32_avx512's order in scalar code (16 lanes of fused multiply-adds), so the
+ * reference ISA gives the SIMD paths' bits. */
+float fl_mm_dot_ggml_ref(const float *a, const float *b, int64_t n, bool f16_rows) {
+    float s[4][16] = {{0}};
+    if (n % 16 == 0) {
+        for (int64_t i = 0; i < n; i += 16)
+            for (int l = 0; l < 16; l++) s[0][l] = fmaf(a[i + l], b[i + l], s[0][l]);
+        return reduce16_ref(s[0]);
+    }
+    const int64_t np = n & ~(int64_t)63;
+    for (int64_t i = 0; i < np; i += 64)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 16; l++) s[j][l] = fmaf(a[i + 16 * j + l], b[i + 16 * j + l], s[j][l]);
+    float v[16];
+    for (int l = 0; l < 16; l++) v[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
+    return fl_dot_tail_ggml(a, b, np, n, reduce16_ref(v), f16_rows);
+}
+
 void fl_matmul_ref(const fl_tensor *W, const float *x, float *y, int64_t M) {
     const int64_t K = W->ne[0], N = W->ne[1];
     float row[K > 0 ? K : 1];
