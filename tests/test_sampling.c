@@ -90,6 +90,11 @@ static void test_distribution_and_filters(void **state) {
     draw(&p, l, n, c);
     assert_int_equal(c[2], 0);
     CHECK_NEAR(c[0] / (double)n, 0.625, 0.02);
+    /* top-p 0 keeps the best alone */
+    p = plain(1.0f);
+    p.top_p = 0.0f;
+    draw(&p, l, 1000, c);
+    assert_int_equal(c[0], 1000);
     /* min-p 0.5: threshold 0.25 keeps {0, 1} */
     p = plain(1.0f);
     p.min_p = 0.5f;

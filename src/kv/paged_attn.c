@@ -175,8 +175,8 @@ static vec_ops pick_ops(void) {
 #define U16_INLINE static inline __attribute__((always_inline, target("avx512f")))
 U16_INLINE void update16_n(const int N, float *const *st, const float *const *q, const float *kt, const float *vb, int32_t ja,
                            int32_t jb, int32_t hd, int32_t bs, float scale, float *sc_ws) {
-    float sc_own[4][16];
-    float *sc[4] = {sc_ws, sc_own[1], sc_own[2], sc_own[3]};
+    float sc_own[3][16];
+    float *sc[4] = {sc_ws, sc_own[0], sc_own[1], sc_own[2]};
     const __mmask16 vm = (__mmask16)(((jb >= 16 ? 0xFFFFu : (1u << jb) - 1)) & ~((1u << ja) - 1));
     const __mmask16 lm = (__mmask16)(bs >= 16 ? 0xFFFFu : (1u << bs) - 1);
     __m512 a[4][4];

@@ -144,6 +144,14 @@ INLINE void transpose16(__m512 r[16]) {
     for (int i = 0; i < 16; i++) r[i] = t[i];
 }
 
+/* Write one C tile's f32 results: acc[r] lane t = row r, token t; rows [0, nr) of tokens
+ * [0, ntok) go to y (token t at y + t ldy). */
+INLINE void store_tile(__m512 acc[16], int nr, int ntok, float *y, int64_t ldy) {
+    transpose16(acc); /* acc[token] lanes = rows */
+    const __mmask16 rm = (__mmask16)((1u << nr) - 1);
+    for (int t = 0; t < ntok; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
+}
+
 INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void *act, int64_t mt, int ntok,
                        float *y, int64_t ldy, int nr, const char *pf, size_t pf_bytes, const int NP, const int NT,
                        const bool mins, const bool HALF) {
@@ -191,12 +199,8 @@ INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void 
 #pragma GCC unroll 16
                 for (int r = 0; r < 16; r++) o[r] = _mm512_load_ps(accm[2 * p + t] + 16 * r);
             }
-            transpose16(o); /* o[token] lanes = rows */
-            const int rows = p == NP - 1 ? nr : FL_AMX_ROWS;
-            const int toks = ntok - 16 * t < 16 ? ntok - 16 * t : 16;
-            const __mmask16 rm = (__mmask16)((1u << rows) - 1);
-            float *yt = y + (int64_t)(16 * t) * ldy + 16 * p;
-            for (int tt = 0; tt < toks; tt++) _mm512_mask_storeu_ps(yt + tt * ldy, rm, o[tt]);
+            store_tile(o, p == NP - 1 ? nr : FL_AMX_ROWS, ntok - 16 * t < 16 ? ntok - 16 * t : 16,
+                       y + (int64_t)(16 * t) * ldy + 16 * p, ldy);
         }
 }
 
@@ -373,9 +377,7 @@ INLINE void gemm_rows_t(int32_t wtype, const char *w, size_t ldw, int nr, int64_
     }
 #undef ROWS_STEP
 #undef ROWS_UNPACK
-    transpose16(acc); /* acc[token] lanes = rows */
-    const __mmask16 rm = (__mmask16)((1u << nr) - 1);
-    for (int t = 0; t < ntok; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
+    store_tile(acc, nr, ntok, y, ldy);
 }
 
 /* gemm_rows_t compiled for each kind of row: Q8_0 loaded straight from 16 rows, Q4_K, Q5_K, and
@@ -468,9 +470,7 @@ static void gemm_rows_q6(const char *w, size_t ldw, int nr, int64_t K, const cha
     }
 #undef Q6_STEP
 #undef Q6_UNPACK
-    transpose16(acc); /* acc[token] lanes = rows */
-    const __mmask16 om = (__mmask16)((1u << nr) - 1);
-    for (int t = 0; t < ntok; t++) _mm512_mask_storeu_ps(y + t * ldy, om, acc[t]);
+    store_tile(acc, nr, ntok, y, ldy);
 }
 
 static void gemm_rows_q6_t(int32_t wtype, const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y,
