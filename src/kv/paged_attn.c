@@ -266,10 +266,6 @@ __attribute__((target("avx512f"))) static void update16_heads(int32_t n, float *
  * one online-softmax step per block. */
 static void state_update(const vec_ops *vo, float *st, const float *qh, const float *kb, const float *vb, int32_t ja, int32_t jb,
                          int32_t hd, int32_t bs, float scale, float *sc) {
-    if (vo->scores_t == scores_avx512_t && bs <= 16) {
-        update16_heads(1, st, 0, qh, hd, kb, vb, ja, jb, bs, scale, sc);
-        return;
-    }
     if (vo->scores_t) vo->scores_t(qh, kb, ja, jb, hd, bs, scale, sc);
     else vo->scores(qh, kb, ja, jb, hd, scale, sc);
     float mb = -INFINITY;
