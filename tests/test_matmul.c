@@ -349,6 +349,141 @@ static void test_amx_parity(void **state) {
     fl_test_mem_zero();
 }
 
+/* The AMX-BF16 prefill: the bf16 rounding (nearest even, denormals to zero), the AVX-512
+ * activation and panel packers byte-identical to the scalar ones (a second token tile partial),
+ * the scalar tile product within bf16 rounding of a double dot of the f32 values, the tiles
+ * against it (1 and 2 panels x 1 and 2 token tiles, rows past nr and tokens past ntok untouched,
+ * the accumulating form), and fl_matmul through it (K across the 1024-value chunks, 1 .. 3
+ * threads) against the f32 reference. */
+static void test_amx_bf16(void **state) {
+    (void)state;
+    assert_int_equal(fl_amx_bf16_round(1.0f), 0x3F80);
+    assert_int_equal(fl_amx_bf16_round(1.0f + 0x1p-8f), 0x3F80);  /* tie: to even */
+    assert_int_equal(fl_amx_bf16_round(1.0f + 0x3p-8f), 0x3F82);  /* tie: up to even */
+    assert_int_equal(fl_amx_bf16_round(-1.0f - 0x1p-7f), 0xBF81); /* exact */
+    assert_int_equal(fl_amx_bf16_round(0x1p-130f), 0x0000);      /* denormal: zero */
+    assert_int_equal(fl_amx_bf16_round(-0x1p-130f), 0x8000);
+    const bool fast = fl_isa_best() == FL_ISA_AVX512 && fl_cpu()->avx512bf16;
+    const bool amx = fast && fl_cpu()->amx_bf16 && fl_cpu_amx_request();
+    const int32_t types[4] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K};
+    int amx_runs = 0;
+    for (int ti = 0; ti < 4; ti++) {
+        const int64_t K = fl_type_get(types[ti])->blck_size >= 64 ? 768 : 416, N = 21, M = 19;
+        qmat q;
+        qmat_make(&q, types[ti], N, K);
+        float *x = frand_buf(M * K);
+        x[5] = 0x1p-130f; /* a denormal activation, a tie */
+        x[6] = 1.0f + 0x1p-8f;
+        const size_t ab = fl_amx_bf16_act_bytes(M, K), pb = fl_amx_bf16_panel_bytes(K);
+        assert_int_equal(ab, (size_t)2 * 16 * K * 2);
+        assert_int_equal(pb, (size_t)16 * K * 2);
+        uint16_t *act = fl_alloc(FL_MEM_MISC, ab, 64), *p0 = fl_alloc(FL_MEM_MISC, 2 * pb, 64), *p1 = fl_alloc(FL_MEM_MISC, 2 * pb, 64);
+        memset(act, 0x77, ab);
+        for (int mt = 0; mt < 2; mt++) fl_amx_bf16_act_pack_ref(x, M, K, mt, act);
+        assert_true(act[16 * K + 3 * 2] == 0 && act[16 * K + 15 * 2 + 1] == 0 && act[16 * K + 2 * 2] != 0); /* tokens past M: zero */
+        float *row = frand_buf(K), *deq = frand_buf(32 * K);
+        memset(p0, 0x5A, 2 * pb);
+        for (int r = 0; r < 32; r++) { /* two panels: rows 0 .. 20, then zeros */
+            if (r < N) fl_dequant_row(types[ti], (const char *)q.data + r * q.W.nb[1], deq + r * K, K);
+            fl_amx_bf16_panel_row_ref(r < N ? deq + r * K : NULL, K, p0 + (r / 16) * (pb / 2), r % 16);
+        }
+        if (fast) {
+            uint16_t *act2 = fl_alloc(FL_MEM_MISC, ab, 64);
+            memset(act2, 0x33, ab);
+            for (int mt = 0; mt < 2; mt++) fl_amx_bf16_act_pack_avx512(x, M, K, mt, act2);
+            assert_memory_equal(act, act2, ab);
+            fl_free(FL_MEM_MISC, act2, ab);
+            memset(p1, 0xA5, 2 * pb);
+            for (int r = 0; r < 32; r++) {
+                if (r < N) fl_amx_bf16_panel_row_avx512(deq + r * K, K, p1 + (r / 16) * (pb / 2), r % 16);
+                else fl_amx_bf16_panel_row_ref(NULL, K, p1 + (r / 16) * (pb / 2), r % 16);
+            }
+            assert_memory_equal(p0, p1, 2 * pb);
+        }
+        /* the scalar product: within bf16 rounding of the f32 values' dot */
+        float *ref = frand_buf(M * 32), *got = frand_buf(M * 32);
+        for (int p = 0; p < 2; p++)
+            for (int mt = 0; mt < 2; mt++)
+                fl_amx_bf16_gemm_ref(p0 + p * (pb / 2), K, act + mt * 16 * K, mt ? (int)M - 16 : 16, ref + mt * 16 * 32 + 16 * p,
+                                     32, p ? (int)N - 16 : 16, false);
+        for (int64_t t = 0; t < M; t++)
+            for (int r = 0; r < N; r++) {
+                double d = 0, mag = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    d += (double)deq[r * K + k] * x[t * K + k];
+                    mag += fabs((double)deq[r * K + k] * x[t * K + k]);
+                }
+                CHECK_NEAR(ref[t * 32 + r], d, mag * 0x1p-7);
+            }
+        if (amx) {
+            const int nrs[2] = {5, 1}, ntoks[3] = {19, 16, 3};
+            for (int np = 1; np <= 2; np++)
+                for (int ni = 0; ni < 2; ni++)
+                    for (int ki = 0; ki < 3; ki++) {
+                        const int nr = nrs[ni], ntok = ntoks[ki];
+                        for (int64_t i = 0; i < M * 32; i++) got[i] = -12345.0f;
+                        /* panel pair: (np == 2) rows 0 .. 15 then rows 16 .. 16 + nr; np == 1: the second panel alone */
+                        const uint16_t *pp = np == 2 ? p0 : p0 + pb / 2;
+                        fl_amx_bf16_begin();
+                        fl_amx_bf16_gemm(pp, pb / 2, np, K, act, (size_t)16 * K, ntok, got, 32, nr, false);
+                        fl_amx_end();
+                        for (int t = 0; t < (int)M; t++)
+                            for (int c = 0; c < 32; c++) {
+                                const int r = np == 2 ? c : c + 16; /* the panel row this column is */
+                                const bool written = t < ntok && c < 16 * np && (c < 16 * (np - 1) || c - 16 * (np - 1) < nr);
+                                if (!written) assert_true(got[t * 32 + c] == -12345.0f);
+                                else CHECK_NEAR(got[t * 32 + c], ref[t * 32 + r], 1e-5 * (1 + fabsf(ref[t * 32 + r])));
+                            }
+                        /* accumulating: y + the product */
+                        for (int64_t i = 0; i < M * 32; i++) got[i] = 1.5f;
+                        fl_amx_bf16_begin();
+                        fl_amx_bf16_gemm(pp, pb / 2, np, K, act, (size_t)16 * K, ntok, got, 32, nr, true);
+                        fl_amx_end();
+                        for (int t = 0; t < ntok; t++)
+                            for (int c = 0; c < 16 * (np - 1) + nr; c++) {
+                                const int r = np == 2 ? c : c + 16;
+                                CHECK_NEAR(got[t * 32 + c], ref[t * 32 + r] + 1.5f, 1e-5 * (1 + fabsf(ref[t * 32 + r])));
+                            }
+                        amx_runs++;
+                    }
+        }
+        fl_free(FL_MEM_MISC, row, (size_t)K * 4);
+        fl_free(FL_MEM_MISC, deq, (size_t)32 * K * 4);
+        fl_free(FL_MEM_MISC, ref, (size_t)(M * 32) * 4);
+        fl_free(FL_MEM_MISC, got, (size_t)(M * 32) * 4);
+        fl_free(FL_MEM_MISC, act, ab);
+        fl_free(FL_MEM_MISC, p0, 2 * pb);
+        fl_free(FL_MEM_MISC, p1, 2 * pb);
+        fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+        qmat_free(&q);
+    }
+    if (amx) assert_int_equal(amx_runs, 4 * 12);
+    /* fl_matmul through the bf16 tiles: 70 tokens (5 tiles), K = 1280 (a 1024 chunk and a 256 one),
+     * 37 rows; against the f32 reference, and against the int8 path */
+    if (amx) {
+        const int32_t mt_types[3] = {FL_TYPE_Q4_0, FL_TYPE_Q5_K, FL_TYPE_Q2_K};
+        for (int ti = 0; ti < 3; ti++) {
+            const int64_t N = 37, K = 1280, M = 70;
+            qmat q;
+            qmat_make(&q, mt_types[ti], N, K);
+            float *x = frand_buf(M * K), *ref = frand_buf(M * N), *got = frand_buf(M * N);
+            fl_matmul_ref(&q.W, x, ref, M);
+            for (int nth = 1; nth <= 3; nth++) {
+                fl_threads_set(nth);
+                fl_matmul(&q.W, x, got, M);
+                const double e = fl_test_nmse(ref, got, M * N);
+                if (!(e <= 2e-5)) fail_msg("%s nth=%d bf16 tiles: NMSE %.3g", fl_type_name(mt_types[ti]), nth, e);
+            }
+            fl_threads_set(0);
+            fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+            fl_free(FL_MEM_MISC, ref, (size_t)(M * N) * 4);
+            fl_free(FL_MEM_MISC, got, (size_t)(M * N) * 4);
+            qmat_free(&q);
+        }
+    }
+    fl_test_mem_zero();
+}
+
 /* AMX steps of up to 16 tokens, Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K (fl_amx_gemm_rows: rows unpacked per block into
  * L1, Q8_0 with 16 real rows loaded straight from them): 32, 20 (second panel partial), 16 and 5
  * rows, 16, 13 and 1 tokens, odd block counts, equal the integer reference; rows past nr and
@@ -652,16 +787,16 @@ static void test_f32_dot_orders(void **state) {
 static void test_scratch_bytes(void **state) {
     (void)state;
     const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_0, FL_TYPE_Q6_K};
-    const int64_t Ms[3] = {1, 5, 17};
+    const int64_t Ms[4] = {1, 5, 17, 70}; /* 70: the AMX-BF16 prefill where the CPU has it */
     for (int ti = 0; ti < 10; ti++) {
         fl_matmul_set_llama_order(ti >= 5); /* the llama.cpp-order path (Q5_0 goes int8 there) */
         const int64_t N = 40, K = 256;
         qmat q;
         qmat_make(&q, types[ti % 5], N, K);
-        float *x = frand_buf(17 * K), *y = frand_buf(17 * N);
+        float *x = frand_buf(70 * K), *y = frand_buf(70 * N);
         for (int nth = 1; nth <= 2; nth++) {
             fl_threads_set(nth);
-            for (int mi = 0; mi < 3; mi++) {
+            for (int mi = 0; mi < 4; mi++) {
                 const size_t before = fl_mem_current(FL_MEM_SCRATCH);
                 fl_mem_reset_peaks();
                 fl_matmul(&q.W, x, y, Ms[mi]);
@@ -673,8 +808,8 @@ static void test_scratch_bytes(void **state) {
             }
         }
         fl_threads_set(0);
-        fl_free(FL_MEM_MISC, x, (size_t)(17 * K) * 4);
-        fl_free(FL_MEM_MISC, y, (size_t)(17 * N) * 4);
+        fl_free(FL_MEM_MISC, x, (size_t)(70 * K) * 4);
+        fl_free(FL_MEM_MISC, y, (size_t)(70 * N) * 4);
         qmat_free(&q);
     }
     fl_matmul_set_llama_order(false);
@@ -690,6 +825,7 @@ int main(void) {
         cmocka_unit_test(test_panel_parity),
         cmocka_unit_test(test_amx_parity),
         cmocka_unit_test(test_amx_rows),
+        cmocka_unit_test(test_amx_bf16),
         cmocka_unit_test(test_act_quant_parity),
         cmocka_unit_test(test_gemv_parity),
         cmocka_unit_test(test_avx2_kquant_tiles),

@@ -288,7 +288,11 @@ static void test_step_buffers(void **state) {
      * with its mins: 448 blocks x (576 + 64) bytes); on AVX2 the activations alone; otherwise 8
      * dequantized f32 rows per thread */
     const uint64_t act8 = 512ull * 14336 + 3 * 512ull * 448 * 4 + 2 * 512ull * 448 * 32;
-    if (fl_amx_usable()) /* AMX tiles instead: 32 token tiles x 448 blocks x 768 bytes, and per
+    if (fl_amx_bf16_usable()) /* AMX-BF16 tiles (64 tokens or more): 512 tokens x 14336 bf16 activations,
+                               * and per thread 32 panels of 16 x 1024 bf16 values (1 MiB) and an f32
+                               * row of 1024 values */
+        assert_int_equal(b.qact, 512ull * 14336 * 2 + 4ull * (32 * 16 * 1024 * 2 + 1024 * 4));
+    else if (fl_amx_usable()) /* AMX-INT8 tiles instead: 32 token tiles x 448 blocks x 768 bytes, and per
                           * thread floor(512 KiB / panel) = 1 panel of 16 x 14336 codes + 448 x 16
                           * scales and mins */
         assert_int_equal(b.qact, act8 + 32ull * 448 * 768 + 4ull * (16 * 14336 + 448 * 128));
@@ -307,9 +311,11 @@ static void test_step_buffers(void **state) {
     fl_plan_inference_buffers(&s, 512, 8192, 1, FL_PLAN_ATTN_FLASH, 4, 1, FL_TYPE_Q4_0, FL_TYPE_F16, &q);
     /* + on AVX-512, one repacked 16-row weight panel per thread: 448 blocks x 576 bytes */
     /* (AMX: the tiles and per thread 2 panels of 16 x 14336 codes + 448 x 16 scales) */
+    /* (AMX-BF16: as for q4_K above, no 8-bit activations) */
     const uint64_t panels = fl_amx_usable() ? 32ull * 448 * 768 + 4ull * 2 * (16 * 14336 + 448 * 64)
                             : fl_isa_get() == FL_ISA_AVX512 ? 4ull * 448 * 576 : 0;
-    assert_int_equal(q.qact, act8 + panels);
+    if (fl_amx_bf16_usable()) assert_int_equal(q.qact, b.qact);
+    else assert_int_equal(q.qact, act8 + panels);
     /* naive attention keeps [n_head][n_tokens][n_ctx] scores */
     fl_plan_buffers n;
     fl_plan_inference_buffers(&s, 512, 8192, 1, FL_PLAN_ATTN_NAIVE, 4, 1, FL_TYPE_Q4_K, FL_TYPE_F16, &n);

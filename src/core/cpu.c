@@ -59,6 +59,7 @@ static void detect(fl_cpu_features *f) {
         f->avx512vnni = ((c >> 11) & 1) && f->avx512f;
         f->avx512vbmi = ((c >> 1) & 1) && f->avx512f;
         f->amx_int8 = ((d >> 24) & 1) && ((d >> 25) & 1) && f->avx512f && amx_os_enabled();
+        f->amx_bf16 = f->amx_int8 && ((d >> 22) & 1);
     }
     if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
         f->avx512bf16 = ((a >> 5) & 1) && f->avx512f;

@@ -12,6 +12,7 @@ typedef struct fl_cpu_features {
     bool avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16, avx512vbmi;
     bool avxvnni;
     bool amx_int8; /* AMX-TILE + AMX-INT8 with the tile state enabled by the OS (XCR0) */
+    bool amx_bf16; /* AMX-BF16 as well (with amx_int8) */
     char brand[49];
 } fl_cpu_features;
 

@@ -305,6 +305,120 @@ static void q8_amx_task(void *p, int ith, int nth) {
     fl_amx_end();
 }
 
+/* ---- AMX-BF16 prefill (M >= AMX_BF16_MIN_TOKENS): no per-block fold ----
+ * Each thread takes a group of 16-row panels at a time; K is cut into chunks of BF16_KC: the
+ * group's rows are dequantized (f32, one row of the chunk at a time) and rounded into bf16 panels
+ * in its scratch (a group's chunk fits L2), then every pair of 16-token activation tiles runs
+ * through them, the chunks after the first adding to y. */
+#define AMX_BF16_MIN_TOKENS 64
+#define BF16_KC 1024 /* a multiple of every block size (256) */
+#define BF16_GROUP_BYTES (1024 * 1024)
+
+static bool amx_bf16_path(int32_t type, int64_t M) {
+    return M >= AMX_BF16_MIN_TOKENS && M <= INT32_MAX && fl_amx_type(type) && fl_amx_bf16_usable();
+}
+
+static int64_t bf16_kc(int64_t K) { return K < BF16_KC ? K : BF16_KC; }
+
+static int64_t bf16_group_max(int64_t K) {
+    const int64_t g = (int64_t)(BF16_GROUP_BYTES / fl_amx_bf16_panel_bytes(bf16_kc(K)));
+    return g < 1 ? 1 : g;
+}
+
+/* one thread's scratch: its group's panels (one chunk of K) and an f32 row of the chunk */
+static size_t bf16_thread_bytes(int64_t K) {
+    return (size_t)bf16_group_max(K) * fl_amx_bf16_panel_bytes(bf16_kc(K)) + (size_t)bf16_kc(K) * sizeof(float);
+}
+
+static size_t bf16_scratch_bytes(int64_t M, int64_t K, int nth) {
+    return fl_amx_bf16_act_bytes(M, K) + (size_t)nth * bf16_thread_bytes(K);
+}
+
+typedef struct {
+    const fl_tensor *W;
+    const float *x;
+    float *y;
+    int64_t M, ng;
+    uint16_t *act;
+    char *scratch; /* [nth][bf16_thread_bytes] */
+    _Atomic int64_t next;
+} bf16_ctx;
+
+static void bf16_act_task(void *p, int ith, int nth) {
+    bf16_ctx *c = p;
+    int64_t lo, hi;
+    fl_split_range((c->M + FL_AMX_TOK - 1) / FL_AMX_TOK, ith, nth, &lo, &hi);
+    for (int64_t mt = lo; mt < hi; mt++) fl_amx_bf16_act_pack_avx512(c->x, c->M, c->W->ne[0], mt, c->act);
+}
+
+static void bf16_task(void *p, int ith, int nth) {
+    bf16_ctx *c = p;
+    (void)nth;
+    const fl_tensor *W = c->W;
+    const int64_t N = W->ne[1], K = W->ne[0], M = c->M, ng = c->ng, kc = bf16_kc(K);
+    const int64_t np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, tiles = (M + FL_AMX_TOK - 1) / FL_AMX_TOK;
+    const size_t ldw = W->nb[1], pstride = fl_amx_bf16_panel_bytes(kc) / sizeof(uint16_t), astride = (size_t)K * FL_AMX_TOK;
+    char *mine = c->scratch + (size_t)ith * bf16_thread_bytes(K);
+    uint16_t *pan = (uint16_t *)mine;
+    float *row = (float *)(mine + (size_t)bf16_group_max(K) * fl_amx_bf16_panel_bytes(kc));
+    fl_amx_bf16_begin();
+    for (int64_t gi = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed); gi < ng;
+         gi = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) {
+        const int64_t g0 = gi * np / ng, g1 = (gi + 1) * np / ng;
+        for (int64_t k0 = 0; k0 < K; k0 += kc) {
+            const int64_t kn = K - k0 < kc ? K - k0 : kc;
+            const size_t off = fl_type_row_size(W->type, k0);
+            for (int64_t pi = g0; pi < g1; pi++)
+                for (int r = 0; r < FL_AMX_ROWS; r++) {
+                    const int64_t n = pi * FL_AMX_ROWS + r;
+                    uint16_t *pp = pan + (size_t)(pi - g0) * pstride;
+                    if (n < N) {
+                        fl_dequant_row_avx512(W->type, (const char *)W->data + (size_t)n * ldw + off, row, kn);
+                        fl_amx_bf16_panel_row_avx512(row, kn, pp, r);
+                    } else
+                        fl_amx_bf16_panel_row_ref(NULL, kn, pp, r);
+                }
+            for (int64_t mt = 0; mt < tiles; mt += 2) {
+                const int ntok = (int)(M - mt * FL_AMX_TOK < 2 * FL_AMX_TOK ? M - mt * FL_AMX_TOK : 2 * FL_AMX_TOK);
+                const uint16_t *a = c->act + (size_t)mt * astride + (size_t)k0 * FL_AMX_TOK;
+                for (int64_t pi = g0; pi < g1; pi += 2) {
+                    const int two = g1 - pi < 2 ? 1 : 2;
+                    const int64_t nl = (pi + two - 1) * FL_AMX_ROWS;
+                    const int nr = (int)(N - nl < FL_AMX_ROWS ? N - nl : FL_AMX_ROWS);
+                    fl_amx_bf16_gemm(pan + (size_t)(pi - g0) * pstride, pstride, two, kn, a, astride, ntok,
+                                     c->y + mt * FL_AMX_TOK * N + pi * FL_AMX_ROWS, N, nr, k0 > 0);
+                }
+            }
+        }
+    }
+    fl_amx_end();
+}
+
+/* false (nothing written) when its scratch cannot be had */
+static bool bf16_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
+    const int nth = fl_threads_get();
+    const int64_t K = W->ne[0];
+    const size_t act_bytes = fl_amx_bf16_act_bytes(M, K), th_bytes = (size_t)nth * bf16_thread_bytes(K);
+    bf16_ctx c = {W, x, y, M, 0, NULL, NULL, 0};
+    c.act = fl_alloc(FL_MEM_SCRATCH, act_bytes, 64);
+    c.scratch = c.act ? fl_alloc(FL_MEM_SCRATCH, th_bytes, 64) : NULL;
+    if (!c.scratch) {
+        fl_clear_error();
+        if (c.act) fl_free(FL_MEM_SCRATCH, c.act, act_bytes);
+        return false;
+    }
+    /* groups: a multiple of the threads, at least 4 per thread, none over bf16_group_max */
+    const int64_t np = (W->ne[1] + FL_AMX_ROWS - 1) / FL_AMX_ROWS, g = bf16_group_max(K);
+    c.ng = nth * ((np + nth * g - 1) / (nth * g));
+    if (c.ng < 4 * (int64_t)nth) c.ng = 4 * (int64_t)nth;
+    if (c.ng > np) c.ng = np;
+    fl_parallel_n(bf16_act_task, &c, nth);
+    fl_parallel_n(bf16_task, &c, nth);
+    fl_free(FL_MEM_SCRATCH, c.scratch, th_bytes);
+    fl_free(FL_MEM_SCRATCH, c.act, act_bytes);
+    return true;
+}
+
 /* llama.cpp-order path: rows split over threads, every token through each row */
 static void q8_llama_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
@@ -368,6 +482,7 @@ size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
     if (M <= 0) return 0;
     bool llama;
     if (int8_path(W->type, M, &llama)) {
+        if (!llama && amx_bf16_path(W->type, M)) return bf16_scratch_bytes(M, K, nth);
         size_t b = fl_act_q8_bytes(M, K);
         if (!llama && amx_rows_path(W->type, M)) return b + fl_amx_act_bytes(M, K);
         if (!llama && amx_path(W->type, M))
@@ -387,6 +502,7 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
     if (M <= 0) return;
     bool llama;
     if (int8_path(W->type, M, &llama)) {
+        if (!llama && amx_bf16_path(W->type, M) && bf16_matmul(W, x, y, M)) return;
         q8_ctx c = {W, x, y, M, {0}, gemm_for(isa), NULL, 0, NULL, 0};
         if (fl_act_q8_alloc(&c.act, M, K) == FL_OK) {
             const int nth = fl_threads_get();

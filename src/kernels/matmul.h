@@ -248,4 +248,35 @@ void fl_amx_gemm_rows(int32_t wtype, const void *w, size_t ldw, int nr, int64_t 
 void fl_amx_begin(int32_t wtype);
 void fl_amx_end(void);
 
+/* ---- AMX-BF16 GEMM (prefill of many tokens on CPUs with AMX-BF16; kernels/amx) ----
+ * C = A . B with bf16 tiles and f32 sums: A = 16 weight rows x 32 values, B = 16 tokens x the
+ * same 32 values in pairs, C = 16 x 16 f32 accumulated over all of K in the tile (no per-block
+ * fold: the block scales are in the bf16 weights).  Weights are dequantized to f32 and rounded
+ * to bf16, activations rounded to bf16 (round to nearest even, denormals to zero,
+ * fl_amx_bf16_round).
+ * Panel (fl_amx_bf16_panel_bytes(K)): [K/32][16 rows][32] bf16.
+ * Activation tiles (fl_amx_bf16_act_bytes(M, K)): per 16 tokens [K/32][16 pairs][16 tokens][2]
+ * bf16 (tokens past M zero).  fl_amx_bf16_gemm_ref is the scalar definition: per output, one
+ * f32 fused multiply-add per value in K order. */
+bool fl_amx_bf16_usable(void); /* AMX-BF16 + AVX512-BF16, fl_amx_usable(), not off (FL_AMX_BF16=0) */
+void fl_matmul_set_amx_bf16(bool on);
+size_t fl_amx_bf16_panel_bytes(int64_t K);
+size_t fl_amx_bf16_act_bytes(int64_t M, int64_t K);
+uint16_t fl_amx_bf16_round(float f);
+/* Token tile mt (tokens 16 mt .. 16 mt + 15 of x, M x K row-major) into act. */
+void fl_amx_bf16_act_pack_ref(const float *x, int64_t M, int64_t K, int64_t mt, uint16_t *act);
+void fl_amx_bf16_act_pack_avx512(const float *x, int64_t M, int64_t K, int64_t mt, uint16_t *act); /* identical */
+/* K f32 values (row NULL: zeros) as panel row r. */
+void fl_amx_bf16_panel_row_ref(const float *row, int64_t K, uint16_t *panel, int r);
+void fl_amx_bf16_panel_row_avx512(const float *row, int64_t K, uint16_t *panel, int r); /* identical, row != NULL */
+/* y[t * ldy + r] (+)= dot(panel row r, token t of the tile at act) for r < nr, t < nt (<= 16). */
+void fl_amx_bf16_gemm_ref(const uint16_t *panel, int64_t K, const uint16_t *act, int nt, float *y, int64_t ldy, int nr,
+                          bool acc);
+/* The tiles, 2 panels x 2 token tiles: panel p at panel + p pstride, token tile t at act + t
+ * astride (elements); y[t * ldy + 16 p + r] = (acc ? y : 0) + dot for t < ntok (1 .. 32), rows
+ * r < 16 (r < nr in the last panel).  Between fl_amx_bf16_begin / fl_amx_end. */
+void fl_amx_bf16_gemm(const uint16_t *panel, size_t pstride, int np, int64_t K, const uint16_t *act, size_t astride,
+                      int ntok, float *y, int64_t ldy, int nr, bool acc);
+void fl_amx_bf16_begin(void);
+
 #endif

@@ -712,3 +712,92 @@ void fl_amx_act_pack8_avx512(const fl_act_q8 *a, int64_t m0, void *act) {
             half_sums(r[i], flip, a->d[(m0 + i) * nb + b], (float *)(blk + 640) + i, (float *)(blk + 704) + i);
     }
 }
+
+/* ---- AMX-BF16 GEMM (prefill): weights and activations rounded to bf16, f32 sums in the tiles ---- */
+
+/* Tiles: A0, A1 = 0, 1 (16 weight rows x 32 bf16), B0, B1 = 2, 3 (16 pairs x 16 tokens x 2
+ * bf16), C[p][t] = 4 + 2p + t (16 rows x 16 tokens of f32), all 16 rows x 64 bytes. */
+static const tile_config g_cfg_bf16 __attribute__((aligned(64))) = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+void fl_amx_bf16_begin(void) { _tile_loadconfig(&g_cfg_bf16); }
+
+/* 16 f32 into the 16 bf16 of the low (lo) and high (hi) halves of a dword pair: lane j of the
+ * result holds values 2j, 2j + 1 of the 32 at p (round to nearest even, as fl_f32_to_bf16 with
+ * denormals flushed). */
+INLINE __m512 bf16_pairs(const float *p) {
+    return _mm512_castsi512_ps((__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p)));
+}
+
+void fl_amx_bf16_act_pack_avx512(const float *x, int64_t M, int64_t K, int64_t mt, uint16_t *act) {
+    const int64_t nb = K / 32, m0 = mt * FL_AMX_TOK;
+    uint16_t *base = act + (size_t)mt * (size_t)nb * 512;
+    for (int64_t b = 0; b < nb; b++) {
+        __m512 v[16];
+#pragma GCC unroll 16
+        for (int t = 0; t < 16; t++) v[t] = m0 + t < M ? bf16_pairs(x + (m0 + t) * K + b * 32) : _mm512_setzero_ps();
+        transpose16(v); /* v[j] lane t = token t's pair j */
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) _mm512_store_ps((float *)(base + b * 512 + j * 32), v[j]);
+    }
+}
+
+void fl_amx_bf16_panel_row_avx512(const float *row, int64_t K, uint16_t *panel, int r) {
+    for (int64_t b = 0; b < K / 32; b++) _mm512_store_ps((float *)(panel + b * 512 + r * 32), bf16_pairs(row + b * 32));
+}
+
+/* y[t * ldy + r] = (acc ? y : 0) + C_r lane t for rows r < nr, tokens t < ntok. */
+INLINE void store_tile_add(__m512 c[16], int nr, int ntok, float *y, int64_t ldy, bool acc) {
+    transpose16(c);
+    const __mmask16 rm = (__mmask16)((1u << nr) - 1);
+    for (int t = 0; t < ntok; t++)
+        _mm512_mask_storeu_ps(y + t * ldy, rm, acc ? _mm512_add_ps(c[t], _mm512_maskz_loadu_ps(rm, y + t * ldy)) : c[t]);
+}
+
+INLINE void bf16_tiles(const uint16_t *p0, size_t pstride, int64_t nb, const uint16_t *a0, size_t astride, int ntok,
+                       float *y, int64_t ldy, int nr, bool acc, const int NP, const int NT) {
+    const uint16_t *p1 = p0 + pstride, *a1 = a0 + astride;
+    _tile_zero(4);
+    if (NT == 2) _tile_zero(5);
+    if (NP == 2) _tile_zero(6);
+    if (NP == 2 && NT == 2) _tile_zero(7);
+    for (int64_t b = 0; b < nb; b++) {
+        _tile_loadd(0, p0 + b * 512, 64);
+        _tile_loadd(2, a0 + b * 512, 64);
+        _tile_dpbf16ps(4, 0, 2);
+        if (NT == 2) {
+            _tile_loadd(3, a1 + b * 512, 64);
+            _tile_dpbf16ps(5, 0, 3);
+        }
+        if (NP == 2) {
+            _tile_loadd(1, p1 + b * 512, 64);
+            _tile_dpbf16ps(6, 1, 2);
+            if (NT == 2) _tile_dpbf16ps(7, 1, 3);
+        }
+    }
+    float cb[4][256] __attribute__((aligned(64)));
+    _tile_stored(4, cb[0], 64);
+    if (NT == 2) _tile_stored(5, cb[1], 64);
+    if (NP == 2) _tile_stored(6, cb[2], 64);
+    if (NP == 2 && NT == 2) _tile_stored(7, cb[3], 64);
+    for (int p = 0; p < NP; p++)
+        for (int t = 0; t < NT; t++) {
+            __m512 c[16];
+#pragma GCC unroll 16
+            for (int r = 0; r < 16; r++) c[r] = _mm512_load_ps(cb[2 * p + t] + 16 * r);
+            store_tile_add(c, p == NP - 1 ? nr : FL_AMX_ROWS, ntok - 16 * t < 16 ? ntok - 16 * t : 16,
+                           y + (int64_t)(16 * t) * ldy + 16 * p, ldy, acc);
+        }
+}
+
+void fl_amx_bf16_gemm(const uint16_t *panel, size_t pstride, int np, int64_t K, const uint16_t *act, size_t astride,
+                      int ntok, float *y, int64_t ldy, int nr, bool acc) {
+    const int64_t nb = K / 32;
+    if (np == 2 && ntok > 16) bf16_tiles(panel, pstride, nb, act, astride, ntok, y, ldy, nr, acc, 2, 2);
+    else if (np == 2) bf16_tiles(panel, pstride, nb, act, astride, ntok, y, ldy, nr, acc, 2, 1);
+    else if (ntok > 16) bf16_tiles(panel, pstride, nb, act, astride, ntok, y, ldy, nr, acc, 1, 2);
+    else bf16_tiles(panel, pstride, nb, act, astride, ntok, y, ldy, nr, acc, 1, 1);
+}

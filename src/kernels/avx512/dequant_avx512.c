@@ -32,6 +32,16 @@ static void q4_0(const fl_block_q4_0 *b, float *y, int64_t nb) {
     }
 }
 
+static void q8_0(const fl_block_q8_0 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        const __m512 d = _mm512_set1_ps(h2f(b[i].d));
+        const __m512i lo = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b[i].qs));
+        const __m512i hi = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b[i].qs + 16)));
+        _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+    }
+}
+
 static void q4_1(const fl_block_q4_1 *b, float *y, int64_t nb) {
     const __m512i m4 = _mm512_set1_epi32(0xF);
     for (int64_t i = 0; i < nb; i++, y += 32) {
@@ -207,6 +217,7 @@ static void q3_K(const fl_block_q3_K *b, float *y, int64_t nb) {
 
 void fl_dequant_row_avx512(int32_t type, const void *src, float *dst, int64_t K) {
     switch (type) {
+    case FL_TYPE_Q8_0: q8_0(src, dst, K / FL_QK); break;
     case FL_TYPE_Q4_0: q4_0(src, dst, K / FL_QK); break;
     case FL_TYPE_Q4_1: q4_1(src, dst, K / FL_QK); break;
     case FL_TYPE_Q5_0: q5_0(src, dst, K / FL_QK); break;

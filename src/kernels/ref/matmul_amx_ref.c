@@ -7,6 +7,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/quant.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -243,5 +244,58 @@ void fl_amx_gemm_ref(int32_t wtype, const void *panel, int64_t K, const void *ac
                 if (fl_amx_has_mins(wtype) && halves == 1) acc += mins[b * FL_AMX_ROWS + r] * ms[t];
             }
             y[t * ldy + r] = acc;
+        }
+}
+
+/* ---- AMX-BF16 GEMM: layouts and scalar definition ---- */
+
+static int g_amx_bf16 = -1;
+
+void fl_matmul_set_amx_bf16(bool on) { g_amx_bf16 = on ? 1 : 0; }
+
+bool fl_amx_bf16_usable(void) {
+    if (g_amx_bf16 < 0) {
+        const char *e = getenv("FL_AMX_BF16");
+        g_amx_bf16 = (e && strcmp(e, "0") == 0) ? 0 : 1;
+    }
+    return g_amx_bf16 == 1 && fl_cpu()->amx_bf16 && fl_cpu()->avx512bf16 && fl_amx_usable();
+}
+
+size_t fl_amx_bf16_panel_bytes(int64_t K) { return (size_t)FL_AMX_ROWS * (size_t)K * sizeof(uint16_t); }
+
+size_t fl_amx_bf16_act_bytes(int64_t M, int64_t K) {
+    const size_t tiles = (size_t)((M + FL_AMX_TOK - 1) / FL_AMX_TOK);
+    return tiles * (size_t)FL_AMX_TOK * (size_t)K * sizeof(uint16_t);
+}
+
+uint16_t fl_amx_bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7F800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u); /* zero or denormal: signed zero */
+    return fl_f32_to_bf16(f);
+}
+
+void fl_amx_bf16_act_pack_ref(const float *x, int64_t M, int64_t K, int64_t mt, uint16_t *act) {
+    const int64_t nb = K / 32;
+    uint16_t *base = act + (size_t)mt * (size_t)nb * 512;
+    for (int t = 0; t < FL_AMX_TOK; t++) {
+        const int64_t m = mt * FL_AMX_TOK + t;
+        for (int64_t k = 0; k < K; k++) base[(k / 32) * 512 + (k % 32 / 2) * 32 + t * 2 + k % 2] = m < M ? fl_amx_bf16_round(x[m * K + k]) : 0;
+    }
+}
+
+void fl_amx_bf16_panel_row_ref(const float *row, int64_t K, uint16_t *panel, int r) {
+    for (int64_t k = 0; k < K; k++) panel[(k / 32) * 512 + r * 32 + k % 32] = row ? fl_amx_bf16_round(row[k]) : 0;
+}
+
+void fl_amx_bf16_gemm_ref(const uint16_t *panel, int64_t K, const uint16_t *act, int nt, float *y, int64_t ldy, int nr,
+                          bool acc) {
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < nr; r++) {
+            float s = 0;
+            for (int64_t k = 0; k < K; k++)
+                s = fmaf(fl_bf16_to_f32(panel[(k / 32) * 512 + r * 32 + k % 32]),
+                         fl_bf16_to_f32(act[(k / 32) * 512 + (k % 32 / 2) * 32 + t * 2 + k % 2]), s);
+            y[t * ldy + r] = acc ? y[t * ldy + r] + s : s;
         }
 }
