@@ -3,7 +3,9 @@
  *
  * GEMV streams R copies of the weight in turn (R copies >= --stream-mib, so the weights come
  * from memory, not from the last-level cache); GB/s counts weight bytes read per second.
- * GEMM multiplies -p tokens (default 512) by one copy: GOP/s = 2 M N K / time. */
+ * GEMM multiplies -p tokens (default 512) by one copy: GOP/s = 2 M N K / time.  Where the GEMM
+ * takes the AMX-BF16 tiles (64 tokens or more), the same GEMM on the AMX-INT8 tiles is timed
+ * too, the two alternating call by call so that both see the same machine. */
 #include "cli/cli.h"
 #include "core/alloc.h"
 #include "core/dtype.h"
@@ -79,11 +81,13 @@ int fl_bench_matmul(int argc, char **argv) {
     const double peak = fl_calib_int8_peak_gops(nth, 0.3);
     const double amx_peak = fl_calib_amx_int8_peak_gops(nth, 0.3);
     const double bw = fl_calib_mem_bandwidth_gbs(nth, stream);
+    const bool compare = M >= 64 && fl_amx_bf16_usable(); /* the bf16 tiles against the int8 ones */
     if (!json) {
         printf("isa %s, %d threads\n", fl_isa_name(fl_isa_get()), nth);
         printf("calibration: int8 peak %.1f GOP/s (AVX-512 VNNI), memory read bandwidth %.1f GB/s\n", peak, bw);
         if (amx_peak > 0) printf("AMX-INT8 tiles: %.1f GOP/s peak, used for the GEMM (FL_AMX=0 turns them off)\n", amx_peak);
-        printf("%-6s %-11s %10s %8s %10s %8s\n", "type", "N x K", "gemv GB/s", "%bw", "gemm GOP/s", "%peak");
+        if (compare) printf("GEMM on the AMX-BF16 tiles; 'int8 tiles' is the same GEMM on the AMX-INT8 tiles, alternated call by call\n");
+        printf("%-6s %-11s %10s %8s %10s %8s%s\n", "type", "N x K", "gemv GB/s", "%bw", "gemm GOP/s", "%peak", compare ? "  int8 tiles GOP/s" : "");
     }
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
     cJSON_AddStringToObject(root, "isa", fl_isa_name(fl_isa_get()));
@@ -91,6 +95,7 @@ int fl_bench_matmul(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "int8_peak_gops", peak);
     cJSON_AddBoolToObject(root, "amx", fl_amx_usable());
     cJSON_AddNumberToObject(root, "amx_int8_peak_gops", amx_peak);
+    cJSON_AddBoolToObject(root, "amx_bf16_gemm", compare);
     cJSON_AddNumberToObject(root, "mem_bandwidth_gbs", bw);
     cJSON_AddNumberToObject(root, "gemm_tokens", (double)M);
     cJSON_AddItemToObject(root, "results", arr);
@@ -104,7 +109,7 @@ int fl_bench_matmul(int argc, char **argv) {
             rc = 2;
             break;
         }
-        double sum_bytes = 0, sum_t_gemv = 0, sum_ops = 0, sum_t_gemm = 0;
+        double sum_bytes = 0, sum_t_gemv = 0, sum_ops = 0, sum_t_gemm = 0, sum_t_int8 = 0;
         for (int s = 0; s < 5; s++) {
             const int64_t N = shapes[s][0], K = shapes[s][1];
             const size_t wbytes = fl_quantize_size(type, N, K);
@@ -147,21 +152,34 @@ int fl_bench_matmul(int argc, char **argv) {
             fl_tensor_init(W, type, 2, ne, w);
             fl_matmul(W, x, y, M < 16 ? M : 16); /* warm-up */
             size_t runs = 0;
-            t0 = now_s();
+            double t_int8 = 0;
+            t = 0;
             do {
+                t0 = now_s();
                 fl_matmul(W, x, y, M);
+                t += now_s() - t0;
+                if (compare) {
+                    fl_matmul_set_amx_bf16(false);
+                    t0 = now_s();
+                    fl_matmul(W, x, y, M);
+                    t_int8 += now_s() - t0;
+                    fl_matmul_set_amx_bf16(true);
+                }
                 runs++;
-                t = now_s() - t0;
-            } while (t < secs);
+            } while (t + t_int8 < secs * (compare ? 2 : 1));
             const double ops = 2.0 * (double)M * (double)N * (double)K * (double)runs;
-            const double gops = ops / t / 1e9;
+            const double gops = ops / t / 1e9, gops_int8 = compare ? ops / t_int8 / 1e9 : 0;
             sum_ops += ops;
             sum_t_gemm += t;
+            sum_t_int8 += t_int8;
             char shape[32];
             snprintf(shape, sizeof shape, "%lldx%lld", (long long)N, (long long)K);
-            if (!json)
-                printf("%-6s %-11s %10.1f %7.1f%% %10.1f %7.1f%%\n", fl_type_name(type), shape, gbs,
-                       bw > 0 ? 100 * gbs / bw : 0, gops, peak > 0 ? 100 * gops / peak : 0);
+            if (!json) {
+                printf("%-6s %-11s %10.1f %7.1f%% %10.1f %7.1f%%", fl_type_name(type), shape, gbs, bw > 0 ? 100 * gbs / bw : 0, gops,
+                       peak > 0 ? 100 * gops / peak : 0);
+                if (compare) printf("  %16.1f", gops_int8);
+                printf("\n");
+            }
             cJSON *o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "type", fl_type_name(type));
             cJSON_AddNumberToObject(o, "N", (double)N);
@@ -170,6 +188,7 @@ int fl_bench_matmul(int argc, char **argv) {
             cJSON_AddNumberToObject(o, "gemv_pct_bandwidth", bw > 0 ? 100 * gbs / bw : 0);
             cJSON_AddNumberToObject(o, "gemm_gops", gops);
             cJSON_AddNumberToObject(o, "gemm_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
+            if (compare) cJSON_AddNumberToObject(o, "gemm_int8_tiles_gops", gops_int8);
             cJSON_AddItemToArray(arr, o);
             fl_free(FL_MEM_WEIGHTS, w, wbytes * R);
             fl_free(FL_MEM_SCRATCH, x, (size_t)(M * K) * 4);
@@ -177,9 +196,13 @@ int fl_bench_matmul(int argc, char **argv) {
         }
         if (rc) break;
         const double gbs = sum_bytes / sum_t_gemv / 1e9, gops = sum_ops / sum_t_gemm / 1e9;
-        if (!json)
-            printf("%-6s %-11s %10.1f %7.1f%% %10.1f %7.1f%%\n", fl_type_name(type), "all", gbs, bw > 0 ? 100 * gbs / bw : 0,
-                   gops, peak > 0 ? 100 * gops / peak : 0);
+        const double gops_int8 = compare ? sum_ops / sum_t_int8 / 1e9 : 0;
+        if (!json) {
+            printf("%-6s %-11s %10.1f %7.1f%% %10.1f %7.1f%%", fl_type_name(type), "all", gbs, bw > 0 ? 100 * gbs / bw : 0, gops,
+                   peak > 0 ? 100 * gops / peak : 0);
+            if (compare) printf("  %16.1f", gops_int8);
+            printf("\n");
+        }
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "type", fl_type_name(type));
         cJSON_AddStringToObject(o, "shape", "all");
@@ -187,6 +210,7 @@ int fl_bench_matmul(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "gemv_pct_bandwidth", bw > 0 ? 100 * gbs / bw : 0);
         cJSON_AddNumberToObject(o, "gemm_gops", gops);
         cJSON_AddNumberToObject(o, "gemm_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
+        if (compare) cJSON_AddNumberToObject(o, "gemm_int8_tiles_gops", gops_int8);
         cJSON_AddItemToArray(arr, o);
     }
     if (json && !rc) {

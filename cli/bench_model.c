@@ -37,6 +37,7 @@ int fl_bench_model(int argc, char **argv) {
         {"threads", 't', FL_OPT_INT, "N  threads (default 2)"},
         {"json", 0, FL_OPT_FLAG, "print JSON"},
         {"stream-mib", 0, FL_OPT_INT, "MIB  buffer for the bandwidth calibration (default 1024)"},
+        {"repetitions", 'r', FL_OPT_INT, "N  prefills timed, the mean reported (default 1)"},
         FL_CLI_KV_OPTS,
         {0},
     };
@@ -52,8 +53,9 @@ int fl_bench_model(int argc, char **argv) {
     const int32_t np = opts[1].set ? (int32_t)opts[1].i : 512, ng = opts[2].set ? (int32_t)opts[2].i : 128;
     const int nth = opts[3].set ? (int)opts[3].i : 2;
     const size_t stream = (size_t)(opts[5].set ? opts[5].i : 1024) << 20;
-    if (np < 1 || ng < 1 || nth < 1 || np > 1 << 16 || ng > 1 << 16) {
-        fprintf(stderr, "fitllm bench model: bad -p, -n or -t\n");
+    const int reps = opts[6].set ? (int)opts[6].i : 1;
+    if (np < 1 || ng < 1 || nth < 1 || np > 1 << 16 || ng > 1 << 16 || reps < 1 || reps > 1000) {
+        fprintf(stderr, "fitllm bench model: bad -p, -n, -t or -r\n");
         return 2;
     }
     fl_threads_set(nth);
@@ -95,10 +97,27 @@ int fl_bench_model(int argc, char **argv) {
     if (fl_model_forward(m, &wb, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
     fl_cli_kv_reset(&kv);
     fl_batch pb = {np, tok, pos, sid, NULL};
-    double t0 = now_s();
-    if (fl_model_forward(m, &pb, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
-    const double t_pp = now_s() - t0;
-    fl_cli_kv_reset(&kv);
+    /* where the prefill's matmuls take the AMX-BF16 tiles, the same prefill on the AMX-INT8 tiles
+     * too, the two alternating, so both see the same machine */
+    const bool compare = np >= 64 && fl_amx_bf16_usable();
+    double t_pp = 0, t_pp8 = 0, t0;
+    for (int i = 0; i < reps; i++) {
+        t0 = now_s();
+        if (fl_model_forward(m, &pb, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
+        t_pp += now_s() - t0;
+        fl_cli_kv_reset(&kv);
+        if (compare) {
+            fl_matmul_set_amx_bf16(false);
+            t0 = now_s();
+            const fl_status st = fl_model_forward(m, &pb, &kv.iface, kv.ctx, logits);
+            t_pp8 += now_s() - t0;
+            fl_matmul_set_amx_bf16(true);
+            fl_cli_kv_reset(&kv);
+            if (st != FL_OK) goto fail;
+        }
+    }
+    t_pp /= reps;
+    t_pp8 /= reps;
     t0 = now_s();
     for (int32_t i = 0; i < ng; i++) {
         fl_batch db = {1, &tok[i % np], &i, &sid[0], NULL};
@@ -106,6 +125,7 @@ int fl_bench_model(int argc, char **argv) {
     }
     const double t_tg = now_s() - t0;
     const double pp = np / t_pp, tg = ng / t_tg, gbs = wbytes * tg / 1e9, gops = 2.0 * wparams * np / t_pp / 1e9;
+    const double pp8 = compare ? np / t_pp8 : 0, gops8 = compare ? 2.0 * wparams * np / t_pp8 / 1e9 : 0;
     if (opts[4].set) {
         fl_mem_install_cjson_hooks();
         cJSON *o = cJSON_CreateObject();
@@ -122,6 +142,12 @@ int fl_bench_model(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "pp_tok_s", pp);
         cJSON_AddNumberToObject(o, "pp_gops", gops);
         cJSON_AddNumberToObject(o, "pp_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
+        cJSON_AddNumberToObject(o, "repetitions", reps);
+        cJSON_AddBoolToObject(o, "amx_bf16_prefill", compare);
+        if (compare) {
+            cJSON_AddNumberToObject(o, "pp_int8_tiles_tok_s", pp8);
+            cJSON_AddNumberToObject(o, "pp_int8_tiles_pct_int8_peak", peak > 0 ? 100 * gops8 / peak : 0);
+        }
         cJSON_AddNumberToObject(o, "n_gen", ng);
         cJSON_AddNumberToObject(o, "tg_tok_s", tg);
         cJSON_AddNumberToObject(o, "tg_gbs", gbs);
@@ -136,7 +162,11 @@ int fl_bench_model(int argc, char **argv) {
         printf("calibration: memory read bandwidth %.1f GB/s, int8 peak %.1f GOP/s (AVX-512 VNNI)", bw, peak);
         if (amx_peak > 0) printf(", AMX-INT8 tiles %.1f GOP/s (used for prefill)", amx_peak);
         printf("\n");
-        printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak\n", np, pp, gops, peak > 0 ? 100 * gops / peak : 0);
+        printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak%s\n", np, pp, gops, peak > 0 ? 100 * gops / peak : 0,
+               compare ? " (AMX-BF16 tiles)" : "");
+        if (compare)
+            printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak (AMX-INT8 tiles, alternated)\n", np, pp8, gops8,
+                   peak > 0 ? 100 * gops8 / peak : 0);
         printf("tg%-5d %9.2f tok/s  %8.2f GB/s   %5.1f%% of memory bandwidth\n", ng, tg, gbs, bw > 0 ? 100 * gbs / bw : 0);
     }
     rc = 0;

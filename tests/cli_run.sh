@@ -98,4 +98,16 @@ assert o["n_prompt"] == 64 and o["n_gen"] == 8 and o["pp_tok_s"] > 0 and o["tg_t
 assert o["mem_bandwidth_gbs"] > 0 and o["int8_peak_gops"] >= 0 and o["weight_bytes_per_token"] > 0, o
 PY
 done
+# -r: the prefill timed N times; q8_0 weights take the AMX-BF16 tiles for 64 tokens where the CPU
+# has them, and then the same prefill on the AMX-INT8 tiles is reported beside it
+"$fitllm" bench model -m "$shared/models/stories260K-q8_0.gguf" -p 64 -n 4 -t 2 -r 2 --stream-mib 16 --json >"$tmp/bm.json" ||
+    fail "bench model -r 2"
+python3 - "$tmp/bm.json" <<'PY' || fail "bench model -r json"
+import json, sys
+o = json.load(open(sys.argv[1]))
+assert o["repetitions"] == 2 and o["pp_tok_s"] > 0, o
+assert isinstance(o["amx_bf16_prefill"], bool), o
+assert (o.get("pp_int8_tiles_tok_s", 0) > 0) == o["amx_bf16_prefill"], o
+PY
+"$fitllm" bench model -m "$model" -r 0 >/dev/null 2>&1 && fail "bench model -r 0 accepted"
 echo ok
