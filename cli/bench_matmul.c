@@ -5,7 +5,12 @@
  * from memory, not from the last-level cache); GB/s counts weight bytes read per second.
  * GEMM multiplies -p tokens (default 512) by one copy: GOP/s = 2 M N K / time.  Where the GEMM
  * takes the AMX-BF16 tiles (64 tokens or more), the same GEMM on the AMX-INT8 tiles is timed
- * too, the two alternating call by call so that both see the same machine. */
+ * too, the two alternating call by call so that both see the same machine.
+ *
+ * Per type also the attention projections of one layer, q (2048 x 2048), k and v (256 x 2048)
+ * on the same input: fl_matmul_n (one call) against three fl_matmul calls, alternated, for one
+ * token and for -p tokens (the weights stay in cache: this measures the per-call work that
+ * fusing saves, not memory). */
 #include "cli/cli.h"
 #include "core/alloc.h"
 #include "core/dtype.h"
@@ -46,6 +51,47 @@ static float *rand_f32(int64_t n, uint64_t seed) {
     fill_ctx c = {NULL, x, n, seed};
     fl_parallel(fill_task, &c);
     return x;
+}
+
+/* Microseconds per q, k, v projection of M tokens: [0] three fl_matmul calls, [1] one
+ * fl_matmul_n, alternated for at least secs; false if out of memory. */
+static bool time_qkv(int32_t type, int64_t M, double secs, double us[2]) {
+    const int64_t K = 2048, rows[3] = {2048, 256, 256}, N = 2560;
+    const size_t rb = fl_quantize_size(type, 1, K);
+    float *f = rand_f32(N * K, 99), *x = rand_f32(M * K, 98);
+    char *w = fl_alloc(FL_MEM_WEIGHTS, rb * (size_t)N, 4096);
+    float *y = fl_alloc(FL_MEM_ACT, (size_t)(M * N) * 4, 64);
+    bool ok = f && x && w && y;
+    if (ok) {
+        fl_quantize_tensor(type, f, N, K, w);
+        fl_tensor W[3];
+        const fl_tensor *Wp[3];
+        float *yp[3];
+        for (int i = 0, r0 = 0; i < 3; r0 += (int)rows[i], i++) {
+            const int64_t ne[2] = {K, rows[i]};
+            fl_tensor_init(&W[i], type, 2, ne, w + (size_t)r0 * rb);
+            Wp[i] = &W[i];
+            yp[i] = y + M * r0;
+        }
+        fl_matmul_n(3, Wp, yp, x, M); /* warm-up */
+        double t[2] = {0, 0};
+        size_t runs = 0;
+        do {
+            double t0 = now_s();
+            for (int i = 0; i < 3; i++) fl_matmul(Wp[i], x, yp[i], M);
+            t[0] += now_s() - t0;
+            t0 = now_s();
+            fl_matmul_n(3, Wp, yp, x, M);
+            t[1] += now_s() - t0;
+            runs++;
+        } while (t[0] + t[1] < 2 * secs);
+        for (int i = 0; i < 2; i++) us[i] = 1e6 * t[i] / (double)runs;
+    }
+    if (f) fl_free(FL_MEM_SCRATCH, f, (size_t)(N * K) * 4);
+    if (x) fl_free(FL_MEM_SCRATCH, x, (size_t)(M * K) * 4);
+    if (w) fl_free(FL_MEM_WEIGHTS, w, rb * (size_t)N);
+    if (y) fl_free(FL_MEM_ACT, y, (size_t)(M * N) * 4);
+    return ok;
 }
 
 int fl_bench_matmul(int argc, char **argv) {
@@ -211,6 +257,24 @@ int fl_bench_matmul(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "gemm_gops", gops);
         cJSON_AddNumberToObject(o, "gemm_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
         if (compare) cJSON_AddNumberToObject(o, "gemm_int8_tiles_gops", gops_int8);
+        cJSON_AddItemToArray(arr, o);
+        /* q, k, v in one call against three */
+        double us1[2], usm[2];
+        if (!time_qkv(type, 1, secs, us1) || !time_qkv(type, M, secs, usm)) {
+            fprintf(stderr, "fitllm bench matmul: %s\n", fl_last_error());
+            rc = 1;
+            break;
+        }
+        if (!json)
+            printf("%-6s q,k,v: 1 token %.1f us as 3 calls, %.1f us as one; %lld tokens %.1f / %.1f us\n", fl_type_name(type), us1[0],
+                   us1[1], (long long)M, usm[0], usm[1]);
+        o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "type", fl_type_name(type));
+        cJSON_AddStringToObject(o, "shape", "qkv");
+        cJSON_AddNumberToObject(o, "gemv_us_3_calls", us1[0]);
+        cJSON_AddNumberToObject(o, "gemv_us_fused", us1[1]);
+        cJSON_AddNumberToObject(o, "gemm_us_3_calls", usm[0]);
+        cJSON_AddNumberToObject(o, "gemm_us_fused", usm[1]);
         cJSON_AddItemToArray(arr, o);
     }
     if (json && !rc) {

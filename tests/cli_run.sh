@@ -110,4 +110,18 @@ assert isinstance(o["amx_bf16_prefill"], bool), o
 assert (o.get("pp_int8_tiles_tok_s", 0) > 0) == o["amx_bf16_prefill"], o
 PY
 "$fitllm" bench model -m "$model" -r 0 >/dev/null 2>&1 && fail "bench model -r 0 accepted"
+
+# bench matmul: the five TinyLlama shapes, their sum, and q,k,v fused against three calls; at 64
+# tokens on a CPU with AMX-BF16 the GEMM is timed on both kinds of tile
+"$fitllm" bench matmul -p 64 --types Q4_0 --stream-mib 1 --seconds 0.05 --json >"$tmp/mm.json" || fail "bench matmul"
+python3 - "$tmp/mm.json" <<'PY' || fail "bench matmul json"
+import json, sys
+o = json.load(open(sys.argv[1]))
+r = o["results"]
+assert [x.get("N") for x in r[:5]] == [2048, 256, 5632, 2048, 32000], r
+assert r[5]["shape"] == "all" and r[6]["shape"] == "qkv", r
+assert all(x["gemv_gbs"] > 0 and x["gemm_gops"] > 0 for x in r[:6]), r
+assert all(("gemm_int8_tiles_gops" in x) == o["amx_bf16_gemm"] for x in r[:6]), r
+assert all(r[6][k] > 0 for k in ("gemv_us_3_calls", "gemv_us_fused", "gemm_us_3_calls", "gemm_us_fused")), r
+PY
 echo ok

@@ -484,6 +484,55 @@ static void test_amx_bf16(void **state) {
     fl_test_mem_zero();
 }
 
+/* fl_matmul_n gives the bits of separate fl_matmul calls: three matrices of different row counts
+ * (one of them under a chunk), one token (GEMV), 16 (the AMX rows), 30 (one call each), 70 (the
+ * AMX-BF16 tiles), 1-3 threads, fused types and ones that are not (F16, a mixed triple); its
+ * scratch is no more than one call's. */
+static void test_matmul_n(void **state) {
+    (void)state;
+    const int32_t types[5] = {FL_TYPE_Q4_0, FL_TYPE_Q8_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K, FL_TYPE_F16};
+    const int64_t Ms[4] = {1, 16, 30, 70}, Ns[3] = {37, 8, 80}, K = 256;
+    for (int ti = 0; ti < 6; ti++) {
+        qmat q[3];
+        for (int i = 0; i < 3; i++) qmat_make(&q[i], ti < 5 ? types[ti] : types[i], Ns[i], K); /* ti 5: Q4_0, Q8_0, Q4_K */
+        float *x = frand_buf(70 * K), *ref[3], *got[3];
+        for (int i = 0; i < 3; i++) {
+            ref[i] = frand_buf(70 * Ns[i]);
+            got[i] = frand_buf(70 * Ns[i]);
+        }
+        const fl_tensor *W[3] = {&q[0].W, &q[1].W, &q[2].W};
+        for (int nth = 1; nth <= 3; nth++) {
+            fl_threads_set(nth);
+            for (int mi = 0; mi < 4; mi++) {
+                const int64_t M = Ms[mi];
+                size_t single = 0;
+                for (int i = 0; i < 3; i++) {
+                    fl_matmul(W[i], x, ref[i], M);
+                    const size_t b = fl_matmul_scratch_bytes(W[i], M, nth);
+                    single = b > single ? b : single;
+                }
+                for (int i = 0; i < 3; i++) memset(got[i], 0x7F, (size_t)(M * Ns[i]) * 4);
+                const size_t before = fl_mem_current(FL_MEM_SCRATCH);
+                fl_mem_reset_peaks();
+                fl_matmul_n(3, W, got, x, M);
+                assert_true(fl_mem_peak(FL_MEM_SCRATCH) - before <= single);
+                for (int i = 0; i < 3; i++)
+                    if (memcmp(ref[i], got[i], (size_t)(M * Ns[i]) * 4) != 0)
+                        fail_msg("type set %d M=%lld nth=%d: matrix %d differs from fl_matmul", ti, (long long)M, nth, i);
+            }
+        }
+        fl_threads_set(0);
+        fl_matmul_n(0, W, got, x, 1); /* nothing */
+        for (int i = 0; i < 3; i++) {
+            fl_free(FL_MEM_MISC, ref[i], (size_t)(70 * Ns[i]) * 4);
+            fl_free(FL_MEM_MISC, got[i], (size_t)(70 * Ns[i]) * 4);
+            qmat_free(&q[i]);
+        }
+        fl_free(FL_MEM_MISC, x, (size_t)(70 * K) * 4);
+    }
+    fl_test_mem_zero();
+}
+
 /* AMX steps of up to 16 tokens, Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K (fl_amx_gemm_rows: rows unpacked per block into
  * L1, Q8_0 with 16 real rows loaded straight from them): 32, 20 (second panel partial), 16 and 5
  * rows, 16, 13 and 1 tokens, odd block counts, equal the integer reference; rows past nr and
@@ -826,6 +875,7 @@ int main(void) {
         cmocka_unit_test(test_amx_parity),
         cmocka_unit_test(test_amx_rows),
         cmocka_unit_test(test_amx_bf16),
+        cmocka_unit_test(test_matmul_n),
         cmocka_unit_test(test_act_quant_parity),
         cmocka_unit_test(test_gemv_parity),
         cmocka_unit_test(test_avx2_kquant_tiles),

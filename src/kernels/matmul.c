@@ -99,7 +99,21 @@ typedef struct {
     int64_t amx_group; /* AMX: groups of panels (amx_groups), a thread takes one at a time and
                         * passes every token tile through its panels */
     _Atomic int64_t next; /* next unit (GEMV row chunk / panel) to take: dynamic split */
+    /* fl_matmul_n: the matrices sharing x (GEMV and the AMX rows path take their units from one
+     * counter; W, y above are the first) */
+    int nw;
+    const fl_tensor *Wv[FL_MATMUL_N_MAX];
+    float *yv[FL_MATMUL_N_MAX];
+    int64_t ubase[FL_MATMUL_N_MAX + 1]; /* matrix i's units are [ubase[i], ubase[i + 1]) */
+    int64_t gc[FL_MATMUL_N_MAX];        /* GEMV: rows per chunk of matrix i */
 } q8_ctx;
+
+/* The matrix a unit u (0 <= u < ubase[nw]) belongs to. */
+static int unit_matrix(const int64_t *ubase, int64_t u) {
+    int i = 0;
+    while (u >= ubase[i + 1]) i++;
+    return i;
+}
 
 static void q8_quant_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
@@ -124,6 +138,22 @@ static void q8_quant_task(void *p, int ith, int nth) {
                                        * sequential for the prefetchers (Q4_0 decode +5-10%) */
 #define CHUNK_BYTES (192 * 1024) /* weight rows per chunk: stay in L2 while all tokens pass */
 
+/* GEMV: the rows stream once, in chunks taken dynamically so that a thread the scheduler holds
+ * back does not hold up the others.  Chunks of about GEMV_CHUNK_BYTES, as many as a multiple of
+ * the threads and equal, so the threads finish together: fixed 256 KiB chunks left the last one
+ * running alone (TinyLlama's 256-row K and V projections in Q4_0 split 224 + 32 rows).  Returns
+ * the number of chunks, *gc the rows per chunk. */
+static int64_t gemv_chunks(const fl_tensor *W, int nth, int64_t *gc) {
+    const int64_t N = W->ne[1], tiles = (N + ROW_TILE - 1) / ROW_TILE;
+    int64_t tpc = (int64_t)(GEMV_CHUNK_BYTES / (ROW_TILE * W->nb[1])); /* row tiles per full chunk */
+    if (tpc < 1) tpc = 1;
+    int64_t nc = nth * ((2 * tiles + nth * tpc) / (2 * nth * tpc)); /* a multiple of nth: rounded */
+    if (nc < nth) nc = nth; /* (chunks of 2/3 to 3/2 of the full size, one per thread at least) */
+    if (nc > tiles) nc = tiles;
+    *gc = (tiles + nc - 1) / nc * ROW_TILE;
+    return (N + *gc - 1) / *gc;
+}
+
 static void q8_gemm_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
     const int64_t N = c->W->ne[1];
@@ -134,25 +164,15 @@ static void q8_gemm_task(void *p, int ith, int nth) {
     fl_split_range(ntiles, ith, nth, &lo, &hi);
     lo *= ROW_TILE;
     hi = hi * ROW_TILE < N ? hi * ROW_TILE : N;
-    if (c->M == 1) { /* GEMV: stream the rows once, chunks taken dynamically so a thread the
-                        * scheduler holds back does not hold up the others.  Chunks of about
-                        * GEMV_CHUNK_BYTES, as many as a multiple of the threads and equal, so the
-                        * threads finish together: fixed 256 KiB chunks left the last one running
-                        * alone (TinyLlama's 256-row K and V projections in Q4_0 split 224 + 32
-                        * rows) */
-        const int64_t tiles = (N + ROW_TILE - 1) / ROW_TILE;
-        int64_t tpc = (int64_t)(GEMV_CHUNK_BYTES / (ROW_TILE * ldw)); /* row tiles per full chunk */
-        if (tpc < 1) tpc = 1;
-        int64_t nc = nth * ((2 * tiles + nth * tpc) / (2 * nth * tpc)); /* a multiple of nth: rounded */
-        if (nc < nth) nc = nth; /* (chunks of 2/3 to 3/2 of the full size, one per thread at least) */
-        if (nc > tiles) nc = tiles;
-        const int64_t gc = (tiles + nc - 1) / nc * ROW_TILE;
+    if (c->M == 1) { /* GEMV: chunks (gemv_chunks) taken dynamically from all the matrices */
         for (;;) {
-            const int64_t n0 = atomic_fetch_add_explicit(&c->next, gc, memory_order_relaxed);
-            if (n0 >= N) break;
-            const int64_t n1 = n0 + gc < N ? n0 + gc : N;
+            const int64_t u = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+            if (u >= c->ubase[c->nw]) break;
+            const int i = unit_matrix(c->ubase, u);
+            const fl_tensor *W = c->Wv[i];
+            const int64_t Ni = W->ne[1], n0 = (u - c->ubase[i]) * c->gc[i], n1 = n0 + c->gc[i] < Ni ? n0 + c->gc[i] : Ni;
             /* the chunk in one call: per-call work on the activations (Q2_K / Q3_K) is done once */
-            c->gemm(c->W->type, (const char *)c->W->data + n0 * ldw, ldw, (int)(n1 - n0), &c->act, 0, 1, c->y + n0, N);
+            c->gemm(W->type, (const char *)W->data + n0 * W->nb[1], W->nb[1], (int)(n1 - n0), &c->act, 0, 1, c->yv[i] + n0, Ni);
         }
         return;
     }
@@ -236,24 +256,27 @@ static void q8_amx_rows_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
     (void)ith;
     (void)nth;
-    const int64_t N = c->W->ne[1], K = c->W->ne[0], pairs = (N + 2 * FL_AMX_ROWS - 1) / (2 * FL_AMX_ROWS);
-    const size_t ldw = c->W->nb[1];
+    const int64_t K = c->W->ne[0], units = c->ubase[c->nw]; /* units: pairs of panels of all the matrices */
     fl_amx_begin(c->W->type);
-    int64_t pi = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-    while (pi < pairs) {
-        const int64_t pn = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        const int64_t n = pi * 2 * FL_AMX_ROWS;
+    int64_t u = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+    while (u < units) {
+        const int64_t un = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+        const int i = unit_matrix(c->ubase, u);
+        const fl_tensor *W = c->Wv[i];
+        const int64_t N = W->ne[1], n = (u - c->ubase[i]) * 2 * FL_AMX_ROWS;
+        const size_t ldw = W->nb[1];
         const int nr = (int)(N - n < 2 * FL_AMX_ROWS ? N - n : 2 * FL_AMX_ROWS);
         const char *pf = NULL;
         size_t pf_bytes = 0;
-        if (pn < pairs) {
-            const int64_t n1 = pn * 2 * FL_AMX_ROWS;
-            pf = (const char *)c->W->data + (size_t)n1 * ldw;
-            pf_bytes = (size_t)(N - n1 < 2 * FL_AMX_ROWS ? N - n1 : 2 * FL_AMX_ROWS) * ldw;
+        if (un < units) { /* the next pair's rows, maybe of the next matrix */
+            const int j = unit_matrix(c->ubase, un);
+            const int64_t Nj = c->Wv[j]->ne[1], n1 = (un - c->ubase[j]) * 2 * FL_AMX_ROWS;
+            pf = (const char *)c->Wv[j]->data + (size_t)n1 * c->Wv[j]->nb[1];
+            pf_bytes = (size_t)(Nj - n1 < 2 * FL_AMX_ROWS ? Nj - n1 : 2 * FL_AMX_ROWS) * c->Wv[j]->nb[1];
         }
-        fl_amx_gemm_rows(c->W->type, (const char *)c->W->data + (size_t)n * ldw, ldw, nr, K, c->amx_act, (int)c->M,
-                         c->y + n, N, pf, pf_bytes);
-        pi = pn;
+        fl_amx_gemm_rows(W->type, (const char *)W->data + (size_t)n * ldw, ldw, nr, K, c->amx_act, (int)c->M, c->yv[i] + n, N,
+                         pf, pf_bytes);
+        u = un;
     }
     fl_amx_end();
 }
@@ -335,10 +358,12 @@ static size_t bf16_scratch_bytes(int64_t M, int64_t K, int nth) {
 }
 
 typedef struct {
-    const fl_tensor *W;
+    const fl_tensor *const *W; /* nw matrices of the same type and K, sharing x */
+    float *const *y;
+    int nw;
     const float *x;
-    float *y;
-    int64_t M, ng;
+    int64_t M;
+    int64_t gbase[FL_MATMUL_N_MAX + 1]; /* matrix i's groups are [gbase[i], gbase[i + 1]) */
     uint16_t *act;
     char *scratch; /* [nth][bf16_thread_bytes] */
     _Atomic int64_t next;
@@ -348,23 +373,25 @@ static void bf16_act_task(void *p, int ith, int nth) {
     bf16_ctx *c = p;
     int64_t lo, hi;
     fl_split_range((c->M + FL_AMX_TOK - 1) / FL_AMX_TOK, ith, nth, &lo, &hi);
-    for (int64_t mt = lo; mt < hi; mt++) fl_amx_bf16_act_pack_avx512(c->x, c->M, c->W->ne[0], mt, c->act);
+    for (int64_t mt = lo; mt < hi; mt++) fl_amx_bf16_act_pack_avx512(c->x, c->M, c->W[0]->ne[0], mt, c->act);
 }
 
 static void bf16_task(void *p, int ith, int nth) {
     bf16_ctx *c = p;
     (void)nth;
-    const fl_tensor *W = c->W;
-    const int64_t N = W->ne[1], K = W->ne[0], M = c->M, ng = c->ng, kc = bf16_kc(K);
-    const int64_t np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, tiles = (M + FL_AMX_TOK - 1) / FL_AMX_TOK;
-    const size_t ldw = W->nb[1], pstride = fl_amx_bf16_panel_bytes(kc) / sizeof(uint16_t), astride = (size_t)K * FL_AMX_TOK;
+    const int64_t K = c->W[0]->ne[0], M = c->M, kc = bf16_kc(K), tiles = (M + FL_AMX_TOK - 1) / FL_AMX_TOK;
+    const size_t pstride = fl_amx_bf16_panel_bytes(kc) / sizeof(uint16_t), astride = (size_t)K * FL_AMX_TOK;
     char *mine = c->scratch + (size_t)ith * bf16_thread_bytes(K);
     uint16_t *pan = (uint16_t *)mine;
     float *row = (float *)(mine + (size_t)bf16_group_max(K) * fl_amx_bf16_panel_bytes(kc));
     fl_amx_bf16_begin();
-    for (int64_t gi = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed); gi < ng;
-         gi = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) {
-        const int64_t g0 = gi * np / ng, g1 = (gi + 1) * np / ng;
+    for (int64_t u = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed); u < c->gbase[c->nw];
+         u = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) {
+        const int i = unit_matrix(c->gbase, u);
+        const fl_tensor *W = c->W[i];
+        const int64_t N = W->ne[1], np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, ng = c->gbase[i + 1] - c->gbase[i];
+        const int64_t gi = u - c->gbase[i], g0 = gi * np / ng, g1 = (gi + 1) * np / ng;
+        const size_t ldw = W->nb[1];
         for (int64_t k0 = 0; k0 < K; k0 += kc) {
             const int64_t kn = K - k0 < kc ? K - k0 : kc;
             const size_t off = fl_type_row_size(W->type, k0);
@@ -386,7 +413,7 @@ static void bf16_task(void *p, int ith, int nth) {
                     const int64_t nl = (pi + two - 1) * FL_AMX_ROWS;
                     const int nr = (int)(N - nl < FL_AMX_ROWS ? N - nl : FL_AMX_ROWS);
                     fl_amx_bf16_gemm(pan + (size_t)(pi - g0) * pstride, pstride, two, kn, a, astride, ntok,
-                                     c->y + mt * FL_AMX_TOK * N + pi * FL_AMX_ROWS, N, nr, k0 > 0);
+                                     c->y[i] + mt * FL_AMX_TOK * N + pi * FL_AMX_ROWS, N, nr, k0 > 0);
                 }
             }
         }
@@ -395,11 +422,11 @@ static void bf16_task(void *p, int ith, int nth) {
 }
 
 /* false (nothing written) when its scratch cannot be had */
-static bool bf16_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
+static bool bf16_matmul(const fl_tensor *const *W, float *const *y, int nw, const float *x, int64_t M) {
     const int nth = fl_threads_get();
-    const int64_t K = W->ne[0];
+    const int64_t K = W[0]->ne[0];
     const size_t act_bytes = fl_amx_bf16_act_bytes(M, K), th_bytes = (size_t)nth * bf16_thread_bytes(K);
-    bf16_ctx c = {W, x, y, M, 0, NULL, NULL, 0};
+    bf16_ctx c = {W, y, nw, x, M, {0}, NULL, NULL, 0};
     c.act = fl_alloc(FL_MEM_SCRATCH, act_bytes, 64);
     c.scratch = c.act ? fl_alloc(FL_MEM_SCRATCH, th_bytes, 64) : NULL;
     if (!c.scratch) {
@@ -407,11 +434,13 @@ static bool bf16_matmul(const fl_tensor *W, const float *x, float *y, int64_t M)
         if (c.act) fl_free(FL_MEM_SCRATCH, c.act, act_bytes);
         return false;
     }
-    /* groups: a multiple of the threads, at least 4 per thread, none over bf16_group_max */
-    const int64_t np = (W->ne[1] + FL_AMX_ROWS - 1) / FL_AMX_ROWS, g = bf16_group_max(K);
-    c.ng = nth * ((np + nth * g - 1) / (nth * g));
-    if (c.ng < 4 * (int64_t)nth) c.ng = 4 * (int64_t)nth;
-    if (c.ng > np) c.ng = np;
+    /* groups per matrix: a multiple of the threads, at least 4 per thread, none over bf16_group_max */
+    for (int i = 0; i < nw; i++) {
+        const int64_t np = (W[i]->ne[1] + FL_AMX_ROWS - 1) / FL_AMX_ROWS, g = bf16_group_max(K);
+        int64_t ng = nth * ((np + nth * g - 1) / (nth * g));
+        if (ng < 4 * (int64_t)nth) ng = 4 * (int64_t)nth;
+        c.gbase[i + 1] = c.gbase[i] + (ng < np ? ng : np);
+    }
     fl_parallel_n(bf16_act_task, &c, nth);
     fl_parallel_n(bf16_task, &c, nth);
     fl_free(FL_MEM_SCRATCH, c.scratch, th_bytes);
@@ -496,14 +525,32 @@ size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
     return b;
 }
 
-void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
+/* Whether fl_matmul_n can run its nw matrices as one: the same type and K, and a path that takes
+ * its units from one counter (GEMV, the AMX rows, the AMX-BF16 tiles). */
+static bool fusable(const fl_tensor *const *W, int nw, int64_t M) {
+    for (int i = 1; i < nw; i++)
+        if (W[i]->type != W[0]->type || W[i]->ne[0] != W[0]->ne[0]) return false;
+    bool llama;
+    return int8_path(W[0]->type, M, &llama) && !llama &&
+           (M == 1 || amx_rows_path(W[0]->type, M) || amx_bf16_path(W[0]->type, M));
+}
+
+static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const float *x, int64_t M) {
+    const fl_tensor *W = Ws[0];
+    float *y = ys[0];
     const fl_isa isa = fl_isa_get();
     const int64_t K = W->ne[0];
     if (M <= 0) return;
     bool llama;
     if (int8_path(W->type, M, &llama)) {
-        if (!llama && amx_bf16_path(W->type, M) && bf16_matmul(W, x, y, M)) return;
+        if (!llama && amx_bf16_path(W->type, M) && bf16_matmul(Ws, ys, nw, x, M)) return;
+        if (nw > 1 && M > 1 && !amx_rows_path(W->type, M)) goto each; /* no scratch for the bf16 tiles */
         q8_ctx c = {W, x, y, M, {0}, gemm_for(isa), NULL, 0, NULL, 0};
+        c.nw = nw;
+        for (int i = 0; i < nw; i++) {
+            c.Wv[i] = Ws[i];
+            c.yv[i] = ys[i];
+        }
         if (fl_act_q8_alloc(&c.act, M, K) == FL_OK) {
             const int nth = fl_threads_get();
             size_t amx_act_bytes = 0, amx_pan_bytes = 0;
@@ -519,6 +566,10 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
                     if (c.amx_act) fl_free(FL_MEM_SCRATCH, c.amx_act, amx_act_bytes);
                     c.amx_act = NULL;
                 }
+            }
+            if (nw > 1 && M > 1 && !c.amx_act) { /* no scratch for the AMX rows: one matrix at a time */
+                fl_act_q8_free(&c.act);
+                goto each;
             }
             if (!c.amx_act && M > 1 && W->type != FL_TYPE_Q8_0 && W->type != FL_TYPE_Q4_0 && W->type != FL_TYPE_Q4_K && !llama) {
                 fl_act_q8_free(&c.act);
@@ -537,8 +588,11 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
                 if (amx_pan_bytes) {
                     fl_parallel_n(q8_amx_task, &c, nth);
                     fl_free(FL_MEM_SCRATCH, c.panels, amx_pan_bytes);
-                } else
+                } else {
+                    for (int i = 0; i < nw; i++) /* pairs of panels */
+                        c.ubase[i + 1] = c.ubase[i] + (Ws[i]->ne[1] + 2 * FL_AMX_ROWS - 1) / (2 * FL_AMX_ROWS);
                     fl_parallel_n(q8_amx_rows_task, &c, nth);
+                }
                 fl_free(FL_MEM_SCRATCH, c.amx_act, amx_act_bytes);
                 fl_act_q8_free(&c.act);
                 return;
@@ -551,13 +605,17 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) {
             if (c.panels) {
                 fl_parallel_n(q8_panel_task, &c, nth);
                 fl_free(FL_MEM_SCRATCH, c.panels, (size_t)nth * c.panel_bytes);
-            } else
+            } else {
+                if (M == 1)
+                    for (int i = 0; i < nw; i++) c.ubase[i + 1] = c.ubase[i] + gemv_chunks(Ws[i], fl_threads_get(), &c.gc[i]);
                 fl_parallel(q8_gemm_task, &c);
+            }
             fl_act_q8_free(&c.act);
             return;
         }
         fl_clear_error(); /* no scratch: fall back to the f32 path */
     }
+    if (nw > 1) goto each;
 f32_path:;
     const int nth = fl_threads_get();
     f32_ctx c = {W, x, y, M, NULL, dot_for(isa), fl_convert_kernels_get()};
@@ -586,4 +644,17 @@ f32_path:;
     fl_parallel_n(f32_task, &c, nth);
     if (xr) fl_free(FL_MEM_SCRATCH, xr, xr_bytes);
     if (c.buf) fl_free(FL_MEM_SCRATCH, c.buf, bytes);
+    return;
+each: /* one matrix at a time */
+    for (int i = 0; i < nw; i++) matmul_n(&Ws[i], &ys[i], 1, x, M);
+}
+
+void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) { matmul_n(&W, &y, 1, x, M); }
+
+void fl_matmul_n(int n, const fl_tensor *const *W, float *const *y, const float *x, int64_t M) {
+    FL_ASSERT(n >= 0 && n <= FL_MATMUL_N_MAX);
+    if (n == 0) return;
+    if (n == 1 || fusable(W, n, M)) matmul_n(W, y, n, x, M);
+    else
+        for (int i = 0; i < n; i++) matmul_n(&W[i], &y[i], 1, x, M);
 }

@@ -141,9 +141,11 @@ fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv
         const fl_layer *L = &m->layers[il];
         /* attention block */
         rmsnorm_rows(w->xn, w->x, L->attn_norm.data, T, E, hp->rms_eps); /* xn (T, E) */
-        fl_matmul(&L->wq, w->xn, w->q, T);                                /* q (T, n_head, D) */
-        fl_matmul(&L->wk, w->xn, w->k, T);                                /* k (T, n_head_kv, D) */
-        fl_matmul(&L->wv, w->xn, w->v, T);                                /* v (T, n_head_kv, D) */
+        {   /* q (T, n_head, D), k and v (T, n_head_kv, D): one call where they can share it */
+            const fl_tensor *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+            float *qkv[3] = {w->q, w->k, w->v};
+            fl_matmul_n(3, wqkv, qkv, w->xn, T);
+        }
         rope_rows(w->q, b->pos, T, n_head, hp);
         rope_rows(w->k, b->pos, T, n_head_kv, hp);
         kv->store(kv_ctx, il, b, w->k, w->v);
@@ -153,8 +155,11 @@ fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv
         binary_rows(ROW_ADD, w->x, w->x, w->out, T, E);                   /* x += out */
         /* feed-forward block */
         rmsnorm_rows(w->xn, w->x, L->ffn_norm.data, T, E, hp->rms_eps);
-        fl_matmul(&L->w1, w->xn, w->gate, T);                             /* gate (T, F) */
-        fl_matmul(&L->w3, w->xn, w->up, T);                               /* up (T, F) */
+        {   /* gate, up (T, F) */
+            const fl_tensor *w13[2] = {&L->w1, &L->w3};
+            float *gu[2] = {w->gate, w->up};
+            fl_matmul_n(2, w13, gu, w->xn, T);
+        }
         binary_rows(ROW_SWIGLU, w->gate, w->gate, w->up, T, F);           /* gate = silu(gate) * up */
         fl_matmul(&L->w2, w->gate, w->out, T);                            /* out (T, E) */
         if (allreduce) allreduce(m->params.allreduce_ud, w->out, T * E);
