@@ -11,17 +11,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int g_amx = -1;
+static int g_amx = -1, g_amx_bf16 = -1;
+
+/* A switch that is on unless set off, or unless the environment variable says "0" */
+static bool switch_on(int *sw, const char *env) {
+    if (*sw < 0) {
+        const char *e = getenv(env);
+        *sw = (e && strcmp(e, "0") == 0) ? 0 : 1;
+    }
+    return *sw == 1;
+}
 
 void fl_matmul_set_amx(bool on) { g_amx = on ? 1 : 0; }
 
-bool fl_amx_usable(void) {
-    if (g_amx < 0) {
-        const char *e = getenv("FL_AMX");
-        g_amx = (e && strcmp(e, "0") == 0) ? 0 : 1;
-    }
-    return g_amx == 1 && fl_isa_get() == FL_ISA_AVX512 && fl_cpu_amx_request();
-}
+bool fl_amx_usable(void) { return switch_on(&g_amx, "FL_AMX") && fl_isa_get() == FL_ISA_AVX512 && fl_cpu_amx_request(); }
 
 bool fl_amx_type(int32_t wtype) {
     switch (wtype) {
@@ -249,16 +252,10 @@ void fl_amx_gemm_ref(int32_t wtype, const void *panel, int64_t K, const void *ac
 
 /* ---- AMX-BF16 GEMM: layouts and scalar definition ---- */
 
-static int g_amx_bf16 = -1;
-
 void fl_matmul_set_amx_bf16(bool on) { g_amx_bf16 = on ? 1 : 0; }
 
 bool fl_amx_bf16_usable(void) {
-    if (g_amx_bf16 < 0) {
-        const char *e = getenv("FL_AMX_BF16");
-        g_amx_bf16 = (e && strcmp(e, "0") == 0) ? 0 : 1;
-    }
-    return g_amx_bf16 == 1 && fl_cpu()->amx_bf16 && fl_cpu()->avx512bf16 && fl_amx_usable();
+    return switch_on(&g_amx_bf16, "FL_AMX_BF16") && fl_cpu()->amx_bf16 && fl_cpu()->avx512bf16 && fl_amx_usable();
 }
 
 size_t fl_amx_bf16_panel_bytes(int64_t K) { return (size_t)FL_AMX_ROWS * (size_t)K * sizeof(uint16_t); }
