@@ -399,6 +399,16 @@ static void test_amx_bf16(void **state) {
                 else fl_amx_bf16_panel_row_ref(NULL, K, p1 + (r / 16) * (pb / 2), r % 16);
             }
             assert_memory_equal(p0, p1, 2 * pb);
+            /* Q4_0 / Q8_0 straight from the blocks: the same bytes; other types decline */
+            memset(p1, 0xA5, 2 * pb);
+            bool direct = true;
+            for (int r = 0; r < 32; r++) {
+                if (r < N) direct = fl_amx_bf16_panel_row_q(types[ti], (const char *)q.data + r * q.W.nb[1], K, p1 + (r / 16) * (pb / 2), r % 16);
+                else fl_amx_bf16_panel_row_ref(NULL, K, p1 + (r / 16) * (pb / 2), r % 16);
+                if (!direct) break;
+            }
+            assert_true(direct == (types[ti] == FL_TYPE_Q4_0 || types[ti] == FL_TYPE_Q8_0));
+            if (direct) assert_memory_equal(p0, p1, 2 * pb);
         }
         /* the scalar product: within bf16 rounding of the f32 values' dot */
         float *ref = frand_buf(M * 32), *got = frand_buf(M * 32);

@@ -400,8 +400,11 @@ static void bf16_task(void *p, int ith, int nth) {
                     const int64_t n = pi * FL_AMX_ROWS + r;
                     uint16_t *pp = pan + (size_t)(pi - g0) * pstride;
                     if (n < N) {
-                        fl_dequant_row_avx512(W->type, (const char *)W->data + (size_t)n * ldw + off, row, kn);
-                        fl_amx_bf16_panel_row_avx512(row, kn, pp, r);
+                        const char *src = (const char *)W->data + (size_t)n * ldw + off;
+                        if (!fl_amx_bf16_panel_row_q(W->type, src, kn, pp, r)) { /* other types through an f32 row */
+                            fl_dequant_row_avx512(W->type, src, row, kn);
+                            fl_amx_bf16_panel_row_avx512(row, kn, pp, r);
+                        }
                     } else
                         fl_amx_bf16_panel_row_ref(NULL, kn, pp, r);
                 }

@@ -276,6 +276,9 @@ void fl_amx_bf16_act_pack_avx512(const float *x, int64_t M, int64_t K, int64_t m
 /* K f32 values (row NULL: zeros) as panel row r. */
 void fl_amx_bf16_panel_row_ref(const float *row, int64_t K, uint16_t *panel, int r);
 void fl_amx_bf16_panel_row_avx512(const float *row, int64_t K, uint16_t *panel, int r); /* identical, row != NULL */
+/* Q4_0 / Q8_0: K values of the row at w (blocks) dequantized and rounded straight into panel row
+ * r, the bytes of fl_dequant_row + fl_amx_bf16_panel_row_ref; false (nothing written) for other types. */
+bool fl_amx_bf16_panel_row_q(int32_t wtype, const void *w, int64_t K, uint16_t *panel, int r);
 /* y[t * ldy + r] (+)= dot(panel row r, token t of the tile at act) for r < nr, t < nt (<= 16). */
 void fl_amx_bf16_gemm_ref(const uint16_t *panel, int64_t K, const uint16_t *act, int nt, float *y, int64_t ldy, int nr,
                           bool acc);

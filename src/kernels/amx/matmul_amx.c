@@ -749,6 +749,28 @@ void fl_amx_bf16_panel_row_avx512(const float *row, int64_t K, uint16_t *panel, 
     for (int64_t b = 0; b < K / 32; b++) _mm512_store_ps((float *)(panel + b * 512 + r * 32), bf16_pairs(row + b * 32));
 }
 
+bool fl_amx_bf16_panel_row_q(int32_t wtype, const void *w, int64_t K, uint16_t *panel, int r) {
+    if (wtype != FL_TYPE_Q4_0 && wtype != FL_TYPE_Q8_0) return false;
+    const __m512i m4 = _mm512_set1_epi32(0xF), eight = _mm512_set1_epi32(8);
+    for (int64_t b = 0; b < K / 32; b++) {
+        __m512 lo, hi, d;
+        if (wtype == FL_TYPE_Q8_0) { /* the dequantizers' products: code x d */
+            const fl_block_q8_0 *blk = (const fl_block_q8_0 *)w + b;
+            d = _mm512_set1_ps(_cvtsh_ss(blk->d));
+            lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs)));
+            hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + 16))));
+        } else { /* (nibble - 8) x d, low nibbles first */
+            const fl_block_q4_0 *blk = (const fl_block_q4_0 *)w + b;
+            d = _mm512_set1_ps(_cvtsh_ss(blk->d));
+            const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs));
+            lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(q, m4), eight));
+            hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight));
+        }
+        _mm512_store_si512(panel + b * 512 + r * 32, (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, d), _mm512_mul_ps(lo, d)));
+    }
+    return true;
+}
+
 /* y[t * ldy + r] = (acc ? y : 0) + C_r lane t for rows r < nr, tokens t < ntok. */
 INLINE void store_tile_add(__m512 c[16], int nr, int ntok, float *y, int64_t ldy, bool acc) {
     transpose16(c);
