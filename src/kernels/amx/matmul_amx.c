@@ -8,7 +8,8 @@
  * per product with their loads, the fold alone ~12 ns, and the two do not overlap either (the
  * kernel runs ~28-31 ns): per block the fold's 16 x (convert, multiply, fma) is as dear as the
  * tile work.  Reordering the stores and folds, or prefetching the tiles' data into L1, measured
- * no faster.  Also the AVX-512 panel and activation-tile packers. */
+ * no faster.  Also the AVX-512 panel and activation-tile packers, and at the end the AMX-BF16
+ * GEMM for prefill steps of 64 tokens or more (no fold: the scales are in the bf16 weights). */
 #include "kernels/amx/amx.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
