@@ -302,36 +302,48 @@ __attribute__((target("avx512vbmi"))) static float gemv_row_q4_vbmi(const char *
     const int8_t *x4 = a->qs4 + m * a->K;
     const float *dx = a->d + m * nb;
     const int32_t *sv4 = a->sv4 + m * nb * 4;
-    const __m512i vidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(bsz));
     /* byte i of the group's codes: block i / 16, code byte i % 16, at 18 (i / 16) + 2 + i % 16;
      * blocks 0-2 come from the 64 bytes at the group start, block 3 from the 16 bytes at 56 */
     static const uint8_t ix[64] = {
         2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 20, 21, 22, 23, 24, 25,
         26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49,
         50, 51, 52, 53, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79};
-    const __m512i pidx = _mm512_loadu_si512(ix);
+    /* the 4 blocks' f16 scales (bytes 0-1, 18-19, 36-37, 54-55 of the same 64 bytes), as words
+     * 4j .. 4j + 3 of the 16 blocks' scales: one merge-masked byte permute per 4 blocks instead
+     * of a gather per 16 (the gather had cost about a fifth of the kernel with the weights in
+     * L2) */
+    static const uint8_t sx[64] = {0, 1, 18, 19, 36, 37, 54, 55, 0, 1, 18, 19, 36, 37, 54, 55,
+                                   0, 1, 18, 19, 36, 37, 54, 55, 0, 1, 18, 19, 36, 37, 54, 55};
+    const __m512i pidx = _mm512_loadu_si512(ix), sidx = _mm512_loadu_si512(sx);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + 16 <= nb; b += 16) {
         const char *wb = w + b * bsz;
-        const __m512 sc = group_scales(wb, bsz, vidx, dx + b);
+#ifndef FL_GEMV_NO_PREFETCH
+        for (int l = 0; l < 16 * bsz; l += 64) _mm_prefetch(wb + GEMV_PF + l, _MM_HINT_T0);
+#endif
+        __m512i sw = _mm512_setzero_si512(), s[4];
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             const char *p = wb + j * 4 * bsz;
             const __m512i v0 = _mm512_loadu_si512(p);
             const __m512i v1 = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 56)));
+            sw = _mm512_mask_permutexvar_epi8(sw, (__mmask64)0xFFull << (8 * j), sidx, v0);
             const __m512i q = _mm512_permutex2var_epi8(v0, pidx, v1);
             const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
             const int8_t *xg = x4 + (b + 4 * j) * 32;
-            __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(sv4 + (b + 4 * j) * 4), lo, _mm512_loadu_si512(xg));
-            s = _mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512(xg + 64));
+            s[j] = _mm512_dpbusd_epi32(_mm512_loadu_si512(sv4 + (b + 4 * j) * 4), lo, _mm512_loadu_si512(xg));
+            s[j] = _mm512_dpbusd_epi32(s[j], hi, _mm512_loadu_si512(xg + 64));
+        }
+        const __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(sw)), _mm512_loadu_ps(dx + b));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
             const __m512 s4 = _mm512_permutexvar_ps(
                 _mm512_set_epi32(4 * j + 3, 4 * j + 3, 4 * j + 3, 4 * j + 3, 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2,
                                  4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j, 4 * j, 4 * j, 4 * j), sc);
-            if (j & 1) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), s4, acc1);
-            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), s4, acc0);
+            if (j & 1) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[j]), s4, acc1);
+            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[j]), s4, acc0);
         }
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + (b < nb ? gemv_tail(FL_TYPE_Q4_0, w, a, m, b) : 0.0f);
