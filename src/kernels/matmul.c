@@ -330,9 +330,11 @@ static void q8_amx_task(void *p, int ith, int nth) {
 
 /* ---- AMX-BF16 prefill (M >= AMX_BF16_MIN_TOKENS): no per-block fold ----
  * Each thread takes a group of 16-row panels at a time; K is cut into chunks of BF16_KC: the
- * group's rows are dequantized (f32, one row of the chunk at a time) and rounded into bf16 panels
- * in its scratch (a group's chunk fits L2), then every pair of 16-token activation tiles runs
- * through them, the chunks after the first adding to y. */
+ * group's rows are dequantized and rounded into bf16 panels in its scratch (Q4_0 / Q8_0 straight
+ * from the blocks, other types through an f32 row of the chunk; a group's chunk fits L2), then
+ * every pair of 16-token activation tiles runs through them, the chunks after the first adding
+ * to y.  From 64 tokens: each panel's conversion is paid per call, and with fewer token tiles to
+ * share it the int8 tiles were even (48 tokens) or ahead (16-32) on 2048 x 2048. */
 #define AMX_BF16_MIN_TOKENS 64
 #define BF16_KC 1024 /* a multiple of every block size (256) */
 #define BF16_GROUP_BYTES (1024 * 1024)
