@@ -224,12 +224,14 @@ static int64_t amx_group_max(int32_t type, int64_t K) {
  * within one of each other, so the threads finish together (with groups of the full size the
  * last one was a remainder: 2048 rows as 9 groups of 14 panels and one of 2 left a thread
  * idle for a group) */
-static int64_t amx_groups(int32_t type, int64_t N, int64_t K, int nth) {
-    const int64_t np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, g = amx_group_max(type, K);
+static int64_t panel_groups(int64_t N, int64_t g, int nth) {
+    const int64_t np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS;
     int64_t ng = nth * ((np + nth * g - 1) / (nth * g));
     if (ng < 4 * (int64_t)nth) ng = 4 * (int64_t)nth;
     return ng < np ? ng : np;
 }
+
+static int64_t amx_groups(int32_t type, int64_t N, int64_t K, int nth) { return panel_groups(N, amx_group_max(type, K), nth); }
 
 /* Steps of more than 12 tokens (a tile of 16 at least 13/16 used).  At 16 tokens (batched decode
  * of 16 sequences) the tiles beat the VNNI panels: `fitllm bench serve -m tl-q4_0.gguf -n 16
@@ -439,13 +441,8 @@ static bool bf16_matmul(const fl_tensor *const *W, float *const *y, int nw, cons
         if (c.act) fl_free(FL_MEM_SCRATCH, c.act, act_bytes);
         return false;
     }
-    /* groups per matrix: a multiple of the threads, at least 4 per thread, none over bf16_group_max */
-    for (int i = 0; i < nw; i++) {
-        const int64_t np = (W[i]->ne[1] + FL_AMX_ROWS - 1) / FL_AMX_ROWS, g = bf16_group_max(K);
-        int64_t ng = nth * ((np + nth * g - 1) / (nth * g));
-        if (ng < 4 * (int64_t)nth) ng = 4 * (int64_t)nth;
-        c.gbase[i + 1] = c.gbase[i] + (ng < np ? ng : np);
-    }
+    for (int i = 0; i < nw; i++) /* groups per matrix, as the int8 tiles cut them (none over bf16_group_max) */
+        c.gbase[i + 1] = c.gbase[i] + panel_groups(W[i]->ne[1], bf16_group_max(K), nth);
     fl_parallel_n(bf16_act_task, &c, nth);
     fl_parallel_n(bf16_task, &c, nth);
     fl_free(FL_MEM_SCRATCH, c.scratch, th_bytes);

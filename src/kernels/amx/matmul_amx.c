@@ -146,11 +146,12 @@ INLINE void transpose16(__m512 r[16]) {
 }
 
 /* Write one C tile's f32 results: acc[r] lane t = row r, token t; rows [0, nr) of tokens
- * [0, ntok) go to y (token t at y + t ldy). */
-INLINE void store_tile(__m512 acc[16], int nr, int ntok, float *y, int64_t ldy) {
+ * [0, ntok) go to y (token t at y + t ldy), added to what y holds if add. */
+INLINE void store_tile(__m512 acc[16], int nr, int ntok, float *y, int64_t ldy, bool add) {
     transpose16(acc); /* acc[token] lanes = rows */
     const __mmask16 rm = (__mmask16)((1u << nr) - 1);
-    for (int t = 0; t < ntok; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
+    for (int t = 0; t < ntok; t++)
+        _mm512_mask_storeu_ps(y + t * ldy, rm, add ? _mm512_add_ps(acc[t], _mm512_maskz_loadu_ps(rm, y + t * ldy)) : acc[t]);
 }
 
 INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void *act, int64_t mt, int ntok,
@@ -201,7 +202,7 @@ INLINE void gemm_tiles(const void *panel, size_t pstride, int64_t K, const void 
                 for (int r = 0; r < 16; r++) o[r] = _mm512_load_ps(accm[2 * p + t] + 16 * r);
             }
             store_tile(o, p == NP - 1 ? nr : FL_AMX_ROWS, ntok - 16 * t < 16 ? ntok - 16 * t : 16,
-                       y + (int64_t)(16 * t) * ldy + 16 * p, ldy);
+                       y + (int64_t)(16 * t) * ldy + 16 * p, ldy, false);
         }
 }
 
@@ -378,7 +379,7 @@ INLINE void gemm_rows_t(int32_t wtype, const char *w, size_t ldw, int nr, int64_
     }
 #undef ROWS_STEP
 #undef ROWS_UNPACK
-    store_tile(acc, nr, ntok, y, ldy);
+    store_tile(acc, nr, ntok, y, ldy, false);
 }
 
 /* gemm_rows_t compiled for each kind of row: Q8_0 loaded straight from 16 rows, Q4_K, Q5_K, and
@@ -471,7 +472,7 @@ static void gemm_rows_q6(const char *w, size_t ldw, int nr, int64_t K, const cha
     }
 #undef Q6_STEP
 #undef Q6_UNPACK
-    store_tile(acc, nr, ntok, y, ldy);
+    store_tile(acc, nr, ntok, y, ldy, false);
 }
 
 static void gemm_rows_q6_t(int32_t wtype, const char *w, size_t ldw, int nr, int64_t K, const char *act, int ntok, float *y,
@@ -772,14 +773,6 @@ bool fl_amx_bf16_panel_row_q(int32_t wtype, const void *w, int64_t K, uint16_t *
     return true;
 }
 
-/* y[t * ldy + r] = (acc ? y : 0) + C_r lane t for rows r < nr, tokens t < ntok. */
-INLINE void store_tile_add(__m512 c[16], int nr, int ntok, float *y, int64_t ldy, bool acc) {
-    transpose16(c);
-    const __mmask16 rm = (__mmask16)((1u << nr) - 1);
-    for (int t = 0; t < ntok; t++)
-        _mm512_mask_storeu_ps(y + t * ldy, rm, acc ? _mm512_add_ps(c[t], _mm512_maskz_loadu_ps(rm, y + t * ldy)) : c[t]);
-}
-
 INLINE void bf16_tiles(const uint16_t *p0, size_t pstride, int64_t nb, const uint16_t *a0, size_t astride, int ntok,
                        float *y, int64_t ldy, int nr, bool acc, const int NP, const int NT) {
     const uint16_t *p1 = p0 + pstride, *a1 = a0 + astride;
@@ -811,8 +804,8 @@ INLINE void bf16_tiles(const uint16_t *p0, size_t pstride, int64_t nb, const uin
             __m512 c[16];
 #pragma GCC unroll 16
             for (int r = 0; r < 16; r++) c[r] = _mm512_load_ps(cb[2 * p + t] + 16 * r);
-            store_tile_add(c, p == NP - 1 ? nr : FL_AMX_ROWS, ntok - 16 * t < 16 ? ntok - 16 * t : 16,
-                           y + (int64_t)(16 * t) * ldy + 16 * p, ldy, acc);
+            store_tile(c, p == NP - 1 ? nr : FL_AMX_ROWS, ntok - 16 * t < 16 ? ntok - 16 * t : 16,
+                       y + (int64_t)(16 * t) * ldy + 16 * p, ldy, acc);
         }
 }
 
