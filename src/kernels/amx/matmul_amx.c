@@ -11,6 +11,7 @@
  * no faster.  Also the AVX-512 panel and activation-tile packers, and at the end the AMX-BF16
  * GEMM for prefill steps of 64 tokens or more (no fold: the scales are in the bf16 weights). */
 #include "kernels/amx/amx.h"
+#include "kernels/avx512/dequant_block.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 
@@ -753,22 +754,11 @@ void fl_amx_bf16_panel_row_avx512(const float *row, int64_t K, uint16_t *panel, 
 
 bool fl_amx_bf16_panel_row_q(int32_t wtype, const void *w, int64_t K, uint16_t *panel, int r) {
     if (wtype != FL_TYPE_Q4_0 && wtype != FL_TYPE_Q8_0) return false;
-    const __m512i m4 = _mm512_set1_epi32(0xF), eight = _mm512_set1_epi32(8);
     for (int64_t b = 0; b < K / 32; b++) {
-        __m512 lo, hi, d;
-        if (wtype == FL_TYPE_Q8_0) { /* the dequantizers' products: code x d */
-            const fl_block_q8_0 *blk = (const fl_block_q8_0 *)w + b;
-            d = _mm512_set1_ps(_cvtsh_ss(blk->d));
-            lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk->qs)));
-            hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk->qs + 16))));
-        } else { /* (nibble - 8) x d, low nibbles first */
-            const fl_block_q4_0 *blk = (const fl_block_q4_0 *)w + b;
-            d = _mm512_set1_ps(_cvtsh_ss(blk->d));
-            const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk->qs));
-            lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(q, m4), eight));
-            hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight));
-        }
-        _mm512_store_si512(panel + b * 512 + r * 32, (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, d), _mm512_mul_ps(lo, d)));
+        __m512 lo, hi;
+        if (wtype == FL_TYPE_Q8_0) fl_q8_0_block_ps((const fl_block_q8_0 *)w + b, &lo, &hi);
+        else fl_q4_0_block_ps((const fl_block_q4_0 *)w + b, &lo, &hi);
+        _mm512_store_si512(panel + b * 512 + r * 32, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
     return true;
 }

@@ -4,6 +4,7 @@
  * type without an integer kernel is expanded once per call.  Types not handled here (NF4, FP8,
  * ...) go to the scalar code. */
 #include "kernels/matmul.h"
+#include "kernels/avx512/dequant_block.h"
 #include "kernels/quant.h"
 
 #include <immintrin.h>
@@ -22,23 +23,20 @@ static const __m512i *lane_index(void) {
 }
 
 static void q4_0(const fl_block_q4_0 *b, float *y, int64_t nb) {
-    const __m512i m4 = _mm512_set1_epi32(0xF), eight = _mm512_set1_epi32(8);
     for (int64_t i = 0; i < nb; i++, y += 32) {
-        const __m512 d = _mm512_set1_ps(h2f(b[i].d));
-        const __m512i q = u8x16(b[i].qs);
-        const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(q, m4), eight), hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight);
-        _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
-        _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+        __m512 lo, hi;
+        fl_q4_0_block_ps(&b[i], &lo, &hi);
+        _mm512_storeu_ps(y, lo);
+        _mm512_storeu_ps(y + 16, hi);
     }
 }
 
 static void q8_0(const fl_block_q8_0 *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, y += 32) {
-        const __m512 d = _mm512_set1_ps(h2f(b[i].d));
-        const __m512i lo = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b[i].qs));
-        const __m512i hi = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b[i].qs + 16)));
-        _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
-        _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+        __m512 lo, hi;
+        fl_q8_0_block_ps(&b[i], &lo, &hi);
+        _mm512_storeu_ps(y, lo);
+        _mm512_storeu_ps(y + 16, hi);
     }
 }
 
