@@ -117,6 +117,15 @@ static void test_gemm_q8_parity(void **state) {
                                          (long long)K, f, nr, nt, r, t, got[t * 4 + r], ref[t * 4 + r]);
                     for (int t = 0; t < nt; t++)
                         for (int r = 0; r < nr; r++) CHECK_NEAR(got[t * 4 + r], ref[t * 4 + r], 1e-4 * (1 + fabsf(ref[t * 4 + r])));
+                    /* the AVX2 tiles sum each lane and block in llama.cpp's AVX2 order: its bits */
+                    if (f == 0)
+                        for (int t = 0; t < nt; t++)
+                            for (int r = 0; r < nr; r++) {
+                                const float want = fl_dot_q8_llama(types[ti], (const char *)q.data + (size_t)(1 + r) * q.W.nb[1], &a, 1 + t);
+                                if (memcmp(&got[t * 4 + r], &want, sizeof want) != 0)
+                                    fail_msg("%s K=%lld avx2 tile %dx%d (r %d t %d): %.9g, llama order %.9g", fl_type_name(types[ti]),
+                                             (long long)K, nr, nt, r, t, got[t * 4 + r], want);
+                            }
                 }
             }
             /* the 8-bit activations: scale * code within half a step of x (plus the f16 rounding

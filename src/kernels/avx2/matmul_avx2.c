@@ -1,9 +1,11 @@
 /* AVX2 integer tiles (Q8_0 / Q4_0 weights x 8-bit activations), Q4_K / Q5_K / Q6_K row dots, and the
  * f32 dot.
  * One ymm holds one block of 32 codes.  maddubs multiplies unsigned by signed bytes: Q4_0
- * nibbles enter as 0..15 and the -8 offset is removed by starting the block's int32 lanes at
- * -(activation code sum) (fl_act_q8.sv); Q8_0 uses |w| and sign(x, w).  Tiles of 2 rows x 2
- * tokens keep the accumulators in registers.  Reference: fl_gemm_q8_ref. */
+ * nibbles enter as 0..15 and the -8 offset is removed lane by lane: each int32 lane (4 codes)
+ * subtracts 8 times its own 4 activation codes (one maddubs + madd per token and block, shared by
+ * the tile's rows), so every lane holds sum (w - 8) x as llama.cpp's AVX2 dot does and the f32
+ * sums take its rounding; Q8_0 uses |w| and sign(x, w).  Tiles of 2 rows x 2 tokens keep the
+ * accumulators in registers.  Reference: fl_gemm_q8_ref; order: fl_dot_q8_llama. */
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 
@@ -14,14 +16,14 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-INLINE __m256i block_dot(int32_t wtype, const char *w, int64_t b, __m256i x, __m256i init, float *dw) {
+INLINE __m256i block_dot(int32_t wtype, const char *w, int64_t b, __m256i x, __m256i off, float *dw) {
     const __m256i ones = _mm256_set1_epi16(1);
     if (wtype == FL_TYPE_Q8_0) {
         const fl_block_q8_0 *p = (const fl_block_q8_0 *)w + b;
         *dw = _cvtsh_ss(p->d);
         const __m256i wv = _mm256_loadu_si256((const __m256i *)p->qs);
         const __m256i s16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv));
-        (void)init;
+        (void)off;
         return _mm256_madd_epi16(s16, ones);
     } else {
         const fl_block_q4_0 *p = (const fl_block_q4_0 *)w + b;
@@ -30,7 +32,7 @@ INLINE __m256i block_dot(int32_t wtype, const char *w, int64_t b, __m256i x, __m
         const __m128i m4 = _mm_set1_epi8(0x0F);
         const __m256i wv = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(q, m4)),
                                                    _mm_and_si128(_mm_srli_epi16(q, 4), m4), 1);
-        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), ones), init);
+        return _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), ones), off);
     }
 }
 
@@ -49,7 +51,10 @@ INLINE void tile(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, i
         for (int t = 0; t < NT; t++) {
             const int64_t mb = (m0 + t) * nb + b;
             xv[t] = _mm256_loadu_si256((const __m256i *)(a->qs + (m0 + t) * K + b * 32));
-            iv[t] = _mm256_loadu_si256((const __m256i *)(a->sv + mb * 8));
+            /* Q4_0: 8 * (each lane's 4 activation codes), exact in int16 pairs (|.| <= 2032) */
+            iv[t] = wtype == FL_TYPE_Q4_0
+                        ? _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xv[t]), _mm256_set1_epi16(1))
+                        : _mm256_setzero_si256();
             dx[t] = a->d[mb];
         }
         #pragma GCC unroll 4
