@@ -165,15 +165,20 @@ static void test_gemm_vs_gemv(void **state) {
     fl_test_mem_zero();
 }
 
-/* Row panels (Q8_0, Q4_0, and Q4_K with its mins): the AVX-512 packer is byte-identical to the
- * reference packer, the reference panel product equals the integer tile reference (f32 order
- * only), and the AVX-512 panel product matches it on partial panels (nr < 16), every token tail
- * of the 8-token tile, odd block counts. */
+typedef void (*panel_pack_fn)(int32_t, const void *, size_t, int, int64_t, void *);
+typedef void (*panel_gemm_fn)(int32_t, const void *, int, const fl_act_q8 *, int64_t, int, float *, int64_t);
+
+/* Row panels (Q8_0, Q4_0, and Q4_K with its mins): the AVX2 and AVX-512 packers are
+ * byte-identical to the reference packer, the reference panel product equals the integer tile
+ * reference (f32 order only), and the AVX2 / AVX-512 panel products match it on partial panels
+ * (nr < 16, nr < 8), every token tail of the 4- and 8-token tiles, odd block counts. */
 static void test_panel_parity(void **state) {
     (void)state;
     const int32_t types[3] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K};
     const int64_t Ks[3] = {32, 416, 2048}, Ks_k[3] = {256, 768, 2048};
-    const bool fast = fl_isa_best() == FL_ISA_AVX512;
+    const panel_pack_fn packs[2] = {fl_isa_best() >= FL_ISA_AVX2 ? fl_panel_pack_avx2 : NULL,
+                                    fl_isa_best() == FL_ISA_AVX512 ? fl_panel_pack_avx512 : NULL};
+    const panel_gemm_fn gemms[2] = {fl_panel_gemm_avx2, fl_panel_gemm_avx512};
     for (int ti = 0; ti < 3; ti++)
         for (int ki = 0; ki < 3; ki++) {
             const int64_t K = types[ti] == FL_TYPE_Q4_K ? Ks_k[ki] : Ks[ki], N = 21, M = 19;
@@ -187,8 +192,8 @@ static void test_panel_parity(void **state) {
             assert_int_equal(pb, (size_t)(K / 32) * (16 * 4 + 16 * 32 + (types[ti] == FL_TYPE_Q4_K ? 16 * 4 : 0)));
             char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
             float *ref = frand_buf(M * 16), *pr = frand_buf(M * 16), *got = frand_buf(M * 16);
-            const int nrs[3] = {16, 5, 1};
-            for (int ni = 0; ni < 3; ni++) {
+            const int nrs[4] = {16, 11, 5, 1};
+            for (int ni = 0; ni < 4; ni++) {
                 const int nr = nrs[ni];
                 const char *w = (const char *)q.data + 3 * q.W.nb[1]; /* rows 3 .. 3 + nr */
                 memset(p0, 0x5A, pb);
@@ -197,13 +202,14 @@ static void test_panel_parity(void **state) {
                 fl_panel_gemm_ref(types[ti], p0, nr, &a, 0, (int)M, pr, 16);
                 for (int64_t t = 0; t < M; t++)
                     for (int r = 0; r < nr; r++) CHECK_NEAR(pr[t * 16 + r], ref[t * 16 + r], 1e-4 * (1 + fabsf(ref[t * 16 + r])));
-                if (!fast) continue;
+                for (int v = 0; v < 2; v++) {
+                if (!packs[v]) continue;
                 memset(p1, 0xA5, pb);
-                fl_panel_pack_avx512(types[ti], w, q.W.nb[1], nr, K, p1);
+                packs[v](types[ti], w, q.W.nb[1], nr, K, p1);
                 assert_memory_equal(p0, p1, pb);
-                for (int nt = 1; nt <= (int)M; nt += 3) { /* 1, 4, 7, ..., 19: tails of the 8-token tile */
+                for (int nt = 1; nt <= (int)M; nt += 3) { /* 1, 4, 7, ..., 19: tails of the 4- and 8-token tiles */
                     for (int64_t i = 0; i < M * 16; i++) got[i] = -12345.0f;
-                    fl_panel_gemm_avx512(types[ti], p1, nr, &a, M - nt, nt, got, 16);
+                    gemms[v](types[ti], p1, nr, &a, M - nt, nt, got, 16);
                     for (int t = 0; t < nt; t++) {
                         for (int r = 0; r < nr; r++) {
                             const float e = pr[(M - nt + t) * 16 + r];
@@ -211,6 +217,7 @@ static void test_panel_parity(void **state) {
                         }
                         for (int r = nr; r < 16; r++) assert_true(got[t * 16 + r] == -12345.0f); /* rows past nr untouched */
                     }
+                }
                 }
             }
             fl_free(FL_MEM_MISC, p0, pb);
@@ -222,6 +229,51 @@ static void test_panel_parity(void **state) {
             fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
             qmat_free(&q);
         }
+    fl_test_mem_zero();
+}
+
+/* The AVX2 panel tile's integer bounds: Q4_0 codes all 15 against activation codes all +127 or
+ * -127 (int16 group sums of 8 x 3810 = 30480), Q8_0 codes -128 and 127 against -127 / +127 (pairs
+ * of 2 x 128 x 127 = 32512) give the exact integer results, as the reference does. */
+static void test_panel_extremes(void **state) {
+    (void)state;
+    if (fl_isa_best() < FL_ISA_AVX2) skip();
+    const int64_t K = 256, N = 16, M = 4;
+    const int32_t types[2] = {FL_TYPE_Q4_0, FL_TYPE_Q8_0};
+    for (int ti = 0; ti < 2; ti++) {
+        qmat q;
+        qmat_make(&q, types[ti], N, K);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t b = 0; b < K / 32; b++) {
+                char *blk = (char *)q.data + n * q.W.nb[1] + b * (types[ti] == FL_TYPE_Q8_0 ? 34 : 18);
+                const uint16_t one = 0x3C00; /* f16 1.0 */
+                memcpy(blk, &one, 2);
+                if (types[ti] == FL_TYPE_Q4_0) memset(blk + 2, 0xFF, 16);
+                else memset(blk + 2, n % 2 ? 0x80 : 0x7F, 32); /* -128 or 127 */
+            }
+        float *x = frand_buf(M * K);
+        for (int64_t i = 0; i < M * K; i++) x[i] = (i / K) % 2 ? -1.0f : 1.0f; /* codes +-127 */
+        fl_act_q8 a;
+        assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
+        for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
+        const size_t pb = fl_panel_bytes_for(types[ti], K);
+        char *p = fl_alloc(FL_MEM_MISC, pb, 64);
+        float ref[M * N], got[M * N];
+        fl_gemm_q8_ref(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, (int)M, ref, N);
+        fl_panel_pack_avx2(types[ti], q.data, q.W.nb[1], (int)N, K, p);
+        fl_panel_gemm_avx2(types[ti], p, (int)N, &a, 0, (int)M, got, N);
+        for (int64_t i = 0; i < M * N; i++) {
+            /* the integer sum times d_x = 1/127 (f16), exactly representable: e.g. Q4_0 7 x 127 x 256 */
+            const double want = (double)(types[ti] == FL_TYPE_Q4_0 ? 7 : (i % N) % 2 ? -128 : 127) *
+                                ((i / N) % 2 ? -127 : 127) * (double)K * (double)a.d[(i / N) * a.nb];
+            CHECK_NEAR(ref[i], want, 1e-6 * fabs(want));
+            CHECK_NEAR(got[i], want, 1e-6 * fabs(want));
+        }
+        fl_free(FL_MEM_MISC, p, pb);
+        fl_act_q8_free(&a);
+        fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+        qmat_free(&q);
+    }
     fl_test_mem_zero();
 }
 
@@ -282,8 +334,8 @@ static void test_amx_parity(void **state) {
             assert_int_equal(pb, (size_t)(16 * K + (K / 32) * 64 * (types[ti] == FL_TYPE_Q2_K ? 4 : fl_amx_has_mins(types[ti]) || fl_amx_half(types[ti]) ? 2 : 1)));
             char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
             float *ref = frand_buf(M * 16), *pr = frand_buf(M * 16), *got = frand_buf(M * 16);
-            const int nrs[3] = {16, 5, 1};
-            for (int ni = 0; ni < 3; ni++) {
+            const int nrs[4] = {16, 11, 5, 1};
+            for (int ni = 0; ni < 4; ni++) {
                 const int nr = nrs[ni];
                 const char *w = (const char *)q.data + 3 * q.W.nb[1]; /* rows 3 .. 3 + nr */
                 memset(p0, 0x5A, pb);
@@ -634,11 +686,11 @@ static void test_gemm_shapes_vs_ref_isa(void **state) {
     fl_test_mem_zero();
 }
 
-/* The AVX-512 activation quantizer equals the scalar reference bit for bit: codes, scales, sums
+/* The AVX2 and AVX-512 activation quantizers equal the scalar reference bit for bit: codes, scales, sums
  * and the derived lanes; blocks of zeros, tiny (f16-subnormal scale) and large magnitudes, ties. */
 static void test_act_quant_parity(void **state) {
     (void)state;
-    if (fl_isa_best() != FL_ISA_AVX512) skip();
+    if (fl_isa_best() == FL_ISA_REF) skip();
     const int64_t M = 3, K = 320;
     float *x = frand_buf(M * K);
     for (int j = 0; j < 32; j++) x[32 + j] = 0.0f;        /* all-zero block */
@@ -651,15 +703,20 @@ static void test_act_quant_parity(void **state) {
     assert_int_equal(fl_act_q8_alloc(&b, M, K), FL_OK);
     memset(a.mem, 0, a.bytes);
     memset(b.mem, 0xEE, b.bytes);
-    for (int64_t m = 0; m < M; m++) {
-        fl_act_q8_quantize_row(&a, m, x + m * K);
-        fl_act_q8_quantize_row_avx512(&b, m, x + m * K);
+    for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
+    void (*quant[2])(fl_act_q8 *, int64_t, const float *) = {fl_act_q8_quantize_row_avx2,
+                                                             fl_isa_best() == FL_ISA_AVX512 ? fl_act_q8_quantize_row_avx512 : NULL};
+    for (int v = 0; v < 2; v++) {
+        if (!quant[v]) continue;
+        memset(b.mem, 0xEE, b.bytes);
+        for (int64_t m = 0; m < M; m++) quant[v](&b, m, x + m * K);
+        assert_memory_equal(a.qs, b.qs, (size_t)(M * K));
+        assert_memory_equal(a.d, b.d, (size_t)(M * a.nb) * 4);
+        assert_memory_equal(a.s, b.s, (size_t)(M * a.nb) * 4);
+        assert_memory_equal(a.ms, b.ms, (size_t)(M * a.nb) * 4);
+        assert_memory_equal(a.dv, b.dv, (size_t)(M * a.nb) * 32);
+        assert_memory_equal(a.sv, b.sv, (size_t)(M * a.nb) * 32);
     }
-    assert_memory_equal(a.qs, b.qs, (size_t)(M * K));
-    assert_memory_equal(a.d, b.d, (size_t)(M * a.nb) * 4);
-    assert_memory_equal(a.s, b.s, (size_t)(M * a.nb) * 4);
-    assert_memory_equal(a.dv, b.dv, (size_t)(M * a.nb) * 32);
-    assert_memory_equal(a.sv, b.sv, (size_t)(M * a.nb) * 32);
     fl_act_q8_free(&a);
     fl_act_q8_free(&b);
     fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
@@ -891,6 +948,7 @@ int main(void) {
         cmocka_unit_test(test_all_types_vs_ref),
         cmocka_unit_test(test_gemm_vs_gemv),
         cmocka_unit_test(test_panel_parity),
+        cmocka_unit_test(test_panel_extremes),
         cmocka_unit_test(test_amx_parity),
         cmocka_unit_test(test_amx_rows),
         cmocka_unit_test(test_amx_bf16),

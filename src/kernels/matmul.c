@@ -120,7 +120,9 @@ static void q8_quant_task(void *p, int ith, int nth) {
     int64_t lo, hi;
     fl_split_range(c->M, ith, nth, &lo, &hi);
     void (*quant)(fl_act_q8 *, int64_t, const float *) =
-        fl_isa_get() == FL_ISA_AVX512 ? fl_act_q8_quantize_row_avx512 : fl_act_q8_quantize_row;
+        fl_isa_get() == FL_ISA_AVX512 ? fl_act_q8_quantize_row_avx512
+        : fl_isa_get() == FL_ISA_AVX2 ? fl_act_q8_quantize_row_avx2
+                                      : fl_act_q8_quantize_row;
     for (int64_t m = lo; m < hi; m++) quant(&c->act, m, c->x + m * c->W->ne[0]);
     if (c->amx_act) /* the activation tiles: 8 tokens at a time where this thread has all 8 */
         for (int64_t m = lo; m < hi;) {
@@ -190,10 +192,24 @@ static void q8_gemm_task(void *p, int ith, int nth) {
     }
 }
 
-/* AVX-512 GEMM (M > 1): each thread repacks 16-row panels of its row range into its own
- * scratch and runs every token through the panel (fl_panel_gemm_avx512). */
+/* The row-panel GEMM (M > 1): AVX-512 for Q8_0 / Q4_0 / Q4_K, AVX2 for Q8_0 / Q4_0 (whose
+ * former 2 x 2 register tiles, lanes along K, spent about 11 instructions per 32 products on
+ * horizontal work and per-block scales: `fitllm bench matmul -p 512` Q4_0 ~30% of the int8
+ * peak). */
+static bool panel_path(int32_t type, int64_t M) {
+    if (M <= 1 || M > INT32_MAX) return false;
+    const fl_isa isa = fl_isa_get();
+    return isa == FL_ISA_AVX512 || (isa == FL_ISA_AVX2 && (type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0));
+}
+
+/* Each thread repacks 16-row panels into its own scratch and runs every token through the panel
+ * (fl_panel_gemm_avx512 / _avx2). */
 static void q8_panel_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
+    const bool avx512 = fl_isa_get() == FL_ISA_AVX512;
+    void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = avx512 ? fl_panel_pack_avx512 : fl_panel_pack_avx2;
+    void (*gemm)(int32_t, const void *, int, const fl_act_q8 *, int64_t, int, float *, int64_t) =
+        avx512 ? fl_panel_gemm_avx512 : fl_panel_gemm_avx2;
     const int64_t N = c->W->ne[1], K = c->W->ne[0];
     const size_t ldw = c->W->nb[1];
     const int64_t np = (N + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS;
@@ -204,8 +220,8 @@ static void q8_panel_task(void *p, int ith, int nth) {
         if (pi >= np) break;
         const int64_t n = pi * FL_PANEL_ROWS;
         const int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
-        fl_panel_pack_avx512(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, K, pan);
-        fl_panel_gemm_avx512(c->W->type, pan, nr, &c->act, 0, (int)c->M, c->y + n, N);
+        pack(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, K, pan);
+        gemm(c->W->type, pan, nr, &c->act, 0, (int)c->M, c->y + n, N);
     }
 }
 
@@ -518,7 +534,7 @@ size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
         if (!llama && amx_rows_path(W->type, M)) return b + fl_amx_act_bytes(M, K);
         if (!llama && amx_path(W->type, M))
             return b + fl_amx_act_bytes(M, K) + (size_t)nth * (size_t)amx_group_max(W->type, K) * fl_amx_panel_bytes(W->type, K);
-        if (!llama && fl_isa_get() == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) b += (size_t)nth * fl_panel_bytes_for(W->type, K);
+        if (!llama && panel_path(W->type, M)) b += (size_t)nth * fl_panel_bytes_for(W->type, K);
         return b;
     }
     if (W->type == FL_TYPE_F32) return 0;
@@ -599,7 +615,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 fl_act_q8_free(&c.act);
                 return;
             }
-            if (isa == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX) {
+            if (panel_path(W->type, M)) {
                 c.panel_bytes = fl_panel_bytes_for(W->type, K);
                 c.panels = fl_alloc(FL_MEM_SCRATCH, (size_t)nth * c.panel_bytes, 64);
                 if (!c.panels) fl_clear_error(); /* no scratch: the tile path below */

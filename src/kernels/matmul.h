@@ -116,6 +116,7 @@ void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x); /* scalar 
 void fl_act_q8_order_q4(fl_act_q8 *a, int64_t m);
 /* Same result bit for bit (round to nearest even, f16-rounded scale), 16 lanes at a time. */
 void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x);
+void fl_act_q8_quantize_row_avx2(fl_act_q8 *a, int64_t m, const float *x);
 
 /* Integer tile: y[t * ldy + r] = dot(W row r, token m0 + t) for r < nr, t < nt, where W row r
  * starts at w + r * ldw and wtype is Q8_0 or Q4_0. */
@@ -149,6 +150,13 @@ void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8
                        int64_t ldy);
 void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                           int64_t ldy);
+/* The AVX2 panels (M > 1 without AVX-512; Q4_0 and Q8_0): the same layout and bytes
+ * (fl_panel_pack_avx2 packs full Q4_0 / Q8_0 panels by in-register transposes, others through
+ * the reference), and a kernel of 8 rows (half a panel) x 4 tokens whose int32 lanes are rows
+ * (kernels/avx2/panel_avx2.c). */
+void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
+void fl_panel_gemm_avx2(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                        int64_t ldy);
 /* f32 dot product of n elements. */
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);

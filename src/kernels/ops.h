@@ -64,5 +64,11 @@ float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);
 void fl_axpy_f32_avx512(float *y, float a, const float *x, int64_t n);
 void fl_scale_f32_avx512(float *y, float a, int64_t n);
 void fl_expf_poly_row_avx512(float *y, const float *x, int64_t n);
+void fl_rmsnorm_row_avx2(float *out, const float *inp, const float *weight, int64_t C, float eps);
+void fl_swiglu_avx2(float *out, const float *gate, const float *up, int64_t n);
+float fl_dot_f32_avx2(const float *a, const float *b, int64_t n);
+void fl_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
+void fl_scale_f32_avx2(float *y, float a, int64_t n);
+void fl_expf_poly_row_avx2(float *y, const float *x, int64_t n);
 
 #endif

@@ -225,3 +225,41 @@ static inline float dot_ggml(const float *a, const float *b, int64_t n, bool f16
 
 float fl_mm_dot_f32_avx2(const float *a, const float *b, int64_t n) { return dot_ggml(a, b, n, false); }
 float fl_mm_dot_f16vals_avx2(const float *a, const float *b, int64_t n) { return dot_ggml(a, b, n, true); }
+
+/* The 8-bit activations of one row (fl_act_q8_quantize_row's bytes): per block the |x| maximum
+ * by 8-lane maxima, the codes by one multiply and a round-to-nearest-even convert each (lrintf's
+ * rounding), clamped, packed to bytes and summed. */
+void fl_act_q8_quantize_row_avx2(fl_act_q8 *a, int64_t m, const float *x) {
+    int8_t *q = a->qs + m * a->K;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undo the packs' lane interleave */
+    for (int64_t b = 0; b < a->nb; b++) {
+        __m256 v[4], mx;
+        for (int j = 0; j < 4; j++) v[j] = _mm256_loadu_ps(x + b * 32 + 8 * j);
+        mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
+                           _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const float d = _cvtsh_ss(_cvtss_sh(amax / 127, _MM_FROUND_TO_NEAREST_INT)), id = amax > 0 ? 127.0f / amax : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i c[4];
+        for (int j = 0; j < 4; j++) c[j] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[j], vid)), lo), hi);
+        const __m256i p16 = _mm256_packs_epi32(c[0], c[1]), q16 = _mm256_packs_epi32(c[2], c[3]);
+        _mm256_storeu_si256((__m256i *)(q + b * 32), _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16, q16), order));
+        const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+        const int s = _mm_cvtsi128_si32(s4);
+        const int64_t i = m * a->nb + b;
+        a->d[i] = d;
+        a->s[i] = s;
+        a->ms[i] = -(float)s * d;
+        _mm256_storeu_ps(a->dv + i * 8, _mm256_set1_ps(d));
+        _mm256_storeu_si256((__m256i *)(a->sv + i * 8), _mm256_set1_epi32(-s));
+    }
+    fl_act_q8_order_q4(a, m);
+}

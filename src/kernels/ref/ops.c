@@ -54,8 +54,12 @@ static const fl_ops_kernels ops_ref = {fl_rmsnorm_row_ref, fl_swiglu_ref, fl_dot
 static const fl_ops_kernels ops_avx512 = {fl_rmsnorm_row_avx512, fl_swiglu_avx512, fl_dot_f32_avx512,
                                           fl_axpy_f32_avx512, fl_scale_f32_avx512, fl_expf_poly_row_avx512};
 
+static const fl_ops_kernels ops_avx2 = {fl_rmsnorm_row_avx2, fl_swiglu_avx2, fl_dot_f32_avx2,
+                                        fl_axpy_f32_avx2, fl_scale_f32_avx2, fl_expf_poly_row_avx2};
+
 const fl_ops_kernels *fl_ops_kernels_get(void) {
-    return fl_isa_get() == FL_ISA_AVX512 ? &ops_avx512 : &ops_ref;
+    const fl_isa isa = fl_isa_get();
+    return isa == FL_ISA_AVX512 ? &ops_avx512 : isa == FL_ISA_AVX2 ? &ops_avx2 : &ops_ref;
 }
 
 void fl_rmsnorm_forward(float *out, const float *inp, const float *weight, int64_t N, int64_t C, float eps) {

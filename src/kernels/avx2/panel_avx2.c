@@ -1,0 +1,185 @@
+/* AVX2 row panels (the GEMM path for M > 1 on CPUs without AVX-512): the panel layout of
+ * matmul.h (fl_panel_pack_ref: per block of 32, 16 f32 scales then the codes ordered
+ * [k / 4][row][k % 4]), packed here without gathers, and a kernel whose 8 int32 lanes are 8
+ * weight rows, so no horizontal sum is ever needed and one scale multiply serves 8 rows.
+ *
+ * Per block, for each of the 8 groups of 4 codes: one 32-byte load holds 8 rows x 4 codes and
+ * one broadcast holds a token's 4 activation codes.
+ * - Q4_0 / Q4_K (unsigned codes 0..15): vpmaddubsw, and the 8 groups' int16 pair sums are added
+ *   in int16: |pair| <= 2 * 15 * 127 = 3810, so 8 of them stay within 30480 < 32767 and the sums
+ *   are exact.  One vpmaddwd per block and token widens them; Q4_0 then adds -8 * (the token's
+ *   code sum) (fl_act_q8.sv shifted), Q4_K adds its mins term in f32 (fl_act_q8.ms).
+ * - Q8_0 (panel codes + 128): the weight vector is flipped back to signed once per group and
+ *   multiplied as |w| x sign(x, w) (pairs up to 2 * 127 * 127 = 32258, no saturation), each group
+ *   widened by vpmaddwd and added in int32.
+ * Then one convert and one fma with d_w (8 lanes) * d_x per block and token.  A tile is 8 rows
+ * (half a panel) x up to 4 tokens; the 4 tokens share each weight load.  On this kind of core
+ * (two vector integer multipliers) the Q4_0 tile needs one multiply per 32 products where the
+ * int8 calibration loop needs two, so it can pass that loop's rate.
+ * Reference: fl_panel_gemm_ref (the same integer sums; only the f32 order of the folds differs). */
+#include "kernels/matmul.h"
+#include "kernels/quant.h"
+
+#include <immintrin.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+#define PANEL_BLOCK (FL_PANEL_ROWS * 4 + FL_PANEL_ROWS * 32)
+
+/* ---- packing ---- */
+
+/* 4 x 4 dword transposes in both 128-bit lanes: in r[i] = [row i | row i + 4] (4 dwords each),
+ * out o[g] = [rows 0..3 dword g | rows 4..7 dword g]. */
+INLINE void transpose4(const __m256i r[4], __m256i o[4]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpacklo_epi32(r[2], r[3]);
+    const __m256i t2 = _mm256_unpackhi_epi32(r[0], r[1]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    o[0] = _mm256_unpacklo_epi64(t0, t1);
+    o[1] = _mm256_unpackhi_epi64(t0, t1);
+    o[2] = _mm256_unpacklo_epi64(t2, t3);
+    o[3] = _mm256_unpackhi_epi64(t2, t3);
+}
+
+/* 8 rows (h = 0: rows 0-7, h = 1: rows 8-15, all present) of block b into the panel block pb. */
+static void pack_half_q4_0(const char *w, size_t ldw, int64_t b, int h, char *pb) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i r[4], o[4];
+    for (int i = 0; i < 4; i++) {
+        const char *lo = w + (size_t)(8 * h + i) * ldw + b * 18 + 2, *hi = lo + 4 * ldw;
+        r[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
+                                       _mm_loadu_si128((const __m128i *)hi), 1);
+    }
+    transpose4(r, o);
+    for (int g = 0; g < 4; g++) { /* codes 4g..4g+3 are the low nibbles of qs[4g..], 16 + 4g.. the high */
+        _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * g + 32 * h), _mm256_and_si256(o[g], m4));
+        _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * (g + 4) + 32 * h), _mm256_and_si256(_mm256_srli_epi16(o[g], 4), m4));
+    }
+}
+
+static void pack_half_q8_0(const char *w, size_t ldw, int64_t b, int h, char *pb) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    __m256i r[4], o[4];
+    for (int part = 0; part < 2; part++) { /* codes 0..15, then 16..31 */
+        for (int i = 0; i < 4; i++) {
+            const char *lo = w + (size_t)(8 * h + i) * ldw + b * 34 + 2 + 16 * part, *hi = lo + 4 * ldw;
+            r[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
+                                           _mm_loadu_si128((const __m128i *)hi), 1);
+        }
+        transpose4(r, o);
+        for (int g = 0; g < 4; g++)
+            _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * (4 * part + g) + 32 * h), _mm256_xor_si256(o[g], flip));
+    }
+}
+
+void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
+    if (nr < FL_PANEL_ROWS || (wtype != FL_TYPE_Q4_0 && wtype != FL_TYPE_Q8_0)) { /* a partial panel, Q4_K */
+        fl_panel_pack_ref(wtype, w, ldw, nr, K, panel);
+        return;
+    }
+    const bool q8 = wtype == FL_TYPE_Q8_0;
+    const size_t bsz = q8 ? sizeof(fl_block_q8_0) : sizeof(fl_block_q4_0);
+    const int64_t nb = K / 32;
+    for (int64_t b = 0; b < nb; b++) {
+        char *pb = (char *)panel + b * PANEL_BLOCK;
+        float *dw = (float *)pb;
+        for (int r = 0; r < FL_PANEL_ROWS; r++) {
+            uint16_t d;
+            memcpy(&d, (const char *)w + (size_t)r * ldw + (size_t)b * bsz, 2);
+            dw[r] = _cvtsh_ss(d);
+        }
+        for (int h = 0; h < 2; h++) {
+            if (q8) pack_half_q8_0(w, ldw, b, h, pb);
+            else pack_half_q4_0(w, ldw, b, h, pb);
+        }
+    }
+}
+
+/* ---- the tiles ---- */
+
+enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2 };
+
+/* Rows 8h..8h+7 of the panel x tokens m0..m0+NT-1 (NT <= 4), y[t * ldy + r] for r < nr8. */
+INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, const int kind, int h, float *y,
+                 int64_t ldy, int nr8) {
+    const int64_t nb = a->nb, K = a->K;
+    const int8_t *xq0 = a->qs + m0 * K;
+    const int32_t *sv0 = a->sv + m0 * nb * 8;
+    const float *d0 = a->d + m0 * nb, *ms0 = a->ms + m0 * nb;
+    const float *mins = kind == P_Q4K ? (const float *)(pan + nb * PANEL_BLOCK) + 8 * h : NULL;
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *pb = pan + b * PANEL_BLOCK;
+        __m256i s[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) s[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + 64 + 64 * g + 32 * h));
+            if (kind == P_Q8) {
+                const __m256i ws = _mm256_xor_si256(wv, flip), wa = _mm256_sign_epi8(ws, ws);
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    const __m256i xv = _mm256_set1_epi32(((const int32_t *)(xq0 + t * K + b * 32))[g]);
+                    s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, ws)), ones));
+                }
+            } else {
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    const __m256i xv = _mm256_set1_epi32(((const int32_t *)(xq0 + t * K + b * 32))[g]);
+                    s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(wv, xv));
+                }
+            }
+        }
+        const __m256 dw = _mm256_loadu_ps((const float *)pb + 8 * h);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            __m256i is = s[t];
+            if (kind != P_Q8) is = _mm256_madd_epi16(is, ones);
+            if (kind == P_Q4) /* - 8 * (code sum): sv holds -s in 8 lanes */
+                is = _mm256_add_epi32(is, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(sv0 + (t * nb + b) * 8)), 3));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(d0[t * nb + b])), acc[t]);
+        }
+        if (kind == P_Q4K) {
+            const __m256 mv = _mm256_loadu_ps(mins + b * FL_PANEL_ROWS);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(ms0[t * nb + b]), acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        if (nr8 >= 8) _mm256_storeu_ps(y + t * ldy, acc[t]);
+        else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, acc[t]);
+            memcpy(y + t * ldy, tmp, (size_t)nr8 * sizeof(float));
+        }
+    }
+}
+
+typedef void (*tile_fn)(const char *, const fl_act_q8 *, int64_t, int, float *, int64_t, int);
+#define DEFINE_TILE(n, k)                                                                                      \
+    static void tile_##n##_##k(const char *pan, const fl_act_q8 *a, int64_t m0, int h, float *y, int64_t ldy, \
+                               int nr8) {                                                                      \
+        tile(pan, a, m0, n, k, h, y, ldy, nr8);                                                                \
+    }
+#define DEFINE_TILES(k) DEFINE_TILE(1, k) DEFINE_TILE(2, k) DEFINE_TILE(3, k) DEFINE_TILE(4, k)
+DEFINE_TILES(P_Q8)
+DEFINE_TILES(P_Q4)
+DEFINE_TILES(P_Q4K)
+
+void fl_panel_gemm_avx2(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                        int64_t ldy) {
+#define ROW(k) {NULL, tile_1_##k, tile_2_##k, tile_3_##k, tile_4_##k}
+    static const tile_fn tiles[3][5] = {ROW(P_Q8), ROW(P_Q4), ROW(P_Q4K)};
+#undef ROW
+    const int k = wtype == FL_TYPE_Q8_0 ? P_Q8 : wtype == FL_TYPE_Q4_K ? P_Q4K : P_Q4;
+    for (int t = 0; t < nt; t += 4) {
+        const int n = nt - t < 4 ? nt - t : 4;
+        for (int h = 0; h < 2 && 8 * h < nr; h++)
+            tiles[k][n]((const char *)panel, a, m0 + t, h, y + t * ldy + 8 * h, ldy, nr - 8 * h);
+    }
+}
