@@ -172,6 +172,57 @@ static float dot_q6_K(const char *w, const fl_act_q8 *a, int64_t m) {
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
+/* One token (decode GEMV) x NR rows of Q4_0 / Q8_0: the rows share each block's activation
+ * load and its Q4_0 offset lanes; Q4_0 nibbles are split by a 128-bit broadcast load and one
+ * variable shift (0 in the low half, 4 in the high).  The lanes, the f32 folds and the final
+ * sum are those of tile() (llama.cpp's order), so the bits are the same. */
+INLINE void gemv_rows(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, int64_t m, float *y, const int NR) {
+    const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8), m4 = _mm256_set1_epi8(0x0F);
+    const __m256i split = _mm256_setr_epi64x(0, 0, 4, 4);
+    const int8_t *xq = a->qs + m * a->K;
+    const float *dx = a->d + m * a->nb;
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    const int64_t nb = a->nb;
+    const size_t bsz = wtype == FL_TYPE_Q4_0 ? sizeof(fl_block_q4_0) : sizeof(fl_block_q8_0);
+    /* the NR rows are NR * ldw contiguous bytes: sweep the next NR rows into the cache at the
+     * rate these are read (one stream ahead of the NR the loads interleave) */
+    const char *pf = w + (size_t)NR * ldw;
+    for (int64_t b = 0; b < nb; b++) {
+        for (size_t l = 0; l < (size_t)NR * bsz; l += 64) _mm_prefetch(pf + (size_t)b * NR * bsz + l, _MM_HINT_T0);
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + b * 32));
+        const float d = dx[b];
+        if (wtype == FL_TYPE_Q4_0) {
+            const __m256i off = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xv), ones);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const fl_block_q4_0 *p = (const fl_block_q4_0 *)(w + (size_t)r * ldw) + b;
+                const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p->qs));
+                const __m256i wv = _mm256_and_si256(_mm256_srlv_epi64(q, split), m4);
+                const __m256i is = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones), off);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(_cvtsh_ss(p->d) * d), acc[r]);
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const fl_block_q8_0 *p = (const fl_block_q8_0 *)(w + (size_t)r * ldw) + b;
+                const __m256i wv = _mm256_loadu_si256((const __m256i *)p->qs);
+                const __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(_cvtsh_ss(p->d) * d), acc[r]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) y[r] = hsum8(acc[r]);
+}
+
+static void gemv_q8(int32_t wtype, const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m, float *y) {
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) gemv_rows(wtype, w + (size_t)r * ldw, ldw, a, m, y + r, 4);
+    for (; r < nr; r++) gemv_rows(wtype, w + (size_t)r * ldw, ldw, a, m, y + r, 1);
+}
+
 void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
                      float *y, int64_t ldy) {
     const char *wc = w;
@@ -180,6 +231,10 @@ void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_
             wtype == FL_TYPE_Q4_K ? dot_q4_K : wtype == FL_TYPE_Q5_K ? dot_q5_K : dot_q6_K;
         for (int t = 0; t < nt; t++)
             for (int r = 0; r < nr; r++) y[t * ldy + r] = row(wc + r * ldw, a, m0 + t);
+        return;
+    }
+    if (nt == 1) {
+        gemv_q8(wtype, wc, ldw, nr, a, m0, y);
         return;
     }
     for (int r = 0; r < nr; r += 2)
