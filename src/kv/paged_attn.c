@@ -154,11 +154,12 @@ typedef struct vec_ops {
 } vec_ops;
 
 static void exp_rows_poly(float *sc, int32_t n) { fl_expf_poly_row_avx512(sc, sc, n); }
+static void exp_rows_poly_avx2(float *sc, int32_t n) { fl_expf_poly_row_avx2(sc, sc, n); }
 
 static vec_ops pick_ops(void) {
     switch (fl_isa_get()) {
     case FL_ISA_AVX512: return (vec_ops){NULL, scores_avx512_t, accum_avx512, exp_rows_poly};
-    case FL_ISA_AVX2: return (vec_ops){scores_avx2, NULL, accum_avx2, exp_rows_libm};
+    case FL_ISA_AVX2: return (vec_ops){scores_avx2, NULL, accum_avx2, exp_rows_poly_avx2};
     default: return (vec_ops){scores_ref, NULL, accum_ref, exp_rows_libm};
     }
 }
