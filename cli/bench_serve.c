@@ -7,6 +7,10 @@
 #include "cli/cli.h"
 #include "core/alloc.h"
 #include "engine/engine.h"
+#include "core/status.h"
+#include "core/threads.h"
+#include "formats/gguf.h"
+#include "kernels/calib_int8.h"
 #include "plan/plan_engine.h"
 
 #include "fitllm.h"
@@ -90,6 +94,28 @@ typedef struct run_cfg {
     int32_t top_k;
 } run_cfg;
 
+/* Elements of the matrices one token's forward multiplies (the layers' and the output head, or
+ * the tied embedding), read from the GGUF header: 2 ops each per token.  0 if unreadable. */
+static double matmul_params(const char *path) {
+    fl_gguf *g;
+    if (!path || fl_gguf_open(path, &g) != FL_OK) {
+        fl_clear_error();
+        return 0;
+    }
+    double n = 0;
+    bool head = false;
+    for (int64_t i = 0; i < fl_gguf_n_tensors(g); i++) {
+        const fl_gguf_tensor *t = fl_gguf_tensor_at(g, i);
+        const bool blk = t->name.len > 4 && memcmp(t->name.data, "blk.", 4) == 0;
+        if (fl_gguf_str_eq(t->name, "output.weight")) head = true;
+        if ((blk && t->n_dims == 2) || fl_gguf_str_eq(t->name, "output.weight")) n += (double)t->ne[0] * (double)t->ne[1];
+    }
+    const fl_gguf_tensor *emb = fl_gguf_find_tensor(g, "token_embd.weight");
+    if (!head && emb) n += (double)emb->ne[0] * (double)emb->ne[1];
+    fl_gguf_free(g);
+    return n;
+}
+
 /* Run the workload on a fresh engine; returns a cJSON object with the results (or NULL). */
 static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
     fl_mem_reset_peaks();
@@ -111,6 +137,11 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
     fl_request_output *ev = fl_calloc(FL_MEM_MISC, 256, sizeof *ev);
     double util_sum = 0, waste_sum = 0;
     int64_t n_samples = 0, max_running = 0, out_tokens = 0, done = 0, added = 0;
+    /* decode-only steps (no prompt token prefilled): their time and tokens */
+    double dec_time = 0;
+    int64_t dec_tokens = 0, dec_steps = 0;
+    fl_engine_stats prev;
+    fl_engine_stats_get(e, &prev);
     int err = 0;
     if (!ids || !t_add || !t_first || !t_last || !itl || !got || !ev) {
         fprintf(stderr, "fitllm bench serve: %s\n", fl_last_error());
@@ -139,12 +170,23 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
             added++;
         }
         int32_t active = 0;
+        const double t_step = now_s();
         if (fl_engine_step(e, &active) != FL_OK) {
             fprintf(stderr, "fitllm bench serve: step: %s\n", fl_last_error());
             err = 1;
             break;
         }
         double tp = now_s();
+        {
+            fl_engine_stats now;
+            fl_engine_stats_get(e, &now);
+            if (now.tokens_prefilled == prev.tokens_prefilled && now.tokens_generated > prev.tokens_generated) {
+                dec_time += tp - t_step;
+                dec_tokens += now.tokens_generated - prev.tokens_generated;
+                dec_steps++;
+            }
+            prev = now;
+        }
         int32_t k;
         while ((k = fl_engine_poll(e, ev, 256)) > 0)
             for (int32_t j = 0; j < k; j++) {
@@ -208,6 +250,9 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
         cJSON_AddNumberToObject(o, "itl_p50_ms", 1e3 * pct(itl, n_itl, 50));
         cJSON_AddNumberToObject(o, "itl_p99_ms", 1e3 * pct(itl, n_itl, 99));
         cJSON_AddNumberToObject(o, "max_concurrent_seqs", (double)max_running);
+        cJSON_AddNumberToObject(o, "decode_steps", (double)dec_steps);
+        cJSON_AddNumberToObject(o, "decode_tokens_per_step", dec_steps ? (double)dec_tokens / (double)dec_steps : 0);
+        cJSON_AddNumberToObject(o, "decode_tok_s", dec_time > 0 ? (double)dec_tokens / dec_time : 0);
         cJSON_AddNumberToObject(o, "steps", (double)st.steps);
         cJSON_AddNumberToObject(o, "preemptions", (double)st.preemptions);
         cJSON_AddNumberToObject(o, "swaps_out", (double)st.swaps_out);
@@ -236,14 +281,17 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
 
 static void print_text(const cJSON *o) {
     printf("%-8s %6.1f tok/s  %5.2f req/s  TTFT p50 %7.1f ms p99 %7.1f ms  ITL p50 %6.1f ms p99 %6.1f ms\n"
-           "         max concurrent %d, preemptions %d, KV util %.1f%% waste %.1f%%, prefix hits %.1f%%, peak %.1f MiB\n",
+           "         max concurrent %d, preemptions %d, KV util %.1f%% waste %.1f%%, prefix hits %.1f%%, peak %.1f MiB\n"
+           "         decode steps: %.1f tok/s, %.1f tokens per step, %.1f GOP/s = %.1f%% of the int8 peak\n",
            cJSON_GetObjectItem(o, "engine")->valuestring, cJSON_GetObjectItem(o, "output_tokens_per_s")->valuedouble,
            cJSON_GetObjectItem(o, "requests_per_s")->valuedouble, cJSON_GetObjectItem(o, "ttft_p50_ms")->valuedouble,
            cJSON_GetObjectItem(o, "ttft_p99_ms")->valuedouble, cJSON_GetObjectItem(o, "itl_p50_ms")->valuedouble,
            cJSON_GetObjectItem(o, "itl_p99_ms")->valuedouble, cJSON_GetObjectItem(o, "max_concurrent_seqs")->valueint,
            cJSON_GetObjectItem(o, "preemptions")->valueint, 100 * cJSON_GetObjectItem(o, "kv_utilization_avg")->valuedouble,
            100 * cJSON_GetObjectItem(o, "kv_waste_avg")->valuedouble, 100 * cJSON_GetObjectItem(o, "prefix_hit_rate")->valuedouble,
-           cJSON_GetObjectItem(cJSON_GetObjectItem(o, "peak_bytes"), "total")->valuedouble / 1048576.0);
+           cJSON_GetObjectItem(cJSON_GetObjectItem(o, "peak_bytes"), "total")->valuedouble / 1048576.0,
+           cJSON_GetObjectItem(o, "decode_tok_s")->valuedouble, cJSON_GetObjectItem(o, "decode_tokens_per_step")->valuedouble,
+           cJSON_GetObjectItem(o, "decode_gops")->valuedouble, cJSON_GetObjectItem(o, "decode_pct_int8_peak")->valuedouble);
 }
 
 int fl_bench_serve(int argc, char **argv) {
@@ -277,7 +325,7 @@ int fl_bench_serve(int argc, char **argv) {
                                             "[--gen-len DIST] [--shared-prefix L] [--temp T] [--top-k K] [--top-p P] [--baseline static] [--json]",
                           "Serve a synthetic workload through the continuous-batching engine and report\n"
                           "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
-                          "peak memory.  --baseline static adds the same workload as static padded batches.",
+                          "peak memory, and the decode-only steps' tokens/s and weight GOP/s against the measured int8 peak.  --baseline static adds the same workload as static padded batches.",
                           NULL, 0, &n_pos);
     if (r) return r == 1 ? 0 : 2;
     fl_opt *o_model = fl_args_get(opts, "model");
@@ -405,6 +453,12 @@ int fl_bench_serve(int argc, char **argv) {
     cJSON_AddNumberToObject(wj, "kv_mem", (double)rc.ep.kv_mem);
     if (fl_args_get(opts, "mem")->set) cJSON_AddNumberToObject(wj, "mem_total", (double)fl_args_get(opts, "mem")->i);
     cJSON_AddNumberToObject(wj, "max_seqs", rc.ep.max_seqs);
+    /* the int8 peak beside the decode steps' weight ops (2 per matrix element and token) */
+    const double params = matmul_params(rc.ep.model_path);
+    if (rc.ep.n_threads > 0) fl_threads_set(rc.ep.n_threads);
+    const double peak = fl_calib_int8_peak_gops(fl_threads_get(), 0.3);
+    cJSON_AddNumberToObject(root, "int8_peak_gops", peak);
+    cJSON_AddNumberToObject(root, "matmul_params", params);
     int rcode = 0;
     cJSON *paged = run_one(&rc, &w, "paged");
     if (!paged) rcode = 1;
@@ -416,6 +470,13 @@ int fl_bench_serve(int argc, char **argv) {
         cJSON *st = run_one(&rs2, &w, "static");
         if (!st) rcode = 1;
         else cJSON_AddItemToObject(root, "static", st);
+    }
+    for (int i = 0; i < 2 && !rcode; i++) {
+        cJSON *eo = cJSON_GetObjectItem(root, i ? "static" : "paged");
+        if (!eo) continue;
+        const double gops = cJSON_GetObjectItem(eo, "decode_tok_s")->valuedouble * 2.0 * params / 1e9;
+        cJSON_AddNumberToObject(eo, "decode_gops", gops);
+        cJSON_AddNumberToObject(eo, "decode_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
     }
     if (!rcode) {
         if (rc.json) {

@@ -16,6 +16,19 @@ json=$("$bin" bench serve -m "$model" --requests 8 --prompt-len 8:16 --gen-len 8
 echo "$json" | grep -q '"paged":{' || { echo "no paged result: $json"; exit 1; }
 echo "$json" | grep -q '"static":{' || { echo "no static result: $json"; exit 1; }
 echo "$json" | grep -q '"output_tokens":64' || { echo "expected 64 output tokens: $json"; exit 1; }
+# decode-step figures: the matrices one token multiplies (stories260K: 5 layers of q, o 64x64, k, v
+# 64x32, gate, up, down 64x172, and the 64x512 output head), and their ops over the decode steps
+python3 - "$json" <<'PY' || { echo "bench serve: decode figures wrong: $json"; exit 1; }
+import json, sys
+d = json.loads(sys.argv[1])
+assert d["matmul_params"] == 5 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 172) + 64 * 512, d["matmul_params"]
+assert d["int8_peak_gops"] > 0
+for e in ("paged", "static"):
+    o = d[e]
+    assert o["decode_steps"] > 0 and 0 < o["decode_tokens_per_step"] <= 8 and o["decode_tok_s"] > 0, o
+    assert abs(o["decode_gops"] - o["decode_tok_s"] * 2 * d["matmul_params"] / 1e9) <= 1e-9 * o["decode_gops"] + 1e-12, o
+    assert abs(o["decode_pct_int8_peak"] - 100 * o["decode_gops"] / d["int8_peak_gops"]) < 1e-6, o
+PY
 "$bin" bench serve -m "$model" --prompt-len 0 >/dev/null 2>&1 && { echo "bad --prompt-len accepted"; exit 1; }
 # sampled requests (temperature with top-p, then top-k): every request still produces its tokens
 for s in "--temp 1 --top-p 0.9" "--temp 0.8 --top-k 5"; do
