@@ -52,7 +52,7 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
         return true;
     }
     const bool simd = fl_isa_get() == FL_ISA_AVX512 || fl_isa_get() == FL_ISA_AVX2;
-    if (type == FL_TYPE_Q4_K) /* AVX2: row dots for every step (prefill as well, same sums) */
+    if (type == FL_TYPE_Q4_K) /* AVX2: row dots for one token, panels for more (same sums) */
         return simd && !fl_matmul_llama_order() && M <= INT32_MAX;
     if (type == FL_TYPE_Q6_K) /* and steps of > 16 tokens on the AMX tiles (half-block tiles) */
         return (M == 1 && simd && !fl_matmul_llama_order()) || (!fl_matmul_llama_order() && amx_path(type, M));
@@ -192,14 +192,14 @@ static void q8_gemm_task(void *p, int ith, int nth) {
     }
 }
 
-/* The row-panel GEMM (M > 1): AVX-512 for Q8_0 / Q4_0 / Q4_K, AVX2 for Q8_0 / Q4_0 (whose
- * former 2 x 2 register tiles, lanes along K, spent about 11 instructions per 32 products on
- * horizontal work and per-block scales: `fitllm bench matmul -p 512` Q4_0 ~30% of the int8
- * peak). */
+/* The row-panel GEMM (M > 1) for Q8_0 / Q4_0 / Q4_K on AVX-512 and AVX2 (on AVX2 it replaced
+ * 2 x 2 register tiles with lanes along K, which spent about 11 instructions per 32 products on
+ * horizontal work and per-block scales, and Q4_K's row dots: `fitllm bench matmul -p 512` all
+ * shapes Q4_0 ~85 -> ~200 GOP/s, Q4_K ~70 -> ~140). */
 static bool panel_path(int32_t type, int64_t M) {
     if (M <= 1 || M > INT32_MAX) return false;
     const fl_isa isa = fl_isa_get();
-    return isa == FL_ISA_AVX512 || (isa == FL_ISA_AVX2 && (type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0));
+    return isa == FL_ISA_AVX512 || (isa == FL_ISA_AVX2 && (type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K));
 }
 
 /* Each thread repacks 16-row panels into its own scratch and runs every token through the panel

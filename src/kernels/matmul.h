@@ -16,11 +16,13 @@
  * are quantized to 8 bits per block of 32 (f32 scale per block) and dotted with int8 (AVX2
  * maddubs / AVX-512 VNNI dpbusd); M == 1 is a row-parallel GEMV (chunks of ~256 KiB of rows
  * taken dynamically; Q4_0 on AVX-512 VBMI reads activations pre-ordered for its nibbles, qs4),
- * M > 1 a cache-tiled, threaded GEMM (AVX-512: 16-row repacked panels x 8 tokens; otherwise
- * 4 rows x 4 tokens register tiles over L2-sized row chunks).  On AVX-512 Q4_K takes the same
+ * M > 1 a cache-tiled, threaded GEMM (AVX-512: 16-row repacked panels x 8 tokens; AVX2: the
+ * same panels, 8 rows x 4 tokens; otherwise 4 rows x 4 tokens register tiles over L2-sized row
+ * chunks).  On AVX-512 Q4_K takes the same
  * two paths (its own GEMV; panels with scales d sc_j and mins), and Q2_K, Q3_K, Q5_K, Q6_K, Q4_1,
  * Q5_0, Q5_1 and IQ4_NL their own GEMVs for M == 1; on AVX2 Q4_K, Q5_K and Q6_K take maddubs row
- * dots (fl_gemm_q8_avx2: Q4_K for every step, Q5_K and Q6_K for M == 1).  Where the CPU has
+ * dots for M == 1 (fl_gemm_q8_avx2: Q4_K, Q5_K, Q6_K) and Q8_0 / Q4_0 / Q4_K the same 16-row
+ * panels as AVX-512 for M > 1 (fl_panel_gemm_avx2: 8 rows x 4 tokens).  Where the CPU has
  * AMX-INT8 and the OS grants the tile state, steps of 13 tokens or more of Q8_0 / Q4_0 / Q4_1 /
  * Q5_0 / Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K / Q3_K take the AMX GEMM instead (see below; FL_AMX=0 or
  * fl_matmul_set_amx(false) turns it off; Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K steps of up to 16 tokens feed the weight rows
@@ -36,7 +38,8 @@
  * allocation fails it falls back to the f32 path (no error).  fl_matmul_scratch_bytes(W, M, nth)
  * is the exact FL_MEM_SCRATCH high-water mark of one call on nth threads with the current ISA
  * and activation mode (for memory planners): the 8-bit activations (fl_act_q8_bytes) plus, for
- * M > 1 on AVX-512, nth repacked row panels (fl_panel_bytes each), or on the AMX path the
+ * M > 1 on AVX-512 (AVX2: Q8_0 / Q4_0 / Q4_K), nth repacked row panels (fl_panel_bytes_for
+ * each), or on the AMX path the
  * activation tiles (fl_amx_act_bytes) plus nth x G AMX panels (G = max(1, 512 KiB /
  * fl_amx_panel_bytes), whatever N is); or
  * nth x 8 dequantized f32 rows on the f32 path (plus the M x K rounded activations for F16).
@@ -150,9 +153,9 @@ void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8
                        int64_t ldy);
 void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                           int64_t ldy);
-/* The AVX2 panels (M > 1 without AVX-512; Q4_0 and Q8_0): the same layout and bytes
- * (fl_panel_pack_avx2 packs full Q4_0 / Q8_0 panels by in-register transposes, others through
- * the reference), and a kernel of 8 rows (half a panel) x 4 tokens whose int32 lanes are rows
+/* The AVX2 panels (M > 1 without AVX-512; Q4_0, Q8_0 and Q4_K): the same layout and bytes
+ * (fl_panel_pack_avx2 packs full panels by in-register transposes, partial ones through the
+ * reference), and a kernel of 8 rows (half a panel) x 4 tokens whose int32 lanes are rows
  * (kernels/avx2/panel_avx2.c). */
 void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 void fl_panel_gemm_avx2(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,

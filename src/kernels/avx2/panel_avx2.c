@@ -1,4 +1,4 @@
-/* AVX2 row panels (the GEMM path for M > 1 on CPUs without AVX-512): the panel layout of
+/* AVX2 row panels (the GEMM path for M > 1 on CPUs without AVX-512; Q4_0, Q8_0, Q4_K): the panel layout of
  * matmul.h (fl_panel_pack_ref: per block of 32, 16 f32 scales then the codes ordered
  * [k / 4][row][k % 4]), packed here without gathers, and a kernel whose 8 int32 lanes are 8
  * weight rows, so no horizontal sum is ever needed and one scale multiply serves 8 rows.
@@ -57,24 +57,54 @@ static void pack_half_q4_0(const char *w, size_t ldw, int64_t b, int h, char *pb
     }
 }
 
-static void pack_half_q8_0(const char *w, size_t ldw, int64_t b, int h, char *pb) {
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
+/* 8 rows (8h..8h+7) x 32 code bytes (row r's at p + r * ldw) into the panel block pb: Q8_0's
+ * codes sign-flipped (mode 0), or the low (1) or high (2) nibbles of a Q4_K sub-block pair. */
+static void pack_half_bytes(const char *p, size_t ldw, int h, char *pb, int mode) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80), m4 = _mm256_set1_epi8(0x0F);
     __m256i r[4], o[4];
     for (int part = 0; part < 2; part++) { /* codes 0..15, then 16..31 */
         for (int i = 0; i < 4; i++) {
-            const char *lo = w + (size_t)(8 * h + i) * ldw + b * 34 + 2 + 16 * part, *hi = lo + 4 * ldw;
+            const char *lo = p + (size_t)(8 * h + i) * ldw + 16 * part, *hi = lo + 4 * ldw;
             r[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
                                            _mm_loadu_si128((const __m128i *)hi), 1);
         }
         transpose4(r, o);
-        for (int g = 0; g < 4; g++)
-            _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * (4 * part + g) + 32 * h), _mm256_xor_si256(o[g], flip));
+        for (int g = 0; g < 4; g++) {
+            const __m256i v = mode == 0 ? _mm256_xor_si256(o[g], flip)
+                              : mode == 1 ? _mm256_and_si256(o[g], m4)
+                                          : _mm256_and_si256(_mm256_srli_epi16(o[g], 4), m4);
+            _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * (4 * part + g) + 32 * h), v);
+        }
+    }
+}
+
+/* Q4_K: panel block b is sub-block j = b % 8 of super-block b / 8; scales d sc_j, then the
+ * mins dmin m_j after the blocks (fl_panel_pack_ref's bytes). */
+static void pack_q4_K(const char *w, size_t ldw, int64_t K, char *panel) {
+    const int64_t nb = K / 32;
+    float *mins = (float *)(panel + nb * PANEL_BLOCK);
+    for (int64_t b = 0; b < nb; b++) {
+        const int j = (int)(b % 8);
+        char *pb = panel + b * PANEL_BLOCK;
+        for (int r = 0; r < FL_PANEL_ROWS; r++) {
+            const fl_block_q4_K *blk = (const fl_block_q4_K *)(w + (size_t)r * ldw) + b / 8;
+            uint8_t sc, mn;
+            fl_q4_K_scale_min(j, blk->scales, &sc, &mn);
+            ((float *)pb)[r] = _cvtsh_ss(blk->d) * (float)sc;
+            mins[b * FL_PANEL_ROWS + r] = _cvtsh_ss(blk->dmin) * (float)mn;
+        }
+        const char *codes = w + (size_t)(b / 8) * sizeof(fl_block_q4_K) + offsetof(fl_block_q4_K, qs) + (size_t)(j / 2) * 32;
+        for (int h = 0; h < 2; h++) pack_half_bytes(codes, ldw, h, pb, j % 2 ? 2 : 1);
     }
 }
 
 void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
-    if (nr < FL_PANEL_ROWS || (wtype != FL_TYPE_Q4_0 && wtype != FL_TYPE_Q8_0)) { /* a partial panel, Q4_K */
+    if (nr < FL_PANEL_ROWS || (wtype != FL_TYPE_Q4_0 && wtype != FL_TYPE_Q8_0 && wtype != FL_TYPE_Q4_K)) { /* a partial panel */
         fl_panel_pack_ref(wtype, w, ldw, nr, K, panel);
+        return;
+    }
+    if (wtype == FL_TYPE_Q4_K) {
+        pack_q4_K(w, ldw, K, panel);
         return;
     }
     const bool q8 = wtype == FL_TYPE_Q8_0;
@@ -89,7 +119,7 @@ void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_
             dw[r] = _cvtsh_ss(d);
         }
         for (int h = 0; h < 2; h++) {
-            if (q8) pack_half_q8_0(w, ldw, b, h, pb);
+            if (q8) pack_half_bytes((const char *)w + (size_t)b * bsz + 2, ldw, h, pb, 0);
             else pack_half_q4_0(w, ldw, b, h, pb);
         }
     }
