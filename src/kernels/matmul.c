@@ -195,7 +195,7 @@ static void q8_gemm_task(void *p, int ith, int nth) {
 /* The row-panel GEMM (M > 1) for Q8_0 / Q4_0 / Q4_K on AVX-512 and AVX2 (on AVX2 it replaced
  * 2 x 2 register tiles with lanes along K, which spent about 11 instructions per 32 products on
  * horizontal work and per-block scales, and Q4_K's row dots: `fitllm bench matmul -p 512` all
- * shapes Q4_0 ~85 -> ~200 GOP/s, Q4_K ~70 -> ~140). */
+ * shapes Q4_0 ~85 -> ~190 GOP/s, Q4_K ~70 -> ~195). */
 static bool panel_path(int32_t type, int64_t M) {
     if (M <= 1 || M > INT32_MAX) return false;
     const fl_isa isa = fl_isa_get();
