@@ -115,6 +115,17 @@ fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K); /* K % 32 == 0 */
 size_t fl_act_q8_bytes(int64_t M, int64_t K);                      /* a->bytes of that allocation */
 void fl_act_q8_free(fl_act_q8 *a);
 void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x); /* scalar reference */
+/* Block i's scale d and code sum s with what derives from them (ms, dv, sv): every quantizer
+ * stores them through this. */
+static inline void fl_act_q8_set_block(fl_act_q8 *a, int64_t i, float d, int32_t s) {
+    a->d[i] = d;
+    a->s[i] = s;
+    a->ms[i] = -(float)s * d;
+    for (int l = 0; l < 8; l++) {
+        a->dv[i * 8 + l] = d;
+        a->sv[i * 8 + l] = -s;
+    }
+}
 /* Fill row m of qs4 from qs (no-op without qs4); the quantizers call it. */
 void fl_act_q8_order_q4(fl_act_q8 *a, int64_t m);
 /* Same result bit for bit (round to nearest even, f16-rounded scale), 16 lanes at a time. */

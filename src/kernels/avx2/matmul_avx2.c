@@ -309,12 +309,7 @@ void fl_act_q8_quantize_row_avx2(fl_act_q8 *a, int64_t m, const float *x) {
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
         const int s = _mm_cvtsi128_si32(s4);
-        const int64_t i = m * a->nb + b;
-        a->d[i] = d;
-        a->s[i] = s;
-        a->ms[i] = -(float)s * d;
-        _mm256_storeu_ps(a->dv + i * 8, _mm256_set1_ps(d));
-        _mm256_storeu_si256((__m256i *)(a->sv + i * 8), _mm256_set1_epi32(-s));
+        fl_act_q8_set_block(a, m * a->nb + b, d, s);
     }
     fl_act_q8_order_q4(a, m);
 }

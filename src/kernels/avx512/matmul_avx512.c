@@ -714,12 +714,7 @@ void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x) {
         _mm_storeu_si128((__m128i *)(q + b * 32), _mm512_cvtepi32_epi8(c0));
         _mm_storeu_si128((__m128i *)(q + b * 32 + 16), _mm512_cvtepi32_epi8(c1));
         const int s = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
-        const int64_t i = m * a->nb + b;
-        a->d[i] = d;
-        a->s[i] = s;
-        a->ms[i] = -(float)s * d;
-        _mm256_storeu_ps(a->dv + i * 8, _mm256_set1_ps(d));
-        _mm256_storeu_si256((__m256i *)(a->sv + i * 8), _mm256_set1_epi32(-s));
+        fl_act_q8_set_block(a, m * a->nb + b, d, s);
     }
     fl_act_q8_order_q4(a, m);
 }

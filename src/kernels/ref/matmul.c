@@ -145,14 +145,7 @@ void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
             q[b * 32 + j] = (int8_t)v;
             s += v;
         }
-        const int64_t i = m * a->nb + b;
-        a->d[i] = d;
-        a->s[i] = s;
-        a->ms[i] = -(float)s * d;
-        for (int l = 0; l < 8; l++) {
-            a->dv[i * 8 + l] = d;
-            a->sv[i * 8 + l] = -s;
-        }
+        fl_act_q8_set_block(a, m * a->nb + b, d, s);
     }
     fl_act_q8_order_q4(a, m);
 }
