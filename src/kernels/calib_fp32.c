@@ -27,7 +27,8 @@ __attribute__((target("avx512f,fma"))) static void loop_avx512(long iters) {
     __m512 acc[CALIB_ACC];
     const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
     for (int i = 0; i < CALIB_ACC; i++) acc[i] = _mm512_set1_ps((float)i);
-    for (long it = 0; it < iters; it++)
+    for (long it = 0; it < iters; it++) /* unrolled so that acc stays in registers (see loop_avx2) */
+#pragma GCC unroll 16
         for (int i = 0; i < CALIB_ACC; i++) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
     for (int i = 1; i < CALIB_ACC; i++) acc[0] = _mm512_add_ps(acc[0], acc[i]);
     calib_sink = _mm512_reduce_add_ps(acc[0]);
@@ -37,7 +38,10 @@ __attribute__((target("avx2,fma"))) static void loop_avx2(long iters) {
     __m256 acc[CALIB_ACC];
     const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
     for (int i = 0; i < CALIB_ACC; i++) acc[i] = _mm256_set1_ps((float)i);
+    /* unrolled so that acc stays in registers: rolled, GCC kept acc on the stack and the loop
+     * timed store-to-load forwarding, not FMAs */
     for (long it = 0; it < iters; it++)
+#pragma GCC unroll 16
         for (int i = 0; i < CALIB_ACC; i++) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
     for (int i = 1; i < CALIB_ACC; i++) acc[0] = _mm256_add_ps(acc[0], acc[i]);
     float t[8];
@@ -49,6 +53,7 @@ static void loop_ref(long iters) {
     float acc[CALIB_ACC];
     for (int i = 0; i < CALIB_ACC; i++) acc[i] = (float)i;
     for (long it = 0; it < iters; it++)
+#pragma GCC unroll 16
         for (int i = 0; i < CALIB_ACC; i++) acc[i] = acc[i] * 0.999999f + 1e-7f;
     float s = 0.0f;
     for (int i = 0; i < CALIB_ACC; i++) s += acc[i];
