@@ -171,6 +171,10 @@ void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act
 void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 void fl_panel_gemm_avx2(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                         int64_t ldy);
+/* The same, prefetching pf_bytes at pf into L2 (the next panel's weight rows) spread over its
+ * block steps, so that the next pack finds them there (NULL: none). */
+void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                           int64_t ldy, const void *pf, size_t pf_bytes);
 /* f32 dot product of n elements. */
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);
