@@ -89,9 +89,9 @@ static void test_all_types_vs_ref(void **state) {
 static void test_gemm_q8_parity(void **state) {
     (void)state;
     const int32_t types[2] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0};
-    const int64_t Ks[3] = {32, 96, 2048}; /* 1 block, odd count (tail), long */
+    const int64_t Ks[4] = {32, 96, 320, 2048}; /* 1 block, odd count (tail), 8 blocks + a tail (the GEMV scales), long */
     for (int ti = 0; ti < 2; ti++)
-        for (int ki = 0; ki < 3; ki++) {
+        for (int ki = 0; ki < 4; ki++) {
             const int64_t K = Ks[ki], N = 6, M = 5;
             qmat q;
             qmat_make(&q, types[ti], N, K);
@@ -232,8 +232,9 @@ static void test_panel_parity(void **state) {
     fl_test_mem_zero();
 }
 
-/* The AVX2 panel tile's integer bounds: Q4_0 codes all 15 against activation codes all +127 or
- * -127 (int16 group sums of 8 x 3810 = 30480), Q8_0 codes -128 and 127 against -127 / +127 (pairs
+/* The AVX2 panel tile's integer bounds: Q4_0 rows of codes all 15 or all 0 against activation
+ * codes all +127 or -127 (int16 lanes from -8 x 16 x 127 = -16256 at the start, fl_act_q8.o4, to
+ * 7 x 16 x 127 or staying at -16256), Q8_0 codes -128 and 127 against -127 / +127 (pairs
  * of 2 x 128 x 127 = 32512) give the exact integer results, as the reference does. */
 static void test_panel_extremes(void **state) {
     (void)state;
@@ -248,7 +249,7 @@ static void test_panel_extremes(void **state) {
                 char *blk = (char *)q.data + n * q.W.nb[1] + b * (types[ti] == FL_TYPE_Q8_0 ? 34 : 18);
                 const uint16_t one = 0x3C00; /* f16 1.0 */
                 memcpy(blk, &one, 2);
-                if (types[ti] == FL_TYPE_Q4_0) memset(blk + 2, 0xFF, 16);
+                if (types[ti] == FL_TYPE_Q4_0) memset(blk + 2, n % 2 ? 0x00 : 0xFF, 16); /* w - 8 = -8 or 7 */
                 else memset(blk + 2, n % 2 ? 0x80 : 0x7F, 32); /* -128 or 127 */
             }
         float *x = frand_buf(M * K);
@@ -264,7 +265,7 @@ static void test_panel_extremes(void **state) {
         fl_panel_gemm_avx2(types[ti], p, (int)N, &a, 0, (int)M, got, N);
         for (int64_t i = 0; i < M * N; i++) {
             /* the integer sum times d_x = 1/127 (f16), exactly representable: e.g. Q4_0 7 x 127 x 256 */
-            const double want = (double)(types[ti] == FL_TYPE_Q4_0 ? 7 : (i % N) % 2 ? -128 : 127) *
+            const double want = (double)(types[ti] == FL_TYPE_Q4_0 ? ((i % N) % 2 ? -8 : 7) : (i % N) % 2 ? -128 : 127) *
                                 ((i / N) % 2 ? -127 : 127) * (double)K * (double)a.d[(i / N) * a.nb];
             CHECK_NEAR(ref[i], want, 1e-6 * fabs(want));
             CHECK_NEAR(got[i], want, 1e-6 * fabs(want));
@@ -716,6 +717,14 @@ static void test_act_quant_parity(void **state) {
         assert_memory_equal(a.ms, b.ms, (size_t)(M * a.nb) * 4);
         assert_memory_equal(a.dv, b.dv, (size_t)(M * a.nb) * 32);
         assert_memory_equal(a.sv, b.sv, (size_t)(M * a.nb) * 32);
+        assert_memory_equal(a.o4, b.o4, (size_t)(M * a.nb) * 4);
+    }
+    /* o4: -8 x the sums of the codes k % 4 < 2 (low int16) and k % 4 >= 2 (high) */
+    for (int64_t i = 0; i < M * a.nb; i++) {
+        int lo = 0, hi = 0;
+        for (int j = 0; j < 32; j++) *(j % 4 < 2 ? &lo : &hi) += a.qs[i * 32 + j];
+        assert_int_equal((int16_t)(a.o4[i] & 0xFFFF), -8 * lo);
+        assert_int_equal((int16_t)((uint32_t)a.o4[i] >> 16), -8 * hi);
     }
     fl_act_q8_free(&a);
     fl_act_q8_free(&b);

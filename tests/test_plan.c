@@ -287,7 +287,7 @@ static void test_step_buffers(void **state) {
     /* q4_K: on AVX-512 and AVX2 the int8 panel path (activations as below + one 16-row panel per
      * thread with its mins: 448 blocks x (576 + 64) bytes); otherwise 8 dequantized f32 rows per
      * thread */
-    const uint64_t act8 = 512ull * 14336 + 3 * 512ull * 448 * 4 + 2 * 512ull * 448 * 32;
+    const uint64_t act8 = 512ull * 14336 + 4 * 512ull * 448 * 4 + 2 * 512ull * 448 * 32;
     if (fl_amx_bf16_usable()) /* AMX-BF16 tiles (64 tokens or more): 512 tokens x 14336 bf16 activations,
                                * and per thread 32 panels of 16 x 1024 bf16 values (1 MiB) and an f32
                                * row of 1024 values */

@@ -107,6 +107,9 @@ typedef struct fl_act_q8 {
                         * Q4_0 group's low / high nibbles (the AVX-512 GEMV); a tail of nb % 4
                         * blocks is left unset */
     int32_t *sv4;      /* with qs4: [M][nb][4] -2 * s (4 lanes of a block start at -8 s in all) */
+    int32_t *o4;       /* [M][nb]: two int16, -8 x (the sum of the codes k % 4 < 2) low and -8 x
+                        * (k % 4 >= 2) high: where the AVX2 Q4_0 panel tile's int16 lanes start,
+                        * so that they end at sum (w - 8) x with no offset step (|.| <= 16256) */
     size_t bytes;      /* one allocation (FL_MEM_SCRATCH) */
     void *mem;
 } fl_act_q8;
@@ -126,7 +129,7 @@ static inline void fl_act_q8_set_block(fl_act_q8 *a, int64_t i, float d, int32_t
         a->sv[i * 8 + l] = -s;
     }
 }
-/* Fill row m of qs4 from qs (no-op without qs4); the quantizers call it. */
+/* Fill row m of o4, and of qs4 (none without it), from qs; the quantizers call it. */
 void fl_act_q8_order_q4(fl_act_q8 *a, int64_t m);
 /* Same result bit for bit (round to nearest even, f16-rounded scale), 16 lanes at a time. */
 void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x);

@@ -176,42 +176,86 @@ static float dot_q6_K(const char *w, const fl_act_q8 *a, int64_t m) {
  * load and its Q4_0 offset lanes; Q4_0 nibbles are split by a 128-bit broadcast load and one
  * variable shift (0 in the low half, 4 in the high).  The lanes, the f32 folds and the final
  * sum are those of tile() (llama.cpp's order), so the bits are the same. */
-INLINE void gemv_rows(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, int64_t m, float *y, const int NR) {
-    const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8), m4 = _mm256_set1_epi8(0x0F);
+/* 8 f16 at p, p + stride, ... as 8 f32 (one insert each, one convert). */
+INLINE __m256 f16x8(const char *p, const size_t stride) {
+    uint16_t d;
+    __m128i v = _mm_setzero_si128();
+#define LANE(i) memcpy(&d, p + (i) * stride, 2), v = _mm_insert_epi16(v, d, i)
+    LANE(0); LANE(1); LANE(2); LANE(3); LANE(4); LANE(5); LANE(6); LANE(7);
+#undef LANE
+    return _mm256_cvtph_ps(v);
+}
+
+/* One block of NR rows: acc[r] += (row r's lanes) * sc[r] (d_w d_x, broadcast from memory). */
+INLINE void gemv_block(int32_t wtype, const char *w, size_t ldw, int64_t b, __m256i xv, __m256i off, const float *sc,
+                       size_t sc_stride, __m256 *acc, const int NR) {
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
     const __m256i split = _mm256_setr_epi64x(0, 0, 4, 4);
+    if (wtype == FL_TYPE_Q4_0) {
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const fl_block_q4_0 *p = (const fl_block_q4_0 *)(w + (size_t)r * ldw) + b;
+            const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p->qs));
+            const __m256i wv = _mm256_and_si256(_mm256_srlv_epi64(q, split), m4);
+            const __m256i is = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones), off);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_broadcast_ss(sc + (size_t)r * sc_stride), acc[r]);
+        }
+    } else {
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const fl_block_q8_0 *p = (const fl_block_q8_0 *)(w + (size_t)r * ldw) + b;
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)p->qs);
+            const __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_broadcast_ss(sc + (size_t)r * sc_stride), acc[r]);
+        }
+    }
+}
+
+/* One token (decode GEMV) x NR rows of Q4_0 / Q8_0: the rows share each block's activation
+ * load and its Q4_0 offset lanes; Q4_0 nibbles are split by a 128-bit broadcast load and one
+ * variable shift (0 in the low half, 4 in the high).  The scales d_w d_x of 8 blocks of a row
+ * are made at once (f16x8, one multiply) and broadcast from a small buffer, which took the
+ * per-block scalar convert, multiply and broadcast off the vector unit.  The lanes, the f32
+ * folds and the final sum are those of tile() (llama.cpp's order), so the bits are the same. */
+INLINE void gemv_rows(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, int64_t m, float *y, const int NR) {
+    const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8);
     const int8_t *xq = a->qs + m * a->K;
     const float *dx = a->d + m * a->nb;
     __m256 acc[4];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     const int64_t nb = a->nb;
-    const size_t bsz = wtype == FL_TYPE_Q4_0 ? sizeof(fl_block_q4_0) : sizeof(fl_block_q8_0);
+    const bool q4 = wtype == FL_TYPE_Q4_0;
+    const size_t bsz = q4 ? sizeof(fl_block_q4_0) : sizeof(fl_block_q8_0);
     /* the NR rows are NR * ldw contiguous bytes: sweep the next NR rows into the cache at the
      * rate these are read (one stream ahead of the NR the loads interleave) */
     const char *pf = w + (size_t)NR * ldw;
-    for (int64_t b = 0; b < nb; b++) {
+    _Alignas(32) float sc[4][8];
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const __m256 dx8 = _mm256_loadu_ps(dx + b);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) _mm256_store_ps(sc[r], _mm256_mul_ps(f16x8(w + (size_t)r * ldw + (size_t)b * bsz, bsz), dx8));
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            for (size_t l = 0; l < (size_t)NR * bsz; l += 64) _mm_prefetch(pf + (size_t)(b + j) * NR * bsz + l, _MM_HINT_T0);
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (b + j) * 32));
+            const __m256i off = q4 ? _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xv), ones) : _mm256_setzero_si256();
+            gemv_block(wtype, w, ldw, b + j, xv, off, &sc[0][j], 8, acc, NR);
+        }
+    }
+    for (; b < nb; b++) { /* the tail: one block at a time */
         for (size_t l = 0; l < (size_t)NR * bsz; l += 64) _mm_prefetch(pf + (size_t)b * NR * bsz + l, _MM_HINT_T0);
         const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + b * 32));
-        const float d = dx[b];
-        if (wtype == FL_TYPE_Q4_0) {
-            const __m256i off = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xv), ones);
+        const __m256i off = q4 ? _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xv), ones) : _mm256_setzero_si256();
+        float s1[4];
 #pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                const fl_block_q4_0 *p = (const fl_block_q4_0 *)(w + (size_t)r * ldw) + b;
-                const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p->qs));
-                const __m256i wv = _mm256_and_si256(_mm256_srlv_epi64(q, split), m4);
-                const __m256i is = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones), off);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(_cvtsh_ss(p->d) * d), acc[r]);
-            }
-        } else {
-#pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                const fl_block_q8_0 *p = (const fl_block_q8_0 *)(w + (size_t)r * ldw) + b;
-                const __m256i wv = _mm256_loadu_si256((const __m256i *)p->qs);
-                const __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(_cvtsh_ss(p->d) * d), acc[r]);
-            }
+        for (int r = 0; r < NR; r++) {
+            uint16_t d;
+            memcpy(&d, w + (size_t)r * ldw + (size_t)b * bsz, 2);
+            s1[r] = _cvtsh_ss(d) * dx[b];
         }
+        gemv_block(wtype, w, ldw, b, xv, off, s1, 1, acc, NR);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) y[r] = hsum8(acc[r]);
@@ -219,8 +263,16 @@ INLINE void gemv_rows(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 
 
 static void gemv_q8(int32_t wtype, const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m, float *y) {
     int r = 0;
-    for (; r + 4 <= nr; r += 4) gemv_rows(wtype, w + (size_t)r * ldw, ldw, a, m, y + r, 4);
-    for (; r < nr; r++) gemv_rows(wtype, w + (size_t)r * ldw, ldw, a, m, y + r, 1);
+    /* the type a constant in each copy (the scale loads' offsets with it) */
+#define ROWS(T)                                                                          \
+    for (; r + 4 <= nr; r += 4) gemv_rows(T, w + (size_t)r * ldw, ldw, a, m, y + r, 4); \
+    for (; r < nr; r++) gemv_rows(T, w + (size_t)r * ldw, ldw, a, m, y + r, 1)
+    if (wtype == FL_TYPE_Q4_0) {
+        ROWS(FL_TYPE_Q4_0);
+    } else {
+        ROWS(FL_TYPE_Q8_0);
+    }
+#undef ROWS
 }
 
 void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,

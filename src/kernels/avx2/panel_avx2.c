@@ -6,9 +6,12 @@
  * Per block, for each of the 8 groups of 4 codes: one 32-byte load holds 8 rows x 4 codes and
  * one broadcast holds a token's 4 activation codes.
  * - Q4_0 / Q4_K (unsigned codes 0..15): vpmaddubsw, and the 8 groups' int16 pair sums are added
- *   in int16: |pair| <= 2 * 15 * 127 = 3810, so 8 of them stay within 30480 < 32767 and the sums
- *   are exact.  One vpmaddwd per block and token widens them; Q4_0 then adds -8 * (the token's
- *   code sum) (fl_act_q8.sv shifted), Q4_K adds its mins term in f32 (fl_act_q8.ms).
+ *   in int16.  Q4_K: |pair| <= 2 * 15 * 127 = 3810, so 8 of them stay within 30480 < 32767 and
+ *   the sums are exact; one vpmaddwd per block and token widens them and the mins term is added
+ *   in f32 (fl_act_q8.ms).  Q4_0: each int16 lane starts at -8 x the sum of its 16 activation
+ *   codes (fl_act_q8.o4), so after g groups it holds sum (w - 8) x over the codes done plus
+ *   -8 x over the rest: 16 terms of at most 8 * 127, |.| <= 16256, and it ends at the offset sum
+ *   with no per-block offset step.
  * - Q8_0 (panel codes + 128): the weight vector is flipped back to signed once per group and
  *   multiplied as |w| x sign(x, w) (pairs up to 2 * 127 * 127 = 32258, no saturation), each group
  *   widened by vpmaddwd and added in int32.
@@ -151,7 +154,7 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
                  int64_t ldy, int nr8, const char *pf, const char *pf_end, int pf_per_block) {
     const int64_t nb = a->nb, K = a->K;
     const int8_t *xq0 = a->qs + m0 * K;
-    const int32_t *sv0 = a->sv + m0 * nb * 8;
+    const int32_t *o40 = a->o4 + m0 * nb;
     const float *d0 = a->d + m0 * nb, *ms0 = a->ms + m0 * nb;
     const float *mins = kind == P_Q4K ? (const float *)(pan + nb * PANEL_BLOCK) + 8 * h : NULL;
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
@@ -162,6 +165,9 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
         const char *pb = pan + b * PANEL_BLOCK;
         for (int i = 0; i < pf_per_block && pf < pf_end; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
         __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+        if (kind == P_Q4) /* the int16 lanes start at -8 x (their codes' sums): fl_act_q8.o4 */
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) s[t] = _mm256_set1_epi32(o40[t * nb + b]);
 #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) {
             const __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + 64 + 64 * g + 32 * h));
@@ -188,8 +194,6 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
         for (int t = 0; t < NT; t++) {
             __m256i is = s[t];
             if (kind != P_Q8) is = _mm256_madd_epi16(is, ones);
-            if (kind == P_Q4) /* - 8 * (code sum): sv holds -s in 8 lanes */
-                is = _mm256_add_epi32(is, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(sv0 + (t * nb + b) * 8)), 3));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(d0[t * nb + b])), acc[t]);
         }
         if (kind == P_Q4K) {

@@ -100,7 +100,7 @@ size_t fl_act_q8_bytes(int64_t M, int64_t K) {
     const size_t qs = ((size_t)(M * K) + 63) & ~(size_t)63, d = (size_t)(M * nb) * 4;
     const size_t d64 = (d + 63) & ~(size_t)63, v = (size_t)(M * nb) * 32;
     const size_t q4 = M == 1 ? qs + (((size_t)nb * 16 + 63) & ~(size_t)63) : 0; /* M == 1: qs4 and sv4 */
-    return qs + 3 * d64 + 2 * v + q4;
+    return qs + 4 * d64 + 2 * v + q4;
 }
 
 fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
@@ -120,6 +120,7 @@ fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
     a->dv = (float *)p; p += v;
     a->sv = (int32_t *)p; p += v;
     a->ms = (float *)p; p += d64;
+    a->o4 = (int32_t *)p; p += d64;
     a->qs4 = M == 1 ? (int8_t *)p : NULL;
     a->sv4 = M == 1 ? (int32_t *)(p + qs) : NULL;
     return FL_OK;
@@ -151,8 +152,16 @@ void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
 }
 
 void fl_act_q8_order_q4(fl_act_q8 *a, int64_t m) {
-    if (!a->qs4) return;
     const int8_t *q = a->qs + m * a->K;
+    for (int64_t b = 0; b < a->nb; b++) {
+        int lo = 0, hi = 0;
+        for (int j = 0; j < 32; j++) {
+            if (j % 4 < 2) lo += q[b * 32 + j];
+            else hi += q[b * 32 + j];
+        }
+        a->o4[m * a->nb + b] = (int32_t)(((uint32_t)(uint16_t)(int16_t)(-8 * hi) << 16) | (uint16_t)(int16_t)(-8 * lo));
+    }
+    if (!a->qs4) return;
     int8_t *o = a->qs4 + m * a->K;
     for (int64_t b = 0; b < a->nb; b++)
         for (int l = 0; l < 4; l++) a->sv4[(m * a->nb + b) * 4 + l] = -2 * a->s[m * a->nb + b];
