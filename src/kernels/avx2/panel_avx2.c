@@ -15,8 +15,10 @@
  * - Q8_0 (panel codes + 128): the weight vector is flipped back to signed once per group and
  *   multiplied as |w| x sign(x, w) (pairs up to 2 * 127 * 127 = 32258, no saturation), each group
  *   widened by vpmaddwd and added in int32.
- * Then one convert and one fma with d_w (8 lanes) * d_x per block and token.  A tile is 8 rows
- * (half a panel) x up to 4 tokens; the 4 tokens share each weight load.  On this kind of core
+ * Then one convert and one fma with d_w (8 lanes) * d_x per block and token.  A Q8_0 tile is 8
+ * rows (half a panel) x up to 4 tokens, the 4 tokens sharing each weight load; a Q4_0 / Q4_K
+ * tile is the whole panel (both halves) x up to 2 tokens, each token's broadcast activation
+ * group serving 16 rows.  On this kind of core
  * (two vector integer multipliers) the Q4_0 tile needs one multiply per 32 products where the
  * int8 calibration loop needs two, so it can pass that loop's rate.
  * Reference: fl_panel_gemm_ref (the same integer sums; only the f32 order of the folds differs). */
@@ -149,9 +151,10 @@ void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_
 
 enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2 };
 
-/* Rows 8h..8h+7 of the panel x tokens m0..m0+NT-1 (NT <= 4), y[t * ldy + r] for r < nr8. */
-INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, const int kind, int h, float *y,
-                 int64_t ldy, int nr8, const char *pf, const char *pf_end, int pf_per_block) {
+/* Rows 8h..8h+8HH-1 of the panel (HH halves: 1, or 2 with h = 0) x tokens m0..m0+NT-1
+ * (HH x NT <= 4 accumulators), y[t * ldy + r] for r < nr (rows present from 8h). */
+INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, const int HH, const int kind, int h,
+                 float *y, int64_t ldy, int nr, const char *pf, const char *pf_end, int pf_per_block) {
     const int64_t nb = a->nb, K = a->K;
     const int8_t *xq0 = a->qs + m0 * K;
     const int32_t *o40 = a->o4 + m0 * nb;
@@ -160,89 +163,106 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
     __m256 acc[4];
 #pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int u = 0; u < HH * NT; u++) acc[u] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *pb = pan + b * PANEL_BLOCK;
         for (int i = 0; i < pf_per_block && pf < pf_end; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
         __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
         if (kind == P_Q4) /* the int16 lanes start at -8 x (their codes' sums): fl_act_q8.o4 */
 #pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) s[t] = _mm256_set1_epi32(o40[t * nb + b]);
+            for (int u = 0; u < HH * NT; u++) s[u] = _mm256_set1_epi32(o40[(u % NT) * nb + b]);
 #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) {
-            const __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + 64 + 64 * g + 32 * h));
-            if (kind == P_Q8) {
-                const __m256i ws = _mm256_xor_si256(wv, flip), wa = _mm256_sign_epi8(ws, ws);
+            __m256i wv[2], ws[2], wa[2];
+#pragma GCC unroll 2
+            for (int hh = 0; hh < HH; hh++) {
+                wv[hh] = _mm256_loadu_si256((const __m256i *)(pb + 64 + 64 * g + 32 * (h + hh)));
+                if (kind == P_Q8) ws[hh] = _mm256_xor_si256(wv[hh], flip), wa[hh] = _mm256_sign_epi8(ws[hh], ws[hh]);
+            }
 #pragma GCC unroll 4
-                for (int t = 0; t < NT; t++) {
-                    const __m256i xv = _mm256_set1_epi32(((const int32_t *)(xq0 + t * K + b * 32))[g]);
-                    s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, ws)), ones));
-                }
-            } else {
-#pragma GCC unroll 4
-                for (int t = 0; t < NT; t++) {
-                    const __m256i xv = _mm256_set1_epi32(((const int32_t *)(xq0 + t * K + b * 32))[g]);
-                    s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(wv, xv));
+            for (int t = 0; t < NT; t++) {
+                const __m256i xv = _mm256_set1_epi32(((const int32_t *)(xq0 + t * K + b * 32))[g]);
+#pragma GCC unroll 2
+                for (int hh = 0; hh < HH; hh++) {
+                    const int u = hh * NT + t;
+                    if (kind == P_Q8)
+                        s[u] = _mm256_add_epi32(s[u], _mm256_madd_epi16(_mm256_maddubs_epi16(wa[hh], _mm256_sign_epi8(xv, ws[hh])), ones));
+                    else s[u] = _mm256_add_epi16(s[u], _mm256_maddubs_epi16(wv[hh], xv));
                 }
             }
             /* one group at a time: without this GCC reassociated the adds of all 8 groups,
              * computed every product first and spilled them (~1.6x slower tiles) */
             __asm__("" : "+x"(s[0]), "+x"(s[1]), "+x"(s[2]), "+x"(s[3]));
         }
-        const __m256 dw = _mm256_loadu_ps((const float *)pb + 8 * h);
+#pragma GCC unroll 2
+        for (int hh = 0; hh < HH; hh++) {
+            const __m256 dw = _mm256_loadu_ps((const float *)pb + 8 * (h + hh));
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            __m256i is = s[t];
-            if (kind != P_Q8) is = _mm256_madd_epi16(is, ones);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(d0[t * nb + b])), acc[t]);
-        }
-        if (kind == P_Q4K) {
-            const __m256 mv = _mm256_loadu_ps(mins + b * FL_PANEL_ROWS);
+            for (int t = 0; t < NT; t++) {
+                const int u = hh * NT + t;
+                __m256i is = s[u];
+                if (kind != P_Q8) is = _mm256_madd_epi16(is, ones);
+                acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(d0[t * nb + b])), acc[u]);
+            }
+            if (kind == P_Q4K) {
+                const __m256 mv = _mm256_loadu_ps(mins + b * FL_PANEL_ROWS + 8 * hh);
 #pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(ms0[t * nb + b]), acc[t]);
+                for (int t = 0; t < NT; t++) acc[hh * NT + t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(ms0[t * nb + b]), acc[hh * NT + t]);
+            }
         }
     }
+#pragma GCC unroll 2
+    for (int hh = 0; hh < HH; hh++) {
+        const int nr8 = nr - 8 * hh;
 #pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) {
-        if (nr8 >= 8) _mm256_storeu_ps(y + t * ldy, acc[t]);
-        else {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, acc[t]);
-            memcpy(y + t * ldy, tmp, (size_t)nr8 * sizeof(float));
+        for (int t = 0; t < NT; t++) {
+            float *yt = y + t * ldy + 8 * hh;
+            if (nr8 >= 8) _mm256_storeu_ps(yt, acc[hh * NT + t]);
+            else {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, acc[hh * NT + t]);
+                memcpy(yt, tmp, (size_t)nr8 * sizeof(float));
+            }
         }
     }
 }
 
 typedef void (*tile_fn)(const char *, const fl_act_q8 *, int64_t, int, float *, int64_t, int, const char *, const char *,
                         int);
-#define DEFINE_TILE(n, k)                                                                                      \
-    static void tile_##n##_##k(const char *pan, const fl_act_q8 *a, int64_t m0, int h, float *y, int64_t ldy, \
-                               int nr8, const char *pf, const char *pf_end, int pf_per_block) {                \
-        tile(pan, a, m0, n, k, h, y, ldy, nr8, pf, pf_end, pf_per_block);                                      \
+#define DEFINE_TILE(hh, n, k)                                                                                       \
+    static void tile_##hh##_##n##_##k(const char *pan, const fl_act_q8 *a, int64_t m0, int h, float *y, int64_t ldy, \
+                                      int nr, const char *pf, const char *pf_end, int pf_per_block) {              \
+        tile(pan, a, m0, n, hh, k, h, y, ldy, nr, pf, pf_end, pf_per_block);                                        \
     }
-#define DEFINE_TILES(k) DEFINE_TILE(1, k) DEFINE_TILE(2, k) DEFINE_TILE(3, k) DEFINE_TILE(4, k)
+#define DEFINE_TILES(k) \
+    DEFINE_TILE(1, 1, k) DEFINE_TILE(1, 2, k) DEFINE_TILE(1, 3, k) DEFINE_TILE(1, 4, k) DEFINE_TILE(2, 1, k) DEFINE_TILE(2, 2, k)
 DEFINE_TILES(P_Q8)
 DEFINE_TILES(P_Q4)
 DEFINE_TILES(P_Q4K)
 
 void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                            int64_t ldy, const void *pf, size_t pf_bytes) {
-#define ROW(k) {NULL, tile_1_##k, tile_2_##k, tile_3_##k, tile_4_##k}
-    static const tile_fn tiles[3][5] = {ROW(P_Q8), ROW(P_Q4), ROW(P_Q4K)};
+#define ROW(k) {{NULL, tile_1_1_##k, tile_1_2_##k, tile_1_3_##k, tile_1_4_##k}, {NULL, tile_2_1_##k, tile_2_2_##k, NULL, NULL}}
+    static const tile_fn tiles[3][2][5] = {ROW(P_Q8), ROW(P_Q4), ROW(P_Q4K)};
 #undef ROW
     const int k = wtype == FL_TYPE_Q8_0 ? P_Q8 : wtype == FL_TYPE_Q4_K ? P_Q4K : P_Q4;
-    const int halves = nr > 8 ? 2 : 1;
-    const int64_t calls = (int64_t)((nt + 3) / 4) * halves, nb = a->nb;
+    /* Q4_0 / Q4_K: both halves x 2 tokens per call, so each broadcast activation group serves
+     * 16 rows (best of 5, one core, in-cache 16 x 2048 panel: Q4_0 186 -> 206 GOP/s at 16 tokens,
+     * 179 -> 198 at 512; `bench matmul -p 64 --types Q4_K --stream-mib 1` 251 -> 269).  Q8_0
+     * keeps 8 rows x 4 tokens: with its signed copies of both halves live it lost (120 -> 116). */
+    const bool both = nr > 8 && k != P_Q8;
+    const int halves = nr > 8 && !both ? 2 : 1, step = both ? 2 : 4;
+    const int64_t calls = (int64_t)((nt + step - 1) / step) * halves, nb = a->nb;
     /* the prefetch spread over every block step of every call: each call its share, a few lines
      * per block */
     const size_t lines = (pf_bytes + 63) / 64, share = pf ? (lines + (size_t)calls - 1) / (size_t)calls : 0;
     const int per_block = (int)((share + (size_t)nb - 1) / (size_t)nb);
     const char *p = pf, *end = pf ? (const char *)pf + pf_bytes : NULL;
-    for (int t = 0; t < nt; t += 4) {
-        const int n = nt - t < 4 ? nt - t : 4;
+    for (int t = 0; t < nt; t += step) {
+        const int n = nt - t < step ? nt - t : step;
         for (int h = 0; h < halves; h++) {
             const char *e = p && p + share * 64 < end ? p + share * 64 : end;
-            tiles[k][n]((const char *)panel, a, m0 + t, h, y + t * ldy + 8 * h, ldy, nr - 8 * h, p, e, per_block);
+            tiles[k][both][n]((const char *)panel, a, m0 + t, h, y + t * ldy + 8 * h, ldy, nr - 8 * h, p, e, per_block);
             p = e;
         }
     }
