@@ -62,7 +62,34 @@ static void accum_ref(float *restrict acc, float alpha, const float *e, const fl
     }
 }
 
+/* One key's dot as scores_avx2 sums it (two chains over the 16-dim steps, then a fixed
+ * horizontal order). */
+#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma")))
+AVX2_INLINE float hsum_scores_avx2(__m256 s0, __m256 s1) {
+    s0 = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
 __attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, const float *kb, int32_t ja, int32_t jb, int32_t hd, float scale, float *sc) {
+    if (hd == 64) { /* q in 8 registers across the keys (half the loads), the same sums */
+        __m256 qv[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) qv[c] = _mm256_loadu_ps(q + 8 * c);
+        for (int32_t j = ja; j < jb; j++) {
+            const float *k = kb + (size_t)j * 64;
+            __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+#pragma GCC unroll 4
+            for (int c = 0; c < 8; c += 2) {
+                s0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k + 8 * c), s0);
+                s1 = _mm256_fmadd_ps(qv[c + 1], _mm256_loadu_ps(k + 8 * c + 8), s1);
+            }
+            sc[j] = hsum_scores_avx2(s0, s1) * scale;
+        }
+        return;
+    }
     for (int32_t j = ja; j < jb; j++) {
         const float *k = kb + (size_t)j * (size_t)hd;
         __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -75,19 +102,31 @@ __attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, cons
             s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), s0);
             d += 8;
         }
-        s0 = _mm256_add_ps(s0, s1);
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        float r = _mm_cvtss_f32(h);
+        float r = hsum_scores_avx2(s0, s1);
         for (; d < hd; d++) r += q[d] * k[d];
         sc[j] = r * scale;
     }
 }
 
+/* acc = acc * alpha + sum_j e[j] v_j, per dim in key order (the reference's arithmetic), up to 64
+ * dims in 8 registers per pass over the keys: with one 8-dim register per pass each key's fma
+ * waited for the previous one (the fma latency per key and 8 dims). */
 __attribute__((target("avx2,fma"))) static void accum_avx2(float *restrict acc, float alpha, const float *e, const float *restrict vb, int32_t ja, int32_t jb, int32_t hd) {
     int32_t d = 0;
-    for (; d + 8 <= hd; d += 8) { /* 8 dims of acc stay in a register across the rows */
+    for (; d + 64 <= hd; d += 64) {
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) a[c] = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 8 * c), _mm256_set1_ps(alpha));
+        for (int32_t j = ja; j < jb; j++) {
+            const __m256 ej = _mm256_set1_ps(e[j]);
+            const float *v = vb + (size_t)j * (size_t)hd + d;
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) a[c] = _mm256_fmadd_ps(ej, _mm256_loadu_ps(v + 8 * c), a[c]);
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(acc + d + 8 * c, a[c]);
+    }
+    for (; d + 8 <= hd; d += 8) {
         __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + d), _mm256_set1_ps(alpha));
         for (int32_t j = ja; j < jb; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), _mm256_loadu_ps(vb + (size_t)j * (size_t)hd + d), a);
         _mm256_storeu_ps(acc + d, a);
