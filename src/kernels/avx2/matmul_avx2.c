@@ -236,7 +236,7 @@ INLINE void gemv_rows(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 
         const __m256 dx8 = _mm256_loadu_ps(dx + b);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) _mm256_store_ps(sc[r], _mm256_mul_ps(f16x8(w + (size_t)r * ldw + (size_t)b * bsz, bsz), dx8));
-#pragma GCC unroll 8
+#pragma GCC unroll 1 /* rolled: unrolled, GCC hoisted the 32 scale addresses and spilled them (Q8_0 in L2 31 -> 33 GB/s one core) */
         for (int j = 0; j < 8; j++) {
             for (size_t l = 0; l < (size_t)NR * bsz; l += 64) _mm_prefetch(pf + (size_t)(b + j) * NR * bsz + l, _MM_HINT_T0);
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (b + j) * 32));
