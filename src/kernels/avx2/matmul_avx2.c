@@ -6,6 +6,7 @@
  * the tile's rows), so every lane holds sum (w - 8) x as llama.cpp's AVX2 dot does and the f32
  * sums take its rounding; Q8_0 uses |w| and sign(x, w).  Tiles of 2 rows x 2 tokens keep the
  * accumulators in registers.  Reference: fl_gemm_q8_ref; order: fl_dot_q8_llama. */
+#include "kernels/avx2/f16x8_avx2.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 
@@ -172,20 +173,6 @@ static float dot_q6_K(const char *w, const fl_act_q8 *a, int64_t m) {
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-/* One token (decode GEMV) x NR rows of Q4_0 / Q8_0: the rows share each block's activation
- * load and its Q4_0 offset lanes; Q4_0 nibbles are split by a 128-bit broadcast load and one
- * variable shift (0 in the low half, 4 in the high).  The lanes, the f32 folds and the final
- * sum are those of tile() (llama.cpp's order), so the bits are the same. */
-/* 8 f16 at p, p + stride, ... as 8 f32 (one insert each, one convert). */
-INLINE __m256 f16x8(const char *p, const size_t stride) {
-    uint16_t d;
-    __m128i v = _mm_setzero_si128();
-#define LANE(i) memcpy(&d, p + (i) * stride, 2), v = _mm_insert_epi16(v, d, i)
-    LANE(0); LANE(1); LANE(2); LANE(3); LANE(4); LANE(5); LANE(6); LANE(7);
-#undef LANE
-    return _mm256_cvtph_ps(v);
-}
-
 /* One block of NR rows: acc[r] += (row r's lanes) * sc[r] (d_w d_x, broadcast from memory). */
 INLINE void gemv_block(int32_t wtype, const char *w, size_t ldw, int64_t b, __m256i xv, __m256i off, const float *sc,
                        size_t sc_stride, __m256 *acc, const int NR) {
@@ -214,7 +201,7 @@ INLINE void gemv_block(int32_t wtype, const char *w, size_t ldw, int64_t b, __m2
 /* One token (decode GEMV) x NR rows of Q4_0 / Q8_0: the rows share each block's activation
  * load and its Q4_0 offset lanes; Q4_0 nibbles are split by a 128-bit broadcast load and one
  * variable shift (0 in the low half, 4 in the high).  The scales d_w d_x of 8 blocks of a row
- * are made at once (f16x8, one multiply) and broadcast from a small buffer, which took the
+ * are made at once (fl_f16x8_avx2, one multiply) and broadcast from a small buffer, which took the
  * per-block scalar convert, multiply and broadcast off the vector unit.  The lanes, the f32
  * folds and the final sum are those of tile() (llama.cpp's order), so the bits are the same. */
 INLINE void gemv_rows(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, int64_t m, float *y, const int NR) {
@@ -235,7 +222,7 @@ INLINE void gemv_rows(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 
     for (; b + 8 <= nb; b += 8) {
         const __m256 dx8 = _mm256_loadu_ps(dx + b);
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) _mm256_store_ps(sc[r], _mm256_mul_ps(f16x8(w + (size_t)r * ldw + (size_t)b * bsz, bsz), dx8));
+        for (int r = 0; r < NR; r++) _mm256_store_ps(sc[r], _mm256_mul_ps(fl_f16x8_avx2(w + (size_t)r * ldw + (size_t)b * bsz, bsz), dx8));
 #pragma GCC unroll 1 /* rolled: unrolled, GCC hoisted the 32 scale addresses and spilled them (Q8_0 in L2 31 -> 33 GB/s one core) */
         for (int j = 0; j < 8; j++) {
             for (size_t l = 0; l < (size_t)NR * bsz; l += 64) _mm_prefetch(pf + (size_t)(b + j) * NR * bsz + l, _MM_HINT_T0);

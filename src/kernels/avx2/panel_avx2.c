@@ -22,6 +22,7 @@
  * (two vector integer multipliers) the Q4_0 tile needs one multiply per 32 products where the
  * int8 calibration loop needs two, so it can pass that loop's rate.
  * Reference: fl_panel_gemm_ref (the same integer sums; only the f32 order of the folds differs). */
+#include "kernels/avx2/f16x8_avx2.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 
@@ -90,16 +91,6 @@ INLINE void pack_half_bytes(const char *p, size_t ldw, int h, char *pb, const in
     }
 }
 
-/* The f16 scales at p, p + ldw, ..., p + 7 ldw as 8 f32. */
-INLINE __m256 scales8(const char *p, size_t ldw) {
-    uint16_t d;
-    __m128i v = _mm_setzero_si128();
-#define LANE(r) memcpy(&d, p + (size_t)(r) * ldw, 2), v = _mm_insert_epi16(v, d, r)
-    LANE(0); LANE(1); LANE(2); LANE(3); LANE(4); LANE(5); LANE(6); LANE(7);
-#undef LANE
-    return _mm256_cvtph_ps(v);
-}
-
 /* Q4_K: panel block b is sub-block j = b % 8 of super-block b / 8; scales d sc_j, then the
  * mins dmin m_j after the blocks (fl_panel_pack_ref's bytes). */
 static void pack_q4_K(const char *w, size_t ldw, int64_t K, char *panel) {
@@ -138,8 +129,8 @@ void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_
     for (int64_t b = 0; b < nb; b++) {
         char *pb = (char *)panel + b * PANEL_BLOCK;
         const char *wb = (const char *)w + (size_t)b * bsz;
-        _mm256_storeu_ps((float *)pb, scales8(wb, ldw));
-        _mm256_storeu_ps((float *)pb + 8, scales8(wb + 8 * ldw, ldw));
+        _mm256_storeu_ps((float *)pb, fl_f16x8_avx2(wb, ldw));
+        _mm256_storeu_ps((float *)pb + 8, fl_f16x8_avx2(wb + 8 * ldw, ldw));
         for (int h = 0; h < 2; h++) {
             if (q8) pack_half_bytes(wb + 2, ldw, h, pb, 0);
             else pack_half_q4_0(w, ldw, b, h, pb);
