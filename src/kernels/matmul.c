@@ -208,8 +208,6 @@ static void q8_panel_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
     const bool avx512 = fl_isa_get() == FL_ISA_AVX512;
     void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = avx512 ? fl_panel_pack_avx512 : fl_panel_pack_avx2;
-    void (*gemm)(int32_t, const void *, int, const fl_act_q8 *, int64_t, int, float *, int64_t) =
-        avx512 ? fl_panel_gemm_avx512 : fl_panel_gemm_avx2;
     const int64_t N = c->W->ne[1], K = c->W->ne[0];
     const size_t ldw = c->W->nb[1];
     const int64_t np = (N + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS;
@@ -225,7 +223,7 @@ static void q8_panel_task(void *p, int ith, int nth) {
         const int64_t n = pi * FL_PANEL_ROWS;
         const int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
         pack(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, K, pan);
-        if (avx512) gemm(c->W->type, pan, nr, &c->act, 0, (int)c->M, c->y + n, N);
+        if (avx512) fl_panel_gemm_avx512(c->W->type, pan, nr, &c->act, 0, (int)c->M, c->y + n, N);
         else {
             const int64_t n1 = pn * FL_PANEL_ROWS;
             const size_t pf_bytes = pn < np ? (size_t)(N - n1 < FL_PANEL_ROWS ? N - n1 : FL_PANEL_ROWS) * ldw : 0;

@@ -109,7 +109,8 @@ typedef struct fl_act_q8 {
     int32_t *sv4;      /* with qs4: [M][nb][4] -2 * s (4 lanes of a block start at -8 s in all) */
     int32_t *o4;       /* [M][nb]: two int16, -8 x (the sum of the codes k % 4 < 2) low and -8 x
                         * (k % 4 >= 2) high: where the AVX2 Q4_0 panel tile's int16 lanes start,
-                        * so that they end at sum (w - 8) x with no offset step (|.| <= 16256) */
+                        * so that they end at sum (w - 8) x with no offset step (|.| <= 16256);
+                        * filled when M > 1 (the panels' case) */
     size_t bytes;      /* one allocation (FL_MEM_SCRATCH) */
     void *mem;
 } fl_act_q8;

@@ -153,7 +153,7 @@ void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
 
 void fl_act_q8_order_q4(fl_act_q8 *a, int64_t m) {
     const int8_t *q = a->qs + m * a->K;
-    for (int64_t b = 0; b < a->nb; b++) {
+    for (int64_t b = 0; a->M > 1 && b < a->nb; b++) { /* o4 serves the panels, which take M > 1 only */
         int lo = 0, hi = 0;
         for (int j = 0; j < 32; j++) {
             if (j % 4 < 2) lo += q[b * 32 + j];
