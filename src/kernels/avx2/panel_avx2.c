@@ -47,18 +47,16 @@ INLINE void transpose4(const __m256i r[4], __m256i o[4]) {
     o[3] = _mm256_unpackhi_epi64(t2, t3);
 }
 
-/* 8 rows (h = 0: rows 0-7, h = 1: rows 8-15, all present) of block b into the panel block pb.
- * The packers are inlined and unrolled: as calls, their arrays went through the stack and a
- * panel's pack took ~30% as long as passing 16 tokens through it. */
-INLINE void pack_half_q4_0(const char *w, size_t ldw, int64_t b, int h, char *pb) {
+/* 8 rows of one Q4_0 block (row i's block at r8[i] + off, its codes 2 bytes on) into half h of the panel
+ * block pb.  The packers are inlined and unrolled: as calls, their arrays went through the stack
+ * and a panel's pack took ~30% as long as passing 16 tokens through it. */
+INLINE void pack_half_q4_0(const char *const r8[8], size_t off, int h, char *pb) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256i r[4], o[4];
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        const char *lo = w + (size_t)(8 * h + i) * ldw + b * 18 + 2, *hi = lo + 4 * ldw;
-        r[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
-                                       _mm_loadu_si128((const __m128i *)hi), 1);
-    }
+    for (int i = 0; i < 4; i++)
+        r[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(r8[i] + off + 2))),
+                                       _mm_loadu_si128((const __m128i *)(r8[i + 4] + off + 2)), 1);
     transpose4(r, o);
 #pragma GCC unroll 4
     for (int g = 0; g < 4; g++) { /* codes 4g..4g+3 are the low nibbles of qs[4g..], 16 + 4g.. the high */
@@ -67,10 +65,44 @@ INLINE void pack_half_q4_0(const char *w, size_t ldw, int64_t b, int h, char *pb
     }
 }
 
-/* 8 rows (8h..8h+7) x 32 code bytes (row r's at p + r * ldw) into the panel block pb: Q8_0's
- * codes sign-flipped (mode 0), or the low (1) or high (2) nibbles of a Q4_K sub-block pair. */
+/* Q8_0: 8 rows x 32 code bytes of one block (row i's codes at r8[i] + off + 2), sign-flipped */
+INLINE void pack_half_q8_0(const char *const r8[8], size_t off, int h, char *pb) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    __m256i r[4], o[4];
+#pragma GCC unroll 2
+    for (int part = 0; part < 2; part++) { /* codes 0..15, then 16..31 */
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+            r[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(r8[i] + off + 2 + 16 * part))),
+                                           _mm_loadu_si128((const __m128i *)(r8[i + 4] + off + 2 + 16 * part)), 1);
+        transpose4(r, o);
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++)
+            _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * (4 * part + g) + 32 * h), _mm256_xor_si256(o[g], flip));
+    }
+}
+
+/* One half (rows 8h..8h+7) of a full Q4_0 / Q8_0 panel, block after block: the 8 row pointers
+ * stay in registers and the block offset is one index (blocks inner, with 16 row pointers
+ * live, GCC kept them on the stack and the pack took ~50 cycles per block). */
+INLINE void pack_half_rows(const char *w, size_t ldw, int64_t nb, int h, char *panel, const bool q8) {
+    const size_t bsz = q8 ? sizeof(fl_block_q8_0) : sizeof(fl_block_q4_0);
+    const char *r8[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) r8[i] = w + (size_t)(8 * h + i) * ldw;
+    for (int64_t b = 0; b < nb; b++) {
+        char *pb = panel + b * PANEL_BLOCK;
+        const size_t off = (size_t)b * bsz;
+        _mm256_storeu_ps((float *)pb + 8 * h, fl_f16x8_ptrs_avx2(r8, off));
+        if (q8) pack_half_q8_0(r8, off, h, pb);
+        else pack_half_q4_0(r8, off, h, pb);
+    }
+}
+
+/* 8 rows (8h..8h+7) x 32 code bytes (row r's at p + r * ldw) into the panel block pb: the low
+ * (mode 1) or high (2) nibbles of a Q4_K sub-block pair. */
 INLINE void pack_half_bytes(const char *p, size_t ldw, int h, char *pb, const int mode) {
-    const __m256i flip = _mm256_set1_epi8((char)0x80), m4 = _mm256_set1_epi8(0x0F);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256i r[4], o[4];
 #pragma GCC unroll 2
     for (int part = 0; part < 2; part++) { /* codes 0..15, then 16..31 */
@@ -83,9 +115,7 @@ INLINE void pack_half_bytes(const char *p, size_t ldw, int h, char *pb, const in
         transpose4(r, o);
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
-            const __m256i v = mode == 0 ? _mm256_xor_si256(o[g], flip)
-                              : mode == 1 ? _mm256_and_si256(o[g], m4)
-                                          : _mm256_and_si256(_mm256_srli_epi16(o[g], 4), m4);
+            const __m256i v = mode == 1 ? _mm256_and_si256(o[g], m4) : _mm256_and_si256(_mm256_srli_epi16(o[g], 4), m4);
             _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * (4 * part + g) + 32 * h), v);
         }
     }
@@ -123,18 +153,10 @@ void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_
         pack_q4_K(w, ldw, K, panel);
         return;
     }
-    const bool q8 = wtype == FL_TYPE_Q8_0;
-    const size_t bsz = q8 ? sizeof(fl_block_q8_0) : sizeof(fl_block_q4_0);
     const int64_t nb = K / 32;
-    for (int64_t b = 0; b < nb; b++) {
-        char *pb = (char *)panel + b * PANEL_BLOCK;
-        const char *wb = (const char *)w + (size_t)b * bsz;
-        _mm256_storeu_ps((float *)pb, fl_f16x8_avx2(wb, ldw));
-        _mm256_storeu_ps((float *)pb + 8, fl_f16x8_avx2(wb + 8 * ldw, ldw));
-        for (int h = 0; h < 2; h++) {
-            if (q8) pack_half_bytes(wb + 2, ldw, h, pb, 0);
-            else pack_half_q4_0(w, ldw, b, h, pb);
-        }
+    for (int h = 0; h < 2; h++) {
+        if (wtype == FL_TYPE_Q8_0) pack_half_rows(w, ldw, nb, h, panel, true);
+        else pack_half_rows(w, ldw, nb, h, panel, false);
     }
 }
 
