@@ -65,20 +65,25 @@ INLINE void pack_half_q4_0(const char *const r8[8], size_t off, int h, char *pb)
     }
 }
 
-/* Q8_0: 8 rows x 32 code bytes of one block (row i's codes at r8[i] + off + 2), sign-flipped */
-INLINE void pack_half_q8_0(const char *const r8[8], size_t off, int h, char *pb) {
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
+/* 8 rows x 32 code bytes (row i's at r8[i] + off) into half h of the panel block pb: Q8_0's codes
+ * sign-flipped (mode 0), or the low (1) or high (2) nibbles of a Q4_K sub-block pair. */
+INLINE void pack_half_bytes(const char *const r8[8], size_t off, int h, char *pb, const int mode) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80), m4 = _mm256_set1_epi8(0x0F);
     __m256i r[4], o[4];
 #pragma GCC unroll 2
     for (int part = 0; part < 2; part++) { /* codes 0..15, then 16..31 */
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++)
-            r[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(r8[i] + off + 2 + 16 * part))),
-                                           _mm_loadu_si128((const __m128i *)(r8[i + 4] + off + 2 + 16 * part)), 1);
+            r[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(r8[i] + off + 16 * part))),
+                                           _mm_loadu_si128((const __m128i *)(r8[i + 4] + off + 16 * part)), 1);
         transpose4(r, o);
 #pragma GCC unroll 4
-        for (int g = 0; g < 4; g++)
-            _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * (4 * part + g) + 32 * h), _mm256_xor_si256(o[g], flip));
+        for (int g = 0; g < 4; g++) {
+            const __m256i v = mode == 0 ? _mm256_xor_si256(o[g], flip)
+                              : mode == 1 ? _mm256_and_si256(o[g], m4)
+                                          : _mm256_and_si256(_mm256_srli_epi16(o[g], 4), m4);
+            _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * (4 * part + g) + 32 * h), v);
+        }
     }
 }
 
@@ -94,30 +99,8 @@ INLINE void pack_half_rows(const char *w, size_t ldw, int64_t nb, int h, char *p
         char *pb = panel + b * PANEL_BLOCK;
         const size_t off = (size_t)b * bsz;
         _mm256_storeu_ps((float *)pb + 8 * h, fl_f16x8_ptrs_avx2(r8, off));
-        if (q8) pack_half_q8_0(r8, off, h, pb);
+        if (q8) pack_half_bytes(r8, off + 2, h, pb, 0);
         else pack_half_q4_0(r8, off, h, pb);
-    }
-}
-
-/* 8 rows (8h..8h+7) x 32 code bytes (row r's at p + r * ldw) into the panel block pb: the low
- * (mode 1) or high (2) nibbles of a Q4_K sub-block pair. */
-INLINE void pack_half_bytes(const char *p, size_t ldw, int h, char *pb, const int mode) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256i r[4], o[4];
-#pragma GCC unroll 2
-    for (int part = 0; part < 2; part++) { /* codes 0..15, then 16..31 */
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            const char *lo = p + (size_t)(8 * h + i) * ldw + 16 * part, *hi = lo + 4 * ldw;
-            r[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
-                                           _mm_loadu_si128((const __m128i *)hi), 1);
-        }
-        transpose4(r, o);
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            const __m256i v = mode == 1 ? _mm256_and_si256(o[g], m4) : _mm256_and_si256(_mm256_srli_epi16(o[g], 4), m4);
-            _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * (4 * part + g) + 32 * h), v);
-        }
     }
 }
 
@@ -126,20 +109,22 @@ INLINE void pack_half_bytes(const char *p, size_t ldw, int h, char *pb, const in
 static void pack_q4_K(const char *w, size_t ldw, int64_t K, char *panel) {
     const int64_t nb = K / 32;
     float *mins = (float *)(panel + nb * PANEL_BLOCK);
+    const char *rows[FL_PANEL_ROWS];
+    for (int r = 0; r < FL_PANEL_ROWS; r++) rows[r] = w + (size_t)r * ldw;
     for (int64_t b = 0; b < nb; b++) {
         const int j = (int)(b % 8);
         char *pb = panel + b * PANEL_BLOCK;
         for (int r = 0; r < FL_PANEL_ROWS; r++) {
-            const fl_block_q4_K *blk = (const fl_block_q4_K *)(w + (size_t)r * ldw) + b / 8;
+            const fl_block_q4_K *blk = (const fl_block_q4_K *)rows[r] + b / 8;
             uint8_t sc, mn;
             fl_q4_K_scale_min(j, blk->scales, &sc, &mn);
             ((float *)pb)[r] = _cvtsh_ss(blk->d) * (float)sc;
             mins[b * FL_PANEL_ROWS + r] = _cvtsh_ss(blk->dmin) * (float)mn;
         }
-        const char *codes = w + (size_t)(b / 8) * sizeof(fl_block_q4_K) + offsetof(fl_block_q4_K, qs) + (size_t)(j / 2) * 32;
+        const size_t off = (size_t)(b / 8) * sizeof(fl_block_q4_K) + offsetof(fl_block_q4_K, qs) + (size_t)(j / 2) * 32;
         for (int h = 0; h < 2; h++) {
-            if (j % 2) pack_half_bytes(codes, ldw, h, pb, 2);
-            else pack_half_bytes(codes, ldw, h, pb, 1);
+            if (j % 2) pack_half_bytes(rows + 8 * h, off, h, pb, 2);
+            else pack_half_bytes(rows + 8 * h, off, h, pb, 1);
         }
     }
 }
