@@ -165,6 +165,45 @@ static void test_gemm_vs_gemv(void **state) {
     fl_test_mem_zero();
 }
 
+/* Steps of up to fl_matmul_gemv_max_tokens tokens give every token the bits of a one-token
+ * call (the AVX2 few-token GEMV: Q4_0 up to 3, Q8_0 up to 4), on odd row counts (tails of the
+ * 4- and 2-row groups), a block tail (K = 320: 8 + 2 blocks) and 1-2 threads; on the AVX2 ISA the
+ * limits are those. */
+static void test_gemv_few_tokens(void **state) {
+    (void)state;
+    const int64_t N = 37, K = 320, MM = 4;
+    const int32_t types[2] = {FL_TYPE_Q4_0, FL_TYPE_Q8_0};
+    for (int ti = 0; ti < 2; ti++) {
+        qmat q;
+        qmat_make(&q, types[ti], N, K);
+        float *x = frand_buf(MM * K), *a = frand_buf(MM * N), *b = frand_buf(N);
+        for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++) {
+            fl_isa_set((fl_isa)isa);
+            if (fl_isa_get() == FL_ISA_AVX2) assert_int_equal(fl_matmul_gemv_max_tokens(types[ti]), ti == 0 ? 3 : 4);
+            else assert_int_equal(fl_matmul_gemv_max_tokens(types[ti]), 1);
+            for (int nth = 1; nth <= 2; nth++) {
+                fl_threads_set(nth);
+                for (int64_t M = 2; M <= fl_matmul_gemv_max_tokens(types[ti]); M++) {
+                    fl_matmul(&q.W, x, a, M);
+                    for (int64_t m = 0; m < M; m++) {
+                        fl_matmul(&q.W, x + m * K, b, 1);
+                        if (memcmp(a + m * N, b, (size_t)N * sizeof(float)) != 0)
+                            fail_msg("%s M=%lld nth=%d: token %lld differs from a one-token call", fl_type_name(types[ti]),
+                                     (long long)M, nth, (long long)m);
+                    }
+                }
+            }
+        }
+        fl_isa_set(fl_isa_best());
+        fl_threads_set(0);
+        fl_free(FL_MEM_MISC, x, (size_t)(MM * K) * 4);
+        fl_free(FL_MEM_MISC, a, (size_t)(MM * N) * 4);
+        fl_free(FL_MEM_MISC, b, (size_t)N * 4);
+        qmat_free(&q);
+    }
+    fl_test_mem_zero();
+}
+
 typedef void (*panel_pack_fn)(int32_t, const void *, size_t, int, int64_t, void *);
 typedef void (*panel_gemm_fn)(int32_t, const void *, int, const fl_act_q8 *, int64_t, int, float *, int64_t);
 
@@ -557,13 +596,13 @@ static void test_amx_bf16(void **state) {
 }
 
 /* fl_matmul_n gives the bits of separate fl_matmul calls: three matrices of different row counts
- * (one of them under a chunk), one token (GEMV), 16 (the AMX rows), 30 (one call each), 70 (the
+ * (one of them under a chunk), one token (GEMV), 2-4 (the AVX2 few-token GEMV), 16 (the AMX rows), 30 (one call each), 70 (the
  * AMX-BF16 tiles), 1-3 threads, fused types and ones that are not (F16, a mixed triple); its
  * scratch is no more than one call's. */
 static void test_matmul_n(void **state) {
     (void)state;
     const int32_t types[5] = {FL_TYPE_Q4_0, FL_TYPE_Q8_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K, FL_TYPE_F16};
-    const int64_t Ms[4] = {1, 16, 30, 70}, Ns[3] = {37, 8, 80}, K = 256;
+    const int64_t Ms[7] = {1, 2, 3, 4, 16, 30, 70}, Ns[3] = {37, 8, 80}, K = 256;
     for (int ti = 0; ti < 6; ti++) {
         qmat q[3];
         for (int i = 0; i < 3; i++) qmat_make(&q[i], ti < 5 ? types[ti] : types[i], Ns[i], K); /* ti 5: Q4_0, Q8_0, Q4_K */
@@ -575,7 +614,7 @@ static void test_matmul_n(void **state) {
         const fl_tensor *W[3] = {&q[0].W, &q[1].W, &q[2].W};
         for (int nth = 1; nth <= 3; nth++) {
             fl_threads_set(nth);
-            for (int mi = 0; mi < 4; mi++) {
+            for (int mi = 0; mi < 7; mi++) {
                 const int64_t M = Ms[mi];
                 size_t single = 0;
                 for (int i = 0; i < 3; i++) {
@@ -921,7 +960,7 @@ static void test_f32_dot_orders(void **state) {
 static void test_scratch_bytes(void **state) {
     (void)state;
     const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_0, FL_TYPE_Q6_K};
-    const int64_t Ms[4] = {1, 5, 17, 70}; /* 70: the AMX-BF16 prefill where the CPU has it */
+    const int64_t Ms[7] = {1, 2, 3, 4, 5, 17, 70}; /* 2-4: the AVX2 few-token GEMV; 70: the AMX-BF16 prefill where the CPU has it */
     for (int ti = 0; ti < 10; ti++) {
         fl_matmul_set_llama_order(ti >= 5); /* the llama.cpp-order path (Q5_0 goes int8 there) */
         const int64_t N = 40, K = 256;
@@ -930,7 +969,7 @@ static void test_scratch_bytes(void **state) {
         float *x = frand_buf(70 * K), *y = frand_buf(70 * N);
         for (int nth = 1; nth <= 2; nth++) {
             fl_threads_set(nth);
-            for (int mi = 0; mi < 4; mi++) {
+            for (int mi = 0; mi < 7; mi++) {
                 const size_t before = fl_mem_current(FL_MEM_SCRATCH);
                 fl_mem_reset_peaks();
                 fl_matmul(&q.W, x, y, Ms[mi]);
@@ -956,6 +995,7 @@ int main(void) {
         cmocka_unit_test(test_f32_dot_orders),
         cmocka_unit_test(test_all_types_vs_ref),
         cmocka_unit_test(test_gemm_vs_gemv),
+        cmocka_unit_test(test_gemv_few_tokens),
         cmocka_unit_test(test_panel_parity),
         cmocka_unit_test(test_panel_extremes),
         cmocka_unit_test(test_amx_parity),

@@ -156,6 +156,8 @@ static int64_t gemv_chunks(const fl_tensor *W, int nth, int64_t *gc) {
     return (N + *gc - 1) / *gc;
 }
 
+static bool gemv_path(int32_t type, int64_t M);
+
 static void q8_gemm_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
     const int64_t N = c->W->ne[1];
@@ -166,7 +168,7 @@ static void q8_gemm_task(void *p, int ith, int nth) {
     fl_split_range(ntiles, ith, nth, &lo, &hi);
     lo *= ROW_TILE;
     hi = hi * ROW_TILE < N ? hi * ROW_TILE : N;
-    if (c->M == 1) { /* GEMV: chunks (gemv_chunks) taken dynamically from all the matrices */
+    if (gemv_path(c->W->type, c->M)) { /* GEMV: chunks (gemv_chunks) taken dynamically from all the matrices */
         for (;;) {
             const int64_t u = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
             if (u >= c->ubase[c->nw]) break;
@@ -174,7 +176,7 @@ static void q8_gemm_task(void *p, int ith, int nth) {
             const fl_tensor *W = c->Wv[i];
             const int64_t Ni = W->ne[1], n0 = (u - c->ubase[i]) * c->gc[i], n1 = n0 + c->gc[i] < Ni ? n0 + c->gc[i] : Ni;
             /* the chunk in one call: per-call work on the activations (Q2_K / Q3_K) is done once */
-            c->gemm(W->type, (const char *)W->data + n0 * W->nb[1], W->nb[1], (int)(n1 - n0), &c->act, 0, 1, c->yv[i] + n0, Ni);
+            c->gemm(W->type, (const char *)W->data + n0 * W->nb[1], W->nb[1], (int)(n1 - n0), &c->act, 0, (int)c->M, c->yv[i] + n0, Ni);
         }
         return;
     }
@@ -192,12 +194,35 @@ static void q8_gemm_task(void *p, int ith, int nth) {
     }
 }
 
+/* The GEMV (chunks of rows taken dynamically from all the matrices, which share one quantized
+ * x): one token, or on AVX2 steps of up to 3 Q4_0 / 4 Q8_0 tokens, whose tokens share each row's
+ * codes (fl_gemm_q8_avx2).  There a panel's pack costs about as much as 2 tokens through it,
+ * and the weights stream from memory once either way.  `fitllm bench serve -m tl-T.gguf -n M
+ * --max-seqs M --prompt-len 16 --gen-len 48 --kv-mem 256MiB -t 2`, decode tok/s, panels ->
+ * this GEMV, three alternated pairs (means): Q4_0 M = 2 34.8 -> 45.5, M = 3 48.4 -> 49.4; Q8_0
+ * M = 2 21.6 -> 32.3, M = 3 31.8 -> 44.8, M = 4 37.8 -> 44.9.  Q4_0 at 4 tokens (2 rows x 4
+ * tokens) lost to the panels in `bench matmul -p 4` (101, 86, 87 against 134, 130, 112 GOP/s),
+ * Q8_0 at 6 and 8 tokens (twice through the rows) was even with them. */
+#define GEMV_MAX_Q4_0 3
+#define GEMV_MAX_Q8_0 4
+static bool g_few_token_gemv = true;
+
+void fl_matmul_set_few_token_gemv(bool on) { g_few_token_gemv = on; }
+
+int64_t fl_matmul_gemv_max_tokens(int32_t type) {
+    if (fl_isa_get() != FL_ISA_AVX2 || !g_few_token_gemv) return 1;
+    return type == FL_TYPE_Q4_0 ? GEMV_MAX_Q4_0 : type == FL_TYPE_Q8_0 ? GEMV_MAX_Q8_0 : 1;
+}
+
+static bool gemv_path(int32_t type, int64_t M) { return M >= 1 && M <= fl_matmul_gemv_max_tokens(type); }
+_Static_assert(GEMV_MAX_Q4_0 <= FL_GEMV_MAX_TOKENS && GEMV_MAX_Q8_0 <= FL_GEMV_MAX_TOKENS, "fl_gemm_q8_avx2's GEMV");
+
 /* The row-panel GEMM (M > 1) for Q8_0 / Q4_0 / Q4_K on AVX-512 and AVX2 (on AVX2 it replaced
  * 2 x 2 register tiles with lanes along K, which spent about 11 instructions per 32 products on
  * horizontal work and per-block scales, and Q4_K's row dots: `fitllm bench matmul -p 512` all
  * shapes Q4_0 ~85 -> ~190 GOP/s, Q4_K ~70 -> ~195). */
 static bool panel_path(int32_t type, int64_t M) {
-    if (M <= 1 || M > INT32_MAX) return false;
+    if (M <= 1 || M > INT32_MAX || gemv_path(type, M)) return false;
     const fl_isa isa = fl_isa_get();
     return isa == FL_ISA_AVX512 || (isa == FL_ISA_AVX2 && (type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K));
 }
@@ -559,7 +584,7 @@ static bool fusable(const fl_tensor *const *W, int nw, int64_t M) {
         if (W[i]->type != W[0]->type || W[i]->ne[0] != W[0]->ne[0]) return false;
     bool llama;
     return int8_path(W[0]->type, M, &llama) && !llama &&
-           (M == 1 || amx_rows_path(W[0]->type, M) || amx_bf16_path(W[0]->type, M));
+           (gemv_path(W[0]->type, M) || amx_rows_path(W[0]->type, M) || amx_bf16_path(W[0]->type, M));
 }
 
 static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const float *x, int64_t M) {
@@ -571,7 +596,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
     bool llama;
     if (int8_path(W->type, M, &llama)) {
         if (!llama && amx_bf16_path(W->type, M) && bf16_matmul(Ws, ys, nw, x, M)) return;
-        if (nw > 1 && M > 1 && !amx_rows_path(W->type, M)) goto each; /* no scratch for the bf16 tiles */
+        if (nw > 1 && !gemv_path(W->type, M) && !amx_rows_path(W->type, M)) goto each; /* no scratch for the bf16 tiles */
         q8_ctx c = {W, x, y, M, {0}, gemm_for(isa), NULL, 0, NULL, 0};
         c.nw = nw;
         for (int i = 0; i < nw; i++) {
@@ -594,7 +619,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                     c.amx_act = NULL;
                 }
             }
-            if (nw > 1 && M > 1 && !c.amx_act) { /* no scratch for the AMX rows: one matrix at a time */
+            if (nw > 1 && !gemv_path(W->type, M) && !c.amx_act) { /* no scratch for the AMX rows: one matrix at a time */
                 fl_act_q8_free(&c.act);
                 goto each;
             }
@@ -633,7 +658,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 fl_parallel_n(q8_panel_task, &c, nth);
                 fl_free(FL_MEM_SCRATCH, c.panels, (size_t)nth * c.panel_bytes);
             } else {
-                if (M == 1)
+                if (gemv_path(W->type, M))
                     for (int i = 0; i < nw; i++) c.ubase[i + 1] = c.ubase[i] + gemv_chunks(Ws[i], fl_threads_get(), &c.gc[i]);
                 fl_parallel(q8_gemm_task, &c);
             }

@@ -17,8 +17,9 @@
  * maddubs / AVX-512 VNNI dpbusd); M == 1 is a row-parallel GEMV (chunks of ~256 KiB of rows
  * taken dynamically; Q4_0 on AVX-512 VBMI reads activations pre-ordered for its nibbles, qs4),
  * M > 1 a cache-tiled, threaded GEMM (AVX-512: 16-row repacked panels x 8 tokens; AVX2: the
- * same panels, 8 rows x 4 tokens (Q4_0 / Q4_K 16 x 2); otherwise 4 rows x 4 tokens register tiles over L2-sized row
- * chunks).  On AVX-512 Q4_K takes the same
+ * same panels, 8 rows x 4 tokens (Q4_0 / Q4_K 16 x 2), except that steps of up to 3 Q4_0 / 4 Q8_0
+ * tokens take the GEMV, each row's codes shared by the tokens (FL_GEMV_MAX_TOKENS below);
+ * otherwise 4 rows x 4 tokens register tiles over L2-sized row chunks).  On AVX-512 Q4_K takes the same
  * two paths (its own GEMV; panels with scales d sc_j and mins), and Q2_K, Q3_K, Q5_K, Q6_K, Q4_1,
  * Q5_0, Q5_1 and IQ4_NL their own GEMVs for M == 1; on AVX2 Q4_K, Q5_K and Q6_K take maddubs row
  * dots for M == 1 (fl_gemm_q8_avx2: Q4_K, Q5_K, Q6_K) and Q8_0 / Q4_0 / Q4_K the same 16-row
@@ -38,8 +39,8 @@
  * allocation fails it falls back to the f32 path (no error).  fl_matmul_scratch_bytes(W, M, nth)
  * is the exact FL_MEM_SCRATCH high-water mark of one call on nth threads with the current ISA
  * and activation mode (for memory planners): the 8-bit activations (fl_act_q8_bytes) plus, for
- * M > 1 on AVX-512 (AVX2: Q8_0 / Q4_0 / Q4_K), nth repacked row panels (fl_panel_bytes_for
- * each), or on the AMX path the
+ * M > 1 on AVX-512 (AVX2: Q8_0 / Q4_0 / Q4_K, past fl_matmul_gemv_max_tokens), nth repacked row
+ * panels (fl_panel_bytes_for each), or on the AMX path the
  * activation tiles (fl_amx_act_bytes) plus nth x G AMX panels (G = max(1, 512 KiB /
  * fl_amx_panel_bytes), whatever N is); or
  * nth x 8 dequantized f32 rows on the f32 path (plus the M x K rounded activations for F16).
@@ -72,6 +73,13 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M);
  * is what one of the calls would take. */
 #define FL_MATMUL_N_MAX 3
 void fl_matmul_n(int n, const fl_tensor *const *W, float *const *y, const float *x, int64_t M);
+/* The most tokens an integer-path step of `type` sends through the GEMV on the current ISA (1,
+ * or on AVX2 3 for Q4_0 and 4 for Q8_0): such a step gives each token the bits it gets alone,
+ * and larger steps (the panels) give each token the bits it gets in any other step of that
+ * kind.  fl_matmul_set_few_token_gemv(false) (default true) keeps the GEMV to one token, so that
+ * every step of 2 tokens or more has the same bits per token (for tests of that property). */
+int64_t fl_matmul_gemv_max_tokens(int32_t type);
+void fl_matmul_set_few_token_gemv(bool on);
 /* FL_MEM_SCRATCH bytes one fl_matmul(W, ., ., M) call on nth threads allocates (see above). */
 size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth);
 /* Scalar reference (single thread, dequantize row + f32 dot). */
@@ -146,6 +154,11 @@ void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_
                      float *y, int64_t ldy);
 void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
                        float *y, int64_t ldy);
+/* fl_gemm_q8_avx2 takes Q8_0 / Q4_0 steps of up to FL_GEMV_MAX_TOKENS tokens through its GEMV:
+ * each row's codes are unpacked once for all the tokens, and every token's lanes, folds and sum
+ * are those of the token alone, so a token's result has the same bits in any such step.
+ * fl_matmul routes AVX2 steps of up to 3 Q4_0 / 4 Q8_0 tokens there instead of the panels. */
+#define FL_GEMV_MAX_TOKENS 4
 /* One dot of a Q8_0 / Q4_0 / Q5_0 row with token m in llama.cpp's order (see above). */
 float fl_dot_q8_llama(int32_t wtype, const void *w, const fl_act_q8 *a, int64_t m);
 /* Row panels (the AVX-512 GEMM path, M > 1): FL_PANEL_ROWS weight rows repacked per call into

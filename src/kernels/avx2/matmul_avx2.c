@@ -1,11 +1,12 @@
-/* AVX2 integer tiles (Q8_0 / Q4_0 weights x 8-bit activations), Q4_K / Q5_K / Q6_K row dots, and the
+/* AVX2 integer GEMV (Q8_0 / Q4_0 weights x 8-bit activations, one or a few tokens), Q4_K / Q5_K / Q6_K row dots, and the
  * f32 dot.
  * One ymm holds one block of 32 codes.  maddubs multiplies unsigned by signed bytes: Q4_0
  * nibbles enter as 0..15 and the -8 offset is removed lane by lane: each int32 lane (4 codes)
  * subtracts 8 times its own 4 activation codes (one maddubs + madd per token and block, shared by
- * the tile's rows), so every lane holds sum (w - 8) x as llama.cpp's AVX2 dot does and the f32
- * sums take its rounding; Q8_0 uses |w| and sign(x, w).  Tiles of 2 rows x 2 tokens keep the
- * accumulators in registers.  Reference: fl_gemm_q8_ref; order: fl_dot_q8_llama. */
+ * the pass's rows), so every lane holds sum (w - 8) x as llama.cpp's AVX2 dot does and the f32
+ * sums take its rounding; Q8_0 uses |w| and sign(x, w).  Passes of 4 rows x 1-2 tokens or 2 rows
+ * x 3-4 tokens keep the accumulators in registers (gemv_rows).  Reference: fl_gemm_q8_ref;
+ * order: fl_dot_q8_llama. */
 #include "kernels/avx2/f16x8_avx2.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
@@ -16,67 +17,6 @@
 #include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
-
-INLINE __m256i block_dot(int32_t wtype, const char *w, int64_t b, __m256i x, __m256i off, float *dw) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    if (wtype == FL_TYPE_Q8_0) {
-        const fl_block_q8_0 *p = (const fl_block_q8_0 *)w + b;
-        *dw = _cvtsh_ss(p->d);
-        const __m256i wv = _mm256_loadu_si256((const __m256i *)p->qs);
-        const __m256i s16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv));
-        (void)off;
-        return _mm256_madd_epi16(s16, ones);
-    } else {
-        const fl_block_q4_0 *p = (const fl_block_q4_0 *)w + b;
-        *dw = _cvtsh_ss(p->d);
-        const __m128i q = _mm_loadu_si128((const __m128i *)p->qs);
-        const __m128i m4 = _mm_set1_epi8(0x0F);
-        const __m256i wv = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(q, m4)),
-                                                   _mm_and_si128(_mm_srli_epi16(q, 4), m4), 1);
-        return _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), ones), off);
-    }
-}
-
-INLINE void tile(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy,
-                 const int NR, const int NT) {
-    __m256 acc[2][2];
-    #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
-    const int64_t nb = a->nb, K = a->K;
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i xv[2], iv[2];
-        float dx[2];
-        #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            const int64_t mb = (m0 + t) * nb + b;
-            xv[t] = _mm256_loadu_si256((const __m256i *)(a->qs + (m0 + t) * K + b * 32));
-            /* Q4_0: 8 * (each lane's 4 activation codes), exact in int16 pairs (|.| <= 2032) */
-            iv[t] = wtype == FL_TYPE_Q4_0
-                        ? _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xv[t]), _mm256_set1_epi16(1))
-                        : _mm256_setzero_si256();
-            dx[t] = a->d[mb];
-        }
-        #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++)
-            #pragma GCC unroll 4
-            for (int t = 0; t < NT; t++) {
-                float dw;
-                const __m256i p = block_dot(wtype, w + r * ldw, b, xv[t], iv[t], &dw);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * dx[t]), acc[r][t]);
-            }
-    }
-    #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r][t]), _mm256_extractf128_ps(acc[r][t], 1));
-            s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            y[t * ldy + r] = _mm_cvtss_f32(s);
-        }
-}
 
 INLINE float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -173,9 +113,11 @@ static float dot_q6_K(const char *w, const fl_act_q8 *a, int64_t m) {
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-/* One block of NR rows: acc[r] += (row r's lanes) * sc[r] (d_w d_x, broadcast from memory). */
-INLINE void gemv_block(int32_t wtype, const char *w, size_t ldw, int64_t b, __m256i xv, __m256i off, const float *sc,
-                       size_t sc_stride, __m256 *acc, const int NR) {
+/* One block of NR rows x NT tokens: acc[r * NT + t] += (row r's lanes for token t) * sc[t][r]
+ * (d_w d_x, broadcast from memory; token t's scales sc_tok floats on).  Each row's codes are
+ * unpacked once for all the tokens; each token's lanes are those of the one-token GEMV. */
+INLINE void gemv_block(int32_t wtype, const char *w, size_t ldw, int64_t b, const __m256i *xv, const __m256i *off,
+                       const float *sc, size_t sc_stride, size_t sc_tok, __m256 *acc, const int NR, const int NT) {
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
     const __m256i split = _mm256_setr_epi64x(0, 0, 4, 4);
     if (wtype == FL_TYPE_Q4_0) {
@@ -184,81 +126,115 @@ INLINE void gemv_block(int32_t wtype, const char *w, size_t ldw, int64_t b, __m2
             const fl_block_q4_0 *p = (const fl_block_q4_0 *)(w + (size_t)r * ldw) + b;
             const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p->qs));
             const __m256i wv = _mm256_and_si256(_mm256_srlv_epi64(q, split), m4);
-            const __m256i is = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones), off);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_broadcast_ss(sc + (size_t)r * sc_stride), acc[r]);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const __m256i is = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv[t]), ones), off[t]);
+                acc[r * NT + t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_broadcast_ss(sc + t * sc_tok + (size_t)r * sc_stride),
+                                                  acc[r * NT + t]);
+            }
         }
     } else {
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const fl_block_q8_0 *p = (const fl_block_q8_0 *)(w + (size_t)r * ldw) + b;
-            const __m256i wv = _mm256_loadu_si256((const __m256i *)p->qs);
-            const __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_broadcast_ss(sc + (size_t)r * sc_stride), acc[r]);
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)p->qs), wa = _mm256_sign_epi8(wv, wv);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv[t], wv)), ones);
+                acc[r * NT + t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_broadcast_ss(sc + t * sc_tok + (size_t)r * sc_stride),
+                                                  acc[r * NT + t]);
+            }
         }
     }
 }
 
-/* One token (decode GEMV) x NR rows of Q4_0 / Q8_0: the rows share each block's activation
- * load and its Q4_0 offset lanes; Q4_0 nibbles are split by a 128-bit broadcast load and one
- * variable shift (0 in the low half, 4 in the high).  The scales d_w d_x of 8 blocks of a row
- * are made at once (fl_f16x8_avx2, one multiply) and broadcast from a small buffer, which took the
- * per-block scalar convert, multiply and broadcast off the vector unit.  The lanes, the f32
- * folds and the final sum are those of tile() (llama.cpp's order), so the bits are the same. */
-INLINE void gemv_rows(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, int64_t m, float *y, const int NR) {
+/* NT tokens (decode GEMV: one, or the few of a small batched step) x NR rows of Q4_0 / Q8_0: the
+ * rows share each block's activation load and its Q4_0 offset lanes, the tokens each row's
+ * codes, so the weights stream from memory once for all the tokens.  Q4_0 nibbles are split by
+ * a 128-bit broadcast load and one variable shift (0 in the low half, 4 in the high).  The scales
+ * d_w d_x of 8 blocks of a row are made at once (fl_f16x8_avx2, one multiply per token) and
+ * broadcast from a small buffer, which took the per-block scalar convert, multiply and broadcast
+ * off the vector unit.  Every lane holds llama.cpp's AVX2 sum, folded into f32 and summed in its
+ * order (fl_dot_q8_llama) for every token, so the bits are the same as one token at a time. */
+INLINE void gemv_rows(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy,
+                      const int NR, const int NT) {
     const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8);
-    const int8_t *xq = a->qs + m * a->K;
-    const float *dx = a->d + m * a->nb;
-    __m256 acc[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
-    const int64_t nb = a->nb;
+    const int64_t nb = a->nb, K = a->K;
+    const int8_t *xq = a->qs + m0 * K;
+    const float *dx = a->d + m0 * nb;
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int u = 0; u < NR * NT; u++) acc[u] = _mm256_setzero_ps();
     const bool q4 = wtype == FL_TYPE_Q4_0;
     const size_t bsz = q4 ? sizeof(fl_block_q4_0) : sizeof(fl_block_q8_0);
     /* the NR rows are NR * ldw contiguous bytes: sweep the next NR rows into the cache at the
      * rate these are read (one stream ahead of the NR the loads interleave) */
     const char *pf = w + (size_t)NR * ldw;
-    _Alignas(32) float sc[4][8];
+    _Alignas(32) float sc[4][4][8]; /* [token][row][block] */
+    __m256i xv[4], off[4];
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
-        const __m256 dx8 = _mm256_loadu_ps(dx + b);
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) _mm256_store_ps(sc[r], _mm256_mul_ps(fl_f16x8_avx2(w + (size_t)r * ldw + (size_t)b * bsz, bsz), dx8));
+        for (int r = 0; r < NR; r++) {
+            const __m256 d8 = fl_f16x8_avx2(w + (size_t)r * ldw + (size_t)b * bsz, bsz);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) _mm256_store_ps(sc[t][r], _mm256_mul_ps(d8, _mm256_loadu_ps(dx + t * nb + b)));
+        }
 #pragma GCC unroll 1 /* rolled: unrolled, GCC hoisted the 32 scale addresses and spilled them (Q8_0 in L2 31 -> 33 GB/s one core) */
         for (int j = 0; j < 8; j++) {
             for (size_t l = 0; l < (size_t)NR * bsz; l += 64) _mm_prefetch(pf + (size_t)(b + j) * NR * bsz + l, _MM_HINT_T0);
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (b + j) * 32));
-            const __m256i off = q4 ? _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xv), ones) : _mm256_setzero_si256();
-            gemv_block(wtype, w, ldw, b + j, xv, off, &sc[0][j], 8, acc, NR);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                xv[t] = _mm256_loadu_si256((const __m256i *)(xq + t * K + (b + j) * 32));
+                off[t] = q4 ? _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xv[t]), ones) : _mm256_setzero_si256();
+            }
+            gemv_block(wtype, w, ldw, b + j, xv, off, &sc[0][0][j], 8, 32, acc, NR, NT);
         }
     }
     for (; b < nb; b++) { /* the tail: one block at a time */
         for (size_t l = 0; l < (size_t)NR * bsz; l += 64) _mm_prefetch(pf + (size_t)b * NR * bsz + l, _MM_HINT_T0);
-        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + b * 32));
-        const __m256i off = q4 ? _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xv), ones) : _mm256_setzero_si256();
-        float s1[4];
+        float s1[4][4];
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            uint16_t d;
-            memcpy(&d, w + (size_t)r * ldw + (size_t)b * bsz, 2);
-            s1[r] = _cvtsh_ss(d) * dx[b];
+        for (int t = 0; t < NT; t++) {
+            xv[t] = _mm256_loadu_si256((const __m256i *)(xq + t * K + b * 32));
+            off[t] = q4 ? _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xv[t]), ones) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                uint16_t d;
+                memcpy(&d, w + (size_t)r * ldw + (size_t)b * bsz, 2);
+                s1[t][r] = _cvtsh_ss(d) * dx[t * nb + b];
+            }
         }
-        gemv_block(wtype, w, ldw, b, xv, off, s1, 1, acc, NR);
+        gemv_block(wtype, w, ldw, b, xv, off, &s1[0][0], 1, 4, acc, NR, NT);
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) y[r] = hsum8(acc[r]);
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) y[t * ldy + r] = hsum8(acc[r * NT + t]);
 }
 
-static void gemv_q8(int32_t wtype, const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m, float *y) {
+/* nt <= 4 tokens x nr rows: 4 rows at a time for one or two tokens, 2 for three or four (at most
+ * 8 accumulators live) */
+static void gemv_q8(int32_t wtype, const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                    int64_t ldy) {
     int r = 0;
-    /* the type a constant in each copy (the scale loads' offsets with it) */
-#define ROWS(T)                                                                          \
-    for (; r + 4 <= nr; r += 4) gemv_rows(T, w + (size_t)r * ldw, ldw, a, m, y + r, 4); \
-    for (; r < nr; r++) gemv_rows(T, w + (size_t)r * ldw, ldw, a, m, y + r, 1)
-    if (wtype == FL_TYPE_Q4_0) {
-        ROWS(FL_TYPE_Q4_0);
-    } else {
-        ROWS(FL_TYPE_Q8_0);
+    /* the type and the token count constants in each copy (the scale loads' offsets with them) */
+#define ROWS(T, R, N)                                                                                     \
+    for (; r + (R) <= nr; r += (R)) gemv_rows(T, w + (size_t)r * ldw, ldw, a, m0, y + r, ldy, (R), (N)); \
+    for (; r < nr; r++) gemv_rows(T, w + (size_t)r * ldw, ldw, a, m0, y + r, ldy, 1, (N))
+#define TOKENS(T)                \
+    switch (nt) {                \
+    case 1: ROWS(T, 4, 1); break; \
+    case 2: ROWS(T, 4, 2); break; \
+    case 3: ROWS(T, 2, 3); break; \
+    default: ROWS(T, 2, 4); break; \
     }
+    if (wtype == FL_TYPE_Q4_0) {
+        TOKENS(FL_TYPE_Q4_0);
+    } else {
+        TOKENS(FL_TYPE_Q8_0);
+    }
+#undef TOKENS
 #undef ROWS
 }
 
@@ -272,19 +248,8 @@ void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_
             for (int r = 0; r < nr; r++) y[t * ldy + r] = row(wc + r * ldw, a, m0 + t);
         return;
     }
-    if (nt == 1) {
-        gemv_q8(wtype, wc, ldw, nr, a, m0, y);
-        return;
-    }
-    for (int r = 0; r < nr; r += 2)
-        for (int t = 0; t < nt; t += 2) {
-            const char *wr = wc + r * ldw;
-            float *yt = y + t * ldy + r;
-            if (r + 2 <= nr && t + 2 <= nt) tile(wtype, wr, ldw, a, m0 + t, yt, ldy, 2, 2);
-            else if (r + 2 <= nr) tile(wtype, wr, ldw, a, m0 + t, yt, ldy, 2, 1);
-            else if (t + 2 <= nt) tile(wtype, wr, ldw, a, m0 + t, yt, ldy, 1, 2);
-            else tile(wtype, wr, ldw, a, m0 + t, yt, ldy, 1, 1);
-        }
+    for (int t = 0; t < nt; t += FL_GEMV_MAX_TOKENS) /* the rows again (from cache) for each group of tokens */
+        gemv_q8(wtype, wc, ldw, nr, a, m0 + t, nt - t < FL_GEMV_MAX_TOKENS ? nt - t : FL_GEMV_MAX_TOKENS, y + t * ldy, ldy);
 }
 
 /* matmul's f32 dots in llama.cpp's (ggml's) order, the same bits as matmul_avx512.c's dot_ggml:
