@@ -596,7 +596,7 @@ static void test_amx_bf16(void **state) {
 }
 
 /* fl_matmul_n gives the bits of separate fl_matmul calls: three matrices of different row counts
- * (one of them under a chunk), one token (GEMV), 2-4 (the AVX2 few-token GEMV), 16 (the AMX rows), 30 (one call each), 70 (the
+ * (one of them under a chunk), one token (GEMV), 2-4 (the AVX2 few-token GEMV), 16 (the AMX rows or the panels), 30 (the panels), 70 (the
  * AMX-BF16 tiles), 1-3 threads, fused types and ones that are not (F16, a mixed triple); its
  * scratch is no more than one call's. */
 static void test_matmul_n(void **state) {

@@ -228,34 +228,42 @@ static bool panel_path(int32_t type, int64_t M) {
 }
 
 /* Each thread repacks 16-row panels into its own scratch and runs every token through the panel
- * (fl_panel_gemm_avx512 / _avx2). */
+ * (fl_panel_gemm_avx512 / _avx2).  The units are the panels of all the matrices (fl_matmul_n:
+ * q, k, v or gate, up share one quantized x and one parallel pass, and the small k, v spread
+ * over the threads with the rest). */
 static void q8_panel_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
     const bool avx512 = fl_isa_get() == FL_ISA_AVX512;
     void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = avx512 ? fl_panel_pack_avx512 : fl_panel_pack_avx2;
-    const int64_t N = c->W->ne[1], K = c->W->ne[0];
-    const size_t ldw = c->W->nb[1];
-    const int64_t np = (N + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS;
+    const int64_t K = c->W->ne[0], units = c->ubase[c->nw];
     (void)nth;
     char *pan = c->panels + (size_t)ith * c->panel_bytes;
     /* panels taken dynamically (see the GEMV loop), one ahead: on AVX2 the tiles prefetch the
      * next panel's rows meanwhile (at a few tokens per step the weights stream from memory once,
      * and the pack otherwise stalls on them: `fitllm bench serve` at 16 sequences, Q8_0,
      * spent 27% of its samples in the pack) */
-    int64_t pi = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-    while (pi < np) {
-        const int64_t pn = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        const int64_t n = pi * FL_PANEL_ROWS;
+    int64_t u = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+    while (u < units) {
+        const int64_t un = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+        const int i = unit_matrix(c->ubase, u);
+        const fl_tensor *W = c->Wv[i];
+        const int64_t N = W->ne[1], n = (u - c->ubase[i]) * FL_PANEL_ROWS;
+        const size_t ldw = W->nb[1];
         const int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
-        pack(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, K, pan);
-        if (avx512) fl_panel_gemm_avx512(c->W->type, pan, nr, &c->act, 0, (int)c->M, c->y + n, N);
+        pack(W->type, (const char *)W->data + n * ldw, ldw, nr, K, pan);
+        if (avx512) fl_panel_gemm_avx512(W->type, pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N);
         else {
-            const int64_t n1 = pn * FL_PANEL_ROWS;
-            const size_t pf_bytes = pn < np ? (size_t)(N - n1 < FL_PANEL_ROWS ? N - n1 : FL_PANEL_ROWS) * ldw : 0;
-            fl_panel_gemm_avx2_pf(c->W->type, pan, nr, &c->act, 0, (int)c->M, c->y + n, N,
-                                  pf_bytes ? (const char *)c->W->data + n1 * ldw : NULL, pf_bytes);
+            const char *pf = NULL;
+            size_t pf_bytes = 0;
+            if (un < units) { /* the next panel's rows, maybe of the next matrix */
+                const int j = unit_matrix(c->ubase, un);
+                const int64_t Nj = c->Wv[j]->ne[1], n1 = (un - c->ubase[j]) * FL_PANEL_ROWS;
+                pf = (const char *)c->Wv[j]->data + (size_t)n1 * c->Wv[j]->nb[1];
+                pf_bytes = (size_t)(Nj - n1 < FL_PANEL_ROWS ? Nj - n1 : FL_PANEL_ROWS) * c->Wv[j]->nb[1];
+            }
+            fl_panel_gemm_avx2_pf(W->type, pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N, pf, pf_bytes);
         }
-        pi = pn;
+        u = un;
     }
 }
 
@@ -584,7 +592,8 @@ static bool fusable(const fl_tensor *const *W, int nw, int64_t M) {
         if (W[i]->type != W[0]->type || W[i]->ne[0] != W[0]->ne[0]) return false;
     bool llama;
     return int8_path(W[0]->type, M, &llama) && !llama &&
-           (gemv_path(W[0]->type, M) || amx_rows_path(W[0]->type, M) || amx_bf16_path(W[0]->type, M));
+           (gemv_path(W[0]->type, M) || panel_path(W[0]->type, M) || amx_rows_path(W[0]->type, M) ||
+            amx_bf16_path(W[0]->type, M));
 }
 
 static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const float *x, int64_t M) {
@@ -596,7 +605,8 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
     bool llama;
     if (int8_path(W->type, M, &llama)) {
         if (!llama && amx_bf16_path(W->type, M) && bf16_matmul(Ws, ys, nw, x, M)) return;
-        if (nw > 1 && !gemv_path(W->type, M) && !amx_rows_path(W->type, M)) goto each; /* no scratch for the bf16 tiles */
+        if (nw > 1 && !gemv_path(W->type, M) && !panel_path(W->type, M) && !amx_rows_path(W->type, M))
+            goto each; /* no scratch for the bf16 tiles */
         q8_ctx c = {W, x, y, M, {0}, gemm_for(isa), NULL, 0, NULL, 0};
         c.nw = nw;
         for (int i = 0; i < nw; i++) {
@@ -619,7 +629,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                     c.amx_act = NULL;
                 }
             }
-            if (nw > 1 && !gemv_path(W->type, M) && !c.amx_act) { /* no scratch for the AMX rows: one matrix at a time */
+            if (nw > 1 && !gemv_path(W->type, M) && !panel_path(W->type, M) && !c.amx_act) { /* no scratch for the AMX rows: one matrix at a time */
                 fl_act_q8_free(&c.act);
                 goto each;
             }
@@ -652,9 +662,16 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
             if (panel_path(W->type, M)) {
                 c.panel_bytes = fl_panel_bytes_for(W->type, K);
                 c.panels = fl_alloc(FL_MEM_SCRATCH, (size_t)nth * c.panel_bytes, 64);
-                if (!c.panels) fl_clear_error(); /* no scratch: the tile path below */
+                if (!c.panels) { /* no scratch: the tile path below, one matrix at a time */
+                    fl_clear_error();
+                    if (nw > 1) {
+                        fl_act_q8_free(&c.act);
+                        goto each;
+                    }
+                }
             }
             if (c.panels) {
+                for (int i = 0; i < nw; i++) c.ubase[i + 1] = c.ubase[i] + (Ws[i]->ne[1] + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS;
                 fl_parallel_n(q8_panel_task, &c, nth);
                 fl_free(FL_MEM_SCRATCH, c.panels, (size_t)nth * c.panel_bytes);
             } else {

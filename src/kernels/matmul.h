@@ -68,7 +68,8 @@ void fl_dequant_row_avx2(int32_t type, const void *src, float *dst, int64_t K);
 void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M);
 /* y[i] = x . W[i]^T for n (<= FL_MATMUL_N_MAX) matrices that read the same x (q, k, v; gate, up):
  * the same bits as n fl_matmul calls.  Matrices of one type and K on a path that takes its work
- * from one counter (one token, the AMX rows at 13-16 tokens, the AMX-BF16 tiles) run as one call:
+ * from one counter (the GEMV, the row panels, the AMX rows at 13-16 tokens, the AMX-BF16 tiles)
+ * run as one call:
  * x is quantized or packed once, and the threads meet once; otherwise one call each.  Its scratch
  * is what one of the calls would take. */
 #define FL_MATMUL_N_MAX 3
