@@ -2,7 +2,8 @@
  * (pp) and decode (tg) tokens/s through the model forward, with the weight bytes streamed per
  * decoded token as GB/s and % of the measured read bandwidth, and prefill GOP/s (2 x matmul
  * weights x tokens) as % of the measured int8 peak (kernels/calib_int8.h).
- * pp: one forward over -p tokens; tg: -n single-token forwards from an empty cache.  The KV
+ * pp: one forward over -p tokens; tg: -n single-token forwards from an empty cache; -p 0 or
+ * -n 0 skips that test (as llama-bench does), and its keys are left out of the JSON.  The KV
  * cache is `fitllm run`'s (--kv-layout paged by default, --kv-type f16, --block-size 16).
  * Builds to a stub where the model module is absent. */
 #include "cli/cli.h"
@@ -32,8 +33,8 @@ static double now_s(void) {
 int fl_bench_model(int argc, char **argv) {
     fl_opt opts[] = {
         {"model", 'm', FL_OPT_STR, "MODEL  GGUF file (required)"},
-        {"n-prompt", 'p', FL_OPT_INT, "N  prompt tokens for pp (default 512)"},
-        {"n-gen", 'n', FL_OPT_INT, "N  generated tokens for tg (default 128)"},
+        {"n-prompt", 'p', FL_OPT_INT, "N  prompt tokens for pp (default 512; 0 skips pp)"},
+        {"n-gen", 'n', FL_OPT_INT, "N  generated tokens for tg (default 128; 0 skips tg)"},
         {"threads", 't', FL_OPT_INT, "N  threads (default 2)"},
         {"json", 0, FL_OPT_FLAG, "print JSON"},
         {"stream-mib", 0, FL_OPT_INT, "MIB  buffer for the bandwidth calibration (default 1024)"},
@@ -54,10 +55,11 @@ int fl_bench_model(int argc, char **argv) {
     const int nth = opts[3].set ? (int)opts[3].i : 2;
     const size_t stream = (size_t)(opts[5].set ? opts[5].i : 1024) << 20;
     const int reps = opts[6].set ? (int)opts[6].i : 1;
-    if (np < 1 || ng < 1 || nth < 1 || np > 1 << 16 || ng > 1 << 16 || reps < 1 || reps > 1000) {
-        fprintf(stderr, "fitllm bench model: bad -p, -n, -t or -r\n");
+    if (np < 0 || ng < 0 || np + ng < 1 || nth < 1 || np > 1 << 16 || ng > 1 << 16 || reps < 1 || reps > 1000) {
+        fprintf(stderr, "fitllm bench model: bad -p, -n, -t or -r (-p and -n are 0 to 65536, not both 0; -t >= 1; -r 1 to 1000)\n");
         return 2;
     }
+    const int32_t nt = np > 16 ? np : 16; /* the token buffers: the prompt, or the warm-up and the tg tokens' source */
     fl_threads_set(nth);
     fl_model *m = NULL;
     fl_cli_kv kv = {0};
@@ -67,13 +69,13 @@ int fl_bench_model(int argc, char **argv) {
     if (fl_model_load(opts[0].str, NULL, &m) != FL_OK) goto fail;
     const fl_hparams *hp = fl_model_hparams(m);
     if (fl_cli_kv_new(hp, fl_args_get(opts, "kv-layout")->str, fl_args_get(opts, "kv-type")->str,
-                      fl_args_get(opts, "block-size")->set ? fl_args_get(opts, "block-size")->i : 0, np + ng, &kv) != FL_OK ||
-        fl_model_workspace_new(m, np, 1) != FL_OK)
+                      fl_args_get(opts, "block-size")->set ? fl_args_get(opts, "block-size")->i : 0, nt + ng, &kv) != FL_OK ||
+        fl_model_workspace_new(m, nt, 1) != FL_OK)
         goto fail;
     logits = fl_alloc(FL_MEM_ACT, (size_t)hp->n_vocab * 4, 64);
-    tok = fl_calloc(FL_MEM_MISC, (size_t)np, 4);
-    pos = fl_calloc(FL_MEM_MISC, (size_t)np, 4);
-    sid = fl_calloc(FL_MEM_MISC, (size_t)np, 4);
+    tok = fl_calloc(FL_MEM_MISC, (size_t)nt, 4);
+    pos = fl_calloc(FL_MEM_MISC, (size_t)nt, 4);
+    sid = fl_calloc(FL_MEM_MISC, (size_t)nt, 4);
     if (!logits || !tok || !pos || !sid) goto fail;
     /* weight bytes read per decoded token: every matmul weight + one embedding row */
     double wbytes = 0, wparams = 0;
@@ -93,9 +95,9 @@ int fl_bench_model(int argc, char **argv) {
     const double peak0 = fl_calib_int8_peak_gops(nth, 0.3);
     const double amx_peak = fl_calib_amx_int8_peak_gops(nth, 0.3);
 
-    for (int32_t i = 0; i < np; i++) { tok[i] = 3 + (int32_t)((i * 7919u) % (uint32_t)(hp->n_vocab - 3)); pos[i] = i; sid[i] = 0; }
-    /* warm-up: a short prefill and one decode */
-    fl_batch wb = {np < 16 ? np : 16, tok, pos, sid, NULL};
+    for (int32_t i = 0; i < nt; i++) { tok[i] = 3 + (int32_t)((i * 7919u) % (uint32_t)(hp->n_vocab - 3)); pos[i] = i; sid[i] = 0; }
+    /* warm-up: a short prefill */
+    fl_batch wb = {16, tok, pos, sid, NULL};
     if (fl_model_forward(m, &wb, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
     fl_cli_kv_reset(&kv);
     fl_batch pb = {np, tok, pos, sid, NULL};
@@ -103,7 +105,7 @@ int fl_bench_model(int argc, char **argv) {
      * too, the two alternating, so both see the same machine */
     const bool compare = np >= 64 && fl_amx_bf16_usable();
     double t_pp = 0, t_pp8 = 0, t0;
-    for (int i = 0; i < reps; i++) {
+    for (int i = 0; i < (np > 0 ? reps : 0); i++) {
         t0 = now_s();
         if (fl_model_forward(m, &pb, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
         t_pp += now_s() - t0;
@@ -122,13 +124,13 @@ int fl_bench_model(int argc, char **argv) {
     t_pp8 /= reps;
     t0 = now_s();
     for (int32_t i = 0; i < ng; i++) {
-        fl_batch db = {1, &tok[i % np], &i, &sid[0], NULL};
+        fl_batch db = {1, &tok[i % nt], &i, &sid[0], NULL};
         if (fl_model_forward(m, &db, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
     }
     const double t_tg = now_s() - t0;
     const double bw1 = fl_calib_mem_bandwidth_gbs(nth, stream), peak1 = fl_calib_int8_peak_gops(nth, 0.3);
     const double bw = bw0 > bw1 ? bw0 : bw1, peak = peak0 > peak1 ? peak0 : peak1;
-    const double pp = np / t_pp, tg = ng / t_tg, gbs = wbytes * tg / 1e9, gops = 2.0 * wparams * np / t_pp / 1e9;
+    const double pp = np ? np / t_pp : 0, tg = ng ? ng / t_tg : 0, gbs = wbytes * tg / 1e9, gops = np ? 2.0 * wparams * np / t_pp / 1e9 : 0;
     const double pp8 = compare ? np / t_pp8 : 0, gops8 = compare ? 2.0 * wparams * np / t_pp8 / 1e9 : 0;
     if (opts[4].set) {
         fl_mem_install_cjson_hooks();
@@ -147,9 +149,11 @@ int fl_bench_model(int argc, char **argv) {
         cJSON_AddBoolToObject(o, "amx", fl_amx_usable());
         cJSON_AddNumberToObject(o, "amx_int8_peak_gops", amx_peak);
         cJSON_AddNumberToObject(o, "n_prompt", np);
-        cJSON_AddNumberToObject(o, "pp_tok_s", pp);
-        cJSON_AddNumberToObject(o, "pp_gops", gops);
-        cJSON_AddNumberToObject(o, "pp_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
+        if (np) {
+            cJSON_AddNumberToObject(o, "pp_tok_s", pp);
+            cJSON_AddNumberToObject(o, "pp_gops", gops);
+            cJSON_AddNumberToObject(o, "pp_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
+        }
         cJSON_AddNumberToObject(o, "repetitions", reps);
         cJSON_AddBoolToObject(o, "amx_bf16_prefill", compare);
         if (compare) {
@@ -157,9 +161,11 @@ int fl_bench_model(int argc, char **argv) {
             cJSON_AddNumberToObject(o, "pp_int8_tiles_pct_int8_peak", peak > 0 ? 100 * gops8 / peak : 0);
         }
         cJSON_AddNumberToObject(o, "n_gen", ng);
-        cJSON_AddNumberToObject(o, "tg_tok_s", tg);
-        cJSON_AddNumberToObject(o, "tg_gbs", gbs);
-        cJSON_AddNumberToObject(o, "tg_pct_bandwidth", bw > 0 ? 100 * gbs / bw : 0);
+        if (ng) {
+            cJSON_AddNumberToObject(o, "tg_tok_s", tg);
+            cJSON_AddNumberToObject(o, "tg_gbs", gbs);
+            cJSON_AddNumberToObject(o, "tg_pct_bandwidth", bw > 0 ? 100 * gbs / bw : 0);
+        }
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
         cJSON_free(s);
@@ -171,21 +177,22 @@ int fl_bench_model(int argc, char **argv) {
                peak, fl_isa_get() == FL_ISA_AVX512 ? "AVX-512 VNNI" : "AVX2 maddubs");
         if (amx_peak > 0) printf(", AMX-INT8 tiles %.1f GOP/s (used for prefill)", amx_peak);
         printf("\n");
-        printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak%s\n", np, pp, gops, peak > 0 ? 100 * gops / peak : 0,
-               compare ? " (AMX-BF16 tiles)" : "");
+        if (np)
+            printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak%s\n", np, pp, gops, peak > 0 ? 100 * gops / peak : 0,
+                   compare ? " (AMX-BF16 tiles)" : "");
         if (compare)
             printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak (AMX-INT8 tiles, alternated)\n", np, pp8, gops8,
                    peak > 0 ? 100 * gops8 / peak : 0);
-        printf("tg%-5d %9.2f tok/s  %8.2f GB/s   %5.1f%% of memory bandwidth\n", ng, tg, gbs, bw > 0 ? 100 * gbs / bw : 0);
+        if (ng) printf("tg%-5d %9.2f tok/s  %8.2f GB/s   %5.1f%% of memory bandwidth\n", ng, tg, gbs, bw > 0 ? 100 * gbs / bw : 0);
     }
     rc = 0;
     goto done;
 fail:
     fprintf(stderr, "fitllm bench model: %s\n", fl_last_error());
 done:
-    if (sid) fl_free(FL_MEM_MISC, sid, (size_t)np * 4);
-    if (pos) fl_free(FL_MEM_MISC, pos, (size_t)np * 4);
-    if (tok) fl_free(FL_MEM_MISC, tok, (size_t)np * 4);
+    if (sid) fl_free(FL_MEM_MISC, sid, (size_t)nt * 4);
+    if (pos) fl_free(FL_MEM_MISC, pos, (size_t)nt * 4);
+    if (tok) fl_free(FL_MEM_MISC, tok, (size_t)nt * 4);
     if (logits) fl_free(FL_MEM_ACT, logits, (size_t)fl_model_hparams(m)->n_vocab * 4);
     fl_cli_kv_free(&kv);
     if (m) fl_model_free(m);

@@ -110,6 +110,18 @@ assert isinstance(o["amx_bf16_prefill"], bool), o
 assert (o.get("pp_int8_tiles_tok_s", 0) > 0) == o["amx_bf16_prefill"], o
 PY
 "$fitllm" bench model -m "$model" -r 0 >/dev/null 2>&1 && fail "bench model -r 0 accepted"
+# -p 0 / -n 0 skip that test (llama-bench's convention); both 0 is an error
+"$fitllm" bench model -m "$model" -p 0 -n 4 -t 1 --stream-mib 16 --json >"$tmp/bm0.json" || fail "bench model -p 0"
+"$fitllm" bench model -m "$model" -p 8 -n 0 -t 1 --stream-mib 16 --json >"$tmp/bm1.json" || fail "bench model -n 0"
+python3 - "$tmp/bm0.json" "$tmp/bm1.json" <<'PY' || fail "bench model -p 0 / -n 0 json"
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["n_prompt"] == 0 and "pp_tok_s" not in a and a["n_gen"] == 4 and a["tg_tok_s"] > 0, a
+assert b["n_gen"] == 0 and "tg_tok_s" not in b and b["n_prompt"] == 8 and b["pp_tok_s"] > 0, b
+PY
+"$fitllm" bench model -m "$model" -p 0 -n 4 -t 1 --stream-mib 16 | grep -q '^tg4 ' || fail "bench model -p 0 text: no tg line"
+"$fitllm" bench model -m "$model" -p 0 -n 4 -t 1 --stream-mib 16 | grep -q '^pp' && fail "bench model -p 0 text: a pp line"
+"$fitllm" bench model -m "$model" -p 0 -n 0 >/dev/null 2>&1 && fail "bench model -p 0 -n 0 accepted"
 
 # bench matmul: the five TinyLlama shapes, their sum, and q,k,v fused against three calls; at 64
 # tokens on a CPU with AMX-BF16 the GEMM is timed on both kinds of tile
