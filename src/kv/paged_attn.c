@@ -434,6 +434,21 @@ static void load_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t ja
     load_rows(kv, kv->v, kv->v_scale, id, kh, ja, jb, vb);
 }
 
+/* Prefetch kv head kh's slice of every row of block `id` in K and V into the cache: the rows of
+ * the block the loop takes next arrive while this one is scored (a block's slices are rows
+ * row_bytes apart, and without this the conversion of each row waited on memory: `fitllm bench
+ * serve -m tl-q4_0.gguf -n 16 --max-seqs 16 --prompt-len 4 --gen-len 96` spent 3.2% of its
+ * samples in the f16 -> f32 row conversion, nearly all on its load, and 1.7% with this). */
+static void prefetch_block(const fl_paged_kv *kv, int32_t id, int32_t kh) {
+    if (id <= 0) return;
+    const size_t slice = kv->row_bytes / (size_t)kv->n_head_kv, off = (size_t)(id - 1) * kv->block_bytes + (size_t)kh * slice;
+    for (int32_t j = 0; j < kv->block_size; j++)
+        for (size_t l = 0; l < slice; l += 64) {
+            _mm_prefetch((const char *)kv->k + off + (size_t)j * kv->row_bytes + l, _MM_HINT_T0);
+            _mm_prefetch((const char *)kv->v + off + (size_t)j * kv->row_bytes + l, _MM_HINT_T0);
+        }
+}
+
 /* States for rows [ra, rb) of sequence s (relative rows), heads of kv head kh, over blocks
  * [b_lo, b_hi).  st: [(rb - ra)][g][hd + 2], initialised here. */
 static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_t ra, int32_t rb, int32_t b_lo,
@@ -450,6 +465,7 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_
         const int32_t ja = lo_tile > j0 ? lo_tile - j0 : 0;        /* first block row anyone sees */
         const int32_t jz = p_last - j0 + 1 < bs ? p_last - j0 + 1 : bs; /* one past the last */
         if (ja >= jz) continue;
+        if (b + 1 < b_hi) prefetch_block(kv, s->blocks[b + 1], kh);
         load_block(kv, s->blocks[b], kh, ja, jz, kb, vb, jb_->ops.scores_t != NULL);
         for (int32_t r = ra; r < rb; r++) {
             const int32_t p = s->pos0 + r;
