@@ -140,26 +140,31 @@ static void test_gemm_q8_parity(void **state) {
 
 /* GEMM (M > 1) rows equal GEMV (M = 1) of each token, with 1 and 2 threads. */
 /* A 9-token step agrees with one-token calls; steps of up to fl_matmul_gemv_max_tokens give
- * every token the one-token bits (the AVX2 few-token GEMV: Q4_0 up to 3, Q8_0 up to 4; 69 rows
- * leave tails of the 4- and 2-row passes, K = 320 a block tail of 8 + 2). */
+ * every token the one-token bits (on AVX2 the few-token GEMV, Q4_0 up to 3 tokens, Q8_0 up to 4,
+ * and the K-quant row dots, Q4_K up to 3, Q5_K / Q6_K up to 16; 69 rows leave tails of the 4- and
+ * 2-row passes, K = 320 a block tail of 8 + 2; the K-quants take K = 512). */
 static void test_gemm_vs_gemv(void **state) {
     (void)state;
-    const int64_t N = 69, K = 320, M = 9;
-    const int32_t types[2] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0};
-    for (int ti = 0; ti < 2; ti++) {
+    const int64_t N = 69, M = 9, MM = 16;
+    const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_K, FL_TYPE_Q6_K};
+    const int64_t want[5] = {4, 3, 3, 16, 16};
+    for (int ti = 0; ti < 5; ti++) {
+        const int64_t K = ti < 2 ? 320 : 512;
         qmat q;
         qmat_make(&q, types[ti], N, K);
-        float *x = frand_buf(M * K), *a = frand_buf(M * N), *b = frand_buf(N);
+        float *x = frand_buf(MM * K), *a = frand_buf(MM * N), *b = frand_buf(N);
         fl_isa_set(FL_ISA_REF);
         assert_int_equal(fl_matmul_gemv_max_tokens(types[ti]), 1);
         fl_isa_set(fl_isa_best());
-        if (fl_isa_get() == FL_ISA_AVX2) assert_int_equal(fl_matmul_gemv_max_tokens(types[ti]), ti == 0 ? 4 : 3);
+        if (fl_isa_get() == FL_ISA_AVX2) assert_int_equal(fl_matmul_gemv_max_tokens(types[ti]), want[ti]);
         for (int nth = 1; nth <= 2; nth++) {
             fl_threads_set(nth);
-            fl_matmul(&q.W, x, a, M);
-            for (int64_t m = 0; m < M; m++) {
-                fl_matmul(&q.W, x + m * K, b, 1);
-                for (int64_t n = 0; n < N; n++) CHECK_NEAR(a[m * N + n], b[n], 1e-5 * (1 + fabsf(b[n])));
+            if (ti < 3) { /* int8 both ways (Q5_K / Q6_K steps past the row dots take f32 activations) */
+                fl_matmul(&q.W, x, a, M);
+                for (int64_t m = 0; m < M; m++) {
+                    fl_matmul(&q.W, x + m * K, b, 1);
+                    for (int64_t n = 0; n < N; n++) CHECK_NEAR(a[m * N + n], b[n], 1e-5 * (1 + fabsf(b[n])));
+                }
             }
             for (int64_t mm = 2; mm <= fl_matmul_gemv_max_tokens(types[ti]); mm++) {
                 fl_matmul(&q.W, x, a, mm);
@@ -172,8 +177,8 @@ static void test_gemm_vs_gemv(void **state) {
             }
         }
         fl_threads_set(0);
-        fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
-        fl_free(FL_MEM_MISC, a, (size_t)(M * N) * 4);
+        fl_free(FL_MEM_MISC, x, (size_t)(MM * K) * 4);
+        fl_free(FL_MEM_MISC, a, (size_t)(MM * N) * 4);
         fl_free(FL_MEM_MISC, b, (size_t)N * 4);
         qmat_free(&q);
     }

@@ -43,6 +43,7 @@ bool fl_matmul_llama_order(void) {
  * On AVX-512 Q4_K does (VNNI GEMV, panel GEMM) and Q6_K for one-token steps (its GEMV; larger
  * steps dequantize); on AVX2 the same types, through maddubs row dots. */
 static bool amx_path(int32_t type, int64_t M);
+static bool gemv_path(int32_t type, int64_t M);
 
 static bool int8_path(int32_t type, int64_t M, bool *llama) {
     *llama = false;
@@ -54,10 +55,10 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
     const bool simd = fl_isa_get() == FL_ISA_AVX512 || fl_isa_get() == FL_ISA_AVX2;
     if (type == FL_TYPE_Q4_K) /* AVX2: row dots for one token, panels for more (same sums) */
         return simd && !fl_matmul_llama_order() && M <= INT32_MAX;
-    if (type == FL_TYPE_Q6_K) /* and steps of > 16 tokens on the AMX tiles (half-block tiles) */
-        return (M == 1 && simd && !fl_matmul_llama_order()) || (!fl_matmul_llama_order() && amx_path(type, M));
+    if (type == FL_TYPE_Q6_K) /* (AVX2: a few tokens), and steps of > 16 tokens on the AMX tiles (half-block tiles) */
+        return ((M == 1 || gemv_path(type, M)) && simd && !fl_matmul_llama_order()) || (!fl_matmul_llama_order() && amx_path(type, M));
     if (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0) return true;
-    if (type == FL_TYPE_Q5_K && M == 1 && fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order()) return true; /* row dots */
+    if (type == FL_TYPE_Q5_K && gemv_path(type, M) && fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order()) return true; /* row dots */
     if ((type == FL_TYPE_Q5_K || type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K || type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL) &&
         M == 1 && fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order())
         return true; /* their AVX-512 GEMVs */
@@ -156,8 +157,6 @@ static int64_t gemv_chunks(const fl_tensor *W, int nth, int64_t *gc) {
     return (N + *gc - 1) / *gc;
 }
 
-static bool gemv_path(int32_t type, int64_t M);
-
 static void q8_gemm_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
     const int64_t N = c->W->ne[1];
@@ -196,26 +195,41 @@ static void q8_gemm_task(void *p, int ith, int nth) {
 
 /* The GEMV (chunks of rows taken dynamically from all the matrices, which share one quantized
  * x): one token, or on AVX2 steps of up to 3 Q4_0 / 4 Q8_0 tokens, whose tokens share each row's
- * codes (fl_gemm_q8_avx2).  There a panel's pack costs about as much as 2 tokens through it,
+ * codes (fl_gemm_q8_avx2), 3 Q4_K and 16 Q5_K / Q6_K tokens (their row dots).  There a panel's pack costs about as much as 2 tokens through it,
  * and the weights stream from memory once either way.  `fitllm bench serve -m tl-T.gguf -n M
  * --max-seqs M --prompt-len 16 --gen-len 48 --kv-mem 256MiB -t 2`, decode tok/s, panels ->
  * this GEMV, three alternated pairs (means): Q4_0 M = 2 34.8 -> 45.5, M = 3 48.4 -> 49.4; Q8_0
  * M = 2 21.6 -> 32.3, M = 3 31.8 -> 44.8, M = 4 37.8 -> 44.9.  Q4_0 at 4 tokens (2 rows x 4
  * tokens) lost to the panels in `bench matmul -p 4` (101, 86, 87 against 134, 130, 112 GOP/s),
- * Q8_0 at 6 and 8 tokens (twice through the rows) was even with them. */
+ * Q8_0 at 6 and 8 tokens (twice through the rows) was even with them.  The K-quants' row dots
+ * (fl_gemm_q8_avx2: each row from L1 for every token, the one-token bits) likewise: Q4_K M = 2
+ * 15.6, 13.1 -> 30.0, 29.8 and M = 3 23.8, 21.3 -> 29.6, 31.2 against its panels, even at 4;
+ * Q6_K, whose alternative past one token is dequantized rows and the f32 path, M = 2 6.3, 6.5
+ * -> 14.6, 13.1, M = 4 9.3, 10.7 -> 19.9, 17.2, M = 8 13.4 -> 20.4, M = 16 15.3 -> 19.9; so
+ * Q5_K and Q6_K take them up to 16 tokens (batched decode; prefill steps stay on the f32 path,
+ * where a row would meet every token's activations from beyond L1). */
 #define GEMV_MAX_Q4_0 3
 #define GEMV_MAX_Q8_0 4
+#define GEMV_MAX_Q4_K 3
+#define GEMV_MAX_Q56_K 16
 static bool g_few_token_gemv = true;
 
 void fl_matmul_set_few_token_gemv(bool on) { g_few_token_gemv = on; }
 
 int64_t fl_matmul_gemv_max_tokens(int32_t type) {
     if (fl_isa_get() != FL_ISA_AVX2 || !g_few_token_gemv) return 1;
-    return type == FL_TYPE_Q4_0 ? GEMV_MAX_Q4_0 : type == FL_TYPE_Q8_0 ? GEMV_MAX_Q8_0 : 1;
+    switch (type) {
+    case FL_TYPE_Q4_0: return GEMV_MAX_Q4_0;
+    case FL_TYPE_Q8_0: return GEMV_MAX_Q8_0;
+    case FL_TYPE_Q4_K: return GEMV_MAX_Q4_K;
+    case FL_TYPE_Q5_K:
+    case FL_TYPE_Q6_K: return GEMV_MAX_Q56_K;
+    default: return 1;
+    }
 }
 
 static bool gemv_path(int32_t type, int64_t M) { return M >= 1 && M <= fl_matmul_gemv_max_tokens(type); }
-_Static_assert(GEMV_MAX_Q4_0 <= FL_GEMV_MAX_TOKENS && GEMV_MAX_Q8_0 <= FL_GEMV_MAX_TOKENS, "fl_gemm_q8_avx2's GEMV");
+_Static_assert(GEMV_MAX_Q4_0 <= FL_GEMV_MAX_TOKENS && GEMV_MAX_Q8_0 <= FL_GEMV_MAX_TOKENS, "fl_gemm_q8_avx2's GEMV"); /* (the row dots take any count) */
 
 /* The row-panel GEMM (M > 1) for Q8_0 / Q4_0 / Q4_K on AVX-512 and AVX2 (on AVX2 it replaced
  * 2 x 2 register tiles with lanes along K, which spent about 11 instructions per 32 products on
@@ -633,7 +647,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 fl_act_q8_free(&c.act);
                 goto each;
             }
-            if (!c.amx_act && M > 1 && W->type != FL_TYPE_Q8_0 && W->type != FL_TYPE_Q4_0 && W->type != FL_TYPE_Q4_K && !llama) {
+            if (!c.amx_act && !gemv_path(W->type, M) && W->type != FL_TYPE_Q8_0 && W->type != FL_TYPE_Q4_0 && W->type != FL_TYPE_Q4_K && !llama) {
                 fl_act_q8_free(&c.act);
                 goto f32_path;
             }

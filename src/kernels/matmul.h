@@ -22,7 +22,7 @@
  * otherwise 4 rows x 4 tokens register tiles over L2-sized row chunks).  On AVX-512 Q4_K takes the same
  * two paths (its own GEMV; panels with scales d sc_j and mins), and Q2_K, Q3_K, Q5_K, Q6_K, Q4_1,
  * Q5_0, Q5_1 and IQ4_NL their own GEMVs for M == 1; on AVX2 Q4_K, Q5_K and Q6_K take maddubs row
- * dots for M == 1 (fl_gemm_q8_avx2: Q4_K, Q5_K, Q6_K) and Q8_0 / Q4_0 / Q4_K the same 16-row
+ * dots for M == 1 and small steps (fl_gemm_q8_avx2; up to fl_matmul_gemv_max_tokens) and Q8_0 / Q4_0 / Q4_K the same 16-row
  * panels as AVX-512 for M > 1 (fl_panel_gemm_avx2: Q8_0 8 rows x 4 tokens, Q4_0 / Q4_K 16 x 2).  Where the CPU has
  * AMX-INT8 and the OS grants the tile state, steps of 13 tokens or more of Q8_0 / Q4_0 / Q4_1 /
  * Q5_0 / Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K / Q3_K take the AMX GEMM instead (see below; FL_AMX=0 or
@@ -75,7 +75,8 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M);
 #define FL_MATMUL_N_MAX 3
 void fl_matmul_n(int n, const fl_tensor *const *W, float *const *y, const float *x, int64_t M);
 /* The most tokens an integer-path step of `type` sends through the GEMV on the current ISA (1,
- * or on AVX2 3 for Q4_0 and 4 for Q8_0): such a step gives each token the bits it gets alone,
+ * or on AVX2 3 for Q4_0, 4 for Q8_0, 3 for Q4_K and 16 for Q5_K / Q6_K, the last three through
+ * their row dots): such a step gives each token the bits it gets alone,
  * and larger steps (the panels) give each token the bits it gets in any other step of that
  * kind.  fl_matmul_set_few_token_gemv(false) (default true) keeps the GEMV to one token, so that
  * every step of 2 tokens or more has the same bits per token (for tests of that property). */

@@ -244,8 +244,8 @@ void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_
     if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K) {
         float (*row)(const char *, const fl_act_q8 *, int64_t) =
             wtype == FL_TYPE_Q4_K ? dot_q4_K : wtype == FL_TYPE_Q5_K ? dot_q5_K : dot_q6_K;
-        for (int t = 0; t < nt; t++)
-            for (int r = 0; r < nr; r++) y[t * ldy + r] = row(wc + r * ldw, a, m0 + t);
+        for (int r = 0; r < nr; r++) /* each row from L1 for every token */
+            for (int t = 0; t < nt; t++) y[t * ldy + r] = row(wc + r * ldw, a, m0 + t);
         return;
     }
     for (int t = 0; t < nt; t += FL_GEMV_MAX_TOKENS) /* the rows again (from cache) for each group of tokens */
