@@ -56,7 +56,7 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
     if (type == FL_TYPE_Q4_K) /* AVX2: row dots for one token, panels for more (same sums) */
         return simd && !fl_matmul_llama_order() && M <= INT32_MAX;
     if (type == FL_TYPE_Q6_K) /* (AVX2: a few tokens), and steps of > 16 tokens on the AMX tiles (half-block tiles) */
-        return ((M == 1 || gemv_path(type, M)) && simd && !fl_matmul_llama_order()) || (!fl_matmul_llama_order() && amx_path(type, M));
+        return (gemv_path(type, M) && simd && !fl_matmul_llama_order()) || (!fl_matmul_llama_order() && amx_path(type, M));
     if (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0) return true;
     if (type == FL_TYPE_Q5_K && gemv_path(type, M) && fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order()) return true; /* row dots */
     if ((type == FL_TYPE_Q5_K || type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K || type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL) &&
