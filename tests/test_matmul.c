@@ -141,13 +141,13 @@ static void test_gemm_q8_parity(void **state) {
 /* GEMM (M > 1) rows equal GEMV (M = 1) of each token, with 1 and 2 threads. */
 /* A 9-token step agrees with one-token calls; steps of up to fl_matmul_gemv_max_tokens give
  * every token the one-token bits (on AVX2 the few-token GEMV, Q4_0 up to 3 tokens, Q8_0 up to 4,
- * and the K-quant row dots, Q4_K up to 3, Q5_K / Q6_K up to 16; 69 rows leave tails of the 4- and
+ * and the K-quant row dots, Q4_K and Q5_K up to 3, Q6_K up to 2; 69 rows leave tails of the 4- and
  * 2-row passes, K = 320 a block tail of 8 + 2; the K-quants take K = 512). */
 static void test_gemm_vs_gemv(void **state) {
     (void)state;
     const int64_t N = 69, M = 9, MM = 16;
     const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_K, FL_TYPE_Q6_K};
-    const int64_t want[5] = {4, 3, 3, 16, 16};
+    const int64_t want[5] = {4, 3, 3, 3, 2};
     for (int ti = 0; ti < 5; ti++) {
         const int64_t K = ti < 2 ? 320 : 512;
         qmat q;
@@ -159,7 +159,8 @@ static void test_gemm_vs_gemv(void **state) {
         if (fl_isa_get() == FL_ISA_AVX2) assert_int_equal(fl_matmul_gemv_max_tokens(types[ti]), want[ti]);
         for (int nth = 1; nth <= 2; nth++) {
             fl_threads_set(nth);
-            if (ti < 3) { /* int8 both ways (Q5_K / Q6_K steps past the row dots take f32 activations) */
+            if (ti < 3 || fl_isa_get() == FL_ISA_AVX2) { /* int8 both ways (AVX2: the panels; on AVX-512 without AMX
+                                                         * Q5_K / Q6_K steps of 9 take f32 activations) */
                 fl_matmul(&q.W, x, a, M);
                 for (int64_t m = 0; m < M; m++) {
                     fl_matmul(&q.W, x + m * K, b, 1);
@@ -189,20 +190,22 @@ static void test_gemm_vs_gemv(void **state) {
 typedef void (*panel_pack_fn)(int32_t, const void *, size_t, int, int64_t, void *);
 typedef void (*panel_gemm_fn)(int32_t, const void *, int, const fl_act_q8 *, int64_t, int, float *, int64_t);
 
-/* Row panels (Q8_0, Q4_0, and Q4_K with its mins): the AVX2 and AVX-512 packers are
- * byte-identical to the reference packer, the reference panel product equals the integer tile
- * reference (f32 order only), and the AVX2 / AVX-512 panel products match it on partial panels
- * (nr < 16, nr < 8), every token tail of the 4- and 8-token tiles, odd block counts. */
+/* Row panels (Q8_0, Q4_0, Q4_K and Q5_K with their mins, Q6_K with its half-block scales): the
+ * AVX2 and AVX-512 packers are byte-identical to the reference packer, the reference panel
+ * product equals the integer tile reference (f32 order only), and the AVX2 / AVX-512 panel
+ * products match it on partial panels (nr < 16, nr < 8), every token tail of the 4- and 8-token
+ * tiles, odd block counts.  (Q5_K and Q6_K panels exist on AVX2 only.) */
 static void test_panel_parity(void **state) {
     (void)state;
-    const int32_t types[3] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K};
+    const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_K, FL_TYPE_Q6_K};
     const int64_t Ks[3] = {32, 416, 2048}, Ks_k[3] = {256, 768, 2048};
-    const panel_pack_fn packs[2] = {fl_isa_best() >= FL_ISA_AVX2 ? fl_panel_pack_avx2 : NULL,
-                                    fl_isa_best() == FL_ISA_AVX512 ? fl_panel_pack_avx512 : NULL};
     const panel_gemm_fn gemms[2] = {fl_panel_gemm_avx2, fl_panel_gemm_avx512};
-    for (int ti = 0; ti < 3; ti++)
+    for (int ti = 0; ti < 5; ti++)
         for (int ki = 0; ki < 3; ki++) {
-            const int64_t K = types[ti] == FL_TYPE_Q4_K ? Ks_k[ki] : Ks[ki], N = 21, M = 19;
+            const bool kq = types[ti] != FL_TYPE_Q8_0 && types[ti] != FL_TYPE_Q4_0, avx2_only = types[ti] == FL_TYPE_Q5_K || types[ti] == FL_TYPE_Q6_K;
+            const panel_pack_fn packs[2] = {fl_isa_best() >= FL_ISA_AVX2 ? fl_panel_pack_avx2 : NULL,
+                                            fl_isa_best() == FL_ISA_AVX512 && !avx2_only ? fl_panel_pack_avx512 : NULL};
+            const int64_t K = kq ? Ks_k[ki] : Ks[ki], N = 21, M = 19;
             qmat q;
             qmat_make(&q, types[ti], N, K);
             float *x = frand_buf(M * K);
@@ -210,7 +213,7 @@ static void test_panel_parity(void **state) {
             assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
             for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
             const size_t pb = fl_panel_bytes_for(types[ti], K);
-            assert_int_equal(pb, (size_t)(K / 32) * (16 * 4 + 16 * 32 + (types[ti] == FL_TYPE_Q4_K ? 16 * 4 : 0)));
+            assert_int_equal(pb, (size_t)(K / 32) * (16 * 4 + 16 * 32 + (kq ? (types[ti] == FL_TYPE_Q6_K ? 16 * 8 : 16 * 4) : 0)));
             char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
             float *ref = frand_buf(M * 16), *pr = frand_buf(M * 16), *got = frand_buf(M * 16);
             const int nrs[4] = {16, 11, 5, 1};
@@ -256,23 +259,44 @@ static void test_panel_parity(void **state) {
 /* The AVX2 panel tile's integer bounds: Q4_0 rows of codes all 15 or all 0 against activation
  * codes all +127 or -127 (int16 lanes from -8 x 16 x 127 = -16256 at the start, fl_act_q8.o4, to
  * 7 x 16 x 127 or staying at -16256), Q8_0 codes -128 and 127 against -127 / +127 (pairs
- * of 2 x 128 x 127 = 32512) give the exact integer results, as the reference does. */
+ * of 2 x 128 x 127 = 32512), Q5_K codes 31 or 0 (lanes of sum (q - 16) x: 15 or -16 x 16 x 127)
+ * with scales 63, Q6_K codes 63 or 0 (per half, sum (q - 32) x: 31 or -32 x 8 x 127) with scales
+ * 127 or -128, give the exact integer results, as the reference does. */
 static void test_panel_extremes(void **state) {
     (void)state;
     if (fl_isa_best() < FL_ISA_AVX2) skip();
     const int64_t K = 256, N = 16, M = 4;
-    const int32_t types[2] = {FL_TYPE_Q4_0, FL_TYPE_Q8_0};
-    for (int ti = 0; ti < 2; ti++) {
+    const int32_t types[4] = {FL_TYPE_Q4_0, FL_TYPE_Q8_0, FL_TYPE_Q5_K, FL_TYPE_Q6_K};
+    for (int ti = 0; ti < 4; ti++) {
         qmat q;
         qmat_make(&q, types[ti], N, K);
-        for (int64_t n = 0; n < N; n++)
+        const uint16_t one = 0x3C00, zero = 0; /* f16 1.0, 0.0 */
+        for (int64_t n = 0; n < N; n++) {
+            char *row = (char *)q.data + n * q.W.nb[1];
+            if (types[ti] == FL_TYPE_Q5_K) { /* d 1, dmin 0, every scale 63, codes 31 or 0 */
+                fl_block_q5_K *blk = (fl_block_q5_K *)row;
+                memcpy(&blk->d, &one, 2);
+                memcpy(&blk->dmin, &zero, 2);
+                memset(blk->scales, 0xFF, sizeof blk->scales);
+                memset(blk->qh, n % 2 ? 0x00 : 0xFF, sizeof blk->qh);
+                memset(blk->qs, n % 2 ? 0x00 : 0xFF, sizeof blk->qs);
+                continue;
+            }
+            if (types[ti] == FL_TYPE_Q6_K) { /* d 1, scales 127 (rows 0, 1 mod 4) or -128, codes 63 or 0 */
+                fl_block_q6_K *blk = (fl_block_q6_K *)row;
+                memcpy(&blk->d, &one, 2);
+                memset(blk->scales, n % 4 < 2 ? 0x7F : 0x80, sizeof blk->scales);
+                memset(blk->ql, n % 2 ? 0x00 : 0xFF, sizeof blk->ql);
+                memset(blk->qh, n % 2 ? 0x00 : 0xFF, sizeof blk->qh);
+                continue;
+            }
             for (int64_t b = 0; b < K / 32; b++) {
-                char *blk = (char *)q.data + n * q.W.nb[1] + b * (types[ti] == FL_TYPE_Q8_0 ? 34 : 18);
-                const uint16_t one = 0x3C00; /* f16 1.0 */
+                char *blk = row + b * (types[ti] == FL_TYPE_Q8_0 ? 34 : 18);
                 memcpy(blk, &one, 2);
                 if (types[ti] == FL_TYPE_Q4_0) memset(blk + 2, n % 2 ? 0x00 : 0xFF, 16); /* w - 8 = -8 or 7 */
                 else memset(blk + 2, n % 2 ? 0x80 : 0x7F, 32); /* -128 or 127 */
             }
+        }
         float *x = frand_buf(M * K);
         for (int64_t i = 0; i < M * K; i++) x[i] = (i / K) % 2 ? -1.0f : 1.0f; /* codes +-127 */
         fl_act_q8 a;
@@ -286,8 +310,12 @@ static void test_panel_extremes(void **state) {
         fl_panel_gemm_avx2(types[ti], p, (int)N, &a, 0, (int)M, got, N);
         for (int64_t i = 0; i < M * N; i++) {
             /* the integer sum times d_x = 1/127 (f16), exactly representable: e.g. Q4_0 7 x 127 x 256 */
-            const double want = (double)(types[ti] == FL_TYPE_Q4_0 ? ((i % N) % 2 ? -8 : 7) : (i % N) % 2 ? -128 : 127) *
-                                ((i / N) % 2 ? -127 : 127) * (double)K * (double)a.d[(i / N) * a.nb];
+            const int64_t n = i % N;
+            const double w = types[ti] == FL_TYPE_Q4_0   ? (n % 2 ? -8 : 7)
+                             : types[ti] == FL_TYPE_Q8_0 ? (n % 2 ? -128 : 127)
+                             : types[ti] == FL_TYPE_Q5_K ? 63 * (n % 2 ? 0 : 31)
+                                                         : (n % 4 < 2 ? 127 : -128) * (n % 2 ? -32 : 31);
+            const double want = w * ((i / N) % 2 ? -127 : 127) * (double)K * (double)a.d[(i / N) * a.nb];
             CHECK_NEAR(ref[i], want, 1e-6 * fabs(want));
             CHECK_NEAR(got[i], want, 1e-6 * fabs(want));
         }

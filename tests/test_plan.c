@@ -287,7 +287,7 @@ static void test_step_buffers(void **state) {
     /* q4_K: on AVX-512 and AVX2 the int8 panel path (activations as below + one 16-row panel per
      * thread with its mins: 448 blocks x (576 + 64) bytes); otherwise 8 dequantized f32 rows per
      * thread */
-    const uint64_t act8 = 512ull * 14336 + 4 * 512ull * 448 * 4 + 2 * 512ull * 448 * 32;
+    const uint64_t act8 = 512ull * 14336 + 4 * 512ull * 448 * 4 + 512ull * 448 * 8 + 2 * 512ull * 448 * 32;
     if (fl_amx_bf16_usable()) /* AMX-BF16 tiles (64 tokens or more): 512 tokens x 14336 bf16 activations,
                                * and per thread 32 panels of 16 x 1024 bf16 values (1 MiB) and an f32
                                * row of 1024 values */
@@ -314,6 +314,30 @@ static void test_step_buffers(void **state) {
                             : fl_isa_get() >= FL_ISA_AVX2 ? 4ull * 448 * 576 : 0;
     if (fl_amx_bf16_usable()) assert_int_equal(q.qact, b.qact);
     else assert_int_equal(q.qact, act8 + panels);
+    /* a Q4_K_M mix: the largest workspace of its types; on AVX2 without AMX the Q6_K panels,
+     * 448 blocks x (576 + 128) bytes per thread, are larger than Q4_K's */
+    fl_plan_buffers mix, q6;
+    const int32_t mix_types[2] = {FL_TYPE_Q4_K, FL_TYPE_Q6_K};
+    fl_plan_inference_buffers_types(&s, 512, 8192, 1, FL_PLAN_ATTN_FLASH, 4, 1, mix_types, 2, FL_TYPE_F16, &mix);
+    fl_plan_inference_buffers(&s, 512, 8192, 1, FL_PLAN_ATTN_FLASH, 4, 1, FL_TYPE_Q6_K, FL_TYPE_F16, &q6);
+    assert_int_equal(mix.qact, q6.qact > b.qact ? q6.qact : b.qact);
+    assert_int_equal(mix.scratch_total, mix.tiles + mix.qact + mix.batch);
+    if (fl_isa_get() == FL_ISA_AVX2 && !fl_amx_usable()) {
+        assert_int_equal(q6.qact, act8 + 4ull * 448 * 704);
+        assert_true(mix.qact > b.qact);
+    }
+    /* and fl_plan_compute plans a q4_K_M model with it */
+    fl_plan_input pin;
+    fl_plan_input_default(&pin, &s);
+    assert_int_equal(fl_plan_parse_wtype("q4_K_M", &pin.weights), FL_OK);
+    pin.kv_type = FL_TYPE_F16;
+    pin.n_ctx = 8192;
+    pin.n_seq = 1;
+    pin.n_prefill = 511;
+    pin.attn = FL_PLAN_ATTN_FLASH;
+    pin.n_threads = 4;
+    const fl_plan_result pr = plan(&s, &pin);
+    assert_int_equal(pr.buf.qact, mix.qact);
     /* naive attention keeps [n_head][n_tokens][n_ctx] scores */
     fl_plan_buffers n;
     fl_plan_inference_buffers(&s, 512, 8192, 1, FL_PLAN_ATTN_NAIVE, 4, 1, FL_TYPE_Q4_K, FL_TYPE_F16, &n);

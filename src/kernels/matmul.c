@@ -41,9 +41,11 @@ bool fl_matmul_llama_order(void) {
 
 /* Does W take 8-bit activations in the current mode, and through the llama.cpp-order path?
  * On AVX-512 Q4_K does (VNNI GEMV, panel GEMM) and Q6_K for one-token steps (its GEMV; larger
- * steps dequantize); on AVX2 the same types, through maddubs row dots. */
+ * steps dequantize unless AMX is there); on AVX2 Q4_K, Q5_K and Q6_K, through maddubs row dots
+ * for a few tokens and the row panels past them. */
 static bool amx_path(int32_t type, int64_t M);
 static bool gemv_path(int32_t type, int64_t M);
+static bool panel_path(int32_t type, int64_t M);
 
 static bool int8_path(int32_t type, int64_t M, bool *llama) {
     *llama = false;
@@ -56,9 +58,11 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
     if (type == FL_TYPE_Q4_K) /* AVX2: row dots for one token, panels for more (same sums) */
         return simd && !fl_matmul_llama_order() && M <= INT32_MAX;
     if (type == FL_TYPE_Q6_K) /* (AVX2: a few tokens), and steps of > 16 tokens on the AMX tiles (half-block tiles) */
-        return (gemv_path(type, M) && simd && !fl_matmul_llama_order()) || (!fl_matmul_llama_order() && amx_path(type, M));
+        return (gemv_path(type, M) && simd && !fl_matmul_llama_order()) || (!fl_matmul_llama_order() && amx_path(type, M)) ||
+               (!fl_matmul_llama_order() && panel_path(type, M)); /* AVX2: its panels */
     if (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0) return true;
-    if (type == FL_TYPE_Q5_K && gemv_path(type, M) && fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order()) return true; /* row dots */
+    if (type == FL_TYPE_Q5_K && (gemv_path(type, M) || panel_path(type, M)) && fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order())
+        return true; /* row dots, panels */
     if ((type == FL_TYPE_Q5_K || type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K || type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL) &&
         M == 1 && fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order())
         return true; /* their AVX-512 GEMVs */
@@ -195,7 +199,7 @@ static void q8_gemm_task(void *p, int ith, int nth) {
 
 /* The GEMV (chunks of rows taken dynamically from all the matrices, which share one quantized
  * x): one token, or on AVX2 steps of up to 3 Q4_0 / 4 Q8_0 tokens, whose tokens share each row's
- * codes (fl_gemm_q8_avx2), 3 Q4_K and 16 Q5_K / Q6_K tokens (their row dots).  There a panel's pack costs about as much as 2 tokens through it,
+ * codes (fl_gemm_q8_avx2), 3 Q4_K / Q5_K and 2 Q6_K tokens (their row dots).  There a panel's pack costs about as much as 2 tokens through it,
  * and the weights stream from memory once either way.  `fitllm bench serve -m tl-T.gguf -n M
  * --max-seqs M --prompt-len 16 --gen-len 48 --kv-mem 256MiB -t 2`, decode tok/s, panels ->
  * this GEMV, three alternated pairs (means): Q4_0 M = 2 34.8 -> 45.5, M = 3 48.4 -> 49.4; Q8_0
@@ -205,13 +209,18 @@ static void q8_gemm_task(void *p, int ith, int nth) {
  * (fl_gemm_q8_avx2: each row from L1 for every token, the one-token bits) likewise: Q4_K M = 2
  * 15.6, 13.1 -> 30.0, 29.8 and M = 3 23.8, 21.3 -> 29.6, 31.2 against its panels, even at 4;
  * Q6_K, whose alternative past one token is dequantized rows and the f32 path, M = 2 6.3, 6.5
- * -> 14.6, 13.1, M = 4 9.3, 10.7 -> 19.9, 17.2, M = 8 13.4 -> 20.4, M = 16 15.3 -> 19.9; so
- * Q5_K and Q6_K take them up to 16 tokens (batched decode; prefill steps stay on the f32 path,
- * where a row would meet every token's activations from beyond L1). */
+ * -> 14.6, 13.1, M = 4 9.3, 10.7 -> 19.9, 17.2, M = 8 13.4 -> 20.4, M = 16 15.3 -> 19.9.  Since
+ * Q5_K and Q6_K have panels as well (`fitllm bench matmul -p M --types Q5_K,Q6_K --stream-mib
+ * 256`, all shapes, row dots against panels, alternated: Q5_K M = 2 48.6, 48.5 / 28.5, 28.1
+ * GOP/s, M = 3 47.9, 52.7, 50.6 / 34.9, 41.9, 37.4, M = 4 even (53.1, 45.8, 43.8 / 53.3, 40.4,
+ * 47.7), M = 8 60 / 84; Q6_K M = 2 32.6, 36.1 / 29.2, 34.6, M = 3 32.9, 34.5, 40.9 / 44.4, 43.1,
+ * 48.8, M = 4 35.1, 36.5, 29.6 / 65.0, 64.3, 49.3), Q5_K takes the row dots up to 3 tokens and
+ * Q6_K up to 2. */
 #define GEMV_MAX_Q4_0 3
 #define GEMV_MAX_Q8_0 4
 #define GEMV_MAX_Q4_K 3
-#define GEMV_MAX_Q56_K 16
+#define GEMV_MAX_Q5_K 3
+#define GEMV_MAX_Q6_K 2
 static bool g_few_token_gemv = true;
 
 void fl_matmul_set_few_token_gemv(bool on) { g_few_token_gemv = on; }
@@ -222,8 +231,8 @@ int64_t fl_matmul_gemv_max_tokens(int32_t type) {
     case FL_TYPE_Q4_0: return GEMV_MAX_Q4_0;
     case FL_TYPE_Q8_0: return GEMV_MAX_Q8_0;
     case FL_TYPE_Q4_K: return GEMV_MAX_Q4_K;
-    case FL_TYPE_Q5_K:
-    case FL_TYPE_Q6_K: return GEMV_MAX_Q56_K;
+    case FL_TYPE_Q5_K: return GEMV_MAX_Q5_K;
+    case FL_TYPE_Q6_K: return GEMV_MAX_Q6_K;
     default: return 1;
     }
 }
@@ -231,14 +240,17 @@ int64_t fl_matmul_gemv_max_tokens(int32_t type) {
 static bool gemv_path(int32_t type, int64_t M) { return M >= 1 && M <= fl_matmul_gemv_max_tokens(type); }
 _Static_assert(GEMV_MAX_Q4_0 <= FL_GEMV_MAX_TOKENS && GEMV_MAX_Q8_0 <= FL_GEMV_MAX_TOKENS, "fl_gemm_q8_avx2's GEMV"); /* (the row dots take any count) */
 
-/* The row-panel GEMM (M > 1) for Q8_0 / Q4_0 / Q4_K on AVX-512 and AVX2 (on AVX2 it replaced
- * 2 x 2 register tiles with lanes along K, which spent about 11 instructions per 32 products on
- * horizontal work and per-block scales, and Q4_K's row dots: `fitllm bench matmul -p 512` all
- * shapes Q4_0 ~85 -> ~190 GOP/s, Q4_K ~70 -> ~195). */
+/* The row-panel GEMM (M > 1) for Q8_0 / Q4_0 / Q4_K on AVX-512 and AVX2, and Q5_K / Q6_K on
+ * AVX2 (on AVX2 it replaced 2 x 2 register tiles with lanes along K, which spent about 11
+ * instructions per 32 products on horizontal work and per-block scales, and Q4_K's row dots:
+ * `fitllm bench matmul -p 512` all shapes Q4_0 ~85 -> ~190 GOP/s, Q4_K ~70 -> ~195; Q5_K / Q6_K
+ * had dequantized rows and the f32 path: `fitllm bench model -p 128 -n 0` pp 19-24 -> 103-124
+ * tok/s). */
 static bool panel_path(int32_t type, int64_t M) {
     if (M <= 1 || M > INT32_MAX || gemv_path(type, M)) return false;
     const fl_isa isa = fl_isa_get();
-    return isa == FL_ISA_AVX512 || (isa == FL_ISA_AVX2 && (type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K));
+    const bool common = type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K;
+    return (isa == FL_ISA_AVX512 && common) || (isa == FL_ISA_AVX2 && (common || type == FL_TYPE_Q5_K || type == FL_TYPE_Q6_K));
 }
 
 /* Each thread repacks 16-row panels into its own scratch and runs every token through the panel
@@ -647,7 +659,8 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 fl_act_q8_free(&c.act);
                 goto each;
             }
-            if (!c.amx_act && !gemv_path(W->type, M) && W->type != FL_TYPE_Q8_0 && W->type != FL_TYPE_Q4_0 && W->type != FL_TYPE_Q4_K && !llama) {
+            if (!c.amx_act && !gemv_path(W->type, M) && !panel_path(W->type, M) && W->type != FL_TYPE_Q8_0 && W->type != FL_TYPE_Q4_0 &&
+                W->type != FL_TYPE_Q4_K && !llama) {
                 fl_act_q8_free(&c.act);
                 goto f32_path;
             }

@@ -22,8 +22,9 @@
  * otherwise 4 rows x 4 tokens register tiles over L2-sized row chunks).  On AVX-512 Q4_K takes the same
  * two paths (its own GEMV; panels with scales d sc_j and mins), and Q2_K, Q3_K, Q5_K, Q6_K, Q4_1,
  * Q5_0, Q5_1 and IQ4_NL their own GEMVs for M == 1; on AVX2 Q4_K, Q5_K and Q6_K take maddubs row
- * dots for M == 1 and small steps (fl_gemm_q8_avx2; up to fl_matmul_gemv_max_tokens) and Q8_0 / Q4_0 / Q4_K the same 16-row
- * panels as AVX-512 for M > 1 (fl_panel_gemm_avx2: Q8_0 8 rows x 4 tokens, Q4_0 / Q4_K 16 x 2).  Where the CPU has
+ * dots for M == 1 and small steps (fl_gemm_q8_avx2; up to fl_matmul_gemv_max_tokens) and Q8_0 / Q4_0 / Q4_K / Q5_K /
+ * Q6_K the same 16-row panels as AVX-512 (Q5_K / Q6_K: AVX2 only) for larger steps (fl_panel_gemm_avx2: Q8_0 8 rows x 4
+ * tokens, the others 16 x 2).  Where the CPU has
  * AMX-INT8 and the OS grants the tile state, steps of 13 tokens or more of Q8_0 / Q4_0 / Q4_1 /
  * Q5_0 / Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K / Q3_K take the AMX GEMM instead (see below; FL_AMX=0 or
  * fl_matmul_set_amx(false) turns it off; Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K steps of up to 16 tokens feed the weight rows
@@ -39,7 +40,7 @@
  * allocation fails it falls back to the f32 path (no error).  fl_matmul_scratch_bytes(W, M, nth)
  * is the exact FL_MEM_SCRATCH high-water mark of one call on nth threads with the current ISA
  * and activation mode (for memory planners): the 8-bit activations (fl_act_q8_bytes) plus, for
- * M > 1 on AVX-512 (AVX2: Q8_0 / Q4_0 / Q4_K, past fl_matmul_gemv_max_tokens), nth repacked row
+ * M > 1 on AVX-512 (AVX2: Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K, past fl_matmul_gemv_max_tokens), nth repacked row
  * panels (fl_panel_bytes_for each), or on the AMX path the
  * activation tiles (fl_amx_act_bytes) plus nth x G AMX panels (G = max(1, 512 KiB /
  * fl_amx_panel_bytes), whatever N is); or
@@ -75,7 +76,7 @@ void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M);
 #define FL_MATMUL_N_MAX 3
 void fl_matmul_n(int n, const fl_tensor *const *W, float *const *y, const float *x, int64_t M);
 /* The most tokens an integer-path step of `type` sends through the GEMV on the current ISA (1,
- * or on AVX2 3 for Q4_0, 4 for Q8_0, 3 for Q4_K and 16 for Q5_K / Q6_K, the last three through
+ * or on AVX2 3 for Q4_0, 4 for Q8_0, 3 for Q4_K and Q5_K and 2 for Q6_K, the last three through
  * their row dots): such a step gives each token the bits it gets alone,
  * and larger steps (the panels) give each token the bits it gets in any other step of that
  * kind.  fl_matmul_set_few_token_gemv(false) (default true) keeps the GEMV to one token, so that
@@ -121,6 +122,10 @@ typedef struct fl_act_q8 {
                         * (k % 4 >= 2) high: where the AVX2 Q4_0 panel tile's int16 lanes start,
                         * so that they end at sum (w - 8) x with no offset step (|.| <= 16256);
                         * filled when M > 1 (the panels' case) */
+    int32_t *o6;       /* [M][nb][2]: per half (k % 32 < 16, then >= 16) two int16, -32 x the
+                        * sum of its codes k % 4 < 2 low and k % 4 >= 2 high: where the AVX2
+                        * Q6_K panel tile's int16 lanes start for each 16-code scale, so that
+                        * they end at sum (q - 32) x (|.| <= 8 x 32 x 127); filled when M > 1 */
     size_t bytes;      /* one allocation (FL_MEM_SCRATCH) */
     void *mem;
 } fl_act_q8;
@@ -175,7 +180,11 @@ float fl_dot_q8_llama(int32_t wtype, const void *w, const fl_act_q8 *a, int64_t 
 size_t fl_panel_bytes(int64_t K);
 /* Q4_K panels (M > 1 on AVX-512): the same blocks with codes 0..15 and scales d sc_j, no
  * offset, followed by [K / 32][16] f32 mins dmin m_j (subtracted times the activation block's
- * d_x * code sum, fl_act_q8.ms).  fl_panel_bytes_for(type, K) is the panel scratch of a type. */
+ * d_x * code sum, fl_act_q8.ms).  Q5_K (AVX2): codes 0..31 summed as (q - 16) x, so its mins
+ * words are dmin m_j - 16 d sc_j.  Q6_K (AVX2): codes 0..63 summed as (q - 32) x, the scale d,
+ * and after the blocks [K / 32][2][16] int32 words (sc, sc) (two int16) of each block's two
+ * 16-code halves' scales.  fl_panel_bytes_for(type, K) is the panel scratch of a type (576,
+ * Q4_K / Q5_K 640, Q6_K 704 bytes per 32 columns). */
 size_t fl_panel_bytes_for(int32_t wtype, int64_t K);
 void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 void fl_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
@@ -183,10 +192,10 @@ void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8
                        int64_t ldy);
 void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                           int64_t ldy);
-/* The AVX2 panels (M > 1 without AVX-512; Q4_0, Q8_0 and Q4_K): the same layout and bytes
- * (fl_panel_pack_avx2 packs full panels by in-register transposes, partial ones through the
- * reference), and kernels of 8 rows (half a panel) x 4 tokens (Q8_0) or 16 rows x 2 tokens
- * (Q4_0, Q4_K) whose int32 lanes are rows
+/* The AVX2 panels (M > 1 without AVX-512; Q4_0, Q8_0, Q4_K, Q5_K and Q6_K): the same layout and
+ * bytes (fl_panel_pack_avx2 packs full panels by in-register transposes, partial ones through
+ * the reference), and kernels of 8 rows (half a panel) x 4 tokens (Q8_0) or 16 rows x 2 tokens
+ * (the others) whose int32 lanes are rows
  * (kernels/avx2/panel_avx2.c). */
 void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 void fl_panel_gemm_avx2(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,

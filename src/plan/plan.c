@@ -222,6 +222,12 @@ uint64_t fl_plan_matmul_scratch(int32_t type, int64_t M, int64_t K, int32_t n_th
 void fl_plan_inference_buffers(const fl_model_shape *s, int64_t n_tokens, int64_t n_ctx, int64_t n_logit_rows,
                                fl_plan_attn attn, int32_t n_threads, int32_t tp, int32_t weight_type,
                                int32_t kv_type, fl_plan_buffers *b) {
+    fl_plan_inference_buffers_types(s, n_tokens, n_ctx, n_logit_rows, attn, n_threads, tp, &weight_type, 1, kv_type, b);
+}
+
+void fl_plan_inference_buffers_types(const fl_model_shape *s, int64_t n_tokens, int64_t n_ctx, int64_t n_logit_rows,
+                                     fl_plan_attn attn, int32_t n_threads, int32_t tp, const int32_t *types,
+                                     int n_types, int32_t kv_type, fl_plan_buffers *b) {
     memset(b, 0, sizeof *b);
     uint64_t T = u(n_tokens), R = u(n_logit_rows), tpu = tp > 0 ? (uint64_t)tp : 1, hd = u(s->head_dim);
     uint64_t heads = cdiv(u(s->n_head), tpu), qd = smul(heads, hd), kvh = cdiv(u(s->n_head_kv), tpu), kvd = smul(kvh, hd);
@@ -255,13 +261,17 @@ void fl_plan_inference_buffers(const fl_model_shape *s, int64_t n_tokens, int64_
         b->tiles = cap;
     }
     /* the largest matmul workspace of the step: the layers' matrices for T rows (the widest
-     * input: n_embd, q width or ffn width), the output matrix for R rows */
+     * input: n_embd, q width or ffn width), the output matrix for R rows, of any of the types
+     * (in a Q4_K_M model the Q6_K matrices' panels are the larger) */
     uint64_t in = u(s->n_embd);
     if (qd > in) in = qd;
     if (ff > in) in = ff;
-    b->qact = fl_plan_matmul_scratch(weight_type, (int64_t)T, (int64_t)in, n_threads);
-    uint64_t o = fl_plan_matmul_scratch(weight_type, (int64_t)R, s->n_embd, n_threads);
-    if (o > b->qact) b->qact = o;
+    for (int i = 0; i < n_types; i++) {
+        const uint64_t l = fl_plan_matmul_scratch(types[i], (int64_t)T, (int64_t)in, n_threads);
+        const uint64_t o = fl_plan_matmul_scratch(types[i], (int64_t)R, s->n_embd, n_threads);
+        if (l > b->qact) b->qact = l;
+        if (o > b->qact) b->qact = o;
+    }
     b->batch = sadd(smul(T, 13), smul(R, 8)); /* the engine's token / position / sequence / flag arrays */
     uint64_t a[] = {b->x, b->xb, b->out, b->q, b->k, b->v, b->att, b->hb, b->hb2, b->xl, b->router, b->scores, b->logits};
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) b->act_total = sadd(b->act_total, a[i]);
@@ -416,6 +426,13 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
     }
     if ((st = fl_plan_kv_bytes_per_token(s, in->kv_type, &out->kv_bytes_per_token))) return st;
     int32_t wt = from_file && s->file_type >= 0 ? s->file_type : in->weights.base;
+    int32_t wts[64] = {wt}; /* every matrix type: the workspace is the largest of theirs */
+    int n_wts = 1;
+    if (from_file && s->file_type >= 0) {
+        for (int t = 0; t < 64; t++)
+            if ((s->file_types >> t & 1) && t != wt) wts[n_wts++] = t;
+    } else if (in->weights.more >= 0 && in->weights.more != wt)
+        wts[n_wts++] = in->weights.more;
     int64_t first_off = L - in->offload_layers; /* layers >= this run on the host */
 
     out->n_dev = in->pp;
@@ -469,8 +486,8 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             /* the engine's step: the prefill budget plus one row per sequence */
             int64_t step = (int64_t)cdiv(sadd(u(in->n_prefill), u(in->n_seq)), (uint64_t)in->sp);
             fl_plan_buffers buf;
-            fl_plan_inference_buffers(s, step, in->n_ctx, last ? in->n_seq : 0, in->attn, in->n_threads, in->tp, wt,
-                                      in->kv_type, &buf);
+            fl_plan_inference_buffers_types(s, step, in->n_ctx, last ? in->n_seq : 0, in->attn, in->n_threads, in->tp, wts,
+                                            n_wts, in->kv_type, &buf);
             dev->bytes[FL_MEM_ACT] = buf.act_total;
             dev->bytes[FL_MEM_SCRATCH] = buf.scratch_total;
             if (last) out->buf = buf;

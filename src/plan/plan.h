@@ -104,6 +104,7 @@ typedef struct fl_model_shape {
     uint64_t w_layer_kv[FL_PLAN_MAX_LAYERS];
     int64_t n_params_file;           /* elements in the file (has_weight_bytes) */
     int32_t file_type;               /* most common 2-D tensor type in the file, -1 if unknown */
+    uint64_t file_types;             /* bit t: some 2-D tensor of the file has ggml type t */
 } fl_model_shape;
 
 /* Weight types: one type for every matrix, or a llama.cpp-style mix (Q4_K_M, Q5_K_M): the
@@ -202,11 +203,16 @@ fl_status fl_plan_kv_bytes_per_token(const fl_model_shape *s, int32_t kv_type, u
  * n_head_kv split over tp and tokens over sp. */
 fl_status fl_plan_kv_bytes(const fl_model_shape *s, int32_t kv_type, int64_t n_ctx, int64_t n_seq,
                            int64_t kv_block, int32_t tp, int32_t sp, int64_t l0, int64_t l1, uint64_t *out);
-/* The inference step buffers (see the top of this file). weight_type decides qact's element
- * size (any block-quantized type: 34/32; f16/bf16: 2; f32: 0). */
+/* The inference step buffers (see the top of this file). weight_type decides qact (the
+ * matmul workspace of that type, fl_plan_matmul_scratch). */
 void fl_plan_inference_buffers(const fl_model_shape *s, int64_t n_tokens, int64_t n_ctx, int64_t n_logit_rows,
                                fl_plan_attn attn, int32_t n_threads, int32_t tp, int32_t weight_type,
                                int32_t kv_type, fl_plan_buffers *out);
+/* The same for a model whose matrices have any of n_types types (a mix such as Q4_K_M): qact
+ * is the largest of their workspaces. */
+void fl_plan_inference_buffers_types(const fl_model_shape *s, int64_t n_tokens, int64_t n_ctx, int64_t n_logit_rows,
+                                     fl_plan_attn attn, int32_t n_threads, int32_t tp, const int32_t *types,
+                                     int n_types, int32_t kv_type, fl_plan_buffers *out);
 /* FL_MEM_SCRATCH fl_matmul allocates for one call of M rows on [N][K] weights of `type`. */
 uint64_t fl_plan_matmul_scratch(int32_t type, int64_t M, int64_t K, int32_t n_threads);
 /* ACT bytes of one step with every token's logits, one thread, f16 KV and weights (convenience). */

@@ -214,11 +214,14 @@ fl_status fl_plan_shape_from_gguf(const char *path, fl_model_shape *out) {
     /* a header without tensors (vocab-only files) is planned from its hyperparameters */
     out->has_weight_bytes = fl_gguf_n_tensors(g) > 0;
     uint64_t most = 0;
-    for (int t = 0; t < FL_TYPE_GGML_COUNT; t++)
+    out->file_types = 0;
+    for (int t = 0; t < FL_TYPE_GGML_COUNT; t++) {
+        if (by_type[t] && t < 64) out->file_types |= 1ull << t;
         if (by_type[t] > most) {
             most = by_type[t];
             out->file_type = t;
         }
+    }
     fl_gguf_free(g);
     return FL_OK;
 }

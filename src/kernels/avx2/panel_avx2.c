@@ -1,4 +1,4 @@
-/* AVX2 row panels (the GEMM path for M > 1 on CPUs without AVX-512; Q4_0, Q8_0, Q4_K): the panel layout of
+/* AVX2 row panels (the GEMM path for M > 1 on CPUs without AVX-512; Q4_0, Q8_0, Q4_K, Q5_K, Q6_K): the panel layout of
  * matmul.h (fl_panel_pack_ref: per block of 32, 16 f32 scales then the codes ordered
  * [k / 4][row][k % 4]), packed here without gathers, and a kernel whose 8 int32 lanes are 8
  * weight rows, so no horizontal sum is ever needed and one scale multiply serves 8 rows.
@@ -12,11 +12,18 @@
  *   codes (fl_act_q8.o4), so after g groups it holds sum (w - 8) x over the codes done plus
  *   -8 x over the rest: 16 terms of at most 8 * 127, |.| <= 16256, and it ends at the offset sum
  *   with no per-block offset step.
+ * - Q5_K (codes 0..31): as Q4_0 with the lanes starting at -16 x the sums (2 x fl_act_q8.o4),
+ *   so they end at sum (q - 16) x (16 terms of at most 16 * 127 = 32512), and the panel's mins
+ *   words dmin m_j - 16 d sc_j give the 16 back with the mins term.
+ * - Q6_K (codes 0..63, a scale per 16 codes): per half block the int16 lanes start at -32 x
+ *   their codes' sums (fl_act_q8.o6) and take 4 groups, ending at sum (q - 32) x (8 terms of at
+ *   most 32 * 127, |.| <= 32512); one vpmaddwd by the words (sc, sc) then gives sc x sum in int32, and
+ *   the fold multiplies by d.
  * - Q8_0 (panel codes + 128): the weight vector is flipped back to signed once per group and
  *   multiplied as |w| x sign(x, w) (pairs up to 2 * 127 * 127 = 32258, no saturation), each group
  *   widened by vpmaddwd and added in int32.
  * Then one convert and one fma with d_w (8 lanes) * d_x per block and token.  A Q8_0 tile is 8
- * rows (half a panel) x up to 4 tokens, the 4 tokens sharing each weight load; a Q4_0 / Q4_K
+ * rows (half a panel) x up to 4 tokens, the 4 tokens sharing each weight load; a Q4_0 / K-quant
  * tile is the whole panel (both halves) x up to 2 tokens, each token's broadcast activation
  * group serving 16 rows.  On this kind of core
  * (two vector integer multipliers) the Q4_0 tile needs one multiply per 32 products where the
@@ -87,6 +94,37 @@ INLINE void pack_half_bytes(const char *const r8[8], size_t off, int h, char *pb
     }
 }
 
+/* 8 rows x 32 bytes (row i's at r8[i] + off) transposed to the panel's code order: o[g] holds
+ * bytes 4g..4g+3 of the 8 rows (rows 0..3 in the low lane, 4..7 in the high one). */
+INLINE void transpose_half(const char *const r8[8], size_t off, __m256i o[8]) {
+    __m256i r[4];
+#pragma GCC unroll 2
+    for (int part = 0; part < 2; part++) {
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+            r[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(r8[i] + off + 16 * part))),
+                                           _mm_loadu_si128((const __m128i *)(r8[i + 4] + off + 16 * part)), 1);
+        transpose4(r, o + 4 * part);
+    }
+}
+
+/* Shift every byte of v left by n (n < 0: right), then keep the bits of mask. */
+INLINE __m256i shift_mask(__m256i v, const int n, const __m256i mask) {
+    return _mm256_and_si256(n > 0 ? _mm256_slli_epi16(v, n) : n < 0 ? _mm256_srli_epi16(v, -n) : v, mask);
+}
+
+/* Q5_K / Q6_K (full panels): 8 rows x one 32-code block into half h of the panel block pb from
+ * transposed low bits lo (the nibbles at shift ls: 0 or 4) and high bits hi (Q5_K: bit j of qh
+ * to bit 4; Q6_K: bits 2qq, 2qq + 1 of qh to bits 4, 5). */
+INLINE void combine_half(const __m256i lo[8], const __m256i hi[8], const int ls, const int hs, const __m256i hmask, int h,
+                         char *pb) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++)
+        _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * g + 32 * h),
+                            _mm256_or_si256(shift_mask(lo[g], -ls, m4), shift_mask(hi[g], hs, hmask)));
+}
+
 /* One half (rows 8h..8h+7) of a full Q4_0 / Q8_0 panel, block after block: the 8 row pointers
  * stay in registers and the block offset is one index (blocks inner, with 16 row pointers
  * live, GCC kept them on the stack and the pack took ~50 cycles per block). */
@@ -129,13 +167,80 @@ static void pack_q4_K(const char *w, size_t ldw, int64_t K, char *panel) {
     }
 }
 
+/* Q5_K: as Q4_K with bit j of qh[l] adding 16 to code l of sub-block j; its mins words are
+ * dmin m_j - 16 d sc_j (the tile sums (q - 16) x, fl_panel_pack_ref). */
+static void pack_q5_K(const char *w, size_t ldw, int64_t K, char *panel) {
+    const int64_t nb = K / 32;
+    float *mins = (float *)(panel + nb * PANEL_BLOCK);
+    const char *rows[FL_PANEL_ROWS];
+    for (int r = 0; r < FL_PANEL_ROWS; r++) rows[r] = w + (size_t)r * ldw;
+    for (int64_t i = 0; i < nb / 8; i++) {
+        for (int r = 0; r < FL_PANEL_ROWS; r++) {
+            const fl_block_q5_K *blk = (const fl_block_q5_K *)rows[r] + i;
+            const float d = _cvtsh_ss(blk->d), dmin = _cvtsh_ss(blk->dmin);
+            for (int j = 0; j < 8; j++) {
+                uint8_t sc, mn;
+                fl_q4_K_scale_min(j, blk->scales, &sc, &mn);
+                const float dw = d * (float)sc;
+                ((float *)(panel + (i * 8 + j) * PANEL_BLOCK))[r] = dw;
+                mins[(i * 8 + j) * FL_PANEL_ROWS + r] = dmin * (float)mn - 16 * dw;
+            }
+        }
+        const size_t base = (size_t)i * sizeof(fl_block_q5_K);
+        for (int h = 0; h < 2; h++) {
+            __m256i qh[8], qs[8];
+            transpose_half(rows + 8 * h, base + offsetof(fl_block_q5_K, qh), qh);
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) { /* sub-blocks 2p (low nibbles) and 2p + 1 (high) */
+                transpose_half(rows + 8 * h, base + offsetof(fl_block_q5_K, qs) + 32 * (size_t)p, qs);
+                const __m256i b4 = _mm256_set1_epi8(0x10);
+                combine_half(qs, qh, 0, 4 - 2 * p, b4, h, panel + (i * 8 + 2 * p) * PANEL_BLOCK);
+                combine_half(qs, qh, 4, 3 - 2 * p, b4, h, panel + (i * 8 + 2 * p + 1) * PANEL_BLOCK);
+            }
+        }
+    }
+}
+
+/* Q6_K: panel block b is quarter qq = b % 4 of half n = (b % 8) / 4 of super-block b / 8; its
+ * scale d, codes 0..63, and after the blocks the words (sc, sc) of its two 16-code halves. */
+static void pack_q6_K(const char *w, size_t ldw, int64_t K, char *panel) {
+    const int64_t nb = K / 32;
+    uint32_t *words = (uint32_t *)(panel + nb * PANEL_BLOCK);
+    const char *rows[FL_PANEL_ROWS];
+    for (int r = 0; r < FL_PANEL_ROWS; r++) rows[r] = w + (size_t)r * ldw;
+    for (int64_t i = 0; i < nb / 8; i++) {
+        for (int r = 0; r < FL_PANEL_ROWS; r++) {
+            const fl_block_q6_K *blk = (const fl_block_q6_K *)rows[r] + i;
+            const float d = _cvtsh_ss(blk->d);
+            for (int j = 0; j < 8; j++) ((float *)(panel + (i * 8 + j) * PANEL_BLOCK))[r] = d;
+            for (int k = 0; k < 16; k++) /* scale k: block 8i + k / 2, half k % 2 */
+                words[(i * 16 + k) * FL_PANEL_ROWS + r] = (uint32_t)(uint16_t)blk->scales[k] * 0x10001u;
+        }
+        const size_t base = (size_t)i * sizeof(fl_block_q6_K);
+        for (int h = 0; h < 2; h++)
+#pragma GCC unroll 2
+            for (int n = 0; n < 2; n++) {
+                __m256i qh[8], ql[8];
+                transpose_half(rows + 8 * h, base + offsetof(fl_block_q6_K, qh) + 32 * (size_t)n, qh);
+                const __m256i b45 = _mm256_set1_epi8(0x30);
+#pragma GCC unroll 2
+                for (int c = 0; c < 2; c++) { /* ql[64n + 32c ..]: quarters c (low nibbles) and c + 2 (high) */
+                    transpose_half(rows + 8 * h, base + offsetof(fl_block_q6_K, ql) + 64 * (size_t)n + 32 * (size_t)c, ql);
+                    combine_half(ql, qh, 0, 4 - 2 * c, b45, h, panel + (i * 8 + 4 * n + c) * PANEL_BLOCK);
+                    combine_half(ql, qh, 4, -2 * c, b45, h, panel + (i * 8 + 4 * n + c + 2) * PANEL_BLOCK);
+                }
+            }
+    }
+}
+
 void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
-    if (nr < FL_PANEL_ROWS || (wtype != FL_TYPE_Q4_0 && wtype != FL_TYPE_Q8_0 && wtype != FL_TYPE_Q4_K)) { /* a partial panel */
+    if (nr < FL_PANEL_ROWS || (wtype != FL_TYPE_Q4_0 && wtype != FL_TYPE_Q8_0 && wtype != FL_TYPE_Q4_K &&
+                               wtype != FL_TYPE_Q5_K && wtype != FL_TYPE_Q6_K)) { /* a partial panel */
         fl_panel_pack_ref(wtype, w, ldw, nr, K, panel);
         return;
     }
-    if (wtype == FL_TYPE_Q4_K) {
-        pack_q4_K(w, ldw, K, panel);
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K) {
+        (wtype == FL_TYPE_Q4_K ? pack_q4_K : wtype == FL_TYPE_Q5_K ? pack_q5_K : pack_q6_K)(w, ldw, K, panel);
         return;
     }
     const int64_t nb = K / 32;
@@ -147,7 +252,7 @@ void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_
 
 /* ---- the tiles ---- */
 
-enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2 };
+enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2, P_Q5K = 3, P_Q6K = 4 };
 
 /* Rows 8h..8h+8HH-1 of the panel (HH halves: 1, or 2 with h = 0) x tokens m0..m0+NT-1
  * (HH x NT <= 4 accumulators), y[t * ldy + r] for r < nr (rows present from 8h). */
@@ -155,9 +260,11 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
                  float *y, int64_t ldy, int nr, const char *pf, const char *pf_end, int pf_per_block) {
     const int64_t nb = a->nb, K = a->K;
     const int8_t *xq0 = a->qs + m0 * K;
-    const int32_t *o40 = a->o4 + m0 * nb;
+    const int32_t *o40 = a->o4 + m0 * nb, *o60 = a->o6 + m0 * nb * 2;
     const float *d0 = a->d + m0 * nb, *ms0 = a->ms + m0 * nb;
-    const float *mins = kind == P_Q4K ? (const float *)(pan + nb * PANEL_BLOCK) + 8 * h : NULL;
+    const bool has_mins = kind == P_Q4K || kind == P_Q5K;
+    const float *mins = has_mins ? (const float *)(pan + nb * PANEL_BLOCK) + 8 * h : NULL;
+    const __m256i *words = kind == P_Q6K ? (const __m256i *)(pan + nb * PANEL_BLOCK) : NULL; /* [b][half][16 rows] */
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
     __m256 acc[4];
 #pragma GCC unroll 4
@@ -166,11 +273,46 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
         const char *pb = pan + b * PANEL_BLOCK;
         for (int i = 0; i < pf_per_block && pf < pf_end; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
         __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-        if (kind == P_Q4) /* the int16 lanes start at -8 x (their codes' sums): fl_act_q8.o4 */
+        if (kind == P_Q4 || kind == P_Q5K) /* the int16 lanes start at -8 x (their codes' sums): fl_act_q8.o4; Q5_K -16 x */
 #pragma GCC unroll 4
-            for (int u = 0; u < HH * NT; u++) s[u] = _mm256_set1_epi32(o40[(u % NT) * nb + b]);
+            for (int u = 0; u < HH * NT; u++) {
+                s[u] = _mm256_set1_epi32(o40[(u % NT) * nb + b]);
+                if (kind == P_Q5K) s[u] = _mm256_add_epi16(s[u], s[u]);
+            }
+        if (kind == P_Q6K) {
+            /* per 16-code half (one scale): int16 lanes from -32 x their codes' sums (fl_act_q8.o6)
+             * through 4 groups to sum (q - 32) x (|.| <= 8 x 32 x 127), then x (sc, sc) into int32 */
+#pragma GCC unroll 2
+            for (int half = 0; half < 2; half++) {
+                __m256i s16[4] = {s[0], s[1], s[2], s[3]}; /* (all four through the barrier below) */
+#pragma GCC unroll 4
+                for (int u = 0; u < HH * NT; u++) s16[u] = _mm256_set1_epi32(o60[((u % NT) * nb + b) * 2 + half]);
+#pragma GCC unroll 4
+                for (int g = 4 * half; g < 4 * half + 4; g++) {
+                    __m256i wv[2];
+#pragma GCC unroll 2
+                    for (int hh = 0; hh < HH; hh++) wv[hh] = _mm256_loadu_si256((const __m256i *)(pb + 64 + 64 * g + 32 * (h + hh)));
+#pragma GCC unroll 4
+                    for (int t = 0; t < NT; t++) {
+                        const __m256i xv = _mm256_set1_epi32(((const int32_t *)(xq0 + t * K + b * 32))[g]);
+#pragma GCC unroll 2
+                        for (int hh = 0; hh < HH; hh++) s16[hh * NT + t] = _mm256_add_epi16(s16[hh * NT + t], _mm256_maddubs_epi16(wv[hh], xv));
+                    }
+                    __asm__("" : "+x"(s16[0]), "+x"(s16[1]), "+x"(s16[2]), "+x"(s16[3]));
+                }
+#pragma GCC unroll 2
+                for (int hh = 0; hh < HH; hh++) {
+                    const __m256i sc = _mm256_loadu_si256(words + (b * 2 + half) * 2 + h + hh);
+#pragma GCC unroll 4
+                    for (int t = 0; t < NT; t++) {
+                        const __m256i p = _mm256_madd_epi16(s16[hh * NT + t], sc);
+                        s[hh * NT + t] = half ? _mm256_add_epi32(s[hh * NT + t], p) : p;
+                    }
+                }
+            }
+        }
 #pragma GCC unroll 8
-        for (int g = 0; g < 8; g++) {
+        for (int g = 0; g < 8 && kind != P_Q6K; g++) {
             __m256i wv[2], ws[2], wa[2];
 #pragma GCC unroll 2
             for (int hh = 0; hh < HH; hh++) {
@@ -200,10 +342,10 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
             for (int t = 0; t < NT; t++) {
                 const int u = hh * NT + t;
                 __m256i is = s[u];
-                if (kind != P_Q8) is = _mm256_madd_epi16(is, ones);
+                if (kind != P_Q8 && kind != P_Q6K) is = _mm256_madd_epi16(is, ones);
                 acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(d0[t * nb + b])), acc[u]);
             }
-            if (kind == P_Q4K) {
+            if (has_mins) {
                 const __m256 mv = _mm256_loadu_ps(mins + b * FL_PANEL_ROWS + 8 * hh);
 #pragma GCC unroll 4
                 for (int t = 0; t < NT; t++) acc[hh * NT + t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(ms0[t * nb + b]), acc[hh * NT + t]);
@@ -238,13 +380,19 @@ typedef void (*tile_fn)(const char *, const fl_act_q8 *, int64_t, int, float *, 
 DEFINE_TILES(P_Q8)
 DEFINE_TILES(P_Q4)
 DEFINE_TILES(P_Q4K)
+DEFINE_TILES(P_Q5K)
+DEFINE_TILES(P_Q6K)
 
 void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                            int64_t ldy, const void *pf, size_t pf_bytes) {
 #define ROW(k) {{NULL, tile_1_1_##k, tile_1_2_##k, tile_1_3_##k, tile_1_4_##k}, {NULL, tile_2_1_##k, tile_2_2_##k, NULL, NULL}}
-    static const tile_fn tiles[3][2][5] = {ROW(P_Q8), ROW(P_Q4), ROW(P_Q4K)};
+    static const tile_fn tiles[5][2][5] = {ROW(P_Q8), ROW(P_Q4), ROW(P_Q4K), ROW(P_Q5K), ROW(P_Q6K)};
 #undef ROW
-    const int k = wtype == FL_TYPE_Q8_0 ? P_Q8 : wtype == FL_TYPE_Q4_K ? P_Q4K : P_Q4;
+    const int k = wtype == FL_TYPE_Q8_0   ? P_Q8
+                  : wtype == FL_TYPE_Q4_K ? P_Q4K
+                  : wtype == FL_TYPE_Q5_K ? P_Q5K
+                  : wtype == FL_TYPE_Q6_K ? P_Q6K
+                                          : P_Q4;
     /* Q4_0 / Q4_K: both halves x 2 tokens per call, so each broadcast activation group serves
      * 16 rows (best of 5, one core, in-cache 16 x 2048 panel: Q4_0 186 -> 206 GOP/s at 16 tokens,
      * 179 -> 198 at 512; `bench matmul -p 64 --types Q4_K --stream-mib 1` 251 -> 269).  Q8_0

@@ -100,7 +100,7 @@ size_t fl_act_q8_bytes(int64_t M, int64_t K) {
     const size_t qs = ((size_t)(M * K) + 63) & ~(size_t)63, d = (size_t)(M * nb) * 4;
     const size_t d64 = (d + 63) & ~(size_t)63, v = (size_t)(M * nb) * 32;
     const size_t q4 = M == 1 ? qs + (((size_t)nb * 16 + 63) & ~(size_t)63) : 0; /* M == 1: qs4 and sv4 */
-    return qs + 4 * d64 + 2 * v + q4;
+    return qs + 4 * d64 + (((size_t)(M * nb) * 8 + 63) & ~(size_t)63) + 2 * v + q4; /* d, s, ms, o4; o6 */
 }
 
 fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
@@ -121,6 +121,7 @@ fl_status fl_act_q8_alloc(fl_act_q8 *a, int64_t M, int64_t K) {
     a->sv = (int32_t *)p; p += v;
     a->ms = (float *)p; p += d64;
     a->o4 = (int32_t *)p; p += d64;
+    a->o6 = (int32_t *)p; p += ((size_t)(M * nb) * 8 + 63) & ~(size_t)63;
     a->qs4 = M == 1 ? (int8_t *)p : NULL;
     a->sv4 = M == 1 ? (int32_t *)(p + qs) : NULL;
     return FL_OK;
@@ -154,12 +155,15 @@ void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
 void fl_act_q8_order_q4(fl_act_q8 *a, int64_t m) {
     const int8_t *q = a->qs + m * a->K;
     for (int64_t b = 0; a->M > 1 && b < a->nb; b++) { /* o4 serves the panels, which take M > 1 only */
-        int lo = 0, hi = 0;
+        int lo = 0, hi = 0, h[2][2] = {{0, 0}, {0, 0}}; /* h[half][k % 4 >= 2] */
         for (int j = 0; j < 32; j++) {
             if (j % 4 < 2) lo += q[b * 32 + j];
             else hi += q[b * 32 + j];
+            h[j / 16][j % 4 >= 2] += q[b * 32 + j];
         }
         a->o4[m * a->nb + b] = (int32_t)(((uint32_t)(uint16_t)(int16_t)(-8 * hi) << 16) | (uint16_t)(int16_t)(-8 * lo));
+        for (int i = 0; i < 2; i++)
+            a->o6[(m * a->nb + b) * 2 + i] = (int32_t)(((uint32_t)(uint16_t)(int16_t)(-32 * h[i][1]) << 16) | (uint16_t)(int16_t)(-32 * h[i][0]));
     }
     if (!a->qs4) return;
     int8_t *o = a->qs4 + m * a->K;
@@ -401,8 +405,18 @@ float fl_dot_q8_llama(int32_t wtype, const void *w, const fl_act_q8 *a, int64_t 
 size_t fl_panel_bytes(int64_t K) { return (size_t)(K / 32) * PANEL_BLOCK; }
 
 size_t fl_panel_bytes_for(int32_t wtype, int64_t K) {
-    return fl_panel_bytes(K) + (wtype == FL_TYPE_Q4_K ? (size_t)(K / 32) * FL_PANEL_ROWS * 4 : 0);
+    const size_t extra = wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K ? FL_PANEL_ROWS * 4   /* mins */
+                         : wtype == FL_TYPE_Q6_K                      ? FL_PANEL_ROWS * 8 /* 2 scale words */
+                                                                      : 0;
+    return fl_panel_bytes(K) + (size_t)(K / 32) * extra;
 }
+
+/* A Q6_K panel's scale words of block b: [i][row] (sc_i, sc_i) as int16 pairs, the scales of
+ * the block's two 16-code halves i. */
+static int32_t *q6_words(void *panel, int64_t nb, int64_t b, int i) {
+    return (int32_t *)((char *)panel + nb * PANEL_BLOCK) + (b * 2 + i) * FL_PANEL_ROWS;
+}
+static int32_t i16_pair(int lo, int hi) { return (int32_t)(((uint32_t)(uint16_t)(int16_t)hi << 16) | (uint16_t)(int16_t)lo); }
 
 void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
     const int64_t nb = K / 32;
@@ -415,19 +429,37 @@ void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t
             if (r >= nr) {
                 dw[r] = 0;
                 memset(codes, 0, sizeof codes);
-                if (wtype == FL_TYPE_Q4_K) ((float *)((char *)panel + nb * PANEL_BLOCK))[b * FL_PANEL_ROWS + r] = 0;
+                if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K) ((float *)((char *)panel + nb * PANEL_BLOCK))[b * FL_PANEL_ROWS + r] = 0;
+                if (wtype == FL_TYPE_Q6_K)
+                    for (int i = 0; i < 2; i++) q6_words(panel, nb, b, i)[r] = 0;
+            } else if (wtype == FL_TYPE_Q6_K) { /* 32-block b = quarter b % 4 of half (b % 8) / 4 of super-block b / 8 */
+                const fl_block_q6_K *blk = (const fl_block_q6_K *)((const char *)w + r * ldw) + b / 8;
+                const int n = (int)(b % 8) / 4, qq = (int)(b % 4);
+                dw[r] = fl_f16_to_f32(blk->d);
+                const int lo = blk->scales[8 * n + 2 * qq], hi = blk->scales[8 * n + 2 * qq + 1];
+                q6_words(panel, nb, b, 0)[r] = i16_pair(lo, lo);
+                q6_words(panel, nb, b, 1)[r] = i16_pair(hi, hi);
+                for (int l = 0; l < 32; l++)
+                    codes[l] = (uint8_t)(((blk->ql[64 * n + 32 * (qq % 2) + l] >> (4 * (qq / 2))) & 0xF) |
+                                         (((blk->qh[32 * n + l] >> (2 * qq)) & 3) << 4));
             } else if (wtype == FL_TYPE_Q8_0) {
                 const fl_block_q8_0 *blk = (const fl_block_q8_0 *)((const char *)w + r * ldw) + b;
                 dw[r] = fl_f16_to_f32(blk->d);
                 for (int j = 0; j < 32; j++) codes[j] = (uint8_t)(blk->qs[j] + 128);
-            } else if (wtype == FL_TYPE_Q4_K) {
-                const fl_block_q4_K *blk = (const fl_block_q4_K *)((const char *)w + r * ldw) + b / 8;
+            } else if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K) { /* Q5_K: the same fields, qh before qs */
+                const bool q5 = wtype == FL_TYPE_Q5_K;
+                const fl_block_q4_K *b4 = (const fl_block_q4_K *)((const char *)w + r * ldw) + b / 8;
+                const fl_block_q5_K *b5 = (const fl_block_q5_K *)((const char *)w + r * ldw) + b / 8;
                 const int j = (int)(b % 8);
+                const uint8_t *qs = q5 ? b5->qs : b4->qs;
                 uint8_t sc, mn;
-                fl_q4_K_scale_min(j, blk->scales, &sc, &mn);
-                dw[r] = fl_f16_to_f32(blk->d) * (float)sc;
-                ((float *)((char *)panel + nb * PANEL_BLOCK))[b * FL_PANEL_ROWS + r] = fl_f16_to_f32(blk->dmin) * (float)mn;
-                for (int l = 0; l < 32; l++) codes[l] = j % 2 ? blk->qs[(j / 2) * 32 + l] >> 4 : blk->qs[(j / 2) * 32 + l] & 0xF;
+                fl_q4_K_scale_min(j, q5 ? b5->scales : b4->scales, &sc, &mn);
+                dw[r] = fl_f16_to_f32(q5 ? b5->d : b4->d) * (float)sc;
+                /* Q5_K sums (q - 16) x: its mins word carries the 16 d sc_j back (16 dw is exact) */
+                ((float *)((char *)panel + nb * PANEL_BLOCK))[b * FL_PANEL_ROWS + r] =
+                    fl_f16_to_f32(q5 ? b5->dmin : b4->dmin) * (float)mn - (q5 ? 16 * dw[r] : 0.0f);
+                for (int l = 0; l < 32; l++)
+                    codes[l] = (uint8_t)((j % 2 ? qs[(j / 2) * 32 + l] >> 4 : qs[(j / 2) * 32 + l] & 0xF) + (q5 && (b5->qh[l] >> j) & 1 ? 16 : 0));
             } else {
                 const fl_block_q4_0 *blk = (const fl_block_q4_0 *)((const char *)w + r * ldw) + b;
                 dw[r] = fl_f16_to_f32(blk->d);
@@ -443,8 +475,9 @@ void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t
 
 void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                        int64_t ldy) {
-    const int32_t off = wtype == FL_TYPE_Q8_0 ? 128 : wtype == FL_TYPE_Q4_K ? 0 : 8;
-    const float *mins = wtype == FL_TYPE_Q4_K ? (const float *)((const char *)panel + a->nb * PANEL_BLOCK) : NULL;
+    const bool k4 = wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K, q6 = wtype == FL_TYPE_Q6_K;
+    const int32_t off = wtype == FL_TYPE_Q8_0 ? 128 : wtype == FL_TYPE_Q5_K ? 16 : wtype == FL_TYPE_Q4_K || q6 ? 0 : 8;
+    const float *mins = k4 ? (const float *)((const char *)panel + a->nb * PANEL_BLOCK) : NULL;
     for (int t = 0; t < nt; t++) {
         const int64_t m = m0 + t;
         for (int r = 0; r < nr; r++) {
@@ -454,7 +487,12 @@ void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8
                 const uint8_t *q = (const uint8_t *)pb + FL_PANEL_ROWS * 4;
                 const int8_t *x = a->qs + m * a->K + b * 32;
                 int32_t is = -off * a->s[m * a->nb + b];
-                for (int k = 0; k < 32; k++) is += q[(k / 4) * FL_PANEL_ROWS * 4 + r * 4 + k % 4] * x[k];
+                /* Q6_K: each half's code sum times its scale, less 32 x its scale x the half's activation sum */
+                const int32_t sc[2] = {q6 ? (int16_t)q6_words((void *)panel, a->nb, b, 0)[r] : 1,
+                                       q6 ? (int16_t)q6_words((void *)panel, a->nb, b, 1)[r] : 1};
+                for (int k = 0; k < 32; k++) is += sc[k / 16] * q[(k / 4) * FL_PANEL_ROWS * 4 + r * 4 + k % 4] * x[k];
+                if (q6)
+                    for (int k = 0; k < 32; k++) is -= 32 * sc[k / 16] * x[k];
                 sum += ((const float *)pb)[r] * a->d[m * a->nb + b] * (float)is;
                 if (mins) sum += mins[b * FL_PANEL_ROWS + r] * a->ms[m * a->nb + b];
             }
