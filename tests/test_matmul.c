@@ -190,19 +190,22 @@ static void test_gemm_vs_gemv(void **state) {
 typedef void (*panel_pack_fn)(int32_t, const void *, size_t, int, int64_t, void *);
 typedef void (*panel_gemm_fn)(int32_t, const void *, int, const fl_act_q8 *, int64_t, int, float *, int64_t);
 
-/* Row panels (Q8_0, Q4_0, Q4_K and Q5_K with their mins, Q6_K with its half-block scales): the
+/* Row panels (Q8_0, Q4_0, Q4_K and Q5_K with their mins, Q6_K with its half-block scales, Q4_1,
+ * Q5_0, Q5_1 with mins words, IQ4_NL with its table values): the
  * AVX2 and AVX-512 packers are byte-identical to the reference packer, the reference panel
  * product equals the integer tile reference (f32 order only), and the AVX2 / AVX-512 panel
  * products match it on partial panels (nr < 16, nr < 8), every token tail of the 4- and 8-token
- * tiles, odd block counts.  (Q5_K and Q6_K panels exist on AVX2 only.) */
+ * tiles, odd block counts.  (Only Q8_0, Q4_0 and Q4_K panels exist on AVX-512.) */
 static void test_panel_parity(void **state) {
     (void)state;
-    const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_K, FL_TYPE_Q6_K};
+    const int32_t types[9] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_K, FL_TYPE_Q6_K,
+                              FL_TYPE_Q4_1, FL_TYPE_Q5_0, FL_TYPE_Q5_1, FL_TYPE_IQ4_NL};
     const int64_t Ks[3] = {32, 416, 2048}, Ks_k[3] = {256, 768, 2048};
     const panel_gemm_fn gemms[2] = {fl_panel_gemm_avx2, fl_panel_gemm_avx512};
-    for (int ti = 0; ti < 5; ti++)
+    for (int ti = 0; ti < 9; ti++)
         for (int ki = 0; ki < 3; ki++) {
-            const bool kq = types[ti] != FL_TYPE_Q8_0 && types[ti] != FL_TYPE_Q4_0, avx2_only = types[ti] == FL_TYPE_Q5_K || types[ti] == FL_TYPE_Q6_K;
+            const bool kq = types[ti] == FL_TYPE_Q4_K || types[ti] == FL_TYPE_Q5_K || types[ti] == FL_TYPE_Q6_K;
+            const bool avx2_only = ti >= 3; /* Q5_K, Q6_K and the other 32-blocks have AVX2 panels only */
             const panel_pack_fn packs[2] = {fl_isa_best() >= FL_ISA_AVX2 ? fl_panel_pack_avx2 : NULL,
                                             fl_isa_best() == FL_ISA_AVX512 && !avx2_only ? fl_panel_pack_avx512 : NULL};
             const int64_t K = kq ? Ks_k[ki] : Ks[ki], N = 21, M = 19;
@@ -213,7 +216,7 @@ static void test_panel_parity(void **state) {
             assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
             for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
             const size_t pb = fl_panel_bytes_for(types[ti], K);
-            assert_int_equal(pb, (size_t)(K / 32) * (16 * 4 + 16 * 32 + (kq ? (types[ti] == FL_TYPE_Q6_K ? 16 * 8 : 16 * 4) : 0)));
+            assert_int_equal(pb, (size_t)(K / 32) * (16 * 4 + 16 * 32 + (types[ti] == FL_TYPE_Q6_K ? 16 * 8 : fl_panel_has_mins(types[ti]) ? 16 * 4 : 0)));
             char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
             float *ref = frand_buf(M * 16), *pr = frand_buf(M * 16), *got = frand_buf(M * 16);
             const int nrs[4] = {16, 11, 5, 1};
@@ -261,13 +264,14 @@ static void test_panel_parity(void **state) {
  * 7 x 16 x 127 or staying at -16256), Q8_0 codes -128 and 127 against -127 / +127 (pairs
  * of 2 x 128 x 127 = 32512), Q5_K codes 31 or 0 (lanes of sum (q - 16) x: 15 or -16 x 16 x 127)
  * with scales 63, Q6_K codes 63 or 0 (per half, sum (q - 32) x: 31 or -32 x 8 x 127) with scales
- * 127 or -128, give the exact integer results, as the reference does. */
+ * 127 or -128, Q5_0 codes 31 or 0 (as Q5_K) and IQ4_NL values 113 or -127 (pairs of 2 x 127 x
+ * 127) give the exact integer results, as the reference does. */
 static void test_panel_extremes(void **state) {
     (void)state;
     if (fl_isa_best() < FL_ISA_AVX2) skip();
     const int64_t K = 256, N = 16, M = 4;
-    const int32_t types[4] = {FL_TYPE_Q4_0, FL_TYPE_Q8_0, FL_TYPE_Q5_K, FL_TYPE_Q6_K};
-    for (int ti = 0; ti < 4; ti++) {
+    const int32_t types[6] = {FL_TYPE_Q4_0, FL_TYPE_Q8_0, FL_TYPE_Q5_K, FL_TYPE_Q6_K, FL_TYPE_Q5_0, FL_TYPE_IQ4_NL};
+    for (int ti = 0; ti < 6; ti++) {
         qmat q;
         qmat_make(&q, types[ti], N, K);
         const uint16_t one = 0x3C00, zero = 0; /* f16 1.0, 0.0 */
@@ -290,10 +294,19 @@ static void test_panel_extremes(void **state) {
                 memset(blk->qh, n % 2 ? 0x00 : 0xFF, sizeof blk->qh);
                 continue;
             }
-            for (int64_t b = 0; b < K / 32; b++) {
+            if (types[ti] == FL_TYPE_Q5_0) { /* codes 31 or 0: q - 16 = 15 or -16 */
+                for (int64_t b = 0; b < K / 32; b++) {
+                    fl_block_q5_0 *blk = (fl_block_q5_0 *)row + b;
+                    memcpy(&blk->d, &one, 2);
+                    memset(blk->qh, n % 2 ? 0x00 : 0xFF, sizeof blk->qh);
+                    memset(blk->qs, n % 2 ? 0x00 : 0xFF, sizeof blk->qs);
+                }
+                continue;
+            }
+            for (int64_t b = 0; b < K / 32; b++) { /* (IQ4_NL: codes 0 or 15, values -127 or 113) */
                 char *blk = row + b * (types[ti] == FL_TYPE_Q8_0 ? 34 : 18);
                 memcpy(blk, &one, 2);
-                if (types[ti] == FL_TYPE_Q4_0) memset(blk + 2, n % 2 ? 0x00 : 0xFF, 16); /* w - 8 = -8 or 7 */
+                if (types[ti] == FL_TYPE_Q4_0 || types[ti] == FL_TYPE_IQ4_NL) memset(blk + 2, n % 2 ? 0x00 : 0xFF, 16); /* w - 8 = -8 or 7 */
                 else memset(blk + 2, n % 2 ? 0x80 : 0x7F, 32); /* -128 or 127 */
             }
         }
@@ -314,7 +327,9 @@ static void test_panel_extremes(void **state) {
             const double w = types[ti] == FL_TYPE_Q4_0   ? (n % 2 ? -8 : 7)
                              : types[ti] == FL_TYPE_Q8_0 ? (n % 2 ? -128 : 127)
                              : types[ti] == FL_TYPE_Q5_K ? 63 * (n % 2 ? 0 : 31)
-                                                         : (n % 4 < 2 ? 127 : -128) * (n % 2 ? -32 : 31);
+                             : types[ti] == FL_TYPE_Q6_K ? (n % 4 < 2 ? 127 : -128) * (n % 2 ? -32 : 31)
+                             : types[ti] == FL_TYPE_Q5_0 ? (n % 2 ? -16 : 15)
+                                                         : (n % 2 ? -127 : 113);
             const double want = w * ((i / N) % 2 ? -127 : 127) * (double)K * (double)a.d[(i / N) * a.nb];
             CHECK_NEAR(ref[i], want, 1e-6 * fabs(want));
             CHECK_NEAR(got[i], want, 1e-6 * fabs(want));

@@ -63,6 +63,9 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
     if (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0) return true;
     if (type == FL_TYPE_Q5_K && (gemv_path(type, M) || panel_path(type, M)) && fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order())
         return true; /* row dots, panels */
+    if ((type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL) && panel_path(type, M) &&
+        fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order())
+        return true; /* their AVX2 panels */
     if ((type == FL_TYPE_Q5_K || type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K || type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL) &&
         M == 1 && fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order())
         return true; /* their AVX-512 GEMVs */
@@ -247,10 +250,14 @@ _Static_assert(GEMV_MAX_Q4_0 <= FL_GEMV_MAX_TOKENS && GEMV_MAX_Q8_0 <= FL_GEMV_M
  * had dequantized rows and the f32 path: `fitllm bench model -p 128 -n 0` pp 19-24 -> 103-124
  * tok/s). */
 static bool panel_path(int32_t type, int64_t M) {
-    if (M <= 1 || M > INT32_MAX || gemv_path(type, M)) return false;
     const fl_isa isa = fl_isa_get();
+    const bool b32 = type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL;
+    if (M == 1 && b32 && isa == FL_ISA_AVX2) return true; /* (no GEMV of their own: the panels beat dequantized rows) */
+    if (M <= 1 || M > INT32_MAX || gemv_path(type, M)) return false;
     const bool common = type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K;
-    return (isa == FL_ISA_AVX512 && common) || (isa == FL_ISA_AVX2 && (common || type == FL_TYPE_Q5_K || type == FL_TYPE_Q6_K));
+    return (isa == FL_ISA_AVX512 && common) ||
+           (isa == FL_ISA_AVX2 && (common || type == FL_TYPE_Q5_K || type == FL_TYPE_Q6_K || type == FL_TYPE_Q4_1 ||
+                                   type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL));
 }
 
 /* Each thread repacks 16-row panels into its own scratch and runs every token through the panel

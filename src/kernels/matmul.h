@@ -21,7 +21,8 @@
  * tokens take the GEMV, each row's codes shared by the tokens (FL_GEMV_MAX_TOKENS below);
  * otherwise 4 rows x 4 tokens register tiles over L2-sized row chunks).  On AVX-512 Q4_K takes the same
  * two paths (its own GEMV; panels with scales d sc_j and mins), and Q2_K, Q3_K, Q5_K, Q6_K, Q4_1,
- * Q5_0, Q5_1 and IQ4_NL their own GEMVs for M == 1; on AVX2 Q4_K, Q5_K and Q6_K take maddubs row
+ * Q5_0, Q5_1 and IQ4_NL their own GEMVs for M == 1 (on AVX2 Q4_1, Q5_0, Q5_1 and IQ4_NL take the
+ * row panels below for every step); on AVX2 Q4_K, Q5_K and Q6_K take maddubs row
  * dots for M == 1 and small steps (fl_gemm_q8_avx2; up to fl_matmul_gemv_max_tokens) and Q8_0 / Q4_0 / Q4_K / Q5_K /
  * Q6_K the same 16-row panels as AVX-512 (Q5_K / Q6_K: AVX2 only) for larger steps (fl_panel_gemm_avx2: Q8_0 8 rows x 4
  * tokens, the others 16 x 2).  Where the CPU has
@@ -121,11 +122,11 @@ typedef struct fl_act_q8 {
     int32_t *o4;       /* [M][nb]: two int16, -8 x (the sum of the codes k % 4 < 2) low and -8 x
                         * (k % 4 >= 2) high: where the AVX2 Q4_0 panel tile's int16 lanes start,
                         * so that they end at sum (w - 8) x with no offset step (|.| <= 16256);
-                        * filled when M > 1 (the panels' case) */
+                        * filled for every row (the panels) */
     int32_t *o6;       /* [M][nb][2]: per half (k % 32 < 16, then >= 16) two int16, -32 x the
                         * sum of its codes k % 4 < 2 low and k % 4 >= 2 high: where the AVX2
                         * Q6_K panel tile's int16 lanes start for each 16-code scale, so that
-                        * they end at sum (q - 32) x (|.| <= 8 x 32 x 127); filled when M > 1 */
+                        * they end at sum (q - 32) x (|.| <= 8 x 32 x 127); filled for every row */
     size_t bytes;      /* one allocation (FL_MEM_SCRATCH) */
     void *mem;
 } fl_act_q8;
@@ -186,6 +187,21 @@ size_t fl_panel_bytes(int64_t K);
  * 16-code halves' scales.  fl_panel_bytes_for(type, K) is the panel scratch of a type (576,
  * Q4_K / Q5_K 640, Q6_K 704 bytes per 32 columns). */
 size_t fl_panel_bytes_for(int32_t wtype, int64_t K);
+/* Panels with f32 mins words after the blocks: Q4_K, Q5_K (above), and on AVX2 Q4_1 (codes
+ * 0..15, scale d, mins word -m), Q5_0 (codes 0..31 summed as (q - 16) x, scale d, mins word 0)
+ * and Q5_1 (the same, mins word -(16 d + m)).  IQ4_NL (AVX2) panels hold its table values + 128,
+ * as Q8_0's hold code + 128. */
+static inline bool fl_panel_has_mins(int32_t wtype) {
+    return wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_0 ||
+           wtype == FL_TYPE_Q5_1;
+}
+/* The offset the panel's unsigned codes carry (subtracted x the activation code sums). */
+static inline int32_t fl_panel_offset(int32_t wtype) {
+    return wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_IQ4_NL                               ? 128
+           : wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1     ? 16
+           : wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q6_K     ? 0
+                                                                                        : 8;
+}
 void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 void fl_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,

@@ -125,6 +125,77 @@ INLINE void combine_half(const __m256i lo[8], const __m256i hi[8], const int ls,
                             _mm256_or_si256(shift_mask(lo[g], -ls, m4), shift_mask(hi[g], hs, hmask)));
 }
 
+/* The fifth bits of codes 4g + i (hi: 16 + 4g + i), i < 4, of 8 rows as 0x10 or 0 in panel order,
+ * from qh = the rows' 32-bit qh words as dwords [rows 0..3 | rows 4..7]. */
+INLINE __m256i fifth_bits(__m256i qh, const int g, const int hi) {
+    const int byte = 2 * hi + g / 2, bit = 4 * (g % 2);
+    const __m256i sel = _mm256_shuffle_epi8(qh, _mm256_setr_epi8(byte, byte, byte, byte, 4 + byte, 4 + byte, 4 + byte, 4 + byte, 8 + byte, 8 + byte,
+                                                                 8 + byte, 8 + byte, 12 + byte, 12 + byte, 12 + byte, 12 + byte, byte, byte, byte, byte,
+                                                                 4 + byte, 4 + byte, 4 + byte, 4 + byte, 8 + byte, 8 + byte, 8 + byte, 8 + byte,
+                                                                 12 + byte, 12 + byte, 12 + byte, 12 + byte));
+    const __m256i m = _mm256_set1_epi32((int)(0x08040201u << bit));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sel, m), m), _mm256_set1_epi8(0x10));
+}
+
+/* 8 rows of one Q4_1 / Q5_0 / Q5_1 / IQ4_NL block (row i's at r8[i] + off; its codes qs bytes
+ * on, the fifth bits qh bytes on) into half h of the panel block pb. */
+INLINE void pack_half_b32(const char *const r8[8], size_t off, const int qs, const int qh, const bool iq4, int h, char *pb) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i tab = _mm256_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166, (char)181, (char)197,
+                                         (char)217, (char)241, 1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153,
+                                         (char)166, (char)181, (char)197, (char)217, (char)241); /* fl_iq4nl_values + 128 */
+    __m256i r[4], o[4], hv = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        r[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(r8[i] + off + qs))),
+                                       _mm_loadu_si128((const __m128i *)(r8[i + 4] + off + qs)), 1);
+    transpose4(r, o);
+    if (qh) {
+        int32_t q[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) memcpy(&q[i], r8[i] + off + qh, 4);
+        hv = _mm256_setr_epi32(q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        __m256i lo = _mm256_and_si256(o[g], m4), hi = _mm256_and_si256(_mm256_srli_epi16(o[g], 4), m4);
+        if (iq4) lo = _mm256_shuffle_epi8(tab, lo), hi = _mm256_shuffle_epi8(tab, hi);
+        if (qh) lo = _mm256_or_si256(lo, fifth_bits(hv, g, 0)), hi = _mm256_or_si256(hi, fifth_bits(hv, g, 1));
+        _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * g + 32 * h), lo);
+        _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * (g + 4) + 32 * h), hi);
+    }
+}
+
+/* Q4_1, Q5_0, Q5_1, IQ4_NL: one half of a full panel, block after block, with the scales d and the
+ * mins words (fl_panel_pack_ref's bytes). */
+INLINE void pack_half_rows_b32(const char *w, size_t ldw, int64_t nb, int h, char *panel, const int32_t wtype) {
+    const size_t bsz = wtype == FL_TYPE_Q4_1 ? sizeof(fl_block_q4_1)
+                       : wtype == FL_TYPE_Q5_0 ? sizeof(fl_block_q5_0)
+                       : wtype == FL_TYPE_Q5_1 ? sizeof(fl_block_q5_1)
+                                               : sizeof(fl_block_iq4_nl);
+    const int qs = wtype == FL_TYPE_Q4_1 ? 4 : wtype == FL_TYPE_Q5_0 ? 6 : wtype == FL_TYPE_Q5_1 ? 8 : 2;
+    const int qh = wtype == FL_TYPE_Q5_0 ? 2 : wtype == FL_TYPE_Q5_1 ? 4 : 0;
+    float *mins = (float *)(panel + nb * PANEL_BLOCK);
+    const char *r8[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) r8[i] = w + (size_t)(8 * h + i) * ldw;
+    for (int64_t b = 0; b < nb; b++) {
+        char *pb = panel + b * PANEL_BLOCK;
+        const size_t off = (size_t)b * bsz;
+        const __m256 d = fl_f16x8_ptrs_avx2(r8, off);
+        _mm256_storeu_ps((float *)pb + 8 * h, d);
+        const __m256 neg = _mm256_set1_ps(-0.0f); /* negation flips the sign bit, as C's unary minus */
+        if (wtype == FL_TYPE_Q4_1) /* -m */
+            _mm256_storeu_ps(mins + b * FL_PANEL_ROWS + 8 * h, _mm256_xor_ps(neg, fl_f16x8_ptrs_avx2(r8, off + 2)));
+        else if (wtype == FL_TYPE_Q5_0)
+            _mm256_storeu_ps(mins + b * FL_PANEL_ROWS + 8 * h, _mm256_setzero_ps());
+        else if (wtype == FL_TYPE_Q5_1) /* -(16 d + m) */
+            _mm256_storeu_ps(mins + b * FL_PANEL_ROWS + 8 * h,
+                             _mm256_xor_ps(neg, _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(16), d), fl_f16x8_ptrs_avx2(r8, off + 2))));
+        pack_half_b32(r8, off, qs, qh, wtype == FL_TYPE_IQ4_NL, h, pb);
+    }
+}
+
 /* One half (rows 8h..8h+7) of a full Q4_0 / Q8_0 panel, block after block: the 8 row pointers
  * stay in registers and the block offset is one index (blocks inner, with 16 row pointers
  * live, GCC kept them on the stack and the pack took ~50 cycles per block). */
@@ -234,9 +305,19 @@ static void pack_q6_K(const char *w, size_t ldw, int64_t K, char *panel) {
 }
 
 void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
+    const bool b32 = wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_IQ4_NL;
     if (nr < FL_PANEL_ROWS || (wtype != FL_TYPE_Q4_0 && wtype != FL_TYPE_Q8_0 && wtype != FL_TYPE_Q4_K &&
-                               wtype != FL_TYPE_Q5_K && wtype != FL_TYPE_Q6_K)) { /* a partial panel */
+                               wtype != FL_TYPE_Q5_K && wtype != FL_TYPE_Q6_K && !b32)) { /* a partial panel */
         fl_panel_pack_ref(wtype, w, ldw, nr, K, panel);
+        return;
+    }
+    if (b32) {
+        for (int h = 0; h < 2; h++) switch (wtype) {
+            case FL_TYPE_Q4_1: pack_half_rows_b32(w, ldw, K / 32, h, panel, FL_TYPE_Q4_1); break;
+            case FL_TYPE_Q5_0: pack_half_rows_b32(w, ldw, K / 32, h, panel, FL_TYPE_Q5_0); break;
+            case FL_TYPE_Q5_1: pack_half_rows_b32(w, ldw, K / 32, h, panel, FL_TYPE_Q5_1); break;
+            default: pack_half_rows_b32(w, ldw, K / 32, h, panel, FL_TYPE_IQ4_NL); break;
+            }
         return;
     }
     if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K) {
@@ -388,11 +469,12 @@ void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_ac
 #define ROW(k) {{NULL, tile_1_1_##k, tile_1_2_##k, tile_1_3_##k, tile_1_4_##k}, {NULL, tile_2_1_##k, tile_2_2_##k, NULL, NULL}}
     static const tile_fn tiles[5][2][5] = {ROW(P_Q8), ROW(P_Q4), ROW(P_Q4K), ROW(P_Q5K), ROW(P_Q6K)};
 #undef ROW
-    const int k = wtype == FL_TYPE_Q8_0   ? P_Q8
-                  : wtype == FL_TYPE_Q4_K ? P_Q4K
-                  : wtype == FL_TYPE_Q5_K ? P_Q5K
-                  : wtype == FL_TYPE_Q6_K ? P_Q6K
-                                          : P_Q4;
+    /* Q4_1 has Q4_K's sums (codes 0..15 and mins words), Q5_0 / Q5_1 Q5_K's, IQ4_NL Q8_0's */
+    const int k = wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_IQ4_NL                               ? P_Q8
+                  : wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q4_1                               ? P_Q4K
+                  : wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1      ? P_Q5K
+                  : wtype == FL_TYPE_Q6_K                                                        ? P_Q6K
+                                                                                                 : P_Q4;
     /* Q4_0 / Q4_K: both halves x 2 tokens per call, so each broadcast activation group serves
      * 16 rows (best of 5, one core, in-cache 16 x 2048 panel: Q4_0 186 -> 206 GOP/s at 16 tokens,
      * 179 -> 198 at 512; `bench matmul -p 64 --types Q4_K --stream-mib 1` 251 -> 269).  Q8_0

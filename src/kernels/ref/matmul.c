@@ -154,7 +154,7 @@ void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
 
 void fl_act_q8_order_q4(fl_act_q8 *a, int64_t m) {
     const int8_t *q = a->qs + m * a->K;
-    for (int64_t b = 0; a->M > 1 && b < a->nb; b++) { /* o4 serves the panels, which take M > 1 only */
+    for (int64_t b = 0; b < a->nb; b++) { /* o4 and o6 serve the panels (AVX2 Q4_1 / Q5_0 / Q5_1 / IQ4_NL take them for M == 1 too) */
         int lo = 0, hi = 0, h[2][2] = {{0, 0}, {0, 0}}; /* h[half][k % 4 >= 2] */
         for (int j = 0; j < 32; j++) {
             if (j % 4 < 2) lo += q[b * 32 + j];
@@ -405,9 +405,9 @@ float fl_dot_q8_llama(int32_t wtype, const void *w, const fl_act_q8 *a, int64_t 
 size_t fl_panel_bytes(int64_t K) { return (size_t)(K / 32) * PANEL_BLOCK; }
 
 size_t fl_panel_bytes_for(int32_t wtype, int64_t K) {
-    const size_t extra = wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K ? FL_PANEL_ROWS * 4   /* mins */
-                         : wtype == FL_TYPE_Q6_K                      ? FL_PANEL_ROWS * 8 /* 2 scale words */
-                                                                      : 0;
+    const size_t extra = fl_panel_has_mins(wtype) ? FL_PANEL_ROWS * 4   /* mins */
+                         : wtype == FL_TYPE_Q6_K  ? FL_PANEL_ROWS * 8 /* 2 scale words */
+                                                  : 0;
     return fl_panel_bytes(K) + (size_t)(K / 32) * extra;
 }
 
@@ -429,7 +429,7 @@ void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t
             if (r >= nr) {
                 dw[r] = 0;
                 memset(codes, 0, sizeof codes);
-                if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K) ((float *)((char *)panel + nb * PANEL_BLOCK))[b * FL_PANEL_ROWS + r] = 0;
+                if (fl_panel_has_mins(wtype)) ((float *)((char *)panel + nb * PANEL_BLOCK))[b * FL_PANEL_ROWS + r] = 0;
                 if (wtype == FL_TYPE_Q6_K)
                     for (int i = 0; i < 2; i++) q6_words(panel, nb, b, i)[r] = 0;
             } else if (wtype == FL_TYPE_Q6_K) { /* 32-block b = quarter b % 4 of half (b % 8) / 4 of super-block b / 8 */
@@ -460,12 +460,28 @@ void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t
                     fl_f16_to_f32(q5 ? b5->dmin : b4->dmin) * (float)mn - (q5 ? 16 * dw[r] : 0.0f);
                 for (int l = 0; l < 32; l++)
                     codes[l] = (uint8_t)((j % 2 ? qs[(j / 2) * 32 + l] >> 4 : qs[(j / 2) * 32 + l] & 0xF) + (q5 && (b5->qh[l] >> j) & 1 ? 16 : 0));
+            } else if (wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1) {
+                const char *row = (const char *)w + r * ldw;
+                const fl_block_q4_1 *b41 = (const fl_block_q4_1 *)row + b;
+                const fl_block_q5_0 *b50 = (const fl_block_q5_0 *)row + b;
+                const fl_block_q5_1 *b51 = (const fl_block_q5_1 *)row + b;
+                const uint8_t *qs = wtype == FL_TYPE_Q4_1 ? b41->qs : wtype == FL_TYPE_Q5_0 ? b50->qs : b51->qs;
+                uint32_t qh = 0;
+                if (wtype != FL_TYPE_Q4_1) memcpy(&qh, wtype == FL_TYPE_Q5_0 ? b50->qh : b51->qh, 4);
+                dw[r] = fl_f16_to_f32(wtype == FL_TYPE_Q4_1 ? b41->d : wtype == FL_TYPE_Q5_0 ? b50->d : b51->d);
+                /* the mins word: d q + m = d (q - 16) + (16 d + m) for Q5_1 (16 dw is exact) */
+                ((float *)((char *)panel + nb * PANEL_BLOCK))[b * FL_PANEL_ROWS + r] =
+                    wtype == FL_TYPE_Q4_1 ? -fl_f16_to_f32(b41->m) : wtype == FL_TYPE_Q5_0 ? 0.0f : -(16 * dw[r] + fl_f16_to_f32(b51->m));
+                for (int j = 0; j < 16; j++) {
+                    codes[j] = (uint8_t)((qs[j] & 0xF) | ((qh >> j) & 1) << 4);
+                    codes[j + 16] = (uint8_t)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+                }
             } else {
                 const fl_block_q4_0 *blk = (const fl_block_q4_0 *)((const char *)w + r * ldw) + b;
                 dw[r] = fl_f16_to_f32(blk->d);
-                for (int j = 0; j < 16; j++) {
-                    codes[j] = blk->qs[j] & 0xF;
-                    codes[j + 16] = blk->qs[j] >> 4;
+                for (int j = 0; j < 16; j++) { /* IQ4_NL: its table values + 128 */
+                    codes[j] = wtype == FL_TYPE_IQ4_NL ? (uint8_t)(fl_iq4nl_values[blk->qs[j] & 0xF] + 128) : blk->qs[j] & 0xF;
+                    codes[j + 16] = wtype == FL_TYPE_IQ4_NL ? (uint8_t)(fl_iq4nl_values[blk->qs[j] >> 4] + 128) : blk->qs[j] >> 4;
                 }
             }
             for (int k = 0; k < 32; k++) q[(k / 4) * FL_PANEL_ROWS * 4 + r * 4 + k % 4] = codes[k];
@@ -475,9 +491,9 @@ void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t
 
 void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                        int64_t ldy) {
-    const bool k4 = wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K, q6 = wtype == FL_TYPE_Q6_K;
-    const int32_t off = wtype == FL_TYPE_Q8_0 ? 128 : wtype == FL_TYPE_Q5_K ? 16 : wtype == FL_TYPE_Q4_K || q6 ? 0 : 8;
-    const float *mins = k4 ? (const float *)((const char *)panel + a->nb * PANEL_BLOCK) : NULL;
+    const bool q6 = wtype == FL_TYPE_Q6_K;
+    const int32_t off = fl_panel_offset(wtype);
+    const float *mins = fl_panel_has_mins(wtype) ? (const float *)((const char *)panel + a->nb * PANEL_BLOCK) : NULL;
     for (int t = 0; t < nt; t++) {
         const int64_t m = m0 + t;
         for (int r = 0; r < nr; r++) {
