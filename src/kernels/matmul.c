@@ -63,7 +63,8 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
     if (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0) return true;
     if (type == FL_TYPE_Q5_K && (gemv_path(type, M) || panel_path(type, M)) && fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order())
         return true; /* row dots, panels */
-    if ((type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL) && panel_path(type, M) &&
+    if ((type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL || type == FL_TYPE_Q3_K) &&
+        panel_path(type, M) &&
         fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order())
         return true; /* their AVX2 panels */
     if ((type == FL_TYPE_Q5_K || type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K || type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL) &&
@@ -251,13 +252,13 @@ _Static_assert(GEMV_MAX_Q4_0 <= FL_GEMV_MAX_TOKENS && GEMV_MAX_Q8_0 <= FL_GEMV_M
  * tok/s). */
 static bool panel_path(int32_t type, int64_t M) {
     const fl_isa isa = fl_isa_get();
-    const bool b32 = type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL;
-    if (M == 1 && b32 && isa == FL_ISA_AVX2) return true; /* (no GEMV of their own: the panels beat dequantized rows) */
+    const bool own = type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL ||
+                     type == FL_TYPE_Q3_K; /* panels for every step on AVX2 */
+    if (M == 1 && own && isa == FL_ISA_AVX2) return true; /* (no GEMV of their own: the panels beat dequantized rows) */
     if (M <= 1 || M > INT32_MAX || gemv_path(type, M)) return false;
     const bool common = type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K;
     return (isa == FL_ISA_AVX512 && common) ||
-           (isa == FL_ISA_AVX2 && (common || type == FL_TYPE_Q5_K || type == FL_TYPE_Q6_K || type == FL_TYPE_Q4_1 ||
-                                   type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL));
+           (isa == FL_ISA_AVX2 && (common || own || type == FL_TYPE_Q5_K || type == FL_TYPE_Q6_K));
 }
 
 /* Each thread repacks 16-row panels into its own scratch and runs every token through the panel

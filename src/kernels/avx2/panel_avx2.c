@@ -116,13 +116,16 @@ INLINE __m256i shift_mask(__m256i v, const int n, const __m256i mask) {
 /* Q5_K / Q6_K (full panels): 8 rows x one 32-code block into half h of the panel block pb from
  * transposed low bits lo (the nibbles at shift ls: 0 or 4) and high bits hi (Q5_K: bit j of qh
  * to bit 4; Q6_K: bits 2qq, 2qq + 1 of qh to bits 4, 5). */
-INLINE void combine_half(const __m256i lo[8], const __m256i hi[8], const int ls, const int hs, const __m256i hmask, int h,
-                         char *pb) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+INLINE void combine_half_m(const __m256i lo[8], const __m256i hi[8], const int ls, const __m256i lmask, const int hs,
+                           const __m256i hmask, int h, char *pb) {
 #pragma GCC unroll 8
     for (int g = 0; g < 8; g++)
         _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * g + 32 * h),
-                            _mm256_or_si256(shift_mask(lo[g], -ls, m4), shift_mask(hi[g], hs, hmask)));
+                            _mm256_or_si256(shift_mask(lo[g], -ls, lmask), shift_mask(hi[g], hs, hmask)));
+}
+INLINE void combine_half(const __m256i lo[8], const __m256i hi[8], const int ls, const int hs, const __m256i hmask, int h,
+                         char *pb) {
+    combine_half_m(lo, hi, ls, _mm256_set1_epi8(0x0F), hs, hmask, h, pb);
 }
 
 /* The fifth bits of codes 4g + i (hi: 16 + 4g + i), i < 4, of 8 rows as 0x10 or 0 in panel order,
@@ -304,10 +307,44 @@ static void pack_q6_K(const char *w, size_t ldw, int64_t K, char *panel) {
     }
 }
 
+/* Q3_K: panel block b takes bits 2 (b % 4), 2 (b % 4) + 1 of qs[32 n ..] (n = (b % 8) / 4) and bit
+ * b % 8 of hmask as bit 2: codes 0..7 (value + 4); its scale d and the words (sc, sc) as Q6_K. */
+static void pack_q3_K(const char *w, size_t ldw, int64_t K, char *panel) {
+    const int64_t nb = K / 32;
+    uint32_t *words = (uint32_t *)(panel + nb * PANEL_BLOCK);
+    const char *rows[FL_PANEL_ROWS];
+    for (int r = 0; r < FL_PANEL_ROWS; r++) rows[r] = w + (size_t)r * ldw;
+    for (int64_t i = 0; i < nb / 8; i++) {
+        for (int r = 0; r < FL_PANEL_ROWS; r++) {
+            const fl_block_q3_K *blk = (const fl_block_q3_K *)rows[r] + i;
+            const float d = _cvtsh_ss(blk->d);
+            int8_t sc16[16];
+            fl_q3_K_scales(blk->scales, sc16);
+            for (int j = 0; j < 8; j++) ((float *)(panel + (i * 8 + j) * PANEL_BLOCK))[r] = d;
+            for (int k = 0; k < 16; k++) words[(i * 16 + k) * FL_PANEL_ROWS + r] = (uint32_t)(uint16_t)sc16[k] * 0x10001u;
+        }
+        const size_t base = (size_t)i * sizeof(fl_block_q3_K);
+        const __m256i m2 = _mm256_set1_epi8(0x03), b2 = _mm256_set1_epi8(0x04);
+        for (int h = 0; h < 2; h++) {
+            __m256i hm[8], qs[8];
+            transpose_half(rows + 8 * h, base + offsetof(fl_block_q3_K, hmask), hm);
+#pragma GCC unroll 2
+            for (int n = 0; n < 2; n++) {
+                transpose_half(rows + 8 * h, base + offsetof(fl_block_q3_K, qs) + 32 * (size_t)n, qs);
+                char *pb = panel + (i * 8 + 4 * n) * PANEL_BLOCK;
+                combine_half_m(qs, hm, 0, m2, 2 - 4 * n, b2, h, pb);
+                combine_half_m(qs, hm, 2, m2, 1 - 4 * n, b2, h, pb + PANEL_BLOCK);
+                combine_half_m(qs, hm, 4, m2, 0 - 4 * n, b2, h, pb + 2 * PANEL_BLOCK);
+                combine_half_m(qs, hm, 6, m2, -1 - 4 * n, b2, h, pb + 3 * PANEL_BLOCK);
+            }
+        }
+    }
+}
+
 void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
     const bool b32 = wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_IQ4_NL;
     if (nr < FL_PANEL_ROWS || (wtype != FL_TYPE_Q4_0 && wtype != FL_TYPE_Q8_0 && wtype != FL_TYPE_Q4_K &&
-                               wtype != FL_TYPE_Q5_K && wtype != FL_TYPE_Q6_K && !b32)) { /* a partial panel */
+                               wtype != FL_TYPE_Q5_K && wtype != FL_TYPE_Q6_K && wtype != FL_TYPE_Q3_K && !b32)) { /* a partial panel */
         fl_panel_pack_ref(wtype, w, ldw, nr, K, panel);
         return;
     }
@@ -320,8 +357,8 @@ void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_
             }
         return;
     }
-    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K) {
-        (wtype == FL_TYPE_Q4_K ? pack_q4_K : wtype == FL_TYPE_Q5_K ? pack_q5_K : pack_q6_K)(w, ldw, K, panel);
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K) {
+        (wtype == FL_TYPE_Q4_K ? pack_q4_K : wtype == FL_TYPE_Q5_K ? pack_q5_K : wtype == FL_TYPE_Q6_K ? pack_q6_K : pack_q3_K)(w, ldw, K, panel);
         return;
     }
     const int64_t nb = K / 32;
@@ -333,7 +370,7 @@ void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_
 
 /* ---- the tiles ---- */
 
-enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2, P_Q5K = 3, P_Q6K = 4 };
+enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2, P_Q5K = 3, P_Q6K = 4, P_Q3K = 5 };
 
 /* Rows 8h..8h+8HH-1 of the panel (HH halves: 1, or 2 with h = 0) x tokens m0..m0+NT-1
  * (HH x NT <= 4 accumulators), y[t * ldy + r] for r < nr (rows present from 8h). */
@@ -345,7 +382,8 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
     const float *d0 = a->d + m0 * nb, *ms0 = a->ms + m0 * nb;
     const bool has_mins = kind == P_Q4K || kind == P_Q5K;
     const float *mins = has_mins ? (const float *)(pan + nb * PANEL_BLOCK) + 8 * h : NULL;
-    const __m256i *words = kind == P_Q6K ? (const __m256i *)(pan + nb * PANEL_BLOCK) : NULL; /* [b][half][16 rows] */
+    const bool halves = kind == P_Q6K || kind == P_Q3K; /* a scale per 16 codes */
+    const __m256i *words = halves ? (const __m256i *)(pan + nb * PANEL_BLOCK) : NULL; /* [b][half][16 rows] */
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
     __m256 acc[4];
 #pragma GCC unroll 4
@@ -360,14 +398,17 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
                 s[u] = _mm256_set1_epi32(o40[(u % NT) * nb + b]);
                 if (kind == P_Q5K) s[u] = _mm256_add_epi16(s[u], s[u]);
             }
-        if (kind == P_Q6K) {
+        if (halves) {
             /* per 16-code half (one scale): int16 lanes from -32 x their codes' sums (fl_act_q8.o6)
              * through 4 groups to sum (q - 32) x (|.| <= 8 x 32 x 127), then x (sc, sc) into int32 */
 #pragma GCC unroll 2
             for (int half = 0; half < 2; half++) {
                 __m256i s16[4] = {s[0], s[1], s[2], s[3]}; /* (all four through the barrier below) */
 #pragma GCC unroll 4
-                for (int u = 0; u < HH * NT; u++) s16[u] = _mm256_set1_epi32(o60[((u % NT) * nb + b) * 2 + half]);
+                for (int u = 0; u < HH * NT; u++) { /* Q3_K: -4 x (o6 / 8, exact) */
+                    s16[u] = _mm256_set1_epi32(o60[((u % NT) * nb + b) * 2 + half]);
+                    if (kind == P_Q3K) s16[u] = _mm256_srai_epi16(s16[u], 3);
+                }
 #pragma GCC unroll 4
                 for (int g = 4 * half; g < 4 * half + 4; g++) {
                     __m256i wv[2];
@@ -393,7 +434,7 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
             }
         }
 #pragma GCC unroll 8
-        for (int g = 0; g < 8 && kind != P_Q6K; g++) {
+        for (int g = 0; g < 8 && !halves; g++) {
             __m256i wv[2], ws[2], wa[2];
 #pragma GCC unroll 2
             for (int hh = 0; hh < HH; hh++) {
@@ -423,7 +464,7 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
             for (int t = 0; t < NT; t++) {
                 const int u = hh * NT + t;
                 __m256i is = s[u];
-                if (kind != P_Q8 && kind != P_Q6K) is = _mm256_madd_epi16(is, ones);
+                if (kind != P_Q8 && !halves) is = _mm256_madd_epi16(is, ones);
                 acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(d0[t * nb + b])), acc[u]);
             }
             if (has_mins) {
@@ -463,17 +504,19 @@ DEFINE_TILES(P_Q4)
 DEFINE_TILES(P_Q4K)
 DEFINE_TILES(P_Q5K)
 DEFINE_TILES(P_Q6K)
+DEFINE_TILES(P_Q3K)
 
 void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                            int64_t ldy, const void *pf, size_t pf_bytes) {
 #define ROW(k) {{NULL, tile_1_1_##k, tile_1_2_##k, tile_1_3_##k, tile_1_4_##k}, {NULL, tile_2_1_##k, tile_2_2_##k, NULL, NULL}}
-    static const tile_fn tiles[5][2][5] = {ROW(P_Q8), ROW(P_Q4), ROW(P_Q4K), ROW(P_Q5K), ROW(P_Q6K)};
+    static const tile_fn tiles[6][2][5] = {ROW(P_Q8), ROW(P_Q4), ROW(P_Q4K), ROW(P_Q5K), ROW(P_Q6K), ROW(P_Q3K)};
 #undef ROW
     /* Q4_1 has Q4_K's sums (codes 0..15 and mins words), Q5_0 / Q5_1 Q5_K's, IQ4_NL Q8_0's */
     const int k = wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_IQ4_NL                               ? P_Q8
                   : wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q4_1                               ? P_Q4K
                   : wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1      ? P_Q5K
                   : wtype == FL_TYPE_Q6_K                                                        ? P_Q6K
+                  : wtype == FL_TYPE_Q3_K                                                        ? P_Q3K
                                                                                                  : P_Q4;
     /* Q4_0 / Q4_K: both halves x 2 tokens per call, so each broadcast activation group serves
      * 16 rows (best of 5, one core, in-cache 16 x 2048 panel: Q4_0 186 -> 206 GOP/s at 16 tokens,

@@ -406,7 +406,7 @@ size_t fl_panel_bytes(int64_t K) { return (size_t)(K / 32) * PANEL_BLOCK; }
 
 size_t fl_panel_bytes_for(int32_t wtype, int64_t K) {
     const size_t extra = fl_panel_has_mins(wtype) ? FL_PANEL_ROWS * 4   /* mins */
-                         : wtype == FL_TYPE_Q6_K  ? FL_PANEL_ROWS * 8 /* 2 scale words */
+                         : wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K ? FL_PANEL_ROWS * 8 /* 2 scale words */
                                                   : 0;
     return fl_panel_bytes(K) + (size_t)(K / 32) * extra;
 }
@@ -430,8 +430,18 @@ void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t
                 dw[r] = 0;
                 memset(codes, 0, sizeof codes);
                 if (fl_panel_has_mins(wtype)) ((float *)((char *)panel + nb * PANEL_BLOCK))[b * FL_PANEL_ROWS + r] = 0;
-                if (wtype == FL_TYPE_Q6_K)
+                if (wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K)
                     for (int i = 0; i < 2; i++) q6_words(panel, nb, b, i)[r] = 0;
+            } else if (wtype == FL_TYPE_Q3_K) { /* 32-block b: shift 2 (b % 4) of qs[32 ((b % 8) / 4) ..], hmask bit b % 8 */
+                const fl_block_q3_K *blk = (const fl_block_q3_K *)((const char *)w + r * ldw) + b / 8;
+                const int j = (int)(b % 8), n = j / 4, jj = j % 4;
+                int8_t sc16[16];
+                fl_q3_K_scales(blk->scales, sc16);
+                dw[r] = fl_f16_to_f32(blk->d);
+                q6_words(panel, nb, b, 0)[r] = i16_pair(sc16[2 * j], sc16[2 * j]);
+                q6_words(panel, nb, b, 1)[r] = i16_pair(sc16[2 * j + 1], sc16[2 * j + 1]);
+                for (int l = 0; l < 32; l++) /* code 0..7 = value + 4 */
+                    codes[l] = (uint8_t)(((blk->qs[32 * n + l] >> (2 * jj)) & 3) | (((blk->hmask[l] >> j) & 1) << 2));
             } else if (wtype == FL_TYPE_Q6_K) { /* 32-block b = quarter b % 4 of half (b % 8) / 4 of super-block b / 8 */
                 const fl_block_q6_K *blk = (const fl_block_q6_K *)((const char *)w + r * ldw) + b / 8;
                 const int n = (int)(b % 8) / 4, qq = (int)(b % 4);
@@ -491,7 +501,8 @@ void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t
 
 void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                        int64_t ldy) {
-    const bool q6 = wtype == FL_TYPE_Q6_K;
+    const bool q6 = wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K; /* scales per 16 codes */
+    const int32_t off16 = wtype == FL_TYPE_Q6_K ? 32 : 4;
     const int32_t off = fl_panel_offset(wtype);
     const float *mins = fl_panel_has_mins(wtype) ? (const float *)((const char *)panel + a->nb * PANEL_BLOCK) : NULL;
     for (int t = 0; t < nt; t++) {
@@ -503,12 +514,12 @@ void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8
                 const uint8_t *q = (const uint8_t *)pb + FL_PANEL_ROWS * 4;
                 const int8_t *x = a->qs + m * a->K + b * 32;
                 int32_t is = -off * a->s[m * a->nb + b];
-                /* Q6_K: each half's code sum times its scale, less 32 x its scale x the half's activation sum */
+                /* Q6_K (Q3_K): each half's code sum times its scale, less 32 (4) x its scale x the half's activation sum */
                 const int32_t sc[2] = {q6 ? (int16_t)q6_words((void *)panel, a->nb, b, 0)[r] : 1,
                                        q6 ? (int16_t)q6_words((void *)panel, a->nb, b, 1)[r] : 1};
                 for (int k = 0; k < 32; k++) is += sc[k / 16] * q[(k / 4) * FL_PANEL_ROWS * 4 + r * 4 + k % 4] * x[k];
                 if (q6)
-                    for (int k = 0; k < 32; k++) is -= 32 * sc[k / 16] * x[k];
+                    for (int k = 0; k < 32; k++) is -= off16 * sc[k / 16] * x[k];
                 sum += ((const float *)pb)[r] * a->d[m * a->nb + b] * (float)is;
                 if (mins) sum += mins[b * FL_PANEL_ROWS + r] * a->ms[m * a->nb + b];
             }
