@@ -190,7 +190,7 @@ static void test_gemm_vs_gemv(void **state) {
 typedef void (*panel_pack_fn)(int32_t, const void *, size_t, int, int64_t, void *);
 typedef void (*panel_gemm_fn)(int32_t, const void *, int, const fl_act_q8 *, int64_t, int, float *, int64_t);
 
-/* Row panels (Q8_0, Q4_0, Q4_K and Q5_K with their mins, Q6_K and Q3_K with half-block scales, Q4_1,
+/* Row panels (Q8_0, Q4_0, Q4_K and Q5_K with their mins, Q6_K, Q3_K, Q2_K with half-block scales, Q4_1,
  * Q5_0, Q5_1 with mins words, IQ4_NL with its table values): the
  * AVX2 and AVX-512 packers are byte-identical to the reference packer, the reference panel
  * product equals the integer tile reference (f32 order only), and the AVX2 / AVX-512 panel
@@ -198,13 +198,14 @@ typedef void (*panel_gemm_fn)(int32_t, const void *, int, const fl_act_q8 *, int
  * tiles, odd block counts.  (Only Q8_0, Q4_0 and Q4_K panels exist on AVX-512.) */
 static void test_panel_parity(void **state) {
     (void)state;
-    const int32_t types[10] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_K, FL_TYPE_Q6_K,
-                               FL_TYPE_Q4_1, FL_TYPE_Q5_0, FL_TYPE_Q5_1, FL_TYPE_IQ4_NL, FL_TYPE_Q3_K};
+    const int32_t types[11] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_K, FL_TYPE_Q6_K, FL_TYPE_Q4_1,
+                               FL_TYPE_Q5_0, FL_TYPE_Q5_1, FL_TYPE_IQ4_NL, FL_TYPE_Q3_K, FL_TYPE_Q2_K};
     const int64_t Ks[3] = {32, 416, 2048}, Ks_k[3] = {256, 768, 2048};
     const panel_gemm_fn gemms[2] = {fl_panel_gemm_avx2, fl_panel_gemm_avx512};
-    for (int ti = 0; ti < 10; ti++)
+    for (int ti = 0; ti < 11; ti++)
         for (int ki = 0; ki < 3; ki++) {
-            const bool kq = types[ti] == FL_TYPE_Q4_K || types[ti] == FL_TYPE_Q5_K || types[ti] == FL_TYPE_Q6_K || types[ti] == FL_TYPE_Q3_K;
+            const bool kq = types[ti] == FL_TYPE_Q4_K || types[ti] == FL_TYPE_Q5_K || types[ti] == FL_TYPE_Q6_K || types[ti] == FL_TYPE_Q3_K ||
+                            types[ti] == FL_TYPE_Q2_K;
             const bool avx2_only = ti >= 3; /* Q5_K, Q6_K and the other 32-blocks have AVX2 panels only */
             const panel_pack_fn packs[2] = {fl_isa_best() >= FL_ISA_AVX2 ? fl_panel_pack_avx2 : NULL,
                                             fl_isa_best() == FL_ISA_AVX512 && !avx2_only ? fl_panel_pack_avx512 : NULL};
@@ -216,7 +217,9 @@ static void test_panel_parity(void **state) {
             assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
             for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
             const size_t pb = fl_panel_bytes_for(types[ti], K);
-            assert_int_equal(pb, (size_t)(K / 32) * (16 * 4 + 16 * 32 + (types[ti] == FL_TYPE_Q6_K || types[ti] == FL_TYPE_Q3_K ? 16 * 8 : fl_panel_has_mins(types[ti]) ? 16 * 4 : 0)));
+            assert_int_equal(pb, (size_t)(K / 32) * (16 * 4 + 16 * 32 + (types[ti] == FL_TYPE_Q6_K || types[ti] == FL_TYPE_Q3_K ? 16 * 8
+                                                                        : types[ti] == FL_TYPE_Q2_K ? 16 * 20
+                                                                        : fl_panel_has_mins(types[ti]) ? 16 * 4 : 0)));
             char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
             float *ref = frand_buf(M * 16), *pr = frand_buf(M * 16), *got = frand_buf(M * 16);
             const int nrs[4] = {16, 11, 5, 1};

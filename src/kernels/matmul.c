@@ -1,6 +1,7 @@
-/* fl_matmul: the dispatching driver (see matmul.h).  Integer path for Q8_0 / Q4_0 weights
- * (GEMV for one token, cache-tiled GEMM otherwise), f32 path (dequantize rows + f32 dot) for
- * every other type or when f32 activations are requested. */
+/* fl_matmul: the dispatching driver (see matmul.h).  Integer paths (8-bit activations) for the
+ * block types that have kernels on the current ISA (GEMV / row dots for a few tokens, row panels
+ * or AMX tiles for more), the f32 path (dequantize rows + f32 dot) for every other type or when
+ * f32 activations are requested. */
 #include "kernels/matmul.h"
 #include "core/dtype.h"
 #include "kernels/convert.h"
@@ -63,7 +64,8 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
     if (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0) return true;
     if (type == FL_TYPE_Q5_K && (gemv_path(type, M) || panel_path(type, M)) && fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order())
         return true; /* row dots, panels */
-    if ((type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL || type == FL_TYPE_Q3_K) &&
+    if ((type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL || type == FL_TYPE_Q3_K ||
+         type == FL_TYPE_Q2_K) &&
         panel_path(type, M) &&
         fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order())
         return true; /* their AVX2 panels */
@@ -253,7 +255,7 @@ _Static_assert(GEMV_MAX_Q4_0 <= FL_GEMV_MAX_TOKENS && GEMV_MAX_Q8_0 <= FL_GEMV_M
 static bool panel_path(int32_t type, int64_t M) {
     const fl_isa isa = fl_isa_get();
     const bool own = type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL ||
-                     type == FL_TYPE_Q3_K; /* panels for every step on AVX2 */
+                     type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K; /* panels for every step on AVX2 */
     if (M == 1 && own && isa == FL_ISA_AVX2) return true; /* (no GEMV of their own: the panels beat dequantized rows) */
     if (M <= 1 || M > INT32_MAX || gemv_path(type, M)) return false;
     const bool common = type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K;

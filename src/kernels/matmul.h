@@ -21,8 +21,8 @@
  * tokens take the GEMV, each row's codes shared by the tokens (FL_GEMV_MAX_TOKENS below);
  * otherwise 4 rows x 4 tokens register tiles over L2-sized row chunks).  On AVX-512 Q4_K takes the same
  * two paths (its own GEMV; panels with scales d sc_j and mins), and Q2_K, Q3_K, Q5_K, Q6_K, Q4_1,
- * Q5_0, Q5_1 and IQ4_NL their own GEMVs for M == 1 (on AVX2 Q4_1, Q5_0, Q5_1, IQ4_NL and Q3_K take
- * the row panels below for every step); on AVX2 Q4_K, Q5_K and Q6_K take maddubs row
+ * Q5_0, Q5_1 and IQ4_NL their own GEMVs for M == 1 (on AVX2 Q4_1, Q5_0, Q5_1, IQ4_NL, Q3_K and Q2_K
+ * take the row panels below for every step); on AVX2 Q4_K, Q5_K and Q6_K take maddubs row
  * dots for M == 1 and small steps (fl_gemm_q8_avx2; up to fl_matmul_gemv_max_tokens) and Q8_0 / Q4_0 / Q4_K / Q5_K /
  * Q6_K the same 16-row panels as AVX-512 (Q5_K / Q6_K: AVX2 only) for larger steps (fl_panel_gemm_avx2: Q8_0 8 rows x 4
  * tokens, the others 16 x 2).  Where the CPU has
@@ -41,7 +41,8 @@
  * allocation fails it falls back to the f32 path (no error).  fl_matmul_scratch_bytes(W, M, nth)
  * is the exact FL_MEM_SCRATCH high-water mark of one call on nth threads with the current ISA
  * and activation mode (for memory planners): the 8-bit activations (fl_act_q8_bytes) plus, for
- * M > 1 on AVX-512 (AVX2: Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K, past fl_matmul_gemv_max_tokens), nth repacked row
+ * M > 1 on AVX-512 (AVX2: Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K past fl_matmul_gemv_max_tokens, and
+ * Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q3_K / Q2_K at any M), nth repacked row
  * panels (fl_panel_bytes_for each), or on the AMX path the
  * activation tiles (fl_amx_act_bytes) plus nth x G AMX panels (G = max(1, 512 KiB /
  * fl_amx_panel_bytes), whatever N is); or
@@ -185,8 +186,10 @@ size_t fl_panel_bytes(int64_t K);
  * words are dmin m_j - 16 d sc_j.  Q6_K (AVX2): codes 0..63 summed as (q - 32) x, the scale d,
  * and after the blocks [K / 32][2][16] int32 words (sc, sc) (two int16) of each block's two
  * 16-code halves' scales.  Q3_K (AVX2): as Q6_K with codes 0..7 = value + 4, summed as
- * (q - 4) x.  fl_panel_bytes_for(type, K) is the panel scratch of a type (576, with mins words
- * 640, Q6_K / Q3_K 704 bytes per 32 columns). */
+ * (q - 4) x.  Q2_K (AVX2): codes 0..3, the scale d, after the blocks [K / 32][4][16] words
+ * (sc, sc) of the two halves then (m, m) of them, then [K / 32][16] f32 dmin.
+ * fl_panel_bytes_for(type, K) is the panel scratch of a type (576, with mins words 640, Q6_K /
+ * Q3_K 704, Q2_K 896 bytes per 32 columns). */
 size_t fl_panel_bytes_for(int32_t wtype, int64_t K);
 /* Panels with f32 mins words after the blocks: Q4_K, Q5_K (above), and on AVX2 Q4_1 (codes
  * 0..15, scale d, mins word -m), Q5_0 (codes 0..31 summed as (q - 16) x, scale d, mins word 0)
@@ -201,7 +204,7 @@ static inline int32_t fl_panel_offset(int32_t wtype) {
     return wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_IQ4_NL                               ? 128
            : wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1     ? 16
            : wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q6_K ||
-                     wtype == FL_TYPE_Q3_K                                                ? 0
+                     wtype == FL_TYPE_Q3_K || wtype == FL_TYPE_Q2_K                       ? 0
                                                                                         : 8;
 }
 void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);

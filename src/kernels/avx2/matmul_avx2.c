@@ -248,7 +248,7 @@ void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_
             for (int t = 0; t < nt; t++) y[t * ldy + r] = row(wc + r * ldw, a, m0 + t);
         return;
     }
-    if (wtype != FL_TYPE_Q8_0 && wtype != FL_TYPE_Q4_0) { /* Q4_1, Q5_0, Q5_1, IQ4_NL, Q3_K (their panels had no scratch) */
+    if (wtype != FL_TYPE_Q8_0 && wtype != FL_TYPE_Q4_0) { /* Q4_1, Q5_0, Q5_1, IQ4_NL, Q3_K, Q2_K (their panels had no scratch) */
         fl_gemm_q8_ref(wtype, w, ldw, nr, a, m0, nt, y, ldy);
         return;
     }

@@ -341,10 +341,48 @@ static void pack_q3_K(const char *w, size_t ldw, int64_t K, char *panel) {
     }
 }
 
+/* Q2_K: panel block b takes bits 2 (b % 4), 2 (b % 4) + 1 of qs[32 n ..] (n = (b % 8) / 4): codes
+ * 0..3; its scale d, the words (sc, sc) and (m, m) of its halves and dmin (fl_panel_pack_ref). */
+static void pack_q2_K(const char *w, size_t ldw, int64_t K, char *panel) {
+    const int64_t nb = K / 32;
+    uint32_t *words = (uint32_t *)(panel + nb * PANEL_BLOCK);
+    float *dmin = (float *)words + nb * 4 * FL_PANEL_ROWS;
+    const char *rows[FL_PANEL_ROWS];
+    for (int r = 0; r < FL_PANEL_ROWS; r++) rows[r] = w + (size_t)r * ldw;
+    for (int64_t i = 0; i < nb / 8; i++) {
+        for (int r = 0; r < FL_PANEL_ROWS; r++) {
+            const fl_block_q2_K *blk = (const fl_block_q2_K *)rows[r] + i;
+            const float d = _cvtsh_ss(blk->d), dm = _cvtsh_ss(blk->dmin);
+            for (int j = 0; j < 8; j++) {
+                ((float *)(panel + (i * 8 + j) * PANEL_BLOCK))[r] = d;
+                dmin[(i * 8 + j) * FL_PANEL_ROWS + r] = dm;
+                for (int h = 0; h < 2; h++) {
+                    const uint32_t v = blk->scales[2 * j + h];
+                    words[((i * 8 + j) * 4 + h) * FL_PANEL_ROWS + r] = (v & 0xF) * 0x10001u;
+                    words[((i * 8 + j) * 4 + 2 + h) * FL_PANEL_ROWS + r] = (v >> 4) * 0x10001u;
+                }
+            }
+        }
+        const size_t base = (size_t)i * sizeof(fl_block_q2_K) + offsetof(fl_block_q2_K, qs);
+        const __m256i m2 = _mm256_set1_epi8(0x03), zero = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++)
+#pragma GCC unroll 2
+            for (int n = 0; n < 2; n++) {
+                __m256i qs[8];
+                transpose_half(rows + 8 * h, base + 32 * (size_t)n, qs);
+                char *pb = panel + (i * 8 + 4 * n) * PANEL_BLOCK;
+                const __m256i z[8] = {zero, zero, zero, zero, zero, zero, zero, zero}; /* no high bits */
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) combine_half_m(qs, z, 2 * c, m2, 0, zero, h, pb + c * PANEL_BLOCK);
+            }
+    }
+}
+
 void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
     const bool b32 = wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_IQ4_NL;
     if (nr < FL_PANEL_ROWS || (wtype != FL_TYPE_Q4_0 && wtype != FL_TYPE_Q8_0 && wtype != FL_TYPE_Q4_K &&
-                               wtype != FL_TYPE_Q5_K && wtype != FL_TYPE_Q6_K && wtype != FL_TYPE_Q3_K && !b32)) { /* a partial panel */
+                               wtype != FL_TYPE_Q5_K && wtype != FL_TYPE_Q6_K && wtype != FL_TYPE_Q3_K && wtype != FL_TYPE_Q2_K &&
+                               !b32)) { /* a partial panel */
         fl_panel_pack_ref(wtype, w, ldw, nr, K, panel);
         return;
     }
@@ -357,8 +395,12 @@ void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_
             }
         return;
     }
-    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K) {
-        (wtype == FL_TYPE_Q4_K ? pack_q4_K : wtype == FL_TYPE_Q5_K ? pack_q5_K : wtype == FL_TYPE_Q6_K ? pack_q6_K : pack_q3_K)(w, ldw, K, panel);
+    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K || wtype == FL_TYPE_Q2_K) {
+        (wtype == FL_TYPE_Q4_K   ? pack_q4_K
+         : wtype == FL_TYPE_Q5_K ? pack_q5_K
+         : wtype == FL_TYPE_Q6_K ? pack_q6_K
+         : wtype == FL_TYPE_Q3_K ? pack_q3_K
+                                 : pack_q2_K)(w, ldw, K, panel);
         return;
     }
     const int64_t nb = K / 32;
@@ -370,7 +412,7 @@ void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_
 
 /* ---- the tiles ---- */
 
-enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2, P_Q5K = 3, P_Q6K = 4, P_Q3K = 5 };
+enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2, P_Q5K = 3, P_Q6K = 4, P_Q3K = 5, P_Q2K = 6 };
 
 /* Rows 8h..8h+8HH-1 of the panel (HH halves: 1, or 2 with h = 0) x tokens m0..m0+NT-1
  * (HH x NT <= 4 accumulators), y[t * ldy + r] for r < nr (rows present from 8h). */
@@ -382,8 +424,10 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
     const float *d0 = a->d + m0 * nb, *ms0 = a->ms + m0 * nb;
     const bool has_mins = kind == P_Q4K || kind == P_Q5K;
     const float *mins = has_mins ? (const float *)(pan + nb * PANEL_BLOCK) + 8 * h : NULL;
-    const bool halves = kind == P_Q6K || kind == P_Q3K; /* a scale per 16 codes */
-    const __m256i *words = halves ? (const __m256i *)(pan + nb * PANEL_BLOCK) : NULL; /* [b][half][16 rows] */
+    const bool halves = kind == P_Q6K || kind == P_Q3K || kind == P_Q2K; /* a scale per 16 codes */
+    const int nw = kind == P_Q2K ? 4 : 2; /* words per block: (sc, sc) of each half, Q2_K's (m, m) */
+    const __m256i *words = halves ? (const __m256i *)(pan + nb * PANEL_BLOCK) : NULL; /* [b][nw][16 rows] */
+    const float *dmin = kind == P_Q2K ? (const float *)(pan + nb * PANEL_BLOCK) + nb * 4 * FL_PANEL_ROWS + 8 * h : NULL;
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
     __m256 acc[4];
 #pragma GCC unroll 4
@@ -406,7 +450,7 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
                 __m256i s16[4] = {s[0], s[1], s[2], s[3]}; /* (all four through the barrier below) */
 #pragma GCC unroll 4
                 for (int u = 0; u < HH * NT; u++) { /* Q3_K: -4 x (o6 / 8, exact) */
-                    s16[u] = _mm256_set1_epi32(o60[((u % NT) * nb + b) * 2 + half]);
+                    s16[u] = kind == P_Q2K ? _mm256_setzero_si256() : _mm256_set1_epi32(o60[((u % NT) * nb + b) * 2 + half]);
                     if (kind == P_Q3K) s16[u] = _mm256_srai_epi16(s16[u], 3);
                 }
 #pragma GCC unroll 4
@@ -424,7 +468,7 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
                 }
 #pragma GCC unroll 2
                 for (int hh = 0; hh < HH; hh++) {
-                    const __m256i sc = _mm256_loadu_si256(words + (b * 2 + half) * 2 + h + hh);
+                    const __m256i sc = _mm256_loadu_si256(words + (b * nw + half) * 2 + h + hh);
 #pragma GCC unroll 4
                     for (int t = 0; t < NT; t++) {
                         const __m256i p = _mm256_madd_epi16(s16[hh * NT + t], sc);
@@ -467,6 +511,16 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
                 if (kind != P_Q8 && !halves) is = _mm256_madd_epi16(is, ones);
                 acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(d0[t * nb + b])), acc[u]);
             }
+            if (kind == P_Q2K) { /* less dmin x (m, m) . (the halves' sums, -32 x in o6: so d_x / 32) */
+                const __m256 dm = _mm256_loadu_ps(dmin + b * FL_PANEL_ROWS + 8 * hh);
+                const __m256i mw0 = _mm256_loadu_si256(words + (b * 4 + 2) * 2 + h + hh), mw1 = _mm256_loadu_si256(words + (b * 4 + 3) * 2 + h + hh);
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    const int32_t *o6 = o60 + (t * nb + b) * 2;
+                    const __m256i im = _mm256_add_epi32(_mm256_madd_epi16(_mm256_set1_epi32(o6[0]), mw0), _mm256_madd_epi16(_mm256_set1_epi32(o6[1]), mw1));
+                    acc[hh * NT + t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(dm, _mm256_set1_ps(d0[t * nb + b] * (1.0f / 32))), acc[hh * NT + t]);
+                }
+            }
             if (has_mins) {
                 const __m256 mv = _mm256_loadu_ps(mins + b * FL_PANEL_ROWS + 8 * hh);
 #pragma GCC unroll 4
@@ -505,11 +559,12 @@ DEFINE_TILES(P_Q4K)
 DEFINE_TILES(P_Q5K)
 DEFINE_TILES(P_Q6K)
 DEFINE_TILES(P_Q3K)
+DEFINE_TILES(P_Q2K)
 
 void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                            int64_t ldy, const void *pf, size_t pf_bytes) {
 #define ROW(k) {{NULL, tile_1_1_##k, tile_1_2_##k, tile_1_3_##k, tile_1_4_##k}, {NULL, tile_2_1_##k, tile_2_2_##k, NULL, NULL}}
-    static const tile_fn tiles[6][2][5] = {ROW(P_Q8), ROW(P_Q4), ROW(P_Q4K), ROW(P_Q5K), ROW(P_Q6K), ROW(P_Q3K)};
+    static const tile_fn tiles[7][2][5] = {ROW(P_Q8), ROW(P_Q4), ROW(P_Q4K), ROW(P_Q5K), ROW(P_Q6K), ROW(P_Q3K), ROW(P_Q2K)};
 #undef ROW
     /* Q4_1 has Q4_K's sums (codes 0..15 and mins words), Q5_0 / Q5_1 Q5_K's, IQ4_NL Q8_0's */
     const int k = wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_IQ4_NL                               ? P_Q8
@@ -517,6 +572,7 @@ void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_ac
                   : wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1      ? P_Q5K
                   : wtype == FL_TYPE_Q6_K                                                        ? P_Q6K
                   : wtype == FL_TYPE_Q3_K                                                        ? P_Q3K
+                  : wtype == FL_TYPE_Q2_K                                                        ? P_Q2K
                                                                                                  : P_Q4;
     /* Q4_0 / Q4_K: both halves x 2 tokens per call, so each broadcast activation group serves
      * 16 rows (best of 5, one core, in-cache 16 x 2048 panel: Q4_0 186 -> 206 GOP/s at 16 tokens,

@@ -407,6 +407,7 @@ size_t fl_panel_bytes(int64_t K) { return (size_t)(K / 32) * PANEL_BLOCK; }
 size_t fl_panel_bytes_for(int32_t wtype, int64_t K) {
     const size_t extra = fl_panel_has_mins(wtype) ? FL_PANEL_ROWS * 4   /* mins */
                          : wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K ? FL_PANEL_ROWS * 8 /* 2 scale words */
+                         : wtype == FL_TYPE_Q2_K ? FL_PANEL_ROWS * 20 /* 2 scale, 2 min words, dmin */
                                                   : 0;
     return fl_panel_bytes(K) + (size_t)(K / 32) * extra;
 }
@@ -415,6 +416,14 @@ size_t fl_panel_bytes_for(int32_t wtype, int64_t K) {
  * the block's two 16-code halves i. */
 static int32_t *q6_words(void *panel, int64_t nb, int64_t b, int i) {
     return (int32_t *)((char *)panel + nb * PANEL_BLOCK) + (b * 2 + i) * FL_PANEL_ROWS;
+}
+/* A Q2_K panel's words of block b: [i][row], i = 0, 1 (sc, sc) and 2, 3 (m, m) of its two halves;
+ * then after all of them [K / 32][16] f32 dmin. */
+static int32_t *q2_words(void *panel, int64_t nb, int64_t b, int i) {
+    return (int32_t *)((char *)panel + nb * PANEL_BLOCK) + (b * 4 + i) * FL_PANEL_ROWS;
+}
+static float *q2_dmin(void *panel, int64_t nb, int64_t b) {
+    return (float *)((char *)panel + nb * PANEL_BLOCK) + nb * 4 * FL_PANEL_ROWS + b * FL_PANEL_ROWS;
 }
 static int32_t i16_pair(int lo, int hi) { return (int32_t)(((uint32_t)(uint16_t)(int16_t)hi << 16) | (uint16_t)(int16_t)lo); }
 
@@ -432,6 +441,21 @@ void fl_panel_pack_ref(int32_t wtype, const void *w, size_t ldw, int nr, int64_t
                 if (fl_panel_has_mins(wtype)) ((float *)((char *)panel + nb * PANEL_BLOCK))[b * FL_PANEL_ROWS + r] = 0;
                 if (wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K)
                     for (int i = 0; i < 2; i++) q6_words(panel, nb, b, i)[r] = 0;
+                if (wtype == FL_TYPE_Q2_K) {
+                    for (int i = 0; i < 4; i++) q2_words(panel, nb, b, i)[r] = 0;
+                    q2_dmin(panel, nb, b)[r] = 0;
+                }
+            } else if (wtype == FL_TYPE_Q2_K) { /* 32-block b: shift 2 (b % 4) of qs[32 ((b % 8) / 4) ..] */
+                const fl_block_q2_K *blk = (const fl_block_q2_K *)((const char *)w + r * ldw) + b / 8;
+                const int j = (int)(b % 8), n = j / 4, jj = j % 4;
+                dw[r] = fl_f16_to_f32(blk->d);
+                q2_dmin(panel, nb, b)[r] = fl_f16_to_f32(blk->dmin);
+                for (int i = 0; i < 2; i++) {
+                    const int sc = blk->scales[2 * j + i] & 0xF, mn = blk->scales[2 * j + i] >> 4;
+                    q2_words(panel, nb, b, i)[r] = i16_pair(sc, sc);
+                    q2_words(panel, nb, b, 2 + i)[r] = i16_pair(mn, mn);
+                }
+                for (int l = 0; l < 32; l++) codes[l] = (uint8_t)((blk->qs[32 * n + l] >> (2 * jj)) & 3);
             } else if (wtype == FL_TYPE_Q3_K) { /* 32-block b: shift 2 (b % 4) of qs[32 ((b % 8) / 4) ..], hmask bit b % 8 */
                 const fl_block_q3_K *blk = (const fl_block_q3_K *)((const char *)w + r * ldw) + b / 8;
                 const int j = (int)(b % 8), n = j / 4, jj = j % 4;
@@ -503,6 +527,7 @@ void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8
                        int64_t ldy) {
     const bool q6 = wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K; /* scales per 16 codes */
     const int32_t off16 = wtype == FL_TYPE_Q6_K ? 32 : 4;
+    const bool q2 = wtype == FL_TYPE_Q2_K; /* a scale and a min per 16 codes */
     const int32_t off = fl_panel_offset(wtype);
     const float *mins = fl_panel_has_mins(wtype) ? (const float *)((const char *)panel + a->nb * PANEL_BLOCK) : NULL;
     for (int t = 0; t < nt; t++) {
@@ -515,12 +540,17 @@ void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8
                 const int8_t *x = a->qs + m * a->K + b * 32;
                 int32_t is = -off * a->s[m * a->nb + b];
                 /* Q6_K (Q3_K): each half's code sum times its scale, less 32 (4) x its scale x the half's activation sum */
-                const int32_t sc[2] = {q6 ? (int16_t)q6_words((void *)panel, a->nb, b, 0)[r] : 1,
-                                       q6 ? (int16_t)q6_words((void *)panel, a->nb, b, 1)[r] : 1};
+                const int32_t sc[2] = {q6 ? (int16_t)q6_words((void *)panel, a->nb, b, 0)[r] : q2 ? (int16_t)q2_words((void *)panel, a->nb, b, 0)[r] : 1,
+                                       q6 ? (int16_t)q6_words((void *)panel, a->nb, b, 1)[r] : q2 ? (int16_t)q2_words((void *)panel, a->nb, b, 1)[r] : 1};
                 for (int k = 0; k < 32; k++) is += sc[k / 16] * q[(k / 4) * FL_PANEL_ROWS * 4 + r * 4 + k % 4] * x[k];
                 if (q6)
                     for (int k = 0; k < 32; k++) is -= off16 * sc[k / 16] * x[k];
                 sum += ((const float *)pb)[r] * a->d[m * a->nb + b] * (float)is;
+                if (q2) { /* Q2_K: less dmin x its half-block mins x the halves' activation sums */
+                    int32_t im = 0;
+                    for (int k = 0; k < 32; k++) im += (int16_t)q2_words((void *)panel, a->nb, b, 2 + k / 16)[r] * x[k];
+                    sum -= q2_dmin((void *)panel, a->nb, b)[r] * a->d[m * a->nb + b] * (float)im;
+                }
                 if (mins) sum += mins[b * FL_PANEL_ROWS + r] * a->ms[m * a->nb + b];
             }
             y[t * ldy + r] = sum;
