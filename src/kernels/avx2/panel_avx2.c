@@ -275,20 +275,25 @@ static void pack_q5_K(const char *w, size_t ldw, int64_t K, char *panel) {
     }
 }
 
+/* Row r's scale d in the 8 panel blocks of super-block i and its 16 int8 scales (one per 16
+ * codes) as the words (sc, sc) after the blocks: Q6_K, Q3_K. */
+static void pack_scales16(char *panel, int64_t nb, int64_t i, int r, float d, const int8_t sc[16]) {
+    uint32_t *words = (uint32_t *)(panel + nb * PANEL_BLOCK);
+    for (int j = 0; j < 8; j++) ((float *)(panel + (i * 8 + j) * PANEL_BLOCK))[r] = d;
+    for (int k = 0; k < 16; k++) /* scale k: block 8i + k / 2, half k % 2 */
+        words[(i * 16 + k) * FL_PANEL_ROWS + r] = (uint32_t)(uint16_t)sc[k] * 0x10001u;
+}
+
 /* Q6_K: panel block b is quarter qq = b % 4 of half n = (b % 8) / 4 of super-block b / 8; its
  * scale d, codes 0..63, and after the blocks the words (sc, sc) of its two 16-code halves. */
 static void pack_q6_K(const char *w, size_t ldw, int64_t K, char *panel) {
     const int64_t nb = K / 32;
-    uint32_t *words = (uint32_t *)(panel + nb * PANEL_BLOCK);
     const char *rows[FL_PANEL_ROWS];
     for (int r = 0; r < FL_PANEL_ROWS; r++) rows[r] = w + (size_t)r * ldw;
     for (int64_t i = 0; i < nb / 8; i++) {
         for (int r = 0; r < FL_PANEL_ROWS; r++) {
             const fl_block_q6_K *blk = (const fl_block_q6_K *)rows[r] + i;
-            const float d = _cvtsh_ss(blk->d);
-            for (int j = 0; j < 8; j++) ((float *)(panel + (i * 8 + j) * PANEL_BLOCK))[r] = d;
-            for (int k = 0; k < 16; k++) /* scale k: block 8i + k / 2, half k % 2 */
-                words[(i * 16 + k) * FL_PANEL_ROWS + r] = (uint32_t)(uint16_t)blk->scales[k] * 0x10001u;
+            pack_scales16(panel, nb, i, r, _cvtsh_ss(blk->d), blk->scales);
         }
         const size_t base = (size_t)i * sizeof(fl_block_q6_K);
         for (int h = 0; h < 2; h++)
@@ -311,17 +316,14 @@ static void pack_q6_K(const char *w, size_t ldw, int64_t K, char *panel) {
  * b % 8 of hmask as bit 2: codes 0..7 (value + 4); its scale d and the words (sc, sc) as Q6_K. */
 static void pack_q3_K(const char *w, size_t ldw, int64_t K, char *panel) {
     const int64_t nb = K / 32;
-    uint32_t *words = (uint32_t *)(panel + nb * PANEL_BLOCK);
     const char *rows[FL_PANEL_ROWS];
     for (int r = 0; r < FL_PANEL_ROWS; r++) rows[r] = w + (size_t)r * ldw;
     for (int64_t i = 0; i < nb / 8; i++) {
         for (int r = 0; r < FL_PANEL_ROWS; r++) {
             const fl_block_q3_K *blk = (const fl_block_q3_K *)rows[r] + i;
-            const float d = _cvtsh_ss(blk->d);
             int8_t sc16[16];
             fl_q3_K_scales(blk->scales, sc16);
-            for (int j = 0; j < 8; j++) ((float *)(panel + (i * 8 + j) * PANEL_BLOCK))[r] = d;
-            for (int k = 0; k < 16; k++) words[(i * 16 + k) * FL_PANEL_ROWS + r] = (uint32_t)(uint16_t)sc16[k] * 0x10001u;
+            pack_scales16(panel, nb, i, r, _cvtsh_ss(blk->d), sc16);
         }
         const size_t base = (size_t)i * sizeof(fl_block_q3_K);
         const __m256i m2 = _mm256_set1_epi8(0x03), b2 = _mm256_set1_epi8(0x04);
@@ -535,7 +537,7 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
         for (int t = 0; t < NT; t++) {
             float *yt = y + t * ldy + 8 * hh;
             if (nr8 >= 8) _mm256_storeu_ps(yt, acc[hh * NT + t]);
-            else {
+            else if (nr8 > 0) {
                 float tmp[8];
                 _mm256_storeu_ps(tmp, acc[hh * NT + t]);
                 memcpy(yt, tmp, (size_t)nr8 * sizeof(float));
@@ -553,19 +555,25 @@ typedef void (*tile_fn)(const char *, const fl_act_q8 *, int64_t, int, float *, 
     }
 #define DEFINE_TILES(k) \
     DEFINE_TILE(1, 1, k) DEFINE_TILE(1, 2, k) DEFINE_TILE(1, 3, k) DEFINE_TILE(1, 4, k) DEFINE_TILE(2, 1, k) DEFINE_TILE(2, 2, k)
+#define DEFINE_TILES16(k) DEFINE_TILE(2, 1, k) DEFINE_TILE(2, 2, k)
 DEFINE_TILES(P_Q8)
 DEFINE_TILES(P_Q4)
 DEFINE_TILES(P_Q4K)
-DEFINE_TILES(P_Q5K)
-DEFINE_TILES(P_Q6K)
-DEFINE_TILES(P_Q3K)
-DEFINE_TILES(P_Q2K)
+/* the other kinds take the 16-row tiles for a partial panel of <= 8 rows too (its zero rows
+ * past nr cost one half's work; 18 fewer instances keep the file's compile time down: the
+ * sanitized fuzz build of tests/cli_fuzz.sh compiles it) */
+DEFINE_TILES16(P_Q5K)
+DEFINE_TILES16(P_Q6K)
+DEFINE_TILES16(P_Q3K)
+DEFINE_TILES16(P_Q2K)
 
 void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                            int64_t ldy, const void *pf, size_t pf_bytes) {
 #define ROW(k) {{NULL, tile_1_1_##k, tile_1_2_##k, tile_1_3_##k, tile_1_4_##k}, {NULL, tile_2_1_##k, tile_2_2_##k, NULL, NULL}}
-    static const tile_fn tiles[7][2][5] = {ROW(P_Q8), ROW(P_Q4), ROW(P_Q4K), ROW(P_Q5K), ROW(P_Q6K), ROW(P_Q3K), ROW(P_Q2K)};
+#define ROW16(k) {{NULL, NULL, NULL, NULL, NULL}, {NULL, tile_2_1_##k, tile_2_2_##k, NULL, NULL}}
+    static const tile_fn tiles[7][2][5] = {ROW(P_Q8), ROW(P_Q4), ROW(P_Q4K), ROW16(P_Q5K), ROW16(P_Q6K), ROW16(P_Q3K), ROW16(P_Q2K)};
 #undef ROW
+#undef ROW16
     /* Q4_1 has Q4_K's sums (codes 0..15 and mins words), Q5_0 / Q5_1 Q5_K's, IQ4_NL Q8_0's */
     const int k = wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_IQ4_NL                               ? P_Q8
                   : wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q4_1                               ? P_Q4K
@@ -578,7 +586,7 @@ void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_ac
      * 16 rows (best of 5, one core, in-cache 16 x 2048 panel: Q4_0 186 -> 206 GOP/s at 16 tokens,
      * 179 -> 198 at 512; `bench matmul -p 64 --types Q4_K --stream-mib 1` 251 -> 269).  Q8_0
      * keeps 8 rows x 4 tokens: with its signed copies of both halves live it lost (120 -> 116). */
-    const bool both = nr > 8 && k != P_Q8;
+    const bool both = (nr > 8 && k != P_Q8) || k >= P_Q5K;
     const int halves = nr > 8 && !both ? 2 : 1, step = both ? 2 : 4;
     const int64_t calls = (int64_t)((nt + step - 1) / step) * halves, nb = a->nb;
     /* the prefetch spread over every block step of every call: each call its share, a few lines
