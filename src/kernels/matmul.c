@@ -58,17 +58,12 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
     const bool simd = fl_isa_get() == FL_ISA_AVX512 || fl_isa_get() == FL_ISA_AVX2;
     if (type == FL_TYPE_Q4_K) /* AVX2: row dots for one token, panels for more (same sums) */
         return simd && !fl_matmul_llama_order() && M <= INT32_MAX;
-    if (type == FL_TYPE_Q6_K) /* (AVX2: a few tokens), and steps of > 16 tokens on the AMX tiles (half-block tiles) */
-        return (gemv_path(type, M) && simd && !fl_matmul_llama_order()) || (!fl_matmul_llama_order() && amx_path(type, M)) ||
-               (!fl_matmul_llama_order() && panel_path(type, M)); /* AVX2: its panels */
     if (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0) return true;
-    if (type == FL_TYPE_Q5_K && (gemv_path(type, M) || panel_path(type, M)) && fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order())
-        return true; /* row dots, panels */
-    if ((type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL || type == FL_TYPE_Q3_K ||
-         type == FL_TYPE_Q2_K) &&
-        panel_path(type, M) &&
-        fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order())
-        return true; /* their AVX2 panels */
+    /* AVX2: the row panels of Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q3_K, Q2_K (panel_path says where) */
+    if (!fl_matmul_llama_order() && panel_path(type, M)) return true;
+    if (type == FL_TYPE_Q6_K) /* (AVX2: a few tokens), and steps of > 16 tokens on the AMX tiles (half-block tiles) */
+        return (gemv_path(type, M) && simd && !fl_matmul_llama_order()) || (!fl_matmul_llama_order() && amx_path(type, M));
+    if (type == FL_TYPE_Q5_K && gemv_path(type, M) && fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order()) return true; /* row dots */
     if ((type == FL_TYPE_Q5_K || type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K || type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL) &&
         M == 1 && fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order())
         return true; /* their AVX-512 GEMVs */
