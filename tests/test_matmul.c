@@ -141,15 +141,15 @@ static void test_gemm_q8_parity(void **state) {
 /* GEMM (M > 1) rows equal GEMV (M = 1) of each token, with 1 and 2 threads. */
 /* A 9-token step agrees with one-token calls; steps of up to fl_matmul_gemv_max_tokens give
  * every token the one-token bits (on AVX2 the few-token GEMV, Q4_0 up to 3 tokens, Q8_0 up to 4,
- * and the K-quant row dots, Q4_K and Q5_K up to 3, Q6_K up to 2; 69 rows leave tails of the 4- and
- * 2-row passes, K = 320 a block tail of 8 + 2; the K-quants take K = 512). */
+ * and the row dots, Q4_K and Q5_K up to 3, Q6_K up to 2, Q3_K and Q2_K up to 4, Q4_1 one; 69 rows
+ * leave tails of the 4- and 2-row passes, K = 320 a block tail of 8 + 2; the K-quants take K = 512). */
 static void test_gemm_vs_gemv(void **state) {
     (void)state;
     const int64_t N = 69, M = 9, MM = 16;
-    const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_K, FL_TYPE_Q6_K};
-    const int64_t want[5] = {4, 3, 3, 3, 2};
-    for (int ti = 0; ti < 5; ti++) {
-        const int64_t K = ti < 2 ? 320 : 512;
+    const int32_t types[8] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_K, FL_TYPE_Q6_K, FL_TYPE_Q3_K, FL_TYPE_Q2_K, FL_TYPE_Q4_1};
+    const int64_t want[8] = {4, 3, 3, 3, 2, 4, 4, 1};
+    for (int ti = 0; ti < 8; ti++) {
+        const int64_t K = ti < 2 || ti == 7 ? 320 : 512;
         qmat q;
         qmat_make(&q, types[ti], N, K);
         float *x = frand_buf(MM * K), *a = frand_buf(MM * N), *b = frand_buf(N);
@@ -825,11 +825,9 @@ static void test_gemv_parity(void **state) {
             fl_act_q8_quantize_row(&a, 0, x);
             float ref[7], got[7], pair[7];
             fl_gemm_q8_ref(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, 1, ref, 7);
-            /* AVX2: maddubs tiles (Q8_0 / Q4_0) and row dots (Q4_K / Q6_K) */
-            if (ti <= 4) /* (no AVX2 kernels for Q2_K, Q3_K and the legacy types: the f32 path) */
-                fl_gemm_q8_avx2(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, 1, got, 7);
-            else
-                memcpy(got, ref, sizeof got);
+            /* AVX2: maddubs tiles (Q8_0 / Q4_0) and row dots (the others) */
+            for (int r = 0; r < N; r++) got[r] = NAN;
+            fl_gemm_q8_avx2(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, 1, got, 7);
             for (int r = 0; r < N; r++)
                 if (!(fabsf(got[r] - ref[r]) <= 1e-4f * (1 + fabsf(ref[r]))))
                     fail_msg("%s K=%lld row %d: AVX2 %.7g vs ref %.7g", fl_type_name(types[ti]), (long long)K, r, got[r], ref[r]);
@@ -887,14 +885,16 @@ static void test_gemv_parity(void **state) {
     fl_test_mem_zero();
 }
 
-/* AVX2 Q4_K / Q6_K row dots over several tokens (the M > 1 tiles call them per token) against
- * the reference on partial row / token counts. */
+/* AVX2 row dots over several tokens (fl_gemm_q8_avx2 runs each row for every token) against the
+ * reference on partial row / token counts: the K-quants, and Q4_1, Q5_0, Q5_1, IQ4_NL with a tail
+ * of 7 blocks past the 8-block scale groups. */
 static void test_avx2_kquant_tiles(void **state) {
     (void)state;
     if (fl_isa_best() == FL_ISA_REF) skip();
-    const int32_t types[3] = {FL_TYPE_Q4_K, FL_TYPE_Q6_K, FL_TYPE_Q5_K};
-    for (int ti = 0; ti < 3; ti++) {
-        const int64_t K = 768, N = 5, M = 3;
+    const int32_t types[9] = {FL_TYPE_Q4_K, FL_TYPE_Q6_K, FL_TYPE_Q5_K, FL_TYPE_Q3_K, FL_TYPE_Q2_K,
+                              FL_TYPE_Q4_1, FL_TYPE_Q5_0, FL_TYPE_Q5_1, FL_TYPE_IQ4_NL};
+    for (int ti = 0; ti < 9; ti++) {
+        const int64_t K = ti < 5 ? 768 : 736, N = 5, M = 3;
         qmat q;
         qmat_make(&q, types[ti], N, K);
         float *x = frand_buf(M * K);

@@ -42,8 +42,9 @@ bool fl_matmul_llama_order(void) {
 
 /* Does W take 8-bit activations in the current mode, and through the llama.cpp-order path?
  * On AVX-512 Q4_K does (VNNI GEMV, panel GEMM) and Q6_K for one-token steps (its GEMV; larger
- * steps dequantize unless AMX is there); on AVX2 Q4_K, Q5_K and Q6_K, through maddubs row dots
- * for a few tokens and the row panels past them. */
+ * steps dequantize unless AMX is there); on AVX2 every quantized GGUF type: Q8_0 / Q4_0 through
+ * the GEMV, the others through maddubs row dots for a few tokens, and all through the row panels
+ * past them. */
 static bool amx_path(int32_t type, int64_t M);
 static bool gemv_path(int32_t type, int64_t M);
 static bool panel_path(int32_t type, int64_t M);
@@ -63,7 +64,10 @@ static bool int8_path(int32_t type, int64_t M, bool *llama) {
     if (!fl_matmul_llama_order() && panel_path(type, M)) return true;
     if (type == FL_TYPE_Q6_K) /* (AVX2: a few tokens), and steps of > 16 tokens on the AMX tiles (half-block tiles) */
         return (gemv_path(type, M) && simd && !fl_matmul_llama_order()) || (!fl_matmul_llama_order() && amx_path(type, M));
-    if (type == FL_TYPE_Q5_K && gemv_path(type, M) && fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order()) return true; /* row dots */
+    if ((type == FL_TYPE_Q5_K || type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K || type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 ||
+         type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL) &&
+        gemv_path(type, M) && fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order())
+        return true; /* row dots */
     if ((type == FL_TYPE_Q5_K || type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K || type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL) &&
         M == 1 && fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order())
         return true; /* their AVX-512 GEMVs */
@@ -216,12 +220,19 @@ static void q8_gemm_task(void *p, int ith, int nth) {
  * GOP/s, M = 3 47.9, 52.7, 50.6 / 34.9, 41.9, 37.4, M = 4 even (53.1, 45.8, 43.8 / 53.3, 40.4,
  * 47.7), M = 8 60 / 84; Q6_K M = 2 32.6, 36.1 / 29.2, 34.6, M = 3 32.9, 34.5, 40.9 / 44.4, 43.1,
  * 48.8, M = 4 35.1, 36.5, 29.6 / 65.0, 64.3, 49.3), Q5_K takes the row dots up to 3 tokens and
- * Q6_K up to 2. */
+ * Q6_K up to 2.  Q3_K and Q2_K take their row dots (kernels/avx2/rowdot_avx2.c) up to 4 tokens:
+ * row dots / panels, same command with --stream-mib 128, GOP/s, Q3_K M = 2 46.8 / 22.0, M = 3
+ * 47.5 / 30.4, M = 4 54.1 / 39.1, M = 6 52.2 / 51.7, M = 8 46.3 / 75.3; Q2_K M = 2 62.6 / 35.1,
+ * M = 3 46.9 / 43.9, M = 4 60.2 / 54.4, M = 6 60.8 / 72.9.  Q4_1, Q5_0, Q5_1 and IQ4_NL take
+ * theirs for one token only (M = 1, GEMV GB/s: Q4_1 7.7 -> 11.9, IQ4_NL 7.8 -> 11.2; at M = 2
+ * the panels already won, Q4_1 74.0 against 49.6 GOP/s). */
 #define GEMV_MAX_Q4_0 3
 #define GEMV_MAX_Q8_0 4
 #define GEMV_MAX_Q4_K 3
 #define GEMV_MAX_Q5_K 3
 #define GEMV_MAX_Q6_K 2
+#define GEMV_MAX_Q3_K 4
+#define GEMV_MAX_Q2_K 4
 static bool g_few_token_gemv = true;
 
 void fl_matmul_set_few_token_gemv(bool on) { g_few_token_gemv = on; }
@@ -234,6 +245,8 @@ int64_t fl_matmul_gemv_max_tokens(int32_t type) {
     case FL_TYPE_Q4_K: return GEMV_MAX_Q4_K;
     case FL_TYPE_Q5_K: return GEMV_MAX_Q5_K;
     case FL_TYPE_Q6_K: return GEMV_MAX_Q6_K;
+    case FL_TYPE_Q3_K: return GEMV_MAX_Q3_K;
+    case FL_TYPE_Q2_K: return GEMV_MAX_Q2_K;
     default: return 1;
     }
 }
@@ -251,7 +264,6 @@ static bool panel_path(int32_t type, int64_t M) {
     const fl_isa isa = fl_isa_get();
     const bool own = type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL ||
                      type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K; /* panels for every step on AVX2 */
-    if (M == 1 && own && isa == FL_ISA_AVX2) return true; /* (no GEMV of their own: the panels beat dequantized rows) */
     if (M <= 1 || M > INT32_MAX || gemv_path(type, M)) return false;
     const bool common = type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K;
     return (isa == FL_ISA_AVX512 && common) ||

@@ -21,11 +21,11 @@
  * tokens take the GEMV, each row's codes shared by the tokens (FL_GEMV_MAX_TOKENS below);
  * otherwise 4 rows x 4 tokens register tiles over L2-sized row chunks).  On AVX-512 Q4_K takes the same
  * two paths (its own GEMV; panels with scales d sc_j and mins), and Q2_K, Q3_K, Q5_K, Q6_K, Q4_1,
- * Q5_0, Q5_1 and IQ4_NL their own GEMVs for M == 1 (on AVX2 Q4_1, Q5_0, Q5_1, IQ4_NL, Q3_K and Q2_K
- * take the row panels below for every step); on AVX2 Q4_K, Q5_K and Q6_K take maddubs row
- * dots for M == 1 and small steps (fl_gemm_q8_avx2; up to fl_matmul_gemv_max_tokens) and Q8_0 / Q4_0 / Q4_K / Q5_K /
- * Q6_K the same 16-row panels as AVX-512 (Q5_K / Q6_K: AVX2 only) for larger steps (fl_panel_gemm_avx2: Q8_0 8 rows x 4
- * tokens, the others 16 x 2).  Where the CPU has
+ * Q5_0, Q5_1 and IQ4_NL their own GEMVs for M == 1; on AVX2 every one of these but Q8_0 / Q4_0 takes
+ * maddubs row dots for M == 1 and small steps (fl_gemm_q8_avx2 and fl_gemm_rows_avx2; up to
+ * fl_matmul_gemv_max_tokens: Q4_K / Q5_K 3, Q6_K 2, Q3_K / Q2_K 4, Q4_1 / Q5_0 / Q5_1 / IQ4_NL 1)
+ * and the same 16-row panels as AVX-512 (all but Q8_0 / Q4_0 / Q4_K: AVX2 only) for larger steps
+ * (fl_panel_gemm_avx2: Q8_0 8 rows x 4 tokens, the others 16 x 2).  Where the CPU has
  * AMX-INT8 and the OS grants the tile state, steps of 13 tokens or more of Q8_0 / Q4_0 / Q4_1 /
  * Q5_0 / Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K / Q3_K take the AMX GEMM instead (see below; FL_AMX=0 or
  * fl_matmul_set_amx(false) turns it off; Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K steps of up to 16 tokens feed the weight rows
@@ -162,6 +162,11 @@ void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_a
 void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
                      float *y, int64_t ldy);
 void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
+                       float *y, int64_t ldy);
+/* The AVX2 row dots of Q4_1, Q5_0, Q5_1, IQ4_NL, Q3_K and Q2_K (kernels/avx2/rowdot_avx2.c): the
+ * same contract as fl_gemm_q8_fn for any nt, each row read once and from L1 for the further
+ * tokens; false (nothing written) for another type.  fl_gemm_q8_avx2 takes them for these types. */
+bool fl_gemm_rows_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt,
                        float *y, int64_t ldy);
 /* fl_gemm_q8_avx2 takes Q8_0 / Q4_0 steps of up to FL_GEMV_MAX_TOKENS tokens through its GEMV:
  * each row's codes are unpacked once for all the tokens, and every token's lanes, folds and sum

@@ -248,8 +248,8 @@ void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_
             for (int t = 0; t < nt; t++) y[t * ldy + r] = row(wc + r * ldw, a, m0 + t);
         return;
     }
-    if (wtype != FL_TYPE_Q8_0 && wtype != FL_TYPE_Q4_0) { /* Q4_1, Q5_0, Q5_1, IQ4_NL, Q3_K, Q2_K (their panels had no scratch) */
-        fl_gemm_q8_ref(wtype, w, ldw, nr, a, m0, nt, y, ldy);
+    if (wtype != FL_TYPE_Q8_0 && wtype != FL_TYPE_Q4_0) { /* Q4_1, Q5_0, Q5_1, IQ4_NL, Q3_K, Q2_K: their row dots */
+        if (!fl_gemm_rows_avx2(wtype, w, ldw, nr, a, m0, nt, y, ldy)) fl_gemm_q8_ref(wtype, w, ldw, nr, a, m0, nt, y, ldy);
         return;
     }
     for (int t = 0; t < nt; t += FL_GEMV_MAX_TOKENS) /* the rows again (from cache) for each group of tokens */
