@@ -785,7 +785,16 @@ static void test_act_quant_parity(void **state) {
         assert_memory_equal(a.dv, b.dv, (size_t)(M * a.nb) * 32);
         assert_memory_equal(a.sv, b.sv, (size_t)(M * a.nb) * 32);
         assert_memory_equal(a.o4, b.o4, (size_t)(M * a.nb) * 4);
+        assert_memory_equal(a.o6, b.o6, (size_t)(M * a.nb) * 8);
     }
+    /* o6: per half, -32 x the same two sums */
+    for (int64_t i = 0; i < M * a.nb; i++)
+        for (int h = 0; h < 2; h++) {
+            int lo = 0, hi = 0;
+            for (int j = 16 * h; j < 16 * h + 16; j++) *(j % 4 < 2 ? &lo : &hi) += a.qs[i * 32 + j];
+            assert_int_equal((int16_t)(a.o6[i * 2 + h] & 0xFFFF), -32 * lo);
+            assert_int_equal((int16_t)((uint32_t)a.o6[i * 2 + h] >> 16), -32 * hi);
+        }
     /* o4: -8 x the sums of the codes k % 4 < 2 (low int16) and k % 4 >= 2 (high) */
     for (int64_t i = 0; i < M * a.nb; i++) {
         int lo = 0, hi = 0;

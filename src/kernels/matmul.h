@@ -118,7 +118,8 @@ typedef struct fl_act_q8 {
     int8_t *qs4;       /* M == 1 only, else NULL: the codes of each 4 blocks reordered as the 4
                         * first halves (k % 32 < 16) then the 4 second halves, the order of a
                         * Q4_0 group's low / high nibbles (the AVX-512 GEMV); a tail of nb % 4
-                        * blocks is left unset */
+                        * blocks is left unset, and the AVX2 quantizer, whose kernels do not
+                        * read it, leaves all of it (and sv4) unset */
     int32_t *sv4;      /* with qs4: [M][nb][4] -2 * s (4 lanes of a block start at -8 s in all) */
     int32_t *o4;       /* [M][nb]: two int16, -8 x (the sum of the codes k % 4 < 2) low and -8 x
                         * (k % 4 >= 2) high: where the AVX2 Q4_0 panel tile's int16 lanes start,
@@ -147,7 +148,8 @@ static inline void fl_act_q8_set_block(fl_act_q8 *a, int64_t i, float d, int32_t
         a->sv[i * 8 + l] = -s;
     }
 }
-/* Fill row m of o4, and of qs4 (none without it), from qs; the quantizers call it. */
+/* Fill row m of o4 and o6, and of qs4 (none without it), from qs; the reference and AVX-512
+ * quantizers call it (the AVX2 one makes o4 / o6 in its own loop). */
 void fl_act_q8_order_q4(fl_act_q8 *a, int64_t m);
 /* Same result bit for bit (round to nearest even, f16-rounded scale), 16 lanes at a time. */
 void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x);

@@ -154,7 +154,7 @@ void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
 
 void fl_act_q8_order_q4(fl_act_q8 *a, int64_t m) {
     const int8_t *q = a->qs + m * a->K;
-    for (int64_t b = 0; b < a->nb; b++) { /* o4 and o6 serve the panels (AVX2 Q4_1 / Q5_0 / Q5_1 / IQ4_NL take them for M == 1 too) */
+    for (int64_t b = 0; b < a->nb; b++) { /* o4 and o6 serve the AVX2 panels and the Q3_K / Q2_K row dots */
         int lo = 0, hi = 0, h[2][2] = {{0, 0}, {0, 0}}; /* h[half][k % 4 >= 2] */
         for (int j = 0; j < 32; j++) {
             if (j % 4 < 2) lo += q[b * 32 + j];
