@@ -267,14 +267,16 @@ static void test_panel_parity(void **state) {
  * 7 x 16 x 127 or staying at -16256), Q8_0 codes -128 and 127 against -127 / +127 (pairs
  * of 2 x 128 x 127 = 32512), Q5_K codes 31 or 0 (lanes of sum (q - 16) x: 15 or -16 x 16 x 127)
  * with scales 63, Q6_K codes 63 or 0 (per half, sum (q - 32) x: 31 or -32 x 8 x 127) with scales
- * 127 or -128, Q5_0 codes 31 or 0 (as Q5_K) and IQ4_NL values 113 or -127 (pairs of 2 x 127 x
- * 127) give the exact integer results, as the reference does. */
+ * 127 or -128, Q5_0 codes 31 or 0 (as Q5_K), IQ4_NL values 113 or -127 (pairs of 2 x 127 x
+ * 127), Q3_K codes 3 or -4 with scales 31 or -32 (its row dots' scale words 256 x sc) and Q2_K
+ * codes 3 or 0 with scales and mins 15 give the exact integer results, as the reference does;
+ * so do the one- / few-token kernels (fl_gemm_q8_avx2: the GEMV and the row dots). */
 static void test_panel_extremes(void **state) {
     (void)state;
     if (fl_isa_best() < FL_ISA_AVX2) skip();
     const int64_t K = 256, N = 16, M = 4;
-    const int32_t types[6] = {FL_TYPE_Q4_0, FL_TYPE_Q8_0, FL_TYPE_Q5_K, FL_TYPE_Q6_K, FL_TYPE_Q5_0, FL_TYPE_IQ4_NL};
-    for (int ti = 0; ti < 6; ti++) {
+    const int32_t types[8] = {FL_TYPE_Q4_0, FL_TYPE_Q8_0, FL_TYPE_Q5_K, FL_TYPE_Q6_K, FL_TYPE_Q5_0, FL_TYPE_IQ4_NL, FL_TYPE_Q3_K, FL_TYPE_Q2_K};
+    for (int ti = 0; ti < 8; ti++) {
         qmat q;
         qmat_make(&q, types[ti], N, K);
         const uint16_t one = 0x3C00, zero = 0; /* f16 1.0, 0.0 */
@@ -295,6 +297,22 @@ static void test_panel_extremes(void **state) {
                 memset(blk->scales, n % 4 < 2 ? 0x7F : 0x80, sizeof blk->scales);
                 memset(blk->ql, n % 2 ? 0x00 : 0xFF, sizeof blk->ql);
                 memset(blk->qh, n % 2 ? 0x00 : 0xFF, sizeof blk->qh);
+                continue;
+            }
+            if (types[ti] == FL_TYPE_Q3_K) { /* d 1, scales 31 (rows 0, 1 mod 4) or -32, codes 3 or -4 */
+                fl_block_q3_K *blk = (fl_block_q3_K *)row;
+                memcpy(&blk->d, &one, 2);
+                memset(blk->scales, n % 4 < 2 ? 0xFF : 0x00, sizeof blk->scales);
+                memset(blk->hmask, n % 2 ? 0x00 : 0xFF, sizeof blk->hmask);
+                memset(blk->qs, n % 2 ? 0x00 : 0xFF, sizeof blk->qs);
+                continue;
+            }
+            if (types[ti] == FL_TYPE_Q2_K) { /* d 1, dmin 1, scales and mins 15, codes 3 or 0: 45 - 15 or -15 */
+                fl_block_q2_K *blk = (fl_block_q2_K *)row;
+                memcpy(&blk->d, &one, 2);
+                memcpy(&blk->dmin, &one, 2);
+                memset(blk->scales, 0xFF, sizeof blk->scales);
+                memset(blk->qs, n % 2 ? 0x00 : 0xFF, sizeof blk->qs);
                 continue;
             }
             if (types[ti] == FL_TYPE_Q5_0) { /* codes 31 or 0: q - 16 = 15 or -16 */
@@ -320,10 +338,12 @@ static void test_panel_extremes(void **state) {
         for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
         const size_t pb = fl_panel_bytes_for(types[ti], K);
         char *p = fl_alloc(FL_MEM_MISC, pb, 64);
-        float ref[M * N], got[M * N];
+        float ref[M * N], got[M * N], dots[M * N];
         fl_gemm_q8_ref(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, (int)M, ref, N);
         fl_panel_pack_avx2(types[ti], q.data, q.W.nb[1], (int)N, K, p);
         fl_panel_gemm_avx2(types[ti], p, (int)N, &a, 0, (int)M, got, N);
+        /* and the one- / few-token kernels (GEMV, row dots) */
+        fl_gemm_q8_avx2(types[ti], q.data, q.W.nb[1], (int)N, &a, 0, (int)M, dots, N);
         for (int64_t i = 0; i < M * N; i++) {
             /* the integer sum times d_x = 1/127 (f16), exactly representable: e.g. Q4_0 7 x 127 x 256 */
             const int64_t n = i % N;
@@ -332,10 +352,13 @@ static void test_panel_extremes(void **state) {
                              : types[ti] == FL_TYPE_Q5_K ? 63 * (n % 2 ? 0 : 31)
                              : types[ti] == FL_TYPE_Q6_K ? (n % 4 < 2 ? 127 : -128) * (n % 2 ? -32 : 31)
                              : types[ti] == FL_TYPE_Q5_0 ? (n % 2 ? -16 : 15)
+                             : types[ti] == FL_TYPE_Q3_K ? (n % 4 < 2 ? 31 : -32) * (n % 2 ? -4 : 3)
+                             : types[ti] == FL_TYPE_Q2_K ? (n % 2 ? -15 : 30)
                                                          : (n % 2 ? -127 : 113);
             const double want = w * ((i / N) % 2 ? -127 : 127) * (double)K * (double)a.d[(i / N) * a.nb];
             CHECK_NEAR(ref[i], want, 1e-6 * fabs(want));
             CHECK_NEAR(got[i], want, 1e-6 * fabs(want));
+            CHECK_NEAR(dots[i], want, 1e-6 * fabs(want));
         }
         fl_free(FL_MEM_MISC, p, pb);
         fl_act_q8_free(&a);
