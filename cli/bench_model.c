@@ -40,6 +40,7 @@ int fl_bench_model(int argc, char **argv) {
         {"stream-mib", 0, FL_OPT_INT, "MIB  buffer for the bandwidth calibration (default 1024)"},
         {"repetitions", 'r', FL_OPT_INT, "N  prefills timed, the mean reported (default 1)"},
         FL_CLI_KV_OPTS,
+        {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {0},
     };
     int n_pos;
@@ -66,7 +67,9 @@ int fl_bench_model(int argc, char **argv) {
     float *logits = NULL;
     int32_t *tok = NULL, *pos = NULL, *sid = NULL;
     int rc = 1;
-    if (fl_model_load(opts[0].str, NULL, &m) != FL_OK) goto fail;
+    fl_model_params mp = fl_model_default_params();
+    mp.no_mmap = fl_args_get(opts, "no-mmap")->set;
+    if (fl_model_load(opts[0].str, &mp, &m) != FL_OK) goto fail;
     const fl_hparams *hp = fl_model_hparams(m);
     if (fl_cli_kv_new(hp, fl_args_get(opts, "kv-layout")->str, fl_args_get(opts, "kv-type")->str,
                       fl_args_get(opts, "block-size")->set ? fl_args_get(opts, "block-size")->i : 0, nt + ng, &kv) != FL_OK ||
@@ -139,6 +142,7 @@ int fl_bench_model(int argc, char **argv) {
         cJSON_AddStringToObject(o, "isa", fl_isa_name(fl_isa_get()));
         cJSON_AddNumberToObject(o, "threads", nth);
         cJSON_AddStringToObject(o, "kv_layout", kv.paged ? "paged" : "contiguous");
+        cJSON_AddBoolToObject(o, "mmap", !mp.no_mmap);
         cJSON_AddNumberToObject(o, "weight_bytes_per_token", wbytes);
         cJSON_AddNumberToObject(o, "mem_bandwidth_gbs", bw);
         cJSON_AddNumberToObject(o, "int8_peak_gops", peak);
@@ -171,8 +175,8 @@ int fl_bench_model(int argc, char **argv) {
         cJSON_free(s);
         cJSON_Delete(o);
     } else {
-        printf("model %s: %.1f MiB of matmul weights per token, isa %s, %d threads\n", opts[0].str, wbytes / 1048576.0,
-               fl_isa_name(fl_isa_get()), nth);
+        printf("model %s: %.1f MiB of matmul weights per token, isa %s, %d threads%s\n", opts[0].str, wbytes / 1048576.0,
+               fl_isa_name(fl_isa_get()), nth, mp.no_mmap ? ", weights read into memory (--no-mmap)" : "");
         printf("calibration (the larger of before and after): memory read bandwidth %.1f GB/s, int8 peak %.1f GOP/s (%s)", bw,
                peak, fl_isa_get() == FL_ISA_AVX512 ? "AVX-512 VNNI" : "AVX2 maddubs");
         if (amx_peak > 0) printf(", AMX-INT8 tiles %.1f GOP/s (used for prefill)", amx_peak);

@@ -318,6 +318,7 @@ int fl_bench_serve(int argc, char **argv) {
         {"top-k", 0, FL_OPT_INT, "K  top-k of every request (default 0: off)"},
         {"top-p", 0, FL_OPT_FLOAT, "P  top-p of every request (default 1: off)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
+        {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {0},
     };
     int n_pos;
@@ -372,6 +373,7 @@ int fl_bench_serve(int argc, char **argv) {
     rc.ep.kv_mem = fl_args_get(opts, "kv-mem")->set ? fl_args_get(opts, "kv-mem")->i : 64ll << 20;
     if ((o = fl_args_get(opts, "kv-type"))->set) rc.ep.kv_type = o->str;
     if ((o = fl_args_get(opts, "weights"))->set) rc.ep.weights_type = o->str;
+    rc.ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
     if ((o = fl_args_get(opts, "kv-block-size"))->set) rc.ep.kv_block_size = (int32_t)o->i;
     rc.ep.prefix_cache = !fl_args_get(opts, "no-prefix-cache")->set;
     rc.ep.preempt = strcmp(pm, "swap") ? FL_PREEMPT_RECOMPUTE : FL_PREEMPT_SWAP;

@@ -78,6 +78,7 @@ int fl_cmd_demo(int argc, char **argv) {
         {"threads", 't', FL_OPT_INT, "N  threads (default: all cores)"},
         {"temp", 0, FL_OPT_FLOAT, "T  sampling temperature (default 0.8; 0 = greedy)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object instead of text"},
+        {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {0},
     };
     int n_pos;
@@ -126,6 +127,7 @@ int fl_cmd_demo(int argc, char **argv) {
         ep.kv_mem = 0;
     }
     if ((o = fl_args_get(opts, "weights"))->set) ep.weights_type = o->str;
+    ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
     if ((o = fl_args_get(opts, "kv-type"))->set) ep.kv_type = o->str;
     ep.n_ctx = 512;
     /* what the plan says the engine will use (compared with the measured peak at the end) */

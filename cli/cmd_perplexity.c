@@ -51,6 +51,7 @@ int fl_cmd_perplexity(int argc, char **argv) {
         {"kl-base", 0, FL_OPT_STR, "FILE  save log-probs to FILE, or compare with it if it exists (KL divergence)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         FL_CLI_KV_OPTS,
+        {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {0},
     };
     int n_pos;
@@ -90,7 +91,9 @@ int fl_cmd_perplexity(int argc, char **argv) {
     bool kl_compare = false;
 
     if (!(text = fl_cli_read_file(o_file->str, &text_len))) goto fail;
-    if ((st = fl_model_load(o_model->str, NULL, &m))) goto fail;
+    fl_model_params mp = fl_model_default_params();
+    mp.no_mmap = fl_args_get(opts, "no-mmap")->set;
+    if ((st = fl_model_load(o_model->str, &mp, &m))) goto fail;
     const fl_hparams *hp = fl_model_hparams(m);
     const int32_t V = hp->n_vocab;
     if ((st = fl_tokenizer_new(fl_model_gguf(m), &tok))) goto fail;

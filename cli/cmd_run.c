@@ -125,6 +125,7 @@ int fl_cmd_run(int argc, char **argv) {
         {"tp", 0, FL_OPT_INT, "N  tensor parallel over N ranks: run as `mpirun -np N fitllm run --tp N ...`"},
         FL_CLI_KV_OPTS,
         {"weights", 0, FL_OPT_STR, "T  convert weights at load: q8_0 q4_0 nf4 fp8_e4m3 f16 ..."},
+        {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {0},
     };
     int n_pos;
@@ -204,6 +205,7 @@ int fl_cmd_run(int argc, char **argv) {
         goto fail;
     }
     fl_model_params mparams = fl_model_default_params();
+    mparams.no_mmap = fl_args_get(opts, "no-mmap")->set;
     if (fl_args_get(opts, "weights")->set) {
         const char *wn = fl_args_get(opts, "weights")->str;
         mparams.weights_type = fl_type_from_name(wn);

@@ -100,6 +100,8 @@ typedef struct fl_engine_params {
     fl_preempt_mode preempt;    /* recompute (default) or swap to swap_path */
     const char *swap_path;      /* directory of the swap file for swapped-out KV blocks (default: $TMPDIR or /tmp) */
     int32_t seed;               /* default seed for requests that give none */
+    int32_t no_mmap;            /* 1 = read the model file into anonymous memory (huge pages where the
+                                 * kernel grants them) instead of mapping it; same MAPPED bytes */
 } fl_engine_params;
 
 void fl_engine_params_default(fl_engine_params *p);

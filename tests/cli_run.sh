@@ -27,6 +27,15 @@ assert o["timings"]["prefill_tok_s"] > 0 and o["timings"]["decode_tok_s"] > 0
 assert o["memory"]["current"]["kv"] > 0 and o["memory"]["peak"]["mapped"] > 0
 PY
 
+# --no-mmap: the file read into memory gives the same ids, charged to mapped as before
+"$fitllm" run -m "$model" -p "Once upon a time" -n 50 --temp 0 -t 1 --json --no-mmap >"$tmp/nommap.json"
+python3 - "$tmp/nommap.json" "$tmp/out.json" <<'PY' || fail "--no-mmap"
+import json, sys
+a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
+assert a["tokens"] == b["tokens"], a["tokens"]
+assert a["memory"]["peak"]["mapped"] == b["memory"]["peak"]["mapped"] > 0
+PY
+
 # quantized files: with llama.cpp's integer arithmetic (FL_MATMUL_LLAMA=1) q8_0, q5_0 and q4_0
 # give llama-simple's 64 greedy tokens of "Once upon a time" (models/stories260K-quants.reference.json);
 # the default fast path does too for q4_0 and q5_0 (q5_0 keeps f32 activations there)

@@ -12,6 +12,8 @@
 #include "kernels/dispatch.h"
 
 #include <pthread.h>
+#include <stdint.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -276,6 +278,40 @@ static void test_cpu_and_errors(void **state) {
     fl_mmap m;
     assert_int_equal(fl_mmap_open(&m, "/nonexistent/file.gguf"), FL_ERR_IO);
     assert_non_null(strstr(fl_last_error(), "/nonexistent/file.gguf"));
+    assert_int_equal(fl_mmap_open_read(&m, "/nonexistent/file.gguf"), FL_ERR_IO);
+    assert_int_equal(fl_mem_current(FL_MEM_MAPPED), 0);
+}
+
+/* fl_mmap_open_read (--no-mmap): the same bytes as the mapping, charged to MAPPED alike, in
+ * 2 MiB-aligned anonymous memory; uncharged on close; a file past 2 MiB and one of 1 byte. */
+static void test_mmap_read(void **state) {
+    (void)state;
+    char path[] = "/tmp/fitllm_test_mmap_XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const size_t sizes[2] = {((size_t)5 << 20) + 4097, 1};
+    for (int i = 0; i < 2; i++) {
+        const size_t n = sizes[i];
+        unsigned char *buf = malloc(n);
+        for (size_t j = 0; j < n; j++) buf[j] = (unsigned char)(j * 2654435761u >> 13);
+        assert_int_equal(ftruncate(fd, 0), 0);
+        assert_int_equal(pwrite(fd, buf, n, 0), (ssize_t)n);
+        fl_mmap a, b;
+        assert_int_equal(fl_mmap_open(&a, path), FL_OK);
+        assert_int_equal(fl_mmap_open_read(&b, path), FL_OK);
+        assert_int_equal(b.size, n);
+        assert_int_equal((uintptr_t)b.data % ((uintptr_t)2 << 20), 0);
+        assert_memory_equal(a.data, buf, n);
+        assert_memory_equal(b.data, buf, n);
+        assert_int_equal(fl_mem_current(FL_MEM_MAPPED), 2 * n);
+        fl_mmap_close(&b);
+        assert_int_equal(fl_mem_current(FL_MEM_MAPPED), n);
+        fl_mmap_close(&a);
+        assert_int_equal(fl_mem_current(FL_MEM_MAPPED), 0);
+        free(buf);
+    }
+    close(fd);
+    unlink(path);
     assert_string_equal(fl_status_str(FL_ERR_BUDGET), "memory budget exceeded");
 }
 
@@ -317,7 +353,7 @@ int main(void) {
         cmocka_unit_test(test_report_json),   cmocka_unit_test(test_arena),
         cmocka_unit_test(test_f16_bf16_exhaustive), cmocka_unit_test(test_f16_rounding),
         cmocka_unit_test(test_fp8_exhaustive), cmocka_unit_test(test_convert_rows),
-        cmocka_unit_test(test_type_table),    cmocka_unit_test(test_cpu_and_errors),
+        cmocka_unit_test(test_type_table),    cmocka_unit_test(test_cpu_and_errors), cmocka_unit_test(test_mmap_read),
         cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -145,6 +145,7 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
             goto fail;
         }
     }
+    mp.no_mmap = p.no_mmap != 0;
     st = fl_model_load(p.model_path, &mp, &m->model);
     if (st != FL_OK) goto fail;
     const fl_hparams *hp = fl_model_hparams(m->model);

@@ -79,6 +79,8 @@ typedef struct fl_gguf fl_gguf;
 
 /* Map and parse a file. On failure *out is NULL and the error names the file and the problem. */
 fl_status fl_gguf_open(const char *path, fl_gguf **out);
+/* The same, no_mmap: the file read into anonymous memory instead (fl_mmap_open_read). */
+fl_status fl_gguf_open_ex(const char *path, bool no_mmap, fl_gguf **out);
 /* Parse a caller-owned buffer (borrowed for the reader's lifetime). */
 fl_status fl_gguf_open_mem(const void *data, size_t size, fl_gguf **out);
 void fl_gguf_free(fl_gguf *g);

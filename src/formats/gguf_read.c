@@ -339,11 +339,13 @@ fl_status fl_gguf_open_mem(const void *data, size_t size, fl_gguf **out) {
     return open_common(g, out);
 }
 
-fl_status fl_gguf_open(const char *path, fl_gguf **out) {
+fl_status fl_gguf_open(const char *path, fl_gguf **out) { return fl_gguf_open_ex(path, false, out); }
+
+fl_status fl_gguf_open_ex(const char *path, bool no_mmap, fl_gguf **out) {
     *out = NULL;
     fl_gguf *g = fl_calloc(FL_MEM_MISC, 1, sizeof *g);
     if (!g) return FL_ERR_NOMEM;
-    fl_status st = fl_mmap_open(&g->map, path);
+    fl_status st = no_mmap ? fl_mmap_open_read(&g->map, path) : fl_mmap_open(&g->map, path);
     if (st != FL_OK) {
         fl_free(FL_MEM_MISC, g, sizeof *g);
         return st;

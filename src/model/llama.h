@@ -88,6 +88,7 @@ typedef struct fl_model_params {
     void *allreduce_ud;
     fl_embed_fn embed;         /* [dist/tp] replaces the token_embd lookup when not NULL */
     void *embed_ud;
+    bool no_mmap;              /* read the file into anonymous (huge-page) memory, not mmap it */
 } fl_model_params;
 
 typedef struct fl_layer {

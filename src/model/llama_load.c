@@ -228,7 +228,7 @@ fl_status fl_model_load(const char *path, const fl_model_params *params, fl_mode
     fl_model *m = fl_calloc(FL_MEM_MISC, 1, sizeof *m);
     if (!m) return FL_ERR_NOMEM;
     m->params = params ? *params : fl_model_default_params();
-    fl_status st = fl_gguf_open(path, &m->g);
+    fl_status st = fl_gguf_open_ex(path, m->params.no_mmap, &m->g);
     if (st) goto fail;
     if ((st = fl_hparams_from_gguf(m->g, &m->hp))) goto fail_ctx;
     if (m->params.weights_type >= 0 && !fl_quantize_supported(m->params.weights_type)) {
