@@ -6,6 +6,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "core/threads.h"
+#include "core/utf8.h"
 #include "engine/sampling.h"
 #include "cli/cli_kv.h"
 #include "core/dtype.h"
@@ -33,8 +34,14 @@ void fl_cli_print_json_with_memory(cJSON *o) {
     cJSON *mj = cJSON_Parse(mem);
     if (mj) cJSON_AddItemToObject(o, "memory", mj);
     char *s = cJSON_PrintUnformatted(o);
-    if (s) {
-        puts(s);
+    if (s) { /* generated text can hold any bytes: every ill-formed UTF-8 byte becomes U+FFFD */
+        const size_t n = strlen(s);
+        char *u = fl_utf8_is_valid(s, n) ? NULL : fl_alloc(FL_MEM_MISC, 3 * n + 1, 16);
+        if (u) {
+            fwrite(u, 1, fl_utf8_sanitize(s, n, u), stdout);
+            putchar('\n');
+            fl_free(FL_MEM_MISC, u, 3 * n + 1);
+        } else puts(s);
         cJSON_free(s);
     }
     cJSON_Delete(o);
@@ -84,7 +91,13 @@ fl_status fl_cli_tokenize(const struct fl_tokenizer *tok, const char *text, size
     *ids = fl_alloc(FL_MEM_MISC, (size_t)cap * sizeof(int32_t), 16);
     if (!*ids) return FL_ERR_NOMEM;
     fl_status st = fl_tokenize(tok, text, len, true, false, *ids, cap, &need);
-    if (st == FL_OK && need > cap) st = fl_set_error(FL_ERR_INTERNAL, "tokenizer returned more ids than bytes");
+    if (st == FL_OK && need > cap) { /* more ids than bytes (a vocabulary without byte tokens, say): once more at its size */
+        fl_free(FL_MEM_MISC, *ids, (size_t)cap * sizeof(int32_t));
+        cap = need;
+        if (!(*ids = fl_alloc(FL_MEM_MISC, (size_t)cap * sizeof(int32_t), 16))) return FL_ERR_NOMEM;
+        st = fl_tokenize(tok, text, len, true, false, *ids, cap, &need);
+        if (st == FL_OK && need > cap) st = fl_set_error(FL_ERR_INTERNAL, "the tokenizer asked for %lld ids, then for more", (long long)cap);
+    }
     if (st) {
         fl_free(FL_MEM_MISC, *ids, (size_t)cap * sizeof(int32_t));
         *ids = NULL;

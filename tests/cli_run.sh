@@ -36,6 +36,18 @@ assert a["tokens"] == b["tokens"], a["tokens"]
 assert a["memory"]["peak"]["mapped"] == b["memory"]["peak"]["mapped"] > 0
 PY
 
+# a random llama (fitllm synth, its vocabulary without byte tokens): a prompt with more ids than
+# bytes, and --json stays valid UTF-8 whatever bytes the random tokens make
+"$fitllm" synth --n-embd 64 --n-layer 1 --n-head 2 --n-ff 128 --n-vocab 300 --type F32 -o "$tmp/tiny.gguf" >/dev/null
+"$fitllm" run -m "$tmp/tiny.gguf" -p "Once upon a time" -n 24 -t 1 --json >"$tmp/tiny.json" || fail "run on a synth model"
+python3 - "$tmp/tiny.json" <<'PY' || fail "synth --json"
+import json, sys
+raw = open(sys.argv[1], "rb").read()
+o = json.loads(raw.decode("utf-8"))  # strict: raises on ill-formed bytes
+assert len(o["prompt_tokens"]) > len("Once upon a time"), o["prompt_tokens"]
+assert len(o["tokens"]) == 24
+PY
+
 # quantized files: with llama.cpp's integer arithmetic (FL_MATMUL_LLAMA=1) q8_0, q5_0 and q4_0
 # give llama-simple's 64 greedy tokens of "Once upon a time" (models/stories260K-quants.reference.json);
 # the default fast path does too for q4_0 and q5_0 (q5_0 keeps f32 activations there)

@@ -138,6 +138,22 @@ check "client disconnect (after $got of 8000 chunks) cancels and frees KV blocks
 m=$(curl -s "$U/metrics")
 check "metrics has histograms, KV and memory gauges" 'echo "$m" | grep -q "fitllm_time_to_first_token_seconds_bucket" && echo "$m" | grep -q "fitllm_kv_blocks_free" && echo "$m" | grep -q "fitllm_memory_bytes{category=\"kv\"}" && echo "$m" | grep -q fitllm_prefix_cache_hit_tokens_total'
 kill -TERM "$PID_C"; wait "$PID_C"
+
+# a random llama's tokens make arbitrary bytes: the responses stay well-formed UTF-8 (U+FFFD)
+"$BIN" synth --n-embd 64 --n-layer 1 --n-head 2 --n-ff 128 --n-vocab 300 --type F32 -o "$TMP/tiny.gguf" >/dev/null
+MODEL=$TMP/tiny.gguf
+start_server D -c 256
+curl -s -H 'Content-Type: application/json' -d '{"prompt":"Once upon a time","max_tokens":48,"temperature":1.0,"seed":7}' "$URL_D/v1/completions" >"$TMP/rnd.json"
+curl -sN --max-time 60 -H 'Content-Type: application/json' -d '{"prompt":"Once upon a time","max_tokens":48,"temperature":1.0,"seed":7,"stream":true}' "$URL_D/v1/completions" >"$TMP/rnd.sse"
+cat >"$TMP/rnd.py" <<'PY'
+import json, sys
+full = json.loads(open(sys.argv[1], "rb").read().decode("utf-8"))["choices"][0]["text"]  # strict UTF-8
+ev = [json.loads(l[6:]) for l in open(sys.argv[2], "rb").read().decode("utf-8").splitlines() if l.startswith("data: {")]
+assert ev[-1]["choices"][0]["finish_reason"] == "length", ev[-1]
+assert "".join(e["choices"][0]["text"] for e in ev) == full
+PY
+check "random bytes -> valid UTF-8 JSON; the stream (split characters too) ends and equals the whole text" 'python3 "$TMP/rnd.py" "$TMP/rnd.json" "$TMP/rnd.sse"'
+kill -TERM "$PID_D"; wait "$PID_D"
 MODEL=$SHARED/models/stories260K.gguf
 
 # auth and a full queue

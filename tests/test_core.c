@@ -8,6 +8,7 @@
 #include "core/mmap.h"
 #include "core/status.h"
 #include "core/threads.h"
+#include "core/utf8.h"
 #include "kernels/convert.h"
 #include "kernels/dispatch.h"
 
@@ -282,6 +283,30 @@ static void test_cpu_and_errors(void **state) {
     assert_int_equal(fl_mem_current(FL_MEM_MAPPED), 0);
 }
 
+/* fl_utf8_sanitize: valid text unchanged; each ill-formed byte (a lone continuation byte, a
+ * truncated sequence, an overlong form, a surrogate, past U+10FFFF) becomes U+FFFD. */
+static void test_utf8_sanitize(void **state) {
+    (void)state;
+    static const struct { const char *in, *out; } cases[] = {
+        {"plain \xC3\xA9t\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80", "plain \xC3\xA9t\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"},
+        {"a\x9A" "b", "a\xEF\xBF\xBD" "b"},
+        {"x\xE2\x82", "x\xEF\xBF\xBD\xEF\xBF\xBD"},
+        {"\xC0\x80", "\xEF\xBF\xBD\xEF\xBF\xBD"},
+        {"\xED\xA0\x80!", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD!"},
+        {"\xF4\x90\x80\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"},
+        {"", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const size_t n = strlen(cases[i].in);
+        char out[64];
+        const size_t m = fl_utf8_sanitize(cases[i].in, n, out);
+        assert_int_equal(m, strlen(cases[i].out));
+        assert_memory_equal(out, cases[i].out, m);
+        assert_int_equal(fl_utf8_is_valid(cases[i].in, n), i == 0 || i == 6);
+        assert_true(fl_utf8_is_valid(out, m));
+    }
+}
+
 /* fl_mmap_open_read (--no-mmap): the same bytes as the mapping, charged to MAPPED alike, in
  * 2 MiB-aligned anonymous memory; uncharged on close; a file past 2 MiB and one of 1 byte. */
 static void test_mmap_read(void **state) {
@@ -353,7 +378,7 @@ int main(void) {
         cmocka_unit_test(test_report_json),   cmocka_unit_test(test_arena),
         cmocka_unit_test(test_f16_bf16_exhaustive), cmocka_unit_test(test_f16_rounding),
         cmocka_unit_test(test_fp8_exhaustive), cmocka_unit_test(test_convert_rows),
-        cmocka_unit_test(test_type_table),    cmocka_unit_test(test_cpu_and_errors), cmocka_unit_test(test_mmap_read),
+        cmocka_unit_test(test_type_table),    cmocka_unit_test(test_cpu_and_errors), cmocka_unit_test(test_mmap_read), cmocka_unit_test(test_utf8_sanitize),
         cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

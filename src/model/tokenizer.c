@@ -13,6 +13,7 @@
  *     "▁" becomes a space, <0xXX> byte tokens give their byte, BPE undoes the GPT-2 byte map.
  */
 #include "model/tokenizer_impl.h"
+#include "core/utf8.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -99,37 +100,6 @@ void fl_idvec_free(fl_idvec *a) {
     if (a->v) fl_free(FL_MEM_SCRATCH, a->v, (size_t)a->cap * sizeof(int32_t));
     a->v = NULL;
     a->n = a->cap = 0;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* UTF-8 validation                                                                            */
-
-/* Offset of the first byte that does not start a well-formed UTF-8 sequence (overlong forms,
- * surrogates and code points above U+10FFFF are ill-formed), or -1 if the text is valid. */
-static int64_t utf8_invalid_at(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c < 0x80) { i++; continue; }
-        size_t len;
-        unsigned lo = 0x80, hi = 0xbf; /* allowed range of the second byte */
-        if (c >= 0xc2 && c <= 0xdf) len = 2;
-        else if (c >= 0xe0 && c <= 0xef) {
-            len = 3;
-            if (c == 0xe0) lo = 0xa0;
-            if (c == 0xed) hi = 0x9f;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            len = 4;
-            if (c == 0xf0) lo = 0x90;
-            if (c == 0xf4) hi = 0x8f;
-        } else return (int64_t)i;
-        if (i + len > n) return (int64_t)i;
-        if (s[i + 1] < lo || s[i + 1] > hi) return (int64_t)i;
-        for (size_t k = 2; k < len; k++)
-            if ((s[i + k] & 0xc0) != 0x80) return (int64_t)i;
-        i += len;
-    }
-    return -1;
 }
 
 size_t fl_utf8_complete_prefix(const char *s, size_t n) {
@@ -707,7 +677,7 @@ fl_status fl_tokenize(const fl_tokenizer *t, const char *text, size_t len, bool 
     *n_out = 0;
     if (!text && len) return fl_set_error(FL_ERR_INVALID, "fl_tokenize: NULL text with length %zu", len);
     if (len > (size_t)INT64_MAX / 8) return fl_set_error(FL_ERR_RANGE, "fl_tokenize: text of %zu bytes is too long", len);
-    int64_t bad = utf8_invalid_at((const unsigned char *)text, len);
+    int64_t bad = fl_utf8_invalid_at(text, len);
     if (bad >= 0)
         return fl_set_error(FL_ERR_INVALID, "fl_tokenize: invalid UTF-8 at byte offset %lld (byte 0x%02x)", (long long)bad,
                             (unsigned)(unsigned char)text[bad]);

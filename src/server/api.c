@@ -3,6 +3,7 @@
 #include "server/server_int.h"
 #include "core/alloc.h"
 #include "core/log.h"
+#include "core/utf8.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -116,10 +117,26 @@ static size_t utf8_complete(const char *s, size_t n) {
     return n;
 }
 
+/* The JSON of o onto b (as an SSE event when sse), made well-formed UTF-8: generated text can
+ * hold any bytes (byte-fallback tokens), and every ill-formed byte becomes U+FFFD. */
 static fl_status append_json(srv_buf *b, cJSON *o, bool sse) {
     char *t = cJSON_PrintUnformatted(o);
     if (!t) return FL_ERR_NOMEM;
-    fl_status st = sse ? srv_buf_printf(b, "data: %s\n\n", t) : srv_buf_append(b, t, strlen(t));
+    size_t n = strlen(t);
+    char *u = NULL;
+    if (!fl_utf8_is_valid(t, n)) {
+        if (!(u = fl_alloc(FL_MEM_NET, 3 * n + 1, 16))) {
+            cJSON_free(t);
+            return FL_ERR_NOMEM;
+        }
+        n = fl_utf8_sanitize(t, n, u);
+        u[n] = 0;
+    }
+    const char *j = u ? u : t;
+    fl_status st = sse ? srv_buf_append(b, "data: ", 6) : FL_OK;
+    if (st == FL_OK) st = srv_buf_append(b, j, n);
+    if (st == FL_OK && sse) st = srv_buf_append(b, "\n\n", 2);
+    if (u) fl_free(FL_MEM_NET, u, 3 * strlen(t) + 1);
     cJSON_free(t);
     return st;
 }
@@ -144,6 +161,13 @@ static void produce_stream(fl_server *s, srv_req *r) {
         while (sm->seg_sent < sm->n_seg && sm->seg_end[sm->seg_sent] <= sm->sent) sm->seg_sent++;
         size_t lim = sm->seg_sent < sm->n_seg ? sm->seg_end[sm->seg_sent] : sm->text.len;
         size_t avail = utf8_complete(sm->text.p ? sm->text.p : "", lim);
+        /* a segment that ends inside a character (byte-fallback tokens split it) has nothing more
+         * to send: take the next segments with it until the character is whole (before, the
+         * stream stopped there for good) */
+        while (avail <= sm->sent && sm->seg_sent + 1 < sm->n_seg) {
+            lim = sm->seg_end[++sm->seg_sent];
+            avail = utf8_complete(sm->text.p, lim);
+        }
         if (fin && lim == sm->text.len) avail = lim;
         bool more = avail < sm->text.len;
         if (more) fin = false; /* the finish reason goes on the last chunk */
@@ -376,7 +400,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
             goto out;
         }
     }
-    if (!toks && !srv_utf8_valid(prompt.p ? prompt.p : "", prompt.len)) { ret = BAD("the prompt is not valid UTF-8"); goto out; }
+    if (!toks && !fl_utf8_is_valid(prompt.p ? prompt.p : "", prompt.len)) { ret = BAD("the prompt is not valid UTF-8"); goto out; }
 
     fl_request_params rp;
     memset(&rp, 0, sizeof rp);

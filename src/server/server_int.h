@@ -98,7 +98,6 @@ fl_status srv_metrics_render(fl_server *s, srv_buf *out);
 struct cJSON;
 fl_status srv_chat_render(const char *tmpl, const struct cJSON *messages, srv_buf *out, const char **err);
 /* util */
-bool srv_utf8_valid(const char *s, size_t n);
 double srv_now(void);
 
 #endif

@@ -51,30 +51,6 @@ void srv_buf_free(srv_buf *b) {
     memset(b, 0, sizeof *b);
 }
 
-/* RFC 3629 UTF-8: no overlongs, no surrogates, max U+10FFFF. */
-bool srv_utf8_valid(const char *str, size_t n) {
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c < 0x80) { i++; continue; }
-        int len;
-        unsigned min;
-        if ((c & 0xE0) == 0xC0) { len = 2; min = 0x80; c &= 0x1F; }
-        else if ((c & 0xF0) == 0xE0) { len = 3; min = 0x800; c &= 0x0F; }
-        else if ((c & 0xF8) == 0xF0) { len = 4; min = 0x10000; c &= 0x07; }
-        else return false;
-        if (i + (size_t)len > n) return false;
-        for (int k = 1; k < len; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return false;
-            c = (c << 6) | (s[i + k] & 0x3F);
-        }
-        if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return false;
-        i += (size_t)len;
-    }
-    return true;
-}
-
 double srv_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

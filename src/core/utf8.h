@@ -1,0 +1,20 @@
+/*
+ * utf8.h - UTF-8 well-formedness (RFC 3629: no overlong forms, surrogates or code points past
+ * U+10FFFF) and repair.  JSON output must be UTF-8, and a model's byte-fallback tokens can
+ * produce any byte string, so the CLI's and the server's JSON go through fl_utf8_sanitize.
+ */
+#ifndef FL_CORE_UTF8_H
+#define FL_CORE_UTF8_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Offset of the first byte that does not start a well-formed sequence, or -1 if s is valid. */
+int64_t fl_utf8_invalid_at(const char *s, size_t n);
+bool fl_utf8_is_valid(const char *s, size_t n);
+/* s[0..n) into out (room for 3 n bytes), every ill-formed byte replaced by U+FFFD; returns the
+ * length written. */
+size_t fl_utf8_sanitize(const char *s, size_t n, char *out);
+
+#endif
