@@ -123,9 +123,10 @@ static fl_status append_json(srv_buf *b, cJSON *o, bool sse) {
     char *t = cJSON_PrintUnformatted(o);
     if (!t) return FL_ERR_NOMEM;
     size_t n = strlen(t);
+    const size_t ubytes = 3 * n + 1;
     char *u = NULL;
     if (!fl_utf8_is_valid(t, n)) {
-        if (!(u = fl_alloc(FL_MEM_NET, 3 * n + 1, 16))) {
+        if (!(u = fl_alloc(FL_MEM_NET, ubytes, 16))) {
             cJSON_free(t);
             return FL_ERR_NOMEM;
         }
@@ -136,7 +137,7 @@ static fl_status append_json(srv_buf *b, cJSON *o, bool sse) {
     fl_status st = sse ? srv_buf_append(b, "data: ", 6) : FL_OK;
     if (st == FL_OK) st = srv_buf_append(b, j, n);
     if (st == FL_OK && sse) st = srv_buf_append(b, "\n\n", 2);
-    if (u) fl_free(FL_MEM_NET, u, 3 * strlen(t) + 1);
+    if (u) fl_free(FL_MEM_NET, u, ubytes);
     cJSON_free(t);
     return st;
 }

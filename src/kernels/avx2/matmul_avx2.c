@@ -18,13 +18,6 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-INLINE float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* Q4_K row x token m: per super-block the 8 scales (d sc_j) d_x and mins (dmin m_j) unpacked
  * with 32-bit masks; per 32 code bytes the low nibbles are sub-block 2g and the high ones 2g + 1,
  * each one maddubs (codes 0..15 unsigned, so no offset) + madd into 8 int32 lanes, converted and
@@ -67,7 +60,7 @@ INLINE float dot_k4(const char *w, const fl_act_q8 *a, int64_t m, const bool q5)
             acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), _mm256_permutevar8x32_ps(scf, _mm256_set1_epi32(2 * g + 1)), acc1);
         }
     }
-    return hsum8(_mm256_add_ps(acc0, acc1)) - hsum8(mins);
+    return fl_hsum8_avx2(_mm256_add_ps(acc0, acc1)) - fl_hsum8_avx2(mins);
 }
 static float dot_q4_K(const char *w, const fl_act_q8 *a, int64_t m) { return dot_k4(w, a, m, false); }
 static float dot_q5_K(const char *w, const fl_act_q8 *a, int64_t m) { return dot_k4(w, a, m, true); }
@@ -110,7 +103,7 @@ static float dot_q6_K(const char *w, const fl_act_q8 *a, int64_t m) {
             }
         }
     }
-    return hsum8(_mm256_add_ps(acc0, acc1));
+    return fl_hsum8_avx2(_mm256_add_ps(acc0, acc1));
 }
 
 /* One block of NR rows x NT tokens: acc[r * NT + t] += (row r's lanes for token t) * sc[t][r]
@@ -210,7 +203,7 @@ INLINE void gemv_rows(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) y[t * ldy + r] = hsum8(acc[r * NT + t]);
+        for (int t = 0; t < NT; t++) y[t * ldy + r] = fl_hsum8_avx2(acc[r * NT + t]);
 }
 
 /* nt <= 4 tokens x nr rows: 4 rows at a time for one or two tokens, 2 for three or four (at most

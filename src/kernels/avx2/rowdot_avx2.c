@@ -30,13 +30,6 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-INLINE float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* Rows stream from memory once: each dot prefetches its row PF_AHEAD bytes ahead of its loads
  * (into the next rows, which follow in memory), as the Q4_0 / Q8_0 GEMV does; the hardware
  * prefetchers alone leave the loads waiting. */
@@ -132,7 +125,7 @@ INLINE float dot_b32(const int32_t t, const char *w, const fl_act_q8 *a, int64_t
         }
 #undef B32_BLOCK
     }
-    return hsum8(_mm256_add_ps(acc0, acc1)) + hsum8(accm);
+    return fl_hsum8_avx2(_mm256_add_ps(acc0, acc1)) + fl_hsum8_avx2(accm);
 }
 
 /* ---- super-blocks (Q3_K, Q2_K) ---- */
@@ -224,7 +217,7 @@ INLINE float dot_k2(const bool q3, const char *w, const fl_act_q8 *a, int64_t m)
             else acc0 = _mm256_fmadd_ps(p, s, acc0);
         }
     }
-    return hsum8(_mm256_add_ps(acc0, acc1)) + hsum8(acck);
+    return fl_hsum8_avx2(_mm256_add_ps(acc0, acc1)) + fl_hsum8_avx2(acck);
 }
 
 static float dot_q4_1(const char *w, const fl_act_q8 *a, int64_t m) { return dot_b32(FL_TYPE_Q4_1, w, a, m); }
