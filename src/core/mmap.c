@@ -19,8 +19,9 @@ static fl_status read_anon(fl_mmap *m, int fd, const char *path, size_t size) {
     char *raw = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) return fl_set_error(FL_ERR_NOMEM, "cannot allocate %zu bytes to read '%s' into: %s", size, path, strerror(errno));
     char *p = (char *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-    if (p > raw) munmap(raw, (size_t)(p - raw)); /* trim to the aligned range */
-    if (raw + len + HUGE_PAGE > p + len) munmap(p + len, (size_t)(raw + len + HUGE_PAGE - (p + len)));
+    /* trim to the aligned range: the head (maybe empty) and the tail (never empty) */
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    munmap(p + len, HUGE_PAGE - (size_t)(p - raw));
     (void)madvise(p, len, MADV_HUGEPAGE); /* a hint: without THP the pages stay 4 KiB */
     size_t done = 0;
     while (done < size) {

@@ -4,7 +4,9 @@
  * fl_mmap_close unmaps and uncharges.  An empty file maps to data == NULL, size == 0.
  * fl_mmap_open_read instead reads the file into anonymous memory (llama.cpp's --no-mmap), 2 MiB
  * aligned and advised MADV_HUGEPAGE, then made read-only; it is charged to MAPPED all the same
- * (the same bytes; they count in RSS and cannot be dropped by the page cache).  Where the
+ * (the file's size, as for the mapping; they count in RSS and cannot be dropped by the page
+ * cache).  The rest of the last 2 MiB page (< 2 MiB, untouched unless the kernel backs it
+ * with a huge page) is not charged.  Where the
  * kernel grants huge pages, streaming the weights takes fewer TLB misses: Q4_0 decode of a
  * TinyLlama-shaped model on a 2-core KVM guest ran 17% faster (docs/QUANT.md).
  */
