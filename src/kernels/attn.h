@@ -54,6 +54,7 @@
 #include "kernels/dispatch.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum fl_attn_impl { FL_ATTN_AUTO = 0, FL_ATTN_NAIVE = 1, FL_ATTN_FLASH = 2 } fl_attn_impl;
@@ -206,6 +207,17 @@ void fl_attn_qk_avx512(const float *qt, int32_t nq, const float *k, int64_t k_st
 void fl_attn_softmax_avx512(float *s, int32_t nk, int32_t nq, float *m, float *l, float *alpha);
 void fl_attn_pv_avx512(const float *s, int32_t nk, const float *v, int64_t v_stride, int32_t hd, float *ot,
                        int32_t nq, const float *alpha);
+
+/* ---- paged attention's AVX2 block update (kv/paged_attn.c; kernels/avx2/paged_avx2.c) ----
+ * kt16: kt[d * 16 + j] = rows[j * hd + d] for key rows j in [ja, jz) of a block of at most 16
+ *   (row-major f32 rows, hd floats each), 0 for the other j < 16.
+ * block16: fold keys j in [ja, jb) of such a block (K as kt16 made it, V row-major vb[j * hd +
+ *   d]) into the online-softmax states of n heads of one KV group: st + h * ss = {m, l,
+ *   acc[hd]} for the query q + h * hd, scores times scale.  The heads go two at a time, each
+ *   with the same arithmetic whatever n is (see the file for the summation orders). */
+void fl_attn_kt16_avx2(const float *rows, int32_t hd, int32_t ja, int32_t jz, float *kt);
+void fl_attn_block16_avx2(int32_t n, float *st, size_t ss, const float *q, int32_t hd, const float *kt, const float *vb,
+                          int32_t ja, int32_t jb, float scale);
 
 /* FLOPs of the two inner products over the visible (query, key) pairs of a call: 4 * pairs *
  * head_dim * n_head (what the bench divides by time to get GFLOP/s). */

@@ -3,6 +3,7 @@
 
 #include "core/status.h"
 #include "core/threads.h"
+#include "kernels/attn.h"
 #include "kernels/convert.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
@@ -190,6 +191,7 @@ typedef struct vec_ops {
     void (*scores_t)(const float *q, const float *kt, int32_t ja, int32_t jb, int32_t hd, int32_t bs, float scale, float *sc);
     void (*accum)(float *restrict acc, float alpha, const float *e, const float *restrict vb, int32_t ja, int32_t jb, int32_t hd);
     void (*exp_row)(float *sc, int32_t n); /* sc[j] = exp(sc[j]) */
+    bool kt16; /* AVX2: blocks of <= 16 keys go to fl_attn_block16_avx2, K transposed at stride 16 */
 } vec_ops;
 
 static void exp_rows_poly(float *sc, int32_t n) { fl_expf_poly_row_avx512(sc, sc, n); }
@@ -197,9 +199,9 @@ static void exp_rows_poly_avx2(float *sc, int32_t n) { fl_expf_poly_row_avx2(sc,
 
 static vec_ops pick_ops(void) {
     switch (fl_isa_get()) {
-    case FL_ISA_AVX512: return (vec_ops){NULL, scores_avx512_t, accum_avx512, exp_rows_poly};
-    case FL_ISA_AVX2: return (vec_ops){scores_avx2, NULL, accum_avx2, exp_rows_poly_avx2};
-    default: return (vec_ops){scores_ref, NULL, accum_ref, exp_rows_libm};
+    case FL_ISA_AVX512: return (vec_ops){NULL, scores_avx512_t, accum_avx512, exp_rows_poly, false};
+    case FL_ISA_AVX2: return (vec_ops){scores_avx2, NULL, accum_avx2, exp_rows_poly_avx2, true};
+    default: return (vec_ops){scores_ref, NULL, accum_ref, exp_rows_libm, false};
     }
 }
 
@@ -363,6 +365,8 @@ static int64_t n_items_of(const fl_paged_kv *kv, const fl_paged_seq *s, const fl
     return (int64_t)kv->n_head_kv * (is_split(kv, s, pp) ? n_parts_of(kv, s, pp) : (s->n_q + Q_TILE - 1) / Q_TILE);
 }
 
+static int32_t k_rows(const fl_paged_kv *kv) { return kv->block_size < 16 ? 16 : kv->block_size; }
+
 static plan make_plan(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n_seq, const fl_paged_attn_params *pp) {
     plan pl = {0};
     const size_t hd = (size_t)kv->head_dim, g = (size_t)(pp->n_head / kv->n_head_kv);
@@ -373,8 +377,9 @@ static plan make_plan(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n
             pl.n_partial += (size_t)n_parts_of(kv, &seqs[s], pp) * (size_t)seqs[s].n_q * (size_t)pp->n_head * (hd + 2);
         }
     }
-    /* K and V block scratch, scores, running state and partition state for a tile */
-    pl.per_thread = 2 * (size_t)kv->block_size * hd + (size_t)kv->block_size + 2 * Q_TILE * g * (hd + 2);
+    /* K and V block scratch (K for at least 16 keys: the AVX2 update's transposed K), scores,
+     * running state and partition state for a tile */
+    pl.per_thread = (size_t)(k_rows(kv) + kv->block_size) * hd + (size_t)kv->block_size + 2 * Q_TILE * g * (hd + 2);
     pl.per_thread = (pl.per_thread + 15) & ~(size_t)15; /* keep every thread's slice 64-aligned */
     return pl;
 }
@@ -422,9 +427,14 @@ static void load_rows(const fl_paged_kv *kv, const uint8_t *src, const float *sc
 }
 
 /* K and V rows [ja, jb) of block `id` for kv head kh: V into vb (row j at j * hd), K into kb
- * the same way, or transposed (kb[d * bs + j], through vb first) when the scorer wants it. */
-static void load_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t ja, int32_t jb, float *kb, float *vb, bool k_t) {
-    if (k_t) {
+ * the same way, or transposed (kb[d * bs + j], through vb first) when the scorer wants it, or
+ * transposed at stride 16 for the AVX2 update (kt16). */
+static void load_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t ja, int32_t jb, float *kb, float *vb, bool k_t,
+                       bool kt16) {
+    if (kt16) {
+        load_rows(kv, kv->k, kv->k_scale, id, kh, ja, jb, vb);
+        fl_attn_kt16_avx2(vb, kv->head_dim, ja, jb, kb);
+    } else if (k_t) {
         const int32_t hd = kv->head_dim, bs = kv->block_size;
         load_rows(kv, kv->k, kv->k_scale, id, kh, ja, jb, vb);
         for (int32_t j = ja; j < jb; j++)
@@ -459,6 +469,7 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_
     const size_t ss = (size_t)hd + 2;
     for (int32_t i = 0; i < (rb - ra) * g; i++) state_init(st + (size_t)i * ss, hd);
     const int32_t p_first = s->pos0 + ra, p_last = s->pos0 + rb - 1;
+    const bool kt16 = jb_->ops.kt16 && bs <= 16;
     const int32_t lo_tile = w > 0 && p_first - w + 1 > 0 ? p_first - w + 1 : 0;
     for (int32_t b = b_lo; b < b_hi; b++) {
         const int32_t j0 = b * bs;
@@ -466,7 +477,7 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_
         const int32_t jz = p_last - j0 + 1 < bs ? p_last - j0 + 1 : bs; /* one past the last */
         if (ja >= jz) continue;
         if (b + 1 < b_hi) prefetch_block(kv, s->blocks[b + 1], kh);
-        load_block(kv, s->blocks[b], kh, ja, jz, kb, vb, jb_->ops.scores_t != NULL);
+        load_block(kv, s->blocks[b], kh, ja, jz, kb, vb, jb_->ops.scores_t != NULL, kt16);
         for (int32_t r = ra; r < rb; r++) {
             const int32_t p = s->pos0 + r;
             const int32_t lo = w > 0 && p - w + 1 > 0 ? p - w + 1 : 0;
@@ -476,6 +487,7 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_
             float *st_r = st + (size_t)(r - ra) * (size_t)g * ss;
             if (jb_->ops.scores_t == scores_avx512_t && bs <= 16) /* the group's heads together */
                 update16_heads(g, st_r, ss, q_r, hd, kb, vb, ra_, rz, bs, pp->scale, sc);
+            else if (kt16) fl_attn_block16_avx2(g, st_r, ss, q_r, hd, kb, vb, ra_, rz, pp->scale);
             else
                 for (int32_t gi = 0; gi < g; gi++)
                     state_update(&jb_->ops, st_r + (size_t)gi * ss, q_r + (size_t)gi * (size_t)hd, kb, vb, ra_, rz, hd, bs, pp->scale, sc);
@@ -490,7 +502,7 @@ static void phase1(void *ctx, int ith, int nth) {
     const int32_t hd = kv->head_dim, bs = kv->block_size, g = pp->n_head / kv->n_head_kv;
     const size_t ss = (size_t)hd + 2;
     float *kb = J->thread_ws + (size_t)ith * J->pl.per_thread;
-    float *vb = kb + (size_t)bs * (size_t)hd;
+    float *vb = kb + (size_t)k_rows(kv) * (size_t)hd;
     float *sc = vb + (size_t)bs * (size_t)hd;
     float *run = sc + bs;                       /* [Q_TILE][g][hd + 2] merged so far */
     float *part = run + (size_t)Q_TILE * (size_t)g * ss; /* [Q_TILE][g][hd + 2] one partition */

@@ -3,6 +3,7 @@
  * SwiGLU and the polynomial exp give the reference's bits: the same fused multiply-adds, and
  * 2^n applied in two exact-or-once-rounded power-of-two products where the reference calls
  * ldexpf (so denormal results round as ldexpf rounds them). */
+#include "kernels/avx2/exp_avx2.h"
 #include "kernels/ops.h"
 
 #include <immintrin.h>
@@ -77,46 +78,22 @@ void fl_rmsnorm_row_avx2(float *out, const float *inp, const float *weight, int6
     }
 }
 
-/* 2^k for integer k in [-126, 127], as float bits */
-static inline __m256 pow2i(__m256i k) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23)); }
-
-/* exp(x), 8 lanes: the arithmetic of fl_expf_poly (kernels/ops.h), lane for lane. */
-static inline __m256 exp256(__m256 x) {
-    const __m256 shift = _mm256_set1_ps(0x1.8p23f);
-    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift), shift);
-    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
-    const __m256 u = _mm256_mul_ps(b, b);
-    const __m256 hi = _mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f));
-    const __m256 mid = _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f));
-    const __m256 lo = _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f));
-    const __m256 p = _mm256_fmadd_ps(_mm256_fmadd_ps(hi, u, mid), u, lo);
-    const __m256 an = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
-    const __m256 big = _mm256_cmp_ps(an, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
-    const __m256 nc = _mm256_blendv_ps(n, _mm256_setzero_ps(), big); /* keep the shifts in range */
-    /* ldexpf(p, n): p 2^(n - n / 2) is exact (|n - n / 2| <= 96, p near 1), times 2^(n / 2)
-     * rounds once, as ldexpf does */
-    const __m256i k = _mm256_cvtps_epi32(nc), k1 = _mm256_srai_epi32(k, 1), k2 = _mm256_sub_epi32(k, k1);
-    const __m256 r = _mm256_mul_ps(_mm256_mul_ps(p, pow2i(k2)), pow2i(k1));
-    if (_mm256_testz_ps(big, big)) return r;
-    const __m256 sat = _mm256_blendv_ps(_mm256_set1_ps(INFINITY), _mm256_setzero_ps(), _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ));
-    return _mm256_blendv_ps(r, sat, big);
-}
-
+/* fl_exp_avx2 (kernels/avx2/exp_avx2.h) 8 lanes at a time, the tail masked */
 void fl_expf_poly_row_avx2(float *y, const float *x, int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp256(_mm256_loadu_ps(x + i)));
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, fl_exp_avx2(_mm256_loadu_ps(x + i)));
     if (i < n) {
         const __m256i m = tail_mask(n - i);
-        _mm256_maskstore_ps(y + i, m, exp256(_mm256_maskload_ps(x + i, m)));
+        _mm256_maskstore_ps(y + i, m, fl_exp_avx2(_mm256_maskload_ps(x + i, m)));
     }
 }
 
 static inline __m256 swiglu256(__m256 g, __m256 u) {
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    const __m256 e = fl_exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), g));
     return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
 }
 
-/* silu(g) u = g / (1 + exp(-g)) u with exp256 on every lane (the tail masked), as the reference. */
+/* silu(g) u = g / (1 + exp(-g)) u with fl_exp_avx2 on every lane (the tail masked), as the reference. */
 void fl_swiglu_avx2(float *out, const float *gate, const float *up, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, swiglu256(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
