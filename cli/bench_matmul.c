@@ -53,17 +53,34 @@ static float *rand_f32(int64_t n, uint64_t seed) {
     return x;
 }
 
+/* The weights of a type: quantized (q4_0_r8: as Q4_0, then repacked in place 8 rows at a time,
+ * as the model loader does on AVX2); false if out of memory. */
+static bool quantize_w(int32_t type, const float *f, int64_t N, int64_t K, char *w) {
+    if (type != FL_TYPE_Q4_0_R8) return fl_quantize_tensor(type, f, N, K, w) == FL_OK;
+    if (fl_quantize_tensor(FL_TYPE_Q4_0, f, N, K, w) != FL_OK) return false;
+    const size_t ldw = fl_quantize_size(FL_TYPE_Q4_0, 1, K);
+    void *tmp = fl_alloc(FL_MEM_SCRATCH, FL_R8_ROWS * ldw, 64);
+    if (!tmp) return false;
+    for (int64_t r = 0; r < N; r += FL_R8_ROWS) fl_q4_0_r8_repack(w + (size_t)r * ldw, ldw, K, tmp);
+    fl_free(FL_MEM_SCRATCH, tmp, FL_R8_ROWS * ldw);
+    return true;
+}
+
+static size_t wsize(int32_t type, int64_t N, int64_t K) {
+    return fl_quantize_size(type == FL_TYPE_Q4_0_R8 ? FL_TYPE_Q4_0 : type, N, K);
+}
+
 /* Microseconds per q, k, v projection of M tokens: [0] three fl_matmul calls, [1] one
  * fl_matmul_n, alternated for at least secs; false if out of memory. */
 static bool time_qkv(int32_t type, int64_t M, double secs, double us[2]) {
     const int64_t K = 2048, rows[3] = {2048, 256, 256}, N = 2560;
-    const size_t rb = fl_quantize_size(type, 1, K);
+    const size_t rb = wsize(type, 1, K);
     float *f = rand_f32(N * K, 99), *x = rand_f32(M * K, 98);
     char *w = fl_alloc(FL_MEM_WEIGHTS, rb * (size_t)N, 4096);
     float *y = fl_alloc(FL_MEM_ACT, (size_t)(M * N) * 4, 64);
     bool ok = f && x && w && y;
+    if (ok) ok = quantize_w(type, f, N, K, w);
     if (ok) {
-        fl_quantize_tensor(type, f, N, K, w);
         fl_tensor W[3];
         const fl_tensor *Wp[3];
         float *yp[3];
@@ -150,7 +167,7 @@ int fl_bench_matmul(int argc, char **argv) {
     int rc = 0;
     for (char *save = NULL, *tn = strtok_r(types_s, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
         const int32_t type = fl_type_from_name(tn);
-        if (type < 0 || fl_matmul_supported(type) != FL_OK || !fl_quantize_supported(type)) {
+        if (type < 0 || fl_matmul_supported(type) != FL_OK || (!fl_quantize_supported(type) && type != FL_TYPE_Q4_0_R8)) {
             fprintf(stderr, "fitllm bench matmul: unsupported type '%s'\n", tn);
             rc = 2;
             break;
@@ -158,7 +175,7 @@ int fl_bench_matmul(int argc, char **argv) {
         double sum_bytes = 0, sum_t_gemv = 0, sum_ops = 0, sum_t_gemm = 0, sum_t_int8 = 0;
         for (int s = 0; s < 5; s++) {
             const int64_t N = shapes[s][0], K = shapes[s][1];
-            const size_t wbytes = fl_quantize_size(type, N, K);
+            const size_t wbytes = wsize(type, N, K);
             size_t R = (stream + wbytes - 1) / wbytes;
             if (R < 1) R = 1;
             float *f = rand_f32(N * K, (uint64_t)s + 1);
@@ -173,7 +190,15 @@ int fl_bench_matmul(int argc, char **argv) {
                 if (y) fl_free(FL_MEM_ACT, y, (size_t)(M * N) * 4);
                 break;
             }
-            fl_quantize_tensor(type, f, N, K, w);
+            if (!quantize_w(type, f, N, K, w)) {
+                fprintf(stderr, "fitllm bench matmul: %s\n", fl_last_error());
+                rc = 1;
+                fl_free(FL_MEM_SCRATCH, f, (size_t)(N * K) * 4);
+                fl_free(FL_MEM_WEIGHTS, w, wbytes * R);
+                fl_free(FL_MEM_SCRATCH, x, (size_t)(M * K) * 4);
+                fl_free(FL_MEM_ACT, y, (size_t)(M * N) * 4);
+                break;
+            }
             fl_free(FL_MEM_SCRATCH, f, (size_t)(N * K) * 4);
             for (size_t i = 1; i < R; i++) memcpy(w + i * wbytes, w, wbytes);
             fl_tensor W[1];

@@ -319,6 +319,7 @@ int fl_bench_serve(int argc, char **argv) {
         {"top-p", 0, FL_OPT_FLOAT, "P  top-p of every request (default 1: off)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
+        {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
         {0},
     };
     int n_pos;
@@ -374,6 +375,7 @@ int fl_bench_serve(int argc, char **argv) {
     if ((o = fl_args_get(opts, "kv-type"))->set) rc.ep.kv_type = o->str;
     if ((o = fl_args_get(opts, "weights"))->set) rc.ep.weights_type = o->str;
     rc.ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
+    rc.ep.no_repack = fl_args_get(opts, "no-repack")->set;
     if ((o = fl_args_get(opts, "kv-block-size"))->set) rc.ep.kv_block_size = (int32_t)o->i;
     rc.ep.prefix_cache = !fl_args_get(opts, "no-prefix-cache")->set;
     rc.ep.preempt = strcmp(pm, "swap") ? FL_PREEMPT_RECOMPUTE : FL_PREEMPT_SWAP;

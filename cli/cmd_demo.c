@@ -79,6 +79,7 @@ int fl_cmd_demo(int argc, char **argv) {
         {"temp", 0, FL_OPT_FLOAT, "T  sampling temperature (default 0.8; 0 = greedy)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object instead of text"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
+        {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
         {0},
     };
     int n_pos;
@@ -128,6 +129,7 @@ int fl_cmd_demo(int argc, char **argv) {
     }
     if ((o = fl_args_get(opts, "weights"))->set) ep.weights_type = o->str;
     ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
+    ep.no_repack = fl_args_get(opts, "no-repack")->set;
     if ((o = fl_args_get(opts, "kv-type"))->set) ep.kv_type = o->str;
     ep.n_ctx = 512;
     /* what the plan says the engine will use (compared with the measured peak at the end) */

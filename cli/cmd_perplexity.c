@@ -52,6 +52,7 @@ int fl_cmd_perplexity(int argc, char **argv) {
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         FL_CLI_KV_OPTS,
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
+        {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
         {0},
     };
     int n_pos;
@@ -93,6 +94,7 @@ int fl_cmd_perplexity(int argc, char **argv) {
     if (!(text = fl_cli_read_file(o_file->str, &text_len))) goto fail;
     fl_model_params mp = fl_model_default_params();
     mp.no_mmap = fl_args_get(opts, "no-mmap")->set;
+    mp.repack = !fl_args_get(opts, "no-repack")->set;
     if ((st = fl_model_load(o_model->str, &mp, &m))) goto fail;
     const fl_hparams *hp = fl_model_hparams(m);
     const int32_t V = hp->n_vocab;

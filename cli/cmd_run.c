@@ -139,6 +139,7 @@ int fl_cmd_run(int argc, char **argv) {
         FL_CLI_KV_OPTS,
         {"weights", 0, FL_OPT_STR, "T  convert weights at load: q8_0 q4_0 nf4 fp8_e4m3 f16 ..."},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
+        {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
         {0},
     };
     int n_pos;
@@ -219,6 +220,7 @@ int fl_cmd_run(int argc, char **argv) {
     }
     fl_model_params mparams = fl_model_default_params();
     mparams.no_mmap = fl_args_get(opts, "no-mmap")->set;
+    mparams.repack = !fl_args_get(opts, "no-repack")->set;
     if (fl_args_get(opts, "weights")->set) {
         const char *wn = fl_args_get(opts, "weights")->str;
         mparams.weights_type = fl_type_from_name(wn);

@@ -2,6 +2,8 @@
  * references in shared/reference and shared/models. */
 #include "test.h"
 
+#include "kernels/dispatch.h"
+
 #include "core/status.h"
 #include "core/threads.h"
 #include "formats/gguf.h"
@@ -23,10 +25,12 @@ typedef struct runner {
     int32_t n_vocab, max_rows;
 } runner;
 
+static const fl_model_params *g_load_params; /* NULL: the defaults */
+
 static void runner_init_kv(runner *r, const char *model, int32_t n_ctx, int32_t n_seq, int32_t max_tokens,
                            int32_t max_rows, int32_t kv_type) {
     memset(r, 0, sizeof *r);
-    fl_status st = fl_model_load(FL_SHARED_PATH(model), NULL, &r->m);
+    fl_status st = fl_model_load(FL_SHARED_PATH(model), g_load_params, &r->m);
     if (st) fail_msg("load %s: %s", model, fl_last_error());
     const fl_hparams *hp = fl_model_hparams(r->m);
     fl_kv_contig_params kp = {hp->n_layer, hp->n_head_local, hp->n_head_kv_local, hp->head_dim, n_ctx, n_seq, hp->n_swa, kv_type};
@@ -310,6 +314,57 @@ static void test_tiny_random_greedy(void **state) {
     fl_test_mem_zero();
 }
 
+/* The Q4_0_R8 repack (params.repack, on AVX2): every Q4_0 matrix changes type (not the embeddings),
+ * the file does not, and the logits of a prompt and 40 greedy tokens agree with the file's layout
+ * (the integer sums are the same; only the f32 order of the GEMV differs). */
+static void test_repack(void **state) {
+    (void)state;
+    NEED_SHARED();
+    static const int32_t prompt[] = {1, 403, 407, 261, 378, 432, 261, 376};
+    const char *path = "models/stories260K-q4_0.gguf";
+    size_t flen;
+    char *before = fl_test_read_file(FL_SHARED_PATH(path), &flen);
+    assert_non_null(before);
+    float *lg[3];
+    int32_t ids[3][40], nv = 0;
+    const bool avx2 = fl_isa_get() == FL_ISA_AVX2;
+    for (int pass = 0; pass < 3; pass++) { /* as in the file; repacked in the mapping; in the --no-mmap copy */
+        fl_model_params p = fl_model_default_params();
+        p.repack = pass > 0;
+        p.no_mmap = pass == 2;
+        g_load_params = &p;
+        runner r;
+        runner_init(&r, path, 128, 1, 16, 1);
+        g_load_params = NULL;
+        const fl_layer *L = fl_model_layer(r.m, 0);
+        assert_int_equal(L->wq.type, pass && avx2 ? FL_TYPE_Q4_0_R8 : FL_TYPE_Q4_0);
+        assert_int_equal(L->wk.type, pass && avx2 ? FL_TYPE_Q4_0_R8 : FL_TYPE_Q4_0);
+        assert_int_equal(L->w1.type, FL_TYPE_Q4_0); /* 172 rows: not whole groups of 8 */
+        assert_int_equal(L->w2.type, FL_TYPE_F16);  /* (K = 172: this file keeps ffn_down in f16) */
+        assert_int_equal(fl_model_tok_embd(r.m)->type, FL_TYPE_Q5_0);
+        eval(&r, 0, prompt, 8, 0, 0);
+        nv = r.n_vocab;
+        lg[pass] = fl_alloc(FL_MEM_MISC, sizeof(float) * (size_t)r.n_vocab, 64);
+        memcpy(lg[pass], r.logits, sizeof(float) * (size_t)r.n_vocab);
+        float gap = 0;
+        assert_int_equal(greedy(&r, prompt, 8, 40, -1, ids[pass], NULL, &gap), 40);
+        if (pass) {
+            const double e = fl_test_nmse(lg[0], lg[pass], r.n_vocab);
+            if (!(e < 1e-9)) fail_msg("repacked logits (pass %d): NMSE %.3g", pass, e);
+            assert_memory_equal(ids[0], ids[pass], sizeof ids[0]);
+            if (pass == 2) assert_memory_equal(lg[1], lg[2], sizeof(float) * (size_t)nv); /* the same repack either way */
+        }
+        runner_free(&r);
+    }
+    size_t alen;
+    char *after = fl_test_read_file(FL_SHARED_PATH(path), &alen);
+    assert_true(alen == flen && !memcmp(before, after, flen));
+    fl_test_free_file(before, flen);
+    fl_test_free_file(after, alen);
+    for (int pass = 0; pass < 3; pass++) fl_free(FL_MEM_MISC, lg[pass], sizeof(float) * (size_t)nv);
+    fl_test_mem_zero();
+}
+
 /* Several sequences in one batch (a decode, a continued prefill and a fresh prefill) give the
  * same logits as each sequence evaluated alone. */
 static void test_mixed_batch(void **state) {
@@ -429,7 +484,7 @@ int main(void) {
         cmocka_unit_test(test_workspace_bytes),  cmocka_unit_test(test_logits_f32), cmocka_unit_test(test_logits_float64_ref),
         cmocka_unit_test(test_logits_f16),       cmocka_unit_test(test_greedy_f32),
         cmocka_unit_test(test_greedy_f16),       cmocka_unit_test(test_tiny_random_greedy), cmocka_unit_test(test_synth256_types),
-        cmocka_unit_test(test_mixed_batch),      cmocka_unit_test(test_unknown_arch),
+        cmocka_unit_test(test_mixed_batch),      cmocka_unit_test(test_repack),      cmocka_unit_test(test_unknown_arch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -96,6 +96,13 @@ void fl_mmap_close(fl_mmap *m) {
     memset(m, 0, sizeof *m);
 }
 
+fl_status fl_mmap_protect(const fl_mmap *m, bool writable) {
+    if (!m->data) return fl_set_error(FL_ERR_IO, "no mapping to change");
+    if (mprotect((void *)m->data, m->anon_bytes ? m->anon_bytes : m->size, PROT_READ | (writable ? PROT_WRITE : 0)))
+        return fl_set_error(FL_ERR_IO, "cannot make the weights %s: %s", writable ? "writable" : "read-only", strerror(errno));
+    return FL_OK;
+}
+
 void fl_mmap_prefetch(const fl_mmap *m, size_t off, size_t len) {
     if (!m->data || off >= m->size) return;
     if (len > m->size - off) len = m->size - off;

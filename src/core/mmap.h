@@ -15,6 +15,8 @@
 
 #include "fitllm.h"
 
+#include <stdbool.h>
+
 typedef struct fl_mmap {
     const unsigned char *data;
     size_t size;
@@ -24,6 +26,10 @@ typedef struct fl_mmap {
 fl_status fl_mmap_open(fl_mmap *m, const char *path);
 fl_status fl_mmap_open_read(fl_mmap *m, const char *path);
 void fl_mmap_close(fl_mmap *m);
+/* Make the whole mapping writable (private: written pages become the process's own copies,
+ * the file is never changed) or read-only again; for rewriting weights in place at load (the
+ * Q4_0_R8 repack).  FL_ERR_IO if the kernel refuses. */
+fl_status fl_mmap_protect(const fl_mmap *m, bool writable);
 /* Hint that [off, off+len) will be read soon (MADV_WILLNEED); errors are ignored. */
 void fl_mmap_prefetch(const fl_mmap *m, size_t off, size_t len);
 

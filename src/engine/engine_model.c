@@ -146,6 +146,7 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
         }
     }
     mp.no_mmap = p.no_mmap != 0;
+    mp.repack = p.no_repack == 0;
     st = fl_model_load(p.model_path, &mp, &m->model);
     if (st != FL_OK) goto fail;
     const fl_hparams *hp = fl_model_hparams(m->model);

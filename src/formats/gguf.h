@@ -84,6 +84,9 @@ fl_status fl_gguf_open_ex(const char *path, bool no_mmap, fl_gguf **out);
 /* Parse a caller-owned buffer (borrowed for the reader's lifetime). */
 fl_status fl_gguf_open_mem(const void *data, size_t size, fl_gguf **out);
 void fl_gguf_free(fl_gguf *g);
+/* The file's mapping writable (or read-only again), for rewriting tensor data in place at load;
+ * FL_ERR_UNSUPPORTED for a gguf opened from memory.  The file itself never changes. */
+fl_status fl_gguf_set_writable(fl_gguf *g, bool writable);
 
 uint32_t fl_gguf_version(const fl_gguf *g);
 uint32_t fl_gguf_alignment(const fl_gguf *g);

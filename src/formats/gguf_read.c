@@ -341,6 +341,11 @@ fl_status fl_gguf_open_mem(const void *data, size_t size, fl_gguf **out) {
 
 fl_status fl_gguf_open(const char *path, fl_gguf **out) { return fl_gguf_open_ex(path, false, out); }
 
+fl_status fl_gguf_set_writable(fl_gguf *g, bool writable) {
+    if (!g->map.data) return fl_set_error(FL_ERR_UNSUPPORTED, "gguf opened from memory: its tensors cannot be rewritten");
+    return fl_mmap_protect(&g->map, writable);
+}
+
 fl_status fl_gguf_open_ex(const char *path, bool no_mmap, fl_gguf **out) {
     *out = NULL;
     fl_gguf *g = fl_calloc(FL_MEM_MISC, 1, sizeof *g);

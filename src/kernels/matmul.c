@@ -52,6 +52,8 @@ static bool panel_path(int32_t type, int64_t M);
 static bool int8_path(int32_t type, int64_t M, bool *llama) {
     *llama = false;
     if (fl_matmul_f32_act()) return false;
+    if (type == FL_TYPE_Q4_0_R8) /* its AVX2 kernels or the reference; elsewhere the f32 path */
+        return !fl_matmul_llama_order() && (fl_isa_get() == FL_ISA_AVX2 || fl_isa_get() == FL_ISA_REF) && M <= INT32_MAX;
     if (fl_matmul_llama_order() && (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0 || type == FL_TYPE_Q5_0)) {
         *llama = true;
         return true;
@@ -125,6 +127,9 @@ static int unit_matrix(const int64_t *ubase, int64_t u) {
     return i;
 }
 
+/* Rows per tile of the GEMV chunks and the tile path: Q4_0_R8 is addressed by groups of 8 rows. */
+static int64_t row_tile(int32_t type) { return type == FL_TYPE_Q4_0_R8 ? FL_R8_ROWS : 4; }
+
 static void q8_quant_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
     int64_t lo, hi;
@@ -144,7 +149,6 @@ static void q8_quant_task(void *p, int ith, int nth) {
         }
 }
 
-#define ROW_TILE 4
 #define TOK_TILE 4
 #define GEMV_CHUNK_BYTES (256 * 1024) /* GEMV chunk size: long runs keep each thread's stream
                                        * sequential for the prefetchers (Q4_0 decode +5-10%) */
@@ -156,13 +160,13 @@ static void q8_quant_task(void *p, int ith, int nth) {
  * running alone (TinyLlama's 256-row K and V projections in Q4_0 split 224 + 32 rows).  Returns
  * the number of chunks, *gc the rows per chunk. */
 static int64_t gemv_chunks(const fl_tensor *W, int nth, int64_t *gc) {
-    const int64_t N = W->ne[1], tiles = (N + ROW_TILE - 1) / ROW_TILE;
-    int64_t tpc = (int64_t)(GEMV_CHUNK_BYTES / (ROW_TILE * W->nb[1])); /* row tiles per full chunk */
+    const int64_t rt = row_tile(W->type), N = W->ne[1], tiles = (N + rt - 1) / rt;
+    int64_t tpc = (int64_t)(GEMV_CHUNK_BYTES / ((size_t)rt * W->nb[1])); /* row tiles per full chunk */
     if (tpc < 1) tpc = 1;
     int64_t nc = nth * ((2 * tiles + nth * tpc) / (2 * nth * tpc)); /* a multiple of nth: rounded */
     if (nc < nth) nc = nth; /* (chunks of 2/3 to 3/2 of the full size, one per thread at least) */
     if (nc > tiles) nc = tiles;
-    *gc = (tiles + nc - 1) / nc * ROW_TILE;
+    *gc = (tiles + nc - 1) / nc * rt;
     return (N + *gc - 1) / *gc;
 }
 
@@ -172,10 +176,10 @@ static void q8_gemm_task(void *p, int ith, int nth) {
     const size_t ldw = c->W->nb[1];
     /* split rows in multiples of the row tile */
     int64_t lo, hi;
-    const int64_t ntiles = (N + ROW_TILE - 1) / ROW_TILE;
+    const int64_t rt = row_tile(c->W->type), ntiles = (N + rt - 1) / rt;
     fl_split_range(ntiles, ith, nth, &lo, &hi);
-    lo *= ROW_TILE;
-    hi = hi * ROW_TILE < N ? hi * ROW_TILE : N;
+    lo *= rt;
+    hi = hi * rt < N ? hi * rt : N;
     if (gemv_path(c->W->type, c->M)) { /* GEMV: chunks (gemv_chunks) taken dynamically from all the matrices */
         for (;;) {
             const int64_t u = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
@@ -189,13 +193,13 @@ static void q8_gemm_task(void *p, int ith, int nth) {
         return;
     }
     int64_t chunk = (int64_t)(CHUNK_BYTES / ldw);
-    chunk = chunk < ROW_TILE ? ROW_TILE : chunk - chunk % ROW_TILE;
+    chunk = chunk < rt ? rt : chunk - chunk % rt;
     for (int64_t n0 = lo; n0 < hi; n0 += chunk) {
         const int64_t n1 = n0 + chunk < hi ? n0 + chunk : hi;
         for (int64_t m = 0; m < c->M; m += TOK_TILE) {
             const int nt = (int)(c->M - m < TOK_TILE ? c->M - m : TOK_TILE);
-            for (int64_t n = n0; n < n1; n += ROW_TILE) {
-                const int nr = (int)(n1 - n < ROW_TILE ? n1 - n : ROW_TILE);
+            for (int64_t n = n0; n < n1; n += rt) {
+                const int nr = (int)(n1 - n < rt ? n1 - n : rt);
                 c->gemm(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, &c->act, m, nt, c->y + m * N + n, N);
             }
         }
@@ -240,7 +244,7 @@ void fl_matmul_set_few_token_gemv(bool on) { g_few_token_gemv = on; }
 int64_t fl_matmul_gemv_max_tokens(int32_t type) {
     if (fl_isa_get() != FL_ISA_AVX2 || !g_few_token_gemv) return 1;
     switch (type) {
-    case FL_TYPE_Q4_0: return GEMV_MAX_Q4_0;
+    case FL_TYPE_Q4_0: case FL_TYPE_Q4_0_R8: return GEMV_MAX_Q4_0;
     case FL_TYPE_Q8_0: return GEMV_MAX_Q8_0;
     case FL_TYPE_Q4_K: return GEMV_MAX_Q4_K;
     case FL_TYPE_Q5_K: return GEMV_MAX_Q5_K;
@@ -264,6 +268,7 @@ static bool panel_path(int32_t type, int64_t M) {
     const fl_isa isa = fl_isa_get();
     const bool own = type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL ||
                      type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K; /* panels for every step on AVX2 */
+    if (type == FL_TYPE_Q4_0_R8) return isa == FL_ISA_AVX2 && M > 1 && M <= INT32_MAX && !gemv_path(type, M);
     if (M <= 1 || M > INT32_MAX || gemv_path(type, M)) return false;
     const bool common = type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K;
     return (isa == FL_ISA_AVX512 && common) ||
@@ -590,7 +595,8 @@ static void f32_task(void *p, int ith, int nth) {
             const char *src = (const char *)c->W->data + (n0 + i) * c->W->nb[1];
             if (c->W->type == FL_TYPE_F32) r[i] = (const float *)src;
             else {
-                if (c->W->type == FL_TYPE_F16) c->cvt->f16_to_f32((const uint16_t *)src, rows + i * K, K);
+                if (c->W->type == FL_TYPE_Q4_0_R8) fl_q4_0_r8_dequant_row(c->W->data, c->W->nb[1], n0 + i, rows + i * K, K);
+                else if (c->W->type == FL_TYPE_F16) c->cvt->f16_to_f32((const uint16_t *)src, rows + i * K, K);
                 else if (c->W->type == FL_TYPE_BF16) c->cvt->bf16_to_f32((const uint16_t *)src, rows + i * K, K);
                 else if (c->dot == fl_mm_dot_f32_avx512) fl_dequant_row_avx512(c->W->type, src, rows + i * K, K);
                 else if (c->dot == fl_mm_dot_f32_avx2) fl_dequant_row_avx2(c->W->type, src, rows + i * K, K);
@@ -677,7 +683,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 goto each;
             }
             if (!c.amx_act && !gemv_path(W->type, M) && !panel_path(W->type, M) && W->type != FL_TYPE_Q8_0 && W->type != FL_TYPE_Q4_0 &&
-                W->type != FL_TYPE_Q4_K && !llama) {
+                W->type != FL_TYPE_Q4_0_R8 && W->type != FL_TYPE_Q4_K && !llama) {
                 fl_act_q8_free(&c.act);
                 goto f32_path;
             }

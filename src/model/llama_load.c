@@ -2,6 +2,7 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "kernels/dispatch.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 #include "model/arch.h"
@@ -223,6 +224,66 @@ static fl_status convert_weights(fl_model *m) {
     return st;
 }
 
+/* ---- the Q4_0_R8 repack (params.repack) ---- */
+
+static bool repacks(const fl_tensor *t) {
+    return t->type == FL_TYPE_Q4_0 && t->n_dims == 2 && t->ne[1] % FL_R8_ROWS == 0 && t->nb[1] == fl_type_row_size(FL_TYPE_Q4_0, t->ne[0]);
+}
+
+/* Q4_0 matrices (not the token embeddings, whose rows are looked up one at a time) rewritten in
+ * place, 8 rows at a time: the same bytes, so no memory is added or planned; in a file mapping
+ * the written pages become the process's own (private) pages, the file is never changed. */
+static fl_status repack_weights(fl_model *m) {
+    const fl_hparams *hp = &m->hp;
+    if (fl_isa_get() != FL_ISA_AVX2 || fl_matmul_llama_order() || fl_matmul_f32_act()) return FL_OK;
+    if (hp->n_layer > 1024) return FL_OK;
+    fl_tensor *all[1 + 7 * 1024];
+    size_t n = 0;
+    if (!hp->tied_output) all[n++] = &m->output;
+    for (int il = 0; il < hp->n_layer; il++) {
+        fl_layer *L = &m->layers[il];
+        fl_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w1, &L->w3, &L->w2};
+        for (size_t i = 0; i < 7; i++) all[n++] = ts[i];
+    }
+    size_t tmp_bytes = 0, total = 0;
+    bool mapped = false;
+    for (size_t i = 0; i < n; i++) {
+        if (!repacks(all[i])) continue;
+        const size_t b = (size_t)FL_R8_ROWS * all[i]->nb[1];
+        if (b > tmp_bytes) tmp_bytes = b;
+        const unsigned char *d = all[i]->data;
+        if (!(m->wconv && d >= (const unsigned char *)m->wconv && d < (const unsigned char *)m->wconv + m->wconv_bytes)) mapped = true;
+    }
+    if (!tmp_bytes) return FL_OK;
+    if (mapped && fl_gguf_set_writable(m->g, true)) { /* (a gguf from memory, or the kernel says no) */
+        FL_LOG_INFO("weights not repacked: %s", fl_last_error());
+        fl_clear_error();
+        return FL_OK;
+    }
+    void *tmp = fl_alloc(FL_MEM_SCRATCH, tmp_bytes, 64);
+    fl_status st = FL_OK;
+    if (!tmp) { /* (a budget too tight for 8 rows): the file's layout, which every path reads */
+        FL_LOG_INFO("weights not repacked: %s", fl_last_error());
+        fl_clear_error();
+    }
+    int32_t count = 0;
+    for (size_t i = 0; i < n && tmp; i++) {
+        fl_tensor *t = all[i];
+        if (!repacks(t)) continue;
+        for (int64_t r = 0; r < t->ne[1]; r += FL_R8_ROWS) fl_q4_0_r8_repack((char *)t->data + (size_t)r * t->nb[1], t->nb[1], t->ne[0], tmp);
+        t->type = FL_TYPE_Q4_0_R8;
+        total += fl_tensor_nbytes(t);
+        count++;
+    }
+    if (tmp) fl_free(FL_MEM_SCRATCH, tmp, tmp_bytes);
+    if (mapped) {
+        const fl_status s2 = fl_gguf_set_writable(m->g, false);
+        if (!st) st = s2;
+    }
+    if (!st && count) FL_LOG_INFO("%d Q4_0 matrices (%.2f MiB) repacked as q4_0_r8 for the AVX2 GEMV", count, (double)total / 1048576.0);
+    return st;
+}
+
 fl_status fl_model_load(const char *path, const fl_model_params *params, fl_model **out) {
     *out = NULL;
     fl_model *m = fl_calloc(FL_MEM_MISC, 1, sizeof *m);
@@ -255,6 +316,7 @@ fl_status fl_model_load(const char *path, const fl_model_params *params, fl_mode
     for (int il = 0; il < hp->n_layer; il++)
         if ((st = bind_layer(m->g, hp, il, &m->layers[il]))) goto fail_ctx;
     if (m->params.weights_type >= 0 && (st = convert_weights(m))) goto fail_ctx;
+    if (m->params.repack && (st = repack_weights(m))) goto fail_ctx;
     *out = m;
     return FL_OK;
 fail_ctx:

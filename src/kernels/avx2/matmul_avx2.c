@@ -206,6 +206,90 @@ INLINE void gemv_rows(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 
         for (int t = 0; t < NT; t++) y[t * ldy + r] = fl_hsum8_avx2(acc[r * NT + t]);
 }
 
+/* Q4_0_R8 (groups of 8 interleaved rows, kernels/matmul.h): G groups x NT tokens per pass.
+ * The lanes are rows: per block and group, 4 loads of 8 rows x 4 code bytes, each split into
+ * its low nibbles (codes 4q..4q+3) and high ones (16 + 4q..) and multiplied by the token's
+ * broadcast 4 activation codes (vpmaddubsw), the int16 pair sums added in int16 from -8 x their
+ * codes' sums (fl_act_q8.o4) to sum (w - 8) x (as the panel tile); then one vpmaddwd, one
+ * convert and one fma with the 8 rows' scales (one f16 convert) times d_x.  That is about half
+ * the vector work per weight of gemv_rows, whose lanes are codes and which pays a convert, a
+ * scale broadcast and an fma per row and block.  The groups stream in order, prefetched
+ * R8_PF bytes ahead. */
+#define R8_PF 2048
+INLINE void gemv_r8(const char *w, size_t gstride, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy, const int G,
+                    const int NT) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const int64_t nb = a->nb, K = a->K;
+    const int8_t *xq = a->qs + m0 * K;
+    const float *dx = a->d + m0 * nb;
+    const int32_t *o4 = a->o4 + m0 * nb;
+    __m256 acc[2][3];
+#pragma GCC unroll 2
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 3
+        for (int t = 0; t < NT; t++) acc[g][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *blk = w + (size_t)b * FL_R8_BLOCK;
+#pragma GCC unroll 2
+        for (int g = 0; g < G; g++)
+#pragma GCC unroll 3
+            for (int l = 0; l < 3; l++) _mm_prefetch(blk + (size_t)g * gstride + R8_PF + 48 * l, _MM_HINT_T0);
+        __m256i s[2][3];
+#pragma GCC unroll 2
+        for (int g = 0; g < G; g++)
+#pragma GCC unroll 3
+            for (int t = 0; t < NT; t++) s[g][t] = _mm256_set1_epi32(o4[t * nb + b]);
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) {
+            __m256i lo[2], hi[2];
+#pragma GCC unroll 2
+            for (int g = 0; g < G; g++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (size_t)g * gstride + 16 + 32 * q));
+                lo[g] = _mm256_and_si256(v, m4);
+                hi[g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            }
+#pragma GCC unroll 3
+            for (int t = 0; t < NT; t++) {
+                const int32_t *xb = (const int32_t *)(xq + t * K + b * 32);
+                const __m256i xl = _mm256_set1_epi32(xb[q]), xh = _mm256_set1_epi32(xb[q + 4]);
+#pragma GCC unroll 2
+                for (int g = 0; g < G; g++) {
+                    s[g][t] = _mm256_add_epi16(s[g][t], _mm256_maddubs_epi16(lo[g], xl));
+                    s[g][t] = _mm256_add_epi16(s[g][t], _mm256_maddubs_epi16(hi[g], xh));
+                }
+            }
+        }
+#pragma GCC unroll 2
+        for (int g = 0; g < G; g++) {
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + (size_t)g * gstride)));
+#pragma GCC unroll 3
+            for (int t = 0; t < NT; t++)
+                acc[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[g][t], ones)),
+                                            _mm256_mul_ps(dw, _mm256_set1_ps(dx[t * nb + b])), acc[g][t]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 3
+        for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy + 8 * g, acc[g][t]);
+}
+
+/* nr rows (a multiple of 8, w at a group's first row) x nt tokens, up to 3 at a time: two groups
+ * per pass for one token, one for two or three */
+static void gemm_r8(const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy) {
+    const size_t gs = (size_t)FL_R8_ROWS * ldw;
+    for (int t = 0; t < nt; t += 3) {
+        const int n = nt - t < 3 ? nt - t : 3;
+        for (int r = 0; r < nr; r += 8) {
+            const char *g = w + (size_t)(r / 8) * gs;
+            float *yr = y + t * ldy + r;
+            if (n == 1) gemv_r8(g, gs, a, m0 + t, yr, ldy, 1, 1);
+            else if (n == 2) gemv_r8(g, gs, a, m0 + t, yr, ldy, 1, 2);
+            else gemv_r8(g, gs, a, m0 + t, yr, ldy, 1, 3);
+        }
+    }
+}
+
 /* nt <= 4 tokens x nr rows: 4 rows at a time for one or two tokens, 2 for three or four (at most
  * 8 accumulators live) */
 static void gemv_q8(int32_t wtype, const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
@@ -239,6 +323,10 @@ void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_
             wtype == FL_TYPE_Q4_K ? dot_q4_K : wtype == FL_TYPE_Q5_K ? dot_q5_K : dot_q6_K;
         for (int r = 0; r < nr; r++) /* each row from L1 for every token */
             for (int t = 0; t < nt; t++) y[t * ldy + r] = row(wc + r * ldw, a, m0 + t);
+        return;
+    }
+    if (wtype == FL_TYPE_Q4_0_R8) {
+        gemm_r8(wc, ldw, nr, a, m0, nt, y, ldy);
         return;
     }
     if (wtype != FL_TYPE_Q8_0 && wtype != FL_TYPE_Q4_0) { /* Q4_1, Q5_0, Q5_1, IQ4_NL, Q3_K, Q2_K: their row dots */

@@ -380,7 +380,39 @@ static void pack_q2_K(const char *w, size_t ldw, int64_t K, char *panel) {
     }
 }
 
+/* Q4_0_R8 (kernels/matmul.h) into a Q4_0 panel: group h of the panel's rows is half h, and its
+ * 4 vectors per block are already 8 rows x 4 code bytes, so the pack is a mask and a shift per
+ * vector (low nibbles: group q, high: group q + 4) and one convert of the 8 scales; a panel of
+ * 8 rows has its second half zero. */
+static void pack_r8(const char *w, size_t ldw, int nr, int64_t K, char *panel) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const int64_t nb = K / 32;
+    for (int h = 0; h < 2; h++) {
+        const char *g = w + (size_t)h * FL_R8_ROWS * ldw;
+        for (int64_t b = 0; b < nb; b++) {
+            char *pb = panel + b * PANEL_BLOCK;
+            if (8 * h >= nr) {
+                _mm256_storeu_ps((float *)pb + 8 * h, _mm256_setzero_ps());
+                for (int q = 0; q < 8; q++) _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * q + 32 * h), _mm256_setzero_si256());
+                continue;
+            }
+            const char *gb = g + (size_t)b * FL_R8_BLOCK;
+            _mm256_storeu_ps((float *)pb + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb)));
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(gb + 16 + 32 * q));
+                _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * q + 32 * h), _mm256_and_si256(v, m4));
+                _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * (q + 4) + 32 * h), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            }
+        }
+    }
+}
+
 void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
+    if (wtype == FL_TYPE_Q4_0_R8) { /* nr 8 or 16 (whole groups) */
+        pack_r8(w, ldw, nr, K, panel);
+        return;
+    }
     const bool b32 = wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_IQ4_NL;
     if (nr < FL_PANEL_ROWS || (wtype != FL_TYPE_Q4_0 && wtype != FL_TYPE_Q8_0 && wtype != FL_TYPE_Q4_K &&
                                wtype != FL_TYPE_Q5_K && wtype != FL_TYPE_Q6_K && wtype != FL_TYPE_Q3_K && wtype != FL_TYPE_Q2_K &&
@@ -581,7 +613,7 @@ void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_ac
                   : wtype == FL_TYPE_Q6_K                                                        ? P_Q6K
                   : wtype == FL_TYPE_Q3_K                                                        ? P_Q3K
                   : wtype == FL_TYPE_Q2_K                                                        ? P_Q2K
-                                                                                                 : P_Q4;
+                                                                                                 : P_Q4; /* Q4_0, Q4_0_R8 */
     /* Q4_0 / Q4_K: both halves x 2 tokens per call, so each broadcast activation group serves
      * 16 rows (best of 5, one core, in-cache 16 x 2048 panel: Q4_0 186 -> 206 GOP/s at 16 tokens,
      * 179 -> 198 at 512; `bench matmul -p 64 --types Q4_K --stream-mib 1` 251 -> 269).  Q8_0
