@@ -53,22 +53,21 @@ static float *rand_f32(int64_t n, uint64_t seed) {
     return x;
 }
 
-/* The weights of a type: quantized (q4_0_r8: as Q4_0, then repacked in place 8 rows at a time,
- * as the model loader does on AVX2); false if out of memory. */
+/* The weights of a type: quantized (q4_0_r8 / q8_0_r8: as Q4_0 / Q8_0, then repacked in place 8
+ * rows at a time, as the model loader does on AVX2); false if out of memory. */
 static bool quantize_w(int32_t type, const float *f, int64_t N, int64_t K, char *w) {
-    if (type != FL_TYPE_Q4_0_R8) return fl_quantize_tensor(type, f, N, K, w) == FL_OK;
-    if (fl_quantize_tensor(FL_TYPE_Q4_0, f, N, K, w) != FL_OK) return false;
-    const size_t ldw = fl_quantize_size(FL_TYPE_Q4_0, 1, K);
+    const int32_t base = fl_r8_base(type);
+    if (base < 0) return fl_quantize_tensor(type, f, N, K, w) == FL_OK;
+    if (fl_quantize_tensor(base, f, N, K, w) != FL_OK) return false;
+    const size_t ldw = fl_quantize_size(base, 1, K);
     void *tmp = fl_alloc(FL_MEM_SCRATCH, FL_R8_ROWS * ldw, 64);
     if (!tmp) return false;
-    for (int64_t r = 0; r < N; r += FL_R8_ROWS) fl_q4_0_r8_repack(w + (size_t)r * ldw, ldw, K, tmp);
+    for (int64_t r = 0; r < N; r += FL_R8_ROWS) fl_r8_repack(type, w + (size_t)r * ldw, ldw, K, tmp);
     fl_free(FL_MEM_SCRATCH, tmp, FL_R8_ROWS * ldw);
     return true;
 }
 
-static size_t wsize(int32_t type, int64_t N, int64_t K) {
-    return fl_quantize_size(type == FL_TYPE_Q4_0_R8 ? FL_TYPE_Q4_0 : type, N, K);
-}
+static size_t wsize(int32_t type, int64_t N, int64_t K) { return fl_quantize_size(fl_r8_base(type) >= 0 ? fl_r8_base(type) : type, N, K); }
 
 /* Microseconds per q, k, v projection of M tokens: [0] three fl_matmul calls, [1] one
  * fl_matmul_n, alternated for at least secs; false if out of memory. */
@@ -167,7 +166,7 @@ int fl_bench_matmul(int argc, char **argv) {
     int rc = 0;
     for (char *save = NULL, *tn = strtok_r(types_s, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
         const int32_t type = fl_type_from_name(tn);
-        if (type < 0 || fl_matmul_supported(type) != FL_OK || (!fl_quantize_supported(type) && type != FL_TYPE_Q4_0_R8)) {
+        if (type < 0 || fl_matmul_supported(type) != FL_OK || (!fl_quantize_supported(type) && fl_r8_base(type) < 0)) {
             fprintf(stderr, "fitllm bench matmul: unsupported type '%s'\n", tn);
             rc = 2;
             break;

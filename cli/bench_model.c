@@ -41,7 +41,7 @@ int fl_bench_model(int argc, char **argv) {
         {"repetitions", 'r', FL_OPT_INT, "N  prefills timed, the mean reported (default 1)"},
         FL_CLI_KV_OPTS,
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
-        {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
+        {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
         {0},
     };
     int n_pos;
@@ -145,7 +145,7 @@ int fl_bench_model(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "threads", nth);
         cJSON_AddStringToObject(o, "kv_layout", kv.paged ? "paged" : "contiguous");
         cJSON_AddBoolToObject(o, "mmap", !mp.no_mmap);
-        cJSON_AddBoolToObject(o, "repack", fl_model_layer(m, 0)->wq.type == FL_TYPE_Q4_0_R8 || fl_model_layer(m, 0)->w2.type == FL_TYPE_Q4_0_R8);
+        cJSON_AddBoolToObject(o, "repack", fl_r8_base(fl_model_layer(m, 0)->wq.type) >= 0 || fl_r8_base(fl_model_layer(m, 0)->w2.type) >= 0);
         cJSON_AddNumberToObject(o, "weight_bytes_per_token", wbytes);
         cJSON_AddNumberToObject(o, "mem_bandwidth_gbs", bw);
         cJSON_AddNumberToObject(o, "int8_peak_gops", peak);

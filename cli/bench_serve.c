@@ -319,7 +319,7 @@ int fl_bench_serve(int argc, char **argv) {
         {"top-p", 0, FL_OPT_FLOAT, "P  top-p of every request (default 1: off)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
-        {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
+        {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
         {0},
     };
     int n_pos;

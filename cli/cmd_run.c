@@ -139,7 +139,7 @@ int fl_cmd_run(int argc, char **argv) {
         FL_CLI_KV_OPTS,
         {"weights", 0, FL_OPT_STR, "T  convert weights at load: q8_0 q4_0 nf4 fp8_e4m3 f16 ..."},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
-        {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
+        {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
         {0},
     };
     int n_pos;

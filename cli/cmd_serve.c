@@ -30,7 +30,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"max-tokens-limit", 0, FL_OPT_INT, "N  largest max_tokens accepted (default 4096)"},
         {"alias", 0, FL_OPT_STR, "NAME  model name reported by the API (default: file name)"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
-        {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
+        {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
         {0},
     };
     const char *pos[1];

@@ -102,7 +102,7 @@ typedef struct fl_engine_params {
     int32_t seed;               /* default seed for requests that give none */
     int32_t no_mmap;            /* 1 = read the model file into anonymous memory (huge pages where the
                                  * kernel grants them) instead of mapping it; same MAPPED bytes */
-    int32_t no_repack;          /* 1 = keep Q4_0 matrices as in the file; 0 (default): on AVX2 they are
+    int32_t no_repack;          /* 1 = keep Q4_0 / Q8_0 matrices as in the file; 0 (default): on AVX2 they are
                                  * rewritten in place in groups of 8 rows for its GEMV (same bytes) */
 } fl_engine_params;
 

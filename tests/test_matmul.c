@@ -1049,34 +1049,37 @@ static void test_scratch_bytes(void **state) {
     fl_test_mem_zero();
 }
 
-/* Q4_0_R8 (8 interleaved rows): the repack is a permutation (rows come back byte for byte, the
- * f32 rows are Q4_0's), the reference integer dot takes the same bits as on the Q4_0 rows, the
- * AVX2 GEMV and its panel pack against them (tails of 1-3 tokens, codes and activations at their
- * limits), and fl_matmul on both layouts for every ISA the CPU has, with and without 8-bit
- * activations, and its scratch as fl_matmul_scratch_bytes says. */
-static void test_q4_0_r8(void **state) {
-    (void)state;
+/* Q4_0_R8 / Q8_0_R8 (8 interleaved rows): the repack is a permutation (rows come back byte for
+ * byte, the f32 rows are the base type's), the reference integer dot takes the same bits as on
+ * the base rows, the AVX2 GEMV and its panel pack against them (tails of 1-5 tokens, codes and
+ * activations at their limits), and fl_matmul on both layouts for every ISA the CPU has, with and
+ * without 8-bit activations, and its scratch as fl_matmul_scratch_bytes says. */
+static void check_r8(int32_t base) {
+    const int32_t rtype = fl_r8_of(base);
+    const bool q8 = base == FL_TYPE_Q8_0;
     const int64_t N = 40, K = 160, nb = K / 32;
     qmat q;
-    qmat_make(&q, FL_TYPE_Q4_0, N, K);
+    qmat_make(&q, base, N, K);
     const size_t ldw = q.W.nb[1];
-    /* rows 16..23: codes at the extremes (0 and 15 alternating by block), scale 1 */
+    /* rows 16..23: codes at the extremes (Q4_0 0 and 15, Q8_0 -127 and 127, alternating by
+     * block), scale 1 */
     for (int64_t r = 16; r < 24; r++)
         for (int64_t b = 0; b < nb; b++) {
-            fl_block_q4_0 *blk = (fl_block_q4_0 *)((char *)q.data + r * ldw) + b;
-            blk->d = fl_f32_to_f16(1.0f);
-            memset(blk->qs, (b + r) % 2 ? 0xFF : 0x00, 16);
+            unsigned char *blk = (unsigned char *)q.data + r * ldw + b * (q8 ? 34 : 18);
+            const uint16_t one = fl_f32_to_f16(1.0f);
+            memcpy(blk, &one, 2);
+            memset(blk + 2, (b + r) % 2 ? (q8 ? 0x7F : 0xFF) : (q8 ? 0x81 : 0x00), q8 ? 32 : 16);
         }
     char *r8 = fl_alloc(FL_MEM_MISC, q.bytes, 64), *tmp = fl_alloc(FL_MEM_MISC, 8 * ldw, 64), *row = fl_alloc(FL_MEM_MISC, ldw, 64);
     memcpy(r8, q.data, q.bytes);
-    for (int64_t r = 0; r < N; r += 8) fl_q4_0_r8_repack(r8 + r * ldw, ldw, K, tmp);
+    for (int64_t r = 0; r < N; r += 8) fl_r8_repack(rtype, r8 + r * ldw, ldw, K, tmp);
     assert_memory_not_equal(r8, q.data, 8 * ldw);
     float *fa = frand_buf(K), *fb = frand_buf(K);
     for (int64_t r = 0; r < N; r++) {
-        fl_q4_0_r8_unpack_row(r8 + (r / 8) * 8 * ldw, (int)(r % 8), K, row);
+        fl_r8_unpack_row(rtype, r8 + (r / 8) * 8 * ldw, (int)(r % 8), K, row);
         assert_memory_equal(row, (char *)q.data + r * ldw, ldw);
-        fl_q4_0_r8_dequant_row(r8, ldw, r, fa, K);
-        fl_dequant_row(FL_TYPE_Q4_0, (char *)q.data + r * ldw, fb, K);
+        fl_r8_dequant_row(rtype, r8, ldw, r, fa, K);
+        fl_dequant_row(base, (char *)q.data + r * ldw, fb, K);
         assert_memory_equal(fa, fb, (size_t)K * 4);
     }
     /* activations: token 0 at +-127 (the extreme rows' int16 bounds), the rest random */
@@ -1087,28 +1090,29 @@ static void test_q4_0_r8(void **state) {
     assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
     for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
     float *y0 = frand_buf(M * N), *y1 = frand_buf(M * N);
-    fl_gemm_q8_ref(FL_TYPE_Q4_0, q.data, ldw, (int)N, &a, 0, (int)M, y0, N);
-    fl_gemm_q8_ref(FL_TYPE_Q4_0_R8, r8, ldw, (int)N, &a, 0, (int)M, y1, N);
+    fl_gemm_q8_ref(base, q.data, ldw, (int)N, &a, 0, (int)M, y0, N);
+    fl_gemm_q8_ref(rtype, r8, ldw, (int)N, &a, 0, (int)M, y1, N);
     assert_memory_equal(y0, y1, (size_t)(M * N) * 4);
     for (int64_t r = 16; r < 24; r++) { /* exact: integer sums times d_x = 1 / 127 per block */
         double want = 0;
-        for (int64_t k = 0; k < K; k++) want += (double)((((k / 32) + r) % 2 ? 15 : 0) - 8) * (k % 3 ? -127 : 127);
+        for (int64_t k = 0; k < K; k++)
+            want += (double)(((k / 32) + r) % 2 ? (q8 ? 127 : 7) : (q8 ? -127 : -8)) * (k % 3 ? -127 : 127);
         assert_true(fabs(y0[r] * 127.0 - want) < 1e-3 * fabs(want) + 1e-3);
     }
     if (fl_cpu()->avx2 && fl_cpu()->fma && fl_cpu()->f16c) {
         for (int nt = 1; nt <= (int)M; nt++) {
-            fl_gemm_q8_avx2(FL_TYPE_Q4_0_R8, r8, ldw, (int)N, &a, 0, nt, y1, N);
+            fl_gemm_q8_avx2(rtype, r8, ldw, (int)N, &a, 0, nt, y1, N);
             for (int64_t i = 0; i < nt * N; i++)
-                if (fabsf(y1[i] - y0[i]) > 1e-5f * (fabsf(y0[i]) + 1.0f)) fail_msg("r8 GEMV nt=%d: [%lld] %g vs %g", nt, (long long)i, y1[i], y0[i]);
+                if (fabsf(y1[i] - y0[i]) > 1e-5f * (fabsf(y0[i]) + 1.0f)) fail_msg("%s GEMV nt=%d: [%lld] %g vs %g", fl_type_name(rtype), nt, (long long)i, y1[i], y0[i]);
             for (int64_t r = 16; r < 24; r++) assert_true(y1[r] == y0[r]); /* integer-valued: exact */
         }
-        const size_t pb = fl_panel_bytes_for(FL_TYPE_Q4_0, K);
+        const size_t pb = fl_panel_bytes_for(base, K);
         char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
         for (int nr = 8; nr <= 16; nr += 8) {
             memset(p0, 0x55, pb);
             memset(p1, 0xAA, pb);
-            fl_panel_pack_ref(FL_TYPE_Q4_0, (char *)q.data + 16 * ldw, ldw, nr, K, p0);
-            fl_panel_pack_avx2(FL_TYPE_Q4_0_R8, r8 + 16 * ldw, ldw, nr, K, p1);
+            fl_panel_pack_ref(base, (char *)q.data + 16 * ldw, ldw, nr, K, p0);
+            fl_panel_pack_avx2(rtype, r8 + 16 * ldw, ldw, nr, K, p1);
             assert_memory_equal(p0, p1, pb);
         }
         fl_free(FL_MEM_MISC, p0, pb);
@@ -1116,7 +1120,7 @@ static void test_q4_0_r8(void **state) {
     }
     const int64_t ne[2] = {K, N};
     fl_tensor W8;
-    assert_true(fl_tensor_init(&W8, FL_TYPE_Q4_0_R8, 2, ne, r8) != 0);
+    assert_true(fl_tensor_init(&W8, rtype, 2, ne, r8) != 0);
     const int64_t Ms[6] = {1, 2, 3, 4, 5, 17};
     float *xb = frand_buf(17 * K), *ya = frand_buf(17 * N), *yb = frand_buf(17 * N);
     for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++)
@@ -1131,11 +1135,11 @@ static void test_q4_0_r8(void **state) {
                     fl_mem_reset_peaks();
                     fl_matmul(&W8, xb, yb, Ms[mi]);
                     const size_t used = fl_mem_peak(FL_MEM_SCRATCH) - before, want = fl_matmul_scratch_bytes(&W8, Ms[mi], nth);
-                    if (used != want) fail_msg("r8 %s M=%lld: scratch %zu, planned %zu", fl_isa_name((fl_isa)isa), (long long)Ms[mi], used, want);
+                    if (used != want) fail_msg("%s %s M=%lld: scratch %zu, planned %zu", fl_type_name(rtype), fl_isa_name((fl_isa)isa), (long long)Ms[mi], used, want);
                     const double e = fl_test_nmse(ya, yb, Ms[mi] * N);
                     /* (AVX-512: Q4_0_R8 takes the f32 path there, Q4_0 its 8-bit activations) */
                     if (!(e <= (f32 ? 1e-12 : isa == FL_ISA_AVX512 ? 1e-4 : 1e-9)))
-                        fail_msg("r8 %s f32=%d M=%lld: NMSE %.3g against Q4_0", fl_isa_name((fl_isa)isa), f32, (long long)Ms[mi], e);
+                        fail_msg("%s %s f32=%d M=%lld: NMSE %.3g against the base type", fl_type_name(rtype), fl_isa_name((fl_isa)isa), f32, (long long)Ms[mi], e);
                 }
             }
     fl_threads_set(0);
@@ -1154,6 +1158,12 @@ static void test_q4_0_r8(void **state) {
     fl_free(FL_MEM_MISC, tmp, 8 * ldw);
     fl_free(FL_MEM_MISC, row, ldw);
     qmat_free(&q);
+}
+
+static void test_r8(void **state) {
+    (void)state;
+    check_r8(FL_TYPE_Q4_0);
+    check_r8(FL_TYPE_Q8_0);
     fl_test_mem_zero();
 }
 
@@ -1174,7 +1184,7 @@ int main(void) {
         cmocka_unit_test(test_avx2_kquant_tiles),
         cmocka_unit_test(test_dequant_simd),
         cmocka_unit_test(test_scratch_bytes),
-        cmocka_unit_test(test_q4_0_r8),
+        cmocka_unit_test(test_r8),
         cmocka_unit_test(test_gemm_shapes_vs_ref_isa),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

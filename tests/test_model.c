@@ -314,18 +314,20 @@ static void test_tiny_random_greedy(void **state) {
     fl_test_mem_zero();
 }
 
-/* The Q4_0_R8 repack (params.repack, on AVX2): every Q4_0 matrix changes type (not the embeddings),
- * the file does not, and the logits of a prompt and 40 greedy tokens agree with the file's layout
- * (the integer sums are the same; only the f32 order of the GEMV differs). */
-static void test_repack(void **state) {
-    (void)state;
-    NEED_SHARED();
+/* The Q4_0_R8 / Q8_0_R8 repack (params.repack, on AVX2): every Q4_0 / Q8_0 matrix in whole groups
+ * of 8 rows changes type (not the embeddings), the file does not, and the logits of a prompt and
+ * 40 greedy tokens agree with the file's layout: the integer sums are the same and only the f32
+ * order of the GEMV differs.  That order can still move a value across a rounding step further on
+ * (an 8-bit activation code, or with f16 K/V a query rounded to f16, as llama.cpp does), which
+ * changes logits by ~1e-5 (NMSE) at some steps, and can fork the greedy text where the file's
+ * layout had a near tie (with f16 K/V, stories260K-q8_0 forks at step 20, top-2 logits 0.0055
+ * apart); f32 K/V here, one rounding step fewer. */
+static void check_repack(const char *path, int32_t wq_type) {
     static const int32_t prompt[] = {1, 403, 407, 261, 378, 432, 261, 376};
-    const char *path = "models/stories260K-q4_0.gguf";
     size_t flen;
     char *before = fl_test_read_file(FL_SHARED_PATH(path), &flen);
     assert_non_null(before);
-    float *lg[3];
+    float *lg[3][41];
     int32_t ids[3][40], nv = 0;
     const bool avx2 = fl_isa_get() == FL_ISA_AVX2;
     for (int pass = 0; pass < 3; pass++) { /* as in the file; repacked in the mapping; in the --no-mmap copy */
@@ -334,25 +336,41 @@ static void test_repack(void **state) {
         p.no_mmap = pass == 2;
         g_load_params = &p;
         runner r;
-        runner_init(&r, path, 128, 1, 16, 1);
+        runner_init_kv(&r, path, 128, 1, 16, 1, FL_TYPE_F32);
         g_load_params = NULL;
         const fl_layer *L = fl_model_layer(r.m, 0);
-        assert_int_equal(L->wq.type, pass && avx2 ? FL_TYPE_Q4_0_R8 : FL_TYPE_Q4_0);
-        assert_int_equal(L->wk.type, pass && avx2 ? FL_TYPE_Q4_0_R8 : FL_TYPE_Q4_0);
-        assert_int_equal(L->w1.type, FL_TYPE_Q4_0); /* 172 rows: not whole groups of 8 */
-        assert_int_equal(L->w2.type, FL_TYPE_F16);  /* (K = 172: this file keeps ffn_down in f16) */
-        assert_int_equal(fl_model_tok_embd(r.m)->type, FL_TYPE_Q5_0);
-        eval(&r, 0, prompt, 8, 0, 0);
+        const int32_t want = pass && avx2 ? fl_r8_of(wq_type) : wq_type;
+        assert_int_equal(L->wq.type, want);
+        assert_int_equal(L->wk.type, want);
+        assert_int_equal(L->w1.type, wq_type);     /* 172 rows: not whole groups of 8 */
+        assert_int_equal(L->w2.type, FL_TYPE_F16); /* (K = 172: these files keep ffn_down in f16) */
+        assert_int_equal(fl_model_output(r.m)->type, pass && avx2 ? FL_TYPE_Q8_0_R8 : FL_TYPE_Q8_0);
+        assert_int_equal(fl_model_tok_embd(r.m)->type, wq_type == FL_TYPE_Q4_0 ? FL_TYPE_Q5_0 : FL_TYPE_Q8_0);
         nv = r.n_vocab;
-        lg[pass] = fl_alloc(FL_MEM_MISC, sizeof(float) * (size_t)r.n_vocab, 64);
-        memcpy(lg[pass], r.logits, sizeof(float) * (size_t)r.n_vocab);
-        float gap = 0;
-        assert_int_equal(greedy(&r, prompt, 8, 40, -1, ids[pass], NULL, &gap), 40);
-        if (pass) {
-            const double e = fl_test_nmse(lg[0], lg[pass], r.n_vocab);
-            if (!(e < 1e-9)) fail_msg("repacked logits (pass %d): NMSE %.3g", pass, e);
-            assert_memory_equal(ids[0], ids[pass], sizeof ids[0]);
-            if (pass == 2) assert_memory_equal(lg[1], lg[2], sizeof(float) * (size_t)nv); /* the same repack either way */
+        /* greedy, keeping every step's logits */
+        eval(&r, 0, prompt, 8, 0, 0);
+        for (int i = 0; i <= 40; i++) {
+            lg[pass][i] = fl_alloc(FL_MEM_MISC, sizeof(float) * (size_t)nv, 64);
+            memcpy(lg[pass][i], r.logits, sizeof(float) * (size_t)nv);
+            if (i == 40) break;
+            ids[pass][i] = argmax(r.logits, nv);
+            eval(&r, 0, &ids[pass][i], 1, 8 + i, 0);
+        }
+        if (pass) { /* step by step while the ids agree; a fork only where pass 0 had a near tie */
+            for (int i = 0; i <= 40; i++) {
+                const double e = fl_test_nmse(lg[0][i], lg[pass][i], nv);
+                if (!(e < 1e-3)) fail_msg("%s repacked (pass %d), step %d: logits NMSE %.3g", path, pass, i, e);
+                if (i == 40 || ids[0][i] == ids[pass][i]) continue;
+                float second = -INFINITY;
+                for (int32_t v = 0; v < nv; v++)
+                    if (v != ids[0][i] && lg[0][i][v] > second) second = lg[0][i][v];
+                const float gap = lg[0][i][ids[0][i]] - second;
+                if (!(gap < 0.02f)) fail_msg("%s repacked (pass %d): greedy id %d: %d vs %d, not a near tie (gap %g)", path, pass, i, ids[pass][i], ids[0][i], gap);
+                fprintf(stderr, "%s repacked: greedy ids agree for %d of 40 steps, then fork at a near tie (gap %.3g)\n", path, i, gap);
+                break;
+            }
+            for (int i = 0; i <= 40 && pass == 2; i++) /* the same repack either way */
+                assert_memory_equal(lg[1][i], lg[2][i], sizeof(float) * (size_t)nv);
         }
         runner_free(&r);
     }
@@ -361,7 +379,15 @@ static void test_repack(void **state) {
     assert_true(alen == flen && !memcmp(before, after, flen));
     fl_test_free_file(before, flen);
     fl_test_free_file(after, alen);
-    for (int pass = 0; pass < 3; pass++) fl_free(FL_MEM_MISC, lg[pass], sizeof(float) * (size_t)nv);
+    for (int pass = 0; pass < 3; pass++)
+        for (int i = 0; i <= 40; i++) fl_free(FL_MEM_MISC, lg[pass][i], sizeof(float) * (size_t)nv);
+}
+
+static void test_repack(void **state) {
+    (void)state;
+    NEED_SHARED();
+    check_repack("models/stories260K-q4_0.gguf", FL_TYPE_Q4_0);
+    check_repack("models/stories260K-q8_0.gguf", FL_TYPE_Q8_0);
     fl_test_mem_zero();
 }
 

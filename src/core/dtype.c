@@ -49,6 +49,7 @@ static const fl_type_info type_info_ext[] = {
     {"fp8_e5m2", 1, 1, true},
     {"nf4", 64, 33, true},
     {"q4_0_r8", 32, 18, true},
+    {"q8_0_r8", 32, 34, true},
 };
 
 const fl_type_info *fl_type_get(int32_t t) {

@@ -32,10 +32,10 @@ typedef enum fl_type {
     FL_TYPE_GGML_COUNT = 40, /* ggml numbers are < this */
     /* fitllm-only types (never written to GGUF files): */
     FL_TYPE_FP8_E4M3 = 100, FL_TYPE_FP8_E5M2 = 101, FL_TYPE_NF4 = 102,
-    /* Q4_0 repacked at load for the AVX2 kernels: groups of 8 rows interleaved (layout in
-     * kernels/matmul.h); a row alone is not addressable, 18 bytes per 32 weights as Q4_0 */
-    FL_TYPE_Q4_0_R8 = 103,
-    FL_TYPE_COUNT_MAX = 104
+    /* Q4_0 / Q8_0 repacked at load for the AVX2 kernels: groups of 8 rows interleaved (layout in
+     * kernels/matmul.h); a row alone is not addressable, the bytes per 32 weights of the base type */
+    FL_TYPE_Q4_0_R8 = 103, FL_TYPE_Q8_0_R8 = 104,
+    FL_TYPE_COUNT_MAX = 105
 } fl_type;
 
 typedef struct fl_type_info {

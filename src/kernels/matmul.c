@@ -52,7 +52,7 @@ static bool panel_path(int32_t type, int64_t M);
 static bool int8_path(int32_t type, int64_t M, bool *llama) {
     *llama = false;
     if (fl_matmul_f32_act()) return false;
-    if (type == FL_TYPE_Q4_0_R8) /* its AVX2 kernels or the reference; elsewhere the f32 path */
+    if (fl_r8_base(type) >= 0) /* its AVX2 kernels or the reference; elsewhere the f32 path */
         return !fl_matmul_llama_order() && (fl_isa_get() == FL_ISA_AVX2 || fl_isa_get() == FL_ISA_REF) && M <= INT32_MAX;
     if (fl_matmul_llama_order() && (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0 || type == FL_TYPE_Q5_0)) {
         *llama = true;
@@ -127,8 +127,8 @@ static int unit_matrix(const int64_t *ubase, int64_t u) {
     return i;
 }
 
-/* Rows per tile of the GEMV chunks and the tile path: Q4_0_R8 is addressed by groups of 8 rows. */
-static int64_t row_tile(int32_t type) { return type == FL_TYPE_Q4_0_R8 ? FL_R8_ROWS : 4; }
+/* Rows per tile of the GEMV chunks and the tile path: the R8 types are addressed by groups of 8 rows. */
+static int64_t row_tile(int32_t type) { return fl_r8_base(type) >= 0 ? FL_R8_ROWS : 4; }
 
 static void q8_quant_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
@@ -245,7 +245,7 @@ int64_t fl_matmul_gemv_max_tokens(int32_t type) {
     if (fl_isa_get() != FL_ISA_AVX2 || !g_few_token_gemv) return 1;
     switch (type) {
     case FL_TYPE_Q4_0: case FL_TYPE_Q4_0_R8: return GEMV_MAX_Q4_0;
-    case FL_TYPE_Q8_0: return GEMV_MAX_Q8_0;
+    case FL_TYPE_Q8_0: case FL_TYPE_Q8_0_R8: return GEMV_MAX_Q8_0;
     case FL_TYPE_Q4_K: return GEMV_MAX_Q4_K;
     case FL_TYPE_Q5_K: return GEMV_MAX_Q5_K;
     case FL_TYPE_Q6_K: return GEMV_MAX_Q6_K;
@@ -268,7 +268,7 @@ static bool panel_path(int32_t type, int64_t M) {
     const fl_isa isa = fl_isa_get();
     const bool own = type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL ||
                      type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K; /* panels for every step on AVX2 */
-    if (type == FL_TYPE_Q4_0_R8) return isa == FL_ISA_AVX2 && M > 1 && M <= INT32_MAX && !gemv_path(type, M);
+    if (fl_r8_base(type) >= 0) return isa == FL_ISA_AVX2 && M > 1 && M <= INT32_MAX && !gemv_path(type, M);
     if (M <= 1 || M > INT32_MAX || gemv_path(type, M)) return false;
     const bool common = type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K;
     return (isa == FL_ISA_AVX512 && common) ||
@@ -595,7 +595,7 @@ static void f32_task(void *p, int ith, int nth) {
             const char *src = (const char *)c->W->data + (n0 + i) * c->W->nb[1];
             if (c->W->type == FL_TYPE_F32) r[i] = (const float *)src;
             else {
-                if (c->W->type == FL_TYPE_Q4_0_R8) fl_q4_0_r8_dequant_row(c->W->data, c->W->nb[1], n0 + i, rows + i * K, K);
+                if (fl_r8_base(c->W->type) >= 0) fl_r8_dequant_row(c->W->type, c->W->data, c->W->nb[1], n0 + i, rows + i * K, K);
                 else if (c->W->type == FL_TYPE_F16) c->cvt->f16_to_f32((const uint16_t *)src, rows + i * K, K);
                 else if (c->W->type == FL_TYPE_BF16) c->cvt->bf16_to_f32((const uint16_t *)src, rows + i * K, K);
                 else if (c->dot == fl_mm_dot_f32_avx512) fl_dequant_row_avx512(c->W->type, src, rows + i * K, K);
@@ -683,7 +683,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 goto each;
             }
             if (!c.amx_act && !gemv_path(W->type, M) && !panel_path(W->type, M) && W->type != FL_TYPE_Q8_0 && W->type != FL_TYPE_Q4_0 &&
-                W->type != FL_TYPE_Q4_0_R8 && W->type != FL_TYPE_Q4_K && !llama) {
+                fl_r8_base(W->type) < 0 && W->type != FL_TYPE_Q4_K && !llama) {
                 fl_act_q8_free(&c.act);
                 goto f32_path;
             }

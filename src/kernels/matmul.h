@@ -63,22 +63,25 @@ fl_status fl_matmul_supported(int32_t type);
 /* Expand one row of K elements of `type` to f32 (K a multiple of the block size). */
 void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K);
 
-/* ---- Q4_0 repacked in groups of 8 rows (FL_TYPE_Q4_0_R8; the AVX2 decode GEMV) ----
- * A matrix of N rows (N % 8 == 0) keeps its size and row stride ldw = (K / 32) * 18; the 8 rows
- * of group g occupy the bytes of rows 8g..8g+7, now as K / 32 blocks of 144 bytes: block b is
- * the 8 rows' f16 scales d (row i's at byte 2i), then 4 vectors of 32 bytes, vector q holding
- * row i's qs[4q..4q+3] at bytes 4i..4i+3.  So one 32-byte load gives 8 rows x 4 code bytes:
- * their low nibbles are the codes 4q..4q+3 of each row, the high ones 16+4q..16+4q+3, each row
- * a 32-bit lane, and one convert of 8 scales serves the 8 rows (kernels/avx2/matmul_avx2.c).
- * fl_q4_0_r8_pack packs 8 rows (row i at rows + i * ldw) into a group (distinct memory);
- * fl_q4_0_r8_repack does it in place (tmp: 8 * ldw bytes); fl_q4_0_r8_unpack_row gives back row
- * i of a group in Q4_0; fl_q4_0_r8_dequant_row expands row r of a matrix starting at data. */
+/* ---- Q4_0 / Q8_0 repacked in groups of 8 rows (FL_TYPE_Q4_0_R8 / Q8_0_R8; the AVX2 GEMV) ----
+ * A matrix of N rows (N % 8 == 0) keeps its size and row stride ldw; the 8 rows of group g
+ * occupy the bytes of rows 8g..8g+7, now as K / 32 blocks of fl_r8_block_bytes (Q4_0 144, Q8_0
+ * 272): block b is the 8 rows' f16 scales d (row i's at byte 2i), then vectors of 32 bytes (Q4_0
+ * 4, Q8_0 8), vector v holding row i's qs[4v..4v+3] at bytes 4i..4i+3.  So one 32-byte load
+ * gives 8 rows x 4 code bytes, each row a 32-bit lane (Q4_0: low nibbles codes 4v..4v+3, high
+ * ones 16+4v..; Q8_0: codes 4v..4v+3), and one convert of 8 scales serves the 8 rows
+ * (kernels/avx2/matmul_avx2.c).  fl_r8_base: Q4_0 / Q8_0 of an R8 type (else -1), fl_r8_of the
+ * reverse.  fl_r8_pack packs 8 rows (row i at rows + i * ldw) into a group (distinct memory);
+ * fl_r8_repack does it in place (tmp: 8 * ldw bytes); fl_r8_unpack_row gives back row i of a
+ * group in the base type; fl_r8_dequant_row expands row r of a matrix starting at data. */
 #define FL_R8_ROWS 8
-#define FL_R8_BLOCK 144
-void fl_q4_0_r8_pack(const void *rows, size_t ldw, int64_t K, void *group);
-void fl_q4_0_r8_repack(void *rows, size_t ldw, int64_t K, void *tmp);
-void fl_q4_0_r8_unpack_row(const void *group, int i, int64_t K, void *row);
-void fl_q4_0_r8_dequant_row(const void *data, size_t ldw, int64_t r, float *dst, int64_t K);
+int32_t fl_r8_base(int32_t type);
+int32_t fl_r8_of(int32_t type);
+size_t fl_r8_block_bytes(int32_t type);
+void fl_r8_pack(int32_t type, const void *rows, size_t ldw, int64_t K, void *group);
+void fl_r8_repack(int32_t type, void *rows, size_t ldw, int64_t K, void *tmp);
+void fl_r8_unpack_row(int32_t type, const void *group, int i, int64_t K, void *row);
+void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, float *dst, int64_t K);
 /* The same with AVX-512 (bit-identical; Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K
  * vectorized, other types forwarded to fl_dequant_row). */
 void fl_dequant_row_avx512(int32_t type, const void *src, float *dst, int64_t K);

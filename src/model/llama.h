@@ -89,7 +89,7 @@ typedef struct fl_model_params {
     fl_embed_fn embed;         /* [dist/tp] replaces the token_embd lookup when not NULL */
     void *embed_ud;
     bool no_mmap;              /* read the file into anonymous (huge-page) memory, not mmap it */
-    bool repack;               /* on AVX2, rewrite the Q4_0 matrices in place as Q4_0_R8 (kernels/matmul.h)
+    bool repack;               /* on AVX2, rewrite the Q4_0 / Q8_0 matrices in place as Q4_0_R8 / Q8_0_R8 (kernels/matmul.h)
                                 * for its GEMV; off by default (the engine turns it on unless asked not to;
                                 * tp / pp slice rows, so they keep it off) */
 } fl_model_params;

@@ -227,10 +227,10 @@ static fl_status convert_weights(fl_model *m) {
 /* ---- the Q4_0_R8 repack (params.repack) ---- */
 
 static bool repacks(const fl_tensor *t) {
-    return t->type == FL_TYPE_Q4_0 && t->n_dims == 2 && t->ne[1] % FL_R8_ROWS == 0 && t->nb[1] == fl_type_row_size(FL_TYPE_Q4_0, t->ne[0]);
+    return fl_r8_of(t->type) >= 0 && t->n_dims == 2 && t->ne[1] % FL_R8_ROWS == 0 && t->nb[1] == fl_type_row_size(t->type, t->ne[0]);
 }
 
-/* Q4_0 matrices (not the token embeddings, whose rows are looked up one at a time) rewritten in
+/* Q4_0 and Q8_0 matrices (not the token embeddings, whose rows are looked up one at a time) rewritten in
  * place, 8 rows at a time: the same bytes, so no memory is added or planned; in a file mapping
  * the written pages become the process's own (private) pages, the file is never changed. */
 static fl_status repack_weights(fl_model *m) {
@@ -270,8 +270,9 @@ static fl_status repack_weights(fl_model *m) {
     for (size_t i = 0; i < n && tmp; i++) {
         fl_tensor *t = all[i];
         if (!repacks(t)) continue;
-        for (int64_t r = 0; r < t->ne[1]; r += FL_R8_ROWS) fl_q4_0_r8_repack((char *)t->data + (size_t)r * t->nb[1], t->nb[1], t->ne[0], tmp);
-        t->type = FL_TYPE_Q4_0_R8;
+        const int32_t rt = fl_r8_of(t->type);
+        for (int64_t r = 0; r < t->ne[1]; r += FL_R8_ROWS) fl_r8_repack(rt, (char *)t->data + (size_t)r * t->nb[1], t->nb[1], t->ne[0], tmp);
+        t->type = rt;
         total += fl_tensor_nbytes(t);
         count++;
     }
@@ -280,7 +281,7 @@ static fl_status repack_weights(fl_model *m) {
         const fl_status s2 = fl_gguf_set_writable(m->g, false);
         if (!st) st = s2;
     }
-    if (!st && count) FL_LOG_INFO("%d Q4_0 matrices (%.2f MiB) repacked as q4_0_r8 for the AVX2 GEMV", count, (double)total / 1048576.0);
+    if (!st && count) FL_LOG_INFO("%d Q4_0 / Q8_0 matrices (%.2f MiB) repacked in groups of 8 rows for the AVX2 GEMV", count, (double)total / 1048576.0);
     return st;
 }
 

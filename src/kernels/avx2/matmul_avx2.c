@@ -216,6 +216,8 @@ INLINE void gemv_rows(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 
  * scale broadcast and an fma per row and block.  The groups stream in order, prefetched
  * R8_PF bytes ahead. */
 #define R8_PF 2048
+#define R8_Q4_BLOCK 144 /* fl_r8_block_bytes */
+#define R8_Q8_BLOCK 272
 INLINE void gemv_r8(const char *w, size_t gstride, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy, const int G,
                     const int NT) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -229,7 +231,7 @@ INLINE void gemv_r8(const char *w, size_t gstride, const fl_act_q8 *a, int64_t m
 #pragma GCC unroll 3
         for (int t = 0; t < NT; t++) acc[g][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const char *blk = w + (size_t)b * FL_R8_BLOCK;
+        const char *blk = w + (size_t)b * R8_Q4_BLOCK;
 #pragma GCC unroll 2
         for (int g = 0; g < G; g++)
 #pragma GCC unroll 3
@@ -274,16 +276,63 @@ INLINE void gemv_r8(const char *w, size_t gstride, const fl_act_q8 *a, int64_t m
         for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy + 8 * g, acc[g][t]);
 }
 
-/* nr rows (a multiple of 8, w at a group's first row) x nt tokens, up to 3 at a time: two groups
- * per pass for one token, one for two or three */
-static void gemm_r8(const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy) {
+/* Q8_0_R8: one group x NT tokens per pass; per block 8 loads of 8 rows x 4 codes, each
+ * multiplied as |w| x sign(x, w) (gemv_rows' Q8_0 arithmetic) and widened into int32 lanes,
+ * then one convert and one fma with the 8 rows' scales per block and token.  Against gemv_rows
+ * it saves the per-row convert, scale broadcast and fma, and its weights are one stream. */
+INLINE void gemv_r8_q8(const char *w, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy, const int NT) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t nb = a->nb, K = a->K;
+    const int8_t *xq = a->qs + m0 * K;
+    const float *dx = a->d + m0 * nb;
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *blk = w + (size_t)b * R8_Q8_BLOCK;
+#pragma GCC unroll 5
+        for (int l = 0; l < 5; l++) _mm_prefetch(blk + R8_PF + 56 * l, _MM_HINT_T0);
+        __m256i s[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) s[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g)), va = _mm256_sign_epi8(v, v);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                const __m256i xv = _mm256_set1_epi32(((const int32_t *)(xq + t * K + b * 32))[g]);
+                s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(_mm256_maddubs_epi16(va, _mm256_sign_epi8(xv, v)), ones));
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(dw, _mm256_set1_ps(dx[t * nb + b])), acc[t]);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+}
+
+/* nr rows (a multiple of 8, w at a group's first row) x nt tokens: one group per pass, up to 3
+ * Q4_0 / 4 Q8_0 tokens at a time (a single stream of weights: two groups at once read slower from
+ * memory) */
+static void gemm_r8(int32_t wtype, const char *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                    int64_t ldy) {
     const size_t gs = (size_t)FL_R8_ROWS * ldw;
-    for (int t = 0; t < nt; t += 3) {
-        const int n = nt - t < 3 ? nt - t : 3;
+    const bool q8 = wtype == FL_TYPE_Q8_0_R8;
+    const int step = q8 ? 4 : 3;
+    for (int t = 0; t < nt; t += step) {
+        const int n = nt - t < step ? nt - t : step;
         for (int r = 0; r < nr; r += 8) {
             const char *g = w + (size_t)(r / 8) * gs;
             float *yr = y + t * ldy + r;
-            if (n == 1) gemv_r8(g, gs, a, m0 + t, yr, ldy, 1, 1);
+            if (q8) switch (n) {
+                case 1: gemv_r8_q8(g, a, m0 + t, yr, ldy, 1); break;
+                case 2: gemv_r8_q8(g, a, m0 + t, yr, ldy, 2); break;
+                case 3: gemv_r8_q8(g, a, m0 + t, yr, ldy, 3); break;
+                default: gemv_r8_q8(g, a, m0 + t, yr, ldy, 4); break;
+                }
+            else if (n == 1) gemv_r8(g, gs, a, m0 + t, yr, ldy, 1, 1);
             else if (n == 2) gemv_r8(g, gs, a, m0 + t, yr, ldy, 1, 2);
             else gemv_r8(g, gs, a, m0 + t, yr, ldy, 1, 3);
         }
@@ -325,8 +374,8 @@ void fl_gemm_q8_avx2(int32_t wtype, const void *w, size_t ldw, int nr, const fl_
             for (int t = 0; t < nt; t++) y[t * ldy + r] = row(wc + r * ldw, a, m0 + t);
         return;
     }
-    if (wtype == FL_TYPE_Q4_0_R8) {
-        gemm_r8(wc, ldw, nr, a, m0, nt, y, ldy);
+    if (wtype == FL_TYPE_Q4_0_R8 || wtype == FL_TYPE_Q8_0_R8) {
+        gemm_r8(wtype, wc, ldw, nr, a, m0, nt, y, ldy);
         return;
     }
     if (wtype != FL_TYPE_Q8_0 && wtype != FL_TYPE_Q4_0) { /* Q4_1, Q5_0, Q5_1, IQ4_NL, Q3_K, Q2_K: their row dots */

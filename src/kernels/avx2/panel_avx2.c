@@ -380,12 +380,12 @@ static void pack_q2_K(const char *w, size_t ldw, int64_t K, char *panel) {
     }
 }
 
-/* Q4_0_R8 (kernels/matmul.h) into a Q4_0 panel: group h of the panel's rows is half h, and its
- * 4 vectors per block are already 8 rows x 4 code bytes, so the pack is a mask and a shift per
- * vector (low nibbles: group q, high: group q + 4) and one convert of the 8 scales; a panel of
- * 8 rows has its second half zero. */
-static void pack_r8(const char *w, size_t ldw, int nr, int64_t K, char *panel) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+/* Q4_0_R8 / Q8_0_R8 (kernels/matmul.h) into a Q4_0 / Q8_0 panel: group h of the panel's rows is
+ * half h, and its vectors per block are already 8 rows x 4 code bytes, so the pack is a mask and
+ * a shift per vector (Q4_0: low nibbles group q, high group q + 4) or a sign flip (Q8_0's codes
+ * + 128), and one convert of the 8 scales; a panel of 8 rows has its second half zero. */
+static void pack_r8(const char *w, size_t ldw, int nr, int64_t K, char *panel, const bool q8) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
     const int64_t nb = K / 32;
     for (int h = 0; h < 2; h++) {
         const char *g = w + (size_t)h * FL_R8_ROWS * ldw;
@@ -396,8 +396,15 @@ static void pack_r8(const char *w, size_t ldw, int nr, int64_t K, char *panel) {
                 for (int q = 0; q < 8; q++) _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * q + 32 * h), _mm256_setzero_si256());
                 continue;
             }
-            const char *gb = g + (size_t)b * FL_R8_BLOCK;
+            const char *gb = g + (size_t)b * (q8 ? 272 : 144); /* fl_r8_block_bytes */
             _mm256_storeu_ps((float *)pb + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb)));
+            if (q8) { /* Q8_0: the panel's codes + 128 */
+#pragma GCC unroll 8
+                for (int q = 0; q < 8; q++)
+                    _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * q + 32 * h),
+                                        _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(gb + 16 + 32 * q)), flip));
+                continue;
+            }
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(gb + 16 + 32 * q));
@@ -409,8 +416,9 @@ static void pack_r8(const char *w, size_t ldw, int nr, int64_t K, char *panel) {
 }
 
 void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
-    if (wtype == FL_TYPE_Q4_0_R8) { /* nr 8 or 16 (whole groups) */
-        pack_r8(w, ldw, nr, K, panel);
+    if (wtype == FL_TYPE_Q4_0_R8 || wtype == FL_TYPE_Q8_0_R8) { /* nr 8 or 16 (whole groups) */
+        if (wtype == FL_TYPE_Q8_0_R8) pack_r8(w, ldw, nr, K, panel, true);
+        else pack_r8(w, ldw, nr, K, panel, false);
         return;
     }
     const bool b32 = wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_IQ4_NL;
@@ -607,7 +615,7 @@ void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_ac
 #undef ROW
 #undef ROW16
     /* Q4_1 has Q4_K's sums (codes 0..15 and mins words), Q5_0 / Q5_1 Q5_K's, IQ4_NL Q8_0's */
-    const int k = wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_IQ4_NL                               ? P_Q8
+    const int k = wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_IQ4_NL || wtype == FL_TYPE_Q8_0_R8  ? P_Q8
                   : wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q4_1                               ? P_Q4K
                   : wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1      ? P_Q5K
                   : wtype == FL_TYPE_Q6_K                                                        ? P_Q6K

@@ -16,7 +16,7 @@ fl_status fl_matmul_supported(int32_t type) {
     case FL_TYPE_F32: case FL_TYPE_F16: case FL_TYPE_BF16:
     case FL_TYPE_Q4_0: case FL_TYPE_Q4_1: case FL_TYPE_Q5_0: case FL_TYPE_Q5_1: case FL_TYPE_Q8_0:
     case FL_TYPE_Q2_K: case FL_TYPE_Q3_K: case FL_TYPE_Q4_K: case FL_TYPE_Q5_K: case FL_TYPE_Q6_K:
-    case FL_TYPE_Q8_K: case FL_TYPE_IQ4_NL: case FL_TYPE_NF4: case FL_TYPE_FP8_E4M3: case FL_TYPE_Q4_0_R8:
+    case FL_TYPE_Q8_K: case FL_TYPE_IQ4_NL: case FL_TYPE_NF4: case FL_TYPE_FP8_E4M3: case FL_TYPE_Q4_0_R8: case FL_TYPE_Q8_0_R8:
         return FL_OK;
     default: return fl_set_error(FL_ERR_UNSUPPORTED, "weight type %s is not supported by matmul", fl_type_name(type));
     }
@@ -28,7 +28,7 @@ void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K) {
     case FL_TYPE_F16: for (int64_t i = 0; i < K; i++) dst[i] = fl_f16_to_f32(((const uint16_t *)src)[i]); break;
     case FL_TYPE_BF16: for (int64_t i = 0; i < K; i++) dst[i] = fl_bf16_to_f32(((const uint16_t *)src)[i]); break;
     case FL_TYPE_Q4_0: fl_dequant_q4_0(src, dst, K); break;
-    case FL_TYPE_Q4_0_R8: FL_ASSERT(!"a Q4_0_R8 row is not addressable alone (fl_q4_0_r8_dequant_row)"); break;
+    case FL_TYPE_Q4_0_R8: case FL_TYPE_Q8_0_R8: FL_ASSERT(!"an R8 row is not addressable alone (fl_r8_dequant_row)"); break;
     case FL_TYPE_Q4_1: fl_dequant_q4_1(src, dst, K); break;
     case FL_TYPE_Q5_0: fl_dequant_q5_0(src, dst, K); break;
     case FL_TYPE_Q5_1: fl_dequant_q5_1(src, dst, K); break;
@@ -82,7 +82,7 @@ void fl_matmul_ref(const fl_tensor *W, const float *x, float *y, int64_t M) {
     const int64_t K = W->ne[0], N = W->ne[1];
     float row[K > 0 ? K : 1];
     for (int64_t n = 0; n < N; n++) {
-        if (W->type == FL_TYPE_Q4_0_R8) fl_q4_0_r8_dequant_row(W->data, W->nb[1], n, row, K);
+        if (fl_r8_base(W->type) >= 0) fl_r8_dequant_row(W->type, W->data, W->nb[1], n, row, K);
         else fl_dequant_row(W->type, (const char *)W->data + (size_t)n * W->nb[1], row, K);
         for (int64_t m = 0; m < M; m++) {
             const float *xm = x + m * K;
@@ -203,20 +203,26 @@ static float dot_q8_row(int32_t wtype, const void *w, const fl_act_q8 *a, int64_
     return sum;
 }
 
-/* Row i of the Q4_0_R8 group g with token m: dot_q8_row's arithmetic on the same codes. */
-static float dot_r8_row(const void *g, int i, const fl_act_q8 *a, int64_t m) {
+/* Row i of the Q4_0_R8 / Q8_0_R8 group g with token m: dot_q8_row's arithmetic on the same
+ * codes. */
+static float dot_r8_row(int32_t wtype, const void *g, int i, const fl_act_q8 *a, int64_t m) {
     const int8_t *x = a->qs + m * a->K;
     const float *dx = a->d + m * a->nb;
+    const size_t gbytes = fl_r8_block_bytes(wtype);
+    const bool q8 = wtype == FL_TYPE_Q8_0_R8;
     float sum = 0;
     for (int64_t b = 0; b < a->nb; b++) {
-        const unsigned char *gb = (const unsigned char *)g + (size_t)b * FL_R8_BLOCK;
+        const unsigned char *gb = (const unsigned char *)g + (size_t)b * gbytes;
         uint16_t d;
         memcpy(&d, gb + 2 * i, 2);
         int32_t is = 0;
-        for (int j = 0; j < 16; j++) {
-            const unsigned char q = gb[16 + 32 * (j / 4) + 4 * i + j % 4];
-            is += ((q & 0xF) - 8) * x[b * 32 + j] + ((q >> 4) - 8) * x[b * 32 + j + 16];
-        }
+        if (q8)
+            for (int j = 0; j < 32; j++) is += (int8_t)gb[16 + 32 * (j / 4) + 4 * i + j % 4] * x[b * 32 + j];
+        else
+            for (int j = 0; j < 16; j++) {
+                const unsigned char q = gb[16 + 32 * (j / 4) + 4 * i + j % 4];
+                is += ((q & 0xF) - 8) * x[b * 32 + j] + ((q >> 4) - 8) * x[b * 32 + j + 16];
+            }
         sum += fl_f16_to_f32(d) * dx[b] * (float)is;
     }
     return sum;
@@ -366,11 +372,11 @@ void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_a
             for (int r = 0; r < nr; r++) y[t * ldy + r] = row((const char *)w + r * ldw, a, m0 + t);
         return;
     }
-    if (wtype == FL_TYPE_Q4_0_R8) { /* w at a group's first row, nr a multiple of 8 */
+    if (fl_r8_base(wtype) >= 0) { /* w at a group's first row, nr a multiple of 8 */
         FL_ASSERT(nr % FL_R8_ROWS == 0);
         for (int t = 0; t < nt; t++)
             for (int r = 0; r < nr; r++)
-                y[t * ldy + r] = dot_r8_row((const char *)w + (size_t)(r / FL_R8_ROWS) * FL_R8_ROWS * ldw, r % FL_R8_ROWS, a, m0 + t);
+                y[t * ldy + r] = dot_r8_row(wtype, (const char *)w + (size_t)(r / FL_R8_ROWS) * FL_R8_ROWS * ldw, r % FL_R8_ROWS, a, m0 + t);
         return;
     }
     for (int t = 0; t < nt; t++)
