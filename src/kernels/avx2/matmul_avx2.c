@@ -206,74 +206,54 @@ INLINE void gemv_rows(int32_t wtype, const char *w, size_t ldw, const fl_act_q8 
         for (int t = 0; t < NT; t++) y[t * ldy + r] = fl_hsum8_avx2(acc[r * NT + t]);
 }
 
-/* Q4_0_R8 (groups of 8 interleaved rows, kernels/matmul.h): G groups x NT tokens per pass.
- * The lanes are rows: per block and group, 4 loads of 8 rows x 4 code bytes, each split into
- * its low nibbles (codes 4q..4q+3) and high ones (16 + 4q..) and multiplied by the token's
- * broadcast 4 activation codes (vpmaddubsw), the int16 pair sums added in int16 from -8 x their
- * codes' sums (fl_act_q8.o4) to sum (w - 8) x (as the panel tile); then one vpmaddwd, one
- * convert and one fma with the 8 rows' scales (one f16 convert) times d_x.  That is about half
- * the vector work per weight of gemv_rows, whose lanes are codes and which pays a convert, a
- * scale broadcast and an fma per row and block.  The groups stream in order, prefetched
- * R8_PF bytes ahead. */
+/* Q4_0_R8 (groups of 8 interleaved rows, kernels/matmul.h): one group x NT tokens per pass.
+ * The lanes are rows: per block, 4 loads of 8 rows x 4 code bytes, each split into its low
+ * nibbles (codes 4q..4q+3) and high ones (16 + 4q..) and multiplied by the token's broadcast 4
+ * activation codes (vpmaddubsw), the int16 pair sums added in int16 from -8 x their codes' sums
+ * (fl_act_q8.o4) to sum (w - 8) x (as the panel tile); then one vpmaddwd, one convert and one fma
+ * with the 8 rows' scales (one f16 convert) times d_x.  That is about half the vector work per
+ * weight of gemv_rows, whose lanes are codes and which pays a convert, a scale broadcast and an
+ * fma per row and block.  The groups stream in order, prefetched R8_PF bytes ahead (two groups
+ * per pass, two streams, read slower from memory: 9.0-10.3 against 10.5-11.5 GB/s per process
+ * with two at once, a microbenchmark). */
 #define R8_PF 2048
 #define R8_Q4_BLOCK 144 /* fl_r8_block_bytes */
 #define R8_Q8_BLOCK 272
-INLINE void gemv_r8(const char *w, size_t gstride, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy, const int G,
-                    const int NT) {
+INLINE void gemv_r8(const char *w, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy, const int NT) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     const int64_t nb = a->nb, K = a->K;
     const int8_t *xq = a->qs + m0 * K;
     const float *dx = a->d + m0 * nb;
     const int32_t *o4 = a->o4 + m0 * nb;
-    __m256 acc[2][3];
-#pragma GCC unroll 2
-    for (int g = 0; g < G; g++)
+    __m256 acc[3];
 #pragma GCC unroll 3
-        for (int t = 0; t < NT; t++) acc[g][t] = _mm256_setzero_ps();
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *blk = w + (size_t)b * R8_Q4_BLOCK;
-#pragma GCC unroll 2
-        for (int g = 0; g < G; g++)
 #pragma GCC unroll 3
-            for (int l = 0; l < 3; l++) _mm_prefetch(blk + (size_t)g * gstride + R8_PF + 48 * l, _MM_HINT_T0);
-        __m256i s[2][3];
-#pragma GCC unroll 2
-        for (int g = 0; g < G; g++)
+        for (int l = 0; l < 3; l++) _mm_prefetch(blk + R8_PF + 48 * l, _MM_HINT_T0);
+        __m256i s[3];
 #pragma GCC unroll 3
-            for (int t = 0; t < NT; t++) s[g][t] = _mm256_set1_epi32(o4[t * nb + b]);
+        for (int t = 0; t < NT; t++) s[t] = _mm256_set1_epi32(o4[t * nb + b]);
 #pragma GCC unroll 4
         for (int q = 0; q < 4; q++) {
-            __m256i lo[2], hi[2];
-#pragma GCC unroll 2
-            for (int g = 0; g < G; g++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (size_t)g * gstride + 16 + 32 * q));
-                lo[g] = _mm256_and_si256(v, m4);
-                hi[g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            }
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * q));
+            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
 #pragma GCC unroll 3
             for (int t = 0; t < NT; t++) {
                 const int32_t *xb = (const int32_t *)(xq + t * K + b * 32);
-                const __m256i xl = _mm256_set1_epi32(xb[q]), xh = _mm256_set1_epi32(xb[q + 4]);
-#pragma GCC unroll 2
-                for (int g = 0; g < G; g++) {
-                    s[g][t] = _mm256_add_epi16(s[g][t], _mm256_maddubs_epi16(lo[g], xl));
-                    s[g][t] = _mm256_add_epi16(s[g][t], _mm256_maddubs_epi16(hi[g], xh));
-                }
+                s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xb[q])));
+                s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xb[q + 4])));
             }
         }
-#pragma GCC unroll 2
-        for (int g = 0; g < G; g++) {
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + (size_t)g * gstride)));
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
 #pragma GCC unroll 3
-            for (int t = 0; t < NT; t++)
-                acc[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[g][t], ones)),
-                                            _mm256_mul_ps(dw, _mm256_set1_ps(dx[t * nb + b])), acc[g][t]);
-        }
+        for (int t = 0; t < NT; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], ones)), _mm256_mul_ps(dw, _mm256_set1_ps(dx[t * nb + b])),
+                                     acc[t]);
     }
-#pragma GCC unroll 2
-    for (int g = 0; g < G; g++)
 #pragma GCC unroll 3
-        for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy + 8 * g, acc[g][t]);
+    for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
 }
 
 /* Q8_0_R8: one group x NT tokens per pass; per block 8 loads of 8 rows x 4 codes, each
@@ -332,9 +312,9 @@ static void gemm_r8(int32_t wtype, const char *w, size_t ldw, int nr, const fl_a
                 case 3: gemv_r8_q8(g, a, m0 + t, yr, ldy, 3); break;
                 default: gemv_r8_q8(g, a, m0 + t, yr, ldy, 4); break;
                 }
-            else if (n == 1) gemv_r8(g, gs, a, m0 + t, yr, ldy, 1, 1);
-            else if (n == 2) gemv_r8(g, gs, a, m0 + t, yr, ldy, 1, 2);
-            else gemv_r8(g, gs, a, m0 + t, yr, ldy, 1, 3);
+            else if (n == 1) gemv_r8(g, a, m0 + t, yr, ldy, 1);
+            else if (n == 2) gemv_r8(g, a, m0 + t, yr, ldy, 2);
+            else gemv_r8(g, a, m0 + t, yr, ldy, 3);
         }
     }
 }
