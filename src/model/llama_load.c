@@ -224,7 +224,7 @@ static fl_status convert_weights(fl_model *m) {
     return st;
 }
 
-/* ---- the Q4_0_R8 repack (params.repack) ---- */
+/* ---- the Q4_0_R8 / Q8_0_R8 repack (params.repack) ---- */
 
 static bool repacks(const fl_tensor *t) {
     return fl_r8_of(t->type) >= 0 && t->n_dims == 2 && t->ne[1] % FL_R8_ROWS == 0 && t->nb[1] == fl_type_row_size(t->type, t->ne[0]);
@@ -261,7 +261,6 @@ static fl_status repack_weights(fl_model *m) {
         return FL_OK;
     }
     void *tmp = fl_alloc(FL_MEM_SCRATCH, tmp_bytes, 64);
-    fl_status st = FL_OK;
     if (!tmp) { /* (a budget too tight for 8 rows): the file's layout, which every path reads */
         FL_LOG_INFO("weights not repacked: %s", fl_last_error());
         fl_clear_error();
@@ -277,10 +276,7 @@ static fl_status repack_weights(fl_model *m) {
         count++;
     }
     if (tmp) fl_free(FL_MEM_SCRATCH, tmp, tmp_bytes);
-    if (mapped) {
-        const fl_status s2 = fl_gguf_set_writable(m->g, false);
-        if (!st) st = s2;
-    }
+    const fl_status st = mapped ? fl_gguf_set_writable(m->g, false) : FL_OK;
     if (!st && count) FL_LOG_INFO("%d Q4_0 / Q8_0 matrices (%.2f MiB) repacked in groups of 8 rows for the AVX2 GEMV", count, (double)total / 1048576.0);
     return st;
 }
