@@ -115,7 +115,7 @@ int fl_bench_matmul(int argc, char **argv) {
         {"threads", 't', FL_OPT_INT, "N  threads (default 2)"},
         {"json", 0, FL_OPT_FLAG, "print JSON"},
         {"n-prompt", 'p', FL_OPT_INT, "M  tokens for the GEMM (default 512)"},
-        {"types", 0, FL_OPT_STR, "LIST  weight types, comma separated (default Q4_0,Q8_0)"},
+        {"types", 0, FL_OPT_STR, "LIST  weight types, comma separated (default Q4_0,Q8_0; Q4_0_R8 / Q8_0_R8: repacked in groups of 8 rows, as the model loader does on AVX2)"},
         {"stream-mib", 0, FL_OPT_INT, "MIB  weight bytes cycled through in GEMV and bandwidth calibration (default 1024)"},
         {"seconds", 0, FL_OPT_FLOAT, "S  minimum time per measurement (default 0.5)"},
         {0},
