@@ -298,7 +298,8 @@ static void q8_panel_task(void *p, int ith, int nth) {
         const int64_t N = W->ne[1], n = (u - c->ubase[i]) * FL_PANEL_ROWS;
         const size_t ldw = W->nb[1];
         const int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
-        pack(W->type, (const char *)W->data + n * ldw, ldw, nr, K, pan);
+        const bool direct = W->type == FL_TYPE_Q8_0_R8 && !avx512; /* its groups are the tile's layout already */
+        if (!direct) pack(W->type, (const char *)W->data + n * ldw, ldw, nr, K, pan);
         if (avx512) fl_panel_gemm_avx512(W->type, pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N);
         else {
             const char *pf = NULL;
@@ -309,7 +310,8 @@ static void q8_panel_task(void *p, int ith, int nth) {
                 pf = (const char *)c->Wv[j]->data + (size_t)n1 * c->Wv[j]->nb[1];
                 pf_bytes = (size_t)(Nj - n1 < FL_PANEL_ROWS ? Nj - n1 : FL_PANEL_ROWS) * c->Wv[j]->nb[1];
             }
-            fl_panel_gemm_avx2_pf(W->type, pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N, pf, pf_bytes);
+            if (direct) fl_r8_gemm_avx2_pf((const char *)W->data + n * ldw, ldw, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N, pf, pf_bytes);
+            else fl_panel_gemm_avx2_pf(W->type, pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N, pf, pf_bytes);
         }
         u = un;
     }

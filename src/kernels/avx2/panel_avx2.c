@@ -454,7 +454,11 @@ void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_
 
 /* ---- the tiles ---- */
 
-enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2, P_Q5K = 3, P_Q6K = 4, P_Q3K = 5, P_Q2K = 6 };
+enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2, P_Q5K = 3, P_Q6K = 4, P_Q3K = 5, P_Q2K = 6, P_Q8R = 7 };
+/* P_Q8R: the Q8_0 tile straight on a Q8_0_R8 group (pan: the group of rows 8h..8h+7, h passed as
+ * 0): its vectors are already 8 rows x 4 signed codes (no pack, no flip), the scales the
+ * block's 8 f16 (one convert). */
+#define R8_Q8_BLOCK 272 /* fl_r8_block_bytes(FL_TYPE_Q8_0_R8) */
 
 /* Rows 8h..8h+8HH-1 of the panel (HH halves: 1, or 2 with h = 0) x tokens m0..m0+NT-1
  * (HH x NT <= 4 accumulators), y[t * ldy + r] for r < nr (rows present from 8h). */
@@ -475,7 +479,7 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
 #pragma GCC unroll 4
     for (int u = 0; u < HH * NT; u++) acc[u] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const char *pb = pan + b * PANEL_BLOCK;
+        const char *pb = pan + b * (kind == P_Q8R ? R8_Q8_BLOCK : PANEL_BLOCK);
         for (int i = 0; i < pf_per_block && pf < pf_end; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
         __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
         if (kind == P_Q4 || kind == P_Q5K) /* the int16 lanes start at -8 x (their codes' sums): fl_act_q8.o4; Q5_K -16 x */
@@ -524,7 +528,8 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
             __m256i wv[2], ws[2], wa[2];
 #pragma GCC unroll 2
             for (int hh = 0; hh < HH; hh++) {
-                wv[hh] = _mm256_loadu_si256((const __m256i *)(pb + 64 + 64 * g + 32 * (h + hh)));
+                if (kind == P_Q8R) ws[hh] = _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * g)), wa[hh] = _mm256_sign_epi8(ws[hh], ws[hh]);
+                else wv[hh] = _mm256_loadu_si256((const __m256i *)(pb + 64 + 64 * g + 32 * (h + hh)));
                 if (kind == P_Q8) ws[hh] = _mm256_xor_si256(wv[hh], flip), wa[hh] = _mm256_sign_epi8(ws[hh], ws[hh]);
             }
 #pragma GCC unroll 4
@@ -533,7 +538,7 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
 #pragma GCC unroll 2
                 for (int hh = 0; hh < HH; hh++) {
                     const int u = hh * NT + t;
-                    if (kind == P_Q8)
+                    if (kind == P_Q8 || kind == P_Q8R)
                         s[u] = _mm256_add_epi32(s[u], _mm256_madd_epi16(_mm256_maddubs_epi16(wa[hh], _mm256_sign_epi8(xv, ws[hh])), ones));
                     else s[u] = _mm256_add_epi16(s[u], _mm256_maddubs_epi16(wv[hh], xv));
                 }
@@ -545,12 +550,12 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
         }
 #pragma GCC unroll 2
         for (int hh = 0; hh < HH; hh++) {
-            const __m256 dw = _mm256_loadu_ps((const float *)pb + 8 * (h + hh));
+            const __m256 dw = kind == P_Q8R ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb)) : _mm256_loadu_ps((const float *)pb + 8 * (h + hh));
 #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) {
                 const int u = hh * NT + t;
                 __m256i is = s[u];
-                if (kind != P_Q8 && !halves) is = _mm256_madd_epi16(is, ones);
+                if (kind != P_Q8 && kind != P_Q8R && !halves) is = _mm256_madd_epi16(is, ones);
                 acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(d0[t * nb + b])), acc[u]);
             }
             if (kind == P_Q2K) { /* less dmin x (m, m) . (the halves' sums, -32 x in o6: so d_x / 32) */
@@ -597,6 +602,7 @@ typedef void (*tile_fn)(const char *, const fl_act_q8 *, int64_t, int, float *, 
     DEFINE_TILE(1, 1, k) DEFINE_TILE(1, 2, k) DEFINE_TILE(1, 3, k) DEFINE_TILE(1, 4, k) DEFINE_TILE(2, 1, k) DEFINE_TILE(2, 2, k)
 #define DEFINE_TILES16(k) DEFINE_TILE(2, 1, k) DEFINE_TILE(2, 2, k)
 DEFINE_TILES(P_Q8)
+DEFINE_TILE(1, 1, P_Q8R) DEFINE_TILE(1, 2, P_Q8R) DEFINE_TILE(1, 3, P_Q8R) DEFINE_TILE(1, 4, P_Q8R)
 DEFINE_TILES(P_Q4)
 DEFINE_TILES(P_Q4K)
 /* the other kinds take the 16-row tiles for a partial panel of <= 8 rows too (its zero rows
@@ -639,6 +645,24 @@ void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_ac
         for (int h = 0; h < halves; h++) {
             const char *e = p && p + share * 64 < end ? p + share * 64 : end;
             tiles[k][both][n]((const char *)panel, a, m0 + t, h, y + t * ldy + 8 * h, ldy, nr - 8 * h, p, e, per_block);
+            p = e;
+        }
+    }
+}
+
+void fl_r8_gemm_avx2_pf(const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy,
+                        const void *pf, size_t pf_bytes) {
+    static const tile_fn tiles[5] = {NULL, tile_1_1_P_Q8R, tile_1_2_P_Q8R, tile_1_3_P_Q8R, tile_1_4_P_Q8R};
+    const int groups = (nr + FL_R8_ROWS - 1) / FL_R8_ROWS;
+    const int64_t calls = (int64_t)((nt + 3) / 4) * groups, nb = a->nb;
+    const size_t lines = (pf_bytes + 63) / 64, share = pf ? (lines + (size_t)calls - 1) / (size_t)calls : 0;
+    const int per_block = (int)((share + (size_t)nb - 1) / (size_t)nb);
+    const char *p = pf, *end = pf ? (const char *)pf + pf_bytes : NULL;
+    for (int t = 0; t < nt; t += 4) {
+        const int n = nt - t < 4 ? nt - t : 4;
+        for (int h = 0; h < groups; h++) {
+            const char *e = p && p + share * 64 < end ? p + share * 64 : end;
+            tiles[n]((const char *)w + (size_t)h * FL_R8_ROWS * ldw, a, m0 + t, 0, y + t * ldy + 8 * h, ldy, nr - 8 * h, p, e, per_block);
             p = e;
         }
     }
