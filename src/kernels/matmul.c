@@ -285,7 +285,7 @@ static void q8_panel_task(void *p, int ith, int nth) {
     void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = avx512 ? fl_panel_pack_avx512 : fl_panel_pack_avx2;
     const int64_t K = c->W->ne[0], units = c->ubase[c->nw];
     (void)nth;
-    char *pan = c->panels + (size_t)ith * c->panel_bytes;
+    char *pan = c->panels ? c->panels + (size_t)ith * c->panel_bytes : NULL; /* (none for Q8_0_R8: no pack) */
     /* panels taken dynamically (see the GEMV loop), one ahead: on AVX2 the tiles prefetch the
      * next panel's rows meanwhile (at a few tokens per step the weights stream from memory once,
      * and the pack otherwise stalls on them: `fitllm bench serve` at 16 sequences, Q8_0,
@@ -627,7 +627,7 @@ size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
         if (!llama && amx_rows_path(W->type, M)) return b + fl_amx_act_bytes(M, K);
         if (!llama && amx_path(W->type, M))
             return b + fl_amx_act_bytes(M, K) + (size_t)nth * (size_t)amx_group_max(W->type, K) * fl_amx_panel_bytes(W->type, K);
-        if (!llama && panel_path(W->type, M)) b += (size_t)nth * fl_panel_bytes_for(W->type, K);
+        if (!llama && panel_path(W->type, M) && W->type != FL_TYPE_Q8_0_R8) b += (size_t)nth * fl_panel_bytes_for(W->type, K);
         return b;
     }
     if (W->type == FL_TYPE_F32) return 0;
@@ -711,7 +711,8 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 fl_act_q8_free(&c.act);
                 return;
             }
-            if (panel_path(W->type, M)) {
+            const bool direct = panel_path(W->type, M) && W->type == FL_TYPE_Q8_0_R8; /* panels without a pack */
+            if (panel_path(W->type, M) && !direct) {
                 c.panel_bytes = fl_panel_bytes_for(W->type, K);
                 c.panels = fl_alloc(FL_MEM_SCRATCH, (size_t)nth * c.panel_bytes, 64);
                 if (!c.panels) { /* no scratch: the tile path below, one matrix at a time */
@@ -722,10 +723,10 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                     }
                 }
             }
-            if (c.panels) {
+            if (c.panels || direct) {
                 for (int i = 0; i < nw; i++) c.ubase[i + 1] = c.ubase[i] + (Ws[i]->ne[1] + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS;
                 fl_parallel_n(q8_panel_task, &c, nth);
-                fl_free(FL_MEM_SCRATCH, c.panels, (size_t)nth * c.panel_bytes);
+                if (c.panels) fl_free(FL_MEM_SCRATCH, c.panels, (size_t)nth * c.panel_bytes);
             } else {
                 if (gemv_path(W->type, M))
                     for (int i = 0; i < nw; i++) c.ubase[i + 1] = c.ubase[i] + gemv_chunks(Ws[i], fl_threads_get(), &c.gc[i]);

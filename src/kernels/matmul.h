@@ -43,7 +43,7 @@
  * and activation mode (for memory planners): the 8-bit activations (fl_act_q8_bytes) plus, for
  * M > 1 on AVX-512 (AVX2: Q8_0 / Q4_0 / Q4_0_R8 / Q4_K / Q5_K / Q6_K past fl_matmul_gemv_max_tokens, and
  * Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q3_K / Q2_K at any M), nth repacked row
- * panels (fl_panel_bytes_for each), or on the AMX path the
+ * panels (fl_panel_bytes_for each; none for Q8_0_R8, whose tile reads its groups), or on the AMX path the
  * activation tiles (fl_amx_act_bytes) plus nth x G AMX panels (G = max(1, 512 KiB /
  * fl_amx_panel_bytes), whatever N is); or
  * nth x 8 dequantized f32 rows on the f32 path (plus the M x K rounded activations for F16).
@@ -75,6 +75,11 @@ void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K);
  * fl_r8_repack does it in place (tmp: 8 * ldw bytes); fl_r8_unpack_row gives back row i of a
  * group in the base type; fl_r8_dequant_row expands row r of a matrix starting at data. */
 #define FL_R8_ROWS 8
+/* The type a matrix of `rows` rows of `type` computes as after loading: its R8 type where the
+ * model loader repacks it (repack asked, the AVX2 ISA, neither llama.cpp's order nor f32
+ * activations, whole groups of 8 rows), else type itself.  The loader and the planners both ask
+ * this, so the plan follows what is loaded. */
+int32_t fl_r8_load_type(int32_t type, int64_t rows, bool repack);
 int32_t fl_r8_base(int32_t type);
 int32_t fl_r8_of(int32_t type);
 size_t fl_r8_block_bytes(int32_t type);

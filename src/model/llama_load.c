@@ -227,7 +227,7 @@ static fl_status convert_weights(fl_model *m) {
 /* ---- the Q4_0_R8 / Q8_0_R8 repack (params.repack) ---- */
 
 static bool repacks(const fl_tensor *t) {
-    return fl_r8_of(t->type) >= 0 && t->n_dims == 2 && t->ne[1] % FL_R8_ROWS == 0 && t->nb[1] == fl_type_row_size(t->type, t->ne[0]);
+    return fl_r8_load_type(t->type, t->ne[1], true) != t->type && t->n_dims == 2 && t->nb[1] == fl_type_row_size(t->type, t->ne[0]);
 }
 
 /* Q4_0 and Q8_0 matrices (not the token embeddings, whose rows are looked up one at a time) rewritten in
@@ -235,7 +235,6 @@ static bool repacks(const fl_tensor *t) {
  * the written pages become the process's own (private) pages, the file is never changed. */
 static fl_status repack_weights(fl_model *m) {
     const fl_hparams *hp = &m->hp;
-    if (fl_isa_get() != FL_ISA_AVX2 || fl_matmul_llama_order() || fl_matmul_f32_act()) return FL_OK;
     if (hp->n_layer > 1024) return FL_OK;
     fl_tensor *all[1 + 7 * 1024];
     size_t n = 0;
@@ -269,7 +268,7 @@ static fl_status repack_weights(fl_model *m) {
     for (size_t i = 0; i < n && tmp; i++) {
         fl_tensor *t = all[i];
         if (!repacks(t)) continue;
-        const int32_t rt = fl_r8_of(t->type);
+        const int32_t rt = fl_r8_load_type(t->type, t->ne[1], true);
         for (int64_t r = 0; r < t->ne[1]; r += FL_R8_ROWS) fl_r8_repack(rt, (char *)t->data + (size_t)r * t->nb[1], t->nb[1], t->ne[0], tmp);
         t->type = rt;
         total += fl_tensor_nbytes(t);

@@ -107,6 +107,7 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
         n_mat += te.ne0 * te.ne1;
     }
     (void)type_embd;
+    if (outm.ne0) type_out = fl_r8_load_type(type_out, outm.ne1, in->repack); /* (tied: the embeddings, never repacked) */
     uint64_t s = matmul_scratch(type_out, R, hp.n_embd, nth);
     if (s > mm) mm = s;
     for (int il = 0; il < hp.n_layer; il++) {
@@ -119,7 +120,7 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
             int32_t t = c ? wt : lay[k].type;
             read_bytes += c ? fl_plan_tensor_bytes(wt, lay[k].ne0, lay[k].ne1) : fl_plan_tensor_bytes(t, lay[k].ne0, lay[k].ne1);
             n_mat += lay[k].ne0 * lay[k].ne1;
-            s = matmul_scratch(t, T, lay[k].ne0, nth);
+            s = matmul_scratch(fl_r8_load_type(t, lay[k].ne1, in->repack), T, lay[k].ne0, nth);
             if (s > mm) mm = s;
         }
     }

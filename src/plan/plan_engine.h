@@ -60,6 +60,7 @@ typedef struct fl_plan_engine_in {
     int32_t n_threads;        /* 0 = fl_threads_get() */
     uint64_t kv_mem;          /* the KV budget handed to the cache */
     int32_t prefix_cache;     /* the cache keeps prefix-cache entries per block */
+    int32_t repack;           /* the loader repacks Q4_0 / Q8_0 matrices (fl_r8_load_type) */
 } fl_plan_engine_in;
 
 typedef struct fl_plan_engine_out {

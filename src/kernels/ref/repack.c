@@ -1,9 +1,15 @@
 /* Q4_0 / Q8_0 in groups of 8 interleaved rows (FL_TYPE_Q4_0_R8 / Q8_0_R8, layout in
  * kernels/matmul.h): packing, unpacking and the f32 expansion of one row. */
+#include "kernels/dispatch.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 
 #include <string.h>
+
+int32_t fl_r8_load_type(int32_t type, int64_t rows, bool repack) {
+    const bool on = repack && fl_isa_get() == FL_ISA_AVX2 && !fl_matmul_llama_order() && !fl_matmul_f32_act();
+    return on && fl_r8_of(type) >= 0 && rows > 0 && rows % FL_R8_ROWS == 0 ? fl_r8_of(type) : type;
+}
 
 int32_t fl_r8_base(int32_t type) {
     return type == FL_TYPE_Q4_0_R8 ? FL_TYPE_Q4_0 : type == FL_TYPE_Q8_0_R8 ? FL_TYPE_Q8_0 : -1;
