@@ -75,6 +75,8 @@ void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K);
  * fl_r8_repack does it in place (tmp: 8 * ldw bytes); fl_r8_unpack_row gives back row i of a
  * group in the base type; fl_r8_dequant_row expands row r of a matrix starting at data. */
 #define FL_R8_ROWS 8
+#define FL_R8_Q4_0_BLOCK (16 + FL_R8_ROWS * 16) /* fl_r8_block_bytes: 144 */
+#define FL_R8_Q8_0_BLOCK (16 + FL_R8_ROWS * 32) /* 272 */
 /* The type a matrix of `rows` rows of `type` computes as after loading: its R8 type where the
  * model loader repacks it (repack asked, the AVX2 ISA, neither llama.cpp's order nor f32
  * activations, whole groups of 8 rows), else type itself.  The loader and the planners both ask

@@ -2,7 +2,6 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/status.h"
-#include "kernels/dispatch.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 #include "model/arch.h"

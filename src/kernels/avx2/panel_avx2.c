@@ -396,7 +396,7 @@ static void pack_r8(const char *w, size_t ldw, int nr, int64_t K, char *panel, c
                 for (int q = 0; q < 8; q++) _mm256_storeu_si256((__m256i *)(pb + 64 + 64 * q + 32 * h), _mm256_setzero_si256());
                 continue;
             }
-            const char *gb = g + (size_t)b * (q8 ? 272 : 144); /* fl_r8_block_bytes */
+            const char *gb = g + (size_t)b * (q8 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK);
             _mm256_storeu_ps((float *)pb + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb)));
             if (q8) { /* Q8_0: the panel's codes + 128 */
 #pragma GCC unroll 8
@@ -458,7 +458,6 @@ enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2, P_Q5K = 3, P_Q6K = 4, P_Q3K = 5, P_Q2K = 6
 /* P_Q8R: the Q8_0 tile straight on a Q8_0_R8 group (pan: the group of rows 8h..8h+7, h passed as
  * 0): its vectors are already 8 rows x 4 signed codes (no pack, no flip), the scales the
  * block's 8 f16 (one convert). */
-#define R8_Q8_BLOCK 272 /* fl_r8_block_bytes(FL_TYPE_Q8_0_R8) */
 
 /* Rows 8h..8h+8HH-1 of the panel (HH halves: 1, or 2 with h = 0) x tokens m0..m0+NT-1
  * (HH x NT <= 4 accumulators), y[t * ldy + r] for r < nr (rows present from 8h). */
@@ -479,7 +478,7 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
 #pragma GCC unroll 4
     for (int u = 0; u < HH * NT; u++) acc[u] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const char *pb = pan + b * (kind == P_Q8R ? R8_Q8_BLOCK : PANEL_BLOCK);
+        const char *pb = pan + b * (kind == P_Q8R ? FL_R8_Q8_0_BLOCK : PANEL_BLOCK);
         for (int i = 0; i < pf_per_block && pf < pf_end; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
         __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
         if (kind == P_Q4 || kind == P_Q5K) /* the int16 lanes start at -8 x (their codes' sums): fl_act_q8.o4; Q5_K -16 x */

@@ -20,7 +20,7 @@ int32_t fl_r8_of(int32_t type) {
 
 /* code bytes per row and block: Q4_0 16 (two nibbles each), Q8_0 32 */
 static size_t qs_bytes(int32_t type) { return fl_r8_base(type) == FL_TYPE_Q8_0 ? 32 : 16; }
-size_t fl_r8_block_bytes(int32_t type) { return 16 + FL_R8_ROWS * qs_bytes(type); }
+size_t fl_r8_block_bytes(int32_t type) { return fl_r8_base(type) == FL_TYPE_Q8_0 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK; }
 
 /* (both block types are the f16 d, then the codes) */
 void fl_r8_pack(int32_t type, const void *rows, size_t ldw, int64_t K, void *group) {
