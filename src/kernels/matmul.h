@@ -17,7 +17,7 @@
  * maddubs / AVX-512 VNNI dpbusd); M == 1 is a row-parallel GEMV (chunks of ~256 KiB of rows
  * taken dynamically; Q4_0 on AVX-512 VBMI reads activations pre-ordered for its nibbles, qs4),
  * M > 1 a cache-tiled, threaded GEMM (AVX-512: 16-row repacked panels x 8 tokens; AVX2: the
- * same panels, 8 rows x 4 tokens (Q4_0 / Q4_K 16 x 2), except that steps of up to 3 Q4_0 / 4 Q8_0
+ * same panels, 8 rows x 4 tokens (Q4_0 16 x 4, Q4_K 16 x 2), except that steps of up to 3 Q4_0 / 4 Q8_0
  * tokens take the GEMV, each row's codes shared by the tokens (FL_GEMV_MAX_TOKENS below);
  * otherwise 4 rows x 4 tokens register tiles over L2-sized row chunks).  On AVX-512 Q4_K takes the same
  * two paths (its own GEMV; panels with scales d sc_j and mins), and Q2_K, Q3_K, Q5_K, Q6_K, Q4_1,
@@ -25,7 +25,7 @@
  * maddubs row dots for M == 1 and small steps (fl_gemm_q8_avx2 and fl_gemm_rows_avx2; up to
  * fl_matmul_gemv_max_tokens: Q4_K / Q5_K 3, Q6_K 2, Q3_K / Q2_K 4, Q4_1 / Q5_0 / Q5_1 / IQ4_NL 1)
  * and the same 16-row panels as AVX-512 (all but Q8_0 / Q4_0 / Q4_K: AVX2 only) for larger steps
- * (fl_panel_gemm_avx2: Q8_0 8 rows x 4 tokens, the others 16 x 2).  Where the CPU has
+ * (fl_panel_gemm_avx2: Q8_0 8 rows x 4 tokens, Q4_0 / Q5_K / Q5_0 / Q5_1 16 x 4, the others 16 x 2).  Where the CPU has
  * AMX-INT8 and the OS grants the tile state, steps of 13 tokens or more of Q8_0 / Q4_0 / Q4_1 /
  * Q5_0 / Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K / Q3_K take the AMX GEMM instead (see below; FL_AMX=0 or
  * fl_matmul_set_amx(false) turns it off; Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K steps of up to 16 tokens feed the weight rows
@@ -249,8 +249,8 @@ void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act
                           int64_t ldy);
 /* The AVX2 panels (M > 1 without AVX-512; Q4_0, Q8_0, Q4_K, Q5_K and Q6_K): the same layout and
  * bytes (fl_panel_pack_avx2 packs full panels by in-register transposes, partial ones through
- * the reference), and kernels of 8 rows (half a panel) x 4 tokens (Q8_0) or 16 rows x 2 tokens
- * (the others) whose int32 lanes are rows
+ * the reference), and kernels of 8 rows (half a panel) x 4 tokens (Q8_0), 16 rows x 4 tokens
+ * (Q4_0, Q5_K, Q5_0, Q5_1) or 16 rows x 2 tokens (the others) whose int32 lanes are rows
  * (kernels/avx2/panel_avx2.c). */
 void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel);
 void fl_panel_gemm_avx2(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,

@@ -23,9 +23,9 @@
  *   multiplied as |w| x sign(x, w) (pairs up to 2 * 127 * 127 = 32258, no saturation), each group
  *   widened by vpmaddwd and added in int32.
  * Then one convert and one fma with d_w (8 lanes) * d_x per block and token.  A Q8_0 tile is 8
- * rows (half a panel) x up to 4 tokens, the 4 tokens sharing each weight load; a Q4_0 / K-quant
- * tile is the whole panel (both halves) x up to 2 tokens, each token's broadcast activation
- * group serving 16 rows.  On this kind of core
+ * rows (half a panel) x up to 4 tokens, the 4 tokens sharing each weight load; a Q4_0 / Q5_K
+ * tile is the whole panel (both halves) x up to 4 tokens, the other K-quants' x up to 2, each
+ * token's broadcast activation group serving 16 rows.  On this kind of core
  * (two vector integer multipliers) the Q4_0 tile needs one multiply per 32 products where the
  * int8 calibration loop needs two, so it can pass that loop's rate.
  * Reference: fl_panel_gemm_ref (the same integer sums; only the f32 order of the folds differs). */
@@ -454,13 +454,15 @@ void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_
 
 /* ---- the tiles ---- */
 
+#define TILE_ACC 8 /* the most accumulators of a tile (16 rows x 4 tokens) */
 enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2, P_Q5K = 3, P_Q6K = 4, P_Q3K = 5, P_Q2K = 6, P_Q8R = 7 };
 /* P_Q8R: the Q8_0 tile straight on a Q8_0_R8 group (pan: the group of rows 8h..8h+7, h passed as
  * 0): its vectors are already 8 rows x 4 signed codes (no pack, no flip), the scales the
  * block's 8 f16 (one convert). */
 
 /* Rows 8h..8h+8HH-1 of the panel (HH halves: 1, or 2 with h = 0) x tokens m0..m0+NT-1
- * (HH x NT <= 4 accumulators), y[t * ldy + r] for r < nr (rows present from 8h). */
+ * (HH x NT <= 8 accumulators; past 4 only Q4_0 / Q5_K, whose f32 sums then live in memory),
+ * y[t * ldy + r] for r < nr (rows present from 8h). */
 INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, const int HH, const int kind, int h,
                  float *y, int64_t ldy, int nr, const char *pf, const char *pf_end, int pf_per_block) {
     const int64_t nb = a->nb, K = a->K;
@@ -474,15 +476,17 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
     const __m256i *words = halves ? (const __m256i *)(pan + nb * PANEL_BLOCK) : NULL; /* [b][nw][16 rows] */
     const float *dmin = kind == P_Q2K ? (const float *)(pan + nb * PANEL_BLOCK) + nb * 4 * FL_PANEL_ROWS + 8 * h : NULL;
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
-    __m256 acc[4];
-#pragma GCC unroll 4
+    __m256 acc[TILE_ACC];
+#pragma GCC unroll 8
     for (int u = 0; u < HH * NT; u++) acc[u] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *pb = pan + b * (kind == P_Q8R ? FL_R8_Q8_0_BLOCK : PANEL_BLOCK);
         for (int i = 0; i < pf_per_block && pf < pf_end; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
-        __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+        __m256i s[TILE_ACC];
+#pragma GCC unroll 8
+        for (int u = 0; u < TILE_ACC; u++) s[u] = _mm256_setzero_si256();
         if (kind == P_Q4 || kind == P_Q5K) /* the int16 lanes start at -8 x (their codes' sums): fl_act_q8.o4; Q5_K -16 x */
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int u = 0; u < HH * NT; u++) {
                 s[u] = _mm256_set1_epi32(o40[(u % NT) * nb + b]);
                 if (kind == P_Q5K) s[u] = _mm256_add_epi16(s[u], s[u]);
@@ -545,7 +549,8 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
             /* one group at a time: without this GCC reassociated the adds of all 8 groups,
              * computed every product first and spilled them (in-cache Q4_0 tile
              * 1.2x slower, Q8_0 1.05x) */
-            __asm__("" : "+x"(s[0]), "+x"(s[1]), "+x"(s[2]), "+x"(s[3]));
+            if (HH * NT > 4) __asm__("" : "+x"(s[0]), "+x"(s[1]), "+x"(s[2]), "+x"(s[3]), "+x"(s[4]), "+x"(s[5]), "+x"(s[6]), "+x"(s[7]));
+            else __asm__("" : "+x"(s[0]), "+x"(s[1]), "+x"(s[2]), "+x"(s[3]));
         }
 #pragma GCC unroll 2
         for (int hh = 0; hh < HH; hh++) {
@@ -602,12 +607,12 @@ typedef void (*tile_fn)(const char *, const fl_act_q8 *, int64_t, int, float *, 
 #define DEFINE_TILES16(k) DEFINE_TILE(2, 1, k) DEFINE_TILE(2, 2, k)
 DEFINE_TILES(P_Q8)
 DEFINE_TILE(1, 1, P_Q8R) DEFINE_TILE(1, 2, P_Q8R) DEFINE_TILE(1, 3, P_Q8R) DEFINE_TILE(1, 4, P_Q8R)
-DEFINE_TILES(P_Q4)
+DEFINE_TILES(P_Q4) DEFINE_TILE(2, 3, P_Q4) DEFINE_TILE(2, 4, P_Q4)
 DEFINE_TILES(P_Q4K)
 /* the other kinds take the 16-row tiles for a partial panel of <= 8 rows too (its zero rows
  * past nr cost one half's work; 18 fewer instances keep the file's compile time down: the
  * sanitized fuzz build of tests/cli_fuzz.sh compiles it) */
-DEFINE_TILES16(P_Q5K)
+DEFINE_TILES16(P_Q5K) DEFINE_TILE(2, 3, P_Q5K) DEFINE_TILE(2, 4, P_Q5K)
 DEFINE_TILES16(P_Q6K)
 DEFINE_TILES16(P_Q3K)
 DEFINE_TILES16(P_Q2K)
@@ -616,9 +621,14 @@ void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_ac
                            int64_t ldy, const void *pf, size_t pf_bytes) {
 #define ROW(k) {{NULL, tile_1_1_##k, tile_1_2_##k, tile_1_3_##k, tile_1_4_##k}, {NULL, tile_2_1_##k, tile_2_2_##k, NULL, NULL}}
 #define ROW16(k) {{NULL, NULL, NULL, NULL, NULL}, {NULL, tile_2_1_##k, tile_2_2_##k, NULL, NULL}}
-    static const tile_fn tiles[7][2][5] = {ROW(P_Q8), ROW(P_Q4), ROW(P_Q4K), ROW16(P_Q5K), ROW16(P_Q6K), ROW16(P_Q3K), ROW16(P_Q2K)};
+#define ROW16W(k) {{NULL, NULL, NULL, NULL, NULL}, {NULL, tile_2_1_##k, tile_2_2_##k, tile_2_3_##k, tile_2_4_##k}}
+    static const tile_fn tiles[7][2][5] = {ROW(P_Q8),
+                                           {{NULL, tile_1_1_P_Q4, tile_1_2_P_Q4, tile_1_3_P_Q4, tile_1_4_P_Q4},
+                                            {NULL, tile_2_1_P_Q4, tile_2_2_P_Q4, tile_2_3_P_Q4, tile_2_4_P_Q4}},
+                                           ROW(P_Q4K), ROW16W(P_Q5K), ROW16(P_Q6K), ROW16(P_Q3K), ROW16(P_Q2K)};
 #undef ROW
 #undef ROW16
+#undef ROW16W
     /* Q4_1 has Q4_K's sums (codes 0..15 and mins words), Q5_0 / Q5_1 Q5_K's, IQ4_NL Q8_0's */
     const int k = wtype == FL_TYPE_Q8_0 || wtype == FL_TYPE_IQ4_NL || wtype == FL_TYPE_Q8_0_R8  ? P_Q8
                   : wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q4_1                               ? P_Q4K
@@ -631,8 +641,14 @@ void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_ac
      * 16 rows (best of 5, one core, in-cache 16 x 2048 panel: Q4_0 186 -> 206 GOP/s at 16 tokens,
      * 179 -> 198 at 512; `bench matmul -p 64 --types Q4_K --stream-mib 1` 251 -> 269).  Q8_0
      * keeps 8 rows x 4 tokens: with its signed copies of both halves live it lost (120 -> 116). */
-    const bool both = (nr > 8 && k != P_Q8) || k >= P_Q5K;
-    const int halves = nr > 8 && !both ? 2 : 1, step = both ? 2 : 4;
+    /* Q4_0 and Q5_K (Q5_0, Q5_1) take 4 tokens per call on both halves: 8 int16 accumulators
+     * in registers, the f32 sums on the stack (touched once per block), each panel load
+     * serving 4 tokens (one core, in-cache 16 x 2048 panel, alternated in one process, the
+     * same bits: Q4_0 at 16 tokens 199 -> 232 GOP/s, at 512 150 -> 178; Q5_K 124 -> 146, 99 ->
+     * 139; Q5_0 122 -> 145).  Q4_K / Q4_1 lost half their speed that way (their mins term),
+     * Q8_0 a quarter (its signed copies), so they keep theirs; 6 tokens spilled the int16 sums. */
+    const bool both = (nr > 8 && k != P_Q8) || k >= P_Q5K, wide = both && (k == P_Q4 || k == P_Q5K);
+    const int halves = nr > 8 && !both ? 2 : 1, step = wide ? 4 : both ? 2 : 4;
     const int64_t calls = (int64_t)((nt + step - 1) / step) * halves, nb = a->nb;
     /* the prefetch spread over every block step of every call: each call its share, a few lines
      * per block */
