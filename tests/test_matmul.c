@@ -1114,11 +1114,11 @@ static void check_r8(int32_t base) {
             fl_panel_pack_ref(base, (char *)q.data + 16 * ldw, ldw, nr, K, p0);
             fl_panel_pack_avx2(rtype, r8 + 16 * ldw, ldw, nr, K, p1);
             assert_memory_equal(p0, p1, pb);
-            if (q8) /* the tile straight on the groups: the packed panel's bits */
+            if (q8 || nr == 16) /* the tile straight on the groups (Q4_0: whole panels): the packed panel's bits */
                 for (int nt = 1; nt <= (int)M; nt++) {
                     float ya[5 * 16], yb[5 * 16];
                     fl_panel_gemm_avx2(base, p0, nr, &a, 0, nt, ya, 16);
-                    fl_r8_gemm_avx2_pf(r8 + 16 * ldw, ldw, nr, &a, 0, nt, yb, 16, NULL, 0);
+                    fl_r8_gemm_avx2_pf(rtype, r8 + 16 * ldw, ldw, nr, &a, 0, nt, yb, 16, NULL, 0);
                     for (int t = 0; t < nt; t++) assert_memory_equal(ya + t * 16, yb + t * 16, sizeof(float) * (size_t)nr);
                 }
         }

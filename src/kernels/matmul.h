@@ -259,10 +259,11 @@ void fl_panel_gemm_avx2(int32_t wtype, const void *panel, int nr, const fl_act_q
  * block steps, so that the next pack finds them there (NULL: none). */
 void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                            int64_t ldy, const void *pf, size_t pf_bytes);
-/* The Q8_0 tile straight on Q8_0_R8 rows (w at a group's first row, nr a multiple of 8): the
- * panel's arithmetic on the groups as they are, no pack. */
-void fl_r8_gemm_avx2_pf(const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy,
-                        const void *pf, size_t pf_bytes);
+/* The panel tiles straight on R8 rows (w at a group's first row), no pack: Q8_0_R8 (nr a
+ * multiple of 8), and Q4_0_R8 for whole panels of 16 rows (nr 16), whose tile unpacks each
+ * vector's nibbles per use; the same bits as the packed panels. */
+void fl_r8_gemm_avx2_pf(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                        int64_t ldy, const void *pf, size_t pf_bytes);
 /* f32 dot product of n elements. */
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);

@@ -455,15 +455,17 @@ void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_
 /* ---- the tiles ---- */
 
 #define TILE_ACC 8 /* the most accumulators of a tile (16 rows x 4 tokens) */
-enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2, P_Q5K = 3, P_Q6K = 4, P_Q3K = 5, P_Q2K = 6, P_Q8R = 7 };
+enum { P_Q8 = 0, P_Q4 = 1, P_Q4K = 2, P_Q5K = 3, P_Q6K = 4, P_Q3K = 5, P_Q2K = 6, P_Q8R = 7, P_Q4R = 8 };
 /* P_Q8R: the Q8_0 tile straight on a Q8_0_R8 group (pan: the group of rows 8h..8h+7, h passed as
  * 0): its vectors are already 8 rows x 4 signed codes (no pack, no flip), the scales the
- * block's 8 f16 (one convert). */
+ * block's 8 f16 (one convert).  P_Q4R: the Q4_0 tile straight on Q4_0_R8 groups (pan: the first,
+ * the second gs bytes on, h passed as 0): group g < 4 of a block is the low nibbles of its
+ * vector g, group g + 4 the high ones (a mask, or a shift and a mask, per use). */
 
 /* Rows 8h..8h+8HH-1 of the panel (HH halves: 1, or 2 with h = 0) x tokens m0..m0+NT-1
  * (HH x NT <= 8 accumulators; past 4 only Q4_0 / Q5_K, whose f32 sums then live in memory),
  * y[t * ldy + r] for r < nr (rows present from 8h). */
-INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, const int HH, const int kind, int h,
+INLINE void tile(const char *pan, size_t gs, const fl_act_q8 *a, int64_t m0, const int NT, const int HH, const int kind, int h,
                  float *y, int64_t ldy, int nr, const char *pf, const char *pf_end, int pf_per_block) {
     const int64_t nb = a->nb, K = a->K;
     const int8_t *xq0 = a->qs + m0 * K;
@@ -475,17 +477,17 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
     const int nw = kind == P_Q2K ? 4 : 2; /* words per block: (sc, sc) of each half, Q2_K's (m, m) */
     const __m256i *words = halves ? (const __m256i *)(pan + nb * PANEL_BLOCK) : NULL; /* [b][nw][16 rows] */
     const float *dmin = kind == P_Q2K ? (const float *)(pan + nb * PANEL_BLOCK) + nb * 4 * FL_PANEL_ROWS + 8 * h : NULL;
-    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80), m4 = _mm256_set1_epi8(0x0F);
     __m256 acc[TILE_ACC];
 #pragma GCC unroll 8
     for (int u = 0; u < HH * NT; u++) acc[u] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const char *pb = pan + b * (kind == P_Q8R ? FL_R8_Q8_0_BLOCK : PANEL_BLOCK);
+        const char *pb = pan + b * (kind == P_Q8R ? FL_R8_Q8_0_BLOCK : kind == P_Q4R ? FL_R8_Q4_0_BLOCK : PANEL_BLOCK);
         for (int i = 0; i < pf_per_block && pf < pf_end; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
         __m256i s[TILE_ACC];
 #pragma GCC unroll 8
         for (int u = 0; u < TILE_ACC; u++) s[u] = _mm256_setzero_si256();
-        if (kind == P_Q4 || kind == P_Q5K) /* the int16 lanes start at -8 x (their codes' sums): fl_act_q8.o4; Q5_K -16 x */
+        if (kind == P_Q4 || kind == P_Q4R || kind == P_Q5K) /* the int16 lanes start at -8 x (their codes' sums): fl_act_q8.o4; Q5_K -16 x */
 #pragma GCC unroll 8
             for (int u = 0; u < HH * NT; u++) {
                 s[u] = _mm256_set1_epi32(o40[(u % NT) * nb + b]);
@@ -532,7 +534,10 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
 #pragma GCC unroll 2
             for (int hh = 0; hh < HH; hh++) {
                 if (kind == P_Q8R) ws[hh] = _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * g)), wa[hh] = _mm256_sign_epi8(ws[hh], ws[hh]);
-                else wv[hh] = _mm256_loadu_si256((const __m256i *)(pb + 64 + 64 * g + 32 * (h + hh)));
+                else if (kind == P_Q4R) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(pb + hh * gs + 16 + 32 * (g % 4)));
+                    wv[hh] = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), m4);
+                } else wv[hh] = _mm256_loadu_si256((const __m256i *)(pb + 64 + 64 * g + 32 * (h + hh)));
                 if (kind == P_Q8) ws[hh] = _mm256_xor_si256(wv[hh], flip), wa[hh] = _mm256_sign_epi8(ws[hh], ws[hh]);
             }
 #pragma GCC unroll 4
@@ -554,7 +559,8 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
         }
 #pragma GCC unroll 2
         for (int hh = 0; hh < HH; hh++) {
-            const __m256 dw = kind == P_Q8R ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pb)) : _mm256_loadu_ps((const float *)pb + 8 * (h + hh));
+            const __m256 dw = kind == P_Q8R || kind == P_Q4R ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pb + hh * gs)))
+                                                             : _mm256_loadu_ps((const float *)pb + 8 * (h + hh));
 #pragma GCC unroll 4
             for (int t = 0; t < NT; t++) {
                 const int u = hh * NT + t;
@@ -595,18 +601,19 @@ INLINE void tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, 
     }
 }
 
-typedef void (*tile_fn)(const char *, const fl_act_q8 *, int64_t, int, float *, int64_t, int, const char *, const char *,
-                        int);
-#define DEFINE_TILE(hh, n, k)                                                                                       \
-    static void tile_##hh##_##n##_##k(const char *pan, const fl_act_q8 *a, int64_t m0, int h, float *y, int64_t ldy, \
-                                      int nr, const char *pf, const char *pf_end, int pf_per_block) {              \
-        tile(pan, a, m0, n, hh, k, h, y, ldy, nr, pf, pf_end, pf_per_block);                                        \
+typedef void (*tile_fn)(const char *, size_t, const fl_act_q8 *, int64_t, int, float *, int64_t, int, const char *,
+                        const char *, int);
+#define DEFINE_TILE(hh, n, k)                                                                                          \
+    static void tile_##hh##_##n##_##k(const char *pan, size_t gs, const fl_act_q8 *a, int64_t m0, int h, float *y,     \
+                                      int64_t ldy, int nr, const char *pf, const char *pf_end, int pf_per_block) {    \
+        tile(pan, gs, a, m0, n, hh, k, h, y, ldy, nr, pf, pf_end, pf_per_block);                                       \
     }
 #define DEFINE_TILES(k) \
     DEFINE_TILE(1, 1, k) DEFINE_TILE(1, 2, k) DEFINE_TILE(1, 3, k) DEFINE_TILE(1, 4, k) DEFINE_TILE(2, 1, k) DEFINE_TILE(2, 2, k)
 #define DEFINE_TILES16(k) DEFINE_TILE(2, 1, k) DEFINE_TILE(2, 2, k)
 DEFINE_TILES(P_Q8)
 DEFINE_TILE(1, 1, P_Q8R) DEFINE_TILE(1, 2, P_Q8R) DEFINE_TILE(1, 3, P_Q8R) DEFINE_TILE(1, 4, P_Q8R)
+DEFINE_TILE(2, 1, P_Q4R) DEFINE_TILE(2, 2, P_Q4R) DEFINE_TILE(2, 3, P_Q4R) DEFINE_TILE(2, 4, P_Q4R)
 DEFINE_TILES(P_Q4) DEFINE_TILE(2, 3, P_Q4) DEFINE_TILE(2, 4, P_Q4)
 DEFINE_TILES(P_Q4K)
 /* the other kinds take the 16-row tiles for a partial panel of <= 8 rows too (its zero rows
@@ -659,16 +666,20 @@ void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_ac
         const int n = nt - t < step ? nt - t : step;
         for (int h = 0; h < halves; h++) {
             const char *e = p && p + share * 64 < end ? p + share * 64 : end;
-            tiles[k][both][n]((const char *)panel, a, m0 + t, h, y + t * ldy + 8 * h, ldy, nr - 8 * h, p, e, per_block);
+            tiles[k][both][n]((const char *)panel, 0, a, m0 + t, h, y + t * ldy + 8 * h, ldy, nr - 8 * h, p, e, per_block);
             p = e;
         }
     }
 }
 
-void fl_r8_gemm_avx2_pf(const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy,
-                        const void *pf, size_t pf_bytes) {
-    static const tile_fn tiles[5] = {NULL, tile_1_1_P_Q8R, tile_1_2_P_Q8R, tile_1_3_P_Q8R, tile_1_4_P_Q8R};
-    const int groups = (nr + FL_R8_ROWS - 1) / FL_R8_ROWS;
+void fl_r8_gemm_avx2_pf(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                        int64_t ldy, const void *pf, size_t pf_bytes) {
+    static const tile_fn q8[5] = {NULL, tile_1_1_P_Q8R, tile_1_2_P_Q8R, tile_1_3_P_Q8R, tile_1_4_P_Q8R};
+    static const tile_fn q4[5] = {NULL, tile_2_1_P_Q4R, tile_2_2_P_Q4R, tile_2_3_P_Q4R, tile_2_4_P_Q4R};
+    const size_t gs = (size_t)FL_R8_ROWS * ldw;
+    /* Q8_0: one group x 4 tokens per call; Q4_0: both groups of 16 rows (nr 16) x 4 */
+    const bool q4_0 = wtype == FL_TYPE_Q4_0_R8;
+    const int groups = q4_0 ? 1 : (nr + FL_R8_ROWS - 1) / FL_R8_ROWS;
     const int64_t calls = (int64_t)((nt + 3) / 4) * groups, nb = a->nb;
     const size_t lines = (pf_bytes + 63) / 64, share = pf ? (lines + (size_t)calls - 1) / (size_t)calls : 0;
     const int per_block = (int)((share + (size_t)nb - 1) / (size_t)nb);
@@ -677,7 +688,7 @@ void fl_r8_gemm_avx2_pf(const void *w, size_t ldw, int nr, const fl_act_q8 *a, i
         const int n = nt - t < 4 ? nt - t : 4;
         for (int h = 0; h < groups; h++) {
             const char *e = p && p + share * 64 < end ? p + share * 64 : end;
-            tiles[n]((const char *)w + (size_t)h * FL_R8_ROWS * ldw, a, m0 + t, 0, y + t * ldy + 8 * h, ldy, nr - 8 * h, p, e, per_block);
+            (q4_0 ? q4 : q8)[n]((const char *)w + (size_t)h * gs, gs, a, m0 + t, 0, y + t * ldy + 8 * h, ldy, nr - 8 * h, p, e, per_block);
             p = e;
         }
     }
