@@ -275,16 +275,16 @@ static bool panel_path(int32_t type, int64_t M) {
            (isa == FL_ISA_AVX2 && (common || own || type == FL_TYPE_Q5_K || type == FL_TYPE_Q6_K));
 }
 
-/* Each thread repacks 16-row panels into its own scratch and runs every token through the panel
- * (fl_panel_gemm_avx512 / _avx2).  The units are the panels of all the matrices (fl_matmul_n:
- * q, k, v or gate, up share one quantized x and one parallel pass, and the small k, v spread
- * over the threads with the rest). */
 /* Q4_0_R8 steps of up to this many tokens run the tile on the groups, without the pack: one core,
  * 256 x 2048 rows in cache, pack + tile against the tile on the groups, alternated in one
  * process, the same bits (a microbenchmark): 4 tokens 103 -> 175 GOP/s, 8 128 -> 171, 16 149
  * -> 170 (K 5632: 140 -> 168), 24 187 -> 202, 32 154 -> 165 and 199 -> 206, 40 201 -> 205, 64
  * and 512 even to 0.96x. */
 #define R8_DIRECT_Q4_0 32
+/* Each thread repacks 16-row panels into its own scratch and runs every token through the panel
+ * (fl_panel_gemm_avx512 / _avx2).  The units are the panels of all the matrices (fl_matmul_n:
+ * q, k, v or gate, up share one quantized x and one parallel pass, and the small k, v spread
+ * over the threads with the rest). */
 static void q8_panel_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
     const bool avx512 = fl_isa_get() == FL_ISA_AVX512;

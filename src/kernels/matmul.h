@@ -43,7 +43,8 @@
  * and activation mode (for memory planners): the 8-bit activations (fl_act_q8_bytes) plus, for
  * M > 1 on AVX-512 (AVX2: Q8_0 / Q4_0 / Q4_0_R8 / Q4_K / Q5_K / Q6_K past fl_matmul_gemv_max_tokens, and
  * Q4_1 / Q5_0 / Q5_1 / IQ4_NL / Q3_K / Q2_K at any M), nth repacked row
- * panels (fl_panel_bytes_for each; none for Q8_0_R8, whose tile reads its groups), or on the AMX path the
+ * panels (fl_panel_bytes_for each; none for Q8_0_R8, whose tile reads its groups; Q4_0_R8 keeps them
+ * at every M: up to 32 tokens only a partial panel of 8 rows is packed), or on the AMX path the
  * activation tiles (fl_amx_act_bytes) plus nth x G AMX panels (G = max(1, 512 KiB /
  * fl_amx_panel_bytes), whatever N is); or
  * nth x 8 dequantized f32 rows on the f32 path (plus the M x K rounded activations for F16).

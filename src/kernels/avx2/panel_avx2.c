@@ -644,16 +644,16 @@ void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_ac
                   : wtype == FL_TYPE_Q3_K                                                        ? P_Q3K
                   : wtype == FL_TYPE_Q2_K                                                        ? P_Q2K
                                                                                                  : P_Q4; /* Q4_0, Q4_0_R8 */
-    /* Q4_0 / Q4_K: both halves x 2 tokens per call, so each broadcast activation group serves
-     * 16 rows (best of 5, one core, in-cache 16 x 2048 panel: Q4_0 186 -> 206 GOP/s at 16 tokens,
-     * 179 -> 198 at 512; `bench matmul -p 64 --types Q4_K --stream-mib 1` 251 -> 269).  Q8_0
-     * keeps 8 rows x 4 tokens: with its signed copies of both halves live it lost (120 -> 116). */
-    /* Q4_0 and Q5_K (Q5_0, Q5_1) take 4 tokens per call on both halves: 8 int16 accumulators
-     * in registers, the f32 sums on the stack (touched once per block), each panel load
-     * serving 4 tokens (one core, in-cache 16 x 2048 panel, alternated in one process, the
+    /* All but Q8_0 run both halves per call, so each broadcast activation group serves 16 rows
+     * (against 8 rows x 2 tokens, best of 5, one core, in-cache 16 x 2048 panel: Q4_0 186 -> 206
+     * GOP/s at 16 tokens, 179 -> 198 at 512; `bench matmul -p 64 --types Q4_K --stream-mib 1`
+     * 251 -> 269).  Q4_0 and Q5_K (Q5_0, Q5_1) take 4 tokens per call: 8 int16 accumulators in
+     * registers, the f32 sums on the stack (touched once per block), each panel load serving 4
+     * tokens (against 2, one core, in-cache 16 x 2048 panel, alternated in one process, the
      * same bits: Q4_0 at 16 tokens 199 -> 232 GOP/s, at 512 150 -> 178; Q5_K 124 -> 146, 99 ->
-     * 139; Q5_0 122 -> 145).  Q4_K / Q4_1 lost half their speed that way (their mins term),
-     * Q8_0 a quarter (its signed copies), so they keep theirs; 6 tokens spilled the int16 sums. */
+     * 139; Q5_0 122 -> 145).  Q4_K / Q4_1 lost half their speed that way (their mins term), so
+     * they keep 2; 6 tokens spilled the int16 sums.  Q8_0 keeps 8 rows x 4 tokens: with its
+     * signed copies of both halves live it lost (x 2 tokens 120 -> 116, x 4 a quarter). */
     const bool both = (nr > 8 && k != P_Q8) || k >= P_Q5K, wide = both && (k == P_Q4 || k == P_Q5K);
     const int halves = nr > 8 && !both ? 2 : 1, step = wide ? 4 : both ? 2 : 4;
     const int64_t calls = (int64_t)((nt + step - 1) / step) * halves, nb = a->nb;
