@@ -118,6 +118,9 @@ typedef struct {
     float *yv[FL_MATMUL_N_MAX];
     int64_t ubase[FL_MATMUL_N_MAX + 1]; /* matrix i's units are [ubase[i], ubase[i + 1]) */
     int64_t gc[FL_MATMUL_N_MAX];        /* GEMV: rows per chunk of matrix i */
+    int64_t pgroup;                     /* AVX-512 panels: panels a thread's scratch holds (panel_group_max);
+                                         * with > 1 a unit is a group of them (groups[i] per matrix) */
+    int64_t groups[FL_MATMUL_N_MAX];
 } q8_ctx;
 
 /* The matrix a unit u (0 <= u < ubase[nw]) belongs to. */
@@ -281,6 +284,17 @@ static bool panel_path(int32_t type, int64_t M) {
  * -> 170 (K 5632: 140 -> 168), 24 187 -> 202, 32 154 -> 165 and 199 -> 206, 40 201 -> 205, 64
  * and 512 even to 0.96x. */
 #define R8_DIRECT_Q4_0 32
+/* AVX-512 steps of more than one token tile (8) take groups of panels: a thread packs a group
+ * that fits L2 (PANEL_GROUP_BYTES), then every 8-token tile of the step passes all its panels
+ * while its activations stay in L1; one panel at a time streamed the whole step's activations
+ * (M x K codes and their scales, 1 MiB and more at 512 tokens) from L3 once per panel. */
+#define PANEL_GROUP_BYTES (384 * 1024)
+static int64_t panel_group_max(int32_t type, int64_t K, int64_t M) {
+    if (fl_isa_get() != FL_ISA_AVX512 || M <= 8) return 1;
+    const int64_t g = (int64_t)(PANEL_GROUP_BYTES / fl_panel_bytes_for(type, K));
+    return g < 1 ? 1 : g;
+}
+
 /* Each thread repacks 16-row panels into its own scratch and runs every token through the panel
  * (fl_panel_gemm_avx512 / _avx2).  The units are the panels of all the matrices (fl_matmul_n:
  * q, k, v or gate, up share one quantized x and one parallel pass, and the small k, v spread
@@ -291,7 +305,31 @@ static void q8_panel_task(void *p, int ith, int nth) {
     void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = avx512 ? fl_panel_pack_avx512 : fl_panel_pack_avx2;
     const int64_t K = c->W->ne[0], units = c->ubase[c->nw];
     (void)nth;
-    char *pan = c->panels ? c->panels + (size_t)ith * c->panel_bytes : NULL; /* (none for Q8_0_R8: no pack) */
+    char *pan = c->panels ? c->panels + (size_t)ith * (size_t)c->pgroup * c->panel_bytes : NULL; /* (none for Q8_0_R8: no pack) */
+    if (c->pgroup > 1) { /* groups of panels (panel_group_max), 8-token tiles through each group */
+        for (int64_t u = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed); u < units;
+             u = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) {
+            const int i = unit_matrix(c->ubase, u);
+            const fl_tensor *W = c->Wv[i];
+            const int64_t N = W->ne[1], np = (N + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS, ng = c->groups[i];
+            const int64_t gi = u - c->ubase[i], g0 = gi * np / ng, g1 = (gi + 1) * np / ng;
+            const size_t ldw = W->nb[1];
+            for (int64_t pi = g0; pi < g1; pi++) {
+                const int64_t n = pi * FL_PANEL_ROWS;
+                pack(W->type, (const char *)W->data + n * ldw, ldw, (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS), K,
+                     pan + (size_t)(pi - g0) * c->panel_bytes);
+            }
+            for (int64_t m = 0; m < c->M; m += 8) {
+                const int nt = (int)(c->M - m < 8 ? c->M - m : 8);
+                for (int64_t pi = g0; pi < g1; pi++) {
+                    const int64_t n = pi * FL_PANEL_ROWS;
+                    fl_panel_gemm_avx512(W->type, pan + (size_t)(pi - g0) * c->panel_bytes,
+                                         (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS), &c->act, m, nt, c->yv[i] + m * N + n, N);
+                }
+            }
+        }
+        return;
+    }
     /* panels taken dynamically (see the GEMV loop), one ahead: on AVX2 the tiles prefetch the
      * next panel's rows meanwhile (at a few tokens per step the weights stream from memory once,
      * and the pack otherwise stalls on them: `fitllm bench serve` at 16 sequences, Q8_0,
@@ -636,7 +674,8 @@ size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
         if (!llama && amx_rows_path(W->type, M)) return b + fl_amx_act_bytes(M, K);
         if (!llama && amx_path(W->type, M))
             return b + fl_amx_act_bytes(M, K) + (size_t)nth * (size_t)amx_group_max(W->type, K) * fl_amx_panel_bytes(W->type, K);
-        if (!llama && panel_path(W->type, M) && W->type != FL_TYPE_Q8_0_R8) b += (size_t)nth * fl_panel_bytes_for(W->type, K);
+        if (!llama && panel_path(W->type, M) && W->type != FL_TYPE_Q8_0_R8)
+            b += (size_t)nth * (size_t)panel_group_max(W->type, K, M) * fl_panel_bytes_for(W->type, K);
         return b;
     }
     if (W->type == FL_TYPE_F32) return 0;
@@ -723,7 +762,8 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
             const bool direct = panel_path(W->type, M) && W->type == FL_TYPE_Q8_0_R8; /* panels without a pack */
             if (panel_path(W->type, M) && !direct) {
                 c.panel_bytes = fl_panel_bytes_for(W->type, K);
-                c.panels = fl_alloc(FL_MEM_SCRATCH, (size_t)nth * c.panel_bytes, 64);
+                c.pgroup = panel_group_max(W->type, K, M);
+                c.panels = fl_alloc(FL_MEM_SCRATCH, (size_t)nth * (size_t)c.pgroup * c.panel_bytes, 64);
                 if (!c.panels) { /* no scratch: the tile path below, one matrix at a time */
                     fl_clear_error();
                     if (nw > 1) {
@@ -733,9 +773,12 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 }
             }
             if (c.panels || direct) {
-                for (int i = 0; i < nw; i++) c.ubase[i + 1] = c.ubase[i] + (Ws[i]->ne[1] + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS;
+                for (int i = 0; i < nw; i++) {
+                    c.groups[i] = c.pgroup > 1 ? panel_groups(Ws[i]->ne[1], c.pgroup, nth) : 0;
+                    c.ubase[i + 1] = c.ubase[i] + (c.pgroup > 1 ? c.groups[i] : (Ws[i]->ne[1] + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS);
+                }
                 fl_parallel_n(q8_panel_task, &c, nth);
-                if (c.panels) fl_free(FL_MEM_SCRATCH, c.panels, (size_t)nth * c.panel_bytes);
+                if (c.panels) fl_free(FL_MEM_SCRATCH, c.panels, (size_t)nth * (size_t)c.pgroup * c.panel_bytes);
             } else {
                 if (gemv_path(W->type, M))
                     for (int i = 0; i < nw; i++) c.ubase[i + 1] = c.ubase[i] + gemv_chunks(Ws[i], fl_threads_get(), &c.gc[i]);
