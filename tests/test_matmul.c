@@ -1052,7 +1052,7 @@ static void test_scratch_bytes(void **state) {
 /* Q4_0_R8 / Q8_0_R8 (8 interleaved rows): the repack is a permutation (rows come back byte for
  * byte, the f32 rows are the base type's), the reference integer dot takes the same bits as on
  * the base rows, the AVX2 GEMV and its panel pack against them (tails of 1-5 tokens, codes and
- * activations at their limits), and fl_matmul on both layouts for every ISA the CPU has, with and
+ * activations at their limits), the AVX-512 tile against the packed panels and the reference, and fl_matmul on both layouts for every ISA the CPU has, with and
  * without 8-bit activations, and its scratch as fl_matmul_scratch_bytes says. */
 static void check_r8(int32_t base) {
     const int32_t rtype = fl_r8_of(base);
@@ -1125,6 +1125,33 @@ static void check_r8(int32_t base) {
         fl_free(FL_MEM_MISC, p0, pb);
         fl_free(FL_MEM_MISC, p1, pb);
     }
+    if (fl_isa_best() == FL_ISA_AVX512) { /* the AVX-512 tile on the groups: the packed panel's bits */
+        const size_t pb = fl_panel_bytes_for(base, K);
+        char *p0 = fl_alloc(FL_MEM_MISC, pb, 64);
+        fl_act_q8 a5;
+        assert_int_equal(fl_act_q8_alloc(&a5, M, K), FL_OK);
+        for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row_avx512(&a5, m, x + m * K);
+        for (int nr = 8; nr <= 16; nr += 8) {
+            fl_panel_pack_ref(base, (char *)q.data + 16 * ldw, ldw, nr, K, p0);
+            for (int nt = 1; nt <= (int)M; nt++) {
+                float ya[5 * 16], yb[5 * 16];
+                fl_panel_gemm_avx512(base, p0, nr, &a5, 0, nt, ya, 16);
+                fl_r8_gemm_avx512(rtype, r8 + 16 * ldw, ldw, nr, &a5, 0, nt, yb, 16);
+                for (int t = 0; t < nt; t++)
+                    if (memcmp(ya + t * 16, yb + t * 16, sizeof(float) * (size_t)nr))
+                        fail_msg("%s AVX-512 tile nr=%d nt=%d token %d: not the panel's bits", fl_type_name(rtype), nr, nt, t);
+            }
+        }
+        /* all 40 rows (2 pairs of groups and a lone one) against the reference, 1-5 tokens */
+        for (int nt = 1; nt <= (int)M; nt++) {
+            fl_gemm_q8_avx512(rtype, r8, ldw, (int)N, &a5, 0, nt, y1, N);
+            for (int64_t i = 0; i < nt * N; i++)
+                if (fabsf(y1[i] - y0[i]) > 1e-5f * (fabsf(y0[i]) + 1.0f)) fail_msg("%s AVX-512 nt=%d: [%lld] %g vs %g", fl_type_name(rtype), nt, (long long)i, y1[i], y0[i]);
+            for (int64_t r = 16; r < 24; r++) assert_true(y1[r] == y0[r]); /* integer-valued: exact */
+        }
+        fl_act_q8_free(&a5);
+        fl_free(FL_MEM_MISC, p0, pb);
+    }
     const int64_t ne[2] = {K, N};
     fl_tensor W8;
     assert_true(fl_tensor_init(&W8, rtype, 2, ne, r8) != 0);
@@ -1144,8 +1171,7 @@ static void check_r8(int32_t base) {
                     const size_t used = fl_mem_peak(FL_MEM_SCRATCH) - before, want = fl_matmul_scratch_bytes(&W8, Ms[mi], nth);
                     if (used != want) fail_msg("%s %s M=%lld: scratch %zu, planned %zu", fl_type_name(rtype), fl_isa_name((fl_isa)isa), (long long)Ms[mi], used, want);
                     const double e = fl_test_nmse(ya, yb, Ms[mi] * N);
-                    /* (AVX-512: Q4_0_R8 takes the f32 path there, Q4_0 its 8-bit activations) */
-                    if (!(e <= (f32 ? 1e-12 : isa == FL_ISA_AVX512 ? 1e-4 : 1e-9)))
+                    if (!(e <= (f32 ? 1e-12 : 1e-9)))
                         fail_msg("%s %s f32=%d M=%lld: NMSE %.3g against the base type", fl_type_name(rtype), fl_isa_name((fl_isa)isa), f32, (long long)Ms[mi], e);
                 }
             }

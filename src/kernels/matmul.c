@@ -52,8 +52,8 @@ static bool panel_path(int32_t type, int64_t M);
 static bool int8_path(int32_t type, int64_t M, bool *llama) {
     *llama = false;
     if (fl_matmul_f32_act()) return false;
-    if (fl_r8_base(type) >= 0) /* its AVX2 kernels or the reference; elsewhere the f32 path */
-        return !fl_matmul_llama_order() && (fl_isa_get() == FL_ISA_AVX2 || fl_isa_get() == FL_ISA_REF) && M <= INT32_MAX;
+    if (fl_r8_base(type) >= 0) /* its AVX2 / AVX-512 kernels or the reference */
+        return !fl_matmul_llama_order() && M <= INT32_MAX;
     if (fl_matmul_llama_order() && (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0 || type == FL_TYPE_Q5_0)) {
         *llama = true;
         return true;
@@ -271,7 +271,7 @@ static bool panel_path(int32_t type, int64_t M) {
     const fl_isa isa = fl_isa_get();
     const bool own = type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL ||
                      type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K; /* panels for every step on AVX2 */
-    if (fl_r8_base(type) >= 0) return isa == FL_ISA_AVX2 && M > 1 && M <= INT32_MAX && !gemv_path(type, M);
+    if (fl_r8_base(type) >= 0) return (isa == FL_ISA_AVX2 || isa == FL_ISA_AVX512) && M > 1 && M <= INT32_MAX && !gemv_path(type, M);
     if (M <= 1 || M > INT32_MAX || gemv_path(type, M)) return false;
     const bool common = type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K;
     return (isa == FL_ISA_AVX512 && common) ||
@@ -291,8 +291,16 @@ static bool panel_path(int32_t type, int64_t M) {
 #define PANEL_GROUP_BYTES (384 * 1024)
 static int64_t panel_group_max(int32_t type, int64_t K, int64_t M) {
     if (fl_isa_get() != FL_ISA_AVX512 || M <= 8) return 1;
-    const int64_t g = (int64_t)(PANEL_GROUP_BYTES / fl_panel_bytes_for(type, K));
+    /* the R8 types' tiles read the rows themselves: a group is 16 rows of the matrix */
+    const size_t bytes = fl_r8_base(type) >= 0 ? FL_PANEL_ROWS * fl_type_row_size(fl_r8_base(type), K) : fl_panel_bytes_for(type, K);
+    const int64_t g = (int64_t)(PANEL_GROUP_BYTES / bytes);
     return g < 1 ? 1 : g;
+}
+
+/* The panel path runs the tile on the weight rows as they are, with no pack and no panel scratch:
+ * AVX-512 on both R8 types, AVX2 on Q8_0_R8 (its vectors are the tile's layout). */
+static bool panel_direct(int32_t type) {
+    return fl_r8_base(type) >= 0 && (type == FL_TYPE_Q8_0_R8 || fl_isa_get() == FL_ISA_AVX512);
 }
 
 /* Each thread repacks 16-row panels into its own scratch and runs every token through the panel
@@ -314,7 +322,8 @@ static void q8_panel_task(void *p, int ith, int nth) {
             const int64_t N = W->ne[1], np = (N + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS, ng = c->groups[i];
             const int64_t gi = u - c->ubase[i], g0 = gi * np / ng, g1 = (gi + 1) * np / ng;
             const size_t ldw = W->nb[1];
-            for (int64_t pi = g0; pi < g1; pi++) {
+            const bool r8 = fl_r8_base(W->type) >= 0;
+            for (int64_t pi = g0; pi < g1 && !r8; pi++) {
                 const int64_t n = pi * FL_PANEL_ROWS;
                 pack(W->type, (const char *)W->data + n * ldw, ldw, (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS), K,
                      pan + (size_t)(pi - g0) * c->panel_bytes);
@@ -323,8 +332,9 @@ static void q8_panel_task(void *p, int ith, int nth) {
                 const int nt = (int)(c->M - m < 8 ? c->M - m : 8);
                 for (int64_t pi = g0; pi < g1; pi++) {
                     const int64_t n = pi * FL_PANEL_ROWS;
-                    fl_panel_gemm_avx512(W->type, pan + (size_t)(pi - g0) * c->panel_bytes,
-                                         (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS), &c->act, m, nt, c->yv[i] + m * N + n, N);
+                    const int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
+                    if (r8) fl_r8_gemm_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, &c->act, m, nt, c->yv[i] + m * N + n, N);
+                    else fl_panel_gemm_avx512(W->type, pan + (size_t)(pi - g0) * c->panel_bytes, nr, &c->act, m, nt, c->yv[i] + m * N + n, N);
                 }
             }
         }
@@ -342,12 +352,13 @@ static void q8_panel_task(void *p, int ith, int nth) {
         const int64_t N = W->ne[1], n = (u - c->ubase[i]) * FL_PANEL_ROWS;
         const size_t ldw = W->nb[1];
         const int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
-        /* the tile straight on the groups: Q8_0_R8 always (its vectors are the tile's layout), Q4_0_R8
-         * for whole panels of steps up to R8_DIRECT_Q4_0 tokens (below that the pack costs more than
-         * unpacking each vector per use) */
-        const bool direct = !avx512 && (W->type == FL_TYPE_Q8_0_R8 || (W->type == FL_TYPE_Q4_0_R8 && nr == FL_PANEL_ROWS && c->M <= R8_DIRECT_Q4_0));
+        /* the tile straight on the groups: panel_direct (AVX-512 both R8 types, AVX2 Q8_0_R8), and on
+         * AVX2 Q4_0_R8 for whole panels of steps up to R8_DIRECT_Q4_0 tokens (past that the pack
+         * costs less than unpacking each vector per use) */
+        const bool direct = panel_direct(W->type) || (W->type == FL_TYPE_Q4_0_R8 && nr == FL_PANEL_ROWS && c->M <= R8_DIRECT_Q4_0);
         if (!direct) pack(W->type, (const char *)W->data + n * ldw, ldw, nr, K, pan);
-        if (avx512) fl_panel_gemm_avx512(W->type, pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N);
+        if (avx512 && direct) fl_r8_gemm_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N);
+        else if (avx512) fl_panel_gemm_avx512(W->type, pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N);
         else {
             const char *pf = NULL;
             size_t pf_bytes = 0;
@@ -674,7 +685,7 @@ size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
         if (!llama && amx_rows_path(W->type, M)) return b + fl_amx_act_bytes(M, K);
         if (!llama && amx_path(W->type, M))
             return b + fl_amx_act_bytes(M, K) + (size_t)nth * (size_t)amx_group_max(W->type, K) * fl_amx_panel_bytes(W->type, K);
-        if (!llama && panel_path(W->type, M) && W->type != FL_TYPE_Q8_0_R8)
+        if (!llama && panel_path(W->type, M) && !panel_direct(W->type))
             b += (size_t)nth * (size_t)panel_group_max(W->type, K, M) * fl_panel_bytes_for(W->type, K);
         return b;
     }
@@ -759,10 +770,10 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 fl_act_q8_free(&c.act);
                 return;
             }
-            const bool direct = panel_path(W->type, M) && W->type == FL_TYPE_Q8_0_R8; /* panels without a pack */
+            const bool direct = panel_path(W->type, M) && panel_direct(W->type); /* panels without a pack */
+            c.pgroup = panel_path(W->type, M) ? panel_group_max(W->type, K, M) : 1;
             if (panel_path(W->type, M) && !direct) {
                 c.panel_bytes = fl_panel_bytes_for(W->type, K);
-                c.pgroup = panel_group_max(W->type, K, M);
                 c.panels = fl_alloc(FL_MEM_SCRATCH, (size_t)nth * (size_t)c.pgroup * c.panel_bytes, 64);
                 if (!c.panels) { /* no scratch: the tile path below, one matrix at a time */
                     fl_clear_error();

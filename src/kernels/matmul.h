@@ -64,7 +64,7 @@ fl_status fl_matmul_supported(int32_t type);
 /* Expand one row of K elements of `type` to f32 (K a multiple of the block size). */
 void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K);
 
-/* ---- Q4_0 / Q8_0 repacked in groups of 8 rows (FL_TYPE_Q4_0_R8 / Q8_0_R8; the AVX2 GEMV) ----
+/* ---- Q4_0 / Q8_0 repacked in groups of 8 rows (FL_TYPE_Q4_0_R8 / Q8_0_R8; AVX2 and AVX-512) ----
  * A matrix of N rows (N % 8 == 0) keeps its size and row stride ldw; the 8 rows of group g
  * occupy the bytes of rows 8g..8g+7, now as K / 32 blocks of fl_r8_block_bytes (Q4_0 144, Q8_0
  * 272): block b is the 8 rows' f16 scales d (row i's at byte 2i), then vectors of 32 bytes (Q4_0
@@ -79,8 +79,9 @@ void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K);
 #define FL_R8_Q4_0_BLOCK (16 + FL_R8_ROWS * 16) /* fl_r8_block_bytes: 144 */
 #define FL_R8_Q8_0_BLOCK (16 + FL_R8_ROWS * 32) /* 272 */
 /* The type a matrix of `rows` rows of `type` computes as after loading: its R8 type where the
- * model loader repacks it (repack asked, the AVX2 ISA, neither llama.cpp's order nor f32
- * activations, whole groups of 8 rows), else type itself.  The loader and the planners both ask
+ * model loader repacks it (repack asked, the AVX2 ISA or AVX-512 without usable AMX tiles (which
+ * read the file's rows), neither llama.cpp's order nor f32 activations, whole groups of 8 rows),
+ * else type itself.  The loader and the planners both ask
  * this, so the plan follows what is loaded. */
 int32_t fl_r8_load_type(int32_t type, int64_t rows, bool repack);
 int32_t fl_r8_base(int32_t type);
@@ -265,6 +266,11 @@ void fl_panel_gemm_avx2_pf(int32_t wtype, const void *panel, int nr, const fl_ac
  * vector's nibbles per use; the same bits as the packed panels. */
 void fl_r8_gemm_avx2_pf(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                         int64_t ldy, const void *pf, size_t pf_bytes);
+/* AVX-512 VNNI on R8 rows, every step size (kernels/avx512/r8_avx512.c): 16 rows (two groups;
+ * nr a multiple of 8) x up to 8 tokens per pass, straight on the groups; the same bits as
+ * fl_panel_gemm_avx512 on the packed panel of those rows. */
+void fl_r8_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                       int64_t ldy);
 /* f32 dot product of n elements. */
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);

@@ -275,7 +275,7 @@ static fl_status repack_weights(fl_model *m) {
     }
     if (tmp) fl_free(FL_MEM_SCRATCH, tmp, tmp_bytes);
     const fl_status st = mapped ? fl_gguf_set_writable(m->g, false) : FL_OK;
-    if (!st && count) FL_LOG_INFO("%d Q4_0 / Q8_0 matrices (%.2f MiB) repacked in groups of 8 rows for the AVX2 GEMV", count, (double)total / 1048576.0);
+    if (!st && count) FL_LOG_INFO("%d Q4_0 / Q8_0 matrices (%.2f MiB) repacked in groups of 8 rows (q4_0_r8 / q8_0_r8)", count, (double)total / 1048576.0);
     return st;
 }
 

@@ -674,6 +674,10 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
                        float *y, int64_t ldy) {
     const char *wc = w;
     const bool q8 = wtype == FL_TYPE_Q8_0;
+    if (fl_r8_base(wtype) >= 0) { /* (kernels/avx512/r8_avx512.c) */
+        fl_r8_gemm_avx512(wtype, w, ldw, nr, a, m0, nt, y, ldy);
+        return;
+    }
     if (wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_IQ4_NL) {
         for (int t = 0; t < nt; t++) /* one-token steps (fl_matmul) */
             for (int r = 0; r < nr; r++) y[t * ldy + r] = gemv_row_b32(wtype, wc + r * ldw, a, m0 + t);

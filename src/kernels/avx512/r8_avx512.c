@@ -1,0 +1,207 @@
+/* Q4_0_R8 / Q8_0_R8 (groups of 8 interleaved rows, layout in kernels/matmul.h) on AVX-512 VNNI:
+ * 16 rows (two groups) x up to 8 tokens straight on the groups, for every step size (the GEMV
+ * of one token too).
+ *
+ * A group's 4-byte units of a block are [unit v][row][4 bytes], so two groups' 32-byte runs in
+ * one zmm are the 16 rows x 4 codes a vpdpbusd takes against 4 broadcast activation codes: Q4_0
+ * unit v holds codes 4v..4v+3 in its low nibbles and 16+4v.. in its high ones (two vectors after
+ * an and / a shift, which run beside the products), Q8_0 unit v codes 4v..4v+3 with the sign bit
+ * flipped (code + 128).  Each token's int32 sums start at -offset * (its activation code sum),
+ * then per block one convert and one fma with d_w (16 lanes) * d_x: the arithmetic of the
+ * packed panels (fl_panel_gemm_avx512, panel_tile), so the outputs are the same bits, with no
+ * pack and no panel scratch.  Reference: fl_gemm_q8_ref on the R8 type. */
+#include "kernels/matmul.h"
+#include "kernels/quant.h"
+
+#include <immintrin.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* steps of up to this many tokens take one group (8 rows, ymm) at a time: tile8 */
+#define R8_GEMV_TOKENS 2
+/* software prefetch distance along each group (bytes) */
+#define R8_PF 1536
+
+/* 16 rows (groups ga, gb) x NT tokens; gb == ga computes rows 0..7 twice (the caller stores 8) */
+INLINE void tile16(const bool q8, const char *ga, const char *gb, const fl_act_q8 *a, int64_t m0, const int NT,
+                   float *y, int64_t ldy, __mmask16 rm) {
+    const size_t bb = q8 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK;
+    const int64_t nb = a->nb, K = a->K;
+    const int8_t *xq0 = a->qs + m0 * K;
+    const int32_t *s0 = a->s + m0 * nb;
+    const float *d0 = a->d + m0 * nb;
+    const int32_t off = q8 ? 128 : 8;
+    const size_t gbytes = (size_t)nb * bb; /* a group (gb = ga + gbytes, or ga) */
+    const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *pa = ga + (size_t)b * bb, *pb = gb + (size_t)b * bb;
+        { /* past a group's end, the same place in the next pair's group (in the first token tile
+           * the weights come from memory: 16 sequences, Q8_0, 120 -> 155 tok/s with this) */
+            const size_t o = (size_t)b * bb + R8_PF, skip = o >= gbytes ? gbytes : 0;
+            for (size_t l = 0; l < bb; l += 64) {
+                _mm_prefetch(ga + o + skip + l, _MM_HINT_T0);
+                _mm_prefetch(gb + o + skip + l, _MM_HINT_T0);
+            }
+        }
+        __m512i wv[8];
+        if (q8) {
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++) {
+                const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(pa + 16 + 32 * v))),
+                                                     _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * v)), 1);
+                wv[v] = _mm512_xor_si512(z, flip);
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) {
+                const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(pa + 16 + 32 * v))),
+                                                     _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * v)), 1);
+                wv[v] = _mm512_and_si512(z, m4);
+                wv[v + 4] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
+                                                                  _mm_loadu_si128((const __m128i *)pb), 1));
+        __m512i s[8], h[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            s[t] = _mm512_set1_epi32(-s0[t * nb + b] * off);
+            h[t] = _mm512_setzero_si512();
+        }
+        /* quads 0..7 (codes 4i..4i+3); below 4 tokens two chains per token (quads 0..3, 4..7),
+         * added in int32 (exact), so a token's dependent vpdpbusd do not queue */
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const __m512i xv = _mm512_set1_epi32(((const int32_t *)(xq0 + t * K + b * 32))[i]);
+                if (NT < 4 && i >= 4) h[t] = _mm512_dpbusd_epi32(h[t], wv[i], xv);
+                else s[t] = _mm512_dpbusd_epi32(s[t], wv[i], xv);
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const __m512i st = NT < 4 ? _mm512_add_epi32(s[t], h[t]) : s[t];
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(dw, _mm512_set1_ps(d0[t * nb + b])), acc[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
+}
+
+/* acc + w (unsigned bytes) . the 4 signed bytes at x broadcast to every lane, the broadcast
+ * folded into the instruction (GCC keeps a separate vpbroadcastd for _mm256_set1_epi32) */
+INLINE __m256i dpbusd_bcast(__m256i acc, __m256i w, const int32_t *x) {
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
+    return acc;
+}
+
+/* One group (8 rows, ymm) x NT tokens, for steps of 1-2 tokens, where the weights stream from
+ * memory: one sequential stream per call (two groups per call, two streams, read 10-25% slower
+ * in `fitllm bench matmul -p 16 --stream-mib 256`).  Per lane the arithmetic of tile16, so the
+ * same bits.  ymm vpdpbusd runs at twice the zmm rate (Zen 4), so the products cost the same. */
+INLINE void tile8(const bool q8, const char *g, const fl_act_q8 *a, int64_t m0, const int NT, float *y, int64_t ldy) {
+    const size_t bb = q8 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK;
+    const int64_t nb = a->nb, K = a->K;
+    const int8_t *xq0 = a->qs + m0 * K;
+    const int32_t *s0 = a->s + m0 * nb;
+    const float *d0 = a->d + m0 * nb;
+    const int32_t off = q8 ? 128 : 8;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
+    __m256 acc[2];
+#pragma GCC unroll 2
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    #pragma GCC unroll 2
+    for (int64_t b = 0; b < nb; b++) {
+        const char *p = g + (size_t)b * bb;
+        for (size_t l = 0; l < bb; l += 64) _mm_prefetch(p + R8_PF + l, _MM_HINT_T0);
+        __m256i wv[8];
+        if (q8) {
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++) wv[v] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 16 + 32 * v)), flip);
+        } else {
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) {
+                __m256i z = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * v));
+                __asm__("" : "+v"(z)); /* one load for both nibbles (GCC folds it into each, and loads bind here) */
+                wv[v] = _mm256_and_si256(z, m4);
+                wv[v + 4] = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        /* per token two chains (quads 0..3, 4..7) added in int32 (exact); the activation codes
+         * enter as broadcast memory operands (dpbusd_bcast), which the loop's width needs: with a
+         * broadcast instruction each it ran ~17 cycles per block, issue-bound */
+#pragma GCC unroll 2
+        for (int t = 0; t < NT; t++) {
+            const int32_t *xb = (const int32_t *)(xq0 + t * K + b * 32);
+            const __m256i z = _mm256_setzero_si256();
+            __m256i c0 = dpbusd_bcast(_mm256_set1_epi32(-s0[t * nb + b] * off), wv[0], xb), c1 = dpbusd_bcast(z, wv[2], xb + 2);
+            __m256i c2 = dpbusd_bcast(z, wv[4], xb + 4), c3 = dpbusd_bcast(z, wv[6], xb + 6);
+            c0 = dpbusd_bcast(c0, wv[1], xb + 1);
+            c1 = dpbusd_bcast(c1, wv[3], xb + 3);
+            c2 = dpbusd_bcast(c2, wv[5], xb + 5);
+            c3 = dpbusd_bcast(c3, wv[7], xb + 7);
+            __m256i st = _mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), _mm256_mul_ps(dw, _mm256_set1_ps(d0[t * nb + b])), acc[t]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int t = 0; t < NT; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+}
+
+static void tile8_q4_1(const char *g, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy) { tile8(false, g, a, m0, 1, y, ldy); }
+static void tile8_q4_2(const char *g, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy) { tile8(false, g, a, m0, 2, y, ldy); }
+static void tile8_q8_1(const char *g, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy) { tile8(true, g, a, m0, 1, y, ldy); }
+static void tile8_q8_2(const char *g, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy) { tile8(true, g, a, m0, 2, y, ldy); }
+
+#define DEFINE_R8_TILES(n)                                                                                          \
+    static void tile_q4_##n(const char *ga, const char *gb, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy, \
+                            __mmask16 rm) {                                                                         \
+        tile16(false, ga, gb, a, m0, n, y, ldy, rm);                                                                \
+    }                                                                                                               \
+    static void tile_q8_##n(const char *ga, const char *gb, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy, \
+                            __mmask16 rm) {                                                                         \
+        tile16(true, ga, gb, a, m0, n, y, ldy, rm);                                                                 \
+    }
+DEFINE_R8_TILES(1)
+DEFINE_R8_TILES(2)
+DEFINE_R8_TILES(3)
+DEFINE_R8_TILES(4)
+DEFINE_R8_TILES(5)
+DEFINE_R8_TILES(6)
+DEFINE_R8_TILES(7)
+DEFINE_R8_TILES(8)
+
+void fl_r8_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                       int64_t ldy) {
+    typedef void (*fn)(const char *, const char *, const fl_act_q8 *, int64_t, float *, int64_t, __mmask16);
+#define ROW(q) {NULL, tile_##q##_1, tile_##q##_2, tile_##q##_3, tile_##q##_4, tile_##q##_5, tile_##q##_6, tile_##q##_7, tile_##q##_8}
+    static const fn tiles[2][9] = {ROW(q4), ROW(q8)};
+#undef ROW
+    const bool q8 = wtype == FL_TYPE_Q8_0_R8;
+    const fn *tq = tiles[q8];
+    const size_t gs = (size_t)FL_R8_ROWS * ldw;
+    if (nt <= R8_GEMV_TOKENS) { /* one group at a time */
+        for (int r = 0; r < nr; r += FL_R8_ROWS) {
+            const char *g = (const char *)w + (size_t)(r / FL_R8_ROWS) * gs;
+            if (nt == 1) (q8 ? tile8_q8_1 : tile8_q4_1)(g, a, m0, y + r, ldy);
+            else (q8 ? tile8_q8_2 : tile8_q4_2)(g, a, m0, y + r, ldy);
+        }
+        return;
+    }
+    for (int r = 0; r < nr; r += 16) { /* pairs of groups; a last lone group computed twice, 8 rows stored */
+        const char *ga = (const char *)w + (size_t)(r / FL_R8_ROWS) * gs;
+        const bool two = nr - r >= 16;
+        for (int t = 0; t < nt; t += 8) {
+            const int n = nt - t < 8 ? nt - t : 8;
+            tq[n](ga, two ? ga + gs : ga, a, m0 + t, y + t * ldy + r, ldy, two ? (__mmask16)0xFFFF : (__mmask16)0x00FF);
+        }
+    }
+}
