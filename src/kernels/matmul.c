@@ -313,7 +313,7 @@ static void q8_panel_task(void *p, int ith, int nth) {
     void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = avx512 ? fl_panel_pack_avx512 : fl_panel_pack_avx2;
     const int64_t K = c->W->ne[0], units = c->ubase[c->nw];
     (void)nth;
-    char *pan = c->panels ? c->panels + (size_t)ith * (size_t)c->pgroup * c->panel_bytes : NULL; /* (none for Q8_0_R8: no pack) */
+    char *pan = c->panels ? c->panels + (size_t)ith * (size_t)c->pgroup * c->panel_bytes : NULL; /* (none where panel_direct) */
     if (c->pgroup > 1) { /* groups of panels (panel_group_max), 8-token tiles through each group */
         for (int64_t u = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed); u < units;
              u = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) {
@@ -322,8 +322,8 @@ static void q8_panel_task(void *p, int ith, int nth) {
             const int64_t N = W->ne[1], np = (N + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS, ng = c->groups[i];
             const int64_t gi = u - c->ubase[i], g0 = gi * np / ng, g1 = (gi + 1) * np / ng;
             const size_t ldw = W->nb[1];
-            const bool r8 = fl_r8_base(W->type) >= 0;
-            for (int64_t pi = g0; pi < g1 && !r8; pi++) {
+            const bool direct = panel_direct(W->type);
+            for (int64_t pi = g0; pi < g1 && !direct; pi++) {
                 const int64_t n = pi * FL_PANEL_ROWS;
                 pack(W->type, (const char *)W->data + n * ldw, ldw, (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS), K,
                      pan + (size_t)(pi - g0) * c->panel_bytes);
@@ -333,7 +333,7 @@ static void q8_panel_task(void *p, int ith, int nth) {
                 for (int64_t pi = g0; pi < g1; pi++) {
                     const int64_t n = pi * FL_PANEL_ROWS;
                     const int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
-                    if (r8) fl_r8_gemm_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, &c->act, m, nt, c->yv[i] + m * N + n, N);
+                    if (direct) fl_r8_gemm_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, &c->act, m, nt, c->yv[i] + m * N + n, N);
                     else fl_panel_gemm_avx512(W->type, pan + (size_t)(pi - g0) * c->panel_bytes, nr, &c->act, m, nt, c->yv[i] + m * N + n, N);
                 }
             }
