@@ -1149,21 +1149,55 @@ static void check_r8(int32_t base) {
                 if (fabsf(y1[i] - y0[i]) > 1e-5f * (fabsf(y0[i]) + 1.0f)) fail_msg("%s AVX-512 nt=%d: [%lld] %g vs %g", fl_type_name(rtype), nt, (long long)i, y1[i], y0[i]);
             for (int64_t r = 16; r < 24; r++) assert_true(y1[r] == y0[r]); /* integer-valued: exact */
         }
+        /* 9-16 tokens per pass from the 16-token records (fl_r8_act_pack_row): the packed panel's
+         * bits, and all 40 rows against the reference */
+        const int64_t M16 = 16;
+        fl_act_q8 a16;
+        assert_int_equal(fl_act_q8_alloc(&a16, M16, K), FL_OK);
+        float *x16 = frand_buf(M16 * K);
+        memcpy(x16, x, sizeof(float) * (size_t)K); /* token 0 at the extremes */
+        for (int64_t m = 0; m < M16; m++) fl_act_q8_quantize_row_avx512(&a16, m, x16 + m * K);
+        const size_t rb = fl_r8_act_bytes(M16, K);
+        assert_true(rb == fl_r8_act_bytes(1, K) && rb >= (size_t)(M16 * K)); /* one record group */
+        char *rec = fl_alloc(FL_MEM_MISC, rb, 64);
+        for (int64_t m = M16 - 1; m >= 0; m--) fl_r8_act_pack_row(&a16, m, rec);
+        float *yr = frand_buf(M16 * N), *yw = frand_buf(M16 * N);
+        fl_gemm_q8_ref(rtype, r8, ldw, (int)N, &a16, 0, (int)M16, yr, N);
+        for (int nt = 9; nt <= (int)M16; nt++) {
+            for (int nr = 8; nr <= 16; nr += 8) {
+                float ya[16 * 16], yb[16 * 16];
+                fl_panel_pack_ref(base, (char *)q.data + 16 * ldw, ldw, nr, K, p0);
+                fl_panel_gemm_avx512(base, p0, nr, &a16, 0, nt, ya, 16);
+                fl_r8_gemm16_avx512(rtype, r8 + 16 * ldw, ldw, nr, rec, nb, nt, yb, 16);
+                for (int t = 0; t < nt; t++)
+                    if (memcmp(ya + t * 16, yb + t * 16, sizeof(float) * (size_t)nr))
+                        fail_msg("%s AVX-512 16-token tile nr=%d nt=%d token %d: not the panel's bits", fl_type_name(rtype), nr, nt, t);
+            }
+            fl_r8_gemm16_avx512(rtype, r8, ldw, (int)N, rec, nb, nt, yw, N);
+            for (int64_t i = 0; i < nt * N; i++)
+                if (fabsf(yw[i] - yr[i]) > 1e-5f * (fabsf(yr[i]) + 1.0f)) fail_msg("%s AVX-512 16-token nt=%d: [%lld] %g vs %g", fl_type_name(rtype), nt, (long long)i, yw[i], yr[i]);
+            for (int64_t r = 16; r < 24; r++) assert_true(yw[r] == yr[r]); /* integer-valued: exact */
+        }
+        fl_free(FL_MEM_MISC, rec, rb);
+        fl_act_q8_free(&a16);
+        fl_free(FL_MEM_MISC, x16, (size_t)(M16 * K) * 4);
+        fl_free(FL_MEM_MISC, yr, (size_t)(M16 * N) * 4);
+        fl_free(FL_MEM_MISC, yw, (size_t)(M16 * N) * 4);
         fl_act_q8_free(&a5);
         fl_free(FL_MEM_MISC, p0, pb);
     }
     const int64_t ne[2] = {K, N};
     fl_tensor W8;
     assert_true(fl_tensor_init(&W8, rtype, 2, ne, r8) != 0);
-    const int64_t Ms[6] = {1, 2, 3, 4, 5, 17};
-    float *xb = frand_buf(17 * K), *ya = frand_buf(17 * N), *yb = frand_buf(17 * N);
+    const int64_t Ms[8] = {1, 2, 3, 4, 5, 12, 17, 40}; /* (AVX-512: 16-token passes for 12, 16 + 1, 16 + 16 + 8) */
+    float *xb = frand_buf(40 * K), *ya = frand_buf(40 * N), *yb = frand_buf(40 * N);
     for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++)
         for (int f32 = 0; f32 < 2; f32++)
             for (int nth = 1; nth <= 2; nth++) {
                 fl_isa_set((fl_isa)isa);
                 fl_matmul_set_f32_act(f32);
                 fl_threads_set(nth);
-                for (int mi = 0; mi < 6; mi++) {
+                for (int mi = 0; mi < 8; mi++) {
                     fl_matmul(&q.W, xb, ya, Ms[mi]);
                     const size_t before = fl_mem_current(FL_MEM_SCRATCH);
                     fl_mem_reset_peaks();
@@ -1182,9 +1216,9 @@ static void check_r8(int32_t base) {
     fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
     fl_free(FL_MEM_MISC, y0, (size_t)(M * N) * 4);
     fl_free(FL_MEM_MISC, y1, (size_t)(M * N) * 4);
-    fl_free(FL_MEM_MISC, xb, (size_t)(17 * K) * 4);
-    fl_free(FL_MEM_MISC, ya, (size_t)(17 * N) * 4);
-    fl_free(FL_MEM_MISC, yb, (size_t)(17 * N) * 4);
+    fl_free(FL_MEM_MISC, xb, (size_t)(40 * K) * 4);
+    fl_free(FL_MEM_MISC, ya, (size_t)(40 * N) * 4);
+    fl_free(FL_MEM_MISC, yb, (size_t)(40 * N) * 4);
     fl_free(FL_MEM_MISC, fa, (size_t)K * 4);
     fl_free(FL_MEM_MISC, fb, (size_t)K * 4);
     fl_free(FL_MEM_MISC, r8, q.bytes);

@@ -268,9 +268,17 @@ void fl_r8_gemm_avx2_pf(int32_t wtype, const void *w, size_t ldw, int nr, const 
                         int64_t ldy, const void *pf, size_t pf_bytes);
 /* AVX-512 VNNI on R8 rows, every step size (kernels/avx512/r8_avx512.c): 16 rows (two groups;
  * nr a multiple of 8) x up to 8 tokens per pass, straight on the groups; the same bits as
- * fl_panel_gemm_avx512 on the packed panel of those rows. */
+ * fl_panel_gemm_avx512 on the packed panel of those rows.  (fl_matmul passes steps of more than
+ * 8 tokens 16 at a time through fl_r8_gemm16_avx512.) */
 void fl_r8_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                        int64_t ldy);
+/* 9..16 tokens per pass, their activations as records of 16 tokens per block (fl_r8_act_pack_row
+ * of every row into an fl_r8_act_bytes buffer; act: the record of block 0 of the tokens' group of
+ * 16, nb = K / 32): the same bits as fl_r8_gemm_avx512. */
+#define FL_R8_ACT_TOKENS 16
+size_t fl_r8_act_bytes(int64_t M, int64_t K);
+void fl_r8_act_pack_row(const fl_act_q8 *a, int64_t m, void *act);
+void fl_r8_gemm16_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy);
 /* f32 dot product of n elements. */
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);
