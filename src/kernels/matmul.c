@@ -740,6 +740,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
         }
         if (fl_act_q8_alloc(&c.act, M, K) == FL_OK) {
             const int nth = fl_threads_get();
+            if (fl_r8_base(W->type) >= 0) c.act.qs4 = NULL; /* (the Q4_0 order is for the base type's VBMI GEMV: not made) */
             size_t amx_act_bytes = 0, amx_pan_bytes = 0;
             if (!llama && amx_path(W->type, M)) {
                 amx_act_bytes = fl_amx_act_bytes(M, K);
