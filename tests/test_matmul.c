@@ -159,8 +159,8 @@ static void test_gemm_vs_gemv(void **state) {
         if (fl_isa_get() == FL_ISA_AVX2) assert_int_equal(fl_matmul_gemv_max_tokens(types[ti]), want[ti]);
         for (int nth = 1; nth <= 2; nth++) {
             fl_threads_set(nth);
-            if (ti < 3 || fl_isa_get() == FL_ISA_AVX2) { /* int8 both ways (AVX2: the panels; on AVX-512 without AMX
-                                                         * Q5_K / Q6_K steps of 9 take f32 activations) */
+            { /* int8 both ways (past the few-token steps the panels: AVX-512's own for Q8_0 / Q4_0 / Q4_K,
+               * the AVX2 ones for the rest, on AVX2 and AVX-512 CPUs alike) */
                 fl_matmul(&q.W, x, a, M);
                 for (int64_t m = 0; m < M; m++) {
                     fl_matmul(&q.W, x + m * K, b, 1);

@@ -279,8 +279,19 @@ static bool panel_path(int32_t type, int64_t M) {
     if (fl_r8_base(type) >= 0) return (isa == FL_ISA_AVX2 || isa == FL_ISA_AVX512) && M > 1 && M <= INT32_MAX && !gemv_path(type, M);
     if (M <= 1 || M > INT32_MAX || gemv_path(type, M)) return false;
     const bool common = type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K;
-    return (isa == FL_ISA_AVX512 && common) ||
-           (isa == FL_ISA_AVX2 && (common || own || type == FL_TYPE_Q5_K || type == FL_TYPE_Q6_K));
+    /* AVX-512 has panels of its own for the common types; the rest take the AVX2 panels there
+     * (panel_avx512), which the AMX tiles replace from 13 tokens where they are usable */
+    return ((isa == FL_ISA_AVX512 || isa == FL_ISA_AVX2) && (common || own || type == FL_TYPE_Q5_K || type == FL_TYPE_Q6_K));
+}
+
+/* Whether the panel path runs AVX-512 panels (fl_panel_pack_avx512 / fl_panel_gemm_avx512, and
+ * the R8 kernels) or the AVX2 ones.  Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q3_K and Q2_K have
+ * only AVX2 panels: on AVX-512 their steps of 2-12 tokens (all of them without AMX) had taken the
+ * f32 path, `fitllm bench matmul -t 2 -p 16` all shapes 55-63 GOP/s, against 136-271 with
+ * FL_KERNELS=avx2 on the same Zen 4. */
+static bool panel_avx512(int32_t type) {
+    return fl_isa_get() == FL_ISA_AVX512 &&
+           (fl_r8_base(type) >= 0 || type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K);
 }
 
 /* Q4_0_R8 steps of up to this many tokens run the tile on the groups, without the pack: one core,
@@ -295,7 +306,7 @@ static bool panel_path(int32_t type, int64_t M) {
  * (M x K codes and their scales, 1 MiB and more at 512 tokens) from L3 once per panel. */
 #define PANEL_GROUP_BYTES (384 * 1024)
 static int64_t panel_group_max(int32_t type, int64_t K, int64_t M) {
-    if (fl_isa_get() != FL_ISA_AVX512 || M <= 8) return 1;
+    if (!panel_avx512(type) || M <= 8) return 1;
     /* the R8 types' tiles read the rows themselves: a group is 16 rows of the matrix */
     const size_t bytes = fl_r8_base(type) >= 0 ? FL_PANEL_ROWS * fl_type_row_size(fl_r8_base(type), K) : fl_panel_bytes_for(type, K);
     const int64_t g = (int64_t)(PANEL_GROUP_BYTES / bytes);
@@ -320,7 +331,7 @@ static bool r8_wide(int32_t type, int64_t M) {
  * over the threads with the rest). */
 static void q8_panel_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
-    const bool avx512 = fl_isa_get() == FL_ISA_AVX512;
+    const bool avx512 = panel_avx512(c->W->type); /* (fl_matmul_n: the matrices share one type) */
     void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = avx512 ? fl_panel_pack_avx512 : fl_panel_pack_avx2;
     const int64_t K = c->W->ne[0], units = c->ubase[c->nw];
     (void)nth;

@@ -24,7 +24,8 @@
  * Q5_0, Q5_1 and IQ4_NL their own GEMVs for M == 1; on AVX2 every one of these but Q8_0 / Q4_0 takes
  * maddubs row dots for M == 1 and small steps (fl_gemm_q8_avx2 and fl_gemm_rows_avx2; up to
  * fl_matmul_gemv_max_tokens: Q4_K / Q5_K 3, Q6_K 2, Q3_K / Q2_K 4, Q4_1 / Q5_0 / Q5_1 / IQ4_NL 1)
- * and the same 16-row panels as AVX-512 (all but Q8_0 / Q4_0 / Q4_K: AVX2 only) for larger steps
+ * and the same 16-row panels as AVX-512 (all but Q8_0 / Q4_0 / Q4_K: AVX2 code only, which AVX-512
+ * CPUs run too for those types' steps of M > 1) for larger steps
  * (fl_panel_gemm_avx2: Q8_0 8 rows x 4 tokens, Q4_0 / Q5_K / Q5_0 / Q5_1 16 x 4, the others 16 x 2).  Where the CPU has
  * AMX-INT8 and the OS grants the tile state, steps of 13 tokens or more of Q8_0 / Q4_0 / Q4_1 /
  * Q5_0 / Q5_1 / IQ4_NL / Q4_K / Q5_K / Q6_K / Q3_K take the AMX GEMM instead (see below; FL_AMX=0 or
