@@ -248,6 +248,23 @@ static void test_panel_parity(void **state) {
                         for (int r = nr; r < 16; r++) assert_true(got[t * 16 + r] == -12345.0f); /* rows past nr untouched */
                     }
                 }
+                if (v == 1) { /* 9-16 tokens per pass from the 16-token records: the 8-token tiles' bits */
+                    const size_t rb = fl_act16_bytes(16, K);
+                    char *rec = fl_alloc(FL_MEM_MISC, rb, 64);
+                    for (int64_t m = 0; m < 16; m++) fl_act16_pack_row(&a, m, rec);
+                    for (int nt = 9; nt <= 16; nt++) {
+                        for (int64_t i = 0; i < M * 16; i++) got[i] = -12345.0f;
+                        gemms[1](types[ti], p1, nr, &a, 0, nt, ref, 16);
+                        fl_panel_gemm16_avx512(types[ti], p1, nr, rec, K / 32, nt, got, 16);
+                        for (int t = 0; t < nt; t++) {
+                            if (memcmp(got + t * 16, ref + t * 16, sizeof(float) * (size_t)nr))
+                                fail_msg("%s K=%lld nr=%d nt=%d token %d: the 16-token panel tile is not the 8-token tiles' bits",
+                                         fl_type_name(types[ti]), (long long)K, nr, nt, t);
+                            for (int r = nr; r < 16; r++) assert_true(got[t * 16 + r] == -12345.0f);
+                        }
+                    }
+                    fl_free(FL_MEM_MISC, rec, rb);
+                }
                 }
             }
             fl_free(FL_MEM_MISC, p0, pb);
@@ -1149,7 +1166,7 @@ static void check_r8(int32_t base) {
                 if (fabsf(y1[i] - y0[i]) > 1e-5f * (fabsf(y0[i]) + 1.0f)) fail_msg("%s AVX-512 nt=%d: [%lld] %g vs %g", fl_type_name(rtype), nt, (long long)i, y1[i], y0[i]);
             for (int64_t r = 16; r < 24; r++) assert_true(y1[r] == y0[r]); /* integer-valued: exact */
         }
-        /* 9-16 tokens per pass from the 16-token records (fl_r8_act_pack_row): the packed panel's
+        /* 9-16 tokens per pass from the 16-token records (fl_act16_pack_row): the packed panel's
          * bits, and all 40 rows against the reference */
         const int64_t M16 = 16;
         fl_act_q8 a16;
@@ -1157,10 +1174,10 @@ static void check_r8(int32_t base) {
         float *x16 = frand_buf(M16 * K);
         memcpy(x16, x, sizeof(float) * (size_t)K); /* token 0 at the extremes */
         for (int64_t m = 0; m < M16; m++) fl_act_q8_quantize_row_avx512(&a16, m, x16 + m * K);
-        const size_t rb = fl_r8_act_bytes(M16, K);
-        assert_true(rb == fl_r8_act_bytes(1, K) && rb >= (size_t)(M16 * K)); /* one record group */
+        const size_t rb = fl_act16_bytes(M16, K);
+        assert_true(rb == fl_act16_bytes(1, K) && rb >= (size_t)(M16 * K)); /* one record group */
         char *rec = fl_alloc(FL_MEM_MISC, rb, 64);
-        for (int64_t m = M16 - 1; m >= 0; m--) fl_r8_act_pack_row(&a16, m, rec);
+        for (int64_t m = M16 - 1; m >= 0; m--) fl_act16_pack_row(&a16, m, rec);
         float *yr = frand_buf(M16 * N), *yw = frand_buf(M16 * N);
         fl_gemm_q8_ref(rtype, r8, ldw, (int)N, &a16, 0, (int)M16, yr, N);
         for (int nt = 9; nt <= (int)M16; nt++) {

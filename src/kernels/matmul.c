@@ -108,9 +108,8 @@ typedef struct {
                    * AMX: [nth][amx_group][fl_amx_panel_bytes] */
     size_t panel_bytes;
     char *amx_act;     /* AMX: activation tiles (fl_amx_act_bytes), else NULL */
-    char *r8_act;      /* AVX-512 R8 steps of more than 8 tokens: the activations as 16-token
-                        * records (fl_r8_act_bytes), else NULL */
-    size_t r8_act_bytes;
+    char *act16;       /* act16_path: the activations as 16-token records (fl_act16_bytes), else NULL */
+    size_t act16_bytes;
     int64_t amx_group; /* AMX: groups of panels (amx_groups), a thread takes one at a time and
                         * passes every token tile through its panels */
     _Atomic int64_t next; /* next unit (GEMV row chunk / panel) to take: dynamic split */
@@ -145,8 +144,8 @@ static void q8_quant_task(void *p, int ith, int nth) {
         : fl_isa_get() == FL_ISA_AVX2 ? fl_act_q8_quantize_row_avx2
                                       : fl_act_q8_quantize_row;
     for (int64_t m = lo; m < hi; m++) quant(&c->act, m, c->x + m * c->W->ne[0]);
-    if (c->r8_act)
-        for (int64_t m = lo; m < hi; m++) fl_r8_act_pack_row(&c->act, m, c->r8_act);
+    if (c->act16)
+        for (int64_t m = lo; m < hi; m++) fl_act16_pack_row(&c->act, m, c->act16);
     if (c->amx_act) /* the activation tiles: 8 tokens at a time where this thread has all 8 */
         for (int64_t m = lo; m < hi;) {
             if (m % 8 == 0 && m + 8 <= hi) {
@@ -319,10 +318,12 @@ static bool panel_direct(int32_t type) {
     return fl_r8_base(type) >= 0 && (type == FL_TYPE_Q8_0_R8 || fl_isa_get() == FL_ISA_AVX512);
 }
 
-/* AVX-512 R8 steps of more than 8 tokens pass 16 at a time over the groups (fl_r8_gemm16_avx512),
- * their activations in 16-token records (r8_act, fl_r8_act_bytes of scratch). */
-static bool r8_wide(int32_t type, int64_t M) {
-    return fl_isa_get() == FL_ISA_AVX512 && fl_r8_base(type) >= 0 && M > 8 && panel_path(type, M) && !amx_path(type, M);
+/* AVX-512 steps of more than 8 tokens on its own panels or the R8 groups pass 16 tokens at a time
+ * (fl_panel_gemm16_avx512, fl_r8_gemm16_avx512), their activations in 16-token records (act16,
+ * fl_act16_bytes of scratch). */
+static bool act16_path(int32_t type, int64_t M, int64_t K) {
+    /* (only the groups loop of q8_panel_task takes them: panel_group_max > 1) */
+    return panel_avx512(type) && M > 8 && panel_path(type, M) && !amx_path(type, M) && panel_group_max(type, K, M) > 1;
 }
 
 /* Each thread repacks 16-row panels into its own scratch and runs every token through the panel
@@ -350,14 +351,15 @@ static void q8_panel_task(void *p, int ith, int nth) {
                 pack(W->type, (const char *)W->data + n * ldw, ldw, (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS), K,
                      pan + (size_t)(pi - g0) * c->panel_bytes);
             }
-            const int64_t mt = c->r8_act ? FL_R8_ACT_TOKENS : 8; /* tokens per tile */
+            const int64_t mt = c->act16 ? FL_ACT16_TOKENS : 8; /* tokens per tile */
             for (int64_t m = 0; m < c->M; m += mt) {
                 const int nt = (int)(c->M - m < mt ? c->M - m : mt);
-                const char *ra = c->r8_act ? c->r8_act + (size_t)(m / FL_R8_ACT_TOKENS) * fl_r8_act_bytes(FL_R8_ACT_TOKENS, K) : NULL;
+                const char *ra = c->act16 ? c->act16 + (size_t)(m / FL_ACT16_TOKENS) * fl_act16_bytes(FL_ACT16_TOKENS, K) : NULL;
                 for (int64_t pi = g0; pi < g1; pi++) {
                     const int64_t n = pi * FL_PANEL_ROWS;
                     const int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
-                    if (ra && nt > 8) fl_r8_gemm16_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N);
+                    if (ra && nt > 8 && direct) fl_r8_gemm16_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N);
+                    else if (ra && nt > 8) fl_panel_gemm16_avx512(W->type, pan + (size_t)(pi - g0) * c->panel_bytes, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N);
                     else if (direct) fl_r8_gemm_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, &c->act, m, nt, c->yv[i] + m * N + n, N);
                     else fl_panel_gemm_avx512(W->type, pan + (size_t)(pi - g0) * c->panel_bytes, nr, &c->act, m, nt, c->yv[i] + m * N + n, N);
                 }
@@ -712,7 +714,7 @@ size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
             return b + fl_amx_act_bytes(M, K) + (size_t)nth * (size_t)amx_group_max(W->type, K) * fl_amx_panel_bytes(W->type, K);
         if (!llama && panel_path(W->type, M) && !panel_direct(W->type))
             b += (size_t)nth * (size_t)panel_group_max(W->type, K, M) * fl_panel_bytes_for(W->type, K);
-        if (!llama && r8_wide(W->type, M)) b += fl_r8_act_bytes(M, K);
+        if (!llama && act16_path(W->type, M, K)) b += fl_act16_bytes(M, K);
         return b;
     }
     if (W->type == FL_TYPE_F32) return 0;
@@ -775,10 +777,10 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 fl_act_q8_free(&c.act);
                 goto f32_path;
             }
-            if (!llama && r8_wide(W->type, M)) { /* (none: 8-token passes) */
-                c.r8_act_bytes = fl_r8_act_bytes(M, K);
-                c.r8_act = fl_alloc(FL_MEM_SCRATCH, c.r8_act_bytes, 64);
-                if (!c.r8_act) fl_clear_error();
+            if (!llama && act16_path(W->type, M, K)) { /* (none: 8-token passes) */
+                c.act16_bytes = fl_act16_bytes(M, K);
+                c.act16 = fl_alloc(FL_MEM_SCRATCH, c.act16_bytes, 64);
+                if (!c.act16) fl_clear_error();
             }
             if (M >= 8) fl_parallel(q8_quant_task, &c);
             else q8_quant_task(&c, 0, 1);
@@ -827,7 +829,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                     for (int i = 0; i < nw; i++) c.ubase[i + 1] = c.ubase[i] + gemv_chunks(Ws[i], fl_threads_get(), &c.gc[i]);
                 fl_parallel(q8_gemm_task, &c);
             }
-            if (c.r8_act) fl_free(FL_MEM_SCRATCH, c.r8_act, c.r8_act_bytes);
+            if (c.act16) fl_free(FL_MEM_SCRATCH, c.act16, c.act16_bytes);
             fl_act_q8_free(&c.act);
             return;
         }

@@ -250,6 +250,9 @@ void fl_panel_gemm_ref(int32_t wtype, const void *panel, int nr, const fl_act_q8
                        int64_t ldy);
 void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                           int64_t ldy);
+/* 9..16 tokens per pass on an AVX-512 panel (Q8_0, Q4_0, Q4_K), act: the fl_act16 record of block
+ * 0 of the tokens' group of 16, nb = K / 32: the same bits as fl_panel_gemm_avx512. */
+void fl_panel_gemm16_avx512(int32_t wtype, const void *panel, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy);
 /* The AVX2 panels (M > 1 without AVX-512; Q4_0, Q8_0, Q4_K, Q5_K and Q6_K): the same layout and
  * bytes (fl_panel_pack_avx2 packs full panels by in-register transposes, partial ones through
  * the reference), and kernels of 8 rows (half a panel) x 4 tokens (Q8_0), 16 rows x 4 tokens
@@ -273,12 +276,19 @@ void fl_r8_gemm_avx2_pf(int32_t wtype, const void *w, size_t ldw, int nr, const 
  * 8 tokens 16 at a time through fl_r8_gemm16_avx512.) */
 void fl_r8_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                        int64_t ldy);
-/* 9..16 tokens per pass, their activations as records of 16 tokens per block (fl_r8_act_pack_row
- * of every row into an fl_r8_act_bytes buffer; act: the record of block 0 of the tokens' group of
- * 16, nb = K / 32): the same bits as fl_r8_gemm_avx512. */
-#define FL_R8_ACT_TOKENS 16
-size_t fl_r8_act_bytes(int64_t M, int64_t K);
-void fl_r8_act_pack_row(const fl_act_q8 *a, int64_t m, void *act);
+/* The activations of a step laid out as records of 16 tokens per block, for the AVX-512 tiles that
+ * take 9-16 tokens per pass (fl_r8_gemm16_avx512, and the Q4_K panels' fl_panel_gemm16_avx512):
+ * group g (tokens 16g..16g+15) holds K / 32 records of FL_ACT16_REC bytes, per block [token][32
+ * codes], then per token int32 -8 s and -128 s (where a Q4_0 / Q8_0 token's int32 sums start),
+ * f32 d and f32 ms (-s d, the mins term).  fl_act16_pack_row copies row m of a into its place
+ * (plain C: a copy); fl_act16_bytes(M, K) is the buffer of M tokens. */
+#define FL_ACT16_TOKENS 16
+#define FL_ACT16_CODES (FL_ACT16_TOKENS * 32)
+#define FL_ACT16_REC (FL_ACT16_CODES + 4 * FL_ACT16_TOKENS * 4)
+size_t fl_act16_bytes(int64_t M, int64_t K);
+void fl_act16_pack_row(const fl_act_q8 *a, int64_t m, void *act);
+/* 9..16 tokens per pass on the R8 groups, act: the fl_act16 record of block 0 of the tokens'
+ * group of 16, nb = K / 32: the same bits as fl_r8_gemm_avx512. */
 void fl_r8_gemm16_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy);
 /* f32 dot product of n elements. */
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);

@@ -9,6 +9,7 @@
 #include "core/cpu.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
+#include "kernels/avx512/tile16w.h"
 
 #include <immintrin.h>
 #include <stddef.h>
@@ -961,6 +962,73 @@ void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act
         const int n = nt - t < 8 ? nt - t : 8;
         tiles[o][n]((const char *)panel, a, m0 + t, y + t * ldy, ldy, nr);
     }
+}
+
+/* A panel (16 rows) x NT tokens, 9 <= NT <= 16, the activations in fl_act16 records: panel_tile's
+ * arithmetic in the same order (so the same bits) with 16 tokens per pass over the panel, as
+ * tile16w does on the R8 groups (the int32 sums in 16 registers, the f32 sums in memory: see
+ * kernels/avx512/tile16w.h).  off as panel_tile's (0: Q4_K, with the mins term). */
+INLINE void panel_tile16w(const char *pan, const char *act, int64_t nb, const int NT, const int32_t off, float *y, int64_t ldy,
+                          int nr) {
+    const float *mins = off == 0 ? (const float *)(pan + nb * PANEL_BLOCK) : NULL;
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *pb = pan + b * PANEL_BLOCK, *r = act + (size_t)b * FL_ACT16_REC;
+        const int32_t *o = (const int32_t *)(r + FL_ACT16_CODES) + (off == 128 ? FL_ACT16_TOKENS : 0);
+        const float *dx = (const float *)(r + FL_ACT16_CODES) + 2 * FL_ACT16_TOKENS, *ms = dx + FL_ACT16_TOKENS;
+        __m512i s[16];
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; t++) s[t] = off ? _mm512_set1_epi32(o[t]) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            const __m512i wv = _mm512_loadu_si512(pb + 64 + 64 * i);
+#pragma GCC unroll 16
+            for (int t = 0; t < NT; t++) s[t] = fl_dpbusd_bcast16(s[t], wv, (const int32_t *)(r + t * 32) + i);
+        }
+        const __m512 dw = _mm512_loadu_ps(pb);
+        if (mins) {
+            const __m512 mv = _mm512_loadu_ps(mins + b * FL_PANEL_ROWS);
+#pragma GCC unroll 16
+            for (int t = 0; t < NT; t++) fl_acc_fma2(&acc[t], _mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, _mm512_set1_ps(dx[t])), mv, ms + t);
+        } else {
+#pragma GCC unroll 16
+            for (int t = 0; t < NT; t++) fl_acc_fma(&acc[t], _mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, _mm512_set1_ps(dx[t])));
+        }
+    }
+    const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
+}
+
+#define DEFINE_PANEL_WIDE(n)                                                                                     \
+    static void panel_wide##n##_128(const char *p, const char *a, int64_t nb, float *y, int64_t ldy, int nr) { \
+        panel_tile16w(p, a, nb, n, 128, y, ldy, nr);                                                           \
+    }                                                                                                          \
+    static void panel_wide##n##_8(const char *p, const char *a, int64_t nb, float *y, int64_t ldy, int nr) {   \
+        panel_tile16w(p, a, nb, n, 8, y, ldy, nr);                                                             \
+    }                                                                                                          \
+    static void panel_wide##n##_0(const char *p, const char *a, int64_t nb, float *y, int64_t ldy, int nr) {   \
+        panel_tile16w(p, a, nb, n, 0, y, ldy, nr);                                                             \
+    }
+DEFINE_PANEL_WIDE(9)
+DEFINE_PANEL_WIDE(10)
+DEFINE_PANEL_WIDE(11)
+DEFINE_PANEL_WIDE(12)
+DEFINE_PANEL_WIDE(13)
+DEFINE_PANEL_WIDE(14)
+DEFINE_PANEL_WIDE(15)
+DEFINE_PANEL_WIDE(16)
+
+void fl_panel_gemm16_avx512(int32_t wtype, const void *panel, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy) {
+    typedef void (*fn)(const char *, const char *, int64_t, float *, int64_t, int);
+#define ROW(o) {panel_wide9_##o, panel_wide10_##o, panel_wide11_##o, panel_wide12_##o, \
+                panel_wide13_##o, panel_wide14_##o, panel_wide15_##o, panel_wide16_##o}
+    static const fn tiles[3][8] = {ROW(128), ROW(8), ROW(0)};
+#undef ROW
+    const int o = wtype == FL_TYPE_Q8_0 ? 0 : wtype == FL_TYPE_Q4_K ? 2 : 1;
+    tiles[o][nt - 9]((const char *)panel, (const char *)act, nb, y, ldy, nr);
 }
 
 /* fl_dot_f32_avx512 lives in avx512/ops_avx512.c. */

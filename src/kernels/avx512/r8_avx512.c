@@ -1,7 +1,7 @@
 /* Q4_0_R8 / Q8_0_R8 (groups of 8 interleaved rows, layout in kernels/matmul.h) on AVX-512 VNNI:
  * 16 rows (two groups) x up to 8 tokens straight on the groups, for every step size (the GEMV
  * of one token too), and 16 rows x 9-16 tokens (tile16w) where matmul has laid the step's
- * activations out as 16-token records (fl_r8_act_pack_row).
+ * activations out as 16-token records (fl_act16_pack_row).
  *
  * A group's 4-byte units of a block are [unit v][row][4 bytes], so two groups' 32-byte runs in
  * one zmm are the 16 rows x 4 codes a vpdpbusd takes against 4 broadcast activation codes: Q4_0
@@ -13,12 +13,12 @@
  * pack and no panel scratch.  Reference: fl_gemm_q8_ref on the R8 type. */
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
+#include "kernels/avx512/tile16w.h"
 
 #include <immintrin.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -97,45 +97,12 @@ INLINE void tile16(const bool q8, const char *ga, const char *gb, const fl_act_q
     for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
 }
 
-/* acc + w (unsigned bytes) . the 4 signed bytes at x broadcast to all 16 lanes (folded into the
- * instruction, as dpbusd_bcast below) */
-INLINE __m512i dpbusd_bcast16(__m512i acc, __m512i w, const int32_t *x) {
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
-    return acc;
-}
-
-/* *acc += a * b, *acc read and written in memory (GCC otherwise keeps 16 sums in registers and
- * spills the int32 sums the loop needs there) */
-INLINE void acc_fma(__m512 *acc, __m512 a, __m512 b) {
-    __asm__("vfmadd213ps %[m], %[b], %[a]\n\tvmovaps %[a], %[m]" : [a] "+v"(a), [m] "+m"(*acc) : [b] "v"(b));
-}
-
-/* The activations of 16 tokens block by block (fl_r8_act_pack_row): per block [token][32 codes],
- * then per token -8 s and -128 s (int32: where a Q4_0 / Q8_0 token's int32 sums start) and d. */
-#define R8_ACT_CODES (FL_R8_ACT_TOKENS * 32)
-#define R8_ACT_REC (R8_ACT_CODES + 3 * FL_R8_ACT_TOKENS * 4)
-
-size_t fl_r8_act_bytes(int64_t M, int64_t K) { return (size_t)((M + FL_R8_ACT_TOKENS - 1) / FL_R8_ACT_TOKENS) * (size_t)(K / 32) * R8_ACT_REC; }
-
-void fl_r8_act_pack_row(const fl_act_q8 *a, int64_t m, void *act) {
-    const int64_t nb = a->nb, t = m % FL_R8_ACT_TOKENS;
-    char *g = (char *)act + (size_t)(m / FL_R8_ACT_TOKENS) * (size_t)nb * R8_ACT_REC;
-    for (int64_t b = 0; b < nb; b++) {
-        char *r = g + (size_t)b * R8_ACT_REC;
-        const int32_t s = a->s[m * nb + b], o4 = -8 * s, o8 = -128 * s;
-        memcpy(r + t * 32, a->qs + m * a->K + b * 32, 32);
-        memcpy(r + R8_ACT_CODES + 4 * t, &o4, 4);
-        memcpy(r + R8_ACT_CODES + 4 * (FL_R8_ACT_TOKENS + t), &o8, 4);
-        memcpy(r + R8_ACT_CODES + 4 * (2 * FL_R8_ACT_TOKENS + t), &a->d[m * nb + b], 4);
-    }
-}
-
 /* 16 rows (groups ga, gb) x NT tokens, 9 <= NT <= 16: each weight vector serves NT products, so
  * a pass over the weights (from memory, in a decode step) carries twice the work of tile16's 8
  * tokens.  The activations come from the records above, one sequential stream at fixed offsets
  * from one pointer (rows of codes K bytes apart took a pointer per token, more than the free
  * registers).  The int32 sums of NT tokens take NT registers, so the f32 sums live on the stack
- * (acc_fma: one load and store per token and block, beside 8 vpdpbusd) and each weight vector is
+ * (fl_acc_fma: one load and store per token and block, beside 8 vpdpbusd) and each weight vector is
  * loaded where it is used.  One core, 256 x 2048 rows in cache, 16 tokens: tile16 in two passes
  * 280-340 against 330-365 GOP/s, from memory (32000 rows) ~205 against 285 (Q8_0), 245-265 against
  * 320 (Q4_0), the same bits.  Per lane the arithmetic of tile16. */
@@ -148,7 +115,7 @@ INLINE void tile16w(const bool q8, const char *ga, const char *gb, const char *a
 #pragma GCC unroll 16
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const char *pa = ga + (size_t)b * bb, *pb = gb + (size_t)b * bb, *r = act + (size_t)b * R8_ACT_REC;
+        const char *pa = ga + (size_t)b * bb, *pb = gb + (size_t)b * bb, *r = act + (size_t)b * FL_ACT16_REC;
         {
             const size_t o = (size_t)b * bb + R8_PF, skip = o >= gbytes ? gbytes : 0;
             for (size_t l = 0; l < bb; l += 64) {
@@ -156,8 +123,8 @@ INLINE void tile16w(const bool q8, const char *ga, const char *gb, const char *a
                 _mm_prefetch(gb + o + skip + l, _MM_HINT_T0);
             }
         }
-        const int32_t *o = (const int32_t *)(r + R8_ACT_CODES) + (q8 ? FL_R8_ACT_TOKENS : 0);
-        const float *dx = (const float *)(r + R8_ACT_CODES) + 2 * FL_R8_ACT_TOKENS;
+        const int32_t *o = (const int32_t *)(r + FL_ACT16_CODES) + (q8 ? FL_ACT16_TOKENS : 0);
+        const float *dx = (const float *)(r + FL_ACT16_CODES) + 2 * FL_ACT16_TOKENS; /* (fl_act16 layout, kernels/matmul.h) */
         __m512i s[16];
 #pragma GCC unroll 16
         for (int t = 0; t < NT; t++) s[t] = _mm512_set1_epi32(o[t]);
@@ -168,12 +135,12 @@ INLINE void tile16w(const bool q8, const char *ga, const char *gb, const char *a
                                                  _mm256_loadu_si256((const __m256i *)(pb + 16 + 32 * v)), 1);
             const __m512i wv = q8 ? _mm512_xor_si512(z, flip) : i < 4 ? _mm512_and_si512(z, m4) : _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
 #pragma GCC unroll 16
-            for (int t = 0; t < NT; t++) s[t] = dpbusd_bcast16(s[t], wv, (const int32_t *)(r + t * 32) + i);
+            for (int t = 0; t < NT; t++) s[t] = fl_dpbusd_bcast16(s[t], wv, (const int32_t *)(r + t * 32) + i);
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
                                                                   _mm_loadu_si128((const __m128i *)pb), 1));
 #pragma GCC unroll 16
-        for (int t = 0; t < NT; t++) acc_fma(&acc[t], _mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, _mm512_set1_ps(dx[t])));
+        for (int t = 0; t < NT; t++) fl_acc_fma(&acc[t], _mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dw, _mm512_set1_ps(dx[t])));
     }
 #pragma GCC unroll 16
     for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
