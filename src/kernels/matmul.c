@@ -812,6 +812,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 if (!c.panels) { /* no scratch: the tile path below, one matrix at a time */
                     fl_clear_error();
                     if (nw > 1) {
+                        if (c.act16) fl_free(FL_MEM_SCRATCH, c.act16, c.act16_bytes);
                         fl_act_q8_free(&c.act);
                         goto each;
                     }
