@@ -118,6 +118,10 @@ o = json.load(open(sys.argv[1]))
 assert o["kv_layout"] == sys.argv[2], o
 assert o["n_prompt"] == 64 and o["n_gen"] == 8 and o["pp_tok_s"] > 0 and o["tg_tok_s"] > 0, o
 assert o["mem_bandwidth_gbs"] > 0 and o["int8_peak_gops"] >= 0 and o["weight_bytes_per_token"] > 0, o
+# decode in 8 rounds (at most), each against the bandwidth read on either side of it
+r = o["tg_pct_bandwidth_rounds"]
+assert len(r) == 8 and all(x > 0 for x in r), o
+assert sorted(r)[3] <= o["tg_pct_bandwidth_paired"] <= sorted(r)[4], o
 PY
 done
 # -r: the prefill timed N times; q8_0 weights take the AMX-BF16 tiles for 64 tokens where the CPU
@@ -139,6 +143,7 @@ python3 - "$tmp/bm0.json" "$tmp/bm1.json" <<'PY' || fail "bench model -p 0 / -n 
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:3])
 assert a["n_prompt"] == 0 and "pp_tok_s" not in a and a["n_gen"] == 4 and a["tg_tok_s"] > 0, a
+assert len(a["tg_pct_bandwidth_rounds"]) == 4 and "tg_pct_bandwidth_rounds" not in b, a  # a round per token
 assert b["n_gen"] == 0 and "tg_tok_s" not in b and b["n_prompt"] == 8 and b["pp_tok_s"] > 0, b
 PY
 "$fitllm" bench model -m "$model" -p 0 -n 4 -t 1 --stream-mib 16 | grep -q '^tg4 ' || fail "bench model -p 0 text: no tg line"

@@ -71,26 +71,15 @@ static void bw_task(void *p, int ith, int nth) {
     else c->sink[ith] += fl_calib_read_avx512(s, per, c->loop == 2 ? BW_PREFETCH : 0);
 }
 
-double fl_calib_mem_bandwidth_gbs(int nth, size_t bytes) {
-    if (nth < 1) nth = 1;
-    if (nth > 256) nth = 256;
-    if (fl_isa_best() == FL_ISA_REF) return -1;
-    bytes &= ~(size_t)4095;
+/* The best rate of `reps` timed passes of each read loop over buf (faulted in). */
+static double bw_passes(int nth, const char *buf, size_t bytes, int reps) {
     bw_ctx c;
     memset(&c, 0, sizeof c);
-    char *buf = fl_alloc(FL_MEM_SCRATCH, bytes, 4096);
-    if (!buf) return -1;
-    /* huge pages where the kernel grants them, as --no-mmap weights get (fl_mmap_open_read), so
-     * the calibrated rate is the best this buffer can be read at; a hint, ignored without THP */
-    const uintptr_t hp = (uintptr_t)2 << 20, lo = ((uintptr_t)buf + hp - 1) & ~(hp - 1), hi = ((uintptr_t)buf + bytes) & ~(hp - 1);
-    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
-    for (size_t i = 0; i < bytes; i += 64) buf[i] = (char)i; /* fault in every page */
     c.buf = buf;
     c.bytes = bytes;
-    fl_parallel_n(bw_task, &c, nth); /* warm-up */
     double best = 0;
     const int nloops = fl_isa_best() == FL_ISA_AVX512 ? 3 : 1;
-    for (int rep = 0; rep < 3; rep++)
+    for (int rep = 0; rep < reps; rep++)
         for (c.loop = 0; c.loop < nloops; c.loop++) {
             const double t0 = now_s();
             fl_parallel_n(bw_task, &c, nth);
@@ -98,6 +87,45 @@ double fl_calib_mem_bandwidth_gbs(int nth, size_t bytes) {
             const double per = (double)((bytes / (size_t)nth) & ~(size_t)4095) * nth;
             if (dt > 0 && per / dt / 1e9 > best) best = per / dt / 1e9;
         }
-    fl_free(FL_MEM_SCRATCH, buf, bytes);
+    return best;
+}
+
+fl_calib_bw *fl_calib_bw_new(int nth, size_t bytes) {
+    if (nth < 1) nth = 1;
+    if (nth > 256) nth = 256;
+    if (fl_isa_best() == FL_ISA_REF) return NULL;
+    bytes &= ~(size_t)4095;
+    if (bytes < 4096 * (size_t)nth) return NULL;
+    fl_calib_bw *b = fl_alloc(FL_MEM_SCRATCH, sizeof *b, 64);
+    if (!b) return NULL;
+    b->buf = fl_alloc(FL_MEM_SCRATCH, bytes, 4096);
+    if (!b->buf) {
+        fl_free(FL_MEM_SCRATCH, b, sizeof *b);
+        return NULL;
+    }
+    b->bytes = bytes;
+    b->nth = nth;
+    /* huge pages where the kernel grants them, as --no-mmap weights get (fl_mmap_open_read), so
+     * the calibrated rate is the best this buffer can be read at; a hint, ignored without THP */
+    const uintptr_t hp = (uintptr_t)2 << 20, lo = ((uintptr_t)b->buf + hp - 1) & ~(hp - 1), hi = ((uintptr_t)b->buf + bytes) & ~(hp - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+    for (size_t i = 0; i < bytes; i += 64) b->buf[i] = (char)i; /* fault in every page */
+    (void)bw_passes(nth, b->buf, bytes, 1);                    /* warm-up */
+    return b;
+}
+
+double fl_calib_bw_measure(fl_calib_bw *b, int reps) { return b ? bw_passes(b->nth, b->buf, b->bytes, reps < 1 ? 1 : reps) : -1; }
+
+void fl_calib_bw_free(fl_calib_bw *b) {
+    if (!b) return;
+    fl_free(FL_MEM_SCRATCH, b->buf, b->bytes);
+    fl_free(FL_MEM_SCRATCH, b, sizeof *b);
+}
+
+double fl_calib_mem_bandwidth_gbs(int nth, size_t bytes) {
+    fl_calib_bw *b = fl_calib_bw_new(nth, bytes);
+    if (!b) return -1;
+    const double best = fl_calib_bw_measure(b, 3);
+    fl_calib_bw_free(b);
     return best;
 }

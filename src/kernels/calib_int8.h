@@ -11,6 +11,11 @@
  *       AVX-512 also 512-bit loads with and without the GEMV's software prefetch (the highest
  *       rate any of them reaches is the figure kernels are compared with).  Allocates the buffer (FL_MEM_SCRATCH);
  *       returns a negative value if it cannot.
+ *   fl_calib_bw_new(nth, bytes) / fl_calib_bw_measure(b, reps) / fl_calib_bw_free(b)  the same
+ *       buffer kept (allocated and faulted in once, NULL if it cannot be): each measure is the
+ *       best of `reps` passes of each read loop, so a benchmark can read the bandwidth right
+ *       before and after each round of its own work and report per-round ratios (this
+ *       machine's rate moves by up to 2x from one second to the next).
  *   fl_calib_amx_int8_peak_gops(nth, seconds)  the same for AMX-INT8 tiles (4 independent
  *       TDPBSSD on full 16 x 64 tiles), 0 where fl_amx_usable() is false.  The int8 peak that
  *       speeds are reported against stays the VNNI one; this is printed beside it.
@@ -24,6 +29,10 @@
 
 double fl_calib_int8_peak_gops(int nth, double seconds);
 double fl_calib_mem_bandwidth_gbs(int nth, size_t bytes);
+typedef struct fl_calib_bw { char *buf; size_t bytes; int nth; } fl_calib_bw;
+fl_calib_bw *fl_calib_bw_new(int nth, size_t bytes);
+double fl_calib_bw_measure(fl_calib_bw *b, int reps);
+void fl_calib_bw_free(fl_calib_bw *b);
 
 /* ISA loops (kernels/avx512, kernels/avx2): run `iters` iterations, return int8 MACs done. */
 uint64_t fl_calib_int8_loop_avx512(uint64_t iters);
