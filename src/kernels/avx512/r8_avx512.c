@@ -24,8 +24,29 @@
 
 /* steps of up to this many tokens take one group (8 rows, ymm) at a time: tile8 */
 #define R8_GEMV_TOKENS 2
-/* software prefetch distance along each group (bytes) */
-#define R8_PF 1536
+/* software prefetch along each group, two distances (bytes): into L2 well ahead, and from there
+ * into L1 a block or two ahead.  16 tokens, 2 x 256 MiB of groups streamed through the tile (a
+ * microbenchmark, 2 threads): 1.5 KiB into L1 alone 575-610 GOP/s, with 4 KiB into L2 602-650
+ * (one thread 288-294 against 314-335). */
+#ifndef R8_PF
+#define R8_PF 512
+#endif
+#ifndef R8_PF_L2
+#define R8_PF_L2 4096
+#endif
+
+/* Both prefetches of block b of the pair (ga, gb = ga + gbytes, or ga twice); past a group's end,
+ * the same place in the next pair's groups. */
+INLINE void r8_prefetch(const char *ga, const char *gb, int64_t b, size_t bb, size_t gbytes) {
+    const size_t o = (size_t)b * bb + R8_PF, o2 = (size_t)b * bb + R8_PF_L2;
+    const size_t skip = o >= gbytes ? gbytes : 0, skip2 = o2 >= gbytes ? gbytes : 0;
+    for (size_t l = 0; l < bb; l += 64) {
+        _mm_prefetch(ga + o + skip + l, _MM_HINT_T0);
+        _mm_prefetch(gb + o + skip + l, _MM_HINT_T0);
+        _mm_prefetch(ga + o2 + skip2 + l, _MM_HINT_T1);
+        _mm_prefetch(gb + o2 + skip2 + l, _MM_HINT_T1);
+    }
+}
 
 /* 16 rows (groups ga, gb) x NT tokens; gb == ga computes rows 0..7 twice (the caller stores 8) */
 INLINE void tile16(const bool q8, const char *ga, const char *gb, const fl_act_q8 *a, int64_t m0, const int NT,
@@ -43,14 +64,9 @@ INLINE void tile16(const bool q8, const char *ga, const char *gb, const fl_act_q
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *pa = ga + (size_t)b * bb, *pb = gb + (size_t)b * bb;
-        { /* past a group's end, the same place in the next pair's group (in the first token tile
-           * the weights come from memory: 16 sequences, Q8_0, 120 -> 155 tok/s with this) */
-            const size_t o = (size_t)b * bb + R8_PF, skip = o >= gbytes ? gbytes : 0;
-            for (size_t l = 0; l < bb; l += 64) {
-                _mm_prefetch(ga + o + skip + l, _MM_HINT_T0);
-                _mm_prefetch(gb + o + skip + l, _MM_HINT_T0);
-            }
-        }
+        /* (in the first token tile the weights come from memory: 16 sequences, Q8_0, 120 -> 155
+         * tok/s with the prefetch into L1 alone) */
+        r8_prefetch(ga, gb, b, bb, gbytes);
         __m512i wv[8];
         if (q8) {
 #pragma GCC unroll 8
@@ -116,13 +132,7 @@ INLINE void tile16w(const bool q8, const char *ga, const char *gb, const char *a
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *pa = ga + (size_t)b * bb, *pb = gb + (size_t)b * bb, *r = act + (size_t)b * FL_ACT16_REC;
-        {
-            const size_t o = (size_t)b * bb + R8_PF, skip = o >= gbytes ? gbytes : 0;
-            for (size_t l = 0; l < bb; l += 64) {
-                _mm_prefetch(ga + o + skip + l, _MM_HINT_T0);
-                _mm_prefetch(gb + o + skip + l, _MM_HINT_T0);
-            }
-        }
+        r8_prefetch(ga, gb, b, bb, gbytes);
         const int32_t *o = (const int32_t *)(r + FL_ACT16_CODES) + (q8 ? FL_ACT16_TOKENS : 0);
         const float *dx = (const float *)(r + FL_ACT16_CODES) + 2 * FL_ACT16_TOKENS; /* (fl_act16 layout, kernels/matmul.h) */
         __m512i s[16];
@@ -160,7 +170,10 @@ INLINE __m256i dpbusd_bcast(__m256i acc, __m256i w, const int32_t *x) {
  * The one stream is left to the hardware prefetchers: with tile16's prefetch 1.5 KiB ahead, a
  * microbenchmark (2 x 256 MiB of groups, one token, 1 and 2 threads) read 5-15% slower than with
  * none, and `fitllm bench model -p 0 -n 64 -t 2` Q8_0 decode, six alternated rounds, 20.9-24.8
- * against 24.8-29.7 tok/s (Q4_0 41.4-46.9 against 41.1-51.0). */
+ * against 24.8-29.7 tok/s (Q4_0 41.4-46.9 against 41.1-51.0); a prefetch into L2 4 KiB ahead
+ * was slower again for one token (a 1-token forward of TinyLlama-shaped Q8_0, the two alternated
+ * in one process: 0.84x).  Two tokens take that one (the same forward at 2 tokens: 1.16x Q8_0,
+ * 1.31x Q4_0). */
 INLINE void tile8(const bool q8, const char *g, const fl_act_q8 *a, int64_t m0, const int NT, float *y, int64_t ldy) {
     const size_t bb = q8 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK;
     const int64_t nb = a->nb, K = a->K;
@@ -174,7 +187,9 @@ INLINE void tile8(const bool q8, const char *g, const fl_act_q8 *a, int64_t m0, 
     for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
     #pragma GCC unroll 2
     for (int64_t b = 0; b < nb; b++) {
-        const char *p = g + (size_t)b * bb; /* (no software prefetch: see the comment above) */
+        const char *p = g + (size_t)b * bb;
+        if (NT == 2) /* (see the comment above) */
+            for (size_t l = 0; l < bb; l += 64) _mm_prefetch(p + R8_PF_L2 + l, _MM_HINT_T1);
         __m256i wv[8];
         if (q8) {
 #pragma GCC unroll 8
