@@ -827,6 +827,28 @@ static void test_act_quant_parity(void **state) {
         assert_memory_equal(a.o4, b.o4, (size_t)(M * a.nb) * 4);
         assert_memory_equal(a.o6, b.o6, (size_t)(M * a.nb) * 8);
     }
+    if (fl_isa_best() == FL_ISA_AVX512) { /* by block ranges straight into the 16-token records, the lean fields only */
+        const size_t rb = fl_act16_bytes(M, K);
+        char *r0 = fl_alloc(FL_MEM_MISC, rb, 64), *r1 = fl_alloc(FL_MEM_MISC, rb, 64);
+        assert_non_null(r0);
+        assert_non_null(r1);
+        memset(r0, 0xEE, rb);
+        memset(r1, 0xEE, rb);
+        for (int64_t m = 0; m < M; m++) fl_act16_pack_row(&a, m, r0);
+        memset(b.mem, 0xEE, b.bytes);
+        for (int64_t m = 0; m < M; m++) {
+            fl_act_q8_quantize_blocks_avx512(&b, m, x + m * K, 4, b.nb, false, r1);
+            fl_act_q8_quantize_blocks_avx512(&b, m, x + m * K, 0, 4, false, r1);
+        }
+        assert_memory_equal(a.qs, b.qs, (size_t)(M * K));
+        assert_memory_equal(a.d, b.d, (size_t)(M * a.nb) * 4);
+        assert_memory_equal(a.s, b.s, (size_t)(M * a.nb) * 4);
+        assert_memory_equal(a.ms, b.ms, (size_t)(M * a.nb) * 4);
+        assert_memory_equal(r0, r1, rb);
+        assert_int_equal((unsigned char)((char *)b.sv)[0], 0xEE); /* (left unset: all false) */
+        fl_free(FL_MEM_MISC, r0, rb);
+        fl_free(FL_MEM_MISC, r1, rb);
+    }
     /* o6: per half, -32 x the same two sums */
     for (int64_t i = 0; i < M * a.nb; i++)
         for (int h = 0; h < 2; h++) {

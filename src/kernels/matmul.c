@@ -108,6 +108,7 @@ typedef struct {
                    * AMX: [nth][amx_group][fl_amx_panel_bytes] */
     size_t panel_bytes;
     char *amx_act;     /* AMX: activation tiles (fl_amx_act_bytes), else NULL */
+    bool act_all;      /* the AVX-512 quantizer fills dv, sv, o4, o6 too (not for the AVX-512 R8 tiles) */
     char *act16;       /* act16_path: the activations as 16-token records (fl_act16_bytes), else NULL */
     size_t act16_bytes;
     int64_t amx_group; /* AMX: groups of panels (amx_groups), a thread takes one at a time and
@@ -137,15 +138,29 @@ static int64_t row_tile(int32_t type) { return fl_r8_base(type) >= 0 ? FL_R8_ROW
 
 static void q8_quant_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
+    const int64_t K = c->W->ne[0];
+    if (fl_isa_get() == FL_ISA_AVX512 && c->act16) {
+        /* by blocks, in runs of 16 (whole cache lines of the per-block arrays): each thread
+         * quantizes every token of its blocks straight into the records too, so no record is
+         * written by two threads and none is copied from the rows afterwards (M > 8: no qs4) */
+        const int64_t nb = c->act.nb, runs = (nb + 15) / 16;
+        int64_t lo, hi;
+        fl_split_range(runs, ith, nth, &lo, &hi);
+        const int64_t b0 = lo * 16, b1 = hi * 16 < nb ? hi * 16 : nb;
+        for (int64_t m = 0; m < c->M && b0 < b1; m++) fl_act_q8_quantize_blocks_avx512(&c->act, m, c->x + m * K, b0, b1, c->act_all, c->act16);
+        return;
+    }
     int64_t lo, hi;
     fl_split_range(c->M, ith, nth, &lo, &hi);
-    void (*quant)(fl_act_q8 *, int64_t, const float *) =
-        fl_isa_get() == FL_ISA_AVX512 ? fl_act_q8_quantize_row_avx512
-        : fl_isa_get() == FL_ISA_AVX2 ? fl_act_q8_quantize_row_avx2
-                                      : fl_act_q8_quantize_row;
-    for (int64_t m = lo; m < hi; m++) quant(&c->act, m, c->x + m * c->W->ne[0]);
-    if (c->act16)
-        for (int64_t m = lo; m < hi; m++) fl_act16_pack_row(&c->act, m, c->act16);
+    if (fl_isa_get() == FL_ISA_AVX512)
+        for (int64_t m = lo; m < hi; m++) {
+            fl_act_q8_quantize_blocks_avx512(&c->act, m, c->x + m * K, 0, c->act.nb, c->act_all, NULL);
+            if (c->act.qs4) fl_act_q8_order_q4(&c->act, m); /* (one token: the Q4_0 order for the VBMI GEMV) */
+        }
+    else {
+        void (*quant)(fl_act_q8 *, int64_t, const float *) = fl_isa_get() == FL_ISA_AVX2 ? fl_act_q8_quantize_row_avx2 : fl_act_q8_quantize_row;
+        for (int64_t m = lo; m < hi; m++) quant(&c->act, m, c->x + m * K);
+    }
     if (c->amx_act) /* the activation tiles: 8 tokens at a time where this thread has all 8 */
         for (int64_t m = lo; m < hi;) {
             if (m % 8 == 0 && m + 8 <= hi) {
@@ -754,6 +769,8 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
         if (fl_act_q8_alloc(&c.act, M, K) == FL_OK) {
             const int nth = fl_threads_get();
             if (fl_r8_base(W->type) >= 0) c.act.qs4 = NULL; /* (the Q4_0 order is for the base type's VBMI GEMV: not made) */
+            /* the AVX-512 R8 tiles read only codes, d and s (and the records) */
+            c.act_all = !(isa == FL_ISA_AVX512 && fl_r8_base(W->type) >= 0 && !llama && !amx_path(W->type, M));
             size_t amx_act_bytes = 0, amx_pan_bytes = 0;
             if (!llama && amx_path(W->type, M)) {
                 amx_act_bytes = fl_amx_act_bytes(M, K);

@@ -183,6 +183,10 @@ static inline void fl_act_q8_set_block(fl_act_q8 *a, int64_t i, float d, int32_t
 void fl_act_q8_order_q4(fl_act_q8 *a, int64_t m);
 /* Same result bit for bit (round to nearest even, f16-rounded scale), 16 lanes at a time. */
 void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x);
+/* Blocks [b0, b1) of row m only (not qs4, which needs the whole row).  all false leaves dv, sv,
+ * o4 and o6 unset (qs, d, s and ms are what the AVX-512 R8 tiles read); act16 non-NULL also
+ * writes the blocks into their 16-token records (the bytes fl_act16_pack_blocks writes). */
+void fl_act_q8_quantize_blocks_avx512(fl_act_q8 *a, int64_t m, const float *x, int64_t b0, int64_t b1, bool all, void *act16);
 void fl_act_q8_quantize_row_avx2(fl_act_q8 *a, int64_t m, const float *x);
 
 /* Integer tile: y[t * ldy + r] = dot(W row r, token m0 + t) for r < nr, t < nt, where W row r
@@ -281,12 +285,14 @@ void fl_r8_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
  * group g (tokens 16g..16g+15) holds K / 32 records of FL_ACT16_REC bytes, per block [token][32
  * codes], then per token int32 -8 s and -128 s (where a Q4_0 / Q8_0 token's int32 sums start),
  * f32 d and f32 ms (-s d, the mins term).  fl_act16_pack_row copies row m of a into its place
- * (plain C: a copy); fl_act16_bytes(M, K) is the buffer of M tokens. */
+ * (plain C: a copy), fl_act16_pack_blocks only blocks [b0, b1) of it; fl_act16_bytes(M, K) is
+ * the buffer of M tokens. */
 #define FL_ACT16_TOKENS 16
 #define FL_ACT16_CODES (FL_ACT16_TOKENS * 32)
 #define FL_ACT16_REC (FL_ACT16_CODES + 4 * FL_ACT16_TOKENS * 4)
 size_t fl_act16_bytes(int64_t M, int64_t K);
 void fl_act16_pack_row(const fl_act_q8 *a, int64_t m, void *act);
+void fl_act16_pack_blocks(const fl_act_q8 *a, int64_t m, void *act, int64_t b0, int64_t b1);
 /* 9..16 tokens per pass on the R8 groups, act: the fl_act16 record of block 0 of the tokens'
  * group of 16, nb = K / 32: the same bits as fl_r8_gemm_avx512. */
 void fl_r8_gemm16_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy);

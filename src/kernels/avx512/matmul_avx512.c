@@ -704,11 +704,13 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
 
 /* ---- 8-bit activations (reference: fl_act_q8_quantize_row) ---- */
 
-void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x) {
+void fl_act_q8_quantize_blocks_avx512(fl_act_q8 *a, int64_t m, const float *x, int64_t b0, int64_t b1, bool all, void *act16) {
     int8_t *q = a->qs + m * a->K;
+    const int64_t nb = a->nb, t = m % FL_ACT16_TOKENS;
+    char *g = act16 ? (char *)act16 + (size_t)(m / FL_ACT16_TOKENS) * (size_t)nb * FL_ACT16_REC : NULL;
     const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
     const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-    for (int64_t b = 0; b < a->nb; b++) {
+    for (int64_t b = b0; b < b1; b++) {
         const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
         const float d = _cvtsh_ss(_cvtss_sh(amax / 127, _MM_FROUND_TO_NEAREST_INT)), id = amax > 0 ? 127.0f / amax : 0.0f;
@@ -716,8 +718,8 @@ void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x) {
         __m512i c0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)), c1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vid));
         c0 = _mm512_min_epi32(_mm512_max_epi32(c0, lo), hi);
         c1 = _mm512_min_epi32(_mm512_max_epi32(c1, lo), hi);
-        _mm_storeu_si128((__m128i *)(q + b * 32), _mm512_cvtepi32_epi8(c0));
-        _mm_storeu_si128((__m128i *)(q + b * 32 + 16), _mm512_cvtepi32_epi8(c1));
+        const __m256i codes = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(c0)), _mm512_cvtepi32_epi8(c1), 1);
+        _mm256_storeu_si256((__m256i *)(q + b * 32), codes);
         /* per half of the block, the code sums at k % 4 < 2 and >= 2 (o4 / o6, the AVX2 tiles'
          * int16 starts; the reference's loop over them cost 5% of a 512-token prefill) */
         const __m256i h0 = _mm256_add_epi32(_mm512_castsi512_si256(c0), _mm512_extracti64x4_epi64(c0, 1));
@@ -726,12 +728,33 @@ void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x) {
         const __m128i q1 = _mm_add_epi32(_mm256_castsi256_si128(h1), _mm256_extracti128_si256(h1, 1));
         int32_t hs[4]; /* first half k % 4 < 2, >= 2, second half the same */
         _mm_storeu_si128((__m128i *)hs, _mm_hadd_epi32(q0, q1));
-        const int64_t i = m * a->nb + b;
-        fl_act_q8_set_block(a, i, d, hs[0] + hs[1] + hs[2] + hs[3]);
-        a->o4[i] = (int32_t)(((uint32_t)(uint16_t)(int16_t)(-8 * (hs[1] + hs[3])) << 16) | (uint16_t)(int16_t)(-8 * (hs[0] + hs[2])));
-        for (int h = 0; h < 2; h++)
-            a->o6[i * 2 + h] = (int32_t)(((uint32_t)(uint16_t)(int16_t)(-32 * hs[2 * h + 1]) << 16) | (uint16_t)(int16_t)(-32 * hs[2 * h]));
+        const int64_t i = m * nb + b;
+        const int32_t sum = hs[0] + hs[1] + hs[2] + hs[3];
+        if (all) {
+            fl_act_q8_set_block(a, i, d, sum);
+            a->o4[i] = (int32_t)(((uint32_t)(uint16_t)(int16_t)(-8 * (hs[1] + hs[3])) << 16) | (uint16_t)(int16_t)(-8 * (hs[0] + hs[2])));
+            for (int h = 0; h < 2; h++)
+                a->o6[i * 2 + h] = (int32_t)(((uint32_t)(uint16_t)(int16_t)(-32 * hs[2 * h + 1]) << 16) | (uint16_t)(int16_t)(-32 * hs[2 * h]));
+        } else { /* (fl_act_q8_set_block's d, s, ms only) */
+            a->d[i] = d;
+            a->s[i] = sum;
+            a->ms[i] = -(float)sum * d;
+        }
+        if (g) { /* the record's fields, as fl_act16_pack_blocks lays them out */
+            char *r = g + (size_t)b * FL_ACT16_REC;
+            int32_t *f = (int32_t *)(r + FL_ACT16_CODES);
+            const float ms = -(float)sum * d;
+            _mm256_storeu_si256((__m256i *)(r + t * 32), codes);
+            f[t] = -8 * sum;
+            f[FL_ACT16_TOKENS + t] = -128 * sum;
+            memcpy(&f[2 * FL_ACT16_TOKENS + t], &d, 4);
+            memcpy(&f[3 * FL_ACT16_TOKENS + t], &ms, 4);
+        }
     }
+}
+
+void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x) {
+    fl_act_q8_quantize_blocks_avx512(a, m, x, 0, a->nb, true, NULL);
     if (a->qs4) fl_act_q8_order_q4(a, m); /* (one token: the Q4_0 order for the VBMI GEMV) */
 }
 

@@ -138,10 +138,10 @@ size_t fl_act16_bytes(int64_t M, int64_t K) {
     return (size_t)((M + FL_ACT16_TOKENS - 1) / FL_ACT16_TOKENS) * (size_t)(K / 32) * FL_ACT16_REC;
 }
 
-void fl_act16_pack_row(const fl_act_q8 *a, int64_t m, void *act) {
+void fl_act16_pack_blocks(const fl_act_q8 *a, int64_t m, void *act, int64_t b0, int64_t b1) {
     const int64_t nb = a->nb, t = m % FL_ACT16_TOKENS;
     char *g = (char *)act + (size_t)(m / FL_ACT16_TOKENS) * (size_t)nb * FL_ACT16_REC;
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = b0; b < b1; b++) {
         char *r = g + (size_t)b * FL_ACT16_REC;
         const int32_t s = a->s[m * nb + b], o4 = -8 * s, o8 = -128 * s;
         memcpy(r + t * 32, a->qs + m * a->K + b * 32, 32);
@@ -151,6 +151,8 @@ void fl_act16_pack_row(const fl_act_q8 *a, int64_t m, void *act) {
         memcpy(r + FL_ACT16_CODES + 4 * (3 * FL_ACT16_TOKENS + t), &a->ms[m * nb + b], 4);
     }
 }
+
+void fl_act16_pack_row(const fl_act_q8 *a, int64_t m, void *act) { fl_act16_pack_blocks(a, m, act, 0, a->nb); }
 
 void fl_act_q8_quantize_row(fl_act_q8 *a, int64_t m, const float *x) {
     int8_t *q = a->qs + m * a->K;
