@@ -821,7 +821,16 @@ static void pack_q4_K(const char *w, size_t ldw, int nr, int64_t K, char *panel)
     float *mins = (float *)(panel + nb * PANEL_BLOCK);
     uint8_t tile[2][FL_PANEL_ROWS * 32] __attribute__((aligned(64)));
     const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const int64_t nsb = K / FL_QK_K;
+    const size_t span = (size_t)FL_PANEL_ROWS * ldw, step = (span / (size_t)nsb + 63) & ~(size_t)63;
     for (int64_t i = 0; i < K / FL_QK_K; i++) {
+        /* the next panel's rows (the 16 after these, contiguous) into L2, a slice per super-block:
+         * the rows' own prefetch below starts two super-blocks in, so a panel's first ones came
+         * from memory while the pack waited (K = 2048: 8 super-blocks a row).  A 16-token forward
+         * of TinyLlama-shaped Q4_K, the two alternated in one process: 1.17-1.20x; two panels
+         * ahead 1.12x, three 1.06x. */
+        if (nr == FL_PANEL_ROWS)
+            for (size_t l = 0; l < step; l += 64) _mm_prefetch(w + span + (size_t)i * step + l, _MM_HINT_T1);
         if (i + 2 < K / FL_QK_K) /* 16 row streams: each row's super-block after next */
             for (int r = 0; r < nr; r++) {
                 const char *nx = (const char *)((const fl_block_q4_K *)(w + r * ldw) + i + 2);
