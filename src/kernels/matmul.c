@@ -411,6 +411,8 @@ static void q8_panel_task(void *p, int ith, int nth) {
                 pf_bytes = (size_t)(Nj - n1 < FL_PANEL_ROWS ? Nj - n1 : FL_PANEL_ROWS) * c->Wv[j]->nb[1];
             }
             if (direct) fl_r8_gemm_avx2_pf(W->type, (const char *)W->data + n * ldw, ldw, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N, pf, pf_bytes);
+            else if (fl_isa_get() == FL_ISA_AVX512 && fl_panel_halves_avx512(W->type))
+                fl_panel_gemm_halves_avx512(W->type, pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N, pf, pf_bytes);
             else fl_panel_gemm_avx2_pf(W->type, pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N, pf, pf_bytes);
         }
         u = un;

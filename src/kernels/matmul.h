@@ -257,6 +257,12 @@ void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act
 /* 9..16 tokens per pass on an AVX-512 panel (Q8_0, Q4_0, Q4_K), act: the fl_act16 record of block
  * 0 of the tokens' group of 16, nb = K / 32: the same bits as fl_panel_gemm_avx512. */
 void fl_panel_gemm16_avx512(int32_t wtype, const void *panel, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy);
+/* AVX-512 on the AVX2 panels (fl_panel_pack_avx2) of Q6_K, Q3_K and Q2_K (fl_panel_halves_avx512):
+ * 16 rows x up to 4 tokens per pass, the AVX2 tile's arithmetic lane for lane (the same bits);
+ * pf / pf_bytes as fl_panel_gemm_avx2_pf. */
+bool fl_panel_halves_avx512(int32_t wtype);
+void fl_panel_gemm_halves_avx512(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
+                                 int64_t ldy, const void *pf, size_t pf_bytes);
 /* The AVX2 panels (M > 1 without AVX-512; Q4_0, Q8_0, Q4_K, Q5_K and Q6_K): the same layout and
  * bytes (fl_panel_pack_avx2 packs full panels by in-register transposes, partial ones through
  * the reference), and kernels of 8 rows (half a panel) x 4 tokens (Q8_0), 16 rows x 4 tokens
