@@ -257,7 +257,8 @@ void fl_panel_gemm_avx512(int32_t wtype, const void *panel, int nr, const fl_act
 /* 9..16 tokens per pass on an AVX-512 panel (Q8_0, Q4_0, Q4_K), act: the fl_act16 record of block
  * 0 of the tokens' group of 16, nb = K / 32: the same bits as fl_panel_gemm_avx512. */
 void fl_panel_gemm16_avx512(int32_t wtype, const void *panel, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy);
-/* AVX-512 on the AVX2 panels (fl_panel_pack_avx2) of Q6_K, Q3_K and Q2_K (fl_panel_halves_avx512):
+/* AVX-512 on the AVX2 panels (fl_panel_pack_avx2) of Q6_K, Q3_K, Q2_K, Q5_K, Q5_0, Q5_1 and Q4_1
+ * (fl_panel_halves_avx512):
  * 16 rows x up to 4 tokens per pass, the AVX2 tile's arithmetic lane for lane (the same bits);
  * pf / pf_bytes as fl_panel_gemm_avx2_pf. */
 bool fl_panel_halves_avx512(int32_t wtype);

@@ -1093,27 +1093,32 @@ void fl_panel_gemm16_avx512(int32_t wtype, const void *panel, int nr, const void
 
 /* fl_dot_f32_avx512 lives in avx512/ops_avx512.c. */
 
-/* ---- the AVX2 panels of the types with a scale per 16 codes (Q6_K, Q3_K, Q2_K), 16 rows per zmm ----
+/* ---- the AVX2 panels of Q6_K, Q3_K, Q2_K (a scale per 16 codes) and of Q5_K, Q5_0, Q5_1, Q4_1
+ * (a min per block), 16 rows per zmm ----
  * The layout of fl_panel_pack_avx2 (kernels/avx2/panel_avx2.c): per block the 16 rows' f32
  * scales, then per group g the 16 rows' 4 codes (rows 0-7, then 8-15: one zmm), and after the
  * blocks the words (sc, sc) of each 16-code half, [b][nw][16 rows] (Q2_K also (m, m) and its
- * dmin).  The arithmetic of the AVX2 tile lane for lane (int16 sums from fl_act_q8.o6 through
+ * dmin), or the f32 mins [b][16 rows] (Q5_x: sums of (q - 16) x from -16 x the codes' sums, o4;
+ * Q4_1: of q x).  The arithmetic of the AVX2 tile lane for lane (int16 sums from fl_act_q8.o6 through
  * maddubs, x (sc, sc) into int32, one convert and fma per block), so the same bits, with both
  * 8-row halves in one register and up to 4 tokens per pass (the AVX2 tile takes 2).  A 16-token
  * TinyLlama-shaped Q6_K forward against the AVX2 tile, alternated in one process: 1.35x (8
- * tokens per pass 1.30x, 6 1.31x: their per-token address registers spill). */
-enum { H_Q6K, H_Q3K, H_Q2K };
+ * tokens per pass 1.30x, 6 1.31x: their per-token address registers spill).  The mins kinds'
+ * AVX2 tile already took 4 tokens with both halves: here the two halves are one register. */
+enum { H_Q6K, H_Q3K, H_Q2K, H_Q5K, H_Q4K };
 #define HALVES_TOKENS 4
 
 INLINE void halves_tile(const char *pan, const fl_act_q8 *a, int64_t m0, const int NT, const int kind, float *y, int64_t ldy,
                         __mmask16 rm, const char *pf, const char *pf_end, int pf_per_block) {
     const int64_t nb = a->nb, K = a->K;
     const int8_t *xq0 = a->qs + m0 * K;
-    const int32_t *o60 = a->o6 + m0 * nb * 2;
-    const float *d0 = a->d + m0 * nb;
+    const int32_t *o60 = a->o6 + m0 * nb * 2, *o40 = a->o4 + m0 * nb;
+    const float *d0 = a->d + m0 * nb, *ms0 = a->ms + m0 * nb;
+    const bool mins_kind = kind == H_Q5K || kind == H_Q4K; /* one int16 sum per block, then the mins */
     const int nw = kind == H_Q2K ? 4 : 2;
-    const char *words = pan + nb * PANEL_BLOCK; /* [b][nw][16] u32 */
+    const char *words = pan + nb * PANEL_BLOCK; /* [b][nw][16] u32; the mins kinds: [b][16] f32 mins */
     const float *dmin = kind == H_Q2K ? (const float *)words + nb * 4 * FL_PANEL_ROWS : NULL;
+    const __m512i ones = _mm512_set1_epi16(1);
     __m512 acc[HALVES_TOKENS];
 #pragma GCC unroll 4
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
@@ -1121,6 +1126,24 @@ INLINE void halves_tile(const char *pan, const fl_act_q8 *a, int64_t m0, const i
         const char *pb = pan + b * PANEL_BLOCK;
         for (int i = 0; i < pf_per_block && pf < pf_end; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
         __m512i s[HALVES_TOKENS];
+        if (mins_kind) { /* int16 lanes from 0 (Q4_1: codes 0..15) or -16 x their codes' sums (2 x o4: Q5_x, sum (q - 16) x) */
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                s[t] = kind == H_Q5K ? _mm512_set1_epi32(o40[t * nb + b]) : _mm512_setzero_si512();
+                if (kind == H_Q5K) s[t] = _mm512_add_epi16(s[t], s[t]);
+            }
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                const __m512i wv = _mm512_loadu_si512((const void *)(pb + 64 + 64 * g));
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    s[t] = _mm512_add_epi16(s[t], _mm512_maddubs_epi16(wv, _mm512_set1_epi32(((const int32_t *)(xq0 + t * K + b * 32))[g])));
+                    __asm__("" : "+v"(s[t])); /* one group at a time */
+                }
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) s[t] = _mm512_madd_epi16(s[t], ones);
+        } else
 #pragma GCC unroll 2
         for (int half = 0; half < 2; half++) {
             __m512i s16[HALVES_TOKENS];
@@ -1159,6 +1182,11 @@ INLINE void halves_tile(const char *pan, const fl_act_q8 *a, int64_t m0, const i
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dm, _mm512_set1_ps(d0[t * nb + b] * (1.0f / 32))), acc[t]);
             }
         }
+        if (mins_kind) {
+            const __m512 mv = _mm512_loadu_ps((const float *)words + b * FL_PANEL_ROWS);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) acc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(ms0[t * nb + b]), acc[t]);
+        }
     }
 #pragma GCC unroll 4
     for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
@@ -1174,15 +1202,25 @@ typedef void (*halves_fn)(const char *, const fl_act_q8 *, int64_t, float *, int
 DEFINE_HALVES_ALL(H_Q6K)
 DEFINE_HALVES_ALL(H_Q3K)
 DEFINE_HALVES_ALL(H_Q2K)
+DEFINE_HALVES_ALL(H_Q5K)
+DEFINE_HALVES_ALL(H_Q4K)
 
-bool fl_panel_halves_avx512(int32_t wtype) { return wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K || wtype == FL_TYPE_Q2_K; }
+bool fl_panel_halves_avx512(int32_t wtype) {
+    return wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K || wtype == FL_TYPE_Q2_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q5_0 ||
+           wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_Q4_1;
+}
 
 void fl_panel_gemm_halves_avx512(int32_t wtype, const void *panel, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                                  int64_t ldy, const void *pf, size_t pf_bytes) {
 #define ROW(k) {NULL, halves_##k##_1, halves_##k##_2, halves_##k##_3, halves_##k##_4}
-    static const halves_fn tiles[3][HALVES_TOKENS + 1] = {ROW(H_Q6K), ROW(H_Q3K), ROW(H_Q2K)};
+    static const halves_fn tiles[5][HALVES_TOKENS + 1] = {ROW(H_Q6K), ROW(H_Q3K), ROW(H_Q2K), ROW(H_Q5K), ROW(H_Q4K)};
 #undef ROW
-    const int k = wtype == FL_TYPE_Q6_K ? H_Q6K : wtype == FL_TYPE_Q3_K ? H_Q3K : H_Q2K;
+    /* (the AVX2 tile kinds: Q5_0 / Q5_1 have Q5_K's sums, Q4_1 Q4_K's) */
+    const int k = wtype == FL_TYPE_Q6_K   ? H_Q6K
+                  : wtype == FL_TYPE_Q3_K ? H_Q3K
+                  : wtype == FL_TYPE_Q2_K ? H_Q2K
+                  : wtype == FL_TYPE_Q4_1 ? H_Q4K
+                                          : H_Q5K;
     const __mmask16 rm = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1);
     const int64_t calls = (nt + HALVES_TOKENS - 1) / HALVES_TOKENS, nb = a->nb;
     /* the next panel's prefetch spread over every block of every call, as the AVX2 tiles do */
