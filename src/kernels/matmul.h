@@ -292,8 +292,9 @@ void fl_r8_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
  * group g (tokens 16g..16g+15) holds K / 32 records of FL_ACT16_REC bytes, per block [token][32
  * codes], then per token int32 -8 s and -128 s (where a Q4_0 / Q8_0 token's int32 sums start),
  * f32 d and f32 ms (-s d, the mins term).  fl_act16_pack_row copies row m of a into its place
- * (plain C: a copy), fl_act16_pack_blocks only blocks [b0, b1) of it; fl_act16_bytes(M, K) is
- * the buffer of M tokens. */
+ * (plain C: a copy), fl_act16_pack_blocks only blocks [b0, b1) of it: the reference for the
+ * records fl_act_q8_quantize_blocks_avx512 writes as it quantizes (what fl_matmul uses);
+ * fl_act16_bytes(M, K) is the buffer of M tokens. */
 #define FL_ACT16_TOKENS 16
 #define FL_ACT16_CODES (FL_ACT16_TOKENS * 32)
 #define FL_ACT16_REC (FL_ACT16_CODES + 4 * FL_ACT16_TOKENS * 4)

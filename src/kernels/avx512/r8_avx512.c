@@ -1,7 +1,8 @@
 /* Q4_0_R8 / Q8_0_R8 (groups of 8 interleaved rows, layout in kernels/matmul.h) on AVX-512 VNNI:
  * 16 rows (two groups) x up to 8 tokens straight on the groups, for every step size (the GEMV
  * of one token too), and 16 rows x 9-16 tokens (tile16w) where matmul has laid the step's
- * activations out as 16-token records (fl_act16_pack_row).
+ * activations out as 16-token records (fl_act_q8_quantize_blocks_avx512 writes them; the
+ * reference layout is fl_act16_pack_row's).
  *
  * A group's 4-byte units of a block are [unit v][row][4 bytes], so two groups' 32-byte runs in
  * one zmm are the 16 rows x 4 codes a vpdpbusd takes against 4 broadcast activation codes: Q4_0
