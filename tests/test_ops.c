@@ -84,6 +84,44 @@ static void test_parity(void **state) {
 }
 
 /* The reference ops' maths on hand-checked values. */
+/* fl_argmax_f32: the AVX2 and AVX-512 versions give the reference loop's index (the first of the
+ * largest; NaN never larger, x[0] NaN gives 0) on lengths with every tail, ties, signed zeros,
+ * infinities and NaNs, and 32000 logits. */
+static void test_argmax(void **state) {
+    (void)state;
+    int64_t (*fn[2])(const float *, int64_t) = {fl_isa_best() >= FL_ISA_AVX2 ? fl_argmax_f32_avx2 : NULL,
+                                                fl_isa_best() >= FL_ISA_AVX512 ? fl_argmax_f32_avx512 : NULL};
+    static float x[32000];
+    fill(x, 32000, 5);
+    assert_int_equal(fl_argmax_f32_ref(x, 1), 0);
+    x[3] = 5.0f, x[7] = 5.0f; /* a tie above everything (fill gives [-4, 4)): the first */
+    assert_int_equal(fl_argmax_f32_ref(x, 40), 3);
+    for (int c = 0; c < 7; c++)
+        for (int64_t n = 1; n <= 70; n++) {
+            fill(x, n, 11 + c * 70 + (int)n);
+            const int64_t j = (n * 7 + c) % n, k = (n * 3 + 1) % n;
+            if (c == 1) x[j] = x[k] = 5.0f;                     /* ties */
+            if (c == 2) { for (int64_t i = 0; i < n; i++) x[i] = -0.0f; x[k] = 0.0f; } /* signed zeros */
+            if (c == 3) { for (int64_t i = 0; i < n; i++) x[i] = -INFINITY; }
+            if (c == 4) x[j] = NAN;                              /* a NaN anywhere */
+            if (c == 5) x[0] = NAN;                              /* first: index 0 */
+            if (c == 6) x[j] = INFINITY;
+            const int64_t want = fl_argmax_f32_ref(x, n);
+            if (c == 1) assert_int_equal(x[want], 5.0f);
+            if (c == 5) assert_int_equal(want, 0);
+            for (int v = 0; v < 2; v++)
+                if (fn[v] && fn[v](x, n) != want) fail_msg("argmax variant %d, case %d, n %lld: %lld, want %lld", v, c, (long long)n, (long long)fn[v](x, n), (long long)want);
+        }
+    fill(x, 32000, 99);
+    x[31999] = 9.0f;
+    for (int v = 0; v < 2; v++)
+        if (fn[v]) assert_int_equal(fn[v](x, 32000), 31999);
+    x[12345] = 9.0f;
+    for (int v = 0; v < 2; v++)
+        if (fn[v]) assert_int_equal(fn[v](x, 32000), 12345);
+    assert_int_equal(fl_argmax_f32_ref(x, 32000), 12345);
+}
+
 /* fl_expf_poly: within 2 ulp of libm's expf from -87 to 88, 0 far below, inf far above. */
 static void test_expf_poly(void **state) {
     (void)state;
@@ -159,7 +197,7 @@ static void test_ref_maths(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_parity), cmocka_unit_test(test_expf_poly),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_parity), cmocka_unit_test(test_expf_poly), cmocka_unit_test(test_argmax),
                                        cmocka_unit_test(test_ref_maths)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

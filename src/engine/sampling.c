@@ -2,6 +2,7 @@
 #include "engine/sampling.h"
 #include "core/alloc.h"
 #include "core/status.h"
+#include "kernels/ops.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -166,12 +167,8 @@ int32_t fl_sample(fl_sampler *s, const float *logits, int32_t n_vocab, const int
     /* penalties over the last penalty_last_n tokens */
     const bool penal = p->repeat_penalty != 1.0f || p->freq_penalty != 0.0f || p->presence_penalty != 0.0f;
     const bool apply = penal && history && n_history > 0 && p->penalty_last_n != 0;
-    if (!apply && !(p->temp > 0.0f)) { /* plain greedy: the first largest logit */
-        int32_t best = 0;
-        for (int32_t i = 1; i < n_vocab; i++)
-            if (logits[i] > logits[best]) best = i;
-        return best;
-    }
+    if (!apply && !(p->temp > 0.0f)) /* plain greedy: the first largest logit (a NaN never larger) */
+        return (int32_t)fl_ops_kernels_get()->argmax(logits, n_vocab);
     for (int32_t i = 0; i < n_vocab; i++) c[i] = (cand){i, logits[i], 0.0f};
     if (apply) {
         const int64_t first = p->penalty_last_n < 0 || n_history <= p->penalty_last_n ? 0 : n_history - p->penalty_last_n;

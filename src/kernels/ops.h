@@ -42,6 +42,7 @@ typedef struct fl_ops_kernels {
     void (*axpy)(float *y, float a, const float *x, int64_t n);        /* y += a x */
     void (*scale)(float *y, float a, int64_t n);                       /* y *= a */
     void (*expf_poly)(float *y, const float *x, int64_t n);            /* y = fl_expf_poly(x), bitwise */
+    int64_t (*argmax)(const float *x, int64_t n);                     /* fl_argmax_f32_ref's index */
 } fl_ops_kernels;
 
 const fl_ops_kernels *fl_ops_kernels_get(void);
@@ -58,6 +59,12 @@ float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
 void fl_axpy_f32_ref(float *y, float a, const float *x, int64_t n);
 void fl_scale_f32_ref(float *y, float a, int64_t n);
 void fl_expf_poly_row_ref(float *y, const float *x, int64_t n);
+/* The first index of the largest of x[0..n) as `for i: if (x[i] > x[best]) best = i` finds it
+ * from best = 0 (a NaN never compares larger; x[0] NaN gives 0); n >= 1.  The SIMD versions take
+ * the maximum and then its first index, or this loop for a row with a NaN. */
+int64_t fl_argmax_f32_ref(const float *x, int64_t n);
+int64_t fl_argmax_f32_avx512(const float *x, int64_t n);
+int64_t fl_argmax_f32_avx2(const float *x, int64_t n);
 void fl_rmsnorm_row_avx512(float *out, const float *inp, const float *weight, int64_t C, float eps);
 void fl_swiglu_avx512(float *out, const float *gate, const float *up, int64_t n);
 float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);

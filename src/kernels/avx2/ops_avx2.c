@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdbool.h>
 
 static inline __m256i tail_mask(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -101,4 +102,34 @@ void fl_swiglu_avx2(float *out, const float *gate, const float *up, int64_t n) {
         const __m256i m = tail_mask(n - i);
         _mm256_maskstore_ps(out + i, m, swiglu256(_mm256_maskload_ps(gate + i, m), _mm256_maskload_ps(up + i, m)));
     }
+}
+
+/* fl_argmax_f32_ref: the maximum over 8 lanes (NaN-free rows; a NaN sends the row to the
+ * reference loop), then the first index holding it. */
+int64_t fl_argmax_f32_avx2(const float *x, int64_t n) {
+    __m256 m = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        m = _mm256_max_ps(m, v);
+    }
+    float mx = -INFINITY;
+    bool has_nan = _mm256_movemask_ps(nan) != 0;
+    for (; i < n; i++) {
+        if (x[i] != x[i]) has_nan = true;
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    if (has_nan) return fl_argmax_f32_ref(x, n);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    for (int l = 0; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+    const __m256 mv = _mm256_set1_ps(mx);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), mv, _CMP_EQ_OQ));
+        if (eq) return i + __builtin_ctz((unsigned)eq);
+    }
+    for (; i < n; i++)
+        if (x[i] == mx) return i;
+    return 0; /* (not reached: the maximum is one of the values) */
 }

@@ -105,3 +105,32 @@ void fl_swiglu_avx512(float *out, const float *gate, const float *up, int64_t n)
         _mm512_mask_storeu_ps(out + i, m, swiglu512(_mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i)));
     }
 }
+
+/* fl_argmax_f32_ref: the maximum over 16 lanes (NaN-free rows; a NaN sends the row to the
+ * reference loop), then the first index holding it (-0 and +0 compare equal, as in the loop). */
+int64_t fl_argmax_f32_avx512(const float *x, int64_t n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    __mmask16 nan = 0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        m = _mm512_max_ps(m, v);
+    }
+    if (i < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, x + i);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        m = _mm512_max_ps(m, v);
+    }
+    if (nan) return fl_argmax_f32_ref(x, n);
+    const float mx = _mm512_reduce_max_ps(m);
+    const __m512 mv = _mm512_set1_ps(mx);
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), mv, _CMP_EQ_OQ);
+        if (eq) return i + __builtin_ctz(eq);
+    }
+    for (; i < n; i++)
+        if (x[i] == mx) return i;
+    return 0; /* (not reached: the maximum is one of the values) */
+}

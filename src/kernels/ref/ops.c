@@ -49,13 +49,22 @@ void fl_expf_poly_row_ref(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = fl_expf_poly(x[i]);
 }
 
+int64_t fl_argmax_f32_ref(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
 static const fl_ops_kernels ops_ref = {fl_rmsnorm_row_ref, fl_swiglu_ref, fl_dot_f32_ref, fl_axpy_f32_ref,
-                                       fl_scale_f32_ref, fl_expf_poly_row_ref};
+                                       fl_scale_f32_ref, fl_expf_poly_row_ref, fl_argmax_f32_ref};
 static const fl_ops_kernels ops_avx512 = {fl_rmsnorm_row_avx512, fl_swiglu_avx512, fl_dot_f32_avx512,
-                                          fl_axpy_f32_avx512, fl_scale_f32_avx512, fl_expf_poly_row_avx512};
+                                          fl_axpy_f32_avx512, fl_scale_f32_avx512, fl_expf_poly_row_avx512,
+                                          fl_argmax_f32_avx512};
 
 static const fl_ops_kernels ops_avx2 = {fl_rmsnorm_row_avx2, fl_swiglu_avx2, fl_dot_f32_avx2,
-                                        fl_axpy_f32_avx2, fl_scale_f32_avx2, fl_expf_poly_row_avx2};
+                                        fl_axpy_f32_avx2, fl_scale_f32_avx2, fl_expf_poly_row_avx2,
+                                        fl_argmax_f32_avx2};
 
 const fl_ops_kernels *fl_ops_kernels_get(void) {
     const fl_isa isa = fl_isa_get();
