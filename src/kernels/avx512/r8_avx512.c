@@ -29,12 +29,8 @@
  * into L1 a block or two ahead.  16 tokens, 2 x 256 MiB of groups streamed through the tile (a
  * microbenchmark, 2 threads): 1.5 KiB into L1 alone 575-610 GOP/s, with 4 KiB into L2 602-650
  * (one thread 288-294 against 314-335). */
-#ifndef R8_PF
 #define R8_PF 512
-#endif
-#ifndef R8_PF_L2
 #define R8_PF_L2 4096
-#endif
 
 /* Both prefetches of block b of the pair (ga, gb = ga + gbytes, or ga twice); past a group's end,
  * the same place in the next pair's groups. */
