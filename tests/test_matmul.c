@@ -4,6 +4,7 @@
 #include "test.h"
 
 #include "core/alloc.h"
+#include "core/status.h"
 #include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/threads.h"
@@ -837,8 +838,8 @@ static void test_act_quant_parity(void **state) {
         for (int64_t m = 0; m < M; m++) fl_act16_pack_row(&a, m, r0);
         memset(b.mem, 0xEE, b.bytes);
         for (int64_t m = 0; m < M; m++) {
-            fl_act_q8_quantize_blocks_avx512(&b, m, x + m * K, 4, b.nb, false, r1);
-            fl_act_q8_quantize_blocks_avx512(&b, m, x + m * K, 0, 4, false, r1);
+            fl_act_q8_quantize_blocks_avx512(&b, m, x + m * K, 4, b.nb, false, true, r1);
+            fl_act_q8_quantize_blocks_avx512(&b, m, x + m * K, 0, 4, false, true, r1);
         }
         assert_memory_equal(a.qs, b.qs, (size_t)(M * K));
         assert_memory_equal(a.d, b.d, (size_t)(M * a.nb) * 4);
@@ -846,6 +847,15 @@ static void test_act_quant_parity(void **state) {
         assert_memory_equal(a.ms, b.ms, (size_t)(M * a.nb) * 4);
         assert_memory_equal(r0, r1, rb);
         assert_int_equal((unsigned char)((char *)b.sv)[0], 0xEE); /* (left unset: all false) */
+        /* rows false: the same records, and nothing of the rows written (all true or not) */
+        for (int all = 0; all < 2; all++) {
+            memset(r1, 0xEE, rb);
+            memset(b.mem, 0xEE, b.bytes);
+            for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_blocks_avx512(&b, m, x + m * K, 0, b.nb, all, false, r1);
+            assert_memory_equal(r0, r1, rb);
+            for (size_t i = 0; i < b.bytes; i++)
+                if (((unsigned char *)b.mem)[i] != 0xEE) fail_msg("rows false wrote byte %zu of the rows", i);
+        }
         fl_free(FL_MEM_MISC, r0, rb);
         fl_free(FL_MEM_MISC, r1, rb);
     }
@@ -1266,6 +1276,37 @@ static void check_r8(int32_t base) {
     qmat_free(&q);
 }
 
+/* An allocation that fails inside fl_matmul (the activations, the 16-token records, the panel
+ * scratch: each path has a fallback) still gives the product: 16 tokens, where the AVX-512
+ * records had stood in for the rows, after a call on other activations that left its rows
+ * behind in the allocator's memory. */
+static void test_alloc_fallbacks(void **state) {
+    (void)state;
+    const int32_t types[3] = {FL_TYPE_Q4_K, FL_TYPE_Q8_0, FL_TYPE_Q6_K};
+    const int64_t N = 48, K = 512, M = 16;
+    for (int ti = 0; ti < 3; ti++) {
+        qmat q;
+        qmat_make(&q, types[ti], N, K);
+        float *x = frand_buf(M * K), *x2 = frand_buf(M * K), *ref = frand_buf(M * N), *got = frand_buf(M * N);
+        fl_matmul_ref(&q.W, x, ref, M);
+        for (long n = 1; n <= 4; n++) {
+            fl_matmul(&q.W, x2, got, M);
+            fl_mem_fail_after(n);
+            fl_matmul(&q.W, x, got, M);
+            fl_mem_fail_after(-1);
+            fl_clear_error();
+            const double e = fl_test_nmse(ref, got, M * N);
+            if (!(e <= 1e-4)) fail_msg("%s: allocation %ld failed: NMSE %.3g", fl_type_name(types[ti]), n, e);
+        }
+        fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+        fl_free(FL_MEM_MISC, x2, (size_t)(M * K) * 4);
+        fl_free(FL_MEM_MISC, ref, (size_t)(M * N) * 4);
+        fl_free(FL_MEM_MISC, got, (size_t)(M * N) * 4);
+        qmat_free(&q);
+    }
+    fl_test_mem_zero();
+}
+
 static void test_r8(void **state) {
     (void)state;
     check_r8(FL_TYPE_Q4_0);
@@ -1276,6 +1317,7 @@ static void test_r8(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_q8_parity),
+        cmocka_unit_test(test_alloc_fallbacks),
         cmocka_unit_test(test_f32_dot_orders),
         cmocka_unit_test(test_all_types_vs_ref),
         cmocka_unit_test(test_gemm_vs_gemv),

@@ -124,6 +124,7 @@ typedef struct {
     int64_t pgroup;                     /* AVX-512 panels: panels a thread's scratch holds (panel_group_max);
                                          * with > 1 a unit is a group of them (groups[i] per matrix) */
     int64_t groups[FL_MATMUL_N_MAX];
+    bool rows_all; /* AVX-512 with act16: quantize every token into the rows too (no panel scratch) */
 } q8_ctx;
 
 /* The matrix a unit u (0 <= u < ubase[nw]) belongs to. */
@@ -147,14 +148,18 @@ static void q8_quant_task(void *p, int ith, int nth) {
         int64_t lo, hi;
         fl_split_range(runs, ith, nth, &lo, &hi);
         const int64_t b0 = lo * 16, b1 = hi * 16 < nb ? hi * 16 : nb;
-        for (int64_t m = 0; m < c->M && b0 < b1; m++) fl_act_q8_quantize_blocks_avx512(&c->act, m, c->x + m * K, b0, b1, c->act_all, c->act16);
+        /* the tiles of more than 8 tokens read only the records; a last group of 8 or fewer the
+         * rows (q8_panel_task) */
+        const int64_t rows_from = c->rows_all ? 0 : c->M % FL_ACT16_TOKENS <= 8 ? c->M - c->M % FL_ACT16_TOKENS : c->M;
+        for (int64_t m = 0; m < c->M && b0 < b1; m++)
+            fl_act_q8_quantize_blocks_avx512(&c->act, m, c->x + m * K, b0, b1, c->act_all, m >= rows_from, c->act16);
         return;
     }
     int64_t lo, hi;
     fl_split_range(c->M, ith, nth, &lo, &hi);
     if (fl_isa_get() == FL_ISA_AVX512)
         for (int64_t m = lo; m < hi; m++) {
-            fl_act_q8_quantize_blocks_avx512(&c->act, m, c->x + m * K, 0, c->act.nb, c->act_all, NULL);
+            fl_act_q8_quantize_blocks_avx512(&c->act, m, c->x + m * K, 0, c->act.nb, c->act_all, true, NULL);
             if (c->act.qs4) fl_act_q8_order_q4(&c->act, m); /* (one token: the Q4_0 order for the VBMI GEMV) */
         }
     else {
@@ -847,6 +852,10 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
             } else {
                 if (gemv_path(W->type, M))
                     for (int i = 0; i < nw; i++) c.ubase[i + 1] = c.ubase[i] + gemv_chunks(Ws[i], fl_threads_get(), &c.gc[i]);
+                if (c.act16) { /* (no panel scratch: the tiles below read the rows, which had been left to the records) */
+                    c.rows_all = true;
+                    fl_parallel(q8_quant_task, &c);
+                }
                 fl_parallel(q8_gemm_task, &c);
             }
             if (c.act16) fl_free(FL_MEM_SCRATCH, c.act16, c.act16_bytes);

@@ -185,8 +185,11 @@ void fl_act_q8_order_q4(fl_act_q8 *a, int64_t m);
 void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x);
 /* Blocks [b0, b1) of row m only (not qs4, which needs the whole row).  all false leaves dv, sv,
  * o4 and o6 unset (qs, d, s and ms are what the AVX-512 R8 tiles read); act16 non-NULL also
- * writes the blocks into their 16-token records (the bytes fl_act16_pack_blocks writes). */
-void fl_act_q8_quantize_blocks_avx512(fl_act_q8 *a, int64_t m, const float *x, int64_t b0, int64_t b1, bool all, void *act16);
+ * writes the blocks into their 16-token records (the bytes fl_act16_pack_blocks writes), and
+ * rows false (act16 non-NULL) writes only the records: a token the 16-token tiles take needs
+ * nothing else. */
+void fl_act_q8_quantize_blocks_avx512(fl_act_q8 *a, int64_t m, const float *x, int64_t b0, int64_t b1, bool all, bool rows,
+                                      void *act16);
 void fl_act_q8_quantize_row_avx2(fl_act_q8 *a, int64_t m, const float *x);
 
 /* Integer tile: y[t * ldy + r] = dot(W row r, token m0 + t) for r < nr, t < nt, where W row r

@@ -7,6 +7,7 @@
  * (fl_act_q8.sv).  Each block's int32 sum is converted once and scaled by d_w * d_x.
  * Leftover blocks use masked loads of a single block; reference: fl_gemm_q8_ref. */
 #include "core/cpu.h"
+#include "core/status.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 #include "kernels/avx512/tile16w.h"
@@ -704,12 +705,14 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
 
 /* ---- 8-bit activations (reference: fl_act_q8_quantize_row) ---- */
 
-void fl_act_q8_quantize_blocks_avx512(fl_act_q8 *a, int64_t m, const float *x, int64_t b0, int64_t b1, bool all, void *act16) {
+void fl_act_q8_quantize_blocks_avx512(fl_act_q8 *a, int64_t m, const float *x, int64_t b0, int64_t b1, bool all, bool rows,
+                                      void *act16) {
     int8_t *q = a->qs + m * a->K;
     const int64_t nb = a->nb, t = m % FL_ACT16_TOKENS;
     char *g = act16 ? (char *)act16 + (size_t)(m / FL_ACT16_TOKENS) * (size_t)nb * FL_ACT16_REC : NULL;
     const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
     const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    FL_ASSERT(rows || g);
     for (int64_t b = b0; b < b1; b++) {
         const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
@@ -719,7 +722,7 @@ void fl_act_q8_quantize_blocks_avx512(fl_act_q8 *a, int64_t m, const float *x, i
         c0 = _mm512_min_epi32(_mm512_max_epi32(c0, lo), hi);
         c1 = _mm512_min_epi32(_mm512_max_epi32(c1, lo), hi);
         const __m256i codes = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(c0)), _mm512_cvtepi32_epi8(c1), 1);
-        _mm256_storeu_si256((__m256i *)(q + b * 32), codes);
+        if (rows) _mm256_storeu_si256((__m256i *)(q + b * 32), codes);
         /* per half of the block, the code sums at k % 4 < 2 and >= 2 (o4 / o6, the AVX2 tiles'
          * int16 starts; the reference's loop over them cost 5% of a 512-token prefill) */
         const __m256i h0 = _mm256_add_epi32(_mm512_castsi512_si256(c0), _mm512_extracti64x4_epi64(c0, 1));
@@ -730,12 +733,12 @@ void fl_act_q8_quantize_blocks_avx512(fl_act_q8 *a, int64_t m, const float *x, i
         _mm_storeu_si128((__m128i *)hs, _mm_hadd_epi32(q0, q1));
         const int64_t i = m * nb + b;
         const int32_t sum = hs[0] + hs[1] + hs[2] + hs[3];
-        if (all) {
+        if (rows && all) {
             fl_act_q8_set_block(a, i, d, sum);
             a->o4[i] = (int32_t)(((uint32_t)(uint16_t)(int16_t)(-8 * (hs[1] + hs[3])) << 16) | (uint16_t)(int16_t)(-8 * (hs[0] + hs[2])));
             for (int h = 0; h < 2; h++)
                 a->o6[i * 2 + h] = (int32_t)(((uint32_t)(uint16_t)(int16_t)(-32 * hs[2 * h + 1]) << 16) | (uint16_t)(int16_t)(-32 * hs[2 * h]));
-        } else { /* (fl_act_q8_set_block's d, s, ms only) */
+        } else if (rows) { /* (fl_act_q8_set_block's d, s, ms only) */
             a->d[i] = d;
             a->s[i] = sum;
             a->ms[i] = -(float)sum * d;
@@ -754,7 +757,7 @@ void fl_act_q8_quantize_blocks_avx512(fl_act_q8 *a, int64_t m, const float *x, i
 }
 
 void fl_act_q8_quantize_row_avx512(fl_act_q8 *a, int64_t m, const float *x) {
-    fl_act_q8_quantize_blocks_avx512(a, m, x, 0, a->nb, true, NULL);
+    fl_act_q8_quantize_blocks_avx512(a, m, x, 0, a->nb, true, true, NULL);
     if (a->qs4) fl_act_q8_order_q4(a, m); /* (one token: the Q4_0 order for the VBMI GEMV) */
 }
 
