@@ -7,6 +7,7 @@
 #include "kernels/convert.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
+#include "kernels/avx512/exp512.h"
 #include "kv/kv_quant.h"
 
 #include <immintrin.h>
@@ -247,9 +248,9 @@ U16_INLINE void update16_n(const int N, float *const *st, const float *const *q,
         const float mb = _mm512_mask_reduce_max_ps(vm, r);
         const float m_new = st[h][0] > mb ? st[h][0] : mb;
         al[h] = st[h][0] == -INFINITY ? 0.0f : expf(st[h][0] - m_new);
-        _mm512_mask_storeu_ps(sc[h], vm, _mm512_sub_ps(r, _mm512_set1_ps(m_new)));
-        fl_expf_poly_row_avx512(sc[h] + ja, sc[h] + ja, jb - ja);
-        st[h][1] = st[h][1] * al[h] + _mm512_mask_reduce_add_ps(vm, _mm512_maskz_loadu_ps(vm, sc[h]));
+        const __m512 e = fl_exp512(_mm512_sub_ps(r, _mm512_set1_ps(m_new))); /* (every lane; those outside [ja, jb) masked off) */
+        _mm512_mask_storeu_ps(sc[h], vm, e);
+        st[h][1] = st[h][1] * al[h] + _mm512_mask_reduce_add_ps(vm, _mm512_maskz_mov_ps(vm, e));
         st[h][0] = m_new;
     }
     for (d = 0; d < hd; d += 16) { /* accum_avx512: even / odd keys in two chains, added at the end */
@@ -342,6 +343,16 @@ static void state_final(const float *st, float *o, int32_t hd) {
     for (int32_t d = 0; d < hd; d++) o[d] = st[2 + d] * il;
 }
 
+/* The same products 16 at a time (the build's baseline does not vectorise the loop above; its
+ * 64 scalar stores per head into the output rows, which the other thread had read last, took
+ * most of phase 1 outside the block updates). */
+__attribute__((target("avx512f"))) static void state_final_avx512(const float *st, float *o, int32_t hd) {
+    const float il = st[1] > 0.0f ? 1.0f / st[1] : 0.0f;
+    int32_t d = 0;
+    for (; d + 16 <= hd; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(st + 2 + d), _mm512_set1_ps(il)));
+    for (; d < hd; d++) o[d] = st[2 + d] * il;
+}
+
 /* ---- work decomposition ---- */
 
 typedef struct plan {
@@ -427,19 +438,24 @@ static void load_rows(const fl_paged_kv *kv, const uint8_t *src, const float *sc
 }
 
 /* A 16 x 16 transpose in registers: r[j] lane d -> r[d] lane j (unpacks within 128-bit lanes,
- * then 128-bit lane shuffles). */
-__attribute__((target("avx512f"))) static inline void transpose16_avx512(__m512 r[16]) {
+ * then 128-bit lane shuffles).  Every loop unrolled, so r, t and u stay in registers: with the
+ * loops left in, GCC kept the three arrays on the stack and each stage went through memory. */
+#define T16_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl")))
+T16_INLINE void transpose16_avx512(__m512 r[16]) {
     __m512 t[16], u[16];
+#pragma GCC unroll 8
     for (int i = 0; i < 8; i++) {
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);     /* per lane a0 b0 a1 b1 */
         t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]); /* a2 b2 a3 b3 */
     }
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) { /* u[4i + k] lane L: column 4L + k of rows 4i .. 4i + 3 */
         u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], 0x44);
         u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], 0xEE);
         u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
         u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
     }
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         const __m512 v0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88), w0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xDD);
         const __m512 v1 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88), w1 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xDD);
@@ -450,10 +466,29 @@ __attribute__((target("avx512f"))) static inline void transpose16_avx512(__m512 
     }
 }
 
-/* 16 f16 or bf16 values at p as f32 (exact either way). */
-__attribute__((target("avx512f"))) static inline __m512 load16_f32(const uint8_t *p, bool bf) {
-    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+/* 16 f16 or bf16 values at p as f32 (exact either way); m 0: zeros, and p is not read. */
+T16_INLINE __m512 load16_f32(const uint8_t *p, bool bf, __mmask16 m) {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
     return bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+T16_INLINE void load_block16_t(const fl_paged_kv *kv, const bool bf, int32_t id, int32_t kh, int32_t ja, int32_t jb, float *kb, float *vb) {
+    const int32_t hd = kv->head_dim;
+    const size_t off = (size_t)(id - 1) * kv->block_bytes + (size_t)kh * (size_t)hd * 2, rb = kv->row_bytes;
+    __mmask16 rm[16]; /* rows outside [ja, jb): not read, zeros */
+#pragma GCC unroll 16
+    for (int32_t j = 0; j < 16; j++) rm[j] = (__mmask16)(j >= ja && j < jb ? 0xFFFF : 0);
+    for (int32_t c = 0; c < hd; c += 16) {
+        __m512 r[16];
+#pragma GCC unroll 16
+        for (int32_t j = 0; j < 16; j++) r[j] = load16_f32(kv->k + off + (size_t)j * rb + (size_t)c * 2, bf, rm[j]);
+        transpose16_avx512(r);
+#pragma GCC unroll 16
+        for (int32_t d = 0; d < 16; d++) _mm512_storeu_ps(kb + (size_t)(c + d) * 16, r[d]);
+    }
+    for (int32_t j = ja; j < jb; j++)
+        for (int32_t c = 0; c < hd; c += 16)
+            _mm512_storeu_ps(vb + (size_t)j * (size_t)hd + (size_t)c, load16_f32(kv->v + off + (size_t)j * rb + (size_t)c * 2, bf, 0xFFFF));
 }
 
 /* load_block for AVX-512 on 16-row blocks of f16 / bf16 with head_dim a multiple of 16: K
@@ -462,21 +497,11 @@ __attribute__((target("avx512f"))) static inline __m512 load16_f32(const uint8_t
  * converted into vb, the same values as the row conversions and the scalar transpose.  16
  * sequences at 32-64 positions, one decode row each, 22 layers of 4 x 64-dim kv heads (a
  * microbenchmark with the caches flushed between layers, the two alternated): 1.09-1.12x. */
-__attribute__((target("avx512f"))) static void load_block16_avx512(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t ja,
-                                                                 int32_t jb, float *kb, float *vb) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void load_block16_avx512(const fl_paged_kv *kv, int32_t id, int32_t kh,
+                                                                                  int32_t ja, int32_t jb, float *kb, float *vb) {
     FL_ASSERT(id > 0);
-    const int32_t hd = kv->head_dim;
-    const bool bf = kv->type == FL_TYPE_BF16;
-    const size_t off = (size_t)(id - 1) * kv->block_bytes + (size_t)kh * (size_t)hd * 2, rb = kv->row_bytes;
-    for (int32_t c = 0; c < hd; c += 16) {
-        __m512 r[16];
-        for (int32_t j = 0; j < 16; j++) r[j] = j >= ja && j < jb ? load16_f32(kv->k + off + (size_t)j * rb + (size_t)c * 2, bf) : _mm512_setzero_ps();
-        transpose16_avx512(r);
-        for (int32_t d = 0; d < 16; d++) _mm512_storeu_ps(kb + (size_t)(c + d) * 16, r[d]);
-    }
-    for (int32_t j = ja; j < jb; j++)
-        for (int32_t c = 0; c < hd; c += 16)
-            _mm512_storeu_ps(vb + (size_t)j * (size_t)hd + (size_t)c, load16_f32(kv->v + off + (size_t)j * rb + (size_t)c * 2, bf));
+    if (kv->type == FL_TYPE_BF16) load_block16_t(kv, true, id, kh, ja, jb, kb, vb);
+    else load_block16_t(kv, false, id, kh, ja, jb, kb, vb);
 }
 
 /* K and V rows [ja, jb) of block `id` for kv head kh: V into vb (row j at j * hd), K into kb
@@ -497,18 +522,23 @@ static void load_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t ja
     load_rows(kv, kv->v, kv->v_scale, id, kh, ja, jb, vb);
 }
 
-/* Prefetch kv head kh's slice of every row of block `id` in K and V into the cache: the rows of
- * the block the loop takes next arrive while this one is scored (a block's slices are rows
+/* Prefetch kv head kh's slice of every row of block `id` in K and V into L2: the rows of the
+ * block the loop takes next arrive while this one is scored (a block's slices are rows
  * row_bytes apart, and without this the conversion of each row waited on memory: `fitllm bench
  * serve -m tl-q4_0.gguf -n 16 --max-seqs 16 --prompt-len 4 --gen-len 96` spent 3.2% of its
- * samples in the f16 -> f32 row conversion, nearly all on its load, and 1.7% with this). */
+ * samples in the f16 -> f32 row conversion, nearly all on its load, and 1.7% with this).  Into
+ * L2, not L1: 16 sequences, 22 layers of 4 kv heads at 40-64 positions, the attention of a
+ * decode step (a microbenchmark, the variants alternated) took 0.80-0.85x the time with T1
+ * hints, where T0 ones had been no faster than none; with the next item's first block too
+ * (phase1) 0.75-0.80x.  In `fitllm bench serve` (16 sequences, TinyLlama-shaped Q8_0) the
+ * attention's share of a decode step stayed within its run-to-run spread (5.8-8.7%). */
 static void prefetch_block(const fl_paged_kv *kv, int32_t id, int32_t kh) {
     if (id <= 0) return;
     const size_t slice = kv->row_bytes / (size_t)kv->n_head_kv, off = (size_t)(id - 1) * kv->block_bytes + (size_t)kh * slice;
     for (int32_t j = 0; j < kv->block_size; j++)
         for (size_t l = 0; l < slice; l += 64) {
-            _mm_prefetch((const char *)kv->k + off + (size_t)j * kv->row_bytes + l, _MM_HINT_T0);
-            _mm_prefetch((const char *)kv->v + off + (size_t)j * kv->row_bytes + l, _MM_HINT_T0);
+            _mm_prefetch((const char *)kv->k + off + (size_t)j * kv->row_bytes + l, _MM_HINT_T1);
+            _mm_prefetch((const char *)kv->v + off + (size_t)j * kv->row_bytes + l, _MM_HINT_T1);
         }
 }
 
@@ -551,6 +581,20 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_
     }
 }
 
+/* The first block of item it (sequence s or a later one) for its kv head. */
+static void prefetch_item(const job *J, int32_t s, int64_t it) {
+    while (J->item_base[s + 1] <= it) s++;
+    const fl_paged_seq *sq = &J->seqs[s];
+    const int64_t local = it - J->item_base[s];
+    if (is_split(J->kv, sq, J->pp)) {
+        const int32_t nparts = n_parts_of(J->kv, sq, J->pp);
+        prefetch_block(J->kv, sq->blocks[(local % nparts) * J->pp->part_blocks], (int32_t)(local / nparts));
+    } else {
+        /* (block 0 of the table; where a sliding window has dropped it, the null block: nothing) */
+        prefetch_block(J->kv, sq->blocks[0], (int32_t)(local / ((sq->n_q + Q_TILE - 1) / Q_TILE)));
+    }
+}
+
 static void phase1(void *ctx, int ith, int nth) {
     job *J = ctx;
     const fl_paged_kv *kv = J->kv;
@@ -564,10 +608,15 @@ static void phase1(void *ctx, int ith, int nth) {
     float *part = run + (size_t)Q_TILE * (size_t)g * ss; /* [Q_TILE][g][hd + 2] one partition */
     (void)nth;
     int32_t s = 0;
+    int64_t nx = atomic_fetch_add(&J->next, 1);
     for (;;) {
-        const int64_t it = atomic_fetch_add(&J->next, 1);
+        /* each thread holds the item after its current one, whose first block is prefetched
+         * meanwhile (a decode step's items are one to a few blocks each) */
+        const int64_t it = nx;
         if (it >= J->pl.n_items) break;
+        nx = atomic_fetch_add(&J->next, 1);
         while (J->item_base[s + 1] <= it) s++; /* items are taken in increasing order per thread */
+        if (nx < J->pl.n_items) prefetch_item(J, s, nx);
         const fl_paged_seq *sq = &J->seqs[s];
         const int64_t local = it - J->item_base[s];
         const int32_t nblk = n_blocks_of(kv, sq), P = pp->part_blocks, nparts = n_parts_of(kv, sq, pp);
@@ -593,10 +642,11 @@ static void phase1(void *ctx, int ith, int nth) {
                 run_blocks(J, sq, kh, ra, rb, pi * P, b_hi, part, kb, vb, sc);
                 for (int32_t i = 0; i < (rb - ra) * g; i++) state_merge(run + (size_t)i * ss, part + (size_t)i * ss, hd);
             }
+            void (*final)(const float *, float *, int32_t) = J->ops.scores_t == scores_avx512_t ? state_final_avx512 : state_final;
             for (int32_t r = ra; r < rb; r++)
                 for (int32_t gi = 0; gi < g; gi++)
-                    state_final(run + ((size_t)(r - ra) * (size_t)g + (size_t)gi) * ss,
-                                J->out + ((size_t)(sq->q0 + r) * (size_t)pp->n_head + (size_t)(kh * g + gi)) * (size_t)hd, hd);
+                    final(run + ((size_t)(r - ra) * (size_t)g + (size_t)gi) * ss,
+                          J->out + ((size_t)(sq->q0 + r) * (size_t)pp->n_head + (size_t)(kh * g + gi)) * (size_t)hd, hd);
         }
     }
 }

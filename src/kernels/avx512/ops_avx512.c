@@ -1,6 +1,7 @@
 /* AVX-512 variants of the hot forward ops (spec: kernels/ref/ops.c).  Each zmm lane holds one
  * element of the row; tails (n % 16) go through a masked load/store. */
 #include "kernels/ops.h"
+#include "kernels/avx512/exp512.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -64,34 +65,17 @@ void fl_rmsnorm_row_avx512(float *out, const float *inp, const float *weight, in
     }
 }
 
-/* exp(x), 16 lanes: the arithmetic of fl_expf_poly (kernels/ops.h), lane for lane. */
-static inline __m512 exp512(__m512 x) {
-    const __m512 shift = _mm512_set1_ps(0x1.8p23f);
-    const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), shift), shift);
-    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
-    const __m512 u = _mm512_mul_ps(b, b);
-    const __m512 hi = _mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f));
-    const __m512 mid = _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f));
-    const __m512 lo = _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f));
-    const __m512 r = _mm512_scalef_ps(_mm512_fmadd_ps(_mm512_fmadd_ps(hi, u, mid), u, lo), n);
-    const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
-    if (!big) return r;
-    const __m512 sat = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
-                                            _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
-    return _mm512_mask_blend_ps(big, r, sat);
-}
-
 void fl_expf_poly_row_avx512(float *y, const float *x, int64_t n) {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp512(_mm512_loadu_ps(x + i)));
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, fl_exp512(_mm512_loadu_ps(x + i)));
     if (i < n) {
         const __mmask16 m = tail_mask(n - i);
-        _mm512_mask_storeu_ps(y + i, m, exp512(_mm512_maskz_loadu_ps(m, x + i)));
+        _mm512_mask_storeu_ps(y + i, m, fl_exp512(_mm512_maskz_loadu_ps(m, x + i)));
     }
 }
 
 static inline __m512 swiglu512(__m512 g, __m512 u) {
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 e = fl_exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
     return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
 }
 
