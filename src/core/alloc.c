@@ -3,8 +3,12 @@
 
 #include <cjson/cJSON.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 /* One padded counter set per category (zmalloc style): no false sharing between categories. */
 typedef struct {
@@ -106,10 +110,32 @@ typedef struct {
 static const unsigned char tail_pat = 0xCD;
 #endif
 
+/* Blocks of at least this many bytes (the KV pool, activation workspaces, weights converted at
+ * load) get transparent huge pages where the kernel grants them on request (THP "madvise"
+ * mode): the 2 MiB-aligned part is advised MADV_HUGEPAGE before anything touches it.  A hint:
+ * without THP the pages stay 4 KiB.  The paged attention of a 16-sequence decode step reads a
+ * few KiB from each of thousands of blocks spread over the pool; with 4 KiB pages each of them
+ * missed the TLB (`fitllm bench serve` on TinyLlama-shaped Q4_0, 16 sequences x 16 + 96 tokens:
+ * attention 9.5-11.1% of a decode step with 4 KiB pages, 7.8-9.2% advised, six alternated
+ * pairs). */
+#define HUGE_HINT_BYTES ((size_t)8 << 20)
+
+static void huge_hint(void *p, size_t size) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (size < HUGE_HINT_BYTES) return;
+    const uintptr_t hp = (uintptr_t)2 << 20, lo = ((uintptr_t)p + hp - 1) & ~(hp - 1), hi = ((uintptr_t)p + size) & ~(hp - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)size;
+#endif
+}
+
 static void *raw_alloc(size_t size, size_t align) {
     void *p = NULL;
     if (align < sizeof(void *)) align = sizeof(void *);
     if (posix_memalign(&p, align, size ? size : 1) != 0) return NULL;
+    huge_hint(p, size);
     return p;
 }
 
