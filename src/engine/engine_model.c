@@ -204,7 +204,7 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
                            .head_dim = hp->head_dim, .type = kv_type, .block_size = block_size,
                            .mem_bytes = (size_t)kv_mem, .n_seq_max = n_seq_max, .n_ctx = n_ctx,
                            .window = hp->n_swa, .n_rot = hp->rope_dim, .rope_base = hp->rope_freq_base,
-                           .prefix_cache = p.prefix_cache != 0, .swap_dir = p.swap_path};
+                           .prefix_cache = p.prefix_cache != 0, .swap_dir = p.swap_path, .prefault = true};
         m->kv = fl_kv_new(&kc);
         if (!m->kv) {
             st = FL_ERR_INVALID;

@@ -216,6 +216,7 @@ fl_kv_cache *fl_kv_new(const fl_kv_config *cfg) {
     kv->data_bytes = (size_t)c.n_layer * 2 * (size_t)(nb - 1) * kv->block_bytes;
     kv->data = fl_alloc(FL_MEM_KV, kv->data_bytes, 64);
     if (!kv->data) goto fail;
+    if (c.prefault) memset(kv->data, 0, kv->data_bytes); /* (cfg.prefault: every page now, none mid-step) */
     if (fl_kv_type_scaled(c.type)) {
         kv->scales_bytes = (size_t)c.n_layer * 2 * (size_t)(nb - 1) * scale_bytes_of(&c);
         kv->scales = fl_alloc(FL_MEM_KV, kv->scales_bytes, 64);
@@ -629,12 +630,40 @@ fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
     return FL_OK;
 }
 
-void fl_kv_store(fl_kv_cache *kv, int32_t il, const fl_batch *b, const float *k, const float *v) {
-    FL_ASSERT(b->n_tokens == kv->b_n_tokens && il >= 0 && il < kv->cfg.n_layer);
-    for (int32_t i = 0; i < b->n_tokens; i++) {
+typedef struct store_task {
+    fl_kv_cache *kv;
+    int32_t il;
+    const float *k, *v;
+} store_task;
+
+/* The rows of tokens [i0, i1). */
+static void store_rows(fl_kv_cache *kv, int32_t il, const float *k, const float *v, int32_t i0, int32_t i1) {
+    for (int32_t i = i0; i < i1; i++) {
         write_row(kv, il, 0, kv->slot_blk[i], kv->slot_off[i], k + (size_t)i * (size_t)kv->n_row);
         write_row(kv, il, 1, kv->slot_blk[i], kv->slot_off[i], v + (size_t)i * (size_t)kv->n_row);
     }
+}
+
+/* Whole sequences per thread: after prepare no two sequences write one block (shared ones were
+ * copied), so the threads' rows never meet in a block. */
+static void store_task_fn(void *p, int ith, int nth) {
+    const store_task *t = p;
+    int64_t lo, hi;
+    fl_split_range(t->kv->n_seg, ith, nth, &lo, &hi);
+    for (int64_t g = lo; g < hi; g++)
+        store_rows(t->kv, t->il, t->k, t->v, t->kv->segs[g].q0, t->kv->segs[g].q0 + t->kv->segs[g].n_q);
+}
+
+void fl_kv_store(fl_kv_cache *kv, int32_t il, const fl_batch *b, const float *k, const float *v) {
+    FL_ASSERT(b->n_tokens == kv->b_n_tokens && il >= 0 && il < kv->cfg.n_layer);
+    /* a batch of many sequences (a decode step) over the threads, whole sequences each (each
+     * row lands in a block of its own, a cache miss apart).  Not for the fp8 types: their
+     * re-encode of a block shares kv->rowbuf. */
+    if (!kv->scales && kv->n_seg >= 8) {
+        store_task t = {kv, il, k, v};
+        fl_parallel(store_task_fn, &t);
+    } else
+        store_rows(kv, il, k, v, 0, b->n_tokens);
     /* blocks that became full are offered to the prefix cache only once every layer's K/V is
      * in them (the last layer's store), so a hit never finds a half-written block */
     if (kv->prefix && il == kv->cfg.n_layer - 1)

@@ -65,6 +65,11 @@ typedef struct fl_kv_config {
     const void *hash_key; /* default extra key of the prefix hashes (copied), may be NULL */
     size_t hash_key_len;
     const char *swap_dir; /* directory of the swap file; NULL -> $TMPDIR or /tmp */
+    bool prefault;        /* touch (zero) the whole K/V storage at creation, as llama.cpp clears its
+                           * cache buffer: no page faults in the steps that first reach a block (in
+                           * `fitllm bench serve`, 16 sequences, they were ~1% of the decode time),
+                           * and memory the system cannot back fails here, not mid-request.  The
+                           * engine sets it; else pages arrive on first use. */
 } fl_kv_config;
 
 typedef struct fl_kv_cache fl_kv_cache;

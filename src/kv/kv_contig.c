@@ -47,6 +47,7 @@ fl_status fl_kv_contig_new(const fl_kv_contig_params *p, fl_kv_contig **out) {
         fl_kv_contig_free(kv);
         return st;
     }
+    memset(kv->block, 0, bytes); /* every page now, as llama.cpp clears its cache buffer (and as the engine's paged pool is) */
     kv->bytes = bytes;
     kv->esize = p->type == FL_TYPE_F16 ? 2 : 4;
     kv->k = kv->block;
