@@ -68,8 +68,9 @@ typedef struct fl_kv_config {
     bool prefault;        /* touch (zero) the whole K/V storage at creation, as llama.cpp clears its
                            * cache buffer: no page faults in the steps that first reach a block (in
                            * `fitllm bench serve`, 16 sequences, they were ~1% of the decode time),
-                           * and memory the system cannot back fails here, not mid-request.  The
-                           * engine sets it; else pages arrive on first use. */
+                           * and where an overcommitted system cannot back the pool, its OOM
+                           * killer strikes at start-up, not mid-request.  The engine sets it;
+                           * else pages arrive on first use. */
 } fl_kv_config;
 
 typedef struct fl_kv_cache fl_kv_cache;
