@@ -120,15 +120,18 @@ static const unsigned char tail_pat = 0xCD;
  * pairs). */
 #define HUGE_HINT_BYTES ((size_t)8 << 20)
 
-static void huge_hint(void *p, size_t size) {
+void fl_mem_advise_huge(void *p, size_t size) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (size < HUGE_HINT_BYTES) return;
     const uintptr_t hp = (uintptr_t)2 << 20, lo = ((uintptr_t)p + hp - 1) & ~(hp - 1), hi = ((uintptr_t)p + size) & ~(hp - 1);
     if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
 #else
     (void)p;
     (void)size;
 #endif
+}
+
+static void huge_hint(void *p, size_t size) {
+    if (size >= HUGE_HINT_BYTES) fl_mem_advise_huge(p, size);
 }
 
 static void *raw_alloc(size_t size, size_t align) {

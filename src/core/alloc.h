@@ -36,6 +36,9 @@ void *fl_realloc(fl_mem_cat cat, void *ptr, size_t old_size, size_t new_size, si
 char *fl_strdup(fl_mem_cat cat, const char *s); /* free with fl_free(cat, p, strlen(p) + 1) */
 
 fl_status fl_mem_charge(fl_mem_cat cat, size_t size);  /* FL_ERR_BUDGET if over a budget */
+/* Advise the 2 MiB-aligned part of [p, p + size) MADV_HUGEPAGE (a hint; nothing without THP).
+ * fl_alloc does it itself for blocks of 8 MiB or more. */
+void fl_mem_advise_huge(void *p, size_t size);
 void fl_mem_uncharge(fl_mem_cat cat, size_t size);
 
 void fl_mem_fail_after(long n); /* n < 0 disables injection */

@@ -7,7 +7,6 @@
 
 #include <stdint.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 static double now_s(void) {
@@ -107,8 +106,7 @@ fl_calib_bw *fl_calib_bw_new(int nth, size_t bytes) {
     b->nth = nth;
     /* huge pages where the kernel grants them, as --no-mmap weights get (fl_mmap_open_read), so
      * the calibrated rate is the best this buffer can be read at; a hint, ignored without THP */
-    const uintptr_t hp = (uintptr_t)2 << 20, lo = ((uintptr_t)b->buf + hp - 1) & ~(hp - 1), hi = ((uintptr_t)b->buf + bytes) & ~(hp - 1);
-    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+    fl_mem_advise_huge(b->buf, bytes); /* (fl_alloc's own hint starts at 8 MiB) */
     for (size_t i = 0; i < bytes; i += 64) b->buf[i] = (char)i; /* fault in every page */
     (void)bw_passes(nth, b->buf, bytes, 1);                    /* warm-up */
     return b;
