@@ -105,14 +105,12 @@ typedef struct {
     fl_act_q8 act;
     fl_gemm_q8_fn gemm;
     char *panels; /* AVX-512 GEMM: [nth][fl_panel_bytes(K)] repacked row panels, else NULL;
-                   * AMX: [nth][amx_group][fl_amx_panel_bytes] */
+                   * AMX: [nth][amx_group_max][fl_amx_panel_bytes] */
     size_t panel_bytes;
     char *amx_act;     /* AMX: activation tiles (fl_amx_act_bytes), else NULL */
     bool act_all;      /* the AVX-512 quantizer fills dv, sv, o4, o6 too (not for the AVX-512 R8 tiles) */
     char *act16;       /* act16_path: the activations as 16-token records (fl_act16_bytes), else NULL */
     size_t act16_bytes;
-    int64_t amx_group; /* AMX: groups of panels (amx_groups), a thread takes one at a time and
-                        * passes every token tile through its panels */
     _Atomic int64_t next; /* next unit (GEMV row chunk / panel) to take: dynamic split */
     /* fl_matmul_n: the matrices sharing x (GEMV and the AMX rows path take their units from one
      * counter; W, y above are the first) */
@@ -500,29 +498,36 @@ static void q8_amx_rows_task(void *p, int ith, int nth) {
 
 static void q8_amx_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
-    const int64_t N = c->W->ne[1], K = c->W->ne[0], M = c->M, ng = c->amx_group;
-    const size_t ldw = c->W->nb[1];
-    const int64_t np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, tiles = (M + FL_AMX_TOK - 1) / FL_AMX_TOK;
+    const int64_t K = c->W->ne[0], M = c->M, units = c->ubase[c->nw]; /* units: the groups of all the matrices */
+    const int64_t tiles = (M + FL_AMX_TOK - 1) / FL_AMX_TOK;
     (void)nth;
     char *pan = c->panels + (size_t)ith * (size_t)amx_group_max(c->W->type, K) * c->panel_bytes;
     fl_amx_begin(c->W->type);
     /* groups taken dynamically, one ahead: while a group's tiles run, its successor's weight rows
-     * are prefetched (at a few tokens per step the weights stream from memory once) */
-    int64_t gi = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-    while (gi < ng) {
-        const int64_t gni = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-        const int64_t g0 = gi * np / ng, g1 = (gi + 1) * np / ng;
+     * (maybe of the next matrix) are prefetched (at a few tokens per step the weights stream from
+     * memory once) */
+    int64_t u = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+    while (u < units) {
+        const int64_t un = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+        const int i = unit_matrix(c->ubase, u);
+        const fl_tensor *W = c->Wv[i];
+        const int64_t N = W->ne[1], np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, ng = c->ubase[i + 1] - c->ubase[i];
+        const int64_t gi = u - c->ubase[i], g0 = gi * np / ng, g1 = (gi + 1) * np / ng;
+        const size_t ldw = W->nb[1];
         const char *pf = NULL;
         size_t pf_bytes = 0;
-        if (gni < ng) {
-            const int64_t gn = gni * np / ng, gn1 = (gni + 1) * np / ng;
-            pf = (const char *)c->W->data + (size_t)(gn * FL_AMX_ROWS) * ldw;
-            pf_bytes = (size_t)((gn1 * FL_AMX_ROWS < N ? gn1 * FL_AMX_ROWS : N) - gn * FL_AMX_ROWS) * ldw;
+        if (un < units) {
+            const int j = unit_matrix(c->ubase, un);
+            const fl_tensor *Wj = c->Wv[j];
+            const int64_t Nj = Wj->ne[1], npj = (Nj + FL_AMX_ROWS - 1) / FL_AMX_ROWS, ngj = c->ubase[j + 1] - c->ubase[j];
+            const int64_t gj = un - c->ubase[j], gn = gj * npj / ngj, gn1 = (gj + 1) * npj / ngj;
+            pf = (const char *)Wj->data + (size_t)(gn * FL_AMX_ROWS) * Wj->nb[1];
+            pf_bytes = (size_t)((gn1 * FL_AMX_ROWS < Nj ? gn1 * FL_AMX_ROWS : Nj) - gn * FL_AMX_ROWS) * Wj->nb[1];
         }
         for (int64_t pi = g0; pi < g1; pi++) {
             const int64_t n = pi * FL_AMX_ROWS;
             const int nr = (int)(N - n < FL_AMX_ROWS ? N - n : FL_AMX_ROWS);
-            fl_amx_panel_pack_avx512(c->W->type, (const char *)c->W->data + n * ldw, ldw, nr, K, pan + (size_t)(pi - g0) * c->panel_bytes);
+            fl_amx_panel_pack_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, K, pan + (size_t)(pi - g0) * c->panel_bytes);
         }
         const int64_t pairs = (g1 - g0 + 1) / 2, calls = pairs * ((tiles + 1) / 2);
         int64_t call = 0;
@@ -535,12 +540,12 @@ static void q8_amx_task(void *p, int ith, int nth) {
                 /* this call's share of the prefetch */
                 const size_t share = ((pf_bytes + (size_t)calls - 1) / (size_t)calls + 63) & ~(size_t)63;
                 const size_t o = (size_t)call * share;
-                fl_amx_gemm(c->W->type, pan + (size_t)(pi - g0) * c->panel_bytes, c->panel_bytes, two, K, c->amx_act, mt,
-                            ntok, c->y + mt * FL_AMX_TOK * N + n, N, nr, o < pf_bytes ? pf + o : NULL,
+                fl_amx_gemm(W->type, pan + (size_t)(pi - g0) * c->panel_bytes, c->panel_bytes, two, K, c->amx_act, mt,
+                            ntok, c->yv[i] + mt * FL_AMX_TOK * N + n, N, nr, o < pf_bytes ? pf + o : NULL,
                             o < pf_bytes ? (pf_bytes - o < share ? pf_bytes - o : share) : 0);
             }
         }
-        gi = gni;
+        u = un;
     }
     fl_amx_end();
 }
@@ -781,7 +786,6 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
             size_t amx_act_bytes = 0, amx_pan_bytes = 0;
             if (!llama && amx_path(W->type, M)) {
                 amx_act_bytes = fl_amx_act_bytes(M, K);
-                c.amx_group = amx_groups(W->type, W->ne[1], K, nth);
                 c.panel_bytes = fl_amx_panel_bytes(W->type, K);
                 c.amx_act = fl_alloc(FL_MEM_SCRATCH, amx_act_bytes, 64);
                 amx_pan_bytes = amx_rows_path(W->type, M) ? 0 : (size_t)nth * (size_t)amx_group_max(W->type, K) * c.panel_bytes;
@@ -817,6 +821,8 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
             if (c.amx_act) {
                 for (int64_t m = M; m % FL_AMX_TOK; m++) fl_amx_act_pack_row(&c.act, m, c.amx_act); /* zero pad */
                 if (amx_pan_bytes) {
+                    for (int i = 0; i < nw; i++) /* groups of panels (fusable: the same type and K) */
+                        c.ubase[i + 1] = c.ubase[i] + amx_groups(W->type, Ws[i]->ne[1], K, nth);
                     fl_parallel_n(q8_amx_task, &c, nth);
                     fl_free(FL_MEM_SCRATCH, c.panels, amx_pan_bytes);
                 } else {
