@@ -13,6 +13,7 @@
 #include "kernels/quant.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static uint64_t g_rng = 88172645463325252ULL;
@@ -884,6 +885,49 @@ static void test_act_quant_parity(void **state) {
  * AVX-512 GEMV (the VBMI kernel on qs4 when the CPU has it, the pairwise one without qs4) matches
  * the scalar reference for block counts with 4- and 16-block tails; Q4_K and Q6_K (their own GEMVs,
  * 1 to 8 super-blocks) too. */
+/* The GEMVs' prefetch distances change no bit of a one-token product (the same kernels read the
+ * same blocks), and FL_GEMV_PF sets them when the kernels are chosen, a malformed value leaving
+ * the CPU's defaults. */
+static void test_gemv_prefetch(void **state) {
+    (void)state;
+    const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K, FL_TYPE_IQ4_NL};
+    const int64_t N = 70, K = 1024;
+    const int d_near = fl_gemv_pf_near, d_far = fl_gemv_pf_far;
+    const int cfg[4][2] = {{0, 0}, {4096, 0}, {1024, 8192}, {64, 64}};
+    for (int ti = 0; ti < 5; ti++) {
+        qmat q;
+        qmat_make(&q, types[ti], N, K);
+        float *x = frand_buf(K), *ref = frand_buf(N), *got = frand_buf(N);
+        fl_matmul(&q.W, x, ref, 1);
+        for (int c = 0; c < 4; c++) {
+            fl_gemv_pf_near = cfg[c][0];
+            fl_gemv_pf_far = cfg[c][1];
+            memset(got, 0x7F, (size_t)N * 4);
+            fl_matmul(&q.W, x, got, 1);
+            if (memcmp(ref, got, (size_t)N * 4)) fail_msg("type %d: prefetch %d,%d changed the product", types[ti], cfg[c][0], cfg[c][1]);
+        }
+        fl_gemv_pf_near = d_near;
+        fl_gemv_pf_far = d_far;
+        fl_free(FL_MEM_MISC, x, (size_t)K * 4);
+        fl_free(FL_MEM_MISC, ref, (size_t)N * 4);
+        fl_free(FL_MEM_MISC, got, (size_t)N * 4);
+        qmat_free(&q);
+    }
+    const fl_isa isa = fl_isa_get();
+    setenv("FL_GEMV_PF", "512,2048", 1);
+    fl_isa_set(isa);
+    assert_int_equal(fl_gemv_pf_near, 512);
+    assert_int_equal(fl_gemv_pf_far, 2048);
+    setenv("FL_GEMV_PF", "512;x", 1); /* not understood: the defaults */
+    fl_isa_set(isa);
+    unsetenv("FL_GEMV_PF");
+    assert_int_equal(fl_gemv_pf_near, fl_cpu()->intel ? 1024 : 4096);
+    assert_int_equal(fl_gemv_pf_far, fl_cpu()->intel ? 8192 : 0);
+    fl_isa_set(isa);
+    assert_int_equal(fl_gemv_pf_near, d_near);
+    fl_test_mem_zero();
+}
+
 static void test_gemv_parity(void **state) {
     (void)state;
     if (fl_isa_best() == FL_ISA_REF) skip();
@@ -1329,6 +1373,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_n),
         cmocka_unit_test(test_act_quant_parity),
         cmocka_unit_test(test_gemv_parity),
+        cmocka_unit_test(test_gemv_prefetch),
         cmocka_unit_test(test_avx2_kquant_tiles),
         cmocka_unit_test(test_dequant_simd),
         cmocka_unit_test(test_scratch_bytes),

@@ -40,6 +40,8 @@ bool fl_cpu_amx_request(void) {
 static void detect(fl_cpu_features *f) {
     unsigned a, b, c, d;
     memset(f, 0, sizeof *f);
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return;
+    f->intel = b == 0x756E6547 && d == 0x49656E69 && c == 0x6C65746E; /* "Genu" "ineI" "ntel" */
     if (!__get_cpuid(1, &a, &b, &c, &d)) return;
     bool osxsave = (c >> 27) & 1;
     f->sse42 = (c >> 20) & 1;

@@ -13,6 +13,7 @@ typedef struct fl_cpu_features {
     bool avxvnni;
     bool amx_int8; /* AMX-TILE + AMX-INT8 with the tile state enabled by the OS (XCR0) */
     bool amx_bf16; /* AMX-BF16 as well (with amx_int8) */
+    bool intel;    /* vendor GenuineIntel (the GEMV's prefetch distances differ: kernels/matmul.h) */
     char brand[49];
 } fl_cpu_features;
 

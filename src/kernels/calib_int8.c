@@ -60,14 +60,14 @@ double fl_calib_amx_int8_peak_gops(int nth, double seconds) {
 
 typedef struct { const char *buf; size_t bytes; int loop; uint64_t sink[256]; } bw_ctx;
 
-#define BW_PREFETCH 4096 /* the AVX-512 GEMV's prefetch distance (matmul_avx512.c GEMV_PF) */
 
 static void bw_task(void *p, int ith, int nth) {
     bw_ctx *c = p;
     size_t per = (c->bytes / (size_t)nth) & ~(size_t)4095;
     const char *s = c->buf + per * (size_t)ith;
     if (c->loop == 0) c->sink[ith] += fl_calib_read_avx2(s, per);
-    else c->sink[ith] += fl_calib_read_avx512(s, per, c->loop == 2 ? BW_PREFETCH : 0);
+    else if (c->loop == 1) c->sink[ith] += fl_calib_read_avx512(s, per, 0, 0);
+    else c->sink[ith] += fl_calib_read_avx512(s, per, (size_t)fl_gemv_pf_near, (size_t)fl_gemv_pf_far); /* the GEMVs' prefetch */
 }
 
 /* The best rate of `reps` timed passes of each read loop over buf (faulted in). */
@@ -93,6 +93,7 @@ fl_calib_bw *fl_calib_bw_new(int nth, size_t bytes) {
     if (nth < 1) nth = 1;
     if (nth > 256) nth = 256;
     if (fl_isa_best() == FL_ISA_REF) return NULL;
+    (void)fl_isa_get(); /* (sets the GEMVs' prefetch distances the third read loop uses) */
     bytes &= ~(size_t)4095;
     if (bytes < 4096 * (size_t)nth) return NULL;
     fl_calib_bw *b = fl_alloc(FL_MEM_SCRATCH, sizeof *b, 64);

@@ -41,7 +41,8 @@ uint64_t fl_calib_int8_loop_amx(uint64_t iters); /* kernels/amx; loads and relea
 double fl_calib_amx_int8_peak_gops(int nth, double seconds);
 /* Sum of a buffer's bytes as 64-bit lanes (touches every cache line once). */
 uint64_t fl_calib_read_avx2(const void *p, size_t bytes);
-/* The same with 512-bit loads, and software prefetch `prefetch` bytes ahead when non-zero. */
-uint64_t fl_calib_read_avx512(const void *p, size_t bytes, size_t prefetch);
+/* The same with 512-bit loads, and software prefetch into L1 `near` and into L2 `far` bytes ahead
+ * where they are non-zero. */
+uint64_t fl_calib_read_avx512(const void *p, size_t bytes, size_t near, size_t far);
 
 #endif

@@ -1,6 +1,7 @@
 #include "kernels/dispatch.h"
 #include "core/cpu.h"
 #include "core/log.h"
+#include "kernels/matmul.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@ void fl_isa_set(fl_isa isa) {
         isa = best;
     }
     g_isa = (int)isa;
+    fl_gemv_prefetch_defaults();
     g_gen++;
 }
 

@@ -8,11 +8,14 @@
 #include "kernels/dispatch.h"
 #include "kernels/quant.h"
 #include "core/alloc.h"
+#include "core/cpu.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "core/threads.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,6 +49,21 @@ bool fl_matmul_llama_order(void) {
  * the GEMV, the others through maddubs row dots for a few tokens, and all through the row panels
  * past them. */
 static bool amx_path(int32_t type, int64_t M);
+
+int fl_gemv_pf_near = 4096, fl_gemv_pf_far = 0;
+
+void fl_gemv_prefetch_defaults(void) {
+    const bool intel = fl_cpu()->intel;
+    int near = intel ? 1024 : 4096, far = intel ? 8192 : 0;
+    const char *e = getenv("FL_GEMV_PF");
+    if (e && *e) {
+        int n, f;
+        if (sscanf(e, "%d,%d", &n, &f) == 2 && n >= 0 && f >= 0 && n <= (1 << 20) && f <= (1 << 20)) near = n, far = f;
+        else FL_LOG_WARN("FL_GEMV_PF=%s not understood (NEAR,FAR in bytes)", e);
+    }
+    fl_gemv_pf_near = near;
+    fl_gemv_pf_far = far;
+}
 static bool gemv_path(int32_t type, int64_t M);
 static bool panel_path(int32_t type, int64_t M);
 

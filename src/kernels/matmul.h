@@ -132,6 +132,15 @@ bool fl_matmul_f32_act(void);
 void fl_matmul_set_llama_order(bool on);
 bool fl_matmul_llama_order(void);
 
+/* The AVX-512 GEMVs' software prefetch: each group of weight blocks is prefetched fl_gemv_pf_near
+ * bytes ahead into L1 and, where fl_gemv_pf_far > 0, that far ahead into L2 as well.  Set when the
+ * kernels are chosen (fl_isa_set): on Intel 1024 + 8192 (one core's stream needs requests in
+ * flight to L2 as well as to L1 to reach its bandwidth while the GEMV computes), elsewhere 4096
+ * alone (Zen 4); FL_GEMV_PF=NEAR,FAR overrides both.  The bandwidth calibration's third loop reads
+ * with the same distances.  Speed only: no result depends on them. */
+extern int fl_gemv_pf_near, fl_gemv_pf_far;
+void fl_gemv_prefetch_defaults(void);
+
 /* ---- internals shared by the kernel variants (exposed for parity tests and benches) ---- */
 
 /* Activations quantized per block of 32: x[m][k] ~= d[m][k/32] * qs[m][k].  The SIMD kernels

@@ -28,13 +28,16 @@ uint64_t fl_calib_int8_loop_avx512(uint64_t iters) {
     return iters * 12 * 64;
 }
 
-uint64_t fl_calib_read_avx512(const void *p, size_t bytes, size_t prefetch) {
+uint64_t fl_calib_read_avx512(const void *p, size_t bytes, size_t near, size_t far) {
     const char *c = p;
     __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
     size_t i = 0;
     for (; i + 256 <= bytes; i += 256) {
-        if (prefetch) /* the same software prefetch the GEMV uses; past the end it is harmless */
-            for (int l = 0; l < 256; l += 64) _mm_prefetch(c + i + prefetch + l, _MM_HINT_T0);
+        /* the software prefetch the GEMVs use (fl_gemv_pf_near / _far); past the end it is harmless */
+        if (near)
+            for (int l = 0; l < 256; l += 64) _mm_prefetch(c + i + near + l, _MM_HINT_T0);
+        if (far)
+            for (int l = 0; l < 256; l += 64) _mm_prefetch(c + i + far + l, _MM_HINT_T1);
         s0 = _mm512_add_epi64(s0, _mm512_load_si512((const void *)(c + i)));
         s1 = _mm512_add_epi64(s1, _mm512_load_si512((const void *)(c + i + 64)));
         s2 = _mm512_add_epi64(s2, _mm512_load_si512((const void *)(c + i + 128)));

@@ -194,16 +194,27 @@ INLINE void tile(const int32_t wtype, const char *w, size_t ldw, const fl_act_q8
  * by a permute.  Each block's int32 sum starts at -offset * (activation code sum) (8 or 128;
  * fl_act_q8.sv shifted), so it is exact: removing the offset afterwards in f32 would cancel
  * 128-times-larger terms and lose digits (Q8_0). */
-#ifndef GEMV_PF
-#define GEMV_PF 4096
-#endif
-/* A GEMV's group of 16 blocks at wb (bsz bytes each, f16 scale first): software prefetch
- * GEMV_PF bytes ahead (rows are contiguous, so past the row end this reads the next row; a
- * prefetch never faults), then the 16 weight scales (one gather) times the activation scales. */
-INLINE __m512 group_scales(const char *wb, int bsz, __m512i vidx, const float *dxb) {
+/* The GEMVs' software prefetch of `bytes` weight bytes at p: fl_gemv_pf_near bytes ahead into L1
+ * and, where set, fl_gemv_pf_far ahead into L2 (kernels/matmul.h; rows are contiguous, so past
+ * the row end this reads the next row; a prefetch never faults). */
+INLINE void gemv_prefetch(const char *p, int bytes, int near) {
 #ifndef FL_GEMV_NO_PREFETCH
-    for (int l = 0; l < 16 * bsz; l += 64) _mm_prefetch(wb + GEMV_PF + l, _MM_HINT_T0);
+    for (int l = 0; l < bytes; l += 64) _mm_prefetch(p + near + l, _MM_HINT_T0);
+    const int far = fl_gemv_pf_far;
+    if (far)
+        for (int l = 0; l < bytes; l += 64) _mm_prefetch(p + far + l, _MM_HINT_T1);
+#else
+    (void)p, (void)bytes, (void)near;
 #endif
+}
+
+/* The K-quant GEMVs prefetch each super-block at most 2048 bytes ahead into L1. */
+#define KQ_PF_NEAR (fl_gemv_pf_near < 2048 ? fl_gemv_pf_near : 2048)
+
+/* A GEMV's group of 16 blocks at wb (bsz bytes each, f16 scale first): its prefetch, then the 16
+ * weight scales (one gather) times the activation scales. */
+INLINE __m512 group_scales(const char *wb, int bsz, __m512i vidx, const float *dxb) {
+    gemv_prefetch(wb, 16 * bsz, fl_gemv_pf_near);
     const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(vidx, (const void *)wb, 1)));
     return _mm512_mul_ps(dw, _mm512_loadu_ps(dxb));
 }
@@ -322,9 +333,7 @@ __attribute__((target("avx512vbmi"))) static float gemv_row_q4_vbmi(const char *
     int64_t b = 0;
     for (; b + 16 <= nb; b += 16) {
         const char *wb = w + b * bsz;
-#ifndef FL_GEMV_NO_PREFETCH
-        for (int l = 0; l < 16 * bsz; l += 64) _mm_prefetch(wb + GEMV_PF + l, _MM_HINT_T0);
-#endif
+        gemv_prefetch(wb, 16 * bsz, fl_gemv_pf_near);
         __m512i sw = _mm512_setzero_si512(), s[4];
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
@@ -389,9 +398,7 @@ INLINE float gemv_row_k4(const char *w, const fl_act_q8 *a, int64_t m, const boo
     __m256 mins = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
         const fl_block_q4_K *b = (const fl_block_q4_K *)(w + (size_t)i * bsz); /* d, dmin, scales */
-        _mm_prefetch((const char *)b + 2048, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + 2048 + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + 2048 + 128, _MM_HINT_T0);
+        gemv_prefetch((const char *)b, 192, KQ_PF_NEAR);
         uint8_t sc[8], mn[8];
         fl_k4_scale_min_bytes(b->scales, sc, mn);
         const __m128i scv = _mm_loadl_epi64((const __m128i *)sc), mnv = _mm_loadl_epi64((const __m128i *)mn);
@@ -476,8 +483,7 @@ INLINE float gemv_row_q3_K(const char *w, const fl_act_q8 *a, int64_t m, const f
     for (int64_t i = i0; i < i1; i++) {
         const fl_block_q3_K *b = blk + i;
         const float *e = ext + (i - i0) * 32;
-        _mm_prefetch((const char *)b + 2048, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + 2048 + 64, _MM_HINT_T0);
+        gemv_prefetch((const char *)b, 128, KQ_PF_NEAR);
         uint64_t lo8;
         uint32_t h4;
         memcpy(&lo8, b->scales, 8);
@@ -518,8 +524,7 @@ INLINE float gemv_row_q2_K(const char *w, const fl_act_q8 *a, int64_t m, const f
     for (int64_t i = i0; i < i1; i++) {
         const fl_block_q2_K *b = blk + i;
         const float *e = ext + (i - i0) * 32;
-        _mm_prefetch((const char *)b + 2048, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + 2048 + 64, _MM_HINT_T0);
+        gemv_prefetch((const char *)b, 128, KQ_PF_NEAR);
         const __m128i sb = _mm_loadu_si128((const __m128i *)b->scales);
         const __m512 sc16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(sb, m4))));
         const __m512 mn16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->dmin)),
@@ -577,7 +582,7 @@ INLINE float gemv_row_b32(const int32_t wtype, const char *w, const fl_act_q8 *a
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
         const char *p0 = w + b * bsz, *p1 = p0 + bsz;
-        _mm_prefetch(p0 + GEMV_PF, _MM_HINT_T0);
+        gemv_prefetch(p0, 64, fl_gemv_pf_near);
         const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + qs_off))),
                                                   _mm_loadu_si128((const __m128i *)(p1 + qs_off)), 1);
         __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q, m4)), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4), 1);
@@ -636,7 +641,7 @@ INLINE float gemv_row_q6_K(const char *w, const fl_act_q8 *a, int64_t m) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
         const fl_block_q6_K *b = blk + i;
-        for (int l = 0; l < 4; l++) _mm_prefetch((const char *)b + 2048 + 64 * l, _MM_HINT_T0);
+        gemv_prefetch((const char *)b, 256, KQ_PF_NEAR);
         const __m512 sc16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)),
                                           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->scales))));
         const __m512 dx8 = _mm512_castps256_ps512(_mm256_loadu_ps(dx + i * 8));
