@@ -60,7 +60,6 @@ double fl_calib_amx_int8_peak_gops(int nth, double seconds) {
 
 typedef struct { const char *buf; size_t bytes; int loop; uint64_t sink[256]; } bw_ctx;
 
-
 static void bw_task(void *p, int ith, int nth) {
     bw_ctx *c = p;
     size_t per = (c->bytes / (size_t)nth) & ~(size_t)4095;

@@ -43,13 +43,7 @@ bool fl_matmul_llama_order(void) {
     return g_llama_order == 1;
 }
 
-/* Does W take 8-bit activations in the current mode, and through the llama.cpp-order path?
- * On AVX-512 Q4_K does (VNNI GEMV, panel GEMM) and Q6_K for one-token steps (its GEMV; larger
- * steps dequantize unless AMX is there); on AVX2 every quantized GGUF type: Q8_0 / Q4_0 through
- * the GEMV, the others through maddubs row dots for a few tokens, and all through the row panels
- * past them. */
-static bool amx_path(int32_t type, int64_t M);
-
+/* The GEMVs' prefetch distances (kernels/matmul.h). */
 int fl_gemv_pf_near = 4096, fl_gemv_pf_far = 0;
 
 void fl_gemv_prefetch_defaults(void) {
@@ -64,6 +58,13 @@ void fl_gemv_prefetch_defaults(void) {
     fl_gemv_pf_near = near;
     fl_gemv_pf_far = far;
 }
+
+/* Does W take 8-bit activations in the current mode, and through the llama.cpp-order path?
+ * On AVX-512 Q4_K does (VNNI GEMV, panel GEMM) and Q6_K for one-token steps (its GEMV; larger
+ * steps dequantize unless AMX is there); on AVX2 every quantized GGUF type: Q8_0 / Q4_0 through
+ * the GEMV, the others through maddubs row dots for a few tokens, and all through the row panels
+ * past them. */
+static bool amx_path(int32_t type, int64_t M);
 static bool gemv_path(int32_t type, int64_t M);
 static bool panel_path(int32_t type, int64_t M);
 
