@@ -54,7 +54,7 @@ static float *rand_f32(int64_t n, uint64_t seed) {
 }
 
 /* The weights of a type: quantized (q4_0_r8 / q8_0_r8: as Q4_0 / Q8_0, then repacked in place 8
- * rows at a time, as the model loader does on AVX2 and AVX-512 without AMX); false if out of memory. */
+ * rows at a time, as the model loader does on AVX2 and AVX-512 unless AMX-INT8 comes without AMX-BF16); false if out of memory. */
 static bool quantize_w(int32_t type, const float *f, int64_t N, int64_t K, char *w) {
     const int32_t base = fl_r8_base(type);
     if (base < 0) return fl_quantize_tensor(type, f, N, K, w) == FL_OK;
@@ -115,7 +115,7 @@ int fl_bench_matmul(int argc, char **argv) {
         {"threads", 't', FL_OPT_INT, "N  threads (default 2)"},
         {"json", 0, FL_OPT_FLAG, "print JSON"},
         {"n-prompt", 'p', FL_OPT_INT, "M  tokens for the GEMM (default 512)"},
-        {"types", 0, FL_OPT_STR, "LIST  weight types, comma separated (default Q4_0,Q8_0; Q4_0_R8 / Q8_0_R8: repacked in groups of 8 rows, as the model loader does on AVX2 and AVX-512 without AMX)"},
+        {"types", 0, FL_OPT_STR, "LIST  weight types, comma separated (default Q4_0,Q8_0; Q4_0_R8 / Q8_0_R8: repacked in groups of 8 rows, as the model loader does on AVX2 and AVX-512 unless AMX-INT8 comes without AMX-BF16)"},
         {"stream-mib", 0, FL_OPT_INT, "MIB  weight bytes cycled through in GEMV and bandwidth calibration (default 1024)"},
         {"seconds", 0, FL_OPT_FLOAT, "S  minimum time per measurement (default 0.5)"},
         {0},

@@ -580,6 +580,24 @@ static void test_amx_bf16(void **state) {
             }
             assert_true(direct == (types[ti] == FL_TYPE_Q4_0 || types[ti] == FL_TYPE_Q8_0));
             if (direct) assert_memory_equal(p0, p1, 2 * pb);
+            if (direct) { /* the R8 groups of rows 0 .. 15, whole and from block 4 on: the same bytes */
+                const int32_t rt = fl_r8_of(types[ti]);
+                const size_t ldw = q.W.nb[1], gbytes = (size_t)FL_R8_ROWS * ldw;
+                char *grp = fl_alloc(FL_MEM_MISC, 2 * gbytes, 64);
+                for (int g = 0; g < 2; g++) fl_r8_pack(rt, (const char *)q.data + (size_t)g * gbytes, ldw, K, grp + (size_t)g * gbytes);
+                for (int pass = 0; pass < 2; pass++) {
+                    const int64_t k0 = pass ? 128 : 0, kn = K - k0;
+                    const size_t ppb = fl_amx_bf16_panel_bytes(kn), goff = (size_t)(k0 / 32) * fl_r8_block_bytes(rt);
+                    memset(p1, 0xA5, ppb);
+                    memset(p1 + ppb / 2, 0x5A, ppb);
+                    for (int r = 0; r < 16; r++)
+                        assert_true(fl_amx_bf16_panel_row_q(types[ti], (const char *)q.data + r * ldw + fl_type_row_size(types[ti], k0), kn, p1, r));
+                    for (int g = 0; g < 2; g++) assert_true(fl_amx_bf16_panel_r8(rt, grp + (size_t)g * gbytes + goff, kn, p1 + ppb / 2, 8 * g));
+                    assert_memory_equal(p1, p1 + ppb / 2, ppb);
+                }
+                assert_false(fl_amx_bf16_panel_r8(types[ti], grp, K, p1, 0)); /* (the base type declines) */
+                fl_free(FL_MEM_MISC, grp, 2 * gbytes);
+            }
         }
         /* the scalar product: within bf16 rounding of the f32 values' dot */
         float *ref = frand_buf(M * 32), *got = frand_buf(M * 32);
@@ -890,13 +908,23 @@ static void test_act_quant_parity(void **state) {
  * the CPU's defaults. */
 static void test_gemv_prefetch(void **state) {
     (void)state;
-    const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K, FL_TYPE_IQ4_NL};
-    const int64_t N = 70, K = 1024;
+    /* (the R8 types' one-token tile prefetches where fl_gemv_pf_far is set) */
+    const int32_t types[7] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q6_K, FL_TYPE_IQ4_NL, FL_TYPE_Q8_0_R8, FL_TYPE_Q4_0_R8};
+    const int64_t K = 1024;
     const int d_near = fl_gemv_pf_near, d_far = fl_gemv_pf_far;
     const int cfg[4][2] = {{0, 0}, {4096, 0}, {1024, 8192}, {64, 64}};
-    for (int ti = 0; ti < 5; ti++) {
+    for (int ti = 0; ti < 7; ti++) {
+        const bool r8 = fl_r8_base(types[ti]) >= 0;
+        const int64_t N = r8 ? 72 : 70;
         qmat q;
-        qmat_make(&q, types[ti], N, K);
+        qmat_make(&q, r8 ? fl_r8_base(types[ti]) : types[ti], N, K);
+        if (r8) { /* repacked in place */
+            char *tmp = fl_alloc(FL_MEM_MISC, 8 * q.W.nb[1], 64);
+            for (int64_t r = 0; r < N; r += 8) fl_r8_repack(types[ti], (char *)q.data + r * q.W.nb[1], q.W.nb[1], K, tmp);
+            fl_free(FL_MEM_MISC, tmp, 8 * q.W.nb[1]);
+            const int64_t ne[2] = {K, N};
+            assert_true(fl_tensor_init(&q.W, types[ti], 2, ne, q.data) != 0);
+        }
         float *x = frand_buf(K), *ref = frand_buf(N), *got = frand_buf(N);
         fl_matmul(&q.W, x, ref, 1);
         for (int c = 0; c < 4; c++) {
@@ -1282,15 +1310,17 @@ static void check_r8(int32_t base) {
     const int64_t ne[2] = {K, N};
     fl_tensor W8;
     assert_true(fl_tensor_init(&W8, rtype, 2, ne, r8) != 0);
-    const int64_t Ms[8] = {1, 2, 3, 4, 5, 12, 17, 40}; /* (AVX-512: 16-token passes for 12, 16 + 1, 16 + 16 + 8) */
-    float *xb = frand_buf(40 * K), *ya = frand_buf(40 * N), *yb = frand_buf(40 * N);
+    /* (AVX-512: 16-token passes for 12, 16 + 1, 16 + 16 + 8; 72: the AMX-BF16 tiles where usable,
+     * on the groups, the last panel one group and zeros) */
+    const int64_t Ms[9] = {1, 2, 3, 4, 5, 12, 17, 40, 72};
+    float *xb = frand_buf(72 * K), *ya = frand_buf(72 * N), *yb = frand_buf(72 * N);
     for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++)
         for (int f32 = 0; f32 < 2; f32++)
             for (int nth = 1; nth <= 2; nth++) {
                 fl_isa_set((fl_isa)isa);
                 fl_matmul_set_f32_act(f32);
                 fl_threads_set(nth);
-                for (int mi = 0; mi < 8; mi++) {
+                for (int mi = 0; mi < 9; mi++) {
                     fl_matmul(&q.W, xb, ya, Ms[mi]);
                     const size_t before = fl_mem_current(FL_MEM_SCRATCH);
                     fl_mem_reset_peaks();
@@ -1300,18 +1330,42 @@ static void check_r8(int32_t base) {
                     const double e = fl_test_nmse(ya, yb, Ms[mi] * N);
                     if (!(e <= (f32 ? 1e-12 : 1e-9)))
                         fail_msg("%s %s f32=%d M=%lld: NMSE %.3g against the base type", fl_type_name(rtype), fl_isa_name((fl_isa)isa), f32, (long long)Ms[mi], e);
+                    if (Ms[mi] == 72 && isa == FL_ISA_AVX512 && !f32 && fl_amx_bf16_usable()) /* the same bf16 panels */
+                        assert_memory_equal(ya, yb, sizeof(float) * (size_t)(72 * N));
                 }
             }
     fl_threads_set(0);
     fl_matmul_set_f32_act(false);
     fl_isa_set(fl_isa_best());
+    if (fl_isa_best() == FL_ISA_AVX512 && fl_amx_bf16_usable()) { /* K past one chunk of the bf16 panels (1024 + 1024 + 32) */
+        const int64_t K2 = 2080, N2 = 24, M2 = 64;
+        qmat q2;
+        qmat_make(&q2, base, N2, K2);
+        const size_t ld2 = q2.W.nb[1];
+        char *g2 = fl_alloc(FL_MEM_MISC, q2.bytes, 64), *t2 = fl_alloc(FL_MEM_MISC, 8 * ld2, 64);
+        memcpy(g2, q2.data, q2.bytes);
+        for (int64_t r = 0; r < N2; r += 8) fl_r8_repack(rtype, g2 + r * ld2, ld2, K2, t2);
+        const int64_t ne2[2] = {K2, N2};
+        fl_tensor W2;
+        assert_true(fl_tensor_init(&W2, rtype, 2, ne2, g2) != 0);
+        float *x2 = frand_buf(M2 * K2), *y2a = frand_buf(M2 * N2), *y2b = frand_buf(M2 * N2);
+        fl_matmul(&q2.W, x2, y2a, M2);
+        fl_matmul(&W2, x2, y2b, M2);
+        assert_memory_equal(y2a, y2b, sizeof(float) * (size_t)(M2 * N2));
+        fl_free(FL_MEM_MISC, x2, (size_t)(M2 * K2) * 4);
+        fl_free(FL_MEM_MISC, y2a, (size_t)(M2 * N2) * 4);
+        fl_free(FL_MEM_MISC, y2b, (size_t)(M2 * N2) * 4);
+        fl_free(FL_MEM_MISC, g2, q2.bytes);
+        fl_free(FL_MEM_MISC, t2, 8 * ld2);
+        qmat_free(&q2);
+    }
     fl_act_q8_free(&a);
     fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
     fl_free(FL_MEM_MISC, y0, (size_t)(M * N) * 4);
     fl_free(FL_MEM_MISC, y1, (size_t)(M * N) * 4);
-    fl_free(FL_MEM_MISC, xb, (size_t)(40 * K) * 4);
-    fl_free(FL_MEM_MISC, ya, (size_t)(40 * N) * 4);
-    fl_free(FL_MEM_MISC, yb, (size_t)(40 * N) * 4);
+    fl_free(FL_MEM_MISC, xb, (size_t)(72 * K) * 4);
+    fl_free(FL_MEM_MISC, ya, (size_t)(72 * N) * 4);
+    fl_free(FL_MEM_MISC, yb, (size_t)(72 * N) * 4);
     fl_free(FL_MEM_MISC, fa, (size_t)K * 4);
     fl_free(FL_MEM_MISC, fb, (size_t)K * 4);
     fl_free(FL_MEM_MISC, r8, q.bytes);

@@ -331,7 +331,7 @@ static void check_repack(const char *path, int32_t wq_type) {
     assert_non_null(before);
     float *lg[3][41];
     int32_t ids[3][40], nv = 0;
-    const bool avx2 = fl_r8_load_type(wq_type, 8, true) != wq_type; /* (AVX2, or AVX-512 without AMX) */
+    const bool avx2 = fl_r8_load_type(wq_type, 8, true) != wq_type; /* (AVX2, AVX-512 without AMX-INT8 or with AMX-BF16) */
     for (int pass = 0; pass < 3; pass++) { /* as in the file; repacked in the mapping; in the --no-mmap copy */
         fl_model_params p = fl_model_default_params();
         p.repack = pass > 0;

@@ -469,7 +469,10 @@ static int64_t amx_groups(int32_t type, int64_t N, int64_t K, int nth) { return 
  * of 16 sequences) the tiles beat the VNNI panels: `fitllm bench serve -m tl-q4_0.gguf -n 16
  * --max-seqs 16 ...` ITL p50 135 / 127 ms against 160 / 145 (Q8_0 141 / 164 against 186 / 164),
  * alternated in one session; `fitllm bench matmul -p 12` was even and `-p 8` favoured the panels
- * (Q4_0 168-211 against 214-228 GOP/s), whose cost shrinks with the tokens where a tile's does not. */
+ * (Q4_0 168-211 against 214-228 GOP/s), whose cost shrinks with the tokens where a tile's does not.
+ * (Those were the file-layout panels, packed per call.  On the Intel KVM guest the R8 groups'
+ * VNNI tiles, with no pack, beat these tiles at 16-48 tokens, so where AMX-BF16 is there too the
+ * loader repacks Q4_0 / Q8_0 and these tiles only see them with --no-repack: docs/QUANT.md.) */
 #define AMX_MIN_TOKENS 13
 static bool amx_path(int32_t type, int64_t M) {
     return M >= AMX_MIN_TOKENS && M <= INT32_MAX && fl_amx_type(type) && fl_amx_usable();
@@ -581,7 +584,8 @@ static void q8_amx_task(void *p, int ith, int nth) {
 #define BF16_GROUP_BYTES (1024 * 1024)
 
 static bool amx_bf16_path(int32_t type, int64_t M) {
-    return M >= AMX_BF16_MIN_TOKENS && M <= INT32_MAX && fl_amx_type(type) && fl_amx_bf16_usable();
+    const int32_t base = fl_r8_base(type) >= 0 ? fl_r8_base(type) : type; /* (the R8 groups: fl_amx_bf16_panel_r8) */
+    return M >= AMX_BF16_MIN_TOKENS && M <= INT32_MAX && fl_amx_type(base) && fl_amx_bf16_usable();
 }
 
 static int64_t bf16_kc(int64_t K) { return K < BF16_KC ? K : BF16_KC; }
@@ -635,10 +639,20 @@ static void bf16_task(void *p, int ith, int nth) {
         const int64_t N = W->ne[1], np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, ng = c->gbase[i + 1] - c->gbase[i];
         const int64_t gi = u - c->gbase[i], g0 = gi * np / ng, g1 = (gi + 1) * np / ng;
         const size_t ldw = W->nb[1];
+        const bool r8 = fl_r8_base(W->type) >= 0; /* N a multiple of 8: a panel is two groups, or one and zeros */
         for (int64_t k0 = 0; k0 < K; k0 += kc) {
             const int64_t kn = K - k0 < kc ? K - k0 : kc;
             const size_t off = fl_type_row_size(W->type, k0);
-            for (int64_t pi = g0; pi < g1; pi++)
+            for (int64_t pi = g0; pi < g1 && r8; pi++)
+                for (int r = 0; r < FL_AMX_ROWS; r += FL_R8_ROWS) {
+                    const int64_t n = pi * FL_AMX_ROWS + r;
+                    uint16_t *pp = pan + (size_t)(pi - g0) * pstride;
+                    if (n < N)
+                        fl_amx_bf16_panel_r8(W->type, (const char *)W->data + (size_t)n * ldw + (size_t)FL_R8_ROWS * off, kn, pp, r);
+                    else
+                        for (int z = r; z < r + FL_R8_ROWS; z++) fl_amx_bf16_panel_row_ref(NULL, kn, pp, z);
+                }
+            for (int64_t pi = g0; pi < g1 && !r8; pi++)
                 for (int r = 0; r < FL_AMX_ROWS; r++) {
                     const int64_t n = pi * FL_AMX_ROWS + r;
                     uint16_t *pp = pan + (size_t)(pi - g0) * pstride;

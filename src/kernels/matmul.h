@@ -80,9 +80,10 @@ void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K);
 #define FL_R8_Q4_0_BLOCK (16 + FL_R8_ROWS * 16) /* fl_r8_block_bytes: 144 */
 #define FL_R8_Q8_0_BLOCK (16 + FL_R8_ROWS * 32) /* 272 */
 /* The type a matrix of `rows` rows of `type` computes as after loading: its R8 type where the
- * model loader repacks it (repack asked, the AVX2 ISA or AVX-512 without usable AMX tiles (which
- * read the file's rows), neither llama.cpp's order nor f32 activations, whole groups of 8 rows),
- * else type itself.  The loader and the planners both ask
+ * model loader repacks it (repack asked, the AVX2 ISA, or AVX-512 without usable AMX tiles or
+ * with AMX-BF16, whose prefill tiles read the groups (fl_amx_bf16_panel_r8) while steps of 2-63
+ * tokens take the VNNI tiles on them; the AMX-INT8 tiles read the file's rows; neither
+ * llama.cpp's order nor f32 activations, whole groups of 8 rows), else type itself.  The loader and the planners both ask
  * this, so the plan follows what is loaded. */
 int32_t fl_r8_load_type(int32_t type, int64_t rows, bool repack);
 int32_t fl_r8_base(int32_t type);
@@ -446,6 +447,10 @@ void fl_amx_bf16_panel_row_avx512(const float *row, int64_t K, uint16_t *panel, 
 /* Q4_0 / Q8_0: K values of the row at w (blocks) dequantized and rounded straight into panel row
  * r, the bytes of fl_dequant_row + fl_amx_bf16_panel_row_ref; false (nothing written) for other types. */
 bool fl_amx_bf16_panel_row_q(int32_t wtype, const void *w, int64_t K, uint16_t *panel, int r);
+/* Q4_0_R8 / Q8_0_R8: the 8 rows of the group at g (its block 0 of the K values) as panel rows
+ * r0 .. r0 + 7, the bytes fl_amx_bf16_panel_row_q writes for the unpacked rows; false (nothing
+ * written) for other types. */
+bool fl_amx_bf16_panel_r8(int32_t wtype, const void *g, int64_t K, uint16_t *panel, int r0);
 /* y[t * ldy + r] (+)= dot(panel row r, token t of the tile at act) for r < nr, t < nt (<= 16). */
 void fl_amx_bf16_gemm_ref(const uint16_t *panel, int64_t K, const uint16_t *act, int nt, float *y, int64_t ldy, int nr,
                           bool acc);

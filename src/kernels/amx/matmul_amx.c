@@ -763,6 +763,71 @@ bool fl_amx_bf16_panel_row_q(int32_t wtype, const void *w, int64_t K, uint16_t *
     return true;
 }
 
+/* Rows r0 .. r0 + 7 of the panel from one R8 group (kernels/matmul.h layout; g at the group's
+ * block 0 of the chunk, K values): per block the codes of the 8 rows are regathered from their
+ * 4-byte chunks with two rounds of dword permutes (Q8_0: [v][row] -> [row][v] over 8 chunks,
+ * Q4_0 over 4), then each row goes through fl_q8_0_block_ps / fl_q4_0_block_ps as the base
+ * type's row does, so the panel bytes are those of fl_amx_bf16_panel_row_q on the unpacked rows. */
+INLINE void r8_panel_group(const bool q8, const uint8_t *g, int64_t K, uint16_t *panel, int r0) {
+    const size_t gb = q8 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK;
+    /* first round: lane 4 i + c of the result = chunk (2 x source + c / 2) of row i (+ 4 for hi) */
+    const __m512i lo4 = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+    const __m512i hi4 = _mm512_add_epi32(lo4, _mm512_set1_epi32(4));
+    /* second round (Q8_0): rows 2j, 2j + 1 as chunks 0-3 from the first source, 4-7 from the second */
+    const __m512i pr0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i pr1 = _mm512_add_epi32(pr0, _mm512_set1_epi32(8));
+    for (int64_t b = 0; b < K / 32; b++) {
+        const uint8_t *blk = g + (size_t)b * gb;
+        uint16_t d16[8];
+        memcpy(d16, blk, sizeof d16);
+        uint8_t rows[8][32] __attribute__((aligned(64))); /* row i's codes, in its block's order */
+        if (q8) {
+            const __m512i z0 = _mm512_loadu_si512(blk + 16), z1 = _mm512_loadu_si512(blk + 80);
+            const __m512i z2 = _mm512_loadu_si512(blk + 144), z3 = _mm512_loadu_si512(blk + 208);
+            const __m512i a_lo = _mm512_permutex2var_epi32(z0, lo4, z1), a_hi = _mm512_permutex2var_epi32(z0, hi4, z1);
+            const __m512i b_lo = _mm512_permutex2var_epi32(z2, lo4, z3), b_hi = _mm512_permutex2var_epi32(z2, hi4, z3);
+            _mm512_store_si512(rows[0], _mm512_permutex2var_epi32(a_lo, pr0, b_lo));
+            _mm512_store_si512(rows[2], _mm512_permutex2var_epi32(a_lo, pr1, b_lo));
+            _mm512_store_si512(rows[4], _mm512_permutex2var_epi32(a_hi, pr0, b_hi));
+            _mm512_store_si512(rows[6], _mm512_permutex2var_epi32(a_hi, pr1, b_hi));
+        } else {
+            const __m512i z0 = _mm512_loadu_si512(blk + 16), z1 = _mm512_loadu_si512(blk + 80);
+            const __m512i a_lo = _mm512_permutex2var_epi32(z0, lo4, z1), a_hi = _mm512_permutex2var_epi32(z0, hi4, z1);
+            /* row i's 16 bytes are 128-bit lane i % 4 */
+            _mm_store_si128((__m128i *)rows[0], _mm512_extracti32x4_epi32(a_lo, 0));
+            _mm_store_si128((__m128i *)rows[1], _mm512_extracti32x4_epi32(a_lo, 1));
+            _mm_store_si128((__m128i *)rows[2], _mm512_extracti32x4_epi32(a_lo, 2));
+            _mm_store_si128((__m128i *)rows[3], _mm512_extracti32x4_epi32(a_lo, 3));
+            _mm_store_si128((__m128i *)rows[4], _mm512_extracti32x4_epi32(a_hi, 0));
+            _mm_store_si128((__m128i *)rows[5], _mm512_extracti32x4_epi32(a_hi, 1));
+            _mm_store_si128((__m128i *)rows[6], _mm512_extracti32x4_epi32(a_hi, 2));
+            _mm_store_si128((__m128i *)rows[7], _mm512_extracti32x4_epi32(a_hi, 3));
+        }
+        for (int i = 0; i < 8; i++) {
+            __m512 lo, hi;
+            if (q8) {
+                fl_block_q8_0 q;
+                q.d = d16[i];
+                memcpy(q.qs, rows[i], 32);
+                fl_q8_0_block_ps(&q, &lo, &hi);
+            } else {
+                fl_block_q4_0 q;
+                q.d = d16[i];
+                memcpy(q.qs, rows[i], 16);
+                fl_q4_0_block_ps(&q, &lo, &hi);
+            }
+            _mm512_store_si512(panel + b * 512 + (r0 + i) * 32, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+
+bool fl_amx_bf16_panel_r8(int32_t wtype, const void *g, int64_t K, uint16_t *panel, int r0) {
+    if (wtype == FL_TYPE_Q8_0_R8) r8_panel_group(true, g, K, panel, r0);
+    else if (wtype == FL_TYPE_Q4_0_R8) r8_panel_group(false, g, K, panel, r0);
+    else return false;
+    return true;
+}
+
 INLINE void bf16_tiles(const uint16_t *p0, size_t pstride, int64_t nb, const uint16_t *a0, size_t astride, int ntok,
                        float *y, int64_t ldy, int nr, bool acc, const int NP, const int NT) {
     const uint16_t *p1 = p0 + pstride, *a1 = a0 + astride;

@@ -182,11 +182,19 @@ INLINE void tile8(const bool q8, const char *g, const fl_act_q8 *a, int64_t m0, 
     __m256 acc[2];
 #pragma GCC unroll 2
     for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    /* one token where the GEMVs prefetch into L2 as well (Intel, fl_gemv_pf_far): their two
+     * distances, as gemv_prefetch (see the comment above for Zen 4) */
+    const size_t pf_near = (size_t)fl_gemv_pf_near, pf_far = (size_t)fl_gemv_pf_far;
     #pragma GCC unroll 2
     for (int64_t b = 0; b < nb; b++) {
         const char *p = g + (size_t)b * bb;
         if (NT == 2) /* (see the comment above) */
             for (size_t l = 0; l < bb; l += 64) _mm_prefetch(p + R8_PF_L2 + l, _MM_HINT_T1);
+        else if (pf_far)
+            for (size_t l = 0; l < bb; l += 64) {
+                _mm_prefetch(p + pf_near + l, _MM_HINT_T0);
+                _mm_prefetch(p + pf_far + l, _MM_HINT_T1);
+            }
         __m256i wv[8];
         if (q8) {
 #pragma GCC unroll 8

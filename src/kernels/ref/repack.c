@@ -8,8 +8,9 @@
 
 int32_t fl_r8_load_type(int32_t type, int64_t rows, bool repack) {
     const fl_isa isa = fl_isa_get();
-    const bool on = repack && (isa == FL_ISA_AVX2 || (isa == FL_ISA_AVX512 && !fl_amx_usable())) && !fl_matmul_llama_order() &&
-                    !fl_matmul_f32_act();
+    /* with AMX, where its bf16 tiles take the prefill steps on the groups (fl_amx_bf16_panel_r8) */
+    const bool on = repack && (isa == FL_ISA_AVX2 || (isa == FL_ISA_AVX512 && (!fl_amx_usable() || fl_amx_bf16_usable()))) &&
+                    !fl_matmul_llama_order() && !fl_matmul_f32_act();
     return on && fl_r8_of(type) >= 0 && rows > 0 && rows % FL_R8_ROWS == 0 ? fl_r8_of(type) : type;
 }
 
