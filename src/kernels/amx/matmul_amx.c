@@ -770,7 +770,7 @@ bool fl_amx_bf16_panel_row_q(int32_t wtype, const void *w, int64_t K, uint16_t *
  * type's row does, so the panel bytes are those of fl_amx_bf16_panel_row_q on the unpacked rows. */
 INLINE void r8_panel_group(const bool q8, const uint8_t *g, int64_t K, uint16_t *panel, int r0) {
     const size_t gb = q8 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK;
-    /* first round: lane 4 i + c of the result = chunk (2 x source + c / 2) of row i (+ 4 for hi) */
+    /* first round: lane 4 i + c = the two sources' chunk c (of 4) of row i (rows 4 + i for hi4) */
     const __m512i lo4 = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
     const __m512i hi4 = _mm512_add_epi32(lo4, _mm512_set1_epi32(4));
     /* second round (Q8_0): rows 2j, 2j + 1 as chunks 0-3 from the first source, 4-7 from the second */
@@ -780,40 +780,33 @@ INLINE void r8_panel_group(const bool q8, const uint8_t *g, int64_t K, uint16_t 
         const uint8_t *blk = g + (size_t)b * gb;
         uint16_t d16[8];
         memcpy(d16, blk, sizeof d16);
-        uint8_t rows[8][32] __attribute__((aligned(64))); /* row i's codes, in its block's order */
+        /* row i's codes at codes + i * qs (its block's order): Q8_0 two rows per vector, Q4_0 four */
+        const size_t qs = q8 ? 32 : 16;
+        uint8_t codes[256] __attribute__((aligned(64)));
+        const __m512i z0 = _mm512_loadu_si512(blk + 16), z1 = _mm512_loadu_si512(blk + 80);
+        const __m512i a_lo = _mm512_permutex2var_epi32(z0, lo4, z1), a_hi = _mm512_permutex2var_epi32(z0, hi4, z1);
         if (q8) {
-            const __m512i z0 = _mm512_loadu_si512(blk + 16), z1 = _mm512_loadu_si512(blk + 80);
             const __m512i z2 = _mm512_loadu_si512(blk + 144), z3 = _mm512_loadu_si512(blk + 208);
-            const __m512i a_lo = _mm512_permutex2var_epi32(z0, lo4, z1), a_hi = _mm512_permutex2var_epi32(z0, hi4, z1);
             const __m512i b_lo = _mm512_permutex2var_epi32(z2, lo4, z3), b_hi = _mm512_permutex2var_epi32(z2, hi4, z3);
-            _mm512_store_si512(rows[0], _mm512_permutex2var_epi32(a_lo, pr0, b_lo));
-            _mm512_store_si512(rows[2], _mm512_permutex2var_epi32(a_lo, pr1, b_lo));
-            _mm512_store_si512(rows[4], _mm512_permutex2var_epi32(a_hi, pr0, b_hi));
-            _mm512_store_si512(rows[6], _mm512_permutex2var_epi32(a_hi, pr1, b_hi));
+            _mm512_store_si512(codes, _mm512_permutex2var_epi32(a_lo, pr0, b_lo));
+            _mm512_store_si512(codes + 64, _mm512_permutex2var_epi32(a_lo, pr1, b_lo));
+            _mm512_store_si512(codes + 128, _mm512_permutex2var_epi32(a_hi, pr0, b_hi));
+            _mm512_store_si512(codes + 192, _mm512_permutex2var_epi32(a_hi, pr1, b_hi));
         } else {
-            const __m512i z0 = _mm512_loadu_si512(blk + 16), z1 = _mm512_loadu_si512(blk + 80);
-            const __m512i a_lo = _mm512_permutex2var_epi32(z0, lo4, z1), a_hi = _mm512_permutex2var_epi32(z0, hi4, z1);
-            /* row i's 16 bytes are 128-bit lane i % 4 */
-            _mm_store_si128((__m128i *)rows[0], _mm512_extracti32x4_epi32(a_lo, 0));
-            _mm_store_si128((__m128i *)rows[1], _mm512_extracti32x4_epi32(a_lo, 1));
-            _mm_store_si128((__m128i *)rows[2], _mm512_extracti32x4_epi32(a_lo, 2));
-            _mm_store_si128((__m128i *)rows[3], _mm512_extracti32x4_epi32(a_lo, 3));
-            _mm_store_si128((__m128i *)rows[4], _mm512_extracti32x4_epi32(a_hi, 0));
-            _mm_store_si128((__m128i *)rows[5], _mm512_extracti32x4_epi32(a_hi, 1));
-            _mm_store_si128((__m128i *)rows[6], _mm512_extracti32x4_epi32(a_hi, 2));
-            _mm_store_si128((__m128i *)rows[7], _mm512_extracti32x4_epi32(a_hi, 3));
+            _mm512_store_si512(codes, a_lo);
+            _mm512_store_si512(codes + 64, a_hi);
         }
         for (int i = 0; i < 8; i++) {
             __m512 lo, hi;
             if (q8) {
                 fl_block_q8_0 q;
                 q.d = d16[i];
-                memcpy(q.qs, rows[i], 32);
+                memcpy(q.qs, codes + i * qs, 32);
                 fl_q8_0_block_ps(&q, &lo, &hi);
             } else {
                 fl_block_q4_0 q;
                 q.d = d16[i];
-                memcpy(q.qs, rows[i], 16);
+                memcpy(q.qs, codes + i * qs, 16);
                 fl_q4_0_block_ps(&q, &lo, &hi);
             }
             _mm512_store_si512(panel + b * 512 + (r0 + i) * 32, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
