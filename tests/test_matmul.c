@@ -24,6 +24,13 @@ static float frand(void) { /* uniform in [-1, 1) */
 
 typedef struct { fl_tensor W; void *data; size_t bytes; } qmat;
 
+/* rows [0, N) of a Q4_0 / Q8_0 matrix at data (N % 8 == 0) into the R8 groups of rtype, in place */
+static void repack_r8(int32_t rtype, char *data, size_t ldw, int64_t N, int64_t K) {
+    char *tmp = fl_alloc(FL_MEM_MISC, (size_t)FL_R8_ROWS * ldw, 64);
+    for (int64_t r = 0; r < N; r += FL_R8_ROWS) fl_r8_repack(rtype, data + r * ldw, ldw, K, tmp);
+    fl_free(FL_MEM_MISC, tmp, (size_t)FL_R8_ROWS * ldw);
+}
+
 static void qmat_make(qmat *q, int32_t type, int64_t N, int64_t K) {
     float *f = fl_alloc(FL_MEM_MISC, (size_t)(N * K) * 4, 64);
     assert_non_null(f);
@@ -919,9 +926,7 @@ static void test_gemv_prefetch(void **state) {
         qmat q;
         qmat_make(&q, r8 ? fl_r8_base(types[ti]) : types[ti], N, K);
         if (r8) { /* repacked in place */
-            char *tmp = fl_alloc(FL_MEM_MISC, 8 * q.W.nb[1], 64);
-            for (int64_t r = 0; r < N; r += 8) fl_r8_repack(types[ti], (char *)q.data + r * q.W.nb[1], q.W.nb[1], K, tmp);
-            fl_free(FL_MEM_MISC, tmp, 8 * q.W.nb[1]);
+            repack_r8(types[ti], q.data, q.W.nb[1], N, K);
             const int64_t ne[2] = {K, N};
             assert_true(fl_tensor_init(&q.W, types[ti], 2, ne, q.data) != 0);
         }
@@ -1191,9 +1196,9 @@ static void check_r8(int32_t base) {
             memcpy(blk, &one, 2);
             memset(blk + 2, (b + r) % 2 ? (q8 ? 0x7F : 0xFF) : (q8 ? 0x81 : 0x00), q8 ? 32 : 16);
         }
-    char *r8 = fl_alloc(FL_MEM_MISC, q.bytes, 64), *tmp = fl_alloc(FL_MEM_MISC, 8 * ldw, 64), *row = fl_alloc(FL_MEM_MISC, ldw, 64);
+    char *r8 = fl_alloc(FL_MEM_MISC, q.bytes, 64), *row = fl_alloc(FL_MEM_MISC, ldw, 64);
     memcpy(r8, q.data, q.bytes);
-    for (int64_t r = 0; r < N; r += 8) fl_r8_repack(rtype, r8 + r * ldw, ldw, K, tmp);
+    repack_r8(rtype, r8, ldw, N, K);
     assert_memory_not_equal(r8, q.data, 8 * ldw);
     float *fa = frand_buf(K), *fb = frand_buf(K);
     for (int64_t r = 0; r < N; r++) {
@@ -1342,9 +1347,9 @@ static void check_r8(int32_t base) {
         qmat q2;
         qmat_make(&q2, base, N2, K2);
         const size_t ld2 = q2.W.nb[1];
-        char *g2 = fl_alloc(FL_MEM_MISC, q2.bytes, 64), *t2 = fl_alloc(FL_MEM_MISC, 8 * ld2, 64);
+        char *g2 = fl_alloc(FL_MEM_MISC, q2.bytes, 64);
         memcpy(g2, q2.data, q2.bytes);
-        for (int64_t r = 0; r < N2; r += 8) fl_r8_repack(rtype, g2 + r * ld2, ld2, K2, t2);
+        repack_r8(rtype, g2, ld2, N2, K2);
         const int64_t ne2[2] = {K2, N2};
         fl_tensor W2;
         assert_true(fl_tensor_init(&W2, rtype, 2, ne2, g2) != 0);
@@ -1356,7 +1361,6 @@ static void check_r8(int32_t base) {
         fl_free(FL_MEM_MISC, y2a, (size_t)(M2 * N2) * 4);
         fl_free(FL_MEM_MISC, y2b, (size_t)(M2 * N2) * 4);
         fl_free(FL_MEM_MISC, g2, q2.bytes);
-        fl_free(FL_MEM_MISC, t2, 8 * ld2);
         qmat_free(&q2);
     }
     fl_act_q8_free(&a);
@@ -1369,7 +1373,6 @@ static void check_r8(int32_t base) {
     fl_free(FL_MEM_MISC, fa, (size_t)K * 4);
     fl_free(FL_MEM_MISC, fb, (size_t)K * 4);
     fl_free(FL_MEM_MISC, r8, q.bytes);
-    fl_free(FL_MEM_MISC, tmp, 8 * ldw);
     fl_free(FL_MEM_MISC, row, ldw);
     qmat_free(&q);
 }

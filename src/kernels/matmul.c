@@ -639,31 +639,27 @@ static void bf16_task(void *p, int ith, int nth) {
         const int64_t N = W->ne[1], np = (N + FL_AMX_ROWS - 1) / FL_AMX_ROWS, ng = c->gbase[i + 1] - c->gbase[i];
         const int64_t gi = u - c->gbase[i], g0 = gi * np / ng, g1 = (gi + 1) * np / ng;
         const size_t ldw = W->nb[1];
-        const bool r8 = fl_r8_base(W->type) >= 0; /* N a multiple of 8: a panel is two groups, or one and zeros */
+        /* R8: N a multiple of 8, a panel is two groups, or one and zeros */
+        const bool r8 = fl_r8_base(W->type) >= 0;
+        const int step = r8 ? FL_R8_ROWS : 1;
         for (int64_t k0 = 0; k0 < K; k0 += kc) {
             const int64_t kn = K - k0 < kc ? K - k0 : kc;
             const size_t off = fl_type_row_size(W->type, k0);
-            for (int64_t pi = g0; pi < g1 && r8; pi++)
-                for (int r = 0; r < FL_AMX_ROWS; r += FL_R8_ROWS) {
+            for (int64_t pi = g0; pi < g1; pi++)
+                for (int r = 0; r < FL_AMX_ROWS; r += step) {
                     const int64_t n = pi * FL_AMX_ROWS + r;
                     uint16_t *pp = pan + (size_t)(pi - g0) * pstride;
-                    if (n < N)
+                    if (n >= N)
+                        for (int z = r; z < r + step; z++) fl_amx_bf16_panel_row_ref(NULL, kn, pp, z);
+                    else if (r8) /* (a group's blocks are 8 rows' blocks: its chunk starts 8 x off in) */
                         fl_amx_bf16_panel_r8(W->type, (const char *)W->data + (size_t)n * ldw + (size_t)FL_R8_ROWS * off, kn, pp, r);
-                    else
-                        for (int z = r; z < r + FL_R8_ROWS; z++) fl_amx_bf16_panel_row_ref(NULL, kn, pp, z);
-                }
-            for (int64_t pi = g0; pi < g1 && !r8; pi++)
-                for (int r = 0; r < FL_AMX_ROWS; r++) {
-                    const int64_t n = pi * FL_AMX_ROWS + r;
-                    uint16_t *pp = pan + (size_t)(pi - g0) * pstride;
-                    if (n < N) {
+                    else {
                         const char *src = (const char *)W->data + (size_t)n * ldw + off;
                         if (!fl_amx_bf16_panel_row_q(W->type, src, kn, pp, r)) { /* other types through an f32 row */
                             fl_dequant_row_avx512(W->type, src, row, kn);
                             fl_amx_bf16_panel_row_avx512(row, kn, pp, r);
                         }
-                    } else
-                        fl_amx_bf16_panel_row_ref(NULL, kn, pp, r);
+                    }
                 }
             for (int64_t mt = 0; mt < tiles; mt += 2) {
                 const int ntok = (int)(M - mt * FL_AMX_TOK < 2 * FL_AMX_TOK ? M - mt * FL_AMX_TOK : 2 * FL_AMX_TOK);
