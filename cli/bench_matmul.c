@@ -4,8 +4,10 @@
  * GEMV streams R copies of the weight in turn (R copies >= --stream-mib, so the weights come
  * from memory, not from the last-level cache); GB/s counts weight bytes read per second.
  * GEMM multiplies -p tokens (default 512) by one copy: GOP/s = 2 M N K / time.  Where the GEMM
- * takes the AMX-BF16 tiles (64 tokens or more), the same GEMM on the AMX-INT8 tiles is timed
- * too, the two alternating call by call so that both see the same machine.
+ * takes the AMX-BF16 tiles (64 tokens or more), the same GEMM with them off is timed too (the
+ * int8 tiles: AMX-INT8 for the file's layout, the AVX-512 VNNI tiles for Q4_0_R8 / Q8_0_R8),
+ * the two alternating call by call so that both see the same machine; the JSON's "all" rows
+ * name the kernel of each (fl_matmul_kernel_name).
  *
  * Per type also the attention projections of one layer, q (2048 x 2048), k and v (256 x 2048)
  * on the same input: fl_matmul_n (one call) against three fl_matmul calls, alternated, for one
@@ -147,8 +149,10 @@ int fl_bench_matmul(int argc, char **argv) {
     if (!json) {
         printf("isa %s, %d threads\n", fl_isa_name(fl_isa_get()), nth);
         printf("calibration: int8 peak %.1f GOP/s (AVX-512 VNNI), memory read bandwidth %.1f GB/s\n", peak, bw);
-        if (amx_peak > 0) printf("AMX-INT8 tiles: %.1f GOP/s peak, used for the GEMM (FL_AMX=0 turns them off)\n", amx_peak);
-        if (compare) printf("GEMM on the AMX-BF16 tiles; 'int8 tiles' is the same GEMM on the AMX-INT8 tiles, alternated call by call\n");
+        if (amx_peak > 0) printf("AMX-INT8 tiles: %.1f GOP/s peak (FL_AMX=0 turns the AMX tiles off)\n", amx_peak);
+        if (compare)
+            printf("GEMM on the AMX-BF16 tiles; 'int8 tiles' is the same GEMM with them off, alternated call by call (the AMX-INT8\n"
+                   "tiles for the file's layout, the AVX-512 VNNI tiles for the R8 groups)\n");
         printf("%-6s %-11s %10s %8s %10s %8s%s\n", "type", "N x K", "gemv GB/s", "%bw", "gemm GOP/s", "%peak", compare ? "  int8 tiles GOP/s" : "");
     }
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
@@ -276,6 +280,12 @@ int fl_bench_matmul(int argc, char **argv) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "type", fl_type_name(type));
         cJSON_AddStringToObject(o, "shape", "all");
+        cJSON_AddStringToObject(o, "gemm_kernel", fl_matmul_kernel_name(type, M));
+        if (compare) {
+            fl_matmul_set_amx_bf16(false);
+            cJSON_AddStringToObject(o, "gemm_int8_tiles_kernel", fl_matmul_kernel_name(type, M));
+            fl_matmul_set_amx_bf16(true);
+        }
         cJSON_AddNumberToObject(o, "gemv_gbs", gbs);
         cJSON_AddNumberToObject(o, "gemv_pct_bandwidth", bw > 0 ? 100 * gbs / bw : 0);
         cJSON_AddNumberToObject(o, "gemm_gops", gops);

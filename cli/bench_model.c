@@ -130,9 +130,16 @@ int fl_bench_model(int argc, char **argv) {
     if (fl_model_forward(m, &wb, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
     fl_cli_kv_reset(&kv);
     fl_batch pb = {np, tok, pos, sid, NULL};
-    /* where the prefill's matmuls take the AMX-BF16 tiles, the same prefill on the AMX-INT8 tiles
-     * too, the two alternating, so both see the same machine */
+    /* where the prefill's matmuls take the AMX-BF16 tiles, the same prefill with them off (on the
+     * int8 tiles) too, the two alternating, so both see the same machine */
     const bool compare = np >= 64 && fl_amx_bf16_usable();
+    /* what each pass runs on (the first layer's wq): with the R8 groups the int8 pass takes the
+     * AVX-512 VNNI tiles, with the file's layout the AMX-INT8 tiles */
+    const int32_t wq_type = fl_model_layer(m, 0)->wq.type;
+    const char *pp_kernel = fl_matmul_kernel_name(wq_type, np > 0 ? np : 1);
+    fl_matmul_set_amx_bf16(false);
+    const char *pp8_kernel = fl_matmul_kernel_name(wq_type, np > 0 ? np : 1);
+    fl_matmul_set_amx_bf16(true);
     double t_pp = 0, t_pp8 = 0, t0;
     for (int i = 0; i < (np > 0 ? reps : 0); i++) {
         t0 = now_s();
@@ -195,6 +202,7 @@ int fl_bench_model(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "amx_int8_peak_gops", amx_peak);
         cJSON_AddNumberToObject(o, "n_prompt", np);
         if (np) {
+            cJSON_AddStringToObject(o, "pp_kernel", pp_kernel);
             cJSON_AddNumberToObject(o, "pp_tok_s", pp);
             cJSON_AddNumberToObject(o, "pp_gops", gops);
             cJSON_AddNumberToObject(o, "pp_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
@@ -202,6 +210,7 @@ int fl_bench_model(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "repetitions", reps);
         cJSON_AddBoolToObject(o, "amx_bf16_prefill", compare);
         if (compare) {
+            cJSON_AddStringToObject(o, "pp_int8_tiles_kernel", pp8_kernel);
             cJSON_AddNumberToObject(o, "pp_int8_tiles_tok_s", pp8);
             cJSON_AddNumberToObject(o, "pp_int8_tiles_pct_int8_peak", peak > 0 ? 100 * gops8 / peak : 0);
         }
@@ -223,14 +232,14 @@ int fl_bench_model(int argc, char **argv) {
                fl_isa_name(fl_isa_get()), nth, mp.no_mmap ? ", weights read into memory (--no-mmap)" : "");
         printf("calibration (the larger of before and after): memory read bandwidth %.1f GB/s, int8 peak %.1f GOP/s (%s)", bw,
                peak, fl_isa_get() == FL_ISA_AVX512 ? "AVX-512 VNNI" : "AVX2 maddubs");
-        if (amx_peak > 0) printf(", AMX-INT8 tiles %.1f GOP/s (used for prefill)", amx_peak);
+        if (amx_peak > 0) printf(", AMX-INT8 tiles %.1f GOP/s", amx_peak);
         printf("\n");
         if (np)
-            printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak%s\n", np, pp, gops, peak > 0 ? 100 * gops / peak : 0,
-                   compare ? " (AMX-BF16 tiles)" : "");
+            printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak (%s)\n", np, pp, gops, peak > 0 ? 100 * gops / peak : 0,
+                   pp_kernel);
         if (compare)
-            printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak (AMX-INT8 tiles, alternated)\n", np, pp8, gops8,
-                   peak > 0 ? 100 * gops8 / peak : 0);
+            printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak (%s, AMX-BF16 off, alternated)\n", np, pp8, gops8,
+                   peak > 0 ? 100 * gops8 / peak : 0, pp8_kernel);
         if (ng)
             printf("tg%-5d %9.2f tok/s  %8.2f GB/s   %5.1f%% of memory bandwidth (%.1f%% paired: the median of %d rounds)\n", ng, tg, gbs,
                    bw > 0 ? 100 * gbs / bw : 0, 100 * median(tg_ratio, n_tg_ratio), n_tg_ratio);

@@ -125,7 +125,8 @@ assert sorted(r)[3] <= o["tg_pct_bandwidth_paired"] <= sorted(r)[4], o
 PY
 done
 # -r: the prefill timed N times; q8_0 weights take the AMX-BF16 tiles for 64 tokens where the CPU
-# has them, and then the same prefill on the AMX-INT8 tiles is reported beside it
+# has them, and then the same prefill with them off (the int8 tiles) is reported beside it, each
+# with the kernel it ran on
 "$fitllm" bench model -m "$shared/models/stories260K-q8_0.gguf" -p 64 -n 4 -t 2 -r 2 --stream-mib 16 --json >"$tmp/bm.json" ||
     fail "bench model -r 2"
 python3 - "$tmp/bm.json" <<'PY' || fail "bench model -r json"
@@ -134,6 +135,8 @@ o = json.load(open(sys.argv[1]))
 assert o["repetitions"] == 2 and o["pp_tok_s"] > 0, o
 assert isinstance(o["amx_bf16_prefill"], bool), o
 assert (o.get("pp_int8_tiles_tok_s", 0) > 0) == o["amx_bf16_prefill"], o
+assert (o["pp_kernel"] == "amx-bf16") == o["amx_bf16_prefill"], o
+assert o.get("pp_int8_tiles_kernel", "r8-vnni") in ("r8-vnni", "amx-int8"), o
 PY
 "$fitllm" bench model -m "$model" -r 0 >/dev/null 2>&1 && fail "bench model -r 0 accepted"
 # -p 0 / -n 0 skip that test (llama-bench's convention); both 0 is an error

@@ -1415,6 +1415,42 @@ static void test_r8(void **state) {
     fl_test_mem_zero();
 }
 
+/* fl_matmul_kernel_name follows the dispatch's switches (the benchmarks' labels) */
+static void test_kernel_name(void **state) {
+    (void)state;
+    assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q8_0, 0), "none");
+    fl_matmul_set_f32_act(true);
+    assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q8_0, 16), "f32");
+    fl_matmul_set_f32_act(false);
+    assert_string_equal(fl_matmul_kernel_name(FL_TYPE_F16, 16), "f32");
+    fl_matmul_set_llama_order(true);
+    assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0, 16), "llama-order");
+    fl_matmul_set_llama_order(false);
+    fl_isa_set(FL_ISA_REF);
+    assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q8_0_R8, 16), "r8-ref");
+    fl_isa_set(fl_isa_best());
+    if (fl_isa_get() == FL_ISA_AVX512) {
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 16), "r8-vnni");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q8_0, 1), "gemv");
+        if (fl_amx_bf16_usable()) {
+            assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 512), "amx-bf16");
+            assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K, 64), "amx-bf16");
+            fl_matmul_set_amx_bf16(false);
+            assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 512), "r8-vnni");
+            fl_matmul_set_amx_bf16(true);
+        }
+        if (fl_amx_usable()) {
+            assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K, 32), "amx-int8");
+            assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q8_0, 16), "amx-int8-rows");
+            fl_matmul_set_amx(false);
+            assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K, 32), "panels");
+            fl_matmul_set_amx(true);
+        } else
+            assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K, 32), "panels");
+    } else if (fl_isa_get() == FL_ISA_AVX2)
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 16), "r8-avx2");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_q8_parity),
@@ -1435,6 +1471,7 @@ int main(void) {
         cmocka_unit_test(test_dequant_simd),
         cmocka_unit_test(test_scratch_bytes),
         cmocka_unit_test(test_r8),
+        cmocka_unit_test(test_kernel_name),
         cmocka_unit_test(test_gemm_shapes_vs_ref_isa),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

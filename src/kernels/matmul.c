@@ -933,6 +933,21 @@ each: /* one matrix at a time */
     for (int i = 0; i < nw; i++) matmul_n(&Ws[i], &ys[i], 1, x, M);
 }
 
+/* The kernel family matmul_n picks first, in its order (scratch shortfalls aside). */
+const char *fl_matmul_kernel_name(int32_t type, int64_t M) {
+    bool llama;
+    if (M <= 0) return "none";
+    if (!int8_path(type, M, &llama)) return "f32";
+    if (llama) return "llama-order";
+    if (amx_bf16_path(type, M)) return "amx-bf16";
+    if (amx_rows_path(type, M)) return "amx-int8-rows";
+    if (amx_path(type, M)) return "amx-int8";
+    if (fl_r8_base(type) >= 0) return fl_isa_get() == FL_ISA_AVX512 ? "r8-vnni" : fl_isa_get() == FL_ISA_AVX2 ? "r8-avx2" : "r8-ref";
+    if (gemv_path(type, M)) return "gemv";
+    if (panel_path(type, M)) return "panels";
+    return "tiles";
+}
+
 void fl_matmul(const fl_tensor *W, const float *x, float *y, int64_t M) { matmul_n(&W, &y, 1, x, M); }
 
 void fl_matmul_n(int n, const fl_tensor *const *W, float *const *y, const float *x, int64_t M) {

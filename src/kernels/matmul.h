@@ -116,6 +116,10 @@ void fl_matmul_n(int n, const fl_tensor *const *W, float *const *y, const float 
  * every step of 2 tokens or more has the same bits per token (for tests of that property). */
 int64_t fl_matmul_gemv_max_tokens(int32_t type);
 void fl_matmul_set_few_token_gemv(bool on);
+/* The kernel family a step of M tokens of `type` takes now (with the current switches):
+ * "amx-bf16", "amx-int8", "amx-int8-rows", "r8-vnni" (the AVX-512 tiles on the R8 groups),
+ * "r8-avx2", "r8-ref", "gemv", "panels", "tiles", "llama-order", "f32"; for benchmark labels. */
+const char *fl_matmul_kernel_name(int32_t type, int64_t M);
 /* FL_MEM_SCRATCH bytes one fl_matmul(W, ., ., M) call on nth threads allocates (see above). */
 size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth);
 /* Scalar reference (single thread, dequantize row + f32 dot). */
