@@ -647,29 +647,26 @@ static void test_prefix_cache(void **state) {
 }
 
 /* Identical bits whatever the batching: whole prefill vs chunks vs token-by-token decode,
- * and a prefix-cache hit vs a cold run (what the end-to-end oracle needs). */
-static void test_batching_bitwise(void **state) {
-    (void)state;
-    fl_kv_config c = small_cfg(FL_TYPE_Q8_0, 4, 64);
-    c.part_tokens = 8;
-    c.n_head_kv = 2;
-    c.head_dim = 16;
-    const int32_t T = 37, nrow = c.n_head_kv * c.head_dim, qrow = c.n_head * c.head_dim;
+ * and a prefix-cache hit vs a cold run (what the end-to-end oracle needs), for T tokens. */
+static void batching_case(fl_kv_config c, int32_t T) {
+    const int32_t nrow = c.n_head_kv * c.head_dim, qrow = c.n_head * c.head_dim;
     float *K = falloc((size_t)T * nrow), *Q = falloc((size_t)T * qrow);
     float *o_ref = falloc((size_t)T * qrow), *o = falloc((size_t)T * qrow);
     rng_seed(5);
     fill(K, (size_t)T * nrow, 1);
     fill(Q, (size_t)T * qrow, 1);
-    int32_t toks[64];
+    int32_t toks[128];
+    assert_true(T <= 128);
     for (int i = 0; i < T; i++) toks[i] = i * 3;
-    const int32_t cuts[4][8] = {{37}, {10, 17, 10}, {1, 1, 1, 30, 1, 1, 1, 1}, {12, 25}};
+    const int32_t cuts[4][8] = {{T}, {10, 17, 10}, {1, 1, 1, 30, 1, 1, 1, 1}, {12, 25}};
     const int32_t ncuts[4] = {1, 3, 8, 2};
+    const int32_t cached = (T - 1) / c.block_size * c.block_size; /* the full blocks before the last token */
     for (int mode = 0; mode < 5; mode++) {
         fl_kv_cache *kv = fl_kv_new(&c);
         int32_t nc = 0, done = 0;
         if (mode == 4) { /* warm the prefix cache with another sequence, then hit it */
             assert_int_equal(fl_kv_seq_add(kv, 1, toks, T, &nc), FL_OK);
-            int32_t sid[64], pos[64];
+            int32_t sid[128], pos[128];
             for (int i = 0; i < T; i++) sid[i] = 1, pos[i] = i;
             fl_batch b = {.n_tokens = T, .tokens = toks, .pos = pos, .seq_id = sid};
             assert_int_equal(fl_kv_prepare(kv, &b), FL_OK);
@@ -677,12 +674,12 @@ static void test_batching_bitwise(void **state) {
             fl_kv_seq_free(kv, 1);
         }
         assert_int_equal(fl_kv_seq_add(kv, 0, toks, T, &nc), FL_OK);
-        if (mode == 4) assert_int_equal(nc, 36);
+        if (mode == 4) assert_int_equal(nc, cached);
         done = nc;
         for (int ci = 0; done < T; ci++) {
             int32_t len = mode < 4 ? cuts[mode][ci % ncuts[mode]] : T - done;
             if (done + len > T) len = T - done;
-            int32_t sid[64], pos[64];
+            int32_t sid[128], pos[128];
             for (int i = 0; i < len; i++) sid[i] = 0, pos[i] = done + i;
             fl_batch b = {.n_tokens = len, .tokens = toks + done, .pos = pos, .seq_id = sid};
             assert_int_equal(fl_kv_prepare(kv, &b), FL_OK);
@@ -694,13 +691,43 @@ static void test_batching_bitwise(void **state) {
         }
         if (mode == 0) memcpy(o_ref, o, sizeof(float) * (size_t)T * qrow);
         else if (mode < 4) assert_memory_equal(o_ref, o, sizeof(float) * (size_t)T * qrow);
-        else assert_memory_equal(o_ref + (size_t)36 * qrow, o + (size_t)36 * qrow, sizeof(float) * (size_t)qrow);
+        else assert_memory_equal(o_ref + (size_t)cached * qrow, o + (size_t)cached * qrow, sizeof(float) * (size_t)(T - cached) * qrow);
         fl_kv_free(kv);
     }
+    uint64_t h = 1469598103934665603ull; /* FNV-1a of the outputs: the same on every build of one kernel */
+    for (size_t i = 0; i < sizeof(float) * (size_t)T * qrow; i++) h = (h ^ ((const unsigned char *)o_ref)[i]) * 1099511628211ull;
+    fprintf(stderr, "batching %s %s bs %d heads %d/%d hd %d: outputs %016llx\n", fl_isa_name(fl_isa_get()), fl_type_name(c.type), c.block_size, c.n_head,
+            c.n_head_kv, c.head_dim, (unsigned long long)h);
     ffree(K, (size_t)T * nrow);
     ffree(Q, (size_t)T * qrow);
     ffree(o_ref, (size_t)T * qrow);
     ffree(o, (size_t)T * qrow);
+}
+
+static void test_batching_bitwise(void **state) {
+    (void)state;
+    fl_kv_config c = small_cfg(FL_TYPE_Q8_0, 4, 64);
+    c.part_tokens = 8;
+    c.n_head_kv = 2;
+    c.head_dim = 16;
+    batching_case(c, 37);
+    /* 16-bit K/V in 16-token blocks (the AVX-512 block update, several query heads per KV head):
+     * TinyLlama's group of 8 heads, and 3 (a pair and one) */
+    const int32_t heads[2] = {16, 6};
+    for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++) /* every variant the CPU has, 2 threads */
+    for (int t = 0; t < 2; t++)
+        for (int hi = 0; hi < 2; hi++) {
+            fl_isa_set((fl_isa)isa);
+            fl_threads_set(2);
+            fl_kv_config d = small_cfg(t ? FL_TYPE_BF16 : FL_TYPE_F16, 16, 64);
+            d.part_tokens = 32;
+            d.n_head = heads[hi];
+            d.n_head_kv = 2;
+            d.head_dim = 64;
+            batching_case(d, 90);
+        }
+    fl_threads_set(0);
+    fl_isa_set(fl_isa_best());
     fl_test_mem_zero();
 }
 
