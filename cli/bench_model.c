@@ -136,10 +136,12 @@ int fl_bench_model(int argc, char **argv) {
     /* what each pass runs on (the first layer's wq): with the R8 groups the int8 pass takes the
      * AVX-512 VNNI tiles, with the file's layout the AMX-INT8 tiles */
     const int32_t wq_type = fl_model_layer(m, 0)->wq.type;
-    const char *pp_kernel = fl_matmul_kernel_name(wq_type, np > 0 ? np : 1);
-    fl_matmul_set_amx_bf16(false);
-    const char *pp8_kernel = fl_matmul_kernel_name(wq_type, np > 0 ? np : 1);
-    fl_matmul_set_amx_bf16(true);
+    const char *pp8_kernel = NULL;
+    if (compare) { /* (only then: switching back on would override FL_AMX_BF16=0) */
+        fl_matmul_set_amx_bf16(false);
+        pp8_kernel = fl_matmul_kernel_name(wq_type, np);
+        fl_matmul_set_amx_bf16(true);
+    }
     double t_pp = 0, t_pp8 = 0, t0;
     for (int i = 0; i < (np > 0 ? reps : 0); i++) {
         t0 = now_s();
@@ -156,6 +158,7 @@ int fl_bench_model(int argc, char **argv) {
             if (st != FL_OK) goto fail;
         }
     }
+    const char *pp_kernel = fl_matmul_kernel_name(wq_type, np > 0 ? np : 1); /* (as the switches stand after the runs) */
     t_pp /= reps;
     t_pp8 /= reps;
     /* decode in rounds, each between two readings of the bandwidth (one pass of each read loop

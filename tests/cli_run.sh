@@ -138,6 +138,14 @@ assert (o.get("pp_int8_tiles_tok_s", 0) > 0) == o["amx_bf16_prefill"], o
 assert (o["pp_kernel"] == "amx-bf16") == o["amx_bf16_prefill"], o
 assert o.get("pp_int8_tiles_kernel", "r8-vnni") in ("r8-vnni", "amx-int8"), o
 PY
+# FL_AMX_BF16=0 holds through the benchmark: no bf16 prefill, on any CPU
+FL_AMX_BF16=0 "$fitllm" bench model -m "$shared/models/stories260K-q8_0.gguf" -p 64 -n 2 -t 2 --stream-mib 16 --json >"$tmp/bm8.json" ||
+    fail "bench model FL_AMX_BF16=0"
+python3 - "$tmp/bm8.json" <<'PY' || fail "bench model FL_AMX_BF16=0 json"
+import json, sys
+o = json.load(open(sys.argv[1]))
+assert o["pp_kernel"] != "amx-bf16" and not o["amx_bf16_prefill"], o
+PY
 "$fitllm" bench model -m "$model" -r 0 >/dev/null 2>&1 && fail "bench model -r 0 accepted"
 # -p 0 / -n 0 skip that test (llama-bench's convention); both 0 is an error
 "$fitllm" bench model -m "$model" -p 0 -n 4 -t 1 --stream-mib 16 --json >"$tmp/bm0.json" || fail "bench model -p 0"
