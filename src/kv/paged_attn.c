@@ -247,7 +247,7 @@ U16_INLINE void update16_n(const int N, float *const *st, const float *const *q,
         const __m512 r = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a[h][0], a[h][1]), _mm512_add_ps(a[h][2], a[h][3])), _mm512_set1_ps(scale));
         const float mb = _mm512_mask_reduce_max_ps(vm, r);
         const float m_new = st[h][0] > mb ? st[h][0] : mb;
-        al[h] = st[h][0] == -INFINITY ? 0.0f : expf(st[h][0] - m_new);
+        al[h] = st[h][0] == -INFINITY ? 0.0f : st[h][0] == m_new ? 1.0f : expf(st[h][0] - m_new); /* (expf(0) is 1: the call skipped) */
         const __m512 e = fl_exp512(_mm512_sub_ps(r, _mm512_set1_ps(m_new))); /* (every lane; those outside [ja, jb) masked off) */
         _mm512_mask_storeu_ps(sc[h], vm, e);
         st[h][1] = st[h][1] * al[h] + _mm512_mask_reduce_add_ps(vm, _mm512_maskz_mov_ps(vm, e));
@@ -314,7 +314,7 @@ static void state_update(const vec_ops *vo, float *st, const float *qh, const fl
     float mb = -INFINITY;
     for (int32_t j = ja; j < jb; j++) mb = sc[j] > mb ? sc[j] : mb; /* scores are finite: same as fmaxf, inlined */
     const float m_new = st[0] > mb ? st[0] : mb;
-    const float alpha = st[0] == -INFINITY ? 0.0f : expf(st[0] - m_new);
+    const float alpha = st[0] == -INFINITY ? 0.0f : st[0] == m_new ? 1.0f : expf(st[0] - m_new); /* (expf(0) is 1) */
     float l = st[1] * alpha;
     for (int32_t j = ja; j < jb; j++) sc[j] -= m_new;
     vo->exp_row(sc + ja, jb - ja);
