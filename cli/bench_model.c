@@ -6,7 +6,10 @@
  * -n 0 skips that test (as llama-bench does), and its keys are left out of the JSON.  Decode
  * runs in up to 8 rounds, each between two readings of the bandwidth on one kept buffer: the
  * median of the rounds' ratios (tg_pct_bandwidth_paired) is what this VM's drift, 33 or 55-62
- * GB/s from one second to the next, does not move.  The KV
+ * GB/s from one second to the next, does not move.  Likewise each prefill (-r of them, the
+ * first 64) runs between two short readings of the int8 peak, and pp_pct_int8_peak_paired is the
+ * median of its GOP/s over the larger of its two (pp_pct_int8_peak divides the mean by the larger
+ * of the long readings before and after everything).  The KV
  * cache is `fitllm run`'s (--kv-layout paged by default, --kv-type f16, --block-size 16).
  * Builds to a stub where the model module is absent. */
 #include "cli/cli.h"
@@ -35,10 +38,14 @@ static double now_s(void) {
 
 /* decode rounds, each with a bandwidth reading either side (at most) */
 #define PAIR_MAX 8
+/* prefills paired with an int8 peak reading either side (the first this many repetitions) */
+#define PP_PAIR_MAX 64
+/* seconds per try of those readings (fl_calib_int8_peak_gops: a probe and two tries) */
+#define PP_PAIR_CALIB_S 0.05
 
-/* the median of v[0..n) (n <= PAIR_MAX); 0 for none */
+/* the median of v[0..n) (n <= PP_PAIR_MAX); 0 for none */
 static double median(const double *v0, int n) {
-    double v[PAIR_MAX];
+    double v[PP_PAIR_MAX];
     memcpy(v, v0, sizeof(double) * (size_t)n);
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
@@ -57,7 +64,7 @@ int fl_bench_model(int argc, char **argv) {
         {"threads", 't', FL_OPT_INT, "N  threads (default 2)"},
         {"json", 0, FL_OPT_FLAG, "print JSON"},
         {"stream-mib", 0, FL_OPT_INT, "MIB  buffer for the bandwidth calibration (default 1024)"},
-        {"repetitions", 'r', FL_OPT_INT, "N  prefills timed, the mean reported (default 1)"},
+        {"repetitions", 'r', FL_OPT_INT, "N  prefills timed, the mean reported (default 1; the first 64 also paired with the int8 peak)"},
         FL_CLI_KV_OPTS,
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
@@ -67,7 +74,8 @@ int fl_bench_model(int argc, char **argv) {
     int r = fl_args_parse(argc, argv, opts, "fitllm bench model -m MODEL [-p 512] [-n 128] [-t N] [--json]",
                           "Prefill (pp) and decode (tg) tokens/s, decode GB/s of weights vs measured memory\n"
                           "bandwidth, prefill GOP/s vs measured int8 peak.  Decode runs in up to 8 rounds with the\n"
-                          "bandwidth read before and after each; \"paired\" is the median of the rounds' ratios.", NULL, 0, &n_pos);
+                          "bandwidth read before and after each, and each prefill between two readings of the int8 peak;\n"
+                          "\"paired\" is the median of those ratios.", NULL, 0, &n_pos);
     if (r) return r == 1 ? 0 : 2;
     if (!opts[0].set) {
         fprintf(stderr, "fitllm bench model: -m MODEL is required\n");
@@ -89,8 +97,8 @@ int fl_bench_model(int argc, char **argv) {
     int32_t *tok = NULL, *pos = NULL, *sid = NULL;
     int rc = 1;
     fl_calib_bw *cb = NULL;
-    double tg_ratio[PAIR_MAX];
-    int n_tg_ratio = 0;
+    double tg_ratio[PAIR_MAX], pp_ratio[PP_PAIR_MAX], pp8_ratio[PP_PAIR_MAX];
+    int n_tg_ratio = 0, n_pp_ratio = 0;
     fl_model_params mp = fl_model_default_params();
     mp.no_mmap = fl_args_get(opts, "no-mmap")->set;
     mp.repack = !fl_args_get(opts, "no-repack")->set;
@@ -142,21 +150,38 @@ int fl_bench_model(int argc, char **argv) {
         pp8_kernel = fl_matmul_kernel_name(wq_type, np);
         fl_matmul_set_amx_bf16(true);
     }
-    double t_pp = 0, t_pp8 = 0, t0;
+    /* each prefill (of the first PP_PAIR_MAX) between two short readings of the int8 peak: the
+     * ratio of its GOP/s to the larger of the two, and their median (pp_pct_int8_peak_paired),
+     * as for decode below; the passes of a comparison share their middle reading */
+    const double op_pp = 2.0 * wparams * np / 1e9;
+    double t_pp = 0, t_pp8 = 0, t0, t_one;
+    double pk_prev = np > 0 ? fl_calib_int8_peak_gops(nth, PP_PAIR_CALIB_S) : 0;
     for (int i = 0; i < (np > 0 ? reps : 0); i++) {
+        const bool pair = i < PP_PAIR_MAX;
         t0 = now_s();
         if (fl_model_forward(m, &pb, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
-        t_pp += now_s() - t0;
+        t_pp += t_one = now_s() - t0;
         fl_cli_kv_reset(&kv);
+        if (pair) {
+            const double pk = fl_calib_int8_peak_gops(nth, PP_PAIR_CALIB_S), pk_max = pk > pk_prev ? pk : pk_prev;
+            pp_ratio[n_pp_ratio] = pk_max > 0 ? op_pp / t_one / pk_max : 0;
+            pk_prev = pk;
+        }
         if (compare) {
             fl_matmul_set_amx_bf16(false);
             t0 = now_s();
             const fl_status st = fl_model_forward(m, &pb, &kv.iface, kv.ctx, logits);
-            t_pp8 += now_s() - t0;
+            t_pp8 += t_one = now_s() - t0;
             fl_matmul_set_amx_bf16(true);
             fl_cli_kv_reset(&kv);
             if (st != FL_OK) goto fail;
+            if (pair) {
+                const double pk = fl_calib_int8_peak_gops(nth, PP_PAIR_CALIB_S), pk_max = pk > pk_prev ? pk : pk_prev;
+                pp8_ratio[n_pp_ratio] = pk_max > 0 ? op_pp / t_one / pk_max : 0;
+                pk_prev = pk;
+            }
         }
+        if (pair) n_pp_ratio++;
     }
     const char *pp_kernel = fl_matmul_kernel_name(wq_type, np > 0 ? np : 1); /* (as the switches stand after the runs) */
     t_pp /= reps;
@@ -209,6 +234,9 @@ int fl_bench_model(int argc, char **argv) {
             cJSON_AddNumberToObject(o, "pp_tok_s", pp);
             cJSON_AddNumberToObject(o, "pp_gops", gops);
             cJSON_AddNumberToObject(o, "pp_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
+            cJSON_AddNumberToObject(o, "pp_pct_int8_peak_paired", 100 * median(pp_ratio, n_pp_ratio));
+            cJSON *a = cJSON_AddArrayToObject(o, "pp_pct_int8_peak_rounds");
+            for (int k = 0; a && k < n_pp_ratio; k++) cJSON_AddItemToArray(a, cJSON_CreateNumber(100 * pp_ratio[k]));
         }
         cJSON_AddNumberToObject(o, "repetitions", reps);
         cJSON_AddBoolToObject(o, "amx_bf16_prefill", compare);
@@ -216,6 +244,7 @@ int fl_bench_model(int argc, char **argv) {
             cJSON_AddStringToObject(o, "pp_int8_tiles_kernel", pp8_kernel);
             cJSON_AddNumberToObject(o, "pp_int8_tiles_tok_s", pp8);
             cJSON_AddNumberToObject(o, "pp_int8_tiles_pct_int8_peak", peak > 0 ? 100 * gops8 / peak : 0);
+            cJSON_AddNumberToObject(o, "pp_int8_tiles_pct_int8_peak_paired", 100 * median(pp8_ratio, n_pp_ratio));
         }
         cJSON_AddNumberToObject(o, "n_gen", ng);
         if (ng) {
@@ -238,11 +267,11 @@ int fl_bench_model(int argc, char **argv) {
         if (amx_peak > 0) printf(", AMX-INT8 tiles %.1f GOP/s", amx_peak);
         printf("\n");
         if (np)
-            printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak (%s)\n", np, pp, gops, peak > 0 ? 100 * gops / peak : 0,
-                   pp_kernel);
+            printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak (%.1f%% paired: the median of %d) (%s)\n", np, pp, gops,
+                   peak > 0 ? 100 * gops / peak : 0, 100 * median(pp_ratio, n_pp_ratio), n_pp_ratio, pp_kernel);
         if (compare)
-            printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak (%s, AMX-BF16 off, alternated)\n", np, pp8, gops8,
-                   peak > 0 ? 100 * gops8 / peak : 0, pp8_kernel);
+            printf("pp%-5d %9.2f tok/s  %8.1f GOP/s  %5.1f%% of int8 peak (%.1f%% paired) (%s, AMX-BF16 off, alternated)\n", np, pp8,
+                   gops8, peak > 0 ? 100 * gops8 / peak : 0, 100 * median(pp8_ratio, n_pp_ratio), pp8_kernel);
         if (ng)
             printf("tg%-5d %9.2f tok/s  %8.2f GB/s   %5.1f%% of memory bandwidth (%.1f%% paired: the median of %d rounds)\n", ng, tg, gbs,
                    bw > 0 ? 100 * gbs / bw : 0, 100 * median(tg_ratio, n_tg_ratio), n_tg_ratio);

@@ -137,6 +137,11 @@ assert isinstance(o["amx_bf16_prefill"], bool), o
 assert (o.get("pp_int8_tiles_tok_s", 0) > 0) == o["amx_bf16_prefill"], o
 assert (o["pp_kernel"] == "amx-bf16") == o["amx_bf16_prefill"], o
 assert o.get("pp_int8_tiles_kernel", "r8-vnni") in ("r8-vnni", "amx-int8"), o
+# each prefill against the int8 peak read on either side of it, and the median of those ratios
+r = o["pp_pct_int8_peak_rounds"]
+assert len(r) == 2 and all(x > 0 for x in r) == (o["int8_peak_gops"] > 0), o
+assert abs(o["pp_pct_int8_peak_paired"] - (r[0] + r[1]) / 2) < 1e-9, o
+assert ("pp_int8_tiles_pct_int8_peak_paired" in o) == o["amx_bf16_prefill"], o
 PY
 # FL_AMX_BF16=0 holds through the benchmark: no bf16 prefill, on any CPU
 FL_AMX_BF16=0 "$fitllm" bench model -m "$shared/models/stories260K-q8_0.gguf" -p 64 -n 2 -t 2 --stream-mib 16 --json >"$tmp/bm8.json" ||
@@ -153,7 +158,7 @@ PY
 python3 - "$tmp/bm0.json" "$tmp/bm1.json" <<'PY' || fail "bench model -p 0 / -n 0 json"
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:3])
-assert a["n_prompt"] == 0 and "pp_tok_s" not in a and a["n_gen"] == 4 and a["tg_tok_s"] > 0, a
+assert a["n_prompt"] == 0 and "pp_tok_s" not in a and "pp_pct_int8_peak_rounds" not in a and a["n_gen"] == 4 and a["tg_tok_s"] > 0, a
 assert len(a["tg_pct_bandwidth_rounds"]) == 4 and "tg_pct_bandwidth_rounds" not in b, a  # a round per token
 assert b["n_gen"] == 0 and "tg_tok_s" not in b and b["n_prompt"] == 8 and b["pp_tok_s"] > 0, b
 PY
