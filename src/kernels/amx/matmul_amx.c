@@ -766,8 +766,9 @@ bool fl_amx_bf16_panel_row_q(int32_t wtype, const void *w, int64_t K, uint16_t *
 /* Rows r0 .. r0 + 7 of the panel from one R8 group (kernels/matmul.h layout; g at the group's
  * block 0 of the chunk, K values): per block the codes of the 8 rows are regathered from their
  * 4-byte chunks with two rounds of dword permutes (Q8_0: [v][row] -> [row][v] over 8 chunks,
- * Q4_0 over 4), then each row goes through fl_q8_0_block_ps / fl_q4_0_block_ps as the base
- * type's row does, so the panel bytes are those of fl_amx_bf16_panel_row_q on the unpacked rows. */
+ * Q4_0 over 4), then each row's 32 values are d x code in f32 as in fl_q8_0_block_ps /
+ * fl_q4_0_block_ps, rounded as there, so the panel bytes are those of fl_amx_bf16_panel_row_q on
+ * the unpacked rows (Q4_0: the nibbles of four rows unpacked and less 8 in one go, in bytes). */
 INLINE void r8_panel_group(const bool q8, const uint8_t *g, int64_t K, uint16_t *panel, int r0) {
     const size_t gb = q8 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK;
     /* first round: lane 4 i + c = the two sources' chunk c (of 4) of row i (rows 4 + i for hi4) */
@@ -780,8 +781,7 @@ INLINE void r8_panel_group(const bool q8, const uint8_t *g, int64_t K, uint16_t 
         const uint8_t *blk = g + (size_t)b * gb;
         uint16_t d16[8];
         memcpy(d16, blk, sizeof d16);
-        /* row i's codes at codes + i * qs (its block's order): Q8_0 two rows per vector, Q4_0 four */
-        const size_t qs = q8 ? 32 : 16;
+        /* Q8_0: row i's codes at codes + 32 i (its block's order), two rows per vector */
         uint8_t codes[256] __attribute__((aligned(64)));
         const __m512i z0 = _mm512_loadu_si512(blk + 16), z1 = _mm512_loadu_si512(blk + 80);
         const __m512i a_lo = _mm512_permutex2var_epi32(z0, lo4, z1), a_hi = _mm512_permutex2var_epi32(z0, hi4, z1);
@@ -792,23 +792,28 @@ INLINE void r8_panel_group(const bool q8, const uint8_t *g, int64_t K, uint16_t 
             _mm512_store_si512(codes + 64, _mm512_permutex2var_epi32(a_lo, pr1, b_lo));
             _mm512_store_si512(codes + 128, _mm512_permutex2var_epi32(a_hi, pr0, b_hi));
             _mm512_store_si512(codes + 192, _mm512_permutex2var_epi32(a_hi, pr1, b_hi));
-        } else {
-            _mm512_store_si512(codes, a_lo);
-            _mm512_store_si512(codes + 64, a_hi);
         }
+        /* the codes as signed bytes (Q4_0: low nibbles, values 0-15, then high nibbles, each
+         * less 8), converted per 16 from memory; d x code in f32 as fl_q4_0_block_ps /
+         * fl_q8_0_block_ps compute it, so the same bf16 */
+        if (!q8) {
+            const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+            const __m512i l0 = _mm512_sub_epi8(_mm512_and_si512(a_lo, m4), eight), l1 = _mm512_sub_epi8(_mm512_and_si512(a_hi, m4), eight);
+            const __m512i h0 = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(a_lo, 4), m4), eight);
+            const __m512i h1 = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(a_hi, 4), m4), eight);
+            _mm512_store_si512(codes, l0);       /* row i: k 0-15 at 16 i, k 16-31 at 128 + 16 i */
+            _mm512_store_si512(codes + 64, l1);
+            _mm512_store_si512(codes + 128, h0);
+            _mm512_store_si512(codes + 192, h1);
+        }
+        float d[8] __attribute__((aligned(32)));
+        _mm256_store_ps(d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d16)));
+#pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {
-            __m512 lo, hi;
-            if (q8) {
-                fl_block_q8_0 q;
-                q.d = d16[i];
-                memcpy(q.qs, codes + i * qs, 32);
-                fl_q8_0_block_ps(&q, &lo, &hi);
-            } else {
-                fl_block_q4_0 q;
-                q.d = d16[i];
-                memcpy(q.qs, codes + i * qs, 16);
-                fl_q4_0_block_ps(&q, &lo, &hi);
-            }
+            const uint8_t *c0 = q8 ? codes + 32 * i : codes + 16 * i, *c1 = q8 ? c0 + 16 : c0 + 128;
+            const __m512 dv = _mm512_set1_ps(d[i]);
+            const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)c0))), dv);
+            const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)c1))), dv);
             _mm512_store_si512(panel + b * 512 + (r0 + i) * 32, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
         }
     }
