@@ -712,11 +712,12 @@ static void test_batching_bitwise(void **state) {
     c.head_dim = 16;
     batching_case(c, 37);
     /* 16-bit K/V in 16-token blocks (the AVX-512 block update, several query heads per KV head):
-     * TinyLlama's group of 8 heads, and 3 (a pair and one) */
-    const int32_t heads[2] = {16, 6};
+     * TinyLlama's group of 8 heads (eight at once), 3 (a pair and one) and 15 (an eight, a four,
+     * a pair and one) */
+    const int32_t heads[3] = {16, 6, 30};
     for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++) /* every variant the CPU has, 2 threads */
     for (int t = 0; t < 2; t++)
-        for (int hi = 0; hi < 2; hi++) {
+        for (int hi = 0; hi < 3; hi++) {
             fl_isa_set((fl_isa)isa);
             fl_threads_set(2);
             fl_kv_config d = small_cfg(t ? FL_TYPE_BF16 : FL_TYPE_F16, 16, 64);

@@ -216,10 +216,10 @@ static vec_ops pick_ops(void) {
  * bookkeeping cost about as much as the two 64-fma loops.  sc[0] is the workspace's (bs
  * floats), the others this frame's. */
 #define U16_INLINE static inline __attribute__((always_inline, target("avx512f")))
-U16_INLINE void update16_n(const int N, float *const *st, const float *const *q, const float *kt, const float *vb, int32_t ja,
-                           int32_t jb, int32_t hd, int32_t bs, float scale, float *sc_ws) {
-    float sc_own[3][16];
-    float *sc[4] = {sc_ws, sc_own[0], sc_own[1], sc_own[2]};
+/* Scores, max, exp and sum of N <= 4 heads (four chains of the 64 dims each: 4 N accumulators);
+ * sc[h] gets head h's exp row, al[h] its rescale factor. */
+U16_INLINE void scores16_n(const int N, float *const *st, const float *const *q, const float *kt, int32_t ja, int32_t jb,
+                           int32_t hd, int32_t bs, float scale, float *const *sc, float *al) {
     const __mmask16 vm = (__mmask16)(((jb >= 16 ? 0xFFFFu : (1u << jb) - 1)) & ~((1u << ja) - 1));
     const __mmask16 lm = (__mmask16)(bs >= 16 ? 0xFFFFu : (1u << bs) - 1);
     __m512 a[4][4];
@@ -241,7 +241,6 @@ U16_INLINE void update16_n(const int N, float *const *st, const float *const *q,
 #pragma GCC unroll 4
         for (int h = 0; h < N; h++) a[h][0] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d]), k, a[h][0]);
     }
-    float al[4];
 #pragma GCC unroll 4
     for (int h = 0; h < N; h++) {
         const __m512 r = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a[h][0], a[h][1]), _mm512_add_ps(a[h][2], a[h][3])), _mm512_set1_ps(scale));
@@ -253,10 +252,16 @@ U16_INLINE void update16_n(const int N, float *const *st, const float *const *q,
         st[h][1] = st[h][1] * al[h] + _mm512_mask_reduce_add_ps(vm, _mm512_maskz_mov_ps(vm, e));
         st[h][0] = m_new;
     }
-    for (d = 0; d < hd; d += 16) { /* accum_avx512: even / odd keys in two chains, added at the end */
+}
+
+/* acc of N <= 8 heads: acc x al + the exp rows times the values (accum_avx512: even / odd keys in
+ * two chains, added at the end), each value vector loaded once for the N heads */
+U16_INLINE void values16_n(const int N, float *const *st, const float *vb, int32_t ja, int32_t jb, int32_t hd,
+                           float *const *sc, const float *al) {
+    for (int32_t d = 0; d < hd; d += 16) {
         const __mmask16 m = hd - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (hd - d)) - 1);
-        __m512 x[4], y[4];
-#pragma GCC unroll 4
+        __m512 x[8], y[8];
+#pragma GCC unroll 8
         for (int h = 0; h < N; h++) {
             x[h] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, st[h] + 2 + d), _mm512_set1_ps(al[h]));
             y[h] = _mm512_setzero_ps();
@@ -265,7 +270,7 @@ U16_INLINE void update16_n(const int N, float *const *st, const float *const *q,
         for (; j + 2 <= jb; j += 2) {
             const __m512 v0 = _mm512_maskz_loadu_ps(m, vb + (size_t)j * (size_t)hd + d);
             const __m512 v1 = _mm512_maskz_loadu_ps(m, vb + (size_t)(j + 1) * (size_t)hd + d);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int h = 0; h < N; h++) {
                 x[h] = _mm512_fmadd_ps(_mm512_set1_ps(sc[h][j]), v0, x[h]);
                 y[h] = _mm512_fmadd_ps(_mm512_set1_ps(sc[h][j + 1]), v1, y[h]);
@@ -273,24 +278,59 @@ U16_INLINE void update16_n(const int N, float *const *st, const float *const *q,
         }
         if (j < jb) {
             const __m512 v0 = _mm512_maskz_loadu_ps(m, vb + (size_t)j * (size_t)hd + d);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int h = 0; h < N; h++) x[h] = _mm512_fmadd_ps(_mm512_set1_ps(sc[h][j]), v0, x[h]);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int h = 0; h < N; h++) _mm512_mask_storeu_ps(st[h] + 2 + d, m, _mm512_add_ps(x[h], y[h]));
     }
 }
 
-/* Heads [0, n) of one KV group, st / q at stride ss / hd floats: fours, then a pair, then one. */
+/* The AVX-512 block update for blocks of at most 16 keys (K transposed), for N heads of one KV
+ * group at once (GQA: they read the same K and V block, so each load feeds N fmas; the two
+ * 64-fma loops were bound by their loads).  Per head: the scores stay in one vector (the
+ * arithmetic of scores_avx512_t), their max and sum are vector reductions, exp is the same
+ * polynomial per lane, acc the arithmetic of accum_avx512; the same bits for every N, and as
+ * the general path below except l, whose 16 terms are added as a tree instead of in key order.
+ * The scalar max / subtract / sum loops and the scores' store and reload had made the per-row
+ * bookkeeping cost about as much as the two 64-fma loops.  Scores in fours of heads (their
+ * accumulators fill half the registers), the values of up to eight heads per load (TinyLlama's
+ * group: one layer's prefill attention, 512-2048 tokens, 32 / 4 heads, alternated in one process
+ * with fours throughout, median of the paired speedups 1.01-1.09, the same bits).  sc[0] is the
+ * workspace's (bs floats), the others this frame's. */
+U16_INLINE void update16_n(const int N, float *const *st, const float *const *q, const float *kt, const float *vb, int32_t ja,
+                           int32_t jb, int32_t hd, int32_t bs, float scale, float *sc_ws) {
+    float sc_own[7][16];
+    float *sc[8] = {sc_ws, sc_own[0], sc_own[1], sc_own[2], sc_own[3], sc_own[4], sc_own[5], sc_own[6]};
+    float al[8];
+    if (N == 8) {
+        scores16_n(4, st, q, kt, ja, jb, hd, bs, scale, sc, al);
+        scores16_n(4, st + 4, q + 4, kt, ja, jb, hd, bs, scale, sc + 4, al + 4);
+    } else
+        scores16_n(N, st, q, kt, ja, jb, hd, bs, scale, sc, al);
+    values16_n(N, st, vb, ja, jb, hd, sc, al);
+}
+
+/* Heads [0, n) of one KV group, st / q at stride ss / hd floats: eights, a four, a pair, one. */
 __attribute__((target("avx512f"))) static void update16_heads(int32_t n, float *st, size_t ss, const float *q, int32_t hd,
                                                              const float *kt, const float *vb, int32_t ja, int32_t jb, int32_t bs,
                                                              float scale, float *sc) {
     int32_t h = 0;
-    for (; h + 4 <= n; h += 4) {
+    for (; h + 8 <= n; h += 8) {
+        float *s8[8];
+        const float *q8[8];
+        for (int i = 0; i < 8; i++) {
+            s8[i] = st + (size_t)(h + i) * ss;
+            q8[i] = q + (size_t)(h + i) * (size_t)hd;
+        }
+        update16_n(8, s8, q8, kt, vb, ja, jb, hd, bs, scale, sc);
+    }
+    if (h + 4 <= n) {
         float *const s4[4] = {st + (size_t)h * ss, st + (size_t)(h + 1) * ss, st + (size_t)(h + 2) * ss, st + (size_t)(h + 3) * ss};
         const float *const q4[4] = {q + (size_t)h * (size_t)hd, q + (size_t)(h + 1) * (size_t)hd, q + (size_t)(h + 2) * (size_t)hd,
                                     q + (size_t)(h + 3) * (size_t)hd};
         update16_n(4, s4, q4, kt, vb, ja, jb, hd, bs, scale, sc);
+        h += 4;
     }
     if (h + 2 <= n) {
         float *const s2[2] = {st + (size_t)h * ss, st + (size_t)(h + 1) * ss};
