@@ -372,7 +372,7 @@ static void state_merge(float *dst, const float *src, int32_t hd) {
         return;
     }
     const float m = fmaxf(dst[0], src[0]);
-    const float a = expf(dst[0] - m), b = expf(src[0] - m);
+    const float a = dst[0] == m ? 1.0f : expf(dst[0] - m), b = src[0] == m ? 1.0f : expf(src[0] - m); /* (one of them is 1) */
     dst[0] = m;
     dst[1] = dst[1] * a + src[1] * b;
     for (int32_t d = 0; d < hd; d++) dst[2 + d] = dst[2 + d] * a + src[2 + d] * b;

@@ -143,7 +143,7 @@ INLINE void update_n(const int N, float *const *st, const float *const *q, const
         const __m256 s1 = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_add_ps(a[h][1][0], a[h][1][1]), sv), vis1);
         const float mb = hmax8(_mm256_max_ps(s0, s1));
         const float m_new = st[h][0] > mb ? st[h][0] : mb;
-        al[h] = st[h][0] == -INFINITY ? 0.0f : expf(st[h][0] - m_new);
+        al[h] = st[h][0] == -INFINITY ? 0.0f : st[h][0] == m_new ? 1.0f : expf(st[h][0] - m_new); /* (expf(0) is 1) */
         const __m256 mv = _mm256_set1_ps(m_new);
         const __m256 p0 = _mm256_and_ps(fl_exp_avx2(_mm256_sub_ps(s0, mv)), vis0);
         const __m256 p1 = _mm256_and_ps(fl_exp_avx2(_mm256_sub_ps(s1, mv)), vis1);
