@@ -206,15 +206,7 @@ static vec_ops pick_ops(void) {
     }
 }
 
-/* The AVX-512 block update for blocks of at most 16 keys (K transposed), for N heads of one KV
- * group at once (GQA: they read the same K and V block, so each load feeds N fmas; the two
- * 64-fma loops were bound by their loads).  Per head: the scores stay in one vector (the
- * arithmetic of scores_avx512_t), their max and sum are vector reductions, exp is the same
- * polynomial per lane, acc the arithmetic of accum_avx512; the same bits for every N, and as
- * the general path below except l, whose 16 terms are added as a tree instead of in key order.
- * The scalar max / subtract / sum loops and the scores' store and reload had made the per-row
- * bookkeeping cost about as much as the two 64-fma loops.  sc[0] is the workspace's (bs
- * floats), the others this frame's. */
+/* (the pieces of update16_n, below) */
 #define U16_INLINE static inline __attribute__((always_inline, target("avx512f")))
 /* Scores, max, exp and sum of N <= 4 heads (four chains of the 64 dims each: 4 N accumulators);
  * sc[h] gets head h's exp row, al[h] its rescale factor. */

@@ -837,9 +837,9 @@ INLINE void bf16_tiles(const uint16_t *p0, size_t pstride, int64_t nb, const uin
         /* the next block's activation tiles into L1 (AMX tile loads seem not to train the L1
          * prefetcher).  fl_matmul at 512 tokens, Q4_0_R8, 2 threads, 60 calls alternated with
          * the loop without it, median of the paired speedups in three runs: 1.06-1.10 /
-         * 1.02-1.04 / 1.05-1.08 / 1.16-1.27 on 2048 x 2048 / 5632 x 2048 / 2048 x 5632 / 256 x 2048.  Prefetching the panels as
-         * well, two or more blocks ahead, or the activations 8 blocks ahead into L2 was no
-         * better or slower. */
+         * 1.02-1.04 / 1.05-1.08 / 1.16-1.27 on 2048 x 2048 / 5632 x 2048 / 2048 x 5632 / 256 x
+         * 2048.  Prefetching the panels as well, two or more blocks ahead, or the activations 8
+         * blocks ahead into L2 was no better or slower (docs/QUANT.md). */
         if (b + 1 < nb)
             for (int l = 0; l < 1024; l += 64) {
                 _mm_prefetch((const char *)(a0 + (b + 1) * 512) + l, _MM_HINT_T0);
