@@ -23,7 +23,10 @@ uint64_t fl_calib_int8_loop_avx512(uint64_t iters) {
     __m512i t = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
                                  _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
     t = _mm512_add_epi32(t, _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)));
-    volatile int sink = _mm512_reduce_add_epi32(t);
+    uint32_t lane[16], sum = 0; /* (in unsigned arithmetic: GCC's _mm512_reduce_add_epi32 wraps in signed int, undefined) */
+    _mm512_storeu_si512(lane, t);
+    for (int l = 0; l < 16; l++) sum += lane[l];
+    volatile uint32_t sink = sum;
     (void)sink;
     return iters * 12 * 64;
 }
@@ -43,7 +46,12 @@ uint64_t fl_calib_read_avx512(const void *p, size_t bytes, size_t near, size_t f
         s2 = _mm512_add_epi64(s2, _mm512_load_si512((const void *)(c + i + 128)));
         s3 = _mm512_add_epi64(s3, _mm512_load_si512((const void *)(c + i + 192)));
     }
-    uint64_t r = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
+    /* the lanes summed in unsigned arithmetic (GCC's _mm512_reduce_add_epi64 adds in signed long
+     * long, undefined where the sums of a large buffer wrap, as UBSan reports) */
+    uint64_t lane[8];
+    _mm512_storeu_si512(lane, _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
+    uint64_t r = 0;
+    for (int l = 0; l < 8; l++) r += lane[l];
     for (; i < bytes; i++) r += (uint8_t)c[i];
     return r;
 }
