@@ -56,6 +56,14 @@ static double median(const double *v0, int n) {
     return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* gops over the larger of the int8 peak read now and *pk_prev (the reading before the run),
+ * which becomes the one now */
+static double paired_ratio(int nth, double gops, double *pk_prev) {
+    const double pk = fl_calib_int8_peak_gops(nth, PP_PAIR_CALIB_S), pk_max = pk > *pk_prev ? pk : *pk_prev;
+    *pk_prev = pk;
+    return pk_max > 0 ? gops / pk_max : 0;
+}
+
 int fl_bench_model(int argc, char **argv) {
     fl_opt opts[] = {
         {"model", 'm', FL_OPT_STR, "MODEL  GGUF file (required)"},
@@ -162,11 +170,7 @@ int fl_bench_model(int argc, char **argv) {
         if (fl_model_forward(m, &pb, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
         t_pp += t_one = now_s() - t0;
         fl_cli_kv_reset(&kv);
-        if (pair) {
-            const double pk = fl_calib_int8_peak_gops(nth, PP_PAIR_CALIB_S), pk_max = pk > pk_prev ? pk : pk_prev;
-            pp_ratio[n_pp_ratio] = pk_max > 0 ? op_pp / t_one / pk_max : 0;
-            pk_prev = pk;
-        }
+        if (pair) pp_ratio[n_pp_ratio] = paired_ratio(nth, op_pp / t_one, &pk_prev);
         if (compare) {
             fl_matmul_set_amx_bf16(false);
             t0 = now_s();
@@ -175,11 +179,7 @@ int fl_bench_model(int argc, char **argv) {
             fl_matmul_set_amx_bf16(true);
             fl_cli_kv_reset(&kv);
             if (st != FL_OK) goto fail;
-            if (pair) {
-                const double pk = fl_calib_int8_peak_gops(nth, PP_PAIR_CALIB_S), pk_max = pk > pk_prev ? pk : pk_prev;
-                pp8_ratio[n_pp_ratio] = pk_max > 0 ? op_pp / t_one / pk_max : 0;
-                pk_prev = pk;
-            }
+            if (pair) pp8_ratio[n_pp_ratio] = paired_ratio(nth, op_pp / t_one, &pk_prev);
         }
         if (pair) n_pp_ratio++;
     }
