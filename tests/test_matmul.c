@@ -24,6 +24,9 @@ static float frand(void) { /* uniform in [-1, 1) */
 
 typedef struct { fl_tensor W; void *data; size_t bytes; } qmat;
 
+/* the AMX-INT8 tiles on the R8 groups (fl_amx_r8_gemm16) run here */
+static bool r8_amx_ok(void) { return fl_amx_usable() && fl_cpu()->avx512vbmi; }
+
 /* rows [0, N) of a Q4_0 / Q8_0 matrix at data (N % 8 == 0) into the R8 groups of rtype, in place */
 static void repack_r8(int32_t rtype, char *data, size_t ldw, int64_t N, int64_t K) {
     char *tmp = fl_alloc(FL_MEM_MISC, (size_t)FL_R8_ROWS * ldw, 64);
@@ -1303,6 +1306,16 @@ static void check_r8(int32_t base) {
             for (int64_t i = 0; i < nt * N; i++)
                 if (fabsf(yw[i] - yr[i]) > 1e-5f * (fabsf(yr[i]) + 1.0f)) fail_msg("%s AVX-512 16-token nt=%d: [%lld] %g vs %g", fl_type_name(rtype), nt, (long long)i, yw[i], yr[i]);
             for (int64_t r = 16; r < 24; r++) assert_true(yw[r] == yr[r]); /* integer-valued: exact */
+            if (r8_amx_ok()) { /* the AMX-INT8 tiles on the groups: the VNNI tile's bits, all 40 rows */
+                float *yx = frand_buf(M16 * N);
+                fl_amx_r8_begin();
+                fl_amx_r8_gemm16(rtype, r8, ldw, (int)N, rec, nb, nt, yx, N);
+                fl_amx_end();
+                for (int t = 0; t < nt; t++)
+                    if (memcmp(yx + t * N, yw + t * N, sizeof(float) * (size_t)N))
+                        fail_msg("%s AMX-INT8 16-token tile nt=%d token %d: not the VNNI tile's bits", fl_type_name(rtype), nt, t);
+                fl_free(FL_MEM_MISC, yx, (size_t)(M16 * N) * 4);
+            }
         }
         fl_free(FL_MEM_MISC, rec, rb);
         fl_act_q8_free(&a16);
@@ -1337,6 +1350,13 @@ static void check_r8(int32_t base) {
                         fail_msg("%s %s f32=%d M=%lld: NMSE %.3g against the base type", fl_type_name(rtype), fl_isa_name((fl_isa)isa), f32, (long long)Ms[mi], e);
                     if (Ms[mi] == 72 && isa == FL_ISA_AVX512 && !f32 && fl_amx_bf16_usable()) /* the same bf16 panels */
                         assert_memory_equal(ya, yb, sizeof(float) * (size_t)(72 * N));
+                    if (Ms[mi] > 8 && Ms[mi] < 64 && isa == FL_ISA_AVX512 && !f32 && r8_amx_ok()) { /* AMX-INT8 = VNNI, bit for bit */
+                        assert_string_equal(fl_matmul_kernel_name(rtype, Ms[mi]), "r8-amx");
+                        fl_matmul_set_amx(false);
+                        fl_matmul(&W8, xb, ya, Ms[mi]);
+                        fl_matmul_set_amx(true);
+                        assert_memory_equal(ya, yb, sizeof(float) * (size_t)(Ms[mi] * N));
+                    }
                 }
             }
     fl_threads_set(0);
@@ -1430,13 +1450,14 @@ static void test_kernel_name(void **state) {
     assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q8_0_R8, 16), "r8-ref");
     fl_isa_set(fl_isa_best());
     if (fl_isa_get() == FL_ISA_AVX512) {
-        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 16), "r8-vnni");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 16), r8_amx_ok() ? "r8-amx" : "r8-vnni");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 10), "r8-vnni");
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q8_0, 1), "gemv");
         if (fl_amx_bf16_usable()) {
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 512), "amx-bf16");
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K, 64), "amx-bf16");
             fl_matmul_set_amx_bf16(false);
-            assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 512), "r8-vnni");
+            assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 512), r8_amx_ok() ? "r8-amx" : "r8-vnni");
             fl_matmul_set_amx_bf16(true);
         }
         if (fl_amx_usable()) {
@@ -1444,6 +1465,7 @@ static void test_kernel_name(void **state) {
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q8_0, 16), "amx-int8-rows");
             fl_matmul_set_amx(false);
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K, 32), "panels");
+            assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q8_0_R8, 16), "r8-vnni");
             fl_matmul_set_amx(true);
         } else
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K, 32), "panels");

@@ -321,6 +321,10 @@ void fl_act16_pack_blocks(const fl_act_q8 *a, int64_t m, void *act, int64_t b0, 
 /* 9..16 tokens per pass on the R8 groups, act: the fl_act16 record of block 0 of the tokens'
  * group of 16, nb = K / 32: the same bits as fl_r8_gemm_avx512. */
 void fl_r8_gemm16_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy);
+/* The same on AMX-INT8 (kernels/amx/r8_amx.c), the same bits; between fl_amx_r8_begin and
+ * fl_amx_end, only where fl_amx_usable() and the CPU has AVX512_VBMI. */
+void fl_amx_r8_begin(void);
+void fl_amx_r8_gemm16(int32_t wtype, const void *w, size_t ldw, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy);
 /* f32 dot product of n elements. */
 float fl_dot_f32_ref(const float *a, const float *b, int64_t n);
 float fl_dot_f32_avx512(const float *a, const float *b, int64_t n);
