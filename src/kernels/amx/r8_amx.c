@@ -13,6 +13,7 @@
  * of the 1-8 token tiles, which test_matmul checks.  The tile always multiplies 16 tokens; what it
  * saves is the 128 vpdpbusd per block that the VNNI tile spends beside the same fold. */
 #include "kernels/amx/amx.h"
+#include "kernels/avx512/r8_pairs.h"
 #include "kernels/matmul.h"
 
 #include <immintrin.h>
@@ -21,11 +22,6 @@
 #include <stdint.h>
 
 #define INLINE static inline __attribute__((always_inline))
-
-/* software prefetch along each group, as the VNNI tiles (r8_avx512.c): into L1 512 bytes ahead
- * and into L2 4 KiB ahead */
-#define PF_L1 512
-#define PF_L2 4096
 
 /* Tiles: A = 0 (16 tokens x 32 codes), B = 1, 2 (8 x 64 bytes, double-buffered), C = 3, 4
  * (16 tokens x 16 rows of int32).  A static object: GCC 12 drops stores to a local config before
@@ -82,17 +78,6 @@ INLINE void fold(__m512 acc[16], const int32_t *c, const char *pa, const char *p
     }
 }
 
-INLINE void prefetch(const char *ga, const char *gb, int64_t b, size_t bb, size_t gbytes) {
-    const size_t o = (size_t)b * bb + PF_L1, o2 = (size_t)b * bb + PF_L2;
-    const size_t skip = o >= gbytes ? gbytes : 0, skip2 = o2 >= gbytes ? gbytes : 0;
-    for (size_t l = 0; l < bb; l += 64) {
-        _mm_prefetch(ga + o + skip + l, _MM_HINT_T0);
-        _mm_prefetch(gb + o + skip + l, _MM_HINT_T0);
-        _mm_prefetch(ga + o2 + skip2 + l, _MM_HINT_T1);
-        _mm_prefetch(gb + o2 + skip2 + l, _MM_HINT_T1);
-    }
-}
-
 /* 16 rows (groups ga, gb; gb == ga computes rows 0-7 twice, the caller stores 8) x NT tokens.
  * Step b: the product of block b (B prepared at step b - 1), B of block b + 1, the store of
  * block b - 1's C, the fold of block b - 2. */
@@ -109,7 +94,7 @@ INLINE void pair(const bool q8, const char *ga, const char *gb, const char *act,
 #define PROD(b, TB, TC)                                                                                          \
     do {                                                                                                         \
         if ((b) < nb) {                                                                                          \
-            prefetch(ga, gb, (b), bb, gbytes);                                                                   \
+            fl_r8_prefetch(ga, gb, (b), bb, gbytes);                                                                 \
             _tile_loadd(0, act + (size_t)(b) * FL_ACT16_REC, 32);                                                \
             _tile_loadd(TB, bbuf[(b) & 1], 64);                                                                  \
             _tile_zero(TC);                                                                                      \
@@ -143,35 +128,11 @@ INLINE void pair(const bool q8, const char *ga, const char *gb, const char *act,
     for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
 }
 
-#define DEFINE_PAIR(n)                                                                                               \
-    static void pair_q4_##n(const char *ga, const char *gb, const char *act, int64_t nb, float *y, int64_t ldy,       \
-                            __mmask16 rm) {                                                                           \
-        pair(false, ga, gb, act, nb, n, y, ldy, rm);                                                                 \
-    }                                                                                                                \
-    static void pair_q8_##n(const char *ga, const char *gb, const char *act, int64_t nb, float *y, int64_t ldy,       \
-                            __mmask16 rm) {                                                                           \
-        pair(true, ga, gb, act, nb, n, y, ldy, rm);                                                                  \
-    }
-DEFINE_PAIR(9)
-DEFINE_PAIR(10)
-DEFINE_PAIR(11)
-DEFINE_PAIR(12)
-DEFINE_PAIR(13)
-DEFINE_PAIR(14)
-DEFINE_PAIR(15)
-DEFINE_PAIR(16)
+FL_R8_PAIR_FNS(pair_q4_, pair, false)
+FL_R8_PAIR_FNS(pair_q8_, pair, true)
 
 void fl_amx_r8_gemm16(int32_t wtype, const void *w, size_t ldw, int nr, const void *act, int64_t nb, int nt, float *y,
                       int64_t ldy) {
-    typedef void (*fn)(const char *, const char *, const char *, int64_t, float *, int64_t, __mmask16);
-#define ROW(q) {pair_##q##_9, pair_##q##_10, pair_##q##_11, pair_##q##_12, pair_##q##_13, pair_##q##_14, pair_##q##_15, pair_##q##_16}
-    static const fn pairs[2][8] = {ROW(q4), ROW(q8)};
-#undef ROW
-    const fn f = pairs[wtype == FL_TYPE_Q8_0_R8][nt - 9];
-    const size_t gs = (size_t)FL_R8_ROWS * ldw;
-    for (int r = 0; r < nr; r += 16) {
-        const char *ga = (const char *)w + (size_t)(r / FL_R8_ROWS) * gs;
-        const bool two = nr - r >= 16;
-        f(ga, two ? ga + gs : ga, (const char *)act, nb, y + r, ldy, two ? (__mmask16)0xFFFF : (__mmask16)0x00FF);
-    }
+    static const fl_r8_pair_fn pairs[2][8] = {FL_R8_PAIR_ROW(pair_q4_), FL_R8_PAIR_ROW(pair_q8_)};
+    fl_r8_pairs(pairs[wtype == FL_TYPE_Q8_0_R8][nt - 9], w, ldw, nr, act, nb, y, ldy);
 }

@@ -14,6 +14,7 @@
  * pack and no panel scratch.  Reference: fl_gemm_q8_ref on the R8 type. */
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
+#include "kernels/avx512/r8_pairs.h"
 #include "kernels/avx512/tile16w.h"
 
 #include <immintrin.h>
@@ -25,26 +26,6 @@
 
 /* steps of up to this many tokens take one group (8 rows, ymm) at a time: tile8 */
 #define R8_GEMV_TOKENS 2
-/* software prefetch along each group, two distances (bytes): into L2 well ahead, and from there
- * into L1 a block or two ahead.  16 tokens, 2 x 256 MiB of groups streamed through the tile (a
- * microbenchmark, 2 threads): 1.5 KiB into L1 alone 575-610 GOP/s, with 4 KiB into L2 602-650
- * (one thread 288-294 against 314-335). */
-#define R8_PF 512
-#define R8_PF_L2 4096
-
-/* Both prefetches of block b of the pair (ga, gb = ga + gbytes, or ga twice); past a group's end,
- * the same place in the next pair's groups. */
-INLINE void r8_prefetch(const char *ga, const char *gb, int64_t b, size_t bb, size_t gbytes) {
-    const size_t o = (size_t)b * bb + R8_PF, o2 = (size_t)b * bb + R8_PF_L2;
-    const size_t skip = o >= gbytes ? gbytes : 0, skip2 = o2 >= gbytes ? gbytes : 0;
-    for (size_t l = 0; l < bb; l += 64) {
-        _mm_prefetch(ga + o + skip + l, _MM_HINT_T0);
-        _mm_prefetch(gb + o + skip + l, _MM_HINT_T0);
-        _mm_prefetch(ga + o2 + skip2 + l, _MM_HINT_T1);
-        _mm_prefetch(gb + o2 + skip2 + l, _MM_HINT_T1);
-    }
-}
-
 /* 16 rows (groups ga, gb) x NT tokens; gb == ga computes rows 0..7 twice (the caller stores 8) */
 INLINE void tile16(const bool q8, const char *ga, const char *gb, const fl_act_q8 *a, int64_t m0, const int NT,
                    float *y, int64_t ldy, __mmask16 rm) {
@@ -63,7 +44,7 @@ INLINE void tile16(const bool q8, const char *ga, const char *gb, const fl_act_q
         const char *pa = ga + (size_t)b * bb, *pb = gb + (size_t)b * bb;
         /* (in the first token tile the weights come from memory: 16 sequences, Q8_0, 120 -> 155
          * tok/s with the prefetch into L1 alone) */
-        r8_prefetch(ga, gb, b, bb, gbytes);
+        fl_r8_prefetch(ga, gb, b, bb, gbytes);
         __m512i wv[8];
         if (q8) {
 #pragma GCC unroll 8
@@ -129,7 +110,7 @@ INLINE void tile16w(const bool q8, const char *ga, const char *gb, const char *a
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *pa = ga + (size_t)b * bb, *pb = gb + (size_t)b * bb, *r = act + (size_t)b * FL_ACT16_REC;
-        r8_prefetch(ga, gb, b, bb, gbytes);
+        fl_r8_prefetch(ga, gb, b, bb, gbytes);
         const int32_t *o = (const int32_t *)(r + FL_ACT16_CODES) + (q8 ? FL_ACT16_TOKENS : 0);
         const float *dx = (const float *)(r + FL_ACT16_CODES) + 2 * FL_ACT16_TOKENS; /* (fl_act16 layout, kernels/matmul.h) */
         __m512i s[16];
@@ -189,7 +170,7 @@ INLINE void tile8(const bool q8, const char *g, const fl_act_q8 *a, int64_t m0, 
     for (int64_t b = 0; b < nb; b++) {
         const char *p = g + (size_t)b * bb;
         if (NT == 2) /* (see the comment above) */
-            for (size_t l = 0; l < bb; l += 64) _mm_prefetch(p + R8_PF_L2 + l, _MM_HINT_T1);
+            for (size_t l = 0; l < bb; l += 64) _mm_prefetch(p + FL_R8_PF_L2 + l, _MM_HINT_T1);
         else if (pf_far)
             for (size_t l = 0; l < bb; l += 64) {
                 _mm_prefetch(p + pf_near + l, _MM_HINT_T0);
@@ -253,23 +234,8 @@ DEFINE_R8_TILES(6)
 DEFINE_R8_TILES(7)
 DEFINE_R8_TILES(8)
 
-#define DEFINE_R8_WIDE(n)                                                                                           \
-    static void wide_q4_##n(const char *ga, const char *gb, const char *act, int64_t nb, float *y, int64_t ldy,    \
-                            __mmask16 rm) {                                                                         \
-        tile16w(false, ga, gb, act, nb, n, y, ldy, rm);                                                               \
-    }                                                                                                               \
-    static void wide_q8_##n(const char *ga, const char *gb, const char *act, int64_t nb, float *y, int64_t ldy,    \
-                            __mmask16 rm) {                                                                         \
-        tile16w(true, ga, gb, act, nb, n, y, ldy, rm);                                                                \
-    }
-DEFINE_R8_WIDE(9)
-DEFINE_R8_WIDE(10)
-DEFINE_R8_WIDE(11)
-DEFINE_R8_WIDE(12)
-DEFINE_R8_WIDE(13)
-DEFINE_R8_WIDE(14)
-DEFINE_R8_WIDE(15)
-DEFINE_R8_WIDE(16)
+FL_R8_PAIR_FNS(wide_q4_, tile16w, false)
+FL_R8_PAIR_FNS(wide_q8_, tile16w, true)
 
 void fl_r8_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                        int64_t ldy) {
@@ -299,15 +265,6 @@ void fl_r8_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
 }
 
 void fl_r8_gemm16_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy) {
-    typedef void (*fn)(const char *, const char *, const char *, int64_t, float *, int64_t, __mmask16);
-#define ROW(q) {wide_##q##_9, wide_##q##_10, wide_##q##_11, wide_##q##_12, wide_##q##_13, wide_##q##_14, wide_##q##_15, wide_##q##_16}
-    static const fn tiles[2][8] = {ROW(q4), ROW(q8)};
-#undef ROW
-    const fn f = tiles[wtype == FL_TYPE_Q8_0_R8][nt - 9];
-    const size_t gs = (size_t)FL_R8_ROWS * ldw;
-    for (int r = 0; r < nr; r += 16) {
-        const char *ga = (const char *)w + (size_t)(r / FL_R8_ROWS) * gs;
-        const bool two = nr - r >= 16;
-        f(ga, two ? ga + gs : ga, (const char *)act, nb, y + r, ldy, two ? (__mmask16)0xFFFF : (__mmask16)0x00FF);
-    }
+    static const fl_r8_pair_fn tiles[2][8] = {FL_R8_PAIR_ROW(wide_q4_), FL_R8_PAIR_ROW(wide_q8_)};
+    fl_r8_pairs(tiles[wtype == FL_TYPE_Q8_0_R8][nt - 9], w, ldw, nr, act, nb, y, ldy);
 }
