@@ -5,7 +5,8 @@
  * from memory, not from the last-level cache); GB/s counts weight bytes read per second.
  * GEMM multiplies -p tokens (default 512) by one copy: GOP/s = 2 M N K / time.  Where the GEMM
  * takes the AMX-BF16 tiles (64 tokens or more), the same GEMM with them off is timed too (the
- * int8 tiles: AMX-INT8 for the file's layout, the AVX-512 VNNI tiles for Q4_0_R8 / Q8_0_R8),
+ * int8 tiles: AMX-INT8 for the file's layout and, where the CPU has AVX512_VBMI, for Q4_0_R8 /
+ * Q8_0_R8 (otherwise the AVX-512 VNNI tiles there)),
  * the two alternating call by call so that both see the same machine; the JSON's "all" rows
  * name the kernel of each (fl_matmul_kernel_name).
  *
@@ -152,7 +153,7 @@ int fl_bench_matmul(int argc, char **argv) {
         if (amx_peak > 0) printf("AMX-INT8 tiles: %.1f GOP/s peak (FL_AMX=0 turns the AMX tiles off)\n", amx_peak);
         if (compare)
             printf("GEMM on the AMX-BF16 tiles; 'int8 tiles' is the same GEMM with them off, alternated call by call (the AMX-INT8\n"
-                   "tiles for the file's layout, the AVX-512 VNNI tiles for the R8 groups)\n");
+                   "tiles: on the file's layout, and on the R8 groups with VBMI, else the AVX-512 VNNI tiles there)\n");
         printf("%-6s %-11s %10s %8s %10s %8s%s\n", "type", "N x K", "gemv GB/s", "%bw", "gemm GOP/s", "%peak", compare ? "  int8 tiles GOP/s" : "");
     }
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();

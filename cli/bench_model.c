@@ -150,7 +150,8 @@ int fl_bench_model(int argc, char **argv) {
      * int8 tiles) too, the two alternating, so both see the same machine */
     const bool compare = np >= 64 && fl_amx_bf16_usable();
     /* what each pass runs on (the first layer's wq): with the R8 groups the int8 pass takes the
-     * AVX-512 VNNI tiles, with the file's layout the AMX-INT8 tiles */
+     * AMX-INT8 tiles on the groups (r8-amx; the AVX-512 VNNI tiles without VBMI), with the file's
+     * layout the AMX-INT8 tiles on panels */
     const int32_t wq_type = fl_model_layer(m, 0)->wq.type;
     const char *pp8_kernel = NULL;
     if (compare) { /* (only then: switching back on would override FL_AMX_BF16=0) */
