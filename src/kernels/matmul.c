@@ -355,9 +355,6 @@ static bool panel_direct(int32_t type) {
     return fl_r8_base(type) >= 0 && (type == FL_TYPE_Q8_0_R8 || fl_isa_get() == FL_ISA_AVX512);
 }
 
-/* AVX-512 steps of more than 8 tokens on its own panels or the R8 groups pass 16 tokens at a time
- * (fl_panel_gemm16_avx512, fl_r8_gemm16_avx512), their activations in 16-token records (act16,
- * fl_act16_bytes of scratch). */
 /* R8 steps of 11 tokens or more (passes of 11-16 of the 16-token records) run on the AMX-INT8
  * tiles where they are usable (fl_amx_r8_gemm16, the same bits): the fold per block is the VNNI
  * tile's, the 128 vpdpbusd become one TDPBSSD.  Against the VNNI tile, alternated call by call in
@@ -371,6 +368,9 @@ static bool r8_amx(int32_t type, int64_t M) {
     return fl_r8_base(type) >= 0 && fl_isa_get() == FL_ISA_AVX512 && M >= R8_AMX_MIN_TOKENS && fl_cpu()->avx512vbmi && fl_amx_usable();
 }
 
+/* AVX-512 steps of more than 8 tokens on its own panels or the R8 groups pass 16 tokens at a time
+ * (fl_panel_gemm16_avx512, fl_r8_gemm16_avx512), their activations in 16-token records (act16,
+ * fl_act16_bytes of scratch). */
 static bool act16_path(int32_t type, int64_t M, int64_t K) {
     /* (only the groups loop of q8_panel_task takes them: panel_group_max > 1) */
     return panel_avx512(type) && M > 8 && panel_path(type, M) && !amx_path(type, M) && panel_group_max(type, K, M) > 1;

@@ -66,15 +66,14 @@ INLINE void b_tile(const bool q8, const char *pa, const char *pb, int8_t *dst) {
 }
 
 /* acc_t += float(c_t) * (d_w * d_x,t) for the NT tokens of block (pa, pb), record r */
-INLINE void fold(__m512 acc[16], const int32_t *c, const char *pa, const char *pb, const char *r, const bool q8, const int NT) {
+INLINE void fold(__m512 acc[16], const int32_t *c, const char *pa, const char *pb, const char *r, const int NT) {
     const float *dx = (const float *)(r + FL_ACT16_CODES) + 2 * FL_ACT16_TOKENS;
     const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
                                                               _mm_loadu_si128((const __m128i *)pb), 1));
 #pragma GCC unroll 16
     for (int t = 0; t < NT; t++) {
         const __m512i ct = _mm512_load_si512((const void *)(c + 16 * t));
-        const __m512i s = ct;
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(dx[t])), acc[t]);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ct), _mm512_mul_ps(dw, _mm512_set1_ps(dx[t])), acc[t]);
     }
 }
 
@@ -107,7 +106,7 @@ INLINE void pair(const bool q8, const char *ga, const char *gb, const char *act,
     do {                                                                                                         \
         if ((b) >= 2) {                                                                                          \
             const int64_t f_ = (b) - 2;                                                                          \
-            fold(acc, cbuf[f_ & 1], ga + (size_t)f_ * bb, gb + (size_t)f_ * bb, act + (size_t)f_ * FL_ACT16_REC, q8, NT); \
+            fold(acc, cbuf[f_ & 1], ga + (size_t)f_ * bb, gb + (size_t)f_ * bb, act + (size_t)f_ * FL_ACT16_REC, NT);     \
         }                                                                                                        \
     } while (0)
 #define STEP(b, TB, TC, TCP)                                                                                     \
