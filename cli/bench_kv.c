@@ -74,9 +74,24 @@ static int bench_attn(fl_kv_config c, int32_t ctx, bool json) {
         return 1;
     }
     fl_kv_store(kv, 0, &b, k, k);
-    double t0 = bk_now();
-    fl_kv_attend(kv, 0, &b, q, o);
-    const double t_prefill = bk_now() - t0;
+    /* the prefill attention repeated on the same cache (up to 7 times, or until 2 s have gone):
+     * the first call also pays the output's page faults and cold caches; the median is reported */
+    double tp[7];
+    int np = 0;
+    const double tstart = bk_now();
+    while (np < 7 && (np == 0 || bk_now() - tstart < 2.0)) {
+        const double t0 = bk_now();
+        fl_kv_attend(kv, 0, &b, q, o);
+        tp[np++] = bk_now() - t0;
+    }
+    const double t_first = tp[0];
+    for (int i = 1; i < np; i++) /* (insertion sort) */
+        for (int j = i; j > 0 && tp[j] < tp[j - 1]; j--) {
+            const double x = tp[j];
+            tp[j] = tp[j - 1];
+            tp[j - 1] = x;
+        }
+    const double t_prefill = tp[np / 2];
     /* decode: one more token, attention repeated (same position) */
     int32_t p1 = ctx, s1 = 0;
     fl_batch d = {.n_tokens = 1, .tokens = NULL, .pos = &p1, .seq_id = &s1};
@@ -87,7 +102,7 @@ static int bench_attn(fl_kv_config c, int32_t ctx, bool json) {
     }
     fl_kv_store(kv, 0, &d, k, k);
     const int reps = 20;
-    t0 = bk_now();
+    const double t0 = bk_now();
     for (int r = 0; r < reps; r++) fl_kv_attend(kv, 0, &d, q, o);
     const double t_decode = (bk_now() - t0) / reps;
     /* flops: QK^T and PV, 2 flops per multiply-add each */
@@ -95,15 +110,16 @@ static int bench_attn(fl_kv_config c, int32_t ctx, bool json) {
     const double f_decode = 4.0 * (double)c.n_head * c.head_dim * (double)(ctx + 1);
     if (json) {
         printf("{\"bench\": \"kv_attn\", \"isa\": \"%s\", \"threads\": %d, \"kv_type\": \"%s\", \"ctx\": %d, \"n_head\": %d, "
-               "\"n_head_kv\": %d, \"head_dim\": %d, \"block_size\": %d, \"prefill_s\": %.6f, \"prefill_gflops\": %.3f, "
+               "\"n_head_kv\": %d, \"head_dim\": %d, \"block_size\": %d, \"prefill_runs\": %d, \"prefill_first_s\": %.6f, "
+               "\"prefill_s\": %.6f, \"prefill_gflops\": %.3f, "
                "\"decode_ms\": %.4f, \"decode_gflops\": %.3f}\n",
                fl_isa_name(fl_isa_get()), fl_threads_get(), fl_type_name(c.type), ctx, c.n_head, c.n_head_kv, c.head_dim, c.block_size,
-               t_prefill, f_prefill / t_prefill / 1e9, t_decode * 1e3, f_decode / t_decode / 1e9);
+               np, t_first, t_prefill, f_prefill / t_prefill / 1e9, t_decode * 1e3, f_decode / t_decode / 1e9);
     } else {
         printf("paged attention, one layer, %s KV, %d heads (%d kv) x %d, %d-token blocks, %s, %d threads:\n", fl_type_name(c.type), c.n_head,
                c.n_head_kv, c.head_dim, c.block_size, fl_isa_name(fl_isa_get()), fl_threads_get());
-        printf("  prefill %d tokens: %.3f s (%.2f GFLOP/s)\n  decode at %d: %.3f ms (%.2f GFLOP/s)\n", ctx, t_prefill,
-               f_prefill / t_prefill / 1e9, ctx, t_decode * 1e3, f_decode / t_decode / 1e9);
+        printf("  prefill %d tokens: %.3f s (%.2f GFLOP/s; the median of %d runs, the first %.3f s)\n  decode at %d: %.3f ms (%.2f GFLOP/s)\n",
+               ctx, t_prefill, f_prefill / t_prefill / 1e9, np, t_first, ctx, t_decode * 1e3, f_decode / t_decode / 1e9);
     }
     fl_free(FL_MEM_MISC, pos, nb);
     fl_free(FL_MEM_MISC, sid, sizeof(int32_t) * (size_t)ctx);
@@ -129,7 +145,7 @@ int fl_bench_kv(int argc, char **argv) {
         {"n-head-kv", 0, FL_OPT_INT, "N  kv heads (default 8)"},
         {"head-dim", 0, FL_OPT_INT, "N  head dimension (default 128)"},
         {"seed", 0, FL_OPT_INT, "N  workload seed (default 1)"},
-        {"attn", 0, FL_OPT_FLAG, "time paged attention instead (one layer: prefill of --ctx tokens, decode at --ctx)"},
+        {"attn", 0, FL_OPT_FLAG, "time paged attention instead (one layer: prefill of --ctx tokens, the median of up to 7 runs; decode at --ctx)"},
         {"ctx", 0, FL_OPT_INT, "N  context for --attn (default 2048)"},
         {"n-head", 0, FL_OPT_INT, "N  query heads for --attn (default 32)"},
         {"threads", 't', FL_OPT_INT, "N  threads (default: all cores)"},

@@ -208,10 +208,26 @@ static vec_ops pick_ops(void) {
 
 /* (the pieces of update16_n, below) */
 #define U16_INLINE static inline __attribute__((always_inline, target("avx512f")))
+/* GCC's trees for _mm512_mask_reduce_max_ps / _mm512_reduce_add_ps (halves, quarters, then pairs
+ * within them, the operands of each max in its order, so the same bits) run on four vectors at
+ * once: lane 4h of the result is v[h]'s.  Four of the heads' reductions share each shuffle. */
+#define R4_OP(op, a, b) ((MAX) ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b))
+U16_INLINE __m512 reduce4(const bool MAX, const __m512 v[4]) {
+    const __m512 a01 = _mm512_shuffle_f32x4(v[0], v[1], 0x44), b01 = _mm512_shuffle_f32x4(v[0], v[1], 0xEE); /* low / high 256 bits */
+    const __m512 a23 = _mm512_shuffle_f32x4(v[2], v[3], 0x44), b23 = _mm512_shuffle_f32x4(v[2], v[3], 0xEE);
+    const __m512 s01 = R4_OP(op, b01, a01), s23 = R4_OP(op, b23, a23); /* the 8-lane halves' reductions, two heads each */
+    const __m512 lo = _mm512_shuffle_f32x4(s01, s23, 0x88), hi = _mm512_shuffle_f32x4(s01, s23, 0xDD); /* 128-bit lane h: head h */
+    const __m512 t6 = R4_OP(op, hi, lo);
+    const __m512 t8 = R4_OP(op, t6, _mm512_permute_ps(t6, 0x4E)); /* {2, 3, 0, 1} */
+    return R4_OP(op, t8, _mm512_permute_ps(t8, 0x11));             /* {1, 0, 1, 0} */
+}
+#undef R4_OP
+
 /* Scores, max, exp and sum of N <= 4 heads (four chains of the 64 dims each: 4 N accumulators);
- * sc[h] gets head h's exp row, al[h] its rescale factor. */
-U16_INLINE void scores16_n(const int N, float *const *st, const float *const *q, const float *kt, int32_t ja, int32_t jb,
-                           int32_t hd, int32_t bs, float scale, float *const *sc, float *al) {
+ * head h's state at st + h ss, its query at q + h hd; sc[h] gets its exp row, al[h] its
+ * rescale factor. */
+U16_INLINE void scores16_n(const int N, float *st, size_t ss, const float *q, const float *kt, int32_t ja, int32_t jb,
+                           int32_t hd, int32_t bs, float scale, float (*sc)[16], float *al) {
     const __mmask16 vm = (__mmask16)(((jb >= 16 ? 0xFFFFu : (1u << jb) - 1)) & ~((1u << ja) - 1));
     const __mmask16 lm = (__mmask16)(bs >= 16 ? 0xFFFFu : (1u << bs) - 1);
     __m512 a[4][4];
@@ -225,37 +241,65 @@ U16_INLINE void scores16_n(const int N, float *const *st, const float *const *q,
         for (int c = 0; c < 4; c++) {
             const __m512 k = _mm512_maskz_loadu_ps(lm, kt + (size_t)(d + c) * (size_t)bs);
 #pragma GCC unroll 4
-            for (int h = 0; h < N; h++) a[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d + c]), k, a[h][c]);
+            for (int h = 0; h < N; h++) a[h][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)h * (size_t)hd + (size_t)(d + c)]), k, a[h][c]);
         }
     }
     for (; d < hd; d++) {
         const __m512 k = _mm512_maskz_loadu_ps(lm, kt + (size_t)d * (size_t)bs);
 #pragma GCC unroll 4
-        for (int h = 0; h < N; h++) a[h][0] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][d]), k, a[h][0]);
+        for (int h = 0; h < N; h++) a[h][0] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)h * (size_t)hd + (size_t)d]), k, a[h][0]);
+    }
+    if (N == 4) { /* the same arithmetic, the reductions four at a time */
+        __m512 r[4], e[4];
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            r[h] = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a[h][0], a[h][1]), _mm512_add_ps(a[h][2], a[h][3])), _mm512_set1_ps(scale));
+            e[h] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), vm, r[h]);
+        }
+        float mb[16] __attribute__((aligned(64))), sum[16] __attribute__((aligned(64))), m_new[4];
+        _mm512_store_ps(mb, reduce4(true, e));
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            const float m0 = st[(size_t)h * ss];
+            m_new[h] = m0 > mb[4 * h] ? m0 : mb[4 * h];
+            al[h] = m0 == -INFINITY ? 0.0f : m0 == m_new[h] ? 1.0f : expf(m0 - m_new[h]);
+            e[h] = fl_exp512(_mm512_sub_ps(r[h], _mm512_set1_ps(m_new[h])));
+            _mm512_mask_storeu_ps(sc[h], vm, e[h]);
+            e[h] = _mm512_maskz_mov_ps(vm, e[h]);
+        }
+        _mm512_store_ps(sum, reduce4(false, e));
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            float *sh = st + (size_t)h * ss;
+            sh[1] = sh[1] * al[h] + sum[4 * h];
+            sh[0] = m_new[h];
+        }
+        return;
     }
 #pragma GCC unroll 4
     for (int h = 0; h < N; h++) {
+        float *sh = st + (size_t)h * ss;
         const __m512 r = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a[h][0], a[h][1]), _mm512_add_ps(a[h][2], a[h][3])), _mm512_set1_ps(scale));
         const float mb = _mm512_mask_reduce_max_ps(vm, r);
-        const float m_new = st[h][0] > mb ? st[h][0] : mb;
-        al[h] = st[h][0] == -INFINITY ? 0.0f : st[h][0] == m_new ? 1.0f : expf(st[h][0] - m_new); /* (expf(0) is 1: the call skipped) */
+        const float m_new = sh[0] > mb ? sh[0] : mb;
+        al[h] = sh[0] == -INFINITY ? 0.0f : sh[0] == m_new ? 1.0f : expf(sh[0] - m_new); /* (expf(0) is 1: the call skipped) */
         const __m512 e = fl_exp512(_mm512_sub_ps(r, _mm512_set1_ps(m_new))); /* (every lane; those outside [ja, jb) masked off) */
         _mm512_mask_storeu_ps(sc[h], vm, e);
-        st[h][1] = st[h][1] * al[h] + _mm512_mask_reduce_add_ps(vm, _mm512_maskz_mov_ps(vm, e));
-        st[h][0] = m_new;
+        sh[1] = sh[1] * al[h] + _mm512_mask_reduce_add_ps(vm, _mm512_maskz_mov_ps(vm, e));
+        sh[0] = m_new;
     }
 }
 
 /* acc of N <= 8 heads: acc x al + the exp rows times the values (accum_avx512: even / odd keys in
  * two chains, added at the end), each value vector loaded once for the N heads */
-U16_INLINE void values16_n(const int N, float *const *st, const float *vb, int32_t ja, int32_t jb, int32_t hd,
-                           float *const *sc, const float *al) {
+U16_INLINE void values16_n(const int N, float *st, size_t ss, const float *vb, int32_t ja, int32_t jb, int32_t hd,
+                           float (*sc)[16], const float *al) {
     for (int32_t d = 0; d < hd; d += 16) {
         const __mmask16 m = hd - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (hd - d)) - 1);
         __m512 x[8], y[8];
 #pragma GCC unroll 8
         for (int h = 0; h < N; h++) {
-            x[h] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, st[h] + 2 + d), _mm512_set1_ps(al[h]));
+            x[h] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, st + (size_t)h * ss + 2 + d), _mm512_set1_ps(al[h]));
             y[h] = _mm512_setzero_ps();
         }
         int32_t j = ja;
@@ -274,7 +318,7 @@ U16_INLINE void values16_n(const int N, float *const *st, const float *vb, int32
             for (int h = 0; h < N; h++) x[h] = _mm512_fmadd_ps(_mm512_set1_ps(sc[h][j]), v0, x[h]);
         }
 #pragma GCC unroll 8
-        for (int h = 0; h < N; h++) _mm512_mask_storeu_ps(st[h] + 2 + d, m, _mm512_add_ps(x[h], y[h]));
+        for (int h = 0; h < N; h++) _mm512_mask_storeu_ps(st + (size_t)h * ss + 2 + d, m, _mm512_add_ps(x[h], y[h]));
     }
 }
 
@@ -288,53 +332,43 @@ U16_INLINE void values16_n(const int N, float *const *st, const float *vb, int32
  * bookkeeping cost about as much as the two 64-fma loops.  Scores in fours of heads (their
  * accumulators fill half the registers), the values of up to eight heads per load (TinyLlama's
  * group: one layer's prefill attention, 512-2048 tokens, 32 / 4 heads, alternated in one process
- * with fours throughout, median of the paired speedups 1.01-1.09, the same bits).  sc[0] is the
- * workspace's (bs floats), the others this frame's. */
-U16_INLINE void update16_n(const int N, float *const *st, const float *const *q, const float *kt, const float *vb, int32_t ja,
-                           int32_t jb, int32_t hd, int32_t bs, float scale, float *sc_ws) {
-    float sc_own[7][16];
-    float *sc[8] = {sc_ws, sc_own[0], sc_own[1], sc_own[2], sc_own[3], sc_own[4], sc_own[5], sc_own[6]};
+ * with fours throughout, median of the paired speedups 1.01-1.09, the same bits).  The heads'
+ * states, queries and exp rows are addressed from one base each (head h at a fixed stride), and
+ * update16_heads passes TinyLlama's and Llama's shape (head_dim 64, blocks of 16) as constants:
+ * with arrays of eight pointers the fmas' broadcasts waited on reloads of the spilled pointers. */
+U16_INLINE void update16_n(const int N, float *st, size_t ss, const float *q, const float *kt, const float *vb, int32_t ja,
+                           int32_t jb, int32_t hd, int32_t bs, float scale) {
+    float sc[8][16] __attribute__((aligned(64)));
     float al[8];
     if (N == 8) {
-        scores16_n(4, st, q, kt, ja, jb, hd, bs, scale, sc, al);
-        scores16_n(4, st + 4, q + 4, kt, ja, jb, hd, bs, scale, sc + 4, al + 4);
+        scores16_n(4, st, ss, q, kt, ja, jb, hd, bs, scale, sc, al);
+        scores16_n(4, st + 4 * ss, ss, q + 4 * (size_t)hd, kt, ja, jb, hd, bs, scale, sc + 4, al + 4);
     } else
-        scores16_n(N, st, q, kt, ja, jb, hd, bs, scale, sc, al);
-    values16_n(N, st, vb, ja, jb, hd, sc, al);
+        scores16_n(N, st, ss, q, kt, ja, jb, hd, bs, scale, sc, al);
+    values16_n(N, st, ss, vb, ja, jb, hd, sc, al);
 }
 
 /* Heads [0, n) of one KV group, st / q at stride ss / hd floats: eights, a four, a pair, one. */
-__attribute__((target("avx512f"))) static void update16_heads(int32_t n, float *st, size_t ss, const float *q, int32_t hd,
-                                                             const float *kt, const float *vb, int32_t ja, int32_t jb, int32_t bs,
-                                                             float scale, float *sc) {
+U16_INLINE void update16_heads_t(int32_t n, float *st, size_t ss, const float *q, int32_t hd, const float *kt, const float *vb,
+                                 int32_t ja, int32_t jb, int32_t bs, float scale) {
     int32_t h = 0;
-    for (; h + 8 <= n; h += 8) {
-        float *s8[8];
-        const float *q8[8];
-        for (int i = 0; i < 8; i++) {
-            s8[i] = st + (size_t)(h + i) * ss;
-            q8[i] = q + (size_t)(h + i) * (size_t)hd;
-        }
-        update16_n(8, s8, q8, kt, vb, ja, jb, hd, bs, scale, sc);
-    }
+    for (; h + 8 <= n; h += 8) update16_n(8, st + (size_t)h * ss, ss, q + (size_t)h * (size_t)hd, kt, vb, ja, jb, hd, bs, scale);
     if (h + 4 <= n) {
-        float *const s4[4] = {st + (size_t)h * ss, st + (size_t)(h + 1) * ss, st + (size_t)(h + 2) * ss, st + (size_t)(h + 3) * ss};
-        const float *const q4[4] = {q + (size_t)h * (size_t)hd, q + (size_t)(h + 1) * (size_t)hd, q + (size_t)(h + 2) * (size_t)hd,
-                                    q + (size_t)(h + 3) * (size_t)hd};
-        update16_n(4, s4, q4, kt, vb, ja, jb, hd, bs, scale, sc);
+        update16_n(4, st + (size_t)h * ss, ss, q + (size_t)h * (size_t)hd, kt, vb, ja, jb, hd, bs, scale);
         h += 4;
     }
     if (h + 2 <= n) {
-        float *const s2[2] = {st + (size_t)h * ss, st + (size_t)(h + 1) * ss};
-        const float *const q2[2] = {q + (size_t)h * (size_t)hd, q + (size_t)(h + 1) * (size_t)hd};
-        update16_n(2, s2, q2, kt, vb, ja, jb, hd, bs, scale, sc);
+        update16_n(2, st + (size_t)h * ss, ss, q + (size_t)h * (size_t)hd, kt, vb, ja, jb, hd, bs, scale);
         h += 2;
     }
-    if (h < n) {
-        float *const s1[1] = {st + (size_t)h * ss};
-        const float *const q1[1] = {q + (size_t)h * (size_t)hd};
-        update16_n(1, s1, q1, kt, vb, ja, jb, hd, bs, scale, sc);
-    }
+    if (h < n) update16_n(1, st + (size_t)h * ss, ss, q + (size_t)h * (size_t)hd, kt, vb, ja, jb, hd, bs, scale);
+}
+
+__attribute__((target("avx512f"))) static void update16_heads(int32_t n, float *st, size_t ss, const float *q, int32_t hd,
+                                                             const float *kt, const float *vb, int32_t ja, int32_t jb, int32_t bs,
+                                                             float scale) {
+    if (hd == 64 && bs == 16 && ss == 66) update16_heads_t(n, st, 66, q, 64, kt, vb, ja, jb, 16, scale);
+    else update16_heads_t(n, st, ss, q, hd, kt, vb, ja, jb, bs, scale);
 }
 
 /* Fold keys/values kb[j], vb[j] for j in [ja, jb) (rows of the block scratch) into st:
@@ -604,7 +638,7 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_
             const float *q_r = jb_->q + ((size_t)(s->q0 + r) * (size_t)pp->n_head + (size_t)(kh * g)) * (size_t)hd;
             float *st_r = st + (size_t)(r - ra) * (size_t)g * ss;
             if (jb_->ops.scores_t == scores_avx512_t && bs <= 16) /* the group's heads together */
-                update16_heads(g, st_r, ss, q_r, hd, kb, vb, ra_, rz, bs, pp->scale, sc);
+                update16_heads(g, st_r, ss, q_r, hd, kb, vb, ra_, rz, bs, pp->scale);
             else if (kt16) fl_attn_block16_avx2(g, st_r, ss, q_r, hd, kb, vb, ra_, rz, pp->scale);
             else
                 for (int32_t gi = 0; gi < g; gi++)
