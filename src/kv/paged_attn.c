@@ -215,15 +215,15 @@ static vec_ops pick_ops(void) {
 /* GCC's trees for _mm512_mask_reduce_max_ps / _mm512_reduce_add_ps (halves, quarters, then pairs
  * within them, the operands of each max in its order, so the same bits) run on four vectors at
  * once: lane 4h of the result is v[h]'s.  Four of the heads' reductions share each shuffle. */
-#define R4_OP(op, a, b) ((MAX) ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b))
+#define R4_OP(a, b) ((MAX) ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b))
 U16_INLINE __m512 reduce4(const bool MAX, const __m512 v[4]) {
     const __m512 a01 = _mm512_shuffle_f32x4(v[0], v[1], 0x44), b01 = _mm512_shuffle_f32x4(v[0], v[1], 0xEE); /* low / high 256 bits */
     const __m512 a23 = _mm512_shuffle_f32x4(v[2], v[3], 0x44), b23 = _mm512_shuffle_f32x4(v[2], v[3], 0xEE);
-    const __m512 s01 = R4_OP(op, b01, a01), s23 = R4_OP(op, b23, a23); /* the 8-lane halves' reductions, two heads each */
+    const __m512 s01 = R4_OP(b01, a01), s23 = R4_OP(b23, a23); /* the 8-lane halves' reductions, two heads each */
     const __m512 lo = _mm512_shuffle_f32x4(s01, s23, 0x88), hi = _mm512_shuffle_f32x4(s01, s23, 0xDD); /* 128-bit lane h: head h */
-    const __m512 t6 = R4_OP(op, hi, lo);
-    const __m512 t8 = R4_OP(op, t6, _mm512_permute_ps(t6, 0x4E)); /* {2, 3, 0, 1} */
-    return R4_OP(op, t8, _mm512_permute_ps(t8, 0x11));             /* {1, 0, 1, 0} */
+    const __m512 t6 = R4_OP(hi, lo);
+    const __m512 t8 = R4_OP(t6, _mm512_permute_ps(t6, 0x4E)); /* {2, 3, 0, 1} */
+    return R4_OP(t8, _mm512_permute_ps(t8, 0x11));             /* {1, 0, 1, 0} */
 }
 #undef R4_OP
 
@@ -394,32 +394,34 @@ static void state_update(const vec_ops *vo, float *st, const float *qh, const fl
     st[1] = l;
 }
 
-/* dst := merge(dst, src) by log-sum-exp; dst_empty says dst holds nothing yet. */
-static void state_merge(float *dst, const float *src, int32_t hd) {
-    if (src[1] == 0.0f) return; /* partition without a visible key */
+/* The scalar part of dst := merge(dst, src) by log-sum-exp: false when that is all (src holds
+ * nothing, or dst held nothing and is now src's copy); else dst's max and sum are merged and *a,
+ * *b are the factors of dst's and src's acc. */
+static inline bool merge_head(float *dst, const float *src, int32_t hd, float *a, float *b) {
+    if (src[1] == 0.0f) return false; /* partition without a visible key */
     if (dst[1] == 0.0f) {
         memcpy(dst, src, sizeof(float) * (size_t)(hd + 2));
-        return;
+        return false;
     }
     const float m = fmaxf(dst[0], src[0]);
-    const float a = dst[0] == m ? 1.0f : expf(dst[0] - m), b = src[0] == m ? 1.0f : expf(src[0] - m); /* (one of them is 1) */
+    *a = dst[0] == m ? 1.0f : expf(dst[0] - m);
+    *b = src[0] == m ? 1.0f : expf(src[0] - m); /* (one of them is 1) */
     dst[0] = m;
-    dst[1] = dst[1] * a + src[1] * b;
+    dst[1] = dst[1] * *a + src[1] * *b;
+    return true;
+}
+
+static void state_merge(float *dst, const float *src, int32_t hd) {
+    float a, b;
+    if (!merge_head(dst, src, hd, &a, &b)) return;
     for (int32_t d = 0; d < hd; d++) dst[2 + d] = dst[2 + d] * a + src[2 + d] * b;
 }
 
 /* The same arithmetic 16 dims at a time (products, then their sum, as the scalar loop, which
  * the build's baseline runs 4 at a time: ~4% of a 512-token prefill attention's samples). */
 __attribute__((target("avx512f"))) static void state_merge_avx512(float *dst, const float *src, int32_t hd) {
-    if (src[1] == 0.0f) return;
-    if (dst[1] == 0.0f) {
-        memcpy(dst, src, sizeof(float) * (size_t)(hd + 2));
-        return;
-    }
-    const float m = fmaxf(dst[0], src[0]);
-    const float a = dst[0] == m ? 1.0f : expf(dst[0] - m), b = src[0] == m ? 1.0f : expf(src[0] - m);
-    dst[0] = m;
-    dst[1] = dst[1] * a + src[1] * b;
+    float a, b;
+    if (!merge_head(dst, src, hd, &a, &b)) return;
     const __m512 av = _mm512_set1_ps(a), bv = _mm512_set1_ps(b);
     for (int32_t d = 0; d < hd; d += 16) {
         const __mmask16 k = hd - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (hd - d)) - 1);
@@ -751,6 +753,7 @@ static void phase2(void *ctx, int ith, int nth) {
     const int32_t hd = J->kv->head_dim, nh = J->pp->n_head;
     const size_t ss = (size_t)hd + 2;
     float *run = J->thread_ws + (size_t)ith * J->pl.per_thread;
+    void (*merge)(float *, const float *, int32_t) = J->ops.scores_t == scores_avx512_t ? state_merge_avx512 : state_merge;
     int64_t k = 0;
     for (int32_t s = 0; s < J->n_seq; s++) {
         const fl_paged_seq *sq = &J->seqs[s];
@@ -761,7 +764,7 @@ static void phase2(void *ctx, int ith, int nth) {
                 if (k % nth != ith) continue;
                 state_init(run, hd);
                 for (int32_t pi = 0; pi < nparts; pi++)
-                    (J->ops.scores_t == scores_avx512_t ? state_merge_avx512 : state_merge)(run, J->partial + J->part_base[s] + (((size_t)pi * (size_t)sq->n_q + (size_t)r) * (size_t)nh + (size_t)h) * ss, hd);
+                    merge(run, J->partial + J->part_base[s] + (((size_t)pi * (size_t)sq->n_q + (size_t)r) * (size_t)nh + (size_t)h) * ss, hd);
                 state_final(run, J->out + ((size_t)(sq->q0 + r) * (size_t)nh + (size_t)h) * (size_t)hd, hd);
             }
     }
