@@ -54,6 +54,11 @@ typedef struct fl_paged_attn_params {
     int32_t part_blocks; /* blocks per partition (>= 1) */
 } fl_paged_attn_params;
 
+/* Query rows per prefill work item: each K/V block is converted and transposed once per tile of
+ * this many rows, and each thread's workspace holds two tiles' softmax states per head of a KV
+ * group (the planner's formula follows it). */
+#define FL_PAGED_Q_TILE 32
+
 /* Bytes of workspace fl_paged_attn needs for these sequences with nth threads. */
 size_t fl_paged_attn_ws_size(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n_seq,
                              const fl_paged_attn_params *pp, int nth);

@@ -2,6 +2,7 @@
  * Every formula is written down in docs/PLANNER.md and the buffers in plan.h. */
 #include "plan/plan.h"
 #include "kernels/matmul.h"
+#include "kv/paged_attn.h"
 #include "core/dtype.h"
 #include "core/status.h"
 
@@ -249,10 +250,10 @@ void fl_plan_inference_buffers_types(const fl_model_shape *s, int64_t n_tokens, 
     b->logits = smul3(R, cdiv(u(s->n_vocab), tpu), 4); /* the engine's logits rows */
     if (attn == FL_PLAN_ATTN_FLASH) {
         /* the paged-attention workspace (kv/paged_attn.c, 16-token blocks): per thread a K and a
-         * V block, their scores and 16 query rows' states per head of a KV group; the cache
+         * V block, their scores and FL_PAGED_Q_TILE query rows' states per head of a KV group; the cache
          * grows it by doubling from 64 KiB */
         const uint64_t g = kvh ? cdiv(heads, kvh) : 1, bs = 16;
-        uint64_t per = 2 * bs * hd + bs + smul(2 * 16 * g, hd + 2);
+        uint64_t per = 2 * bs * hd + bs + smul(2 * FL_PAGED_Q_TILE * g, hd + 2);
         per = (per + 15) & ~(uint64_t)15;
         uint64_t need = smul3(4, per, nth);
         if (kv_type == FL_TYPE_F16) need = sadd(r64(need), smul3(T, qd, 4)); /* f16-rounded queries (kv_cache.c) */

@@ -8,6 +8,7 @@
 #include "formats/gguf.h"
 #include "kernels/matmul.h"
 #include "kv/kv_cache.h"
+#include "kv/paged_attn.h"
 #include "model/arch.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
@@ -149,11 +150,11 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
     const uint64_t Ts = (uint64_t)in->max_batch_tokens + (uint64_t)in->max_seqs;
     out->batch_bytes = Ts * 13 + (uint64_t)in->max_seqs * sizeof(void *);
     out->matmul_scratch = mm;
-    {   /* per thread: K/V block, scores, 16-row query tile states (paged_attn.c); partials of
+    {   /* per thread: K/V block, scores, FL_PAGED_Q_TILE-row query tile states (paged_attn.c); partials of
          * split decodes: max_seqs x partitions x n_head x (head_dim + 2) */
         const uint64_t bs = (uint64_t)kc.block_size, hd = (uint64_t)hp.head_dim;
         const uint64_t grp = (uint64_t)(hp.n_head_local / hp.n_head_kv_local);
-        uint64_t per = 2 * bs * hd + bs + 2 * 16 * grp * (hd + 2);
+        uint64_t per = 2 * bs * hd + bs + 2 * FL_PAGED_Q_TILE * grp * (hd + 2);
         per = (per + 15) & ~(uint64_t)15;
         const uint64_t part_tok = (256 + bs - 1) / bs * bs;
         const uint64_t parts = ((uint64_t)out->n_ctx + part_tok - 1) / part_tok;
