@@ -414,9 +414,12 @@ static void q8_panel_task(void *p, int ith, int nth) {
                 const char *ra = c->act16 ? c->act16 + (size_t)(m / FL_ACT16_TOKENS) * fl_act16_bytes(FL_ACT16_TOKENS, K) : NULL;
                 for (int64_t pi = g0; pi < g1; pi++) {
                     const int64_t n = pi * FL_PANEL_ROWS;
-                    const int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
+                    int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
                     if (ra && amx_r8 && nt >= R8_AMX_MIN_TOKENS) fl_amx_r8_gemm16(W->type, (const char *)W->data + n * ldw, ldw, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N);
-                    else if (ra && nt > 8 && direct) fl_r8_gemm16_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N);
+                    else if (ra && nt > 8 && direct) { /* two panels' rows at a time: its 32-row tiles */
+                        if (pi + 1 < g1) nr = (int)(N - n < 2 * FL_PANEL_ROWS ? N - n : 2 * FL_PANEL_ROWS), pi++;
+                        fl_r8_gemm16_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N);
+                    }
                     else if (ra && nt > 8) fl_panel_gemm16_avx512(W->type, pan + (size_t)(pi - g0) * c->panel_bytes, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N);
                     else if (direct) fl_r8_gemm_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, &c->act, m, nt, c->yv[i] + m * N + n, N);
                     else fl_panel_gemm_avx512(W->type, pan + (size_t)(pi - g0) * c->panel_bytes, nr, &c->act, m, nt, c->yv[i] + m * N + n, N);

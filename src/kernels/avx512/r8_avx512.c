@@ -2,7 +2,8 @@
  * 16 rows (two groups) x up to 8 tokens straight on the groups, for every step size (the GEMV
  * of one token too), and 16 rows x 9-16 tokens (tile16w) where matmul has laid the step's
  * activations out as 16-token records (fl_act_q8_quantize_blocks_avx512 writes them; the
- * reference layout is fl_act16_pack_row's).
+ * reference layout is fl_act16_pack_row's), and 32 rows (four groups) x 9-16 tokens (tile32) on
+ * those records.
  *
  * A group's 4-byte units of a block are [unit v][row][4 bytes], so two groups' 32-byte runs in
  * one zmm are the 16 rows x 4 codes a vpdpbusd takes against 4 broadcast activation codes: Q4_0
@@ -133,6 +134,113 @@ INLINE void tile16w(const bool q8, const char *ga, const char *gb, const char *a
 #pragma GCC unroll 16
     for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
 }
+
+/* The activation dword at x broadcast into a register (GCC would fold a broadcast that two
+ * vpdpbusd share into each as a {1to16} operand). */
+INLINE __m512i bcast_reg(const int32_t *x) {
+    __m512i r;
+    __asm__("vpbroadcastd %1, %0" : "=v"(r) : "m"(*x));
+    return r;
+}
+
+/* 32 rows (groups g0, g1 in vector A, g2, g3 in B; g3 == g2 where the matrix ends at 24 rows, its
+ * 8 rows computed twice) x NT <= 8 tokens of the 16-token records from token t0, into the f32
+ * sums acc[t] (A) and acc[8 + t] (B) in memory.  Each activation broadcast feeds two vpdpbusd
+ * (A and B): one broadcast per vpdpbusd held a Zen 5 core to ~5.0 of the 6.4 G vpdpbusd/s it
+ * runs with register operands, two per broadcast ran at 6.3-6.4 (a microbenchmark, 16 chains).
+ * Per lane the arithmetic of tile16w (the same int32 sums, the same fma per block), so the same
+ * bits. */
+INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g2, const char *g3, const char *act,
+                    int64_t nb, int t0, const int NT, bool pf, __m512 *acc) {
+    const size_t bb = q8 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK;
+    const size_t gbytes = (size_t)nb * bb;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++) {
+        const size_t ob = (size_t)b * bb;
+        const char *r = act + (size_t)b * FL_ACT16_REC;
+        if (pf) { /* (the second pass reads the rows the first brought in) */
+            fl_r8_prefetch(g0, g1, b, bb, gbytes);
+            fl_r8_prefetch(g2, g3, b, bb, gbytes);
+        }
+        const int32_t *o = (const int32_t *)(r + FL_ACT16_CODES) + (q8 ? FL_ACT16_TOKENS : 0) + t0;
+        const float *dx = (const float *)(r + FL_ACT16_CODES) + 2 * FL_ACT16_TOKENS + t0;
+        __m512i sa[8], sb[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) sb[t] = sa[t] = _mm512_set1_epi32(o[t]);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            const size_t ov = ob + 16 + 32 * (size_t)(q8 ? i : i & 3);
+            const __m512i za = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(g0 + ov))),
+                                                  _mm256_loadu_si256((const __m256i *)(g1 + ov)), 1);
+            const __m512i zb = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(g2 + ov))),
+                                                  _mm256_loadu_si256((const __m256i *)(g3 + ov)), 1);
+            const __m512i wa = q8 ? _mm512_xor_si512(za, flip) : i < 4 ? _mm512_and_si512(za, m4) : _mm512_and_si512(_mm512_srli_epi16(za, 4), m4);
+            const __m512i wb = q8 ? _mm512_xor_si512(zb, flip) : i < 4 ? _mm512_and_si512(zb, m4) : _mm512_and_si512(_mm512_srli_epi16(zb, 4), m4);
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const __m512i x = bcast_reg((const int32_t *)(r + (t0 + t) * 32) + i);
+                sa[t] = _mm512_dpbusd_epi32(sa[t], wa, x);
+                sb[t] = _mm512_dpbusd_epi32(sb[t], wb, x);
+            }
+        }
+        const __m512 dwa = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(g0 + ob))),
+                                                                   _mm_loadu_si128((const __m128i *)(g1 + ob)), 1));
+        const __m512 dwb = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(g2 + ob))),
+                                                                   _mm_loadu_si128((const __m128i *)(g3 + ob)), 1));
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const __m512 d = _mm512_set1_ps(dx[t]);
+            fl_acc_fma(&acc[t], _mm512_cvtepi32_ps(sa[t]), _mm512_mul_ps(dwa, d));
+            fl_acc_fma(&acc[8 + t], _mm512_cvtepi32_ps(sb[t]), _mm512_mul_ps(dwb, d));
+        }
+    }
+}
+
+/* 32 rows x NT (9..16) tokens: tokens 0-7, then 8..NT-1, each pass over the 32 rows (the second
+ * reads them from L1 / L2); rows 16-31 stored under rmb.  Against the pairs of groups (tile16w),
+ * a Zen 5 VM, fl_matmul on 2 threads alternated call by call, median of the paired speedups: 16
+ * tokens on a 512 x 2048 matrix in cache Q8_0 1.11, Q4_0 1.07, 64 tokens Q8_0 1.11; 16 tokens
+ * streaming 24 matrices of 5632 x 2048 from memory Q8_0 0.99, Q4_0 1.03.  `fitllm bench model
+ * -p 512 -n 0 -r 2`, two alternated rounds: pp Q4_0 352-376 -> 412-416 tok/s, Q8_0 350-364 ->
+ * 392-402. */
+INLINE void tile32(const bool q8, const char *g0, const char *g1, const char *g2, const char *g3, const char *act,
+                   int64_t nb, const int NT, float *y, int64_t ldy, __mmask16 rmb) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
+    tile32h(q8, g0, g1, g2, g3, act, nb, 0, 8, true, acc);
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) {
+        _mm512_storeu_ps(y + t * ldy, acc[t]);
+        _mm512_mask_storeu_ps(y + t * ldy + 16, rmb, acc[8 + t]);
+        acc[t] = acc[8 + t] = _mm512_setzero_ps();
+    }
+    tile32h(q8, g0, g1, g2, g3, act, nb, 8, NT - 8, false, acc);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT - 8; t++) {
+        _mm512_storeu_ps(y + (8 + t) * ldy, acc[t]);
+        _mm512_mask_storeu_ps(y + (8 + t) * ldy + 16, rmb, acc[8 + t]);
+    }
+}
+
+#define DEFINE_QUAD(n)                                                                                              \
+    static void quad_q4_##n(const char *g0, const char *g1, const char *g2, const char *g3, const char *act,       \
+                            int64_t nb, float *y, int64_t ldy, __mmask16 rmb) {                                  \
+        tile32(false, g0, g1, g2, g3, act, nb, n, y, ldy, rmb);                                                   \
+    }                                                                                                             \
+    static void quad_q8_##n(const char *g0, const char *g1, const char *g2, const char *g3, const char *act,       \
+                            int64_t nb, float *y, int64_t ldy, __mmask16 rmb) {                                  \
+        tile32(true, g0, g1, g2, g3, act, nb, n, y, ldy, rmb);                                                    \
+    }
+DEFINE_QUAD(9)
+DEFINE_QUAD(10)
+DEFINE_QUAD(11)
+DEFINE_QUAD(12)
+DEFINE_QUAD(13)
+DEFINE_QUAD(14)
+DEFINE_QUAD(15)
+DEFINE_QUAD(16)
+#undef DEFINE_QUAD
 
 /* acc + w (unsigned bytes) . the 4 signed bytes at x broadcast to every lane, the broadcast
  * folded into the instruction (GCC keeps a separate vpbroadcastd for _mm256_set1_epi32) */
@@ -266,5 +374,19 @@ void fl_r8_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
 
 void fl_r8_gemm16_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy) {
     static const fl_r8_pair_fn tiles[2][8] = {FL_R8_PAIR_ROW(wide_q4_), FL_R8_PAIR_ROW(wide_q8_)};
-    fl_r8_pairs(tiles[wtype == FL_TYPE_Q8_0_R8][nt - 9], w, ldw, nr, act, nb, y, ldy);
+    typedef void (*quad_fn)(const char *, const char *, const char *, const char *, const char *, int64_t, float *, int64_t, __mmask16);
+#define ROW(q) {quad_##q##_9, quad_##q##_10, quad_##q##_11, quad_##q##_12, quad_##q##_13, quad_##q##_14, quad_##q##_15, quad_##q##_16}
+    static const quad_fn quads[2][8] = {ROW(q4), ROW(q8)};
+#undef ROW
+    const bool q8 = wtype == FL_TYPE_Q8_0_R8;
+    const size_t gs = (size_t)FL_R8_ROWS * ldw;
+    int r = 0;
+    for (; nr - r > 16; r += 32) { /* four groups (the fourth the third again at 24 rows) */
+        const char *g0 = (const char *)w + (size_t)(r / FL_R8_ROWS) * gs;
+        const bool four = nr - r >= 32;
+        quads[q8][nt - 9](g0, g0 + gs, g0 + 2 * gs, four ? g0 + 3 * gs : g0 + 2 * gs, (const char *)act, nb, y + r, ldy,
+                          four ? (__mmask16)0xFFFF : (__mmask16)0x00FF);
+    }
+    if (r < nr) /* 8 or 16 rows left: a pair */
+        fl_r8_pairs(tiles[q8][nt - 9], (const char *)w + (size_t)(r / FL_R8_ROWS) * gs, ldw, nr - r, act, nb, y + r, ldy);
 }
