@@ -1297,7 +1297,7 @@ static void check_r8(int32_t base) {
                 float ya[16 * 16], yb[16 * 16];
                 fl_panel_pack_ref(base, (char *)q.data + 16 * ldw, ldw, nr, K, p0);
                 fl_panel_gemm_avx512(base, p0, nr, &a16, 0, nt, ya, 16);
-                fl_r8_gemm16_avx512(rtype, r8 + 16 * ldw, ldw, nr, rec, nb, nt, yb, 16);
+                fl_r8_gemm16_avx512(rtype, r8 + 16 * ldw, ldw, nr, rec, nb, nt, yb, 16, true);
                 for (int t = 0; t < nt; t++)
                     if (memcmp(ya + t * 16, yb + t * 16, sizeof(float) * (size_t)nr))
                         fail_msg("%s AVX-512 16-token tile nr=%d nt=%d token %d: not the panel's bits", fl_type_name(rtype), nr, nt, t);
@@ -1308,14 +1308,14 @@ static void check_r8(int32_t base) {
                 float *yp = frand_buf(M16 * N), *yq = frand_buf(M16 * N);
                 memcpy(yq, yp, sizeof(float) * (size_t)(M16 * N));
                 for (int r = 0; r < nr; r += 16)
-                    fl_r8_gemm16_avx512(rtype, r8 + (size_t)r * ldw, ldw, nr - r < 16 ? nr - r : 16, rec, nb, nt, yp + r, N);
-                fl_r8_gemm16_avx512(rtype, r8, ldw, nr, rec, nb, nt, yq, N);
+                    fl_r8_gemm16_avx512(rtype, r8 + (size_t)r * ldw, ldw, nr - r < 16 ? nr - r : 16, rec, nb, nt, yp + r, N, true);
+                fl_r8_gemm16_avx512(rtype, r8, ldw, nr, rec, nb, nt, yq, N, nr % 16 == 0);
                 if (memcmp(yp, yq, sizeof(float) * (size_t)(M16 * N)))
                     fail_msg("%s AVX-512 32-row tile nr=%d nt=%d: not the 16-row tiles' bits", fl_type_name(rtype), nr, nt);
                 fl_free(FL_MEM_MISC, yp, (size_t)(M16 * N) * 4);
                 fl_free(FL_MEM_MISC, yq, (size_t)(M16 * N) * 4);
             }
-            fl_r8_gemm16_avx512(rtype, r8, ldw, (int)N, rec, nb, nt, yw, N);
+            fl_r8_gemm16_avx512(rtype, r8, ldw, (int)N, rec, nb, nt, yw, N, true);
             for (int64_t i = 0; i < nt * N; i++)
                 if (fabsf(yw[i] - yr[i]) > 1e-5f * (fabsf(yr[i]) + 1.0f)) fail_msg("%s AVX-512 16-token nt=%d: [%lld] %g vs %g", fl_type_name(rtype), nt, (long long)i, yw[i], yr[i]);
             for (int64_t r = 16; r < 24; r++) assert_true(yw[r] == yr[r]); /* integer-valued: exact */

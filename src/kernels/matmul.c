@@ -416,9 +416,12 @@ static void q8_panel_task(void *p, int ith, int nth) {
                     const int64_t n = pi * FL_PANEL_ROWS;
                     int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
                     if (ra && amx_r8 && nt >= R8_AMX_MIN_TOKENS) fl_amx_r8_gemm16(W->type, (const char *)W->data + n * ldw, ldw, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N);
-                    else if (ra && nt > 8 && direct) { /* two panels' rows at a time: its 32-row tiles */
+                    else if (ra && nt > 8 && direct) { /* two panels' rows at a time: its 32-row tiles, which
+                                                        * prefetch them in the first token tile only (the
+                                                        * group's rows stay in L2 for the rest) */
                         if (pi + 1 < g1) nr = (int)(N - n < 2 * FL_PANEL_ROWS ? N - n : 2 * FL_PANEL_ROWS), pi++;
-                        fl_r8_gemm16_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N);
+                        fl_r8_gemm16_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N,
+                                            m == 0);
                     }
                     else if (ra && nt > 8) fl_panel_gemm16_avx512(W->type, pan + (size_t)(pi - g0) * c->panel_bytes, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N);
                     else if (direct) fl_r8_gemm_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, &c->act, m, nt, c->yv[i] + m * N + n, N);

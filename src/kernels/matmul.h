@@ -321,8 +321,10 @@ void fl_act16_pack_blocks(const fl_act_q8 *a, int64_t m, void *act, int64_t b0, 
 /* 9..16 tokens per pass on the R8 groups, act: the fl_act16 record of block 0 of the tokens'
  * group of 16, nb = K / 32: the same bits as fl_r8_gemm_avx512.  Rows 32 at a time (four groups,
  * each activation broadcast feeding two of them, the tokens in two passes of up to 8), the last
- * 8 or 16 rows as a pair of groups; fl_matmul passes it two 16-row panels at a time. */
-void fl_r8_gemm16_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy);
+ * 8 or 16 rows as a pair of groups; fl_matmul passes it two 16-row panels at a time.  pf: the
+ * 32-row tiles prefetch the rows (false where an earlier pass left them in L2). */
+void fl_r8_gemm16_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy,
+                         bool pf);
 /* The same on AMX-INT8 (kernels/amx/r8_amx.c), the same bits; between fl_amx_r8_begin and
  * fl_amx_end, only where fl_amx_usable() and the CPU has AVX512_VBMI. */
 void fl_amx_r8_begin(void);

@@ -204,11 +204,11 @@ INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g
  * -p 512 -n 0 -r 2`, two alternated rounds: pp Q4_0 352-376 -> 412-416 tok/s, Q8_0 350-364 ->
  * 392-402. */
 INLINE void tile32(const bool q8, const char *g0, const char *g1, const char *g2, const char *g3, const char *act,
-                   int64_t nb, const int NT, float *y, int64_t ldy, __mmask16 rmb) {
+                   int64_t nb, const int NT, float *y, int64_t ldy, __mmask16 rmb, bool pf) {
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
-    tile32h(q8, g0, g1, g2, g3, act, nb, 0, 8, true, acc);
+    tile32h(q8, g0, g1, g2, g3, act, nb, 0, 8, pf, acc);
 #pragma GCC unroll 8
     for (int t = 0; t < 8; t++) {
         _mm512_storeu_ps(y + t * ldy, acc[t]);
@@ -225,12 +225,12 @@ INLINE void tile32(const bool q8, const char *g0, const char *g1, const char *g2
 
 #define DEFINE_QUAD(n)                                                                                              \
     static void quad_q4_##n(const char *g0, const char *g1, const char *g2, const char *g3, const char *act,       \
-                            int64_t nb, float *y, int64_t ldy, __mmask16 rmb) {                                  \
-        tile32(false, g0, g1, g2, g3, act, nb, n, y, ldy, rmb);                                                   \
+                            int64_t nb, float *y, int64_t ldy, __mmask16 rmb, bool pf) {                         \
+        tile32(false, g0, g1, g2, g3, act, nb, n, y, ldy, rmb, pf);                                               \
     }                                                                                                             \
     static void quad_q8_##n(const char *g0, const char *g1, const char *g2, const char *g3, const char *act,       \
-                            int64_t nb, float *y, int64_t ldy, __mmask16 rmb) {                                  \
-        tile32(true, g0, g1, g2, g3, act, nb, n, y, ldy, rmb);                                                    \
+                            int64_t nb, float *y, int64_t ldy, __mmask16 rmb, bool pf) {                         \
+        tile32(true, g0, g1, g2, g3, act, nb, n, y, ldy, rmb, pf);                                                \
     }
 DEFINE_QUAD(9)
 DEFINE_QUAD(10)
@@ -372,9 +372,10 @@ void fl_r8_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
     }
 }
 
-void fl_r8_gemm16_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy) {
+void fl_r8_gemm16_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const void *act, int64_t nb, int nt, float *y, int64_t ldy,
+                         bool pf) {
     static const fl_r8_pair_fn tiles[2][8] = {FL_R8_PAIR_ROW(wide_q4_), FL_R8_PAIR_ROW(wide_q8_)};
-    typedef void (*quad_fn)(const char *, const char *, const char *, const char *, const char *, int64_t, float *, int64_t, __mmask16);
+    typedef void (*quad_fn)(const char *, const char *, const char *, const char *, const char *, int64_t, float *, int64_t, __mmask16, bool);
 #define ROW(q) {quad_##q##_9, quad_##q##_10, quad_##q##_11, quad_##q##_12, quad_##q##_13, quad_##q##_14, quad_##q##_15, quad_##q##_16}
     static const quad_fn quads[2][8] = {ROW(q4), ROW(q8)};
 #undef ROW
@@ -385,7 +386,7 @@ void fl_r8_gemm16_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const
         const char *g0 = (const char *)w + (size_t)(r / FL_R8_ROWS) * gs;
         const bool four = nr - r >= 32;
         quads[q8][nt - 9](g0, g0 + gs, g0 + 2 * gs, four ? g0 + 3 * gs : g0 + 2 * gs, (const char *)act, nb, y + r, ldy,
-                          four ? (__mmask16)0xFFFF : (__mmask16)0x00FF);
+                          four ? (__mmask16)0xFFFF : (__mmask16)0x00FF, pf);
     }
     if (r < nr) /* 8 or 16 rows left: a pair */
         fl_r8_pairs(tiles[q8][nt - 9], (const char *)w + (size_t)(r / FL_R8_ROWS) * gs, ldw, nr - r, act, nb, y + r, ldy);
