@@ -24,6 +24,11 @@
 #include <stdint.h>
 
 #define INLINE static inline __attribute__((always_inline))
+/* tile32 takes the blocks in runs of this many, each run through both token passes, so the second
+ * pass reads the run from L1 and a streamed decode step reads memory evenly (against one pass
+ * over all the blocks per 8 tokens, 16 tokens streamed: runs of 4 1.019-1.025, 8 1.010-1.019, 16
+ * 0.99) */
+#define R8_QUAD_CHUNK 8
 
 /* steps of up to this many tokens take one group (8 rows, ymm) at a time: tile8 */
 #define R8_GEMV_TOKENS 2
@@ -144,18 +149,18 @@ INLINE __m512i bcast_reg(const int32_t *x) {
 }
 
 /* 32 rows (groups g0, g1 in vector A, g2, g3 in B; g3 == g2 where the matrix ends at 24 rows, its
- * 8 rows computed twice) x NT <= 8 tokens of the 16-token records from token t0, into the f32
- * sums acc[t] (A) and acc[8 + t] (B) in memory.  Each activation broadcast feeds two vpdpbusd
+ * 8 rows computed twice) x NT <= 8 tokens of the 16-token records from token t0, blocks [b0,
+ * b1) of nb, into the f32 sums acc[t] (A) and acc[8 + t] (B) in memory.  Each activation broadcast feeds two vpdpbusd
  * (A and B): one broadcast per vpdpbusd held a Zen 5 core to ~5.0 of the 6.4 G vpdpbusd/s it
  * runs with register operands, two per broadcast ran at 6.3-6.4 (a microbenchmark, 16 chains).
  * Per lane the arithmetic of tile16w (the same int32 sums, the same fma per block), so the same
  * bits. */
 INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g2, const char *g3, const char *act,
-                    int64_t nb, int t0, const int NT, bool pf, __m512 *acc) {
+                    int64_t nb, int64_t b0, int64_t b1, int t0, const int NT, bool pf, __m512 *acc) {
     const size_t bb = q8 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK;
     const size_t gbytes = (size_t)nb * bb;
     const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = b0; b < b1; b++) {
         const size_t ob = (size_t)b * bb;
         const char *r = act + (size_t)b * FL_ACT16_REC;
         if (pf) { /* (the second pass reads the rows the first brought in) */
@@ -196,8 +201,8 @@ INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g
     }
 }
 
-/* 32 rows x NT (9..16) tokens: tokens 0-7, then 8..NT-1, each pass over the 32 rows (the second
- * reads them from L1 / L2); rows 16-31 stored under rmb.  Against the pairs of groups (tile16w),
+/* 32 rows x NT (9..16) tokens: per run of R8_QUAD_CHUNK blocks tokens 0-7, then 8..NT-1 (the
+ * second pass reads the run from L1); rows 16-31 stored under rmb.  Against the pairs of groups (tile16w),
  * a Zen 5 VM, fl_matmul on 2 threads alternated call by call, median of the paired speedups: 16
  * tokens on a 512 x 2048 matrix in cache Q8_0 1.11, Q4_0 1.07, 64 tokens Q8_0 1.11; 16 tokens
  * streaming 24 matrices of 5632 x 2048 from memory Q8_0 0.99, Q4_0 1.03.  `fitllm bench model
@@ -205,21 +210,23 @@ INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g
  * 392-402. */
 INLINE void tile32(const bool q8, const char *g0, const char *g1, const char *g2, const char *g3, const char *act,
                    int64_t nb, const int NT, float *y, int64_t ldy, __mmask16 rmb, bool pf) {
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
-    tile32h(q8, g0, g1, g2, g3, act, nb, 0, 8, pf, acc);
+    __m512 acc[32]; /* tokens 0-7: [0, 16), tokens 8..NT-1: [16, 32) */
+#pragma GCC unroll 32
+    for (int t = 0; t < 32; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += R8_QUAD_CHUNK) {
+        const int64_t b1 = b0 + R8_QUAD_CHUNK < nb ? b0 + R8_QUAD_CHUNK : nb;
+        tile32h(q8, g0, g1, g2, g3, act, nb, b0, b1, 0, 8, pf, acc);
+        tile32h(q8, g0, g1, g2, g3, act, nb, b0, b1, 8, NT - 8, false, acc + 16);
+    }
 #pragma GCC unroll 8
     for (int t = 0; t < 8; t++) {
         _mm512_storeu_ps(y + t * ldy, acc[t]);
         _mm512_mask_storeu_ps(y + t * ldy + 16, rmb, acc[8 + t]);
-        acc[t] = acc[8 + t] = _mm512_setzero_ps();
     }
-    tile32h(q8, g0, g1, g2, g3, act, nb, 8, NT - 8, false, acc);
 #pragma GCC unroll 8
     for (int t = 0; t < NT - 8; t++) {
-        _mm512_storeu_ps(y + (8 + t) * ldy, acc[t]);
-        _mm512_mask_storeu_ps(y + (8 + t) * ldy + 16, rmb, acc[8 + t]);
+        _mm512_storeu_ps(y + (8 + t) * ldy, acc[16 + t]);
+        _mm512_mask_storeu_ps(y + (8 + t) * ldy + 16, rmb, acc[24 + t]);
     }
 }
 
