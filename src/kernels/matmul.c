@@ -141,6 +141,8 @@ typedef struct {
     int64_t pgroup;                     /* AVX-512 panels: panels a thread's scratch holds (panel_group_max);
                                          * with > 1 a unit is a group of them (groups[i] per matrix) */
     int64_t groups[FL_MATMUL_N_MAX];
+    int64_t unit_rows; /* panels one at a time (pgroup 1): rows per unit, FL_PANEL_ROWS or, where the
+                        * AVX-512 R8 tiles take 32 rows a pass, two panels */
     bool rows_all; /* AVX-512 with act16: quantize every token into the rows too (no panel scratch) */
 } q8_ctx;
 
@@ -441,9 +443,9 @@ static void q8_panel_task(void *p, int ith, int nth) {
         const int64_t un = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
         const int i = unit_matrix(c->ubase, u);
         const fl_tensor *W = c->Wv[i];
-        const int64_t N = W->ne[1], n = (u - c->ubase[i]) * FL_PANEL_ROWS;
+        const int64_t N = W->ne[1], n = (u - c->ubase[i]) * c->unit_rows;
         const size_t ldw = W->nb[1];
-        const int nr = (int)(N - n < FL_PANEL_ROWS ? N - n : FL_PANEL_ROWS);
+        const int nr = (int)(N - n < c->unit_rows ? N - n : c->unit_rows);
         /* the tile straight on the groups: panel_direct (AVX-512 both R8 types, AVX2 Q8_0_R8), and on
          * AVX2 Q4_0_R8 for whole panels of steps up to R8_DIRECT_Q4_0 tokens (past that the pack
          * costs less than unpacking each vector per use) */
@@ -906,9 +908,10 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 }
             }
             if (c.panels || direct) {
+                c.unit_rows = direct && isa == FL_ISA_AVX512 ? 2 * FL_PANEL_ROWS : FL_PANEL_ROWS; /* (fl_r8_gemm_avx512's 32-row tiles) */
                 for (int i = 0; i < nw; i++) {
                     c.groups[i] = c.pgroup > 1 ? panel_groups(Ws[i]->ne[1], c.pgroup, nth) : 0;
-                    c.ubase[i + 1] = c.ubase[i] + (c.pgroup > 1 ? c.groups[i] : (Ws[i]->ne[1] + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS);
+                    c.ubase[i + 1] = c.ubase[i] + (c.pgroup > 1 ? c.groups[i] : (Ws[i]->ne[1] + c.unit_rows - 1) / c.unit_rows);
                 }
                 fl_parallel_n(q8_panel_task, &c, nth);
                 if (c.panels) fl_free(FL_MEM_SCRATCH, c.panels, (size_t)nth * (size_t)c.pgroup * c.panel_bytes);
