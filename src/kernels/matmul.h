@@ -301,8 +301,8 @@ void fl_r8_gemm_avx2_pf(int32_t wtype, const void *w, size_t ldw, int nr, const 
 /* AVX-512 VNNI on R8 rows, every step size (kernels/avx512/r8_avx512.c): 32 rows (four groups)
  * x up to 8 tokens per pass, the last 8 or 16 rows (nr a multiple of 8) as 16 (two groups), one
  * group at a time for 1-2 tokens, straight on the groups; the same bits as fl_panel_gemm_avx512
- * on the packed panel of those rows.  (fl_matmul passes steps of more than
- * 8 tokens 16 at a time through fl_r8_gemm16_avx512.) */
+ * on the packed panel of those rows.  (fl_matmul passes steps of more than 8 tokens 16 at a time
+ * through fl_r8_gemm16_avx512.) */
 void fl_r8_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y,
                        int64_t ldy);
 /* The activations of a step laid out as records of 16 tokens per block, for the AVX-512 tiles that

@@ -18,9 +18,9 @@
 
 #define SPLIT_MAX_Q 4 /* sequences with at most this many query rows use split-K */
 /* Query rows per work item otherwise (FL_PAGED_Q_TILE): each block is converted and transposed
- * once per tile.  One layer's prefill attention (32 / 4 heads of 64, f16, 2 threads), 32 against 16 alternated
- * in one process, median of the paired speedups: 1.02 / 1.03 / 1.05-1.06 at 512 / 1024 / 2048
- * tokens, the same bits (rows are independent). */
+ * once per tile.  One layer's prefill attention (32 / 4 heads of 64, f16, 2 threads), 32 against
+ * 16 alternated in one process, median of the paired speedups: 1.02 / 1.03 / 1.05-1.06 at 512 /
+ * 1024 / 2048 tokens, the same bits (rows are independent). */
 #define Q_TILE FL_PAGED_Q_TILE
 
 /* ---- shared pieces: per-block online-softmax update and the in-order merge ---- */

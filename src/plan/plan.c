@@ -250,8 +250,8 @@ void fl_plan_inference_buffers_types(const fl_model_shape *s, int64_t n_tokens, 
     b->logits = smul3(R, cdiv(u(s->n_vocab), tpu), 4); /* the engine's logits rows */
     if (attn == FL_PLAN_ATTN_FLASH) {
         /* the paged-attention workspace (kv/paged_attn.c, 16-token blocks): per thread a K and a
-         * V block, their scores and FL_PAGED_Q_TILE query rows' states per head of a KV group; the cache
-         * grows it by doubling from 64 KiB */
+         * V block, their scores and FL_PAGED_Q_TILE query rows' states per head of a KV group;
+         * the cache grows it by doubling from 64 KiB */
         const uint64_t g = kvh ? cdiv(heads, kvh) : 1, bs = 16;
         uint64_t per = 2 * bs * hd + bs + smul(2 * FL_PAGED_Q_TILE * g, hd + 2);
         per = (per + 15) & ~(uint64_t)15;

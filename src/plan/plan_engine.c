@@ -150,8 +150,8 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
     const uint64_t Ts = (uint64_t)in->max_batch_tokens + (uint64_t)in->max_seqs;
     out->batch_bytes = Ts * 13 + (uint64_t)in->max_seqs * sizeof(void *);
     out->matmul_scratch = mm;
-    {   /* per thread: K/V block, scores, FL_PAGED_Q_TILE-row query tile states (paged_attn.c); partials of
-         * split decodes: max_seqs x partitions x n_head x (head_dim + 2) */
+    {   /* per thread: K/V block, scores, FL_PAGED_Q_TILE-row query tile states (paged_attn.c);
+         * partials of split decodes: max_seqs x partitions x n_head x (head_dim + 2) */
         const uint64_t bs = (uint64_t)kc.block_size, hd = (uint64_t)hp.head_dim;
         const uint64_t grp = (uint64_t)(hp.n_head_local / hp.n_head_kv_local);
         uint64_t per = 2 * bs * hd + bs + 2 * FL_PAGED_Q_TILE * grp * (hd + 2);

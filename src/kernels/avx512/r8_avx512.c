@@ -163,13 +163,6 @@ INLINE void quad_prefetch(const char *g0, const char *g1, const char *g2, const 
     }
 }
 
-/* 32 rows (groups g0, g1 in vector A, g2, g3 in B; g3 == g2 where the matrix ends at 24 rows, its
- * 8 rows computed twice) x NT <= 8 tokens of A, blocks [b0, b1) of nb, into the f32 sums
- * acc[t] (A) and acc[8 + t] (B) in memory.  Each activation broadcast feeds two vpdpbusd
- * (A and B): one broadcast per vpdpbusd held a Zen 5 core to ~5.0 of the 6.4 G vpdpbusd/s it
- * runs with register operands, two per broadcast ran at 6.3-6.4 (a microbenchmark, 16 chains).
- * Per lane the arithmetic of tile16w (the same int32 sums, the same fma per block), so the same
- * bits. */
 /* Where tile32h finds token t's activations for block b: its codes at c + t * ct + b * cb, its
  * int32 start o[t * ot + b * ob] * om and its d_x d[t * dt + b * db] (the 16-token records, or
  * fl_act_q8's rows). */
@@ -192,6 +185,13 @@ INLINE quad_act quad_act_rows(bool q8, const fl_act_q8 *a, int64_t m0) {
                       q8 ? -128 : -8};
 }
 
+/* 32 rows (groups g0, g1 in vector A, g2, g3 in B; g3 == g2 where the matrix ends at 24 rows, its
+ * 8 rows computed twice) x NT <= 8 tokens of A, blocks [b0, b1) of nb, into the f32 sums acc[t]
+ * (A) and acc[8 + t] (B) in memory.  Each activation broadcast feeds two vpdpbusd (A and B): one
+ * broadcast per vpdpbusd held a Zen 5 core to 4.8-5.3 of the 6.4 G vpdpbusd/s it runs with
+ * register operands in one stretch (6.2-6.5 in another), two per broadcast ran at 6.3-6.6 in both
+ * (a microbenchmark, 16 chains).  Per lane the arithmetic of tile16w (the same int32 sums, the
+ * same fma per block), so the same bits. */
 INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g2, const char *g3, const quad_act A,
                     int64_t nb, int64_t b0, int64_t b1, const int NT, bool pf, __m512 *acc) {
     const size_t bb = q8 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK;
@@ -235,8 +235,8 @@ INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g
 }
 
 /* 32 rows x NT (9..16) tokens: per run of R8_QUAD_CHUNK blocks tokens 0-7, then 8..NT-1 (the
- * second pass reads the run from L1); rows 16-31 stored under rmb.  Against the pairs of groups (tile16w),
- * a Zen 5 VM, fl_matmul on 2 threads alternated call by call, median of the paired speedups: 16
+ * second pass reads the run from L1); rows 16-31 stored under rmb.  Against the pairs of groups
+ * (tile16w), a Zen 5 VM, fl_matmul on 2 threads alternated call by call, median of the paired speedups: 16
  * tokens on a 512 x 2048 matrix in cache Q8_0 1.11, Q4_0 1.07, 64 tokens Q8_0 1.11; 16 tokens
  * streaming 24 matrices of 5632 x 2048 from memory Q8_0 0.99, Q4_0 1.03.  `fitllm bench model
  * -p 512 -n 0 -r 2`, two alternated rounds: pp Q4_0 352-376 -> 412-416 tok/s, Q8_0 350-364 ->
