@@ -282,42 +282,34 @@ INLINE void tile32r(const bool q8, const char *g0, const char *g1, const char *g
     }
 }
 
-#define DEFINE_QUAD_ROWS(n)                                                                                         \
-    static void quadr_q4_##n(const char *g0, const char *g1, const char *g2, const char *g3, const fl_act_q8 *a,  \
-                             int64_t m0, float *y, int64_t ldy, __mmask16 rmb, bool pf) {                        \
-        tile32r(false, g0, g1, g2, g3, a, m0, n, y, ldy, rmb, pf);                                               \
-    }                                                                                                             \
-    static void quadr_q8_##n(const char *g0, const char *g1, const char *g2, const char *g3, const fl_act_q8 *a,  \
-                             int64_t m0, float *y, int64_t ldy, __mmask16 rmb, bool pf) {                        \
-        tile32r(true, g0, g1, g2, g3, a, m0, n, y, ldy, rmb, pf);                                                \
-    }
-DEFINE_QUAD_ROWS(1)
-DEFINE_QUAD_ROWS(2)
-DEFINE_QUAD_ROWS(3)
-DEFINE_QUAD_ROWS(4)
-DEFINE_QUAD_ROWS(5)
-DEFINE_QUAD_ROWS(6)
-DEFINE_QUAD_ROWS(7)
-DEFINE_QUAD_ROWS(8)
-#undef DEFINE_QUAD_ROWS
 
-#define DEFINE_QUAD(n)                                                                                              \
-    static void quad_q4_##n(const char *g0, const char *g1, const char *g2, const char *g3, const char *act,       \
-                            int64_t nb, float *y, int64_t ldy, __mmask16 rmb, bool pf) {                         \
-        tile32(false, g0, g1, g2, g3, act, nb, n, y, ldy, rmb, pf);                                               \
-    }                                                                                                             \
-    static void quad_q8_##n(const char *g0, const char *g1, const char *g2, const char *g3, const char *act,       \
-                            int64_t nb, float *y, int64_t ldy, __mmask16 rmb, bool pf) {                         \
-        tile32(true, g0, g1, g2, g3, act, nb, n, y, ldy, rmb, pf);                                                \
+/* The 32-row tiles as functions of n tokens: NAME##q4_##n and NAME##q8_##n call KERNEL(q8, g0..g3,
+ * act, k, n, ...), act and k the records and nb (tile32) or fl_act_q8's rows and m0 (tile32r). */
+#define DEFINE_QUAD(name, kernel, atype, n)                                                                           \
+    static void name##q4_##n(const char *g0, const char *g1, const char *g2, const char *g3, atype act, int64_t k,    \
+                             float *y, int64_t ldy, __mmask16 rmb, bool pf) {                                         \
+        kernel(false, g0, g1, g2, g3, act, k, n, y, ldy, rmb, pf);                                                    \
+    }                                                                                                                 \
+    static void name##q8_##n(const char *g0, const char *g1, const char *g2, const char *g3, atype act, int64_t k,    \
+                             float *y, int64_t ldy, __mmask16 rmb, bool pf) {                                         \
+        kernel(true, g0, g1, g2, g3, act, k, n, y, ldy, rmb, pf);                                                     \
     }
-DEFINE_QUAD(9)
-DEFINE_QUAD(10)
-DEFINE_QUAD(11)
-DEFINE_QUAD(12)
-DEFINE_QUAD(13)
-DEFINE_QUAD(14)
-DEFINE_QUAD(15)
-DEFINE_QUAD(16)
+DEFINE_QUAD(quadr_, tile32r, const fl_act_q8 *, 1)
+DEFINE_QUAD(quadr_, tile32r, const fl_act_q8 *, 2)
+DEFINE_QUAD(quadr_, tile32r, const fl_act_q8 *, 3)
+DEFINE_QUAD(quadr_, tile32r, const fl_act_q8 *, 4)
+DEFINE_QUAD(quadr_, tile32r, const fl_act_q8 *, 5)
+DEFINE_QUAD(quadr_, tile32r, const fl_act_q8 *, 6)
+DEFINE_QUAD(quadr_, tile32r, const fl_act_q8 *, 7)
+DEFINE_QUAD(quadr_, tile32r, const fl_act_q8 *, 8)
+DEFINE_QUAD(quad_, tile32, const char *, 9)
+DEFINE_QUAD(quad_, tile32, const char *, 10)
+DEFINE_QUAD(quad_, tile32, const char *, 11)
+DEFINE_QUAD(quad_, tile32, const char *, 12)
+DEFINE_QUAD(quad_, tile32, const char *, 13)
+DEFINE_QUAD(quad_, tile32, const char *, 14)
+DEFINE_QUAD(quad_, tile32, const char *, 15)
+DEFINE_QUAD(quad_, tile32, const char *, 16)
 #undef DEFINE_QUAD
 
 /* acc + w (unsigned bytes) . the 4 signed bytes at x broadcast to every lane, the broadcast
