@@ -236,11 +236,11 @@ INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g
 
 /* 32 rows x NT (9..16) tokens: per run of R8_QUAD_CHUNK blocks tokens 0-7, then 8..NT-1 (the
  * second pass reads the run from L1); rows 16-31 stored under rmb.  Against the pairs of groups
- * (tile16w), a Zen 5 VM, fl_matmul on 2 threads alternated call by call, median of the paired speedups: 16
- * tokens on a 512 x 2048 matrix in cache Q8_0 1.11, Q4_0 1.07, 64 tokens Q8_0 1.11; 16 tokens
- * streaming 24 matrices of 5632 x 2048 from memory Q8_0 0.99, Q4_0 1.03.  `fitllm bench model
- * -p 512 -n 0 -r 2`, two alternated rounds: pp Q4_0 352-376 -> 412-416 tok/s, Q8_0 350-364 ->
- * 392-402. */
+ * (tile16w) on a Zen 5 VM, fl_matmul on 2 threads alternated call by call, median of the paired
+ * speedups: 16 tokens on a 512 x 2048 matrix in cache Q8_0 1.11, Q4_0 1.07, 64 tokens Q8_0 1.11;
+ * 16 tokens streaming 24 matrices of 5632 x 2048 from memory Q8_0 0.99, Q4_0 1.03 (before the
+ * runs of blocks and the L1-only prefetch).  `fitllm bench model -p 512 -n 0 -r 2`, two
+ * alternated rounds: pp Q4_0 352-376 -> 412-416 tok/s, Q8_0 350-364 -> 392-402. */
 INLINE void tile32(const bool q8, const char *g0, const char *g1, const char *g2, const char *g3, const char *act,
                    int64_t nb, const int NT, float *y, int64_t ldy, __mmask16 rmb, bool pf) {
     __m512 acc[32]; /* tokens 0-7: [0, 16), tokens 8..NT-1: [16, 32) */
@@ -281,7 +281,6 @@ INLINE void tile32r(const bool q8, const char *g0, const char *g1, const char *g
         _mm512_mask_storeu_ps(y + t * ldy + 16, rmb, acc[8 + t]);
     }
 }
-
 
 /* The 32-row tiles as functions of n tokens: NAME##q4_##n and NAME##q8_##n call KERNEL(q8, g0..g3,
  * act, k, n, ...), act and k the records and nb (tile32) or fl_act_q8's rows and m0 (tile32r). */
