@@ -29,6 +29,15 @@
  * over all the blocks per 8 tokens, 16 tokens streamed: runs of 4 1.019-1.025, 8 1.010-1.019, 16
  * 0.99) */
 #define R8_QUAD_CHUNK 8
+/* Q8_0 where the rows come from memory (the tile that prefetches them, pf): runs of 2, so that a
+ * step's reads come evenly, not in bursts of 8 blocks with a pass from L1 between them (Q8_0 has
+ * twice Q4_0's bytes per product).  Against runs of 8 on a Zen 5 VM, alternated call by call,
+ * median of the paired speedups, 16 tokens over 24 streamed 5632 x 2048 matrices: runs of 1
+ * 1.047-1.056, 2 1.039-1.065 (2048 x 5632: 1.058), 4 1.028; 12 tokens 1.053; 512 tokens (the
+ * first token tile only) 0.996-0.999.  Q4_0 with runs of 1, 2 or 4: 0.993-1.002, so it keeps 8.
+ * In `fitllm bench serve` (16 sequences, TinyLlama-shaped Q8_0), the 9-16-token matmuls timed in
+ * the engine, alternated layer by layer: 0.928 and 0.935 of the time (an A-A control: 0.994). */
+#define R8_QUAD_CHUNK_Q8_STREAM 2
 
 /* steps of up to this many tokens take one group (8 rows, ymm) at a time: tile8 */
 #define R8_GEMV_TOKENS 2
@@ -234,9 +243,9 @@ INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g
     }
 }
 
-/* 32 rows x NT (9..16) tokens: per run of R8_QUAD_CHUNK blocks tokens 0-7, then 8..NT-1 (the
- * second pass reads the run from L1); rows 16-31 stored under rmb.  Against the pairs of groups
- * (tile16w) on a Zen 5 VM, fl_matmul on 2 threads alternated call by call, median of the paired
+/* 32 rows x NT (9..16) tokens: per run of R8_QUAD_CHUNK blocks (R8_QUAD_CHUNK_Q8_STREAM for Q8_0
+ * rows from memory) tokens 0-7, then 8..NT-1 (the second pass reads the run from L1); rows 16-31
+ * stored under rmb.  Against the pairs of groups (tile16w) on a Zen 5 VM, fl_matmul on 2 threads alternated call by call, median of the paired
  * speedups: 16 tokens on a 512 x 2048 matrix in cache Q8_0 1.11, Q4_0 1.07, 64 tokens Q8_0 1.11;
  * 16 tokens streaming 24 matrices of 5632 x 2048 from memory Q8_0 0.99, Q4_0 1.03 (before the
  * runs of blocks and the L1-only prefetch).  `fitllm bench model -p 512 -n 0 -r 2`, two
@@ -246,8 +255,9 @@ INLINE void tile32(const bool q8, const char *g0, const char *g1, const char *g2
     __m512 acc[32]; /* tokens 0-7: [0, 16), tokens 8..NT-1: [16, 32) */
 #pragma GCC unroll 32
     for (int t = 0; t < 32; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t b0 = 0; b0 < nb; b0 += R8_QUAD_CHUNK) {
-        const int64_t b1 = b0 + R8_QUAD_CHUNK < nb ? b0 + R8_QUAD_CHUNK : nb;
+    const int64_t run = q8 && pf ? R8_QUAD_CHUNK_Q8_STREAM : R8_QUAD_CHUNK;
+    for (int64_t b0 = 0; b0 < nb; b0 += run) {
+        const int64_t b1 = b0 + run < nb ? b0 + run : nb;
         tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, 0), nb, b0, b1, 8, pf, acc);
         tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, 8), nb, b0, b1, NT - 8, false, acc + 16);
     }
