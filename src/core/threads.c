@@ -21,7 +21,7 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-#define MAX_WORKERS 255
+#define MAX_WORKERS (FL_THREADS_MAX - 1)
 #define SPIN_ITERS 4000
 
 static int g_nthreads;

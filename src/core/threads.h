@@ -14,6 +14,8 @@
 
 typedef void (*fl_task_fn)(void *ctx, int ith, int nth);
 
+#define FL_THREADS_MAX 256 /* the most threads a parallel call runs on (fl_threads_set caps n) */
+
 void fl_threads_set(int n);
 int fl_threads_get(void);
 void fl_parallel(fl_task_fn fn, void *ctx);

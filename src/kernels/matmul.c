@@ -130,14 +130,16 @@ typedef struct {
     bool act_all;      /* the AVX-512 quantizer fills dv, sv, o4, o6 too (not for the AVX-512 R8 tiles) */
     char *act16;       /* act16_path: the activations as 16-token records (fl_act16_bytes), else NULL */
     size_t act16_bytes;
-    _Atomic int64_t next; /* next unit (GEMV row chunk / panel) to take: dynamic split */
+    _Atomic int64_t next; /* next unit (panel, group of panels) to take: dynamic split */
     /* fl_matmul_n: the matrices sharing x (GEMV and the AMX rows path take their units from one
      * counter; W, y above are the first) */
     int nw;
     const fl_tensor *Wv[FL_MATMUL_N_MAX];
     float *yv[FL_MATMUL_N_MAX];
-    int64_t ubase[FL_MATMUL_N_MAX + 1]; /* matrix i's units are [ubase[i], ubase[i + 1]) */
-    int64_t gc[FL_MATMUL_N_MAX];        /* GEMV: rows per chunk of matrix i */
+    int64_t ubase[FL_MATMUL_N_MAX + 1]; /* matrix i's units (GEMV: row tiles) are [ubase[i], ubase[i + 1]) */
+    int64_t take;                       /* GEMV: row tiles per take from a share */
+    int nshare;                         /* GEMV: the shares (the threads counted when they were made) */
+    _Atomic uint64_t share[FL_THREADS_MAX]; /* GEMV: share t's untaken row tiles [front, back), 32 | 32 bits */
     int64_t pgroup;                     /* AVX-512 panels: panels a thread's scratch holds (panel_group_max);
                                          * with > 1 a unit is a group of them (groups[i] per matrix) */
     int64_t groups[FL_MATMUL_N_MAX];
@@ -153,7 +155,7 @@ static int unit_matrix(const int64_t *ubase, int64_t u) {
     return i;
 }
 
-/* Rows per tile of the GEMV chunks and the tile path: the R8 types are addressed by groups of 8 rows. */
+/* Rows per tile of the GEMV shares and the tile path: the R8 types are addressed by groups of 8 rows. */
 static int64_t row_tile(int32_t type) { return fl_r8_base(type) >= 0 ? FL_R8_ROWS : 4; }
 
 static void q8_quant_task(void *p, int ith, int nth) {
@@ -196,29 +198,63 @@ static void q8_quant_task(void *p, int ith, int nth) {
 }
 
 #define TOK_TILE 4
-/* GEMV chunk size: long runs keep each thread's stream sequential for the prefetchers (256 KiB
- * against shorter ones: Q4_0 decode +5-10%).  1 MiB against 256 KiB on a Zen 5 VM (fl_matmul,
- * one token, 2 threads, 24 repacked 5632 x 2048 matrices cycled so the weights stream from
- * memory, the two alternated call by call, median of 20 paired speedups): Q8_0 1.05-1.09,
- * Q4_0 1.04 (64 KiB: 0.80); the same pass as a plain read of those bytes reached 1.04x the
- * 1 MiB GEMV. */
-#define GEMV_CHUNK_BYTES (1024 * 1024)
+/* GEMV: each thread streams its own contiguous share of the call's row tiles (all its matrices,
+ * which have one K and type, end to end), taking GEMV_TAKE_BYTES at a time from the front; a
+ * thread whose share is done takes from the back of the share with the most left, so a thread
+ * the scheduler holds back does not hold up the others.  Against chunks of 1 MiB taken
+ * dynamically from one counter (the threads' chunks interleaved, so each chunk started a new
+ * stream; fixed chunks before that had left the last one running alone), a Zen 5 VM, 2
+ * threads, `fitllm run` on TinyLlama-shaped models, 256 tokens, the one-token matmuls timed in
+ * the process and the two alternated layer by layer: Q4_0 0.952-0.962 of the time at 256 KiB to
+ * 1 MiB takes (64 KiB 0.98-0.99, 16 KiB 1.09-1.11: small takes from the back start a cold
+ * stream each), Q8_0 0.959-0.961 (an A-A control 0.994-1.004); a static split without the
+ * taking from the back ran 1.07-1.14. */
+#define GEMV_TAKE_BYTES (512 * 1024)
 #define CHUNK_BYTES (192 * 1024) /* weight rows per chunk: stay in L2 while all tokens pass */
 
-/* GEMV: the rows stream once, in chunks taken dynamically so that a thread the scheduler holds
- * back does not hold up the others.  Chunks of about GEMV_CHUNK_BYTES, as many as a multiple of
- * the threads and equal, so the threads finish together: fixed 256 KiB chunks left the last one
- * running alone (TinyLlama's 256-row K and V projections in Q4_0 split 224 + 32 rows).  Returns
- * the number of chunks, *gc the rows per chunk. */
-static int64_t gemv_chunks(const fl_tensor *W, int nth, int64_t *gc) {
-    const int64_t rt = row_tile(W->type), N = W->ne[1], tiles = (N + rt - 1) / rt;
-    int64_t tpc = (int64_t)(GEMV_CHUNK_BYTES / ((size_t)rt * W->nb[1])); /* row tiles per full chunk */
-    if (tpc < 1) tpc = 1;
-    int64_t nc = nth * ((2 * tiles + nth * tpc) / (2 * nth * tpc)); /* a multiple of nth: rounded */
-    if (nc < nth) nc = nth; /* (chunks of 2/3 to 3/2 of the full size, one per thread at least) */
-    if (nc > tiles) nc = tiles;
-    *gc = (tiles + nc - 1) / nc * rt;
-    return (N + *gc - 1) / *gc;
+/* Take up to c->take row tiles from thread r's share: from its front (r itself) or its back
+ * (another thread, its own share done).  Returns the count, *t0 the first. */
+static int64_t share_take(q8_ctx *c, int r, bool front, int64_t *t0) {
+    uint64_t v = atomic_load_explicit(&c->share[r], memory_order_relaxed);
+    for (;;) {
+        const int64_t f = (int64_t)(v >> 32), b = (int64_t)(v & 0xFFFFFFFFu);
+        if (f >= b) return 0;
+        const int64_t n = b - f < c->take ? b - f : c->take;
+        const uint64_t nv = front ? ((uint64_t)(f + n) << 32) | (uint64_t)b : ((uint64_t)f << 32) | (uint64_t)(b - n);
+        if (atomic_compare_exchange_weak_explicit(&c->share[r], &v, nv, memory_order_relaxed, memory_order_relaxed)) {
+            *t0 = front ? f : b - n;
+            return n;
+        }
+    }
+}
+
+/* The GEMV on row tiles [t0, t0 + n) of the call (matrix i's tiles are [ubase[i], ubase[i + 1])),
+ * one kernel call per matrix it touches (per-call work on the activations, Q2_K / Q3_K's, is
+ * done once per take). */
+static void gemv_tiles(const q8_ctx *c, int64_t t0, int64_t n) {
+    for (int i = 0; i < c->nw && n > 0; i++) {
+        if (t0 >= c->ubase[i + 1]) continue;
+        const fl_tensor *W = c->Wv[i];
+        const int64_t rt = row_tile(W->type), Ni = W->ne[1], k = c->ubase[i + 1] - t0 < n ? c->ubase[i + 1] - t0 : n;
+        const int64_t n0 = (t0 - c->ubase[i]) * rt, n1 = n0 + k * rt < Ni ? n0 + k * rt : Ni;
+        c->gemm(W->type, (const char *)W->data + n0 * W->nb[1], W->nb[1], (int)(n1 - n0), &c->act, 0, (int)c->M, c->yv[i] + n0, Ni);
+        t0 += k;
+        n -= k;
+    }
+}
+
+/* Share the call's row tiles (ubase) among nth threads (GEMV_TAKE_BYTES a take; nth <= FL_THREADS_MAX). */
+static void gemv_shares(q8_ctx *c, int nth) {
+    const fl_tensor *W = c->Wv[0];
+    c->nshare = nth;
+    for (int i = 0; i < c->nw; i++) c->ubase[i + 1] = c->ubase[i] + (c->Wv[i]->ne[1] + row_tile(W->type) - 1) / row_tile(W->type);
+    c->take = (int64_t)(GEMV_TAKE_BYTES / ((size_t)row_tile(W->type) * W->nb[1]));
+    if (c->take < 1) c->take = 1;
+    for (int t = 0; t < nth; t++) {
+        int64_t lo, hi;
+        fl_split_range(c->ubase[c->nw], t, nth, &lo, &hi);
+        atomic_init(&c->share[t], ((uint64_t)lo << 32) | (uint64_t)hi);
+    }
 }
 
 static void q8_gemm_task(void *p, int ith, int nth) {
@@ -231,15 +267,20 @@ static void q8_gemm_task(void *p, int ith, int nth) {
     fl_split_range(ntiles, ith, nth, &lo, &hi);
     lo *= rt;
     hi = hi * rt < N ? hi * rt : N;
-    if (gemv_path(c->W->type, c->M)) { /* GEMV: chunks (gemv_chunks) taken dynamically from all the matrices */
-        for (;;) {
-            const int64_t u = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
-            if (u >= c->ubase[c->nw]) break;
-            const int i = unit_matrix(c->ubase, u);
-            const fl_tensor *W = c->Wv[i];
-            const int64_t Ni = W->ne[1], n0 = (u - c->ubase[i]) * c->gc[i], n1 = n0 + c->gc[i] < Ni ? n0 + c->gc[i] : Ni;
-            /* the chunk in one call: per-call work on the activations (Q2_K / Q3_K) is done once */
-            c->gemm(W->type, (const char *)W->data + n0 * W->nb[1], W->nb[1], (int)(n1 - n0), &c->act, 0, (int)c->M, c->yv[i] + n0, Ni);
+    if (gemv_path(c->W->type, c->M)) { /* GEMV: the thread's share (gemv_shares), then the others' backs */
+        int64_t t0, n;
+        if (ith < c->nshare)
+            while ((n = share_take(c, ith, true, &t0)) > 0) gemv_tiles(c, t0, n);
+        for (;;) { /* (every share: the call may run on fewer threads than there are shares) */
+            int r = -1;
+            int64_t most = 0;
+            for (int t = 0; t < c->nshare; t++) {
+                const uint64_t v = atomic_load_explicit(&c->share[t], memory_order_relaxed);
+                const int64_t left = (int64_t)(v & 0xFFFFFFFFu) - (int64_t)(v >> 32);
+                if (left > most) most = left, r = t;
+            }
+            if (r < 0) break;
+            if ((n = share_take(c, r, false, &t0)) > 0) gemv_tiles(c, t0, n);
         }
         return;
     }
@@ -916,8 +957,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 fl_parallel_n(q8_panel_task, &c, nth);
                 if (c.panels) fl_free(FL_MEM_SCRATCH, c.panels, (size_t)nth * (size_t)c.pgroup * c.panel_bytes);
             } else {
-                if (gemv_path(W->type, M))
-                    for (int i = 0; i < nw; i++) c.ubase[i + 1] = c.ubase[i] + gemv_chunks(Ws[i], fl_threads_get(), &c.gc[i]);
+                if (gemv_path(W->type, M)) gemv_shares(&c, fl_threads_get());
                 if (c.act16) { /* (no panel scratch: the tiles below read the rows, which had been left to the records) */
                     c.rows_all = true;
                     fl_parallel(q8_quant_task, &c);
