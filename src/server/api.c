@@ -178,7 +178,7 @@ static void produce_stream(fl_server *s, srv_req *r) {
             cJSON_AddNumberToObject(c, "index", i);
             char *delta = fl_alloc(FL_MEM_NET, avail - sm->sent + 1, 16);
             if (!delta) { cJSON_Delete(o); break; }
-            memcpy(delta, sm->text.p + sm->sent, avail - sm->sent);
+            if (avail > sm->sent) memcpy(delta, sm->text.p + sm->sent, avail - sm->sent); /* (the role chunk: no text yet, p may be NULL) */
             delta[avail - sm->sent] = 0;
             if (r->chat) {
                 cJSON *d = cJSON_AddObjectToObject(c, "delta");
