@@ -153,6 +153,13 @@ assert ev[-1]["choices"][0]["finish_reason"] == "length", ev[-1]
 assert "".join(e["choices"][0]["text"] for e in ev) == full
 PY
 check "random bytes -> valid UTF-8 JSON; the stream (split characters too) ends and equals the whole text" 'python3 "$TMP/rnd.py" "$TMP/rnd.json" "$TMP/rnd.sse"'
+# this vocabulary has no "▁": each space is 3 byte tokens, more ids than the prompt has bytes;
+# the text prompt must give what its ids (from `fitllm run --json`) give (the server had read
+# past the ids it tokenized into a buffer of bytes + 8)
+IDS=$("$BIN" run -m "$MODEL" -p "Once upon a time" -n 1 --temp 0 --json 2>/dev/null | python3 -c "import json,sys; print(json.dumps(json.load(sys.stdin)['prompt_tokens']))")
+post "$URL_D" /v1/completions '{"prompt":"Once upon a time","max_tokens":12,"temperature":0}'; TXT_A=$(cat "$TMP/body"); PT_A=$(jq_ 'd["usage"]["prompt_tokens"]')
+post "$URL_D" /v1/completions "{\"prompt\":$IDS,\"max_tokens\":12,\"temperature\":0}"; TXT_B=$(cat "$TMP/body")
+check "a prompt of more ids than bytes ($PT_A ids, 16 bytes) gives what its ids give" '[ "$PT_A" -gt 24 ] && [ "$(echo "$TXT_A" | python3 -c "import json,sys; print(json.load(sys.stdin)[\"choices\"][0][\"text\"])")" = "$(echo "$TXT_B" | python3 -c "import json,sys; print(json.load(sys.stdin)[\"choices\"][0][\"text\"])")" ]'
 kill -TERM "$PID_D"; wait "$PID_D"
 MODEL=$SHARED/models/stories260K.gguf
 

@@ -449,7 +449,16 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         toks_cap = (int64_t)prompt.len + 8;
         toks = fl_alloc(FL_MEM_NET, (size_t)toks_cap * 4, 16);
         if (!toks) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
-        fl_status st = fl_engine_tokenize(s->engine, prompt.p ? prompt.p : "", prompt.len, special ? (FL_TOKENIZE_ADD_SPECIAL | FL_TOKENIZE_PARSE_SPECIAL) : FL_TOKENIZE_ADD_SPECIAL, toks, toks_cap, &n_prompt);
+        const int flags = special ? (FL_TOKENIZE_ADD_SPECIAL | FL_TOKENIZE_PARSE_SPECIAL) : FL_TOKENIZE_ADD_SPECIAL;
+        fl_status st = fl_engine_tokenize(s->engine, prompt.p ? prompt.p : "", prompt.len, flags, toks, toks_cap, &n_prompt);
+        if (st == FL_OK && n_prompt > toks_cap) { /* more ids than bytes (SPM's "▁" as 3 byte tokens, say): once more at its size */
+            fl_free(FL_MEM_NET, toks, (size_t)toks_cap * 4);
+            toks_cap = n_prompt;
+            toks = fl_alloc(FL_MEM_NET, (size_t)toks_cap * 4, 16);
+            if (!toks) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+            st = fl_engine_tokenize(s->engine, prompt.p ? prompt.p : "", prompt.len, flags, toks, toks_cap, &n_prompt);
+            if (st == FL_OK && n_prompt > toks_cap) st = fl_set_error(FL_ERR_INTERNAL, "the tokenizer asked for %lld ids, then for more", (long long)toks_cap);
+        }
         if (st != FL_OK) { ret = BAD("cannot tokenize the prompt: %s", fl_last_error()); goto out; }
     }
     if (n_prompt == 0 || (!chat && prompt.len == 0 && !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "prompt")))) { ret = BAD("the prompt is empty"); goto out; }
