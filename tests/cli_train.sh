@@ -18,6 +18,14 @@ awk 'BEGIN{RS="\n\n"; ORS="\n\n"} NR<=60' "$S/data/tinystories_val.txt" > "$T/tr
 "$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" --weights nf4 2>/dev/null; [ $? -eq 2 ] || fail "nf4 without --lora must exit 2"
 "$F" train -m "$S/models/stories260K.gguf" -f "$T/missing.txt" 2>/dev/null; [ $? -eq 1 ] || fail "missing file must exit 1"
 
+# a vocabulary without "▁" (a random synth model's: each space is 3 byte tokens) gives more ids
+# than the text has bytes: 2 documents of 26 + 8 x 3 and 32 + 12 x 3 ids, each with BOS and EOS
+"$F" synth --n-embd 64 --n-layer 1 --n-head 2 --n-ff 128 --n-vocab 300 --type F32 -o "$T/tiny.gguf" >/dev/null || fail "synth"
+printf 'Once upon a time there was a cat.\n\nThe cat sat on a mat and it was a good day.\n' > "$T/spaces.txt"
+"$F" train -m "$T/tiny.gguf" -f "$T/spaces.txt" --val "$T/spaces.txt" -c 32 --batch 1 --steps 1 -t 1 -o "$T/tiny_out.gguf" \
+    > /dev/null 2> "$T/err_sp.txt" || { cat "$T/err_sp.txt"; fail "train on more ids than bytes"; }
+grep -q "train: 2 documents, 122 tokens" "$T/err_sp.txt" || { cat "$T/err_sp.txt"; fail "expected 2 documents, 122 tokens"; }
+
 # 4 steps with a checkpoint every 2, JSON logs
 "$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 4 --save-every 2 \
     --checkpoint-every 2 --optim adamw8bit --json -t 1 -o "$T/out.gguf" > "$T/log.jsonl" 2> "$T/err.txt" \

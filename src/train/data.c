@@ -61,7 +61,7 @@ fl_status fl_train_data_from_text_ex(const fl_tokenizer *tok, const char *text, 
     out->eos = fl_tokenizer_eos(tok);
     if (out->bos < 0 || out->eos < 0)
         return fl_set_error(FL_ERR_UNSUPPORTED, "%s: the tokenizer needs BOS and EOS tokens", __func__);
-    /* pass 1: count documents; worst case one token per byte + 2 */
+    /* pass 1: count documents; one token per byte + 2 (more: grown below) */
     size_t p = 0, b, e;
     int64_t n_docs = 0;
     while (next_doc(text, len, &p, &b, &e)) n_docs++;
@@ -82,9 +82,20 @@ fl_status fl_train_data_from_text_ex(const fl_tokenizer *tok, const char *text, 
             fl_add_error_context("document %lld", (long long)d);
             goto fail;
         }
-        if (got > cap - n - 1) {
-            st = fl_set_error(FL_ERR_RANGE, "%s: tokenizer produced more ids than bytes", __func__);
-            goto fail;
+        if (got > cap - n - 1) { /* more ids than bytes (SPM's "▁" as 3 byte tokens, say): grow, then once more */
+            const int64_t want = n + got + 1 + (int64_t)(len - e) + 2 * (n_docs - d) + 1, ncap = want > 2 * cap ? want : 2 * cap;
+            int32_t *ids = fl_realloc(FL_MEM_MISC, out->ids, (size_t)cap * sizeof(int32_t), (size_t)ncap * sizeof(int32_t), 64);
+            if (!ids) {
+                st = FL_ERR_NOMEM;
+                goto fail;
+            }
+            out->ids = ids;
+            out->n_ids = cap = ncap;
+            if ((st = fl_tokenize(tok, text + b, e - b, false, false, out->ids + n, cap - n - 1, &got))) goto fail;
+            if (got > cap - n - 1) {
+                st = fl_set_error(FL_ERR_INTERNAL, "%s: the tokenizer asked for %lld ids, then for more", __func__, (long long)got);
+                goto fail;
+            }
         }
         n += got;
         out->ids[n++] = out->eos;
