@@ -2,8 +2,9 @@
 # Short libFuzzer runs inside the test suite: configures a separate clang build (FITLLM_FUZZ=ON:
 # ASan + UBSan + coverage) beside the normal build, builds only the fuzz targets and runs
 # fuzz_gguf for FL_FUZZ_SECONDS (default 30) on synthetic seeds plus the small shared models,
-# then fuzz_plan (config.json + planner arithmetic) for a third of that.  Skips (77) when clang
-# or libFuzzer is not installed.
+# then fuzz_plan (config.json + planner arithmetic) and fuzz_tokenize (the tokenizers of the
+# llama.cpp test vocabularies, seeded with their test strings) for a third of that each.  Skips
+# (77) when clang or libFuzzer is not installed.
 # usage: cli_fuzz.sh FITLLM SHARED_DIR
 set -uo pipefail
 BIN="$1"; SHARED="$2"
@@ -22,7 +23,7 @@ if [ ! -f "$OUT/build.ninja" ]; then
     CC=clang cmake -S "$SRC" -B "$OUT" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFITLLM_FUZZ=ON \
         -DFITLLM_MPI=OFF -DFL_SHARED_DIR="$SHARED" >"$OUT.cmake.log" 2>&1 || { cat "$OUT.cmake.log"; exit 1; }
 fi
-ninja -C "$OUT" fuzz_gguf fuzz_plan >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
+ninja -C "$OUT" fuzz_gguf fuzz_plan fuzz_tokenize >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
 
 rm -rf "$OUT/run"; mkdir -p "$OUT/run/seeds" "$OUT/run/artifacts"
 python3 "$SRC/tests/fuzz/make_seeds.py" "$OUT/run/seeds"
@@ -44,4 +45,14 @@ run_fuzzer() { # name seconds corpus-dirs...
 }
 run_fuzzer fuzz_gguf "$SECS" "$OUT/run/seeds"
 run_fuzzer fuzz_plan $((SECS / 3 + 1)) "$SRC/tests/fuzz/plan_seeds"
-echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan $((SECS / 3 + 1))s)"
+# fuzz_tokenize: each seed is a selector byte (vocabulary and flags) and one llama.cpp test string
+mkdir -p "$OUT/run/tok_seeds"
+python3 - "$SHARED/vocab/ggml-vocab-llama-spm.gguf.inp" "$OUT/run/tok_seeds" <<'PY'
+import sys
+tests = open(sys.argv[1], encoding='utf-8').read().split('\n__ggml_vocab_test__\n')
+for i, t in enumerate(tests):
+    for sel in range(8):
+        open('%s/t%02d_%d' % (sys.argv[2], i, sel), 'wb').write(bytes([sel]) + t.encode())
+PY
+FL_SHARED_DIR="$SHARED" run_fuzzer fuzz_tokenize $((SECS / 3 + 1)) "$OUT/run/tok_seeds"
+echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan and fuzz_tokenize $((SECS / 3 + 1))s each)"
