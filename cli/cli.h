@@ -60,6 +60,11 @@ struct cJSON;
 /* Add the allocator's report as "memory" to o, print o on one line to stdout, delete o. */
 void fl_cli_print_json_with_memory(struct cJSON *o);
 fl_status fl_cli_tokenize(const struct fl_tokenizer *tok, const char *text, size_t len, int32_t **ids, int64_t *n);
+/* Whether writing out would replace one of the n input files (the same device and inode, so
+ * links and other spellings of a path count; NULL inputs are skipped).  If so, prints
+ * "fitllm CMD: OUT is the WHAT (IN); write the output elsewhere" and returns true.  A command
+ * writes through a temporary file and a rename, so it would "work", and the input would be lost. */
+bool fl_cli_overwrites_input(const char *cmd, const char *out, int n, const char *const inputs[], const char *const what[]);
 /* benchmarks (cli/bench_*.c) */
 int fl_bench_attention(int argc, char **argv);
 int fl_bench_packing(int argc, char **argv);

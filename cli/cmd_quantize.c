@@ -114,6 +114,7 @@ int fl_cmd_quantize(int argc, char **argv) {
         fprintf(stderr, "fitllm quantize: unknown TYPE '%s' (see --help)\n", pos[2]);
         return 2;
     }
+    if (fl_cli_overwrites_input("quantize", pos[1], 1, (const char *const[]){pos[0]}, (const char *const[]){"input model"})) return 2;
     if (opts[1].set) fl_threads_set((int)opts[1].i);
     const bool pure = opts[0].set, quiet = opts[2].set;
     progress_state prog = {isatty(2) != 0, "quantize"};

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 static double now_s(void) {
@@ -45,6 +46,20 @@ void fl_cli_print_json_with_memory(cJSON *o) {
         cJSON_free(s);
     }
     cJSON_Delete(o);
+}
+
+bool fl_cli_overwrites_input(const char *cmd, const char *out, int n, const char *const inputs[], const char *const what[]) {
+    struct stat so;
+    if (!out || stat(out, &so) != 0) return false; /* a new file replaces nothing */
+    for (int i = 0; i < n; i++) {
+        struct stat si;
+        if (!inputs[i] || stat(inputs[i], &si) != 0) continue;
+        if (si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+            fprintf(stderr, "fitllm %s: %s is the %s (%s); write the output elsewhere\n", cmd, out, what[i], inputs[i]);
+            return true;
+        }
+    }
+    return false;
 }
 
 char *fl_cli_read_file(const char *path, size_t *len) {

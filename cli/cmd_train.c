@@ -176,6 +176,9 @@ int fl_cmd_train(int argc, char **argv) {
             fprintf(stderr, "fitllm train: --merge-lora needs -m BASE.gguf and -o OUT.gguf\n");
             return 2;
         }
+        if (fl_cli_overwrites_input("train", OPT("output")->str, 2, (const char *const[]){base, OPT("merge-lora")->str},
+                                    (const char *const[]){"base model", "adapter"}))
+            return 2;
         return merge_lora(base, OPT("merge-lora")->str, OPT("output")->str);
     }
     if ((!base) == (!init) || !train_path) {
@@ -185,6 +188,18 @@ int fl_cmd_train(int argc, char **argv) {
     if (init && !OPT("tokenizer")->set) {
         fprintf(stderr, "fitllm train: --init needs --tokenizer GGUF (e.g. stories260K.gguf)\n");
         return 2;
+    }
+    { /* the outputs (weights, adapters, checkpoint) must not replace an input; resuming from the
+       * checkpoint this run writes is allowed */
+        const char *o = OPT("output")->str;
+        char lp[1024] = "", cp[1024];
+        if (o) snprintf(lp, sizeof lp, "%.*s.lora.gguf", (int)(strlen(o) > 5 && !strcmp(o + strlen(o) - 5, ".gguf") ? strlen(o) - 5 : strlen(o)), o);
+        snprintf(cp, sizeof cp, "%s.ckpt", o ? o : "fitllm-train");
+        const char *const in[] = {base, OPT("tokenizer")->str, train_path, OPT("val")->str, OPT("resume")->str};
+        const char *const what[] = {"base model", "tokenizer", "training text", "held-out text", "checkpoint to resume"};
+        if (fl_cli_overwrites_input("train", o, 5, in, what) || (o && fl_cli_overwrites_input("train", lp, 5, in, what)) ||
+            fl_cli_overwrites_input("train", cp, 4, in, what))
+            return 2;
     }
     fl_trainer_opts to = fl_trainer_default_opts();
     if (OPT("ctx-size")->set) to.ctx = OPT("ctx-size")->i;

@@ -16,6 +16,14 @@ done
 set +e
 "$F" quantize "$S/models/synth256/synth256-F32.gguf" "$T/x.gguf" Q9_9 2>/dev/null; [ $? = 2 ] || { echo "bad type accepted"; exit 1; }
 "$F" quantize --help | grep -q -- --pure || { echo "help"; exit 1; }
+# OUT naming IN (directly, through a symlink or another spelling) is refused, and IN survives
+cp "$S/models/synth256/synth256-F32.gguf" "$T/in.gguf"; ln -s in.gguf "$T/link.gguf"
+h=$(sha256sum < "$T/in.gguf")
+for o in "$T/in.gguf" "$T/link.gguf" "$T/../$(basename "$T")/in.gguf"; do
+  "$F" quantize -q "$T/in.gguf" "$o" Q4_0 2>"$T/err.txt"; rc=$?
+  [ $rc = 2 ] && grep -q "is the input model" "$T/err.txt" || { echo "quantize onto its input ($o): rc $rc"; cat "$T/err.txt"; exit 1; }
+done
+[ "$(sha256sum < "$T/in.gguf")" = "$h" ] || { echo "the input changed"; exit 1; }
 set -e
 "$F" synth --n-embd 64 --n-layer 1 --n-head 2 --n-ff 128 --n-vocab 300 --type Q4_0 -o "$T/s.gguf" >/dev/null
 "$F" inspect "$T/s.gguf" | grep -q 'ffn_down.weight *q4_0 *128 x 64' || { echo "synth shapes"; exit 1; }

@@ -65,4 +65,15 @@ grep -Eq "resumed from .* at step [0-9]*[02468]$" "$T/err5.txt" || fail "resume 
 "$F" train -m "$S/models/stories260K.gguf" --merge-lora "$T/q.lora.gguf" -o "$T/m.gguf" 2> "$T/err4.txt" || { cat "$T/err4.txt"; fail "merge"; }
 "$F" inspect "$T/m.gguf" > /dev/null || fail "merged adapter GGUF does not inspect"
 "$F" train -m "$S/models/stories260K.gguf" --merge-lora "$S/models/stories260K.gguf" -o "$T/x.gguf" 2>/dev/null; [ $? -eq 1 ] || fail "non-adapter merge must fail"
+# no output may replace an input: the base (also through a symlink), the training text (via
+# OUT.ckpt / OUT), the adapter being merged; each copy is left as it was
+cp "$S/models/stories260K.gguf" "$T/base.gguf"; ln -s base.gguf "$T/base-link.gguf"
+hb=$(sha256sum < "$T/base.gguf"); ht=$(sha256sum < "$T/train.txt"); ha=$(sha256sum < "$T/q.lora.gguf")
+for args in "-m $T/base.gguf -f $T/train.txt -o $T/base.gguf" "-m $T/base.gguf -f $T/train.txt -o $T/base-link.gguf" \
+            "-m $T/base.gguf -f $T/train.txt -o $T/train.txt" "-m $T/base.gguf --merge-lora $T/q.lora.gguf -o $T/q.lora.gguf" \
+            "-m $T/base.gguf --merge-lora $T/q.lora.gguf -o $T/base.gguf"; do
+  "$F" train $args --steps 1 -c 64 -t 1 2> "$T/err5.txt"; rc=$?
+  [ $rc -eq 2 ] && grep -q "write the output elsewhere" "$T/err5.txt" || { cat "$T/err5.txt"; fail "train $args: rc $rc, not refused"; }
+done
+[ "$(sha256sum < "$T/base.gguf")" = "$hb" ] && [ "$(sha256sum < "$T/train.txt")" = "$ht" ] && [ "$(sha256sum < "$T/q.lora.gguf")" = "$ha" ] || fail "an input changed"
 exit 0
