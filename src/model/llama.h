@@ -11,8 +11,11 @@
  *
  * Errors.  Load fails with FL_ERR_UNSUPPORTED for an architecture other than "llama" or a
  * weight type fl_matmul_supported() refuses (the message names the tensor and the type),
- * FL_ERR_FORMAT for missing tensors or shapes that disagree with the metadata, and whatever
- * gguf/mmap report for unreadable files.  Nothing is leaked on failure.
+ * FL_ERR_FORMAT for missing tensors or shapes that disagree with the metadata, a layer's tensor
+ * past block_count, a NaN / infinite / negative rms epsilon or rope base, or a rope dimension of
+ * 0, FL_ERR_UNSUPPORTED for a tensor the model would not use (a bias, say: as in llama.cpp, every
+ * tensor of the file must be bound; rope_freqs.weight only gets a warning that it is not
+ * applied), and whatever gguf/mmap report for unreadable files.  Nothing is leaked on failure.
  *
  * Forward.  fl_model_forward() runs one step over a flat batch (model/batch.h): any mix of
  * prefills and single-token decodes of several sequences.  Every weight matrix is applied once

@@ -7,6 +7,8 @@
 #include "model/arch.h"
 #include "model/llama_impl.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 fl_model_params fl_model_default_params(void) {
@@ -68,7 +70,7 @@ fl_status fl_hparams_from_gguf(const fl_gguf *g, fl_hparams *hp) {
     if (vlen != hp->head_dim || hp->head_dim < 1)
         return fl_set_error(FL_ERR_UNSUPPORTED, "key_length %d != value_length %d", hp->head_dim, vlen);
     if ((st = get_int(g, a, FL_KEY_ROPE_DIM, hp->head_dim, &hp->rope_dim))) return st;
-    if (hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
+    if (hp->rope_dim < 2 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
         return fl_set_error(FL_ERR_FORMAT, "rope dimension %d does not fit head_dim %d", hp->rope_dim, hp->head_dim);
     float scale = 1.0f;
     if ((st = get_float(g, a, FL_KEY_ROPE_FREQ_BASE, 10000.0f, &hp->rope_freq_base)) ||
@@ -76,6 +78,14 @@ fl_status fl_hparams_from_gguf(const fl_gguf *g, fl_hparams *hp) {
         (st = get_float(g, a, FL_KEY_ROPE_SCALE_LINEAR, 1.0f, &scale)))
         return st;
     if (scale == 1.0f && (st = get_float(g, a, FL_KEY_ROPE_SCALING_FACTOR, 1.0f, &scale))) return st;
+    /* values that would turn every activation into NaN or inf are refused here, not found later
+     * in the logits (a scale of 0 means none, as in llama.cpp) */
+    if (!isfinite(hp->rms_eps) || hp->rms_eps < 0.0f)
+        return fl_set_error(FL_ERR_FORMAT, "%s.%s = %g: must be finite and >= 0", a, FL_KEY_RMS_EPS, (double)hp->rms_eps);
+    if (!isfinite(hp->rope_freq_base) || hp->rope_freq_base <= 0.0f)
+        return fl_set_error(FL_ERR_FORMAT, "%s.%s = %g: must be finite and > 0", a, FL_KEY_ROPE_FREQ_BASE, (double)hp->rope_freq_base);
+    if (!isfinite(scale) || scale < 0.0f)
+        return fl_set_error(FL_ERR_FORMAT, "rope scaling factor %g: must be finite and >= 0", (double)scale);
     hp->rope_freq_scale = scale > 0.0f ? 1.0f / scale : 1.0f;
     /* vocabulary: the tokenizer's token list, else <arch>.vocab_size, else token_embd rows */
     const fl_gguf_value *toks = fl_gguf_get_arr(g, "tokenizer.ggml.tokens");
@@ -111,6 +121,40 @@ static fl_status bind(const fl_gguf *g, const char *name, int64_t ne0, int64_t n
         return fl_set_error(FL_ERR_FORMAT, "tensor %s: row of %lld is not a multiple of the %s block", name,
                             (long long)ne0, fl_type_name(gt->type));
     t->name = NULL; /* name is a caller's buffer; callers set a static name where they have one */
+    return FL_OK;
+}
+
+/* Every tensor of the file must be one the model binds, as llama.cpp requires: a tensor of a
+ * layer past block_count, or one no layer has (a bias, say), means the metadata or the
+ * architecture is not what it says, and ignoring it would give wrong outputs without a word.
+ * rope_freqs.weight (Llama 3.1+ rope scaling factors) is the one exception: it is not applied,
+ * and a warning says so. */
+static fl_status check_unused_tensors(const fl_gguf *g, const fl_hparams *hp) {
+    static const char *const per_layer[] = {FL_TN_ATTN_NORM, FL_TN_ATTN_Q, FL_TN_ATTN_K,  FL_TN_ATTN_V,  FL_TN_ATTN_OUT,
+                                            FL_TN_FFN_NORM,  FL_TN_FFN_GATE, FL_TN_FFN_UP, FL_TN_FFN_DOWN};
+    for (int64_t i = 0; i < fl_gguf_n_tensors(g); i++) {
+        const fl_gguf_tensor *t = fl_gguf_tensor_at(g, i);
+        char name[256], want[96];
+        if (t->name.len >= sizeof name) return fl_set_error(FL_ERR_FORMAT, "tensor %lld: name of %llu bytes is not part of a llama model",
+                                                            (long long)i, (unsigned long long)t->name.len);
+        memcpy(name, t->name.data, (size_t)t->name.len);
+        name[t->name.len] = 0;
+        bool used = !strcmp(name, FL_TN_TOKEN_EMBD) || !strcmp(name, FL_TN_OUTPUT_NORM) || !strcmp(name, FL_TN_OUTPUT);
+        int il = -1, n = 0;
+        if (!used && sscanf(name, "blk.%d.%n", &il, &n) == 1 && n > 0 && il >= 0 && il < hp->n_layer)
+            for (size_t k = 0; k < sizeof per_layer / sizeof per_layer[0] && !used; k++)
+                used = !strcmp(name, fl_arch_tensor_name(want, sizeof want, per_layer[k], il));
+        if (used) continue;
+        if (!strcmp(name, "rope_freqs.weight")) {
+            FL_LOG_WARN("rope_freqs.weight (Llama 3.1+ rope scaling factors) is not applied: outputs will differ from "
+                        "llama.cpp's");
+            continue;
+        }
+        if (il >= hp->n_layer)
+            return fl_set_error(FL_ERR_FORMAT, "tensor %s is past the model's %d layers (%s.block_count)", name, hp->n_layer,
+                                hp->arch);
+        return fl_set_error(FL_ERR_UNSUPPORTED, "tensor %s is not part of a %s model (fitllm would ignore it)", name, hp->arch);
+    }
     return FL_OK;
 }
 
@@ -310,6 +354,7 @@ fl_status fl_model_load(const char *path, const fl_model_params *params, fl_mode
     }
     for (int il = 0; il < hp->n_layer; il++)
         if ((st = bind_layer(m->g, hp, il, &m->layers[il]))) goto fail_ctx;
+    if ((st = check_unused_tensors(m->g, hp))) goto fail_ctx;
     if (m->params.weights_type >= 0 && (st = convert_weights(m))) goto fail_ctx;
     if (m->params.repack && (st = repack_weights(m))) goto fail_ctx;
     *out = m;

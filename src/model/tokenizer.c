@@ -13,6 +13,7 @@
  *     "▁" becomes a space, <0xXX> byte tokens give their byte, BPE undoes the GPT-2 byte map.
  */
 #include "model/tokenizer_impl.h"
+#include "core/log.h"
 #include "core/utf8.h"
 
 #include <cjson/cJSON.h>
@@ -281,7 +282,13 @@ static fl_status finish_setup(fl_tokenizer *t) {
 static void get_id(const fl_gguf *g, const char *key, int32_t n_vocab, int32_t *id) {
     int64_t v;
     if (!fl_gguf_find(g, key)) return;
-    if (fl_gguf_get_i64(g, key, &v) == FL_OK && v >= 0 && v < n_vocab) *id = (int32_t)v;
+    if (fl_gguf_get_i64(g, key, &v) != FL_OK) {
+        FL_LOG_WARN("tokenizer: %s is not an integer: ignored", key);
+    } else if (v >= 0 && v < n_vocab) {
+        *id = (int32_t)v;
+    } else if (v != 0xFFFFFFFFll && v != -1) { /* (the converters' "none") */
+        FL_LOG_WARN("tokenizer: %s = %lld is not a token id (vocabulary of %d): ignored", key, (long long)v, n_vocab);
+    }
     fl_clear_error();
 }
 

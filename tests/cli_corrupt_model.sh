@@ -1,0 +1,51 @@
+#!/bin/bash
+# Corrupt models: every variant of stories260K.gguf that tests/corrupt_model.py writes (one
+# metadata value or one tensor's shape / type / offset patched, the file still a well-formed
+# GGUF) either runs or is refused with a message (exit 1) by `fitllm run`, and every third by
+# `fitllm inspect`: never a crash or a sanitizer report.  Values that cannot be right are
+# refused by name.  Args: path-to-fitllm shared-dir.
+set -u
+F=$1
+S=$2
+[ -f "$S/models/stories260K.gguf" ] || exit 77
+command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+python3 "$(dirname "$0")/corrupt_model.py" "$S/models/stories260K.gguf" "$T/v" > "$T/list.txt" || fail "corrupt_model.py"
+n=0; refused=0; i=0
+while read -r f what; do
+  "$F" run -m "$T/v/$f" -p "Once upon" -n 4 -t 1 --temp 0 > /dev/null 2> "$T/err.txt"; rc=$?
+  if grep -qE "AddressSanitizer|LeakSanitizer|runtime error|Segmentation" "$T/err.txt" || { [ $rc -ne 0 ] && [ $rc -ne 1 ]; }; then
+    cat "$T/err.txt"; fail "run on $f ($what): exit $rc"
+  fi
+  if [ $rc -eq 1 ]; then
+    grep -q "^fitllm run: " "$T/err.txt" || { cat "$T/err.txt"; fail "run on $f ($what): refused without a message"; }
+    refused=$((refused + 1))
+  fi
+  cp "$T/err.txt" "$T/err-$f.txt"
+  if [ $((i % 3)) -eq 0 ]; then
+    "$F" inspect "$T/v/$f" > /dev/null 2> "$T/err.txt"; rc=$?
+    if grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$T/err.txt" || { [ $rc -ne 0 ] && [ $rc -ne 1 ]; }; then
+      cat "$T/err.txt"; fail "inspect on $f ($what): exit $rc"
+    fi
+  fi
+  n=$((n + 1)); i=$((i + 1))
+done < "$T/list.txt"
+[ $n -gt 200 ] || fail "only $n variants"
+
+# what must be refused, and how
+expect() { # pattern-in-list message-in-stderr
+  local f; f=$(grep -F -- "$1" "$T/list.txt" | head -1 | cut -d' ' -f1)
+  [ -n "$f" ] || fail "no variant '$1'"
+  grep -qF -- "$2" "$T/err-$f.txt" || { cat "$T/err-$f.txt"; fail "'$1' should say '$2'"; }
+}
+expect "layer_norm_rms_epsilon = nan" "must be finite and >= 0"
+expect "layer_norm_rms_epsilon = -1.0" "must be finite and >= 0"
+expect "llama.block_count = 4 (was 5)" "tensor blk.4.attn_q.weight is past the model's 4 layers"
+expect "llama.rope.dimension_count = 0" "rope dimension 0 does not fit head_dim 8"
+expect "blk.0.attn_q.weight ne[0] = 32 (was 64)" "has shape [32, 64, 1, 1], expected [64, 64]"
+expect "tokenizer.ggml.bos_token_id = 1048576" "tokenizer.ggml.bos_token_id = 1048576 is not a token id (vocabulary of 512): ignored"
+echo "cli_corrupt_model: $n variants, $refused refused with a message, none crashed"
+exit 0

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Write variants of a GGUF model, each with one header field patched in place (the file stays a
+well-formed GGUF, so each variant reaches the model loader): every numeric metadata value of the
+architecture and tokenizer set to 0, 1, -1, a huge value or its neighbours, float values to 0,
+-1, NaN and infinity, and the shape, type and data offset of a few tensors changed.
+usage: corrupt_model.py IN.gguf OUTDIR  (prints one line per variant: file name and what changed)"""
+import math, os, struct, sys
+
+SCALAR = {0: 'B', 1: 'b', 2: 'H', 3: 'h', 4: 'I', 5: 'i', 6: 'f', 7: '?', 10: 'Q', 11: 'q', 12: 'd'}
+
+def parse(buf):
+    off = 4
+    version, n_t, n_kv = struct.unpack_from('<IQQ', buf, off); off += 20
+    def string(o):
+        n, = struct.unpack_from('<Q', buf, o)
+        return buf[o + 8:o + 8 + n].decode('utf-8', 'replace'), o + 8 + n
+    def skip_value(t, o):
+        if t in SCALAR: return o + struct.calcsize('<' + SCALAR[t])
+        if t == 8: return string(o)[1]
+        et, n = struct.unpack_from('<IQ', buf, o); o += 12
+        if et in SCALAR: return o + n * struct.calcsize('<' + SCALAR[et])
+        for _ in range(n): o = skip_value(et, o)
+        return o
+    kvs, tensors = [], []
+    for _ in range(n_kv):
+        key, off = string(off)
+        t, = struct.unpack_from('<I', buf, off); off += 4
+        kvs.append((key, t, off))
+        off = skip_value(t, off)
+    for _ in range(n_t):
+        name, off = string(off)
+        nd, = struct.unpack_from('<I', buf, off); off += 4
+        ne_off = off; off += 8 * nd
+        type_off = off; off += 4
+        data_off = off; off += 8
+        tensors.append((name, nd, ne_off, type_off, data_off))
+    return kvs, tensors
+
+def main(src, out):
+    buf = open(src, 'rb').read()
+    kvs, tensors = parse(buf)
+    os.makedirs(out, exist_ok=True)
+    n = 0
+    def emit(what, off, fmt, value):
+        nonlocal n
+        b = bytearray(buf)
+        struct.pack_into('<' + fmt, b, off, value)
+        name = 'v%03d.gguf' % n
+        open(os.path.join(out, name), 'wb').write(b)
+        print(name, what)
+        n += 1
+    for key, t, off in kvs:
+        if not (key.startswith('llama.') or key.startswith('tokenizer.ggml.')) or t not in SCALAR or t == 7:
+            continue
+        fmt = SCALAR[t]
+        if fmt in 'fd':
+            for v in (0.0, -1.0, math.nan, math.inf):
+                emit('%s = %r' % (key, v), off, fmt, v)
+            continue
+        cur, = struct.unpack_from('<' + fmt, buf, off)
+        bits = struct.calcsize(fmt) * 8
+        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if fmt.islower() else (0, (1 << bits) - 1)
+        for v in sorted({0, 1, cur - 1, cur + 1, 2 * cur + 1, hi, lo, 1 << 20}):
+            if lo <= v <= hi and v != cur:
+                emit('%s = %d (was %d)' % (key, v, cur), off, fmt, v)
+    picks = [t for t in tensors if t[0] in ('token_embd.weight', 'output.weight', 'output_norm.weight',
+                                            'blk.0.attn_q.weight', 'blk.0.attn_k.weight', 'blk.0.ffn_down.weight',
+                                            'blk.0.attn_norm.weight')]
+    for name, nd, ne_off, type_off, data_off in picks:
+        for d in range(nd):
+            cur, = struct.unpack_from('<Q', buf, ne_off + 8 * d)
+            for v in (0, 1, cur + 1, cur * 2, cur // 2, 1 << 40, (1 << 64) - 1):
+                if v != cur:
+                    emit('%s ne[%d] = %d (was %d)' % (name, d, v, cur), ne_off + 8 * d, 'Q', v)
+        cur, = struct.unpack_from('<I', buf, type_off)
+        for v in (0, 1, 2, 8, 12, 14, 30, 39, 1000):
+            if v != cur:
+                emit('%s type = %d (was %d)' % (name, v, cur), type_off, 'I', v)
+        cur, = struct.unpack_from('<Q', buf, data_off)
+        for v in (cur + 32, len(buf), (1 << 64) - 32, 0):
+            if v != cur:
+                emit('%s offset = %d (was %d)' % (name, v, cur), data_off, 'Q', v)
+
+if __name__ == '__main__':
+    main(sys.argv[1], sys.argv[2])
