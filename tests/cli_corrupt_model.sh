@@ -2,7 +2,7 @@
 # Corrupt models: every variant of stories260K.gguf that tests/corrupt_model.py writes (one
 # metadata value or one tensor's shape / type / offset patched, the file still a well-formed
 # GGUF) either runs or is refused with a message (exit 1) by `fitllm run`, and every third by
-# `fitllm inspect`: never a crash or a sanitizer report.  Values that cannot be right are
+# `fitllm inspect` and `fitllm train` (one step): never a crash or a sanitizer report.  Values that cannot be right are
 # refused by name.  Args: path-to-fitllm shared-dir.
 set -u
 F=$1
@@ -14,6 +14,7 @@ trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
 python3 "$(dirname "$0")/corrupt_model.py" "$S/models/stories260K.gguf" "$T/v" > "$T/list.txt" || fail "corrupt_model.py"
+awk 'BEGIN{RS="\n\n"; ORS="\n\n"} NR<=20' "$S/data/tinystories_val.txt" > "$T/small.txt"
 n=0; refused=0; i=0
 while read -r f what; do
   "$F" run -m "$T/v/$f" -p "Once upon" -n 4 -t 1 --temp 0 > /dev/null 2> "$T/err.txt"; rc=$?
@@ -29,6 +30,12 @@ while read -r f what; do
     "$F" inspect "$T/v/$f" > /dev/null 2> "$T/err.txt"; rc=$?
     if grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$T/err.txt" || { [ $rc -ne 0 ] && [ $rc -ne 1 ]; }; then
       cat "$T/err.txt"; fail "inspect on $f ($what): exit $rc"
+    fi
+  fi
+  if [ $((i % 3)) -eq 1 ]; then
+    "$F" train -m "$T/v/$f" -f "$T/small.txt" --steps 1 -c 32 --batch 1 -t 1 > /dev/null 2> "$T/err.txt"; rc=$?
+    if grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$T/err.txt" || { [ $rc -ne 0 ] && [ $rc -ne 1 ]; }; then
+      cat "$T/err.txt"; fail "train on $f ($what): exit $rc"
     fi
   fi
   n=$((n + 1)); i=$((i + 1))
@@ -47,5 +54,11 @@ expect "llama.block_count = 4 (was 5)" "tensor blk.4.attn_q.weight is past the m
 expect "llama.rope.dimension_count = 0" "rope dimension 0 does not fit head_dim 8"
 expect "blk.0.attn_q.weight ne[0] = 32 (was 64)" "has shape [32, 64, 1, 1], expected [64, 64]"
 expect "tokenizer.ggml.bos_token_id = 1048576" "tokenizer.ggml.bos_token_id = 1048576 is not a token id (vocabulary of 512): ignored"
+# the trainer's loader refuses the same
+for what in "block_count = 4 (was 5)" "epsilon = inf" "epsilon = nan" "epsilon = -1.0" "rope.dimension_count = 0"; do
+  v=$(grep -F -- "$what" "$T/list.txt" | head -1 | cut -d' ' -f1)
+  "$F" train -m "$T/v/$v" -f "$T/small.txt" --steps 1 -c 32 --batch 1 -t 1 > /dev/null 2> "$T/err.txt"; rc=$?
+  [ $rc -eq 1 ] && grep -qE "past the model's|must be finite|rope_dim" "$T/err.txt" || { cat "$T/err.txt"; fail "train on '$what': exit $rc"; }
+done
 echo "cli_corrupt_model: $n variants, $refused refused with a message, none crashed"
 exit 0

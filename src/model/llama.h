@@ -130,6 +130,10 @@ size_t fl_model_converted(const fl_model *m, size_t *src_bytes, int64_t *n_elems
 
 /* Read and check hyperparameters from a GGUF (used by load; the planner may call it too). */
 fl_status fl_hparams_from_gguf(const fl_gguf *g, fl_hparams *hp);
+/* Every tensor of g is one an n_layer model of arch binds (rope_freqs.weight: a warning that
+ * it is not applied); else FL_ERR_FORMAT (a layer past n_layer) or FL_ERR_UNSUPPORTED naming the
+ * tensor.  Used by load and by the trainer's loader. */
+fl_status fl_model_check_tensor_names(const fl_gguf *g, const char *arch, int32_t n_layer);
 
 /* Exact FL_MEM_ACT bytes of a workspace for max_tokens tokens and max_logit_rows logit rows. */
 size_t fl_model_workspace_bytes(const fl_hparams *hp, int32_t max_tokens, int32_t max_logit_rows);

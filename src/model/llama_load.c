@@ -129,7 +129,7 @@ static fl_status bind(const fl_gguf *g, const char *name, int64_t ne0, int64_t n
  * architecture is not what it says, and ignoring it would give wrong outputs without a word.
  * rope_freqs.weight (Llama 3.1+ rope scaling factors) is the one exception: it is not applied,
  * and a warning says so. */
-static fl_status check_unused_tensors(const fl_gguf *g, const fl_hparams *hp) {
+fl_status fl_model_check_tensor_names(const fl_gguf *g, const char *arch, int32_t n_layer) {
     static const char *const per_layer[] = {FL_TN_ATTN_NORM, FL_TN_ATTN_Q, FL_TN_ATTN_K,  FL_TN_ATTN_V,  FL_TN_ATTN_OUT,
                                             FL_TN_FFN_NORM,  FL_TN_FFN_GATE, FL_TN_FFN_UP, FL_TN_FFN_DOWN};
     for (int64_t i = 0; i < fl_gguf_n_tensors(g); i++) {
@@ -141,7 +141,7 @@ static fl_status check_unused_tensors(const fl_gguf *g, const fl_hparams *hp) {
         name[t->name.len] = 0;
         bool used = !strcmp(name, FL_TN_TOKEN_EMBD) || !strcmp(name, FL_TN_OUTPUT_NORM) || !strcmp(name, FL_TN_OUTPUT);
         int il = -1, n = 0;
-        if (!used && sscanf(name, "blk.%d.%n", &il, &n) == 1 && n > 0 && il >= 0 && il < hp->n_layer)
+        if (!used && sscanf(name, "blk.%d.%n", &il, &n) == 1 && n > 0 && il >= 0 && il < n_layer)
             for (size_t k = 0; k < sizeof per_layer / sizeof per_layer[0] && !used; k++)
                 used = !strcmp(name, fl_arch_tensor_name(want, sizeof want, per_layer[k], il));
         if (used) continue;
@@ -150,10 +150,10 @@ static fl_status check_unused_tensors(const fl_gguf *g, const fl_hparams *hp) {
                         "llama.cpp's");
             continue;
         }
-        if (il >= hp->n_layer)
-            return fl_set_error(FL_ERR_FORMAT, "tensor %s is past the model's %d layers (%s.block_count)", name, hp->n_layer,
-                                hp->arch);
-        return fl_set_error(FL_ERR_UNSUPPORTED, "tensor %s is not part of a %s model (fitllm would ignore it)", name, hp->arch);
+        if (il >= n_layer)
+            return fl_set_error(FL_ERR_FORMAT, "tensor %s is past the model's %d layers (%s.block_count)", name, n_layer,
+                                arch);
+        return fl_set_error(FL_ERR_UNSUPPORTED, "tensor %s is not part of a %s model (fitllm would ignore it)", name, arch);
     }
     return FL_OK;
 }
@@ -354,7 +354,7 @@ fl_status fl_model_load(const char *path, const fl_model_params *params, fl_mode
     }
     for (int il = 0; il < hp->n_layer; il++)
         if ((st = bind_layer(m->g, hp, il, &m->layers[il]))) goto fail_ctx;
-    if ((st = check_unused_tensors(m->g, hp))) goto fail_ctx;
+    if ((st = fl_model_check_tensor_names(m->g, hp->arch, hp->n_layer))) goto fail_ctx;
     if (m->params.weights_type >= 0 && (st = convert_weights(m))) goto fail_ctx;
     if (m->params.repack && (st = repack_weights(m))) goto fail_ctx;
     *out = m;

@@ -7,6 +7,7 @@
 #include "kernels/attn.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
+#include "model/llama.h"
 #include "train/ops_train.h"
 #include "train/rng.h"
 
@@ -23,6 +24,9 @@ fl_status fl_train_config_check(const fl_train_config *c) {
     if (c->n_head % c->n_head_kv)
         return fl_set_error(FL_ERR_INVALID, "%s: n_head %d not a multiple of n_head_kv %d", __func__, c->n_head,
                             c->n_head_kv);
+    if (!isfinite(c->rms_eps) || c->rms_eps < 0.0f || !isfinite(c->rope_base) || c->rope_base <= 0.0f)
+        return fl_set_error(FL_ERR_INVALID, "%s: rms_eps %g must be finite and >= 0, rope_base %g finite and > 0", __func__,
+                            (double)c->rms_eps, (double)c->rope_base);
     if (c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2)
         return fl_set_error(FL_ERR_INVALID, "%s: rope_dim %d must be even and <= head_dim %d", __func__, c->rope_dim,
                             c->head_dim);
@@ -310,6 +314,23 @@ fl_status fl_train_model_load_gguf(const fl_gguf *g, fl_train_model **out) {
     fl_train_config cfg;
     fl_status st = fl_train_config_from_gguf(g, &cfg);
     if (st) return st;
+    if ((st = fl_model_check_tensor_names(g, "llama", cfg.n_layer))) return st; /* (as fl_model_load) */
+    /* every tensor's shape before the parameters are allocated: metadata that disagrees with the
+     * tensors (a corrupt file) is reported as such, not as a failed allocation of its sizes */
+    for (int p = 0; p < FL_TP_COUNT; p++) {
+        int64_t ne[2];
+        char name[96];
+        fl_train_param_shape(&cfg, (fl_train_param)p, ne);
+        for (int l = 0; l < (fl_train_param_per_layer((fl_train_param)p) ? cfg.n_layer : 1); l++) {
+            fl_train_param_name((fl_train_param)p, l, name, sizeof name);
+            const fl_gguf_tensor *t = fl_gguf_find_tensor(g, name);
+            if (!t && p == FL_TP_OUTPUT) continue; /* tied embeddings */
+            if (!t) return fl_set_error(FL_ERR_FORMAT, "%s: tensor '%s' missing", __func__, name);
+            if (t->ne[0] != ne[0] || t->ne[1] != ne[1] || t->ne[2] != 1 || t->ne[3] != 1)
+                return fl_set_error(FL_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", __func__,
+                                    name, (long long)t->ne[0], (long long)t->ne[1], (long long)ne[0], (long long)ne[1]);
+        }
+    }
     fl_train_model *m;
     if ((st = fl_train_model_new(&cfg, &m))) return st;
     if ((st = fl_train_model_read_params(m, g))) {
