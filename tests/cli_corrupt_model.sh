@@ -1,6 +1,7 @@
 #!/bin/bash
 # Corrupt models: every variant of stories260K.gguf that tests/corrupt_model.py writes (one
-# metadata value or one tensor's shape / type / offset patched, the file still a well-formed
+# metadata value, one tensor's shape / type / offset, or one tokenizer array element (a token
+# type, a score, a byte of a token's text) patched, the file still a well-formed
 # GGUF) either runs or is refused with a message (exit 1) by `fitllm run`, and every third by
 # `fitllm inspect` and `fitllm train` (one step): never a crash or a sanitizer report.  Values that cannot be right are
 # refused by name.  Args: path-to-fitllm shared-dir.

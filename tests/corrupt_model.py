@@ -2,7 +2,9 @@
 """Write variants of a GGUF model, each with one header field patched in place (the file stays a
 well-formed GGUF, so each variant reaches the model loader): every numeric metadata value of the
 architecture and tokenizer set to 0, 1, -1, a huge value or its neighbours, float values to 0,
--1, NaN and infinity, and the shape, type and data offset of a few tensors changed.
+-1, NaN and infinity; the shape, type and data offset of a few tensors; and in the tokenizer's
+arrays, token types out of range, scores that are NaN or infinite, and token texts with a byte
+that is not UTF-8 or a NUL.
 usage: corrupt_model.py IN.gguf OUTDIR  (prints one line per variant: file name and what changed)"""
 import math, os, struct, sys
 
@@ -21,11 +23,18 @@ def parse(buf):
         if et in SCALAR: return o + n * struct.calcsize('<' + SCALAR[et])
         for _ in range(n): o = skip_value(et, o)
         return o
-    kvs, tensors = [], []
+    kvs, tensors, arrays = [], [], {}
     for _ in range(n_kv):
         key, off = string(off)
         t, = struct.unpack_from('<I', buf, off); off += 4
         kvs.append((key, t, off))
+        if t == 9:  # remember where each element starts: (element type, [offsets])
+            et, n = struct.unpack_from('<IQ', buf, off)
+            o, items = off + 12, []
+            for _ in range(min(n, 4096)):
+                items.append(o)
+                o = skip_value(et, o)
+            arrays[key] = (et, items)
         off = skip_value(t, off)
     for _ in range(n_t):
         name, off = string(off)
@@ -34,11 +43,11 @@ def parse(buf):
         type_off = off; off += 4
         data_off = off; off += 8
         tensors.append((name, nd, ne_off, type_off, data_off))
-    return kvs, tensors
+    return kvs, tensors, arrays
 
 def main(src, out):
     buf = open(src, 'rb').read()
-    kvs, tensors = parse(buf)
+    kvs, tensors, arrays = parse(buf)
     os.makedirs(out, exist_ok=True)
     n = 0
     def emit(what, off, fmt, value):
@@ -80,6 +89,31 @@ def main(src, out):
         for v in (cur + 32, len(buf), (1 << 64) - 32, 0):
             if v != cur:
                 emit('%s offset = %d (was %d)' % (name, v, cur), data_off, 'Q', v)
+    tokenizer_variants(buf, arrays, emit)
+
+def tokenizer_variants(buf, arrays, emit):
+    ids = (0, 1, 2, 3, 100, 259, 511)
+    if 'tokenizer.ggml.token_type' in arrays:
+        et, items = arrays['tokenizer.ggml.token_type']
+        fmt = SCALAR[et]
+        for i in ids:
+            if i < len(items):
+                for v in (0, 2, 3, 6, 99, -1 if fmt.islower() else 255):
+                    emit('token_type[%d] = %d' % (i, v), items[i], fmt, v)
+    if 'tokenizer.ggml.scores' in arrays:
+        et, items = arrays['tokenizer.ggml.scores']
+        for i in ids:
+            if i < len(items) and et == 6:
+                for v in (math.nan, math.inf, -math.inf):
+                    emit('scores[%d] = %r' % (i, v), items[i], 'f', v)
+    if 'tokenizer.ggml.tokens' in arrays:
+        _, items = arrays['tokenizer.ggml.tokens']
+        for i in ids:
+            if i < len(items):
+                n, = struct.unpack_from('<Q', buf, items[i])
+                if n > 0:
+                    for v in (0xFF, 0x00, 0xC3):
+                        emit('tokens[%d] byte 0 = 0x%02X' % (i, v), items[i] + 8, 'B', v)
 
 if __name__ == '__main__':
     main(sys.argv[1], sys.argv[2])
