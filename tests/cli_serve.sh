@@ -183,5 +183,16 @@ check "full queue -> 503 with Retry-After" 'grep -l "503" $TMP/h* >/dev/null && 
 kill -INT "$PID_B"; wait "$PID_B"; rc=$?
 check "SIGINT -> exit 0" '[ $rc = 0 ]'
 
+# random valid and invalid requests, clients leaving early, a KV pool small enough to preempt
+# (tests/serve_stress.py): no 5xx, no crash, every block back at the end, exit 0 on SIGTERM
+start_server E -c 256 --max-seqs 4 --kv-mem 2M
+PORT_E=${URL_E##*:}
+python3 "$(dirname "$0")/serve_stress.py" "$PORT_E" "${FL_STRESS_REQUESTS:-300}" 7 > "$TMP/stress.txt" 2>&1; rc=$?
+cat "$TMP/stress.txt"
+check "stress: every answer a 200 or a 4xx with an error object, blocks freed" '[ $rc = 0 ]'
+kill -TERM "$PID_E"; wait "$PID_E"; rc=$?
+check "stress: the server exits 0 after it" '[ $rc = 0 ]'
+check "stress: no sanitizer report" '! grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$TMP/E.log"'
+
 echo "$passes passed, $fails failed"
 [ $fails = 0 ]

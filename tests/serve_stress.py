@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Random requests against a running `fitllm serve` (a fixed seed, so each run sends the same):
+valid and invalid OpenAI bodies (wrong types, out-of-range numbers, unknown roles, token-id
+prompts, stop strings, n > 1, streaming), bodies cut or with a byte changed, and clients that
+leave before or in the middle of the answer.  Every answer must be a 200 or a 4xx with an
+OpenAI error object, never a 5xx; a non-streamed 200 must parse as JSON; a streamed one must
+end with [DONE] when read to the end.  At the end the server must be healthy and hold no KV
+blocks for running requests.
+usage: serve_stress.py PORT N_REQUESTS SEED     prints the counts by status; exit 1 on a failure"""
+import http.client, json, random, sys, time
+
+PORT, N, SEED = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(SEED)
+ODD = [None, True, False, 0, -1, 1, 2, 8, 1e308, -1e308, 1.5, 2 ** 63, -2 ** 63, 2 ** 31, "", "x", "\u0000",
+       [], {}, [1], ["a"], [[]], {"a": 1}, "<s>", "</s>", "<|im_start|>", "\u00e9" * 300, "a" * 3000, 0.5, -0.5, 1e-320,
+       "stop", ["\n", "the"]]
+KEYS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop",
+        "stream", "stream_options", "presence_penalty", "frequency_penalty", "repetition_penalty", "model", "user",
+        "logprobs", "tools", "ignore_eos"]
+
+def odd(depth=0):
+    r = rng.random()
+    if depth > 2 or r < 0.6:
+        return rng.choice(ODD)
+    if r < 0.8:
+        return [odd(depth + 1) for _ in range(rng.randint(0, 3))]
+    return {rng.choice(KEYS + ["role", "content"]): odd(depth + 1) for _ in range(rng.randint(0, 3))}
+
+def body():
+    chat = rng.random() < 0.5
+    d = {}
+    if chat:
+        d["messages"] = [{"role": rng.choice(["user", "user", "user", "system", "assistant", "developer", "tool", 3]),
+                          "content": rng.choice(["Once upon a time", "hi", "Lily", odd(), [{"type": "text", "text": "Lily"}]])}
+                         for _ in range(rng.randint(1 if rng.random() < 0.9 else 0, 3))]
+    else:
+        d["prompt"] = rng.choice(["Once upon a time", "The cat", odd(), [1, 2, 3],
+                                  [rng.randint(-3, 600) for _ in range(rng.randint(0, 30))]])
+    for _ in range(rng.choice([0, 0, 0, 0, 1, 3])):
+        d[rng.choice(KEYS)] = odd()
+    d["max_tokens"] = odd() if rng.random() < 0.1 else rng.randint(1, 24)
+    if rng.random() < 0.3:
+        d["stream"] = True
+    raw = json.dumps(d).encode("utf-8", "surrogatepass")
+    r = rng.random()
+    if r < 0.05:
+        raw = raw[:rng.randrange(len(raw))]
+    elif r < 0.1:
+        i = rng.randrange(len(raw))
+        raw = raw[:i] + bytes([rng.choice(b'"{}[]\\\x00\xff,:')]) + raw[i + 1:]
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    if rng.random() < 0.03:
+        path = rng.choice(["/v1/completions", "/v1/chat/completions"])
+    return path, raw, d.get("stream") is True
+
+counts, failures = {}, []
+for i in range(N):
+    path, raw, stream = body()
+    leave = rng.random()
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+    try:
+        c.putrequest("POST", path)
+        c.putheader("Content-Type", "application/json")
+        c.putheader("Content-Length", str(len(raw)))
+        c.endheaders()
+        c.send(raw)
+        if leave < 0.05:  # gone before the answer
+            continue
+        resp = c.getresponse()
+        if leave < 0.12:  # gone in the middle of it
+            resp.read(rng.randint(1, 80))
+            continue
+        data = resp.read()
+        counts[resp.status] = counts.get(resp.status, 0) + 1
+        if resp.status >= 500:
+            failures.append("%d on %s %r: %r" % (resp.status, path, raw[:160], data[:200]))
+        elif resp.status != 200:
+            e = json.loads(data)
+            if not isinstance(e.get("error", {}).get("message"), str):
+                failures.append("%d without an error message: %r" % (resp.status, data[:200]))
+        elif stream:
+            if not data.rstrip().endswith(b"data: [DONE]"):
+                failures.append("stream without [DONE] on %r: %r" % (raw[:160], data[-200:]))
+        else:
+            json.loads(data)
+    except ConnectionRefusedError as e:
+        print("server gone: %s" % e)
+        sys.exit(1)
+    except Exception as e:
+        failures.append("%s: %s on %r" % (type(e).__name__, e, raw[:160]))
+    finally:
+        c.close()
+
+# the cancelled requests finish in the engine's next steps
+for _ in range(100):
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=10)
+    c.request("GET", "/metrics")
+    m = c.getresponse().read().decode()
+    running = [l for l in m.splitlines() if l.startswith("fitllm_requests_running ")]
+    used = [l for l in m.splitlines() if l.startswith("fitllm_kv_blocks_used ")]
+    if running and used and float(running[0].split()[1]) == 0 and float(used[0].split()[1]) == 0:
+        break
+    time.sleep(0.1)
+else:
+    failures.append("after the run: %s %s" % (running, used))
+print("serve_stress: %d requests, by status %s" % (N, dict(sorted(counts.items()))))
+for f in failures[:20]:
+    print("FAIL: " + f)
+sys.exit(1 if failures else 0)
