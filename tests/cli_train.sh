@@ -65,6 +65,18 @@ grep -Eq "resumed from .* at step [0-9]*[02468]$" "$T/err5.txt" || fail "resume 
 "$F" train -m "$S/models/stories260K.gguf" --merge-lora "$T/q.lora.gguf" -o "$T/m.gguf" 2> "$T/err4.txt" || { cat "$T/err4.txt"; fail "merge"; }
 "$F" inspect "$T/m.gguf" > /dev/null || fail "merged adapter GGUF does not inspect"
 "$F" train -m "$S/models/stories260K.gguf" --merge-lora "$S/models/stories260K.gguf" -o "$T/x.gguf" 2>/dev/null; [ $? -eq 1 ] || fail "non-adapter merge must fail"
+# an adapter whose lora.alpha is infinite is refused (it would turn the merged weights to inf)
+python3 - "$T/q.lora.gguf" "$T/inf.lora.gguf" <<'PY' || fail "patching lora.alpha"
+import struct, sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+i = b.index(b'lora.alpha') + len(b'lora.alpha')
+assert struct.unpack_from('<I', b, i)[0] == 6  # f32
+struct.pack_into('<f', b, i + 4, float('inf'))
+open(sys.argv[2], 'wb').write(b)
+PY
+"$F" train -m "$S/models/stories260K.gguf" --merge-lora "$T/inf.lora.gguf" -o "$T/inf.gguf" 2> "$T/err6.txt"; rc=$?
+[ $rc -eq 1 ] && grep -q "alpha inf" "$T/err6.txt" || { cat "$T/err6.txt"; fail "an infinite lora.alpha must be refused (rc $rc)"; }
+
 # no output may replace an input: the base (also through a symlink), the training text (via
 # OUT.ckpt / OUT), the adapter being merged; each copy is left as it was
 cp "$S/models/stories260K.gguf" "$T/base.gguf"; ln -s base.gguf "$T/base-link.gguf"

@@ -795,7 +795,7 @@ void fl_train_model_after_update(fl_train_model *m) {
 }
 
 fl_status fl_train_model_enable_lora(fl_train_model *m, int32_t rank, float alpha, uint64_t seed) {
-    if (rank <= 0 || rank > 4096 || !(alpha > 0) || m->lora)
+    if (rank <= 0 || rank > 4096 || !(alpha > 0) || !isfinite(alpha) || m->lora)
         return fl_set_error(FL_ERR_INVALID, "%s: bad LoRA rank %d / alpha %g (or already enabled)", __func__, rank,
                             (double)alpha);
     if (m->acts) return fl_set_error(FL_ERR_INVALID, "%s: enable LoRA before reserve", __func__);
