@@ -2,8 +2,9 @@
 # Corrupt models: every variant of stories260K.gguf that tests/corrupt_model.py writes (one
 # metadata value, one tensor's shape / type / offset, or one tokenizer array element (a token
 # type, a score, a byte of a token's text) patched, the file still a well-formed
-# GGUF) either runs or is refused with a message (exit 1) by `fitllm run`, and every third by
-# `fitllm inspect` and `fitllm train` (one step): never a crash or a sanitizer report.  Values that cannot be right are
+# GGUF) either runs or is refused with a message (exit 1) by `fitllm run`, and every sixth by
+# `fitllm inspect` and `fitllm train` (one step): never a crash or a sanitizer report; the same
+# for resuming training from patched checkpoints.  Values that cannot be right are
 # refused by name.  Args: path-to-fitllm shared-dir.
 set -u
 F=$1
@@ -27,13 +28,13 @@ while read -r f what; do
     refused=$((refused + 1))
   fi
   cp "$T/err.txt" "$T/err-$f.txt"
-  if [ $((i % 3)) -eq 0 ]; then
+  if [ $((i % 6)) -eq 0 ]; then
     "$F" inspect "$T/v/$f" > /dev/null 2> "$T/err.txt"; rc=$?
     if grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$T/err.txt" || { [ $rc -ne 0 ] && [ $rc -ne 1 ]; }; then
       cat "$T/err.txt"; fail "inspect on $f ($what): exit $rc"
     fi
   fi
-  if [ $((i % 3)) -eq 1 ]; then
+  if [ $((i % 6)) -eq 3 ]; then
     "$F" train -m "$T/v/$f" -f "$T/small.txt" --steps 1 -c 32 --batch 1 -t 1 > /dev/null 2> "$T/err.txt"; rc=$?
     if grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$T/err.txt" || { [ $rc -ne 0 ] && [ $rc -ne 1 ]; }; then
       cat "$T/err.txt"; fail "train on $f ($what): exit $rc"
@@ -61,5 +62,21 @@ for what in "block_count = 4 (was 5)" "epsilon = inf" "epsilon = nan" "epsilon =
   "$F" train -m "$T/v/$v" -f "$T/small.txt" --steps 1 -c 32 --batch 1 -t 1 > /dev/null 2> "$T/err.txt"; rc=$?
   [ $rc -eq 1 ] && grep -qE "past the model's|must be finite|rope_dim" "$T/err.txt" || { cat "$T/err.txt"; fail "train on '$what': exit $rc"; }
 done
-echo "cli_corrupt_model: $n variants, $refused refused with a message, none crashed"
+# training checkpoints: every 16th variant of a real one (any key, any tensor's shape or type)
+# is resumed from, or refused with a message
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/small.txt" -c 32 --batch 1 --steps 2 --save-every 1 --optim adamw8bit -t 1 \
+    -o "$T/ck.gguf" > /dev/null 2> "$T/err.txt" || { cat "$T/err.txt"; fail "making a checkpoint"; }
+python3 "$(dirname "$0")/corrupt_model.py" "$T/ck.gguf.ckpt" "$T/cv" --any --every 16 > "$T/clist.txt" || fail "corrupt_model.py --any"
+nc=0
+while read -r f what; do
+  "$F" train -m "$S/models/stories260K.gguf" -f "$T/small.txt" -c 32 --batch 1 --steps 3 --optim adamw8bit -t 1 \
+      --resume "$T/cv/$f" > /dev/null 2> "$T/err.txt"; rc=$?
+  if grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$T/err.txt" || { [ $rc -ne 0 ] && [ $rc -ne 1 ]; }; then
+    cat "$T/err.txt"; fail "resume from $f ($what): exit $rc"
+  fi
+  [ $rc -eq 1 ] && { grep -q "^fitllm train: " "$T/err.txt" || { cat "$T/err.txt"; fail "resume from $f ($what): refused without a message"; }; }
+  nc=$((nc + 1))
+done < "$T/clist.txt"
+[ $nc -gt 50 ] || fail "only $nc checkpoint variants"
+echo "cli_corrupt_model: $n model variants ($refused refused with a message) and $nc checkpoint variants, none crashed"
 exit 0

@@ -5,7 +5,9 @@ architecture and tokenizer set to 0, 1, -1, a huge value or its neighbours, floa
 -1, NaN and infinity; the shape, type and data offset of a few tensors; and in the tokenizer's
 arrays, token types out of range, scores that are NaN or infinite, and token texts with a byte
 that is not UTF-8 or a NUL.
-usage: corrupt_model.py IN.gguf OUTDIR  (prints one line per variant: file name and what changed)"""
+usage: corrupt_model.py IN.gguf OUTDIR [--any] [--every N]  (prints one line per variant: file
+name and what changed).  --any: any GGUF (a training checkpoint, say): every scalar key and every
+tensor, no tokenizer arrays.  --every N: write only every N-th variant (the first, the N+1-th, ...)."""
 import math, os, struct, sys
 
 SCALAR = {0: 'B', 1: 'b', 2: 'H', 3: 'h', 4: 'I', 5: 'i', 6: 'f', 7: '?', 10: 'Q', 11: 'q', 12: 'd'}
@@ -45,21 +47,23 @@ def parse(buf):
         tensors.append((name, nd, ne_off, type_off, data_off))
     return kvs, tensors, arrays
 
-def main(src, out):
+def main(src, out, any_file=False, every=1):
     buf = open(src, 'rb').read()
     kvs, tensors, arrays = parse(buf)
     os.makedirs(out, exist_ok=True)
     n = 0
     def emit(what, off, fmt, value):
         nonlocal n
+        n += 1
+        if (n - 1) % every:
+            return
         b = bytearray(buf)
         struct.pack_into('<' + fmt, b, off, value)
-        name = 'v%03d.gguf' % n
+        name = 'v%03d.gguf' % (n - 1)
         open(os.path.join(out, name), 'wb').write(b)
         print(name, what)
-        n += 1
     for key, t, off in kvs:
-        if not (key.startswith('llama.') or key.startswith('tokenizer.ggml.')) or t not in SCALAR or t == 7:
+        if t not in SCALAR or t == 7 or not (any_file or key.startswith('llama.') or key.startswith('tokenizer.ggml.')):
             continue
         fmt = SCALAR[t]
         if fmt in 'fd':
@@ -74,7 +78,7 @@ def main(src, out):
                 emit('%s = %d (was %d)' % (key, v, cur), off, fmt, v)
     picks = [t for t in tensors if t[0] in ('token_embd.weight', 'output.weight', 'output_norm.weight',
                                             'blk.0.attn_q.weight', 'blk.0.attn_k.weight', 'blk.0.ffn_down.weight',
-                                            'blk.0.attn_norm.weight')]
+                                            'blk.0.attn_norm.weight') or any_file]
     for name, nd, ne_off, type_off, data_off in picks:
         for d in range(nd):
             cur, = struct.unpack_from('<Q', buf, ne_off + 8 * d)
@@ -89,7 +93,8 @@ def main(src, out):
         for v in (cur + 32, len(buf), (1 << 64) - 32, 0):
             if v != cur:
                 emit('%s offset = %d (was %d)' % (name, v, cur), data_off, 'Q', v)
-    tokenizer_variants(buf, arrays, emit)
+    if not any_file:
+        tokenizer_variants(buf, arrays, emit)
 
 def tokenizer_variants(buf, arrays, emit):
     ids = (0, 1, 2, 3, 100, 259, 511)
@@ -116,4 +121,5 @@ def tokenizer_variants(buf, arrays, emit):
                         emit('tokens[%d] byte 0 = 0x%02X' % (i, v), items[i] + 8, 'B', v)
 
 if __name__ == '__main__':
-    main(sys.argv[1], sys.argv[2])
+    opts = sys.argv[3:]
+    main(sys.argv[1], sys.argv[2], '--any' in opts, int(opts[opts.index('--every') + 1]) if '--every' in opts else 1)
