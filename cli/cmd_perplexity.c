@@ -193,6 +193,13 @@ int fl_cmd_perplexity(int argc, char **argv) {
                     }
                     double kl = 0;
                     int32_t tb = 0, tc = 0;
+                    for (int32_t v = 0; v < V; v++)
+                        if (!(lp_base[v] <= 1e-3f) || isinf(lp_base[v])) { /* a log-probability is finite and <= 0 (NaN fails <=) */
+                            fl_set_error(FL_ERR_FORMAT, "%s: position %lld holds %g for token %d, not a log-probability", kl_path,
+                                         (long long)count, (double)lp_base[v], v);
+                            ids[start] = saved;
+                            goto fail;
+                        }
                     for (int32_t v = 0; v < V; v++) {
                         kl += exp((double)lp_base[v]) * ((double)lp_base[v] - lp[v]);
                         if (lp_base[v] > lp_base[tb]) tb = v;

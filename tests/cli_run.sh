@@ -107,6 +107,14 @@ o = json.load(open(sys.argv[1])); k = o["kl"]
 print(k)
 assert 0 <= k["mean"] < 1e-3 and k["max"] < 1e-2 and k["same_top"] > 0.95
 PY
+# a base with a NaN where a log-probability should be is refused (it printed a NaN mean beside
+# a p99 and max of 0)
+python3 -c "
+import struct, sys
+b = bytearray(open(sys.argv[1], 'rb').read()); struct.pack_into('<f', b, 16 + 4 * 7, float('nan'))
+open(sys.argv[2], 'wb').write(b)" "$tmp/kl.bin" "$tmp/kln.bin"
+rc=0; "$fitllm" perplexity -m "$model" -f "$shared/data/tinystories_val.txt" -c 64 --chunks 2 -t 1 --kl-base "$tmp/kln.bin" >/dev/null 2>"$tmp/kln.err" || rc=$?
+[ $rc -eq 1 ] && grep -q "not a log-probability" "$tmp/kln.err" || { cat "$tmp/kln.err"; fail "a NaN in the KL base must be refused"; }
 
 # bench model: llama-bench-style pp/tg on the paged cache (default) and the contiguous one
 for layout in paged contiguous; do
