@@ -97,6 +97,17 @@ static fl_status read_text(const char *path, const fl_tokenizer *tok, bool raw, 
 }
 
 /* Merge an adapter file (written by --lora training) into base and export a plain GGUF. */
+/* The files a run writes besides OUT: its adapters (OUT.lora.gguf, ".gguf" replaced) and its
+ * checkpoint (OUT.ckpt, or fitllm-train.ckpt without -o). */
+static void out_paths(const char *out, char lora[1024], char ckpt[1024]) {
+    lora[0] = 0;
+    if (out) {
+        const size_t n = strlen(out), stem = n > 5 && !strcmp(out + n - 5, ".gguf") ? n - 5 : n;
+        snprintf(lora, 1024, "%.*s.lora.gguf", (int)stem, out);
+    }
+    snprintf(ckpt, 1024, "%s.ckpt", out ? out : "fitllm-train");
+}
+
 static int merge_lora(const char *base, const char *adapter, const char *out) {
     fl_gguf *g = NULL, *ga = NULL;
     fl_train_model *m = NULL;
@@ -192,9 +203,8 @@ int fl_cmd_train(int argc, char **argv) {
     { /* the outputs (weights, adapters, checkpoint) must not replace an input; resuming from the
        * checkpoint this run writes is allowed */
         const char *o = OPT("output")->str;
-        char lp[1024] = "", cp[1024];
-        if (o) snprintf(lp, sizeof lp, "%.*s.lora.gguf", (int)(strlen(o) > 5 && !strcmp(o + strlen(o) - 5, ".gguf") ? strlen(o) - 5 : strlen(o)), o);
-        snprintf(cp, sizeof cp, "%s.ckpt", o ? o : "fitllm-train");
+        char lp[1024], cp[1024];
+        out_paths(o, lp, cp);
         const char *const in[] = {base, OPT("tokenizer")->str, train_path, OPT("val")->str, OPT("resume")->str};
         const char *const what[] = {"base model", "tokenizer", "training text", "held-out text", "checkpoint to resume"};
         if (fl_cli_overwrites_input("train", o, 5, in, what) || (o && fl_cli_overwrites_input("train", lp, 5, in, what)) ||
@@ -325,8 +335,8 @@ int fl_cmd_train(int argc, char **argv) {
     const int64_t eval_every = OPT("eval-every")->set ? OPT("eval-every")->i : 0;
     const int64_t save_every = OPT("save-every")->set ? OPT("save-every")->i : 0;
     const char *out = OPT("output")->str;
-    char ckpt[1024];
-    snprintf(ckpt, sizeof ckpt, "%s.ckpt", out ? out : "fitllm-train");
+    char ckpt[1024], lora_path[1024];
+    out_paths(out, lora_path, ckpt);
     double l0 = 0;
     if ((st = fl_train_eval(m, &held, to.ctx, to.batch, eval_tokens, &l0, NULL))) goto fail;
     fprintf(stderr, "held-out before: loss %.4f  ppl %.3f   (unigram baseline: loss %.4f  ppl %.3f)\n", l0, exp(l0),
@@ -400,10 +410,8 @@ int fl_cmd_train(int argc, char **argv) {
         if ((st = fl_train_model_save_gguf(m, out, g))) goto fail;
         fprintf(stderr, "wrote %s\n", out);
         if (lora) {
-            char lp[1024];
-            snprintf(lp, sizeof lp, "%.*s.lora.gguf", (int)(strlen(out) > 5 && !strcmp(out + strlen(out) - 5, ".gguf") ? strlen(out) - 5 : strlen(out)), out);
-            if ((st = fl_train_model_save_lora(m, lp))) goto fail;
-            fprintf(stderr, "wrote %s (adapters)\n", lp);
+            if ((st = fl_train_model_save_lora(m, lora_path))) goto fail;
+            fprintf(stderr, "wrote %s (adapters)\n", lora_path);
         }
     }
     rc = 0;
