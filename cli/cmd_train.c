@@ -96,7 +96,6 @@ static fl_status read_text(const char *path, const fl_tokenizer *tok, bool raw, 
     return st;
 }
 
-/* Merge an adapter file (written by --lora training) into base and export a plain GGUF. */
 /* The files a run writes besides OUT: its adapters (OUT.lora.gguf, ".gguf" replaced) and its
  * checkpoint (OUT.ckpt, or fitllm-train.ckpt without -o). */
 static void out_paths(const char *out, char lora[1024], char ckpt[1024]) {
@@ -108,6 +107,7 @@ static void out_paths(const char *out, char lora[1024], char ckpt[1024]) {
     snprintf(ckpt, 1024, "%s.ckpt", out ? out : "fitllm-train");
 }
 
+/* Merge an adapter file (written by --lora training) into base and export a plain GGUF. */
 static int merge_lora(const char *base, const char *adapter, const char *out) {
     fl_gguf *g = NULL, *ga = NULL;
     fl_train_model *m = NULL;

@@ -293,11 +293,23 @@ fl_status fl_train_config_from_gguf(const fl_gguf *g, fl_train_config *cfg) {
     return fl_train_config_check(cfg);
 }
 
-/* Dequantize tensor t (checked against the expected shape) into dst. */
+/* Parameter p of layer l in g: its name, expected shape and tensor, checked for that shape.
+ * *t is NULL (and FL_OK) for an absent output.weight: the embeddings are tied. */
+static fl_status param_tensor(const fl_gguf *g, const fl_train_config *cfg, int p, int l, char name[96], int64_t ne[2],
+                              const fl_gguf_tensor **t) {
+    fl_train_param_shape(cfg, (fl_train_param)p, ne);
+    fl_train_param_name((fl_train_param)p, l, name, 96);
+    *t = fl_gguf_find_tensor(g, name);
+    if (!*t && p == FL_TP_OUTPUT) return FL_OK;
+    if (!*t) return fl_set_error(FL_ERR_FORMAT, "%s: tensor '%s' missing", __func__, name);
+    if ((*t)->ne[0] != ne[0] || (*t)->ne[1] != ne[1] || (*t)->ne[2] != 1 || (*t)->ne[3] != 1)
+        return fl_set_error(FL_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", __func__, name,
+                            (long long)(*t)->ne[0], (long long)(*t)->ne[1], (long long)ne[0], (long long)ne[1]);
+    return FL_OK;
+}
+
+/* Dequantize tensor t (of shape ne, checked by param_tensor) into dst. */
 static fl_status load_tensor(const fl_gguf_tensor *t, const char *name, const int64_t ne[2], float *dst) {
-    if (t->ne[0] != ne[0] || t->ne[1] != ne[1] || t->ne[2] != 1 || t->ne[3] != 1)
-        return fl_set_error(FL_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", __func__,
-                            name, (long long)t->ne[0], (long long)t->ne[1], (long long)ne[0], (long long)ne[1]);
     if (fl_matmul_supported(t->type) != FL_OK) {
         fl_add_error_context("tensor '%s'", name);
         return FL_ERR_UNSUPPORTED;
@@ -317,20 +329,13 @@ fl_status fl_train_model_load_gguf(const fl_gguf *g, fl_train_model **out) {
     if ((st = fl_model_check_tensor_names(g, "llama", cfg.n_layer))) return st; /* (as fl_model_load) */
     /* every tensor's shape before the parameters are allocated: metadata that disagrees with the
      * tensors (a corrupt file) is reported as such, not as a failed allocation of its sizes */
-    for (int p = 0; p < FL_TP_COUNT; p++) {
-        int64_t ne[2];
-        char name[96];
-        fl_train_param_shape(&cfg, (fl_train_param)p, ne);
+    for (int p = 0; p < FL_TP_COUNT; p++)
         for (int l = 0; l < (fl_train_param_per_layer((fl_train_param)p) ? cfg.n_layer : 1); l++) {
-            fl_train_param_name((fl_train_param)p, l, name, sizeof name);
-            const fl_gguf_tensor *t = fl_gguf_find_tensor(g, name);
-            if (!t && p == FL_TP_OUTPUT) continue; /* tied embeddings */
-            if (!t) return fl_set_error(FL_ERR_FORMAT, "%s: tensor '%s' missing", __func__, name);
-            if (t->ne[0] != ne[0] || t->ne[1] != ne[1] || t->ne[2] != 1 || t->ne[3] != 1)
-                return fl_set_error(FL_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", __func__,
-                                    name, (long long)t->ne[0], (long long)t->ne[1], (long long)ne[0], (long long)ne[1]);
+            int64_t ne[2];
+            char name[96];
+            const fl_gguf_tensor *t;
+            if ((st = param_tensor(g, &cfg, p, l, name, ne, &t))) return st;
         }
-    }
     fl_train_model *m;
     if ((st = fl_train_model_new(&cfg, &m))) return st;
     if ((st = fl_train_model_read_params(m, g))) {
@@ -347,17 +352,15 @@ fl_status fl_train_model_read_params(fl_train_model *m, const fl_gguf *g) {
     char name[96];
     for (int p = 0; p < FL_TP_COUNT; p++) {
         int64_t ne[2];
-        fl_train_param_shape(&cfg, (fl_train_param)p, ne);
         const int nl = fl_train_param_per_layer((fl_train_param)p) ? cfg.n_layer : 1;
         for (int l = 0; l < nl; l++) {
-            fl_train_param_name((fl_train_param)p, l, name, sizeof name);
-            const fl_gguf_tensor *t = fl_gguf_find_tensor(g, name);
+            const fl_gguf_tensor *t;
+            if ((st = param_tensor(g, &cfg, p, l, name, ne, &t))) return st;
             float *dst = fl_train_model_tensor(m, m->params, (fl_train_param)p, l);
-            if (!t && p == FL_TP_OUTPUT) { /* tied embeddings */
+            if (!t) { /* tied embeddings */
                 memcpy(dst, m->params + m->offset[FL_TP_TOK_EMBD], (size_t)(ne[0] * ne[1]) * sizeof(float));
                 continue;
             }
-            if (!t) return fl_set_error(FL_ERR_FORMAT, "%s: tensor '%s' missing", __func__, name);
             if ((st = load_tensor(t, name, ne, dst))) return st;
         }
     }
