@@ -123,6 +123,7 @@ typedef struct fl_sampling_params {
 void fl_sampling_params_default(fl_sampling_params *p);
 
 #define FL_MAX_STOP_STRINGS 4
+#define FL_MAX_TOP_LOGPROBS 20
 typedef struct fl_request_params {
     const int32_t *prompt;      /* token ids (BOS included if wanted); copied */
     int32_t n_prompt;
@@ -132,6 +133,10 @@ typedef struct fl_request_params {
     int32_t ignore_eos;
     int32_t n;                  /* parallel samples sharing the prompt's KV blocks (copy-on-write); default 1 */
     uint64_t cache_salt;        /* extra prefix-cache key (tenant / adapter); 0 = none */
+    int32_t logprobs;           /* 1 = report each generated token's log-probability (0 = off) */
+    int32_t top_logprobs;       /* with logprobs: also the k most likely tokens at each step,
+                                 * 0..FL_MAX_TOP_LOGPROBS.  Both are of the model's distribution,
+                                 * log softmax of the raw logits, before penalties and temperature */
 } fl_request_params;
 
 typedef enum fl_request_state {
@@ -142,6 +147,11 @@ typedef enum fl_finish_reason {
     FL_FINISH_NONE = 0, FL_FINISH_EOS, FL_FINISH_LENGTH, FL_FINISH_STOP, FL_FINISH_CANCELLED, FL_FINISH_ERROR
 } fl_finish_reason;
 
+typedef struct fl_token_logprob {
+    int32_t token;
+    float logprob;
+} fl_token_logprob;
+
 /* One streamed event: tokens generated since the last poll for one request (and sample index). */
 typedef struct fl_request_output {
     int64_t request_id;
@@ -149,6 +159,10 @@ typedef struct fl_request_output {
     int32_t n_new;
     const int32_t *new_tokens;  /* valid until the next poll on this engine */
     const char *new_text;       /* detokenized text of new_tokens (stop strings trimmed) */
+    const fl_token_logprob *new_logprobs; /* logprobs requested: [n_new][1 + n_top], for each new
+                                 * token itself, then the n_top most likely tokens at its position,
+                                 * most likely first; else NULL */
+    int32_t n_top;
     fl_finish_reason finish;    /* != NONE once this sample is done */
     int32_t n_prompt, n_generated, n_cached_prompt;
     double ttft_s;              /* time to first token (set once the first token exists) */
@@ -173,6 +187,10 @@ void fl_engine_free(fl_engine *e);
 fl_status fl_engine_tokenize(fl_engine *e, const char *text, size_t len, int add_special,
                              int32_t *out, int64_t cap, int64_t *n_out);
 int64_t fl_engine_detokenize(fl_engine *e, const int32_t *ids, int64_t n, char *buf, int64_t cap);
+/* The text of one token as it stands in generated text, except that special tokens give their
+ * own text ("</s>"): the name a logprobs listing shows.  Returns its byte length (written
+ * NUL-terminated, cut to cap - 1), or -1 for an id outside the vocabulary. */
+int32_t fl_engine_token_text(fl_engine *e, int32_t token, char *buf, int32_t cap);
 int32_t fl_engine_n_ctx(const fl_engine *e);
 int32_t fl_engine_n_vocab(const fl_engine *e);
 const char *fl_engine_model_name(const fl_engine *e);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The official `openai` npm client (v6, Node 20) against `fitllm serve` on stories260K:
-# one chat completion and one streamed completion.  Usage: cli_openai.sh FITLLM_BIN SHARED_DIR
+# one chat completion (plain and with logprobs) and one streamed completion.  Usage: cli_openai.sh FITLLM_BIN SHARED_DIR
 set -u
 BIN=$1; SHARED=$2
 MODEL=$SHARED/models/stories260K.gguf
@@ -31,6 +31,13 @@ const chat = await client.chat.completions.create({
   model: models.data[0].id, messages: [{ role: "user", content: "Once upon a time" }], max_tokens: 16, temperature: 0 });
 check("chat completion has content", typeof chat.choices[0].message.content === "string" && chat.choices[0].message.content.length > 0);
 check("chat usage", chat.usage.completion_tokens === 16 && chat.usage.prompt_tokens > 0);
+const lpc = await client.chat.completions.create({
+  model: models.data[0].id, messages: [{ role: "user", content: "Once upon a time" }], max_tokens: 8, temperature: 0,
+  logprobs: true, top_logprobs: 3 });
+const recs = lpc.choices[0].logprobs.content;
+check("chat logprobs: a record per token, 3 alternatives each, the text spelled out",
+  recs.length === 8 && recs.every(r => r.top_logprobs.length === 3 && r.logprob <= 0 && r.logprob === r.top_logprobs[0].logprob)
+  && recs.map(r => r.token).join("") === lpc.choices[0].message.content);
 const stream = await client.completions.create({
   model: models.data[0].id, prompt: "Once upon a time", max_tokens: 24, temperature: 0, stream: true });
 let text = "", chunks = 0, finish = null;

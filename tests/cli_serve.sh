@@ -68,6 +68,11 @@ check "chat 200 with assistant message" '[ "$(status)" = 200 ] && [ "$(jq_ "d[\"
 curl -sN -H 'Content-Type: application/json' -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"stream":true,"temperature":0}' "$U/v1/chat/completions" >"$TMP/sse2"
 check "chat stream chunks" 'grep -q "chat.completion.chunk" "$TMP/sse2" && grep -q "\"role\":\"assistant\"" "$TMP/sse2" && grep -q "data: \[DONE\]" "$TMP/sse2"'
 
+# logprobs / top_logprobs: values against llama.cpp's logits, both endpoints, streamed too
+python3 "$(dirname "$0")/serve_logprobs.py" "$U" "$SHARED" >"$TMP/lp.txt" 2>&1; rc=$?
+cat "$TMP/lp.txt"
+check "logprobs (tests/serve_logprobs.py)" '[ $rc = 0 ]'
+
 # n > 1 and seeds
 post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":20,"temperature":0.9,"n":3,"seed":42}'
 A1=$(jq_ '"|".join(c["text"] for c in d["choices"])'); NCH=$(jq_ 'len(d["choices"])')
@@ -153,6 +158,9 @@ assert ev[-1]["choices"][0]["finish_reason"] == "length", ev[-1]
 assert "".join(e["choices"][0]["text"] for e in ev) == full
 PY
 check "random bytes -> valid UTF-8 JSON; the stream (split characters too) ends and equals the whole text" 'python3 "$TMP/rnd.py" "$TMP/rnd.json" "$TMP/rnd.sse"'
+python3 "$(dirname "$0")/serve_logprobs.py" "$URL_D" --bytes >"$TMP/lpb.txt" 2>&1; rc=$?
+cat "$TMP/lpb.txt"
+check "logprobs of byte tokens (tests/serve_logprobs.py --bytes)" '[ $rc = 0 ]'
 # this vocabulary has no "▁": each space is 3 byte tokens, more ids than the prompt has bytes;
 # the text prompt must give what its ids (from `fitllm run --json`) give (the server had read
 # past the ids it tokenized into a buffer of bytes + 8)

@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -255,10 +256,13 @@ typedef struct wl {
     char text[NREQ][1024];
     fl_finish_reason finish[NREQ];
     int64_t id[NREQ];
+    int32_t top;                  /* >= 0: requests ask for logprobs with this many alternatives */
+    fl_token_logprob lp[NREQ][TOY_CTX][1 + 6]; /* the streamed records (top <= 6) */
 } wl;
 
 static void make_wl(wl *w, uint32_t seed) {
     memset(w, 0, sizeof *w);
+    w->top = -1;
     for (int i = 0; i < NREQ; i++) {
         seed = seed * 1664525u + 1013904223u;
         w->n_prompt[i] = 2 + (int32_t)(seed >> 8) % 50;
@@ -291,6 +295,8 @@ static void drive(fl_engine *e, wl *w, int stagger) {
             p.prompt = w->prompt[added];
             p.n_prompt = w->n_prompt[added];
             p.max_tokens = w->max_tokens[added];
+            p.logprobs = w->top >= 0;
+            p.top_logprobs = w->top > 0 ? w->top : 0;
             assert_int_equal(fl_engine_add(e, &p, &w->id[added]), FL_OK);
             added++;
             if (stagger) break;
@@ -303,6 +309,15 @@ static void drive(fl_engine *e, wl *w, int stagger) {
                 int i = idx_of(w, ev[k].request_id);
                 assert_true(w->finish[i] == FL_FINISH_NONE);
                 memcpy(w->got[i] + w->n_got[i], ev[k].new_tokens, (size_t)ev[k].n_new * sizeof(int32_t));
+                if (w->top >= 0) {
+                    assert_non_null(ev[k].new_logprobs);
+                    assert_int_equal(ev[k].n_top, w->top);
+                    for (int32_t j = 0; j < ev[k].n_new; j++)
+                        memcpy(w->lp[i][w->n_got[i] + j], ev[k].new_logprobs + (size_t)j * (size_t)(1 + w->top),
+                               (size_t)(1 + w->top) * sizeof(fl_token_logprob));
+                } else {
+                    assert_null(ev[k].new_logprobs);
+                }
                 w->n_got[i] += ev[k].n_new;
                 assert_int_equal(ev[k].n_generated, w->n_got[i]);
                 strcat(w->text[i], ev[k].new_text);
@@ -328,6 +343,37 @@ static void check_reference(const wl *w) {
             strcat(txt, pc);
         }
         assert_string_equal(txt, w->text[i]);
+    }
+}
+
+/* Each streamed logprob record against the toy's logits recomputed from the tokens so far: the
+ * token itself, log softmax in double, the top alternatives by a full sort (ties: lower id). */
+static void check_logprobs(const wl *w) {
+    for (int i = 0; i < NREQ; i++) {
+        int32_t seq[TOY_CTX];
+        memcpy(seq, w->prompt[i], (size_t)w->n_prompt[i] * sizeof *seq);
+        memcpy(seq + w->n_prompt[i], w->got[i], (size_t)w->n_got[i] * sizeof *seq);
+        for (int32_t g = 0; g < w->n_got[i]; g++) {
+            float l[TOY_VOCAB];
+            toy_logits(seq, w->n_prompt[i] + g, l);
+            double mx = l[0], sum = 0;
+            for (int v = 1; v < TOY_VOCAB; v++) mx = l[v] > mx ? l[v] : mx;
+            for (int v = 0; v < TOY_VOCAB; v++) sum += exp((double)l[v] - mx);
+            const double lse = mx + log(sum);
+            const fl_token_logprob *rec = w->lp[i][g];
+            assert_int_equal(rec[0].token, w->got[i][g]);
+            assert_true(fabs(rec[0].logprob - ((double)l[w->got[i][g]] - lse)) < 1e-5);
+            bool used[TOY_VOCAB] = {false};
+            for (int32_t k = 0; k < w->top; k++) {
+                int best = -1;
+                for (int v = 0; v < TOY_VOCAB; v++)
+                    if (!used[v] && (best < 0 || l[v] > l[best])) best = v;
+                used[best] = true;
+                assert_int_equal(rec[1 + k].token, best);
+                assert_true(fabs(rec[1 + k].logprob - ((double)l[best] - lse)) < 1e-5);
+            }
+            if (w->top > 0) assert_int_equal(rec[1].token, rec[0].token); /* greedy */
+        }
     }
 }
 
@@ -402,6 +448,47 @@ static void test_toy_preempt_swap(void **state) {
     assert_true(st.swaps_out > 0);
     assert_int_equal(st.swaps_in, st.swaps_out);
     assert_int_equal(st.kv_blocks_used, 0);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
+/* logprobs ride along with batching, chunking and preemption (recompute keeps what was already
+ * reported; swap too), with 0 and 6 alternatives */
+static void test_toy_logprobs(void **state) {
+    (void)state;
+    wl w;
+    const fl_preempt_mode modes[3] = {FL_PREEMPT_RECOMPUTE, FL_PREEMPT_RECOMPUTE, FL_PREEMPT_SWAP};
+    const int64_t blocks[3] = {1000, 26, 26};
+    for (int c = 0; c < 3; c++) {
+        make_wl(&w, 7 + (uint32_t)c);
+        w.top = c == 1 ? 0 : 6;
+        toy *t;
+        fl_engine *e = toy_engine(8, 16, 4, blocks[c], 0, modes[c], &t);
+        drive(e, &w, c);
+        check_reference(&w);
+        check_logprobs(&w);
+        fl_engine_stats st;
+        fl_engine_stats_get(e, &st);
+        if (c) assert_true(st.preemptions > 0);
+        fl_engine_free(e);
+    }
+    /* out-of-range requests are refused */
+    toy *t;
+    fl_engine *e = toy_engine(4, 16, 4, 100, 0, FL_PREEMPT_RECOMPUTE, &t);
+    int32_t prompt[2] = {1, 5};
+    fl_request_params p = {.prompt = prompt, .n_prompt = 2, .max_tokens = 4, .logprobs = 1};
+    int64_t id;
+    p.top_logprobs = FL_MAX_TOP_LOGPROBS + 1;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    p.top_logprobs = -1;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    p.top_logprobs = TOY_VOCAB < FL_MAX_TOP_LOGPROBS ? TOY_VOCAB : FL_MAX_TOP_LOGPROBS;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_OK);
+    char txt[64];
+    assert_int_equal(fl_engine_token_text(e, 3, txt, sizeof txt), 1);
+    assert_string_equal(txt, "a");
+    assert_int_equal(fl_engine_token_text(e, TOY_VOCAB, txt, sizeof txt), -1);
+    assert_int_equal(fl_engine_token_text(e, -1, txt, sizeof txt), -1);
     fl_engine_free(e);
     fl_test_mem_zero();
 }
@@ -1040,6 +1127,7 @@ int main(void) {
         cmocka_unit_test(test_toy_batched_equals_alone),
         cmocka_unit_test(test_toy_preempt_recompute),
         cmocka_unit_test(test_toy_preempt_swap),
+        cmocka_unit_test(test_toy_logprobs),
         cmocka_unit_test(test_toy_static_baseline),
         cmocka_unit_test(test_toy_cancel),
         cmocka_unit_test(test_toy_stop_string),

@@ -230,12 +230,62 @@ static void test_large_vocab(void **state) {
     fl_test_mem_zero();
 }
 
+/* fl_logprobs against log softmax in double and a full sort: random logits of the 32000-token
+ * size, ties, a -inf entry, k = 0; a NaN entry and k = n_vocab on 5 logits */
+static void test_logprobs(void **state) {
+    (void)state;
+    enum { NV = 32000, K = FL_MAX_TOP_LOGPROBS };
+    float *l = malloc(NV * sizeof *l);
+    assert_non_null(l);
+    uint32_t r = 12345;
+    for (int i = 0; i < NV; i++) {
+        r = r * 1664525u + 1013904223u;
+        l[i] = (float)(r >> 8) / (float)(1u << 24) * 30.0f - 10.0f;
+    }
+    l[100] = l[200] = l[300] = 25.0f; /* a three-way tie at the top: ids in order */
+    l[7] = -INFINITY;
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < NV; i++) mx = l[i] > mx ? l[i] : mx;
+    for (int i = 0; i < NV; i++) sum += exp((double)l[i] - mx);
+    const double lse2 = mx + log(sum);
+    fl_token_logprob top[K];
+    float lp;
+    fl_logprobs(l, NV, 555, K, &lp, top);
+    assert_true(fabs(lp - ((double)l[555] - lse2)) < 1e-5);
+    assert_int_equal(top[0].token, 100);
+    assert_int_equal(top[1].token, 200);
+    assert_int_equal(top[2].token, 300);
+    bool used[NV];
+    memset(used, 0, sizeof used);
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int i = 0; i < NV; i++)
+            if (!used[i] && (best < 0 || l[i] > l[best])) best = i;
+        used[best] = true;
+        assert_int_equal(top[k].token, best);
+        assert_true(fabs(top[k].logprob - ((double)l[best] - lse2)) < 1e-5);
+    }
+    fl_logprobs(l, NV, 7, 0, &lp, top); /* k = 0: the token alone; -inf stays -inf */
+    assert_true(isinf(lp) && lp < 0);
+    /* a NaN logit is never listed before a number; all n_vocab listed with k = n_vocab */
+    float small[5] = {1.0f, NAN, 3.0f, -INFINITY, 3.0f};
+    fl_token_logprob t5[5];
+    fl_logprobs(small, 5, 0, 5, &lp, t5);
+    assert_int_equal(t5[0].token, 2);
+    assert_int_equal(t5[1].token, 4);
+    assert_int_equal(t5[2].token, 0);
+    assert_true(t5[3].token == 1 || t5[3].token == 3);
+    assert_true(t5[4].token == 1 || t5[4].token == 3);
+    free(l);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),
         cmocka_unit_test(test_distribution_and_filters),
         cmocka_unit_test(test_seeded),
         cmocka_unit_test(test_large_vocab),
+        cmocka_unit_test(test_logprobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -38,6 +38,8 @@ typedef struct fl_engine_backend {
     bool (*is_eog)(void *ctx, int32_t token);
     /* Text of one generated token; returns its length (<= cap) or < 0. */
     int32_t (*piece)(void *ctx, int32_t token, char *buf, int32_t cap);
+    /* The same with special tokens as their own text (fl_engine_token_text); NULL: piece. */
+    int32_t (*token_text)(void *ctx, int32_t token, char *buf, int32_t cap);
     fl_status (*tokenize)(void *ctx, const char *text, size_t len, int add_special, int32_t *out, int64_t cap,
                           int64_t *n_out);  /* may be NULL */
     int64_t (*detokenize)(void *ctx, const int32_t *ids, int64_t n, char *buf, int64_t cap); /* may be NULL */

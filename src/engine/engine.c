@@ -41,6 +41,8 @@ struct fl_engine {
     /* poll buffers: valid until the next poll */
     int32_t *poll_tok;
     int64_t poll_tok_cap;
+    fl_token_logprob *poll_lp;
+    int64_t poll_lp_cap;
     char *poll_text;
     int64_t poll_text_cap;
 
@@ -105,8 +107,24 @@ static void req_free(fl_request *r) {
     fl_request_free(r);
 }
 
-static int32_t sample_token(fl_engine *e, fl_request *r, const float *logits) {
-    return fl_sample(r->sampler, logits, e->be.n_vocab, r->tokens, r->n_tokens);
+static void commit_token(fl_engine *e, fl_request *r, int32_t tok);
+static void finish(fl_engine *e, fl_request *r, fl_finish_reason why);
+
+/* Sample r's next token from its logits row (only read) and commit it, with its logprobs when
+ * the request wants them. */
+static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
+    const int32_t tok = fl_sample(r->sampler, row, e->be.n_vocab, r->tokens, r->n_tokens);
+    if (r->logprobs) {
+        const int32_t g = fl_request_n_generated(r);
+        if (fl_request_reserve_logprobs(r, g) != FL_OK) {
+            finish(e, r, FL_FINISH_ERROR);
+            return;
+        }
+        fl_token_logprob *lp = r->lp + (size_t)g * (size_t)(1 + r->n_top);
+        lp[0].token = tok;
+        fl_logprobs(row, e->be.n_vocab, tok, r->n_top, &lp[0].logprob, lp + 1);
+    }
+    commit_token(e, r, tok);
 }
 
 /* ---- engine life cycle ---- */
@@ -133,6 +151,7 @@ static void free_buffers(fl_engine *e) {
     fl_free(FL_MEM_SCRATCH, e->row_req, (size_t)e->max_rows * sizeof(fl_request *));
     fl_free(FL_MEM_MISC, e->poll_tok, (size_t)e->poll_tok_cap * sizeof(int32_t));
     fl_free(FL_MEM_MISC, e->poll_text, (size_t)e->poll_text_cap);
+    fl_free(FL_MEM_MISC, e->poll_lp, (size_t)e->poll_lp_cap * sizeof(fl_token_logprob));
 }
 
 fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backend *be, fl_engine **out) {
@@ -225,6 +244,9 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
     if (need > avail)
         return fl_set_error(FL_ERR_INVALID, "%s: prompt + max_tokens = %lld tokens need %lld KV blocks, the pool has %lld",
                             __func__, (long long)p->n_prompt + max_tokens, (long long)need, (long long)avail);
+    if (p->top_logprobs < 0 || p->top_logprobs > FL_MAX_TOP_LOGPROBS || p->top_logprobs > e->be.n_vocab)
+        return fl_set_error(FL_ERR_INVALID, "%s: top_logprobs = %d, accepted 0..%d", __func__, p->top_logprobs,
+                            e->be.n_vocab < FL_MAX_TOP_LOGPROBS ? e->be.n_vocab : FL_MAX_TOP_LOGPROBS);
     for (int32_t i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= e->be.n_vocab)
             return fl_set_error(FL_ERR_INVALID, "%s: prompt token %d = %d out of the vocabulary (%d)", __func__, i,
@@ -349,7 +371,7 @@ static void fork_samples(fl_engine *e, fl_request *parent, const float *row) {
         if (c->fork_parent != parent || c->state != FL_REQ_WAITING) continue;
         if (fl_sched_admit_fork(e->sched, parent, c) != FL_OK) continue;
         c->fork_parent = NULL;
-        commit_token(e, c, sample_token(e, c, row)); /* the sampler only reads the row */
+        sample_commit(e, c, row);
     }
 }
 
@@ -419,7 +441,7 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
         if (r->state == FL_REQ_FINISHED) continue;
         float *row = e->logits + (size_t)k * (size_t)e->be.n_vocab;
         if (r->sample == 0 && fl_request_n_generated(r) == 0) fork_samples(e, r, row);
-        commit_token(e, r, sample_token(e, r, row));
+        sample_commit(e, r, row);
     }
 done:
     if (e->be.kv_stats) e->be.kv_stats(e->be.ctx, &e->kv_snap);
@@ -446,21 +468,23 @@ static fl_status grow(fl_mem_cat cat, void **buf, int64_t *cap, int64_t need, si
 int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
     pthread_mutex_lock(&e->mu);
     /* size the buffers for everything pending first, so pointers handed out stay put */
-    int64_t need_tok = 0, need_text = 0;
+    int64_t need_tok = 0, need_text = 0, need_lp = 0;
     int32_t n = 0;
     for (int32_t i = 0; i < e->n_reqs && n < cap; i++) {
         fl_request *r = e->reqs[i];
         if (!r->event_pending) continue;
         need_tok += fl_request_n_generated(r) - r->n_streamed;
         need_text += r->stop.emitted - r->text_pending_start + 1;
+        if (r->logprobs) need_lp += (int64_t)(fl_request_n_generated(r) - r->n_streamed) * (1 + r->n_top);
         n++;
     }
     if (grow(FL_MEM_MISC, (void **)&e->poll_tok, &e->poll_tok_cap, need_tok + 1, sizeof(int32_t)) != FL_OK ||
-        grow(FL_MEM_MISC, (void **)&e->poll_text, &e->poll_text_cap, need_text + 1, 1) != FL_OK) {
+        grow(FL_MEM_MISC, (void **)&e->poll_text, &e->poll_text_cap, need_text + 1, 1) != FL_OK ||
+        grow(FL_MEM_MISC, (void **)&e->poll_lp, &e->poll_lp_cap, need_lp + 1, sizeof(fl_token_logprob)) != FL_OK) {
         pthread_mutex_unlock(&e->mu);
         return 0;
     }
-    int64_t ot = 0, ox = 0;
+    int64_t ot = 0, ox = 0, ol = 0;
     n = 0;
     for (int32_t i = 0; i < e->n_reqs && n < cap; i++) {
         fl_request *r = e->reqs[i];
@@ -473,6 +497,13 @@ int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
         memcpy(e->poll_tok + ot, r->tokens + r->n_prompt + r->n_streamed, (size_t)o->n_new * sizeof(int32_t));
         o->new_tokens = e->poll_tok + ot;
         ot += o->n_new;
+        if (r->logprobs) {
+            const size_t m = (size_t)o->n_new * (size_t)(1 + r->n_top);
+            memcpy(e->poll_lp + ol, r->lp + (size_t)r->n_streamed * (size_t)(1 + r->n_top), m * sizeof *e->poll_lp);
+            o->new_logprobs = e->poll_lp + ol;
+            o->n_top = r->n_top;
+            ol += (int64_t)m;
+        }
         int64_t tl = r->stop.emitted - r->text_pending_start;
         memcpy(e->poll_text + ox, r->stop.text + r->text_pending_start, (size_t)tl);
         e->poll_text[ox + tl] = 0;
@@ -530,6 +561,12 @@ fl_status fl_engine_tokenize(fl_engine *e, const char *text, size_t len, int add
                              int64_t *n_out) {
     if (!e->be.tokenize) return fl_set_error(FL_ERR_UNSUPPORTED, "%s: this engine has no tokenizer", __func__);
     return e->be.tokenize(e->be.ctx, text, len, add_special, out, cap, n_out);
+}
+
+int32_t fl_engine_token_text(fl_engine *e, int32_t token, char *buf, int32_t cap) {
+    if (token < 0 || token >= e->be.n_vocab) return -1;
+    if (e->be.token_text) return e->be.token_text(e->be.ctx, token, buf, cap);
+    return e->be.piece ? e->be.piece(e->be.ctx, token, buf, cap) : -1;
 }
 
 int64_t fl_engine_detokenize(fl_engine *e, const int32_t *ids, int64_t n, char *buf, int64_t cap) {

@@ -54,6 +54,10 @@ static int32_t mb_piece(void *ctx, int32_t t, char *buf, int32_t cap) {
     mbackend *m = ctx;
     return m->tok ? fl_token_to_piece(m->tok, t, buf, cap, false) : 0;
 }
+static int32_t mb_token_text(void *ctx, int32_t t, char *buf, int32_t cap) {
+    mbackend *m = ctx;
+    return m->tok ? fl_token_to_piece(m->tok, t, buf, cap, true) : -1;
+}
 static fl_status mb_tokenize(void *ctx, const char *text, size_t len, int add_special, int32_t *out, int64_t cap,
                              int64_t *n_out) {
     mbackend *m = ctx;
@@ -231,6 +235,7 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
     be.step_done = mb_step_done;
     be.is_eog = mb_is_eog;
     be.piece = mb_piece;
+    be.token_text = mb_token_text;
     be.tokenize = mb_tokenize;
     be.detokenize = mb_detokenize;
     be.kv_stats = mb_kv_stats;

@@ -19,7 +19,7 @@
  * that could be the beginning of a stop string (or an incomplete UTF-8 sequence) is held back
  * until it is decided, so a stop string split across tokens is still found and never streamed.
  *
- * Ownership: a request owns its token array, stop strings and text buffers (FL_MEM_MISC).
+ * Ownership: a request owns its token array, stop strings, text and logprob buffers (FL_MEM_MISC).
  * Not thread-safe: the engine guards requests with its mutex.
  */
 #ifndef FL_REQUEST_H
@@ -68,6 +68,11 @@ struct fl_request {
     fl_sampling_params sampling;
     uint64_t rng;               /* per-request RNG state (seeded from sampling.seed + sample) */
     void *sampler;              /* sampler state owned by the engine backend (may be NULL) */
+    bool logprobs;              /* report log-probabilities (fl_request_params.logprobs / top_logprobs) */
+    int32_t n_top;              /* alternatives per generated token, 0..FL_MAX_TOP_LOGPROBS */
+    fl_token_logprob *lp;       /* [lp_cap][1 + n_top] per generated token: itself, then the n_top
+                                 * most likely at its position */
+    int32_t lp_cap;             /* grows with the generation (max_tokens may be the whole context) */
 
     fl_stop_matcher stop;
     bool swapped;               /* PREEMPTED with its KV in the swap tier */
@@ -100,6 +105,8 @@ static inline int32_t fl_request_n_generated(const fl_request *r) { return r->n_
 static inline int32_t fl_request_n_uncomputed(const fl_request *r) { return r->n_tokens - r->n_computed; }
 /* Append a sampled token (capacity is guaranteed by max_tokens). */
 void fl_request_append(fl_request *r, int32_t token);
+/* Room in lp for generated token index g (FL_ERR_NOMEM). */
+fl_status fl_request_reserve_logprobs(fl_request *r, int32_t g);
 const char *fl_request_state_name(fl_request_state s);
 const char *fl_finish_reason_name(fl_finish_reason f);
 

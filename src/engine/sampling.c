@@ -246,3 +246,26 @@ int32_t fl_sample(fl_sampler *s, const float *logits, int32_t n_vocab, const int
     softmax_cands(c, n, p->temp);
     return draw(s, c, n);
 }
+
+void fl_logprobs(const float *logits, int32_t n_vocab, int32_t tok, int32_t k, float *lp_tok, fl_token_logprob *top) {
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int32_t i = 0; i < n_vocab; i++) sum += expf(logits[i] - mx);
+    const double lse = (double)mx + log(sum);
+    *lp_tok = (float)((double)logits[tok] - lse);
+    /* the k largest by insertion into top[0..cnt): k is at most FL_MAX_TOP_LOGPROBS, and past the
+     * first few tokens almost every logit fails the one comparison with the smallest kept */
+    int32_t cnt = 0;
+    for (int32_t i = 0; i < n_vocab && k > 0; i++) {
+        const float l = logits[i] == logits[i] ? logits[i] : -INFINITY; /* NaN: listed last */
+        if (cnt == k && !(l > top[k - 1].logprob)) continue;             /* equal: the lower id stays */
+        int32_t j = cnt < k ? cnt++ : k - 1;
+        while (j > 0 && top[j - 1].logprob < l) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j] = (fl_token_logprob){i, l};
+    }
+    for (int32_t j = 0; j < cnt; j++) top[j].logprob = (float)((double)top[j].logprob - lse);
+}

@@ -43,6 +43,11 @@ void fl_sampler_reseed(fl_sampler *s, uint64_t seed);
 /* Choose a token.  history: the request's tokens so far (prompt and generated), may be NULL. */
 int32_t fl_sample(fl_sampler *s, const float *logits, int32_t n_vocab, const int32_t *history, int64_t n_history);
 
+/* The model's log-probabilities at one step, log softmax(logits) of the raw logits (before
+ * penalties and temperature, as vLLM reports them): *lp_tok = log p(tok), and top[0..k) the k
+ * most likely tokens, most likely first (equal logits: lower id first).  0 <= k <= n_vocab. */
+void fl_logprobs(const float *logits, int32_t n_vocab, int32_t tok, int32_t k, float *lp_tok, fl_token_logprob *top);
+
 /* The RNG alone (exposed for tests): next 64 bits / a float in [0, 1). */
 uint64_t fl_sampler_rand_u64(fl_sampler *s);
 float fl_sampler_rand_float(fl_sampler *s);

@@ -142,6 +142,95 @@ static fl_status append_json(srv_buf *b, cJSON *o, bool sse) {
     return st;
 }
 
+/* ---- logprobs ----
+ * Each generated token has a record of 1 + n_top (token, logprob) pairs from the engine: itself,
+ * then the n_top most likely tokens at its position.  /v1/completions lists them in the legacy
+ * shape (tokens, token_logprobs, top_logprobs as {text: logprob} holding the n_top and the sampled
+ * token, text_offset in characters); /v1/chat/completions in the chat shape (content: [{token,
+ * logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]).  A token whose bytes are not
+ * well-formed UTF-8 on their own (a byte-fallback token) is named "bytes:\xNN..." as OpenAI does;
+ * its bytes are exact in the chat shape. */
+
+typedef struct tok_name {
+    char raw[256];   /* the token's bytes (special tokens as their text) */
+    int32_t nraw;
+    char name[4 * 256 + 8];
+} tok_name;
+
+static void token_name(fl_server *s, int32_t tok, tok_name *t) {
+    int32_t n = fl_engine_token_text(s->engine, tok, t->raw, (int32_t)sizeof t->raw);
+    t->nraw = n > 0 ? n : 0;
+    t->raw[t->nraw] = 0;
+    if (fl_utf8_is_valid(t->raw, (size_t)t->nraw)) {
+        memcpy(t->name, t->raw, (size_t)t->nraw + 1);
+        return;
+    }
+    size_t k = (size_t)snprintf(t->name, sizeof t->name, "bytes:");
+    for (int32_t i = 0; i < t->nraw; i++) k += (size_t)snprintf(t->name + k, sizeof t->name - k, "\\x%02x", (unsigned char)t->raw[i]);
+}
+
+static cJSON *token_entry(const tok_name *t, float lp, bool chat_shape) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "token", t->name);
+    cJSON_AddNumberToObject(o, "logprob", lp);
+    if (chat_shape) {
+        cJSON *b = cJSON_AddArrayToObject(o, "bytes");
+        for (int32_t i = 0; i < t->nraw; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)t->raw[i]));
+    }
+    return o;
+}
+
+/* The logprobs of sample sm's records [sm->lp_sent, to) in the endpoint's shape (NULL: none were
+ * asked for or there are none); marks them sent. */
+static cJSON *logprobs_json(fl_server *s, srv_req *r, srv_sample *sm, int32_t to) {
+    if (!r->logprobs || to <= sm->lp_sent) return NULL;
+    const int32_t w = 1 + r->n_top;
+    tok_name *t = fl_alloc(FL_MEM_NET, sizeof *t, 16);
+    if (!t) return NULL;
+    cJSON *o = cJSON_CreateObject();
+    if (r->chat) {
+        cJSON *content = cJSON_AddArrayToObject(o, "content");
+        for (int32_t i = sm->lp_sent; i < to; i++) {
+            const fl_token_logprob *rec = sm->lp + (size_t)i * (size_t)w;
+            token_name(s, rec[0].token, t);
+            cJSON *e = token_entry(t, rec[0].logprob, true), *top = cJSON_AddArrayToObject(e, "top_logprobs");
+            for (int32_t k = 1; k < w; k++) {
+                token_name(s, rec[k].token, t);
+                cJSON_AddItemToArray(top, token_entry(t, rec[k].logprob, true));
+            }
+            cJSON_AddItemToArray(content, e);
+        }
+    } else {
+        cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+        cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+        for (int32_t i = sm->lp_sent; i < to; i++) {
+            const fl_token_logprob *rec = sm->lp + (size_t)i * (size_t)w;
+            cJSON *top = cJSON_CreateObject();
+            for (int32_t k = 1; k <= w; k++) { /* the n_top, then the sampled token if it is not among them */
+                const fl_token_logprob *x = k < w ? &rec[k] : &rec[0];
+                token_name(s, x->token, t);
+                if (!cJSON_GetObjectItemCaseSensitive(top, t->name)) cJSON_AddNumberToObject(top, t->name, x->logprob);
+            }
+            token_name(s, rec[0].token, t);
+            cJSON_AddItemToArray(toks, cJSON_CreateString(t->name));
+            cJSON_AddItemToArray(lps, cJSON_CreateNumber(rec[0].logprob));
+            cJSON_AddItemToArray(tops, top);
+            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)sm->lp_chars));
+            for (int32_t b = 0; b < t->nraw; b++) sm->lp_chars += ((unsigned char)t->raw[b] & 0xC0) != 0x80;
+        }
+    }
+    fl_free(FL_MEM_NET, t, sizeof *t);
+    sm->lp_sent = to;
+    return o;
+}
+
+/* c.logprobs := the records up to `to` (null when there are none) */
+static void add_logprobs(fl_server *s, srv_req *r, srv_sample *sm, cJSON *c, int32_t to) {
+    cJSON *lp = logprobs_json(s, r, sm, to);
+    if (lp) cJSON_AddItemToObject(c, "logprobs", lp);
+    else cJSON_AddNullToObject(c, "logprobs");
+}
+
 static cJSON *chunk_base(fl_server *s, srv_req *r) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", r->created_id);
@@ -159,14 +248,14 @@ static void produce_stream(fl_server *s, srv_req *r) {
         bool fin = sm->finish != FL_FINISH_NONE;
         if (sm->finish_sent) break;
         /* one chunk per engine output: up to the next recorded boundary, whole UTF-8 characters */
-        while (sm->seg_sent < sm->n_seg && sm->seg_end[sm->seg_sent] <= sm->sent) sm->seg_sent++;
-        size_t lim = sm->seg_sent < sm->n_seg ? sm->seg_end[sm->seg_sent] : sm->text.len;
+        while (sm->seg_sent < sm->n_seg && sm->seg[sm->seg_sent].end <= sm->sent) sm->seg_sent++;
+        size_t lim = sm->seg_sent < sm->n_seg ? sm->seg[sm->seg_sent].end : sm->text.len;
         size_t avail = utf8_complete(sm->text.p ? sm->text.p : "", lim);
         /* a segment that ends inside a character (byte-fallback tokens split it) has nothing more
          * to send: take the next segments with it until the character is whole (before, the
          * stream stopped there for good) */
         while (avail <= sm->sent && sm->seg_sent + 1 < sm->n_seg) {
-            lim = sm->seg_end[++sm->seg_sent];
+            lim = sm->seg[++sm->seg_sent].end;
             avail = utf8_complete(sm->text.p, lim);
         }
         if (fin && lim == sm->text.len) avail = lim;
@@ -186,8 +275,9 @@ static void produce_stream(fl_server *s, srv_req *r) {
                 if (avail > sm->sent) cJSON_AddStringToObject(d, "content", delta);
             } else {
                 cJSON_AddStringToObject(c, "text", delta);
-                cJSON_AddNullToObject(c, "logprobs");
             }
+            /* the records of the tokens whose text this chunk carries; the last chunk, all */
+            add_logprobs(s, r, sm, c, fin ? sm->n_lp : sm->seg_sent < sm->n_seg ? sm->seg[sm->seg_sent].n_lp : sm->n_lp);
             fl_free(FL_MEM_NET, delta, avail - sm->sent + 1);
             if (fin) { cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish)); sm->finish_sent = true; }
             else cJSON_AddNullToObject(c, "finish_reason");
@@ -240,8 +330,8 @@ static void produce_full(fl_server *s, srv_req *r) {
             cJSON_AddStringToObject(m, "content", txt);
         } else {
             cJSON_AddStringToObject(c, "text", txt);
-            cJSON_AddNullToObject(c, "logprobs");
         }
+        add_logprobs(s, r, sm, c, sm->n_lp);
         cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish) ? finish_str(sm->finish) : "stop");
         cJSON_AddItemToArray(ch, c);
         gen += sm->n_tokens;
@@ -324,7 +414,8 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
 static void req_free(fl_server *s, srv_req *r) {
     for (int i = 0; i < SRV_MAX_N; i++) {
         srv_buf_free(&r->samples[i].text);
-        fl_free(FL_MEM_NET, r->samples[i].seg_end, (size_t)r->samples[i].cap_seg * sizeof(size_t));
+        fl_free(FL_MEM_NET, r->samples[i].seg, (size_t)r->samples[i].cap_seg * sizeof(srv_seg));
+        fl_free(FL_MEM_NET, r->samples[i].lp, (size_t)r->samples[i].cap_lp * (size_t)(1 + r->n_top) * sizeof(fl_token_logprob));
     }
     srv_buf_free(&r->out);
     pthread_cond_destroy(&r->cv);
@@ -362,10 +453,20 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, *f);
         if (v && !cJSON_IsNull(v) && !cJSON_IsFalse(v)) { ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", *f, "'%s' is not supported by this server", *f); goto out; }
     }
+    /* logprobs: /v1/completions takes an integer (how many alternatives), chat a boolean and
+     * top_logprobs */
+    bool want_lp = false;
+    int64_t n_top = 0;
     const cJSON *lp = cJSON_GetObjectItemCaseSensitive(j, "logprobs");
-    if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0)) {
-        ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", "logprobs", "'logprobs' is not supported by this server");
-        goto out;
+    if (chat) {
+        if (lp && !cJSON_IsNull(lp) && !cJSON_IsBool(lp)) { ret = BAD("'logprobs' must be a boolean"); goto out; }
+        want_lp = cJSON_IsTrue(lp);
+        if (get_int(j, "top_logprobs", 0, FL_MAX_TOP_LOGPROBS, &n_top, err, sizeof err)) { ret = BAD("%s", err); goto out; }
+        const cJSON *tl = cJSON_GetObjectItemCaseSensitive(j, "top_logprobs");
+        if (tl && !cJSON_IsNull(tl) && !want_lp) { ret = BAD("'top_logprobs' needs 'logprobs': true"); goto out; }
+    } else if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp)) {
+        if (get_int(j, "logprobs", 0, FL_MAX_TOP_LOGPROBS, &n_top, err, sizeof err)) { ret = BAD("%s", err); goto out; }
+        want_lp = true;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
     if (model && !cJSON_IsString(model) && !cJSON_IsNull(model)) { ret = BAD("'model' must be a string"); goto out; }
@@ -478,6 +579,8 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     rp.n_prompt = (int32_t)n_prompt;
     rp.max_tokens = (int32_t)max_tokens;
     rp.n = (int32_t)n;
+    rp.logprobs = want_lp;
+    rp.top_logprobs = (int32_t)n_top;
     rp.sampling.temperature = (float)temp;
     rp.sampling.top_p = (float)top_p;
     rp.sampling.min_p = (float)min_p;
@@ -505,6 +608,8 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     r->chat = chat;
     r->stream = stream && cJSON_IsTrue(stream);
     r->include_usage = include_usage;
+    r->logprobs = want_lp;
+    r->n_top = (int32_t)n_top;
     r->conn = conn;
     r->n_prompt = (int32_t)n_prompt;
     r->t_start = srv_now();

@@ -26,14 +26,30 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
     while (r && r->id != o->request_id) r = r->next;
     if (!r || o->sample < 0 || o->sample >= r->n) return; /* cancelled meanwhile */
     srv_sample *sm = &r->samples[o->sample];
+    if (r->logprobs && o->new_logprobs && o->n_new > 0 && !r->lp_failed) {
+        const size_t rec = (size_t)(1 + r->n_top) * sizeof *sm->lp;
+        if (sm->n_lp + o->n_new > sm->cap_lp) {
+            int32_t cap = sm->cap_lp ? sm->cap_lp : 32;
+            while (cap < sm->n_lp + o->n_new) cap *= 2;
+            fl_token_logprob *p = fl_realloc(FL_MEM_NET, sm->lp, (size_t)sm->cap_lp * rec, (size_t)cap * rec, 8);
+            if (p) { sm->lp = p; sm->cap_lp = cap; }
+        }
+        if (sm->n_lp + o->n_new <= sm->cap_lp) {
+            memcpy((char *)sm->lp + (size_t)sm->n_lp * rec, o->new_logprobs, (size_t)o->n_new * rec);
+            sm->n_lp += o->n_new;
+        } else { /* a reply without some of its logprobs would be wrong: end it as an error */
+            r->lp_failed = true;
+            fl_engine_cancel(s->engine, r->id);
+        }
+    }
     if (o->new_text && *o->new_text) {
         srv_buf_append(&sm->text, o->new_text, strlen(o->new_text));
         if (sm->n_seg == sm->cap_seg) { /* remember the boundary: streaming sends one chunk per output */
             int32_t cap = sm->cap_seg ? sm->cap_seg * 2 : 32;
-            size_t *p = fl_realloc(FL_MEM_NET, sm->seg_end, (size_t)sm->cap_seg * sizeof *p, (size_t)cap * sizeof *p, 8);
-            if (p) { sm->seg_end = p; sm->cap_seg = cap; }
+            srv_seg *p = fl_realloc(FL_MEM_NET, sm->seg, (size_t)sm->cap_seg * sizeof *p, (size_t)cap * sizeof *p, 8);
+            if (p) { sm->seg = p; sm->cap_seg = cap; }
         }
-        if (sm->n_seg < sm->cap_seg) sm->seg_end[sm->n_seg++] = sm->text.len;
+        if (sm->n_seg < sm->cap_seg) sm->seg[sm->n_seg++] = (srv_seg){sm->text.len, sm->n_lp};
     }
     sm->n_tokens = o->n_generated;
     r->n_prompt = o->n_prompt;
@@ -43,7 +59,7 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
         srv_hist_add(&s->m.ttft, r->t_first - r->t_start);
     }
     if (o->finish != FL_FINISH_NONE && sm->finish == FL_FINISH_NONE) {
-        sm->finish = o->finish;
+        sm->finish = r->lp_failed && o->finish == FL_FINISH_CANCELLED ? FL_FINISH_ERROR : o->finish;
         r->n_done++;
         s->m.completion_tokens += o->n_generated;
         if (r->n_done == r->n) {

@@ -27,11 +27,19 @@ fl_status srv_buf_append(srv_buf *b, const char *s, size_t n);
 fl_status srv_buf_printf(srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void srv_buf_free(srv_buf *b);
 
+typedef struct srv_seg {
+    size_t end;          /* text offset where an engine output ended (one SSE chunk each) */
+    int32_t n_lp;        /* logprob records received by then */
+} srv_seg;
+
 typedef struct srv_sample {
     srv_buf text;        /* all generated text so far */
     size_t sent;         /* bytes of text already streamed */
-    size_t *seg_end;     /* text offsets where each engine output ended (one SSE chunk each) */
+    srv_seg *seg;
     int32_t n_seg, cap_seg, seg_sent;
+    fl_token_logprob *lp; /* logprobs: [cap_lp][1 + n_top] records as the engine gave them */
+    int32_t n_lp, cap_lp, lp_sent;
+    int64_t lp_chars;    /* characters of the token texts before lp_sent (text_offset) */
     int32_t n_tokens;
     fl_finish_reason finish;
     bool finish_sent;
@@ -45,6 +53,8 @@ typedef struct srv_req {
     int32_t n_prompt, n_cached;
     int32_t n_done;        /* samples finished */
     bool chat, stream, cancelled, registered, role_sent, usage_sent, include_usage;
+    bool logprobs, lp_failed; /* lp_failed: no memory for a logprob record: the request ends in error */
+    int32_t n_top;
     double t_start, t_first, t_end;
     pthread_cond_t cv;
     struct MHD_Connection *conn;

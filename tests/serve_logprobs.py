@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""logprobs / top_logprobs of `fitllm serve` (OpenAI shapes), checked against llama.cpp's logits.
+
+Usage: serve_logprobs.py URL SHARED_DIR      (a server on stories260K)
+       serve_logprobs.py URL --bytes         (a server on a random model with byte tokens)
+Prints one line per check; exits 1 if any failed.
+"""
+import json
+import math
+import sys
+import urllib.error
+import urllib.request
+
+URL = sys.argv[1]
+fails = 0
+
+
+def check(name, cond):
+    global fails
+    print(("ok   - " if cond else "FAIL - ") + name)
+    if not cond:
+        fails += 1
+
+
+def post(path, body):
+    req = urllib.request.Request(URL + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            raw = r.read().decode("utf-8")  # strict: the reply must be well-formed UTF-8
+            return r.status, raw
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8")
+
+
+def post_json(path, body):
+    st, raw = post(path, body)
+    return st, json.loads(raw)
+
+
+def post_stream(path, body):
+    st, raw = post(path, dict(body, stream=True))
+    return [json.loads(l[6:]) for l in raw.splitlines() if l.startswith("data: {")]
+
+
+def close(a, b, tol):
+    return a is not None and b is not None and abs(a - b) <= tol
+
+
+def legacy_ok(lp, text):
+    """the legacy shape is self-consistent: one entry per token, the sampled token in its
+    top_logprobs, offsets the running character count of the token texts"""
+    n = len(lp["tokens"])
+    if not (n == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"])):
+        return False
+    off = 0
+    for t, l, top, o in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], lp["text_offset"]):
+        if o != off or t not in top or top[t] != l or l > 1e-6:
+            return False
+        off += len(t)
+    return "".join(lp["tokens"]).startswith(text) or text.startswith("".join(lp["tokens"]))
+
+
+def main_stories(shared):
+    # 1. the first generated token's distribution against llama.cpp's logits at the last prompt
+    #    position (4 prompts): the sampled token's logprob and the top 5
+    worst = 0.0
+    for line in open(shared + "/reference/stories260K.logits.jsonl"):
+        d = json.loads(line)
+        logits = d["logits"][-1]
+        m = max(logits)
+        lse = m + math.log(sum(math.exp(x - m) for x in logits))
+        ref = sorted((x - lse for x in logits), reverse=True)[:5]
+        st, r = post_json("/v1/completions", {"prompt": d["tokens"], "max_tokens": 1, "logprobs": 5, "temperature": 0})
+        lp = r["choices"][0]["logprobs"]
+        got = sorted(lp["top_logprobs"][0].values(), reverse=True)
+        check("prompt %s...: 200, one token, 5 alternatives" % d["tokens"][:4], st == 200 and len(lp["tokens"]) == 1 and len(got) == 5)
+        worst = max([worst, abs(lp["token_logprobs"][0] - ref[0])] + [abs(a - b) for a, b in zip(got, ref)])
+    # llama.cpp rounds each query and each softmax probability to f16 as well as K and V; the
+    # paged attention keeps the first two in f32, which moves these logprobs by up to ~5e-3
+    # (`fitllm run --kv-layout contiguous` follows llama.cpp's rounding and matches to ~1e-5)
+    check("logprobs equal log-softmax of llama.cpp's logits (max |diff| %.2g)" % worst, worst < 1e-2)
+
+    # 2. greedy: each token is its step's most likely one; the shape is consistent
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "logprobs": 3}
+    st, r = post_json("/v1/completions", body)
+    c = r["choices"][0]
+    lp = c["logprobs"]
+    check("greedy: 24 tokens, 3-4 alternatives each", st == 200 and len(lp["tokens"]) == 24
+          and all(3 <= len(t) <= 4 for t in lp["top_logprobs"]))
+    check("greedy: the sampled token is the most likely", all(l == max(t.values()) for l, t in zip(lp["token_logprobs"], lp["top_logprobs"])))
+    check("legacy shape consistent (tokens, offsets, text)", legacy_ok(lp, c["text"]) and "".join(lp["tokens"]) == c["text"])
+    check("logprobs off by default", post_json("/v1/completions", {"prompt": "Once", "max_tokens": 2})[1]["choices"][0]["logprobs"] is None)
+    st, r0 = post_json("/v1/completions", dict(body, logprobs=0))
+    t0 = r0["choices"][0]["logprobs"]["top_logprobs"]
+    check("logprobs 0: the sampled token alone", st == 200 and all(len(t) == 1 for t in t0)
+          and r0["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"])
+
+    # 3. streamed: the chunks carry the same records, each once
+    ev = post_stream("/v1/completions", body)
+    toks, lps, offs = [], [], []
+    for e in ev:
+        x = e["choices"][0]["logprobs"]
+        if x:
+            toks += x["tokens"]; lps += x["token_logprobs"]; offs += x["text_offset"]
+    check("stream: the same tokens, logprobs and offsets", toks == lp["tokens"] and lps == lp["token_logprobs"] and offs == lp["text_offset"])
+    check("stream: logprobs spread over several chunks", sum(1 for e in ev if e["choices"][0]["logprobs"]) > 3)
+
+    # 4. sampled (temperature 1): the sampled token's logprob is of the raw distribution (as greedy)
+    st, rs = post_json("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 1.0, "seed": 3, "logprobs": 5, "n": 2})
+    ok = st == 200 and len(rs["choices"]) == 2
+    for ch in rs["choices"]:
+        x = ch["logprobs"]
+        ok = ok and legacy_ok(x, ch["text"]) and len(x["tokens"]) == 16
+        ok = ok and all(sum(math.exp(v) for k, v in t.items() if k != tk or len(t) == 5) <= 1 + 1e-4 for t, tk in zip(x["top_logprobs"], x["tokens"]))
+    check("n=2 sampled: each choice has its own records, probabilities sum to <= 1", ok)
+    first = rs["choices"][0]["logprobs"]["top_logprobs"][0]
+    check("both samples share the first step's distribution", first == rs["choices"][1]["logprobs"]["top_logprobs"][0]
+          and close(max(first.values()), lp["token_logprobs"][0], 1e-6))
+
+    # 5. chat shape, plain and streamed
+    cbody = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 12, "temperature": 0,
+             "logprobs": True, "top_logprobs": 2}
+    st, rc = post_json("/v1/chat/completions", cbody)
+    ch = rc["choices"][0]
+    content = ch["logprobs"]["content"]
+    ok = st == 200 and len(content) == rc["usage"]["completion_tokens"] == 12
+    for e in content:
+        ok = ok and bytes(e["bytes"]).decode("utf-8") == e["token"] and len(e["top_logprobs"]) == 2
+        ok = ok and e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][1]["logprob"] and e["logprob"] == e["top_logprobs"][0]["logprob"]
+    check("chat: content records with bytes and 2 alternatives, greedy = most likely", ok)
+    check("chat: the tokens spell the message", "".join(e["token"] for e in content) == ch["message"]["content"])
+    ev = post_stream("/v1/chat/completions", cbody)
+    sc = [x for e in ev if e["choices"] and e["choices"][0].get("logprobs") for x in e["choices"][0]["logprobs"]["content"]]
+    check("chat stream: the same records", sc == content)
+    st, rn = post_json("/v1/chat/completions", dict(cbody, top_logprobs=None))
+    check("chat logprobs without top_logprobs: no alternatives", st == 200 and all(e["top_logprobs"] == [] for e in rn["choices"][0]["logprobs"]["content"]))
+    check("chat without logprobs: null", post_json("/v1/chat/completions", dict(cbody, logprobs=False, top_logprobs=None))[1]["choices"][0]["logprobs"] is None)
+
+    # 6. bad values -> 400
+    for name, path, b in [
+        ("logprobs 21", "/v1/completions", {"prompt": "a", "logprobs": 21}),
+        ("logprobs -1", "/v1/completions", {"prompt": "a", "logprobs": -1}),
+        ("logprobs 1.5", "/v1/completions", {"prompt": "a", "logprobs": 1.5}),
+        ("logprobs true on completions", "/v1/completions", {"prompt": "a", "logprobs": True}),
+        ("chat logprobs 3", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "logprobs": 3}),
+        ("chat top_logprobs without logprobs", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}),
+        ("chat top_logprobs 30", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "logprobs": True, "top_logprobs": 30}),
+    ]:
+        st, raw = post(path, b)
+        check("%s -> 400 with an error object" % name, st == 400 and isinstance(json.loads(raw)["error"]["message"], str))
+
+
+def repair(raw):
+    """the server's rule for ill-formed UTF-8: each byte that starts no well-formed character
+    becomes U+FFFD (Python's 'replace' folds a cut sequence into one)"""
+    out, i = [], 0
+    while i < len(raw):
+        for n in (1, 2, 3, 4):
+            try:
+                out.append(raw[i:i + n].decode("utf-8"))
+                i += n
+                break
+            except UnicodeDecodeError:
+                pass
+        else:
+            out.append("\ufffd")
+            i += 1
+    return "".join(out)
+
+
+def main_bytes():
+    # a random model whose tokens are often single bytes of UTF-8 characters: names of such
+    # tokens are "bytes:\xNN", the chat shape's bytes are exact, the JSON stays well-formed
+    st, r = post_json("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 1.0, "seed": 7, "logprobs": 5})
+    lp = r["choices"][0]["logprobs"]
+    named = [t for t in lp["tokens"] if t.startswith("bytes:")]
+    check("byte tokens named bytes:\\xNN (%d of 48)" % len(named), st == 200 and named and all(
+        len(t) > 6 and all(len(p) == 2 for p in t[6:].split("\\x")[1:]) for t in named))
+    check("each sampled token in its top_logprobs", all(t in top for t, top in zip(lp["tokens"], lp["top_logprobs"])))
+    st, r = post_json("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 48, "temperature": 1.0,
+                                               "seed": 7, "logprobs": True, "top_logprobs": 3})
+    content = r["choices"][0]["logprobs"]["content"]
+    raw = b"".join(bytes(e["bytes"]) for e in content)
+    check("chat: the records' bytes make the message (as the server repairs it)",
+          st == 200 and len(content) == r["usage"]["completion_tokens"]
+          and repair(raw) == r["choices"][0]["message"]["content"])
+
+
+if sys.argv[2] == "--bytes":
+    main_bytes()
+else:
+    main_stories(sys.argv[2])
+print("%s" % ("all passed" if fails == 0 else "%d failed" % fails))
+sys.exit(1 if fails else 0)
