@@ -45,7 +45,9 @@ int fl_cmd_serve(int argc, char **argv) {
                           "stop, ignore_eos, stream, stream_options.include_usage, and logprobs: an integer\n"
                           "0-20 on /v1/completions (that many alternatives per token), true with top_logprobs\n"
                           "0-20 on chat; log-probabilities of the model's raw distribution, before penalties\n"
-                          "and temperature.",
+                          "and temperature.  /v1/completions also takes echo: the prompt leads the text and,\n"
+                          "with logprobs, each prompt token is scored (max_tokens 0: the prompt alone), as\n"
+                          "lm-evaluation-harness asks; such prompts skip the prefix cache.",
                           pos, 0, &n_pos);
     if (r) return r == 1 ? 0 : 2;
     if (!fl_args_get(opts, "model")->set) {

@@ -137,6 +137,10 @@ typedef struct fl_request_params {
     int32_t top_logprobs;       /* with logprobs: also the k most likely tokens at each step,
                                  * 0..FL_MAX_TOP_LOGPROBS.  Both are of the model's distribution,
                                  * log softmax of the raw logits, before penalties and temperature */
+    int32_t prompt_logprobs;    /* 1 = also the log-probability of each prompt token after the first
+                                 * given the ones before it (with top_logprobs alternatives): every
+                                 * prompt position then needs a logits row, so the prompt is computed
+                                 * in chunks of at most max_seqs rows and skips the prefix cache */
 } fl_request_params;
 
 typedef enum fl_request_state {
@@ -163,6 +167,9 @@ typedef struct fl_request_output {
                                  * token itself, then the n_top most likely tokens at its position,
                                  * most likely first; else NULL */
     int32_t n_top;
+    const fl_token_logprob *prompt_logprobs; /* prompt_logprobs requested: [n_prompt - 1][1 + n_top] for
+                                 * prompt tokens 1 .. n_prompt - 1, in the first event after the
+                                 * prompt is computed (once); else NULL */
     fl_finish_reason finish;    /* != NONE once this sample is done */
     int32_t n_prompt, n_generated, n_cached_prompt;
     double ttft_s;              /* time to first token (set once the first token exists) */

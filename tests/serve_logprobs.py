@@ -136,7 +136,55 @@ def main_stories(shared):
     check("chat logprobs without top_logprobs: no alternatives", st == 200 and all(e["top_logprobs"] == [] for e in rn["choices"][0]["logprobs"]["content"]))
     check("chat without logprobs: null", post_json("/v1/chat/completions", dict(cbody, logprobs=False, top_logprobs=None))[1]["choices"][0]["logprobs"] is None)
 
-    # 6. bad values -> 400
+    # 6. echo: the prompt's tokens lead, scored against llama.cpp's logits at every position
+    worst, npos = 0.0, 0
+    for line in open(shared + "/reference/stories260K.logits.jsonl"):
+        d = json.loads(line)
+        st, r = post_json("/v1/completions", {"prompt": d["tokens"], "max_tokens": 0, "echo": True, "logprobs": 3})
+        lp = r["choices"][0]["logprobs"]
+        ok = st == 200 and len(lp["tokens"]) == len(d["tokens"]) and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        ok = ok and r["usage"]["completion_tokens"] == 0 and r["choices"][0]["finish_reason"] == "length"
+        check("echo, max_tokens 0: %d prompt tokens, the first without a logprob, nothing generated" % len(d["tokens"]), ok)
+        for j in range(len(d["tokens"]) - 1):
+            row = d["logits"][j]
+            m = max(row)
+            lse = m + math.log(sum(math.exp(x - m) for x in row))
+            ref = sorted((x - lse for x in row), reverse=True)[:3]
+            got = sorted(lp["top_logprobs"][j + 1].values(), reverse=True)[:3]
+            worst = max([worst, abs(lp["token_logprobs"][j + 1] - (row[d["tokens"][j + 1]] - lse))] + [abs(a - b) for a, b in zip(got, ref)])
+            npos += 1
+    check("echo: %d prompt positions equal llama.cpp's log-softmax (max |diff| %.2g)" % (npos, worst), npos > 30 and worst < 1e-2)
+
+    ebody = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "echo": True, "logprobs": 2}
+    st, re_ = post_json("/v1/completions", ebody)
+    ce = re_["choices"][0]
+    check("echo: the text is the prompt then the completion", st == 200 and ce["text"] == "Once upon a time" + post_json(
+        "/v1/completions", dict(ebody, echo=False))[1]["choices"][0]["text"])
+    n_p = re_["usage"]["prompt_tokens"]
+    check("echo: prompt + generated records", len(ce["logprobs"]["tokens"]) == n_p + 8 and ce["logprobs"]["token_logprobs"][n_p:]
+          == post_json("/v1/completions", dict(ebody, echo=False))[1]["choices"][0]["logprobs"]["token_logprobs"])
+    check("echo without logprobs: text only", post_json("/v1/completions", dict(ebody, logprobs=None))[1]["choices"][0]["logprobs"] is None)
+    ev = post_stream("/v1/completions", ebody)
+    stoks = [t for e in ev if e["choices"][0]["logprobs"] for t in e["choices"][0]["logprobs"]["tokens"]]
+    check("echo stream: the same text and records", "".join(e["choices"][0]["text"] for e in ev) == ce["text"] and stoks == ce["logprobs"]["tokens"])
+    st, rn = post_json("/v1/completions", dict(ebody, n=2, temperature=1.0, seed=5))
+    check("echo n=2: each choice leads with the prompt records", st == 200 and all(
+        c["logprobs"]["tokens"][:n_p] == ce["logprobs"]["tokens"][:n_p] and c["text"].startswith("Once upon a time") for c in rn["choices"]))
+    # a prompt of 3 KV blocks, twice: the second must not take its records from the prefix cache
+    long_prompt = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her dog."
+    lb = {"prompt": long_prompt, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
+    a1 = post_json("/v1/completions", lb)[1]["choices"][0]["logprobs"]
+    a2 = post_json("/v1/completions", lb)[1]["choices"][0]["logprobs"]
+    check("echo: a cached prompt is scored again (%d tokens, same records)" % len(a1["tokens"]), len(a1["tokens"]) > 32 and a1 == a2)
+
+    # lm-evaluation-harness's loglikelihood request: a batch of one tokenized prompt, one token
+    ids = d["tokens"]
+    st, r = post_json("/v1/completions", {"prompt": [ids], "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1, "seed": 1234})
+    x = r["choices"][0]["logprobs"] if st == 200 else {}
+    check("[[ids]] with echo (lm-eval's request): prompt + 1 records, greedy flag readable",
+          st == 200 and len(x["tokens"]) == len(ids) + 1 and all(t is None or len(t) >= 1 for t in x["top_logprobs"]))
+
+    # 7. bad values -> 400
     for name, path, b in [
         ("logprobs 21", "/v1/completions", {"prompt": "a", "logprobs": 21}),
         ("logprobs -1", "/v1/completions", {"prompt": "a", "logprobs": -1}),
@@ -145,6 +193,11 @@ def main_stories(shared):
         ("chat logprobs 3", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "logprobs": 3}),
         ("chat top_logprobs without logprobs", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}),
         ("chat top_logprobs 30", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "logprobs": True, "top_logprobs": 30}),
+        ("echo on chat", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "echo": True}),
+        ("echo not a boolean", "/v1/completions", {"prompt": "a", "echo": "yes"}),
+        ("max_tokens 0 without echo", "/v1/completions", {"prompt": "a", "max_tokens": 0}),
+        ("two prompts in one request", "/v1/completions", {"prompt": ["a", "b"]}),
+        ("an empty batch", "/v1/completions", {"prompt": [[]]}),
     ]:
         st, raw = post(path, b)
         check("%s -> 400 with an error object" % name, st == 400 and isinstance(json.loads(raw)["error"]["message"], str))

@@ -258,6 +258,9 @@ typedef struct wl {
     int64_t id[NREQ];
     int32_t top;                  /* >= 0: requests ask for logprobs with this many alternatives */
     fl_token_logprob lp[NREQ][TOY_CTX][1 + 6]; /* the streamed records (top <= 6) */
+    int32_t prompt_lp;            /* requests ask for prompt logprobs (with top alternatives) */
+    fl_token_logprob plp[NREQ][64][1 + 6];
+    int32_t n_plp_events[NREQ];
 } wl;
 
 static void make_wl(wl *w, uint32_t seed) {
@@ -297,6 +300,7 @@ static void drive(fl_engine *e, wl *w, int stagger) {
             p.max_tokens = w->max_tokens[added];
             p.logprobs = w->top >= 0;
             p.top_logprobs = w->top > 0 ? w->top : 0;
+            p.prompt_logprobs = w->prompt_lp;
             assert_int_equal(fl_engine_add(e, &p, &w->id[added]), FL_OK);
             added++;
             if (stagger) break;
@@ -317,6 +321,13 @@ static void drive(fl_engine *e, wl *w, int stagger) {
                                (size_t)(1 + w->top) * sizeof(fl_token_logprob));
                 } else {
                     assert_null(ev[k].new_logprobs);
+                }
+                if (ev[k].prompt_logprobs) {
+                    assert_true(w->prompt_lp);
+                    const int32_t wd = 1 + (w->top > 0 ? w->top : 0);
+                    for (int32_t j = 0; j < w->n_prompt[i] - 1; j++)
+                        memcpy(w->plp[i][j], ev[k].prompt_logprobs + (size_t)j * (size_t)wd, (size_t)wd * sizeof(fl_token_logprob));
+                    w->n_plp_events[i]++;
                 }
                 w->n_got[i] += ev[k].n_new;
                 assert_int_equal(ev[k].n_generated, w->n_got[i]);
@@ -346,33 +357,46 @@ static void check_reference(const wl *w) {
     }
 }
 
-/* Each streamed logprob record against the toy's logits recomputed from the tokens so far: the
- * token itself, log softmax in double, the top alternatives by a full sort (ties: lower id). */
+/* A record (token, logprob, top alternatives) against the toy's logits after seq[0..n): log
+ * softmax in double, the alternatives by a full sort (ties: lower id). */
+static void check_record(const fl_token_logprob *rec, const int32_t *seq, int32_t n, int32_t token, int32_t top) {
+    float l[TOY_VOCAB];
+    toy_logits(seq, n, l);
+    double mx = l[0], sum = 0;
+    for (int v = 1; v < TOY_VOCAB; v++) mx = l[v] > mx ? l[v] : mx;
+    for (int v = 0; v < TOY_VOCAB; v++) sum += exp((double)l[v] - mx);
+    const double lse = mx + log(sum);
+    assert_int_equal(rec[0].token, token);
+    assert_true(fabs(rec[0].logprob - ((double)l[token] - lse)) < 1e-5);
+    bool used[TOY_VOCAB] = {false};
+    for (int32_t k = 0; k < top; k++) {
+        int best = -1;
+        for (int v = 0; v < TOY_VOCAB; v++)
+            if (!used[v] && (best < 0 || l[v] > l[best])) best = v;
+        used[best] = true;
+        assert_int_equal(rec[1 + k].token, best);
+        assert_true(fabs(rec[1 + k].logprob - ((double)l[best] - lse)) < 1e-5);
+    }
+}
+
+/* Prompt records: one event each, token j + 1 of the prompt scored after tokens 0..j. */
+static void check_prompt_logprobs(const wl *w) {
+    for (int i = 0; i < NREQ; i++) {
+        assert_int_equal(w->n_plp_events[i], w->prompt_lp ? 1 : 0);
+        for (int32_t j = 0; w->prompt_lp && j < w->n_prompt[i] - 1; j++)
+            check_record(w->plp[i][j], w->prompt[i], j + 1, w->prompt[i][j + 1], w->top > 0 ? w->top : 0);
+    }
+}
+
+/* Each streamed logprob record against the toy's logits recomputed from the tokens so far. */
 static void check_logprobs(const wl *w) {
     for (int i = 0; i < NREQ; i++) {
         int32_t seq[TOY_CTX];
         memcpy(seq, w->prompt[i], (size_t)w->n_prompt[i] * sizeof *seq);
         memcpy(seq + w->n_prompt[i], w->got[i], (size_t)w->n_got[i] * sizeof *seq);
         for (int32_t g = 0; g < w->n_got[i]; g++) {
-            float l[TOY_VOCAB];
-            toy_logits(seq, w->n_prompt[i] + g, l);
-            double mx = l[0], sum = 0;
-            for (int v = 1; v < TOY_VOCAB; v++) mx = l[v] > mx ? l[v] : mx;
-            for (int v = 0; v < TOY_VOCAB; v++) sum += exp((double)l[v] - mx);
-            const double lse = mx + log(sum);
-            const fl_token_logprob *rec = w->lp[i][g];
-            assert_int_equal(rec[0].token, w->got[i][g]);
-            assert_true(fabs(rec[0].logprob - ((double)l[w->got[i][g]] - lse)) < 1e-5);
-            bool used[TOY_VOCAB] = {false};
-            for (int32_t k = 0; k < w->top; k++) {
-                int best = -1;
-                for (int v = 0; v < TOY_VOCAB; v++)
-                    if (!used[v] && (best < 0 || l[v] > l[best])) best = v;
-                used[best] = true;
-                assert_int_equal(rec[1 + k].token, best);
-                assert_true(fabs(rec[1 + k].logprob - ((double)l[best] - lse)) < 1e-5);
-            }
-            if (w->top > 0) assert_int_equal(rec[1].token, rec[0].token); /* greedy */
+            check_record(w->lp[i][g], seq, w->n_prompt[i] + g, w->got[i][g], w->top);
+            if (w->top > 0) assert_int_equal(w->lp[i][g][1].token, w->got[i][g]); /* greedy */
         }
     }
 }
@@ -453,23 +477,26 @@ static void test_toy_preempt_swap(void **state) {
 }
 
 /* logprobs ride along with batching, chunking and preemption (recompute keeps what was already
- * reported; swap too), with 0 and 6 alternatives */
+ * reported; swap too), with 0 and 6 alternatives, with and without prompt logprobs */
 static void test_toy_logprobs(void **state) {
     (void)state;
     wl w;
     const fl_preempt_mode modes[3] = {FL_PREEMPT_RECOMPUTE, FL_PREEMPT_RECOMPUTE, FL_PREEMPT_SWAP};
     const int64_t blocks[3] = {1000, 26, 26};
-    for (int c = 0; c < 3; c++) {
+    for (int c = 0; c < 6; c++) {
         make_wl(&w, 7 + (uint32_t)c);
-        w.top = c == 1 ? 0 : 6;
+        w.top = c % 3 == 1 ? 0 : 6;
+        w.prompt_lp = c >= 3; /* prompts of 2-51 tokens through 8 rows a step */
         toy *t;
-        fl_engine *e = toy_engine(8, 16, 4, blocks[c], 0, modes[c], &t);
-        drive(e, &w, c);
+        fl_engine *e = toy_engine(8, 16, 4, blocks[c % 3], 0, modes[c % 3], &t);
+        drive(e, &w, c % 3);
         check_reference(&w);
         check_logprobs(&w);
+        check_prompt_logprobs(&w);
         fl_engine_stats st;
         fl_engine_stats_get(e, &st);
-        if (c) assert_true(st.preemptions > 0);
+        if (c % 3) assert_true(st.preemptions > 0);
+        assert_true(t->max_batch <= 16);
         fl_engine_free(e);
     }
     /* out-of-range requests are refused */
@@ -837,6 +864,29 @@ static void test_paged_equals_alone(void **state) {
     fl_test_mem_zero();
 }
 
+/* prompt logprobs over the paged cache: the shared prefix is computed again for each request
+ * (its logits are needed), never taken from the prefix cache */
+static void test_paged_prompt_logprobs(void **state) {
+    (void)state;
+    wl w;
+    make_wl(&w, 21);
+    shared_prefix(&w);
+    w.top = 3;
+    w.prompt_lp = 1;
+    tpg *t;
+    fl_engine *e = paged_engine(6, 24, 400, FL_PREEMPT_RECOMPUTE, &t);
+    drive(e, &w, 2);
+    check_reference(&w);
+    check_logprobs(&w);
+    check_prompt_logprobs(&w);
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    assert_int_equal(st.prefix_hit_tokens, 0);
+    assert_int_equal(st.kv_blocks_used, 0);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
 static void test_paged_cancel_frees_blocks(void **state) {
     (void)state;
     wl w;
@@ -1135,6 +1185,7 @@ int main(void) {
         cmocka_unit_test(test_toy_threads),
         cmocka_unit_test(test_toy_bad_requests),
         cmocka_unit_test(test_paged_equals_alone),
+        cmocka_unit_test(test_paged_prompt_logprobs),
         cmocka_unit_test(test_paged_cancel_frees_blocks),
         cmocka_unit_test(test_paged_n_samples),
         cmocka_unit_test(test_stories_batched_chunked),

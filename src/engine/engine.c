@@ -37,6 +37,8 @@ struct fl_engine {
     int8_t *b_logit;
     float *logits;
     fl_request **row_req; /* [max_rows] request that owns each logit row */
+    int32_t *row_pos;     /* [max_rows] prompt position whose next token the row scores, or -1:
+                           * the row samples */
 
     /* poll buffers: valid until the next poll */
     int32_t *poll_tok;
@@ -149,6 +151,7 @@ static void free_buffers(fl_engine *e) {
     fl_free(FL_MEM_SCRATCH, e->b_logit, (size_t)e->max_tokens);
     fl_free(FL_MEM_ACT, e->logits, (size_t)e->max_rows * (size_t)nv * sizeof(float));
     fl_free(FL_MEM_SCRATCH, e->row_req, (size_t)e->max_rows * sizeof(fl_request *));
+    fl_free(FL_MEM_SCRATCH, e->row_pos, (size_t)e->max_rows * sizeof(int32_t));
     fl_free(FL_MEM_MISC, e->poll_tok, (size_t)e->poll_tok_cap * sizeof(int32_t));
     fl_free(FL_MEM_MISC, e->poll_text, (size_t)e->poll_text_cap);
     fl_free(FL_MEM_MISC, e->poll_lp, (size_t)e->poll_lp_cap * sizeof(fl_token_logprob));
@@ -180,7 +183,8 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     e->b_logit = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens, 0);
     e->logits = fl_alloc(FL_MEM_ACT, (size_t)e->max_rows * (size_t)nv * sizeof(float), 0);
     e->row_req = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_rows * sizeof(fl_request *), 0);
-    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logit || !e->logits || !e->row_req) {
+    e->row_pos = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_rows * sizeof(int32_t), 0);
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logit || !e->logits || !e->row_req || !e->row_pos) {
         st = FL_ERR_NOMEM;
         goto fail;
     }
@@ -408,12 +412,20 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
         }
         bool sample = r->n_computed + out.e[k].n == r->n_tokens;
         for (int32_t j = 0; j < out.e[k].n; j++) {
-            e->b_tok[n] = r->tokens[r->n_computed + j];
-            e->b_pos[n] = r->n_computed + j;
+            const int32_t pos = r->n_computed + j;
+            const bool last = sample && j == out.e[k].n - 1;
+            /* prompt logprobs: a row for each prompt position not yet recorded (the scheduler
+             * counted them) */
+            const bool score = r->prompt_logprobs && pos >= r->n_plp && pos < r->n_prompt - 1;
+            e->b_tok[n] = r->tokens[pos];
+            e->b_pos[n] = pos;
             e->b_seq[n] = (int32_t)r->kv_seq;
-            e->b_logit[n++] = (int8_t)(sample && j == out.e[k].n - 1);
+            e->b_logit[n++] = (int8_t)(last || score);
+            if (last || score) {
+                e->row_req[rows] = r;
+                e->row_pos[rows++] = score ? pos : -1;
+            }
         }
-        if (sample) e->row_req[rows++] = r;
         if (r->n_computed == 0 || r->n_computed + out.e[k].n <= r->n_prompt) e->prefilled += out.e[k].n;
     }
     FL_ASSERT(n <= e->max_tokens && rows <= e->max_rows);
@@ -440,6 +452,15 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
         fl_request *r = e->row_req[k];
         if (r->state == FL_REQ_FINISHED) continue;
         float *row = e->logits + (size_t)k * (size_t)e->be.n_vocab;
+        const int32_t pos = e->row_pos[k];
+        if (pos >= 0) { /* prompt token pos + 1 given the ones before it */
+            FL_ASSERT(pos == r->n_plp);
+            fl_token_logprob *rec = r->plp + (size_t)pos * (size_t)(1 + r->n_top);
+            rec[0].token = r->tokens[pos + 1];
+            fl_logprobs(row, e->be.n_vocab, rec[0].token, r->n_top, &rec[0].logprob, rec + 1);
+            r->n_plp = pos + 1;
+            continue;
+        }
         if (r->sample == 0 && fl_request_n_generated(r) == 0) fork_samples(e, r, row);
         sample_commit(e, r, row);
     }
@@ -476,6 +497,7 @@ int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
         need_tok += fl_request_n_generated(r) - r->n_streamed;
         need_text += r->stop.emitted - r->text_pending_start + 1;
         if (r->logprobs) need_lp += (int64_t)(fl_request_n_generated(r) - r->n_streamed) * (1 + r->n_top);
+        if (r->prompt_logprobs && !r->plp_sent) need_lp += (int64_t)r->n_plp * (1 + r->n_top);
         n++;
     }
     if (grow(FL_MEM_MISC, (void **)&e->poll_tok, &e->poll_tok_cap, need_tok + 1, sizeof(int32_t)) != FL_OK ||
@@ -503,6 +525,14 @@ int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
             o->new_logprobs = e->poll_lp + ol;
             o->n_top = r->n_top;
             ol += (int64_t)m;
+        }
+        if (r->prompt_logprobs && !r->plp_sent && !fl_request_plp_pending(r)) { /* once, whole */
+            const size_t m = (size_t)r->n_plp * (size_t)(1 + r->n_top);
+            if (m) memcpy(e->poll_lp + ol, r->plp, m * sizeof *e->poll_lp);
+            o->prompt_logprobs = e->poll_lp + ol;
+            o->n_top = r->n_top;
+            ol += (int64_t)m;
+            r->plp_sent = true;
         }
         int64_t tl = r->stop.emitted - r->text_pending_start;
         memcpy(e->poll_text + ox, r->stop.text + r->text_pending_start, (size_t)tl);

@@ -135,6 +135,14 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
     r->sampling = p->sampling;
     r->logprobs = p->logprobs || p->top_logprobs > 0;
     r->n_top = p->top_logprobs > 0 ? p->top_logprobs : 0;
+    r->prompt_logprobs = p->prompt_logprobs && sample == 0; /* the samples share one prompt */
+    if (r->prompt_logprobs && p->n_prompt > 1) {
+        r->plp = fl_alloc(FL_MEM_MISC, (size_t)(p->n_prompt - 1) * (size_t)(1 + r->n_top) * sizeof *r->plp, 0);
+        if (!r->plp) {
+            fl_request_free(r);
+            return FL_ERR_NOMEM;
+        }
+    }
     /* splitmix-style mix so samples of one request get unrelated streams */
     r->rng = p->sampling.seed + 0x9E3779B97F4A7C15ull * (uint64_t)(sample + 1);
     *out = r;
@@ -145,6 +153,7 @@ void fl_request_free(fl_request *r) {
     if (!r) return;
     if (r->tokens) fl_free(FL_MEM_MISC, r->tokens, (size_t)r->cap * sizeof(int32_t));
     fl_free(FL_MEM_MISC, r->lp, (size_t)r->lp_cap * (size_t)(1 + r->n_top) * sizeof *r->lp);
+    if (r->plp) fl_free(FL_MEM_MISC, r->plp, (size_t)(r->n_prompt - 1) * (size_t)(1 + r->n_top) * sizeof *r->plp);
     if (r->stop.text || r->stop.n_stop) fl_stop_deinit(&r->stop);
     fl_free(FL_MEM_MISC, r, sizeof *r);
 }

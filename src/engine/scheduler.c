@@ -188,6 +188,41 @@ static bool grow_or_preempt(fl_sched *s, fl_request *r, int32_t n_total, fl_sche
     return true;
 }
 
+/* Logits rows an entry of n tokens from r->n_computed needs: the sampling row when it reaches the
+ * last token, and with prompt logprobs one per prompt position not yet recorded whose next token
+ * is in the prompt. */
+static int32_t rows_for(const fl_request *r, int32_t n) {
+    const int32_t c = r->n_computed;
+    int32_t rows = c + n == r->n_tokens;
+    if (r->prompt_logprobs) {
+        const int32_t lo = c > r->n_plp ? c : r->n_plp, hi = c + n < r->n_prompt - 1 ? c + n : r->n_prompt - 1;
+        rows += hi > lo ? hi - lo : 0;
+    }
+    return rows;
+}
+
+/* Rows of the step's entries so far. */
+static int32_t rows_used(const fl_sched_out *out) {
+    int32_t rows = 0;
+    for (int32_t i = 0; i < out->n_entries; i++)
+        if (!out->e[i].pad) rows += rows_for(out->e[i].r, out->e[i].n);
+    return rows;
+}
+
+/* The most tokens, up to n, that r can run with the step's rows left (max_seqs in all): rows_for
+ * grows with n, so a binary search. */
+static int32_t fit_rows(const fl_sched *s, const fl_sched_out *out, const fl_request *r, int32_t n) {
+    const int32_t left = s->p.max_seqs - rows_used(out);
+    if (rows_for(r, n) <= left) return n;
+    int32_t lo = 0, hi = n; /* rows_for(lo) <= left < rows_for(hi) */
+    while (hi - lo > 1) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (rows_for(r, mid) <= left) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
 static void add_entry(fl_sched_out *out, fl_request *r, int32_t n, int32_t pad) {
     out->e[out->n_entries++] = (fl_sched_entry){r, n, pad};
     out->n_tokens += n;
@@ -204,7 +239,8 @@ static bool admit_one(fl_sched *s, fl_request *r, int32_t budget, fl_sched_out *
         if (parent->state != FL_REQ_RUNNING || parent->n_computed < parent->n_prompt) return false;
     }
     if (r->swapped) {
-        int32_t n = fl_request_n_uncomputed(r) < budget ? fl_request_n_uncomputed(r) : budget;
+        int32_t n = fit_rows(s, out, r, fl_request_n_uncomputed(r) < budget ? fl_request_n_uncomputed(r) : budget);
+        if (n == 0) return false; /* no logits row left this step */
         if (s->kv.n_needed(s->kv.ctx, r, r->n_computed + n) > avail) return false;
         if (s->kv.swap_in(s->kv.ctx, r) != FL_OK) return false;
         r->swapped = false;
@@ -234,7 +270,7 @@ static bool admit_one(fl_sched *s, fl_request *r, int32_t budget, fl_sched_out *
     r->kv_live = true;
     FL_ASSERT(n_cached >= 0 && n_cached < r->n_tokens);
     r->n_computed = n_cached;
-    int32_t n = fl_request_n_uncomputed(r) < budget ? fl_request_n_uncomputed(r) : budget;
+    int32_t n = fit_rows(s, out, r, fl_request_n_uncomputed(r) < budget ? fl_request_n_uncomputed(r) : budget);
     /* static mode reserves the whole slot up front even when no token fits this step */
     if ((n == 0 && !s->p.static_batch) || s->kv.n_needed(s->kv.ctx, r, r->n_computed + (n ? n : 1)) > avail ||
         s->kv.reserve(s->kv.ctx, r, r->n_computed + (n ? n : 1)) != FL_OK) {
@@ -276,7 +312,8 @@ fl_status fl_sched_schedule(fl_sched *s, fl_sched_out *out) {
             }
             int32_t left = fl_request_n_uncomputed(r);
             if ((pass == 0) != (left == 1)) continue;
-            int32_t n = left < budget ? left : budget;
+            int32_t n = fit_rows(s, out, r, left < budget ? left : budget);
+            if (n == 0) continue; /* the step's logits rows are taken (prompt logprobs) */
             if (!grow_or_preempt(s, r, r->n_computed + n, out)) {
                 budget = s->p.max_batch_tokens - out->n_tokens;
                 i = -1; /* the running list changed: rescan (scheduled ones are skipped) */

@@ -16,6 +16,9 @@
  *      so go first), only while the blocks the first chunk needs are free above the watermark;
  *      a request whose prompt starts with cached blocks starts with those tokens computed.
  *      No admissions in a step that had to preempt (avoids thrashing).
+ * Every step has at most max_seqs logits rows: one per entry that reaches its last token, plus,
+ * for a request with prompt logprobs, one per prompt position of its chunk (its chunks are cut to
+ * the rows left).
  * When a running request cannot grow, the latest-arrived running request is preempted (possibly
  * the one growing): by recompute (its blocks are freed, n_computed := 0) or, in swap mode, by
  * swapping its blocks to the secondary tier (falling back to recompute if that fails).

@@ -148,7 +148,7 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
 
     /* SCRATCH: batch arrays, the largest matmul workspace, the attention workspace */
     const uint64_t Ts = (uint64_t)in->max_batch_tokens + (uint64_t)in->max_seqs;
-    out->batch_bytes = Ts * 13 + (uint64_t)in->max_seqs * sizeof(void *);
+    out->batch_bytes = Ts * 13 + (uint64_t)in->max_seqs * (sizeof(void *) + sizeof(int32_t)); /* + row_req, row_pos */
     out->matmul_scratch = mm;
     {   /* per thread: K/V block, scores, FL_PAGED_Q_TILE-row query tile states (paged_attn.c);
          * partials of split decodes: max_seqs x partitions x n_head x (head_dim + 2) */

@@ -180,10 +180,34 @@ static cJSON *token_entry(const tok_name *t, float lp, bool chat_shape) {
     return o;
 }
 
-/* The logprobs of sample sm's records [sm->lp_sent, to) in the endpoint's shape (NULL: none were
- * asked for or there are none); marks them sent. */
-static cJSON *logprobs_json(fl_server *s, srv_req *r, srv_sample *sm, int32_t to) {
-    if (!r->logprobs || to <= sm->lp_sent) return NULL;
+/* The legacy shape's four arrays, one entry per token. */
+typedef struct legacy_lp {
+    cJSON *tokens, *lps, *tops, *offs;
+} legacy_lp;
+
+/* Append token rec[0] (rec NULL: tok, the prompt's first token, which has no logprob) to the
+ * legacy arrays; *chars: the text offset, advanced by its characters. */
+static void legacy_add(fl_server *s, const legacy_lp *a, tok_name *t, int32_t tok, const fl_token_logprob *rec, int32_t w,
+                       int64_t *chars) {
+    cJSON *top = rec ? cJSON_CreateObject() : cJSON_CreateNull();
+    for (int32_t k = 1; rec && k <= w; k++) { /* the n_top, then the sampled token if it is not among them */
+        const fl_token_logprob *x = k < w ? &rec[k] : &rec[0];
+        token_name(s, x->token, t);
+        if (!cJSON_GetObjectItemCaseSensitive(top, t->name)) cJSON_AddNumberToObject(top, t->name, x->logprob);
+    }
+    token_name(s, rec ? rec[0].token : tok, t);
+    cJSON_AddItemToArray(a->tokens, cJSON_CreateString(t->name));
+    cJSON_AddItemToArray(a->lps, rec ? cJSON_CreateNumber(rec[0].logprob) : cJSON_CreateNull());
+    cJSON_AddItemToArray(a->tops, top);
+    cJSON_AddItemToArray(a->offs, cJSON_CreateNumber((double)*chars));
+    for (int32_t b = 0; b < t->nraw; b++) *chars += ((unsigned char)t->raw[b] & 0xC0) != 0x80;
+}
+
+/* The logprobs of sample sm's records [sm->lp_sent, to) in the endpoint's shape, led by the
+ * prompt's when prompt is set (echo); NULL when none were asked for or there are none.  Marks
+ * them sent. */
+static cJSON *logprobs_json(fl_server *s, srv_req *r, srv_sample *sm, int32_t to, bool prompt) {
+    if (!r->logprobs || (to <= sm->lp_sent && !prompt)) return NULL;
     const int32_t w = 1 + r->n_top;
     tok_name *t = fl_alloc(FL_MEM_NET, sizeof *t, 16);
     if (!t) return NULL;
@@ -201,32 +225,22 @@ static cJSON *logprobs_json(fl_server *s, srv_req *r, srv_sample *sm, int32_t to
             cJSON_AddItemToArray(content, e);
         }
     } else {
-        cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
-        cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
-        for (int32_t i = sm->lp_sent; i < to; i++) {
-            const fl_token_logprob *rec = sm->lp + (size_t)i * (size_t)w;
-            cJSON *top = cJSON_CreateObject();
-            for (int32_t k = 1; k <= w; k++) { /* the n_top, then the sampled token if it is not among them */
-                const fl_token_logprob *x = k < w ? &rec[k] : &rec[0];
-                token_name(s, x->token, t);
-                if (!cJSON_GetObjectItemCaseSensitive(top, t->name)) cJSON_AddNumberToObject(top, t->name, x->logprob);
-            }
-            token_name(s, rec[0].token, t);
-            cJSON_AddItemToArray(toks, cJSON_CreateString(t->name));
-            cJSON_AddItemToArray(lps, cJSON_CreateNumber(rec[0].logprob));
-            cJSON_AddItemToArray(tops, top);
-            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)sm->lp_chars));
-            for (int32_t b = 0; b < t->nraw; b++) sm->lp_chars += ((unsigned char)t->raw[b] & 0xC0) != 0x80;
+        legacy_lp a = {cJSON_AddArrayToObject(o, "tokens"), cJSON_AddArrayToObject(o, "token_logprobs"),
+                       cJSON_AddArrayToObject(o, "top_logprobs"), cJSON_AddArrayToObject(o, "text_offset")};
+        if (prompt) {
+            legacy_add(s, &a, t, r->first_tok, NULL, w, &sm->lp_chars);
+            for (int32_t i = 0; i < r->n_plp; i++) legacy_add(s, &a, t, 0, r->plp + (size_t)i * (size_t)w, w, &sm->lp_chars);
         }
+        for (int32_t i = sm->lp_sent; i < to; i++) legacy_add(s, &a, t, 0, sm->lp + (size_t)i * (size_t)w, w, &sm->lp_chars);
     }
     fl_free(FL_MEM_NET, t, sizeof *t);
     sm->lp_sent = to;
     return o;
 }
 
-/* c.logprobs := the records up to `to` (null when there are none) */
-static void add_logprobs(fl_server *s, srv_req *r, srv_sample *sm, cJSON *c, int32_t to) {
-    cJSON *lp = logprobs_json(s, r, sm, to);
+/* c.logprobs := the records up to `to`, led by the prompt's when prompt (null when none) */
+static void add_logprobs(fl_server *s, srv_req *r, srv_sample *sm, cJSON *c, int32_t to, bool prompt) {
+    cJSON *lp = logprobs_json(s, r, sm, to, prompt);
     if (lp) cJSON_AddItemToObject(c, "logprobs", lp);
     else cJSON_AddNullToObject(c, "logprobs");
 }
@@ -262,13 +276,18 @@ static void produce_stream(fl_server *s, srv_req *r) {
         bool more = avail < sm->text.len;
         if (more) fin = false; /* the finish reason goes on the last chunk */
         bool first_chat = r->chat && !r->role_sent;
-        if (avail > sm->sent || first_chat || (fin && !sm->finish_sent)) {
+        /* echo: the prompt (and its records, once the engine has sent them) leads the first chunk */
+        const bool echo_now = r->echo && !sm->echo_sent && (!r->logprobs || r->plp_got || fin);
+        if (r->echo && !sm->echo_sent && !echo_now) break;
+        const size_t pre = echo_now ? r->echo_text.len : 0, dn = pre + avail - sm->sent;
+        if (avail > sm->sent || first_chat || echo_now || (fin && !sm->finish_sent)) {
             cJSON *o = chunk_base(s, r), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
             cJSON_AddNumberToObject(c, "index", i);
-            char *delta = fl_alloc(FL_MEM_NET, avail - sm->sent + 1, 16);
+            char *delta = fl_alloc(FL_MEM_NET, dn + 1, 16);
             if (!delta) { cJSON_Delete(o); break; }
-            if (avail > sm->sent) memcpy(delta, sm->text.p + sm->sent, avail - sm->sent); /* (the role chunk: no text yet, p may be NULL) */
-            delta[avail - sm->sent] = 0;
+            if (pre) memcpy(delta, r->echo_text.p, pre);
+            if (avail > sm->sent) memcpy(delta + pre, sm->text.p + sm->sent, avail - sm->sent); /* (the role chunk: no text yet, p may be NULL) */
+            delta[dn] = 0;
             if (r->chat) {
                 cJSON *d = cJSON_AddObjectToObject(c, "delta");
                 if (first_chat) cJSON_AddStringToObject(d, "role", "assistant");
@@ -277,8 +296,9 @@ static void produce_stream(fl_server *s, srv_req *r) {
                 cJSON_AddStringToObject(c, "text", delta);
             }
             /* the records of the tokens whose text this chunk carries; the last chunk, all */
-            add_logprobs(s, r, sm, c, fin ? sm->n_lp : sm->seg_sent < sm->n_seg ? sm->seg[sm->seg_sent].n_lp : sm->n_lp);
-            fl_free(FL_MEM_NET, delta, avail - sm->sent + 1);
+            add_logprobs(s, r, sm, c, fin ? sm->n_lp : sm->seg_sent < sm->n_seg ? sm->seg[sm->seg_sent].n_lp : sm->n_lp, echo_now);
+            sm->echo_sent |= echo_now;
+            fl_free(FL_MEM_NET, delta, dn + 1);
             if (fin) { cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish)); sm->finish_sent = true; }
             else cJSON_AddNullToObject(c, "finish_reason");
             cJSON_AddItemToArray(ch, c);
@@ -328,10 +348,22 @@ static void produce_full(fl_server *s, srv_req *r) {
             cJSON *m = cJSON_AddObjectToObject(c, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
             cJSON_AddStringToObject(m, "content", txt);
+        } else if (r->echo) { /* the prompt, then the completion */
+            srv_buf both = {0};
+            if (srv_buf_append(&both, r->echo_text.p ? r->echo_text.p : "", r->echo_text.len) != FL_OK ||
+                srv_buf_append(&both, txt, sm->text.len) != FL_OK || srv_buf_append(&both, "", 1) != FL_OK) {
+                srv_buf_free(&both);
+                cJSON_Delete(c);
+                cJSON_Delete(o);
+                r->all_sent = true; /* out of memory: the reply ends empty (the client sees a cut body) */
+                return;
+            }
+            cJSON_AddStringToObject(c, "text", both.p);
+            srv_buf_free(&both);
         } else {
             cJSON_AddStringToObject(c, "text", txt);
         }
-        add_logprobs(s, r, sm, c, sm->n_lp);
+        add_logprobs(s, r, sm, c, sm->n_lp, r->echo);
         cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish) ? finish_str(sm->finish) : "stop");
         cJSON_AddItemToArray(ch, c);
         gen += sm->n_tokens;
@@ -418,6 +450,8 @@ static void req_free(fl_server *s, srv_req *r) {
         fl_free(FL_MEM_NET, r->samples[i].lp, (size_t)r->samples[i].cap_lp * (size_t)(1 + r->n_top) * sizeof(fl_token_logprob));
     }
     srv_buf_free(&r->out);
+    srv_buf_free(&r->echo_text);
+    fl_free(FL_MEM_NET, r->plp, (size_t)r->n_plp * (size_t)(1 + r->n_top) * sizeof *r->plp);
     pthread_cond_destroy(&r->cv);
     (void)s;
     fl_free(FL_MEM_NET, r, sizeof *r);
@@ -440,6 +474,20 @@ static void reader_free(void *cls) {
 
 /* ---- /v1/completions and /v1/chat/completions ---- */
 
+/* r->echo_text := the prompt as the client gave it, or its token ids detokenized. */
+static fl_status echo_text(fl_server *s, srv_req *r, const srv_buf *prompt, const int32_t *toks, int64_t n) {
+    if (prompt->len) return srv_buf_append(&r->echo_text, prompt->p, prompt->len);
+    for (int64_t cap = 8 * n + 64; cap <= ((int64_t)1 << 26); cap *= 2) {
+        char *buf = fl_alloc(FL_MEM_NET, (size_t)cap, 16);
+        if (!buf) return FL_ERR_NOMEM;
+        const int64_t len = fl_engine_detokenize(s->engine, toks, n, buf, cap);
+        fl_status st = len >= 0 ? srv_buf_append(&r->echo_text, buf, (size_t)len) : FL_OK;
+        fl_free(FL_MEM_NET, buf, (size_t)cap);
+        if (len >= 0) return st;
+    }
+    return FL_OK; /* no text for these ids (no tokenizer): nothing to echo */
+}
+
 static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool chat) {
     char err[256] = "";
     enum MHD_Result ret;
@@ -450,6 +498,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     if (!j) return BAD("malformed JSON in the request body");
     if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
     for (const char *const *f = unsupported_fields; *f; f++) {
+        if (!chat && !strcmp(*f, "echo")) continue; /* /v1/completions echoes the prompt */
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, *f);
         if (v && !cJSON_IsNull(v) && !cJSON_IsFalse(v)) { ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", *f, "'%s' is not supported by this server", *f); goto out; }
     }
@@ -468,6 +517,9 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         if (get_int(j, "logprobs", 0, FL_MAX_TOP_LOGPROBS, &n_top, err, sizeof err)) { ret = BAD("%s", err); goto out; }
         want_lp = true;
     }
+    const cJSON *ec = cJSON_GetObjectItemCaseSensitive(j, "echo"); /* chat: refused above */
+    if (ec && !cJSON_IsNull(ec) && !cJSON_IsBool(ec)) { ret = BAD("'echo' must be a boolean"); goto out; }
+    const bool echo = cJSON_IsTrue(ec);
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
     if (model && !cJSON_IsString(model) && !cJSON_IsNull(model)) { ret = BAD("'model' must be a string"); goto out; }
     bool special = false;
@@ -481,7 +533,9 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     } else {
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
         if (!p) { ret = BAD("'prompt' is required"); goto out; }
-        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0))) p = cJSON_GetArrayItem(p, 0);
+        /* a batch of one ([text] or [[ids]], as lm-evaluation-harness sends it) is that prompt */
+        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && (cJSON_IsString(cJSON_GetArrayItem(p, 0)) || cJSON_IsArray(cJSON_GetArrayItem(p, 0))))
+            p = cJSON_GetArrayItem(p, 0);
         if (cJSON_IsString(p)) {
             srv_buf_append(&prompt, p->valuestring, strlen(p->valuestring));
         } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(p, 0))) {
@@ -498,7 +552,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
                 toks[k++] = (int32_t)t->valuedouble;
             }
         } else {
-            ret = BAD("'prompt' must be a string, an array with one string, or an array of token ids");
+            ret = BAD("'prompt' must be a string or an array of token ids (or an array of one of those: one prompt per request)");
             goto out;
         }
     }
@@ -513,7 +567,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     if (get_num(j, "temperature", 0, 2, &temp, err, sizeof err) || get_num(j, "top_p", 0, 1, &top_p, err, sizeof err) ||
         get_num(j, "min_p", 0, 1, &min_p, err, sizeof err) || get_num(j, "presence_penalty", -2, 2, &pres, err, sizeof err) ||
         get_num(j, "frequency_penalty", -2, 2, &freq, err, sizeof err) || get_num(j, "repetition_penalty", 0.01, 10, &rep, err, sizeof err) ||
-        get_int(j, "max_tokens", 1, 1e9, &max_tokens, err, sizeof err) || get_int(j, "max_completion_tokens", 1, 1e9, &max_tokens, err, sizeof err) ||
+        get_int(j, "max_tokens", echo ? 0 : 1, 1e9, &max_tokens, err, sizeof err) || get_int(j, "max_completion_tokens", 1, 1e9, &max_tokens, err, sizeof err) ||
         get_int(j, "n", 1, s->p.max_n, &n, err, sizeof err) || get_int(j, "seed", -9.2e18, 9.2e18, &seed, err, sizeof err) ||
         get_int(j, "top_k", 0, 1e9, &top_k, err, sizeof err)) {
         ret = BAD("%s", err);
@@ -568,6 +622,8 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
                          "the prompt has %lld tokens; the context is %d tokens", (long long)n_prompt, n_ctx);
         goto out;
     }
+    const bool drop_gen = echo && max_tokens == 0; /* the engine generates one token, not reported */
+    if (drop_gen) max_tokens = 1;
     if (max_tokens < 0 || max_tokens > n_ctx - n_prompt) max_tokens = n_ctx - n_prompt;
     if (max_tokens > s->p.max_tokens_limit) max_tokens = s->p.max_tokens_limit;
 
@@ -581,6 +637,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     rp.n = (int32_t)n;
     rp.logprobs = want_lp;
     rp.top_logprobs = (int32_t)n_top;
+    rp.prompt_logprobs = echo && want_lp;
     rp.sampling.temperature = (float)temp;
     rp.sampling.top_p = (float)top_p;
     rp.sampling.min_p = (float)min_p;
@@ -610,6 +667,15 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     r->include_usage = include_usage;
     r->logprobs = want_lp;
     r->n_top = (int32_t)n_top;
+    r->echo = echo;
+    r->drop_gen = drop_gen;
+    r->first_tok = toks[0];
+    if (echo && echo_text(s, r, &prompt, toks, n_prompt) != FL_OK) {
+        req_free(s, r);
+        fl_free(FL_MEM_NET, rc, sizeof *rc);
+        ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory");
+        goto out;
+    }
     r->conn = conn;
     r->n_prompt = (int32_t)n_prompt;
     r->t_start = srv_now();

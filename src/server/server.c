@@ -26,6 +26,25 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
     while (r && r->id != o->request_id) r = r->next;
     if (!r || o->sample < 0 || o->sample >= r->n) return; /* cancelled meanwhile */
     srv_sample *sm = &r->samples[o->sample];
+    if (o->prompt_logprobs && !r->plp_got) { /* echo with logprobs: once, from sample 0 */
+        const size_t bytes = (size_t)(o->n_prompt - 1) * (size_t)(1 + r->n_top) * sizeof *r->plp;
+        r->plp = bytes ? fl_alloc(FL_MEM_NET, bytes, 8) : NULL;
+        if (bytes && !r->plp) {
+            r->lp_failed = true;
+            fl_engine_cancel(s->engine, r->id);
+        } else {
+            if (bytes) memcpy(r->plp, o->prompt_logprobs, bytes);
+            r->n_plp = o->n_prompt - 1;
+        }
+        r->plp_got = true;
+    }
+    fl_request_output bare;
+    if (r->drop_gen) { /* echo with max_tokens 0: only the prompt is reported */
+        bare = (fl_request_output){.request_id = o->request_id, .sample = o->sample, .n_prompt = o->n_prompt,
+                                   .n_cached_prompt = o->n_cached_prompt,
+                                   .finish = o->finish == FL_FINISH_NONE ? FL_FINISH_NONE : FL_FINISH_LENGTH};
+        o = &bare;
+    }
     if (r->logprobs && o->new_logprobs && o->n_new > 0 && !r->lp_failed) {
         const size_t rec = (size_t)(1 + r->n_top) * sizeof *sm->lp;
         if (sm->n_lp + o->n_new > sm->cap_lp) {

@@ -40,6 +40,7 @@ typedef struct srv_sample {
     fl_token_logprob *lp; /* logprobs: [cap_lp][1 + n_top] records as the engine gave them */
     int32_t n_lp, cap_lp, lp_sent;
     int64_t lp_chars;    /* characters of the token texts before lp_sent (text_offset) */
+    bool echo_sent;      /* stream: the echoed prompt went out */
     int32_t n_tokens;
     fl_finish_reason finish;
     bool finish_sent;
@@ -55,6 +56,13 @@ typedef struct srv_req {
     bool chat, stream, cancelled, registered, role_sent, usage_sent, include_usage;
     bool logprobs, lp_failed; /* lp_failed: no memory for a logprob record: the request ends in error */
     int32_t n_top;
+    /* echo (/v1/completions): the prompt leads each choice's text, and its tokens the logprobs */
+    bool echo, drop_gen;   /* drop_gen: max_tokens 0 with echo: the engine's one token is not reported */
+    bool plp_got;          /* the engine's prompt records arrived */
+    srv_buf echo_text;     /* the prompt as text (token-id prompts: detokenized) */
+    int32_t first_tok;     /* the prompt's first token: listed with a null logprob */
+    fl_token_logprob *plp; /* [n_plp][1 + n_top] prompt tokens 1.. given those before */
+    int32_t n_plp;
     double t_start, t_first, t_end;
     pthread_cond_t cv;
     struct MHD_Connection *conn;
