@@ -92,6 +92,8 @@ typedef struct run_cfg {
     int json;
     float temp, top_p; /* the requests' sampling: greedy by default */
     int32_t top_k;
+    int32_t logprobs;        /* -1: off; else alternatives per token */
+    int32_t prompt_logprobs; /* score every prompt token too */
 } run_cfg;
 
 /* Elements of the matrices one token's forward multiplies (the layers' and the output head, or
@@ -136,7 +138,8 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
     int32_t *got = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *got);
     fl_request_output *ev = fl_calloc(FL_MEM_MISC, 256, sizeof *ev);
     double util_sum = 0, waste_sum = 0;
-    int64_t n_samples = 0, max_running = 0, out_tokens = 0, done = 0, added = 0;
+    int64_t n_samples = 0, max_running = 0, out_tokens = 0, done = 0, added = 0, in_tokens = 0;
+    int64_t lp_records = 0, plp_records = 0; /* logprob records received (a check that they came) */
     /* decode-only steps (no prompt token prefilled): their time and tokens */
     double dec_time = 0;
     int64_t dec_tokens = 0, dec_steps = 0;
@@ -161,6 +164,10 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
             p.max_tokens = w->gen[added];
             p.ignore_eos = 1;
             p.sampling.seed = (uint64_t)added + 1;
+            p.logprobs = rc->logprobs >= 0;
+            p.top_logprobs = rc->logprobs > 0 ? rc->logprobs : 0;
+            p.prompt_logprobs = rc->prompt_logprobs;
+            in_tokens += p.n_prompt;
             if (fl_engine_add(e, &p, &ids[added]) != FL_OK) {
                 fprintf(stderr, "fitllm bench serve: request %lld: %s\n", (long long)added, fl_last_error());
                 err = 1;
@@ -192,6 +199,8 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
             for (int32_t j = 0; j < k; j++) {
                 int64_t i = ev[j].request_id; /* ids are handed out 0, 1, 2, ... in add order */
                 if (i < 0 || i >= n) continue;
+                if (ev[j].new_logprobs) lp_records += ev[j].n_new;
+                if (ev[j].prompt_logprobs) plp_records += w->n_prompt[i] - 1;
                 if (ev[j].n_new > 0) {
                     if (got[i] == 0) t_first[i] = tp;
                     else {
@@ -244,6 +253,10 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
         cJSON_AddNumberToObject(o, "duration_s", dur);
         cJSON_AddNumberToObject(o, "output_tokens", (double)out_tokens);
         cJSON_AddNumberToObject(o, "output_tokens_per_s", (double)out_tokens / dur);
+        cJSON_AddNumberToObject(o, "input_tokens_per_s", (double)in_tokens / dur);
+        cJSON_AddNumberToObject(o, "logprobs", rc->logprobs);
+        cJSON_AddNumberToObject(o, "logprob_records", (double)lp_records);
+        cJSON_AddNumberToObject(o, "prompt_logprob_records", (double)plp_records);
         cJSON_AddNumberToObject(o, "requests_per_s", n / dur);
         cJSON_AddNumberToObject(o, "ttft_p50_ms", 1e3 * pct(ttft, n, 50));
         cJSON_AddNumberToObject(o, "ttft_p99_ms", 1e3 * pct(ttft, n, 99));
@@ -317,6 +330,8 @@ int fl_bench_serve(int argc, char **argv) {
         {"temp", 0, FL_OPT_FLOAT, "T  sampling temperature of every request (default 0: greedy)"},
         {"top-k", 0, FL_OPT_INT, "K  top-k of every request (default 0: off)"},
         {"top-p", 0, FL_OPT_FLOAT, "P  top-p of every request (default 1: off)"},
+        {"logprobs", 0, FL_OPT_INT, "K  every request asks for logprobs with K alternatives per token (default: none)"},
+        {"prompt-logprobs", 0, FL_OPT_FLAG, "every request also scores its prompt tokens (echo with logprobs)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
@@ -324,7 +339,7 @@ int fl_bench_serve(int argc, char **argv) {
     };
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench serve -m MODEL [--requests N] [--rate R] [--prompt-len DIST] "
-                                            "[--gen-len DIST] [--shared-prefix L] [--temp T] [--top-k K] [--top-p P] [--baseline static] [--json]",
+                                            "[--gen-len DIST] [--shared-prefix L] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--baseline static] [--json]",
                           "Serve a synthetic workload through the continuous-batching engine and report\n"
                           "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
                           "peak memory, and the decode-only steps' tokens/s and weight GOP/s against the measured int8 peak.  --baseline static adds the same workload as static padded batches.",
@@ -383,6 +398,12 @@ int fl_bench_serve(int argc, char **argv) {
     rc.temp = fl_args_get(opts, "temp")->set ? (float)fl_args_get(opts, "temp")->f : 0.0f;
     rc.top_k = fl_args_get(opts, "top-k")->set ? (int32_t)fl_args_get(opts, "top-k")->i : 0;
     rc.top_p = fl_args_get(opts, "top-p")->set ? (float)fl_args_get(opts, "top-p")->f : 1.0f;
+    rc.logprobs = fl_args_get(opts, "logprobs")->set ? (int32_t)fl_args_get(opts, "logprobs")->i : -1;
+    rc.prompt_logprobs = fl_args_get(opts, "prompt-logprobs")->set;
+    if (fl_args_get(opts, "logprobs")->set && (rc.logprobs < 0 || rc.logprobs > FL_MAX_TOP_LOGPROBS)) {
+        fprintf(stderr, "fitllm bench serve: --logprobs takes 0..%d\n", FL_MAX_TOP_LOGPROBS);
+        return 2;
+    }
     if (!(rc.temp >= 0.0f && rc.temp <= 100.0f) || rc.top_k < 0 || !(rc.top_p > 0.0f && rc.top_p <= 1.0f)) {
         fprintf(stderr, "fitllm bench serve: --temp must be in [0, 100], --top-k >= 0, --top-p in (0, 1]\n");
         return 2;

@@ -36,6 +36,17 @@ for s in "--temp 1 --top-p 0.9" "--temp 0.8 --top-k 5"; do
         { echo "bench serve $s failed: $json"; exit 1; }
     echo "$json" | grep -q '"output_tokens":32' || { echo "bench serve $s: expected 32 output tokens: $json"; exit 1; }
 done
+# logprobs on every generated token, and prompt scoring (prompts of 40 tokens through 4 logits
+# rows a step): every record arrives
+json=$("$bin" bench serve -m "$model" --requests 6 --prompt-len 40 --gen-len 8 --max-seqs 4 --kv-mem 256K -t 1 \
+       --logprobs 5 --prompt-logprobs --json 2>&1) || { echo "bench serve --logprobs failed: $json"; exit 1; }
+python3 - "$json" <<'PY' || { echo "bench serve --logprobs: records missing: $json"; exit 1; }
+import json, sys
+o = json.loads(sys.argv[1])["paged"]
+assert o["logprobs"] == 5 and o["logprob_records"] == 48 and o["prompt_logprob_records"] == 6 * 39, o
+assert o["steps"] >= 6 * 39 // 4, o  # at most 4 scored positions a step
+PY
+"$bin" bench serve -m "$model" --logprobs 21 >/dev/null 2>&1 && { echo "--logprobs 21 accepted"; exit 1; }
 "$bin" bench serve -m "$model" --temp -1 >/dev/null 2>&1 && { echo "negative --temp accepted"; exit 1; }
 "$bin" bench serve -m "$model" --top-p 0 >/dev/null 2>&1 && { echo "--top-p 0 accepted"; exit 1; }
 echo ok
