@@ -42,7 +42,7 @@ int fl_cmd_serve(int argc, char **argv) {
                           "GET /health, GET /metrics (Prometheus). SIGINT/SIGTERM stop it gracefully.\n"
                           "Request fields: model, prompt (text, [text] or token ids) or messages, max_tokens,\n"
                           "temperature, top_p, top_k, min_p, presence/frequency/repetition_penalty, n, seed,\n"
-                          "stop, ignore_eos, stream, stream_options.include_usage, and logprobs: an integer\n"
+                          "stop, ignore_eos, logit_bias, stream, stream_options.include_usage, and logprobs: an integer\n"
                           "0-20 on /v1/completions (that many alternatives per token), true with top_logprobs\n"
                           "0-20 on chat; log-probabilities of the model's raw distribution, before penalties\n"
                           "and temperature.  /v1/completions also takes echo: the prompt leads the text and,\n"

@@ -122,6 +122,11 @@ typedef struct fl_sampling_params {
 
 void fl_sampling_params_default(fl_sampling_params *p);
 
+typedef struct fl_logit_bias {
+    int32_t token;
+    float bias;                 /* added to the token's logit before sampling (-100: never, in effect) */
+} fl_logit_bias;
+
 #define FL_MAX_STOP_STRINGS 4
 #define FL_MAX_TOP_LOGPROBS 20
 typedef struct fl_request_params {
@@ -137,6 +142,8 @@ typedef struct fl_request_params {
     int32_t top_logprobs;       /* with logprobs: also the k most likely tokens at each step,
                                  * 0..FL_MAX_TOP_LOGPROBS.  Both are of the model's distribution,
                                  * log softmax of the raw logits, before penalties and temperature */
+    const fl_logit_bias *logit_bias; /* n_logit_bias entries (copied); a token listed twice gets both */
+    int32_t n_logit_bias;
     int32_t prompt_logprobs;    /* 1 = also the log-probability of each prompt token after the first
                                  * given the ones before it (with top_logprobs alternatives): every
                                  * prompt position then needs a logits row, so the prompt is computed

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""logprobs / top_logprobs of `fitllm serve` (OpenAI shapes), checked against llama.cpp's logits.
+"""logprobs / top_logprobs, echo and logit_bias of `fitllm serve` (OpenAI shapes), checked against
+llama.cpp's logits.
 
 Usage: serve_logprobs.py URL SHARED_DIR      (a server on stories260K)
        serve_logprobs.py URL --bytes         (a server on a random model with byte tokens)
@@ -184,7 +185,25 @@ def main_stories(shared):
     check("[[ids]] with echo (lm-eval's request): prompt + 1 records, greedy flag readable",
           st == 200 and len(x["tokens"]) == len(ids) + 1 and all(t is None or len(t) >= 1 for t in x["top_logprobs"]))
 
-    # 7. bad values -> 400
+    # 7. logit_bias, with the greedy token ids from llama.cpp's reference: banning the first one
+    #    moves the choice to the second most likely; the logprobs stay the raw distribution's;
+    #    +100 on a token forces it at every step
+    g = json.loads(open(shared + "/reference/stories260K.greedy.jsonl").readline())
+    st, r = post_json("/v1/completions", {"prompt": g["prompt_tokens"], "max_tokens": 1, "temperature": 0, "logprobs": 3})
+    tops = sorted(r["choices"][0]["logprobs"]["top_logprobs"][0].items(), key=lambda kv: -kv[1])
+    st, b = post_json("/v1/completions", {"prompt": g["prompt_tokens"], "max_tokens": 1, "temperature": 0, "logprobs": 3,
+                                          "logit_bias": {str(g["greedy_tokens"][0]): -100}})
+    bl = b["choices"][0]["logprobs"]
+    check("logit_bias -100 on the greedy token: the second most likely is chosen",
+          st == 200 and r["choices"][0]["logprobs"]["tokens"][0] == tops[0][0] and bl["tokens"][0] == tops[1][0])
+    check("logit_bias: the logprobs are the raw distribution's",
+          bl["top_logprobs"][0].get(tops[0][0]) == tops[0][1] and close(bl["token_logprobs"][0], tops[1][1], 1e-6))
+    st, f = post_json("/v1/completions", {"prompt": g["prompt_tokens"], "max_tokens": 4, "temperature": 1.0, "seed": 1,
+                                          "logprobs": 0, "logit_bias": {"300": 100}})
+    ft = f["choices"][0]["logprobs"]["tokens"]
+    check("logit_bias +100 forces one token at every step", st == 200 and len(ft) == 4 and len(set(ft)) == 1)
+
+    # 8. bad values -> 400
     for name, path, b in [
         ("logprobs 21", "/v1/completions", {"prompt": "a", "logprobs": 21}),
         ("logprobs -1", "/v1/completions", {"prompt": "a", "logprobs": -1}),
@@ -197,6 +216,12 @@ def main_stories(shared):
         ("echo not a boolean", "/v1/completions", {"prompt": "a", "echo": "yes"}),
         ("max_tokens 0 without echo", "/v1/completions", {"prompt": "a", "max_tokens": 0}),
         ("two prompts in one request", "/v1/completions", {"prompt": ["a", "b"]}),
+        ("logit_bias not an object", "/v1/completions", {"prompt": "a", "logit_bias": [1, 2]}),
+        ("logit_bias key not a token id", "/v1/completions", {"prompt": "a", "logit_bias": {"a1": 1}}),
+        ("logit_bias key out of the vocabulary", "/v1/completions", {"prompt": "a", "logit_bias": {"512": 1}}),
+        ("logit_bias key negative", "/v1/completions", {"prompt": "a", "logit_bias": {"-1": 1}}),
+        ("logit_bias value 101", "/v1/completions", {"prompt": "a", "logit_bias": {"5": 101}}),
+        ("logit_bias value a string", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "logit_bias": {"5": "1"}}),
         ("an empty batch", "/v1/completions", {"prompt": [[]]}),
     ]:
         st, raw = post(path, b)

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Random requests against a running `fitllm serve` (a fixed seed, so each run sends the same):
 valid and invalid OpenAI bodies (wrong types, out-of-range numbers, unknown roles, token-id
-prompts, stop strings, n > 1, streaming), bodies cut or with a byte changed, and clients that
+prompts, stop strings, n > 1, streaming, logprobs, echo, logit_bias), bodies cut or with a byte changed, and clients that
 leave before or in the middle of the answer.  Every answer must be a 200 or a 4xx with an
-OpenAI error object, never a 5xx; a non-streamed 200 must parse as JSON; a streamed one must
-end with [DONE] when read to the end.  At the end the server must be healthy and hold no KV
+OpenAI error object, never a 5xx; a non-streamed 200 must parse as JSON; a streamed one (by
+its Content-Type: a body with a byte changed may have lost its "stream") must end with [DONE]
+when read to the end.  At the end the server must be healthy and hold no KV
 blocks for running requests.
 usage: serve_stress.py PORT N_REQUESTS SEED     prints the counts by status; exit 1 on a failure"""
 import http.client, json, random, sys, time
@@ -13,10 +14,10 @@ PORT, N, SEED = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 rng = random.Random(SEED)
 ODD = [None, True, False, 0, -1, 1, 2, 8, 1e308, -1e308, 1.5, 2 ** 63, -2 ** 63, 2 ** 31, "", "x", "\u0000",
        [], {}, [1], ["a"], [[]], {"a": 1}, "<s>", "</s>", "<|im_start|>", "\u00e9" * 300, "a" * 3000, 0.5, -0.5, 1e-320,
-       "stop", ["\n", "the"]]
+       "stop", ["\n", "the"], {"5": -100}, {"3": 100, "7": 2.5}, {"99999": 1}, 20, 21]
 KEYS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop",
         "stream", "stream_options", "presence_penalty", "frequency_penalty", "repetition_penalty", "model", "user",
-        "logprobs", "tools", "ignore_eos"]
+        "logprobs", "top_logprobs", "echo", "logit_bias", "tools", "ignore_eos"]
 
 def odd(depth=0):
     r = rng.random()
@@ -43,6 +44,7 @@ def body():
         d["stream"] = True
     raw = json.dumps(d).encode("utf-8", "surrogatepass")
     r = rng.random()
+    altered = r < 0.1  # then whether it asks for a stream is the server's reading
     if r < 0.05:
         raw = raw[:rng.randrange(len(raw))]
     elif r < 0.1:
@@ -51,7 +53,7 @@ def body():
     path = "/v1/chat/completions" if chat else "/v1/completions"
     if rng.random() < 0.03:
         path = rng.choice(["/v1/completions", "/v1/chat/completions"])
-    return path, raw, d.get("stream") is True
+    return path, raw, d.get("stream") is True and not altered
 
 counts, failures = {}, []
 for i in range(N):
@@ -78,9 +80,11 @@ for i in range(N):
             e = json.loads(data)
             if not isinstance(e.get("error", {}).get("message"), str):
                 failures.append("%d without an error message: %r" % (resp.status, data[:200]))
-        elif stream:
+        elif (resp.getheader("Content-Type") or "").startswith("text/event-stream"):
             if not data.rstrip().endswith(b"data: [DONE]"):
                 failures.append("stream without [DONE] on %r: %r" % (raw[:160], data[-200:]))
+        elif stream:
+            failures.append("a stream asked for, a %s answer: %r" % (resp.getheader("Content-Type"), raw[:160]))
         else:
             json.loads(data)
     except ConnectionRefusedError as e:

@@ -279,6 +279,59 @@ static void test_logprobs(void **state) {
     free(l);
 }
 
+/* logit biases: added before everything else; -100 bans a token in practice, +bias can win
+ * greedy; biases outside the vocabulary or not finite are refused */
+static void test_logit_bias(void **state) {
+    (void)state;
+    float l[5] = {0.1f, 2.0f, -1.0f, 1.99f, 0.0f};
+    fl_logit_bias b[2] = {{1, -0.5f}, {4, 0.3f}};
+    fl_sampler_params p = plain(0.0f);
+    p.bias = b;
+    p.n_bias = 1;
+    fl_sampler *s;
+    assert_int_equal(fl_sampler_new(&p, 5, &s), FL_OK);
+    b[0].bias = 9.0f; /* copied at creation: changing the caller's array changes nothing */
+    assert_int_equal(fl_sample(s, l, 5, NULL, 0), 3); /* 2 - 0.5 < 1.99 */
+    fl_sampler_free(s);
+    /* a token listed twice gets both */
+    fl_logit_bias twice[2] = {{4, 1.5f}, {4, 1.0f}};
+    p.bias = twice;
+    p.n_bias = 2;
+    assert_int_equal(fl_sampler_new(&p, 5, &s), FL_OK);
+    assert_int_equal(fl_sample(s, l, 5, NULL, 0), 4); /* 0 + 2.5 > 2 */
+    fl_sampler_free(s);
+    /* sampling at temperature 1 never draws a token biased by -100 */
+    fl_logit_bias ban = {1, -100.0f};
+    p = plain(1.0f);
+    p.bias = &ban;
+    p.n_bias = 1;
+    int counts[3];
+    float l3[3] = {0.0f, 5.0f, 0.0f};
+    fl_sampler *s3;
+    assert_int_equal(fl_sampler_new(&p, 3, &s3), FL_OK);
+    memset(counts, 0, sizeof counts);
+    for (int i = 0; i < 4000; i++) counts[fl_sample(s3, l3, 3, NULL, 0)]++;
+    fl_sampler_free(s3);
+    assert_int_equal(counts[1], 0);
+    assert_true(counts[0] > 1700 && counts[2] > 1700);
+    /* the same with top-k 2 (the sorted path) */
+    p.top_k = 2;
+    assert_int_equal(fl_sampler_new(&p, 3, &s3), FL_OK);
+    for (int i = 0; i < 1000; i++) assert_int_not_equal(fl_sample(s3, l3, 3, NULL, 0), 1);
+    fl_sampler_free(s3);
+    /* refused: a token outside the vocabulary, a NaN or infinite bias, a count without entries */
+    fl_logit_bias bad[3] = {{5, 1.0f}, {0, NAN}, {0, INFINITY}};
+    for (int i = 0; i < 3; i++) {
+        p.bias = &bad[i];
+        p.n_bias = 1;
+        assert_int_equal(fl_sampler_new(&p, 5, &s), FL_ERR_INVALID);
+    }
+    p.bias = NULL;
+    p.n_bias = 2;
+    assert_int_equal(fl_sampler_new(&p, 5, &s), FL_ERR_INVALID);
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),
@@ -286,6 +339,7 @@ int main(void) {
         cmocka_unit_test(test_seeded),
         cmocka_unit_test(test_large_vocab),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_logit_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -84,7 +84,7 @@ void fl_sampling_params_default(fl_sampling_params *p) {
 
 /* ---- sampling: each request owns an fl_sampler (sampling.h) with its own seeded RNG ---- */
 
-static fl_status req_sampler_new(fl_engine *e, fl_request *r) {
+static fl_status req_sampler_new(fl_engine *e, fl_request *r, const fl_logit_bias *bias, int32_t n_bias) {
     const fl_sampling_params *sp = &r->sampling;
     fl_sampler_params q = {
         .temp = sp->temperature,
@@ -96,6 +96,8 @@ static fl_status req_sampler_new(fl_engine *e, fl_request *r) {
         .presence_penalty = sp->presence_penalty,
         .penalty_last_n = sp->penalty_last_n,
         .seed = r->rng, /* sampling.seed mixed with the sample index */
+        .bias = bias,
+        .n_bias = n_bias,
     };
     fl_sampler *smp = NULL;
     fl_status st = fl_sampler_new(&q, e->be.n_vocab, &smp);
@@ -268,7 +270,7 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
         st = fl_request_new(&q, rid, s, e->next_arrival++, &r);
         if (st != FL_OK) break;
         r->t_arrival = t;
-        st = req_sampler_new(e, r);
+        st = req_sampler_new(e, r, p->logit_bias, p->n_logit_bias);
         if (st != FL_OK) {
             req_free(r);
             break;

@@ -21,10 +21,11 @@ struct fl_sampler {
     uint64_t rng[4];
     cand *c;    /* [n_vocab] */
     int32_t *count; /* [n_vocab] penalty counts, zero between calls */
+    fl_logit_bias *bias; /* [p.n_bias] the caller's biases, copied (p.bias points here) */
 };
 
 fl_sampler_params fl_sampler_default_params(void) {
-    fl_sampler_params p = {0.8f, 40, 0.95f, 0.05f, 1.0f, 0.0f, 0.0f, 64, 0};
+    fl_sampler_params p = {0.8f, 40, 0.95f, 0.05f, 1.0f, 0.0f, 0.0f, 64, 0, NULL, 0};
     return p;
 }
 
@@ -62,13 +63,24 @@ fl_status fl_sampler_new(const fl_sampler_params *p, int32_t n_vocab, fl_sampler
         isnan(p->freq_penalty) || isnan(p->presence_penalty) || p->penalty_last_n < -1)
         return fl_set_error(FL_ERR_INVALID, "%s: invalid sampling parameters (n_vocab %d, repeat_penalty %g)", __func__,
                             n_vocab, (double)p->repeat_penalty);
+    if (p->n_bias < 0 || (p->n_bias > 0 && !p->bias))
+        return fl_set_error(FL_ERR_INVALID, "%s: %d logit biases", __func__, p->n_bias);
+    for (int32_t i = 0; i < p->n_bias; i++)
+        if (p->bias[i].token < 0 || p->bias[i].token >= n_vocab || !isfinite(p->bias[i].bias))
+            return fl_set_error(FL_ERR_INVALID, "%s: logit bias %g for token %d (the vocabulary has %d)", __func__,
+                                (double)p->bias[i].bias, p->bias[i].token, n_vocab);
     fl_sampler *s = fl_calloc(FL_MEM_MISC, 1, sizeof *s);
     if (!s) return FL_ERR_NOMEM;
     s->p = *p;
     s->n_vocab = n_vocab;
     s->c = fl_calloc(FL_MEM_MISC, (size_t)n_vocab, sizeof *s->c);
     s->count = fl_calloc(FL_MEM_MISC, (size_t)n_vocab, sizeof *s->count);
-    if (!s->c || !s->count) {
+    if (p->n_bias) {
+        s->bias = fl_alloc(FL_MEM_MISC, (size_t)p->n_bias * sizeof *s->bias, 0);
+        if (s->bias) memcpy(s->bias, p->bias, (size_t)p->n_bias * sizeof *s->bias);
+    }
+    s->p.bias = s->bias;
+    if (!s->c || !s->count || (p->n_bias && !s->bias)) {
         fl_sampler_free(s);
         return FL_ERR_NOMEM;
     }
@@ -81,6 +93,7 @@ void fl_sampler_free(fl_sampler *s) {
     if (!s) return;
     if (s->c) fl_free(FL_MEM_MISC, s->c, (size_t)s->n_vocab * sizeof *s->c);
     if (s->count) fl_free(FL_MEM_MISC, s->count, (size_t)s->n_vocab * sizeof *s->count);
+    if (s->bias) fl_free(FL_MEM_MISC, s->bias, (size_t)s->p.n_bias * sizeof *s->bias);
     fl_free(FL_MEM_MISC, s, sizeof *s);
 }
 
@@ -167,9 +180,10 @@ int32_t fl_sample(fl_sampler *s, const float *logits, int32_t n_vocab, const int
     /* penalties over the last penalty_last_n tokens */
     const bool penal = p->repeat_penalty != 1.0f || p->freq_penalty != 0.0f || p->presence_penalty != 0.0f;
     const bool apply = penal && history && n_history > 0 && p->penalty_last_n != 0;
-    if (!apply && !(p->temp > 0.0f)) /* plain greedy: the first largest logit (a NaN never larger) */
+    if (!apply && !p->n_bias && !(p->temp > 0.0f)) /* plain greedy: the first largest logit (a NaN never larger) */
         return (int32_t)fl_ops_kernels_get()->argmax(logits, n_vocab);
     for (int32_t i = 0; i < n_vocab; i++) c[i] = (cand){i, logits[i], 0.0f};
+    for (int32_t i = 0; i < p->n_bias; i++) c[p->bias[i].token].logit += p->bias[i].bias;
     if (apply) {
         const int64_t first = p->penalty_last_n < 0 || n_history <= p->penalty_last_n ? 0 : n_history - p->penalty_last_n;
         for (int64_t i = first; i < n_history; i++)

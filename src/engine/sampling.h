@@ -2,7 +2,7 @@
  * sampling.h - next-token choice from a logit vector: greedy, temperature, top-k, top-p, min-p,
  * repetition / frequency / presence penalties, with a seeded RNG per request.
  *
- * Order (llama.cpp's default chain): penalties -> (temp <= 0: argmax) -> top-k -> top-p ->
+ * Order (llama.cpp's default chain): logit biases -> penalties -> (temp <= 0: argmax) -> top-k -> top-p ->
  * min-p -> temperature -> draw from the softmax.  Penalties look at the last penalty_last_n
  * tokens of the history (-1 = all, 0 = none): a logit l of a token seen c > 0 times becomes
  * (l > 0 ? l / repeat : l * repeat) - c * frequency - presence.
@@ -29,13 +29,16 @@ typedef struct fl_sampler_params {
     float presence_penalty;
     int32_t penalty_last_n; /* window of history for penalties; -1 = all */
     uint64_t seed;
+    const fl_logit_bias *bias; /* n_bias (token, bias) pairs added to the logits first; copied by fl_sampler_new */
+    int32_t n_bias;
 } fl_sampler_params;
 
 typedef struct fl_sampler fl_sampler;
 
 /* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, no penalties (window 64), seed 0. */
 fl_sampler_params fl_sampler_default_params(void);
-/* FL_ERR_INVALID for n_vocab < 1 or a NaN / negative parameter that has no meaning. */
+/* FL_ERR_INVALID for n_vocab < 1, a NaN / negative parameter that has no meaning, or a bias of a
+ * token outside the vocabulary or not finite. */
 fl_status fl_sampler_new(const fl_sampler_params *p, int32_t n_vocab, fl_sampler **out);
 void fl_sampler_free(fl_sampler *s);
 /* Restart the RNG from seed (a new request reusing the sampler). */

@@ -6,6 +6,7 @@
 #include "core/utf8.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -91,7 +92,7 @@ static int get_int(const cJSON *o, const char *name, double lo, double hi, int64
 }
 
 static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "response_format",
-                                                  "logit_bias", "best_of", "suffix", "echo", "audio", "modalities", NULL};
+                                                  "best_of", "suffix", "echo", "audio", "modalities", NULL};
 
 /* ---- streaming machinery ---- */
 
@@ -493,6 +494,8 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     enum MHD_Result ret;
     int32_t *toks = NULL;
     int64_t toks_cap = 0;
+    fl_logit_bias *bias = NULL;
+    int32_t bias_cap = 0;
     srv_buf prompt = {0};
     cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
     if (!j) return BAD("malformed JSON in the request body");
@@ -582,6 +585,32 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     bool include_usage = so && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
     const cJSON *stream = cJSON_GetObjectItemCaseSensitive(j, "stream");
     if (stream && !cJSON_IsBool(stream) && !cJSON_IsNull(stream)) { ret = BAD("'stream' must be a boolean"); goto out; }
+    /* logit_bias: {"token id": bias in [-100, 100]} */
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(j, "logit_bias");
+    if (lb && !cJSON_IsNull(lb)) {
+        if (!cJSON_IsObject(lb)) { ret = BAD("'logit_bias' must be an object of token ids to numbers"); goto out; }
+        const int32_t nb = cJSON_GetArraySize(lb), nv = fl_engine_n_vocab(s->engine);
+        if (nb > nv) { ret = BAD("'logit_bias' has %d entries; the vocabulary has %d tokens", nb, nv); goto out; }
+        bias_cap = nb;
+        bias = nb ? fl_alloc(FL_MEM_NET, (size_t)nb * sizeof *bias, 16) : NULL;
+        if (nb && !bias) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+        const cJSON *x;
+        cJSON_ArrayForEach(x, lb) {
+            char *end = NULL;
+            errno = 0;
+            const long long id = strtoll(x->string, &end, 10);
+            if (!*x->string || *end || errno || id < 0 || id >= nv) {
+                ret = BAD("'logit_bias' keys must be token ids in [0, %d) (got '%.40s')", nv, x->string);
+                goto out;
+            }
+            if (!cJSON_IsNumber(x) || !(x->valuedouble >= -100 && x->valuedouble <= 100)) {
+                ret = BAD("'logit_bias' values must be numbers in [-100, 100]");
+                goto out;
+            }
+            bias[rp.n_logit_bias++] = (fl_logit_bias){(int32_t)id, (float)x->valuedouble};
+        }
+        rp.logit_bias = bias;
+    }
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(j, "stop");
     int n_stop = 0;
     if (cJSON_IsString(stop)) {
@@ -710,6 +739,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     MHD_destroy_response(resp);
 out:
     if (toks) fl_free(FL_MEM_NET, toks, (size_t)toks_cap * 4);
+    if (bias) fl_free(FL_MEM_NET, bias, (size_t)bias_cap * sizeof *bias);
     srv_buf_free(&prompt);
     cJSON_Delete(j);
     return ret;
