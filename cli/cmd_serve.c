@@ -39,7 +39,8 @@ int fl_cmd_serve(int argc, char **argv) {
                           "fitllm serve -m MODEL [--host 127.0.0.1] [--port 8080] [--mem BYTES | --kv-mem BYTES] [options]",
                           "Serve MODEL over an OpenAI-compatible HTTP API: POST /v1/completions,\n"
                           "POST /v1/chat/completions (streaming with \"stream\": true), GET /v1/models,\n"
-                          "GET /health, GET /metrics (Prometheus). SIGINT/SIGTERM stop it gracefully.\n"
+                          "POST /tokenize and /detokenize (vLLM's and llama.cpp's fields), GET /health,\n"
+                          "GET /metrics (Prometheus). SIGINT/SIGTERM stop it gracefully.\n"
                           "Request fields: model, prompt (text, [text] or token ids) or messages, max_tokens,\n"
                           "temperature, top_p, top_k, min_p, presence/frequency/repetition_penalty, n, seed,\n"
                           "stop, ignore_eos, logit_bias, stream, stream_options.include_usage, and logprobs: an integer\n"

@@ -222,7 +222,7 @@ void fl_engine_stats_get(fl_engine *e, fl_engine_stats *s);
 
 /* ---- OpenAI-compatible HTTP server (src/server) ----
  * Serves one engine over HTTP with libmicrohttpd: /v1/completions, /v1/chat/completions,
- * /v1/models, /health, /metrics.  fl_server_start binds and returns; requests are served by
+ * /v1/models, /tokenize, /detokenize, /health, /metrics.  fl_server_start binds and returns; requests are served by
  * connection threads and one engine driver thread.  fl_server_stop stops accepting, cancels
  * what is still running, and joins everything. */
 typedef struct fl_server fl_server;

@@ -73,6 +73,27 @@ python3 "$(dirname "$0")/serve_logprobs.py" "$U" "$SHARED" >"$TMP/lp.txt" 2>&1; 
 cat "$TMP/lp.txt"
 check "logprobs (tests/serve_logprobs.py)" '[ $rc = 0 ]'
 
+# /tokenize and /detokenize (vLLM's and llama.cpp's field names): llama.cpp's ids for the prompt
+ref_field() { python3 -c "import json; print(json.dumps(json.loads(open('$SHARED/reference/stories260K.greedy.jsonl').readline())['$1']))"; }
+RIDS=$(ref_field prompt_tokens); RTXT=$(ref_field prompt)
+post "$U" /tokenize "{\"prompt\":$RTXT}"
+check "tokenize gives llama.cpp's ids, count and context" '[ "$(status)" = 200 ] && [ "$(jq_ "json.dumps(d[\"tokens\"]), d[\"count\"], d[\"max_model_len\"]")" = "$RIDS $(python3 -c "print(len($RIDS))") 256" ]'
+post "$U" /tokenize "{\"content\":$RTXT,\"add_special\":false}"
+check "tokenize without special tokens drops BOS" '[ "$(jq_ "json.dumps(d[\"tokens\"])")" = "$(python3 -c "import json; print(json.dumps($RIDS[1:]))")" ]'
+post "$U" /detokenize "{\"tokens\":$RIDS}"
+check "detokenize gives the text back (with the SPM space, as llama.cpp)" '[ "$(jq_ "d[\"prompt\"] == \" \" + $RTXT and d[\"content\"] == d[\"prompt\"]")" = True ]'
+CHATMSG='[{"role":"system","content":"Tell a story."},{"role":"user","content":"Once upon a time"}]'
+post "$U" /tokenize "{\"messages\":$CHATMSG}"; NT=$(jq_ 'd["count"]')
+post "$U" /v1/chat/completions "{\"messages\":$CHATMSG,\"max_tokens\":1}"
+check "tokenize messages counts what a chat request's prompt has ($NT)" '[ "$NT" -gt 5 ] && [ "$(jq_ "d[\"usage\"][\"prompt_tokens\"]")" = "$NT" ]'
+for bad in '{"prompt":3}' '{}' '{"prompt":"a","add_special_tokens":"yes"}' '[1]' '{"messages":"x"}'; do
+  post "$U" /tokenize "$bad"; check "tokenize $bad -> 400" '[ "$(status)" = 400 ]'
+done
+for bad in '{"tokens":[1,512]}' '{"tokens":[-1]}' '{"tokens":"1 2"}' '{"tokens":[1.5]}' '{}'; do
+  post "$U" /detokenize "$bad"; check "detokenize $bad -> 400" '[ "$(status)" = 400 ]'
+done
+check "GET /tokenize -> 405" '[ "$(curl -s -o /dev/null -w "%{http_code}" $U/tokenize)" = 405 ]'
+
 # n > 1 and seeds
 post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":20,"temperature":0.9,"n":3,"seed":42}'
 A1=$(jq_ '"|".join(c["text"] for c in d["choices"])'); NCH=$(jq_ 'len(d["choices"])')
@@ -180,6 +201,8 @@ post "$U" /v1/completions '{"prompt":"a","max_tokens":2}' -H 'Authorization: Bea
 check "wrong key -> 401" '[ "$(status)" = 401 ]'
 post "$U" /v1/completions '{"prompt":"a","max_tokens":2}' -H 'Authorization: Bearer sekrit'
 check "right key -> 200" '[ "$(status)" = 200 ]'
+post "$U" /tokenize '{"prompt":"a"}'
+check "tokenize without the key -> 401" '[ "$(status)" = 401 ]'
 CPIDS=()
 for i in 1 2 3 4 5 6; do
   curl -s -o /dev/null -D "$TMP/h$i" -H 'Authorization: Bearer sekrit' -H 'Content-Type: application/json' \

@@ -51,8 +51,16 @@ def body():
         i = rng.randrange(len(raw))
         raw = raw[:i] + bytes([rng.choice(b'"{}[]\\\x00\xff,:')]) + raw[i + 1:]
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    if rng.random() < 0.03:
+    r = rng.random()
+    if r < 0.03:
         path = rng.choice(["/v1/completions", "/v1/chat/completions"])
+    elif r < 0.09:  # the tokenizer endpoints, with the same bodies and some ids
+        path = rng.choice(["/tokenize", "/detokenize"])
+        if rng.random() < 0.5:
+            d = {"tokens": rng.choice([odd(), [rng.randint(-2, 600) for _ in range(rng.randint(0, 40))]]),
+                 rng.choice(["add_special", "add_special_tokens", "content"]): odd()}
+            raw = json.dumps(d).encode("utf-8", "surrogatepass")
+        return path, raw, False
     return path, raw, d.get("stream") is True and not altered
 
 counts, failures = {}, []

@@ -475,18 +475,132 @@ static void reader_free(void *cls) {
 
 /* ---- /v1/completions and /v1/chat/completions ---- */
 
-/* r->echo_text := the prompt as the client gave it, or its token ids detokenized. */
-static fl_status echo_text(fl_server *s, srv_req *r, const srv_buf *prompt, const int32_t *toks, int64_t n) {
-    if (prompt->len) return srv_buf_append(&r->echo_text, prompt->p, prompt->len);
+/* Tokenize text into a new FL_MEM_NET array *toks of *cap entries (*n used). */
+static fl_status tokenize_all(fl_server *s, const srv_buf *text, int flags, int32_t **toks, int64_t *cap, int64_t *n) {
+    const char *p = text->p ? text->p : "";
+    *cap = (int64_t)text->len + 8;
+    if (!(*toks = fl_alloc(FL_MEM_NET, (size_t)*cap * 4, 16))) return FL_ERR_NOMEM;
+    fl_status st = fl_engine_tokenize(s->engine, p, text->len, flags, *toks, *cap, n);
+    if (st == FL_OK && *n > *cap) { /* more ids than bytes (SPM's "▁" as 3 byte tokens, say): once more at its size */
+        fl_free(FL_MEM_NET, *toks, (size_t)*cap * 4);
+        *cap = *n;
+        if (!(*toks = fl_alloc(FL_MEM_NET, (size_t)*cap * 4, 16))) return FL_ERR_NOMEM;
+        st = fl_engine_tokenize(s->engine, p, text->len, flags, *toks, *cap, n);
+        if (st == FL_OK && *n > *cap) st = fl_set_error(FL_ERR_INTERNAL, "the tokenizer asked for %lld ids, then for more", (long long)*cap);
+    }
+    return st;
+}
+
+/* out += the text of ids (the engine's detokenizer; a buffer grown until it fits). */
+static fl_status detokenize_all(fl_server *s, const int32_t *ids, int64_t n, srv_buf *out) {
     for (int64_t cap = 8 * n + 64; cap <= ((int64_t)1 << 26); cap *= 2) {
         char *buf = fl_alloc(FL_MEM_NET, (size_t)cap, 16);
         if (!buf) return FL_ERR_NOMEM;
-        const int64_t len = fl_engine_detokenize(s->engine, toks, n, buf, cap);
-        fl_status st = len >= 0 ? srv_buf_append(&r->echo_text, buf, (size_t)len) : FL_OK;
+        const int64_t len = fl_engine_detokenize(s->engine, ids, n, buf, cap);
+        fl_status st = len >= 0 ? srv_buf_append(out, buf, (size_t)len) : FL_OK;
         fl_free(FL_MEM_NET, buf, (size_t)cap);
         if (len >= 0) return st;
     }
-    return FL_OK; /* no text for these ids (no tokenizer): nothing to echo */
+    return fl_set_error(FL_ERR_UNSUPPORTED, "these ids have no text (no tokenizer)");
+}
+
+/* r->echo_text := the prompt as the client gave it, or its token ids detokenized. */
+static fl_status echo_text(fl_server *s, srv_req *r, const srv_buf *prompt, const int32_t *toks, int64_t n) {
+    if (prompt->len) return srv_buf_append(&r->echo_text, prompt->p, prompt->len);
+    fl_status st = detokenize_all(s, toks, n, &r->echo_text);
+    if (st == FL_ERR_UNSUPPORTED) fl_clear_error(); /* nothing to echo */
+    return st == FL_ERR_NOMEM ? st : FL_OK;
+}
+
+/* Send o as a 200 JSON body (made well-formed UTF-8). */
+static enum MHD_Result send_json(fl_server *s, struct MHD_Connection *conn, cJSON *o) {
+    srv_buf b = {0};
+    enum MHD_Result r = append_json(&b, o, false) == FL_OK ? send_text(conn, 200, "application/json", b.p, b.len, NULL)
+                                                            : send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory");
+    srv_buf_free(&b);
+    cJSON_Delete(o);
+    return r;
+}
+
+/* POST /tokenize (vLLM's and llama.cpp's): {"prompt" or "content": text, or "messages": [...],
+ * "add_special_tokens" or "add_special": bool (default true: BOS as the model asks)} ->
+ * {"tokens": [ids], "count": n, "max_model_len": context}. */
+static enum MHD_Result handle_tokenize(fl_server *s, struct MHD_Connection *conn, srv_conn *c) {
+    enum MHD_Result ret;
+    srv_buf text = {0};
+    int32_t *toks = NULL;
+    int64_t cap = 0, n = 0;
+    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
+    if (!j) return BAD("malformed JSON in the request body");
+    if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt"), *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
+    if (!p) p = cJSON_GetObjectItemCaseSensitive(j, "content");
+    int flags = 0;
+    const cJSON *add = cJSON_GetObjectItemCaseSensitive(j, "add_special_tokens");
+    if (!add) add = cJSON_GetObjectItemCaseSensitive(j, "add_special");
+    if (add && !cJSON_IsBool(add)) { ret = BAD("'add_special_tokens' must be a boolean"); goto out; }
+    if (!add || cJSON_IsTrue(add)) flags |= FL_TOKENIZE_ADD_SPECIAL;
+    if (msgs) {
+        const char *e2 = NULL;
+        fl_status st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, &text, &e2);
+        if (st) { ret = st == FL_ERR_NOMEM ? send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory") : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
+        flags |= FL_TOKENIZE_PARSE_SPECIAL; /* the template's markers are tokens */
+    } else if (cJSON_IsString(p)) {
+        if (srv_buf_append(&text, p->valuestring, strlen(p->valuestring)) != FL_OK) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+    } else {
+        ret = BAD("give 'prompt' (or 'content') as a string, or 'messages'");
+        goto out;
+    }
+    if (!fl_utf8_is_valid(text.p ? text.p : "", text.len)) { ret = BAD("the text is not valid UTF-8"); goto out; }
+    fl_status st = tokenize_all(s, &text, flags, &toks, &cap, &n);
+    if (st == FL_ERR_NOMEM) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+    if (st != FL_OK) { ret = BAD("cannot tokenize: %s", fl_last_error()); goto out; }
+    cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "tokens");
+    for (int64_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(toks[i]));
+    cJSON_AddNumberToObject(o, "count", (double)n);
+    cJSON_AddNumberToObject(o, "max_model_len", fl_engine_n_ctx(s->engine));
+    ret = send_json(s, conn, o);
+out:
+    if (toks) fl_free(FL_MEM_NET, toks, (size_t)cap * 4);
+    srv_buf_free(&text);
+    cJSON_Delete(j);
+    return ret;
+}
+
+/* POST /detokenize: {"tokens": [ids]} -> {"prompt": text, "content": text} (vLLM's and
+ * llama.cpp's names); bytes that are not well-formed UTF-8 come back as U+FFFD. */
+static enum MHD_Result handle_detokenize(fl_server *s, struct MHD_Connection *conn, srv_conn *c) {
+    enum MHD_Result ret;
+    srv_buf text = {0};
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
+    if (!j) return BAD("malformed JSON in the request body");
+    const cJSON *t = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "tokens") : NULL;
+    if (!cJSON_IsArray(t)) { ret = BAD("'tokens' must be an array of token ids"); goto out; }
+    n = cJSON_GetArraySize(t);
+    if (n && !(ids = fl_alloc(FL_MEM_NET, (size_t)n * 4, 16))) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+    int64_t k = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, t) {
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 || x->valuedouble >= fl_engine_n_vocab(s->engine)) {
+            ret = BAD("'tokens' must be integers in [0, %d)", fl_engine_n_vocab(s->engine));
+            goto out;
+        }
+        ids[k++] = (int32_t)x->valuedouble;
+    }
+    fl_status st = detokenize_all(s, ids, n, &text);
+    if (st != FL_OK) { ret = st == FL_ERR_NOMEM ? send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory") : BAD("%s", fl_last_error()); goto out; }
+    if (srv_buf_append(&text, "", 1) != FL_OK) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "prompt", text.p);
+    cJSON_AddStringToObject(o, "content", text.p);
+    ret = send_json(s, conn, o);
+out:
+    if (ids) fl_free(FL_MEM_NET, ids, (size_t)n * 4);
+    srv_buf_free(&text);
+    cJSON_Delete(j);
+    return ret;
 }
 
 static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool chat) {
@@ -630,19 +744,9 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     /* tokenize */
     int64_t n_prompt = toks_cap;
     if (!toks) {
-        toks_cap = (int64_t)prompt.len + 8;
-        toks = fl_alloc(FL_MEM_NET, (size_t)toks_cap * 4, 16);
-        if (!toks) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
         const int flags = special ? (FL_TOKENIZE_ADD_SPECIAL | FL_TOKENIZE_PARSE_SPECIAL) : FL_TOKENIZE_ADD_SPECIAL;
-        fl_status st = fl_engine_tokenize(s->engine, prompt.p ? prompt.p : "", prompt.len, flags, toks, toks_cap, &n_prompt);
-        if (st == FL_OK && n_prompt > toks_cap) { /* more ids than bytes (SPM's "▁" as 3 byte tokens, say): once more at its size */
-            fl_free(FL_MEM_NET, toks, (size_t)toks_cap * 4);
-            toks_cap = n_prompt;
-            toks = fl_alloc(FL_MEM_NET, (size_t)toks_cap * 4, 16);
-            if (!toks) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
-            st = fl_engine_tokenize(s->engine, prompt.p ? prompt.p : "", prompt.len, flags, toks, toks_cap, &n_prompt);
-            if (st == FL_OK && n_prompt > toks_cap) st = fl_set_error(FL_ERR_INTERNAL, "the tokenizer asked for %lld ids, then for more", (long long)toks_cap);
-        }
+        fl_status st = tokenize_all(s, &prompt, flags, &toks, &toks_cap, &n_prompt);
+        if (st == FL_ERR_NOMEM) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
         if (st != FL_OK) { ret = BAD("cannot tokenize the prompt: %s", fl_last_error()); goto out; }
     }
     if (n_prompt == 0 || (!chat && prompt.len == 0 && !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "prompt")))) { ret = BAD("the prompt is empty"); goto out; }
@@ -804,7 +908,8 @@ enum MHD_Result srv_handle(void *cls, struct MHD_Connection *conn, const char *u
     }
     bool is_compl = !strcmp(url, "/v1/completions"), is_chat = !strcmp(url, "/v1/chat/completions");
     bool is_models = !strcmp(url, "/v1/models"), is_metrics = !strcmp(url, "/metrics");
-    if (!is_compl && !is_chat && !is_models && !is_metrics)
+    bool is_tok = !strcmp(url, "/tokenize"), is_detok = !strcmp(url, "/detokenize");
+    if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok)
         return send_error(s, conn, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %s", method, url);
     if (!authorized(s, conn)) return send_error(s, conn, 401, "invalid_request_error", "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
     if (is_models || is_metrics) {
@@ -819,6 +924,8 @@ enum MHD_Result srv_handle(void *cls, struct MHD_Connection *conn, const char *u
     if (!post) return send_error(s, conn, 405, "invalid_request_error", NULL, NULL, "use POST for %s", url);
     if (c->too_big)
         return send_error(s, conn, 413, "invalid_request_error", "body_too_large", NULL, "the request body exceeds %lld bytes", (long long)s->p.max_body_bytes);
+    if (is_tok) return handle_tokenize(s, conn, c);
+    if (is_detok) return handle_detokenize(s, conn, c);
     return handle_generate(s, conn, c, is_chat);
 }
 
