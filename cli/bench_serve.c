@@ -94,6 +94,7 @@ typedef struct run_cfg {
     int32_t top_k;
     int32_t logprobs;        /* -1: off; else alternatives per token */
     int32_t prompt_logprobs; /* score every prompt token too */
+    int32_t json_object;     /* constrain every output to a JSON object */
 } run_cfg;
 
 /* Elements of the matrices one token's forward multiplies (the layers' and the output head, or
@@ -167,6 +168,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
             p.logprobs = rc->logprobs >= 0;
             p.top_logprobs = rc->logprobs > 0 ? rc->logprobs : 0;
             p.prompt_logprobs = rc->prompt_logprobs;
+            p.json_object = rc->json_object;
             in_tokens += p.n_prompt;
             if (fl_engine_add(e, &p, &ids[added]) != FL_OK) {
                 fprintf(stderr, "fitllm bench serve: request %lld: %s\n", (long long)added, fl_last_error());
@@ -255,6 +257,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
         cJSON_AddNumberToObject(o, "output_tokens_per_s", (double)out_tokens / dur);
         cJSON_AddNumberToObject(o, "input_tokens_per_s", (double)in_tokens / dur);
         cJSON_AddNumberToObject(o, "logprobs", rc->logprobs);
+        cJSON_AddBoolToObject(o, "json_object", rc->json_object);
         cJSON_AddNumberToObject(o, "logprob_records", (double)lp_records);
         cJSON_AddNumberToObject(o, "prompt_logprob_records", (double)plp_records);
         cJSON_AddNumberToObject(o, "requests_per_s", n / dur);
@@ -332,6 +335,7 @@ int fl_bench_serve(int argc, char **argv) {
         {"top-p", 0, FL_OPT_FLOAT, "P  top-p of every request (default 1: off)"},
         {"logprobs", 0, FL_OPT_INT, "K  every request asks for logprobs with K alternatives per token (default: none)"},
         {"prompt-logprobs", 0, FL_OPT_FLAG, "every request also scores its prompt tokens (echo with logprobs)"},
+        {"json-object", 0, FL_OPT_FLAG, "every output is constrained to one JSON object (ends when it closes)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
@@ -339,7 +343,7 @@ int fl_bench_serve(int argc, char **argv) {
     };
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench serve -m MODEL [--requests N] [--rate R] [--prompt-len DIST] "
-                                            "[--gen-len DIST] [--shared-prefix L] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--baseline static] [--json]",
+                                            "[--gen-len DIST] [--shared-prefix L] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object] [--baseline static] [--json]",
                           "Serve a synthetic workload through the continuous-batching engine and report\n"
                           "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
                           "peak memory, and the decode-only steps' tokens/s and weight GOP/s against the measured int8 peak.  --baseline static adds the same workload as static padded batches.",
@@ -400,6 +404,7 @@ int fl_bench_serve(int argc, char **argv) {
     rc.top_p = fl_args_get(opts, "top-p")->set ? (float)fl_args_get(opts, "top-p")->f : 1.0f;
     rc.logprobs = fl_args_get(opts, "logprobs")->set ? (int32_t)fl_args_get(opts, "logprobs")->i : -1;
     rc.prompt_logprobs = fl_args_get(opts, "prompt-logprobs")->set;
+    rc.json_object = fl_args_get(opts, "json-object")->set;
     if (fl_args_get(opts, "logprobs")->set && (rc.logprobs < 0 || rc.logprobs > FL_MAX_TOP_LOGPROBS)) {
         fprintf(stderr, "fitllm bench serve: --logprobs takes 0..%d\n", FL_MAX_TOP_LOGPROBS);
         return 2;

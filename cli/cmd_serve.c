@@ -43,12 +43,14 @@ int fl_cmd_serve(int argc, char **argv) {
                           "GET /metrics (Prometheus). SIGINT/SIGTERM stop it gracefully.\n"
                           "Request fields: model, prompt (text, [text] or token ids) or messages, max_tokens,\n"
                           "temperature, top_p, top_k, min_p, presence/frequency/repetition_penalty, n, seed,\n"
-                          "stop, ignore_eos, logit_bias, stream, stream_options.include_usage, and logprobs: an integer\n"
-                          "0-20 on /v1/completions (that many alternatives per token), true with top_logprobs\n"
-                          "0-20 on chat; log-probabilities of the model's raw distribution, before penalties\n"
-                          "and temperature.  /v1/completions also takes echo: the prompt leads the text and,\n"
-                          "with logprobs, each prompt token is scored (max_tokens 0: the prompt alone), as\n"
-                          "lm-evaluation-harness asks; such prompts skip the prefix cache.",
+                          "stop, ignore_eos, logit_bias, stream, stream_options.include_usage;\n"
+                          "response_format text or json_object (one JSON object, sampled only among the\n"
+                          "tokens that keep it valid); logprobs: an integer 0-20 on /v1/completions (that\n"
+                          "many alternatives per token), true with top_logprobs 0-20 on chat, the model's\n"
+                          "raw distribution before penalties and temperature.  /v1/completions also takes\n"
+                          "echo: the prompt leads the text and, with logprobs, each prompt token is scored\n"
+                          "(max_tokens 0: the prompt alone), as lm-evaluation-harness asks; such prompts\n"
+                          "skip the prefix cache.",
                           pos, 0, &n_pos);
     if (r) return r == 1 ? 0 : 2;
     if (!fl_args_get(opts, "model")->set) {

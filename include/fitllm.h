@@ -144,6 +144,8 @@ typedef struct fl_request_params {
                                  * log softmax of the raw logits, before penalties and temperature */
     const fl_logit_bias *logit_bias; /* n_logit_bias entries (copied); a token listed twice gets both */
     int32_t n_logit_bias;
+    int32_t json_object;        /* 1 = constrain the output to one JSON object (RFC 8259; leading
+                                 * whitespace allowed) and finish (FL_FINISH_STOP) when it closes */
     int32_t prompt_logprobs;    /* 1 = also the log-probability of each prompt token after the first
                                  * given the ones before it (with top_logprobs alternatives): every
                                  * prompt position then needs a logits row, so the prompt is computed

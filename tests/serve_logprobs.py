@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""logprobs / top_logprobs, echo and logit_bias of `fitllm serve` (OpenAI shapes), checked against
-llama.cpp's logits.
+"""logprobs / top_logprobs, echo, logit_bias and response_format of `fitllm serve` (OpenAI
+shapes), checked against llama.cpp's logits.
 
 Usage: serve_logprobs.py URL SHARED_DIR      (a server on stories260K)
        serve_logprobs.py URL --bytes         (a server on a random model with byte tokens)
@@ -203,7 +203,34 @@ def main_stories(shared):
     ft = f["choices"][0]["logprobs"]["tokens"]
     check("logit_bias +100 forces one token at every step", st == 200 and len(ft) == 4 and len(set(ft)) == 1)
 
-    # 8. bad values -> 400
+    # 8. response_format json_object: "}" (id 128 in this vocabulary, from /tokenize) made likely
+    #    closes the object at once: a whole object, finish "stop"; without it, the 4 sampled
+    #    answers are JSON that opens an object (this model rarely closes one in 48 tokens)
+    st, t = post_json("/tokenize", {"prompt": "}", "add_special_tokens": False})
+    close_id = t["tokens"][-1]
+    for path, b in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "JSON please"}]}),
+                    ("/v1/completions", {"prompt": "Once upon a time"})]:
+        st, r = post_json(path, dict(b, max_tokens=48, temperature=0, response_format={"type": "json_object"},
+                                     logit_bias={str(close_id): 30}))
+        c = r["choices"][0]
+        text = c["message"]["content"] if "message" in c else c["text"]
+        check("json_object%s: a whole object, finish stop (%r)" % (" on chat" if "message" in c else "", text[-40:]),
+              st == 200 and c["finish_reason"] == "stop" and json.loads(text) == {})
+    for seed in range(4):
+        st, r = post_json("/v1/chat/completions", {"messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 48,
+                                                   "temperature": 1.0, "seed": seed, "response_format": {"type": "json_object"}})
+        c = r["choices"][0]
+        text = c["message"]["content"]
+        if c["finish_reason"] == "stop":
+            ok = isinstance(json.loads(text), dict)
+        else:
+            ok = c["finish_reason"] == "length" and text.lstrip().startswith("{") and r["usage"]["completion_tokens"] == 48
+        check("json_object sampled (seed %d): %s" % (seed, c["finish_reason"]), st == 200 and ok)
+    check("response_format text: unconstrained", post_json("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0,
+          "response_format": {"type": "text"}})[1]["choices"][0]["text"] == post_json("/v1/completions", {
+          "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})[1]["choices"][0]["text"])
+
+    # 9. bad values -> 400
     for name, path, b in [
         ("logprobs 21", "/v1/completions", {"prompt": "a", "logprobs": 21}),
         ("logprobs -1", "/v1/completions", {"prompt": "a", "logprobs": -1}),
@@ -216,6 +243,9 @@ def main_stories(shared):
         ("echo not a boolean", "/v1/completions", {"prompt": "a", "echo": "yes"}),
         ("max_tokens 0 without echo", "/v1/completions", {"prompt": "a", "max_tokens": 0}),
         ("two prompts in one request", "/v1/completions", {"prompt": ["a", "b"]}),
+        ("response_format json_schema", "/v1/completions", {"prompt": "a", "response_format": {"type": "json_schema", "json_schema": {}}}),
+        ("response_format a string", "/v1/completions", {"prompt": "a", "response_format": "json_object"}),
+        ("response_format without a type", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "response_format": {}}),
         ("logit_bias not an object", "/v1/completions", {"prompt": "a", "logit_bias": [1, 2]}),
         ("logit_bias key not a token id", "/v1/completions", {"prompt": "a", "logit_bias": {"a1": 1}}),
         ("logit_bias key out of the vocabulary", "/v1/completions", {"prompt": "a", "logit_bias": {"512": 1}}),

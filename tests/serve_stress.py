@@ -14,10 +14,10 @@ PORT, N, SEED = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 rng = random.Random(SEED)
 ODD = [None, True, False, 0, -1, 1, 2, 8, 1e308, -1e308, 1.5, 2 ** 63, -2 ** 63, 2 ** 31, "", "x", "\u0000",
        [], {}, [1], ["a"], [[]], {"a": 1}, "<s>", "</s>", "<|im_start|>", "\u00e9" * 300, "a" * 3000, 0.5, -0.5, 1e-320,
-       "stop", ["\n", "the"], {"5": -100}, {"3": 100, "7": 2.5}, {"99999": 1}, 20, 21]
+       "stop", ["\n", "the"], {"type": "json_object"}, {"type": "text"}, {"type": "json_schema"}, {"5": -100}, {"3": 100, "7": 2.5}, {"99999": 1}, 20, 21]
 KEYS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop",
         "stream", "stream_options", "presence_penalty", "frequency_penalty", "repetition_penalty", "model", "user",
-        "logprobs", "top_logprobs", "echo", "logit_bias", "tools", "ignore_eos"]
+        "logprobs", "top_logprobs", "echo", "logit_bias", "response_format", "tools", "ignore_eos"]
 
 def odd(depth=0):
     r = rng.random()

@@ -7,6 +7,7 @@
 #include "core/status.h"
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "engine/json_fsm.h"
 #include "engine/kv_adapter.h"
 #include "core/dtype.h"
 
@@ -517,6 +518,75 @@ static void test_toy_logprobs(void **state) {
     assert_int_equal(fl_engine_token_text(e, TOY_VOCAB, txt, sizeof txt), -1);
     assert_int_equal(fl_engine_token_text(e, -1, txt, sizeof txt), -1);
     fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
+/* JSON-constrained requests over the toy model with a vocabulary of JSON pieces: every output is
+ * a prefix of an object the recognizer accepts; an output that finished with STOP is a whole
+ * object (cJSON parses it) and one cut by max_tokens is not; end-of-generation never appears */
+static const char *const JSON_PIECES[] = {"{", "}", "[", "]", "\"k\"", ":", ",", "1", " ", "\"v", "x\"", "tr", "ue", "-", "2.5", "\n"};
+static int32_t json_piece(void *ctx, int32_t tok, char *buf, int32_t cap) {
+    (void)ctx;
+    if (tok >= 3 && tok < 3 + (int32_t)(sizeof JSON_PIECES / sizeof *JSON_PIECES)) return snprintf(buf, (size_t)cap, "%s", JSON_PIECES[tok - 3]);
+    return snprintf(buf, (size_t)cap, "%c%c", 'A' + tok % 26, '0' + tok % 10); /* only inside strings */
+}
+
+static void test_toy_json(void **state) {
+    (void)state;
+    int stops = 0, lengths = 0;
+    for (int run = 0; run < 24; run++) {
+        fl_engine_params p;
+        fl_engine_params_default(&p);
+        fl_engine_backend be;
+        toy_new(4, 1000, 0, &be);
+        be.piece = json_piece;
+        fl_engine *e;
+        assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_OK);
+        int32_t prompt[3] = {1, 3 + run % 7, 5};
+        fl_logit_bias close = {4, 4.0f}; /* '}' a little likelier: most runs end */
+        fl_request_params q = {.prompt = prompt, .n_prompt = 3, .max_tokens = 60, .json_object = 1};
+        fl_sampling_params_default(&q.sampling);
+        q.sampling.temperature = run < 4 ? 0.0f : 1.0f;
+        q.sampling.seed = (uint64_t)run + 1;
+        if (run % 2) {
+            q.logit_bias = &close;
+            q.n_logit_bias = 1;
+        }
+        int64_t id;
+        assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+        char text[4096] = "";
+        fl_finish_reason fin = FL_FINISH_NONE;
+        int32_t active = 1, n_tok = 0;
+        while (active) {
+            assert_int_equal(fl_engine_step(e, &active), FL_OK);
+            fl_request_output ev[4];
+            int32_t k = fl_engine_poll(e, ev, 4);
+            for (int32_t j = 0; j < k; j++) {
+                strcat(text, ev[j].new_text);
+                n_tok += ev[j].n_new;
+                for (int32_t i = 0; i < ev[j].n_new; i++) assert_int_not_equal(ev[j].new_tokens[i], TOY_EOS);
+                if (ev[j].finish) fin = ev[j].finish;
+            }
+        }
+        fl_json_fsm f;
+        fl_json_fsm_init(&f);
+        if (!fl_json_fsm_feed(&f, text, (int32_t)strlen(text))) fail_msg("run %d: not a JSON prefix: %s", run, text);
+        if (fin == FL_FINISH_STOP) {
+            assert_true(fl_json_fsm_done(&f));
+            cJSON *o = cJSON_Parse(text);
+            if (!cJSON_IsObject(o)) fail_msg("run %d: cJSON does not read an object: %s", run, text);
+            cJSON_Delete(o);
+            stops++;
+        } else {
+            assert_int_equal(fin, FL_FINISH_LENGTH);
+            assert_int_equal(n_tok, 60);
+            assert_false(fl_json_fsm_done(&f));
+            lengths++;
+        }
+        fl_engine_free(e);
+    }
+    assert_true(stops >= 8); /* both endings seen (the counts are fixed by the seeds) */
+    assert_true(lengths >= 1);
     fl_test_mem_zero();
 }
 
@@ -1178,6 +1248,7 @@ int main(void) {
         cmocka_unit_test(test_toy_preempt_recompute),
         cmocka_unit_test(test_toy_preempt_swap),
         cmocka_unit_test(test_toy_logprobs),
+        cmocka_unit_test(test_toy_json),
         cmocka_unit_test(test_toy_static_baseline),
         cmocka_unit_test(test_toy_cancel),
         cmocka_unit_test(test_toy_stop_string),

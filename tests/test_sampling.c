@@ -1,6 +1,7 @@
 /* Tests for src/engine/sampling.c: greedy, filters, penalties, seeded determinism. */
 #include "test.h"
 
+#include "engine/json_fsm.h"
 #include "engine/sampling.h"
 
 #include <math.h>
@@ -332,6 +333,63 @@ static void test_logit_bias(void **state) {
     fl_test_mem_zero();
 }
 
+/* 1 = the whole text is accepted and completes the object, 0 = accepted as a prefix only,
+ * -1 = rejected; the same answer whatever the split into two feeds */
+static int json_check(const char *t) {
+    const int32_t n = (int32_t)strlen(t);
+    int first = 2;
+    for (int32_t cut = 0; cut <= n; cut++) {
+        fl_json_fsm f;
+        fl_json_fsm_init(&f);
+        int r = fl_json_fsm_feed(&f, t, cut) && fl_json_fsm_feed(&f, t + cut, n - cut) ? fl_json_fsm_done(&f) : -1;
+        if (first == 2) first = r;
+        assert_int_equal(r, first);
+    }
+    return first;
+}
+
+static void test_json_fsm(void **state) {
+    (void)state;
+    const char *done[] = {"{}", " \n{\"a\":1}", "{\"k\" : [ ] }", "{\"a\":[[],[{}]],\"b\":{\"c\":{}}}",
+                          "{\"a\":[1,2.5,-0,-0.0e+5,1E3,10e-2,true,false,null]}",
+                          "{\"s\":\"x\\n\\\"\\\\\\/\\b\\f\\r\\t\\u00e9\\uABcd \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"}"};
+    for (size_t i = 0; i < sizeof done / sizeof *done; i++)
+        if (json_check(done[i]) != 1) fail_msg("not accepted as a whole object: %s", done[i]);
+    const char *prefix[] = {"", " ", "{", "{\"a\"", "{\"a\":", "{\"a\":1", "{\"a\":-", "{\"a\":1.", "{\"a\":1e+",
+                            "{\"a\":\"\xe2\x82", "{\"a\":\"\\u00", "{\"a\":tr", "{\"a\":[1,", "{\"a\":{\"b\":[]"};
+    for (size_t i = 0; i < sizeof prefix / sizeof *prefix; i++)
+        if (json_check(prefix[i]) != 0) fail_msg("not a prefix: %s", prefix[i]);
+    const char *bad[] = {"[]", "1", "\"a\"", "{a:1}", "{\"a\":01}", "{\"a\":1.}", "{\"a\":.5}", "{\"a\":+1}",
+                         "{\"a\":tru}", "{\"a\":\"\x01\"}", "{\"a\":\"\\x\"}", "{\"a\":\"\\u12G4\"}", "{\"a\":1,}",
+                         "{\"a\" 1}", "{}x", "{} ", "{\"a\":[1 2]}", "{\"a\":\"\xc0\x80\"}", "{\"a\":\"\xe2\x28\"}",
+                         "{\"a\":1e}", "{\"a\":-}", "{\"a\":}", "{\"a\":[}", "{\"a\":{]}", "{\"a\":nul}", "{,}",
+                         "{\"a\":1}}", "{\"a\":[1]]", "{\"a\":\"\xf5\x80\x80\x80\"}", "{\"a\":\"x\"\"y\"}", "{\"a\":1:2}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (json_check(bad[i]) != -1) fail_msg("accepted: %s", bad[i]);
+    /* whitespace runs up to FL_JSON_MAX_WS inside, FL_JSON_MAX_WS_LEAD before the object */
+    char buf[4 * FL_JSON_MAX_DEPTH + 64];
+    for (int extra = 0; extra < 2; extra++) {
+        buf[0] = '{';
+        memset(buf + 1, '\n', FL_JSON_MAX_WS + extra);
+        strcpy(buf + 1 + FL_JSON_MAX_WS + extra, "}");
+        assert_int_equal(json_check(buf), extra ? -1 : 1);
+        memset(buf, ' ', FL_JSON_MAX_WS_LEAD + extra);
+        strcpy(buf + FL_JSON_MAX_WS_LEAD + extra, "{ }");
+        assert_int_equal(json_check(buf), extra ? -1 : 1);
+    }
+    /* nesting up to FL_JSON_MAX_DEPTH: the object and depth - 1 arrays, then one more */
+    for (int extra = 0; extra < 2; extra++) {
+        int k = 0;
+        buf[k++] = '{';
+        k += sprintf(buf + k, "\"a\":");
+        for (int d = 1; d < FL_JSON_MAX_DEPTH + extra; d++) buf[k++] = '[';
+        for (int d = 1; d < FL_JSON_MAX_DEPTH + extra; d++) buf[k++] = ']';
+        buf[k++] = '}';
+        buf[k] = 0;
+        assert_int_equal(json_check(buf), extra ? -1 : 1);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),
@@ -340,6 +398,7 @@ int main(void) {
         cmocka_unit_test(test_large_vocab),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_json_fsm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

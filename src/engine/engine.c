@@ -45,6 +45,12 @@ struct fl_engine {
     int64_t poll_tok_cap;
     fl_token_logprob *poll_lp;
     int64_t poll_lp_cap;
+
+    /* constrained (JSON) requests: every token's text, built at the first one, and the masked row */
+    char *vocab_text;           /* token t: vocab_text[vocab_off[t] .. vocab_off[t + 1]) */
+    int64_t *vocab_off;         /* [n_vocab + 1] */
+    uint8_t *vocab_plain;       /* [n_vocab] 1: plain string text (fl_json_plain) */
+    float *masked;              /* [n_vocab] */
     char *poll_text;
     int64_t poll_text_cap;
 
@@ -114,10 +120,76 @@ static void req_free(fl_request *r) {
 static void commit_token(fl_engine *e, fl_request *r, int32_t tok);
 static void finish(fl_engine *e, fl_request *r, fl_finish_reason why);
 
+/* Every token's text (as generated text shows it), once, for the JSON constraint. */
+static fl_status vocab_text_build(fl_engine *e) {
+    if (e->vocab_off) return FL_OK;
+    const int32_t nv = e->be.n_vocab;
+    char piece[256];
+    int64_t *off = fl_alloc(FL_MEM_MISC, (size_t)(nv + 1) * sizeof *off, 0);
+    float *masked = fl_alloc(FL_MEM_MISC, (size_t)nv * sizeof *masked, 64);
+    uint8_t *plain = fl_alloc(FL_MEM_MISC, (size_t)nv, 0);
+    if (!off || !masked || !plain) goto nomem;
+    off[0] = 0;
+    for (int32_t t = 0; t < nv; t++) {
+        const int32_t n = e->be.piece ? e->be.piece(e->be.ctx, t, piece, (int32_t)sizeof piece) : 0;
+        off[t + 1] = off[t] + (n > 0 ? n : 0);
+    }
+    char *text = fl_alloc(FL_MEM_MISC, (size_t)off[nv] + 1, 0);
+    if (!text) goto nomem;
+    for (int32_t t = 0; t < nv; t++)
+        if (off[t + 1] > off[t]) {
+            e->be.piece(e->be.ctx, t, piece, (int32_t)sizeof piece);
+            memcpy(text + off[t], piece, (size_t)(off[t + 1] - off[t]));
+        }
+    for (int32_t t = 0; t < nv; t++) plain[t] = fl_json_plain(text + off[t], (int32_t)(off[t + 1] - off[t]));
+    e->vocab_text = text;
+    e->vocab_off = off;
+    e->masked = masked;
+    e->vocab_plain = plain;
+    return FL_OK;
+nomem:
+    fl_free(FL_MEM_MISC, off, off ? (size_t)(nv + 1) * sizeof *off : 0);
+    fl_free(FL_MEM_MISC, masked, masked ? (size_t)nv * sizeof *masked : 0);
+    fl_free(FL_MEM_MISC, plain, plain ? (size_t)nv : 0);
+    return fl_set_error(FL_ERR_NOMEM, "json constraint: no memory for the vocabulary's text");
+}
+
+/* e->masked := row with every token that cannot continue r's JSON at -inf: end-of-generation
+ * and empty tokens always (the request finishes when the object closes). */
+static fl_status json_mask(fl_engine *e, fl_request *r, const float *row) {
+    fl_status st = vocab_text_build(e);
+    if (st != FL_OK) return st;
+    int32_t allowed = 0;
+    const bool in_str = fl_json_fsm_in_string(&r->json_fsm); /* plain text goes through as it is */
+    bool first[256];                                          /* bytes that can come next */
+    for (int c = 0; c < 256; c++) {
+        fl_json_fsm f = r->json_fsm;
+        const char b = (char)c;
+        first[c] = fl_json_fsm_feed(&f, &b, 1);
+    }
+    for (int32_t t = 0; t < e->be.n_vocab; t++) {
+        const int64_t a = e->vocab_off[t], n = e->vocab_off[t + 1] - a;
+        bool ok = n > 0 && first[(unsigned char)e->vocab_text[a]];
+        if (ok && !(in_str && e->vocab_plain[t])) {
+            fl_json_fsm f = r->json_fsm;
+            ok = fl_json_fsm_feed(&f, e->vocab_text + a, (int32_t)n);
+        }
+        ok = ok && !(e->be.is_eog && e->be.is_eog(e->be.ctx, t));
+        e->masked[t] = ok ? row[t] : -INFINITY;
+        allowed += ok;
+    }
+    return allowed ? FL_OK : fl_set_error(FL_ERR_INVALID, "json constraint: no token of the vocabulary continues the object");
+}
+
 /* Sample r's next token from its logits row (only read) and commit it, with its logprobs when
- * the request wants them. */
+ * the request wants them; a JSON request samples among the tokens that keep its object valid
+ * (its logprobs stay those of the unconstrained row) and finishes when the object closes. */
 static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
-    const int32_t tok = fl_sample(r->sampler, row, e->be.n_vocab, r->tokens, r->n_tokens);
+    if (r->json && json_mask(e, r, row) != FL_OK) {
+        finish(e, r, FL_FINISH_ERROR);
+        return;
+    }
+    const int32_t tok = fl_sample(r->sampler, r->json ? e->masked : row, e->be.n_vocab, r->tokens, r->n_tokens);
     if (r->logprobs) {
         const int32_t g = fl_request_n_generated(r);
         if (fl_request_reserve_logprobs(r, g) != FL_OK) {
@@ -128,7 +200,12 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
         lp[0].token = tok;
         fl_logprobs(row, e->be.n_vocab, tok, r->n_top, &lp[0].logprob, lp + 1);
     }
+    if (r->json) {
+        const bool fed = fl_json_fsm_feed(&r->json_fsm, e->vocab_text + e->vocab_off[tok], (int32_t)(e->vocab_off[tok + 1] - e->vocab_off[tok]));
+        FL_ASSERT(fed); /* the mask let only such tokens through */
+    }
     commit_token(e, r, tok);
+    if (r->json && fl_json_fsm_done(&r->json_fsm)) finish(e, r, FL_FINISH_STOP);
 }
 
 /* ---- engine life cycle ---- */
@@ -157,6 +234,10 @@ static void free_buffers(fl_engine *e) {
     fl_free(FL_MEM_MISC, e->poll_tok, (size_t)e->poll_tok_cap * sizeof(int32_t));
     fl_free(FL_MEM_MISC, e->poll_text, (size_t)e->poll_text_cap);
     fl_free(FL_MEM_MISC, e->poll_lp, (size_t)e->poll_lp_cap * sizeof(fl_token_logprob));
+    if (e->vocab_off) fl_free(FL_MEM_MISC, e->vocab_text, (size_t)e->vocab_off[nv] + 1);
+    fl_free(FL_MEM_MISC, e->vocab_off, e->vocab_off ? (size_t)(nv + 1) * sizeof *e->vocab_off : 0);
+    fl_free(FL_MEM_MISC, e->masked, e->masked ? (size_t)nv * sizeof(float) : 0);
+    fl_free(FL_MEM_MISC, e->vocab_plain, e->vocab_plain ? (size_t)nv : 0);
 }
 
 fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backend *be, fl_engine **out) {

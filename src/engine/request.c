@@ -135,6 +135,8 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
     r->sampling = p->sampling;
     r->logprobs = p->logprobs || p->top_logprobs > 0;
     r->n_top = p->top_logprobs > 0 ? p->top_logprobs : 0;
+    r->json = p->json_object != 0;
+    fl_json_fsm_init(&r->json_fsm);
     r->prompt_logprobs = p->prompt_logprobs && sample == 0; /* the samples share one prompt */
     if (r->prompt_logprobs && p->n_prompt > 1) {
         r->plp = fl_alloc(FL_MEM_MISC, (size_t)(p->n_prompt - 1) * (size_t)(1 + r->n_top) * sizeof *r->plp, 0);

@@ -26,6 +26,7 @@
 #define FL_REQUEST_H
 
 #include "fitllm.h"
+#include "engine/json_fsm.h"
 #include <stdbool.h>
 
 /* Incremental text + stop-string matcher. */
@@ -73,6 +74,8 @@ struct fl_request {
     fl_token_logprob *lp;       /* [lp_cap][1 + n_top] per generated token: itself, then the n_top
                                  * most likely at its position */
     int32_t lp_cap;             /* grows with the generation (max_tokens may be the whole context) */
+    bool json;                  /* output constrained to one JSON object (json_fsm.h) */
+    fl_json_fsm json_fsm;       /* the bytes generated so far */
     bool prompt_logprobs;       /* prompt positions get logits rows too (sample 0 only) */
     fl_token_logprob *plp;      /* [n_prompt - 1][1 + n_top]: prompt token j + 1 given tokens 0..j */
     int32_t n_plp;              /* prompt positions 0 .. n_plp - 1 recorded (in order; kept over preemption) */

@@ -91,8 +91,7 @@ static int get_int(const cJSON *o, const char *name, double lo, double hi, int64
     return 0;
 }
 
-static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "response_format",
-                                                  "best_of", "suffix", "echo", "audio", "modalities", NULL};
+static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "best_of", "suffix", "echo", "audio", "modalities", NULL};
 
 /* ---- streaming machinery ---- */
 
@@ -699,6 +698,18 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     bool include_usage = so && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
     const cJSON *stream = cJSON_GetObjectItemCaseSensitive(j, "stream");
     if (stream && !cJSON_IsBool(stream) && !cJSON_IsNull(stream)) { ret = BAD("'stream' must be a boolean"); goto out; }
+    /* response_format: {"type": "text"} or {"type": "json_object"} (constrained to one object) */
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(j, "response_format");
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *ty = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+        if (!cJSON_IsString(ty)) { ret = BAD("'response_format' must be an object with a 'type'"); goto out; }
+        if (!strcmp(ty->valuestring, "json_object")) rp.json_object = 1;
+        else if (strcmp(ty->valuestring, "text")) {
+            ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", "response_format",
+                             "response_format type '%.40s' is not supported (text and json_object are)", ty->valuestring);
+            goto out;
+        }
+    }
     /* logit_bias: {"token id": bias in [-100, 100]} */
     const cJSON *lb = cJSON_GetObjectItemCaseSensitive(j, "logit_bias");
     if (lb && !cJSON_IsNull(lb)) {
