@@ -45,14 +45,14 @@ struct fl_engine {
     int64_t poll_tok_cap;
     fl_token_logprob *poll_lp;
     int64_t poll_lp_cap;
+    char *poll_text;
+    int64_t poll_text_cap;
 
     /* constrained (JSON) requests: every token's text, built at the first one, and the masked row */
     char *vocab_text;           /* token t: vocab_text[vocab_off[t] .. vocab_off[t + 1]) */
     int64_t *vocab_off;         /* [n_vocab + 1] */
     uint8_t *vocab_plain;       /* [n_vocab] 1: plain string text (fl_json_plain) */
     float *masked;              /* [n_vocab] */
-    char *poll_text;
-    int64_t poll_text_cap;
 
     fl_backend_kv_stats kv_snap; /* taken by the driver under the lock: the cache is never read
                                   * from other threads while a forward may be changing it */

@@ -91,7 +91,8 @@ static int get_int(const cJSON *o, const char *name, double lo, double hi, int64
     return 0;
 }
 
-static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "best_of", "suffix", "echo", "audio", "modalities", NULL};
+static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "best_of",
+                                                  "suffix", "audio", "modalities", NULL};
 
 /* ---- streaming machinery ---- */
 
@@ -614,7 +615,6 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     if (!j) return BAD("malformed JSON in the request body");
     if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
     for (const char *const *f = unsupported_fields; *f; f++) {
-        if (!chat && !strcmp(*f, "echo")) continue; /* /v1/completions echoes the prompt */
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, *f);
         if (v && !cJSON_IsNull(v) && !cJSON_IsFalse(v)) { ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", *f, "'%s' is not supported by this server", *f); goto out; }
     }
@@ -633,8 +633,12 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         if (get_int(j, "logprobs", 0, FL_MAX_TOP_LOGPROBS, &n_top, err, sizeof err)) { ret = BAD("%s", err); goto out; }
         want_lp = true;
     }
-    const cJSON *ec = cJSON_GetObjectItemCaseSensitive(j, "echo"); /* chat: refused above */
+    const cJSON *ec = cJSON_GetObjectItemCaseSensitive(j, "echo");
     if (ec && !cJSON_IsNull(ec) && !cJSON_IsBool(ec)) { ret = BAD("'echo' must be a boolean"); goto out; }
+    if (chat && cJSON_IsTrue(ec)) {
+        ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", "echo", "'echo' is taken by /v1/completions only");
+        goto out;
+    }
     const bool echo = cJSON_IsTrue(ec);
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
     if (model && !cJSON_IsString(model) && !cJSON_IsNull(model)) { ret = BAD("'model' must be a string"); goto out; }
