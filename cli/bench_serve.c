@@ -202,7 +202,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
                 int64_t i = ev[j].request_id; /* ids are handed out 0, 1, 2, ... in add order */
                 if (i < 0 || i >= n) continue;
                 if (ev[j].new_logprobs) lp_records += ev[j].n_new;
-                if (ev[j].prompt_logprobs) plp_records += w->n_prompt[i] - 1;
+                if (ev[j].prompt_logprobs) plp_records += ev[j].n_prompt_logprobs;
                 if (ev[j].n_new > 0) {
                     if (got[i] == 0) t_first[i] = tp;
                     else {
@@ -339,6 +339,7 @@ int fl_bench_serve(int argc, char **argv) {
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
+        {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) bytes per context token per sequence"},
         {0},
     };
     int n_pos;
@@ -395,6 +396,7 @@ int fl_bench_serve(int argc, char **argv) {
     if ((o = fl_args_get(opts, "weights"))->set) rc.ep.weights_type = o->str;
     rc.ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
     rc.ep.no_repack = fl_args_get(opts, "no-repack")->set;
+    if (fl_args_get(opts, "max-logprobs")->set) rc.ep.max_logprobs = (int32_t)fl_args_get(opts, "max-logprobs")->i;
     if ((o = fl_args_get(opts, "kv-block-size"))->set) rc.ep.kv_block_size = (int32_t)o->i;
     rc.ep.prefix_cache = !fl_args_get(opts, "no-prefix-cache")->set;
     rc.ep.preempt = strcmp(pm, "swap") ? FL_PREEMPT_RECOMPUTE : FL_PREEMPT_SWAP;

@@ -31,6 +31,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"alias", 0, FL_OPT_STR, "NAME  model name reported by the API (default: file name)"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
+        {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) bytes per context token per sequence"},
         {0},
     };
     const char *pos[1];
@@ -76,6 +77,7 @@ int fl_cmd_serve(int argc, char **argv) {
     if (fl_args_get(opts, "weights")->set) ep.weights_type = fl_args_get(opts, "weights")->str;
     ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
     ep.no_repack = fl_args_get(opts, "no-repack")->set;
+    if (fl_args_get(opts, "max-logprobs")->set) ep.max_logprobs = (int32_t)fl_args_get(opts, "max-logprobs")->i;
     if (pc) ep.prefix_cache = !strcmp(pc, "on");
 
     fl_server_params sp;

@@ -104,6 +104,9 @@ typedef struct fl_engine_params {
                                  * kernel grants them) instead of mapping it; same MAPPED bytes */
     int32_t no_repack;          /* 1 = keep Q4_0 / Q8_0 matrices as in the file; 0 (default): on AVX2 they are
                                  * rewritten in place in groups of 8 rows for its GEMV (same bytes) */
+    int32_t max_logprobs;       /* the most alternatives a request may ask with top_logprobs (default
+                                 * FL_MAX_TOP_LOGPROBS); -1: no logprobs.  The plan reserves
+                                 * 8 x (1 + max_logprobs) bytes per token of context per sequence */
 } fl_engine_params;
 
 void fl_engine_params_default(fl_engine_params *p);
@@ -176,9 +179,10 @@ typedef struct fl_request_output {
                                  * token itself, then the n_top most likely tokens at its position,
                                  * most likely first; else NULL */
     int32_t n_top;
-    const fl_token_logprob *prompt_logprobs; /* prompt_logprobs requested: [n_prompt - 1][1 + n_top] for
-                                 * prompt tokens 1 .. n_prompt - 1, in the first event after the
-                                 * prompt is computed (once); else NULL */
+    const fl_token_logprob *prompt_logprobs; /* prompt_logprobs requested: [n_prompt_logprobs][1 + n_top]
+                                 * records of prompt tokens prompt_logprobs_from + 1 .. (token j + 1
+                                 * given tokens 0..j), as the prompt is computed; else NULL */
+    int32_t prompt_logprobs_from, n_prompt_logprobs;
     fl_finish_reason finish;    /* != NONE once this sample is done */
     int32_t n_prompt, n_generated, n_cached_prompt;
     double ttft_s;              /* time to first token (set once the first token exists) */

@@ -168,7 +168,7 @@ kill -TERM "$PID_C"; wait "$PID_C"
 # a random llama's tokens make arbitrary bytes: the responses stay well-formed UTF-8 (U+FFFD)
 "$BIN" synth --n-embd 64 --n-layer 1 --n-head 2 --n-ff 128 --n-vocab 300 --type F32 -o "$TMP/tiny.gguf" >/dev/null
 MODEL=$TMP/tiny.gguf
-start_server D -c 256
+start_server D -c 256 --max-logprobs 3
 curl -s -H 'Content-Type: application/json' -d '{"prompt":"Once upon a time","max_tokens":48,"temperature":1.0,"seed":7}' "$URL_D/v1/completions" >"$TMP/rnd.json"
 curl -sN --max-time 60 -H 'Content-Type: application/json' -d '{"prompt":"Once upon a time","max_tokens":48,"temperature":1.0,"seed":7,"stream":true}' "$URL_D/v1/completions" >"$TMP/rnd.sse"
 cat >"$TMP/rnd.py" <<'PY'
@@ -182,6 +182,8 @@ check "random bytes -> valid UTF-8 JSON; the stream (split characters too) ends 
 python3 "$(dirname "$0")/serve_logprobs.py" "$URL_D" --bytes >"$TMP/lpb.txt" 2>&1; rc=$?
 cat "$TMP/lpb.txt"
 check "logprobs of byte tokens (tests/serve_logprobs.py --bytes)" '[ $rc = 0 ]'
+post "$URL_D" /v1/completions '{"prompt":"a","max_tokens":2,"logprobs":4}'
+check "--max-logprobs 3: logprobs 4 -> 400 naming the limit" '[ "$(status)" = 400 ] && grep -q "0\.\.3" "$TMP/body"'
 # this vocabulary has no "▁": each space is 3 byte tokens, more ids than the prompt has bytes;
 # the text prompt must give what its ids (from `fitllm run --json`) give (the server had read
 # past the ids it tokenized into a buffer of bytes + 8)
@@ -193,7 +195,7 @@ kill -TERM "$PID_D"; wait "$PID_D"
 MODEL=$SHARED/models/stories260K.gguf
 
 # auth and a full queue
-start_server B -c 1024 --api-key sekrit --max-seqs 1 --max-queue 1
+start_server B -c 1024 --api-key sekrit --max-seqs 1 --max-queue 1 --max-logprobs -1
 U=$URL_B
 post "$U" /v1/completions '{"prompt":"a","max_tokens":2}'
 check "no key -> 401" '[ "$(status)" = 401 ]'
@@ -203,6 +205,8 @@ post "$U" /v1/completions '{"prompt":"a","max_tokens":2}' -H 'Authorization: Bea
 check "right key -> 200" '[ "$(status)" = 200 ]'
 post "$U" /tokenize '{"prompt":"a"}'
 check "tokenize without the key -> 401" '[ "$(status)" = 401 ]'
+post "$U" /v1/completions '{"prompt":"a","max_tokens":2,"logprobs":0}' -H 'Authorization: Bearer sekrit'
+check "--max-logprobs -1: logprobs -> 400" '[ "$(status)" = 400 ] && grep -q "logprobs are off" "$TMP/body"'
 CPIDS=()
 for i in 1 2 3 4 5 6; do
   curl -s -o /dev/null -D "$TMP/h$i" -H 'Authorization: Bearer sekrit' -H 'Content-Type: application/json' \

@@ -261,7 +261,7 @@ typedef struct wl {
     fl_token_logprob lp[NREQ][TOY_CTX][1 + 6]; /* the streamed records (top <= 6) */
     int32_t prompt_lp;            /* requests ask for prompt logprobs (with top alternatives) */
     fl_token_logprob plp[NREQ][64][1 + 6];
-    int32_t n_plp_events[NREQ];
+    int32_t n_plp[NREQ];          /* prompt records received */
 } wl;
 
 static void make_wl(wl *w, uint32_t seed) {
@@ -323,12 +323,13 @@ static void drive(fl_engine *e, wl *w, int stagger) {
                 } else {
                     assert_null(ev[k].new_logprobs);
                 }
-                if (ev[k].prompt_logprobs) {
+                if (ev[k].prompt_logprobs) { /* in order, as the prompt is computed */
                     assert_true(w->prompt_lp);
+                    assert_int_equal(ev[k].prompt_logprobs_from, w->n_plp[i]);
+                    assert_true(ev[k].n_prompt_logprobs >= 1 && ev[k].n_prompt_logprobs <= 8); /* <= max_seqs rows a step */
                     const int32_t wd = 1 + (w->top > 0 ? w->top : 0);
-                    for (int32_t j = 0; j < w->n_prompt[i] - 1; j++)
-                        memcpy(w->plp[i][j], ev[k].prompt_logprobs + (size_t)j * (size_t)wd, (size_t)wd * sizeof(fl_token_logprob));
-                    w->n_plp_events[i]++;
+                    for (int32_t j = 0; j < ev[k].n_prompt_logprobs; j++)
+                        memcpy(w->plp[i][w->n_plp[i]++], ev[k].prompt_logprobs + (size_t)j * (size_t)wd, (size_t)wd * sizeof(fl_token_logprob));
                 }
                 w->n_got[i] += ev[k].n_new;
                 assert_int_equal(ev[k].n_generated, w->n_got[i]);
@@ -380,10 +381,10 @@ static void check_record(const fl_token_logprob *rec, const int32_t *seq, int32_
     }
 }
 
-/* Prompt records: one event each, token j + 1 of the prompt scored after tokens 0..j. */
+/* Prompt records: all of them, token j + 1 of the prompt scored after tokens 0..j. */
 static void check_prompt_logprobs(const wl *w) {
     for (int i = 0; i < NREQ; i++) {
-        assert_int_equal(w->n_plp_events[i], w->prompt_lp ? 1 : 0);
+        assert_int_equal(w->n_plp[i], w->prompt_lp ? w->n_prompt[i] - 1 : 0);
         for (int32_t j = 0; w->prompt_lp && j < w->n_prompt[i] - 1; j++)
             check_record(w->plp[i][j], w->prompt[i], j + 1, w->prompt[i][j + 1], w->top > 0 ? w->top : 0);
     }

@@ -48,7 +48,7 @@ struct fl_engine {
     char *poll_text;
     int64_t poll_text_cap;
 
-    /* constrained (JSON) requests: every token's text, built at the first one, and the masked row */
+    /* constrained (JSON) requests: every token's text, and the masked row */
     char *vocab_text;           /* token t: vocab_text[vocab_off[t] .. vocab_off[t + 1]) */
     int64_t *vocab_off;         /* [n_vocab + 1] */
     uint8_t *vocab_plain;       /* [n_vocab] 1: plain string text (fl_json_plain) */
@@ -78,6 +78,7 @@ void fl_engine_params_default(fl_engine_params *p) {
     p->kv_layout = FL_KV_PAGED;
     p->preempt = FL_PREEMPT_RECOMPUTE;
     p->seed = 1234;
+    p->max_logprobs = FL_MAX_TOP_LOGPROBS;
 }
 
 void fl_sampling_params_default(fl_sampling_params *p) {
@@ -122,7 +123,6 @@ static void finish(fl_engine *e, fl_request *r, fl_finish_reason why);
 
 /* Every token's text (as generated text shows it), once, for the JSON constraint. */
 static fl_status vocab_text_build(fl_engine *e) {
-    if (e->vocab_off) return FL_OK;
     const int32_t nv = e->be.n_vocab;
     char piece[256];
     int64_t *off = fl_alloc(FL_MEM_MISC, (size_t)(nv + 1) * sizeof *off, 0);
@@ -157,8 +157,6 @@ nomem:
 /* e->masked := row with every token that cannot continue r's JSON at -inf: end-of-generation
  * and empty tokens always (the request finishes when the object closes). */
 static fl_status json_mask(fl_engine *e, fl_request *r, const float *row) {
-    fl_status st = vocab_text_build(e);
-    if (st != FL_OK) return st;
     int32_t allowed = 0;
     const bool in_str = fl_json_fsm_in_string(&r->json_fsm); /* plain text goes through as it is */
     bool first[256];                                          /* bytes that can come next */
@@ -191,12 +189,7 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
     }
     const int32_t tok = fl_sample(r->sampler, r->json ? e->masked : row, e->be.n_vocab, r->tokens, r->n_tokens);
     if (r->logprobs) {
-        const int32_t g = fl_request_n_generated(r);
-        if (fl_request_reserve_logprobs(r, g) != FL_OK) {
-            finish(e, r, FL_FINISH_ERROR);
-            return;
-        }
-        fl_token_logprob *lp = r->lp + (size_t)g * (size_t)(1 + r->n_top);
+        fl_token_logprob *lp = r->lp + (size_t)fl_request_n_generated(r) * (size_t)(1 + r->n_top);
         lp[0].token = tok;
         fl_logprobs(row, e->be.n_vocab, tok, r->n_top, &lp[0].logprob, lp + 1);
     }
@@ -251,6 +244,10 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     e->p = *p;
     e->be = *be;
     pthread_mutex_init(&e->mu, NULL);
+    if (e->p.max_logprobs > FL_MAX_TOP_LOGPROBS || e->p.max_logprobs < -1) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: max_logprobs %d, accepted -1..%d", __func__, e->p.max_logprobs, FL_MAX_TOP_LOGPROBS);
+        goto fail;
+    }
     if (e->p.max_seqs < 1 || e->p.max_batch_tokens < 1 || be->n_vocab < 1) {
         st = fl_set_error(FL_ERR_INVALID, "%s: max_seqs (%d) and max_batch_tokens (%d) must be >= 1", __func__,
                           e->p.max_seqs, e->p.max_batch_tokens);
@@ -281,6 +278,8 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
         .static_batch = e->p.kv_layout == FL_KV_CONTIGUOUS,
     };
     st = fl_sched_new(&sp, &be->kv, &e->sched);
+    if (st != FL_OK) goto fail;
+    st = vocab_text_build(e); /* for JSON requests; built here so that the plan counts it */
     if (st != FL_OK) goto fail;
     if (e->be.kv_stats) e->be.kv_stats(e->be.ctx, &e->kv_snap);
     e->t0 = now_s();
@@ -331,9 +330,11 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
     if (need > avail)
         return fl_set_error(FL_ERR_INVALID, "%s: prompt + max_tokens = %lld tokens need %lld KV blocks, the pool has %lld",
                             __func__, (long long)p->n_prompt + max_tokens, (long long)need, (long long)avail);
-    if (p->top_logprobs < 0 || p->top_logprobs > FL_MAX_TOP_LOGPROBS || p->top_logprobs > e->be.n_vocab)
-        return fl_set_error(FL_ERR_INVALID, "%s: top_logprobs = %d, accepted 0..%d", __func__, p->top_logprobs,
-                            e->be.n_vocab < FL_MAX_TOP_LOGPROBS ? e->be.n_vocab : FL_MAX_TOP_LOGPROBS);
+    const int32_t max_lp = e->p.max_logprobs < e->be.n_vocab ? e->p.max_logprobs : e->be.n_vocab;
+    if ((p->logprobs || p->top_logprobs || p->prompt_logprobs) && max_lp < 0)
+        return fl_set_error(FL_ERR_INVALID, "%s: logprobs are off in this engine (max_logprobs -1)", __func__);
+    if (p->top_logprobs < 0 || (p->top_logprobs > 0 && p->top_logprobs > max_lp))
+        return fl_set_error(FL_ERR_INVALID, "%s: top_logprobs = %d, accepted 0..%d", __func__, p->top_logprobs, max_lp);
     for (int32_t i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= e->be.n_vocab)
             return fl_set_error(FL_ERR_INVALID, "%s: prompt token %d = %d out of the vocabulary (%d)", __func__, i,
@@ -542,6 +543,7 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
             rec[0].token = r->tokens[pos + 1];
             fl_logprobs(row, e->be.n_vocab, rec[0].token, r->n_top, &rec[0].logprob, rec + 1);
             r->n_plp = pos + 1;
+            r->event_pending = true; /* handed out as they come */
             continue;
         }
         if (r->sample == 0 && fl_request_n_generated(r) == 0) fork_samples(e, r, row);
@@ -580,7 +582,7 @@ int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
         need_tok += fl_request_n_generated(r) - r->n_streamed;
         need_text += r->stop.emitted - r->text_pending_start + 1;
         if (r->logprobs) need_lp += (int64_t)(fl_request_n_generated(r) - r->n_streamed) * (1 + r->n_top);
-        if (r->prompt_logprobs && !r->plp_sent) need_lp += (int64_t)r->n_plp * (1 + r->n_top);
+        if (r->prompt_logprobs) need_lp += (int64_t)(r->n_plp - r->n_plp_sent) * (1 + r->n_top);
         n++;
     }
     if (grow(FL_MEM_MISC, (void **)&e->poll_tok, &e->poll_tok_cap, need_tok + 1, sizeof(int32_t)) != FL_OK ||
@@ -609,13 +611,15 @@ int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
             o->n_top = r->n_top;
             ol += (int64_t)m;
         }
-        if (r->prompt_logprobs && !r->plp_sent && !fl_request_plp_pending(r)) { /* once, whole */
-            const size_t m = (size_t)r->n_plp * (size_t)(1 + r->n_top);
-            if (m) memcpy(e->poll_lp + ol, r->plp, m * sizeof *e->poll_lp);
+        if (r->prompt_logprobs && r->n_plp > r->n_plp_sent) { /* the prompt's records since the last poll */
+            const size_t m = (size_t)(r->n_plp - r->n_plp_sent) * (size_t)(1 + r->n_top);
+            memcpy(e->poll_lp + ol, r->plp + (size_t)r->n_plp_sent * (size_t)(1 + r->n_top), m * sizeof *e->poll_lp);
             o->prompt_logprobs = e->poll_lp + ol;
+            o->prompt_logprobs_from = r->n_plp_sent;
+            o->n_prompt_logprobs = r->n_plp - r->n_plp_sent;
             o->n_top = r->n_top;
             ol += (int64_t)m;
-            r->plp_sent = true;
+            r->n_plp_sent = r->n_plp;
         }
         int64_t tl = r->stop.emitted - r->text_pending_start;
         memcpy(e->poll_text + ox, r->stop.text + r->text_pending_start, (size_t)tl);

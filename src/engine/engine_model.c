@@ -110,6 +110,7 @@ fl_status fl_engine_plan_input(const fl_engine_params *p, fl_plan_engine_in *pi)
     pi->kv_mem = (uint64_t)(p->kv_mem > 0 ? p->kv_mem : DEFAULT_KV_MEM);
     pi->prefix_cache = p->prefix_cache != 0;
     pi->repack = p->no_repack == 0;
+    pi->max_logprobs = p->max_logprobs;
     return FL_OK;
 }
 

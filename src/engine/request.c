@@ -138,12 +138,11 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
     r->json = p->json_object != 0;
     fl_json_fsm_init(&r->json_fsm);
     r->prompt_logprobs = p->prompt_logprobs && sample == 0; /* the samples share one prompt */
-    if (r->prompt_logprobs && p->n_prompt > 1) {
-        r->plp = fl_alloc(FL_MEM_MISC, (size_t)(p->n_prompt - 1) * (size_t)(1 + r->n_top) * sizeof *r->plp, 0);
-        if (!r->plp) {
-            fl_request_free(r);
-            return FL_ERR_NOMEM;
-        }
+    const size_t rec = (size_t)(1 + r->n_top) * sizeof *r->lp;
+    if ((r->logprobs && !(r->lp = fl_alloc(FL_MEM_MISC, (size_t)r->max_tokens * rec, 0))) ||
+        (r->prompt_logprobs && p->n_prompt > 1 && !(r->plp = fl_alloc(FL_MEM_MISC, (size_t)(p->n_prompt - 1) * rec, 0)))) {
+        fl_request_free(r);
+        return FL_ERR_NOMEM;
     }
     /* splitmix-style mix so samples of one request get unrelated streams */
     r->rng = p->sampling.seed + 0x9E3779B97F4A7C15ull * (uint64_t)(sample + 1);
@@ -154,22 +153,10 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
 void fl_request_free(fl_request *r) {
     if (!r) return;
     if (r->tokens) fl_free(FL_MEM_MISC, r->tokens, (size_t)r->cap * sizeof(int32_t));
-    fl_free(FL_MEM_MISC, r->lp, (size_t)r->lp_cap * (size_t)(1 + r->n_top) * sizeof *r->lp);
+    if (r->lp) fl_free(FL_MEM_MISC, r->lp, (size_t)r->max_tokens * (size_t)(1 + r->n_top) * sizeof *r->lp);
     if (r->plp) fl_free(FL_MEM_MISC, r->plp, (size_t)(r->n_prompt - 1) * (size_t)(1 + r->n_top) * sizeof *r->plp);
     if (r->stop.text || r->stop.n_stop) fl_stop_deinit(&r->stop);
     fl_free(FL_MEM_MISC, r, sizeof *r);
-}
-
-fl_status fl_request_reserve_logprobs(fl_request *r, int32_t g) {
-    if (g < r->lp_cap) return FL_OK;
-    int32_t nc = r->lp_cap ? 2 * r->lp_cap : 16;
-    if (nc > r->max_tokens) nc = r->max_tokens > g ? r->max_tokens : g + 1;
-    const size_t row = (size_t)(1 + r->n_top) * sizeof *r->lp;
-    fl_token_logprob *lp = fl_realloc(FL_MEM_MISC, r->lp, (size_t)r->lp_cap * row, (size_t)nc * row, 0);
-    if (!lp) return FL_ERR_NOMEM;
-    r->lp = lp;
-    r->lp_cap = nc;
-    return FL_OK;
 }
 
 void fl_request_append(fl_request *r, int32_t token) {

@@ -71,15 +71,15 @@ struct fl_request {
     void *sampler;              /* sampler state owned by the engine backend (may be NULL) */
     bool logprobs;              /* report log-probabilities (fl_request_params.logprobs / top_logprobs) */
     int32_t n_top;              /* alternatives per generated token, 0..FL_MAX_TOP_LOGPROBS */
-    fl_token_logprob *lp;       /* [lp_cap][1 + n_top] per generated token: itself, then the n_top
-                                 * most likely at its position */
-    int32_t lp_cap;             /* grows with the generation (max_tokens may be the whole context) */
+    fl_token_logprob *lp;       /* [max_tokens][1 + n_top] per generated token: itself, then the n_top
+                                 * most likely at its position (allocated with the request, as tokens) */
     bool json;                  /* output constrained to one JSON object (json_fsm.h) */
     fl_json_fsm json_fsm;       /* the bytes generated so far */
     bool prompt_logprobs;       /* prompt positions get logits rows too (sample 0 only) */
     fl_token_logprob *plp;      /* [n_prompt - 1][1 + n_top]: prompt token j + 1 given tokens 0..j */
     int32_t n_plp;              /* prompt positions 0 .. n_plp - 1 recorded (in order; kept over preemption) */
-    bool plp_sent;              /* handed out by poll */
+    int32_t n_plp_sent;         /* of those, handed out by poll (as they come: a step makes at most
+                                 * max_seqs records) */
 
     fl_stop_matcher stop;
     bool swapped;               /* PREEMPTED with its KV in the swap tier */
@@ -114,8 +114,7 @@ static inline int32_t fl_request_n_uncomputed(const fl_request *r) { return r->n
 void fl_request_append(fl_request *r, int32_t token);
 /* Prompt positions still waiting for their logprob record (prompt_logprobs). */
 static inline bool fl_request_plp_pending(const fl_request *r) { return r->prompt_logprobs && r->n_plp < r->n_prompt - 1; }
-/* Room in lp for generated token index g (FL_ERR_NOMEM). */
-fl_status fl_request_reserve_logprobs(fl_request *r, int32_t g);
+
 const char *fl_request_state_name(fl_request_state s);
 const char *fl_finish_reason_name(fl_finish_reason f);
 

@@ -67,6 +67,7 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
                 sum += l > 0 ? l : 0;
             }
             out->avg_piece_bytes = n > 0 ? (double)sum / (double)n : 1.0;
+            out->vocab_text_bytes = (uint64_t)sum;
             fl_tokenizer_free(tok);
         }
         fl_clear_error();
@@ -180,12 +181,21 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
         while ((double)text2 < text) text2 *= 2;
         const uint64_t n_seq_max = (uint64_t)in->max_seqs * 8 + 64; /* engine_model.c */
         const uint64_t per_block = FL_PLAN_MISC_BLOCK + (in->prefix_cache ? FL_PLAN_MISC_BLOCK_PREFIX + 4 * bs : 0);
+        const uint64_t V = (uint64_t)hp.n_vocab;
         out->misc_static = FL_PLAN_MISC_BASE + out->gguf_bytes + out->tokenizer_bytes +
                            (uint64_t)hp.n_layer * sizeof(fl_layer) + nb * per_block + 4 * buckets +
-                           FL_PLAN_MISC_SEQ_SLOT * n_seq_max;
+                           FL_PLAN_MISC_SEQ_SLOT * n_seq_max +
+                           (V + 1) * 8 + V + 4 * V + out->vocab_text_bytes + 1; /* engine.c vocab_text_build */
+        if (in->max_logprobs >= 0) { /* engine.c: records with the request, the poll's copy */
+            const uint64_t rec = 8 * (1 + (uint64_t)in->max_logprobs), step = (uint64_t)in->max_seqs * (1 + (uint64_t)in->max_logprobs) + 1;
+            uint64_t nc = 256;
+            while (nc < step) nc *= 2;
+            out->logprob_bytes = (uint64_t)in->max_seqs * (uint64_t)out->n_ctx * rec + 8 * (nc > 256 ? nc + nc / 2 : nc);
+        }
         out->misc_requests = FL_PLAN_MISC_STEP + FL_PLAN_MISC_BATCH_TOKEN * (uint64_t)in->max_batch_tokens +
                              (uint64_t)in->max_seqs * (FL_PLAN_MISC_REQUEST + 16 * (uint64_t)hp.n_vocab +
-                                                       4 * (uint64_t)out->n_ctx + 4 * ctx2 + text2);
+                                                       4 * (uint64_t)out->n_ctx + 4 * ctx2 + text2) +
+                             out->logprob_bytes;
         out->bytes[FL_MEM_MISC] = out->misc_static + out->misc_requests;
     }
     for (int c = 0; c < FL_MEM_COUNT; c++) out->total += out->bytes[c];

@@ -31,6 +31,13 @@
  *                      (the cache's token ids) + n_ctx x the mean piece length, rounded up
  *                      to a power of two (the streamed text)): at most max_seqs
  *                      requests queued or running, each up to a full context, n = 1
+ *                    + with max_logprobs >= 0, max_seqs x n_ctx records of 8 x (1 + max_logprobs)
+ *                      bytes (a request asking for logprobs, and for its prompt's, holds one per
+ *                      token of its context) and the poll's copy of one step's records (at most
+ *                      max_seqs: a step has that many logits rows), a power of two >= 256
+ *                      records, and half of it again when it grew there
+ *            static also: the vocabulary's text for JSON-constrained requests (all the pieces,
+ *                    their offsets, a byte flag and a float row per token)
  *
  * Errors: FL_ERR_INVALID for bad parameters; the GGUF loader's errors; FL_ERR_BUDGET from
  * fl_plan_engine_kv_mem when the weights alone, or everything but the KV cache, exceed the
@@ -61,6 +68,7 @@ typedef struct fl_plan_engine_in {
     uint64_t kv_mem;          /* the KV budget handed to the cache */
     int32_t prefix_cache;     /* the cache keeps prefix-cache entries per block */
     int32_t repack;           /* the loader repacks Q4_0 / Q8_0 matrices (fl_r8_load_type) */
+    int32_t max_logprobs;     /* alternatives a request may ask for (-1: no logprobs) */
 } fl_plan_engine_in;
 
 typedef struct fl_plan_engine_out {
@@ -72,6 +80,8 @@ typedef struct fl_plan_engine_out {
     uint64_t ws_bytes, logits_bytes, batch_bytes, matmul_scratch, attn_ws;
     uint64_t misc_static, misc_requests;
     double avg_piece_bytes;     /* mean detokenized bytes per vocabulary token (1 without a tokenizer) */
+    uint64_t vocab_text_bytes;  /* all the vocabulary's detokenized bytes (the engine's JSON table) */
+    uint64_t logprob_bytes;     /* MISC of the logprob records (with max_logprobs >= 0) */
     uint64_t gguf_bytes, tokenizer_bytes; /* MISC of the parsed GGUF and of the tokenizer (+ chat template) */
     int64_t n_params;           /* elements of the matrices and norms */
     double bits_per_weight;     /* of the weights the matmuls read */

@@ -452,7 +452,7 @@ static void req_free(fl_server *s, srv_req *r) {
     }
     srv_buf_free(&r->out);
     srv_buf_free(&r->echo_text);
-    fl_free(FL_MEM_NET, r->plp, (size_t)r->n_plp * (size_t)(1 + r->n_top) * sizeof *r->plp);
+    if (r->plp) fl_free(FL_MEM_NET, r->plp, (size_t)(r->n_prompt - 1) * (size_t)(1 + r->n_top) * sizeof *r->plp);
     pthread_cond_destroy(&r->cv);
     (void)s;
     fl_free(FL_MEM_NET, r, sizeof *r);

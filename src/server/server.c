@@ -26,17 +26,17 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
     while (r && r->id != o->request_id) r = r->next;
     if (!r || o->sample < 0 || o->sample >= r->n) return; /* cancelled meanwhile */
     srv_sample *sm = &r->samples[o->sample];
-    if (o->prompt_logprobs && !r->plp_got) { /* echo with logprobs: once, from sample 0 */
-        const size_t bytes = (size_t)(o->n_prompt - 1) * (size_t)(1 + r->n_top) * sizeof *r->plp;
-        r->plp = bytes ? fl_alloc(FL_MEM_NET, bytes, 8) : NULL;
-        if (bytes && !r->plp) {
-            r->lp_failed = true;
+    if (r->echo && r->logprobs && !r->plp_got && o->sample == 0) { /* the prompt's records, as they come */
+        const size_t rec = (size_t)(1 + r->n_top) * sizeof *r->plp;
+        if (!r->plp && o->n_prompt > 1 && !r->lp_failed && !(r->plp = fl_alloc(FL_MEM_NET, (size_t)(o->n_prompt - 1) * rec, 8))) {
+            r->lp_failed = true; /* a reply without them would be wrong: end it as an error */
             fl_engine_cancel(s->engine, r->id);
-        } else {
-            if (bytes) memcpy(r->plp, o->prompt_logprobs, bytes);
-            r->n_plp = o->n_prompt - 1;
         }
-        r->plp_got = true;
+        if (r->plp && o->prompt_logprobs && o->prompt_logprobs_from + o->n_prompt_logprobs <= o->n_prompt - 1) {
+            memcpy((char *)r->plp + (size_t)o->prompt_logprobs_from * rec, o->prompt_logprobs, (size_t)o->n_prompt_logprobs * rec);
+            r->n_plp = o->prompt_logprobs_from + o->n_prompt_logprobs;
+        }
+        r->plp_got = r->n_plp == o->n_prompt - 1 || o->n_prompt <= 1;
     }
     fl_request_output bare;
     if (r->drop_gen) { /* echo with max_tokens 0: only the prompt is reported */

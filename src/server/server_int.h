@@ -58,11 +58,11 @@ typedef struct srv_req {
     int32_t n_top;
     /* echo (/v1/completions): the prompt leads each choice's text, and its tokens the logprobs */
     bool echo, drop_gen;   /* drop_gen: max_tokens 0 with echo: the engine's one token is not reported */
-    bool plp_got;          /* the engine's prompt records arrived */
+    bool plp_got;          /* all the engine's prompt records arrived */
     srv_buf echo_text;     /* the prompt as text (token-id prompts: detokenized) */
     int32_t first_tok;     /* the prompt's first token: listed with a null logprob */
-    fl_token_logprob *plp; /* [n_plp][1 + n_top] prompt tokens 1.. given those before */
-    int32_t n_plp;
+    fl_token_logprob *plp; /* [n_prompt - 1][1 + n_top] prompt tokens 1.. given those before */
+    int32_t n_plp;         /* records arrived */
     double t_start, t_first, t_end;
     pthread_cond_t cv;
     struct MHD_Connection *conn;
