@@ -131,6 +131,7 @@ typedef struct fl_logit_bias {
 } fl_logit_bias;
 
 #define FL_MAX_STOP_STRINGS 4
+#define FL_MAX_STOP_TOKEN_IDS 16
 #define FL_MAX_TOP_LOGPROBS 20
 typedef struct fl_request_params {
     const int32_t *prompt;      /* token ids (BOS included if wanted); copied */
@@ -139,6 +140,9 @@ typedef struct fl_request_params {
     fl_sampling_params sampling;
     const char *stop[FL_MAX_STOP_STRINGS]; /* stop strings (NULL-terminated list); copied */
     int32_t ignore_eos;
+    int32_t min_tokens;         /* no end of generation (EOS or a stop token id) before this many tokens */
+    int32_t stop_token_ids[FL_MAX_STOP_TOKEN_IDS]; /* more tokens that end the generation like EOS */
+    int32_t n_stop_token_ids;
     int32_t n;                  /* parallel samples sharing the prompt's KV blocks (copy-on-write); default 1 */
     uint64_t cache_salt;        /* extra prefix-cache key (tenant / adapter); 0 = none */
     int32_t logprobs;           /* 1 = report each generated token's log-probability (0 = off) */

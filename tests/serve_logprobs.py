@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""logprobs / top_logprobs, echo, logit_bias and response_format of `fitllm serve` (OpenAI
-shapes), checked against llama.cpp's logits.
+"""logprobs / top_logprobs, echo, logit_bias, response_format, min_tokens and stop_token_ids of
+`fitllm serve` (OpenAI and vLLM shapes), checked against llama.cpp's logits.
 
 Usage: serve_logprobs.py URL SHARED_DIR      (a server on stories260K)
        serve_logprobs.py URL --bytes         (a server on a random model with byte tokens)
@@ -230,7 +230,24 @@ def main_stories(shared):
           "response_format": {"type": "text"}})[1]["choices"][0]["text"] == post_json("/v1/completions", {
           "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})[1]["choices"][0]["text"])
 
-    # 9. bad values -> 400
+    # 9. min_tokens and stop_token_ids (vLLM's): EOS (id 2) made likely ends at once, unless
+    #    min_tokens holds it back; a stop token id (llama.cpp's 6th greedy token) ends before it
+    eos = {"prompt": g["prompt_tokens"], "max_tokens": 40, "temperature": 0, "logit_bias": {"2": 100}}
+    st, r1 = post_json("/v1/completions", eos)
+    st2, r2 = post_json("/v1/completions", dict(eos, min_tokens=12))
+    check("EOS made likely: stop after 0 tokens; min_tokens 12: stop after 12",
+          st == st2 == 200 and r1["usage"]["completion_tokens"] == 0 and r1["choices"][0]["finish_reason"] == "stop"
+          and r2["usage"]["completion_tokens"] == 12 and r2["choices"][0]["finish_reason"] == "stop")
+    sid = g["greedy_tokens"][5]
+    first = g["greedy_tokens"].index(sid)
+    st, r3 = post_json("/v1/completions", {"prompt": g["prompt_tokens"], "max_tokens": 40, "temperature": 0, "stop_token_ids": [sid]})
+    check("stop_token_ids [%d]: %d tokens, finish stop" % (sid, first),
+          st == 200 and r3["usage"]["completion_tokens"] == first and r3["choices"][0]["finish_reason"] == "stop")
+    st, r4 = post_json("/v1/completions", {"prompt": g["prompt_tokens"], "max_tokens": 40, "temperature": 0, "stop_token_ids": [sid],
+                                           "min_tokens": first + 1})
+    check("stop_token_ids held back by min_tokens", st == 200 and r4["usage"]["completion_tokens"] > first)
+
+    # 10. bad values -> 400
     for name, path, b in [
         ("logprobs 21", "/v1/completions", {"prompt": "a", "logprobs": 21}),
         ("logprobs -1", "/v1/completions", {"prompt": "a", "logprobs": -1}),
@@ -243,6 +260,10 @@ def main_stories(shared):
         ("echo not a boolean", "/v1/completions", {"prompt": "a", "echo": "yes"}),
         ("max_tokens 0 without echo", "/v1/completions", {"prompt": "a", "max_tokens": 0}),
         ("two prompts in one request", "/v1/completions", {"prompt": ["a", "b"]}),
+        ("min_tokens -1", "/v1/completions", {"prompt": "a", "min_tokens": -1}),
+        ("stop_token_ids not an array", "/v1/completions", {"prompt": "a", "stop_token_ids": 5}),
+        ("stop_token_ids out of the vocabulary", "/v1/completions", {"prompt": "a", "stop_token_ids": [512]}),
+        ("17 stop_token_ids", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "stop_token_ids": list(range(3, 20))}),
         ("response_format json_schema", "/v1/completions", {"prompt": "a", "response_format": {"type": "json_schema", "json_schema": {}}}),
         ("response_format a string", "/v1/completions", {"prompt": "a", "response_format": "json_object"}),
         ("response_format without a type", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "response_format": {}}),

@@ -129,6 +129,34 @@ static int32_t toy_reference(const int32_t *prompt, int32_t n_prompt, int32_t ma
     return g;
 }
 
+/* The same with a logit bias on EOS, min_tokens (EOS and the stop id masked before it) and a
+ * stop token id (-1: none): finish reason in *fin. */
+static int32_t toy_reference_stops(const int32_t *prompt, int32_t n_prompt, int32_t max_tokens, int32_t min_tokens,
+                                   int32_t stop_id, float eos_bias, int32_t *out, fl_finish_reason *fin) {
+    int32_t seq[TOY_CTX];
+    memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
+    int32_t n = n_prompt, g = 0;
+    float l[TOY_VOCAB];
+    *fin = FL_FINISH_LENGTH;
+    while (g < max_tokens) {
+        toy_logits(seq, n, l);
+        l[TOY_EOS] += eos_bias;
+        if (g < min_tokens) {
+            l[TOY_EOS] = -INFINITY;
+            if (stop_id >= 0) l[stop_id] = -INFINITY;
+        }
+        int32_t best = 0;
+        for (int32_t v = 1; v < TOY_VOCAB; v++)
+            if (l[v] > l[best]) best = v;
+        if (best == TOY_EOS || best == stop_id) {
+            *fin = best == TOY_EOS ? FL_FINISH_EOS : FL_FINISH_STOP;
+            break;
+        }
+        seq[n++] = out[g++] = best;
+    }
+    return g;
+}
+
 static int64_t toy_blocks(const toy *t, int32_t n) { return t->contiguous ? (n > 0) : (n + t->bs - 1) / t->bs; }
 static int64_t toy_n_free(void *ctx) {
     toy *t = ctx;
@@ -588,6 +616,83 @@ static void test_toy_json(void **state) {
     }
     assert_true(stops >= 8); /* both endings seen (the counts are fixed by the seeds) */
     assert_true(lengths >= 1);
+    fl_test_mem_zero();
+}
+
+/* min_tokens and stop_token_ids, batched: each request equals its reference (EOS and the stop
+ * ids masked before min_tokens; a stop id ends the request like EOS, outside the output) */
+static void test_toy_min_tokens_stop_ids(void **state) {
+    (void)state;
+    wl w;
+    make_wl(&w, 5);
+    toy *t;
+    fl_engine *e = toy_engine(6, 16, 4, 1000, 0, FL_PREEMPT_RECOMPUTE, &t);
+    int32_t min_tok[NREQ], stop_id[NREQ], want[NREQ][TOY_CTX], n_want[NREQ];
+    fl_finish_reason want_fin[NREQ];
+    int eos_early = 0, stopped = 0;
+    for (int i = 0; i < NREQ; i++) {
+        int32_t ref[TOY_CTX];
+        const int32_t n_ref = toy_reference(w.prompt[i], w.n_prompt[i], w.max_tokens[i], ref);
+        /* odd requests: EOS made likely (+8), and not allowed before 3..6 tokens */
+        const float eos_bias = i % 2 ? 8.0f : 0.0f;
+        min_tok[i] = i % 2 ? 3 + i % 4 : 0;
+        stop_id[i] = i % 2 == 0 && n_ref > 2 ? ref[n_ref / 2] : -1; /* even: a token the output has */
+        n_want[i] = toy_reference_stops(w.prompt[i], w.n_prompt[i], w.max_tokens[i], min_tok[i], stop_id[i], eos_bias, want[i], &want_fin[i]);
+        eos_early += want_fin[i] == FL_FINISH_EOS && n_want[i] >= min_tok[i];
+        stopped += want_fin[i] == FL_FINISH_STOP;
+        fl_request_params p = {0};
+        fl_sampling_params_default(&p.sampling);
+        p.prompt = w.prompt[i];
+        p.n_prompt = w.n_prompt[i];
+        p.max_tokens = w.max_tokens[i];
+        p.min_tokens = min_tok[i];
+        fl_logit_bias eb = {TOY_EOS, 8.0f};
+        if (i % 2) {
+            p.logit_bias = &eb;
+            p.n_logit_bias = 1;
+        }
+        if (stop_id[i] >= 0) {
+            p.stop_token_ids[0] = stop_id[i];
+            p.n_stop_token_ids = 1;
+        }
+        assert_int_equal(fl_engine_add(e, &p, &w.id[i]), FL_OK);
+    }
+    assert_true(eos_early >= 1 && stopped >= 1); /* both paths are taken by this workload */
+    for (int done = 0, guard = 0; done < NREQ; guard++) {
+        assert_true(guard < 5000);
+        int32_t active;
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output ev[16];
+        int32_t n;
+        while ((n = fl_engine_poll(e, ev, 16)) > 0)
+            for (int32_t k = 0; k < n; k++) {
+                const int i = idx_of(&w, ev[k].request_id);
+                memcpy(w.got[i] + w.n_got[i], ev[k].new_tokens, (size_t)ev[k].n_new * sizeof(int32_t));
+                w.n_got[i] += ev[k].n_new;
+                if (ev[k].finish) {
+                    w.finish[i] = ev[k].finish;
+                    done++;
+                }
+            }
+    }
+    for (int i = 0; i < NREQ; i++) {
+        if (w.n_got[i] != n_want[i] || memcmp(w.got[i], want[i], (size_t)n_want[i] * sizeof(int32_t)))
+            fail_msg("request %d: %d tokens, the reference %d (min_tokens %d, stop id %d)", i, w.n_got[i], n_want[i], min_tok[i], stop_id[i]);
+        assert_int_equal(w.finish[i], want_fin[i]);
+    }
+    /* out of range */
+    int32_t prompt[2] = {1, 5};
+    fl_request_params p = {.prompt = prompt, .n_prompt = 2, .max_tokens = 4, .n_stop_token_ids = 1};
+    int64_t id;
+    p.stop_token_ids[0] = TOY_VOCAB;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    p.stop_token_ids[0] = 3;
+    p.n_stop_token_ids = FL_MAX_STOP_TOKEN_IDS + 1;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    p.n_stop_token_ids = 1;
+    p.min_tokens = -1;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    fl_engine_free(e);
     fl_test_mem_zero();
 }
 
@@ -1250,6 +1355,7 @@ int main(void) {
         cmocka_unit_test(test_toy_preempt_swap),
         cmocka_unit_test(test_toy_logprobs),
         cmocka_unit_test(test_toy_json),
+        cmocka_unit_test(test_toy_min_tokens_stop_ids),
         cmocka_unit_test(test_toy_static_baseline),
         cmocka_unit_test(test_toy_cancel),
         cmocka_unit_test(test_toy_stop_string),

@@ -53,6 +53,7 @@ struct fl_engine {
     int64_t *vocab_off;         /* [n_vocab + 1] */
     uint8_t *vocab_plain;       /* [n_vocab] 1: plain string text (fl_json_plain) */
     float *masked;              /* [n_vocab] */
+    int32_t eog[16], n_eog;     /* end-of-generation ids (masked before a request's min_tokens) */
 
     fl_backend_kv_stats kv_snap; /* taken by the driver under the lock: the cache is never read
                                   * from other threads while a forward may be changing it */
@@ -141,7 +142,10 @@ static fl_status vocab_text_build(fl_engine *e) {
             e->be.piece(e->be.ctx, t, piece, (int32_t)sizeof piece);
             memcpy(text + off[t], piece, (size_t)(off[t + 1] - off[t]));
         }
-    for (int32_t t = 0; t < nv; t++) plain[t] = fl_json_plain(text + off[t], (int32_t)(off[t + 1] - off[t]));
+    for (int32_t t = 0; t < nv; t++) {
+        plain[t] = fl_json_plain(text + off[t], (int32_t)(off[t + 1] - off[t]));
+        if (e->be.is_eog && e->be.is_eog(e->be.ctx, t) && e->n_eog < (int32_t)(sizeof e->eog / sizeof e->eog[0])) e->eog[e->n_eog++] = t;
+    }
     e->vocab_text = text;
     e->vocab_off = off;
     e->masked = masked;
@@ -187,7 +191,14 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
         finish(e, r, FL_FINISH_ERROR);
         return;
     }
-    const int32_t tok = fl_sample(r->sampler, r->json ? e->masked : row, e->be.n_vocab, r->tokens, r->n_tokens);
+    const float *src = r->json ? e->masked : row;
+    if (fl_request_n_generated(r) < r->min_tokens && (e->n_eog || r->n_stop_ids)) { /* no end yet */
+        if (src != e->masked) memcpy(e->masked, row, (size_t)e->be.n_vocab * sizeof *e->masked);
+        src = e->masked;
+        for (int32_t i = 0; i < e->n_eog; i++) e->masked[e->eog[i]] = -INFINITY;
+        for (int32_t i = 0; i < r->n_stop_ids; i++) e->masked[r->stop_ids[i]] = -INFINITY;
+    }
+    const int32_t tok = fl_sample(r->sampler, src, e->be.n_vocab, r->tokens, r->n_tokens);
     if (r->logprobs) {
         fl_token_logprob *lp = r->lp + (size_t)fl_request_n_generated(r) * (size_t)(1 + r->n_top);
         lp[0].token = tok;
@@ -330,6 +341,13 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
     if (need > avail)
         return fl_set_error(FL_ERR_INVALID, "%s: prompt + max_tokens = %lld tokens need %lld KV blocks, the pool has %lld",
                             __func__, (long long)p->n_prompt + max_tokens, (long long)need, (long long)avail);
+    if (p->min_tokens < 0 || p->n_stop_token_ids < 0 || p->n_stop_token_ids > FL_MAX_STOP_TOKEN_IDS)
+        return fl_set_error(FL_ERR_INVALID, "%s: min_tokens %d, %d stop token ids (at most %d)", __func__, p->min_tokens,
+                            p->n_stop_token_ids, FL_MAX_STOP_TOKEN_IDS);
+    for (int32_t i = 0; i < p->n_stop_token_ids; i++)
+        if (p->stop_token_ids[i] < 0 || p->stop_token_ids[i] >= e->be.n_vocab)
+            return fl_set_error(FL_ERR_INVALID, "%s: stop token id %d out of the vocabulary (%d)", __func__,
+                                p->stop_token_ids[i], e->be.n_vocab);
     const int32_t max_lp = e->p.max_logprobs < e->be.n_vocab ? e->p.max_logprobs : e->be.n_vocab;
     if ((p->logprobs || p->top_logprobs || p->prompt_logprobs) && max_lp < 0)
         return fl_set_error(FL_ERR_INVALID, "%s: logprobs are off in this engine (max_logprobs -1)", __func__);
@@ -421,6 +439,11 @@ static void commit_token(fl_engine *e, fl_request *r, int32_t tok) {
         finish(e, r, FL_FINISH_EOS);
         return;
     }
+    for (int32_t i = 0; i < r->n_stop_ids; i++)
+        if (tok == r->stop_ids[i]) { /* like EOS: ends it, not part of the output */
+            finish(e, r, FL_FINISH_STOP);
+            return;
+        }
     fl_request_append(r, tok);
     r->event_pending = true;
     char piece[256];

@@ -65,6 +65,8 @@ struct fl_request {
     int32_t n_cached_prompt;    /* prompt tokens served by the prefix cache at first admission */
     int32_t max_tokens;
     int32_t ignore_eos;
+    int32_t min_tokens;
+    int32_t stop_ids[FL_MAX_STOP_TOKEN_IDS], n_stop_ids;
     uint64_t cache_salt;
     fl_sampling_params sampling;
     uint64_t rng;               /* per-request RNG state (seeded from sampling.seed + sample) */

@@ -694,6 +694,22 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         goto out;
     }
     if (max_tokens > s->p.max_tokens_limit) { ret = BAD("'max_tokens' is %lld, the largest accepted is %d", (long long)max_tokens, s->p.max_tokens_limit); goto out; }
+    int64_t min_tokens = 0;
+    if (get_int(j, "min_tokens", 0, 1e9, &min_tokens, err, sizeof err)) { ret = BAD("%s", err); goto out; }
+    rp.min_tokens = (int32_t)min_tokens;
+    const cJSON *sti = cJSON_GetObjectItemCaseSensitive(j, "stop_token_ids");
+    if (sti && !cJSON_IsNull(sti)) {
+        const cJSON *x;
+        if (!cJSON_IsArray(sti)) { ret = BAD("'stop_token_ids' must be an array of token ids"); goto out; }
+        cJSON_ArrayForEach(x, sti) {
+            if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 ||
+                x->valuedouble >= fl_engine_n_vocab(s->engine) || rp.n_stop_token_ids >= FL_MAX_STOP_TOKEN_IDS) {
+                ret = BAD("'stop_token_ids' must be at most %d token ids in [0, %d)", FL_MAX_STOP_TOKEN_IDS, fl_engine_n_vocab(s->engine));
+                goto out;
+            }
+            rp.stop_token_ids[rp.n_stop_token_ids++] = (int32_t)x->valuedouble;
+        }
+    }
     const cJSON *ign = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos");
     if (ign && !cJSON_IsBool(ign)) { ret = BAD("'ignore_eos' must be a boolean"); goto out; }
     rp.ignore_eos = cJSON_IsTrue(ign);
