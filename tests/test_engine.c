@@ -112,25 +112,9 @@ static void toy_logits(const int32_t *t, int32_t n, float *out) {
         out[v] = (float)(x % 10007) / 1000.0f - (v == TOY_EOS ? 1.5f : 0.0f);
     }
 }
-/* What a request must produce: the reference, computed without any engine. */
-static int32_t toy_reference(const int32_t *prompt, int32_t n_prompt, int32_t max_tokens, int32_t *out) {
-    int32_t seq[TOY_CTX];
-    memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
-    int32_t n = n_prompt, g = 0;
-    float l[TOY_VOCAB];
-    while (g < max_tokens) {
-        toy_logits(seq, n, l);
-        int32_t best = 0;
-        for (int32_t v = 1; v < TOY_VOCAB; v++)
-            if (l[v] > l[best]) best = v;
-        if (best == TOY_EOS) break;
-        seq[n++] = out[g++] = best;
-    }
-    return g;
-}
-
-/* The same with a logit bias on EOS, min_tokens (EOS and the stop id masked before it) and a
- * stop token id (-1: none): finish reason in *fin. */
+/* What a request must produce, computed without any engine: greedy after the prompt until EOS
+ * or max_tokens, with a logit bias on EOS, min_tokens (EOS and the stop id masked before it) and
+ * a stop token id (-1: none); finish reason in *fin. */
 static int32_t toy_reference_stops(const int32_t *prompt, int32_t n_prompt, int32_t max_tokens, int32_t min_tokens,
                                    int32_t stop_id, float eos_bias, int32_t *out, fl_finish_reason *fin) {
     int32_t seq[TOY_CTX];
@@ -155,6 +139,12 @@ static int32_t toy_reference_stops(const int32_t *prompt, int32_t n_prompt, int3
         seq[n++] = out[g++] = best;
     }
     return g;
+}
+
+/* The plain request: no bias, no min_tokens, no stop id. */
+static int32_t toy_reference(const int32_t *prompt, int32_t n_prompt, int32_t max_tokens, int32_t *out) {
+    fl_finish_reason fin;
+    return toy_reference_stops(prompt, n_prompt, max_tokens, 0, -1, 0.0f, out, &fin);
 }
 
 static int64_t toy_blocks(const toy *t, int32_t n) { return t->contiguous ? (n > 0) : (n + t->bs - 1) / t->bs; }
@@ -290,11 +280,14 @@ typedef struct wl {
     int32_t prompt_lp;            /* requests ask for prompt logprobs (with top alternatives) */
     fl_token_logprob plp[NREQ][64][1 + 6];
     int32_t n_plp[NREQ];          /* prompt records received */
+    int32_t min_tokens[NREQ], stop_id[NREQ]; /* per request (stop_id -1: none) */
+    float eos_bias[NREQ];         /* a logit bias on EOS (0: none) */
 } wl;
 
 static void make_wl(wl *w, uint32_t seed) {
     memset(w, 0, sizeof *w);
     w->top = -1;
+    for (int i = 0; i < NREQ; i++) w->stop_id[i] = -1;
     for (int i = 0; i < NREQ; i++) {
         seed = seed * 1664525u + 1013904223u;
         w->n_prompt[i] = 2 + (int32_t)(seed >> 8) % 50;
@@ -330,6 +323,16 @@ static void drive(fl_engine *e, wl *w, int stagger) {
             p.logprobs = w->top >= 0;
             p.top_logprobs = w->top > 0 ? w->top : 0;
             p.prompt_logprobs = w->prompt_lp;
+            p.min_tokens = w->min_tokens[added];
+            if (w->stop_id[added] >= 0) {
+                p.stop_token_ids[0] = w->stop_id[added];
+                p.n_stop_token_ids = 1;
+            }
+            const fl_logit_bias eb = {TOY_EOS, w->eos_bias[added]};
+            if (w->eos_bias[added] != 0.0f) {
+                p.logit_bias = &eb;
+                p.n_logit_bias = 1;
+            }
             assert_int_equal(fl_engine_add(e, &p, &w->id[added]), FL_OK);
             added++;
             if (stagger) break;
@@ -627,57 +630,28 @@ static void test_toy_min_tokens_stop_ids(void **state) {
     make_wl(&w, 5);
     toy *t;
     fl_engine *e = toy_engine(6, 16, 4, 1000, 0, FL_PREEMPT_RECOMPUTE, &t);
-    int32_t min_tok[NREQ], stop_id[NREQ], want[NREQ][TOY_CTX], n_want[NREQ];
+    int32_t want[NREQ][TOY_CTX], n_want[NREQ];
     fl_finish_reason want_fin[NREQ];
-    int eos_early = 0, stopped = 0;
+    int eos_late = 0, stopped = 0;
     for (int i = 0; i < NREQ; i++) {
         int32_t ref[TOY_CTX];
         const int32_t n_ref = toy_reference(w.prompt[i], w.n_prompt[i], w.max_tokens[i], ref);
-        /* odd requests: EOS made likely (+8), and not allowed before 3..6 tokens */
-        const float eos_bias = i % 2 ? 8.0f : 0.0f;
-        min_tok[i] = i % 2 ? 3 + i % 4 : 0;
-        stop_id[i] = i % 2 == 0 && n_ref > 2 ? ref[n_ref / 2] : -1; /* even: a token the output has */
-        n_want[i] = toy_reference_stops(w.prompt[i], w.n_prompt[i], w.max_tokens[i], min_tok[i], stop_id[i], eos_bias, want[i], &want_fin[i]);
-        eos_early += want_fin[i] == FL_FINISH_EOS && n_want[i] >= min_tok[i];
+        /* odd requests: EOS made likely (+8), and not allowed before 3..6 tokens; even: a token
+         * the unconstrained output has ends them */
+        w.eos_bias[i] = i % 2 ? 8.0f : 0.0f;
+        w.min_tokens[i] = i % 2 ? 3 + i % 4 : 0;
+        w.stop_id[i] = i % 2 == 0 && n_ref > 2 ? ref[n_ref / 2] : -1;
+        n_want[i] = toy_reference_stops(w.prompt[i], w.n_prompt[i], w.max_tokens[i], w.min_tokens[i], w.stop_id[i],
+                                        w.eos_bias[i], want[i], &want_fin[i]);
+        eos_late += want_fin[i] == FL_FINISH_EOS && n_want[i] >= w.min_tokens[i] && w.min_tokens[i] > 0;
         stopped += want_fin[i] == FL_FINISH_STOP;
-        fl_request_params p = {0};
-        fl_sampling_params_default(&p.sampling);
-        p.prompt = w.prompt[i];
-        p.n_prompt = w.n_prompt[i];
-        p.max_tokens = w.max_tokens[i];
-        p.min_tokens = min_tok[i];
-        fl_logit_bias eb = {TOY_EOS, 8.0f};
-        if (i % 2) {
-            p.logit_bias = &eb;
-            p.n_logit_bias = 1;
-        }
-        if (stop_id[i] >= 0) {
-            p.stop_token_ids[0] = stop_id[i];
-            p.n_stop_token_ids = 1;
-        }
-        assert_int_equal(fl_engine_add(e, &p, &w.id[i]), FL_OK);
     }
-    assert_true(eos_early >= 1 && stopped >= 1); /* both paths are taken by this workload */
-    for (int done = 0, guard = 0; done < NREQ; guard++) {
-        assert_true(guard < 5000);
-        int32_t active;
-        assert_int_equal(fl_engine_step(e, &active), FL_OK);
-        fl_request_output ev[16];
-        int32_t n;
-        while ((n = fl_engine_poll(e, ev, 16)) > 0)
-            for (int32_t k = 0; k < n; k++) {
-                const int i = idx_of(&w, ev[k].request_id);
-                memcpy(w.got[i] + w.n_got[i], ev[k].new_tokens, (size_t)ev[k].n_new * sizeof(int32_t));
-                w.n_got[i] += ev[k].n_new;
-                if (ev[k].finish) {
-                    w.finish[i] = ev[k].finish;
-                    done++;
-                }
-            }
-    }
+    assert_true(eos_late >= 1 && stopped >= 1); /* both paths are taken by this workload */
+    drive(e, &w, 0);
     for (int i = 0; i < NREQ; i++) {
         if (w.n_got[i] != n_want[i] || memcmp(w.got[i], want[i], (size_t)n_want[i] * sizeof(int32_t)))
-            fail_msg("request %d: %d tokens, the reference %d (min_tokens %d, stop id %d)", i, w.n_got[i], n_want[i], min_tok[i], stop_id[i]);
+            fail_msg("request %d: %d tokens, the reference %d (min_tokens %d, stop id %d)", i, w.n_got[i], n_want[i],
+                     w.min_tokens[i], w.stop_id[i]);
         assert_int_equal(w.finish[i], want_fin[i]);
     }
     /* out of range */

@@ -65,6 +65,7 @@ static enum MHD_Result send_error(fl_server *s, struct MHD_Connection *conn, uns
 }
 
 #define BAD(...) send_error(s, conn, 400, "invalid_request_error", NULL, NULL, __VA_ARGS__)
+#define NOMEM() send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory")
 
 /* ---- request parsing helpers ---- */
 
@@ -89,6 +90,12 @@ static int get_int(const cJSON *o, const char *name, double lo, double hi, int64
     }
     *out = (int64_t)v->valuedouble;
     return 0;
+}
+
+/* x is a token id of the model's vocabulary (an integral number in [0, n_vocab)). */
+static bool is_token_id(const fl_server *s, const cJSON *x) {
+    return cJSON_IsNumber(x) && x->valuedouble == floor(x->valuedouble) && x->valuedouble >= 0 &&
+           x->valuedouble < fl_engine_n_vocab(s->engine);
 }
 
 static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "best_of",
@@ -516,7 +523,7 @@ static fl_status echo_text(fl_server *s, srv_req *r, const srv_buf *prompt, cons
 static enum MHD_Result send_json(fl_server *s, struct MHD_Connection *conn, cJSON *o) {
     srv_buf b = {0};
     enum MHD_Result r = append_json(&b, o, false) == FL_OK ? send_text(conn, 200, "application/json", b.p, b.len, NULL)
-                                                            : send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory");
+                                                            : NOMEM();
     srv_buf_free(&b);
     cJSON_Delete(o);
     return r;
@@ -543,17 +550,17 @@ static enum MHD_Result handle_tokenize(fl_server *s, struct MHD_Connection *conn
     if (msgs) {
         const char *e2 = NULL;
         fl_status st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, &text, &e2);
-        if (st) { ret = st == FL_ERR_NOMEM ? send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory") : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
+        if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
         flags |= FL_TOKENIZE_PARSE_SPECIAL; /* the template's markers are tokens */
     } else if (cJSON_IsString(p)) {
-        if (srv_buf_append(&text, p->valuestring, strlen(p->valuestring)) != FL_OK) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+        if (srv_buf_append(&text, p->valuestring, strlen(p->valuestring)) != FL_OK) { ret = NOMEM(); goto out; }
     } else {
         ret = BAD("give 'prompt' (or 'content') as a string, or 'messages'");
         goto out;
     }
     if (!fl_utf8_is_valid(text.p ? text.p : "", text.len)) { ret = BAD("the text is not valid UTF-8"); goto out; }
     fl_status st = tokenize_all(s, &text, flags, &toks, &cap, &n);
-    if (st == FL_ERR_NOMEM) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+    if (st == FL_ERR_NOMEM) { ret = NOMEM(); goto out; }
     if (st != FL_OK) { ret = BAD("cannot tokenize: %s", fl_last_error()); goto out; }
     cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "tokens");
     for (int64_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(toks[i]));
@@ -579,19 +586,19 @@ static enum MHD_Result handle_detokenize(fl_server *s, struct MHD_Connection *co
     const cJSON *t = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "tokens") : NULL;
     if (!cJSON_IsArray(t)) { ret = BAD("'tokens' must be an array of token ids"); goto out; }
     n = cJSON_GetArraySize(t);
-    if (n && !(ids = fl_alloc(FL_MEM_NET, (size_t)n * 4, 16))) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+    if (n && !(ids = fl_alloc(FL_MEM_NET, (size_t)n * 4, 16))) { ret = NOMEM(); goto out; }
     int64_t k = 0;
     const cJSON *x;
     cJSON_ArrayForEach(x, t) {
-        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 || x->valuedouble >= fl_engine_n_vocab(s->engine)) {
+        if (!is_token_id(s, x)) {
             ret = BAD("'tokens' must be integers in [0, %d)", fl_engine_n_vocab(s->engine));
             goto out;
         }
         ids[k++] = (int32_t)x->valuedouble;
     }
     fl_status st = detokenize_all(s, ids, n, &text);
-    if (st != FL_OK) { ret = st == FL_ERR_NOMEM ? send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory") : BAD("%s", fl_last_error()); goto out; }
-    if (srv_buf_append(&text, "", 1) != FL_OK) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+    if (st != FL_OK) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", fl_last_error()); goto out; }
+    if (srv_buf_append(&text, "", 1) != FL_OK) { ret = NOMEM(); goto out; }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "prompt", text.p);
     cJSON_AddStringToObject(o, "content", text.p);
@@ -648,7 +655,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
         if (!msgs) { ret = BAD("'messages' is required"); goto out; }
         fl_status st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, &prompt, &e2);
-        if (st) { ret = st == FL_ERR_NOMEM ? send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory") : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
+        if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
         special = true;
     } else {
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
@@ -661,11 +668,11 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(p, 0))) {
             toks_cap = cJSON_GetArraySize(p);
             toks = fl_alloc(FL_MEM_NET, (size_t)toks_cap * 4, 16);
-            if (!toks) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+            if (!toks) { ret = NOMEM(); goto out; }
             int64_t k = 0;
             const cJSON *t;
             cJSON_ArrayForEach(t, p) {
-                if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 || t->valuedouble >= fl_engine_n_vocab(s->engine)) {
+                if (!is_token_id(s, t)) {
                     ret = BAD("'prompt' token ids must be integers in [0, %d)", fl_engine_n_vocab(s->engine));
                     goto out;
                 }
@@ -702,8 +709,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         const cJSON *x;
         if (!cJSON_IsArray(sti)) { ret = BAD("'stop_token_ids' must be an array of token ids"); goto out; }
         cJSON_ArrayForEach(x, sti) {
-            if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 ||
-                x->valuedouble >= fl_engine_n_vocab(s->engine) || rp.n_stop_token_ids >= FL_MAX_STOP_TOKEN_IDS) {
+            if (!is_token_id(s, x) || rp.n_stop_token_ids >= FL_MAX_STOP_TOKEN_IDS) {
                 ret = BAD("'stop_token_ids' must be at most %d token ids in [0, %d)", FL_MAX_STOP_TOKEN_IDS, fl_engine_n_vocab(s->engine));
                 goto out;
             }
@@ -738,7 +744,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         if (nb > nv) { ret = BAD("'logit_bias' has %d entries; the vocabulary has %d tokens", nb, nv); goto out; }
         bias_cap = nb;
         bias = nb ? fl_alloc(FL_MEM_NET, (size_t)nb * sizeof *bias, 16) : NULL;
-        if (nb && !bias) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+        if (nb && !bias) { ret = NOMEM(); goto out; }
         const cJSON *x;
         cJSON_ArrayForEach(x, lb) {
             char *end = NULL;
@@ -777,7 +783,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     if (!toks) {
         const int flags = special ? (FL_TOKENIZE_ADD_SPECIAL | FL_TOKENIZE_PARSE_SPECIAL) : FL_TOKENIZE_ADD_SPECIAL;
         fl_status st = tokenize_all(s, &prompt, flags, &toks, &toks_cap, &n_prompt);
-        if (st == FL_ERR_NOMEM) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"); goto out; }
+        if (st == FL_ERR_NOMEM) { ret = NOMEM(); goto out; }
         if (st != FL_OK) { ret = BAD("cannot tokenize the prompt: %s", fl_last_error()); goto out; }
     }
     if (n_prompt == 0 || (!chat && prompt.len == 0 && !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "prompt")))) { ret = BAD("the prompt is empty"); goto out; }
@@ -821,7 +827,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     if (!r || !rc) {
         fl_free(FL_MEM_NET, r, sizeof *r);
         fl_free(FL_MEM_NET, rc, sizeof *rc);
-        ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory");
+        ret = NOMEM();
         goto out;
     }
     pthread_cond_init(&r->cv, NULL);
@@ -837,7 +843,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     if (echo && echo_text(s, r, &prompt, toks, n_prompt) != FL_OK) {
         req_free(s, r);
         fl_free(FL_MEM_NET, rc, sizeof *rc);
-        ret = send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory");
+        ret = NOMEM();
         goto out;
     }
     r->conn = conn;
