@@ -2,8 +2,9 @@
 # Short libFuzzer runs inside the test suite: configures a separate clang build (FITLLM_FUZZ=ON:
 # ASan + UBSan + coverage) beside the normal build, builds only the fuzz targets and runs
 # fuzz_gguf for FL_FUZZ_SECONDS (default 30) on synthetic seeds plus the small shared models,
-# then fuzz_plan (config.json + planner arithmetic) and fuzz_tokenize (the tokenizers of the
-# llama.cpp test vocabularies, seeded with their test strings) for a third of that each.  Skips
+# then fuzz_plan (config.json + planner arithmetic), fuzz_tokenize (the tokenizers of the
+# llama.cpp test vocabularies, seeded with their test strings) and fuzz_json_fsm (the JSON
+# recognizer of constrained decoding against a plain validator) for a third of that each.  Skips
 # (77) when clang or libFuzzer is not installed.
 # usage: cli_fuzz.sh FITLLM SHARED_DIR
 set -uo pipefail
@@ -23,7 +24,7 @@ if [ ! -f "$OUT/build.ninja" ]; then
     CC=clang cmake -S "$SRC" -B "$OUT" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFITLLM_FUZZ=ON \
         -DFITLLM_MPI=OFF -DFL_SHARED_DIR="$SHARED" >"$OUT.cmake.log" 2>&1 || { cat "$OUT.cmake.log"; exit 1; }
 fi
-ninja -C "$OUT" fuzz_gguf fuzz_plan fuzz_tokenize >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
+ninja -C "$OUT" fuzz_gguf fuzz_plan fuzz_tokenize fuzz_json_fsm >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
 
 rm -rf "$OUT/run"; mkdir -p "$OUT/run/seeds" "$OUT/run/artifacts"
 python3 "$SRC/tests/fuzz/make_seeds.py" "$OUT/run/seeds"
@@ -55,4 +56,15 @@ for i, t in enumerate(tests):
         open('%s/t%02d_%d' % (sys.argv[2], i, sel), 'wb').write(bytes([sel]) + t.encode())
 PY
 FL_SHARED_DIR="$SHARED" run_fuzzer fuzz_tokenize $((SECS / 3 + 1)) "$OUT/run/tok_seeds"
-echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan and fuzz_tokenize $((SECS / 3 + 1))s each)"
+# fuzz_json_fsm: the JSON-object recognizer of constrained decoding against a plain validator;
+# each seed is a split byte and a document
+mkdir -p "$OUT/run/json_seeds"
+python3 - "$OUT/run/json_seeds" <<'PY'
+import sys
+docs = ['{}', ' {"a": [1, -2.5e+3, true, false, null, {"b": "x\\n\\u00e9 \u00e9"}]}', '{"k":"v","n":0}', '{"a":[[[]]]}',
+        '{"a": 01}', '{"a": "\x01"}', '[1]', '{"a": 1,}', '{\n  "key": "value"\n}']
+for i, d in enumerate(docs):
+    open('%s/j%02d' % (sys.argv[1], i), 'wb').write(bytes([i * 3]) + d.encode())
+PY
+run_fuzzer fuzz_json_fsm $((SECS / 3 + 1)) "$OUT/run/json_seeds"
+echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan, fuzz_tokenize and fuzz_json_fsm $((SECS / 3 + 1))s each)"
