@@ -339,7 +339,6 @@ int fl_bench_serve(int argc, char **argv) {
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
-        {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) bytes per context token per sequence"},
         {0},
     };
     int n_pos;
@@ -396,7 +395,6 @@ int fl_bench_serve(int argc, char **argv) {
     if ((o = fl_args_get(opts, "weights"))->set) rc.ep.weights_type = o->str;
     rc.ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
     rc.ep.no_repack = fl_args_get(opts, "no-repack")->set;
-    if (fl_args_get(opts, "max-logprobs")->set) rc.ep.max_logprobs = (int32_t)fl_args_get(opts, "max-logprobs")->i;
     if ((o = fl_args_get(opts, "kv-block-size"))->set) rc.ep.kv_block_size = (int32_t)o->i;
     rc.ep.prefix_cache = !fl_args_get(opts, "no-prefix-cache")->set;
     rc.ep.preempt = strcmp(pm, "swap") ? FL_PREEMPT_RECOMPUTE : FL_PREEMPT_SWAP;
@@ -407,6 +405,8 @@ int fl_bench_serve(int argc, char **argv) {
     rc.logprobs = fl_args_get(opts, "logprobs")->set ? (int32_t)fl_args_get(opts, "logprobs")->i : -1;
     rc.prompt_logprobs = fl_args_get(opts, "prompt-logprobs")->set;
     rc.json_object = fl_args_get(opts, "json-object")->set;
+    /* the engine reserves (and the plan counts) logprob records only for what the workload asks */
+    rc.ep.max_logprobs = rc.logprobs >= 0 ? rc.logprobs : rc.prompt_logprobs ? 0 : -1;
     if (fl_args_get(opts, "logprobs")->set && (rc.logprobs < 0 || rc.logprobs > FL_MAX_TOP_LOGPROBS)) {
         fprintf(stderr, "fitllm bench serve: --logprobs takes 0..%d\n", FL_MAX_TOP_LOGPROBS);
         return 2;
