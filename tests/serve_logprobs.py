@@ -247,7 +247,36 @@ def main_stories(shared):
                                            "min_tokens": first + 1})
     check("stop_token_ids held back by min_tokens", st == 200 and r4["usage"]["completion_tokens"] > first)
 
-    # 10. bad values -> 400
+    # 10. a list of prompts (OpenAI's batch; lm-evaluation-harness with batch_size > 1): one choice
+    #     per prompt and sample, index = prompt x n + sample, each the same as the prompt alone
+    texts = ["Once upon a time", "Lily and Tom went to the park", "The little dog was sad because"]
+    alone = [post_json("/v1/completions", {"prompt": t, "max_tokens": 10, "temperature": 0})[1] for t in texts]
+    st, rb = post_json("/v1/completions", {"prompt": texts, "max_tokens": 10, "temperature": 0})
+    check("3 prompts: 3 choices in order, each the prompt's own text, usage summed",
+          st == 200 and [c["index"] for c in rb["choices"]] == [0, 1, 2]
+          and [c["text"] for c in rb["choices"]] == [a["choices"][0]["text"] for a in alone]
+          and rb["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
+          and rb["usage"]["completion_tokens"] == 30)
+    st, rn2 = post_json("/v1/completions", {"prompt": texts[:2], "max_tokens": 6, "temperature": 0, "n": 2})
+    check("2 prompts x n 2: 4 choices, 0-1 the first prompt's, 2-3 the second's", st == 200 and len(rn2["choices"]) == 4
+          and rn2["choices"][1]["text"] == alone[0]["choices"][0]["text"][:len(rn2["choices"][1]["text"])]
+          and rn2["choices"][2]["text"] == rn2["choices"][3]["text"] != rn2["choices"][0]["text"])
+    ev = post_stream("/v1/completions", {"prompt": texts, "max_tokens": 10, "temperature": 0})
+    got = ["", "", ""]
+    for e in ev:
+        for c in e["choices"]:
+            got[c["index"]] += c["text"]
+    check("3 prompts streamed: each index's text as without streaming", got == [c["text"] for c in rb["choices"]])
+    # lm-evaluation-harness's loglikelihood batch: token-id lists, echo, logprobs 1, max_tokens 1
+    lines = [json.loads(l) for l in open(shared + "/reference/stories260K.logits.jsonl")]
+    st, rl = post_json("/v1/completions", {"prompt": [d["tokens"] for d in lines], "max_tokens": 1, "temperature": 0,
+                                           "echo": True, "logprobs": 1})
+    one = [post_json("/v1/completions", {"prompt": d["tokens"], "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1})[1]
+           for d in lines]
+    check("4 token-id prompts with echo: each choice's records equal its prompt alone",
+          st == 200 and len(rl["choices"]) == 4 and all(c["logprobs"] == o["choices"][0]["logprobs"] for c, o in zip(rl["choices"], one)))
+
+    # 11. bad values -> 400
     for name, path, b in [
         ("logprobs 21", "/v1/completions", {"prompt": "a", "logprobs": 21}),
         ("logprobs -1", "/v1/completions", {"prompt": "a", "logprobs": -1}),
@@ -259,7 +288,9 @@ def main_stories(shared):
         ("echo on chat", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "echo": True}),
         ("echo not a boolean", "/v1/completions", {"prompt": "a", "echo": "yes"}),
         ("max_tokens 0 without echo", "/v1/completions", {"prompt": "a", "max_tokens": 0}),
-        ("two prompts in one request", "/v1/completions", {"prompt": ["a", "b"]}),
+        ("17 prompts in one request", "/v1/completions", {"prompt": ["a"] * 17}),
+        ("3 prompts x n 8 (24 choices)", "/v1/completions", {"prompt": ["a", "b", "c"], "n": 8, "max_tokens": 2}),
+        ("a list mixing a prompt and a number", "/v1/completions", {"prompt": ["a", 5]}),
         ("min_tokens -1", "/v1/completions", {"prompt": "a", "min_tokens": -1}),
         ("stop_token_ids not an array", "/v1/completions", {"prompt": "a", "stop_token_ids": 5}),
         ("stop_token_ids out of the vocabulary", "/v1/completions", {"prompt": "a", "stop_token_ids": [512]}),

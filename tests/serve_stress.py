@@ -36,7 +36,8 @@ def body():
                          for _ in range(rng.randint(1 if rng.random() < 0.9 else 0, 3))]
     else:
         d["prompt"] = rng.choice(["Once upon a time", "The cat", odd(), [1, 2, 3],
-                                  [rng.randint(-3, 600) for _ in range(rng.randint(0, 30))]])
+                                  [rng.randint(-3, 600) for _ in range(rng.randint(0, 30))],
+                                  ["Once upon a time", "The cat"], [[1, 2, 3], [1, 7]], ["a"] * rng.randint(1, 20)])
     for _ in range(rng.choice([0, 0, 0, 0, 1, 3])):
         d[rng.choice(KEYS)] = odd()
     d["max_tokens"] = odd() if rng.random() < 0.1 else rng.randint(1, 24)

@@ -236,8 +236,9 @@ static cJSON *logprobs_json(fl_server *s, srv_req *r, srv_sample *sm, int32_t to
         legacy_lp a = {cJSON_AddArrayToObject(o, "tokens"), cJSON_AddArrayToObject(o, "token_logprobs"),
                        cJSON_AddArrayToObject(o, "top_logprobs"), cJSON_AddArrayToObject(o, "text_offset")};
         if (prompt) {
-            legacy_add(s, &a, t, r->first_tok, NULL, w, &sm->lp_chars);
-            for (int32_t i = 0; i < r->n_plp; i++) legacy_add(s, &a, t, 0, r->plp + (size_t)i * (size_t)w, w, &sm->lp_chars);
+            const srv_prompt *pr = &r->pr[(sm - r->samples) / r->n];
+            legacy_add(s, &a, t, pr->first_tok, NULL, w, &sm->lp_chars);
+            for (int32_t i = 0; i < pr->n_plp; i++) legacy_add(s, &a, t, 0, pr->plp + (size_t)i * (size_t)w, w, &sm->lp_chars);
         }
         for (int32_t i = sm->lp_sent; i < to; i++) legacy_add(s, &a, t, 0, sm->lp + (size_t)i * (size_t)w, w, &sm->lp_chars);
     }
@@ -264,7 +265,7 @@ static cJSON *chunk_base(fl_server *s, srv_req *r) {
 
 /* Append SSE chunks for new text and finished samples (called with s->mu held). */
 static void produce_stream(fl_server *s, srv_req *r) {
-    for (int i = 0; i < r->n; i++) {
+    for (int i = 0; i < srv_choices(r); i++) {
       for (int guard = 0; guard < 1 << 20; guard++) {
         srv_sample *sm = &r->samples[i];
         bool fin = sm->finish != FL_FINISH_NONE;
@@ -285,15 +286,16 @@ static void produce_stream(fl_server *s, srv_req *r) {
         if (more) fin = false; /* the finish reason goes on the last chunk */
         bool first_chat = r->chat && !r->role_sent;
         /* echo: the prompt (and its records, once the engine has sent them) leads the first chunk */
-        const bool echo_now = r->echo && !sm->echo_sent && (!r->logprobs || r->plp_got || fin);
+        const srv_prompt *pr = &r->pr[i / r->n];
+        const bool echo_now = r->echo && !sm->echo_sent && (!r->logprobs || pr->plp_got || fin);
         if (r->echo && !sm->echo_sent && !echo_now) break;
-        const size_t pre = echo_now ? r->echo_text.len : 0, dn = pre + avail - sm->sent;
+        const size_t pre = echo_now ? pr->echo_text.len : 0, dn = pre + avail - sm->sent;
         if (avail > sm->sent || first_chat || echo_now || (fin && !sm->finish_sent)) {
             cJSON *o = chunk_base(s, r), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
             cJSON_AddNumberToObject(c, "index", i);
             char *delta = fl_alloc(FL_MEM_NET, dn + 1, 16);
             if (!delta) { cJSON_Delete(o); break; }
-            if (pre) memcpy(delta, r->echo_text.p, pre);
+            if (pre) memcpy(delta, pr->echo_text.p, pre);
             if (avail > sm->sent) memcpy(delta + pre, sm->text.p + sm->sent, avail - sm->sent); /* (the role chunk: no text yet, p may be NULL) */
             delta[dn] = 0;
             if (r->chat) {
@@ -319,18 +321,18 @@ static void produce_stream(fl_server *s, srv_req *r) {
         }
       }
     }
-    bool all_fin = r->n_done == r->n;
-    for (int i = 0; i < r->n && all_fin; i++) all_fin = r->samples[i].finish_sent;
+    bool all_fin = r->n_done == srv_choices(r);
+    for (int i = 0; i < srv_choices(r) && all_fin; i++) all_fin = r->samples[i].finish_sent;
     if (!all_fin) return;
     if (r->include_usage && !r->usage_sent) { /* stream_options.include_usage: a last chunk with usage */
         cJSON *o = chunk_base(s, r), *u;
         cJSON_AddArrayToObject(o, "choices");
         u = cJSON_AddObjectToObject(o, "usage");
         int32_t gen = 0;
-        for (int k = 0; k < r->n; k++) gen += r->samples[k].n_tokens;
-        cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
+        for (int k = 0; k < srv_choices(r); k++) gen += r->samples[k].n_tokens;
+        cJSON_AddNumberToObject(u, "prompt_tokens", srv_prompt_tokens(r));
         cJSON_AddNumberToObject(u, "completion_tokens", gen);
-        cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + gen);
+        cJSON_AddNumberToObject(u, "total_tokens", srv_prompt_tokens(r) + gen);
         append_json(&r->out, o, true);
         cJSON_Delete(o);
         r->usage_sent = true;
@@ -347,7 +349,7 @@ static void produce_full(fl_server *s, srv_req *r) {
     cJSON_AddStringToObject(o, "model", s->model_name);
     cJSON *ch = cJSON_AddArrayToObject(o, "choices");
     int32_t gen = 0;
-    for (int i = 0; i < r->n; i++) {
+    for (int i = 0; i < srv_choices(r); i++) {
         srv_sample *sm = &r->samples[i];
         cJSON *c = cJSON_CreateObject();
         cJSON_AddNumberToObject(c, "index", i);
@@ -358,7 +360,8 @@ static void produce_full(fl_server *s, srv_req *r) {
             cJSON_AddStringToObject(m, "content", txt);
         } else if (r->echo) { /* the prompt, then the completion */
             srv_buf both = {0};
-            if (srv_buf_append(&both, r->echo_text.p ? r->echo_text.p : "", r->echo_text.len) != FL_OK ||
+            const srv_buf *et = &r->pr[i / r->n].echo_text;
+            if (srv_buf_append(&both, et->p ? et->p : "", et->len) != FL_OK ||
                 srv_buf_append(&both, txt, sm->text.len) != FL_OK || srv_buf_append(&both, "", 1) != FL_OK) {
                 srv_buf_free(&both);
                 cJSON_Delete(c);
@@ -377,9 +380,9 @@ static void produce_full(fl_server *s, srv_req *r) {
         gen += sm->n_tokens;
     }
     cJSON *u = cJSON_AddObjectToObject(o, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
+    cJSON_AddNumberToObject(u, "prompt_tokens", srv_prompt_tokens(r));
     cJSON_AddNumberToObject(u, "completion_tokens", gen);
-    cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + gen);
+    cJSON_AddNumberToObject(u, "total_tokens", srv_prompt_tokens(r) + gen);
     append_json(&r->out, o, false);
     cJSON_Delete(o);
     r->all_sent = true;
@@ -431,11 +434,11 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
         if (r->stream) produce_stream(s, r);
-        else if (r->n_done == r->n) produce_full(s, r);
+        else if (r->n_done == srv_choices(r)) produce_full(s, r);
         if (r->out.len) continue;
         if (s->stopping || r->cancelled || client_gone(r->conn)) {
             if (r->registered) {
-                fl_engine_cancel(s->engine, r->id);
+                srv_cancel(s, r);
                 unregister(s, r);
                 s->m.requests_cancelled++;
             }
@@ -458,8 +461,11 @@ static void req_free(fl_server *s, srv_req *r) {
         fl_free(FL_MEM_NET, r->samples[i].lp, (size_t)r->samples[i].cap_lp * (size_t)(1 + r->n_top) * sizeof(fl_token_logprob));
     }
     srv_buf_free(&r->out);
-    srv_buf_free(&r->echo_text);
-    if (r->plp) fl_free(FL_MEM_NET, r->plp, (size_t)(r->n_prompt - 1) * (size_t)(1 + r->n_top) * sizeof *r->plp);
+    for (int k = 0; k < SRV_MAX_N; k++) {
+        srv_prompt *pr = &r->pr[k];
+        srv_buf_free(&pr->echo_text);
+        if (pr->plp) fl_free(FL_MEM_NET, pr->plp, (size_t)(pr->n_prompt - 1) * (size_t)(1 + r->n_top) * sizeof *pr->plp);
+    }
     pthread_cond_destroy(&r->cv);
     (void)s;
     fl_free(FL_MEM_NET, r, sizeof *r);
@@ -471,7 +477,7 @@ static void reader_free(void *cls) {
     srv_req *r = rc->r;
     pthread_mutex_lock(&s->mu);
     if (r->registered) { /* response torn down before the request finished: the client left */
-        fl_engine_cancel(s->engine, r->id);
+        srv_cancel(s, r);
         unregister(s, r);
         s->m.requests_cancelled++;
     }
@@ -511,10 +517,10 @@ static fl_status detokenize_all(fl_server *s, const int32_t *ids, int64_t n, srv
     return fl_set_error(FL_ERR_UNSUPPORTED, "these ids have no text (no tokenizer)");
 }
 
-/* r->echo_text := the prompt as the client gave it, or its token ids detokenized. */
-static fl_status echo_text(fl_server *s, srv_req *r, const srv_buf *prompt, const int32_t *toks, int64_t n) {
-    if (prompt->len) return srv_buf_append(&r->echo_text, prompt->p, prompt->len);
-    fl_status st = detokenize_all(s, toks, n, &r->echo_text);
+/* pr->echo_text := the prompt as the client gave it, or its token ids detokenized. */
+static fl_status echo_text(fl_server *s, srv_prompt *pr, const srv_buf *prompt, const int32_t *toks, int64_t n) {
+    if (prompt->len) return srv_buf_append(&pr->echo_text, prompt->p, prompt->len);
+    fl_status st = detokenize_all(s, toks, n, &pr->echo_text);
     if (st == FL_ERR_UNSUPPORTED) fl_clear_error(); /* nothing to echo */
     return st == FL_ERR_NOMEM ? st : FL_OK;
 }
@@ -610,14 +616,22 @@ out:
     return ret;
 }
 
+/* One prompt of a generation request, as parsed: its text (chat, or a text prompt) and ids. */
+typedef struct gen_prompt {
+    srv_buf text;
+    bool is_text;          /* the client gave text (else ids; chat: the rendered messages) */
+    int32_t *toks;         /* FL_MEM_NET [cap] */
+    int64_t cap, n;
+} gen_prompt;
+
 static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool chat) {
     char err[256] = "";
     enum MHD_Result ret;
-    int32_t *toks = NULL;
-    int64_t toks_cap = 0;
+    gen_prompt gp[SRV_MAX_N];
+    int32_t n_gp = 0;
+    memset(gp, 0, sizeof gp);
     fl_logit_bias *bias = NULL;
     int32_t bias_cap = 0;
-    srv_buf prompt = {0};
     cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
     if (!j) return BAD("malformed JSON in the request body");
     if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
@@ -649,41 +663,51 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     const bool echo = cJSON_IsTrue(ec);
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
     if (model && !cJSON_IsString(model) && !cJSON_IsNull(model)) { ret = BAD("'model' must be a string"); goto out; }
+    /* the prompts: chat's rendered messages; a completion's string or token ids, or a list of
+     * those (one engine request each; a list of one is the prompt, as lm-evaluation-harness
+     * sends it) */
     bool special = false;
     if (chat) {
         const char *e2 = NULL;
         const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
         if (!msgs) { ret = BAD("'messages' is required"); goto out; }
-        fl_status st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, &prompt, &e2);
+        fl_status st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, &gp[0].text, &e2);
         if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
         special = true;
+        n_gp = 1;
     } else {
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
         if (!p) { ret = BAD("'prompt' is required"); goto out; }
-        /* a batch of one ([text] or [[ids]], as lm-evaluation-harness sends it) is that prompt */
-        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && (cJSON_IsString(cJSON_GetArrayItem(p, 0)) || cJSON_IsArray(cJSON_GetArrayItem(p, 0))))
-            p = cJSON_GetArrayItem(p, 0);
-        if (cJSON_IsString(p)) {
-            srv_buf_append(&prompt, p->valuestring, strlen(p->valuestring));
-        } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(p, 0))) {
-            toks_cap = cJSON_GetArraySize(p);
-            toks = fl_alloc(FL_MEM_NET, (size_t)toks_cap * 4, 16);
-            if (!toks) { ret = NOMEM(); goto out; }
-            int64_t k = 0;
-            const cJSON *t;
-            cJSON_ArrayForEach(t, p) {
-                if (!is_token_id(s, t)) {
-                    ret = BAD("'prompt' token ids must be integers in [0, %d)", fl_engine_n_vocab(s->engine));
-                    goto out;
+        const cJSON *items[SRV_MAX_N];
+        bool list = cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, p) list = list && (cJSON_IsString(x) || cJSON_IsArray(x));
+        if (list && cJSON_GetArraySize(p) > SRV_MAX_N) { ret = BAD("'prompt' lists at most %d prompts", SRV_MAX_N); goto out; }
+        if (list) cJSON_ArrayForEach(x, p) items[n_gp++] = x;
+        else items[n_gp++] = p;
+        for (int32_t k = 0; k < n_gp; k++) {
+            const cJSON *q = items[k];
+            if (cJSON_IsString(q)) {
+                if (srv_buf_append(&gp[k].text, q->valuestring, strlen(q->valuestring)) != FL_OK) { ret = NOMEM(); goto out; }
+                gp[k].is_text = true;
+            } else if (cJSON_IsArray(q) && cJSON_GetArraySize(q) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(q, 0))) {
+                gp[k].cap = cJSON_GetArraySize(q);
+                if (!(gp[k].toks = fl_alloc(FL_MEM_NET, (size_t)gp[k].cap * 4, 16))) { ret = NOMEM(); goto out; }
+                cJSON_ArrayForEach(x, q) {
+                    if (!is_token_id(s, x)) {
+                        ret = BAD("'prompt' token ids must be integers in [0, %d)", fl_engine_n_vocab(s->engine));
+                        goto out;
+                    }
+                    gp[k].toks[gp[k].n++] = (int32_t)x->valuedouble;
                 }
-                toks[k++] = (int32_t)t->valuedouble;
+            } else {
+                ret = BAD("'prompt' must be a string or an array of token ids, or a list of those");
+                goto out;
             }
-        } else {
-            ret = BAD("'prompt' must be a string or an array of token ids (or an array of one of those: one prompt per request)");
-            goto out;
         }
     }
-    if (!toks && !fl_utf8_is_valid(prompt.p ? prompt.p : "", prompt.len)) { ret = BAD("the prompt is not valid UTF-8"); goto out; }
+    for (int32_t k = 0; k < n_gp; k++)
+        if (!gp[k].toks && !fl_utf8_is_valid(gp[k].text.p ? gp[k].text.p : "", gp[k].text.len)) { ret = BAD("the prompt is not valid UTF-8"); goto out; }
 
     fl_request_params rp;
     memset(&rp, 0, sizeof rp);
@@ -778,32 +802,29 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         }
     } else if (stop && !cJSON_IsNull(stop)) { ret = BAD("'stop' must be a string or an array of strings"); goto out; }
 
-    /* tokenize */
-    int64_t n_prompt = toks_cap;
-    if (!toks) {
-        const int flags = special ? (FL_TOKENIZE_ADD_SPECIAL | FL_TOKENIZE_PARSE_SPECIAL) : FL_TOKENIZE_ADD_SPECIAL;
-        fl_status st = tokenize_all(s, &prompt, flags, &toks, &toks_cap, &n_prompt);
-        if (st == FL_ERR_NOMEM) { ret = NOMEM(); goto out; }
-        if (st != FL_OK) { ret = BAD("cannot tokenize the prompt: %s", fl_last_error()); goto out; }
-    }
-    if (n_prompt == 0 || (!chat && prompt.len == 0 && !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "prompt")))) { ret = BAD("the prompt is empty"); goto out; }
-    if (n_prompt >= n_ctx) {
-        ret = send_error(s, conn, 400, "invalid_request_error", "context_length_exceeded", "prompt",
-                         "the prompt has %lld tokens; the context is %d tokens", (long long)n_prompt, n_ctx);
-        goto out;
+    /* tokenize; every prompt must leave room in the context */
+    if (n * n_gp > SRV_MAX_N) { ret = BAD("'n' x prompts is %lld; at most %d choices per request", (long long)(n * n_gp), SRV_MAX_N); goto out; }
+    for (int32_t k = 0; k < n_gp; k++) {
+        if (!gp[k].toks) {
+            const int flags = special ? (FL_TOKENIZE_ADD_SPECIAL | FL_TOKENIZE_PARSE_SPECIAL) : FL_TOKENIZE_ADD_SPECIAL;
+            fl_status st = tokenize_all(s, &gp[k].text, flags, &gp[k].toks, &gp[k].cap, &gp[k].n);
+            if (st == FL_ERR_NOMEM) { ret = NOMEM(); goto out; }
+            if (st != FL_OK) { ret = BAD("cannot tokenize the prompt: %s", fl_last_error()); goto out; }
+        }
+        if (gp[k].n == 0 || (gp[k].is_text && gp[k].text.len == 0)) { ret = BAD("the prompt is empty"); goto out; }
+        if (gp[k].n >= n_ctx) {
+            ret = send_error(s, conn, 400, "invalid_request_error", "context_length_exceeded", "prompt",
+                             "the prompt has %lld tokens; the context is %d tokens", (long long)gp[k].n, n_ctx);
+            goto out;
+        }
     }
     const bool drop_gen = echo && max_tokens == 0; /* the engine generates one token, not reported */
     if (drop_gen) max_tokens = 1;
-    if (max_tokens < 0 || max_tokens > n_ctx - n_prompt) max_tokens = n_ctx - n_prompt;
-    if (max_tokens > s->p.max_tokens_limit) max_tokens = s->p.max_tokens_limit;
 
     fl_engine_stats es;
     fl_engine_stats_get(s->engine, &es);
     if (es.n_waiting >= s->p.max_queue) { ret = send_error(s, conn, 503, "server_error", "queue_full", NULL, "the server is busy (%d requests waiting); retry later", es.n_waiting); goto out; }
 
-    rp.prompt = toks;
-    rp.n_prompt = (int32_t)n_prompt;
-    rp.max_tokens = (int32_t)max_tokens;
     rp.n = (int32_t)n;
     rp.logprobs = want_lp;
     rp.top_logprobs = (int32_t)n_top;
@@ -839,32 +860,43 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     r->n_top = (int32_t)n_top;
     r->echo = echo;
     r->drop_gen = drop_gen;
-    r->first_tok = toks[0];
-    if (echo && echo_text(s, r, &prompt, toks, n_prompt) != FL_OK) {
-        req_free(s, r);
-        fl_free(FL_MEM_NET, rc, sizeof *rc);
-        ret = NOMEM();
-        goto out;
+    r->n_pr = n_gp;
+    for (int32_t k = 0; k < n_gp; k++) {
+        r->pr[k].first_tok = gp[k].toks[0];
+        r->pr[k].n_prompt = (int32_t)gp[k].n;
+        if (echo && echo_text(s, &r->pr[k], &gp[k].text, gp[k].toks, gp[k].n) != FL_OK) {
+            req_free(s, r);
+            fl_free(FL_MEM_NET, rc, sizeof *rc);
+            ret = NOMEM();
+            goto out;
+        }
     }
     r->conn = conn;
-    r->n_prompt = (int32_t)n_prompt;
     r->t_start = srv_now();
     r->created = (int64_t)time(NULL);
     rc->s = s;
     rc->r = r;
 
-    pthread_mutex_lock(&s->mu); /* register before the driver can see outputs for the id */
-    int64_t id;
-    fl_status st = fl_engine_add(s->engine, &rp, &id);
-    if (st != FL_OK) {
-        pthread_mutex_unlock(&s->mu);
-        req_free(s, r);
-        fl_free(FL_MEM_NET, rc, sizeof *rc);
-        ret = st == FL_ERR_INVALID ? BAD("%s", fl_last_error()) : send_error(s, conn, 503, "server_error", NULL, NULL, "cannot queue the request: %s", fl_last_error());
-        goto out;
+    pthread_mutex_lock(&s->mu); /* register before the driver can see outputs for the ids */
+    for (int32_t k = 0; k < n_gp; k++) {
+        int64_t mt = max_tokens;
+        if (mt < 0 || mt > n_ctx - gp[k].n) mt = n_ctx - gp[k].n;
+        if (mt > s->p.max_tokens_limit) mt = s->p.max_tokens_limit;
+        rp.prompt = gp[k].toks;
+        rp.n_prompt = (int32_t)gp[k].n;
+        rp.max_tokens = (int32_t)mt;
+        fl_status st = fl_engine_add(s->engine, &rp, &r->pr[k].id);
+        if (st != FL_OK) {
+            r->n_pr = k; /* the ones queued go again */
+            srv_cancel(s, r);
+            pthread_mutex_unlock(&s->mu);
+            req_free(s, r);
+            fl_free(FL_MEM_NET, rc, sizeof *rc);
+            ret = st == FL_ERR_INVALID ? BAD("%s", fl_last_error()) : send_error(s, conn, 503, "server_error", NULL, NULL, "cannot queue the request: %s", fl_last_error());
+            goto out;
+        }
     }
-    r->id = id;
-    snprintf(r->created_id, sizeof r->created_id, "%s-%lld", chat ? "chatcmpl" : "cmpl", (long long)id);
+    snprintf(r->created_id, sizeof r->created_id, "%s-%lld", chat ? "chatcmpl" : "cmpl", (long long)r->pr[0].id);
     r->next = s->reqs;
     s->reqs = r;
     r->registered = true;
@@ -879,9 +911,11 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     ret = MHD_queue_response(conn, 200, resp);
     MHD_destroy_response(resp);
 out:
-    if (toks) fl_free(FL_MEM_NET, toks, (size_t)toks_cap * 4);
+    for (int32_t k = 0; k < SRV_MAX_N; k++) {
+        if (gp[k].toks) fl_free(FL_MEM_NET, gp[k].toks, (size_t)gp[k].cap * 4);
+        srv_buf_free(&gp[k].text);
+    }
     if (bias) fl_free(FL_MEM_NET, bias, (size_t)bias_cap * sizeof *bias);
-    srv_buf_free(&prompt);
     cJSON_Delete(j);
     return ret;
 }

@@ -21,22 +21,32 @@ void fl_server_params_default(fl_server_params *p) {
 }
 
 /* Route one engine output to its waiting connection (s->mu held). */
+void srv_cancel(fl_server *s, srv_req *r) {
+    for (int32_t k = 0; k < r->n_pr; k++) fl_engine_cancel(s->engine, r->pr[k].id);
+}
+
 static void dispatch(fl_server *s, const fl_request_output *o) {
     srv_req *r = s->reqs;
-    while (r && r->id != o->request_id) r = r->next;
+    int32_t k = -1;
+    for (; r; r = r->next) {
+        for (int32_t i = 0; i < r->n_pr && k < 0; i++)
+            if (r->pr[i].id == o->request_id) k = i;
+        if (k >= 0) break;
+    }
     if (!r || o->sample < 0 || o->sample >= r->n) return; /* cancelled meanwhile */
-    srv_sample *sm = &r->samples[o->sample];
-    if (r->echo && r->logprobs && !r->plp_got && o->sample == 0) { /* the prompt's records, as they come */
-        const size_t rec = (size_t)(1 + r->n_top) * sizeof *r->plp;
-        if (!r->plp && o->n_prompt > 1 && !r->lp_failed && !(r->plp = fl_alloc(FL_MEM_NET, (size_t)(o->n_prompt - 1) * rec, 8))) {
+    srv_prompt *pr = &r->pr[k];
+    srv_sample *sm = &r->samples[k * r->n + o->sample];
+    if (r->echo && r->logprobs && !pr->plp_got && o->sample == 0) { /* the prompt's records, as they come */
+        const size_t rec = (size_t)(1 + r->n_top) * sizeof *pr->plp;
+        if (!pr->plp && o->n_prompt > 1 && !r->lp_failed && !(pr->plp = fl_alloc(FL_MEM_NET, (size_t)(o->n_prompt - 1) * rec, 8))) {
             r->lp_failed = true; /* a reply without them would be wrong: end it as an error */
-            fl_engine_cancel(s->engine, r->id);
+            srv_cancel(s, r);
         }
-        if (r->plp && o->prompt_logprobs && o->prompt_logprobs_from + o->n_prompt_logprobs <= o->n_prompt - 1) {
-            memcpy((char *)r->plp + (size_t)o->prompt_logprobs_from * rec, o->prompt_logprobs, (size_t)o->n_prompt_logprobs * rec);
-            r->n_plp = o->prompt_logprobs_from + o->n_prompt_logprobs;
+        if (pr->plp && o->prompt_logprobs && o->prompt_logprobs_from + o->n_prompt_logprobs <= o->n_prompt - 1) {
+            memcpy((char *)pr->plp + (size_t)o->prompt_logprobs_from * rec, o->prompt_logprobs, (size_t)o->n_prompt_logprobs * rec);
+            pr->n_plp = o->prompt_logprobs_from + o->n_prompt_logprobs;
         }
-        r->plp_got = r->n_plp == o->n_prompt - 1 || o->n_prompt <= 1;
+        pr->plp_got = pr->n_plp == o->n_prompt - 1 || o->n_prompt <= 1;
     }
     fl_request_output bare;
     if (r->drop_gen) { /* echo with max_tokens 0: only the prompt is reported */
@@ -58,7 +68,7 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
             sm->n_lp += o->n_new;
         } else { /* a reply without some of its logprobs would be wrong: end it as an error */
             r->lp_failed = true;
-            fl_engine_cancel(s->engine, r->id);
+            srv_cancel(s, r);
         }
     }
     if (o->new_text && *o->new_text) {
@@ -71,8 +81,8 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
         if (sm->n_seg < sm->cap_seg) sm->seg[sm->n_seg++] = (srv_seg){sm->text.len, sm->n_lp};
     }
     sm->n_tokens = o->n_generated;
-    r->n_prompt = o->n_prompt;
-    r->n_cached = o->n_cached_prompt;
+    pr->n_prompt = o->n_prompt;
+    pr->n_cached = o->n_cached_prompt;
     if (o->n_new > 0 && r->t_first == 0) {
         r->t_first = srv_now();
         srv_hist_add(&s->m.ttft, r->t_first - r->t_start);
@@ -81,10 +91,10 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
         sm->finish = r->lp_failed && o->finish == FL_FINISH_CANCELLED ? FL_FINISH_ERROR : o->finish;
         r->n_done++;
         s->m.completion_tokens += o->n_generated;
-        if (r->n_done == r->n) {
+        if (r->n_done == srv_choices(r)) {
             r->t_end = srv_now();
             srv_hist_add(&s->m.e2e, r->t_end - r->t_start);
-            s->m.prompt_tokens += r->n_prompt;
+            s->m.prompt_tokens += srv_prompt_tokens(r);
             s->m.requests_ok++;
             r->registered = false; /* no more outputs: unlink */
             for (srv_req **pp = &s->reqs; *pp; pp = &(*pp)->next)
@@ -204,7 +214,7 @@ void fl_server_stop(fl_server *s, int32_t grace_ms) {
     }
     pthread_mutex_lock(&s->mu);
     for (srv_req *r = s->reqs; r; r = r->next) {
-        fl_engine_cancel(s->engine, r->id);
+        srv_cancel(s, r);
         r->cancelled = true;
         pthread_cond_broadcast(&r->cv);
     }

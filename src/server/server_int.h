@@ -46,23 +46,29 @@ typedef struct srv_sample {
     bool finish_sent;
 } srv_sample;
 
+/* One prompt of a request (a list of prompts gives one engine request each). */
+typedef struct srv_prompt {
+    int64_t id;            /* engine request id */
+    int32_t n_prompt, n_cached;
+    int32_t first_tok;     /* echo: listed with a null logprob */
+    srv_buf echo_text;     /* echo: the prompt as text (token-id prompts: detokenized) */
+    fl_token_logprob *plp; /* echo with logprobs: [n_prompt - 1][1 + n_top], prompt tokens 1.. */
+    int32_t n_plp;         /* records arrived */
+    bool plp_got;          /* all of them */
+} srv_prompt;
+
 typedef struct srv_req {
     struct srv_req *next;
-    int64_t id;            /* engine request id */
-    int32_t n;             /* samples */
-    srv_sample samples[SRV_MAX_N];
-    int32_t n_prompt, n_cached;
-    int32_t n_done;        /* samples finished */
+    srv_prompt pr[SRV_MAX_N];
+    int32_t n_pr;          /* prompts */
+    int32_t n;             /* samples per prompt; choice c is sample c % n of prompt c / n */
+    srv_sample samples[SRV_MAX_N]; /* by choice */
+    int32_t n_done;        /* choices finished */
     bool chat, stream, cancelled, registered, role_sent, usage_sent, include_usage;
     bool logprobs, lp_failed; /* lp_failed: no memory for a logprob record: the request ends in error */
     int32_t n_top;
     /* echo (/v1/completions): the prompt leads each choice's text, and its tokens the logprobs */
     bool echo, drop_gen;   /* drop_gen: max_tokens 0 with echo: the engine's one token is not reported */
-    bool plp_got;          /* all the engine's prompt records arrived */
-    srv_buf echo_text;     /* the prompt as text (token-id prompts: detokenized) */
-    int32_t first_tok;     /* the prompt's first token: listed with a null logprob */
-    fl_token_logprob *plp; /* [n_prompt - 1][1 + n_top] prompt tokens 1.. given those before */
-    int32_t n_plp;         /* records arrived */
     double t_start, t_first, t_end;
     pthread_cond_t cv;
     struct MHD_Connection *conn;
@@ -103,6 +109,15 @@ struct fl_server {
     srv_metrics m;
     int32_t port;
 };
+
+static inline int32_t srv_choices(const srv_req *r) { return r->n_pr * r->n; }
+static inline int32_t srv_prompt_tokens(const srv_req *r) {
+    int32_t t = 0;
+    for (int32_t k = 0; k < r->n_pr; k++) t += r->pr[k].n_prompt;
+    return t;
+}
+/* Cancel every engine request of r. */
+void srv_cancel(fl_server *s, srv_req *r);
 
 /* api.c */
 typedef struct srv_conn srv_conn;
