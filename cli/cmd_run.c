@@ -148,6 +148,7 @@ int fl_cmd_run(int argc, char **argv) {
         {"repeat-last-n", 0, FL_OPT_INT, "N  tokens the penalties look back at (default 64, -1 = all)"},
         {"seed", 's', FL_OPT_INT, "S  RNG seed (default 0)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object (ids, text, timings, memory) instead of streaming"},
+        {"logprobs", 0, FL_OPT_INT, "K  with --json: each generated token's log-probability and the K most likely tokens at its step (0..20; the raw distribution, before penalties and temperature)"},
         {"context-shift", 0, FL_OPT_FLAG, "generate past CTX: keep the sink tokens + the recent half (paged KV only)"},
         {"sink", 0, FL_OPT_INT, "S  sink tokens kept by --context-shift (default 4)"},
         {"tp", 0, FL_OPT_INT, "N  tensor parallel over N ranks: run as `mpirun -np N fitllm run --tp N ...`"},
@@ -175,6 +176,11 @@ int fl_cmd_run(int argc, char **argv) {
     }
     const bool json = fl_args_get(opts, "json")->set;
     const int64_t n_predict = fl_args_get(opts, "n-predict")->set ? fl_args_get(opts, "n-predict")->i : 128;
+    const int64_t n_lp = fl_args_get(opts, "logprobs")->set ? fl_args_get(opts, "logprobs")->i : -1;
+    if (n_lp > FL_MAX_TOP_LOGPROBS || (fl_args_get(opts, "logprobs")->set && (n_lp < 0 || !json))) {
+        fprintf(stderr, "fitllm run: --logprobs takes 0..%d, with --json\n", FL_MAX_TOP_LOGPROBS);
+        return 2;
+    }
     if (n_predict < 0) {
         fprintf(stderr, "fitllm run: -n must be >= 0\n");
         return 2;
@@ -219,7 +225,8 @@ int fl_cmd_run(int argc, char **argv) {
     int64_t n_ids = 0, n_gen = 0;
     float *logits = NULL;
     char *out_text = NULL;
-    size_t out_cap = 0, logits_bytes = 0, gen_bytes = 0;
+    size_t out_cap = 0, logits_bytes = 0, gen_bytes = 0, lp_bytes = 0;
+    fl_token_logprob *lp = NULL; /* --logprobs: [max_gen][1 + K] */
     fl_status st;
 
     if (o_file->set) {
@@ -315,6 +322,10 @@ int fl_cmd_run(int argc, char **argv) {
     gen = fl_alloc(FL_MEM_MISC, gen_bytes, 16); /* history: prompt + generated */
     if (!logits || !gen) goto fail;
     memcpy(gen, ids, (size_t)n_ids * sizeof(int32_t));
+    if (n_lp >= 0) {
+        lp_bytes = (size_t)(max_gen + 1) * (size_t)(1 + n_lp) * sizeof *lp;
+        if (!(lp = fl_alloc(FL_MEM_MISC, lp_bytes, 16))) goto fail;
+    }
 
     /* prefill in batches of up to max_batch tokens */
     int32_t pos[512], seq[512];
@@ -333,6 +344,11 @@ int fl_cmd_run(int argc, char **argv) {
     size_t n_pending = 0;
     while (n_gen < max_gen) {
         const int32_t t = fl_sample(smp, logits, hp->n_vocab, gen, n_ids + n_gen);
+        if (lp) { /* the sampler only read the logits */
+            fl_token_logprob *rec = lp + (size_t)n_gen * (size_t)(1 + n_lp);
+            rec[0].token = t;
+            fl_logprobs(logits, hp->n_vocab, t, (int32_t)n_lp, &rec[0].logprob, rec + 1);
+        }
         if (fl_tokenizer_is_eog(tok, t)) break;
         gen[n_ids + n_gen++] = t;
         if (!json && rank == 0) {
@@ -378,6 +394,23 @@ int fl_cmd_run(int argc, char **argv) {
         cJSON_AddItemToObject(o, "prompt_tokens", cJSON_CreateIntArray(ids, (int)n_ids));
         cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(gen + n_ids, (int)n_gen));
         cJSON_AddStringToObject(o, "text", out_text);
+        if (lp) { /* [{token, logprob, top: [[token, logprob] ...]}] per generated token */
+            cJSON *a = cJSON_AddArrayToObject(o, "logprobs");
+            for (int64_t g = 0; g < n_gen; g++) {
+                const fl_token_logprob *rec = lp + (size_t)g * (size_t)(1 + n_lp);
+                cJSON *e = cJSON_CreateObject(), *top = cJSON_CreateArray();
+                cJSON_AddNumberToObject(e, "token", rec[0].token);
+                cJSON_AddNumberToObject(e, "logprob", rec[0].logprob);
+                for (int64_t k = 1; k <= n_lp; k++) {
+                    cJSON *pair = cJSON_CreateArray();
+                    cJSON_AddItemToArray(pair, cJSON_CreateNumber(rec[k].token));
+                    cJSON_AddItemToArray(pair, cJSON_CreateNumber(rec[k].logprob));
+                    cJSON_AddItemToArray(top, pair);
+                }
+                cJSON_AddItemToObject(e, "top", top);
+                cJSON_AddItemToArray(a, e);
+            }
+        }
         cJSON *tm = cJSON_AddObjectToObject(o, "timings");
         cJSON_AddNumberToObject(tm, "prefill_tok_s", prefill_tps);
         cJSON_AddNumberToObject(tm, "decode_tok_s", decode_tps);
@@ -399,6 +432,7 @@ fail:
     if (rc) fprintf(stderr, "fitllm run: %s\n", fl_last_error()[0] ? fl_last_error() : "failed");
     if (out_text) fl_free(FL_MEM_MISC, out_text, out_cap);
     fl_free(FL_MEM_MISC, gen, gen_bytes);
+    fl_free(FL_MEM_MISC, lp, lp_bytes);
     fl_free(FL_MEM_ACT, logits, logits_bytes);
     fl_sampler_free(smp);
     fl_cli_kv_free(&kv);

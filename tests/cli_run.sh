@@ -174,6 +174,31 @@ PY
 "$fitllm" bench model -m "$model" -p 0 -n 4 -t 1 --stream-mib 16 | grep -q '^pp' && fail "bench model -p 0 text: a pp line"
 "$fitllm" bench model -m "$model" -p 0 -n 0 >/dev/null 2>&1 && fail "bench model -p 0 -n 0 accepted"
 
+# run --logprobs: with the contiguous f16 cache (llama.cpp's rounding) the first generated token's
+# logprob and its 5 alternatives equal log-softmax of llama.cpp's logits (4 prompts, to 1e-3)
+python3 - "$fitllm" "$shared" <<'PY' || fail "run --logprobs against llama.cpp's logits"
+import json, math, subprocess, sys
+fitllm, shared = sys.argv[1], sys.argv[2]
+greedy = [json.loads(l) for l in open(shared + "/reference/stories260K.greedy.jsonl")]
+worst = 0.0
+for d in (json.loads(l) for l in open(shared + "/reference/stories260K.logits.jsonl")):
+    text = next(g["prompt"] for g in greedy if g["prompt_tokens"] == d["tokens"])
+    out = json.loads(subprocess.run([fitllm, "run", "-m", shared + "/models/stories260K.gguf", "-p", text, "-n", "1", "--temp", "0",
+                                     "--kv-layout", "contiguous", "--json", "--logprobs", "5"], capture_output=True, check=True).stdout)
+    row = d["logits"][-1]
+    m = max(row)
+    lse = m + math.log(sum(math.exp(x - m) for x in row))
+    rec = out["logprobs"][0]
+    assert out["prompt_tokens"] == d["tokens"] and rec["token"] == out["tokens"][0] == rec["top"][0][0], out
+    for tok, lp in [(rec["token"], rec["logprob"])] + [tuple(p) for p in rec["top"]]:
+        worst = max(worst, abs(lp - (row[tok] - lse)))
+    assert [p[0] for p in rec["top"]] == sorted(range(len(row)), key=lambda i: (-row[i], i))[:5], rec
+print("run --logprobs: max |diff| against llama.cpp %.2g" % worst)
+assert worst < 1e-3, worst
+PY
+"$fitllm" run -m "$shared/models/stories260K.gguf" -p x --logprobs 3 >/dev/null 2>&1 && fail "--logprobs without --json accepted"
+"$fitllm" run -m "$shared/models/stories260K.gguf" -p x --json --logprobs 21 >/dev/null 2>&1 && fail "--logprobs 21 accepted"
+
 # bench matmul: the five TinyLlama shapes, their sum, and q,k,v fused against three calls; at 64
 # tokens on a CPU with AMX-BF16 the GEMM is timed on both kinds of tile
 "$fitllm" bench matmul -p 64 --types Q4_0 --stream-mib 1 --seconds 0.05 --json >"$tmp/mm.json" || fail "bench matmul"
