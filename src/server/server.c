@@ -51,7 +51,6 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
     fl_request_output bare;
     if (r->drop_gen) { /* echo with max_tokens 0: only the prompt is reported */
         bare = (fl_request_output){.request_id = o->request_id, .sample = o->sample, .n_prompt = o->n_prompt,
-                                   .n_cached_prompt = o->n_cached_prompt,
                                    .finish = o->finish == FL_FINISH_NONE ? FL_FINISH_NONE : FL_FINISH_LENGTH};
         o = &bare;
     }
@@ -82,7 +81,6 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
     }
     sm->n_tokens = o->n_generated;
     pr->n_prompt = o->n_prompt;
-    pr->n_cached = o->n_cached_prompt;
     if (o->n_new > 0 && r->t_first == 0) {
         r->t_first = srv_now();
         srv_hist_add(&s->m.ttft, r->t_first - r->t_start);
