@@ -83,6 +83,10 @@ typedef struct fl_engine fl_engine;
 
 typedef enum fl_kv_layout { FL_KV_PAGED = 0, FL_KV_CONTIGUOUS = 1 } fl_kv_layout;
 typedef enum fl_preempt_mode { FL_PREEMPT_RECOMPUTE = 0, FL_PREEMPT_SWAP = 1 } fl_preempt_mode;
+/* The order in which requests are admitted, take each step's token budget and are kept when KV
+ * runs out: FCFS by arrival, or by fl_request_params.priority (lower first) then arrival, where a
+ * waiting request preempts running ones of lower priority to get in (vLLM's priority policy). */
+typedef enum fl_sched_policy { FL_SCHED_FCFS = 0, FL_SCHED_PRIORITY = 1 } fl_sched_policy;
 
 typedef struct fl_engine_params {
     const char *model_path;
@@ -98,6 +102,7 @@ typedef struct fl_engine_params {
     int32_t prefix_cache;       /* 1 = on (default), 0 = off */
     fl_kv_layout kv_layout;     /* paged (default) or contiguous max-length reservation (baseline) */
     fl_preempt_mode preempt;    /* recompute (default) or swap to swap_path */
+    fl_sched_policy sched_policy; /* FCFS (default) or priority */
     const char *swap_path;      /* directory of the swap file for swapped-out KV blocks (default: $TMPDIR or /tmp) */
     int32_t seed;               /* default seed for requests that give none */
     int32_t no_mmap;            /* 1 = read the model file into anonymous memory (huge pages where the
@@ -157,6 +162,7 @@ typedef struct fl_request_params {
                                  * given the ones before it (with top_logprobs alternatives): every
                                  * prompt position then needs a logits row, so the prompt is computed
                                  * in chunks of at most max_seqs rows and skips the prefix cache */
+    int32_t priority;           /* FL_SCHED_PRIORITY: lower runs first (ties by arrival); must be 0 under FCFS */
 } fl_request_params;
 
 typedef enum fl_request_state {
@@ -217,6 +223,7 @@ int64_t fl_engine_detokenize(fl_engine *e, const int32_t *ids, int64_t n, char *
 int32_t fl_engine_token_text(fl_engine *e, int32_t token, char *buf, int32_t cap);
 int32_t fl_engine_n_ctx(const fl_engine *e);
 int32_t fl_engine_n_vocab(const fl_engine *e);
+fl_sched_policy fl_engine_sched_policy(const fl_engine *e);
 const char *fl_engine_model_name(const fl_engine *e);
 /* Chat template text from the GGUF (tokenizer.chat_template), or NULL. */
 const char *fl_engine_chat_template(const fl_engine *e);

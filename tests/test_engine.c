@@ -282,6 +282,8 @@ typedef struct wl {
     int32_t n_plp[NREQ];          /* prompt records received */
     int32_t min_tokens[NREQ], stop_id[NREQ]; /* per request (stop_id -1: none) */
     float eos_bias[NREQ];         /* a logit bias on EOS (0: none) */
+    int32_t prio[NREQ];           /* request priorities (engines with FL_SCHED_PRIORITY) */
+    int32_t order[NREQ], n_order; /* the requests in the order they finished */
 } wl;
 
 static void make_wl(wl *w, uint32_t seed) {
@@ -324,6 +326,7 @@ static void drive(fl_engine *e, wl *w, int stagger) {
             p.top_logprobs = w->top > 0 ? w->top : 0;
             p.prompt_logprobs = w->prompt_lp;
             p.min_tokens = w->min_tokens[added];
+            p.priority = w->prio[added];
             if (w->stop_id[added] >= 0) {
                 p.stop_token_ids[0] = w->stop_id[added];
                 p.n_stop_token_ids = 1;
@@ -367,6 +370,7 @@ static void drive(fl_engine *e, wl *w, int stagger) {
                 strcat(w->text[i], ev[k].new_text);
                 if (ev[k].finish != FL_FINISH_NONE) {
                     w->finish[i] = ev[k].finish;
+                    w->order[w->n_order++] = i;
                     done++;
                 }
             }
@@ -434,10 +438,11 @@ static void check_logprobs(const wl *w) {
     }
 }
 
-static fl_engine *toy_engine(int32_t max_seqs, int32_t budget, int32_t bs, int64_t n_blocks, int contiguous,
-                             fl_preempt_mode pm, toy **tp) {
+static fl_engine *toy_engine_policy(int32_t max_seqs, int32_t budget, int32_t bs, int64_t n_blocks, int contiguous,
+                                    fl_preempt_mode pm, fl_sched_policy policy, toy **tp) {
     fl_engine_params p;
     fl_engine_params_default(&p);
+    p.sched_policy = policy;
     p.max_seqs = max_seqs;
     p.max_batch_tokens = budget;
     p.preempt = pm;
@@ -447,6 +452,11 @@ static fl_engine *toy_engine(int32_t max_seqs, int32_t budget, int32_t bs, int64
     fl_engine *e;
     assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_OK);
     return e;
+}
+
+static fl_engine *toy_engine(int32_t max_seqs, int32_t budget, int32_t bs, int64_t n_blocks, int contiguous,
+                             fl_preempt_mode pm, toy **tp) {
+    return toy_engine_policy(max_seqs, budget, bs, n_blocks, contiguous, pm, FL_SCHED_FCFS, tp);
 }
 
 static void test_toy_batched_equals_alone(void **state) {
@@ -505,6 +515,49 @@ static void test_toy_preempt_swap(void **state) {
     assert_true(st.swaps_out > 0);
     assert_int_equal(st.swaps_in, st.swaps_out);
     assert_int_equal(st.kv_blocks_used, 0);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
+/* FL_SCHED_PRIORITY: one sequence at a time, requests finish in (priority, arrival) order; in a
+ * tiny pool with staggered arrivals (a request of higher priority preempting running ones to get
+ * in) every output still equals the request run alone; an FCFS engine refuses priorities. */
+static void test_toy_priority(void **state) {
+    (void)state;
+    wl w;
+    make_wl(&w, 7);
+    for (int i = 0; i < NREQ; i++) w.prio[i] = (i * 5) % 3 - 1;
+    toy *t;
+    fl_engine *e = toy_engine_policy(1, 16, 4, 1000, 0, FL_PREEMPT_RECOMPUTE, FL_SCHED_PRIORITY, &t);
+    drive(e, &w, 0);
+    check_reference(&w);
+    assert_int_equal(w.n_order, NREQ);
+    for (int k = 1; k < NREQ; k++) {
+        const int a = w.order[k - 1], b = w.order[k];
+        assert_true(w.prio[a] < w.prio[b] || (w.prio[a] == w.prio[b] && a < b));
+    }
+    fl_engine_free(e);
+    for (int pm = 0; pm < 2; pm++) {
+        make_wl(&w, 11);
+        for (int i = 0; i < NREQ; i++) w.prio[i] = 2 - i % 4; /* later arrivals outrank earlier ones */
+        e = toy_engine_policy(3, 16, 4, 26, 0, pm ? FL_PREEMPT_SWAP : FL_PREEMPT_RECOMPUTE, FL_SCHED_PRIORITY, &t);
+        drive(e, &w, 3);
+        check_reference(&w);
+        fl_engine_stats st;
+        fl_engine_stats_get(e, &st);
+        assert_true(st.preemptions > 0);
+        assert_int_equal(st.kv_blocks_used, 0);
+        fl_engine_free(e);
+    }
+    e = toy_engine(2, 16, 4, 1000, 0, FL_PREEMPT_RECOMPUTE, &t);
+    const int32_t prompt[3] = {1, 5, 6};
+    fl_request_params p = {.prompt = prompt, .n_prompt = 3, .max_tokens = 4, .priority = -1};
+    fl_sampling_params_default(&p.sampling);
+    int64_t id;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "priority"));
+    p.priority = 0;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_OK);
     fl_engine_free(e);
     fl_test_mem_zero();
 }
@@ -1326,7 +1379,7 @@ int main(void) {
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_toy_batched_equals_alone),
         cmocka_unit_test(test_toy_preempt_recompute),
-        cmocka_unit_test(test_toy_preempt_swap),
+        cmocka_unit_test(test_toy_preempt_swap), cmocka_unit_test(test_toy_priority),
         cmocka_unit_test(test_toy_logprobs),
         cmocka_unit_test(test_toy_json),
         cmocka_unit_test(test_toy_min_tokens_stop_ids),

@@ -88,6 +88,7 @@ static fl_sched_kv fake_iface(fake_kv *f, int with_swap) {
 typedef struct workload {
     int n;
     int32_t prompt[MAX_REQ], gen[MAX_REQ];
+    int32_t prio[MAX_REQ]; /* FL_SCHED_PRIORITY runs */
 } workload;
 
 typedef struct run_result {
@@ -110,6 +111,7 @@ static void run_workload(const workload *w, const fl_sched_params *sp, fake_kv *
         p.prompt = toks;
         p.n_prompt = w->prompt[i];
         p.max_tokens = w->gen[i];
+        p.priority = w->prio[i];
         assert_int_equal(fl_request_new(&p, i, 0, i, &reqs[i]), FL_OK);
         assert_int_equal(fl_sched_add(s, reqs[i]), FL_OK);
     }
@@ -189,8 +191,34 @@ static void run_workload(const workload *w, const fl_sched_params *sp, fake_kv *
 static const workload W1 = {8, {30, 5, 50, 8, 12, 3, 40, 9}, {4, 10, 3, 6, 5, 8, 7, 12}};
 
 static fl_sched_params params(int32_t max_seqs, int32_t budget, int32_t wm, fl_preempt_mode pm, int32_t st) {
-    fl_sched_params p = {max_seqs, budget, wm, pm, st};
+    fl_sched_params p = {max_seqs, budget, wm, pm, st, FL_SCHED_FCFS};
     return p;
+}
+
+/* A request with id = arrival = i, priority prio, added to s. */
+static fl_request *add_req(fl_sched *s, int i, int32_t n_prompt, int32_t max_tokens, int32_t prio) {
+    static int32_t toks[64];
+    fl_request_params p = {.prompt = toks, .n_prompt = n_prompt, .max_tokens = max_tokens, .priority = prio};
+    fl_request *r;
+    assert_int_equal(fl_request_new(&p, i, 0, i, &r), FL_OK);
+    assert_int_equal(fl_sched_add(s, r), FL_OK);
+    return r;
+}
+
+/* Run one step, check the invariants, commit, and "sample" for every request that reached its end. */
+static void step(fl_sched *s, fl_sched_out *o) {
+    assert_int_equal(fl_sched_schedule(s, o), FL_OK);
+    if (fl_sched_check(s) != FL_OK) fail_msg("%s", fl_last_error());
+    fl_sched_commit(s, o);
+    for (int32_t i = 0; i < o->n_entries; i++)
+        if (o->e[i].r->n_computed == o->e[i].r->n_tokens) fl_request_append(o->e[i].r, 1000 + fl_request_n_generated(o->e[i].r));
+}
+
+static void free_reqs(fl_sched *s, fl_request **r, int n) {
+    for (int i = 0; i < n; i++) {
+        fl_sched_remove(s, r[i], false);
+        fl_request_free(r[i]);
+    }
 }
 
 /* Hand-derived trace: budget 16, A (prompt 30) then B (prompt 5). */
@@ -383,12 +411,159 @@ static void test_static_batches(void **state) {
     fl_test_mem_zero();
 }
 
+/* FL_SCHED_PRIORITY: admission and each step's order by priority, then arrival. */
+static void test_priority_order(void **state) {
+    (void)state;
+    fake_kv f = {.bs = 4, .total = 100};
+    fl_sched_kv kv = fake_iface(&f, 0);
+    fl_sched_params sp = params(2, 64, 1, FL_PREEMPT_RECOMPUTE, 0);
+    sp.policy = FL_SCHED_PRIORITY;
+    fl_sched *s;
+    assert_int_equal(fl_sched_new(&sp, &kv, &s), FL_OK);
+    fl_request *r[4] = {add_req(s, 0, 6, 4, 5), add_req(s, 1, 6, 4, 0), add_req(s, 2, 6, 4, 5), add_req(s, 3, 6, 4, -1)};
+    assert_ptr_equal(fl_sched_waiting_at(s, 0), r[3]);
+    assert_ptr_equal(fl_sched_waiting_at(s, 1), r[1]);
+    assert_ptr_equal(fl_sched_waiting_at(s, 2), r[0]);
+    assert_ptr_equal(fl_sched_waiting_at(s, 3), r[2]);
+    fl_sched_out o;
+    step(s, &o);
+    assert_int_equal(o.n_entries, 2);
+    assert_ptr_equal(o.e[0].r, r[3]);
+    assert_ptr_equal(o.e[1].r, r[1]);
+    assert_int_equal(o.n_preempted, 0);
+    assert_int_equal(r[0]->state, FL_REQ_WAITING);
+    /* the same requests under FCFS: arrival order */
+    free_reqs(s, r, 4);
+    fl_sched_free(s);
+    sp.policy = FL_SCHED_FCFS;
+    assert_int_equal(fl_sched_new(&sp, &kv, &s), FL_OK);
+    fl_request *q[4] = {add_req(s, 0, 6, 4, 5), add_req(s, 1, 6, 4, 0), add_req(s, 2, 6, 4, 5), add_req(s, 3, 6, 4, -1)};
+    step(s, &o);
+    assert_int_equal(o.n_entries, 2);
+    assert_ptr_equal(o.e[0].r, q[0]);
+    assert_ptr_equal(o.e[1].r, q[1]);
+    free_reqs(s, q, 4);
+    assert_int_equal(f.used, 0);
+    fl_sched_free(s);
+    sp.policy = (fl_sched_policy)7;
+    assert_int_equal(fl_sched_new(&sp, &kv, &s), FL_ERR_INVALID);
+    fl_test_mem_zero();
+}
+
+/* A waiting request of higher priority preempts the last running one to get a slot (max_seqs) or
+ * blocks; one of equal priority does not; under FCFS nothing is preempted. */
+static void test_priority_preempts_to_admit(void **state) {
+    (void)state;
+    for (int policy = 0; policy < 2; policy++)
+        for (int swap = 0; swap < 2; swap++) {
+            fake_kv f = {.bs = 4, .total = 100};
+            fl_sched_kv kv = fake_iface(&f, swap);
+            fl_sched_params sp = params(2, 64, 1, swap ? FL_PREEMPT_SWAP : FL_PREEMPT_RECOMPUTE, 0);
+            sp.policy = policy ? FL_SCHED_PRIORITY : FL_SCHED_FCFS;
+            fl_sched *s;
+            assert_int_equal(fl_sched_new(&sp, &kv, &s), FL_OK);
+            fl_request *r[5];
+            r[0] = add_req(s, 0, 6, 8, 0);
+            r[1] = add_req(s, 1, 6, 8, 0);
+            fl_sched_out o;
+            step(s, &o);
+            step(s, &o);
+            assert_int_equal(fl_sched_n_running(s), 2);
+            r[2] = add_req(s, 2, 5, 8, 0); /* equal priority: waits */
+            step(s, &o);
+            assert_int_equal(o.n_preempted, 0);
+            assert_int_equal(r[2]->state, FL_REQ_WAITING);
+            if (!policy) {
+                free_reqs(s, r, 3);
+                fl_sched_free(s);
+                continue;
+            }
+            r[3] = add_req(s, 3, 5, 8, -1); /* higher: takes r[1]'s place in the same step */
+            step(s, &o);
+            assert_int_equal(o.n_preempted, 1);
+            assert_int_equal(o.n_admitted, 1);
+            assert_int_equal(r[1]->state, FL_REQ_PREEMPTED);
+            assert_int_equal(r[3]->state, FL_REQ_RUNNING);
+            assert_int_equal(r[0]->state, FL_REQ_RUNNING);
+            assert_int_equal(o.n_entries, 2);
+            assert_ptr_equal(o.e[0].r, r[0]); /* decodes first, then the admission's prefill */
+            assert_ptr_equal(o.e[1].r, r[3]);
+            assert_int_equal(r[1]->swapped, swap);
+            assert_int_equal(f.held[1], 0);
+            /* r[1] keeps its rank ahead of r[2] (same priority, earlier) */
+            assert_ptr_equal(fl_sched_waiting_at(s, 0), r[1]);
+            assert_ptr_equal(fl_sched_waiting_at(s, 1), r[2]);
+            /* blocks, not slots: a pool with room for one more small request only */
+            r[4] = add_req(s, 4, 30, 2, -2);
+            f.total = f.used + 8; /* 30 tokens need 8 blocks; the watermark keeps 1 */
+            step(s, &o);
+            assert_int_equal(r[4]->state, FL_REQ_RUNNING);
+            assert_int_equal(r[0]->state, FL_REQ_PREEMPTED);
+            assert_int_equal(r[3]->state, FL_REQ_RUNNING);
+            free_reqs(s, r, 5);
+            assert_int_equal(f.used, 0);
+            assert_int_equal(f.swap_used, 0);
+            fl_sched_free(s);
+        }
+    fl_test_mem_zero();
+}
+
+/* Out of blocks while growing, the victim is the lowest priority running request, even one that
+ * arrived first (FCFS would preempt the latest arrival: the one growing). */
+static void test_priority_victim(void **state) {
+    (void)state;
+    for (int policy = 0; policy < 2; policy++) {
+        fake_kv f = {.bs = 4, .total = 4};
+        fl_sched_kv kv = fake_iface(&f, 0);
+        fl_sched_params sp = params(4, 64, 0, FL_PREEMPT_RECOMPUTE, 0);
+        sp.policy = policy ? FL_SCHED_PRIORITY : FL_SCHED_FCFS;
+        fl_sched *s;
+        assert_int_equal(fl_sched_new(&sp, &kv, &s), FL_OK);
+        fl_request *r[2] = {add_req(s, 0, 8, 8, 3), add_req(s, 1, 8, 8, 0)};
+        fl_sched_out o;
+        step(s, &o); /* both prompts: 2 blocks each, the pool is full */
+        assert_int_equal(o.n_entries, 2);
+        assert_int_equal(f.used, 4);
+        step(s, &o); /* both need a third block for their first decode */
+        assert_int_equal(o.n_preempted, 1);
+        fl_request *kept = policy ? r[1] : r[0], *gone = policy ? r[0] : r[1];
+        assert_int_equal(kept->state, FL_REQ_RUNNING);
+        assert_int_equal(gone->state, FL_REQ_PREEMPTED);
+        assert_int_equal(o.n_entries, 1);
+        assert_ptr_equal(o.e[0].r, kept);
+        free_reqs(s, r, 2);
+        assert_int_equal(f.used, 0);
+        fl_sched_free(s);
+    }
+    fl_test_mem_zero();
+}
+
+/* The replay workload with priorities in a tiny pool: everything finishes, by recompute and swap. */
+static void test_replay_priority(void **state) {
+    (void)state;
+    workload w = W1;
+    const int32_t prio[8] = {2, 0, 1, -1, 2, 0, -3, 1};
+    memcpy(w.prio, prio, sizeof prio);
+    for (int swap = 0; swap < 2; swap++) {
+        fake_kv f = {.bs = 4, .total = 22};
+        fl_sched_params sp = params(6, 32, 1, swap ? FL_PREEMPT_SWAP : FL_PREEMPT_RECOMPUTE, 0);
+        sp.policy = FL_SCHED_PRIORITY;
+        run_result res;
+        run_workload(&w, &sp, &f, swap, &res);
+        assert_true(res.preemptions > 0);
+        for (int i = 0; i < w.n; i++) assert_int_equal(res.generated[i], w.gen[i]);
+    }
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trace),          cmocka_unit_test(test_replay_roomy),
         cmocka_unit_test(test_replay_preempt_recompute), cmocka_unit_test(test_replay_preempt_swap),
         cmocka_unit_test(test_prefix_hit),     cmocka_unit_test(test_watermark),
         cmocka_unit_test(test_static_batches),
+        cmocka_unit_test(test_priority_order), cmocka_unit_test(test_priority_preempts_to_admit),
+        cmocka_unit_test(test_priority_victim), cmocka_unit_test(test_replay_priority),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -287,6 +287,7 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
         .watermark_blocks = e->watermark,
         .preempt = e->p.preempt,
         .static_batch = e->p.kv_layout == FL_KV_CONTIGUOUS,
+        .policy = e->p.sched_policy,
     };
     st = fl_sched_new(&sp, &be->kv, &e->sched);
     if (st != FL_OK) goto fail;
@@ -341,6 +342,9 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
     if (need > avail)
         return fl_set_error(FL_ERR_INVALID, "%s: prompt + max_tokens = %lld tokens need %lld KV blocks, the pool has %lld",
                             __func__, (long long)p->n_prompt + max_tokens, (long long)need, (long long)avail);
+    if (p->priority != 0 && e->p.sched_policy != FL_SCHED_PRIORITY)
+        return fl_set_error(FL_ERR_INVALID, "%s: priority %d needs the priority scheduling policy (this engine is FCFS)",
+                            __func__, p->priority);
     if (p->min_tokens < 0 || p->n_stop_token_ids < 0 || p->n_stop_token_ids > FL_MAX_STOP_TOKEN_IDS)
         return fl_set_error(FL_ERR_INVALID, "%s: min_tokens %d, %d stop token ids (at most %d)", __func__, p->min_tokens,
                             p->n_stop_token_ids, FL_MAX_STOP_TOKEN_IDS);
@@ -702,6 +706,7 @@ fl_status fl_engine_tokenize(fl_engine *e, const char *text, size_t len, int add
     if (!e->be.tokenize) return fl_set_error(FL_ERR_UNSUPPORTED, "%s: this engine has no tokenizer", __func__);
     return e->be.tokenize(e->be.ctx, text, len, add_special, out, cap, n_out);
 }
+fl_sched_policy fl_engine_sched_policy(const fl_engine *e) { return e->p.sched_policy; }
 
 int32_t fl_engine_token_text(fl_engine *e, int32_t token, char *buf, int32_t cap) {
     if (token < 0 || token >= e->be.n_vocab) return -1;

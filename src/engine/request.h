@@ -56,6 +56,7 @@ struct fl_request {
     int64_t id;                 /* engine-wide request id (shared by the n samples) */
     int32_t sample;             /* sample index 0..n-1 */
     int64_t arrival;            /* monotonically increasing admission order key (FCFS) */
+    int32_t priority;           /* FL_SCHED_PRIORITY: lower first, before arrival */
     fl_request_state state;
     fl_finish_reason finish;
 

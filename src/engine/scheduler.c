@@ -14,8 +14,8 @@ typedef struct req_list {
 struct fl_sched {
     fl_sched_params p;
     fl_sched_kv kv;
-    req_list waiting; /* sorted by arrival (FCFS; preempted requests keep their rank) */
-    req_list running; /* sorted by arrival */
+    req_list waiting; /* in scheduling order (precedes(); preempted requests keep their rank) */
+    req_list running; /* in scheduling order */
     fl_sched_entry *e;
     int32_t e_cap;
     fl_sched_stats st;
@@ -32,12 +32,19 @@ static fl_status list_reserve(req_list *l, int32_t n) {
     return FL_OK;
 }
 
-/* Insert keeping the list sorted by arrival (stable for equal keys). */
-static fl_status list_insert(req_list *l, fl_request *r) {
+/* Does a come before b in the scheduling order: by arrival (FCFS), or by priority, lower first,
+ * then arrival (FL_SCHED_PRIORITY)?  Arrivals are unique, so this is a total order. */
+static bool precedes(fl_sched_policy policy, const fl_request *a, const fl_request *b) {
+    if (policy == FL_SCHED_PRIORITY && a->priority != b->priority) return a->priority < b->priority;
+    return a->arrival < b->arrival;
+}
+
+/* Insert keeping the list in scheduling order. */
+static fl_status list_insert(req_list *l, fl_sched_policy policy, fl_request *r) {
     fl_status st = list_reserve(l, l->n + 1);
     if (st != FL_OK) return st;
     int32_t i = l->n;
-    while (i > 0 && l->v[i - 1]->arrival > r->arrival) i--;
+    while (i > 0 && precedes(policy, r, l->v[i - 1])) i--;
     memmove(l->v + i + 1, l->v + i, (size_t)(l->n - i) * sizeof *l->v);
     l->v[i] = r;
     l->n++;
@@ -64,6 +71,8 @@ fl_status fl_sched_new(const fl_sched_params *p, const fl_sched_kv *kv, fl_sched
     if (p->max_seqs < 1 || p->max_batch_tokens < 1 || p->watermark_blocks < 0)
         return fl_set_error(FL_ERR_INVALID, "%s: max_seqs (%d) and max_batch_tokens (%d) must be >= 1",
                             __func__, p->max_seqs, p->max_batch_tokens);
+    if (p->policy != FL_SCHED_FCFS && p->policy != FL_SCHED_PRIORITY)
+        return fl_set_error(FL_ERR_INVALID, "%s: unknown scheduling policy %d", __func__, (int)p->policy);
     if (!kv->n_free || !kv->seq_begin || !kv->n_needed || !kv->reserve || !kv->seq_end)
         return fl_set_error(FL_ERR_INVALID, "%s: KV callbacks missing", __func__);
     fl_sched *s = fl_calloc(FL_MEM_MISC, 1, sizeof *s);
@@ -91,7 +100,7 @@ void fl_sched_free(fl_sched *s) {
 
 fl_status fl_sched_add(fl_sched *s, fl_request *r) {
     FL_ASSERT(r->state == FL_REQ_WAITING && !r->in_sched);
-    fl_status st = list_insert(&s->waiting, r);
+    fl_status st = list_insert(&s->waiting, s->p.policy, r);
     if (st == FL_OK) r->in_sched = true;
     return st;
 }
@@ -120,7 +129,7 @@ void fl_sched_remove(fl_sched *s, fl_request *r, bool keep_as_padding) {
     if (keep_as_padding && s->p.static_batch && r->state == FL_REQ_FINISHED && list_remove(&s->running, r)) {
         /* re-insert as a padding row: it keeps its slot and runs dummy tokens until the batch ends */
         r->padding = true;
-        list_insert(&s->running, r); /* cannot fail: capacity was there a moment ago */
+        list_insert(&s->running, s->p.policy, r); /* cannot fail: capacity was there a moment ago */
         drop_padding_if_batch_done(s);
         return;
     }
@@ -134,7 +143,7 @@ void fl_sched_remove(fl_sched *s, fl_request *r, bool keep_as_padding) {
 }
 
 /* Preempt the running request v: swap its blocks out (swap mode) or free them (recompute),
- * and put it back into the waiting queue at its arrival rank. */
+ * and put it back into the waiting queue at its rank. */
 static void preempt(fl_sched *s, fl_request *v, fl_sched_out *out) {
     list_remove(&s->running, v);
     bool swapped = false;
@@ -154,7 +163,7 @@ static void preempt(fl_sched *s, fl_request *v, fl_sched_out *out) {
     v->n_preempted++;
     s->st.preemptions++;
     out->n_preempted++;
-    list_insert(&s->waiting, v); /* cannot fail: waiting has room (it held v's slot before) */
+    list_insert(&s->waiting, s->p.policy, v); /* cannot fail: waiting has room (it held v's slot before) */
 }
 
 static int32_t find_entry(const fl_sched_out *out, const fl_request *r) {
@@ -169,20 +178,28 @@ static void drop_entry(fl_sched_out *out, int32_t i) {
     out->n_entries--;
 }
 
-/* Grow r to n_total tokens, preempting latest-arrived running requests until it fits.
- * Returns false when r itself had to be preempted. */
+/* The running request that goes first when one must: the last in scheduling order (the latest
+ * arrival; under FL_SCHED_PRIORITY the latest of the lowest priority).  NULL if none. */
+static fl_request *last_running(const fl_sched *s) {
+    for (int32_t i = s->running.n - 1; i >= 0; i--)
+        if (!s->running.v[i]->padding) return s->running.v[i];
+    return NULL;
+}
+
+/* Preempt v, dropping its entry from the step if it has one. */
+static void preempt_scheduled(fl_sched *s, fl_request *v, fl_sched_out *out) {
+    int32_t ei = find_entry(out, v);
+    if (ei >= 0) drop_entry(out, ei);
+    preempt(s, v, out);
+}
+
+/* Grow r to n_total tokens, preempting running requests from the back of the scheduling order
+ * until it fits.  Returns false when r itself had to be preempted. */
 static bool grow_or_preempt(fl_sched *s, fl_request *r, int32_t n_total, fl_sched_out *out) {
     while (s->kv.reserve(s->kv.ctx, r, n_total) == FL_NO_KV_SPACE) {
-        fl_request *victim = NULL;
-        for (int32_t i = s->running.n - 1; i >= 0; i--)
-            if (!s->running.v[i]->padding) {
-                victim = s->running.v[i];
-                break;
-            }
+        fl_request *victim = last_running(s);
         if (!victim) return false;
-        int32_t ei = find_entry(out, victim);
-        if (ei >= 0) drop_entry(out, ei);
-        preempt(s, victim, out);
+        preempt_scheduled(s, victim, out);
         if (victim == r) return false;
     }
     return true;
@@ -228,21 +245,26 @@ static void add_entry(fl_sched_out *out, fl_request *r, int32_t n, int32_t pad) 
     out->n_tokens += n;
 }
 
-/* Admit the head of the waiting queue if its first chunk fits; false to stop admitting. */
-static bool admit_one(fl_sched *s, fl_request *r, int32_t budget, fl_sched_out *out, fl_status *err) {
+/* What admit_one did: admitted r, or not now, either for want of KV (blocks, a sequence slot;
+ * running requests of lower priority may make room) or for another reason (r waits for its fork
+ * parent, no logits row is left this step, a hard error in *err). */
+typedef enum { ADMITTED, ADMIT_WAIT, ADMIT_NO_KV } admit_result;
+
+/* Admit the head of the waiting queue if its first chunk fits. */
+static admit_result admit_one(fl_sched *s, fl_request *r, int32_t budget, fl_sched_out *out, fl_status *err) {
     /* the watermark keeps room for running requests to grow; with none running it only could
      * stall a request that grew past pool - watermark before being swapped out */
     int64_t avail = s->kv.n_free(s->kv.ctx) - (s->running.n > 0 ? s->p.watermark_blocks : 0);
     fl_request *parent = r->fork_parent;
     if (parent && parent->state != FL_REQ_FINISHED) {
         /* n > 1: wait for sample 0's prompt, then share its blocks */
-        if (parent->state != FL_REQ_RUNNING || parent->n_computed < parent->n_prompt) return false;
+        if (parent->state != FL_REQ_RUNNING || parent->n_computed < parent->n_prompt) return ADMIT_WAIT;
     }
     if (r->swapped) {
         int32_t n = fit_rows(s, out, r, fl_request_n_uncomputed(r) < budget ? fl_request_n_uncomputed(r) : budget);
-        if (n == 0) return false; /* no logits row left this step */
-        if (s->kv.n_needed(s->kv.ctx, r, r->n_computed + n) > avail) return false;
-        if (s->kv.swap_in(s->kv.ctx, r) != FL_OK) return false;
+        if (n == 0) return ADMIT_WAIT; /* no logits row left this step */
+        if (s->kv.n_needed(s->kv.ctx, r, r->n_computed + n) > avail) return ADMIT_NO_KV;
+        if (s->kv.swap_in(s->kv.ctx, r) != FL_OK) return ADMIT_WAIT;
         r->swapped = false;
         s->st.swaps_in++;
         out->n_swapped_in++;
@@ -250,33 +272,34 @@ static bool admit_one(fl_sched *s, fl_request *r, int32_t budget, fl_sched_out *
             /* swapped in but cannot grow: fall back to recompute later */
             release_kv(s, r);
             r->n_computed = 0;
-            return false;
+            return ADMIT_WAIT;
         }
         list_remove(&s->waiting, r);
-        list_insert(&s->running, r);
+        list_insert(&s->running, s->p.policy, r);
         r->state = FL_REQ_RUNNING;
         add_entry(out, r, n, 0);
-        return true;
+        return ADMITTED;
     }
     FL_ASSERT(!r->kv_live && r->n_computed == 0);
     int32_t n_cached = 0;
     fl_status st = s->kv.seq_begin(s->kv.ctx, r, &n_cached); /* a sample that could not be forked
                                                                 * shares full blocks via the prefix cache */
-    if (st == FL_NO_KV_SPACE) return false; /* no sequence id / slot free now */
+    if (st == FL_NO_KV_SPACE) return ADMIT_NO_KV; /* no sequence id / slot free now */
     if (st != FL_OK) {
         *err = st;
-        return false;
+        return ADMIT_WAIT;
     }
     r->kv_live = true;
     FL_ASSERT(n_cached >= 0 && n_cached < r->n_tokens);
     r->n_computed = n_cached;
     int32_t n = fit_rows(s, out, r, fl_request_n_uncomputed(r) < budget ? fl_request_n_uncomputed(r) : budget);
     /* static mode reserves the whole slot up front even when no token fits this step */
-    if ((n == 0 && !s->p.static_batch) || s->kv.n_needed(s->kv.ctx, r, r->n_computed + (n ? n : 1)) > avail ||
+    const bool no_row = n == 0 && !s->p.static_batch;
+    if (no_row || s->kv.n_needed(s->kv.ctx, r, r->n_computed + (n ? n : 1)) > avail ||
         s->kv.reserve(s->kv.ctx, r, r->n_computed + (n ? n : 1)) != FL_OK) {
         release_kv(s, r);
         r->n_computed = 0;
-        return false;
+        return no_row ? ADMIT_WAIT : ADMIT_NO_KV;
     }
     if (r->n_preempted == 0 && r->n_cached_prompt == 0) {
         r->n_cached_prompt = n_cached;
@@ -284,11 +307,23 @@ static bool admit_one(fl_sched *s, fl_request *r, int32_t budget, fl_sched_out *
         s->st.prefix_miss_tokens += r->n_prompt - n_cached;
     }
     list_remove(&s->waiting, r);
-    list_insert(&s->running, r);
+    list_insert(&s->running, s->p.policy, r);
     r->state = FL_REQ_RUNNING;
     s->st.admissions++;
     out->n_admitted++;
     if (n > 0) add_entry(out, r, n, 0);
+    return ADMITTED;
+}
+
+/* FL_SCHED_PRIORITY: r, the head of the waiting queue, lacks KV or a slot; preempt the last
+ * running request if r's priority is strictly higher (lower value), so that r can take its place.
+ * Strictly: a preempted request never outranks the ones still running, so none comes back to
+ * preempt its preemptor.  False when there is nothing to do. */
+static bool make_room(fl_sched *s, const fl_request *r, fl_sched_out *out) {
+    if (s->p.policy != FL_SCHED_PRIORITY || s->p.static_batch) return false;
+    fl_request *v = last_running(s);
+    if (!v || v->priority <= r->priority) return false;
+    preempt_scheduled(s, v, out);
     return true;
 }
 
@@ -324,15 +359,15 @@ fl_status fl_sched_schedule(fl_sched *s, fl_sched_out *out) {
         }
     }
 
-    /* pass 3: admissions (FCFS), not in a step that preempted */
+    /* pass 3: admissions in scheduling order, not in a step that preempted to grow; under
+     * FL_SCHED_PRIORITY a request may preempt running ones of lower priority to get in */
     fl_status err = FL_OK;
     bool may_admit = out->n_preempted == 0 && (!s->p.static_batch || batch_empty);
-    while (may_admit && s->waiting.n > 0 && s->running.n < s->p.max_seqs &&
-           (budget > 0 || s->p.static_batch)) {
+    while (may_admit && s->waiting.n > 0 && (budget > 0 || s->p.static_batch)) {
         fl_request *r = s->waiting.v[0];
-        int32_t before = out->n_tokens;
-        if (!admit_one(s, r, budget, out, &err)) break;
-        budget -= out->n_tokens - before;
+        const admit_result a = s->running.n < s->p.max_seqs ? admit_one(s, r, budget, out, &err) : ADMIT_NO_KV;
+        if (a != ADMITTED && (a != ADMIT_NO_KV || err != FL_OK || !make_room(s, r, out))) break;
+        budget = s->p.max_batch_tokens - out->n_tokens;
     }
     if (err != FL_OK) return err;
     if (s->running.n > s->st.max_running) s->st.max_running = s->running.n;
@@ -370,7 +405,7 @@ fl_status fl_sched_check(const fl_sched *s) {
         if (!r->padding && r->state != FL_REQ_RUNNING)
             return fl_set_error(FL_ERR_INTERNAL, "%s: request %lld in running list is %s", __func__,
                                 (long long)r->id, fl_request_state_name(r->state));
-        if (i > 0 && s->running.v[i - 1]->arrival > r->arrival)
+        if (i > 0 && !precedes(s->p.policy, s->running.v[i - 1], r))
             return fl_set_error(FL_ERR_INTERNAL, "%s: running list out of order", __func__);
     }
     for (int32_t i = 0; i < s->waiting.n; i++) {
@@ -383,7 +418,7 @@ fl_status fl_sched_check(const fl_sched *s) {
                                 __func__, (long long)r->id);
         if (!r->swapped && r->n_computed != 0)
             return fl_set_error(FL_ERR_INTERNAL, "%s: waiting request %lld has computed tokens", __func__, (long long)r->id);
-        if (i > 0 && s->waiting.v[i - 1]->arrival > r->arrival)
+        if (i > 0 && !precedes(s->p.policy, s->waiting.v[i - 1], r))
             return fl_set_error(FL_ERR_INTERNAL, "%s: waiting queue out of order", __func__);
     }
     return FL_OK;
@@ -399,7 +434,7 @@ fl_status fl_sched_admit_fork(fl_sched *s, fl_request *parent, fl_request *child
     child->n_computed = parent->n_computed;
     child->n_cached_prompt = child->n_prompt;
     list_remove(&s->waiting, child);
-    list_insert(&s->running, child); /* capacity: running < max_seqs <= cap */
+    list_insert(&s->running, s->p.policy, child); /* capacity: running < max_seqs <= cap */
     child->state = FL_REQ_RUNNING;
     s->st.admissions++;
     return FL_OK;

@@ -12,21 +12,26 @@
  *   1. one decode token for every running request whose prefill is done (oldest first);
  *   2. prefill chunks of running requests that are still prefilling (chunked prefill: a chunk is
  *      whatever is left of the token budget, so decodes keep flowing beside long prompts);
- *   3. admissions from the waiting queue, FCFS (preempted requests keep their arrival rank and
- *      so go first), only while the blocks the first chunk needs are free above the watermark;
- *      a request whose prompt starts with cached blocks starts with those tokens computed.
- *      No admissions in a step that had to preempt (avoids thrashing).
+ *   3. admissions from the waiting queue in scheduling order (preempted requests keep their rank
+ *      and so go first), only while the blocks the first chunk needs are free above the
+ *      watermark; a request whose prompt starts with cached blocks starts with those tokens
+ *      computed.  No admissions in a step that had to preempt to grow (avoids thrashing).
+ * The scheduling order (fl_sched_policy) is FCFS, by arrival, or FL_SCHED_PRIORITY: by
+ * fl_request.priority, lower first, then by arrival (vLLM's --scheduling-policy priority).  Both
+ * lists are kept in it, so decodes and prefill chunks take the step's budget in that order too.
+ * Under FL_SCHED_PRIORITY the head of the waiting queue that finds no KV or no slot preempts the
+ * last running request if that one's priority is strictly lower, until it fits.
  * Every step has at most max_seqs logits rows: one per entry that reaches its last token, plus,
  * for a request with prompt logprobs, one per prompt position of its chunk (its chunks are cut to
  * the rows left).
- * When a running request cannot grow, the latest-arrived running request is preempted (possibly
- * the one growing): by recompute (its blocks are freed, n_computed := 0) or, in swap mode, by
+ * When a running request cannot grow, the last running request in scheduling order is preempted
+ * (possibly the one growing): by recompute (its blocks are freed, n_computed := 0) or, in swap mode, by
  * swapping its blocks to the secondary tier (falling back to recompute if that fails).
  * Static mode (the --baseline static comparison): a new batch is formed only when the previous
  * one has completely finished; finished members stay as padding rows until then.
  *
  * Invariants (checked by fl_sched_check): every RUNNING request holds KV (kv_live), no WAITING or
- * recompute-PREEMPTED request does, the waiting queue is sorted by arrival, running <= max_seqs.
+ * recompute-PREEMPTED request does, both lists are in scheduling order, running <= max_seqs.
  * Not thread-safe: owned by the engine's driver thread (under the engine mutex).
  */
 #ifndef FL_SCHEDULER_H
@@ -62,6 +67,7 @@ typedef struct fl_sched_params {
     int32_t watermark_blocks;  /* blocks kept free at admission */
     fl_preempt_mode preempt;
     int32_t static_batch;      /* 1 = static batching baseline */
+    fl_sched_policy policy;    /* FCFS (default) or priority */
 } fl_sched_params;
 
 typedef struct fl_sched_entry {
@@ -88,7 +94,7 @@ typedef struct fl_sched fl_sched;
 fl_status fl_sched_new(const fl_sched_params *p, const fl_sched_kv *kv, fl_sched **out);
 /* Frees the scheduler only (requests belong to the engine; call fl_sched_remove first). */
 void fl_sched_free(fl_sched *s);
-/* Queue a WAITING request (kept sorted by r->arrival). */
+/* Queue a WAITING request (kept in scheduling order). */
 fl_status fl_sched_add(fl_sched *s, fl_request *r);
 /* Take r off the scheduler (finished, cancelled, failed): its KV sequence is released.  In static
  * mode a request that finished normally stays as a padding row until its batch is done. */
