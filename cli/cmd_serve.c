@@ -31,6 +31,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"alias", 0, FL_OPT_STR, "NAME  model name reported by the API (default: file name)"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
+        {"scheduling-policy", 0, FL_OPT_STR, "fcfs|priority  order of admission and preemption (default fcfs); priority: by each request's 'priority', lower first, then arrival; a waiting request preempts running ones of lower priority"},
         {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) bytes per context token per sequence"},
         {0},
     };
@@ -45,7 +46,7 @@ int fl_cmd_serve(int argc, char **argv) {
                           "Request fields: model, prompt (text or token ids, or a list of up to 16) or messages,\n"
                           "max_tokens, temperature, top_p, top_k, min_p, n, seed,\n"
                           "presence/frequency/repetition_penalty,\n"
-                          "stop, stop_token_ids, min_tokens, ignore_eos, logit_bias, stream,\n"
+                          "stop, stop_token_ids, min_tokens, ignore_eos, logit_bias, priority, stream,\n"
                           "stream_options.include_usage;\n"
                           "response_format text or json_object (one JSON object, sampled only among the\n"
                           "tokens that keep it valid); logprobs: an integer 0-20 on /v1/completions (that\n"
@@ -65,8 +66,14 @@ int fl_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "fitllm serve: --prefix-cache takes on or off\n");
         return 2;
     }
+    const char *policy = fl_args_get(opts, "scheduling-policy")->str;
+    if (policy && strcmp(policy, "fcfs") && strcmp(policy, "priority")) {
+        fprintf(stderr, "fitllm serve: --scheduling-policy takes fcfs or priority\n");
+        return 2;
+    }
     fl_engine_params ep;
     fl_engine_params_default(&ep);
+    if (policy) ep.sched_policy = strcmp(policy, "priority") ? FL_SCHED_FCFS : FL_SCHED_PRIORITY;
     ep.model_path = fl_args_get(opts, "model")->str;
     if (fl_args_get(opts, "threads")->set) ep.n_threads = (int32_t)fl_args_get(opts, "threads")->i;
     if (fl_args_get(opts, "ctx-size")->set) ep.n_ctx = (int32_t)fl_args_get(opts, "ctx-size")->i;

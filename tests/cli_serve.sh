@@ -142,10 +142,12 @@ check "wrong method -> 405" '[ "$(curl -s -o /dev/null -w "%{http_code}" $U/v1/c
 curl -sN -H 'Content-Type: application/json' -d '{"prompt":"Once upon a time","max_tokens":5,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' "$U/v1/completions" >"$TMP/sse3"
 check "include_usage chunk" 'grep -q "\"completion_tokens\":5" "$TMP/sse3"'
 
-# cancellation on disconnect frees the blocks (seen through /metrics): a slower model and a
-# long generation (ignore_eos) that the client abandons after 0.3 s
+post "$URL_A" /v1/completions '{"prompt":"a","max_tokens":2,"priority":1}'
+check "FCFS server: priority -> 400 naming the policy" '[ "$(status)" = 400 ] && grep -q "scheduling-policy priority" "$TMP/body"'
 kill -TERM "$PID_A"; wait "$PID_A"; rc=$?
 check "SIGTERM -> exit 0" '[ $rc = 0 ]'
+# cancellation on disconnect frees the blocks (seen through /metrics): a slower model and a
+# long generation (ignore_eos) that the client abandons after 0.3 s
 MODEL=$SHARED/models/synth256/synth256-F32.gguf
 start_server C -c 1024
 U=$URL_C
@@ -218,9 +220,48 @@ check "full queue -> 503 with Retry-After" 'grep -l "503" $TMP/h* >/dev/null && 
 kill -INT "$PID_B"; wait "$PID_B"; rc=$?
 check "SIGINT -> exit 0" '[ $rc = 0 ]'
 
-# random valid and invalid requests, clients leaving early, a KV pool small enough to preempt
+# --scheduling-policy priority with one sequence: a request of higher priority sent while a long
+# one streams preempts it, finishes first, and the long one still finishes whole
+start_server P -c 2048 --max-seqs 1 --scheduling-policy priority
+cat >"$TMP/prio.py" <<'PY'
+import json, sys, threading, time, urllib.request
+u = sys.argv[1]
+def req(body):
+    return urllib.request.urlopen(urllib.request.Request(u + "/v1/completions", json.dumps(body).encode(),
+                                                         {"Content-Type": "application/json"}), timeout=120)
+t = {}; first = threading.Event(); n_low = [0]
+def low():
+    with req({"prompt": "Once", "max_tokens": 1800, "ignore_eos": True, "priority": 5, "stream": True,
+              "stream_options": {"include_usage": True}}) as r:
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]": continue
+            first.set()
+            d = json.loads(line[6:])
+            if d.get("usage"): n_low[0] = d["usage"]["completion_tokens"]
+    t["low"] = time.monotonic()
+th = threading.Thread(target=low); th.start()
+assert first.wait(60), "the long request never streamed"
+with req({"prompt": "Lily", "max_tokens": 8, "priority": -5}) as r:
+    hi = json.load(r)
+t["high"] = time.monotonic()
+th.join()
+m = urllib.request.urlopen(u + "/metrics").read().decode()
+pre = [float(l.split()[-1]) for l in m.splitlines() if l.startswith("fitllm_preemptions_total")]
+print("high done %.3f s before low; low generated %d; preemptions %s" % (t["low"] - t["high"], n_low[0], pre))
+sys.exit(0 if t["high"] < t["low"] and n_low[0] == 1800 and hi["usage"]["completion_tokens"] == 8 and pre and pre[0] >= 1 else 1)
+PY
+python3 "$TMP/prio.py" "$URL_P" >"$TMP/prio.txt" 2>&1; rc=$?
+cat "$TMP/prio.txt"
+check "priority: the later, higher-priority request preempts the running one and finishes first" '[ $rc = 0 ]'
+post "$URL_P" /v1/completions '{"prompt":"a","max_tokens":2,"priority":1.5}'
+check "priority must be an integer" '[ "$(status)" = 400 ]'
+kill -TERM "$PID_P"; wait "$PID_P"
+
+# random valid and invalid requests, clients leaving early, a KV pool small enough to preempt,
+# priorities that reorder and preempt
 # (tests/serve_stress.py): no 5xx, no crash, every block back at the end, exit 0 on SIGTERM
-start_server E -c 256 --max-seqs 4 --kv-mem 2M
+start_server E -c 256 --max-seqs 4 --kv-mem 2M --scheduling-policy priority
 PORT_E=${URL_E##*:}
 python3 "$(dirname "$0")/serve_stress.py" "$PORT_E" "${FL_STRESS_REQUESTS:-300}" 7 > "$TMP/stress.txt" 2>&1; rc=$?
 cat "$TMP/stress.txt"

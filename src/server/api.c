@@ -728,6 +728,13 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     int64_t min_tokens = 0;
     if (get_int(j, "min_tokens", 0, 1e9, &min_tokens, err, sizeof err)) { ret = BAD("%s", err); goto out; }
     rp.min_tokens = (int32_t)min_tokens;
+    int64_t priority = 0; /* vLLM's: lower runs first, under --scheduling-policy priority */
+    if (get_int(j, "priority", INT32_MIN, INT32_MAX, &priority, err, sizeof err)) { ret = BAD("%s", err); goto out; }
+    if (priority != 0 && fl_engine_sched_policy(s->engine) != FL_SCHED_PRIORITY) {
+        ret = BAD("'priority' needs the server started with --scheduling-policy priority");
+        goto out;
+    }
+    rp.priority = (int32_t)priority;
     const cJSON *sti = cJSON_GetObjectItemCaseSensitive(j, "stop_token_ids");
     if (sti && !cJSON_IsNull(sti)) {
         const cJSON *x;
