@@ -72,6 +72,8 @@ static double pct(double *v, int64_t n, double p) {
 typedef struct workload {
     int32_t n;
     int32_t **prompt, *n_prompt, *gen;
+    int32_t *prio;   /* -1: the high-priority class (--high-priority), else 0 */
+    int32_t n_high;
     double *arrival;
     int32_t max_len;
 } workload;
@@ -84,6 +86,7 @@ static void workload_free(workload *w) {
     fl_free(FL_MEM_MISC, w->prompt, (size_t)w->n * sizeof *w->prompt);
     fl_free(FL_MEM_MISC, w->n_prompt, (size_t)w->n * sizeof *w->n_prompt);
     fl_free(FL_MEM_MISC, w->gen, (size_t)w->n * sizeof *w->gen);
+    fl_free(FL_MEM_MISC, w->prio, (size_t)w->n * sizeof *w->prio);
     fl_free(FL_MEM_MISC, w->arrival, (size_t)w->n * sizeof *w->arrival);
 }
 
@@ -133,7 +136,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
     /* the benchmark's own bookkeeping is tracked too (MISC), like every allocation */
     int64_t *ids = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *ids);
     double *t_add = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *t_add), *t_first = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *t_first);
-    double *t_last = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *t_last);
+    double *t_last = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *t_last), *t_done = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *t_done);
     int64_t itl_cap = 1024, n_itl = 0;
     double *itl = fl_calloc(FL_MEM_MISC, (size_t)itl_cap, sizeof *itl);
     int32_t *got = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *got);
@@ -147,7 +150,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
     fl_engine_stats prev;
     fl_engine_stats_get(e, &prev);
     int err = 0;
-    if (!ids || !t_add || !t_first || !t_last || !itl || !got || !ev) {
+    if (!ids || !t_add || !t_first || !t_last || !t_done || !itl || !got || !ev) {
         fprintf(stderr, "fitllm bench serve: %s\n", fl_last_error());
         err = 1;
     }
@@ -169,6 +172,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
             p.top_logprobs = rc->logprobs > 0 ? rc->logprobs : 0;
             p.prompt_logprobs = rc->prompt_logprobs;
             p.json_object = rc->json_object;
+            p.priority = rc->ep.sched_policy == FL_SCHED_PRIORITY ? w->prio[added] : 0; /* (FCFS: the classes are only reported) */
             in_tokens += p.n_prompt;
             if (fl_engine_add(e, &p, &ids[added]) != FL_OK) {
                 fprintf(stderr, "fitllm bench serve: request %lld: %s\n", (long long)added, fl_last_error());
@@ -222,7 +226,10 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
                     out_tokens += ev[j].n_new;
                     t_last[i] = tp;
                 }
-                if (ev[j].finish != FL_FINISH_NONE) done++;
+                if (ev[j].finish != FL_FINISH_NONE) {
+                    t_done[i] = tp;
+                    done++;
+                }
             }
         fl_engine_stats st;
         fl_engine_stats_get(e, &st);
@@ -278,6 +285,21 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
         int64_t pre = st.prefix_hit_tokens + st.prefix_miss_tokens;
         cJSON_AddNumberToObject(o, "prefix_hit_tokens", (double)st.prefix_hit_tokens);
         cJSON_AddNumberToObject(o, "prefix_hit_rate", pre ? (double)st.prefix_hit_tokens / (double)pre : 0);
+        if (w->n_high > 0) /* --high-priority: the two classes' latencies */
+            for (int c = 0; c < 2; c++) {
+                cJSON *co = cJSON_AddObjectToObject(o, c ? "normal_priority" : "high_priority");
+                int32_t m = 0;
+                for (int32_t i = 0; i < n; i++)
+                    if ((w->prio[i] < 0) == (c == 0)) ttft[m++] = t_first[i] - t_add[i];
+                cJSON_AddNumberToObject(co, "requests", m);
+                cJSON_AddNumberToObject(co, "ttft_p50_ms", 1e3 * pct(ttft, m, 50));
+                cJSON_AddNumberToObject(co, "ttft_p99_ms", 1e3 * pct(ttft, m, 99));
+                m = 0;
+                for (int32_t i = 0; i < n; i++)
+                    if ((w->prio[i] < 0) == (c == 0)) ttft[m++] = t_done[i] - t_add[i];
+                cJSON_AddNumberToObject(co, "e2e_p50_ms", 1e3 * pct(ttft, m, 50));
+                cJSON_AddNumberToObject(co, "e2e_p99_ms", 1e3 * pct(ttft, m, 99));
+            }
         cJSON *pk = cJSON_AddObjectToObject(o, "peak_bytes");
         for (int c = 0; c < FL_MEM_COUNT; c++)
             if (fl_mem_peak((fl_mem_cat)c)) cJSON_AddNumberToObject(pk, fl_mem_cat_name((fl_mem_cat)c), (double)fl_mem_peak((fl_mem_cat)c));
@@ -289,6 +311,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
     fl_free(FL_MEM_MISC, t_add, (size_t)n * sizeof *t_add);
     fl_free(FL_MEM_MISC, t_first, (size_t)n * sizeof *t_first);
     fl_free(FL_MEM_MISC, t_last, (size_t)n * sizeof *t_last);
+    fl_free(FL_MEM_MISC, t_done, (size_t)n * sizeof *t_done);
     fl_free(FL_MEM_MISC, itl, (size_t)itl_cap * sizeof *itl);
     fl_free(FL_MEM_MISC, got, (size_t)n * sizeof *got);
     fl_free(FL_MEM_MISC, ev, 256 * sizeof *ev);
@@ -296,6 +319,14 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
 }
 
 static void print_text(const cJSON *o) {
+    for (int c = 0; c < 2; c++) {
+        const cJSON *co = cJSON_GetObjectItem(o, c ? "normal_priority" : "high_priority");
+        if (co)
+            printf("%-8s %-6s priority: %d requests, TTFT p50 %7.1f ms p99 %7.1f ms, end to end p50 %7.1f ms p99 %7.1f ms\n",
+                   cJSON_GetObjectItem(o, "engine")->valuestring, c ? "normal" : "high", cJSON_GetObjectItem(co, "requests")->valueint,
+                   cJSON_GetObjectItem(co, "ttft_p50_ms")->valuedouble, cJSON_GetObjectItem(co, "ttft_p99_ms")->valuedouble,
+                   cJSON_GetObjectItem(co, "e2e_p50_ms")->valuedouble, cJSON_GetObjectItem(co, "e2e_p99_ms")->valuedouble);
+    }
     printf("%-8s %6.1f tok/s  %5.2f req/s  TTFT p50 %7.1f ms p99 %7.1f ms  ITL p50 %6.1f ms p99 %6.1f ms\n"
            "         max concurrent %d, preemptions %d, KV util %.1f%% waste %.1f%%, prefix hits %.1f%%, peak %.1f MiB\n"
            "         decode steps: %.1f tok/s, %.1f tokens per step, %.1f GOP/s = %.1f%% of the int8 peak\n",
@@ -326,6 +357,8 @@ int fl_bench_serve(int argc, char **argv) {
         {"kv-type", 0, FL_OPT_STR, "TYPE  KV element type (paged engine; default f16)"},
         {"kv-block-size", 0, FL_OPT_INT, "N  tokens per KV block (default 16)"},
         {"preempt", 0, FL_OPT_STR, "MODE  recompute (default) or swap"},
+        {"scheduling-policy", 0, FL_OPT_STR, "P  fcfs (default) or priority"},
+        {"high-priority", 0, FL_OPT_FLOAT, "F  a fraction F of the requests (drawn at random) form a high-priority class (priority -1, the rest 0; sent only under --scheduling-policy priority); both classes' TTFT and end-to-end latency are reported"},
         {"no-prefix-cache", 0, FL_OPT_FLAG, "disable prefix caching"},
         {"baseline", 0, FL_OPT_STR, "KIND  'static': also run padded static batches on a contiguous max-length KV"},
         {"threads", 't', FL_OPT_INT, "N  threads (default: all cores)"},
@@ -343,7 +376,7 @@ int fl_bench_serve(int argc, char **argv) {
     };
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench serve -m MODEL [--requests N] [--rate R] [--prompt-len DIST] "
-                                            "[--gen-len DIST] [--shared-prefix L] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object] [--baseline static] [--json]",
+                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object] [--baseline static] [--json]",
                           "Serve a synthetic workload through the continuous-batching engine and report\n"
                           "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
                           "peak memory, and the decode-only steps' tokens/s and weight GOP/s against the measured int8 peak.  --baseline static adds the same workload as static padded batches.",
@@ -374,6 +407,12 @@ int fl_bench_serve(int argc, char **argv) {
         fprintf(stderr, "fitllm bench serve: --preempt must be recompute or swap\n");
         return 2;
     }
+    const char *policy = fl_args_get(opts, "scheduling-policy")->set ? fl_args_get(opts, "scheduling-policy")->str : "fcfs";
+    const double high = fl_args_get(opts, "high-priority")->set ? fl_args_get(opts, "high-priority")->f : 0;
+    if ((strcmp(policy, "fcfs") && strcmp(policy, "priority")) || !(high >= 0 && high <= 1)) {
+        fprintf(stderr, "fitllm bench serve: --scheduling-policy must be fcfs or priority, --high-priority in [0, 1]\n");
+        return 2;
+    }
     int32_t n = fl_args_get(opts, "requests")->set ? (int32_t)fl_args_get(opts, "requests")->i : 32;
     int32_t shared = fl_args_get(opts, "shared-prefix")->set ? (int32_t)fl_args_get(opts, "shared-prefix")->i : 0;
     double rate = fl_args_get(opts, "rate")->set ? fl_args_get(opts, "rate")->f : 0;
@@ -398,6 +437,7 @@ int fl_bench_serve(int argc, char **argv) {
     if ((o = fl_args_get(opts, "kv-block-size"))->set) rc.ep.kv_block_size = (int32_t)o->i;
     rc.ep.prefix_cache = !fl_args_get(opts, "no-prefix-cache")->set;
     rc.ep.preempt = strcmp(pm, "swap") ? FL_PREEMPT_RECOMPUTE : FL_PREEMPT_SWAP;
+    rc.ep.sched_policy = strcmp(policy, "priority") ? FL_SCHED_FCFS : FL_SCHED_PRIORITY;
     rc.json = fl_args_get(opts, "json")->set;
     rc.temp = fl_args_get(opts, "temp")->set ? (float)fl_args_get(opts, "temp")->f : 0.0f;
     rc.top_k = fl_args_get(opts, "top-k")->set ? (int32_t)fl_args_get(opts, "top-k")->i : 0;
@@ -423,10 +463,11 @@ int fl_bench_serve(int argc, char **argv) {
     w.n_prompt = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *w.n_prompt);
     w.gen = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *w.gen);
     w.arrival = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *w.arrival);
-    uint64_t rs = seed;
+    w.prio = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *w.prio);
+    uint64_t rs = seed, rs_prio = seed ^ 0x5052494fu; /* the classes from a stream of their own: the rest of the workload stays what the seed gives */
     int32_t n_vocab_guess = 256; /* ids below every llama vocab's size; the engine checks the range */
     int32_t *prefix = fl_calloc(FL_MEM_MISC, (size_t)shared + 1, sizeof *prefix);
-    if (!w.prompt || !w.n_prompt || !w.gen || !w.arrival || !prefix) {
+    if (!w.prompt || !w.n_prompt || !w.gen || !w.arrival || !w.prio || !prefix) {
         fprintf(stderr, "fitllm bench serve: %s\n", fl_last_error());
         fl_free(FL_MEM_MISC, prefix, ((size_t)shared + 1) * sizeof *prefix);
         workload_free(&w);
@@ -453,6 +494,10 @@ int fl_bench_serve(int argc, char **argv) {
         if (np + w.gen[i] > w.max_len) w.max_len = np + w.gen[i];
         if (rate > 0) t += -log(1.0 - rnd01(&rs)) / rate;
         w.arrival[i] = t;
+        if (high > 0 && rnd01(&rs_prio) < high) {
+            w.prio[i] = -1;
+            w.n_high++;
+        }
     }
     fl_free(FL_MEM_MISC, prefix, ((size_t)shared + 1) * sizeof *prefix);
     /* both engines get the workload's longest sequence as their context: the static baseline
@@ -485,6 +530,8 @@ int fl_bench_serve(int argc, char **argv) {
     cJSON_AddNumberToObject(wj, "kv_mem", (double)rc.ep.kv_mem);
     if (fl_args_get(opts, "mem")->set) cJSON_AddNumberToObject(wj, "mem_total", (double)fl_args_get(opts, "mem")->i);
     cJSON_AddNumberToObject(wj, "max_seqs", rc.ep.max_seqs);
+    cJSON_AddStringToObject(wj, "scheduling_policy", policy);
+    cJSON_AddNumberToObject(wj, "high_priority_requests", w.n_high);
     /* the int8 peak beside the decode steps' weight ops (2 per matrix element and token) */
     const double params = matmul_params(rc.ep.model_path);
     if (rc.ep.n_threads > 0) fl_threads_set(rc.ep.n_threads);

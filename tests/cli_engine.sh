@@ -46,6 +46,22 @@ o = json.loads(sys.argv[1])["paged"]
 assert o["logprobs"] == 5 and o["logprob_records"] == 48 and o["prompt_logprob_records"] == 6 * 39, o
 assert o["steps"] >= 6 * 39 // 4, o  # at most 4 scored positions a step
 PY
+# a high-priority class of requests: with priority scheduling and 2 sequences at a time, all of
+# them are admitted before any other, so their TTFT is lower; under FCFS the classes only report
+for pol in fcfs priority; do
+    json=$("$bin" bench serve -m "$model" --requests 24 --prompt-len 8:16 --gen-len 16:32 --max-seqs 2 --kv-mem 256K -t 1 \
+           --high-priority 0.25 --scheduling-policy $pol --json 2>&1) || { echo "bench serve --scheduling-policy $pol failed: $json"; exit 1; }
+    python3 - "$json" $pol <<'PY' || { echo "bench serve --high-priority ($pol): $json"; exit 1; }
+import json, sys
+d = json.loads(sys.argv[1]); o = d["paged"]; hi, lo = o["high_priority"], o["normal_priority"]
+assert d["workload"]["scheduling_policy"] == sys.argv[2] and hi["requests"] == d["workload"]["high_priority_requests"] > 0, d
+assert hi["requests"] + lo["requests"] == 24 and o["output_tokens"] > 0, o
+if sys.argv[2] == "priority":
+    assert hi["ttft_p99_ms"] < lo["ttft_p50_ms"], o
+PY
+done
+"$bin" bench serve -m "$model" --scheduling-policy lifo >/dev/null 2>&1 && { echo "--scheduling-policy lifo accepted"; exit 1; }
+"$bin" bench serve -m "$model" --high-priority 2 >/dev/null 2>&1 && { echo "--high-priority 2 accepted"; exit 1; }
 "$bin" bench serve -m "$model" --logprobs 21 >/dev/null 2>&1 && { echo "--logprobs 21 accepted"; exit 1; }
 "$bin" bench serve -m "$model" --temp -1 >/dev/null 2>&1 && { echo "negative --temp accepted"; exit 1; }
 "$bin" bench serve -m "$model" --top-p 0 >/dev/null 2>&1 && { echo "--top-p 0 accepted"; exit 1; }
