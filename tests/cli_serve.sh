@@ -142,6 +142,43 @@ check "wrong method -> 405" '[ "$(curl -s -o /dev/null -w "%{http_code}" $U/v1/c
 curl -sN -H 'Content-Type: application/json' -d '{"prompt":"Once upon a time","max_tokens":5,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' "$U/v1/completions" >"$TMP/sse3"
 check "include_usage chunk" 'grep -q "\"completion_tokens\":5" "$TMP/sse3"'
 
+# prefix-cache hits in usage.prompt_tokens_details.cached_tokens (whole blocks of 16, at least one
+# token computed), cache_salt keeping tenants apart, truncate_prompt_tokens keeping the last k
+cat >"$TMP/salt.py" <<'PY'
+import json, sys, urllib.request
+u = sys.argv[1]
+def post(path, body):
+    try:
+        r = urllib.request.urlopen(urllib.request.Request(u + path, json.dumps(body).encode(), {"Content-Type": "application/json"}))
+        return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+P = "The purple turtle sang a quiet song to the sleepy moon while the stars danced over the old red barn"
+def gen(**kw):
+    st, d = post("/v1/completions", dict(prompt=P, max_tokens=4, temperature=0, **kw))
+    assert st == 200, d
+    return d
+a = gen(); n = a["usage"]["prompt_tokens"]; full = (n - 1) // 16 * 16
+assert n > 32 and a["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, a["usage"]
+assert gen()["usage"]["prompt_tokens_details"]["cached_tokens"] == full
+assert gen(cache_salt="alice")["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+assert gen(cache_salt="alice")["usage"]["prompt_tokens_details"]["cached_tokens"] == full
+assert gen(cache_salt="bob")["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+st, c = post("/v1/chat/completions", dict(messages=[{"role": "user", "content": P}], max_tokens=2))
+assert st == 200 and "cached_tokens" in c["usage"]["prompt_tokens_details"], c
+ids = post("/tokenize", {"prompt": P})[1]["tokens"]
+t = gen(truncate_prompt_tokens=5)
+s, d = post("/v1/completions", dict(prompt=ids[-5:], max_tokens=4, temperature=0))
+assert t["usage"]["prompt_tokens"] == 5 and t["choices"][0]["text"] == d["choices"][0]["text"], (t, d)
+assert gen(truncate_prompt_tokens=-1)["usage"]["prompt_tokens"] == n and gen(truncate_prompt_tokens=1000)["usage"]["prompt_tokens"] == n
+for bad in ({"truncate_prompt_tokens": 0}, {"truncate_prompt_tokens": -2}, {"cache_salt": ""}, {"cache_salt": 5}):
+    st, d = post("/v1/completions", dict(prompt=P, max_tokens=1, **bad))
+    assert st == 400 and d["error"]["message"], (bad, st, d)
+print("cached", full, "of", n)
+PY
+python3 "$TMP/salt.py" "$URL_A" >"$TMP/salt.txt" 2>&1; rc=$?
+cat "$TMP/salt.txt"
+check "cached_tokens, cache_salt, truncate_prompt_tokens" '[ $rc = 0 ]'
 post "$URL_A" /v1/completions '{"prompt":"a","max_tokens":2,"priority":1}'
 check "FCFS server: priority -> 400 naming the policy" '[ "$(status)" = 400 ] && grep -q "scheduling-policy priority" "$TMP/body"'
 kill -TERM "$PID_A"; wait "$PID_A"; rc=$?

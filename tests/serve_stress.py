@@ -17,7 +17,7 @@ ODD = [None, True, False, 0, -1, 1, 2, 8, 1e308, -1e308, 1.5, 2 ** 63, -2 ** 63,
        "stop", ["\n", "the"], {"type": "json_object"}, {"type": "text"}, {"type": "json_schema"}, {"5": -100}, {"3": 100, "7": 2.5}, {"99999": 1}, 20, 21]
 KEYS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop",
         "stream", "stream_options", "presence_penalty", "frequency_penalty", "repetition_penalty", "model", "user",
-        "logprobs", "top_logprobs", "echo", "logit_bias", "response_format", "min_tokens", "stop_token_ids", "tools", "ignore_eos", "priority"]
+        "logprobs", "top_logprobs", "echo", "logit_bias", "response_format", "min_tokens", "stop_token_ids", "tools", "ignore_eos", "priority", "cache_salt", "truncate_prompt_tokens"]
 
 def odd(depth=0):
     r = rng.random()

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <xxhash.h>
 
 struct srv_conn {
     srv_buf body;
@@ -264,6 +265,17 @@ static cJSON *chunk_base(fl_server *s, srv_req *r) {
 }
 
 /* Append SSE chunks for new text and finished samples (called with s->mu held). */
+/* usage: prompt, completion and total tokens, and the prompt tokens the prefix cache served
+ * (OpenAI's prompt_tokens_details.cached_tokens; each prompt counted once, as its tokens are) */
+static void add_usage(cJSON *u, const srv_req *r, int32_t gen) {
+    int32_t cached = 0;
+    for (int32_t k = 0; k < r->n_pr; k++) cached += r->pr[k].n_cached;
+    cJSON_AddNumberToObject(u, "prompt_tokens", srv_prompt_tokens(r));
+    cJSON_AddNumberToObject(u, "completion_tokens", gen);
+    cJSON_AddNumberToObject(u, "total_tokens", srv_prompt_tokens(r) + gen);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", cached);
+}
+
 static void produce_stream(fl_server *s, srv_req *r) {
     for (int i = 0; i < srv_choices(r); i++) {
       for (int guard = 0; guard < 1 << 20; guard++) {
@@ -330,9 +342,7 @@ static void produce_stream(fl_server *s, srv_req *r) {
         u = cJSON_AddObjectToObject(o, "usage");
         int32_t gen = 0;
         for (int k = 0; k < srv_choices(r); k++) gen += r->samples[k].n_tokens;
-        cJSON_AddNumberToObject(u, "prompt_tokens", srv_prompt_tokens(r));
-        cJSON_AddNumberToObject(u, "completion_tokens", gen);
-        cJSON_AddNumberToObject(u, "total_tokens", srv_prompt_tokens(r) + gen);
+        add_usage(u, r, gen);
         append_json(&r->out, o, true);
         cJSON_Delete(o);
         r->usage_sent = true;
@@ -379,10 +389,7 @@ static void produce_full(fl_server *s, srv_req *r) {
         cJSON_AddItemToArray(ch, c);
         gen += sm->n_tokens;
     }
-    cJSON *u = cJSON_AddObjectToObject(o, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", srv_prompt_tokens(r));
-    cJSON_AddNumberToObject(u, "completion_tokens", gen);
-    cJSON_AddNumberToObject(u, "total_tokens", srv_prompt_tokens(r) + gen);
+    add_usage(cJSON_AddObjectToObject(o, "usage"), r, gen);
     append_json(&r->out, o, false);
     cJSON_Delete(o);
     r->all_sent = true;
@@ -622,6 +629,7 @@ typedef struct gen_prompt {
     bool is_text;          /* the client gave text (else ids; chat: the rendered messages) */
     int32_t *toks;         /* FL_MEM_NET [cap] */
     int64_t cap, n;
+    bool cut;              /* truncate_prompt_tokens dropped its head: echo its ids, not text */
 } gen_prompt;
 
 static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool chat) {
@@ -735,6 +743,19 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         goto out;
     }
     rp.priority = (int32_t)priority;
+    int64_t trunc = 0; /* vLLM's truncate_prompt_tokens: keep the last k prompt tokens (-1: as many as the context takes) */
+    if (get_int(j, "truncate_prompt_tokens", -1, 1e9, &trunc, err, sizeof err)) { ret = BAD("%s", err); goto out; }
+    if (cJSON_GetObjectItemCaseSensitive(j, "truncate_prompt_tokens") && !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "truncate_prompt_tokens")) && trunc == 0) {
+        ret = BAD("'truncate_prompt_tokens' must be -1 or at least 1");
+        goto out;
+    }
+    /* vLLM's cache_salt: prefix-cache blocks are shared only among requests with the same salt */
+    const cJSON *salt = cJSON_GetObjectItemCaseSensitive(j, "cache_salt");
+    if (salt && !cJSON_IsNull(salt)) {
+        if (!cJSON_IsString(salt) || !*salt->valuestring) { ret = BAD("'cache_salt' must be a non-empty string"); goto out; }
+        rp.cache_salt = XXH3_64bits(salt->valuestring, strlen(salt->valuestring));
+        if (rp.cache_salt == 0) rp.cache_salt = 1; /* (0 means no salt) */
+    }
     const cJSON *sti = cJSON_GetObjectItemCaseSensitive(j, "stop_token_ids");
     if (sti && !cJSON_IsNull(sti)) {
         const cJSON *x;
@@ -819,6 +840,12 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
             if (st != FL_OK) { ret = BAD("cannot tokenize the prompt: %s", fl_last_error()); goto out; }
         }
         if (gp[k].n == 0 || (gp[k].is_text && gp[k].text.len == 0)) { ret = BAD("the prompt is empty"); goto out; }
+        const int64_t keep = trunc == -1 ? n_ctx - 1 : trunc;
+        if (trunc && gp[k].n > keep) { /* the last `keep` tokens (left truncation, BOS included in what goes) */
+            memmove(gp[k].toks, gp[k].toks + (gp[k].n - keep), (size_t)keep * sizeof *gp[k].toks);
+            gp[k].n = keep;
+            gp[k].cut = true;
+        }
         if (gp[k].n >= n_ctx) {
             ret = send_error(s, conn, 400, "invalid_request_error", "context_length_exceeded", "prompt",
                              "the prompt has %lld tokens; the context is %d tokens", (long long)gp[k].n, n_ctx);
@@ -871,7 +898,8 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     for (int32_t k = 0; k < n_gp; k++) {
         r->pr[k].first_tok = gp[k].toks[0];
         r->pr[k].n_prompt = (int32_t)gp[k].n;
-        if (echo && echo_text(s, &r->pr[k], &gp[k].text, gp[k].toks, gp[k].n) != FL_OK) {
+        const srv_buf none = {0};
+        if (echo && echo_text(s, &r->pr[k], gp[k].cut ? &none : &gp[k].text, gp[k].toks, gp[k].n) != FL_OK) {
             req_free(s, r);
             fl_free(FL_MEM_NET, rc, sizeof *rc);
             ret = NOMEM();

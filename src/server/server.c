@@ -36,6 +36,7 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
     if (!r || o->sample < 0 || o->sample >= r->n) return; /* cancelled meanwhile */
     srv_prompt *pr = &r->pr[k];
     srv_sample *sm = &r->samples[k * r->n + o->sample];
+    if (o->sample == 0) pr->n_cached = o->n_cached_prompt;
     if (r->echo && r->logprobs && !pr->plp_got && o->sample == 0) { /* the prompt's records, as they come */
         const size_t rec = (size_t)(1 + r->n_top) * sizeof *pr->plp;
         if (!pr->plp && o->n_prompt > 1 && !r->lp_failed && !(pr->plp = fl_alloc(FL_MEM_NET, (size_t)(o->n_prompt - 1) * rec, 8))) {

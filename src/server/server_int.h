@@ -50,6 +50,7 @@ typedef struct srv_sample {
 typedef struct srv_prompt {
     int64_t id;            /* engine request id */
     int32_t n_prompt;
+    int32_t n_cached;      /* of them, served by the prefix cache (sample 0's first admission) */
     int32_t first_tok;     /* echo: listed with a null logprob */
     srv_buf echo_text;     /* echo: the prompt as text (token-id prompts: detokenized) */
     fl_token_logprob *plp; /* echo with logprobs: [n_prompt - 1][1 + n_top], prompt tokens 1.. */
