@@ -29,7 +29,8 @@ fl_status fl_model_workspace_new(fl_model *m, int32_t max_tokens, int32_t max_lo
     fl_model_workspace_free(m);
     const fl_hparams *hp = &m->hp;
     fl_model_ws *w = &m->ws;
-    w->bytes = fl_model_workspace_bytes(hp, max_tokens, max_logit_rows);
+    const size_t lora_bytes = m->lora ? fl_lora_workspace_bytes(m->lora->rank_max, m->lora->n_max, max_tokens) : 0;
+    w->bytes = fl_model_workspace_bytes(hp, max_tokens, max_logit_rows) + lora_bytes;
     w->block = fl_alloc(FL_MEM_ACT, w->bytes, 64);
     if (!w->block) return fl_last_error()[0] ? FL_ERR_BUDGET : FL_ERR_NOMEM;
     w->max_tokens = max_tokens;
@@ -48,6 +49,10 @@ fl_status fl_model_workspace_new(fl_model *m, int32_t max_tokens, int32_t max_lo
     CARVE(gate, T * F);
     CARVE(up, T * F);
     CARVE(xl, (size_t)max_logit_rows * E);
+    if (m->lora) {
+        CARVE(lora_xa, T * (size_t)m->lora->rank_max);
+        CARVE(lora_out, T * (size_t)m->lora->n_max);
+    }
 #undef CARVE
     FL_ASSERT((size_t)(p - w->block) == w->bytes);
     m->have_ws = true;
@@ -116,6 +121,17 @@ static void binary_rows(row_op op, float *out, const float *a, const float *b, i
     run_rows(&t);
 }
 
+/* y (T, N) += s B (A x): layer il's adapter of matrix k, if it has one (model/lora.h) */
+static void lora_add(fl_model *m, int32_t il, int k, const float *x, float *y, int64_t T) {
+    const fl_lora_slot *s = m->lora ? fl_lora_get(m->lora, il, k) : NULL;
+    if (!s) return;
+    const int64_t r = s->a.ne[1], N = s->b.ne[1];
+    fl_matmul(&s->a, x, m->ws.lora_xa, T); /* (T, r) */
+    for (int64_t i = 0; i < T * r; i++) m->ws.lora_xa[i] *= s->scale;
+    fl_matmul(&s->b, m->ws.lora_xa, m->ws.lora_out, T); /* (T, N) */
+    binary_rows(ROW_ADD, y, y, m->ws.lora_out, T, N);
+}
+
 fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv, void *kv_ctx, float *logits_out) {
     const fl_hparams *hp = &m->hp;
     fl_status st = fl_batch_validate(b, hp->n_vocab);
@@ -145,12 +161,14 @@ fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv
             const fl_tensor *wqkv[3] = {&L->wq, &L->wk, &L->wv};
             float *qkv[3] = {w->q, w->k, w->v};
             fl_matmul_n(3, wqkv, qkv, w->xn, T);
+            for (int k = 0; k < 3; k++) lora_add(m, il, FL_LORA_Q + k, w->xn, qkv[k], T);
         }
         rope_rows(w->q, b->pos, T, n_head, hp);
         rope_rows(w->k, b->pos, T, n_head_kv, hp);
         kv->store(kv_ctx, il, b, w->k, w->v);
         kv->attend(kv_ctx, il, b, w->q, w->att);                          /* att (T, n_head, D) */
         fl_matmul(&L->wo, w->att, w->out, T);                             /* out (T, E) */
+        lora_add(m, il, FL_LORA_O, w->att, w->out, T);
         if (allreduce) allreduce(m->params.allreduce_ud, w->out, T * E);
         binary_rows(ROW_ADD, w->x, w->x, w->out, T, E);                   /* x += out */
         /* feed-forward block */
@@ -159,9 +177,12 @@ fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv
             const fl_tensor *w13[2] = {&L->w1, &L->w3};
             float *gu[2] = {w->gate, w->up};
             fl_matmul_n(2, w13, gu, w->xn, T);
+            lora_add(m, il, FL_LORA_GATE, w->xn, w->gate, T);
+            lora_add(m, il, FL_LORA_UP, w->xn, w->up, T);
         }
         binary_rows(ROW_SWIGLU, w->gate, w->gate, w->up, T, F);           /* gate = silu(gate) * up */
         fl_matmul(&L->w2, w->gate, w->out, T);                            /* out (T, E) */
+        lora_add(m, il, FL_LORA_DOWN, w->gate, w->out, T);
         if (allreduce) allreduce(m->params.allreduce_ud, w->out, T * E);
         binary_rows(ROW_ADD, w->x, w->x, w->out, T, E);
     }

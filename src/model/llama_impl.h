@@ -7,12 +7,14 @@
 #define FL_LLAMA_IMPL_H
 
 #include "model/llama.h"
+#include "model/lora.h"
 
 typedef struct fl_model_ws {
     unsigned char *block; /* FL_MEM_ACT, `bytes` long */
     size_t bytes;
     int32_t max_tokens, max_logit_rows;
     float *x, *xn, *q, *k, *v, *att, *gate, *up, *out, *xl; /* see llama.h */
+    float *lora_xa, *lora_out; /* with an adapter */
 } fl_model_ws;
 
 struct fl_model {
@@ -27,6 +29,7 @@ struct fl_model {
     size_t wconv_bytes;
     size_t wconv_src_bytes; /* file bytes of the converted matrices */
     int64_t wconv_elems;    /* their elements */
+    fl_lora *lora;          /* params.lora_path's adapter, or NULL */
 };
 
 #endif

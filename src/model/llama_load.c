@@ -15,6 +15,7 @@ fl_model_params fl_model_default_params(void) {
     fl_model_params p;
     memset(&p, 0, sizeof p);
     p.weights_type = -1;
+    p.lora_scale = 1.0f;
     return p;
 }
 
@@ -357,6 +358,8 @@ fl_status fl_model_load(const char *path, const fl_model_params *params, fl_mode
     if ((st = fl_model_check_tensor_names(m->g, hp->arch, hp->n_layer))) goto fail_ctx;
     if (m->params.weights_type >= 0 && (st = convert_weights(m))) goto fail_ctx;
     if (m->params.repack && (st = repack_weights(m))) goto fail_ctx;
+    if (m->params.lora_path && (st = fl_lora_open(m->params.lora_path, hp, m->params.lora_scale, m->params.no_mmap, &m->lora))) goto fail;
+    m->params.lora_path = NULL; /* (not kept: the caller's string) */
     *out = m;
     return FL_OK;
 fail_ctx:
@@ -369,6 +372,7 @@ fail:
 void fl_model_free(fl_model *m) {
     if (!m) return;
     fl_model_workspace_free(m);
+    fl_lora_free(m->lora);
     if (m->wconv) fl_free(FL_MEM_WEIGHTS, m->wconv, m->wconv_bytes);
     if (m->layers) fl_free(FL_MEM_MISC, m->layers, (size_t)m->hp.n_layer * sizeof *m->layers);
     fl_gguf_free(m->g);

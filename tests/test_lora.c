@@ -1,0 +1,357 @@
+/* Tests for model/lora: a LoRA adapter applied at run time gives the logits of the model with
+ * W + s B A merged into its weights (fitllm's file and llama.cpp's, F32 and F16, all or some
+ * matrices), scale 0 gives the base model's bits, the plan counts the adapter exactly, and bad
+ * adapters are refused with a clear error and nothing leaked. */
+#include "test.h"
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "formats/gguf.h"
+#include "kv/kv_contig.h"
+#include "model/llama.h"
+#include "model/lora.h"
+#include "plan/plan_engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MODEL "models/stories260K.gguf"
+static const char *const names[FL_LORA_TARGETS] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+
+/* Target k's input and output widths for stories260K's hyperparameters. */
+static void shape_of(const fl_hparams *hp, int k, int64_t *K, int64_t *N) {
+    const int64_t E = hp->n_embd, HQ = (int64_t)hp->n_head * hp->head_dim, HKV = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int64_t Ks[FL_LORA_TARGETS] = {E, E, E, HQ, E, E, hp->n_ff}, Ns[FL_LORA_TARGETS] = {HQ, HKV, HKV, E, hp->n_ff, hp->n_ff, E};
+    *K = Ks[k];
+    *N = Ns[k];
+}
+
+static float frand(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(*s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* An adapter for every (layer, target) where want(layer, target): A and B random (B scaled so
+ * the adapter moves the logits visibly), kept as f32 in a[] / b[] (what the file holds, after
+ * f16 rounding) for the merge. */
+typedef struct adapter {
+    int32_t rank;
+    float alpha;
+    float *a[8][FL_LORA_TARGETS], *b[8][FL_LORA_TARGETS]; /* [layer][target], NULL: none */
+} adapter;
+
+static void adapter_free(adapter *ad) {
+    for (int l = 0; l < 8; l++)
+        for (int k = 0; k < FL_LORA_TARGETS; k++) {
+            free(ad->a[l][k]);
+            free(ad->b[l][k]);
+        }
+}
+
+static void fill(float *x, int64_t n, float amp, uint64_t *s, bool f16) {
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = amp * frand(s);
+        if (f16) x[i] = fl_f16_to_f32(fl_f32_to_f16(x[i]));
+    }
+}
+
+/* fitllm's file: lora.<name>.a [K, r, L] / .b [r, N, L], every layer of the targets in mask. */
+static void write_fitllm(const char *path, const fl_hparams *hp, adapter *ad, unsigned mask, uint64_t seed) {
+    fl_gguf_writer *w = fl_gguf_writer_new();
+    assert_non_null(w);
+    assert_int_equal(fl_gguf_writer_set_str(w, "general.architecture", "llama"), FL_OK);
+    assert_int_equal(fl_gguf_writer_set_u32(w, "lora.rank", (uint32_t)ad->rank), FL_OK);
+    assert_int_equal(fl_gguf_writer_set_f32(w, "lora.alpha", ad->alpha), FL_OK);
+    float *bufs[2 * FL_LORA_TARGETS] = {0};
+    const int32_t L = hp->n_layer, r = ad->rank;
+    for (int k = 0; k < FL_LORA_TARGETS; k++) {
+        if (!(mask >> k & 1)) continue;
+        int64_t K, N;
+        shape_of(hp, k, &K, &N);
+        float *A = bufs[2 * k] = malloc((size_t)(L * r * K) * 4), *B = bufs[2 * k + 1] = malloc((size_t)(L * r * N) * 4);
+        for (int l = 0; l < L; l++) {
+            ad->a[l][k] = malloc((size_t)(r * K) * 4);
+            ad->b[l][k] = malloc((size_t)(r * N) * 4);
+            fill(ad->a[l][k], r * K, 0.5f, &seed, false);
+            fill(ad->b[l][k], r * N, 0.3f, &seed, false);
+            memcpy(A + (size_t)l * r * K, ad->a[l][k], (size_t)(r * K) * 4);
+            memcpy(B + (size_t)l * r * N, ad->b[l][k], (size_t)(r * N) * 4);
+        }
+        char na[64];
+        const int64_t nea[3] = {K, r, L}, neb[3] = {r, N, L};
+        snprintf(na, sizeof na, "lora.%s.a", names[k]);
+        assert_int_equal(fl_gguf_writer_add_tensor(w, na, FL_TYPE_F32, 3, nea, A), FL_OK);
+        snprintf(na, sizeof na, "lora.%s.b", names[k]);
+        assert_int_equal(fl_gguf_writer_add_tensor(w, na, FL_TYPE_F32, 3, neb, B), FL_OK);
+    }
+    assert_int_equal(fl_gguf_writer_write(w, path, NULL, NULL), FL_OK);
+    fl_gguf_writer_free(w);
+    for (int i = 0; i < 2 * FL_LORA_TARGETS; i++) free(bufs[i]);
+}
+
+/* llama.cpp's file: blk.<l>.<name>.weight.lora_a [K, r] / .lora_b [r, N] in F16, for the (layer,
+ * target) pairs listed; extra: one more tensor name (an adapter of nothing), or NULL. */
+static void write_llama_cpp(const char *path, const fl_hparams *hp, adapter *ad, const int (*pairs)[2], int n_pairs,
+                            const char *extra, uint64_t seed) {
+    fl_gguf_writer *w = fl_gguf_writer_new();
+    assert_non_null(w);
+    assert_int_equal(fl_gguf_writer_set_str(w, "general.architecture", "llama"), FL_OK);
+    assert_int_equal(fl_gguf_writer_set_str(w, "general.type", "adapter"), FL_OK);
+    assert_int_equal(fl_gguf_writer_set_str(w, "adapter.type", "lora"), FL_OK);
+    assert_int_equal(fl_gguf_writer_set_f32(w, "adapter.lora.alpha", ad->alpha), FL_OK);
+    uint16_t *bufs[32] = {0};
+    const int32_t r = ad->rank;
+    for (int i = 0; i < n_pairs; i++) {
+        const int l = pairs[i][0], k = pairs[i][1];
+        int64_t K, N;
+        shape_of(hp, k, &K, &N);
+        ad->a[l][k] = malloc((size_t)(r * K) * 4);
+        ad->b[l][k] = malloc((size_t)(r * N) * 4);
+        fill(ad->a[l][k], r * K, 0.5f, &seed, true);
+        fill(ad->b[l][k], r * N, 0.3f, &seed, true);
+        uint16_t *A = bufs[2 * i] = malloc((size_t)(r * K) * 2), *B = bufs[2 * i + 1] = malloc((size_t)(r * N) * 2);
+        for (int64_t j = 0; j < r * K; j++) A[j] = fl_f32_to_f16(ad->a[l][k][j]);
+        for (int64_t j = 0; j < r * N; j++) B[j] = fl_f32_to_f16(ad->b[l][k][j]);
+        char na[96];
+        const int64_t nea[2] = {K, r}, neb[2] = {r, N};
+        snprintf(na, sizeof na, "blk.%d.%s.weight.lora_a", l, names[k]);
+        assert_int_equal(fl_gguf_writer_add_tensor(w, na, FL_TYPE_F16, 2, nea, A), FL_OK);
+        snprintf(na, sizeof na, "blk.%d.%s.weight.lora_b", l, names[k]);
+        assert_int_equal(fl_gguf_writer_add_tensor(w, na, FL_TYPE_F16, 2, neb, B), FL_OK);
+    }
+    static uint16_t junk[64 * 2];
+    if (extra) {
+        const int64_t ne[2] = {64, 2};
+        assert_int_equal(fl_gguf_writer_add_tensor(w, extra, FL_TYPE_F16, 2, ne, junk), FL_OK);
+    }
+    assert_int_equal(fl_gguf_writer_write(w, path, NULL, NULL), FL_OK);
+    fl_gguf_writer_free(w);
+    for (int i = 0; i < 32; i++) free(bufs[i]);
+}
+
+/* Logits of every position of a fixed 12-token sequence, base model + adapter at path (NULL:
+ * none), or with W += s B A merged by hand (merge != NULL). */
+static void logits_of(const char *adapter_path, float scale, const adapter *merge, float s_merge, float *out) {
+    fl_model_params mp = fl_model_default_params();
+    mp.no_mmap = true; /* (the merge writes into the weights) */
+    mp.lora_path = adapter_path;
+    mp.lora_scale = scale;
+    fl_model *m;
+    if (fl_model_load(FL_SHARED_PATH(MODEL), &mp, &m)) fail_msg("load: %s", fl_last_error());
+    const fl_hparams *hp = fl_model_hparams(m);
+    if (merge) assert_int_equal(fl_gguf_set_writable((fl_gguf *)fl_model_gguf(m), true), FL_OK);
+    if (merge)
+        for (int l = 0; l < hp->n_layer; l++) {
+            const fl_layer *L = fl_model_layer(m, l);
+            const fl_tensor *W[FL_LORA_TARGETS] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w1, &L->w3, &L->w2};
+            for (int k = 0; k < FL_LORA_TARGETS; k++) {
+                if (!merge->a[l][k]) continue;
+                assert_int_equal(W[k]->type, FL_TYPE_F32);
+                int64_t K, N;
+                shape_of(hp, k, &K, &N);
+                float *w = W[k]->data;
+                for (int64_t n = 0; n < N; n++)
+                    for (int64_t i = 0; i < K; i++) {
+                        double acc = 0;
+                        for (int j = 0; j < merge->rank; j++) acc += (double)merge->b[l][k][n * merge->rank + j] * merge->a[l][k][j * K + i];
+                        w[n * K + i] += (float)(s_merge * acc);
+                    }
+            }
+        }
+    fl_kv_contig_params kp = {hp->n_layer, hp->n_head_local, hp->n_head_kv_local, hp->head_dim, 64, 1, hp->n_swa, FL_TYPE_F32};
+    fl_kv_contig *kv;
+    assert_int_equal(fl_kv_contig_new(&kp, &kv), FL_OK);
+    assert_int_equal(fl_model_workspace_new(m, 16, 12), FL_OK);
+    int32_t tok[12], pos[12], sid[12];
+    int8_t lg[12];
+    for (int i = 0; i < 12; i++) {
+        tok[i] = i ? 3 + (i * 37) % 500 : 1;
+        pos[i] = i;
+        sid[i] = 0;
+        lg[i] = 1;
+    }
+    fl_batch b = {12, tok, pos, sid, lg};
+    if (fl_model_forward(m, &b, fl_kv_contig_iface(), kv, out)) fail_msg("forward: %s", fl_last_error());
+    fl_kv_contig_free(kv);
+    fl_model_free(m);
+}
+
+static double max_diff(const float *a, const float *b, int64_t n, double *scale) {
+    double d = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        s = fmax(s, fabs((double)b[i]));
+    }
+    if (scale) *scale = s;
+    return d;
+}
+
+static fl_hparams hparams(void) {
+    fl_gguf *g;
+    assert_int_equal(fl_gguf_open(FL_SHARED_PATH(MODEL), &g), FL_OK);
+    fl_hparams hp;
+    assert_int_equal(fl_hparams_from_gguf(g, &hp), FL_OK);
+    fl_gguf_free(g);
+    return hp;
+}
+
+#define NV (12 * 512)
+
+static void test_fitllm_file_equals_merged(void **state) {
+    NEED_SHARED();
+    (void)state;
+    const fl_hparams hp = hparams();
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/fl_lora_%d_a.gguf", (int)getpid());
+    adapter ad = {.rank = 4, .alpha = 8};
+    write_fitllm(path, &hp, &ad, 0x7f, 11);
+    float *base = malloc(NV * 4), *got = malloc(NV * 4), *want = malloc(NV * 4);
+    logits_of(NULL, 1, NULL, 0, base);
+    logits_of(path, 0.5f, NULL, 0, got);
+    logits_of(NULL, 1, &ad, 0.5f * 8 / 4, want); /* s = scale x alpha / r */
+    double sc, d = max_diff(got, want, NV, &sc);
+    const double moved = max_diff(base, want, NV, NULL);
+    fprintf(stderr, "fitllm file: max |lora - merged| %.3g (logits up to %.3g, moved %.3g by the adapter)\n", d, sc, moved);
+    assert_true(moved > 0.5);
+    assert_true(d < 2e-4 * sc);
+    /* scale 0: the base model's bits */
+    logits_of(path, 0.0f, NULL, 0, got);
+    assert_memory_equal(got, base, NV * 4);
+    unlink(path);
+    adapter_free(&ad);
+    free(base);
+    free(got);
+    free(want);
+    fl_test_mem_zero();
+}
+
+static void test_llama_cpp_file_some_matrices(void **state) {
+    NEED_SHARED();
+    (void)state;
+    const fl_hparams hp = hparams();
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/fl_lora_%d_b.gguf", (int)getpid());
+    adapter ad = {.rank = 2, .alpha = 4};
+    const int pairs[4][2] = {{0, FL_LORA_Q}, {0, FL_LORA_DOWN}, {2, FL_LORA_V}, {4, FL_LORA_UP}};
+    write_llama_cpp(path, &hp, &ad, pairs, 4, NULL, 5);
+    float *got = malloc(NV * 4), *want = malloc(NV * 4), *base = malloc(NV * 4);
+    logits_of(NULL, 1, NULL, 0, base);
+    logits_of(path, 1.0f, NULL, 0, got);
+    logits_of(NULL, 1, &ad, 4.0f / 2, want);
+    double sc, d = max_diff(got, want, NV, &sc);
+    const double moved = max_diff(base, want, NV, NULL);
+    fprintf(stderr, "llama.cpp file (f16, 4 of 35 matrices): max |lora - merged| %.3g (logits up to %.3g, moved %.3g)\n", d, sc, moved);
+    assert_true(moved > 0.1);
+    assert_true(d < 2e-3 * sc); /* (x A^T rounded to f16 before B: the matmul's f16 activations) */
+    fl_lora *lo;
+    assert_int_equal(fl_lora_open(path, &hp, 1.0f, false, &lo), FL_OK);
+    assert_int_equal(lo->n_pairs, 4);
+    assert_int_equal(lo->rank_max, 2);
+    assert_int_equal(lo->n_max, hp.n_ff);
+    assert_non_null(fl_lora_get(lo, 2, FL_LORA_V));
+    assert_null(fl_lora_get(lo, 2, FL_LORA_Q));
+    fl_lora_free(lo);
+    unlink(path);
+    adapter_free(&ad);
+    free(base);
+    free(got);
+    free(want);
+    fl_test_mem_zero();
+}
+
+/* Refused with a clear error and nothing leaked. */
+static void test_bad_adapters(void **state) {
+    NEED_SHARED();
+    (void)state;
+    const fl_hparams hp = hparams();
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/fl_lora_%d_c.gguf", (int)getpid());
+    fl_lora *lo = NULL;
+    /* an adapter of the embeddings: fitllm applies none, so it refuses it */
+    adapter ad = {.rank = 2, .alpha = 2};
+    const int pairs[1][2] = {{1, FL_LORA_K}};
+    write_llama_cpp(path, &hp, &ad, pairs, 1, "token_embd.weight.lora_a", 1);
+    assert_int_equal(fl_lora_open(path, &hp, 1.0f, false, &lo), FL_ERR_FORMAT);
+    assert_non_null(strstr(fl_last_error(), "adapters of q, k, v"));
+    adapter_free(&ad);
+    /* A without B */
+    memset(&ad, 0, sizeof ad);
+    ad.rank = 2;
+    write_llama_cpp(path, &hp, &ad, pairs, 1, "blk.3.ffn_up.weight.lora_a", 1);
+    assert_int_equal(fl_lora_open(path, &hp, 1.0f, false, &lo), FL_ERR_FORMAT);
+    assert_non_null(strstr(fl_last_error(), "blk.3.ffn_up.weight.lora_a has no blk.3.ffn_up.weight.lora_b"));
+    adapter_free(&ad);
+    /* an adapter for another model: the shapes name the tensor */
+    memset(&ad, 0, sizeof ad);
+    ad.rank = 4;
+    ad.alpha = 4;
+    fl_hparams other = hp;
+    other.n_embd = 96;
+    write_fitllm(path, &other, &ad, 1u << FL_LORA_O, 2);
+    assert_int_equal(fl_lora_open(path, &hp, 1.0f, false, &lo), FL_ERR_FORMAT);
+    assert_non_null(strstr(fl_last_error(), "lora.attn_output.a"));
+    adapter_free(&ad);
+    /* the base model is no adapter; a missing file */
+    assert_int_equal(fl_lora_open(FL_SHARED_PATH(MODEL), &hp, 1.0f, false, &lo), FL_ERR_FORMAT);
+    assert_non_null(strstr(fl_last_error(), "not a LoRA adapter"));
+    assert_true(fl_lora_open("/nonexistent/x.gguf", &hp, 1.0f, false, &lo) != FL_OK);
+    assert_null(lo);
+    /* through fl_model_load: the model fails whole */
+    fl_model_params mp = fl_model_default_params();
+    mp.lora_path = FL_SHARED_PATH(MODEL);
+    fl_model *m = NULL;
+    assert_int_equal(fl_model_load(FL_SHARED_PATH(MODEL), &mp, &m), FL_ERR_FORMAT);
+    assert_null(m);
+    unlink(path);
+    fl_test_mem_zero();
+}
+
+/* The engine's plan counts the adapter: its file (MAPPED), its tables (MISC), its buffers (ACT). */
+static void test_plan_counts_adapter(void **state) {
+    NEED_SHARED();
+    (void)state;
+    const fl_hparams hp = hparams();
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/fl_lora_%d_d.gguf", (int)getpid());
+    adapter ad = {.rank = 8, .alpha = 16};
+    write_fitllm(path, &hp, &ad, 0x7f, 3);
+    fl_plan_engine_in in = {.model_path = FL_SHARED_PATH(MODEL), .weights_type = -1, .kv_type = FL_TYPE_F16, .kv_block = 16,
+                            .n_ctx = 256, .max_seqs = 4, .max_batch_tokens = 64, .n_threads = 1, .kv_mem = 1 << 20,
+                            .prefix_cache = 1, .max_logprobs = -1};
+    fl_plan_engine_out a, b;
+    assert_int_equal(fl_plan_engine(&in, &a), FL_OK);
+    in.lora_path = path;
+    in.lora_scale = 1;
+    assert_int_equal(fl_plan_engine(&in, &b), FL_OK);
+    FILE *f = fopen(path, "rb");
+    fseek(f, 0, SEEK_END);
+    const long fsz = ftell(f);
+    fclose(f);
+    assert_int_equal(b.bytes[FL_MEM_MAPPED] - a.bytes[FL_MEM_MAPPED], (uint64_t)fsz);
+    assert_int_equal(b.bytes[FL_MEM_ACT] - a.bytes[FL_MEM_ACT], fl_lora_workspace_bytes(8, hp.n_ff, 64 + 4));
+    /* MISC: what opening the adapter holds, measured */
+    const size_t m0 = fl_mem_current(FL_MEM_MISC);
+    fl_lora *lo;
+    assert_int_equal(fl_lora_open(path, &hp, 1.0f, false, &lo), FL_OK);
+    const size_t held = fl_mem_current(FL_MEM_MISC) - m0;
+    fl_lora_free(lo);
+    assert_int_equal(b.bytes[FL_MEM_MISC] - a.bytes[FL_MEM_MISC], held);
+    assert_true(held >= fl_lora_table_bytes(hp.n_layer));
+    unlink(path);
+    adapter_free(&ad);
+    fl_test_mem_zero();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fitllm_file_equals_merged),
+        cmocka_unit_test(test_llama_cpp_file_some_matrices),
+        cmocka_unit_test(test_bad_adapters),
+        cmocka_unit_test(test_plan_counts_adapter),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
