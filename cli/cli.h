@@ -83,6 +83,7 @@ typedef struct fl_plan_verify_opts {
     int32_t n_ctx, max_seqs, max_batch_tokens, kv_block, n_threads;
     int64_t mem;
     int32_t max_logprobs;   /* the engine's (-1: none): a second run checks the logprob records */
+    const char *lora;       /* a LoRA adapter the engine applies (NULL: none) */
 } fl_plan_verify_opts;
 int fl_plan_verify(const fl_plan_verify_opts *o);
 

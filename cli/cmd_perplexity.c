@@ -53,6 +53,8 @@ int fl_cmd_perplexity(int argc, char **argv) {
         FL_CLI_KV_OPTS,
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
+        {"lora", 0, FL_OPT_STR, "FILE  apply a LoRA adapter at run time (fitllm train --lora writes OUT.lora.gguf; llama.cpp adapters too)"},
+        {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"},
         {0},
     };
     int n_pos;
@@ -95,6 +97,8 @@ int fl_cmd_perplexity(int argc, char **argv) {
     fl_model_params mp = fl_model_default_params();
     mp.no_mmap = fl_args_get(opts, "no-mmap")->set;
     mp.repack = !fl_args_get(opts, "no-repack")->set;
+    mp.lora_path = fl_args_get(opts, "lora")->str;
+    if (fl_args_get(opts, "lora-scale")->set) mp.lora_scale = (float)fl_args_get(opts, "lora-scale")->f;
     if ((st = fl_model_load(o_model->str, &mp, &m))) goto fail;
     const fl_hparams *hp = fl_model_hparams(m);
     const int32_t V = hp->n_vocab;

@@ -154,6 +154,8 @@ int fl_cmd_run(int argc, char **argv) {
         {"tp", 0, FL_OPT_INT, "N  tensor parallel over N ranks: run as `mpirun -np N fitllm run --tp N ...`"},
         FL_CLI_KV_OPTS,
         {"weights", 0, FL_OPT_STR, "T  convert weights at load: q8_0 q4_0 nf4 fp8_e4m3 f16 ..."},
+        {"lora", 0, FL_OPT_STR, "FILE  apply a LoRA adapter at run time (fitllm train --lora writes OUT.lora.gguf; llama.cpp adapters too)"},
+        {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
         {0},
@@ -243,6 +245,8 @@ int fl_cmd_run(int argc, char **argv) {
     fl_model_params mparams = fl_model_default_params();
     mparams.no_mmap = fl_args_get(opts, "no-mmap")->set;
     mparams.repack = !fl_args_get(opts, "no-repack")->set;
+    mparams.lora_path = fl_args_get(opts, "lora")->str;
+    if (fl_args_get(opts, "lora-scale")->set) mparams.lora_scale = (float)fl_args_get(opts, "lora-scale")->f;
     if (fl_args_get(opts, "weights")->set) {
         const char *wn = fl_args_get(opts, "weights")->str;
         mparams.weights_type = fl_type_from_name(wn);
@@ -252,6 +256,10 @@ int fl_cmd_run(int argc, char **argv) {
         }
     }
     if (n_tp > 1) { /* every rank loads its slice; logits are all-gathered, so all sample alike */
+        if (mparams.lora_path) {
+            st = fl_set_error(FL_ERR_UNSUPPORTED, "--lora with --tp is not supported (merge it first: fitllm train --merge-lora)");
+            goto fail;
+        }
         if (mparams.weights_type >= 0) {
             st = fl_set_error(FL_ERR_UNSUPPORTED, "--weights with --tp is not supported (quantize the file with fitllm quantize)");
             goto fail;

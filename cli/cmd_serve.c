@@ -31,6 +31,8 @@ int fl_cmd_serve(int argc, char **argv) {
         {"alias", 0, FL_OPT_STR, "NAME  model name reported by the API (default: file name)"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
+        {"lora", 0, FL_OPT_STR, "FILE  apply a LoRA adapter to every request, unmerged (fitllm train --lora's OUT.lora.gguf or a llama.cpp adapter; F32/F16/BF16)"},
+        {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"},
         {"scheduling-policy", 0, FL_OPT_STR, "fcfs|priority  order of admission and preemption (default fcfs); priority: by each request's 'priority', lower first, then arrival; a waiting request preempts running ones of lower priority"},
         {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) bytes per context token per sequence"},
         {0},
@@ -87,6 +89,8 @@ int fl_cmd_serve(int argc, char **argv) {
     if (fl_args_get(opts, "weights")->set) ep.weights_type = fl_args_get(opts, "weights")->str;
     ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
     ep.no_repack = fl_args_get(opts, "no-repack")->set;
+    ep.lora_path = fl_args_get(opts, "lora")->str;
+    if (fl_args_get(opts, "lora-scale")->set) ep.lora_scale = (float)fl_args_get(opts, "lora-scale")->f;
     if (fl_args_get(opts, "max-logprobs")->set) ep.max_logprobs = (int32_t)fl_args_get(opts, "max-logprobs")->i;
     if (pc) ep.prefix_cache = !strcmp(pc, "on");
 

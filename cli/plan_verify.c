@@ -112,6 +112,7 @@ int fl_plan_verify(const fl_plan_verify_opts *vo) {
     if (vo->max_batch_tokens > 0) ep.max_batch_tokens = vo->max_batch_tokens;
     ep.kv_type = vo->kv_type;
     ep.weights_type = vo->weights;
+    ep.lora_path = vo->lora;
     if (vo->kv_block > 0) ep.kv_block_size = vo->kv_block;
     /* the plain worst case first (every category exact), then the logprob records on top */
     const int32_t max_lp = vo->max_logprobs;

@@ -109,6 +109,9 @@ typedef struct fl_engine_params {
                                  * kernel grants them) instead of mapping it; same MAPPED bytes */
     int32_t no_repack;          /* 1 = keep Q4_0 / Q8_0 matrices as in the file; 0 (default): on AVX2 they are
                                  * rewritten in place in groups of 8 rows for its GEMV (same bytes) */
+    const char *lora_path;      /* a LoRA adapter applied at run time, unmerged (fitllm train --lora's
+                                 * OUT.lora.gguf or a llama.cpp adapter; F32/F16/BF16), or NULL */
+    float lora_scale;           /* its scale (default 1) */
     int32_t max_logprobs;       /* the most alternatives a request may ask with top_logprobs (default
                                  * FL_MAX_TOP_LOGPROBS); -1: no logprobs.  The plan reserves
                                  * 8 x (1 + max_logprobs) bytes per token of context per sequence */

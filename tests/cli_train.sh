@@ -77,6 +77,23 @@ PY
 "$F" train -m "$S/models/stories260K.gguf" --merge-lora "$T/inf.lora.gguf" -o "$T/inf.gguf" 2> "$T/err6.txt"; rc=$?
 [ $rc -eq 1 ] && grep -q "alpha inf" "$T/err6.txt" || { cat "$T/err6.txt"; fail "an infinite lora.alpha must be refused (rc $rc)"; }
 
+# the adapter applied at run time (run / perplexity --lora) scores as the merged model does, and
+# moves the base's perplexity; the infinite alpha is refused there too
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 6 --lr 3e-2 --lora 4 -t 1 \
+    -o "$T/r.gguf" 2> "$T/err7.txt" || { cat "$T/err7.txt"; fail "lora for --lora"; }
+ppl() { "$F" perplexity "$@" -f "$T/train.txt" -c 64 --chunks 4 -t 1 --json 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['ppl'])"; }
+p_base=$(ppl -m "$S/models/stories260K.gguf"); p_lora=$(ppl -m "$S/models/stories260K.gguf" --lora "$T/r.lora.gguf"); p_merged=$(ppl -m "$T/r.gguf")
+python3 -c "import sys; b,l,m=map(float,sys.argv[1:]); sys.exit(0 if abs(l-m)<=1e-3*m and abs(l-b)>0.01*b else 1)" "$p_base" "$p_lora" "$p_merged" ||
+    fail "perplexity --lora $p_lora, merged $p_merged, base $p_base"
+# the engine with the adapter (what serve runs): its plan, the file, tables and buffers included,
+# against what it allocates
+"$F" plan -m "$S/models/stories260K.gguf" --verify --lora "$T/r.lora.gguf" -c 256 --max-logprobs -1 -t 1 > "$T/pv.txt" 2>&1 ||
+    { cat "$T/pv.txt"; fail "plan --verify --lora"; }
+"$F" run -m "$S/models/stories260K.gguf" --lora "$T/inf.lora.gguf" -p "Once" -n 2 -t 1 > /dev/null 2> "$T/err8.txt"; rc=$?
+[ $rc -ne 0 ] && grep -q "alpha" "$T/err8.txt" || { cat "$T/err8.txt"; fail "run --lora with an infinite alpha must be refused (rc $rc)"; }
+"$F" run -m "$S/models/stories260K.gguf" --lora "$S/models/stories260K.gguf" -p "Once" -n 2 -t 1 > /dev/null 2> "$T/err8.txt"; rc=$?
+[ $rc -ne 0 ] && grep -q "not a LoRA adapter" "$T/err8.txt" || { cat "$T/err8.txt"; fail "run --lora MODEL must be refused (rc $rc)"; }
+
 # no output may replace an input: the base (also through a symlink), the training text (via
 # OUT.ckpt / OUT), the adapter being merged; each copy is left as it was
 cp "$S/models/stories260K.gguf" "$T/base.gguf"; ln -s base.gguf "$T/base-link.gguf"

@@ -80,6 +80,7 @@ void fl_engine_params_default(fl_engine_params *p) {
     p->preempt = FL_PREEMPT_RECOMPUTE;
     p->seed = 1234;
     p->max_logprobs = FL_MAX_TOP_LOGPROBS;
+    p->lora_scale = 1.0f;
 }
 
 void fl_sampling_params_default(fl_sampling_params *p) {

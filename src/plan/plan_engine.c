@@ -11,6 +11,7 @@
 #include "kv/paged_attn.h"
 #include "model/arch.h"
 #include "model/llama.h"
+#include "model/lora.h"
 #include "model/tokenizer.h"
 #include "core/alloc.h"
 
@@ -142,8 +143,25 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
     out->kv_blocks = (int64_t)(in->kv_mem / out->kv_bytes_per_block);
     out->bytes[FL_MEM_KV] = (uint64_t)out->kv_blocks * out->kv_bytes_per_block;
 
-    /* ACT: the model's workspace and the engine's logits */
-    out->ws_bytes = fl_model_workspace_bytes(&hp, in->max_batch_tokens + in->max_seqs, in->max_seqs);
+    if (in->lora_path) { /* the adapter, opened as the model opens it */
+        struct stat lb;
+        if (stat(in->lora_path, &lb) != 0) {
+            st = fl_set_error(FL_ERR_IO, "%s: cannot stat %s", __func__, in->lora_path);
+            goto done;
+        }
+        const size_t m0 = fl_mem_current(FL_MEM_MISC);
+        fl_lora *lo = NULL;
+        if ((st = fl_lora_open(in->lora_path, &hp, in->lora_scale, false, &lo))) goto done;
+        const size_t m1 = fl_mem_current(FL_MEM_MISC);
+        out->lora_file_bytes = (uint64_t)lb.st_size;
+        out->lora_misc_bytes = m1 > m0 ? m1 - m0 : 0;
+        out->lora_ws_bytes = fl_lora_workspace_bytes(lo->rank_max, lo->n_max, in->max_batch_tokens + in->max_seqs);
+        fl_lora_free(lo);
+        out->bytes[FL_MEM_MAPPED] += out->lora_file_bytes;
+    }
+
+    /* ACT: the model's workspace (with the adapter's buffers) and the engine's logits */
+    out->ws_bytes = fl_model_workspace_bytes(&hp, in->max_batch_tokens + in->max_seqs, in->max_seqs) + out->lora_ws_bytes;
     out->logits_bytes = (uint64_t)in->max_seqs * (uint64_t)hp.n_vocab * 4;
     out->bytes[FL_MEM_ACT] = out->ws_bytes + out->logits_bytes;
 
@@ -182,7 +200,7 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
         const uint64_t n_seq_max = (uint64_t)in->max_seqs * 8 + 64; /* engine_model.c */
         const uint64_t per_block = FL_PLAN_MISC_BLOCK + (in->prefix_cache ? FL_PLAN_MISC_BLOCK_PREFIX + 4 * bs : 0);
         const uint64_t V = (uint64_t)hp.n_vocab;
-        out->misc_static = FL_PLAN_MISC_BASE + out->gguf_bytes + out->tokenizer_bytes +
+        out->misc_static = FL_PLAN_MISC_BASE + out->gguf_bytes + out->tokenizer_bytes + out->lora_misc_bytes +
                            (uint64_t)hp.n_layer * sizeof(fl_layer) + nb * per_block + 4 * buckets +
                            FL_PLAN_MISC_SEQ_SLOT * n_seq_max +
                            (V + 1) * 8 + V + 4 * V + out->vocab_text_bytes + 1; /* engine.c vocab_text_build */

@@ -7,7 +7,9 @@
  * served: it reads the GGUF header and tensor table (nothing is copied; the file is mapped and
  * unmapped again) and adds up exactly what fl_engine_new and the steps allocate:
  *
- *   MAPPED   the whole GGUF file (core/mmap charges the mapping)
+ *   MAPPED   the whole GGUF file (core/mmap charges the mapping), and a LoRA adapter's file
+ *   (lora_path: the adapter is opened here as the model opens it, so its parsed file and slot
+ *   table count in MISC exactly, and its two forward buffers in ACT: fl_lora_workspace_bytes)
  *   WEIGHTS  matrices converted at load (weights_type): fl_model_converted_bytes per matrix
  *   KV       the paged pool: floor(kv_mem / fl_kv_bytes_per_block) blocks x bytes per block
  *   ACT      fl_model_workspace_bytes(hp, max_batch_tokens + max_seqs, max_seqs)
@@ -69,6 +71,8 @@ typedef struct fl_plan_engine_in {
     int32_t prefix_cache;     /* the cache keeps prefix-cache entries per block */
     int32_t repack;           /* the loader repacks Q4_0 / Q8_0 matrices (fl_r8_load_type) */
     int32_t max_logprobs;     /* alternatives a request may ask for (-1: no logprobs) */
+    const char *lora_path;    /* a LoRA adapter applied at run time (model/lora.h), or NULL */
+    float lora_scale;
 } fl_plan_engine_in;
 
 typedef struct fl_plan_engine_out {
@@ -83,6 +87,7 @@ typedef struct fl_plan_engine_out {
     uint64_t vocab_text_bytes;  /* all the vocabulary's detokenized bytes (the engine's JSON table) */
     uint64_t logprob_bytes;     /* MISC of the logprob records (with max_logprobs >= 0) */
     uint64_t gguf_bytes, tokenizer_bytes; /* MISC of the parsed GGUF and of the tokenizer (+ chat template) */
+    uint64_t lora_file_bytes, lora_misc_bytes, lora_ws_bytes; /* the adapter: MAPPED, MISC (parsed file and slot table), ACT */
     int64_t n_params;           /* elements of the matrices and norms */
     double bits_per_weight;     /* of the weights the matmuls read */
     int32_t n_vocab, n_ctx;
