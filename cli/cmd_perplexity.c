@@ -97,8 +97,13 @@ int fl_cmd_perplexity(int argc, char **argv) {
     fl_model_params mp = fl_model_default_params();
     mp.no_mmap = fl_args_get(opts, "no-mmap")->set;
     mp.repack = !fl_args_get(opts, "no-repack")->set;
-    mp.lora_path = fl_args_get(opts, "lora")->str;
-    if (fl_args_get(opts, "lora-scale")->set) mp.lora_scale = (float)fl_args_get(opts, "lora-scale")->f;
+    const char *lora = fl_args_get(opts, "lora")->str;
+    const float lora_scale = fl_args_get(opts, "lora-scale")->set ? (float)fl_args_get(opts, "lora-scale")->f : 1.0f;
+    if (lora) { /* every token through the adapter */
+        mp.lora_paths = &lora;
+        mp.lora_scales = &lora_scale;
+        mp.n_loras = mp.lora_default = 1;
+    }
     if ((st = fl_model_load(o_model->str, &mp, &m))) goto fail;
     const fl_hparams *hp = fl_model_hparams(m);
     const int32_t V = hp->n_vocab;

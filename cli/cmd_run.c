@@ -245,8 +245,13 @@ int fl_cmd_run(int argc, char **argv) {
     fl_model_params mparams = fl_model_default_params();
     mparams.no_mmap = fl_args_get(opts, "no-mmap")->set;
     mparams.repack = !fl_args_get(opts, "no-repack")->set;
-    mparams.lora_path = fl_args_get(opts, "lora")->str;
-    if (fl_args_get(opts, "lora-scale")->set) mparams.lora_scale = (float)fl_args_get(opts, "lora-scale")->f;
+    const char *lora = fl_args_get(opts, "lora")->str;
+    const float lora_scale = fl_args_get(opts, "lora-scale")->set ? (float)fl_args_get(opts, "lora-scale")->f : 1.0f;
+    if (lora) { /* every token through the adapter */
+        mparams.lora_paths = &lora;
+        mparams.lora_scales = &lora_scale;
+        mparams.n_loras = mparams.lora_default = 1;
+    }
     if (fl_args_get(opts, "weights")->set) {
         const char *wn = fl_args_get(opts, "weights")->str;
         mparams.weights_type = fl_type_from_name(wn);
@@ -256,7 +261,7 @@ int fl_cmd_run(int argc, char **argv) {
         }
     }
     if (n_tp > 1) { /* every rank loads its slice; logits are all-gathered, so all sample alike */
-        if (mparams.lora_path) {
+        if (lora) {
             st = fl_set_error(FL_ERR_UNSUPPORTED, "--lora with --tp is not supported (merge it first: fitllm train --merge-lora)");
             goto fail;
         }

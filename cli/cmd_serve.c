@@ -32,6 +32,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
         {"lora", 0, FL_OPT_STR, "FILE  apply a LoRA adapter to every request, unmerged (fitllm train --lora's OUT.lora.gguf or a llama.cpp adapter; F32/F16/BF16)"},
+        {"lora-modules", 0, FL_OPT_STR, "NAME=FILE[,NAME=FILE...]  up to 16 LoRA adapters over one base (vLLM's): a request whose \"model\" is NAME runs with it, others with none; listed by /v1/models"},
         {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"},
         {"scheduling-policy", 0, FL_OPT_STR, "fcfs|priority  order of admission and preemption (default fcfs); priority: by each request's 'priority', lower first, then arrival; a waiting request preempts running ones of lower priority"},
         {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) bytes per context token per sequence"},
@@ -89,8 +90,40 @@ int fl_cmd_serve(int argc, char **argv) {
     if (fl_args_get(opts, "weights")->set) ep.weights_type = fl_args_get(opts, "weights")->str;
     ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
     ep.no_repack = fl_args_get(opts, "no-repack")->set;
-    ep.lora_path = fl_args_get(opts, "lora")->str;
-    if (fl_args_get(opts, "lora-scale")->set) ep.lora_scale = (float)fl_args_get(opts, "lora-scale")->f;
+    /* adapters: --lora (every request) or --lora-modules (by name); the names and paths point
+     * into one copy of the option's text */
+    char mods[4096];
+    const char *lora_paths[16], *lora_names[16];
+    float lora_scale = fl_args_get(opts, "lora-scale")->set ? (float)fl_args_get(opts, "lora-scale")->f : 1.0f;
+    const float lora_scales[16] = {lora_scale, lora_scale, lora_scale, lora_scale, lora_scale, lora_scale, lora_scale, lora_scale,
+                                   lora_scale, lora_scale, lora_scale, lora_scale, lora_scale, lora_scale, lora_scale, lora_scale};
+    int32_t n_lora = 0, n_names = 0;
+    const char *one = fl_args_get(opts, "lora")->str, *lm = fl_args_get(opts, "lora-modules")->str;
+    if (one && lm) {
+        fprintf(stderr, "fitllm serve: --lora and --lora-modules do not go together\n");
+        return 2;
+    }
+    if (one) lora_paths[n_lora++] = one;
+    if (lm) {
+        if (strlen(lm) >= sizeof mods) {
+            fprintf(stderr, "fitllm serve: --lora-modules is too long\n");
+            return 2;
+        }
+        strcpy(mods, lm);
+        for (char *save = NULL, *tok = strtok_r(mods, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            char *eq = strchr(tok, '=');
+            if (!eq || eq == tok || !eq[1] || n_lora == 16) {
+                fprintf(stderr, "fitllm serve: --lora-modules takes up to 16 NAME=FILE, comma-separated ('%s')\n", tok);
+                return 2;
+            }
+            *eq = 0;
+            lora_names[n_names++] = tok;
+            lora_paths[n_lora++] = eq + 1;
+        }
+    }
+    ep.lora_paths = n_lora ? lora_paths : NULL;
+    ep.lora_scales = lora_scales;
+    ep.n_loras = n_lora;
     if (fl_args_get(opts, "max-logprobs")->set) ep.max_logprobs = (int32_t)fl_args_get(opts, "max-logprobs")->i;
     if (pc) ep.prefix_cache = !strcmp(pc, "on");
 
@@ -108,6 +141,9 @@ int fl_cmd_serve(int argc, char **argv) {
     if (fl_args_get(opts, "max-body")->set) sp.max_body_bytes = fl_args_get(opts, "max-body")->i;
     if (fl_args_get(opts, "max-tokens-limit")->set) sp.max_tokens_limit = (int32_t)fl_args_get(opts, "max-tokens-limit")->i;
     sp.model_name = fl_args_get(opts, "alias")->str;
+    sp.lora_names = lora_names;
+    sp.n_lora_names = n_names;
+    sp.default_lora = one ? 1 : 0;
 
     /* Block the stop signals in every thread created from here on; main waits for them. */
     sigset_t set;

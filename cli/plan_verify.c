@@ -60,6 +60,7 @@ static int verify_run(const fl_plan_verify_opts *vo, fl_engine_params ep) {
         rp.ignore_eos = 1;
         rp.logprobs = rp.prompt_logprobs = lp;
         rp.top_logprobs = lp ? ep.max_logprobs : 0;
+        rp.lora = ep.n_loras > 0 ? 1 + r % ep.n_loras : 0; /* every request through an adapter */
         int64_t id;
         st = fl_engine_add(e, &rp, &id);
     }
@@ -112,7 +113,8 @@ int fl_plan_verify(const fl_plan_verify_opts *vo) {
     if (vo->max_batch_tokens > 0) ep.max_batch_tokens = vo->max_batch_tokens;
     ep.kv_type = vo->kv_type;
     ep.weights_type = vo->weights;
-    ep.lora_path = vo->lora;
+    ep.lora_paths = vo->lora ? &vo->lora : NULL;
+    ep.n_loras = vo->lora ? 1 : 0;
     if (vo->kv_block > 0) ep.kv_block_size = vo->kv_block;
     /* the plain worst case first (every category exact), then the logprob records on top */
     const int32_t max_lp = vo->max_logprobs;

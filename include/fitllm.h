@@ -109,9 +109,11 @@ typedef struct fl_engine_params {
                                  * kernel grants them) instead of mapping it; same MAPPED bytes */
     int32_t no_repack;          /* 1 = keep Q4_0 / Q8_0 matrices as in the file; 0 (default): on AVX2 they are
                                  * rewritten in place in groups of 8 rows for its GEMV (same bytes) */
-    const char *lora_path;      /* a LoRA adapter applied at run time, unmerged (fitllm train --lora's
-                                 * OUT.lora.gguf or a llama.cpp adapter; F32/F16/BF16), or NULL */
-    float lora_scale;           /* its scale (default 1) */
+    const char *const *lora_paths; /* n_loras LoRA adapters applied at run time, unmerged (fitllm train
+                                 * --lora's OUT.lora.gguf or llama.cpp adapters; F32/F16/BF16, at most
+                                 * 16): each request picks one (fl_request_params.lora) or none */
+    const float *lora_scales;   /* their scales (NULL: 1 each) */
+    int32_t n_loras;
     int32_t max_logprobs;       /* the most alternatives a request may ask with top_logprobs (default
                                  * FL_MAX_TOP_LOGPROBS); -1: no logprobs.  The plan reserves
                                  * 8 x (1 + max_logprobs) bytes per token of context per sequence */
@@ -166,6 +168,8 @@ typedef struct fl_request_params {
                                  * prompt position then needs a logits row, so the prompt is computed
                                  * in chunks of at most max_seqs rows and skips the prefix cache */
     int32_t priority;           /* FL_SCHED_PRIORITY: lower runs first (ties by arrival); must be 0 under FCFS */
+    int32_t lora;               /* the engine's LoRA adapter k (1..n_loras) applied to this request, 0 none;
+                                 * its prompt blocks are cached apart from other adapters' */
 } fl_request_params;
 
 typedef enum fl_request_state {
@@ -227,6 +231,7 @@ int32_t fl_engine_token_text(fl_engine *e, int32_t token, char *buf, int32_t cap
 int32_t fl_engine_n_ctx(const fl_engine *e);
 int32_t fl_engine_n_vocab(const fl_engine *e);
 fl_sched_policy fl_engine_sched_policy(const fl_engine *e);
+int32_t fl_engine_n_loras(const fl_engine *e);
 const char *fl_engine_model_name(const fl_engine *e);
 /* Chat template text from the GGUF (tokenizer.chat_template), or NULL. */
 const char *fl_engine_chat_template(const fl_engine *e);
@@ -257,6 +262,10 @@ typedef struct fl_server_params {
     int32_t max_queue;          /* waiting requests before 503 (default 256) */
     int32_t max_n;              /* largest n (default 8) */
     const char *model_name;     /* name reported in responses (default: file name) */
+    const char *const *lora_names; /* names of the engine's LoRA adapters 1..n_lora_names (vLLM's
+                                 * --lora-modules): a request whose "model" is one of them gets it */
+    int32_t n_lora_names;
+    int32_t default_lora;       /* the adapter of a request that names none (serve --lora: 1; default 0) */
 } fl_server_params;
 
 void fl_server_params_default(fl_server_params *p);

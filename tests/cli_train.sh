@@ -89,6 +89,30 @@ python3 -c "import sys; b,l,m=map(float,sys.argv[1:]); sys.exit(0 if abs(l-m)<=1
 # against what it allocates
 "$F" plan -m "$S/models/stories260K.gguf" --verify --lora "$T/r.lora.gguf" -c 256 --max-logprobs -1 -t 1 > "$T/pv.txt" 2>&1 ||
     { cat "$T/pv.txt"; fail "plan --verify --lora"; }
+# serve --lora-modules: a request naming the adapter gets it (what run --lora generates), the
+# others the base model; /v1/models lists it
+if command -v curl >/dev/null; then
+  "$F" serve -m "$S/models/stories260K.gguf" --port 0 -t 1 -c 256 --lora-modules "tuned=$T/r.lora.gguf" 2> "$T/srv.log" &
+  spid=$!
+  for _ in $(seq 1 100); do port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$T/srv.log"); [ -n "$port" ] && break; sleep 0.1; done
+  [ -n "$port" ] || { cat "$T/srv.log"; kill $spid; fail "serve --lora-modules did not start"; }
+  gen() { curl -s "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+          -d "{\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0$1}"; }
+  run_text() { "$F" run -m "$S/models/stories260K.gguf" "$@" -p "Once upon a time" -n 16 --temp 0 -t 1 -c 256 --json 2>/dev/null |
+               python3 -c "import json,sys; print(json.load(sys.stdin)['text'])"; }
+  s_tuned=$(gen ',"model":"tuned"'); s_base=$(gen ',"model":"other"')
+  t_tuned=$(run_text --lora "$T/r.lora.gguf"); t_base=$(run_text)
+  models=$(curl -s "http://127.0.0.1:$port/v1/models")
+  kill $spid; wait $spid
+  python3 - "$s_tuned" "$s_base" "$t_tuned" "$t_base" "$models" <<'PY' || fail "serve --lora-modules: $s_tuned / $s_base / $t_tuned / $t_base / $models"
+import json, sys
+st, sb, tt, tb, ms = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
+assert st["model"] == "tuned" and st["choices"][0]["text"] == tt, (st, tt)
+assert sb["model"] != "tuned" and sb["choices"][0]["text"] == tb, (sb, tb)
+assert tt != tb
+assert [m["id"] for m in ms["data"]][1:] == ["tuned"] and ms["data"][1]["parent"] == ms["data"][0]["id"], ms
+PY
+fi
 "$F" run -m "$S/models/stories260K.gguf" --lora "$T/inf.lora.gguf" -p "Once" -n 2 -t 1 > /dev/null 2> "$T/err8.txt"; rc=$?
 [ $rc -ne 0 ] && grep -q "alpha" "$T/err8.txt" || { cat "$T/err8.txt"; fail "run --lora with an infinite alpha must be refused (rc $rc)"; }
 "$F" run -m "$S/models/stories260K.gguf" --lora "$S/models/stories260K.gguf" -p "Once" -n 2 -t 1 > /dev/null 2> "$T/err8.txt"; rc=$?

@@ -7,6 +7,7 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "fitllm.h"
 #include "formats/gguf.h"
 #include "kv/kv_contig.h"
 #include "model/llama.h"
@@ -138,8 +139,9 @@ static void write_llama_cpp(const char *path, const fl_hparams *hp, adapter *ad,
 static void logits_of(const char *adapter_path, float scale, const adapter *merge, float s_merge, float *out) {
     fl_model_params mp = fl_model_default_params();
     mp.no_mmap = true; /* (the merge writes into the weights) */
-    mp.lora_path = adapter_path;
-    mp.lora_scale = scale;
+    mp.lora_paths = &adapter_path;
+    mp.lora_scales = &scale;
+    mp.n_loras = mp.lora_default = adapter_path ? 1 : 0;
     fl_model *m;
     if (fl_model_load(FL_SHARED_PATH(MODEL), &mp, &m)) fail_msg("load: %s", fl_last_error());
     const fl_hparams *hp = fl_model_hparams(m);
@@ -302,7 +304,9 @@ static void test_bad_adapters(void **state) {
     assert_null(lo);
     /* through fl_model_load: the model fails whole */
     fl_model_params mp = fl_model_default_params();
-    mp.lora_path = FL_SHARED_PATH(MODEL);
+    const char *not_adapter = FL_SHARED_PATH(MODEL);
+    mp.lora_paths = &not_adapter;
+    mp.n_loras = mp.lora_default = 1;
     fl_model *m = NULL;
     assert_int_equal(fl_model_load(FL_SHARED_PATH(MODEL), &mp, &m), FL_ERR_FORMAT);
     assert_null(m);
@@ -324,8 +328,9 @@ static void test_plan_counts_adapter(void **state) {
                             .prefix_cache = 1, .max_logprobs = -1};
     fl_plan_engine_out a, b;
     assert_int_equal(fl_plan_engine(&in, &a), FL_OK);
-    in.lora_path = path;
-    in.lora_scale = 1;
+    const char *paths[1] = {path};
+    in.lora_paths = paths;
+    in.n_loras = 1;
     assert_int_equal(fl_plan_engine(&in, &b), FL_OK);
     FILE *f = fopen(path, "rb");
     fseek(f, 0, SEEK_END);
@@ -339,10 +344,141 @@ static void test_plan_counts_adapter(void **state) {
     assert_int_equal(fl_lora_open(path, &hp, 1.0f, false, &lo), FL_OK);
     const size_t held = fl_mem_current(FL_MEM_MISC) - m0;
     fl_lora_free(lo);
-    assert_int_equal(b.bytes[FL_MEM_MISC] - a.bytes[FL_MEM_MISC], held);
+    assert_int_equal(b.bytes[FL_MEM_MISC] - a.bytes[FL_MEM_MISC], held + sizeof(fl_lora *)); /* + the model's table */
     assert_true(held >= fl_lora_table_bytes(hp.n_layer));
     unlink(path);
     adapter_free(&ad);
+    fl_test_mem_zero();
+}
+
+/* Greedy tokens of prompt through the bare model with adapter path (NULL: none). */
+static void greedy_ref(const char *adapter_path, const int32_t *prompt, int32_t n_prompt, int32_t n_gen, int32_t *out) {
+    fl_model_params mp = fl_model_default_params();
+    mp.lora_paths = &adapter_path;
+    mp.n_loras = mp.lora_default = adapter_path ? 1 : 0;
+    fl_model *m;
+    if (fl_model_load(FL_SHARED_PATH(MODEL), &mp, &m)) fail_msg("load: %s", fl_last_error());
+    const fl_hparams *hp = fl_model_hparams(m);
+    fl_kv_contig_params kp = {hp->n_layer, hp->n_head_local, hp->n_head_kv_local, hp->head_dim, 128, 1, hp->n_swa, FL_TYPE_F32};
+    fl_kv_contig *kv;
+    assert_int_equal(fl_kv_contig_new(&kp, &kv), FL_OK);
+    assert_int_equal(fl_model_workspace_new(m, 64, 1), FL_OK);
+    float *lg = malloc((size_t)hp->n_vocab * 4);
+    int32_t tok[64], pos[64], sid[64] = {0};
+    for (int32_t i = 0; i < n_prompt; i++) {
+        tok[i] = prompt[i];
+        pos[i] = i;
+    }
+    int32_t n = n_prompt, p0 = 0;
+    for (int32_t g = 0; g < n_gen; g++) {
+        fl_batch b = {n, tok, pos, sid, NULL};
+        if (fl_model_forward(m, &b, fl_kv_contig_iface(), kv, lg)) fail_msg("forward: %s", fl_last_error());
+        int32_t best = 0;
+        for (int32_t v = 1; v < hp->n_vocab; v++)
+            if (lg[v] > lg[best]) best = v;
+        out[g] = best;
+        p0 += n;
+        tok[0] = best;
+        pos[0] = p0;
+        n = 1;
+    }
+    free(lg);
+    fl_kv_contig_free(kv);
+    fl_model_free(m);
+}
+
+/* An engine over two adapters and the base: requests picking each, batched together, generate
+ * what each gives alone through its adapter; a prompt's cached blocks serve only its adapter. */
+static void test_engine_adapters_per_request(void **state) {
+    NEED_SHARED();
+    (void)state;
+    const fl_hparams hp = hparams();
+    char p1[64], p2[64];
+    snprintf(p1, sizeof p1, "/tmp/fl_lora_%d_e1.gguf", (int)getpid());
+    snprintf(p2, sizeof p2, "/tmp/fl_lora_%d_e2.gguf", (int)getpid());
+    adapter a1 = {.rank = 4, .alpha = 4}, a2 = {.rank = 2, .alpha = 2};
+    write_fitllm(p1, &hp, &a1, 0x7f, 21);
+    const int pairs[3][2] = {{0, FL_LORA_Q}, {1, FL_LORA_DOWN}, {3, FL_LORA_GATE}};
+    write_llama_cpp(p2, &hp, &a2, pairs, 3, NULL, 22);
+    const char *paths[2] = {p1, p2};
+    fl_engine_params ep;
+    fl_engine_params_default(&ep);
+    ep.model_path = FL_SHARED_PATH(MODEL);
+    ep.n_threads = 1;
+    ep.n_ctx = 128;
+    ep.max_seqs = 6;
+    ep.kv_mem = 1 << 20;
+    ep.kv_type = "f32";
+    ep.lora_paths = paths;
+    ep.n_loras = 2;
+    fl_engine *e;
+    if (fl_engine_new(&ep, &e)) fail_msg("engine: %s", fl_last_error());
+    enum { NR = 6, NG = 10 };
+    const int32_t which[NR] = {0, 1, 2, 1, 0, 2};
+    int32_t prompts[NR][8], got[NR][NG], n_got[NR] = {0};
+    int64_t ids[NR];
+    for (int i = 0; i < NR; i++) {
+        prompts[i][0] = 1;
+        for (int j = 1; j < 8; j++) prompts[i][j] = 3 + (i * 61 + j * 17) % 500;
+        fl_request_params rp = {.prompt = prompts[i], .n_prompt = 8, .max_tokens = NG, .ignore_eos = 1, .lora = which[i]};
+        fl_sampling_params_default(&rp.sampling);
+        rp.sampling.temperature = 0;
+        assert_int_equal(fl_engine_add(e, &rp, &ids[i]), FL_OK);
+    }
+    fl_request_params bad = {.prompt = prompts[0], .n_prompt = 8, .max_tokens = 2, .lora = 3};
+    int64_t bid;
+    assert_int_equal(fl_engine_add(e, &bad, &bid), FL_ERR_INVALID);
+    fl_request_output ev[16];
+    for (int done = 0, guard = 0; done < NR; guard++) {
+        assert_true(guard < 1000);
+        int32_t active;
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        int32_t n;
+        while ((n = fl_engine_poll(e, ev, 16)) > 0)
+            for (int32_t k = 0; k < n; k++) {
+                const int i = (int)(ev[k].request_id - ids[0]);
+                memcpy(got[i] + n_got[i], ev[k].new_tokens, (size_t)ev[k].n_new * 4);
+                n_got[i] += ev[k].n_new;
+                done += ev[k].finish != FL_FINISH_NONE;
+            }
+    }
+    int differ = 0;
+    for (int i = 0; i < NR; i++) {
+        int32_t want[NG];
+        greedy_ref(which[i] ? paths[which[i] - 1] : NULL, prompts[i], 8, NG, want);
+        assert_int_equal(n_got[i], NG);
+        if (memcmp(got[i], want, sizeof want)) fail_msg("request %d (adapter %d): the engine's tokens differ from its adapter alone", i, which[i]);
+        int32_t base[NG];
+        greedy_ref(NULL, prompts[i], 8, NG, base);
+        differ += which[i] && memcmp(base, want, sizeof base) != 0;
+    }
+    assert_true(differ >= 2); /* the adapters change what is generated */
+    /* the prefix cache: 40 prompt tokens (2 full blocks) under adapter 1, then 2, then 1 again */
+    int32_t longp[40];
+    for (int j = 0; j < 40; j++) longp[j] = j ? 3 + (j * 29) % 500 : 1;
+    const int32_t seq[3] = {1, 2, 1}, want_cached[3] = {0, 0, 32};
+    for (int q = 0; q < 3; q++) {
+        fl_request_params rp = {.prompt = longp, .n_prompt = 40, .max_tokens = 1, .lora = seq[q]};
+        fl_sampling_params_default(&rp.sampling);
+        int64_t id;
+        assert_int_equal(fl_engine_add(e, &rp, &id), FL_OK);
+        int32_t cached = -1;
+        for (int guard = 0; cached < 0; guard++) {
+            assert_true(guard < 100);
+            int32_t active;
+            assert_int_equal(fl_engine_step(e, &active), FL_OK);
+            int32_t n;
+            while ((n = fl_engine_poll(e, ev, 16)) > 0)
+                for (int32_t k = 0; k < n; k++)
+                    if (ev[k].request_id == id && ev[k].finish != FL_FINISH_NONE) cached = ev[k].n_cached_prompt;
+        }
+        assert_int_equal(cached, want_cached[q]);
+    }
+    fl_engine_free(e);
+    unlink(p1);
+    unlink(p2);
+    adapter_free(&a1);
+    adapter_free(&a2);
     fl_test_mem_zero();
 }
 
@@ -352,6 +488,7 @@ int main(void) {
         cmocka_unit_test(test_llama_cpp_file_some_matrices),
         cmocka_unit_test(test_bad_adapters),
         cmocka_unit_test(test_plan_counts_adapter),
+        cmocka_unit_test(test_engine_adapters_per_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,7 +33,7 @@ struct fl_engine {
     /* batch buffers [max_tokens] and logits [max_rows][n_vocab] */
     int32_t max_tokens, max_rows;
     int32_t watermark;    /* blocks kept free at admission */
-    int32_t *b_tok, *b_pos, *b_seq;
+    int32_t *b_tok, *b_pos, *b_seq, *b_lora;
     int8_t *b_logit;
     float *logits;
     fl_request **row_req; /* [max_rows] request that owns each logit row */
@@ -80,7 +80,6 @@ void fl_engine_params_default(fl_engine_params *p) {
     p->preempt = FL_PREEMPT_RECOMPUTE;
     p->seed = 1234;
     p->max_logprobs = FL_MAX_TOP_LOGPROBS;
-    p->lora_scale = 1.0f;
 }
 
 void fl_sampling_params_default(fl_sampling_params *p) {
@@ -232,6 +231,7 @@ static void free_buffers(fl_engine *e) {
     fl_free(FL_MEM_SCRATCH, e->b_tok, (size_t)e->max_tokens * sizeof(int32_t));
     fl_free(FL_MEM_SCRATCH, e->b_pos, (size_t)e->max_tokens * sizeof(int32_t));
     fl_free(FL_MEM_SCRATCH, e->b_seq, (size_t)e->max_tokens * sizeof(int32_t));
+    fl_free(FL_MEM_SCRATCH, e->b_lora, (size_t)e->max_tokens * sizeof(int32_t));
     fl_free(FL_MEM_SCRATCH, e->b_logit, (size_t)e->max_tokens);
     fl_free(FL_MEM_ACT, e->logits, (size_t)e->max_rows * (size_t)nv * sizeof(float));
     fl_free(FL_MEM_SCRATCH, e->row_req, (size_t)e->max_rows * sizeof(fl_request *));
@@ -272,11 +272,12 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     e->b_tok = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(int32_t), 0);
     e->b_pos = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(int32_t), 0);
     e->b_seq = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(int32_t), 0);
+    e->b_lora = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(int32_t), 0);
     e->b_logit = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens, 0);
     e->logits = fl_alloc(FL_MEM_ACT, (size_t)e->max_rows * (size_t)nv * sizeof(float), 0);
     e->row_req = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_rows * sizeof(fl_request *), 0);
     e->row_pos = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_rows * sizeof(int32_t), 0);
-    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logit || !e->logits || !e->row_req || !e->row_pos) {
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_lora || !e->b_logit || !e->logits || !e->row_req || !e->row_pos) {
         st = FL_ERR_NOMEM;
         goto fail;
     }
@@ -343,6 +344,8 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
     if (need > avail)
         return fl_set_error(FL_ERR_INVALID, "%s: prompt + max_tokens = %lld tokens need %lld KV blocks, the pool has %lld",
                             __func__, (long long)p->n_prompt + max_tokens, (long long)need, (long long)avail);
+    if (p->lora < 0 || p->lora > e->p.n_loras)
+        return fl_set_error(FL_ERR_INVALID, "%s: LoRA adapter %d; this engine has %d", __func__, p->lora, e->p.n_loras);
     if (p->priority != 0 && e->p.sched_policy != FL_SCHED_PRIORITY)
         return fl_set_error(FL_ERR_INVALID, "%s: priority %d needs the priority scheduling policy (this engine is FCFS)",
                             __func__, p->priority);
@@ -364,6 +367,11 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
                                 p->prompt[i], e->be.n_vocab);
     fl_request_params q = *p;
     q.max_tokens = max_tokens;
+    /* an adapter changes the prompt's K/V: its blocks are cached under a salt of their own */
+    if (q.lora) {
+        q.cache_salt = (q.cache_salt ^ 0x4C6F5241ull) * 0x9E3779B97F4A7C15ull + (uint64_t)q.lora;
+        if (!q.cache_salt) q.cache_salt = 1; /* (0 is no salt) */
+    }
     pthread_mutex_lock(&e->mu);
     int64_t rid = e->next_id++;
     if (q.sampling.seed == 0) q.sampling.seed = (uint64_t)e->p.seed + (uint64_t)rid * 7919u;
@@ -519,6 +527,7 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
             e->b_tok[n] = r->tokens[r->n_tokens - 1];
             e->b_pos[n] = r->n_computed;
             e->b_seq[n] = (int32_t)r->kv_seq;
+            e->b_lora[n] = r->lora;
             e->b_logit[n++] = 0;
             continue;
         }
@@ -532,6 +541,7 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
             e->b_tok[n] = r->tokens[pos];
             e->b_pos[n] = pos;
             e->b_seq[n] = (int32_t)r->kv_seq;
+            e->b_lora[n] = r->lora;
             e->b_logit[n++] = (int8_t)(last || score);
             if (last || score) {
                 e->row_req[rows] = r;
@@ -541,7 +551,7 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
         if (r->n_computed == 0 || r->n_computed + out.e[k].n <= r->n_prompt) e->prefilled += out.e[k].n;
     }
     FL_ASSERT(n <= e->max_tokens && rows <= e->max_rows);
-    fl_batch b = {n, e->b_tok, e->b_pos, e->b_seq, e->b_logit};
+    fl_batch b = {n, e->b_tok, e->b_pos, e->b_seq, e->b_logit, e->b_lora};
 
     /* forward without the lock: add/cancel/poll stay responsive */
     pthread_mutex_unlock(&e->mu);
@@ -708,6 +718,7 @@ fl_status fl_engine_tokenize(fl_engine *e, const char *text, size_t len, int add
     return e->be.tokenize(e->be.ctx, text, len, add_special, out, cap, n_out);
 }
 fl_sched_policy fl_engine_sched_policy(const fl_engine *e) { return e->p.sched_policy; }
+int32_t fl_engine_n_loras(const fl_engine *e) { return e->p.n_loras; }
 
 int32_t fl_engine_token_text(fl_engine *e, int32_t token, char *buf, int32_t cap) {
     if (token < 0 || token >= e->be.n_vocab) return -1;

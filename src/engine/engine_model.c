@@ -111,8 +111,9 @@ fl_status fl_engine_plan_input(const fl_engine_params *p, fl_plan_engine_in *pi)
     pi->prefix_cache = p->prefix_cache != 0;
     pi->repack = p->no_repack == 0;
     pi->max_logprobs = p->max_logprobs;
-    pi->lora_path = p->lora_path && p->lora_path[0] ? p->lora_path : NULL;
-    pi->lora_scale = p->lora_scale;
+    pi->lora_paths = p->lora_paths;
+    pi->lora_scales = p->lora_scales;
+    pi->n_loras = p->n_loras;
     return FL_OK;
 }
 
@@ -155,8 +156,9 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
     }
     mp.no_mmap = p.no_mmap != 0;
     mp.repack = p.no_repack == 0;
-    mp.lora_path = p.lora_path && p.lora_path[0] ? p.lora_path : NULL;
-    mp.lora_scale = p.lora_scale;
+    mp.lora_paths = p.lora_paths;
+    mp.lora_scales = p.lora_scales;
+    mp.n_loras = p.n_loras; /* (every batch names each token's adapter) */
     st = fl_model_load(p.model_path, &mp, &m->model);
     if (st != FL_OK) goto fail;
     const fl_hparams *hp = fl_model_hparams(m->model);

@@ -57,6 +57,7 @@ struct fl_request {
     int32_t sample;             /* sample index 0..n-1 */
     int64_t arrival;            /* monotonically increasing admission order key (FCFS) */
     int32_t priority;           /* FL_SCHED_PRIORITY: lower first, before arrival */
+    int32_t lora;               /* the engine's adapter (0: none) */
     fl_request_state state;
     fl_finish_reason finish;
 

@@ -17,6 +17,8 @@ typedef struct fl_batch {
     const int32_t *pos;     /* [n_tokens] position of each token in its sequence */
     const int32_t *seq_id;  /* [n_tokens] sequence of each token */
     const int8_t *logits;   /* [n_tokens] 1 = compute logits for this token; NULL = last token only */
+    const int32_t *lora;    /* [n_tokens] the LoRA adapter of each token: 0 none, k the model's adapter k
+                             * (fl_model_params.lora_paths[k - 1]); NULL: the model's lora_default */
 } fl_batch;
 
 /* Number of logit rows the batch asks for (logits == NULL: 1 when n_tokens > 0). */

@@ -38,8 +38,9 @@
  *     up    [T][n_ff_local]                 ffn up projection
  *     out   [T][n_embd]                     wo / w2 output before the residual add
  *     xl    [R][n_embd]                     final-normed rows that get logits
- * and, with a LoRA adapter (fl_model_params.lora_path), fl_lora_workspace_bytes(rank_max,
- * n_max, T) more: x A^T [T][rank_max] and its product with B^T [T][n_max].
+ * and, with LoRA adapters (fl_model_params.lora_paths), fl_lora_workspace_bytes(rank_max,
+ * n_max, T) more, the largest rank and output over the adapters: x A^T [T][rank_max] and its
+ * product with B^T [T][n_max].
  * A batch with more than T tokens or more than R logit rows is refused (FL_ERR_INVALID).
  *
  * Tensor parallelism.  The forward reads the local head counts / ffn width (n_head_local,
@@ -94,8 +95,12 @@ typedef struct fl_model_params {
     fl_embed_fn embed;         /* [dist/tp] replaces the token_embd lookup when not NULL */
     void *embed_ud;
     bool no_mmap;              /* read the file into anonymous (huge-page) memory, not mmap it */
-    const char *lora_path;     /* a LoRA adapter applied at run time (model/lora.h), or NULL */
-    float lora_scale;          /* its scale (default 1; llama.cpp's --lora-scaled) */
+    const char *const *lora_paths; /* n_loras LoRA adapters applied at run time (model/lora.h): each token
+                                * of a batch picks one (fl_batch.lora) or none */
+    const float *lora_scales;  /* their scales (NULL: 1 each; llama.cpp's --lora-scaled) */
+    int32_t n_loras;
+    int32_t lora_default;      /* the adapter of a batch without fl_batch.lora (0: none; run and
+                                * perplexity --lora: 1) */
     bool repack;               /* on AVX2, rewrite the Q4_0 / Q8_0 matrices in place as Q4_0_R8 / Q8_0_R8 (kernels/matmul.h)
                                 * for its GEMV; off by default (the engine turns it on unless asked not to;
                                 * tp / pp slice rows, so they keep it off) */

@@ -29,7 +29,7 @@ fl_status fl_model_workspace_new(fl_model *m, int32_t max_tokens, int32_t max_lo
     fl_model_workspace_free(m);
     const fl_hparams *hp = &m->hp;
     fl_model_ws *w = &m->ws;
-    const size_t lora_bytes = m->lora ? fl_lora_workspace_bytes(m->lora->rank_max, m->lora->n_max, max_tokens) : 0;
+    const size_t lora_bytes = fl_lora_workspace_bytes(m->lora_rank_max, m->lora_n_max, max_tokens);
     w->bytes = fl_model_workspace_bytes(hp, max_tokens, max_logit_rows) + lora_bytes;
     w->block = fl_alloc(FL_MEM_ACT, w->bytes, 64);
     if (!w->block) return fl_last_error()[0] ? FL_ERR_BUDGET : FL_ERR_NOMEM;
@@ -49,9 +49,9 @@ fl_status fl_model_workspace_new(fl_model *m, int32_t max_tokens, int32_t max_lo
     CARVE(gate, T * F);
     CARVE(up, T * F);
     CARVE(xl, (size_t)max_logit_rows * E);
-    if (m->lora) {
-        CARVE(lora_xa, T * (size_t)m->lora->rank_max);
-        CARVE(lora_out, T * (size_t)m->lora->n_max);
+    if (lora_bytes) {
+        CARVE(lora_xa, T * (size_t)m->lora_rank_max);
+        CARVE(lora_out, T * (size_t)m->lora_n_max);
     }
 #undef CARVE
     FL_ASSERT((size_t)(p - w->block) == w->bytes);
@@ -121,15 +121,22 @@ static void binary_rows(row_op op, float *out, const float *a, const float *b, i
     run_rows(&t);
 }
 
-/* y (T, N) += s B (A x): layer il's adapter of matrix k, if it has one (model/lora.h) */
-static void lora_add(fl_model *m, int32_t il, int k, const float *x, float *y, int64_t T) {
-    const fl_lora_slot *s = m->lora ? fl_lora_get(m->lora, il, k) : NULL;
-    if (!s) return;
-    const int64_t r = s->a.ne[1], N = s->b.ne[1];
-    fl_matmul(&s->a, x, m->ws.lora_xa, T); /* (T, r) */
-    for (int64_t i = 0; i < T * r; i++) m->ws.lora_xa[i] *= s->scale;
-    fl_matmul(&s->b, m->ws.lora_xa, m->ws.lora_out, T); /* (T, N) */
-    binary_rows(ROW_ADD, y, y, m->ws.lora_out, T, N);
+/* y (T, N) += s B (A x) for matrix k of layer il, each run of tokens with its own adapter
+ * (fl_batch.lora; model/lora.h); x is (T, K). */
+static void lora_add(fl_model *m, const fl_batch *b, int32_t il, int k, const float *x, int64_t K, float *y, int64_t N) {
+    if (!m->loras) return;
+    const int64_t T = b->n_tokens;
+    for (int64_t t0 = 0, t1; t0 < T; t0 = t1) {
+        const int32_t a = b->lora ? b->lora[t0] : m->params.lora_default;
+        for (t1 = t0 + 1; t1 < T && (b->lora ? b->lora[t1] : a) == a; t1++) {}
+        const fl_lora_slot *s = a > 0 ? fl_lora_get(m->loras[a - 1], il, k) : NULL;
+        if (!s) continue;
+        const int64_t n = t1 - t0, r = s->a.ne[1];
+        fl_matmul(&s->a, x + t0 * K, m->ws.lora_xa, n); /* (n, r) */
+        for (int64_t i = 0; i < n * r; i++) m->ws.lora_xa[i] *= s->scale;
+        fl_matmul(&s->b, m->ws.lora_xa, m->ws.lora_out, n); /* (n, N) */
+        binary_rows(ROW_ADD, y + t0 * N, y + t0 * N, m->ws.lora_out, n, N);
+    }
 }
 
 fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv, void *kv_ctx, float *logits_out) {
@@ -143,9 +150,13 @@ fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv
     if (b->n_tokens > w->max_tokens || n_logits > w->max_logit_rows)
         return fl_set_error(FL_ERR_INVALID, "%s: batch of %d tokens / %d logit rows exceeds the workspace (%d / %d)",
                             __func__, b->n_tokens, n_logits, w->max_tokens, w->max_logit_rows);
+    for (int32_t i = 0; b->lora && i < b->n_tokens; i++)
+        if (b->lora[i] < 0 || b->lora[i] > m->params.n_loras)
+            return fl_set_error(FL_ERR_INVALID, "%s: token %d asks for LoRA adapter %d; the model has %d", __func__, i,
+                                b->lora[i], m->params.n_loras);
     if ((st = kv->prepare(kv_ctx, b))) return st;
 
-    const int64_t T = b->n_tokens, E = hp->n_embd, F = hp->n_ff_local;
+    const int64_t T = b->n_tokens, E = hp->n_embd, F = hp->n_ff_local, D = hp->head_dim;
     const int64_t n_head = hp->n_head_local, n_head_kv = hp->n_head_kv_local;
     const fl_allreduce_fn allreduce = m->params.allreduce;
 
@@ -161,14 +172,16 @@ fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv
             const fl_tensor *wqkv[3] = {&L->wq, &L->wk, &L->wv};
             float *qkv[3] = {w->q, w->k, w->v};
             fl_matmul_n(3, wqkv, qkv, w->xn, T);
-            for (int k = 0; k < 3; k++) lora_add(m, il, FL_LORA_Q + k, w->xn, qkv[k], T);
+            lora_add(m, b, il, FL_LORA_Q, w->xn, E, w->q, n_head * D);
+            lora_add(m, b, il, FL_LORA_K, w->xn, E, w->k, n_head_kv * D);
+            lora_add(m, b, il, FL_LORA_V, w->xn, E, w->v, n_head_kv * D);
         }
         rope_rows(w->q, b->pos, T, n_head, hp);
         rope_rows(w->k, b->pos, T, n_head_kv, hp);
         kv->store(kv_ctx, il, b, w->k, w->v);
         kv->attend(kv_ctx, il, b, w->q, w->att);                          /* att (T, n_head, D) */
         fl_matmul(&L->wo, w->att, w->out, T);                             /* out (T, E) */
-        lora_add(m, il, FL_LORA_O, w->att, w->out, T);
+        lora_add(m, b, il, FL_LORA_O, w->att, n_head * D, w->out, E);
         if (allreduce) allreduce(m->params.allreduce_ud, w->out, T * E);
         binary_rows(ROW_ADD, w->x, w->x, w->out, T, E);                   /* x += out */
         /* feed-forward block */
@@ -177,12 +190,12 @@ fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv
             const fl_tensor *w13[2] = {&L->w1, &L->w3};
             float *gu[2] = {w->gate, w->up};
             fl_matmul_n(2, w13, gu, w->xn, T);
-            lora_add(m, il, FL_LORA_GATE, w->xn, w->gate, T);
-            lora_add(m, il, FL_LORA_UP, w->xn, w->up, T);
+            lora_add(m, b, il, FL_LORA_GATE, w->xn, E, w->gate, F);
+            lora_add(m, b, il, FL_LORA_UP, w->xn, E, w->up, F);
         }
         binary_rows(ROW_SWIGLU, w->gate, w->gate, w->up, T, F);           /* gate = silu(gate) * up */
         fl_matmul(&L->w2, w->gate, w->out, T);                            /* out (T, E) */
-        lora_add(m, il, FL_LORA_DOWN, w->gate, w->out, T);
+        lora_add(m, b, il, FL_LORA_DOWN, w->gate, F, w->out, E);
         if (allreduce) allreduce(m->params.allreduce_ud, w->out, T * E);
         binary_rows(ROW_ADD, w->x, w->x, w->out, T, E);
     }

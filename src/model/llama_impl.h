@@ -29,7 +29,9 @@ struct fl_model {
     size_t wconv_bytes;
     size_t wconv_src_bytes; /* file bytes of the converted matrices */
     int64_t wconv_elems;    /* their elements */
-    fl_lora *lora;          /* params.lora_path's adapter, or NULL */
+    fl_lora **loras;        /* [params.n_loras] the adapters (FL_MEM_MISC), or NULL */
+    int32_t lora_rank_max;  /* over the adapters */
+    int64_t lora_n_max;
 };
 
 #endif

@@ -15,7 +15,6 @@ fl_model_params fl_model_default_params(void) {
     fl_model_params p;
     memset(&p, 0, sizeof p);
     p.weights_type = -1;
-    p.lora_scale = 1.0f;
     return p;
 }
 
@@ -324,6 +323,26 @@ static fl_status repack_weights(fl_model *m) {
     return st;
 }
 
+/* The adapters of params.lora_paths (the caller's strings and scales are not kept). */
+static fl_status open_loras(fl_model *m) {
+    const fl_model_params *p = &m->params;
+    if (p->n_loras < 0 || p->n_loras > FL_MAX_LORAS || (p->n_loras > 0 && !p->lora_paths) || p->lora_default < 0 ||
+        p->lora_default > p->n_loras)
+        return fl_set_error(FL_ERR_INVALID, "%d LoRA adapters (at most %d), default %d", p->n_loras, FL_MAX_LORAS, p->lora_default);
+    if (p->n_loras == 0) return FL_OK;
+    m->loras = fl_calloc(FL_MEM_MISC, (size_t)p->n_loras, sizeof *m->loras);
+    if (!m->loras) return FL_ERR_NOMEM;
+    for (int32_t i = 0; i < p->n_loras; i++) {
+        fl_status st = fl_lora_open(p->lora_paths[i], &m->hp, p->lora_scales ? p->lora_scales[i] : 1.0f, p->no_mmap, &m->loras[i]);
+        if (st) return st;
+        if (m->loras[i]->rank_max > m->lora_rank_max) m->lora_rank_max = m->loras[i]->rank_max;
+        if (m->loras[i]->n_max > m->lora_n_max) m->lora_n_max = m->loras[i]->n_max;
+    }
+    m->params.lora_paths = NULL;
+    m->params.lora_scales = NULL;
+    return FL_OK;
+}
+
 fl_status fl_model_load(const char *path, const fl_model_params *params, fl_model **out) {
     *out = NULL;
     fl_model *m = fl_calloc(FL_MEM_MISC, 1, sizeof *m);
@@ -358,8 +377,7 @@ fl_status fl_model_load(const char *path, const fl_model_params *params, fl_mode
     if ((st = fl_model_check_tensor_names(m->g, hp->arch, hp->n_layer))) goto fail_ctx;
     if (m->params.weights_type >= 0 && (st = convert_weights(m))) goto fail_ctx;
     if (m->params.repack && (st = repack_weights(m))) goto fail_ctx;
-    if (m->params.lora_path && (st = fl_lora_open(m->params.lora_path, hp, m->params.lora_scale, m->params.no_mmap, &m->lora))) goto fail;
-    m->params.lora_path = NULL; /* (not kept: the caller's string) */
+    if ((st = open_loras(m))) goto fail;
     *out = m;
     return FL_OK;
 fail_ctx:
@@ -372,7 +390,10 @@ fail:
 void fl_model_free(fl_model *m) {
     if (!m) return;
     fl_model_workspace_free(m);
-    fl_lora_free(m->lora);
+    if (m->loras) {
+        for (int32_t i = 0; i < m->params.n_loras; i++) fl_lora_free(m->loras[i]);
+        fl_free(FL_MEM_MISC, m->loras, (size_t)m->params.n_loras * sizeof *m->loras);
+    }
     if (m->wconv) fl_free(FL_MEM_WEIGHTS, m->wconv, m->wconv_bytes);
     if (m->layers) fl_free(FL_MEM_MISC, m->layers, (size_t)m->hp.n_layer * sizeof *m->layers);
     fl_gguf_free(m->g);

@@ -30,6 +30,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#define FL_MAX_LORAS 16 /* adapters one model holds */
+
 /* The adapted matrices of a layer, in fl_layer's order: wq, wk, wv, wo, w1 (gate), w3 (up), w2 (down). */
 enum { FL_LORA_Q, FL_LORA_K, FL_LORA_V, FL_LORA_O, FL_LORA_GATE, FL_LORA_UP, FL_LORA_DOWN, FL_LORA_TARGETS };
 

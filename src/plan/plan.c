@@ -273,7 +273,7 @@ void fl_plan_inference_buffers_types(const fl_model_shape *s, int64_t n_tokens, 
         if (l > b->qact) b->qact = l;
         if (o > b->qact) b->qact = o;
     }
-    b->batch = sadd(smul(T, 13), smul(R, 8)); /* the engine's token / position / sequence / flag arrays */
+    b->batch = sadd(smul(T, 17), smul(R, 8)); /* the engine's token / position / sequence / adapter / flag arrays */
     uint64_t a[] = {b->x, b->xb, b->out, b->q, b->k, b->v, b->att, b->hb, b->hb2, b->xl, b->router, b->scores, b->logits};
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) b->act_total = sadd(b->act_total, a[i]);
     b->scratch_total = sadd(sadd(b->tiles, b->qact), b->batch);

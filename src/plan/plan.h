@@ -40,7 +40,7 @@
  *     qact    the largest single matmul workspace (fl_plan_matmul_scratch): Q8_0 / Q4_0 weights
  *             quantize the activations (about 3.4 bytes per element of [n_tokens][widest input]);
  *             other non-f32 weights dequantize n_threads x 8 rows of the widest input to f32
- *     batch   the engine's batch arrays: 13 bytes per token + 8 per logits row
+ *     batch   the engine's batch arrays: 17 bytes per token + 8 per logits row
  *   MISC: slack = in.slack_bytes + in.slack_frac x (the rest).  For a GGUF served by the engine,
  *   plan/plan_engine.h gives the engine-exact plan (MISC constants measured from the engine).
  *

@@ -143,20 +143,31 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
     out->kv_blocks = (int64_t)(in->kv_mem / out->kv_bytes_per_block);
     out->bytes[FL_MEM_KV] = (uint64_t)out->kv_blocks * out->kv_bytes_per_block;
 
-    if (in->lora_path) { /* the adapter, opened as the model opens it */
+    if (in->n_loras < 0 || in->n_loras > FL_MAX_LORAS || (in->n_loras && !in->lora_paths)) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: %d LoRA adapters (at most %d)", __func__, in->n_loras, FL_MAX_LORAS);
+        goto done;
+    }
+    int32_t lora_rank = 0;
+    int64_t lora_n = 0;
+    for (int32_t i = 0; i < in->n_loras; i++) { /* each adapter, opened as the model opens it */
         struct stat lb;
-        if (stat(in->lora_path, &lb) != 0) {
-            st = fl_set_error(FL_ERR_IO, "%s: cannot stat %s", __func__, in->lora_path);
+        if (stat(in->lora_paths[i], &lb) != 0) {
+            st = fl_set_error(FL_ERR_IO, "%s: cannot stat %s", __func__, in->lora_paths[i]);
             goto done;
         }
         const size_t m0 = fl_mem_current(FL_MEM_MISC);
         fl_lora *lo = NULL;
-        if ((st = fl_lora_open(in->lora_path, &hp, in->lora_scale, false, &lo))) goto done;
+        if ((st = fl_lora_open(in->lora_paths[i], &hp, in->lora_scales ? in->lora_scales[i] : 1.0f, false, &lo))) goto done;
         const size_t m1 = fl_mem_current(FL_MEM_MISC);
-        out->lora_file_bytes = (uint64_t)lb.st_size;
-        out->lora_misc_bytes = m1 > m0 ? m1 - m0 : 0;
-        out->lora_ws_bytes = fl_lora_workspace_bytes(lo->rank_max, lo->n_max, in->max_batch_tokens + in->max_seqs);
+        out->lora_file_bytes += (uint64_t)lb.st_size;
+        out->lora_misc_bytes += m1 > m0 ? m1 - m0 : 0;
+        if (lo->rank_max > lora_rank) lora_rank = lo->rank_max;
+        if (lo->n_max > lora_n) lora_n = lo->n_max;
         fl_lora_free(lo);
+    }
+    if (in->n_loras) { /* the model's table of them, the forward's two buffers */
+        out->lora_misc_bytes += (uint64_t)in->n_loras * sizeof(fl_lora *);
+        out->lora_ws_bytes = fl_lora_workspace_bytes(lora_rank, lora_n, in->max_batch_tokens + in->max_seqs);
         out->bytes[FL_MEM_MAPPED] += out->lora_file_bytes;
     }
 
@@ -167,7 +178,8 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
 
     /* SCRATCH: batch arrays, the largest matmul workspace, the attention workspace */
     const uint64_t Ts = (uint64_t)in->max_batch_tokens + (uint64_t)in->max_seqs;
-    out->batch_bytes = Ts * 13 + (uint64_t)in->max_seqs * (sizeof(void *) + sizeof(int32_t)); /* + row_req, row_pos */
+    out->batch_bytes = Ts * 17 + (uint64_t)in->max_seqs * (sizeof(void *) + sizeof(int32_t)); /* tokens, positions, sequences,
+                                                                                                 * adapters, logit flags; row_req, row_pos */
     out->matmul_scratch = mm;
     {   /* per thread: K/V block, scores, FL_PAGED_Q_TILE-row query tile states (paged_attn.c);
          * partials of split decodes: max_seqs x partitions x n_head x (head_dim + 2) */

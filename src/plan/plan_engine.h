@@ -7,14 +7,15 @@
  * served: it reads the GGUF header and tensor table (nothing is copied; the file is mapped and
  * unmapped again) and adds up exactly what fl_engine_new and the steps allocate:
  *
- *   MAPPED   the whole GGUF file (core/mmap charges the mapping), and a LoRA adapter's file
- *   (lora_path: the adapter is opened here as the model opens it, so its parsed file and slot
- *   table count in MISC exactly, and its two forward buffers in ACT: fl_lora_workspace_bytes)
+ *   MAPPED   the whole GGUF file (core/mmap charges the mapping), and each LoRA adapter's file
+ *   (lora_paths: each adapter is opened here as the model opens it, so its parsed file and slot
+ *   table count in MISC exactly, and the two forward buffers, for the largest rank and output
+ *   over the adapters, in ACT: fl_lora_workspace_bytes; with adapters, the model's table of them)
  *   WEIGHTS  matrices converted at load (weights_type): fl_model_converted_bytes per matrix
  *   KV       the paged pool: floor(kv_mem / fl_kv_bytes_per_block) blocks x bytes per block
  *   ACT      fl_model_workspace_bytes(hp, max_batch_tokens + max_seqs, max_seqs)
  *            + the engine's logits [max_seqs][n_vocab] f32
- *   SCRATCH  the engine's batch arrays (13 bytes per step token + 8 per row)
+ *   SCRATCH  the engine's batch arrays (17 bytes per step token + 8 per row)
  *            + the largest single matmul workspace of a step (fl_matmul allocates it per call:
  *              q8 activations for Q8_0/Q4_0 weights, else n_threads x 8 dequantized rows)
  *            + the paged-attention workspace (kept by the cache; grows by doubling from 64 KiB;
@@ -71,8 +72,9 @@ typedef struct fl_plan_engine_in {
     int32_t prefix_cache;     /* the cache keeps prefix-cache entries per block */
     int32_t repack;           /* the loader repacks Q4_0 / Q8_0 matrices (fl_r8_load_type) */
     int32_t max_logprobs;     /* alternatives a request may ask for (-1: no logprobs) */
-    const char *lora_path;    /* a LoRA adapter applied at run time (model/lora.h), or NULL */
-    float lora_scale;
+    const char *const *lora_paths; /* LoRA adapters applied at run time (model/lora.h) */
+    const float *lora_scales;
+    int32_t n_loras;
 } fl_plan_engine_in;
 
 typedef struct fl_plan_engine_out {

@@ -255,12 +255,17 @@ static void add_logprobs(fl_server *s, srv_req *r, srv_sample *sm, cJSON *c, int
     else cJSON_AddNullToObject(c, "logprobs");
 }
 
+/* The reply's model: the named adapter the request picked, else the base model. */
+static const char *srv_model_name(const fl_server *s, const srv_req *r) {
+    return r->lora > 0 && r->lora <= s->p.n_lora_names ? s->lora_names[r->lora - 1] : s->model_name;
+}
+
 static cJSON *chunk_base(fl_server *s, srv_req *r) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", r->created_id);
     cJSON_AddStringToObject(o, "object", r->chat ? "chat.completion.chunk" : "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)r->created);
-    cJSON_AddStringToObject(o, "model", s->model_name);
+    cJSON_AddStringToObject(o, "model", srv_model_name(s, r));
     return o;
 }
 
@@ -356,7 +361,7 @@ static void produce_full(fl_server *s, srv_req *r) {
     cJSON_AddStringToObject(o, "id", r->created_id);
     cJSON_AddStringToObject(o, "object", r->chat ? "chat.completion" : "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)r->created);
-    cJSON_AddStringToObject(o, "model", s->model_name);
+    cJSON_AddStringToObject(o, "model", srv_model_name(s, r));
     cJSON *ch = cJSON_AddArrayToObject(o, "choices");
     int32_t gen = 0;
     for (int i = 0; i < srv_choices(r); i++) {
@@ -671,6 +676,9 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     const bool echo = cJSON_IsTrue(ec);
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
     if (model && !cJSON_IsString(model) && !cJSON_IsNull(model)) { ret = BAD("'model' must be a string"); goto out; }
+    int32_t lora = s->p.default_lora; /* a named adapter (vLLM's LoRA modules), else the default */
+    for (int32_t i = 0; cJSON_IsString(model) && i < s->p.n_lora_names; i++)
+        if (!strcmp(model->valuestring, s->lora_names[i])) lora = i + 1;
     /* the prompts: chat's rendered messages; a completion's string or token ids, or a list of
      * those (one engine request each; a list of one is the prompt, as lm-evaluation-harness
      * sends it) */
@@ -743,6 +751,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         goto out;
     }
     rp.priority = (int32_t)priority;
+    rp.lora = lora;
     int64_t trunc = 0; /* vLLM's truncate_prompt_tokens: keep the last k prompt tokens (-1: as many as the context takes) */
     if (get_int(j, "truncate_prompt_tokens", -1, 1e9, &trunc, err, sizeof err)) { ret = BAD("%s", err); goto out; }
     if (cJSON_GetObjectItemCaseSensitive(j, "truncate_prompt_tokens") && !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "truncate_prompt_tokens")) && trunc == 0) {
@@ -894,6 +903,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     r->n_top = (int32_t)n_top;
     r->echo = echo;
     r->drop_gen = drop_gen;
+    r->lora = lora;
     r->n_pr = n_gp;
     for (int32_t k = 0; k < n_gp; k++) {
         r->pr[k].first_tok = gp[k].toks[0];
@@ -965,6 +975,16 @@ static enum MHD_Result handle_models(fl_server *s, struct MHD_Connection *conn) 
     cJSON_AddStringToObject(m, "owned_by", "fitllm");
     cJSON_AddNumberToObject(m, "max_model_len", fl_engine_n_ctx(s->engine));
     cJSON_AddItemToArray(d, m);
+    for (int32_t i = 0; i < s->p.n_lora_names; i++) { /* the LoRA modules, as vLLM lists them */
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddStringToObject(a, "id", s->lora_names[i]);
+        cJSON_AddStringToObject(a, "object", "model");
+        cJSON_AddNumberToObject(a, "created", 0);
+        cJSON_AddStringToObject(a, "owned_by", "fitllm");
+        cJSON_AddStringToObject(a, "parent", s->model_name);
+        cJSON_AddNumberToObject(a, "max_model_len", fl_engine_n_ctx(s->engine));
+        cJSON_AddItemToArray(d, a);
+    }
     char *t = cJSON_PrintUnformatted(o);
     enum MHD_Result r = t ? send_text(conn, 200, "application/json", t, strlen(t), NULL) : MHD_NO;
     cJSON_free(t);

@@ -18,6 +18,8 @@
 
 #define SRV_MAX_N 16
 
+#define FL_SRV_MAX_LORAS 16
+
 typedef struct srv_buf {
     char *p;
     size_t len, cap;
@@ -69,6 +71,7 @@ typedef struct srv_req {
     bool logprobs, lp_failed; /* lp_failed: no memory for a logprob record: the request ends in error */
     int32_t n_top;
     /* echo (/v1/completions): the prompt leads each choice's text, and its tokens the logprobs */
+    int32_t lora;          /* the engine adapter of its prompts (0: none); its name is the reply's model */
     bool echo, drop_gen;   /* drop_gen: max_tokens 0 with echo: the engine's one token is not reported */
     double t_start, t_first, t_end;
     pthread_cond_t cv;
@@ -97,6 +100,7 @@ struct fl_server {
     fl_engine *engine;
     fl_server_params p;
     char model_name[256];
+    char lora_names[FL_SRV_MAX_LORAS][128]; /* p.lora_names, copied */
     char api_key[256];
     struct MHD_Daemon *mhd;
     pthread_t driver;
