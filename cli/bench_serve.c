@@ -173,6 +173,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
             p.prompt_logprobs = rc->prompt_logprobs;
             p.json_object = rc->json_object;
             p.priority = rc->ep.sched_policy == FL_SCHED_PRIORITY ? w->prio[added] : 0; /* (FCFS: the classes are only reported) */
+            p.lora = rc->ep.n_loras > 0 ? 1 + (int32_t)(added % rc->ep.n_loras) : 0;
             in_tokens += p.n_prompt;
             if (fl_engine_add(e, &p, &ids[added]) != FL_OK) {
                 fprintf(stderr, "fitllm bench serve: request %lld: %s\n", (long long)added, fl_last_error());
@@ -358,6 +359,7 @@ int fl_bench_serve(int argc, char **argv) {
         {"kv-block-size", 0, FL_OPT_INT, "N  tokens per KV block (default 16)"},
         {"preempt", 0, FL_OPT_STR, "MODE  recompute (default) or swap"},
         {"scheduling-policy", 0, FL_OPT_STR, "P  fcfs (default) or priority"},
+        {"lora", 0, FL_OPT_STR, "FILE[,FILE...]  up to 16 LoRA adapters over the base; request i runs with adapter i mod n (all of them adapted)"},
         {"high-priority", 0, FL_OPT_FLOAT, "F  a fraction F of the requests (drawn at random) form a high-priority class (priority -1, the rest 0; sent only under --scheduling-policy priority); both classes' TTFT and end-to-end latency are reported"},
         {"no-prefix-cache", 0, FL_OPT_FLAG, "disable prefix caching"},
         {"baseline", 0, FL_OPT_STR, "KIND  'static': also run padded static batches on a contiguous max-length KV"},
@@ -376,7 +378,7 @@ int fl_bench_serve(int argc, char **argv) {
     };
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench serve -m MODEL [--requests N] [--rate R] [--prompt-len DIST] "
-                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object] [--baseline static] [--json]",
+                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object] [--baseline static] [--json]",
                           "Serve a synthetic workload through the continuous-batching engine and report\n"
                           "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
                           "peak memory, and the decode-only steps' tokens/s and weight GOP/s against the measured int8 peak.  --baseline static adds the same workload as static padded batches.",
@@ -438,6 +440,23 @@ int fl_bench_serve(int argc, char **argv) {
     rc.ep.prefix_cache = !fl_args_get(opts, "no-prefix-cache")->set;
     rc.ep.preempt = strcmp(pm, "swap") ? FL_PREEMPT_RECOMPUTE : FL_PREEMPT_SWAP;
     rc.ep.sched_policy = strcmp(policy, "priority") ? FL_SCHED_FCFS : FL_SCHED_PRIORITY;
+    char lora_buf[4096];
+    const char *lora_paths[16];
+    if ((o = fl_args_get(opts, "lora"))->set) { /* comma-separated files */
+        if (strlen(o->str) >= sizeof lora_buf) {
+            fprintf(stderr, "fitllm bench serve: --lora is too long\n");
+            return 2;
+        }
+        strcpy(lora_buf, o->str);
+        for (char *save = NULL, *t = strtok_r(lora_buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (rc.ep.n_loras == 16) {
+                fprintf(stderr, "fitllm bench serve: --lora takes at most 16 files\n");
+                return 2;
+            }
+            lora_paths[rc.ep.n_loras++] = t;
+        }
+        rc.ep.lora_paths = lora_paths;
+    }
     rc.json = fl_args_get(opts, "json")->set;
     rc.temp = fl_args_get(opts, "temp")->set ? (float)fl_args_get(opts, "temp")->f : 0.0f;
     rc.top_k = fl_args_get(opts, "top-k")->set ? (int32_t)fl_args_get(opts, "top-k")->i : 0;
@@ -531,6 +550,7 @@ int fl_bench_serve(int argc, char **argv) {
     if (fl_args_get(opts, "mem")->set) cJSON_AddNumberToObject(wj, "mem_total", (double)fl_args_get(opts, "mem")->i);
     cJSON_AddNumberToObject(wj, "max_seqs", rc.ep.max_seqs);
     cJSON_AddStringToObject(wj, "scheduling_policy", policy);
+    cJSON_AddNumberToObject(wj, "lora_adapters", rc.ep.n_loras);
     cJSON_AddNumberToObject(wj, "high_priority_requests", w.n_high);
     /* the int8 peak beside the decode steps' weight ops (2 per matrix element and token) */
     const double params = matmul_params(rc.ep.model_path);

@@ -39,8 +39,8 @@
  *     out   [T][n_embd]                     wo / w2 output before the residual add
  *     xl    [R][n_embd]                     final-normed rows that get logits
  * and, with LoRA adapters (fl_model_params.lora_paths), fl_lora_workspace_bytes(rank_max,
- * n_max, T) more, the largest rank and output over the adapters: x A^T [T][rank_max] and its
- * product with B^T [T][n_max].
+ * n_max, T) more, the largest rank and output over the adapters: x A^T and its rows of one
+ * adapter [T][rank_max] each, and their product with B^T [T][n_max].
  * A batch with more than T tokens or more than R logit rows is refused (FL_ERR_INVALID).
  *
  * Tensor parallelism.  The forward reads the local head counts / ffn width (n_head_local,

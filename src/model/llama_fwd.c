@@ -51,6 +51,7 @@ fl_status fl_model_workspace_new(fl_model *m, int32_t max_tokens, int32_t max_lo
     CARVE(xl, (size_t)max_logit_rows * E);
     if (lora_bytes) {
         CARVE(lora_xa, T * (size_t)m->lora_rank_max);
+        CARVE(lora_xg, T * (size_t)m->lora_rank_max);
         CARVE(lora_out, T * (size_t)m->lora_n_max);
     }
 #undef CARVE
@@ -121,22 +122,48 @@ static void binary_rows(row_op op, float *out, const float *a, const float *b, i
     run_rows(&t);
 }
 
-/* y (T, N) += s B (A x) for matrix k of layer il, each run of tokens with its own adapter
- * (fl_batch.lora; model/lora.h); x is (T, K). */
+/* y (T, N) += s B (A x) for matrix k of layer il, each token through its own adapter
+ * (fl_batch.lora; model/lora.h); x is (T, K).  Per adapter of the step, two matmuls however its
+ * tokens interleave with others': x A^T over the span of its tokens (r x K per token: cheap, and
+ * no gathered copy of x), then its rows, scaled (and gathered where others' sit between), through
+ * B, added back to theirs. */
 static void lora_add(fl_model *m, const fl_batch *b, int32_t il, int k, const float *x, int64_t K, float *y, int64_t N) {
     if (!m->loras) return;
     const int64_t T = b->n_tokens;
-    for (int64_t t0 = 0, t1; t0 < T; t0 = t1) {
-        const int32_t a = b->lora ? b->lora[t0] : m->params.lora_default;
-        for (t1 = t0 + 1; t1 < T && (b->lora ? b->lora[t1] : a) == a; t1++) {}
-        const fl_lora_slot *s = a > 0 ? fl_lora_get(m->loras[a - 1], il, k) : NULL;
+#define ADAPTER(t) (b->lora ? b->lora[t] : m->params.lora_default)
+    uint32_t seen = 0; /* adapters of the step (bit a - 1) */
+    for (int64_t t = 0; t < T; t++)
+        if (ADAPTER(t) > 0) seen |= 1u << (ADAPTER(t) - 1);
+    fl_model_ws *w = &m->ws;
+    for (int32_t a = 1; seen; a++, seen >>= 1) {
+        const fl_lora_slot *s = (seen & 1) ? fl_lora_get(m->loras[a - 1], il, k) : NULL;
         if (!s) continue;
-        const int64_t n = t1 - t0, r = s->a.ne[1];
-        fl_matmul(&s->a, x + t0 * K, m->ws.lora_xa, n); /* (n, r) */
-        for (int64_t i = 0; i < n * r; i++) m->ws.lora_xa[i] *= s->scale;
-        fl_matmul(&s->b, m->ws.lora_xa, m->ws.lora_out, n); /* (n, N) */
-        binary_rows(ROW_ADD, y + t0 * N, y + t0 * N, m->ws.lora_out, n, N);
+        int64_t t0 = 0, t1 = T - 1, n = 0;
+        while (ADAPTER(t0) != a) t0++;
+        while (ADAPTER(t1) != a) t1--;
+        for (int64_t t = t0; t <= t1; t++) n += ADAPTER(t) == a;
+        const int64_t r = s->a.ne[1], span = t1 - t0 + 1;
+        fl_matmul(&s->a, x + t0 * K, w->lora_xa, span); /* (span, r) */
+        if (n == span) { /* one run: in place */
+            for (int64_t i = 0; i < n * r; i++) w->lora_xa[i] *= s->scale;
+            fl_matmul(&s->b, w->lora_xa, w->lora_out, n); /* (n, N) */
+            binary_rows(ROW_ADD, y + t0 * N, y + t0 * N, w->lora_out, n, N);
+            continue;
+        }
+        for (int64_t t = t0, j = 0; t <= t1; t++)
+            if (ADAPTER(t) == a) {
+                for (int64_t c = 0; c < r; c++) w->lora_xg[j * r + c] = s->scale * w->lora_xa[(t - t0) * r + c];
+                j++;
+            }
+        fl_matmul(&s->b, w->lora_xg, w->lora_out, n); /* (n, N) */
+        for (int64_t t = t0, j = 0; t <= t1; t++)
+            if (ADAPTER(t) == a) {
+                float *yt = y + t * N;
+                const float *o = w->lora_out + j++ * N;
+                for (int64_t c = 0; c < N; c++) yt[c] += o[c];
+            }
     }
+#undef ADAPTER
 }
 
 fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv, void *kv_ctx, float *logits_out) {

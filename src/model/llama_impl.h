@@ -14,7 +14,7 @@ typedef struct fl_model_ws {
     size_t bytes;
     int32_t max_tokens, max_logit_rows;
     float *x, *xn, *q, *k, *v, *att, *gate, *up, *out, *xl; /* see llama.h */
-    float *lora_xa, *lora_out; /* with an adapter */
+    float *lora_xa, *lora_xg, *lora_out; /* with adapters */
 } fl_model_ws;
 
 struct fl_model {

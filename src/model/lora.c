@@ -160,7 +160,7 @@ static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 size_t fl_lora_workspace_bytes(int32_t rank_max, int64_t n_max, int32_t max_tokens) {
     if (rank_max <= 0 || max_tokens <= 0) return 0;
-    return round64((size_t)max_tokens * (size_t)rank_max * sizeof(float)) + round64((size_t)max_tokens * (size_t)n_max * sizeof(float));
+    return 2 * round64((size_t)max_tokens * (size_t)rank_max * sizeof(float)) + round64((size_t)max_tokens * (size_t)n_max * sizeof(float));
 }
 
 size_t fl_lora_table_bytes(int32_t n_layer) { return sizeof(fl_lora) + (size_t)n_layer * FL_LORA_TARGETS * sizeof(fl_lora_slot); }

@@ -58,8 +58,9 @@ static inline const fl_lora_slot *fl_lora_get(const fl_lora *l, int32_t il, int 
     const fl_lora_slot *s = &l->slots[(size_t)il * FL_LORA_TARGETS + (size_t)k];
     return s->a.data ? s : NULL;
 }
-/* The forward's buffers for max_tokens rows: [T][rank_max] and [T][n_max] floats, each rounded
- * up to 64 bytes (0 without an adapter). */
+/* The forward's buffers for max_tokens rows: x A^T and its rows of one adapter, scaled,
+ * [T][rank_max] each, and their product with B^T [T][n_max] floats, each rounded up to 64 bytes
+ * (0 without an adapter). */
 size_t fl_lora_workspace_bytes(int32_t rank_max, int64_t n_max, int32_t max_tokens);
 /* The MISC bytes of an open adapter's slot table (the plan counts them). */
 size_t fl_lora_table_bytes(int32_t n_layer);
