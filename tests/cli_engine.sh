@@ -60,6 +60,15 @@ if sys.argv[2] == "priority":
     assert hi["ttft_p99_ms"] < lo["ttft_p50_ms"], o
 PY
 done
+# LoRA adapters over the base (a 2-step adapter from fitllm train): the requests alternate two
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+head -c 20000 "$shared/data/tinystories_val.txt" > "$T/t.txt"
+"$bin" train -m "$model" -f "$T/t.txt" -c 64 --batch 2 --steps 2 --lora 4 -t 1 -o "$T/a.gguf" >/dev/null 2>&1 || { echo "train --lora failed"; exit 1; }
+json=$("$bin" bench serve -m "$model" --requests 6 --prompt-len 8:16 --gen-len 8 --kv-mem 256K -t 1 \
+       --lora "$T/a.lora.gguf,$T/a.lora.gguf" --json 2>&1) || { echo "bench serve --lora failed: $json"; exit 1; }
+python3 -c "import json,sys; d=json.loads(sys.argv[1]); assert d['workload']['lora_adapters']==2 and d['paged']['output_tokens']==48, d" "$json" ||
+    { echo "bench serve --lora: $json"; exit 1; }
+"$bin" bench serve -m "$model" --lora "$T/missing.gguf" >/dev/null 2>&1 && { echo "a missing adapter accepted"; exit 1; }
 "$bin" bench serve -m "$model" --scheduling-policy lifo >/dev/null 2>&1 && { echo "--scheduling-policy lifo accepted"; exit 1; }
 "$bin" bench serve -m "$model" --high-priority 2 >/dev/null 2>&1 && { echo "--high-priority 2 accepted"; exit 1; }
 "$bin" bench serve -m "$model" --logprobs 21 >/dev/null 2>&1 && { echo "--logprobs 21 accepted"; exit 1; }
