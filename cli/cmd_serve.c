@@ -94,9 +94,8 @@ int fl_cmd_serve(int argc, char **argv) {
      * into one copy of the option's text */
     char mods[4096];
     const char *lora_paths[16], *lora_names[16];
-    float lora_scale = fl_args_get(opts, "lora-scale")->set ? (float)fl_args_get(opts, "lora-scale")->f : 1.0f;
-    const float lora_scales[16] = {lora_scale, lora_scale, lora_scale, lora_scale, lora_scale, lora_scale, lora_scale, lora_scale,
-                                   lora_scale, lora_scale, lora_scale, lora_scale, lora_scale, lora_scale, lora_scale, lora_scale};
+    float lora_scales[16];
+    for (int i = 0; i < 16; i++) lora_scales[i] = fl_args_get(opts, "lora-scale")->set ? (float)fl_args_get(opts, "lora-scale")->f : 1.0f;
     int32_t n_lora = 0, n_names = 0;
     const char *one = fl_args_get(opts, "lora")->str, *lm = fl_args_get(opts, "lora-modules")->str;
     if (one && lm) {

@@ -3,8 +3,6 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/status.h"
-#include "kernels/matmul.h"
-#include "model/arch.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -17,8 +15,7 @@ static const char *const target_names[FL_LORA_TARGETS] = {"attn_q", "attn_k", "a
 static void target_shape(const fl_hparams *hp, int k, int64_t *K, int64_t *N) {
     const int64_t E = hp->n_embd, HQ = (int64_t)hp->n_head * hp->head_dim, HKV = (int64_t)hp->n_head_kv * hp->head_dim;
     const int64_t F = hp->n_ff;
-    static const int in_hq[FL_LORA_TARGETS] = {0, 0, 0, 1, 0, 0, 0};
-    *K = k == FL_LORA_DOWN ? F : in_hq[k] ? HQ : E;
+    *K = k == FL_LORA_DOWN ? F : k == FL_LORA_O ? HQ : E;
     *N = k == FL_LORA_Q ? HQ : (k == FL_LORA_K || k == FL_LORA_V) ? HKV : (k == FL_LORA_GATE || k == FL_LORA_UP) ? F : E;
 }
 
@@ -151,7 +148,7 @@ fail:
 
 void fl_lora_free(fl_lora *l) {
     if (!l) return;
-    if (l->slots) fl_free(FL_MEM_MISC, l->slots, fl_lora_table_bytes(l->n_layer) - sizeof *l);
+    if (l->slots) fl_free(FL_MEM_MISC, l->slots, (size_t)l->n_layer * FL_LORA_TARGETS * sizeof *l->slots);
     fl_gguf_free(l->g);
     fl_free(FL_MEM_MISC, l, sizeof *l);
 }
