@@ -43,6 +43,12 @@ typedef struct fl_ops_kernels {
     void (*scale)(float *y, float a, int64_t n);                       /* y *= a */
     void (*expf_poly)(float *y, const float *x, int64_t n);            /* y = fl_expf_poly(x), bitwise */
     int64_t (*argmax)(const float *x, int64_t n);                     /* fl_argmax_f32_ref's index */
+    /* y[m][c] = sum_j x[m][j] W[c][j] for M rows of x [M][K] and N rows of W [N][K], K small
+     * (a LoRA adapter's B: K = its rank); y's rows ldy apart.  The matmul's row dots reduce a
+     * vector per output, which costs more than the products when K is a few lanes: this keeps
+     * 16 outputs in a vector, one fma per j (the order of j, so the ref's sums, up to fma's
+     * single rounding) */
+    void (*mm_smallk)(float *y, int64_t ldy, const float *x, int64_t M, const float *W, int64_t N, int64_t K);
 } fl_ops_kernels;
 
 const fl_ops_kernels *fl_ops_kernels_get(void);
@@ -63,6 +69,8 @@ void fl_expf_poly_row_ref(float *y, const float *x, int64_t n);
  * from best = 0 (a NaN never compares larger; x[0] NaN gives 0); n >= 1.  The SIMD versions take
  * the maximum and then its first index, or this loop for a row with a NaN. */
 int64_t fl_argmax_f32_ref(const float *x, int64_t n);
+void fl_mm_smallk_f32_ref(float *y, int64_t ldy, const float *x, int64_t M, const float *W, int64_t N, int64_t K);
+void fl_mm_smallk_f32_avx512(float *y, int64_t ldy, const float *x, int64_t M, const float *W, int64_t N, int64_t K);
 int64_t fl_argmax_f32_avx512(const float *x, int64_t n);
 int64_t fl_argmax_f32_avx2(const float *x, int64_t n);
 void fl_rmsnorm_row_avx512(float *out, const float *inp, const float *weight, int64_t C, float eps);

@@ -33,6 +33,30 @@ void fl_axpy_f32_avx512(float *y, float a, const float *x, int64_t n) {
     }
 }
 
+/* 16 rows of W at a time: column j of the 16 gathered into a vector (once per block, for every
+ * row of x), then per row of x one fma per j with x[m][j] broadcast; rows past N masked. */
+void fl_mm_smallk_f32_avx512(float *y, int64_t ldy, const float *x, int64_t M, const float *W, int64_t N, int64_t K) {
+    enum { KMAX = 64 };
+    if (K > KMAX) {
+        fl_mm_smallk_f32_ref(y, ldy, x, M, W, N, K);
+        return;
+    }
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)K));
+    __m512 col[KMAX];
+    for (int64_t c = 0; c < N; c += 16) {
+        const __mmask16 m = N - c >= 16 ? (__mmask16)0xFFFF : tail_mask(N - c);
+        const float *wc = W + c * K;
+        for (int64_t j = 0; j < K; j++) col[j] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, rows, wc + j, 4);
+        for (int64_t r = 0; r < M; r++) {
+            const float *xr = x + r * K;
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t j = 0; j < K; j++) acc = _mm512_fmadd_ps(_mm512_set1_ps(xr[j]), col[j], acc);
+            _mm512_mask_storeu_ps(y + r * ldy + c, m, acc);
+        }
+    }
+}
+
 void fl_scale_f32_avx512(float *y, float a, int64_t n) {
     const __m512 va = _mm512_set1_ps(a);
     int64_t i = 0;

@@ -41,6 +41,15 @@ void fl_axpy_f32_ref(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+void fl_mm_smallk_f32_ref(float *y, int64_t ldy, const float *x, int64_t M, const float *W, int64_t N, int64_t K) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t c = 0; c < N; c++) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < K; j++) acc += x[m * K + j] * W[c * K + j];
+            y[m * ldy + c] = acc;
+        }
+}
+
 void fl_scale_f32_ref(float *y, float a, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] *= a;
 }
@@ -57,14 +66,15 @@ int64_t fl_argmax_f32_ref(const float *x, int64_t n) {
 }
 
 static const fl_ops_kernels ops_ref = {fl_rmsnorm_row_ref, fl_swiglu_ref, fl_dot_f32_ref, fl_axpy_f32_ref,
-                                       fl_scale_f32_ref, fl_expf_poly_row_ref, fl_argmax_f32_ref};
+                                       fl_scale_f32_ref, fl_expf_poly_row_ref, fl_argmax_f32_ref, fl_mm_smallk_f32_ref};
 static const fl_ops_kernels ops_avx512 = {fl_rmsnorm_row_avx512, fl_swiglu_avx512, fl_dot_f32_avx512,
                                           fl_axpy_f32_avx512, fl_scale_f32_avx512, fl_expf_poly_row_avx512,
-                                          fl_argmax_f32_avx512};
+                                          fl_argmax_f32_avx512, fl_mm_smallk_f32_avx512};
 
+/* (AVX2 takes the reference for mm_smallk, which the compiler vectorizes over j) */
 static const fl_ops_kernels ops_avx2 = {fl_rmsnorm_row_avx2, fl_swiglu_avx2, fl_dot_f32_avx2,
                                         fl_axpy_f32_avx2, fl_scale_f32_avx2, fl_expf_poly_row_avx2,
-                                        fl_argmax_f32_avx2};
+                                        fl_argmax_f32_avx2, fl_mm_smallk_f32_ref};
 
 const fl_ops_kernels *fl_ops_kernels_get(void) {
     const fl_isa isa = fl_isa_get();
