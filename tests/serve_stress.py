@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Random requests against a running `fitllm serve` (a fixed seed, so each run sends the same):
 valid and invalid OpenAI bodies (wrong types, out-of-range numbers, unknown roles, token-id
-prompts, stop strings, n > 1, streaming, logprobs, echo, logit_bias, priority), bodies cut or with a byte changed, and clients that
+prompts, stop strings, n > 1, streaming, logprobs, echo, logit_bias, priority, the adapter name "tuned"), bodies cut or with a byte changed, and clients that
 leave before or in the middle of the answer.  Every answer must be a 200 or a 4xx with an
 OpenAI error object, never a 5xx; a non-streamed 200 must parse as JSON; a streamed one (by
 its Content-Type: a body with a byte changed may have lost its "stream") must end with [DONE]
@@ -14,7 +14,7 @@ PORT, N, SEED = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 rng = random.Random(SEED)
 ODD = [None, True, False, 0, -1, 1, 2, 8, 1e308, -1e308, 1.5, 2 ** 63, -2 ** 63, 2 ** 31, "", "x", "\u0000",
        [], {}, [1], ["a"], [[]], {"a": 1}, "<s>", "</s>", "<|im_start|>", "\u00e9" * 300, "a" * 3000, 0.5, -0.5, 1e-320,
-       "stop", ["\n", "the"], {"type": "json_object"}, {"type": "text"}, {"type": "json_schema"}, {"5": -100}, {"3": 100, "7": 2.5}, {"99999": 1}, 20, 21]
+       "stop", ["\n", "the"], {"type": "json_object"}, {"type": "text"}, {"type": "json_schema"}, {"5": -100}, {"3": 100, "7": 2.5}, {"99999": 1}, 20, 21, "tuned"]
 KEYS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop",
         "stream", "stream_options", "presence_penalty", "frequency_penalty", "repetition_penalty", "model", "user",
         "logprobs", "top_logprobs", "echo", "logit_bias", "response_format", "min_tokens", "stop_token_ids", "tools", "ignore_eos", "priority", "cache_salt", "truncate_prompt_tokens"]
@@ -45,6 +45,8 @@ def body():
         d["stream"] = True
     if rng.random() < 0.2:  # a server with --scheduling-policy priority reorders and preempts; FCFS answers 400
         d["priority"] = rng.randint(-3, 3)
+    if rng.random() < 0.3:  # a server with --lora-modules tuned=FILE runs these through the adapter
+        d["model"] = "tuned"
     raw = json.dumps(d).encode("utf-8", "surrogatepass")
     r = rng.random()
     altered = r < 0.1  # then whether it asks for a stream is the server's reading
