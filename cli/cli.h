@@ -60,6 +60,14 @@ struct cJSON;
 /* Add the allocator's report as "memory" to o, print o on one line to stdout, delete o. */
 void fl_cli_print_json_with_memory(struct cJSON *o);
 fl_status fl_cli_tokenize(const struct fl_tokenizer *tok, const char *text, size_t len, int32_t **ids, int64_t *n);
+/* --lora FILE [--lora-scale S] of run and perplexity: their option entries, and the model
+ * parameters that send every token through the adapter (*path and *scale hold what mp points
+ * at, so they must outlive the load). */
+#define FL_CLI_LORA_OPTS                                                                                                  \
+    {"lora", 0, FL_OPT_STR, "FILE  apply a LoRA adapter at run time (fitllm train --lora writes OUT.lora.gguf; llama.cpp adapters too)"}, \
+    {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"}
+struct fl_model_params;
+void fl_cli_lora_params(fl_opt *opts, const char **path, float *scale, struct fl_model_params *mp);
 /* Whether writing out would replace one of the n input files (the same device and inode, so
  * links and other spellings of a path count; NULL inputs are skipped).  If so, prints
  * "fitllm CMD: OUT is the WHAT (IN); write the output elsewhere" and returns true.  A command

@@ -53,8 +53,7 @@ int fl_cmd_perplexity(int argc, char **argv) {
         FL_CLI_KV_OPTS,
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
-        {"lora", 0, FL_OPT_STR, "FILE  apply a LoRA adapter at run time (fitllm train --lora writes OUT.lora.gguf; llama.cpp adapters too)"},
-        {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"},
+        FL_CLI_LORA_OPTS,
         {0},
     };
     int n_pos;
@@ -97,13 +96,9 @@ int fl_cmd_perplexity(int argc, char **argv) {
     fl_model_params mp = fl_model_default_params();
     mp.no_mmap = fl_args_get(opts, "no-mmap")->set;
     mp.repack = !fl_args_get(opts, "no-repack")->set;
-    const char *lora = fl_args_get(opts, "lora")->str;
-    const float lora_scale = fl_args_get(opts, "lora-scale")->set ? (float)fl_args_get(opts, "lora-scale")->f : 1.0f;
-    if (lora) { /* every token through the adapter */
-        mp.lora_paths = &lora;
-        mp.lora_scales = &lora_scale;
-        mp.n_loras = mp.lora_default = 1;
-    }
+    const char *lora;
+    float lora_scale;
+    fl_cli_lora_params(opts, &lora, &lora_scale, &mp);
     if ((st = fl_model_load(o_model->str, &mp, &m))) goto fail;
     const fl_hparams *hp = fl_model_hparams(m);
     const int32_t V = hp->n_vocab;

@@ -100,6 +100,16 @@ char *fl_cli_read_file(const char *path, size_t *len) {
     return fit;
 }
 
+void fl_cli_lora_params(fl_opt *opts, const char **path, float *scale, fl_model_params *mp) {
+    *path = fl_args_get(opts, "lora")->str;
+    *scale = fl_args_get(opts, "lora-scale")->set ? (float)fl_args_get(opts, "lora-scale")->f : 1.0f;
+    if (*path) {
+        mp->lora_paths = path;
+        mp->lora_scales = scale;
+        mp->n_loras = mp->lora_default = 1;
+    }
+}
+
 /* Tokenize text with BOS; the ids are a FL_MEM_MISC array of *n (+1 spare) entries. */
 fl_status fl_cli_tokenize(const struct fl_tokenizer *tok, const char *text, size_t len, int32_t **ids, int64_t *n) {
     int64_t cap = (int64_t)len + 8, need = 0;
@@ -154,8 +164,7 @@ int fl_cmd_run(int argc, char **argv) {
         {"tp", 0, FL_OPT_INT, "N  tensor parallel over N ranks: run as `mpirun -np N fitllm run --tp N ...`"},
         FL_CLI_KV_OPTS,
         {"weights", 0, FL_OPT_STR, "T  convert weights at load: q8_0 q4_0 nf4 fp8_e4m3 f16 ..."},
-        {"lora", 0, FL_OPT_STR, "FILE  apply a LoRA adapter at run time (fitllm train --lora writes OUT.lora.gguf; llama.cpp adapters too)"},
-        {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"},
+        FL_CLI_LORA_OPTS,
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
         {0},
@@ -245,13 +254,9 @@ int fl_cmd_run(int argc, char **argv) {
     fl_model_params mparams = fl_model_default_params();
     mparams.no_mmap = fl_args_get(opts, "no-mmap")->set;
     mparams.repack = !fl_args_get(opts, "no-repack")->set;
-    const char *lora = fl_args_get(opts, "lora")->str;
-    const float lora_scale = fl_args_get(opts, "lora-scale")->set ? (float)fl_args_get(opts, "lora-scale")->f : 1.0f;
-    if (lora) { /* every token through the adapter */
-        mparams.lora_paths = &lora;
-        mparams.lora_scales = &lora_scale;
-        mparams.n_loras = mparams.lora_default = 1;
-    }
+    const char *lora;
+    float lora_scale;
+    fl_cli_lora_params(opts, &lora, &lora_scale, &mparams);
     if (fl_args_get(opts, "weights")->set) {
         const char *wn = fl_args_get(opts, "weights")->str;
         mparams.weights_type = fl_type_from_name(wn);

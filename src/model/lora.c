@@ -41,6 +41,14 @@ static bool shape_is(const fl_gguf_tensor *t, int n_dims, int64_t a, int64_t b, 
     return t->ne[0] == a && t->ne[1] == b && t->ne[2] == (n_dims > 2 ? c : 1) && t->ne[3] == 1;
 }
 
+/* The pair of tensors na / nb: *ta NULL when neither is there, an error naming the one alone. */
+static fl_status find_pair(const fl_gguf *g, const char *na, const char *nb, const fl_gguf_tensor **ta, const fl_gguf_tensor **tb) {
+    *ta = fl_gguf_find_tensor(g, na);
+    *tb = fl_gguf_find_tensor(g, nb);
+    if (!*ta != !*tb) return fl_set_error(FL_ERR_FORMAT, "adapter tensor %s has no %s", *ta ? na : nb, *ta ? nb : na);
+    return FL_OK;
+}
+
 /* fitllm's file: lora.<name>.a [K, r, L], lora.<name>.b [r, N, L]. */
 static fl_status read_fitllm(fl_lora *l, const fl_hparams *hp, float scale) {
     uint32_t rank = 0;
@@ -56,9 +64,10 @@ static fl_status read_fitllm(fl_lora *l, const fl_hparams *hp, float scale) {
         char na[64], nb[64];
         snprintf(na, sizeof na, "lora.%s.a", target_names[k]);
         snprintf(nb, sizeof nb, "lora.%s.b", target_names[k]);
-        const fl_gguf_tensor *ta = fl_gguf_find_tensor(l->g, na), *tb = fl_gguf_find_tensor(l->g, nb);
-        if (!ta && !tb) continue;
-        if (!ta || !tb) return fl_set_error(FL_ERR_FORMAT, "adapter tensor %s has no %s", ta ? na : nb, ta ? nb : na);
+        const fl_gguf_tensor *ta, *tb;
+        fl_status st = find_pair(l->g, na, nb, &ta, &tb);
+        if (st) return st;
+        if (!ta) continue;
         n_known += 2;
         int64_t K, N;
         target_shape(hp, k, &K, &N);
@@ -70,7 +79,7 @@ static fl_status read_fitllm(fl_lora *l, const fl_hparams *hp, float scale) {
                                 hp->n_layer);
         const size_t esz = fl_type_row_size(ta->type, 1);
         for (int32_t il = 0; il < hp->n_layer; il++) {
-            fl_status st = set_slot(l, &l->slots[(size_t)il * FL_LORA_TARGETS + (size_t)k], ta->type, K, N, rank,
+            st = set_slot(l, &l->slots[(size_t)il * FL_LORA_TARGETS + (size_t)k], ta->type, K, N, rank,
                                     (const char *)ta->data + (size_t)il * (size_t)rank * (size_t)K * esz,
                                     (const char *)tb->data + (size_t)il * (size_t)rank * (size_t)N * esz, s, na);
             if (st) return st;
@@ -97,9 +106,10 @@ static fl_status read_llama_cpp(fl_lora *l, const fl_hparams *hp, float scale) {
             char na[96], nb[96];
             snprintf(na, sizeof na, "blk.%d.%s.weight.lora_a", il, target_names[k]);
             snprintf(nb, sizeof nb, "blk.%d.%s.weight.lora_b", il, target_names[k]);
-            const fl_gguf_tensor *ta = fl_gguf_find_tensor(l->g, na), *tb = fl_gguf_find_tensor(l->g, nb);
-            if (!ta && !tb) continue;
-            if (!ta || !tb) return fl_set_error(FL_ERR_FORMAT, "adapter tensor %s has no %s", ta ? na : nb, ta ? nb : na);
+            const fl_gguf_tensor *ta, *tb;
+            fl_status st = find_pair(l->g, na, nb, &ta, &tb);
+            if (st) return st;
+            if (!ta) continue;
             n_known += 2;
             int64_t K, N;
             target_shape(hp, k, &K, &N);
@@ -109,7 +119,7 @@ static fl_status read_llama_cpp(fl_lora *l, const fl_hparams *hp, float scale) {
                                     na, (long long)ta->ne[0], (long long)ta->ne[1], nb, (long long)tb->ne[0],
                                     (long long)tb->ne[1], (long long)K, (long long)N);
             const float s = scale * (alpha != 0.0f && r > 0 ? alpha / (float)r : 1.0f);
-            fl_status st = set_slot(l, &l->slots[(size_t)il * FL_LORA_TARGETS + (size_t)k], ta->type, K, N, r, ta->data, tb->data, s, na);
+            st = set_slot(l, &l->slots[(size_t)il * FL_LORA_TARGETS + (size_t)k], ta->type, K, N, r, ta->data, tb->data, s, na);
             if (st) return st;
         }
     if (n_known != fl_gguf_n_tensors(l->g))
