@@ -753,8 +753,9 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     rp.priority = (int32_t)priority;
     rp.lora = lora;
     int64_t trunc = 0; /* vLLM's truncate_prompt_tokens: keep the last k prompt tokens (-1: as many as the context takes) */
+    const cJSON *tpt = cJSON_GetObjectItemCaseSensitive(j, "truncate_prompt_tokens");
     if (get_int(j, "truncate_prompt_tokens", -1, 1e9, &trunc, err, sizeof err)) { ret = BAD("%s", err); goto out; }
-    if (cJSON_GetObjectItemCaseSensitive(j, "truncate_prompt_tokens") && !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "truncate_prompt_tokens")) && trunc == 0) {
+    if (tpt && !cJSON_IsNull(tpt) && trunc == 0) {
         ret = BAD("'truncate_prompt_tokens' must be -1 or at least 1");
         goto out;
     }
@@ -965,26 +966,24 @@ out:
     return ret;
 }
 
-static enum MHD_Result handle_models(fl_server *s, struct MHD_Connection *conn) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON *d = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", s->model_name);
+/* One /v1/models entry; an adapter (vLLM's LoRA modules) names its parent. */
+static void add_model(fl_server *s, cJSON *d, const char *id, const char *parent) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", id);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", 0);
     cJSON_AddStringToObject(m, "owned_by", "fitllm");
+    if (parent) cJSON_AddStringToObject(m, "parent", parent);
     cJSON_AddNumberToObject(m, "max_model_len", fl_engine_n_ctx(s->engine));
     cJSON_AddItemToArray(d, m);
-    for (int32_t i = 0; i < s->p.n_lora_names; i++) { /* the LoRA modules, as vLLM lists them */
-        cJSON *a = cJSON_CreateObject();
-        cJSON_AddStringToObject(a, "id", s->lora_names[i]);
-        cJSON_AddStringToObject(a, "object", "model");
-        cJSON_AddNumberToObject(a, "created", 0);
-        cJSON_AddStringToObject(a, "owned_by", "fitllm");
-        cJSON_AddStringToObject(a, "parent", s->model_name);
-        cJSON_AddNumberToObject(a, "max_model_len", fl_engine_n_ctx(s->engine));
-        cJSON_AddItemToArray(d, a);
-    }
+}
+
+static enum MHD_Result handle_models(fl_server *s, struct MHD_Connection *conn) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *d = cJSON_AddArrayToObject(o, "data");
+    add_model(s, d, s->model_name, NULL);
+    for (int32_t i = 0; i < s->p.n_lora_names; i++) add_model(s, d, s->lora_names[i], s->model_name);
     char *t = cJSON_PrintUnformatted(o);
     enum MHD_Result r = t ? send_text(conn, 200, "application/json", t, strlen(t), NULL) : MHD_NO;
     cJSON_free(t);
