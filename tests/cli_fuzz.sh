@@ -3,8 +3,9 @@
 # ASan + UBSan + coverage) beside the normal build, builds only the fuzz targets and runs
 # fuzz_gguf for FL_FUZZ_SECONDS (default 30) on synthetic seeds plus the small shared models,
 # then fuzz_plan (config.json + planner arithmetic), fuzz_tokenize (the tokenizers of the
-# llama.cpp test vocabularies, seeded with their test strings) and fuzz_json_fsm (the JSON
-# recognizer of constrained decoding against a plain validator) for a third of that each.  Skips
+# llama.cpp test vocabularies, seeded with their test strings), fuzz_json_fsm (the JSON
+# recognizer of constrained decoding against a plain validator) and fuzz_json_schema (JSON
+# Schema compiled and followed) for a third of that each.  Skips
 # (77) when clang or libFuzzer is not installed.
 # usage: cli_fuzz.sh FITLLM SHARED_DIR
 set -uo pipefail
@@ -24,7 +25,7 @@ if [ ! -f "$OUT/build.ninja" ]; then
     CC=clang cmake -S "$SRC" -B "$OUT" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFITLLM_FUZZ=ON \
         -DFITLLM_MPI=OFF -DFL_SHARED_DIR="$SHARED" >"$OUT.cmake.log" 2>&1 || { cat "$OUT.cmake.log"; exit 1; }
 fi
-ninja -C "$OUT" fuzz_gguf fuzz_plan fuzz_tokenize fuzz_json_fsm >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
+ninja -C "$OUT" fuzz_gguf fuzz_plan fuzz_tokenize fuzz_json_fsm fuzz_json_schema >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
 
 rm -rf "$OUT/run"; mkdir -p "$OUT/run/seeds" "$OUT/run/artifacts"
 python3 "$SRC/tests/fuzz/make_seeds.py" "$OUT/run/seeds"
@@ -67,4 +68,21 @@ for i, d in enumerate(docs):
     open('%s/j%02d' % (sys.argv[1], i), 'wb').write(bytes([i * 3]) + d.encode())
 PY
 run_fuzzer fuzz_json_fsm $((SECS / 3 + 1)) "$OUT/run/json_seeds"
-echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan, fuzz_tokenize and fuzz_json_fsm $((SECS / 3 + 1))s each)"
+# fuzz_json_schema: JSON Schema compiled and followed; each seed is a split byte, a schema, a
+# NUL byte and a document
+mkdir -p "$OUT/run/schema_seeds"
+python3 - "$OUT/run/schema_seeds" <<'PY'
+import json, sys
+pairs = [({"type": "object", "properties": {"a": {"type": "integer", "minimum": -5, "maximum": 99}, "b": {"enum": ["x", 1, None]}},
+           "required": ["a"], "additionalProperties": False}, '{"a": 42, "b": "x"}'),
+         ({"$defs": {"n": {"type": "object", "properties": {"k": {"type": "array", "items": {"$ref": "#/$defs/n"}, "maxItems": 2}}}},
+           "$ref": "#/$defs/n"}, '{"k": [{}, {"k": []}]}'),
+         ({"type": "array", "items": {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "null"}, {"type": "number"}]}},
+          '["ab", null, -1.5e3]'),
+         ({"type": "object", "additionalProperties": {"type": "boolean"}, "properties": {"q\"": {"const": [1]}}}, '{"q\\"": [1], "z": true}'),
+         ({"enum": ["yes", "no"]}, '"no"'), ({"type": "string", "pattern": "x"}, '"x"')]
+for i, (s, d) in enumerate(pairs):
+    open('%s/s%02d' % (sys.argv[1], i), 'wb').write(bytes([i * 5]) + json.dumps(s).encode() + b'\0' + d.encode())
+PY
+run_fuzzer fuzz_json_schema $((SECS / 3 + 1)) "$OUT/run/schema_seeds"
+echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan, fuzz_tokenize, fuzz_json_fsm and fuzz_json_schema $((SECS / 3 + 1))s each)"

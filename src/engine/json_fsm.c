@@ -1,6 +1,10 @@
-/* The JSON object recognizer (see json_fsm.h). */
+/* The JSON recognizer of constrained decoding (see json_fsm.h): a lexer for RFC 8259 whose
+ * value starts, keys, commas and closing brackets also ask the schema, when there is one. */
 #include "engine/json_fsm.h"
 
+#include "engine/json_schema.h"
+
+#include <stddef.h>
 #include <string.h>
 
 enum {
@@ -24,16 +28,29 @@ enum {
     S_NUM_ESIGN,  /* after the exponent's sign */
     S_NUM_EXP,    /* in the exponent digits */
     S_LIT,        /* in true / false / null: sub characters matched */
+    S_ENUM,       /* in an enum / const value: pos bytes of the texts in cand matched */
     S_DONE,       /* the object is closed */
 };
 
 static const char *const LITS[3] = {"true", "false", "null"};
 
-void fl_json_fsm_init(fl_json_fsm *f) { memset(f, 0, sizeof *f); }
+void fl_json_fsm_init(fl_json_fsm *f) { memset(f, 0, offsetof(fl_json_fsm, fr)); }
+
+void fl_json_fsm_init_schema(fl_json_fsm *f, const fl_json_schema *sc) {
+    fl_json_fsm_init(f);
+    f->sc = sc;
+}
+
+void fl_json_fsm_copy(fl_json_fsm *dst, const fl_json_fsm *src) {
+    memcpy(dst, src, offsetof(fl_json_fsm, fr) + (size_t)src->depth * sizeof src->fr[0]);
+}
 
 bool fl_json_fsm_done(const fl_json_fsm *f) { return f->st == S_DONE; }
 
-bool fl_json_fsm_in_string(const fl_json_fsm *f) { return f->st == S_STR; }
+bool fl_json_fsm_in_string(const fl_json_fsm *f) {
+    if (f->st != S_STR) return false;
+    return !f->sc || (!f->key && f->sc->nodes[f->node].max_len == FL_JS_UNBOUNDED);
+}
 
 bool fl_json_plain(const char *bytes, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
@@ -43,94 +60,317 @@ bool fl_json_plain(const char *bytes, int32_t n) {
     return true;
 }
 
-static bool top_is_obj(const fl_json_fsm *f) {
-    const unsigned d = f->depth - 1u;
-    return (f->obj[d / 64] >> (d % 64)) & 1;
-}
+static bool top_is_obj(const fl_json_fsm *f) { return f->fr[f->depth - 1].obj; }
 
 static void value_done(fl_json_fsm *f) { f->st = f->depth == 0 ? S_DONE : S_AFTER; }
 
-static bool open_container(fl_json_fsm *f, bool obj) {
+static bool open_container(fl_json_fsm *f, bool obj, int32_t node) {
     if (f->depth >= FL_JSON_MAX_DEPTH) return false;
-    const unsigned d = f->depth++;
-    if (obj) f->obj[d / 64] |= 1ull << (d % 64);
-    else f->obj[d / 64] &= ~(1ull << (d % 64));
+    f->fr[f->depth++] = (fl_json_frame){0, 0, node, -1, obj};
     f->st = obj ? S_OBJ_FIRST : S_ARR_FIRST;
     return true;
 }
 
-static bool value_start(fl_json_fsm *f, unsigned c) {
+/* ---- schema mode ---- */
+
+static const fl_js_node *nd(const fl_json_fsm *f, int32_t n) { return &f->sc->nodes[n]; }
+
+/* the node the value about to start must follow */
+static int32_t expected(const fl_json_fsm *f) {
+    if (f->depth == 0) return f->sc->root;
+    const fl_json_frame *t = &f->fr[f->depth - 1];
+    return t->obj ? t->vnode : nd(f, t->node)->items;
+}
+
+static int value_class(unsigned c) {
     switch (c) {
-    case '{': return open_container(f, true);
-    case '[': return open_container(f, false);
-    case '"': f->st = S_STR; f->key = 0; return true;
-    case '-': f->st = S_NUM_MINUS; return true;
-    case '0': f->st = S_NUM_ZERO; return true;
+    case '{': return FL_JS_OBJ;
+    case '[': return FL_JS_ARR;
+    case '"': return FL_JS_STR;
+    case 't': case 'f': return FL_JS_BOOL;
+    case 'n': return FL_JS_NULL;
+    default: return c == '-' || (c >= '0' && c <= '9') ? FL_JS_NUM : -1;
+    }
+}
+
+#define INT_SAT 100000000000000001LL /* magnitudes saturate here (10^17 + 1: past any bound) */
+#define INT_INF 1000000000000000000LL
+
+static int64_t sat_mul10(int64_t x) { return x >= INT_SAT / 10 ? INT_SAT : x * 10; }
+
+/* Can the integer being read (sign num_neg, num_nd digits of magnitude num_v) still end inside
+ * the node's bounds?  (done: must it be inside them as it stands.) */
+static bool int_feasible(const fl_json_fsm *f, bool done) {
+    const fl_js_node *n = nd(f, f->node);
+    const int64_t lo = n->has_min ? n->min : -INT_INF, hi = n->has_max ? n->max : INT_INF;
+    /* the magnitudes allowed for this sign */
+    int64_t lm, hm;
+    if (f->num_neg) lm = hi < 0 ? -hi : 0, hm = -lo;
+    else lm = lo > 0 ? lo : 0, hm = hi;
+    if (hm < lm || hm < 0) return false;
+    if (f->num_nd == 0) return true; /* any magnitude still */
+    if (done) return f->num_v >= lm && f->num_v <= hm;
+    const bool zero = f->num_v == 0; /* a leading 0 takes no more digits */
+    int64_t base = f->num_v, span = 0;
+    for (int k = 0; k < 20; k++) {
+        if (base > hm) return false;
+        if (base + span >= lm) return true;
+        if (zero) return false;
+        base = sat_mul10(base);
+        span = span >= INT_SAT / 10 ? INT_SAT : span * 10 + 9;
+    }
+    return false;
+}
+
+static bool bounded(const fl_json_fsm *f) { return f->sc && (nd(f, f->node)->has_min || nd(f, f->node)->has_max); }
+
+/* after the bytes of an enum text: settle whether the value is complete */
+static void enum_settle(fl_json_fsm *f) {
+    const fl_js_node *n = nd(f, f->node);
+    bool complete = false, longer = false;
+    for (int32_t i = 0; i < n->ne; i++)
+        if ((f->cand >> i) & 1) {
+            if (f->sc->str[n->e0 + i].len == f->pos) complete = true;
+            else longer = true;
+        }
+    if (complete && !longer) value_done(f);
+}
+
+static bool enum_step(fl_json_fsm *f, unsigned c) {
+    const fl_js_node *n = nd(f, f->node);
+    uint64_t next = 0;
+    bool complete = false;
+    for (int32_t i = 0; i < n->ne; i++)
+        if ((f->cand >> i) & 1) {
+            const fl_js_str *t = &f->sc->str[n->e0 + i];
+            if (t->len == f->pos) complete = true;
+            else if ((unsigned char)t->p[f->pos] == c) next |= 1ull << i;
+        }
+    if (!next) {
+        if (!complete) return false;
+        value_done(f); /* a number text ended: c continues after it */
+        return false;  /* (the caller steps c again) */
+    }
+    f->cand = next;
+    f->pos++;
+    enum_settle(f);
+    return true;
+}
+
+/* the key being read can still become a member the object takes */
+static bool key_byte(fl_json_fsm *f, unsigned c) {
+    const fl_json_frame *t = &f->fr[f->depth - 1];
+    const fl_js_node *n = nd(f, t->node);
+    uint64_t next = 0;
+    for (int32_t i = 0; i < n->np; i++)
+        if ((f->cand >> i) & 1) {
+            const fl_js_str *p = &f->sc->str[n->p0 + i];
+            if (p->len > f->pos && (unsigned char)p->p[f->pos] == c) next |= 1ull << i;
+        }
+    f->cand = next;
+    f->pos++;
+    return next || n->addl >= 0;
+}
+
+/* the key's closing quote: which member's value follows */
+static bool key_end(fl_json_fsm *f) {
+    fl_json_frame *t = &f->fr[f->depth - 1];
+    const fl_js_node *n = nd(f, t->node);
+    for (int32_t i = 0; i < n->np; i++)
+        if (((f->cand >> i) & 1) && f->sc->str[n->p0 + i].len == f->pos) {
+            if ((t->seen >> i) & 1) return false; /* a member twice */
+            t->seen |= 1ull << i;
+            t->vnode = f->sc->str[n->p0 + i].node;
+            return true;
+        }
+    t->vnode = n->addl;
+    return n->addl >= 0;
+}
+
+/* another member may follow (a ',' would not strand the object) */
+static bool more_members(const fl_json_fsm *f) {
+    const fl_json_frame *t = &f->fr[f->depth - 1];
+    const fl_js_node *n = nd(f, t->node);
+    return n->addl >= 0 || t->seen != (n->np == 64 ? ~0ull : (1ull << n->np) - 1);
+}
+
+static bool may_close(const fl_json_fsm *f) {
+    if (!f->sc) return true;
+    const fl_json_frame *t = &f->fr[f->depth - 1];
+    const fl_js_node *n = nd(f, t->node);
+    return t->obj ? (n->required & ~t->seen) == 0 : t->count >= n->min_items;
+}
+
+static bool key_start(fl_json_fsm *f) {
+    f->st = S_STR;
+    f->key = 1;
+    if (!f->sc) return true;
+    const fl_json_frame *t = &f->fr[f->depth - 1];
+    const fl_js_node *n = nd(f, t->node);
+    const uint64_t all = n->np == 64 ? ~0ull : (1ull << n->np) - 1;
+    f->cand = n->addl >= 0 ? all : all & ~t->seen; /* (with others allowed a declared name must not repeat) */
+    f->pos = 0;
+    return f->cand || n->addl >= 0;
+}
+
+static bool value_start(fl_json_fsm *f, unsigned c) {
+    int32_t node = -1;
+    if (f->sc) {
+        const int k = value_class(c);
+        if (k < 0) return false;
+        node = nd(f, expected(f))->cls[k];
+        if (node < 0) return false;
+        const fl_js_node *n = nd(f, node);
+        if (n->ne) {
+            uint64_t cand = 0;
+            for (int32_t i = 0; i < n->ne; i++)
+                if ((unsigned char)f->sc->str[n->e0 + i].p[0] == c) cand |= 1ull << i;
+            if (!cand) return false;
+            f->st = S_ENUM;
+            f->node = node;
+            f->cand = cand;
+            f->pos = 1;
+            enum_settle(f);
+            return true;
+        }
+        f->node = node;
+    }
+    switch (c) {
+    case '{': return open_container(f, true, node);
+    case '[': return open_container(f, false, node);
+    case '"':
+        f->st = S_STR;
+        f->key = 0;
+        f->nch = 0;
+        return true;
+    case '-':
+        f->st = S_NUM_MINUS;
+        f->num_neg = 1, f->num_nd = 0, f->num_v = 0;
+        return !bounded(f) || int_feasible(f, false);
+    case '0':
+        f->st = S_NUM_ZERO;
+        f->num_neg = 0, f->num_nd = 1, f->num_v = 0;
+        return !bounded(f) || int_feasible(f, false);
     case 't': case 'f': case 'n':
         f->st = S_LIT;
         f->lit = c == 't' ? 0 : c == 'f' ? 1 : 2;
         f->sub = 1;
         return true;
     default:
-        if (c >= '1' && c <= '9') { f->st = S_NUM_INT; return true; }
+        if (c >= '1' && c <= '9') {
+            f->st = S_NUM_INT;
+            f->num_neg = 0, f->num_nd = 1, f->num_v = c - '0';
+            return !bounded(f) || int_feasible(f, false);
+        }
         return false;
     }
+}
+
+/* a digit of a bounded integer */
+static bool int_digit(fl_json_fsm *f, unsigned c) {
+    f->num_v = f->num_v >= INT_SAT / 10 ? INT_SAT : f->num_v * 10 + (c - '0');
+    if (f->num_nd < 255) f->num_nd++;
+    return int_feasible(f, false);
 }
 
 static bool is_digit(unsigned c) { return c >= '0' && c <= '9'; }
 static bool is_hex(unsigned c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
+/* Whitespace between tokens in schema mode, as llama.cpp's grammars allow it: one space, or one
+ * or two newlines and an indent of up to FL_JSON_MAX_INDENT spaces or tabs (a sampled model
+ * could otherwise spend its tokens on blank lines). */
+static bool schema_ws(fl_json_fsm *f, unsigned c) {
+    switch (f->wsk) {
+    case 0: /* the run begins */
+        if (c != ' ' && c != '\n') return false;
+        f->wsk = c == ' ' ? 1 : 2;
+        f->ws = 1;
+        return true;
+    case 2: /* newlines */
+        if (c == '\n') return ++f->ws <= 2;
+        if (c != ' ' && c != '\t') return false;
+        f->wsk = 3;
+        f->ws = 1;
+        return true;
+    case 3: /* the indent */
+        return (c == ' ' || c == '\t') && ++f->ws <= FL_JSON_MAX_INDENT;
+    default: /* after one space */
+        return false;
+    }
+}
+
 static bool step(fl_json_fsm *f, unsigned c) {
     const bool ws = c == ' ' || c == '\t' || c == '\n' || c == '\r';
     switch (f->st) {
     case S_START: case S_VALUE: case S_ARR_FIRST: case S_OBJ_FIRST: case S_OBJ_KEY: case S_COLON: case S_AFTER:
-        if (ws) return ++f->ws <= (f->st == S_START ? FL_JSON_MAX_WS_LEAD : FL_JSON_MAX_WS);
-        f->ws = 0;
+        if (ws) return f->sc ? schema_ws(f, c) : ++f->ws <= (f->st == S_START ? FL_JSON_MAX_WS_LEAD : FL_JSON_MAX_WS);
+        f->ws = f->wsk = 0;
         break;
     default:
         break;
     }
     switch (f->st) {
-    case S_START: return c == '{' && open_container(f, true);
+    case S_START:
+        if (f->sc) return value_start(f, c);
+        return c == '{' && open_container(f, true, -1);
     case S_ARR_FIRST:
         if (c == ']') {
+            if (!may_close(f)) return false;
             f->depth--;
             value_done(f);
             return true;
         }
+        if (f->sc && nd(f, f->fr[f->depth - 1].node)->max_items == 0) return false;
+        f->fr[f->depth - 1].count = 1;
         return value_start(f, c);
     case S_VALUE: return value_start(f, c);
     case S_OBJ_FIRST: case S_OBJ_KEY:
         if (c == '}' && f->st == S_OBJ_FIRST) {
+            if (!may_close(f)) return false;
             f->depth--;
             value_done(f);
             return true;
         }
         if (c != '"') return false;
-        f->st = S_STR;
-        f->key = 1;
-        return true;
+        return key_start(f);
     case S_COLON:
         if (c != ':') return false;
         f->st = S_VALUE;
         return true;
     case S_AFTER:
         if (c == ',') {
+            if (f->sc) {
+                fl_json_frame *t = &f->fr[f->depth - 1];
+                if (t->obj ? !more_members(f) : t->count >= nd(f, t->node)->max_items) return false;
+                t->count++;
+            }
             f->st = top_is_obj(f) ? S_OBJ_KEY : S_VALUE;
             return true;
         }
-        if (c != (top_is_obj(f) ? '}' : ']')) return false;
+        if (c != (top_is_obj(f) ? '}' : ']') || !may_close(f)) return false;
         f->depth--;
         value_done(f);
         return true;
     case S_STR:
         if (c == '"') {
-            if (f->key) f->st = S_COLON;
-            else value_done(f);
+            if (f->key) {
+                if (f->sc && !key_end(f)) return false;
+                f->st = S_COLON;
+            } else {
+                if (f->sc && f->nch < nd(f, f->node)->min_len) return false;
+                value_done(f);
+            }
             return true;
         }
-        if (c == '\\') { f->st = S_ESC; return true; }
         if (c < 0x20) return false;
+        if (f->sc) {
+            if (f->key) {
+                if (!key_byte(f, c)) return false;
+            } else if ((c < 0x80 || c >= 0xC0) && ++f->nch > nd(f, f->node)->max_len) {
+                return false; /* a character begins: ASCII, an escape or a lead byte */
+            }
+        }
+        if (c == '\\') { f->st = S_ESC; return true; }
         if (c < 0x80) return true;
         if (c >= 0xC2 && c <= 0xDF) f->sub = 1;
         else if (c >= 0xE0 && c <= 0xEF) f->sub = 2;
@@ -140,9 +380,11 @@ static bool step(fl_json_fsm *f, unsigned c) {
         return true;
     case S_UTF8:
         if ((c & 0xC0) != 0x80) return false;
+        if (f->sc && f->key && !key_byte(f, c)) return false;
         if (--f->sub == 0) f->st = S_STR;
         return true;
     case S_ESC:
+        if (f->sc && f->key && !key_byte(f, c)) return false;
         if (c == 'u') {
             f->st = S_HEX;
             f->sub = 4;
@@ -153,13 +395,14 @@ static bool step(fl_json_fsm *f, unsigned c) {
         return true;
     case S_HEX:
         if (!is_hex(c)) return false;
+        if (f->sc && f->key && !key_byte(f, c)) return false;
         if (--f->sub == 0) f->st = S_STR;
         return true;
     case S_NUM_MINUS:
         if (c == '0') f->st = S_NUM_ZERO;
         else if (c >= '1' && c <= '9') f->st = S_NUM_INT;
         else return false;
-        return true;
+        return !bounded(f) || int_digit(f, c);
     case S_NUM_DOT:
         if (!is_digit(c)) return false;
         f->st = S_NUM_FRAC;
@@ -173,17 +416,23 @@ static bool step(fl_json_fsm *f, unsigned c) {
         if (!is_digit(c)) return false;
         f->st = S_NUM_EXP;
         return true;
-    case S_NUM_ZERO: case S_NUM_INT: case S_NUM_FRAC: case S_NUM_EXP:
-        if (is_digit(c) && f->st != S_NUM_ZERO) return true;
-        if (c == '.' && (f->st == S_NUM_ZERO || f->st == S_NUM_INT)) { f->st = S_NUM_DOT; return true; }
-        if ((c == 'e' || c == 'E') && f->st != S_NUM_EXP) { f->st = S_NUM_E; return true; }
+    case S_NUM_ZERO: case S_NUM_INT: case S_NUM_FRAC: case S_NUM_EXP: {
+        const bool whole = f->sc && nd(f, f->node)->integer; /* no fraction, no exponent */
+        if (is_digit(c) && f->st != S_NUM_ZERO) return !(f->st == S_NUM_INT && bounded(f)) || int_digit(f, c);
+        if (c == '.' && (f->st == S_NUM_ZERO || f->st == S_NUM_INT) && !whole) { f->st = S_NUM_DOT; return true; }
+        if ((c == 'e' || c == 'E') && f->st != S_NUM_EXP && !whole) { f->st = S_NUM_E; return true; }
+        if (bounded(f) && !int_feasible(f, true)) return false;
         /* the number ended (numbers sit inside containers): c continues after it */
         value_done(f);
         return step(f, c);
+    }
     case S_LIT:
         if (c != (unsigned char)LITS[f->lit][f->sub]) return false;
         if (LITS[f->lit][++f->sub] == 0) value_done(f);
         return true;
+    case S_ENUM:
+        if (enum_step(f, c)) return true;
+        return f->st != S_ENUM && step(f, c); /* a number text ended before c */
     default: /* S_DONE */
         return false;
     }
