@@ -163,6 +163,10 @@ typedef struct fl_request_params {
     int32_t n_logit_bias;
     int32_t json_object;        /* 1 = constrain the output to one JSON object (RFC 8259; leading
                                  * whitespace allowed) and finish (FL_FINISH_STOP) when it closes */
+    const char *json_schema;    /* a JSON Schema (text; compiled when added, so a schema the engine
+                                 * cannot follow fails fl_engine_add with FL_ERR_INVALID naming
+                                 * the keyword): the output is one value of it, and the request
+                                 * finishes (FL_FINISH_STOP) when the value is complete.  NULL: none */
     int32_t prompt_logprobs;    /* 1 = also the log-probability of each prompt token after the first
                                  * given the ones before it (with top_logprobs alternatives): every
                                  * prompt position then needs a logits row, so the prompt is computed

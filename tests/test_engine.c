@@ -8,6 +8,7 @@
 #include "engine/backend.h"
 #include "engine/engine.h"
 #include "engine/json_fsm.h"
+#include "engine/json_schema.h"
 #include "engine/kv_adapter.h"
 #include "core/dtype.h"
 
@@ -672,6 +673,83 @@ static void test_toy_json(void **state) {
     }
     assert_true(stops >= 8); /* both endings seen (the counts are fixed by the seeds) */
     assert_true(lengths >= 1);
+    fl_test_mem_zero();
+}
+
+/* json_schema on the toy model: every output is a prefix of a value of the schema; the ones
+ * that finish with STOP are whole values (cJSON reads {"k": [integers]} and nothing else, as the
+ * schema says), the others ran out of tokens; a schema the engine cannot follow is refused when
+ * the request is added, with the keyword named, and nothing leaks */
+static void test_toy_json_schema(void **state) {
+    (void)state;
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"array\",\"items\":{\"type\":\"integer\","
+                         "\"minimum\":-20,\"maximum\":20},\"minItems\":1}},\"required\":[\"k\"],\"additionalProperties\":false}";
+    int stops = 0, lengths = 0;
+    for (int run = 0; run < 16; run++) {
+        fl_engine_params p;
+        fl_engine_params_default(&p);
+        fl_engine_backend be;
+        toy_new(4, 1000, 0, &be);
+        be.piece = json_piece;
+        fl_engine *e;
+        assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_OK);
+        int32_t prompt[3] = {1, 3 + run % 7, 5};
+        fl_logit_bias close[2] = {{4, 3.0f}, {6, 2.0f}}; /* '}' and ']' a little likelier: most runs end */
+        const int32_t max_tokens = run % 4 == 3 ? 5 : 40;
+        fl_request_params q = {.prompt = prompt, .n_prompt = 3, .max_tokens = max_tokens, .json_schema = schema,
+                               .logit_bias = close, .n_logit_bias = run % 2 ? 2 : 0};
+        fl_sampling_params_default(&q.sampling);
+        q.sampling.temperature = run < 2 ? 0.0f : 1.0f;
+        q.sampling.seed = (uint64_t)run + 7;
+        int64_t id;
+        assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+        if (run == 0) { /* refused at add: the keyword and the place named */
+            fl_request_params b = q;
+            b.json_schema = "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"pattern\":\"x\"}}}";
+            int64_t id2;
+            assert_int_equal(fl_engine_add(e, &b, &id2), FL_ERR_INVALID);
+            assert_non_null(strstr(fl_last_error(), "#/properties/s"));
+            assert_non_null(strstr(fl_last_error(), "pattern"));
+        }
+        char text[4096] = "";
+        fl_finish_reason fin = FL_FINISH_NONE;
+        int32_t active = 1, n_tok = 0;
+        while (active) {
+            assert_int_equal(fl_engine_step(e, &active), FL_OK);
+            fl_request_output ev[4];
+            int32_t k = fl_engine_poll(e, ev, 4);
+            for (int32_t j = 0; j < k; j++) {
+                strcat(text, ev[j].new_text);
+                n_tok += ev[j].n_new;
+                for (int32_t i = 0; i < ev[j].n_new; i++) assert_int_not_equal(ev[j].new_tokens[i], TOY_EOS);
+                if (ev[j].finish) fin = ev[j].finish;
+            }
+        }
+        if (fin == FL_FINISH_STOP) {
+            cJSON *o = cJSON_ParseWithOpts(text, NULL, 1);
+            if (!cJSON_IsObject(o) || cJSON_GetArraySize(o) != 1) fail_msg("run %d: not an object of one member: %s", run, text);
+            const cJSON *k = cJSON_GetObjectItemCaseSensitive(o, "k"), *x;
+            if (!cJSON_IsArray(k) || cJSON_GetArraySize(k) < 1) fail_msg("run %d: no non-empty array k: %s", run, text);
+            cJSON_ArrayForEach(x, k) if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || fabs(x->valuedouble) > 20)
+                fail_msg("run %d: an item out of the schema: %s", run, text);
+            cJSON_Delete(o);
+            stops++;
+        } else { /* cut short: a prefix of a value, not a whole one */
+            assert_int_equal(fin, FL_FINISH_LENGTH);
+            assert_int_equal(n_tok, max_tokens);
+            fl_json_schema *sc;
+            assert_int_equal(fl_json_schema_compile(schema, &sc), FL_OK);
+            fl_json_fsm f;
+            fl_json_fsm_init_schema(&f, sc);
+            if (!fl_json_fsm_feed(&f, text, (int32_t)strlen(text))) fail_msg("run %d: not a prefix of the schema: %s", run, text);
+            assert_false(fl_json_fsm_done(&f));
+            fl_json_schema_free(sc);
+            lengths++;
+        }
+        fl_engine_free(e);
+    }
+    assert_true(stops >= 6); /* (the counts are fixed by the seeds) */
+    assert_true(lengths >= 2);
     fl_test_mem_zero();
 }
 
@@ -1382,6 +1460,7 @@ int main(void) {
         cmocka_unit_test(test_toy_preempt_swap), cmocka_unit_test(test_toy_priority),
         cmocka_unit_test(test_toy_logprobs),
         cmocka_unit_test(test_toy_json),
+        cmocka_unit_test(test_toy_json_schema),
         cmocka_unit_test(test_toy_min_tokens_stop_ids),
         cmocka_unit_test(test_toy_static_baseline),
         cmocka_unit_test(test_toy_cancel),

@@ -162,10 +162,11 @@ nomem:
  * and empty tokens always (the request finishes when the object closes). */
 static fl_status json_mask(fl_engine *e, fl_request *r, const float *row) {
     int32_t allowed = 0;
-    const bool in_str = fl_json_fsm_in_string(&r->json_fsm); /* plain text goes through as it is */
+    const bool in_str = fl_json_fsm_in_string(r->json_fsm); /* plain text goes through as it is */
     bool first[256];                                          /* bytes that can come next */
+    fl_json_fsm f;
     for (int c = 0; c < 256; c++) {
-        fl_json_fsm f = r->json_fsm;
+        fl_json_fsm_copy(&f, r->json_fsm);
         const char b = (char)c;
         first[c] = fl_json_fsm_feed(&f, &b, 1);
     }
@@ -173,14 +174,14 @@ static fl_status json_mask(fl_engine *e, fl_request *r, const float *row) {
         const int64_t a = e->vocab_off[t], n = e->vocab_off[t + 1] - a;
         bool ok = n > 0 && first[(unsigned char)e->vocab_text[a]];
         if (ok && !(in_str && e->vocab_plain[t])) {
-            fl_json_fsm f = r->json_fsm;
+            fl_json_fsm_copy(&f, r->json_fsm);
             ok = fl_json_fsm_feed(&f, e->vocab_text + a, (int32_t)n);
         }
         ok = ok && !(e->be.is_eog && e->be.is_eog(e->be.ctx, t));
         e->masked[t] = ok ? row[t] : -INFINITY;
         allowed += ok;
     }
-    return allowed ? FL_OK : fl_set_error(FL_ERR_INVALID, "json constraint: no token of the vocabulary continues the object");
+    return allowed ? FL_OK : fl_set_error(FL_ERR_INVALID, "json constraint: no token of the vocabulary continues the %s", r->schema ? "schema's value" : "object");
 }
 
 /* Sample r's next token from its logits row (only read) and commit it, with its logprobs when
@@ -205,11 +206,11 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
         fl_logprobs(row, e->be.n_vocab, tok, r->n_top, &lp[0].logprob, lp + 1);
     }
     if (r->json) {
-        const bool fed = fl_json_fsm_feed(&r->json_fsm, e->vocab_text + e->vocab_off[tok], (int32_t)(e->vocab_off[tok + 1] - e->vocab_off[tok]));
+        const bool fed = fl_json_fsm_feed(r->json_fsm, e->vocab_text + e->vocab_off[tok], (int32_t)(e->vocab_off[tok + 1] - e->vocab_off[tok]));
         FL_ASSERT(fed); /* the mask let only such tokens through */
     }
     commit_token(e, r, tok);
-    if (r->json && fl_json_fsm_done(&r->json_fsm)) finish(e, r, FL_FINISH_STOP);
+    if (r->json && fl_json_fsm_done(r->json_fsm)) finish(e, r, FL_FINISH_STOP);
 }
 
 /* ---- engine life cycle ---- */

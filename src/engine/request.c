@@ -1,6 +1,8 @@
 /* Request state and the incremental stop-string matcher (see request.h). */
 #include "engine/request.h"
 
+#include "engine/json_schema.h"
+
 #include "core/alloc.h"
 #include "core/status.h"
 
@@ -140,8 +142,22 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
     r->sampling = p->sampling;
     r->logprobs = p->logprobs || p->top_logprobs > 0;
     r->n_top = p->top_logprobs > 0 ? p->top_logprobs : 0;
-    r->json = p->json_object != 0;
-    fl_json_fsm_init(&r->json_fsm);
+    r->json = p->json_object != 0 || p->json_schema;
+    if (r->json) {
+        if (!(r->json_fsm = fl_alloc(FL_MEM_MISC, sizeof *r->json_fsm, 0))) {
+            fl_request_free(r);
+            return FL_ERR_NOMEM;
+        }
+        fl_json_fsm_init(r->json_fsm);
+    }
+    if (p->json_schema) {
+        const fl_status st = fl_json_schema_compile(p->json_schema, &r->schema);
+        if (st != FL_OK) {
+            fl_request_free(r);
+            return st;
+        }
+        fl_json_fsm_init_schema(r->json_fsm, r->schema);
+    }
     r->prompt_logprobs = p->prompt_logprobs && sample == 0; /* the samples share one prompt */
     const size_t rec = (size_t)(1 + r->n_top) * sizeof *r->lp;
     if ((r->logprobs && !(r->lp = fl_alloc(FL_MEM_MISC, (size_t)r->max_tokens * rec, 0))) ||
@@ -161,6 +177,8 @@ void fl_request_free(fl_request *r) {
     if (r->lp) fl_free(FL_MEM_MISC, r->lp, (size_t)r->max_tokens * (size_t)(1 + r->n_top) * sizeof *r->lp);
     if (r->plp) fl_free(FL_MEM_MISC, r->plp, (size_t)(r->n_prompt - 1) * (size_t)(1 + r->n_top) * sizeof *r->plp);
     if (r->stop.text || r->stop.n_stop) fl_stop_deinit(&r->stop);
+    fl_json_schema_free(r->schema);
+    fl_free(FL_MEM_MISC, r->json_fsm, r->json_fsm ? sizeof *r->json_fsm : 0);
     fl_free(FL_MEM_MISC, r, sizeof *r);
 }
 

@@ -77,8 +77,10 @@ struct fl_request {
     int32_t n_top;              /* alternatives per generated token, 0..FL_MAX_TOP_LOGPROBS */
     fl_token_logprob *lp;       /* [max_tokens][1 + n_top] per generated token: itself, then the n_top
                                  * most likely at its position (allocated with the request, as tokens) */
-    bool json;                  /* output constrained to one JSON object (json_fsm.h) */
-    fl_json_fsm json_fsm;       /* the bytes generated so far */
+    bool json;                  /* output constrained to one JSON object or schema value (json_fsm.h) */
+    struct fl_json_schema *schema; /* the request's compiled json_schema (owned), or NULL */
+    fl_json_fsm *json_fsm;      /* json: the bytes generated so far (allocated with the request: ~3 KiB,
+                                 * only for JSON requests, which the memory plan does not count) */
     bool prompt_logprobs;       /* prompt positions get logits rows too (sample 0 only) */
     fl_token_logprob *plp;      /* [n_prompt - 1][1 + n_top]: prompt token j + 1 given tokens 0..j */
     int32_t n_plp;              /* prompt positions 0 .. n_plp - 1 recorded (in order; kept over preemption) */
