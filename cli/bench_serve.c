@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "core/alloc.h"
 #include "engine/engine.h"
+#include "engine/json_schema.h"
 #include "core/status.h"
 #include "core/threads.h"
 #include "formats/gguf.h"
@@ -98,6 +99,7 @@ typedef struct run_cfg {
     int32_t logprobs;        /* -1: off; else alternatives per token */
     int32_t prompt_logprobs; /* score every prompt token too */
     int32_t json_object;     /* constrain every output to a JSON object */
+    const char *json_schema; /* or to a value of this JSON Schema (text) */
 } run_cfg;
 
 /* Elements of the matrices one token's forward multiplies (the layers' and the output head, or
@@ -172,6 +174,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
             p.top_logprobs = rc->logprobs > 0 ? rc->logprobs : 0;
             p.prompt_logprobs = rc->prompt_logprobs;
             p.json_object = rc->json_object;
+            p.json_schema = rc->json_schema;
             p.priority = rc->ep.sched_policy == FL_SCHED_PRIORITY ? w->prio[added] : 0; /* (FCFS: the classes are only reported) */
             p.lora = rc->ep.n_loras > 0 ? 1 + (int32_t)(added % rc->ep.n_loras) : 0;
             in_tokens += p.n_prompt;
@@ -266,6 +269,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
         cJSON_AddNumberToObject(o, "input_tokens_per_s", (double)in_tokens / dur);
         cJSON_AddNumberToObject(o, "logprobs", rc->logprobs);
         cJSON_AddBoolToObject(o, "json_object", rc->json_object);
+        cJSON_AddBoolToObject(o, "json_schema", rc->json_schema != NULL);
         cJSON_AddNumberToObject(o, "logprob_records", (double)lp_records);
         cJSON_AddNumberToObject(o, "prompt_logprob_records", (double)plp_records);
         cJSON_AddNumberToObject(o, "requests_per_s", n / dur);
@@ -371,6 +375,7 @@ int fl_bench_serve(int argc, char **argv) {
         {"logprobs", 0, FL_OPT_INT, "K  every request asks for logprobs with K alternatives per token (default: none)"},
         {"prompt-logprobs", 0, FL_OPT_FLAG, "every request also scores its prompt tokens (echo with logprobs)"},
         {"json-object", 0, FL_OPT_FLAG, "every output is constrained to one JSON object (ends when it closes)"},
+        {"json-schema", 0, FL_OPT_STR, "every output is constrained to a value of the JSON Schema in FILE (ends when complete)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
@@ -378,7 +383,7 @@ int fl_bench_serve(int argc, char **argv) {
     };
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench serve -m MODEL [--requests N] [--rate R] [--prompt-len DIST] "
-                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object] [--baseline static] [--json]",
+                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object | --json-schema FILE] [--baseline static] [--json]",
                           "Serve a synthetic workload through the continuous-batching engine and report\n"
                           "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
                           "peak memory, and the decode-only steps' tokens/s and weight GOP/s against the measured int8 peak.  --baseline static adds the same workload as static padded batches.",
@@ -557,6 +562,27 @@ int fl_bench_serve(int argc, char **argv) {
     if (rc.ep.n_threads > 0) fl_threads_set(rc.ep.n_threads);
     const double peak0 = fl_calib_int8_peak_gops(fl_threads_get(), 0.3);
     cJSON_AddNumberToObject(root, "matmul_params", params);
+    size_t schema_len = 0;
+    char *schema = NULL;
+    if (fl_args_get(opts, "json-schema")->set) {
+        if (rc.json_object) {
+            fprintf(stderr, "fitllm bench serve: --json-object or --json-schema, not both\n");
+            cJSON_Delete(root);
+            workload_free(&w);
+            return 2;
+        }
+        fl_json_schema *probe = NULL; /* refused here, before the model loads */
+        if (!(schema = fl_cli_read_file(fl_args_get(opts, "json-schema")->str, &schema_len)) ||
+            fl_json_schema_compile(schema, &probe) != FL_OK) {
+            fprintf(stderr, "fitllm bench serve: --json-schema: %s\n", fl_last_error());
+            if (schema) fl_free(FL_MEM_MISC, schema, schema_len + 1);
+            cJSON_Delete(root);
+            workload_free(&w);
+            return 2;
+        }
+        fl_json_schema_free(probe);
+        rc.json_schema = schema;
+    }
     int rcode = 0;
     cJSON *paged = run_one(&rc, &w, "paged");
     if (!paged) rcode = 1;
@@ -596,5 +622,6 @@ int fl_bench_serve(int argc, char **argv) {
     }
     cJSON_Delete(root);
     workload_free(&w);
+    if (schema) fl_free(FL_MEM_MISC, schema, schema_len + 1);
     return rcode;
 }

@@ -36,6 +36,21 @@ for s in "--temp 1 --top-p 0.9" "--temp 0.8 --top-k 5"; do
         { echo "bench serve $s failed: $json"; exit 1; }
     echo "$json" | grep -q '"output_tokens":32' || { echo "bench serve $s: expected 32 output tokens: $json"; exit 1; }
 done
+# --json-schema: an enum of three words; each request ends when its value is complete (a few
+# tokens of the 24 allowed), so the output count is below 4 x 24; a schema the engine cannot
+# follow is refused before the model loads, with the keyword named
+tmpd=$(mktemp -d); trap 'rm -rf "$tmpd"' EXIT
+echo '{"enum": ["yes", "no", "maybe"]}' >"$tmpd/s.json"
+json=$("$bin" bench serve -m "$model" --requests 4 --prompt-len 8 --gen-len 24 --kv-mem 256K -t 1 --temp 1 \
+       --json-schema "$tmpd/s.json" --json 2>&1) || { echo "bench serve --json-schema failed: $json"; exit 1; }
+python3 - "$json" <<'PY' || { echo "bench serve --json-schema: $json"; exit 1; }
+import json, sys
+o = json.loads(sys.argv[1])["paged"]
+assert o["json_schema"] is True and 4 <= o["output_tokens"] < 4 * 24, o
+PY
+echo '{"type": "string", "pattern": "a"}' >"$tmpd/bad.json"
+err=$("$bin" bench serve -m "$model" --requests 2 --json-schema "$tmpd/bad.json" 2>&1) && { echo "a bad schema was accepted"; exit 1; }
+echo "$err" | grep -q "pattern" || { echo "bench serve --json-schema: no reason given: $err"; exit 1; }
 # logprobs on every generated token, and prompt scoring (prompts of 40 tokens through 4 logits
 # rows a step): every record arrives
 json=$("$bin" bench serve -m "$model" --requests 6 --prompt-len 40 --gen-len 8 --max-seqs 4 --kv-mem 256K -t 1 \
@@ -61,7 +76,7 @@ if sys.argv[2] == "priority":
 PY
 done
 # LoRA adapters over the base (a 2-step adapter from fitllm train): the requests alternate two
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+T=$(mktemp -d); trap 'rm -rf "$T" "$tmpd"' EXIT
 head -c 20000 "$shared/data/tinystories_val.txt" > "$T/t.txt"
 "$bin" train -m "$model" -f "$T/t.txt" -c 64 --batch 2 --steps 2 --lora 4 -t 1 -o "$T/a.gguf" >/dev/null 2>&1 || { echo "train --lora failed"; exit 1; }
 json=$("$bin" bench serve -m "$model" --requests 6 --prompt-len 8:16 --gen-len 8 --kv-mem 256K -t 1 \

@@ -230,6 +230,55 @@ def main_stories(shared):
           "response_format": {"type": "text"}})[1]["choices"][0]["text"] == post_json("/v1/completions", {
           "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})[1]["choices"][0]["text"])
 
+    # 8b. JSON Schema: OpenAI's response_format json_schema, vLLM's guided_json, llama.cpp's
+    #     json_schema and its json_object + schema.  Every output that stops is a value of the
+    #     schema (checked here by hand); a cut one has the prefix a value starts with
+    person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                               "ok": {"type": "boolean"}},
+              "required": ["name", "age", "ok"], "additionalProperties": False}
+
+    def person_ok(v):
+        return (isinstance(v, dict) and set(v) == {"name", "age", "ok"} and isinstance(v["name"], str) and len(v["name"]) <= 8
+                and type(v["age"]) is int and 0 <= v["age"] <= 120 and isinstance(v["ok"], bool))
+    stops = 0
+    for seed in range(6):
+        st, r = post_json("/v1/chat/completions", {"messages": [{"role": "user", "content": "Who?"}], "max_tokens": 96,
+                                                   "temperature": 1.0, "seed": seed,
+                                                   "response_format": {"type": "json_schema",
+                                                                       "json_schema": {"name": "person", "schema": person, "strict": True}}})
+        c = r["choices"][0]
+        text = c["message"]["content"]
+        if c["finish_reason"] == "stop":
+            ok = person_ok(json.loads(text))
+            stops += 1
+        else:
+            ok = c["finish_reason"] == "length" and text.lstrip().startswith("{") and r["usage"]["completion_tokens"] == 96
+        check("json_schema sampled (seed %d): %s %r" % (seed, c["finish_reason"], text[-60:]), st == 200 and ok)
+    check("json_schema: some answers complete (%d of 6)" % stops, stops >= 2)
+    for field in ["guided_json", "json_schema"]:
+        got = set()
+        for seed in range(3):
+            st, r = post_json("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 1.0, "seed": seed,
+                                                  field: {"enum": ["yes", "no", "maybe"]}})
+            got.add((st, r["choices"][0]["finish_reason"], r["choices"][0]["text"]))
+        check("%s enum: each answer one of the three, finish stop (%s)" % (field, sorted(got)),
+              all(st == 200 and fin == "stop" and json.loads(t) in ("yes", "no", "maybe") for st, fin, t in got))
+    st, r = post_json("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0,
+                                          "response_format": {"type": "json_object", "schema": {"type": "array", "maxItems": 0}}})
+    check("json_object with llama.cpp's schema: [] (%r)" % r["choices"][0]["text"],
+          st == 200 and json.loads(r["choices"][0]["text"]) == [] and r["choices"][0]["finish_reason"] == "stop")
+    for name, body, needle in [
+            ("an unsupported keyword", {"guided_json": {"type": "object", "properties": {"s": {"type": "string", "pattern": "a+"}}}},
+             "#/properties/s"),
+            ("two schemas", {"guided_json": {"enum": [1]}, "json_schema": {"enum": [2]}}, "one JSON Schema"),
+            ("json_schema without a schema", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs"),
+            ("a schema of a bare number", {"guided_json": {"type": "integer"}}, "bare number"),
+            ("a schema that is not JSON", {"guided_json": "{\"type\":"}, "not valid JSON")]:
+        st, r = post_json("/v1/completions", dict(body, prompt="a", max_tokens=4))
+        msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else ""
+        check("json_schema refused, %s: 400 (%s)" % (name, msg), st == 400 and needle in msg)
+
     # 9. min_tokens and stop_token_ids (vLLM's): EOS (id 2) made likely ends at once, unless
     #    min_tokens holds it back; a stop token id (llama.cpp's 6th greedy token) ends before it
     eos = {"prompt": g["prompt_tokens"], "max_tokens": 40, "temperature": 0, "logit_bias": {"2": 100}}

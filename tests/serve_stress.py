@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Random requests against a running `fitllm serve` (a fixed seed, so each run sends the same):
 valid and invalid OpenAI bodies (wrong types, out-of-range numbers, unknown roles, token-id
-prompts, stop strings, n > 1, streaming, logprobs, echo, logit_bias, priority, the adapter name "tuned"), bodies cut or with a byte changed, and clients that
+prompts, stop strings, n > 1, streaming, logprobs, echo, logit_bias, priority, the adapter name "tuned",
+JSON Schemas valid and not), bodies cut or with a byte changed, and clients that
 leave before or in the middle of the answer.  Every answer must be a 200 or a 4xx with an
 OpenAI error object, never a 5xx; a non-streamed 200 must parse as JSON; a streamed one (by
 its Content-Type: a body with a byte changed may have lost its "stream") must end with [DONE]
@@ -15,6 +16,12 @@ rng = random.Random(SEED)
 ODD = [None, True, False, 0, -1, 1, 2, 8, 1e308, -1e308, 1.5, 2 ** 63, -2 ** 63, 2 ** 31, "", "x", "\u0000",
        [], {}, [1], ["a"], [[]], {"a": 1}, "<s>", "</s>", "<|im_start|>", "\u00e9" * 300, "a" * 3000, 0.5, -0.5, 1e-320,
        "stop", ["\n", "the"], {"type": "json_object"}, {"type": "text"}, {"type": "json_schema"}, {"5": -100}, {"3": 100, "7": 2.5}, {"99999": 1}, 20, 21, "tuned"]
+SCHEMAS = [{"type": "object", "properties": {"a": {"type": "integer", "minimum": -3, "maximum": 50}, "b": {"enum": ["x", 1, None]},
+                                            "c": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2}},
+            "required": ["a"], "additionalProperties": False},
+           {"enum": ["yes", "no"]}, {"type": "array", "items": {"$ref": "#"}, "maxItems": 2},
+           {"type": "object", "properties": {"n": {"anyOf": [{"type": "null"}, {"$ref": "#"}]}}},
+           {"type": "integer"}, {"type": "string", "pattern": "a"}, {"$ref": "#/nope"}, "{\"enum\":[true]}", "{", 7, True]
 KEYS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop",
         "stream", "stream_options", "presence_penalty", "frequency_penalty", "repetition_penalty", "model", "user",
         "logprobs", "top_logprobs", "echo", "logit_bias", "response_format", "min_tokens", "stop_token_ids", "tools", "ignore_eos", "priority", "cache_salt", "truncate_prompt_tokens"]
@@ -45,6 +52,11 @@ def body():
         d["stream"] = True
     if rng.random() < 0.2:  # a server with --scheduling-policy priority reorders and preempts; FCFS answers 400
         d["priority"] = rng.randint(-3, 3)
+    r = rng.random()
+    if r < 0.1:  # a JSON Schema, valid or not, in each of the places the server reads one
+        sch = rng.choice(SCHEMAS)
+        where = rng.choice(["guided_json", "json_schema", "response_format"])
+        d[where] = {"type": "json_schema", "json_schema": {"name": "s", "schema": sch}} if where == "response_format" else sch
     if rng.random() < 0.3:  # a server with --lora-modules tuned=FILE runs these through the adapter
         d["model"] = "tuned"
     raw = json.dumps(d).encode("utf-8", "surrogatepass")

@@ -645,6 +645,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     memset(gp, 0, sizeof gp);
     fl_logit_bias *bias = NULL;
     int32_t bias_cap = 0;
+    char *schema_text = NULL; /* the request's JSON Schema printed for the engine */
     cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
     if (!j) return BAD("malformed JSON in the request body");
     if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
@@ -786,17 +787,43 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     bool include_usage = so && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
     const cJSON *stream = cJSON_GetObjectItemCaseSensitive(j, "stream");
     if (stream && !cJSON_IsBool(stream) && !cJSON_IsNull(stream)) { ret = BAD("'stream' must be a boolean"); goto out; }
-    /* response_format: {"type": "text"} or {"type": "json_object"} (constrained to one object) */
-    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(j, "response_format");
+    /* response_format: {"type": "text"}, {"type": "json_object"} (one object; llama.cpp's
+     * "schema" beside it), {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}
+     * (OpenAI's structured outputs); also vLLM's guided_json and llama.cpp's json_schema */
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(j, "response_format"), *schema = NULL;
     if (rf && !cJSON_IsNull(rf)) {
         const cJSON *ty = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
         if (!cJSON_IsString(ty)) { ret = BAD("'response_format' must be an object with a 'type'"); goto out; }
-        if (!strcmp(ty->valuestring, "json_object")) rp.json_object = 1;
-        else if (strcmp(ty->valuestring, "text")) {
+        if (!strcmp(ty->valuestring, "json_object")) {
+            rp.json_object = 1;
+            schema = cJSON_GetObjectItemCaseSensitive(rf, "schema");
+        } else if (!strcmp(ty->valuestring, "json_schema")) {
+            const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+            schema = cJSON_IsObject(js) ? cJSON_GetObjectItemCaseSensitive(js, "schema") : NULL;
+            if (!schema || cJSON_IsNull(schema)) { ret = BAD("'response_format' of type json_schema needs 'json_schema': {\"name\": ..., \"schema\": {...}}"); goto out; }
+        } else if (strcmp(ty->valuestring, "text")) {
             ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", "response_format",
-                             "response_format type '%.40s' is not supported (text and json_object are)", ty->valuestring);
+                             "response_format type '%.40s' is not supported (text, json_object and json_schema are)", ty->valuestring);
             goto out;
         }
+    }
+    static const char *const SCHEMA_FIELDS[] = {"guided_json", "json_schema"};
+    for (size_t i = 0; i < sizeof SCHEMA_FIELDS / sizeof *SCHEMA_FIELDS; i++) {
+        const cJSON *g = cJSON_GetObjectItemCaseSensitive(j, SCHEMA_FIELDS[i]);
+        if (!g || cJSON_IsNull(g)) continue;
+        if (schema && !cJSON_IsNull(schema)) { ret = BAD("give one JSON Schema: '%s' and another were both given", SCHEMA_FIELDS[i]); goto out; }
+        schema = g;
+    }
+    if (schema && !cJSON_IsNull(schema)) {
+        if (cJSON_IsString(schema)) rp.json_schema = schema->valuestring; /* (the schema as text) */
+        else if (cJSON_IsObject(schema) || cJSON_IsBool(schema)) {
+            if (!(schema_text = cJSON_PrintUnformatted(schema))) { ret = NOMEM(); goto out; }
+            rp.json_schema = schema_text;
+        } else {
+            ret = BAD("a JSON Schema must be an object (or its text)");
+            goto out;
+        }
+        rp.json_object = 0;
     }
     /* logit_bias: {"token id": bias in [-100, 100]} */
     const cJSON *lb = cJSON_GetObjectItemCaseSensitive(j, "logit_bias");
@@ -962,6 +989,7 @@ out:
         srv_buf_free(&gp[k].text);
     }
     if (bias) fl_free(FL_MEM_NET, bias, (size_t)bias_cap * sizeof *bias);
+    cJSON_free(schema_text);
     cJSON_Delete(j);
     return ret;
 }
