@@ -194,18 +194,33 @@ INLINE quad_act quad_act_rows(bool q8, const fl_act_q8 *a, int64_t m0) {
                       q8 ? -128 : -8};
 }
 
+/* Passes of up to this many tokens keep their f32 sums in registers through a run of blocks
+ * (6 tokens: 12 sums, 12 int32 sums, the weights, a broadcast and the scales fill the 32 zmm);
+ * longer passes keep them in memory (fl_acc_fma).  The memory sums' load and store per fma
+ * cost more than the fma: one Zen 5 core, a 32-row tile in L1 (a throwaway harness, Q8_0):
+ * 8 tokens with the sums in memory 70.5% of the vpdpbusd peak, 6 in registers 77%, 5 76%,
+ * 4 71%; without any fold 99.6% (the fold's multiply and fma are the rest). */
+#define R8_REG_TOKENS 6
+
 /* 32 rows (groups g0, g1 in vector A, g2, g3 in B; g3 == g2 where the matrix ends at 24 rows, its
  * 8 rows computed twice) x NT <= 8 tokens of A, blocks [b0, b1) of nb, into the f32 sums acc[t]
- * (A) and acc[8 + t] (B) in memory.  Each activation broadcast feeds two vpdpbusd (A and B): one
- * broadcast per vpdpbusd held a Zen 5 core to 4.8-5.3 of the 6.4 G vpdpbusd/s it runs with
- * register operands in one stretch (6.2-6.5 in another), two per broadcast ran at 6.3-6.6 in both
- * (a microbenchmark, 16 chains).  Per lane the arithmetic of tile16w (the same int32 sums, the
- * same fma per block), so the same bits. */
+ * (A) and acc[8 + t] (B) in memory (NT <= R8_REG_TOKENS: held in registers over the run).  Each
+ * activation broadcast feeds two vpdpbusd (A and B): one broadcast per vpdpbusd held a Zen 5
+ * core to 4.8-5.3 of the 6.4 G vpdpbusd/s it runs with register operands in one stretch (6.2-6.5
+ * in another), two per broadcast ran at 6.3-6.6 in both (a microbenchmark, 16 chains).  Per lane
+ * the arithmetic of tile16w (the same int32 sums, the same fma per block in the same order), so
+ * the same bits. */
 INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g2, const char *g3, const quad_act A,
                     int64_t nb, int64_t b0, int64_t b1, const int NT, bool pf, __m512 *acc) {
     const size_t bb = q8 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK;
     const size_t gbytes = (size_t)nb * bb;
     const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    const bool reg = NT <= R8_REG_TOKENS;
+    __m512 ra[R8_REG_TOKENS], rb[R8_REG_TOKENS];
+    if (reg) {
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) ra[t] = acc[t], rb[t] = acc[8 + t];
+    }
     for (int64_t b = b0; b < b1; b++) {
         const size_t ob = (size_t)b * bb;
         const char *r = A.c + b * A.cb;
@@ -237,39 +252,61 @@ INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
             const __m512 d = _mm512_set1_ps(A.d[t * A.dt + b * A.db]);
-            fl_acc_fma(&acc[t], _mm512_cvtepi32_ps(sa[t]), _mm512_mul_ps(dwa, d));
-            fl_acc_fma(&acc[8 + t], _mm512_cvtepi32_ps(sb[t]), _mm512_mul_ps(dwb, d));
+            if (reg) {
+                ra[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa[t]), _mm512_mul_ps(dwa, d), ra[t]);
+                rb[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sb[t]), _mm512_mul_ps(dwb, d), rb[t]);
+            } else {
+                fl_acc_fma(&acc[t], _mm512_cvtepi32_ps(sa[t]), _mm512_mul_ps(dwa, d));
+                fl_acc_fma(&acc[8 + t], _mm512_cvtepi32_ps(sb[t]), _mm512_mul_ps(dwb, d));
+            }
         }
+    }
+    if (reg) {
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[t] = ra[t], acc[8 + t] = rb[t];
     }
 }
 
 /* 32 rows x NT (9..16) tokens: per run of R8_QUAD_CHUNK blocks (R8_QUAD_CHUNK_Q8_STREAM for Q8_0
- * rows from memory) tokens 0-7, then 8..NT-1 (the second pass reads the run from L1); rows 16-31
- * stored under rmb.  Against the pairs of groups (tile16w) on a Zen 5 VM, fl_matmul on 2 threads alternated call by call, median of the paired
- * speedups: 16 tokens on a 512 x 2048 matrix in cache Q8_0 1.11, Q4_0 1.07, 64 tokens Q8_0 1.11;
- * 16 tokens streaming 24 matrices of 5632 x 2048 from memory Q8_0 0.99, Q4_0 1.03 (before the
- * runs of blocks and the L1-only prefetch).  `fitllm bench model -p 512 -n 0 -r 2`, two
- * alternated rounds: pp Q4_0 352-376 -> 412-416 tok/s, Q8_0 350-364 -> 392-402. */
+ * rows from memory) the tokens in passes, the later ones reading the run from L1.  Where the rows
+ * come from memory (pf: a step's first 16-token tile) two passes of up to 8 tokens, sums in
+ * memory; else two passes (NT <= 12) or three of at most R8_REG_TOKENS, as even as can be (16: 6,
+ * 5, 5), sums in registers.  Pass p's sums are acc[16 p + t] (rows 0-15) and acc[16 p + 8 + t]
+ * (rows 16-31, stored under rmb).  `fitllm bench model -m tl-T.gguf -p 512 -n 0 -t 2 -r 2`
+ * (TinyLlama-shaped), two alternated rounds against passes of 8 everywhere: pp Q4_0 455.6, 474.2
+ * -> 472.4, 494.8 tok/s, Q8_0 445.5, 470.4 -> 484.0, 487.4; but 16-sequence decode (`bench serve
+ * -n 16 --max-seqs 16 --prompt-len 16 --gen-len 48`), every tile streamed, lost with three
+ * register passes: Q4_0 453.3, 449.2 -> 429.5, 426.6 decode tok/s, Q8_0 362.6, 370.1 -> 356.9,
+ * 358.9, so streamed tiles keep the two passes.  Against the pairs of groups (tile16w), fl_matmul
+ * on 2 threads alternated call by call (two passes of 8): 16 tokens on a 512 x 2048 matrix in
+ * cache Q8_0 1.11, Q4_0 1.07, 64 tokens Q8_0 1.11; 16 tokens streaming 24 matrices of 5632 x 2048
+ * from memory Q8_0 0.99, Q4_0 1.03. */
 INLINE void tile32(const bool q8, const char *g0, const char *g1, const char *g2, const char *g3, const char *act,
                    int64_t nb, const int NT, float *y, int64_t ldy, __mmask16 rmb, bool pf) {
-    __m512 acc[32]; /* tokens 0-7: [0, 16), tokens 8..NT-1: [16, 32) */
-#pragma GCC unroll 32
-    for (int t = 0; t < 32; t++) acc[t] = _mm512_setzero_ps();
+    /* pass sizes: streamed 8, NT - 8; else as even as can be in passes of <= R8_REG_TOKENS */
+    const int np = NT <= 2 * R8_REG_TOKENS ? 2 : 3;
+    const int n0 = NT / np + (NT % np > 0), n1 = NT / np + (NT % np > 1), n2 = NT - n0 - n1;
+    __m512 acc[48];
+#pragma GCC unroll 48
+    for (int t = 0; t < 48; t++) acc[t] = _mm512_setzero_ps();
     const int64_t run = q8 && pf ? R8_QUAD_CHUNK_Q8_STREAM : R8_QUAD_CHUNK;
     for (int64_t b0 = 0; b0 < nb; b0 += run) {
         const int64_t b1 = b0 + run < nb ? b0 + run : nb;
-        tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, 0), nb, b0, b1, 8, pf, acc);
-        tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, 8), nb, b0, b1, NT - 8, false, acc + 16);
+        if (pf) {
+            tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, 0), nb, b0, b1, 8, true, acc);
+            tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, 8), nb, b0, b1, NT - 8, false, acc + 16);
+            continue;
+        }
+        tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, 0), nb, b0, b1, n0, false, acc);
+        tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, n0), nb, b0, b1, n1, false, acc + 16);
+        if (np == 3) tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, n0 + n1), nb, b0, b1, n2, false, acc + 32);
     }
-#pragma GCC unroll 8
-    for (int t = 0; t < 8; t++) {
-        _mm512_storeu_ps(y + t * ldy, acc[t]);
-        _mm512_mask_storeu_ps(y + t * ldy + 16, rmb, acc[8 + t]);
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < NT - 8; t++) {
-        _mm512_storeu_ps(y + (8 + t) * ldy, acc[16 + t]);
-        _mm512_mask_storeu_ps(y + (8 + t) * ldy + 16, rmb, acc[24 + t]);
+    const int m0 = pf ? 8 : n0, m1 = pf ? NT - 8 : n1;
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; t++) {
+        const int p = t < m0 ? 0 : t < m0 + m1 ? 1 : 2, j = t - (p == 0 ? 0 : p == 1 ? m0 : m0 + m1);
+        _mm512_storeu_ps(y + t * ldy, acc[16 * p + j]);
+        _mm512_mask_storeu_ps(y + t * ldy + 16, rmb, acc[16 * p + 8 + j]);
     }
 }
 
