@@ -574,6 +574,57 @@ static void test_writer(void **state) {
     fl_test_mem_zero();
 }
 
+/* fill callbacks: the bytes they make land where add_tensor's would; a failing fill fails the
+ * write with its error and leaves the previous file in place */
+static int g_fills;
+static fl_status fill_ramp(void *ud, void *dst, size_t n) {
+    const float base = *(const float *)ud;
+    for (size_t k = 0; k < n / sizeof(float); k++) ((float *)dst)[k] = base + (float)k;
+    g_fills++;
+    return FL_OK;
+}
+static fl_status fill_fail(void *ud, void *dst, size_t n) {
+    (void)ud, (void)dst, (void)n;
+    return fl_set_error(FL_ERR_INVALID, "fill_fail: no bytes today");
+}
+
+static void test_writer_fill(void **state) {
+    (void)state;
+    char path[] = "/tmp/fl_test_gguf_f_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    float direct[6] = {9, 8, 7, 6, 5, 4}, b0 = 100.0f, b1 = -3.0f;
+    const int64_t ne[2] = {3, 2};
+    fl_gguf_writer *w = fl_gguf_writer_new();
+    assert_int_equal(fl_gguf_writer_add_tensor_fn(w, "a", 0, 2, ne, fill_ramp, &b0), FL_OK);
+    assert_int_equal(fl_gguf_writer_add_tensor(w, "b", 0, 2, ne, direct), FL_OK);
+    assert_int_equal(fl_gguf_writer_add_tensor_fn(w, "c", 0, 1, ne, fill_ramp, &b1), FL_OK);
+    assert_int_equal(fl_gguf_writer_add_tensor_fn(w, "a", 0, 1, ne, fill_ramp, &b1), FL_ERR_INVALID);
+    g_fills = 0;
+    assert_int_equal(fl_gguf_writer_write(w, path, NULL, NULL), FL_OK);
+    assert_int_equal(g_fills, 2);
+    fl_gguf_writer_free(w);
+    fl_gguf *g;
+    assert_int_equal(fl_gguf_open(path, &g), FL_OK);
+    const float want_a[6] = {100, 101, 102, 103, 104, 105}, want_c[3] = {-3, -2, -1};
+    assert_memory_equal(fl_gguf_find_tensor(g, "a")->data, want_a, sizeof want_a);
+    assert_memory_equal(fl_gguf_find_tensor(g, "b")->data, direct, sizeof direct);
+    assert_memory_equal(fl_gguf_find_tensor(g, "c")->data, want_c, sizeof want_c);
+    fl_gguf_free(g);
+    w = fl_gguf_writer_new();
+    assert_int_equal(fl_gguf_writer_add_tensor(w, "b", 0, 2, ne, direct), FL_OK);
+    assert_int_equal(fl_gguf_writer_add_tensor_fn(w, "x", 0, 2, ne, fill_fail, NULL), FL_OK);
+    assert_int_equal(fl_gguf_writer_write(w, path, NULL, NULL), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "no bytes today"));
+    fl_gguf_writer_free(w);
+    assert_int_equal(fl_gguf_open(path, &g), FL_OK); /* the first file, untouched */
+    assert_non_null(fl_gguf_find_tensor(g, "c"));
+    fl_gguf_free(g);
+    unlink(path);
+    fl_test_mem_zero();
+}
+
 /* Every value type (nested and string arrays included) survives read + copy_all + write
  * byte for byte, with a non-default alignment and version 2. */
 static void test_roundtrip_all_types(void **state) {
@@ -730,6 +781,7 @@ int main(void) {
         cmocka_unit_test(test_truncation),
         cmocka_unit_test(test_getters),
         cmocka_unit_test(test_writer),
+        cmocka_unit_test(test_writer_fill),
         cmocka_unit_test(test_roundtrip_all_types),
         cmocka_unit_test(test_mutations),
     };

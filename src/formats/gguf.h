@@ -144,6 +144,11 @@ fl_status fl_gguf_writer_remove(fl_gguf_writer *w, const char *key);
 /* Add a tensor; data (nbytes = row size x rows) is borrowed until the file is written. */
 fl_status fl_gguf_writer_add_tensor(fl_gguf_writer *w, const char *name, int32_t type, int32_t n_dims,
                                     const int64_t *ne, const void *data);
+/* Add a tensor whose bytes fill(ud, dst, nbytes) makes when the file is written, one such
+ * tensor in memory at a time (ud is borrowed until then); a failed fill fails the write. */
+typedef fl_status (*fl_gguf_fill_fn)(void *ud, void *dst, size_t nbytes);
+fl_status fl_gguf_writer_add_tensor_fn(fl_gguf_writer *w, const char *name, int32_t type, int32_t n_dims,
+                                       const int64_t *ne, fl_gguf_fill_fn fill, void *ud);
 /* Every kv and tensor of g, in order (with g's alignment and version). */
 fl_status fl_gguf_writer_copy_all(fl_gguf_writer *w, const fl_gguf *g);
 /* Alignment of the data section and of every tensor: a power of two; sets the

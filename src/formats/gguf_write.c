@@ -26,6 +26,8 @@ typedef struct wtensor {
     int64_t ne[FL_GGUF_MAX_DIMS];
     const void *data;
     uint64_t size;
+    fl_gguf_fill_fn fill; /* or its bytes made at write time */
+    void *fill_ud;
 } wtensor;
 
 struct fl_gguf_writer {
@@ -212,6 +214,15 @@ fl_status fl_gguf_writer_remove(fl_gguf_writer *w, const char *key) {
     return FL_OK;
 }
 
+fl_status fl_gguf_writer_add_tensor_fn(fl_gguf_writer *w, const char *name, int32_t type, int32_t n_dims,
+                                       const int64_t *ne, fl_gguf_fill_fn fill, void *ud) {
+    fl_status st = fl_gguf_writer_add_tensor(w, name, type, n_dims, ne, NULL);
+    if (st) return st;
+    w->t[w->n_t - 1].fill = fill;
+    w->t[w->n_t - 1].fill_ud = ud;
+    return FL_OK;
+}
+
 fl_status fl_gguf_writer_add_tensor(fl_gguf_writer *w, const char *name, int32_t type, int32_t n_dims,
                                     const int64_t *ne, const void *data) {
     const fl_type_info *ti = fl_type_get(type);
@@ -309,7 +320,18 @@ fl_status fl_gguf_writer_write(fl_gguf_writer *w, const char *path,
     uint64_t done = 0;
     for (int64_t i = 0; i < w->n_t; i++) {
         wtensor *t = &w->t[i];
-        if (t->size && fwrite_all(f, t->data, (size_t)t->size)) goto io_fail;
+        if (t->fill && t->size) { /* made now, one tensor in memory at a time */
+            void *buf = fl_alloc(FL_MEM_MISC, (size_t)t->size, 64);
+            if (!buf) {
+                st = fl_set_error(FL_ERR_NOMEM, "gguf writer: no memory for tensor '%s'", t->name);
+                goto fail;
+            }
+            st = t->fill(t->fill_ud, buf, (size_t)t->size);
+            const int bad = st || fwrite_all(f, buf, (size_t)t->size);
+            fl_free(FL_MEM_MISC, buf, (size_t)t->size);
+            if (st) goto fail;
+            if (bad) goto io_fail;
+        } else if (t->size && fwrite_all(f, t->data, (size_t)t->size)) goto io_fail;
         uint64_t p2 = align_up(t->size, w->alignment) - t->size;
         if (fwrite_zeros(f, p2)) goto io_fail;
         done += t->size;
