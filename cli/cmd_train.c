@@ -285,8 +285,8 @@ int fl_cmd_train(int argc, char **argv) {
     fl_status st;
     const char *tok_path = base ? base : OPT("tokenizer")->str;
     if ((st = fl_gguf_open(tok_path, &g)) || (st = fl_tokenizer_new(g, &tok))) goto fail;
-    if (base) {
-        if ((st = fl_train_model_load_gguf(g, &m))) goto fail;
+    if (base) { /* QLoRA: the base matrices frozen as NF4 as they are read, never whole in f32 */
+        if ((st = wq ? fl_train_model_load_gguf_nf4(g, &m) : fl_train_model_load_gguf(g, &m))) goto fail;
     } else {
         fl_train_config cfg;
         if (parse_init(init, fl_tokenizer_n_vocab(tok), &cfg)) {
@@ -301,7 +301,6 @@ int fl_cmd_train(int argc, char **argv) {
     if (lora) {
         const float alpha = OPT("lora-alpha")->set ? (float)OPT("lora-alpha")->f : 2.0f * (float)lora;
         if ((st = fl_train_model_enable_lora(m, lora, alpha, to.seed))) goto fail;
-        if (wq && (st = fl_train_model_quantize_base_nf4(m))) goto fail;
     }
     /* data */
     double t0 = now_s();
@@ -407,12 +406,12 @@ int fl_cmd_train(int argc, char **argv) {
                fl_mem_peak_total(), fl_mem_peak(FL_MEM_ACT), fl_optim_state_bytes(fl_trainer_optim(t)));
     if (save_every > 0 && (st = fl_trainer_save(t, ckpt))) goto fail;
     if (out && zrank == 0) {
-        if ((st = fl_train_model_save_gguf(m, out, g))) goto fail;
-        fprintf(stderr, "wrote %s\n", out);
-        if (lora) {
+        if (lora) { /* the adapters first: what the run learned is on disk whatever the export meets */
             if ((st = fl_train_model_save_lora(m, lora_path))) goto fail;
             fprintf(stderr, "wrote %s (adapters)\n", lora_path);
         }
+        if ((st = fl_train_model_save_gguf(m, out, g))) goto fail;
+        fprintf(stderr, "wrote %s\n", out);
     }
     rc = 0;
     goto out;

@@ -394,6 +394,64 @@ static void test_qlora_nf4_trains(void **state) {
     fl_test_mem_zero();
 }
 
+/* QLoRA from a GGUF: fl_train_model_load_gguf_nf4 freezes each base matrix as it is read
+ * (the same bytes as loading in f32 and quantizing), and its WEIGHTS never reach the f32 model's
+ * size; the export merges one matrix at a time (MISC never holds the f32 model) into the same
+ * file as merging a whole f32 copy. */
+static void test_qlora_load_and_export_stream(void **state) {
+    (void)state;
+    NEED_SHARED();
+    fl_train_model *ref = load_stories();
+    const size_t w32 = (size_t)ref->n_full * sizeof(float);
+    assert_int_equal(fl_train_model_enable_lora(ref, 4, 8.0f, 3), FL_OK);
+    assert_int_equal(fl_train_model_quantize_base_nf4(ref), FL_OK);
+    assert_int_equal(fl_train_model_quantize_base_nf4(ref), FL_ERR_INVALID); /* (already frozen) */
+    fl_gguf *g;
+    assert_int_equal(fl_gguf_open(FL_SHARED_PATH("models/stories260K.gguf"), &g), FL_OK);
+    fl_mem_reset_peaks();
+    const size_t w0 = fl_mem_current(FL_MEM_WEIGHTS);
+    fl_train_model *m;
+    assert_int_equal(fl_train_model_load_gguf_nf4(g, &m), FL_OK);
+    const size_t wpeak = fl_mem_peak(FL_MEM_WEIGHTS) - w0;
+    assert_true(wpeak < w32 / 2); /* stories260K's matrices are most of it */
+    assert_int_equal(wpeak, fl_mem_current(FL_MEM_WEIGHTS) - w0); /* nothing transient in WEIGHTS */
+    assert_int_equal(m->n_params, ref->n_params);
+    assert_int_equal(m->n_full, ref->n_full);
+    assert_memory_equal(m->params, ref->params, (size_t)m->n_params * sizeof(float));
+    for (int p = 0; p < FL_TP_COUNT; p++) {
+        assert_int_equal(m->frozen_bytes[p], ref->frozen_bytes[p]);
+        assert_int_equal(m->frozen_type[p], ref->frozen_type[p]);
+        if (m->frozen[p]) assert_memory_equal(m->frozen[p], ref->frozen[p], m->frozen_bytes[p]);
+    }
+    assert_int_equal(fl_train_model_read_params(m, g), FL_ERR_INVALID); /* (a frozen base is read at load only) */
+    fl_train_model_free(ref);
+    /* adapters with B != 0, then the export against the whole merged copy */
+    assert_int_equal(fl_train_model_enable_lora(m, 4, 8.0f, 3), FL_OK);
+    for (int64_t i = 0; i < m->n_lora; i++) m->lora[i] += 0.01f * (float)((i * 7919) % 13 - 6);
+    float *full;
+    size_t full_bytes;
+    assert_int_equal(fl_train_model_merged(m, &full, &full_bytes), FL_OK);
+    char path[512];
+    snprintf(path, sizeof path, "%s/test_train_qlora_stream.gguf", FL_BINARY_DIR);
+    fl_mem_reset_peaks();
+    const size_t misc0 = fl_mem_current(FL_MEM_MISC);
+    assert_int_equal(fl_train_model_save_gguf(m, path, g), FL_OK);
+    assert_true(fl_mem_peak(FL_MEM_MISC) - misc0 < w32 / 4); /* one matrix at a time */
+    fl_gguf *ge;
+    assert_int_equal(fl_gguf_open(path, &ge), FL_OK);
+    fl_train_model *m2;
+    assert_int_equal(fl_train_model_load_gguf(ge, &m2), FL_OK);
+    fl_gguf_free(ge);
+    assert_int_equal((size_t)m2->n_params * sizeof(float), full_bytes);
+    assert_memory_equal(m2->params, full, full_bytes);
+    remove(path);
+    fl_free(FL_MEM_MISC, full, full_bytes);
+    fl_train_model_free(m2);
+    fl_train_model_free(m);
+    fl_gguf_free(g);
+    fl_test_mem_zero();
+}
+
 static void test_fp16_loss_scaling(void **state) {
     (void)state;
     NEED_SHARED();
@@ -439,7 +497,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batchers),          cmocka_unit_test(test_resume_bit_identical),
         cmocka_unit_test(test_trainer_grad_accum), cmocka_unit_test(test_lora_chain_rule),
-        cmocka_unit_test(test_qlora_nf4_trains),   cmocka_unit_test(test_fp16_loss_scaling),
+        cmocka_unit_test(test_qlora_nf4_trains),  cmocka_unit_test(test_qlora_load_and_export_stream),
+        cmocka_unit_test(test_fp16_loss_scaling),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

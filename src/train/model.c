@@ -187,7 +187,9 @@ size_t fl_train_act_bytes(const fl_train_config *cfg, int64_t max_tokens, int ck
 
 /* ---------------------------------------------------------------- lifetime */
 
-fl_status fl_train_model_new(const fl_train_config *cfg, fl_train_model **out) {
+/* A model of cfg; without_matrices: params holds only the leading non-matrix tensors (the
+ * matrices to be frozen elsewhere), n_full still counts them. */
+static fl_status model_alloc(const fl_train_config *cfg, bool without_matrices, fl_train_model **out) {
     *out = NULL;
     fl_status st = fl_train_config_check(cfg);
     if (st) return st;
@@ -195,23 +197,28 @@ fl_status fl_train_model_new(const fl_train_config *cfg, fl_train_model **out) {
     if (!m) return FL_ERR_NOMEM;
     m->cfg = *cfg;
     /* layout: the small/global tensors first, the per-layer matrices last (so a frozen
-     * quantized base can drop them by shrinking the allocation) */
-    int64_t off = 0;
-    for (int pass = 0; pass < 2; pass++)
+     * quantized base can drop them by shrinking the allocation, or never hold them) */
+    int64_t off = 0, keep = -1;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) keep = off;
         for (int p = 0; p < FL_TP_COUNT; p++) {
             if (fl_train_param_is_matrix((fl_train_param)p) != (pass == 1)) continue;
             m->offset[p] = off;
             off += fl_train_param_numel(cfg, (fl_train_param)p);
         }
-    m->n_params = m->n_full = off;
-    m->params = fl_calloc(FL_MEM_WEIGHTS, (size_t)off, sizeof(float));
+    }
+    m->n_full = off;
+    m->n_params = without_matrices ? keep : off;
+    m->params = fl_calloc(FL_MEM_WEIGHTS, (size_t)m->n_params, sizeof(float));
     if (!m->params) {
         fl_free(FL_MEM_MISC, m, sizeof *m);
-        return fl_set_error(FL_ERR_NOMEM, "%s: no memory for %lld parameters", __func__, (long long)off);
+        return fl_set_error(FL_ERR_NOMEM, "%s: no memory for %lld parameters", __func__, (long long)m->n_params);
     }
     *out = m;
     return FL_OK;
 }
+
+fl_status fl_train_model_new(const fl_train_config *cfg, fl_train_model **out) { return model_alloc(cfg, false, out); }
 
 /* gradients are kept for the trainable buffer only */
 static int64_t n_grads(const fl_train_model *m) { return m->lora_rank > 0 ? m->n_lora : m->n_params; }
@@ -321,7 +328,11 @@ static fl_status load_tensor(const fl_gguf_tensor *t, const char *name, const in
     return FL_OK;
 }
 
-fl_status fl_train_model_load_gguf(const fl_gguf *g, fl_train_model **out) {
+static fl_status read_params(fl_train_model *m, const fl_gguf *g);
+static fl_status frozen_alloc(fl_train_model *m);
+static fl_status freeze_layer(fl_train_model *m, fl_train_param p, int l, const float *src);
+
+static fl_status load_gguf(const fl_gguf *g, bool nf4, fl_train_model **out) {
     *out = NULL;
     fl_train_config cfg;
     fl_status st = fl_train_config_from_gguf(g, &cfg);
@@ -337,8 +348,10 @@ fl_status fl_train_model_load_gguf(const fl_gguf *g, fl_train_model **out) {
             if ((st = param_tensor(g, &cfg, p, l, name, ne, &t))) return st;
         }
     fl_train_model *m;
-    if ((st = fl_train_model_new(&cfg, &m))) return st;
-    if ((st = fl_train_model_read_params(m, g))) {
+    if ((st = model_alloc(&cfg, nf4, &m))) return st;
+    if (nf4) st = frozen_alloc(m);
+    if (!st) st = read_params(m, g);
+    if (st) {
         fl_train_model_free(m);
         return st;
     }
@@ -346,26 +359,38 @@ fl_status fl_train_model_load_gguf(const fl_gguf *g, fl_train_model **out) {
     return FL_OK;
 }
 
-fl_status fl_train_model_read_params(fl_train_model *m, const fl_gguf *g) {
+fl_status fl_train_model_load_gguf(const fl_gguf *g, fl_train_model **out) { return load_gguf(g, false, out); }
+
+fl_status fl_train_model_load_gguf_nf4(const fl_gguf *g, fl_train_model **out) { return load_gguf(g, true, out); }
+
+/* Every parameter from g: into params, or a frozen matrix layer by layer through wscratch. */
+static fl_status read_params(fl_train_model *m, const fl_gguf *g) {
     const fl_train_config cfg = m->cfg;
     fl_status st = FL_OK;
     char name[96];
     for (int p = 0; p < FL_TP_COUNT; p++) {
         int64_t ne[2];
         const int nl = fl_train_param_per_layer((fl_train_param)p) ? cfg.n_layer : 1;
+        const bool frozen = m->frozen[p] != NULL;
         for (int l = 0; l < nl; l++) {
             const fl_gguf_tensor *t;
             if ((st = param_tensor(g, &cfg, p, l, name, ne, &t))) return st;
-            float *dst = fl_train_model_tensor(m, m->params, (fl_train_param)p, l);
+            float *dst = frozen ? m->wscratch : fl_train_model_tensor(m, m->params, (fl_train_param)p, l);
             if (!t) { /* tied embeddings */
                 memcpy(dst, m->params + m->offset[FL_TP_TOK_EMBD], (size_t)(ne[0] * ne[1]) * sizeof(float));
                 continue;
             }
             if ((st = load_tensor(t, name, ne, dst))) return st;
+            if (frozen && (st = freeze_layer(m, (fl_train_param)p, l, dst))) return st;
         }
     }
     fl_train_model_sync_compute(m);
     return FL_OK;
+}
+
+fl_status fl_train_model_read_params(fl_train_model *m, const fl_gguf *g) {
+    if (m->n_params < m->n_full) return fl_set_error(FL_ERR_INVALID, "%s: the base is frozen", __func__);
+    return read_params(m, g);
 }
 
 /* ---------------------------------------------------------------- reserve */
@@ -741,6 +766,21 @@ fl_status fl_train_model_add_to_writer(const fl_train_model *m, fl_gguf_writer *
     return st;
 }
 
+static void merged_layer(const fl_train_model *m, fl_train_param p, int l, float *w);
+
+/* one merged matrix of the export, made as the writer reaches it */
+typedef struct merged_ref {
+    const fl_train_model *m;
+    int p, l;
+} merged_ref;
+
+static fl_status fill_merged(void *ud, void *dst, size_t nbytes) {
+    const merged_ref *r = ud;
+    (void)nbytes;
+    merged_layer(r->m, (fl_train_param)r->p, r->l, dst);
+    return FL_OK;
+}
+
 fl_status fl_train_model_save_gguf(const fl_train_model *m, const char *path, const fl_gguf *tok_src) {
     fl_gguf_writer *w = fl_gguf_writer_new();
     if (!w) return FL_ERR_NOMEM;
@@ -750,17 +790,41 @@ fl_status fl_train_model_save_gguf(const fl_train_model *m, const char *path, co
             const fl_gguf_kv *kv = fl_gguf_kv_at(tok_src, i);
             if (kv->key.len > 10 && !memcmp(kv->key.data, "tokenizer.", 10)) st = fl_gguf_writer_copy_kv(w, kv);
         }
-    float *full = NULL;
-    size_t full_bytes = 0;
-    const float *buf = m->params;
-    if (!st && (m->lora_rank > 0 || m->n_params < m->n_full)) {
-        st = fl_train_model_merged(m, &full, &full_bytes);
-        buf = full;
+    const bool merge = m->lora_rank > 0 || m->n_params < m->n_full;
+    if (!merge) {
+        if (!st) st = fl_train_model_add_to_writer(m, w, m->params);
+    } else if (!st) {
+        /* adapters merged (and a frozen base dequantized) one matrix at a time as the file is
+         * written, so the export never holds the f32 model whole */
+        st = fl_train_model_add_to_writer(m, w, NULL); /* (the keys) */
     }
-    if (!st) st = fl_train_model_add_to_writer(m, w, buf);
+    merged_ref *refs = NULL;
+    size_t n_refs = 0;
+    if (merge && !st) {
+        n_refs = (size_t)FL_TP_COUNT * (size_t)m->cfg.n_layer;
+        refs = fl_alloc(FL_MEM_MISC, n_refs * sizeof *refs, 0);
+        if (!refs) st = FL_ERR_NOMEM;
+        char name[96];
+        size_t k = 0;
+        for (int p = 0; p < FL_TP_COUNT && !st; p++) {
+            int64_t ne[2];
+            const int nd = fl_train_param_shape(&m->cfg, (fl_train_param)p, ne);
+            const bool mat = fl_train_param_is_matrix((fl_train_param)p);
+            const int nl = fl_train_param_per_layer((fl_train_param)p) ? m->cfg.n_layer : 1;
+            for (int l = 0; l < nl && !st; l++) {
+                fl_train_param_name((fl_train_param)p, l, name, sizeof name);
+                if (!mat) {
+                    st = fl_gguf_writer_add_tensor(w, name, FL_TYPE_F32, nd, ne, fl_train_model_tensor(m, m->params, (fl_train_param)p, l));
+                    continue;
+                }
+                refs[k] = (merged_ref){m, p, l};
+                st = fl_gguf_writer_add_tensor_fn(w, name, FL_TYPE_F32, nd, ne, fill_merged, &refs[k++]);
+            }
+        }
+    }
     if (!st) st = fl_gguf_writer_write(w, path, NULL, NULL);
     fl_gguf_writer_free(w);
-    if (full) fl_free(FL_MEM_MISC, full, full_bytes);
+    if (refs) fl_free(FL_MEM_MISC, refs, n_refs * sizeof *refs);
     return st;
 }
 
@@ -830,9 +894,9 @@ fl_status fl_train_model_enable_lora(fl_train_model *m, int32_t rank, float alph
     return FL_OK;
 }
 
-fl_status fl_train_model_quantize_base_nf4(fl_train_model *m) {
-    if (m->lora_rank <= 0) return fl_set_error(FL_ERR_INVALID, "%s: NF4 base needs LoRA (the base is frozen)", __func__);
-    if (m->acts) return fl_set_error(FL_ERR_INVALID, "%s: quantize before reserve", __func__);
+/* The frozen copies of the base matrices (NF4, or F32 where a row is not a multiple of 64),
+ * allocated, and the scratch one of them dequantizes into. */
+static fl_status frozen_alloc(fl_train_model *m) {
     size_t max_mat = 0;
     for (int p = 0; p < FL_TP_COUNT; p++) {
         if (!fl_train_param_is_matrix((fl_train_param)p) || m->frozen[p]) continue;
@@ -840,25 +904,38 @@ fl_status fl_train_model_quantize_base_nf4(fl_train_model *m) {
         fl_train_param_shape(&m->cfg, (fl_train_param)p, ne);
         const int32_t type = ne[0] % 64 == 0 ? FL_TYPE_NF4 : FL_TYPE_F32;
         const size_t rs = fl_type_row_size(type, ne[0]), bytes = rs * (size_t)ne[1] * (size_t)m->cfg.n_layer;
-        void *q = fl_alloc(FL_MEM_WEIGHTS, bytes, 64);
-        if (!q) return FL_ERR_NOMEM;
-        const float *src = fl_train_model_tensor(m, m->params, (fl_train_param)p, 0);
-        if (type == FL_TYPE_F32) memcpy(q, src, bytes);
-        else {
-            fl_status st = fl_quantize_tensor(type, src, ne[1] * m->cfg.n_layer, ne[0], q);
-            if (st) {
-                fl_free(FL_MEM_WEIGHTS, q, bytes);
-                return st;
-            }
-        }
-        m->frozen[p] = q;
+        if (!(m->frozen[p] = fl_alloc(FL_MEM_WEIGHTS, bytes, 64))) return FL_ERR_NOMEM;
         m->frozen_type[p] = type;
         m->frozen_bytes[p] = bytes;
         if ((size_t)(ne[0] * ne[1]) > max_mat) max_mat = (size_t)(ne[0] * ne[1]);
     }
     m->wscratch_bytes = max_mat * sizeof(float);
     m->wscratch = fl_alloc(FL_MEM_SCRATCH, m->wscratch_bytes, 64);
-    if (!m->wscratch) return FL_ERR_NOMEM;
+    return m->wscratch ? FL_OK : FL_ERR_NOMEM;
+}
+
+/* Layer l's rows of base matrix p, f32 at src, into its frozen copy. */
+static fl_status freeze_layer(fl_train_model *m, fl_train_param p, int l, const float *src) {
+    int64_t ne[2];
+    fl_train_param_shape(&m->cfg, p, ne);
+    const size_t rs = fl_type_row_size(m->frozen_type[p], ne[0]);
+    char *dst = (char *)m->frozen[p] + (size_t)l * rs * (size_t)ne[1];
+    if (m->frozen_type[p] == FL_TYPE_F32) {
+        memcpy(dst, src, rs * (size_t)ne[1]);
+        return FL_OK;
+    }
+    return fl_quantize_tensor(m->frozen_type[p], src, ne[1], ne[0], dst); /* (NF4's scales are per row) */
+}
+
+fl_status fl_train_model_quantize_base_nf4(fl_train_model *m) {
+    if (m->lora_rank <= 0) return fl_set_error(FL_ERR_INVALID, "%s: NF4 base needs LoRA (the base is frozen)", __func__);
+    if (m->acts) return fl_set_error(FL_ERR_INVALID, "%s: quantize before reserve", __func__);
+    if (m->n_params < m->n_full) return fl_set_error(FL_ERR_INVALID, "%s: the base is already frozen", __func__);
+    fl_status st = frozen_alloc(m);
+    for (int p = 0; p < FL_TP_COUNT && !st; p++)
+        for (int l = 0; fl_train_param_is_matrix((fl_train_param)p) && l < m->cfg.n_layer && !st; l++)
+            st = freeze_layer(m, (fl_train_param)p, l, fl_train_model_tensor(m, m->params, (fl_train_param)p, l));
+    if (st) return st;
     /* drop the f32 matrices: they are the tail of the layout */
     int64_t keep = m->n_params;
     for (int p = 0; p < FL_TP_COUNT; p++)
@@ -883,31 +960,33 @@ static void base_matrix(const fl_train_model *m, fl_train_param p, int l, float 
     for (int64_t r = 0; r < ne[1]; r++) fl_dequant_row(m->frozen_type[p], src + r * rs, dst + r * ne[0], ne[0]);
 }
 
+/* Base matrix p of layer l with its adapter merged (W + (alpha/r) B A), f32 into w. */
+static void merged_layer(const fl_train_model *m, fl_train_param p, int l, float *w) {
+    int64_t ne[2];
+    fl_train_param_shape(&m->cfg, p, ne);
+    base_matrix(m, p, l, w);
+    if (m->lora_rank <= 0) return;
+    const int64_t r = m->lora_rank;
+    const float s = m->lora_alpha / (float)r;
+    const float *A = lora_A(m, m->lora, p, l), *B = lora_B(m, m->lora, p, l);
+    for (int64_t o = 0; o < ne[1]; o++)
+        for (int64_t j = 0; j < r; j++) {
+            const float bj = s * B[o * r + j];
+            if (bj != 0.0f)
+                for (int64_t i = 0; i < ne[0]; i++) w[o * ne[0] + i] += bj * A[j * ne[0] + i];
+        }
+}
+
 fl_status fl_train_model_merged(const fl_train_model *m, float **out, size_t *bytes) {
     *bytes = (size_t)m->n_full * sizeof(float);
     float *f = fl_alloc(FL_MEM_MISC, *bytes, 64);
     if (!f) return FL_ERR_NOMEM;
     for (int p = 0; p < FL_TP_COUNT; p++) {
-        int64_t ne[2];
-        fl_train_param_shape(&m->cfg, (fl_train_param)p, ne);
         if (!fl_train_param_is_matrix((fl_train_param)p)) {
             memcpy(f + m->offset[p], m->params + m->offset[p], (size_t)fl_train_param_numel(&m->cfg, (fl_train_param)p) * sizeof(float));
             continue;
         }
-        for (int l = 0; l < m->cfg.n_layer; l++) {
-            float *w = fl_train_model_tensor(m, f, (fl_train_param)p, l);
-            base_matrix(m, (fl_train_param)p, l, w);
-            if (m->lora_rank <= 0) continue;
-            const int64_t r = m->lora_rank;
-            const float s = m->lora_alpha / (float)r;
-            const float *A = lora_A(m, m->lora, (fl_train_param)p, l), *B = lora_B(m, m->lora, (fl_train_param)p, l);
-            for (int64_t o = 0; o < ne[1]; o++)
-                for (int64_t j = 0; j < r; j++) {
-                    const float bj = s * B[o * r + j];
-                    if (bj != 0.0f)
-                        for (int64_t i = 0; i < ne[0]; i++) w[o * ne[0] + i] += bj * A[j * ne[0] + i];
-                }
-        }
+        for (int l = 0; l < m->cfg.n_layer; l++) merged_layer(m, (fl_train_param)p, l, fl_train_model_tensor(m, f, (fl_train_param)p, l));
     }
     *out = f;
     return FL_OK;

@@ -114,6 +114,11 @@ void fl_train_model_init_random(fl_train_model *m, uint64_t seed);
 /* Read hparams from the llama.* keys and dequantize every tensor to f32 (any type fl_dequant_row
  * knows).  A missing output.weight is tied to token_embd (copied).  Errors name the tensor. */
 fl_status fl_train_model_load_gguf(const fl_gguf *g, fl_train_model **out);
+/* The same with the base matrices frozen as NF4 as they are read (QLoRA; rows not a multiple of
+ * 64 stay F32): each goes through one f32 matrix of scratch, so the f32 base is never held
+ * whole.  The same bytes as loading in f32 and fl_train_model_quantize_base_nf4.  Enable LoRA
+ * before training (the base gets no gradients). */
+fl_status fl_train_model_load_gguf_nf4(const fl_gguf *g, fl_train_model **out);
 fl_status fl_train_config_from_gguf(const fl_gguf *g, fl_train_config *cfg);
 /* Read every parameter of m (shapes must match m's config) from g's tensors. */
 fl_status fl_train_model_read_params(fl_train_model *m, const fl_gguf *g);
@@ -154,8 +159,9 @@ void fl_train_model_after_update(fl_train_model *m);
  * layer; A ~ U(-1/sqrt(I), 1/sqrt(I)) from seed, B = 0 (the model starts unchanged).  Call
  * before reserve.  The base (params) is frozen: no gradients are kept for it. */
 fl_status fl_train_model_enable_lora(fl_train_model *m, int32_t rank, float alpha, uint64_t seed);
-/* QLoRA: quantize the base matrices to NF4 at load time (rows not a multiple of 64 stay F32)
- * and free their f32 copy; needs LoRA enabled first.  Matmuls dequantize one matrix at a time. */
+/* QLoRA: quantize the base matrices to NF4 (rows not a multiple of 64 stay F32) and free their
+ * f32 copy; needs LoRA enabled first.  Matmuls dequantize one matrix at a time.  (A GGUF base is
+ * better read with fl_train_model_load_gguf_nf4, which never holds the f32 matrices.) */
 fl_status fl_train_model_quantize_base_nf4(fl_train_model *m);
 /* Adapter tensors "lora.<tensor>.{a,b}" (F32, all layers stacked) and lora.* keys. */
 fl_status fl_train_model_add_lora_to_writer(const fl_train_model *m, fl_gguf_writer *w);
