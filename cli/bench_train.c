@@ -38,8 +38,8 @@ typedef struct run_result {
 } run_result;
 
 /* One configuration: build, warm up one step, time `steps` steps (forward, backward, AdamW). */
-static fl_status run_one(const fl_train_config *cfg, int64_t ctx, int64_t batch, int k, int steps, int optim8,
-                         run_result *r) {
+static fl_status run_one(const fl_train_config *cfg, int64_t ctx, int64_t batch, int k, int steps, int optim8, int lora,
+                         int nf4, run_result *r) {
     fl_mem_reset_peaks();
     fl_train_model *m = NULL;
     fl_optim *o = NULL;
@@ -51,10 +51,18 @@ static fl_status run_one(const fl_train_config *cfg, int64_t ctx, int64_t batch,
     if (!st) st = fl_train_model_new(cfg, &m);
     if (st) goto done;
     fl_train_model_init_random(m, 42);
+    if (lora) { /* LoRA on a frozen base; QLoRA's base quantized here (its f32 copy is setup, not training state) */
+        if ((st = fl_train_model_enable_lora(m, lora, 2.0f * (float)lora, 42))) goto done;
+        if (nf4 && (st = fl_train_model_quantize_base_nf4(m))) goto done;
+        fl_mem_reset_peaks();
+    }
     if ((st = fl_train_model_reserve(m, N, k, FL_TRAIN_F32))) goto done;
+    float *tp, *tg;
+    int64_t n_train;
+    fl_train_model_trainable(m, &tp, &tg, &n_train);
     fl_optimizer_config oc = fl_optim_default();
     oc.kind = optim8 ? FL_OPTIMIZER_ADAMW8BIT : FL_OPTIMIZER_ADAMW;
-    if ((st = fl_optim_new(&oc, m->n_params, NULL, -1, &o))) goto done;
+    if ((st = fl_optim_new(&oc, n_train, NULL, -1, &o))) goto done;
     fl_rng rng = {7};
     for (int64_t i = 0; i < N; i++) tok[i] = (int32_t)(fl_rng_u64(&rng) % (uint64_t)cfg->n_vocab);
     for (int64_t b = 0; b <= batch; b++) cu[b] = (int32_t)(b * ctx);
@@ -74,7 +82,7 @@ static fl_status run_one(const fl_train_config *cfg, int64_t ctx, int64_t batch,
         fl_train_model_zero_grad(m);
         if ((st = fl_train_model_forward(m, &bt, &loss, &n))) goto done;
         if ((st = fl_train_model_backward(m, &bt, 1.0f / (float)n))) goto done;
-        fl_optim_step(o, m->params, m->grads, 1e-4f);
+        fl_optim_step(o, tp, m->grads, 1e-4f);
     }
     r->step_s = (now_s() - t0) / steps;
     r->step_cpu_s = (cpu_s() - c0) / steps;
@@ -143,6 +151,8 @@ int fl_bench_train(int argc, char **argv) {
         {"steps", 0, FL_OPT_INT, "N  timed steps per configuration and round, after one warm-up (default 1)"},
         {"rounds", 0, FL_OPT_INT, "R  rounds over all configurations; the fastest round counts (default 3: robust to a shared host)"},
         {"threads", 't', FL_OPT_INT, "N  threads (default all cores)"},
+        {"lora", 0, FL_OPT_INT, "R  LoRA adapters of rank R on a frozen base (train --lora R)"},
+        {"nf4", 0, FL_OPT_FLAG, "with --lora: the base in NF4 (QLoRA, train --weights nf4)"},
         {"svg", 0, FL_OPT_STR, "PATH  write a plot of activation memory vs k"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {0},
@@ -160,6 +170,11 @@ int fl_bench_train(int argc, char **argv) {
     c.n_head_kv = (int32_t)OPTI("kv-heads", c.n_head);
     const int64_t ctx = OPTI("ctx-size", 1024), batch = OPTI("batch", 1);
     const int steps = (int)OPTI("steps", 1), rounds = (int)OPTI("rounds", 3);
+    const int lora = (int)OPTI("lora", 0), nf4 = fl_args_get(opts, "nf4")->set;
+    if (lora < 0 || (nf4 && !lora)) {
+        fprintf(stderr, "fitllm bench train: --lora takes a rank >= 1; --nf4 needs --lora\n");
+        return 2;
+    }
     c.n_ctx = (int32_t)ctx;
     if (fl_args_get(opts, "threads")->set) fl_threads_set((int)fl_args_get(opts, "threads")->i);
     if (c.n_head <= 0 || c.n_embd % c.n_head || ctx < 2 || batch < 1 || steps < 1 || rounds < 1) {
@@ -181,7 +196,7 @@ int fl_bench_train(int argc, char **argv) {
         for (int i = 0; i < 4; i++) {
             run_result rr;
             memset(&rr, 0, sizeof rr);
-            fl_status st = run_one(&c, ctx, batch, ks[i], steps, 0, &rr);
+            fl_status st = run_one(&c, ctx, batch, ks[i], steps, 0, lora, nf4, &rr);
             if (st) {
                 fprintf(stderr, "fitllm bench train: %s\n", fl_last_error());
                 return 1;
@@ -195,7 +210,7 @@ int fl_bench_train(int argc, char **argv) {
         }
     for (int i = 0; i < 4; i++) {
         fl_bench_train_shape bs = {c.n_vocab, c.n_embd, c.n_ff, c.n_layer, c.n_head, c.n_head_kv, c.head_dim, ctx,
-                                   batch, ks[i], 0, fl_threads_get()};
+                                   batch, ks[i], 0, fl_threads_get(), lora, nf4};
         res[i].have_plan = fl_bench_train_plan(&bs, res[i].plan, &res[i].plan_total) == 0;
     }
     /* optimizer states: fp32 vs 8-bit for this model */
@@ -219,9 +234,9 @@ int fl_bench_train(int argc, char **argv) {
     const double red = (double)res[0].act_peak / (double)res[1].act_peak;
     const double ovh = res[1].step_s / res[0].step_s - 1.0, ovh_cpu = res[1].step_cpu_s / res[0].step_cpu_s - 1.0;
     if (fl_args_get(opts, "svg")->set) write_svg(fl_args_get(opts, "svg")->str, res, 4, &c, ctx);
-    printf("{\"bench\":\"train\",\"rounds\":%d,\"threads\":%d,\"shape\":{\"n_layer\":%d,\"n_embd\":%d,\"n_ff\":%d,\"n_head\":%d,"
+    printf("{\"bench\":\"train\",\"lora_rank\":%d,\"lora_nf4\":%s,\"rounds\":%d,\"threads\":%d,\"shape\":{\"n_layer\":%d,\"n_embd\":%d,\"n_ff\":%d,\"n_head\":%d,"
            "\"n_head_kv\":%d,\"n_vocab\":%d,\"ctx\":%lld,\"batch\":%lld,\"n_params\":%lld},\"configs\":[",
-           rounds, fl_threads_get(), c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.n_vocab, (long long)ctx,
+           lora, nf4 ? "true" : "false", rounds, fl_threads_get(), c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.n_vocab, (long long)ctx,
            (long long)batch, (long long)n_params);
     for (int i = 0; i < 4; i++) {
         const run_result *r = &res[i];

@@ -10,6 +10,8 @@ typedef struct fl_bench_train_shape {
     int64_t ckpt_every;
     int optim8;
     int32_t n_threads;
+    int32_t lora_rank; /* LoRA adapters on a frozen base (0: full training) */
+    int lora_nf4;      /* with lora_rank: the base in NF4 (QLoRA) */
 } fl_bench_train_shape;
 
 /* Planner (src/plan) prediction per memory category and total; -1 on error. */

@@ -30,6 +30,8 @@ int fl_bench_train_plan(const fl_bench_train_shape *b, uint64_t bytes[FL_MEM_COU
     in.optim = b->optim8 ? FL_PLAN_OPTIM_ADAMW8BIT : FL_PLAN_OPTIM_ADAMW;
     in.n_threads = b->n_threads;
     in.attn = FL_PLAN_ATTN_FLASH;
+    in.lora_rank = b->lora_rank;
+    in.lora_nf4 = b->lora_nf4 != 0;
     fl_plan_result r;
     if (fl_plan_compute(&s, &in, &r) != FL_OK) return -1;
     for (int c = 0; c < FL_MEM_COUNT; c++) bytes[c] = r.dev[0].bytes[c];

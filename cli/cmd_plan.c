@@ -14,7 +14,7 @@
 enum {
     O_MODEL, O_CONFIG, O_PRESET, O_WEIGHTS, O_KV, O_CTX, O_BATCH, O_PREFILL, O_BLOCK, O_ATTN, O_THREADS,
     O_TRAIN, O_CKPT, O_OPTIM, O_ZERO, O_TP, O_PP, O_SP, O_DP, O_OFF_LAYERS, O_OFF_KV, O_SLACK, O_FIT,
-    O_MAXIMIZE, O_TABLE, O_LIST, O_JSON, O_VERIFY, O_MEM, O_MAX_LP, O_LORA
+    O_MAXIMIZE, O_TABLE, O_LIST, O_JSON, O_VERIFY, O_MEM, O_MAX_LP, O_LORA, O_LORA_RANK
 };
 
 /* Columns of the breakdown: category, label. */
@@ -37,9 +37,10 @@ static void print_plan(const fl_model_shape *s, const fl_plan_input *in, const f
     printf("params:   %.3f %s, weights %s (%s), KV %s per token (%s)\n", r->n_params >= 1000000000 ? (double)r->n_params / 1e9 : (double)r->n_params / 1e6, r->n_params >= 1000000000 ? "B" : "M", a,
            in->weights_from_file && s->has_weight_bytes && !in->train ? "exact, from the file" : in->weights.name, b, kv_name(in->kv_type));
     if (in->train)
-        printf("training: batch %lld x %lld tokens, %s, %s, checkpoint every %lld, ZeRO-%d over %d\n", (long long)in->n_seq,
+        printf("training: batch %lld x %lld tokens, %s, %s, checkpoint every %lld, ZeRO-%d over %d%s%.0d%s\n", (long long)in->n_seq,
                (long long)in->n_ctx, in->weights.base == FL_TYPE_F32 ? "fp32" : "mixed precision", in->optim == FL_PLAN_OPTIM_ADAMW ? "AdamW" : "8-bit AdamW",
-               (long long)in->ckpt_every, in->zero_stage, in->dp);
+               (long long)in->ckpt_every, in->zero_stage, in->dp, in->lora_rank ? ", LoRA rank " : "", in->lora_rank,
+               in->lora_nf4 ? " on an NF4 base (QLoRA)" : in->lora_rank ? " on a frozen f32 base" : "");
     else
         printf("serving:  ctx %lld x %lld sequences, prefill chunk %lld, %s attention, KV blocks of %lld\n", (long long)in->n_ctx,
                (long long)in->n_seq, (long long)in->n_prefill, in->attn == FL_PLAN_ATTN_FLASH ? "flash" : "naive", (long long)in->kv_block);
@@ -94,6 +95,10 @@ static cJSON *plan_json(const fl_model_shape *s, const fl_plan_input *in, const 
     cJSON_AddNumberToObject(ij, "kv_block", (double)in->kv_block);
     cJSON_AddStringToObject(ij, "attn", in->attn == FL_PLAN_ATTN_FLASH ? "flash" : "naive");
     cJSON_AddBoolToObject(ij, "train", in->train);
+    if (in->lora_rank) {
+        cJSON_AddNumberToObject(ij, "lora_rank", in->lora_rank);
+        cJSON_AddBoolToObject(ij, "lora_nf4", in->lora_nf4);
+    }
     cJSON_AddNumberToObject(ij, "tp", in->tp);
     cJSON_AddNumberToObject(ij, "pp", in->pp);
     cJSON_AddNumberToObject(ij, "sp", in->sp);
@@ -214,6 +219,7 @@ int fl_cmd_plan(int argc, char **argv) {
         [O_TRAIN] = {"train", 0, FL_OPT_FLAG, "plan training (weights f32, or bf16/f16 = mixed precision)"},
         [O_CKPT] = {"checkpoint-every", 0, FL_OPT_INT, "K  gradient checkpointing: keep every K-th layer input (default off)"},
         [O_OPTIM] = {"optim", 0, FL_OPT_STR, "NAME  adamw (8 B/param) or adamw8bit (2 B/param)"},
+        [O_LORA_RANK] = {"lora-rank", 0, FL_OPT_INT, "R  with --train: LoRA adapters of rank R on a frozen base (train --lora R); --weights nf4 = QLoRA"},
         [O_ZERO] = {"zero", 0, FL_OPT_INT, "S  ZeRO stage 0..3 over --dp ranks"},
         [O_TP] = {"tp", 0, FL_OPT_INT, "N  tensor-parallel ranks"},
         [O_PP] = {"pp", 0, FL_OPT_INT, "N  pipeline stages"},
@@ -231,13 +237,13 @@ int fl_cmd_plan(int argc, char **argv) {
         [O_MEM] = {"mem", 0, FL_OPT_BYTES, "BYTES  with --verify: size the KV cache from a total memory limit"},
         [O_MAX_LP] = {"max-logprobs", 0, FL_OPT_INT, "K  with --verify: the engine's logprob alternatives (default 20; -1 none), checked by a second run"},
         [O_LORA] = {"lora", 0, FL_OPT_STR, "FILE  with --verify: the engine applies this LoRA adapter at run time (planned: its file, tables and buffers)"},
-        {0},
+        [O_LORA_RANK + 1] = {0},
     };
     const char *pos[1];
     int n_pos;
     int r = fl_args_parse(argc, argv, opts,
                           "fitllm plan (-m MODEL | --config FILE | --preset NAME) [--weights T] [--kv-type T] [-c CTX] [--batch B]\n"
-                          "                   [--train [--checkpoint-every K] [--optim adamw|adamw8bit] [--zero S]] [--tp N] [--pp N] [--sp N]\n"
+                          "                   [--train [--checkpoint-every K] [--optim adamw|adamw8bit] [--zero S] [--lora-rank R]] [--tp N] [--pp N] [--sp N]\n"
                           "                   [--dp N] [--fit BYTES [--maximize ctx|batch|types]] [--table] [--json]",
                           "Plan memory per device, by category (weights, KV, activations, workspace, grads, optimizer),\n"
                           "without loading any weights.  Formulas: docs/PLANNER.md.",
@@ -319,6 +325,16 @@ int fl_cmd_plan(int argc, char **argv) {
         in.train = true;
         if (!opts[O_WEIGHTS].set) fl_plan_parse_wtype("f32", &in.weights);
         if (!opts[O_CTX].set && in.n_ctx > 2048) in.n_ctx = 2048;
+        if (opts[O_LORA_RANK].set) {
+            in.lora_rank = (int32_t)opts[O_LORA_RANK].i;
+            if (in.weights.base == FL_TYPE_NF4) { /* QLoRA: an NF4 base, fp32 training */
+                in.lora_nf4 = true;
+                fl_plan_parse_wtype("f32", &in.weights);
+            }
+        }
+    } else if (opts[O_LORA_RANK].set) {
+        fprintf(stderr, "fitllm plan: --lora-rank plans training (with --train)\n");
+        return 2;
     }
     if (opts[O_TABLE].set) return fit_table(&in, json);
     if (opts[O_VERIFY].set) {

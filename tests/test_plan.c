@@ -392,9 +392,44 @@ static void test_training(void **state) {
     in.ckpt_every = 2;
     fl_plan_result c = plan(&s, &in);
     uint64_t N = 2 * 1024, E = 2048, per = 2 * (4 * E + 2 * 2048 + 2 * 256 + 3 * 5632) + 8 + 4 * 32;
-    uint64_t tail = N * (E * 2 + 32000 * 4);
+    uint64_t tail = N * (2 * E * 2 + 32000 * 4 + 16); /* final residual and norm, logits, 4 f32 per token */
     assert_int_equal(act_all, N * 22 * per + tail);
-    assert_int_equal(c.dev[0].bytes[FL_MEM_ACT], N * 11 * E * 2 + N * 2 * per + tail);
+    /* (the segment's first layer reads its input from its checkpoint) */
+    assert_int_equal(c.dev[0].bytes[FL_MEM_ACT], N * 11 * E * 2 + N * 2 * per - N * E * 2 + tail);
+    /* LoRA rank 16 on a frozen f32 base: adapters r (in + out) per matrix, their grads and AdamW
+     * states; each token saves x A^T of the 7 matrices per layer; QLoRA: NF4 matrices (33 bytes
+     * per 64 weights and an f32 per 256 blocks of a row) and the largest matrix as f32 scratch */
+    in.ckpt_every = 0;
+    fl_plan_parse_wtype("f32", &in.weights);
+    fl_plan_result f32 = plan(&s, &in);
+    in.lora_rank = 16;
+    fl_plan_result lo = plan(&s, &in);
+    const uint64_t io = (2048 + 2048) * 2 + (2048 + 256) * 2 + (2048 + 5632) * 3, ad = 22 * 16 * io * 4;
+    assert_int_equal(lo.dev[0].bytes[FL_MEM_GRAD], ad);
+    assert_int_equal(lo.dev[0].bytes[FL_MEM_OPTIM], 2 * ad);
+    assert_int_equal(lo.dev[0].bytes[FL_MEM_WEIGHTS], 4 * P + ad);
+    assert_int_equal(lo.dev[0].bytes[FL_MEM_ACT], f32.dev[0].bytes[FL_MEM_ACT] + N * 22 * 7 * 16 * 4);
+    assert_int_equal(lo.dev[0].bytes[FL_MEM_SCRATCH], f32.dev[0].bytes[FL_MEM_SCRATCH] + N * 16 * 4);
+    in.lora_nf4 = true;
+    fl_plan_result q = plan(&s, &in);
+    const uint64_t mats = 2048ull * 2048 * 2 + 2048ull * 256 * 2 + 2048ull * 5632 * 3;
+    const uint64_t nf4 = 2048ull * (2048 / 64 * 33 + 4) * 2 + 256ull * (2048 / 64 * 33 + 4) * 2 + 5632ull * (2048 / 64 * 33 + 4) * 2 +
+                         2048ull * (5632 / 64 * 33 + 4);
+    assert_int_equal(q.dev[0].bytes[FL_MEM_WEIGHTS], 4 * P - 22 * mats * 4 + 22 * nf4 + ad);
+    assert_int_equal(q.dev[0].bytes[FL_MEM_SCRATCH], lo.dev[0].bytes[FL_MEM_SCRATCH] + 2048ull * 5632 * 4);
+    in.tp = 2; /* one device, dense, no ZeRO: refused otherwise */
+    fl_plan_result bad_lora;
+    assert_int_equal(fl_plan_compute(&s, &in, &bad_lora), FL_ERR_INVALID);
+    in.tp = 1;
+    in.lora_rank = 0; /* NF4 without adapters */
+    assert_int_equal(fl_plan_compute(&s, &in, &bad_lora), FL_ERR_INVALID);
+    in.lora_nf4 = false;
+    in.train = false;
+    in.lora_rank = 4;
+    assert_int_equal(fl_plan_compute(&s, &in, &bad_lora), FL_ERR_INVALID);
+    in.train = true;
+    in.lora_rank = 0;
+    fl_plan_parse_wtype("bf16", &in.weights);
     /* ZeRO over 4 ranks: 1 shards the optimizer, 2 also grads, 3 also weights (+ a gather buffer) */
     in.ckpt_every = 0;
     in.dp = 4;

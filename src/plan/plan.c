@@ -301,18 +301,27 @@ void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, i
      * gate, up, act(gate)*up, router probs; f32 rms and attention statistics */
     uint64_t per = smul(elt, 4 * E + 2 * qd + 2 * kvd + 3 * ff + u(s->n_expert));
     per = sadd(per, smul(4, 2));
+    if (in->lora_rank > 0) per = sadd(per, smul3(elt, 7, u(in->lora_rank)));      /* x A^T of each adapted matrix */
     if (in->attn == FL_PLAN_ATTN_FLASH) per = sadd(per, smul(4, heads));          /* logsumexp per head */
     else per = sadd(per, smul3(elt, heads, ctx_r));                          /* probabilities */
     uint64_t nL = l1 > l0 ? (uint64_t)(l1 - l0) : 0, k = in->ckpt_every > 0 ? u(in->ckpt_every) : 0;
     uint64_t a;
     if (!k || k >= nL) a = smul3(N, nL, per);
-    else a = sadd(smul3(N, cdiv(nL, k), smul(E, elt)), smul3(N, k, per)); /* checkpoints + one segment */
-    if (last_stage) a = sadd(a, smul(N, sadd(smul(E, elt), smul(cdiv(u(s->n_vocab), tpu), 4)))); /* final norm, logits */
+    else /* checkpoints + one segment, whose first layer reads its input from the checkpoint */
+        a = sadd(smul3(N, cdiv(nL, k), smul(E, elt)), smul3(N, k, per) - smul3(N, E, elt));
+    /* the last stage: the final residual and norm output, f32 logits, the final rms and per-token
+     * loss, logsumexp and loss gradient */
+    if (last_stage) a = sadd(a, smul(N, sadd(sadd(smul(2 * E, elt), smul(cdiv(u(s->n_vocab), tpu), 4)), 16)));
     *act = a;
     /* backward temporaries (f32): d residual x 2 and the widest intermediate gradient */
     uint64_t wide = qd + 2 * kvd > 2 * ff ? qd + 2 * kvd : 2 * ff;
     uint64_t sc = smul3(N, 2 * E + wide, 4);
     if (in->attn == FL_PLAN_ATTN_NAIVE) sc = sadd(sc, smul(smul3(u(in->n_seq), heads, ctx_r), smul(ctx_r, 4)));
+    if (in->lora_rank > 0) sc = sadd(sc, smul3(N, u(in->lora_rank), 4)); /* the gradient of x A^T */
+    if (in->lora_nf4) { /* one base matrix dequantized at a time: the largest */
+        const uint64_t att = smul(E, qd > kvd ? qd : kvd), ffn = smul(E, ff);
+        sc = sadd(sc, smul(att > ffn ? att : ffn, 4));
+    }
     *scratch = sc;
 }
 
@@ -388,6 +397,15 @@ static fl_status check_input(const fl_model_shape *s, const fl_plan_input *in) {
     if (in->ckpt_every < 0) return fl_set_error(FL_ERR_INVALID, "--checkpoint-every must be >= 0");
     if (in->slack_frac < 0 || in->slack_frac > 10) return fl_set_error(FL_ERR_INVALID, "slack fraction %g out of range", in->slack_frac);
     if (!fl_type_get(in->weights.base)) return fl_set_error(FL_ERR_INVALID, "unknown weight type %d", in->weights.base);
+    if (in->lora_rank < 0 || in->lora_rank > 4096) return fl_set_error(FL_ERR_INVALID, "LoRA rank %d (1..4096)", in->lora_rank);
+    if ((in->lora_rank > 0 || in->lora_nf4) && !in->train) return fl_set_error(FL_ERR_INVALID, "a LoRA rank is planned for training (--train)");
+    if (in->lora_nf4 && in->lora_rank <= 0) return fl_set_error(FL_ERR_INVALID, "an NF4 base needs LoRA (the base is frozen)");
+    if (in->lora_rank > 0) {
+        if (in->weights.base != FL_TYPE_F32)
+            return fl_set_error(FL_ERR_INVALID, "LoRA plans are of fp32 training (--weights f32, or nf4 for a QLoRA base), not %s", in->weights.name);
+        if (in->tp * in->pp * in->sp * in->dp != 1 || in->zero_stage || in->offload_layers || s->n_expert)
+            return fl_set_error(FL_ERR_INVALID, "LoRA is planned on one device, dense models, no ZeRO or offload");
+    }
     if (in->train) {
         int32_t t = in->weights.base;
         if (in->weights.more >= 0 || (t != FL_TYPE_F32 && t != FL_TYPE_F16 && t != FL_TYPE_BF16))
@@ -460,7 +478,25 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             w = sadd(w, sadd(cdiv(pp_->output, tp), pp_->other));
             if (s->tied_output && in->pp > 1) w = sadd(w, cdiv(pp_->embd, tp)); /* the last stage needs the tied matrix too */
         }
-        if (in->train) {
+        if (in->train && in->lora_rank > 0) {
+            /* the frozen base: its 7 matrices per layer f32 or NF4 (rows of a multiple of 64), the
+             * rest f32; the adapters f32 with their grads and optimizer states */
+            const uint64_t C = u(s->n_embd), Qd = smul(u(s->n_head), u(s->head_dim)), KVd = smul(u(s->n_head_kv), u(s->head_dim)),
+                           F = u(s->n_ff), r = u(in->lora_rank);
+            const uint64_t mi[7] = {C, C, C, Qd, C, C, F}, mo[7] = {Qd, KVd, KVd, C, F, F, C};
+            uint64_t mat32 = 0, frozen = 0, adapters = 0;
+            for (int j = 0; j < 7; j++) {
+                const uint64_t f32b = smul3(mi[j], mo[j], 4);
+                mat32 = sadd(mat32, f32b);
+                frozen = sadd(frozen, in->lora_nf4 && mi[j] % 64 == 0 ? smul(fl_type_row_size(FL_TYPE_NF4, (int64_t)mi[j]), mo[j]) : f32b);
+                adapters = sadd(adapters, smul3(r, sadd(mi[j], mo[j]), 4));
+            }
+            const uint64_t nL = (uint64_t)(e - b);
+            w = sadd(sadd(w - smul(nL, mat32), smul(nL, frozen)), smul(nL, adapters));
+            dev->bytes[FL_MEM_GRAD] = smul(nL, adapters);
+            dev->bytes[FL_MEM_OPTIM] = smul(smul(nL, adapters) / 4, in->optim == FL_PLAN_OPTIM_ADAMW ? 8 : 2);
+            fl_plan_train_act_bytes(s, in, b, e, last, &dev->bytes[FL_MEM_ACT], &dev->bytes[FL_MEM_SCRATCH]);
+        } else if (in->train) {
             uint64_t params = w / elt;
             uint64_t grads = w, optim = smul(params, in->optim == FL_PLAN_OPTIM_ADAMW ? 8 : 2);
             if (is_mixed(in)) optim = sadd(optim, smul(params, 4));

@@ -133,6 +133,11 @@ typedef struct fl_plan_input {
     int64_t ckpt_every;     /* keep layer inputs every k layers and recompute; 0 = keep all */
     fl_plan_optim optim;
     int32_t zero_stage;     /* 0..3 over dp ranks */
+    int32_t lora_rank;      /* LoRA: adapters A (r x in), B (out x r), f32, on the 7 matrices of every
+                             * layer, trained with their grads and optimizer states; the base frozen
+                             * (f32 weights, no grads); 0 = full training */
+    bool lora_nf4;          /* with lora_rank: the frozen matrices in NF4 (QLoRA; rows not a multiple
+                             * of 64 stay f32) and one f32 matrix of scratch to dequantize into */
     /* parallelism and offload */
     int32_t tp, pp, sp, dp;
     int64_t offload_layers; /* the last n layers run on the host (weights + KV there) */
