@@ -617,17 +617,42 @@ static int32_t json_piece(void *ctx, int32_t tok, char *buf, int32_t cap) {
     return snprintf(buf, (size_t)cap, "%c%c", 'A' + tok % 26, '0' + tok % 10); /* only inside strings */
 }
 
+/* The toy model whose pieces are JSON_PIECES, in an engine of default parameters. */
+static fl_engine *json_toy_engine(void) {
+    fl_engine_params p;
+    fl_engine_params_default(&p);
+    fl_engine_backend be;
+    toy_new(4, 1000, 0, &be);
+    be.piece = json_piece;
+    fl_engine *e;
+    assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_OK);
+    return e;
+}
+
+/* Step e until it is idle; the one request's text into text, its token count, its finish;
+ * end-of-generation never appears (JSON requests mask it) */
+static fl_finish_reason run_json_request(fl_engine *e, char text[4096], int32_t *n_tok) {
+    fl_finish_reason fin = FL_FINISH_NONE;
+    int32_t active = 1;
+    while (active) {
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output ev[4];
+        int32_t k = fl_engine_poll(e, ev, 4);
+        for (int32_t j = 0; j < k; j++) {
+            strcat(text, ev[j].new_text);
+            *n_tok += ev[j].n_new;
+            for (int32_t i = 0; i < ev[j].n_new; i++) assert_int_not_equal(ev[j].new_tokens[i], TOY_EOS);
+            if (ev[j].finish) fin = ev[j].finish;
+        }
+    }
+    return fin;
+}
+
 static void test_toy_json(void **state) {
     (void)state;
     int stops = 0, lengths = 0;
     for (int run = 0; run < 24; run++) {
-        fl_engine_params p;
-        fl_engine_params_default(&p);
-        fl_engine_backend be;
-        toy_new(4, 1000, 0, &be);
-        be.piece = json_piece;
-        fl_engine *e;
-        assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_OK);
+        fl_engine *e = json_toy_engine();
         int32_t prompt[3] = {1, 3 + run % 7, 5};
         fl_logit_bias close = {4, 4.0f}; /* '}' a little likelier: most runs end */
         fl_request_params q = {.prompt = prompt, .n_prompt = 3, .max_tokens = 60, .json_object = 1};
@@ -641,19 +666,8 @@ static void test_toy_json(void **state) {
         int64_t id;
         assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
         char text[4096] = "";
-        fl_finish_reason fin = FL_FINISH_NONE;
-        int32_t active = 1, n_tok = 0;
-        while (active) {
-            assert_int_equal(fl_engine_step(e, &active), FL_OK);
-            fl_request_output ev[4];
-            int32_t k = fl_engine_poll(e, ev, 4);
-            for (int32_t j = 0; j < k; j++) {
-                strcat(text, ev[j].new_text);
-                n_tok += ev[j].n_new;
-                for (int32_t i = 0; i < ev[j].n_new; i++) assert_int_not_equal(ev[j].new_tokens[i], TOY_EOS);
-                if (ev[j].finish) fin = ev[j].finish;
-            }
-        }
+        int32_t n_tok = 0;
+        const fl_finish_reason fin = run_json_request(e, text, &n_tok);
         fl_json_fsm f;
         fl_json_fsm_init(&f);
         if (!fl_json_fsm_feed(&f, text, (int32_t)strlen(text))) fail_msg("run %d: not a JSON prefix: %s", run, text);
@@ -686,13 +700,7 @@ static void test_toy_json_schema(void **state) {
                          "\"minimum\":-20,\"maximum\":20},\"minItems\":1}},\"required\":[\"k\"],\"additionalProperties\":false}";
     int stops = 0, lengths = 0;
     for (int run = 0; run < 16; run++) {
-        fl_engine_params p;
-        fl_engine_params_default(&p);
-        fl_engine_backend be;
-        toy_new(4, 1000, 0, &be);
-        be.piece = json_piece;
-        fl_engine *e;
-        assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_OK);
+        fl_engine *e = json_toy_engine();
         int32_t prompt[3] = {1, 3 + run % 7, 5};
         fl_logit_bias close[2] = {{4, 3.0f}, {6, 2.0f}}; /* '}' and ']' a little likelier: most runs end */
         const int32_t max_tokens = run % 4 == 3 ? 5 : 40;
@@ -712,19 +720,8 @@ static void test_toy_json_schema(void **state) {
             assert_non_null(strstr(fl_last_error(), "pattern"));
         }
         char text[4096] = "";
-        fl_finish_reason fin = FL_FINISH_NONE;
-        int32_t active = 1, n_tok = 0;
-        while (active) {
-            assert_int_equal(fl_engine_step(e, &active), FL_OK);
-            fl_request_output ev[4];
-            int32_t k = fl_engine_poll(e, ev, 4);
-            for (int32_t j = 0; j < k; j++) {
-                strcat(text, ev[j].new_text);
-                n_tok += ev[j].n_new;
-                for (int32_t i = 0; i < ev[j].n_new; i++) assert_int_not_equal(ev[j].new_tokens[i], TOY_EOS);
-                if (ev[j].finish) fin = ev[j].finish;
-            }
-        }
+        int32_t n_tok = 0;
+        const fl_finish_reason fin = run_json_request(e, text, &n_tok);
         if (fin == FL_FINISH_STOP) {
             cJSON *o = cJSON_ParseWithOpts(text, NULL, 1);
             if (!cJSON_IsObject(o) || cJSON_GetArraySize(o) != 1) fail_msg("run %d: not an object of one member: %s", run, text);

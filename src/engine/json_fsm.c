@@ -82,17 +82,6 @@ static int32_t expected(const fl_json_fsm *f) {
     return t->obj ? t->vnode : nd(f, t->node)->items;
 }
 
-static int value_class(unsigned c) {
-    switch (c) {
-    case '{': return FL_JS_OBJ;
-    case '[': return FL_JS_ARR;
-    case '"': return FL_JS_STR;
-    case 't': case 'f': return FL_JS_BOOL;
-    case 'n': return FL_JS_NULL;
-    default: return c == '-' || (c >= '0' && c <= '9') ? FL_JS_NUM : -1;
-    }
-}
-
 #define INT_SAT 100000000000000001LL /* magnitudes saturate here (10^17 + 1: past any bound) */
 #define INT_INF 1000000000000000000LL
 
@@ -216,7 +205,7 @@ static bool key_start(fl_json_fsm *f) {
 static bool value_start(fl_json_fsm *f, unsigned c) {
     int32_t node = -1;
     if (f->sc) {
-        const int k = value_class(c);
+        const int k = fl_js_class_of_byte(c);
         if (k < 0) return false;
         node = nd(f, expected(f))->cls[k];
         if (node < 0) return false;

@@ -135,17 +135,6 @@ static const cJSON *resolve(const cctx *c, const char *ref) {
     return x;
 }
 
-static int class_of_byte(unsigned ch) {
-    switch (ch) {
-    case '{': return FL_JS_OBJ;
-    case '[': return FL_JS_ARR;
-    case '"': return FL_JS_STR;
-    case 't': case 'f': return FL_JS_BOOL;
-    case 'n': return FL_JS_NULL;
-    default: return ch == '-' || (ch >= '0' && ch <= '9') ? FL_JS_NUM : -1;
-    }
-}
-
 static const char *const CLASS_NAME[FL_JS_NCLASS] = {"null", "boolean", "number", "string", "array", "object"};
 
 static bool is_annotation(const char *k) {
@@ -209,7 +198,7 @@ static fl_status compile_enum(cctx *c, const cJSON *vals, const char *kw, int32_
         if (!txt) return nomem();
         int32_t id;
         fl_status st = add_str(c, txt, strlen(txt), &id);
-        const int k = class_of_byte((unsigned char)txt[0]);
+        const int k = fl_js_class_of_byte((unsigned char)txt[0]);
         cJSON_free(txt);
         if (st != FL_OK) return st;
         for (int32_t j = c->s->nodes[n].e0; j < id; j++)

@@ -33,6 +33,18 @@
 /* classes of value, by their first byte */
 enum { FL_JS_NULL, FL_JS_BOOL, FL_JS_NUM, FL_JS_STR, FL_JS_ARR, FL_JS_OBJ, FL_JS_NCLASS };
 
+/* The class of a value that starts with byte c, -1 for none. */
+static inline int fl_js_class_of_byte(unsigned c) {
+    switch (c) {
+    case '{': return FL_JS_OBJ;
+    case '[': return FL_JS_ARR;
+    case '"': return FL_JS_STR;
+    case 't': case 'f': return FL_JS_BOOL;
+    case 'n': return FL_JS_NULL;
+    default: return c == '-' || (c >= '0' && c <= '9') ? FL_JS_NUM : -1;
+    }
+}
+
 #define FL_JS_MAX_PROPS 64
 #define FL_JS_MAX_ENUM 64
 #define FL_JS_UNBOUNDED UINT32_MAX
