@@ -167,6 +167,11 @@ typedef struct fl_request_params {
                                  * cannot follow fails fl_engine_add with FL_ERR_INVALID naming
                                  * the keyword): the output is one value of it, and the request
                                  * finishes (FL_FINISH_STOP) when the value is complete.  NULL: none */
+    const char *const *choices; /* vLLM's guided_choice: the output is exactly one of these n_choices
+                                 * texts (1..64, plain text; copied when added); it finishes with STOP
+                                 * when no other can follow, or at end-of-generation where one is
+                                 * complete and a longer one could go on.  Not with json_* */
+    int32_t n_choices;
     int32_t prompt_logprobs;    /* 1 = also the log-probability of each prompt token after the first
                                  * given the ones before it (with top_logprobs alternatives): every
                                  * prompt position then needs a logits row, so the prompt is computed

@@ -750,6 +750,52 @@ static void test_toy_json_schema(void **state) {
     fl_test_mem_zero();
 }
 
+/* guided_choice on the toy model: every output is exactly one of the choices, made of the toy's
+ * pieces; "tr" is complete where "true" could go on, so there end-of-generation may end it (the
+ * only place it may), and otherwise the request stops where no other choice can follow; choices
+ * with a JSON constraint are refused */
+static void test_toy_choices(void **state) {
+    (void)state;
+    const char *const ch[] = {"tr", "true", "-2.5", "1 1", "\"vx\""};
+    int seen[5] = {0}, eos = 0;
+    for (int run = 0; run < 24; run++) {
+        fl_engine *e = json_toy_engine();
+        int32_t prompt[3] = {1, 3 + run % 7, 5};
+        fl_logit_bias bias = {TOY_EOS, 2.0f}; /* end-of-generation likelier where allowed */
+        fl_request_params q = {.prompt = prompt, .n_prompt = 3, .max_tokens = 12, .choices = ch, .n_choices = 5,
+                               .logit_bias = &bias, .n_logit_bias = run % 2};
+        fl_sampling_params_default(&q.sampling);
+        q.sampling.temperature = 1.0f;
+        q.sampling.seed = (uint64_t)run + 11;
+        int64_t id;
+        assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+        if (run == 0) {
+            fl_request_params b = q;
+            b.json_object = 1;
+            assert_int_equal(fl_engine_add(e, &b, &id), FL_ERR_INVALID);
+        }
+        char text[4096] = "";
+        int32_t n_tok = 0;
+        const fl_finish_reason fin = run_json_request(e, text, &n_tok);
+        int k = -1;
+        for (int i = 0; i < 5; i++)
+            if (!strcmp(text, ch[i])) k = i;
+        if (k < 0) fail_msg("run %d: '%s' is none of the choices", run, text);
+        seen[k]++;
+        if (fin == FL_FINISH_EOS) {
+            assert_int_equal(k, 0); /* only "tr" may end by end-of-generation */
+            eos++;
+        } else {
+            assert_int_equal(fin, FL_FINISH_STOP);
+        }
+        fl_engine_free(e);
+    }
+    int kinds = 0;
+    for (int i = 0; i < 5; i++) kinds += seen[i] > 0;
+    assert_true(kinds >= 3 && eos >= 1); /* (fixed by the seeds) */
+    fl_test_mem_zero();
+}
+
 /* min_tokens and stop_token_ids, batched: each request equals its reference (EOS and the stop
  * ids masked before min_tokens; a stop id ends the request like EOS, outside the output) */
 static void test_toy_min_tokens_stop_ids(void **state) {
@@ -1458,6 +1504,7 @@ int main(void) {
         cmocka_unit_test(test_toy_logprobs),
         cmocka_unit_test(test_toy_json),
         cmocka_unit_test(test_toy_json_schema),
+        cmocka_unit_test(test_toy_choices),
         cmocka_unit_test(test_toy_min_tokens_stop_ids),
         cmocka_unit_test(test_toy_static_baseline),
         cmocka_unit_test(test_toy_cancel),

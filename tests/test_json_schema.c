@@ -377,11 +377,58 @@ static void test_out_of_memory(void **state) {
     assert_true(ok > 3);
 }
 
+/* guided_choice: exactly one of the texts, plain text (no quotes, whitespace is text); where a
+ * complete choice is the prefix of a longer one the output may end there (may_end) or go on */
+static void test_choices(void **state) {
+    (void)state;
+    const char *const ch[] = {"yes", "yes!", "no", " maybe so", "{\"a\":1}"};
+    fl_json_schema *s;
+    assert_int_equal(fl_json_schema_choices(ch, 5, &s), FL_OK);
+    const struct {
+        const char *t;
+        int want, may_end;
+    } C[] = {{"yes!", 1, 1}, {"no", 1, 1}, {" maybe so", 1, 1}, {"{\"a\":1}", 1, 1}, {"yes", 0, 1}, {"ye", 0, 0},
+             {"", 0, 0}, {" maybe", 0, 0}, {"nope", -1, 0}, {"yes!!", -1, 0}, {"\"yes\"", -1, 0}, {" yes", -1, 0},
+             {"no ", -1, 0}, {"maybe so", -1, 0}};
+    for (size_t i = 0; i < sizeof C / sizeof *C; i++) {
+        const int got = check(s, C[i].t);
+        if (got != C[i].want) fail_msg("choice text '%s': %d, want %d", C[i].t, got, C[i].want);
+        if (got >= 0) {
+            fl_json_fsm f;
+            fl_json_fsm_init_schema(&f, s);
+            assert_true(fl_json_fsm_feed(&f, C[i].t, (int32_t)strlen(C[i].t)));
+            if (fl_json_fsm_may_end(&f) != (C[i].may_end != 0)) fail_msg("choice text '%s': may_end %d", C[i].t, C[i].may_end);
+        }
+    }
+    fl_json_schema_free(s);
+    /* refused: none, an empty one, one twice, more than 64 */
+    const char *const bad1[] = {"a", ""}, *const bad2[] = {"a", "b", "a"};
+    assert_int_equal(fl_json_schema_choices(ch, 0, &s), FL_ERR_INVALID);
+    assert_int_equal(fl_json_schema_choices(bad1, 2, &s), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "empty"));
+    assert_int_equal(fl_json_schema_choices(bad2, 3, &s), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "twice"));
+    char names[65][16];
+    const char *many[65];
+    for (int i = 0; i < 65; i++) {
+        snprintf(names[i], sizeof names[i], "c%d", i);
+        many[i] = names[i];
+    }
+    assert_int_equal(fl_json_schema_choices(many, 65, &s), FL_ERR_INVALID);
+    assert_null(s);
+    assert_int_equal(fl_json_schema_choices(many, 64, &s), FL_OK);
+    assert_int_equal(check(s, "c63"), 1);
+    assert_int_equal(check(s, "c6"), 0); /* (c60..c63 go on) */
+    fl_json_schema_free(s);
+    fl_test_mem_zero();
+}
+
 int main(void) {
     fl_mem_install_cjson_hooks();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_objects),       cmocka_unit_test(test_scalars),      cmocka_unit_test(test_arrays_unions_refs),
         cmocka_unit_test(test_refused),       cmocka_unit_test(test_random_walks), cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_choices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -158,11 +158,13 @@ nomem:
     return fl_set_error(FL_ERR_NOMEM, "json constraint: no memory for the vocabulary's text");
 }
 
-/* e->masked := row with every token that cannot continue r's JSON at -inf: end-of-generation
- * and empty tokens always (the request finishes when the object closes). */
+/* e->masked := row with every token that cannot continue r's JSON (or choice) at -inf: empty
+ * tokens always, end-of-generation unless a choice is complete here (a JSON request finishes
+ * when its value closes). */
 static fl_status json_mask(fl_engine *e, fl_request *r, const float *row) {
     int32_t allowed = 0;
     const bool in_str = fl_json_fsm_in_string(r->json_fsm); /* plain text goes through as it is */
+    const bool may_end = fl_json_fsm_may_end(r->json_fsm) && !r->ignore_eos;
     bool first[256];                                          /* bytes that can come next */
     fl_json_fsm f;
     for (int c = 0; c < 256; c++) {
@@ -177,7 +179,7 @@ static fl_status json_mask(fl_engine *e, fl_request *r, const float *row) {
             fl_json_fsm_copy(&f, r->json_fsm);
             ok = fl_json_fsm_feed(&f, e->vocab_text + a, (int32_t)n);
         }
-        ok = ok && !(e->be.is_eog && e->be.is_eog(e->be.ctx, t));
+        if (e->be.is_eog && e->be.is_eog(e->be.ctx, t)) ok = may_end; /* (choices: where one is complete) */
         e->masked[t] = ok ? row[t] : -INFINITY;
         allowed += ok;
     }
@@ -205,7 +207,7 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
         lp[0].token = tok;
         fl_logprobs(row, e->be.n_vocab, tok, r->n_top, &lp[0].logprob, lp + 1);
     }
-    if (r->json) {
+    if (r->json && !(e->be.is_eog && e->be.is_eog(e->be.ctx, tok))) { /* (end-of-generation ends a choice: no text) */
         const bool fed = fl_json_fsm_feed(r->json_fsm, e->vocab_text + e->vocab_off[tok], (int32_t)(e->vocab_off[tok + 1] - e->vocab_off[tok]));
         FL_ASSERT(fed); /* the mask let only such tokens through */
     }

@@ -47,6 +47,15 @@ void fl_json_fsm_copy(fl_json_fsm *dst, const fl_json_fsm *src) {
 
 bool fl_json_fsm_done(const fl_json_fsm *f) { return f->st == S_DONE; }
 
+bool fl_json_fsm_may_end(const fl_json_fsm *f) {
+    if (f->st == S_DONE) return true;
+    if (f->st != S_ENUM || !f->sc || !f->sc->raw) return false;
+    const fl_js_node *n = &f->sc->nodes[f->node];
+    for (int32_t i = 0; i < n->ne; i++)
+        if (((f->cand >> i) & 1) && f->sc->str[n->e0 + i].len == f->pos) return true;
+    return false;
+}
+
 bool fl_json_fsm_in_string(const fl_json_fsm *f) {
     if (f->st != S_STR) return false;
     return !f->sc || (!f->key && f->sc->nodes[f->node].max_len == FL_JS_UNBOUNDED);
@@ -202,6 +211,21 @@ static bool key_start(fl_json_fsm *f) {
     return f->cand || n->addl >= 0;
 }
 
+/* choices: the first byte picks the texts that begin with it (enum matching from there) */
+static bool choice_start(fl_json_fsm *f, unsigned c) {
+    const fl_js_node *n = nd(f, f->sc->root);
+    uint64_t cand = 0;
+    for (int32_t i = 0; i < n->ne; i++)
+        if ((unsigned char)f->sc->str[n->e0 + i].p[0] == c) cand |= 1ull << i;
+    if (!cand) return false;
+    f->st = S_ENUM;
+    f->node = f->sc->root;
+    f->cand = cand;
+    f->pos = 1;
+    enum_settle(f);
+    return true;
+}
+
 static bool value_start(fl_json_fsm *f, unsigned c) {
     int32_t node = -1;
     if (f->sc) {
@@ -292,6 +316,7 @@ static bool step(fl_json_fsm *f, unsigned c) {
     const bool ws = c == ' ' || c == '\t' || c == '\n' || c == '\r';
     switch (f->st) {
     case S_START: case S_VALUE: case S_ARR_FIRST: case S_OBJ_FIRST: case S_OBJ_KEY: case S_COLON: case S_AFTER:
+        if (ws && f->sc && f->sc->raw) break; /* (choices: whitespace is text) */
         if (ws) return f->sc ? schema_ws(f, c) : ++f->ws <= (f->st == S_START ? FL_JSON_MAX_WS_LEAD : FL_JSON_MAX_WS);
         f->ws = f->wsk = 0;
         break;
@@ -300,6 +325,7 @@ static bool step(fl_json_fsm *f, unsigned c) {
     }
     switch (f->st) {
     case S_START:
+        if (f->sc && f->sc->raw) return choice_start(f, c);
         if (f->sc) return value_start(f, c);
         return c == '{' && open_container(f, true, -1);
     case S_ARR_FIRST:

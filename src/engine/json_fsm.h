@@ -67,6 +67,8 @@ void fl_json_fsm_copy(fl_json_fsm *dst, const fl_json_fsm *src);
 bool fl_json_fsm_feed(fl_json_fsm *f, const char *bytes, int32_t n);
 /* The value is complete (nothing more may follow). */
 bool fl_json_fsm_done(const fl_json_fsm *f);
+/* The output may end here: complete, or (choices) a complete choice that a longer one extends. */
+bool fl_json_fsm_may_end(const fl_json_fsm *f);
 /* Inside a string where any plain text (fl_json_plain) is accepted and changes nothing that
  * decides what may follow: a vocabulary mask can skip feeding such tokens. */
 bool fl_json_fsm_in_string(const fl_json_fsm *f);

@@ -472,6 +472,32 @@ fl_status fl_json_schema_compile(const char *text, fl_json_schema **out) {
     return FL_OK;
 }
 
+fl_status fl_json_schema_choices(const char *const *texts, int32_t n, fl_json_schema **out) {
+    *out = NULL;
+    if (n < 1 || n > FL_JS_MAX_ENUM) return fl_set_error(FL_ERR_INVALID, "guided_choice: 1 to %d choices (got %d)", FL_JS_MAX_ENUM, n);
+    fl_json_schema *s = fl_alloc(FL_MEM_MISC, sizeof *s, 0);
+    if (!s) return nomem();
+    memset(s, 0, sizeof *s);
+    s->raw = 1;
+    cctx c = {.s = s, .any = -1};
+    fl_status st = new_node(&c, &s->root);
+    for (int32_t i = 0; i < n && !st; i++) {
+        int32_t id;
+        if (!texts[i] || !texts[i][0]) st = fl_set_error(FL_ERR_INVALID, "guided_choice: choice %d is empty", i);
+        else if ((st = add_str(&c, texts[i], strlen(texts[i]), &id)) == FL_OK)
+            for (int32_t j = 0; j < id && !st; j++)
+                if (!strcmp(s->str[j].p, s->str[id].p)) st = fl_set_error(FL_ERR_INVALID, "guided_choice: '%.40s' is listed twice", texts[i]);
+    }
+    if (st) {
+        fl_json_schema_free(s);
+        return st;
+    }
+    s->nodes[s->root].e0 = 0;
+    s->nodes[s->root].ne = n;
+    *out = s;
+    return FL_OK;
+}
+
 void fl_json_schema_free(fl_json_schema *s) {
     if (!s) return;
     for (int32_t i = 0; i < s->n_str; i++) fl_free(FL_MEM_MISC, s->str[i].p, s->str[i].len + 1);

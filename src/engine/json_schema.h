@@ -83,11 +83,17 @@ typedef struct fl_json_schema {
     fl_js_str *str;            /* property names, then their value's node; enum texts */
     int32_t n_str, cap_str;
     int32_t root;
+    int raw;                   /* choices (fl_json_schema_choices): the root's texts are plain text */
 } fl_json_schema;
 
 /* Compile the schema text (JSON).  FL_ERR_INVALID with a message naming the place (a JSON
  * pointer) and what is wrong or unsupported; FL_ERR_NOMEM. */
 fl_status fl_json_schema_compile(const char *text, fl_json_schema **out);
 void fl_json_schema_free(fl_json_schema *s);
+/* vLLM's guided_choice: the output is exactly one of the n texts (plain text, not JSON), n in
+ * 1..FL_JS_MAX_ENUM, each non-empty and different.  The recognizer then takes no whitespace
+ * around it, and says the text may end (fl_json_fsm_may_end) where a choice is complete and a
+ * longer one could still follow.  FL_ERR_INVALID naming the fault; FL_ERR_NOMEM. */
+fl_status fl_json_schema_choices(const char *const *texts, int32_t n, fl_json_schema **out);
 
 #endif

@@ -142,7 +142,11 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
     r->sampling = p->sampling;
     r->logprobs = p->logprobs || p->top_logprobs > 0;
     r->n_top = p->top_logprobs > 0 ? p->top_logprobs : 0;
-    r->json = p->json_object != 0 || p->json_schema;
+    if ((p->json_object != 0) + (p->json_schema != NULL) + (p->n_choices != 0) > 1) {
+        fl_request_free(r);
+        return fl_set_error(FL_ERR_INVALID, "one output constraint at a time: json_object, json_schema or choices");
+    }
+    r->json = p->json_object != 0 || p->json_schema || p->n_choices;
     if (r->json) {
         if (!(r->json_fsm = fl_alloc(FL_MEM_MISC, sizeof *r->json_fsm, 0))) {
             fl_request_free(r);
@@ -150,8 +154,9 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
         }
         fl_json_fsm_init(r->json_fsm);
     }
-    if (p->json_schema) {
-        const fl_status st = fl_json_schema_compile(p->json_schema, &r->schema);
+    if (p->json_schema || p->n_choices) {
+        const fl_status st = p->json_schema ? fl_json_schema_compile(p->json_schema, &r->schema)
+                                            : fl_json_schema_choices(p->choices, p->n_choices, &r->schema);
         if (st != FL_OK) {
             fl_request_free(r);
             return st;
