@@ -268,6 +268,33 @@ def main_stories(shared):
                                           "response_format": {"type": "json_object", "schema": {"type": "array", "maxItems": 0}}})
     check("json_object with llama.cpp's schema: [] (%r)" % r["choices"][0]["text"],
           st == 200 and json.loads(r["choices"][0]["text"]) == [] and r["choices"][0]["finish_reason"] == "stop")
+    # an error message that quotes a request's bytes which are not UTF-8 (here a response_format
+    # type) keeps the body well-formed: the bad byte becomes U+FFFD
+    req = urllib.request.Request(URL + "/v1/completions", b'{"prompt":"a","max_tokens":2,"response_format":{"type":"\xffjson"}}',
+                                 {"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req, timeout=60)
+        st, raw = 200, b""
+    except urllib.error.HTTPError as e:
+        st, raw = e.code, e.read()
+    try:
+        msg = json.loads(raw.decode("utf-8"))["error"]["message"]
+    except (UnicodeDecodeError, ValueError, KeyError):
+        msg = None
+    check("an error quoting bytes that are not UTF-8: 400, well-formed (%r)" % msg, st == 400 and msg is not None and "\ufffd" in msg)
+    # vLLM's guided_choice: the answer is exactly one of the texts (plain text)
+    got = set()
+    for seed in range(4):
+        st, r = post_json("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 1.0, "seed": seed,
+                                              "guided_choice": ["Lily", "Tom", "the big dog"]})
+        got.add((st, r["choices"][0]["finish_reason"], r["choices"][0]["text"]))
+    check("guided_choice: each answer one of the three (%s)" % sorted(got),
+          all(st == 200 and fin == "stop" and t in ("Lily", "Tom", "the big dog") for st, fin, t in got))
+    for name, body in [("guided_choice not a list", {"guided_choice": "Lily"}), ("guided_choice empty", {"guided_choice": []}),
+                       ("guided_choice with json_object", {"guided_choice": ["a"], "response_format": {"type": "json_object"}}),
+                       ("guided_choice twice the same", {"guided_choice": ["a", "a"]})]:
+        st, r = post_json("/v1/completions", dict(body, prompt="a", max_tokens=4))
+        check("%s: 400 (%s)" % (name, r.get("error", {}).get("message", "")), st == 400)
     for name, body, needle in [
             ("an unsupported keyword", {"guided_json": {"type": "object", "properties": {"s": {"type": "string", "pattern": "a+"}}}},
              "#/properties/s"),

@@ -57,6 +57,8 @@ def body():
         sch = rng.choice(SCHEMAS)
         where = rng.choice(["guided_json", "json_schema", "response_format"])
         d[where] = {"type": "json_schema", "json_schema": {"name": "s", "schema": sch}} if where == "response_format" else sch
+    elif r < 0.14:  # vLLM's guided_choice, valid or not
+        d["guided_choice"] = rng.choice([["Lily", "Tom"], ["a", "ab", "abc"], [], ["x", "x"], "Lily", [1], [" "]])
     if rng.random() < 0.3:  # a server with --lora-modules tuned=FILE runs these through the adapter
         d["model"] = "tuned"
     raw = json.dumps(d).encode("utf-8", "surrogatepass")

@@ -1,6 +1,8 @@
 /* HTTP request handling: routing, auth, limits, OpenAI request parsing and response shapes,
  * streaming with server-sent events, and cancellation when the client goes away. */
 #include "server/server_int.h"
+
+#include "engine/json_schema.h"
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/utf8.h"
@@ -47,11 +49,14 @@ static enum MHD_Result send_error(fl_server *s, struct MHD_Connection *conn, uns
                                   const char *code, const char *param, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
 static enum MHD_Result send_error(fl_server *s, struct MHD_Connection *conn, unsigned status, const char *type,
                                   const char *code, const char *param, const char *fmt, ...) {
-    char msg[512];
+    char raw[512], msg[3 * sizeof raw];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    /* a message may quote the request (a bad value, a schema's keyword), whose bytes need not be
+     * UTF-8, or cut a character: the body stays well-formed */
+    msg[fl_utf8_sanitize(raw, strlen(raw), msg)] = 0;
     count_status(s, status);
     cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
     cJSON_AddStringToObject(e, "message", msg);
@@ -813,6 +818,21 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         if (!g || cJSON_IsNull(g)) continue;
         if (schema && !cJSON_IsNull(schema)) { ret = BAD("give one JSON Schema: '%s' and another were both given", SCHEMA_FIELDS[i]); goto out; }
         schema = g;
+    }
+    /* vLLM's guided_choice: the output is one of these texts */
+    const cJSON *gc = cJSON_GetObjectItemCaseSensitive(j, "guided_choice");
+    const char *choices[FL_JS_MAX_ENUM];
+    if (gc && !cJSON_IsNull(gc)) {
+        const cJSON *x;
+        if (!cJSON_IsArray(gc) || cJSON_GetArraySize(gc) < 1 || cJSON_GetArraySize(gc) > FL_JS_MAX_ENUM) {
+            ret = BAD("'guided_choice' must be an array of 1 to %d strings", FL_JS_MAX_ENUM);
+            goto out;
+        }
+        cJSON_ArrayForEach(x, gc) {
+            if (!cJSON_IsString(x)) { ret = BAD("'guided_choice' must be an array of 1 to %d strings", FL_JS_MAX_ENUM); goto out; }
+            choices[rp.n_choices++] = x->valuestring;
+        }
+        rp.choices = choices;
     }
     if (schema && !cJSON_IsNull(schema)) {
         if (cJSON_IsString(schema)) rp.json_schema = schema->valuestring; /* (the schema as text) */
