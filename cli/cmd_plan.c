@@ -216,7 +216,7 @@ int fl_cmd_plan(int argc, char **argv) {
         [O_BLOCK] = {"kv-block", 0, FL_OPT_INT, "N  tokens per KV block, a multiple of 16 (default 16)"},
         [O_ATTN] = {"attn", 0, FL_OPT_STR, "IMPL  flash or naive (default flash)"},
         [O_THREADS] = {"threads", 't', FL_OPT_INT, "N  threads (flash-attention tiles are per thread; default 1)"},
-        [O_TRAIN] = {"train", 0, FL_OPT_FLAG, "plan training (weights f32, or bf16/f16 = mixed precision)"},
+        [O_TRAIN] = {"train", 0, FL_OPT_FLAG, "plan training (weights f32, or bf16/f16 = mixed precision: 16-bit numerics on an extra f32 copy)"},
         [O_CKPT] = {"checkpoint-every", 0, FL_OPT_INT, "K  gradient checkpointing: keep every K-th layer input (default off)"},
         [O_OPTIM] = {"optim", 0, FL_OPT_STR, "NAME  adamw (8 B/param) or adamw8bit (2 B/param)"},
         [O_LORA_RANK] = {"lora-rank", 0, FL_OPT_INT, "R  with --train: LoRA adapters of rank R on a frozen base (train --lora R); --weights nf4 = QLoRA"},

@@ -380,22 +380,24 @@ static void test_training(void **state) {
     fl_plan_result b = plan(&s, &in);
     assert_int_equal(b.dev[0].bytes[FL_MEM_OPTIM], 2 * P);
     assert_int_equal(a.max_total - b.max_total, 6 * P);
-    /* mixed precision: bf16 weights and grads, fp32 master copy with the optimizer */
+    /* mixed precision as fitllm's trainer does it: f32 parameters, grads and activations, and an
+     * f32 copy rounded to bf16 values for the forward (16-bit numerics, not 16-bit storage) */
     in.optim = FL_PLAN_OPTIM_ADAMW;
     fl_plan_parse_wtype("bf16", &in.weights);
     fl_plan_result m = plan(&s, &in);
-    assert_int_equal(m.dev[0].bytes[FL_MEM_WEIGHTS], 2 * P);
-    assert_int_equal(m.dev[0].bytes[FL_MEM_GRAD], 2 * P);
-    assert_int_equal(m.dev[0].bytes[FL_MEM_OPTIM], 12 * P);
+    assert_int_equal(m.dev[0].bytes[FL_MEM_WEIGHTS], 8 * P);
+    assert_int_equal(m.dev[0].bytes[FL_MEM_GRAD], 4 * P);
+    assert_int_equal(m.dev[0].bytes[FL_MEM_OPTIM], 8 * P);
+    assert_int_equal(m.dev[0].bytes[FL_MEM_ACT], a.dev[0].bytes[FL_MEM_ACT]);
     /* activations: all layers vs checkpoints every 2 layers (11 checkpoints + one 2-layer segment) */
     uint64_t act_all = m.dev[0].bytes[FL_MEM_ACT];
     in.ckpt_every = 2;
     fl_plan_result c = plan(&s, &in);
-    uint64_t N = 2 * 1024, E = 2048, per = 2 * (4 * E + 2 * 2048 + 2 * 256 + 3 * 5632) + 8 + 4 * 32;
-    uint64_t tail = N * (2 * E * 2 + 32000 * 4 + 16); /* final residual and norm, logits, 4 f32 per token */
+    uint64_t N = 2 * 1024, E = 2048, per = 4 * (4 * E + 2 * 2048 + 2 * 256 + 3 * 5632) + 8 + 4 * 32;
+    uint64_t tail = N * (2 * E * 4 + 32000 * 4 + 16); /* final residual and norm, logits, 4 f32 per token */
     assert_int_equal(act_all, N * 22 * per + tail);
     /* (the segment's first layer reads its input from its checkpoint) */
-    assert_int_equal(c.dev[0].bytes[FL_MEM_ACT], N * 11 * E * 2 + N * 2 * per - N * E * 2 + tail);
+    assert_int_equal(c.dev[0].bytes[FL_MEM_ACT], N * 11 * E * 4 + N * 2 * per - N * E * 4 + tail);
     /* LoRA rank 16 on a frozen f32 base: adapters r (in + out) per matrix, their grads and AdamW
      * states; each token saves x A^T of the 7 matrices per layer; QLoRA: NF4 matrices (33 bytes
      * per 64 weights and an f32 per 256 blocks of a row) and the largest matrix as f32 scratch */
@@ -438,13 +440,13 @@ static void test_training(void **state) {
         in.zero_stage = k;
         z[k] = plan(&s, &in);
     }
-    assert_int_equal(z[0].dev[0].bytes[FL_MEM_OPTIM], 12 * P);
-    assert_int_equal(z[1].dev[0].bytes[FL_MEM_OPTIM], 12 * P / 4);
-    assert_int_equal(z[1].dev[0].bytes[FL_MEM_GRAD], 2 * P);
-    assert_int_equal(z[2].dev[0].bytes[FL_MEM_GRAD], 2 * P / 4);
-    assert_int_equal(z[2].dev[0].bytes[FL_MEM_WEIGHTS], 2 * P);
-    assert_int_equal(z[3].dev[0].bytes[FL_MEM_WEIGHTS], 2 * P / 4);
-    uint64_t layer = 2 * (2048ull * 2048 * 2 + 2048ull * 256 * 2 + 3ull * 2048 * 5632 + 2 * 2048);
+    assert_int_equal(z[0].dev[0].bytes[FL_MEM_OPTIM], 8 * P);
+    assert_int_equal(z[1].dev[0].bytes[FL_MEM_OPTIM], 8 * P / 4);
+    assert_int_equal(z[1].dev[0].bytes[FL_MEM_GRAD], 4 * P);
+    assert_int_equal(z[2].dev[0].bytes[FL_MEM_GRAD], 4 * P / 4);
+    assert_int_equal(z[2].dev[0].bytes[FL_MEM_WEIGHTS], 8 * P);
+    assert_int_equal(z[3].dev[0].bytes[FL_MEM_WEIGHTS], 8 * P / 4);
+    uint64_t layer = 4 * (2048ull * 2048 * 2 + 2048ull * 256 * 2 + 3ull * 2048 * 5632 + 2 * 2048);
     assert_int_equal(z[3].dev[0].bytes[FL_MEM_COMM], layer);
     assert_int_equal(z[3].dev[0].bytes[FL_MEM_ACT], z[0].dev[0].bytes[FL_MEM_ACT]); /* ZeRO leaves activations alone */
     /* quantized weights cannot be trained */

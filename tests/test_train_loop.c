@@ -459,7 +459,7 @@ static void test_qlora_load_and_export_stream(void **state) {
  * AdamW states to the byte; activations + workspace (the planner splits them, the trainer holds
  * both in ACT) within 0.2% (the trainer rounds each buffer to 64 bytes and keeps a slot table:
  * measured -0.02%). */
-static void test_lora_plan_matches_trainer(void **state) {
+static void test_train_plan_matches_trainer(void **state) {
     (void)state;
     const fl_train_config c = {.n_vocab = 512, .n_ctx = 64, .n_embd = 128, .n_layer = 3, .n_head = 4, .n_head_kv = 2,
                                .head_dim = 32, .n_ff = 320, .rope_dim = 32, .rope_base = 10000.0f, .rms_eps = 1e-5f};
@@ -507,6 +507,36 @@ static void test_lora_plan_matches_trainer(void **state) {
             fl_optim_free(o);
             fl_train_model_free(m);
         }
+    /* full training, fp32 and mixed precision (an f32 copy rounded to bf16 values): the plan
+     * of --weights f32 / bf16 against the trainer's allocations */
+    for (int mixed = 0; mixed < 2; mixed++) {
+        fl_train_model *m;
+        assert_int_equal(fl_train_model_new(&c, &m), FL_OK);
+        fl_train_model_init_random(m, 1);
+        assert_int_equal(fl_train_model_reserve(m, 2 * 64, 1, mixed ? FL_TRAIN_BF16 : FL_TRAIN_F32), FL_OK);
+        fl_optimizer_config oc = fl_optim_default();
+        fl_optim *o;
+        assert_int_equal(fl_optim_new(&oc, m->n_params, NULL, -1, &o), FL_OK);
+        fl_plan_input in;
+        fl_plan_input_default(&in, &s);
+        assert_int_equal(fl_plan_parse_wtype(mixed ? "bf16" : "f32", &in.weights), FL_OK);
+        in.weights_from_file = false;
+        in.train = true;
+        in.n_ctx = 64;
+        in.n_seq = 2;
+        in.ckpt_every = 1;
+        fl_plan_result r;
+        assert_int_equal(fl_plan_compute(&s, &in, &r), FL_OK);
+        const uint64_t *pb = r.dev[0].bytes;
+        assert_int_equal(pb[FL_MEM_WEIGHTS], fl_mem_current(FL_MEM_WEIGHTS));
+        assert_int_equal(pb[FL_MEM_GRAD], fl_mem_current(FL_MEM_GRAD));
+        assert_int_equal(pb[FL_MEM_OPTIM], fl_mem_current(FL_MEM_OPTIM));
+        const double as_plan = (double)(pb[FL_MEM_ACT] + pb[FL_MEM_SCRATCH]);
+        const double as_meas = (double)(fl_mem_current(FL_MEM_ACT) + fl_mem_current(FL_MEM_SCRATCH));
+        if (fabs(as_plan - as_meas) > 0.002 * as_meas) fail_msg("mixed %d: activations + workspace planned %.0f, allocated %.0f", mixed, as_plan, as_meas);
+        fl_optim_free(o);
+        fl_train_model_free(m);
+    }
     fl_test_mem_zero();
 }
 
@@ -556,7 +586,7 @@ int main(void) {
         cmocka_unit_test(test_batchers),          cmocka_unit_test(test_resume_bit_identical),
         cmocka_unit_test(test_trainer_grad_accum), cmocka_unit_test(test_lora_chain_rule),
         cmocka_unit_test(test_qlora_nf4_trains),  cmocka_unit_test(test_qlora_load_and_export_stream),
-        cmocka_unit_test(test_lora_plan_matches_trainer), cmocka_unit_test(test_fp16_loss_scaling),
+        cmocka_unit_test(test_train_plan_matches_trainer), cmocka_unit_test(test_fp16_loss_scaling),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -292,7 +292,7 @@ static bool is_mixed(const fl_plan_input *in) { return in->weights.base != FL_TY
 void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, int64_t l0, int64_t l1, bool last_stage,
                              uint64_t *act, uint64_t *scratch) {
     uint64_t tpu = in->tp > 0 ? (uint64_t)in->tp : 1, hd = u(s->head_dim), E = u(s->n_embd);
-    uint64_t elt = is_mixed(in) ? 2 : 4;
+    const uint64_t elt = 4; /* the trainer keeps its activations in f32, mixed precision too */
     uint64_t ctx_r = cdiv(u(in->n_ctx), in->sp > 0 ? (uint64_t)in->sp : 1);
     uint64_t N = smul(u(in->n_seq), ctx_r); /* tokens on this rank */
     uint64_t heads = cdiv(u(s->n_head), tpu), qd = smul(heads, hd), kvd = smul(cdiv(u(s->n_head_kv), tpu), hd);
@@ -423,7 +423,9 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
     const bool from_file = in->weights_from_file && s->has_weight_bytes && !in->train;
     wparts parts; /* 4 KiB */
     const wparts *pp_ = &parts;
-    uint64_t elt = in->train ? (is_mixed(in) ? 2 : 4) : 0;
+    /* training: f32 parameters (mixed precision rounds a second f32 copy to bf16 / fp16 values
+     * for the forward: fitllm's trainer emulates 16-bit numerics, it does not store 16 bits) */
+    const uint64_t elt = in->train ? 4 : 0;
     out->n_params = fl_plan_n_params(s);
     if (in->train) {
         /* every tensor (norms too) in the train dtype: f32 bytes / 4 x elt */
@@ -438,7 +440,7 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             parts.repl[l] = parts.repl[l] / 4 * elt;
             parts.kv[l] = parts.kv[l] / 4 * elt;
         }
-        out->weights_total = smul(u(out->n_params), elt);
+        out->weights_total = smul(u(out->n_params), is_mixed(in) ? 2 * elt : elt);
     } else {
         weight_parts(s, &in->weights, from_file, &parts);
         out->weights_total = fl_plan_weights_bytes(s, &in->weights, from_file);
@@ -499,7 +501,7 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
         } else if (in->train) {
             uint64_t params = w / elt;
             uint64_t grads = w, optim = smul(params, in->optim == FL_PLAN_OPTIM_ADAMW ? 8 : 2);
-            if (is_mixed(in)) optim = sadd(optim, smul(params, 4));
+            if (is_mixed(in)) w = smul(w, 2); /* + the rounded compute copy */
             if (in->zero_stage >= 1) optim = cdiv(optim, dp);
             if (in->zero_stage >= 2) grads = cdiv(grads, dp);
             if (in->zero_stage >= 3) {
