@@ -454,6 +454,40 @@ static void test_qlora_load_and_export_stream(void **state) {
     fl_test_mem_zero();
 }
 
+/* The training plan of shape s (2 x 64 tokens, checkpoints every k, weights wt, LoRA rank
+ * lora on an f32 or NF4 base) */
+static fl_plan_input train_plan_input(const fl_model_shape *s, const char *wt, int k) {
+    fl_plan_input in;
+    fl_plan_input_default(&in, s);
+    assert_int_equal(fl_plan_parse_wtype(wt, &in.weights), FL_OK);
+    in.weights_from_file = false;
+    in.train = true;
+    in.n_ctx = 64;
+    in.n_seq = 2;
+    in.ckpt_every = k;
+    return in;
+}
+
+/* ... against what the trainer holds now: weights, grads and optimizer states to the byte,
+ * activations + workspace (the planner splits them, the trainer holds both in ACT) within 0.2%;
+ * *grad: the planned grads */
+static void check_train_plan(const fl_model_shape *s, const char *wt, int k, int lora, int nf4, uint64_t *grad) {
+    fl_plan_input in = train_plan_input(s, wt, k);
+    in.lora_rank = lora;
+    in.lora_nf4 = nf4;
+    fl_plan_result r;
+    if (fl_plan_compute(s, &in, &r) != FL_OK) fail_msg("plan: %s", fl_last_error());
+    const uint64_t *pb = r.dev[0].bytes;
+    assert_int_equal(pb[FL_MEM_WEIGHTS], fl_mem_current(FL_MEM_WEIGHTS));
+    assert_int_equal(pb[FL_MEM_GRAD], fl_mem_current(FL_MEM_GRAD));
+    assert_int_equal(pb[FL_MEM_OPTIM], fl_mem_current(FL_MEM_OPTIM));
+    const double as_plan = (double)(pb[FL_MEM_ACT] + pb[FL_MEM_SCRATCH]);
+    const double as_meas = (double)(fl_mem_current(FL_MEM_ACT) + fl_mem_current(FL_MEM_SCRATCH));
+    if (fabs(as_plan - as_meas) > 0.002 * as_meas)
+        fail_msg("%s k %d lora %d nf4 %d: activations + workspace planned %.0f, allocated %.0f", wt, k, lora, nf4, as_plan, as_meas);
+    *grad = pb[FL_MEM_GRAD];
+}
+
 /* `fitllm plan --train --lora-rank R [--weights nf4]` against the trainer's allocations for the
  * same shape: weights (the frozen base, f32 or NF4, the f32 rest and the adapters), grads and
  * AdamW states to the byte; activations + workspace (the planner splits them, the trainer holds
@@ -478,32 +512,14 @@ static void test_train_plan_matches_trainer(void **state) {
             fl_optimizer_config oc = fl_optim_default();
             fl_optim *o;
             assert_int_equal(fl_optim_new(&oc, m->n_lora, NULL, -1, &o), FL_OK);
-            fl_plan_input in;
-            fl_plan_input_default(&in, &s);
-            assert_int_equal(fl_plan_parse_wtype("f32", &in.weights), FL_OK);
-            in.weights_from_file = false;
-            in.train = true;
-            in.n_ctx = 64;
-            in.n_seq = 2;
-            in.ckpt_every = k;
-            in.lora_rank = 4;
-            in.lora_nf4 = nf4;
-            fl_plan_result r;
-            if (fl_plan_compute(&s, &in, &r) != FL_OK) fail_msg("plan: %s", fl_last_error());
-            const uint64_t *pb = r.dev[0].bytes;
-            assert_int_equal(pb[FL_MEM_WEIGHTS], fl_mem_current(FL_MEM_WEIGHTS));
-            assert_int_equal(pb[FL_MEM_GRAD], fl_mem_current(FL_MEM_GRAD));
-            assert_int_equal(pb[FL_MEM_OPTIM], fl_mem_current(FL_MEM_OPTIM));
-            const double as_plan = (double)(pb[FL_MEM_ACT] + pb[FL_MEM_SCRATCH]);
-            const double as_meas = (double)(fl_mem_current(FL_MEM_ACT) + fl_mem_current(FL_MEM_SCRATCH));
-            if (fabs(as_plan - as_meas) > 0.002 * as_meas)
-                fail_msg("nf4 %d k %d: activations + workspace planned %.0f, allocated %.0f", nf4, k, as_plan, as_meas);
+            uint64_t lora_grad, full_grad;
+            check_train_plan(&s, "f32", k, 4, nf4, &lora_grad);
             /* the same plan without LoRA is the full training's: more grads and optimizer states */
-            in.lora_rank = 0;
-            in.lora_nf4 = false;
+            fl_plan_input in = train_plan_input(&s, "f32", k);
             fl_plan_result full;
             assert_int_equal(fl_plan_compute(&s, &in, &full), FL_OK);
-            assert_true(full.dev[0].bytes[FL_MEM_GRAD] > 20 * pb[FL_MEM_GRAD]);
+            full_grad = full.dev[0].bytes[FL_MEM_GRAD];
+            assert_true(full_grad > 20 * lora_grad);
             fl_optim_free(o);
             fl_train_model_free(m);
         }
@@ -517,23 +533,8 @@ static void test_train_plan_matches_trainer(void **state) {
         fl_optimizer_config oc = fl_optim_default();
         fl_optim *o;
         assert_int_equal(fl_optim_new(&oc, m->n_params, NULL, -1, &o), FL_OK);
-        fl_plan_input in;
-        fl_plan_input_default(&in, &s);
-        assert_int_equal(fl_plan_parse_wtype(mixed ? "bf16" : "f32", &in.weights), FL_OK);
-        in.weights_from_file = false;
-        in.train = true;
-        in.n_ctx = 64;
-        in.n_seq = 2;
-        in.ckpt_every = 1;
-        fl_plan_result r;
-        assert_int_equal(fl_plan_compute(&s, &in, &r), FL_OK);
-        const uint64_t *pb = r.dev[0].bytes;
-        assert_int_equal(pb[FL_MEM_WEIGHTS], fl_mem_current(FL_MEM_WEIGHTS));
-        assert_int_equal(pb[FL_MEM_GRAD], fl_mem_current(FL_MEM_GRAD));
-        assert_int_equal(pb[FL_MEM_OPTIM], fl_mem_current(FL_MEM_OPTIM));
-        const double as_plan = (double)(pb[FL_MEM_ACT] + pb[FL_MEM_SCRATCH]);
-        const double as_meas = (double)(fl_mem_current(FL_MEM_ACT) + fl_mem_current(FL_MEM_SCRATCH));
-        if (fabs(as_plan - as_meas) > 0.002 * as_meas) fail_msg("mixed %d: activations + workspace planned %.0f, allocated %.0f", mixed, as_plan, as_meas);
+        uint64_t grad;
+        check_train_plan(&s, mixed ? "bf16" : "f32", 1, 0, 0, &grad);
         fl_optim_free(o);
         fl_train_model_free(m);
     }

@@ -168,7 +168,8 @@ fl_status fl_train_model_add_lora_to_writer(const fl_train_model *m, fl_gguf_wri
 fl_status fl_train_model_read_lora(fl_train_model *m, const fl_gguf *g);
 fl_status fl_train_model_save_lora(const fl_train_model *m, const char *path);
 /* Every parameter in the full f32 layout (n_full, FL_MEM_MISC, caller frees *bytes) with the
- * adapters merged: W + (alpha/r) B A (NF4 base matrices dequantized).  What export writes. */
+ * adapters merged: W + (alpha/r) B A (NF4 base matrices dequantized): what the export writes,
+ * as one copy (the export makes it a matrix at a time; tests compare the two). */
 fl_status fl_train_model_merged(const fl_train_model *m, float **out, size_t *bytes);
 
 /* Write the parameters as a llama GGUF (F32 tensors, standard keys); tokenizer.* keys copied
