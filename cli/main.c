@@ -1,5 +1,6 @@
 /* fitllm command-line entry: dispatches to subcommands (cli/cmd_*.c). */
 #include "cli/cli.h"
+#include "core/alloc.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -27,6 +28,7 @@ static void usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+    fl_mem_install_cjson_hooks(); /* before any cJSON call: every JSON byte is charged */
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -47,7 +47,11 @@ void fl_mem_fail_after(long n); /* n < 0 disables injection */
 void *fl_mem_malloc(size_t size);
 void fl_mem_free_any(void *ptr);
 
-/* Install cJSON hooks so cJSON's allocations are charged to FL_MEM_MISC. Idempotent. */
+/* Install cJSON hooks so cJSON's allocations are charged to FL_MEM_MISC. Idempotent.
+ * cJSON's hooks are global, and an object must be freed by the allocator that made it,
+ * so only a program installs them, once, before any cJSON call (fitllm's main does; so do
+ * tests that count cJSON's bytes). Library code never does: a host program may already
+ * hold cJSON objects made by malloc, and a thread may be between a parse and its delete. */
 void fl_mem_install_cjson_hooks(void);
 
 bool fl_mem_all_zero(void); /* every category at 0 bytes (tests end with this) */

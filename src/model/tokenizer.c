@@ -458,7 +458,6 @@ fl_status fl_tokenizer_new_bpe_files(const char *encoder_json_path, const char *
     fl_status st = read_file(encoder_json_path, &js, &js_len);
     if (st) goto done;
     if ((st = read_file(merges_path, &mt, &mt_len))) goto done;
-    fl_mem_install_cjson_hooks();
     root = cJSON_ParseWithLength(js, js_len);
     if (!root || !cJSON_IsObject(root)) {
         st = fl_set_error(FL_ERR_FORMAT, "%s: not a JSON object", encoder_json_path);

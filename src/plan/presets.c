@@ -86,7 +86,6 @@ static bool get_bool(const cJSON *o, const char *key, bool dflt) {
 fl_status fl_plan_shape_from_config_str(const char *json, fl_model_shape *out) {
     memset(out, 0, sizeof *out);
     out->file_type = -1;
-    fl_mem_install_cjson_hooks();
     cJSON *o = cJSON_Parse(json);
     if (!o) return fl_set_error(FL_ERR_FORMAT, "config.json: not valid JSON (near '%.20s')", cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() : "");
     fl_status st = FL_OK;

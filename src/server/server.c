@@ -135,7 +135,6 @@ static void *driver_main(void *arg) {
 
 fl_status fl_server_start(fl_engine *e, const fl_server_params *p, fl_server **out) {
     *out = NULL;
-    fl_mem_install_cjson_hooks();
     fl_server *s = fl_calloc(FL_MEM_NET, 1, sizeof *s);
     if (!s) return FL_ERR_NOMEM;
     s->engine = e;
