@@ -29,15 +29,13 @@
  * over all the blocks per 8 tokens, 16 tokens streamed: runs of 4 1.019-1.025, 8 1.010-1.019, 16
  * 0.99) */
 #define R8_QUAD_CHUNK 8
-/* Q8_0 where the rows come from memory (the tile that prefetches them, pf): runs of 2, so that a
- * step's reads come evenly, not in bursts of 8 blocks with a pass from L1 between them (Q8_0 has
- * twice Q4_0's bytes per product).  Against runs of 8 on a Zen 5 VM, alternated call by call,
- * median of the paired speedups, 16 tokens over 24 streamed 5632 x 2048 matrices: runs of 1
- * 1.047-1.056, 2 1.039-1.065 (2048 x 5632: 1.058), 4 1.028; 12 tokens 1.053; 512 tokens (the
- * first token tile only) 0.996-0.999.  Q4_0 with runs of 1, 2 or 4: 0.993-1.002, so it keeps 8.
- * In `fitllm bench serve` (16 sequences, TinyLlama-shaped Q8_0), the 9-16-token matmuls timed in
- * the engine, alternated layer by layer: 0.928 and 0.935 of the time (an A-A control: 0.994). */
-#define R8_QUAD_CHUNK_Q8_STREAM 2
+/* Q8_0 where the rows come from memory (the tile that prefetches them, pf): runs of 4, so that a
+ * step's reads come evenly, not in bursts of 8 blocks (Q8_0 has twice Q4_0's bytes per product).
+ * With passes of 8 tokens against runs of 8 on a Zen 5 VM, alternated call by call, median of
+ * the paired speedups, 16 tokens over 24 streamed 5632 x 2048 matrices: runs of 1 1.047-1.056, 2
+ * 1.039-1.065, 4 1.028; with the register passes and the prefetch spread over them (tile32), runs
+ * of 4 against 2: 1.05-1.07.  Q4_0 keeps 8 (4: 0.97-1.00). */
+#define R8_QUAD_CHUNK_Q8_STREAM 4
 
 /* steps of up to this many tokens take one group (8 rows, ymm) at a time: tile8 */
 #define R8_GEMV_TOKENS 2
@@ -157,14 +155,15 @@ INLINE __m512i bcast_reg(const int32_t *x) {
     return r;
 }
 
-/* Block b's rows (at ob) of the four groups FL_R8_PF bytes ahead into L1, past a group's end the
- * same place in the next four groups.  No prefetch into L2 (fl_r8_prefetch's second distance): 16
- * tokens over 24 streamed 5632 x 2048 matrices, against both distances, alternated call by call,
- * median of the paired speedups: Q8_0 1.04-1.05, Q4_0 1.10 (into L1 1 KiB ahead: 1.06 / 1.07,
- * 2 KiB: 1.07 / 1.02; into L2 alone 1.00; none 0.90). */
-INLINE void quad_prefetch(const char *g0, const char *g1, const char *g2, const char *g3, size_t ob, size_t bb, size_t gbytes) {
-    const size_t o = ob + FL_R8_PF, skip = o >= gbytes ? 3 * gbytes : 0;
-    for (size_t l = 0; l < bb; l += 64) {
+/* Block b's rows (at ob) of the four groups pfd bytes ahead into L1, past a group's end the same
+ * place in the next four groups: the block's cache lines pfp, pfp + pfn, ... (a pass of pfn over
+ * the run takes its share).  No prefetch into L2 (fl_r8_prefetch's second distance): 16 tokens
+ * over 24 streamed 5632 x 2048 matrices, against both distances, alternated call by call, median
+ * of the paired speedups: Q8_0 1.04-1.05, Q4_0 1.10 (into L2 alone 1.00; none 0.90). */
+INLINE void quad_prefetch(const char *g0, const char *g1, const char *g2, const char *g3, size_t ob, size_t bb, size_t gbytes,
+                          int pfp, int pfn, size_t pfd) {
+    const size_t o = ob + pfd, skip = o >= gbytes ? 3 * gbytes : 0;
+    for (size_t l = 64 * (size_t)pfp; l < bb; l += 64 * (size_t)pfn) {
         _mm_prefetch(g0 + o + skip + l, _MM_HINT_T0);
         _mm_prefetch(g1 + o + skip + l, _MM_HINT_T0);
         _mm_prefetch(g2 + o + skip + l, _MM_HINT_T0);
@@ -209,9 +208,9 @@ INLINE quad_act quad_act_rows(bool q8, const fl_act_q8 *a, int64_t m0) {
  * core to 4.8-5.3 of the 6.4 G vpdpbusd/s it runs with register operands in one stretch (6.2-6.5
  * in another), two per broadcast ran at 6.3-6.6 in both (a microbenchmark, 16 chains).  Per lane
  * the arithmetic of tile16w (the same int32 sums, the same fma per block in the same order), so
- * the same bits. */
+ * the same bits.  pfp >= 0: each block prefetches its share of the rows pfd bytes ahead (quad_prefetch). */
 INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g2, const char *g3, const quad_act A,
-                    int64_t nb, int64_t b0, int64_t b1, const int NT, bool pf, __m512 *acc) {
+                    int64_t nb, int64_t b0, int64_t b1, const int NT, int pfp, int pfn, size_t pfd, __m512 *acc) {
     const size_t bb = q8 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK;
     const size_t gbytes = (size_t)nb * bb;
     const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
@@ -224,8 +223,7 @@ INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g
     for (int64_t b = b0; b < b1; b++) {
         const size_t ob = (size_t)b * bb;
         const char *r = A.c + b * A.cb;
-        if (pf) /* (a second pass reads the rows the first brought in) */
-            quad_prefetch(g0, g1, g2, g3, ob, bb, gbytes);
+        if (pfp >= 0) quad_prefetch(g0, g1, g2, g3, ob, bb, gbytes, pfp, pfn, pfd);
         __m512i sa[8], sb[8];
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) sb[t] = sa[t] = _mm512_set1_epi32(A.o[t * A.ot + b * A.ob] * A.om);
@@ -267,48 +265,57 @@ INLINE void tile32h(const bool q8, const char *g0, const char *g1, const char *g
     }
 }
 
+/* How far ahead a streamed tile32 prefetches its rows, in blocks: about a run (Q4_0) or a run and
+ * a half (Q8_0), so the lines of the next run are on their way while every pass of this one runs.
+ * 16 tokens over 24 streamed 5632 x 2048 matrices, alternated call by call: Q4_0 8 blocks
+ * against 4: 1.08; 12 or 16: 0.99-1.00; Q8_0 6 blocks against 4: 1.12, 8: 1.03, 12: 0.97. */
+#define R8_PF_BLOCKS_Q4 8
+#define R8_PF_BLOCKS_Q8 6
+
 /* 32 rows x NT (9..16) tokens: per run of R8_QUAD_CHUNK blocks (R8_QUAD_CHUNK_Q8_STREAM for Q8_0
- * rows from memory) the tokens in passes, the later ones reading the run from L1.  Where the rows
- * come from memory (pf: a step's first 16-token tile) two passes of up to 8 tokens, sums in
- * memory; else two passes (NT <= 12) or three of at most R8_REG_TOKENS, as even as can be (16: 6,
- * 5, 5), sums in registers.  Pass p's sums are acc[16 p + t] (rows 0-15) and acc[16 p + 8 + t]
- * (rows 16-31, stored under rmb).  `fitllm bench model -m tl-T.gguf -p 512 -n 0 -t 2 -r 2`
- * (TinyLlama-shaped), two alternated rounds against passes of 8 everywhere: pp Q4_0 455.6, 474.2
- * -> 472.4, 494.8 tok/s, Q8_0 445.5, 470.4 -> 484.0, 487.4; but 16-sequence decode (`bench serve
- * -n 16 --max-seqs 16 --prompt-len 16 --gen-len 48`), every tile streamed, lost with three
- * register passes: Q4_0 453.3, 449.2 -> 429.5, 426.6 decode tok/s, Q8_0 362.6, 370.1 -> 356.9,
- * 358.9, so streamed tiles keep the two passes.  Against the pairs of groups (tile16w), fl_matmul
- * on 2 threads alternated call by call (two passes of 8): 16 tokens on a 512 x 2048 matrix in
- * cache Q8_0 1.11, Q4_0 1.07, 64 tokens Q8_0 1.11; 16 tokens streaming 24 matrices of 5632 x 2048
- * from memory Q8_0 0.99, Q4_0 1.03. */
+ * rows from memory) the tokens in two passes (NT <= 12) or three of at most R8_REG_TOKENS, as
+ * even as can be (16: 6, 5, 5), the sums in registers, the later passes reading the run from L1.
+ * Where the rows come from memory (pf: a step's first 16-token tile) each pass prefetches its
+ * share of the lines R8_PF_BLOCKS_* ahead (pass p the lines p, p + np, ...), so memory is read
+ * through all of the passes.  Pass p's sums are acc[16 p + t] (rows 0-15) and acc[16 p + 8 + t]
+ * (rows 16-31, stored under rmb).
+ * `fitllm bench model -m tl-T.gguf -p 512 -n 0 -t 2 -r 2` (TinyLlama-shaped), two alternated
+ * rounds against passes of 8 everywhere: pp Q4_0 455.6, 474.2 -> 472.4, 494.8 tok/s, Q8_0 445.5,
+ * 470.4 -> 484.0, 487.4.  Streamed, the register passes had lost with the prefetch in the first
+ * pass alone (16-sequence decode, Q4_0 453.3, 449.2 -> 429.5, 426.6 decode tok/s): memory then
+ * idled through the later passes.  With the prefetch spread over the passes, against two passes
+ * of 8 with the sums in memory and the prefetch in the first: 16 tokens over 24 streamed 5632 x
+ * 2048 matrices, alternated call by call, Q4_0 1.10, Q8_0 1.12 (2048 x 5632: 1.06 / 1.07; 12
+ * tokens 1.04 / 1.06).  Against the pairs of groups (tile16w), fl_matmul on 2 threads alternated
+ * call by call (two passes of 8): 16 tokens on a 512 x 2048 matrix in cache Q8_0 1.11, Q4_0
+ * 1.07, 64 tokens Q8_0 1.11. */
 INLINE void tile32(const bool q8, const char *g0, const char *g1, const char *g2, const char *g3, const char *act,
                    int64_t nb, const int NT, float *y, int64_t ldy, __mmask16 rmb, bool pf) {
-    /* pass sizes: streamed 8, NT - 8; else as even as can be in passes of <= R8_REG_TOKENS */
     const int np = NT <= 2 * R8_REG_TOKENS ? 2 : 3;
     const int n0 = NT / np + (NT % np > 0), n1 = NT / np + (NT % np > 1), n2 = NT - n0 - n1;
     __m512 acc[48];
 #pragma GCC unroll 48
     for (int t = 0; t < 48; t++) acc[t] = _mm512_setzero_ps();
     const int64_t run = q8 && pf ? R8_QUAD_CHUNK_Q8_STREAM : R8_QUAD_CHUNK;
+    const size_t pfd = q8 ? R8_PF_BLOCKS_Q8 * FL_R8_Q8_0_BLOCK : R8_PF_BLOCKS_Q4 * FL_R8_Q4_0_BLOCK;
     for (int64_t b0 = 0; b0 < nb; b0 += run) {
         const int64_t b1 = b0 + run < nb ? b0 + run : nb;
-        if (pf) {
-            tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, 0), nb, b0, b1, 8, true, acc);
-            tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, 8), nb, b0, b1, NT - 8, false, acc + 16);
-            continue;
-        }
-        tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, 0), nb, b0, b1, n0, false, acc);
-        tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, n0), nb, b0, b1, n1, false, acc + 16);
-        if (np == 3) tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, n0 + n1), nb, b0, b1, n2, false, acc + 32);
+        tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, 0), nb, b0, b1, n0, pf ? 0 : -1, np, pfd, acc);
+        tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, n0), nb, b0, b1, n1, pf ? 1 : -1, np, pfd, acc + 16);
+        if (np == 3) tile32h(q8, g0, g1, g2, g3, quad_act_records(q8, act, n0 + n1), nb, b0, b1, n2, pf ? 2 : -1, np, pfd, acc + 32);
     }
-    const int m0 = pf ? 8 : n0, m1 = pf ? NT - 8 : n1;
 #pragma GCC unroll 16
     for (int t = 0; t < NT; t++) {
-        const int p = t < m0 ? 0 : t < m0 + m1 ? 1 : 2, j = t - (p == 0 ? 0 : p == 1 ? m0 : m0 + m1);
+        const int p = t < n0 ? 0 : t < n0 + n1 ? 1 : 2, j = t - (p == 0 ? 0 : p == 1 ? n0 : n0 + n1);
         _mm512_storeu_ps(y + t * ldy, acc[16 * p + j]);
         _mm512_mask_storeu_ps(y + t * ldy + 16, rmb, acc[16 * p + 8 + j]);
     }
 }
+
+/* tile32r's prefetch distance for Q8_0 (Q4_0: FL_R8_PF, 512 B): 8 tokens over 24 streamed 5632 x
+ * 2048 matrices, alternated call by call, against 512 B: 1024 1.07-1.09 (4 tokens 1.07, 6 1.10),
+ * 768 1.05, 1280 1.07, 1632 1.07 (Q4_0 at 384, 768, 1024 B: 0.99-1.01, 1536 0.95). */
+#define R8_PF_ROWS_Q8 1024
 
 /* 32 rows x NT (1..8) tokens of fl_act_q8's rows from token m0 (steps of 3-8 tokens: batched
  * decode of a few sequences); rows 16-31 stored under rmb.  Against the pairs of groups (tile16),
@@ -321,7 +328,7 @@ INLINE void tile32r(const bool q8, const char *g0, const char *g1, const char *g
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
-    tile32h(q8, g0, g1, g2, g3, quad_act_rows(q8, a, m0), a->nb, 0, a->nb, NT, pf, acc);
+    tile32h(q8, g0, g1, g2, g3, quad_act_rows(q8, a, m0), a->nb, 0, a->nb, NT, pf ? 0 : -1, 1, q8 ? R8_PF_ROWS_Q8 : FL_R8_PF, acc);
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) {
         _mm512_storeu_ps(y + t * ldy, acc[t]);
