@@ -10,6 +10,9 @@
  * the two alternating call by call so that both see the same machine; the JSON's "all" rows
  * name the kernel of each (fl_matmul_kernel_name).
  *
+ * With -p of at most STREAM_GEMM_TOKENS (a batched decode step, whose weights come from memory
+ * once per step) the GEMM is timed over the copies too, as the GEMV is ("gemm_stream_gops").
+ *
  * Per type also the attention projections of one layer, q (2048 x 2048), k and v (256 x 2048)
  * on the same input: fl_matmul_n (one call) against three fl_matmul calls, alternated, for one
  * token and for -p tokens (the weights stay in cache: this measures the per-call work that
@@ -29,6 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#define STREAM_GEMM_TOKENS 16
 
 static double now_s(void) {
     struct timespec ts;
@@ -119,14 +124,16 @@ int fl_bench_matmul(int argc, char **argv) {
         {"json", 0, FL_OPT_FLAG, "print JSON"},
         {"n-prompt", 'p', FL_OPT_INT, "M  tokens for the GEMM (default 512)"},
         {"types", 0, FL_OPT_STR, "LIST  weight types, comma separated (default Q4_0,Q8_0; Q4_0_R8 / Q8_0_R8: repacked in groups of 8 rows, as the model loader does on AVX2 and AVX-512 unless AMX-INT8 comes without AMX-BF16)"},
-        {"stream-mib", 0, FL_OPT_INT, "MIB  weight bytes cycled through in GEMV and bandwidth calibration (default 1024)"},
+        {"stream-mib", 0, FL_OPT_INT, "MIB  weight bytes cycled through in GEMV, streamed GEMM and bandwidth calibration (default 1024)"},
         {"seconds", 0, FL_OPT_FLOAT, "S  minimum time per measurement (default 0.5)"},
         {0},
     };
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench matmul [-t N] [-p M] [--types Q4_0,Q8_0] [--json]",
                           "GEMV GB/s vs measured memory bandwidth, GEMM GOP/s vs measured int8 peak,\n"
-                          "on TinyLlama-1.1B matrices (N x K): 2048x2048, 256x2048 (K, V), 5632x2048, 2048x5632, 32000x2048.",
+                          "on TinyLlama-1.1B matrices (N x K): 2048x2048, 256x2048 (K, V), 5632x2048, 2048x5632, 32000x2048.\n"
+                          "With -p 16 or fewer (a batched decode step) the GEMM is also timed with its weights from memory\n"
+                          "(\"streamed\", over the copies as the GEMV).",
                           NULL, 0, &n_pos);
     if (r) return r == 1 ? 0 : 2;
     const int nth = opts[0].set ? (int)opts[0].i : 2;
@@ -147,6 +154,7 @@ int fl_bench_matmul(int argc, char **argv) {
     const double amx_peak = fl_calib_amx_int8_peak_gops(nth, 0.3);
     const double bw = fl_calib_mem_bandwidth_gbs(nth, stream);
     const bool compare = M >= 64 && fl_amx_bf16_usable(); /* the bf16 tiles against the int8 ones */
+    const bool stream_gemm = M <= STREAM_GEMM_TOKENS;
     if (!json) {
         printf("isa %s, %d threads\n", fl_isa_name(fl_isa_get()), nth);
         printf("calibration: int8 peak %.1f GOP/s (AVX-512 VNNI), memory read bandwidth %.1f GB/s\n", peak, bw);
@@ -154,7 +162,10 @@ int fl_bench_matmul(int argc, char **argv) {
         if (compare)
             printf("GEMM on the AMX-BF16 tiles; 'int8 tiles' is the same GEMM with them off, alternated call by call (the AMX-INT8\n"
                    "tiles: on the file's layout, and on the R8 groups with VBMI, else the AVX-512 VNNI tiles there)\n");
-        printf("%-6s %-11s %10s %8s %10s %8s%s\n", "type", "N x K", "gemv GB/s", "%bw", "gemm GOP/s", "%peak", compare ? "  int8 tiles GOP/s" : "");
+        if (stream_gemm)
+            printf("GEMM of %lld tokens (a batched decode step) also over the copies, its weights from memory ('streamed')\n", (long long)M);
+        printf("%-6s %-11s %10s %8s %10s %8s%s%s\n", "type", "N x K", "gemv GB/s", "%bw", "gemm GOP/s", "%peak", compare ? "  int8 tiles GOP/s" : "",
+               stream_gemm ? "    streamed    %peak" : "");
     }
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
     cJSON_AddStringToObject(root, "isa", fl_isa_name(fl_isa_get()));
@@ -176,7 +187,7 @@ int fl_bench_matmul(int argc, char **argv) {
             rc = 2;
             break;
         }
-        double sum_bytes = 0, sum_t_gemv = 0, sum_ops = 0, sum_t_gemm = 0, sum_t_int8 = 0;
+        double sum_bytes = 0, sum_t_gemv = 0, sum_ops = 0, sum_t_gemm = 0, sum_t_int8 = 0, sum_sops = 0, sum_t_stream = 0;
         for (int s = 0; s < 5; s++) {
             const int64_t N = shapes[s][0], K = shapes[s][1];
             const size_t wbytes = wsize(type, N, K);
@@ -244,6 +255,22 @@ int fl_bench_matmul(int argc, char **argv) {
             } while (t + t_int8 < secs * (compare ? 2 : 1));
             const double ops = 2.0 * (double)M * (double)N * (double)K * (double)runs;
             const double gops = ops / t / 1e9, gops_int8 = compare ? ops / t_int8 / 1e9 : 0;
+            /* a batched decode step's GEMM reads its weights from memory: the same over the copies */
+            double gops_stream = 0;
+            if (stream_gemm) {
+                size_t scalls = 0;
+                t0 = now_s();
+                do {
+                    fl_tensor_init(W, type, 2, ne, w + (scalls % R) * wbytes);
+                    fl_matmul(W, x, y, M);
+                    scalls++;
+                    t = now_s() - t0;
+                } while (t < secs || scalls < R);
+                const double sops = 2.0 * (double)M * (double)N * (double)K * (double)scalls;
+                gops_stream = sops / t / 1e9;
+                sum_sops += sops;
+                sum_t_stream += t;
+            }
             sum_ops += ops;
             sum_t_gemm += t;
             sum_t_int8 += t_int8;
@@ -253,6 +280,7 @@ int fl_bench_matmul(int argc, char **argv) {
                 printf("%-6s %-11s %10.1f %7.1f%% %10.1f %7.1f%%", fl_type_name(type), shape, gbs, bw > 0 ? 100 * gbs / bw : 0, gops,
                        peak > 0 ? 100 * gops / peak : 0);
                 if (compare) printf("  %16.1f", gops_int8);
+                if (stream_gemm) printf(" %11.1f %7.1f%%", gops_stream, peak > 0 ? 100 * gops_stream / peak : 0);
                 printf("\n");
             }
             cJSON *o = cJSON_CreateObject();
@@ -264,6 +292,10 @@ int fl_bench_matmul(int argc, char **argv) {
             cJSON_AddNumberToObject(o, "gemm_gops", gops);
             cJSON_AddNumberToObject(o, "gemm_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
             if (compare) cJSON_AddNumberToObject(o, "gemm_int8_tiles_gops", gops_int8);
+            if (stream_gemm) {
+                cJSON_AddNumberToObject(o, "gemm_stream_gops", gops_stream);
+                cJSON_AddNumberToObject(o, "gemm_stream_pct_int8_peak", peak > 0 ? 100 * gops_stream / peak : 0);
+            }
             cJSON_AddItemToArray(arr, o);
             fl_free(FL_MEM_WEIGHTS, w, wbytes * R);
             fl_free(FL_MEM_SCRATCH, x, (size_t)(M * K) * 4);
@@ -272,10 +304,12 @@ int fl_bench_matmul(int argc, char **argv) {
         if (rc) break;
         const double gbs = sum_bytes / sum_t_gemv / 1e9, gops = sum_ops / sum_t_gemm / 1e9;
         const double gops_int8 = compare ? sum_ops / sum_t_int8 / 1e9 : 0;
+        const double gops_stream = stream_gemm ? sum_sops / sum_t_stream / 1e9 : 0;
         if (!json) {
             printf("%-6s %-11s %10.1f %7.1f%% %10.1f %7.1f%%", fl_type_name(type), "all", gbs, bw > 0 ? 100 * gbs / bw : 0, gops,
                    peak > 0 ? 100 * gops / peak : 0);
             if (compare) printf("  %16.1f", gops_int8);
+            if (stream_gemm) printf(" %11.1f %7.1f%%", gops_stream, peak > 0 ? 100 * gops_stream / peak : 0);
             printf("\n");
         }
         cJSON *o = cJSON_CreateObject();
@@ -292,6 +326,10 @@ int fl_bench_matmul(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "gemm_gops", gops);
         cJSON_AddNumberToObject(o, "gemm_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
         if (compare) cJSON_AddNumberToObject(o, "gemm_int8_tiles_gops", gops_int8);
+        if (stream_gemm) {
+            cJSON_AddNumberToObject(o, "gemm_stream_gops", gops_stream);
+            cJSON_AddNumberToObject(o, "gemm_stream_pct_int8_peak", peak > 0 ? 100 * gops_stream / peak : 0);
+        }
         cJSON_AddItemToArray(arr, o);
         /* q, k, v in one call against three */
         double us1[2], usm[2];

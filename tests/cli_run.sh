@@ -211,5 +211,15 @@ assert r[5]["shape"] == "all" and r[6]["shape"] == "qkv", r
 assert all(x["gemv_gbs"] > 0 and x["gemm_gops"] > 0 for x in r[:6]), r
 assert all(("gemm_int8_tiles_gops" in x) == o["amx_bf16_gemm"] for x in r[:6]), r
 assert all(r[6][k] > 0 for k in ("gemv_us_3_calls", "gemv_us_fused", "gemm_us_3_calls", "gemm_us_fused")), r
+assert not any("gemm_stream_gops" in x for x in r), r  # 64 tokens: no streamed GEMM
+PY
+# at 16 tokens (a batched decode step) the GEMM is timed over the copies too, its weights from memory
+"$fitllm" bench matmul -p 16 --types Q8_0_R8 --stream-mib 4 --seconds 0.05 --json >"$tmp/mm16.json" || fail "bench matmul -p 16"
+python3 - "$tmp/mm16.json" <<'PY' || fail "bench matmul -p 16 json"
+import json, sys
+o = json.load(open(sys.argv[1]))
+r = o["results"]
+assert all(x["gemm_stream_gops"] > 0 for x in r[:6]), r
+assert all(abs(x["gemm_stream_pct_int8_peak"] - 100 * x["gemm_stream_gops"] / o["int8_peak_gops"]) < 1e-6 * x["gemm_stream_pct_int8_peak"] + 1e-9 for x in r[:6]), r
 PY
 echo ok
