@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "engine/engine.h"
 #include "engine/json_schema.h"
+#include "engine/regex_guide.h"
 #include "core/status.h"
 #include "core/threads.h"
 #include "formats/gguf.h"
@@ -100,6 +101,7 @@ typedef struct run_cfg {
     int32_t prompt_logprobs; /* score every prompt token too */
     int32_t json_object;     /* constrain every output to a JSON object */
     const char *json_schema; /* or to a value of this JSON Schema (text) */
+    const char *regex;       /* or to a match of this regex */
 } run_cfg;
 
 /* Elements of the matrices one token's forward multiplies (the layers' and the output head, or
@@ -175,6 +177,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
             p.prompt_logprobs = rc->prompt_logprobs;
             p.json_object = rc->json_object;
             p.json_schema = rc->json_schema;
+            p.regex = rc->regex;
             p.priority = rc->ep.sched_policy == FL_SCHED_PRIORITY ? w->prio[added] : 0; /* (FCFS: the classes are only reported) */
             p.lora = rc->ep.n_loras > 0 ? 1 + (int32_t)(added % rc->ep.n_loras) : 0;
             in_tokens += p.n_prompt;
@@ -270,6 +273,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
         cJSON_AddNumberToObject(o, "logprobs", rc->logprobs);
         cJSON_AddBoolToObject(o, "json_object", rc->json_object);
         cJSON_AddBoolToObject(o, "json_schema", rc->json_schema != NULL);
+        cJSON_AddBoolToObject(o, "regex", rc->regex != NULL);
         cJSON_AddNumberToObject(o, "logprob_records", (double)lp_records);
         cJSON_AddNumberToObject(o, "prompt_logprob_records", (double)plp_records);
         cJSON_AddNumberToObject(o, "requests_per_s", n / dur);
@@ -376,6 +380,7 @@ int fl_bench_serve(int argc, char **argv) {
         {"prompt-logprobs", 0, FL_OPT_FLAG, "every request also scores its prompt tokens (echo with logprobs)"},
         {"json-object", 0, FL_OPT_FLAG, "every output is constrained to one JSON object (ends when it closes)"},
         {"json-schema", 0, FL_OPT_STR, "every output is constrained to a value of the JSON Schema in FILE (ends when complete)"},
+        {"regex", 0, FL_OPT_STR, "PATTERN  every output is constrained to a whole match of this regex (vLLM's guided_regex; ends when nothing extends it)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
@@ -383,7 +388,7 @@ int fl_bench_serve(int argc, char **argv) {
     };
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench serve -m MODEL [--requests N] [--rate R] [--prompt-len DIST] "
-                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object | --json-schema FILE] [--baseline static] [--json]",
+                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object | --json-schema FILE | --regex PATTERN] [--baseline static] [--json]",
                           "Serve a synthetic workload through the continuous-batching engine and report\n"
                           "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
                           "peak memory, and the decode-only steps' tokens/s and weight GOP/s against the measured int8 peak.  --baseline static adds the same workload as static padded batches.",
@@ -582,6 +587,22 @@ int fl_bench_serve(int argc, char **argv) {
         }
         fl_json_schema_free(probe);
         rc.json_schema = schema;
+    }
+    if (fl_args_get(opts, "regex")->set) {
+        fl_regex_guide *probe = NULL; /* refused here, before the model loads */
+        if (rc.json_object || schema) {
+            fprintf(stderr, "fitllm bench serve: one of --json-object, --json-schema and --regex\n");
+        } else if (fl_regex_guide_new(fl_args_get(opts, "regex")->str, &probe) != FL_OK) {
+            fprintf(stderr, "fitllm bench serve: --regex: %s\n", fl_last_error());
+        }
+        if (!probe) {
+            if (schema) fl_free(FL_MEM_MISC, schema, schema_len + 1);
+            cJSON_Delete(root);
+            workload_free(&w);
+            return 2;
+        }
+        fl_regex_guide_free(probe);
+        rc.regex = fl_args_get(opts, "regex")->str;
     }
     int rcode = 0;
     cJSON *paged = run_one(&rc, &w, "paged");

@@ -56,6 +56,7 @@ int fl_cmd_serve(int argc, char **argv) {
                           "tokens that keep it valid) or json_schema (one value of the schema; also\n"
                           "guided_json and json_schema fields; docs/SERVER.md lists the keywords);\n"
                           "guided_choice: the output is exactly one of these texts;\n"
+                          "guided_regex: the whole output is one match of this PCRE2 pattern;\n"
                           "logprobs: an integer 0-20 on /v1/completions (that\n"
                           "many alternatives per token), true with top_logprobs 0-20 on chat, the model's\n"
                           "raw distribution before penalties and temperature.  /v1/completions also takes\n"

@@ -172,6 +172,12 @@ typedef struct fl_request_params {
                                  * when no other can follow, or at end-of-generation where one is
                                  * complete and a longer one could go on.  Not with json_* */
     int32_t n_choices;
+    const char *regex;          /* vLLM's guided_regex: the whole output is one match of this PCRE2
+                                 * pattern (UTF-8; anchored at both ends; no backreferences, as it
+                                 * runs as a DFA; compiled when added, FL_ERR_INVALID naming the
+                                 * offset otherwise); end-of-generation only where the text is a
+                                 * match, STOP where no continuation can extend it.  Not with the
+                                 * other constraints */
     int32_t prompt_logprobs;    /* 1 = also the log-probability of each prompt token after the first
                                  * given the ones before it (with top_logprobs alternatives): every
                                  * prompt position then needs a logits row, so the prompt is computed

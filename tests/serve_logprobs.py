@@ -295,6 +295,23 @@ def main_stories(shared):
                        ("guided_choice twice the same", {"guided_choice": ["a", "a"]})]:
         st, r = post_json("/v1/completions", dict(body, prompt="a", max_tokens=4))
         check("%s: 400 (%s)" % (name, r.get("error", {}).get("message", "")), st == 400)
+    # vLLM's guided_regex: the whole answer is one match (Python's re checks it: another engine)
+    import re as pyre
+    pat = r"(Lily|Tom) (is|was) [a-z]+( [a-z]+){0,3}\."
+    got = []
+    for seed in range(4):
+        st, r = post_json("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 1.0, "seed": seed,
+                                              "guided_regex": pat})
+        got.append((st, r["choices"][0]["finish_reason"], r["choices"][0]["text"]))
+    check("guided_regex: each answer a whole match (%s)" % got,
+          all(st == 200 and fin == "stop" and pyre.fullmatch(pat, t) for st, fin, t in got))
+    for name, body, needle in [("guided_regex not a string", {"guided_regex": 3}, "must be a string"),
+                               ("guided_regex that does not compile", {"guided_regex": "a(b"}, "offset 3"),
+                               ("guided_regex with a backreference", {"guided_regex": "(a)\\1"}, "backreferences"),
+                               ("guided_regex with guided_choice", {"guided_regex": "a", "guided_choice": ["a"]}, "one output constraint")]:
+        st, r = post_json("/v1/completions", dict(body, prompt="a", max_tokens=4))
+        msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else ""
+        check("%s: 400 (%s)" % (name, msg), st == 400 and needle in msg)
     for name, body, needle in [
             ("an unsupported keyword", {"guided_json": {"type": "object", "properties": {"s": {"type": "string", "pattern": "a+"}}}},
              "#/properties/s"),

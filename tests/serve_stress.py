@@ -59,6 +59,9 @@ def body():
         d[where] = {"type": "json_schema", "json_schema": {"name": "s", "schema": sch}} if where == "response_format" else sch
     elif r < 0.14:  # vLLM's guided_choice, valid or not
         d["guided_choice"] = rng.choice([["Lily", "Tom"], ["a", "ab", "abc"], [], ["x", "x"], "Lily", [1], [" "]])
+    elif r < 0.18:  # vLLM's guided_regex, valid or not (some no token can start, some slow to backtrack)
+        d["guided_regex"] = rng.choice(["(Lily|Tom) [a-z]+", "[a-z ]{1,20}\\.", "\\d+", "a(b", "(a)\\1", "", "(a+)+b", "\u00e9+",
+                                        "(?x) [A-Z] \\w* # word", "@@", 7, odd()])
     if rng.random() < 0.3:  # a server with --lora-modules tuned=FILE runs these through the adapter
         d["model"] = "tuned"
     raw = json.dumps(d).encode("utf-8", "surrogatepass")

@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 
 #include <cjson/cJSON.h>
+#include <regex.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -796,6 +797,68 @@ static void test_toy_choices(void **state) {
     fl_test_mem_zero();
 }
 
+/* guided regex: sampled outputs are whole matches (checked with glibc's POSIX regex) when they
+ * stop, end-of-generation only where the text is a match that could go on; a pattern no token
+ * can start fails the request; a bad pattern or two constraints fail fl_engine_add */
+static void test_toy_regex(void **state) {
+    (void)state;
+    const char *list = "\\[(1|-2\\.5)(, ?(1|-2\\.5)){0,3}\\]";
+    regex_t re;
+    assert_int_equal(regcomp(&re, "^\\[(1|-2\\.5)(, ?(1|-2\\.5)){0,3}\\]$", REG_EXTENDED | REG_NOSUB), 0);
+    int stops = 0, eos = 0, tr = 0; /* lists of more than one, EOS after "tr", "true" */
+    for (int run = 0; run < 32; run++) {
+        fl_engine *e = json_toy_engine();
+        int32_t prompt[3] = {1, 3 + run % 7, 5};
+        fl_logit_bias bias = {TOY_EOS, 3.0f}; /* end-of-generation likelier where allowed */
+        const bool lists = run < 16;
+        fl_request_params q = {.prompt = prompt, .n_prompt = 3, .max_tokens = 16, .regex = lists ? list : "tr(ue)?",
+                               .logit_bias = &bias, .n_logit_bias = lists ? 0 : 1};
+        fl_sampling_params_default(&q.sampling);
+        q.sampling.temperature = 1.0f;
+        q.sampling.seed = (uint64_t)run + 5;
+        int64_t id;
+        assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+        char text[4096] = "";
+        int32_t n_tok = 0;
+        const fl_finish_reason fin = run_json_request(e, text, &n_tok);
+        if (lists) { /* (at most 16 tokens: the pattern closes within max_tokens) */
+            assert_int_equal(fin, FL_FINISH_STOP);
+            if (regexec(&re, text, 0, NULL, 0)) fail_msg("run %d: '%s' stopped but is no match", run, text);
+            stops += strchr(text, ',') != NULL;
+        } else if (fin == FL_FINISH_EOS) {
+            assert_string_equal(text, "tr"); /* the one place a match could go on */
+            eos++;
+        } else {
+            assert_int_equal(fin, FL_FINISH_STOP);
+            assert_string_equal(text, "true");
+            tr++;
+        }
+        fl_engine_free(e);
+    }
+    regfree(&re);
+    assert_true(stops >= 4 && eos >= 1 && tr >= 1); /* lists of more than one; (fixed by the seeds) */
+    /* refusals at fl_engine_add; a pattern no token starts: the request fails at its first step */
+    fl_engine *e = json_toy_engine();
+    int32_t prompt[2] = {1, 3};
+    int64_t id;
+    fl_request_params q = {.prompt = prompt, .n_prompt = 2, .max_tokens = 4, .regex = "a(b"};
+    fl_sampling_params_default(&q.sampling);
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "missing closing parenthesis"));
+    q.regex = "x+";
+    q.json_object = 1;
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_ERR_INVALID);
+    q.json_object = 0;
+    q.regex = "@+";
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+    char text[4096] = "";
+    int32_t n_tok = 0;
+    assert_int_equal(run_json_request(e, text, &n_tok), FL_FINISH_ERROR);
+    assert_int_equal(n_tok, 0);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
 /* min_tokens and stop_token_ids, batched: each request equals its reference (EOS and the stop
  * ids masked before min_tokens; a stop id ends the request like EOS, outside the output) */
 static void test_toy_min_tokens_stop_ids(void **state) {
@@ -1505,6 +1568,7 @@ int main(void) {
         cmocka_unit_test(test_toy_json),
         cmocka_unit_test(test_toy_json_schema),
         cmocka_unit_test(test_toy_choices),
+        cmocka_unit_test(test_toy_regex),
         cmocka_unit_test(test_toy_min_tokens_stop_ids),
         cmocka_unit_test(test_toy_static_baseline),
         cmocka_unit_test(test_toy_cancel),

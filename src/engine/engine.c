@@ -9,6 +9,7 @@
  */
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "engine/regex_guide.h"
 #include "engine/sampling.h"
 
 #include "core/alloc.h"
@@ -186,15 +187,61 @@ static fl_status json_mask(fl_engine *e, fl_request *r, const float *row) {
     return allowed ? FL_OK : fl_set_error(FL_ERR_INVALID, "json constraint: no token of the vocabulary continues the %s", r->schema ? "schema's value" : "object");
 }
 
+/* e->masked := row with every token that cannot continue r's regex at -inf: empty tokens,
+ * tokens whose first character cannot come next (one check per ASCII byte; a token opening
+ * with a multi-byte character is checked whole), the rest checked whole; end-of-generation only
+ * where the text so far is a match. */
+static fl_status regex_mask(fl_engine *e, fl_request *r, const float *row) {
+    int32_t allowed = 0;
+    const bool may_end = !r->ignore_eos && fl_regex_guide_complete(r->regex);
+    int8_t first[256]; /* 1 can come next, 0 cannot, -1 check the token */
+    for (int c = 0; c < 256; c++) {
+        if (c >= 0x80) { /* UTF-8: a lead byte is looked at with the token; the text ends on a whole character */
+            first[c] = c >= 0xC2 && c <= 0xF4 ? -1 : 0;
+            continue;
+        }
+        const char b = (char)c;
+        const int ok = fl_regex_guide_allows(r->regex, &b, 1);
+        if (ok < 0) return FL_ERR_INVALID;
+        first[c] = (int8_t)ok;
+    }
+    for (int32_t t = 0; t < e->be.n_vocab; t++) {
+        const int64_t a = e->vocab_off[t], n = e->vocab_off[t + 1] - a;
+        int ok = n > 0 ? first[(unsigned char)e->vocab_text[a]] : 0;
+        if (ok && (n > 1 || ok < 0)) ok = fl_regex_guide_allows(r->regex, e->vocab_text + a, (size_t)n);
+        if (ok < 0) return FL_ERR_INVALID;
+        if (e->be.is_eog && e->be.is_eog(e->be.ctx, t)) ok = may_end;
+        e->masked[t] = ok ? row[t] : -INFINITY;
+        allowed += ok != 0;
+    }
+    return allowed ? FL_OK : fl_set_error(FL_ERR_INVALID, "regex constraint: no token of the vocabulary continues a match");
+}
+
+/* r's text is a match that no token of the vocabulary extends: its request is over (asked only
+ * of a match: every ASCII byte, then the tokens that open with a multi-byte character). */
+static bool regex_closed(fl_engine *e, fl_request *r) {
+    if (!fl_regex_guide_complete(r->regex)) return false;
+    for (int c = 0; c < 0x80; c++) {
+        const char b = (char)c;
+        if (fl_regex_guide_allows(r->regex, &b, 1) != 0) return false; /* (an error: the next mask says it) */
+    }
+    for (int32_t t = 0; t < e->be.n_vocab; t++) {
+        const int64_t a = e->vocab_off[t], n = e->vocab_off[t + 1] - a;
+        if (n > 0 && (unsigned char)e->vocab_text[a] >= 0xC2 && fl_regex_guide_allows(r->regex, e->vocab_text + a, (size_t)n) != 0)
+            return false;
+    }
+    return true;
+}
+
 /* Sample r's next token from its logits row (only read) and commit it, with its logprobs when
  * the request wants them; a JSON request samples among the tokens that keep its object valid
  * (its logprobs stay those of the unconstrained row) and finishes when the object closes. */
 static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
-    if (r->json && json_mask(e, r, row) != FL_OK) {
+    if ((r->json && json_mask(e, r, row) != FL_OK) || (r->regex && regex_mask(e, r, row) != FL_OK)) {
         finish(e, r, FL_FINISH_ERROR);
         return;
     }
-    const float *src = r->json ? e->masked : row;
+    const float *src = r->json || r->regex ? e->masked : row;
     if (fl_request_n_generated(r) < r->min_tokens && (e->n_eog || r->n_stop_ids)) { /* no end yet */
         if (src != e->masked) memcpy(e->masked, row, (size_t)e->be.n_vocab * sizeof *e->masked);
         src = e->masked;
@@ -211,8 +258,14 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
         const bool fed = fl_json_fsm_feed(r->json_fsm, e->vocab_text + e->vocab_off[tok], (int32_t)(e->vocab_off[tok + 1] - e->vocab_off[tok]));
         FL_ASSERT(fed); /* the mask let only such tokens through */
     }
+    if (r->regex && !(e->be.is_eog && e->be.is_eog(e->be.ctx, tok)) &&
+        fl_regex_guide_feed(r->regex, e->vocab_text + e->vocab_off[tok], (size_t)(e->vocab_off[tok + 1] - e->vocab_off[tok])) != FL_OK) {
+        finish(e, r, FL_FINISH_ERROR);
+        return;
+    }
     commit_token(e, r, tok);
     if (r->json && fl_json_fsm_done(r->json_fsm)) finish(e, r, FL_FINISH_STOP);
+    if (r->regex && r->state != FL_REQ_FINISHED && regex_closed(e, r)) finish(e, r, FL_FINISH_STOP);
 }
 
 /* ---- engine life cycle ---- */

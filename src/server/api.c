@@ -834,6 +834,12 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         }
         rp.choices = choices;
     }
+    /* vLLM's guided_regex: the whole output is one match of this pattern */
+    const cJSON *gr = cJSON_GetObjectItemCaseSensitive(j, "guided_regex");
+    if (gr && !cJSON_IsNull(gr)) {
+        if (!cJSON_IsString(gr)) { ret = BAD("'guided_regex' must be a string"); goto out; }
+        rp.regex = gr->valuestring;
+    }
     if (schema && !cJSON_IsNull(schema)) {
         if (cJSON_IsString(schema)) rp.json_schema = schema->valuestring; /* (the schema as text) */
         else if (cJSON_IsObject(schema) || cJSON_IsBool(schema)) {

@@ -1,0 +1,54 @@
+/*
+ * regex_guide.h - a regular expression that the whole output must match (vLLM's guided_regex).
+ *
+ * The pattern is PCRE2 syntax in UTF mode (a dot or a class is one character), anchored at both
+ * ends: the output as a whole is one match.  A check asks PCRE2 whether a text is a match or
+ * can still become one (a hard partial match): on the pattern wrapped as (?:PATTERN)\z,
+ * JIT-compiled, with a bound on backtracking (past it the check is an error, not a hang); where
+ * that wrapping does not compile (a pattern that ends inside a comment or an open \Q), on
+ * PCRE2's DFA (pcre2_dfa_match), which follows every alternative at once.  Backreferences,
+ * recursion, subroutine calls and conditions are refused when the pattern is compiled, as the
+ * DFA runs none of them.
+ *
+ * The guide holds the text generated so far.  A candidate continuation is allowed where the
+ * text plus it is a match or the prefix of one, and it ends on a whole UTF-8 character: a token
+ * that ends inside a multi-byte character is not offered (whether some completion of it could
+ * match is not asked), so characters that the vocabulary spells only in byte tokens cannot be
+ * produced.  Each check scans the whole text again (no state is carried between tokens), so a
+ * step costs about (tokens checked) x (text length): see docs/SERVER.md.
+ */
+#ifndef FL_REGEX_GUIDE_H
+#define FL_REGEX_GUIDE_H
+
+#include "fitllm.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define FL_REGEX_MAX_PATTERN 4096 /* bytes of pattern accepted */
+
+typedef struct fl_regex_guide fl_regex_guide;
+
+/* Compile pattern; FL_ERR_INVALID (naming the offset and PCRE2's message) for a pattern that
+ * does not compile, one the DFA could not run, or one longer than FL_REGEX_MAX_PATTERN. */
+fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out);
+void fl_regex_guide_free(fl_regex_guide *g);
+
+/* 1 where the text so far followed by s[0, n) is a match or can still become one (and ends on
+ * a whole character), 0 where not, -1 on an error (out of memory, the backtracking bound, a
+ * DFA limit; set). */
+int fl_regex_guide_allows(fl_regex_guide *g, const char *s, size_t n);
+
+/* Append s[0, n) to the text (the caller has checked fl_regex_guide_allows). */
+fl_status fl_regex_guide_feed(fl_regex_guide *g, const char *s, size_t n);
+
+/* The text so far is a match of the whole pattern. */
+bool fl_regex_guide_complete(fl_regex_guide *g);
+
+/* Bytes of text so far. */
+size_t fl_regex_guide_len(const fl_regex_guide *g);
+
+/* The checks run on PCRE2's DFA (the wrapped form did not compile). */
+bool fl_regex_guide_on_dfa(const fl_regex_guide *g);
+
+#endif

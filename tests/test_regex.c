@@ -1,0 +1,270 @@
+/* The regex constraint (engine/regex_guide.c): what a pattern lets through byte by byte, checked
+ * on hand-written texts and against glibc's POSIX regex (another implementation) on
+ * every short text; refusals; out of memory. */
+#include "test.h"
+
+#include "engine/regex_guide.h"
+
+#include <regex.h>
+#include <stdlib.h>
+#include <string.h>
+
+static fl_regex_guide *guide(const char *pattern) {
+    fl_regex_guide *g = NULL;
+    if (fl_regex_guide_new(pattern, &g) != FL_OK) fail_msg("refused: %s: %s", pattern, fl_last_error());
+    return g;
+}
+
+/* t fed whole: 1 = a match, 0 = the prefix of one, -1 = neither; the answer checked the same
+ * whichever split the text came in (allows before each feed), and the same on the DFA (the
+ * pattern with an empty \Q at its end, which the wrapped form cannot take) */
+static int check(const char *pattern, const char *t) {
+    const size_t n = strlen(t);
+    int first = -2;
+    char dfa[256];
+    snprintf(dfa, sizeof dfa, "%s\\Q", pattern);
+    for (size_t cut = 0; cut <= 2 * n + 1; cut++) {
+        const bool on_dfa = cut > n;
+        fl_regex_guide *g = guide(on_dfa ? dfa : pattern);
+        assert_int_equal(fl_regex_guide_on_dfa(g), on_dfa);
+        if (on_dfa) cut -= n + 1;
+        int r;
+        if (fl_regex_guide_allows(g, t, cut) != 1) r = -1;
+        else {
+            assert_int_equal(fl_regex_guide_feed(g, t, cut), FL_OK);
+            const int ok = fl_regex_guide_allows(g, t + cut, n - cut);
+            assert_true(ok >= 0);
+            if (!ok) r = -1;
+            else {
+                assert_int_equal(fl_regex_guide_feed(g, t + cut, n - cut), FL_OK);
+                assert_int_equal(fl_regex_guide_len(g), n);
+                r = fl_regex_guide_complete(g) ? 1 : 0;
+            }
+        }
+        fl_regex_guide_free(g);
+        if (on_dfa) cut += n + 1;
+        /* a split can only fail earlier: a prefix that is no prefix of a match stops there */
+        if (cut == n || cut == 2 * n + 1 || r != -1) {
+            if (first == -2) first = r;
+            else if (r != first) fail_msg("'%s' on '%s': split at %zu says %d, whole %d", pattern, t, cut, r, first);
+        }
+    }
+    return first;
+}
+
+static void test_texts(void **state) {
+    (void)state;
+    /* anchored at both ends */
+    assert_int_equal(check("a", "a"), 1);
+    assert_int_equal(check("a", "ab"), -1);
+    assert_int_equal(check("a", "ba"), -1);
+    assert_int_equal(check("a", ""), 0);
+    assert_int_equal(check("a+", "aaa"), 1); /* a match that more a's extend */
+    assert_int_equal(check("a|ab", "a"), 1);
+    assert_int_equal(check("a|ab", "ab"), 1); /* the longer alternative, not the first found */
+    assert_int_equal(check("ab?c", "ac"), 1);
+    assert_int_equal(check("ab?c", "ab"), 0);
+    assert_int_equal(check("ab?c", "abb"), -1);
+    /* the kind of pattern guided_regex is for */
+    const char *phone = "\\(\\d{3}\\) \\d{3}-\\d{4}";
+    assert_int_equal(check(phone, "(555) 123-4567"), 1);
+    assert_int_equal(check(phone, "(555) 12"), 0);
+    assert_int_equal(check(phone, "(555) 12a"), -1);
+    assert_int_equal(check(phone, "(555) 123-45678"), -1);
+    const char *date = "(19|20)\\d\\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])";
+    assert_int_equal(check(date, "2026-12-05"), 1);
+    assert_int_equal(check(date, "2026-13"), -1);
+    assert_int_equal(check(date, "20"), 0);
+    assert_int_equal(check("(yes|no|maybe)", "may"), 0);
+    assert_int_equal(check("(yes|no|maybe)", "nope"), -1);
+    assert_int_equal(check("[a-z]+@[a-z]+\\.(com|org)", "ab@cd.org"), 1);
+    assert_int_equal(check("[a-z]+@[a-z]+\\.(com|org)", "ab@cd.c"), 0);
+    assert_int_equal(check("\\w+( \\w+){0,2}\\.", "one two three."), 1);
+    assert_int_equal(check("\\w+( \\w+){0,2}\\.", "one two three four"), -1);
+    /* UTF-8: a character is one unit; a text ending inside a character is not offered */
+    assert_int_equal(check("caf.", "caf\xc3\xa9"), 1);
+    assert_int_equal(check("caf.", "caf\xc3\xa9x"), -1);
+    assert_int_equal(check("[\xc3\xa0-\xc3\xbc]x", "\xc3\xa9x"), 1);
+    assert_int_equal(check("[\xc3\xa0-\xc3\xbc]x", "ex"), -1);
+    fl_regex_guide *g = guide("caf.");
+    assert_int_equal(fl_regex_guide_allows(g, "caf\xc3", 4), 0);   /* cut inside a character */
+    assert_int_equal(fl_regex_guide_allows(g, "caf\xa9", 4), 0);   /* not UTF-8 */
+    assert_int_equal(fl_regex_guide_allows(g, "caf\xe2\x82\xac", 6), 1);
+    fl_regex_guide_free(g);
+    /* the empty pattern: only the empty text */
+    g = guide("");
+    assert_true(fl_regex_guide_complete(g));
+    assert_int_equal(fl_regex_guide_allows(g, "x", 1), 0);
+    fl_regex_guide_free(g);
+    /* a pattern ending in a comment runs on the DFA: the same answers */
+    g = guide("(?x) a b+ # then nothing");
+    assert_true(fl_regex_guide_on_dfa(g));
+    assert_int_equal(fl_regex_guide_allows(g, "abb", 3), 1);
+    assert_int_equal(fl_regex_guide_allows(g, "a b", 3), 0);
+    assert_int_equal(fl_regex_guide_feed(g, "ab", 2), FL_OK);
+    assert_true(fl_regex_guide_complete(g));
+    fl_regex_guide_free(g);
+    /* catastrophic backtracking on the anchored form: an error, not a hang */
+    g = guide("(a+)+b");
+    assert_false(fl_regex_guide_on_dfa(g));
+    char as[64];
+    memset(as, 'a', sizeof as);
+    assert_int_equal(fl_regex_guide_allows(g, as, 40), 1); /* (a hard partial match comes at once) */
+    assert_int_equal(fl_regex_guide_feed(g, as, 40), FL_OK);
+    assert_int_equal(fl_regex_guide_allows(g, "c", 1), -1);
+    assert_non_null(strstr(fl_last_error(), "match limit"));
+    fl_regex_guide_free(g);
+    fl_test_mem_zero();
+}
+
+static void test_refused(void **state) {
+    (void)state;
+    static const struct { const char *pattern, *msg; } bad[] = {
+        {"a(b", "regex at offset 3: missing closing parenthesis"},
+        {"[z-a]", "range out of order"},
+        {"(a)\\1", "backreferences are not supported"},
+        {"a(?R)?b", "regex at offset 1: recursion"}, /* not in a DFA */
+        {"(a)(?1)", "regex at offset 3: recursion"},
+        {"(?(?=a)ab|c)", "regex at offset 0: recursion"}, /* a condition */
+        {"(?<n>a)\\g<n>", "offset 7: recursion"},
+        {"\\C", "regex at offset"},             /* one code unit of a character */
+        {"\xff", "regex at offset"},            /* not UTF-8 */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        fl_regex_guide *g = (fl_regex_guide *)&g;
+        assert_int_equal(fl_regex_guide_new(bad[i].pattern, &g), FL_ERR_INVALID);
+        assert_null(g);
+        if (!strstr(fl_last_error(), bad[i].msg)) fail_msg("'%s': '%s' lacks '%s'", bad[i].pattern, fl_last_error(), bad[i].msg);
+    }
+    char *big = malloc(FL_REGEX_MAX_PATTERN + 2);
+    memset(big, 'a', FL_REGEX_MAX_PATTERN + 1);
+    big[FL_REGEX_MAX_PATTERN + 1] = 0;
+    fl_regex_guide *g = NULL;
+    assert_int_equal(fl_regex_guide_new(big, &g), FL_ERR_INVALID);
+    big[FL_REGEX_MAX_PATTERN] = 0;
+    assert_int_equal(fl_regex_guide_new(big, &g), FL_OK);
+    fl_regex_guide_free(g);
+    free(big);
+    fl_test_mem_zero();
+}
+
+/* Every text of up to 3 bytes over a small alphabet, against glibc's POSIX regex (anchored
+ * ^(...)$): the guide lets a text through exactly where some text of up to 6 bytes that starts
+ * with it is a POSIX match (the patterns complete any prefix of a match within 3 bytes), calls
+ * it complete exactly where it is one; on the anchored form and on the DFA (the pattern with an
+ * empty \Q at its end). */
+#define ALPHA "ab01-.x"
+#define NA 7
+#define MAXLEN 6
+
+static uint32_t key_of(const char *t, size_t n) { /* (length, bytes) -> a distinct index */
+    uint32_t k = 0;
+    for (size_t i = 0; i < n; i++) k = k * 8 + (uint32_t)(strchr(ALPHA, t[i]) - ALPHA) + 1;
+    return k;
+}
+
+static void enumerate(const regex_t *re, char *t, size_t n, uint8_t *full, uint8_t *prefix) {
+    t[n] = 0;
+    if (regexec(re, t, 0, NULL, 0) == 0) {
+        full[key_of(t, n)] = 1;
+        for (size_t m = 0; m <= n; m++) prefix[key_of(t, m)] = 1;
+    }
+    if (n == MAXLEN) return;
+    for (int c = 0; c < NA; c++) {
+        t[n] = ALPHA[c];
+        enumerate(re, t, n + 1, full, prefix);
+    }
+    t[n] = 0;
+}
+
+static void walk(const char *pat, fl_regex_guide *g, char *t, size_t n, const uint8_t *full, const uint8_t *prefix) {
+    const uint32_t k = key_of(t, n);
+    assert_int_equal(fl_regex_guide_complete(g), full[k]);
+    bool more = false;
+    for (int c = 0; c < NA; c++) {
+        t[n] = ALPHA[c];
+        const int ok = fl_regex_guide_allows(g, t + n, 1);
+        const uint8_t want = prefix[key_of(t, n + 1)];
+        t[n + 1] = 0;
+        if (ok != want) fail_msg("'%s' on '%s': guide %d, POSIX %d", pat, t, ok, want);
+        more |= want;
+        if (ok && n + 1 <= 3) {
+            fl_regex_guide *h = guide(pat);
+            assert_int_equal(fl_regex_guide_feed(h, t, n + 1), FL_OK);
+            walk(pat, h, t, n + 1, full, prefix);
+            fl_regex_guide_free(h);
+        }
+    }
+    t[n] = 0;
+    (void)more;
+}
+
+static void test_against_posix(void **state) {
+    (void)state;
+    static const char *const pats[] = {"(ab|a0)+x?", "-?(0|1[01]*)(\\.[01]{1,2})?", "a{1,2}(b|-)x", "(x|ab|b0)*-?", "[ab]+\\.[01]",
+                                       "(a|b)?(0|1)?"};
+    const size_t keys = (size_t)1 << (3 * (MAXLEN + 1));
+    uint8_t *full = malloc(keys), *prefix = malloc(keys);
+    for (size_t p = 0; p < sizeof pats / sizeof *pats; p++) {
+        char anchored[128], t[MAXLEN + 2];
+        snprintf(anchored, sizeof anchored, "^(%s)$", pats[p]);
+        regex_t re;
+        assert_int_equal(regcomp(&re, anchored, REG_EXTENDED | REG_NOSUB), 0);
+        memset(full, 0, keys);
+        memset(prefix, 0, keys);
+        enumerate(&re, t, 0, full, prefix);
+        for (int dfa = 0; dfa < 2; dfa++) {
+            char pat[128];
+            snprintf(pat, sizeof pat, "%s%s", pats[p], dfa ? "\\Q" : "");
+            fl_regex_guide *g = guide(pat);
+            assert_int_equal(fl_regex_guide_on_dfa(g), dfa);
+            walk(pat, g, t, 0, full, prefix);
+            fl_regex_guide_free(g);
+        }
+        regfree(&re);
+    }
+    free(full);
+    free(prefix);
+    fl_test_mem_zero();
+}
+
+static void test_out_of_memory(void **state) {
+    (void)state;
+    int ok = 0;
+    for (int k = 0; k < 100 && !ok; k++) {
+        fl_mem_fail_after(k);
+        fl_regex_guide *g = NULL;
+        const fl_status st = fl_regex_guide_new("[a-z]+ \\d{2,4}", &g);
+        fl_mem_fail_after(-1);
+        if (st == FL_OK) {
+            ok = k + 1;
+            /* the text's buffer grows as it goes: a failed growth is an error, the text unchanged */
+            char big[1000];
+            memset(big, 'q', sizeof big);
+            fl_mem_fail_after(0);
+            assert_int_equal(fl_regex_guide_allows(g, big, sizeof big), -1);
+            fl_mem_fail_after(0);
+            assert_int_equal(fl_regex_guide_feed(g, big, sizeof big), FL_ERR_NOMEM);
+            fl_mem_fail_after(-1);
+            assert_int_equal(fl_regex_guide_len(g), 0);
+            assert_int_equal(fl_regex_guide_feed(g, big, sizeof big), FL_OK);
+            assert_int_equal(fl_regex_guide_allows(g, " 12", 3), 1);
+            fl_regex_guide_free(g);
+        } else {
+            assert_int_equal(st, FL_ERR_NOMEM);
+            assert_null(g);
+        }
+        fl_test_mem_zero();
+    }
+    assert_true(ok > 3);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_texts),
+        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_against_posix),
+        cmocka_unit_test(test_out_of_memory),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
