@@ -250,6 +250,16 @@ void fl_mem_free_any(void *ptr) {
     fl_free(FL_MEM_MISC, p, size + 16);
 }
 
+void *fl_mem_malloc_ctx(size_t size, void *ctx) {
+    (void)ctx;
+    return fl_mem_malloc(size);
+}
+
+void fl_mem_free_ctx(void *ptr, void *ctx) {
+    (void)ctx;
+    fl_mem_free_any(ptr);
+}
+
 void fl_mem_install_cjson_hooks(void) {
     static cJSON_Hooks hooks = {fl_mem_malloc, fl_mem_free_any};
     cJSON_InitHooks(&hooks);

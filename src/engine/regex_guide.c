@@ -24,21 +24,13 @@ struct fl_regex_guide {
     fl_status err; /* the last RX_ERROR's */
 };
 
-static void *rx_malloc(PCRE2_SIZE size, void *data) {
-    (void)data;
-    return fl_mem_malloc(size);
-}
-static void rx_free(void *p, void *data) {
-    (void)data;
-    fl_mem_free_any(p);
-}
-
 enum { RX_NONE, RX_OPEN, RX_MATCH, RX_ERROR }; /* no match; the prefix of one; a match; error */
 
 /* text[0, n) against the pattern, anchored at its start: RX_MATCH where the longest match is
  * all of it, RX_OPEN where the matcher ran out of text with more wanted (partial: only with
  * PCRE2_PARTIAL_HARD in opt), else RX_NONE (text that is not UTF-8, a character cut at the
- * end included); RX_ERROR for a DFA limit, set. */
+ * end included); RX_ERROR (set) for a limit (the backtracking bound, the DFA workspace) or no
+ * memory. */
 /* The anchored form's backtracking is bounded: a pattern that needs more for one check fails its
  * request with an error rather than holding the engine (the DFA cannot backtrack). */
 #define MATCH_LIMIT 200000
@@ -105,7 +97,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     if (!g) return FL_ERR_NOMEM;
     fl_status st = FL_OK;
     pcre2_compile_context *cctx = NULL;
-    if (!(g->gctx = pcre2_general_context_create(rx_malloc, rx_free, NULL)) || !(cctx = pcre2_compile_context_create(g->gctx)) ||
+    if (!(g->gctx = pcre2_general_context_create(fl_mem_malloc_ctx, fl_mem_free_ctx, NULL)) || !(cctx = pcre2_compile_context_create(g->gctx)) ||
         !(g->mctx = pcre2_match_context_create(g->gctx)) || !(g->ws = fl_alloc(FL_MEM_MISC, WS_INTS * sizeof(int), 0))) {
         st = fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
         goto done;

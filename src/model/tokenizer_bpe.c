@@ -84,15 +84,6 @@ static bool name_in(const char *names, const char *name) {
     return false;
 }
 
-static void *pcre_malloc(PCRE2_SIZE size, void *data) {
-    (void)data;
-    return fl_mem_malloc(size);
-}
-static void pcre_free(void *p, void *data) {
-    (void)data;
-    fl_mem_free_any(p);
-}
-
 fl_status fl_bpe_init_pre(fl_tokenizer *t) {
     const pre_kind *k = NULL;
     const char *name = t->pre_name[0] ? t->pre_name : "default";
@@ -102,7 +93,7 @@ fl_status fl_bpe_init_pre(fl_tokenizer *t) {
     t->ignore_merges = k->ignore_merges;
     t->clean_spaces = k->clean_spaces;
     if (k->add_bos) t->add_bos = true; /* tokenizer.ggml.add_bos_token, read later, still wins */
-    pcre2_general_context *gctx = pcre2_general_context_create(pcre_malloc, pcre_free, NULL);
+    pcre2_general_context *gctx = pcre2_general_context_create(fl_mem_malloc_ctx, fl_mem_free_ctx, NULL);
     pcre2_compile_context *cctx = gctx ? pcre2_compile_context_create(gctx) : NULL;
     if (!cctx) {
         if (gctx) pcre2_general_context_free(gctx);
