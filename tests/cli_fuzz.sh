@@ -4,8 +4,9 @@
 # fuzz_gguf for FL_FUZZ_SECONDS (default 30) on synthetic seeds plus the small shared models,
 # then fuzz_plan (config.json + planner arithmetic), fuzz_tokenize (the tokenizers of the
 # llama.cpp test vocabularies, seeded with their test strings), fuzz_json_fsm (the JSON
-# recognizer of constrained decoding against a plain validator) and fuzz_json_schema (JSON
-# Schema compiled and followed) for a third of that each.  Skips
+# recognizer of constrained decoding against a plain validator), fuzz_json_schema (JSON
+# Schema compiled and followed) and fuzz_regex (guided_regex's two matchers against each other)
+# for a third of that each.  Skips
 # (77) when clang or libFuzzer is not installed.
 # usage: cli_fuzz.sh FITLLM SHARED_DIR
 set -uo pipefail
@@ -25,7 +26,7 @@ if [ ! -f "$OUT/build.ninja" ]; then
     CC=clang cmake -S "$SRC" -B "$OUT" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFITLLM_FUZZ=ON \
         -DFITLLM_MPI=OFF -DFL_SHARED_DIR="$SHARED" >"$OUT.cmake.log" 2>&1 || { cat "$OUT.cmake.log"; exit 1; }
 fi
-ninja -C "$OUT" fuzz_gguf fuzz_plan fuzz_tokenize fuzz_json_fsm fuzz_json_schema >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
+ninja -C "$OUT" fuzz_gguf fuzz_plan fuzz_tokenize fuzz_json_fsm fuzz_json_schema fuzz_regex >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
 
 rm -rf "$OUT/run"; mkdir -p "$OUT/run/seeds" "$OUT/run/artifacts"
 python3 "$SRC/tests/fuzz/make_seeds.py" "$OUT/run/seeds"
@@ -85,4 +86,15 @@ for i, (s, d) in enumerate(pairs):
     open('%s/s%02d' % (sys.argv[1], i), 'wb').write(bytes([i * 5]) + json.dumps(s).encode() + b'\0' + d.encode())
 PY
 run_fuzzer fuzz_json_schema $((SECS / 3 + 1)) "$OUT/run/schema_seeds"
-echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan, fuzz_tokenize, fuzz_json_fsm and fuzz_json_schema $((SECS / 3 + 1))s each)"
+# fuzz_regex: guided_regex's matchers; each seed is a split byte, a pattern, a NUL byte and a text
+mkdir -p "$OUT/run/regex_seeds"
+python3 - "$OUT/run/regex_seeds" <<'PY'
+import sys
+pairs = [(r"\(\d{3}\) \d{3}-\d{4}", "(555) 123-4567"), (r"(yes|no|maybe)[.!]?", "maybe!"), (r"[a-z]+@[a-z]+\.(com|org)", "ab@cd.org"),
+         (r"(a|ab)(c|bcd)(d*)", "abcd"), ("caf.\u00e9*", "caf\u00e9\u00e9"), (r"(?x) a b+ # c", "abb"), (r"(a+)+b", "aaaaaaaaaaaaaaaaaaaac"),
+         (r"\w+( \w+){0,3}", "one two"), (r"[^\d\s]{2,}x?", "ab x")]
+for i, (p, t) in enumerate(pairs):
+    open('%s/r%02d' % (sys.argv[1], i), 'wb').write(bytes([i * 7]) + p.encode() + b'\0' + t.encode())
+PY
+run_fuzzer fuzz_regex $((SECS / 3 + 1)) "$OUT/run/regex_seeds"
+echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan, fuzz_tokenize, fuzz_json_fsm, fuzz_json_schema and fuzz_regex $((SECS / 3 + 1))s each)"

@@ -1,0 +1,92 @@
+/*
+ * fuzz_regex.c - libFuzzer target for guided_regex (src/engine/regex_guide.c) on arbitrary
+ * patterns and texts.
+ *
+ * Input: a split byte, the pattern up to the first NUL byte, then the text.
+ * Invariants checked on every input:
+ *   - compiling never crashes or leaks; a refusal leaves no guide and says why;
+ *   - the text fed in two pieces (cut at a position taken from the split byte, each piece
+ *     allowed before it is fed) is answered as the text allowed whole;
+ *   - where the pattern has no assertion (anchors, \b, lookaround, verbs), the two matchers
+ *     agree: the JIT-compiled (?:PATTERN)\z and the DFA (the same pattern with an empty \Q at its
+ *     end, which the wrapped form cannot take) allow the same text and call it complete alike,
+ *     unless either meets a limit.
+ */
+#include "engine/regex_guide.h"
+
+#include "core/alloc.h"
+#include "core/status.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 1 allowed whole (2: and complete), 0 not, -1 an error; fed in two pieces at cut */
+static int answer(fl_regex_guide *g, const char *t, size_t n, size_t cut) {
+    const int a = fl_regex_guide_allows(g, t, cut);
+    if (a != 1) return a;
+    if (fl_regex_guide_feed(g, t, cut) != FL_OK) return -1;
+    const int b = fl_regex_guide_allows(g, t + cut, n - cut);
+    if (b != 1) return b;
+    if (fl_regex_guide_feed(g, t + cut, n - cut) != FL_OK) return -1;
+    return fl_regex_guide_complete(g) ? 2 : 1;
+}
+
+static int run(const char *pattern, const char *t, size_t n, size_t cut, bool *refused, bool *dfa) {
+    fl_regex_guide *g = (fl_regex_guide *)&g;
+    const fl_status st = fl_regex_guide_new(pattern, &g);
+    *refused = st != FL_OK;
+    if (st != FL_OK) {
+        if (g || !fl_last_error()[0]) __builtin_trap(); /* invariant: refused with a reason, nothing left */
+        return -2;
+    }
+    *dfa = fl_regex_guide_on_dfa(g);
+    const int whole = answer(g, t, n, n);
+    fl_regex_guide_free(g);
+    if (fl_regex_guide_new(pattern, &g) != FL_OK) __builtin_trap();
+    const int split = answer(g, t, n, cut);
+    fl_regex_guide_free(g);
+    /* a piece alone can fail where the whole text would be allowed only if it is no prefix of a
+     * match, so the answers agree unless one of them met a limit */
+    if (whole >= 0 && split >= 0 && whole != split) __builtin_trap();
+    return whole;
+}
+
+static bool has_assertion(const char *p) {
+    static const char *const marks[] = {"^", "$", "\\b", "\\B", "\\A", "\\z", "\\Z", "\\G", "\\K", "(?=", "(?!", "(?<", "(?*", "(*", "(?C", "\\Q"};
+    for (size_t i = 0; i < sizeof marks / sizeof *marks; i++)
+        if (strstr(p, marks[i])) return true;
+    return false;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 2 || size > 4096) return 0;
+    const size_t splitb = data[0];
+    const char *p = (const char *)data + 1;
+    const size_t rest = size - 1;
+    const char *nul = memchr(p, 0, rest);
+    if (!nul) return 0;
+    const size_t plen = (size_t)(nul - p);
+    char *pattern = malloc(plen + 3);
+    if (!pattern) return 0;
+    memcpy(pattern, p, plen);
+    pattern[plen] = 0;
+    const char *t = nul + 1;
+    const size_t n = rest - plen - 1;
+    size_t cut = n ? splitb % (n + 1) : 0;
+    while (cut > 0 && cut < n && ((unsigned char)t[cut] & 0xC0) == 0x80) cut--; /* (the engine feeds whole characters) */
+    bool refused, dfa;
+    const int a = run(pattern, t, n, cut, &refused, &dfa);
+    if (!refused && !dfa && !has_assertion(pattern)) {
+        memcpy(pattern + plen, "\\Q", 3);
+        bool refused2, dfa2;
+        const int b = run(pattern, t, n, cut, &refused2, &dfa2);
+        if (!refused2 && !dfa2) __builtin_trap(); /* the same pattern, on the DFA (or past its workspace: refused) */
+        if (!refused2 && a >= 0 && b >= 0 && a != b) __builtin_trap(); /* invariant: the two matchers agree */
+    }
+    free(pattern);
+    if (!fl_mem_all_zero()) __builtin_trap();
+    return 0;
+}
