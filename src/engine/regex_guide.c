@@ -8,7 +8,7 @@
 #include <pcre2.h>
 #include <string.h>
 
-/* The DFA's workspace: room for the states that are alive at once (PCRE2 asks for at least 20;
+/* The DFA's workspace (allocated where the DFA matches): room for the states that are alive at once (PCRE2 asks for at least 20;
  * a pattern that needs more than this fails its request with a clear error, not silently). */
 #define WS_INTS 4096
 
@@ -34,6 +34,8 @@ enum { RX_NONE, RX_OPEN, RX_MATCH, RX_ERROR }; /* no match; the prefix of one; a
 /* The anchored form's backtracking is bounded: a pattern that needs more for one check fails its
  * request with an error rather than holding the engine (the DFA cannot backtrack). */
 #define MATCH_LIMIT 200000
+/* and so is the memory of its backtracking frames (kept in the match data: ~20 KiB to start) */
+#define HEAP_LIMIT_KIB 1024
 
 static int rx_match(fl_regex_guide *g, size_t n, uint32_t opt) {
     const int rc = g->anchored ? pcre2_match(g->anchored, (PCRE2_SPTR)g->text, n, 0, PCRE2_ANCHORED | opt, g->md, g->mctx)
@@ -98,7 +100,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     fl_status st = FL_OK;
     pcre2_compile_context *cctx = NULL;
     if (!(g->gctx = pcre2_general_context_create(fl_mem_malloc_ctx, fl_mem_free_ctx, NULL)) || !(cctx = pcre2_compile_context_create(g->gctx)) ||
-        !(g->mctx = pcre2_match_context_create(g->gctx)) || !(g->ws = fl_alloc(FL_MEM_MISC, WS_INTS * sizeof(int), 0))) {
+        !(g->mctx = pcre2_match_context_create(g->gctx))) {
         st = fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
         goto done;
     }
@@ -141,7 +143,8 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     if (g->anchored) {
         (void)pcre2_jit_compile(g->anchored, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD); /* (else its interpreter) */
         pcre2_set_match_limit(g->mctx, MATCH_LIMIT);
-    } else if (err == PCRE2_ERROR_HEAP_FAILED) {
+        pcre2_set_heap_limit(g->mctx, HEAP_LIMIT_KIB);
+    } else if (err == PCRE2_ERROR_HEAP_FAILED || !(g->ws = fl_alloc(FL_MEM_MISC, WS_INTS * sizeof(int), 0))) { /* (the DFA's only) */
         st = fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
         goto done;
     }

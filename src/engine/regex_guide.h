@@ -4,7 +4,8 @@
  * The pattern is PCRE2 syntax in UTF mode (a dot or a class is one character), anchored at both
  * ends: the output as a whole is one match.  A check asks PCRE2 whether a text is a match or
  * can still become one (a hard partial match): on the pattern wrapped as (?:PATTERN)\z,
- * JIT-compiled, with a bound on backtracking (past it the check is an error, not a hang); where
+ * JIT-compiled, with bounds on its backtracking and its memory (past them the check is an error,
+ * not a hang); where
  * that wrapping does not compile (a pattern that ends inside a comment or an open \Q), on
  * PCRE2's DFA (pcre2_dfa_match), which follows every alternative at once.  Backreferences,
  * recursion, subroutine calls and conditions are refused when the pattern is compiled, as the
