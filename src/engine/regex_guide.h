@@ -5,11 +5,10 @@
  * ends: the output as a whole is one match.  A check asks PCRE2 whether a text is a match or
  * can still become one (a hard partial match): on the pattern wrapped as (?:PATTERN)\z,
  * JIT-compiled, with bounds on its backtracking and its memory (past them the check is an error,
- * not a hang); where
- * that wrapping does not compile (a pattern that ends inside a comment or an open \Q), on
- * PCRE2's DFA (pcre2_dfa_match), which follows every alternative at once.  Backreferences,
- * recursion, subroutine calls and conditions are refused when the pattern is compiled, as the
- * DFA runs none of them.
+ * not a hang); where that wrapping does not compile (a pattern that ends inside a comment or an
+ * open \Q), on PCRE2's DFA (pcre2_dfa_match), which follows every alternative at once.
+ * Backreferences, recursion, subroutine calls and conditions are refused when the pattern is
+ * compiled, as the DFA runs none of them.
  *
  * The guide holds the text generated so far.  A candidate continuation is allowed where the
  * text plus it is a match or the prefix of one, and it ends on a whole UTF-8 character: a token
