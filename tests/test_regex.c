@@ -9,9 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+static bool g_carry = true; /* guides made with the carried state (else every check rescans) */
+
 static fl_regex_guide *guide(const char *pattern) {
     fl_regex_guide *g = NULL;
     if (fl_regex_guide_new(pattern, &g) != FL_OK) fail_msg("refused: %s: %s", pattern, fl_last_error());
+    if (!g_carry) fl_regex_guide_set_carry(g, false);
     return g;
 }
 
@@ -27,6 +30,7 @@ static int check(const char *pattern, const char *t) {
         const bool on_dfa = cut > n;
         fl_regex_guide *g = guide(on_dfa ? dfa : pattern);
         assert_int_equal(fl_regex_guide_on_dfa(g), on_dfa);
+        const bool carried = fl_regex_guide_carries(g);
         if (on_dfa) cut -= n + 1;
         int r;
         if (fl_regex_guide_allows(g, t, cut) != 1) r = -1;
@@ -41,6 +45,7 @@ static int check(const char *pattern, const char *t) {
                 r = fl_regex_guide_complete(g) ? 1 : 0;
             }
         }
+        assert_int_equal(fl_regex_guide_carries(g), carried); /* (a carried state stayed in use) */
         fl_regex_guide_free(g);
         if (on_dfa) cut += n + 1;
         /* a split can only fail earlier: a prefix that is no prefix of a match stops there */
@@ -52,8 +57,7 @@ static int check(const char *pattern, const char *t) {
     return first;
 }
 
-static void test_texts(void **state) {
-    (void)state;
+static void texts(void) {
     /* anchored at both ends */
     assert_int_equal(check("a", "a"), 1);
     assert_int_equal(check("a", "ab"), -1);
@@ -104,16 +108,47 @@ static void test_texts(void **state) {
     assert_int_equal(fl_regex_guide_feed(g, "ab", 2), FL_OK);
     assert_true(fl_regex_guide_complete(g));
     fl_regex_guide_free(g);
-    /* catastrophic backtracking on the anchored form: an error, not a hang */
-    g = guide("(a+)+b");
-    assert_false(fl_regex_guide_on_dfa(g));
+    /* catastrophic backtracking: the carried DFA state says no at once; rescanning on the anchored
+     * form, an error, not a hang */
     char as[64];
     memset(as, 'a', sizeof as);
-    assert_int_equal(fl_regex_guide_allows(g, as, 40), 1); /* (a hard partial match comes at once) */
+    for (int carry = 1; carry >= 0; carry--) {
+        g = guide("(a+)+b");
+        assert_false(fl_regex_guide_on_dfa(g));
+        fl_regex_guide_set_carry(g, carry);
+        assert_int_equal(fl_regex_guide_carries(g), carry);
+        const size_t na = carry ? 16 : 40; /* (past ~40 states alive the carried workspace is full: rescans) */
+        assert_int_equal(fl_regex_guide_allows(g, as, na), 1); /* (a hard partial match comes at once) */
+        assert_int_equal(fl_regex_guide_feed(g, as, na), FL_OK);
+        assert_int_equal(fl_regex_guide_allows(g, "c", 1), carry ? 0 : -1);
+        if (!carry) assert_non_null(strstr(fl_last_error(), "match limit"));
+        assert_int_equal(fl_regex_guide_allows(g, "ab", 2), 1);
+        assert_int_equal(fl_regex_guide_carries(g), carry);
+        fl_regex_guide_free(g);
+    }
+    /* a pattern with more states alive than the carried workspace holds: rescans from then on */
+    g = guide("(a+)+b");
     assert_int_equal(fl_regex_guide_feed(g, as, 40), FL_OK);
-    assert_int_equal(fl_regex_guide_allows(g, "c", 1), -1);
-    assert_non_null(strstr(fl_last_error(), "match limit"));
+    assert_int_equal(fl_regex_guide_carries(g), false);
+    assert_int_equal(fl_regex_guide_allows(g, "b", 1), 1);
     fl_regex_guide_free(g);
+    /* what looks back is not carried (the text before a token would be needed) */
+    g = guide("\\bx+");
+    assert_false(fl_regex_guide_carries(g));
+    fl_regex_guide_free(g);
+    g = guide("(?<=a)b|a");
+    assert_false(fl_regex_guide_carries(g));
+    fl_regex_guide_free(g);
+}
+
+/* the hand-written texts with the carried state and rescanning */
+static void test_texts(void **state) {
+    (void)state;
+    for (int carry = 1; carry >= 0; carry--) {
+        g_carry = carry;
+        texts();
+    }
+    g_carry = true;
     fl_test_mem_zero();
 }
 
@@ -152,7 +187,7 @@ static void test_refused(void **state) {
  * ^(...)$): the guide lets a text through exactly where some text of up to 6 bytes that starts
  * with it is a POSIX match (the patterns complete any prefix of a match within 3 bytes), calls
  * it complete exactly where it is one; on the anchored form and on the DFA (the pattern with an
- * empty \Q at its end). */
+ * empty \Q at its end), each with the carried state and rescanning. */
 #define ALPHA "ab01-.x"
 #define NA 7
 #define MAXLEN 6
@@ -197,6 +232,7 @@ static void walk(const char *pat, fl_regex_guide *g, char *t, size_t n, const ui
     }
     t[n] = 0;
     (void)more;
+    assert_int_equal(fl_regex_guide_carries(g), g_carry); /* (the carried state stayed in use) */
 }
 
 static void test_against_posix(void **state) {
@@ -213,14 +249,18 @@ static void test_against_posix(void **state) {
         memset(full, 0, keys);
         memset(prefix, 0, keys);
         enumerate(&re, t, 0, full, prefix);
-        for (int dfa = 0; dfa < 2; dfa++) {
+        for (int mode = 0; mode < 4; mode++) { /* anchored form or DFA, carried state or rescans */
+            const int dfa = mode & 1;
+            g_carry = mode < 2;
             char pat[128];
             snprintf(pat, sizeof pat, "%s%s", pats[p], dfa ? "\\Q" : "");
             fl_regex_guide *g = guide(pat);
             assert_int_equal(fl_regex_guide_on_dfa(g), dfa);
+            assert_int_equal(fl_regex_guide_carries(g), g_carry);
             walk(pat, g, t, 0, full, prefix);
             fl_regex_guide_free(g);
         }
+        g_carry = true;
         regfree(&re);
     }
     free(full);
@@ -238,11 +278,20 @@ static void test_out_of_memory(void **state) {
         fl_mem_fail_after(-1);
         if (st == FL_OK) {
             ok = k + 1;
-            /* the text's buffer grows as it goes: a failed growth is an error, the text unchanged */
+            /* the text's buffer grows as it goes: a failed growth is an error, the text unchanged
+             * (a check on the carried state needs no buffer; a rescan does) */
             char big[1000];
             memset(big, 'q', sizeof big);
             fl_mem_fail_after(0);
-            assert_int_equal(fl_regex_guide_allows(g, big, sizeof big), -1);
+            assert_int_equal(fl_regex_guide_allows(g, big, sizeof big), 1);
+            fl_regex_guide *h = NULL;
+            fl_mem_fail_after(-1);
+            assert_int_equal(fl_regex_guide_new("[a-z]+ \\d{2,4}", &h), FL_OK);
+            fl_regex_guide_set_carry(h, false);
+            fl_mem_fail_after(0);
+            assert_int_equal(fl_regex_guide_allows(h, big, sizeof big), -1);
+            fl_mem_fail_after(-1);
+            fl_regex_guide_free(h);
             fl_mem_fail_after(0);
             assert_int_equal(fl_regex_guide_feed(g, big, sizeof big), FL_ERR_NOMEM);
             fl_mem_fail_after(-1);

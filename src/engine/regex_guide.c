@@ -22,33 +22,68 @@ struct fl_regex_guide {
     char *text; /* the text so far, then room for a candidate */
     size_t len, cap;
     fl_status err; /* the last RX_ERROR's */
+    /* Carried state (RS_*): the DFA's workspace after the text so far (wsr, copied to wst per
+     * candidate), so a check reads only the candidate's bytes; off for patterns that look back
+     * and once a pass needs more workspace than RS_INTS or fails (the checks then rescan). */
+    bool carry;
+    int rs;
+    int *wsr, *wst;
 };
 
+enum { RS_EMPTY, RS_OPEN, RS_SHUT }; /* no text yet; the text can go on (wsr holds it); it cannot */
+
 enum { RX_NONE, RX_OPEN, RX_MATCH, RX_ERROR }; /* no match; the prefix of one; a match; error */
+
+/* The anchored form's backtracking is bounded: a pattern that needs more for one check fails its
+ * request with an error rather than holding the engine (the DFA cannot backtrack). */
+#define MATCH_LIMIT 200000
+/* and so is the memory of its backtracking frames (kept in the match data: ~20 KiB to start) */
+#define HEAP_LIMIT_KIB 1024
+/* The carried state's workspace (ints): a copy per candidate, so small; a pattern with more
+ * states alive at once than it holds goes back to rescanning. */
+#define RS_INTS 256
+
+static int rx_error(fl_regex_guide *g, int rc) {
+    PCRE2_UCHAR msg[160];
+    pcre2_get_error_message(rc, msg, sizeof msg);
+    g->err = rc == PCRE2_ERROR_NOMEMORY ? fl_set_error(FL_ERR_NOMEM, "regex: out of memory while matching")
+                                        : fl_set_error(FL_ERR_INVALID, "regex: cannot match: %s", (const char *)msg);
+    return RX_ERROR;
+}
+
+static bool rx_no_match(int rc) { return rc == PCRE2_ERROR_NOMATCH || (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21); }
 
 /* text[0, n) against the pattern, anchored at its start: RX_MATCH where the longest match is
  * all of it, RX_OPEN where the matcher ran out of text with more wanted (partial: only with
  * PCRE2_PARTIAL_HARD in opt), else RX_NONE (text that is not UTF-8, a character cut at the
  * end included); RX_ERROR (set) for a limit (the backtracking bound, the DFA workspace) or no
  * memory. */
-/* The anchored form's backtracking is bounded: a pattern that needs more for one check fails its
- * request with an error rather than holding the engine (the DFA cannot backtrack). */
-#define MATCH_LIMIT 200000
-/* and so is the memory of its backtracking frames (kept in the match data: ~20 KiB to start) */
-#define HEAP_LIMIT_KIB 1024
-
 static int rx_match(fl_regex_guide *g, size_t n, uint32_t opt) {
     const int rc = g->anchored ? pcre2_match(g->anchored, (PCRE2_SPTR)g->text, n, 0, PCRE2_ANCHORED | opt, g->md, g->mctx)
                                : pcre2_dfa_match(g->code, (PCRE2_SPTR)g->text, n, 0, PCRE2_ANCHORED | opt, g->md, g->mctx, g->ws, WS_INTS);
     if (rc == PCRE2_ERROR_PARTIAL) return RX_OPEN;
     /* (\z ends the anchored form's matches at n; the DFA gives its longest match first) */
     if (rc >= 0) return g->anchored || pcre2_get_ovector_pointer(g->md)[1] == n ? RX_MATCH : RX_NONE;
-    if (rc == PCRE2_ERROR_NOMATCH || (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21)) return RX_NONE;
-    PCRE2_UCHAR msg[160];
-    pcre2_get_error_message(rc, msg, sizeof msg);
-    g->err = rc == PCRE2_ERROR_NOMEMORY ? fl_set_error(FL_ERR_NOMEM, "regex: out of memory while matching")
-                                        : fl_set_error(FL_ERR_INVALID, "regex: cannot match: %s", (const char *)msg);
-    return RX_ERROR;
+    return rx_no_match(rc) ? RX_NONE : rx_error(g, rc);
+}
+
+/* The carried state run on s[0, n) after the text so far (PCRE2_DFA_RESTART: the DFA goes on
+ * from the workspace ws of the text's last partial match, as if the text had been given whole):
+ * RX_OPEN where a path reached the end wanting more (on the anchored form a complete match too:
+ * its \z at the end of a segment waits for more), RX_NONE where none lives; RX_MATCH where a
+ * match was found and no path goes on (the DFA alone): whether it ends at the end the offsets
+ * of a restarted match do not say, so the caller asks a rescan.  -1 where the carried state
+ * cannot answer (its workspace too small, an error): off from then on. */
+static int rs_run(fl_regex_guide *g, const char *s, size_t n, int *ws) {
+    const uint32_t opt = PCRE2_ANCHORED | PCRE2_PARTIAL_HARD | (g->rs == RS_OPEN ? PCRE2_DFA_RESTART : 0);
+    /* on the anchored form where there is one: its \z ends every match at the end of the text,
+     * so a match that ended inside the candidate dies there rather than being reported */
+    const int rc = pcre2_dfa_match(g->anchored ? g->anchored : g->code, (PCRE2_SPTR)s, n, 0, opt, g->md, g->mctx, ws, RS_INTS);
+    if (rc == PCRE2_ERROR_PARTIAL) return RX_OPEN;
+    if (rc >= 0) return RX_MATCH;
+    if (rx_no_match(rc)) return RX_NONE;
+    g->carry = false;
+    return -1;
 }
 
 static bool reserve(fl_regex_guide *g, size_t need) {
@@ -89,6 +124,17 @@ static const char *dfa_unsupported(const char *p) {
         }
     }
     return NULL;
+}
+
+/* p may hold an assertion, a verb, an atomic group or a possessive quantifier, whose answers
+ * across a token's edges the carried DFA state does not keep (conservative: an escaped "$"
+ * counts too). */
+static bool has_assertion(const char *p) {
+    static const char *const marks[] = {"^", "$", "\\b", "\\B", "\\A", "\\z", "\\Z", "\\G", "\\K", "(?=", "(?!", "(?<", "(?*",
+                                        "(*", "(?>", "*+", "++", "?+", "}+"};
+    for (size_t i = 0; i < sizeof marks / sizeof *marks; i++)
+        if (strstr(p, marks[i])) return true;
+    return false;
 }
 
 fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
@@ -148,6 +194,19 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
         st = fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
         goto done;
     }
+    /* the carried state: where no assertion looks across a token's edges (a lookbehind or \b
+     * would need the text before it, a lookahead or an anchor the text after) and nothing is
+     * atomic (fuzz_regex found "((?!|a))" and "(a+)++c" answered otherwise carried) */
+    uint32_t lookbehind = 0;
+    pcre2_pattern_info(g->code, PCRE2_INFO_MAXLOOKBEHIND, &lookbehind);
+    if (lookbehind == 0 && !has_assertion(pattern)) {
+        if (!(g->wsr = fl_alloc(FL_MEM_MISC, 2 * RS_INTS * sizeof(int), 0))) {
+            st = fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
+            goto done;
+        }
+        g->wst = g->wsr + RS_INTS;
+        g->carry = true;
+    }
     if (!(g->md = pcre2_match_data_create_from_pattern(g->code, g->gctx))) {
         st = fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
         goto done;
@@ -173,12 +232,19 @@ void fl_regex_guide_free(fl_regex_guide *g) {
     if (g->mctx) pcre2_match_context_free(g->mctx);
     if (g->gctx) pcre2_general_context_free(g->gctx);
     fl_free(FL_MEM_MISC, g->ws, g->ws ? WS_INTS * sizeof(int) : 0);
+    fl_free(FL_MEM_MISC, g->wsr, g->wsr ? 2 * RS_INTS * sizeof(int) : 0);
     fl_free(FL_MEM_MISC, g->text, g->cap);
     fl_free(FL_MEM_MISC, g, sizeof *g);
 }
 
 int fl_regex_guide_allows(fl_regex_guide *g, const char *s, size_t n) {
-    if (g->len + n == 0) return 1; /* (PCRE2 reports no partial match of the empty text: every match starts there) */
+    if (n == 0) return 1; /* (the text so far was allowed; PCRE2 reports no partial match of an empty text) */
+    if (g->carry) {
+        if (g->rs == RS_SHUT) return 0;
+        if (g->rs == RS_OPEN) memcpy(g->wst, g->wsr, RS_INTS * sizeof(int));
+        const int m = rs_run(g, s, n, g->wst);
+        if (m == RX_OPEN || m == RX_NONE) return m == RX_OPEN; /* (RX_MATCH, -1: the rescan below) */
+    }
     if (!reserve(g, g->len + n)) {
         fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
         return -1;
@@ -190,6 +256,10 @@ int fl_regex_guide_allows(fl_regex_guide *g, const char *s, size_t n) {
 
 fl_status fl_regex_guide_feed(fl_regex_guide *g, const char *s, size_t n) {
     if (!reserve(g, g->len + n)) return fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
+    if (g->carry && n > 0 && g->rs != RS_SHUT) { /* the carried state goes on through s */
+        const int m = rs_run(g, s, n, g->wsr);
+        if (m >= 0) g->rs = m == RX_OPEN ? RS_OPEN : RS_SHUT; /* (no path lives on past a match or none) */
+    }
     memcpy(g->text + g->len, s, n);
     g->len += n;
     return FL_OK;
@@ -200,3 +270,7 @@ bool fl_regex_guide_complete(fl_regex_guide *g) { return rx_match(g, g->len, 0) 
 size_t fl_regex_guide_len(const fl_regex_guide *g) { return g->len; }
 
 bool fl_regex_guide_on_dfa(const fl_regex_guide *g) { return g->anchored == NULL; }
+
+bool fl_regex_guide_carries(const fl_regex_guide *g) { return g->carry; }
+
+void fl_regex_guide_set_carry(fl_regex_guide *g, bool on) { g->carry = on && g->wsr && g->len == 0; }

@@ -3,10 +3,11 @@
  *
  * The pattern is PCRE2 syntax in UTF mode (a dot or a class is one character), anchored at both
  * ends: the output as a whole is one match.  A check asks PCRE2 whether a text is a match or
- * can still become one (a hard partial match): on the pattern wrapped as (?:PATTERN)\z,
- * JIT-compiled, with bounds on its backtracking and its memory (past them the check is an error,
- * not a hang); where that wrapping does not compile (a pattern that ends inside a comment or an
- * open \Q), on PCRE2's DFA (pcre2_dfa_match), which follows every alternative at once.
+ * can still become one (a hard partial match).  Where the text is scanned whole: on the pattern
+ * wrapped as (?:PATTERN)\z, JIT-compiled, with bounds on its backtracking and its memory (past
+ * them the check is an error, not a hang); where that wrapping does not compile (a pattern that
+ * ends inside a comment or an open \Q), on PCRE2's DFA (pcre2_dfa_match), which follows every
+ * alternative at once.
  * Backreferences, recursion, subroutine calls and conditions are refused when the pattern is
  * compiled, as the DFA runs none of them.
  *
@@ -14,8 +15,13 @@
  * text plus it is a match or the prefix of one, and it ends on a whole UTF-8 character: a token
  * that ends inside a multi-byte character is not offered (whether some completion of it could
  * match is not asked), so characters that the vocabulary spells only in byte tokens cannot be
- * produced.  Each check scans the whole text again (no state is carried between tokens), so a
- * step costs about (tokens checked) x (text length): see docs/SERVER.md.
+ * produced.  Where the pattern has no assertion (lookaround, \b, anchor) and nothing atomic
+ * (atomic groups, possessive quantifiers), a check reads only the candidate's bytes: the DFA's
+ * state after the text so far (on the wrapped pattern where it compiled) is carried from token
+ * to token (PCRE2_DFA_RESTART) and copied per candidate; else,
+ * and from the point where a pattern keeps more states alive than the carried workspace holds
+ * (about 40), each check scans the whole text again, so a step costs about (tokens checked) x
+ * (text length): see docs/SERVER.md.
  */
 #ifndef FL_REGEX_GUIDE_H
 #define FL_REGEX_GUIDE_H
@@ -50,5 +56,10 @@ size_t fl_regex_guide_len(const fl_regex_guide *g);
 
 /* The checks run on PCRE2's DFA (the wrapped form did not compile). */
 bool fl_regex_guide_on_dfa(const fl_regex_guide *g);
+
+/* The checks of allows read only the candidate's bytes, from the DFA state carried over the
+ * text so far (see above); set_carry turns that off (or back on, before any text) for tests. */
+bool fl_regex_guide_carries(const fl_regex_guide *g);
+void fl_regex_guide_set_carry(fl_regex_guide *g, bool on);
 
 #endif

@@ -6,7 +6,8 @@
  * Invariants checked on every input:
  *   - compiling never crashes or leaks; a refusal leaves no guide and says why;
  *   - the text fed in two pieces (cut at a position taken from the split byte, each piece
- *     allowed before it is fed) is answered as the text allowed whole;
+ *     allowed before it is fed) is answered as the text allowed whole, and with the DFA state
+ *     carried from piece to piece as with every check rescanning the text;
  *   - where the pattern has no assertion (anchors, \b, lookaround, verbs), the two matchers
  *     agree: the JIT-compiled (?:PATTERN)\z and the DFA (the same pattern with an empty \Q at its
  *     end, which the wrapped form cannot take) allow the same text and call it complete alike,
@@ -48,6 +49,12 @@ static int run(const char *pattern, const char *t, size_t n, size_t cut, bool *r
     if (fl_regex_guide_new(pattern, &g) != FL_OK) __builtin_trap();
     const int split = answer(g, t, n, cut);
     fl_regex_guide_free(g);
+    /* the carried state answers as the rescans do */
+    if (fl_regex_guide_new(pattern, &g) != FL_OK) __builtin_trap();
+    fl_regex_guide_set_carry(g, false);
+    const int rescan = answer(g, t, n, cut);
+    fl_regex_guide_free(g);
+    if (split >= 0 && rescan >= 0 && split != rescan) __builtin_trap();
     /* a piece alone can fail where the whole text would be allowed only if it is no prefix of a
      * match, so the answers agree unless one of them met a limit */
     if (whole >= 0 && split >= 0 && whole != split) __builtin_trap();
