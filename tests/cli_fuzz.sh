@@ -92,7 +92,8 @@ python3 - "$OUT/run/regex_seeds" <<'PY'
 import sys
 pairs = [(r"\(\d{3}\) \d{3}-\d{4}", "(555) 123-4567"), (r"(yes|no|maybe)[.!]?", "maybe!"), (r"[a-z]+@[a-z]+\.(com|org)", "ab@cd.org"),
          (r"(a|ab)(c|bcd)(d*)", "abcd"), ("caf.\u00e9*", "caf\u00e9\u00e9"), (r"(?x) a b+ # c", "abb"), (r"(a+)+b", "aaaaaaaaaaaaaaaaaaaac"),
-         (r"\w+( \w+){0,3}", "one two"), (r"[^\d\s]{2,}x?", "ab x")]
+         (r"\w+( \w+){0,3}", "one two"), (r"[^\d\s]{2,}x?", "ab x"),
+         (r"\p{Lu}\p{Ll}+[^,]*", "Hello, x"), (r"(?:[a]+b?)*c{2,3}", "aabacc"), (r"x[^a]{1,3}\x{41}+", "xbbAA")]
 for i, (p, t) in enumerate(pairs):
     open('%s/r%02d' % (sys.argv[1], i), 'wb').write(bytes([i * 7]) + p.encode() + b'\0' + t.encode())
 PY

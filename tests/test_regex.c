@@ -238,7 +238,7 @@ static void walk(const char *pat, fl_regex_guide *g, char *t, size_t n, const ui
 static void test_against_posix(void **state) {
     (void)state;
     static const char *const pats[] = {"(ab|a0)+x?", "-?(0|1[01]*)(\\.[01]{1,2})?", "a{1,2}(b|-)x", "(x|ab|b0)*-?", "[ab]+\\.[01]",
-                                       "(a|b)?(0|1)?"};
+                                       "(a|b)?(0|1)?", "[^ab.]{1,2}(a|-)"};
     const size_t keys = (size_t)1 << (3 * (MAXLEN + 1));
     uint8_t *full = malloc(keys), *prefix = malloc(keys);
     for (size_t p = 0; p < sizeof pats / sizeof *pats; p++) {
@@ -265,6 +265,111 @@ static void test_against_posix(void **state) {
     }
     free(full);
     free(prefix);
+    fl_test_mem_zero();
+}
+
+/* fl_regex_guide_key: texts with equal keys allow the same continuations.  Every text of up to
+ * 4 bytes over the alphabet that the guide lets through, keyed; within each key every
+ * continuation of up to 3 bytes gets the same answer and so does complete.  Counted repeats
+ * (whose counts the key clamps) and states met again (which must share a key for the engine's
+ * mask cache to help) are both in the patterns. */
+typedef struct keyed {
+    uint8_t key[16];
+    uint8_t sig[1 + 7 + 49 + 343]; /* complete, then each continuation's answer */
+    char text[8];
+} keyed;
+
+static int keyed_cmp(const void *a, const void *b) { return memcmp(((const keyed *)a)->key, ((const keyed *)b)->key, 16); }
+
+static void collect(const char *pat, char *t, size_t n, keyed *out, size_t *n_out) {
+    fl_regex_guide *g = guide(pat);
+    assert_int_equal(fl_regex_guide_feed(g, t, n), FL_OK);
+    keyed *k = &out[(*n_out)++];
+    if (!fl_regex_guide_key(g, k->key)) fail_msg("%s: no key after %.*s (carries %d)", pat, (int)n, t, fl_regex_guide_carries(g));
+    memcpy(k->text, t, n);
+    k->text[n] = 0;
+    for (size_t cut = 1; cut < n; cut++) { /* the same key however the text came (in two pieces) */
+        fl_regex_guide *h = guide(pat);
+        assert_int_equal(fl_regex_guide_feed(h, t, cut), FL_OK);
+        assert_int_equal(fl_regex_guide_feed(h, t + cut, n - cut), FL_OK);
+        uint8_t kk[16];
+        assert_true(fl_regex_guide_key(h, kk));
+        if (memcmp(kk, k->key, 16)) fail_msg("'%s': '%s' fed at %zu keys otherwise than whole", pat, k->text, cut);
+        fl_regex_guide_free(h);
+    }
+    size_t j = 0;
+    k->sig[j++] = fl_regex_guide_complete(g);
+    char c[3];
+    for (int len = 1; len <= 3; len++)
+        for (int v = 0; v < (len == 1 ? 7 : len == 2 ? 49 : 343); v++) {
+            for (int i = 0, x = v; i < len; i++, x /= NA) c[i] = ALPHA[x % NA];
+            const int ok = fl_regex_guide_allows(g, c, (size_t)len);
+            assert_true(ok >= 0);
+            k->sig[j++] = (uint8_t)ok;
+        }
+    fl_regex_guide_free(g);
+    if (n == 4) return;
+    for (int ci = 0; ci < NA; ci++) {
+        t[n] = ALPHA[ci];
+        fl_regex_guide *h = guide(pat);
+        assert_int_equal(fl_regex_guide_feed(h, t, n), FL_OK);
+        const int ok = fl_regex_guide_allows(h, t + n, 1);
+        fl_regex_guide_free(h);
+        if (ok == 1) collect(pat, t, n + 1, out, n_out);
+    }
+}
+
+static void key_of_text(const char *pat, const char *t, uint8_t key[16]) {
+    fl_regex_guide *g = guide(pat);
+    assert_int_equal(fl_regex_guide_feed(g, t, strlen(t)), FL_OK);
+    assert_true(fl_regex_guide_key(g, key));
+    fl_regex_guide_free(g);
+}
+
+static void test_keys(void **state) {
+    (void)state;
+    static const char *const pats[] = {"(ab|a0)+x?", "-?(0|1[01]*)(\\.[01]{1,2})?", "a{1,2}(b|-)x", "(x|ab|b0)*-?", "[ab]+\\.[01]",
+                                       "[01]{3}-", "a{2,}b?", "(a|b){2,3}[x.]+0", "x[^a]{1,3}"};
+    keyed *ks = malloc(3000 * sizeof *ks);
+    for (size_t p = 0; p < sizeof pats / sizeof *pats; p++)
+        for (int dfa = 0; dfa < 2; dfa++) {
+            char pat[64], t[8];
+            snprintf(pat, sizeof pat, "%s%s", pats[p], dfa ? "\\Q" : "");
+            size_t n = 0;
+            collect(pat, t, 0, ks, &n);
+            qsort(ks, n, sizeof *ks, keyed_cmp);
+            size_t groups = 1;
+            for (size_t i = 1; i < n; i++) {
+                if (keyed_cmp(&ks[i - 1], &ks[i])) {
+                    groups++;
+                    continue;
+                }
+                if (memcmp(ks[i - 1].sig, ks[i].sig, sizeof ks[i].sig))
+                    fail_msg("'%s': '%s' and '%s' share a key but not their answers", pat, ks[i - 1].text, ks[i].text);
+            }
+            if (n > 3 && groups == n && p != 2 && p != 5) fail_msg("'%s': %zu texts, every key distinct", pat, n);
+        }
+    free(ks);
+    /* keys met again, keys kept apart */
+    uint8_t a[16], b[16];
+    key_of_text("[ab]+\\.[01]", "ab", a); /* (the count of [ab]+ is clamped past 1 + 1) */
+    key_of_text("[ab]+\\.[01]", "abba", b);
+    assert_memory_equal(a, b, 16);
+    key_of_text("[ab]+\\.[01]", "ab.", b);
+    assert_memory_not_equal(a, b, 16);
+    key_of_text("[ab]+\\.[0-1]", "ab", b); /* the same states of another pattern */
+    assert_memory_not_equal(a, b, 16);
+    key_of_text("[01]{3}-", "0", a);
+    key_of_text("[01]{3}-", "01", b);
+    assert_memory_not_equal(a, b, 16);
+    key_of_text("a{2,}b?", "aaa", a);
+    key_of_text("a{2,}b?", "aaaaaa", b);
+    assert_memory_equal(a, b, 16);
+    key_of_text("a{2,}b?7777777777777777777777", "aaa", a); /* (a run of digits past any bound: compiled) */
+    /* no key where the checks rescan */
+    fl_regex_guide *g = guide("\\ba+");
+    assert_false(fl_regex_guide_key(g, a));
+    fl_regex_guide_free(g);
     fl_test_mem_zero();
 }
 
@@ -313,6 +418,7 @@ int main(void) {
         cmocka_unit_test(test_texts),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_against_posix),
+        cmocka_unit_test(test_keys),
         cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,6 +7,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <string.h>
+#include <xxhash.h>
 
 /* The DFA's workspace (allocated where the DFA matches): room for the states that are alive at once (PCRE2 asks for at least 20;
  * a pattern that needs more than this fails its request with a clear error, not silently). */
@@ -28,6 +29,8 @@ struct fl_regex_guide {
     bool carry;
     int rs;
     int *wsr, *wst;
+    XXH128_hash_t phash; /* the pattern's (fl_regex_guide_key) */
+    int count_cap;       /* 1 + the largest number written in the pattern (fl_regex_guide_key) */
 };
 
 enum { RS_EMPTY, RS_OPEN, RS_SHUT }; /* no text yet; the text can go on (wsr holds it); it cannot */
@@ -126,14 +129,43 @@ static const char *dfa_unsupported(const char *p) {
     return NULL;
 }
 
-/* p may hold an assertion, a verb, an atomic group or a possessive quantifier, whose answers
- * across a token's edges the carried DFA state does not keep (conservative: an escaped "$"
- * counts too). */
+/* p holds, outside classes, escapes' arguments and \Q..\E, an assertion (^, $, \b, \B, \A,
+ * \z, \Z, \G, \K, lookaround), a verb, an atomic group or a possessive quantifier, whose
+ * answers across a token's edges the carried DFA state does not keep.  Conservative: a comment
+ * or an extended-mode text holding such characters counts too. */
 static bool has_assertion(const char *p) {
-    static const char *const marks[] = {"^", "$", "\\b", "\\B", "\\A", "\\z", "\\Z", "\\G", "\\K", "(?=", "(?!", "(?<", "(?*",
-                                        "(*", "(?>", "*+", "++", "?+", "}+"};
-    for (size_t i = 0; i < sizeof marks / sizeof *marks; i++)
-        if (strstr(p, marks[i])) return true;
+    bool cls = false;
+    for (; *p; p++) {
+        if (p[0] == '\\' && p[1] == 'Q') { /* literal up to \E */
+            const char *e = strstr(p + 2, "\\E");
+            if (!e) return false;
+            p = e + 1;
+        } else if (p[0] == '\\') {
+            if (!p[1]) return false;
+            if (!cls && strchr("bBAzZGK", p[1])) return true;
+            p++;
+            if (strchr("pPxoNgk", p[0]) && p[1] == '{') { /* \p{..}, \x{..}, ...: its argument */
+                const char *e = strchr(p, '}');
+                if (!e) return true;
+                p = e;
+            } else if (p[0] == 'c' && p[1]) p++; /* \cX */
+        } else if (cls) {
+            if (p[0] == '[' && p[1] == ':') { /* [:alpha:] */
+                const char *e = strstr(p + 2, ":]");
+                if (e) p = e + 1;
+            } else if (p[0] == ']') cls = false;
+        } else if (p[0] == '[') {
+            cls = true;
+            if (p[1] == '^') p++;
+            if (p[1] == ']') p++; /* a leading ] is a member */
+        } else if (p[0] == '^' || p[0] == '$') {
+            return true;
+        } else if (p[0] == '(' && (p[1] == '*' || (p[1] == '?' && (p[2] == '=' || p[2] == '!' || p[2] == '<' || p[2] == '>' || p[2] == '*')))) {
+            return true; /* (a named group (?<name> counts too) */
+        } else if ((p[0] == '*' || p[0] == '+' || p[0] == '?' || p[0] == '}') && p[1] == '+') {
+            return true; /* possessive (or "(?+", refused already) */
+        }
+    }
     return false;
 }
 
@@ -152,6 +184,14 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     }
     int err = 0;
     PCRE2_SIZE off = 0;
+    g->phash = XXH3_128bits(pattern, plen);
+    g->count_cap = 2; /* (+ is a count against 1) */
+    for (const char *q = pattern; *q; q++) { /* every run of digits, bounds or not (more is safe) */
+        long v = 0;
+        for (; *q >= '0' && *q <= '9'; q++) v = v < 100000 ? v * 10 + (*q - '0') : v;
+        if (v + 1 > g->count_cap) g->count_cap = (int)v + 1;
+        if (!*q) break;
+    }
     g->code = pcre2_compile((PCRE2_SPTR)pattern, plen, PCRE2_UTF | PCRE2_NEVER_BACKSLASH_C, &err, &off, cctx);
     if (!g->code) {
         PCRE2_UCHAR msg[160];
@@ -274,5 +314,40 @@ size_t fl_regex_guide_len(const fl_regex_guide *g) { return g->len; }
 bool fl_regex_guide_on_dfa(const fl_regex_guide *g) { return g->anchored == NULL; }
 
 bool fl_regex_guide_carries(const fl_regex_guide *g) { return g->carry; }
+
+/* The carried state as PCRE2's DFA restarts from it (pcre2_dfa_match.c, 10.3x-10.4x): the
+ * workspace past its first two ints is two halves of (RS_INTS - 2) / 6 states each; ws[0] says
+ * which half holds the states alive after the text (0 the first, 1 the second), ws[1] how many.
+ * A state is 3 ints: an offset into the compiled pattern, a repeat count, and data that is read
+ * only where the offset is negative (characters still to skip), none of them a position in the
+ * text.  A restart reads nothing else.  The key takes each state's offset, its count clamped to
+ * count_cap (counts are compared only with 0 and with repeat bounds, which are numbers written
+ * in the pattern: past the largest, counts answer alike), and its data where it is read; so two
+ * texts with equal keys get the same answer to every check.  A workspace that does not look
+ * like this gives no key (the checks go on as before). */
+bool fl_regex_guide_key(const fl_regex_guide *g, uint8_t key[16]) {
+    enum { HALF = (RS_INTS - 2) / 6 };
+    int buf[4 + 2 + 3 * HALF];
+    if (!g->carry) return false;
+    memcpy(buf, &g->phash, sizeof g->phash);
+    buf[4] = g->rs;
+    int n = 0;
+    if (g->rs == RS_OPEN) {
+        const int half = g->wsr[0], count = g->wsr[1];
+        if ((half != 0 && half != 1) || count < 0 || count > HALF) return false;
+        const int *st = g->wsr + 2 + (half ? 3 * HALF : 0);
+        buf[5] = count;
+        for (int i = 0; i < count; i++) {
+            const int off = st[3 * i], c = st[3 * i + 1];
+            buf[6 + 3 * i] = off;
+            buf[6 + 3 * i + 1] = c < g->count_cap ? c : g->count_cap;
+            buf[6 + 3 * i + 2] = off < 0 ? st[3 * i + 2] : 0;
+        }
+        n = 1 + 3 * count;
+    }
+    const XXH128_hash_t h = XXH3_128bits(buf, (size_t)(5 + n) * sizeof(int));
+    XXH128_canonicalFromHash((XXH128_canonical_t *)key, h);
+    return true;
+}
 
 void fl_regex_guide_set_carry(fl_regex_guide *g, bool on) { g->carry = on && g->wsr && g->len == 0; }

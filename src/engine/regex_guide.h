@@ -30,6 +30,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define FL_REGEX_MAX_PATTERN 4096 /* bytes of pattern accepted */
 
@@ -61,5 +62,11 @@ bool fl_regex_guide_on_dfa(const fl_regex_guide *g);
  * text so far (see above); set_carry turns that off (or back on, before any text) for tests. */
 bool fl_regex_guide_carries(const fl_regex_guide *g);
 void fl_regex_guide_set_carry(fl_regex_guide *g, bool on);
+
+/* A 128-bit key for every answer the guide gives from here on: the pattern and the carried DFA
+ * state after the text so far (two texts with the same key allow the same continuations; the
+ * engine keeps each key's token mask, so a state met again is not checked again).  false where
+ * the checks do not run from the carried state (then there is no such key). */
+bool fl_regex_guide_key(const fl_regex_guide *g, uint8_t key[16]);
 
 #endif

@@ -11,7 +11,9 @@
  *   - where the pattern has no assertion (anchors, \b, lookaround, verbs), the two matchers
  *     agree: the JIT-compiled (?:PATTERN)\z and the DFA (the same pattern with an empty \Q at its
  *     end, which the wrapped form cannot take) allow the same text and call it complete alike,
- *     unless either meets a limit.
+ *     unless either meets a limit;
+ *   - two prefixes of the text with the same fl_regex_guide_key (the engine's mask cache takes
+ *     them for one state) answer the rest of the text alike: allowed, and complete after it.
  */
 #include "engine/regex_guide.h"
 
@@ -61,6 +63,49 @@ static int run(const char *pattern, const char *t, size_t n, size_t cut, bool *r
     return whole;
 }
 
+/* The guide after t[0, m) fed whole (NULL where not allowed or on an error) */
+static fl_regex_guide *fed(const char *pattern, const char *t, size_t m) {
+    fl_regex_guide *g;
+    if (fl_regex_guide_new(pattern, &g) != FL_OK) __builtin_trap();
+    if (fl_regex_guide_allows(g, t, m) != 1 || fl_regex_guide_feed(g, t, m) != FL_OK) {
+        fl_regex_guide_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+/* Prefixes of t (whole characters, up to 48 bytes) with equal keys answer t's rest alike */
+static void keys_agree(const char *pattern, const char *t, size_t n) {
+    enum { MAXP = 48 };
+    uint8_t keys[MAXP + 1][16];
+    size_t at[MAXP + 1];
+    int nk = 0;
+    for (size_t m = 0; m <= n && m <= MAXP; m++) {
+        if (m < n && ((unsigned char)t[m] & 0xC0) == 0x80) continue;
+        fl_regex_guide *g = fed(pattern, t, m);
+        if (!g) break;
+        const bool keyed = fl_regex_guide_key(g, keys[nk]);
+        fl_regex_guide_free(g);
+        if (!keyed) return;
+        at[nk++] = m;
+    }
+    for (int j = 1; j < nk; j++)
+        for (int i = 0; i < j; i++) {
+            if (memcmp(keys[i], keys[j], 16)) continue;
+            fl_regex_guide *a = fed(pattern, t, at[i]), *b = fed(pattern, t, at[j]);
+            if (!a || !b) __builtin_trap();
+            const char *rest = t + at[j];
+            const size_t nr = n - at[j];
+            const int ra = fl_regex_guide_allows(a, rest, nr), rb = fl_regex_guide_allows(b, rest, nr);
+            if (ra >= 0 && rb >= 0 && ra != rb) __builtin_trap(); /* invariant: one key, one answer */
+            if (ra == 1 && rb == 1 && fl_regex_guide_feed(a, rest, nr) == FL_OK && fl_regex_guide_feed(b, rest, nr) == FL_OK &&
+                fl_regex_guide_complete(a) != fl_regex_guide_complete(b))
+                __builtin_trap();
+            fl_regex_guide_free(a);
+            fl_regex_guide_free(b);
+        }
+}
+
 static bool has_assertion(const char *p) {
     static const char *const marks[] = {"^", "$", "\\b", "\\B", "\\A", "\\z", "\\Z", "\\G", "\\K", "(?=", "(?!", "(?<", "(?*", "(*", "(?C", "\\Q"};
     for (size_t i = 0; i < sizeof marks / sizeof *marks; i++)
@@ -86,6 +131,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     while (cut > 0 && cut < n && ((unsigned char)t[cut] & 0xC0) == 0x80) cut--; /* (the engine feeds whole characters) */
     bool refused, dfa;
     const int a = run(pattern, t, n, cut, &refused, &dfa);
+    if (!refused) keys_agree(pattern, t, n);
     if (!refused && !dfa && !has_assertion(pattern)) {
         memcpy(pattern + plen, "\\Q", 3);
         bool refused2, dfa2;
