@@ -274,6 +274,10 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
         cJSON_AddBoolToObject(o, "json_object", rc->json_object);
         cJSON_AddBoolToObject(o, "json_schema", rc->json_schema != NULL);
         cJSON_AddBoolToObject(o, "regex", rc->regex != NULL);
+        if (rc->regex) {
+            cJSON_AddNumberToObject(o, "guide_mask_hits", (double)st.guide_mask_hits);
+            cJSON_AddNumberToObject(o, "guide_mask_misses", (double)st.guide_mask_misses);
+        }
         cJSON_AddNumberToObject(o, "logprob_records", (double)lp_records);
         cJSON_AddNumberToObject(o, "prompt_logprob_records", (double)plp_records);
         cJSON_AddNumberToObject(o, "requests_per_s", n / dur);
@@ -381,6 +385,7 @@ int fl_bench_serve(int argc, char **argv) {
         {"json-object", 0, FL_OPT_FLAG, "every output is constrained to one JSON object (ends when it closes)"},
         {"json-schema", 0, FL_OPT_STR, "every output is constrained to a value of the JSON Schema in FILE (ends when complete)"},
         {"regex", 0, FL_OPT_STR, "PATTERN  every output is constrained to a whole match of this regex (vLLM's guided_regex; ends when nothing extends it)"},
+        {"guide-masks", 0, FL_OPT_INT, "N  token masks the engine keeps for regex states (default 256; 0: every mask computed)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
@@ -388,7 +393,7 @@ int fl_bench_serve(int argc, char **argv) {
     };
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench serve -m MODEL [--requests N] [--rate R] [--prompt-len DIST] "
-                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object | --json-schema FILE | --regex PATTERN] [--baseline static] [--json]",
+                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object | --json-schema FILE | --regex PATTERN [--guide-masks N]] [--baseline static] [--json]",
                           "Serve a synthetic workload through the continuous-batching engine and report\n"
                           "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
                           "peak memory, and the decode-only steps' tokens/s and weight GOP/s against the measured int8 peak.  --baseline static adds the same workload as static padded batches.",
@@ -476,6 +481,14 @@ int fl_bench_serve(int argc, char **argv) {
     rc.json_object = fl_args_get(opts, "json-object")->set;
     /* the engine reserves (and the plan counts) logprob records only for what the workload asks */
     rc.ep.max_logprobs = rc.logprobs >= 0 ? rc.logprobs : rc.prompt_logprobs ? 0 : -1;
+    if (fl_args_get(opts, "guide-masks")->set) {
+        const int64_t gm = fl_args_get(opts, "guide-masks")->i;
+        if (gm < 0 || gm > (1 << 20)) {
+            fprintf(stderr, "fitllm bench serve: --guide-masks takes 0..%d\n", 1 << 20);
+            return 2;
+        }
+        rc.ep.guide_masks = (int32_t)gm;
+    }
     if (fl_args_get(opts, "logprobs")->set && (rc.logprobs < 0 || rc.logprobs > FL_MAX_TOP_LOGPROBS)) {
         fprintf(stderr, "fitllm bench serve: --logprobs takes 0..%d\n", FL_MAX_TOP_LOGPROBS);
         return 2;

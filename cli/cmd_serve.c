@@ -35,6 +35,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"lora-modules", 0, FL_OPT_STR, "NAME=FILE[,NAME=FILE...]  up to 16 LoRA adapters over one base (vLLM's): a request whose \"model\" is NAME runs with it, others with none; listed by /v1/models"},
         {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"},
         {"scheduling-policy", 0, FL_OPT_STR, "fcfs|priority  order of admission and preemption (default fcfs); priority: by each request's 'priority', lower first, then arrival; a waiting request preempts running ones of lower priority"},
+        {"guide-masks", 0, FL_OPT_INT, "N  token masks kept for guided_regex states, shared by requests with the same pattern (default 256; 0: every mask computed); each vocabulary/8 bytes, in the plan"},
         {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) bytes per context token per sequence"},
         {0},
     };
@@ -128,6 +129,14 @@ int fl_cmd_serve(int argc, char **argv) {
     ep.lora_scales = lora_scales;
     ep.n_loras = n_lora;
     if (fl_args_get(opts, "max-logprobs")->set) ep.max_logprobs = (int32_t)fl_args_get(opts, "max-logprobs")->i;
+    if (fl_args_get(opts, "guide-masks")->set) {
+        const int64_t gm = fl_args_get(opts, "guide-masks")->i;
+        if (gm < 0 || gm > (1 << 20)) {
+            fprintf(stderr, "fitllm serve: --guide-masks takes 0..%d\n", 1 << 20);
+            return 2;
+        }
+        ep.guide_masks = (int32_t)gm;
+    }
     if (pc) ep.prefix_cache = !strcmp(pc, "on");
 
     fl_server_params sp;

@@ -117,6 +117,9 @@ typedef struct fl_engine_params {
     int32_t max_logprobs;       /* the most alternatives a request may ask with top_logprobs (default
                                  * FL_MAX_TOP_LOGPROBS); -1: no logprobs.  The plan reserves
                                  * 8 x (1 + max_logprobs) bytes per token of context per sequence */
+    int32_t guide_masks;        /* token masks kept for regex-constrained requests' states, shared by
+                                 * requests with the same pattern (default 256; 0: none, every mask
+                                 * computed); each n_vocab / 8 bytes, allocated with the engine */
 } fl_engine_params;
 
 void fl_engine_params_default(fl_engine_params *p);
@@ -228,6 +231,7 @@ typedef struct fl_engine_stats {
     int64_t prefix_hit_tokens, prefix_miss_tokens, kv_evictions;
     double kv_utilization;      /* live tokens / allocated token slots */
     double kv_waste;            /* (allocated slots - live tokens) / allocated slots */
+    int64_t guide_mask_hits, guide_mask_misses; /* regex requests' token masks found kept / computed */
 } fl_engine_stats;
 
 fl_status fl_engine_new(const fl_engine_params *p, fl_engine **out);

@@ -305,6 +305,10 @@ def main_stories(shared):
         got.append((st, r["choices"][0]["finish_reason"], r["choices"][0]["text"]))
     check("guided_regex: each answer a whole match (%s)" % got,
           all(st == 200 and fin == "stop" and pyre.fullmatch(pat, t) for st, fin, t in got))
+    # the four requests share the pattern's states: most of their masks were found kept
+    m = urllib.request.urlopen(URL + "/metrics", timeout=60).read().decode()
+    gm = {k: float(v) for k, v in pyre.findall(r"^fitllm_guide_mask_(hits|misses)_total (\S+)$", m, pyre.M)}
+    check("guided_regex: masks kept by state (%s)" % gm, gm.get("misses", 0) > 0 and gm.get("hits", 0) > gm.get("misses", 0))
     for name, body, needle in [("guided_regex not a string", {"guided_regex": 3}, "must be a string"),
                                ("guided_regex that does not compile", {"guided_regex": "a(b"}, "offset 3"),
                                ("guided_regex with a backreference", {"guided_regex": "(a)\\1"}, "backreferences"),

@@ -10,6 +10,7 @@
 #include "engine/json_fsm.h"
 #include "engine/json_schema.h"
 #include "engine/kv_adapter.h"
+#include "engine/mask_cache.h"
 #include "core/dtype.h"
 
 #include <cjson/cJSON.h>
@@ -619,9 +620,10 @@ static int32_t json_piece(void *ctx, int32_t tok, char *buf, int32_t cap) {
 }
 
 /* The toy model whose pieces are JSON_PIECES, in an engine of default parameters. */
-static fl_engine *json_toy_engine(void) {
+static fl_engine *json_toy_engine_masks(int32_t guide_masks) {
     fl_engine_params p;
     fl_engine_params_default(&p);
+    p.guide_masks = guide_masks;
     fl_engine_backend be;
     toy_new(4, 1000, 0, &be);
     be.piece = json_piece;
@@ -629,6 +631,7 @@ static fl_engine *json_toy_engine(void) {
     assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_OK);
     return e;
 }
+static fl_engine *json_toy_engine(void) { return json_toy_engine_masks(FL_MASK_CACHE_DEFAULT); }
 
 /* Step e until it is idle; the one request's text into text, its token count, its finish;
  * end-of-generation never appears (JSON requests mask it) */
@@ -800,27 +803,45 @@ static void test_toy_choices(void **state) {
 /* guided regex: sampled outputs are whole matches (checked with glibc's POSIX regex) when they
  * stop, end-of-generation only where the text is a match that could go on; a pattern no token
  * can start fails the request; a bad pattern or two constraints fail fl_engine_add */
+/* One regex request on e (its masks kept as guide_masks says): text, tokens, finish */
+static fl_finish_reason toy_regex_run(fl_engine *e, int run, const char *pattern, char text[4096], int32_t *n_tok) {
+    int32_t prompt[3] = {1, 3 + run % 7, 5};
+    fl_logit_bias bias = {TOY_EOS, 3.0f}; /* end-of-generation likelier where allowed */
+    fl_request_params q = {.prompt = prompt, .n_prompt = 3, .max_tokens = 16, .regex = pattern,
+                           .logit_bias = &bias, .n_logit_bias = run < 16 ? 0 : 1};
+    fl_sampling_params_default(&q.sampling);
+    q.sampling.temperature = 1.0f;
+    q.sampling.seed = (uint64_t)run + 5;
+    int64_t id;
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+    text[0] = 0;
+    *n_tok = 0;
+    return run_json_request(e, text, n_tok);
+}
+
 static void test_toy_regex(void **state) {
     (void)state;
     const char *list = "\\[(1|-2\\.5)(, ?(1|-2\\.5)){0,3}\\]";
     regex_t re;
     assert_int_equal(regcomp(&re, "^\\[(1|-2\\.5)(, ?(1|-2\\.5)){0,3}\\]$", REG_EXTENDED | REG_NOSUB), 0);
     int stops = 0, eos = 0, tr = 0; /* lists of more than one, EOS after "tr", "true" */
+    /* the masks kept by state: one engine for every run (requests with the same pattern share
+     * them), and one that keeps a single mask (each new state evicts) give the outputs of
+     * masks computed at every step (guide_masks 0) */
+    fl_engine *shared = json_toy_engine(), *one = json_toy_engine_masks(1);
     for (int run = 0; run < 32; run++) {
-        fl_engine *e = json_toy_engine();
-        int32_t prompt[3] = {1, 3 + run % 7, 5};
-        fl_logit_bias bias = {TOY_EOS, 3.0f}; /* end-of-generation likelier where allowed */
+        fl_engine *e = json_toy_engine_masks(0);
         const bool lists = run < 16;
-        fl_request_params q = {.prompt = prompt, .n_prompt = 3, .max_tokens = 16, .regex = lists ? list : "tr(ue)?",
-                               .logit_bias = &bias, .n_logit_bias = lists ? 0 : 1};
-        fl_sampling_params_default(&q.sampling);
-        q.sampling.temperature = 1.0f;
-        q.sampling.seed = (uint64_t)run + 5;
-        int64_t id;
-        assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
-        char text[4096] = "";
-        int32_t n_tok = 0;
-        const fl_finish_reason fin = run_json_request(e, text, &n_tok);
+        const char *pattern = lists ? list : "tr(ue)?";
+        char text[4096], text2[4096];
+        int32_t n_tok = 0, n_tok2 = 0;
+        const fl_finish_reason fin = toy_regex_run(e, run, pattern, text, &n_tok);
+        for (int k = 0; k < 2; k++) {
+            const fl_finish_reason fin2 = toy_regex_run(k ? one : shared, run, pattern, text2, &n_tok2);
+            if (fin2 != fin || n_tok2 != n_tok || strcmp(text, text2))
+                fail_msg("run %d: '%s' (%d tokens, finish %d) with the masks kept (%s), '%s' (%d, %d) computed", run, text2,
+                         n_tok2, fin2, k ? "one" : "shared", text, n_tok, fin);
+        }
         if (lists) { /* (at most 16 tokens: the pattern closes within max_tokens) */
             assert_int_equal(fin, FL_FINISH_STOP);
             if (regexec(&re, text, 0, NULL, 0)) fail_msg("run %d: '%s' stopped but is no match", run, text);
@@ -833,8 +854,19 @@ static void test_toy_regex(void **state) {
             assert_string_equal(text, "true");
             tr++;
         }
+        fl_engine_stats st;
+        fl_engine_stats_get(e, &st);
+        assert_int_equal(st.guide_mask_hits + st.guide_mask_misses, 0);
         fl_engine_free(e);
     }
+    fl_engine_stats st;
+    fl_engine_stats_get(shared, &st); /* the patterns' few states, met again and again */
+    assert_true(st.guide_mask_misses > 0 && st.guide_mask_misses < 40);
+    assert_true(st.guide_mask_hits > 4 * st.guide_mask_misses); /* (153 against 22 with these seeds) */
+    fl_engine_stats_get(one, &st);
+    assert_true(st.guide_mask_misses > 100);
+    fl_engine_free(shared);
+    fl_engine_free(one);
     regfree(&re);
     assert_true(stops >= 4 && eos >= 1 && tr >= 1); /* lists of more than one; (fixed by the seeds) */
     /* refusals at fl_engine_add; a pattern no token starts: the request fails at its first step */

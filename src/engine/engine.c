@@ -9,6 +9,7 @@
  */
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "engine/mask_cache.h"
 #include "engine/regex_guide.h"
 #include "engine/sampling.h"
 
@@ -55,6 +56,7 @@ struct fl_engine {
     uint8_t *vocab_plain;       /* [n_vocab] 1: plain string text (fl_json_plain) */
     float *masked;              /* [n_vocab] */
     int32_t eog[16], n_eog;     /* end-of-generation ids (masked before a request's min_tokens) */
+    fl_mask_cache *masks;       /* regex requests' token masks by state (guide_masks of them), or NULL */
 
     fl_backend_kv_stats kv_snap; /* taken by the driver under the lock: the cache is never read
                                   * from other threads while a forward may be changing it */
@@ -81,6 +83,7 @@ void fl_engine_params_default(fl_engine_params *p) {
     p->preempt = FL_PREEMPT_RECOMPUTE;
     p->seed = 1234;
     p->max_logprobs = FL_MAX_TOP_LOGPROBS;
+    p->guide_masks = FL_MASK_CACHE_DEFAULT;
 }
 
 void fl_sampling_params_default(fl_sampling_params *p) {
@@ -187,16 +190,19 @@ static fl_status json_mask(fl_engine *e, fl_request *r, const float *row) {
     return allowed ? FL_OK : fl_set_error(FL_ERR_INVALID, "json constraint: no token of the vocabulary continues the %s", r->schema ? "schema's value" : "object");
 }
 
-/* e->masked := row with every token that cannot continue r's regex at -inf: empty tokens,
- * tokens whose first character cannot come next (one check per ASCII byte; a token opening
- * with a multi-byte character is checked whole), the rest checked whole; end-of-generation only
- * where the text so far is a match. */
-static fl_status regex_mask(fl_engine *e, fl_request *r, const float *row) {
-    int32_t allowed = 0;
-    const bool may_end = !r->ignore_eos && fl_regex_guide_complete(r->regex);
-    int8_t first[256]; /* 1 can come next, 0 cannot, -1 check the token */
+/* Token t may continue r's regex (1), may not (0), or an error (-1, set): empty tokens never;
+ * first[] holds the answers for the single bytes (1 can come next, 0 cannot, -1 check the
+ * token: a UTF-8 lead byte is looked at with the token, as the text ends on a whole character). */
+static int regex_token(fl_engine *e, fl_request *r, const int8_t first[256], int32_t t) {
+    const int64_t a = e->vocab_off[t], n = e->vocab_off[t + 1] - a;
+    int ok = n > 0 ? first[(unsigned char)e->vocab_text[a]] : 0;
+    if (ok && (n > 1 || ok < 0)) ok = fl_regex_guide_allows(r->regex, e->vocab_text + a, (size_t)n);
+    return ok;
+}
+
+static fl_status regex_first(fl_request *r, int8_t first[256]) {
     for (int c = 0; c < 256; c++) {
-        if (c >= 0x80) { /* UTF-8: a lead byte is looked at with the token; the text ends on a whole character */
+        if (c >= 0x80) {
             first[c] = c >= 0xC2 && c <= 0xF4 ? -1 : 0;
             continue;
         }
@@ -205,31 +211,77 @@ static fl_status regex_mask(fl_engine *e, fl_request *r, const float *row) {
         if (ok < 0) return FL_ERR_INVALID;
         first[c] = (int8_t)ok;
     }
+    return FL_OK;
+}
+
+static bool is_eog(const fl_engine *e, int32_t t) { return e->be.is_eog && e->be.is_eog(e->be.ctx, t); }
+
+/* The tokens other than end-of-generation that may continue r's regex, as a mask (bit t), for
+ * the guide's state of key: the engine's kept mask, else computed and kept.  NULL on an error
+ * (set). */
+static const uint64_t *regex_bits(fl_engine *e, fl_request *r, const uint8_t key[16]) {
+    const uint64_t *kept = fl_mask_cache_get(e->masks, key);
+    if (kept) return kept;
+    uint64_t *m = fl_mask_cache_work(e->masks);
+    int8_t first[256];
+    if (regex_first(r, first) != FL_OK) return NULL;
+    memset(m, 0, fl_mask_words(e->be.n_vocab) * 8);
     for (int32_t t = 0; t < e->be.n_vocab; t++) {
-        const int64_t a = e->vocab_off[t], n = e->vocab_off[t + 1] - a;
-        int ok = n > 0 ? first[(unsigned char)e->vocab_text[a]] : 0;
-        if (ok && (n > 1 || ok < 0)) ok = fl_regex_guide_allows(r->regex, e->vocab_text + a, (size_t)n);
-        if (ok < 0) return FL_ERR_INVALID;
-        if (e->be.is_eog && e->be.is_eog(e->be.ctx, t)) ok = may_end;
-        e->masked[t] = ok ? row[t] : -INFINITY;
-        allowed += ok != 0;
+        if (is_eog(e, t)) continue;
+        const int ok = regex_token(e, r, first, t);
+        if (ok < 0) return NULL;
+        if (ok) m[t >> 6] |= (uint64_t)1 << (t & 63);
+    }
+    fl_mask_cache_put(e->masks, key);
+    return m;
+}
+
+/* e->masked := row with every token that cannot continue r's regex at -inf (regex_token);
+ * end-of-generation only where the text so far is a match.  From the kept mask of the guide's
+ * state where it has a key (regex_bits), else checked token by token. */
+static fl_status regex_mask(fl_engine *e, fl_request *r, const float *row) {
+    int32_t allowed = 0;
+    const bool may_end = !r->ignore_eos && fl_regex_guide_complete(r->regex);
+    uint8_t key[16];
+    if (e->masks && fl_regex_guide_key(r->regex, key)) {
+        const uint64_t *m = regex_bits(e, r, key);
+        if (!m) return FL_ERR_INVALID;
+        for (int32_t t = 0; t < e->be.n_vocab; t++) {
+            const bool ok = is_eog(e, t) ? may_end : (m[t >> 6] >> (t & 63)) & 1;
+            e->masked[t] = ok ? row[t] : -INFINITY;
+            allowed += ok;
+        }
+    } else {
+        int8_t first[256];
+        if (regex_first(r, first) != FL_OK) return FL_ERR_INVALID;
+        for (int32_t t = 0; t < e->be.n_vocab; t++) {
+            int ok = is_eog(e, t) ? may_end : regex_token(e, r, first, t);
+            if (ok < 0) return FL_ERR_INVALID;
+            e->masked[t] = ok ? row[t] : -INFINITY;
+            allowed += ok != 0;
+        }
     }
     return allowed ? FL_OK : fl_set_error(FL_ERR_INVALID, "regex constraint: no token of the vocabulary continues a match");
 }
 
-/* r's text is a match that no token of the vocabulary extends: its request is over (asked only
- * of a match: every ASCII byte, then the tokens that open with a multi-byte character). */
+/* r's text is a match that no token of the vocabulary (other than end-of-generation) extends:
+ * its request is over.  From the state's mask where it has a key (the next step's mask, kept),
+ * else token by token up to the first that extends it.  (An error: not closed; the next mask
+ * says it.) */
 static bool regex_closed(fl_engine *e, fl_request *r) {
     if (!fl_regex_guide_complete(r->regex)) return false;
-    for (int c = 0; c < 0x80; c++) {
-        const char b = (char)c;
-        if (fl_regex_guide_allows(r->regex, &b, 1) != 0) return false; /* (an error: the next mask says it) */
+    uint8_t key[16];
+    if (e->masks && fl_regex_guide_key(r->regex, key)) {
+        const uint64_t *m = regex_bits(e, r, key);
+        if (!m) return false;
+        for (size_t w = 0; w < fl_mask_words(e->be.n_vocab); w++)
+            if (m[w]) return false;
+        return true;
     }
-    for (int32_t t = 0; t < e->be.n_vocab; t++) {
-        const int64_t a = e->vocab_off[t], n = e->vocab_off[t + 1] - a;
-        if (n > 0 && (unsigned char)e->vocab_text[a] >= 0xC2 && fl_regex_guide_allows(r->regex, e->vocab_text + a, (size_t)n) != 0)
-            return false;
-    }
+    int8_t first[256];
+    if (regex_first(r, first) != FL_OK) return false;
+    for (int32_t t = 0; t < e->be.n_vocab; t++)
+        if (!is_eog(e, t) && regex_token(e, r, first, t) != 0) return false;
     return true;
 }
 
@@ -299,6 +351,7 @@ static void free_buffers(fl_engine *e) {
     fl_free(FL_MEM_MISC, e->vocab_off, e->vocab_off ? (size_t)(nv + 1) * sizeof *e->vocab_off : 0);
     fl_free(FL_MEM_MISC, e->masked, e->masked ? (size_t)nv * sizeof(float) : 0);
     fl_free(FL_MEM_MISC, e->vocab_plain, e->vocab_plain ? (size_t)nv : 0);
+    fl_mask_cache_free(e->masks);
 }
 
 fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backend *be, fl_engine **out) {
@@ -314,6 +367,10 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     pthread_mutex_init(&e->mu, NULL);
     if (e->p.max_logprobs > FL_MAX_TOP_LOGPROBS || e->p.max_logprobs < -1) {
         st = fl_set_error(FL_ERR_INVALID, "%s: max_logprobs %d, accepted -1..%d", __func__, e->p.max_logprobs, FL_MAX_TOP_LOGPROBS);
+        goto fail;
+    }
+    if (e->p.guide_masks < 0) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: guide_masks %d (0: none)", __func__, e->p.guide_masks);
         goto fail;
     }
     if (e->p.max_seqs < 1 || e->p.max_batch_tokens < 1 || be->n_vocab < 1) {
@@ -351,6 +408,7 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     if (st != FL_OK) goto fail;
     st = vocab_text_build(e); /* for JSON requests; built here so that the plan counts it */
     if (st != FL_OK) goto fail;
+    if (e->p.guide_masks > 0 && (st = fl_mask_cache_new(e->p.guide_masks, be->n_vocab, &e->masks)) != FL_OK) goto fail;
     if (e->be.kv_stats) e->be.kv_stats(e->be.ctx, &e->kv_snap);
     e->t0 = now_s();
     *out = e;
@@ -760,6 +818,10 @@ void fl_engine_stats_get(fl_engine *e, fl_engine_stats *s) {
     s->kv_evictions = ks.evictions;
     s->kv_utilization = ks.slots_allocated ? (double)ks.tokens_live / (double)ks.slots_allocated : 0;
     s->kv_waste = ks.slots_allocated ? 1.0 - s->kv_utilization : 0;
+    fl_mask_cache_stats ms;
+    fl_mask_cache_get_stats(e->masks, &ms);
+    s->guide_mask_hits = ms.hits;
+    s->guide_mask_misses = ms.misses;
     pthread_mutex_unlock(&e->mu);
 }
 

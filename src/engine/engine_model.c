@@ -111,6 +111,7 @@ fl_status fl_engine_plan_input(const fl_engine_params *p, fl_plan_engine_in *pi)
     pi->prefix_cache = p->prefix_cache != 0;
     pi->repack = p->no_repack == 0;
     pi->max_logprobs = p->max_logprobs;
+    pi->guide_masks = p->guide_masks;
     pi->lora_paths = p->lora_paths;
     pi->lora_scales = p->lora_scales;
     pi->n_loras = p->n_loras;

@@ -1,5 +1,6 @@
 /* The engine-exact plan (plan_engine.h): the engine's own size functions, added up. */
 #include "plan/plan_engine.h"
+#include "engine/mask_cache.h"
 #include "plan/plan.h"
 
 #include "core/dtype.h"
@@ -216,6 +217,8 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
                            (uint64_t)hp.n_layer * sizeof(fl_layer) + nb * per_block + 4 * buckets +
                            FL_PLAN_MISC_SEQ_SLOT * n_seq_max +
                            (V + 1) * 8 + V + 4 * V + out->vocab_text_bytes + 1; /* engine.c vocab_text_build */
+        out->mask_cache_bytes = fl_mask_cache_bytes(in->guide_masks, (int32_t)V);
+        out->misc_static += out->mask_cache_bytes;
         if (in->max_logprobs >= 0) { /* engine.c: records with the request, the poll's copy */
             const uint64_t rec = 8 * (1 + (uint64_t)in->max_logprobs), step = (uint64_t)in->max_seqs * (1 + (uint64_t)in->max_logprobs) + 1;
             uint64_t nc = 256;

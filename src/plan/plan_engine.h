@@ -41,6 +41,8 @@
  *                      records, and half of it again when it grew there
  *            static also: the vocabulary's text for JSON-constrained requests (all the pieces,
  *                    their offsets, a byte flag and a float row per token)
+ *                    + the mask cache of guide_masks masks (fl_mask_cache_bytes: n_vocab / 8 B
+ *                    each + 32 B, one working mask, 8 B of buckets per mask, 128 B)
  *
  * Errors: FL_ERR_INVALID for bad parameters; the GGUF loader's errors; FL_ERR_BUDGET from
  * fl_plan_engine_kv_mem when the weights alone, or everything but the KV cache, exceed the
@@ -72,6 +74,7 @@ typedef struct fl_plan_engine_in {
     int32_t prefix_cache;     /* the cache keeps prefix-cache entries per block */
     int32_t repack;           /* the loader repacks Q4_0 / Q8_0 matrices (fl_r8_load_type) */
     int32_t max_logprobs;     /* alternatives a request may ask for (-1: no logprobs) */
+    int32_t guide_masks;      /* token masks kept for regex requests' states (engine/mask_cache.h) */
     const char *const *lora_paths; /* LoRA adapters applied at run time (model/lora.h) */
     const float *lora_scales;
     int32_t n_loras;
@@ -88,6 +91,7 @@ typedef struct fl_plan_engine_out {
     double avg_piece_bytes;     /* mean detokenized bytes per vocabulary token (1 without a tokenizer) */
     uint64_t vocab_text_bytes;  /* all the vocabulary's detokenized bytes (the engine's JSON table) */
     uint64_t logprob_bytes;     /* MISC of the logprob records (with max_logprobs >= 0) */
+    uint64_t mask_cache_bytes;  /* MISC of the regex requests' mask cache (guide_masks) */
     uint64_t gguf_bytes, tokenizer_bytes; /* MISC of the parsed GGUF and of the tokenizer (+ chat template) */
     uint64_t lora_file_bytes, lora_misc_bytes, lora_ws_bytes; /* the adapter: MAPPED, MISC (parsed file and slot table), ACT */
     int64_t n_params;           /* elements of the matrices and norms */
