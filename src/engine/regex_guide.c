@@ -100,10 +100,19 @@ static bool reserve(fl_regex_guide *g, size_t need) {
     return true;
 }
 
-/* The first recursion, subroutine call or condition in p (a DFA runs none of them, and says so
- * only when the match reaches one): outside escapes, \Q..\E and classes, "(?R", "(?1",
- * "(?+1", "(?-1", "(?&", "(?P>", "(?(" and "\g<" / "\g'".  NULL if none. */
-static const char *dfa_unsupported(const char *p) {
+enum { FIND_DFA_UNSUPPORTED, FIND_ASSERTION };
+
+/* The first place in p, outside \Q..\E, classes and escapes' arguments, that holds what:
+ *   FIND_DFA_UNSUPPORTED: a recursion, subroutine call or condition ("(?R", "(?1", "(?+1",
+ *     "(?-1", "(?&", "(?P>", "(?(", "\g<", "\g'"), which a DFA runs none of (and says so
+ *     only when the match reaches one);
+ *   FIND_ASSERTION: an assertion (^, $, \b, \B, \A, \z, \Z, \G, \K, lookaround), a verb, an
+ *     atomic group or a possessive quantifier, whose answers across a token's edges the carried
+ *     DFA state does not keep (conservative: a named group, or a comment or an extended-mode
+ *     text holding such characters, counts too).
+ * NULL if none. */
+static const char *pattern_find(const char *p, int what) {
+    const bool dfa = what == FIND_DFA_UNSUPPORTED;
     bool cls = false;
     for (; *p; p++) {
         if (p[0] == '\\' && p[1] == 'Q') { /* literal up to \E */
@@ -111,42 +120,12 @@ static const char *dfa_unsupported(const char *p) {
             if (!e) return NULL;
             p = e + 1;
         } else if (p[0] == '\\') {
-            if (!cls && p[1] == 'g' && (p[2] == '<' || p[2] == '\'')) return p;
-            if (p[1]) p++;
-        } else if (cls) {
-            if (p[0] == ']') cls = false;
-        } else if (p[0] == '[') {
-            cls = true;
-            if (p[1] == '^') p++;
-            if (p[1] == ']') p++; /* a leading ] is a member */
-        } else if (p[0] == '(' && p[1] == '?') {
-            const char c = p[2];
-            if (c == 'R' || c == '&' || c == '(' || (c >= '0' && c <= '9') || ((c == '+' || c == '-') && p[3] >= '0' && p[3] <= '9') ||
-                (c == 'P' && p[3] == '>'))
-                return p;
-        }
-    }
-    return NULL;
-}
-
-/* p holds, outside classes, escapes' arguments and \Q..\E, an assertion (^, $, \b, \B, \A,
- * \z, \Z, \G, \K, lookaround), a verb, an atomic group or a possessive quantifier, whose
- * answers across a token's edges the carried DFA state does not keep.  Conservative: a comment
- * or an extended-mode text holding such characters counts too. */
-static bool has_assertion(const char *p) {
-    bool cls = false;
-    for (; *p; p++) {
-        if (p[0] == '\\' && p[1] == 'Q') { /* literal up to \E */
-            const char *e = strstr(p + 2, "\\E");
-            if (!e) return false;
-            p = e + 1;
-        } else if (p[0] == '\\') {
-            if (!p[1]) return false;
-            if (!cls && strchr("bBAzZGK", p[1])) return true;
+            if (!p[1]) return NULL;
+            if (!cls && (dfa ? p[1] == 'g' && (p[2] == '<' || p[2] == '\'') : strchr("bBAzZGK", p[1]) != NULL)) return p;
             p++;
             if (strchr("pPxoNgk", p[0]) && p[1] == '{') { /* \p{..}, \x{..}, ...: its argument */
                 const char *e = strchr(p, '}');
-                if (!e) return true;
+                if (!e) return dfa ? NULL : p;
                 p = e;
             } else if (p[0] == 'c' && p[1]) p++; /* \cX */
         } else if (cls) {
@@ -158,15 +137,18 @@ static bool has_assertion(const char *p) {
             cls = true;
             if (p[1] == '^') p++;
             if (p[1] == ']') p++; /* a leading ] is a member */
-        } else if (p[0] == '^' || p[0] == '$') {
-            return true;
-        } else if (p[0] == '(' && (p[1] == '*' || (p[1] == '?' && (p[2] == '=' || p[2] == '!' || p[2] == '<' || p[2] == '>' || p[2] == '*')))) {
-            return true; /* (a named group (?<name> counts too) */
-        } else if ((p[0] == '*' || p[0] == '+' || p[0] == '?' || p[0] == '}') && p[1] == '+') {
-            return true; /* possessive (or "(?+", refused already) */
+        } else if (dfa) {
+            const char c = p[1] == '?' ? p[2] : 0;
+            if (p[0] == '(' && (c == 'R' || c == '&' || c == '(' || (c >= '0' && c <= '9') ||
+                                ((c == '+' || c == '-') && p[3] >= '0' && p[3] <= '9') || (c == 'P' && p[3] == '>')))
+                return p;
+        } else if (p[0] == '^' || p[0] == '$' ||
+                   (p[0] == '(' && (p[1] == '*' || (p[1] == '?' && p[2] && strchr("=!<>*", p[2])))) ||
+                   ((p[0] == '*' || p[0] == '+' || p[0] == '?' || p[0] == '}') && p[1] == '+')) {
+            return p; /* (a possessive quantifier; "(?+" is refused already) */
         }
     }
-    return false;
+    return NULL;
 }
 
 fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
@@ -206,7 +188,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
         st = fl_set_error(FL_ERR_INVALID, "regex: backreferences are not supported (the output is matched as a DFA)");
         goto done;
     }
-    const char *un = dfa_unsupported(pattern);
+    const char *un = pattern_find(pattern, FIND_DFA_UNSUPPORTED);
     if (un) {
         st = fl_set_error(FL_ERR_INVALID, "regex at offset %zu: recursion, subroutine calls and conditions are not supported (the output is matched as a DFA)",
                           (size_t)(un - pattern));
@@ -240,7 +222,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
      * atomic (fuzz_regex found "((?!|a))" and "(a+)++c" answered otherwise carried) */
     uint32_t lookbehind = 0;
     pcre2_pattern_info(g->code, PCRE2_INFO_MAXLOOKBEHIND, &lookbehind);
-    if (lookbehind == 0 && !has_assertion(pattern)) {
+    if (lookbehind == 0 && !pattern_find(pattern, FIND_ASSERTION)) {
         if (!(g->wsr = fl_alloc(FL_MEM_MISC, 2 * RS_INTS * sizeof(int), 0))) {
             st = fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
             goto done;
