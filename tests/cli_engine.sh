@@ -48,9 +48,9 @@ import json, sys
 o = json.loads(sys.argv[1])["paged"]
 assert o["json_schema"] is True and 4 <= o["output_tokens"] < 4 * 24, o
 PY
-echo '{"type": "string", "pattern": "a"}' >"$tmpd/bad.json"
+echo '{"type": "string", "pattern": "a(?!b)"}' >"$tmpd/bad.json"
 err=$("$bin" bench serve -m "$model" --requests 2 --json-schema "$tmpd/bad.json" 2>&1) && { echo "a bad schema was accepted"; exit 1; }
-echo "$err" | grep -q "pattern" || { echo "bench serve --json-schema: no reason given: $err"; exit 1; }
+echo "$err" | grep -q "pattern at offset 1" || { echo "bench serve --json-schema: no reason given: $err"; exit 1; }
 # --regex: every output constrained; the masks kept by state are found again (the four
 # requests share the pattern), and with --guide-masks 0 none are kept and the outputs match
 outs=""

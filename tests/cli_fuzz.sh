@@ -81,7 +81,9 @@ pairs = [({"type": "object", "properties": {"a": {"type": "integer", "minimum": 
          ({"type": "array", "items": {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "null"}, {"type": "number"}]}},
           '["ab", null, -1.5e3]'),
          ({"type": "object", "additionalProperties": {"type": "boolean"}, "properties": {"q\"": {"const": [1]}}}, '{"q\\"": [1], "z": true}'),
-         ({"enum": ["yes", "no"]}, '"no"'), ({"type": "string", "pattern": "x"}, '"x"')]
+         ({"enum": ["yes", "no"]}, '"no"'), ({"type": "string", "pattern": "x"}, '"x"'),
+         ({"type": "object", "properties": {"d": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}$"}}}, '{"d": "2024-\\u00301"}'),
+         ({"type": "array", "items": {"type": "string", "pattern": "[^a]*\u00e9+(x|yy){1,3}", "maxLength": 9}}, '["b\\"\u00e9\\u00e9yyx"]')]
 for i, (s, d) in enumerate(pairs):
     open('%s/s%02d' % (sys.argv[1], i), 'wb').write(bytes([i * 5]) + json.dumps(s).encode() + b'\0' + d.encode())
 PY

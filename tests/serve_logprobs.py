@@ -256,6 +256,24 @@ def main_stories(shared):
             ok = c["finish_reason"] == "length" and text.lstrip().startswith("{") and r["usage"]["completion_tokens"] == 96
         check("json_schema sampled (seed %d): %s %r" % (seed, c["finish_reason"], text[-60:]), st == 200 and ok)
     check("json_schema: some answers complete (%d of 6)" % stops, stops >= 2)
+    # a string pattern: each finished value's string is one whole match (Python's re says)
+    import re as pyre
+    named = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{1,8}( [A-Z][a-z]{1,8})?$"},
+                                              "year": {"type": "string", "pattern": "19[5-9][0-9]|20[0-2][0-9]"}},
+             "required": ["name", "year"], "additionalProperties": False}
+    stops = 0
+    for seed in range(4):
+        st, r = post_json("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 1.0, "seed": seed,
+                                              "guided_json": named})
+        c = r["choices"][0]
+        ok = st == 200
+        if ok and c["finish_reason"] == "stop":
+            v = json.loads(c["text"])
+            ok = (set(v) == {"name", "year"} and pyre.fullmatch(named["properties"]["name"]["pattern"][1:-1], v["name"]) is not None
+                  and pyre.fullmatch(named["properties"]["year"]["pattern"], v["year"]) is not None)
+            stops += 1
+        check("json_schema pattern (seed %d): %s %r" % (seed, c["finish_reason"], c["text"][-60:]), ok)
+    check("json_schema pattern: some answers complete (%d of 4)" % stops, stops >= 2)
     for field in ["guided_json", "json_schema"]:
         got = set()
         for seed in range(3):
@@ -317,8 +335,10 @@ def main_stories(shared):
         msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else ""
         check("%s: 400 (%s)" % (name, msg), st == 400 and needle in msg)
     for name, body, needle in [
-            ("an unsupported keyword", {"guided_json": {"type": "object", "properties": {"s": {"type": "string", "pattern": "a+"}}}},
+            ("an unsupported keyword", {"guided_json": {"type": "object", "properties": {"s": {"type": "array", "uniqueItems": True}}}},
              "#/properties/s"),
+            ("a pattern with a lookahead", {"guided_json": {"type": "object", "properties": {"s": {"type": "string", "pattern": "a(?=b)"}}}},
+             "pattern at offset 1: assertions"),
             ("two schemas", {"guided_json": {"enum": [1]}, "json_schema": {"enum": [2]}}, "one JSON Schema"),
             ("json_schema without a schema", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs"),
             ("a schema of a bare number", {"guided_json": {"type": "integer"}}, "bare number"),

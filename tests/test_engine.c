@@ -717,11 +717,11 @@ static void test_toy_json_schema(void **state) {
         assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
         if (run == 0) { /* refused at add: the keyword and the place named */
             fl_request_params b = q;
-            b.json_schema = "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"pattern\":\"x\"}}}";
+            b.json_schema = "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"pattern\":\"\\\\bx\"}}}";
             int64_t id2;
             assert_int_equal(fl_engine_add(e, &b, &id2), FL_ERR_INVALID);
             assert_non_null(strstr(fl_last_error(), "#/properties/s"));
-            assert_non_null(strstr(fl_last_error(), "pattern"));
+            assert_non_null(strstr(fl_last_error(), "pattern at offset 0: assertions"));
         }
         char text[4096] = "";
         int32_t n_tok = 0;
@@ -751,6 +751,37 @@ static void test_toy_json_schema(void **state) {
     }
     assert_true(stops >= 6); /* (the counts are fixed by the seeds) */
     assert_true(lengths >= 2);
+    /* a string with a pattern, of the toy's pieces ("v, letter-digit pairs, x"): every finished
+     * output's string is a whole match (glibc's POSIX regex says) */
+    const char *pat_schema = "{\"type\":\"object\",\"properties\":{\"vx\":{\"type\":\"string\",\"pattern\":\"^v([A-D][0-9])*x$\"}},"
+                             "\"required\":[\"vx\"],\"additionalProperties\":false}";
+    regex_t re;
+    assert_int_equal(regcomp(&re, "^v([A-D][0-9])*x$", REG_EXTENDED | REG_NOSUB), 0);
+    int matched = 0;
+    for (int run = 0; run < 8; run++) {
+        fl_engine *e = json_toy_engine();
+        int32_t prompt[3] = {1, 3 + run % 7, 5};
+        fl_logit_bias close[2] = {{4, 3.0f}, {12, 2.0f}}; /* '}' and 'x"' a little likelier */
+        fl_request_params q = {.prompt = prompt, .n_prompt = 3, .max_tokens = 30, .json_schema = pat_schema, .logit_bias = close, .n_logit_bias = 2};
+        fl_sampling_params_default(&q.sampling);
+        q.sampling.temperature = 1.0f;
+        q.sampling.seed = (uint64_t)run + 70;
+        int64_t id;
+        assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+        char text[4096] = "";
+        int32_t n_tok = 0;
+        const fl_finish_reason fin = run_json_request(e, text, &n_tok);
+        if (fin == FL_FINISH_STOP) {
+            cJSON *o = cJSON_ParseWithOpts(text, NULL, 1);
+            const cJSON *sv = cJSON_GetObjectItemCaseSensitive(o, "vx");
+            if (!cJSON_IsString(sv) || regexec(&re, sv->valuestring, 0, NULL, 0)) fail_msg("run %d: s is no match: %s", run, text);
+            cJSON_Delete(o);
+            matched++;
+        }
+        fl_engine_free(e);
+    }
+    regfree(&re);
+    assert_true(matched >= 4);
     fl_test_mem_zero();
 }
 

@@ -7,6 +7,7 @@
 #include "engine/json_schema.h"
 
 #include <cjson/cJSON.h>
+#include <regex.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,7 +149,12 @@ static void test_refused(void **state) {
     static const struct {
         const char *schema, *msg;
     } R[] = {
-        {"{\"type\":\"string\",\"pattern\":\"^a\"}", "keyword not supported: pattern"},
+        {"{\"type\":\"string\",\"pattern\":\"\\\\ba\"}", "'#': pattern at offset 0: assertions"},
+        {"{\"type\":\"string\",\"pattern\":\"a$b\"}", "pattern at offset 1: assertions"},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreferences"},
+        {"{\"type\":\"string\",\"pattern\":\"a(b\"}", "pattern at offset 3: missing closing parenthesis"},
+        {"{\"type\":\"string\",\"pattern\":\"(?<=a)b\"}", "pattern at offset 0: assertions"},
+        {"{\"type\":\"object\",\"properties\":{\"s\":{\"pattern\":7}}}", "'#/properties/s': 'pattern' must be a string"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":0}}}", "#/properties/a"},
         {"{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{}}]}", "both take a value of type object"},
         {"{\"type\":\"integer\"}", "bare number"},
@@ -268,6 +274,19 @@ static bool valid(const cJSON *doc, const cJSON *sch, const cJSON *v) {
         const size_t n = utf8_chars(v->valuestring);
         if ((x = cJSON_GetObjectItemCaseSensitive(sch, "minLength")) && n < (size_t)x->valueint) return false;
         if ((x = cJSON_GetObjectItemCaseSensitive(sch, "maxLength")) && n > (size_t)x->valueint) return false;
+        if ((x = cJSON_GetObjectItemCaseSensitive(sch, "pattern"))) { /* a whole match, by glibc's POSIX regex */
+            char re_text[256];
+            const char *pt = x->valuestring;
+            size_t pl = strlen(pt);
+            if (pt[0] == '^') pt++, pl--;
+            if (pl && pt[pl - 1] == '$') pl--;
+            snprintf(re_text, sizeof re_text, "^(%.*s)$", (int)pl, pt);
+            regex_t re;
+            assert_int_equal(regcomp(&re, re_text, REG_EXTENDED | REG_NOSUB), 0);
+            const bool m = regexec(&re, v->valuestring, 0, NULL, 0) == 0;
+            regfree(&re);
+            if (!m) return false;
+        }
     }
     if (cJSON_IsNumber(v)) {
         const double d = v->valuedouble;
@@ -294,6 +313,8 @@ static void test_random_walks(void **state) {
         "\"minItems\":1,\"maxItems\":2}},\"required\":[\"v\"]}},\"$ref\":\"#/$defs/n\"}",
         "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"number\"}},\"additionalProperties\":{\"type\":[\"string\",\"boolean\"]}}",
         "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"q\":{\"const\":{\"a\":[1,\"b\"]}}}},\"minItems\":2}",
+        "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"pattern\":\"^[0-9]{2}-[a-c]+$\"},\"e\":{\"anyOf\":[{\"type\":"
+        "\"string\",\"pattern\":\"x(y|zz)*\"},{\"type\":\"null\"}]}},\"required\":[\"d\"]}",
     };
     static const char ALPHA[] = "{}[]\",:-0123456789.eE+ \nabcdefghijklmnopqrstuvwxyzAB/"; /* (no escapes: cJSON refuses a lone \\uDC00) */
     const int nalpha = (int)sizeof ALPHA - 1;
@@ -355,9 +376,78 @@ static void test_random_walks(void **state) {
     fl_test_mem_zero();
 }
 
+/* "pattern": a string value is one whole match of it, decoded (escapes are the characters they
+ * stand for), checked at each character and at the closing quote */
+static void test_patterns(void **state) {
+    (void)state;
+    CASES("{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"pattern\":\"^[0-9]{4}-[0-9]{2}-[0-9]{2}$\"}},\"required\":[\"d\"]}",
+          {"{\"d\":\"2024-01-31\"}", 1}, {"{\"d\":\"2024-1-31\"}", -1}, {"{\"d\":\"2024-01-3\"}", -1}, {"{\"d\":\"2024-0", 0},
+          {"{\"d\":\"20a", -1}, {"{\"d\":\"\\u0032024-01-31\"}", 1}, {"{\"d\":\"2024-01-31x\"}", -1});
+    /* escapes stand for their characters; raw UTF-8 and \u escapes alike; a surrogate escape is refused */
+    CASES("{\"type\":\"string\",\"pattern\":\"a\\\\nb\\\\t\"}", {"\"a\\nb\\t\"", 1}, {"\"a\\u000ab\\u0009\"", 1}, {"\"anb\\t\"", -1});
+    CASES("{\"type\":\"string\",\"pattern\":\"[\u00e9\u00e8]+\"}", {"\"\\u00e9\u00e8\u00e9\"", 1}, {"\"\u00e9e\"", -1}, {"\"\"", -1});
+    CASES("{\"type\":\"string\",\"pattern\":\".+\"}", {"\"\xf0\x9f\x98\x80\"", 1}, {"\"\\ud83d\\ude00\"", -1},
+          {"\"\xf4\x8f\xbf\xbf\"", -1}, {"\"\\\"\\\\/\"", 1});
+    CASES("{\"type\":\"string\",\"pattern\":\"a*\"}", {"\"\"", 1}, {"\"aaa\"", 1}, {"\"ab\"", -1});
+    /* an escaped $ stays; with maxLength; in a union */
+    CASES("{\"type\":\"string\",\"pattern\":\"^a\\\\$\"}", {"\"a$\"", 1}, {"\"a\"", -1});
+    CASES("{\"type\":\"string\",\"pattern\":\"[ab]+\",\"maxLength\":3}", {"\"aba\"", 1}, {"\"abab\"", -1}, {"\"\"", -1});
+    CASES("{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"string\",\"pattern\":\"x+\"},{\"type\":\"integer\"}]}}",
+          {"[\"xx\",12,\"x\"]", 1}, {"[\"y\"]", -1}, {"[\"\"]", -1});
+    /* the same answers as glibc's POSIX regex on every string of up to 4 characters over a small
+     * alphabet (complete where a whole match, a prefix where some string of up to 6 starting with
+     * it is one) */
+    static const char *const pats[] = {"(ab|a0)+x?", "-?(0|1[01]*)(\\\\.[01]{1,2})?", "[^ab.]{1,2}(a|-)", "(x|ab|b0)*-?"};
+    static const char AL[] = "ab01-.x";
+    for (size_t p = 0; p < sizeof pats / sizeof *pats; p++) {
+        char sch[256], re_text[128];
+        snprintf(sch, sizeof sch, "{\"type\":\"string\",\"pattern\":\"%s\"}", pats[p]);
+        fl_json_schema *s = compile_ok(sch);
+        snprintf(re_text, sizeof re_text, "^(%s)$", pats[p]);
+        for (char *q = re_text; (q = strstr(q, "\\\\")); q++) memmove(q, q + 1, strlen(q)); /* (JSON's \\ is one \) */
+        regex_t re;
+        assert_int_equal(regcomp(&re, re_text, REG_EXTENDED | REG_NOSUB), 0);
+        int n_match = 0;
+        for (int len = 0; len <= 4; len++) {
+            int total = 1;
+            for (int i = 0; i < len; i++) total *= 7;
+            for (int v = 0; v < total; v++) {
+                char t[8], doc[16];
+                for (int i = 0, x = v; i < len; i++, x /= 7) t[i] = AL[x % 7];
+                t[len] = 0;
+                const bool full = regexec(&re, t, 0, NULL, 0) == 0;
+                bool prefix = full;
+                for (int ext = 1; ext <= 2 && !prefix; ext++) {
+                    int te = 1;
+                    for (int i = 0; i < ext; i++) te *= 7;
+                    for (int w = 0; w < te && !prefix; w++) {
+                        char u[8];
+                        memcpy(u, t, (size_t)len);
+                        for (int i = 0, x = w; i < ext; i++, x /= 7) u[len + i] = AL[x % 7];
+                        u[len + ext] = 0;
+                        prefix = regexec(&re, u, 0, NULL, 0) == 0;
+                    }
+                }
+                snprintf(doc, sizeof doc, "\"%s\"", t);
+                const int got = check(s, doc);
+                if (got != (full ? 1 : -1)) fail_msg("pattern %s on '%s': %d, POSIX %d", pats[p], t, got, full);
+                doc[len + 1] = 0; /* without the closing quote */
+                const int open = check(s, doc);
+                if (open != (prefix ? 0 : -1)) fail_msg("pattern %s on prefix '%s': %d, POSIX %d", pats[p], t, open, prefix);
+                n_match += full;
+            }
+        }
+        assert_true(n_match >= 3);
+        regfree(&re);
+        fl_json_schema_free(s);
+    }
+    fl_test_mem_zero();
+}
+
 static void test_out_of_memory(void **state) {
     (void)state;
-    const char *sch = "{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,2]},\"b\":{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}}}}";
+    const char *sch = "{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,2]},\"b\":{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}},"
+                      "\"c\":{\"type\":\"string\",\"pattern\":\"[a-z]+\\\\d\"}}}";
     int ok = 0;
     for (int k = 0; k < 200 && !ok; k++) {
         fl_mem_fail_after(k);
@@ -367,6 +457,7 @@ static void test_out_of_memory(void **state) {
         if (st == FL_OK) {
             ok = k + 1;
             assert_int_equal(check(s, "{\"b\":[{\"a\":2}]}"), 1);
+            assert_int_equal(check(s, "{\"c\":\"ab7\"}"), 1);
             fl_json_schema_free(s);
         } else {
             assert_true(st == FL_ERR_NOMEM || st == FL_ERR_INVALID); /* (cJSON's parse failing reads as invalid) */
@@ -428,7 +519,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_objects),       cmocka_unit_test(test_scalars),      cmocka_unit_test(test_arrays_unions_refs),
         cmocka_unit_test(test_refused),       cmocka_unit_test(test_random_walks), cmocka_unit_test(test_out_of_memory),
-        cmocka_unit_test(test_choices),
+        cmocka_unit_test(test_choices),       cmocka_unit_test(test_patterns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -43,6 +43,10 @@ void fl_json_fsm_init_schema(fl_json_fsm *f, const fl_json_schema *sc) {
 
 void fl_json_fsm_copy(fl_json_fsm *dst, const fl_json_fsm *src) {
     memcpy(dst, src, offsetof(fl_json_fsm, fr) + (size_t)src->depth * sizeof src->fr[0]);
+    if (src->rx_on) {
+        dst->rx.rs = src->rx.rs;
+        if (src->rx.rs) memcpy(dst->rx.ws, src->rx.ws, sizeof dst->rx.ws);
+    }
 }
 
 bool fl_json_fsm_done(const fl_json_fsm *f) { return f->st == S_DONE; }
@@ -57,7 +61,7 @@ bool fl_json_fsm_may_end(const fl_json_fsm *f) {
 }
 
 bool fl_json_fsm_in_string(const fl_json_fsm *f) {
-    if (f->st != S_STR) return false;
+    if (f->st != S_STR || f->rx_on) return false;
     return !f->sc || (!f->key && f->sc->nodes[f->node].max_len == FL_JS_UNBOUNDED);
 }
 
@@ -255,6 +259,8 @@ static bool value_start(fl_json_fsm *f, unsigned c) {
         f->st = S_STR;
         f->key = 0;
         f->nch = 0;
+        f->rx_on = f->sc && nd(f, node)->rx >= 0;
+        if (f->rx_on) fl_regex_state_init(&f->rx);
         return true;
     case '-':
         f->st = S_NUM_MINUS;
@@ -287,6 +293,11 @@ static bool int_digit(fl_json_fsm *f, unsigned c) {
 }
 
 static bool is_digit(unsigned c) { return c >= '0' && c <= '9'; }
+
+/* the pattern of the string value being read (rx_on), and its next character */
+static fl_regex_str *pattern_of(const fl_json_fsm *f) { return f->sc->rx[nd(f, f->node)->rx]; }
+static bool pattern_step(fl_json_fsm *f, const char *ch, size_t n) { return fl_regex_str_step(pattern_of(f), &f->rx, ch, n) == 1; }
+static bool pattern_char(fl_json_fsm *f, char c) { return pattern_step(f, &c, 1); }
 static bool is_hex(unsigned c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
 /* Whitespace between tokens in schema mode, as llama.cpp's grammars allow it: one space, or one
@@ -373,6 +384,8 @@ static bool step(fl_json_fsm *f, unsigned c) {
                 f->st = S_COLON;
             } else {
                 if (f->sc && f->nch < nd(f, f->node)->min_len) return false;
+                if (f->rx_on && !fl_regex_str_complete(pattern_of(f), &f->rx)) return false;
+                f->rx_on = 0;
                 value_done(f);
             }
             return true;
@@ -386,32 +399,56 @@ static bool step(fl_json_fsm *f, unsigned c) {
             }
         }
         if (c == '\\') { f->st = S_ESC; return true; }
-        if (c < 0x80) return true;
+        if (c < 0x80) return !f->rx_on || pattern_char(f, (char)c);
         if (c >= 0xC2 && c <= 0xDF) f->sub = 1;
         else if (c >= 0xE0 && c <= 0xEF) f->sub = 2;
         else if (c >= 0xF0 && c <= 0xF4) f->sub = 3;
         else return false;
         f->st = S_UTF8;
+        f->rxb[0] = (uint8_t)c;
+        f->rxn = 1;
         return true;
     case S_UTF8:
         if ((c & 0xC0) != 0x80) return false;
         if (f->sc && f->key && !key_byte(f, c)) return false;
-        if (--f->sub == 0) f->st = S_STR;
+        if (f->rxn < 4) f->rxb[f->rxn++] = (uint8_t)c;
+        if (--f->sub == 0) {
+            f->st = S_STR;
+            if (f->rx_on) return pattern_step(f, (const char *)f->rxb, f->rxn);
+        }
         return true;
     case S_ESC:
         if (f->sc && f->key && !key_byte(f, c)) return false;
         if (c == 'u') {
             f->st = S_HEX;
             f->sub = 4;
+            f->rxu = 0;
             return true;
         }
         if (!strchr("\"\\/bfnrt", (int)c) || c == 0) return false;
         f->st = S_STR;
+        if (f->rx_on) { /* the character the escape stands for */
+            static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+            return pattern_char(f, to[strchr(from, (int)c) - from]);
+        }
         return true;
     case S_HEX:
         if (!is_hex(c)) return false;
         if (f->sc && f->key && !key_byte(f, c)) return false;
-        if (--f->sub == 0) f->st = S_STR;
+        f->rxu = (uint16_t)(f->rxu * 16 + (is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10));
+        if (--f->sub == 0) {
+            f->st = S_STR;
+            if (f->rx_on) {
+                const uint32_t u = f->rxu;
+                if (u >= 0xD800 && u <= 0xDFFF) return false; /* (a surrogate: the character is written as itself) */
+                char o[3];
+                const size_t n = u < 0x80 ? 1 : u < 0x800 ? 2 : 3;
+                if (n == 1) o[0] = (char)u;
+                else if (n == 2) o[0] = (char)(0xC0 | (u >> 6)), o[1] = (char)(0x80 | (u & 0x3F));
+                else o[0] = (char)(0xE0 | (u >> 12)), o[1] = (char)(0x80 | ((u >> 6) & 0x3F)), o[2] = (char)(0x80 | (u & 0x3F));
+                return pattern_step(f, o, n);
+            }
+        }
         return true;
     case S_NUM_MINUS:
         if (c == '0') f->st = S_NUM_ZERO;

@@ -13,10 +13,15 @@
  *   - at most FL_JSON_MAX_WS whitespace bytes in a row, and FL_JSON_MAX_WS_LEAD before the
  *     object (a sampled model could otherwise spend its whole budget on blank lines).
  * Nothing is accepted after the closing brace.  With a schema, whitespace between tokens is
- * one space, or one or two newlines and an indent of up to FL_JSON_MAX_INDENT spaces or tabs.
+ * one space, or one or two newlines and an indent of up to FL_JSON_MAX_INDENT spaces or tabs,
+ * and a string with a pattern is matched character by character as decoded (an escape is the
+ * character it stands for; its UTF-8 must be well formed, and \u escapes of surrogates are
+ * refused in it: such characters are written as themselves).
  */
 #ifndef FL_JSON_FSM_H
 #define FL_JSON_FSM_H
+
+#include "engine/regex_guide.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -53,7 +58,12 @@ typedef struct fl_json_fsm {
     uint32_t pos;       /* bytes of the key / enum text matched */
     uint64_t cand;      /* the declared properties the key may still be / enum texts the value may be */
     int64_t num_v;      /* magnitude of the bounded integer so far (saturating) */
+    uint8_t rx_on;      /* schema mode: the string value being read has a pattern (rx below) */
+    uint8_t rxn;        /* its character being read: UTF-8 bytes in rxb so far */
+    uint8_t rxb[4];
+    uint16_t rxu;       /* its \u escape's value so far */
     fl_json_frame fr[FL_JSON_MAX_DEPTH]; /* [depth]: only these are live (fl_json_fsm_copy) */
+    fl_regex_state rx;  /* with rx_on: the pattern's state after the string's characters so far */
 } fl_json_fsm;
 
 /* Any one object (json_object). */
@@ -61,7 +71,7 @@ void fl_json_fsm_init(fl_json_fsm *f);
 /* One value of the compiled schema (json_schema.h; it must outlive f): the same lexical rules,
  * and at every value, key and closing bracket what the schema allows. */
 void fl_json_fsm_init_schema(fl_json_fsm *f, const struct fl_json_schema *sc);
-/* *dst = *src, copying only the live frames. */
+/* *dst = *src, copying only the live frames (and the pattern's state while it is in use). */
 void fl_json_fsm_copy(fl_json_fsm *dst, const fl_json_fsm *src);
 /* Feed n bytes.  false: some byte cannot continue a valid document (f is then unspecified). */
 bool fl_json_fsm_feed(fl_json_fsm *f, const char *bytes, int32_t n);

@@ -1,5 +1,6 @@
 /* JSON Schema -> the node graph of constrained decoding (see json_schema.h). */
 #include "engine/json_schema.h"
+#include "engine/regex_guide.h"
 
 #include "core/alloc.h"
 #include "core/status.h"
@@ -50,7 +51,7 @@ static fl_status new_node(cctx *c, int32_t *out) {
     fl_js_node *n = &s->nodes[s->n_nodes];
     memset(n, 0, sizeof *n);
     for (int k = 0; k < FL_JS_NCLASS; k++) n->cls[k] = -1;
-    n->addl = n->items = -1;
+    n->addl = n->items = n->rx = -1;
     n->max_items = n->max_len = FL_JS_UNBOUNDED;
     *out = s->n_nodes++;
     return FL_OK;
@@ -293,13 +294,33 @@ static fl_status compile_object(cctx *c, const cJSON *sch, int32_t n) {
 
 static const char *const OBJ_KW[] = {"properties", "required", "additionalProperties", NULL};
 static const char *const ARR_KW[] = {"items", "minItems", "maxItems", NULL};
-static const char *const STR_KW[] = {"minLength", "maxLength", NULL};
+static const char *const STR_KW[] = {"minLength", "maxLength", "pattern", NULL};
 static const char *const INT_KW[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
 
 static bool in_list(const char *const *l, const char *k) {
     for (; *l; l++)
         if (!strcmp(*l, k)) return true;
     return false;
+}
+
+/* "pattern": node n's strings are each one whole match (regex_guide.h fl_regex_str) */
+static fl_status compile_pattern(cctx *c, const cJSON *sch, int32_t n) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(sch, "pattern");
+    if (!p) return FL_OK;
+    if (!cJSON_IsString(p)) return bad(c, "'pattern' must be a string", NULL);
+    fl_json_schema *s = c->s;
+    if (!grow((void **)&s->rx, &s->cap_rx, s->n_rx + 1, sizeof *s->rx)) return nomem();
+    fl_regex_str *x = NULL;
+    const fl_status st = fl_regex_str_new(p->valuestring, &x);
+    if (st == FL_ERR_NOMEM) return nomem();
+    if (st != FL_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", fl_last_error());
+        return bad(c, "", msg);
+    }
+    s->rx[s->n_rx] = x;
+    s->nodes[n].rx = s->n_rx++;
+    return FL_OK;
 }
 
 static fl_status compile(cctx *c, const cJSON *sch, int hops, int32_t *out) {
@@ -418,6 +439,7 @@ static fl_status compile(cctx *c, const cJSON *sch, int hops, int32_t *out) {
             return st;
         if (nd->min_items > nd->max_items) return bad(c, "minItems exceeds maxItems", NULL);
         if (nd->min_len > nd->max_len) return bad(c, "minLength exceeds maxLength", NULL);
+        if ((st = compile_pattern(c, sch, n)) != FL_OK) return st;
         if (t_arr) {
             const cJSON *it = cJSON_GetObjectItemCaseSensitive(sch, "items");
             int32_t m;
@@ -501,6 +523,8 @@ fl_status fl_json_schema_choices(const char *const *texts, int32_t n, fl_json_sc
 void fl_json_schema_free(fl_json_schema *s) {
     if (!s) return;
     for (int32_t i = 0; i < s->n_str; i++) fl_free(FL_MEM_MISC, s->str[i].p, s->str[i].len + 1);
+    for (int32_t i = 0; i < s->n_rx; i++) fl_regex_str_free(s->rx[i]);
+    fl_free(FL_MEM_MISC, s->rx, (size_t)s->cap_rx * sizeof *s->rx);
     fl_free(FL_MEM_MISC, s->str, (size_t)s->cap_str * sizeof *s->str);
     fl_free(FL_MEM_MISC, s->nodes, (size_t)s->cap_nodes * sizeof *s->nodes);
     fl_free(FL_MEM_MISC, s, sizeof *s);

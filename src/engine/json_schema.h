@@ -12,7 +12,9 @@
  *     properties and no additionalProperties takes any members); each declared property at
  *     most once (undeclared names are not remembered, so they may repeat), in any order, every
  *     required one before the closing brace;
- *   - arrays: items, minItems, maxItems;  strings: minLength, maxLength (in characters);
+ *   - arrays: items, minItems, maxItems;  strings: minLength, maxLength (in characters),
+ *     pattern (the whole decoded string one match, on PCRE2's DFA: regex_guide.h's
+ *     fl_regex_str, which says what it refuses);
  *   - integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (within +-10^15);
  *   - anyOf / oneOf whose alternatives start with different classes of byte (a nullable field,
  *     a string or a number, ...); allOf of one schema; $ref to the document ("#", "#/$defs/X",
@@ -65,6 +67,7 @@ typedef struct fl_js_node {
     uint32_t min_items, max_items;
     /* strings (characters: code points, an escape one) */
     uint32_t min_len, max_len;
+    int32_t rx;                /* pattern: the schema's rx[rx], -1 none */
     /* enum / const: the values' compact JSON texts [e0, e0 + ne) of the schema's strings */
     int32_t e0, ne;
 } fl_js_node;
@@ -82,6 +85,8 @@ typedef struct fl_json_schema {
     int32_t n_nodes, cap_nodes;
     fl_js_str *str;            /* property names, then their value's node; enum texts */
     int32_t n_str, cap_str;
+    struct fl_regex_str **rx;  /* string patterns */
+    int32_t n_rx, cap_rx;
     int32_t root;
     int raw;                   /* choices (fl_json_schema_choices): the root's texts are plain text */
 } fl_json_schema;

@@ -44,7 +44,7 @@ enum { RX_NONE, RX_OPEN, RX_MATCH, RX_ERROR }; /* no match; the prefix of one; a
 #define HEAP_LIMIT_KIB 1024
 /* The carried state's workspace (ints): a copy per candidate, so small; a pattern with more
  * states alive at once than it holds goes back to rescanning. */
-#define RS_INTS 256
+#define RS_INTS FL_REGEX_STATE_INTS
 
 static int rx_error(fl_regex_guide *g, int rc) {
     PCRE2_UCHAR msg[160];
@@ -333,3 +333,122 @@ bool fl_regex_guide_key(const fl_regex_guide *g, uint8_t key[16]) {
 }
 
 void fl_regex_guide_set_carry(fl_regex_guide *g, bool on) { g->carry = on && g->wsr && g->len == 0; }
+
+/* ---- a JSON string's pattern (JSON Schema "pattern"), on the DFA a character at a time ---- */
+
+struct fl_regex_str {
+    pcre2_general_context *gctx;
+    pcre2_match_context *mctx;
+    pcre2_code *code; /* (?:PATTERN)\x{10FFFF}: the string, then the end mark */
+    pcre2_match_data *md;
+};
+
+/* U+10FFFF in UTF-8: the end mark, which the strings themselves may not hold (fl_regex_str_step) */
+static const char END_MARK[4] = {(char)0xF4, (char)0x8F, (char)0xBF, (char)0xBF};
+
+fl_status fl_regex_str_new(const char *pattern, fl_regex_str **out) {
+    *out = NULL;
+    size_t b = 0, e = strlen(pattern);
+    if (e > FL_REGEX_MAX_PATTERN) return fl_set_error(FL_ERR_INVALID, "pattern: %zu bytes; at most %d", e, FL_REGEX_MAX_PATTERN);
+    /* a leading ^ and a trailing (unescaped) $ are what a full match means already */
+    if (pattern[0] == '^') b = 1;
+    if (e > b && pattern[e - 1] == '$') {
+        size_t k = 0;
+        while (e - 1 - k > b && pattern[e - 2 - k] == '\\') k++;
+        if (k % 2 == 0) e--;
+    }
+    fl_regex_str *x = fl_calloc(FL_MEM_MISC, 1, sizeof *x);
+    char *w = fl_alloc(FL_MEM_MISC, e - b + 16, 0);
+    fl_status st = FL_OK;
+    pcre2_compile_context *cctx = NULL;
+    if (!x || !w || !(x->gctx = pcre2_general_context_create(fl_mem_malloc_ctx, fl_mem_free_ctx, NULL)) ||
+        !(cctx = pcre2_compile_context_create(x->gctx)) || !(x->mctx = pcre2_match_context_create(x->gctx))) {
+        st = fl_set_error(FL_ERR_NOMEM, "pattern: out of memory");
+        goto done;
+    }
+    memcpy(w, pattern + b, e - b); /* the body alone first, for the scans */
+    w[e - b] = 0;
+    const char *at = pattern_find(w, FIND_ASSERTION);
+    if (at) {
+        st = fl_set_error(FL_ERR_INVALID, "pattern at offset %zu: assertions (other than a leading ^ and a trailing $), atomic groups and possessive quantifiers are not supported",
+                          (size_t)(at - w) + b);
+        goto done;
+    }
+    if ((at = pattern_find(w, FIND_DFA_UNSUPPORTED))) {
+        st = fl_set_error(FL_ERR_INVALID, "pattern at offset %zu: recursion, subroutine calls and conditions are not supported", (size_t)(at - w) + b);
+        goto done;
+    }
+    int err = 0;
+    PCRE2_SIZE off = 0;
+    /* the body alone first: its errors at its own offsets, its backreferences */
+    for (int wrapped = 0; wrapped < 2; wrapped++) {
+        if (wrapped) {
+            memcpy(w, "(?:", 3);
+            memcpy(w + 3, pattern + b, e - b);
+            memcpy(w + 3 + (e - b), ")\\x{10FFFF}", 12);
+        }
+        x->code = pcre2_compile((PCRE2_SPTR)w, wrapped ? e - b + 14 : e - b, PCRE2_UTF | PCRE2_NEVER_BACKSLASH_C, &err, &off, cctx);
+        if (!x->code) {
+            PCRE2_UCHAR msg[160];
+            pcre2_get_error_message(err, msg, sizeof msg);
+            st = err == PCRE2_ERROR_HEAP_FAILED || err == PCRE2_ERROR_NOMEMORY
+                     ? fl_set_error(FL_ERR_NOMEM, "pattern: out of memory")
+                     : wrapped ? fl_set_error(FL_ERR_INVALID, "pattern: does not end outside a comment or \\Q..\\E (%s)", (const char *)msg)
+                               : fl_set_error(FL_ERR_INVALID, "pattern at offset %zu: %s", (size_t)off + b, (const char *)msg);
+            goto done;
+        }
+        uint32_t backref = 0;
+        pcre2_pattern_info(x->code, PCRE2_INFO_BACKREFMAX, &backref);
+        if (backref) {
+            st = fl_set_error(FL_ERR_INVALID, "pattern: backreferences are not supported (strings are matched as a DFA)");
+            goto done;
+        }
+        if (!wrapped) {
+            pcre2_code_free(x->code);
+            x->code = NULL;
+        }
+    }
+    if (!(x->md = pcre2_match_data_create(1, x->gctx))) st = fl_set_error(FL_ERR_NOMEM, "pattern: out of memory");
+done:
+    if (cctx) pcre2_compile_context_free(cctx);
+    fl_free(FL_MEM_MISC, w, w ? e - b + 16 : 0);
+    if (st) fl_regex_str_free(x);
+    else *out = x;
+    return st;
+}
+
+void fl_regex_str_free(fl_regex_str *x) {
+    if (!x) return;
+    if (x->md) pcre2_match_data_free(x->md);
+    if (x->code) pcre2_code_free(x->code);
+    if (x->mctx) pcre2_match_context_free(x->mctx);
+    if (x->gctx) pcre2_general_context_free(x->gctx);
+    fl_free(FL_MEM_MISC, x, sizeof *x);
+}
+
+int fl_regex_str_step(fl_regex_str *x, fl_regex_state *s, const char *ch, size_t n) {
+    if (s->rs == RS_SHUT) return 0;
+    if (n == 4 && !memcmp(ch, END_MARK, 4)) return 0; /* (the end mark is no character of a string) */
+    const uint32_t opt = PCRE2_ANCHORED | PCRE2_PARTIAL_HARD | (s->rs == RS_OPEN ? PCRE2_DFA_RESTART : 0);
+    const int rc = pcre2_dfa_match(x->code, (PCRE2_SPTR)ch, n, 0, opt, x->md, x->mctx, s->ws, RS_INTS);
+    if (rc == PCRE2_ERROR_PARTIAL) {
+        s->rs = RS_OPEN;
+        return 1;
+    }
+    if (rc >= 0 || rx_no_match(rc)) { /* (a match would have taken the end mark) */
+        s->rs = RS_SHUT;
+        return 0;
+    }
+    PCRE2_UCHAR msg[160];
+    pcre2_get_error_message(rc, msg, sizeof msg);
+    fl_set_error(rc == PCRE2_ERROR_NOMEMORY ? FL_ERR_NOMEM : FL_ERR_INVALID, "pattern: cannot match: %s", (const char *)msg);
+    return -1;
+}
+
+bool fl_regex_str_complete(fl_regex_str *x, const fl_regex_state *s) {
+    if (s->rs == RS_SHUT) return false;
+    int ws[RS_INTS];
+    if (s->rs == RS_OPEN) memcpy(ws, s->ws, sizeof ws);
+    const uint32_t opt = PCRE2_ANCHORED | (s->rs == RS_OPEN ? PCRE2_DFA_RESTART : 0);
+    return pcre2_dfa_match(x->code, (PCRE2_SPTR)END_MARK, 4, 0, opt, x->md, x->mctx, ws, RS_INTS) >= 0;
+}

@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #define FL_REGEX_MAX_PATTERN 4096 /* bytes of pattern accepted */
+#define FL_REGEX_STATE_INTS 256   /* a carried DFA state: PCRE2's workspace (about 40 live states) */
 
 typedef struct fl_regex_guide fl_regex_guide;
 
@@ -68,5 +69,28 @@ void fl_regex_guide_set_carry(fl_regex_guide *g, bool on);
  * engine keeps each key's token mask, so a state met again is not checked again).  false where
  * the checks do not run from the carried state (then there is no such key). */
 bool fl_regex_guide_key(const fl_regex_guide *g, uint8_t key[16]);
+
+/* ---- JSON Schema "pattern": a string value (decoded) is one match of a pattern ----
+ * The pattern is taken whole, as outlines and llama.cpp do (a leading ^ and a trailing $ are
+ * dropped: they say the same), not searched for as the JSON Schema text says.  It runs on
+ * PCRE2's DFA a character at a time from a state the caller keeps (json_fsm.h), so a pattern
+ * with other assertions, atomic groups, possessive quantifiers, backreferences, recursion or
+ * conditions is refused when compiled; U+10FFFF, the end mark, is no character of such a
+ * string. */
+typedef struct fl_regex_str fl_regex_str;
+typedef struct fl_regex_state {
+    int32_t rs;                    /* 0 no character yet (fl_regex_state_init), 1 alive, 2 dead */
+    int ws[FL_REGEX_STATE_INTS];   /* the DFA's workspace after the characters so far */
+} fl_regex_state;
+static inline void fl_regex_state_init(fl_regex_state *s) { s->rs = 0; }
+
+/* FL_ERR_INVALID naming the offset in pattern and what is wrong or unsupported; FL_ERR_NOMEM. */
+fl_status fl_regex_str_new(const char *pattern, fl_regex_str **out);
+void fl_regex_str_free(fl_regex_str *x);
+/* One character (its UTF-8 bytes ch[0, n)) after the state s: 1 the string can still become a
+ * match (s moves on), 0 it cannot (s is dead), -1 an error (the DFA's workspace; set). */
+int fl_regex_str_step(fl_regex_str *x, fl_regex_state *s, const char *ch, size_t n);
+/* The characters so far are a match (s unchanged). */
+bool fl_regex_str_complete(fl_regex_str *x, const fl_regex_state *s);
 
 #endif
