@@ -259,18 +259,20 @@ def main_stories(shared):
     # a string pattern: each finished value's string is one whole match (Python's re says)
     import re as pyre
     named = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{1,8}( [A-Z][a-z]{1,8})?$"},
-                                              "year": {"type": "string", "pattern": "19[5-9][0-9]|20[0-2][0-9]"}},
-             "required": ["name", "year"], "additionalProperties": False}
+                                              "year": {"type": "string", "pattern": "19[5-9][0-9]|20[0-2][0-9]"},
+                                              "when": {"type": "string", "format": "date"}},
+             "required": ["name", "year", "when"], "additionalProperties": False}
     stops = 0
     for seed in range(4):
-        st, r = post_json("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 1.0, "seed": seed,
+        st, r = post_json("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 128, "temperature": 1.0, "seed": seed,
                                               "guided_json": named})
         c = r["choices"][0]
         ok = st == 200
         if ok and c["finish_reason"] == "stop":
             v = json.loads(c["text"])
-            ok = (set(v) == {"name", "year"} and pyre.fullmatch(named["properties"]["name"]["pattern"][1:-1], v["name"]) is not None
-                  and pyre.fullmatch(named["properties"]["year"]["pattern"], v["year"]) is not None)
+            ok = (set(v) == {"name", "year", "when"} and pyre.fullmatch(named["properties"]["name"]["pattern"][1:-1], v["name"]) is not None
+                  and pyre.fullmatch(named["properties"]["year"]["pattern"], v["year"]) is not None
+                  and pyre.fullmatch(r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])", v["when"]) is not None)
             stops += 1
         check("json_schema pattern (seed %d): %s %r" % (seed, c["finish_reason"], c["text"][-60:]), ok)
     check("json_schema pattern: some answers complete (%d of 4)" % stops, stops >= 2)

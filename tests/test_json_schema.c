@@ -155,6 +155,7 @@ static void test_refused(void **state) {
         {"{\"type\":\"string\",\"pattern\":\"a(b\"}", "pattern at offset 3: missing closing parenthesis"},
         {"{\"type\":\"string\",\"pattern\":\"(?<=a)b\"}", "pattern at offset 0: assertions"},
         {"{\"type\":\"object\",\"properties\":{\"s\":{\"pattern\":7}}}", "'#/properties/s': 'pattern' must be a string"},
+        {"{\"type\":\"string\",\"pattern\":\"a\",\"format\":\"date\"}", "'pattern' with 'format' is not supported: date"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":0}}}", "#/properties/a"},
         {"{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{}}]}", "both take a value of type object"},
         {"{\"type\":\"integer\"}", "bare number"},
@@ -394,6 +395,21 @@ static void test_patterns(void **state) {
     CASES("{\"type\":\"string\",\"pattern\":\"[ab]+\",\"maxLength\":3}", {"\"aba\"", 1}, {"\"abab\"", -1}, {"\"\"", -1});
     CASES("{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"string\",\"pattern\":\"x+\"},{\"type\":\"integer\"}]}}",
           {"[\"xx\",12,\"x\"]", 1}, {"[\"y\"]", -1}, {"[\"\"]", -1});
+    /* formats held to their patterns (not calendar-checked); others, and on other types, annotations */
+    CASES("{\"type\":\"string\",\"format\":\"date\"}", {"\"2024-12-31\"", 1}, {"\"2024-13-01\"", -1}, {"\"2024-1-01\"", -1},
+          {"\"2024-02-30\"", 1});
+    CASES("{\"type\":\"string\",\"format\":\"date-time\"}", {"\"2024-12-31T23:59:59Z\"", 1}, {"\"2024-12-31T23:59:59.123+05:30\"", 1},
+          {"\"2024-12-31 23:59:59Z\"", -1}, {"\"2024-12-31T23:59:59\"", -1});
+    CASES("{\"type\":\"string\",\"format\":\"time\"}", {"\"23:59:60Z\"", 1}, {"\"24:00:00Z\"", -1});
+    CASES("{\"type\":\"string\",\"format\":\"uuid\"}", {"\"123e4567-e89b-12d3-a456-426614174000\"", 1},
+          {"\"123e4567-e89b-12d3-a456-42661417400g\"", -1});
+    CASES("{\"type\":\"string\",\"format\":\"ipv4\"}", {"\"192.168.0.255\"", 1}, {"\"256.1.1.1\"", -1}, {"\"1.2.3\"", -1},
+          {"\"01.2.3.4\"", -1});
+    CASES("{\"type\":\"string\",\"format\":\"email\"}", {"\"a.b+c@ex-1.co.uk\"", 1}, {"\"a@b\"", -1}, {"\"@b.c\"", -1});
+    CASES("{\"type\":\"string\",\"format\":\"hostname\"}", {"\"any thing\"", 1});
+    CASES("{\"type\":\"object\",\"properties\":{\"i\":{\"type\":\"integer\",\"format\":\"int32\"},"
+          "\"d\":{\"type\":[\"string\",\"integer\"],\"format\":\"date\"}}}",
+          {"{\"i\":5,\"d\":7}", 1}, {"{\"d\":\"2024-01-01\"}", 1}, {"{\"d\":\"x\"}", -1});
     /* the same answers as glibc's POSIX regex on every string of up to 4 characters over a small
      * alphabet (complete where a whole match, a prefix where some string of up to 6 starting with
      * it is one) */

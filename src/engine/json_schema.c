@@ -303,15 +303,40 @@ static bool in_list(const char *const *l, const char *k) {
     return false;
 }
 
-/* "pattern": node n's strings are each one whole match (regex_guide.h fl_regex_str) */
+/* The formats a string is held to (RFC 3339's full-date, full-time and date-time; RFC 4122's
+ * uuid; dotted-quad ipv4; a plain email address): each a pattern, as llama.cpp's grammars do for
+ * the first four.  Other formats stay annotations. */
+#define RE_DATE "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+#define RE_TIME "([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#define RE_OCTET "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+static const struct {
+    const char *name, *re;
+} FORMATS[] = {
+    {"date", RE_DATE},
+    {"time", RE_TIME},
+    {"date-time", RE_DATE "T" RE_TIME},
+    {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
+    {"ipv4", "(" RE_OCTET "\\.){3}" RE_OCTET},
+    {"email", "[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\\.[A-Za-z0-9-]+)+"},
+};
+
+/* "pattern", or a "format" of FORMATS on a node that admits strings: node n's strings are each
+ * one whole match (regex_guide.h fl_regex_str) */
 static fl_status compile_pattern(cctx *c, const cJSON *sch, int32_t n) {
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(sch, "pattern");
-    if (!p) return FL_OK;
-    if (!cJSON_IsString(p)) return bad(c, "'pattern' must be a string", NULL);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(sch, "pattern"), *f = cJSON_GetObjectItemCaseSensitive(sch, "format");
+    if (p && !cJSON_IsString(p)) return bad(c, "'pattern' must be a string", NULL);
+    const char *re = p ? p->valuestring : NULL;
+    if (cJSON_IsString(f) && c->s->nodes[n].cls[FL_JS_STR] == n)
+        for (size_t i = 0; i < sizeof FORMATS / sizeof *FORMATS; i++)
+            if (!strcmp(f->valuestring, FORMATS[i].name)) {
+                if (re) return bad(c, "'pattern' with 'format' is not supported: ", f->valuestring);
+                re = FORMATS[i].re;
+            }
+    if (!re) return FL_OK;
     fl_json_schema *s = c->s;
     if (!grow((void **)&s->rx, &s->cap_rx, s->n_rx + 1, sizeof *s->rx)) return nomem();
     fl_regex_str *x = NULL;
-    const fl_status st = fl_regex_str_new(p->valuestring, &x);
+    const fl_status st = fl_regex_str_new(re, &x);
     if (st == FL_ERR_NOMEM) return nomem();
     if (st != FL_OK) {
         char msg[512];

@@ -14,12 +14,13 @@
  *     required one before the closing brace;
  *   - arrays: items, minItems, maxItems;  strings: minLength, maxLength (in characters),
  *     pattern (the whole decoded string one match, on PCRE2's DFA: regex_guide.h's
- *     fl_regex_str, which says what it refuses);
+ *     fl_regex_str, which says what it refuses); format date, time, date-time, uuid, ipv4 and
+ *     email as patterns (json_schema.c FORMATS; not with pattern);
  *   - integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (within +-10^15);
  *   - anyOf / oneOf whose alternatives start with different classes of byte (a nullable field,
  *     a string or a number, ...); allOf of one schema; $ref to the document ("#", "#/$defs/X",
  *     any JSON pointer), recursion included;
- *   - annotations ignored: title, description, default, examples, format, $schema, $id,
+ *   - annotations ignored: title, description, default, examples, other formats, $schema, $id,
  *     $comment, deprecated, readOnly, writeOnly, $defs, definitions.
  * At most FL_JS_MAX_PROPS properties per object and FL_JS_MAX_ENUM values per enum.  The root
  * must not admit a bare number (nothing would end it).
