@@ -151,12 +151,42 @@ static const char *pattern_find(const char *p, int what) {
     return NULL;
 }
 
+/* A leading ^ and a trailing $ (unescaped, outside \Q..\E) say what a whole match means
+ * already (at the text's start ^ holds, at its end $ does): the body between them is [*b, *e)
+ * of p[0, n).  Patterns written as ^...$ so keep the carried DFA state, which anchors refuse. */
+static void strip_anchors(const char *p, size_t n, size_t *b, size_t *e) {
+    *b = n > 0 && p[0] == '^';
+    *e = n;
+    if (n <= *b || p[n - 1] != '$') return;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == '\\' && i + 1 < n && p[i + 1] == 'Q') {
+            const char *q = strstr(p + i + 2, "\\E");
+            if (!q || (size_t)(q - p) >= n) return; /* (the $ is a literal of an open \Q) */
+            i = (size_t)(q - p) + 1;
+        } else if (p[i] == '\\') {
+            if (++i == n - 1) return; /* (an escaped $) */
+        }
+    }
+    *e = n - 1;
+}
+
 fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     *out = NULL;
-    const size_t plen = strlen(pattern);
-    if (plen > FL_REGEX_MAX_PATTERN) return fl_set_error(FL_ERR_INVALID, "regex: %zu bytes; at most %d", plen, FL_REGEX_MAX_PATTERN);
+    const size_t full = strlen(pattern);
+    if (full > FL_REGEX_MAX_PATTERN) return fl_set_error(FL_ERR_INVALID, "regex: %zu bytes; at most %d", full, FL_REGEX_MAX_PATTERN);
+    size_t b, e;
+    strip_anchors(pattern, full, &b, &e);
+    const size_t plen = e - b, at0 = b; /* the body: what is compiled; offsets in messages are the pattern's */
     fl_regex_guide *g = fl_calloc(FL_MEM_MISC, 1, sizeof *g);
-    if (!g) return FL_ERR_NOMEM;
+    char *body = fl_alloc(FL_MEM_MISC, plen + 1, 0);
+    if (!g || !body) {
+        fl_free(FL_MEM_MISC, g, g ? sizeof *g : 0);
+        fl_free(FL_MEM_MISC, body, body ? plen + 1 : 0);
+        return fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
+    }
+    memcpy(body, pattern + b, plen);
+    body[plen] = 0;
+    pattern = body;
     fl_status st = FL_OK;
     pcre2_compile_context *cctx = NULL;
     if (!(g->gctx = pcre2_general_context_create(fl_mem_malloc_ctx, fl_mem_free_ctx, NULL)) || !(cctx = pcre2_compile_context_create(g->gctx)) ||
@@ -179,7 +209,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(err, msg, sizeof msg);
         st = err == PCRE2_ERROR_HEAP_FAILED || err == PCRE2_ERROR_NOMEMORY ? fl_set_error(FL_ERR_NOMEM, "regex: out of memory")
-                                         : fl_set_error(FL_ERR_INVALID, "regex at offset %zu: %s", (size_t)off, (const char *)msg);
+                                         : fl_set_error(FL_ERR_INVALID, "regex at offset %zu: %s", (size_t)off + at0, (const char *)msg);
         goto done;
     }
     uint32_t backref = 0;
@@ -191,7 +221,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     const char *un = pattern_find(pattern, FIND_DFA_UNSUPPORTED);
     if (un) {
         st = fl_set_error(FL_ERR_INVALID, "regex at offset %zu: recursion, subroutine calls and conditions are not supported (the output is matched as a DFA)",
-                          (size_t)(un - pattern));
+                          (size_t)(un - pattern) + at0);
         goto done;
     }
     /* Rescans run on the JIT-compiled (?:pattern)\z, 3-4x faster than the DFA (a 270-byte text:
@@ -243,6 +273,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     if (rx_match(g, 0, PCRE2_PARTIAL_HARD) == RX_ERROR) st = g->err;
 done:
     if (cctx) pcre2_compile_context_free(cctx);
+    fl_free(FL_MEM_MISC, body, plen + 1);
     if (st) fl_regex_guide_free(g);
     else *out = g;
     return st;
@@ -348,15 +379,10 @@ static const char END_MARK[4] = {(char)0xF4, (char)0x8F, (char)0xBF, (char)0xBF}
 
 fl_status fl_regex_str_new(const char *pattern, fl_regex_str **out) {
     *out = NULL;
-    size_t b = 0, e = strlen(pattern);
-    if (e > FL_REGEX_MAX_PATTERN) return fl_set_error(FL_ERR_INVALID, "pattern: %zu bytes; at most %d", e, FL_REGEX_MAX_PATTERN);
-    /* a leading ^ and a trailing (unescaped) $ are what a full match means already */
-    if (pattern[0] == '^') b = 1;
-    if (e > b && pattern[e - 1] == '$') {
-        size_t k = 0;
-        while (e - 1 - k > b && pattern[e - 2 - k] == '\\') k++;
-        if (k % 2 == 0) e--;
-    }
+    const size_t full = strlen(pattern);
+    if (full > FL_REGEX_MAX_PATTERN) return fl_set_error(FL_ERR_INVALID, "pattern: %zu bytes; at most %d", full, FL_REGEX_MAX_PATTERN);
+    size_t b, e;
+    strip_anchors(pattern, full, &b, &e);
     fl_regex_str *x = fl_calloc(FL_MEM_MISC, 1, sizeof *x);
     char *w = fl_alloc(FL_MEM_MISC, e - b + 16, 0);
     fl_status st = FL_OK;
