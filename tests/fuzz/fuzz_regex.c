@@ -13,7 +13,8 @@
  *     end, which the wrapped form cannot take) allow the same text and call it complete alike,
  *     unless either meets a limit;
  *   - two prefixes of the text with the same fl_regex_guide_key (the engine's mask cache takes
- *     them for one state) answer the rest of the text alike: allowed, and complete after it.
+ *     them for one state) answer the rest of the text alike: allowed, and complete after it;
+ *   - ^PATTERN$ answers as PATTERN.
  */
 #include "engine/regex_guide.h"
 
@@ -132,6 +133,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     bool refused, dfa;
     const int a = run(pattern, t, n, cut, &refused, &dfa);
     if (!refused) keys_agree(pattern, t, n);
+    /* ^PATTERN$ says what PATTERN does (the output is one whole match): the same answer, where the
+     * $ is an anchor (not after a backslash, not in an open \Q) */
+    if (!refused && plen > 0 && pattern[plen - 1] != '\\' && !strstr(pattern, "\\Q")) {
+        char *anch = malloc(plen + 3);
+        if (anch) {
+            anch[0] = '^';
+            memcpy(anch + 1, pattern, plen);
+            memcpy(anch + 1 + plen, "$", 2);
+            bool refused3, dfa3;
+            const int c = run(anch, t, n, cut, &refused3, &dfa3);
+            if (!refused3 && a >= 0 && c >= 0 && a != c) __builtin_trap(); /* invariant: anchors change nothing */
+            free(anch);
+        }
+    }
     if (!refused && !dfa && !has_assertion(pattern)) {
         memcpy(pattern + plen, "\\Q", 3);
         bool refused2, dfa2;
