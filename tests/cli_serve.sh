@@ -123,6 +123,8 @@ errcase "temperature out of range" 400 /v1/completions '{"prompt":"a","temperatu
 errcase "n too large" 400 /v1/completions '{"prompt":"a","n":100}'
 errcase "max_tokens over the limit" 400 /v1/completions '{"prompt":"a","max_tokens":100000}'
 errcase "unsupported field (tools)" 400 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}'
+errcase "a GBNF grammar, not followed, refused" 400 /v1/completions '{"prompt":"a","grammar":"root ::= \"yes\""}'
+errcase "vLLM guided_grammar refused" 400 /v1/completions '{"prompt":"a","guided_grammar":"root ::= \"yes\""}'
 errcase "empty prompt" 400 /v1/completions '{"prompt":""}'
 errcase "bad role" 400 /v1/chat/completions '{"messages":[{"role":"wizard","content":"hi"}]}'
 errcase "messages not array" 400 /v1/chat/completions '{"messages":"hi"}'

@@ -104,8 +104,11 @@ static bool is_token_id(const fl_server *s, const cJSON *x) {
            x->valuedouble < fl_engine_n_vocab(s->engine);
 }
 
+/* (refused rather than ignored: each would change the output; a grammar (llama.cpp's GBNF, vLLM's
+ * guided_grammar) ignored would give unconstrained text where the client counts on a form) */
 static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "best_of",
-                                                  "suffix", "audio", "modalities", NULL};
+                                                  "suffix", "audio", "modalities", "grammar", "guided_grammar",
+                                                  "structural_tag", "guided_whitespace_pattern", NULL};
 
 /* ---- streaming machinery ---- */
 
