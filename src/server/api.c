@@ -104,11 +104,14 @@ static bool is_token_id(const fl_server *s, const cJSON *x) {
            x->valuedouble < fl_engine_n_vocab(s->engine);
 }
 
-/* (refused rather than ignored: each would change the output; a grammar (llama.cpp's GBNF, vLLM's
- * guided_grammar) ignored would give unconstrained text where the client counts on a form) */
+/* (refused rather than ignored, where set (not null or false): each would change the output; a
+ * grammar (llama.cpp's GBNF, vLLM's guided_grammar) ignored would give unconstrained text where
+ * the client counts on a form; vLLM's other sampling extras this server does not follow) */
 static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "best_of",
                                                   "suffix", "audio", "modalities", "grammar", "guided_grammar",
-                                                  "structural_tag", "guided_whitespace_pattern", NULL};
+                                                  "structural_tag", "guided_whitespace_pattern", "use_beam_search",
+                                                  "bad_words", "allowed_token_ids", "prompt_logprobs",
+                                                  "include_stop_str_in_output", NULL};
 
 /* ---- streaming machinery ---- */
 
