@@ -50,7 +50,7 @@ int fl_cmd_serve(int argc, char **argv) {
                           "Request fields: model, prompt (text or token ids, or a list of up to 16) or messages,\n"
                           "max_tokens, temperature, top_p, top_k, min_p, n, seed,\n"
                           "presence/frequency/repetition_penalty,\n"
-                          "stop, stop_token_ids, min_tokens, ignore_eos, logit_bias, priority, cache_salt,\n"
+                          "stop, stop_token_ids, min_tokens, allowed_token_ids, ignore_eos, logit_bias, priority, cache_salt,\n"
                           "truncate_prompt_tokens, stream,\n"
                           "stream_options.include_usage;\n"
                           "response_format text, json_object (one JSON object, sampled only among the\n"

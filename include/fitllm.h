@@ -188,6 +188,11 @@ typedef struct fl_request_params {
     int32_t priority;           /* FL_SCHED_PRIORITY: lower runs first (ties by arrival); must be 0 under FCFS */
     int32_t lora;               /* the engine's LoRA adapter k (1..n_loras) applied to this request, 0 none;
                                  * its prompt blocks are cached apart from other adapters' */
+    const int32_t *allowed_token_ids; /* vLLM's allowed_token_ids: only these n_allowed_token_ids tokens
+                                 * may be sampled (end-of-generation too only if listed; with a
+                                 * constraint, those of them it allows); NULL: any.  Kept as a
+                                 * bitmask of n_vocab bits with the request */
+    int32_t n_allowed_token_ids;
 } fl_request_params;
 
 typedef enum fl_request_state {

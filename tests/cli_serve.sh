@@ -125,7 +125,24 @@ errcase "max_tokens over the limit" 400 /v1/completions '{"prompt":"a","max_toke
 errcase "unsupported field (tools)" 400 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}'
 errcase "a GBNF grammar, not followed, refused" 400 /v1/completions '{"prompt":"a","grammar":"root ::= \"yes\""}'
 errcase "vLLM guided_grammar refused" 400 /v1/completions '{"prompt":"a","guided_grammar":"root ::= \"yes\""}'
-errcase "vLLM allowed_token_ids refused" 400 /v1/completions '{"prompt":"a","allowed_token_ids":[5,6]}'
+# vLLM's allowed_token_ids: the tokens of " the." only (ids from /tokenize), sampled: each
+# generated token (logprobs name them) is the text of one of them
+post "$U" /tokenize '{"prompt":" the.","add_special":false}'
+AIDS=$(jq_ "json.dumps(d['tokens'])")
+post "$U" /v1/completions "{\"prompt\":\"Once\",\"max_tokens\":6,\"temperature\":1,\"seed\":3,\"logprobs\":0,\"allowed_token_ids\":$AIDS}"
+cp "$TMP/body" "$TMP/allowed.json"
+check "allowed_token_ids: 6 tokens, each one of $AIDS" 'python3 - "$U" "$AIDS" "$TMP/allowed.json" <<'"'"'PY'"'"'
+import json, sys, urllib.request
+u, ids, r = sys.argv[1], json.loads(sys.argv[2]), json.load(open(sys.argv[3]))
+def detok(i):
+    q = urllib.request.Request(u + "/detokenize", json.dumps({"tokens": [i]}).encode(), {"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(q))["prompt"]
+pieces = {detok(i) for i in ids}
+toks = r["choices"][0]["logprobs"]["tokens"]
+assert r["usage"]["completion_tokens"] == 6 and len(toks) == 6 and all(t in pieces for t in toks), (pieces, toks)
+PY'
+errcase "allowed_token_ids out of the vocabulary" 400 /v1/completions '{"prompt":"a","allowed_token_ids":[5,99999]}'
+errcase "allowed_token_ids empty" 400 /v1/completions '{"prompt":"a","allowed_token_ids":[]}'
 post "$U" /v1/completions '{"prompt":"a","max_tokens":2,"use_beam_search":false,"include_stop_str_in_output":false,"grammar":null}'
 check "vLLM extras at their defaults pass" '[ "$(status)" = 200 ]'
 errcase "empty prompt" 400 /v1/completions '{"prompt":""}'

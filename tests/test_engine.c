@@ -970,6 +970,67 @@ static void test_toy_min_tokens_stop_ids(void **state) {
     fl_test_mem_zero();
 }
 
+/* vLLM's allowed_token_ids: every sampled token is one of them (end-of-generation too only if
+ * listed); the same seeds without them sample others; with a constraint, only the ones it
+ * allows, and none left fails the request; bad lists are refused */
+static fl_finish_reason allowed_run(fl_engine *e, uint64_t seed, const int32_t *ids, int32_t n_ids, int json, int32_t *got, int32_t *n_got) {
+    int32_t prompt[3] = {1, 4, 5};
+    fl_logit_bias bias = {TOY_EOS, 2.0f};
+    fl_request_params q = {.prompt = prompt, .n_prompt = 3, .max_tokens = 12, .allowed_token_ids = ids, .n_allowed_token_ids = n_ids,
+                           .json_object = json, .logit_bias = &bias, .n_logit_bias = 1};
+    fl_sampling_params_default(&q.sampling);
+    q.sampling.temperature = 1.0f;
+    q.sampling.seed = seed;
+    int64_t id;
+    if (fl_engine_add(e, &q, &id) != FL_OK) fail_msg("add: %s", fl_last_error());
+    fl_finish_reason fin = FL_FINISH_NONE;
+    *n_got = 0;
+    for (int32_t active = 1; active;) {
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output ev[4];
+        const int32_t k = fl_engine_poll(e, ev, 4);
+        for (int32_t j = 0; j < k; j++) {
+            for (int32_t i = 0; i < ev[j].n_new; i++) got[(*n_got)++] = ev[j].new_tokens[i];
+            if (ev[j].finish) fin = ev[j].finish;
+        }
+    }
+    return fin;
+}
+
+static void test_toy_allowed_token_ids(void **state) {
+    (void)state;
+    fl_engine *e = json_toy_engine();
+    const int32_t ids[] = {9, 11, 30, 39}, with_eos[] = {9, TOY_EOS};
+    int32_t got[64], n_got;
+    int outside = 0, eos_end = 0;
+    for (uint64_t seed = 1; seed <= 8; seed++) {
+        assert_int_equal(allowed_run(e, seed, ids, 4, 0, got, &n_got), FL_FINISH_LENGTH); /* (no end-of-generation allowed) */
+        assert_int_equal(n_got, 12);
+        for (int32_t i = 0; i < n_got; i++)
+            if (got[i] != 9 && got[i] != 11 && got[i] != 30 && got[i] != 39) fail_msg("seed %d: token %d not allowed", (int)seed, got[i]);
+        allowed_run(e, seed, NULL, 0, 0, got, &n_got);
+        for (int32_t i = 0; i < n_got; i++) outside += got[i] != 9 && got[i] != 11 && got[i] != 30 && got[i] != 39;
+        if (allowed_run(e, seed, with_eos, 2, 0, got, &n_got) == FL_FINISH_EOS) eos_end++;
+        for (int32_t i = 0; i < n_got; i++) assert_true(got[i] == 9 || got[i] == TOY_EOS);
+    }
+    assert_true(outside > 0 && eos_end > 0);
+    /* with a JSON object: '{' (token 3), the one allowed, and then nothing the object allows */
+    const int32_t brace[] = {3};
+    assert_int_equal(allowed_run(e, 1, brace, 1, 1, got, &n_got), FL_FINISH_ERROR);
+    assert_int_equal(n_got, 1);
+    assert_int_equal(got[0], 3);
+    int32_t prompt[2] = {1, 5};
+    int64_t id;
+    const int32_t bad[] = {3, TOY_VOCAB};
+    fl_request_params p = {.prompt = prompt, .n_prompt = 2, .max_tokens = 4, .allowed_token_ids = bad, .n_allowed_token_ids = 2};
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "allowed token id 40 out of the vocabulary"));
+    p.n_allowed_token_ids = 0;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
 static void test_toy_static_baseline(void **state) {
     (void)state;
     wl w;
@@ -1633,6 +1694,7 @@ int main(void) {
         cmocka_unit_test(test_toy_choices),
         cmocka_unit_test(test_toy_regex),
         cmocka_unit_test(test_toy_min_tokens_stop_ids),
+        cmocka_unit_test(test_toy_allowed_token_ids),
         cmocka_unit_test(test_toy_static_baseline),
         cmocka_unit_test(test_toy_cancel),
         cmocka_unit_test(test_toy_stop_string),

@@ -120,6 +120,7 @@ static fl_status req_sampler_new(fl_engine *e, fl_request *r, const fl_logit_bia
 static void req_free(fl_request *r) {
     if (!r) return;
     fl_sampler_free((fl_sampler *)r->sampler);
+    fl_free(FL_MEM_MISC, r->allowed, (size_t)r->allowed_words * sizeof *r->allowed);
     fl_request_free(r);
 }
 
@@ -300,6 +301,20 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
         for (int32_t i = 0; i < e->n_eog; i++) e->masked[e->eog[i]] = -INFINITY;
         for (int32_t i = 0; i < r->n_stop_ids; i++) e->masked[r->stop_ids[i]] = -INFINITY;
     }
+    if (r->allowed) { /* allowed_token_ids: every other token out */
+        if (src != e->masked) memcpy(e->masked, row, (size_t)e->be.n_vocab * sizeof *e->masked);
+        src = e->masked;
+        int32_t left = 0;
+        for (int32_t t = 0; t < e->be.n_vocab; t++) {
+            if (!((r->allowed[t >> 6] >> (t & 63)) & 1)) e->masked[t] = -INFINITY;
+            left += e->masked[t] > -INFINITY;
+        }
+        if (!left) {
+            fl_set_error(FL_ERR_INVALID, "allowed_token_ids: none of them may come next here");
+            finish(e, r, FL_FINISH_ERROR);
+            return;
+        }
+    }
     const int32_t tok = fl_sample(r->sampler, src, e->be.n_vocab, r->tokens, r->n_tokens);
     if (r->logprobs) {
         fl_token_logprob *lp = r->lp + (size_t)fl_request_n_generated(r) * (size_t)(1 + r->n_top);
@@ -475,6 +490,12 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
         return fl_set_error(FL_ERR_INVALID, "%s: logprobs are off in this engine (max_logprobs -1)", __func__);
     if (p->top_logprobs < 0 || (p->top_logprobs > 0 && p->top_logprobs > max_lp))
         return fl_set_error(FL_ERR_INVALID, "%s: top_logprobs = %d, accepted 0..%d", __func__, p->top_logprobs, max_lp);
+    if ((p->allowed_token_ids != NULL) != (p->n_allowed_token_ids > 0) || p->n_allowed_token_ids < 0)
+        return fl_set_error(FL_ERR_INVALID, "%s: allowed_token_ids: %d ids; at least one when given", __func__, p->n_allowed_token_ids);
+    for (int32_t i = 0; i < p->n_allowed_token_ids; i++)
+        if (p->allowed_token_ids[i] < 0 || p->allowed_token_ids[i] >= e->be.n_vocab)
+            return fl_set_error(FL_ERR_INVALID, "%s: allowed token id %d out of the vocabulary (%d)", __func__,
+                                p->allowed_token_ids[i], e->be.n_vocab);
     for (int32_t i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= e->be.n_vocab)
             return fl_set_error(FL_ERR_INVALID, "%s: prompt token %d = %d out of the vocabulary (%d)", __func__, i,
@@ -497,6 +518,17 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
         st = fl_request_new(&q, rid, s, e->next_arrival++, &r);
         if (st != FL_OK) break;
         r->t_arrival = t;
+        if (p->n_allowed_token_ids > 0) { /* the allowed tokens as a bitmask */
+            const int32_t words = (e->be.n_vocab + 63) / 64;
+            if (!(r->allowed = fl_calloc(FL_MEM_MISC, (size_t)words, sizeof *r->allowed))) {
+                req_free(r);
+                st = fl_set_error(FL_ERR_NOMEM, "%s: no memory for allowed_token_ids", __func__);
+                break;
+            }
+            r->allowed_words = words;
+            for (int32_t i = 0; i < p->n_allowed_token_ids; i++)
+                r->allowed[p->allowed_token_ids[i] >> 6] |= (uint64_t)1 << (p->allowed_token_ids[i] & 63);
+        }
         st = req_sampler_new(e, r, p->logit_bias, p->n_logit_bias);
         if (st != FL_OK) {
             req_free(r);

@@ -110,7 +110,7 @@ static bool is_token_id(const fl_server *s, const cJSON *x) {
 static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "best_of",
                                                   "suffix", "audio", "modalities", "grammar", "guided_grammar",
                                                   "structural_tag", "guided_whitespace_pattern", "use_beam_search",
-                                                  "bad_words", "allowed_token_ids", "prompt_logprobs",
+                                                  "bad_words", "prompt_logprobs",
                                                   "include_stop_str_in_output", NULL};
 
 /* ---- streaming machinery ---- */
@@ -656,6 +656,8 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     memset(gp, 0, sizeof gp);
     fl_logit_bias *bias = NULL;
     int32_t bias_cap = 0;
+    int32_t *allowed = NULL; /* allowed_token_ids */
+    int32_t allowed_n = 0;
     char *schema_text = NULL; /* the request's JSON Schema printed for the engine */
     cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
     if (!j) return BAD("malformed JSON in the request body");
@@ -789,6 +791,27 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
             }
             rp.stop_token_ids[rp.n_stop_token_ids++] = (int32_t)x->valuedouble;
         }
+    }
+    const cJSON *ati = cJSON_GetObjectItemCaseSensitive(j, "allowed_token_ids"); /* vLLM's */
+    if (ati && !cJSON_IsNull(ati)) {
+        const int32_t na = cJSON_IsArray(ati) ? cJSON_GetArraySize(ati) : 0;
+        if (na < 1 || na > fl_engine_n_vocab(s->engine)) {
+            ret = BAD("'allowed_token_ids' must be a non-empty array of token ids in [0, %d)", fl_engine_n_vocab(s->engine));
+            goto out;
+        }
+        if (!(allowed = fl_alloc(FL_MEM_NET, (size_t)na * sizeof *allowed, 0))) { ret = BAD("no memory for 'allowed_token_ids'"); goto out; }
+        allowed_n = na;
+        int32_t k = 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, ati) {
+            if (!is_token_id(s, x)) {
+                ret = BAD("'allowed_token_ids' must be a non-empty array of token ids in [0, %d)", fl_engine_n_vocab(s->engine));
+                goto out;
+            }
+            allowed[k++] = (int32_t)x->valuedouble;
+        }
+        rp.allowed_token_ids = allowed;
+        rp.n_allowed_token_ids = na;
     }
     const cJSON *ign = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos");
     if (ign && !cJSON_IsBool(ign)) { ret = BAD("'ignore_eos' must be a boolean"); goto out; }
@@ -1021,6 +1044,7 @@ out:
         srv_buf_free(&gp[k].text);
     }
     if (bias) fl_free(FL_MEM_NET, bias, (size_t)bias_cap * sizeof *bias);
+    fl_free(FL_MEM_NET, allowed, (size_t)allowed_n * sizeof *allowed);
     cJSON_free(schema_text);
     cJSON_Delete(j);
     return ret;
