@@ -152,6 +152,7 @@ typedef struct fl_request_params {
     int32_t max_tokens;         /* generated tokens limit (<= 0: up to the context) */
     fl_sampling_params sampling;
     const char *stop[FL_MAX_STOP_STRINGS]; /* stop strings (NULL-terminated list); copied */
+    int32_t include_stop_str_in_output; /* 1 = the stop string that ended the output stays in its text (vLLM's) */
     int32_t ignore_eos;
     int32_t min_tokens;         /* no end of generation (EOS or a stop token id) before this many tokens */
     int32_t stop_token_ids[FL_MAX_STOP_TOKEN_IDS]; /* more tokens that end the generation like EOS */

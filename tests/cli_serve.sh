@@ -141,6 +141,12 @@ pieces = {detok(i) for i in ids}
 toks = r["choices"][0]["logprobs"]["tokens"]
 assert r["usage"]["completion_tokens"] == 6 and len(toks) == 6 and all(t in pieces for t in toks), (pieces, toks)
 PY'
+# vLLM's include_stop_str_in_output: the same greedy answer, cut at "." before it or after it
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"stop":["."]}'
+CUT=$(jq_ "json.dumps(d['choices'][0]['text'])")
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"stop":["."],"include_stop_str_in_output":true}'
+check "include_stop_str_in_output: the text ends with its stop string ($CUT)" '[ "$(jq_ "json.dumps(d[\"choices\"][0][\"text\"])")" = "$(python3 -c "import json,sys; print(json.dumps(json.loads(sys.argv[1]) + \".\"))" "$CUT")" ] && [ "$(jq_ "d[\"choices\"][0][\"finish_reason\"]")" = stop ]'
+errcase "include_stop_str_in_output not a boolean" 400 /v1/completions '{"prompt":"a","include_stop_str_in_output":"yes"}'
 errcase "allowed_token_ids out of the vocabulary" 400 /v1/completions '{"prompt":"a","allowed_token_ids":[5,99999]}'
 errcase "allowed_token_ids empty" 400 /v1/completions '{"prompt":"a","allowed_token_ids":[]}'
 post "$U" /v1/completions '{"prompt":"a","max_tokens":2,"use_beam_search":false,"include_stop_str_in_output":false,"grammar":null}'

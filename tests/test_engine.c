@@ -62,6 +62,18 @@ static void test_stop_strings(void **state) {
     assert_true(stopped);
     assert_string_equal(out, "a ENx\nb");
     fl_stop_deinit(&m);
+    /* include_stop_str_in_output: the stop string found first stays, what follows it goes */
+    assert_int_equal(fl_stop_init(&m, stops), FL_OK);
+    m.include = true;
+    push_all(&m, p2, out, &stopped);
+    assert_true(stopped);
+    assert_string_equal(out, "a ENx\nb\n\n");
+    fl_stop_deinit(&m);
+    assert_int_equal(fl_stop_init(&m, stops), FL_OK);
+    m.include = true;
+    push_all(&m, p1, out, &stopped);
+    assert_string_equal(out, "Hello END");
+    fl_stop_deinit(&m);
     /* no stop strings: incomplete UTF-8 is held until complete; final flush releases all */
     const char *none[] = {NULL};
     assert_int_equal(fl_stop_init(&m, none), FL_OK);
@@ -1101,28 +1113,31 @@ static void test_toy_stop_string(void **state) {
     const char *first = strstr(txt, stop);
     toy *t;
     fl_engine *e = toy_engine(4, 16, 4, 200, 0, FL_PREEMPT_RECOMPUTE, &t);
-    fl_request_params p = {0};
-    p.prompt = w.prompt[0];
-    p.n_prompt = w.n_prompt[0];
-    p.max_tokens = 40;
-    p.stop[0] = "this never appears";
-    p.stop[1] = stop;
-    int64_t id;
-    assert_int_equal(fl_engine_add(e, &p, &id), FL_OK);
-    char got[1024] = "";
-    fl_finish_reason fin = FL_FINISH_NONE;
-    for (int s = 0; s < 200 && fin == FL_FINISH_NONE; s++) {
-        assert_int_equal(fl_engine_step(e, NULL), FL_OK);
-        fl_request_output ev[2];
-        int32_t k = fl_engine_poll(e, ev, 2);
-        for (int32_t j = 0; j < k; j++) {
-            strcat(got, ev[j].new_text);
-            fin = ev[j].finish;
+    for (int include = 0; include < 2; include++) { /* the text ends before the stop string, or after it */
+        fl_request_params p = {0};
+        p.prompt = w.prompt[0];
+        p.n_prompt = w.n_prompt[0];
+        p.max_tokens = 40;
+        p.stop[0] = "this never appears";
+        p.stop[1] = stop;
+        p.include_stop_str_in_output = include;
+        int64_t id;
+        assert_int_equal(fl_engine_add(e, &p, &id), FL_OK);
+        char got[1024] = "";
+        fl_finish_reason fin = FL_FINISH_NONE;
+        for (int s = 0; s < 200 && fin == FL_FINISH_NONE; s++) {
+            assert_int_equal(fl_engine_step(e, NULL), FL_OK);
+            fl_request_output ev[2];
+            int32_t k = fl_engine_poll(e, ev, 2);
+            for (int32_t j = 0; j < k; j++) {
+                strcat(got, ev[j].new_text);
+                fin = ev[j].finish;
+            }
         }
+        assert_int_equal(fin, FL_FINISH_STOP);
+        assert_int_equal(strlen(got), (size_t)(first - txt) + (include ? strlen(stop) : 0));
+        assert_memory_equal(got, txt, strlen(got));
     }
-    assert_int_equal(fin, FL_FINISH_STOP);
-    assert_int_equal(strlen(got), (size_t)(first - txt));
-    assert_memory_equal(got, txt, strlen(got));
     fl_engine_stats st;
     fl_engine_stats_get(e, &st);
     assert_int_equal(st.kv_blocks_used, 0);

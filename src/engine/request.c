@@ -58,13 +58,14 @@ fl_status fl_stop_push(fl_stop_matcher *m, const char *piece, int64_t n, bool *s
     m->len += n;
     m->text[m->len] = 0;
     int64_t best = -1;
+    int which = 0;
     for (int i = 0; i < m->n_stop; i++) {
         const char *hit = strstr(m->text + m->emitted, m->stop[i]);
         /* strstr stops at an embedded NUL byte; pieces never contain one in practice */
-        if (hit && (best < 0 || hit - m->text < best)) best = hit - m->text;
+        if (hit && (best < 0 || hit - m->text < best)) best = hit - m->text, which = i;
     }
     if (best >= 0) {
-        m->len = best;
+        m->len = best + (m->include ? (int64_t)strlen(m->stop[which]) : 0);
         m->text[m->len] = 0;
         m->stopped = true;
     }
@@ -126,6 +127,7 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
         fl_request_free(r);
         return FL_ERR_NOMEM;
     }
+    r->stop.include = p->include_stop_str_in_output != 0;
     memcpy(r->tokens, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
     r->id = id;
     r->sample = sample;

@@ -37,7 +37,8 @@ typedef struct fl_stop_matcher {
     char *text;        /* all generated text so far (NUL-terminated) */
     int64_t len, cap;  /* bytes in text, capacity */
     int64_t emitted;   /* bytes of text already released to the caller */
-    bool stopped;      /* a stop string was found; text is cut before it */
+    bool stopped;      /* a stop string was found; text is cut before it (after it with include) */
+    bool include;      /* vLLM's include_stop_str_in_output: the stop string stays in the text */
 } fl_stop_matcher;
 
 /* Copies the NULL-terminated list stop[] (up to FL_MAX_STOP_STRINGS, empty strings ignored).
@@ -45,7 +46,8 @@ typedef struct fl_stop_matcher {
 fl_status fl_stop_init(fl_stop_matcher *m, const char *const *stop);
 void fl_stop_deinit(fl_stop_matcher *m);
 /* Append one piece of text.  Returns true when a stop string is now complete (the text is then
- * truncated right before the stop string, and nothing after it is ever released). */
+ * truncated right before the stop string, or right after it with include, and nothing after
+ * that is ever released). */
 fl_status fl_stop_push(fl_stop_matcher *m, const char *piece, int64_t n, bool *stopped);
 /* Text that is safe to release now: [*start, *start + *n) of m->text.  With final = true
  * (generation ended) everything left is released.  Marks it as emitted. */

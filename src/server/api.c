@@ -110,8 +110,7 @@ static bool is_token_id(const fl_server *s, const cJSON *x) {
 static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "best_of",
                                                   "suffix", "audio", "modalities", "grammar", "guided_grammar",
                                                   "structural_tag", "guided_whitespace_pattern", "use_beam_search",
-                                                  "bad_words", "prompt_logprobs",
-                                                  "include_stop_str_in_output", NULL};
+                                                  "bad_words", "prompt_logprobs", NULL};
 
 /* ---- streaming machinery ---- */
 
@@ -813,6 +812,9 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         rp.allowed_token_ids = allowed;
         rp.n_allowed_token_ids = na;
     }
+    const cJSON *isso = cJSON_GetObjectItemCaseSensitive(j, "include_stop_str_in_output"); /* vLLM's */
+    if (isso && !cJSON_IsBool(isso) && !cJSON_IsNull(isso)) { ret = BAD("'include_stop_str_in_output' must be a boolean"); goto out; }
+    rp.include_stop_str_in_output = cJSON_IsTrue(isso);
     const cJSON *ign = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos");
     if (ign && !cJSON_IsBool(ign)) { ret = BAD("'ignore_eos' must be a boolean"); goto out; }
     rp.ignore_eos = cJSON_IsTrue(ign);
