@@ -146,6 +146,8 @@ typedef struct fl_logit_bias {
 #define FL_MAX_STOP_STRINGS 4
 #define FL_MAX_STOP_TOKEN_IDS 16
 #define FL_MAX_TOP_LOGPROBS 20
+#define FL_MAX_BAD_WORDS 128
+#define FL_MAX_BAD_WORD_TOKENS 32
 typedef struct fl_request_params {
     const int32_t *prompt;      /* token ids (BOS included if wanted); copied */
     int32_t n_prompt;
@@ -194,6 +196,12 @@ typedef struct fl_request_params {
                                  * constraint, those of them it allows); NULL: any.  Kept as a
                                  * bitmask of n_vocab bits with the request */
     int32_t n_allowed_token_ids;
+    const int32_t *bad_words_ids; /* vLLM's bad_words as token sequences, one after another (copied):
+                                 * sequence k, bad_words_lens[k] tokens long, never completes in the
+                                 * output (its last token is masked where the tokens generated
+                                 * last are the rest of it; a one-token sequence always) */
+    const int32_t *bad_words_lens;
+    int32_t n_bad_words;        /* at most FL_MAX_BAD_WORDS sequences of FL_MAX_BAD_WORD_TOKENS tokens */
 } fl_request_params;
 
 typedef enum fl_request_state {

@@ -147,6 +147,16 @@ CUT=$(jq_ "json.dumps(d['choices'][0]['text'])")
 post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"stop":["."],"include_stop_str_in_output":true}'
 check "include_stop_str_in_output: the text ends with its stop string ($CUT)" '[ "$(jq_ "json.dumps(d[\"choices\"][0][\"text\"])")" = "$(python3 -c "import json,sys; print(json.dumps(json.loads(sys.argv[1]) + \".\"))" "$CUT")" ] && [ "$(jq_ "d[\"choices\"][0][\"finish_reason\"]")" = stop ]'
 errcase "include_stop_str_in_output not a boolean" 400 /v1/completions '{"prompt":"a","include_stop_str_in_output":"yes"}'
+# vLLM's bad_words: the greedy answer names Lily; with "Lily" banned (its tokens as they are and
+# after a space) it names someone else, and with "girl" too it says neither
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature":0}'
+check "bad_words: the answer without them names Lily" '[ "$(jq_ "\"Lily\" in d[\"choices\"][0][\"text\"] and \"girl\" in d[\"choices\"][0][\"text\"]")" = True ]'
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"bad_words":["Lily"]}'
+check "bad_words [Lily]: $(jq_ "d['choices'][0]['text'][:50]")" '[ "$(jq_ "\"Lily\" not in d[\"choices\"][0][\"text\"] and \"girl\" in d[\"choices\"][0][\"text\"]")" = True ]'
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"bad_words":["Lily"," girl"]}'
+check "bad_words [Lily, girl]: $(jq_ "d['choices'][0]['text'][:50]")" '[ "$(jq_ "\"Lily\" not in d[\"choices\"][0][\"text\"] and \" girl\" not in d[\"choices\"][0][\"text\"]")" = True ]'
+errcase "bad_words not a list" 400 /v1/completions '{"prompt":"a","bad_words":"x"}'
+errcase "bad_words with an empty word" 400 /v1/completions '{"prompt":"a","bad_words":[""]}'
 errcase "allowed_token_ids out of the vocabulary" 400 /v1/completions '{"prompt":"a","allowed_token_ids":[5,99999]}'
 errcase "allowed_token_ids empty" 400 /v1/completions '{"prompt":"a","allowed_token_ids":[]}'
 post "$U" /v1/completions '{"prompt":"a","max_tokens":2,"use_beam_search":false,"include_stop_str_in_output":false,"grammar":null}'

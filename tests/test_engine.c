@@ -1043,6 +1043,54 @@ static void test_toy_allowed_token_ids(void **state) {
     fl_test_mem_zero();
 }
 
+/* vLLM's bad_words, as token sequences: a one-token sequence never appears, a longer one never
+ * completes (its last token never follows the rest), with the same seeds that produce both
+ * without them; bad lists are refused */
+static void test_toy_bad_words(void **state) {
+    (void)state;
+    fl_engine *e = json_toy_engine();
+    int32_t got[64], n_got;
+    int single = 0, pair = 0, single_b = 0, pair_b = 0;
+    const int32_t ids[3] = {9, 11, 30}, lens[2] = {1, 2}; /* [9], [11, 30] */
+    for (uint64_t seed = 1; seed <= 24; seed++)
+        for (int banned = 0; banned < 2; banned++) {
+            int32_t prompt[3] = {1, 4, 5};
+            fl_logit_bias bias[2] = {{9, 1.5f}, {30, 3.0f}}; /* (likelier, so the unbanned runs show them) */
+            fl_request_params q = {.prompt = prompt, .n_prompt = 3, .max_tokens = 16, .logit_bias = bias, .n_logit_bias = 2};
+            if (banned) q.bad_words_ids = ids, q.bad_words_lens = lens, q.n_bad_words = 2;
+            fl_sampling_params_default(&q.sampling);
+            q.sampling.temperature = 1.0f;
+            q.sampling.seed = seed;
+            int64_t id;
+            assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+            n_got = 0;
+            for (int32_t active = 1; active;) {
+                assert_int_equal(fl_engine_step(e, &active), FL_OK);
+                fl_request_output ev[4];
+                const int32_t k = fl_engine_poll(e, ev, 4);
+                for (int32_t j = 0; j < k; j++)
+                    for (int32_t i = 0; i < ev[j].n_new; i++) got[n_got++] = ev[j].new_tokens[i];
+            }
+            for (int32_t i = 0; i < n_got; i++) {
+                *(banned ? &single_b : &single) += got[i] == 9;
+                *(banned ? &pair_b : &pair) += i > 0 && got[i - 1] == 11 && got[i] == 30;
+            }
+        }
+    assert_true(single > 0 && pair > 0);
+    assert_int_equal(single_b, 0);
+    assert_int_equal(pair_b, 0);
+    int32_t prompt[2] = {1, 5};
+    int64_t id;
+    const int32_t bad_ids[2] = {3, TOY_VOCAB}, bad_lens[1] = {2}, zero[1] = {0};
+    fl_request_params p = {.prompt = prompt, .n_prompt = 2, .max_tokens = 4, .bad_words_ids = bad_ids, .bad_words_lens = bad_lens, .n_bad_words = 1};
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "out of the vocabulary"));
+    p.bad_words_lens = zero;
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_ERR_INVALID);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
 static void test_toy_static_baseline(void **state) {
     (void)state;
     wl w;
@@ -1710,6 +1758,7 @@ int main(void) {
         cmocka_unit_test(test_toy_regex),
         cmocka_unit_test(test_toy_min_tokens_stop_ids),
         cmocka_unit_test(test_toy_allowed_token_ids),
+        cmocka_unit_test(test_toy_bad_words),
         cmocka_unit_test(test_toy_static_baseline),
         cmocka_unit_test(test_toy_cancel),
         cmocka_unit_test(test_toy_stop_string),

@@ -121,6 +121,7 @@ static void req_free(fl_request *r) {
     if (!r) return;
     fl_sampler_free((fl_sampler *)r->sampler);
     fl_free(FL_MEM_MISC, r->allowed, (size_t)r->allowed_words * sizeof *r->allowed);
+    fl_free(FL_MEM_MISC, r->bad, (size_t)r->bad_ints * sizeof *r->bad);
     fl_request_free(r);
 }
 
@@ -301,16 +302,27 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
         for (int32_t i = 0; i < e->n_eog; i++) e->masked[e->eog[i]] = -INFINITY;
         for (int32_t i = 0; i < r->n_stop_ids; i++) e->masked[r->stop_ids[i]] = -INFINITY;
     }
-    if (r->allowed) { /* allowed_token_ids: every other token out */
+    if (r->bad) { /* bad_words: the last token of a sequence whose rest the output ends with */
+        if (src != e->masked) memcpy(e->masked, row, (size_t)e->be.n_vocab * sizeof *e->masked);
+        src = e->masked;
+        const int32_t ng = fl_request_n_generated(r);
+        const int32_t *gen = r->tokens + r->n_prompt;
+        for (int32_t k = 0, o = 0; k < r->n_bad; k++) {
+            const int32_t len = r->bad[o], *seq = r->bad + o + 1;
+            o += 1 + len;
+            if (len - 1 <= ng && !memcmp(gen + ng - (len - 1), seq, (size_t)(len - 1) * sizeof *seq)) e->masked[seq[len - 1]] = -INFINITY;
+        }
+    }
+    if (r->allowed || r->bad) { /* allowed_token_ids: every other token out */
         if (src != e->masked) memcpy(e->masked, row, (size_t)e->be.n_vocab * sizeof *e->masked);
         src = e->masked;
         int32_t left = 0;
         for (int32_t t = 0; t < e->be.n_vocab; t++) {
-            if (!((r->allowed[t >> 6] >> (t & 63)) & 1)) e->masked[t] = -INFINITY;
+            if (r->allowed && !((r->allowed[t >> 6] >> (t & 63)) & 1)) e->masked[t] = -INFINITY;
             left += e->masked[t] > -INFINITY;
         }
         if (!left) {
-            fl_set_error(FL_ERR_INVALID, "allowed_token_ids: none of them may come next here");
+            fl_set_error(FL_ERR_INVALID, "allowed_token_ids / bad_words: no token may come next here");
             finish(e, r, FL_FINISH_ERROR);
             return;
         }
@@ -496,6 +508,18 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
         if (p->allowed_token_ids[i] < 0 || p->allowed_token_ids[i] >= e->be.n_vocab)
             return fl_set_error(FL_ERR_INVALID, "%s: allowed token id %d out of the vocabulary (%d)", __func__,
                                 p->allowed_token_ids[i], e->be.n_vocab);
+    if (p->n_bad_words < 0 || p->n_bad_words > FL_MAX_BAD_WORDS || (p->n_bad_words && (!p->bad_words_ids || !p->bad_words_lens)))
+        return fl_set_error(FL_ERR_INVALID, "%s: %d bad words (at most %d)", __func__, p->n_bad_words, FL_MAX_BAD_WORDS);
+    int32_t bad_ints = 0;
+    for (int32_t k = 0; k < p->n_bad_words; k++) {
+        if (p->bad_words_lens[k] < 1 || p->bad_words_lens[k] > FL_MAX_BAD_WORD_TOKENS)
+            return fl_set_error(FL_ERR_INVALID, "%s: bad word %d is %d tokens (1..%d)", __func__, k, p->bad_words_lens[k], FL_MAX_BAD_WORD_TOKENS);
+        for (int32_t i = 0; i < p->bad_words_lens[k]; i++)
+            if (p->bad_words_ids[bad_ints + i] < 0 || p->bad_words_ids[bad_ints + i] >= e->be.n_vocab)
+                return fl_set_error(FL_ERR_INVALID, "%s: bad word %d: token %d out of the vocabulary (%d)", __func__, k,
+                                    p->bad_words_ids[bad_ints + i], e->be.n_vocab);
+        bad_ints += p->bad_words_lens[k];
+    }
     for (int32_t i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= e->be.n_vocab)
             return fl_set_error(FL_ERR_INVALID, "%s: prompt token %d = %d out of the vocabulary (%d)", __func__, i,
@@ -528,6 +552,21 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
             r->allowed_words = words;
             for (int32_t i = 0; i < p->n_allowed_token_ids; i++)
                 r->allowed[p->allowed_token_ids[i] >> 6] |= (uint64_t)1 << (p->allowed_token_ids[i] & 63);
+        }
+        if (p->n_bad_words > 0) { /* each sequence: its length, then its tokens */
+            r->bad_ints = bad_ints + p->n_bad_words;
+            if (!(r->bad = fl_alloc(FL_MEM_MISC, (size_t)r->bad_ints * sizeof *r->bad, 0))) {
+                req_free(r);
+                st = fl_set_error(FL_ERR_NOMEM, "%s: no memory for bad_words", __func__);
+                break;
+            }
+            r->n_bad = p->n_bad_words;
+            for (int32_t k = 0, at = 0, o = 0; k < p->n_bad_words; k++) {
+                r->bad[o++] = p->bad_words_lens[k];
+                memcpy(r->bad + o, p->bad_words_ids + at, (size_t)p->bad_words_lens[k] * sizeof *r->bad);
+                o += p->bad_words_lens[k];
+                at += p->bad_words_lens[k];
+            }
         }
         st = req_sampler_new(e, r, p->logit_bias, p->n_logit_bias);
         if (st != FL_OK) {

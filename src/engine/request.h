@@ -73,6 +73,8 @@ struct fl_request {
     int32_t stop_ids[FL_MAX_STOP_TOKEN_IDS], n_stop_ids;
     uint64_t *allowed;          /* allowed_token_ids as a bitmask of allowed_words words (the engine's), or NULL */
     int32_t allowed_words;
+    int32_t *bad;               /* bad_words: n_bad sequences, each its length then its tokens (the engine's), or NULL */
+    int32_t n_bad, bad_ints;
     uint64_t cache_salt;
     fl_sampling_params sampling;
     uint64_t rng;               /* per-request RNG state (seeded from sampling.seed + sample) */

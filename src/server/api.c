@@ -110,7 +110,7 @@ static bool is_token_id(const fl_server *s, const cJSON *x) {
 static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "best_of",
                                                   "suffix", "audio", "modalities", "grammar", "guided_grammar",
                                                   "structural_tag", "guided_whitespace_pattern", "use_beam_search",
-                                                  "bad_words", "prompt_logprobs", NULL};
+                                                  "prompt_logprobs", NULL};
 
 /* ---- streaming machinery ---- */
 
@@ -657,6 +657,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     int32_t bias_cap = 0;
     int32_t *allowed = NULL; /* allowed_token_ids */
     int32_t allowed_n = 0;
+    int32_t bw_ids[FL_MAX_BAD_WORDS * FL_MAX_BAD_WORD_TOKENS], bw_lens[FL_MAX_BAD_WORDS]; /* bad_words, tokenized */
     char *schema_text = NULL; /* the request's JSON Schema printed for the engine */
     cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
     if (!j) return BAD("malformed JSON in the request body");
@@ -811,6 +812,38 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         }
         rp.allowed_token_ids = allowed;
         rp.n_allowed_token_ids = na;
+    }
+    const cJSON *bw = cJSON_GetObjectItemCaseSensitive(j, "bad_words"); /* vLLM's: each word as it is and after a space */
+    if (bw && !cJSON_IsNull(bw)) {
+        if (!cJSON_IsArray(bw)) { ret = BAD("'bad_words' must be an array of strings"); goto out; }
+        int32_t n_ids = 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, bw) {
+            if (!cJSON_IsString(x) || !*x->valuestring) { ret = BAD("'bad_words' must be an array of non-empty strings"); goto out; }
+            const char *w = x->valuestring;
+            while (*w == ' ') w++;
+            for (int sp = 0; sp < 2 && *w; sp++) {
+                char text[256];
+                const int tl = snprintf(text, sizeof text, "%s%s", sp ? " " : "", w);
+                int32_t ids[FL_MAX_BAD_WORD_TOKENS + 1];
+                int64_t nt = 0;
+                if (tl >= (int)sizeof text || fl_engine_tokenize(s->engine, text, (size_t)tl, 0, ids, FL_MAX_BAD_WORD_TOKENS + 1, &nt) != FL_OK ||
+                    nt < 1 || nt > FL_MAX_BAD_WORD_TOKENS) {
+                    ret = BAD("'bad_words': '%.40s' must be 1 to %d tokens", x->valuestring, FL_MAX_BAD_WORD_TOKENS);
+                    goto out;
+                }
+                bool dup = false; /* (the same ids both ways) */
+                for (int32_t k = 0, o = 0; k < rp.n_bad_words && !dup; o += bw_lens[k++])
+                    dup = bw_lens[k] == nt && !memcmp(bw_ids + o, ids, (size_t)nt * sizeof *ids);
+                if (dup) continue;
+                if (rp.n_bad_words >= FL_MAX_BAD_WORDS) { ret = BAD("'bad_words': at most %d token sequences", FL_MAX_BAD_WORDS); goto out; }
+                memcpy(bw_ids + n_ids, ids, (size_t)nt * sizeof *ids);
+                n_ids += (int32_t)nt;
+                bw_lens[rp.n_bad_words++] = (int32_t)nt;
+            }
+        }
+        rp.bad_words_ids = bw_ids;
+        rp.bad_words_lens = bw_lens;
     }
     const cJSON *isso = cJSON_GetObjectItemCaseSensitive(j, "include_stop_str_in_output"); /* vLLM's */
     if (isso && !cJSON_IsBool(isso) && !cJSON_IsNull(isso)) { ret = BAD("'include_stop_str_in_output' must be a boolean"); goto out; }
