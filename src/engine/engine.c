@@ -295,16 +295,17 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
         finish(e, r, FL_FINISH_ERROR);
         return;
     }
-    const float *src = r->json || r->regex ? e->masked : row;
-    if (fl_request_n_generated(r) < r->min_tokens && (e->n_eog || r->n_stop_ids)) { /* no end yet */
-        if (src != e->masked) memcpy(e->masked, row, (size_t)e->be.n_vocab * sizeof *e->masked);
-        src = e->masked;
+    /* the row masked (a copy) where anything takes tokens out: a constraint (done above), no end
+     * before min_tokens, bad_words, allowed_token_ids */
+    const bool no_end = fl_request_n_generated(r) < r->min_tokens && (e->n_eog || r->n_stop_ids);
+    const bool constrained = r->json || r->regex, masked = constrained || no_end || r->bad || r->allowed;
+    if (masked && !constrained) memcpy(e->masked, row, (size_t)e->be.n_vocab * sizeof *e->masked);
+    const float *src = masked ? e->masked : row;
+    if (no_end) {
         for (int32_t i = 0; i < e->n_eog; i++) e->masked[e->eog[i]] = -INFINITY;
         for (int32_t i = 0; i < r->n_stop_ids; i++) e->masked[r->stop_ids[i]] = -INFINITY;
     }
     if (r->bad) { /* bad_words: the last token of a sequence whose rest the output ends with */
-        if (src != e->masked) memcpy(e->masked, row, (size_t)e->be.n_vocab * sizeof *e->masked);
-        src = e->masked;
         const int32_t ng = fl_request_n_generated(r);
         const int32_t *gen = r->tokens + r->n_prompt;
         for (int32_t k = 0, o = 0; k < r->n_bad; k++) {
@@ -313,9 +314,7 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
             if (len - 1 <= ng && !memcmp(gen + ng - (len - 1), seq, (size_t)(len - 1) * sizeof *seq)) e->masked[seq[len - 1]] = -INFINITY;
         }
     }
-    if (r->allowed || r->bad) { /* allowed_token_ids: every other token out */
-        if (src != e->masked) memcpy(e->masked, row, (size_t)e->be.n_vocab * sizeof *e->masked);
-        src = e->masked;
+    if (r->allowed || r->bad) { /* allowed_token_ids: every other token out; and some token must be left */
         int32_t left = 0;
         for (int32_t t = 0; t < e->be.n_vocab; t++) {
             if (r->allowed && !((r->allowed[t >> 6] >> (t & 63)) & 1)) e->masked[t] = -INFINITY;
