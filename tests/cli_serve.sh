@@ -157,6 +157,7 @@ post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"tempera
 check "bad_words [Lily, girl]: $(jq_ "d['choices'][0]['text'][:50]")" '[ "$(jq_ "\"Lily\" not in d[\"choices\"][0][\"text\"] and \" girl\" not in d[\"choices\"][0][\"text\"]")" = True ]'
 errcase "bad_words not a list" 400 /v1/completions '{"prompt":"a","bad_words":"x"}'
 errcase "bad_words with an empty word" 400 /v1/completions '{"prompt":"a","bad_words":[""]}'
+errcase "bad_words with a word of spaces" 400 /v1/completions '{"prompt":"a","bad_words":["  "]}'
 errcase "allowed_token_ids out of the vocabulary" 400 /v1/completions '{"prompt":"a","allowed_token_ids":[5,99999]}'
 errcase "allowed_token_ids empty" 400 /v1/completions '{"prompt":"a","allowed_token_ids":[]}'
 post "$U" /v1/completions '{"prompt":"a","max_tokens":2,"use_beam_search":false,"include_stop_str_in_output":false,"grammar":null}'

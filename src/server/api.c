@@ -799,7 +799,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
             ret = BAD("'allowed_token_ids' must be a non-empty array of token ids in [0, %d)", fl_engine_n_vocab(s->engine));
             goto out;
         }
-        if (!(allowed = fl_alloc(FL_MEM_NET, (size_t)na * sizeof *allowed, 0))) { ret = BAD("no memory for 'allowed_token_ids'"); goto out; }
+        if (!(allowed = fl_alloc(FL_MEM_NET, (size_t)na * sizeof *allowed, 0))) { ret = NOMEM(); goto out; }
         allowed_n = na;
         int32_t k = 0;
         const cJSON *x;
@@ -819,9 +819,10 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         int32_t n_ids = 0;
         const cJSON *x;
         cJSON_ArrayForEach(x, bw) {
-            if (!cJSON_IsString(x) || !*x->valuestring) { ret = BAD("'bad_words' must be an array of non-empty strings"); goto out; }
+            if (!cJSON_IsString(x)) { ret = BAD("'bad_words' must be an array of non-empty strings"); goto out; }
             const char *w = x->valuestring;
             while (*w == ' ') w++;
+            if (!*w) { ret = BAD("'bad_words' must be an array of non-empty strings"); goto out; }
             for (int sp = 0; sp < 2 && *w; sp++) {
                 char text[256];
                 const int tl = snprintf(text, sizeof text, "%s%s", sp ? " " : "", w);
