@@ -104,6 +104,27 @@ static bool is_token_id(const fl_server *s, const cJSON *x) {
            x->valuedouble < fl_engine_n_vocab(s->engine);
 }
 
+/* The JSON array a of token ids into a new FL_MEM_NET array *ids of *n (cJSON_GetArraySize)
+ * entries, NULL when empty: false where an element is no id of the vocabulary (*ids is then
+ * still the caller's to free, *n its size); *nomem where the array could not be allocated. */
+static bool token_ids_of(const fl_server *s, const cJSON *a, int32_t **ids, int64_t *n, bool *nomem) {
+    *n = cJSON_GetArraySize(a);
+    *ids = NULL;
+    *nomem = false;
+    if (*n && !(*ids = fl_alloc(FL_MEM_NET, (size_t)*n * sizeof **ids, 16))) {
+        *n = 0;
+        *nomem = true;
+        return false;
+    }
+    int64_t k = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a) {
+        if (!is_token_id(s, x)) return false;
+        (*ids)[k++] = (int32_t)x->valuedouble;
+    }
+    return true;
+}
+
 /* (refused rather than ignored, where set (not null or false): each would change the output; a
  * grammar (llama.cpp's GBNF, vLLM's guided_grammar) ignored would give unconstrained text where
  * the client counts on a form; vLLM's other sampling extras this server does not follow) */
@@ -613,16 +634,10 @@ static enum MHD_Result handle_detokenize(fl_server *s, struct MHD_Connection *co
     if (!j) return BAD("malformed JSON in the request body");
     const cJSON *t = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "tokens") : NULL;
     if (!cJSON_IsArray(t)) { ret = BAD("'tokens' must be an array of token ids"); goto out; }
-    n = cJSON_GetArraySize(t);
-    if (n && !(ids = fl_alloc(FL_MEM_NET, (size_t)n * 4, 16))) { ret = NOMEM(); goto out; }
-    int64_t k = 0;
-    const cJSON *x;
-    cJSON_ArrayForEach(x, t) {
-        if (!is_token_id(s, x)) {
-            ret = BAD("'tokens' must be integers in [0, %d)", fl_engine_n_vocab(s->engine));
-            goto out;
-        }
-        ids[k++] = (int32_t)x->valuedouble;
+    bool nomem;
+    if (!token_ids_of(s, t, &ids, &n, &nomem)) {
+        ret = nomem ? NOMEM() : BAD("'tokens' must be integers in [0, %d)", fl_engine_n_vocab(s->engine));
+        goto out;
     }
     fl_status st = detokenize_all(s, ids, n, &text);
     if (st != FL_OK) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", fl_last_error()); goto out; }
@@ -632,7 +647,7 @@ static enum MHD_Result handle_detokenize(fl_server *s, struct MHD_Connection *co
     cJSON_AddStringToObject(o, "content", text.p);
     ret = send_json(s, conn, o);
 out:
-    if (ids) fl_free(FL_MEM_NET, ids, (size_t)n * 4);
+    fl_free(FL_MEM_NET, ids, (size_t)n * sizeof *ids);
     srv_buf_free(&text);
     cJSON_Delete(j);
     return ret;
@@ -656,7 +671,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     fl_logit_bias *bias = NULL;
     int32_t bias_cap = 0;
     int32_t *allowed = NULL; /* allowed_token_ids */
-    int32_t allowed_n = 0;
+    int64_t allowed_n = 0;
     int32_t bw_ids[FL_MAX_BAD_WORDS * FL_MAX_BAD_WORD_TOKENS], bw_lens[FL_MAX_BAD_WORDS]; /* bad_words, tokenized */
     char *schema_text = NULL; /* the request's JSON Schema printed for the engine */
     cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
@@ -794,24 +809,13 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     }
     const cJSON *ati = cJSON_GetObjectItemCaseSensitive(j, "allowed_token_ids"); /* vLLM's */
     if (ati && !cJSON_IsNull(ati)) {
-        const int32_t na = cJSON_IsArray(ati) ? cJSON_GetArraySize(ati) : 0;
-        if (na < 1 || na > fl_engine_n_vocab(s->engine)) {
-            ret = BAD("'allowed_token_ids' must be a non-empty array of token ids in [0, %d)", fl_engine_n_vocab(s->engine));
+        bool nomem = false;
+        if (!cJSON_IsArray(ati) || !token_ids_of(s, ati, &allowed, &allowed_n, &nomem) || allowed_n < 1) {
+            ret = nomem ? NOMEM() : BAD("'allowed_token_ids' must be a non-empty array of token ids in [0, %d)", fl_engine_n_vocab(s->engine));
             goto out;
         }
-        if (!(allowed = fl_alloc(FL_MEM_NET, (size_t)na * sizeof *allowed, 0))) { ret = NOMEM(); goto out; }
-        allowed_n = na;
-        int32_t k = 0;
-        const cJSON *x;
-        cJSON_ArrayForEach(x, ati) {
-            if (!is_token_id(s, x)) {
-                ret = BAD("'allowed_token_ids' must be a non-empty array of token ids in [0, %d)", fl_engine_n_vocab(s->engine));
-                goto out;
-            }
-            allowed[k++] = (int32_t)x->valuedouble;
-        }
         rp.allowed_token_ids = allowed;
-        rp.n_allowed_token_ids = na;
+        rp.n_allowed_token_ids = (int32_t)allowed_n;
     }
     const cJSON *bw = cJSON_GetObjectItemCaseSensitive(j, "bad_words"); /* vLLM's: each word as it is and after a space */
     if (bw && !cJSON_IsNull(bw)) {
