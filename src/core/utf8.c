@@ -3,30 +3,44 @@
 
 #include <string.h>
 
+size_t fl_utf8_decode(const char *str, size_t n, uint32_t *cp) {
+    const unsigned char *s = (const unsigned char *)str;
+    if (!n) return 0;
+    unsigned c = s[0];
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    size_t len;
+    unsigned lo = 0x80, hi = 0xbf; /* allowed range of the second byte */
+    uint32_t v;
+    if (c >= 0xc2 && c <= 0xdf) len = 2, v = c & 0x1f;
+    else if (c >= 0xe0 && c <= 0xef) {
+        len = 3, v = c & 0x0f;
+        if (c == 0xe0) lo = 0xa0;
+        if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4, v = c & 0x07;
+        if (c == 0xf0) lo = 0x90;
+        if (c == 0xf4) hi = 0x8f;
+    } else return 0;
+    if (len > n || s[1] < lo || s[1] > hi) return 0;
+    for (size_t k = 1; k < len; k++) {
+        if ((s[k] & 0xc0) != 0x80) return 0;
+        v = v << 6 | (s[k] & 0x3f);
+    }
+    *cp = v;
+    return len;
+}
+
 /* Offset of the first byte that does not start a well-formed UTF-8 sequence (overlong forms,
  * surrogates and code points above U+10FFFF are ill-formed), or -1 if the text is valid. */
 int64_t fl_utf8_invalid_at(const char *str, size_t n) {
-    const unsigned char *s = (const unsigned char *)str;
     size_t i = 0;
+    uint32_t cp;
     while (i < n) {
-        unsigned c = s[i];
-        if (c < 0x80) { i++; continue; }
-        size_t len;
-        unsigned lo = 0x80, hi = 0xbf; /* allowed range of the second byte */
-        if (c >= 0xc2 && c <= 0xdf) len = 2;
-        else if (c >= 0xe0 && c <= 0xef) {
-            len = 3;
-            if (c == 0xe0) lo = 0xa0;
-            if (c == 0xed) hi = 0x9f;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            len = 4;
-            if (c == 0xf0) lo = 0x90;
-            if (c == 0xf4) hi = 0x8f;
-        } else return (int64_t)i;
-        if (i + len > n) return (int64_t)i;
-        if (s[i + 1] < lo || s[i + 1] > hi) return (int64_t)i;
-        for (size_t k = 2; k < len; k++)
-            if ((s[i + k] & 0xc0) != 0x80) return (int64_t)i;
+        const size_t len = fl_utf8_decode(str + i, n - i, &cp);
+        if (!len) return (int64_t)i;
         i += len;
     }
     return -1;

@@ -13,6 +13,9 @@
 /* Offset of the first byte that does not start a well-formed sequence, or -1 if s is valid. */
 int64_t fl_utf8_invalid_at(const char *s, size_t n);
 bool fl_utf8_is_valid(const char *s, size_t n);
+/* The well-formed character that s[0..n) starts with into *cp; its length (1-4), or 0 where s
+ * starts with an ill-formed or incomplete sequence (or n is 0). */
+size_t fl_utf8_decode(const char *s, size_t n, uint32_t *cp);
 /* s[0..n) into out (room for 3 n bytes), every ill-formed byte replaced by U+FFFD; returns the
  * length written. */
 size_t fl_utf8_sanitize(const char *s, size_t n, char *out);
