@@ -117,8 +117,8 @@ typedef struct fl_engine_params {
     int32_t max_logprobs;       /* the most alternatives a request may ask with top_logprobs (default
                                  * FL_MAX_TOP_LOGPROBS); -1: no logprobs.  The plan reserves
                                  * 8 x (1 + max_logprobs) bytes per token of context per sequence */
-    int32_t guide_masks;        /* token masks kept for regex-constrained requests' states, shared by
-                                 * requests with the same pattern (default 256; 0: none, every mask
+    int32_t guide_masks;        /* token masks kept for regex- and grammar-constrained requests' states, shared by
+                                 * requests with the same pattern or grammar (default 256; 0: none, every mask
                                  * computed); each n_vocab / 8 bytes, allocated with the engine */
 } fl_engine_params;
 
@@ -202,6 +202,11 @@ typedef struct fl_request_params {
                                  * last are the rest of it; a one-token sequence always) */
     const int32_t *bad_words_lens;
     int32_t n_bad_words;        /* at most FL_MAX_BAD_WORDS sequences of FL_MAX_BAD_WORD_TOKENS tokens */
+    const char *grammar;        /* llama.cpp's grammar (vLLM's guided_grammar in GBNF): the whole output
+                                 * is one sentence of this GBNF grammar, from its rule root (compiled
+                                 * when added, FL_ERR_INVALID naming the line and column otherwise);
+                                 * end-of-generation only where the text is a sentence, STOP where no
+                                 * token can extend it.  Not with the other constraints */
 } fl_request_params;
 
 typedef enum fl_request_state {
@@ -245,7 +250,7 @@ typedef struct fl_engine_stats {
     int64_t prefix_hit_tokens, prefix_miss_tokens, kv_evictions;
     double kv_utilization;      /* live tokens / allocated token slots */
     double kv_waste;            /* (allocated slots - live tokens) / allocated slots */
-    int64_t guide_mask_hits, guide_mask_misses; /* regex requests' token masks found kept / computed */
+    int64_t guide_mask_hits, guide_mask_misses; /* regex and grammar requests' token masks found kept / computed */
 } fl_engine_stats;
 
 fl_status fl_engine_new(const fl_engine_params *p, fl_engine **out);

@@ -305,6 +305,19 @@ static void test_utf8_sanitize(void **state) {
         assert_int_equal(fl_utf8_is_valid(cases[i].in, n), i == 0 || i == 6);
         assert_true(fl_utf8_is_valid(out, m));
     }
+    /* fl_utf8_decode: each length's code point; ill-formed and incomplete starts give 0 */
+    static const struct { const char *s; size_t len; uint32_t cp; } dec[] = {
+        {"A", 1, 0x41}, {"\xC3\xA9", 2, 0xE9}, {"\xE2\x82\xAC", 3, 0x20AC}, {"\xF0\x9F\x98\x80", 4, 0x1F600},
+        {"\xF4\x8F\xBF\xBF", 4, 0x10FFFF}, {"\xC0\x80", 0, 0}, {"\xED\xA0\x80", 0, 0}, {"\xE2\x82", 0, 0}, {"\x9A", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof dec / sizeof dec[0]; i++) {
+        uint32_t cp = 0xFFFFFFFF;
+        assert_int_equal(fl_utf8_decode(dec[i].s, strlen(dec[i].s), &cp), dec[i].len);
+        if (dec[i].len) assert_int_equal(cp, dec[i].cp);
+    }
+    uint32_t cp;
+    assert_int_equal(fl_utf8_decode("\xC3\xA9", 1, &cp), 0); /* cut by n */
+    assert_int_equal(fl_utf8_decode("", 0, &cp), 0);
 }
 
 /* fl_mmap_open_read (--no-mmap): the same bytes as the mapping, charged to MAPPED alike, in

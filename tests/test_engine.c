@@ -843,25 +843,127 @@ static void test_toy_choices(void **state) {
     fl_test_mem_zero();
 }
 
+/* GBNF grammar: sampled outputs of a recursive grammar (nested lists) are sentences (checked by
+ * recursive descent here) when they stop; the masks kept by state give the outputs of masks
+ * computed at every step; end-of-generation only where a sentence could go on; refusals */
+static const char *toy_list(const char *p) { /* "[" (v ("," " "? v)*)? "]", v: "1" | "-2.5" | a list */
+    if (*p++ != '[') return NULL;
+    if (*p == ']') return p + 1;
+    for (;;) {
+        if (*p == '1') p++;
+        else if (!strncmp(p, "-2.5", 4)) p += 4;
+        else if (!(p = toy_list(p))) return NULL;
+        if (*p == ']') return p + 1;
+        if (*p++ != ',') return NULL;
+        if (*p == ' ') p++;
+    }
+}
+
+/* One guided request q (its constraint, max_tokens, logit bias; the prompt from run, the seed
+ * given) on three engines: masks computed at every step (a fresh engine that keeps none),
+ * kept and shared across runs (shared), one kept (one, each new state evicts); all three give the
+ * same text, tokens and finish, returned */
+static fl_finish_reason toy_guided_run(fl_engine *shared, fl_engine *one, int run, fl_request_params q, uint64_t seed,
+                                       char text[4096], int32_t *n_tok) {
+    int32_t prompt[3] = {1, 3 + run % 7, 5};
+    q.prompt = prompt;
+    q.n_prompt = 3;
+    fl_sampling_params_default(&q.sampling);
+    q.sampling.temperature = 1.0f;
+    q.sampling.seed = seed;
+    fl_engine *engines[3] = {json_toy_engine_masks(0), shared, one};
+    fl_finish_reason fin = FL_FINISH_NONE;
+    for (int k = 0; k < 3; k++) {
+        char t[4096] = "";
+        int32_t n = 0;
+        int64_t id;
+        assert_int_equal(fl_engine_add(engines[k], &q, &id), FL_OK);
+        const fl_finish_reason f = run_json_request(engines[k], t, &n);
+        if (!k) {
+            fin = f, *n_tok = n;
+            strcpy(text, t);
+            fl_engine_stats st;
+            fl_engine_stats_get(engines[0], &st);
+            assert_int_equal(st.guide_mask_hits + st.guide_mask_misses, 0);
+            fl_engine_free(engines[0]);
+        } else if (f != fin || n != *n_tok || strcmp(text, t))
+            fail_msg("run %d: '%s' (%d tokens, finish %d) with the masks kept (%s), '%s' (%d, %d) computed", run, t, n, f,
+                     k == 2 ? "one" : "shared", text, *n_tok, fin);
+    }
+    return fin;
+}
+
+/* "tr" then "ue" optional: end-of-generation only after "tr" (the one place a sentence could go
+ * on, counted in eos), else STOP at "true" (counted in tr) */
+static void tr_true(fl_finish_reason fin, const char *text, int *eos, int *tr) {
+    if (fin == FL_FINISH_EOS) {
+        assert_string_equal(text, "tr");
+        ++*eos;
+    } else {
+        assert_int_equal(fin, FL_FINISH_STOP);
+        assert_string_equal(text, "true");
+        ++*tr;
+    }
+}
+
+static void test_toy_grammar(void **state) {
+    (void)state;
+    const char *lists = "root ::= \"[\" (v (\",\" \" \"? v)*)? \"]\"\nv ::= \"1\" | \"-2.5\" | root\n";
+    int stops = 0, nested = 0, eos = 0, tr = 0, lengths = 0;
+    fl_engine *shared = json_toy_engine(), *one = json_toy_engine_masks(1);
+    fl_logit_bias bias[2] = {{TOY_EOS, 3.0f}, {6, 2.0f}}; /* end-of-generation likelier where allowed; ']' likelier */
+    for (int run = 0; run < 32; run++) {
+        const bool list = run < 16;
+        const fl_request_params q = {.max_tokens = 24, .grammar = list ? lists : "root ::= \"tr\" \"ue\"?",
+                                     .logit_bias = bias + list, .n_logit_bias = 1};
+        char text[4096];
+        int32_t n_tok = 0;
+        const fl_finish_reason fin = toy_guided_run(shared, one, run, q, (uint64_t)run + 11, text, &n_tok);
+        if (list) {
+            const char *end = toy_list(text);
+            if (fin == FL_FINISH_STOP) {
+                if (!end || *end) fail_msg("run %d: '%s' stopped but is no sentence", run, text);
+                stops++;
+                nested += strstr(text + 1, "[") != NULL;
+            } else {
+                assert_int_equal(fin, FL_FINISH_LENGTH); /* a list closes only at its bracket */
+                assert_int_equal(n_tok, 24);
+                lengths++;
+            }
+        } else tr_true(fin, text, &eos, &tr);
+    }
+    fl_engine_stats st;
+    fl_engine_stats_get(shared, &st);
+    assert_true(st.guide_mask_misses > 0 && st.guide_mask_hits > st.guide_mask_misses);
+    fl_engine_free(shared);
+    fl_engine_free(one);
+    assert_true(stops + lengths == 16 && stops >= 12 && nested >= 2 && eos >= 4 && tr >= 1); /* (fixed by the seeds) */
+    /* refusals at fl_engine_add; a grammar no token starts: the request fails at its first step */
+    fl_engine *e = json_toy_engine();
+    int32_t prompt[2] = {1, 3};
+    int64_t id;
+    fl_request_params q = {.prompt = prompt, .n_prompt = 2, .max_tokens = 4, .grammar = "root ::= x"};
+    fl_sampling_params_default(&q.sampling);
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "rule 'x' is used but not defined"));
+    q.grammar = "root ::= \"1\"";
+    q.regex = "1";
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "one output constraint at a time"));
+    q.regex = NULL;
+    q.grammar = "root ::= \"@\"+";
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+    char text[4096] = "";
+    int32_t n_tok = 0;
+    assert_int_equal(run_json_request(e, text, &n_tok), FL_FINISH_ERROR);
+    assert_int_equal(n_tok, 0);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
 /* guided regex: sampled outputs are whole matches (checked with glibc's POSIX regex) when they
  * stop, end-of-generation only where the text is a match that could go on; a pattern no token
  * can start fails the request; a bad pattern or two constraints fail fl_engine_add */
-/* One regex request on e (its masks kept as guide_masks says): text, tokens, finish */
-static fl_finish_reason toy_regex_run(fl_engine *e, int run, const char *pattern, char text[4096], int32_t *n_tok) {
-    int32_t prompt[3] = {1, 3 + run % 7, 5};
-    fl_logit_bias bias = {TOY_EOS, 3.0f}; /* end-of-generation likelier where allowed */
-    fl_request_params q = {.prompt = prompt, .n_prompt = 3, .max_tokens = 16, .regex = pattern,
-                           .logit_bias = &bias, .n_logit_bias = run < 16 ? 0 : 1};
-    fl_sampling_params_default(&q.sampling);
-    q.sampling.temperature = 1.0f;
-    q.sampling.seed = (uint64_t)run + 5;
-    int64_t id;
-    assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
-    text[0] = 0;
-    *n_tok = 0;
-    return run_json_request(e, text, n_tok);
-}
-
 static void test_toy_regex(void **state) {
     (void)state;
     const char *list = "\\[(1|-2\\.5)(, ?(1|-2\\.5)){0,3}\\]";
@@ -872,35 +974,18 @@ static void test_toy_regex(void **state) {
      * them), and one that keeps a single mask (each new state evicts) give the outputs of
      * masks computed at every step (guide_masks 0) */
     fl_engine *shared = json_toy_engine(), *one = json_toy_engine_masks(1);
+    fl_logit_bias bias = {TOY_EOS, 3.0f}; /* end-of-generation likelier where allowed */
     for (int run = 0; run < 32; run++) {
-        fl_engine *e = json_toy_engine_masks(0);
         const bool lists = run < 16;
-        const char *pattern = lists ? list : "tr(ue)?";
-        char text[4096], text2[4096];
-        int32_t n_tok = 0, n_tok2 = 0;
-        const fl_finish_reason fin = toy_regex_run(e, run, pattern, text, &n_tok);
-        for (int k = 0; k < 2; k++) {
-            const fl_finish_reason fin2 = toy_regex_run(k ? one : shared, run, pattern, text2, &n_tok2);
-            if (fin2 != fin || n_tok2 != n_tok || strcmp(text, text2))
-                fail_msg("run %d: '%s' (%d tokens, finish %d) with the masks kept (%s), '%s' (%d, %d) computed", run, text2,
-                         n_tok2, fin2, k ? "one" : "shared", text, n_tok, fin);
-        }
+        const fl_request_params q = {.max_tokens = 16, .regex = lists ? list : "tr(ue)?", .logit_bias = &bias, .n_logit_bias = lists ? 0 : 1};
+        char text[4096];
+        int32_t n_tok = 0;
+        const fl_finish_reason fin = toy_guided_run(shared, one, run, q, (uint64_t)run + 5, text, &n_tok);
         if (lists) { /* (at most 16 tokens: the pattern closes within max_tokens) */
             assert_int_equal(fin, FL_FINISH_STOP);
             if (regexec(&re, text, 0, NULL, 0)) fail_msg("run %d: '%s' stopped but is no match", run, text);
             stops += strchr(text, ',') != NULL;
-        } else if (fin == FL_FINISH_EOS) {
-            assert_string_equal(text, "tr"); /* the one place a match could go on */
-            eos++;
-        } else {
-            assert_int_equal(fin, FL_FINISH_STOP);
-            assert_string_equal(text, "true");
-            tr++;
-        }
-        fl_engine_stats st;
-        fl_engine_stats_get(e, &st);
-        assert_int_equal(st.guide_mask_hits + st.guide_mask_misses, 0);
-        fl_engine_free(e);
+        } else tr_true(fin, text, &eos, &tr);
     }
     fl_engine_stats st;
     fl_engine_stats_get(shared, &st); /* the patterns' few states, met again and again */
@@ -1756,6 +1841,7 @@ int main(void) {
         cmocka_unit_test(test_toy_json_schema),
         cmocka_unit_test(test_toy_choices),
         cmocka_unit_test(test_toy_regex),
+        cmocka_unit_test(test_toy_grammar),
         cmocka_unit_test(test_toy_min_tokens_stop_ids),
         cmocka_unit_test(test_toy_allowed_token_ids),
         cmocka_unit_test(test_toy_bad_words),

@@ -9,6 +9,7 @@
  */
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "engine/grammar.h"
 #include "engine/mask_cache.h"
 #include "engine/regex_guide.h"
 #include "engine/sampling.h"
@@ -54,9 +55,11 @@ struct fl_engine {
     char *vocab_text;           /* token t: vocab_text[vocab_off[t] .. vocab_off[t + 1]) */
     int64_t *vocab_off;         /* [n_vocab + 1] */
     uint8_t *vocab_plain;       /* [n_vocab] 1: plain string text (fl_json_plain) */
+    int32_t *vocab_order;       /* [n_vocab] tokens by their text (fl_grammar_vocab_order: grammar masks) */
+    uint64_t *gbits;            /* [fl_mask_words(n_vocab)] a grammar mask computed where none are kept */
     float *masked;              /* [n_vocab] */
     int32_t eog[16], n_eog;     /* end-of-generation ids (masked before a request's min_tokens) */
-    fl_mask_cache *masks;       /* regex requests' token masks by state (guide_masks of them), or NULL */
+    fl_mask_cache *masks;       /* regex and grammar requests' token masks by state (guide_masks of them), or NULL */
 
     fl_backend_kv_stats kv_snap; /* taken by the driver under the lock: the cache is never read
                                   * from other threads while a forward may be changing it */
@@ -135,7 +138,9 @@ static fl_status vocab_text_build(fl_engine *e) {
     int64_t *off = fl_alloc(FL_MEM_MISC, (size_t)(nv + 1) * sizeof *off, 0);
     float *masked = fl_alloc(FL_MEM_MISC, (size_t)nv * sizeof *masked, 64);
     uint8_t *plain = fl_alloc(FL_MEM_MISC, (size_t)nv, 0);
-    if (!off || !masked || !plain) goto nomem;
+    int32_t *order = fl_alloc(FL_MEM_MISC, (size_t)nv * sizeof *order, 0);
+    uint64_t *gbits = fl_alloc(FL_MEM_MISC, fl_mask_words(nv) * 8, 0);
+    if (!off || !masked || !plain || !order || !gbits) goto nomem;
     off[0] = 0;
     for (int32_t t = 0; t < nv; t++) {
         const int32_t n = e->be.piece ? e->be.piece(e->be.ctx, t, piece, (int32_t)sizeof piece) : 0;
@@ -156,11 +161,15 @@ static fl_status vocab_text_build(fl_engine *e) {
     e->vocab_off = off;
     e->masked = masked;
     e->vocab_plain = plain;
-    return FL_OK;
+    e->vocab_order = order;
+    e->gbits = gbits;
+    return fl_grammar_vocab_order(text, off, nv, order);
 nomem:
     fl_free(FL_MEM_MISC, off, off ? (size_t)(nv + 1) * sizeof *off : 0);
     fl_free(FL_MEM_MISC, masked, masked ? (size_t)nv * sizeof *masked : 0);
     fl_free(FL_MEM_MISC, plain, plain ? (size_t)nv : 0);
+    fl_free(FL_MEM_MISC, order, order ? (size_t)nv * sizeof *order : 0);
+    fl_free(FL_MEM_MISC, gbits, gbits ? fl_mask_words(nv) * 8 : 0);
     return fl_set_error(FL_ERR_NOMEM, "json constraint: no memory for the vocabulary's text");
 }
 
@@ -238,6 +247,24 @@ static const uint64_t *regex_bits(fl_engine *e, fl_request *r, const uint8_t key
     return m;
 }
 
+/* e->masked := row with the tokens of mask m (bits) and, where may_end, end-of-generation; every
+ * other token at -inf.  The number of tokens left. */
+static int32_t mask_row(fl_engine *e, const uint64_t *m, bool may_end, const float *row) {
+    int32_t allowed = 0;
+    for (int32_t t = 0; t < e->be.n_vocab; t++) {
+        const bool ok = is_eog(e, t) ? may_end : (m[t >> 6] >> (t & 63)) & 1;
+        e->masked[t] = ok ? row[t] : -INFINITY;
+        allowed += ok;
+    }
+    return allowed;
+}
+
+static bool mask_empty(const fl_engine *e, const uint64_t *m) {
+    for (size_t w = 0; w < fl_mask_words(e->be.n_vocab); w++)
+        if (m[w]) return false;
+    return true;
+}
+
 /* e->masked := row with every token that cannot continue r's regex at -inf (regex_token);
  * end-of-generation only where the text so far is a match.  From the kept mask of the guide's
  * state where it has a key (regex_bits), else checked token by token. */
@@ -248,11 +275,7 @@ static fl_status regex_mask(fl_engine *e, fl_request *r, const float *row) {
     if (e->masks && fl_regex_guide_key(r->regex, key)) {
         const uint64_t *m = regex_bits(e, r, key);
         if (!m) return FL_ERR_INVALID;
-        for (int32_t t = 0; t < e->be.n_vocab; t++) {
-            const bool ok = is_eog(e, t) ? may_end : (m[t >> 6] >> (t & 63)) & 1;
-            e->masked[t] = ok ? row[t] : -INFINITY;
-            allowed += ok;
-        }
+        allowed = mask_row(e, m, may_end, row);
     } else {
         int8_t first[256];
         if (regex_first(r, first) != FL_OK) return FL_ERR_INVALID;
@@ -275,10 +298,7 @@ static bool regex_closed(fl_engine *e, fl_request *r) {
     uint8_t key[16];
     if (e->masks && fl_regex_guide_key(r->regex, key)) {
         const uint64_t *m = regex_bits(e, r, key);
-        if (!m) return false;
-        for (size_t w = 0; w < fl_mask_words(e->be.n_vocab); w++)
-            if (m[w]) return false;
-        return true;
+        return m && mask_empty(e, m);
     }
     int8_t first[256];
     if (regex_first(r, first) != FL_OK) return false;
@@ -287,18 +307,55 @@ static bool regex_closed(fl_engine *e, fl_request *r) {
     return true;
 }
 
+/* The tokens other than end-of-generation that may continue r's grammar, as a mask: the kept
+ * mask of the state's key, else walked over the sorted vocabulary (fl_grammar_guide_mask) and
+ * kept (or, where the engine keeps none, in e->gbits).  NULL on an error (set). */
+static const uint64_t *grammar_bits(fl_engine *e, fl_request *r) {
+    uint8_t key[16];
+    uint64_t *m = e->gbits;
+    if (e->masks) {
+        fl_grammar_guide_key(r->grammar, key);
+        const uint64_t *kept = fl_mask_cache_get(e->masks, key);
+        if (kept) return kept;
+        m = fl_mask_cache_work(e->masks);
+    }
+    if (fl_grammar_guide_mask(r->grammar, e->vocab_text, e->vocab_off, e->vocab_order, e->be.n_vocab, m) != FL_OK) return NULL;
+    for (int32_t t = 0; t < e->be.n_vocab; t++)
+        if (is_eog(e, t)) m[t >> 6] &= ~((uint64_t)1 << (t & 63));
+    if (e->masks) fl_mask_cache_put(e->masks, key);
+    return m;
+}
+
+/* e->masked := row with every token that cannot continue r's grammar at -inf; end-of-generation
+ * only where the text so far is a sentence. */
+static fl_status grammar_mask(fl_engine *e, fl_request *r, const float *row) {
+    const uint64_t *m = grammar_bits(e, r);
+    if (!m) return FL_ERR_INVALID;
+    const bool may_end = !r->ignore_eos && fl_grammar_guide_complete(r->grammar);
+    return mask_row(e, m, may_end, row) ? FL_OK : fl_set_error(FL_ERR_INVALID, "grammar constraint: no token of the vocabulary continues a sentence");
+}
+
+/* r's text is a sentence that no token extends (the next step's mask, kept where masks are) */
+static bool grammar_closed(fl_engine *e, fl_request *r) {
+    if (!fl_grammar_guide_complete(r->grammar)) return false;
+    if (fl_grammar_guide_finished(r->grammar)) return true;
+    const uint64_t *m = grammar_bits(e, r);
+    return m && mask_empty(e, m);
+}
+
 /* Sample r's next token from its logits row (only read) and commit it, with its logprobs when
  * the request wants them; a JSON request samples among the tokens that keep its object valid
  * (its logprobs stay those of the unconstrained row) and finishes when the object closes. */
 static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
-    if ((r->json && json_mask(e, r, row) != FL_OK) || (r->regex && regex_mask(e, r, row) != FL_OK)) {
+    if ((r->json && json_mask(e, r, row) != FL_OK) || (r->regex && regex_mask(e, r, row) != FL_OK) ||
+        (r->grammar && grammar_mask(e, r, row) != FL_OK)) {
         finish(e, r, FL_FINISH_ERROR);
         return;
     }
     /* the row masked (a copy) where anything takes tokens out: a constraint (done above), no end
      * before min_tokens, bad_words, allowed_token_ids */
     const bool no_end = fl_request_n_generated(r) < r->min_tokens && (e->n_eog || r->n_stop_ids);
-    const bool constrained = r->json || r->regex, masked = constrained || no_end || r->bad || r->allowed;
+    const bool constrained = r->json || r->regex || r->grammar, masked = constrained || no_end || r->bad || r->allowed;
     if (masked && !constrained) memcpy(e->masked, row, (size_t)e->be.n_vocab * sizeof *e->masked);
     const float *src = masked ? e->masked : row;
     if (no_end) {
@@ -341,9 +398,15 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
         finish(e, r, FL_FINISH_ERROR);
         return;
     }
+    if (r->grammar && !is_eog(e, tok) &&
+        fl_grammar_guide_feed(r->grammar, e->vocab_text + e->vocab_off[tok], (size_t)(e->vocab_off[tok + 1] - e->vocab_off[tok])) != FL_OK) {
+        finish(e, r, FL_FINISH_ERROR);
+        return;
+    }
     commit_token(e, r, tok);
     if (r->json && fl_json_fsm_done(r->json_fsm)) finish(e, r, FL_FINISH_STOP);
     if (r->regex && r->state != FL_REQ_FINISHED && regex_closed(e, r)) finish(e, r, FL_FINISH_STOP);
+    if (r->grammar && r->state != FL_REQ_FINISHED && grammar_closed(e, r)) finish(e, r, FL_FINISH_STOP);
 }
 
 /* ---- engine life cycle ---- */
@@ -377,6 +440,8 @@ static void free_buffers(fl_engine *e) {
     fl_free(FL_MEM_MISC, e->vocab_off, e->vocab_off ? (size_t)(nv + 1) * sizeof *e->vocab_off : 0);
     fl_free(FL_MEM_MISC, e->masked, e->masked ? (size_t)nv * sizeof(float) : 0);
     fl_free(FL_MEM_MISC, e->vocab_plain, e->vocab_plain ? (size_t)nv : 0);
+    fl_free(FL_MEM_MISC, e->vocab_order, e->vocab_order ? (size_t)nv * sizeof *e->vocab_order : 0);
+    fl_free(FL_MEM_MISC, e->gbits, e->gbits ? fl_mask_words(nv) * 8 : 0);
     fl_mask_cache_free(e->masks);
 }
 

@@ -2,6 +2,7 @@
 #include "engine/request.h"
 
 #include "engine/json_schema.h"
+#include "engine/grammar.h"
 #include "engine/regex_guide.h"
 
 #include "core/alloc.h"
@@ -145,12 +146,12 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
     r->sampling = p->sampling;
     r->logprobs = p->logprobs || p->top_logprobs > 0;
     r->n_top = p->top_logprobs > 0 ? p->top_logprobs : 0;
-    if ((p->json_object != 0) + (p->json_schema != NULL) + (p->n_choices != 0) + (p->regex != NULL) > 1) {
+    if ((p->json_object != 0) + (p->json_schema != NULL) + (p->n_choices != 0) + (p->regex != NULL) + (p->grammar != NULL) > 1) {
         fl_request_free(r);
-        return fl_set_error(FL_ERR_INVALID, "one output constraint at a time: json_object, json_schema, choices or regex");
+        return fl_set_error(FL_ERR_INVALID, "one output constraint at a time: json_object, json_schema, choices, regex or grammar");
     }
-    if (p->regex) {
-        const fl_status st = fl_regex_guide_new(p->regex, &r->regex);
+    if (p->regex || p->grammar) {
+        const fl_status st = p->regex ? fl_regex_guide_new(p->regex, &r->regex) : fl_grammar_guide_new(p->grammar, &r->grammar);
         if (st != FL_OK) {
             fl_request_free(r);
             return st;
@@ -194,6 +195,7 @@ void fl_request_free(fl_request *r) {
     if (r->stop.text || r->stop.n_stop) fl_stop_deinit(&r->stop);
     fl_json_schema_free(r->schema);
     fl_regex_guide_free(r->regex);
+    fl_grammar_guide_free(r->grammar);
     fl_free(FL_MEM_MISC, r->json_fsm, r->json_fsm ? sizeof *r->json_fsm : 0);
     fl_free(FL_MEM_MISC, r, sizeof *r);
 }

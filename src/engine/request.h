@@ -88,6 +88,7 @@ struct fl_request {
     fl_json_fsm *json_fsm;      /* json: the bytes generated so far (allocated with the request: ~3 KiB,
                                  * only for JSON requests, which the memory plan does not count) */
     struct fl_regex_guide *regex; /* output constrained to a match of fl_request_params.regex (owned), or NULL */
+    struct fl_grammar_guide *grammar; /* output constrained to a sentence of fl_request_params.grammar (owned), or NULL */
     bool prompt_logprobs;       /* prompt positions get logits rows too (sample 0 only) */
     fl_token_logprob *plp;      /* [n_prompt - 1][1 + n_top]: prompt token j + 1 given tokens 0..j */
     int32_t n_plp;              /* prompt positions 0 .. n_plp - 1 recorded (in order; kept over preemption) */
