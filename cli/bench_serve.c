@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "core/alloc.h"
 #include "engine/engine.h"
+#include "engine/grammar.h"
 #include "engine/json_schema.h"
 #include "engine/regex_guide.h"
 #include "core/status.h"
@@ -102,6 +103,7 @@ typedef struct run_cfg {
     int32_t json_object;     /* constrain every output to a JSON object */
     const char *json_schema; /* or to a value of this JSON Schema (text) */
     const char *regex;       /* or to a match of this regex */
+    const char *grammar;     /* or to a sentence of this GBNF grammar (text) */
 } run_cfg;
 
 /* Elements of the matrices one token's forward multiplies (the layers' and the output head, or
@@ -178,6 +180,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
             p.json_object = rc->json_object;
             p.json_schema = rc->json_schema;
             p.regex = rc->regex;
+            p.grammar = rc->grammar;
             p.priority = rc->ep.sched_policy == FL_SCHED_PRIORITY ? w->prio[added] : 0; /* (FCFS: the classes are only reported) */
             p.lora = rc->ep.n_loras > 0 ? 1 + (int32_t)(added % rc->ep.n_loras) : 0;
             in_tokens += p.n_prompt;
@@ -274,7 +277,8 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
         cJSON_AddBoolToObject(o, "json_object", rc->json_object);
         cJSON_AddBoolToObject(o, "json_schema", rc->json_schema != NULL);
         cJSON_AddBoolToObject(o, "regex", rc->regex != NULL);
-        if (rc->regex) {
+        cJSON_AddBoolToObject(o, "grammar", rc->grammar != NULL);
+        if (rc->regex || rc->grammar) {
             cJSON_AddNumberToObject(o, "guide_mask_hits", (double)st.guide_mask_hits);
             cJSON_AddNumberToObject(o, "guide_mask_misses", (double)st.guide_mask_misses);
         }
@@ -385,7 +389,8 @@ int fl_bench_serve(int argc, char **argv) {
         {"json-object", 0, FL_OPT_FLAG, "every output is constrained to one JSON object (ends when it closes)"},
         {"json-schema", 0, FL_OPT_STR, "every output is constrained to a value of the JSON Schema in FILE (ends when complete)"},
         {"regex", 0, FL_OPT_STR, "PATTERN  every output is constrained to a whole match of this regex (vLLM's guided_regex; ends when nothing extends it)"},
-        {"guide-masks", 0, FL_OPT_INT, "N  token masks the engine keeps for regex states (default 256; 0: every mask computed)"},
+        {"grammar", 0, FL_OPT_STR, "FILE  every output is constrained to a sentence of the GBNF grammar in FILE (llama.cpp's grammar; ends when nothing extends it)"},
+        {"guide-masks", 0, FL_OPT_INT, "N  token masks the engine keeps for regex and grammar states (default 256; 0: every mask computed)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
@@ -393,7 +398,7 @@ int fl_bench_serve(int argc, char **argv) {
     };
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench serve -m MODEL [--requests N] [--rate R] [--prompt-len DIST] "
-                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object | --json-schema FILE | --regex PATTERN [--guide-masks N]] [--baseline static] [--json]",
+                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object | --json-schema FILE | --regex PATTERN | --grammar FILE] [--guide-masks N] [--baseline static] [--json]",
                           "Serve a synthetic workload through the continuous-batching engine and report\n"
                           "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
                           "peak memory, and the decode-only steps' tokens/s and weight GOP/s against the measured int8 peak.  --baseline static adds the same workload as static padded batches.",
@@ -580,44 +585,47 @@ int fl_bench_serve(int argc, char **argv) {
     if (rc.ep.n_threads > 0) fl_threads_set(rc.ep.n_threads);
     const double peak0 = fl_calib_int8_peak_gops(fl_threads_get(), 0.3);
     cJSON_AddNumberToObject(root, "matmul_params", params);
-    size_t schema_len = 0;
-    char *schema = NULL;
-    if (fl_args_get(opts, "json-schema")->set) {
-        if (rc.json_object) {
-            fprintf(stderr, "fitllm bench serve: --json-object or --json-schema, not both\n");
-            cJSON_Delete(root);
-            workload_free(&w);
-            return 2;
-        }
-        fl_json_schema *probe = NULL; /* refused here, before the model loads */
-        if (!(schema = fl_cli_read_file(fl_args_get(opts, "json-schema")->str, &schema_len)) ||
-            fl_json_schema_compile(schema, &probe) != FL_OK) {
+    /* the constraint (at most one), refused here, before the model loads */
+    size_t schema_len = 0, gbnf_len = 0;
+    char *schema = NULL, *gbnf = NULL;
+    const bool want_schema = fl_args_get(opts, "json-schema")->set, want_regex = fl_args_get(opts, "regex")->set,
+               want_grammar = fl_args_get(opts, "grammar")->set;
+    int rcode = 0;
+    if (rc.json_object + want_schema + want_regex + want_grammar > 1) {
+        fprintf(stderr, "fitllm bench serve: one of --json-object, --json-schema, --regex and --grammar\n");
+        rcode = 2;
+    } else if (want_schema) {
+        fl_json_schema *probe = NULL;
+        if (!(schema = fl_cli_read_file(fl_args_get(opts, "json-schema")->str, &schema_len)) || fl_json_schema_compile(schema, &probe) != FL_OK) {
             fprintf(stderr, "fitllm bench serve: --json-schema: %s\n", fl_last_error());
-            if (schema) fl_free(FL_MEM_MISC, schema, schema_len + 1);
-            cJSON_Delete(root);
-            workload_free(&w);
-            return 2;
+            rcode = 2;
         }
         fl_json_schema_free(probe);
         rc.json_schema = schema;
-    }
-    if (fl_args_get(opts, "regex")->set) {
-        fl_regex_guide *probe = NULL; /* refused here, before the model loads */
-        if (rc.json_object || schema) {
-            fprintf(stderr, "fitllm bench serve: one of --json-object, --json-schema and --regex\n");
-        } else if (fl_regex_guide_new(fl_args_get(opts, "regex")->str, &probe) != FL_OK) {
+    } else if (want_regex) {
+        fl_regex_guide *probe = NULL;
+        if (fl_regex_guide_new(fl_args_get(opts, "regex")->str, &probe) != FL_OK) {
             fprintf(stderr, "fitllm bench serve: --regex: %s\n", fl_last_error());
-        }
-        if (!probe) {
-            if (schema) fl_free(FL_MEM_MISC, schema, schema_len + 1);
-            cJSON_Delete(root);
-            workload_free(&w);
-            return 2;
+            rcode = 2;
         }
         fl_regex_guide_free(probe);
         rc.regex = fl_args_get(opts, "regex")->str;
+    } else if (want_grammar) {
+        fl_grammar_guide *probe = NULL;
+        if (!(gbnf = fl_cli_read_file(fl_args_get(opts, "grammar")->str, &gbnf_len)) || fl_grammar_guide_new(gbnf, &probe) != FL_OK) {
+            fprintf(stderr, "fitllm bench serve: --grammar: %s\n", fl_last_error());
+            rcode = 2;
+        }
+        fl_grammar_guide_free(probe);
+        rc.grammar = gbnf;
     }
-    int rcode = 0;
+    if (rcode) {
+        if (schema) fl_free(FL_MEM_MISC, schema, schema_len + 1);
+        if (gbnf) fl_free(FL_MEM_MISC, gbnf, gbnf_len + 1);
+        cJSON_Delete(root);
+        workload_free(&w);
+        return rcode;
+    }
     cJSON *paged = run_one(&rc, &w, "paged");
     if (!paged) rcode = 1;
     else cJSON_AddItemToObject(root, "paged", paged);
@@ -657,5 +665,6 @@ int fl_bench_serve(int argc, char **argv) {
     cJSON_Delete(root);
     workload_free(&w);
     if (schema) fl_free(FL_MEM_MISC, schema, schema_len + 1);
+    if (gbnf) fl_free(FL_MEM_MISC, gbnf, gbnf_len + 1);
     return rcode;
 }

@@ -35,7 +35,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"lora-modules", 0, FL_OPT_STR, "NAME=FILE[,NAME=FILE...]  up to 16 LoRA adapters over one base (vLLM's): a request whose \"model\" is NAME runs with it, others with none; listed by /v1/models"},
         {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"},
         {"scheduling-policy", 0, FL_OPT_STR, "fcfs|priority  order of admission and preemption (default fcfs); priority: by each request's 'priority', lower first, then arrival; a waiting request preempts running ones of lower priority"},
-        {"guide-masks", 0, FL_OPT_INT, "N  token masks kept for guided_regex states, shared by requests with the same pattern (default 256; 0: every mask computed); each vocabulary/8 bytes, in the plan"},
+        {"guide-masks", 0, FL_OPT_INT, "N  token masks kept for guided_regex and grammar states, shared by requests with the same pattern or grammar (default 256; 0: every mask computed); each vocabulary/8 bytes, in the plan"},
         {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) bytes per context token per sequence"},
         {0},
     };
@@ -60,6 +60,7 @@ int fl_cmd_serve(int argc, char **argv) {
                           "guided_json and json_schema fields; docs/SERVER.md lists the keywords);\n"
                           "guided_choice: the output is exactly one of these texts;\n"
                           "guided_regex: the whole output is one match of this PCRE2 pattern;\n"
+                          "grammar / guided_grammar: the whole output is one sentence of this GBNF grammar;\n"
                           "logprobs: an integer 0-20 on /v1/completions (that\n"
                           "many alternatives per token), true with top_logprobs 0-20 on chat, the model's\n"
                           "raw distribution before penalties and temperature.  /v1/completions also takes\n"

@@ -51,27 +51,36 @@ PY
 echo '{"type": "string", "pattern": "a(?!b)"}' >"$tmpd/bad.json"
 err=$("$bin" bench serve -m "$model" --requests 2 --json-schema "$tmpd/bad.json" 2>&1) && { echo "a bad schema was accepted"; exit 1; }
 echo "$err" | grep -q "pattern at offset 1" || { echo "bench serve --json-schema: no reason given: $err"; exit 1; }
-# --regex: every output constrained; the masks kept by state are found again (the four
-# requests share the pattern), and with --guide-masks 0 none are kept and the outputs match
+# --regex and --grammar: every output constrained; the masks kept by state are found again (the
+# four requests share the constraint), and with --guide-masks 0 none are kept.  The regex and the
+# grammar say the same, so all four runs sample the same outputs.
+printf 'root ::= [a-z ]+ "."   # as the regex\n' >"$tmpd/g.gbnf"
 outs=""
-for gm in 256 0; do
+for kind in regex grammar; do
+  for gm in 256 0; do
+    if [ $kind = regex ]; then c=(--regex '[a-z ]+\.'); else c=(--grammar "$tmpd/g.gbnf"); fi
     json=$("$bin" bench serve -m "$model" --requests 4 --prompt-len 8 --gen-len 24 --kv-mem 256K -t 1 --temp 1 \
-           --regex '[a-z ]+\.' --guide-masks $gm --json 2>&1) || { echo "bench serve --regex failed: $json"; exit 1; }
-    n=$(python3 - "$json" $gm <<'PY'
+           "${c[@]}" --guide-masks $gm --json 2>&1) || { echo "bench serve --$kind failed: $json"; exit 1; }
+    n=$(python3 - "$json" $gm $kind <<'PY'
 import json, sys
 o = json.loads(sys.argv[1])["paged"]
-assert o["regex"] is True and o["output_tokens"] > 0, o
+assert o[sys.argv[3]] is True and o["output_tokens"] > 0, o
 if sys.argv[2] == "0":
     assert o["guide_mask_hits"] == 0 and o["guide_mask_misses"] == 0, o
 else:
     assert 0 < o["guide_mask_misses"] < o["guide_mask_hits"], o
 print(o["output_tokens"])
 PY
-) || { echo "bench serve --regex --guide-masks $gm: $json"; exit 1; }
+) || { echo "bench serve --$kind --guide-masks $gm: $json"; exit 1; }
     outs="$outs $n"
+  done
 done
-read -r kept computed <<<"$outs"
-[ "$kept" = "$computed" ] || { echo "bench serve --regex: $kept output tokens with masks kept, $computed without"; exit 1; }
+read -r kept computed gkept gcomputed <<<"$outs"
+[ "$kept" = "$computed" ] && [ "$kept" = "$gkept" ] && [ "$kept" = "$gcomputed" ] ||
+    { echo "bench serve: output tokens, regex with masks kept / without, grammar kept / without: $outs"; exit 1; }
+printf 'root ::= x\n' >"$tmpd/bad.gbnf"
+err=$("$bin" bench serve -m "$model" --requests 2 --grammar "$tmpd/bad.gbnf" 2>&1) && { echo "a bad grammar was accepted"; exit 1; }
+echo "$err" | grep -q "rule 'x' is used but not defined" || { echo "bench serve --grammar: no reason given: $err"; exit 1; }
 "$bin" bench serve -m "$model" --regex 'a+' --guide-masks -1 >/dev/null 2>&1 && { echo "bad --guide-masks accepted"; exit 1; }
 # logprobs on every generated token, and prompt scoring (prompts of 40 tokens through 4 logits
 # rows a step): every record arrives

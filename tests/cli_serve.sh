@@ -123,8 +123,27 @@ errcase "temperature out of range" 400 /v1/completions '{"prompt":"a","temperatu
 errcase "n too large" 400 /v1/completions '{"prompt":"a","n":100}'
 errcase "max_tokens over the limit" 400 /v1/completions '{"prompt":"a","max_tokens":100000}'
 errcase "unsupported field (tools)" 400 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}'
-errcase "a GBNF grammar, not followed, refused" 400 /v1/completions '{"prompt":"a","grammar":"root ::= \"yes\""}'
-errcase "vLLM guided_grammar refused" 400 /v1/completions '{"prompt":"a","guided_grammar":"root ::= \"yes\""}'
+# llama.cpp's grammar / vLLM's guided_grammar (GBNF): sampled answers are sentences of it
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature":1,"seed":5,"grammar":"root ::= (\"Yes\" | \"No\") \", \" [a-z]+ (\" \" [a-z]+){0,3} \".\""}'
+check "grammar: a sentence of it, finished with stop ($(jq_ "d['choices'][0]['text']"))" 'python3 -c "import json,re,sys; c=json.load(open(sys.argv[1]))[\"choices\"][0]; assert re.fullmatch(r\"(Yes|No), [a-z]+( [a-z]+){0,3}[.]\", c[\"text\"]) and c[\"finish_reason\"] == \"stop\", c" "$TMP/body"'
+ARITH='root ::= \"(\" e \")\" \".\"\ne ::= t (\"+\" t){1,2}\nt ::= [0-9]{1,2} | \"(\" e \")\"'
+for seed in 1 2 3; do
+  post "$U" /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"sum\"}],\"max_tokens\":60,\"temperature\":1,\"seed\":$seed,\"guided_grammar\":\"$ARITH\"}"
+  check "guided_grammar (recursive), seed $seed: $(jq_ "d['choices'][0]['message']['content']")" 'python3 -c "import json,re,sys; c=json.load(open(sys.argv[1]))[\"choices\"][0]; t=c[\"message\"][\"content\"]; assert c[\"finish_reason\"] == \"length\" or (re.fullmatch(r\"[(][0-9+()]+[+][0-9+()]+[)][.]\", t) and isinstance(eval(t[:-1]), int)), c" "$TMP/body"'
+done
+# docs/grammars/json.gbnf: the answer, where it finishes, is one JSON object (Python's json reads it)
+python3 - "$(dirname "$0")/../docs/grammars/json.gbnf" >"$TMP/gj.json" <<'PY'
+import json, sys
+print(json.dumps({"prompt": "Once upon a time", "max_tokens": 120, "temperature": 0.8, "seed": 4,
+                  "grammar": open(sys.argv[1]).read(), "logit_bias": {"128": 5}}))  # (128: "}", likelier)
+PY
+curl -s -o "$TMP/body" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary @"$TMP/gj.json" "$U/v1/completions" >"$TMP/status"
+check "grammar json.gbnf: one JSON object ($(jq_ "d['choices'][0]['text'][:60]"))" 'python3 -c "import json,sys; c=json.load(open(sys.argv[1]))[\"choices\"][0]; assert c[\"finish_reason\"] == \"stop\" and isinstance(json.loads(c[\"text\"]), dict), c" "$TMP/body"'
+errcase "grammar that does not compile" 400 /v1/completions '{"prompt":"a","grammar":"root ::= answer"}'
+check "its error names the line, column and rule" 'grep -q "line 1, column 10: rule .answer. is used but not defined" "$TMP/body"'
+errcase "grammar and guided_grammar both" 400 /v1/completions '{"prompt":"a","grammar":"root ::= \"a\"","guided_grammar":"root ::= \"a\""}'
+errcase "grammar beside guided_regex" 400 /v1/completions '{"prompt":"a","grammar":"root ::= \"a\"","guided_regex":"a"}'
+errcase "grammar not a string" 400 /v1/completions '{"prompt":"a","grammar":{"root":"a"}}'
 # vLLM's allowed_token_ids: the tokens of " the." only (ids from /tokenize), sampled: each
 # generated token (logprobs name them) is the text of one of them
 post "$U" /tokenize '{"prompt":" the.","add_special":false}'

@@ -125,12 +125,10 @@ static bool token_ids_of(const fl_server *s, const cJSON *a, int32_t **ids, int6
     return true;
 }
 
-/* (refused rather than ignored, where set (not null or false): each would change the output; a
- * grammar (llama.cpp's GBNF, vLLM's guided_grammar) ignored would give unconstrained text where
- * the client counts on a form; vLLM's other sampling extras this server does not follow) */
+/* (refused rather than ignored, where set (not null or false): each would change the output;
+ * vLLM's sampling extras this server does not follow) */
 static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "best_of",
-                                                  "suffix", "audio", "modalities", "grammar", "guided_grammar",
-                                                  "structural_tag", "guided_whitespace_pattern", "use_beam_search",
+                                                  "suffix", "audio", "modalities", "structural_tag", "guided_whitespace_pattern", "use_beam_search",
                                                   "prompt_logprobs", NULL};
 
 /* ---- streaming machinery ---- */
@@ -908,6 +906,15 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     if (gr && !cJSON_IsNull(gr)) {
         if (!cJSON_IsString(gr)) { ret = BAD("'guided_regex' must be a string"); goto out; }
         rp.regex = gr->valuestring;
+    }
+    /* llama.cpp's grammar and vLLM's guided_grammar (GBNF): the whole output is one sentence */
+    static const char *const GRAMMAR_FIELDS[] = {"grammar", "guided_grammar"};
+    for (size_t i = 0; i < sizeof GRAMMAR_FIELDS / sizeof *GRAMMAR_FIELDS; i++) {
+        const cJSON *g = cJSON_GetObjectItemCaseSensitive(j, GRAMMAR_FIELDS[i]);
+        if (!g || cJSON_IsNull(g)) continue;
+        if (!cJSON_IsString(g)) { ret = BAD("'%s' must be a string (a GBNF grammar)", GRAMMAR_FIELDS[i]); goto out; }
+        if (rp.grammar) { ret = BAD("give one grammar: 'grammar' and 'guided_grammar' were both given"); goto out; }
+        rp.grammar = g->valuestring;
     }
     if (schema && !cJSON_IsNull(schema)) {
         if (cJSON_IsString(schema)) rp.json_schema = schema->valuestring; /* (the schema as text) */
