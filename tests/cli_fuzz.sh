@@ -5,7 +5,8 @@
 # then fuzz_plan (config.json + planner arithmetic), fuzz_tokenize (the tokenizers of the
 # llama.cpp test vocabularies, seeded with their test strings), fuzz_json_fsm (the JSON
 # recognizer of constrained decoding against a plain validator), fuzz_json_schema (JSON
-# Schema compiled and followed) and fuzz_regex (guided_regex's two matchers against each other)
+# Schema compiled and followed), fuzz_regex (guided_regex's two matchers against each other) and
+# fuzz_grammar (GBNF: pieces, keys, the vocabulary walk against a check per token)
 # for a third of that each.  Skips
 # (77) when clang or libFuzzer is not installed.
 # usage: cli_fuzz.sh FITLLM SHARED_DIR
@@ -26,7 +27,7 @@ if [ ! -f "$OUT/build.ninja" ]; then
     CC=clang cmake -S "$SRC" -B "$OUT" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFITLLM_FUZZ=ON \
         -DFITLLM_MPI=OFF -DFL_SHARED_DIR="$SHARED" >"$OUT.cmake.log" 2>&1 || { cat "$OUT.cmake.log"; exit 1; }
 fi
-ninja -C "$OUT" fuzz_gguf fuzz_plan fuzz_tokenize fuzz_json_fsm fuzz_json_schema fuzz_regex >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
+ninja -C "$OUT" fuzz_gguf fuzz_plan fuzz_tokenize fuzz_json_fsm fuzz_json_schema fuzz_regex fuzz_grammar >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
 
 rm -rf "$OUT/run"; mkdir -p "$OUT/run/seeds" "$OUT/run/artifacts"
 python3 "$SRC/tests/fuzz/make_seeds.py" "$OUT/run/seeds"
@@ -100,4 +101,22 @@ for i, (p, t) in enumerate(pairs):
     open('%s/r%02d' % (sys.argv[1], i), 'wb').write(bytes([i * 7]) + p.encode() + b'\0' + t.encode())
 PY
 run_fuzzer fuzz_regex $((SECS / 3 + 1)) "$OUT/run/regex_seeds"
-echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan, fuzz_tokenize, fuzz_json_fsm, fuzz_json_schema and fuzz_regex $((SECS / 3 + 1))s each)"
+# fuzz_grammar: GBNF grammars; each seed is a split byte, a grammar, a NUL byte and a text
+mkdir -p "$OUT/run/grammar_seeds"
+python3 - "$OUT/run/grammar_seeds" <<'PY'
+import sys
+pairs = [('root ::= "(" root ")" root | ""', "(()())"),
+         ('root ::= expr\nexpr ::= term ("+" term)*\nterm ::= [0-9]+ | "(" expr ")"', "(1+23)+4"),
+         ('root ::= [a-c]{2,3} ("x" | "yz")* "."?', "abcyzx."),
+         ('root ::= ("yes" | "no") [.!] (" " [A-Z] [a-z]+){0,4}', "yes. Ab Cd"),
+         ('root ::= "\\"" ( [^"\\\\] | "\\\\" ["\\\\nt] )* "\\""  # a string', '"a\\"b\\n"'),
+         ('root ::= x x\nx ::= "a"? [\\u03b1-\\u03c9]*', "a\u03b1\u03b2a"),
+         ('root ::= . . "!" | [^a]+', "\u2713x!"),
+         ('root ::= list\nlist ::= "[" (item ("," " "? item)*)? "]"\nitem ::= [0-9]{1,2} | list', "[1, [2,[]],34]"),
+         ('root ::= ("a" | "a" "b" | "ab")+ "c"', "ababc"),
+         ('root ::= a\na ::= b? "x"\nb ::= "y" | c\nc ::= "z"*', "zzx")]
+for i, (g, t) in enumerate(pairs):
+    open('%s/g%02d' % (sys.argv[1], i), 'wb').write(bytes([i * 11]) + g.encode() + b'\0' + t.encode())
+PY
+run_fuzzer fuzz_grammar $((SECS / 3 + 1)) "$OUT/run/grammar_seeds"
+echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan, fuzz_tokenize, fuzz_json_fsm, fuzz_json_schema, fuzz_regex and fuzz_grammar $((SECS / 3 + 1))s each)"
