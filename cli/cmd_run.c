@@ -7,6 +7,7 @@
 #include "core/status.h"
 #include "core/threads.h"
 #include "core/utf8.h"
+#include "engine/grammar.h"
 #include "engine/sampling.h"
 #include "cli/cli_kv.h"
 #include "core/dtype.h"
@@ -16,6 +17,7 @@
 #include "dist/tp.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +142,24 @@ fl_status fl_cli_tokenize(const struct fl_tokenizer *tok, const char *text, size
     return FL_OK;
 }
 
+static int32_t run_piece(void *ctx, int32_t t, char *buf, int32_t cap) { return fl_token_to_piece(ctx, t, buf, cap, false); }
+
+/* --grammar: masked := logits with every token that cannot continue the grammar at -inf
+ * (end-of-generation only where the text is a sentence); FL_ERR_INVALID where none is left. */
+static fl_status grammar_row(fl_grammar_guide *g, const fl_vocab_text *v, const fl_tokenizer *tok, uint64_t *bits, const float *logits,
+                             float *masked) {
+    fl_status st = fl_grammar_guide_mask(g, v->text, v->off, v->order, v->n, bits);
+    if (st != FL_OK) return st;
+    const bool may_end = fl_grammar_guide_complete(g);
+    int32_t left = 0;
+    for (int32_t t = 0; t < v->n; t++) {
+        const bool ok = fl_tokenizer_is_eog(tok, t) ? may_end : (bits[t >> 6] >> (t & 63)) & 1;
+        masked[t] = ok ? logits[t] : -INFINITY;
+        left += ok;
+    }
+    return left ? FL_OK : fl_set_error(FL_ERR_INVALID, "grammar: no token of the vocabulary continues a sentence here");
+}
+
 int fl_cmd_run(int argc, char **argv) {
     fl_opt opts[] = {
         {"model", 'm', FL_OPT_STR, "MODEL  GGUF model file (llama architecture)"},
@@ -159,6 +179,8 @@ int fl_cmd_run(int argc, char **argv) {
         {"seed", 's', FL_OPT_INT, "S  RNG seed (default 0)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object (ids, text, timings, memory) instead of streaming"},
         {"logprobs", 0, FL_OPT_INT, "K  with --json: each generated token's log-probability and the K most likely tokens at its step (0..20; the raw distribution, before penalties and temperature)"},
+        {"grammar", 0, FL_OPT_STR, "GBNF  the output is one sentence of this GBNF grammar (llama.cpp's syntax, rule root; docs/SERVER.md)"},
+        {"grammar-file", 0, FL_OPT_STR, "FILE  as --grammar, read from FILE (e.g. docs/grammars/json.gbnf)"},
         {"context-shift", 0, FL_OPT_FLAG, "generate past CTX: keep the sink tokens + the recent half (paged KV only)"},
         {"sink", 0, FL_OPT_INT, "S  sink tokens kept by --context-shift (default 4)"},
         {"tp", 0, FL_OPT_INT, "N  tensor parallel over N ranks: run as `mpirun -np N fitllm run --tp N ...`"},
@@ -238,6 +260,12 @@ int fl_cmd_run(int argc, char **argv) {
     char *out_text = NULL;
     size_t out_cap = 0, logits_bytes = 0, gen_bytes = 0, lp_bytes = 0;
     fl_token_logprob *lp = NULL; /* --logprobs: [max_gen][1 + K] */
+    char *gbnf = NULL;           /* --grammar-file's text */
+    size_t gbnf_len = 0;
+    fl_grammar_guide *gram = NULL;
+    fl_vocab_text voc = {0};
+    uint64_t *gbits = NULL;
+    float *masked = NULL;
     fl_status st;
 
     if (o_file->set) {
@@ -250,6 +278,14 @@ int fl_cmd_run(int argc, char **argv) {
     if (text_len == 0) {
         fl_set_error(FL_ERR_INVALID, "the prompt is empty");
         goto fail;
+    }
+    if (fl_args_get(opts, "grammar")->set || fl_args_get(opts, "grammar-file")->set) { /* refused before the model loads */
+        if (fl_args_get(opts, "grammar")->set && fl_args_get(opts, "grammar-file")->set) {
+            fl_set_error(FL_ERR_INVALID, "give --grammar or --grammar-file, not both");
+            goto fail;
+        }
+        if (fl_args_get(opts, "grammar-file")->set && !(gbnf = fl_cli_read_file(fl_args_get(opts, "grammar-file")->str, &gbnf_len))) goto fail;
+        if (fl_grammar_guide_new(gbnf ? gbnf : fl_args_get(opts, "grammar")->str, &gram) != FL_OK) goto fail;
     }
     fl_model_params mparams = fl_model_default_params();
     mparams.no_mmap = fl_args_get(opts, "no-mmap")->set;
@@ -334,6 +370,10 @@ int fl_cmd_run(int argc, char **argv) {
     }
     if ((st = fl_model_workspace_new(m, max_batch, 1))) goto fail;
     if ((st = fl_sampler_new(&sp, hp->n_vocab, &smp))) goto fail;
+    if (gram && ((st = fl_vocab_text_build(&voc, hp->n_vocab, run_piece, tok)) ||
+                 !(gbits = fl_alloc(FL_MEM_MISC, ((size_t)hp->n_vocab + 63) / 64 * 8, 0)) ||
+                 !(masked = fl_alloc(FL_MEM_ACT, (size_t)hp->n_vocab * sizeof *masked, 64))))
+        goto fail;
     logits_bytes = (size_t)hp->n_vocab * sizeof(float);
     logits = fl_alloc(FL_MEM_ACT, logits_bytes, 64);
     gen_bytes = (size_t)(n_ids + max_gen + 1) * sizeof(int32_t);
@@ -361,13 +401,15 @@ int fl_cmd_run(int argc, char **argv) {
     char piece[256], pending[1024];
     size_t n_pending = 0;
     while (n_gen < max_gen) {
-        const int32_t t = fl_sample(smp, logits, hp->n_vocab, gen, n_ids + n_gen);
+        if (gram && (st = grammar_row(gram, &voc, tok, gbits, logits, masked))) goto fail;
+        const int32_t t = fl_sample(smp, gram ? masked : logits, hp->n_vocab, gen, n_ids + n_gen);
         if (lp) { /* the sampler only read the logits */
             fl_token_logprob *rec = lp + (size_t)n_gen * (size_t)(1 + n_lp);
             rec[0].token = t;
             fl_logprobs(logits, hp->n_vocab, t, (int32_t)n_lp, &rec[0].logprob, rec + 1);
         }
         if (fl_tokenizer_is_eog(tok, t)) break;
+        if (gram && (st = fl_grammar_guide_feed(gram, voc.text + voc.off[t], (size_t)(voc.off[t + 1] - voc.off[t])))) goto fail;
         gen[n_ids + n_gen++] = t;
         if (!json && rank == 0) {
             int32_t pl = fl_token_to_piece(tok, t, piece, sizeof piece, false);
@@ -381,7 +423,7 @@ int fl_cmd_run(int argc, char **argv) {
             memmove(pending, pending + ok, n_pending - ok);
             n_pending -= ok;
         }
-        if (n_gen == max_gen) break;
+        if (n_gen == max_gen || (gram && fl_grammar_guide_finished(gram))) break; /* (a sentence nothing can follow) */
         int32_t p1 = (int32_t)(n_ids + n_gen - 1) - (int32_t)n_shifted, s1 = 0;
         if (shift && p1 >= n_ctx) { /* full: keep the sinks and the most recent half of the rest */
             const int32_t recent = (int32_t)((n_ctx - n_sink) / 2);
@@ -453,6 +495,11 @@ fail:
     fl_free(FL_MEM_MISC, lp, lp_bytes);
     fl_free(FL_MEM_ACT, logits, logits_bytes);
     fl_sampler_free(smp);
+    fl_grammar_guide_free(gram);
+    fl_free(FL_MEM_MISC, gbits, gbits ? ((size_t)voc.n + 63) / 64 * 8 : 0); /* (allocated once voc was built) */
+    fl_free(FL_MEM_ACT, masked, masked ? (size_t)voc.n * sizeof *masked : 0);
+    fl_vocab_text_free(&voc);
+    if (gbnf) fl_free(FL_MEM_MISC, gbnf, gbnf_len + 1);
     fl_cli_kv_free(&kv);
     if (ids) fl_free(FL_MEM_MISC, ids, (size_t)(n_ids + 1) * sizeof(int32_t));
     fl_tokenizer_free(tok);

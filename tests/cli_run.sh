@@ -27,6 +27,23 @@ assert o["timings"]["prefill_tok_s"] > 0 and o["timings"]["decode_tok_s"] > 0
 assert o["memory"]["current"]["kv"] > 0 and o["memory"]["peak"]["mapped"] > 0
 PY
 
+# --grammar / --grammar-file: the output is a sentence, and the run ends where nothing can follow
+"$fitllm" run -m "$model" -p "Once upon a time" -n 60 --temp 1 --seed 3 -t 1 --json \
+    --grammar 'root ::= ("Yes" | "No") ", " [a-z]+ (" " [a-z]+){0,3} "."' >"$tmp/g.json" || fail "--grammar"
+python3 - "$tmp/g.json" <<'PY' || fail "--grammar: $(cat "$tmp/g.json" | head -c 300)"
+import json, re, sys
+o = json.load(open(sys.argv[1]))
+assert re.fullmatch(r"(Yes|No), [a-z]+( [a-z]+){0,3}[.]", o["text"]) and len(o["tokens"]) < 60, o["text"]
+PY
+printf 'root ::= "(" e ")"\ne ::= t ("+" t){1,2}\nt ::= [0-9]{1,2} | "(" e ")"\n' >"$tmp/arith.gbnf"
+"$fitllm" run -m "$model" -p "Sum" -n 60 --temp 1 --seed 1 -t 1 --json --grammar-file "$tmp/arith.gbnf" >"$tmp/g2.json" || fail "--grammar-file"
+python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['text']; assert t.startswith('(') and '+' in t and isinstance(eval(t), int), t" "$tmp/g2.json" ||
+    fail "--grammar-file: $(head -c 300 "$tmp/g2.json")"
+err=$("$fitllm" run -m "$model" -p "x" --grammar 'root ::= "a" |' --grammar-file "$tmp/arith.gbnf" 2>&1) && fail "two grammars accepted"
+echo "$err" | grep -q "not both" || fail "two grammars: $err"
+err=$("$fitllm" run -m "$model" -p "x" --grammar 'root ::= root "a"' 2>&1) && fail "a left-recursive grammar accepted"
+echo "$err" | grep -q "left-recursive" || fail "left recursion: $err"
+
 # --no-mmap: the file read into memory gives the same ids, charged to mapped as before
 "$fitllm" run -m "$model" -p "Once upon a time" -n 50 --temp 0 -t 1 --json --no-mmap >"$tmp/nommap.json"
 python3 - "$tmp/nommap.json" "$tmp/out.json" <<'PY' || fail "--no-mmap"

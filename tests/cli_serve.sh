@@ -139,6 +139,12 @@ print(json.dumps({"prompt": "Once upon a time", "max_tokens": 120, "temperature"
 PY
 curl -s -o "$TMP/body" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary @"$TMP/gj.json" "$U/v1/completions" >"$TMP/status"
 check "grammar json.gbnf: one JSON object ($(jq_ "d['choices'][0]['text'][:60]"))" 'python3 -c "import json,sys; c=json.load(open(sys.argv[1]))[\"choices\"][0]; assert c[\"finish_reason\"] == \"stop\" and isinstance(json.loads(c[\"text\"]), dict), c" "$TMP/body"'
+# greedy under a grammar: the server's answer is fitllm run --grammar's (a loop apart from the engine)
+G1='root ::= [A-Z] [a-z]+ (" " [a-z]+){2,6} "."'
+post "$U" /v1/completions "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0,\"grammar\":$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$G1")}"
+SG=$(jq_ "json.dumps(d['choices'][0]['text'])")
+RG=$("$BIN" run -m "$SHARED/models/stories260K.gguf" -p "Once upon a time" -n 40 --temp 0 -t 1 --grammar "$G1" --json 2>/dev/null | python3 -c "import json,sys; print(json.dumps(json.load(sys.stdin)['text']))")
+check "greedy under a grammar: the server's $SG is fitllm run's" '[ -n "$SG" ] && [ "$SG" = "$RG" ] && python3 -c "import json,re,sys; assert re.fullmatch(r\"[A-Z][a-z]+( [a-z]+){2,6}[.]\", json.loads(sys.argv[1]))" "$SG"'
 errcase "grammar that does not compile" 400 /v1/completions '{"prompt":"a","grammar":"root ::= answer"}'
 check "its error names the line, column and rule" 'grep -q "line 1, column 10: rule .answer. is used but not defined" "$TMP/body"'
 errcase "grammar and guided_grammar both" 400 /v1/completions '{"prompt":"a","grammar":"root ::= \"a\"","guided_grammar":"root ::= \"a\""}'

@@ -62,6 +62,11 @@ def body():
     elif r < 0.18:  # vLLM's guided_regex, valid or not (some no token can start, some slow to backtrack)
         d["guided_regex"] = rng.choice(["(Lily|Tom) [a-z]+", "[a-z ]{1,20}\\.", "\\d+", "a(b", "(a)\\1", "", "(a+)+b", "\u00e9+",
                                         "(?x) [A-Z] \\w* # word", "@@", 7, odd()])
+    elif r < 0.22:  # GBNF grammar / guided_grammar, valid or not (left recursion, undefined rules, deep nesting)
+        d[rng.choice(["grammar", "guided_grammar"])] = rng.choice([
+            'root ::= ("Lily" | "Tom") " " [a-z]+ "."', 'root ::= "(" root ")" root | ""', 'root ::= [a-z ]{1,20} "."',
+            'root ::= "{" ws ("\\"" [a-z]* "\\"" ws ":" ws [0-9]+ ws)? "}"\nws ::= [ \\n]*', 'root ::= root "a"', 'root ::= x',
+            'root ::= "@"+', 'root ::= ("a"?)*', 'root ::= [\u00e9-\u00ff]+', "", 7, odd()])
     if rng.random() < 0.3:  # a server with --lora-modules tuned=FILE runs these through the adapter
         d["model"] = "tuned"
     raw = json.dumps(d).encode("utf-8", "surrogatepass")

@@ -52,10 +52,8 @@ struct fl_engine {
     int64_t poll_text_cap;
 
     /* constrained (JSON) requests: every token's text, and the masked row */
-    char *vocab_text;           /* token t: vocab_text[vocab_off[t] .. vocab_off[t + 1]) */
-    int64_t *vocab_off;         /* [n_vocab + 1] */
+    fl_vocab_text voc;          /* token t's text voc.text[voc.off[t] .. voc.off[t + 1]), the tokens by text */
     uint8_t *vocab_plain;       /* [n_vocab] 1: plain string text (fl_json_plain) */
-    int32_t *vocab_order;       /* [n_vocab] tokens by their text (fl_grammar_vocab_order: grammar masks) */
     uint64_t *gbits;            /* [fl_mask_words(n_vocab)] a grammar mask computed where none are kept */
     float *masked;              /* [n_vocab] */
     int32_t eog[16], n_eog;     /* end-of-generation ids (masked before a request's min_tokens) */
@@ -134,43 +132,16 @@ static void finish(fl_engine *e, fl_request *r, fl_finish_reason why);
 /* Every token's text (as generated text shows it), once, for the JSON constraint. */
 static fl_status vocab_text_build(fl_engine *e) {
     const int32_t nv = e->be.n_vocab;
-    char piece[256];
-    int64_t *off = fl_alloc(FL_MEM_MISC, (size_t)(nv + 1) * sizeof *off, 0);
-    float *masked = fl_alloc(FL_MEM_MISC, (size_t)nv * sizeof *masked, 64);
-    uint8_t *plain = fl_alloc(FL_MEM_MISC, (size_t)nv, 0);
-    int32_t *order = fl_alloc(FL_MEM_MISC, (size_t)nv * sizeof *order, 0);
-    uint64_t *gbits = fl_alloc(FL_MEM_MISC, fl_mask_words(nv) * 8, 0);
-    if (!off || !masked || !plain || !order || !gbits) goto nomem;
-    off[0] = 0;
+    fl_status st = fl_vocab_text_build(&e->voc, nv, e->be.piece, e->be.ctx);
+    if (st != FL_OK) return st;
+    if (!(e->masked = fl_alloc(FL_MEM_MISC, (size_t)nv * sizeof *e->masked, 64)) || !(e->vocab_plain = fl_alloc(FL_MEM_MISC, (size_t)nv, 0)) ||
+        !(e->gbits = fl_alloc(FL_MEM_MISC, fl_mask_words(nv) * 8, 0)))
+        return fl_set_error(FL_ERR_NOMEM, "constraints: no memory for the vocabulary's text"); /* (freed with the engine) */
     for (int32_t t = 0; t < nv; t++) {
-        const int32_t n = e->be.piece ? e->be.piece(e->be.ctx, t, piece, (int32_t)sizeof piece) : 0;
-        off[t + 1] = off[t] + (n > 0 ? n : 0);
-    }
-    char *text = fl_alloc(FL_MEM_MISC, (size_t)off[nv] + 1, 0);
-    if (!text) goto nomem;
-    for (int32_t t = 0; t < nv; t++)
-        if (off[t + 1] > off[t]) {
-            e->be.piece(e->be.ctx, t, piece, (int32_t)sizeof piece);
-            memcpy(text + off[t], piece, (size_t)(off[t + 1] - off[t]));
-        }
-    for (int32_t t = 0; t < nv; t++) {
-        plain[t] = fl_json_plain(text + off[t], (int32_t)(off[t + 1] - off[t]));
+        e->vocab_plain[t] = fl_json_plain(e->voc.text + e->voc.off[t], (int32_t)(e->voc.off[t + 1] - e->voc.off[t]));
         if (e->be.is_eog && e->be.is_eog(e->be.ctx, t) && e->n_eog < (int32_t)(sizeof e->eog / sizeof e->eog[0])) e->eog[e->n_eog++] = t;
     }
-    e->vocab_text = text;
-    e->vocab_off = off;
-    e->masked = masked;
-    e->vocab_plain = plain;
-    e->vocab_order = order;
-    e->gbits = gbits;
-    return fl_grammar_vocab_order(text, off, nv, order);
-nomem:
-    fl_free(FL_MEM_MISC, off, off ? (size_t)(nv + 1) * sizeof *off : 0);
-    fl_free(FL_MEM_MISC, masked, masked ? (size_t)nv * sizeof *masked : 0);
-    fl_free(FL_MEM_MISC, plain, plain ? (size_t)nv : 0);
-    fl_free(FL_MEM_MISC, order, order ? (size_t)nv * sizeof *order : 0);
-    fl_free(FL_MEM_MISC, gbits, gbits ? fl_mask_words(nv) * 8 : 0);
-    return fl_set_error(FL_ERR_NOMEM, "json constraint: no memory for the vocabulary's text");
+    return FL_OK;
 }
 
 /* e->masked := row with every token that cannot continue r's JSON (or choice) at -inf: empty
@@ -188,11 +159,11 @@ static fl_status json_mask(fl_engine *e, fl_request *r, const float *row) {
         first[c] = fl_json_fsm_feed(&f, &b, 1);
     }
     for (int32_t t = 0; t < e->be.n_vocab; t++) {
-        const int64_t a = e->vocab_off[t], n = e->vocab_off[t + 1] - a;
-        bool ok = n > 0 && first[(unsigned char)e->vocab_text[a]];
+        const int64_t a = e->voc.off[t], n = e->voc.off[t + 1] - a;
+        bool ok = n > 0 && first[(unsigned char)e->voc.text[a]];
         if (ok && !(in_str && e->vocab_plain[t])) {
             fl_json_fsm_copy(&f, r->json_fsm);
-            ok = fl_json_fsm_feed(&f, e->vocab_text + a, (int32_t)n);
+            ok = fl_json_fsm_feed(&f, e->voc.text + a, (int32_t)n);
         }
         if (e->be.is_eog && e->be.is_eog(e->be.ctx, t)) ok = may_end; /* (choices: where one is complete) */
         e->masked[t] = ok ? row[t] : -INFINITY;
@@ -205,9 +176,9 @@ static fl_status json_mask(fl_engine *e, fl_request *r, const float *row) {
  * first[] holds the answers for the single bytes (1 can come next, 0 cannot, -1 check the
  * token: a UTF-8 lead byte is looked at with the token, as the text ends on a whole character). */
 static int regex_token(fl_engine *e, fl_request *r, const int8_t first[256], int32_t t) {
-    const int64_t a = e->vocab_off[t], n = e->vocab_off[t + 1] - a;
-    int ok = n > 0 ? first[(unsigned char)e->vocab_text[a]] : 0;
-    if (ok && (n > 1 || ok < 0)) ok = fl_regex_guide_allows(r->regex, e->vocab_text + a, (size_t)n);
+    const int64_t a = e->voc.off[t], n = e->voc.off[t + 1] - a;
+    int ok = n > 0 ? first[(unsigned char)e->voc.text[a]] : 0;
+    if (ok && (n > 1 || ok < 0)) ok = fl_regex_guide_allows(r->regex, e->voc.text + a, (size_t)n);
     return ok;
 }
 
@@ -319,7 +290,7 @@ static const uint64_t *grammar_bits(fl_engine *e, fl_request *r) {
         if (kept) return kept;
         m = fl_mask_cache_work(e->masks);
     }
-    if (fl_grammar_guide_mask(r->grammar, e->vocab_text, e->vocab_off, e->vocab_order, e->be.n_vocab, m) != FL_OK) return NULL;
+    if (fl_grammar_guide_mask(r->grammar, e->voc.text, e->voc.off, e->voc.order, e->be.n_vocab, m) != FL_OK) return NULL;
     for (int32_t t = 0; t < e->be.n_vocab; t++)
         if (is_eog(e, t)) m[t >> 6] &= ~((uint64_t)1 << (t & 63));
     if (e->masks) fl_mask_cache_put(e->masks, key);
@@ -390,16 +361,16 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
         fl_logprobs(row, e->be.n_vocab, tok, r->n_top, &lp[0].logprob, lp + 1);
     }
     if (r->json && !(e->be.is_eog && e->be.is_eog(e->be.ctx, tok))) { /* (end-of-generation ends a choice: no text) */
-        const bool fed = fl_json_fsm_feed(r->json_fsm, e->vocab_text + e->vocab_off[tok], (int32_t)(e->vocab_off[tok + 1] - e->vocab_off[tok]));
+        const bool fed = fl_json_fsm_feed(r->json_fsm, e->voc.text + e->voc.off[tok], (int32_t)(e->voc.off[tok + 1] - e->voc.off[tok]));
         FL_ASSERT(fed); /* the mask let only such tokens through */
     }
     if (r->regex && !(e->be.is_eog && e->be.is_eog(e->be.ctx, tok)) &&
-        fl_regex_guide_feed(r->regex, e->vocab_text + e->vocab_off[tok], (size_t)(e->vocab_off[tok + 1] - e->vocab_off[tok])) != FL_OK) {
+        fl_regex_guide_feed(r->regex, e->voc.text + e->voc.off[tok], (size_t)(e->voc.off[tok + 1] - e->voc.off[tok])) != FL_OK) {
         finish(e, r, FL_FINISH_ERROR);
         return;
     }
     if (r->grammar && !is_eog(e, tok) &&
-        fl_grammar_guide_feed(r->grammar, e->vocab_text + e->vocab_off[tok], (size_t)(e->vocab_off[tok + 1] - e->vocab_off[tok])) != FL_OK) {
+        fl_grammar_guide_feed(r->grammar, e->voc.text + e->voc.off[tok], (size_t)(e->voc.off[tok + 1] - e->voc.off[tok])) != FL_OK) {
         finish(e, r, FL_FINISH_ERROR);
         return;
     }
@@ -436,11 +407,9 @@ static void free_buffers(fl_engine *e) {
     fl_free(FL_MEM_MISC, e->poll_tok, (size_t)e->poll_tok_cap * sizeof(int32_t));
     fl_free(FL_MEM_MISC, e->poll_text, (size_t)e->poll_text_cap);
     fl_free(FL_MEM_MISC, e->poll_lp, (size_t)e->poll_lp_cap * sizeof(fl_token_logprob));
-    if (e->vocab_off) fl_free(FL_MEM_MISC, e->vocab_text, (size_t)e->vocab_off[nv] + 1);
-    fl_free(FL_MEM_MISC, e->vocab_off, e->vocab_off ? (size_t)(nv + 1) * sizeof *e->vocab_off : 0);
+    fl_vocab_text_free(&e->voc);
     fl_free(FL_MEM_MISC, e->masked, e->masked ? (size_t)nv * sizeof(float) : 0);
     fl_free(FL_MEM_MISC, e->vocab_plain, e->vocab_plain ? (size_t)nv : 0);
-    fl_free(FL_MEM_MISC, e->vocab_order, e->vocab_order ? (size_t)nv * sizeof *e->vocab_order : 0);
     fl_free(FL_MEM_MISC, e->gbits, e->gbits ? fl_mask_words(nv) * 8 : 0);
     fl_mask_cache_free(e->masks);
 }

@@ -671,6 +671,37 @@ fl_status fl_grammar_vocab_order(const char *text, const int64_t *off, int32_t n
     return FL_OK;
 }
 
+fl_status fl_vocab_text_build(fl_vocab_text *v, int32_t n, fl_piece_fn piece, void *ctx) {
+    char buf[256];
+    memset(v, 0, sizeof *v);
+    if (!(v->off = fl_alloc(FL_MEM_MISC, ((size_t)n + 1) * sizeof *v->off, 0))) goto nomem;
+    v->n = n;
+    v->off[0] = 0;
+    for (int32_t t = 0; t < n; t++) {
+        const int32_t k = piece ? piece(ctx, t, buf, (int32_t)sizeof buf) : 0;
+        v->off[t + 1] = v->off[t] + (k > 0 ? k : 0);
+    }
+    if (!(v->text = fl_alloc(FL_MEM_MISC, (size_t)v->off[n] + 1, 0)) || !(v->order = fl_alloc(FL_MEM_MISC, (size_t)n * sizeof *v->order, 0)))
+        goto nomem;
+    for (int32_t t = 0; t < n; t++)
+        if (v->off[t + 1] > v->off[t]) {
+            piece(ctx, t, buf, (int32_t)sizeof buf);
+            memcpy(v->text + v->off[t], buf, (size_t)(v->off[t + 1] - v->off[t]));
+        }
+    v->text[v->off[n]] = 0;
+    return fl_grammar_vocab_order(v->text, v->off, n, v->order);
+nomem:
+    fl_vocab_text_free(v);
+    return fl_set_error(FL_ERR_NOMEM, "no memory for the vocabulary's text");
+}
+
+void fl_vocab_text_free(fl_vocab_text *v) {
+    if (v->off) fl_free(FL_MEM_MISC, v->text, (size_t)v->off[v->n] + 1);
+    fl_free(FL_MEM_MISC, v->off, v->off ? ((size_t)v->n + 1) * sizeof *v->off : 0);
+    fl_free(FL_MEM_MISC, v->order, v->order ? (size_t)v->n * sizeof *v->order : 0);
+    memset(v, 0, sizeof *v);
+}
+
 /* level k of the walk: cur for 0 */
 static gset *level(fl_grammar_guide *g, int32_t k) { return k ? &g->lv[k] : &g->cur; }
 

@@ -68,6 +68,21 @@ void fl_grammar_guide_key(const fl_grammar_guide *g, uint8_t key[16]);
 /* Stacks in the state (tests, stats). */
 int32_t fl_grammar_guide_n_stacks(const fl_grammar_guide *g);
 
+/* Every token's text (as generated text shows it) and the tokens' order by text: what the
+ * vocabulary walk reads.  Built once per model (the engine's, `fitllm run --grammar`'s). */
+typedef struct fl_vocab_text {
+    char *text;     /* token t: text[off[t] .. off[t + 1]) (NUL after the last) */
+    int64_t *off;   /* [n + 1] */
+    int32_t *order; /* [n] fl_grammar_vocab_order */
+    int32_t n;
+} fl_vocab_text;
+/* piece(ctx, t, buf, cap): token t's text into buf (at most cap bytes), its length (<= 0: none) */
+typedef int32_t (*fl_piece_fn)(void *ctx, int32_t t, char *buf, int32_t cap);
+/* Bytes v holds for n tokens of text_bytes bytes in all (the plan counts them). */
+static inline uint64_t fl_vocab_text_bytes(int32_t n, uint64_t text_bytes) { return ((uint64_t)n + 1) * 8 + 4 * (uint64_t)n + text_bytes + 1; }
+fl_status fl_vocab_text_build(fl_vocab_text *v, int32_t n, fl_piece_fn piece, void *ctx); /* FL_ERR_NOMEM */
+void fl_vocab_text_free(fl_vocab_text *v);
+
 /* The order of tokens 0..n-1 by their text (token t: text[off[t] .. off[t + 1]), bytewise),
  * which fl_grammar_guide_mask walks.  FL_ERR_NOMEM. */
 fl_status fl_grammar_vocab_order(const char *text, const int64_t *off, int32_t n, int32_t *order);

@@ -1,5 +1,6 @@
 /* The engine-exact plan (plan_engine.h): the engine's own size functions, added up. */
 #include "plan/plan_engine.h"
+#include "engine/grammar.h"
 #include "engine/mask_cache.h"
 #include "plan/plan.h"
 
@@ -216,8 +217,8 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
         out->misc_static = FL_PLAN_MISC_BASE + out->gguf_bytes + out->tokenizer_bytes + out->lora_misc_bytes +
                            (uint64_t)hp.n_layer * sizeof(fl_layer) + nb * per_block + 4 * buckets +
                            FL_PLAN_MISC_SEQ_SLOT * n_seq_max +
-                           (V + 1) * 8 + V + 4 * V + out->vocab_text_bytes + 1 + /* engine.c vocab_text_build */
-                           4 * V + fl_mask_words((int32_t)V) * 8;                 /* its order and grammar mask */
+                           fl_vocab_text_bytes((int32_t)V, out->vocab_text_bytes) + /* engine.c vocab_text_build: */
+                           V + 4 * V + fl_mask_words((int32_t)V) * 8;               /* flags, masked row, grammar mask */
         out->mask_cache_bytes = fl_mask_cache_bytes(in->guide_masks, (int32_t)V);
         out->misc_static += out->mask_cache_bytes;
         if (in->max_logprobs >= 0) { /* engine.c: records with the request, the poll's copy */
