@@ -39,6 +39,10 @@ printf 'root ::= "(" e ")"\ne ::= t ("+" t){1,2}\nt ::= [0-9]{1,2} | "(" e ")"\n
 "$fitllm" run -m "$model" -p "Sum" -n 60 --temp 1 --seed 1 -t 1 --json --grammar-file "$tmp/arith.gbnf" >"$tmp/g2.json" || fail "--grammar-file"
 python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['text']; assert t.startswith('(') and '+' in t and isinstance(eval(t), int), t" "$tmp/g2.json" ||
     fail "--grammar-file: $(head -c 300 "$tmp/g2.json")"
+# a character the vocabulary spells only in byte tokens: produced byte by byte (three tokens)
+"$fitllm" run -m "$model" -p "Once" -n 20 --temp 1 --seed 2 -t 1 --json --grammar 'root ::= "龘" [a-z]{1,3} "."' >"$tmp/g3.json" || fail "--grammar (bytes)"
+python3 -c "import json,re,sys; o=json.load(open(sys.argv[1])); assert re.fullmatch('龘[a-z]{1,3}[.]', o['text']) and o['tokens'][:3] == [3 + 0xE9, 3 + 0xBE, 3 + 0x98], o" "$tmp/g3.json" ||
+    fail "--grammar (bytes): $(head -c 300 "$tmp/g3.json")"
 err=$("$fitllm" run -m "$model" -p "x" --grammar 'root ::= "a" |' --grammar-file "$tmp/arith.gbnf" 2>&1) && fail "two grammars accepted"
 echo "$err" | grep -q "not both" || fail "two grammars: $err"
 err=$("$fitllm" run -m "$model" -p "x" --grammar 'root ::= root "a"' 2>&1) && fail "a left-recursive grammar accepted"

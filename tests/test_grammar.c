@@ -16,12 +16,11 @@ static fl_grammar_guide *grammar(const char *text) {
 }
 
 /* t fed whole: 1 = a sentence, 0 = the prefix of one, -1 = neither; the same answer whichever
- * two pieces the text came in */
+ * two pieces the text came in (a cut may fall inside a character) */
 static int check(const char *gbnf, const char *t) {
     const size_t n = strlen(t);
     int first = -2;
     for (size_t cut = 0; cut <= n; cut++) {
-        if (cut < n && ((unsigned char)t[cut] & 0xC0) == 0x80) continue; /* (pieces of whole characters) */
         fl_grammar_guide *g = grammar(gbnf);
         int r;
         if (fl_grammar_guide_allows(g, t, cut) != 1) r = -1;
@@ -105,6 +104,71 @@ static void test_texts(void **state) {
         const int got = check(cases[i].g, cases[i].t);
         if (got != cases[i].want) fail_msg("case %zu: '%s' on '%s': %d, want %d", i, cases[i].g, cases[i].t, got, cases[i].want);
     }
+}
+
+/* ---- texts that end inside a character ---- */
+static void test_partial_characters(void **state) {
+    (void)state;
+    /* U+2713 is E2 9C 93: its first bytes are allowed, other beginnings are not */
+    fl_grammar_guide *g = grammar("root ::= \"\\u2713\" [a-c]");
+    assert_int_equal(fl_grammar_guide_allows(g, "\xE2", 1), 1);
+    assert_int_equal(fl_grammar_guide_allows(g, "\xE2\x9C", 2), 1);
+    assert_int_equal(fl_grammar_guide_allows(g, "\xE2\x9D", 2), 0);
+    assert_int_equal(fl_grammar_guide_allows(g, "\xC3", 1), 0);
+    assert_int_equal(fl_grammar_guide_allows(g, "\xFF", 1), 0);
+    assert_int_equal(fl_grammar_guide_allows(g, "\xE2\x9C\x93\xE2", 4), 0); /* [a-c] next, no E2 .. */
+    uint8_t k0[16], k1[16], k2[16];
+    fl_grammar_guide_key(g, k0);
+    assert_int_equal(fl_grammar_guide_feed(g, "\xE2", 1), FL_OK);
+    fl_grammar_guide_key(g, k1);
+    assert_memory_not_equal(k0, k1, 16); /* the same stacks, a byte pending: another state */
+    assert_false(fl_grammar_guide_complete(g));
+    assert_int_equal(fl_grammar_guide_allows(g, "\x9C", 1), 1);
+    assert_int_equal(fl_grammar_guide_allows(g, "\x93", 1), 0); /* 93 cannot follow E2 here */
+    assert_int_equal(fl_grammar_guide_allows(g, "a", 1), 0);
+    assert_int_equal(fl_grammar_guide_feed(g, "\x9C", 1), FL_OK);
+    fl_grammar_guide_key(g, k2);
+    assert_memory_not_equal(k1, k2, 16);
+    assert_int_equal(fl_grammar_guide_feed(g, "\x93" "b", 2), FL_OK);
+    assert_true(fl_grammar_guide_finished(g));
+    fl_grammar_guide_free(g);
+    /* a negated class: E2 begins only U+2000..2FFF, all excluded; E3 begins others */
+    g = grammar("root ::= [^\\u2000-\\u2fff]");
+    assert_int_equal(fl_grammar_guide_allows(g, "\xE2", 1), 0);
+    assert_int_equal(fl_grammar_guide_allows(g, "\xE3", 1), 1);
+    assert_int_equal(fl_grammar_guide_allows(g, "\xE1\xBF", 2), 1);
+    fl_grammar_guide_free(g);
+    g = grammar("root ::= [^\\u2000-\\u27ff\\u2800-\\u2fff] | \"x\""); /* covered by two ranges together */
+    assert_int_equal(fl_grammar_guide_allows(g, "\xE2", 1), 0);
+    assert_int_equal(fl_grammar_guide_allows(g, "\xE2\xA0", 2), 0);
+    fl_grammar_guide_free(g);
+    /* a vocabulary of the 256 single bytes only: the walk and the feed spell every character byte
+     * by byte; taking the lowest allowed token each step makes a sentence */
+    char text[256];
+    int64_t off[257];
+    int32_t order[256];
+    for (int t = 0; t < 256; t++) text[t] = (char)t, off[t] = t;
+    off[256] = 256;
+    assert_int_equal(fl_grammar_vocab_order(text, off, 256, order), FL_OK);
+    g = grammar("root ::= \"\\u2713 \\u00e9\" [\\u03b1-\\u03c9]{2} \"\\U0001F600\"?");
+    char out[64];
+    int n = 0;
+    uint64_t bits[4];
+    while (!fl_grammar_guide_finished(g) && n < 40) {
+        assert_int_equal(fl_grammar_guide_mask(g, text, off, order, 256, bits), FL_OK);
+        int t = 0;
+        while (t < 256 && !((bits[t >> 6] >> (t & 63)) & 1)) t++;
+        if (t == 256) break;
+        for (int u = 0; u < 256; u++) /* the walk agrees with the check per token */
+            assert_int_equal((int)((bits[u >> 6] >> (u & 63)) & 1), fl_grammar_guide_allows(g, text + u, 1));
+        assert_int_equal(fl_grammar_guide_feed(g, text + t, 1), FL_OK);
+        out[n++] = (char)t;
+        if (fl_grammar_guide_complete(g)) break; /* (the smiley is optional: the first sentence) */
+    }
+    assert_int_equal(n, 10);
+    assert_memory_equal(out, "\xE2\x9C\x93 \xC3\xA9\xCE\xB1\xCE\xB1", 10);
+    fl_grammar_guide_free(g);
+    fl_test_mem_zero();
 }
 
 /* ---- every short text against recognizers written another way ---- */
@@ -405,7 +469,7 @@ static void test_refusals(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_texts), cmocka_unit_test(test_every_text), cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_texts), cmocka_unit_test(test_partial_characters), cmocka_unit_test(test_every_text), cmocka_unit_test(test_keys),
         cmocka_unit_test(test_mask),  cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -316,6 +316,8 @@ struct fl_grammar_guide {
     int32_t n_rules, n_alts, root;
     uint64_t hash; /* of the source */
     gset cur, x[2];
+    uint8_t pend[4]; /* the text so far ends inside a character: its first n_pend bytes */
+    int32_t n_pend;
     gset *lv;      /* the mask walk's states by characters in (level 0 is cur) */
     int32_t *lvb;  /* the byte each level ends at */
     int32_t n_lv, n_lvb;
@@ -426,6 +428,61 @@ static bool admits(const fl_grammar_guide *g, const gel *x, uint32_t cp) {
     bool in = false;
     for (uint32_t i = 0; i < x->n && !in; i++) in = g->rg[x->a + i].lo <= cp && cp <= g->rg[x->a + i].hi;
     return in == (x->type == GE_SET);
+}
+
+/* Some character in [lo, hi] is admitted by x. */
+static bool admits_range(const fl_grammar_guide *g, const gel *x, uint32_t lo, uint32_t hi) {
+    if (x->type == GE_ANY) return true;
+    if (x->type == GE_SET) {
+        for (uint32_t i = 0; i < x->n; i++)
+            if (g->rg[x->a + i].lo <= hi && lo <= g->rg[x->a + i].hi) return true;
+        return false;
+    }
+    for (uint32_t c = lo;;) { /* NSET: is [lo, hi] covered by the ranges? */
+        uint32_t i = 0;
+        while (i < x->n && !(g->rg[x->a + i].lo <= c && c <= g->rg[x->a + i].hi)) i++;
+        if (i == x->n) return true; /* c is not in any */
+        if (g->rg[x->a + i].hi >= hi) return false;
+        c = g->rg[x->a + i].hi + 1;
+    }
+}
+
+/* b[0, n) is the beginning of a well-formed UTF-8 character but not all of it: the characters
+ * that complete it are [*lo, *hi] (the first continuation byte's range is the only one narrowed,
+ * so they are contiguous). */
+static bool utf8_prefix(const uint8_t *b, size_t n, uint32_t *lo, uint32_t *hi) {
+    const uint8_t c = b[0];
+    size_t len;
+    uint32_t v;
+    uint8_t l1 = 0x80, h1 = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) len = 2, v = c & 0x1F;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3, v = c & 0x0F;
+        if (c == 0xE0) l1 = 0xA0;
+        if (c == 0xED) h1 = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4, v = c & 0x07;
+        if (c == 0xF0) l1 = 0x90;
+        if (c == 0xF4) h1 = 0x8F;
+    } else return false;
+    if (n < 1 || n >= len) return false;
+    uint32_t a = v, z = v;
+    for (size_t k = 1; k < len; k++) {
+        const uint8_t kl = k == 1 ? l1 : 0x80, kh = k == 1 ? h1 : 0xBF;
+        if (k < n) {
+            if (b[k] < kl || b[k] > kh) return false;
+            a = a << 6 | (b[k] & 0x3Fu), z = z << 6 | (b[k] & 0x3Fu);
+        } else a = a << 6 | (kl & 0x3Fu), z = z << 6 | (kh & 0x3Fu);
+    }
+    *lo = a, *hi = z;
+    return true;
+}
+
+/* Some stack of s admits a character in [lo, hi]. */
+static bool viable(const fl_grammar_guide *g, const gset *s, uint32_t lo, uint32_t hi) {
+    for (int32_t i = 0; i < s->n; i += (int32_t)s->v[i] + 1)
+        if (s->v[i] && admits_range(g, &g->el[s->v[i + s->v[i]]], lo, hi)) return true;
+    return false;
 }
 
 /* out := the state after the character cp in state in (out != in; x[1] is the scratch where
@@ -592,16 +649,25 @@ fail:
     return st;
 }
 
-/* The state after s[0, n) from the current one, in one of x[]: 1 alive, 0 dead (or s ends
- * inside a character), -1 an error (set). */
-static int run(fl_grammar_guide *g, const char *s, size_t n, gset **res) {
+/* The state after s[0, n) from the current one (and its pending bytes), in one of x[] (or cur):
+ * 1 alive, 0 dead (or not UTF-8, or the text ends inside a character no parse can take), -1 an
+ * error (set).  The bytes of a character begun and not finished go to pend[0, *n_pend). */
+static int run(fl_grammar_guide *g, const char *s, size_t n, gset **res, uint8_t pend[4], int32_t *n_pend) {
     const gset *in = &g->cur;
     int k = 0;
     *res = &g->cur;
-    for (size_t i = 0; i < n;) {
+    uint8_t cb[4];
+    size_t nc = (size_t)g->n_pend;
+    memcpy(cb, g->pend, nc);
+    uint32_t lo = 0, hi = 0;
+    for (size_t i = 0; i < n; i++) {
+        cb[nc++] = (uint8_t)s[i];
         uint32_t cp;
-        const size_t d = fl_utf8_decode(s + i, n - i, &cp);
-        if (!d) return 0;
+        if (fl_utf8_decode((const char *)cb, nc, &cp) != nc) {
+            if (!utf8_prefix(cb, nc, &lo, &hi)) return 0;
+            continue;
+        }
+        nc = 0;
         gset *out = &g->x[k];
         /* the scratch for sorting: the other x[] (its contents are dead by now) */
         if (advance(g, in, cp, out, &g->x[k ^ 1]) != FL_OK) return -1;
@@ -609,19 +675,25 @@ static int run(fl_grammar_guide *g, const char *s, size_t n, gset **res) {
         *res = out;
         in = out;
         k ^= 1;
-        i += d;
     }
-    return g->cur.n_stacks > 0;
+    if (nc && !viable(g, in, lo, hi)) return 0;
+    memcpy(pend, cb, nc);
+    *n_pend = (int32_t)nc;
+    return in->n_stacks > 0;
 }
 
 int fl_grammar_guide_allows(fl_grammar_guide *g, const char *s, size_t n) {
     gset *res;
-    return run(g, s, n, &res);
+    uint8_t pend[4];
+    int32_t np;
+    return run(g, s, n, &res, pend, &np);
 }
 
 fl_status fl_grammar_guide_feed(fl_grammar_guide *g, const char *s, size_t n) {
     gset *res;
-    const int ok = run(g, s, n, &res);
+    uint8_t pend[4];
+    int32_t np;
+    const int ok = run(g, s, n, &res, pend, &np);
     if (ok < 0) return FL_ERR_INVALID;
     if (!ok) return fl_set_error(FL_ERR_INVALID, "grammar: the text cannot continue a sentence here");
     if (res != &g->cur) {
@@ -629,16 +701,20 @@ fl_status fl_grammar_guide_feed(fl_grammar_guide *g, const char *s, size_t n) {
         g->cur = *res;
         *res = t;
     }
+    memcpy(g->pend, pend, (size_t)np);
+    g->n_pend = np;
     return FL_OK;
 }
 
 /* sorted by length first: the empty stack (a complete parse) comes first */
-bool fl_grammar_guide_complete(const fl_grammar_guide *g) { return g->cur.n_stacks && g->cur.v[0] == 0; }
-bool fl_grammar_guide_finished(const fl_grammar_guide *g) { return g->cur.n_stacks == 1 && g->cur.v[0] == 0; }
+bool fl_grammar_guide_complete(const fl_grammar_guide *g) { return !g->n_pend && g->cur.n_stacks && g->cur.v[0] == 0; }
+bool fl_grammar_guide_finished(const fl_grammar_guide *g) { return !g->n_pend && g->cur.n_stacks == 1 && g->cur.v[0] == 0; }
 int32_t fl_grammar_guide_n_stacks(const fl_grammar_guide *g) { return g->cur.n_stacks; }
 
 void fl_grammar_guide_key(const fl_grammar_guide *g, uint8_t key[16]) {
-    const XXH128_hash_t h = XXH3_128bits_withSeed(g->cur.v, (size_t)g->cur.n * sizeof *g->cur.v, g->hash ^ 0x67626e66ull);
+    uint64_t pend = (uint64_t)g->n_pend << 32; /* the bytes of a character begun are part of the state */
+    for (int32_t i = 0; i < g->n_pend; i++) pend |= (uint64_t)g->pend[i] << (8 * i);
+    const XXH128_hash_t h = XXH3_128bits_withSeed(g->cur.v, (size_t)g->cur.n * sizeof *g->cur.v, g->hash ^ 0x67626e66ull ^ pend * 0x9E3779B97F4A7C15ull);
     XXH128_canonicalFromHash((XXH128_canonical_t *)key, h);
 }
 
@@ -769,10 +845,21 @@ fl_status fl_grammar_guide_mask(fl_grammar_guide *g, const char *text, const int
         int64_t pos = g->lvb[k];
         bool ok = level(g, k)->n_stacks > 0;
         while (ok && pos < len) {
-            uint32_t cp;
-            const size_t d = fl_utf8_decode(s + pos, (size_t)(len - pos), &cp);
-            if (!d) {
-                ok = false;
+            uint32_t cp, lo, hi;
+            size_t d; /* the token's bytes this character takes */
+            if (k == 0 && g->n_pend) { /* the first completes the character the text ends inside */
+                uint8_t cb[4];
+                const size_t np = (size_t)g->n_pend, m = (size_t)len < 4 - np ? (size_t)len : 4 - np;
+                memcpy(cb, g->pend, np);
+                memcpy(cb + np, s, m);
+                const size_t full = fl_utf8_decode((const char *)cb, np + m, &cp);
+                d = full > np ? full - np : 0;
+                if (!d) { /* the token ends inside it too, or it is not UTF-8 */
+                    ok = utf8_prefix(cb, np + m, &lo, &hi) && viable(g, level(g, k), lo, hi);
+                    break;
+                }
+            } else if (!(d = fl_utf8_decode(s + pos, (size_t)(len - pos), &cp))) { /* the token ends inside a character, or not UTF-8 */
+                ok = utf8_prefix((const uint8_t *)s + pos, (size_t)(len - pos), &lo, &hi) && viable(g, level(g, k), lo, hi);
                 break;
             }
             const fl_status st = advance_level(g, k, cp);

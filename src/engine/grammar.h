@@ -25,9 +25,11 @@
  * Bounded: a stack of more than FL_GRAMMAR_MAX_DEPTH entries (nesting that deep) or a state of
  * more than FL_GRAMMAR_MAX_STATE ints (a very ambiguous grammar) is an error, not a hang.
  *
- * Text is UTF-8 and the grammar matches characters: a token that ends inside a character is not
- * offered (as with guided_regex), so characters the vocabulary spells only in byte tokens cannot
- * be produced.
+ * Text is UTF-8 and the grammar matches characters.  A text may end inside a character (a byte
+ * token): it is allowed where some character those bytes begin could come next (the state keeps
+ * the bytes, and they are part of its key), so characters the vocabulary spells only in byte
+ * tokens can be produced (unlike guided_regex, whose PCRE2 cannot say it).  Bytes that begin no
+ * UTF-8 character are never allowed.
  */
 #ifndef FL_GRAMMAR_H
 #define FL_GRAMMAR_H

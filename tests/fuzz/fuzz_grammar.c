@@ -5,9 +5,10 @@
  * Input: a split byte, the grammar up to the first NUL byte, then the text.
  * Invariants checked on every input:
  *   - compiling never crashes, hangs or leaks; a refusal leaves no guide and says why;
- *   - the text fed in two pieces (cut at a character boundary taken from the split byte) is
+ *   - the text fed in two pieces (cut where the split byte says, inside a character or not) is
  *     answered as the text fed whole;
- *   - two prefixes of the text with the same fl_grammar_guide_key answer the rest alike;
+ *   - two prefixes of the text (ending inside a character or not) with the same
+ *     fl_grammar_guide_key answer the rest alike;
  *   - the vocabulary walk (fl_grammar_guide_mask) over pieces cut from the text (every run of 1
  *     to 4 bytes, and a few with a stray byte) agrees with fl_grammar_guide_allows on each.
  */
@@ -44,14 +45,11 @@ static fl_grammar_guide *fed(const char *gbnf, const char *t, size_t m) {
     return g;
 }
 
-static bool boundary(const char *t, size_t i, size_t n) { return i >= n || ((unsigned char)t[i] & 0xC0) != 0x80; }
-
 static void keys_agree(const char *gbnf, const char *t, size_t n) {
     enum { MAXP = 40 };
     uint8_t key[MAXP + 1][16];
     bool have[MAXP + 1] = {0};
     for (size_t m = 0; m <= n && m <= MAXP; m++) {
-        if (!boundary(t, m, n)) continue;
         fl_grammar_guide *g = fed(gbnf, t, m);
         if (!g) break;
         fl_grammar_guide_key(g, key[m]);
@@ -91,7 +89,6 @@ static void walk_agrees(const char *gbnf, const char *t, size_t n) {
     uint64_t bits[MAXV / 64];
     if (fl_grammar_vocab_order(text, off, nv, order) != FL_OK) __builtin_trap();
     for (size_t m = 0; m <= n && m <= 8; m++) {
-        if (!boundary(t, m, n)) continue;
         fl_grammar_guide *g = fed(gbnf, t, m);
         if (!g) return;
         if (fl_grammar_guide_mask(g, text, off, order, nv, bits) == FL_OK)
@@ -122,8 +119,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (g || !fl_last_error()[0]) __builtin_trap(); /* refused with a reason, nothing left */
     } else {
         fl_grammar_guide_free(g);
-        size_t cut = n ? split % (n + 1) : 0;
-        while (!boundary(t, cut, n)) cut--;
+        const size_t cut = n ? split % (n + 1) : 0;
         if (fl_grammar_guide_new(gbnf, &g) != FL_OK) __builtin_trap();
         const int whole = answer(g, t, n, n);
         fl_grammar_guide_free(g);
