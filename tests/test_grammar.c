@@ -382,6 +382,7 @@ static void test_mask(void **state) {
     for (int gi = 0; gi < 3; gi++)
         for (int f = 0; f < 4; f++) {
             fl_grammar_guide *g = grammar(grammars[gi]);
+            fl_grammar_guide_set_budget(g, 1 << 20); /* (these walks read far less) */
             assert_int_equal(fl_grammar_guide_feed(g, feeds[gi][f], strlen(feeds[gi][f])), FL_OK);
             for (int round = 0; round < 2; round++) { /* twice: the walk's levels are reused */
                 assert_int_equal(fl_grammar_guide_mask(g, text, off, order, NV, bits), FL_OK);
@@ -401,6 +402,35 @@ static void test_mask(void **state) {
     assert_true(total_allowed > 500);
     fl_free(FL_MEM_MISC, order, NV * sizeof *order);
     free(text);
+    fl_test_mem_zero();
+}
+
+/* ---- the walk's bound: an ambiguous grammar fails the mask instead of stalling ---- */
+static void test_walk_budget(void **state) {
+    (void)state;
+    fl_grammar_guide *g = grammar("root ::= s\ns ::= \"a\" s \"b\" | \"a\" s | \"\"");
+    char a[300];
+    memset(a, 'a', sizeof a);
+    assert_int_equal(fl_grammar_guide_feed(g, a, sizeof a), FL_OK);
+    assert_true(fl_grammar_guide_n_stacks(g) > 300); /* (0 .. 300 b's to come, each with its next a) */
+    char text[512];
+    int64_t off[129];
+    int32_t order[128], nv = 0;
+    off[0] = 0;
+    for (int len = 1; len <= 5; len++) /* every a/b string of 1 to 5 letters */
+        for (int code = 0; code < 1 << len && nv < 62; code++, nv++) {
+            for (int i = 0; i < len; i++) text[off[nv] + i] = (code >> i) & 1 ? 'b' : 'a';
+            off[nv + 1] = off[nv] + len;
+        }
+    assert_int_equal(fl_grammar_vocab_order(text, off, nv, order), FL_OK);
+    uint64_t bits[2];
+    fl_grammar_guide_set_budget(g, 100000);
+    assert_int_equal(fl_grammar_guide_mask(g, text, off, order, nv, bits), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "too ambiguous"));
+    fl_grammar_guide_set_budget(g, FL_GRAMMAR_WALK_BUDGET);
+    assert_int_equal(fl_grammar_guide_mask(g, text, off, order, nv, bits), FL_OK);
+    for (int t = 0; t < nv; t++) assert_int_equal((int)((bits[t >> 6] >> (t & 63)) & 1), fl_grammar_guide_allows(g, text + off[t], (size_t)(off[t + 1] - off[t])));
+    fl_grammar_guide_free(g);
     fl_test_mem_zero();
 }
 
@@ -470,7 +500,7 @@ static void test_refusals(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_texts), cmocka_unit_test(test_partial_characters), cmocka_unit_test(test_every_text), cmocka_unit_test(test_keys),
-        cmocka_unit_test(test_mask),  cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_mask),  cmocka_unit_test(test_walk_budget), cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -318,6 +318,7 @@ struct fl_grammar_guide {
     gset cur, x[2];
     uint8_t pend[4]; /* the text so far ends inside a character: its first n_pend bytes */
     int32_t n_pend;
+    int64_t budget, work; /* a mask walk's bound on the state ints its transitions read and write */
     gset *lv;      /* the mask walk's states by characters in (level 0 is cur) */
     int32_t *lvb;  /* the byte each level ends at */
     int32_t n_lv, n_lvb;
@@ -607,6 +608,7 @@ fl_status fl_grammar_guide_new(const char *gbnf, fl_grammar_guide **out) {
     g->n_rules = b.n_rules;
     g->root = root;
     g->hash = XXH3_64bits(gbnf, len);
+    g->budget = FL_GRAMMAR_WALK_BUDGET;
     g->n_el = (int32_t)b.n_el;
     g->n_rg = b.n_rg;
     for (int32_t r = 0; r < b.n_rules; r++)
@@ -710,6 +712,7 @@ fl_status fl_grammar_guide_feed(fl_grammar_guide *g, const char *s, size_t n) {
 bool fl_grammar_guide_complete(const fl_grammar_guide *g) { return !g->n_pend && g->cur.n_stacks && g->cur.v[0] == 0; }
 bool fl_grammar_guide_finished(const fl_grammar_guide *g) { return !g->n_pend && g->cur.n_stacks == 1 && g->cur.v[0] == 0; }
 int32_t fl_grammar_guide_n_stacks(const fl_grammar_guide *g) { return g->cur.n_stacks; }
+void fl_grammar_guide_set_budget(fl_grammar_guide *g, int64_t ints) { g->budget = ints; }
 
 void fl_grammar_guide_key(const fl_grammar_guide *g, uint8_t key[16]) {
     uint64_t pend = (uint64_t)g->n_pend << 32; /* the bytes of a character begun are part of the state */
@@ -800,6 +803,9 @@ static fl_status advance_level(fl_grammar_guide *g, int32_t k, uint32_t cp) {
     }
     fl_status st = advance(g, in, cp, out, &g->x[0]);
     if (st != FL_OK) return st;
+    if ((g->work += in->n + out->n) > g->budget)
+        return fl_set_error(FL_ERR_INVALID, "grammar: one token mask would read more than %lld ints of parse states (too ambiguous a grammar here)",
+                            (long long)g->budget);
     g->lvh[k + 1] = set_hash(out);
     if ((int64_t)in->n + out->n > MEMO_POOL) return FL_OK;
     if (g->n_pool + in->n + out->n > MEMO_POOL) { /* full: start over */
@@ -829,6 +835,7 @@ fl_status fl_grammar_guide_mask(fl_grammar_guide *g, const char *text, const int
         for (int i = 0; i < MEMO_SLOTS; i++) g->memo[i].n_in = -1;
     }
     g->lvh[0] = set_hash(&g->cur);
+    g->work = 0;
     const char *prev = NULL;
     int64_t prev_n = 0;
     int32_t nlv = 1; /* levels 0 .. nlv - 1 hold the states of the previous token's first characters */

@@ -22,8 +22,9 @@
  * a sentence where the empty stack is in the set, and it can still become one while the set is
  * not empty.  Stacks are kept sorted and unique, so the state is canonical: equal states answer
  * everything alike and have equal keys (fl_grammar_guide_key), by which the engine keeps masks.
- * Bounded: a stack of more than FL_GRAMMAR_MAX_DEPTH entries (nesting that deep) or a state of
- * more than FL_GRAMMAR_MAX_STATE ints (a very ambiguous grammar) is an error, not a hang.
+ * Bounded: a stack of more than FL_GRAMMAR_MAX_DEPTH entries (nesting that deep), a state of
+ * more than FL_GRAMMAR_MAX_STATE ints, or a mask walk past FL_GRAMMAR_WALK_BUDGET ints of states
+ * (a very ambiguous grammar) is an error, not a hang that stalls every request of the engine.
  *
  * Text is UTF-8 and the grammar matches characters.  A text may end inside a character (a byte
  * token): it is allowed where some character those bytes begin could come next (the state keeps
@@ -44,6 +45,9 @@
 #define FL_GRAMMAR_MAX_REPEAT 10000      /* m, n of {m,n} */
 #define FL_GRAMMAR_MAX_DEPTH 2048        /* entries of one stack */
 #define FL_GRAMMAR_MAX_STATE (1 << 20)   /* ints of a state (stacks and their lengths) */
+#define FL_GRAMMAR_WALK_BUDGET (1LL << 24) /* ints of states one mask walk's transitions may read and
+                                          * write (tens of ms; json.gbnf over 32000 tokens: 82k); past
+                                          * it the mask is an error */
 
 typedef struct fl_grammar_guide fl_grammar_guide;
 
@@ -69,6 +73,8 @@ void fl_grammar_guide_key(const fl_grammar_guide *g, uint8_t key[16]);
 
 /* Stacks in the state (tests, stats). */
 int32_t fl_grammar_guide_n_stacks(const fl_grammar_guide *g);
+/* The walk's bound (FL_GRAMMAR_WALK_BUDGET unless set; tests). */
+void fl_grammar_guide_set_budget(fl_grammar_guide *g, int64_t ints);
 
 /* Every token's text (as generated text shows it) and the tokens' order by text: what the
  * vocabulary walk reads.  Built once per model (the engine's, `fitllm run --grammar`'s). */
