@@ -56,6 +56,8 @@ typedef struct gbuild {
     grange *rg;
     int32_t n_rg, cap_rg;
     int64_t n_el; /* elements over all rules */
+    int32_t *names; /* open addressing: the named rules by their names' hash (-1 empty) */
+    int32_t cap_names, n_names;
     fl_status st; /* the first error */
 } gbuild;
 
@@ -203,12 +205,36 @@ static const char *parse_repeat(gbuild *b, int32_t rule, int32_t start, const ch
     return p;
 }
 
-/* The named rule name[0, len) (made, undefined, at its first use). */
+static uint64_t name_hash(const char *name, int32_t len) { return XXH3_64bits(name, (size_t)len); }
+
+/* The named rule name[0, len) (made, undefined, at its first use); -1 out of memory (set). */
 static int32_t named_rule(gbuild *b, const char *name, int32_t len) {
-    for (int32_t i = 0; i < b->n_rules; i++)
-        if (!b->rules[i].generated && b->rules[i].name_len == len && !memcmp(b->rules[i].name, name, (size_t)len)) return i;
+    if (2 * (b->n_names + 1) > b->cap_names) { /* grow the table to keep it at most half full */
+        const int32_t nc = b->cap_names ? 2 * b->cap_names : 64;
+        int32_t *t = fl_alloc(FL_MEM_MISC, (size_t)nc * sizeof *t, 0);
+        if (!t) return nomem(b), -1;
+        for (int32_t i = 0; i < nc; i++) t[i] = -1;
+        for (int32_t i = 0; i < b->cap_names; i++) {
+            const int32_t r = b->names[i];
+            if (r < 0) continue;
+            size_t h = (size_t)name_hash(b->rules[r].name, b->rules[r].name_len) & (size_t)(nc - 1);
+            while (t[h] >= 0) h = (h + 1) & (size_t)(nc - 1);
+            t[h] = r;
+        }
+        fl_free(FL_MEM_MISC, b->names, (size_t)b->cap_names * sizeof *b->names);
+        b->names = t;
+        b->cap_names = nc;
+    }
+    size_t h = (size_t)name_hash(name, len) & (size_t)(b->cap_names - 1);
+    for (; b->names[h] >= 0; h = (h + 1) & (size_t)(b->cap_names - 1)) {
+        const grule *q = &b->rules[b->names[h]];
+        if (q->name_len == len && !memcmp(q->name, name, (size_t)len)) return b->names[h];
+    }
     const int32_t r = new_rule(b, name, len, false);
-    if (r >= 0) b->rules[r].used = name;
+    if (r < 0) return -1;
+    b->rules[r].used = name;
+    b->names[h] = r;
+    b->n_names++;
     return r;
 }
 
@@ -521,6 +547,7 @@ void fl_grammar_guide_free(fl_grammar_guide *g) {
 }
 
 static void build_free(gbuild *b) {
+    fl_free(FL_MEM_MISC, b->names, (size_t)b->cap_names * sizeof *b->names);
     for (int32_t i = 0; i < b->n_rules; i++) fl_free(FL_MEM_MISC, b->rules[i].el, (size_t)b->rules[i].cap * sizeof(gel));
     fl_free(FL_MEM_MISC, b->rules, (size_t)b->cap_rules * sizeof *b->rules);
     fl_free(FL_MEM_MISC, b->rg, (size_t)b->cap_rg * sizeof *b->rg);
