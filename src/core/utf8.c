@@ -6,25 +6,10 @@
 size_t fl_utf8_decode(const char *str, size_t n, uint32_t *cp) {
     const unsigned char *s = (const unsigned char *)str;
     if (!n) return 0;
-    unsigned c = s[0];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    size_t len;
-    unsigned lo = 0x80, hi = 0xbf; /* allowed range of the second byte */
     uint32_t v;
-    if (c >= 0xc2 && c <= 0xdf) len = 2, v = c & 0x1f;
-    else if (c >= 0xe0 && c <= 0xef) {
-        len = 3, v = c & 0x0f;
-        if (c == 0xe0) lo = 0xa0;
-        if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        len = 4, v = c & 0x07;
-        if (c == 0xf0) lo = 0x90;
-        if (c == 0xf4) hi = 0x8f;
-    } else return 0;
-    if (len > n || s[1] < lo || s[1] > hi) return 0;
+    unsigned lo, hi;
+    const size_t len = fl_utf8_lead(s[0], &v, &lo, &hi);
+    if (!len || len > n || (len > 1 && (s[1] < lo || s[1] > hi))) return 0;
     for (size_t k = 1; k < len; k++) {
         if ((s[k] & 0xc0) != 0x80) return 0;
         v = v << 6 | (s[k] & 0x3f);

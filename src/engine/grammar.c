@@ -478,24 +478,13 @@ static bool admits_range(const fl_grammar_guide *g, const gel *x, uint32_t lo, u
  * that complete it are [*lo, *hi] (the first continuation byte's range is the only one narrowed,
  * so they are contiguous). */
 static bool utf8_prefix(const uint8_t *b, size_t n, uint32_t *lo, uint32_t *hi) {
-    const uint8_t c = b[0];
-    size_t len;
     uint32_t v;
-    uint8_t l1 = 0x80, h1 = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) len = 2, v = c & 0x1F;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3, v = c & 0x0F;
-        if (c == 0xE0) l1 = 0xA0;
-        if (c == 0xED) h1 = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4, v = c & 0x07;
-        if (c == 0xF0) l1 = 0x90;
-        if (c == 0xF4) h1 = 0x8F;
-    } else return false;
-    if (n < 1 || n >= len) return false;
+    unsigned l1, h1;
+    const size_t len = fl_utf8_lead(b[0], &v, &l1, &h1);
+    if (n < 1 || len < 2 || n >= len) return false;
     uint32_t a = v, z = v;
     for (size_t k = 1; k < len; k++) {
-        const uint8_t kl = k == 1 ? l1 : 0x80, kh = k == 1 ? h1 : 0xBF;
+        const unsigned kl = k == 1 ? l1 : 0x80, kh = k == 1 ? h1 : 0xBF;
         if (k < n) {
             if (b[k] < kl || b[k] > kh) return false;
             a = a << 6 | (b[k] & 0x3Fu), z = z << 6 | (b[k] & 0x3Fu);
