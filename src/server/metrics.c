@@ -49,8 +49,8 @@ fl_status srv_metrics_render(fl_server *s, srv_buf *o) {
     st |= gauge(o, "fitllm_prefix_cache_hit_tokens_total", "prompt tokens served from the prefix cache", "counter", (double)es.prefix_hit_tokens);
     st |= gauge(o, "fitllm_prefix_cache_miss_tokens_total", "prompt tokens computed", "counter", (double)es.prefix_miss_tokens);
     st |= gauge(o, "fitllm_preemptions_total", "preemptions", "counter", (double)es.preemptions);
-    st |= gauge(o, "fitllm_guide_mask_hits_total", "guided_regex token masks found kept for their state", "counter", (double)es.guide_mask_hits);
-    st |= gauge(o, "fitllm_guide_mask_misses_total", "guided_regex token masks computed", "counter", (double)es.guide_mask_misses);
+    st |= gauge(o, "fitllm_guide_mask_hits_total", "guided_regex and grammar token masks found kept for their state", "counter", (double)es.guide_mask_hits);
+    st |= gauge(o, "fitllm_guide_mask_misses_total", "guided_regex and grammar token masks computed", "counter", (double)es.guide_mask_misses);
     st |= srv_buf_printf(o, "# HELP fitllm_memory_bytes tracked memory by category\n# TYPE fitllm_memory_bytes gauge\n");
     for (int c = 0; c < FL_MEM_COUNT; c++)
         st |= srv_buf_printf(o, "fitllm_memory_bytes{category=\"%s\"} %zu\n", fl_mem_cat_name((fl_mem_cat)c), fl_mem_current((fl_mem_cat)c));
