@@ -123,6 +123,7 @@ static void test_partial_characters(void **state) {
     fl_grammar_guide_key(g, k1);
     assert_memory_not_equal(k0, k1, 16); /* the same stacks, a byte pending: another state */
     assert_false(fl_grammar_guide_complete(g));
+    assert_int_equal(fl_grammar_guide_allows(g, "", 0), 1); /* (nothing more: the pending byte alone, still alive) */
     assert_int_equal(fl_grammar_guide_allows(g, "\x9C", 1), 1);
     assert_int_equal(fl_grammar_guide_allows(g, "\x93", 1), 0); /* 93 cannot follow E2 here */
     assert_int_equal(fl_grammar_guide_allows(g, "a", 1), 0);

@@ -678,6 +678,7 @@ static int run(fl_grammar_guide *g, const char *s, size_t n, gset **res, uint8_t
     size_t nc = (size_t)g->n_pend;
     memcpy(cb, g->pend, nc);
     uint32_t lo = 0, hi = 0;
+    if (nc) utf8_prefix(cb, nc, &lo, &hi); /* (the pending bytes are one, as fed) */
     for (size_t i = 0; i < n; i++) {
         cb[nc++] = (uint8_t)s[i];
         uint32_t cp;
