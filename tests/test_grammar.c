@@ -406,6 +406,38 @@ static void test_mask(void **state) {
     fl_test_mem_zero();
 }
 
+/* The walk's kept transitions tell characters apart: one state, 2000 characters that keep it
+ * and one that ends it (the kept transitions share 256 places, so many of the 2000 meet the
+ * dead one's place) */
+static void test_mask_transitions(void **state) {
+    (void)state;
+    enum { NC = 2001 };
+    char *text = malloc(NC * 3);
+    int64_t off[NC + 1];
+    int32_t order[NC];
+    off[0] = 0;
+    text[0] = 'x';
+    off[1] = 1;
+    for (int i = 1; i < NC; i++) { /* U+4E00 .. : three bytes each */
+        const uint32_t c = 0x4E00 + (uint32_t)i;
+        char *o = text + off[i];
+        o[0] = (char)(0xE0 | (c >> 12)), o[1] = (char)(0x80 | ((c >> 6) & 0x3F)), o[2] = (char)(0x80 | (c & 0x3F));
+        off[i + 1] = off[i] + 3;
+    }
+    assert_int_equal(fl_grammar_vocab_order(text, off, NC, order), FL_OK);
+    fl_grammar_guide *g = grammar("root ::= [^x]*");
+    uint64_t bits[(NC + 63) / 64];
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(fl_grammar_guide_mask(g, text, off, order, NC, bits), FL_OK);
+        assert_false(bits[0] & 1); /* x */
+        for (int t = 1; t < NC; t++)
+            if (!((bits[t >> 6] >> (t & 63)) & 1)) fail_msg("round %d: token %d (U+%04X) ruled out", round, t, 0x4E00 + t);
+    }
+    fl_grammar_guide_free(g);
+    free(text);
+    fl_test_mem_zero();
+}
+
 /* ---- the walk's bound: an ambiguous grammar fails the mask instead of stalling ---- */
 static void test_walk_budget(void **state) {
     (void)state;
@@ -501,7 +533,7 @@ static void test_refusals(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_texts), cmocka_unit_test(test_partial_characters), cmocka_unit_test(test_every_text), cmocka_unit_test(test_keys),
-        cmocka_unit_test(test_mask),  cmocka_unit_test(test_walk_budget), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_mask),  cmocka_unit_test(test_mask_transitions), cmocka_unit_test(test_walk_budget), cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
