@@ -391,6 +391,7 @@ int fl_bench_serve(int argc, char **argv) {
         {"regex", 0, FL_OPT_STR, "PATTERN  every output is constrained to a whole match of this regex (vLLM's guided_regex; ends when nothing extends it)"},
         {"grammar", 0, FL_OPT_STR, "FILE  every output is constrained to a sentence of the GBNF grammar in FILE (llama.cpp's grammar; ends when nothing extends it)"},
         {"guide-masks", 0, FL_OPT_INT, "N  token masks the engine keeps for regex and grammar states (default 256; 0: every mask computed)"},
+        {"regex-pcre2", 0, FL_OPT_FLAG, "--regex always on PCRE2's matcher (by default a pattern of the common subset runs as a grammar)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
@@ -398,7 +399,7 @@ int fl_bench_serve(int argc, char **argv) {
     };
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench serve -m MODEL [--requests N] [--rate R] [--prompt-len DIST] "
-                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object | --json-schema FILE | --regex PATTERN | --grammar FILE] [--guide-masks N] [--baseline static] [--json]",
+                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object | --json-schema FILE | --regex PATTERN | --grammar FILE] [--guide-masks N] [--regex-pcre2] [--baseline static] [--json]",
                           "Serve a synthetic workload through the continuous-batching engine and report\n"
                           "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
                           "peak memory, and the decode-only steps' tokens/s and weight GOP/s against the measured int8 peak.  --baseline static adds the same workload as static padded batches.",
@@ -494,6 +495,7 @@ int fl_bench_serve(int argc, char **argv) {
         }
         rc.ep.guide_masks = (int32_t)gm;
     }
+    rc.ep.regex_pcre2 = fl_args_get(opts, "regex-pcre2")->set;
     if (fl_args_get(opts, "logprobs")->set && (rc.logprobs < 0 || rc.logprobs > FL_MAX_TOP_LOGPROBS)) {
         fprintf(stderr, "fitllm bench serve: --logprobs takes 0..%d\n", FL_MAX_TOP_LOGPROBS);
         return 2;

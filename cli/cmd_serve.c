@@ -36,6 +36,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"},
         {"scheduling-policy", 0, FL_OPT_STR, "fcfs|priority  order of admission and preemption (default fcfs); priority: by each request's 'priority', lower first, then arrival; a waiting request preempts running ones of lower priority"},
         {"guide-masks", 0, FL_OPT_INT, "N  token masks kept for guided_regex and grammar states, shared by requests with the same pattern or grammar (default 256; 0: every mask computed); each vocabulary/8 bytes, in the plan"},
+        {"regex-pcre2", 0, FL_OPT_FLAG, "guided_regex always on PCRE2's matcher (by default a pattern of the common subset runs as a grammar: masks kept by canonical state, byte tokens offered)"},
         {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) bytes per context token per sequence"},
         {0},
     };
@@ -140,6 +141,7 @@ int fl_cmd_serve(int argc, char **argv) {
         }
         ep.guide_masks = (int32_t)gm;
     }
+    ep.regex_pcre2 = fl_args_get(opts, "regex-pcre2")->set;
     if (pc) ep.prefix_cache = !strcmp(pc, "on");
 
     fl_server_params sp;

@@ -631,11 +631,14 @@ static int32_t json_piece(void *ctx, int32_t tok, char *buf, int32_t cap) {
     return snprintf(buf, (size_t)cap, "%c%c", 'A' + tok % 26, '0' + tok % 10); /* only inside strings */
 }
 
+static int32_t g_regex_pcre2; /* the toy engines' fl_engine_params.regex_pcre2 */
+
 /* The toy model whose pieces are JSON_PIECES, in an engine of default parameters. */
 static fl_engine *json_toy_engine_masks(int32_t guide_masks) {
     fl_engine_params p;
     fl_engine_params_default(&p);
     p.guide_masks = guide_masks;
+    p.regex_pcre2 = g_regex_pcre2;
     fl_engine_backend be;
     toy_new(4, 1000, 0, &be);
     be.piece = json_piece;
@@ -964,8 +967,15 @@ static void test_toy_grammar(void **state) {
 /* guided regex: sampled outputs are whole matches (checked with glibc's POSIX regex) when they
  * stop, end-of-generation only where the text is a match that could go on; a pattern no token
  * can start fails the request; a bad pattern or two constraints fail fl_engine_add */
+/* (both ways: patterns of the common subset as grammars, and on PCRE2's matcher) */
+static void toy_regex(void);
 static void test_toy_regex(void **state) {
     (void)state;
+    for (g_regex_pcre2 = 0; g_regex_pcre2 < 2; g_regex_pcre2++) toy_regex();
+    g_regex_pcre2 = 0;
+}
+
+static void toy_regex(void) {
     const char *list = "\\[(1|-2\\.5)(, ?(1|-2\\.5)){0,3}\\]";
     regex_t re;
     assert_int_equal(regcomp(&re, "^\\[(1|-2\\.5)(, ?(1|-2\\.5)){0,3}\\]$", REG_EXTENDED | REG_NOSUB), 0);

@@ -3,6 +3,8 @@
  * every short text; refusals; out of memory. */
 #include "test.h"
 
+#include "engine/grammar.h"
+#include "engine/regex_gbnf.h"
 #include "engine/regex_guide.h"
 
 #include <regex.h>
@@ -444,6 +446,75 @@ static void test_out_of_memory(void **state) {
     assert_true(ok > 3);
 }
 
+/* ---- patterns of the common subset as grammars (regex_gbnf.c): the same answers as PCRE2 ---- */
+
+/* 1 a match, 0 the prefix of one, -1 neither: on PCRE2 (rescanning: no limit of its carried
+ * state) and on the grammar the pattern was rewritten as */
+static int pcre2_says(const char *pattern, const char *t) {
+    fl_regex_guide *g = guide(pattern);
+    fl_regex_guide_set_carry(g, false);
+    int r = -1;
+    if (fl_regex_guide_allows(g, t, strlen(t)) == 1) {
+        assert_int_equal(fl_regex_guide_feed(g, t, strlen(t)), FL_OK);
+        r = fl_regex_guide_complete(g) ? 1 : 0;
+    }
+    fl_regex_guide_free(g);
+    return r;
+}
+static int grammar_says(const char *gbnf, const char *t) {
+    fl_grammar_guide *g = NULL;
+    if (fl_grammar_guide_new(gbnf, &g) != FL_OK) fail_msg("%s: %s", gbnf, fl_last_error());
+    int r = -1;
+    if (fl_grammar_guide_allows(g, t, strlen(t)) == 1) {
+        assert_int_equal(fl_grammar_guide_feed(g, t, strlen(t)), FL_OK);
+        r = fl_grammar_guide_complete(g) ? 1 : 0;
+    }
+    fl_grammar_guide_free(g);
+    return r;
+}
+
+static void test_as_grammar(void **state) {
+    (void)state;
+    static const char *const patterns[] = {
+        "^a(b|_)*[0-9]?$", "\\d{1,2}-\\w+", "[^\\d\\s]{2,}x?", "a.b|\\.", "(?:a|b )+?1{0,2}", "(?<n>ab|a)(?P<m>b?)\\s*",
+        "[\\]\\-a]+\\n?", "\\x{e9}+|\\xe9a", "[a-c\\x{e9}_.-]{2}", "\\S\\W", "(a|)(b|)", "a{2,}|b{3}", "[\\s\\b]*1",
+        "\\(\\)\\[\\{\\}\\*\\+\\?\\|\\^\\$",
+    };
+    static const char *const alpha[] = {"a", "b", "1", " ", "\n", "\r", "_", "\xC3\xA9", "-", "."};
+    enum { NB = sizeof alpha / sizeof *alpha };
+    int sentences = 0;
+    for (size_t i = 0; i < sizeof patterns / sizeof *patterns; i++) {
+        char *gbnf = NULL;
+        size_t len = 0;
+        if (fl_regex_to_gbnf(patterns[i], &gbnf, &len) != FL_OK) fail_msg("'%s' not rewritten", patterns[i]);
+        for (int code = 0; code < (NB + 1) * (NB + 1) * (NB + 1) * (NB + 1); code++) {
+            char t[32] = "";
+            bool canon = true;
+            for (int c = code; c; c /= NB + 1) {
+                if (!(c % (NB + 1))) canon = false;
+                else strcat(t, alpha[c % (NB + 1) - 1]);
+            }
+            if (!canon) continue;
+            const int want = pcre2_says(patterns[i], t), got = grammar_says(gbnf, t);
+            if (want != got) fail_msg("'%s' on '%s': PCRE2 %d, as a grammar %d (%s)", patterns[i], t, want, got, gbnf);
+            sentences += got == 1;
+        }
+        fl_free(FL_MEM_MISC, gbnf, len + 1);
+    }
+    assert_true(sentences > 100);
+    /* outside the subset: PCRE2 keeps them */
+    static const char *const others[] = {"\\bab", "a(?=b)", "a(?!b)", "(?<=a)b", "(?>ab)", "a++", "a*+", "(a)\\1", "\\p{Lu}",
+                                         "[[:alpha:]]", "(?i)ab", "\\Qa.b\\E", "a\\z", "^a|^b", "a$|b", "\\h", "\\v", "\\R",
+                                         "x{,3}", "{1}a", "\\101", "(?#c)a", "\\N", "a{20000}"};
+    for (size_t i = 0; i < sizeof others / sizeof *others; i++) {
+        char *gbnf = (char *)1;
+        size_t len = 0;
+        if (fl_regex_to_gbnf(others[i], &gbnf, &len) != FL_ERR_UNSUPPORTED) fail_msg("'%s' rewritten", others[i]);
+        assert_null(gbnf);
+    }
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_texts),
@@ -451,6 +522,7 @@ int main(void) {
         cmocka_unit_test(test_against_posix),
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_as_grammar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "engine/grammar.h"
 #include "engine/mask_cache.h"
+#include "engine/regex_gbnf.h"
 #include "engine/regex_guide.h"
 #include "engine/sampling.h"
 
@@ -564,6 +565,11 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
         q.cache_salt = (q.cache_salt ^ 0x4C6F5241ull) * 0x9E3779B97F4A7C15ull + (uint64_t)q.lora;
         if (!q.cache_salt) q.cache_salt = 1; /* (0 is no salt) */
     }
+    /* a regex of the common subset runs as a grammar (regex_gbnf.h); PCRE2 still compiles it first,
+     * so a bad pattern is refused with PCRE2's message */
+    char *rx_gbnf = NULL;
+    size_t rx_gbnf_len = 0;
+    if (q.regex && !e->p.regex_pcre2 && fl_regex_to_gbnf(q.regex, &rx_gbnf, &rx_gbnf_len) == FL_ERR_NOMEM) return FL_ERR_NOMEM;
     pthread_mutex_lock(&e->mu);
     int64_t rid = e->next_id++;
     if (q.sampling.seed == 0) q.sampling.seed = (uint64_t)e->p.seed + (uint64_t)rid * 7919u;
@@ -575,6 +581,20 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
         st = fl_request_new(&q, rid, s, e->next_arrival++, &r);
         if (st != FL_OK) break;
         r->t_arrival = t;
+        if (rx_gbnf) { /* (a grammar it cannot be, e.g. a repeat of what can be empty: PCRE2 runs it) */
+            fl_grammar_guide *g = NULL;
+            if ((st = fl_grammar_guide_new(rx_gbnf, &g)) == FL_OK) {
+                fl_regex_guide_free(r->regex);
+                r->regex = NULL;
+                r->grammar = g;
+            } else if (st == FL_ERR_NOMEM) {
+                req_free(r);
+                break;
+            } else {
+                fl_clear_error();
+                st = FL_OK;
+            }
+        }
         if (p->n_allowed_token_ids > 0) { /* the allowed tokens as a bitmask */
             const int32_t words = (e->be.n_vocab + 63) / 64;
             if (!(r->allowed = fl_calloc(FL_MEM_MISC, (size_t)words, sizeof *r->allowed))) {
@@ -625,6 +645,7 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
             req_free(r);
         }
     pthread_mutex_unlock(&e->mu);
+    fl_free(FL_MEM_MISC, rx_gbnf, rx_gbnf ? rx_gbnf_len + 1 : 0);
     if (st == FL_OK && id) *id = rid;
     return st;
 }

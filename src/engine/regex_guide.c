@@ -154,7 +154,7 @@ static const char *pattern_find(const char *p, int what) {
 /* A leading ^ and a trailing $ (unescaped, outside \Q..\E) say what a whole match means
  * already (at the text's start ^ holds, at its end $ does): the body between them is [*b, *e)
  * of p[0, n).  Patterns written as ^...$ so keep the carried DFA state, which anchors refuse. */
-static void strip_anchors(const char *p, size_t n, size_t *b, size_t *e) {
+void fl_regex_strip_anchors(const char *p, size_t n, size_t *b, size_t *e) {
     *b = n > 0 && p[0] == '^';
     *e = n;
     if (n <= *b || p[n - 1] != '$') return;
@@ -175,7 +175,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     const size_t full = strlen(pattern);
     if (full > FL_REGEX_MAX_PATTERN) return fl_set_error(FL_ERR_INVALID, "regex: %zu bytes; at most %d", full, FL_REGEX_MAX_PATTERN);
     size_t b, e;
-    strip_anchors(pattern, full, &b, &e);
+    fl_regex_strip_anchors(pattern, full, &b, &e);
     const size_t plen = e - b, at0 = b; /* the body: what is compiled; offsets in messages are the pattern's */
     fl_regex_guide *g = fl_calloc(FL_MEM_MISC, 1, sizeof *g);
     char *body = fl_alloc(FL_MEM_MISC, plen + 1, 0);
@@ -382,7 +382,7 @@ fl_status fl_regex_str_new(const char *pattern, fl_regex_str **out) {
     const size_t full = strlen(pattern);
     if (full > FL_REGEX_MAX_PATTERN) return fl_set_error(FL_ERR_INVALID, "pattern: %zu bytes; at most %d", full, FL_REGEX_MAX_PATTERN);
     size_t b, e;
-    strip_anchors(pattern, full, &b, &e);
+    fl_regex_strip_anchors(pattern, full, &b, &e);
     fl_regex_str *x = fl_calloc(FL_MEM_MISC, 1, sizeof *x);
     char *w = fl_alloc(FL_MEM_MISC, e - b + 16, 0);
     fl_status st = FL_OK;

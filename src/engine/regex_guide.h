@@ -38,6 +38,10 @@
 
 typedef struct fl_regex_guide fl_regex_guide;
 
+/* A leading ^ and a trailing $ (unescaped, outside \Q..\E) of p[0, n) say what a whole match
+ * means already: the body between them is [*b, *e). */
+void fl_regex_strip_anchors(const char *p, size_t n, size_t *b, size_t *e);
+
 /* Compile pattern; FL_ERR_INVALID (naming the offset and PCRE2's message) for a pattern that
  * does not compile, one the DFA could not run, or one longer than FL_REGEX_MAX_PATTERN. */
 fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out);

@@ -14,12 +14,17 @@
  *     unless either meets a limit;
  *   - two prefixes of the text with the same fl_regex_guide_key (the engine's mask cache takes
  *     them for one state) answer the rest of the text alike: allowed, and complete after it;
- *   - ^PATTERN$ answers as PATTERN.
+ *   - ^PATTERN$ answers as PATTERN;
+ *   - a pattern of the common subset, rewritten as a grammar (regex_gbnf.c), answers a valid
+ *     UTF-8 text as PCRE2 does.
  */
+#include "engine/grammar.h"
+#include "engine/regex_gbnf.h"
 #include "engine/regex_guide.h"
 
 #include "core/alloc.h"
 #include "core/status.h"
+#include "core/utf8.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -114,6 +119,7 @@ static bool has_assertion(const char *p) {
     return false;
 }
 
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2 || size > 4096) return 0;
     const size_t splitb = data[0];
@@ -133,6 +139,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     bool refused, dfa;
     const int a = run(pattern, t, n, cut, &refused, &dfa);
     if (!refused) keys_agree(pattern, t, n);
+    if (!refused && a >= 0 && fl_utf8_is_valid(t, n)) { /* the grammar it rewrites to (if any) answers alike */
+        char *gb = NULL;
+        size_t gl = 0;
+        if (fl_regex_to_gbnf(pattern, &gb, &gl) == FL_OK) {
+            fl_grammar_guide *g = NULL;
+            if (fl_grammar_guide_new(gb, &g) == FL_OK) {
+                int r = fl_grammar_guide_allows(g, t, n);
+                if (r == 1) {
+                    if (fl_grammar_guide_feed(g, t, n) != FL_OK) __builtin_trap();
+                    r = fl_grammar_guide_complete(g) ? 2 : 1;
+                }
+                if (r >= 0 && r != a) __builtin_trap(); /* invariant: the rewrite says what PCRE2 says */
+                fl_grammar_guide_free(g);
+            }
+            fl_free(FL_MEM_MISC, gb, gl + 1);
+        }
+    }
     /* ^PATTERN$ says what PATTERN does (the output is one whole match): the same answer, where the
      * $ is an anchor (not after a backslash, not in an open \Q) */
     if (!refused && plen > 0 && pattern[plen - 1] != '\\' && !strstr(pattern, "\\Q")) {
