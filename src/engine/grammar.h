@@ -46,8 +46,7 @@
 #define FL_GRAMMAR_MAX_DEPTH 2048        /* entries of one stack */
 #define FL_GRAMMAR_MAX_STATE (1 << 20)   /* ints of a state (stacks and their lengths) */
 #define FL_GRAMMAR_WALK_BUDGET (1LL << 24) /* ints of states one mask walk's transitions may read and
-                                          * write (tens of ms; json.gbnf over 32000 tokens: 82k); past
-                                          * it the mask is an error */
+                                          * write (tens of ms of work); past it the mask is an error */
 
 typedef struct fl_grammar_guide fl_grammar_guide;
 
