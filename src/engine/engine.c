@@ -52,7 +52,7 @@ struct fl_engine {
     char *poll_text;
     int64_t poll_text_cap;
 
-    /* constrained (JSON) requests: every token's text, and the masked row */
+    /* constrained requests: every token's text, and the masked row */
     fl_vocab_text voc;          /* token t's text voc.text[voc.off[t] .. voc.off[t + 1]), the tokens by text */
     uint8_t *vocab_plain;       /* [n_vocab] 1: plain string text (fl_json_plain) */
     uint64_t *gbits;            /* [fl_mask_words(n_vocab)] a grammar mask computed where none are kept */
@@ -130,7 +130,7 @@ static void req_free(fl_request *r) {
 static void commit_token(fl_engine *e, fl_request *r, int32_t tok);
 static void finish(fl_engine *e, fl_request *r, fl_finish_reason why);
 
-/* Every token's text (as generated text shows it), once, for the JSON constraint. */
+/* Every token's text (as generated text shows it) and their order by text, once, for the constraints. */
 static fl_status vocab_text_build(fl_engine *e) {
     const int32_t nv = e->be.n_vocab;
     fl_status st = fl_vocab_text_build(&e->voc, nv, e->be.piece, e->be.ctx);
