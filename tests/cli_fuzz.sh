@@ -114,9 +114,10 @@ pairs = [('root ::= "(" root ")" root | ""', "(()())"),
          ('root ::= . . "!" | [^a]+', "\u2713x!"),
          ('root ::= list\nlist ::= "[" (item ("," " "? item)*)? "]"\nitem ::= [0-9]{1,2} | list', "[1, [2,[]],34]"),
          ('root ::= ("a" | "a" "b" | "ab")+ "c"', "ababc"),
-         ('root ::= a\na ::= b? "x"\nb ::= "y" | c\nc ::= "z"*', "zzx")]
+         ('root ::= a\na ::= b? "x"\nb ::= "y" | c\nc ::= "z"*', "zzx"),
+         ('root ::= x x\nx ::= "a"? [\\u026b1-\\uA3c9]*', b"a\xce\xb1YYY\xcf\xb2a\xda")]  # (ends inside a character)
 for i, (g, t) in enumerate(pairs):
-    open('%s/g%02d' % (sys.argv[1], i), 'wb').write(bytes([i * 11]) + g.encode() + b'\0' + t.encode())
+    open('%s/g%02d' % (sys.argv[1], i), 'wb').write(bytes([i * 11]) + g.encode() + b'\0' + (t if isinstance(t, bytes) else t.encode()))
 PY
 run_fuzzer fuzz_grammar $((SECS / 3 + 1)) "$OUT/run/grammar_seeds"
 echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan, fuzz_tokenize, fuzz_json_fsm, fuzz_json_schema, fuzz_regex and fuzz_grammar $((SECS / 3 + 1))s each)"
