@@ -94,6 +94,33 @@ static void test_scalars(void **state) {
     CASES(sch, {"{\"v\":\"ab\"}", 1}, {"{\"v\":\"abc\"}", 1}, {"{\"v\":\"a\"}", -1}, {"{\"v\":\"abcd\"}", -1},
           {"{\"v\":\"\\n\\u00e9\"}", 1}, {"{\"v\":\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"}", 1},
           {"{\"v\":\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80x\"}", -1});
+    /* a surrogate only as a pair, high then low (cJSON, strict, refuses lone ones), in values,
+     * keys and json_object's strings alike */
+    snprintf(sch, sizeof sch, W, "{\"type\":\"string\"}");
+    CASES(sch, {"{\"v\":\"\\ud83d\\ude00\"}", 1}, {"{\"v\":\"a\\uD83D\\uDE00b\"}", 1}, {"{\"v\":\"\\udc00\"}", -1},
+          {"{\"v\":\"\\ud83d\"}", -1}, {"{\"v\":\"\\ud83dx\"}", -1}, {"{\"v\":\"\\ud83d\\u0041\"}", -1},
+          {"{\"v\":\"\\ud83d\\ud83d\"}", -1}, {"{\"v\":\"\\ud83d\\n\"}", -1});
+    CASES("{\"type\":\"object\",\"additionalProperties\":true}", {"{\"\\ud83d\\ude00\":1}", 1}, {"{\"\\uDadd\":1}", -1},
+          {"{\"\\uDaddi\":1}", -1});
+    CASES("{\"type\":\"object\",\"properties\":{\"\\ud83d\\ude00\":{\"type\":\"integer\"}},\"required\":[\"\\ud83d\\ude00\"]}",
+          {"{\"\xf0\x9f\x98\x80\":1}", 1}, {"{\"\\ud83d\":1}", -1}); /* (a declared name is written as itself) */
+    {
+        fl_json_fsm f;
+        fl_json_fsm_init(&f);
+        static const char *const ok[] = {"{\"a\":\"\\ud800\\udfff\"}", "{\"\\udbff\\udc00\":[\"x\"]}"};
+        static const char *const bad[] = {"{\"a\":\"\\udfff\"}", "{\"\\ud800\":1}", "{\"a\":[\"\\ud800a\"]}"};
+        for (size_t i = 0; i < 2; i++) {
+            fl_json_fsm_init(&f);
+            assert_true(fl_json_fsm_feed(&f, ok[i], (int32_t)strlen(ok[i])) && fl_json_fsm_done(&f));
+            cJSON *v = cJSON_Parse(ok[i]); /* and cJSON reads it */
+            assert_non_null(v);
+            cJSON_Delete(v);
+        }
+        for (size_t i = 0; i < 3; i++) {
+            fl_json_fsm_init(&f);
+            assert_false(fl_json_fsm_feed(&f, bad[i], (int32_t)strlen(bad[i])));
+        }
+    }
     snprintf(sch, sizeof sch, W, "{\"type\":\"integer\",\"minimum\":-5,\"exclusiveMaximum\":120}");
     CASES(sch, {"{\"v\":-5}", 1}, {"{\"v\":-6}", -1}, {"{\"v\":119}", 1}, {"{\"v\":120}", -1}, {"{\"v\":0}", 1},
           {"{\"v\":-0}", 1}, {"{\"v\":12}", 1}, {"{\"v\":1200", -1}, {"{\"v\":-50", -1}, {"{\"v\":-1}", 1}, {"{\"v\":05}", -1},
@@ -317,7 +344,7 @@ static void test_random_walks(void **state) {
         "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"pattern\":\"^[0-9]{2}-[a-c]+$\"},\"e\":{\"anyOf\":[{\"type\":"
         "\"string\",\"pattern\":\"x(y|zz)*\"},{\"type\":\"null\"}]}},\"required\":[\"d\"]}",
     };
-    static const char ALPHA[] = "{}[]\",:-0123456789.eE+ \nabcdefghijklmnopqrstuvwxyzAB/"; /* (no escapes: cJSON refuses a lone \\uDC00) */
+    static const char ALPHA[] = "{}[]\",:-0123456789.eE+ \nabcdefghijklmnopqrstuvwxyzAB/"; /* (no backslash: test_scalars checks escapes) */
     const int nalpha = (int)sizeof ALPHA - 1;
     int total = 0;
     for (size_t si = 0; si < sizeof S / sizeof *S; si++) {

@@ -18,7 +18,9 @@ enum {
     S_STR,        /* inside a string */
     S_UTF8,       /* inside a UTF-8 sequence of a string: sub continuation bytes left */
     S_ESC,        /* after a backslash */
-    S_HEX,        /* \u: sub hex digits left */
+    S_HEX,        /* \u: sub hex digits left (of a low surrogate's, where low) */
+    S_LOW_ESC,    /* after a high surrogate's \uD800-DBFF: its low half's backslash */
+    S_LOW_U,      /* and its u */
     S_NUM_MINUS,  /* after '-' */
     S_NUM_ZERO,   /* after a leading 0 */
     S_NUM_INT,    /* in the integer digits */
@@ -438,6 +440,17 @@ static bool step(fl_json_fsm *f, unsigned c) {
         f->rxu = (uint16_t)(f->rxu * 16 + (is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10));
         if (--f->sub == 0) {
             f->st = S_STR;
+            /* a surrogate only as a pair, high then low (lone ones are no Unicode: strict parsers,
+             * cJSON among them, refuse them) */
+            if (f->low) {
+                f->low = 0;
+                return f->rxu >= 0xDC00 && f->rxu <= 0xDFFF;
+            }
+            if (f->rxu >= 0xDC00 && f->rxu <= 0xDFFF) return false;
+            if (f->rxu >= 0xD800 && f->rxu <= 0xDBFF && !f->rx_on) {
+                f->st = S_LOW_ESC;
+                return true;
+            }
             if (f->rx_on) {
                 const uint32_t u = f->rxu;
                 if (u >= 0xD800 && u <= 0xDFFF) return false; /* (a surrogate: the character is written as itself) */
@@ -449,6 +462,17 @@ static bool step(fl_json_fsm *f, unsigned c) {
                 return pattern_step(f, o, n);
             }
         }
+        return true;
+    case S_LOW_ESC:
+    case S_LOW_U:
+        if (c != (f->st == S_LOW_ESC ? '\\' : 'u')) return false;
+        if (f->sc && f->key && !key_byte(f, c)) return false;
+        if (f->st == S_LOW_U) {
+            f->sub = 4;
+            f->rxu = 0;
+            f->low = 1;
+        }
+        f->st = f->st == S_LOW_ESC ? S_LOW_U : S_HEX;
         return true;
     case S_NUM_MINUS:
         if (c == '0') f->st = S_NUM_ZERO;

@@ -51,6 +51,7 @@ typedef struct fl_json_fsm {
     uint8_t lit;        /* which literal (0 true, 1 false, 2 null) */
     uint8_t num_neg;    /* the integer being read (bounded, schema mode) is negative */
     uint8_t num_nd;     /* its digits so far */
+    uint8_t low;        /* the \u escape being read is a surrogate pair's low half */
     uint16_t depth;     /* open containers */
     const struct fl_json_schema *sc; /* NULL: any one object (json_object) */
     int32_t node;       /* schema mode: node of the string / number / enum value being read */
