@@ -390,6 +390,7 @@ int fl_bench_serve(int argc, char **argv) {
         {"json-schema", 0, FL_OPT_STR, "every output is constrained to a value of the JSON Schema in FILE (ends when complete)"},
         {"regex", 0, FL_OPT_STR, "PATTERN  every output is constrained to a whole match of this regex (vLLM's guided_regex; ends when nothing extends it)"},
         {"grammar", 0, FL_OPT_STR, "FILE  every output is constrained to a sentence of the GBNF grammar in FILE (llama.cpp's grammar; ends when nothing extends it)"},
+        {"guide-mem", 0, FL_OPT_BYTES, "BYTES  memory for the requests' output constraints, in the plan and enforced (default: 16M, or --mem / 16 when less, for a workload with constraints; 0 without)"},
         {"guide-masks", 0, FL_OPT_INT, "N  token masks the engine keeps for regex and grammar states (default 256; 0: every mask computed)"},
         {"regex-pcre2", 0, FL_OPT_FLAG, "--regex always on PCRE2's matcher (by default a pattern of the common subset runs as a grammar)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
@@ -399,7 +400,7 @@ int fl_bench_serve(int argc, char **argv) {
     };
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench serve -m MODEL [--requests N] [--rate R] [--prompt-len DIST] "
-                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object | --json-schema FILE | --regex PATTERN | --grammar FILE] [--guide-masks N] [--regex-pcre2] [--baseline static] [--json]",
+                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object | --json-schema FILE | --regex PATTERN | --grammar FILE] [--guide-masks N] [--guide-mem BYTES] [--regex-pcre2] [--baseline static] [--json]",
                           "Serve a synthetic workload through the continuous-batching engine and report\n"
                           "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
                           "peak memory, and the decode-only steps' tokens/s and weight GOP/s against the measured int8 peak.  --baseline static adds the same workload as static padded batches.",
@@ -496,6 +497,10 @@ int fl_bench_serve(int argc, char **argv) {
         rc.ep.guide_masks = (int32_t)gm;
     }
     rc.ep.regex_pcre2 = fl_args_get(opts, "regex-pcre2")->set;
+    /* as for logprobs: the constraints' budget only where the workload has constraints */
+    if (fl_args_get(opts, "guide-mem")->set) rc.ep.guide_mem = fl_args_get(opts, "guide-mem")->i;
+    else if (!rc.json_object && !fl_args_get(opts, "json-schema")->set && !fl_args_get(opts, "regex")->set && !fl_args_get(opts, "grammar")->set)
+        rc.ep.guide_mem = 0;
     if (fl_args_get(opts, "logprobs")->set && (rc.logprobs < 0 || rc.logprobs > FL_MAX_TOP_LOGPROBS)) {
         fprintf(stderr, "fitllm bench serve: --logprobs takes 0..%d\n", FL_MAX_TOP_LOGPROBS);
         return 2;
@@ -556,6 +561,11 @@ int fl_bench_serve(int argc, char **argv) {
         /* the plan sizes the KV pool for the whole limit; both engines get that pool */
         fl_plan_engine_in pi;
         uint64_t kvm = 0;
+        if (rc.ep.guide_mem < 0) { /* the default constraints' budget as under this limit */
+            rc.ep.mem_total = o->i;
+            rc.ep.guide_mem = fl_engine_guide_mem(&rc.ep);
+            rc.ep.mem_total = 0;
+        }
         fl_status pst = fl_engine_plan_input(&rc.ep, &pi);
         if (pst == FL_OK) pst = fl_plan_engine_kv_mem(&pi, (uint64_t)o->i, &kvm);
         if (pst != FL_OK) {

@@ -120,6 +120,7 @@ int fl_cmd_demo(int argc, char **argv) {
     fl_engine_params ep;
     fl_engine_params_default(&ep);
     ep.max_logprobs = -1; /* the demo's requests ask for none: no records in its plan */
+    ep.guide_mem = 0;     /* nor output constraints */
     ep.model_path = model;
     ep.n_threads = (o = fl_args_get(opts, "threads"))->set ? (int32_t)o->i : 0;
     if ((o = fl_args_get(opts, "max-seqs"))->set) ep.max_seqs = (int32_t)o->i;

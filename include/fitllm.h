@@ -52,6 +52,8 @@ typedef enum fl_mem_cat {
     FL_MEM_OPTIM,       /* optimizer states */
     FL_MEM_COMM,        /* communication buffers */
     FL_MEM_NET,         /* HTTP server buffers */
+    FL_MEM_GUIDE,       /* requests' output constraints: compiled grammars, regexes and JSON schemas,
+                         * their states, allowed_token_ids and bad_words (the engine's guide_mem) */
     FL_MEM_MISC,        /* everything else (tokenizer, metadata, bookkeeping) */
     FL_MEM_COUNT
 } fl_mem_cat;
@@ -66,6 +68,8 @@ void fl_mem_reset_peaks(void);              /* peak := current, all categories *
 void fl_mem_set_budget(fl_mem_cat cat, size_t bytes);
 void fl_mem_set_budget_total(size_t bytes);
 size_t fl_mem_budget(fl_mem_cat cat);
+/* Allocations refused so far because they would have passed cat's own budget (not the total's). */
+size_t fl_mem_refused(fl_mem_cat cat);
 /* Text report (one line per non-empty category + total). */
 void fl_mem_report(FILE *out);
 /* JSON report {"current":{cat:bytes,...,"total":n},"peak":{...}} written into buf (1024 bytes
@@ -123,7 +127,16 @@ typedef struct fl_engine_params {
     int32_t regex_pcre2;        /* 1: guided_regex always runs on PCRE2's matcher; 0 (default): a pattern of
                                  * the common subset (docs/SERVER.md) runs as a grammar, whose masks are kept
                                  * by canonical state and which offers byte tokens */
+    int64_t guide_mem;          /* bytes for the output constraints of all queued and running requests
+                                 * (FL_MEM_GUIDE: compiled grammars, regexes and JSON schemas, their states,
+                                 * allowed_token_ids, bad_words), in the plan and enforced (a process-wide
+                                 * budget while the engine lives): a request that does not fit is refused
+                                 * (FL_ERR_BUDGET while others hold it, FL_ERR_INVALID when it alone needs
+                                 * more), one whose state outgrows it finishes with FL_FINISH_ERROR.
+                                 * -1 (default): FL_GUIDE_MEM_DEFAULT, or mem_total / 16 when that is less;
+                                 * 0: no constrained requests */
 } fl_engine_params;
+#define FL_GUIDE_MEM_DEFAULT ((int64_t)16 << 20)
 
 void fl_engine_params_default(fl_engine_params *p);
 
@@ -243,6 +256,7 @@ typedef struct fl_request_output {
     fl_finish_reason finish;    /* != NONE once this sample is done */
     int32_t n_prompt, n_generated, n_cached_prompt;
     double ttft_s;              /* time to first token (set once the first token exists) */
+    const char *error;          /* finish == FL_FINISH_ERROR: why, where known (valid until the next poll); else NULL */
 } fl_request_output;
 
 typedef struct fl_engine_stats {

@@ -359,6 +359,21 @@ post "$URL_P" /v1/completions '{"prompt":"a","max_tokens":2,"priority":1.5}'
 check "priority must be an integer" '[ "$(status)" = 400 ]'
 kill -TERM "$PID_P"; wait "$PID_P"
 
+# --guide-mem: the output constraints' budget, enforced.  A grammar alone larger than it -> 400;
+# one whose token walk outgrows what is left -> finish "error" with the reason; JSON mode fits;
+# /metrics shows the budget and the refusals
+start_server G -c 256 --guide-mem 12K
+U=$URL_G
+errcase "--guide-mem 12K: a grammar of 1000 alternatives" 400 /v1/completions "{\"prompt\":\"a\",\"grammar\":\"root ::= $(python3 -c 'print(" | ".join(chr(92) + "\"w%d" % i + chr(92) + "\"" for i in range(1000)))')\"}"
+check "  ... says it needs more than guide_mem" 'grep -q "needs more memory than guide_mem (12.00 KiB)" "$TMP/body"'
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":20,"grammar":"root ::= (\"Yes\" | \"No\") \", \" [a-z]+"}'
+check "--guide-mem 12K: a grammar whose walk outgrows it ends with finish_reason error and why" '[ "$(status)" = 200 ] && [ "$(jq_ "d[\"choices\"][0][\"finish_reason\"]")" = error ] && jq_ "d[\"choices\"][0][\"error\"]" | grep -q "outgrew what is left of guide_mem (12.00 KiB)"'
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":8,"response_format":{"type":"json_object"}}'
+check "--guide-mem 12K: JSON mode fits" '[ "$(status)" = 200 ] && [ "$(jq_ "d[\"choices\"][0][\"finish_reason\"]")" != error ]'
+m=$(curl -s "$U/metrics")
+check "metrics: the guide budget and its refusals" 'echo "$m" | grep -q "fitllm_memory_budget_bytes{category=\"guide\"} 12288" && echo "$m" | grep -Eq "fitllm_memory_refused_total\{category=\"guide\"\} [1-9]" && echo "$m" | grep -q "fitllm_memory_bytes{category=\"guide\"} 0"'
+kill -TERM "$PID_G"; wait "$PID_G"
+
 # random valid and invalid requests, clients leaving early, a KV pool small enough to preempt,
 # priorities that reorder and preempt
 # (tests/serve_stress.py): no 5xx, no crash, every block back at the end, exit 0 on SIGTERM

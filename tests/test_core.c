@@ -40,18 +40,32 @@ static void test_alloc_counts(void **state) {
 static void test_budget(void **state) {
     (void)state;
     fl_mem_set_budget(FL_MEM_KV, 4096);
+    const size_t refused = fl_mem_refused(FL_MEM_KV), refused_misc = fl_mem_refused(FL_MEM_MISC);
     void *a = fl_alloc(FL_MEM_KV, 4000, 0);
     assert_non_null(a);
+    assert_int_equal(fl_mem_refused(FL_MEM_KV), refused);
     void *b = fl_alloc(FL_MEM_KV, 200, 0);
     assert_null(b);
     assert_non_null(strstr(fl_last_error(), "budget"));
+    assert_int_equal(fl_mem_refused(FL_MEM_KV), refused + 1);
     assert_int_equal(fl_mem_current(FL_MEM_KV), 4000); /* refused allocation left no trace */
     fl_free(FL_MEM_KV, a, 4000);
     fl_mem_set_budget(FL_MEM_KV, 0);
     fl_mem_set_budget_total(100);
     assert_null(fl_alloc(FL_MEM_MISC, 101, 0));
     assert_int_equal(fl_mem_current(FL_MEM_MISC), 0);
+    assert_int_equal(fl_mem_refused(FL_MEM_MISC), refused_misc); /* (the total's refusal, not MISC's) */
     fl_mem_set_budget_total(0);
+    /* the malloc-style pair with a context charges the context's category (NULL: MISC) */
+    void *g = fl_mem_malloc_ctx(100, fl_mem_ctx(FL_MEM_GUIDE)), *m = fl_mem_malloc_ctx(50, NULL);
+    assert_non_null(g);
+    assert_non_null(m);
+    assert_int_equal(fl_mem_current(FL_MEM_GUIDE), 116);
+    assert_int_equal(fl_mem_current(FL_MEM_MISC), 66);
+    fl_mem_free_ctx(g, fl_mem_ctx(FL_MEM_GUIDE));
+    fl_mem_free_ctx(m, NULL);
+    assert_int_equal(fl_mem_current(FL_MEM_GUIDE), 0);
+    assert_string_equal(fl_mem_cat_name(FL_MEM_GUIDE), "guide");
     assert_int_equal(fl_mem_charge(FL_MEM_MAPPED, 10), FL_OK);
     fl_mem_uncharge(FL_MEM_MAPPED, 10);
     fl_test_mem_zero();

@@ -633,11 +633,12 @@ static int32_t json_piece(void *ctx, int32_t tok, char *buf, int32_t cap) {
 
 static int32_t g_regex_pcre2; /* the toy engines' fl_engine_params.regex_pcre2 */
 
-/* The toy model whose pieces are JSON_PIECES, in an engine of default parameters. */
-static fl_engine *json_toy_engine_masks(int32_t guide_masks) {
+/* The toy model whose pieces are JSON_PIECES, in an engine of default parameters but these. */
+static fl_engine *json_toy_engine_mm(int32_t guide_masks, int64_t guide_mem) {
     fl_engine_params p;
     fl_engine_params_default(&p);
     p.guide_masks = guide_masks;
+    p.guide_mem = guide_mem;
     p.regex_pcre2 = g_regex_pcre2;
     fl_engine_backend be;
     toy_new(4, 1000, 0, &be);
@@ -646,6 +647,7 @@ static fl_engine *json_toy_engine_masks(int32_t guide_masks) {
     assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_OK);
     return e;
 }
+static fl_engine *json_toy_engine_masks(int32_t guide_masks) { return json_toy_engine_mm(guide_masks, -1); }
 static fl_engine *json_toy_engine(void) { return json_toy_engine_masks(FL_MASK_CACHE_DEFAULT); }
 
 /* Step e until it is idle; the one request's text into text, its token count, its finish;
@@ -960,6 +962,102 @@ static void test_toy_grammar(void **state) {
     int32_t n_tok = 0;
     assert_int_equal(run_json_request(e, text, &n_tok), FL_FINISH_ERROR);
     assert_int_equal(n_tok, 0);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
+/* The constraints' budget (guide_mem): 0 refuses constrained requests; a request that alone needs
+ * more is refused as invalid, one that does not fit beside the others as over budget; a state that
+ * outgrows what is left ends its request with an error that says so; everything comes back. */
+static fl_engine *json_toy_engine_guide(int64_t guide_mem) {
+    fl_engine *e = json_toy_engine_mm(FL_MASK_CACHE_DEFAULT, guide_mem);
+    assert_int_equal(fl_mem_budget(FL_MEM_GUIDE), guide_mem ? (size_t)guide_mem : 1);
+    return e;
+}
+
+static void test_toy_guide_mem(void **state) {
+    (void)state;
+    const char *lists = "root ::= \"[\" (v (\",\" \" \"? v)*)? \"]\"\nv ::= \"1\" | \"-2.5\" | root\n";
+    int32_t prompt[2] = {1, 3}, ok_ids[2] = {4, 5};
+    int64_t id;
+    fl_request_params q = {.prompt = prompt, .n_prompt = 2, .max_tokens = 8};
+    fl_sampling_params_default(&q.sampling);
+    /* 0: no constraint of any kind; plain requests run */
+    fl_engine *e = json_toy_engine_guide(0);
+    const fl_request_params cons[] = {
+        {.prompt = prompt, .n_prompt = 2, .max_tokens = 8, .grammar = lists},
+        {.prompt = prompt, .n_prompt = 2, .max_tokens = 8, .json_object = 1},
+        {.prompt = prompt, .n_prompt = 2, .max_tokens = 8, .regex = "1+"},
+        {.prompt = prompt, .n_prompt = 2, .max_tokens = 8, .allowed_token_ids = ok_ids, .n_allowed_token_ids = 2},
+    };
+    for (size_t i = 0; i < sizeof cons / sizeof *cons; i++) {
+        assert_int_equal(fl_engine_add(e, &cons[i], &id), FL_ERR_INVALID);
+        assert_non_null(strstr(fl_last_error(), "output constraints are off in this engine (guide_mem 0)"));
+    }
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+    char text[4096] = "";
+    int32_t n_tok = 0;
+    assert_int_equal(run_json_request(e, text, &n_tok), FL_FINISH_LENGTH);
+    fl_engine_free(e);
+    assert_int_equal(fl_mem_budget(FL_MEM_GUIDE), 0); /* the engine's budget goes with it */
+    /* 1 KiB: a grammar alone needs more */
+    e = json_toy_engine_guide(1024);
+    assert_int_equal(fl_engine_add(e, &cons[0], &id), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "needs more memory than guide_mem (1.00 KiB)"));
+    assert_int_equal(fl_mem_current(FL_MEM_GUIDE), 0);
+    fl_engine_free(e);
+    /* 64 KiB: grammars compile until the budget is held; their token walks (a 256 KiB memo) do not fit */
+    e = json_toy_engine_guide(64 << 10);
+    int n_added = 0;
+    fl_status st;
+    while ((st = fl_engine_add(e, &cons[0], &id)) == FL_OK) {
+        n_added++;
+        assert_true(fl_mem_current(FL_MEM_GUIDE) <= (64u << 10));
+        assert_true(n_added < 64);
+    }
+    assert_int_equal(st, FL_ERR_BUDGET);
+    assert_non_null(strstr(fl_last_error(), "of guide_mem (64.00 KiB) is held by the queued and running requests"));
+    assert_true(n_added >= 2);
+    const size_t held = fl_mem_current(FL_MEM_GUIDE);
+    assert_true(held > 0);
+    /* a plain request is not affected */
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+    assert_int_equal(fl_mem_current(FL_MEM_GUIDE), held);
+    int errors = 0, plain = 0, active = 1;
+    while (active) {
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output ev[8];
+        const int32_t k = fl_engine_poll(e, ev, 8);
+        for (int32_t j = 0; j < k; j++) {
+            if (ev[j].finish == FL_FINISH_ERROR) {
+                assert_non_null(ev[j].error);
+                if (!strstr(ev[j].error, "outgrew what is left of guide_mem (64.00 KiB)")) fail_msg("error: %s", ev[j].error);
+                errors++;
+            } else {
+                assert_null(ev[j].error);
+                plain += ev[j].finish == FL_FINISH_LENGTH;
+            }
+        }
+    }
+    assert_int_equal(errors, n_added);
+    assert_int_equal(plain, 1);
+    assert_int_equal(fl_mem_current(FL_MEM_GUIDE), 0);
+    fl_engine_free(e);
+    /* 4 MiB: more of the same grammars (and JSON, allowed_token_ids) run to their ends, inside the budget */
+    fl_mem_reset_peaks();
+    e = json_toy_engine_guide(4 << 20);
+    for (int i = 0; i < 8; i++) assert_int_equal(fl_engine_add(e, &cons[i & 1 ? 0 : i & 2 ? 1 : 3], &id), FL_OK);
+    active = 1;
+    errors = 0;
+    while (active) {
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output ev[8];
+        const int32_t k = fl_engine_poll(e, ev, 8);
+        for (int32_t j = 0; j < k; j++) errors += ev[j].finish == FL_FINISH_ERROR;
+    }
+    assert_int_equal(errors, 0);
+    assert_true(fl_mem_peak(FL_MEM_GUIDE) > held && fl_mem_peak(FL_MEM_GUIDE) <= (4u << 20));
+    assert_int_equal(fl_mem_current(FL_MEM_GUIDE), 0);
     fl_engine_free(e);
     fl_test_mem_zero();
 }
@@ -1852,6 +1950,7 @@ int main(void) {
         cmocka_unit_test(test_toy_choices),
         cmocka_unit_test(test_toy_regex),
         cmocka_unit_test(test_toy_grammar),
+        cmocka_unit_test(test_toy_guide_mem),
         cmocka_unit_test(test_toy_min_tokens_stop_ids),
         cmocka_unit_test(test_toy_allowed_token_ids),
         cmocka_unit_test(test_toy_bad_words),

@@ -499,7 +499,7 @@ static void test_as_grammar(void **state) {
             if (want != got) fail_msg("'%s' on '%s': PCRE2 %d, as a grammar %d (%s)", patterns[i], t, want, got, gbnf);
             sentences += got == 1;
         }
-        fl_free(FL_MEM_MISC, gbnf, len + 1);
+        fl_free(FL_MEM_GUIDE, gbnf, len + 1);
     }
     assert_true(sentences > 100);
     /* outside the subset: PCRE2 keeps them */

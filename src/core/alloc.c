@@ -15,6 +15,7 @@ typedef struct {
     _Alignas(64) atomic_size_t cur;
     atomic_size_t peak;
     atomic_size_t budget;
+    atomic_size_t refused; /* allocations refused by this budget */
 } mem_counter;
 
 static mem_counter g_mem[FL_MEM_COUNT + 1]; /* last entry: total */
@@ -22,7 +23,7 @@ static atomic_long g_fail_after = -1;
 static atomic_int g_env_read;
 
 static const char *const cat_names[FL_MEM_COUNT] = {
-    "weights", "mapped", "kv", "act", "scratch", "grad", "optim", "comm", "net", "misc",
+    "weights", "mapped", "kv", "act", "scratch", "grad", "optim", "comm", "net", "guide", "misc",
 };
 
 const char *fl_mem_cat_name(fl_mem_cat cat) {
@@ -51,6 +52,7 @@ static fl_status charge(fl_mem_cat cat, size_t size) {
     size_t b = atomic_load_explicit(&c->budget, memory_order_relaxed);
     if (b && now > b) {
         atomic_fetch_sub_explicit(&c->cur, size, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->refused, 1, memory_order_relaxed);
         return fl_set_error(FL_ERR_BUDGET, "memory budget for '%s' exceeded: %zu + %zu > %zu bytes",
                             cat_names[cat], now - size, size, b);
     }
@@ -235,30 +237,36 @@ char *fl_strdup(fl_mem_cat cat, const char *s) {
 }
 
 /* Size-header pair: [size_t size][pad to 16][user] */
-void *fl_mem_malloc(size_t size) {
-    unsigned char *p = fl_alloc(FL_MEM_MISC, size + 16, 16);
+static void *malloc_cat(fl_mem_cat cat, size_t size) {
+    unsigned char *p = fl_alloc(cat, size + 16, 16);
     if (!p) return NULL;
     memcpy(p, &size, sizeof size);
     return p + 16;
 }
 
-void fl_mem_free_any(void *ptr) {
+static void free_cat(fl_mem_cat cat, void *ptr) {
     if (!ptr) return;
     unsigned char *p = (unsigned char *)ptr - 16;
     size_t size;
     memcpy(&size, p, sizeof size);
-    fl_free(FL_MEM_MISC, p, size + 16);
+    fl_free(cat, p, size + 16);
 }
 
-void *fl_mem_malloc_ctx(size_t size, void *ctx) {
-    (void)ctx;
-    return fl_mem_malloc(size);
+void *fl_mem_malloc(size_t size) { return malloc_cat(FL_MEM_MISC, size); }
+void fl_mem_free_any(void *ptr) { free_cat(FL_MEM_MISC, ptr); }
+
+static const fl_mem_cat ctx_cats[FL_MEM_COUNT] = {
+    FL_MEM_WEIGHTS, FL_MEM_MAPPED, FL_MEM_KV, FL_MEM_ACT, FL_MEM_SCRATCH, FL_MEM_GRAD, FL_MEM_OPTIM, FL_MEM_COMM, FL_MEM_NET, FL_MEM_GUIDE, FL_MEM_MISC,
+};
+_Static_assert(FL_MEM_MISC + 1 == FL_MEM_COUNT, "ctx_cats lists every category");
+
+void *fl_mem_ctx(fl_mem_cat cat) {
+    FL_ASSERT((unsigned)cat < FL_MEM_COUNT && ctx_cats[cat] == cat);
+    return (void *)&ctx_cats[cat];
 }
 
-void fl_mem_free_ctx(void *ptr, void *ctx) {
-    (void)ctx;
-    fl_mem_free_any(ptr);
-}
+void *fl_mem_malloc_ctx(size_t size, void *ctx) { return malloc_cat(ctx ? *(const fl_mem_cat *)ctx : FL_MEM_MISC, size); }
+void fl_mem_free_ctx(void *ptr, void *ctx) { free_cat(ctx ? *(const fl_mem_cat *)ctx : FL_MEM_MISC, ptr); }
 
 void fl_mem_install_cjson_hooks(void) {
     static cJSON_Hooks hooks = {fl_mem_malloc, fl_mem_free_any};
@@ -279,6 +287,7 @@ void fl_mem_set_budget(fl_mem_cat cat, size_t bytes) {
 }
 void fl_mem_set_budget_total(size_t bytes) { atomic_store(&g_mem[FL_MEM_COUNT].budget, bytes); }
 size_t fl_mem_budget(fl_mem_cat cat) { return (unsigned)cat < FL_MEM_COUNT ? atomic_load(&g_mem[cat].budget) : 0; }
+size_t fl_mem_refused(fl_mem_cat cat) { return (unsigned)cat < FL_MEM_COUNT ? atomic_load(&g_mem[cat].refused) : 0; }
 
 bool fl_mem_all_zero(void) {
     for (int i = 0; i <= FL_MEM_COUNT; i++)

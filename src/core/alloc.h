@@ -46,9 +46,11 @@ void fl_mem_fail_after(long n); /* n < 0 disables injection */
 /* malloc-compatible pair with a size header (for cJSON hooks and the like). */
 void *fl_mem_malloc(size_t size);
 void fl_mem_free_any(void *ptr);
-/* The same for allocators that pass a context pointer along (PCRE2's general contexts). */
+/* The same for allocators that pass a context pointer along (PCRE2's general contexts): ctx NULL
+ * charges FL_MEM_MISC, ctx = fl_mem_ctx(cat) charges cat. */
 void *fl_mem_malloc_ctx(size_t size, void *ctx);
 void fl_mem_free_ctx(void *ptr, void *ctx);
+void *fl_mem_ctx(fl_mem_cat cat);
 
 /* Install cJSON hooks so cJSON's allocations are charged to FL_MEM_MISC. Idempotent.
  * cJSON's hooks are global, and an object must be freed by the allocator that made it,

@@ -16,6 +16,7 @@
 #include "engine/sampling.h"
 
 #include "core/alloc.h"
+#include "plan/plan.h"
 #include "core/status.h"
 
 #include <math.h>
@@ -59,6 +60,9 @@ struct fl_engine {
     float *masked;              /* [n_vocab] */
     int32_t eog[16], n_eog;     /* end-of-generation ids (masked before a request's min_tokens) */
     fl_mask_cache *masks;       /* regex and grammar requests' token masks by state (guide_masks of them), or NULL */
+    int64_t guide_mem;          /* the constraints' budget (fl_engine_guide_mem), set on FL_MEM_GUIDE */
+    bool guide_budget_set;
+    size_t guide_refused;       /* fl_mem_refused(FL_MEM_GUIDE) when last looked at */
 
     fl_backend_kv_stats kv_snap; /* taken by the driver under the lock: the cache is never read
                                   * from other threads while a forward may be changing it */
@@ -86,6 +90,12 @@ void fl_engine_params_default(fl_engine_params *p) {
     p->seed = 1234;
     p->max_logprobs = FL_MAX_TOP_LOGPROBS;
     p->guide_masks = FL_MASK_CACHE_DEFAULT;
+    p->guide_mem = -1;
+}
+
+int64_t fl_engine_guide_mem(const fl_engine_params *p) {
+    if (p->guide_mem >= 0) return p->guide_mem;
+    return p->mem_total > 0 && p->mem_total / 16 < FL_GUIDE_MEM_DEFAULT ? p->mem_total / 16 : FL_GUIDE_MEM_DEFAULT;
 }
 
 void fl_sampling_params_default(fl_sampling_params *p) {
@@ -122,8 +132,8 @@ static fl_status req_sampler_new(fl_engine *e, fl_request *r, const fl_logit_bia
 static void req_free(fl_request *r) {
     if (!r) return;
     fl_sampler_free((fl_sampler *)r->sampler);
-    fl_free(FL_MEM_MISC, r->allowed, (size_t)r->allowed_words * sizeof *r->allowed);
-    fl_free(FL_MEM_MISC, r->bad, (size_t)r->bad_ints * sizeof *r->bad);
+    fl_free(FL_MEM_GUIDE, r->allowed, (size_t)r->allowed_words * sizeof *r->allowed);
+    fl_free(FL_MEM_GUIDE, r->bad, (size_t)r->bad_ints * sizeof *r->bad);
     fl_request_free(r);
 }
 
@@ -434,6 +444,16 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
         st = fl_set_error(FL_ERR_INVALID, "%s: guide_masks %d (0: none)", __func__, e->p.guide_masks);
         goto fail;
     }
+    if (e->p.guide_mem < -1) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: guide_mem %lld (-1: the default, 0: no constrained requests)", __func__,
+                          (long long)e->p.guide_mem);
+        goto fail;
+    }
+    /* the constraints' budget: 0 refuses them at fl_engine_add (a 1-byte budget backs that up) */
+    e->guide_mem = fl_engine_guide_mem(&e->p);
+    fl_mem_set_budget(FL_MEM_GUIDE, e->guide_mem > 0 ? (size_t)e->guide_mem : 1);
+    e->guide_budget_set = true;
+    e->guide_refused = fl_mem_refused(FL_MEM_GUIDE);
     if (e->p.max_seqs < 1 || e->p.max_batch_tokens < 1 || be->n_vocab < 1) {
         st = fl_set_error(FL_ERR_INVALID, "%s: max_seqs (%d) and max_batch_tokens (%d) must be >= 1", __func__,
                           e->p.max_seqs, e->p.max_batch_tokens);
@@ -490,7 +510,9 @@ void fl_engine_free(fl_engine *e) {
     free_buffers(e);
     if (e->be.free) e->be.free(e->be.ctx);
     pthread_mutex_destroy(&e->mu);
+    const bool budget = e->guide_budget_set;
     fl_free(FL_MEM_MISC, e, sizeof *e);
+    if (budget) fl_mem_set_budget(FL_MEM_GUIDE, 0);
 }
 
 /* ---- requests ---- */
@@ -499,6 +521,24 @@ static fl_request *find_req(fl_engine *e, int64_t id, int32_t sample) {
     for (int32_t i = 0; i < e->n_reqs; i++)
         if (e->reqs[i]->id == id && e->reqs[i]->sample == sample) return e->reqs[i];
     return NULL;
+}
+
+/* A request that failed with st: where an allocation passed the constraints' budget on the way
+ * (the refusal count moved from refused0), say so.  FL_ERR_INVALID when nothing else holds
+ * constraint memory (the request alone needs more than guide_mem), FL_ERR_BUDGET when the queued
+ * and running requests hold it (it may fit later). */
+static fl_status guide_refusal(fl_engine *e, fl_status st, size_t refused0) {
+    const size_t refused = fl_mem_refused(FL_MEM_GUIDE);
+    if (refused == refused0) return st;
+    e->guide_refused = refused; /* (seen: not a later step's) */
+    char b[32], u[32];
+    fl_plan_fmt_bytes((uint64_t)e->guide_mem, b, sizeof b);
+    const size_t used = fl_mem_current(FL_MEM_GUIDE);
+    if (used == 0)
+        return fl_set_error(FL_ERR_INVALID, "the request's output constraint needs more memory than guide_mem (%s) allows", b);
+    fl_plan_fmt_bytes(used, u, sizeof u);
+    return fl_set_error(FL_ERR_BUDGET, "output constraints: %s of guide_mem (%s) is held by the queued and running requests; "
+                        "this one does not fit now", u, b);
 }
 
 fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
@@ -558,6 +598,11 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
         if (p->prompt[i] < 0 || p->prompt[i] >= e->be.n_vocab)
             return fl_set_error(FL_ERR_INVALID, "%s: prompt token %d = %d out of the vocabulary (%d)", __func__, i,
                                 p->prompt[i], e->be.n_vocab);
+    const bool constrained = p->json_object || p->json_schema || p->n_choices || p->regex || p->grammar ||
+                             p->n_allowed_token_ids > 0 || p->n_bad_words > 0;
+    if (constrained && e->guide_mem == 0)
+        return fl_set_error(FL_ERR_INVALID, "%s: output constraints are off in this engine (guide_mem 0)", __func__);
+    const size_t refused0 = fl_mem_refused(FL_MEM_GUIDE);
     fl_request_params q = *p;
     q.max_tokens = max_tokens;
     /* an adapter changes the prompt's K/V: its blocks are cached under a salt of their own */
@@ -569,7 +614,15 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
      * so a bad pattern is refused with PCRE2's message */
     char *rx_gbnf = NULL;
     size_t rx_gbnf_len = 0;
-    if (q.regex && !e->p.regex_pcre2 && fl_regex_to_gbnf(q.regex, &rx_gbnf, &rx_gbnf_len) == FL_ERR_NOMEM) return FL_ERR_NOMEM;
+    if (q.regex && !e->p.regex_pcre2) {
+        const fl_status rst = fl_regex_to_gbnf(q.regex, &rx_gbnf, &rx_gbnf_len);
+        if (rst == FL_ERR_NOMEM || rst == FL_ERR_BUDGET) {
+            pthread_mutex_lock(&e->mu);
+            const fl_status gst = guide_refusal(e, rst, refused0);
+            pthread_mutex_unlock(&e->mu);
+            return gst;
+        }
+    }
     pthread_mutex_lock(&e->mu);
     int64_t rid = e->next_id++;
     if (q.sampling.seed == 0) q.sampling.seed = (uint64_t)e->p.seed + (uint64_t)rid * 7919u;
@@ -587,7 +640,7 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
                 fl_regex_guide_free(r->regex);
                 r->regex = NULL;
                 r->grammar = g;
-            } else if (st == FL_ERR_NOMEM) {
+            } else if (st == FL_ERR_NOMEM || st == FL_ERR_BUDGET) {
                 req_free(r);
                 break;
             } else {
@@ -597,7 +650,7 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
         }
         if (p->n_allowed_token_ids > 0) { /* the allowed tokens as a bitmask */
             const int32_t words = (e->be.n_vocab + 63) / 64;
-            if (!(r->allowed = fl_calloc(FL_MEM_MISC, (size_t)words, sizeof *r->allowed))) {
+            if (!(r->allowed = fl_calloc(FL_MEM_GUIDE, (size_t)words, sizeof *r->allowed))) {
                 req_free(r);
                 st = fl_set_error(FL_ERR_NOMEM, "%s: no memory for allowed_token_ids", __func__);
                 break;
@@ -608,7 +661,7 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
         }
         if (p->n_bad_words > 0) { /* each sequence: its length, then its tokens */
             r->bad_ints = bad_ints + p->n_bad_words;
-            if (!(r->bad = fl_alloc(FL_MEM_MISC, (size_t)r->bad_ints * sizeof *r->bad, 0))) {
+            if (!(r->bad = fl_alloc(FL_MEM_GUIDE, (size_t)r->bad_ints * sizeof *r->bad, 0))) {
                 req_free(r);
                 st = fl_set_error(FL_ERR_NOMEM, "%s: no memory for bad_words", __func__);
                 break;
@@ -644,8 +697,9 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
                 if (e->reqs[i] == r) e->reqs[i] = e->reqs[--e->n_reqs];
             req_free(r);
         }
+    fl_free(FL_MEM_GUIDE, rx_gbnf, rx_gbnf ? rx_gbnf_len + 1 : 0);
+    if (st != FL_OK) st = guide_refusal(e, st, refused0);
     pthread_mutex_unlock(&e->mu);
-    fl_free(FL_MEM_MISC, rx_gbnf, rx_gbnf ? rx_gbnf_len + 1 : 0);
     if (st == FL_OK && id) *id = rid;
     return st;
 }
@@ -656,6 +710,17 @@ static void finish(fl_engine *e, fl_request *r, fl_finish_reason why) {
     if (r->state == FL_REQ_FINISHED) return;
     r->state = FL_REQ_FINISHED;
     r->finish = why;
+    if (why == FL_FINISH_ERROR && !r->error[0]) { /* why, from the failing call just made on this thread */
+        const size_t refused = fl_mem_refused(FL_MEM_GUIDE);
+        if (refused != e->guide_refused && (r->json || r->regex || r->grammar)) {
+            char b[32];
+            fl_plan_fmt_bytes((uint64_t)e->guide_mem, b, sizeof b);
+            snprintf(r->error, sizeof r->error, "the output constraint's state outgrew what is left of guide_mem (%s): %s", b, fl_last_error());
+        } else {
+            snprintf(r->error, sizeof r->error, "%s", fl_last_error());
+        }
+        e->guide_refused = refused;
+    }
     r->t_finish = now_s() - e->t0;
     int64_t s, n;
     fl_stop_release(&r->stop, true, &s, &n);
@@ -857,7 +922,7 @@ int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
         fl_request *r = e->reqs[i];
         if (!r->event_pending) continue;
         need_tok += fl_request_n_generated(r) - r->n_streamed;
-        need_text += r->stop.emitted - r->text_pending_start + 1;
+        need_text += r->stop.emitted - r->text_pending_start + 1 + (int64_t)strlen(r->error) + 1;
         if (r->logprobs) need_lp += (int64_t)(fl_request_n_generated(r) - r->n_streamed) * (1 + r->n_top);
         if (r->prompt_logprobs) need_lp += (int64_t)(r->n_plp - r->n_plp_sent) * (1 + r->n_top);
         n++;
@@ -904,6 +969,12 @@ int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
         o->new_text = e->poll_text + ox;
         ox += tl + 1;
         o->finish = r->state == FL_REQ_FINISHED ? r->finish : FL_FINISH_NONE;
+        if (o->finish == FL_FINISH_ERROR && r->error[0]) {
+            const size_t el = strlen(r->error);
+            memcpy(e->poll_text + ox, r->error, el + 1);
+            o->error = e->poll_text + ox;
+            ox += (int64_t)el + 1;
+        }
         o->n_prompt = r->n_prompt;
         o->n_generated = fl_request_n_generated(r);
         o->n_cached_prompt = r->n_cached_prompt;

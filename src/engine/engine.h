@@ -20,6 +20,8 @@ double fl_engine_forward_seconds(const fl_engine *e);
  * fl_plan_engine_kv_mem over this input and sets the allocator's total budget to mem_total
  * (cleared when the engine is freed). */
 struct fl_plan_engine_in;
+/* The output constraints' budget p asks for (fl_engine_params.guide_mem, -1 resolved). */
+int64_t fl_engine_guide_mem(const fl_engine_params *p);
 fl_status fl_engine_plan_input(const fl_engine_params *p, struct fl_plan_engine_in *pi);
 
 #endif

@@ -30,7 +30,7 @@ static bool grow(void **p, int32_t *cap, int64_t need, size_t size) {
     int64_t nc = *cap ? *cap : 16;
     while (nc < need) nc *= 2;
     if (nc > INT32_MAX / 2) return false;
-    void *q = fl_realloc(FL_MEM_MISC, *p, (size_t)*cap * size, (size_t)nc * size, 0);
+    void *q = fl_realloc(FL_MEM_GUIDE, *p, (size_t)*cap * size, (size_t)nc * size, 0);
     if (!q) return false;
     *p = q;
     *cap = (int32_t)nc;
@@ -211,7 +211,7 @@ static uint64_t name_hash(const char *name, int32_t len) { return XXH3_64bits(na
 static int32_t named_rule(gbuild *b, const char *name, int32_t len) {
     if (2 * (b->n_names + 1) > b->cap_names) { /* grow the table to keep it at most half full */
         const int32_t nc = b->cap_names ? 2 * b->cap_names : 64;
-        int32_t *t = fl_alloc(FL_MEM_MISC, (size_t)nc * sizeof *t, 0);
+        int32_t *t = fl_alloc(FL_MEM_GUIDE, (size_t)nc * sizeof *t, 0);
         if (!t) return nomem(b), -1;
         for (int32_t i = 0; i < nc; i++) t[i] = -1;
         for (int32_t i = 0; i < b->cap_names; i++) {
@@ -221,7 +221,7 @@ static int32_t named_rule(gbuild *b, const char *name, int32_t len) {
             while (t[h] >= 0) h = (h + 1) & (size_t)(nc - 1);
             t[h] = r;
         }
-        fl_free(FL_MEM_MISC, b->names, (size_t)b->cap_names * sizeof *b->names);
+        fl_free(FL_MEM_GUIDE, b->names, (size_t)b->cap_names * sizeof *b->names);
         b->names = t;
         b->cap_names = nc;
     }
@@ -518,28 +518,28 @@ static fl_status advance(fl_grammar_guide *g, const gset *in, uint32_t cp, gset 
 
 void fl_grammar_guide_free(fl_grammar_guide *g) {
     if (!g) return;
-    fl_free(FL_MEM_MISC, g->el, (size_t)g->n_el * sizeof *g->el);
-    fl_free(FL_MEM_MISC, g->rg, (size_t)g->n_rg * sizeof *g->rg);
-    fl_free(FL_MEM_MISC, g->alt_off, (size_t)(g->n_rules + 1) * sizeof *g->alt_off);
-    fl_free(FL_MEM_MISC, g->alts, (size_t)g->n_alts * sizeof *g->alts);
-    fl_free(FL_MEM_MISC, g->cur.v, (size_t)g->cur.cap * sizeof(uint32_t));
-    for (int i = 0; i < 2; i++) fl_free(FL_MEM_MISC, g->x[i].v, (size_t)g->x[i].cap * sizeof(uint32_t));
-    for (int32_t i = 0; i < g->n_lv; i++) fl_free(FL_MEM_MISC, g->lv[i].v, (size_t)g->lv[i].cap * sizeof(uint32_t));
-    fl_free(FL_MEM_MISC, g->lv, (size_t)g->n_lv * sizeof *g->lv);
-    fl_free(FL_MEM_MISC, g->lvb, (size_t)g->n_lvb * sizeof *g->lvb);
-    fl_free(FL_MEM_MISC, g->buf, (FL_GRAMMAR_MAX_DEPTH + 1) * sizeof *g->buf);
-    fl_free(FL_MEM_MISC, g->sortp, (size_t)g->cap_sortp * sizeof *g->sortp);
-    fl_free(FL_MEM_MISC, g->lvh, (size_t)g->n_lvh * sizeof *g->lvh);
-    fl_free(FL_MEM_MISC, g->memo, g->memo ? MEMO_SLOTS * sizeof *g->memo : 0);
-    fl_free(FL_MEM_MISC, g->pool, (size_t)g->cap_pool * sizeof *g->pool);
-    fl_free(FL_MEM_MISC, g, sizeof *g);
+    fl_free(FL_MEM_GUIDE, g->el, (size_t)g->n_el * sizeof *g->el);
+    fl_free(FL_MEM_GUIDE, g->rg, (size_t)g->n_rg * sizeof *g->rg);
+    fl_free(FL_MEM_GUIDE, g->alt_off, (size_t)(g->n_rules + 1) * sizeof *g->alt_off);
+    fl_free(FL_MEM_GUIDE, g->alts, (size_t)g->n_alts * sizeof *g->alts);
+    fl_free(FL_MEM_GUIDE, g->cur.v, (size_t)g->cur.cap * sizeof(uint32_t));
+    for (int i = 0; i < 2; i++) fl_free(FL_MEM_GUIDE, g->x[i].v, (size_t)g->x[i].cap * sizeof(uint32_t));
+    for (int32_t i = 0; i < g->n_lv; i++) fl_free(FL_MEM_GUIDE, g->lv[i].v, (size_t)g->lv[i].cap * sizeof(uint32_t));
+    fl_free(FL_MEM_GUIDE, g->lv, (size_t)g->n_lv * sizeof *g->lv);
+    fl_free(FL_MEM_GUIDE, g->lvb, (size_t)g->n_lvb * sizeof *g->lvb);
+    fl_free(FL_MEM_GUIDE, g->buf, (FL_GRAMMAR_MAX_DEPTH + 1) * sizeof *g->buf);
+    fl_free(FL_MEM_GUIDE, g->sortp, (size_t)g->cap_sortp * sizeof *g->sortp);
+    fl_free(FL_MEM_GUIDE, g->lvh, (size_t)g->n_lvh * sizeof *g->lvh);
+    fl_free(FL_MEM_GUIDE, g->memo, g->memo ? MEMO_SLOTS * sizeof *g->memo : 0);
+    fl_free(FL_MEM_GUIDE, g->pool, (size_t)g->cap_pool * sizeof *g->pool);
+    fl_free(FL_MEM_GUIDE, g, sizeof *g);
 }
 
 static void build_free(gbuild *b) {
-    fl_free(FL_MEM_MISC, b->names, (size_t)b->cap_names * sizeof *b->names);
-    for (int32_t i = 0; i < b->n_rules; i++) fl_free(FL_MEM_MISC, b->rules[i].el, (size_t)b->rules[i].cap * sizeof(gel));
-    fl_free(FL_MEM_MISC, b->rules, (size_t)b->cap_rules * sizeof *b->rules);
-    fl_free(FL_MEM_MISC, b->rg, (size_t)b->cap_rg * sizeof *b->rg);
+    fl_free(FL_MEM_GUIDE, b->names, (size_t)b->cap_names * sizeof *b->names);
+    for (int32_t i = 0; i < b->n_rules; i++) fl_free(FL_MEM_GUIDE, b->rules[i].el, (size_t)b->rules[i].cap * sizeof(gel));
+    fl_free(FL_MEM_GUIDE, b->rules, (size_t)b->cap_rules * sizeof *b->rules);
+    fl_free(FL_MEM_GUIDE, b->rg, (size_t)b->cap_rg * sizeof *b->rg);
 }
 
 /* Rules that can reach themselves before consuming a character: refused (the recognizer would
@@ -547,8 +547,8 @@ static void build_free(gbuild *b) {
  * a search along the references each alternative starts with, past nullable ones. */
 static fl_status left_recursion(fl_grammar_guide *g, gbuild *b) {
     const int32_t nr = g->n_rules;
-    uint8_t *mark = fl_alloc(FL_MEM_MISC, (size_t)nr * 2, 0); /* [0, nr) nullable; [nr, 2 nr) search colour */
-    int32_t *stk = fl_alloc(FL_MEM_MISC, (size_t)nr * 2 * sizeof *stk, 0);
+    uint8_t *mark = fl_alloc(FL_MEM_GUIDE, (size_t)nr * 2, 0); /* [0, nr) nullable; [nr, 2 nr) search colour */
+    int32_t *stk = fl_alloc(FL_MEM_GUIDE, (size_t)nr * 2 * sizeof *stk, 0);
     fl_status st = FL_OK;
     if (!mark || !stk) {
         st = fl_set_error(FL_ERR_NOMEM, "grammar: no memory");
@@ -599,8 +599,8 @@ static fl_status left_recursion(fl_grammar_guide *g, gbuild *b) {
         }
     }
 out:
-    fl_free(FL_MEM_MISC, mark, mark ? (size_t)nr * 2 : 0);
-    fl_free(FL_MEM_MISC, stk, stk ? (size_t)nr * 2 * sizeof *stk : 0);
+    fl_free(FL_MEM_GUIDE, mark, mark ? (size_t)nr * 2 : 0);
+    fl_free(FL_MEM_GUIDE, stk, stk ? (size_t)nr * 2 * sizeof *stk : 0);
     return st;
 }
 
@@ -619,7 +619,7 @@ fl_status fl_grammar_guide_new(const char *gbnf, fl_grammar_guide **out) {
         st = fl_set_error(FL_ERR_INVALID, "grammar: no rule 'root' (the start)");
         goto fail;
     }
-    if (!(g = fl_alloc(FL_MEM_MISC, sizeof *g, 0))) goto nomem;
+    if (!(g = fl_alloc(FL_MEM_GUIDE, sizeof *g, 0))) goto nomem;
     memset(g, 0, sizeof *g);
     g->n_rules = b.n_rules;
     g->root = root;
@@ -629,14 +629,14 @@ fl_status fl_grammar_guide_new(const char *gbnf, fl_grammar_guide **out) {
     g->n_rg = b.n_rg;
     for (int32_t r = 0; r < b.n_rules; r++)
         for (int32_t i = 0; i < b.rules[r].n; i++) g->n_alts += b.rules[r].el[i].type == GE_END || b.rules[r].el[i].type == GE_ALT;
-    if (!(g->el = fl_alloc(FL_MEM_MISC, (size_t)g->n_el * sizeof *g->el, 0)) || (g->n_rg && !(g->rg = fl_alloc(FL_MEM_MISC, (size_t)g->n_rg * sizeof *g->rg, 0))) ||
-        !(g->alt_off = fl_alloc(FL_MEM_MISC, (size_t)(g->n_rules + 1) * sizeof *g->alt_off, 0)) ||
-        !(g->alts = fl_alloc(FL_MEM_MISC, (size_t)g->n_alts * sizeof *g->alts, 0)) ||
-        !(g->buf = fl_alloc(FL_MEM_MISC, (FL_GRAMMAR_MAX_DEPTH + 1) * sizeof *g->buf, 0)))
+    if (!(g->el = fl_alloc(FL_MEM_GUIDE, (size_t)g->n_el * sizeof *g->el, 0)) || (g->n_rg && !(g->rg = fl_alloc(FL_MEM_GUIDE, (size_t)g->n_rg * sizeof *g->rg, 0))) ||
+        !(g->alt_off = fl_alloc(FL_MEM_GUIDE, (size_t)(g->n_rules + 1) * sizeof *g->alt_off, 0)) ||
+        !(g->alts = fl_alloc(FL_MEM_GUIDE, (size_t)g->n_alts * sizeof *g->alts, 0)) ||
+        !(g->buf = fl_alloc(FL_MEM_GUIDE, (FL_GRAMMAR_MAX_DEPTH + 1) * sizeof *g->buf, 0)))
         goto nomem;
     if (g->n_rg) memcpy(g->rg, b.rg, (size_t)g->n_rg * sizeof *g->rg);
     /* rules one after another; references to rule numbers; each alternative's first element */
-    int32_t *start = fl_alloc(FL_MEM_MISC, (size_t)b.n_rules * sizeof *start, 0);
+    int32_t *start = fl_alloc(FL_MEM_GUIDE, (size_t)b.n_rules * sizeof *start, 0);
     if (!start) goto nomem;
     for (int32_t r = 0, o = 0; r < b.n_rules; r++) start[r] = o, o += b.rules[r].n;
     for (int32_t r = 0, o = 0, a = 0; r < b.n_rules; r++) {
@@ -648,7 +648,7 @@ fl_status fl_grammar_guide_new(const char *gbnf, fl_grammar_guide **out) {
         }
         g->alt_off[r + 1] = a;
     }
-    fl_free(FL_MEM_MISC, start, (size_t)b.n_rules * sizeof *start);
+    fl_free(FL_MEM_GUIDE, start, (size_t)b.n_rules * sizeof *start);
     if ((st = left_recursion(g, &b)) != FL_OK) goto fail;
     for (int32_t a = g->alt_off[root]; a < g->alt_off[root + 1] && st == FL_OK; a++) {
         g->buf[0] = (uint32_t)g->alts[a];
@@ -848,7 +848,7 @@ fl_status fl_grammar_guide_mask(fl_grammar_guide *g, const char *text, const int
     if (!grow((void **)&g->lvb, &g->n_lvb, maxlen + 1, sizeof *g->lvb) || !grow((void **)&g->lvh, &g->n_lvh, maxlen + 1, sizeof *g->lvh))
         return fl_set_error(FL_ERR_NOMEM, "grammar: no memory for the token walk");
     if (!g->memo) {
-        if (!(g->memo = fl_alloc(FL_MEM_MISC, MEMO_SLOTS * sizeof *g->memo, 0))) return fl_set_error(FL_ERR_NOMEM, "grammar: no memory for the token walk");
+        if (!(g->memo = fl_alloc(FL_MEM_GUIDE, MEMO_SLOTS * sizeof *g->memo, 0))) return fl_set_error(FL_ERR_NOMEM, "grammar: no memory for the token walk");
         for (int i = 0; i < MEMO_SLOTS; i++) g->memo[i].n_in = -1;
     }
     g->lvh[0] = set_hash(&g->cur);

@@ -38,7 +38,7 @@ static bool grow(void **p, int32_t *cap, int32_t need, size_t elem) {
     if (need <= *cap) return true;
     int32_t nc = *cap ? *cap * 2 : 16;
     while (nc < need) nc *= 2;
-    void *q = fl_realloc(FL_MEM_MISC, *p, (size_t)*cap * elem, (size_t)nc * elem, 0);
+    void *q = fl_realloc(FL_MEM_GUIDE, *p, (size_t)*cap * elem, (size_t)nc * elem, 0);
     if (!q) return false;
     *p = q;
     *cap = nc;
@@ -61,7 +61,7 @@ static fl_status new_node(cctx *c, int32_t *out) {
 static fl_status add_str(cctx *c, const char *p, size_t len, int32_t *out) {
     fl_json_schema *s = c->s;
     if (!grow((void **)&s->str, &s->cap_str, s->n_str + 1, sizeof *s->str)) return nomem();
-    char *d = fl_alloc(FL_MEM_MISC, len + 1, 0);
+    char *d = fl_alloc(FL_MEM_GUIDE, len + 1, 0);
     if (!d) return nomem();
     memcpy(d, p, len);
     d[len] = 0;
@@ -499,7 +499,7 @@ fl_status fl_json_schema_compile(const char *text, fl_json_schema **out) {
      * a caller made with malloc to the tracked free) */
     cJSON *doc = cJSON_Parse(text);
     if (!doc) return fl_set_error(FL_ERR_INVALID, "json_schema: not valid JSON");
-    fl_json_schema *s = fl_alloc(FL_MEM_MISC, sizeof *s, 0);
+    fl_json_schema *s = fl_alloc(FL_MEM_GUIDE, sizeof *s, 0);
     if (!s) {
         cJSON_Delete(doc);
         return nomem();
@@ -509,7 +509,7 @@ fl_status fl_json_schema_compile(const char *text, fl_json_schema **out) {
     fl_status st = compile(&c, doc, 0, &s->root);
     if (st == FL_OK && s->nodes[s->root].cls[FL_JS_NUM] >= 0)
         st = fl_set_error(FL_ERR_INVALID, "json_schema: the root must not admit a bare number (nothing would end it)");
-    fl_free(FL_MEM_MISC, c.memo, (size_t)c.cap_memo * sizeof *c.memo);
+    fl_free(FL_MEM_GUIDE, c.memo, (size_t)c.cap_memo * sizeof *c.memo);
     cJSON_Delete(doc);
     if (st != FL_OK) {
         fl_json_schema_free(s);
@@ -522,7 +522,7 @@ fl_status fl_json_schema_compile(const char *text, fl_json_schema **out) {
 fl_status fl_json_schema_choices(const char *const *texts, int32_t n, fl_json_schema **out) {
     *out = NULL;
     if (n < 1 || n > FL_JS_MAX_ENUM) return fl_set_error(FL_ERR_INVALID, "guided_choice: 1 to %d choices (got %d)", FL_JS_MAX_ENUM, n);
-    fl_json_schema *s = fl_alloc(FL_MEM_MISC, sizeof *s, 0);
+    fl_json_schema *s = fl_alloc(FL_MEM_GUIDE, sizeof *s, 0);
     if (!s) return nomem();
     memset(s, 0, sizeof *s);
     s->raw = 1;
@@ -547,10 +547,10 @@ fl_status fl_json_schema_choices(const char *const *texts, int32_t n, fl_json_sc
 
 void fl_json_schema_free(fl_json_schema *s) {
     if (!s) return;
-    for (int32_t i = 0; i < s->n_str; i++) fl_free(FL_MEM_MISC, s->str[i].p, s->str[i].len + 1);
+    for (int32_t i = 0; i < s->n_str; i++) fl_free(FL_MEM_GUIDE, s->str[i].p, s->str[i].len + 1);
     for (int32_t i = 0; i < s->n_rx; i++) fl_regex_str_free(s->rx[i]);
-    fl_free(FL_MEM_MISC, s->rx, (size_t)s->cap_rx * sizeof *s->rx);
-    fl_free(FL_MEM_MISC, s->str, (size_t)s->cap_str * sizeof *s->str);
-    fl_free(FL_MEM_MISC, s->nodes, (size_t)s->cap_nodes * sizeof *s->nodes);
-    fl_free(FL_MEM_MISC, s, sizeof *s);
+    fl_free(FL_MEM_GUIDE, s->rx, (size_t)s->cap_rx * sizeof *s->rx);
+    fl_free(FL_MEM_GUIDE, s->str, (size_t)s->cap_str * sizeof *s->str);
+    fl_free(FL_MEM_GUIDE, s->nodes, (size_t)s->cap_nodes * sizeof *s->nodes);
+    fl_free(FL_MEM_GUIDE, s, sizeof *s);
 }

@@ -24,7 +24,7 @@ static void put(xb *o, const char *s, size_t n) {
     if (o->n + n + 1 > o->cap) {
         size_t nc = o->cap ? o->cap : 256;
         while (nc < o->n + n + 1) nc *= 2;
-        char *q = fl_realloc(FL_MEM_MISC, o->p, o->cap, nc, 0);
+        char *q = fl_realloc(FL_MEM_GUIDE, o->p, o->cap, nc, 0);
         if (!q) {
             o->nomem = true;
             return;
@@ -260,7 +260,7 @@ fl_status fl_regex_to_gbnf(const char *pattern, char **gbnf, size_t *len) {
     puts_(&o, "root ::=");
     const bool ok = parse_alt(&r, &o) && r.p == r.end;
     if (ok && !o.nomem) { /* (to the size the caller frees) */
-        char *fit = fl_realloc(FL_MEM_MISC, o.p, o.cap, o.n + 1, 0);
+        char *fit = fl_realloc(FL_MEM_GUIDE, o.p, o.cap, o.n + 1, 0);
         if (fit) {
             *gbnf = fit;
             *len = o.n;
@@ -268,6 +268,6 @@ fl_status fl_regex_to_gbnf(const char *pattern, char **gbnf, size_t *len) {
         }
         o.nomem = true;
     }
-    fl_free(FL_MEM_MISC, o.p, o.cap);
+    fl_free(FL_MEM_GUIDE, o.p, o.cap);
     return o.nomem ? fl_set_error(FL_ERR_NOMEM, "regex: no memory to rewrite it as a grammar") : FL_ERR_UNSUPPORTED;
 }

@@ -20,8 +20,8 @@
 
 #include <stddef.h>
 
-/* *gbnf := the grammar (root ::= ...), NUL-terminated, *len bytes (MISC, freed with
- * fl_free(FL_MEM_MISC, *gbnf, *len + 1)); FL_ERR_UNSUPPORTED (no error set) outside the subset
+/* *gbnf := the grammar (root ::= ...), NUL-terminated, *len bytes (GUIDE, freed with
+ * fl_free(FL_MEM_GUIDE, *gbnf, *len + 1)); FL_ERR_UNSUPPORTED (no error set) outside the subset
  * or for a pattern PCRE2 would refuse; FL_ERR_NOMEM. */
 fl_status fl_regex_to_gbnf(const char *pattern, char **gbnf, size_t *len);
 

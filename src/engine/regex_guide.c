@@ -93,7 +93,7 @@ static bool reserve(fl_regex_guide *g, size_t need) {
     if (need <= g->cap) return true;
     size_t nc = g->cap ? g->cap : 256;
     while (nc < need) nc *= 2;
-    char *t = fl_realloc(FL_MEM_MISC, g->text, g->cap, nc, 0);
+    char *t = fl_realloc(FL_MEM_GUIDE, g->text, g->cap, nc, 0);
     if (!t) return false;
     g->text = t;
     g->cap = nc;
@@ -177,11 +177,11 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     size_t b, e;
     fl_regex_strip_anchors(pattern, full, &b, &e);
     const size_t plen = e - b, at0 = b; /* the body: what is compiled; offsets in messages are the pattern's */
-    fl_regex_guide *g = fl_calloc(FL_MEM_MISC, 1, sizeof *g);
-    char *body = fl_alloc(FL_MEM_MISC, plen + 1, 0);
+    fl_regex_guide *g = fl_calloc(FL_MEM_GUIDE, 1, sizeof *g);
+    char *body = fl_alloc(FL_MEM_GUIDE, plen + 1, 0);
     if (!g || !body) {
-        fl_free(FL_MEM_MISC, g, g ? sizeof *g : 0);
-        fl_free(FL_MEM_MISC, body, body ? plen + 1 : 0);
+        fl_free(FL_MEM_GUIDE, g, g ? sizeof *g : 0);
+        fl_free(FL_MEM_GUIDE, body, body ? plen + 1 : 0);
         return fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
     }
     memcpy(body, pattern + b, plen);
@@ -189,7 +189,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     pattern = body;
     fl_status st = FL_OK;
     pcre2_compile_context *cctx = NULL;
-    if (!(g->gctx = pcre2_general_context_create(fl_mem_malloc_ctx, fl_mem_free_ctx, NULL)) || !(cctx = pcre2_compile_context_create(g->gctx)) ||
+    if (!(g->gctx = pcre2_general_context_create(fl_mem_malloc_ctx, fl_mem_free_ctx, fl_mem_ctx(FL_MEM_GUIDE))) || !(cctx = pcre2_compile_context_create(g->gctx)) ||
         !(g->mctx = pcre2_match_context_create(g->gctx))) {
         st = fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
         goto done;
@@ -229,7 +229,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
      * compiles exactly where the pattern ends outside a comment and a \Q..\E (where it does not,
      * ")\z" would be eaten and "(?:" left open: an error) or other verbs stay at its start; else
      * the plain pattern on the DFA does both. */
-    char *w = fl_alloc(FL_MEM_MISC, plen + 8, 0);
+    char *w = fl_alloc(FL_MEM_GUIDE, plen + 8, 0);
     if (!w) {
         st = fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
         goto done;
@@ -238,12 +238,12 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     memcpy(w + 3, pattern, plen);
     memcpy(w + 3 + plen, ")\\z", 3);
     g->anchored = pcre2_compile((PCRE2_SPTR)w, plen + 6, PCRE2_UTF | PCRE2_NEVER_BACKSLASH_C, &err, &off, cctx);
-    fl_free(FL_MEM_MISC, w, plen + 8);
+    fl_free(FL_MEM_GUIDE, w, plen + 8);
     if (g->anchored) {
         (void)pcre2_jit_compile(g->anchored, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD); /* (else its interpreter) */
         pcre2_set_match_limit(g->mctx, MATCH_LIMIT);
         pcre2_set_heap_limit(g->mctx, HEAP_LIMIT_KIB);
-    } else if (err == PCRE2_ERROR_HEAP_FAILED || !(g->ws = fl_alloc(FL_MEM_MISC, WS_INTS * sizeof(int), 0))) { /* (the DFA's only) */
+    } else if (err == PCRE2_ERROR_HEAP_FAILED || !(g->ws = fl_alloc(FL_MEM_GUIDE, WS_INTS * sizeof(int), 0))) { /* (the DFA's only) */
         st = fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
         goto done;
     }
@@ -253,7 +253,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     uint32_t lookbehind = 0;
     pcre2_pattern_info(g->code, PCRE2_INFO_MAXLOOKBEHIND, &lookbehind);
     if (lookbehind == 0 && !pattern_find(pattern, FIND_ASSERTION)) {
-        if (!(g->wsr = fl_alloc(FL_MEM_MISC, 2 * RS_INTS * sizeof(int), 0))) {
+        if (!(g->wsr = fl_alloc(FL_MEM_GUIDE, 2 * RS_INTS * sizeof(int), 0))) {
             st = fl_set_error(FL_ERR_NOMEM, "regex: out of memory");
             goto done;
         }
@@ -273,7 +273,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     if (rx_match(g, 0, PCRE2_PARTIAL_HARD) == RX_ERROR) st = g->err;
 done:
     if (cctx) pcre2_compile_context_free(cctx);
-    fl_free(FL_MEM_MISC, body, plen + 1);
+    fl_free(FL_MEM_GUIDE, body, plen + 1);
     if (st) fl_regex_guide_free(g);
     else *out = g;
     return st;
@@ -286,10 +286,10 @@ void fl_regex_guide_free(fl_regex_guide *g) {
     if (g->anchored) pcre2_code_free(g->anchored);
     if (g->mctx) pcre2_match_context_free(g->mctx);
     if (g->gctx) pcre2_general_context_free(g->gctx);
-    fl_free(FL_MEM_MISC, g->ws, g->ws ? WS_INTS * sizeof(int) : 0);
-    fl_free(FL_MEM_MISC, g->wsr, g->wsr ? 2 * RS_INTS * sizeof(int) : 0);
-    fl_free(FL_MEM_MISC, g->text, g->cap);
-    fl_free(FL_MEM_MISC, g, sizeof *g);
+    fl_free(FL_MEM_GUIDE, g->ws, g->ws ? WS_INTS * sizeof(int) : 0);
+    fl_free(FL_MEM_GUIDE, g->wsr, g->wsr ? 2 * RS_INTS * sizeof(int) : 0);
+    fl_free(FL_MEM_GUIDE, g->text, g->cap);
+    fl_free(FL_MEM_GUIDE, g, sizeof *g);
 }
 
 int fl_regex_guide_allows(fl_regex_guide *g, const char *s, size_t n) {
@@ -383,11 +383,11 @@ fl_status fl_regex_str_new(const char *pattern, fl_regex_str **out) {
     if (full > FL_REGEX_MAX_PATTERN) return fl_set_error(FL_ERR_INVALID, "pattern: %zu bytes; at most %d", full, FL_REGEX_MAX_PATTERN);
     size_t b, e;
     fl_regex_strip_anchors(pattern, full, &b, &e);
-    fl_regex_str *x = fl_calloc(FL_MEM_MISC, 1, sizeof *x);
-    char *w = fl_alloc(FL_MEM_MISC, e - b + 16, 0);
+    fl_regex_str *x = fl_calloc(FL_MEM_GUIDE, 1, sizeof *x);
+    char *w = fl_alloc(FL_MEM_GUIDE, e - b + 16, 0);
     fl_status st = FL_OK;
     pcre2_compile_context *cctx = NULL;
-    if (!x || !w || !(x->gctx = pcre2_general_context_create(fl_mem_malloc_ctx, fl_mem_free_ctx, NULL)) ||
+    if (!x || !w || !(x->gctx = pcre2_general_context_create(fl_mem_malloc_ctx, fl_mem_free_ctx, fl_mem_ctx(FL_MEM_GUIDE))) ||
         !(cctx = pcre2_compile_context_create(x->gctx)) || !(x->mctx = pcre2_match_context_create(x->gctx))) {
         st = fl_set_error(FL_ERR_NOMEM, "pattern: out of memory");
         goto done;
@@ -437,7 +437,7 @@ fl_status fl_regex_str_new(const char *pattern, fl_regex_str **out) {
     if (!(x->md = pcre2_match_data_create(1, x->gctx))) st = fl_set_error(FL_ERR_NOMEM, "pattern: out of memory");
 done:
     if (cctx) pcre2_compile_context_free(cctx);
-    fl_free(FL_MEM_MISC, w, w ? e - b + 16 : 0);
+    fl_free(FL_MEM_GUIDE, w, w ? e - b + 16 : 0);
     if (st) fl_regex_str_free(x);
     else *out = x;
     return st;
@@ -449,7 +449,7 @@ void fl_regex_str_free(fl_regex_str *x) {
     if (x->code) pcre2_code_free(x->code);
     if (x->mctx) pcre2_match_context_free(x->mctx);
     if (x->gctx) pcre2_general_context_free(x->gctx);
-    fl_free(FL_MEM_MISC, x, sizeof *x);
+    fl_free(FL_MEM_GUIDE, x, sizeof *x);
 }
 
 int fl_regex_str_step(fl_regex_str *x, fl_regex_state *s, const char *ch, size_t n) {

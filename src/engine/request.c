@@ -159,7 +159,7 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
     }
     r->json = p->json_object != 0 || p->json_schema || p->n_choices;
     if (r->json) {
-        if (!(r->json_fsm = fl_alloc(FL_MEM_MISC, sizeof *r->json_fsm, 0))) {
+        if (!(r->json_fsm = fl_alloc(FL_MEM_GUIDE, sizeof *r->json_fsm, 0))) {
             fl_request_free(r);
             return FL_ERR_NOMEM;
         }
@@ -196,7 +196,7 @@ void fl_request_free(fl_request *r) {
     fl_json_schema_free(r->schema);
     fl_regex_guide_free(r->regex);
     fl_grammar_guide_free(r->grammar);
-    fl_free(FL_MEM_MISC, r->json_fsm, r->json_fsm ? sizeof *r->json_fsm : 0);
+    fl_free(FL_MEM_GUIDE, r->json_fsm, r->json_fsm ? sizeof *r->json_fsm : 0);
     fl_free(FL_MEM_MISC, r, sizeof *r);
 }
 

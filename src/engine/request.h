@@ -19,7 +19,8 @@
  * that could be the beginning of a stop string (or an incomplete UTF-8 sequence) is held back
  * until it is decided, so a stop string split across tokens is still found and never streamed.
  *
- * Ownership: a request owns its token array, stop strings, text and logprob buffers (FL_MEM_MISC).
+ * Ownership: a request owns its token array, stop strings, text and logprob buffers (FL_MEM_MISC),
+ * and its output constraints (FL_MEM_GUIDE: the engine's guide_mem budget).
  * Not thread-safe: the engine guards requests with its mutex.
  */
 #ifndef FL_REQUEST_H
@@ -85,8 +86,8 @@ struct fl_request {
                                  * most likely at its position (allocated with the request, as tokens) */
     bool json;                  /* output constrained to one JSON object or schema value (json_fsm.h) */
     struct fl_json_schema *schema; /* the request's compiled json_schema (owned), or NULL */
-    fl_json_fsm *json_fsm;      /* json: the bytes generated so far (allocated with the request: ~3 KiB,
-                                 * only for JSON requests, which the memory plan does not count) */
+    fl_json_fsm *json_fsm;      /* json: the bytes generated so far (allocated with the request: ~4 KiB,
+                                 * only for JSON requests; GUIDE) */
     struct fl_regex_guide *regex; /* output constrained to a match of fl_request_params.regex (owned), or NULL */
     struct fl_grammar_guide *grammar; /* output constrained to a sentence of fl_request_params.grammar (owned), or NULL */
     bool prompt_logprobs;       /* prompt positions get logits rows too (sample 0 only) */
@@ -94,6 +95,8 @@ struct fl_request {
     int32_t n_plp;              /* prompt positions 0 .. n_plp - 1 recorded (in order; kept over preemption) */
     int32_t n_plp_sent;         /* of those, handed out by poll (as they come: a step makes at most
                                  * max_seqs records) */
+
+    char error[192];            /* why it finished with FL_FINISH_ERROR, where known ("" else) */
 
     fl_stop_matcher stop;
     bool swapped;               /* PREEMPTED with its KV in the swap tier */

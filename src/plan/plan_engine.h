@@ -39,6 +39,9 @@
  *                      token of its context) and the poll's copy of one step's records (at most
  *                      max_seqs: a step has that many logits rows), a power of two >= 256
  *                      records, and half of it again when it grew there
+ *   GUIDE    guide_mem: the budget of the requests' output constraints (compiled grammars,
+ *            regexes and JSON schemas, their states, allowed_token_ids, bad_words), an upper
+ *            bound that the engine enforces (fl_engine_params.guide_mem)
  *            static also: the vocabulary's text for JSON-constrained requests (all the pieces,
  *                    their offsets, a byte flag and a float row per token)
  *                    + the mask cache of guide_masks masks (fl_mask_cache_bytes: n_vocab / 8 B
@@ -75,6 +78,7 @@ typedef struct fl_plan_engine_in {
     int32_t repack;           /* the loader repacks Q4_0 / Q8_0 matrices (fl_r8_load_type) */
     int32_t max_logprobs;     /* alternatives a request may ask for (-1: no logprobs) */
     int32_t guide_masks;      /* token masks kept for regex requests' states (engine/mask_cache.h) */
+    uint64_t guide_mem;       /* the output constraints' budget (fl_engine_guide_mem): GUIDE */
     const char *const *lora_paths; /* LoRA adapters applied at run time (model/lora.h) */
     const float *lora_scales;
     int32_t n_loras;
@@ -103,7 +107,7 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out);
 
 /* The KV budget that makes the engine's plan total exactly mem_total (in->kv_mem ignored).
  * FL_ERR_BUDGET: "the weights alone (X) exceed the memory limit M by D", or the same for
- * weights + step buffers + bookkeeping. */
+ * weights + step buffers + bookkeeping + the constraints' budget. */
 fl_status fl_plan_engine_kv_mem(const fl_plan_engine_in *in, uint64_t mem_total, uint64_t *kv_mem);
 
 #endif

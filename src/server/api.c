@@ -355,7 +355,11 @@ static void produce_stream(fl_server *s, srv_req *r) {
             add_logprobs(s, r, sm, c, fin ? sm->n_lp : sm->seg_sent < sm->n_seg ? sm->seg[sm->seg_sent].n_lp : sm->n_lp, echo_now);
             sm->echo_sent |= echo_now;
             fl_free(FL_MEM_NET, delta, dn + 1);
-            if (fin) { cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish)); sm->finish_sent = true; }
+            if (fin) {
+                cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish));
+                if (sm->finish == FL_FINISH_ERROR && sm->error[0]) cJSON_AddStringToObject(c, "error", sm->error);
+                sm->finish_sent = true;
+            }
             else cJSON_AddNullToObject(c, "finish_reason");
             cJSON_AddItemToArray(ch, c);
             append_json(&r->out, o, true);
@@ -420,6 +424,7 @@ static void produce_full(fl_server *s, srv_req *r) {
         }
         add_logprobs(s, r, sm, c, sm->n_lp, r->echo);
         cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish) ? finish_str(sm->finish) : "stop");
+        if (sm->finish == FL_FINISH_ERROR && sm->error[0]) cJSON_AddStringToObject(c, "error", sm->error);
         cJSON_AddItemToArray(ch, c);
         gen += sm->n_tokens;
     }

@@ -59,5 +59,11 @@ fl_status srv_metrics_render(fl_server *s, srv_buf *o) {
     for (int c = 0; c < FL_MEM_COUNT; c++)
         st |= srv_buf_printf(o, "fitllm_memory_peak_bytes{category=\"%s\"} %zu\n", fl_mem_cat_name((fl_mem_cat)c), fl_mem_peak((fl_mem_cat)c));
     st |= srv_buf_printf(o, "fitllm_memory_peak_bytes{category=\"total\"} %zu\n", fl_mem_peak_total());
+    st |= srv_buf_printf(o, "# HELP fitllm_memory_budget_bytes enforced budget by category (guide: --guide-mem)\n# TYPE fitllm_memory_budget_bytes gauge\n");
+    for (int c = 0; c < FL_MEM_COUNT; c++)
+        if (fl_mem_budget((fl_mem_cat)c))
+            st |= srv_buf_printf(o, "fitllm_memory_budget_bytes{category=\"%s\"} %zu\n", fl_mem_cat_name((fl_mem_cat)c), fl_mem_budget((fl_mem_cat)c));
+    st |= srv_buf_printf(o, "# HELP fitllm_memory_refused_total allocations refused by their category's budget\n# TYPE fitllm_memory_refused_total counter\n");
+    st |= srv_buf_printf(o, "fitllm_memory_refused_total{category=\"guide\"} %zu\n", fl_mem_refused(FL_MEM_GUIDE));
     return st ? FL_ERR_NOMEM : FL_OK;
 }

@@ -88,6 +88,8 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
     }
     if (o->finish != FL_FINISH_NONE && sm->finish == FL_FINISH_NONE) {
         sm->finish = r->lp_failed && o->finish == FL_FINISH_CANCELLED ? FL_FINISH_ERROR : o->finish;
+        if (o->finish == FL_FINISH_ERROR && o->error) snprintf(sm->error, sizeof sm->error, "%s", o->error);
+        else if (sm->finish == FL_FINISH_ERROR && r->lp_failed) snprintf(sm->error, sizeof sm->error, "no memory for the logprobs of the reply");
         r->n_done++;
         s->m.completion_tokens += o->n_generated;
         if (r->n_done == srv_choices(r)) {

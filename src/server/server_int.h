@@ -46,6 +46,7 @@ typedef struct srv_sample {
     int32_t n_tokens;
     fl_finish_reason finish;
     bool finish_sent;
+    char error[192];     /* finish "error": why, where the engine said (the choice's "error") */
 } srv_sample;
 
 /* One prompt of a request (a list of prompts gives one engine request each). */

@@ -153,7 +153,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (r >= 0 && r != a) __builtin_trap(); /* invariant: the rewrite says what PCRE2 says */
                 fl_grammar_guide_free(g);
             }
-            fl_free(FL_MEM_MISC, gb, gl + 1);
+            fl_free(FL_MEM_GUIDE, gb, gl + 1);
         }
     }
     /* ^PATTERN$ says what PATTERN does (the output is one whole match): the same answer, where the
