@@ -63,6 +63,7 @@ int fl_cmd_serve(int argc, char **argv) {
                           "guided_choice: the output is exactly one of these texts;\n"
                           "guided_regex: the whole output is one match of this PCRE2 pattern;\n"
                           "grammar / guided_grammar: the whole output is one sentence of this GBNF grammar;\n"
+                          "structured_outputs {json, regex, choice, grammar, json_object}: vLLM's form of these;\n"
                           "logprobs: an integer 0-20 on /v1/completions (that\n"
                           "many alternatives per token), true with top_logprobs 0-20 on chat, the model's\n"
                           "raw distribution before penalties and temperature.  /v1/completions also takes\n"

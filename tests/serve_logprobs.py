@@ -348,6 +348,37 @@ def main_stories(shared):
         st, r = post_json("/v1/completions", dict(body, prompt="a", max_tokens=4))
         msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else ""
         check("json_schema refused, %s: 400 (%s)" % (name, msg), st == 400 and needle in msg)
+    # vLLM's structured_outputs (v0.12 removed the guided_* fields): each member answers as its
+    # guided_* field does, seed for seed
+    grammar = 'root ::= ("Yes" | "No") ", " [a-z]+ "."'
+    for so, old in [({"choice": ["Lily", "Tom", "the big dog"]}, {"guided_choice": ["Lily", "Tom", "the big dog"]}),
+                    ({"regex": pat}, {"guided_regex": pat}),
+                    ({"json": {"type": "object", "properties": {"name": {"enum": ["Lily", "Tom"]}}, "required": ["name"]}},
+                     {"guided_json": {"type": "object", "properties": {"name": {"enum": ["Lily", "Tom"]}}, "required": ["name"]}}),
+                    ({"json": "{\"enum\": [\"yes\", \"no\"]}"}, {"guided_json": {"enum": ["yes", "no"]}}),
+                    ({"grammar": grammar, "disable_fallback": True}, {"guided_grammar": grammar}),
+                    ({"json_object": True}, {"response_format": {"type": "json_object"}})]:
+        got = []
+        for body in (dict(structured_outputs=so), old):
+            st, r = post_json("/v1/completions", dict(body, prompt="Once upon a time", max_tokens=24, temperature=1.0, seed=3))
+            got.append((st, r["choices"][0]["finish_reason"], r["choices"][0]["text"]) if st == 200 else (st, r))
+        check("structured_outputs %s answers as %s (%r)" % (list(so)[0], list(old)[0], got[0]), got[0] == got[1] and got[0][0] == 200)
+    for name, body, needle in [
+            ("not an object", {"structured_outputs": ["a"]}, "must be an object"),
+            ("an unknown member", {"structured_outputs": {"choices": ["a"]}}, "unknown field 'choices'"),
+            ("choice beside guided_choice", {"structured_outputs": {"choice": ["a"]}, "guided_choice": ["b"]}, "one list of choices"),
+            ("json beside guided_json", {"structured_outputs": {"json": {"enum": [1]}}, "guided_json": {"enum": [2]}}, "one JSON Schema"),
+            ("regex beside guided_regex", {"structured_outputs": {"regex": "a"}, "guided_regex": "b"}, "one pattern"),
+            ("grammar beside grammar", {"structured_outputs": {"grammar": "root ::= \"a\""}, "grammar": "root ::= \"b\""}, "one grammar"),
+            ("regex and choice", {"structured_outputs": {"regex": "a", "choice": ["a"]}}, "one output constraint"),
+            ("choice not a list", {"structured_outputs": {"choice": "a"}}, "'structured_outputs.choice' must be an array"),
+            ("json_object not a boolean", {"structured_outputs": {"json_object": 1}}, "must be a boolean"),
+            ("disable_any_whitespace", {"structured_outputs": {"json_object": True, "disable_any_whitespace": True}}, "not supported"),
+            ("structural_tag", {"structured_outputs": {"structural_tag": "{}"}}, "not supported"),
+            ("whitespace_pattern", {"structured_outputs": {"json_object": True, "whitespace_pattern": " "}}, "not supported")]:
+        st, r = post_json("/v1/completions", dict(body, prompt="a", max_tokens=4))
+        msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else ""
+        check("structured_outputs refused, %s: 400 (%s)" % (name, msg), st == 400 and needle in msg)
 
     # 9. min_tokens and stop_token_ids (vLLM's): EOS (id 2) made likely ends at once, unless
     #    min_tokens holds it back; a stop token id (llama.cpp's 6th greedy token) ends before it

@@ -67,6 +67,11 @@ def body():
             'root ::= ("Lily" | "Tom") " " [a-z]+ "."', 'root ::= "(" root ")" root | ""', 'root ::= [a-z ]{1,20} "."',
             'root ::= "{" ws ("\\"" [a-z]* "\\"" ws ":" ws [0-9]+ ws)? "}"\nws ::= [ \\n]*', 'root ::= root "a"', 'root ::= x',
             'root ::= "@"+', 'root ::= ("a"?)*', 'root ::= [\u00e9-\u00ff]+', "", 7, odd()])
+    elif r < 0.26:  # vLLM's structured_outputs, valid or not
+        d["structured_outputs"] = rng.choice([
+            {"choice": ["Lily", "Tom"]}, {"regex": "(Lily|Tom) [a-z]+"}, {"json": rng.choice(SCHEMAS)}, {"json_object": True},
+            {"grammar": 'root ::= [a-z ]{1,20} "."'}, {"json": "{\"type\":"}, {"choice": "a", "regex": 3}, {"nope": 1},
+            {"json_object": True, "disable_any_whitespace": rng.choice([True, False])}, {"structural_tag": "x"}, [], odd()])
     if rng.random() < 0.3:  # a server with --lora-modules tuned=FILE runs these through the adapter
         d["model"] = "tuned"
     raw = json.dumps(d).encode("utf-8", "surrogatepass")

@@ -884,41 +884,85 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
             goto out;
         }
     }
-    static const char *const SCHEMA_FIELDS[] = {"guided_json", "json_schema"};
+    /* vLLM's structured_outputs (its only form since v0.12; the guided_* fields before): json,
+     * regex, choice, grammar, json_object, as the fields below; its switches where they change
+     * nothing here or only narrow the output to what is still valid (disable_fallback: one
+     * backend; disable_additional_properties: objects with declared properties take no others
+     * anyway); refused where they would widen or reshape it */
+    const cJSON *sout = cJSON_GetObjectItemCaseSensitive(j, "structured_outputs");
+    const cJSON *so_field[4] = {NULL, NULL, NULL, NULL}; /* json, choice, regex, grammar */
+    if (sout && !cJSON_IsNull(sout)) {
+        if (!cJSON_IsObject(sout)) { ret = BAD("'structured_outputs' must be an object"); goto out; }
+        static const char *const SO_NAMES[4] = {"json", "choice", "regex", "grammar"};
+        const cJSON *x;
+        cJSON_ArrayForEach(x, sout) {
+            if (cJSON_IsNull(x)) continue;
+            int k = 0;
+            while (k < 4 && strcmp(x->string, SO_NAMES[k])) k++;
+            if (k < 4) {
+                so_field[k] = x;
+            } else if (!strcmp(x->string, "json_object") || !strcmp(x->string, "disable_fallback") ||
+                       !strcmp(x->string, "disable_additional_properties") || !strcmp(x->string, "disable_any_whitespace")) {
+                if (!cJSON_IsBool(x)) { ret = BAD("'structured_outputs.%s' must be a boolean", x->string); goto out; }
+                if (!strcmp(x->string, "json_object") && cJSON_IsTrue(x)) rp.json_object = 1;
+                if (!strcmp(x->string, "disable_any_whitespace") && cJSON_IsTrue(x)) {
+                    ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", "structured_outputs",
+                                     "'structured_outputs.disable_any_whitespace' is not supported (JSON output may hold whitespace)");
+                    goto out;
+                }
+            } else if (!strcmp(x->string, "whitespace_pattern") || !strcmp(x->string, "structural_tag")) {
+                if (cJSON_IsFalse(x)) continue;
+                ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", "structured_outputs",
+                                 "'structured_outputs.%s' is not supported", x->string);
+                goto out;
+            } else {
+                ret = BAD("'structured_outputs': unknown field '%.40s' (json, regex, choice, grammar, json_object are followed)", x->string);
+                goto out;
+            }
+        }
+    }
+    static const char *const SCHEMA_FIELDS[] = {"guided_json", "json_schema", "structured_outputs.json"};
     for (size_t i = 0; i < sizeof SCHEMA_FIELDS / sizeof *SCHEMA_FIELDS; i++) {
-        const cJSON *g = cJSON_GetObjectItemCaseSensitive(j, SCHEMA_FIELDS[i]);
+        const cJSON *g = i == 2 ? so_field[0] : cJSON_GetObjectItemCaseSensitive(j, SCHEMA_FIELDS[i]);
         if (!g || cJSON_IsNull(g)) continue;
         if (schema && !cJSON_IsNull(schema)) { ret = BAD("give one JSON Schema: '%s' and another were both given", SCHEMA_FIELDS[i]); goto out; }
         schema = g;
     }
-    /* vLLM's guided_choice: the output is one of these texts */
+    /* vLLM's guided_choice / structured_outputs.choice: the output is one of these texts */
     const cJSON *gc = cJSON_GetObjectItemCaseSensitive(j, "guided_choice");
+    const char *gc_name = "guided_choice";
+    if (gc && !cJSON_IsNull(gc) && so_field[1]) { ret = BAD("give one list of choices: 'guided_choice' and 'structured_outputs.choice' were both given"); goto out; }
+    if (so_field[1]) gc = so_field[1], gc_name = "structured_outputs.choice";
     const char *choices[FL_JS_MAX_ENUM];
     if (gc && !cJSON_IsNull(gc)) {
         const cJSON *x;
         if (!cJSON_IsArray(gc) || cJSON_GetArraySize(gc) < 1 || cJSON_GetArraySize(gc) > FL_JS_MAX_ENUM) {
-            ret = BAD("'guided_choice' must be an array of 1 to %d strings", FL_JS_MAX_ENUM);
+            ret = BAD("'%s' must be an array of 1 to %d strings", gc_name, FL_JS_MAX_ENUM);
             goto out;
         }
         cJSON_ArrayForEach(x, gc) {
-            if (!cJSON_IsString(x)) { ret = BAD("'guided_choice' must be an array of 1 to %d strings", FL_JS_MAX_ENUM); goto out; }
+            if (!cJSON_IsString(x)) { ret = BAD("'%s' must be an array of 1 to %d strings", gc_name, FL_JS_MAX_ENUM); goto out; }
             choices[rp.n_choices++] = x->valuestring;
         }
         rp.choices = choices;
     }
-    /* vLLM's guided_regex: the whole output is one match of this pattern */
-    const cJSON *gr = cJSON_GetObjectItemCaseSensitive(j, "guided_regex");
-    if (gr && !cJSON_IsNull(gr)) {
-        if (!cJSON_IsString(gr)) { ret = BAD("'guided_regex' must be a string"); goto out; }
-        rp.regex = gr->valuestring;
+    /* vLLM's guided_regex / structured_outputs.regex: the whole output is one match of this pattern */
+    static const char *const REGEX_FIELDS[] = {"guided_regex", "structured_outputs.regex"};
+    for (size_t i = 0; i < 2; i++) {
+        const cJSON *g = i ? so_field[2] : cJSON_GetObjectItemCaseSensitive(j, REGEX_FIELDS[i]);
+        if (!g || cJSON_IsNull(g)) continue;
+        if (!cJSON_IsString(g)) { ret = BAD("'%s' must be a string", REGEX_FIELDS[i]); goto out; }
+        if (rp.regex) { ret = BAD("give one pattern: 'guided_regex' and 'structured_outputs.regex' were both given"); goto out; }
+        rp.regex = g->valuestring;
     }
-    /* llama.cpp's grammar and vLLM's guided_grammar (GBNF): the whole output is one sentence */
-    static const char *const GRAMMAR_FIELDS[] = {"grammar", "guided_grammar"};
+    /* llama.cpp's grammar and vLLM's guided_grammar / structured_outputs.grammar (GBNF): the
+     * whole output is one sentence */
+    static const char *const GRAMMAR_FIELDS[] = {"grammar", "guided_grammar", "structured_outputs.grammar"};
     for (size_t i = 0; i < sizeof GRAMMAR_FIELDS / sizeof *GRAMMAR_FIELDS; i++) {
-        const cJSON *g = cJSON_GetObjectItemCaseSensitive(j, GRAMMAR_FIELDS[i]);
+        const cJSON *g = i == 2 ? so_field[3] : cJSON_GetObjectItemCaseSensitive(j, GRAMMAR_FIELDS[i]);
         if (!g || cJSON_IsNull(g)) continue;
         if (!cJSON_IsString(g)) { ret = BAD("'%s' must be a string (a GBNF grammar)", GRAMMAR_FIELDS[i]); goto out; }
-        if (rp.grammar) { ret = BAD("give one grammar: 'grammar' and 'guided_grammar' were both given"); goto out; }
+        if (rp.grammar) { ret = BAD("give one grammar: '%s' and another were both given", GRAMMAR_FIELDS[i]); goto out; }
         rp.grammar = g->valuestring;
     }
     if (schema && !cJSON_IsNull(schema)) {
