@@ -391,7 +391,7 @@ int fl_bench_serve(int argc, char **argv) {
         {"regex", 0, FL_OPT_STR, "PATTERN  every output is constrained to a whole match of this regex (vLLM's guided_regex; ends when nothing extends it)"},
         {"grammar", 0, FL_OPT_STR, "FILE  every output is constrained to a sentence of the GBNF grammar in FILE (llama.cpp's grammar; ends when nothing extends it)"},
         {"guide-mem", 0, FL_OPT_BYTES, "BYTES  memory for the requests' output constraints, in the plan and enforced (default: 16M, or --mem / 16 when less, for a workload with constraints; 0 without)"},
-        {"guide-masks", 0, FL_OPT_INT, "N  token masks the engine keeps for regex and grammar states (default 256; 0: every mask computed)"},
+        {"guide-masks", 0, FL_OPT_INT, "N  token masks the engine keeps for regex and grammar states (default 256; 0: every mask computed but a grammar's last, reused for the same state)"},
         {"regex-pcre2", 0, FL_OPT_FLAG, "--regex always on PCRE2's matcher (by default a pattern of the common subset runs as a grammar)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},

@@ -123,7 +123,9 @@ typedef struct fl_engine_params {
                                  * 8 x (1 + max_logprobs) bytes per token of context per sequence */
     int32_t guide_masks;        /* token masks kept for regex- and grammar-constrained requests' states, shared by
                                  * requests with the same pattern or grammar (default 256; 0: none, every mask
-                                 * computed); each n_vocab / 8 bytes, allocated with the engine */
+                                 * computed, but for a grammar's the last one, reused while the state it
+                                 * was computed for comes again); each n_vocab / 8 bytes, allocated with
+                                 * the engine */
     int32_t regex_pcre2;        /* 1: guided_regex always runs on PCRE2's matcher; 0 (default): a pattern of
                                  * the common subset (docs/SERVER.md) runs as a grammar, whose masks are kept
                                  * by canonical state and which offers byte tokens */

@@ -57,6 +57,8 @@ struct fl_engine {
     fl_vocab_text voc;          /* token t's text voc.text[voc.off[t] .. voc.off[t + 1]), the tokens by text */
     uint8_t *vocab_plain;       /* [n_vocab] 1: plain string text (fl_json_plain) */
     uint64_t *gbits;            /* [fl_mask_words(n_vocab)] a grammar mask computed where none are kept */
+    uint8_t gbits_key[16];      /* the grammar state whose mask gbits holds (fl_grammar_guide_key), if gbits_valid */
+    bool gbits_valid;
     float *masked;              /* [n_vocab] */
     int32_t eog[16], n_eog;     /* end-of-generation ids (masked before a request's min_tokens) */
     fl_mask_cache *masks;       /* regex and grammar requests' token masks by state (guide_masks of them), or NULL */
@@ -295,16 +297,20 @@ static bool regex_closed(fl_engine *e, fl_request *r) {
 static const uint64_t *grammar_bits(fl_engine *e, fl_request *r) {
     uint8_t key[16];
     uint64_t *m = e->gbits;
+    fl_grammar_guide_key(r->grammar, key);
     if (e->masks) {
-        fl_grammar_guide_key(r->grammar, key);
         const uint64_t *kept = fl_mask_cache_get(e->masks, key);
         if (kept) return kept;
         m = fl_mask_cache_work(e->masks);
+    } else if (e->gbits_valid && !memcmp(e->gbits_key, key, 16)) {
+        return m; /* the state's mask, computed last (a sentence that can go on: grammar_closed then the next sample) */
     }
+    e->gbits_valid = false;
     if (fl_grammar_guide_mask(r->grammar, e->voc.text, e->voc.off, e->voc.order, e->be.n_vocab, m) != FL_OK) return NULL;
     for (int32_t t = 0; t < e->be.n_vocab; t++)
         if (is_eog(e, t)) m[t >> 6] &= ~((uint64_t)1 << (t & 63));
     if (e->masks) fl_mask_cache_put(e->masks, key);
+    else memcpy(e->gbits_key, key, 16), e->gbits_valid = true;
     return m;
 }
 
