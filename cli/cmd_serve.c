@@ -38,7 +38,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"guide-masks", 0, FL_OPT_INT, "N  token masks kept for guided_regex and grammar states, shared by requests with the same pattern or grammar (default 256; 0: every mask computed but a grammar's last, reused for the same state); each vocabulary/8 bytes, in the plan"},
         {"guide-mem", 0, FL_OPT_BYTES, "BYTES  memory for the output constraints of all queued and running requests (grammars, regexes, JSON schemas and their states, allowed_token_ids, bad_words), in the plan and enforced: a request that does not fit gets 503 while others hold it, 400 when it alone needs more (default 16M, or --mem / 16 when less; 0: constraints refused)"},
         {"regex-pcre2", 0, FL_OPT_FLAG, "guided_regex always on PCRE2's matcher (by default a pattern of the common subset runs as a grammar: masks kept by canonical state, byte tokens offered)"},
-        {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) bytes per context token per sequence"},
+        {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) + 4 bytes per context token per sequence"},
         {0},
     };
     const char *pos[1];
@@ -69,7 +69,8 @@ int fl_cmd_serve(int argc, char **argv) {
                           "raw distribution before penalties and temperature.  /v1/completions also takes\n"
                           "echo: the prompt leads the text and, with logprobs, each prompt token is scored\n"
                           "(max_tokens 0: the prompt alone), as lm-evaluation-harness asks; such prompts\n"
-                          "skip the prefix cache.",
+                          "skip the prefix cache.  prompt_logprobs: 0-20 (vLLM's, not streamed): each prompt\n"
+                          "token's logprob and rank and that many alternatives.",
                           pos, 0, &n_pos);
     if (r) return r == 1 ? 0 : 2;
     if (!fl_args_get(opts, "model")->set) {

@@ -120,7 +120,7 @@ typedef struct fl_engine_params {
     int32_t n_loras;
     int32_t max_logprobs;       /* the most alternatives a request may ask with top_logprobs (default
                                  * FL_MAX_TOP_LOGPROBS); -1: no logprobs.  The plan reserves
-                                 * 8 x (1 + max_logprobs) bytes per token of context per sequence */
+                                 * 8 x (1 + max_logprobs) + 4 bytes per token of context per sequence */
     int32_t guide_masks;        /* token masks kept for regex- and grammar-constrained requests' states, shared by
                                  * requests with the same pattern or grammar (default 256; 0: none, every mask
                                  * computed, but for a grammar's the last one, reused while the state it
@@ -255,6 +255,8 @@ typedef struct fl_request_output {
                                  * records of prompt tokens prompt_logprobs_from + 1 .. (token j + 1
                                  * given tokens 0..j), as the prompt is computed; else NULL */
     int32_t prompt_logprobs_from, n_prompt_logprobs;
+    const int32_t *prompt_ranks; /* with prompt_logprobs: [n_prompt_logprobs] each prompt token's rank among
+                                 * the vocabulary at its position (1: the most likely; vLLM's rank) */
     fl_finish_reason finish;    /* != NONE once this sample is done */
     int32_t n_prompt, n_generated, n_cached_prompt;
     double ttft_s;              /* time to first token (set once the first token exists) */

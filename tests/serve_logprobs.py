@@ -178,6 +178,63 @@ def main_stories(shared):
     a2 = post_json("/v1/completions", lb)[1]["choices"][0]["logprobs"]
     check("echo: a cached prompt is scored again (%d tokens, same records)" % len(a1["tokens"]), len(a1["tokens"]) > 32 and a1 == a2)
 
+    # 6b. vLLM's prompt_logprobs: per prompt token {id: {logprob, rank, decoded_token}}, the
+    #     prompt token with its rank among the vocabulary, then the k most likely (ranks 1..k);
+    #     checked against llama.cpp's logits (completions: per choice; chat: at the top)
+    worst, npos, rank_ok = 0.0, 0, True
+    for line in open(shared + "/reference/stories260K.logits.jsonl"):
+        d = json.loads(line)
+        st, r = post_json("/v1/completions", {"prompt": d["tokens"], "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2})
+        plp = r["choices"][0].get("prompt_logprobs") if st == 200 else None
+        check("prompt_logprobs 2: %d entries, the first null, logprobs null" % len(d["tokens"]),
+              plp is not None and len(plp) == len(d["tokens"]) and plp[0] is None and r["choices"][0]["logprobs"] is None)
+        for j in range(len(d["tokens"]) - 1):
+            row = d["logits"][j]
+            m = max(row)
+            lse = m + math.log(sum(math.exp(x - m) for x in row))
+            tok = d["tokens"][j + 1]
+            e = plp[j + 1]
+            mine = e[str(tok)]
+            rank = 1 + sum(1 for x in row if x > row[tok])
+            top = sorted(range(len(row)), key=lambda v: -row[v])[:2]
+            others = {int(k): v for k, v in e.items() if int(k) != tok}
+            rank_ok = rank_ok and (mine["rank"] == rank or abs(row[top[0]] - row[tok]) < 1e-3) and set(e) <= {str(tok)} | {str(v) for v in top} \
+                and all(v["rank"] == top.index(k) + 1 for k, v in others.items() if k in top) and isinstance(mine["decoded_token"], str)
+            worst = max([worst, abs(mine["logprob"] - (row[tok] - lse))] + [abs(v["logprob"] - (row[k] - lse)) for k, v in others.items()])
+            npos += 1
+    check("prompt_logprobs: %d positions, logprobs as llama.cpp's log-softmax (max |diff| %.2g), ranks as its logits order" % (npos, worst),
+          npos > 30 and worst < 1e-2 and rank_ok)
+    pb = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
+    st, ra = post_json("/v1/completions", dict(pb, prompt_logprobs=3, logprobs=1))
+    st2, rb = post_json("/v1/completions", dict(pb, logprobs=1))
+    check("prompt_logprobs 3 beside logprobs 1: the output's logprobs list 1 alternative, as without it",
+          st == st2 == 200 and ra["choices"][0]["logprobs"] == rb["choices"][0]["logprobs"]
+          and all(len(e) in (3, 4) for e in ra["choices"][0]["prompt_logprobs"][1:]))
+    st, re2 = post_json("/v1/completions", dict(pb, prompt_logprobs=1, echo=True, logprobs=2))
+    c = re2["choices"][0] if st == 200 else {}
+    check("prompt_logprobs with echo: the prompt token's logprob is echo's",
+          st == 200 and len(c["prompt_logprobs"]) == n_p and all(abs(list(e.values())[0]["logprob"] - lp) < 1e-6 for e, lp in zip(c["prompt_logprobs"][1:], c["logprobs"]["token_logprobs"][1:n_p])))
+    st, rm = post_json("/v1/completions", {"prompt": ["Once upon a time", "The cat"], "n": 2, "max_tokens": 2, "temperature": 1.0, "seed": 2,
+                                           "prompt_logprobs": 0})
+    check("prompt_logprobs, two prompts x n=2: each choice its prompt's (0 alternatives: one entry each)",
+          st == 200 and [len(c["prompt_logprobs"]) for c in rm["choices"]] == [n_p, n_p] + [rm["usage"]["prompt_tokens"] - n_p] * 2
+          and rm["choices"][0]["prompt_logprobs"] == rm["choices"][1]["prompt_logprobs"]
+          and all(len(e) == 1 for c in rm["choices"] for e in c["prompt_logprobs"][1:]))
+    st, rc = post_json("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "prompt_logprobs": 1})
+    check("chat prompt_logprobs: at the top, one entry per prompt token",
+          st == 200 and len(rc["prompt_logprobs"]) == rc["usage"]["prompt_tokens"] and rc["prompt_logprobs"][0] is None
+          and "prompt_logprobs" not in rc["choices"][0])
+    for name, body, needle in [("streamed", dict(pb, prompt_logprobs=1, stream=True), "not streamed"),
+                               ("-1", dict(pb, prompt_logprobs=-1), "integer 0..20"),
+                               ("a string", dict(pb, prompt_logprobs="1"), "integer 0..20"),
+                               ("a boolean", dict(pb, prompt_logprobs=True), "integer 0..20"),
+                               ("21", dict(pb, prompt_logprobs=21), "integer 0..20")]:
+        st, r = post_json("/v1/completions", body)
+        msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else ""
+        check("prompt_logprobs %s: 400 (%s)" % (name, msg), st == 400 and needle in msg)
+    st, r = post_json("/v1/completions", dict(pb, prompt_logprobs=False))
+    check("prompt_logprobs false: none", st == 200 and "prompt_logprobs" not in r["choices"][0])
+
     # lm-evaluation-harness's loglikelihood request: a batch of one tokenized prompt, one token
     ids = d["tokens"]
     st, r = post_json("/v1/completions", {"prompt": [ids], "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1, "seed": 1234})

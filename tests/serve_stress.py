@@ -72,6 +72,8 @@ def body():
             {"choice": ["Lily", "Tom"]}, {"regex": "(Lily|Tom) [a-z]+"}, {"json": rng.choice(SCHEMAS)}, {"json_object": True},
             {"grammar": 'root ::= [a-z ]{1,20} "."'}, {"json": "{\"type\":"}, {"choice": "a", "regex": 3}, {"nope": 1},
             {"json_object": True, "disable_any_whitespace": rng.choice([True, False])}, {"structural_tag": "x"}, [], odd()])
+    if rng.random() < 0.05:  # vLLM's prompt_logprobs, valid or not (streamed: 400)
+        d["prompt_logprobs"] = rng.choice([0, 1, 5, 20, 21, -1, True, "2", None])
     if rng.random() < 0.3:  # a server with --lora-modules tuned=FILE runs these through the adapter
         d["model"] = "tuned"
     raw = json.dumps(d).encode("utf-8", "surrogatepass")

@@ -294,6 +294,7 @@ typedef struct wl {
     fl_token_logprob lp[NREQ][TOY_CTX][1 + 6]; /* the streamed records (top <= 6) */
     int32_t prompt_lp;            /* requests ask for prompt logprobs (with top alternatives) */
     fl_token_logprob plp[NREQ][64][1 + 6];
+    int32_t plp_rank[NREQ][64];   /* their prompt tokens' ranks */
     int32_t n_plp[NREQ];          /* prompt records received */
     int32_t min_tokens[NREQ], stop_id[NREQ]; /* per request (stop_id -1: none) */
     float eos_bias[NREQ];         /* a logit bias on EOS (0: none) */
@@ -377,8 +378,11 @@ static void drive(fl_engine *e, wl *w, int stagger) {
                     assert_int_equal(ev[k].prompt_logprobs_from, w->n_plp[i]);
                     assert_true(ev[k].n_prompt_logprobs >= 1 && ev[k].n_prompt_logprobs <= 8); /* <= max_seqs rows a step */
                     const int32_t wd = 1 + (w->top > 0 ? w->top : 0);
-                    for (int32_t j = 0; j < ev[k].n_prompt_logprobs; j++)
+                    assert_non_null(ev[k].prompt_ranks);
+                    for (int32_t j = 0; j < ev[k].n_prompt_logprobs; j++) {
+                        w->plp_rank[i][w->n_plp[i]] = ev[k].prompt_ranks[j];
                         memcpy(w->plp[i][w->n_plp[i]++], ev[k].prompt_logprobs + (size_t)j * (size_t)wd, (size_t)wd * sizeof(fl_token_logprob));
+                    }
                 }
                 w->n_got[i] += ev[k].n_new;
                 assert_int_equal(ev[k].n_generated, w->n_got[i]);
@@ -435,8 +439,14 @@ static void check_record(const fl_token_logprob *rec, const int32_t *seq, int32_
 static void check_prompt_logprobs(const wl *w) {
     for (int i = 0; i < NREQ; i++) {
         assert_int_equal(w->n_plp[i], w->prompt_lp ? w->n_prompt[i] - 1 : 0);
-        for (int32_t j = 0; w->prompt_lp && j < w->n_prompt[i] - 1; j++)
+        for (int32_t j = 0; w->prompt_lp && j < w->n_prompt[i] - 1; j++) {
             check_record(w->plp[i][j], w->prompt[i], j + 1, w->prompt[i][j + 1], w->top > 0 ? w->top : 0);
+            float l[TOY_VOCAB]; /* the rank: 1 + the tokens scored above it */
+            toy_logits(w->prompt[i], j + 1, l);
+            int32_t above = 0;
+            for (int v = 0; v < TOY_VOCAB; v++) above += l[v] > l[w->prompt[i][j + 1]];
+            assert_int_equal(w->plp_rank[i][j], 1 + above);
+        }
     }
 }
 

@@ -890,6 +890,7 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
             fl_token_logprob *rec = r->plp + (size_t)pos * (size_t)(1 + r->n_top);
             rec[0].token = r->tokens[pos + 1];
             fl_logprobs(row, e->be.n_vocab, rec[0].token, r->n_top, &rec[0].logprob, rec + 1);
+            r->plp_rank[pos] = fl_logit_rank(row, e->be.n_vocab, rec[0].token);
             r->n_plp = pos + 1;
             r->event_pending = true; /* handed out as they come */
             continue;
@@ -930,7 +931,10 @@ int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
         need_tok += fl_request_n_generated(r) - r->n_streamed;
         need_text += r->stop.emitted - r->text_pending_start + 1 + (int64_t)strlen(r->error) + 1;
         if (r->logprobs) need_lp += (int64_t)(fl_request_n_generated(r) - r->n_streamed) * (1 + r->n_top);
-        if (r->prompt_logprobs) need_lp += (int64_t)(r->n_plp - r->n_plp_sent) * (1 + r->n_top);
+        if (r->prompt_logprobs) {
+            need_lp += (int64_t)(r->n_plp - r->n_plp_sent) * (1 + r->n_top);
+            need_tok += r->n_plp - r->n_plp_sent; /* their ranks */
+        }
         n++;
     }
     if (grow(FL_MEM_MISC, (void **)&e->poll_tok, &e->poll_tok_cap, need_tok + 1, sizeof(int32_t)) != FL_OK ||
@@ -965,6 +969,9 @@ int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
             o->prompt_logprobs = e->poll_lp + ol;
             o->prompt_logprobs_from = r->n_plp_sent;
             o->n_prompt_logprobs = r->n_plp - r->n_plp_sent;
+            memcpy(e->poll_tok + ot, r->plp_rank + r->n_plp_sent, (size_t)o->n_prompt_logprobs * sizeof *r->plp_rank);
+            o->prompt_ranks = e->poll_tok + ot;
+            ot += o->n_prompt_logprobs;
             o->n_top = r->n_top;
             ol += (int64_t)m;
             r->n_plp_sent = r->n_plp;

@@ -177,7 +177,8 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
     r->prompt_logprobs = p->prompt_logprobs && sample == 0; /* the samples share one prompt */
     const size_t rec = (size_t)(1 + r->n_top) * sizeof *r->lp;
     if ((r->logprobs && !(r->lp = fl_alloc(FL_MEM_MISC, (size_t)r->max_tokens * rec, 0))) ||
-        (r->prompt_logprobs && p->n_prompt > 1 && !(r->plp = fl_alloc(FL_MEM_MISC, (size_t)(p->n_prompt - 1) * rec, 0)))) {
+        (r->prompt_logprobs && p->n_prompt > 1 && (!(r->plp = fl_alloc(FL_MEM_MISC, (size_t)(p->n_prompt - 1) * rec, 0)) ||
+                                                   !(r->plp_rank = fl_alloc(FL_MEM_MISC, (size_t)(p->n_prompt - 1) * sizeof *r->plp_rank, 0))))) {
         fl_request_free(r);
         return FL_ERR_NOMEM;
     }
@@ -192,6 +193,7 @@ void fl_request_free(fl_request *r) {
     if (r->tokens) fl_free(FL_MEM_MISC, r->tokens, (size_t)r->cap * sizeof(int32_t));
     if (r->lp) fl_free(FL_MEM_MISC, r->lp, (size_t)r->max_tokens * (size_t)(1 + r->n_top) * sizeof *r->lp);
     if (r->plp) fl_free(FL_MEM_MISC, r->plp, (size_t)(r->n_prompt - 1) * (size_t)(1 + r->n_top) * sizeof *r->plp);
+    if (r->plp_rank) fl_free(FL_MEM_MISC, r->plp_rank, (size_t)(r->n_prompt - 1) * sizeof *r->plp_rank);
     if (r->stop.text || r->stop.n_stop) fl_stop_deinit(&r->stop);
     fl_json_schema_free(r->schema);
     fl_regex_guide_free(r->regex);

@@ -92,6 +92,7 @@ struct fl_request {
     struct fl_grammar_guide *grammar; /* output constrained to a sentence of fl_request_params.grammar (owned), or NULL */
     bool prompt_logprobs;       /* prompt positions get logits rows too (sample 0 only) */
     fl_token_logprob *plp;      /* [n_prompt - 1][1 + n_top]: prompt token j + 1 given tokens 0..j */
+    int32_t *plp_rank;          /* [n_prompt - 1]: that token's rank in the vocabulary (1: the most likely) */
     int32_t n_plp;              /* prompt positions 0 .. n_plp - 1 recorded (in order; kept over preemption) */
     int32_t n_plp_sent;         /* of those, handed out by poll (as they come: a step makes at most
                                  * max_seqs records) */

@@ -261,6 +261,13 @@ int32_t fl_sample(fl_sampler *s, const float *logits, int32_t n_vocab, const int
     return draw(s, c, n);
 }
 
+int32_t fl_logit_rank(const float *logits, int32_t n_vocab, int32_t tok) {
+    const float lt = logits[tok] == logits[tok] ? logits[tok] : -INFINITY;
+    int32_t above = 0;
+    for (int32_t i = 0; i < n_vocab; i++) above += logits[i] > lt; /* (NaN compares false) */
+    return 1 + above;
+}
+
 void fl_logprobs(const float *logits, int32_t n_vocab, int32_t tok, int32_t k, float *lp_tok, fl_token_logprob *top) {
     float mx = -INFINITY;
     for (int32_t i = 0; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;

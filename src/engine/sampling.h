@@ -50,6 +50,9 @@ int32_t fl_sample(fl_sampler *s, const float *logits, int32_t n_vocab, const int
  * penalties and temperature, as vLLM reports them): *lp_tok = log p(tok), and top[0..k) the k
  * most likely tokens, most likely first (equal logits: lower id first).  0 <= k <= n_vocab. */
 void fl_logprobs(const float *logits, int32_t n_vocab, int32_t tok, int32_t k, float *lp_tok, fl_token_logprob *top);
+/* tok's rank among the n_vocab logits: 1 + the number of tokens with a larger logit (vLLM's rank;
+ * NaN counts as smallest). */
+int32_t fl_logit_rank(const float *logits, int32_t n_vocab, int32_t tok);
 
 /* The RNG alone (exposed for tests): next 64 bits / a float in [0, 1). */
 uint64_t fl_sampler_rand_u64(fl_sampler *s);

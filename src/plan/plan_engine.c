@@ -225,7 +225,7 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
             const uint64_t rec = 8 * (1 + (uint64_t)in->max_logprobs), step = (uint64_t)in->max_seqs * (1 + (uint64_t)in->max_logprobs) + 1;
             uint64_t nc = 256;
             while (nc < step) nc *= 2;
-            out->logprob_bytes = (uint64_t)in->max_seqs * (uint64_t)out->n_ctx * rec + 8 * (nc > 256 ? nc + nc / 2 : nc);
+            out->logprob_bytes = (uint64_t)in->max_seqs * (uint64_t)out->n_ctx * (rec + 4) + 8 * (nc > 256 ? nc + nc / 2 : nc); /* (+ a prompt token's rank) */
         }
         out->misc_requests = FL_PLAN_MISC_STEP + FL_PLAN_MISC_BATCH_TOKEN * (uint64_t)in->max_batch_tokens +
                              (uint64_t)in->max_seqs * (FL_PLAN_MISC_REQUEST + 16 * (uint64_t)hp.n_vocab +

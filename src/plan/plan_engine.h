@@ -35,8 +35,8 @@
  *                      to a power of two (the streamed text)): at most max_seqs
  *                      requests queued or running, each up to a full context, n = 1
  *                    + with max_logprobs >= 0, max_seqs x n_ctx records of 8 x (1 + max_logprobs)
- *                      bytes (a request asking for logprobs, and for its prompt's, holds one per
- *                      token of its context) and the poll's copy of one step's records (at most
+ *                      + 4 bytes (a request asking for logprobs, and for its prompt's, holds one per
+ *                      token of its context, and a prompt token's record its rank) and the poll's copy of one step's records (at most
  *                      max_seqs: a step has that many logits rows), a power of two >= 256
  *                      records, and half of it again when it grew there
  *   GUIDE    guide_mem: the budget of the requests' output constraints (compiled grammars,

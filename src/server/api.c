@@ -129,7 +129,7 @@ static bool token_ids_of(const fl_server *s, const cJSON *a, int32_t **ids, int6
  * vLLM's sampling extras this server does not follow) */
 static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "best_of",
                                                   "suffix", "audio", "modalities", "structural_tag", "guided_whitespace_pattern", "use_beam_search",
-                                                  "prompt_logprobs", NULL};
+                                                  NULL};
 
 /* ---- streaming machinery ---- */
 
@@ -246,7 +246,7 @@ static void legacy_add(fl_server *s, const legacy_lp *a, tok_name *t, int32_t to
  * them sent. */
 static cJSON *logprobs_json(fl_server *s, srv_req *r, srv_sample *sm, int32_t to, bool prompt) {
     if (!r->logprobs || (to <= sm->lp_sent && !prompt)) return NULL;
-    const int32_t w = 1 + r->n_top;
+    const int32_t w = 1 + r->n_top, ws = 1 + r->n_show; /* the records' stride; what they list */
     tok_name *t = fl_alloc(FL_MEM_NET, sizeof *t, 16);
     if (!t) return NULL;
     cJSON *o = cJSON_CreateObject();
@@ -256,7 +256,7 @@ static cJSON *logprobs_json(fl_server *s, srv_req *r, srv_sample *sm, int32_t to
             const fl_token_logprob *rec = sm->lp + (size_t)i * (size_t)w;
             token_name(s, rec[0].token, t);
             cJSON *e = token_entry(t, rec[0].logprob, true), *top = cJSON_AddArrayToObject(e, "top_logprobs");
-            for (int32_t k = 1; k < w; k++) {
+            for (int32_t k = 1; k < ws; k++) {
                 token_name(s, rec[k].token, t);
                 cJSON_AddItemToArray(top, token_entry(t, rec[k].logprob, true));
             }
@@ -267,14 +267,44 @@ static cJSON *logprobs_json(fl_server *s, srv_req *r, srv_sample *sm, int32_t to
                        cJSON_AddArrayToObject(o, "top_logprobs"), cJSON_AddArrayToObject(o, "text_offset")};
         if (prompt) {
             const srv_prompt *pr = &r->pr[(sm - r->samples) / r->n];
-            legacy_add(s, &a, t, pr->first_tok, NULL, w, &sm->lp_chars);
-            for (int32_t i = 0; i < pr->n_plp; i++) legacy_add(s, &a, t, 0, pr->plp + (size_t)i * (size_t)w, w, &sm->lp_chars);
+            legacy_add(s, &a, t, pr->first_tok, NULL, ws, &sm->lp_chars);
+            for (int32_t i = 0; i < pr->n_plp; i++) legacy_add(s, &a, t, 0, pr->plp + (size_t)i * (size_t)w, ws, &sm->lp_chars);
         }
-        for (int32_t i = sm->lp_sent; i < to; i++) legacy_add(s, &a, t, 0, sm->lp + (size_t)i * (size_t)w, w, &sm->lp_chars);
+        for (int32_t i = sm->lp_sent; i < to; i++) legacy_add(s, &a, t, 0, sm->lp + (size_t)i * (size_t)w, ws, &sm->lp_chars);
     }
     fl_free(FL_MEM_NET, t, sizeof *t);
     sm->lp_sent = to;
     return o;
+}
+
+/* vLLM's prompt_logprobs of prompt pr: null for its first token, then per token an object by
+ * token id (as text) of {logprob, rank, decoded_token}: the prompt token with its rank in the
+ * vocabulary, then the k_plp most likely with ranks 1..k_plp (the prompt token once).  NULL
+ * when none were asked for. */
+static cJSON *prompt_logprobs_json(fl_server *s, const srv_req *r, const srv_prompt *pr) {
+    if (r->k_plp < 0) return NULL;
+    tok_name *t = fl_alloc(FL_MEM_NET, sizeof *t, 16);
+    if (!t) return NULL;
+    cJSON *a = cJSON_CreateArray();
+    cJSON_AddItemToArray(a, cJSON_CreateNull());
+    const int32_t w = 1 + r->n_top;
+    for (int32_t i = 0; i < pr->n_plp; i++) {
+        const fl_token_logprob *rec = pr->plp + (size_t)i * (size_t)w;
+        cJSON *d = cJSON_CreateObject();
+        for (int32_t k = 0; k <= r->k_plp; k++) {
+            if (k > 0 && rec[k].token == rec[0].token) continue;
+            char id[16];
+            snprintf(id, sizeof id, "%d", rec[k].token);
+            token_name(s, rec[k].token, t);
+            cJSON *e = cJSON_AddObjectToObject(d, id);
+            cJSON_AddNumberToObject(e, "logprob", rec[k].logprob);
+            cJSON_AddNumberToObject(e, "rank", k ? k : pr->plp_rank[i]);
+            cJSON_AddStringToObject(e, "decoded_token", t->name);
+        }
+        cJSON_AddItemToArray(a, d);
+    }
+    fl_free(FL_MEM_NET, t, sizeof *t);
+    return a;
 }
 
 /* c.logprobs := the records up to `to`, led by the prompt's when prompt (null when none) */
@@ -425,9 +455,13 @@ static void produce_full(fl_server *s, srv_req *r) {
         add_logprobs(s, r, sm, c, sm->n_lp, r->echo);
         cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish) ? finish_str(sm->finish) : "stop");
         if (sm->finish == FL_FINISH_ERROR && sm->error[0]) cJSON_AddStringToObject(c, "error", sm->error);
+        cJSON *plp = r->chat ? NULL : prompt_logprobs_json(s, r, &r->pr[i / r->n]); /* (vLLM: completions per choice) */
+        if (plp) cJSON_AddItemToObject(c, "prompt_logprobs", plp);
         cJSON_AddItemToArray(ch, c);
         gen += sm->n_tokens;
     }
+    cJSON *plp = r->chat ? prompt_logprobs_json(s, r, &r->pr[0]) : NULL; /* (vLLM: chat at the top) */
+    if (plp) cJSON_AddItemToObject(o, "prompt_logprobs", plp);
     add_usage(cJSON_AddObjectToObject(o, "usage"), r, gen);
     append_json(&r->out, o, false);
     cJSON_Delete(o);
@@ -511,6 +545,7 @@ static void req_free(fl_server *s, srv_req *r) {
         srv_prompt *pr = &r->pr[k];
         srv_buf_free(&pr->echo_text);
         if (pr->plp) fl_free(FL_MEM_NET, pr->plp, (size_t)(pr->n_prompt - 1) * (size_t)(1 + r->n_top) * sizeof *pr->plp);
+        if (pr->plp_rank) fl_free(FL_MEM_NET, pr->plp_rank, (size_t)(pr->n_prompt - 1) * sizeof *pr->plp_rank);
     }
     pthread_cond_destroy(&r->cv);
     (void)s;
@@ -698,6 +733,16 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     } else if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp)) {
         if (get_int(j, "logprobs", 0, FL_MAX_TOP_LOGPROBS, &n_top, err, sizeof err)) { ret = BAD("%s", err); goto out; }
         want_lp = true;
+    }
+    /* vLLM's prompt_logprobs: k alternatives (and the prompt token's own logprob and rank) for
+     * each prompt token; not streamed */
+    int64_t k_plp = -1;
+    const cJSON *plpj = cJSON_GetObjectItemCaseSensitive(j, "prompt_logprobs");
+    if (plpj && !cJSON_IsNull(plpj) && !cJSON_IsFalse(plpj)) {
+        if (!cJSON_IsNumber(plpj) || get_int(j, "prompt_logprobs", 0, FL_MAX_TOP_LOGPROBS, &k_plp, err, sizeof err)) {
+            ret = BAD("'prompt_logprobs' must be an integer 0..%d", FL_MAX_TOP_LOGPROBS);
+            goto out;
+        }
     }
     const cJSON *ec = cJSON_GetObjectItemCaseSensitive(j, "echo");
     if (ec && !cJSON_IsNull(ec) && !cJSON_IsBool(ec)) { ret = BAD("'echo' must be a boolean"); goto out; }
@@ -1049,8 +1094,13 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
 
     rp.n = (int32_t)n;
     rp.logprobs = want_lp;
-    rp.top_logprobs = (int32_t)n_top;
-    rp.prompt_logprobs = echo && want_lp;
+    if (k_plp >= 0 && stream && cJSON_IsTrue(stream)) {
+        ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", "prompt_logprobs",
+                         "'prompt_logprobs' is not streamed: ask without 'stream'");
+        goto out;
+    }
+    rp.top_logprobs = (int32_t)(k_plp > n_top ? k_plp : n_top); /* records wide enough for both */
+    rp.prompt_logprobs = (echo && want_lp) || k_plp >= 0;
     rp.sampling.temperature = (float)temp;
     rp.sampling.top_p = (float)top_p;
     rp.sampling.min_p = (float)min_p;
@@ -1079,7 +1129,9 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     r->stream = stream && cJSON_IsTrue(stream);
     r->include_usage = include_usage;
     r->logprobs = want_lp;
-    r->n_top = (int32_t)n_top;
+    r->n_top = rp.top_logprobs;
+    r->n_show = (int32_t)n_top;
+    r->k_plp = (int32_t)k_plp;
     r->echo = echo;
     r->drop_gen = drop_gen;
     r->lora = lora;

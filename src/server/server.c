@@ -37,14 +37,17 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
     srv_prompt *pr = &r->pr[k];
     srv_sample *sm = &r->samples[k * r->n + o->sample];
     if (o->sample == 0) pr->n_cached = o->n_cached_prompt;
-    if (r->echo && r->logprobs && !pr->plp_got && o->sample == 0) { /* the prompt's records, as they come */
-        const size_t rec = (size_t)(1 + r->n_top) * sizeof *pr->plp;
-        if (!pr->plp && o->n_prompt > 1 && !r->lp_failed && !(pr->plp = fl_alloc(FL_MEM_NET, (size_t)(o->n_prompt - 1) * rec, 8))) {
+    if (((r->echo && r->logprobs) || r->k_plp >= 0) && !pr->plp_got && o->sample == 0) { /* the prompt's records, as they come */
+        const size_t rec = (size_t)(1 + r->n_top) * sizeof *pr->plp, nr = o->n_prompt > 1 ? (size_t)(o->n_prompt - 1) : 0;
+        if (nr && !r->lp_failed && ((!pr->plp && !(pr->plp = fl_alloc(FL_MEM_NET, nr * rec, 8))) ||
+                                    (r->k_plp >= 0 && !pr->plp_rank && !(pr->plp_rank = fl_alloc(FL_MEM_NET, nr * sizeof *pr->plp_rank, 8))))) {
             r->lp_failed = true; /* a reply without them would be wrong: end it as an error */
             srv_cancel(s, r);
         }
         if (pr->plp && o->prompt_logprobs && o->prompt_logprobs_from + o->n_prompt_logprobs <= o->n_prompt - 1) {
             memcpy((char *)pr->plp + (size_t)o->prompt_logprobs_from * rec, o->prompt_logprobs, (size_t)o->n_prompt_logprobs * rec);
+            if (pr->plp_rank)
+                memcpy(pr->plp_rank + o->prompt_logprobs_from, o->prompt_ranks, (size_t)o->n_prompt_logprobs * sizeof *pr->plp_rank);
             pr->n_plp = o->prompt_logprobs_from + o->n_prompt_logprobs;
         }
         pr->plp_got = pr->n_plp == o->n_prompt - 1 || o->n_prompt <= 1;

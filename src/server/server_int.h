@@ -56,7 +56,8 @@ typedef struct srv_prompt {
     int32_t n_cached;      /* of them, served by the prefix cache (sample 0's first admission) */
     int32_t first_tok;     /* echo: listed with a null logprob */
     srv_buf echo_text;     /* echo: the prompt as text (token-id prompts: detokenized) */
-    fl_token_logprob *plp; /* echo with logprobs: [n_prompt - 1][1 + n_top], prompt tokens 1.. */
+    fl_token_logprob *plp; /* echo with logprobs, or prompt_logprobs: [n_prompt - 1][1 + n_top], prompt tokens 1.. */
+    int32_t *plp_rank;     /* prompt_logprobs: [n_prompt - 1] their ranks in the vocabulary */
     int32_t n_plp;         /* records arrived */
     bool plp_got;          /* all of them */
 } srv_prompt;
@@ -70,7 +71,9 @@ typedef struct srv_req {
     int32_t n_done;        /* choices finished */
     bool chat, stream, cancelled, registered, role_sent, usage_sent, include_usage;
     bool logprobs, lp_failed; /* lp_failed: no memory for a logprob record: the request ends in error */
-    int32_t n_top;
+    int32_t n_top;         /* alternatives in each engine record (the most of n_show and k_plp) */
+    int32_t n_show;        /* of them, listed with the output's logprobs (logprobs / top_logprobs) */
+    int32_t k_plp;         /* vLLM's prompt_logprobs: alternatives listed per prompt token (-1: none asked) */
     /* echo (/v1/completions): the prompt leads each choice's text, and its tokens the logprobs */
     int32_t lora;          /* the engine adapter of its prompts (0: none); its name is the reply's model */
     bool echo, drop_gen;   /* drop_gen: max_tokens 0 with echo: the engine's one token is not reported */
