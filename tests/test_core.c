@@ -66,6 +66,17 @@ static void test_budget(void **state) {
     fl_mem_free_ctx(m, NULL);
     assert_int_equal(fl_mem_current(FL_MEM_GUIDE), 0);
     assert_string_equal(fl_mem_cat_name(FL_MEM_GUIDE), "guide");
+    /* fl_mem_malloc charges this thread's category, and frees as charged whatever it is then */
+    assert_int_equal(fl_mem_set_malloc_cat(FL_MEM_NET), FL_MEM_MISC);
+    void *n1 = fl_mem_malloc(40);
+    assert_int_equal(fl_mem_current(FL_MEM_NET), 56);
+    assert_int_equal(fl_mem_set_malloc_cat(FL_MEM_MISC), FL_MEM_NET);
+    void *m1 = fl_mem_malloc(10);
+    assert_int_equal(fl_mem_current(FL_MEM_MISC), 26);
+    fl_mem_free_any(n1); /* (MISC now: still NET's) */
+    assert_int_equal(fl_mem_current(FL_MEM_NET), 0);
+    assert_int_equal(fl_mem_current(FL_MEM_MISC), 26);
+    fl_mem_free_any(m1);
     assert_int_equal(fl_mem_charge(FL_MEM_MAPPED, 10), FL_OK);
     fl_mem_uncharge(FL_MEM_MAPPED, 10);
     fl_test_mem_zero();

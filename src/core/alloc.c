@@ -237,23 +237,39 @@ char *fl_strdup(fl_mem_cat cat, const char *s) {
 }
 
 /* Size-header pair: [size_t size][pad to 16][user] */
+/* The header: the size, then the category (so a block is freed as it was charged, whichever
+ * thread frees it and whatever that thread's category is then). */
 static void *malloc_cat(fl_mem_cat cat, size_t size) {
+    if (size > SIZE_MAX - 16) return NULL;
     unsigned char *p = fl_alloc(cat, size + 16, 16);
     if (!p) return NULL;
+    const uint32_t c = (uint32_t)cat;
     memcpy(p, &size, sizeof size);
+    memcpy(p + 8, &c, sizeof c);
     return p + 16;
 }
 
-static void free_cat(fl_mem_cat cat, void *ptr) {
+static void free_cat(void *ptr) {
     if (!ptr) return;
     unsigned char *p = (unsigned char *)ptr - 16;
     size_t size;
+    uint32_t c;
     memcpy(&size, p, sizeof size);
-    fl_free(cat, p, size + 16);
+    memcpy(&c, p + 8, sizeof c);
+    fl_free((fl_mem_cat)c, p, size + 16);
 }
 
-void *fl_mem_malloc(size_t size) { return malloc_cat(FL_MEM_MISC, size); }
-void fl_mem_free_any(void *ptr) { free_cat(FL_MEM_MISC, ptr); }
+static _Thread_local fl_mem_cat tl_malloc_cat = FL_MEM_MISC;
+
+fl_mem_cat fl_mem_set_malloc_cat(fl_mem_cat cat) {
+    FL_ASSERT((unsigned)cat < FL_MEM_COUNT);
+    const fl_mem_cat prev = tl_malloc_cat;
+    tl_malloc_cat = cat;
+    return prev;
+}
+
+void *fl_mem_malloc(size_t size) { return malloc_cat(tl_malloc_cat, size); }
+void fl_mem_free_any(void *ptr) { free_cat(ptr); }
 
 static const fl_mem_cat ctx_cats[FL_MEM_COUNT] = {
     FL_MEM_WEIGHTS, FL_MEM_MAPPED, FL_MEM_KV, FL_MEM_ACT, FL_MEM_SCRATCH, FL_MEM_GRAD, FL_MEM_OPTIM, FL_MEM_COMM, FL_MEM_NET, FL_MEM_GUIDE, FL_MEM_MISC,
@@ -266,7 +282,10 @@ void *fl_mem_ctx(fl_mem_cat cat) {
 }
 
 void *fl_mem_malloc_ctx(size_t size, void *ctx) { return malloc_cat(ctx ? *(const fl_mem_cat *)ctx : FL_MEM_MISC, size); }
-void fl_mem_free_ctx(void *ptr, void *ctx) { free_cat(ctx ? *(const fl_mem_cat *)ctx : FL_MEM_MISC, ptr); }
+void fl_mem_free_ctx(void *ptr, void *ctx) {
+    (void)ctx; /* (the header names the category) */
+    free_cat(ptr);
+}
 
 void fl_mem_install_cjson_hooks(void) {
     static cJSON_Hooks hooks = {fl_mem_malloc, fl_mem_free_any};

@@ -43,9 +43,14 @@ void fl_mem_uncharge(fl_mem_cat cat, size_t size);
 
 void fl_mem_fail_after(long n); /* n < 0 disables injection */
 
-/* malloc-compatible pair with a size header (for cJSON hooks and the like). */
+/* malloc-compatible pair with a size header (for cJSON hooks and the like): charged to this
+ * thread's malloc category (FL_MEM_MISC unless fl_mem_set_malloc_cat changed it), which the
+ * header keeps, so any thread frees a block as it was charged. */
 void *fl_mem_malloc(size_t size);
 void fl_mem_free_any(void *ptr);
+/* This thread's category for fl_mem_malloc (the server: FL_MEM_NET while it handles a request,
+ * so that the JSON it parses and prints is the server's); returns the previous one. */
+fl_mem_cat fl_mem_set_malloc_cat(fl_mem_cat cat);
 /* The same for allocators that pass a context pointer along (PCRE2's general contexts): ctx NULL
  * charges FL_MEM_MISC, ctx = fl_mem_ctx(cat) charges cat. */
 void *fl_mem_malloc_ctx(size_t size, void *ctx);

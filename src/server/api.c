@@ -493,7 +493,15 @@ typedef struct reader_ctx {
     srv_req *r;
 } reader_ctx;
 
-static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
+static ssize_t reader_net(void *cls, uint64_t pos, char *buf, size_t max);
+static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) { /* (JSON: NET, as srv_handle) */
+    const fl_mem_cat prev = fl_mem_set_malloc_cat(FL_MEM_NET);
+    const ssize_t n = reader_net(cls, pos, buf, max);
+    fl_mem_set_malloc_cat(prev);
+    return n;
+}
+
+static ssize_t reader_net(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     reader_ctx *rc = cls;
     fl_server *s = rc->s;
@@ -1234,9 +1242,8 @@ static bool authorized(fl_server *s, struct MHD_Connection *conn) {
     return diff == 0;
 }
 
-enum MHD_Result srv_handle(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
-                           const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls) {
-    (void)version;
+static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                              const char *upload_data, size_t *upload_data_size, void **con_cls) {
     fl_server *s = cls;
     srv_conn *c = *con_cls;
     if (!c) {
@@ -1284,6 +1291,17 @@ enum MHD_Result srv_handle(void *cls, struct MHD_Connection *conn, const char *u
     if (is_tok) return handle_tokenize(s, conn, c);
     if (is_detok) return handle_detokenize(s, conn, c);
     return handle_generate(s, conn, c, is_chat);
+}
+
+/* A request's JSON (parsed and printed with cJSON) is the server's memory: NET, not MISC (whose
+ * plan is the engine's). */
+enum MHD_Result srv_handle(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                           const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls) {
+    (void)version;
+    const fl_mem_cat prev = fl_mem_set_malloc_cat(FL_MEM_NET);
+    const enum MHD_Result r = handle(cls, conn, url, method, upload_data, upload_data_size, con_cls);
+    fl_mem_set_malloc_cat(prev);
+    return r;
 }
 
 void srv_request_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
