@@ -261,6 +261,8 @@ typedef struct fl_request_output {
     int32_t n_prompt, n_generated, n_cached_prompt;
     double ttft_s;              /* time to first token (set once the first token exists) */
     const char *error;          /* finish == FL_FINISH_ERROR: why, where known (valid until the next poll); else NULL */
+    const char *stop_str;       /* finish == FL_FINISH_STOP by a stop string: that string (valid until the next poll); else NULL */
+    int32_t stop_token;         /* finish == FL_FINISH_STOP by one of stop_token_ids: that id; else -1 */
 } fl_request_output;
 
 typedef struct fl_engine_stats {

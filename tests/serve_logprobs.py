@@ -453,6 +453,12 @@ def main_stories(shared):
     st, r4 = post_json("/v1/completions", {"prompt": g["prompt_tokens"], "max_tokens": 40, "temperature": 0, "stop_token_ids": [sid],
                                            "min_tokens": first + 1})
     check("stop_token_ids held back by min_tokens", st == 200 and r4["usage"]["completion_tokens"] > first)
+    # vLLM's stop_reason: the stop token id or stop string that ended it, else null
+    st, r5 = post_json("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "stop": ["zzz", "little"]})
+    check("stop_reason: token id %d, string 'little' (%r), null at length and EOS" % (sid, r5["choices"][0].get("stop_reason")),
+          r3["choices"][0]["stop_reason"] == sid and r5["choices"][0]["stop_reason"] == "little"
+          and r5["choices"][0]["finish_reason"] == "stop" and r1["choices"][0]["stop_reason"] is None
+          and post_json("/v1/completions", {"prompt": "a", "max_tokens": 2})[1]["choices"][0]["stop_reason"] is None)
 
     # 10. a list of prompts (OpenAI's batch; lm-evaluation-harness with batch_size > 1): one choice
     #     per prompt and sample, index = prompt x n + sample, each the same as the prompt alone

@@ -295,6 +295,7 @@ typedef struct wl {
     int32_t prompt_lp;            /* requests ask for prompt logprobs (with top alternatives) */
     fl_token_logprob plp[NREQ][64][1 + 6];
     int32_t plp_rank[NREQ][64];   /* their prompt tokens' ranks */
+    int32_t stop_token[NREQ];     /* the final event's stop_token */
     int32_t n_plp[NREQ];          /* prompt records received */
     int32_t min_tokens[NREQ], stop_id[NREQ]; /* per request (stop_id -1: none) */
     float eos_bias[NREQ];         /* a logit bias on EOS (0: none) */
@@ -389,6 +390,8 @@ static void drive(fl_engine *e, wl *w, int stagger) {
                 strcat(w->text[i], ev[k].new_text);
                 if (ev[k].finish != FL_FINISH_NONE) {
                     w->finish[i] = ev[k].finish;
+                    w->stop_token[i] = ev[k].stop_token;
+                    assert_null(ev[k].stop_str); /* (these workloads have no stop strings) */
                     w->order[w->n_order++] = i;
                     done++;
                 }
@@ -1168,6 +1171,8 @@ static void test_toy_min_tokens_stop_ids(void **state) {
             fail_msg("request %d: %d tokens, the reference %d (min_tokens %d, stop id %d)", i, w.n_got[i], n_want[i],
                      w.min_tokens[i], w.stop_id[i]);
         assert_int_equal(w.finish[i], want_fin[i]);
+        /* the stop id that ended it (a STOP here is one); -1 for the rest */
+        assert_int_equal(w.stop_token[i], want_fin[i] == FL_FINISH_STOP ? w.stop_id[i] : -1);
     }
     /* out of range */
     int32_t prompt[2] = {1, 5};
@@ -1383,6 +1388,13 @@ static void test_toy_stop_string(void **state) {
             for (int32_t j = 0; j < k; j++) {
                 strcat(got, ev[j].new_text);
                 fin = ev[j].finish;
+                if (fin) { /* the second stop string ended it, and is said */
+                    assert_non_null(ev[j].stop_str);
+                    assert_string_equal(ev[j].stop_str, stop);
+                    assert_int_equal(ev[j].stop_token, -1);
+                } else {
+                    assert_null(ev[j].stop_str);
+                }
             }
         }
         assert_int_equal(fin, FL_FINISH_STOP);

@@ -764,6 +764,7 @@ static void commit_token(fl_engine *e, fl_request *r, int32_t tok) {
     }
     for (int32_t i = 0; i < r->n_stop_ids; i++)
         if (tok == r->stop_ids[i]) { /* like EOS: ends it, not part of the output */
+            r->stop_token = tok;
             finish(e, r, FL_FINISH_STOP);
             return;
         }
@@ -929,7 +930,8 @@ int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
         fl_request *r = e->reqs[i];
         if (!r->event_pending) continue;
         need_tok += fl_request_n_generated(r) - r->n_streamed;
-        need_text += r->stop.emitted - r->text_pending_start + 1 + (int64_t)strlen(r->error) + 1;
+        need_text += r->stop.emitted - r->text_pending_start + 1 + (int64_t)strlen(r->error) + 1 +
+                     (r->stop.stopped ? (int64_t)strlen(r->stop.stop[r->stop.which]) + 1 : 0);
         if (r->logprobs) need_lp += (int64_t)(fl_request_n_generated(r) - r->n_streamed) * (1 + r->n_top);
         if (r->prompt_logprobs) {
             need_lp += (int64_t)(r->n_plp - r->n_plp_sent) * (1 + r->n_top);
@@ -982,6 +984,15 @@ int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
         o->new_text = e->poll_text + ox;
         ox += tl + 1;
         o->finish = r->state == FL_REQ_FINISHED ? r->finish : FL_FINISH_NONE;
+        o->stop_token = -1;
+        if (o->finish == FL_FINISH_STOP && r->stop.stopped) { /* the stop string that ended it */
+            const size_t sl = strlen(r->stop.stop[r->stop.which]);
+            memcpy(e->poll_text + ox, r->stop.stop[r->stop.which], sl + 1);
+            o->stop_str = e->poll_text + ox;
+            ox += (int64_t)sl + 1;
+        } else if (o->finish == FL_FINISH_STOP) {
+            o->stop_token = r->stop_token;
+        }
         if (o->finish == FL_FINISH_ERROR && r->error[0]) {
             const size_t el = strlen(r->error);
             memcpy(e->poll_text + ox, r->error, el + 1);

@@ -69,6 +69,7 @@ fl_status fl_stop_push(fl_stop_matcher *m, const char *piece, int64_t n, bool *s
         m->len = best + (m->include ? (int64_t)strlen(m->stop[which]) : 0);
         m->text[m->len] = 0;
         m->stopped = true;
+        m->which = which;
     }
     *stopped = m->stopped;
     return FL_OK;
@@ -129,6 +130,7 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
         return FL_ERR_NOMEM;
     }
     r->stop.include = p->include_stop_str_in_output != 0;
+    r->stop_token = -1;
     memcpy(r->tokens, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
     r->id = id;
     r->sample = sample;

@@ -39,6 +39,7 @@ typedef struct fl_stop_matcher {
     int64_t len, cap;  /* bytes in text, capacity */
     int64_t emitted;   /* bytes of text already released to the caller */
     bool stopped;      /* a stop string was found; text is cut before it (after it with include) */
+    int32_t which;     /* stopped: the one found (index into stop) */
     bool include;      /* vLLM's include_stop_str_in_output: the stop string stays in the text */
 } fl_stop_matcher;
 
@@ -98,6 +99,7 @@ struct fl_request {
                                  * max_seqs records) */
 
     char error[192];            /* why it finished with FL_FINISH_ERROR, where known ("" else) */
+    int32_t stop_token;         /* FL_FINISH_STOP by one of stop_ids: that token; else -1 */
 
     fl_stop_matcher stop;
     bool swapped;               /* PREEMPTED with its KV in the swap tier */

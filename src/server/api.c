@@ -307,6 +307,13 @@ static cJSON *prompt_logprobs_json(fl_server *s, const srv_req *r, const srv_pro
     return a;
 }
 
+/* vLLM's stop_reason: the stop string or stop token id that ended the sample, else null */
+static void add_stop_reason(cJSON *c, const srv_sample *sm) {
+    if (sm->finish == FL_FINISH_STOP && sm->stop_str) cJSON_AddStringToObject(c, "stop_reason", sm->stop_str);
+    else if (sm->finish == FL_FINISH_STOP && sm->stop_token >= 0) cJSON_AddNumberToObject(c, "stop_reason", sm->stop_token);
+    else cJSON_AddNullToObject(c, "stop_reason");
+}
+
 /* c.logprobs := the records up to `to`, led by the prompt's when prompt (null when none) */
 static void add_logprobs(fl_server *s, srv_req *r, srv_sample *sm, cJSON *c, int32_t to, bool prompt) {
     cJSON *lp = logprobs_json(s, r, sm, to, prompt);
@@ -387,6 +394,7 @@ static void produce_stream(fl_server *s, srv_req *r) {
             fl_free(FL_MEM_NET, delta, dn + 1);
             if (fin) {
                 cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish));
+                add_stop_reason(c, sm);
                 if (sm->finish == FL_FINISH_ERROR && sm->error[0]) cJSON_AddStringToObject(c, "error", sm->error);
                 sm->finish_sent = true;
             }
@@ -454,6 +462,7 @@ static void produce_full(fl_server *s, srv_req *r) {
         }
         add_logprobs(s, r, sm, c, sm->n_lp, r->echo);
         cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish) ? finish_str(sm->finish) : "stop");
+        add_stop_reason(c, sm);
         if (sm->finish == FL_FINISH_ERROR && sm->error[0]) cJSON_AddStringToObject(c, "error", sm->error);
         cJSON *plp = r->chat ? NULL : prompt_logprobs_json(s, r, &r->pr[i / r->n]); /* (vLLM: completions per choice) */
         if (plp) cJSON_AddItemToObject(c, "prompt_logprobs", plp);
@@ -547,6 +556,7 @@ static void req_free(fl_server *s, srv_req *r) {
         srv_buf_free(&r->samples[i].text);
         fl_free(FL_MEM_NET, r->samples[i].seg, (size_t)r->samples[i].cap_seg * sizeof(srv_seg));
         fl_free(FL_MEM_NET, r->samples[i].lp, (size_t)r->samples[i].cap_lp * (size_t)(1 + r->n_top) * sizeof(fl_token_logprob));
+        if (r->samples[i].stop_str) fl_free(FL_MEM_NET, r->samples[i].stop_str, strlen(r->samples[i].stop_str) + 1);
     }
     srv_buf_free(&r->out);
     for (int k = 0; k < SRV_MAX_N; k++) {

@@ -92,6 +92,8 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
     if (o->finish != FL_FINISH_NONE && sm->finish == FL_FINISH_NONE) {
         sm->finish = r->lp_failed && o->finish == FL_FINISH_CANCELLED ? FL_FINISH_ERROR : o->finish;
         if (o->finish == FL_FINISH_ERROR && o->error) snprintf(sm->error, sizeof sm->error, "%s", o->error);
+        sm->stop_token = o->stop_token;
+        if (o->stop_str) sm->stop_str = fl_strdup(FL_MEM_NET, o->stop_str); /* (none on no memory: stop_reason null) */
         else if (sm->finish == FL_FINISH_ERROR && r->lp_failed) snprintf(sm->error, sizeof sm->error, "no memory for the logprobs of the reply");
         r->n_done++;
         s->m.completion_tokens += o->n_generated;

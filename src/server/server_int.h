@@ -47,6 +47,8 @@ typedef struct srv_sample {
     fl_finish_reason finish;
     bool finish_sent;
     char error[192];     /* finish "error": why, where the engine said (the choice's "error") */
+    char *stop_str;      /* finish by a stop string: a copy of it (NET), else NULL (vLLM's stop_reason) */
+    int32_t stop_token;  /* finish by a stop token id: it, else -1 */
 } srv_sample;
 
 /* One prompt of a request (a list of prompts gives one engine request each). */
