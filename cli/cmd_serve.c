@@ -70,7 +70,9 @@ int fl_cmd_serve(int argc, char **argv) {
                           "echo: the prompt leads the text and, with logprobs, each prompt token is scored\n"
                           "(max_tokens 0: the prompt alone), as lm-evaluation-harness asks; such prompts\n"
                           "skip the prefix cache.  prompt_logprobs: 0-20 (vLLM's, not streamed): each prompt\n"
-                          "token's logprob and rank and that many alternatives.",
+                          "token's logprob and rank and that many alternatives.\n"
+                          "POST /completion takes llama.cpp's own fields (n_predict, repeat_penalty, n_probs,\n"
+                          "logit_bias pairs, return_tokens, ...) and answers in its shape (docs/SERVER.md).",
                           pos, 0, &n_pos);
     if (r) return r == 1 ? 0 : 2;
     if (!fl_args_get(opts, "model")->set) {

@@ -489,6 +489,48 @@ def main_stories(shared):
     check("4 token-id prompts with echo: each choice's records equal its prompt alone",
           st == 200 and len(rl["choices"]) == 4 and all(c["logprobs"] == o["choices"][0]["logprobs"] for c, o in zip(rl["choices"], one)))
 
+    # 12. llama.cpp's own POST /completion: its request fields and reply shape
+    nc = {"prompt": g["prompt_tokens"], "n_predict": 16, "temperature": 0, "return_tokens": True}
+    st, r = post_json("/completion", nc)
+    check("/completion greedy: llama.cpp's 16 reference tokens, content, stop_type limit",
+          st == 200 and r["tokens"] == g["greedy_tokens"][:16] and r["stop"] is True and r["stop_type"] == "limit"
+          and r["tokens_predicted"] == 16 and r["tokens_evaluated"] == len(g["prompt_tokens"])
+          and r["content"] == post_json("/v1/completions", {"prompt": g["prompt_tokens"], "max_tokens": 16, "temperature": 0})[1]["choices"][0]["text"])
+    gs = post_json("/completion", {"prompt": "a", "n_predict": 1})[1]["generation_settings"]
+    check("/completion: llama.cpp's sampling defaults (%s)" % gs,
+          close(gs["temperature"], 0.8, 1e-6) and gs["top_k"] == 40 and close(gs["top_p"], 0.95, 1e-6) and close(gs["min_p"], 0.05, 1e-6))
+    ev = [json.loads(l[6:]) for l in post("/completion", dict(nc, stream=True))[1].splitlines() if l.startswith("data: ")]
+    check("/completion stream: chunks with stop false, the final one stop true; the same content and tokens; no [DONE]",
+          len(ev) >= 2 and all(e["stop"] is False for e in ev[:-1]) and ev[-1]["stop"] is True and ev[-1]["stop_type"] == "limit"
+          and "".join(e["content"] for e in ev) == r["content"] and sum((e["tokens"] for e in ev[:-1]), []) == r["tokens"])
+    st, rw = post_json("/completion", {"prompt": "Once upon a time", "n_predict": 30, "temperature": 0, "stop": ["zzz", "little"]})
+    check("/completion stop word: stop_type word, stopping_word, content before it (%r)" % rw.get("content"),
+          rw["stop_type"] == "word" and rw["stopping_word"] == "little" and not rw["content"].endswith("little") and "little" not in rw["content"])
+    st, r0 = post_json("/completion", {"prompt": "Once upon a time", "n_predict": 0})
+    check("/completion n_predict 0: the prompt alone", st == 200 and r0["content"] == "" and r0["tokens_predicted"] == 0 and r0["tokens_evaluated"] == 5)
+    st, rp = post_json("/completion", dict(nc, n_probs=3))
+    st2, rl = post_json("/v1/completions", {"prompt": g["prompt_tokens"], "max_tokens": 16, "temperature": 0, "logprobs": 3})
+    cp = rp.get("completion_probabilities", [])
+    check("/completion n_probs 3: a record per token, its id, 3 alternatives, the logprobs of /v1/completions",
+          len(cp) == 16 and all(len(x["top_logprobs"]) == 3 and x["id"] == t for x, t in zip(cp, g["greedy_tokens"]))
+          and all(close(x["logprob"], y, 1e-6) for x, y in zip(cp, rl["choices"][0]["logprobs"]["token_logprobs"])))
+    st, rb = post_json("/completion", dict(nc, n_predict=1, logit_bias=[[g["greedy_tokens"][0], False]]))
+    check("/completion logit_bias [[id, false]]: never that token", st == 200 and rb["tokens"][0] != g["greedy_tokens"][0])
+    st, rs = post_json("/completion", {"prompt": ["Once upon a time", "The cat"], "n_predict": 4, "temperature": 0})
+    check("/completion with two prompts: a list of two replies", st == 200 and isinstance(rs, list) and [x["index"] for x in rs] == [0, 1])
+    a = post_json("/completion", {"prompt": "Once upon a time", "n_predict": 12, "temperature": 1, "seed": 9})[1]["content"]
+    b = post_json("/completion", {"prompt": "Once upon a time", "n_predict": 12, "temperature": 1, "seed": 9})[1]["content"]
+    check("/completion seed: the same text twice", a == b and len(a) > 0)
+    for name, body, needle in [("mirostat 2", {"mirostat": 2}, "not supported"), ("samplers", {"samplers": ["top_k"]}, "not supported"),
+                               ("typical_p 0.5", {"typical_p": 0.5}, "not supported"), ("n_predict -2", {"n_predict": -2}, "n_predict"),
+                               ("logit_bias by text", {"logit_bias": [["Hello", 1.0]]}, "token texts"),
+                               ("cache_prompt not a boolean", {"cache_prompt": 1}, "boolean")]:
+        st, rr = post_json("/completion", dict({"prompt": "a", "n_predict": 2}, **body))
+        msg = rr.get("error", {}).get("message", "") if isinstance(rr, dict) else ""
+        check("/completion refused, %s: 400 (%s)" % (name, msg), st == 400 and needle in msg)
+    st, rr = post_json("/completion", {"prompt": "a", "n_predict": 2, "typical_p": 1, "mirostat": 0, "cache_prompt": False, "id_slot": -1})
+    check("/completion: samplers at their off values, cache_prompt and id_slot pass", st == 200)
+
     # 11. bad values -> 400
     for name, path, b in [
         ("logprobs 21", "/v1/completions", {"prompt": "a", "logprobs": 21}),

@@ -88,6 +88,16 @@ def body():
     r = rng.random()
     if r < 0.03:
         path = rng.choice(["/v1/completions", "/v1/chat/completions"])
+    elif r < 0.06 and not chat:  # llama.cpp's /completion with the same body, and its own fields
+        path = "/completion"
+        if not altered:
+            for k, v in [("n_predict", rng.choice([-1, 0, 3, 8, -2, "x"])), ("n_probs", rng.choice([0, 2, 25])),
+                         ("return_tokens", rng.choice([True, False, 1])), ("repeat_last_n", rng.choice([0, -1, 16])),
+                         ("logit_bias", rng.choice([[[5, False]], [[5, 1.5], [6, -2]], [["a", 1]], {"5": 2}, 3])),
+                         ("mirostat", rng.choice([0, 2])), ("cache_prompt", rng.choice([True, None]))]:
+                if rng.random() < 0.4:
+                    d[k] = v
+            raw = json.dumps(d).encode("utf-8", "surrogatepass")
     elif r < 0.09:  # the tokenizer endpoints, with the same bodies and some ids
         path = rng.choice(["/tokenize", "/detokenize"])
         if rng.random() < 0.5:
@@ -122,6 +132,10 @@ for i in range(N):
             e = json.loads(data)
             if not isinstance(e.get("error", {}).get("message"), str):
                 failures.append("%d without an error message: %r" % (resp.status, data[:200]))
+        elif (resp.getheader("Content-Type") or "").startswith("text/event-stream") and path == "/completion":
+            last = data.rstrip().split(b"\n")[-1]  # llama.cpp's stream: no [DONE]; the last event says stop
+            if not last.startswith(b"data: {") or json.loads(last[6:]).get("stop") is not True:
+                failures.append("/completion stream not ending with stop: true on %r: %r" % (raw[:160], data[-200:]))
         elif (resp.getheader("Content-Type") or "").startswith("text/event-stream"):
             if not data.rstrip().endswith(b"data: [DONE]"):
                 failures.append("stream without [DONE] on %r: %r" % (raw[:160], data[-200:]))

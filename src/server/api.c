@@ -502,6 +502,153 @@ typedef struct reader_ctx {
     srv_req *r;
 } reader_ctx;
 
+/* ---- llama.cpp's /completion reply ----
+ * Non-streamed: one object per prompt (an array of them for a list of prompts): content, tokens
+ * (with return_tokens), stop, model, tokens_predicted, tokens_evaluated, tokens_cached,
+ * generation_settings, stop_type (eos, limit, word; none for an error, with "error"),
+ * stopping_word, truncated, has_new_line, timings, and completion_probabilities with n_probs.
+ * Streamed: an object per engine output ({index, content, tokens, stop: false, ...}), then the
+ * final object with empty content and stop: true; no [DONE]. */
+
+/* completion_probabilities for records [from, to) of sm: {id, token, bytes, logprob,
+ * top_logprobs: [{id, token, bytes, logprob}]} */
+static cJSON *native_probs(fl_server *s, const srv_req *r, const srv_sample *sm, int32_t from, int32_t to) {
+    tok_name *t = fl_alloc(FL_MEM_NET, sizeof *t, 16);
+    cJSON *a = cJSON_CreateArray();
+    const int32_t w = 1 + r->n_top;
+    for (int32_t i = from; t && i < to; i++) {
+        const fl_token_logprob *rec = sm->lp + (size_t)i * (size_t)w;
+        cJSON *e = NULL, *top = NULL;
+        for (int32_t k = 0; k <= r->n_show; k++) {
+            token_name(s, rec[k].token, t);
+            cJSON *x = token_entry(t, rec[k].logprob, true);
+            cJSON_AddNumberToObject(x, "id", rec[k].token);
+            if (k == 0) {
+                e = x;
+                top = cJSON_AddArrayToObject(e, "top_logprobs");
+            } else {
+                cJSON_AddItemToArray(top, x);
+            }
+        }
+        cJSON_AddItemToArray(a, e);
+    }
+    if (t) fl_free(FL_MEM_NET, t, sizeof *t);
+    return a;
+}
+
+static cJSON *native_tokens(const srv_sample *sm, int32_t from, int32_t to) {
+    cJSON *a = cJSON_CreateArray();
+    for (int32_t i = from; i < to; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(sm->toks[i]));
+    return a;
+}
+
+/* The final object of choice i: with its whole text (content, tokens, probabilities) unless
+ * streamed, where the chunks carried them. */
+static cJSON *native_final(fl_server *s, srv_req *r, int i, bool streamed) {
+    srv_sample *sm = &r->samples[i];
+    const srv_prompt *pr = &r->pr[i / r->n];
+    const char *txt = sm->text.p ? sm->text.p : "";
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "index", i);
+    cJSON_AddStringToObject(o, "content", streamed ? "" : txt);
+    cJSON_AddItemToObject(o, "tokens", r->return_tokens && !streamed ? native_tokens(sm, 0, sm->n_toks) : cJSON_CreateArray());
+    cJSON_AddNumberToObject(o, "id_slot", -1);
+    cJSON_AddBoolToObject(o, "stop", true);
+    cJSON_AddStringToObject(o, "model", srv_model_name(s, r));
+    cJSON_AddNumberToObject(o, "tokens_predicted", sm->n_tokens);
+    cJSON_AddNumberToObject(o, "tokens_evaluated", pr->n_prompt);
+    cJSON_AddNumberToObject(o, "tokens_cached", pr->n_cached);
+    cJSON *g = cJSON_AddObjectToObject(o, "generation_settings");
+    cJSON_AddNumberToObject(g, "n_ctx", fl_engine_n_ctx(s->engine));
+    cJSON_AddNumberToObject(g, "n_predict", (double)r->gs.n_predict);
+    cJSON_AddNumberToObject(g, "seed", (double)r->gs.seed);
+    cJSON_AddNumberToObject(g, "temperature", r->gs.temperature);
+    cJSON_AddNumberToObject(g, "top_k", (double)r->gs.top_k);
+    cJSON_AddNumberToObject(g, "top_p", r->gs.top_p);
+    cJSON_AddNumberToObject(g, "min_p", r->gs.min_p);
+    cJSON_AddNumberToObject(g, "repeat_penalty", r->gs.repeat_penalty);
+    cJSON_AddNumberToObject(g, "repeat_last_n", (double)r->gs.repeat_last_n);
+    cJSON_AddNumberToObject(g, "presence_penalty", r->gs.presence_penalty);
+    cJSON_AddNumberToObject(g, "frequency_penalty", r->gs.frequency_penalty);
+    cJSON_AddNumberToObject(g, "n_probs", r->logprobs ? r->n_show : 0);
+    cJSON_AddBoolToObject(g, "ignore_eos", r->gs.ignore_eos);
+    cJSON_AddBoolToObject(g, "stream", r->stream);
+    const char *stype = sm->finish == FL_FINISH_LENGTH ? "limit" : sm->finish == FL_FINISH_STOP && sm->stop_str ? "word"
+                        : sm->finish == FL_FINISH_EOS || sm->finish == FL_FINISH_STOP ? "eos" : "none";
+    cJSON_AddStringToObject(o, "stop_type", stype);
+    cJSON_AddStringToObject(o, "stopping_word", sm->finish == FL_FINISH_STOP && sm->stop_str ? sm->stop_str : "");
+    if (sm->finish == FL_FINISH_ERROR) cJSON_AddStringToObject(o, "error", sm->error[0] ? sm->error : "the request failed");
+    cJSON_AddBoolToObject(o, "truncated", false);
+    cJSON_AddBoolToObject(o, "has_new_line", strchr(txt, '\n') != NULL);
+    const double t_first = r->t_first > 0 ? r->t_first : r->t_end, pms = (t_first - r->t_start) * 1e3, gms = (r->t_end - t_first) * 1e3;
+    const int32_t pn = pr->n_prompt - pr->n_cached, gn = sm->n_tokens;
+    cJSON *tm = cJSON_AddObjectToObject(o, "timings");
+    cJSON_AddNumberToObject(tm, "prompt_n", pn);
+    cJSON_AddNumberToObject(tm, "prompt_ms", pms);
+    cJSON_AddNumberToObject(tm, "prompt_per_token_ms", pn > 0 ? pms / pn : 0);
+    cJSON_AddNumberToObject(tm, "prompt_per_second", pms > 0 ? 1e3 * pn / pms : 0);
+    cJSON_AddNumberToObject(tm, "predicted_n", gn);
+    cJSON_AddNumberToObject(tm, "predicted_ms", gms);
+    cJSON_AddNumberToObject(tm, "predicted_per_token_ms", gn > 0 ? gms / gn : 0);
+    cJSON_AddNumberToObject(tm, "predicted_per_second", gms > 0 ? 1e3 * gn / gms : 0);
+    if (r->logprobs) cJSON_AddItemToObject(o, "completion_probabilities", native_probs(s, r, sm, streamed ? sm->lp_sent : 0, sm->n_lp));
+    return o;
+}
+
+static void produce_native(fl_server *s, srv_req *r) {
+    if (!r->stream) {
+        if (r->n_done < srv_choices(r)) return;
+        cJSON *o = srv_choices(r) > 1 ? cJSON_CreateArray() : NULL, *one = NULL;
+        for (int i = 0; i < srv_choices(r); i++) {
+            one = native_final(s, r, i, false);
+            if (o) cJSON_AddItemToArray(o, one);
+        }
+        append_json(&r->out, o ? o : one, false);
+        cJSON_Delete(o ? o : one);
+        r->all_sent = true;
+        return;
+    }
+    bool all_fin = true;
+    for (int i = 0; i < srv_choices(r); i++) {
+        srv_sample *sm = &r->samples[i];
+        if (sm->finish_sent) continue;
+        const bool fin = sm->finish != FL_FINISH_NONE;
+        const size_t avail = fin ? sm->text.len : utf8_complete(sm->text.p ? sm->text.p : "", sm->text.len);
+        if (avail > sm->sent || sm->n_toks > sm->tok_sent) { /* what came since the last chunk */
+            cJSON *o = cJSON_CreateObject();
+            char *delta = fl_alloc(FL_MEM_NET, avail - sm->sent + 1, 16);
+            if (!delta) { cJSON_Delete(o); all_fin = false; continue; }
+            if (avail > sm->sent) memcpy(delta, sm->text.p + sm->sent, avail - sm->sent);
+            delta[avail - sm->sent] = 0;
+            cJSON_AddNumberToObject(o, "index", i);
+            cJSON_AddStringToObject(o, "content", delta);
+            fl_free(FL_MEM_NET, delta, avail - sm->sent + 1);
+            cJSON_AddItemToObject(o, "tokens", native_tokens(sm, sm->tok_sent, sm->n_toks));
+            cJSON_AddBoolToObject(o, "stop", false);
+            cJSON_AddNumberToObject(o, "id_slot", -1);
+            cJSON_AddNumberToObject(o, "tokens_predicted", sm->n_toks);
+            cJSON_AddNumberToObject(o, "tokens_evaluated", r->pr[i / r->n].n_prompt);
+            if (r->logprobs) {
+                cJSON_AddItemToObject(o, "completion_probabilities", native_probs(s, r, sm, sm->lp_sent, sm->n_lp));
+                sm->lp_sent = sm->n_lp;
+            }
+            append_json(&r->out, o, true);
+            cJSON_Delete(o);
+            sm->sent = avail;
+            sm->tok_sent = sm->n_toks;
+        }
+        if (fin && sm->sent == sm->text.len) {
+            if (!r->t_end) r->t_end = srv_now();
+            cJSON *o = native_final(s, r, i, true);
+            append_json(&r->out, o, true);
+            cJSON_Delete(o);
+            sm->finish_sent = true;
+        }
+        all_fin = all_fin && sm->finish_sent;
+    }
+    if (all_fin) r->all_sent = true;
+}
+
 static ssize_t reader_net(void *cls, uint64_t pos, char *buf, size_t max);
 static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) { /* (JSON: NET, as srv_handle) */
     const fl_mem_cat prev = fl_mem_set_malloc_cat(FL_MEM_NET);
@@ -530,7 +677,8 @@ static ssize_t reader_net(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&s->mu);
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
-        if (r->stream) produce_stream(s, r);
+        if (r->native) produce_native(s, r);
+        else if (r->stream) produce_stream(s, r);
         else if (r->n_done == srv_choices(r)) produce_full(s, r);
         if (r->out.len) continue;
         if (s->stopping || r->cancelled || client_gone(r->conn)) {
@@ -557,6 +705,7 @@ static void req_free(fl_server *s, srv_req *r) {
         fl_free(FL_MEM_NET, r->samples[i].seg, (size_t)r->samples[i].cap_seg * sizeof(srv_seg));
         fl_free(FL_MEM_NET, r->samples[i].lp, (size_t)r->samples[i].cap_lp * (size_t)(1 + r->n_top) * sizeof(fl_token_logprob));
         if (r->samples[i].stop_str) fl_free(FL_MEM_NET, r->samples[i].stop_str, strlen(r->samples[i].stop_str) + 1);
+        fl_free(FL_MEM_NET, r->samples[i].toks, (size_t)r->samples[i].cap_toks * sizeof(int32_t));
     }
     srv_buf_free(&r->out);
     for (int k = 0; k < SRV_MAX_N; k++) {
@@ -718,7 +867,18 @@ typedef struct gen_prompt {
     bool cut;              /* truncate_prompt_tokens dropped its head: echo its ids, not text */
 } gen_prompt;
 
-static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool chat) {
+/* llama.cpp's /completion, read into the fields below by handle_native: n_predict (-1: to the
+ * end of the context, 0: the prompt alone), repeat_last_n (-1: the context, 0: no penalties),
+ * return_tokens. */
+typedef struct native_opts {
+    int64_t n_predict, repeat_last_n;
+    bool return_tokens;
+} native_opts;
+
+/* /v1/completions, /v1/chat/completions, and (nv set, pre its body translated into the OpenAI
+ * fields, owned) llama.cpp's /completion. */
+static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool chat, cJSON *pre,
+                                       const native_opts *nat) {
     char err[256] = "";
     enum MHD_Result ret;
     gen_prompt gp[SRV_MAX_N];
@@ -730,7 +890,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     int64_t allowed_n = 0;
     int32_t bw_ids[FL_MAX_BAD_WORDS * FL_MAX_BAD_WORD_TOKENS], bw_lens[FL_MAX_BAD_WORDS]; /* bad_words, tokenized */
     char *schema_text = NULL; /* the request's JSON Schema printed for the engine */
-    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
+    cJSON *j = pre ? pre : cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
     if (!j) return BAD("malformed JSON in the request body");
     if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
     for (const char *const *f = unsupported_fields; *f; f++) {
@@ -1103,7 +1263,12 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
             goto out;
         }
     }
-    const bool drop_gen = echo && max_tokens == 0; /* the engine generates one token, not reported */
+    bool drop_gen = echo && max_tokens == 0; /* the engine generates one token, not reported */
+    if (nat) { /* llama.cpp's n_predict: -1 to the end of the context (and the token limit), 0 the prompt alone */
+        max_tokens = nat->n_predict;
+        drop_gen = nat->n_predict == 0;
+        if (max_tokens > s->p.max_tokens_limit) { ret = BAD("'n_predict' is %lld, the largest accepted is %d", (long long)max_tokens, s->p.max_tokens_limit); goto out; }
+    }
     if (drop_gen) max_tokens = 1;
 
     fl_engine_stats es;
@@ -1126,6 +1291,12 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     rp.sampling.presence_penalty = (float)pres;
     rp.sampling.frequency_penalty = (float)freq;
     rp.sampling.repeat_penalty = (float)rep;
+    if (nat && nat->repeat_last_n == 0) { /* llama.cpp: no window, no penalties */
+        rp.sampling.presence_penalty = rp.sampling.frequency_penalty = 0;
+        rp.sampling.repeat_penalty = 1;
+    } else if (nat) {
+        rp.sampling.penalty_last_n = (int32_t)(nat->repeat_last_n < 0 ? n_ctx : nat->repeat_last_n);
+    }
     if (seed >= 0) rp.sampling.seed = (uint64_t)seed;
     else {
         pthread_mutex_lock(&s->mu);
@@ -1152,6 +1323,13 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     r->k_plp = (int32_t)k_plp;
     r->echo = echo;
     r->drop_gen = drop_gen;
+    if (nat) {
+        r->native = true;
+        r->return_tokens = nat->return_tokens;
+        r->gs.temperature = temp, r->gs.top_p = top_p, r->gs.min_p = min_p, r->gs.repeat_penalty = rep;
+        r->gs.presence_penalty = pres, r->gs.frequency_penalty = freq, r->gs.top_k = top_k, r->gs.n_predict = nat->n_predict;
+        r->gs.repeat_last_n = nat->repeat_last_n, r->gs.seed = seed, r->gs.ignore_eos = rp.ignore_eos;
+    }
     r->lora = lora;
     r->n_pr = n_gp;
     for (int32_t k = 0; k < n_gp; k++) {
@@ -1252,6 +1430,100 @@ static bool authorized(fl_server *s, struct MHD_Connection *conn) {
     return diff == 0;
 }
 
+/* llama.cpp's POST /completion: its fields read into the OpenAI ones handle_generate takes, with
+ * llama.cpp's sampling defaults (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), the rest into
+ * native_opts; sampler settings this engine does not have are refused where they would change
+ * the output, and cache_prompt, id_slot, n_keep and the like, which do not, are let pass. */
+static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, srv_conn *c) {
+    enum MHD_Result ret;
+    char err[160];
+    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len), *o = NULL;
+    if (!j) return BAD("malformed JSON in the request body");
+    if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
+    static const struct { const char *name; double off; } OFF[] = {
+        {"typical_p", 1}, {"mirostat", 0}, {"dynatemp_range", 0}, {"dry_multiplier", 0}, {"xtc_probability", 0},
+        {"n_indent", 0}, {"t_max_predict_ms", 0}, {"n_cmpl", 1}};
+    for (size_t i = 0; i < sizeof OFF / sizeof *OFF; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, OFF[i].name);
+        if (v && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == OFF[i].off)) {
+            ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", OFF[i].name,
+                             "'%s' is not supported by this server (only %g, off)", OFF[i].name, OFF[i].off);
+            goto out;
+        }
+    }
+    static const char *const NOT[] = {"samplers", "lora", "post_sampling_probs", "response_fields", "suffix", "input_prefix", "input_suffix"};
+    for (size_t i = 0; i < sizeof NOT / sizeof *NOT; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, NOT[i]);
+        if (v && !cJSON_IsNull(v) && !cJSON_IsFalse(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0)) {
+            ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", NOT[i], "'%s' is not supported by this server", NOT[i]);
+            goto out;
+        }
+    }
+    if (!(o = cJSON_CreateObject())) { ret = NOMEM(); goto out; }
+    static const char *const SAME[] = {"prompt", "temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                                       "stop", "ignore_eos", "grammar", "json_schema", "stream", "model"};
+    for (size_t i = 0; i < sizeof SAME / sizeof *SAME; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, SAME[i]);
+        if (v) cJSON_AddItemToObject(o, SAME[i], cJSON_Duplicate(v, 1));
+    }
+    static const struct { const char *name; double def; } DEF[] = {{"temperature", 0.8}, {"top_k", 40}, {"top_p", 0.95}, {"min_p", 0.05}};
+    for (size_t i = 0; i < sizeof DEF / sizeof *DEF; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, DEF[i].name);
+        if (!v || cJSON_IsNull(v)) {
+            cJSON_DeleteItemFromObjectCaseSensitive(o, DEF[i].name);
+            cJSON_AddNumberToObject(o, DEF[i].name, DEF[i].def);
+        }
+    }
+    cJSON *tv = cJSON_GetObjectItemCaseSensitive(o, "temperature");
+    if (cJSON_IsNumber(tv) && tv->valuedouble < 0) cJSON_SetNumberValue(tv, 0); /* llama.cpp: greedy */
+    const cJSON *rpen = cJSON_GetObjectItemCaseSensitive(j, "repeat_penalty");
+    if (rpen && !cJSON_IsNull(rpen)) cJSON_AddItemToObject(o, "repetition_penalty", cJSON_Duplicate(rpen, 1));
+    int64_t seed = -1, n_probs = 0;
+    native_opts nat = {.n_predict = -1, .repeat_last_n = 64};
+    if (get_int(j, "seed", -1, 9.2e18, &seed, err, sizeof err) || get_int(j, "n_probs", 0, FL_MAX_TOP_LOGPROBS, &n_probs, err, sizeof err) ||
+        get_int(j, "n_predict", -1, 1e9, &nat.n_predict, err, sizeof err) ||
+        get_int(j, "repeat_last_n", -1, 1e9, &nat.repeat_last_n, err, sizeof err)) {
+        ret = BAD("%s", err);
+        goto out;
+    }
+    if (seed >= 0) cJSON_AddNumberToObject(o, "seed", (double)seed); /* (-1: a random one) */
+    if (n_probs > 0) cJSON_AddNumberToObject(o, "logprobs", (double)n_probs);
+    static const char *const FLAGS[] = {"return_tokens", "cache_prompt"};
+    for (size_t i = 0; i < 2; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, FLAGS[i]);
+        if (v && !cJSON_IsNull(v) && !cJSON_IsBool(v)) { ret = BAD("'%s' must be a boolean", FLAGS[i]); goto out; }
+        if (i == 0) nat.return_tokens = cJSON_IsTrue(v); /* (cache_prompt: the prefix cache is always on) */
+    }
+    /* logit_bias: llama.cpp's [[id, bias or false], ...] (false: never), or the OpenAI object */
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(j, "logit_bias");
+    if (cJSON_IsObject(lb)) {
+        cJSON_AddItemToObject(o, "logit_bias", cJSON_Duplicate(lb, 1));
+    } else if (cJSON_IsArray(lb)) {
+        cJSON *ob = cJSON_AddObjectToObject(o, "logit_bias");
+        const cJSON *x;
+        cJSON_ArrayForEach(x, lb) {
+            const cJSON *id = cJSON_GetArrayItem(x, 0), *b = cJSON_GetArrayItem(x, 1);
+            if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) != 2 || !cJSON_IsNumber(id) || !(cJSON_IsNumber(b) || cJSON_IsFalse(b))) {
+                ret = BAD("'logit_bias' entries must be [token id, bias or false] (token texts are not supported)");
+                goto out;
+            }
+            char key[32];
+            snprintf(key, sizeof key, "%.0f", id->valuedouble);
+            cJSON_DeleteItemFromObjectCaseSensitive(ob, key);
+            cJSON_AddNumberToObject(ob, key, cJSON_IsFalse(b) ? -100 : b->valuedouble);
+        }
+    } else if (lb && !cJSON_IsNull(lb)) {
+        ret = BAD("'logit_bias' must be an array of [token id, bias] or an object");
+        goto out;
+    }
+    cJSON_Delete(j);
+    return handle_generate(s, conn, c, false, o, &nat); /* (it owns o) */
+out:
+    cJSON_Delete(o);
+    cJSON_Delete(j);
+    return ret;
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                               const char *upload_data, size_t *upload_data_size, void **con_cls) {
     fl_server *s = cls;
@@ -1283,7 +1555,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     bool is_compl = !strcmp(url, "/v1/completions"), is_chat = !strcmp(url, "/v1/chat/completions");
     bool is_models = !strcmp(url, "/v1/models"), is_metrics = !strcmp(url, "/metrics");
     bool is_tok = !strcmp(url, "/tokenize"), is_detok = !strcmp(url, "/detokenize");
-    if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok)
+    bool is_native = !strcmp(url, "/completion") || !strcmp(url, "/completions"); /* llama.cpp's own */
+    if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok && !is_native)
         return send_error(s, conn, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %s", method, url);
     if (!authorized(s, conn)) return send_error(s, conn, 401, "invalid_request_error", "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
     if (is_models || is_metrics) {
@@ -1300,7 +1573,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         return send_error(s, conn, 413, "invalid_request_error", "body_too_large", NULL, "the request body exceeds %lld bytes", (long long)s->p.max_body_bytes);
     if (is_tok) return handle_tokenize(s, conn, c);
     if (is_detok) return handle_detokenize(s, conn, c);
-    return handle_generate(s, conn, c, is_chat);
+    if (is_native) return handle_native(s, conn, c);
+    return handle_generate(s, conn, c, is_chat, NULL, NULL);
 }
 
 /* A request's JSON (parsed and printed with cJSON) is the server's memory: NET, not MISC (whose

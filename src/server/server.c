@@ -74,6 +74,21 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
             srv_cancel(s, r);
         }
     }
+    if (r->native && o->n_new > 0 && !r->lp_failed) { /* /completion lists the ids */
+        if (sm->n_toks + o->n_new > sm->cap_toks) {
+            int32_t cap = sm->cap_toks ? sm->cap_toks : 64;
+            while (cap < sm->n_toks + o->n_new) cap *= 2;
+            int32_t *p = fl_realloc(FL_MEM_NET, sm->toks, (size_t)sm->cap_toks * sizeof *p, (size_t)cap * sizeof *p, 8);
+            if (p) { sm->toks = p; sm->cap_toks = cap; }
+        }
+        if (sm->n_toks + o->n_new <= sm->cap_toks) {
+            memcpy(sm->toks + sm->n_toks, o->new_tokens, (size_t)o->n_new * sizeof *sm->toks);
+            sm->n_toks += o->n_new;
+        } else { /* a reply without some of its ids would be wrong: end it as an error */
+            r->lp_failed = true;
+            srv_cancel(s, r);
+        }
+    }
     if (o->new_text && *o->new_text) {
         srv_buf_append(&sm->text, o->new_text, strlen(o->new_text));
         if (sm->n_seg == sm->cap_seg) { /* remember the boundary: streaming sends one chunk per output */

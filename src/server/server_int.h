@@ -48,6 +48,8 @@ typedef struct srv_sample {
     bool finish_sent;
     char error[192];     /* finish "error": why, where the engine said (the choice's "error") */
     char *stop_str;      /* finish by a stop string: a copy of it (NET), else NULL (vLLM's stop_reason) */
+    int32_t *toks;       /* llama.cpp's /completion: the generated ids [cap_toks], n_toks of them, tok_sent streamed */
+    int32_t n_toks, cap_toks, tok_sent;
     int32_t stop_token;  /* finish by a stop token id: it, else -1 */
 } srv_sample;
 
@@ -76,6 +78,10 @@ typedef struct srv_req {
     int32_t n_top;         /* alternatives in each engine record (the most of n_show and k_plp) */
     int32_t n_show;        /* of them, listed with the output's logprobs (logprobs / top_logprobs) */
     int32_t k_plp;         /* vLLM's prompt_logprobs: alternatives listed per prompt token (-1: none asked) */
+    /* llama.cpp's /completion (native): its reply's shape, and what generation_settings echo */
+    bool native, return_tokens;
+    struct { double temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
+             int64_t top_k, n_predict, repeat_last_n, seed; bool ignore_eos; } gs;
     /* echo (/v1/completions): the prompt leads each choice's text, and its tokens the logprobs */
     int32_t lora;          /* the engine adapter of its prompts (0: none); its name is the reply's model */
     bool echo, drop_gen;   /* drop_gen: max_tokens 0 with echo: the engine's one token is not reported */
