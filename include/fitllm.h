@@ -292,6 +292,7 @@ int32_t fl_engine_token_text(fl_engine *e, int32_t token, char *buf, int32_t cap
 int32_t fl_engine_n_ctx(const fl_engine *e);
 int32_t fl_engine_n_vocab(const fl_engine *e);
 fl_sched_policy fl_engine_sched_policy(const fl_engine *e);
+int32_t fl_engine_max_seqs(const fl_engine *e); /* sequences a step runs at most (max_seqs) */
 int32_t fl_engine_n_loras(const fl_engine *e);
 const char *fl_engine_model_name(const fl_engine *e);
 /* Chat template text from the GGUF (tokenizer.chat_template), or NULL. */

@@ -86,7 +86,18 @@ CHATMSG='[{"role":"system","content":"Tell a story."},{"role":"user","content":"
 post "$U" /tokenize "{\"messages\":$CHATMSG}"; NT=$(jq_ 'd["count"]')
 post "$U" /v1/chat/completions "{\"messages\":$CHATMSG,\"max_tokens\":1}"
 check "tokenize messages counts what a chat request's prompt has ($NT)" '[ "$NT" -gt 5 ] && [ "$(jq_ "d[\"usage\"][\"prompt_tokens\"]")" = "$NT" ]'
-for bad in '{"prompt":3}' '{}' '{"prompt":"a","add_special_tokens":"yes"}' '[1]' '{"messages":"x"}'; do
+# llama.cpp's with_pieces: its README's example, 'á' on stories260K is two byte tokens
+post "$U" /tokenize '{"content":"á","add_special":false,"with_pieces":true}'
+check "tokenize with_pieces: llama.cpp's example (198 [195], 164 [161]), after the SPM space" '[ "$(jq_ "json.dumps(d[\"tokens\"][-2:])")" = '"'"'[{"id": 198, "piece": [195]}, {"id": 164, "piece": [161]}]'"'"' ] && [ "$(jq_ "d[\"tokens\"][0][\"piece\"]")" = " " ]'
+post "$U" /tokenize '{"content":"a</s>","add_special":false,"parse_special":true}'; PS=$(jq_ 'd["tokens"][-1]')
+check "tokenize parse_special: </s> is EOS (id 2)" '[ "$PS" = 2 ]'
+# llama.cpp's /apply-template and /props
+post "$U" /apply-template "{\"messages\":$CHATMSG}"; AT=$(jq_ 'd["prompt"]')
+post "$U" /tokenize "{\"content\":$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$AT"),\"parse_special\":true}"
+check "apply-template: the text a chat request's prompt is ($NT tokens again)" '[ -n "$AT" ] && [ "$(jq_ "d[\"count\"]")" = "$NT" ]'
+curl -s "$U/props" >"$TMP/body"
+check "props: n_ctx, total_slots, /completion's defaults" '[ "$(jq_ "d[\"default_generation_settings\"][\"n_ctx\"], d[\"total_slots\"], d[\"default_generation_settings\"][\"params\"][\"temperature\"]")" = "256 8 0.8" ]'
+for bad in '{"prompt":3}' '{}' '{"prompt":"a","add_special_tokens":"yes"}' '[1]' '{"messages":"x"}' '{"content":"a","with_pieces":1}'; do
   post "$U" /tokenize "$bad"; check "tokenize $bad -> 400" '[ "$(status)" = 400 ]'
 done
 for bad in '{"tokens":[1,512]}' '{"tokens":[-1]}' '{"tokens":"1 2"}' '{"tokens":[1.5]}' '{}'; do

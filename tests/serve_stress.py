@@ -99,10 +99,10 @@ def body():
                     d[k] = v
             raw = json.dumps(d).encode("utf-8", "surrogatepass")
     elif r < 0.09:  # the tokenizer endpoints, with the same bodies and some ids
-        path = rng.choice(["/tokenize", "/detokenize"])
+        path = rng.choice(["/tokenize", "/detokenize", "/apply-template"])
         if rng.random() < 0.5:
             d = {"tokens": rng.choice([odd(), [rng.randint(-2, 600) for _ in range(rng.randint(0, 40))]]),
-                 rng.choice(["add_special", "add_special_tokens", "content"]): odd()}
+                 rng.choice(["add_special", "add_special_tokens", "content", "with_pieces", "parse_special"]): odd()}
             raw = json.dumps(d).encode("utf-8", "surrogatepass")
         return path, raw, False
     return path, raw, d.get("stream") is True and not altered

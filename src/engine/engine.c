@@ -1056,6 +1056,7 @@ fl_status fl_engine_tokenize(fl_engine *e, const char *text, size_t len, int add
     return e->be.tokenize(e->be.ctx, text, len, add_special, out, cap, n_out);
 }
 fl_sched_policy fl_engine_sched_policy(const fl_engine *e) { return e->p.sched_policy; }
+int32_t fl_engine_max_seqs(const fl_engine *e) { return e->p.max_seqs; }
 int32_t fl_engine_n_loras(const fl_engine *e) { return e->p.n_loras; }
 
 int32_t fl_engine_token_text(fl_engine *e, int32_t token, char *buf, int32_t cap) {

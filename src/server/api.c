@@ -801,6 +801,9 @@ static enum MHD_Result handle_tokenize(fl_server *s, struct MHD_Connection *conn
     if (!add) add = cJSON_GetObjectItemCaseSensitive(j, "add_special");
     if (add && !cJSON_IsBool(add)) { ret = BAD("'add_special_tokens' must be a boolean"); goto out; }
     if (!add || cJSON_IsTrue(add)) flags |= FL_TOKENIZE_ADD_SPECIAL;
+    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(j, "parse_special"), *wp = cJSON_GetObjectItemCaseSensitive(j, "with_pieces");
+    if ((ps && !cJSON_IsBool(ps)) || (wp && !cJSON_IsBool(wp))) { ret = BAD("'parse_special' and 'with_pieces' must be booleans"); goto out; }
+    if (cJSON_IsTrue(ps)) flags |= FL_TOKENIZE_PARSE_SPECIAL; /* llama.cpp's: "<|eot_id|>" as its token */
     if (msgs) {
         const char *e2 = NULL;
         fl_status st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, &text, &e2);
@@ -817,7 +820,25 @@ static enum MHD_Result handle_tokenize(fl_server *s, struct MHD_Connection *conn
     if (st == FL_ERR_NOMEM) { ret = NOMEM(); goto out; }
     if (st != FL_OK) { ret = BAD("cannot tokenize: %s", fl_last_error()); goto out; }
     cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "tokens");
-    for (int64_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(toks[i]));
+    tok_name *t = cJSON_IsTrue(wp) ? fl_alloc(FL_MEM_NET, sizeof *t, 16) : NULL;
+    if (cJSON_IsTrue(wp) && !t) { cJSON_Delete(o); ret = NOMEM(); goto out; }
+    for (int64_t i = 0; i < n; i++) {
+        if (!t) {
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(toks[i]));
+            continue;
+        }
+        /* llama.cpp's with_pieces: {id, piece}, the piece a string where its bytes are UTF-8, else the bytes */
+        token_name(s, toks[i], t);
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "id", toks[i]);
+        if (fl_utf8_is_valid(t->raw, (size_t)t->nraw)) cJSON_AddStringToObject(e, "piece", t->raw);
+        else {
+            cJSON *b = cJSON_AddArrayToObject(e, "piece");
+            for (int32_t k = 0; k < t->nraw; k++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)t->raw[k]));
+        }
+        cJSON_AddItemToArray(a, e);
+    }
+    if (t) fl_free(FL_MEM_NET, t, sizeof *t);
     cJSON_AddNumberToObject(o, "count", (double)n);
     cJSON_AddNumberToObject(o, "max_model_len", fl_engine_n_ctx(s->engine));
     ret = send_json(s, conn, o);
@@ -826,6 +847,51 @@ out:
     srv_buf_free(&text);
     cJSON_Delete(j);
     return ret;
+}
+
+/* llama.cpp's POST /apply-template: {"messages": [...]} -> {"prompt": the chat template's text} */
+static enum MHD_Result handle_apply_template(fl_server *s, struct MHD_Connection *conn, srv_conn *c) {
+    enum MHD_Result ret;
+    srv_buf text = {0};
+    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
+    if (!j) return BAD("malformed JSON in the request body");
+    const cJSON *msgs = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "messages") : NULL;
+    if (!msgs) { ret = BAD("'messages' is required"); goto out; }
+    const char *e2 = NULL;
+    fl_status st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, &text, &e2);
+    if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
+    if (srv_buf_append(&text, "", 1) != FL_OK) { ret = NOMEM(); goto out; }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "prompt", text.p);
+    ret = send_json(s, conn, o);
+out:
+    srv_buf_free(&text);
+    cJSON_Delete(j);
+    return ret;
+}
+
+/* llama.cpp's GET /props: what its clients read of a server (the context, the slots, the chat
+ * template, the defaults /completion applies). */
+static enum MHD_Result handle_props(fl_server *s, struct MHD_Connection *conn) {
+    cJSON *o = cJSON_CreateObject(), *d = cJSON_AddObjectToObject(o, "default_generation_settings");
+    cJSON_AddNumberToObject(d, "n_ctx", fl_engine_n_ctx(s->engine));
+    cJSON *pa = cJSON_AddObjectToObject(d, "params");
+    cJSON_AddNumberToObject(pa, "n_predict", -1);
+    cJSON_AddNumberToObject(pa, "temperature", 0.8);
+    cJSON_AddNumberToObject(pa, "top_k", 40);
+    cJSON_AddNumberToObject(pa, "top_p", 0.95);
+    cJSON_AddNumberToObject(pa, "min_p", 0.05);
+    cJSON_AddNumberToObject(pa, "repeat_penalty", 1);
+    cJSON_AddNumberToObject(pa, "repeat_last_n", 64);
+    cJSON_AddNumberToObject(o, "total_slots", fl_engine_max_seqs(s->engine));
+    cJSON_AddStringToObject(o, "model_alias", s->model_name);
+    const char *tmpl = fl_engine_chat_template(s->engine);
+    cJSON_AddStringToObject(o, "chat_template", tmpl ? tmpl : "");
+    cJSON *m = cJSON_AddObjectToObject(o, "modalities");
+    cJSON_AddBoolToObject(m, "vision", false);
+    cJSON_AddBoolToObject(m, "audio", false);
+    cJSON_AddStringToObject(o, "build_info", "fitllm");
+    return send_json(s, conn, o);
 }
 
 /* POST /detokenize: {"tokens": [ids]} -> {"prompt": text, "content": text} (vLLM's and
@@ -1556,12 +1622,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     bool is_models = !strcmp(url, "/v1/models"), is_metrics = !strcmp(url, "/metrics");
     bool is_tok = !strcmp(url, "/tokenize"), is_detok = !strcmp(url, "/detokenize");
     bool is_native = !strcmp(url, "/completion") || !strcmp(url, "/completions"); /* llama.cpp's own */
-    if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok && !is_native)
+    bool is_props = !strcmp(url, "/props"), is_apply = !strcmp(url, "/apply-template");
+    if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok && !is_native && !is_props && !is_apply)
         return send_error(s, conn, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %s", method, url);
     if (!authorized(s, conn)) return send_error(s, conn, 401, "invalid_request_error", "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
-    if (is_models || is_metrics) {
+    if (is_models || is_metrics || is_props) {
         if (!get) return send_error(s, conn, 405, "invalid_request_error", NULL, NULL, "use GET for %s", url);
         if (is_models) return handle_models(s, conn);
+        if (is_props) return handle_props(s, conn);
         srv_buf b = {0};
         if (srv_metrics_render(s, &b) != FL_OK) { srv_buf_free(&b); return MHD_NO; }
         enum MHD_Result r = send_text(conn, 200, "text/plain; version=0.0.4", b.p, b.len, NULL);
@@ -1573,6 +1641,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         return send_error(s, conn, 413, "invalid_request_error", "body_too_large", NULL, "the request body exceeds %lld bytes", (long long)s->p.max_body_bytes);
     if (is_tok) return handle_tokenize(s, conn, c);
     if (is_detok) return handle_detokenize(s, conn, c);
+    if (is_apply) return handle_apply_template(s, conn, c);
     if (is_native) return handle_native(s, conn, c);
     return handle_generate(s, conn, c, is_chat, NULL, NULL);
 }
