@@ -276,6 +276,27 @@ for _ in $(seq 1 50); do
 done
 check "client disconnect (after $got of 8000 chunks) cancels and frees KV blocks" '[ $freed = yes ] && [ "$got" -lt 7200 ]'
 m=$(curl -s "$U/metrics")
+echo "$m" >"$TMP/metrics.txt"
+cat >"$TMP/prom.py" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+vals = {}
+for l in t.splitlines():
+    if l.startswith("#"):
+        assert re.fullmatch(r"# (HELP|TYPE) [a-zA-Z_:][a-zA-Z0-9_:]* .+", l), l
+        continue
+    m = re.fullmatch(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_]+="(?:[^"\\]|\\.)*"(?:,[a-zA-Z_]+="(?:[^"\\]|\\.)*")*\})? (\S+)', l)
+    assert m, l
+    float(m.group(3))
+    vals[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+# vLLM's and llama-server's names say what fitllm's do (vLLM's labelled with the model's name)
+vals.update({k.split("{")[0]: v for k, v in list(vals.items()) if k.startswith("vllm:") and k.count("{model_name=") and "le=" not in k})
+assert vals['vllm:prompt_tokens_total'] == vals["fitllm_prompt_tokens_total"] == vals["llamacpp:prompt_tokens_total"]
+assert vals['vllm:generation_tokens_total'] == vals["fitllm_generation_tokens_total"] == vals["llamacpp:tokens_predicted_total"]
+assert vals['vllm:time_to_first_token_seconds_count'] == vals["fitllm_time_to_first_token_seconds_count"]
+assert vals["llamacpp:n_decode_total"] == vals["fitllm_engine_steps_total"]
+PY
+check "metrics: every line in the exposition format; vLLM's and llama-server's names agree with fitllm's" 'python3 "$TMP/prom.py" "$TMP/metrics.txt"'
 check "metrics has histograms, KV and memory gauges" 'echo "$m" | grep -q "fitllm_time_to_first_token_seconds_bucket" && echo "$m" | grep -q "fitllm_kv_blocks_free" && echo "$m" | grep -q "fitllm_memory_bytes{category=\"kv\"}" && echo "$m" | grep -q fitllm_prefix_cache_hit_tokens_total'
 kill -TERM "$PID_C"; wait "$PID_C"
 

@@ -21,6 +21,54 @@ static fl_status gauge(srv_buf *o, const char *name, const char *help, const cha
     return srv_buf_printf(o, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
+/* A metric under another project's name, with the model_name label its dashboards select on. */
+static fl_status labeled(srv_buf *o, const char *name, const char *help, const char *type, const char *label, double v) {
+    return srv_buf_printf(o, "# HELP %s %s\n# TYPE %s %s\n%s{model_name=\"%s\"} %.17g\n", name, help, name, type, name, label, v);
+}
+
+static fl_status labeled_hist(srv_buf *o, const char *name, const char *help, const char *label, const srv_hist *h) {
+    fl_status st = srv_buf_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int i = 0; i < SRV_NBUCKETS && !st; i++)
+        st = srv_buf_printf(o, "%s_bucket{model_name=\"%s\",le=\"%g\"} %lld\n", name, label, bucket_le[i], (long long)h->buckets[i]);
+    if (!st)
+        st = srv_buf_printf(o, "%s_bucket{model_name=\"%s\",le=\"+Inf\"} %lld\n%s_sum{model_name=\"%s\"} %.6f\n%s_count{model_name=\"%s\"} %lld\n",
+                            name, label, (long long)h->count, name, label, h->sum, name, label, (long long)h->count);
+    return st;
+}
+
+/* The same figures under vLLM's names (vllm:..., v1 engine) and llama-server's (llamacpp:...), so
+ * that the dashboards and alerts written for them read this server. */
+static fl_status compat_metrics(fl_server *s, srv_buf *o, const fl_engine_stats *es, const srv_metrics *m) {
+    char label[2 * sizeof s->model_name]; /* the model name, escaped for a label value */
+    size_t k = 0;
+    for (const char *p = s->model_name; *p && k + 3 < sizeof label; p++) {
+        if (*p == '\\' || *p == '"') label[k++] = '\\';
+        if (*p == '\n') { label[k++] = '\\'; label[k++] = 'n'; continue; }
+        label[k++] = *p;
+    }
+    label[k] = 0;
+    const double usage = es->kv_blocks_total > 0 ? (double)es->kv_blocks_used / (double)es->kv_blocks_total : 0;
+    fl_status st = FL_OK;
+    st |= labeled(o, "vllm:num_requests_running", "requests in the engine's running batch", "gauge", label, es->n_running);
+    st |= labeled(o, "vllm:num_requests_waiting", "requests waiting to run", "gauge", label, es->n_waiting + es->n_preempted);
+    st |= labeled(o, "vllm:kv_cache_usage_perc", "KV cache usage (1 = full)", "gauge", label, usage);
+    st |= labeled(o, "vllm:prompt_tokens_total", "prompt tokens of finished requests", "counter", label, (double)m->prompt_tokens);
+    st |= labeled(o, "vllm:generation_tokens_total", "generated tokens", "counter", label, (double)m->completion_tokens);
+    st |= labeled(o, "vllm:num_preemptions_total", "preemptions", "counter", label, (double)es->preemptions);
+    st |= labeled(o, "vllm:prefix_cache_queries_total", "prompt tokens looked up in the prefix cache", "counter", label,
+                  (double)(es->prefix_hit_tokens + es->prefix_miss_tokens));
+    st |= labeled(o, "vllm:prefix_cache_hits_total", "prompt tokens found in the prefix cache", "counter", label, (double)es->prefix_hit_tokens);
+    st |= labeled_hist(o, "vllm:time_to_first_token_seconds", "time to first token", label, &m->ttft);
+    st |= labeled_hist(o, "vllm:e2e_request_latency_seconds", "end-to-end request latency", label, &m->e2e);
+    st |= gauge(o, "llamacpp:prompt_tokens_total", "prompt tokens of finished requests", "counter", (double)m->prompt_tokens);
+    st |= gauge(o, "llamacpp:tokens_predicted_total", "generated tokens", "counter", (double)m->completion_tokens);
+    st |= gauge(o, "llamacpp:requests_processing", "requests running", "gauge", es->n_running);
+    st |= gauge(o, "llamacpp:requests_deferred", "requests waiting", "gauge", es->n_waiting + es->n_preempted);
+    st |= gauge(o, "llamacpp:kv_cache_usage_ratio", "KV cache usage (1 = full)", "gauge", usage);
+    st |= gauge(o, "llamacpp:n_decode_total", "engine steps", "counter", (double)es->steps);
+    return st;
+}
+
 fl_status srv_metrics_render(fl_server *s, srv_buf *o) {
     fl_engine_stats es;
     fl_engine_stats_get(s->engine, &es);
@@ -65,5 +113,6 @@ fl_status srv_metrics_render(fl_server *s, srv_buf *o) {
             st |= srv_buf_printf(o, "fitllm_memory_budget_bytes{category=\"%s\"} %zu\n", fl_mem_cat_name((fl_mem_cat)c), fl_mem_budget((fl_mem_cat)c));
     st |= srv_buf_printf(o, "# HELP fitllm_memory_refused_total allocations refused by their category's budget\n# TYPE fitllm_memory_refused_total counter\n");
     st |= srv_buf_printf(o, "fitllm_memory_refused_total{category=\"guide\"} %zu\n", fl_mem_refused(FL_MEM_GUIDE));
+    st |= compat_metrics(s, o, &es, &m);
     return st ? FL_ERR_NOMEM : FL_OK;
 }
