@@ -36,6 +36,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"},
         {"scheduling-policy", 0, FL_OPT_STR, "fcfs|priority  order of admission and preemption (default fcfs); priority: by each request's 'priority', lower first, then arrival; a waiting request preempts running ones of lower priority"},
         {"guide-masks", 0, FL_OPT_INT, "N  token masks kept for guided_regex and grammar states, shared by requests with the same pattern or grammar (default 256; 0: every mask computed but a grammar's last, reused for the same state); each vocabulary/8 bytes, in the plan"},
+        {"net-mem", 0, FL_OPT_BYTES, "BYTES  memory for the server's buffers (request bodies, replies, their JSON), in the plan and enforced: a request that does not fit gets 503 (default with --mem: --mem / 16, at most 64M; without: no budget)"},
         {"guide-mem", 0, FL_OPT_BYTES, "BYTES  memory for the output constraints of all queued and running requests (grammars, regexes, JSON schemas and their states, allowed_token_ids, bad_words), in the plan and enforced: a request that does not fit gets 503 while others hold it, 400 when it alone needs more (default 16M, or --mem / 16 when less; 0: constraints refused)"},
         {"regex-pcre2", 0, FL_OPT_FLAG, "guided_regex always on PCRE2's matcher (by default a pattern of the common subset runs as a grammar: masks kept by canonical state, byte tokens offered)"},
         {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) + 4 bytes per context token per sequence"},
@@ -100,6 +101,12 @@ int fl_cmd_serve(int argc, char **argv) {
     if (fl_args_get(opts, "kv-mem")->set) ep.kv_mem = fl_args_get(opts, "kv-mem")->i;
     if (fl_args_get(opts, "mem")->set) ep.mem_total = fl_args_get(opts, "mem")->i;
     if (fl_args_get(opts, "guide-mem")->set) ep.guide_mem = fl_args_get(opts, "guide-mem")->i;
+    if (fl_args_get(opts, "net-mem")->set) ep.net_mem = fl_args_get(opts, "net-mem")->i;
+    else if (ep.mem_total > 0) ep.net_mem = ep.mem_total / 16 < ((int64_t)64 << 20) ? ep.mem_total / 16 : (int64_t)64 << 20;
+    if (ep.net_mem > 0 && ep.net_mem < ((int64_t)64 << 10)) {
+        fprintf(stderr, "fitllm serve: --net-mem %lld is below 64 KiB, too little for one request\n", (long long)ep.net_mem);
+        return 2;
+    }
     if (fl_args_get(opts, "kv-type")->set) ep.kv_type = fl_args_get(opts, "kv-type")->str;
     if (fl_args_get(opts, "block-size")->set) ep.kv_block_size = (int32_t)fl_args_get(opts, "block-size")->i;
     if (fl_args_get(opts, "weights")->set) ep.weights_type = fl_args_get(opts, "weights")->str;

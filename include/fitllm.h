@@ -137,6 +137,9 @@ typedef struct fl_engine_params {
                                  * more), one whose state outgrows it finishes with FL_FINISH_ERROR.
                                  * -1 (default): FL_GUIDE_MEM_DEFAULT, or mem_total / 16 when that is less;
                                  * 0: no constrained requests */
+    int64_t net_mem;            /* bytes the host program's server buffers may hold (FL_MEM_NET: request
+                                 * bodies, replies, their JSON), in the plan and set as that category's
+                                 * budget while the engine lives; 0 (default): none planned, no budget */
 } fl_engine_params;
 #define FL_GUIDE_MEM_DEFAULT ((int64_t)16 << 20)
 

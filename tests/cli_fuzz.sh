@@ -42,8 +42,11 @@ run_fuzzer() { # name seconds corpus-dirs...
     local rc=$?
     echo "$name:"; grep -E "^stat::(number_of_executed_units|average_exec_per_sec|new_units_added)" "$OUT/run/$name.log"
     if [ $rc -ne 0 ] || ls "$OUT/run/artifacts/"* >/dev/null 2>&1; then
-        echo "FAIL: $name found a problem (exit $rc); reproduce with $OUT/$name $OUT/run/artifacts/*" >&2
-        grep -E "ERROR|SUMMARY|invariant|runtime error" "$OUT/run/$name.log" | head -20 >&2
+        # kept apart: the next run starts by clearing run/
+        local keep="$OUT/failed-$name-$(date +%Y%m%d-%H%M%S)"
+        mkdir -p "$keep" && cp -r "$OUT/run/artifacts" "$OUT/run/$name.log" "$keep/" 2>/dev/null
+        echo "FAIL: $name found a problem (exit $rc); reproduce with $OUT/$name $keep/artifacts/*" >&2
+        grep -E "ERROR|SUMMARY|invariant|runtime error|timeout" "$OUT/run/$name.log" | head -20 >&2
         exit 1
     fi
 }

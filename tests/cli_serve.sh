@@ -406,6 +406,22 @@ m=$(curl -s "$U/metrics")
 check "metrics: the guide budget and its refusals" 'echo "$m" | grep -q "fitllm_memory_budget_bytes{category=\"guide\"} 12288" && echo "$m" | grep -Eq "fitllm_memory_refused_total\{category=\"guide\"\} [1-9]" && echo "$m" | grep -q "fitllm_memory_bytes{category=\"guide\"} 0"'
 kill -TERM "$PID_G"; wait "$PID_G"
 
+# --net-mem: the server's buffers, planned and enforced.  Requests fit; a body that can never be
+# buffered -> 413 naming the budget; /metrics shows it; below 64 KiB is refused at start
+start_server NM -c 256 --net-mem 96K
+U=$URL_NM
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":8,"logprobs":5}'
+check "--net-mem 96K: a request with logprobs fits" '[ "$(status)" = 200 ]'
+BIG=$(python3 -c 'import json; print(json.dumps({"prompt": "Once upon a time " * 4000, "max_tokens": 2}))')
+post "$U" /v1/completions "$BIG"
+check "--net-mem 96K: a 68 KB body -> 413 naming the budget" '[ "$(status)" = 413 ] && grep -q "net-mem 98304" "$TMP/body"'
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":8}'
+check "--net-mem 96K: the next request fits again" '[ "$(status)" = 200 ]'
+check "--net-mem: /metrics shows the budget" 'curl -s "$U/metrics" | grep -q "fitllm_memory_budget_bytes{category=\"net\"} 98304"'
+kill -TERM "$PID_NM"; wait "$PID_NM"
+out=$("$BIN" serve -m "$MODEL" --port 0 -t 1 --net-mem 1K 2>&1); rc=$?
+check "--net-mem 1K: refused at start" '[ $rc = 2 ] && echo "$out" | grep -q "below 64 KiB"'
+
 # random valid and invalid requests, clients leaving early, a KV pool small enough to preempt,
 # priorities that reorder and preempt
 # (tests/serve_stress.py): no 5xx, no crash, every block back at the end, exit 0 on SIGTERM

@@ -222,6 +222,53 @@ static void test_predicted_vs_measured(void **state) {
     fl_test_mem_zero();
 }
 
+/* The budgets a serving engine reserves (net_mem for the server's buffers, guide_mem for the
+ * constraints) are planned in their categories, taken from the KV pool under mem_total, and set
+ * on the allocator while the engine lives. */
+/* The small engine of these tests: shape 0, 4 sequences of 256 tokens, 64-token steps. */
+static void small_params(fl_engine_params *ep, const char *path) {
+    fl_engine_params_default(ep);
+    ep->model_path = path;
+    ep->n_threads = 2;
+    ep->n_ctx = 256;
+    ep->max_seqs = 4;
+    ep->max_batch_tokens = 64;
+}
+
+static void test_budgets(void **state) {
+    (void)state;
+    write_models();
+    char path[128];
+    model_path(path, sizeof path, 0);
+    fl_engine_params ep;
+    small_params(&ep, path);
+    uint64_t kv[2];
+    for (int k = 0; k < 2; k++) {
+        ep.net_mem = k ? 3 << 20 : 0;
+        ep.guide_mem = k ? 1 << 20 : 0;
+        fl_plan_engine_in pi;
+        assert_int_equal(fl_engine_plan_input(&ep, &pi), FL_OK);
+        fl_plan_engine_out po;
+        assert_int_equal(fl_plan_engine(&pi, &po), FL_OK);
+        assert_int_equal(po.bytes[FL_MEM_NET], (uint64_t)ep.net_mem);
+        assert_int_equal(po.bytes[FL_MEM_GUIDE], (uint64_t)ep.guide_mem);
+        assert_int_equal(fl_plan_engine_kv_mem(&pi, 40ull << 20, &kv[k]), FL_OK);
+    }
+    /* the 4 MiB of budgets come out of the pool (to a block's bookkeeping) */
+    assert_true(kv[0] - kv[1] >= (4u << 20) - (64u << 10) && kv[0] - kv[1] <= (4u << 20) + (64u << 10));
+    fl_engine *e = NULL;
+    assert_int_equal(fl_engine_new(&ep, &e), FL_OK);
+    assert_int_equal(fl_mem_budget(FL_MEM_NET), 3u << 20);
+    assert_int_equal(fl_mem_budget(FL_MEM_GUIDE), 1u << 20);
+    fl_engine_free(e);
+    assert_int_equal(fl_mem_budget(FL_MEM_NET), 0);
+    assert_int_equal(fl_mem_budget(FL_MEM_GUIDE), 0);
+    ep.net_mem = -1;
+    assert_int_equal(fl_engine_new(&ep, &e), FL_ERR_INVALID);
+    remove_models();
+    fl_test_mem_zero();
+}
+
 /* mem_total: the engine sizes its KV pool from the plan, stays inside the limit while it runs,
  * and refuses to start with the plan's explanation when the weights alone exceed it. */
 static void test_mem_total(void **state) {
@@ -233,12 +280,7 @@ static void test_mem_total(void **state) {
     for (size_t i = 0; i < 2; i++) {
         fl_mem_reset_peaks();
         fl_engine_params ep;
-        fl_engine_params_default(&ep);
-        ep.model_path = path;
-        ep.n_threads = 2;
-        ep.n_ctx = 256;
-        ep.max_seqs = 4;
-        ep.max_batch_tokens = 64;
+        small_params(&ep, path);
         ep.weights_type = "q8_0";
         ep.mem_total = limits[i];
         fl_plan_engine_in pi;
@@ -334,6 +376,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_predicted_vs_measured),
         cmocka_unit_test(test_mem_total),
+        cmocka_unit_test(test_budgets),
         cmocka_unit_test(test_load_conversion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

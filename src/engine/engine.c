@@ -459,6 +459,11 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     e->guide_mem = fl_engine_guide_mem(&e->p);
     fl_mem_set_budget(FL_MEM_GUIDE, e->guide_mem > 0 ? (size_t)e->guide_mem : 1);
     e->guide_budget_set = true;
+    if (e->p.net_mem < 0) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: net_mem %lld (0: none)", __func__, (long long)e->p.net_mem);
+        goto fail;
+    }
+    if (e->p.net_mem > 0) fl_mem_set_budget(FL_MEM_NET, (size_t)e->p.net_mem);
     e->guide_refused = fl_mem_refused(FL_MEM_GUIDE);
     if (e->p.max_seqs < 1 || e->p.max_batch_tokens < 1 || be->n_vocab < 1) {
         st = fl_set_error(FL_ERR_INVALID, "%s: max_seqs (%d) and max_batch_tokens (%d) must be >= 1", __func__,
@@ -516,9 +521,10 @@ void fl_engine_free(fl_engine *e) {
     free_buffers(e);
     if (e->be.free) e->be.free(e->be.ctx);
     pthread_mutex_destroy(&e->mu);
-    const bool budget = e->guide_budget_set;
+    const bool budget = e->guide_budget_set, net = e->p.net_mem > 0;
     fl_free(FL_MEM_MISC, e, sizeof *e);
     if (budget) fl_mem_set_budget(FL_MEM_GUIDE, 0);
+    if (net) fl_mem_set_budget(FL_MEM_NET, 0);
 }
 
 /* ---- requests ---- */

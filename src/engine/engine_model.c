@@ -113,6 +113,7 @@ fl_status fl_engine_plan_input(const fl_engine_params *p, fl_plan_engine_in *pi)
     pi->max_logprobs = p->max_logprobs;
     pi->guide_masks = p->guide_masks;
     pi->guide_mem = (uint64_t)fl_engine_guide_mem(p);
+    pi->net_mem = p->net_mem > 0 ? (uint64_t)p->net_mem : 0;
     pi->lora_paths = p->lora_paths;
     pi->lora_scales = p->lora_scales;
     pi->n_loras = p->n_loras;

@@ -233,7 +233,8 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
                              out->logprob_bytes;
         out->bytes[FL_MEM_MISC] = out->misc_static + out->misc_requests;
     }
-    out->bytes[FL_MEM_GUIDE] = in->guide_mem; /* a budget, enforced: at most this */
+    out->bytes[FL_MEM_GUIDE] = in->guide_mem; /* budgets, enforced: at most these */
+    out->bytes[FL_MEM_NET] = in->net_mem;
     for (int c = 0; c < FL_MEM_COUNT; c++) out->total += out->bytes[c];
 done:
     fl_gguf_free(g);
@@ -260,7 +261,8 @@ fl_status fl_plan_engine_kv_mem(const fl_plan_engine_in *in0, uint64_t mem, uint
         fl_plan_fmt_bytes(o.total + 2 * per, a, sizeof a);
         fl_plan_fmt_bytes(o.total + 2 * per - mem, c, sizeof c);
         return fl_set_error(FL_ERR_BUDGET,
-                            "weights + step buffers + bookkeeping + constraints (guide_mem) + 2 KV blocks (%s) exceed the memory limit %s by %s", a, b, c);
+                            "weights + step buffers + bookkeeping + constraints (guide_mem)%s + 2 KV blocks (%s) exceed the memory limit %s by %s",
+                            in.net_mem ? " + server buffers (net_mem)" : "", a, b, c);
     }
     uint64_t nb = (mem - o.total) / per;
     for (;; nb--) { /* the estimate is exact up to the hash table's rounding: check it */

@@ -39,6 +39,7 @@
  *                      token of its context, and a prompt token's record its rank) and the poll's copy of one step's records (at most
  *                      max_seqs: a step has that many logits rows), a power of two >= 256
  *                      records, and half of it again when it grew there
+ *   NET      net_mem: the budget of the HTTP server's buffers, when one serves the engine
  *   GUIDE    guide_mem: the budget of the requests' output constraints (compiled grammars,
  *            regexes and JSON schemas, their states, allowed_token_ids, bad_words), an upper
  *            bound that the engine enforces (fl_engine_params.guide_mem)
@@ -79,6 +80,7 @@ typedef struct fl_plan_engine_in {
     int32_t max_logprobs;     /* alternatives a request may ask for (-1: no logprobs) */
     int32_t guide_masks;      /* token masks kept for regex requests' states (engine/mask_cache.h) */
     uint64_t guide_mem;       /* the output constraints' budget (fl_engine_guide_mem): GUIDE */
+    uint64_t net_mem;         /* the server's buffers' budget (fl_engine_params.net_mem): NET */
     const char *const *lora_paths; /* LoRA adapters applied at run time (model/lora.h) */
     const float *lora_scales;
     int32_t n_loras;

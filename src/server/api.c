@@ -21,6 +21,8 @@
 struct srv_conn {
     srv_buf body;
     bool too_big;
+    bool no_mem;     /* the body could not be buffered (the server's buffers are full: --net-mem) */
+    bool net_big;    /* the body can never be buffered under --net-mem */
 };
 
 /* ---- small response helpers ---- */
@@ -64,14 +66,24 @@ static enum MHD_Result send_error(fl_server *s, struct MHD_Connection *conn, uns
     if (param) cJSON_AddStringToObject(e, "param", param); else cJSON_AddNullToObject(e, "param");
     if (code) cJSON_AddStringToObject(e, "code", code); else cJSON_AddNullToObject(e, "code");
     char *txt = cJSON_PrintUnformatted(o);
-    enum MHD_Result r = txt ? send_text(conn, status, "application/json", txt, strlen(txt), status == 503 || status == 429 ? "1" : NULL) : MHD_NO;
+    enum MHD_Result r;
+    if (txt) r = send_text(conn, status, "application/json", txt, strlen(txt), status == 503 || status == 429 ? "1" : NULL);
+    else { /* no memory for the message itself (the server's buffers are full): a fixed one */
+        static const char full[] = "{\"error\":{\"message\":\"the server's buffers are full; retry later\",\"type\":\"server_error\",\"param\":null,\"code\":\"server_busy\"}}";
+        r = send_text(conn, 503, "application/json", full, sizeof full - 1, "1");
+    }
     cJSON_free(txt);
     cJSON_Delete(o);
     return r;
 }
 
 #define BAD(...) send_error(s, conn, 400, "invalid_request_error", NULL, NULL, __VA_ARGS__)
-#define NOMEM() send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory")
+/* out of memory: under --net-mem the server's buffers are full for now (503, retry) */
+#define NOMEM()                                                                                                  \
+    (fl_mem_budget(FL_MEM_NET) ? send_error(s, conn, 503, "server_error", "server_busy", NULL,                    \
+                                            "the server's buffers (--net-mem %zu bytes) are full; retry later",     \
+                                            fl_mem_budget(FL_MEM_NET))                                            \
+                               : send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"))
 
 /* ---- request parsing helpers ---- */
 
@@ -1606,7 +1618,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                 c->too_big = true;
                 srv_buf_free(&c->body);
             } else if (srv_buf_append(&c->body, upload_data, *upload_data_size)) {
+                /* no room: for now (others hold the buffers), or for good (a buffer that grows by
+                 * doubling holds the old and the new block at once: up to 3x the body, and the
+                 * parse after it; past a quarter of --net-mem it cannot fit) */
+                const size_t nb = fl_mem_budget(FL_MEM_NET), need = c->body.len + *upload_data_size;
                 c->too_big = true;
+                c->no_mem = !(nb && need > nb / 4);
+                c->net_big = !c->no_mem;
+                srv_buf_free(&c->body);
             }
         }
         *upload_data_size = 0;
@@ -1637,6 +1656,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         return r;
     }
     if (!post) return send_error(s, conn, 405, "invalid_request_error", NULL, NULL, "use POST for %s", url);
+    if (c->net_big)
+        return send_error(s, conn, 413, "invalid_request_error", "body_too_large", NULL,
+                          "the request body needs more than the server's buffers hold (--net-mem %zu bytes)", fl_mem_budget(FL_MEM_NET));
+    if (c->no_mem)
+        return send_error(s, conn, 503, "server_error", "server_busy", NULL,
+                          "the request's body does not fit in the server's buffers now (%zu of --net-mem %zu bytes in use); retry later",
+                          fl_mem_current(FL_MEM_NET), fl_mem_budget(FL_MEM_NET));
     if (c->too_big)
         return send_error(s, conn, 413, "invalid_request_error", "body_too_large", NULL, "the request body exceeds %lld bytes", (long long)s->p.max_body_bytes);
     if (is_tok) return handle_tokenize(s, conn, c);
