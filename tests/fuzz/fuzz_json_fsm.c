@@ -2,7 +2,8 @@
  * fuzz_json_fsm.c - libFuzzer target for the JSON-object recognizer of constrained decoding
  * (src/engine/json_fsm.c), against a plain recursive-descent validator written here from RFC 8259
  * with the recognizer's documented limits (at most 2 whitespace bytes before the object and 24
- * in a row inside, nesting to 128, UTF-8 lead bytes C2..F4 with their continuation bytes).
+ * in a row inside, nesting to 128, UTF-8 lead bytes C2..F4 with their continuation bytes, a \u
+ * surrogate only as a high-low pair).
  *
  * Invariants checked on every input:
  *   - the whole input is a complete object for the recognizer exactly when the validator accepts it;
@@ -36,6 +37,17 @@ static bool skip_ws(rd *s, int max) {
 
 static bool peek(const rd *s, unsigned c) { return s->i < s->n && s->p[s->i] == c; }
 
+/* Four hex digits at s->i into *v. */
+static bool hex4(rd *s, unsigned *v) {
+    for (int k = 0; k < 4; k++) {
+        if (s->i >= s->n) return false;
+        const unsigned h = s->p[s->i++];
+        if (!(digit(h) || (h >= 'a' && h <= 'f') || (h >= 'A' && h <= 'F'))) return false;
+        *v = *v * 16 + (digit(h) ? h - '0' : (h | 0x20) - 'a' + 10);
+    }
+    return true;
+}
+
 static bool string(rd *s) {
     if (!peek(s, '"')) return false;
     s->i++;
@@ -47,10 +59,15 @@ static bool string(rd *s) {
             if (s->i >= s->n) return false;
             const unsigned e = s->p[s->i++];
             if (e == 'u') {
-                for (int k = 0; k < 4; k++) {
-                    if (s->i >= s->n) return false;
-                    const unsigned h = s->p[s->i++];
-                    if (!(digit(h) || (h >= 'a' && h <= 'f') || (h >= 'A' && h <= 'F'))) return false;
+                /* a surrogate only as a high-low pair (\uD800-\uDBFF then \uDC00-\uDFFF), as strict
+                 * parsers read it and the recognizer is documented to (json_fsm.h) */
+                unsigned v = 0;
+                if (!hex4(s, &v) || (v >= 0xDC00 && v <= 0xDFFF)) return false;
+                if (v >= 0xD800 && v <= 0xDBFF) {
+                    unsigned lo = 0;
+                    if (s->i + 2 > s->n || s->p[s->i] != '\\' || s->p[s->i + 1] != 'u') return false;
+                    s->i += 2;
+                    if (!hex4(s, &lo) || lo < 0xDC00 || lo > 0xDFFF) return false;
                 }
             } else if (!(e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' || e == 'r' || e == 't')) {
                 return false;
