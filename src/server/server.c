@@ -109,7 +109,7 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
         if (o->finish == FL_FINISH_ERROR && o->error) snprintf(sm->error, sizeof sm->error, "%s", o->error);
         sm->stop_token = o->stop_token;
         if (o->stop_str) sm->stop_str = fl_strdup(FL_MEM_NET, o->stop_str); /* (none on no memory: stop_reason null) */
-        else if (sm->finish == FL_FINISH_ERROR && r->lp_failed) snprintf(sm->error, sizeof sm->error, "no memory for the logprobs of the reply");
+        else if (sm->finish == FL_FINISH_ERROR && r->lp_failed) snprintf(sm->error, sizeof sm->error, "no memory for the logprobs or token ids of the reply");
         r->n_done++;
         s->m.completion_tokens += o->n_generated;
         if (r->n_done == srv_choices(r)) {
