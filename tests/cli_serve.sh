@@ -73,6 +73,15 @@ python3 "$(dirname "$0")/serve_logprobs.py" "$U" "$SHARED" >"$TMP/lp.txt" 2>&1; 
 cat "$TMP/lp.txt"
 check "logprobs (tests/serve_logprobs.py)" '[ $rc = 0 ]'
 
+# tool calling: tools in the prompt, named / required / auto calls, streamed, refusals
+# (tests/serve_tools.py; the tools' preamble needs more than 256 tokens of context)
+start_server T -c 1024 --max-seqs 4
+python3 "$(dirname "$0")/serve_tools.py" "$URL_T" >"$TMP/tools.txt" 2>&1; rc=$?
+cat "$TMP/tools.txt"
+check "tool calling (tests/serve_tools.py)" '[ $rc = 0 ]'
+kill -TERM "$PID_T"; wait "$PID_T"; rc=$?
+check "tool calling: the server exits 0, no sanitizer report" '[ $rc = 0 ] && ! grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$TMP/T.log"'
+
 # /tokenize and /detokenize (vLLM's and llama.cpp's field names): llama.cpp's ids for the prompt
 ref_field() { python3 -c "import json; print(json.dumps(json.loads(open('$SHARED/reference/stories260K.greedy.jsonl').readline())['$1']))"; }
 RIDS=$(ref_field prompt_tokens); RTXT=$(ref_field prompt)
@@ -133,7 +142,8 @@ errcase "negative max_tokens" 400 /v1/completions '{"prompt":"a","max_tokens":-1
 errcase "temperature out of range" 400 /v1/completions '{"prompt":"a","temperature":9}'
 errcase "n too large" 400 /v1/completions '{"prompt":"a","n":100}'
 errcase "max_tokens over the limit" 400 /v1/completions '{"prompt":"a","max_tokens":100000}'
-errcase "unsupported field (tools)" 400 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}'
+errcase "unsupported field (functions)" 400 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"functions":[{"name":"f"}]}'
+errcase "a tool without its function" 400 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}'
 # llama.cpp's grammar / vLLM's guided_grammar (GBNF): sampled answers are sentences of it
 post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature":1,"seed":5,"grammar":"root ::= (\"Yes\" | \"No\") \", \" [a-z]+ (\" \" [a-z]+){0,3} \".\""}'
 check "grammar: a sentence of it, finished with stop ($(jq_ "d['choices'][0]['text']"))" 'python3 -c "import json,re,sys; c=json.load(open(sys.argv[1]))[\"choices\"][0]; assert re.fullmatch(r\"(Yes|No), [a-z]+( [a-z]+){0,3}[.]\", c[\"text\"]) and c[\"finish_reason\"] == \"stop\", c" "$TMP/body"'

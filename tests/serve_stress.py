@@ -2,7 +2,7 @@
 """Random requests against a running `fitllm serve` (a fixed seed, so each run sends the same):
 valid and invalid OpenAI bodies (wrong types, out-of-range numbers, unknown roles, token-id
 prompts, stop strings, n > 1, streaming, logprobs, echo, logit_bias, priority, the adapter name "tuned",
-JSON Schemas valid and not), bodies cut or with a byte changed, and clients that
+JSON Schemas valid and not, tools and tool_choice valid and not), bodies cut or with a byte changed, and clients that
 leave before or in the middle of the answer.  Every answer must be a 200 or a 4xx with an
 OpenAI error object, never a 5xx; a non-streamed 200 must parse as JSON; a streamed one (by
 its Content-Type: a body with a byte changed may have lost its "stream") must end with [DONE]
@@ -72,6 +72,20 @@ def body():
             {"choice": ["Lily", "Tom"]}, {"regex": "(Lily|Tom) [a-z]+"}, {"json": rng.choice(SCHEMAS)}, {"json_object": True},
             {"grammar": 'root ::= [a-z ]{1,20} "."'}, {"json": "{\"type\":"}, {"choice": "a", "regex": 3}, {"nope": 1},
             {"json_object": True, "disable_any_whitespace": rng.choice([True, False])}, {"structural_tag": "x"}, [], odd()])
+    elif r < 0.32 and chat:  # tool calling, valid or not: tools, tool_choice, calls and results in the messages
+        tool = {"type": "function", "function": {"name": "f", "parameters": rng.choice(SCHEMAS[:4] + [{"type": "object"}, odd()])}}
+        d["tools"] = rng.choice([[tool], [tool, {"type": "function", "function": {"name": "g"}}], [], [{"type": "function"}],
+                                 [tool, tool], [{"type": "function", "function": {"name": "a b"}}], odd()])
+        if rng.random() < 0.7:
+            d["tool_choice"] = rng.choice(["auto", "none", "required", {"type": "function", "function": {"name": "f"}},
+                                           {"type": "function", "function": {"name": "zz"}}, odd()])
+        if rng.random() < 0.3:
+            d["parallel_tool_calls"] = rng.choice([True, False, odd()])
+        if rng.random() < 0.3:
+            d["messages"] += [{"role": "assistant", "content": rng.choice([None, "ok", odd()]),
+                               "tool_calls": rng.choice([[{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                                                         [{"function": {"name": "f", "arguments": {"x": 1}}}], [{}], odd()])},
+                              {"role": "tool", "tool_call_id": "c", "content": rng.choice(["42", odd()])}]
     if rng.random() < 0.05:  # vLLM's prompt_logprobs, valid or not (streamed: 400)
         d["prompt_logprobs"] = rng.choice([0, 1, 5, 20, 21, -1, True, "2", None])
     if rng.random() < 0.3:  # a server with --lora-modules tuned=FILE runs these through the adapter

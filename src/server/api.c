@@ -139,7 +139,7 @@ static bool token_ids_of(const fl_server *s, const cJSON *a, int32_t **ids, int6
 
 /* (refused rather than ignored, where set (not null or false): each would change the output;
  * vLLM's sampling extras this server does not follow) */
-static const char *const unsupported_fields[] = {"tools", "tool_choice", "functions", "function_call", "best_of",
+static const char *const unsupported_fields[] = {"functions", "function_call", "best_of",
                                                   "suffix", "audio", "modalities", "structural_tag", "guided_whitespace_pattern", "use_beam_search",
                                                   NULL};
 
@@ -359,12 +359,94 @@ static void add_usage(cJSON *u, const srv_req *r, int32_t gen) {
     cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", cached);
 }
 
+/* The seed of choice i's tool call ids */
+static uint64_t tool_seed(const srv_req *r, int i) {
+    return XXH3_64bits_withSeed(r->created_id, strlen(r->created_id), (uint64_t)r->created * 1000003u + (uint64_t)i);
+}
+
+/* A chat choice's message: its content, or its tool calls (and the content beside them).  True
+ * where it holds calls. */
+static bool add_message(srv_req *r, int i, cJSON *m, const char *txt, size_t n) {
+    cJSON_AddStringToObject(m, "role", "assistant");
+    srv_buf content = {0};
+    cJSON *calls = r->tools.mode != SRV_TOOLS_NONE ? srv_tools_parse(&r->tools, txt, n, tool_seed(r, i), true, &content) : NULL;
+    if (!calls) {
+        srv_buf_free(&content);
+        cJSON_AddStringToObject(m, "content", txt);
+        return false;
+    }
+    if (content.len) cJSON_AddStringToObject(m, "content", content.p);
+    else cJSON_AddNullToObject(m, "content");
+    cJSON_AddItemToObject(m, "tool_calls", calls);
+    srv_buf_free(&content);
+    return true;
+}
+
+/* A choice's finish reason; "tool_calls" where it ended holding calls it was not told to make
+ * (a named function's call ends "stop", as OpenAI's) */
+static const char *choice_finish(const srv_req *r, const srv_sample *sm, bool calls) {
+    const char *f = finish_str(sm->finish) ? finish_str(sm->finish) : "stop";
+    return calls && !strcmp(f, "stop") && r->tools.mode != SRV_TOOLS_NAMED ? "tool_calls" : f;
+}
+
+/* Stream a finished chat choice that may hold tool calls: the content not yet sent, the calls
+ * (each whole, in one delta), then the finish. */
+static void stream_tools_finish(fl_server *s, srv_req *r, int i) {
+    srv_sample *sm = &r->samples[i];
+    srv_buf content = {0};
+    const char *txt = sm->text.p ? sm->text.p : "";
+    cJSON *calls = srv_tools_parse(&r->tools, txt, sm->text.len, tool_seed(r, i), false, &content);
+    const size_t sent = sm->sent < content.len ? sm->sent : content.len;
+    cJSON *o = chunk_base(s, r), *c = cJSON_CreateObject(), *d;
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    cJSON_AddNumberToObject(c, "index", i);
+    d = cJSON_AddObjectToObject(c, "delta");
+    if (!r->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
+    if (content.len > sent) {
+        char *rest = fl_alloc(FL_MEM_NET, content.len - sent + 1, 16);
+        if (rest) {
+            memcpy(rest, content.p + sent, content.len - sent);
+            rest[content.len - sent] = 0;
+            cJSON_AddStringToObject(d, "content", rest);
+            fl_free(FL_MEM_NET, rest, content.len - sent + 1);
+        }
+    }
+    if (calls) {
+        int k = 0;
+        cJSON *x;
+        cJSON_ArrayForEach(x, calls) cJSON_AddNumberToObject(x, "index", k++);
+        cJSON_AddItemToObject(d, "tool_calls", calls);
+    }
+    add_logprobs(s, r, sm, c, sm->n_lp, false);
+    cJSON_AddNullToObject(c, "finish_reason");
+    append_json(&r->out, o, true);
+    cJSON_Delete(o);
+    o = chunk_base(s, r);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c = cJSON_CreateObject());
+    cJSON_AddNumberToObject(c, "index", i);
+    cJSON_AddObjectToObject(c, "delta");
+    cJSON_AddStringToObject(c, "finish_reason", choice_finish(r, sm, calls != NULL));
+    add_stop_reason(c, sm);
+    if (sm->finish == FL_FINISH_ERROR && sm->error[0]) cJSON_AddStringToObject(c, "error", sm->error);
+    append_json(&r->out, o, true);
+    cJSON_Delete(o);
+    srv_buf_free(&content);
+    sm->sent = sm->text.len;
+    sm->finish_sent = true;
+    r->role_sent = true;
+}
+
 static void produce_stream(fl_server *s, srv_req *r) {
     for (int i = 0; i < srv_choices(r); i++) {
       for (int guard = 0; guard < 1 << 20; guard++) {
         srv_sample *sm = &r->samples[i];
         bool fin = sm->finish != FL_FINISH_NONE;
         if (sm->finish_sent) break;
+        const bool tools = r->chat && r->tools.mode != SRV_TOOLS_NONE;
+        if (tools && fin) {
+            stream_tools_finish(s, r, i);
+            break;
+        }
         /* one chunk per engine output: up to the next recorded boundary, whole UTF-8 characters */
         while (sm->seg_sent < sm->n_seg && sm->seg[sm->seg_sent].end <= sm->sent) sm->seg_sent++;
         size_t lim = sm->seg_sent < sm->n_seg ? sm->seg[sm->seg_sent].end : sm->text.len;
@@ -377,6 +459,10 @@ static void produce_stream(fl_server *s, srv_req *r) {
             avail = utf8_complete(sm->text.p, lim);
         }
         if (fin && lim == sm->text.len) avail = lim;
+        if (tools) { /* what may be a call waits for the end */
+            const size_t h = srv_tools_hold(&r->tools, sm->text.p ? sm->text.p : "", avail);
+            if (h < avail) avail = h > sm->sent ? h : sm->sent;
+        }
         bool more = avail < sm->text.len;
         if (more) fin = false; /* the finish reason goes on the last chunk */
         bool first_chat = r->chat && !r->role_sent;
@@ -452,10 +538,9 @@ static void produce_full(fl_server *s, srv_req *r) {
         cJSON *c = cJSON_CreateObject();
         cJSON_AddNumberToObject(c, "index", i);
         const char *txt = sm->text.p ? sm->text.p : "";
+        bool calls = false;
         if (r->chat) {
-            cJSON *m = cJSON_AddObjectToObject(c, "message");
-            cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddStringToObject(m, "content", txt);
+            calls = add_message(r, i, cJSON_AddObjectToObject(c, "message"), txt, sm->text.len);
         } else if (r->echo) { /* the prompt, then the completion */
             srv_buf both = {0};
             const srv_buf *et = &r->pr[i / r->n].echo_text;
@@ -473,7 +558,7 @@ static void produce_full(fl_server *s, srv_req *r) {
             cJSON_AddStringToObject(c, "text", txt);
         }
         add_logprobs(s, r, sm, c, sm->n_lp, r->echo);
-        cJSON_AddStringToObject(c, "finish_reason", finish_str(sm->finish) ? finish_str(sm->finish) : "stop");
+        cJSON_AddStringToObject(c, "finish_reason", choice_finish(r, sm, calls));
         add_stop_reason(c, sm);
         if (sm->finish == FL_FINISH_ERROR && sm->error[0]) cJSON_AddStringToObject(c, "error", sm->error);
         cJSON *plp = r->chat ? NULL : prompt_logprobs_json(s, r, &r->pr[i / r->n]); /* (vLLM: completions per choice) */
@@ -818,7 +903,7 @@ static enum MHD_Result handle_tokenize(fl_server *s, struct MHD_Connection *conn
     if (cJSON_IsTrue(ps)) flags |= FL_TOKENIZE_PARSE_SPECIAL; /* llama.cpp's: "<|eot_id|>" as its token */
     if (msgs) {
         const char *e2 = NULL;
-        fl_status st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, &text, &e2);
+        fl_status st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, NULL, &text, &e2);
         if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
         flags |= FL_TOKENIZE_PARSE_SPECIAL; /* the template's markers are tokens */
     } else if (cJSON_IsString(p)) {
@@ -870,7 +955,14 @@ static enum MHD_Result handle_apply_template(fl_server *s, struct MHD_Connection
     const cJSON *msgs = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "messages") : NULL;
     if (!msgs) { ret = BAD("'messages' is required"); goto out; }
     const char *e2 = NULL;
-    fl_status st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, &text, &e2);
+    srv_tools tt; /* (the tools as a chat request shows them) */
+    const cJSON *tools = NULL;
+    char *sch = NULL, terr[160];
+    bool gr;
+    fl_status st = srv_tools_read(j, srv_chat_json_tools(fl_engine_chat_template(s->engine)), &tt, &tools, &sch, &gr, terr, sizeof terr);
+    cJSON_free(sch);
+    if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", terr); goto out; }
+    st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, tools, &text, &e2);
     if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
     if (srv_buf_append(&text, "", 1) != FL_OK) { ret = NOMEM(); goto out; }
     cJSON *o = cJSON_CreateObject();
@@ -968,6 +1060,9 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     int64_t allowed_n = 0;
     int32_t bw_ids[FL_MAX_BAD_WORDS * FL_MAX_BAD_WORD_TOKENS], bw_lens[FL_MAX_BAD_WORDS]; /* bad_words, tokenized */
     char *schema_text = NULL; /* the request's JSON Schema printed for the engine */
+    srv_tools tools_rd = {0};
+    char *tool_schema = NULL; /* tool_choice "required" or a named function: the output's constraint, */
+    bool tool_grammar = false; /* a GBNF grammar ("required") or a JSON Schema */
     cJSON *j = pre ? pre : cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
     if (!j) return BAD("malformed JSON in the request body");
     if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
@@ -1018,14 +1113,25 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     bool special = false;
     if (chat) {
         const char *e2 = NULL;
-        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages"), *tools = NULL;
         if (!msgs) { ret = BAD("'messages' is required"); goto out; }
-        fl_status st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, &gp[0].text, &e2);
+        fl_status st = srv_tools_read(j, srv_chat_json_tools(fl_engine_chat_template(s->engine)), &tools_rd, &tools, &tool_schema,
+                                      &tool_grammar, err, sizeof err);
+        if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", err); goto out; }
+        st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, tools, &gp[0].text, &e2);
         if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
         special = true;
         n_gp = 1;
     } else {
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+        static const char *const CHAT_ONLY[] = {"tools", "tool_choice", "parallel_tool_calls"};
+        for (size_t i = 0; i < 3; i++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, CHAT_ONLY[i]);
+            if (v && !cJSON_IsNull(v)) {
+                ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", CHAT_ONLY[i], "'%s' is taken by /v1/chat/completions only", CHAT_ONLY[i]);
+                goto out;
+            }
+        }
         if (!p) { ret = BAD("'prompt' is required"); goto out; }
         const cJSON *items[SRV_MAX_N];
         bool list = cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0;
@@ -1277,6 +1383,14 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         }
         rp.json_object = 0;
     }
+    if (tool_schema) { /* the call is the output: nothing else may shape it */
+        if (rp.json_schema || rp.json_object || rp.regex || rp.grammar || rp.choices) {
+            ret = BAD("tool_choice \"required\" or a named function constrains the output: give no other output constraint");
+            goto out;
+        }
+        if (tool_grammar) rp.grammar = tool_schema;
+        else rp.json_schema = tool_schema;
+    }
     /* logit_bias: {"token id": bias in [-100, 100]} */
     const cJSON *lb = cJSON_GetObjectItemCaseSensitive(j, "logit_bias");
     if (lb && !cJSON_IsNull(lb)) {
@@ -1401,6 +1515,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     r->k_plp = (int32_t)k_plp;
     r->echo = echo;
     r->drop_gen = drop_gen;
+    r->tools = tools_rd;
     if (nat) {
         r->native = true;
         r->return_tokens = nat->return_tokens;
@@ -1468,6 +1583,7 @@ out:
     if (bias) fl_free(FL_MEM_NET, bias, (size_t)bias_cap * sizeof *bias);
     fl_free(FL_MEM_NET, allowed, (size_t)allowed_n * sizeof *allowed);
     cJSON_free(schema_text);
+    cJSON_free(tool_schema);
     cJSON_Delete(j);
     return ret;
 }

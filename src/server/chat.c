@@ -39,15 +39,101 @@ static fl_status content_text(const cJSON *c, srv_buf *tmp, const char **err) {
     return FL_ERR_INVALID;
 }
 
-fl_status srv_chat_render(const char *tmpl, const cJSON *messages, srv_buf *out, const char **err) {
+bool srv_chat_json_tools(const char *tmpl) { return detect(tmpl) == TMPL_LLAMA3; }
+
+/* The tools as the system turn shows them: one JSON object per line, and how to call one in the
+ * family's format (tools.c reads the calls back). */
+static fl_status tools_preamble(tmpl_kind kind, const cJSON *tools, srv_buf *out) {
+    fl_status st = kind == TMPL_LLAMA3
+        ? srv_buf_printf(out, "You can call the functions below. To call one, answer with only a JSON object "
+                              "{\"name\": the function's name, \"parameters\": an object of its arguments}.\n\n")
+        : srv_buf_printf(out, "# Tools\n\nYou can call the functions whose signatures are inside <tools></tools>, one per line:\n<tools>\n");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, tools) {
+        char *t = cJSON_PrintUnformatted(x);
+        if (!t) return FL_ERR_NOMEM;
+        if (!st) st = srv_buf_printf(out, "%s\n", t);
+        cJSON_free(t);
+    }
+    if (!st && kind != TMPL_LLAMA3)
+        st = srv_buf_printf(out, "</tools>\n\nTo call one, write a JSON object with its name and arguments inside "
+                                 "<tool_call></tool_call> tags:\n<tool_call>\n{\"name\": <function name>, \"arguments\": <arguments object>}\n</tool_call>");
+    return st;
+}
+
+/* An assistant message's tool_calls after its content, as the family writes calls. */
+static fl_status tool_calls_text(tmpl_kind kind, const cJSON *calls, srv_buf *c, const char **err) {
+    if (!calls || cJSON_IsNull(calls)) return FL_OK;
+    if (!cJSON_IsArray(calls)) {
+        *err = "'tool_calls' must be an array";
+        return FL_ERR_INVALID;
+    }
+    const cJSON *x;
+    cJSON_ArrayForEach(x, calls) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(x, "function");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name"), *a = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+        if (!cJSON_IsString(nm) || (a && !cJSON_IsString(a) && !cJSON_IsObject(a) && !cJSON_IsNull(a))) {
+            *err = "each tool call needs 'function': {\"name\": ..., \"arguments\": JSON text}";
+            return FL_ERR_INVALID;
+        }
+        char *printed = cJSON_IsObject(a) ? cJSON_PrintUnformatted(a) : NULL;
+        const char *args = cJSON_IsString(a) ? a->valuestring : printed ? printed : "{}";
+        fl_status st = FL_OK;
+        if (c->len) st = srv_buf_append(c, "\n", 1);
+        if (!st) st = kind == TMPL_LLAMA3 ? srv_buf_printf(c, "{\"name\": \"%s\", \"parameters\": %s}", nm->valuestring, args)
+                                          : srv_buf_printf(c, "<tool_call>\n{\"name\": \"%s\", \"arguments\": %s}\n</tool_call>", nm->valuestring, args);
+        cJSON_free(printed);
+        if (st) return st;
+    }
+    return FL_OK;
+}
+
+/* One turn of role r with text txt in the family's format (Llama 2 keeps the system text in
+ * sys for the first user turn). */
+static fl_status emit_turn(tmpl_kind kind, const char *r, const char *txt, srv_buf *out, srv_buf *sys, bool *first_user) {
+    fl_status st = FL_OK;
+    switch (kind) {
+    case TMPL_LLAMA3:
+        st = srv_buf_printf(out, "<|start_header_id|>%s<|end_header_id|>\n\n%s<|eot_id|>", r, txt);
+        break;
+    case TMPL_CHATML: st = srv_buf_printf(out, "<|im_start|>%s\n%s<|im_end|>\n", r, txt); break;
+    case TMPL_PHI3: st = srv_buf_printf(out, "<|%s|>\n%s<|end|>\n", r, txt); break;
+    case TMPL_LLAMA2:
+        if (!strcmp(r, "system")) {
+            sys->len = 0;
+            st = srv_buf_append(sys, txt, strlen(txt));
+        } else if (!strcmp(r, "user")) {
+            if (!*first_user) st = srv_buf_append(out, "<s>", 3);
+            if (!st && *first_user && sys->len) st = srv_buf_printf(out, "[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", sys->p, txt);
+            else if (!st) st = srv_buf_printf(out, "[INST] %s [/INST]", txt);
+            *first_user = false;
+        } else {
+            st = srv_buf_printf(out, " %s </s>", txt);
+        }
+        break;
+    case TMPL_PLAIN:
+        if (!strcmp(r, "system")) st = srv_buf_printf(out, "%s\n\n", txt);
+        else st = srv_buf_printf(out, "%s: %s\n", !strcmp(r, "user") ? "User" : "Assistant", txt);
+        break;
+    }
+    return st;
+}
+
+fl_status srv_chat_render(const char *tmpl, const cJSON *messages, const cJSON *tools, srv_buf *out, const char **err) {
     if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0) {
         *err = "'messages' must be a non-empty array";
         return FL_ERR_INVALID;
     }
     tmpl_kind kind = detect(tmpl);
-    srv_buf c = {0}, sys = {0};
+    srv_buf c = {0}, sys = {0}, pre = {0};
     fl_status st = FL_OK;
     bool first_user = true;
+    /* with tools: the first message's system text gets their preamble, or a system turn of its
+     * own leads */
+    const cJSON *m0 = messages->child, *r0 = cJSON_GetObjectItemCaseSensitive(m0, "role");
+    const bool sys_first = cJSON_IsString(r0) && (!strcmp(r0->valuestring, "system") || !strcmp(r0->valuestring, "developer"));
+    if (tools && (st = tools_preamble(kind, tools, &pre))) goto done;
+    if (tools && !sys_first && (st = emit_turn(kind, "system", pre.p, out, &sys, &first_user))) goto done;
     const cJSON *m;
     cJSON_ArrayForEach(m, messages) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
@@ -57,39 +143,34 @@ fl_status srv_chat_render(const char *tmpl, const cJSON *messages, srv_buf *out,
             goto done;
         }
         const char *r = role->valuestring;
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer")) {
-            *err = "message role must be system, developer, user or assistant";
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer") && strcmp(r, "tool")) {
+            *err = "message role must be system, developer, user, assistant or tool";
             st = FL_ERR_INVALID;
             goto done;
         }
         if (!strcmp(r, "developer")) r = "system";
-        if ((st = content_text(cJSON_GetObjectItemCaseSensitive(m, "content"), &c, err))) goto done;
-        const char *txt = c.p ? c.p : "";
-        switch (kind) {
-        case TMPL_LLAMA3:
-            st = srv_buf_printf(out, "<|start_header_id|>%s<|end_header_id|>\n\n%s<|eot_id|>", r, txt);
-            break;
-        case TMPL_CHATML: st = srv_buf_printf(out, "<|im_start|>%s\n%s<|im_end|>\n", r, txt); break;
-        case TMPL_PHI3: st = srv_buf_printf(out, "<|%s|>\n%s<|end|>\n", r, txt); break;
-        case TMPL_LLAMA2:
-            if (!strcmp(r, "system")) {
-                sys.len = 0;
-                st = srv_buf_append(&sys, txt, strlen(txt));
-            } else if (!strcmp(r, "user")) {
-                if (!first_user) st = srv_buf_append(out, "<s>", 3);
-                if (!st && first_user && sys.len) st = srv_buf_printf(out, "[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", sys.p, txt);
-                else if (!st) st = srv_buf_printf(out, "[INST] %s [/INST]", txt);
-                first_user = false;
-            } else {
-                st = srv_buf_printf(out, " %s </s>", txt);
-            }
-            break;
-        case TMPL_PLAIN:
-            if (!strcmp(r, "system")) st = srv_buf_printf(out, "%s\n\n", txt);
-            else st = srv_buf_printf(out, "%s: %s\n", !strcmp(r, "user") ? "User" : "Assistant", txt);
-            break;
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!content && !strcmp(r, "assistant") && cJSON_GetObjectItemCaseSensitive(m, "tool_calls")) { /* calls may come without content */
+            c.len = 0;
+            if (c.p) c.p[0] = 0;
+        } else if ((st = content_text(content, &c, err))) goto done;
+        if (!strcmp(r, "assistant") && (st = tool_calls_text(kind, cJSON_GetObjectItemCaseSensitive(m, "tool_calls"), &c, err))) goto done;
+        if (m == messages->child && sys_first && pre.len) {
+            if ((st = srv_buf_printf(&c, "%s%s", c.len ? "\n\n" : "", pre.p))) goto done;
         }
-        if (st) goto done;
+        if (!strcmp(r, "tool")) { /* a call's result: Llama 3's ipython turn; a tagged user turn elsewhere */
+            srv_buf t = {0};
+            st = kind == TMPL_LLAMA3 ? srv_buf_append(&t, c.p ? c.p : "", c.len)
+                                     : srv_buf_printf(&t, "<tool_response>\n%s\n</tool_response>", c.p ? c.p : "");
+            if (!st) {
+                c.len = 0;
+                st = srv_buf_append(&c, t.p ? t.p : "", t.len);
+            }
+            srv_buf_free(&t);
+            if (st) goto done;
+            r = kind == TMPL_LLAMA3 ? "ipython" : "user";
+        }
+        if ((st = emit_turn(kind, r, c.p ? c.p : "", out, &sys, &first_user))) goto done;
     }
     /* generation prompt */
     switch (kind) {
@@ -102,5 +183,6 @@ fl_status srv_chat_render(const char *tmpl, const cJSON *messages, srv_buf *out,
 done:
     srv_buf_free(&c);
     srv_buf_free(&sys);
+    srv_buf_free(&pre);
     return st;
 }

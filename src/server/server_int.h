@@ -53,6 +53,16 @@ typedef struct srv_sample {
     int32_t stop_token;  /* finish by a stop token id: it, else -1 */
 } srv_sample;
 
+/* Tool calling (tools.c): how a chat request's output is read for calls */
+#define SRV_MAX_TOOLS 64
+typedef enum { SRV_TOOLS_NONE, SRV_TOOLS_AUTO, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED } srv_tool_mode;
+typedef struct srv_tools {
+    srv_tool_mode mode;
+    bool json_style;       /* Llama 3's calls: bare {"name", "parameters"} objects; else in <tool_call> tags */
+    bool parallel;         /* parallel_tool_calls */
+    char named[65];        /* SRV_TOOLS_NAMED: the function */
+} srv_tools;
+
 /* One prompt of a request (a list of prompts gives one engine request each). */
 typedef struct srv_prompt {
     int64_t id;            /* engine request id */
@@ -84,6 +94,7 @@ typedef struct srv_req {
              int64_t top_k, n_predict, repeat_last_n, seed; bool ignore_eos; } gs;
     /* echo (/v1/completions): the prompt leads each choice's text, and its tokens the logprobs */
     int32_t lora;          /* the engine adapter of its prompts (0: none); its name is the reply's model */
+    srv_tools tools;       /* chat: tool_choice and how the output is read */
     bool echo, drop_gen;   /* drop_gen: max_tokens 0 with echo: the engine's one token is not reported */
     double t_start, t_first, t_end;
     pthread_cond_t cv;
@@ -146,7 +157,20 @@ void srv_hist_add(srv_hist *h, double v);
 fl_status srv_metrics_render(fl_server *s, srv_buf *out);
 /* chat.c: render messages (cJSON array) with the model's template kind; *err set on bad input. */
 struct cJSON;
-fl_status srv_chat_render(const char *tmpl, const struct cJSON *messages, srv_buf *out, const char **err);
+fl_status srv_chat_render(const char *tmpl, const struct cJSON *messages, const struct cJSON *tools, srv_buf *out, const char **err);
+/* the template's tool calls are Llama 3's bare JSON objects (else <tool_call> tags) */
+bool srv_chat_json_tools(const char *tmpl);
+/* tools.c: read tools / tool_choice / parallel_tool_calls of request j (FL_ERR_INVALID with err
+ * set on bad input); *tools_out the tools to show (NULL: none); *schema_text (cJSON_free) what
+ * constrains the output: a named function's JSON Schema, or for tool_choice "required" a GBNF
+ * grammar (*is_grammar), else NULL. */
+fl_status srv_tools_read(const struct cJSON *j, bool json_style, srv_tools *t, const struct cJSON **tools_out, char **schema_text,
+                         bool *is_grammar, char *err, size_t errn);
+/* How many bytes of the output so far may stream as content (the rest may be a call). */
+size_t srv_tools_hold(const srv_tools *t, const char *text, size_t n);
+/* The output's calls as OpenAI's tool_calls array (NULL: none; ids from seed), and in content
+ * the text beside them (all of it where there are none; trimmed if trim). */
+struct cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, uint64_t seed, bool trim, srv_buf *content);
 /* util */
 double srv_now(void);
 

@@ -1,0 +1,477 @@
+/* Tool calling on /v1/chat/completions (OpenAI's tools / tool_choice / parallel_tool_calls).
+ *
+ * The tools are shown to the model in the system turn (chat.c, srv_chat_tools_preamble) in the
+ * model family's format: Llama 3 calls a function with a bare {"name", "parameters"} object,
+ * the others (ChatML / Hermes, and the families without a tool format of their own) with
+ * {"name", "arguments"} inside <tool_call></tool_call> tags.
+ *
+ * tool_choice decides how the output is read and what constrains it:
+ *   - "none": the output is content, not read for calls (the tools are still shown);
+ *   - "auto" (the default with tools): the output is read for calls in the family's format;
+ *     text outside them is the message's content;
+ *   - {"type": "function", "function": {"name": N}}: the output is constrained to N's
+ *     parameters schema and is that call's arguments;
+ *   - "required": the output is constrained to a JSON array of one or more
+ *     {"name", "parameters"} objects (at most one with parallel_tool_calls false).  With one
+ *     tool, by the JSON Schema compiler (json_schema.h) with the tool's parameters schema;
+ *     with several, by a GBNF grammar built from their schemas (required_grammar): the schema
+ *     compiler resolves a union by the first byte of a value, and every call is an object.
+ * A call's arguments are handed out as JSON text, as OpenAI's clients expect. */
+#include "server/server_int.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+static const char TAG_OPEN[] = "<tool_call>", TAG_CLOSE[] = "</tool_call>";
+
+/* OpenAI's function names: 1-64 of [a-zA-Z0-9_-] */
+static bool name_ok(const char *n) {
+    size_t k = 0;
+    for (; n[k]; k++) {
+        const char c = n[k];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) return false;
+    }
+    return k >= 1 && k <= 64;
+}
+
+static const cJSON *tool_fn(const cJSON *tool) { return cJSON_GetObjectItemCaseSensitive(tool, "function"); }
+
+static const char *tool_name(const cJSON *tool) { return cJSON_GetObjectItemCaseSensitive(tool_fn(tool), "name")->valuestring; }
+
+/* A JSON Schema as GBNF rules, for tool_choice "required" (a union of the tools' calls, which
+ * the schema compiler cannot resolve): objects with their properties in the declared order (the
+ * required ones, then each optional one), strings, integers, numbers, booleans, null, arrays of
+ * items, enum / const, anyOf / oneOf and lists of types; what it does not take (string
+ * patterns, lengths, bounds, $ref) widens to any value of the type, or any JSON value. */
+typedef struct gram {
+    srv_buf b;
+    int n_rules;
+    fl_status st;
+} gram;
+
+static const char GRAM_BASE[] =
+    "ws ::= \" \"?\n"
+    "jvalue ::= jobject | jarray | jstring | jnumber | \"true\" | \"false\" | \"null\"\n"
+    "jobject ::= \"{\" ws ( jstring ws \":\" ws jvalue ws ( \",\" ws jstring ws \":\" ws jvalue ws )* )? \"}\"\n"
+    "jarray ::= \"[\" ws ( jvalue ws ( \",\" ws jvalue ws )* )? \"]\"\n"
+    "jstring ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) )* \"\\\"\"\n"
+    "jnumber ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?\n"
+    "jinteger ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n";
+
+/* s as a GBNF literal */
+static void gram_lit(gram *g, const char *s) {
+    if (!g->st) g->st = srv_buf_append(&g->b, "\"", 1);
+    for (; *s && !g->st; s++) {
+        const unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') g->st = srv_buf_printf(&g->b, "\\%c", c);
+        else if (c < 0x20) g->st = srv_buf_printf(&g->b, "\\x%02x", c);
+        else g->st = srv_buf_append(&g->b, s, 1);
+    }
+    if (!g->st) g->st = srv_buf_append(&g->b, "\"", 1);
+}
+
+/* a JSON value printed as a literal */
+static void gram_json_lit(gram *g, const cJSON *v) {
+    char *p = cJSON_PrintUnformatted(v);
+    if (!p) g->st = FL_ERR_NOMEM;
+    else gram_lit(g, p);
+    cJSON_free(p);
+}
+
+static int gram_schema(gram *g, const cJSON *sch, int depth);
+
+/* the alternatives of a list of schemas as a new rule */
+static int gram_alts(gram *g, const cJSON *list, int depth) {
+    int ids[SRV_MAX_TOOLS], n = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, list) if (n < SRV_MAX_TOOLS) ids[n++] = gram_schema(g, x, depth + 1);
+    const int id = ++g->n_rules;
+    if (!g->st) g->st = srv_buf_printf(&g->b, "r%d ::=", id);
+    for (int k = 0; k < n && !g->st; k++) g->st = srv_buf_printf(&g->b, "%s r%d", k ? " |" : "", ids[k]);
+    if (!g->st) g->st = srv_buf_append(&g->b, "\n", 1);
+    return id;
+}
+
+/* schema sch as rule rN; N returned */
+static int gram_schema(gram *g, const cJSON *sch, int depth) {
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(sch, "type"), *en = cJSON_GetObjectItemCaseSensitive(sch, "enum");
+    const cJSON *cn = cJSON_GetObjectItemCaseSensitive(sch, "const"), *any = cJSON_GetObjectItemCaseSensitive(sch, "anyOf");
+    if (!any) any = cJSON_GetObjectItemCaseSensitive(sch, "oneOf");
+    if (depth > 16 || !cJSON_IsObject(sch)) ty = NULL, en = cn = any = NULL;
+    if (cJSON_IsArray(any) && cJSON_GetArraySize(any) > 0) return gram_alts(g, any, depth);
+    if (cJSON_IsArray(ty) && cJSON_GetArraySize(ty) > 0) { /* a list of types: one schema each */
+        cJSON *alts = cJSON_CreateArray();
+        const cJSON *x;
+        cJSON_ArrayForEach(x, ty) {
+            cJSON *o = cJSON_Duplicate(sch, true);
+            if (o) cJSON_ReplaceItemInObjectCaseSensitive(o, "type", cJSON_Duplicate(x, false));
+            cJSON_AddItemToArray(alts, o);
+        }
+        const int id = alts ? gram_alts(g, alts, depth) : 0;
+        if (!alts) g->st = FL_ERR_NOMEM;
+        cJSON_Delete(alts);
+        return id;
+    }
+    srv_buf body = {0};
+    gram sub = {body, g->n_rules, FL_OK}; /* (the rules of the parts first, then this one) */
+    const char *t = cJSON_IsString(ty) ? ty->valuestring : "";
+    srv_buf line = {0};
+    gram l = {line, 0, FL_OK};
+    if (cn) gram_json_lit(&l, cn);
+    else if (cJSON_IsArray(en) && cJSON_GetArraySize(en) > 0) {
+        const cJSON *x;
+        cJSON_ArrayForEach(x, en) {
+            if (l.b.len && !l.st) l.st = srv_buf_append(&l.b, " | ", 3);
+            gram_json_lit(&l, x);
+        }
+    } else if (!strcmp(t, "object")) {
+        const cJSON *props = cJSON_GetObjectItemCaseSensitive(sch, "properties"), *req = cJSON_GetObjectItemCaseSensitive(sch, "required");
+        if (!cJSON_IsObject(props) || !props->child) l.st = srv_buf_append(&l.b, "jobject", 7);
+        else {
+            int nreq = 0, nopt = 0;
+            l.st = srv_buf_append(&l.b, "\"{\" ws", 6);
+            for (int pass = 0; pass < 2; pass++) { /* the required properties, then the optional ones */
+                const cJSON *p;
+                cJSON_ArrayForEach(p, props) {
+                    bool r = false;
+                    const cJSON *x;
+                    if (cJSON_IsArray(req)) cJSON_ArrayForEach(x, req) r = r || (cJSON_IsString(x) && !strcmp(x->valuestring, p->string));
+                    if (r != (pass == 0)) continue;
+                    const int id = gram_schema(&sub, p, depth + 1);
+                    const bool first = nreq + nopt == 0;
+                    /* an optional one: "( , k: v )?"; where none is required, the first opens the list */
+                    if (!l.st && !r) l.st = srv_buf_append(&l.b, " (", 2);
+                    if (!l.st && !first) l.st = srv_buf_append(&l.b, " \",\" ws", 7);
+                    if (!l.st) l.st = srv_buf_append(&l.b, " ", 1);
+                    cJSON *ks = cJSON_CreateString(p->string);
+                    if (ks) gram_json_lit(&l, ks);
+                    else l.st = FL_ERR_NOMEM;
+                    cJSON_Delete(ks);
+                    if (!l.st) l.st = srv_buf_printf(&l.b, " ws \":\" ws r%d ws", id);
+                    if (!l.st && !r) l.st = srv_buf_append(&l.b, nreq == 0 && first ? "" : " )?", nreq == 0 && first ? 0 : 3);
+                    if (r) nreq++;
+                    else nopt++;
+                }
+            }
+            if (!l.st && nreq == 0 && nopt > 0) l.st = srv_buf_append(&l.b, " )?", 3); /* (the list that opened with the first) */
+            if (!l.st) l.st = srv_buf_append(&l.b, " \"}\"", 4);
+        }
+    } else if (!strcmp(t, "array")) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(sch, "items");
+        const int id = it ? gram_schema(&sub, it, depth + 1) : 0;
+        if (id) l.st = srv_buf_printf(&l.b, "\"[\" ws ( r%d ws ( \",\" ws r%d ws )* )? \"]\"", id, id);
+        else l.st = srv_buf_append(&l.b, "jarray", 6);
+    } else if (!strcmp(t, "string")) l.st = srv_buf_append(&l.b, "jstring", 7);
+    else if (!strcmp(t, "integer")) l.st = srv_buf_append(&l.b, "jinteger", 8);
+    else if (!strcmp(t, "number")) l.st = srv_buf_append(&l.b, "jnumber", 7);
+    else if (!strcmp(t, "boolean")) l.st = srv_buf_append(&l.b, "\"true\" | \"false\"", 16);
+    else if (!strcmp(t, "null")) l.st = srv_buf_append(&l.b, "\"null\"", 6);
+    else l.st = srv_buf_append(&l.b, "jvalue", 6);
+    const int id = ++sub.n_rules;
+    g->n_rules = sub.n_rules;
+    if (!g->st) g->st = sub.st ? sub.st : l.st;
+    if (!g->st && sub.b.len) g->st = srv_buf_append(&g->b, sub.b.p, sub.b.len);
+    if (!g->st) g->st = srv_buf_printf(&g->b, "r%d ::= %s\n", id, l.b.p ? l.b.p : "jvalue");
+    srv_buf_free(&sub.b);
+    srv_buf_free(&l.b);
+    return id;
+}
+
+/* tool_choice "required": a JSON array of one or more calls (one without parallel_tool_calls),
+ * each {"name": one of the tools, "parameters": that tool's parameters} */
+static fl_status required_grammar(const cJSON *tools, bool parallel, char **out) {
+    gram g = {{0}, 0, FL_OK};
+    srv_buf calls = {0};
+    const cJSON *x;
+    cJSON_ArrayForEach(x, tools) {
+        const cJSON *pa = cJSON_GetObjectItemCaseSensitive(tool_fn(x), "parameters");
+        const int id = pa && cJSON_IsObject(pa) ? gram_schema(&g, pa, 0) : 0;
+        if (!g.st) g.st = srv_buf_append(&calls, calls.len ? " | " : "", calls.len ? 3 : 0);
+        cJSON *nm = cJSON_CreateString(tool_name(x));
+        gram c = {calls, 0, g.st};
+        if (!c.st) c.st = srv_buf_printf(&c.b, "%s", "\"{\" ws \"\\\"name\\\"\" ws \":\" ws ");
+        if (nm) gram_json_lit(&c, nm);
+        else c.st = FL_ERR_NOMEM;
+        cJSON_Delete(nm);
+        if (!c.st) {
+            if (id) c.st = srv_buf_printf(&c.b, " ws \",\" ws \"\\\"parameters\\\"\" ws \":\" ws r%d ws \"}\"", id);
+            else c.st = srv_buf_printf(&c.b, " ws \",\" ws \"\\\"parameters\\\"\" ws \":\" ws jobject ws \"}\"");
+        }
+        calls = c.b;
+        g.st = c.st;
+    }
+    if (!g.st) g.st = srv_buf_printf(&g.b, "call ::= %s\n%s", calls.p, GRAM_BASE);
+    if (!g.st) g.st = parallel ? srv_buf_printf(&g.b, "root ::= \"[\" ws call ws ( \",\" ws call ws )* \"]\"\n")
+                               : srv_buf_printf(&g.b, "root ::= \"[\" ws call ws \"]\"\n");
+    srv_buf_free(&calls);
+    if (g.st) {
+        srv_buf_free(&g.b);
+        return g.st;
+    }
+    *out = cJSON_malloc(g.b.len + 1); /* (freed with cJSON_free, as the schema text) */
+    if (*out) memcpy(*out, g.b.p, g.b.len + 1);
+    srv_buf_free(&g.b);
+    return *out ? FL_OK : FL_ERR_NOMEM;
+}
+
+fl_status srv_tools_read(const cJSON *j, bool json_style, srv_tools *t, const cJSON **tools_out, char **schema_text, bool *is_grammar,
+                         char *err, size_t errn) {
+    memset(t, 0, sizeof *t);
+    *is_grammar = false;
+    t->json_style = json_style;
+    t->parallel = true;
+    *tools_out = NULL;
+    *schema_text = NULL;
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(j, "tools"), *tc = cJSON_GetObjectItemCaseSensitive(j, "tool_choice");
+    const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(j, "parallel_tool_calls");
+    if (ptc && !cJSON_IsNull(ptc) && !cJSON_IsBool(ptc)) {
+        snprintf(err, errn, "'parallel_tool_calls' must be a boolean");
+        return FL_ERR_INVALID;
+    }
+    t->parallel = !cJSON_IsFalse(ptc);
+    const bool have = tools && !cJSON_IsNull(tools);
+    if (have) {
+        if (!cJSON_IsArray(tools) || cJSON_GetArraySize(tools) > SRV_MAX_TOOLS) {
+            snprintf(err, errn, "'tools' must be an array of at most %d tools", SRV_MAX_TOOLS);
+            return FL_ERR_INVALID;
+        }
+        const cJSON *x;
+        cJSON_ArrayForEach(x, tools) {
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(x, "type"), *fn = tool_fn(x);
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name"), *pa = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+            if (!cJSON_IsObject(x) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsObject(fn)) {
+                snprintf(err, errn, "each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": {...}}}");
+                return FL_ERR_INVALID;
+            }
+            if (!cJSON_IsString(nm) || !name_ok(nm->valuestring)) {
+                snprintf(err, errn, "a tool's function name must be 1 to 64 letters, digits, '_' or '-'");
+                return FL_ERR_INVALID;
+            }
+            if (pa && !cJSON_IsNull(pa) && !cJSON_IsObject(pa)) {
+                snprintf(err, errn, "tool '%s': 'parameters' must be a JSON Schema object", nm->valuestring);
+                return FL_ERR_INVALID;
+            }
+            for (const cJSON *y = tools->child; y != x; y = y->next)
+                if (!strcmp(tool_name(y), nm->valuestring)) {
+                    snprintf(err, errn, "two tools are named '%s'", nm->valuestring);
+                    return FL_ERR_INVALID;
+                }
+        }
+        if (cJSON_GetArraySize(tools) > 0) *tools_out = tools;
+    }
+    t->mode = *tools_out ? SRV_TOOLS_AUTO : SRV_TOOLS_NONE;
+    if (!tc || cJSON_IsNull(tc)) return FL_OK;
+    if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) {
+        t->mode = SRV_TOOLS_NONE;
+        return FL_OK;
+    }
+    const cJSON *named = NULL;
+    if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto")) t->mode = SRV_TOOLS_AUTO;
+    else if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "required")) t->mode = SRV_TOOLS_REQUIRED;
+    else if (cJSON_IsObject(tc)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tc, "function"), "name");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm)) {
+            snprintf(err, errn, "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+            return FL_ERR_INVALID;
+        }
+        const cJSON *x;
+        if (*tools_out) cJSON_ArrayForEach(x, tools) if (!strcmp(tool_name(x), nm->valuestring)) named = x;
+        if (!named) {
+            snprintf(err, errn, "'tool_choice' names '%.64s', which is not in 'tools'", nm->valuestring);
+            return FL_ERR_INVALID;
+        }
+        t->mode = SRV_TOOLS_NAMED;
+        snprintf(t->named, sizeof t->named, "%s", nm->valuestring);
+    } else {
+        snprintf(err, errn, "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        return FL_ERR_INVALID;
+    }
+    if (!*tools_out) {
+        snprintf(err, errn, "'tool_choice' other than \"none\" needs 'tools'");
+        return FL_ERR_INVALID;
+    }
+    if (t->mode == SRV_TOOLS_AUTO) return FL_OK;
+    /* the constraint of "required" and of a named function */
+    cJSON *sch = NULL;
+    if (t->mode == SRV_TOOLS_NAMED) {
+        const cJSON *pa = cJSON_GetObjectItemCaseSensitive(tool_fn(named), "parameters");
+        if (pa && !cJSON_IsNull(pa)) {
+            if (!(*schema_text = cJSON_PrintUnformatted(pa))) return FL_ERR_NOMEM;
+            return FL_OK;
+        }
+        sch = cJSON_CreateObject(); /* no parameters: any object ({} as OpenAI's clients send) */
+        if (sch) cJSON_AddStringToObject(sch, "type", "object");
+    } else if (cJSON_GetArraySize(tools) > 1) { /* "required" of several: a union of objects, as a grammar */
+        *is_grammar = true;
+        return required_grammar(tools, t->parallel, schema_text);
+    } else { /* "required" of one: [{"name": it, "parameters": its schema}, ...] */
+        sch = cJSON_CreateObject();
+        cJSON *it = cJSON_CreateObject(), *props = cJSON_CreateObject(), *req = cJSON_CreateArray();
+        const cJSON *pa = cJSON_GetObjectItemCaseSensitive(tool_fn(tools->child), "parameters");
+        cJSON *pc = pa && !cJSON_IsNull(pa) ? cJSON_Duplicate(pa, true) : cJSON_CreateObject();
+        if (!sch || !it || !props || !req || !pc) {
+            cJSON_Delete(sch), cJSON_Delete(it), cJSON_Delete(props), cJSON_Delete(req), cJSON_Delete(pc);
+            return FL_ERR_NOMEM;
+        }
+        if (!pa || cJSON_IsNull(pa)) cJSON_AddStringToObject(pc, "type", "object");
+        cJSON_AddStringToObject(sch, "type", "array");
+        cJSON_AddNumberToObject(sch, "minItems", 1);
+        if (!t->parallel) cJSON_AddNumberToObject(sch, "maxItems", 1);
+        cJSON_AddItemToObject(sch, "items", it);
+        cJSON_AddStringToObject(it, "type", "object");
+        cJSON_AddItemToObject(it, "properties", props);
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(props, "name"), "const", tool_name(tools->child));
+        cJSON_AddItemToObject(props, "parameters", pc);
+        cJSON_AddItemToArray(req, cJSON_CreateString("name"));
+        cJSON_AddItemToArray(req, cJSON_CreateString("parameters"));
+        cJSON_AddItemToObject(it, "required", req);
+        cJSON_AddFalseToObject(it, "additionalProperties");
+    }
+    if (sch) *schema_text = cJSON_PrintUnformatted(sch);
+    cJSON_Delete(sch);
+    return sch && *schema_text ? FL_OK : FL_ERR_NOMEM;
+}
+
+/* s[0..n) starts with pre, or (at its end) with a part of it */
+static bool starts_partial(const char *s, size_t n, const char *pre) {
+    const size_t m = strlen(pre);
+    return !strncmp(s, pre, n < m ? n : m);
+}
+
+static size_t skip_ws(const char *s, size_t i, size_t n) {
+    while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r')) i++;
+    return i;
+}
+
+size_t srv_tools_hold(const srv_tools *t, const char *text, size_t n) {
+    if (t->mode == SRV_TOOLS_NONE) return n;
+    if (t->mode != SRV_TOOLS_AUTO) return 0; /* the output is the call */
+    if (t->json_style) { /* a bare object from the first byte that is not a space */
+        const size_t i = skip_ws(text, 0, n);
+        if (i == n || text[i] == '{') return 0;
+    }
+    for (size_t i = 0; i < n; i++) /* up to a tag, or a part of one at the end */
+        if (text[i] == '<' && starts_partial(text + i, n - i, TAG_OPEN)) return i;
+    return n;
+}
+
+/* A call {"name": N, "arguments" or "parameters": A} into OpenAI's tool_calls entry: A as JSON
+ * text (a string A as it is). NULL if o is not one. */
+static cJSON *call_of(const cJSON *o, uint64_t seed, int idx) {
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(o, "name"), *a = cJSON_GetObjectItemCaseSensitive(o, "arguments");
+    if (!a) a = cJSON_GetObjectItemCaseSensitive(o, "parameters");
+    if (!cJSON_IsObject(o) || !cJSON_IsString(nm) || !*nm->valuestring) return NULL;
+    char *args = !a ? NULL : cJSON_IsString(a) ? NULL : cJSON_PrintUnformatted(a);
+    char id[40];
+    const XXH128_hash_t h = XXH3_128bits_withSeed(&idx, sizeof idx, seed);
+    snprintf(id, sizeof id, "call_%016llx%08llx", (unsigned long long)h.high64, (unsigned long long)(h.low64 & 0xFFFFFFFFu));
+    cJSON *c = cJSON_CreateObject(), *f;
+    cJSON_AddStringToObject(c, "id", id);
+    cJSON_AddStringToObject(c, "type", "function");
+    f = cJSON_AddObjectToObject(c, "function");
+    cJSON_AddStringToObject(f, "name", nm->valuestring);
+    cJSON_AddStringToObject(f, "arguments", cJSON_IsString(a) ? a->valuestring : args ? args : "{}");
+    cJSON_free(args);
+    return c;
+}
+
+/* The JSON values of s[0..n), one after another (spaces, commas, semicolons between): each an
+ * object that is a call added to calls; false if any is not. */
+static bool calls_of_objects(const char *s, size_t n, cJSON *calls, uint64_t seed) {
+    size_t i = skip_ws(s, 0, n);
+    if (i == n) return false;
+    while (i < n) {
+        const char *end = NULL;
+        cJSON *o = cJSON_ParseWithLengthOpts(s + i, n - i, &end, false);
+        cJSON *c = o ? call_of(o, seed, cJSON_GetArraySize(calls)) : NULL;
+        cJSON_Delete(o);
+        if (!c) return false;
+        cJSON_AddItemToArray(calls, c);
+        i = (size_t)(end - s);
+        while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r' || s[i] == ';' || s[i] == ',')) i++;
+    }
+    return true;
+}
+
+static void trim_into(srv_buf *out, const char *s, size_t n) {
+    size_t a = skip_ws(s, 0, n);
+    while (n > a && (s[n - 1] == ' ' || s[n - 1] == '\n' || s[n - 1] == '\t' || s[n - 1] == '\r')) n--;
+    srv_buf_append(out, s + a, n - a);
+}
+
+cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, uint64_t seed, bool trim, srv_buf *content) {
+    content->len = 0;
+    if (t->mode == SRV_TOOLS_NONE) {
+        srv_buf_append(content, text, n);
+        return NULL;
+    }
+    cJSON *calls = cJSON_CreateArray();
+    if (!calls) return NULL;
+    if (t->mode == SRV_TOOLS_NAMED) { /* the output is the arguments */
+        srv_buf args = {0};
+        trim_into(&args, text, n);
+        srv_buf_append(&args, "", 1);
+        cJSON *o = cJSON_CreateObject(), *c = NULL;
+        if (o && args.p) {
+            cJSON_AddStringToObject(o, "name", t->named);
+            cJSON_AddStringToObject(o, "arguments", args.p);
+            c = call_of(o, seed, 0);
+        }
+        cJSON_Delete(o);
+        srv_buf_free(&args);
+        if (c) cJSON_AddItemToArray(calls, c);
+        return calls;
+    }
+    if (t->mode == SRV_TOOLS_REQUIRED) { /* a JSON array of calls */
+        cJSON *a = cJSON_ParseWithLength(text, n);
+        const cJSON *x;
+        bool ok = cJSON_IsArray(a) && cJSON_GetArraySize(a) > 0;
+        if (ok) cJSON_ArrayForEach(x, a) {
+            cJSON *c = call_of(x, seed, cJSON_GetArraySize(calls));
+            if (!c) { ok = false; break; }
+            cJSON_AddItemToArray(calls, c);
+        }
+        cJSON_Delete(a);
+        if (ok) return calls;
+        cJSON_Delete(calls);
+        srv_buf_append(content, text, n); /* cut short (max_tokens): what there is, as content */
+        return NULL;
+    }
+    /* auto: Llama 3's bare objects, or tagged calls with content around them */
+    if (t->json_style && calls_of_objects(text, n, calls, seed)) return calls;
+    cJSON_Delete(calls);
+    if (!(calls = cJSON_CreateArray())) return NULL;
+    size_t i = 0;
+    while (i < n) {
+        const char *o = memmem(text + i, n - i, TAG_OPEN, sizeof TAG_OPEN - 1);
+        if (!o) break;
+        const size_t a = (size_t)(o - text) + sizeof TAG_OPEN - 1;
+        const char *cl = memmem(text + a, n - a, TAG_CLOSE, sizeof TAG_CLOSE - 1);
+        const size_t b = cl ? (size_t)(cl - text) : n; /* (a last call may end at the end of the output, untagged) */
+        const int before = cJSON_GetArraySize(calls);
+        if (!calls_of_objects(text + a, b - a, calls, seed)) { /* not a call: the text stays content */
+            while (cJSON_GetArraySize(calls) > before) cJSON_DeleteItemFromArray(calls, before);
+            srv_buf_append(content, text + i, (cl ? b + sizeof TAG_CLOSE - 1 : n) - i);
+        } else {
+            srv_buf_append(content, text + i, (size_t)(o - text) - i);
+        }
+        i = cl ? b + sizeof TAG_CLOSE - 1 : n;
+    }
+    if (i < n) srv_buf_append(content, text + i, n - i);
+    if (cJSON_GetArraySize(calls) == 0) {
+        cJSON_Delete(calls);
+        content->len = 0;
+        srv_buf_append(content, text, n);
+        return NULL;
+    }
+    if (!trim) return calls;
+    srv_buf tr = {0}; /* the content beside the calls, trimmed */
+    trim_into(&tr, content->p ? content->p : "", content->len);
+    content->len = 0;
+    srv_buf_append(content, tr.p ? tr.p : "", tr.len);
+    srv_buf_free(&tr);
+    return calls;
+}

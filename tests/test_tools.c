@@ -1,0 +1,294 @@
+/* Tool calling (server/tools.c, chat.c): reading tools / tool_choice, the constraint each choice
+ * builds (a named function's schema, "required"'s schema or GBNF grammar, run through the
+ * engine's recognizers), what streams as content before a call, reading calls out of an output,
+ * and the chat templates' tool turns. */
+#include "test.h"
+
+#include "engine/grammar.h"
+#include "engine/json_schema.h"
+#include "server/server_int.h"
+
+#include <cjson/cJSON.h>
+#include <string.h>
+
+static const char TOOLS[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"d\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"city\":{\"type\":\"string\"},\"unit\":{\"enum\":[\"c\",\"f\"]},\"days\":{\"type\":\"integer\"}},\"required\":[\"city\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\"},"
+    "\"b\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"null\"}]},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},\"required\":[\"a\",\"b\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]";
+
+/* read a request body; returns the status, err set */
+static fl_status rd(const char *body, srv_tools *t, char **constraint, bool *gr, char *err) {
+    cJSON *j = cJSON_Parse(body);
+    assert_non_null(j);
+    const cJSON *tools = NULL;
+    fl_status st = srv_tools_read(j, false, t, &tools, constraint, gr, err, 200);
+    cJSON_Delete(j);
+    return st;
+}
+
+static char *with_tools(const char *rest) {
+    static char b[4096];
+    snprintf(b, sizeof b, "{\"tools\":%s%s}", TOOLS, rest);
+    return b;
+}
+
+static void test_read(void **state) {
+    (void)state;
+    srv_tools t;
+    char *c = NULL, err[200];
+    bool gr;
+    /* defaults: auto with tools, none without */
+    assert_int_equal(rd(with_tools(""), &t, &c, &gr, err), FL_OK);
+    assert_int_equal(t.mode, SRV_TOOLS_AUTO);
+    assert_true(t.parallel);
+    assert_null(c);
+    assert_int_equal(rd("{}", &t, &c, &gr, err), FL_OK);
+    assert_int_equal(t.mode, SRV_TOOLS_NONE);
+    assert_int_equal(rd(with_tools(",\"tool_choice\":\"none\",\"parallel_tool_calls\":false"), &t, &c, &gr, err), FL_OK);
+    assert_int_equal(t.mode, SRV_TOOLS_NONE);
+    assert_false(t.parallel);
+    /* a named function: its parameters schema, compiled by the engine's schema compiler */
+    assert_int_equal(rd(with_tools(",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"add\"}}"), &t, &c, &gr, err), FL_OK);
+    assert_int_equal(t.mode, SRV_TOOLS_NAMED);
+    assert_string_equal(t.named, "add");
+    assert_false(gr);
+    assert_non_null(strstr(c, "\"required\":[\"a\",\"b\"]"));
+    cJSON_free(c);
+    c = NULL;
+    /* a function without parameters: any object */
+    assert_int_equal(rd(with_tools(",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"now\"}}"), &t, &c, &gr, err), FL_OK);
+    assert_string_equal(c, "{\"type\":\"object\"}");
+    cJSON_free(c);
+    c = NULL;
+    /* refusals, each with its reason */
+    static const struct { const char *body, *msg; } bad[] = {
+        {"{\"tools\":{}}", "'tools' must be an array"},
+        {"{\"tools\":[{\"type\":\"code\",\"function\":{\"name\":\"x\"}}]}", "each tool must be"},
+        {"{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]}", "1 to 64 letters"},
+        {"{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"x\",\"parameters\":3}}]}", "'parameters' must be a JSON Schema"},
+        {"{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"x\"}},{\"type\":\"function\",\"function\":{\"name\":\"x\"}}]}", "two tools are named 'x'"},
+        {"{\"tool_choice\":\"required\"}", "needs 'tools'"},
+        {"{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"x\"}}],\"tool_choice\":\"always\"}", "'tool_choice' must be"},
+        {"{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"x\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"y\"}}}", "names 'y'"},
+        {"{\"parallel_tool_calls\":1}", "'parallel_tool_calls' must be a boolean"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        err[0] = 0;
+        assert_int_equal(rd(bad[i].body, &t, &c, &gr, err), FL_ERR_INVALID);
+        if (!strstr(err, bad[i].msg)) fail_msg("%s: '%s' lacks '%s'", bad[i].body, err, bad[i].msg);
+        assert_null(c);
+    }
+}
+
+/* "required" of one tool: a JSON Schema for an array of its calls; of several: a GBNF grammar
+ * that takes each tool's calls with its parameters and nothing else */
+static void test_required(void **state) {
+    (void)state;
+    srv_tools t;
+    char *c = NULL, err[200];
+    bool gr;
+    const char *one = "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
+                      "{\"x\":{\"type\":\"integer\",\"minimum\":1}},\"required\":[\"x\"]}}}],\"tool_choice\":\"required\",\"parallel_tool_calls\":false}";
+    assert_int_equal(rd(one, &t, &c, &gr, err), FL_OK);
+    assert_false(gr);
+    fl_json_schema *js = NULL;
+    assert_int_equal(fl_json_schema_compile(c, &js), FL_OK);
+    fl_json_schema_free(js);
+    assert_non_null(strstr(c, "\"maxItems\":1"));
+    assert_non_null(strstr(c, "\"const\":\"f\""));
+    cJSON_free(c);
+    c = NULL;
+
+    assert_int_equal(rd(with_tools(",\"tool_choice\":\"required\""), &t, &c, &gr, err), FL_OK);
+    assert_true(gr);
+    fl_grammar_guide *g = NULL;
+    if (fl_grammar_guide_new(c, &g) != FL_OK) fail_msg("grammar refused: %s\n%s", fl_last_error(), c);
+    fl_grammar_guide_free(g);
+    static const struct { const char *text; int ok; } cases[] = {
+        {"[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}]", 1},
+        {"[{\"name\":\"get_weather\",\"parameters\":{\"city\":\"Paris\",\"unit\":\"c\",\"days\":3}}]", 1},
+        {"[{\"name\":\"get_weather\",\"parameters\":{\"city\":\"Paris\",\"days\":3}}]", 1},
+        {"[{\"name\":\"get_weather\",\"parameters\":{\"city\":\"Paris\",\"unit\":\"k\"}}]", 0},  /* not in the enum */
+        {"[{\"name\":\"get_weather\",\"parameters\":{\"unit\":\"c\"}}]", 0},                   /* city is required */
+        {"[{\"name\":\"get_weather\",\"parameters\":{\"city\":\"Paris\",\"days\":3.5}}]", 0},  /* an integer */
+        {"[{\"name\":\"add\",\"parameters\":{\"a\":1.5,\"b\":null}}, {\"name\":\"now\",\"parameters\":{}}]", 1},
+        {"[{\"name\":\"add\",\"parameters\":{\"a\":1,\"b\":2,\"tags\":[\"x\",\"y\"]}}]", 1},
+        {"[{\"name\":\"add\",\"parameters\":{\"a\":1,\"b\":\"2\"}}]", 0},                       /* b: a number or null */
+        {"[{\"name\":\"sub\",\"parameters\":{}}]", 0},                                          /* no such tool */
+        {"[]", 0},
+        {"[{\"name\":\"now\",\"parameters\":{\"any\":[1,{\"k\":true}]}}]", 1},                   /* no schema: any object */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        assert_int_equal(fl_grammar_guide_new(c, &g), FL_OK);
+        const size_t n = strlen(cases[i].text);
+        const int ok = fl_grammar_guide_allows(g, cases[i].text, n) == 1 &&
+                       fl_grammar_guide_feed(g, cases[i].text, n) == FL_OK && fl_grammar_guide_complete(g);
+        fl_grammar_guide_free(g);
+        if (ok != cases[i].ok) fail_msg("%s: %d, expected %d\n%s", cases[i].text, ok, cases[i].ok, c);
+    }
+    cJSON_free(c);
+    c = NULL;
+    /* without parallel calls: one */
+    assert_int_equal(rd(with_tools(",\"tool_choice\":\"required\",\"parallel_tool_calls\":false"), &t, &c, &gr, err), FL_OK);
+    assert_int_equal(fl_grammar_guide_new(c, &g), FL_OK);
+    const char *two = "[{\"name\":\"now\",\"parameters\":{}},{\"name\":\"now\",\"parameters\":{}}]";
+    assert_int_equal(fl_grammar_guide_allows(g, two, strlen(two)), 0);
+    fl_grammar_guide_free(g);
+    cJSON_free(c);
+}
+
+static void test_hold(void **state) {
+    (void)state;
+    srv_tools t = {.mode = SRV_TOOLS_AUTO};
+    static const struct { const char *text; size_t hold; bool json; } cases[] = {
+        {"Hello", 5, false},
+        {"Hello <tool", 6, false},
+        {"Hello <tool_call>{\"na", 6, false},
+        {"a < b and <br>", 14, false},
+        {"x <", 2, false},
+        {"  {\"name\"", 0, true},
+        {"   ", 0, true},
+        {"Hi {", 4, true},
+        {"Hi <tool_call>", 3, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        t.json_style = cases[i].json;
+        assert_int_equal(srv_tools_hold(&t, cases[i].text, strlen(cases[i].text)), cases[i].hold);
+    }
+    t.mode = SRV_TOOLS_NONE;
+    assert_int_equal(srv_tools_hold(&t, "<tool_call>", 11), 11);
+    t.mode = SRV_TOOLS_REQUIRED;
+    assert_int_equal(srv_tools_hold(&t, "[{", 2), 0);
+}
+
+/* parse text; expect the calls as "name args" joined by "|" (NULL: none) and the content */
+static void expect(const srv_tools *t, const char *text, const char *calls, const char *content) {
+    srv_buf c = {0}, got = {0};
+    cJSON *a = srv_tools_parse(t, text, strlen(text), 7, true, &c);
+    if (!calls) assert_null(a);
+    else {
+        assert_non_null(a);
+        const cJSON *x;
+        cJSON_ArrayForEach(x, a) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(x, "function");
+            assert_string_equal(cJSON_GetObjectItemCaseSensitive(x, "type")->valuestring, "function");
+            assert_int_equal(strncmp(cJSON_GetObjectItemCaseSensitive(x, "id")->valuestring, "call_", 5), 0);
+            assert_int_equal(strlen(cJSON_GetObjectItemCaseSensitive(x, "id")->valuestring), 29);
+            srv_buf_printf(&got, "%s%s %s", got.len ? "|" : "", cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring,
+                           cJSON_GetObjectItemCaseSensitive(f, "arguments")->valuestring);
+        }
+        if (strcmp(got.p, calls)) fail_msg("%s: calls '%s', expected '%s'", text, got.p, calls);
+    }
+    srv_buf_append(&c, "", 0);
+    if (strcmp(c.p ? c.p : "", content)) fail_msg("%s: content '%s', expected '%s'", text, c.p, content);
+    cJSON_Delete(a);
+    srv_buf_free(&c);
+    srv_buf_free(&got);
+}
+
+static void test_parse(void **state) {
+    (void)state;
+    srv_tools t = {.mode = SRV_TOOLS_AUTO};
+    expect(&t, "no calls here", NULL, "no calls here");
+    expect(&t, "Sure.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>", "add {\"a\":1,\"b\":2}", "Sure.");
+    /* two calls, arguments given as text, a last one the output ends in without its tag */
+    expect(&t, "<tool_call>{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\"}</tool_call> and <tool_call>{\"name\":\"g\",\"parameters\":{}}",
+           "f {\"x\":1}|g {}", "and");
+    /* one block with two objects */
+    expect(&t, "<tool_call>{\"name\":\"f\",\"arguments\":{}}\n{\"name\":\"g\",\"arguments\":{\"y\":[1]}}</tool_call>", "f {}|g {\"y\":[1]}", "");
+    /* a block that is not a call stays content */
+    expect(&t, "<tool_call>not json</tool_call>", NULL, "<tool_call>not json</tool_call>");
+    expect(&t, "a <tool_call>{\"arguments\":{}}</tool_call> b <tool_call>{\"name\":\"h\"}</tool_call>", "h {}",
+           "a <tool_call>{\"arguments\":{}}</tool_call> b");
+    /* Llama 3: bare objects, one or several */
+    t.json_style = true;
+    expect(&t, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "get_weather {\"city\":\"Paris\"}", "");
+    expect(&t, "{\"name\":\"f\",\"parameters\":{}}; {\"name\":\"g\",\"parameters\":{\"z\":null}}", "f {}|g {\"z\":null}", "");
+    expect(&t, "{\"city\": \"Paris\"}", NULL, "{\"city\": \"Paris\"}");
+    expect(&t, "Sure <tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>", "f {}", "Sure");
+    /* required: the array; cut short, the text as content */
+    t = (srv_tools){.mode = SRV_TOOLS_REQUIRED};
+    expect(&t, "[{\"name\":\"f\",\"parameters\":{\"a\":1}},{\"name\":\"g\",\"parameters\":{}}]", "f {\"a\":1}|g {}", "");
+    expect(&t, "[{\"name\":\"f\",\"parameters\":{\"a\":", NULL, "[{\"name\":\"f\",\"parameters\":{\"a\":");
+    /* a named function: the output is its arguments */
+    t = (srv_tools){.mode = SRV_TOOLS_NAMED};
+    strcpy(t.named, "f");
+    expect(&t, " {\"a\": 1} ", "f {\"a\": 1}", "");
+    /* none: content */
+    t = (srv_tools){.mode = SRV_TOOLS_NONE};
+    expect(&t, "<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>", NULL, "<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>");
+    /* untrimmed content, as streaming reads it */
+    t = (srv_tools){.mode = SRV_TOOLS_AUTO};
+    srv_buf c = {0};
+    const char *txt = "Sure.\n<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>\n", *call = txt + 6;
+    cJSON *a = srv_tools_parse(&t, txt, strlen(txt), 7, false, &c);
+    assert_non_null(a);
+    assert_int_equal(c.len, 7);
+    assert_memory_equal(c.p, "Sure.\n\n", 7);
+    /* the ids: the same seed gives the same ones, another seed others */
+    srv_buf c2 = {0};
+    cJSON *b = srv_tools_parse(&t, call, strlen(call), 7, false, &c2);
+    cJSON *d = srv_tools_parse(&t, call, strlen(call), 8, false, &c2);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(a->child, "id")->valuestring, cJSON_GetObjectItemCaseSensitive(b->child, "id")->valuestring);
+    assert_string_not_equal(cJSON_GetObjectItemCaseSensitive(b->child, "id")->valuestring, cJSON_GetObjectItemCaseSensitive(d->child, "id")->valuestring);
+    cJSON_Delete(a), cJSON_Delete(b), cJSON_Delete(d);
+    srv_buf_free(&c), srv_buf_free(&c2);
+}
+
+/* the chat templates' tool turns: the preamble in the system turn (its own where the messages
+ * have none), an assistant's calls, a tool's result */
+static void render(const char *tmpl, const char *msgs, const char *tools, const char *want) {
+    cJSON *m = cJSON_Parse(msgs), *t = tools ? cJSON_Parse(tools) : NULL;
+    srv_buf out = {0};
+    const char *err = NULL;
+    assert_int_equal(srv_chat_render(tmpl, m, t, &out, &err), FL_OK);
+    srv_buf_append(&out, "", 0);
+    if (strcmp(out.p, want)) fail_msg("rendered:\n%s\nexpected:\n%s", out.p, want);
+    srv_buf_free(&out);
+    cJSON_Delete(m);
+    cJSON_Delete(t);
+}
+
+static void test_render(void **state) {
+    (void)state;
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]";
+    const char *msgs = "[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":"
+                       "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\","
+                       "\"content\":\"42\"}]";
+    render("{% ... <|im_start|> ... %}", msgs, tools,
+           "<|im_start|>system\n# Tools\n\nYou can call the functions whose signatures are inside <tools></tools>, one per line:\n<tools>\n"
+           "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}\n</tools>\n\nTo call one, write a JSON object with its name and arguments "
+           "inside <tool_call></tool_call> tags:\n<tool_call>\n{\"name\": <function name>, \"arguments\": <arguments object>}\n</tool_call><|im_end|>\n"
+           "<|im_start|>user\nhi<|im_end|>\n"
+           "<|im_start|>assistant\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\":1}}\n</tool_call><|im_end|>\n"
+           "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
+    const char *sys_msgs = "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"hi\"},"
+                           "{\"role\":\"assistant\",\"content\":\"ok\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":{}}}]},"
+                           "{\"role\":\"tool\",\"content\":\"42\"}]";
+    render("<|start_header_id|>", sys_msgs, tools,
+           "<|start_header_id|>system<|end_header_id|>\n\nBe brief.\n\nYou can call the functions below. To call one, answer with only a JSON "
+           "object {\"name\": the function's name, \"parameters\": an object of its arguments}.\n\n{\"type\":\"function\",\"function\":{\"name\":\"f\"}}\n"
+           "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+           "<|start_header_id|>assistant<|end_header_id|>\n\nok\n{\"name\": \"f\", \"parameters\": {}}<|eot_id|>"
+           "<|start_header_id|>ipython<|end_header_id|>\n\n42<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    /* without tools, as before */
+    render("<|im_start|>", "[{\"role\":\"user\",\"content\":\"hi\"}]", NULL, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    /* bad tool calls */
+    cJSON *m = cJSON_Parse("[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"arguments\":\"{}\"}}]}]");
+    srv_buf out = {0};
+    const char *err = NULL;
+    assert_int_equal(srv_chat_render("<|im_start|>", m, NULL, &out, &err), FL_ERR_INVALID);
+    assert_non_null(strstr(err, "each tool call needs"));
+    srv_buf_free(&out);
+    cJSON_Delete(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_read), cmocka_unit_test(test_required), cmocka_unit_test(test_hold),
+        cmocka_unit_test(test_parse), cmocka_unit_test(test_render),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
