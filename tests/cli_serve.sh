@@ -305,8 +305,13 @@ assert vals['vllm:prompt_tokens_total'] == vals["fitllm_prompt_tokens_total"] ==
 assert vals['vllm:generation_tokens_total'] == vals["fitllm_generation_tokens_total"] == vals["llamacpp:tokens_predicted_total"]
 assert vals['vllm:time_to_first_token_seconds_count'] == vals["fitllm_time_to_first_token_seconds_count"]
 assert vals["llamacpp:n_decode_total"] == vals["fitllm_engine_steps_total"]
+# choices by finish reason, vLLM's request_success_total as fitllm's: this server ran the one
+# request above, its 8 choices cut by the client's leaving
+for r in ("stop", "length", "abort", "error"):
+    assert vals['vllm:request_success_total{model_name="%s",finished_reason="%s"}' % (sys.argv[2], r)] == vals['fitllm_choices_finished_total{reason="%s"}' % r], r
+assert [vals['fitllm_choices_finished_total{reason="%s"}' % r] for r in ("stop", "length", "abort", "error")] == [0, 0, 8, 0]
 PY
-check "metrics: every line in the exposition format; vLLM's and llama-server's names agree with fitllm's" 'python3 "$TMP/prom.py" "$TMP/metrics.txt"'
+check "metrics: every line in the exposition format; vLLM's and llama-server's names agree with fitllm's" 'python3 "$TMP/prom.py" "$TMP/metrics.txt" "$(curl -s "$U/v1/models" | python3 -c "import json,sys; print(json.load(sys.stdin)[\"data\"][0][\"id\"])")"'
 check "metrics has histograms, KV and memory gauges" 'echo "$m" | grep -q "fitllm_time_to_first_token_seconds_bucket" && echo "$m" | grep -q "fitllm_kv_blocks_free" && echo "$m" | grep -q "fitllm_memory_bytes{category=\"kv\"}" && echo "$m" | grep -q fitllm_prefix_cache_hit_tokens_total'
 kill -TERM "$PID_C"; wait "$PID_C"
 

@@ -389,13 +389,66 @@ static const char *choice_finish(const srv_req *r, const srv_sample *sm, bool ca
     return calls && !strcmp(f, "stop") && r->tools.mode != SRV_TOOLS_NAMED ? "tool_calls" : f;
 }
 
-/* Stream a finished chat choice that may hold tool calls: the content not yet sent, the calls
- * (each whole, in one delta), then the finish. */
-static void stream_tools_finish(fl_server *s, srv_req *r, int i) {
+static bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+/* A chunk of choice i whose delta carries call 0's arguments txt[a, e) (and, first, its id, type
+ * and name), with the logprob records up to `to`; no finish. */
+static void named_args_chunk(fl_server *s, srv_req *r, int i, const char *txt, size_t a, size_t e, int32_t to) {
+    srv_sample *sm = &r->samples[i];
+    cJSON *o = chunk_base(s, r), *c = cJSON_CreateObject(), *d, *tc, *f;
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    cJSON_AddNumberToObject(c, "index", i);
+    d = cJSON_AddObjectToObject(c, "delta");
+    if (!r->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
+    if (e > a) {
+        char *frag = fl_alloc(FL_MEM_NET, e - a + 1, 16);
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), tc = cJSON_CreateObject());
+        cJSON_AddNumberToObject(tc, "index", 0);
+        if (!sm->call_sent) { /* the call's id as the non-streamed reply would give it (srv_tools_parse: call 0 of this seed) */
+            srv_buf none = {0};
+            cJSON *calls = srv_tools_parse(&r->tools, "{}", 2, tool_seed(r, i), false, &none);
+            const cJSON *id = calls ? cJSON_GetObjectItemCaseSensitive(calls->child, "id") : NULL;
+            cJSON_AddStringToObject(tc, "id", cJSON_IsString(id) ? id->valuestring : "call_0");
+            cJSON_AddStringToObject(tc, "type", "function");
+            cJSON_Delete(calls);
+            srv_buf_free(&none);
+        }
+        f = cJSON_AddObjectToObject(tc, "function");
+        if (!sm->call_sent) cJSON_AddStringToObject(f, "name", r->tools.named);
+        if (frag) {
+            memcpy(frag, txt + a, e - a);
+            frag[e - a] = 0;
+            cJSON_AddStringToObject(f, "arguments", frag);
+            fl_free(FL_MEM_NET, frag, e - a + 1);
+        }
+        sm->call_sent = true;
+        sm->sent = e;
+    }
+    add_logprobs(s, r, sm, c, to, false);
+    cJSON_AddNullToObject(c, "finish_reason");
+    append_json(&r->out, o, true);
+    cJSON_Delete(o);
+    r->role_sent = true;
+}
+
+/* A named function's arguments as they come (vLLM's stream): from the first byte that is not
+ * a space, up to the last such byte of whole characters (the reply's arguments are trimmed). */
+static void stream_named_args(fl_server *s, srv_req *r, int i) {
+    srv_sample *sm = &r->samples[i];
+    const char *txt = sm->text.p ? sm->text.p : "";
+    size_t a = sm->sent, e = utf8_complete(txt, sm->text.len);
+    if (!sm->call_sent)
+        while (a < e && is_space(txt[a])) a++;
+    while (e > a && is_space(txt[e - 1])) e--;
+    if (e > a || !r->role_sent) named_args_chunk(s, r, i, txt, a, e, sm->n_lp);
+}
+
+/* A chunk of finished choice i: the content not yet sent and the calls of its output, each whole;
+ * true where it holds calls. */
+static bool calls_chunk(fl_server *s, srv_req *r, int i) {
     srv_sample *sm = &r->samples[i];
     srv_buf content = {0};
-    const char *txt = sm->text.p ? sm->text.p : "";
-    cJSON *calls = srv_tools_parse(&r->tools, txt, sm->text.len, tool_seed(r, i), false, &content);
+    cJSON *calls = srv_tools_parse(&r->tools, sm->text.p ? sm->text.p : "", sm->text.len, tool_seed(r, i), false, &content);
     const size_t sent = sm->sent < content.len ? sm->sent : content.len;
     cJSON *o = chunk_base(s, r), *c = cJSON_CreateObject(), *d;
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
@@ -411,6 +464,7 @@ static void stream_tools_finish(fl_server *s, srv_req *r, int i) {
             fl_free(FL_MEM_NET, rest, content.len - sent + 1);
         }
     }
+    const bool any = calls != NULL;
     if (calls) {
         int k = 0;
         cJSON *x;
@@ -421,16 +475,32 @@ static void stream_tools_finish(fl_server *s, srv_req *r, int i) {
     cJSON_AddNullToObject(c, "finish_reason");
     append_json(&r->out, o, true);
     cJSON_Delete(o);
-    o = chunk_base(s, r);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c = cJSON_CreateObject());
+    srv_buf_free(&content);
+    return any;
+}
+
+/* Stream a finished chat choice that may hold tool calls: the content not yet sent and its
+ * calls (a named function's streamed call: the rest of its arguments), then the finish. */
+static void stream_tools_finish(fl_server *s, srv_req *r, int i) {
+    srv_sample *sm = &r->samples[i];
+    bool calls = sm->call_sent;
+    if (sm->call_sent) {
+        const char *txt = sm->text.p ? sm->text.p : "";
+        size_t e = sm->text.len;
+        while (e > sm->sent && is_space(txt[e - 1])) e--;
+        if (e > sm->sent || sm->lp_sent < sm->n_lp) named_args_chunk(s, r, i, txt, sm->sent, e, sm->n_lp);
+    } else {
+        calls = calls_chunk(s, r, i);
+    }
+    cJSON *o = chunk_base(s, r), *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
     cJSON_AddNumberToObject(c, "index", i);
     cJSON_AddObjectToObject(c, "delta");
-    cJSON_AddStringToObject(c, "finish_reason", choice_finish(r, sm, calls != NULL));
+    cJSON_AddStringToObject(c, "finish_reason", choice_finish(r, sm, calls));
     add_stop_reason(c, sm);
     if (sm->finish == FL_FINISH_ERROR && sm->error[0]) cJSON_AddStringToObject(c, "error", sm->error);
     append_json(&r->out, o, true);
     cJSON_Delete(o);
-    srv_buf_free(&content);
     sm->sent = sm->text.len;
     sm->finish_sent = true;
     r->role_sent = true;
@@ -445,6 +515,10 @@ static void produce_stream(fl_server *s, srv_req *r) {
         const bool tools = r->chat && r->tools.mode != SRV_TOOLS_NONE;
         if (tools && fin) {
             stream_tools_finish(s, r, i);
+            break;
+        }
+        if (tools && r->tools.mode == SRV_TOOLS_NAMED) {
+            stream_named_args(s, r, i);
             break;
         }
         /* one chunk per engine output: up to the next recorded boundary, whole UTF-8 characters */
@@ -580,6 +654,12 @@ static bool client_gone(struct MHD_Connection *conn) {
     if (!ci) return false;
     struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* r's choices that had not finished count as aborted (s->mu held; r cancelled, unregistered). */
+static void count_aborted(fl_server *s, const srv_req *r) {
+    for (int i = 0; i < srv_choices(r); i++)
+        if (r->samples[i].finish == FL_FINISH_NONE) s->m.finished[SRV_FINISHED_ABORT]++;
 }
 
 /* Unlink r from the live list (s->mu held). */
@@ -783,6 +863,7 @@ static ssize_t reader_net(void *cls, uint64_t pos, char *buf, size_t max) {
                 srv_cancel(s, r);
                 unregister(s, r);
                 s->m.requests_cancelled++;
+                count_aborted(s, r);
             }
             r->cancelled = true;
             pthread_mutex_unlock(&s->mu);
@@ -825,6 +906,7 @@ static void reader_free(void *cls) {
         srv_cancel(s, r);
         unregister(s, r);
         s->m.requests_cancelled++;
+        count_aborted(s, r);
     }
     pthread_mutex_unlock(&s->mu);
     req_free(s, r);

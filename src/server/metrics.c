@@ -52,6 +52,10 @@ static fl_status compat_metrics(fl_server *s, srv_buf *o, const fl_engine_stats 
     st |= labeled(o, "vllm:num_requests_running", "requests in the engine's running batch", "gauge", label, es->n_running);
     st |= labeled(o, "vllm:num_requests_waiting", "requests waiting to run", "gauge", label, es->n_waiting + es->n_preempted);
     st |= labeled(o, "vllm:kv_cache_usage_perc", "KV cache usage (1 = full)", "gauge", label, usage);
+    st |= srv_buf_printf(o, "# HELP vllm:request_success_total finished requests (choices), by finish reason\n# TYPE vllm:request_success_total counter\n");
+    static const char *const REASONS[4] = {"stop", "length", "abort", "error"};
+    for (int q = 0; q < 4; q++)
+        st |= srv_buf_printf(o, "vllm:request_success_total{model_name=\"%s\",finished_reason=\"%s\"} %lld\n", label, REASONS[q], (long long)m->finished[q]);
     st |= labeled(o, "vllm:prompt_tokens_total", "prompt tokens of finished requests", "counter", label, (double)m->prompt_tokens);
     st |= labeled(o, "vllm:generation_tokens_total", "generated tokens", "counter", label, (double)m->completion_tokens);
     st |= labeled(o, "vllm:num_preemptions_total", "preemptions", "counter", label, (double)es->preemptions);
@@ -81,6 +85,10 @@ fl_status srv_metrics_render(fl_server *s, srv_buf *o) {
     st |= srv_buf_printf(o, "fitllm_requests_total{outcome=\"ok\"} %lld\nfitllm_requests_total{outcome=\"client_error\"} %lld\n"
                             "fitllm_requests_total{outcome=\"server_error\"} %lld\nfitllm_requests_total{outcome=\"cancelled\"} %lld\n",
                          (long long)m.requests_ok, (long long)m.requests_err4xx, (long long)m.requests_err5xx, (long long)m.requests_cancelled);
+    static const char *const REASONS[4] = {"stop", "length", "abort", "error"};
+    st |= srv_buf_printf(o, "# HELP fitllm_choices_finished_total choices (engine requests) finished, by reason\n"
+                            "# TYPE fitllm_choices_finished_total counter\n");
+    for (int k = 0; k < 4; k++) st |= srv_buf_printf(o, "fitllm_choices_finished_total{reason=\"%s\"} %lld\n", REASONS[k], (long long)m.finished[k]);
     st |= gauge(o, "fitllm_prompt_tokens_total", "prompt tokens of finished requests", "counter", (double)m.prompt_tokens);
     st |= gauge(o, "fitllm_generation_tokens_total", "generated tokens", "counter", (double)m.completion_tokens);
     st |= hist(o, "fitllm_time_to_first_token_seconds", "time to first token", &m.ttft);

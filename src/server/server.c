@@ -111,6 +111,10 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
         if (o->stop_str) sm->stop_str = fl_strdup(FL_MEM_NET, o->stop_str); /* (none on no memory: stop_reason null) */
         else if (sm->finish == FL_FINISH_ERROR && r->lp_failed) snprintf(sm->error, sizeof sm->error, "no memory for the logprobs or token ids of the reply");
         r->n_done++;
+        s->m.finished[sm->finish == FL_FINISH_LENGTH      ? SRV_FINISHED_LENGTH
+                      : sm->finish == FL_FINISH_CANCELLED ? SRV_FINISHED_ABORT
+                      : sm->finish == FL_FINISH_ERROR     ? SRV_FINISHED_ERROR
+                                                          : SRV_FINISHED_STOP]++;
         s->m.completion_tokens += o->n_generated;
         if (r->n_done == srv_choices(r)) {
             r->t_end = srv_now();

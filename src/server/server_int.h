@@ -43,6 +43,7 @@ typedef struct srv_sample {
     int32_t n_lp, cap_lp, lp_sent;
     int64_t lp_chars;    /* characters of the token texts before lp_sent (text_offset) */
     bool echo_sent;      /* stream: the echoed prompt went out */
+    bool call_sent;      /* stream, a named function's call: its id and name went out (then its arguments as they come) */
     int32_t n_tokens;
     fl_finish_reason finish;
     bool finish_sent;
@@ -106,6 +107,8 @@ typedef struct srv_req {
     int64_t created;
 } srv_req;
 
+/* why a choice finished, as vLLM's request_success_total labels it */
+enum { SRV_FINISHED_STOP, SRV_FINISHED_LENGTH, SRV_FINISHED_ABORT, SRV_FINISHED_ERROR };
 #define SRV_NBUCKETS 11
 typedef struct srv_hist {
     double sum;
@@ -115,6 +118,7 @@ typedef struct srv_hist {
 
 typedef struct srv_metrics {
     int64_t requests_ok, requests_err4xx, requests_err5xx, requests_cancelled;
+    int64_t finished[4];   /* choices (engine requests) finished, by SRV_FINISHED_* */
     int64_t prompt_tokens, completion_tokens;
     srv_hist ttft, e2e;
 } srv_metrics;
