@@ -130,6 +130,21 @@ static void test_required(void **state) {
     }
     cJSON_free(c);
     c = NULL;
+    /* an anyOf of more alternatives than a grammar rule takes here: any value */
+    char body[8192];
+    int o = snprintf(body, sizeof body, "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"p\",\"parameters\":{\"type\":\"object\","
+                                        "\"properties\":{\"v\":{\"anyOf\":[");
+    for (int k = 0; k < SRV_MAX_TOOLS + 1; k++) o += snprintf(body + o, sizeof body - (size_t)o, "%s{\"const\":%d}", k ? "," : "", k);
+    snprintf(body + o, sizeof body - (size_t)o, "]}},\"required\":[\"v\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"q\"}}],"
+                                                "\"tool_choice\":\"required\"}");
+    assert_int_equal(rd(body, &t, &c, &gr, err), FL_OK);
+    assert_true(gr);
+    assert_int_equal(fl_grammar_guide_new(c, &g), FL_OK);
+    const char *wide = "[{\"name\":\"p\",\"parameters\":{\"v\":\"x\"}}]";
+    assert_int_equal(fl_grammar_guide_allows(g, wide, strlen(wide)), 1);
+    fl_grammar_guide_free(g);
+    cJSON_free(c);
+    c = NULL;
     /* without parallel calls: one */
     assert_int_equal(rd(with_tools(",\"tool_choice\":\"required\",\"parallel_tool_calls\":false"), &t, &c, &gr, err), FL_OK);
     assert_int_equal(fl_grammar_guide_new(c, &g), FL_OK);

@@ -43,7 +43,7 @@ static const char *tool_name(const cJSON *tool) { return cJSON_GetObjectItemCase
 /* A JSON Schema as GBNF rules, for tool_choice "required" (a union of the tools' calls, which
  * the schema compiler cannot resolve): objects with their properties in the declared order (the
  * required ones, then each optional one), strings, integers, numbers, booleans, null, arrays of
- * items, enum / const, anyOf / oneOf and lists of types; what it does not take (string
+ * items, enum / const, anyOf / oneOf (up to 64 alternatives) and lists of types; what it does not take (string
  * patterns, lengths, bounds, $ref) widens to any value of the type, or any JSON value. */
 typedef struct gram {
     srv_buf b;
@@ -86,8 +86,11 @@ static int gram_schema(gram *g, const cJSON *sch, int depth);
 static int gram_alts(gram *g, const cJSON *list, int depth) {
     int ids[SRV_MAX_TOOLS], n = 0;
     const cJSON *x;
-    cJSON_ArrayForEach(x, list) if (n < SRV_MAX_TOOLS) ids[n++] = gram_schema(g, x, depth + 1);
+    const bool many = cJSON_GetArraySize(list) > SRV_MAX_TOOLS; /* (more: any JSON value) */
+    if (!many) cJSON_ArrayForEach(x, list) ids[n++] = gram_schema(g, x, depth + 1);
     const int id = ++g->n_rules;
+    if (many && !g->st) g->st = srv_buf_printf(&g->b, "r%d ::= jvalue\n", id);
+    if (many) return id;
     if (!g->st) g->st = srv_buf_printf(&g->b, "r%d ::=", id);
     for (int k = 0; k < n && !g->st; k++) g->st = srv_buf_printf(&g->b, "%s r%d", k ? " |" : "", ids[k]);
     if (!g->st) g->st = srv_buf_append(&g->b, "\n", 1);
