@@ -167,6 +167,12 @@ static void test_hold(void **state) {
         {"   ", 0, true},
         {"Hi {", 4, true},
         {"Hi <tool_call>", 3, true},
+        {" [", 0, false},
+        {"[TOOL_C", 0, false},
+        {"[TOOL_CALLS][{\"name\"", 0, false},
+        {"[ {", 0, false},
+        {"[1] see", 7, false},
+        {"[link](x) <tool_call>", 10, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         t.json_style = cases[i].json;
@@ -217,6 +223,12 @@ static void test_parse(void **state) {
     expect(&t, "<tool_call>not json</tool_call>", NULL, "<tool_call>not json</tool_call>");
     expect(&t, "a <tool_call>{\"arguments\":{}}</tool_call> b <tool_call>{\"name\":\"h\"}</tool_call>", "h {}",
            "a <tool_call>{\"arguments\":{}}</tool_call> b");
+    /* an array of calls, bare or after Mistral's [TOOL_CALLS]; an array that is not all calls is content */
+    expect(&t, " [TOOL_CALLS] [{\"name\":\"f\",\"arguments\":{\"a\":1}},{\"name\":\"g\",\"arguments\":{}}]", "f {\"a\":1}|g {}", "");
+    expect(&t, "[{\"name\":\"f\",\"parameters\":{}}]\n", "f {}", "");
+    expect(&t, "[{\"name\":\"f\",\"parameters\":{}}, 3]", NULL, "[{\"name\":\"f\",\"parameters\":{}}, 3]");
+    expect(&t, "[{\"name\":\"f\"}] and more", NULL, "[{\"name\":\"f\"}] and more");
+    expect(&t, "[1] <tool_call>{\"name\":\"h\",\"arguments\":{}}</tool_call>", "h {}", "[1]");
     /* Llama 3: bare objects, one or several */
     t.json_style = true;
     expect(&t, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "get_weather {\"city\":\"Paris\"}", "");

@@ -7,8 +7,9 @@
  *
  * tool_choice decides how the output is read and what constrains it:
  *   - "none": the output is content, not read for calls (the tools are still shown);
- *   - "auto" (the default with tools): the output is read for calls in the family's format;
- *     text outside them is the message's content;
+ *   - "auto" (the default with tools): the output is read for calls in the family's format
+ *     (and, from any family, an output that is a JSON array of calls, as Mistral's after
+ *     [TOOL_CALLS]); text outside them is the message's content;
  *   - {"type": "function", "function": {"name": N}}: the output is constrained to N's
  *     parameters schema and is that call's arguments;
  *   - "required": the output is constrained to a JSON array of one or more
@@ -25,6 +26,7 @@
 #include <xxhash.h>
 
 static const char TAG_OPEN[] = "<tool_call>", TAG_CLOSE[] = "</tool_call>";
+static const char MISTRAL_CALLS[] = "[TOOL_CALLS]"; /* Mistral's calls: this, then a JSON array of them */
 
 /* OpenAI's function names: 1-64 of [a-zA-Z0-9_-] */
 static bool name_ok(const char *n) {
@@ -352,9 +354,12 @@ static size_t skip_ws(const char *s, size_t i, size_t n) {
 size_t srv_tools_hold(const srv_tools *t, const char *text, size_t n) {
     if (t->mode == SRV_TOOLS_NONE) return n;
     if (t->mode != SRV_TOOLS_AUTO) return 0; /* the output is the call */
-    if (t->json_style) { /* a bare object from the first byte that is not a space */
-        const size_t i = skip_ws(text, 0, n);
-        if (i == n || text[i] == '{') return 0;
+    const size_t i0 = skip_ws(text, 0, n);
+    if (t->json_style && (i0 == n || text[i0] == '{')) return 0; /* a bare object from the first byte that is not a space */
+    if (i0 < n && starts_partial(text + i0, n - i0, MISTRAL_CALLS)) return 0; /* (a "[" alone too, until the next byte) */
+    if (i0 < n && text[i0] == '[') { /* an array of calls: "[" then "{" */
+        const size_t j = skip_ws(text, i0 + 1, n);
+        if (j == n || text[j] == '{') return 0;
     }
     for (size_t i = 0; i < n; i++) /* up to a tag, or a part of one at the end */
         if (text[i] == '<' && starts_partial(text + i, n - i, TAG_OPEN)) return i;
@@ -443,7 +448,25 @@ cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, uint64_t 
         srv_buf_append(content, text, n); /* cut short (max_tokens): what there is, as content */
         return NULL;
     }
-    /* auto: Llama 3's bare objects, or tagged calls with content around them */
+    /* auto: an output that is a JSON array of calls (Mistral's, after [TOOL_CALLS]) */
+    size_t i0 = skip_ws(text, 0, n);
+    if (n - i0 >= sizeof MISTRAL_CALLS - 1 && !memcmp(text + i0, MISTRAL_CALLS, sizeof MISTRAL_CALLS - 1))
+        i0 = skip_ws(text, i0 + sizeof MISTRAL_CALLS - 1, n);
+    if (i0 < n && text[i0] == '[') {
+        const char *end = NULL;
+        cJSON *a = cJSON_ParseWithLengthOpts(text + i0, n - i0, &end, false);
+        bool ok = cJSON_IsArray(a) && cJSON_GetArraySize(a) > 0 && skip_ws(text, (size_t)(end - text), n) == n;
+        const cJSON *x;
+        if (ok) cJSON_ArrayForEach(x, a) {
+            cJSON *c = call_of(x, seed, cJSON_GetArraySize(calls));
+            if (!c) { ok = false; break; }
+            cJSON_AddItemToArray(calls, c);
+        }
+        cJSON_Delete(a);
+        if (ok) return calls;
+        while (cJSON_GetArraySize(calls) > 0) cJSON_DeleteItemFromArray(calls, 0);
+    }
+    /* Llama 3's bare objects, or tagged calls with content around them */
     if (t->json_style && calls_of_objects(text, n, calls, seed)) return calls;
     cJSON_Delete(calls);
     if (!(calls = cJSON_CreateArray())) return NULL;
