@@ -38,6 +38,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"guide-masks", 0, FL_OPT_INT, "N  token masks kept for guided_regex and grammar states, shared by requests with the same pattern or grammar (default 256; 0: every mask computed but a grammar's last, reused for the same state); each vocabulary/8 bytes, in the plan"},
         {"net-mem", 0, FL_OPT_BYTES, "BYTES  memory for the server's buffers (request bodies, replies, their JSON), in the plan and enforced: a request that does not fit gets 503 (default with --mem: --mem / 16, at most 64M; without: no budget)"},
         {"guide-mem", 0, FL_OPT_BYTES, "BYTES  memory for the output constraints of all queued and running requests (grammars, regexes, JSON schemas and their states, allowed_token_ids, bad_words), in the plan and enforced: a request that does not fit gets 503 while others hold it, 400 when it alone needs more (default 16M, or --mem / 16 when less; 0: constraints refused)"},
+        {"reasoning-format", 0, FL_OPT_STR, "none|deepseek  chat: deepseek (default, llama.cpp's): an output's <think>...</think> (or, where the template opens the thinking as DeepSeek-R1's does, all before </think>) goes to message.reasoning_content; none: all of it is content (a request's reasoning_format overrides)"},
         {"regex-pcre2", 0, FL_OPT_FLAG, "guided_regex always on PCRE2's matcher (by default a pattern of the common subset runs as a grammar: masks kept by canonical state, byte tokens offered)"},
         {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) + 4 bytes per context token per sequence"},
         {0},
@@ -68,6 +69,7 @@ int fl_cmd_serve(int argc, char **argv) {
                           "tools, tool_choice (none, auto, required or a named function), parallel_tool_calls\n"
                           "on chat: the tools shown in the prompt, calls read back as message.tool_calls\n"
                           "(required and a named function constrain the output to the tools' schemas);\n"
+                          "reasoning_format (none, deepseek, auto) on chat: <think>...</think> as reasoning_content;\n"
                           "logprobs: an integer 0-20 on /v1/completions (that\n"
                           "many alternatives per token), true with top_logprobs 0-20 on chat, the model's\n"
                           "raw distribution before penalties and temperature.  /v1/completions also takes\n"
@@ -177,6 +179,14 @@ int fl_cmd_serve(int argc, char **argv) {
     sp.lora_names = lora_names;
     sp.n_lora_names = n_names;
     sp.default_lora = one ? 1 : 0;
+    if (fl_args_get(opts, "reasoning-format")->set) {
+        const char *rf = fl_args_get(opts, "reasoning-format")->str;
+        if (strcmp(rf, "none") && strcmp(rf, "deepseek")) {
+            fprintf(stderr, "fitllm serve: --reasoning-format takes none or deepseek (got '%s')\n", rf);
+            return 2;
+        }
+        sp.reasoning_format = !strcmp(rf, "deepseek");
+    }
 
     /* Block the stop signals in every thread created from here on; main waits for them. */
     sigset_t set;

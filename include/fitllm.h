@@ -331,6 +331,8 @@ typedef struct fl_server_params {
                                  * --lora-modules): a request whose "model" is one of them gets it */
     int32_t n_lora_names;
     int32_t default_lora;       /* the adapter of a request that names none (serve --lora: 1; default 0) */
+    int32_t reasoning_format;   /* chat: 1 (default, llama.cpp's "deepseek"): an output's <think>...</think>
+                                 * goes to message.reasoning_content (docs/SERVER.md); 0: all of it is content */
 } fl_server_params;
 
 void fl_server_params_default(fl_server_params *p);

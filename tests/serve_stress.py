@@ -86,6 +86,9 @@ def body():
                                "tool_calls": rng.choice([[{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
                                                          [{"function": {"name": "f", "arguments": {"x": 1}}}], [{}], odd()])},
                               {"role": "tool", "tool_call_id": "c", "content": rng.choice(["42", odd()])}]
+    if chat and rng.random() < 0.1:  # reasoning: an output forced to think, the split asked or not, valid or not
+        d["structured_outputs"] = {"regex": rng.choice(["<think>\n[a-z ]{0,12}\n</think>\n[A-Z][a-z ]{0,8}", "<think>[a-z]+", " *<thi"])}
+        d["reasoning_format"] = rng.choice(["none", "deepseek", "auto", "raw", 3, None])
     if rng.random() < 0.05:  # vLLM's prompt_logprobs, valid or not (streamed: 400)
         d["prompt_logprobs"] = rng.choice([0, 1, 5, 20, 21, -1, True, "2", None])
     if rng.random() < 0.3:  # a server with --lora-modules tuned=FILE runs these through the adapter

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Tool calling against a running `fitllm serve` of stories260K (its chat turns are the plain
-User:/Assistant: transcript, its tool calls <tool_call> tags): tools shown in the prompt, a named
-function and "required" constrain the output to calls whose arguments follow the tools'
-schemas, "auto" reads tagged calls out of the output (one forced by a regex here), streamed and
-not, and the refusals.
+"""Tool calling and reasoning against a running `fitllm serve` of stories260K (its chat turns are
+the plain User:/Assistant: transcript, its tool calls <tool_call> tags): tools shown in the
+prompt, a named function and "required" constrain the output to calls whose arguments follow the
+tools' schemas, "auto" reads tagged calls out of the output (one forced by a regex here); an
+output's <think>...</think> goes to reasoning_content; streamed and not, and the refusals.
 usage: serve_tools.py URL      exit 1 on a failure"""
 import json, re, sys, urllib.error, urllib.request
 
@@ -144,6 +144,35 @@ chunks = stream(dict(BASE, max_tokens=30, tools=[WEATHER]))
 content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
 check("auto without a call, streamed: the same content", content == b2["choices"][0]["message"]["content"])
 
+# reasoning (the server's default --reasoning-format deepseek): an output that opens with <think>
+# has its thinking in reasoning_content (forced here by a regex), streamed apart from the answer
+THINK = dict(BASE, structured_outputs={"regex": "<think>\nLet me see[.] Lily[.]\n</think>\n\nThe answer is yes[.]"})
+st, b = post("/v1/chat/completions", THINK)
+m = b["choices"][0]["message"] if st == 200 else {}
+check("reasoning: <think>...</think> as reasoning_content, the rest as content",
+      m.get("reasoning_content") == "Let me see. Lily." and m.get("content") == "The answer is yes.")
+deltas = [c["choices"][0]["delta"] for c in stream(THINK) if c["choices"]]
+rs = [d.get("reasoning_content") for d in deltas if d.get("reasoning_content")]
+cs = [d.get("content") for d in deltas if d.get("content")]
+first_c = min([k for k, d in enumerate(deltas) if d.get("content")] or [0])
+check("reasoning, streamed: the pieces add up to the reply's, all of the reasoning before the answer",
+      "".join(rs) == "Let me see. Lily." and "".join(cs) == "The answer is yes."
+      and all(not d.get("reasoning_content") for d in deltas[first_c:]))
+st, b = post("/v1/chat/completions", dict(THINK, reasoning_format="none"))
+check("reasoning_format none: all of it is content",
+      st == 200 and b["choices"][0]["message"]["content"].startswith("<think>\nLet me see.")
+      and "reasoning_content" not in b["choices"][0]["message"])
+st, b = post("/v1/chat/completions", dict(BASE, max_tokens=12, structured_outputs={"regex": "<think>\n[a-z ]+"}))
+m = b["choices"][0]["message"] if st == 200 else {}
+check("reasoning cut by max_tokens before </think>: all reasoning, content null",
+      m.get("content", "x") is None and len(m.get("reasoning_content", "")) > 0 and b["choices"][0]["finish_reason"] == "length")
+st, b = post("/v1/chat/completions", dict(BASE, tools=[WEATHER, ADD], structured_outputs={
+    "regex": "<think>\nMaybe <tool_call> here[.]\n</think>\nSure[.]\n" + re.escape(forced)}))
+m = b["choices"][0]["message"] if st == 200 else {}
+check("reasoning and a call: the reasoning (a tag in it is not a call), the content, the call",
+      m.get("reasoning_content") == "Maybe <tool_call> here." and m.get("content") == "Sure."
+      and [c["function"]["name"] for c in m.get("tool_calls", [])] == ["add"] and b["choices"][0]["finish_reason"] == "tool_calls")
+
 # refusals
 for name, path, body, code in [
         ("tools on /v1/completions", "/v1/completions", {"prompt": "a", "tools": [ADD]}, 400),
@@ -154,7 +183,8 @@ for name, path, body, code in [
          dict(BASE, tools=[ADD], tool_choice="required", response_format={"type": "json_object"}), 400),
         ("a tool call without a name in messages", "/v1/chat/completions",
          dict(BASE, messages=MSGS + [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]), 400),
-        ("legacy functions", "/v1/chat/completions", dict(BASE, functions=[ADD["function"]]), 400)]:
+        ("legacy functions", "/v1/chat/completions", dict(BASE, functions=[ADD["function"]]), 400),
+        ("reasoning_format other than none / deepseek / auto", "/v1/chat/completions", dict(BASE, reasoning_format="raw"), 400)]:
     st, b = post(path, body)
     check("refused: " + name, st == code and "message" in b.get("error", {}))
 

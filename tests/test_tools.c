@@ -312,10 +312,49 @@ static void test_render(void **state) {
     cJSON_Delete(m);
 }
 
+/* where reasoning and answer are, whole and as a stream sees them */
+static void test_think(void **state) {
+    (void)state;
+    static const struct { const char *t; bool open, final; srv_think want; size_t r0, r1, c; } cases[] = {
+        {"<think>\nabc\n</think>\n\nYes.", false, true, SRV_THINK_DONE, 7, 12, 20},
+        {"  <think>a</think>b", false, true, SRV_THINK_DONE, 9, 10, 18},
+        {"Yes. <think>a</think>", false, true, SRV_THINK_NONE, 0, 0, 0},         /* not at the start: all answer */
+        {"abc</think>Yes", true, true, SRV_THINK_DONE, 0, 3, 11},                 /* the prompt opened it */
+        {"abc</think>Yes", false, true, SRV_THINK_NONE, 0, 0, 0},
+        {"<think>abc", false, true, SRV_THINK_DONE, 7, 10, 10},                   /* never closed: all reasoning */
+        {"abc", true, true, SRV_THINK_DONE, 0, 3, 3},
+        /* streaming: not yet known, reasoning so far (a part of the closing tag held), decided */
+        {"", false, false, SRV_THINK_UNDECIDED, 0, 0, 0},
+        {" \n<thi", false, false, SRV_THINK_UNDECIDED, 0, 0, 0},
+        {"<tho", false, false, SRV_THINK_NONE, 0, 0, 0},
+        {"<think>ab</thi", false, false, SRV_THINK_IN, 7, 9, 0},
+        {"<think>ab<", false, false, SRV_THINK_IN, 7, 9, 0},
+        {"<think>a<b", false, false, SRV_THINK_IN, 7, 10, 0},
+        {"ab</think>", true, false, SRV_THINK_DONE, 0, 2, 10},
+        {"ab", true, false, SRV_THINK_IN, 0, 2, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        size_t r0, r1, c;
+        const srv_think th = srv_think_scan(cases[i].t, strlen(cases[i].t), cases[i].open, cases[i].final, &r0, &r1, &c);
+        if (th != cases[i].want || r0 != cases[i].r0 || r1 != cases[i].r1 || c != cases[i].c)
+            fail_msg("'%s' (open %d, final %d): %d %zu %zu %zu, expected %d %zu %zu %zu", cases[i].t, cases[i].open, cases[i].final,
+                     (int)th, r0, r1, c, (int)cases[i].want, cases[i].r0, cases[i].r1, cases[i].c);
+    }
+    /* DeepSeek-R1's template: the system text bare, the turns' markers, an earlier answer without
+     * its thinking, the thinking opened for the answer */
+    const char *ds = "{{bos_token}}... <\xEF\xBD\x9CUser\xEF\xBD\x9C> ... <\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>";
+    assert_true(srv_chat_think_open(ds));
+    assert_false(srv_chat_think_open("<|im_start|>"));
+    render(ds, "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"1+1?\"},"
+               "{\"role\":\"assistant\",\"content\":\"<think>\\nadd\\n</think>\\n\\n2\"},{\"role\":\"user\",\"content\":\"2+2?\"}]", NULL,
+           "Be brief.<\xEF\xBD\x9CUser\xEF\xBD\x9C>1+1?<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>2<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence"
+           "\xEF\xBD\x9C><\xEF\xBD\x9CUser\xEF\xBD\x9C>2+2?<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C><think>\n");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read), cmocka_unit_test(test_required), cmocka_unit_test(test_hold),
-        cmocka_unit_test(test_parse), cmocka_unit_test(test_render),
+        cmocka_unit_test(test_parse), cmocka_unit_test(test_render), cmocka_unit_test(test_think),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

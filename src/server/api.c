@@ -359,6 +359,8 @@ static void add_usage(cJSON *u, const srv_req *r, int32_t gen) {
     cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", cached);
 }
 
+static bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
 /* The seed of choice i's tool call ids */
 static uint64_t tool_seed(const srv_req *r, int i) {
     return XXH3_64bits_withSeed(r->created_id, strlen(r->created_id), (uint64_t)r->created * 1000003u + (uint64_t)i);
@@ -368,18 +370,26 @@ static uint64_t tool_seed(const srv_req *r, int i) {
  * where it holds calls. */
 static bool add_message(srv_req *r, int i, cJSON *m, const char *txt, size_t n) {
     cJSON_AddStringToObject(m, "role", "assistant");
-    srv_buf content = {0};
-    cJSON *calls = r->tools.mode != SRV_TOOLS_NONE ? srv_tools_parse(&r->tools, txt, n, tool_seed(r, i), true, &content) : NULL;
-    if (!calls) {
-        srv_buf_free(&content);
-        cJSON_AddStringToObject(m, "content", txt);
-        return false;
+    size_t r0, r1, c;
+    srv_buf think = {0}, content = {0};
+    const bool thought = r->reasoning && srv_think_scan(txt, n, r->think_open, true, &r0, &r1, &c) == SRV_THINK_DONE;
+    if (thought) { /* the reasoning, and the answer after it, each trimmed */
+        while (r0 < r1 && is_space(txt[r0])) r0++;
+        while (r1 > r0 && is_space(txt[r1 - 1])) r1--;
+        srv_buf_append(&think, txt + r0, r1 - r0);
+        while (c < n && is_space(txt[c])) c++;
+        txt += c;
+        n -= c;
     }
-    if (content.len) cJSON_AddStringToObject(m, "content", content.p);
-    else cJSON_AddNullToObject(m, "content");
-    cJSON_AddItemToObject(m, "tool_calls", calls);
+    cJSON *calls = r->tools.mode != SRV_TOOLS_NONE ? srv_tools_parse(&r->tools, txt, n, tool_seed(r, i), true, &content) : NULL;
+    if (calls && content.len) cJSON_AddStringToObject(m, "content", content.p);
+    else if (calls || (thought && !n)) cJSON_AddNullToObject(m, "content");
+    else cJSON_AddStringToObject(m, "content", txt);
+    if (thought) cJSON_AddStringToObject(m, "reasoning_content", think.p ? think.p : "");
+    if (calls) cJSON_AddItemToObject(m, "tool_calls", calls);
     srv_buf_free(&content);
-    return true;
+    srv_buf_free(&think);
+    return calls != NULL;
 }
 
 /* A choice's finish reason; "tool_calls" where it ended holding calls it was not told to make
@@ -388,8 +398,6 @@ static const char *choice_finish(const srv_req *r, const srv_sample *sm, bool ca
     const char *f = finish_str(sm->finish) ? finish_str(sm->finish) : "stop";
     return calls && !strcmp(f, "stop") && r->tools.mode != SRV_TOOLS_NAMED ? "tool_calls" : f;
 }
-
-static bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
 /* A chunk of choice i whose delta carries call 0's arguments txt[a, e) (and, first, its id, type
  * and name), with the logprob records up to `to`; no finish. */
@@ -443,13 +451,58 @@ static void stream_named_args(fl_server *s, srv_req *r, int i) {
     if (e > a || !r->role_sent) named_args_chunk(s, r, i, txt, a, e, sm->n_lp);
 }
 
-/* A chunk of finished choice i: the content not yet sent and the calls of its output, each whole;
- * true where it holds calls. */
+/* Stream choice i's reasoning as delta.reasoning_content while it lasts; true once it is over
+ * (or there is none), the answer then starting at sm->content_at. */
+static bool stream_reasoning(fl_server *s, srv_req *r, int i, bool fin) {
+    srv_sample *sm = &r->samples[i];
+    const char *txt = sm->text.p ? sm->text.p : "";
+    const size_t n = fin ? sm->text.len : utf8_complete(txt, sm->text.len);
+    size_t r0, r1, c;
+    const srv_think th = srv_think_scan(txt, n, r->think_open, fin, &r0, &r1, &c);
+    if (th == SRV_THINK_UNDECIDED) return false;
+    if (th == SRV_THINK_NONE) {
+        sm->think_done = true;
+        return true;
+    }
+    /* spaces around the reasoning are not streamed (the reply's reasoning_content is trimmed) */
+    size_t from = sm->r_sent > r0 ? sm->r_sent : r0;
+    if (sm->r_sent <= r0)
+        while (from < r1 && is_space(txt[from])) from++;
+    while (r1 > from && is_space(txt[r1 - 1])) r1--;
+    if (r1 > from) {
+        cJSON *o = chunk_base(s, r), *ch = cJSON_CreateObject(), *d;
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch);
+        cJSON_AddNumberToObject(ch, "index", i);
+        d = cJSON_AddObjectToObject(ch, "delta");
+        if (!r->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
+        char *piece = fl_alloc(FL_MEM_NET, r1 - from + 1, 16);
+        if (piece) {
+            memcpy(piece, txt + from, r1 - from);
+            piece[r1 - from] = 0;
+            cJSON_AddStringToObject(d, "reasoning_content", piece);
+            fl_free(FL_MEM_NET, piece, r1 - from + 1);
+        }
+        add_logprobs(s, r, sm, ch, sm->n_lp, false);
+        cJSON_AddNullToObject(ch, "finish_reason");
+        append_json(&r->out, o, true);
+        cJSON_Delete(o);
+        sm->r_sent = r1;
+        r->role_sent = true;
+    }
+    if (th != SRV_THINK_DONE) return false;
+    sm->think_done = true;
+    sm->sent = sm->content_at = c;
+    return true;
+}
+
+/* A chunk of finished choice i: the content not yet sent and the calls of its output (after
+ * its reasoning), each whole; true where it holds calls. */
 static bool calls_chunk(fl_server *s, srv_req *r, int i) {
     srv_sample *sm = &r->samples[i];
     srv_buf content = {0};
-    cJSON *calls = srv_tools_parse(&r->tools, sm->text.p ? sm->text.p : "", sm->text.len, tool_seed(r, i), false, &content);
-    const size_t sent = sm->sent < content.len ? sm->sent : content.len;
+    const size_t base = sm->content_at;
+    cJSON *calls = srv_tools_parse(&r->tools, sm->text.p ? sm->text.p + base : "", sm->text.len - base, tool_seed(r, i), false, &content);
+    const size_t sent = sm->sent - base < content.len ? sm->sent - base : content.len;
     cJSON *o = chunk_base(s, r), *c = cJSON_CreateObject(), *d;
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
     cJSON_AddNumberToObject(c, "index", i);
@@ -490,6 +543,8 @@ static void stream_tools_finish(fl_server *s, srv_req *r, int i) {
         while (e > sm->sent && is_space(txt[e - 1])) e--;
         if (e > sm->sent || sm->lp_sent < sm->n_lp) named_args_chunk(s, r, i, txt, sm->sent, e, sm->n_lp);
     } else {
+        if (sm->content_at && sm->sent == sm->content_at) /* the answer after the reasoning: from its first non-space */
+            while (sm->sent < sm->text.len && is_space(sm->text.p[sm->sent])) sm->content_at = ++sm->sent;
         calls = calls_chunk(s, r, i);
     }
     cJSON *o = chunk_base(s, r), *c = cJSON_CreateObject();
@@ -512,6 +567,7 @@ static void produce_stream(fl_server *s, srv_req *r) {
         srv_sample *sm = &r->samples[i];
         bool fin = sm->finish != FL_FINISH_NONE;
         if (sm->finish_sent) break;
+        if (r->chat && r->reasoning && !sm->think_done && !stream_reasoning(s, r, i, fin)) break;
         const bool tools = r->chat && r->tools.mode != SRV_TOOLS_NONE;
         if (tools && fin) {
             stream_tools_finish(s, r, i);
@@ -520,6 +576,12 @@ static void produce_stream(fl_server *s, srv_req *r) {
         if (tools && r->tools.mode == SRV_TOOLS_NAMED) {
             stream_named_args(s, r, i);
             break;
+        }
+        if (sm->content_at && sm->sent == sm->content_at) { /* the answer after the reasoning: from its first non-space */
+            size_t k = sm->sent;
+            while (k < sm->text.len && is_space(sm->text.p[k])) k++;
+            if (k == sm->text.len && !fin) break;
+            sm->sent = sm->content_at = k;
         }
         /* one chunk per engine output: up to the next recorded boundary, whole UTF-8 characters */
         while (sm->seg_sent < sm->n_seg && sm->seg[sm->seg_sent].end <= sm->sent) sm->seg_sent++;
@@ -533,8 +595,9 @@ static void produce_stream(fl_server *s, srv_req *r) {
             avail = utf8_complete(sm->text.p, lim);
         }
         if (fin && lim == sm->text.len) avail = lim;
-        if (tools) { /* what may be a call waits for the end */
-            const size_t h = srv_tools_hold(&r->tools, sm->text.p ? sm->text.p : "", avail);
+        if (tools && avail > sm->content_at) { /* what may be a call waits for the end */
+            const size_t base = sm->content_at;
+            const size_t h = base + srv_tools_hold(&r->tools, sm->text.p ? sm->text.p + base : "", avail - base);
             if (h < avail) avail = h > sm->sent ? h : sm->sent;
         }
         bool more = avail < sm->text.len;
@@ -1465,6 +1528,18 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         }
         rp.json_object = 0;
     }
+    /* reasoning_format (llama.cpp's field): where the thinking goes; an output constrained to JSON
+     * or a choice from its first byte has none */
+    bool reasoning = chat && s->p.reasoning_format;
+    const cJSON *rfj = cJSON_GetObjectItemCaseSensitive(j, "reasoning_format");
+    if (rfj && !cJSON_IsNull(rfj)) {
+        if (!cJSON_IsString(rfj) || (strcmp(rfj->valuestring, "none") && strcmp(rfj->valuestring, "deepseek") && strcmp(rfj->valuestring, "auto"))) {
+            ret = BAD("'reasoning_format' must be \"none\", \"deepseek\" or \"auto\"");
+            goto out;
+        }
+        reasoning = chat && strcmp(rfj->valuestring, "none");
+    }
+    if (rp.json_object || rp.json_schema || rp.choices || tool_schema) reasoning = false;
     if (tool_schema) { /* the call is the output: nothing else may shape it */
         if (rp.json_schema || rp.json_object || rp.regex || rp.grammar || rp.choices) {
             ret = BAD("tool_choice \"required\" or a named function constrains the output: give no other output constraint");
@@ -1598,6 +1673,8 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     r->echo = echo;
     r->drop_gen = drop_gen;
     r->tools = tools_rd;
+    r->reasoning = reasoning;
+    r->think_open = reasoning && srv_chat_think_open(fl_engine_chat_template(s->engine));
     if (nat) {
         r->native = true;
         r->return_tokens = nat->return_tokens;

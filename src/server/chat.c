@@ -6,11 +6,17 @@
 #include <cjson/cJSON.h>
 #include <string.h>
 
-typedef enum { TMPL_PLAIN, TMPL_LLAMA2, TMPL_LLAMA3, TMPL_CHATML, TMPL_PHI3 } tmpl_kind;
+typedef enum { TMPL_PLAIN, TMPL_LLAMA2, TMPL_LLAMA3, TMPL_CHATML, TMPL_PHI3, TMPL_DEEPSEEK } tmpl_kind;
+
+/* DeepSeek-R1's turn markers (fullwidth bars, U+2581 for the space) */
+#define DS_USER "<\xEF\xBD\x9CUser\xEF\xBD\x9C>"
+#define DS_ASSISTANT "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>"
+#define DS_EOS "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"
 
 static tmpl_kind detect(const char *t) {
     if (!t) return TMPL_PLAIN;
     if (strstr(t, "<|start_header_id|>")) return TMPL_LLAMA3;
+    if (strstr(t, DS_USER) && strstr(t, DS_ASSISTANT)) return TMPL_DEEPSEEK;
     if (strstr(t, "<|im_start|>")) return TMPL_CHATML;
     if (strstr(t, "<|user|>") && strstr(t, "<|end|>")) return TMPL_PHI3;
     if (strstr(t, "[INST]")) return TMPL_LLAMA2;
@@ -40,6 +46,8 @@ static fl_status content_text(const cJSON *c, srv_buf *tmp, const char **err) {
 }
 
 bool srv_chat_json_tools(const char *tmpl) { return detect(tmpl) == TMPL_LLAMA3; }
+
+bool srv_chat_think_open(const char *tmpl) { return detect(tmpl) == TMPL_DEEPSEEK; }
 
 /* The tools as the system turn shows them: one JSON object per line, and how to call one in the
  * family's format (tools.c reads the calls back). */
@@ -111,6 +119,11 @@ static fl_status emit_turn(tmpl_kind kind, const char *r, const char *txt, srv_b
             st = srv_buf_printf(out, " %s </s>", txt);
         }
         break;
+    case TMPL_DEEPSEEK: /* the system text leads, bare; an assistant turn ends with the end of sentence */
+        if (!strcmp(r, "system")) st = srv_buf_printf(out, "%s%s", out->len ? "\n\n" : "", txt);
+        else if (!strcmp(r, "user")) st = srv_buf_printf(out, DS_USER "%s", txt);
+        else st = srv_buf_printf(out, DS_ASSISTANT "%s" DS_EOS, txt);
+        break;
     case TMPL_PLAIN:
         if (!strcmp(r, "system")) st = srv_buf_printf(out, "%s\n\n", txt);
         else st = srv_buf_printf(out, "%s: %s\n", !strcmp(r, "user") ? "User" : "Assistant", txt);
@@ -154,6 +167,15 @@ fl_status srv_chat_render(const char *tmpl, const cJSON *messages, const cJSON *
             c.len = 0;
             if (c.p) c.p[0] = 0;
         } else if ((st = content_text(content, &c, err))) goto done;
+        if (kind == TMPL_DEEPSEEK && !strcmp(r, "assistant") && c.p) { /* an earlier answer without its thinking, as R1's template */
+            const char *e = strstr(c.p, "</think>");
+            if (e) {
+                e += 8;
+                while (*e == '\n' || *e == ' ') e++;
+                memmove(c.p, e, strlen(e) + 1);
+                c.len = strlen(c.p);
+            }
+        }
         if (!strcmp(r, "assistant") && (st = tool_calls_text(kind, cJSON_GetObjectItemCaseSensitive(m, "tool_calls"), &c, err))) goto done;
         if (m == messages->child && sys_first && pre.len) {
             if ((st = srv_buf_printf(&c, "%s%s", c.len ? "\n\n" : "", pre.p))) goto done;
@@ -178,6 +200,7 @@ fl_status srv_chat_render(const char *tmpl, const cJSON *messages, const cJSON *
     case TMPL_CHATML: st = srv_buf_append(out, "<|im_start|>assistant\n", 22); break;
     case TMPL_PHI3: st = srv_buf_append(out, "<|assistant|>\n", 14); break;
     case TMPL_LLAMA2: break;
+    case TMPL_DEEPSEEK: st = srv_buf_append(out, DS_ASSISTANT "<think>\n", sizeof DS_ASSISTANT - 1 + 8); break; /* (R1 thinks first) */
     case TMPL_PLAIN: st = srv_buf_append(out, "Assistant:", 10); break;
     }
 done:

@@ -18,6 +18,7 @@ void fl_server_params_default(fl_server_params *p) {
     p->max_connections = 256;
     p->max_queue = 256;
     p->max_n = 8;
+    p->reasoning_format = 1;
 }
 
 /* Route one engine output to its waiting connection (s->mu held). */

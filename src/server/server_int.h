@@ -44,6 +44,8 @@ typedef struct srv_sample {
     int64_t lp_chars;    /* characters of the token texts before lp_sent (text_offset) */
     bool echo_sent;      /* stream: the echoed prompt went out */
     bool call_sent;      /* stream, a named function's call: its id and name went out (then its arguments as they come) */
+    bool think_done;     /* stream with reasoning: the reasoning is over; the answer starts at content_at */
+    size_t content_at, r_sent; /* where the answer starts in text (0: no reasoning); reasoning bytes streamed to */
     int32_t n_tokens;
     fl_finish_reason finish;
     bool finish_sent;
@@ -96,6 +98,8 @@ typedef struct srv_req {
     /* echo (/v1/completions): the prompt leads each choice's text, and its tokens the logprobs */
     int32_t lora;          /* the engine adapter of its prompts (0: none); its name is the reply's model */
     srv_tools tools;       /* chat: tool_choice and how the output is read */
+    bool reasoning;        /* chat: <think>...</think> goes to reasoning_content (reasoning.c) */
+    bool think_open;       /* the prompt opened the thinking (DeepSeek-R1's template) */
     bool echo, drop_gen;   /* drop_gen: max_tokens 0 with echo: the engine's one token is not reported */
     double t_start, t_first, t_end;
     pthread_cond_t cv;
@@ -164,6 +168,14 @@ struct cJSON;
 fl_status srv_chat_render(const char *tmpl, const struct cJSON *messages, const struct cJSON *tools, srv_buf *out, const char **err);
 /* the template's tool calls are Llama 3's bare JSON objects (else <tool_call> tags) */
 bool srv_chat_json_tools(const char *tmpl);
+/* the template's generation prompt opens the thinking (DeepSeek-R1's "<think>\n") */
+bool srv_chat_think_open(const char *tmpl);
+/* reasoning.c: where an output's reasoning and answer are.  UNDECIDED: not yet known (spaces,
+ * or a part of <think>); NONE: no reasoning, all answer; IN: reasoning from r0, safe to hand
+ * out up to r1 (a part of </think> may follow); DONE: reasoning [r0, r1), the answer from c
+ * (c = n where </think> never came; final: the output is whole). */
+typedef enum { SRV_THINK_UNDECIDED, SRV_THINK_NONE, SRV_THINK_IN, SRV_THINK_DONE } srv_think;
+srv_think srv_think_scan(const char *t, size_t n, bool open, bool final, size_t *r0, size_t *r1, size_t *c);
 /* tools.c: read tools / tool_choice / parallel_tool_calls of request j (FL_ERR_INVALID with err
  * set on bad input); *tools_out the tools to show (NULL: none); *schema_text (cJSON_free) what
  * constrains the output: a named function's JSON Schema, or for tool_choice "required" a GBNF
