@@ -38,6 +38,8 @@ int fl_cmd_serve(int argc, char **argv) {
         {"guide-masks", 0, FL_OPT_INT, "N  token masks kept for guided_regex and grammar states, shared by requests with the same pattern or grammar (default 256; 0: every mask computed but a grammar's last, reused for the same state); each vocabulary/8 bytes, in the plan"},
         {"net-mem", 0, FL_OPT_BYTES, "BYTES  memory for the server's buffers (request bodies, replies, their JSON), in the plan and enforced: a request that does not fit gets 503 (default with --mem: --mem / 16, at most 64M; without: no budget)"},
         {"guide-mem", 0, FL_OPT_BYTES, "BYTES  memory for the output constraints of all queued and running requests (grammars, regexes, JSON schemas and their states, allowed_token_ids, bad_words), in the plan and enforced: a request that does not fit gets 503 while others hold it, 400 when it alone needs more (default 16M, or --mem / 16 when less; 0: constraints refused)"},
+        {"embeddings", 0, FL_OPT_FLAG, "serve POST /v1/embeddings: each input's final hidden states (after the output norm) pooled (--pooling), L2-normalized; the plan counts their buffers"},
+        {"pooling", 0, FL_OPT_STR, "mean|last  how /v1/embeddings pools a prompt's states (default mean; llama.cpp's --pooling)"},
         {"reasoning-format", 0, FL_OPT_STR, "none|deepseek  chat: deepseek (default, llama.cpp's): an output's <think>...</think> (or, where the template opens the thinking as DeepSeek-R1's does, all before </think>) goes to message.reasoning_content; none: all of it is content (a request's reasoning_format overrides)"},
         {"regex-pcre2", 0, FL_OPT_FLAG, "guided_regex always on PCRE2's matcher (by default a pattern of the common subset runs as a grammar: masks kept by canonical state, byte tokens offered)"},
         {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) + 4 bytes per context token per sequence"},
@@ -160,6 +162,16 @@ int fl_cmd_serve(int argc, char **argv) {
         ep.guide_masks = (int32_t)gm;
     }
     ep.regex_pcre2 = fl_args_get(opts, "regex-pcre2")->set;
+    ep.embeddings = fl_args_get(opts, "embeddings")->set;
+    const char *pool = fl_args_get(opts, "pooling")->set ? fl_args_get(opts, "pooling")->str : "mean";
+    if (strcmp(pool, "mean") && strcmp(pool, "last")) {
+        fprintf(stderr, "fitllm serve: --pooling takes mean or last (got '%s')\n", pool);
+        return 2;
+    }
+    if (fl_args_get(opts, "pooling")->set && !ep.embeddings) {
+        fprintf(stderr, "fitllm serve: --pooling needs --embeddings\n");
+        return 2;
+    }
     if (pc) ep.prefix_cache = !strcmp(pc, "on");
 
     fl_server_params sp;
@@ -179,6 +191,7 @@ int fl_cmd_serve(int argc, char **argv) {
     sp.lora_names = lora_names;
     sp.n_lora_names = n_names;
     sp.default_lora = one ? 1 : 0;
+    sp.pooling = !strcmp(pool, "last") ? FL_POOLING_LAST : FL_POOLING_MEAN;
     if (fl_args_get(opts, "reasoning-format")->set) {
         const char *rf = fl_args_get(opts, "reasoning-format")->str;
         if (strcmp(rf, "none") && strcmp(rf, "deepseek")) {

@@ -140,6 +140,9 @@ typedef struct fl_engine_params {
     int64_t net_mem;            /* bytes the host program's server buffers may hold (FL_MEM_NET: request
                                  * bodies, replies, their JSON), in the plan and set as that category's
                                  * budget while the engine lives; 0 (default): none planned, no budget */
+    int32_t embeddings;         /* 1: the engine takes embedding requests (fl_request_params.pooling); the
+                                 * plan counts their buffers (the step's final hidden states, a pooled
+                                 * vector per sequence).  0 (default): they are refused */
 } fl_engine_params;
 #define FL_GUIDE_MEM_DEFAULT ((int64_t)16 << 20)
 
@@ -169,6 +172,14 @@ typedef struct fl_logit_bias {
 #define FL_MAX_TOP_LOGPROBS 20
 #define FL_MAX_BAD_WORDS 128
 #define FL_MAX_BAD_WORD_TOKENS 32
+/* An embedding request's pooling of the final hidden states (after the output norm, before the
+ * output projection) of its prompt's tokens. */
+typedef enum fl_pooling {
+    FL_POOLING_NONE = 0,        /* a generation request */
+    FL_POOLING_MEAN,            /* the mean over every prompt token */
+    FL_POOLING_LAST             /* the last prompt token's */
+} fl_pooling;
+
 typedef struct fl_request_params {
     const int32_t *prompt;      /* token ids (BOS included if wanted); copied */
     int32_t n_prompt;
@@ -228,6 +239,11 @@ typedef struct fl_request_params {
                                  * when added, FL_ERR_INVALID naming the line and column otherwise);
                                  * end-of-generation only where the text is a sentence, STOP where no
                                  * token can extend it.  Not with the other constraints */
+    fl_pooling pooling;         /* != NONE: an embedding request (the engine made with embeddings): the
+                                 * prompt is computed, nothing generated, and the request finishes
+                                 * (FL_FINISH_STOP) with fl_request_output.embedding; n 1, no sampling,
+                                 * logprobs or constraints.  Its prompt is not served from the prefix
+                                 * cache (every token's state is computed) */
 } fl_request_params;
 
 typedef enum fl_request_state {
@@ -266,6 +282,9 @@ typedef struct fl_request_output {
     const char *error;          /* finish == FL_FINISH_ERROR: why, where known (valid until the next poll); else NULL */
     const char *stop_str;       /* finish == FL_FINISH_STOP by a stop string: that string (valid until the next poll); else NULL */
     int32_t stop_token;         /* finish == FL_FINISH_STOP by one of stop_token_ids: that id; else -1 */
+    const float *embedding;     /* an embedding request's finish: [n_embd] its pooled vector (not normalized;
+                                 * valid until the next poll); else NULL */
+    int32_t n_embd;
 } fl_request_output;
 
 typedef struct fl_engine_stats {
@@ -294,6 +313,8 @@ int64_t fl_engine_detokenize(fl_engine *e, const int32_t *ids, int64_t n, char *
 int32_t fl_engine_token_text(fl_engine *e, int32_t token, char *buf, int32_t cap);
 int32_t fl_engine_n_ctx(const fl_engine *e);
 int32_t fl_engine_n_vocab(const fl_engine *e);
+int32_t fl_engine_n_embd(const fl_engine *e); /* the length of an embedding */
+int32_t fl_engine_embeddings(const fl_engine *e); /* made with embeddings (1) */
 fl_sched_policy fl_engine_sched_policy(const fl_engine *e);
 int32_t fl_engine_max_seqs(const fl_engine *e); /* sequences a step runs at most (max_seqs) */
 int32_t fl_engine_n_loras(const fl_engine *e);
@@ -331,6 +352,8 @@ typedef struct fl_server_params {
                                  * --lora-modules): a request whose "model" is one of them gets it */
     int32_t n_lora_names;
     int32_t default_lora;       /* the adapter of a request that names none (serve --lora: 1; default 0) */
+    int32_t pooling;            /* /v1/embeddings (the engine made with embeddings): FL_POOLING_MEAN (default)
+                                 * or FL_POOLING_LAST */
     int32_t reasoning_format;   /* chat: 1 (default, llama.cpp's "deepseek"): an output's <think>...</think>
                                  * goes to message.reasoning_content (docs/SERVER.md); 0: all of it is content */
 } fl_server_params;

@@ -82,6 +82,19 @@ check "tool calling (tests/serve_tools.py)" '[ $rc = 0 ]'
 kill -TERM "$PID_T"; wait "$PID_T"; rc=$?
 check "tool calling: the server exits 0, no sanitizer report" '[ $rc = 0 ] && ! grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$TMP/T.log"'
 
+# embeddings: POST /v1/embeddings on a server started with --embeddings (tests/serve_embeddings.py);
+# refused without it
+post "$U" /v1/embeddings '{"input":"Once upon a time"}'
+check "/v1/embeddings without --embeddings -> 400 naming the flag" '[ "$(status)" = 400 ] && grep -q -- "--embeddings" "$TMP/body"'
+out=$("$BIN" serve -m "$MODEL" --port 0 -t 1 --pooling last 2>&1); rc=$?
+check "--pooling without --embeddings: refused at start" '[ $rc = 2 ] && echo "$out" | grep -q "needs --embeddings"'
+start_server M -c 1024 --max-seqs 4 --embeddings
+python3 "$(dirname "$0")/serve_embeddings.py" "$URL_M" >"$TMP/embd.txt" 2>&1; rc=$?
+cat "$TMP/embd.txt"
+check "embeddings (tests/serve_embeddings.py)" '[ $rc = 0 ]'
+kill -TERM "$PID_M"; wait "$PID_M"; rc=$?
+check "embeddings: the server exits 0, no sanitizer report" '[ $rc = 0 ] && ! grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$TMP/M.log"'
+
 # /tokenize and /detokenize (vLLM's and llama.cpp's field names): llama.cpp's ids for the prompt
 ref_field() { python3 -c "import json; print(json.dumps(json.loads(open('$SHARED/reference/stories260K.greedy.jsonl').readline())['$1']))"; }
 RIDS=$(ref_field prompt_tokens); RTXT=$(ref_field prompt)
@@ -440,7 +453,7 @@ check "--net-mem 1K: refused at start" '[ $rc = 2 ] && echo "$out" | grep -q "be
 # random valid and invalid requests, clients leaving early, a KV pool small enough to preempt,
 # priorities that reorder and preempt
 # (tests/serve_stress.py): no 5xx, no crash, every block back at the end, exit 0 on SIGTERM
-start_server E -c 256 --max-seqs 4 --kv-mem 2M --scheduling-policy priority
+start_server E -c 256 --max-seqs 4 --kv-mem 2M --scheduling-policy priority --embeddings
 PORT_E=${URL_E##*:}
 python3 "$(dirname "$0")/serve_stress.py" "$PORT_E" "${FL_STRESS_REQUESTS:-300}" 7 > "$TMP/stress.txt" 2>&1; rc=$?
 cat "$TMP/stress.txt"

@@ -2,7 +2,7 @@
 """Random requests against a running `fitllm serve` (a fixed seed, so each run sends the same):
 valid and invalid OpenAI bodies (wrong types, out-of-range numbers, unknown roles, token-id
 prompts, stop strings, n > 1, streaming, logprobs, echo, logit_bias, priority, the adapter name "tuned",
-JSON Schemas valid and not, tools and tool_choice valid and not), bodies cut or with a byte changed, and clients that
+JSON Schemas valid and not, tools and tool_choice valid and not, embeddings valid and not), bodies cut or with a byte changed, and clients that
 leave before or in the middle of the answer.  Every answer must be a 200 or a 4xx with an
 OpenAI error object, never a 5xx; a non-streamed 200 must parse as JSON; a streamed one (by
 its Content-Type: a body with a byte changed may have lost its "stream") must end with [DONE]
@@ -122,6 +122,15 @@ def body():
                  rng.choice(["add_special", "add_special_tokens", "content", "with_pieces", "parse_special"]): odd()}
             raw = json.dumps(d).encode("utf-8", "surrogatepass")
         return path, raw, False
+    elif r < 0.13:  # embeddings (a server with --embeddings computes them; others answer 400), valid or not
+        path = "/v1/embeddings"
+        d = {"input": rng.choice(["Once upon a time", ["a", "The cat", "Lily"], [1, 403, 407], [[1, 2], [3]], "", [], odd(),
+                                  ["x"] * rng.randint(1, 40), [rng.randint(-2, 600) for _ in range(rng.randint(0, 300))]])}
+        for k, v in [("encoding_format", rng.choice(["float", "base64", "x", None])), ("normalize", odd()),
+                     ("dimensions", rng.choice([64, 8, odd()])), ("truncate_prompt_tokens", rng.choice([-1, 2, 0, odd()]))]:
+            if rng.random() < 0.3:
+                d[k] = v
+        return path, json.dumps(d).encode("utf-8", "surrogatepass"), False
     return path, raw, d.get("stream") is True and not altered
 
 counts, failures = {}, []

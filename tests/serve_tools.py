@@ -5,25 +5,14 @@ prompt, a named function and "required" constrain the output to calls whose argu
 tools' schemas, "auto" reads tagged calls out of the output (one forced by a regex here); an
 output's <think>...</think> goes to reasoning_content; streamed and not, and the refusals.
 usage: serve_tools.py URL      exit 1 on a failure"""
-import json, re, sys, urllib.error, urllib.request
+import json, os, re, sys, urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_client import Client  # noqa: E402
 
 URL = sys.argv[1]
-fails = 0
-
-
-def check(name, ok):
-    global fails
-    print(("ok   " if ok else "FAIL ") + name)
-    fails += 0 if ok else 1
-
-
-def post(path, body):
-    req = urllib.request.Request(URL + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+client = Client(URL)
+check, post = client.check, client.post
 
 
 def stream(body):
@@ -188,5 +177,5 @@ for name, path, body, code in [
     st, b = post(path, body)
     check("refused: " + name, st == code and "message" in b.get("error", {}))
 
-print("serve_tools: %d failed" % fails)
-sys.exit(1 if fails else 0)
+print("serve_tools: %d failed" % client.fails)
+sys.exit(1 if client.fails else 0)

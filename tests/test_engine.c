@@ -12,6 +12,7 @@
 #include "engine/kv_adapter.h"
 #include "engine/mask_cache.h"
 #include "core/dtype.h"
+#include "formats/gguf.h"
 
 #include <cjson/cJSON.h>
 #include <regex.h>
@@ -1960,6 +1961,205 @@ static void test_stories_n_samples(void **state) {
     fl_test_mem_zero();
 }
 
+/* ---- embeddings: the final hidden states, pooled ---- */
+static fl_engine *embd_engine(int32_t embeddings, int32_t budget) {
+    fl_engine_params p;
+    fl_engine_params_default(&p);
+    p.model_path = FL_SHARED_PATH("models/stories260K.gguf");
+    p.n_threads = 1;
+    p.n_ctx = 256;
+    p.max_seqs = 8;
+    p.max_batch_tokens = budget;
+    p.kv_mem = 2 << 20;
+    p.kv_type = "f32";
+    p.embeddings = embeddings;
+    fl_engine *e;
+    if (fl_engine_new(&p, &e) != FL_OK) fail_msg("engine: %s", fl_last_error());
+    return e;
+}
+
+/* Requests i < n: pooling pool[i] of prompts[i] (NONE: a generation of 8 tokens beside them),
+ * all at once; each embedding into out[i] */
+static void embd_run(fl_engine *e, int n, const fl_pooling *pool, const int32_t *const *prompts, const int32_t *lens,
+                     float (*out)[64]) {
+    int64_t ids[16];
+    bool fin[16] = {0};
+    for (int i = 0; i < n; i++) {
+        fl_request_params q = {0};
+        fl_sampling_params_default(&q.sampling);
+        q.prompt = prompts[i];
+        q.n_prompt = lens[i];
+        q.pooling = pool[i];
+        q.max_tokens = 8;
+        if (fl_engine_add(e, &q, &ids[i]) != FL_OK) fail_msg("add: %s", fl_last_error());
+    }
+    int32_t active = 1;
+    while (active) {
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output ev[16];
+        const int32_t k = fl_engine_poll(e, ev, 16);
+        for (int32_t j = 0; j < k; j++) {
+            int i = 0;
+            while (ids[i] != ev[j].request_id) i++;
+            if (!ev[j].finish) continue;
+            fin[i] = true;
+            if (pool[i] == FL_POOLING_NONE) {
+                assert_null(ev[j].embedding);
+                continue;
+            }
+            assert_int_equal(ev[j].finish, FL_FINISH_STOP);
+            assert_int_equal(ev[j].n_generated, 0);
+            assert_int_equal(ev[j].n_embd, 64);
+            assert_non_null(ev[j].embedding);
+            memcpy(out[i], ev[j].embedding, sizeof out[i]);
+        }
+    }
+    for (int i = 0; i < n; i++) assert_true(fin[i]);
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+}
+
+/* An embedding is the final hidden state after the output norm: the last token's, times the
+ * output matrix, is llama.cpp's logits at that position (reference logits of every prefix); the
+ * mean over a prompt is the mean of its prefixes' last states; chunked and batched beside
+ * generations it is the same; refusals. */
+static void test_stories_embeddings(void **state) {
+    (void)state;
+    NEED_SHARED();
+    size_t len;
+    char *txt = fl_test_read_file(FL_SHARED_PATH("reference/stories260K.logits.jsonl"), &len);
+    assert_non_null(txt);
+    *strchr(txt, '\n') = 0;
+    cJSON *ref = cJSON_Parse(txt);
+    fl_test_free_file(txt, len);
+    assert_non_null(ref);
+    int32_t tok[64], n = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItem(ref, "tokens")) tok[n++] = (int32_t)x->valuedouble;
+    fl_gguf *g;
+    assert_int_equal(fl_gguf_open(FL_SHARED_PATH("models/stories260K.gguf"), &g), FL_OK);
+    const fl_gguf_tensor *w = fl_gguf_find_tensor(g, "output.weight");
+    assert_true(w && w->type == FL_TYPE_F32 && w->ne[0] == 64 && w->ne[1] == 512);
+    const float *W = w->data;
+
+    /* every prefix's last state, all at once (and the whole prompt's mean) */
+    fl_engine *e = embd_engine(1, 512);
+    fl_pooling pool[16];
+    const int32_t *pr[16];
+    int32_t lens[16];
+    static float got[16][64];
+    for (int i = 0; i < n; i++) pool[i] = FL_POOLING_LAST, pr[i] = tok, lens[i] = i + 1;
+    pool[n] = FL_POOLING_MEAN, pr[n] = tok, lens[n] = n;
+    embd_run(e, n + 1, pool, pr, lens, got);
+    const cJSON *rows = cJSON_GetObjectItem(ref, "logits");
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        const cJSON *row = cJSON_GetArrayItem(rows, i);
+        for (int v = 0; v < 512; v++) {
+            double l = 0;
+            for (int j = 0; j < 64; j++) l += (double)W[(size_t)v * 64 + j] * got[i][j];
+            const double d = fabs(l - cJSON_GetArrayItem(row, v)->valuedouble);
+            if (d > worst) worst = d;
+        }
+    }
+    /* (the engine's own logits here differ from llama.cpp's by up to ~0.01: see the check against
+     * them below, to 1e-5; a state from another layer, or not normed, misses by whole units) */
+    if (worst > 2e-2) fail_msg("output x embedding against llama.cpp's logits: max |diff| %g", worst);
+    for (int i = 0; i < n; i++) { /* log-softmax of output x embedding = the engine's logprobs after the prefix */
+        fl_request_params q = {0};
+        fl_sampling_params_default(&q.sampling);
+        q.prompt = tok;
+        q.n_prompt = i + 1;
+        q.max_tokens = 1;
+        q.logprobs = 1;
+        q.top_logprobs = 5;
+        int64_t id;
+        assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+        fl_token_logprob lp[6];
+        int32_t active = 1, got_lp = 0;
+        while (active) {
+            assert_int_equal(fl_engine_step(e, &active), FL_OK);
+            fl_request_output ev[2];
+            const int32_t k = fl_engine_poll(e, ev, 2);
+            for (int32_t j = 0; j < k; j++)
+                if (ev[j].n_new) memcpy(lp, ev[j].new_logprobs, sizeof lp), got_lp = 1;
+        }
+        assert_true(got_lp);
+        double l[512], mx = -1e30, z = 0;
+        for (int v = 0; v < 512; v++) {
+            l[v] = 0;
+            for (int j = 0; j < 64; j++) l[v] += (double)W[(size_t)v * 64 + j] * got[i][j];
+            if (l[v] > mx) mx = l[v];
+        }
+        for (int v = 0; v < 512; v++) z += exp(l[v] - mx);
+        for (int t = 1; t < 6; t++) assert_float_equal(lp[t].logprob, l[lp[t].token] - mx - log(z), 1e-4);
+    }
+    for (int j = 0; j < 64; j++) {
+        double m = 0;
+        for (int i = 0; i < n; i++) m += got[i][j];
+        assert_float_equal(got[n][j], m / n, 1e-5);
+    }
+    /* the same, chunked (3 tokens a step) and beside generations, alone */
+    fl_engine *e2 = embd_engine(1, 3);
+    static float got2[16][64];
+    fl_pooling pool2[4] = {FL_POOLING_NONE, FL_POOLING_MEAN, FL_POOLING_NONE, FL_POOLING_LAST};
+    const int32_t *pr2[4] = {tok, tok, tok + 1, tok};
+    int32_t lens2[4] = {n, n, n - 1, n};
+    embd_run(e2, 4, pool2, pr2, lens2, got2);
+    for (int j = 0; j < 64; j++) {
+        assert_float_equal(got2[1][j], got[n][j], 1e-5);
+        assert_float_equal(got2[3][j], got[n - 1][j], 1e-5);
+    }
+    embd_run(e2, 1, pool2 + 1, pr2 + 1, lens2 + 1, got2); /* alone, in chunks of 3 */
+    for (int j = 0; j < 64; j++) assert_float_equal(got2[0][j], got[n][j], 1e-5);
+    /* refusals */
+    fl_request_params q = {0};
+    fl_sampling_params_default(&q.sampling);
+    q.prompt = tok;
+    q.n_prompt = n;
+    q.pooling = FL_POOLING_MEAN;
+    int64_t id;
+    q.n = 2;
+    assert_int_equal(fl_engine_add(e2, &q, &id), FL_ERR_INVALID);
+    q.n = 1;
+    q.logprobs = 1;
+    assert_int_equal(fl_engine_add(e2, &q, &id), FL_ERR_INVALID);
+    q.logprobs = 0;
+    q.pooling = (fl_pooling)7;
+    assert_int_equal(fl_engine_add(e2, &q, &id), FL_ERR_INVALID);
+    fl_engine *e3 = embd_engine(0, 64);
+    q.pooling = FL_POOLING_LAST;
+    assert_int_equal(fl_engine_add(e3, &q, &id), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "embeddings"));
+    assert_int_equal(fl_engine_n_embd(e3), 64);
+    assert_int_equal(fl_engine_embeddings(e3), 0);
+    assert_int_equal(fl_engine_embeddings(e2), 1);
+    fl_engine_free(e3);
+    /* cancelled before it finishes: no embedding, every block back */
+    assert_int_equal(fl_engine_add(e2, &q, &id), FL_OK);
+    assert_int_equal(fl_engine_step(e2, NULL), FL_OK);
+    assert_int_equal(fl_engine_cancel(e2, id), FL_OK);
+    int32_t active = 1;
+    while (active) {
+        assert_int_equal(fl_engine_step(e2, &active), FL_OK);
+        fl_request_output ev[4];
+        const int32_t k = fl_engine_poll(e2, ev, 4);
+        for (int32_t j = 0; j < k; j++)
+            if (ev[j].finish) {
+                assert_int_equal(ev[j].finish, FL_FINISH_CANCELLED);
+                assert_null(ev[j].embedding);
+            }
+    }
+    fl_engine_stats st;
+    fl_engine_stats_get(e2, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    fl_engine_free(e2);
+    fl_engine_free(e);
+    fl_gguf_free(g);
+    cJSON_Delete(ref);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stop_strings),
@@ -1987,6 +2187,7 @@ int main(void) {
         cmocka_unit_test(test_paged_cancel_frees_blocks),
         cmocka_unit_test(test_paged_n_samples),
         cmocka_unit_test(test_stories_batched_chunked),
+        cmocka_unit_test(test_stories_embeddings),
         cmocka_unit_test(test_stories_preempt),
         cmocka_unit_test(test_stories_static_baseline),
         cmocka_unit_test(test_stories_n_samples),

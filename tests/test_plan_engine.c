@@ -269,6 +269,63 @@ static void test_budgets(void **state) {
     fl_test_mem_zero();
 }
 
+/* embeddings: the plan counts their buffers (the step's hidden states, the pooled vectors, the
+ * poll's copy), and an engine pooling its most sequences' prompts stays inside it. */
+static void test_embeddings(void **state) {
+    (void)state;
+    write_models();
+    char path[128];
+    model_path(path, sizeof path, 0);
+    fl_engine_params ep;
+    small_params(&ep, path);
+    ep.kv_mem = 4 << 20;
+    fl_plan_engine_out po[2];
+    for (int k = 0; k < 2; k++) {
+        ep.embeddings = k;
+        fl_plan_engine_in pi;
+        assert_int_equal(fl_engine_plan_input(&ep, &pi), FL_OK);
+        assert_int_equal(fl_plan_engine(&pi, &po[k]), FL_OK);
+    }
+    const uint64_t E = (uint64_t)shapes[0].n_embd, Ts = (uint64_t)ep.max_batch_tokens + (uint64_t)ep.max_seqs;
+    assert_int_equal(po[1].bytes[FL_MEM_ACT] - po[0].bytes[FL_MEM_ACT], Ts * E * 4);
+    assert_int_equal(po[1].bytes[FL_MEM_SCRATCH] - po[0].bytes[FL_MEM_SCRATCH], Ts * (1 + sizeof(void *) + 4));
+    assert_int_equal(po[1].bytes[FL_MEM_MISC] - po[0].bytes[FL_MEM_MISC], (uint64_t)ep.max_seqs * E * 4 + 4 * 1024 + 4 * 512);
+    assert_int_equal(po[1].embd_bytes, po[1].total - po[0].total);
+    fl_engine *e = NULL;
+    assert_int_equal(fl_engine_new(&ep, &e), FL_OK);
+    fl_mem_reset_peaks();
+    int32_t prompt[200];
+    for (int32_t i = 0; i < 200; i++) prompt[i] = 3 + (i * 104729) % 250;
+    for (int32_t r = 0; r < ep.max_seqs; r++) { /* long prompts, in chunks; half mean, half last */
+        fl_request_params rp;
+        memset(&rp, 0, sizeof rp);
+        rp.prompt = prompt + r;
+        rp.n_prompt = 190 - 7 * r;
+        rp.pooling = r % 2 ? FL_POOLING_LAST : FL_POOLING_MEAN;
+        int64_t id;
+        assert_int_equal(fl_engine_add(e, &rp, &id), FL_OK);
+    }
+    int32_t active = 1, done = 0;
+    for (int s = 0; s < 1000 && active; s++) {
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output o[8];
+        int32_t k;
+        while ((k = fl_engine_poll(e, o, 8)) > 0)
+            for (int32_t j = 0; j < k; j++) done += o[j].embedding != NULL && o[j].n_embd == (int32_t)E;
+    }
+    assert_int_equal(done, ep.max_seqs);
+    const fl_mem_cat cs[] = {FL_MEM_ACT, FL_MEM_SCRATCH, FL_MEM_MISC};
+    for (size_t k = 0; k < 3; k++) {
+        const uint64_t m = fl_mem_peak(cs[k]), p = po[1].bytes[cs[k]];
+        printf("embeddings: %s predicted %llu, measured %llu\n", fl_mem_cat_name(cs[k]), (unsigned long long)p, (unsigned long long)m);
+        assert_true(m <= p);
+        if (cs[k] != FL_MEM_MISC) assert_true(close_enough(p, m)); /* (MISC: a bound; it holds each request's generation) */
+    }
+    fl_engine_free(e);
+    remove_models();
+    fl_test_mem_zero();
+}
+
 /* mem_total: the engine sizes its KV pool from the plan, stays inside the limit while it runs,
  * and refuses to start with the plan's explanation when the weights alone exceed it. */
 static void test_mem_total(void **state) {
@@ -377,6 +434,7 @@ int main(void) {
         cmocka_unit_test(test_predicted_vs_measured),
         cmocka_unit_test(test_mem_total),
         cmocka_unit_test(test_budgets),
+        cmocka_unit_test(test_embeddings),
         cmocka_unit_test(test_load_conversion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -26,11 +26,13 @@ typedef struct fl_backend_kv_stats {
 typedef struct fl_engine_backend {
     void *ctx;
     int32_t n_vocab;
+    int32_t n_embd;           /* the final hidden state's length (embeddings; 0: the backend has none) */
     int32_t n_ctx;            /* max tokens per sequence */
     int32_t block_size;       /* tokens per KV block (contiguous: n_ctx) */
     int64_t n_blocks;         /* allocatable blocks in the pool */
     fl_sched_kv kv;           /* block accounting for the scheduler; kv.ctx == ctx */
-    /* One step: logits [rows][n_vocab] for the tokens flagged in b->logits, in batch order.
+    /* One step: logits [rows][n_vocab] for the tokens flagged in b->logits, in batch order (and
+     * the final hidden states of those flagged in b->hidden into b->hidden_out).
      * The scheduler has reserved room for every token, so FL_NO_KV_SPACE means a bug. */
     fl_status (*forward)(void *ctx, const fl_batch *b, float *logits);
     /* After forward and before the next schedule (release per-step promises). May be NULL. */

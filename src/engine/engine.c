@@ -41,6 +41,12 @@ struct fl_engine {
     int32_t *b_tok, *b_pos, *b_seq, *b_lora;
     int8_t *b_logit;
     float *logits;
+    int8_t *b_hid;        /* embeddings: [max_tokens] 1 = the token's final hidden state is pooled */
+    float *hidden;        /* [max_tokens][n_embd] those states */
+    fl_request **hrow_req; /* [max_tokens] the request of each hidden row, */
+    int32_t *hrow_pos;    /* and its prompt position */
+    float *poll_embd;     /* poll's copies of finished embeddings */
+    int64_t poll_embd_cap;
     fl_request **row_req; /* [max_rows] request that owns each logit row */
     int32_t *row_pos;     /* [max_rows] prompt position whose next token the row scores, or -1:
                            * the row samples */
@@ -134,6 +140,7 @@ static fl_status req_sampler_new(fl_engine *e, fl_request *r, const fl_logit_bia
 static void req_free(fl_request *r) {
     if (!r) return;
     fl_sampler_free((fl_sampler *)r->sampler);
+    fl_free(FL_MEM_MISC, r->embd, (size_t)r->n_embd * sizeof *r->embd);
     fl_free(FL_MEM_GUIDE, r->allowed, (size_t)r->allowed_words * sizeof *r->allowed);
     fl_free(FL_MEM_GUIDE, r->bad, (size_t)r->bad_ints * sizeof *r->bad);
     fl_request_free(r);
@@ -424,6 +431,11 @@ static void free_buffers(fl_engine *e) {
     fl_free(FL_MEM_MISC, e->poll_tok, (size_t)e->poll_tok_cap * sizeof(int32_t));
     fl_free(FL_MEM_MISC, e->poll_text, (size_t)e->poll_text_cap);
     fl_free(FL_MEM_MISC, e->poll_lp, (size_t)e->poll_lp_cap * sizeof(fl_token_logprob));
+    fl_free(FL_MEM_MISC, e->poll_embd, (size_t)e->poll_embd_cap * sizeof(float));
+    fl_free(FL_MEM_SCRATCH, e->b_hid, (size_t)e->max_tokens);
+    fl_free(FL_MEM_ACT, e->hidden, e->hidden ? (size_t)e->max_tokens * (size_t)e->be.n_embd * sizeof(float) : 0);
+    fl_free(FL_MEM_SCRATCH, e->hrow_req, (size_t)e->max_tokens * sizeof(fl_request *));
+    fl_free(FL_MEM_SCRATCH, e->hrow_pos, (size_t)e->max_tokens * sizeof(int32_t));
     fl_vocab_text_free(&e->voc);
     fl_free(FL_MEM_MISC, e->masked, e->masked ? (size_t)nv * sizeof(float) : 0);
     fl_free(FL_MEM_MISC, e->vocab_plain, e->vocab_plain ? (size_t)nv : 0);
@@ -485,6 +497,20 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_lora || !e->b_logit || !e->logits || !e->row_req || !e->row_pos) {
         st = FL_ERR_NOMEM;
         goto fail;
+    }
+    if (e->p.embeddings) { /* (plan_engine.c counts these) */
+        if (be->n_embd < 1) {
+            st = fl_set_error(FL_ERR_INVALID, "%s: this backend gives no hidden states (embeddings)", __func__);
+            goto fail;
+        }
+        e->b_hid = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens, 0);
+        e->hidden = fl_alloc(FL_MEM_ACT, (size_t)e->max_tokens * (size_t)be->n_embd * sizeof(float), 0);
+        e->hrow_req = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(fl_request *), 0);
+        e->hrow_pos = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(int32_t), 0);
+        if (!e->b_hid || !e->hidden || !e->hrow_req || !e->hrow_pos) {
+            st = FL_ERR_NOMEM;
+            goto fail;
+        }
     }
     /* ~1% of the pool (at least one block) stays free at admission */
     e->watermark = e->p.kv_layout == FL_KV_CONTIGUOUS ? 0 : (int32_t)(be->n_blocks / 100 > 1 ? be->n_blocks / 100 : 1);
@@ -612,6 +638,15 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
                                 p->prompt[i], e->be.n_vocab);
     const bool constrained = p->json_object || p->json_schema || p->n_choices || p->regex || p->grammar ||
                              p->n_allowed_token_ids > 0 || p->n_bad_words > 0;
+    if (p->pooling != FL_POOLING_NONE) { /* an embedding: the prompt alone */
+        if (p->pooling != FL_POOLING_MEAN && p->pooling != FL_POOLING_LAST)
+            return fl_set_error(FL_ERR_INVALID, "%s: pooling %d (mean 1, last 2)", __func__, (int)p->pooling);
+        if (!e->p.embeddings)
+            return fl_set_error(FL_ERR_INVALID, "%s: embedding requests need an engine made with embeddings", __func__);
+        if (n > 1 || constrained || p->logprobs || p->top_logprobs || p->prompt_logprobs || p->n_logit_bias)
+            return fl_set_error(FL_ERR_INVALID, "%s: an embedding request takes no n > 1, logprobs or output constraints", __func__);
+        max_tokens = 1; /* (its KV: the prompt; nothing is generated) */
+    }
     if (constrained && e->guide_mem == 0)
         return fl_set_error(FL_ERR_INVALID, "%s: output constraints are off in this engine (guide_mem 0)", __func__);
     const size_t refused0 = fl_mem_refused(FL_MEM_GUIDE);
@@ -687,6 +722,11 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
             }
         }
         st = req_sampler_new(e, r, p->logit_bias, p->n_logit_bias);
+        if (st == FL_OK && p->pooling != FL_POOLING_NONE) {
+            r->n_embd = e->be.n_embd;
+            if (!(r->embd = fl_calloc(FL_MEM_MISC, (size_t)r->n_embd, sizeof *r->embd)))
+                st = fl_set_error(FL_ERR_NOMEM, "%s: no memory for the embedding", __func__);
+        }
         if (st != FL_OK) {
             req_free(r);
             break;
@@ -837,10 +877,11 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
     }
 
     /* build the flat batch: each entry's tokens contiguous and in position order, no padding */
-    int32_t n = 0, rows = 0;
+    int32_t n = 0, rows = 0, hrows = 0;
     for (int32_t k = 0; k < out.n_entries; k++) {
         fl_request *r = out.e[k].r;
         if (out.e[k].pad) { /* static baseline: a finished row keeps computing a dummy token */
+            if (e->b_hid) e->b_hid[n] = 0;
             e->b_tok[n] = r->tokens[r->n_tokens - 1];
             e->b_pos[n] = r->n_computed;
             e->b_seq[n] = (int32_t)r->kv_seq;
@@ -848,10 +889,19 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
             e->b_logit[n++] = 0;
             continue;
         }
-        bool sample = r->n_computed + out.e[k].n == r->n_tokens;
+        bool sample = r->n_computed + out.e[k].n == r->n_tokens && r->pooling == FL_POOLING_NONE;
         for (int32_t j = 0; j < out.e[k].n; j++) {
             const int32_t pos = r->n_computed + j;
             const bool last = sample && j == out.e[k].n - 1;
+            if (e->b_hid) { /* an embedding's states: every prompt position not yet pooled (mean), or the last */
+                const bool h = r->pooling != FL_POOLING_NONE && pos >= r->n_pooled &&
+                               (r->pooling == FL_POOLING_MEAN || pos == r->n_prompt - 1);
+                e->b_hid[n] = (int8_t)h;
+                if (h) {
+                    e->hrow_req[hrows] = r;
+                    e->hrow_pos[hrows++] = pos;
+                }
+            }
             /* prompt logprobs: a row for each prompt position not yet recorded (the scheduler
              * counted them) */
             const bool score = r->prompt_logprobs && pos >= r->n_plp && pos < r->n_prompt - 1;
@@ -868,7 +918,7 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
         if (r->n_computed == 0 || r->n_computed + out.e[k].n <= r->n_prompt) e->prefilled += out.e[k].n;
     }
     FL_ASSERT(n <= e->max_tokens && rows <= e->max_rows);
-    fl_batch b = {n, e->b_tok, e->b_pos, e->b_seq, e->b_logit, e->b_lora};
+    fl_batch b = {n, e->b_tok, e->b_pos, e->b_seq, e->b_logit, e->b_lora, hrows ? e->b_hid : NULL, e->hidden};
 
     /* forward without the lock: add/cancel/poll stay responsive */
     pthread_mutex_unlock(&e->mu);
@@ -887,6 +937,23 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
         goto done;
     }
     fl_sched_commit(e->sched, &out);
+    for (int32_t k = 0; k < hrows; k++) { /* embeddings: pool the states, in position order */
+        fl_request *r = e->hrow_req[k];
+        if (r->state == FL_REQ_FINISHED || e->hrow_pos[k] != (r->pooling == FL_POOLING_MEAN ? r->n_pooled : r->n_prompt - 1)) continue;
+        const float *h = e->hidden + (size_t)k * (size_t)e->be.n_embd;
+        if (r->pooling == FL_POOLING_MEAN)
+            for (int32_t j = 0; j < r->n_embd; j++) r->embd[j] += h[j];
+        else memcpy(r->embd, h, (size_t)r->n_embd * sizeof *h);
+        r->n_pooled = e->hrow_pos[k] + 1;
+    }
+    for (int32_t k = 0; k < out.n_entries; k++) { /* an embedding whose prompt is done: finished */
+        fl_request *r = out.e[k].r;
+        if (out.e[k].pad || r->pooling == FL_POOLING_NONE || r->state == FL_REQ_FINISHED || r->n_computed < r->n_prompt) continue;
+        FL_ASSERT(r->n_pooled == r->n_prompt);
+        if (r->pooling == FL_POOLING_MEAN)
+            for (int32_t j = 0; j < r->n_embd; j++) r->embd[j] /= (float)r->n_prompt;
+        finish(e, r, FL_FINISH_STOP);
+    }
     for (int32_t k = 0; k < rows; k++) {
         fl_request *r = e->row_req[k];
         if (r->state == FL_REQ_FINISHED) continue;
@@ -945,13 +1012,20 @@ int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
         }
         n++;
     }
-    if (grow(FL_MEM_MISC, (void **)&e->poll_tok, &e->poll_tok_cap, need_tok + 1, sizeof(int32_t)) != FL_OK ||
+    int64_t need_embd = 0; /* finished embeddings */
+    for (int32_t i = 0, m = 0; i < e->n_reqs && m < n; i++)
+        if (e->reqs[i]->event_pending) {
+            m++;
+            if (e->reqs[i]->embd && e->reqs[i]->state == FL_REQ_FINISHED) need_embd += e->reqs[i]->n_embd;
+        }
+    if ((need_embd && grow(FL_MEM_MISC, (void **)&e->poll_embd, &e->poll_embd_cap, need_embd, sizeof(float)) != FL_OK) ||
+        grow(FL_MEM_MISC, (void **)&e->poll_tok, &e->poll_tok_cap, need_tok + 1, sizeof(int32_t)) != FL_OK ||
         grow(FL_MEM_MISC, (void **)&e->poll_text, &e->poll_text_cap, need_text + 1, 1) != FL_OK ||
         grow(FL_MEM_MISC, (void **)&e->poll_lp, &e->poll_lp_cap, need_lp + 1, sizeof(fl_token_logprob)) != FL_OK) {
         pthread_mutex_unlock(&e->mu);
         return 0;
     }
-    int64_t ot = 0, ox = 0, ol = 0;
+    int64_t ot = 0, ox = 0, ol = 0, oe = 0;
     n = 0;
     for (int32_t i = 0; i < e->n_reqs && n < cap; i++) {
         fl_request *r = e->reqs[i];
@@ -1005,6 +1079,12 @@ int32_t fl_engine_poll(fl_engine *e, fl_request_output *out, int32_t cap) {
             o->error = e->poll_text + ox;
             ox += (int64_t)el + 1;
         }
+        if (r->embd && r->state == FL_REQ_FINISHED && r->finish == FL_FINISH_STOP) {
+            memcpy(e->poll_embd + oe, r->embd, (size_t)r->n_embd * sizeof *r->embd);
+            o->embedding = e->poll_embd + oe;
+            o->n_embd = r->n_embd;
+            oe += r->n_embd;
+        }
         o->n_prompt = r->n_prompt;
         o->n_generated = fl_request_n_generated(r);
         o->n_cached_prompt = r->n_cached_prompt;
@@ -1052,6 +1132,9 @@ void fl_engine_stats_get(fl_engine *e, fl_engine_stats *s) {
 }
 
 int32_t fl_engine_n_ctx(const fl_engine *e) { return e->be.n_ctx; }
+int32_t fl_engine_n_embd(const fl_engine *e) { return e->be.n_embd; }
+int32_t fl_engine_embeddings(const fl_engine *e) { return e->p.embeddings != 0; }
+
 int32_t fl_engine_n_vocab(const fl_engine *e) { return e->be.n_vocab; }
 const char *fl_engine_model_name(const fl_engine *e) { return e->be.name ? e->be.name : "?"; }
 const char *fl_engine_chat_template(const fl_engine *e) { return e->be.chat_template; }

@@ -114,6 +114,7 @@ fl_status fl_engine_plan_input(const fl_engine_params *p, fl_plan_engine_in *pi)
     pi->guide_masks = p->guide_masks;
     pi->guide_mem = (uint64_t)fl_engine_guide_mem(p);
     pi->net_mem = p->net_mem > 0 ? (uint64_t)p->net_mem : 0;
+    pi->embeddings = p->embeddings != 0;
     pi->lora_paths = p->lora_paths;
     pi->lora_scales = p->lora_scales;
     pi->n_loras = p->n_loras;
@@ -237,6 +238,7 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
     fl_engine_backend be = {0};
     be.ctx = m;
     be.n_vocab = hp->n_vocab;
+    be.n_embd = hp->n_embd;
     be.n_ctx = n_ctx;
     be.block_size = block_size;
     be.n_blocks = fl_kv_adapter_n_blocks(m->ad);

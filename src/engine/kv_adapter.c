@@ -39,9 +39,10 @@ static fl_status pg_seq_begin(void *ctx, fl_request *r, int32_t *n_cached) {
     fl_kv_adapter *a = ctx;
     int32_t id = take_id(a);
     if (id < 0) return FL_NO_KV_SPACE;
-    /* prompt logprobs need every prompt position's logits: no cached prefix (the blocks it
-     * computes are still cached for others) */
-    const int32_t n_match = fl_request_plp_pending(r) ? 1 : r->n_tokens;
+    /* prompt logprobs need every prompt position's logits, a mean-pooled embedding every
+     * position's state: no cached prefix (the blocks it computes are still cached for others) */
+    const int32_t n_match = fl_request_plp_pending(r) || r->pooling == FL_POOLING_MEAN ? 1 : r->n_tokens; /* (mean
+                                                                                                          * pooling: every state) */
     fl_status st = r->cache_salt
                        ? fl_kv_seq_add_keyed(a->kv, id, r->tokens, n_match, &r->cache_salt, sizeof r->cache_salt, n_cached)
                        : fl_kv_seq_add(a->kv, id, r->tokens, n_match, n_cached);

@@ -176,6 +176,7 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
         }
         fl_json_fsm_init_schema(r->json_fsm, r->schema);
     }
+    r->pooling = p->pooling;
     r->prompt_logprobs = p->prompt_logprobs && sample == 0; /* the samples share one prompt */
     const size_t rec = (size_t)(1 + r->n_top) * sizeof *r->lp;
     if ((r->logprobs && !(r->lp = fl_alloc(FL_MEM_MISC, (size_t)r->max_tokens * rec, 0))) ||

@@ -85,6 +85,9 @@ struct fl_request {
     int32_t n_top;              /* alternatives per generated token, 0..FL_MAX_TOP_LOGPROBS */
     fl_token_logprob *lp;       /* [max_tokens][1 + n_top] per generated token: itself, then the n_top
                                  * most likely at its position (allocated with the request, as tokens) */
+    fl_pooling pooling;         /* an embedding request: its prompt pooled into embd, nothing generated */
+    float *embd;                /* [n_embd] the pooled sum / vector (the engine's, FL_MEM_MISC), or NULL */
+    int32_t n_embd, n_pooled;   /* its length; prompt positions pooled so far (in order; kept over preemption) */
     bool json;                  /* output constrained to one JSON object or schema value (json_fsm.h) */
     struct fl_json_schema *schema; /* the request's compiled json_schema (owned), or NULL */
     fl_json_fsm *json_fsm;      /* json: the bytes generated so far (allocated with the request: ~4 KiB,

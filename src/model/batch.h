@@ -19,6 +19,9 @@ typedef struct fl_batch {
     const int8_t *logits;   /* [n_tokens] 1 = compute logits for this token; NULL = last token only */
     const int32_t *lora;    /* [n_tokens] the LoRA adapter of each token: 0 none, k the model's adapter k
                              * (fl_model_params.lora_paths[k - 1]); NULL: the model's lora_default */
+    const int8_t *hidden;   /* [n_tokens] 1 = write this token's final hidden state (after the output norm)
+                             * into hidden_out, rows in batch order; NULL: none */
+    float *hidden_out;      /* [rows][n_embd] */
 } fl_batch;
 
 /* Number of logit rows the batch asks for (logits == NULL: 1 when n_tokens > 0). */

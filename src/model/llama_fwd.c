@@ -266,5 +266,11 @@ fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv
     }
     rmsnorm_rows(w->xl, w->xl, m->output_norm.data, r, E, hp->rms_eps);
     if (r > 0 && logits_out) fl_matmul(&m->output, w->xl, logits_out, r);
+    if (b->hidden && b->hidden_out) { /* the final hidden states asked for (embeddings), normed as the logits' rows */
+        int64_t h = 0;
+        for (int64_t i = 0; i < T; i++)
+            if (b->hidden[i]) memcpy(b->hidden_out + h++ * E, w->x + i * E, (size_t)E * sizeof(float));
+        rmsnorm_rows(b->hidden_out, b->hidden_out, m->output_norm.data, h, E, hp->rms_eps);
+    }
     return FL_OK;
 }

@@ -233,6 +233,18 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
                              out->logprob_bytes;
         out->bytes[FL_MEM_MISC] = out->misc_static + out->misc_requests;
     }
+    if (in->embeddings) { /* engine.c: the step's hidden states (ACT), their flags, owners and positions
+                           * (SCRATCH); a pooled vector per request and the poll's copy of them (MISC) */
+        const uint64_t Te = (uint64_t)in->max_batch_tokens + (uint64_t)in->max_seqs, E = (uint64_t)hp.n_embd;
+        const uint64_t act = Te * E * 4, scratch = Te * (1 + sizeof(void *) + 4);
+        uint64_t nc = 256;
+        while (nc < (uint64_t)in->max_seqs * E) nc *= 2;
+        const uint64_t misc = (uint64_t)in->max_seqs * E * 4 + 4 * (nc > 256 ? nc + nc / 2 : nc); /* (a growth holds both) */
+        out->embd_bytes = act + scratch + misc;
+        out->bytes[FL_MEM_ACT] += act;
+        out->bytes[FL_MEM_SCRATCH] += scratch;
+        out->bytes[FL_MEM_MISC] += misc;
+    }
     out->bytes[FL_MEM_GUIDE] = in->guide_mem; /* budgets, enforced: at most these */
     out->bytes[FL_MEM_NET] = in->net_mem;
     for (int c = 0; c < FL_MEM_COUNT; c++) out->total += out->bytes[c];

@@ -34,6 +34,8 @@
  *                      (the cache's token ids) + n_ctx x the mean piece length, rounded up
  *                      to a power of two (the streamed text)): at most max_seqs
  *                      requests queued or running, each up to a full context, n = 1
+ *                    + with embeddings, max_seqs x n_embd x 4 (pooled vectors) + the poll's
+ *                      copy (4 x n_embd x max_seqs rounded up to a power of two, at least 256 floats)
  *                    + with max_logprobs >= 0, max_seqs x n_ctx records of 8 x (1 + max_logprobs)
  *                      + 4 bytes (a request asking for logprobs, and for its prompt's, holds one per
  *                      token of its context, and a prompt token's record its rank) and the poll's copy of one step's records (at most
@@ -81,6 +83,7 @@ typedef struct fl_plan_engine_in {
     int32_t guide_masks;      /* token masks kept for regex requests' states (engine/mask_cache.h) */
     uint64_t guide_mem;       /* the output constraints' budget (fl_engine_guide_mem): GUIDE */
     uint64_t net_mem;         /* the server's buffers' budget (fl_engine_params.net_mem): NET */
+    int32_t embeddings;       /* the engine takes embedding requests (fl_engine_params.embeddings) */
     const char *const *lora_paths; /* LoRA adapters applied at run time (model/lora.h) */
     const float *lora_scales;
     int32_t n_loras;
@@ -93,6 +96,8 @@ typedef struct fl_plan_engine_out {
     uint64_t kv_bytes_per_block;
     uint64_t file_bytes, meta_bytes, tensor_bytes; /* file = meta + tensors (+ alignment) */
     uint64_t ws_bytes, logits_bytes, batch_bytes, matmul_scratch, attn_ws;
+    uint64_t embd_bytes;        /* embeddings: the step's hidden states (ACT), their flags and owners (SCRATCH), the
+                                 * pooled vectors and the poll's copy (MISC) */
     uint64_t misc_static, misc_requests;
     double avg_piece_bytes;     /* mean detokenized bytes per vocabulary token (1 without a tokenizer) */
     uint64_t vocab_text_bytes;  /* all the vocabulary's detokenized bytes (the engine's JSON table) */

@@ -1747,6 +1747,212 @@ out:
     return ret;
 }
 
+/* base64 of n bytes (RFC 4648, with padding) into out (4 * ceil(n / 3) + 1 bytes) */
+static void base64(const unsigned char *in, size_t n, char *out) {
+    static const char A[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t o = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        const uint32_t v = (uint32_t)in[i] << 16 | (i + 1 < n ? (uint32_t)in[i + 1] << 8 : 0) | (i + 2 < n ? in[i + 2] : 0);
+        out[o++] = A[v >> 18 & 63];
+        out[o++] = A[v >> 12 & 63];
+        out[o++] = i + 1 < n ? A[v >> 6 & 63] : '=';
+        out[o++] = i + 2 < n ? A[v & 63] : '=';
+    }
+    out[o] = 0;
+}
+
+#define SRV_MAX_EMBD_INPUTS 256
+
+/* POST /v1/embeddings (OpenAI's; vLLM's add_special_tokens, truncate_prompt_tokens and normalize,
+ * llama.cpp's embd_normalize -1 / 2): each input (a string, token ids, or a list of those) is
+ * computed as an engine embedding request (serve --embeddings; --pooling), the vectors L2
+ * normalized unless asked not to, as floats or base64 of little-endian f32s. */
+static enum MHD_Result handle_embeddings(fl_server *s, struct MHD_Connection *conn, srv_conn *c) {
+    char err[256] = "";
+    enum MHD_Result ret;
+    gen_prompt *gp = NULL;
+    int32_t n = 0;
+    srv_embd *m = NULL;
+    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
+    if (!j) return BAD("malformed JSON in the request body");
+    if (!fl_engine_embeddings(s->engine)) {
+        ret = send_error(s, conn, 400, "invalid_request_error", "embeddings_disabled", NULL, "this server computes no embeddings: start it with --embeddings");
+        goto out;
+    }
+    if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(j, "input");
+    if (!in) in = cJSON_GetObjectItemCaseSensitive(j, "content"); /* (llama.cpp's name) */
+    const cJSON *items[SRV_MAX_EMBD_INPUTS];
+    const bool ids_one = cJSON_IsArray(in) && cJSON_IsNumber(cJSON_GetArrayItem(in, 0)); /* one input of token ids */
+    if (cJSON_IsString(in) || ids_one) items[n++] = in;
+    else if (cJSON_IsArray(in) && cJSON_GetArraySize(in) > 0) {
+        if (cJSON_GetArraySize(in) > SRV_MAX_EMBD_INPUTS) { ret = BAD("'input' lists at most %d inputs", SRV_MAX_EMBD_INPUTS); goto out; }
+        const cJSON *x;
+        cJSON_ArrayForEach(x, in) items[n++] = x;
+    } else {
+        ret = BAD("'input' must be a string, an array of token ids, or a non-empty list of those");
+        goto out;
+    }
+    const cJSON *ef = cJSON_GetObjectItemCaseSensitive(j, "encoding_format");
+    if (ef && !cJSON_IsNull(ef) && (!cJSON_IsString(ef) || (strcmp(ef->valuestring, "float") && strcmp(ef->valuestring, "base64")))) {
+        ret = BAD("'encoding_format' must be \"float\" or \"base64\"");
+        goto out;
+    }
+    const bool b64 = cJSON_IsString(ef) && !strcmp(ef->valuestring, "base64");
+    const int32_t E = fl_engine_n_embd(s->engine);
+    int64_t dims = E, trunc = 0, en = 2;
+    if (get_int(j, "dimensions", 1, 1e9, &dims, err, sizeof err) || get_int(j, "truncate_prompt_tokens", -1, 1e9, &trunc, err, sizeof err) ||
+        get_int(j, "embd_normalize", -1, 2, &en, err, sizeof err)) {
+        ret = BAD("%s", err);
+        goto out;
+    }
+    if (dims != E) { ret = BAD("'dimensions' is %lld; this model's embeddings have %d (they cannot be shortened)", (long long)dims, E); goto out; }
+    if (en != -1 && en != 2) { ret = BAD("'embd_normalize' takes -1 (none) or 2 (Euclidean)"); goto out; }
+    const cJSON *nz = cJSON_GetObjectItemCaseSensitive(j, "normalize"), *ast = cJSON_GetObjectItemCaseSensitive(j, "add_special_tokens");
+    if ((nz && !cJSON_IsNull(nz) && !cJSON_IsBool(nz)) || (ast && !cJSON_IsNull(ast) && !cJSON_IsBool(ast))) {
+        ret = BAD("'normalize' and 'add_special_tokens' must be booleans");
+        goto out;
+    }
+    const bool normalize = !cJSON_IsFalse(nz) && en == 2;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
+    if (model && !cJSON_IsString(model) && !cJSON_IsNull(model)) { ret = BAD("'model' must be a string"); goto out; }
+    if (!(gp = fl_calloc(FL_MEM_NET, (size_t)n, sizeof *gp))) { ret = NOMEM(); goto out; }
+    const int32_t n_ctx = fl_engine_n_ctx(s->engine);
+    for (int32_t k = 0; k < n; k++) {
+        const cJSON *q = items[k], *x;
+        if (cJSON_IsString(q)) {
+            if (!*q->valuestring) { ret = BAD("input %d is empty", k); goto out; }
+            if (!fl_utf8_is_valid(q->valuestring, strlen(q->valuestring))) { ret = BAD("input %d is not valid UTF-8", k); goto out; }
+            if (srv_buf_append(&gp[k].text, q->valuestring, strlen(q->valuestring)) != FL_OK) { ret = NOMEM(); goto out; }
+            const fl_status st = tokenize_all(s, &gp[k].text, cJSON_IsFalse(ast) ? 0 : FL_TOKENIZE_ADD_SPECIAL, &gp[k].toks, &gp[k].cap, &gp[k].n);
+            if (st == FL_ERR_NOMEM) { ret = NOMEM(); goto out; }
+            if (st != FL_OK) { ret = BAD("cannot tokenize input %d: %s", k, fl_last_error()); goto out; }
+        } else if (cJSON_IsArray(q) && cJSON_GetArraySize(q) > 0) {
+            gp[k].cap = cJSON_GetArraySize(q);
+            if (!(gp[k].toks = fl_alloc(FL_MEM_NET, (size_t)gp[k].cap * 4, 16))) { ret = NOMEM(); goto out; }
+            cJSON_ArrayForEach(x, q) {
+                if (!is_token_id(s, x)) { ret = BAD("input %d: token ids must be integers in [0, %d)", k, fl_engine_n_vocab(s->engine)); goto out; }
+                gp[k].toks[gp[k].n++] = (int32_t)x->valuedouble;
+            }
+        } else {
+            ret = BAD("input %d must be a non-empty string or array of token ids", k);
+            goto out;
+        }
+        if (gp[k].n == 0) { ret = BAD("input %d is empty", k); goto out; }
+        const int64_t keep = trunc == -1 ? n_ctx - 1 : trunc;
+        if (trunc && gp[k].n > keep) { /* vLLM's: the last tokens */
+            memmove(gp[k].toks, gp[k].toks + (gp[k].n - keep), (size_t)keep * sizeof *gp[k].toks);
+            gp[k].n = keep;
+        }
+        if (gp[k].n >= n_ctx) {
+            ret = send_error(s, conn, 400, "invalid_request_error", "context_length_exceeded", "input",
+                             "input %d has %lld tokens; the context is %d tokens", k, (long long)gp[k].n, n_ctx);
+            goto out;
+        }
+    }
+    fl_engine_stats es;
+    fl_engine_stats_get(s->engine, &es);
+    if (es.n_waiting + n > s->p.max_queue) {
+        ret = send_error(s, conn, 503, "server_error", "queue_full", NULL, "the server is busy (%d requests waiting); retry later", es.n_waiting);
+        goto out;
+    }
+    if (!(m = fl_calloc(FL_MEM_NET, 1, sizeof *m)) || !(m->ids = fl_calloc(FL_MEM_NET, (size_t)n, sizeof *m->ids)) ||
+        !(m->vec = fl_calloc(FL_MEM_NET, (size_t)n * (size_t)E, sizeof *m->vec))) {
+        ret = NOMEM();
+        goto out;
+    }
+    m->n = n;
+    m->n_embd = E;
+    pthread_cond_init(&m->cv, NULL);
+    pthread_mutex_lock(&s->mu);
+    for (int32_t k = 0; k < n; k++) {
+        fl_request_params rp;
+        memset(&rp, 0, sizeof rp);
+        fl_sampling_params_default(&rp.sampling);
+        rp.prompt = gp[k].toks;
+        rp.n_prompt = (int32_t)gp[k].n;
+        rp.pooling = s->p.pooling == FL_POOLING_LAST ? FL_POOLING_LAST : FL_POOLING_MEAN;
+        const fl_status st = fl_engine_add(s->engine, &rp, &m->ids[k]);
+        if (st != FL_OK) {
+            for (int32_t i = 0; i < k; i++) fl_engine_cancel(s->engine, m->ids[i]);
+            pthread_mutex_unlock(&s->mu);
+            ret = st == FL_ERR_INVALID ? BAD("%s", fl_last_error()) : send_error(s, conn, 503, "server_error", NULL, NULL, "cannot queue the request: %s", fl_last_error());
+            goto out;
+        }
+    }
+    m->next = s->embds;
+    s->embds = m;
+    s->n_live++;
+    pthread_cond_signal(&s->work_cv);
+    bool gone = false;
+    while (m->n_done < m->n && !gone) { /* the driver fills it in; a client that leaves cancels it */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&m->cv, &s->mu, &ts);
+        gone = m->n_done < m->n && (s->stopping || client_gone(conn));
+    }
+    if (gone) {
+        for (srv_embd **pp = &s->embds; *pp; pp = &(*pp)->next)
+            if (*pp == m) { *pp = m->next; break; }
+        s->n_live--;
+        for (int32_t i = 0; i < n; i++) fl_engine_cancel(s->engine, m->ids[i]);
+        s->m.requests_cancelled++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (gone) { ret = MHD_NO; goto out; }
+    if (m->failed) { ret = send_error(s, conn, 500, "server_error", NULL, NULL, "%s", m->error); goto out; }
+    cJSON *o = cJSON_CreateObject(), *d = cJSON_AddArrayToObject(o, "data");
+    int64_t n_tok = 0;
+    char *enc = b64 ? fl_alloc(FL_MEM_NET, ((size_t)E * 4 + 2) / 3 * 4 + 1, 16) : NULL;
+    if (!o || (b64 && !enc)) {
+        cJSON_Delete(o);
+        ret = NOMEM();
+        goto out;
+    }
+    for (int32_t k = 0; k < n; k++) {
+        float *v = m->vec + (size_t)k * (size_t)E;
+        double ss = 0;
+        for (int32_t i = 0; i < E; i++) ss += (double)v[i] * v[i];
+        const double sc = normalize && ss > 0 ? 1.0 / sqrt(ss) : 1.0;
+        for (int32_t i = 0; i < E; i++) v[i] = (float)(v[i] * sc);
+        cJSON *it = cJSON_CreateObject();
+        cJSON_AddStringToObject(it, "object", "embedding");
+        cJSON_AddNumberToObject(it, "index", k);
+        if (b64) { /* little-endian f32s, as OpenAI's clients decode them */
+            base64((const unsigned char *)v, (size_t)E * 4, enc);
+            cJSON_AddStringToObject(it, "embedding", enc);
+        } else {
+            cJSON *a = cJSON_AddArrayToObject(it, "embedding");
+            for (int32_t i = 0; i < E; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
+        }
+        cJSON_AddItemToArray(d, it);
+        n_tok += gp[k].n;
+    }
+    fl_free(FL_MEM_NET, enc, enc ? ((size_t)E * 4 + 2) / 3 * 4 + 1 : 0);
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddStringToObject(o, "model", s->model_name);
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)n_tok);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)n_tok);
+    ret = send_json(s, conn, o);
+out:
+    for (int32_t k = 0; gp && k < n; k++) {
+        if (gp[k].toks) fl_free(FL_MEM_NET, gp[k].toks, (size_t)gp[k].cap * 4);
+        srv_buf_free(&gp[k].text);
+    }
+    fl_free(FL_MEM_NET, gp, gp ? (size_t)n * sizeof *gp : 0);
+    if (m) {
+        pthread_cond_destroy(&m->cv);
+        fl_free(FL_MEM_NET, m->ids, m->ids ? (size_t)m->n * sizeof *m->ids : 0);
+        fl_free(FL_MEM_NET, m->vec, m->vec ? (size_t)m->n * (size_t)m->n_embd * sizeof *m->vec : 0);
+        fl_free(FL_MEM_NET, m, sizeof *m);
+    }
+    cJSON_Delete(j);
+    return ret;
+}
+
 /* One /v1/models entry; an adapter (vLLM's LoRA modules) names its parent. */
 static void add_model(fl_server *s, cJSON *d, const char *id, const char *parent) {
     cJSON *m = cJSON_CreateObject();
@@ -1917,7 +2123,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     bool is_tok = !strcmp(url, "/tokenize"), is_detok = !strcmp(url, "/detokenize");
     bool is_native = !strcmp(url, "/completion") || !strcmp(url, "/completions"); /* llama.cpp's own */
     bool is_props = !strcmp(url, "/props"), is_apply = !strcmp(url, "/apply-template");
-    if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok && !is_native && !is_props && !is_apply)
+    bool is_embd = !strcmp(url, "/v1/embeddings") || !strcmp(url, "/embeddings");
+    if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok && !is_native && !is_props && !is_apply && !is_embd)
         return send_error(s, conn, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %s", method, url);
     if (!authorized(s, conn)) return send_error(s, conn, 401, "invalid_request_error", "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
     if (is_models || is_metrics || is_props) {
@@ -1944,6 +2151,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (is_detok) return handle_detokenize(s, conn, c);
     if (is_apply) return handle_apply_template(s, conn, c);
     if (is_native) return handle_native(s, conn, c);
+    if (is_embd) return handle_embeddings(s, conn, c);
     return handle_generate(s, conn, c, is_chat, NULL, NULL);
 }
 

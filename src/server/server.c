@@ -26,7 +26,34 @@ void srv_cancel(fl_server *s, srv_req *r) {
     for (int32_t k = 0; k < r->n_pr; k++) fl_engine_cancel(s->engine, r->pr[k].id);
 }
 
+/* An output of an embedding request: its vector, or why it has none (s->mu held). */
+static bool dispatch_embd(fl_server *s, const fl_request_output *o) {
+    for (srv_embd **pp = &s->embds; *pp; pp = &(*pp)->next) {
+        srv_embd *m = *pp;
+        int32_t i = 0;
+        while (i < m->n && m->ids[i] != o->request_id) i++;
+        if (i == m->n) continue;
+        if (o->finish == FL_FINISH_NONE) return true;
+        if (o->embedding && o->n_embd == m->n_embd) memcpy(m->vec + (size_t)i * (size_t)m->n_embd, o->embedding, (size_t)m->n_embd * sizeof *m->vec);
+        else if (!m->failed) {
+            m->failed = true;
+            snprintf(m->error, sizeof m->error, "input %d ended without its embedding%s%s", i, o->error ? ": " : "", o->error ? o->error : "");
+        }
+        s->m.finished[o->finish == FL_FINISH_STOP ? SRV_FINISHED_STOP : o->finish == FL_FINISH_CANCELLED ? SRV_FINISHED_ABORT : SRV_FINISHED_ERROR]++;
+        s->m.prompt_tokens += o->n_prompt;
+        if (++m->n_done == m->n) { /* all of them: unlinked, the connection's thread answers */
+            *pp = m->next;
+            s->n_live--;
+            s->m.requests_ok++;
+        }
+        pthread_cond_broadcast(&m->cv);
+        return true;
+    }
+    return false;
+}
+
 static void dispatch(fl_server *s, const fl_request_output *o) {
+    if (s->embds && dispatch_embd(s, o)) return;
     srv_req *r = s->reqs;
     int32_t k = -1;
     for (; r; r = r->next) {

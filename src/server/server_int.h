@@ -127,6 +127,19 @@ typedef struct srv_metrics {
     srv_hist ttft, e2e;
 } srv_metrics;
 
+/* A /v1/embeddings request: one engine request per input, waited for by its connection's
+ * thread (the driver fills it in, s->mu held). */
+typedef struct srv_embd {
+    struct srv_embd *next;
+    int32_t n, n_done;
+    int64_t *ids;          /* [n] engine ids (NET) */
+    float *vec;            /* [n][n_embd] (NET) */
+    int32_t n_embd;
+    bool failed;           /* an input ended without its embedding */
+    char error[192];
+    pthread_cond_t cv;
+} srv_embd;
+
 struct fl_server {
     fl_engine *engine;
     fl_server_params p;
@@ -138,6 +151,7 @@ struct fl_server {
     pthread_mutex_t mu;
     pthread_cond_t work_cv;
     srv_req *reqs;         /* live requests (registered with the engine) */
+    srv_embd *embds;       /* live embedding requests (each counted in n_live) */
     int32_t n_live;
     int32_t engine_active; /* from the last step */
     bool stopping;
