@@ -93,6 +93,7 @@ typedef struct fl_plan_verify_opts {
     int32_t max_logprobs;   /* the engine's (-1: none): a second run checks the logprob records */
     const char *lora;       /* a LoRA adapter the engine applies (NULL: none) */
     int64_t guide_mem;      /* the engine's output constraints' budget (-1: its default) */
+    int32_t embeddings;     /* the engine takes embedding requests: then max_seqs of them run after the generations */
 } fl_plan_verify_opts;
 int fl_plan_verify(const fl_plan_verify_opts *o);
 

@@ -70,6 +70,21 @@ static int verify_run(const fl_plan_verify_opts *vo, fl_engine_params ep) {
         st = fl_engine_step(e, &active);
         while (fl_engine_poll(e, ev, 64) > 0) {}
     }
+    for (int32_t r = 0; ep.embeddings && r < ep.max_seqs && !st; r++) { /* then as many embeddings (mean: every state) */
+        for (int32_t i = 0; i < P; i++) prompt[i] = 3 + (int32_t)(((int64_t)r * 104729 + (int64_t)i * 7919) % (nv - 3));
+        fl_request_params rp;
+        memset(&rp, 0, sizeof rp);
+        rp.prompt = prompt;
+        rp.n_prompt = P - r % P > 1 ? P - r % P : 1;
+        rp.pooling = FL_POOLING_MEAN;
+        rp.lora = ep.n_loras > 0 ? 1 + r % ep.n_loras : 0;
+        int64_t id;
+        st = fl_engine_add(e, &rp, &id);
+    }
+    for (active = ep.embeddings; !st && active;) {
+        st = fl_engine_step(e, &active);
+        while (fl_engine_poll(e, ev, 64) > 0) {}
+    }
     uint64_t meas[FL_MEM_COUNT];
     for (int c = 0; c < FL_MEM_COUNT; c++) meas[c] = fl_mem_peak((fl_mem_cat)c);
     const uint64_t mt = fl_mem_peak_total();
@@ -81,8 +96,9 @@ static int verify_run(const fl_plan_verify_opts *vo, fl_engine_params ep) {
     printf("plan vs engine: %s, weights %s, KV %s x %lld blocks of %d, %d seqs x %d tokens, %d-token steps, %d threads%s, ",
            vo->model, vo->weights ? vo->weights : "(file)", vo->kv_type ? vo->kv_type : "f16", (long long)po.kv_blocks, bs,
            ep.max_seqs, ep.n_ctx, ep.max_batch_tokens, pi.n_threads > 0 ? pi.n_threads : 0, vo->mem > 0 ? " (KV from --mem)" : "");
-    if (lp) printf("logprobs: %d alternatives on every prompt and output token (act, scratch, total: upper bounds)\n", ep.max_logprobs);
-    else printf("no logprobs\n");
+    if (lp) printf("logprobs: %d alternatives on every prompt and output token (act, scratch, total: upper bounds)", ep.max_logprobs);
+    else printf("no logprobs");
+    printf("%s\n", ep.embeddings ? ", then as many embedding requests" : "");
     printf("%-10s %14s %14s %9s\n", "category", "predicted", "measured", "error");
     int bad = 0;
     for (size_t k = 0; k <= sizeof cats / sizeof cats[0]; k++) {
@@ -124,6 +140,7 @@ int fl_plan_verify(const fl_plan_verify_opts *vo) {
     ep.n_loras = vo->lora ? 1 : 0;
     if (vo->kv_block > 0) ep.kv_block_size = vo->kv_block;
     ep.guide_mem = vo->guide_mem;
+    ep.embeddings = vo->embeddings;
     /* the plain worst case first (every category exact), then the logprob records on top */
     const int32_t max_lp = vo->max_logprobs;
     ep.max_logprobs = -1;

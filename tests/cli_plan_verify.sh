@@ -13,10 +13,12 @@ out=$("$bin" demo -n 4 --max-tokens 8 -t 1 --mem 10M 2>&1) && fail "demo --mem 1
 echo "$out" | grep -q "the weights alone (.*) exceed the memory limit 10.00 MiB by" || fail "demo --mem 10M: $out"
 model="$shared/models/stories260K.gguf"
 [ -f "$model" ] || { echo "no $model: skipping the rest"; exit 77; }
-for args in "" "--weights q4_0 --kv-type q8_0 --batch 8 --prefill 32" "--weights nf4 --mem 4M -c 256" "--kv-block 32 --batch 2 --prefill 100"; do
+for args in "" "--weights q4_0 --kv-type q8_0 --batch 8 --prefill 32" "--weights nf4 --mem 4M -c 256" "--kv-block 32 --batch 2 --prefill 100" "--embeddings --batch 3 --mem 6M"; do
     out=$("$bin" plan -m "$model" --verify -t 1 -c 192 $args 2>&1) || fail "plan --verify $args: $out"
     echo "$out" | grep -Eq "^total +[0-9.]+ [KM]iB +[0-9.]+ [KM]iB" || fail "plan --verify $args: no total row: $out"
 done
+out=$("$bin" plan -m "$model" --verify -t 1 -c 192 --embeddings --max-logprobs -1 2>&1) || fail "plan --verify --embeddings: $out"
+echo "$out" | grep -q "then as many embedding requests" || fail "plan --verify --embeddings: no embedding phase: $out"
 "$bin" plan --preset llama3-8b --verify >/dev/null 2>&1; [ $? -eq 2 ] || fail "--verify without -m: want exit 2"
 out=$("$bin" run -m "$model" -p "Once upon a time" -n 8 --temp 0 -t 1 --weights q8_0 2>&1) || fail "run --weights: $out"
 echo "$out" | grep -q "weights converted to q8_0 at load: .* bits per weight" || fail "run --weights: no conversion line: $out"
