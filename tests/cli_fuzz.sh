@@ -6,7 +6,8 @@
 # llama.cpp test vocabularies, seeded with their test strings), fuzz_json_fsm (the JSON
 # recognizer of constrained decoding against a plain validator), fuzz_json_schema (JSON
 # Schema compiled and followed), fuzz_regex (guided_regex's two matchers against each other) and
-# fuzz_grammar (GBNF: pieces, keys, the vocabulary walk against a check per token)
+# fuzz_grammar (GBNF: pieces, keys, the vocabulary walk against a check per token), fuzz_tools
+# (tool calling's requests, grammars and output reading; the reasoning split)
 # for a third of that each.  Skips
 # (77) when clang or libFuzzer is not installed.
 # usage: cli_fuzz.sh FITLLM SHARED_DIR
@@ -27,7 +28,7 @@ if [ ! -f "$OUT/build.ninja" ]; then
     CC=clang cmake -S "$SRC" -B "$OUT" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFITLLM_FUZZ=ON \
         -DFITLLM_MPI=OFF -DFL_SHARED_DIR="$SHARED" >"$OUT.cmake.log" 2>&1 || { cat "$OUT.cmake.log"; exit 1; }
 fi
-ninja -C "$OUT" fuzz_gguf fuzz_plan fuzz_tokenize fuzz_json_fsm fuzz_json_schema fuzz_regex fuzz_grammar >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
+ninja -C "$OUT" fuzz_gguf fuzz_plan fuzz_tokenize fuzz_json_fsm fuzz_json_schema fuzz_regex fuzz_grammar fuzz_tools >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
 
 rm -rf "$OUT/run"; mkdir -p "$OUT/run/seeds" "$OUT/run/artifacts"
 python3 "$SRC/tests/fuzz/make_seeds.py" "$OUT/run/seeds"
@@ -123,4 +124,25 @@ for i, (g, t) in enumerate(pairs):
     open('%s/g%02d' % (sys.argv[1], i), 'wb').write(bytes([i * 11]) + g.encode() + b'\0' + (t if isinstance(t, bytes) else t.encode()))
 PY
 run_fuzzer fuzz_grammar $((SECS / 3 + 1)) "$OUT/run/grammar_seeds"
-echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan, fuzz_tokenize, fuzz_json_fsm, fuzz_json_schema, fuzz_regex and fuzz_grammar $((SECS / 3 + 1))s each)"
+# fuzz_tools: tool calling and the reasoning split; each seed is a selector byte, a request body,
+# a NUL byte and a model output
+mkdir -p "$OUT/run/tools_seeds"
+python3 - "$OUT/run/tools_seeds" <<'PY'
+import json, sys
+w = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "unit": {"enum": ["c", "f"]}, "days": {"type": "integer"}}, "required": ["city"]}}}
+a = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+    "a": {"type": "number"}, "b": {"anyOf": [{"type": "number"}, {"type": "null"}]}, "t": {"type": ["string", "array"], "items": {"const": 1}}},
+    "required": ["a", "b"]}}}
+bodies = [{"tools": [w, a], "tool_choice": "required"}, {"tools": [w], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+          {"tools": [w, a, {"type": "function", "function": {"name": "now"}}], "tool_choice": "required", "parallel_tool_calls": False},
+          {"tools": [w, a]}, {"tools": [], "tool_choice": "none"}, {"tools": [w, w]}]
+outs = ['Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', '[{"name":"get_weather","parameters":{"city":"Paris"}}]',
+        '{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"x": [1]}}', '[TOOL_CALLS] [{"name":"f","arguments":{}}]',
+        '<think>\nhmm <tool_call>\n</think>\n\nanswer', 'plain answer', '  <think>never closed', '{"a": 1}']
+for i, b in enumerate(bodies):
+    for k, o in enumerate(outs):
+        open('%s/t%d_%d' % (sys.argv[1], i, k), 'wb').write(bytes([(i * 37 + k * 11) & 255]) + json.dumps(b).encode() + b'\0' + o.encode())
+PY
+run_fuzzer fuzz_tools $((SECS / 3 + 1)) "$OUT/run/tools_seeds"
+echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan, fuzz_tokenize, fuzz_json_fsm, fuzz_json_schema, fuzz_regex, fuzz_grammar and fuzz_tools $((SECS / 3 + 1))s each)"

@@ -73,6 +73,7 @@ static void test_read(void **state) {
         {"{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"x\"}}],\"tool_choice\":\"always\"}", "'tool_choice' must be"},
         {"{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"x\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"y\"}}}", "names 'y'"},
         {"{\"parallel_tool_calls\":1}", "'parallel_tool_calls' must be a boolean"},
+        {"{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"x\",\"parameters\":{\"properties\":{\"a\xa0\":{}}}}}]}", "valid UTF-8"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         err[0] = 0;

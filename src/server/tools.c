@@ -19,6 +19,7 @@
  *     compiler resolves a union by the first byte of a value, and every call is an object.
  * A call's arguments are handed out as JSON text, as OpenAI's clients expect. */
 #include "server/server_int.h"
+#include "core/utf8.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -263,6 +264,14 @@ fl_status srv_tools_read(const cJSON *j, bool json_style, srv_tools *t, const cJ
                     snprintf(err, errn, "two tools are named '%s'", nm->valuestring);
                     return FL_ERR_INVALID;
                 }
+        }
+        char *all = cJSON_PrintUnformatted(tools); /* (the prompt shows them, a grammar may spell them) */
+        if (!all) return FL_ERR_NOMEM;
+        const bool utf8 = fl_utf8_is_valid(all, strlen(all));
+        cJSON_free(all);
+        if (!utf8) {
+            snprintf(err, errn, "'tools' must be valid UTF-8");
+            return FL_ERR_INVALID;
         }
         if (cJSON_GetArraySize(tools) > 0) *tools_out = tools;
     }

@@ -1,0 +1,111 @@
+/*
+ * fuzz_tools.c - libFuzzer target for the server's tool calling and reasoning split
+ * (src/server/tools.c, src/server/reasoning.c): the input is a selector byte, a request body
+ * (tools, tool_choice, ...), a NUL byte and a model output.
+ *
+ * Invariants checked on every input:
+ *   - reading the body never fails but with FL_ERR_INVALID (a message set) or FL_ERR_NOMEM, and a
+ *     constraint comes back exactly for tool_choice "required" or a named function;
+ *   - the GBNF grammar built for "required" over several tools always compiles (it is ours);
+ *   - what streams as content is a prefix of the output (all of it without tools);
+ *   - the calls read out of an output are well formed (an id "call_" + 24 hex digits, type
+ *     "function", a non-empty name, arguments as text), and the content beside them is no longer
+ *     than the output;
+ *   - the reasoning split's offsets are in order inside the output, decided once the output is
+ *     whole, and a streamed prefix never hands out reasoning past what the whole output has.
+ */
+#include "engine/grammar.h"
+#include "server/server_int.h"
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(c)                                                                                                       \
+    do {                                                                                                               \
+        if (!(c)) __builtin_trap();                                                                                    \
+    } while (0)
+
+static void check_calls(const cJSON *calls, size_t content_len, size_t n) {
+    CHECK(content_len <= n);
+    if (!calls) return;
+    CHECK(cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0);
+    const cJSON *x;
+    cJSON_ArrayForEach(x, calls) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(x, "id"), *ty = cJSON_GetObjectItemCaseSensitive(x, "type");
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(x, "function");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name"), *a = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+        CHECK(cJSON_IsString(id) && strlen(id->valuestring) == 29 && !strncmp(id->valuestring, "call_", 5));
+        for (int i = 5; i < 29; i++) CHECK(strchr("0123456789abcdef", id->valuestring[i]) != NULL);
+        CHECK(cJSON_IsString(ty) && !strcmp(ty->valuestring, "function"));
+        CHECK(cJSON_IsString(nm) && nm->valuestring[0]);
+        CHECK(cJSON_IsString(a));
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    const uint8_t sel = data[0];
+    const char *body = (const char *)data + 1;
+    const size_t rest = size - 1;
+    const char *nul = memchr(body, 0, rest);
+    const size_t blen = nul ? (size_t)(nul - body) : rest;
+    const char *out = nul ? nul + 1 : "";
+    const size_t n = nul ? rest - blen - 1 : 0;
+
+    /* the request */
+    srv_tools t;
+    cJSON *j = cJSON_ParseWithLength(body, blen);
+    if (j) {
+        const cJSON *tools = NULL;
+        char *constraint = NULL, err[256] = "";
+        bool gr = false;
+        const fl_status st = srv_tools_read(j, sel & 1, &t, &tools, &constraint, &gr, err, sizeof err);
+        CHECK(st == FL_OK || st == FL_ERR_NOMEM || (st == FL_ERR_INVALID && err[0]));
+        if (st == FL_OK) {
+            CHECK((constraint != NULL) == (t.mode == SRV_TOOLS_REQUIRED || t.mode == SRV_TOOLS_NAMED));
+            CHECK(t.mode == SRV_TOOLS_NONE || tools != NULL);
+            if (gr) {
+                fl_grammar_guide *g = NULL;
+                const fl_status gs = fl_grammar_guide_new(constraint, &g);
+                CHECK(gs == FL_OK || gs == FL_ERR_NOMEM || gs == FL_ERR_BUDGET);
+                fl_grammar_guide_free(g);
+            }
+        }
+        cJSON_free(constraint);
+        cJSON_Delete(j);
+    }
+
+    /* the output, read in each mode */
+    static const srv_tool_mode modes[] = {SRV_TOOLS_NONE, SRV_TOOLS_AUTO, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED};
+    t = (srv_tools){.mode = modes[(sel >> 1) & 3], .json_style = sel & 1, .parallel = true};
+    strcpy(t.named, "f");
+    const size_t h = srv_tools_hold(&t, out, n);
+    CHECK(h <= n);
+    if (t.mode == SRV_TOOLS_NONE) CHECK(h == n);
+    for (int trim = 0; trim < 2; trim++) {
+        srv_buf content = {0};
+        cJSON *calls = srv_tools_parse(&t, out, n, (uint64_t)sel * 77, trim, &content);
+        check_calls(calls, content.len, n);
+        if (t.mode == SRV_TOOLS_NAMED) CHECK(calls != NULL && cJSON_GetArraySize(calls) == 1);
+        cJSON_Delete(calls);
+        srv_buf_free(&content);
+    }
+
+    /* the reasoning split, whole and for a prefix */
+    const bool open = (sel >> 3) & 1;
+    size_t r0, r1, c;
+    const srv_think th = srv_think_scan(out, n, open, true, &r0, &r1, &c);
+    CHECK(th == SRV_THINK_NONE || th == SRV_THINK_DONE);
+    if (th == SRV_THINK_DONE) CHECK(r0 <= r1 && r1 <= c && c <= n);
+    const size_t cut = n ? (size_t)(sel >> 4) * n / 15 : 0;
+    size_t p0, p1, pc;
+    const srv_think tp = srv_think_scan(out, cut, open, false, &p0, &p1, &pc);
+    if (tp == SRV_THINK_IN || tp == SRV_THINK_DONE) {
+        CHECK(p0 <= p1 && p1 <= cut);
+        CHECK(th == SRV_THINK_DONE && p0 == r0 && p1 <= r1);
+    }
+    if (tp == SRV_THINK_NONE) CHECK(th == SRV_THINK_NONE);
+    return 0;
+}
