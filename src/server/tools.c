@@ -413,6 +413,24 @@ static bool calls_of_objects(const char *s, size_t n, cJSON *calls, uint64_t see
     return true;
 }
 
+/* s[0..n): one JSON array (spaces after it) of one or more call objects, added to calls (left
+ * empty where it is not). */
+static bool calls_of_array(const char *s, size_t n, cJSON *calls, uint64_t seed) {
+    const char *end = NULL;
+    cJSON *a = cJSON_ParseWithLengthOpts(s, n, &end, false);
+    bool ok = cJSON_IsArray(a) && cJSON_GetArraySize(a) > 0 && skip_ws(s, (size_t)(end - s), n) == n;
+    const cJSON *x;
+    if (ok) cJSON_ArrayForEach(x, a) {
+        cJSON *c = call_of(x, seed, cJSON_GetArraySize(calls));
+        if (!c) { ok = false; break; }
+        cJSON_AddItemToArray(calls, c);
+    }
+    cJSON_Delete(a);
+    if (!ok)
+        while (cJSON_GetArraySize(calls) > 0) cJSON_DeleteItemFromArray(calls, 0);
+    return ok;
+}
+
 static void trim_into(srv_buf *out, const char *s, size_t n) {
     size_t a = skip_ws(s, 0, n);
     while (n > a && (s[n - 1] == ' ' || s[n - 1] == '\n' || s[n - 1] == '\t' || s[n - 1] == '\r')) n--;
@@ -443,16 +461,7 @@ cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, uint64_t 
         return calls;
     }
     if (t->mode == SRV_TOOLS_REQUIRED) { /* a JSON array of calls */
-        cJSON *a = cJSON_ParseWithLength(text, n);
-        const cJSON *x;
-        bool ok = cJSON_IsArray(a) && cJSON_GetArraySize(a) > 0;
-        if (ok) cJSON_ArrayForEach(x, a) {
-            cJSON *c = call_of(x, seed, cJSON_GetArraySize(calls));
-            if (!c) { ok = false; break; }
-            cJSON_AddItemToArray(calls, c);
-        }
-        cJSON_Delete(a);
-        if (ok) return calls;
+        if (calls_of_array(text, n, calls, seed)) return calls;
         cJSON_Delete(calls);
         srv_buf_append(content, text, n); /* cut short (max_tokens): what there is, as content */
         return NULL;
@@ -461,20 +470,7 @@ cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, uint64_t 
     size_t i0 = skip_ws(text, 0, n);
     if (n - i0 >= sizeof MISTRAL_CALLS - 1 && !memcmp(text + i0, MISTRAL_CALLS, sizeof MISTRAL_CALLS - 1))
         i0 = skip_ws(text, i0 + sizeof MISTRAL_CALLS - 1, n);
-    if (i0 < n && text[i0] == '[') {
-        const char *end = NULL;
-        cJSON *a = cJSON_ParseWithLengthOpts(text + i0, n - i0, &end, false);
-        bool ok = cJSON_IsArray(a) && cJSON_GetArraySize(a) > 0 && skip_ws(text, (size_t)(end - text), n) == n;
-        const cJSON *x;
-        if (ok) cJSON_ArrayForEach(x, a) {
-            cJSON *c = call_of(x, seed, cJSON_GetArraySize(calls));
-            if (!c) { ok = false; break; }
-            cJSON_AddItemToArray(calls, c);
-        }
-        cJSON_Delete(a);
-        if (ok) return calls;
-        while (cJSON_GetArraySize(calls) > 0) cJSON_DeleteItemFromArray(calls, 0);
-    }
+    if (i0 < n && text[i0] == '[' && calls_of_array(text + i0, n - i0, calls, seed)) return calls;
     /* Llama 3's bare objects, or tagged calls with content around them */
     if (t->json_style && calls_of_objects(text, n, calls, seed)) return calls;
     cJSON_Delete(calls);
