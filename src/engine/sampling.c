@@ -24,6 +24,8 @@ struct fl_sampler {
     fl_logit_bias *bias; /* [p.n_bias] the caller's biases, copied (p.bias points here) */
 };
 
+size_t fl_sampler_struct_bytes(void) { return sizeof(struct fl_sampler); }
+
 fl_sampler_params fl_sampler_default_params(void) {
     fl_sampler_params p = {0.8f, 40, 0.95f, 0.05f, 1.0f, 0.0f, 0.0f, 64, 0, NULL, 0};
     return p;

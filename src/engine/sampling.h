@@ -40,6 +40,8 @@ fl_sampler_params fl_sampler_default_params(void);
 /* FL_ERR_INVALID for n_vocab < 1, a NaN / negative parameter that has no meaning, or a bias of a
  * token outside the vocabulary or not finite. */
 fl_status fl_sampler_new(const fl_sampler_params *p, int32_t n_vocab, fl_sampler **out);
+/* The sampler's own struct (its buffers apart): what the engine-exact plan counts per request. */
+size_t fl_sampler_struct_bytes(void);
 void fl_sampler_free(fl_sampler *s);
 /* Restart the RNG from seed (a new request reusing the sampler). */
 void fl_sampler_reseed(fl_sampler *s, uint64_t seed);

@@ -2,6 +2,8 @@
 #include "plan/plan_engine.h"
 #include "engine/grammar.h"
 #include "engine/mask_cache.h"
+#include "engine/request.h"
+#include "engine/sampling.h"
 #include "plan/plan.h"
 
 #include "core/dtype.h"
@@ -228,7 +230,8 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
             out->logprob_bytes = (uint64_t)in->max_seqs * (uint64_t)out->n_ctx * (rec + 4) + 8 * (nc > 256 ? nc + nc / 2 : nc); /* (+ a prompt token's rank) */
         }
         out->misc_requests = FL_PLAN_MISC_STEP + FL_PLAN_MISC_BATCH_TOKEN * (uint64_t)in->max_batch_tokens +
-                             (uint64_t)in->max_seqs * (FL_PLAN_MISC_REQUEST + 16 * (uint64_t)hp.n_vocab +
+                             (uint64_t)in->max_seqs * (FL_PLAN_MISC_REQUEST + sizeof(fl_request) + fl_sampler_struct_bytes() +
+                                                       16 * (uint64_t)hp.n_vocab +
                                                        4 * (uint64_t)out->n_ctx + 4 * ctx2 + text2) +
                              out->logprob_bytes;
         out->bytes[FL_MEM_MISC] = out->misc_static + out->misc_requests;

@@ -29,7 +29,8 @@
  *                      tokens with the prefix cache) + a 4-byte hash bucket (power of two)
  *                    + FL_PLAN_MISC_SEQ_SLOT per cache sequence slot (8 x max_seqs + 64)
  *            requests: FL_PLAN_MISC_STEP + FL_PLAN_MISC_BATCH_TOKEN x max_batch_tokens
- *                    + max_seqs x (FL_PLAN_MISC_REQUEST + 16 x n_vocab (sampler)
+ *                    + max_seqs x (FL_PLAN_MISC_REQUEST + sizeof(fl_request) + the sampler's struct
+ *                      + 16 x n_vocab (sampler)
  *                      + 4 x n_ctx (token ids) + 4 x n_ctx rounded up to a power of two
  *                      (the cache's token ids) + n_ctx x the mean piece length, rounded up
  *                      to a power of two (the streamed text)): at most max_seqs
@@ -66,7 +67,7 @@
 #define FL_PLAN_MISC_SEQ_SLOT 86u
 #define FL_PLAN_MISC_STEP 2560u
 #define FL_PLAN_MISC_BATCH_TOKEN 34u
-#define FL_PLAN_MISC_REQUEST 400u
+#define FL_PLAN_MISC_REQUEST 48u /* (beyond the request's and its sampler's structs) */
 
 typedef struct fl_plan_engine_in {
     const char *model_path;
