@@ -177,12 +177,16 @@ static void test_hold(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         t.json_style = cases[i].json;
-        assert_int_equal(srv_tools_hold(&t, cases[i].text, strlen(cases[i].text)), cases[i].hold);
+        assert_int_equal(srv_tools_hold(&t, cases[i].text, strlen(cases[i].text), 0), cases[i].hold);
     }
     t.mode = SRV_TOOLS_NONE;
-    assert_int_equal(srv_tools_hold(&t, "<tool_call>", 11), 11);
+    assert_int_equal(srv_tools_hold(&t, "<tool_call>", 11, 0), 11);
     t.mode = SRV_TOOLS_REQUIRED;
-    assert_int_equal(srv_tools_hold(&t, "[{", 2), 0);
+    assert_int_equal(srv_tools_hold(&t, "[{", 2, 0), 0);
+    /* from: the scan starts where the bytes streamed end (a tag held there stays held) */
+    t.mode = SRV_TOOLS_AUTO;
+    assert_int_equal(srv_tools_hold(&t, "ab <tool_call>", 14, 3), 3);
+    assert_int_equal(srv_tools_hold(&t, "ab <tool_call>", 14, 9), 14); /* (nothing starts after byte 9) */
 }
 
 /* parse text; expect the calls as "name args" joined by "|" (NULL: none) and the content */
@@ -336,7 +340,7 @@ static void test_think(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         size_t r0, r1, c;
-        const srv_think th = srv_think_scan(cases[i].t, strlen(cases[i].t), cases[i].open, cases[i].final, &r0, &r1, &c);
+        const srv_think th = srv_think_scan(cases[i].t, strlen(cases[i].t), cases[i].open, cases[i].final, 0, &r0, &r1, &c);
         if (th != cases[i].want || r0 != cases[i].r0 || r1 != cases[i].r1 || c != cases[i].c)
             fail_msg("'%s' (open %d, final %d): %d %zu %zu %zu, expected %d %zu %zu %zu", cases[i].t, cases[i].open, cases[i].final,
                      (int)th, r0, r1, c, (int)cases[i].want, cases[i].r0, cases[i].r1, cases[i].c);

@@ -372,7 +372,7 @@ static bool add_message(srv_req *r, int i, cJSON *m, const char *txt, size_t n) 
     cJSON_AddStringToObject(m, "role", "assistant");
     size_t r0, r1, c;
     srv_buf think = {0}, content = {0};
-    const bool thought = r->reasoning && srv_think_scan(txt, n, r->think_open, true, &r0, &r1, &c) == SRV_THINK_DONE;
+    const bool thought = r->reasoning && srv_think_scan(txt, n, r->think_open, true, 0, &r0, &r1, &c) == SRV_THINK_DONE;
     if (thought) { /* the reasoning, and the answer after it, each trimmed */
         while (r0 < r1 && is_space(txt[r0])) r0++;
         while (r1 > r0 && is_space(txt[r1 - 1])) r1--;
@@ -458,7 +458,7 @@ static bool stream_reasoning(fl_server *s, srv_req *r, int i, bool fin) {
     const char *txt = sm->text.p ? sm->text.p : "";
     const size_t n = fin ? sm->text.len : utf8_complete(txt, sm->text.len);
     size_t r0, r1, c;
-    const srv_think th = srv_think_scan(txt, n, r->think_open, fin, &r0, &r1, &c);
+    const srv_think th = srv_think_scan(txt, n, r->think_open, fin, sm->r_sent, &r0, &r1, &c);
     if (th == SRV_THINK_UNDECIDED) return false;
     if (th == SRV_THINK_NONE) {
         sm->think_done = true;
@@ -597,7 +597,7 @@ static void produce_stream(fl_server *s, srv_req *r) {
         if (fin && lim == sm->text.len) avail = lim;
         if (tools && avail > sm->content_at) { /* what may be a call waits for the end */
             const size_t base = sm->content_at;
-            const size_t h = base + srv_tools_hold(&r->tools, sm->text.p ? sm->text.p + base : "", avail - base);
+            const size_t h = base + srv_tools_hold(&r->tools, sm->text.p ? sm->text.p + base : "", avail - base, sm->sent - base);
             if (h < avail) avail = h > sm->sent ? h : sm->sent;
         }
         bool more = avail < sm->text.len;

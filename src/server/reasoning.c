@@ -14,13 +14,14 @@ static size_t skip_ws(const char *s, size_t i, size_t n) {
     return i;
 }
 
-srv_think srv_think_scan(const char *t, size_t n, bool open, bool final, size_t *r0, size_t *r1, size_t *c) {
+srv_think srv_think_scan(const char *t, size_t n, bool open, bool final, size_t from, size_t *r0, size_t *r1, size_t *c) {
     const size_t i = skip_ws(t, 0, n), lo = sizeof OPEN - 1, lc = sizeof CLOSE - 1;
     *r0 = *r1 = *c = 0;
     if (n - i >= lo && !memcmp(t + i, OPEN, lo)) *r0 = i + lo;
     else if (!final && !strncmp(t + i, OPEN, n - i)) return SRV_THINK_UNDECIDED; /* spaces, or a part of <think> */
     else if (!open) return SRV_THINK_NONE;
-    const char *k = memmem(t + *r0, n - *r0, CLOSE, lc);
+    const size_t s0 = from > *r0 && from <= n ? from : *r0;
+    const char *k = memmem(t + s0, n - s0, CLOSE, lc);
     if (k) {
         *r1 = (size_t)(k - t);
         *c = *r1 + lc;

@@ -187,17 +187,20 @@ bool srv_chat_think_open(const char *tmpl);
 /* reasoning.c: where an output's reasoning and answer are.  UNDECIDED: not yet known (spaces,
  * or a part of <think>); NONE: no reasoning, all answer; IN: reasoning from r0, safe to hand
  * out up to r1 (a part of </think> may follow); DONE: reasoning [r0, r1), the answer from c
- * (c = n where </think> never came; final: the output is whole). */
+ * (c = n where </think> never came; final: the output is whole).  from: a byte before which
+ * </think> is known not to start (the reasoning already handed out; 0: none known), so a
+ * stream does not search its whole reasoning again at every step. */
 typedef enum { SRV_THINK_UNDECIDED, SRV_THINK_NONE, SRV_THINK_IN, SRV_THINK_DONE } srv_think;
-srv_think srv_think_scan(const char *t, size_t n, bool open, bool final, size_t *r0, size_t *r1, size_t *c);
+srv_think srv_think_scan(const char *t, size_t n, bool open, bool final, size_t from, size_t *r0, size_t *r1, size_t *c);
 /* tools.c: read tools / tool_choice / parallel_tool_calls of request j (FL_ERR_INVALID with err
  * set on bad input); *tools_out the tools to show (NULL: none); *schema_text (cJSON_free) what
  * constrains the output: a named function's JSON Schema, or for tool_choice "required" a GBNF
  * grammar (*is_grammar), else NULL. */
 fl_status srv_tools_read(const struct cJSON *j, bool json_style, srv_tools *t, const struct cJSON **tools_out, char **schema_text,
                          bool *is_grammar, char *err, size_t errn);
-/* How many bytes of the output so far may stream as content (the rest may be a call). */
-size_t srv_tools_hold(const srv_tools *t, const char *text, size_t n);
+/* How many bytes of the output so far may stream as content (the rest may be a call); from: the
+ * bytes already streamed, where no tag starts (the scan begins there). */
+size_t srv_tools_hold(const srv_tools *t, const char *text, size_t n, size_t from);
 /* The output's calls as OpenAI's tool_calls array (NULL: none; ids from seed), and in content
  * the text beside them (all of it where there are none; trimmed if trim). */
 struct cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, uint64_t seed, bool trim, srv_buf *content);

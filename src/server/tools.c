@@ -360,7 +360,7 @@ static size_t skip_ws(const char *s, size_t i, size_t n) {
     return i;
 }
 
-size_t srv_tools_hold(const srv_tools *t, const char *text, size_t n) {
+size_t srv_tools_hold(const srv_tools *t, const char *text, size_t n, size_t from) {
     if (t->mode == SRV_TOOLS_NONE) return n;
     if (t->mode != SRV_TOOLS_AUTO) return 0; /* the output is the call */
     const size_t i0 = skip_ws(text, 0, n);
@@ -370,7 +370,7 @@ size_t srv_tools_hold(const srv_tools *t, const char *text, size_t n) {
         const size_t j = skip_ws(text, i0 + 1, n);
         if (j == n || text[j] == '{') return 0;
     }
-    for (size_t i = 0; i < n; i++) /* up to a tag, or a part of one at the end */
+    for (size_t i = from < n ? from : n; i < n; i++) /* up to a tag, or a part of one at the end */
         if (text[i] == '<' && starts_partial(text + i, n - i, TAG_OPEN)) return i;
     return n;
 }

@@ -81,9 +81,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static const srv_tool_mode modes[] = {SRV_TOOLS_NONE, SRV_TOOLS_AUTO, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED};
     t = (srv_tools){.mode = modes[(sel >> 1) & 3], .json_style = sel & 1, .parallel = true};
     strcpy(t.named, "f");
-    const size_t h = srv_tools_hold(&t, out, n);
+    const size_t h = srv_tools_hold(&t, out, n, 0);
     CHECK(h <= n);
     if (t.mode == SRV_TOOLS_NONE) CHECK(h == n);
+    const size_t hp = srv_tools_hold(&t, out, n ? (size_t)(sel >> 4) * n / 15 : 0, 0); /* a prefix's: streamed */
+    CHECK(srv_tools_hold(&t, out, n, hp) == h); /* resumed there: the same */
     for (int trim = 0; trim < 2; trim++) {
         srv_buf content = {0};
         cJSON *calls = srv_tools_parse(&t, out, n, (uint64_t)sel * 77, trim, &content);
@@ -96,16 +98,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* the reasoning split, whole and for a prefix */
     const bool open = (sel >> 3) & 1;
     size_t r0, r1, c;
-    const srv_think th = srv_think_scan(out, n, open, true, &r0, &r1, &c);
+    const srv_think th = srv_think_scan(out, n, open, true, 0, &r0, &r1, &c);
     CHECK(th == SRV_THINK_NONE || th == SRV_THINK_DONE);
     if (th == SRV_THINK_DONE) CHECK(r0 <= r1 && r1 <= c && c <= n);
     const size_t cut = n ? (size_t)(sel >> 4) * n / 15 : 0;
     size_t p0, p1, pc;
-    const srv_think tp = srv_think_scan(out, cut, open, false, &p0, &p1, &pc);
+    const srv_think tp = srv_think_scan(out, cut, open, false, 0, &p0, &p1, &pc);
     if (tp == SRV_THINK_IN || tp == SRV_THINK_DONE) {
         CHECK(p0 <= p1 && p1 <= cut);
         CHECK(th == SRV_THINK_DONE && p0 == r0 && p1 <= r1);
     }
     if (tp == SRV_THINK_NONE) CHECK(th == SRV_THINK_NONE);
+    if (tp == SRV_THINK_IN) { /* resumed from what the prefix handed out: the same answer as from the start */
+        size_t q0, q1, qc;
+        CHECK(srv_think_scan(out, n, open, true, p1, &q0, &q1, &qc) == th && q0 == r0 && q1 == r1 && qc == c);
+    }
     return 0;
 }
