@@ -7,7 +7,7 @@
  * fills the step budget: max_seqs requests whose prompts are max_batch_tokens long, then decode
  * with all of them running.  Every compared category (MAPPED, WEIGHTS, KV, ACT, SCRATCH, MISC)
  * and the total must be within 5% (categories under 64 KiB predicted and measured: within
- * 64 KiB).  The table is printed (docs/PLANNER.md quotes it).  Also: --mem sizing and refusal. */
+ * 64 KiB); MISC without logprobs must be a bound within 2%.  The table is printed (docs/PLANNER.md quotes it).  Also: --mem sizing and refusal. */
 #include "test.h"
 
 #include "core/alloc.h"
@@ -203,7 +203,10 @@ static void test_predicted_vs_measured(void **state) {
         for (size_t k = 0; k < 6; k++) {
             uint64_t p = po.bytes[cats[k]], m = meas[cats[k]];
             /* prompt logprobs cut the steps to max_seqs rows: the step-sized categories are bounds */
-            const bool ok = c->logprobs && (cats[k] == FL_MEM_ACT || cats[k] == FL_MEM_SCRATCH) ? p >= m : close_enough(p, m);
+            bool ok = c->logprobs && (cats[k] == FL_MEM_ACT || cats[k] == FL_MEM_SCRATCH) ? p >= m : close_enough(p, m);
+            /* MISC comes from the modules' size functions: without logprobs a bound within 2%
+             * (a struct or an array left out of them shows here, long before it reaches 5%) */
+            if (!c->logprobs && cats[k] == FL_MEM_MISC) ok = ok && p >= m && p - m <= m / 50;
             printf(" %.1f / %.1f KiB%s |", (double)p / 1024, (double)m / 1024, ok ? "" : " (!)");
             if (!ok) bad++;
         }

@@ -20,6 +20,15 @@ double fl_engine_forward_seconds(const fl_engine *e);
  * fl_plan_engine_kv_mem over this input and sets the allocator's total budget to mem_total
  * (cleared when the engine is freed). */
 struct fl_plan_engine_in;
+/* MISC bytes the engine itself keeps with max_seqs requests queued or running, polled every
+ * step (its struct, the scheduler, the request table, the poll's buffers for a step's tokens
+ * and text at piece_bytes per token, and its logprob records' first buffer when
+ * max_logprobs < 0; with logprobs the plan counts that buffer with the records); and the real
+ * backend's (engine_model.c: its struct and the paged cache's sequence-id adapter). */
+size_t fl_engine_misc_bytes(int32_t max_seqs, int32_t max_logprobs, double piece_bytes);
+/* The paged cache's sequence ids (its n_seq_max): a request holds one, forks and preempted ones more */
+#define FL_ENGINE_SEQ_IDS(max_seqs) ((max_seqs) * 8 + 64)
+size_t fl_engine_model_misc_bytes(int32_t max_seqs);
 /* The output constraints' budget p asks for (fl_engine_params.guide_mem, -1 resolved). */
 int64_t fl_engine_guide_mem(const fl_engine_params *p);
 fl_status fl_engine_plan_input(const fl_engine_params *p, struct fl_plan_engine_in *pi);

@@ -41,6 +41,8 @@ typedef struct mbackend {
     bool budget_set;       /* this engine set the allocator's total budget (mem_total) */
 } mbackend;
 
+size_t fl_engine_model_misc_bytes(int32_t max_seqs) { return sizeof(mbackend) + fl_kv_adapter_misc_bytes(FL_ENGINE_SEQ_IDS(max_seqs)); }
+
 static fl_status mb_forward(void *ctx, const fl_batch *b, float *logits) {
     mbackend *m = ctx;
     return fl_model_forward(m->model, b, m->iface, m->kv_ctx, logits);
@@ -115,6 +117,7 @@ fl_status fl_engine_plan_input(const fl_engine_params *p, fl_plan_engine_in *pi)
     pi->guide_mem = (uint64_t)fl_engine_guide_mem(p);
     pi->net_mem = p->net_mem > 0 ? (uint64_t)p->net_mem : 0;
     pi->embeddings = p->embeddings != 0;
+    pi->swap_dir = p->swap_path;
     pi->lora_paths = p->lora_paths;
     pi->lora_scales = p->lora_scales;
     pi->n_loras = p->n_loras;
@@ -214,7 +217,7 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
         m->kv_ctx = m->contig;
         block_size = n_ctx;
     } else {
-        const int32_t n_seq_max = p.max_seqs * 8 + 64;
+        const int32_t n_seq_max = FL_ENGINE_SEQ_IDS(p.max_seqs);
         fl_kv_config kc = {.n_layer = hp->n_layer, .n_head = hp->n_head_local, .n_head_kv = hp->n_head_kv_local,
                            .head_dim = hp->head_dim, .type = kv_type, .block_size = block_size,
                            .mem_bytes = (size_t)kv_mem, .n_seq_max = n_seq_max, .n_ctx = n_ctx,

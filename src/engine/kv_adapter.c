@@ -148,6 +148,8 @@ static void sl_seq_end(void *ctx, fl_request *r) {
 
 /* ---- common ---- */
 
+size_t fl_kv_adapter_misc_bytes(int32_t n_ids) { return sizeof(fl_kv_adapter) + 3 * sizeof(int32_t) * (size_t)n_ids; }
+
 static fl_status adapter_new(int32_t n_ids, fl_kv_adapter **out) {
     fl_kv_adapter *a = fl_calloc(FL_MEM_MISC, 1, sizeof *a);
     if (!a) return FL_ERR_NOMEM;

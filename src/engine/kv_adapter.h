@@ -25,6 +25,8 @@ typedef struct fl_kv_adapter fl_kv_adapter;
 
 /* n_seq_max must equal the cache's cfg.n_seq_max (ids 0 .. n_seq_max-1 are handed out). */
 fl_status fl_kv_adapter_new_paged(fl_kv_cache *kv, int32_t n_seq_max, fl_kv_adapter **out);
+/* MISC bytes of an adapter handing out n_ids sequence ids (the engine-exact plan counts them). */
+size_t fl_kv_adapter_misc_bytes(int32_t n_ids);
 /* Contiguous: n_slots sequences of up to n_ctx tokens; clear(ctx, slot) empties a slot. */
 fl_status fl_kv_adapter_new_slots(void *kv, int32_t n_slots, int32_t n_ctx, void (*clear)(void *kv, int32_t slot),
                                   fl_kv_adapter **out);

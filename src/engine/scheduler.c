@@ -21,9 +21,17 @@ struct fl_sched {
     fl_sched_stats st;
 };
 
+#define LIST_CAP0 16 /* a list's first capacity; it doubles */
+
+static int32_t list_cap_for(int32_t n) {
+    int32_t nc = LIST_CAP0;
+    while (nc < n) nc *= 2;
+    return nc;
+}
+
 static fl_status list_reserve(req_list *l, int32_t n) {
     if (n <= l->cap) return FL_OK;
-    int32_t nc = l->cap ? l->cap : 16;
+    int32_t nc = l->cap ? l->cap : LIST_CAP0;
     while (nc < n) nc *= 2;
     fl_request **v = fl_realloc(FL_MEM_MISC, l->v, (size_t)l->cap * sizeof *v, (size_t)nc * sizeof *v, 0);
     if (!v) return FL_ERR_NOMEM;
@@ -66,6 +74,11 @@ static void list_free(req_list *l) {
     memset(l, 0, sizeof *l);
 }
 
+size_t fl_sched_misc_bytes(int32_t max_seqs, int32_t n_waiting) {
+    return sizeof(fl_sched) + sizeof(fl_sched_entry) * (size_t)max_seqs +
+           sizeof(fl_request *) * ((size_t)list_cap_for(n_waiting) + (size_t)list_cap_for(max_seqs));
+}
+
 fl_status fl_sched_new(const fl_sched_params *p, const fl_sched_kv *kv, fl_sched **out) {
     *out = NULL;
     if (p->max_seqs < 1 || p->max_batch_tokens < 1 || p->watermark_blocks < 0)
@@ -82,7 +95,7 @@ fl_status fl_sched_new(const fl_sched_params *p, const fl_sched_kv *kv, fl_sched
     /* at most one entry per running request + padding rows (bounded by max_seqs too) */
     s->e_cap = p->max_seqs;
     s->e = fl_calloc(FL_MEM_MISC, (size_t)s->e_cap, sizeof *s->e);
-    if (!s->e || list_reserve(&s->waiting, 16) != FL_OK || list_reserve(&s->running, p->max_seqs) != FL_OK) {
+    if (!s->e || list_reserve(&s->waiting, LIST_CAP0) != FL_OK || list_reserve(&s->running, p->max_seqs) != FL_OK) {
         fl_sched_free(s);
         return FL_ERR_NOMEM;
     }

@@ -92,6 +92,9 @@ typedef struct fl_sched_stats {
 typedef struct fl_sched fl_sched;
 
 fl_status fl_sched_new(const fl_sched_params *p, const fl_sched_kv *kv, fl_sched **out);
+/* MISC bytes of a scheduler for max_seqs with n_waiting requests queued at most (the
+ * engine-exact plan counts them). */
+size_t fl_sched_misc_bytes(int32_t max_seqs, int32_t n_waiting);
 /* Frees the scheduler only (requests belong to the engine; call fl_sched_remove first). */
 void fl_sched_free(fl_sched *s);
 /* Queue a WAITING request (kept in scheduling order). */

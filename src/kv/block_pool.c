@@ -26,6 +26,18 @@ struct fl_kv_pool {
 
 static uint32_t bucket_of(const fl_kv_pool *p, const fl_kv_hash *h) { return (uint32_t)(h->lo ^ (h->hi >> 7)) & (p->n_buckets - 1); }
 
+static uint32_t n_buckets_for(int32_t n_blocks) {
+    uint32_t nb = 16;
+    while (nb < (uint32_t)n_blocks) nb <<= 1;
+    return nb;
+}
+
+size_t fl_kv_pool_misc_bytes(int32_t n_blocks) {
+    return n_blocks < 2 ? 0 : sizeof(fl_kv_pool) + sizeof(int32_t) * n_buckets_for(n_blocks) + sizeof(blk) * (size_t)n_blocks;
+}
+
+size_t fl_kv_pool_block_misc_bytes(void) { return sizeof(blk) + 2 * sizeof(int32_t); }
+
 fl_kv_pool *fl_kv_pool_new(int32_t n_blocks) {
     if (n_blocks < 2) {
         fl_set_error(FL_ERR_INVALID, "%s: need at least 2 blocks (1 null + 1 usable), got %d", __func__, n_blocks);
@@ -34,8 +46,7 @@ fl_kv_pool *fl_kv_pool_new(int32_t n_blocks) {
     fl_kv_pool *p = fl_calloc(FL_MEM_MISC, 1, sizeof *p);
     if (!p) return NULL;
     p->n_blocks = n_blocks;
-    p->n_buckets = 16;
-    while (p->n_buckets < (uint32_t)n_blocks) p->n_buckets <<= 1;
+    p->n_buckets = n_buckets_for(n_blocks);
     p->buckets = fl_alloc(FL_MEM_MISC, sizeof(int32_t) * p->n_buckets, 0);
     p->b = fl_calloc(FL_MEM_MISC, (size_t)n_blocks, sizeof(blk));
     if (!p->buckets || !p->b) {

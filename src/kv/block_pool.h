@@ -38,6 +38,10 @@ typedef struct fl_kv_pool fl_kv_pool;
  * allocation failure (error set). */
 fl_kv_pool *fl_kv_pool_new(int32_t n_blocks);
 void fl_kv_pool_free(fl_kv_pool *p); /* NULL ok */
+/* MISC bytes fl_kv_pool_new(n_blocks) allocates (the engine-exact plan counts them). */
+size_t fl_kv_pool_misc_bytes(int32_t n_blocks);
+/* What one more block adds to it, at most (its entry and up to two hash buckets). */
+size_t fl_kv_pool_block_misc_bytes(void);
 
 /* Take the head of the free list with refcount 1; -1 if no block is free.  Evicts the block's
  * hash if it had one. */

@@ -19,7 +19,9 @@ typedef struct fl_kv_table {
     int32_t n, cap;
 } fl_kv_table;
 
-/* Make room for n entries (keeps the contents).  FL_ERR_NOMEM/BUDGET, table unchanged. */
+/* Make room for n entries (keeps the contents): the capacity doubles from FL_KV_TABLE_CAP0.
+ * FL_ERR_NOMEM/BUDGET, table unchanged. */
+#define FL_KV_TABLE_CAP0 8
 fl_status fl_kv_table_reserve(fl_kv_table *t, int32_t n);
 /* Copy src into dst (dst's old contents are dropped, not unreferenced). */
 fl_status fl_kv_table_copy(fl_kv_table *dst, const fl_kv_table *src);

@@ -18,6 +18,11 @@
 #include <string.h>
 #include <unistd.h>
 
+/* First capacities of the growing arrays (fl_kv_seq_misc_bytes / fl_kv_step_misc_bytes follow them) */
+#define TOK_CAP0 64  /* a sequence's token ids */
+#define SLOT_CAP0 64 /* a step's slot arrays */
+#define SEG_CAP0 16  /* a step's segments */
+
 typedef struct seq {
     bool used, swapped;
     bool no_cache;       /* stop registering blocks (shifted, or fed without token ids) */
@@ -154,14 +159,61 @@ static void copy_block(fl_kv_cache *kv, int32_t dst, int32_t src) {
 
 /* ---- creation ---- */
 
+static void cfg_defaults(fl_kv_config *c) {
+    if (c->block_size == 0) c->block_size = 16;
+    if (c->n_seq_max == 0) c->n_seq_max = 256;
+}
+
+/* Blocks of the pool, the null block included (cfg with its defaults). */
+static int64_t pool_blocks(const fl_kv_config *c, size_t bpb) {
+    int64_t nb = c->mem_bytes ? (int64_t)(c->mem_bytes / bpb) + 1 : c->n_blocks;
+    return nb > INT32_MAX / 2 ? INT32_MAX / 2 : nb;
+}
+
+static const char *swap_dir_of(const fl_kv_config *cfg) { return cfg->swap_dir ? cfg->swap_dir : getenv("TMPDIR"); }
+
+size_t fl_kv_misc_bytes(const fl_kv_config *cfg) {
+    fl_kv_config c = *cfg;
+    cfg_defaults(&c);
+    const size_t bpb = fl_kv_bytes_per_block(&c);
+    const int64_t nb = bpb ? pool_blocks(&c, bpb) : 0;
+    if (nb < 2) return 0;
+    const char *dir = swap_dir_of(cfg);
+    return sizeof(fl_kv_cache) + (c.hash_key && c.hash_key_len ? c.hash_key_len : 0) + fl_kv_pool_misc_bytes((int32_t)nb) +
+           (c.prefix_cache ? fl_kv_prefix_misc_bytes((int32_t)nb, c.block_size) : 0) + sizeof(seq) * (size_t)c.n_seq_max +
+           sizeof(int32_t) * (size_t)nb + sizeof(float) * (size_t)c.n_head_kv * (size_t)c.head_dim + (dir ? strlen(dir) + 1 : 0);
+}
+
+static int32_t pow2_from(int32_t first, int32_t n) {
+    int32_t c = first;
+    while (c < n) c *= 2;
+    return c;
+}
+
+size_t fl_kv_seq_misc_bytes(const fl_kv_config *cfg, int32_t n_pos) {
+    const int32_t bs = cfg->block_size ? cfg->block_size : 16;
+    if (n_pos < 1) n_pos = 1;
+    return sizeof(int32_t) * (size_t)pow2_from(TOK_CAP0, n_pos) + sizeof(int32_t) * (size_t)pow2_from(FL_KV_TABLE_CAP0, (n_pos + bs - 1) / bs);
+}
+
+size_t fl_kv_step_misc_bytes(int32_t n_tokens) {
+    if (n_tokens < 1) return 0;
+    return 2 * sizeof(int32_t) * (size_t)pow2_from(SLOT_CAP0, n_tokens) + (sizeof(fl_paged_seq) + sizeof(int32_t)) * (size_t)pow2_from(SEG_CAP0, n_tokens);
+}
+
+size_t fl_kv_block_misc_bytes(const fl_kv_config *cfg) {
+    const int32_t bs = cfg->block_size ? cfg->block_size : 16;
+    return fl_kv_pool_block_misc_bytes() + sizeof(int32_t) /* drop */ +
+           (cfg->prefix_cache ? fl_kv_prefix_misc_bytes(1, bs) - fl_kv_prefix_misc_bytes(0, bs) : 0);
+}
+
 fl_kv_cache *fl_kv_new(const fl_kv_config *cfg) {
     if (!cfg) {
         fl_set_error(FL_ERR_INVALID, "%s: no configuration", __func__);
         return NULL;
     }
     fl_kv_config c = *cfg;
-    if (c.block_size == 0) c.block_size = 16;
-    if (c.n_seq_max == 0) c.n_seq_max = 256;
+    cfg_defaults(&c);
     if (c.n_rot == 0) c.n_rot = c.head_dim;
     if (c.rope_base == 0.0f) c.rope_base = 10000.0f;
     if (c.part_tokens == 0) c.part_tokens = 256;
@@ -184,8 +236,7 @@ fl_kv_cache *fl_kv_new(const fl_kv_config *cfg) {
         return NULL;
     }
     const size_t bpb = fl_kv_bytes_per_block(&c);
-    int64_t nb = c.mem_bytes ? (int64_t)(c.mem_bytes / bpb) + 1 : c.n_blocks;
-    if (nb > INT32_MAX / 2) nb = INT32_MAX / 2;
+    const int64_t nb = pool_blocks(&c, bpb);
     if (nb < 2) {
         fl_set_error(FL_ERR_BUDGET, "%s: KV budget of %zu bytes holds no block (one block = %zu bytes)", __func__, c.mem_bytes, bpb);
         return NULL;
@@ -229,10 +280,9 @@ fl_kv_cache *fl_kv_new(const fl_kv_config *cfg) {
     kv->drop = fl_calloc(FL_MEM_MISC, (size_t)kv->n_blocks, sizeof(int32_t));
     kv->rowbuf = fl_alloc(FL_MEM_MISC, sizeof(float) * (size_t)kv->n_row, 64);
     if (!kv->pool || (c.prefix_cache && !kv->prefix) || !kv->seqs || !kv->drop || !kv->rowbuf) goto fail;
-    if (cfg->swap_dir || getenv("TMPDIR")) {
+    if (swap_dir_of(cfg)) {
         /* remembered for the lazy swap-file creation */
-        const char *d = cfg->swap_dir ? cfg->swap_dir : getenv("TMPDIR");
-        kv->cfg.swap_dir = fl_strdup(FL_MEM_MISC, d);
+        kv->cfg.swap_dir = fl_strdup(FL_MEM_MISC, swap_dir_of(cfg));
         if (!kv->cfg.swap_dir) goto fail;
     }
     return kv;
@@ -276,7 +326,7 @@ int32_t fl_kv_block_size(const fl_kv_cache *kv) { return kv->bs; }
 
 static fl_status tok_reserve(seq *s, int32_t n) {
     if (n <= s->tok_cap) return FL_OK;
-    int32_t cap = s->tok_cap ? s->tok_cap : 64;
+    int32_t cap = s->tok_cap ? s->tok_cap : TOK_CAP0;
     while (cap < n) cap *= 2;
     int32_t *t = fl_realloc(FL_MEM_MISC, s->tok, sizeof(int32_t) * (size_t)s->tok_cap, sizeof(int32_t) * (size_t)cap, 0);
     if (!t) return FL_ERR_NOMEM;
@@ -424,7 +474,7 @@ int32_t fl_kv_seq_blocks_needed(const fl_kv_cache *kv, int32_t id, int32_t n_new
 
 static fl_status grow_i32(int32_t **p, int32_t *cap, int32_t n, size_t elem) {
     if (n <= *cap) return FL_OK;
-    int32_t c = *cap ? *cap : 64;
+    int32_t c = *cap ? *cap : SLOT_CAP0;
     while (c < n) c *= 2;
     void *q = fl_realloc(FL_MEM_MISC, *p, elem * (size_t)*cap, elem * (size_t)c, 0);
     if (!q) return FL_ERR_NOMEM;
@@ -438,7 +488,7 @@ static fl_status reserve_batch(fl_kv_cache *kv, int32_t n_tokens) {
         grow_i32(&kv->slot_off, &kv->slot_off_cap, n_tokens, sizeof(int32_t)) != FL_OK)
         return FL_ERR_NOMEM;
     if (n_tokens > kv->seg_cap) {
-        int32_t c = kv->seg_cap ? kv->seg_cap : 16;
+        int32_t c = kv->seg_cap ? kv->seg_cap : SEG_CAP0;
         while (c < n_tokens) c *= 2;
         fl_paged_seq *sg = fl_alloc(FL_MEM_MISC, sizeof(fl_paged_seq) * (size_t)c, 0);
         int32_t *ss = fl_alloc(FL_MEM_MISC, sizeof(int32_t) * (size_t)c, 0);

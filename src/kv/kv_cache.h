@@ -79,6 +79,16 @@ typedef struct fl_kv_cache fl_kv_cache;
 size_t fl_kv_bytes_per_block(const fl_kv_config *cfg);
 size_t fl_kv_bytes_per_token(const fl_kv_config *cfg);
 
+/* The cache's bookkeeping (FL_MEM_MISC), for the engine-exact plan (plan/plan_engine.h): fl_kv_misc_bytes, what
+ * fl_kv_new(cfg) allocates (0 for a config that holds no block); fl_kv_seq_misc_bytes, one
+ * sequence's token ids and block table at n_pos positions; fl_kv_step_misc_bytes, the arrays
+ * fl_kv_prepare keeps for a step of n_tokens. */
+size_t fl_kv_misc_bytes(const fl_kv_config *cfg);
+size_t fl_kv_seq_misc_bytes(const fl_kv_config *cfg, int32_t n_pos);
+size_t fl_kv_step_misc_bytes(int32_t n_tokens);
+/* What one more block of the pool adds to fl_kv_misc_bytes, at most. */
+size_t fl_kv_block_misc_bytes(const fl_kv_config *cfg);
+
 /* New cache, or NULL with the error set (bad config, budget smaller than 1 block, no memory). */
 fl_kv_cache *fl_kv_new(const fl_kv_config *cfg);
 void fl_kv_free(fl_kv_cache *kv); /* NULL ok */

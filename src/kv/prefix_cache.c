@@ -14,6 +14,10 @@ struct fl_kv_prefix {
     fl_kv_hash *parent;  /* [n_blocks] parent hash of each cached block */
 };
 
+size_t fl_kv_prefix_misc_bytes(int32_t n_blocks, int32_t block_size) {
+    return sizeof(fl_kv_prefix) + sizeof(int32_t) * (size_t)n_blocks * (size_t)block_size + sizeof(fl_kv_hash) * (size_t)n_blocks;
+}
+
 fl_kv_prefix *fl_kv_prefix_new(int32_t n_blocks, int32_t block_size) {
     fl_kv_prefix *pc = fl_calloc(FL_MEM_MISC, 1, sizeof *pc);
     if (!pc) return NULL;

@@ -21,6 +21,8 @@
 typedef struct fl_kv_prefix fl_kv_prefix;
 
 fl_kv_prefix *fl_kv_prefix_new(int32_t n_blocks, int32_t block_size);
+/* MISC bytes fl_kv_prefix_new allocates (the engine-exact plan counts them). */
+size_t fl_kv_prefix_misc_bytes(int32_t n_blocks, int32_t block_size);
 void fl_kv_prefix_free(fl_kv_prefix *pc); /* NULL ok */
 
 /* Root of a chain for an extra key (key may be NULL with len 0). */

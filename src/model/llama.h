@@ -146,6 +146,9 @@ fl_status fl_model_check_tensor_names(const fl_gguf *g, const char *arch, int32_
 
 /* Exact FL_MEM_ACT bytes of a workspace for max_tokens tokens and max_logit_rows logit rows. */
 size_t fl_model_workspace_bytes(const fl_hparams *hp, int32_t max_tokens, int32_t max_logit_rows);
+/* MISC bytes of the model's own structs (fl_model and its layer table; the parsed GGUF and the
+ * LoRA adapters apart): the engine-exact plan counts them. */
+size_t fl_model_misc_bytes(const fl_hparams *hp);
 /* (Re)allocate the model's workspace. FL_ERR_INVALID for sizes < 1, FL_ERR_BUDGET / NOMEM. */
 fl_status fl_model_workspace_new(fl_model *m, int32_t max_tokens, int32_t max_logit_rows);
 void fl_model_workspace_free(fl_model *m);

@@ -343,6 +343,8 @@ static fl_status open_loras(fl_model *m) {
     return FL_OK;
 }
 
+size_t fl_model_misc_bytes(const fl_hparams *hp) { return sizeof(fl_model) + sizeof(fl_layer) * (size_t)hp->n_layer; }
+
 fl_status fl_model_load(const char *path, const fl_model_params *params, fl_model **out) {
     *out = NULL;
     fl_model *m = fl_calloc(FL_MEM_MISC, 1, sizeof *m);

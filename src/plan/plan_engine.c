@@ -1,5 +1,6 @@
 /* The engine-exact plan (plan_engine.h): the engine's own size functions, added up. */
 #include "plan/plan_engine.h"
+#include "engine/engine.h"
 #include "engine/grammar.h"
 #include "engine/mask_cache.h"
 #include "engine/request.h"
@@ -204,21 +205,21 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
     }
     out->bytes[FL_MEM_SCRATCH] = out->batch_bytes + out->matmul_scratch + out->attn_ws;
 
-    /* MISC: bookkeeping (plan_engine.h), constants measured from the engine */
+    /* MISC: bookkeeping (plan_engine.h), from the size functions of the modules that allocate it */
     {
-        const uint64_t nb = (uint64_t)out->kv_blocks + 1, bs = (uint64_t)kc.block_size; /* + the null block */
-        uint64_t buckets = 16;
-        while (buckets < nb) buckets *= 2;
         uint64_t ctx2 = 64, text2 = 64;
         while (ctx2 < (uint64_t)out->n_ctx) ctx2 *= 2;
         const double text = (out->avg_piece_bytes > 0 ? out->avg_piece_bytes : 1.0) * (double)out->n_ctx;
         while ((double)text2 < text) text2 *= 2;
-        const uint64_t n_seq_max = (uint64_t)in->max_seqs * 8 + 64; /* engine_model.c */
-        const uint64_t per_block = FL_PLAN_MISC_BLOCK + (in->prefix_cache ? FL_PLAN_MISC_BLOCK_PREFIX + 4 * bs : 0);
         const uint64_t V = (uint64_t)hp.n_vocab;
-        out->misc_static = FL_PLAN_MISC_BASE + out->gguf_bytes + out->tokenizer_bytes + out->lora_misc_bytes +
-                           (uint64_t)hp.n_layer * sizeof(fl_layer) + nb * per_block + 4 * buckets +
-                           FL_PLAN_MISC_SEQ_SLOT * n_seq_max +
+        fl_kv_config kp = kc; /* the engine's paged cache (engine_model.c) */
+        kp.mem_bytes = (size_t)in->kv_mem;
+        kp.n_seq_max = FL_ENGINE_SEQ_IDS(in->max_seqs);
+        kp.prefix_cache = in->prefix_cache != 0;
+        kp.swap_dir = in->swap_dir;
+        out->misc_static = out->gguf_bytes + out->tokenizer_bytes + out->lora_misc_bytes + fl_model_misc_bytes(&hp) +
+                           fl_kv_misc_bytes(&kp) + fl_engine_model_misc_bytes(in->max_seqs) +
+                           fl_engine_misc_bytes(in->max_seqs, in->max_logprobs, out->avg_piece_bytes) +
                            fl_vocab_text_bytes((int32_t)V, out->vocab_text_bytes) + /* engine.c vocab_text_build: */
                            V + 4 * V + fl_mask_words((int32_t)V) * 8;               /* flags, masked row, grammar mask */
         out->mask_cache_bytes = fl_mask_cache_bytes(in->guide_masks, (int32_t)V);
@@ -229,11 +230,15 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
             while (nc < step) nc *= 2;
             out->logprob_bytes = (uint64_t)in->max_seqs * (uint64_t)out->n_ctx * (rec + 4) + 8 * (nc > 256 ? nc + nc / 2 : nc); /* (+ a prompt token's rank) */
         }
-        out->misc_requests = FL_PLAN_MISC_STEP + FL_PLAN_MISC_BATCH_TOKEN * (uint64_t)in->max_batch_tokens +
-                             (uint64_t)in->max_seqs * (FL_PLAN_MISC_REQUEST + sizeof(fl_request) + fl_sampler_struct_bytes() +
-                                                       16 * (uint64_t)hp.n_vocab +
-                                                       4 * (uint64_t)out->n_ctx + 4 * ctx2 + text2) +
-                             out->logprob_bytes;
+        /* a step's arrays in the cache; per request its struct, its sampler (struct and 16 B per
+         * token of the vocabulary), its token ids, its sequence's in the cache and its block
+         * table, its streamed text; and the old copy of one of those arrays while it doubles
+         * (one thread grows them, one at a time) */
+        const uint64_t seq_arrays = fl_kv_seq_misc_bytes(&kp, out->n_ctx);
+        out->misc_requests = fl_kv_step_misc_bytes(in->max_batch_tokens) +
+                             (uint64_t)in->max_seqs * (sizeof(fl_request) + fl_sampler_struct_bytes() + 16 * V + 4 * (uint64_t)out->n_ctx +
+                                                       seq_arrays + text2) +
+                             (seq_arrays > text2 ? seq_arrays : text2) / 2 + out->logprob_bytes;
         out->bytes[FL_MEM_MISC] = out->misc_static + out->misc_requests;
     }
     if (in->embeddings) { /* engine.c: the step's hidden states (ACT), their flags, owners and positions
@@ -270,8 +275,9 @@ fl_status fl_plan_engine_kv_mem(const fl_plan_engine_in *in0, uint64_t mem, uint
         fl_plan_fmt_bytes(w - mem, c, sizeof c);
         return fl_set_error(FL_ERR_BUDGET, "the weights alone (%s) exceed the memory limit %s by %s", a, b, c);
     }
-    /* every block costs its bytes and its bookkeeping (table, prefix entry, hash bucket) */
-    const uint64_t per = o.kv_bytes_per_block + FL_PLAN_MISC_BLOCK + FL_PLAN_MISC_BLOCK_PREFIX + 4 * (uint64_t)(in.kv_block > 0 ? in.kv_block : 16) + 8;
+    /* every block costs its bytes and its bookkeeping (pool entry, hash buckets, prefix entry) */
+    const fl_kv_config kb = {.block_size = in.kv_block, .prefix_cache = in.prefix_cache != 0};
+    const uint64_t per = o.kv_bytes_per_block + fl_kv_block_misc_bytes(&kb);
     if (o.total + 2 * per > mem) {
         fl_plan_fmt_bytes(o.total + 2 * per, a, sizeof a);
         fl_plan_fmt_bytes(o.total + 2 * per - mem, c, sizeof c);

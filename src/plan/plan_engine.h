@@ -20,21 +20,24 @@
  *              q8 activations for Q8_0/Q4_0 weights, else n_threads x 8 dequantized rows)
  *            + the paged-attention workspace (kept by the cache; grows by doubling from 64 KiB;
  *              with f16 KV it also holds the step's queries rounded to f16)
- *   MISC     bookkeeping, from constants measured on the engine (tests/test_plan_engine.c):
+ *   MISC     bookkeeping, from the size functions of the modules that allocate it:
  *            static: the parsed GGUF and the tokenizer, counted exactly by building them here
  *                    (so a plan is exact only while no other thread allocates MISC)
- *                    + the chat template copy + n_layer x sizeof(fl_layer)
- *                    + FL_PLAN_MISC_BASE (model, engine, scheduler, KV cache structs)
- *                    + per KV block FL_PLAN_MISC_BLOCK (+ FL_PLAN_MISC_BLOCK_PREFIX + 4 x block
- *                      tokens with the prefix cache) + a 4-byte hash bucket (power of two)
- *                    + FL_PLAN_MISC_SEQ_SLOT per cache sequence slot (8 x max_seqs + 64)
- *            requests: FL_PLAN_MISC_STEP + FL_PLAN_MISC_BATCH_TOKEN x max_batch_tokens
- *                    + max_seqs x (FL_PLAN_MISC_REQUEST + sizeof(fl_request) + the sampler's struct
- *                      + 16 x n_vocab (sampler)
- *                      + 4 x n_ctx (token ids) + 4 x n_ctx rounded up to a power of two
- *                      (the cache's token ids) + n_ctx x the mean piece length, rounded up
- *                      to a power of two (the streamed text)): at most max_seqs
- *                      requests queued or running, each up to a full context, n = 1
+ *                    + the chat template copy; the model's structs (fl_model_misc_bytes); the
+ *                      paged cache's (fl_kv_misc_bytes: its struct, the pool's block entries
+ *                      and hash buckets, the prefix cache's tokens and hashes per block, the
+ *                      sequence slots (8 x max_seqs + 64), the swap directory's name); the
+ *                      backend's and its sequence-id adapter's (fl_engine_model_misc_bytes);
+ *                      the engine's (fl_engine_misc_bytes: its struct, the scheduler, the
+ *                      request table, the poll's buffers for a step)
+ *            requests: the cache's arrays for a step of max_batch_tokens (fl_kv_step_misc_bytes)
+ *                    + max_seqs x (sizeof(fl_request) + the sampler's struct
+ *                      + 16 x n_vocab (sampler) + 4 x n_ctx (token ids)
+ *                      + the cache's token ids and block table at n_ctx (fl_kv_seq_misc_bytes)
+ *                      + n_ctx x the mean piece length, rounded up to a power of two (the
+ *                      streamed text)): at most max_seqs requests queued or running, each up
+ *                      to a full context, n = 1
+ *                    + half the largest of those growing arrays (its old copy while it doubles)
  *                    + with embeddings, max_seqs x n_embd x 4 (pooled vectors) + the poll's
  *                      copy (4 x n_embd x max_seqs rounded up to a power of two, at least 256 floats)
  *                    + with max_logprobs >= 0, max_seqs x n_ctx records of 8 x (1 + max_logprobs)
@@ -61,13 +64,6 @@
 #include "fitllm.h"
 #include <stdint.h>
 
-#define FL_PLAN_MISC_BASE 2400u
-#define FL_PLAN_MISC_BLOCK 44u
-#define FL_PLAN_MISC_BLOCK_PREFIX 16u
-#define FL_PLAN_MISC_SEQ_SLOT 86u
-#define FL_PLAN_MISC_STEP 2560u
-#define FL_PLAN_MISC_BATCH_TOKEN 34u
-#define FL_PLAN_MISC_REQUEST 48u /* (beyond the request's and its sampler's structs) */
 
 typedef struct fl_plan_engine_in {
     const char *model_path;
@@ -85,6 +81,7 @@ typedef struct fl_plan_engine_in {
     uint64_t guide_mem;       /* the output constraints' budget (fl_engine_guide_mem): GUIDE */
     uint64_t net_mem;         /* the server's buffers' budget (fl_engine_params.net_mem): NET */
     int32_t embeddings;       /* the engine takes embedding requests (fl_engine_params.embeddings) */
+    const char *swap_dir;     /* the swap file's directory (fl_engine_params.swap_path; NULL: $TMPDIR) */
     const char *const *lora_paths; /* LoRA adapters applied at run time (model/lora.h) */
     const float *lora_scales;
     int32_t n_loras;
