@@ -50,6 +50,7 @@ int fl_bench_model(int argc, char **argv);
 int fl_bench_matmul(int argc, char **argv);
 int fl_cmd_serve(int argc, char **argv);
 int fl_cmd_run(int argc, char **argv);
+int fl_cmd_chat(int argc, char **argv);
 int fl_cmd_perplexity(int argc, char **argv);
 /* cli/cmd_run.c helpers shared with perplexity: whole file (FL_MEM_MISC, free len + 1 bytes);
  * text -> ids with BOS (FL_MEM_MISC, free (*n + 1) * 4 bytes). */
@@ -66,6 +67,16 @@ fl_status fl_cli_tokenize(const struct fl_tokenizer *tok, const char *text, size
 #define FL_CLI_LORA_OPTS                                                                                                  \
     {"lora", 0, FL_OPT_STR, "FILE  apply a LoRA adapter at run time (fitllm train --lora writes OUT.lora.gguf; llama.cpp adapters too)"}, \
     {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"}
+/* The sampling options of run and chat (fl_sampler_params / fl_sampling_params fields). */
+#define FL_CLI_SAMPLING_OPTS                                                                          \
+    {"temp", 0, FL_OPT_FLOAT, "T  temperature (default 0.8; 0 = greedy)"},                            \
+    {"top-k", 0, FL_OPT_INT, "K  keep the K most likely tokens (default 40; 0 = off)"},               \
+    {"top-p", 0, FL_OPT_FLOAT, "P  nucleus sampling threshold (default 0.95; 1 = off)"},              \
+    {"min-p", 0, FL_OPT_FLOAT, "M  drop tokens below M x the top probability (default 0.05)"},        \
+    {"repeat-penalty", 0, FL_OPT_FLOAT, "R  repetition penalty (default 1 = off)"},                   \
+    {"frequency-penalty", 0, FL_OPT_FLOAT, "F  frequency penalty (default 0)"},                       \
+    {"presence-penalty", 0, FL_OPT_FLOAT, "P  presence penalty (default 0)"},                         \
+    {"repeat-last-n", 0, FL_OPT_INT, "N  tokens the penalties look back at (default 64, -1 = all)"}
 struct fl_model_params;
 void fl_cli_lora_params(fl_opt *opts, const char **path, float *scale, struct fl_model_params *mp);
 /* Whether writing out would replace one of the n input files (the same device and inode, so

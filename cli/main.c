@@ -15,6 +15,7 @@ static const fl_cli_command commands[] = {
     {"serve", "OpenAI-compatible HTTP server (completions, chat, streaming, metrics)", fl_cmd_serve},
     {"perplexity", "perplexity of a model on a text file (llama.cpp's method), KL divergence", fl_cmd_perplexity},
     {"run", "generate text from a prompt", fl_cmd_run},
+    {"chat", "chat with a model in the terminal (its chat template; earlier turns stay in the KV cache)", fl_cmd_chat},
     {"train", "train or fine-tune (LoRA/QLoRA) a model on a text file", fl_cmd_train},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])

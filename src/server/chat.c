@@ -49,6 +49,8 @@ bool srv_chat_json_tools(const char *tmpl) { return detect(tmpl) == TMPL_LLAMA3;
 
 bool srv_chat_think_open(const char *tmpl) { return detect(tmpl) == TMPL_DEEPSEEK; }
 
+bool srv_chat_plain(const char *tmpl) { return detect(tmpl) == TMPL_PLAIN; }
+
 /* The tools as the system turn shows them: one JSON object per line, and how to call one in the
  * family's format (tools.c reads the calls back). */
 static fl_status tools_preamble(tmpl_kind kind, const cJSON *tools, srv_buf *out) {
@@ -138,7 +140,7 @@ fl_status srv_chat_render(const char *tmpl, const cJSON *messages, const cJSON *
         return FL_ERR_INVALID;
     }
     tmpl_kind kind = detect(tmpl);
-    srv_buf c = {0}, sys = {0}, pre = {0};
+    srv_buf c = {.misc = out->misc}, sys = {.misc = out->misc}, pre = {.misc = out->misc}; /* (charged as out is) */
     fl_status st = FL_OK;
     bool first_user = true;
     /* with tools: the first message's system text gets their preamble, or a system turn of its
@@ -181,7 +183,7 @@ fl_status srv_chat_render(const char *tmpl, const cJSON *messages, const cJSON *
             if ((st = srv_buf_printf(&c, "%s%s", c.len ? "\n\n" : "", pre.p))) goto done;
         }
         if (!strcmp(r, "tool")) { /* a call's result: Llama 3's ipython turn; a tagged user turn elsewhere */
-            srv_buf t = {0};
+            srv_buf t = {.misc = out->misc};
             st = kind == TMPL_LLAMA3 ? srv_buf_append(&t, c.p ? c.p : "", c.len)
                                      : srv_buf_printf(&t, "<tool_response>\n%s\n</tool_response>", c.p ? c.p : "");
             if (!st) {

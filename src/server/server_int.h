@@ -23,6 +23,7 @@
 typedef struct srv_buf {
     char *p;
     size_t len, cap;
+    bool misc; /* charged to FL_MEM_MISC (a buffer outside the server: fitllm chat); else FL_MEM_NET */
 } srv_buf;
 
 fl_status srv_buf_append(srv_buf *b, const char *s, size_t n);
@@ -184,6 +185,8 @@ fl_status srv_chat_render(const char *tmpl, const struct cJSON *messages, const 
 bool srv_chat_json_tools(const char *tmpl);
 /* the template's generation prompt opens the thinking (DeepSeek-R1's "<think>\n") */
 bool srv_chat_think_open(const char *tmpl);
+/* no family recognised: the plain "User:/Assistant:" transcript (nothing ends a turn but a stop) */
+bool srv_chat_plain(const char *tmpl);
 /* reasoning.c: where an output's reasoning and answer are.  UNDECIDED: not yet known (spaces,
  * or a part of <think>); NONE: no reasoning, all answer; IN: reasoning from r0, safe to hand
  * out up to r1 (a part of </think> may follow); DONE: reasoning [r0, r1), the answer from c

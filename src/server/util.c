@@ -10,7 +10,7 @@ fl_status srv_buf_append(srv_buf *b, const char *s, size_t n) {
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n + 1) cap *= 2;
-        char *p = fl_realloc(FL_MEM_NET, b->p, b->cap, cap, 16);
+        char *p = fl_realloc(b->misc ? FL_MEM_MISC : FL_MEM_NET, b->p, b->cap, cap, 16);
         if (!p) return FL_ERR_NOMEM;
         b->p = p;
         b->cap = cap;
@@ -34,7 +34,7 @@ fl_status srv_buf_printf(srv_buf *b, const char *fmt, ...) {
     if (b->len + (size_t)n + 1 > b->cap) {
         size_t cap = b->cap;
         while (cap < b->len + (size_t)n + 1) cap *= 2;
-        char *p = fl_realloc(FL_MEM_NET, b->p, b->cap, cap, 16);
+        char *p = fl_realloc(b->misc ? FL_MEM_MISC : FL_MEM_NET, b->p, b->cap, cap, 16);
         if (!p) return FL_ERR_NOMEM;
         b->p = p;
         b->cap = cap;
@@ -47,8 +47,10 @@ fl_status srv_buf_printf(srv_buf *b, const char *fmt, ...) {
 }
 
 void srv_buf_free(srv_buf *b) {
-    fl_free(FL_MEM_NET, b->p, b->cap);
+    const bool misc = b->misc;
+    fl_free(misc ? FL_MEM_MISC : FL_MEM_NET, b->p, b->cap);
     memset(b, 0, sizeof *b);
+    b->misc = misc;
 }
 
 double srv_now(void) {

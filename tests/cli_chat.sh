@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# `fitllm chat`: its replies are what /v1/chat/completions answers for the same conversation
+# (greedy), earlier turns come from the prefix cache, /clear, dropping old turns to fit the
+# context, a turn longer than the context, continued lines, bad options.
+# Usage: cli_chat.sh FITLLM_BIN SHARED_DIR     (exit 77 = skipped)
+set -u
+BIN=$1; SHARED=$2
+MODEL=$SHARED/models/stories260K.gguf
+[ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
+command -v curl >/dev/null || { echo "SKIP: curl not installed"; exit 77; }
+TMP=$(mktemp -d); PID=
+cleanup() { [ -n "$PID" ] && { kill "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; }; rm -rf "$TMP"; }
+trap cleanup EXIT
+fails=0; passes=0
+ok() { passes=$((passes+1)); echo "ok   - $1"; }
+bad() { fails=$((fails+1)); echo "FAIL - $1"; }
+check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+
+SYS="You are a storyteller. You tell short stories to children who like cats and dogs."
+U1="Hello, who are you?"
+U2="Tell me a story about a cat."
+U3="And one about a dog."
+printf '%s\n%s\n%s\n' "$U1" "$U2" "$U3" | "$BIN" chat -m "$MODEL" -t 1 --temp 0 -n 24 -c 512 --system "$SYS" --json >"$TMP/out" 2>"$TMP/err"
+check "chat --json: exit 0" '[ $? -eq 0 ]'
+check "chat --json: an object per turn" '[ "$(wc -l <"$TMP/out")" -eq 3 ] && [ "$(python3 -c "import json,sys; print([json.loads(l)[\"turn\"] for l in open(sys.argv[1])])" "$TMP/out")" = "[1, 2, 3]" ]'
+check "chat: the stats count 3 turns" 'grep -q "^3 turns" "$TMP/err"'
+# turn k's prompt holds turn k-1's whole prompt, so its full blocks (16 tokens) come from the cache
+check "chat: a turn takes the earlier turns' full blocks from the prefix cache" 'python3 -c "
+import json, sys
+t = [json.loads(l) for l in open(sys.argv[1])]
+sys.exit(0 if t[0][\"cached_tokens\"] == 0 and all(t[k][\"cached_tokens\"] >= t[k - 1][\"prompt_tokens\"] // 16 * 16 > 0 for k in (1, 2)) else 1)" "$TMP/out"'
+check "chat: the memory report follows (no server buffers: nothing in net)" 'grep -q "^  total" "$TMP/err" && ! grep -q "^  net" "$TMP/err"'
+# streamed (not --json), the same replies, each followed by a newline
+printf '%s\n%s\n%s\n' "$U1" "$U2" "$U3" | "$BIN" chat -m "$MODEL" -t 1 --temp 0 -n 24 -c 512 --system "$SYS" >"$TMP/stream" 2>/dev/null
+check "chat: the streamed text is the replies, each and a newline" 'python3 -c "
+import json, sys
+t = [json.loads(l)[\"reply\"] for l in open(sys.argv[1])]
+sys.exit(0 if open(sys.argv[2]).read() == \"\".join(r + \"\\n\" for r in t) else 1)" "$TMP/out" "$TMP/stream"'
+
+# the server answers the same conversation with the same replies (the plain template: a reply
+# ends where the model writes the next "User:", the stop the chat sets)
+"$BIN" serve -m "$MODEL" --port 0 -t 1 -c 512 2>"$TMP/srv.log" &
+PID=$!
+URL=
+for _ in $(seq 1 100); do
+  port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/srv.log")
+  [ -n "$port" ] && { URL=http://127.0.0.1:$port; break; }
+  sleep 0.1
+done
+[ -n "$URL" ] || { echo "server did not start:"; cat "$TMP/srv.log"; exit 1; }
+python3 - "$URL" "$SYS" "$U1" "$U2" "$U3" "$TMP/out" <<'EOF'
+import json, sys, urllib.request
+url, sys_p, users, out = sys.argv[1], sys.argv[2], sys.argv[3:6], sys.argv[6]
+replies = [json.loads(l)["reply"] for l in open(out)]
+msgs = [{"role": "system", "content": sys_p}]
+bad = 0
+for k, u in enumerate(users):
+    msgs.append({"role": "user", "content": u})
+    body = {"messages": msgs, "max_tokens": 24, "temperature": 0, "stop": ["\nUser:"]}
+    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    got = json.load(urllib.request.urlopen(req))["choices"][0]["message"]["content"]
+    if got != replies[k]:
+        print("turn %d: chat %r, server %r" % (k + 1, replies[k], got)); bad += 1
+    msgs.append({"role": "assistant", "content": replies[k]})
+sys.exit(1 if bad else 0)
+EOF
+check "chat: each reply is the server's for the same conversation" '[ $? -eq 0 ]'
+
+# /clear starts over: the first question again gets the first reply
+printf '%s\n/clear\n%s\n/exit\nnot read\n' "$U1" "$U1" | "$BIN" chat -m "$MODEL" -t 1 --temp 0 -n 24 -c 512 --system "$SYS" --json >"$TMP/out2" 2>"$TMP/err2"
+check "chat: /clear starts over, /exit ends" 'python3 -c "
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]; b = json.loads(open(sys.argv[2]).readline())
+sys.exit(0 if len(a) == 2 and a[0][\"reply\"] == a[1][\"reply\"] == b[\"reply\"] and a[0][\"prompt_tokens\"] == a[1][\"prompt_tokens\"] else 1)" "$TMP/out2" "$TMP/out"'
+
+
+# a line ending in a backslash goes on; the last line needs no newline
+printf 'one\\\ntwo\nthree' | "$BIN" chat -m "$MODEL" -t 1 --temp 0 -n 8 >"$TMP/out3" 2>"$TMP/err3"
+check "chat: continued lines are one turn, the last line without a newline another" 'grep -q "^2 turns" "$TMP/err3"'
+
+# a small context: the oldest turns are dropped, every turn still answered
+for i in $(seq 1 8); do echo "Tell me about the cat number $i and the dog."; done |
+  "$BIN" chat -m "$MODEL" -t 1 --temp 0 -n 16 -c 96 --system "Be brief." --json >"$TMP/out4" 2>"$TMP/err4"
+check "chat: a small context drops old turns (in pairs), answers all 8 within it" '[ $? -eq 0 ] && grep -q "old messages dropped to fit the context" "$TMP/err4" && python3 -c "
+import json, sys
+t = [json.loads(l) for l in open(sys.argv[1])]
+d = sum(x[\"dropped_messages\"] for x in t)
+sys.exit(0 if len(t) == 8 and d > 0 and d % 2 == 0 and all(x[\"prompt_tokens\"] + x[\"reply_tokens\"] <= 96 and x[\"reply_tokens\"] > 0 for x in t) else 1)" "$TMP/out4"'
+
+# a turn longer than the context is left out; the next one is answered
+{ python3 -c "print(' '.join(['word'] * 200))"; echo "Hello"; } |
+  "$BIN" chat -m "$MODEL" -t 1 --temp 0 -n 8 -c 64 >"$TMP/out5" 2>"$TMP/err5"
+check "chat: a turn longer than the context is left out, the next answered" '[ $? -eq 0 ] && grep -q "it is left out" "$TMP/err5" && grep -q "^1 turns" "$TMP/err5"'
+
+"$BIN" chat -m "$MODEL" -n 0 </dev/null >/dev/null 2>&1; check "chat: -n 0 refused (exit 2)" '[ $? -eq 2 ]'
+"$BIN" chat </dev/null >/dev/null 2>&1; check "chat: no model (exit 2)" '[ $? -eq 2 ]'
+"$BIN" chat -m "$TMP/missing.gguf" </dev/null >/dev/null 2>"$TMP/err6"; check "chat: a missing model is an error (exit 1)" '[ $? -eq 1 ] && grep -q "fitllm chat:" "$TMP/err6"'
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
