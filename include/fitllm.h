@@ -244,6 +244,9 @@ typedef struct fl_request_params {
                                  * (FL_FINISH_STOP) with fl_request_output.embedding; n 1, no sampling,
                                  * logprobs or constraints.  Its prompt is not served from the prefix
                                  * cache (every token's state is computed) */
+    int32_t special_text;       /* 1: special (control) tokens generated keep their text in the output
+                                 * ("<|im_start|>"; vLLM's skip_special_tokens false); 0: they add none.
+                                 * The end of generation ends it either way, without its text */
 } fl_request_params;
 
 typedef enum fl_request_state {

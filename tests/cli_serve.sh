@@ -117,6 +117,26 @@ check "tokenize parse_special: </s> is EOS (id 2)" '[ "$PS" = 2 ]'
 post "$U" /apply-template "{\"messages\":$CHATMSG}"; AT=$(jq_ 'd["prompt"]')
 post "$U" /tokenize "{\"content\":$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$AT"),\"parse_special\":true}"
 check "apply-template: the text a chat request's prompt is ($NT tokens again)" '[ -n "$AT" ] && [ "$(jq_ "d[\"count\"]")" = "$NT" ]'
+# vLLM's continue_final_message / add_generation_prompt: the assistant's text left open, the
+# output its continuation, as a completion of the same text continues it (greedy)
+CONTMSG='[{"role":"user","content":"Tell me a story."},{"role":"assistant","content":"Once upon a time, there was a little"}]'
+post "$U" /apply-template "{\"messages\":$CONTMSG,\"continue_final_message\":true,\"add_generation_prompt\":false}"; CT=$(jq_ 'json.dumps(d["prompt"])')
+check "apply-template continue_final_message: ends in the assistant's text" '[ "$CT" = "\"User: Tell me a story.\\nAssistant: Once upon a time, there was a little\"" ]'
+post "$U" /apply-template "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"add_generation_prompt\":false}"
+check "apply-template add_generation_prompt false: no Assistant: after the turn" '[ "$(jq_ "json.dumps(d[\"prompt\"])")" = "\"User: hi\\n\"" ]'
+post "$U" /v1/completions "{\"prompt\":$CT,\"max_tokens\":12,\"temperature\":0}"; CC=$(jq_ 'json.dumps(d["choices"][0]["text"])')
+post "$U" /v1/chat/completions "{\"messages\":$CONTMSG,\"continue_final_message\":true,\"add_generation_prompt\":false,\"max_tokens\":12,\"temperature\":0}"
+check "chat continue_final_message: the completion of the open text ($CC)" '[ "$(status)" = 200 ] && [ "$(jq_ "json.dumps(d[\"choices\"][0][\"message\"][\"content\"])")" = "$CC" ] && [ ${#CC} -gt 4 ]'
+post "$U" /v1/chat/completions "{\"messages\":$CONTMSG,\"max_tokens\":12,\"temperature\":0}"
+check "chat without it: a new turn (another reply)" '[ "$(status)" = 200 ] && [ "$(jq_ "json.dumps(d[\"choices\"][0][\"message\"][\"content\"])")" != "$CC" ]'
+post "$U" /tokenize "{\"messages\":$CONTMSG,\"continue_final_message\":true,\"add_generation_prompt\":false}"; NC=$(jq_ 'd["count"]')
+post "$U" /tokenize "{\"content\":$CT}"
+check "tokenize messages continue_final_message: the open text's tokens ($NC)" '[ "$(jq_ "d[\"count\"]")" = "$NC" ]'
+# vLLM's skip_special_tokens false: a generated special token keeps its text (</s> forced, EOS ignored)
+post "$U" /v1/completions '{"prompt":"Once","max_tokens":3,"temperature":0,"ignore_eos":true,"logit_bias":{"2":100},"skip_special_tokens":false}'
+check "skip_special_tokens false: </s> x 3 in the text" '[ "$(jq_ "d[\"choices\"][0][\"text\"]")" = "</s></s></s>" ]'
+post "$U" /v1/completions '{"prompt":"Once","max_tokens":3,"temperature":0,"ignore_eos":true,"logit_bias":{"2":100}}'
+check "skip_special_tokens (default true): no text for them" '[ "$(jq_ "repr(d[\"choices\"][0][\"text\"])")" = "'"''"'" ] && [ "$(jq_ "d[\"usage\"][\"completion_tokens\"]")" = 3 ]'
 curl -s "$U/props" >"$TMP/body"
 check "props: n_ctx, total_slots, /completion's defaults" '[ "$(jq_ "d[\"default_generation_settings\"][\"n_ctx\"], d[\"total_slots\"], d[\"default_generation_settings\"][\"params\"][\"temperature\"]")" = "256 8 0.8" ]'
 for bad in '{"prompt":3}' '{}' '{"prompt":"a","add_special_tokens":"yes"}' '[1]' '{"messages":"x"}' '{"content":"a","with_pieces":1}'; do
@@ -223,6 +243,11 @@ post "$U" /v1/completions '{"prompt":"a","max_tokens":2,"use_beam_search":false,
 check "vLLM extras at their defaults pass" '[ "$(status)" = 200 ]'
 errcase "empty prompt" 400 /v1/completions '{"prompt":""}'
 errcase "bad role" 400 /v1/chat/completions '{"messages":[{"role":"wizard","content":"hi"}]}'
+errcase "continue_final_message with the generation prompt" 400 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"a"}],"continue_final_message":true}'
+errcase "continue_final_message after a user turn" 400 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"continue_final_message":true,"add_generation_prompt":false}'
+errcase "add_generation_prompt not a boolean" 400 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"add_generation_prompt":1}'
+errcase "continue_final_message on completions" 400 /v1/completions '{"prompt":"hi","continue_final_message":true}'
+errcase "skip_special_tokens not a boolean" 400 /v1/completions '{"prompt":"hi","skip_special_tokens":"no"}'
 errcase "messages not array" 400 /v1/chat/completions '{"messages":"hi"}'
 LONG=$(python3 -c "print('Once upon a time, there was a little girl. '*40)")
 errcase "prompt over the context" 400 /v1/completions "{\"prompt\":\"$LONG\"}"

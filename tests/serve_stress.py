@@ -24,7 +24,8 @@ SCHEMAS = [{"type": "object", "properties": {"a": {"type": "integer", "minimum":
            {"type": "integer"}, {"type": "string", "pattern": "a"}, {"$ref": "#/nope"}, "{\"enum\":[true]}", "{", 7, True]
 KEYS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop",
         "stream", "stream_options", "presence_penalty", "frequency_penalty", "repetition_penalty", "model", "user",
-        "logprobs", "top_logprobs", "echo", "logit_bias", "response_format", "min_tokens", "stop_token_ids", "tools", "ignore_eos", "priority", "cache_salt", "truncate_prompt_tokens"]
+        "logprobs", "top_logprobs", "echo", "logit_bias", "response_format", "min_tokens", "stop_token_ids", "tools", "ignore_eos", "priority", "cache_salt", "truncate_prompt_tokens",
+        "skip_special_tokens", "add_generation_prompt", "continue_final_message"]
 
 def odd(depth=0):
     r = rng.random()
@@ -50,6 +51,11 @@ def body():
     d["max_tokens"] = odd() if rng.random() < 0.1 else rng.randint(1, 24)
     if rng.random() < 0.3:
         d["stream"] = True
+    if chat and rng.random() < 0.15:  # vLLM's assistant prefill, valid or not (both true, a last turn not the assistant's)
+        d["continue_final_message"] = rng.random() < 0.8
+        d["add_generation_prompt"] = rng.choice([False, False, True, None, 1])
+    if rng.random() < 0.1:
+        d["skip_special_tokens"] = rng.choice([False, True, None, "no"])
     if rng.random() < 0.2:  # a server with --scheduling-policy priority reorders and preempts; FCFS answers 400
         d["priority"] = rng.randint(-3, 3)
     r = rng.random()

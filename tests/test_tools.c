@@ -317,6 +317,53 @@ static void test_render(void **state) {
     cJSON_Delete(m);
 }
 
+static void render_fl(const char *tmpl, const char *msgs, unsigned flags, const char *want) {
+    cJSON *m = cJSON_Parse(msgs);
+    srv_buf out = {0};
+    const char *err = NULL;
+    assert_int_equal(srv_chat_render_ex(tmpl, m, NULL, flags, &out, &err), FL_OK);
+    srv_buf_append(&out, "", 0);
+    if (strcmp(out.p, want)) fail_msg("rendered (flags %u):\n%s\nexpected:\n%s", flags, out.p, want);
+    srv_buf_free(&out);
+    cJSON_Delete(m);
+}
+
+/* vLLM's add_generation_prompt false and continue_final_message: no generation prompt; the last
+ * message, the assistant's, left open in each family's format (and, in R1's, with its thinking) */
+static void test_render_continue(void **state) {
+    (void)state;
+    const char *ua = "[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"Once upon\"}]";
+    const char *u = "[{\"role\":\"user\",\"content\":\"hi\"}]";
+    const unsigned C = SRV_CHAT_CONTINUE | SRV_CHAT_NO_GEN_PROMPT;
+    render_fl("<|im_start|>", ua, C, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nOnce upon");
+    render_fl("<|im_start|>", ua, SRV_CHAT_NO_GEN_PROMPT, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nOnce upon<|im_end|>\n");
+    render_fl("<|im_start|>", u, SRV_CHAT_NO_GEN_PROMPT, "<|im_start|>user\nhi<|im_end|>\n");
+    render_fl("<|start_header_id|>", ua, C,
+              "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nOnce upon");
+    render_fl("<|user|> <|end|>", ua, C, "<|user|>\nhi<|end|>\n<|assistant|>\nOnce upon");
+    render_fl("[INST]", ua, C, "[INST] hi [/INST] Once upon");
+    render_fl(NULL, ua, C, "User: hi\nAssistant: Once upon");
+    render_fl(NULL, u, 0, "User: hi\nAssistant:");
+    const char *ds = "<\xEF\xBD\x9CUser\xEF\xBD\x9C> <\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>";
+    render_fl(ds, "[{\"role\":\"user\",\"content\":\"1+1?\"},{\"role\":\"assistant\",\"content\":\"<think>\\nadd\\n</think>\\n\\n2\"}]", C,
+              "<\xEF\xBD\x9CUser\xEF\xBD\x9C>1+1?<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C><think>\nadd\n</think>\n\n2");
+    /* refused: both on; a last message that is not the assistant's */
+    static const struct { const char *msgs; unsigned flags; const char *err; } bad[] = {
+        {"[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"a\"}]", SRV_CHAT_CONTINUE, "cannot both be true"},
+        {"[{\"role\":\"user\",\"content\":\"hi\"}]", SRV_CHAT_CONTINUE | SRV_CHAT_NO_GEN_PROMPT, "must be the assistant's"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cJSON *m = cJSON_Parse(bad[i].msgs);
+        srv_buf out = {0};
+        const char *err = NULL;
+        assert_int_equal(srv_chat_render_ex("<|im_start|>", m, NULL, bad[i].flags, &out, &err), FL_ERR_INVALID);
+        assert_non_null(strstr(err, bad[i].err));
+        assert_int_equal(out.len, 0);
+        srv_buf_free(&out);
+        cJSON_Delete(m);
+    }
+}
+
 /* where reasoning and answer are, whole and as a stream sees them */
 static void test_think(void **state) {
     (void)state;
@@ -358,6 +405,7 @@ static void test_think(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_render_continue),
         cmocka_unit_test(test_read), cmocka_unit_test(test_required), cmocka_unit_test(test_hold),
         cmocka_unit_test(test_parse), cmocka_unit_test(test_render), cmocka_unit_test(test_think),
     };

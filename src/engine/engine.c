@@ -832,7 +832,8 @@ static void commit_token(fl_engine *e, fl_request *r, int32_t tok) {
     fl_request_append(r, tok);
     r->event_pending = true;
     char piece[256];
-    int32_t len = e->be.piece ? e->be.piece(e->be.ctx, tok, piece, (int32_t)sizeof piece) : 0;
+    int32_t (*text_of)(void *, int32_t, char *, int32_t) = r->special_text && e->be.token_text ? e->be.token_text : e->be.piece;
+    int32_t len = text_of ? text_of(e->be.ctx, tok, piece, (int32_t)sizeof piece) : 0;
     bool stopped = false;
     if (len > 0 && fl_stop_push(&r->stop, piece, len, &stopped) != FL_OK) {
         finish(e, r, FL_FINISH_ERROR);

@@ -141,6 +141,7 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
     r->n_prompt = r->n_tokens = p->n_prompt;
     r->max_tokens = p->max_tokens;
     r->ignore_eos = p->ignore_eos;
+    r->special_text = p->special_text != 0;
     r->min_tokens = p->min_tokens;
     r->n_stop_ids = p->n_stop_token_ids;
     memcpy(r->stop_ids, p->stop_token_ids, (size_t)p->n_stop_token_ids * sizeof *r->stop_ids);

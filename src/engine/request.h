@@ -71,6 +71,7 @@ struct fl_request {
     int32_t n_cached_prompt;    /* prompt tokens served by the prefix cache at first admission */
     int32_t max_tokens;
     int32_t ignore_eos;
+    int32_t special_text; /* fl_request_params.special_text */
     int32_t min_tokens;
     int32_t stop_ids[FL_MAX_STOP_TOKEN_IDS], n_stop_ids;
     uint64_t *allowed;          /* allowed_token_ids as a bitmask of allowed_words words (the engine's), or NULL */

@@ -143,6 +143,18 @@ static const char *const unsupported_fields[] = {"functions", "function_call", "
                                                   "suffix", "audio", "modalities", "structural_tag", "guided_whitespace_pattern", "use_beam_search",
                                                   NULL};
 
+/* vLLM's add_generation_prompt (default true) and continue_final_message (default false) of a
+ * chat request as srv_chat_render_ex's flags; false with err set when one is not a boolean. */
+static bool chat_flags(const cJSON *j, unsigned *flags, char *err, size_t n) {
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(j, "add_generation_prompt"), *c = cJSON_GetObjectItemCaseSensitive(j, "continue_final_message");
+    if ((g && !cJSON_IsNull(g) && !cJSON_IsBool(g)) || (c && !cJSON_IsNull(c) && !cJSON_IsBool(c))) {
+        snprintf(err, n, "'add_generation_prompt' and 'continue_final_message' must be booleans");
+        return false;
+    }
+    *flags = (cJSON_IsFalse(g) ? SRV_CHAT_NO_GEN_PROMPT : 0) | (cJSON_IsTrue(c) ? SRV_CHAT_CONTINUE : 0);
+    return true;
+}
+
 /* ---- streaming machinery ---- */
 
 static const char *finish_str(fl_finish_reason f) {
@@ -1048,7 +1060,10 @@ static enum MHD_Result handle_tokenize(fl_server *s, struct MHD_Connection *conn
     if (cJSON_IsTrue(ps)) flags |= FL_TOKENIZE_PARSE_SPECIAL; /* llama.cpp's: "<|eot_id|>" as its token */
     if (msgs) {
         const char *e2 = NULL;
-        fl_status st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, NULL, &text, &e2);
+        unsigned fl;
+        char ferr[96];
+        if (!chat_flags(j, &fl, ferr, sizeof ferr)) { ret = BAD("%s", ferr); goto out; }
+        fl_status st = srv_chat_render_ex(fl_engine_chat_template(s->engine), msgs, NULL, fl, &text, &e2);
         if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
         flags |= FL_TOKENIZE_PARSE_SPECIAL; /* the template's markers are tokens */
     } else if (cJSON_IsString(p)) {
@@ -1107,7 +1122,9 @@ static enum MHD_Result handle_apply_template(fl_server *s, struct MHD_Connection
     fl_status st = srv_tools_read(j, srv_chat_json_tools(fl_engine_chat_template(s->engine)), &tt, &tools, &sch, &gr, terr, sizeof terr);
     cJSON_free(sch);
     if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", terr); goto out; }
-    st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, tools, &text, &e2);
+    unsigned fl;
+    if (!chat_flags(j, &fl, terr, sizeof terr)) { ret = BAD("%s", terr); goto out; }
+    st = srv_chat_render_ex(fl_engine_chat_template(s->engine), msgs, tools, fl, &text, &e2);
     if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
     if (srv_buf_append(&text, "", 1) != FL_OK) { ret = NOMEM(); goto out; }
     cJSON *o = cJSON_CreateObject();
@@ -1256,21 +1273,23 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
      * those (one engine request each; a list of one is the prompt, as lm-evaluation-harness
      * sends it) */
     bool special = false;
+    unsigned chat_fl = 0; /* chat_flags */
     if (chat) {
         const char *e2 = NULL;
         const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages"), *tools = NULL;
         if (!msgs) { ret = BAD("'messages' is required"); goto out; }
+        if (!chat_flags(j, &chat_fl, err, sizeof err)) { ret = BAD("%s", err); goto out; }
         fl_status st = srv_tools_read(j, srv_chat_json_tools(fl_engine_chat_template(s->engine)), &tools_rd, &tools, &tool_schema,
                                       &tool_grammar, err, sizeof err);
         if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", err); goto out; }
-        st = srv_chat_render(fl_engine_chat_template(s->engine), msgs, tools, &gp[0].text, &e2);
+        st = srv_chat_render_ex(fl_engine_chat_template(s->engine), msgs, tools, chat_fl, &gp[0].text, &e2);
         if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
         special = true;
         n_gp = 1;
     } else {
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-        static const char *const CHAT_ONLY[] = {"tools", "tool_choice", "parallel_tool_calls"};
-        for (size_t i = 0; i < 3; i++) {
+        static const char *const CHAT_ONLY[] = {"tools", "tool_choice", "parallel_tool_calls", "add_generation_prompt", "continue_final_message"};
+        for (size_t i = 0; i < sizeof CHAT_ONLY / sizeof *CHAT_ONLY; i++) {
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, CHAT_ONLY[i]);
             if (v && !cJSON_IsNull(v)) {
                 ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", CHAT_ONLY[i], "'%s' is taken by /v1/chat/completions only", CHAT_ONLY[i]);
@@ -1411,6 +1430,9 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     const cJSON *ign = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos");
     if (ign && !cJSON_IsBool(ign)) { ret = BAD("'ignore_eos' must be a boolean"); goto out; }
     rp.ignore_eos = cJSON_IsTrue(ign);
+    const cJSON *sst = cJSON_GetObjectItemCaseSensitive(j, "skip_special_tokens"); /* vLLM's (default true) */
+    if (sst && !cJSON_IsBool(sst) && !cJSON_IsNull(sst)) { ret = BAD("'skip_special_tokens' must be a boolean"); goto out; }
+    rp.special_text = cJSON_IsFalse(sst);
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
     if (so && !cJSON_IsNull(so) && !cJSON_IsObject(so)) { ret = BAD("'stream_options' must be an object"); goto out; }
     bool include_usage = so && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
@@ -1674,7 +1696,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     r->drop_gen = drop_gen;
     r->tools = tools_rd;
     r->reasoning = reasoning;
-    r->think_open = reasoning && srv_chat_think_open(fl_engine_chat_template(s->engine));
+    r->think_open = reasoning && srv_chat_think_open(fl_engine_chat_template(s->engine)) && !(chat_fl & SRV_CHAT_NO_GEN_PROMPT); /* (its generation prompt opens the thinking) */
     if (nat) {
         r->native = true;
         r->return_tokens = nat->return_tokens;

@@ -134,10 +134,39 @@ static fl_status emit_turn(tmpl_kind kind, const char *r, const char *txt, srv_b
     return st;
 }
 
+/* The final assistant message, open: its turn's start and its text, no end (continue_final_message). */
+static fl_status emit_open(tmpl_kind kind, const char *txt, srv_buf *out) {
+    switch (kind) {
+    case TMPL_LLAMA3: return srv_buf_printf(out, "<|start_header_id|>assistant<|end_header_id|>\n\n%s", txt);
+    case TMPL_CHATML: return srv_buf_printf(out, "<|im_start|>assistant\n%s", txt);
+    case TMPL_PHI3: return srv_buf_printf(out, "<|assistant|>\n%s", txt);
+    case TMPL_LLAMA2: return srv_buf_printf(out, " %s", txt);
+    case TMPL_DEEPSEEK: return srv_buf_printf(out, DS_ASSISTANT "%s", txt);
+    case TMPL_PLAIN: return srv_buf_printf(out, "Assistant: %s", txt);
+    }
+    return FL_OK;
+}
+
 fl_status srv_chat_render(const char *tmpl, const cJSON *messages, const cJSON *tools, srv_buf *out, const char **err) {
+    return srv_chat_render_ex(tmpl, messages, tools, 0, out, err);
+}
+
+fl_status srv_chat_render_ex(const char *tmpl, const cJSON *messages, const cJSON *tools, unsigned flags, srv_buf *out, const char **err) {
     if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0) {
         *err = "'messages' must be a non-empty array";
         return FL_ERR_INVALID;
+    }
+    const bool cont = flags & SRV_CHAT_CONTINUE;
+    if (cont && !(flags & SRV_CHAT_NO_GEN_PROMPT)) {
+        *err = "'continue_final_message' and 'add_generation_prompt' cannot both be true";
+        return FL_ERR_INVALID;
+    }
+    if (cont) {
+        const cJSON *rl = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(messages, cJSON_GetArraySize(messages) - 1), "role");
+        if (!cJSON_IsString(rl) || strcmp(rl->valuestring, "assistant")) {
+            *err = "'continue_final_message': the last message must be the assistant's";
+            return FL_ERR_INVALID;
+        }
     }
     tmpl_kind kind = detect(tmpl);
     srv_buf c = {.misc = out->misc}, sys = {.misc = out->misc}, pre = {.misc = out->misc}; /* (charged as out is) */
@@ -169,7 +198,8 @@ fl_status srv_chat_render(const char *tmpl, const cJSON *messages, const cJSON *
             c.len = 0;
             if (c.p) c.p[0] = 0;
         } else if ((st = content_text(content, &c, err))) goto done;
-        if (kind == TMPL_DEEPSEEK && !strcmp(r, "assistant") && c.p) { /* an earlier answer without its thinking, as R1's template */
+        const bool open = cont && !m->next; /* the message the output continues */
+        if (kind == TMPL_DEEPSEEK && !strcmp(r, "assistant") && c.p && !open) { /* an earlier answer without its thinking, as R1's template */
             const char *e = strstr(c.p, "</think>");
             if (e) {
                 e += 8;
@@ -194,9 +224,10 @@ fl_status srv_chat_render(const char *tmpl, const cJSON *messages, const cJSON *
             if (st) goto done;
             r = kind == TMPL_LLAMA3 ? "ipython" : "user";
         }
-        if ((st = emit_turn(kind, r, c.p ? c.p : "", out, &sys, &first_user))) goto done;
+        if ((st = open ? emit_open(kind, c.p ? c.p : "", out) : emit_turn(kind, r, c.p ? c.p : "", out, &sys, &first_user))) goto done;
     }
     /* generation prompt */
+    if (flags & SRV_CHAT_NO_GEN_PROMPT) goto done;
     switch (kind) {
     case TMPL_LLAMA3: st = srv_buf_append(out, "<|start_header_id|>assistant<|end_header_id|>\n\n", 47); break;
     case TMPL_CHATML: st = srv_buf_append(out, "<|im_start|>assistant\n", 22); break;

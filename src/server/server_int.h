@@ -181,6 +181,13 @@ fl_status srv_metrics_render(fl_server *s, srv_buf *out);
 /* chat.c: render messages (cJSON array) with the model's template kind; *err set on bad input. */
 struct cJSON;
 fl_status srv_chat_render(const char *tmpl, const struct cJSON *messages, const struct cJSON *tools, srv_buf *out, const char **err);
+/* The same with flags: SRV_CHAT_NO_GEN_PROMPT leaves out the assistant's generation prompt
+ * (vLLM's add_generation_prompt false); SRV_CHAT_CONTINUE (with NO_GEN_PROMPT) leaves the last
+ * message, the assistant's, open, so the output continues its text (continue_final_message). */
+#define SRV_CHAT_NO_GEN_PROMPT 1u
+#define SRV_CHAT_CONTINUE 2u
+fl_status srv_chat_render_ex(const char *tmpl, const struct cJSON *messages, const struct cJSON *tools, unsigned flags, srv_buf *out,
+                             const char **err);
 /* the template's tool calls are Llama 3's bare JSON objects (else <tool_call> tags) */
 bool srv_chat_json_tools(const char *tmpl);
 /* the template's generation prompt opens the thinking (DeepSeek-R1's "<think>\n") */
