@@ -77,6 +77,13 @@ fl_status fl_cli_tokenize(const struct fl_tokenizer *tok, const char *text, size
     {"frequency-penalty", 0, FL_OPT_FLOAT, "F  frequency penalty (default 0)"},                       \
     {"presence-penalty", 0, FL_OPT_FLOAT, "P  presence penalty (default 0)"},                         \
     {"repeat-last-n", 0, FL_OPT_INT, "N  tokens the penalties look back at (default 64, -1 = all)"}
+/* --chat-template NAME|TEXT and --chat-template-file FILE of serve and chat (llama.cpp's): their
+ * option entries, and the template text they give (*out; NULL: the GGUF's).  A file's text is
+ * FL_MEM_MISC in *owned (free *owned_len + 1 bytes).  Returns 0, or 2 after printing why. */
+#define FL_CLI_CHAT_TEMPLATE_OPTS                                                                                         \
+    {"chat-template", 0, FL_OPT_STR, "NAME|TEXT  the chat template in place of the GGUF's: chatml, llama2, llama3, phi3, deepseek3 (deepseek-r1), plain, or template text (its family is recognized by its markers, as the GGUF's)"}, \
+    {"chat-template-file", 0, FL_OPT_STR, "FILE  as --chat-template, the template text read from FILE"}
+int fl_cli_chat_template(fl_opt *opts, const char *cmd, char **owned, size_t *owned_len, const char **out);
 struct fl_model_params;
 void fl_cli_lora_params(fl_opt *opts, const char **path, float *scale, struct fl_model_params *mp);
 /* Whether writing out would replace one of the n input files (the same device and inode, so

@@ -102,6 +102,33 @@ static fl_status render_ids(fl_engine *e, const cJSON *msgs, int32_t **ids, int6
     return st;
 }
 
+int fl_cli_chat_template(fl_opt *opts, const char *cmd, char **owned, size_t *owned_len, const char **out) {
+    const fl_opt *a = fl_args_get(opts, "chat-template"), *f = fl_args_get(opts, "chat-template-file");
+    *out = NULL;
+    *owned = NULL;
+    if (a->set && f->set) {
+        fprintf(stderr, "fitllm %s: give --chat-template or --chat-template-file, not both\n", cmd);
+        return 2;
+    }
+    if (!a->set && !f->set) return 0;
+    const char *arg = a->str;
+    if (f->set) {
+        if (!(*owned = fl_cli_read_file(f->str, owned_len))) {
+            fprintf(stderr, "fitllm %s: %s\n", cmd, fl_last_error());
+            return 2;
+        }
+        arg = *owned;
+    }
+    bool known = false;
+    *out = srv_chat_template_resolve(arg, &known);
+    if (!*out) {
+        fprintf(stderr, "fitllm %s: unknown chat template '%s' (chatml, llama2, llama3, phi3, deepseek3, deepseek-r1, plain, or template text)\n", cmd, arg);
+        return 2;
+    }
+    if (!known) fprintf(stderr, "fitllm %s: the chat template is none of the families rendered; chats get a plain User:/Assistant: transcript\n", cmd);
+    return 0;
+}
+
 int fl_cmd_chat(int argc, char **argv) {
     fl_opt opts[] = {
         {"model", 'm', FL_OPT_STR, "MODEL  GGUF model (required)"},
@@ -117,6 +144,7 @@ int fl_cmd_chat(int argc, char **argv) {
         {"lora", 0, FL_OPT_STR, "FILE  apply a LoRA adapter, unmerged (fitllm train --lora's OUT.lora.gguf or a llama.cpp adapter)"},
         {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory instead of mapping it"},
+        FL_CLI_CHAT_TEMPLATE_OPTS,
         {"json", 0, FL_OPT_FLAG, "print one JSON object per turn instead of streaming: {turn, reply, finish_reason, prompt_tokens, cached_tokens, reply_tokens, dropped_messages}"},
         {0},
     };
@@ -124,7 +152,7 @@ int fl_cmd_chat(int argc, char **argv) {
     int r = fl_args_parse(argc, argv, opts, "fitllm chat -m MODEL [--system TEXT] [-n N] [-c CTX] [options]",
                           "Chat with MODEL in the terminal: each line you type is a user turn (end a line with \\\n"
                           "to go on on the next), rendered with the model's chat template (the GGUF's\n"
-                          "tokenizer.chat_template: Llama 2/3, ChatML, Phi-3, DeepSeek-R1; else a User:/Assistant:\n"
+                          "tokenizer.chat_template, or --chat-template: Llama 2/3, ChatML, Phi-3, DeepSeek-R1; else a User:/Assistant:\n"
                           "transcript that stops at the next \"User:\"); the reply streams back.  The earlier turns\n"
                           "stay in the KV cache (prefix caching), so a turn computes only what is new.\n"
                           "/clear starts over, /exit (or the end of input) ends; Ctrl-C stops a reply.  Input that\n"
@@ -157,6 +185,10 @@ int fl_cmd_chat(int argc, char **argv) {
 #undef FOPT
 #undef IOPT
     const uint64_t seed = fl_args_get(opts, "seed")->set ? (uint64_t)fl_args_get(opts, "seed")->i : 0;
+    char *tmpl_file = NULL;
+    size_t tmpl_len = 0;
+    const char *tmpl_text;
+    if (fl_cli_chat_template(opts, "chat", &tmpl_file, &tmpl_len, &tmpl_text)) return 2;
 
     fl_engine_params ep;
     fl_engine_params_default(&ep);
@@ -169,6 +201,7 @@ int fl_cmd_chat(int argc, char **argv) {
     ep.kv_type = fl_args_get(opts, "kv-type")->str;
     ep.weights_type = fl_args_get(opts, "weights")->str;
     ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
+    ep.chat_template = tmpl_text;
     const char *lora = fl_args_get(opts, "lora")->str;
     const float lora_scale = fl_args_get(opts, "lora-scale")->set ? (float)fl_args_get(opts, "lora-scale")->f : 1.0f;
     if (lora) {
@@ -364,5 +397,6 @@ done:
     srv_buf_free(&line);
     srv_buf_free(&reply);
     fl_engine_free(e);
+    if (tmpl_file) fl_free(FL_MEM_MISC, tmpl_file, tmpl_len + 1);
     return rc;
 }

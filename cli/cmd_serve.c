@@ -1,5 +1,6 @@
 /* `fitllm serve`: the OpenAI-compatible HTTP server over one engine. */
 #include "cli/cli.h"
+#include "core/alloc.h"
 #include "core/status.h"
 #include "fitllm.h"
 
@@ -42,6 +43,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"pooling", 0, FL_OPT_STR, "mean|last  how /v1/embeddings pools a prompt's states (default mean; llama.cpp's --pooling)"},
         {"reasoning-format", 0, FL_OPT_STR, "none|deepseek  chat: deepseek (default, llama.cpp's): an output's <think>...</think> (or, where the template opens the thinking as DeepSeek-R1's does, all before </think>) goes to message.reasoning_content; none: all of it is content (a request's reasoning_format overrides)"},
         {"regex-pcre2", 0, FL_OPT_FLAG, "guided_regex always on PCRE2's matcher (by default a pattern of the common subset runs as a grammar: masks kept by canonical state, byte tokens offered)"},
+        FL_CLI_CHAT_TEMPLATE_OPTS,
         {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) + 4 bytes per context token per sequence"},
         {0},
     };
@@ -209,8 +211,13 @@ int fl_cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    char *tmpl_file = NULL;
+    size_t tmpl_len = 0;
+    if (fl_cli_chat_template(opts, "serve", &tmpl_file, &tmpl_len, &ep.chat_template)) return 2;
     fl_engine *e;
-    if (fl_engine_new(&ep, &e) != FL_OK) {
+    const fl_status est = fl_engine_new(&ep, &e);
+    if (tmpl_file) fl_free(FL_MEM_MISC, tmpl_file, tmpl_len + 1); /* (the engine keeps a copy) */
+    if (est != FL_OK) {
         fprintf(stderr, "fitllm serve: %s\n", fl_last_error());
         return 1;
     }

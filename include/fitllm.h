@@ -143,6 +143,8 @@ typedef struct fl_engine_params {
     int32_t embeddings;         /* 1: the engine takes embedding requests (fl_request_params.pooling); the
                                  * plan counts their buffers (the step's final hidden states, a pooled
                                  * vector per sequence).  0 (default): they are refused */
+    const char *chat_template;  /* chat template text in place of the GGUF's tokenizer.chat_template
+                                 * (copied; fl_engine_chat_template returns it); NULL: the file's */
 } fl_engine_params;
 #define FL_GUIDE_MEM_DEFAULT ((int64_t)16 << 20)
 
@@ -322,7 +324,7 @@ fl_sched_policy fl_engine_sched_policy(const fl_engine *e);
 int32_t fl_engine_max_seqs(const fl_engine *e); /* sequences a step runs at most (max_seqs) */
 int32_t fl_engine_n_loras(const fl_engine *e);
 const char *fl_engine_model_name(const fl_engine *e);
-/* Chat template text from the GGUF (tokenizer.chat_template), or NULL. */
+/* Chat template text: fl_engine_params.chat_template, else the GGUF's (tokenizer.chat_template), or NULL. */
 const char *fl_engine_chat_template(const fl_engine *e);
 /* Queue a request; *id receives its id. FL_ERR_INVALID for prompts over the context etc. */
 fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id);

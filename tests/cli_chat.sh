@@ -15,6 +15,18 @@ fails=0; passes=0
 ok() { passes=$((passes+1)); echo "ok   - $1"; }
 bad() { fails=$((fails+1)); echo "FAIL - $1"; }
 check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+# start_server ARGS... -> PID, URL (a server on stories260K, -c 512, any free port)
+start_server() {
+  "$BIN" serve -m "$MODEL" --port 0 -t 1 -c 512 "$@" 2>"$TMP/srv.log" &
+  PID=$!
+  URL=
+  for _ in $(seq 1 100); do
+    port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/srv.log")
+    [ -n "$port" ] && { URL=http://127.0.0.1:$port; return 0; }
+    sleep 0.1
+  done
+  echo "server did not start:"; cat "$TMP/srv.log"; exit 1
+}
 
 SYS="You are a storyteller. You tell short stories to children who like cats and dogs."
 U1="Hello, who are you?"
@@ -39,15 +51,7 @@ sys.exit(0 if open(sys.argv[2]).read() == \"\".join(r + \"\\n\" for r in t) else
 
 # the server answers the same conversation with the same replies (the plain template: a reply
 # ends where the model writes the next "User:", the stop the chat sets)
-"$BIN" serve -m "$MODEL" --port 0 -t 1 -c 512 2>"$TMP/srv.log" &
-PID=$!
-URL=
-for _ in $(seq 1 100); do
-  port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/srv.log")
-  [ -n "$port" ] && { URL=http://127.0.0.1:$port; break; }
-  sleep 0.1
-done
-[ -n "$URL" ] || { echo "server did not start:"; cat "$TMP/srv.log"; exit 1; }
+start_server
 python3 - "$URL" "$SYS" "$U1" "$U2" "$U3" "$TMP/out" <<'EOF'
 import json, sys, urllib.request
 url, sys_p, users, out = sys.argv[1], sys.argv[2], sys.argv[3:6], sys.argv[6]
@@ -65,6 +69,38 @@ for k, u in enumerate(users):
 sys.exit(1 if bad else 0)
 EOF
 check "chat: each reply is the server's for the same conversation" '[ $? -eq 0 ]'
+
+# --chat-template-file (llama.cpp's): a template whose markers are Llama 3's renders as Llama 3 in
+# the server and in the chat alike; their replies agree
+printf '{%% for m in messages %%}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{%% endfor %%}' >"$TMP/l3.jinja"
+kill "$PID"; wait "$PID" 2>/dev/null
+start_server --chat-template-file "$TMP/l3.jinja"
+curl -s -d '{"messages":[{"role":"user","content":"hi"}]}' "$URL/apply-template" >"$TMP/at"
+check "serve --chat-template-file: rendered as Llama 3" '[ "$(python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))[\"prompt\"]))" "$TMP/at")" = "\"<|start_header_id|>user<|end_header_id|>\\n\\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\\n\\n\"" ]'
+curl -s "$URL/props" >"$TMP/props"
+check "serve --chat-template-file: /props shows the file's text" 'python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))[\"chat_template\"] == open(sys.argv[2]).read() else 1)" "$TMP/props" "$TMP/l3.jinja"'
+printf '%s\n%s\n' "$U1" "$U2" | "$BIN" chat -m "$MODEL" -t 1 --temp 0 -n 24 -c 512 --system "$SYS" --json --chat-template-file "$TMP/l3.jinja" >"$TMP/out7" 2>/dev/null
+python3 - "$URL" "$SYS" "$U1" "$U2" "$TMP/out7" <<'EOF2'
+import json, sys, urllib.request
+url, sys_p, users, out = sys.argv[1], sys.argv[2], sys.argv[3:5], sys.argv[5]
+turns = [json.loads(l) for l in open(out)]
+def post(path, body):
+    req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req))
+msgs = [{"role": "system", "content": sys_p}]
+bad = 0
+for k, u in enumerate(users):
+    msgs.append({"role": "user", "content": u})
+    n = post("/tokenize", {"messages": msgs})["count"]
+    got = post("/v1/chat/completions", {"messages": msgs, "max_tokens": 24, "temperature": 0})["choices"][0]["message"]["content"]
+    if n != turns[k]["prompt_tokens"] or got != turns[k]["reply"]:
+        print("turn %d: chat %d tokens %r, server %d tokens %r" % (k + 1, turns[k]["prompt_tokens"], turns[k]["reply"], n, got)); bad += 1
+    msgs.append({"role": "assistant", "content": turns[k]["reply"]})
+sys.exit(1 if bad else 0)
+EOF2
+check "chat --chat-template-file: the server's prompt tokens and replies" '[ $? -eq 0 ]'
+"$BIN" chat -m "$MODEL" --chat-template nonesuch </dev/null >/dev/null 2>"$TMP/err8"; check "chat --chat-template nonesuch refused (exit 2)" '[ $? -eq 2 ] && grep -q "unknown chat template" "$TMP/err8"'
+"$BIN" serve -m "$MODEL" --chat-template chatml --chat-template-file "$TMP/l3.jinja" </dev/null >/dev/null 2>&1; check "serve: both template options refused (exit 2)" '[ $? -eq 2 ]'
 
 # /clear starts over: the first question again gets the first reply
 printf '%s\n/clear\n%s\n/exit\nnot read\n' "$U1" "$U1" | "$BIN" chat -m "$MODEL" -t 1 --temp 0 -n 24 -c 512 --system "$SYS" --json >"$TMP/out2" 2>"$TMP/err2"

@@ -118,6 +118,7 @@ fl_status fl_engine_plan_input(const fl_engine_params *p, fl_plan_engine_in *pi)
     pi->net_mem = p->net_mem > 0 ? (uint64_t)p->net_mem : 0;
     pi->embeddings = p->embeddings != 0;
     pi->swap_dir = p->swap_path;
+    pi->chat_template = p->chat_template;
     pi->lora_paths = p->lora_paths;
     pi->lora_scales = p->lora_scales;
     pi->n_loras = p->n_loras;
@@ -176,15 +177,16 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
     }
     if (fl_gguf_get_str(g, "general.name", m->name, sizeof m->name) != FL_OK) snprintf(m->name, sizeof m->name, "%s", hp->arch);
     const fl_gguf_kv *ct = fl_gguf_find(g, "tokenizer.chat_template");
-    if (ct && ct->value.type == FL_GGUF_STRING) {
-        m->chat_template_size = ct->value.v.str.len + 1;
+    if (p.chat_template || (ct && ct->value.type == FL_GGUF_STRING)) { /* (the params' in place of the file's) */
+        const size_t n = p.chat_template ? strlen(p.chat_template) : ct->value.v.str.len;
+        m->chat_template_size = n + 1;
         m->chat_template = fl_alloc(FL_MEM_MISC, m->chat_template_size, 0);
         if (!m->chat_template) {
             st = FL_ERR_NOMEM;
             goto fail;
         }
-        memcpy(m->chat_template, ct->value.v.str.data, ct->value.v.str.len);
-        m->chat_template[ct->value.v.str.len] = 0;
+        memcpy(m->chat_template, p.chat_template ? p.chat_template : ct->value.v.str.data, n);
+        m->chat_template[n] = 0;
     }
     fl_clear_error();
     const int32_t n_ctx = p.n_ctx > 0 ? p.n_ctx : hp->n_ctx_train > 0 ? hp->n_ctx_train : 2048;

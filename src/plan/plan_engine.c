@@ -78,7 +78,8 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
         }
         fl_clear_error();
         const fl_gguf_kv *ct = fl_gguf_find(g, "tokenizer.chat_template");
-        if (ct && ct->value.type == FL_GGUF_STRING) out->tokenizer_bytes += ct->value.v.str.len + 1; /* the engine's copy */
+        if (in->chat_template) out->tokenizer_bytes += strlen(in->chat_template) + 1; /* the engine's copy */
+        else if (ct && ct->value.type == FL_GGUF_STRING) out->tokenizer_bytes += ct->value.v.str.len + 1;
     }
     fl_hparams hp;
     if ((st = fl_hparams_from_gguf(g, &hp))) goto done;

@@ -82,6 +82,7 @@ typedef struct fl_plan_engine_in {
     uint64_t net_mem;         /* the server's buffers' budget (fl_engine_params.net_mem): NET */
     int32_t embeddings;       /* the engine takes embedding requests (fl_engine_params.embeddings) */
     const char *swap_dir;     /* the swap file's directory (fl_engine_params.swap_path; NULL: $TMPDIR) */
+    const char *chat_template; /* the engine's copy in place of the file's (fl_engine_params.chat_template) */
     const char *const *lora_paths; /* LoRA adapters applied at run time (model/lora.h) */
     const float *lora_scales;
     int32_t n_loras;

@@ -51,6 +51,22 @@ bool srv_chat_think_open(const char *tmpl) { return detect(tmpl) == TMPL_DEEPSEE
 
 bool srv_chat_plain(const char *tmpl) { return detect(tmpl) == TMPL_PLAIN; }
 
+/* A family's name as llama.cpp's --chat-template takes it, and the markers that detect() reads */
+static const struct { const char *name, *text; } NAMED[] = {
+    {"chatml", "<|im_start|>"}, {"llama2", "[INST]"}, {"llama3", "<|start_header_id|>"}, {"phi3", "<|user|><|end|>"},
+    {"deepseek3", DS_USER DS_ASSISTANT}, {"deepseek-r1", DS_USER DS_ASSISTANT}, {"plain", "plain"},
+};
+
+const char *srv_chat_template_resolve(const char *arg, bool *known) {
+    for (size_t i = 0; i < sizeof NAMED / sizeof *NAMED; i++)
+        if (!strcmp(arg, NAMED[i].name)) {
+            *known = true;
+            return NAMED[i].text;
+        }
+    *known = detect(arg) != TMPL_PLAIN;
+    return strpbrk(arg, "{<[") ? arg : NULL; /* template text (Jinja, or any with a family's markers) */
+}
+
 /* The tools as the system turn shows them: one JSON object per line, and how to call one in the
  * family's format (tools.c reads the calls back). */
 static fl_status tools_preamble(tmpl_kind kind, const cJSON *tools, srv_buf *out) {

@@ -194,6 +194,11 @@ bool srv_chat_json_tools(const char *tmpl);
 bool srv_chat_think_open(const char *tmpl);
 /* no family recognised: the plain "User:/Assistant:" transcript (nothing ends a turn but a stop) */
 bool srv_chat_plain(const char *tmpl);
+/* --chat-template ARG: a family's name (chatml, llama2, llama3, phi3, deepseek3 or deepseek-r1,
+ * plain) gives text whose markers select it; template text (with '{', '<' or '[') is itself.
+ * NULL for a name it does not know.  *known: the text is one of the families rendered (else a
+ * plain transcript). */
+const char *srv_chat_template_resolve(const char *arg, bool *known);
 /* reasoning.c: where an output's reasoning and answer are.  UNDECIDED: not yet known (spaces,
  * or a part of <think>); NONE: no reasoning, all answer; IN: reasoning from r0, safe to hand
  * out up to r1 (a part of </think> may follow); DONE: reasoning [r0, r1), the answer from c
