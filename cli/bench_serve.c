@@ -104,7 +104,13 @@ typedef struct run_cfg {
     const char *json_schema; /* or to a value of this JSON Schema (text) */
     const char *regex;       /* or to a match of this regex */
     const char *grammar;     /* or to a sentence of this GBNF grammar (text) */
+    int32_t paired_peak;     /* calibrate the int8 peak around every step (decode_pct_int8_peak_paired) */
+    double params;           /* matrix elements one token multiplies (2 ops each) */
 } run_cfg;
+
+/* --paired-peak: the int8 peak measured for this long around each step (the probe and two
+ * passes take about three times this) */
+#define PAIRED_PEAK_S 0.015
 
 /* Elements of the matrices one token's forward multiplies (the layers' and the output head, or
  * the tied embedding), read from the GGUF header: 2 ops each per token.  0 if unreadable. */
@@ -153,10 +159,13 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
     /* decode-only steps (no prompt token prefilled): their time and tokens */
     double dec_time = 0;
     int64_t dec_tokens = 0, dec_steps = 0;
+    /* --paired-peak: each decode step's rate over the peak measured just before and after it */
+    double *pair = rc->paired_peak ? fl_calloc(FL_MEM_MISC, 4096, sizeof *pair) : NULL, pk_before = 0;
+    int64_t n_pair = 0;
     fl_engine_stats prev;
     fl_engine_stats_get(e, &prev);
     int err = 0;
-    if (!ids || !t_add || !t_first || !t_last || !t_done || !itl || !got || !ev) {
+    if (!ids || !t_add || !t_first || !t_last || !t_done || !itl || !got || !ev || (rc->paired_peak && !pair)) {
         fprintf(stderr, "fitllm bench serve: %s\n", fl_last_error());
         err = 1;
     }
@@ -193,6 +202,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
             added++;
         }
         int32_t active = 0;
+        if (pair && pk_before == 0) pk_before = fl_calib_int8_peak_gops(fl_threads_get(), PAIRED_PEAK_S);
         const double t_step = now_s();
         if (fl_engine_step(e, &active) != FL_OK) {
             fprintf(stderr, "fitllm bench serve: step: %s\n", fl_last_error());
@@ -207,6 +217,14 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
                 dec_time += tp - t_step;
                 dec_tokens += now.tokens_generated - prev.tokens_generated;
                 dec_steps++;
+            }
+            if (pair) { /* (after the step's timing: the pause is not in it) */
+                const double pk_after = fl_calib_int8_peak_gops(fl_threads_get(), PAIRED_PEAK_S);
+                if (now.tokens_prefilled == prev.tokens_prefilled && now.tokens_generated > prev.tokens_generated && n_pair < 4096 &&
+                    tp > t_step && pk_before + pk_after > 0)
+                    pair[n_pair++] = 100.0 * (double)(now.tokens_generated - prev.tokens_generated) * 2.0 * rc->params / 1e9 /
+                                     (tp - t_step) / (0.5 * (pk_before + pk_after));
+                pk_before = pk_after;
             }
             prev = now;
         }
@@ -293,6 +311,12 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
         cJSON_AddNumberToObject(o, "decode_steps", (double)dec_steps);
         cJSON_AddNumberToObject(o, "decode_tokens_per_step", dec_steps ? (double)dec_tokens / (double)dec_steps : 0);
         cJSON_AddNumberToObject(o, "decode_tok_s", dec_time > 0 ? (double)dec_tokens / dec_time : 0);
+        if (pair) {
+            cJSON_AddNumberToObject(o, "decode_pct_int8_peak_paired", n_pair ? pct(pair, n_pair, 50) : 0);
+            cJSON_AddNumberToObject(o, "decode_pct_int8_peak_paired_p10", n_pair ? pct(pair, n_pair, 10) : 0);
+            cJSON_AddNumberToObject(o, "decode_pct_int8_peak_paired_p90", n_pair ? pct(pair, n_pair, 90) : 0);
+            cJSON_AddNumberToObject(o, "paired_steps", (double)n_pair);
+        }
         cJSON_AddNumberToObject(o, "steps", (double)st.steps);
         cJSON_AddNumberToObject(o, "preemptions", (double)st.preemptions);
         cJSON_AddNumberToObject(o, "swaps_out", (double)st.swaps_out);
@@ -330,6 +354,7 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
     fl_free(FL_MEM_MISC, t_last, (size_t)n * sizeof *t_last);
     fl_free(FL_MEM_MISC, t_done, (size_t)n * sizeof *t_done);
     fl_free(FL_MEM_MISC, itl, (size_t)itl_cap * sizeof *itl);
+    fl_free(FL_MEM_MISC, pair, pair ? 4096 * sizeof *pair : 0);
     fl_free(FL_MEM_MISC, got, (size_t)n * sizeof *got);
     fl_free(FL_MEM_MISC, ev, 256 * sizeof *ev);
     return o;
@@ -396,6 +421,7 @@ int fl_bench_serve(int argc, char **argv) {
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
+        {"paired-peak", 0, FL_OPT_FLAG, "also measure the int8 peak for a moment before and after every engine step: decode_pct_int8_peak_paired is the median over the decode steps of each step's rate against the peak around it (the machine's speed drifts; the pauses are outside the steps' times, not outside the latencies)"},
         {0},
     };
     int n_pos;
@@ -594,6 +620,8 @@ int fl_bench_serve(int argc, char **argv) {
     cJSON_AddNumberToObject(wj, "high_priority_requests", w.n_high);
     /* the int8 peak beside the decode steps' weight ops (2 per matrix element and token) */
     const double params = matmul_params(rc.ep.model_path);
+    rc.params = params;
+    rc.paired_peak = fl_args_get(opts, "paired-peak")->set;
     if (rc.ep.n_threads > 0) fl_threads_set(rc.ep.n_threads);
     const double peak0 = fl_calib_int8_peak_gops(fl_threads_get(), 0.3);
     cJSON_AddNumberToObject(root, "matmul_params", params);

@@ -29,6 +29,16 @@ for e in ("paged", "static"):
     assert abs(o["decode_gops"] - o["decode_tok_s"] * 2 * d["matmul_params"] / 1e9) <= 1e-9 * o["decode_gops"] + 1e-12, o
     assert abs(o["decode_pct_int8_peak"] - 100 * o["decode_gops"] / d["int8_peak_gops"]) < 1e-6, o
 PY
+# --paired-peak: every decode step's rate over the peak measured around it (the same ops as
+# decode_gops, a step at a time), the median between the 10th and 90th percentiles
+json=$("$bin" bench serve -m "$model" --requests 8 --prompt-len 8 --gen-len 8 --kv-mem 256K -t 1 --paired-peak --json 2>&1) ||
+    { echo "bench serve --paired-peak failed: $json"; exit 1; }
+python3 - "$json" <<'PY' || { echo "bench serve --paired-peak: figures wrong: $json"; exit 1; }
+import json, sys
+o = json.loads(sys.argv[1])["paged"]
+assert o["paired_steps"] == o["decode_steps"] > 0, o
+assert 0 < o["decode_pct_int8_peak_paired_p10"] <= o["decode_pct_int8_peak_paired"] <= o["decode_pct_int8_peak_paired_p90"], o
+PY
 "$bin" bench serve -m "$model" --prompt-len 0 >/dev/null 2>&1 && { echo "bad --prompt-len accepted"; exit 1; }
 # sampled requests (temperature with top-p, then top-k): every request still produces its tokens
 for s in "--temp 1 --top-p 0.9" "--temp 0.8 --top-k 5"; do
