@@ -36,6 +36,12 @@ U=$URL_A
 
 check "health" '[ "$(curl -s $U/health)" = "{\"status\":\"ok\"}" ]'
 curl -s "$U/v1/models" >"$TMP/body"; check "models lists the model" '[ "$(jq_ "d[\"data\"][0][\"object\"]")" = model ]'
+MID=$(jq_ 'd["data"][0]["id"]')
+# OpenAI's retrieve: GET /v1/models/{id} gives that entry; an unknown id 404 model_not_found
+curl -s -o "$TMP/body2" -w '%{http_code}' "$U/v1/models/$MID" >"$TMP/status"
+check "models/{id}: the list's entry" '[ "$(status)" = 200 ] && python3 -c "import json,sys; a=json.load(open(sys.argv[1]))[\"data\"][0]; b=json.load(open(sys.argv[2])); sys.exit(0 if a == b else 1)" "$TMP/body" "$TMP/body2"'
+curl -s -o "$TMP/body" -w '%{http_code}' "$U/v1/models/no-such-model" >"$TMP/status"
+check "models/{unknown}: 404 model_not_found" '[ "$(status)" = 404 ] && [ "$(jq_ "d[\"error\"][\"code\"]")" = model_not_found ]'
 
 # greedy completion equals the reference greedy text (llama.cpp) for the same prompt
 REF=$(python3 -c "

@@ -1987,12 +1987,25 @@ static void add_model(fl_server *s, cJSON *d, const char *id, const char *parent
     cJSON_AddItemToArray(d, m);
 }
 
-static enum MHD_Result handle_models(fl_server *s, struct MHD_Connection *conn) {
+/* GET /v1/models (id NULL): the model and its adapters; GET /v1/models/{id} (OpenAI's retrieve):
+ * the one named id, or 404 */
+static enum MHD_Result handle_models(fl_server *s, struct MHD_Connection *conn, const char *id) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *d = cJSON_AddArrayToObject(o, "data");
     add_model(s, d, s->model_name, NULL);
     for (int32_t i = 0; i < s->p.n_lora_names; i++) add_model(s, d, s->lora_names[i], s->model_name);
+    if (id) {
+        cJSON *m, *hit = NULL;
+        cJSON_ArrayForEach(m, d) if (!strcmp(cJSON_GetObjectItemCaseSensitive(m, "id")->valuestring, id)) hit = m;
+        if (!hit) {
+            cJSON_Delete(o);
+            return send_error(s, conn, 404, "invalid_request_error", "model_not_found", "model", "the model '%.200s' does not exist", id);
+        }
+        cJSON_DetachItemViaPointer(d, hit);
+        cJSON_Delete(o);
+        o = hit;
+    }
     char *t = cJSON_PrintUnformatted(o);
     enum MHD_Result r = t ? send_text(conn, 200, "application/json", t, strlen(t), NULL) : MHD_NO;
     cJSON_free(t);
@@ -2141,7 +2154,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         return send_text(conn, 200, "application/json", ok, strlen(ok), NULL);
     }
     bool is_compl = !strcmp(url, "/v1/completions"), is_chat = !strcmp(url, "/v1/chat/completions");
-    bool is_models = !strcmp(url, "/v1/models"), is_metrics = !strcmp(url, "/metrics");
+    const char *model_id = !strncmp(url, "/v1/models/", 11) && url[11] ? url + 11 : NULL; /* (MHD has unescaped it) */
+    bool is_models = !strcmp(url, "/v1/models") || model_id, is_metrics = !strcmp(url, "/metrics");
     bool is_tok = !strcmp(url, "/tokenize"), is_detok = !strcmp(url, "/detokenize");
     bool is_native = !strcmp(url, "/completion") || !strcmp(url, "/completions"); /* llama.cpp's own */
     bool is_props = !strcmp(url, "/props"), is_apply = !strcmp(url, "/apply-template");
@@ -2151,7 +2165,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (!authorized(s, conn)) return send_error(s, conn, 401, "invalid_request_error", "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
     if (is_models || is_metrics || is_props) {
         if (!get) return send_error(s, conn, 405, "invalid_request_error", NULL, NULL, "use GET for %s", url);
-        if (is_models) return handle_models(s, conn);
+        if (is_models) return handle_models(s, conn, model_id);
         if (is_props) return handle_props(s, conn);
         srv_buf b = {0};
         if (srv_metrics_render(s, &b) != FL_OK) { srv_buf_free(&b); return MHD_NO; }
