@@ -34,6 +34,12 @@ void fl_free(fl_mem_cat cat, void *ptr, size_t size);         /* ptr may be NULL
 /* Grow/shrink keeping contents (min of both sizes). On failure returns NULL, ptr untouched. */
 void *fl_realloc(fl_mem_cat cat, void *ptr, size_t old_size, size_t new_size, size_t align);
 char *fl_strdup(fl_mem_cat cat, const char *s); /* free with fl_free(cat, p, strlen(p) + 1) */
+/* The capacity of an array that doubles from cap (its current one, or its first) until it holds
+ * n: what its reserve allocates, and what the engine-exact plan counts for it. */
+static inline int64_t fl_cap_double(int64_t cap, int64_t n) {
+    while (cap < n) cap *= 2;
+    return cap;
+}
 
 fl_status fl_mem_charge(fl_mem_cat cat, size_t size);  /* FL_ERR_BUDGET if over a budget */
 /* Advise the 2 MiB-aligned part of [p, p + size) MADV_HUGEPAGE (a hint; nothing without THP).

@@ -409,15 +409,10 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
 #define REQS_CAP0 64  /* the request table's first capacity; it doubles */
 #define POLL_CAP0 256 /* the poll buffers' first capacity (elements); they double */
 
-static int64_t cap_for(int64_t first, int64_t n) {
-    while (first < n) first *= 2;
-    return first;
-}
-
 size_t fl_engine_misc_bytes(int32_t max_seqs, int32_t max_logprobs, double piece_bytes) {
     const int64_t text = (int64_t)max_seqs * ((int64_t)piece_bytes + 3) + 1; /* a step's pieces, each + its NUL + an empty error's */
-    return sizeof(fl_engine) + fl_sched_misc_bytes(max_seqs, max_seqs) + sizeof(fl_request *) * (size_t)cap_for(REQS_CAP0, max_seqs) +
-           sizeof(int32_t) * (size_t)cap_for(POLL_CAP0, (int64_t)max_seqs + 1) + (size_t)cap_for(POLL_CAP0, text) +
+    return sizeof(fl_engine) + fl_sched_misc_bytes(max_seqs, max_seqs) + sizeof(fl_request *) * (size_t)fl_cap_double(REQS_CAP0, max_seqs) +
+           sizeof(int32_t) * (size_t)fl_cap_double(POLL_CAP0, (int64_t)max_seqs + 1) + (size_t)fl_cap_double(POLL_CAP0, text) +
            (max_logprobs < 0 ? sizeof(fl_token_logprob) * POLL_CAP0 : 0);
 }
 
@@ -1000,7 +995,7 @@ done:
 
 static fl_status grow(fl_mem_cat cat, void **buf, int64_t *cap, int64_t need, size_t elem) {
     if (need <= *cap) return FL_OK;
-    const int64_t nc = cap_for(*cap ? *cap : POLL_CAP0, need);
+    const int64_t nc = fl_cap_double(*cap ? *cap : POLL_CAP0, need);
     void *p = fl_alloc(cat, (size_t)nc * elem, 0);
     if (!p) return FL_ERR_NOMEM;
     fl_free(cat, *buf, (size_t)*cap * elem);

@@ -23,16 +23,9 @@ struct fl_sched {
 
 #define LIST_CAP0 16 /* a list's first capacity; it doubles */
 
-static int32_t list_cap_for(int32_t n) {
-    int32_t nc = LIST_CAP0;
-    while (nc < n) nc *= 2;
-    return nc;
-}
-
 static fl_status list_reserve(req_list *l, int32_t n) {
     if (n <= l->cap) return FL_OK;
-    int32_t nc = l->cap ? l->cap : LIST_CAP0;
-    while (nc < n) nc *= 2;
+    const int32_t nc = (int32_t)fl_cap_double(l->cap ? l->cap : LIST_CAP0, n);
     fl_request **v = fl_realloc(FL_MEM_MISC, l->v, (size_t)l->cap * sizeof *v, (size_t)nc * sizeof *v, 0);
     if (!v) return FL_ERR_NOMEM;
     l->v = v;
@@ -76,7 +69,7 @@ static void list_free(req_list *l) {
 
 size_t fl_sched_misc_bytes(int32_t max_seqs, int32_t n_waiting) {
     return sizeof(fl_sched) + sizeof(fl_sched_entry) * (size_t)max_seqs +
-           sizeof(fl_request *) * ((size_t)list_cap_for(n_waiting) + (size_t)list_cap_for(max_seqs));
+           sizeof(fl_request *) * (size_t)(fl_cap_double(LIST_CAP0, n_waiting) + fl_cap_double(LIST_CAP0, max_seqs));
 }
 
 fl_status fl_sched_new(const fl_sched_params *p, const fl_sched_kv *kv, fl_sched **out) {

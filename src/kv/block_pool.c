@@ -26,11 +26,7 @@ struct fl_kv_pool {
 
 static uint32_t bucket_of(const fl_kv_pool *p, const fl_kv_hash *h) { return (uint32_t)(h->lo ^ (h->hi >> 7)) & (p->n_buckets - 1); }
 
-static uint32_t n_buckets_for(int32_t n_blocks) {
-    uint32_t nb = 16;
-    while (nb < (uint32_t)n_blocks) nb <<= 1;
-    return nb;
-}
+static uint32_t n_buckets_for(int32_t n_blocks) { return (uint32_t)fl_cap_double(16, n_blocks); }
 
 size_t fl_kv_pool_misc_bytes(int32_t n_blocks) {
     return n_blocks < 2 ? 0 : sizeof(fl_kv_pool) + sizeof(int32_t) * n_buckets_for(n_blocks) + sizeof(blk) * (size_t)n_blocks;

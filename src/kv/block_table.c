@@ -7,8 +7,7 @@
 
 fl_status fl_kv_table_reserve(fl_kv_table *t, int32_t n) {
     if (n <= t->cap) return FL_OK;
-    int32_t cap = t->cap ? t->cap : FL_KV_TABLE_CAP0;
-    while (cap < n) cap *= 2;
+    const int32_t cap = (int32_t)fl_cap_double(t->cap ? t->cap : FL_KV_TABLE_CAP0, n);
     int32_t *ids = fl_realloc(FL_MEM_MISC, t->ids, sizeof(int32_t) * (size_t)t->cap, sizeof(int32_t) * (size_t)cap, 0);
     if (!ids) return FL_ERR_NOMEM;
     t->ids = ids;

@@ -184,21 +184,15 @@ size_t fl_kv_misc_bytes(const fl_kv_config *cfg) {
            sizeof(int32_t) * (size_t)nb + sizeof(float) * (size_t)c.n_head_kv * (size_t)c.head_dim + (dir ? strlen(dir) + 1 : 0);
 }
 
-static int32_t pow2_from(int32_t first, int32_t n) {
-    int32_t c = first;
-    while (c < n) c *= 2;
-    return c;
-}
-
 size_t fl_kv_seq_misc_bytes(const fl_kv_config *cfg, int32_t n_pos) {
     const int32_t bs = cfg->block_size ? cfg->block_size : 16;
     if (n_pos < 1) n_pos = 1;
-    return sizeof(int32_t) * (size_t)pow2_from(TOK_CAP0, n_pos) + sizeof(int32_t) * (size_t)pow2_from(FL_KV_TABLE_CAP0, (n_pos + bs - 1) / bs);
+    return sizeof(int32_t) * (size_t)fl_cap_double(TOK_CAP0, n_pos) + sizeof(int32_t) * (size_t)fl_cap_double(FL_KV_TABLE_CAP0, (n_pos + bs - 1) / bs);
 }
 
 size_t fl_kv_step_misc_bytes(int32_t n_tokens) {
     if (n_tokens < 1) return 0;
-    return 2 * sizeof(int32_t) * (size_t)pow2_from(SLOT_CAP0, n_tokens) + (sizeof(fl_paged_seq) + sizeof(int32_t)) * (size_t)pow2_from(SEG_CAP0, n_tokens);
+    return 2 * sizeof(int32_t) * (size_t)fl_cap_double(SLOT_CAP0, n_tokens) + (sizeof(fl_paged_seq) + sizeof(int32_t)) * (size_t)fl_cap_double(SEG_CAP0, n_tokens);
 }
 
 size_t fl_kv_block_misc_bytes(const fl_kv_config *cfg) {
@@ -326,8 +320,7 @@ int32_t fl_kv_block_size(const fl_kv_cache *kv) { return kv->bs; }
 
 static fl_status tok_reserve(seq *s, int32_t n) {
     if (n <= s->tok_cap) return FL_OK;
-    int32_t cap = s->tok_cap ? s->tok_cap : TOK_CAP0;
-    while (cap < n) cap *= 2;
+    const int32_t cap = (int32_t)fl_cap_double(s->tok_cap ? s->tok_cap : TOK_CAP0, n);
     int32_t *t = fl_realloc(FL_MEM_MISC, s->tok, sizeof(int32_t) * (size_t)s->tok_cap, sizeof(int32_t) * (size_t)cap, 0);
     if (!t) return FL_ERR_NOMEM;
     s->tok = t;
@@ -474,8 +467,7 @@ int32_t fl_kv_seq_blocks_needed(const fl_kv_cache *kv, int32_t id, int32_t n_new
 
 static fl_status grow_i32(int32_t **p, int32_t *cap, int32_t n, size_t elem) {
     if (n <= *cap) return FL_OK;
-    int32_t c = *cap ? *cap : SLOT_CAP0;
-    while (c < n) c *= 2;
+    const int32_t c = (int32_t)fl_cap_double(*cap ? *cap : SLOT_CAP0, n);
     void *q = fl_realloc(FL_MEM_MISC, *p, elem * (size_t)*cap, elem * (size_t)c, 0);
     if (!q) return FL_ERR_NOMEM;
     *p = q;
@@ -488,8 +480,7 @@ static fl_status reserve_batch(fl_kv_cache *kv, int32_t n_tokens) {
         grow_i32(&kv->slot_off, &kv->slot_off_cap, n_tokens, sizeof(int32_t)) != FL_OK)
         return FL_ERR_NOMEM;
     if (n_tokens > kv->seg_cap) {
-        int32_t c = kv->seg_cap ? kv->seg_cap : SEG_CAP0;
-        while (c < n_tokens) c *= 2;
+        const int32_t c = (int32_t)fl_cap_double(kv->seg_cap ? kv->seg_cap : SEG_CAP0, n_tokens);
         fl_paged_seq *sg = fl_alloc(FL_MEM_MISC, sizeof(fl_paged_seq) * (size_t)c, 0);
         int32_t *ss = fl_alloc(FL_MEM_MISC, sizeof(int32_t) * (size_t)c, 0);
         if (!sg || !ss) {
