@@ -477,6 +477,31 @@ check "--net-mem 96K: a 68 KB body -> 413 naming the budget" '[ "$(status)" = 41
 post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":8}'
 check "--net-mem 96K: the next request fits again" '[ "$(status)" = 200 ]'
 check "--net-mem: /metrics shows the budget" 'curl -s "$U/metrics" | grep -q "fitllm_memory_budget_bytes{category=\"net\"} 98304"'
+# libmicrohttpd's pool of each open connection (32 KiB) is charged to net: /metrics' own shows;
+# three idle connections hold 96K, so a fourth finds no room (503), and after they close it does
+python3 - "${U##*:}" <<'PY' >"$TMP/conn.txt" 2>&1
+import socket, sys, time, urllib.error, urllib.request
+port = int(sys.argv[1])
+def get(path):
+    try:
+        r = urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=10)
+        return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+st, m = get("/metrics")
+net = [int(l.split()[-1]) for l in m.splitlines() if l.startswith('fitllm_memory_bytes{category="net"}')][0]
+print("net with one connection open:", net)
+idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+time.sleep(0.5)
+st1, b1 = get("/health")
+for c in idle: c.close()
+time.sleep(0.5)
+st2, _ = get("/health")
+print(st1, st2, b1)
+sys.exit(0 if net >= 32768 and st1 == 503 and "net-mem" in b1 and st2 == 200 else 1)
+PY
+rc=$?; CONN=$(tail -1 "$TMP/conn.txt" | head -c 60)
+check "--net-mem 96K: connections' pools in net; the fourth open connection 503, then 200 ($CONN)" '[ $rc = 0 ]'
 kill -TERM "$PID_NM"; wait "$PID_NM"
 out=$("$BIN" serve -m "$MODEL" --port 0 -t 1 --net-mem 1K 2>&1); rc=$?
 check "--net-mem 1K: refused at start" '[ $rc = 2 ] && echo "$out" | grep -q "below 64 KiB"'

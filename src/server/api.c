@@ -2118,6 +2118,25 @@ out:
     return ret;
 }
 
+/* a connection's socket context: its pool charged to NET, or refused for want of room */
+static char conn_charged, conn_refused;
+
+void srv_connection_notify(void *cls, struct MHD_Connection *conn, void **socket_context, enum MHD_ConnectionNotificationCode toe) {
+    (void)cls; (void)conn;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        *socket_context = fl_mem_charge(FL_MEM_NET, SRV_CONN_POOL) == FL_OK ? &conn_charged : &conn_refused;
+        fl_clear_error();
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        if (*socket_context == &conn_charged) fl_mem_uncharge(FL_MEM_NET, SRV_CONN_POOL);
+        *socket_context = NULL;
+    }
+}
+
+static bool connection_refused(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci && ci->socket_context == &conn_refused;
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                               const char *upload_data, size_t *upload_data_size, void **con_cls) {
     fl_server *s = cls;
@@ -2148,6 +2167,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         return MHD_YES;
     }
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (connection_refused(conn))
+        return send_error(s, conn, 503, "server_error", "server_busy", NULL,
+                          "no room for this connection's buffers in the server's memory (%zu of --net-mem %zu bytes in use); retry later",
+                          fl_mem_current(FL_MEM_NET), fl_mem_budget(FL_MEM_NET));
     if (!strcmp(url, "/health")) {
         if (!get) return send_error(s, conn, 405, "invalid_request_error", NULL, NULL, "use GET for %s", url);
         const char *ok = "{\"status\":\"ok\"}";

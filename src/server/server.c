@@ -239,6 +239,8 @@ fl_status fl_server_start(fl_engine *e, const fl_server_params *p, fl_server **o
                               MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned int)s->p.max_connections,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)120,
+                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, SRV_CONN_POOL,
+                              MHD_OPTION_NOTIFY_CONNECTION, srv_connection_notify, s,
                               MHD_OPTION_NOTIFY_COMPLETED, srv_request_completed, s,
                               MHD_OPTION_END);
     if (!s->mhd) {

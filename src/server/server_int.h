@@ -175,6 +175,12 @@ typedef struct srv_conn srv_conn;
 enum MHD_Result srv_handle(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                            const char *version, const char *upload_data, size_t *upload_data_size, void **con_cls);
 void srv_request_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe);
+/* Each connection's memory pool in libmicrohttpd (MHD_OPTION_CONNECTION_MEMORY_LIMIT; it reads
+ * the request line and headers into it): charged to FL_MEM_NET while the connection is open
+ * (srv_connection_notify), so --net-mem holds it; a connection that finds no room is answered
+ * 503.  (The connection's thread stack is not counted: a reservation whose pages come as used.) */
+#define SRV_CONN_POOL ((size_t)32 << 10)
+void srv_connection_notify(void *cls, struct MHD_Connection *conn, void **socket_context, enum MHD_ConnectionNotificationCode toe);
 /* metrics.c */
 void srv_hist_add(srv_hist *h, double v);
 fl_status srv_metrics_render(fl_server *s, srv_buf *out);
