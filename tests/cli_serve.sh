@@ -491,12 +491,17 @@ def get(path):
 st, m = get("/metrics")
 net = [int(l.split()[-1]) for l in m.splitlines() if l.startswith('fitllm_memory_bytes{category="net"}')][0]
 print("net with one connection open:", net)
+def until(want, seconds=10):  # (the server sees connections open and close a moment later: under load, longer)
+    t = time.time() + seconds
+    while True:
+        st, b = get("/health")
+        if st == want or time.time() > t:
+            return st, b
+        time.sleep(0.1)
 idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
-time.sleep(0.5)
-st1, b1 = get("/health")
+st1, b1 = until(503)
 for c in idle: c.close()
-time.sleep(0.5)
-st2, _ = get("/health")
+st2, _ = until(200)
 print(st1, st2, b1)
 sys.exit(0 if net >= 32768 and st1 == 503 and "net-mem" in b1 and st2 == 200 else 1)
 PY
