@@ -124,8 +124,8 @@ for i, (g, t) in enumerate(pairs):
     open('%s/g%02d' % (sys.argv[1], i), 'wb').write(bytes([i * 11]) + g.encode() + b'\0' + (t if isinstance(t, bytes) else t.encode()))
 PY
 run_fuzzer fuzz_grammar $((SECS / 3 + 1)) "$OUT/run/grammar_seeds"
-# fuzz_tools: tool calling and the reasoning split; each seed is a selector byte, a request body,
-# a NUL byte and a model output
+# fuzz_tools: tool calling, the reasoning split and the chat templates' flags; each seed is a
+# selector byte, a request body, a NUL byte and a model output
 mkdir -p "$OUT/run/tools_seeds"
 python3 - "$OUT/run/tools_seeds" <<'PY'
 import json, sys
@@ -136,7 +136,10 @@ a = {"type": "function", "function": {"name": "add", "parameters": {"type": "obj
     "required": ["a", "b"]}}}
 bodies = [{"tools": [w, a], "tool_choice": "required"}, {"tools": [w], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
           {"tools": [w, a, {"type": "function", "function": {"name": "now"}}], "tool_choice": "required", "parallel_tool_calls": False},
-          {"tools": [w, a]}, {"tools": [], "tool_choice": "none"}, {"tools": [w, w]}]
+          {"tools": [w, a]}, {"tools": [], "tool_choice": "none"}, {"tools": [w, w]},
+          {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                        {"role": "assistant", "content": "<think>a</think>\n\nOnce", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]},
+          {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}, {"role": "tool", "content": "42"}]}]
 outs = ['Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', '[{"name":"get_weather","parameters":{"city":"Paris"}}]',
         '{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"x": [1]}}', '[TOOL_CALLS] [{"name":"f","arguments":{}}]',
         '<think>\nhmm <tool_call>\n</think>\n\nanswer', 'plain answer', '  <think>never closed', '{"a": 1}']

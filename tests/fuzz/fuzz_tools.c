@@ -12,7 +12,11 @@
  *     "function", a non-empty name, arguments as text), and the content beside them is no longer
  *     than the output;
  *   - the reasoning split's offsets are in order inside the output, decided once the output is
- *     whole, and a streamed prefix never hands out reasoning past what the whole output has.
+ *     whole, and a streamed prefix never hands out reasoning past what the whole output has;
+ *   - a body's "messages" render in each template family (or are refused with a message); without
+ *     the generation prompt the text is a prefix of the one with it, and (but for DeepSeek-R1's,
+ *     which drops a closed answer's thinking) the last message left open a prefix of both;
+ *   - --chat-template's resolution of the output as an argument gives NULL or text.
  */
 #include "engine/grammar.h"
 #include "server/server_int.h"
@@ -74,7 +78,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
         }
         cJSON_free(constraint);
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
+        if (msgs) {
+            static const char *const tmpls[] = {NULL, "<|im_start|>", "<|start_header_id|>", "<|user|><|end|>", "[INST]",
+                                                "<\xEF\xBD\x9CUser\xEF\xBD\x9C><\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>"};
+            const char *tm = tmpls[(sel >> 1) % 6];
+            srv_buf r[3] = {{0}};
+            static const unsigned fl[3] = {0, SRV_CHAT_NO_GEN_PROMPT, SRV_CHAT_NO_GEN_PROMPT | SRV_CHAT_CONTINUE};
+            fl_status rs[3];
+            for (int k = 0; k < 3; k++) {
+                const char *e = NULL;
+                rs[k] = srv_chat_render_ex(tm, msgs, NULL, fl[k], &r[k], &e);
+                CHECK(rs[k] == FL_OK || rs[k] == FL_ERR_NOMEM || (rs[k] == FL_ERR_INVALID && e && e[0]));
+            }
+            if (rs[0] == FL_OK && rs[1] == FL_OK) CHECK(r[1].len <= r[0].len && (!r[1].len || !memcmp(r[1].p, r[0].p, r[1].len)));
+            if (rs[1] == FL_OK && rs[2] == FL_OK && (sel >> 1) % 6 != 5)
+                CHECK(r[2].len <= r[1].len && (!r[2].len || !memcmp(r[2].p, r[1].p, r[2].len)));
+            if (rs[0] == FL_ERR_INVALID) CHECK(rs[1] != FL_OK); /* the flags refuse more, never less */
+            for (int k = 0; k < 3; k++) srv_buf_free(&r[k]);
+        }
         cJSON_Delete(j);
+    }
+    {
+        char arg[64];
+        const size_t an = n < sizeof arg - 1 ? n : sizeof arg - 1;
+        memcpy(arg, out, an);
+        arg[an] = 0;
+        bool known = false;
+        const char *tx = srv_chat_template_resolve(arg, &known);
+        CHECK(!tx || tx[0]);
     }
 
     /* the output, read in each mode */
