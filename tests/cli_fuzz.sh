@@ -142,7 +142,8 @@ bodies = [{"tools": [w, a], "tool_choice": "required"}, {"tools": [w], "tool_cho
           {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}, {"role": "tool", "content": "42"}]}]
 outs = ['Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', '[{"name":"get_weather","parameters":{"city":"Paris"}}]',
         '{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"x": [1]}}', '[TOOL_CALLS] [{"name":"f","arguments":{}}]',
-        '<think>\nhmm <tool_call>\n</think>\n\nanswer', 'plain answer', '  <think>never closed', '{"a": 1}']
+        '<think>\nhmm <tool_call>\n</think>\n\nanswer', 'plain answer', '  <think>never closed', '{"a": 1}',
+        '[ {"name": "a", "parameters": {"s": "x\\"}]"}}, {"name":"b","arguments":[1, "2"]} ]', '[{"name": "c", "parameters": 3}]']
 for i, b in enumerate(bodies):
     for k, o in enumerate(outs):
         open('%s/t%d_%d' % (sys.argv[1], i, k), 'wb').write(bytes([(i * 37 + k * 11) & 255]) + json.dumps(b).encode() + b'\0' + o.encode())

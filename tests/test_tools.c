@@ -364,6 +364,76 @@ static void test_render_continue(void **state) {
     }
 }
 
+/* Feed text to a call scan a byte at a time (and whole, in one go); collect "name=args;" per call
+ * and return the scan's end state. */
+static int scan_all(const char *text, bool bytewise, char *got, size_t cap) {
+    srv_call_scan c;
+    memset(&c, 0, sizeof c);
+    const size_t n = strlen(text);
+    got[0] = 0;
+    char args[8][256] = {{0}}, names[8][64] = {{0}};
+    int32_t ncalls = 0;
+    for (size_t m = bytewise ? 0 : n; m <= n; m++) {
+        int32_t k;
+        size_t a, e;
+        srv_call_piece p;
+        while ((p = srv_calls_next(&c, text, m, m == n, &k, &a, &e)) != SRV_CALL_NONE) {
+            assert_true(k >= 0 && k < 8 && a <= e && e <= m);
+            if (p == SRV_CALL_HEADER) {
+                assert_int_equal(k, ncalls);
+                ncalls++;
+                snprintf(names[k], sizeof names[k], "%.*s", (int)(e - a), text + a);
+            } else {
+                assert_true(k == ncalls - 1);
+                strncat(args[k], text + a, e - a);
+            }
+        }
+    }
+    for (int32_t k = 0; k < ncalls; k++) {
+        strncat(got, names[k], cap - strlen(got) - 1);
+        strncat(got, "=", cap - strlen(got) - 1);
+        strncat(got, args[k], cap - strlen(got) - 1);
+        strncat(got, ";", cap - strlen(got) - 1);
+    }
+    return srv_calls_done(&c) ? 1 : srv_calls_off(&c) ? -1 : 0;
+}
+
+/* tool_choice "required" streamed: each call's name as soon as it is whole, its arguments as
+ * they come (raw), byte by byte the same as whole; off the pattern, no more pieces */
+static void test_calls_stream(void **state) {
+    (void)state;
+    static const struct { const char *text; int end; const char *want; } cases[] = {
+        {"[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris \\\"}{\", \"days\": [1, {\"x\": 2}]}}]", 1,
+         "get_weather={\"city\": \"Paris \\\"}{\", \"days\": [1, {\"x\": 2}]};"},
+        {" [ {\"name\":\"a\",\"parameters\":{}} , {\"name\": \"b\", \"arguments\": {\"q\": \"\xC3\xA9\"}} ] ", 1, "a={};b={\"q\": \"\xC3\xA9\"};"},
+        {"[{\"name\": \"n\", \"parameters\": 12}]", 1, "n=12;"},
+        {"[{\"name\": \"s\", \"parameters\": \"a,b}\"}]", 1, "s=\"a,b}\";"},
+        {"[{\"name\": \"t\", \"parameters\": {\"a\": 1", 0, "t={\"a\": 1;"},                   /* cut by max_tokens */
+        {"[{\"parameters\": {}, \"name\": \"x\"}]", -1, ""},                                   /* name second: off */
+        {"{\"name\": \"x\"}", -1, ""},                                                         /* not an array */
+        {"[{\"name\": \"x\", \"parameters\": {}}, 7]", -1, "x={};"},                           /* off after a call */
+        {"[{\"name\": \"a\\\"b\", \"parameters\": {}}]", -1, ""},                             /* an escape in the name */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        for (int bw = 0; bw < 2; bw++) {
+            char got[512];
+            const int end = scan_all(cases[i].text, bw, got, sizeof got);
+            if (end != cases[i].end || strcmp(got, cases[i].want))
+                fail_msg("case %zu (%s): end %d '%s', expected %d '%s'", i, bw ? "bytewise" : "whole", end, got, cases[i].end, cases[i].want);
+        }
+    char id[40], id2[40];
+    srv_tools_call_id(5, 1, id, sizeof id);
+    srv_buf content = {0};
+    srv_tools t = {.mode = SRV_TOOLS_REQUIRED};
+    const char *two = "[{\"name\": \"a\", \"parameters\": {}}, {\"name\": \"b\", \"parameters\": {}}]";
+    cJSON *calls = srv_tools_parse(&t, two, strlen(two), 5, false, &content);
+    assert_non_null(calls);
+    snprintf(id2, sizeof id2, "%s", cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(calls, 1), "id")->valuestring);
+    assert_string_equal(id, id2); /* the streamed calls' ids are the reply's */
+    cJSON_Delete(calls);
+    srv_buf_free(&content);
+}
+
 /* where reasoning and answer are, whole and as a stream sees them */
 static void test_think(void **state) {
     (void)state;
@@ -406,6 +476,7 @@ static void test_think(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render_continue),
+        cmocka_unit_test(test_calls_stream),
         cmocka_unit_test(test_read), cmocka_unit_test(test_required), cmocka_unit_test(test_hold),
         cmocka_unit_test(test_parse), cmocka_unit_test(test_render), cmocka_unit_test(test_think),
     };

@@ -411,15 +411,22 @@ static const char *choice_finish(const srv_req *r, const srv_sample *sm, bool ca
     return calls && !strcmp(f, "stop") && r->tools.mode != SRV_TOOLS_NAMED ? "tool_calls" : f;
 }
 
+/* A new chunk *o of choice i (its entry *c): its delta, with the role where none went out yet. */
+static cJSON *delta_chunk(fl_server *s, srv_req *r, int i, cJSON **o, cJSON **c) {
+    *o = chunk_base(s, r);
+    *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(*o, "choices"), *c);
+    cJSON_AddNumberToObject(*c, "index", i);
+    cJSON *d = cJSON_AddObjectToObject(*c, "delta");
+    if (!r->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
+    return d;
+}
+
 /* A chunk of choice i whose delta carries call 0's arguments txt[a, e) (and, first, its id, type
  * and name), with the logprob records up to `to`; no finish. */
 static void named_args_chunk(fl_server *s, srv_req *r, int i, const char *txt, size_t a, size_t e, int32_t to) {
     srv_sample *sm = &r->samples[i];
-    cJSON *o = chunk_base(s, r), *c = cJSON_CreateObject(), *d, *tc, *f;
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
-    cJSON_AddNumberToObject(c, "index", i);
-    d = cJSON_AddObjectToObject(c, "delta");
-    if (!r->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
+    cJSON *o, *c, *tc, *f, *d = delta_chunk(s, r, i, &o, &c);
     if (e > a) {
         char *frag = fl_alloc(FL_MEM_NET, e - a + 1, 16);
         cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), tc = cJSON_CreateObject());
@@ -482,11 +489,7 @@ static bool stream_reasoning(fl_server *s, srv_req *r, int i, bool fin) {
         while (from < r1 && is_space(txt[from])) from++;
     while (r1 > from && is_space(txt[r1 - 1])) r1--;
     if (r1 > from) {
-        cJSON *o = chunk_base(s, r), *ch = cJSON_CreateObject(), *d;
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch);
-        cJSON_AddNumberToObject(ch, "index", i);
-        d = cJSON_AddObjectToObject(ch, "delta");
-        if (!r->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
+        cJSON *o, *ch, *d = delta_chunk(s, r, i, &o, &ch);
         char *piece = fl_alloc(FL_MEM_NET, r1 - from + 1, 16);
         if (piece) {
             memcpy(piece, txt + from, r1 - from);
@@ -508,18 +511,27 @@ static bool stream_reasoning(fl_server *s, srv_req *r, int i, bool fin) {
 }
 
 /* A chunk of finished choice i: the content not yet sent and the calls of its output (after
- * its reasoning), each whole; true where it holds calls. */
-static bool calls_chunk(fl_server *s, srv_req *r, int i) {
+ * its reasoning) from call `skip` on (those before were streamed), each whole; true where it
+ * holds calls. */
+static bool calls_chunk(fl_server *s, srv_req *r, int i, int skip) {
     srv_sample *sm = &r->samples[i];
     srv_buf content = {0};
     const size_t base = sm->content_at;
     cJSON *calls = srv_tools_parse(&r->tools, sm->text.p ? sm->text.p + base : "", sm->text.len - base, tool_seed(r, i), false, &content);
+    if (calls && skip > 0) { /* (their indices stay theirs) */
+        int k = 0;
+        for (cJSON *x = calls->child, *nx; x; x = nx, k++) {
+            nx = x->next;
+            cJSON_AddNumberToObject(x, "index", k);
+            if (k < skip) cJSON_Delete(cJSON_DetachItemViaPointer(calls, x));
+        }
+        if (!calls->child) {
+            cJSON_Delete(calls);
+            calls = NULL;
+        }
+    }
     const size_t sent = sm->sent - base < content.len ? sm->sent - base : content.len;
-    cJSON *o = chunk_base(s, r), *c = cJSON_CreateObject(), *d;
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
-    cJSON_AddNumberToObject(c, "index", i);
-    d = cJSON_AddObjectToObject(c, "delta");
-    if (!r->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
+    cJSON *o, *c, *d = delta_chunk(s, r, i, &o, &c);
     if (content.len > sent) {
         char *rest = fl_alloc(FL_MEM_NET, content.len - sent + 1, 16);
         if (rest) {
@@ -533,7 +545,7 @@ static bool calls_chunk(fl_server *s, srv_req *r, int i) {
     if (calls) {
         int k = 0;
         cJSON *x;
-        cJSON_ArrayForEach(x, calls) cJSON_AddNumberToObject(x, "index", k++);
+        if (skip <= 0) cJSON_ArrayForEach(x, calls) cJSON_AddNumberToObject(x, "index", k++);
         cJSON_AddItemToObject(d, "tool_calls", calls);
     }
     add_logprobs(s, r, sm, c, sm->n_lp, false);
@@ -544,12 +556,63 @@ static bool calls_chunk(fl_server *s, srv_req *r, int i) {
     return any;
 }
 
+/* A chunk of choice i whose delta carries a piece of call k: with name (the call's start) its
+ * id, type, name and empty arguments; else more of its arguments, txt[a, e). */
+static void call_piece_chunk(fl_server *s, srv_req *r, int i, int32_t k, bool header, const char *txt, size_t a, size_t e) {
+    srv_sample *sm = &r->samples[i];
+    cJSON *o, *c, *tc, *f, *d = delta_chunk(s, r, i, &o, &c);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), tc = cJSON_CreateObject());
+    cJSON_AddNumberToObject(tc, "index", k);
+    char *frag = fl_alloc(FL_MEM_NET, e - a + 1, 16);
+    if (frag) {
+        memcpy(frag, txt + a, e - a);
+        frag[e - a] = 0;
+    }
+    if (header) {
+        char id[40];
+        srv_tools_call_id(tool_seed(r, i), k, id, sizeof id);
+        cJSON_AddStringToObject(tc, "id", id);
+        cJSON_AddStringToObject(tc, "type", "function");
+    }
+    f = cJSON_AddObjectToObject(tc, "function");
+    if (header) cJSON_AddStringToObject(f, "name", frag ? frag : "");
+    cJSON_AddStringToObject(f, "arguments", header || !frag ? "" : frag);
+    fl_free(FL_MEM_NET, frag, frag ? e - a + 1 : 0);
+    add_logprobs(s, r, sm, c, sm->n_lp, false);
+    cJSON_AddNullToObject(c, "finish_reason");
+    append_json(&r->out, o, true);
+    cJSON_Delete(o);
+    r->role_sent = true;
+}
+
+/* tool_choice "required", streamed as vLLM does: each call's id, type and name once its name is
+ * whole, then its arguments as they are generated (raw: their pieces add up to the value's JSON
+ * text); fin: to the end of the output.  Off the calls' pattern nothing more streams (the rest
+ * goes whole at the end). */
+static void stream_required(fl_server *s, srv_req *r, int i, bool fin) {
+    srv_sample *sm = &r->samples[i];
+    const char *txt = sm->text.p ? sm->text.p : "";
+    const size_t base = sm->content_at, n = (fin ? sm->text.len : utf8_complete(txt, sm->text.len)) - base;
+    int32_t k;
+    size_t a, e;
+    srv_call_piece p;
+    while ((p = srv_calls_next(&sm->cs, txt + base, n, fin, &k, &a, &e)) != SRV_CALL_NONE)
+        call_piece_chunk(s, r, i, k, p == SRV_CALL_HEADER, txt + base, a, e);
+}
+
 /* Stream a finished chat choice that may hold tool calls: the content not yet sent and its
- * calls (a named function's streamed call: the rest of its arguments), then the finish. */
+ * calls (a named function's streamed call: the rest of its arguments; "required": the rest as
+ * they stream, and whole the calls after one off the pattern), then the finish. */
 static void stream_tools_finish(fl_server *s, srv_req *r, int i) {
     srv_sample *sm = &r->samples[i];
     bool calls = sm->call_sent;
-    if (sm->call_sent) {
+    if (r->tools.mode == SRV_TOOLS_REQUIRED) {
+        stream_required(s, r, i, true);
+        calls = sm->cs.n_calls > 0;
+        /* off the pattern: the calls after those streamed, whole (and the content, as the reply
+         * has it); nothing streamed at all (an output cut short): the role, and that content */
+        if (srv_calls_off(&sm->cs) || !r->role_sent) calls = calls_chunk(s, r, i, sm->cs.n_calls) || calls;
+    } else if (sm->call_sent) {
         const char *txt = sm->text.p ? sm->text.p : "";
         size_t e = sm->text.len;
         while (e > sm->sent && is_space(txt[e - 1])) e--;
@@ -557,7 +620,7 @@ static void stream_tools_finish(fl_server *s, srv_req *r, int i) {
     } else {
         if (sm->content_at && sm->sent == sm->content_at) /* the answer after the reasoning: from its first non-space */
             while (sm->sent < sm->text.len && is_space(sm->text.p[sm->sent])) sm->content_at = ++sm->sent;
-        calls = calls_chunk(s, r, i);
+        calls = calls_chunk(s, r, i, 0);
     }
     cJSON *o = chunk_base(s, r), *c = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
@@ -587,6 +650,10 @@ static void produce_stream(fl_server *s, srv_req *r) {
         }
         if (tools && r->tools.mode == SRV_TOOLS_NAMED) {
             stream_named_args(s, r, i);
+            break;
+        }
+        if (tools && r->tools.mode == SRV_TOOLS_REQUIRED) {
+            stream_required(s, r, i, false);
             break;
         }
         if (sm->content_at && sm->sent == sm->content_at) { /* the answer after the reasoning: from its first non-space */

@@ -35,6 +35,18 @@ typedef struct srv_seg {
     int32_t n_lp;        /* logprob records received by then */
 } srv_seg;
 
+/* Reading a growing output's calls piece by piece (tool_choice "required": a JSON array of
+ * {"name": N, "parameters": V} objects, as its grammar or schema makes them): state of
+ * srv_calls_next.  Zeroed to start. */
+typedef struct srv_call_scan {
+    int state;           /* where the reading is (tools.c); past the last call DONE, off the pattern OFF */
+    int32_t n_calls;     /* calls whose header was handed out */
+    size_t pos;          /* where reading resumes */
+    size_t sent;         /* the current call's arguments handed out up to */
+    int32_t depth;       /* its arguments' nesting, */
+    bool str, esc, scalar; /* inside a string, after a backslash, in a bare number or literal */
+} srv_call_scan;
+typedef enum { SRV_CALL_NONE, SRV_CALL_HEADER, SRV_CALL_ARGS } srv_call_piece;
 typedef struct srv_sample {
     srv_buf text;        /* all generated text so far */
     size_t sent;         /* bytes of text already streamed */
@@ -45,6 +57,7 @@ typedef struct srv_sample {
     int64_t lp_chars;    /* characters of the token texts before lp_sent (text_offset) */
     bool echo_sent;      /* stream: the echoed prompt went out */
     bool call_sent;      /* stream, a named function's call: its id and name went out (then its arguments as they come) */
+    srv_call_scan cs;    /* stream, tool_choice "required": the calls handed out so far (srv_calls_next) */
     bool think_done;     /* stream with reasoning: the reasoning is over; the answer starts at content_at */
     size_t content_at, r_sent; /* where the answer starts in text (0: no reasoning); reasoning bytes streamed to */
     int32_t n_tokens;
@@ -225,6 +238,16 @@ size_t srv_tools_hold(const srv_tools *t, const char *text, size_t n, size_t fro
 /* The output's calls as OpenAI's tool_calls array (NULL: none; ids from seed), and in content
  * the text beside them (all of it where there are none; trimmed if trim). */
 struct cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, uint64_t seed, bool trim, srv_buf *content);
+/* The next piece of text[0..n) to hand out: HEADER, call *k's name text[*a, *e) (its index; its
+ * arguments follow); ARGS, more of call *k's arguments text[*a, *e), raw as generated (their
+ * concatenation is the value's JSON text); NONE: nothing until the text grows (final: the text is
+ * whole; c->state tells whether it ended past the array (srv_calls_done) or went off the
+ * pattern, its calls then to be read whole).  Resumes where the last call left off. */
+srv_call_piece srv_calls_next(srv_call_scan *c, const char *text, size_t n, bool final, int32_t *k, size_t *a, size_t *e);
+bool srv_calls_done(const srv_call_scan *c);
+bool srv_calls_off(const srv_call_scan *c);
+/* A call's id as srv_tools_parse gives call idx of seed: "call_" + 24 hex digits (buf >= 32) */
+void srv_tools_call_id(uint64_t seed, int idx, char *buf, size_t cap);
 /* util */
 double srv_now(void);
 

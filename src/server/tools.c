@@ -377,14 +377,18 @@ size_t srv_tools_hold(const srv_tools *t, const char *text, size_t n, size_t fro
 
 /* A call {"name": N, "arguments" or "parameters": A} into OpenAI's tool_calls entry: A as JSON
  * text (a string A as it is). NULL if o is not one. */
+void srv_tools_call_id(uint64_t seed, int idx, char *buf, size_t cap) {
+    const XXH128_hash_t h = XXH3_128bits_withSeed(&idx, sizeof idx, seed);
+    snprintf(buf, cap, "call_%016llx%08llx", (unsigned long long)h.high64, (unsigned long long)(h.low64 & 0xFFFFFFFFu));
+}
+
 static cJSON *call_of(const cJSON *o, uint64_t seed, int idx) {
     const cJSON *nm = cJSON_GetObjectItemCaseSensitive(o, "name"), *a = cJSON_GetObjectItemCaseSensitive(o, "arguments");
     if (!a) a = cJSON_GetObjectItemCaseSensitive(o, "parameters");
     if (!cJSON_IsObject(o) || !cJSON_IsString(nm) || !*nm->valuestring) return NULL;
     char *args = !a ? NULL : cJSON_IsString(a) ? NULL : cJSON_PrintUnformatted(a);
     char id[40];
-    const XXH128_hash_t h = XXH3_128bits_withSeed(&idx, sizeof idx, seed);
-    snprintf(id, sizeof id, "call_%016llx%08llx", (unsigned long long)h.high64, (unsigned long long)(h.low64 & 0xFFFFFFFFu));
+    srv_tools_call_id(seed, idx, id, sizeof id);
     cJSON *c = cJSON_CreateObject(), *f;
     cJSON_AddStringToObject(c, "id", id);
     cJSON_AddStringToObject(c, "type", "function");
@@ -505,4 +509,128 @@ cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, uint64_t 
     srv_buf_append(content, tr.p ? tr.p : "", tr.len);
     srv_buf_free(&tr);
     return calls;
+}
+
+/* ---- "required" calls, piece by piece ----
+ * The array [ {"name": N, "parameters": V} (, {...})* ] read as it grows: the states are where the
+ * next byte that is not a space must be. */
+enum { CS_OPEN, CS_OBJ, CS_NAME, CS_KEY, CS_ARGS, CS_END, CS_SEP, CS_DONE, CS_OFF };
+
+bool srv_calls_done(const srv_call_scan *c) { return c->state == CS_DONE; }
+bool srv_calls_off(const srv_call_scan *c) { return c->state == CS_OFF; }
+
+/* text[i..n) after spaces starts with lit: 1 (*i past it), -1 not, 0 not yet known */
+static int expect(const char *text, size_t n, size_t *i, const char *lit) {
+    size_t j = skip_ws(text, *i, n);
+    const size_t m = strlen(lit);
+    if (j + m > n) return j == n || starts_partial(text + j, n - j, lit) ? 0 : -1;
+    if (memcmp(text + j, lit, m)) return -1;
+    *i = j + m;
+    return 1;
+}
+
+srv_call_piece srv_calls_next(srv_call_scan *c, const char *text, size_t n, bool final, int32_t *k, size_t *a, size_t *e) {
+    for (;;) {
+        size_t i = c->pos;
+        int r;
+        switch (c->state) {
+        case CS_OPEN:
+        case CS_OBJ:
+        case CS_END:
+            r = expect(text, n, &i, c->state == CS_OPEN ? "[" : c->state == CS_OBJ ? "{" : "}");
+            if (r == 0) return SRV_CALL_NONE;
+            if (r < 0) break;
+            c->pos = i;
+            c->state = c->state == CS_OPEN ? CS_OBJ : c->state == CS_OBJ ? CS_NAME : CS_SEP;
+            continue;
+        case CS_SEP: {
+            const size_t j = skip_ws(text, i, n);
+            if (j == n) return SRV_CALL_NONE;
+            c->pos = j + 1;
+            c->state = text[j] == ',' ? CS_OBJ : text[j] == ']' ? CS_DONE : CS_OFF;
+            continue;
+        }
+        case CS_NAME: { /* "name": "N" (a tool's name: no escapes) */
+            if ((r = expect(text, n, &i, "\"name\"")) <= 0 || (r = expect(text, n, &i, ":")) <= 0 || (r = expect(text, n, &i, "\"")) <= 0) {
+                if (r == 0) return SRV_CALL_NONE;
+                break;
+            }
+            size_t q = i;
+            while (q < n && text[q] != '"' && text[q] != '\\') q++;
+            if (q == n) return SRV_CALL_NONE;
+            if (text[q] == '\\' || q == i) break;
+            *k = c->n_calls++;
+            *a = i;
+            *e = q;
+            c->pos = q + 1;
+            c->state = CS_KEY;
+            return SRV_CALL_HEADER;
+        }
+        case CS_KEY: /* , "parameters" (or "arguments"): then the value's first byte */
+            if ((r = expect(text, n, &i, ",")) <= 0) {
+                if (r == 0) return SRV_CALL_NONE;
+                break;
+            }
+            {
+                const size_t i2 = i;
+                r = expect(text, n, &i, "\"parameters\"");
+                if (r < 0) {
+                    i = i2;
+                    r = expect(text, n, &i, "\"arguments\"");
+                }
+                if (r > 0) r = expect(text, n, &i, ":");
+            }
+            if (r == 0) return SRV_CALL_NONE;
+            if (r < 0) break;
+            i = skip_ws(text, i, n);
+            if (i == n) return SRV_CALL_NONE;
+            c->pos = c->sent = i;
+            c->depth = 0;
+            c->str = c->esc = false;
+            c->scalar = text[i] != '{' && text[i] != '[' && text[i] != '"';
+            c->state = CS_ARGS;
+            continue;
+        case CS_ARGS: { /* the value, to its end (nesting, strings, a bare scalar's delimiter) */
+            bool end = false;
+            for (; i < n && !end; i++) {
+                const char ch = text[i];
+                if (c->str) {
+                    if (c->esc) c->esc = false;
+                    else if (ch == '\\') c->esc = true;
+                    else if (ch == '"') {
+                        c->str = false;
+                        end = c->depth == 0;
+                    }
+                } else if (c->scalar) {
+                    if (ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r' || ch == ',' || ch == '}' || ch == ']') {
+                        end = true;
+                        i--; /* (the delimiter is not the value's) */
+                    }
+                } else if (ch == '"') {
+                    c->str = true;
+                } else if (ch == '{' || ch == '[') {
+                    c->depth++;
+                } else if (ch == '}' || ch == ']') {
+                    end = --c->depth == 0;
+                    if (c->depth < 0) break;
+                }
+            }
+            if (c->depth < 0) break;
+            if (end || (final && c->scalar && i == n)) c->state = CS_END;
+            c->pos = i;
+            if (i > c->sent) {
+                *k = c->n_calls - 1;
+                *a = c->sent;
+                *e = c->sent = i;
+                return SRV_CALL_ARGS;
+            }
+            if (c->state == CS_END) continue;
+            return SRV_CALL_NONE;
+        }
+        default: /* CS_DONE, CS_OFF */
+            return SRV_CALL_NONE;
+        }
+        c->state = CS_OFF; /* (a break above: off the pattern) */
+        return SRV_CALL_NONE;
+    }
 }

@@ -16,7 +16,10 @@
  *   - a body's "messages" render in each template family (or are refused with a message); without
  *     the generation prompt the text is a prefix of the one with it, and (but for DeepSeek-R1's,
  *     which drops a closed answer's thinking) the last message left open a prefix of both;
- *   - --chat-template's resolution of the output as an argument gives NULL or text.
+ *   - --chat-template's resolution of the output as an argument gives NULL or text;
+ *   - "required" calls read piece by piece: pieces in order inside the output, headers numbered
+ *     0, 1, ..., arguments only of the last call begun, and the same pieces' text whether the
+ *     output comes whole or in two parts.
  */
 #include "engine/grammar.h"
 #include "server/server_int.h"
@@ -30,6 +33,34 @@
     do {                                                                                                               \
         if (!(c)) __builtin_trap();                                                                                    \
     } while (0)
+
+/* Read out's calls piece by piece, the output given up to cut first (then whole): a digest of the
+ * pieces (each call's name and arguments, and the end state) into d, 0 on overflow. */
+static size_t scan_digest(const char *out, size_t n, size_t cut, char *d, size_t cap) {
+    srv_call_scan c;
+    memset(&c, 0, sizeof c);
+    size_t dn = 0, last = 0;
+    int32_t calls = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const size_t m = pass ? n : cut;
+        int32_t k;
+        size_t a, e;
+        srv_call_piece p;
+        while ((p = srv_calls_next(&c, out, m, pass == 1, &k, &a, &e)) != SRV_CALL_NONE) {
+            CHECK(a <= e && e <= m && a >= last);
+            last = e;
+            if (p == SRV_CALL_HEADER) CHECK(k == calls++ && e > a);
+            else CHECK(k == calls - 1);
+            if (dn + (e - a) + 2 > cap) return 0;
+            d[dn++] = p == SRV_CALL_HEADER ? '\x01' : '\x02';
+            memcpy(d + dn, out + a, e - a);
+            dn += e - a;
+        }
+    }
+    if (dn + 1 > cap) return 0;
+    d[dn++] = srv_calls_done(&c) ? 'D' : srv_calls_off(&c) ? 'O' : 'P';
+    return dn;
+}
 
 static void check_calls(const cJSON *calls, size_t content_len, size_t n) {
     CHECK(content_len <= n);
@@ -125,6 +156,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (t.mode == SRV_TOOLS_NAMED) CHECK(calls != NULL && cJSON_GetArraySize(calls) == 1);
         cJSON_Delete(calls);
         srv_buf_free(&content);
+    }
+
+    /* "required" calls piece by piece: whole, and in two parts, the same (arguments may come in
+     * more pieces: their markers are dropped before comparing) */
+    {
+        static char d1[1 << 16], d2[1 << 16];
+        const size_t cut = n ? (size_t)(sel >> 4) * n / 15 : 0;
+        const size_t l1 = scan_digest(out, n, n, d1, sizeof d1), l2 = scan_digest(out, n, cut, d2, sizeof d2);
+        if (l1 && l2) {
+            size_t w1 = 0, w2 = 0;
+            for (size_t q = 0; q < l1; q++)
+                if (d1[q] != '\x02') d1[w1++] = d1[q];
+            for (size_t q = 0; q < l2; q++)
+                if (d2[q] != '\x02') d2[w2++] = d2[q];
+            CHECK(w1 == w2 && !memcmp(d1, d2, w1));
+        }
     }
 
     /* the reasoning split, whole and for a prefix */
