@@ -318,6 +318,13 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
             cJSON_AddNumberToObject(o, "paired_steps", (double)n_pair);
         }
         cJSON_AddNumberToObject(o, "steps", (double)st.steps);
+        if (rc->ep.spec_tokens > 0) { /* speculative decoding: its drafts (the GOP/s above count generated tokens) */
+            cJSON_AddNumberToObject(o, "spec_tokens", rc->ep.spec_tokens);
+            cJSON_AddNumberToObject(o, "spec_draft_tokens", (double)st.spec_draft_tokens);
+            cJSON_AddNumberToObject(o, "spec_accepted_tokens", (double)st.spec_accepted_tokens);
+            cJSON_AddNumberToObject(o, "spec_acceptance_rate",
+                                    st.spec_draft_tokens ? (double)st.spec_accepted_tokens / (double)st.spec_draft_tokens : 0);
+        }
         cJSON_AddNumberToObject(o, "preemptions", (double)st.preemptions);
         cJSON_AddNumberToObject(o, "swaps_out", (double)st.swaps_out);
         cJSON_AddNumberToObject(o, "kv_blocks_total", (double)st.kv_blocks_total);
@@ -381,6 +388,10 @@ static void print_text(const cJSON *o) {
            cJSON_GetObjectItem(cJSON_GetObjectItem(o, "peak_bytes"), "total")->valuedouble / 1048576.0,
            cJSON_GetObjectItem(o, "decode_tok_s")->valuedouble, cJSON_GetObjectItem(o, "decode_tokens_per_step")->valuedouble,
            cJSON_GetObjectItem(o, "decode_gops")->valuedouble, cJSON_GetObjectItem(o, "decode_pct_int8_peak")->valuedouble);
+    if (cJSON_GetObjectItem(o, "spec_tokens"))
+        printf("         speculative decoding (n-gram, up to %d drafts): %.0f drafted, %.0f kept (%.1f%%)\n",
+               cJSON_GetObjectItem(o, "spec_tokens")->valueint, cJSON_GetObjectItem(o, "spec_draft_tokens")->valuedouble,
+               cJSON_GetObjectItem(o, "spec_accepted_tokens")->valuedouble, 100 * cJSON_GetObjectItem(o, "spec_acceptance_rate")->valuedouble);
 }
 
 int fl_bench_serve(int argc, char **argv) {
@@ -420,13 +431,14 @@ int fl_bench_serve(int argc, char **argv) {
         {"regex-pcre2", 0, FL_OPT_FLAG, "--regex always on PCRE2's matcher (by default a pattern of the common subset runs as a grammar)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
+        FL_CLI_SPEC_OPTS,
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
         {"paired-peak", 0, FL_OPT_FLAG, "also measure the int8 peak for a moment before and after every engine step: decode_pct_int8_peak_paired is the median over the decode steps of each step's rate against the peak around it (the machine's speed drifts; the pauses are outside the steps' times, not outside the latencies)"},
         {0},
     };
     int n_pos;
     int r = fl_args_parse(argc, argv, opts, "fitllm bench serve -m MODEL [--requests N] [--rate R] [--prompt-len DIST] "
-                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object | --json-schema FILE | --regex PATTERN | --grammar FILE] [--guide-masks N] [--guide-mem BYTES] [--regex-pcre2] [--baseline static] [--json]",
+                                            "[--gen-len DIST] [--shared-prefix L] [--scheduling-policy P] [--high-priority F] [--lora FILE,...] [--spec-ngram K] [--temp T] [--top-k K] [--top-p P] [--logprobs K] [--prompt-logprobs] [--json-object | --json-schema FILE | --regex PATTERN | --grammar FILE] [--guide-masks N] [--guide-mem BYTES] [--regex-pcre2] [--baseline static] [--json]",
                           "Serve a synthetic workload through the continuous-batching engine and report\n"
                           "throughput, latency percentiles, KV utilization/waste, preemptions, prefix hits and\n"
                           "peak memory, and the decode-only steps' tokens/s and weight GOP/s against the measured int8 peak.  --baseline static adds the same workload as static padded batches.",
@@ -483,6 +495,7 @@ int fl_bench_serve(int argc, char **argv) {
     if ((o = fl_args_get(opts, "kv-type"))->set) rc.ep.kv_type = o->str;
     if ((o = fl_args_get(opts, "weights"))->set) rc.ep.weights_type = o->str;
     rc.ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
+    if (fl_cli_spec_params(opts, "bench serve", &rc.ep)) return 2;
     rc.ep.no_repack = fl_args_get(opts, "no-repack")->set;
     if ((o = fl_args_get(opts, "kv-block-size"))->set) rc.ep.kv_block_size = (int32_t)o->i;
     rc.ep.prefix_cache = !fl_args_get(opts, "no-prefix-cache")->set;
@@ -673,6 +686,7 @@ int fl_bench_serve(int argc, char **argv) {
         run_cfg rs2 = rc;
         rs2.ep.kv_layout = FL_KV_CONTIGUOUS;
         rs2.ep.prefix_cache = 0;
+        rs2.ep.spec_tokens = 0; /* (drafts need the paged cache) */
         cJSON *st = run_one(&rs2, &w, "static");
         if (!st) rcode = 1;
         else cJSON_AddItemToObject(root, "static", st);

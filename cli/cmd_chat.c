@@ -145,6 +145,7 @@ int fl_cmd_chat(int argc, char **argv) {
         {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory instead of mapping it"},
         FL_CLI_CHAT_TEMPLATE_OPTS,
+        FL_CLI_SPEC_OPTS,
         {"json", 0, FL_OPT_FLAG, "print one JSON object per turn instead of streaming: {turn, reply, finish_reason, prompt_tokens, cached_tokens, reply_tokens, dropped_messages}"},
         {0},
     };
@@ -201,6 +202,7 @@ int fl_cmd_chat(int argc, char **argv) {
     ep.kv_type = fl_args_get(opts, "kv-type")->str;
     ep.weights_type = fl_args_get(opts, "weights")->str;
     ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
+    if (fl_cli_spec_params(opts, "chat", &ep)) return 2;
     ep.chat_template = tmpl_text;
     const char *lora = fl_args_get(opts, "lora")->str;
     const float lora_scale = fl_args_get(opts, "lora-scale")->set ? (float)fl_args_get(opts, "lora-scale")->f : 1.0f;
@@ -381,6 +383,9 @@ int fl_cmd_chat(int argc, char **argv) {
                 (long long)turns, (long long)prompt_tok, (long long)s.prefix_hit_tokens, (long long)gen_tok,
                 gen_tok > turns && t_decode > 0 ? (double)(gen_tok - turns) / t_decode : 0.0);
         if (dropped) fprintf(stderr, "; %lld old messages dropped to fit the context", (long long)dropped);
+        if (ep.spec_tokens > 0)
+            fprintf(stderr, "; speculative decoding: %lld of %lld draft tokens kept", (long long)s.spec_accepted_tokens,
+                    (long long)s.spec_draft_tokens);
         fprintf(stderr, " (first tokens after %.3f s on average)\n", turns ? t_prefill / (double)turns : 0.0);
         fl_mem_report(stderr);
     }

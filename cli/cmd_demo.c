@@ -79,6 +79,7 @@ int fl_cmd_demo(int argc, char **argv) {
         {"temp", 0, FL_OPT_FLOAT, "T  sampling temperature (default 0.8; 0 = greedy)"},
         {"json", 0, FL_OPT_FLAG, "print one JSON object instead of text"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
+        FL_CLI_SPEC_OPTS,
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
         {0},
     };
@@ -131,6 +132,7 @@ int fl_cmd_demo(int argc, char **argv) {
     }
     if ((o = fl_args_get(opts, "weights"))->set) ep.weights_type = o->str;
     ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
+    if (fl_cli_spec_params(opts, "demo", &ep)) return 2;
     ep.no_repack = fl_args_get(opts, "no-repack")->set;
     if ((o = fl_args_get(opts, "kv-type"))->set) ep.kv_type = o->str;
     ep.n_ctx = 512;
@@ -233,9 +235,10 @@ int fl_cmd_demo(int argc, char **argv) {
             fl_mem_report_json(mem, sizeof mem);
             printf("{\"model\":\"%s\",\"random_weights\":%s,\"requests\":%d,\"output_tokens\":%lld,\"seconds\":%.3f,"
                    "\"output_tokens_per_s\":%.2f,\"max_concurrent_seqs\":%lld,\"steps\":%lld,\"preemptions\":%lld,"
-                   "\"kv_waste_avg\":%.4f,\"memory\":%s}\n",
+                   "\"kv_waste_avg\":%.4f,\"spec_draft_tokens\":%lld,\"spec_accepted_tokens\":%lld,\"memory\":%s}\n",
                    fl_engine_model_name(e), tmp[0] ? "true" : "false", n_req, (long long)out_tokens, dur, tps,
-                   (long long)max_running, (long long)s.steps, (long long)s.preemptions, waste, mem);
+                   (long long)max_running, (long long)s.steps, (long long)s.preemptions, waste, (long long)s.spec_draft_tokens,
+                   (long long)s.spec_accepted_tokens, mem);
         } else {
             printf("model %s loaded in %.2f s; %d requests, %d tokens each, up to %d at once\n",
                    fl_engine_model_name(e), t_load, n_req, max_tokens, ep.max_seqs);
@@ -246,6 +249,9 @@ int fl_cmd_demo(int argc, char **argv) {
                    (long long)out_tokens, dur, tps, (long long)s.steps, (long long)max_running, (long long)s.preemptions);
             printf("KV cache: %lld blocks of %d tokens; average waste %.1f%% of allocated slots\n\n",
                    (long long)s.kv_blocks_total, ep.kv_block_size, 100.0 * waste);
+            if (ep.spec_tokens > 0)
+                printf("speculative decoding (n-gram, up to %d drafts): %lld of %lld draft tokens kept\n\n", ep.spec_tokens,
+                       (long long)s.spec_accepted_tokens, (long long)s.spec_draft_tokens);
             const double mib = 1048576.0;
             printf("memory: weights %.2f MiB (%.2f MiB mapped from the file + %.2f MiB converted), KV %.2f MiB, "
                    "activations %.2f MiB, scratch %.2f MiB; peak total %.2f MiB\n\n",

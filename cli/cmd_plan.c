@@ -14,7 +14,7 @@
 enum {
     O_MODEL, O_CONFIG, O_PRESET, O_WEIGHTS, O_KV, O_CTX, O_BATCH, O_PREFILL, O_BLOCK, O_ATTN, O_THREADS,
     O_TRAIN, O_CKPT, O_OPTIM, O_ZERO, O_TP, O_PP, O_SP, O_DP, O_OFF_LAYERS, O_OFF_KV, O_SLACK, O_FIT,
-    O_MAXIMIZE, O_TABLE, O_LIST, O_JSON, O_VERIFY, O_MEM, O_MAX_LP, O_LORA, O_LORA_RANK, O_GUIDE_MEM, O_EMBD
+    O_MAXIMIZE, O_TABLE, O_LIST, O_JSON, O_VERIFY, O_MEM, O_MAX_LP, O_LORA, O_LORA_RANK, O_GUIDE_MEM, O_EMBD, O_SPEC
 };
 
 /* Columns of the breakdown: category, label. */
@@ -239,7 +239,8 @@ int fl_cmd_plan(int argc, char **argv) {
         [O_MAX_LP] = {"max-logprobs", 0, FL_OPT_INT, "K  with --verify: the engine's logprob alternatives (default 20; -1 none), checked by a second run"},
         [O_LORA] = {"lora", 0, FL_OPT_STR, "FILE  with --verify: the engine applies this LoRA adapter at run time (planned: its file, tables and buffers)"},
         [O_EMBD] = {"embeddings", 0, FL_OPT_FLAG, "with --verify: an engine that takes embedding requests (serve --embeddings), max_seqs of them run after the generations"},
-        [O_EMBD + 1] = {0},
+        [O_SPEC] = {"spec-ngram", 0, FL_OPT_INT, "K  speculative decoding's draft tokens per sequence (serve --spec-ngram): a logits row each"},
+        [O_SPEC + 1] = {0},
     };
     const char *pos[1];
     int n_pos;
@@ -298,7 +299,7 @@ int fl_cmd_plan(int argc, char **argv) {
     struct { int o; int64_t lo, hi; } ranges[] = {{O_CTX, 1, 1ll << 30}, {O_BATCH, 1, 1 << 20}, {O_PREFILL, 1, 1 << 24},
                                                   {O_BLOCK, 16, 1 << 16}, {O_THREADS, 1, 4096}, {O_CKPT, 0, 1 << 16},
                                                   {O_ZERO, 0, 3}, {O_TP, 1, 4096}, {O_PP, 1, 4096}, {O_SP, 1, 4096},
-                                                  {O_DP, 1, 1 << 20}, {O_OFF_LAYERS, 0, 1 << 16}};
+                                                  {O_DP, 1, 1 << 20}, {O_OFF_LAYERS, 0, 1 << 16}, {O_SPEC, 0, FL_SPEC_MAX}};
     static char msg[128];
     for (size_t k = 0; k < sizeof ranges / sizeof ranges[0] && !bad; k++)
         if (opts[ranges[k].o].set && (opts[ranges[k].o].i < ranges[k].lo || opts[ranges[k].o].i > ranges[k].hi)) {
@@ -312,6 +313,7 @@ int fl_cmd_plan(int argc, char **argv) {
     if (opts[O_CTX].set) in.n_ctx = opts[O_CTX].i;
     if (opts[O_BATCH].set) in.n_seq = opts[O_BATCH].i;
     if (opts[O_PREFILL].set) in.n_prefill = opts[O_PREFILL].i;
+    if (opts[O_SPEC].set) in.spec_tokens = opts[O_SPEC].i;
     if (opts[O_BLOCK].set) in.kv_block = opts[O_BLOCK].i;
     if (opts[O_THREADS].set) in.n_threads = (int32_t)opts[O_THREADS].i;
     if (opts[O_CKPT].set) in.ckpt_every = opts[O_CKPT].i;
@@ -352,7 +354,7 @@ int fl_cmd_plan(int argc, char **argv) {
                                   opts[O_THREADS].set ? (int32_t)opts[O_THREADS].i : 0, opts[O_MEM].set ? opts[O_MEM].i : 0,
                                   opts[O_MAX_LP].set ? (int32_t)opts[O_MAX_LP].i : FL_MAX_TOP_LOGPROBS,
                                   opts[O_LORA].set ? opts[O_LORA].str : NULL, opts[O_GUIDE_MEM].set ? opts[O_GUIDE_MEM].i : -1,
-                                  opts[O_EMBD].set};
+                                  opts[O_EMBD].set, opts[O_SPEC].set ? (int32_t)opts[O_SPEC].i : 0};
         if (vo.max_logprobs < -1 || vo.max_logprobs > FL_MAX_TOP_LOGPROBS) {
             fprintf(stderr, "fitllm plan: --max-logprobs takes -1..%d\n", FL_MAX_TOP_LOGPROBS);
             return 2;

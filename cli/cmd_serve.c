@@ -9,6 +9,27 @@
 #include <stdio.h>
 #include <string.h>
 
+int fl_cli_spec_params(fl_opt *opts, const char *cmd, fl_engine_params *ep) {
+    const fl_opt *k = fl_args_get(opts, "spec-ngram"), *lo = fl_args_get(opts, "spec-ngram-min"), *hi = fl_args_get(opts, "spec-ngram-max");
+    if (k->set && (k->i < 0 || k->i > FL_SPEC_MAX)) {
+        fprintf(stderr, "fitllm %s: --spec-ngram %lld: draft tokens must be 0..%d\n", cmd, (long long)k->i, FL_SPEC_MAX);
+        return 2;
+    }
+    if ((lo->set && (lo->i < 1 || lo->i > FL_SPEC_MAX)) || (hi->set && (hi->i < 1 || hi->i > FL_SPEC_MAX)) ||
+        (lo->set && hi->set && lo->i > hi->i)) {
+        fprintf(stderr, "fitllm %s: --spec-ngram-min / --spec-ngram-max must be 1..%d, the min not above the max\n", cmd, FL_SPEC_MAX);
+        return 2;
+    }
+    if ((lo->set || hi->set) && !(k->set && k->i > 0)) {
+        fprintf(stderr, "fitllm %s: --spec-ngram-min / --spec-ngram-max need --spec-ngram K\n", cmd);
+        return 2;
+    }
+    if (k->set) ep->spec_tokens = (int32_t)k->i;
+    if (lo->set) ep->spec_ngram_min = (int32_t)lo->i;
+    if (hi->set) ep->spec_ngram_max = (int32_t)hi->i;
+    return 0;
+}
+
 int fl_cmd_serve(int argc, char **argv) {
     fl_opt opts[] = {
         {"model", 'm', FL_OPT_STR, "MODEL  GGUF model to serve (required)"},
@@ -44,6 +65,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"reasoning-format", 0, FL_OPT_STR, "none|deepseek  chat: deepseek (default, llama.cpp's): an output's <think>...</think> (or, where the template opens the thinking as DeepSeek-R1's does, all before </think>) goes to message.reasoning_content; none: all of it is content (a request's reasoning_format overrides)"},
         {"regex-pcre2", 0, FL_OPT_FLAG, "guided_regex always on PCRE2's matcher (by default a pattern of the common subset runs as a grammar: masks kept by canonical state, byte tokens offered)"},
         FL_CLI_CHAT_TEMPLATE_OPTS,
+        FL_CLI_SPEC_OPTS,
         {"max-logprobs", 0, FL_OPT_INT, "K  most logprob alternatives a request may ask (default 20; -1: none); the plan reserves 8 x (1 + K) + 4 bytes per context token per sequence"},
         {0},
     };
@@ -121,6 +143,7 @@ int fl_cmd_serve(int argc, char **argv) {
     if (fl_args_get(opts, "weights")->set) ep.weights_type = fl_args_get(opts, "weights")->str;
     ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
     ep.no_repack = fl_args_get(opts, "no-repack")->set;
+    if (fl_cli_spec_params(opts, "serve", &ep)) return 2;
     /* adapters: --lora (every request) or --lora-modules (by name); the names and paths point
      * into one copy of the option's text */
     char mods[4096];

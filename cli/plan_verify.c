@@ -141,6 +141,7 @@ int fl_plan_verify(const fl_plan_verify_opts *vo) {
     if (vo->kv_block > 0) ep.kv_block_size = vo->kv_block;
     ep.guide_mem = vo->guide_mem;
     ep.embeddings = vo->embeddings;
+    ep.spec_tokens = vo->spec_tokens;
     /* the plain worst case first (every category exact), then the logprob records on top */
     const int32_t max_lp = vo->max_logprobs;
     ep.max_logprobs = -1;

@@ -145,7 +145,22 @@ typedef struct fl_engine_params {
                                  * vector per sequence).  0 (default): they are refused */
     const char *chat_template;  /* chat template text in place of the GGUF's tokenizer.chat_template
                                  * (copied; fl_engine_chat_template returns it); NULL: the file's */
+    int32_t spec_tokens;        /* speculative decoding by n-gram lookup (vLLM's method "ngram", llama.cpp's
+                                 * lookup decoding): each decoding sequence whose last spec_ngram_max ..
+                                 * spec_ngram_min tokens occurred before in its prompt or output drafts up
+                                 * to this many of the tokens that followed there, and one forward verifies
+                                 * them: a draft token is kept while it is the token the request's own
+                                 * sampler picks from that position's logits, so the output is the same as
+                                 * without (greedy and seeded alike), in fewer steps.  Drafts use what the
+                                 * step's token budget, rows and free KV blocks leave.  0 (default): off;
+                                 * at most FL_SPEC_MAX; needs the paged KV cache.  The plan counts the
+                                 * logits rows: max_seqs x (1 + spec_tokens), at most max_batch_tokens +
+                                 * max_seqs.  (fp8 KV: a dropped draft row may have raised its block's
+                                 * scale; the kept rows are then a little coarser.) */
+    int32_t spec_ngram_min;     /* the shortest n-gram looked up (0: 2) */
+    int32_t spec_ngram_max;     /* the longest (0: 4; at most FL_SPEC_MAX) */
 } fl_engine_params;
+#define FL_SPEC_MAX 16
 #define FL_GUIDE_MEM_DEFAULT ((int64_t)16 << 20)
 
 void fl_engine_params_default(fl_engine_params *p);
@@ -301,6 +316,9 @@ typedef struct fl_engine_stats {
     double kv_utilization;      /* live tokens / allocated token slots */
     double kv_waste;            /* (allocated slots - live tokens) / allocated slots */
     int64_t guide_mask_hits, guide_mask_misses; /* regex and grammar requests' token masks found kept / computed */
+    int64_t spec_drafts;           /* speculative decoding: drafts verified (a sequence's in a step), */
+    int64_t spec_draft_tokens;     /* their tokens, */
+    int64_t spec_accepted_tokens;  /* and of those, kept */
 } fl_engine_stats;
 
 fl_status fl_engine_new(const fl_engine_params *p, fl_engine **out);

@@ -49,9 +49,26 @@ import json, sys
 t = [json.loads(l)[\"reply\"] for l in open(sys.argv[1])]
 sys.exit(0 if open(sys.argv[2]).read() == \"\".join(r + \"\\n\" for r in t) else 1)" "$TMP/out" "$TMP/stream"'
 
+# speculative decoding (n-gram drafts) changes no reply, greedy or seeded
+printf '%s\n%s\n%s\n' "$U1" "$U2" "$U3" | "$BIN" chat -m "$MODEL" -t 1 --temp 0 -n 24 -c 512 --system "$SYS" --json --spec-ngram 4 >"$TMP/outs" 2>"$TMP/errs"
+check "chat --spec-ngram 4: the same replies, drafts kept" 'python3 -c "
+import json, re, sys
+a = [json.loads(l)[\"reply\"] for l in open(sys.argv[1])]; b = [json.loads(l)[\"reply\"] for l in open(sys.argv[2])]
+m = re.search(r\"speculative decoding: (\\d+) of (\\d+) draft tokens kept\", open(sys.argv[3]).read())
+sys.exit(0 if a == b and m and 0 < int(m.group(1)) <= int(m.group(2)) else 1)" "$TMP/out" "$TMP/outs" "$TMP/errs"'
+for k in 0 4; do
+  printf '%s\n%s\n' "$U1" "$U2" | "$BIN" chat -m "$MODEL" -t 1 --temp 0.9 --seed 11 -n 32 -c 512 --json --spec-ngram $k >"$TMP/seed$k" 2>/dev/null
+done
+check "chat --spec-ngram 4: seeded sampling gives the same replies" 'python3 -c "
+import json, sys
+a = [json.loads(l)[\"reply\"] for l in open(sys.argv[1])]; b = [json.loads(l)[\"reply\"] for l in open(sys.argv[2])]
+sys.exit(0 if a == b and len(a) == 2 and all(a) else 1)" "$TMP/seed0" "$TMP/seed4"'
+"$BIN" chat -m "$MODEL" --spec-ngram 17 </dev/null >/dev/null 2>&1; check "chat --spec-ngram 17 refused (exit 2)" '[ $? -eq 2 ]'
+"$BIN" serve -m "$MODEL" --spec-ngram-min 2 </dev/null >/dev/null 2>&1; check "serve --spec-ngram-min without --spec-ngram refused (exit 2)" '[ $? -eq 2 ]'
+
 # the server answers the same conversation with the same replies (the plain template: a reply
-# ends where the model writes the next "User:", the stop the chat sets)
-start_server
+# ends where the model writes the next "User:", the stop the chat sets), here with drafts
+start_server --spec-ngram 3
 python3 - "$URL" "$SYS" "$U1" "$U2" "$U3" "$TMP/out" <<'EOF'
 import json, sys, urllib.request
 url, sys_p, users, out = sys.argv[1], sys.argv[2], sys.argv[3:6], sys.argv[6]
@@ -69,6 +86,12 @@ for k, u in enumerate(users):
 sys.exit(1 if bad else 0)
 EOF
 check "chat: each reply is the server's for the same conversation" '[ $? -eq 0 ]'
+curl -s "$URL/metrics" >"$TMP/metrics"
+check "serve --spec-ngram: /metrics counts the drafts (vLLM's names)" 'python3 -c "
+import re, sys
+t = open(sys.argv[1]).read()
+d = re.search(r\"^vllm:spec_decode_num_draft_tokens_total\\{[^}]*\\} (\\d+)\", t, re.M); a = re.search(r\"^vllm:spec_decode_num_accepted_tokens_total\\{[^}]*\\} (\\d+)\", t, re.M)
+sys.exit(0 if d and a and int(d.group(1)) >= int(a.group(1)) > 0 else 1)" "$TMP/metrics"'
 
 # --chat-template-file (llama.cpp's): a template whose markers are Llama 3's renders as Llama 3 in
 # the server and in the chat alike; their replies agree

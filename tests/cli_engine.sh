@@ -40,6 +40,20 @@ assert o["paired_steps"] == o["decode_steps"] > 0, o
 assert 0 < o["decode_pct_int8_peak_paired_p10"] <= o["decode_pct_int8_peak_paired"] <= o["decode_pct_int8_peak_paired_p90"], o
 PY
 "$bin" bench serve -m "$model" --prompt-len 0 >/dev/null 2>&1 && { echo "bad --prompt-len accepted"; exit 1; }
+# speculative decoding: the same tokens in fewer steps, drafts counted
+json=$("$bin" bench serve -m "$model" --requests 8 --prompt-len 8:16 --gen-len 48 --kv-mem 256K -t 1 --spec-ngram 4 --json 2>&1) ||
+    { echo "bench serve --spec-ngram failed: $json"; exit 1; }
+json0=$("$bin" bench serve -m "$model" --requests 8 --prompt-len 8:16 --gen-len 48 --kv-mem 256K -t 1 --json 2>&1) ||
+    { echo "bench serve failed: $json0"; exit 1; }
+python3 - "$json" "$json0" <<'PY' || { echo "bench serve --spec-ngram: figures wrong: $json"; exit 1; }
+import json, sys
+o, z = json.loads(sys.argv[1])["paged"], json.loads(sys.argv[2])["paged"]
+assert o["output_tokens"] == z["output_tokens"] == 8 * 48, (o, z)
+assert o["spec_tokens"] == 4 and 0 < o["spec_accepted_tokens"] <= o["spec_draft_tokens"], o
+assert abs(o["spec_acceptance_rate"] - o["spec_accepted_tokens"] / o["spec_draft_tokens"]) < 1e-9, o
+assert o["steps"] < z["steps"] and "spec_tokens" not in z, (o["steps"], z["steps"])
+PY
+"$bin" bench serve -m "$model" --spec-ngram 2 --spec-ngram-min 3 --spec-ngram-max 2 >/dev/null 2>&1 && { echo "bad --spec-ngram-min/max accepted"; exit 1; }
 # sampled requests (temperature with top-p, then top-k): every request still produces its tokens
 for s in "--temp 1 --top-p 0.9" "--temp 0.8 --top-k 5"; do
     json=$("$bin" bench serve -m "$model" --requests 4 --prompt-len 8 --gen-len 8 --kv-mem 256K -t 1 $s --json 2>&1) ||

@@ -120,7 +120,13 @@ static uint64_t toy_hash(const int32_t *t, int32_t n) {
     for (int32_t i = 0; i < n; i++) h = (h ^ (uint64_t)(t[i] + 1)) * 1099511628211ull;
     return h;
 }
+static int32_t toy_window; /* > 0: the toy's logits depend on the last toy_window tokens only (its
+                            * output then repeats, as real models' often does: n-gram drafts hit) */
 static void toy_logits(const int32_t *t, int32_t n, float *out) {
+    if (toy_window > 0 && n > toy_window) {
+        t += n - toy_window;
+        n = toy_window;
+    }
     uint64_t h = toy_hash(t, n);
     for (int32_t v = 0; v < TOY_VOCAB; v++) {
         uint64_t x = (h ^ ((uint64_t)v * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
@@ -354,7 +360,7 @@ static void drive(fl_engine *e, wl *w, int stagger) {
                 p.logit_bias = &eb;
                 p.n_logit_bias = 1;
             }
-            assert_int_equal(fl_engine_add(e, &p, &w->id[added]), FL_OK);
+            if (fl_engine_add(e, &p, &w->id[added]) != FL_OK) fail_msg("add: %s", fl_last_error());
             added++;
             if (stagger) break;
         }
@@ -1409,6 +1415,22 @@ static void test_toy_stop_string(void **state) {
     fl_test_mem_zero();
 }
 
+/* Step e until nothing is active; request id's streamed tokens into out[*n_out]. */
+static void run_collect(fl_engine *e, int64_t id, int32_t *out, int32_t *n_out) {
+    *n_out = 0;
+    int32_t active = 1;
+    while (active) {
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        fl_request_output ev[4];
+        int32_t k = fl_engine_poll(e, ev, 4);
+        for (int32_t j = 0; j < k; j++)
+            if (ev[j].request_id == id) {
+                memcpy(out + *n_out, ev[j].new_tokens, (size_t)ev[j].n_new * sizeof *out);
+                *n_out += ev[j].n_new;
+            }
+    }
+}
+
 /* temperature > 0: the same seed reproduces, batched or alone; another seed differs */
 static void sample_run(uint64_t seed, int batched, int32_t *out, int32_t *n_out) {
     toy *t;
@@ -1429,18 +1451,7 @@ static void sample_run(uint64_t seed, int batched, int32_t *out, int32_t *n_out)
     p.prompt = prompt;
     p.n_prompt = 3;
     assert_int_equal(fl_engine_add(e, &p, &id), FL_OK);
-    *n_out = 0;
-    int32_t active = 1;
-    while (active) {
-        assert_int_equal(fl_engine_step(e, &active), FL_OK);
-        fl_request_output ev[4];
-        int32_t k = fl_engine_poll(e, ev, 4);
-        for (int32_t j = 0; j < k; j++)
-            if (ev[j].request_id == id) {
-                memcpy(out + *n_out, ev[j].new_tokens, (size_t)ev[j].n_new * sizeof *out);
-                *n_out += ev[j].n_new;
-            }
-    }
+    run_collect(e, id, out, n_out);
     fl_engine_free(e);
 }
 
@@ -1579,6 +1590,12 @@ static fl_status tpg_forward(void *ctx, const fl_batch *b, float *logits) {
         if (fl_kv_seq_exists(t->kv, s) && !fl_kv_seq_swapped(t->kv, s)) assert_true(fl_kv_seq_len(t->kv, s) >= 0);
     return FL_OK;
 }
+static fl_status tpg_truncate(void *ctx, fl_request *r, int32_t n) {
+    tpg *t = ctx;
+    assert_true(n < t->len[r->kv_seq]); /* only after drafts, and some were not kept */
+    t->len[r->kv_seq] = n;
+    return t->inner.truncate(t->inner.ctx, r, n);
+}
 static void tpg_step_done(void *ctx) { tpg *t = ctx; fl_kv_adapter_step_done(t->ad); }
 static void tpg_kv_stats(void *ctx, fl_backend_kv_stats *st) { tpg *t = ctx; fl_kv_adapter_stats(t->ad, st); }
 static void tpg_free(void *ctx) {
@@ -1588,6 +1605,7 @@ static void tpg_free(void *ctx) {
     fl_free(FL_MEM_MISC, t, sizeof *t);
 }
 
+static int32_t g_spec, g_spec_min; /* the paged toy engines' speculative decoding (0: off) */
 static fl_engine *paged_engine(int32_t max_seqs, int32_t budget, int32_t n_blocks, fl_preempt_mode pm, tpg **tp) {
     tpg *t = fl_calloc(FL_MEM_MISC, 1, sizeof *t);
     assert_non_null(t);
@@ -1605,7 +1623,7 @@ static fl_engine *paged_engine(int32_t max_seqs, int32_t budget, int32_t n_block
     be.block_size = 4;
     be.n_blocks = fl_kv_adapter_n_blocks(t->ad);
     be.kv = (fl_sched_kv){t, tpg_n_free, tpg_seq_begin, tpg_n_needed, tpg_reserve, tpg_seq_end, tpg_swap_out,
-                          tpg_swap_in, tpg_fork};
+                          tpg_swap_in, tpg_fork, tpg_truncate};
     be.forward = tpg_forward;
     be.step_done = tpg_step_done;
     be.is_eog = toy_is_eog;
@@ -1617,6 +1635,8 @@ static fl_engine *paged_engine(int32_t max_seqs, int32_t budget, int32_t n_block
     p.max_seqs = max_seqs;
     p.max_batch_tokens = budget;
     p.preempt = pm;
+    p.spec_tokens = g_spec;
+    p.spec_ngram_min = g_spec_min;
     fl_engine *e;
     assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_OK);
     *tp = t;
@@ -1651,6 +1671,147 @@ static void test_paged_equals_alone(void **state) {
         assert_int_equal(fl_kv_check(t->kv), FL_OK);
         fl_engine_free(e);
     }
+    fl_test_mem_zero();
+}
+
+/* The n-gram proposer: the latest earlier occurrence of the longest suffix that occurs. */
+static void test_spec_ngram(void **state) {
+    (void)state;
+    const int32_t t[11] = {1, 2, 3, 4, 1, 2, 3, 5, 9, 1, 2};
+    int32_t d[16];
+    assert_int_equal(fl_spec_ngram(t, 11, 2, 4, 4, d), 4); /* "1 2" last at 4: 3 5 9 1 follow */
+    assert_int_equal(d[0], 3);
+    assert_int_equal(d[1], 5);
+    assert_int_equal(d[2], 9);
+    assert_int_equal(d[3], 1);
+    assert_int_equal(fl_spec_ngram(t, 11, 2, 4, 2, d), 2);
+    assert_int_equal(fl_spec_ngram(t, 11, 3, 4, 4, d), 0); /* "9 1 2" occurs nowhere before */
+    assert_int_equal(fl_spec_ngram(t, 7, 1, 4, 4, d), 4);  /* "1 2 3" at 0: 4 1 2 3 */
+    assert_int_equal(d[0], 4);
+    assert_int_equal(d[3], 3);
+    const int32_t u[4] = {7, 7, 7, 7};
+    assert_int_equal(fl_spec_ngram(u, 4, 2, 4, 8, d), 1); /* "7 7 7" at 0, then one 7 before the end */
+    assert_int_equal(d[0], 7);
+    assert_int_equal(fl_spec_ngram(u, 1, 1, 4, 8, d), 0);
+    const int32_t v[6] = {5, 6, 8, 5, 6, 9};
+    assert_int_equal(fl_spec_ngram(v, 5, 2, 2, 3, d), 3); /* "5 6" at 0: 8 5 6 */
+    assert_int_equal(d[0], 8);
+    assert_int_equal(fl_spec_ngram(v, 6, 1, 2, 3, d), 0);
+}
+
+/* Speculative decoding over the paged cache: every output equals the reference with drafts on
+ * (roomy, tight with recompute and with swap, logprobs), drafts are kept and refused, the steps
+ * are fewer, and every block comes back. */
+static void test_paged_spec(void **state) {
+    (void)state;
+    const fl_preempt_mode modes[3] = {FL_PREEMPT_RECOMPUTE, FL_PREEMPT_RECOMPUTE, FL_PREEMPT_SWAP};
+    const int32_t blocks[3] = {400, 28, 28};
+    int64_t drafted = 0, kept = 0;
+    toy_window = 2;
+    for (int m = 0; m < 3; m++) {
+        int64_t steps[2];
+        for (int spec = 0; spec < 2; spec++) {
+            wl w;
+            make_wl(&w, 21 + (uint32_t)m);
+            shared_prefix(&w);
+            for (int i = 0; i < NREQ && m == 0; i++) w.max_tokens[i] += 40;
+            if (m == 0) w.top = 3;
+            tpg *t;
+            g_spec = spec ? 4 : 0;
+            g_spec_min = m == 2 ? 1 : 0;
+            fl_engine *e = paged_engine(6, 24, blocks[m], modes[m], &t);
+            drive(e, &w, m == 0 ? 2 : 0);
+            check_reference(&w);
+            if (w.top >= 0) check_logprobs(&w);
+            fl_engine_stats st;
+            fl_engine_stats_get(e, &st);
+            steps[spec] = st.steps;
+            if (m == 1) assert_true(st.preemptions > 0);
+            if (m == 2) assert_true(st.swaps_out > 0);
+            if (!spec) assert_int_equal(st.spec_draft_tokens, 0);
+            assert_true(st.spec_accepted_tokens <= st.spec_draft_tokens);
+            drafted += st.spec_draft_tokens;
+            kept += st.spec_accepted_tokens;
+            assert_int_equal(st.kv_blocks_used, 0);
+            assert_int_equal(fl_kv_check(t->kv), FL_OK);
+            fl_engine_free(e);
+        }
+        print_message("spec: case %d: %lld steps without drafts, %lld with\n", m, (long long)steps[0], (long long)steps[1]);
+        if (m == 0) assert_true(steps[1] < steps[0]);
+    }
+    print_message("spec: %lld draft tokens, %lld kept\n", (long long)drafted, (long long)kept);
+    g_spec = g_spec_min = 0;
+    toy_window = 0;
+    assert_true(kept > 0 && kept < drafted);
+    fl_test_mem_zero();
+}
+
+/* Sampling with a seed: the same tokens with drafts as without (each token is sampled from the
+ * same logits with the same random draw; a draft only saves the step). */
+static void spec_sample_run(int32_t spec, uint64_t seed, int32_t *out, int32_t *n_out, int64_t *kept) {
+    tpg *t;
+    g_spec = spec;
+    fl_engine *e = paged_engine(4, 32, 400, FL_PREEMPT_RECOMPUTE, &t);
+    g_spec = 0;
+    int32_t prompt[6] = {1, 5, 7, 5, 7, 5}, other[5] = {1, 9, 9, 9, 4};
+    fl_request_params p = {0};
+    fl_sampling_params_default(&p.sampling);
+    p.sampling.temperature = 0.6f;
+    p.sampling.top_k = 20;
+    p.sampling.seed = seed;
+    p.ignore_eos = 1;
+    p.max_tokens = 60;
+    p.prompt = other;
+    p.n_prompt = 5;
+    int64_t id, other_id;
+    assert_int_equal(fl_engine_add(e, &p, &other_id), FL_OK);
+    p.prompt = prompt;
+    p.n_prompt = 6;
+    p.sampling.repeat_penalty = 1.1f; /* the penalties see the kept drafts as generated tokens */
+    assert_int_equal(fl_engine_add(e, &p, &id), FL_OK);
+    run_collect(e, id, out, n_out);
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    *kept = st.spec_accepted_tokens;
+    assert_int_equal(st.kv_blocks_used, 0);
+    fl_engine_free(e);
+}
+
+static void test_paged_spec_seeded(void **state) {
+    (void)state;
+    toy_window = 1;
+    int64_t kept_all = 0;
+    for (uint64_t seed = 40; seed < 44; seed++) {
+        int32_t a[64], b[64], na, nb;
+        int64_t ka, kb;
+        spec_sample_run(0, seed, a, &na, &ka);
+        spec_sample_run(5, seed, b, &nb, &kb);
+        assert_int_equal(na, 60);
+        assert_int_equal(nb, 60);
+        assert_memory_equal(a, b, 60 * sizeof(int32_t));
+        assert_int_equal(ka, 0);
+        kept_all += kb;
+    }
+    toy_window = 0;
+    print_message("spec seeded: %lld drafts kept\n", (long long)kept_all);
+    assert_true(kept_all > 0);
+    /* drafts need a backend that can give KV back, and sane limits */
+    fl_engine_params p;
+    fl_engine_params_default(&p);
+    p.spec_tokens = 4;
+    fl_engine_backend be;
+    toy_new(4, 100, 0, &be); /* (no truncate) */
+    fl_engine *e = NULL;
+    assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_ERR_UNSUPPORTED);
+    p.spec_tokens = FL_SPEC_MAX + 1;
+    toy_new(4, 100, 0, &be);
+    assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_ERR_INVALID);
+    p.spec_tokens = 2;
+    p.spec_ngram_min = 5;
+    p.spec_ngram_max = 3;
+    toy_new(4, 100, 0, &be);
+    assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_ERR_INVALID);
+    assert_null(e);
     fl_test_mem_zero();
 }
 
@@ -1806,7 +1967,9 @@ static void load_refs(ref_set *rs, const char *rel) {
 
 typedef struct real_run {
     int64_t preemptions, swaps_out, prefix_hits, max_running, steps;
+    int64_t drafted, kept;
 } real_run;
+static int32_t g_real_spec, g_real_kv_f16; /* run_refs: speculative decoding's drafts (0: off); an f16 cache */
 
 /* All 12 prompts at once through an engine with the given shape; every output must equal the
  * reference (EOS ends the request and is not streamed as a token). */
@@ -1823,6 +1986,8 @@ static void run_refs(const ref_set *rs, const char *model, fl_kv_layout layout, 
     p.kv_type = "f32";
     p.kv_layout = layout;
     p.preempt = pm;
+    p.spec_tokens = g_real_spec;
+    if (g_real_kv_f16) p.kv_type = "f16";
     fl_engine *e;
     if (fl_engine_new(&p, &e) != FL_OK) fail_msg("engine: %s", fl_last_error());
     int64_t ids[NREF];
@@ -1868,6 +2033,8 @@ static void run_refs(const ref_set *rs, const char *model, fl_kv_layout layout, 
     rr->swaps_out = st.swaps_out;
     rr->prefix_hits = st.prefix_hit_tokens;
     rr->steps = st.steps;
+    rr->drafted = st.spec_draft_tokens;
+    rr->kept = st.spec_accepted_tokens;
     assert_int_equal(st.kv_blocks_used, 0);
     assert_int_equal(st.n_running + st.n_waiting + st.n_preempted, 0);
     fl_engine_free(e);
@@ -1898,6 +2065,32 @@ static void test_stories_preempt(void **state) {
     assert_true(rr.preemptions > 0);
     run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 32, tiny, FL_PREEMPT_SWAP, &rr);
     assert_true(rr.swaps_out > 0);
+    fl_test_mem_zero();
+}
+
+/* Speculative decoding on the real model: the reference tokens, in fewer steps (roomy; and a
+ * tight pool where drafts must fit beside preemption and swapping; and an f16 cache). */
+static void test_stories_spec(void **state) {
+    (void)state;
+    NEED_SHARED();
+    static ref_set rs;
+    load_refs(&rs, "reference/stories260K.greedy.jsonl");
+    real_run r0, rr;
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 64, 8 << 20, FL_PREEMPT_RECOMPUTE, &r0);
+    g_real_spec = 4;
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 64, 8 << 20, FL_PREEMPT_RECOMPUTE, &rr);
+    print_message("stories260K: %lld steps, %lld with 4 drafts (%lld drafted, %lld kept)\n", (long long)r0.steps,
+                  (long long)rr.steps, (long long)rr.drafted, (long long)rr.kept);
+    assert_true(rr.kept > 0 && rr.kept < rr.drafted);
+    assert_true(rr.steps < r0.steps);
+    const int64_t tiny = 24 * 16 * 1280 + 16 * 1280;
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 32, tiny, FL_PREEMPT_RECOMPUTE, &rr);
+    assert_true(rr.preemptions > 0 && rr.kept > 0);
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 32, tiny, FL_PREEMPT_SWAP, &rr);
+    assert_true(rr.swaps_out > 0 && rr.kept > 0);
+    g_real_kv_f16 = 1;
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 64, 8 << 20, FL_PREEMPT_RECOMPUTE, &rr);
+    g_real_spec = g_real_kv_f16 = 0;
     fl_test_mem_zero();
 }
 
@@ -2187,6 +2380,10 @@ int main(void) {
         cmocka_unit_test(test_toy_threads),
         cmocka_unit_test(test_toy_bad_requests),
         cmocka_unit_test(test_paged_equals_alone),
+        cmocka_unit_test(test_spec_ngram),
+        cmocka_unit_test(test_paged_spec),
+        cmocka_unit_test(test_paged_spec_seeded),
+        cmocka_unit_test(test_stories_spec),
         cmocka_unit_test(test_paged_prompt_logprobs),
         cmocka_unit_test(test_paged_cancel_frees_blocks),
         cmocka_unit_test(test_paged_n_samples),

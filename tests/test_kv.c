@@ -704,6 +704,70 @@ static void batching_case(fl_kv_config c, int32_t T) {
     ffree(o, (size_t)T * qrow);
 }
 
+/* Speculative tokens that were not accepted: truncation gives back the blocks past the kept
+ * positions and unregisters what they filled, and the prefix chain goes on from what was kept. */
+static void test_seq_truncate(void **state) {
+    (void)state;
+    fl_kv_config c = small_cfg(FL_TYPE_F32, 4, 13); /* 12 usable blocks */
+    fl_kv_cache *kv = fl_kv_new(&c);
+    assert_non_null(kv);
+    const int32_t nrow = c.n_head_kv * c.head_dim;
+    int32_t A[16], B[16], AD[16], BD[16];
+    for (int i = 0; i < 16; i++) A[i] = 10 + i, B[i] = 50 + i, AD[i] = i < 8 ? A[i] : 900 + i, BD[i] = i < 5 ? B[i] : 700 + i;
+    int32_t nc;
+    fl_kv_stats st;
+    /* at a block boundary: 6 tokens, then 7 drafts of which the first 2 were right */
+    assert_int_equal(fl_kv_seq_add(kv, 0, A, 16, &nc), FL_OK);
+    prefill(kv, 0, A, 0, 6);
+    prefill(kv, 0, AD, 6, 13);
+    fl_kv_stats_get(kv, &st);
+    assert_int_equal(st.n_blocks_used, 4);
+    assert_int_equal(st.n_blocks_cached, 3);
+    assert_int_equal(fl_kv_seq_truncate(kv, 0, 8), FL_OK);
+    assert_int_equal(fl_kv_seq_len(kv, 0), 8);
+    fl_kv_stats_get(kv, &st);
+    assert_int_equal(st.n_blocks_used, 2);
+    assert_int_equal(st.n_blocks_cached, 2); /* the two whole blocks kept stay registered */
+    assert_int_equal(fl_kv_check(kv), FL_OK);
+    prefill(kv, 0, A, 8, 16);
+    assert_int_equal(fl_kv_prefix_probe(kv, A, 16, NULL, 0), 12);
+    assert_int_equal(fl_kv_prefix_probe(kv, AD, 16, NULL, 0), 8);
+    /* inside a block: 5 tokens, 6 wrong drafts filled block 1 and half of block 2 */
+    assert_int_equal(fl_kv_seq_add(kv, 1, B, 16, &nc), FL_OK);
+    prefill(kv, 1, B, 0, 5);
+    prefill(kv, 1, BD, 5, 11);
+    assert_int_equal(fl_kv_prefix_probe(kv, BD, 16, NULL, 0), 8);
+    assert_int_equal(fl_kv_seq_truncate(kv, 1, 5), FL_OK);
+    assert_int_equal(fl_kv_prefix_probe(kv, BD, 16, NULL, 0), 4); /* block 1 is no longer BD's */
+    assert_int_equal(fl_kv_check(kv), FL_OK);
+    prefill(kv, 1, B, 5, 16);
+    assert_int_equal(fl_kv_prefix_probe(kv, B, 16, NULL, 0), 12); /* the chain went on from block 0 */
+    float k[64];
+    for (int32_t p = 0; p < 16; p++) { /* what was rewritten reads back as B */
+        assert_int_equal(fl_kv_seq_read(kv, 1, 1, p, k, NULL), FL_OK);
+        assert_float_equal(k[3], (float)B[p] * 0.01f + 3 * 0.001f, 1e-6);
+    }
+    /* a second sequence shares B's blocks; truncating one leaves the other's intact */
+    assert_int_equal(fl_kv_seq_add(kv, 2, B, 16, &nc), FL_OK);
+    assert_int_equal(nc, 12);
+    prefill(kv, 2, B, 12, 16);
+    assert_int_equal(fl_kv_seq_truncate(kv, 2, 6), FL_OK);
+    assert_int_equal(fl_kv_prefix_probe(kv, B, 16, NULL, 0), 12);
+    assert_int_equal(fl_kv_seq_read(kv, 2, 0, 6, k, NULL), FL_ERR_INVALID);
+    assert_int_equal(fl_kv_check(kv), FL_OK);
+    /* bad calls change nothing */
+    assert_int_equal(fl_kv_seq_truncate(kv, 2, 7), FL_ERR_INVALID);
+    assert_int_equal(fl_kv_seq_truncate(kv, 2, -1), FL_ERR_INVALID);
+    assert_int_equal(fl_kv_seq_truncate(kv, 9, 0), FL_ERR_INVALID);
+    assert_int_equal(fl_kv_seq_len(kv, 2), 6);
+    assert_int_equal(fl_kv_seq_truncate(kv, 2, 0), FL_OK);
+    fl_kv_stats_get(kv, &st);
+    assert_int_equal(fl_kv_seq_len(kv, 2), 0);
+    assert_int_equal(fl_kv_check(kv), FL_OK);
+    (void)nrow;
+    fl_kv_free(kv);
+}
+
 static void test_batching_bitwise(void **state) {
     (void)state;
     fl_kv_config c = small_cfg(FL_TYPE_Q8_0, 4, 64);
@@ -1213,7 +1277,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_random_ops),   cmocka_unit_test(test_pool_lru_order),
         cmocka_unit_test(test_paged_vs_contiguous), cmocka_unit_test(test_fake_model),
-        cmocka_unit_test(test_kv_random_ops),     cmocka_unit_test(test_prefix_cache),
+        cmocka_unit_test(test_kv_random_ops),     cmocka_unit_test(test_prefix_cache), cmocka_unit_test(test_seq_truncate),
         cmocka_unit_test(test_batching_bitwise),  cmocka_unit_test(test_quant_types),
         cmocka_unit_test(test_sliding_window), cmocka_unit_test(test_sliding_window_16bit),    cmocka_unit_test(test_shift_rerope),
         cmocka_unit_test(test_streaming_past_context), cmocka_unit_test(test_swap_roundtrip),

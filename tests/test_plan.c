@@ -300,7 +300,8 @@ static void test_step_buffers(void **state) {
         assert_int_equal(b.qact, act8 + 4ull * 448 * 640);
     else
         assert_int_equal(b.qact, 4ull * 8 * 14336 * 4);
-    assert_int_equal(b.batch, 512ull * 17 + 8); /* tokens, positions, sequences, adapters: 4 bytes each; a logit flag */
+    assert_int_equal(b.batch, 512ull * 17 + 16); /* tokens, positions, sequences, adapters: 4 bytes each; a logit flag;
+                                                  * per logits row its request, position and drafts */
     assert_int_equal(b.act_total, b.x * 3 + b.q * 2 + b.k * 2 + b.hb * 2 + b.xl + b.logits);
     assert_int_equal(b.scratch_total, b.tiles + b.qact + b.batch);
     /* q8_0 / q4_0 weights: quantized activations [512][14336] (1 byte each, 3 x f32 and 2 x 32

@@ -66,6 +66,7 @@ typedef struct ecase {
     int32_t no_prefix;    /* 1 = prefix cache off */
     int32_t logprobs;     /* 1 = the engine's default max_logprobs, and every request asks for that many
                            * alternatives on its prompt and its output; 0 = max_logprobs -1 */
+    int32_t spec;         /* speculative decoding's drafts per sequence (0: off) */
 } ecase;
 
 static const fl_mem_cat cats[] = {FL_MEM_MAPPED, FL_MEM_WEIGHTS, FL_MEM_KV, FL_MEM_ACT, FL_MEM_SCRATCH, FL_MEM_MISC};
@@ -93,6 +94,7 @@ static void run_case(const ecase *c, int64_t kv_mem, uint64_t meas[FL_MEM_COUNT]
     ep.kv_block_size = c->kv_block;
     ep.prefix_cache = !c->no_prefix;
     if (!c->logprobs) ep.max_logprobs = -1;
+    ep.spec_tokens = c->spec;
     fl_engine *e = NULL;
     assert_int_equal(fl_engine_new(&ep, &e), FL_OK);
     fl_mem_reset_peaks();
@@ -146,9 +148,12 @@ static void test_predicted_vs_measured(void **state) {
         {2, "q8_0", "f16", 6, 192, 224, 16, 1},
         {1, "q4_0", "f16", 16, 64, 128, 16, 0, 1},
         {2, NULL, "q8_0", 3, 96, 200, 32, 1, 1},
+        /* speculative decoding: a logits row per draft token (and within a step's tokens) */
+        {0, NULL, "f16", 4, 64, 256, 0, 0, 0, 4},
+        {2, "q4_0", "f16", 8, 24, 160, 16, 0, 0, 6},
     };
     const char *cn[] = {"mapped", "weights", "kv", "act", "scratch", "misc"};
-    printf("| model | weights | kv | seqs | batch tok | ctx | block | logprobs |");
+    printf("| model | weights | kv | seqs | batch tok | ctx | block | logprobs | drafts |");
     for (size_t k = 0; k < 6; k++) printf(" %s pred / meas |", cn[k]);
     printf(" total pred (without guide) / meas | err |\n");
     int bad = 0;
@@ -169,6 +174,7 @@ static void test_predicted_vs_measured(void **state) {
         ep.kv_block_size = c->kv_block;
         ep.prefix_cache = !c->no_prefix;
         if (!c->logprobs) ep.max_logprobs = -1;
+        ep.spec_tokens = c->spec;
         fl_plan_engine_in pi;
         assert_int_equal(fl_engine_plan_input(&ep, &pi), FL_OK);
         fl_plan_engine_out po;
@@ -191,6 +197,7 @@ static void test_predicted_vs_measured(void **state) {
         gi.n_ctx = po.n_ctx;
         gi.n_seq = c->max_seqs;
         gi.n_prefill = c->mbt;
+        gi.spec_tokens = c->spec;
         gi.n_threads = 2;
         fl_plan_result gr;
         assert_int_equal(fl_plan_compute(&ms, &gi, &gr), FL_OK);
@@ -200,13 +207,16 @@ static void test_predicted_vs_measured(void **state) {
         const shape *s = &shapes[c->shape];
         printf("| %dx%d h%d/%d ff%d | %s | %s | %d | %d | %d | %d%s | %s |", s->n_embd, s->n_layer, s->n_head, s->n_head_kv, s->n_ff,
                c->wtype ? c->wtype : "f32 (file)", c->kvtype, c->max_seqs, c->mbt, c->n_ctx, bs, c->no_prefix ? " no prefix cache" : "", c->logprobs ? "20 + prompt" : "off");
+        printf(" %d |", c->spec);
         for (size_t k = 0; k < 6; k++) {
             uint64_t p = po.bytes[cats[k]], m = meas[cats[k]];
             /* prompt logprobs cut the steps to max_seqs rows: the step-sized categories are bounds */
             bool ok = c->logprobs && (cats[k] == FL_MEM_ACT || cats[k] == FL_MEM_SCRATCH) ? p >= m : close_enough(p, m);
             /* MISC comes from the modules' size functions: without logprobs a bound within 2%
              * (a struct or an array left out of them shows here, long before it reaches 5%) */
-            if (!c->logprobs && cats[k] == FL_MEM_MISC) ok = ok && p >= m && p - m <= m / 50;
+            if (!c->logprobs && cats[k] == FL_MEM_MISC) ok = ok && p >= m && (c->spec || p - m <= m / 50);
+            /* (with drafts the requests advance unevenly, some finish before the others hold their
+             * whole context: MISC's worst case is then a bound that the run need not reach) */
             printf(" %.1f / %.1f KiB%s |", (double)p / 1024, (double)m / 1024, ok ? "" : " (!)");
             if (!ok) bad++;
         }

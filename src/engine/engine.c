@@ -49,7 +49,8 @@ struct fl_engine {
     int64_t poll_embd_cap;
     fl_request **row_req; /* [max_rows] request that owns each logit row */
     int32_t *row_pos;     /* [max_rows] prompt position whose next token the row scores, or -1:
-                           * the row samples */
+                           * the row samples, or -2: a draft token's row (its group's first row samples) */
+    int32_t *row_spec;    /* [max_rows] a sampling row: draft tokens whose rows follow it */
 
     /* poll buffers: valid until the next poll */
     int32_t *poll_tok;
@@ -77,6 +78,7 @@ struct fl_engine {
     double t0;
     int64_t steps, finished, generated, prefilled, prefix_hit, prefix_miss;
     int64_t forward_errors;
+    int64_t spec_drafts, spec_drafted, spec_accepted;
     double t_forward;
 };
 
@@ -409,10 +411,10 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
 #define REQS_CAP0 64  /* the request table's first capacity; it doubles */
 #define POLL_CAP0 256 /* the poll buffers' first capacity (elements); they double */
 
-size_t fl_engine_misc_bytes(int32_t max_seqs, int32_t max_logprobs, double piece_bytes) {
-    const int64_t text = (int64_t)max_seqs * ((int64_t)piece_bytes + 3) + 1; /* a step's pieces, each + its NUL + an empty error's */
+size_t fl_engine_misc_bytes(int32_t max_seqs, int32_t rows, int32_t max_logprobs, double piece_bytes) {
+    const int64_t text = (int64_t)rows * (int64_t)piece_bytes + (int64_t)max_seqs * 3 + 1; /* their pieces, + each request's NUL + an empty error's */
     return sizeof(fl_engine) + fl_sched_misc_bytes(max_seqs, max_seqs) + sizeof(fl_request *) * (size_t)fl_cap_double(REQS_CAP0, max_seqs) +
-           sizeof(int32_t) * (size_t)fl_cap_double(POLL_CAP0, (int64_t)max_seqs + 1) + (size_t)fl_cap_double(POLL_CAP0, text) +
+           sizeof(int32_t) * (size_t)fl_cap_double(POLL_CAP0, (int64_t)rows + 1) + (size_t)fl_cap_double(POLL_CAP0, text) +
            (max_logprobs < 0 ? sizeof(fl_token_logprob) * POLL_CAP0 : 0);
 }
 
@@ -438,6 +440,7 @@ static void free_buffers(fl_engine *e) {
     fl_free(FL_MEM_ACT, e->logits, (size_t)e->max_rows * (size_t)nv * sizeof(float));
     fl_free(FL_MEM_SCRATCH, e->row_req, (size_t)e->max_rows * sizeof(fl_request *));
     fl_free(FL_MEM_SCRATCH, e->row_pos, (size_t)e->max_rows * sizeof(int32_t));
+    fl_free(FL_MEM_SCRATCH, e->row_spec, (size_t)e->max_rows * sizeof(int32_t));
     fl_free(FL_MEM_MISC, e->poll_tok, (size_t)e->poll_tok_cap * sizeof(int32_t));
     fl_free(FL_MEM_MISC, e->poll_text, (size_t)e->poll_text_cap);
     fl_free(FL_MEM_MISC, e->poll_lp, (size_t)e->poll_lp_cap * sizeof(fl_token_logprob));
@@ -492,9 +495,26 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
                           e->p.max_seqs, e->p.max_batch_tokens);
         goto fail;
     }
+    if (e->p.spec_tokens < 0 || e->p.spec_tokens > FL_SPEC_MAX || e->p.spec_ngram_min < 0 || e->p.spec_ngram_max < 0 ||
+        e->p.spec_ngram_max > FL_SPEC_MAX) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: spec_tokens %d, n-grams %d..%d (accepted 0..%d)", __func__, e->p.spec_tokens,
+                          e->p.spec_ngram_min, e->p.spec_ngram_max, FL_SPEC_MAX);
+        goto fail;
+    }
+    if (!e->p.spec_ngram_min) e->p.spec_ngram_min = FL_SPEC_NGRAM_MIN;
+    if (!e->p.spec_ngram_max) e->p.spec_ngram_max = e->p.spec_ngram_min > FL_SPEC_NGRAM_MAX ? e->p.spec_ngram_min : FL_SPEC_NGRAM_MAX;
+    if (e->p.spec_ngram_min > e->p.spec_ngram_max) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: spec n-grams %d..%d: the shortest is longer than the longest", __func__,
+                          e->p.spec_ngram_min, e->p.spec_ngram_max);
+        goto fail;
+    }
+    if (e->p.spec_tokens > 0 && (!be->kv.truncate || e->p.kv_layout == FL_KV_CONTIGUOUS)) {
+        st = fl_set_error(FL_ERR_UNSUPPORTED, "%s: speculative decoding needs the paged KV cache", __func__);
+        goto fail;
+    }
     /* static padding rows take one token each on top of the budget's decodes */
     e->max_tokens = e->p.max_batch_tokens + e->p.max_seqs;
-    e->max_rows = e->p.max_seqs;
+    e->max_rows = fl_engine_rows(e->p.max_seqs, e->p.spec_tokens, e->p.max_batch_tokens);
     int64_t nv = be->n_vocab;
     e->b_tok = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(int32_t), 0);
     e->b_pos = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(int32_t), 0);
@@ -504,7 +524,8 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     e->logits = fl_alloc(FL_MEM_ACT, (size_t)e->max_rows * (size_t)nv * sizeof(float), 0);
     e->row_req = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_rows * sizeof(fl_request *), 0);
     e->row_pos = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_rows * sizeof(int32_t), 0);
-    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_lora || !e->b_logit || !e->logits || !e->row_req || !e->row_pos) {
+    e->row_spec = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_rows * sizeof(int32_t), 0);
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_lora || !e->b_logit || !e->logits || !e->row_req || !e->row_pos || !e->row_spec) {
         st = FL_ERR_NOMEM;
         goto fail;
     }
@@ -531,6 +552,7 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
         .preempt = e->p.preempt,
         .static_batch = e->p.kv_layout == FL_KV_CONTIGUOUS,
         .policy = e->p.sched_policy,
+        .max_rows = e->max_rows,
     };
     st = fl_sched_new(&sp, &be->kv, &e->sched);
     if (st != FL_OK) goto fail;
@@ -867,11 +889,66 @@ static void fork_samples(fl_engine *e, fl_request *parent, const float *row) {
     }
 }
 
+/* n-gram lookup: the tokens that followed the latest earlier occurrence of t's last g tokens,
+ * for the longest g in [g_min, g_max] that occurs; at most k of them into out.  Returns how many. */
+int32_t fl_spec_ngram(const int32_t *t, int32_t n, int32_t g_min, int32_t g_max, int32_t k, int32_t *out) {
+    for (int32_t g = g_max < n - 1 ? g_max : n - 1; g >= g_min && g >= 1; g--) {
+        const int32_t *suf = t + n - g;
+        for (int32_t j = n - g - 1; j >= 0; j--) { /* t[j .. j + g) == suf, followed by t[j + g] */
+            if (t[j] != suf[0] || memcmp(t + j, suf, (size_t)g * sizeof *t)) continue;
+            int32_t m = n - (j + g);
+            if (m > k) m = k;
+            memcpy(out, t + j + g, (size_t)m * sizeof *t);
+            return m;
+        }
+    }
+    return 0;
+}
+
+/* Draft tokens for every running request whose next step is a decode (none for the others): as
+ * many as may still be generated and fit in the context. */
+static void propose_drafts(fl_engine *e) {
+    for (int32_t i = 0; i < e->n_reqs; i++) {
+        fl_request *r = e->reqs[i];
+        r->n_draft = 0;
+        if (e->p.spec_tokens < 1 || r->state != FL_REQ_RUNNING || r->padding || r->cancel || r->pooling != FL_POOLING_NONE ||
+            fl_request_n_generated(r) < 1 || r->n_computed + 1 != r->n_tokens)
+            continue;
+        int32_t k = e->p.spec_tokens;
+        const int32_t gen_left = r->max_tokens - fl_request_n_generated(r) - 1, ctx_left = e->be.n_ctx - r->n_tokens;
+        if (k > gen_left) k = gen_left;
+        if (k > ctx_left) k = ctx_left;
+        if (k > 0) r->n_draft = fl_spec_ngram(r->tokens, r->n_tokens, e->p.spec_ngram_min, e->p.spec_ngram_max, k, r->draft);
+    }
+}
+
+/* A decode with d draft tokens: rows[0 .. d] score the positions after its last token and after
+ * each draft.  Sample each in turn with the request's sampler, exactly as one decode step after
+ * another would; a draft is kept while it is the token sampled (so the next row saw the right
+ * input), and the first sample that differs ends it.  Then r's computed tokens are the kept ones,
+ * and the cache gives back the rest. */
+static void sample_drafts(fl_engine *e, fl_request *r, const float *rows, int32_t d) {
+    int32_t kept = 0;
+    for (int32_t i = 0; i <= d && r->state != FL_REQ_FINISHED; i++) {
+        sample_commit(e, r, rows + (size_t)i * (size_t)e->be.n_vocab);
+        if (i == d || r->state == FL_REQ_FINISHED || r->tokens[r->n_tokens - 1] != r->draft[i]) break;
+        kept++;
+    }
+    e->spec_drafts++;
+    e->spec_drafted += d;
+    e->spec_accepted += kept;
+    if (r->state == FL_REQ_FINISHED) return; /* (its KV is gone) */
+    r->n_computed += kept;
+    FL_ASSERT(r->n_computed + 1 == r->n_tokens);
+    if (kept < d && e->be.kv.truncate(e->be.kv.ctx, r, r->n_computed) != FL_OK) finish(e, r, FL_FINISH_ERROR);
+}
+
 fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
     fl_status st = FL_OK;
     pthread_mutex_lock(&e->mu);
     for (int32_t i = 0; i < e->n_reqs; i++)
         if (e->reqs[i]->cancel && e->reqs[i]->state != FL_REQ_FINISHED) finish(e, e->reqs[i], FL_FINISH_CANCELLED);
+    if (e->p.spec_tokens > 0) propose_drafts(e);
     fl_sched_out out;
     st = fl_sched_schedule(e->sched, &out);
     if (st != FL_OK) goto done;
@@ -900,6 +977,25 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
             e->b_logit[n++] = 0;
             continue;
         }
+        const int32_t spec = out.e[k].spec;
+        if (spec > 0) { /* a decode and its drafts: a logits row each */
+            e->row_req[rows] = r;
+            e->row_pos[rows] = -1;
+            e->row_spec[rows++] = spec;
+            for (int32_t j = 0; j <= spec; j++) {
+                if (e->b_hid) e->b_hid[n] = 0;
+                e->b_tok[n] = j ? r->draft[j - 1] : r->tokens[r->n_computed];
+                e->b_pos[n] = r->n_computed + j;
+                e->b_seq[n] = (int32_t)r->kv_seq;
+                e->b_lora[n] = r->lora;
+                e->b_logit[n++] = 1;
+                if (j) {
+                    e->row_req[rows] = r;
+                    e->row_pos[rows++] = -2;
+                }
+            }
+            continue;
+        }
         bool sample = r->n_computed + out.e[k].n == r->n_tokens && r->pooling == FL_POOLING_NONE;
         for (int32_t j = 0; j < out.e[k].n; j++) {
             const int32_t pos = r->n_computed + j;
@@ -923,6 +1019,7 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
             e->b_logit[n++] = (int8_t)(last || score);
             if (last || score) {
                 e->row_req[rows] = r;
+                e->row_spec[rows] = 0;
                 e->row_pos[rows++] = score ? pos : -1;
             }
         }
@@ -970,6 +1067,11 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
         if (r->state == FL_REQ_FINISHED) continue;
         float *row = e->logits + (size_t)k * (size_t)e->be.n_vocab;
         const int32_t pos = e->row_pos[k];
+        if (pos == -2) continue; /* taken with its group's first row */
+        if (e->row_spec[k] > 0) {
+            sample_drafts(e, r, row, e->row_spec[k]);
+            continue;
+        }
         if (pos >= 0) { /* prompt token pos + 1 given the ones before it */
             FL_ASSERT(pos == r->n_plp);
             fl_token_logprob *rec = r->plp + (size_t)pos * (size_t)(1 + r->n_top);
@@ -1138,6 +1240,9 @@ void fl_engine_stats_get(fl_engine *e, fl_engine_stats *s) {
     fl_mask_cache_get_stats(e->masks, &ms);
     s->guide_mask_hits = ms.hits;
     s->guide_mask_misses = ms.misses;
+    s->spec_drafts = e->spec_drafts;
+    s->spec_draft_tokens = e->spec_drafted;
+    s->spec_accepted_tokens = e->spec_accepted;
     pthread_mutex_unlock(&e->mu);
 }
 

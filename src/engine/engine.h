@@ -25,7 +25,20 @@ struct fl_plan_engine_in;
  * and text at piece_bytes per token, and its logprob records' first buffer when
  * max_logprobs < 0; with logprobs the plan counts that buffer with the records); and the real
  * backend's (engine_model.c: its struct and the paged cache's sequence-id adapter). */
-size_t fl_engine_misc_bytes(int32_t max_seqs, int32_t max_logprobs, double piece_bytes);
+size_t fl_engine_misc_bytes(int32_t max_seqs, int32_t rows, int32_t max_logprobs, double piece_bytes);
+/* Logits rows of a step (rows: also the most tokens a step generates): one per sequence, and one
+ * per draft token with speculative decoding, within the step's tokens */
+static inline int32_t fl_engine_rows(int32_t max_seqs, int32_t spec_tokens, int32_t max_batch_tokens) {
+    const int64_t r = (int64_t)max_seqs * (1 + (int64_t)spec_tokens), t = (int64_t)max_batch_tokens + max_seqs;
+    return (int32_t)(r < t ? r : t);
+}
+/* The n-gram lengths speculative decoding looks up by default (fl_engine_params.spec_ngram_*) */
+#define FL_SPEC_NGRAM_MIN 2
+#define FL_SPEC_NGRAM_MAX 4
+/* Speculative decoding's proposer: the tokens that followed the latest earlier occurrence of the
+ * last g tokens of t[0, n), for the longest g in [g_min, g_max] that occurs before; at most k of
+ * them into out.  Returns how many (0: no match). */
+int32_t fl_spec_ngram(const int32_t *t, int32_t n, int32_t g_min, int32_t g_max, int32_t k, int32_t *out);
 /* The paged cache's sequence ids (its n_seq_max): a request holds one, forks and preempted ones more */
 #define FL_ENGINE_SEQ_IDS(max_seqs) ((max_seqs) * 8 + 64)
 size_t fl_engine_model_misc_bytes(int32_t max_seqs);

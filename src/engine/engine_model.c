@@ -108,6 +108,7 @@ fl_status fl_engine_plan_input(const fl_engine_params *p, fl_plan_engine_in *pi)
     pi->n_ctx = p->n_ctx;
     pi->max_seqs = p->max_seqs;
     pi->max_batch_tokens = p->max_batch_tokens;
+    pi->spec_tokens = p->spec_tokens;
     pi->n_threads = p->n_threads;
     pi->kv_mem = (uint64_t)(p->kv_mem > 0 ? p->kv_mem : DEFAULT_KV_MEM);
     pi->prefix_cache = p->prefix_cache != 0;
@@ -238,7 +239,7 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
         m->kv_ctx = m->kv;
     }
     /* the step's tokens: the budget plus one padding row per sequence (static baseline) */
-    st = fl_model_workspace_new(m->model, p.max_batch_tokens + p.max_seqs, p.max_seqs);
+    st = fl_model_workspace_new(m->model, p.max_batch_tokens + p.max_seqs, fl_engine_rows(p.max_seqs, p.spec_tokens, p.max_batch_tokens));
     if (st != FL_OK) goto fail;
     fl_engine_backend be = {0};
     be.ctx = m;

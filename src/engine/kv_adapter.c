@@ -113,6 +113,11 @@ static fl_status pg_fork(void *ctx, fl_request *parent, fl_request *child, int32
     return FL_OK;
 }
 
+static fl_status pg_truncate(void *ctx, fl_request *r, int32_t n_total) {
+    fl_kv_adapter *a = ctx;
+    return fl_kv_seq_truncate(a->kv, (int32_t)r->kv_seq, n_total);
+}
+
 /* ---- contiguous slots ---- */
 
 static int64_t sl_n_free(void *ctx) {
@@ -199,8 +204,8 @@ void fl_kv_adapter_free(fl_kv_adapter *a) {
 
 fl_sched_kv fl_kv_adapter_iface(fl_kv_adapter *a) {
     if (a->paged) return (fl_sched_kv){a, pg_n_free, pg_seq_begin, pg_n_needed, pg_reserve, pg_seq_end,
-                                       pg_swap_out, pg_swap_in, pg_fork};
-    return (fl_sched_kv){a, sl_n_free, sl_seq_begin, sl_n_needed, sl_reserve, sl_seq_end, NULL, NULL, NULL};
+                                       pg_swap_out, pg_swap_in, pg_fork, pg_truncate};
+    return (fl_sched_kv){a, sl_n_free, sl_seq_begin, sl_n_needed, sl_reserve, sl_seq_end, NULL, NULL, NULL, NULL};
 }
 
 void fl_kv_adapter_step_done(fl_kv_adapter *a) {

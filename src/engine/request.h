@@ -124,6 +124,9 @@ struct fl_request {
     /* timing (seconds, engine clock) */
     double t_arrival, t_first_token, t_last_token, t_finish;
     int32_t n_preempted;
+    /* speculative decoding: tokens proposed to follow the last one (the engine's n-gram lookup),
+     * verified in the next step's forward; those that the sampler would have picked are kept */
+    int32_t draft[FL_SPEC_MAX], n_draft;
 };
 
 /* A new WAITING request with a copy of p's prompt and stop strings (capacity for the whole

@@ -84,6 +84,7 @@ fl_status fl_sched_new(const fl_sched_params *p, const fl_sched_kv *kv, fl_sched
     fl_sched *s = fl_calloc(FL_MEM_MISC, 1, sizeof *s);
     if (!s) return FL_ERR_NOMEM;
     s->p = *p;
+    if (s->p.max_rows < 1) s->p.max_rows = p->max_seqs;
     s->kv = *kv;
     /* at most one entry per running request + padding rows (bounded by max_seqs too) */
     s->e_cap = p->max_seqs;
@@ -224,18 +225,18 @@ static int32_t rows_for(const fl_request *r, int32_t n) {
     return rows;
 }
 
-/* Rows of the step's entries so far. */
+/* Rows of the step's entries so far (a draft token's row each). */
 static int32_t rows_used(const fl_sched_out *out) {
     int32_t rows = 0;
     for (int32_t i = 0; i < out->n_entries; i++)
-        if (!out->e[i].pad) rows += rows_for(out->e[i].r, out->e[i].n);
+        if (!out->e[i].pad) rows += rows_for(out->e[i].r, out->e[i].n - out->e[i].spec) + out->e[i].spec;
     return rows;
 }
 
-/* The most tokens, up to n, that r can run with the step's rows left (max_seqs in all): rows_for
+/* The most tokens, up to n, that r can run with the step's rows left (max_rows in all): rows_for
  * grows with n, so a binary search. */
 static int32_t fit_rows(const fl_sched *s, const fl_sched_out *out, const fl_request *r, int32_t n) {
-    const int32_t left = s->p.max_seqs - rows_used(out);
+    const int32_t left = s->p.max_rows - rows_used(out);
     if (rows_for(r, n) <= left) return n;
     int32_t lo = 0, hi = n; /* rows_for(lo) <= left < rows_for(hi) */
     while (hi - lo > 1) {
@@ -247,7 +248,7 @@ static int32_t fit_rows(const fl_sched *s, const fl_sched_out *out, const fl_req
 }
 
 static void add_entry(fl_sched_out *out, fl_request *r, int32_t n, int32_t pad) {
-    out->e[out->n_entries++] = (fl_sched_entry){r, n, pad};
+    out->e[out->n_entries++] = (fl_sched_entry){r, n, pad, 0};
     out->n_tokens += n;
 }
 
@@ -333,6 +334,31 @@ static bool make_room(fl_sched *s, const fl_request *r, fl_sched_out *out) {
     return true;
 }
 
+/* Pass 4: the decodes' draft tokens, in scheduling order, where the token budget, the rows and
+ * the free blocks left by everything else allow (fewer drafts when that is what fits; never a
+ * preemption, never at the expense of a prefill or an admission). */
+static void add_drafts(fl_sched *s, fl_sched_out *out, int32_t *budget) {
+    if (!s->kv.truncate || s->p.static_batch) return;
+    int32_t rows_left = s->p.max_rows - rows_used(out);
+    for (int32_t i = 0; i < out->n_entries && *budget > 0 && rows_left > 0; i++) {
+        fl_sched_entry *en = &out->e[i];
+        fl_request *r = en->r;
+        if (en->pad || r->n_draft < 1 || en->n != 1 || r->n_computed + 1 != r->n_tokens) continue;
+        int32_t d = r->n_draft;
+        if (d > *budget) d = *budget;
+        if (d > rows_left) d = rows_left;
+        const int64_t avail = s->kv.n_free(s->kv.ctx) - s->p.watermark_blocks; /* (admissions keep it too) */
+        while (d > 0 && (s->kv.n_needed(s->kv.ctx, r, r->n_computed + 1 + d) > avail ||
+                         s->kv.reserve(s->kv.ctx, r, r->n_computed + 1 + d) != FL_OK))
+            d--;
+        en->n += d;
+        en->spec = d;
+        out->n_tokens += d;
+        *budget -= d;
+        rows_left -= d;
+    }
+}
+
 fl_status fl_sched_schedule(fl_sched *s, fl_sched_out *out) {
     memset(out, 0, sizeof *out);
     out->e = s->e;
@@ -376,6 +402,7 @@ fl_status fl_sched_schedule(fl_sched *s, fl_sched_out *out) {
         budget = s->p.max_batch_tokens - out->n_tokens;
     }
     if (err != FL_OK) return err;
+    add_drafts(s, out, &budget); /* with what is left */
     if (s->running.n > s->st.max_running) s->st.max_running = s->running.n;
     s->st.steps++;
     return FL_OK;
@@ -385,7 +412,7 @@ void fl_sched_commit(fl_sched *s, const fl_sched_out *out) {
     (void)s;
     for (int32_t i = 0; i < out->n_entries; i++) {
         fl_request *r = out->e[i].r;
-        r->n_computed += out->e[i].n;
+        r->n_computed += out->e[i].n - out->e[i].spec;
         FL_ASSERT(r->padding || r->n_computed <= r->n_tokens);
     }
 }

@@ -21,9 +21,12 @@
  * lists are kept in it, so decodes and prefill chunks take the step's budget in that order too.
  * Under FL_SCHED_PRIORITY the head of the waiting queue that finds no KV or no slot preempts the
  * last running request if that one's priority is strictly lower, until it fits.
- * Every step has at most max_seqs logits rows: one per entry that reaches its last token, plus,
- * for a request with prompt logprobs, one per prompt position of its chunk (its chunks are cut to
- * the rows left).
+ *   4. speculative decoding: a decode whose request holds draft tokens (r->draft, proposed by
+ *      the engine) runs them after its token, as many as what the above left of the budget, the
+ *      rows and the free KV blocks allows (drafts never preempt, never delay a prefill).
+ * Every step has at most max_rows logits rows: one per entry that reaches its last token, one per
+ * draft token, plus, for a request with prompt logprobs, one per prompt position of its chunk (its
+ * chunks are cut to the rows left).
  * When a running request cannot grow, the last running request in scheduling order is preempted
  * (possibly the one growing): by recompute (its blocks are freed, n_computed := 0) or, in swap mode, by
  * swapping its blocks to the secondary tier (falling back to recompute if that fails).
@@ -59,6 +62,9 @@ typedef struct fl_sched_kv {
     fl_status (*swap_in)(void *ctx, fl_request *r);
     /* Optional: child shares all of parent's n_tokens tokens of KV (copy-on-write). */
     fl_status (*fork)(void *ctx, fl_request *parent, fl_request *child, int32_t n_tokens);
+    /* Optional (NULL: no speculative decoding): r keeps its first n_total computed tokens and gives
+     * back the rest (draft tokens that were not accepted). */
+    fl_status (*truncate)(void *ctx, fl_request *r, int32_t n_total);
 } fl_sched_kv;
 
 typedef struct fl_sched_params {
@@ -68,12 +74,16 @@ typedef struct fl_sched_params {
     fl_preempt_mode preempt;
     int32_t static_batch;      /* 1 = static batching baseline */
     fl_sched_policy policy;    /* FCFS (default) or priority */
+    int32_t max_rows;          /* logits rows per step (0: max_seqs); speculative decoding needs
+                                * one per draft token besides one per sequence */
 } fl_sched_params;
 
 typedef struct fl_sched_entry {
     fl_request *r;
     int32_t n;      /* tokens r->tokens[n_computed, n_computed + n) run this step */
     int32_t pad;    /* static mode: a padding row of a finished request (1 dummy token) */
+    int32_t spec;   /* of the n, draft tokens r->draft[0 .. spec) after the decode token (each
+                     * gets a logits row; fl_sched_commit counts only n - spec as computed) */
 } fl_sched_entry;
 
 typedef struct fl_sched_out {
@@ -104,7 +114,8 @@ fl_status fl_sched_add(fl_sched *s, fl_request *r);
 void fl_sched_remove(fl_sched *s, fl_request *r, bool keep_as_padding);
 /* Plan the next step (see above).  FL_OK, or a hard error from the KV callbacks. */
 fl_status fl_sched_schedule(fl_sched *s, fl_sched_out *out);
-/* After the step's forward: r's scheduled tokens are now computed (the engine calls this). */
+/* After the step's forward: r's scheduled tokens are now computed (the engine calls this); an
+ * entry's draft tokens are not: the engine counts the accepted ones and truncates the KV. */
 void fl_sched_commit(fl_sched *s, const fl_sched_out *out);
 
 /* n > 1: right after parent's prompt was computed (its logits row not yet consumed), child

@@ -32,6 +32,7 @@ typedef struct seq {
     int32_t tok_cap;
     int32_t n_hashed;    /* leading full blocks whose chain hash is known */
     fl_kv_hash chain;    /* hash of block n_hashed-1, or the root */
+    fl_kv_hash root;     /* the chain's root (the sequence's key) */
     int64_t *swap;       /* [swap_cap] swap slot of each table entry while swapped (-1 = null) */
     int32_t swap_cap;
     uint32_t batch_gen;  /* last prepare that named this sequence */
@@ -346,6 +347,8 @@ static void seq_release(fl_kv_cache *kv, seq *s) {
     memset(s, 0, sizeof *s);
 }
 
+static int32_t blocks_for(const fl_kv_cache *kv, int32_t n) { return (n + kv->bs - 1) / kv->bs; }
+
 static seq *get_seq(const fl_kv_cache *kv, int32_t id) {
     return id >= 0 && id < kv->cfg.n_seq_max && kv->seqs[id].used ? &kv->seqs[id] : NULL;
 }
@@ -368,6 +371,7 @@ fl_status fl_kv_seq_add_keyed(fl_kv_cache *kv, int32_t id, const int32_t *tokens
     s->used = true;
     s->no_cache = !kv->prefix;
     s->chain = root;
+    s->root = root;
     int32_t hit = 0;
     if (max_blocks > 0) hit = fl_kv_prefix_match(kv->prefix, kv->pool, &root, tokens, max_blocks, s->tab.ids, &s->chain);
     for (int32_t i = 0; i < hit; i++) fl_kv_pool_ref(kv->pool, s->tab.ids[i]);
@@ -425,6 +429,7 @@ fl_status fl_kv_seq_fork(fl_kv_cache *kv, int32_t src, int32_t dst) {
     b->n = a->n;
     b->n_hashed = a->n_hashed;
     b->chain = a->chain;
+    b->root = a->root;
     for (int32_t i = 0; i < b->tab.n; i++)
         if (b->tab.ids[i] > 0) fl_kv_pool_ref(kv->pool, b->tab.ids[i]);
     return FL_OK;
@@ -448,7 +453,36 @@ const int32_t *fl_kv_seq_blocks(const fl_kv_cache *kv, int32_t id, int32_t *n_bl
     return s ? s->tab.ids : NULL;
 }
 
-static int32_t blocks_for(const fl_kv_cache *kv, int32_t n) { return (n + kv->bs - 1) / kv->bs; }
+fl_status fl_kv_seq_truncate(fl_kv_cache *kv, int32_t id, int32_t n) {
+    seq *s = get_seq(kv, id);
+    if (!s || s->swapped) return fl_set_error(FL_ERR_INVALID, "%s: sequence %d absent or swapped out", __func__, id);
+    if (n < 0 || n > s->n) return fl_set_error(FL_ERR_INVALID, "%s: sequence %d: keep %d of %d positions", __func__, id, n, s->n);
+    if (n == s->n) return FL_OK;
+    const int32_t keep = blocks_for(kv, n);
+    /* the block that keeps positions below n and loses the rest: its contents will change, so
+     * its hash goes (unless another sequence shares it: the next write copies it first) */
+    if (n % kv->bs) {
+        const int32_t last = s->tab.ids[n / kv->bs];
+        if (last > 0 && fl_kv_pool_refcount(kv->pool, last) == 1) fl_kv_pool_drop_hash(kv->pool, last);
+    }
+    for (int32_t bi = s->tab.n - 1; bi >= keep; bi--) { /* the blocks past it go back (last first) */
+        const int32_t b = s->tab.ids[bi];
+        if (b <= 0) continue;
+        if (fl_kv_pool_refcount(kv->pool, b) == 1) fl_kv_pool_drop_hash(kv->pool, b); /* tokens that were not kept */
+        fl_kv_pool_unref(kv->pool, b);
+        s->tab.ids[bi] = 0;
+    }
+    if (s->tab.n > keep) s->tab.n = keep;
+    s->n = n;
+    if (s->n_hashed > n / kv->bs) { /* the chain back to the last whole block kept */
+        s->n_hashed = n / kv->bs;
+        s->chain = s->root;
+        for (int32_t bi = 0; !s->no_cache && bi < s->n_hashed; bi++)
+            s->chain = fl_kv_prefix_hash(kv->prefix, &s->chain, s->tok + (size_t)bi * (size_t)kv->bs);
+    }
+    return FL_OK;
+}
+
 
 int32_t fl_kv_seq_blocks_needed(const fl_kv_cache *kv, int32_t id, int32_t n_new) {
     const seq *s = get_seq(kv, id);
@@ -635,6 +669,7 @@ fl_status fl_kv_prepare(fl_kv_cache *kv, const fl_batch *b) {
             s->used = true;
             s->no_cache = !kv->prefix;
             s->chain = kv->root;
+            s->root = kv->root;
             s->batch_gen = kv->gen;
             kv->miss += sg->n_q;
         }

@@ -124,6 +124,13 @@ int32_t fl_kv_seq_len(const fl_kv_cache *kv, int32_t seq); /* positions stored; 
 /* Read-only view of the block table (valid until the next call that changes the cache). */
 const int32_t *fl_kv_seq_blocks(const fl_kv_cache *kv, int32_t seq, int32_t *n_blocks);
 
+/* Keep positions 0 .. n-1 of the sequence and drop the rest (speculative tokens that were not
+ * accepted, llama.cpp's seq_rm of a tail): blocks wholly past n go back to the pool, and the
+ * block that keeps part of its positions loses its prefix-cache registration (its tail will be
+ * rewritten); the sequence continues at position n.  fp8 types keep the block scales the dropped
+ * rows raised.  FL_ERR_INVALID if absent, swapped out or n is not in [0, len]. */
+fl_status fl_kv_seq_truncate(fl_kv_cache *kv, int32_t seq, int32_t n);
+
 /* Decoded K and V rows (n_head_kv * head_dim floats each, either may be NULL) of position pos
  * of sequence seq in layer il, as attention sees them.  FL_ERR_INVALID if absent, swapped,
  * out of range or released by the window.  (Tests, debugging, exporting a cache.) */

@@ -273,7 +273,7 @@ void fl_plan_inference_buffers_types(const fl_model_shape *s, int64_t n_tokens, 
         if (l > b->qact) b->qact = l;
         if (o > b->qact) b->qact = o;
     }
-    b->batch = sadd(smul(T, 17), smul(R, 8)); /* the engine's token / position / sequence / adapter / flag arrays */
+    b->batch = sadd(smul(T, 17), smul(R, 16)); /* the engine's token / position / sequence / adapter / flag arrays, its rows' */
     uint64_t a[] = {b->x, b->xb, b->out, b->q, b->k, b->v, b->att, b->hb, b->hb2, b->xl, b->router, b->scores, b->logits};
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) b->act_total = sadd(b->act_total, a[i]);
     b->scratch_total = sadd(sadd(b->tiles, b->qact), b->batch);
@@ -525,7 +525,9 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             /* the engine's step: the prefill budget plus one row per sequence */
             int64_t step = (int64_t)cdiv(sadd(u(in->n_prefill), u(in->n_seq)), (uint64_t)in->sp);
             fl_plan_buffers buf;
-            fl_plan_inference_buffers_types(s, step, in->n_ctx, last ? in->n_seq : 0, in->attn, in->n_threads, in->tp, wts,
+            int64_t rows = last ? (int64_t)smul(u(in->n_seq), sadd(1, u(in->spec_tokens))) : 0;
+            if (rows > (int64_t)sadd(u(in->n_prefill), u(in->n_seq))) rows = (int64_t)sadd(u(in->n_prefill), u(in->n_seq)); /* (within a step's tokens) */
+            fl_plan_inference_buffers_types(s, step, in->n_ctx, rows, in->attn, in->n_threads, in->tp, wts,
                                             n_wts, in->kv_type, &buf);
             dev->bytes[FL_MEM_ACT] = buf.act_total;
             dev->bytes[FL_MEM_SCRATCH] = buf.scratch_total;

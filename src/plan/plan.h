@@ -124,6 +124,7 @@ typedef struct fl_plan_input {
     int64_t n_ctx;          /* tokens per sequence */
     int64_t n_seq;          /* concurrent sequences (inference) / batch B (training) */
     int64_t n_prefill;      /* prefill chunk T, tokens per step (inference) */
+    int64_t spec_tokens;    /* speculative decoding's draft tokens per sequence: n_seq x (1 + it) logits rows */
     int64_t kv_block;       /* tokens per KV block, a multiple of 16 */
     fl_plan_attn attn;
     int32_t n_threads;      /* flash-attention tiles are per thread */

@@ -48,7 +48,7 @@ static fl_status find(const fl_gguf *g, const char *name, mat *m, bool required)
 fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
     memset(out, 0, sizeof *out);
     if (!in->model_path) return fl_set_error(FL_ERR_INVALID, "%s: no model path", __func__);
-    if (in->max_seqs < 1 || in->max_batch_tokens < 1 || in->n_ctx < 0 || in->kv_block < 0)
+    if (in->max_seqs < 1 || in->max_batch_tokens < 1 || in->n_ctx < 0 || in->kv_block < 0 || in->spec_tokens < 0 || in->spec_tokens > FL_SPEC_MAX)
         return fl_set_error(FL_ERR_INVALID, "%s: bad parameters (max_seqs %d, max_batch_tokens %d)", __func__,
                             in->max_seqs, in->max_batch_tokens);
     struct stat sb;
@@ -98,7 +98,7 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
     uint64_t conv = 0, read_bytes = 0; /* converted; bytes the matmuls read */
     int64_t n_mat = 0;
     uint64_t mm = 0; /* the largest matmul workspace of a step */
-    const int64_t T = in->max_batch_tokens, R = in->max_seqs;
+    const int64_t T = in->max_batch_tokens, R = fl_engine_rows(in->max_seqs, in->spec_tokens, in->max_batch_tokens);
     int32_t type_embd = te.type, type_out = te.type;
     {
         uint64_t c = fl_model_converted_bytes(wt, te.type, te.ne0, te.ne1);
@@ -178,14 +178,14 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
     }
 
     /* ACT: the model's workspace (with the adapter's buffers) and the engine's logits */
-    out->ws_bytes = fl_model_workspace_bytes(&hp, in->max_batch_tokens + in->max_seqs, in->max_seqs) + out->lora_ws_bytes;
-    out->logits_bytes = (uint64_t)in->max_seqs * (uint64_t)hp.n_vocab * 4;
+    out->ws_bytes = fl_model_workspace_bytes(&hp, in->max_batch_tokens + in->max_seqs, (int32_t)R) + out->lora_ws_bytes;
+    out->logits_bytes = (uint64_t)R * (uint64_t)hp.n_vocab * 4;
     out->bytes[FL_MEM_ACT] = out->ws_bytes + out->logits_bytes;
 
     /* SCRATCH: batch arrays, the largest matmul workspace, the attention workspace */
     const uint64_t Ts = (uint64_t)in->max_batch_tokens + (uint64_t)in->max_seqs;
-    out->batch_bytes = Ts * 17 + (uint64_t)in->max_seqs * (sizeof(void *) + sizeof(int32_t)); /* tokens, positions, sequences,
-                                                                                                 * adapters, logit flags; row_req, row_pos */
+    out->batch_bytes = Ts * 17 + (uint64_t)R * (sizeof(void *) + 2 * sizeof(int32_t)); /* tokens, positions, sequences, adapters,
+                                                                                         * logit flags; row_req, row_pos, row_spec */
     out->matmul_scratch = mm;
     {   /* per thread: K/V block, scores, FL_PAGED_Q_TILE-row query tile states (paged_attn.c);
          * partials of split decodes: max_seqs x partitions x n_head x (head_dim + 2) */
@@ -220,13 +220,13 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
         kp.swap_dir = in->swap_dir;
         out->misc_static = out->gguf_bytes + out->tokenizer_bytes + out->lora_misc_bytes + fl_model_misc_bytes(&hp) +
                            fl_kv_misc_bytes(&kp) + fl_engine_model_misc_bytes(in->max_seqs) +
-                           fl_engine_misc_bytes(in->max_seqs, in->max_logprobs, out->avg_piece_bytes) +
+                           fl_engine_misc_bytes(in->max_seqs, (int32_t)R, in->max_logprobs, out->avg_piece_bytes) +
                            fl_vocab_text_bytes((int32_t)V, out->vocab_text_bytes) + /* engine.c vocab_text_build: */
                            V + 4 * V + fl_mask_words((int32_t)V) * 8;               /* flags, masked row, grammar mask */
         out->mask_cache_bytes = fl_mask_cache_bytes(in->guide_masks, (int32_t)V);
         out->misc_static += out->mask_cache_bytes;
         if (in->max_logprobs >= 0) { /* engine.c: records with the request, the poll's copy */
-            const uint64_t rec = 8 * (1 + (uint64_t)in->max_logprobs), step = (uint64_t)in->max_seqs * (1 + (uint64_t)in->max_logprobs) + 1;
+            const uint64_t rec = 8 * (1 + (uint64_t)in->max_logprobs), step = (uint64_t)R * (1 + (uint64_t)in->max_logprobs) + 1;
             uint64_t nc = 256;
             while (nc < step) nc *= 2;
             out->logprob_bytes = (uint64_t)in->max_seqs * (uint64_t)out->n_ctx * (rec + 4) + 8 * (nc > 256 ? nc + nc / 2 : nc); /* (+ a prompt token's rank) */

@@ -72,6 +72,8 @@ typedef struct fl_plan_engine_in {
     int32_t kv_block;         /* tokens per block (0 = 16) */
     int32_t n_ctx;            /* 0 = the model's training context, else 2048 */
     int32_t max_seqs, max_batch_tokens;
+    int32_t spec_tokens;      /* speculative decoding's drafts per sequence (fl_engine_params.spec_tokens):
+                               * max_seqs x (1 + spec_tokens) logits rows */
     int32_t n_threads;        /* 0 = fl_threads_get() */
     uint64_t kv_mem;          /* the KV budget handed to the cache */
     int32_t prefix_cache;     /* the cache keeps prefix-cache entries per block */

@@ -64,6 +64,11 @@ static fl_status compat_metrics(fl_server *s, srv_buf *o, const fl_engine_stats 
     st |= labeled(o, "vllm:prefix_cache_hits_total", "prompt tokens found in the prefix cache", "counter", label, (double)es->prefix_hit_tokens);
     st |= labeled_hist(o, "vllm:time_to_first_token_seconds", "time to first token", label, &m->ttft);
     st |= labeled_hist(o, "vllm:e2e_request_latency_seconds", "end-to-end request latency", label, &m->e2e);
+    st |= labeled(o, "vllm:spec_decode_num_drafts_total", "speculative decoding: drafts verified", "counter", label, (double)es->spec_drafts);
+    st |= labeled(o, "vllm:spec_decode_num_draft_tokens_total", "speculative decoding: draft tokens verified", "counter", label,
+                  (double)es->spec_draft_tokens);
+    st |= labeled(o, "vllm:spec_decode_num_accepted_tokens_total", "speculative decoding: draft tokens kept", "counter", label,
+                  (double)es->spec_accepted_tokens);
     st |= gauge(o, "llamacpp:prompt_tokens_total", "prompt tokens of finished requests", "counter", (double)m->prompt_tokens);
     st |= gauge(o, "llamacpp:tokens_predicted_total", "generated tokens", "counter", (double)m->completion_tokens);
     st |= gauge(o, "llamacpp:requests_processing", "requests running", "gauge", es->n_running);
@@ -105,6 +110,8 @@ fl_status srv_metrics_render(fl_server *s, srv_buf *o) {
     st |= gauge(o, "fitllm_prefix_cache_hit_tokens_total", "prompt tokens served from the prefix cache", "counter", (double)es.prefix_hit_tokens);
     st |= gauge(o, "fitllm_prefix_cache_miss_tokens_total", "prompt tokens computed", "counter", (double)es.prefix_miss_tokens);
     st |= gauge(o, "fitllm_preemptions_total", "preemptions", "counter", (double)es.preemptions);
+    st |= gauge(o, "fitllm_spec_draft_tokens_total", "speculative decoding (--spec-ngram): draft tokens verified", "counter", (double)es.spec_draft_tokens);
+    st |= gauge(o, "fitllm_spec_accepted_tokens_total", "speculative decoding: draft tokens kept", "counter", (double)es.spec_accepted_tokens);
     st |= gauge(o, "fitllm_guide_mask_hits_total", "guided_regex and grammar token masks found kept for their state", "counter", (double)es.guide_mask_hits);
     st |= gauge(o, "fitllm_guide_mask_misses_total", "guided_regex and grammar token masks computed", "counter", (double)es.guide_mask_misses);
     st |= srv_buf_printf(o, "# HELP fitllm_memory_bytes tracked memory by category\n# TYPE fitllm_memory_bytes gauge\n");
