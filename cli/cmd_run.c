@@ -7,6 +7,7 @@
 #include "core/status.h"
 #include "core/threads.h"
 #include "core/utf8.h"
+#include "engine/engine.h"
 #include "engine/grammar.h"
 #include "engine/sampling.h"
 #include "cli/cli_kv.h"
@@ -15,6 +16,7 @@
 #include "model/tokenizer.h"
 #include "dist/dist.h"
 #include "dist/tp.h"
+#include "kv/kv_cache.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -176,6 +178,7 @@ int fl_cmd_run(int argc, char **argv) {
         {"grammar-file", 0, FL_OPT_STR, "FILE  as --grammar, read from FILE (e.g. docs/grammars/json.gbnf)"},
         {"context-shift", 0, FL_OPT_FLAG, "generate past CTX: keep the sink tokens + the recent half (paged KV only)"},
         {"sink", 0, FL_OPT_INT, "S  sink tokens kept by --context-shift (default 4)"},
+        FL_CLI_SPEC_OPTS,
         {"tp", 0, FL_OPT_INT, "N  tensor parallel over N ranks: run as `mpirun -np N fitllm run --tp N ...`"},
         FL_CLI_KV_OPTS,
         {"weights", 0, FL_OPT_STR, "T  convert weights at load: q8_0 q4_0 nf4 fp8_e4m3 f16 ..."},
@@ -235,6 +238,15 @@ int fl_cmd_run(int argc, char **argv) {
 #undef FOPT
 #undef IOPT
     if (fl_args_get(opts, "seed")->set) sp.seed = (uint64_t)fl_args_get(opts, "seed")->i;
+    fl_engine_params spec; /* --spec-ngram: only its three fields */
+    memset(&spec, 0, sizeof spec);
+    if (fl_cli_spec_params(opts, "run", &spec)) return 2;
+    const int32_t spec_k = spec.spec_tokens, spec_lo = spec.spec_ngram_min ? spec.spec_ngram_min : FL_SPEC_NGRAM_MIN;
+    const int32_t spec_hi = spec.spec_ngram_max ? spec.spec_ngram_max : spec_lo > FL_SPEC_NGRAM_MAX ? spec_lo : FL_SPEC_NGRAM_MAX;
+    if (spec_lo > spec_hi) {
+        fprintf(stderr, "fitllm run: --spec-ngram-min %d is above --spec-ngram-max %d\n", spec_lo, spec_hi);
+        return 2;
+    }
 
     int rc = 1;
     char *text = NULL;
@@ -348,7 +360,8 @@ int fl_cmd_run(int argc, char **argv) {
         goto fail;
     }
     const int64_t max_gen = shift || n_predict < n_ctx - n_ids ? n_predict : n_ctx - n_ids;
-    const int32_t max_batch = n_ids < 512 ? (int32_t)n_ids : 512;
+    int32_t max_batch = n_ids < 512 ? (int32_t)n_ids : 512;
+    if (max_batch < 1 + spec_k) max_batch = 1 + spec_k; /* a decode and its drafts */
     if ((st = fl_cli_kv_new(hp, fl_args_get(opts, "kv-layout")->str, fl_args_get(opts, "kv-type")->str,
                             fl_args_get(opts, "block-size")->set ? fl_args_get(opts, "block-size")->i : 0, (int32_t)n_ctx,
                             &kv)))
@@ -357,17 +370,21 @@ int fl_cmd_run(int argc, char **argv) {
         fl_set_error(FL_ERR_UNSUPPORTED, "--context-shift needs the paged KV cache");
         goto fail;
     }
+    if (spec_k > 0 && (!kv.paged || shift || tpm)) {
+        fl_set_error(FL_ERR_UNSUPPORTED, "--spec-ngram needs the paged KV cache, without --context-shift and --tp");
+        goto fail;
+    }
     if (shift && hp->rope_freq_scale != 1.0f) {
         fl_set_error(FL_ERR_UNSUPPORTED, "--context-shift: re-rotation with a RoPE frequency scale is not implemented");
         goto fail;
     }
-    if ((st = fl_model_workspace_new(m, max_batch, 1))) goto fail;
+    if ((st = fl_model_workspace_new(m, max_batch, 1 + spec_k))) goto fail;
     if ((st = fl_sampler_new(&sp, hp->n_vocab, &smp))) goto fail;
     if (gram && ((st = fl_vocab_text_build(&voc, hp->n_vocab, run_piece, tok)) ||
                  !(gbits = fl_alloc(FL_MEM_MISC, ((size_t)hp->n_vocab + 63) / 64 * 8, 0)) ||
                  !(masked = fl_alloc(FL_MEM_ACT, (size_t)hp->n_vocab * sizeof *masked, 64))))
         goto fail;
-    logits_bytes = (size_t)hp->n_vocab * sizeof(float);
+    logits_bytes = (size_t)(1 + spec_k) * (size_t)hp->n_vocab * sizeof(float); /* a row per draft token too */
     logits = fl_alloc(FL_MEM_ACT, logits_bytes, 64);
     gen_bytes = (size_t)(n_ids + max_gen + 1) * sizeof(int32_t);
     gen = fl_alloc(FL_MEM_MISC, gen_bytes, 16); /* history: prompt + generated */
@@ -393,30 +410,51 @@ int fl_cmd_run(int argc, char **argv) {
     int64_t n_shifted = 0, n_shifts = 0; /* positions dropped by --context-shift, and how often */
     char piece[256], pending[1024];
     size_t n_pending = 0;
-    while (n_gen < max_gen) {
-        if (gram && (st = grammar_row(gram, &voc, tok, gbits, logits, masked))) goto fail;
-        const int32_t t = fl_sample(smp, gram ? masked : logits, hp->n_vocab, gen, n_ids + n_gen);
-        if (lp) { /* the sampler only read the logits */
-            fl_token_logprob *rec = lp + (size_t)n_gen * (size_t)(1 + n_lp);
-            rec[0].token = t;
-            fl_logprobs(logits, hp->n_vocab, t, (int32_t)n_lp, &rec[0].logprob, rec + 1);
-        }
-        if (fl_tokenizer_is_eog(tok, t)) break;
-        if (gram && (st = fl_grammar_guide_feed(gram, voc.text + voc.off[t], (size_t)(voc.off[t + 1] - voc.off[t])))) goto fail;
-        gen[n_ids + n_gen++] = t;
-        if (!json && rank == 0) {
-            int32_t pl = fl_token_to_piece(tok, t, piece, sizeof piece, false);
-            if (pl > 0 && n_pending + (size_t)pl < sizeof pending) {
-                memcpy(pending + n_pending, piece, (size_t)pl);
-                n_pending += (size_t)pl;
+    /* --spec-ngram: the rows after the last token and after each of its d drafts; a draft is kept
+     * while it is the token sampled (as the engine does, engine.c sample_drafts) */
+    int32_t n_rows = 1, n_draft = 0, draft[FL_SPEC_MAX], btok[1 + FL_SPEC_MAX], bpos[1 + FL_SPEC_MAX], bseq[1 + FL_SPEC_MAX] = {0};
+    int8_t bflag[1 + FL_SPEC_MAX];
+    int64_t spec_drafted = 0, spec_kept = 0;
+    bool done = false;
+    while (n_gen < max_gen && !done) {
+        int32_t t = -1, kept = 0;
+        for (int32_t row = 0; row < n_rows; row++) {
+            const float *lr = logits + (size_t)row * (size_t)hp->n_vocab;
+            if (gram && (st = grammar_row(gram, &voc, tok, gbits, lr, masked))) goto fail;
+            t = fl_sample(smp, gram ? masked : lr, hp->n_vocab, gen, n_ids + n_gen);
+            if (lp) { /* the sampler only read the logits */
+                fl_token_logprob *rec = lp + (size_t)n_gen * (size_t)(1 + n_lp);
+                rec[0].token = t;
+                fl_logprobs(lr, hp->n_vocab, t, (int32_t)n_lp, &rec[0].logprob, rec + 1);
             }
-            size_t ok = fl_utf8_complete_prefix(pending, n_pending);
-            fwrite(pending, 1, ok, stdout);
-            fflush(stdout);
-            memmove(pending, pending + ok, n_pending - ok);
-            n_pending -= ok;
+            if (fl_tokenizer_is_eog(tok, t)) {
+                done = true;
+                break;
+            }
+            if (gram && (st = fl_grammar_guide_feed(gram, voc.text + voc.off[t], (size_t)(voc.off[t + 1] - voc.off[t])))) goto fail;
+            gen[n_ids + n_gen++] = t;
+            if (!json && rank == 0) {
+                int32_t pl = fl_token_to_piece(tok, t, piece, sizeof piece, false);
+                if (pl > 0 && n_pending + (size_t)pl < sizeof pending) {
+                    memcpy(pending + n_pending, piece, (size_t)pl);
+                    n_pending += (size_t)pl;
+                }
+                size_t ok = fl_utf8_complete_prefix(pending, n_pending);
+                fwrite(pending, 1, ok, stdout);
+                fflush(stdout);
+                memmove(pending, pending + ok, n_pending - ok);
+                n_pending -= ok;
+            }
+            if (n_gen == max_gen || (gram && fl_grammar_guide_finished(gram))) { /* (a sentence nothing can follow) */
+                done = true;
+                break;
+            }
+            if (row == n_rows - 1 || t != draft[row]) break;
+            kept++;
         }
-        if (n_gen == max_gen || (gram && fl_grammar_guide_finished(gram))) break; /* (a sentence nothing can follow) */
+        spec_kept += kept;
+        if (done) break;
+        if (kept < n_draft && (st = fl_kv_seq_truncate(kv.pk, 0, (int32_t)(n_ids + n_gen - 1)))) goto fail;
         int32_t p1 = (int32_t)(n_ids + n_gen - 1) - (int32_t)n_shifted, s1 = 0;
         if (shift && p1 >= n_ctx) { /* full: keep the sinks and the most recent half of the rest */
             const int32_t recent = (int32_t)((n_ctx - n_sink) / 2);
@@ -425,8 +463,27 @@ int fl_cmd_run(int argc, char **argv) {
             p1 = (int32_t)n_sink + recent;
             n_shifts++;
         }
-        fl_batch b = {1, &t, &p1, &s1, NULL};
-        if ((st = tpm ? fl_tp_forward(tpm, &b, &kv.iface, kv.ctx, logits) : fl_model_forward(m, &b, &kv.iface, kv.ctx, logits))) goto fail;
+        n_draft = 0;
+        if (spec_k > 0) { /* drafts: as many as may still be generated and fit in the context */
+            int64_t k = spec_k;
+            if (k > max_gen - n_gen - 1) k = max_gen - n_gen - 1;
+            if (k > n_ctx - (n_ids + n_gen)) k = n_ctx - (n_ids + n_gen);
+            if (k > 0) n_draft = fl_spec_ngram(gen, (int32_t)(n_ids + n_gen), spec_lo, spec_hi, (int32_t)k, draft);
+            spec_drafted += n_draft;
+        }
+        if (n_draft == 0) {
+            fl_batch b = {1, &t, &p1, &s1, NULL};
+            if ((st = tpm ? fl_tp_forward(tpm, &b, &kv.iface, kv.ctx, logits) : fl_model_forward(m, &b, &kv.iface, kv.ctx, logits))) goto fail;
+        } else {
+            for (int32_t j = 0; j <= n_draft; j++) {
+                btok[j] = j ? draft[j - 1] : t;
+                bpos[j] = p1 + j;
+                bflag[j] = 1;
+            }
+            fl_batch b = {1 + n_draft, btok, bpos, bseq, bflag};
+            if ((st = fl_model_forward(m, &b, &kv.iface, kv.ctx, logits))) goto fail;
+        }
+        n_rows = 1 + n_draft;
     }
     const double t2 = now_s();
     if (!json && rank == 0) {
@@ -467,6 +524,11 @@ int fl_cmd_run(int argc, char **argv) {
         cJSON *tm = cJSON_AddObjectToObject(o, "timings");
         cJSON_AddNumberToObject(tm, "prefill_tok_s", prefill_tps);
         cJSON_AddNumberToObject(tm, "decode_tok_s", decode_tps);
+        if (spec_k > 0) {
+            cJSON *sj = cJSON_AddObjectToObject(o, "spec");
+            cJSON_AddNumberToObject(sj, "draft_tokens", (double)spec_drafted);
+            cJSON_AddNumberToObject(sj, "accepted_tokens", (double)spec_kept);
+        }
         cJSON *kj = cJSON_AddObjectToObject(o, "kv");
         cJSON_AddStringToObject(kj, "layout", kv.paged ? "paged" : "contiguous");
         cJSON_AddStringToObject(kj, "type", fl_type_name(kv.type));
@@ -476,8 +538,10 @@ int fl_cmd_run(int argc, char **argv) {
         fl_cli_print_json_with_memory(o);
     } else if (!json) {
         if (tpm) fprintf(stderr, "rank %d of %lld: ", rank, (long long)n_tp);
-        fprintf(stderr, "prefill: %lld tokens, %.1f tok/s; decode: %lld tokens, %.1f tok/s\n", (long long)n_ids,
+        fprintf(stderr, "prefill: %lld tokens, %.1f tok/s; decode: %lld tokens, %.1f tok/s", (long long)n_ids,
                 prefill_tps, (long long)n_gen, decode_tps);
+        if (spec_k > 0) fprintf(stderr, "; speculative decoding: %lld of %lld draft tokens kept", (long long)spec_kept, (long long)spec_drafted);
+        fprintf(stderr, "\n");
         fl_mem_report(stderr);
     }
     rc = 0;

@@ -96,6 +96,27 @@ a, b, c = (json.load(open(f"{sys.argv[1]}/s{i}.json"))["tokens"] for i in (1, 2,
 assert a == b and a != c, (a, b, c)
 PY
 
+# --spec-ngram: n-gram drafts change nothing (ids and logprobs bit for bit, greedy with q4_0
+# weights and an f16 cache, seeded with a penalty and a grammar), drafts are kept and counted
+p="Once upon a time, there was a little girl named Lily. She"
+for k in 0 4; do
+    x=; [ $k -gt 0 ] && x="--spec-ngram $k"
+    "$fitllm" run -m "$model" -p "$p" -n 150 --temp 0 -t 2 --weights q4_0 --kv-type f16 --json --logprobs 3 $x >"$tmp/g$k.json"
+    "$fitllm" run -m "$model" -p "$p" -n 120 --temp 0.8 --seed 9 --repeat-penalty 1.1 -t 1 --json $x >"$tmp/r$k.json"
+    "$fitllm" run -m "$model" -p "$p" -n 60 --temp 0 -t 1 --grammar 'root ::= ("Lily" | " and" | " the" | " cat" | " ran" | "." | " ")+' --json $x >"$tmp/m$k.json"
+done
+"$fitllm" run -m "$model" -p "$p" -n 150 --temp 0 -t 1 --spec-ngram 4 >/dev/null 2>"$tmp/spec.err"
+python3 - "$tmp" <<'PY' || fail "--spec-ngram: outputs differ or no drafts kept"
+import json, sys
+for f in ("g", "r", "m"):
+    a, b = (json.load(open(f"{sys.argv[1]}/{f}{k}.json")) for k in (0, 4))
+    assert a["tokens"] == b["tokens"] and a.get("logprobs") == b.get("logprobs"), f
+    assert "spec" not in a and 0 <= b["spec"]["accepted_tokens"] <= b["spec"]["draft_tokens"], (f, b.get("spec"))
+g = json.load(open(f"{sys.argv[1]}/g4.json"))
+assert g["spec"]["accepted_tokens"] > 0 and len(g["tokens"]) == 150, g["spec"]
+PY
+grep -q "speculative decoding: [1-9][0-9]* of [0-9]* draft tokens kept" "$tmp/spec.err" || fail "--spec-ngram: no line on stderr"
+
 # bad inputs: non-zero exit and a message
 expect_fail() { # what, then the command
     local what="$1"; shift
@@ -111,6 +132,10 @@ grep -qi "utf" "$tmp/e" || fail "invalid UTF-8 message does not say so"
 expect_fail "prompt over the context" "$fitllm" run -m "$model" -p "Once upon a time there was a girl" -c 4
 grep -q "context" "$tmp/e" || fail "context message"
 expect_fail "unknown option" "$fitllm" run -m "$model" -p "x" --bogus
+expect_fail "--spec-ngram with the contiguous cache" "$fitllm" run -m "$model" -p "x" --spec-ngram 4 --kv-layout contiguous
+grep -q "paged KV cache" "$tmp/e" || fail "--spec-ngram contiguous message"
+expect_fail "--spec-ngram with --context-shift" "$fitllm" run -m "$model" -p "x" --spec-ngram 4 --context-shift
+expect_fail "--spec-ngram 17" "$fitllm" run -m "$model" -p "x" --spec-ngram 17
 printf 'GGUF' >"$tmp/trunc.gguf"
 expect_fail "truncated model" "$fitllm" run -m "$tmp/trunc.gguf" -p "hi"
 
