@@ -90,7 +90,8 @@ int fl_cli_chat_template(fl_opt *opts, const char *cmd, char **owned, size_t *ow
 #define FL_CLI_SPEC_OPTS                                                                                                  \
     {"spec-ngram", 0, FL_OPT_INT, "K  speculative decoding by n-gram lookup (vLLM's \"ngram\", llama.cpp's lookup decoding): a sequence whose last tokens occurred earlier in its prompt or output drafts up to K of the tokens that followed, and one step verifies them; the output stays the same (greedy or seeded), in fewer steps (default 0 = off; at most 16; paged KV only)"}, \
     {"spec-ngram-min", 0, FL_OPT_INT, "N  the shortest n-gram looked up (default 2)"},                                   \
-    {"spec-ngram-max", 0, FL_OPT_INT, "N  the longest n-gram looked up (default 4, at most 16)"}
+    {"spec-ngram-max", 0, FL_OPT_INT, "N  the longest n-gram looked up (default 4, at most 16)"},                        \
+    {"spec-disable-by-batch-size", 0, FL_OPT_INT, "N  no drafts in a step while more than N requests run (vLLM's disable_by_batch_size: a large batch is compute-bound, and a dropped draft costs what a decoded token does; default 0 = always)"}
 int fl_cli_spec_params(fl_opt *opts, const char *cmd, fl_engine_params *ep);
 struct fl_model_params;
 void fl_cli_lora_params(fl_opt *opts, const char **path, float *scale, struct fl_model_params *mp);

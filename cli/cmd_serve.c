@@ -5,12 +5,19 @@
 #include "fitllm.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 int fl_cli_spec_params(fl_opt *opts, const char *cmd, fl_engine_params *ep) {
     const fl_opt *k = fl_args_get(opts, "spec-ngram"), *lo = fl_args_get(opts, "spec-ngram-min"), *hi = fl_args_get(opts, "spec-ngram-max");
+    const fl_opt *db = fl_args_get(opts, "spec-disable-by-batch-size");
+    if (db->set && (db->i < 0 || db->i > INT32_MAX || !(k->set && k->i > 0))) {
+        fprintf(stderr, "fitllm %s: --spec-disable-by-batch-size takes N >= 0, with --spec-ngram K\n", cmd);
+        return 2;
+    }
+    if (db->set) ep->spec_disable_batch = (int32_t)db->i;
     if (k->set && (k->i < 0 || k->i > FL_SPEC_MAX)) {
         fprintf(stderr, "fitllm %s: --spec-ngram %lld: draft tokens must be 0..%d\n", cmd, (long long)k->i, FL_SPEC_MAX);
         return 2;

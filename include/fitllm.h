@@ -159,6 +159,9 @@ typedef struct fl_engine_params {
                                  * scale; the kept rows are then a little coarser.) */
     int32_t spec_ngram_min;     /* the shortest n-gram looked up (0: 2) */
     int32_t spec_ngram_max;     /* the longest (0: 4; at most FL_SPEC_MAX) */
+    int32_t spec_disable_batch; /* no drafts in a step while more than this many requests run (vLLM's
+                                 * disable_by_batch_size: a large batch is compute-bound, and a draft
+                                 * that is dropped costs what a decoded token does); 0: always draft */
 } fl_engine_params;
 #define FL_SPEC_MAX 16
 #define FL_GUIDE_MEM_DEFAULT ((int64_t)16 << 20)

@@ -65,6 +65,7 @@ a = [json.loads(l)[\"reply\"] for l in open(sys.argv[1])]; b = [json.loads(l)[\"
 sys.exit(0 if a == b and len(a) == 2 and all(a) else 1)" "$TMP/seed0" "$TMP/seed4"'
 "$BIN" chat -m "$MODEL" --spec-ngram 17 </dev/null >/dev/null 2>&1; check "chat --spec-ngram 17 refused (exit 2)" '[ $? -eq 2 ]'
 "$BIN" serve -m "$MODEL" --spec-ngram-min 2 </dev/null >/dev/null 2>&1; check "serve --spec-ngram-min without --spec-ngram refused (exit 2)" '[ $? -eq 2 ]'
+"$BIN" serve -m "$MODEL" --spec-disable-by-batch-size 4 </dev/null >/dev/null 2>&1; check "serve --spec-disable-by-batch-size without --spec-ngram refused (exit 2)" '[ $? -eq 2 ]'
 
 # the server answers the same conversation with the same replies (the plain template: a reply
 # ends where the model writes the next "User:", the stop the chat sets), here with drafts

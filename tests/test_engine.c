@@ -1605,7 +1605,7 @@ static void tpg_free(void *ctx) {
     fl_free(FL_MEM_MISC, t, sizeof *t);
 }
 
-static int32_t g_spec, g_spec_min; /* the paged toy engines' speculative decoding (0: off) */
+static int32_t g_spec, g_spec_min, g_spec_batch; /* the paged toy engines' speculative decoding (0: off) */
 static fl_engine *paged_engine(int32_t max_seqs, int32_t budget, int32_t n_blocks, fl_preempt_mode pm, tpg **tp) {
     tpg *t = fl_calloc(FL_MEM_MISC, 1, sizeof *t);
     assert_non_null(t);
@@ -1637,6 +1637,7 @@ static fl_engine *paged_engine(int32_t max_seqs, int32_t budget, int32_t n_block
     p.preempt = pm;
     p.spec_tokens = g_spec;
     p.spec_ngram_min = g_spec_min;
+    p.spec_disable_batch = g_spec_batch;
     fl_engine *e;
     assert_int_equal(fl_engine_new_backend(&p, &be, &e), FL_OK);
     *tp = t;
@@ -1740,9 +1741,30 @@ static void test_paged_spec(void **state) {
         if (m == 0) assert_true(steps[1] < steps[0]);
     }
     print_message("spec: %lld draft tokens, %lld kept\n", (long long)drafted, (long long)kept);
-    g_spec = g_spec_min = 0;
-    toy_window = 0;
     assert_true(kept > 0 && kept < drafted);
+    /* vLLM's disable_by_batch_size: drafts only in the steps where at most 2 requests run */
+    int64_t d_all = 0, d_few = 0;
+    for (int lim = 0; lim <= 2; lim += 2) {
+        wl w;
+        make_wl(&w, 21);
+        shared_prefix(&w);
+        for (int i = 0; i < NREQ; i++) w.max_tokens[i] += 40;
+        tpg *t;
+        g_spec = 4;
+        g_spec_min = 0;
+        g_spec_batch = lim;
+        fl_engine *e = paged_engine(6, 24, 400, FL_PREEMPT_RECOMPUTE, &t);
+        drive(e, &w, 0);
+        check_reference(&w);
+        fl_engine_stats st;
+        fl_engine_stats_get(e, &st);
+        *(lim ? &d_few : &d_all) = st.spec_draft_tokens;
+        fl_engine_free(e);
+    }
+    print_message("spec: %lld draft tokens, %lld with at most 2 requests running\n", (long long)d_all, (long long)d_few);
+    assert_true(d_few > 0 && d_few < d_all / 2);
+    g_spec = g_spec_min = g_spec_batch = 0;
+    toy_window = 0;
     fl_test_mem_zero();
 }
 

@@ -496,7 +496,7 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
         goto fail;
     }
     if (e->p.spec_tokens < 0 || e->p.spec_tokens > FL_SPEC_MAX || e->p.spec_ngram_min < 0 || e->p.spec_ngram_max < 0 ||
-        e->p.spec_ngram_max > FL_SPEC_MAX) {
+        e->p.spec_ngram_max > FL_SPEC_MAX || e->p.spec_disable_batch < 0) {
         st = fl_set_error(FL_ERR_INVALID, "%s: spec_tokens %d, n-grams %d..%d (accepted 0..%d)", __func__, e->p.spec_tokens,
                           e->p.spec_ngram_min, e->p.spec_ngram_max, FL_SPEC_MAX);
         goto fail;
@@ -908,10 +908,11 @@ int32_t fl_spec_ngram(const int32_t *t, int32_t n, int32_t g_min, int32_t g_max,
 /* Draft tokens for every running request whose next step is a decode (none for the others): as
  * many as may still be generated and fit in the context. */
 static void propose_drafts(fl_engine *e) {
+    const bool off = e->p.spec_disable_batch > 0 && fl_sched_n_running(e->sched) > e->p.spec_disable_batch;
     for (int32_t i = 0; i < e->n_reqs; i++) {
         fl_request *r = e->reqs[i];
         r->n_draft = 0;
-        if (e->p.spec_tokens < 1 || r->state != FL_REQ_RUNNING || r->padding || r->cancel || r->pooling != FL_POOLING_NONE ||
+        if (off || e->p.spec_tokens < 1 || r->state != FL_REQ_RUNNING || r->padding || r->cancel || r->pooling != FL_POOLING_NONE ||
             fl_request_n_generated(r) < 1 || r->n_computed + 1 != r->n_tokens)
             continue;
         int32_t k = e->p.spec_tokens;
