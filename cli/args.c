@@ -75,9 +75,29 @@ bad:
     return 2;
 }
 
+/* The command's name for messages: the lowercase words after "fitllm" in the usage line
+ * ("fitllm bench serve -m MODEL ..." -> "bench serve"), else argv[0]. */
+static const char *command_name(const char *usage_line, const char *argv0, char *buf, size_t cap) {
+    if (!usage_line || strncmp(usage_line, "fitllm ", 7)) return argv0;
+    size_t n = 0;
+    for (const char *p = usage_line + 7; *p >= 'a' && *p <= 'z';) {
+        const char *q = p;
+        while ((*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9') || *q == '-') q++;
+        if (*q && *q != ' ') break;
+        if (n + (size_t)(q - p) + 2 > cap) break;
+        if (n) buf[n++] = ' ';
+        memcpy(buf + n, p, (size_t)(q - p));
+        n += (size_t)(q - p);
+        p = *q ? q + 1 : q;
+    }
+    buf[n] = 0;
+    return n ? buf : argv0;
+}
+
 int fl_args_parse(int argc, char **argv, fl_opt *opts, const char *usage_line, const char *about,
                   const char **pos, int max_pos, int *n_pos) {
-    const char *cmd = argv[0];
+    char cmd_buf[64];
+    const char *cmd = command_name(usage_line, argv[0], cmd_buf, sizeof cmd_buf);
     *n_pos = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -22,8 +22,9 @@ check() { # check "label" args...
     out=$("$BIN" "$@" --help 2>&1); rc=$?
     [ $rc -eq 0 ] || err "$label --help exited $rc"
     grep -q "usage:" <<<"$out" || err "$label --help prints no usage: line"
-    "$BIN" "$@" --no-such-option-xyz >/dev/null 2>&1; rc=$?
+    out=$("$BIN" "$@" --no-such-option-xyz 2>&1 >/dev/null); rc=$?
     [ $rc -eq 2 ] || err "$label --no-such-option-xyz exited $rc, want 2"
+    [ "$*" = bench ] || grep -q "^fitllm $*: unknown option '--no-such-option-xyz'" <<<"$out" || err "$label names itself otherwise: $out"
 }
 
 n=0
