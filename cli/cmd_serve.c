@@ -70,6 +70,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"embeddings", 0, FL_OPT_FLAG, "serve POST /v1/embeddings: each input's final hidden states (after the output norm) pooled (--pooling), L2-normalized; the plan counts their buffers"},
         {"pooling", 0, FL_OPT_STR, "mean|last  how /v1/embeddings pools a prompt's states (default mean; llama.cpp's --pooling)"},
         {"reasoning-format", 0, FL_OPT_STR, "none|deepseek  chat: deepseek (default, llama.cpp's): an output's <think>...</think> (or, where the template opens the thinking as DeepSeek-R1's does, all before </think>) goes to message.reasoning_content; none: all of it is content (a request's reasoning_format overrides)"},
+        {"spm-infill", 0, FL_OPT_FLAG, "/infill lays the prompt out suffix first, then the prefix (llama.cpp's --spm-infill; default: prefix first)"},
         {"regex-pcre2", 0, FL_OPT_FLAG, "guided_regex always on PCRE2's matcher (by default a pattern of the common subset runs as a grammar: masks kept by canonical state, byte tokens offered)"},
         FL_CLI_CHAT_TEMPLATE_OPTS,
         FL_CLI_SPEC_OPTS,
@@ -111,7 +112,9 @@ int fl_cmd_serve(int argc, char **argv) {
                           "skip the prefix cache.  prompt_logprobs: 0-20 (vLLM's, not streamed): each prompt\n"
                           "token's logprob and rank and that many alternatives.\n"
                           "POST /completion takes llama.cpp's own fields (n_predict, repeat_penalty, n_probs,\n"
-                          "logit_bias pairs, return_tokens, ...) and answers in its shape (docs/SERVER.md).",
+                          "logit_bias pairs, return_tokens, ...) and answers in its shape (docs/SERVER.md);\n"
+                          "POST /infill (code models' fill-in-the-middle: input_prefix, input_suffix,\n"
+                          "input_extra, prompt) the same, its prompt laid out with the model's FIM tokens.",
                           pos, 0, &n_pos);
     if (r) return r == 1 ? 0 : 2;
     if (!fl_args_get(opts, "model")->set) {
@@ -224,6 +227,7 @@ int fl_cmd_serve(int argc, char **argv) {
     sp.n_lora_names = n_names;
     sp.default_lora = one ? 1 : 0;
     sp.pooling = !strcmp(pool, "last") ? FL_POOLING_LAST : FL_POOLING_MEAN;
+    sp.spm_infill = fl_args_get(opts, "spm-infill")->set;
     if (fl_args_get(opts, "reasoning-format")->set) {
         const char *rf = fl_args_get(opts, "reasoning-format")->str;
         if (strcmp(rf, "none") && strcmp(rf, "deepseek")) {

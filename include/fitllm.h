@@ -337,6 +337,15 @@ int64_t fl_engine_detokenize(fl_engine *e, const int32_t *ids, int64_t n, char *
  * own text ("</s>"): the name a logprobs listing shows.  Returns its byte length (written
  * NUL-terminated, cut to cap - 1), or -1 for an id outside the vocabulary. */
 int32_t fl_engine_token_text(fl_engine *e, int32_t token, char *buf, int32_t cap);
+/* A special token of the model's vocabulary: BOS, and the fill-in-the-middle tokens of code models
+ * (prefix, suffix, middle, pad, repository name, file separator: /infill) from the GGUF's
+ * tokenizer.ggml.* ids or the texts their families use; -1 if the vocabulary has none.
+ * FL_SPECIAL_ADD_BOS gives 1 when prompts start with BOS (tokenizer.ggml.add_bos_token), else 0. */
+typedef enum fl_special_token {
+    FL_SPECIAL_FIM_PRE, FL_SPECIAL_FIM_SUF, FL_SPECIAL_FIM_MID, FL_SPECIAL_FIM_PAD, FL_SPECIAL_FIM_REP, FL_SPECIAL_FIM_SEP,
+    FL_SPECIAL_BOS, FL_SPECIAL_ADD_BOS
+} fl_special_token;
+int32_t fl_engine_special_token(fl_engine *e, fl_special_token which);
 int32_t fl_engine_n_ctx(const fl_engine *e);
 int32_t fl_engine_n_vocab(const fl_engine *e);
 int32_t fl_engine_n_embd(const fl_engine *e); /* the length of an embedding */
@@ -382,6 +391,8 @@ typedef struct fl_server_params {
                                  * or FL_POOLING_LAST */
     int32_t reasoning_format;   /* chat: 1 (default, llama.cpp's "deepseek"): an output's <think>...</think>
                                  * goes to message.reasoning_content (docs/SERVER.md); 0: all of it is content */
+    int32_t spm_infill;         /* /infill lays the prompt out suffix first (llama.cpp's --spm-infill); 0 (default):
+                                 * prefix first */
 } fl_server_params;
 
 void fl_server_params_default(fl_server_params *p);

@@ -8,25 +8,10 @@ BIN=$1; SHARED=$2
 MODEL=$SHARED/models/stories260K.gguf
 [ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
 command -v curl >/dev/null || { echo "SKIP: curl not installed"; exit 77; }
-TMP=$(mktemp -d); PID=
-cleanup() { [ -n "$PID" ] && { kill "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; }; rm -rf "$TMP"; }
-trap cleanup EXIT
-fails=0; passes=0
-ok() { passes=$((passes+1)); echo "ok   - $1"; }
-bad() { fails=$((fails+1)); echo "FAIL - $1"; }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
-# start_server ARGS... -> PID, URL (a server on stories260K, -c 512, any free port)
-start_server() {
-  "$BIN" serve -m "$MODEL" --port 0 -t 1 -c 512 "$@" 2>"$TMP/srv.log" &
-  PID=$!
-  URL=
-  for _ in $(seq 1 100); do
-    port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/srv.log")
-    [ -n "$port" ] && { URL=http://127.0.0.1:$port; return 0; }
-    sleep 0.1
-  done
-  echo "server did not start:"; cat "$TMP/srv.log"; exit 1
-}
+TMP=$(mktemp -d)
+. "$(cd "$(dirname "$0")" && pwd)/serve_lib.sh"
+trap 'srv_stop; rm -rf "$TMP"' EXIT
+start_server() { srv_start "$MODEL" -c 512 "$@"; } # (stories260K, -c 512)
 
 SYS="You are a storyteller. You tell short stories to children who like cats and dogs."
 U1="Hello, who are you?"
@@ -97,7 +82,7 @@ sys.exit(0 if d and a and int(d.group(1)) >= int(a.group(1)) > 0 else 1)" "$TMP/
 # --chat-template-file (llama.cpp's): a template whose markers are Llama 3's renders as Llama 3 in
 # the server and in the chat alike; their replies agree
 printf '{%% for m in messages %%}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{%% endfor %%}' >"$TMP/l3.jinja"
-kill "$PID"; wait "$PID" 2>/dev/null
+srv_stop
 start_server --chat-template-file "$TMP/l3.jinja"
 curl -s -d '{"messages":[{"role":"user","content":"hi"}]}' "$URL/apply-template" >"$TMP/at"
 check "serve --chat-template-file: rendered as Llama 3" '[ "$(python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))[\"prompt\"]))" "$TMP/at")" = "\"<|start_header_id|>user<|end_header_id|>\\n\\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\\n\\n\"" ]'

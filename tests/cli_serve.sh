@@ -9,10 +9,7 @@ command -v curl >/dev/null || { echo "SKIP: curl not installed"; exit 77; }
 TMP=$(mktemp -d); PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$TMP"; }
 trap cleanup EXIT
-fails=0; passes=0
-ok() { passes=$((passes+1)); echo "ok   - $1"; }
-bad() { fails=$((fails+1)); echo "FAIL - $1"; }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+. "$(cd "$(dirname "$0")" && pwd)/serve_lib.sh" # (ok, bad, check; this test runs several servers of its own)
 
 # start_server NAME ARGS... -> sets URL_<NAME>, PID_<NAME>
 start_server() {

@@ -4,7 +4,7 @@ valid and invalid OpenAI bodies (wrong types, out-of-range numbers, unknown role
 prompts, stop strings, n > 1, streaming, logprobs, echo, logit_bias, priority, the adapter name "tuned",
 JSON Schemas valid and not, tools and tool_choice valid and not, embeddings valid and not), bodies cut or with a byte changed, and clients that
 leave before or in the middle of the answer.  Every answer must be a 200 or a 4xx with an
-OpenAI error object, never a 5xx; a non-streamed 200 must parse as JSON; a streamed one (by
+OpenAI error object, never a 5xx (but /infill's 501 on a model without FIM tokens); a non-streamed 200 must parse as JSON; a streamed one (by
 its Content-Type: a body with a byte changed may have lost its "stream") must end with [DONE]
 when read to the end.  At the end the server must be healthy and hold no KV
 blocks for running requests.
@@ -111,13 +111,15 @@ def body():
     r = rng.random()
     if r < 0.03:
         path = rng.choice(["/v1/completions", "/v1/chat/completions"])
-    elif r < 0.06 and not chat:  # llama.cpp's /completion with the same body, and its own fields
-        path = "/completion"
+    elif r < 0.06 and not chat:  # llama.cpp's /completion (or /infill: 501 without FIM tokens, 400 for bad fields)
+        path = "/completion" if rng.random() < 0.8 else "/infill"
         if not altered:
             for k, v in [("n_predict", rng.choice([-1, 0, 3, 8, -2, "x"])), ("n_probs", rng.choice([0, 2, 25])),
                          ("return_tokens", rng.choice([True, False, 1])), ("repeat_last_n", rng.choice([0, -1, 16])),
                          ("logit_bias", rng.choice([[[5, False]], [[5, 1.5], [6, -2]], [["a", 1]], {"5": 2}, 3])),
-                         ("mirostat", rng.choice([0, 2])), ("cache_prompt", rng.choice([True, None]))]:
+                         ("mirostat", rng.choice([0, 2])), ("cache_prompt", rng.choice([True, None])),
+                         ("input_prefix", rng.choice(["def f(", ["a", 5, "b"], 3, [-1], odd()])),
+                         ("input_extra", rng.choice([[{"filename": "a.py", "text": "x = 1"}], [{"text": 5}], {"text": "x"}, [], odd()]))]:
                 if rng.random() < 0.4:
                     d[k] = v
             raw = json.dumps(d).encode("utf-8", "surrogatepass")
@@ -158,13 +160,13 @@ for i in range(N):
             continue
         data = resp.read()
         counts[resp.status] = counts.get(resp.status, 0) + 1
-        if resp.status >= 500:
+        if resp.status >= 500 and not (resp.status == 501 and path == "/infill"):  # (a model without FIM tokens)
             failures.append("%d on %s %r: %r" % (resp.status, path, raw[:160], data[:200]))
         elif resp.status != 200:
             e = json.loads(data)
             if not isinstance(e.get("error", {}).get("message"), str):
                 failures.append("%d without an error message: %r" % (resp.status, data[:200]))
-        elif (resp.getheader("Content-Type") or "").startswith("text/event-stream") and path == "/completion":
+        elif (resp.getheader("Content-Type") or "").startswith("text/event-stream") and path in ("/completion", "/infill"):
             last = data.rstrip().split(b"\n")[-1]  # llama.cpp's stream: no [DONE]; the last event says stop
             if not last.startswith(b"data: {") or json.loads(last[6:]).get("stop") is not True:
                 failures.append("/completion stream not ending with stop: true on %r: %r" % (raw[:160], data[-200:]))

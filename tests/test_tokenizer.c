@@ -261,6 +261,46 @@ static void test_stories260k(void **state) {
     fl_test_mem_zero();
 }
 
+/* Fill-in-the-middle tokens: by their texts in StarCoder's, DeepSeek-Coder's and Refact's
+ * vocabularies (control tokens then: parse_special reads them, plain text does not), none in
+ * Llama 2's. */
+static void check_fim(const char *rel, const char *const texts[FL_FIM_COUNT]) {
+    fl_tokenizer *t = load_gguf_tok(rel);
+    for (int w = 0; w < FL_FIM_COUNT; w++) {
+        const int32_t id = fl_tokenizer_fim(t, (fl_fim_token)w);
+        if (!texts[w]) {
+            if (id >= 0) fail_msg("%s: FIM token %d is %d, want none", rel, w, id);
+            continue;
+        }
+        if (id < 0 || id != fl_tokenizer_find(t, texts[w], strlen(texts[w]))) fail_msg("%s: FIM token %d (%s) is %d", rel, w, texts[w], id);
+        assert_true(fl_tokenizer_is_control(t, id));
+        int64_t n = 0;
+        int32_t *got = tok(t, texts[w], strlen(texts[w]), false, true, &n);
+        assert_int_equal(n, 1);
+        assert_int_equal(got[0], id);
+        free(got);
+        got = tok(t, texts[w], strlen(texts[w]), false, false, &n);
+        assert_true(n > 1);
+        free(got);
+    }
+    assert_int_equal(fl_tokenizer_fim(t, FL_FIM_COUNT), -1);
+    fl_tokenizer_free(t);
+}
+
+static void test_fim_tokens(void **state) {
+    (void)state;
+    NEED_SHARED();
+    static const char *const sc[FL_FIM_COUNT] = {"<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>", "<repo_name>", "<file_sep>"};
+    check_fim("vocab/ggml-vocab-starcoder.gguf", sc);
+    static const char *const ds[FL_FIM_COUNT] = {"<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>",
+                                                 "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>",
+                                                 "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>", NULL, NULL, NULL};
+    check_fim("vocab/ggml-vocab-deepseek-coder.gguf", ds);
+    static const char *const none[FL_FIM_COUNT] = {NULL};
+    check_fim("vocab/ggml-vocab-llama-spm.gguf", none);
+    fl_test_mem_zero();
+}
+
 static void test_tiny_random_and_special(void **state) {
     (void)state;
     NEED_SHARED();
@@ -705,7 +745,7 @@ int main(void) {
         cmocka_unit_test(test_vocab_phi3),          cmocka_unit_test(test_vocab_gpt2),
         cmocka_unit_test(test_vocab_starcoder),     cmocka_unit_test(test_vocab_falcon),
         cmocka_unit_test(test_vocab_deepseek_coder), cmocka_unit_test(test_vocab_deepseek_llm),
-        cmocka_unit_test(test_vocab_mpt),           cmocka_unit_test(test_vocab_refact),
+        cmocka_unit_test(test_vocab_mpt),           cmocka_unit_test(test_vocab_refact), cmocka_unit_test(test_fim_tokens),
         cmocka_unit_test(test_vocab_llama_bpe),     cmocka_unit_test(test_war_and_peace),
         cmocka_unit_test(test_synthetic_spm),       cmocka_unit_test(test_synthetic_bpe),
         cmocka_unit_test(test_bad_metadata),        cmocka_unit_test(test_random_roundtrip_threads),

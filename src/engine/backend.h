@@ -45,6 +45,8 @@ typedef struct fl_engine_backend {
     fl_status (*tokenize)(void *ctx, const char *text, size_t len, int add_special, int32_t *out, int64_t cap,
                           int64_t *n_out);  /* may be NULL */
     int64_t (*detokenize)(void *ctx, const int32_t *ids, int64_t n, char *buf, int64_t cap); /* may be NULL */
+    /* The vocabulary's special tokens fl_engine_special_token names (-1: none); may be NULL */
+    int32_t (*special)(void *ctx, fl_special_token which);
     void (*kv_stats)(void *ctx, fl_backend_kv_stats *st);
     void (*free)(void *ctx);
     const char *name;          /* model name (borrowed from ctx) */

@@ -1248,6 +1248,9 @@ void fl_engine_stats_get(fl_engine *e, fl_engine_stats *s) {
 }
 
 int32_t fl_engine_n_ctx(const fl_engine *e) { return e->be.n_ctx; }
+int32_t fl_engine_special_token(fl_engine *e, fl_special_token which) {
+    return e->be.special ? e->be.special(e->be.ctx, which) : which == FL_SPECIAL_ADD_BOS ? 0 : -1;
+}
 int32_t fl_engine_n_embd(const fl_engine *e) { return e->be.n_embd; }
 int32_t fl_engine_embeddings(const fl_engine *e) { return e->p.embeddings != 0; }
 

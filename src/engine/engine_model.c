@@ -70,6 +70,15 @@ static int64_t mb_detokenize(void *ctx, const int32_t *ids, int64_t n, char *buf
     mbackend *m = ctx;
     return m->tok ? fl_detokenize(m->tok, ids, n, buf, cap, false, false) : -1;
 }
+static int32_t mb_special(void *ctx, fl_special_token which) {
+    mbackend *m = ctx;
+    if (!m->tok) return which == FL_SPECIAL_ADD_BOS ? 0 : -1;
+    _Static_assert((int)FL_SPECIAL_FIM_SEP == (int)FL_FIM_SEP, "the FIM tokens in the tokenizer's order");
+    if (which <= FL_SPECIAL_FIM_SEP) return fl_tokenizer_fim(m->tok, (fl_fim_token)which);
+    if (which == FL_SPECIAL_BOS) return fl_tokenizer_bos(m->tok);
+    return which == FL_SPECIAL_ADD_BOS ? fl_tokenizer_add_bos(m->tok) : -1;
+}
+
 static void mb_kv_stats(void *ctx, fl_backend_kv_stats *st) {
     mbackend *m = ctx;
     fl_kv_adapter_stats(m->ad, st);
@@ -256,6 +265,7 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
     be.token_text = mb_token_text;
     be.tokenize = mb_tokenize;
     be.detokenize = mb_detokenize;
+    be.special = mb_special;
     be.kv_stats = mb_kv_stats;
     be.free = mb_free;
     be.name = m->name;

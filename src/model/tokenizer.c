@@ -121,6 +121,7 @@ static fl_tokenizer *tok_alloc(void) {
     fl_tokenizer *t = fl_calloc(FL_MEM_MISC, 1, sizeof *t);
     if (!t) return NULL;
     t->bos = t->eos = t->unk = t->eot = t->eom = t->pad = t->sep = t->nl = -1;
+    for (int i = 0; i < FL_FIM_COUNT; i++) t->fim[i] = -1;
     for (int i = 0; i < 256; i++) t->byte_tok[i] = -1;
     return t;
 }
@@ -216,6 +217,24 @@ static fl_status finish_setup(fl_tokenizer *t) {
         t->tokens[id].attr = (t->tokens[id].attr & ~(uint32_t)(FL_TATTR_NORMAL | FL_TATTR_USER_DEFINED | FL_TATTR_UNDEFINED)) | FL_TATTR_CONTROL;
         found[n_found++] = id;
     }
+    /* fill-in-the-middle tokens the keys did not name, by the texts model families use; like
+     * llama.cpp, such a token becomes a control token */
+    static const char *const fim_texts[FL_FIM_COUNT][8] = {
+        {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>", "<PRE>", "\xe2\x96\x81<PRE>", "<|code_prefix|>"},
+        {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>", "<SUF>", "\xe2\x96\x81<SUF>", "<|code_suffix|>"},
+        {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>", "<MID>", "\xe2\x96\x81<MID>", "<|code_middle|>"},
+        {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"},
+        {"<|fim_repo|>", "<|repo_name|>", "<repo_name>", "<fim-repo>", "<fim_repo>", "<REPO>", "<reponame>"},
+        {"<|file_sep|>", "<file_sep>", "<fim-sep>", "<fim_sep>"},
+    };
+    for (int w = 0; w < FL_FIM_COUNT; w++)
+        for (int k = 0; t->fim[w] < 0 && k < 8 && fim_texts[w][k]; k++) {
+            const int32_t id = fl_tok_find(t, fim_texts[w][k], strlen(fim_texts[w][k]));
+            if (id < 0) continue;
+            t->fim[w] = id;
+            if (!(t->tokens[id].attr & FL_TATTR_CONTROL))
+                t->tokens[id].attr = (t->tokens[id].attr & ~(uint32_t)(FL_TATTR_NORMAL | FL_TATTR_USER_DEFINED | FL_TATTR_UNDEFINED)) | FL_TATTR_CONTROL;
+        }
     int32_t cand[3] = {t->eos, t->eot, t->eom};
     int32_t eog[19];
     int n_eog = 0;
@@ -389,6 +408,19 @@ fl_status fl_tokenizer_new(const fl_gguf *g, fl_tokenizer **out) {
     get_id(g, "tokenizer.ggml.eom_token_id", t->n_vocab, &t->eom);
     get_id(g, "tokenizer.ggml.padding_token_id", t->n_vocab, &t->pad);
     get_id(g, "tokenizer.ggml.seperator_token_id", t->n_vocab, &t->sep);
+    { /* fill-in-the-middle: the keys (the older names for the first three), else the texts */
+        static const char *const KEY[FL_FIM_COUNT] = {"pre", "suf", "mid", "pad", "rep", "sep"};
+        static const char *const OLD[3] = {"prefix", "suffix", "middle"};
+        for (int i = 0; i < FL_FIM_COUNT; i++) {
+            char key[64];
+            snprintf(key, sizeof key, "tokenizer.ggml.fim_%s_token_id", KEY[i]);
+            get_id(g, key, t->n_vocab, &t->fim[i]);
+            if (t->fim[i] < 0 && i < 3) {
+                snprintf(key, sizeof key, "tokenizer.ggml.%s_token_id", OLD[i]);
+                get_id(g, key, t->n_vocab, &t->fim[i]);
+            }
+        }
+    }
     get_flag(g, "tokenizer.ggml.add_bos_token", &t->add_bos);
     get_flag(g, "tokenizer.ggml.add_eos_token", &t->add_eos);
     get_flag(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix);
@@ -527,6 +559,7 @@ int32_t fl_tokenizer_n_vocab(const fl_tokenizer *t) { return t->n_vocab; }
 int32_t fl_tokenizer_bos(const fl_tokenizer *t) { return t->bos; }
 int32_t fl_tokenizer_eos(const fl_tokenizer *t) { return t->eos; }
 int32_t fl_tokenizer_eot(const fl_tokenizer *t) { return t->eot; }
+int32_t fl_tokenizer_fim(const fl_tokenizer *t, fl_fim_token which) { return which >= 0 && which < FL_FIM_COUNT ? t->fim[which] : -1; }
 int32_t fl_tokenizer_unk(const fl_tokenizer *t) { return t->unk; }
 bool fl_tokenizer_add_bos(const fl_tokenizer *t) { return t->add_bos && t->bos >= 0; }
 bool fl_tokenizer_add_eos(const fl_tokenizer *t) { return t->add_eos && t->eos >= 0; }

@@ -69,6 +69,13 @@ fl_status fl_tokenizer_new_bpe_files(const char *encoder_json_path, const char *
                                      fl_tokenizer **out);
 
 int32_t fl_tokenizer_eot(const fl_tokenizer *t);   /* -1 if none */
+/* Fill-in-the-middle tokens (code models: /infill): prefix, suffix, middle, pad, repository name,
+ * file separator.  From tokenizer.ggml.fim_{pre,suf,mid,pad,rep,sep}_token_id (the older
+ * prefix/suffix/middle_token_id for the first three), else from a control or user-defined token
+ * whose text is one the model families use: "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
+ * "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>" and the like.  -1 if none. */
+typedef enum fl_fim_token { FL_FIM_PRE, FL_FIM_SUF, FL_FIM_MID, FL_FIM_PAD, FL_FIM_REP, FL_FIM_SEP, FL_FIM_COUNT } fl_fim_token;
+int32_t fl_tokenizer_fim(const fl_tokenizer *t, fl_fim_token which);
 int32_t fl_tokenizer_unk(const fl_tokenizer *t);   /* -1 if none */
 bool fl_tokenizer_add_eos(const fl_tokenizer *t);  /* tokenizer.ggml.add_eos_token */
 const char *fl_tokenizer_kind(const fl_tokenizer *t); /* "llama" or "gpt2" */

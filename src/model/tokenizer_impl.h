@@ -62,6 +62,7 @@ struct fl_tokenizer {
     fl_strtab vocab_map;  /* text -> id (the last id wins for duplicate texts, as llama.cpp) */
 
     int32_t bos, eos, unk, eot, eom, pad, sep, nl; /* -1 when absent */
+    int32_t fim[FL_FIM_COUNT];  /* fill-in-the-middle tokens (fl_fim_token), -1 when absent */
     bool add_bos, add_eos, add_space_prefix, clean_spaces, ignore_merges;
     int32_t *eog;          /* end-of-generation ids */
     int32_t n_eog;

@@ -2095,12 +2095,26 @@ static bool authorized(fl_server *s, struct MHD_Connection *conn) {
  * llama.cpp's sampling defaults (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), the rest into
  * native_opts; sampler settings this engine does not have are refused where they would change
  * the output, and cache_prompt, id_slot, n_keep and the like, which do not, are let pass. */
-static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, srv_conn *c) {
+static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool infill) {
     enum MHD_Result ret;
     char err[160];
     cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len), *o = NULL;
     if (!j) return BAD("malformed JSON in the request body");
     if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
+    if (infill) { /* /infill: its fields become the prompt, as token ids; the rest is /completion's */
+        int64_t n_predict = -1;
+        if (get_int(j, "n_predict", -1, 1e9, &n_predict, err, sizeof err)) { ret = BAD("%s", err); goto out; }
+        const int32_t n_ctx = fl_engine_n_ctx(s->engine);
+        cJSON *ids = NULL;
+        const char *why = NULL;
+        const fl_status st = srv_infill_prompt(s->engine, j, n_ctx < 2048 ? n_ctx : 2048, n_predict, s->p.spm_infill != 0, &ids, &why);
+        if (st == FL_ERR_UNSUPPORTED) { ret = send_error(s, conn, 501, "not_supported_error", "infill_not_supported", NULL, "%s", why); goto out; }
+        if (st == FL_ERR_NOMEM) { ret = NOMEM(); goto out; }
+        if (st != FL_OK) { ret = BAD("%s", why); goto out; }
+        static const char *const DROP[] = {"input_prefix", "input_suffix", "input_extra", "prompt"};
+        for (size_t i = 0; i < sizeof DROP / sizeof *DROP; i++) cJSON_DeleteItemFromObjectCaseSensitive(j, DROP[i]);
+        cJSON_AddItemToObject(j, "prompt", ids);
+    }
     static const struct { const char *name; double off; } OFF[] = {
         {"typical_p", 1}, {"mirostat", 0}, {"dynatemp_range", 0}, {"dry_multiplier", 0}, {"xtc_probability", 0},
         {"n_indent", 0}, {"t_max_predict_ms", 0}, {"n_cmpl", 1}};
@@ -2248,9 +2262,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     bool is_models = !strcmp(url, "/v1/models") || model_id, is_metrics = !strcmp(url, "/metrics");
     bool is_tok = !strcmp(url, "/tokenize"), is_detok = !strcmp(url, "/detokenize");
     bool is_native = !strcmp(url, "/completion") || !strcmp(url, "/completions"); /* llama.cpp's own */
+    bool is_infill = !strcmp(url, "/infill");
     bool is_props = !strcmp(url, "/props"), is_apply = !strcmp(url, "/apply-template");
     bool is_embd = !strcmp(url, "/v1/embeddings") || !strcmp(url, "/embeddings");
-    if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok && !is_native && !is_props && !is_apply && !is_embd)
+    if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok && !is_native && !is_infill && !is_props && !is_apply && !is_embd)
         return send_error(s, conn, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %s", method, url);
     if (!authorized(s, conn)) return send_error(s, conn, 401, "invalid_request_error", "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
     if (is_models || is_metrics || is_props) {
@@ -2276,7 +2291,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (is_tok) return handle_tokenize(s, conn, c);
     if (is_detok) return handle_detokenize(s, conn, c);
     if (is_apply) return handle_apply_template(s, conn, c);
-    if (is_native) return handle_native(s, conn, c);
+    if (is_native || is_infill) return handle_native(s, conn, c, is_infill);
     if (is_embd) return handle_embeddings(s, conn, c);
     return handle_generate(s, conn, c, is_chat, NULL, NULL);
 }

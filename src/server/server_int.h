@@ -249,6 +249,16 @@ bool srv_calls_off(const srv_call_scan *c);
 /* A call's id as srv_tools_parse gives call idx of seed: "call_" + 24 hex digits (buf >= 32) */
 void srv_tools_call_id(uint64_t seed, int idx, char *buf, size_t cap);
 /* util */
+/* llama.cpp's /infill (infill.c): the prompt of a fill-in-the-middle request j (input_prefix,
+ * input_suffix: strings or arrays of strings and ids; input_extra: [{filename, text}]; prompt: the
+ * text the middle starts with) as a JSON array of token ids, laid out as llama.cpp lays it out:
+ * the extra chunks (repository-level: [REP]myproject, [SEP]filename + text each, [SEP]filename),
+ * then [BOS] PRE prefix prompt SUF suffix MID (spm: SUF suffix PRE prefix prompt MID), the prefix's
+ * end and the suffix's start cut to 3/4 and 1/4 of n_batch, the chunks' end to what the context
+ * leaves past n_batch and 2 x n_predict.  FL_ERR_UNSUPPORTED when the vocabulary has no FIM
+ * tokens, FL_ERR_INVALID for malformed fields; *err says why. */
+fl_status srv_infill_prompt(fl_engine *e, const struct cJSON *j, int32_t n_batch, int64_t n_predict, bool spm, struct cJSON **ids_out,
+                            const char **err);
 double srv_now(void);
 
 #endif
