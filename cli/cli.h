@@ -84,14 +84,17 @@ fl_status fl_cli_tokenize(const struct fl_tokenizer *tok, const char *text, size
     {"chat-template", 0, FL_OPT_STR, "NAME|TEXT  the chat template in place of the GGUF's: chatml, llama2, llama3, phi3, deepseek3 (deepseek-r1), plain, or template text (its family is recognized by its markers, as the GGUF's)"}, \
     {"chat-template-file", 0, FL_OPT_STR, "FILE  as --chat-template, the template text read from FILE"}
 int fl_cli_chat_template(fl_opt *opts, const char *cmd, char **owned, size_t *owned_len, const char **out);
-/* --spec-ngram K [--spec-ngram-min N] [--spec-ngram-max N] of serve, chat, bench serve, demo and
- * plan: speculative decoding by n-gram lookup (fl_engine_params.spec_tokens).  Sets ep's fields;
- * returns 0, or 2 after printing why. */
+/* --spec-ngram K [--spec-ngram-min N] [--spec-ngram-max N] [--spec-disable-by-batch-size N] of
+ * serve, chat, bench serve, demo and run: speculative decoding by n-gram lookup
+ * (fl_engine_params.spec_tokens), or with --model-draft FILE [--draft-max K] (not run) by a draft
+ * model.  Sets ep's fields; returns 0, or 2 after printing why. */
 #define FL_CLI_SPEC_OPTS                                                                                                  \
     {"spec-ngram", 0, FL_OPT_INT, "K  speculative decoding by n-gram lookup (vLLM's \"ngram\", llama.cpp's lookup decoding): a sequence whose last tokens occurred earlier in its prompt or output drafts up to K of the tokens that followed, and one step verifies them; the output stays the same (greedy or seeded), in fewer steps (default 0 = off; at most 16; paged KV only)"}, \
     {"spec-ngram-min", 0, FL_OPT_INT, "N  the shortest n-gram looked up (default 2)"},                                   \
     {"spec-ngram-max", 0, FL_OPT_INT, "N  the longest n-gram looked up (default 4, at most 16)"},                        \
-    {"spec-disable-by-batch-size", 0, FL_OPT_INT, "N  no drafts in a step while more than N requests run (vLLM's disable_by_batch_size: a large batch is compute-bound, and a dropped draft costs what a decoded token does; default 0 = always)"}
+    {"spec-disable-by-batch-size", 0, FL_OPT_INT, "N  no drafts in a step while more than N requests run (vLLM's disable_by_batch_size: a large batch is compute-bound, and a dropped draft costs what a decoded token does; default 0 = always)"}, \
+    {"model-draft", 0, FL_OPT_STR, "FILE  speculative decoding with a draft model (llama.cpp's -md): a small GGUF with the same vocabulary drafts greedily, verified the same way (the same output); its weights, KV cache and buffers are in the plan; not with --spec-ngram"}, \
+    {"draft-max", 0, FL_OPT_INT, "K  with --model-draft: draft tokens per sequence per step (default 5, at most 16)"}
 int fl_cli_spec_params(fl_opt *opts, const char *cmd, fl_engine_params *ep);
 struct fl_model_params;
 void fl_cli_lora_params(fl_opt *opts, const char **path, float *scale, struct fl_model_params *mp);
@@ -122,6 +125,7 @@ typedef struct fl_plan_verify_opts {
     int64_t guide_mem;      /* the engine's output constraints' budget (-1: its default) */
     int32_t embeddings;     /* the engine takes embedding requests: then max_seqs of them run after the generations */
     int32_t spec_tokens;    /* speculative decoding's drafts per sequence (0: off) */
+    const char *draft;      /* its draft model (NULL: n-gram drafts) */
 } fl_plan_verify_opts;
 int fl_plan_verify(const fl_plan_verify_opts *o);
 

@@ -241,6 +241,10 @@ int fl_cmd_run(int argc, char **argv) {
     fl_engine_params spec; /* --spec-ngram: only its three fields */
     memset(&spec, 0, sizeof spec);
     if (fl_cli_spec_params(opts, "run", &spec)) return 2;
+    if (spec.spec_draft_model) {
+        fprintf(stderr, "fitllm run: --model-draft is for the engine (serve, chat, demo, bench serve); run takes --spec-ngram\n");
+        return 2;
+    }
     const int32_t spec_k = spec.spec_tokens, spec_lo = spec.spec_ngram_min ? spec.spec_ngram_min : FL_SPEC_NGRAM_MIN;
     const int32_t spec_hi = spec.spec_ngram_max ? spec.spec_ngram_max : spec_lo > FL_SPEC_NGRAM_MAX ? spec_lo : FL_SPEC_NGRAM_MAX;
     if (spec_lo > spec_hi) {

@@ -13,8 +13,21 @@
 int fl_cli_spec_params(fl_opt *opts, const char *cmd, fl_engine_params *ep) {
     const fl_opt *k = fl_args_get(opts, "spec-ngram"), *lo = fl_args_get(opts, "spec-ngram-min"), *hi = fl_args_get(opts, "spec-ngram-max");
     const fl_opt *db = fl_args_get(opts, "spec-disable-by-batch-size");
-    if (db->set && (db->i < 0 || db->i > INT32_MAX || !(k->set && k->i > 0))) {
-        fprintf(stderr, "fitllm %s: --spec-disable-by-batch-size takes N >= 0, with --spec-ngram K\n", cmd);
+    const fl_opt *md = fl_args_get(opts, "model-draft"), *dm = fl_args_get(opts, "draft-max");
+    if (md->set && (k->set || lo->set || hi->set)) {
+        fprintf(stderr, "fitllm %s: --model-draft drafts with a model; --spec-ngram with n-grams: give one\n", cmd);
+        return 2;
+    }
+    if (dm->set && (!md->set || dm->i < 1 || dm->i > FL_SPEC_MAX)) {
+        fprintf(stderr, "fitllm %s: --draft-max takes 1..%d, with --model-draft FILE\n", cmd, FL_SPEC_MAX);
+        return 2;
+    }
+    if (md->set) {
+        ep->spec_draft_model = md->str;
+        ep->spec_tokens = dm->set ? (int32_t)dm->i : 5;
+    }
+    if (db->set && (db->i < 0 || db->i > INT32_MAX || !((k->set && k->i > 0) || md->set))) {
+        fprintf(stderr, "fitllm %s: --spec-disable-by-batch-size takes N >= 0, with --spec-ngram K or --model-draft FILE\n", cmd);
         return 2;
     }
     if (db->set) ep->spec_disable_batch = (int32_t)db->i;

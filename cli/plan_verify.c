@@ -142,6 +142,7 @@ int fl_plan_verify(const fl_plan_verify_opts *vo) {
     ep.guide_mem = vo->guide_mem;
     ep.embeddings = vo->embeddings;
     ep.spec_tokens = vo->spec_tokens;
+    ep.spec_draft_model = vo->draft;
     /* the plain worst case first (every category exact), then the logprob records on top */
     const int32_t max_lp = vo->max_logprobs;
     ep.max_logprobs = -1;

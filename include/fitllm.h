@@ -159,6 +159,12 @@ typedef struct fl_engine_params {
                                  * scale; the kept rows are then a little coarser.) */
     int32_t spec_ngram_min;     /* the shortest n-gram looked up (0: 2) */
     int32_t spec_ngram_max;     /* the longest (0: 4; at most FL_SPEC_MAX) */
+    const char *spec_draft_model; /* speculative decoding with a draft model (llama.cpp's -md, vLLM's draft
+                                 * model) in place of n-gram lookup: a small GGUF with the same vocabulary
+                                 * drafts spec_tokens tokens per sequence greedily, from its own paged KV
+                                 * cache (the same block size and type, room for max_seqs whole contexts);
+                                 * verified as n-gram drafts are, so the output is the same.  Its weights,
+                                 * cache and buffers are in the plan.  NULL (default): none */
     int32_t spec_disable_batch; /* no drafts in a step while more than this many requests run (vLLM's
                                  * disable_by_batch_size: a large batch is compute-bound, and a draft
                                  * that is dropped costs what a decoded token does); 0: always draft */

@@ -48,6 +48,18 @@ check "chat --spec-ngram 4: seeded sampling gives the same replies" 'python3 -c 
 import json, sys
 a = [json.loads(l)[\"reply\"] for l in open(sys.argv[1])]; b = [json.loads(l)[\"reply\"] for l in open(sys.argv[2])]
 sys.exit(0 if a == b and len(a) == 2 and all(a) else 1)" "$TMP/seed0" "$TMP/seed4"'
+# a draft model (its Q4_0 quantization) in place of n-grams: the same replies, most drafts kept
+printf '%s\n%s\n%s\n' "$U1" "$U2" "$U3" | "$BIN" chat -m "$MODEL" -t 1 --temp 0 -n 24 -c 512 --system "$SYS" --json --model-draft "$SHARED/models/stories260K-q4_0.gguf" >"$TMP/outd" 2>"$TMP/errd"
+check "chat --model-draft: the same replies, most drafts kept" 'python3 -c "
+import json, re, sys
+a = [json.loads(l)[\"reply\"] for l in open(sys.argv[1])]; b = [json.loads(l)[\"reply\"] for l in open(sys.argv[2])]
+m = re.search(r\"speculative decoding: (\\d+) of (\\d+) draft tokens kept\", open(sys.argv[3]).read())
+sys.exit(0 if a == b and m and int(m.group(2)) / 2 < int(m.group(1)) <= int(m.group(2)) else 1)" "$TMP/out" "$TMP/outd" "$TMP/errd"'
+"$BIN" chat -m "$MODEL" --model-draft "$SHARED/models/llama-2-tiny-random.gguf" </dev/null >/dev/null 2>"$TMP/errv"
+check "chat --model-draft with another vocabulary: refused, said why (exit 1)" '[ $? -eq 1 ] && grep -q "vocabulary" "$TMP/errv"'
+"$BIN" chat -m "$MODEL" --model-draft "$MODEL" --spec-ngram 3 </dev/null >/dev/null 2>&1; check "chat --model-draft with --spec-ngram refused (exit 2)" '[ $? -eq 2 ]'
+"$BIN" plan -m "$MODEL" --verify -t 1 --batch 4 --prefill 64 -c 256 --max-logprobs -1 --model-draft "$SHARED/models/stories260K-q4_0.gguf" >"$TMP/pv" 2>&1
+check "plan --verify --model-draft: the draft model's bytes planned (every category within 5%)" '[ $? -eq 0 ] && grep -q "^act .*+0.00%" "$TMP/pv"'
 "$BIN" chat -m "$MODEL" --spec-ngram 17 </dev/null >/dev/null 2>&1; check "chat --spec-ngram 17 refused (exit 2)" '[ $? -eq 2 ]'
 "$BIN" serve -m "$MODEL" --spec-ngram-min 2 </dev/null >/dev/null 2>&1; check "serve --spec-ngram-min without --spec-ngram refused (exit 2)" '[ $? -eq 2 ]'
 "$BIN" serve -m "$MODEL" --spec-disable-by-batch-size 4 </dev/null >/dev/null 2>&1; check "serve --spec-disable-by-batch-size without --spec-ngram refused (exit 2)" '[ $? -eq 2 ]'

@@ -1992,6 +1992,7 @@ typedef struct real_run {
     int64_t drafted, kept;
 } real_run;
 static int32_t g_real_spec, g_real_kv_f16; /* run_refs: speculative decoding's drafts (0: off); an f16 cache */
+static const char *g_real_draft;          /* run_refs: the draft model (NULL: n-gram drafts) */
 
 /* All 12 prompts at once through an engine with the given shape; every output must equal the
  * reference (EOS ends the request and is not streamed as a token). */
@@ -2009,6 +2010,7 @@ static void run_refs(const ref_set *rs, const char *model, fl_kv_layout layout, 
     p.kv_layout = layout;
     p.preempt = pm;
     p.spec_tokens = g_real_spec;
+    p.spec_draft_model = g_real_draft;
     if (g_real_kv_f16) p.kv_type = "f16";
     fl_engine *e;
     if (fl_engine_new(&p, &e) != FL_OK) fail_msg("engine: %s", fl_last_error());
@@ -2112,7 +2114,37 @@ static void test_stories_spec(void **state) {
     assert_true(rr.swaps_out > 0 && rr.kept > 0);
     g_real_kv_f16 = 1;
     run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 64, 8 << 20, FL_PREEMPT_RECOMPUTE, &rr);
-    g_real_spec = g_real_kv_f16 = 0;
+    g_real_kv_f16 = 0;
+    /* a draft model: the model itself (every draft kept), its Q4_0 quantization (most), and the
+     * tight pool again, where preemption and swapping drop the drafts' sequences too */
+    g_real_draft = FL_SHARED_PATH("models/stories260K.gguf");
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 64, 8 << 20, FL_PREEMPT_RECOMPUTE, &rr);
+    print_message("stories260K drafting for itself: %lld steps (%lld drafted, %lld kept)\n", (long long)rr.steps, (long long)rr.drafted,
+                  (long long)rr.kept);
+    assert_true(rr.drafted > 0 && rr.kept == rr.drafted && rr.steps * 3 < r0.steps); /* (every sequence drafts: none starves) */
+    g_real_draft = FL_SHARED_PATH("models/stories260K-q4_0.gguf");
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 64, 8 << 20, FL_PREEMPT_RECOMPUTE, &rr);
+    print_message("stories260K-q4_0 drafting: %lld steps (%lld drafted, %lld kept)\n", (long long)rr.steps, (long long)rr.drafted,
+                  (long long)rr.kept);
+    assert_true(rr.kept > rr.drafted / 2 && rr.kept < rr.drafted && rr.steps < r0.steps);
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 32, tiny, FL_PREEMPT_RECOMPUTE, &rr);
+    assert_true(rr.preemptions > 0 && rr.kept > 0);
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 32, tiny, FL_PREEMPT_SWAP, &rr);
+    assert_true(rr.swaps_out > 0 && rr.kept > 0);
+    g_real_draft = NULL;
+    g_real_spec = 0;
+    /* a draft whose vocabulary is not the model's is refused */
+    fl_engine_params p;
+    fl_engine_params_default(&p);
+    p.model_path = FL_SHARED_PATH("models/stories260K.gguf");
+    p.spec_tokens = 4;
+    p.spec_draft_model = FL_SHARED_PATH("models/llama-2-tiny-random.gguf");
+    fl_engine *e = NULL;
+    assert_int_equal(fl_engine_new(&p, &e), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "vocabulary"));
+    p.spec_draft_model = FL_SHARED_PATH("models/missing.gguf");
+    assert_true(fl_engine_new(&p, &e) != FL_OK);
+    assert_null(e);
     fl_test_mem_zero();
 }
 

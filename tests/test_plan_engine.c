@@ -67,6 +67,7 @@ typedef struct ecase {
     int32_t logprobs;     /* 1 = the engine's default max_logprobs, and every request asks for that many
                            * alternatives on its prompt and its output; 0 = max_logprobs -1 */
     int32_t spec;         /* speculative decoding's drafts per sequence (0: off) */
+    int32_t draft;        /* their draft model: shape draft - 1 (0: n-gram drafts) */
 } ecase;
 
 static const fl_mem_cat cats[] = {FL_MEM_MAPPED, FL_MEM_WEIGHTS, FL_MEM_KV, FL_MEM_ACT, FL_MEM_SCRATCH, FL_MEM_MISC};
@@ -95,6 +96,9 @@ static void run_case(const ecase *c, int64_t kv_mem, uint64_t meas[FL_MEM_COUNT]
     ep.prefix_cache = !c->no_prefix;
     if (!c->logprobs) ep.max_logprobs = -1;
     ep.spec_tokens = c->spec;
+    char dpath[128];
+    model_path(dpath, sizeof dpath, c->draft - 1);
+    ep.spec_draft_model = c->draft ? dpath : NULL;
     fl_engine *e = NULL;
     assert_int_equal(fl_engine_new(&ep, &e), FL_OK);
     fl_mem_reset_peaks();
@@ -151,9 +155,12 @@ static void test_predicted_vs_measured(void **state) {
         /* speculative decoding: a logits row per draft token (and within a step's tokens) */
         {0, NULL, "f16", 4, 64, 256, 0, 0, 0, 4},
         {2, "q4_0", "f16", 8, 24, 160, 16, 0, 0, 6},
+        /* a draft model (shape 1): its file, cache, workspace, buffers and structs on top */
+        {0, NULL, "f16", 4, 64, 256, 0, 0, 0, 4, 2},
+        {2, "q4_0", "q8_0", 6, 48, 192, 16, 0, 0, 3, 2},
     };
     const char *cn[] = {"mapped", "weights", "kv", "act", "scratch", "misc"};
-    printf("| model | weights | kv | seqs | batch tok | ctx | block | logprobs | drafts |");
+    printf("| model | weights | kv | seqs | batch tok | ctx | block | logprobs | drafts (draft model) |");
     for (size_t k = 0; k < 6; k++) printf(" %s pred / meas |", cn[k]);
     printf(" total pred (without guide) / meas | err |\n");
     int bad = 0;
@@ -175,6 +182,9 @@ static void test_predicted_vs_measured(void **state) {
         ep.prefix_cache = !c->no_prefix;
         if (!c->logprobs) ep.max_logprobs = -1;
         ep.spec_tokens = c->spec;
+        char dpath[128];
+        model_path(dpath, sizeof dpath, c->draft - 1);
+        ep.spec_draft_model = c->draft ? dpath : NULL;
         fl_plan_engine_in pi;
         assert_int_equal(fl_engine_plan_input(&ep, &pi), FL_OK);
         fl_plan_engine_out po;
@@ -201,13 +211,14 @@ static void test_predicted_vs_measured(void **state) {
         gi.n_threads = 2;
         fl_plan_result gr;
         assert_int_equal(fl_plan_compute(&ms, &gi, &gr), FL_OK);
-        assert_int_equal(gr.dev[0].bytes[FL_MEM_ACT], po.bytes[FL_MEM_ACT]);
+        assert_int_equal(gr.dev[0].bytes[FL_MEM_ACT] + po.draft_bytes[FL_MEM_ACT], po.bytes[FL_MEM_ACT]);
         uint64_t meas[FL_MEM_COUNT], mt;
         run_case(c, ep.kv_mem, meas, &mt);
         const shape *s = &shapes[c->shape];
         printf("| %dx%d h%d/%d ff%d | %s | %s | %d | %d | %d | %d%s | %s |", s->n_embd, s->n_layer, s->n_head, s->n_head_kv, s->n_ff,
                c->wtype ? c->wtype : "f32 (file)", c->kvtype, c->max_seqs, c->mbt, c->n_ctx, bs, c->no_prefix ? " no prefix cache" : "", c->logprobs ? "20 + prompt" : "off");
-        printf(" %d |", c->spec);
+        if (c->draft) printf(" %d (%dx%d) |", c->spec, shapes[c->draft - 1].n_embd, shapes[c->draft - 1].n_layer);
+        else printf(" %d |", c->spec);
         for (size_t k = 0; k < 6; k++) {
             uint64_t p = po.bytes[cats[k]], m = meas[cats[k]];
             /* prompt logprobs cut the steps to max_seqs rows: the step-sized categories are bounds */

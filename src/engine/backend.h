@@ -45,6 +45,12 @@ typedef struct fl_engine_backend {
     fl_status (*tokenize)(void *ctx, const char *text, size_t len, int add_special, int32_t *out, int64_t cap,
                           int64_t *n_out);  /* may be NULL */
     int64_t (*detokenize)(void *ctx, const int32_t *ids, int64_t n, char *buf, int64_t cap); /* may be NULL */
+    /* Speculative decoding with a draft model (NULL: none; the engine then looks up n-grams):
+     * draft_add queues a decoding request for at most k draft tokens (under the engine mutex;
+     * false: no room, it gets none), draft_run drafts them all into r->draft / r->n_draft,
+     * without the mutex (the requests are the driver's: nothing else changes their tokens). */
+    bool (*draft_add)(void *ctx, fl_request *r, int32_t k);
+    void (*draft_run)(void *ctx);
     /* The vocabulary's special tokens fl_engine_special_token names (-1: none); may be NULL */
     int32_t (*special)(void *ctx, fl_special_token which);
     void (*kv_stats)(void *ctx, fl_backend_kv_stats *st);

@@ -508,6 +508,10 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
                           e->p.spec_ngram_min, e->p.spec_ngram_max);
         goto fail;
     }
+    if (be->draft_add && (e->p.spec_tokens < 1 || !be->draft_run)) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: a draft model needs spec_tokens >= 1", __func__);
+        goto fail;
+    }
     if (e->p.spec_tokens > 0 && (!be->kv.truncate || e->p.kv_layout == FL_KV_CONTIGUOUS)) {
         st = fl_set_error(FL_ERR_UNSUPPORTED, "%s: speculative decoding needs the paged KV cache", __func__);
         goto fail;
@@ -909,6 +913,8 @@ int32_t fl_spec_ngram(const int32_t *t, int32_t n, int32_t g_min, int32_t g_max,
  * many as may still be generated and fit in the context. */
 static void propose_drafts(fl_engine *e) {
     const bool off = e->p.spec_disable_batch > 0 && fl_sched_n_running(e->sched) > e->p.spec_disable_batch;
+    const bool model = e->be.draft_add != NULL;
+    int32_t queued = 0;
     for (int32_t i = 0; i < e->n_reqs; i++) {
         fl_request *r = e->reqs[i];
         r->n_draft = 0;
@@ -919,7 +925,13 @@ static void propose_drafts(fl_engine *e) {
         const int32_t gen_left = r->max_tokens - fl_request_n_generated(r) - 1, ctx_left = e->be.n_ctx - r->n_tokens;
         if (k > gen_left) k = gen_left;
         if (k > ctx_left) k = ctx_left;
-        if (k > 0) r->n_draft = fl_spec_ngram(r->tokens, r->n_tokens, e->p.spec_ngram_min, e->p.spec_ngram_max, k, r->draft);
+        if (k > 0 && model) queued += e->be.draft_add(e->be.ctx, r, k);
+        else if (k > 0) r->n_draft = fl_spec_ngram(r->tokens, r->n_tokens, e->p.spec_ngram_min, e->p.spec_ngram_max, k, r->draft);
+    }
+    if (queued) { /* the draft model's forwards, with add / cancel / poll free to go on */
+        pthread_mutex_unlock(&e->mu);
+        e->be.draft_run(e->be.ctx);
+        pthread_mutex_lock(&e->mu);
     }
 }
 

@@ -42,6 +42,11 @@ int32_t fl_spec_ngram(const int32_t *t, int32_t n, int32_t g_min, int32_t g_max,
 /* The paged cache's sequence ids (its n_seq_max): a request holds one, forks and preempted ones more */
 #define FL_ENGINE_SEQ_IDS(max_seqs) ((max_seqs) * 8 + 64)
 size_t fl_engine_model_misc_bytes(int32_t max_seqs);
+/* Speculative decoding's draft model (engine_model.c): its struct and per-request arrays (MISC),
+ * its batch arrays (SCRATCH), and its cache's blocks: max_seqs whole contexts + the null block. */
+size_t fl_engine_draft_misc_bytes(int32_t max_seqs);
+size_t fl_engine_draft_scratch_bytes(int32_t max_batch_tokens);
+#define FL_ENGINE_DRAFT_BLOCKS(max_seqs, n_ctx, block_size) ((max_seqs) * (((n_ctx) + (block_size) - 1) / (block_size)) + 1)
 /* The output constraints' budget p asks for (fl_engine_params.guide_mem, -1 resolved). */
 int64_t fl_engine_guide_mem(const fl_engine_params *p);
 fl_status fl_engine_plan_input(const fl_engine_params *p, struct fl_plan_engine_in *pi);

@@ -25,8 +25,25 @@
 
 #define DEFAULT_KV_MEM (256ll << 20)
 
+/* Speculative decoding's draft model: its own paged cache, sequence ids those of the target's
+ * cache (a sequence's draft state goes when its target sequence does), batches of at most
+ * max_batch_tokens tokens, a logits row per sequence. */
+typedef struct draft_model {
+    fl_model *model;
+    fl_kv_cache *kv;
+    fl_kv_iface iface;
+    int32_t n_vocab, max_seqs, cap;    /* vocabulary; requests a step drafts for; tokens per batch */
+    int32_t *b_tok, *b_pos, *b_seq;    /* [cap] */
+    int8_t *b_logit;                   /* [cap] */
+    float *logits;                     /* [max_seqs][n_vocab] */
+    fl_request **req;                  /* [max_seqs] the queued requests, */
+    int32_t *k, *row, n_req;           /* their draft lengths, their rows in a batch (-1: none) */
+} draft_model;
+
 typedef struct mbackend {
     fl_model *model;
+    draft_model *draft;    /* or NULL */
+    fl_sched_kv inner;     /* the adapter's callbacks (wrapped when there is a draft model) */
     fl_tokenizer *tok;
     fl_kv_cache *kv;       /* paged, or */
     fl_kv_contig *contig;  /* contiguous */
@@ -42,6 +59,194 @@ typedef struct mbackend {
 } mbackend;
 
 size_t fl_engine_model_misc_bytes(int32_t max_seqs) { return sizeof(mbackend) + fl_kv_adapter_misc_bytes(FL_ENGINE_SEQ_IDS(max_seqs)); }
+
+size_t fl_engine_draft_misc_bytes(int32_t max_seqs) { return sizeof(draft_model) + (size_t)max_seqs * (sizeof(fl_request *) + 2 * sizeof(int32_t)); }
+size_t fl_engine_draft_scratch_bytes(int32_t max_batch_tokens) { return (size_t)max_batch_tokens * (3 * sizeof(int32_t) + 1); }
+
+static void draft_free(draft_model *d) {
+    if (!d) return;
+    const size_t c = (size_t)d->cap, ns = (size_t)d->max_seqs;
+    fl_free(FL_MEM_SCRATCH, d->b_tok, c * sizeof(int32_t));
+    fl_free(FL_MEM_SCRATCH, d->b_pos, c * sizeof(int32_t));
+    fl_free(FL_MEM_SCRATCH, d->b_seq, c * sizeof(int32_t));
+    fl_free(FL_MEM_SCRATCH, d->b_logit, c);
+    fl_free(FL_MEM_ACT, d->logits, ns * (size_t)d->n_vocab * sizeof(float));
+    fl_free(FL_MEM_MISC, d->req, ns * sizeof(fl_request *));
+    fl_free(FL_MEM_MISC, d->k, ns * sizeof(int32_t));
+    fl_free(FL_MEM_MISC, d->row, ns * sizeof(int32_t));
+    fl_kv_free(d->kv);
+    fl_model_free(d->model);
+    fl_free(FL_MEM_MISC, d, sizeof *d);
+}
+
+/* The draft model of p (spec_draft_model) over the target's vocabulary and cache shape. */
+static fl_status draft_new(const fl_engine_params *p, const fl_hparams *thp, const fl_gguf *tg, int32_t n_ctx, int32_t kv_type,
+                           int32_t block_size, draft_model **out) {
+    *out = NULL;
+    draft_model *d = fl_calloc(FL_MEM_MISC, 1, sizeof *d);
+    if (!d) return FL_ERR_NOMEM;
+    fl_model_params mp = fl_model_default_params();
+    mp.no_mmap = p->no_mmap != 0;
+    mp.repack = p->no_repack == 0;
+    fl_status st = fl_model_load(p->spec_draft_model, &mp, &d->model);
+    if (st != FL_OK) {
+        fl_add_error_context("draft model %s", p->spec_draft_model);
+        goto fail;
+    }
+    const fl_hparams *hp = fl_model_hparams(d->model);
+    /* the same vocabulary: its size and every token's text */
+    const fl_gguf_kv *ta = fl_gguf_find(tg, "tokenizer.ggml.tokens"), *da = fl_gguf_find(fl_model_gguf(d->model), "tokenizer.ggml.tokens");
+    bool same = hp->n_vocab == thp->n_vocab && ta && da && ta->value.type == FL_GGUF_ARRAY && da->value.type == FL_GGUF_ARRAY &&
+                ta->value.v.arr.n == da->value.v.arr.n;
+    for (int64_t i = 0; same && i < (int64_t)ta->value.v.arr.n; i++) {
+        const fl_gguf_str a = ta->value.v.arr.items[i].v.str, b = da->value.v.arr.items[i].v.str;
+        same = a.len == b.len && !memcmp(a.data, b.data, (size_t)a.len);
+    }
+    if (!same) {
+        st = fl_set_error(FL_ERR_INVALID, "draft model %s: its vocabulary (%d tokens) is not the model's (%d tokens, the same texts)",
+                          p->spec_draft_model, hp->n_vocab, thp->n_vocab);
+        goto fail;
+    }
+    d->n_vocab = hp->n_vocab;
+    d->max_seqs = p->max_seqs;
+    d->cap = p->max_batch_tokens;
+    fl_kv_config kc = {.n_layer = hp->n_layer, .n_head = hp->n_head_local, .n_head_kv = hp->n_head_kv_local,
+                       .head_dim = hp->head_dim, .type = kv_type, .block_size = block_size,
+                       .n_blocks = FL_ENGINE_DRAFT_BLOCKS(p->max_seqs, n_ctx, block_size), .n_seq_max = FL_ENGINE_SEQ_IDS(p->max_seqs),
+                       .n_ctx = n_ctx, .window = hp->n_swa, .n_rot = hp->rope_dim, .rope_base = hp->rope_freq_base,
+                       .prefix_cache = p->prefix_cache != 0, .swap_dir = p->swap_path, .prefault = true};
+    if (!(d->kv = fl_kv_new(&kc))) {
+        st = FL_ERR_INVALID;
+        fl_add_error_context("draft model: KV cache");
+        goto fail;
+    }
+    d->iface = fl_kv_iface_get();
+    if ((st = fl_model_workspace_new(d->model, p->max_batch_tokens + p->max_seqs, p->max_seqs)) != FL_OK) goto fail;
+    const size_t c = (size_t)d->cap, ns = (size_t)d->max_seqs;
+    d->b_tok = fl_alloc(FL_MEM_SCRATCH, c * sizeof(int32_t), 0);
+    d->b_pos = fl_alloc(FL_MEM_SCRATCH, c * sizeof(int32_t), 0);
+    d->b_seq = fl_alloc(FL_MEM_SCRATCH, c * sizeof(int32_t), 0);
+    d->b_logit = fl_alloc(FL_MEM_SCRATCH, c, 0);
+    d->logits = fl_alloc(FL_MEM_ACT, ns * (size_t)d->n_vocab * sizeof(float), 0);
+    d->req = fl_alloc(FL_MEM_MISC, ns * sizeof(fl_request *), 0);
+    d->k = fl_alloc(FL_MEM_MISC, ns * sizeof(int32_t), 0);
+    d->row = fl_alloc(FL_MEM_MISC, ns * sizeof(int32_t), 0);
+    if (!d->b_tok || !d->b_pos || !d->b_seq || !d->b_logit || !d->logits || !d->req || !d->k || !d->row) {
+        st = FL_ERR_NOMEM;
+        goto fail;
+    }
+    *out = d;
+    return FL_OK;
+fail:
+    draft_free(d);
+    return st;
+}
+
+static bool mb_draft_add(void *ctx, fl_request *r, int32_t k) {
+    draft_model *d = ((mbackend *)ctx)->draft;
+    if (d->n_req == d->max_seqs) return false;
+    d->req[d->n_req] = r;
+    d->k[d->n_req++] = k;
+    return true;
+}
+
+static int32_t argmax(const float *x, int32_t n) {
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Draft for the queued requests: bring each one's draft sequence up to its tokens (what it holds
+ * that its tokens no longer start with is dropped; a sequence that cannot catch up within this
+ * step's batch gets no draft now), the last token's row gives the first draft token, then one
+ * batch per further token.  Greedy: a draft is a function of the tokens, so verifying it by the
+ * request's own sampler keeps the output exact.  A failed forward drafts nothing. */
+static void mb_draft_run(void *ctx) {
+    draft_model *d = ((mbackend *)ctx)->draft;
+    int32_t n = 0, rows = 0, kmax = 0;
+    for (int32_t i = 0; i < d->n_req; i++) {
+        fl_request *r = d->req[i];
+        const int32_t id = (int32_t)r->kv_seq;
+        d->row[i] = -1;
+        r->n_draft = 0;
+        if (!fl_kv_seq_exists(d->kv, id)) {
+            int32_t cached = 0;
+            if (fl_kv_seq_add(d->kv, id, r->tokens, r->n_tokens, &cached) != FL_OK) {
+                fl_clear_error();
+                continue;
+            }
+        }
+        int32_t len = 0, keep = 0;
+        const int32_t *t = fl_kv_seq_tokens(d->kv, id, &len);
+        while (keep < len && keep < r->n_tokens - 1 && t[keep] == r->tokens[keep]) keep++;
+        if (keep < len && fl_kv_seq_truncate(d->kv, id, keep) != FL_OK) {
+            fl_clear_error();
+            continue;
+        }
+        /* what it lacks (>= 1: the last token, whose row drafts); what the batch has no room
+         * for waits for the next step (the part that fits goes in now, so it catches up) */
+        const int32_t need = r->n_tokens - keep, take = need < d->cap - n ? need : d->cap - n;
+        if (take < 1 || fl_kv_seq_blocks_needed(d->kv, id, take + d->k[i]) > fl_kv_blocks_free(d->kv)) continue;
+        for (int32_t j = 0; j < take; j++) {
+            d->b_tok[n] = r->tokens[keep + j];
+            d->b_pos[n] = keep + j;
+            d->b_seq[n] = id;
+            d->b_logit[n++] = j == need - 1;
+        }
+        if (take < need) continue;
+        d->row[i] = rows++;
+        if (d->k[i] > kmax) kmax = d->k[i];
+    }
+    for (int32_t step = 0; n > 0 && (step == 0 || rows > 0) && step < (kmax > 0 ? kmax : 1); step++) {
+        fl_batch b = {n, d->b_tok, d->b_pos, d->b_seq, d->b_logit, NULL, NULL, NULL};
+        if (fl_model_forward(d->model, &b, &d->iface, d->kv, d->logits) != FL_OK) {
+            fl_clear_error();
+            for (int32_t i = 0; i < d->n_req; i++) d->req[i]->n_draft = 0;
+            break;
+        }
+        n = rows = 0;
+        for (int32_t i = 0; i < d->n_req; i++) { /* the next token of each, and what to feed */
+            fl_request *r = d->req[i];
+            if (d->row[i] < 0) continue;
+            r->draft[r->n_draft] = argmax(d->logits + (size_t)d->row[i] * (size_t)d->n_vocab, d->n_vocab);
+            if (++r->n_draft == d->k[i]) {
+                d->row[i] = -1;
+                continue;
+            }
+            d->b_tok[n] = r->draft[r->n_draft - 1];
+            d->b_pos[n] = r->n_tokens - 1 + r->n_draft;
+            d->b_seq[n] = (int32_t)r->kv_seq;
+            d->b_logit[n++] = 1;
+            d->row[i] = rows++;
+        }
+    }
+    d->n_req = 0;
+}
+
+/* The scheduler's KV callbacks with a draft model: a target sequence that ends or is swapped out
+ * takes its draft sequence with it (drafting rebuilds it from the tokens). */
+static int64_t dw_n_free(void *ctx) { mbackend *m = ctx; return m->inner.n_free(m->inner.ctx); }
+static fl_status dw_seq_begin(void *ctx, fl_request *r, int32_t *n_cached) { mbackend *m = ctx; return m->inner.seq_begin(m->inner.ctx, r, n_cached); }
+static int64_t dw_n_needed(void *ctx, const fl_request *r, int32_t n) { mbackend *m = ctx; return m->inner.n_needed(m->inner.ctx, r, n); }
+static fl_status dw_reserve(void *ctx, fl_request *r, int32_t n) { mbackend *m = ctx; return m->inner.reserve(m->inner.ctx, r, n); }
+static void dw_seq_end(void *ctx, fl_request *r) {
+    mbackend *m = ctx;
+    fl_kv_seq_free(m->draft->kv, (int32_t)r->kv_seq);
+    m->inner.seq_end(m->inner.ctx, r);
+}
+static fl_status dw_swap_out(void *ctx, fl_request *r) {
+    mbackend *m = ctx;
+    fl_status st = m->inner.swap_out(m->inner.ctx, r);
+    if (st == FL_OK) fl_kv_seq_free(m->draft->kv, (int32_t)r->kv_seq);
+    return st;
+}
+static fl_status dw_swap_in(void *ctx, fl_request *r) { mbackend *m = ctx; return m->inner.swap_in(m->inner.ctx, r); }
+static fl_status dw_fork(void *ctx, fl_request *parent, fl_request *child, int32_t n) {
+    mbackend *m = ctx;
+    return m->inner.fork(m->inner.ctx, parent, child, n);
+}
+static fl_status dw_truncate(void *ctx, fl_request *r, int32_t n) { mbackend *m = ctx; return m->inner.truncate(m->inner.ctx, r, n); }
 
 static fl_status mb_forward(void *ctx, const fl_batch *b, float *logits) {
     mbackend *m = ctx;
@@ -91,6 +296,7 @@ static void mb_free(void *ctx) {
     mbackend *m = ctx;
     if (!m) return;
     fl_kv_adapter_free(m->ad);
+    draft_free(m->draft);
     fl_kv_free(m->kv);
     fl_kv_contig_free(m->contig);
     fl_tokenizer_free(m->tok);
@@ -129,6 +335,7 @@ fl_status fl_engine_plan_input(const fl_engine_params *p, fl_plan_engine_in *pi)
     pi->embeddings = p->embeddings != 0;
     pi->swap_dir = p->swap_path;
     pi->chat_template = p->chat_template;
+    pi->spec_draft_model = p->spec_draft_model;
     pi->lora_paths = p->lora_paths;
     pi->lora_scales = p->lora_scales;
     pi->n_loras = p->n_loras;
@@ -258,6 +465,17 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
     be.block_size = block_size;
     be.n_blocks = fl_kv_adapter_n_blocks(m->ad);
     be.kv = fl_kv_adapter_iface(m->ad);
+    if (p.spec_draft_model) {
+        if (p.kv_layout == FL_KV_CONTIGUOUS || p.spec_tokens < 1) {
+            st = fl_set_error(FL_ERR_UNSUPPORTED, "%s: a draft model needs the paged KV cache and spec_tokens >= 1", __func__);
+            goto fail;
+        }
+        if ((st = draft_new(&p, hp, g, n_ctx, kv_type, block_size, &m->draft)) != FL_OK) goto fail;
+        m->inner = be.kv;
+        be.kv = (fl_sched_kv){m, dw_n_free, dw_seq_begin, dw_n_needed, dw_reserve, dw_seq_end, dw_swap_out, dw_swap_in, dw_fork, dw_truncate};
+        be.draft_add = mb_draft_add;
+        be.draft_run = mb_draft_run;
+    }
     be.forward = mb_forward;
     be.step_done = mb_step_done;
     be.is_eog = mb_is_eog;

@@ -453,6 +453,12 @@ const int32_t *fl_kv_seq_blocks(const fl_kv_cache *kv, int32_t id, int32_t *n_bl
     return s ? s->tab.ids : NULL;
 }
 
+const int32_t *fl_kv_seq_tokens(const fl_kv_cache *kv, int32_t id, int32_t *n) {
+    const seq *s = get_seq(kv, id);
+    *n = s ? s->n : 0;
+    return s ? s->tok : NULL;
+}
+
 fl_status fl_kv_seq_truncate(fl_kv_cache *kv, int32_t id, int32_t n) {
     seq *s = get_seq(kv, id);
     if (!s || s->swapped) return fl_set_error(FL_ERR_INVALID, "%s: sequence %d absent or swapped out", __func__, id);

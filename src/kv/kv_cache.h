@@ -130,6 +130,9 @@ const int32_t *fl_kv_seq_blocks(const fl_kv_cache *kv, int32_t seq, int32_t *n_b
  * rewritten); the sequence continues at position n.  fp8 types keep the block scales the dropped
  * rows raised.  FL_ERR_INVALID if absent, swapped out or n is not in [0, len]. */
 fl_status fl_kv_seq_truncate(fl_kv_cache *kv, int32_t seq, int32_t n);
+/* The token ids of the sequence's positions (*n of them; borrowed, valid until the cache changes),
+ * or NULL with *n = 0 if it is absent. */
+const int32_t *fl_kv_seq_tokens(const fl_kv_cache *kv, int32_t seq, int32_t *n);
 
 /* Decoded K and V rows (n_head_kv * head_dim floats each, either may be NULL) of position pos
  * of sequence seq in layer il, as attention sees them.  FL_ERR_INVALID if absent, swapped,

@@ -236,6 +236,10 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
          * table, its streamed text; and the old copy of one of those arrays while it doubles
          * (one thread grows them, one at a time) */
         const uint64_t seq_arrays = fl_kv_seq_misc_bytes(&kp, out->n_ctx);
+        out->model_misc_bytes = fl_model_misc_bytes(&hp);
+        out->kv_misc_bytes = fl_kv_misc_bytes(&kp);
+        out->kv_seq_misc_bytes = seq_arrays;
+        out->kv_step_misc_bytes = fl_kv_step_misc_bytes(in->max_batch_tokens);
         out->misc_requests = fl_kv_step_misc_bytes(in->max_batch_tokens) +
                              (uint64_t)in->max_seqs * (sizeof(fl_request) + fl_sampler_struct_bytes() + 16 * V + 4 * (uint64_t)out->n_ctx +
                                                        seq_arrays + text2) +
@@ -253,6 +257,35 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
         out->bytes[FL_MEM_ACT] += act;
         out->bytes[FL_MEM_SCRATCH] += scratch;
         out->bytes[FL_MEM_MISC] += misc;
+    }
+    if (in->spec_draft_model) { /* the draft model (engine_model.c draft_new): planned as an engine of its own, its parts taken */
+        fl_plan_engine_in din = *in;
+        din.model_path = in->spec_draft_model;
+        din.spec_draft_model = NULL;
+        din.weights_type = -1;
+        din.n_ctx = out->n_ctx;
+        din.spec_tokens = 0;
+        din.max_logprobs = -1;
+        din.embeddings = 0;
+        din.n_loras = 0;
+        din.lora_paths = NULL;
+        din.chat_template = NULL;
+        din.kv_mem = 0;
+        fl_plan_engine_out d;
+        if ((st = fl_plan_engine(&din, &d))) goto done;
+        const int32_t bs = in->kv_block > 0 ? in->kv_block : 16;
+        din.kv_mem = (uint64_t)(FL_ENGINE_DRAFT_BLOCKS(in->max_seqs, out->n_ctx, bs) - 1) * d.kv_bytes_per_block;
+        if ((st = fl_plan_engine(&din, &d))) goto done;
+        uint64_t *db = out->draft_bytes;
+        db[FL_MEM_MAPPED] = d.bytes[FL_MEM_MAPPED];
+        db[FL_MEM_WEIGHTS] = d.bytes[FL_MEM_WEIGHTS];
+        db[FL_MEM_KV] = d.bytes[FL_MEM_KV];
+        db[FL_MEM_ACT] = d.ws_bytes + d.logits_bytes;
+        db[FL_MEM_SCRATCH] = fl_engine_draft_scratch_bytes(in->max_batch_tokens) + d.attn_ws +
+                             (d.matmul_scratch > out->matmul_scratch ? d.matmul_scratch - out->matmul_scratch : 0);
+        db[FL_MEM_MISC] = d.gguf_bytes + d.model_misc_bytes + d.kv_misc_bytes + d.kv_step_misc_bytes +
+                          (uint64_t)in->max_seqs * d.kv_seq_misc_bytes + fl_engine_draft_misc_bytes(in->max_seqs);
+        for (int c = 0; c < FL_MEM_COUNT; c++) out->bytes[c] += db[c];
     }
     out->bytes[FL_MEM_GUIDE] = in->guide_mem; /* budgets, enforced: at most these */
     out->bytes[FL_MEM_NET] = in->net_mem;

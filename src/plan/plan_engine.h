@@ -85,6 +85,11 @@ typedef struct fl_plan_engine_in {
     int32_t embeddings;       /* the engine takes embedding requests (fl_engine_params.embeddings) */
     const char *swap_dir;     /* the swap file's directory (fl_engine_params.swap_path; NULL: $TMPDIR) */
     const char *chat_template; /* the engine's copy in place of the file's (fl_engine_params.chat_template) */
+    const char *spec_draft_model; /* speculative decoding's draft model (fl_engine_params.spec_draft_model): its file
+                               * (MAPPED), its paged cache for max_seqs whole contexts (KV), its workspace and
+                               * logits (ACT), its batch arrays and attention workspace (SCRATCH; the matmul
+                               * workspace is the larger of the two models'), its parsed GGUF, structs and
+                               * sequences (MISC); NULL: none */
     const char *const *lora_paths; /* LoRA adapters applied at run time (model/lora.h) */
     const float *lora_scales;
     int32_t n_loras;
@@ -109,6 +114,9 @@ typedef struct fl_plan_engine_out {
     int64_t n_params;           /* elements of the matrices and norms */
     double bits_per_weight;     /* of the weights the matmuls read */
     int32_t n_vocab, n_ctx;
+    uint64_t model_misc_bytes, kv_misc_bytes, kv_seq_misc_bytes, kv_step_misc_bytes; /* MISC parts: the model's structs,
+                                 * the cache's, a sequence's arrays at n_ctx, a step's arrays */
+    uint64_t draft_bytes[FL_MEM_COUNT]; /* speculative decoding's draft model, included in bytes[] */
 } fl_plan_engine_out;
 
 fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out);
