@@ -151,7 +151,8 @@ typedef struct fl_engine_params {
                                  * to this many of the tokens that followed there, and one forward verifies
                                  * them: a draft token is kept while it is the token the request's own
                                  * sampler picks from that position's logits, so the output is the same as
-                                 * without (greedy and seeded alike), in fewer steps.  Drafts use what the
+                                 * without (greedy and seeded alike; the logits are bit for bit a decode
+                                 * step's but with no_repack Q8_0 / Q4_0), in fewer steps.  Drafts use what the
                                  * step's token budget, rows and free KV blocks leave.  0 (default): off;
                                  * at most FL_SPEC_MAX; needs the paged KV cache.  The plan counts the
                                  * logits rows: max_seqs x (1 + spec_tokens), at most max_batch_tokens +
