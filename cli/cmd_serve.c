@@ -22,6 +22,12 @@ int fl_cli_spec_params(fl_opt *opts, const char *cmd, fl_engine_params *ep) {
         fprintf(stderr, "fitllm %s: --draft-max takes 1..%d, with --model-draft FILE\n", cmd, FL_SPEC_MAX);
         return 2;
     }
+    const fl_opt *pm = fl_args_get(opts, "draft-p-min");
+    if (pm->set && (!md->set || !(pm->f >= 0 && pm->f <= 1))) {
+        fprintf(stderr, "fitllm %s: --draft-p-min takes 0..1, with --model-draft FILE\n", cmd);
+        return 2;
+    }
+    if (pm->set) ep->spec_draft_p_min = (float)pm->f;
     if (md->set) {
         ep->spec_draft_model = md->str;
         ep->spec_tokens = dm->set ? (int32_t)dm->i : 5;

@@ -143,6 +143,7 @@ int fl_plan_verify(const fl_plan_verify_opts *vo) {
     ep.embeddings = vo->embeddings;
     ep.spec_tokens = vo->spec_tokens;
     ep.spec_draft_model = vo->draft;
+    ep.spec_draft_p_min = 0; /* (a draft of every token: the worst case) */
     /* the plain worst case first (every category exact), then the logprob records on top */
     const int32_t max_lp = vo->max_logprobs;
     ep.max_logprobs = -1;

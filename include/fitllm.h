@@ -166,6 +166,10 @@ typedef struct fl_engine_params {
                                  * cache (the same block size and type, room for max_seqs whole contexts);
                                  * verified as n-gram drafts are, so the output is the same.  Its weights,
                                  * cache and buffers are in the plan.  NULL (default): none */
+    float spec_draft_p_min;     /* with a draft model: a sequence's draft stops at the first token the draft
+                                 * model gives less than this probability (llama.cpp's --draft-p-min: an
+                                 * unlikely draft is likely dropped, and costs a verified token; default
+                                 * 0.75; 0: always spec_tokens) */
     int32_t spec_disable_batch; /* no drafts in a step while more than this many requests run (vLLM's
                                  * disable_by_batch_size: a large batch is compute-bound, and a draft
                                  * that is dropped costs what a decoded token does); 0: always draft */

@@ -58,6 +58,8 @@ sys.exit(0 if a == b and m and int(m.group(2)) / 2 < int(m.group(1)) <= int(m.gr
 "$BIN" chat -m "$MODEL" --model-draft "$SHARED/models/llama-2-tiny-random.gguf" </dev/null >/dev/null 2>"$TMP/errv"
 check "chat --model-draft with another vocabulary: refused, said why (exit 1)" '[ $? -eq 1 ] && grep -q "vocabulary" "$TMP/errv"'
 "$BIN" chat -m "$MODEL" --model-draft "$MODEL" --spec-ngram 3 </dev/null >/dev/null 2>&1; check "chat --model-draft with --spec-ngram refused (exit 2)" '[ $? -eq 2 ]'
+"$BIN" chat -m "$MODEL" --model-draft "$MODEL" --draft-p-min 1.5 </dev/null >/dev/null 2>&1; check "chat --draft-p-min 1.5 refused (exit 2)" '[ $? -eq 2 ]'
+"$BIN" chat -m "$MODEL" --draft-max 3 </dev/null >/dev/null 2>&1; check "chat --draft-max without --model-draft refused (exit 2)" '[ $? -eq 2 ]'
 "$BIN" plan -m "$MODEL" --verify -t 1 --batch 4 --prefill 64 -c 256 --max-logprobs -1 --model-draft "$SHARED/models/stories260K-q4_0.gguf" >"$TMP/pv" 2>&1
 check "plan --verify --model-draft: the draft model's bytes planned (every category within 5%)" '[ $? -eq 0 ] && grep -q "^act .*+0.00%" "$TMP/pv"'
 "$BIN" chat -m "$MODEL" --spec-ngram 17 </dev/null >/dev/null 2>&1; check "chat --spec-ngram 17 refused (exit 2)" '[ $? -eq 2 ]'

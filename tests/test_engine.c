@@ -1993,6 +1993,7 @@ typedef struct real_run {
 } real_run;
 static int32_t g_real_spec, g_real_kv_f16; /* run_refs: speculative decoding's drafts (0: off); an f16 cache */
 static const char *g_real_draft;          /* run_refs: the draft model (NULL: n-gram drafts) */
+static float g_real_pmin = -1;            /* run_refs: its spec_draft_p_min (< 0: the default) */
 
 /* All 12 prompts at once through an engine with the given shape; every output must equal the
  * reference (EOS ends the request and is not streamed as a token). */
@@ -2011,6 +2012,7 @@ static void run_refs(const ref_set *rs, const char *model, fl_kv_layout layout, 
     p.preempt = pm;
     p.spec_tokens = g_real_spec;
     p.spec_draft_model = g_real_draft;
+    if (g_real_pmin >= 0) p.spec_draft_p_min = g_real_pmin;
     if (g_real_kv_f16) p.kv_type = "f16";
     fl_engine *e;
     if (fl_engine_new(&p, &e) != FL_OK) fail_msg("engine: %s", fl_last_error());
@@ -2118,6 +2120,7 @@ static void test_stories_spec(void **state) {
     /* a draft model: the model itself (every draft kept), its Q4_0 quantization (most), and the
      * tight pool again, where preemption and swapping drop the drafts' sequences too */
     g_real_draft = FL_SHARED_PATH("models/stories260K.gguf");
+    g_real_pmin = 0; /* (every draft token, however unsure) */
     run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 64, 8 << 20, FL_PREEMPT_RECOMPUTE, &rr);
     print_message("stories260K drafting for itself: %lld steps (%lld drafted, %lld kept)\n", (long long)rr.steps, (long long)rr.drafted,
                   (long long)rr.kept);
@@ -2127,12 +2130,20 @@ static void test_stories_spec(void **state) {
     print_message("stories260K-q4_0 drafting: %lld steps (%lld drafted, %lld kept)\n", (long long)rr.steps, (long long)rr.drafted,
                   (long long)rr.kept);
     assert_true(rr.kept > rr.drafted / 2 && rr.kept < rr.drafted && rr.steps < r0.steps);
+    /* llama.cpp's p_min: drafts end at the first unsure token: fewer, a larger share kept */
+    real_run rp;
+    g_real_pmin = 0.75f;
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 64, 8 << 20, FL_PREEMPT_RECOMPUTE, &rp);
+    print_message("  with p_min 0.75: %lld steps (%lld drafted, %lld kept)\n", (long long)rp.steps, (long long)rp.drafted, (long long)rp.kept);
+    assert_true(rp.drafted < rr.drafted && (double)rp.kept / (double)rp.drafted > (double)rr.kept / (double)rr.drafted);
+    g_real_pmin = 0;
     run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 32, tiny, FL_PREEMPT_RECOMPUTE, &rr);
     assert_true(rr.preemptions > 0 && rr.kept > 0);
     run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 32, tiny, FL_PREEMPT_SWAP, &rr);
     assert_true(rr.swaps_out > 0 && rr.kept > 0);
     g_real_draft = NULL;
     g_real_spec = 0;
+    g_real_pmin = -1;
     /* a draft whose vocabulary is not the model's is refused */
     fl_engine_params p;
     fl_engine_params_default(&p);

@@ -99,6 +99,7 @@ static void run_case(const ecase *c, int64_t kv_mem, uint64_t meas[FL_MEM_COUNT]
     char dpath[128];
     model_path(dpath, sizeof dpath, c->draft - 1);
     ep.spec_draft_model = c->draft ? dpath : NULL;
+    ep.spec_draft_p_min = 0; /* (every draft token: the worst case the plan counts) */
     fl_engine *e = NULL;
     assert_int_equal(fl_engine_new(&ep, &e), FL_OK);
     fl_mem_reset_peaks();
@@ -185,6 +186,7 @@ static void test_predicted_vs_measured(void **state) {
         char dpath[128];
         model_path(dpath, sizeof dpath, c->draft - 1);
         ep.spec_draft_model = c->draft ? dpath : NULL;
+        ep.spec_draft_p_min = 0;
         fl_plan_engine_in pi;
         assert_int_equal(fl_engine_plan_input(&ep, &pi), FL_OK);
         fl_plan_engine_out po;

@@ -101,6 +101,7 @@ void fl_engine_params_default(fl_engine_params *p) {
     p->max_logprobs = FL_MAX_TOP_LOGPROBS;
     p->guide_masks = FL_MASK_CACHE_DEFAULT;
     p->guide_mem = -1;
+    p->spec_draft_p_min = 0.75f;
 }
 
 int64_t fl_engine_guide_mem(const fl_engine_params *p) {
@@ -496,7 +497,7 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
         goto fail;
     }
     if (e->p.spec_tokens < 0 || e->p.spec_tokens > FL_SPEC_MAX || e->p.spec_ngram_min < 0 || e->p.spec_ngram_max < 0 ||
-        e->p.spec_ngram_max > FL_SPEC_MAX || e->p.spec_disable_batch < 0) {
+        e->p.spec_ngram_max > FL_SPEC_MAX || e->p.spec_disable_batch < 0 || !(e->p.spec_draft_p_min >= 0 && e->p.spec_draft_p_min <= 1)) {
         st = fl_set_error(FL_ERR_INVALID, "%s: spec_tokens %d, n-grams %d..%d (accepted 0..%d)", __func__, e->p.spec_tokens,
                           e->p.spec_ngram_min, e->p.spec_ngram_max, FL_SPEC_MAX);
         goto fail;

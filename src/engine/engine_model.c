@@ -17,6 +17,7 @@
 #include "core/threads.h"
 #include "kv/kv_cache.h"
 #include "kv/kv_contig.h"
+#include "kernels/ops.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "plan/plan_engine.h"
@@ -33,6 +34,7 @@ typedef struct draft_model {
     fl_kv_cache *kv;
     fl_kv_iface iface;
     int32_t n_vocab, max_seqs, cap;    /* vocabulary; requests a step drafts for; tokens per batch */
+    float p_min;                       /* fl_engine_params.spec_draft_p_min */
     int32_t *b_tok, *b_pos, *b_seq;    /* [cap] */
     int8_t *b_logit;                   /* [cap] */
     float *logits;                     /* [max_seqs][n_vocab] */
@@ -108,6 +110,7 @@ static fl_status draft_new(const fl_engine_params *p, const fl_hparams *thp, con
         goto fail;
     }
     d->n_vocab = hp->n_vocab;
+    d->p_min = p->spec_draft_p_min;
     d->max_seqs = p->max_seqs;
     d->cap = p->max_batch_tokens;
     fl_kv_config kc = {.n_layer = hp->n_layer, .n_head = hp->n_head_local, .n_head_kv = hp->n_head_kv_local,
@@ -150,14 +153,21 @@ static bool mb_draft_add(void *ctx, fl_request *r, int32_t k) {
     return true;
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
+/* The draft token of a logits row (overwritten): its argmax, or -1 when its softmax probability
+ * is below p_min. */
+static int32_t draft_token(float *x, int32_t n, float p_min) {
+    const fl_ops_kernels *ops = fl_ops_kernels_get();
+    const int32_t b = (int32_t)ops->argmax(x, n);
+    if (p_min <= 0) return b;
+    const float mx = x[b];
+    for (int32_t i = 0; i < n; i++) x[i] -= mx;
+    ops->expf_poly(x, x, n);
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += x[i];
+    return 1.0 / sum >= (double)p_min ? b : -1;
 }
 
-/* Draft for the queued requests: bring each one's draft sequence up to its tokens (what it holds
+/* Draft for the queued requests (each draft ends early at a token below p_min): bring each one's draft sequence up to its tokens (what it holds
  * that its tokens no longer start with is dropped; a sequence that cannot catch up within this
  * step's batch gets no draft now), the last token's row gives the first draft token, then one
  * batch per further token.  Greedy: a draft is a function of the tokens, so verifying it by the
@@ -209,7 +219,12 @@ static void mb_draft_run(void *ctx) {
         for (int32_t i = 0; i < d->n_req; i++) { /* the next token of each, and what to feed */
             fl_request *r = d->req[i];
             if (d->row[i] < 0) continue;
-            r->draft[r->n_draft] = argmax(d->logits + (size_t)d->row[i] * (size_t)d->n_vocab, d->n_vocab);
+            const int32_t t = draft_token(d->logits + (size_t)d->row[i] * (size_t)d->n_vocab, d->n_vocab, d->p_min);
+            if (t < 0) { /* not sure enough: the draft ends here */
+                d->row[i] = -1;
+                continue;
+            }
+            r->draft[r->n_draft] = t;
             if (++r->n_draft == d->k[i]) {
                 d->row[i] = -1;
                 continue;
