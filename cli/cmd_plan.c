@@ -240,7 +240,7 @@ int fl_cmd_plan(int argc, char **argv) {
         [O_LORA] = {"lora", 0, FL_OPT_STR, "FILE  with --verify: the engine applies this LoRA adapter at run time (planned: its file, tables and buffers)"},
         [O_EMBD] = {"embeddings", 0, FL_OPT_FLAG, "with --verify: an engine that takes embedding requests (serve --embeddings), max_seqs of them run after the generations"},
         [O_SPEC] = {"spec-ngram", 0, FL_OPT_INT, "K  speculative decoding's draft tokens per sequence (serve --spec-ngram): a logits row each"},
-        [O_DRAFT] = {"model-draft", 0, FL_OPT_STR, "FILE  with --verify: speculative decoding with this draft model (serve --model-draft; --spec-ngram K drafts, default 5)"},
+        [O_DRAFT] = {"model-draft", 0, FL_OPT_STR, "FILE  serving with speculative decoding's draft model (serve --model-draft): its weights (its file's types), KV cache for the same sequences and step buffers are added to each device (one device; with --verify: the engine-exact plan and a run, --spec-ngram K drafts, default 5)"},
         [O_DRAFT + 1] = {0},
     };
     const char *pos[1];
@@ -422,8 +422,34 @@ int fl_cmd_plan(int argc, char **argv) {
             printf("%s\n\n", line);
         }
     }
-    fl_plan_result res;
+    if (opts[O_DRAFT].set && (in.train || in.tp * in.pp * in.sp * in.dp > 1 || opts[O_FIT].set || opts[O_OFF_LAYERS].set || in.offload_kv)) {
+        cJSON_Delete(fit);
+        fprintf(stderr, "fitllm plan: --model-draft plans serving on one device (no --train, ranks, --fit or offload)\n");
+        return 2;
+    }
+    fl_plan_result res, dres;
     st = fl_plan_compute(&s, &in, &res);
+    if (!st && opts[O_DRAFT].set) { /* the draft model: its own weights and cache for the same sequences, its step buffers */
+        fl_model_shape ds;
+        fl_plan_input din = in;
+        if (!(st = fl_plan_shape_from_gguf(opts[O_DRAFT].str, &ds))) {
+            din.weights_from_file = ds.has_weight_bytes;
+            din.spec_tokens = 0;
+            st = fl_plan_compute(&ds, &din, &dres);
+        }
+        if (!st && ds.n_vocab != s.n_vocab) st = fl_set_error(FL_ERR_INVALID, "the draft model's vocabulary (%lld tokens) is not the model's (%lld)",
+                                                             (long long)ds.n_vocab, (long long)s.n_vocab);
+        if (!st) { /* the engine runs the models in turn: one matmul workspace, the larger */
+            const uint64_t shared = res.buf.qact < dres.buf.qact ? res.buf.qact : dres.buf.qact;
+            dres.dev[0].bytes[FL_MEM_SCRATCH] -= shared;
+            dres.dev[0].total -= shared;
+        }
+        for (int c = 0; !st && c < FL_MEM_COUNT; c++) res.dev[0].bytes[c] += dres.dev[0].bytes[c];
+        if (!st) {
+            res.dev[0].total += dres.dev[0].total;
+            res.max_total = res.dev[0].total;
+        }
+    }
     if (st) {
         cJSON_Delete(fit);
         fprintf(stderr, "fitllm plan: %s\n", fl_last_error());
@@ -432,9 +458,27 @@ int fl_cmd_plan(int argc, char **argv) {
     if (json) {
         cJSON *o = plan_json(&s, &in, &res);
         if (fit) cJSON_AddItemToObject(o, "fit", fit);
+        if (opts[O_DRAFT].set) { /* (included in the devices above) */
+            cJSON *d = cJSON_AddObjectToObject(o, "draft_model");
+            cJSON_AddStringToObject(d, "path", opts[O_DRAFT].str);
+            cJSON *b = cJSON_AddObjectToObject(d, "bytes");
+            for (size_t k = 0; k < N_COLS; k++) cJSON_AddNumberToObject(b, cols[k].key, (double)dres.dev[0].bytes[cols[k].cat]);
+            cJSON_AddNumberToObject(d, "total", (double)dres.dev[0].total);
+        }
         emit_json(o);
     } else {
         print_plan(&s, &in, &res);
+        if (opts[O_DRAFT].set) {
+            char b[32];
+            fl_plan_fmt_bytes(dres.dev[0].total, b, sizeof b);
+            printf("(the device's figures include the draft model %s: %s", opts[O_DRAFT].str, b);
+            for (size_t k = 0; k < N_COLS; k++)
+                if (dres.dev[0].bytes[cols[k].cat]) {
+                    fl_plan_fmt_bytes(dres.dev[0].bytes[cols[k].cat], b, sizeof b);
+                    printf(", %s %s", cols[k].label, b);
+                }
+            printf(")\n");
+        }
     }
     return 0;
 }

@@ -46,6 +46,24 @@ if [ -f "$SHARED/models/stories260K.gguf" ]; then
     "$BIN" inspect --json "$SHARED/models/stories260K.gguf" >"$TMP/i.json"
     [ "$(js "$TMP/s.json" "d['weights_total']")" = "$(js "$TMP/i.json" "d['weights_bytes']['total']")" ] || err "GGUF plan weights != tensor bytes"
     [ "$(js "$TMP/s.json" "d['kv_bytes_per_token']")" = 640 ] || err "stories260K KV per token"
+    # a draft model (its Q4_0): the device holds both models' weights and caches; the draft's own
+    # figures are its plan alone
+    M="$SHARED/models/stories260K.gguf" Q="$SHARED/models/stories260K-q4_0.gguf"
+    "$BIN" plan -m "$M" --batch 8 -c 512 --json >"$TMP/t.json" && "$BIN" plan -m "$Q" --batch 8 -c 512 --json >"$TMP/q.json" &&
+        "$BIN" plan -m "$M" --batch 8 -c 512 --model-draft "$Q" --json >"$TMP/d.json" || err "plan --model-draft"
+    python3 - "$TMP" <<'PY' || err "plan --model-draft: the draft's bytes"
+import json, sys
+t, q, d = (json.load(open(f"{sys.argv[1]}/{n}.json")) for n in "tqd")
+dev = lambda o: o["devices"][0]
+dr = d["draft_model"]
+# (the target is F32: no matmul workspace to share, so the draft's figures are its own plan's)
+assert dr["bytes"] == dev(q)["bytes"] and dr["total"] == dev(q)["total"], (dr, dev(q))
+assert dev(d)["total"] == dev(t)["total"] + dr["total"], (dev(d), dev(t))
+assert all(dev(d)["bytes"][k] == dev(t)["bytes"][k] + dr["bytes"][k] for k in dr["bytes"]), (dev(d), dev(t), dr)
+PY
+    "$BIN" plan -m "$M" --model-draft "$SHARED/models/llama-2-tiny-random.gguf" >/dev/null 2>"$TMP/e"; [ $? -eq 1 ] || err "draft of another vocabulary: want exit 1"
+    grep -q "vocabulary" "$TMP/e" || err "draft vocabulary message"
+    "$BIN" plan -m "$M" --model-draft "$Q" --tp 2 >/dev/null 2>&1; [ $? -eq 2 ] || err "--model-draft with --tp: want exit 2"
 fi
 # training text output has the categories
 "$BIN" plan --preset llama3-8b --train --weights bf16 --zero 2 --dp 4 | grep -q "optimizer" || err "training table"
