@@ -167,11 +167,13 @@ static int32_t draft_token(float *x, int32_t n, float p_min) {
     return 1.0 / sum >= (double)p_min ? b : -1;
 }
 
-/* Draft for the queued requests (each draft ends early at a token below p_min): bring each one's draft sequence up to its tokens (what it holds
- * that its tokens no longer start with is dropped; a sequence that cannot catch up within this
- * step's batch gets no draft now), the last token's row gives the first draft token, then one
- * batch per further token.  Greedy: a draft is a function of the tokens, so verifying it by the
- * request's own sampler keeps the output exact.  A failed forward drafts nothing. */
+/* Draft for the queued requests: bring each one's draft sequence up to its tokens (what it holds
+ * that its tokens no longer start with is dropped; a sequence whose lag does not fit this step's
+ * batch feeds what fits and drafts at a later step), the last token's row gives the first draft
+ * token, then one batch per further token; a draft ends early at a token below p_min.  Greedy:
+ * a draft is a function of the tokens, so verifying it by the request's own sampler keeps the
+ * output exact.  A failed forward drafts nothing.  The draft cache shares prompt blocks by the
+ * requests' cache_salt, as the model's does. */
 static void mb_draft_run(void *ctx) {
     draft_model *d = ((mbackend *)ctx)->draft;
     int32_t n = 0, rows = 0, kmax = 0;
@@ -182,7 +184,9 @@ static void mb_draft_run(void *ctx) {
         r->n_draft = 0;
         if (!fl_kv_seq_exists(d->kv, id)) {
             int32_t cached = 0;
-            if (fl_kv_seq_add(d->kv, id, r->tokens, r->n_tokens, &cached) != FL_OK) {
+            const fl_status st = r->cache_salt ? fl_kv_seq_add_keyed(d->kv, id, r->tokens, r->n_tokens, &r->cache_salt, sizeof r->cache_salt, &cached)
+                                               : fl_kv_seq_add(d->kv, id, r->tokens, r->n_tokens, &cached);
+            if (st != FL_OK) {
                 fl_clear_error();
                 continue;
             }
