@@ -711,7 +711,6 @@ static void test_seq_truncate(void **state) {
     fl_kv_config c = small_cfg(FL_TYPE_F32, 4, 13); /* 12 usable blocks */
     fl_kv_cache *kv = fl_kv_new(&c);
     assert_non_null(kv);
-    const int32_t nrow = c.n_head_kv * c.head_dim;
     int32_t A[16], B[16], AD[16], BD[16];
     for (int i = 0; i < 16; i++) A[i] = 10 + i, B[i] = 50 + i, AD[i] = i < 8 ? A[i] : 900 + i, BD[i] = i < 5 ? B[i] : 700 + i;
     int32_t nc;
@@ -764,7 +763,6 @@ static void test_seq_truncate(void **state) {
     fl_kv_stats_get(kv, &st);
     assert_int_equal(fl_kv_seq_len(kv, 2), 0);
     assert_int_equal(fl_kv_check(kv), FL_OK);
-    (void)nrow;
     fl_kv_free(kv);
 }
 
