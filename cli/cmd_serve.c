@@ -79,9 +79,10 @@ int fl_cmd_serve(int argc, char **argv) {
         {"alias", 0, FL_OPT_STR, "NAME  model name reported by the API (default: file name)"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
         {"no-repack", 0, FL_OPT_FLAG, "keep Q4_0 / Q8_0 matrices as in the file (on AVX2 they are rewritten in place in groups of 8 rows for the GEMV)"},
-        {"lora", 0, FL_OPT_STR, "FILE  apply a LoRA adapter to every request, unmerged (fitllm train --lora's OUT.lora.gguf or a llama.cpp adapter; F32/F16/BF16)"},
+        {"lora", 0, FL_OPT_STR, "FILE[,FILE...]  up to 16 LoRA adapters applied to every request at --lora-scale, unmerged (fitllm train --lora's OUT.lora.gguf or llama.cpp adapters; F32/F16/BF16); a request's \"lora\": [{id, scale}] mixes them its own way, POST /lora-adapters sets the scales, GET /lora-adapters lists them (llama.cpp's)"},
+        {"lora-init-without-apply", 0, FL_OPT_FLAG, "with --lora: load the adapters at scale 0 (applied only where a request's \"lora\" or POST /lora-adapters asks)"},
         {"lora-modules", 0, FL_OPT_STR, "NAME=FILE[,NAME=FILE...]  up to 16 LoRA adapters over one base (vLLM's): a request whose \"model\" is NAME runs with it, others with none; listed by /v1/models"},
-        {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapter's scale (default 1)"},
+        {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapters' scale (default 1)"},
         {"scheduling-policy", 0, FL_OPT_STR, "fcfs|priority  order of admission and preemption (default fcfs); priority: by each request's 'priority', lower first, then arrival; a waiting request preempts running ones of lower priority"},
         {"guide-masks", 0, FL_OPT_INT, "N  token masks kept for guided_regex and grammar states, shared by requests with the same pattern or grammar (default 256; 0: every mask computed but a grammar's last, reused for the same state); each vocabulary/8 bytes, in the plan"},
         {"net-mem", 0, FL_OPT_BYTES, "BYTES  memory for the server's buffers (request bodies, replies, their JSON), in the plan and enforced: a request that does not fit gets 503 (default with --mem: --mem / 16, at most 64M; without: no budget)"},
@@ -103,7 +104,8 @@ int fl_cmd_serve(int argc, char **argv) {
                           "Serve MODEL over an OpenAI-compatible HTTP API: POST /v1/completions,\n"
                           "POST /v1/chat/completions (streaming with \"stream\": true), GET /v1/models,\n"
                           "POST /tokenize and /detokenize (vLLM's and llama.cpp's fields), GET /health,\n"
-                          "GET /metrics (Prometheus). SIGINT/SIGTERM stop it gracefully.\n"
+                          "GET /metrics (Prometheus), GET/POST /lora-adapters (llama.cpp's: the adapters'\n"
+                          "scales for requests that name none). SIGINT/SIGTERM stop it gracefully.\n"
                           "Request fields: model, prompt (text or token ids, or a list of up to 16) or messages,\n"
                           "max_tokens, temperature, top_p, top_k, min_p, n, seed,\n"
                           "presence/frequency/repetition_penalty,\n"
@@ -133,7 +135,9 @@ int fl_cmd_serve(int argc, char **argv) {
                           "POST /completion takes llama.cpp's own fields (n_predict, repeat_penalty, n_probs,\n"
                           "logit_bias pairs, return_tokens, ...) and answers in its shape (docs/SERVER.md);\n"
                           "POST /infill (code models' fill-in-the-middle: input_prefix, input_suffix,\n"
-                          "input_extra, prompt) the same, its prompt laid out with the model's FIM tokens.",
+                          "input_extra, prompt) the same, its prompt laid out with the model's FIM tokens.\n"
+                          "Both also take llama.cpp's lora ([{id, scale}]: this request's adapter scales;\n"
+                          "the OpenAI endpoints too) and speculative.n_max / n_min / p_min (its drafts).",
                           pos, 0, &n_pos);
     if (r) return r == 1 ? 0 : 2;
     if (!fl_args_get(opts, "model")->set) {
@@ -173,35 +177,42 @@ int fl_cmd_serve(int argc, char **argv) {
     ep.no_mmap = fl_args_get(opts, "no-mmap")->set;
     ep.no_repack = fl_args_get(opts, "no-repack")->set;
     if (fl_cli_spec_params(opts, "serve", &ep)) return 2;
-    /* adapters: --lora (every request) or --lora-modules (by name); the names and paths point
-     * into one copy of the option's text */
+    /* adapters: --lora (every request, by default) or --lora-modules (by name); the names and
+     * paths point into one copy of the option's text */
     char mods[4096];
     const char *lora_paths[16], *lora_names[16];
-    float lora_scales[16];
-    for (int i = 0; i < 16; i++) lora_scales[i] = fl_args_get(opts, "lora-scale")->set ? (float)fl_args_get(opts, "lora-scale")->f : 1.0f;
+    float lora_scales[16], server_scales[16];
+    const float scale = fl_args_get(opts, "lora-scale")->set ? (float)fl_args_get(opts, "lora-scale")->f : 1.0f;
+    const bool no_apply = fl_args_get(opts, "lora-init-without-apply")->set;
     int32_t n_lora = 0, n_names = 0;
     const char *one = fl_args_get(opts, "lora")->str, *lm = fl_args_get(opts, "lora-modules")->str;
     if (one && lm) {
         fprintf(stderr, "fitllm serve: --lora and --lora-modules do not go together\n");
         return 2;
     }
-    if (one) lora_paths[n_lora++] = one;
-    if (lm) {
-        if (strlen(lm) >= sizeof mods) {
-            fprintf(stderr, "fitllm serve: --lora-modules is too long\n");
+    if (no_apply && !one) {
+        fprintf(stderr, "fitllm serve: --lora-init-without-apply needs --lora\n");
+        return 2;
+    }
+    if ((one ? one : lm) && strlen(one ? one : lm) >= sizeof mods) {
+        fprintf(stderr, "fitllm serve: --%s is too long\n", one ? "lora" : "lora-modules");
+        return 2;
+    }
+    if (one || lm) strcpy(mods, one ? one : lm);
+    for (char *save = NULL, *tok = (one || lm) ? strtok_r(mods, ",", &save) : NULL; tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = lm ? strchr(tok, '=') : NULL;
+        if (n_lora == 16 || (lm && (!eq || eq == tok || !eq[1]))) {
+            fprintf(stderr, one ? "fitllm serve: --lora takes up to 16 files, comma-separated ('%s')\n"
+                                : "fitllm serve: --lora-modules takes up to 16 NAME=FILE, comma-separated ('%s')\n", tok);
             return 2;
         }
-        strcpy(mods, lm);
-        for (char *save = NULL, *tok = strtok_r(mods, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-            char *eq = strchr(tok, '=');
-            if (!eq || eq == tok || !eq[1] || n_lora == 16) {
-                fprintf(stderr, "fitllm serve: --lora-modules takes up to 16 NAME=FILE, comma-separated ('%s')\n", tok);
-                return 2;
-            }
+        if (eq) {
             *eq = 0;
             lora_names[n_names++] = tok;
-            lora_paths[n_lora++] = eq + 1;
         }
+        lora_scales[n_lora] = scale;
+        server_scales[n_lora] = one && !no_apply ? scale : 0.0f; /* (modules: only where named) */
+        lora_paths[n_lora++] = eq ? eq + 1 : tok;
     }
     ep.lora_paths = n_lora ? lora_paths : NULL;
     ep.lora_scales = lora_scales;
@@ -244,7 +255,8 @@ int fl_cmd_serve(int argc, char **argv) {
     sp.model_name = fl_args_get(opts, "alias")->str;
     sp.lora_names = lora_names;
     sp.n_lora_names = n_names;
-    sp.default_lora = one ? 1 : 0;
+    sp.lora_scales = server_scales;
+    sp.lora_paths = lora_paths;
     sp.pooling = !strcmp(pool, "last") ? FL_POOLING_LAST : FL_POOLING_MEAN;
     sp.spm_infill = fl_args_get(opts, "spm-infill")->set;
     if (fl_args_get(opts, "reasoning-format")->set) {

@@ -175,6 +175,7 @@ typedef struct fl_engine_params {
                                  * that is dropped costs what a decoded token does); 0: always draft */
 } fl_engine_params;
 #define FL_SPEC_MAX 16
+#define FL_ENGINE_MAX_LORAS 16 /* adapters an engine holds (fl_engine_params.n_loras) */
 #define FL_GUIDE_MEM_DEFAULT ((int64_t)16 << 20)
 
 void fl_engine_params_default(fl_engine_params *p);
@@ -252,8 +253,14 @@ typedef struct fl_request_params {
                                  * prompt position then needs a logits row, so the prompt is computed
                                  * in chunks of at most max_seqs rows and skips the prefix cache */
     int32_t priority;           /* FL_SCHED_PRIORITY: lower runs first (ties by arrival); must be 0 under FCFS */
-    int32_t lora;               /* the engine's LoRA adapter k (1..n_loras) applied to this request, 0 none;
-                                 * its prompt blocks are cached apart from other adapters' */
+    int32_t lora;               /* the engine's LoRA adapter k (1..n_loras) applied to this request at the
+                                 * scale it was loaded with, 0 none (not with lora_scales); its prompt
+                                 * blocks are cached apart from other adapters' */
+    const float *lora_scales;   /* llama.cpp's per-request "lora": [{id, scale}]: fl_engine_n_loras
+                                 * scales, adapter k applied at lora_scales[k - 1] (0: not applied;
+                                 * alpha / r on top, as for a loaded scale), mixed in the one request;
+                                 * copied when added.  Finite, |scale| <= 1e6.  Requests of different
+                                 * mixes batch together; the prompt's blocks are cached under the mix */
     const int32_t *allowed_token_ids; /* vLLM's allowed_token_ids: only these n_allowed_token_ids tokens
                                  * may be sampled (end-of-generation too only if listed; with a
                                  * constraint, those of them it allows); NULL: any.  Kept as a
@@ -278,6 +285,13 @@ typedef struct fl_request_params {
     int32_t special_text;       /* 1: special (control) tokens generated keep their text in the output
                                  * ("<|im_start|>"; vLLM's skip_special_tokens false); 0: they add none.
                                  * The end of generation ends it either way, without its text */
+    /* speculative decoding for this request (llama.cpp's speculative.n_max / n_min / p_min), within
+     * the engine's spec_tokens: */
+    int32_t spec_max;           /* draft tokens per step: 0 the engine's spec_tokens, -1 none for this
+                                 * request, k at most k (more than spec_tokens is cut to it) */
+    int32_t spec_min;           /* a draft shorter than this is not verified (0: any); 0..FL_SPEC_MAX */
+    int32_t spec_p_min_set;     /* 1: spec_p_min replaces the engine's spec_draft_p_min (draft model) */
+    float spec_p_min;           /* 0..1 */
 } fl_request_params;
 
 typedef enum fl_request_state {
@@ -379,7 +393,8 @@ void fl_engine_stats_get(fl_engine *e, fl_engine_stats *s);
 
 /* ---- OpenAI-compatible HTTP server (src/server) ----
  * Serves one engine over HTTP with libmicrohttpd: /v1/completions, /v1/chat/completions,
- * /v1/models, /tokenize, /detokenize, /health, /metrics.  fl_server_start binds and returns; requests are served by
+ * /v1/models, /tokenize, /detokenize, /health, /metrics, /lora-adapters and the rest of
+ * docs/SERVER.md.  fl_server_start binds and returns; requests are served by
  * connection threads and one engine driver thread.  fl_server_stop stops accepting, cancels
  * what is still running, and joins everything. */
 typedef struct fl_server fl_server;
@@ -397,7 +412,12 @@ typedef struct fl_server_params {
     const char *const *lora_names; /* names of the engine's LoRA adapters 1..n_lora_names (vLLM's
                                  * --lora-modules): a request whose "model" is one of them gets it */
     int32_t n_lora_names;
-    int32_t default_lora;       /* the adapter of a request that names none (serve --lora: 1; default 0) */
+    const float *lora_scales;   /* [fl_engine_n_loras] the adapters' scales for a request that names neither an
+                                 * adapter (lora_names) nor its own "lora" scales: llama.cpp's --lora
+                                 * (every adapter at its scale; 0: not applied); POST /lora-adapters
+                                 * sets them.  NULL: 0 each */
+    const char *const *lora_paths; /* [fl_engine_n_loras] the adapters' files, as GET /lora-adapters lists
+                                 * them (NULL: empty) */
     int32_t pooling;            /* /v1/embeddings (the engine made with embeddings): FL_POOLING_MEAN (default)
                                  * or FL_POOLING_LAST */
     int32_t reasoning_format;   /* chat: 1 (default, llama.cpp's "deepseek"): an output's <think>...</think>

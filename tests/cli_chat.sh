@@ -92,6 +92,32 @@ import re, sys
 t = open(sys.argv[1]).read()
 d = re.search(r\"^vllm:spec_decode_num_draft_tokens_total\\{[^}]*\\} (\\d+)\", t, re.M); a = re.search(r\"^vllm:spec_decode_num_accepted_tokens_total\\{[^}]*\\} (\\d+)\", t, re.M)
 sys.exit(0 if d and a and int(d.group(1)) >= int(a.group(1)) > 0 else 1)" "$TMP/metrics"'
+# llama.cpp's per-request speculative.n_max / n_min / p_min: no drafts at n_max 0, drafts of
+# exactly 2 tokens at n_max = n_min = 2; the same text either way
+python3 - "$URL" <<'EOF'
+import json, re, sys, urllib.request, urllib.error
+url = sys.argv[1]
+def post(body):
+    req = urllib.request.Request(url + "/completion", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        return json.load(urllib.request.urlopen(req))
+    except urllib.error.HTTPError as e:
+        return {"status": e.code}
+def drafts():
+    t = urllib.request.urlopen(url + "/metrics").read().decode()
+    g = lambda n: int(re.search(r"^vllm:spec_decode_num_%s_total\{[^}]*\} (\d+)" % n, t, re.M).group(1))
+    return g("drafts"), g("draft_tokens")
+base = {"prompt": "Once upon a time, there was a little girl named Lily. She", "n_predict": 64, "temperature": 0}
+d0, t0 = drafts(); plain = post(base)["content"]
+d1, t1 = drafts(); none = post(dict(base, **{"speculative.n_max": 0}))["content"]
+d2, t2 = drafts(); two = post(dict(base, **{"speculative.n_max": 2, "speculative.n_min": 2}))["content"]
+d3, t3 = drafts()
+bad = post(dict(base, **{"speculative.p_min": 2}))
+ok = plain == none == two and d1 > d0 and (d2, t2) == (d1, t1) and d3 > d2 and t3 - t2 == 2 * (d3 - d2) and bad == {"status": 400}
+print((plain, none, two, (d0, t0), (d1, t1), (d2, t2), (d3, t3), bad)) if not ok else None
+sys.exit(0 if ok else 1)
+EOF
+check "serve --spec-ngram: speculative.n_max 0 drafts nothing, n_max = n_min = 2 drafts 2 at a time, the same text" '[ $? -eq 0 ]'
 
 # --chat-template-file (llama.cpp's): a template whose markers are Llama 3's renders as Llama 3 in
 # the server and in the chat alike; their replies agree

@@ -112,6 +112,41 @@ assert sb["model"] != "tuned" and sb["choices"][0]["text"] == tb, (sb, tb)
 assert tt != tb
 assert [m["id"] for m in ms["data"]][1:] == ["tuned"] and ms["data"][1]["parent"] == ms["data"][0]["id"], ms
 PY
+  # serve --lora (llama.cpp's): every request gets the adapter unless its "lora" says otherwise;
+  # GET/POST /lora-adapters list and set the scales; a request's scale is run --lora-scale's
+  "$F" serve -m "$S/models/stories260K.gguf" --port 0 -t 1 -c 256 --lora "$T/r.lora.gguf" 2> "$T/srv.log" &
+  spid=$!
+  for _ in $(seq 1 100); do port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$T/srv.log"); [ -n "$port" ] && break; sleep 0.1; done
+  [ -n "$port" ] || { cat "$T/srv.log"; kill $spid; fail "serve --lora did not start"; }
+  t_neg=$(run_text --lora "$T/r.lora.gguf" --lora-scale -1)
+  l0=$(curl -s "http://127.0.0.1:$port/lora-adapters")
+  d_on=$(gen ''); d_none=$(gen ',"lora":[]'); d_neg=$(gen ',"lora":[{"id":0,"scale":-1}]')
+  d_bad=$(gen ',"lora":[{"id":1,"scale":1}]')
+  n_none=$(curl -s "http://127.0.0.1:$port/completion" -d '{"prompt":"Once upon a time","n_predict":16,"temperature":0,"lora":[{"id":0,"scale":0}]}')
+  set_off=$(curl -s "http://127.0.0.1:$port/lora-adapters" -d '[{"id":0,"scale":0}]')
+  set_bad=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/lora-adapters" -d '[{"id":3,"scale":1}]')
+  l1=$(curl -s "http://127.0.0.1:$port/lora-adapters"); d_off=$(gen '')
+  kill $spid; wait $spid
+  "$F" serve -m "$S/models/stories260K.gguf" --port 0 -t 1 -c 256 --lora "$T/r.lora.gguf" --lora-init-without-apply 2> "$T/srv.log" &
+  spid=$!
+  for _ in $(seq 1 100); do port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$T/srv.log"); [ -n "$port" ] && break; sleep 0.1; done
+  [ -n "$port" ] || { cat "$T/srv.log"; kill $spid; fail "serve --lora-init-without-apply did not start"; }
+  i_def=$(gen ''); i_on=$(gen ',"lora":[{"id":0,"scale":1}]')
+  kill $spid; wait $spid
+  python3 - "$T/r.lora.gguf" "$t_tuned" "$t_base" "$t_neg" "$l0" "$d_on" "$d_none" "$d_neg" "$d_bad" "$n_none" "$set_off" "$set_bad" "$l1" "$d_off" "$i_def" "$i_on" <<'PY' ||
+import json, sys
+path, tt, tb, th = sys.argv[1:5]
+l0, d_on, d_none, d_neg, d_bad, n_none, set_off = (json.loads(x) for x in sys.argv[5:12])
+set_bad, l1, d_off, i_def, i_on = sys.argv[12], json.loads(sys.argv[13]), json.loads(sys.argv[14]), json.loads(sys.argv[15]), json.loads(sys.argv[16])
+text = lambda d: d["choices"][0]["text"]
+assert l0 == [{"id": 0, "path": path, "scale": 1}], l0
+assert text(d_on) == tt and text(d_none) == tb and text(d_neg) == th and th not in (tt, tb), (d_on, d_none, d_neg, th)
+assert "invalid adapter id 1" in d_bad["error"]["message"], d_bad
+assert n_none["content"] == tb, n_none
+assert set_off == {"success": True} and set_bad == "400" and l1[0]["scale"] == 0 and text(d_off) == tb, (set_off, set_bad, l1, d_off)
+assert text(i_def) == tb and text(i_on) == tt, (i_def, i_on)
+PY
+    fail "serve --lora: /lora-adapters and per-request scales"
 fi
 "$F" run -m "$S/models/stories260K.gguf" --lora "$T/inf.lora.gguf" -p "Once" -n 2 -t 1 > /dev/null 2> "$T/err8.txt"; rc=$?
 [ $rc -ne 0 ] && grep -q "alpha" "$T/err8.txt" || { cat "$T/err8.txt"; fail "run --lora with an infinite alpha must be refused (rc $rc)"; }

@@ -1770,7 +1770,8 @@ static void test_paged_spec(void **state) {
 
 /* Sampling with a seed: the same tokens with drafts as without (each token is sampled from the
  * same logits with the same random draw; a draft only saves the step). */
-static void spec_sample_run(int32_t spec, uint64_t seed, int32_t *out, int32_t *n_out, int64_t *kept) {
+static void spec_sample_run_ex(int32_t spec, int32_t req_max, int32_t req_min, uint64_t seed, int32_t *out, int32_t *n_out,
+                               fl_engine_stats *stats) {
     tpg *t;
     g_spec = spec;
     fl_engine *e = paged_engine(4, 32, 400, FL_PREEMPT_RECOMPUTE, &t);
@@ -1783,6 +1784,8 @@ static void spec_sample_run(int32_t spec, uint64_t seed, int32_t *out, int32_t *
     p.sampling.seed = seed;
     p.ignore_eos = 1;
     p.max_tokens = 60;
+    p.spec_max = req_max; /* (both requests) */
+    p.spec_min = req_min;
     p.prompt = other;
     p.n_prompt = 5;
     int64_t id, other_id;
@@ -1792,11 +1795,15 @@ static void spec_sample_run(int32_t spec, uint64_t seed, int32_t *out, int32_t *
     p.sampling.repeat_penalty = 1.1f; /* the penalties see the kept drafts as generated tokens */
     assert_int_equal(fl_engine_add(e, &p, &id), FL_OK);
     run_collect(e, id, out, n_out);
-    fl_engine_stats st;
-    fl_engine_stats_get(e, &st);
-    *kept = st.spec_accepted_tokens;
-    assert_int_equal(st.kv_blocks_used, 0);
+    fl_engine_stats_get(e, stats);
+    assert_int_equal(stats->kv_blocks_used, 0);
     fl_engine_free(e);
+}
+
+static void spec_sample_run(int32_t spec, uint64_t seed, int32_t *out, int32_t *n_out, int64_t *kept) {
+    fl_engine_stats st;
+    spec_sample_run_ex(spec, 0, 0, seed, out, n_out, &st);
+    *kept = st.spec_accepted_tokens;
 }
 
 static void test_paged_spec_seeded(void **state) {
@@ -1813,6 +1820,29 @@ static void test_paged_spec_seeded(void **state) {
         assert_memory_equal(a, b, 60 * sizeof(int32_t));
         assert_int_equal(ka, 0);
         kept_all += kb;
+        /* per request (llama.cpp's speculative.n_max / n_min): drafts of exactly 2 tokens, or
+         * none; the same tokens */
+        fl_engine_stats st;
+        spec_sample_run_ex(5, 2, 2, seed, b, &nb, &st);
+        assert_memory_equal(a, b, 60 * sizeof(int32_t));
+        assert_true(st.spec_drafts > 0);
+        assert_int_equal(st.spec_draft_tokens, 2 * st.spec_drafts);
+        spec_sample_run_ex(5, -1, 0, seed, b, &nb, &st);
+        assert_memory_equal(a, b, 60 * sizeof(int32_t));
+        assert_int_equal(st.spec_drafts, 0);
+    }
+    { /* per-request limits out of range are refused */
+        tpg *t;
+        g_spec = 4;
+        fl_engine *e = paged_engine(4, 32, 400, FL_PREEMPT_RECOMPUTE, &t);
+        g_spec = 0;
+        int32_t prompt[3] = {1, 5, 7};
+        int64_t id;
+        const fl_request_params bad[3] = {{.prompt = prompt, .n_prompt = 3, .spec_max = FL_SPEC_MAX + 1},
+                                          {.prompt = prompt, .n_prompt = 3, .spec_min = -1},
+                                          {.prompt = prompt, .n_prompt = 3, .spec_p_min_set = 1, .spec_p_min = 1.5f}};
+        for (int i = 0; i < 3; i++) assert_int_equal(fl_engine_add(e, &bad[i], &id), FL_ERR_INVALID);
+        fl_engine_free(e);
     }
     toy_window = 0;
     print_message("spec seeded: %lld drafts kept\n", (long long)kept_all);
@@ -1994,6 +2024,7 @@ typedef struct real_run {
 static int32_t g_real_spec, g_real_kv_f16; /* run_refs: speculative decoding's drafts (0: off); an f16 cache */
 static const char *g_real_draft;          /* run_refs: the draft model (NULL: n-gram drafts) */
 static float g_real_pmin = -1;            /* run_refs: its spec_draft_p_min (< 0: the default) */
+static float g_real_req_pmin = -1;        /* run_refs: each request's own p_min (< 0: the engine's) */
 
 /* All 12 prompts at once through an engine with the given shape; every output must equal the
  * reference (EOS ends the request and is not streamed as a token). */
@@ -2023,6 +2054,8 @@ static void run_refs(const ref_set *rs, const char *model, fl_kv_layout layout, 
         q.prompt = rs->prompt[i];
         q.n_prompt = rs->n_prompt[i];
         q.max_tokens = rs->n_want[i];
+        q.spec_p_min_set = g_real_req_pmin >= 0;
+        q.spec_p_min = g_real_req_pmin;
         if (fl_engine_add(e, &q, &ids[i]) != FL_OK) fail_msg("add: %s", fl_last_error());
     }
     static int32_t got[NREF][256];
@@ -2136,6 +2169,12 @@ static void test_stories_spec(void **state) {
     run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 64, 8 << 20, FL_PREEMPT_RECOMPUTE, &rp);
     print_message("  with p_min 0.75: %lld steps (%lld drafted, %lld kept)\n", (long long)rp.steps, (long long)rp.drafted, (long long)rp.kept);
     assert_true(rp.drafted < rr.drafted && (double)rp.kept / (double)rp.drafted > (double)rr.kept / (double)rr.drafted);
+    /* the requests' own p_min 0 (llama.cpp's speculative.p_min) over the engine's 0.75: as with 0 */
+    g_real_req_pmin = 0;
+    run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 64, 8 << 20, FL_PREEMPT_RECOMPUTE, &rp);
+    g_real_req_pmin = -1;
+    assert_int_equal(rp.drafted, rr.drafted);
+    assert_int_equal(rp.kept, rr.kept);
     g_real_pmin = 0;
     run_refs(&rs, "models/stories260K.gguf", FL_KV_PAGED, 12, 32, tiny, FL_PREEMPT_RECOMPUTE, &rr);
     assert_true(rr.preemptions > 0 && rr.kept > 0);

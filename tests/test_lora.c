@@ -134,20 +134,26 @@ static void write_llama_cpp(const char *path, const fl_hparams *hp, adapter *ad,
     for (int i = 0; i < 32; i++) free(bufs[i]);
 }
 
-/* Logits of every position of a fixed 12-token sequence, base model + adapter at path (NULL:
- * none), or with W += s B A merged by hand (merge != NULL). */
-static void logits_of(const char *adapter_path, float scale, const adapter *merge, float s_merge, float *out) {
+/* Logits of every position of a fixed 12-token sequence through the base model with the adapters
+ * paths[0..n_paths) loaded at scale: applied by the model's default (adapter 1) or, with mix, every
+ * token through that one mix of them (fl_batch.lora_mix); merges[i] added into the weights by hand
+ * as W += s_merge[i] B A first. */
+static void logits_gen(const char *const *paths, int n_paths, float scale, const float *mix, const adapter *const *merges,
+                       const float *s_merge, int n_merge, float *out) {
     fl_model_params mp = fl_model_default_params();
     mp.no_mmap = true; /* (the merge writes into the weights) */
-    mp.lora_paths = &adapter_path;
-    mp.lora_scales = &scale;
-    mp.n_loras = mp.lora_default = adapter_path ? 1 : 0;
+    const float scales[2] = {scale, scale};
+    mp.lora_paths = paths;
+    mp.lora_scales = scales;
+    mp.n_loras = n_paths;
+    mp.lora_default = n_paths && !mix ? 1 : 0;
     fl_model *m;
     if (fl_model_load(FL_SHARED_PATH(MODEL), &mp, &m)) fail_msg("load: %s", fl_last_error());
     const fl_hparams *hp = fl_model_hparams(m);
-    if (merge) assert_int_equal(fl_gguf_set_writable((fl_gguf *)fl_model_gguf(m), true), FL_OK);
-    if (merge)
+    if (n_merge) assert_int_equal(fl_gguf_set_writable((fl_gguf *)fl_model_gguf(m), true), FL_OK);
+    for (int i = 0; i < n_merge; i++)
         for (int l = 0; l < hp->n_layer; l++) {
+            const adapter *merge = merges[i];
             const fl_layer *L = fl_model_layer(m, l);
             const fl_tensor *W[FL_LORA_TARGETS] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w1, &L->w3, &L->w2};
             for (int k = 0; k < FL_LORA_TARGETS; k++) {
@@ -157,10 +163,10 @@ static void logits_of(const char *adapter_path, float scale, const adapter *merg
                 shape_of(hp, k, &K, &N);
                 float *w = W[k]->data;
                 for (int64_t n = 0; n < N; n++)
-                    for (int64_t i = 0; i < K; i++) {
+                    for (int64_t c = 0; c < K; c++) {
                         double acc = 0;
-                        for (int j = 0; j < merge->rank; j++) acc += (double)merge->b[l][k][n * merge->rank + j] * merge->a[l][k][j * K + i];
-                        w[n * K + i] += (float)(s_merge * acc);
+                        for (int j = 0; j < merge->rank; j++) acc += (double)merge->b[l][k][n * merge->rank + j] * merge->a[l][k][j * K + c];
+                        w[n * K + c] += (float)(s_merge[i] * acc);
                     }
             }
         }
@@ -168,18 +174,29 @@ static void logits_of(const char *adapter_path, float scale, const adapter *merg
     fl_kv_contig *kv;
     assert_int_equal(fl_kv_contig_new(&kp, &kv), FL_OK);
     assert_int_equal(fl_model_workspace_new(m, 16, 12), FL_OK);
-    int32_t tok[12], pos[12], sid[12];
+    int32_t tok[12], pos[12], sid[12], lora[12];
     int8_t lg[12];
     for (int i = 0; i < 12; i++) {
         tok[i] = i ? 3 + (i * 37) % 500 : 1;
         pos[i] = i;
         sid[i] = 0;
         lg[i] = 1;
+        lora[i] = 1;
     }
     fl_batch b = {12, tok, pos, sid, lg};
+    if (mix) {
+        b.lora = lora;
+        b.lora_mix = mix;
+        b.n_lora_mix = 1;
+    }
     if (fl_model_forward(m, &b, fl_kv_contig_iface(), kv, out)) fail_msg("forward: %s", fl_last_error());
     fl_kv_contig_free(kv);
     fl_model_free(m);
+}
+
+/* The same through adapter_path (NULL: none) at scale, or with merge added by hand at s_merge. */
+static void logits_of(const char *adapter_path, float scale, const adapter *merge, float s_merge, float *out) {
+    logits_gen(adapter_path ? &adapter_path : NULL, adapter_path ? 1 : 0, scale, NULL, merge ? &merge : NULL, &s_merge, merge ? 1 : 0, out);
 }
 
 static double max_diff(const float *a, const float *b, int64_t n, double *scale) {
@@ -262,6 +279,55 @@ static void test_llama_cpp_file_some_matrices(void **state) {
     free(base);
     free(got);
     free(want);
+    fl_test_mem_zero();
+}
+
+/* Two adapters mixed in one batch (llama.cpp's per-request "lora" scales) give the model with
+ * both merged at their scales; a mix of one adapter is, bit for bit, that adapter applied at the
+ * same loaded scale; an all-zero mix is the base model. */
+static void test_mix_equals_merged(void **state) {
+    NEED_SHARED();
+    (void)state;
+    const fl_hparams hp = hparams();
+    char p1[64], p2[64];
+    snprintf(p1, sizeof p1, "/tmp/fl_lora_%d_m1.gguf", (int)getpid());
+    snprintf(p2, sizeof p2, "/tmp/fl_lora_%d_m2.gguf", (int)getpid());
+    adapter a1 = {.rank = 4, .alpha = 8}, a2 = {.rank = 2, .alpha = 4};
+    write_fitllm(p1, &hp, &a1, 0x7f, 31);
+    const int pairs[4][2] = {{0, FL_LORA_Q}, {1, FL_LORA_DOWN}, {2, FL_LORA_V}, {4, FL_LORA_UP}};
+    write_llama_cpp(p2, &hp, &a2, pairs, 4, NULL, 32);
+    const char *paths[2] = {p1, p2};
+    float *base = malloc(NV * 4), *got = malloc(NV * 4), *want = malloc(NV * 4), *one = malloc(NV * 4);
+    logits_of(NULL, 1, NULL, 0, base);
+    const float mix[2] = {0.5f, -1.5f};
+    logits_gen(paths, 2, 1.0f, mix, NULL, NULL, 0, got);
+    const adapter *both[2] = {&a1, &a2};
+    const float s_both[2] = {0.5f * 8 / 4, -1.5f * 4 / 2}; /* s = scale x alpha / r */
+    logits_gen(NULL, 0, 1.0f, NULL, both, s_both, 2, want);
+    double sc, d = max_diff(got, want, NV, &sc);
+    const double moved = max_diff(base, want, NV, NULL);
+    fprintf(stderr, "mix of two adapters: max |mix - both merged| %.3g (logits up to %.3g, moved %.3g)\n", d, sc, moved);
+    assert_true(moved > 0.5);
+    assert_true(d < 2e-3 * sc); /* (the llama.cpp file is f16: x A^T rounded to f16 before B) */
+    /* the second adapter counts: the first alone is far from the mix */
+    logits_gen(NULL, 0, 1.0f, NULL, both, s_both, 1, one);
+    assert_true(max_diff(one, want, NV, NULL) > 0.05);
+    /* a mix of one adapter at 0.5 = that adapter loaded at 0.5, bit for bit */
+    const float mix1[2] = {0.5f, 0.0f};
+    logits_gen(paths, 2, 1.0f, mix1, NULL, NULL, 0, got);
+    logits_of(p1, 0.5f, NULL, 0, one);
+    assert_memory_equal(got, one, NV * 4);
+    const float none[2] = {0.0f, 0.0f};
+    logits_gen(paths, 2, 1.0f, none, NULL, NULL, 0, got);
+    assert_memory_equal(got, base, NV * 4);
+    unlink(p1);
+    unlink(p2);
+    adapter_free(&a1);
+    adapter_free(&a2);
+    free(base);
+    free(got);
+    free(want);
+    free(one);
     fl_test_mem_zero();
 }
 
@@ -351,11 +417,14 @@ static void test_plan_counts_adapter(void **state) {
     fl_test_mem_zero();
 }
 
-/* Greedy tokens of prompt through the bare model with adapter path (NULL: none). */
-static void greedy_ref(const char *adapter_path, const int32_t *prompt, int32_t n_prompt, int32_t n_gen, int32_t *out) {
+/* Greedy tokens of prompt through the bare model with the adapters paths[0..n_paths) loaded (scale
+ * 1), applied by the model's default (adapter 1) or, with mix, through that mix of them. */
+static void greedy_gen(const char *const *paths, int n_paths, const float *mix, const int32_t *prompt, int32_t n_prompt,
+                       int32_t n_gen, int32_t *out) {
     fl_model_params mp = fl_model_default_params();
-    mp.lora_paths = &adapter_path;
-    mp.n_loras = mp.lora_default = adapter_path ? 1 : 0;
+    mp.lora_paths = paths;
+    mp.n_loras = n_paths;
+    mp.lora_default = n_paths && !mix ? 1 : 0;
     fl_model *m;
     if (fl_model_load(FL_SHARED_PATH(MODEL), &mp, &m)) fail_msg("load: %s", fl_last_error());
     const fl_hparams *hp = fl_model_hparams(m);
@@ -364,14 +433,20 @@ static void greedy_ref(const char *adapter_path, const int32_t *prompt, int32_t 
     assert_int_equal(fl_kv_contig_new(&kp, &kv), FL_OK);
     assert_int_equal(fl_model_workspace_new(m, 64, 1), FL_OK);
     float *lg = malloc((size_t)hp->n_vocab * 4);
-    int32_t tok[64], pos[64], sid[64] = {0};
+    int32_t tok[64], pos[64], sid[64] = {0}, lora[64];
     for (int32_t i = 0; i < n_prompt; i++) {
         tok[i] = prompt[i];
         pos[i] = i;
     }
+    for (int32_t i = 0; i < 64; i++) lora[i] = 1;
     int32_t n = n_prompt, p0 = 0;
     for (int32_t g = 0; g < n_gen; g++) {
         fl_batch b = {n, tok, pos, sid, NULL};
+        if (mix) {
+            b.lora = lora;
+            b.lora_mix = mix;
+            b.n_lora_mix = 1;
+        }
         if (fl_model_forward(m, &b, fl_kv_contig_iface(), kv, lg)) fail_msg("forward: %s", fl_last_error());
         int32_t best = 0;
         for (int32_t v = 1; v < hp->n_vocab; v++)
@@ -387,20 +462,63 @@ static void greedy_ref(const char *adapter_path, const int32_t *prompt, int32_t 
     fl_model_free(m);
 }
 
-/* An engine over two adapters and the base: requests picking each, batched together, generate
- * what each gives alone through its adapter; a prompt's cached blocks serve only its adapter. */
-static void test_engine_adapters_per_request(void **state) {
-    NEED_SHARED();
-    (void)state;
+static void greedy_ref(const char *adapter_path, const int32_t *prompt, int32_t n_prompt, int32_t n_gen, int32_t *out) {
+    greedy_gen(adapter_path ? &adapter_path : NULL, adapter_path ? 1 : 0, NULL, prompt, n_prompt, n_gen, out);
+}
+
+enum { NG = 10 }; /* tokens each engine test request generates */
+
+/* Step e until the n requests id0.. finish, their tokens into got[i] (n_got[i] of them). */
+static void run_requests(fl_engine *e, int64_t id0, int n, int32_t (*got)[NG], int32_t *n_got) {
+    fl_request_output ev[16];
+    for (int done = 0, guard = 0; done < n; guard++) {
+        assert_true(guard < 1000);
+        int32_t active;
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        int32_t k;
+        while ((k = fl_engine_poll(e, ev, 16)) > 0)
+            for (int32_t j = 0; j < k; j++) {
+                const int i = (int)(ev[j].request_id - id0);
+                memcpy(got[i] + n_got[i], ev[j].new_tokens, (size_t)ev[j].n_new * 4);
+                n_got[i] += ev[j].n_new;
+                done += ev[j].finish != FL_FINISH_NONE;
+            }
+    }
+}
+
+/* Run rp (one token) through e alone: the prompt tokens the prefix cache served. */
+static int32_t cached_prompt(fl_engine *e, fl_request_params *rp) {
+    fl_request_output ev[16];
+    fl_sampling_params_default(&rp->sampling);
+    int64_t id;
+    assert_int_equal(fl_engine_add(e, rp, &id), FL_OK);
+    int32_t cached = -1;
+    for (int guard = 0; cached < 0; guard++) {
+        assert_true(guard < 100);
+        int32_t active;
+        assert_int_equal(fl_engine_step(e, &active), FL_OK);
+        int32_t n;
+        while ((n = fl_engine_poll(e, ev, 16)) > 0)
+            for (int32_t k = 0; k < n; k++)
+                if (ev[k].request_id == id && ev[k].finish != FL_FINISH_NONE) cached = ev[k].n_cached_prompt;
+    }
+    return cached;
+}
+
+/* Two adapter files (fitllm's over every matrix, rank 4; llama.cpp's over three, rank 2) written
+ * from seed and seed + 1 to p1 / p2 (named by tag), and an engine over them loaded at loaded[]
+ * (NULL: 1 each). */
+static fl_engine *two_adapter_engine(const char *tag, uint64_t seed, const float *loaded, char (*p1)[64], char (*p2)[64],
+                                     adapter *a1, adapter *a2) {
     const fl_hparams hp = hparams();
-    char p1[64], p2[64];
-    snprintf(p1, sizeof p1, "/tmp/fl_lora_%d_e1.gguf", (int)getpid());
-    snprintf(p2, sizeof p2, "/tmp/fl_lora_%d_e2.gguf", (int)getpid());
-    adapter a1 = {.rank = 4, .alpha = 4}, a2 = {.rank = 2, .alpha = 2};
-    write_fitllm(p1, &hp, &a1, 0x7f, 21);
+    snprintf(*p1, sizeof *p1, "/tmp/fl_lora_%d_%s1.gguf", (int)getpid(), tag);
+    snprintf(*p2, sizeof *p2, "/tmp/fl_lora_%d_%s2.gguf", (int)getpid(), tag);
+    *a1 = (adapter){.rank = 4, .alpha = 4};
+    *a2 = (adapter){.rank = 2, .alpha = 2};
+    write_fitllm(*p1, &hp, a1, 0x7f, seed);
     const int pairs[3][2] = {{0, FL_LORA_Q}, {1, FL_LORA_DOWN}, {3, FL_LORA_GATE}};
-    write_llama_cpp(p2, &hp, &a2, pairs, 3, NULL, 22);
-    const char *paths[2] = {p1, p2};
+    write_llama_cpp(*p2, &hp, a2, pairs, 3, NULL, seed + 1);
+    const char *paths[2] = {*p1, *p2};
     fl_engine_params ep;
     fl_engine_params_default(&ep);
     ep.model_path = FL_SHARED_PATH(MODEL);
@@ -410,10 +528,32 @@ static void test_engine_adapters_per_request(void **state) {
     ep.kv_mem = 1 << 20;
     ep.kv_type = "f32";
     ep.lora_paths = paths;
+    ep.lora_scales = loaded;
     ep.n_loras = 2;
     fl_engine *e;
     if (fl_engine_new(&ep, &e)) fail_msg("engine: %s", fl_last_error());
-    enum { NR = 6, NG = 10 };
+    return e;
+}
+
+static void two_adapter_free(fl_engine *e, const char *p1, const char *p2, adapter *a1, adapter *a2) {
+    fl_engine_free(e);
+    unlink(p1);
+    unlink(p2);
+    adapter_free(a1);
+    adapter_free(a2);
+    fl_test_mem_zero();
+}
+
+/* An engine over two adapters and the base: requests picking each, batched together, generate
+ * what each gives alone through its adapter; a prompt's cached blocks serve only its adapter. */
+static void test_engine_adapters_per_request(void **state) {
+    NEED_SHARED();
+    (void)state;
+    char p1[64], p2[64];
+    adapter a1, a2;
+    fl_engine *e = two_adapter_engine("e", 21, NULL, &p1, &p2, &a1, &a2);
+    const char *paths[2] = {p1, p2};
+    enum { NR = 6 };
     const int32_t which[NR] = {0, 1, 2, 1, 0, 2};
     int32_t prompts[NR][8], got[NR][NG], n_got[NR] = {0};
     int64_t ids[NR];
@@ -428,20 +568,7 @@ static void test_engine_adapters_per_request(void **state) {
     fl_request_params bad = {.prompt = prompts[0], .n_prompt = 8, .max_tokens = 2, .lora = 3};
     int64_t bid;
     assert_int_equal(fl_engine_add(e, &bad, &bid), FL_ERR_INVALID);
-    fl_request_output ev[16];
-    for (int done = 0, guard = 0; done < NR; guard++) {
-        assert_true(guard < 1000);
-        int32_t active;
-        assert_int_equal(fl_engine_step(e, &active), FL_OK);
-        int32_t n;
-        while ((n = fl_engine_poll(e, ev, 16)) > 0)
-            for (int32_t k = 0; k < n; k++) {
-                const int i = (int)(ev[k].request_id - ids[0]);
-                memcpy(got[i] + n_got[i], ev[k].new_tokens, (size_t)ev[k].n_new * 4);
-                n_got[i] += ev[k].n_new;
-                done += ev[k].finish != FL_FINISH_NONE;
-            }
-    }
+    run_requests(e, ids[0], NR, got, n_got);
     int differ = 0;
     for (int i = 0; i < NR; i++) {
         int32_t want[NG];
@@ -459,36 +586,83 @@ static void test_engine_adapters_per_request(void **state) {
     const int32_t seq[3] = {1, 2, 1}, want_cached[3] = {0, 0, 32};
     for (int q = 0; q < 3; q++) {
         fl_request_params rp = {.prompt = longp, .n_prompt = 40, .max_tokens = 1, .lora = seq[q]};
-        fl_sampling_params_default(&rp.sampling);
-        int64_t id;
-        assert_int_equal(fl_engine_add(e, &rp, &id), FL_OK);
-        int32_t cached = -1;
-        for (int guard = 0; cached < 0; guard++) {
-            assert_true(guard < 100);
-            int32_t active;
-            assert_int_equal(fl_engine_step(e, &active), FL_OK);
-            int32_t n;
-            while ((n = fl_engine_poll(e, ev, 16)) > 0)
-                for (int32_t k = 0; k < n; k++)
-                    if (ev[k].request_id == id && ev[k].finish != FL_FINISH_NONE) cached = ev[k].n_cached_prompt;
-        }
-        assert_int_equal(cached, want_cached[q]);
+        assert_int_equal(cached_prompt(e, &rp), want_cached[q]);
     }
-    fl_engine_free(e);
-    unlink(p1);
-    unlink(p2);
-    adapter_free(&a1);
-    adapter_free(&a2);
-    fl_test_mem_zero();
+    two_adapter_free(e, p1, p2, &a1, &a2);
+}
+
+/* Requests with adapter mixes (fl_request_params.lora_scales), batched with one that names an
+ * adapter and one with none, each generate what that mix gives alone; the prompt's cached blocks
+ * are shared by equal mixes however asked for, and by no other. */
+static void test_engine_adapter_mixes(void **state) {
+    NEED_SHARED();
+    (void)state;
+    const float loaded[2] = {1.0f, 2.0f};
+    char p1[64], p2[64];
+    adapter a1, a2;
+    fl_engine *e = two_adapter_engine("x", 41, loaded, &p1, &p2, &a1, &a2);
+    const char *paths[2] = {p1, p2};
+    enum { NR = 6 };
+    /* the mixes asked for; index 2 of "which" asks for adapter 2 by name (at its loaded 2) */
+    const float mixes[NR][2] = {{1, 0}, {0.5f, 2}, {0, 0}, {0, 2}, {-1, 1}, {0.7f, 0.3f}};
+    const int32_t which[NR] = {0, 0, 0, 2, 0, 0};
+    int32_t prompts[NR][8], got[NR][NG], n_got[NR] = {0};
+    int64_t ids[NR];
+    for (int i = 0; i < NR; i++) {
+        prompts[i][0] = 1;
+        for (int j = 1; j < 8; j++) prompts[i][j] = 3 + (i * 53 + j * 19) % 500;
+        fl_request_params rp = {.prompt = prompts[i], .n_prompt = 8, .max_tokens = NG, .ignore_eos = 1, .lora = which[i]};
+        if (!which[i]) rp.lora_scales = mixes[i];
+        fl_sampling_params_default(&rp.sampling);
+        rp.sampling.temperature = 0;
+        assert_int_equal(fl_engine_add(e, &rp, &ids[i]), FL_OK);
+    }
+    /* refused: an adapter and scales together; a scale that is not finite or too large */
+    const float nan_mix[2] = {NAN, 0}, big_mix[2] = {0, 2e6f};
+    fl_request_params bad = {.prompt = prompts[0], .n_prompt = 8, .max_tokens = 2, .lora = 1, .lora_scales = mixes[0]};
+    int64_t bid;
+    assert_int_equal(fl_engine_add(e, &bad, &bid), FL_ERR_INVALID);
+    bad.lora = 0;
+    bad.lora_scales = nan_mix;
+    assert_int_equal(fl_engine_add(e, &bad, &bid), FL_ERR_INVALID);
+    bad.lora_scales = big_mix;
+    assert_int_equal(fl_engine_add(e, &bad, &bid), FL_ERR_INVALID);
+    assert_non_null(strstr(fl_last_error(), "scale"));
+    run_requests(e, ids[0], NR, got, n_got);
+    int differ = 0;
+    for (int i = 0; i < NR; i++) {
+        int32_t want[NG], base[NG];
+        greedy_gen(paths, 2, mixes[i], prompts[i], 8, NG, want);
+        assert_int_equal(n_got[i], NG);
+        if (memcmp(got[i], want, sizeof want)) fail_msg("request %d: the engine's tokens differ from its mix alone", i);
+        greedy_ref(NULL, prompts[i], 8, NG, base);
+        if (i == 2) assert_memory_equal(got[i], base, sizeof base); /* the all-zero mix: the base model */
+        differ += memcmp(base, want, sizeof base) != 0;
+    }
+    assert_true(differ >= 3); /* the mixes change what is generated */
+    /* the prefix cache: 40 prompt tokens (2 full blocks) under adapter 2 at 2 asked by scales, then
+     * by name (the same mix: served), then at 2.5 (another mix: computed) */
+    int32_t longp[40];
+    for (int j = 0; j < 40; j++) longp[j] = j ? 3 + (j * 31) % 500 : 1;
+    const float m_a[2] = {0, 2}, m_b[2] = {0, 2.5f};
+    const float *seq_mix[3] = {m_a, NULL, m_b};
+    const int32_t want_cached[3] = {0, 32, 0};
+    for (int q = 0; q < 3; q++) {
+        fl_request_params rp = {.prompt = longp, .n_prompt = 40, .max_tokens = 1, .lora = seq_mix[q] ? 0 : 2, .lora_scales = seq_mix[q]};
+        assert_int_equal(cached_prompt(e, &rp), want_cached[q]);
+    }
+    two_adapter_free(e, p1, p2, &a1, &a2);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fitllm_file_equals_merged),
         cmocka_unit_test(test_llama_cpp_file_some_matrices),
+        cmocka_unit_test(test_mix_equals_merged),
         cmocka_unit_test(test_bad_adapters),
         cmocka_unit_test(test_plan_counts_adapter),
         cmocka_unit_test(test_engine_adapters_per_request),
+        cmocka_unit_test(test_engine_adapter_mixes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

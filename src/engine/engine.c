@@ -21,6 +21,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <xxhash.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -39,6 +40,8 @@ struct fl_engine {
     int32_t max_tokens, max_rows;
     int32_t watermark;    /* blocks kept free at admission */
     int32_t *b_tok, *b_pos, *b_seq, *b_lora;
+    float *b_mix;         /* with adapters: [max_seqs][n_loras] the adapter mixes of a step (fl_batch.lora_mix) */
+    float lora_loaded[FL_ENGINE_MAX_LORAS]; /* each adapter's scale as loaded (fl_engine_params.lora_scales) */
     int8_t *b_logit;
     float *logits;
     int8_t *b_hid;        /* embeddings: [max_tokens] 1 = the token's final hidden state is pooled */
@@ -437,6 +440,7 @@ static void free_buffers(fl_engine *e) {
     fl_free(FL_MEM_SCRATCH, e->b_pos, (size_t)e->max_tokens * sizeof(int32_t));
     fl_free(FL_MEM_SCRATCH, e->b_seq, (size_t)e->max_tokens * sizeof(int32_t));
     fl_free(FL_MEM_SCRATCH, e->b_lora, (size_t)e->max_tokens * sizeof(int32_t));
+    fl_free(FL_MEM_SCRATCH, e->b_mix, (size_t)e->p.max_seqs * (size_t)e->p.n_loras * sizeof(float));
     fl_free(FL_MEM_SCRATCH, e->b_logit, (size_t)e->max_tokens);
     fl_free(FL_MEM_ACT, e->logits, (size_t)e->max_rows * (size_t)nv * sizeof(float));
     fl_free(FL_MEM_SCRATCH, e->row_req, (size_t)e->max_rows * sizeof(fl_request *));
@@ -468,6 +472,14 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     e->p = *p;
     e->be = *be;
     pthread_mutex_init(&e->mu, NULL);
+    if (e->p.n_loras < 0 || e->p.n_loras > FL_ENGINE_MAX_LORAS) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: %d LoRA adapters (at most %d)", __func__, e->p.n_loras, FL_ENGINE_MAX_LORAS);
+        e->p.n_loras = 0;
+        goto fail;
+    }
+    for (int32_t k = 0; k < e->p.n_loras; k++) e->lora_loaded[k] = e->p.lora_scales ? e->p.lora_scales[k] : 1.0f;
+    e->p.lora_paths = NULL; /* (the caller's; the backend opened them) */
+    e->p.lora_scales = NULL;
     if (e->p.max_logprobs > FL_MAX_TOP_LOGPROBS || e->p.max_logprobs < -1) {
         st = fl_set_error(FL_ERR_INVALID, "%s: max_logprobs %d, accepted -1..%d", __func__, e->p.max_logprobs, FL_MAX_TOP_LOGPROBS);
         goto fail;
@@ -525,6 +537,10 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     e->b_pos = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(int32_t), 0);
     e->b_seq = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(int32_t), 0);
     e->b_lora = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens * sizeof(int32_t), 0);
+    if (e->p.n_loras > 0 && !(e->b_mix = fl_alloc(FL_MEM_SCRATCH, (size_t)e->p.max_seqs * (size_t)e->p.n_loras * sizeof(float), 0))) {
+        st = FL_ERR_NOMEM;
+        goto fail;
+    }
     e->b_logit = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_tokens, 0);
     e->logits = fl_alloc(FL_MEM_ACT, (size_t)e->max_rows * (size_t)nv * sizeof(float), 0);
     e->row_req = fl_alloc(FL_MEM_SCRATCH, (size_t)e->max_rows * sizeof(fl_request *), 0);
@@ -636,6 +652,22 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
                             __func__, (long long)p->n_prompt + max_tokens, (long long)need, (long long)avail);
     if (p->lora < 0 || p->lora > e->p.n_loras)
         return fl_set_error(FL_ERR_INVALID, "%s: LoRA adapter %d; this engine has %d", __func__, p->lora, e->p.n_loras);
+    if (p->spec_max < -1 || p->spec_max > FL_SPEC_MAX || p->spec_min < 0 || p->spec_min > FL_SPEC_MAX ||
+        (p->spec_p_min_set && !(p->spec_p_min >= 0 && p->spec_p_min <= 1)))
+        return fl_set_error(FL_ERR_INVALID, "%s: speculative n_max %d (-1..%d), n_min %d (0..%d), p_min %g (0..1)", __func__,
+                            p->spec_max, FL_SPEC_MAX, p->spec_min, FL_SPEC_MAX, p->spec_p_min_set ? (double)p->spec_p_min : 0.0);
+    if (p->lora_scales && p->lora)
+        return fl_set_error(FL_ERR_INVALID, "%s: a LoRA adapter and adapter scales: one or the other", __func__);
+    /* the request's adapter mix: each adapter's scale (0: not applied) */
+    float mix[FL_ENGINE_MAX_LORAS] = {0};
+    bool mixed = false;
+    for (int32_t k = 0; k < e->p.n_loras; k++) {
+        const float v = p->lora_scales ? p->lora_scales[k] : p->lora == k + 1 ? e->lora_loaded[k] : 0.0f;
+        if (!isfinite(v) || fabsf(v) > 1e6f)
+            return fl_set_error(FL_ERR_INVALID, "%s: LoRA adapter %d: scale %g (finite, |scale| <= 1e6)", __func__, k + 1, (double)v);
+        mix[k] = v == 0.0f ? 0.0f : v; /* (-0 is 0: one cache salt) */
+        mixed |= v != 0.0f;
+    }
     if (p->priority != 0 && e->p.sched_policy != FL_SCHED_PRIORITY)
         return fl_set_error(FL_ERR_INVALID, "%s: priority %d needs the priority scheduling policy (this engine is FCFS)",
                             __func__, p->priority);
@@ -689,9 +721,10 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
     const size_t refused0 = fl_mem_refused(FL_MEM_GUIDE);
     fl_request_params q = *p;
     q.max_tokens = max_tokens;
-    /* an adapter changes the prompt's K/V: its blocks are cached under a salt of their own */
-    if (q.lora) {
-        q.cache_salt = (q.cache_salt ^ 0x4C6F5241ull) * 0x9E3779B97F4A7C15ull + (uint64_t)q.lora;
+    /* adapters change the prompt's K/V: its blocks are cached under a salt of their mix (the same
+     * scales, however asked for, share them) */
+    if (mixed) {
+        q.cache_salt = XXH3_64bits_withSeed(mix, (size_t)e->p.n_loras * sizeof *mix, q.cache_salt ^ 0x4C6F5241ull);
         if (!q.cache_salt) q.cache_salt = 1; /* (0 is no salt) */
     }
     /* a regex of the common subset runs as a grammar (regex_gbnf.h); PCRE2 still compiles it first,
@@ -718,6 +751,11 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
         st = fl_request_new(&q, rid, s, e->next_arrival++, &r);
         if (st != FL_OK) break;
         r->t_arrival = t;
+        r->spec_max = p->spec_max < 0 ? 0 : p->spec_max == 0 || p->spec_max > e->p.spec_tokens ? e->p.spec_tokens : p->spec_max;
+        r->spec_min = p->spec_min;
+        r->spec_p_min = p->spec_p_min_set ? p->spec_p_min : e->p.spec_draft_p_min;
+        r->lora_on = mixed;
+        memcpy(r->lora_mix, mix, sizeof mix);
         if (rx_gbnf) { /* (a grammar it cannot be, e.g. a repeat of what can be empty: PCRE2 runs it) */
             fl_grammar_guide *g = NULL;
             if ((st = fl_grammar_guide_new(rx_gbnf, &g)) == FL_OK) {
@@ -922,18 +960,21 @@ static void propose_drafts(fl_engine *e) {
         if (off || e->p.spec_tokens < 1 || r->state != FL_REQ_RUNNING || r->padding || r->cancel || r->pooling != FL_POOLING_NONE ||
             fl_request_n_generated(r) < 1 || r->n_computed + 1 != r->n_tokens)
             continue;
-        int32_t k = e->p.spec_tokens;
+        int32_t k = r->spec_max;
         const int32_t gen_left = r->max_tokens - fl_request_n_generated(r) - 1, ctx_left = e->be.n_ctx - r->n_tokens;
         if (k > gen_left) k = gen_left;
         if (k > ctx_left) k = ctx_left;
-        if (k > 0 && model) queued += e->be.draft_add(e->be.ctx, r, k);
-        else if (k > 0) r->n_draft = fl_spec_ngram(r->tokens, r->n_tokens, e->p.spec_ngram_min, e->p.spec_ngram_max, k, r->draft);
+        if (k < 1 || k < r->spec_min) continue; /* (no draft it could verify) */
+        if (model) queued += e->be.draft_add(e->be.ctx, r, k);
+        else r->n_draft = fl_spec_ngram(r->tokens, r->n_tokens, e->p.spec_ngram_min, e->p.spec_ngram_max, k, r->draft);
     }
     if (queued) { /* the draft model's forwards, with add / cancel / poll free to go on */
         pthread_mutex_unlock(&e->mu);
         e->be.draft_run(e->be.ctx);
         pthread_mutex_lock(&e->mu);
     }
+    for (int32_t i = 0; i < e->n_reqs; i++) /* llama.cpp's n_min: a shorter draft is not worth its rows */
+        if (e->reqs[i]->n_draft < e->reqs[i]->spec_min) e->reqs[i]->n_draft = 0;
 }
 
 /* A decode with d draft tokens: rows[0 .. d] score the positions after its last token and after
@@ -979,15 +1020,21 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
     }
 
     /* build the flat batch: each entry's tokens contiguous and in position order, no padding */
-    int32_t n = 0, rows = 0, hrows = 0;
+    int32_t n = 0, rows = 0, hrows = 0, n_mix = 0;
+    FL_ASSERT(out.n_entries <= e->p.max_seqs);
     for (int32_t k = 0; k < out.n_entries; k++) {
         fl_request *r = out.e[k].r;
+        int32_t mix = 0; /* the entry's row of adapter scales (0: none) */
+        if (r->lora_on) {
+            memcpy(e->b_mix + (size_t)n_mix * (size_t)e->p.n_loras, r->lora_mix, (size_t)e->p.n_loras * sizeof(float));
+            mix = ++n_mix;
+        }
         if (out.e[k].pad) { /* static baseline: a finished row keeps computing a dummy token */
             if (e->b_hid) e->b_hid[n] = 0;
             e->b_tok[n] = r->tokens[r->n_tokens - 1];
             e->b_pos[n] = r->n_computed;
             e->b_seq[n] = (int32_t)r->kv_seq;
-            e->b_lora[n] = r->lora;
+            e->b_lora[n] = mix;
             e->b_logit[n++] = 0;
             continue;
         }
@@ -1001,7 +1048,7 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
                 e->b_tok[n] = j ? r->draft[j - 1] : r->tokens[r->n_computed];
                 e->b_pos[n] = r->n_computed + j;
                 e->b_seq[n] = (int32_t)r->kv_seq;
-                e->b_lora[n] = r->lora;
+                e->b_lora[n] = mix;
                 e->b_logit[n++] = 1;
                 if (j) {
                     e->row_req[rows] = r;
@@ -1029,7 +1076,7 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
             e->b_tok[n] = r->tokens[pos];
             e->b_pos[n] = pos;
             e->b_seq[n] = (int32_t)r->kv_seq;
-            e->b_lora[n] = r->lora;
+            e->b_lora[n] = mix;
             e->b_logit[n++] = (int8_t)(last || score);
             if (last || score) {
                 e->row_req[rows] = r;
@@ -1040,7 +1087,8 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
         if (r->n_computed == 0 || r->n_computed + out.e[k].n <= r->n_prompt) e->prefilled += out.e[k].n;
     }
     FL_ASSERT(n <= e->max_tokens && rows <= e->max_rows);
-    fl_batch b = {n, e->b_tok, e->b_pos, e->b_seq, e->b_logit, e->b_lora, hrows ? e->b_hid : NULL, e->hidden};
+    fl_batch b = {n, e->b_tok, e->b_pos, e->b_seq, e->b_logit, e->b_lora, hrows ? e->b_hid : NULL, e->hidden,
+                  n_mix ? e->b_mix : NULL, n_mix};
 
     /* forward without the lock: add/cancel/poll stay responsive */
     pthread_mutex_unlock(&e->mu);

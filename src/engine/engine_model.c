@@ -34,7 +34,6 @@ typedef struct draft_model {
     fl_kv_cache *kv;
     fl_kv_iface iface;
     int32_t n_vocab, max_seqs, cap;    /* vocabulary; requests a step drafts for; tokens per batch */
-    float p_min;                       /* fl_engine_params.spec_draft_p_min */
     int32_t *b_tok, *b_pos, *b_seq;    /* [cap] */
     int8_t *b_logit;                   /* [cap] */
     float *logits;                     /* [max_seqs][n_vocab] */
@@ -110,7 +109,6 @@ static fl_status draft_new(const fl_engine_params *p, const fl_hparams *thp, con
         goto fail;
     }
     d->n_vocab = hp->n_vocab;
-    d->p_min = p->spec_draft_p_min;
     d->max_seqs = p->max_seqs;
     d->cap = p->max_batch_tokens;
     fl_kv_config kc = {.n_layer = hp->n_layer, .n_head = hp->n_head_local, .n_head_kv = hp->n_head_kv_local,
@@ -170,7 +168,7 @@ static int32_t draft_token(float *x, int32_t n, float p_min) {
 /* Draft for the queued requests: bring each one's draft sequence up to its tokens (what it holds
  * that its tokens no longer start with is dropped; a sequence whose lag does not fit this step's
  * batch feeds what fits and drafts at a later step), the last token's row gives the first draft
- * token, then one batch per further token; a draft ends early at a token below p_min.  Greedy:
+ * token, then one batch per further token; a draft ends early at a token below its request's p_min.  Greedy:
  * a draft is a function of the tokens, so verifying it by the request's own sampler keeps the
  * output exact.  A failed forward drafts nothing.  The draft cache shares prompt blocks by the
  * requests' cache_salt, as the model's does. */
@@ -223,7 +221,7 @@ static void mb_draft_run(void *ctx) {
         for (int32_t i = 0; i < d->n_req; i++) { /* the next token of each, and what to feed */
             fl_request *r = d->req[i];
             if (d->row[i] < 0) continue;
-            const int32_t t = draft_token(d->logits + (size_t)d->row[i] * (size_t)d->n_vocab, d->n_vocab, d->p_min);
+            const int32_t t = draft_token(d->logits + (size_t)d->row[i] * (size_t)d->n_vocab, d->n_vocab, r->spec_p_min);
             if (t < 0) { /* not sure enough: the draft ends here */
                 d->row[i] = -1;
                 continue;

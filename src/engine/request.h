@@ -62,6 +62,8 @@ struct fl_request {
     int64_t arrival;            /* monotonically increasing admission order key (FCFS) */
     int32_t priority;           /* FL_SCHED_PRIORITY: lower first, before arrival */
     int32_t lora;               /* the engine's adapter (0: none) */
+    int32_t lora_on;            /* 1: lora_mix applies (the engine set it from lora or lora_scales) */
+    float lora_mix[FL_ENGINE_MAX_LORAS]; /* the scale of each adapter for this request */
     fl_request_state state;
     fl_finish_reason finish;
 
@@ -127,6 +129,8 @@ struct fl_request {
     /* speculative decoding: tokens proposed to follow the last one (the engine's n-gram lookup),
      * verified in the next step's forward; those that the sampler would have picked are kept */
     int32_t draft[FL_SPEC_MAX], n_draft;
+    int32_t spec_max, spec_min; /* this request's draft tokens per step (0: none) and shortest draft */
+    float spec_p_min;           /* its draft model threshold */
 };
 
 /* A new WAITING request with a copy of p's prompt and stop strings (capacity for the whole

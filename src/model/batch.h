@@ -22,6 +22,12 @@ typedef struct fl_batch {
     const int8_t *hidden;   /* [n_tokens] 1 = write this token's final hidden state (after the output norm)
                              * into hidden_out, rows in batch order; NULL: none */
     float *hidden_out;      /* [rows][n_embd] */
+    const float *lora_mix;  /* adapter mixes (llama.cpp's per-request "lora" scales): with it, lora[t] = m
+                             * (1..n_lora_mix) applies every adapter a of the model at the scale
+                             * lora_mix[(m - 1) * n_loras + a - 1] (0: not at all; alpha / r on top, as
+                             * for a loaded scale), and lora[t] = 0 none; NULL: lora[t] names one adapter,
+                             * applied at the scale it was loaded with */
+    int32_t n_lora_mix;
 } fl_batch;
 
 /* Number of logit rows the batch asks for (logits == NULL: 1 when n_tokens > 0). */

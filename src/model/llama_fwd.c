@@ -6,6 +6,7 @@
 #include "kernels/ops.h"
 #include "model/llama_impl.h"
 
+#include <math.h>
 #include <string.h>
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -153,48 +154,59 @@ static void lora_b(const fl_lora_slot *s, const float *xs, int64_t n, float *out
     else fl_parallel(smallk_fn, &t);
 }
 
-/* y (T, N) += s B (A x) for matrix k of layer il, each token through its own adapter
- * (fl_batch.lora; model/lora.h); x is (T, K).  Per adapter of the step, two matmuls however its
- * tokens interleave with others': x A^T over the span of its tokens (r x K per token: cheap, and
- * no gathered copy of x), then its rows, scaled (and gathered where others' sit between), through
- * B, added back to theirs. */
+/* The scale token t of b applies adapter a (1-based) with, slot s of it; 0: not applied. */
+static inline float tok_scale(const fl_model *m, const fl_batch *b, int64_t t, int32_t a, const fl_lora_slot *s) {
+    if (b->lora_mix) {
+        const int32_t mi = b->lora[t];
+        return mi ? b->lora_mix[(size_t)(mi - 1) * (size_t)m->params.n_loras + (size_t)(a - 1)] * s->unit : 0.0f;
+    }
+    return (b->lora ? b->lora[t] : m->params.lora_default) == a ? s->scale : 0.0f;
+}
+
+/* y (T, N) += sum over adapters a of s_a(t) B_a (A_a x) for matrix k of layer il, each token
+ * through its own adapter or mix of adapters (fl_batch.lora, .lora_mix; model/lora.h); x is
+ * (T, K).  Per adapter of the step, two matmuls however its tokens interleave with others': x A^T
+ * over the span of its tokens (r x K per token: cheap, and no gathered copy of x), then its rows,
+ * each scaled by its token's scale (and gathered where others' sit between), through B, added
+ * back to theirs. */
 static void lora_add(fl_model *m, const fl_batch *b, int32_t il, int k, const float *x, int64_t K, float *y, int64_t N) {
     if (!m->loras) return;
     const int64_t T = b->n_tokens;
-#define ADAPTER(t) (b->lora ? b->lora[t] : m->params.lora_default)
-    uint32_t seen = 0; /* adapters of the step (bit a - 1) */
-    for (int64_t t = 0; t < T; t++)
-        if (ADAPTER(t) > 0) seen |= 1u << (ADAPTER(t) - 1);
     fl_model_ws *w = &m->ws;
-    for (int32_t a = 1; seen; a++, seen >>= 1) {
-        const fl_lora_slot *s = (seen & 1) ? fl_lora_get(m->loras[a - 1], il, k) : NULL;
+    for (int32_t a = 1; a <= m->params.n_loras; a++) {
+        const fl_lora_slot *s = fl_lora_get(m->loras[a - 1], il, k);
         if (!s) continue;
         int64_t t0 = 0, t1 = T - 1, n = 0;
-        while (ADAPTER(t0) != a) t0++;
-        while (ADAPTER(t1) != a) t1--;
-        for (int64_t t = t0; t <= t1; t++) n += ADAPTER(t) == a;
+        while (t0 < T && tok_scale(m, b, t0, a, s) == 0.0f) t0++;
+        if (t0 == T) continue; /* no token of this step applies it */
+        while (tok_scale(m, b, t1, a, s) == 0.0f) t1--;
+        for (int64_t t = t0; t <= t1; t++) n += tok_scale(m, b, t, a, s) != 0.0f;
         const int64_t r = s->a.ne[1], span = t1 - t0 + 1;
         fl_matmul(&s->a, x + t0 * K, w->lora_xa, span); /* (span, r) */
         if (n == span) { /* one run: in place */
-            for (int64_t i = 0; i < n * r; i++) w->lora_xa[i] *= s->scale;
+            for (int64_t t = t0; t <= t1; t++) {
+                const float sc = tok_scale(m, b, t, a, s);
+                float *row = w->lora_xa + (t - t0) * r;
+                for (int64_t c = 0; c < r; c++) row[c] *= sc;
+            }
             lora_b(s, w->lora_xa, n, w->lora_out); /* (n, N) */
             binary_rows(ROW_ADD, y + t0 * N, y + t0 * N, w->lora_out, n, N);
             continue;
         }
-        for (int64_t t = t0, j = 0; t <= t1; t++)
-            if (ADAPTER(t) == a) {
-                for (int64_t c = 0; c < r; c++) w->lora_xg[j * r + c] = s->scale * w->lora_xa[(t - t0) * r + c];
-                j++;
-            }
+        for (int64_t t = t0, j = 0; t <= t1; t++) {
+            const float sc = tok_scale(m, b, t, a, s);
+            if (sc == 0.0f) continue;
+            for (int64_t c = 0; c < r; c++) w->lora_xg[j * r + c] = sc * w->lora_xa[(t - t0) * r + c];
+            j++;
+        }
         lora_b(s, w->lora_xg, n, w->lora_out); /* (n, N) */
         for (int64_t t = t0, j = 0; t <= t1; t++)
-            if (ADAPTER(t) == a) {
+            if (tok_scale(m, b, t, a, s) != 0.0f) {
                 float *yt = y + t * N;
                 const float *o = w->lora_out + j++ * N;
                 for (int64_t c = 0; c < N; c++) yt[c] += o[c];
             }
     }
-#undef ADAPTER
 }
 
 fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv, void *kv_ctx, float *logits_out) {
@@ -208,10 +220,17 @@ fl_status fl_model_forward(fl_model *m, const fl_batch *b, const fl_kv_iface *kv
     if (b->n_tokens > w->max_tokens || n_logits > w->max_logit_rows)
         return fl_set_error(FL_ERR_INVALID, "%s: batch of %d tokens / %d logit rows exceeds the workspace (%d / %d)",
                             __func__, b->n_tokens, n_logits, w->max_tokens, w->max_logit_rows);
+    if (b->lora_mix && (!b->lora || b->n_lora_mix < 1))
+        return fl_set_error(FL_ERR_INVALID, "%s: %d adapter mixes (at least one, with each token's mix in lora)", __func__, b->n_lora_mix);
+    const int32_t lora_hi = b->lora_mix ? b->n_lora_mix : m->params.n_loras;
     for (int32_t i = 0; b->lora && i < b->n_tokens; i++)
-        if (b->lora[i] < 0 || b->lora[i] > m->params.n_loras)
-            return fl_set_error(FL_ERR_INVALID, "%s: token %d asks for LoRA adapter %d; the model has %d", __func__, i,
-                                b->lora[i], m->params.n_loras);
+        if (b->lora[i] < 0 || b->lora[i] > lora_hi)
+            return fl_set_error(FL_ERR_INVALID, "%s: token %d asks for LoRA %s %d; the %s has %d", __func__, i,
+                                b->lora_mix ? "mix" : "adapter", b->lora[i], b->lora_mix ? "batch" : "model", lora_hi);
+    for (int64_t i = 0; b->lora_mix && i < (int64_t)b->n_lora_mix * m->params.n_loras; i++)
+        if (!isfinite(b->lora_mix[i]))
+            return fl_set_error(FL_ERR_INVALID, "%s: adapter mix %lld: scale %g", __func__, (long long)(i / m->params.n_loras + 1),
+                                (double)b->lora_mix[i]);
     if ((st = kv->prepare(kv_ctx, b))) return st;
 
     const int64_t T = b->n_tokens, E = hp->n_embd, F = hp->n_ff_local, D = hp->head_dim;

@@ -23,14 +23,15 @@ static bool usable_type(int32_t t) { return t == FL_TYPE_F32 || t == FL_TYPE_F16
 
 /* Fill slot s from A (r rows of K) at a and B (N rows of r) at b, both of type t. */
 static fl_status set_slot(fl_lora *l, fl_lora_slot *s, int32_t t, int64_t K, int64_t N, int64_t r, const void *a,
-                          const void *b, float scale, const char *name) {
+                          const void *b, float scale, float unit, const char *name) {
     if (!usable_type(t))
         return fl_set_error(FL_ERR_UNSUPPORTED, "adapter tensor %s: type %s (F32, F16 or BF16 are applied)", name, fl_type_name(t));
     if (r < 1 || r > 4096) return fl_set_error(FL_ERR_FORMAT, "adapter tensor %s: rank %lld", name, (long long)r);
     const int64_t nea[2] = {K, r}, neb[2] = {r, N};
     if (!fl_tensor_init(&s->a, t, 2, nea, (void *)a) || !fl_tensor_init(&s->b, t, 2, neb, (void *)b))
         return fl_set_error(FL_ERR_FORMAT, "adapter tensor %s: bad shape", name);
-    s->scale = scale;
+    s->unit = unit;
+    s->scale = scale * unit;
     if (r > l->rank_max) l->rank_max = (int32_t)r;
     if (N > l->n_max) l->n_max = N;
     l->n_pairs++;
@@ -58,7 +59,7 @@ static fl_status read_fitllm(fl_lora *l, const fl_hparams *hp, float scale) {
     if (fl_gguf_find(l->g, "lora.alpha") && fl_gguf_get_f32(l->g, "lora.alpha", &alpha))
         return fl_set_error(FL_ERR_FORMAT, "lora.alpha is not a float");
     if (!isfinite(alpha)) return fl_set_error(FL_ERR_FORMAT, "lora.alpha %g is not finite", (double)alpha);
-    const float s = scale * (alpha != 0.0f ? alpha / (float)rank : 1.0f);
+    const float unit = alpha != 0.0f ? alpha / (float)rank : 1.0f;
     int64_t n_known = 0;
     for (int k = 0; k < FL_LORA_TARGETS; k++) {
         char na[64], nb[64];
@@ -81,7 +82,7 @@ static fl_status read_fitllm(fl_lora *l, const fl_hparams *hp, float scale) {
         for (int32_t il = 0; il < hp->n_layer; il++) {
             st = set_slot(l, &l->slots[(size_t)il * FL_LORA_TARGETS + (size_t)k], ta->type, K, N, rank,
                                     (const char *)ta->data + (size_t)il * (size_t)rank * (size_t)K * esz,
-                                    (const char *)tb->data + (size_t)il * (size_t)rank * (size_t)N * esz, s, na);
+                                    (const char *)tb->data + (size_t)il * (size_t)rank * (size_t)N * esz, scale, unit, na);
             if (st) return st;
         }
     }
@@ -118,8 +119,8 @@ static fl_status read_llama_cpp(fl_lora *l, const fl_hparams *hp, float scale) {
                 return fl_set_error(FL_ERR_FORMAT, "adapter tensors %s [%lld, %lld] / %s [%lld, %lld] do not fit the model: expected [%lld, r] / [r, %lld] of one type",
                                     na, (long long)ta->ne[0], (long long)ta->ne[1], nb, (long long)tb->ne[0],
                                     (long long)tb->ne[1], (long long)K, (long long)N);
-            const float s = scale * (alpha != 0.0f && r > 0 ? alpha / (float)r : 1.0f);
-            st = set_slot(l, &l->slots[(size_t)il * FL_LORA_TARGETS + (size_t)k], ta->type, K, N, r, ta->data, tb->data, s, na);
+            const float unit = alpha != 0.0f && r > 0 ? alpha / (float)r : 1.0f;
+            st = set_slot(l, &l->slots[(size_t)il * FL_LORA_TARGETS + (size_t)k], ta->type, K, N, r, ta->data, tb->data, scale, unit, na);
             if (st) return st;
         }
     if (n_known != fl_gguf_n_tensors(l->g))

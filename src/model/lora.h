@@ -39,6 +39,7 @@ typedef struct fl_lora_slot {
     fl_tensor a;  /* r rows of K (a.data NULL: this matrix has no adapter) */
     fl_tensor b;  /* N rows of r */
     float scale;  /* s: the user's scale x alpha / r */
+    float unit;   /* alpha / r (1 without alpha): s at a scale of 1 (a batch's adapter mix scales this) */
 } fl_lora_slot;
 
 typedef struct fl_lora {

@@ -186,6 +186,7 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
     const uint64_t Ts = (uint64_t)in->max_batch_tokens + (uint64_t)in->max_seqs;
     out->batch_bytes = Ts * 17 + (uint64_t)R * (sizeof(void *) + 2 * sizeof(int32_t)); /* tokens, positions, sequences, adapters,
                                                                                          * logit flags; row_req, row_pos, row_spec */
+    out->batch_bytes += (uint64_t)in->max_seqs * (uint64_t)in->n_loras * sizeof(float); /* a step's adapter mixes */
     out->matmul_scratch = mm;
     {   /* per thread: K/V block, scores, FL_PAGED_Q_TILE-row query tile states (paged_attn.c);
          * partials of split decodes: max_seqs x partitions x n_head x (head_dim + 2) */

@@ -1205,6 +1205,72 @@ out:
 
 /* llama.cpp's GET /props: what its clients read of a server (the context, the slots, the chat
  * template, the defaults /completion applies). */
+/* llama.cpp's [{"id": i, "scale": s}, ...] (a request's "lora", POST /lora-adapters): adapter i
+ * (0-based) at scale s, every adapter not listed at 0.  1 with err set when malformed. */
+static int srv_lora_parse(const fl_server *s, const cJSON *a, float *mix, char *err, size_t n_err) {
+    const int32_t n = fl_engine_n_loras(s->engine);
+    for (int32_t k = 0; k < FL_ENGINE_MAX_LORAS; k++) mix[k] = 0.0f;
+    if (!cJSON_IsArray(a)) {
+        snprintf(err, n_err, "must be an array of {\"id\", \"scale\"}");
+        return 1;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id"), *sc = cJSON_GetObjectItemCaseSensitive(it, "scale");
+        if (!cJSON_IsObject(it) || !cJSON_IsNumber(id) || id->valuedouble != (double)(int64_t)id->valuedouble) {
+            snprintf(err, n_err, "each entry must be {\"id\": integer, \"scale\": number}");
+            return 1;
+        }
+        if (id->valuedouble < 0 || id->valuedouble >= n) {
+            snprintf(err, n_err, "invalid adapter id %.0f (this server has %d adapter%s)", id->valuedouble, n, n == 1 ? "" : "s");
+            return 1;
+        }
+        if (sc && !cJSON_IsNull(sc) && (!cJSON_IsNumber(sc) || !isfinite(sc->valuedouble) || fabs(sc->valuedouble) > 1e6)) {
+            snprintf(err, n_err, "adapter %.0f: the scale must be a number, |scale| <= 1e6", id->valuedouble);
+            return 1;
+        }
+        mix[(int32_t)id->valuedouble] = cJSON_IsNumber(sc) ? (float)sc->valuedouble : 0.0f;
+    }
+    return 0;
+}
+
+/* GET /lora-adapters (llama.cpp's): [{"id", "path", "scale"}], the scales a request gets when it
+ * names no adapter. */
+static enum MHD_Result handle_lora_list(fl_server *s, struct MHD_Connection *conn) {
+    cJSON *o = cJSON_CreateArray();
+    if (!o) return NOMEM();
+    pthread_mutex_lock(&s->mu);
+    for (int32_t k = 0; k < fl_engine_n_loras(s->engine); k++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddItemToArray(o, x);
+        cJSON_AddNumberToObject(x, "id", k);
+        cJSON_AddStringToObject(x, "path", s->lora_paths[k]);
+        cJSON_AddNumberToObject(x, "scale", s->lora_scales[k]);
+        if (k < s->p.n_lora_names) cJSON_AddStringToObject(x, "name", s->lora_names[k]);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return send_json(s, conn, o);
+}
+
+/* POST /lora-adapters [{"id", "scale"}]: the scales of requests that name no adapter from now
+ * on (those running keep theirs); every adapter not listed goes to 0. */
+static enum MHD_Result handle_lora_set(fl_server *s, struct MHD_Connection *conn, srv_conn *c) {
+    char err[160];
+    float mix[FL_ENGINE_MAX_LORAS];
+    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
+    if (!j) return BAD("malformed JSON in the request body");
+    const int bad = srv_lora_parse(s, j, mix, err, sizeof err);
+    cJSON_Delete(j);
+    if (bad) return BAD("%s", err);
+    pthread_mutex_lock(&s->mu);
+    memcpy(s->lora_scales, mix, sizeof mix);
+    pthread_mutex_unlock(&s->mu);
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NOMEM();
+    cJSON_AddBoolToObject(o, "success", true);
+    return send_json(s, conn, o);
+}
+
 static enum MHD_Result handle_props(fl_server *s, struct MHD_Connection *conn) {
     cJSON *o = cJSON_CreateObject(), *d = cJSON_AddObjectToObject(o, "default_generation_settings");
     cJSON_AddNumberToObject(d, "n_ctx", fl_engine_n_ctx(s->engine));
@@ -1333,9 +1399,23 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     const bool echo = cJSON_IsTrue(ec);
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
     if (model && !cJSON_IsString(model) && !cJSON_IsNull(model)) { ret = BAD("'model' must be a string"); goto out; }
-    int32_t lora = s->p.default_lora; /* a named adapter (vLLM's LoRA modules), else the default */
+    int32_t lora = 0; /* a named adapter (vLLM's LoRA modules): the reply's model is its name */
     for (int32_t i = 0; cJSON_IsString(model) && i < s->p.n_lora_names; i++)
         if (!strcmp(model->valuestring, s->lora_names[i])) lora = i + 1;
+    /* llama.cpp's "lora": [{id, scale}] mixes the adapters for this request; a request without it
+     * or a named adapter takes the server's scales (--lora, POST /lora-adapters) */
+    float lmix[FL_ENGINE_MAX_LORAS];
+    bool use_mix = false;
+    const cJSON *lj = cJSON_GetObjectItemCaseSensitive(j, "lora");
+    if (lj && !cJSON_IsNull(lj)) {
+        if (srv_lora_parse(s, lj, lmix, err, sizeof err)) { ret = BAD("'lora': %s", err); goto out; }
+        use_mix = true;
+    } else if (!lora) {
+        pthread_mutex_lock(&s->mu);
+        memcpy(lmix, s->lora_scales, sizeof lmix);
+        pthread_mutex_unlock(&s->mu);
+        for (int32_t k = 0; k < fl_engine_n_loras(s->engine); k++) use_mix |= lmix[k] != 0.0f;
+    }
     /* the prompts: chat's rendered messages; a completion's string or token ids, or a list of
      * those (one engine request each; a list of one is the prompt, as lm-evaluation-harness
      * sends it) */
@@ -1421,7 +1501,26 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         goto out;
     }
     rp.priority = (int32_t)priority;
-    rp.lora = lora;
+    /* llama.cpp's speculative.n_max / n_min / p_min: this request's drafts (with --spec-ngram or
+     * --model-draft; n_max is cut to the server's, 0 is none) */
+    int64_t sp_max = -2, sp_min = 0;
+    if (get_int(j, "speculative.n_max", 0, 1e9, &sp_max, err, sizeof err) || get_int(j, "speculative.n_min", 0, 1e9, &sp_min, err, sizeof err)) {
+        ret = BAD("%s", err);
+        goto out;
+    }
+    if (sp_max != -2) {
+        if (sp_min > sp_max) sp_min = sp_max; /* (as llama.cpp) */
+        rp.spec_max = sp_max == 0 ? -1 : sp_max > FL_SPEC_MAX ? FL_SPEC_MAX : (int32_t)sp_max;
+    }
+    rp.spec_min = sp_min > FL_SPEC_MAX ? FL_SPEC_MAX : (int32_t)sp_min;
+    const cJSON *spp = cJSON_GetObjectItemCaseSensitive(j, "speculative.p_min");
+    if (spp && !cJSON_IsNull(spp)) {
+        if (!cJSON_IsNumber(spp) || !(spp->valuedouble >= 0 && spp->valuedouble <= 1)) { ret = BAD("'speculative.p_min' must be a number in [0, 1]"); goto out; }
+        rp.spec_p_min_set = 1;
+        rp.spec_p_min = (float)spp->valuedouble;
+    }
+    rp.lora = use_mix ? 0 : lora;
+    rp.lora_scales = use_mix ? lmix : NULL;
     int64_t trunc = 0; /* vLLM's truncate_prompt_tokens: keep the last k prompt tokens (-1: as many as the context takes) */
     const cJSON *tpt = cJSON_GetObjectItemCaseSensitive(j, "truncate_prompt_tokens");
     if (get_int(j, "truncate_prompt_tokens", -1, 1e9, &trunc, err, sizeof err)) { ret = BAD("%s", err); goto out; }
@@ -2126,7 +2225,7 @@ static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, 
             goto out;
         }
     }
-    static const char *const NOT[] = {"samplers", "lora", "post_sampling_probs", "response_fields", "suffix", "input_prefix", "input_suffix"};
+    static const char *const NOT[] = {"samplers", "post_sampling_probs", "response_fields", "suffix", "input_prefix", "input_suffix"};
     for (size_t i = 0; i < sizeof NOT / sizeof *NOT; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, NOT[i]);
         if (v && !cJSON_IsNull(v) && !cJSON_IsFalse(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0)) {
@@ -2136,7 +2235,8 @@ static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, 
     }
     if (!(o = cJSON_CreateObject())) { ret = NOMEM(); goto out; }
     static const char *const SAME[] = {"prompt", "temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                                       "stop", "ignore_eos", "grammar", "json_schema", "stream", "model"};
+                                       "stop", "ignore_eos", "grammar", "json_schema", "stream", "model", "lora",
+                                       "speculative.n_max", "speculative.n_min", "speculative.p_min"};
     for (size_t i = 0; i < sizeof SAME / sizeof *SAME; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, SAME[i]);
         if (v) cJSON_AddItemToObject(o, SAME[i], cJSON_Duplicate(v, 1));
@@ -2265,9 +2365,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     bool is_infill = !strcmp(url, "/infill");
     bool is_props = !strcmp(url, "/props"), is_apply = !strcmp(url, "/apply-template");
     bool is_embd = !strcmp(url, "/v1/embeddings") || !strcmp(url, "/embeddings");
-    if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok && !is_native && !is_infill && !is_props && !is_apply && !is_embd)
+    bool is_lora = !strcmp(url, "/lora-adapters");
+    if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok && !is_native && !is_infill && !is_props && !is_apply && !is_embd &&
+        !is_lora)
         return send_error(s, conn, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %s", method, url);
     if (!authorized(s, conn)) return send_error(s, conn, 401, "invalid_request_error", "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
+    if (is_lora && get) return handle_lora_list(s, conn);
+    if (is_lora && !post) return send_error(s, conn, 405, "invalid_request_error", NULL, NULL, "use GET or POST for %s", url);
     if (is_models || is_metrics || is_props) {
         if (!get) return send_error(s, conn, 405, "invalid_request_error", NULL, NULL, "use GET for %s", url);
         if (is_models) return handle_models(s, conn, model_id);
@@ -2288,6 +2392,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                           fl_mem_current(FL_MEM_NET), fl_mem_budget(FL_MEM_NET));
     if (c->too_big)
         return send_error(s, conn, 413, "invalid_request_error", "body_too_large", NULL, "the request body exceeds %lld bytes", (long long)s->p.max_body_bytes);
+    if (is_lora) return handle_lora_set(s, conn, c);
     if (is_tok) return handle_tokenize(s, conn, c);
     if (is_detok) return handle_detokenize(s, conn, c);
     if (is_apply) return handle_apply_template(s, conn, c);

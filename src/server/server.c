@@ -5,6 +5,7 @@
 #include "core/status.h"
 
 #include <arpa/inet.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <string.h>
 #include <time.h>
@@ -201,14 +202,25 @@ fl_status fl_server_start(fl_engine *e, const fl_server_params *p, fl_server **o
     if (s->p.max_n <= 0 || s->p.max_n > SRV_MAX_N) s->p.max_n = s->p.max_n > SRV_MAX_N ? SRV_MAX_N : 8;
     snprintf(s->model_name, sizeof s->model_name, "%s", p->model_name ? p->model_name : fl_engine_model_name(e));
     if (p->api_key) snprintf(s->api_key, sizeof s->api_key, "%s", p->api_key);
-    if (p->n_lora_names < 0 || p->n_lora_names > FL_SRV_MAX_LORAS || (p->n_lora_names && !p->lora_names) || p->default_lora < 0 ||
-        p->default_lora > fl_engine_n_loras(e) || p->n_lora_names > fl_engine_n_loras(e)) {
+    const int32_t n_loras = fl_engine_n_loras(e);
+    if (p->n_lora_names < 0 || p->n_lora_names > FL_SRV_MAX_LORAS || (p->n_lora_names && !p->lora_names) ||
+        p->n_lora_names > n_loras) {
         fl_free(FL_MEM_NET, s, sizeof *s);
-        return fl_set_error(FL_ERR_INVALID, "%d adapter names, default adapter %d: the engine has %d adapters", p->n_lora_names,
-                            p->default_lora, fl_engine_n_loras(e));
+        return fl_set_error(FL_ERR_INVALID, "%d adapter names: the engine has %d adapters", p->n_lora_names, n_loras);
+    }
+    for (int32_t i = 0; i < n_loras; i++) {
+        const float v = p->lora_scales ? p->lora_scales[i] : 0.0f;
+        if (!isfinite(v) || fabsf(v) > 1e6f) {
+            fl_free(FL_MEM_NET, s, sizeof *s);
+            return fl_set_error(FL_ERR_INVALID, "adapter %d: scale %g (finite, |scale| <= 1e6)", i, (double)v);
+        }
+        s->lora_scales[i] = v;
+        snprintf(s->lora_paths[i], sizeof s->lora_paths[i], "%s", p->lora_paths && p->lora_paths[i] ? p->lora_paths[i] : "");
     }
     for (int32_t i = 0; i < p->n_lora_names; i++) snprintf(s->lora_names[i], sizeof s->lora_names[i], "%s", p->lora_names[i]);
     s->p.lora_names = NULL;
+    s->p.lora_scales = NULL;
+    s->p.lora_paths = NULL;
     s->p.host = NULL;
     s->p.api_key = NULL;
     s->p.model_name = NULL;

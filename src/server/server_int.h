@@ -159,6 +159,8 @@ struct fl_server {
     fl_server_params p;
     char model_name[256];
     char lora_names[FL_SRV_MAX_LORAS][128]; /* p.lora_names, copied */
+    char lora_paths[FL_ENGINE_MAX_LORAS][512]; /* p.lora_paths, copied (GET /lora-adapters) */
+    float lora_scales[FL_ENGINE_MAX_LORAS]; /* the adapters' scales for a request that names none (mu) */
     char api_key[256];
     struct MHD_Daemon *mhd;
     pthread_t driver;
