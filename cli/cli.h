@@ -127,6 +127,8 @@ typedef struct fl_plan_verify_opts {
     int32_t embeddings;     /* the engine takes embedding requests: then max_seqs of them run after the generations */
     int32_t spec_tokens;    /* speculative decoding's drafts per sequence (0: off) */
     const char *draft;      /* its draft model (NULL: n-gram drafts) */
+    int32_t lora_slots;     /* run-time adapter slots (their reservation: MAPPED, MISC bounds); with lora, each loads it */
+    int32_t max_lora_rank;
 } fl_plan_verify_opts;
 int fl_plan_verify(const fl_plan_verify_opts *o);
 

@@ -14,7 +14,7 @@
 enum {
     O_MODEL, O_CONFIG, O_PRESET, O_WEIGHTS, O_KV, O_CTX, O_BATCH, O_PREFILL, O_BLOCK, O_ATTN, O_THREADS,
     O_TRAIN, O_CKPT, O_OPTIM, O_ZERO, O_TP, O_PP, O_SP, O_DP, O_OFF_LAYERS, O_OFF_KV, O_SLACK, O_FIT,
-    O_MAXIMIZE, O_TABLE, O_LIST, O_JSON, O_VERIFY, O_MEM, O_MAX_LP, O_LORA, O_LORA_RANK, O_GUIDE_MEM, O_EMBD, O_SPEC, O_DRAFT
+    O_MAXIMIZE, O_TABLE, O_LIST, O_JSON, O_VERIFY, O_MEM, O_MAX_LP, O_LORA, O_LORA_RANK, O_GUIDE_MEM, O_EMBD, O_SPEC, O_DRAFT, O_LORA_SLOTS, O_LORA_MAXR
 };
 
 /* Columns of the breakdown: category, label. */
@@ -241,7 +241,9 @@ int fl_cmd_plan(int argc, char **argv) {
         [O_EMBD] = {"embeddings", 0, FL_OPT_FLAG, "with --verify: an engine that takes embedding requests (serve --embeddings), max_seqs of them run after the generations"},
         [O_SPEC] = {"spec-ngram", 0, FL_OPT_INT, "K  speculative decoding's draft tokens per sequence (serve --spec-ngram): a logits row each"},
         [O_DRAFT] = {"model-draft", 0, FL_OPT_STR, "FILE  serving with speculative decoding's draft model (serve --model-draft): its weights (its file's types), KV cache for the same sequences and step buffers are added to each device (one device; with --verify: the engine-exact plan and a run, --spec-ngram K drafts, default 5)"},
-        [O_DRAFT + 1] = {0},
+        [O_LORA_SLOTS] = {"lora-slots", 0, FL_OPT_INT, "N  with --verify: slots for adapters loaded at run time (serve --lora-slots), each reserving what an adapter of --max-lora-rank takes (MAPPED and MISC then bounds); with --lora, the run loads it into each"},
+        [O_LORA_MAXR] = {"max-lora-rank", 0, FL_OPT_INT, "R  with --lora-slots: the largest rank they take (default 16)"},
+        [O_LORA_MAXR + 1] = {0},
     };
     const char *pos[1];
     int n_pos;
@@ -356,7 +358,9 @@ int fl_cmd_plan(int argc, char **argv) {
                                   opts[O_MAX_LP].set ? (int32_t)opts[O_MAX_LP].i : FL_MAX_TOP_LOGPROBS,
                                   opts[O_LORA].set ? opts[O_LORA].str : NULL, opts[O_GUIDE_MEM].set ? opts[O_GUIDE_MEM].i : -1,
                                   opts[O_EMBD].set, opts[O_SPEC].set ? (int32_t)opts[O_SPEC].i : opts[O_DRAFT].set ? 5 : 0,
-                                  opts[O_DRAFT].set ? opts[O_DRAFT].str : NULL};
+                                  opts[O_DRAFT].set ? opts[O_DRAFT].str : NULL,
+                                  opts[O_LORA_SLOTS].set ? (int32_t)opts[O_LORA_SLOTS].i : 0,
+                                  opts[O_LORA_MAXR].set ? (int32_t)opts[O_LORA_MAXR].i : 16};
         if (vo.max_logprobs < -1 || vo.max_logprobs > FL_MAX_TOP_LOGPROBS) {
             fprintf(stderr, "fitllm plan: --max-logprobs takes -1..%d\n", FL_MAX_TOP_LOGPROBS);
             return 2;

@@ -83,6 +83,8 @@ int fl_cmd_serve(int argc, char **argv) {
         {"lora-init-without-apply", 0, FL_OPT_FLAG, "with --lora: load the adapters at scale 0 (applied only where a request's \"lora\" or POST /lora-adapters asks)"},
         {"lora-modules", 0, FL_OPT_STR, "NAME=FILE[,NAME=FILE...]  up to 16 LoRA adapters over one base (vLLM's): a request whose \"model\" is NAME runs with it, others with none; listed by /v1/models"},
         {"lora-scale", 0, FL_OPT_FLOAT, "S  the adapters' scale (default 1)"},
+        {"lora-slots", 0, FL_OPT_INT, "N  slots for adapters loaded at run time by POST /v1/load_lora_adapter {lora_name, lora_path} (vLLM's; /v1/unload_lora_adapter frees one): each reserves, in the plan, what an adapter of --max-lora-rank takes (default 0)"},
+        {"max-lora-rank", 0, FL_OPT_INT, "R  with --lora-slots: the largest rank they take (vLLM's; default 16)"},
         {"scheduling-policy", 0, FL_OPT_STR, "fcfs|priority  order of admission and preemption (default fcfs); priority: by each request's 'priority', lower first, then arrival; a waiting request preempts running ones of lower priority"},
         {"guide-masks", 0, FL_OPT_INT, "N  token masks kept for guided_regex and grammar states, shared by requests with the same pattern or grammar (default 256; 0: every mask computed but a grammar's last, reused for the same state); each vocabulary/8 bytes, in the plan"},
         {"net-mem", 0, FL_OPT_BYTES, "BYTES  memory for the server's buffers (request bodies, replies, their JSON), in the plan and enforced: a request that does not fit gets 503 (default with --mem: --mem / 16, at most 64M; without: no budget)"},
@@ -105,7 +107,8 @@ int fl_cmd_serve(int argc, char **argv) {
                           "POST /v1/chat/completions (streaming with \"stream\": true), GET /v1/models,\n"
                           "POST /tokenize and /detokenize (vLLM's and llama.cpp's fields), GET /health,\n"
                           "GET /metrics (Prometheus), GET/POST /lora-adapters (llama.cpp's: the adapters'\n"
-                          "scales for requests that name none). SIGINT/SIGTERM stop it gracefully.\n"
+                          "scales for requests that name none), POST /v1/load_lora_adapter and\n"
+                          "/v1/unload_lora_adapter (vLLM's, with --lora-slots). SIGINT/SIGTERM stop it gracefully.\n"
                           "Request fields: model, prompt (text or token ids, or a list of up to 16) or messages,\n"
                           "max_tokens, temperature, top_p, top_k, min_p, n, seed,\n"
                           "presence/frequency/repetition_penalty,\n"
@@ -213,6 +216,18 @@ int fl_cmd_serve(int argc, char **argv) {
         lora_scales[n_lora] = scale;
         server_scales[n_lora] = one && !no_apply ? scale : 0.0f; /* (modules: only where named) */
         lora_paths[n_lora++] = eq ? eq + 1 : tok;
+    }
+    if (fl_args_get(opts, "lora-slots")->set) {
+        const int64_t ls = fl_args_get(opts, "lora-slots")->i, lr = fl_args_get(opts, "max-lora-rank")->set ? fl_args_get(opts, "max-lora-rank")->i : 16;
+        if (ls < 0 || ls + n_lora > 16 || lr < 1 || lr > 4096) {
+            fprintf(stderr, "fitllm serve: --lora-slots takes 0..%d (16 adapters in all), --max-lora-rank 1..4096\n", 16 - n_lora);
+            return 2;
+        }
+        ep.lora_slots = (int32_t)ls;
+        ep.max_lora_rank = (int32_t)lr;
+    } else if (fl_args_get(opts, "max-lora-rank")->set) {
+        fprintf(stderr, "fitllm serve: --max-lora-rank needs --lora-slots\n");
+        return 2;
     }
     ep.lora_paths = n_lora ? lora_paths : NULL;
     ep.lora_scales = lora_scales;

@@ -42,6 +42,11 @@ static int verify_run(const fl_plan_verify_opts *vo, fl_engine_params ep) {
     fl_engine *e = NULL;
     if ((st = fl_engine_new(&ep, &e))) return -1;
     fl_mem_reset_peaks();
+    for (int32_t k = 0; vo->lora && k < vo->lora_slots && !st; k++) { /* the adapter in every run-time slot too */
+        int32_t slot;
+        st = fl_engine_lora_load(e, vo->lora, 1.0f, &slot);
+    }
+    const int32_t n_ad = vo->lora ? fl_engine_n_loras(e) : 0; /* (the adapters loaded) */
     const int32_t nv = fl_engine_n_vocab(e), P = ep.max_batch_tokens;
     /* the harness's prompt lives on the stack so the allocator measures only the engine */
     int32_t prompt[8192];
@@ -60,7 +65,7 @@ static int verify_run(const fl_plan_verify_opts *vo, fl_engine_params ep) {
         rp.ignore_eos = 1;
         rp.logprobs = rp.prompt_logprobs = lp;
         rp.top_logprobs = lp ? ep.max_logprobs : 0;
-        rp.lora = ep.n_loras > 0 ? 1 + r % ep.n_loras : 0; /* every request through an adapter */
+        rp.lora = n_ad > 0 ? 1 + r % n_ad : 0; /* every request through an adapter */
         int64_t id;
         st = fl_engine_add(e, &rp, &id);
     }
@@ -77,7 +82,7 @@ static int verify_run(const fl_plan_verify_opts *vo, fl_engine_params ep) {
         rp.prompt = prompt;
         rp.n_prompt = P - r % P > 1 ? P - r % P : 1;
         rp.pooling = FL_POOLING_MEAN;
-        rp.lora = ep.n_loras > 0 ? 1 + r % ep.n_loras : 0;
+        rp.lora = n_ad > 0 ? 1 + r % n_ad : 0;
         int64_t id;
         st = fl_engine_add(e, &rp, &id);
     }
@@ -111,7 +116,8 @@ static int verify_run(const fl_plan_verify_opts *vo, fl_engine_params ep) {
         /* the constraints' budget is a bound (these requests have none); the total is checked
          * without it, and as a bound with it */
         const bool guide = !tot && cats[k] == FL_MEM_GUIDE;
-        const bool bound = guide || (lp && (tot || cats[k] == FL_MEM_ACT || cats[k] == FL_MEM_SCRATCH));
+        const bool bound = guide || (lp && (tot || cats[k] == FL_MEM_ACT || cats[k] == FL_MEM_SCRATCH)) ||
+                           (vo->lora_slots > 0 && (tot || cats[k] == FL_MEM_MAPPED || cats[k] == FL_MEM_MISC)); /* (the slots' reservation) */
         const uint64_t pg = tot ? p - po.bytes[FL_MEM_GUIDE] : p, mg = tot ? m - meas[FL_MEM_GUIDE] : m;
         const double eg = mg ? 100.0 * ((double)pg - (double)mg) / (double)mg : (pg ? 100.0 : 0.0);
         const bool ok = bound ? p >= m : (eg <= 5.0 && eg >= -5.0 && p >= pg) || (pg < 65536 && mg < 65536);
@@ -123,6 +129,9 @@ static int verify_run(const fl_plan_verify_opts *vo, fl_engine_params ep) {
     }
     printf("%lld steps, %lld tokens generated, %lld preemptions\n", (long long)es.steps, (long long)es.tokens_generated,
            (long long)es.preemptions);
+    if (vo->lora_slots > 0)
+        printf("mapped, misc and total are bounds: %d run-time adapter slots reserve what an adapter of rank %d takes (%s)\n",
+               vo->lora_slots, vo->max_lora_rank, vo->lora ? "each loaded with --lora here" : "empty here");
     return bad;
 }
 
@@ -138,6 +147,8 @@ int fl_plan_verify(const fl_plan_verify_opts *vo) {
     ep.weights_type = vo->weights;
     ep.lora_paths = vo->lora ? &vo->lora : NULL;
     ep.n_loras = vo->lora ? 1 : 0;
+    ep.lora_slots = vo->lora_slots;
+    ep.max_lora_rank = vo->max_lora_rank;
     if (vo->kv_block > 0) ep.kv_block_size = vo->kv_block;
     ep.guide_mem = vo->guide_mem;
     ep.embeddings = vo->embeddings;

@@ -118,6 +118,10 @@ typedef struct fl_engine_params {
                                  * 16): each request picks one (fl_request_params.lora) or none */
     const float *lora_scales;   /* their scales (NULL: 1 each) */
     int32_t n_loras;
+    int32_t lora_slots;         /* adapter slots after those, empty, for fl_engine_lora_load (vLLM's
+                                 * run-time loading); n_loras + lora_slots <= FL_ENGINE_MAX_LORAS.
+                                 * Each reserves what an adapter of rank max_lora_rank may take */
+    int32_t max_lora_rank;      /* with lora_slots: the largest rank they take (vLLM's; default 16) */
     int32_t max_logprobs;       /* the most alternatives a request may ask with top_logprobs (default
                                  * FL_MAX_TOP_LOGPROBS); -1: no logprobs.  The plan reserves
                                  * 8 x (1 + max_logprobs) + 4 bytes per token of context per sequence */
@@ -377,7 +381,19 @@ int32_t fl_engine_n_embd(const fl_engine *e); /* the length of an embedding */
 int32_t fl_engine_embeddings(const fl_engine *e); /* made with embeddings (1) */
 fl_sched_policy fl_engine_sched_policy(const fl_engine *e);
 int32_t fl_engine_max_seqs(const fl_engine *e); /* sequences a step runs at most (max_seqs) */
-int32_t fl_engine_n_loras(const fl_engine *e);
+int32_t fl_engine_n_loras(const fl_engine *e); /* adapter slots: the files', then the run-time ones */
+int32_t fl_engine_lora_slots(const fl_engine *e); /* of them, the run-time ones (fl_engine_params.lora_slots) */
+/* Load the LoRA adapter at path (F32/F16/BF16, rank <= max_lora_rank) into a free run-time slot at
+ * scale; *k receives its number, which requests then apply (fl_request_params.lora, lora_scales).
+ * Its file and tables must fit the slot's reservation (model/lora.h fl_lora_slot_caps; the plan
+ * counts it): FL_ERR_BUDGET otherwise, and when no slot is free.  The file is opened without the
+ * engine lock; steps go on meanwhile. */
+fl_status fl_engine_lora_load(fl_engine *e, const char *path, float scale, int32_t *k);
+/* Unload adapter k: requests added from now on may not apply it, and it is freed (its file
+ * unmapped) once the requests that apply it have finished. */
+fl_status fl_engine_lora_unload(fl_engine *e, int32_t k);
+/* 1 when adapter k is loaded (requests may apply it), 0 otherwise; *scale its scale as loaded. */
+int32_t fl_engine_lora_loaded(fl_engine *e, int32_t k, float *scale);
 const char *fl_engine_model_name(const fl_engine *e);
 /* Chat template text: fl_engine_params.chat_template, else the GGUF's (tokenizer.chat_template), or NULL. */
 const char *fl_engine_chat_template(const fl_engine *e);

@@ -7,7 +7,12 @@ MODEL=$SHARED/models/stories260K.gguf
 [ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
 command -v curl >/dev/null || { echo "SKIP: curl not installed"; exit 77; }
 TMP=$(mktemp -d); PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$TMP"; }
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  # a failure: the servers' logs (a crash or a sanitizer's report is in them), for CI's output
+  if [ "${fails:-0}" != 0 ]; then for f in "$TMP"/*.log; do echo "--- $f (last 40 lines)"; tail -n 40 "$f"; done; fi
+  rm -rf "$TMP"
+}
 trap cleanup EXIT
 . "$(cd "$(dirname "$0")" && pwd)/serve_lib.sh" # (ok, bad, check; this test runs several servers of its own)
 

@@ -147,7 +147,42 @@ assert set_off == {"success": True} and set_bad == "400" and l1[0]["scale"] == 0
 assert text(i_def) == tb and text(i_on) == tt, (i_def, i_on)
 PY
     fail "serve --lora: /lora-adapters and per-request scales"
+  # run-time adapters (vLLM's /v1/load_lora_adapter, /v1/unload_lora_adapter; serve --lora-slots):
+  # a loaded adapter answers as run --lora does, under its name; unloading frees its slot
+  "$F" serve -m "$S/models/stories260K.gguf" --port 0 -t 1 -c 256 --lora-slots 1 --max-lora-rank 4 2> "$T/srv.log" &
+  spid=$!
+  for _ in $(seq 1 100); do port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$T/srv.log"); [ -n "$port" ] && break; sleep 0.1; done
+  [ -n "$port" ] || { cat "$T/srv.log"; kill $spid; fail "serve --lora-slots did not start"; }
+  post() { curl -s -w ' %{http_code}' "http://127.0.0.1:$port/v1/$1" -H 'Content-Type: application/json' -d "$2"; }
+  r_load=$(post load_lora_adapter "{\"lora_name\":\"tuned\",\"lora_path\":\"$T/r.lora.gguf\"}")
+  r_full=$(post load_lora_adapter "{\"lora_name\":\"again\",\"lora_path\":\"$T/r.lora.gguf\"}")
+  r_tuned=$(gen ',"model":"tuned"'); r_base=$(gen ''); r_models=$(curl -s "http://127.0.0.1:$port/v1/models")
+  r_unload=$(post unload_lora_adapter '{"lora_name":"tuned"}'); r_gone=$(post unload_lora_adapter '{"lora_name":"tuned"}')
+  r_after=$(gen ',"model":"tuned"'); r_reload=$(post load_lora_adapter "{\"lora_name\":\"again\",\"lora_path\":\"$T/r.lora.gguf\"}")
+  r_again=$(gen ',"model":"again"')
+  kill $spid; wait $spid
+  python3 - "$t_tuned" "$t_base" "$r_load" "$r_full" "$r_tuned" "$r_base" "$r_models" "$r_unload" "$r_gone" "$r_after" "$r_reload" "$r_again" <<'PY' ||
+import json, sys
+tt, tb, load, full, tuned, base, models, unload, gone, after, reload, again = sys.argv[1:]
+text = lambda d: json.loads(d)["choices"][0]["text"]
+assert load == "Success: LoRA adapter 'tuned' added successfully. 200", load
+assert full.endswith(" 400") and "slot" in full, full
+assert text(tuned) == tt and json.loads(tuned)["model"] == "tuned" and text(base) == tb, (tuned, base)
+assert [m["id"] for m in json.loads(models)["data"]][1:] == ["tuned"], models
+assert unload == "Success: LoRA adapter 'tuned' removed successfully. 200" and gone.endswith(" 404"), (unload, gone)
+assert text(after) == tb and json.loads(after)["model"] != "tuned", after
+assert reload.endswith(" 200") and text(again) == tt, (reload, again)
+PY
+    fail "serve --lora-slots: /v1/load_lora_adapter and /v1/unload_lora_adapter"
 fi
+# a slot too small for the adapter (rank 4 > 2) refuses it; the plan with slots holds as a bound
+"$F" plan -m "$S/models/stories260K.gguf" --verify --lora "$T/r.lora.gguf" --lora-slots 2 --max-lora-rank 4 -c 256 --max-logprobs -1 -t 1 > "$T/pv.txt" 2>&1 ||
+    { cat "$T/pv.txt"; fail "plan --verify --lora-slots"; }
+grep -q "2 run-time adapter slots reserve" "$T/pv.txt" || { cat "$T/pv.txt"; fail "plan --verify --lora-slots: no note"; }
+"$F" plan -m "$S/models/stories260K.gguf" --verify --lora "$T/r.lora.gguf" --lora-slots 1 --max-lora-rank 2 -c 256 --max-logprobs -1 -t 1 > "$T/pv.txt" 2>&1 &&
+    fail "a rank-4 adapter loaded into a rank-2 slot"
+grep -q "a slot takes" "$T/pv.txt" || { cat "$T/pv.txt"; fail "rank-2 slot: no reason given"; }
+"$F" serve -m "$S/models/stories260K.gguf" --max-lora-rank 8 </dev/null >/dev/null 2>&1; [ $? -eq 2 ] || fail "serve --max-lora-rank without --lora-slots must exit 2"
 "$F" run -m "$S/models/stories260K.gguf" --lora "$T/inf.lora.gguf" -p "Once" -n 2 -t 1 > /dev/null 2> "$T/err8.txt"; rc=$?
 [ $rc -ne 0 ] && grep -q "alpha" "$T/err8.txt" || { cat "$T/err8.txt"; fail "run --lora with an infinite alpha must be refused (rc $rc)"; }
 "$F" run -m "$S/models/stories260K.gguf" --lora "$S/models/stories260K.gguf" -p "Once" -n 2 -t 1 > /dev/null 2> "$T/err8.txt"; rc=$?

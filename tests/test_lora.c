@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define MODEL "models/stories260K.gguf"
@@ -409,9 +410,22 @@ static void test_plan_counts_adapter(void **state) {
     fl_lora *lo;
     assert_int_equal(fl_lora_open(path, &hp, 1.0f, false, &lo), FL_OK);
     const size_t held = fl_mem_current(FL_MEM_MISC) - m0;
+    assert_int_equal(fl_lora_misc_bytes(lo), held); /* (what a run-time slot checks against its reservation) */
     fl_lora_free(lo);
     assert_int_equal(b.bytes[FL_MEM_MISC] - a.bytes[FL_MEM_MISC], held + sizeof(fl_lora *)); /* + the model's table */
     assert_true(held >= fl_lora_table_bytes(hp.n_layer));
+    /* run-time slots: each reserves the largest adapter of its rank (file, index); the buffers
+     * take any matrix's output */
+    in.n_loras = 0;
+    in.lora_slots = 2;
+    in.max_lora_rank = 8;
+    assert_int_equal(fl_plan_engine(&in, &b), FL_OK);
+    size_t fc, mc;
+    fl_lora_slot_caps(&hp, 8, &fc, &mc);
+    assert_true(fc >= (size_t)fsz && mc >= held);
+    assert_int_equal(b.bytes[FL_MEM_MAPPED] - a.bytes[FL_MEM_MAPPED], 2 * fc);
+    assert_int_equal(b.bytes[FL_MEM_MISC] - a.bytes[FL_MEM_MISC], 2 * (mc + sizeof(fl_lora *)));
+    assert_int_equal(b.bytes[FL_MEM_ACT] - a.bytes[FL_MEM_ACT], fl_lora_workspace_bytes(8, fl_lora_n_bound(&hp), 64 + 4));
     unlink(path);
     adapter_free(&ad);
     fl_test_mem_zero();
@@ -505,6 +519,17 @@ static int32_t cached_prompt(fl_engine *e, fl_request_params *rp) {
     return cached;
 }
 
+/* The engine the adapter tests run: stories260K, one thread, 6 sequences of 128 tokens, f32 KV. */
+static void small_engine_params(fl_engine_params *ep) {
+    fl_engine_params_default(ep);
+    ep->model_path = FL_SHARED_PATH(MODEL);
+    ep->n_threads = 1;
+    ep->n_ctx = 128;
+    ep->max_seqs = 6;
+    ep->kv_mem = 1 << 20;
+    ep->kv_type = "f32";
+}
+
 /* Two adapter files (fitllm's over every matrix, rank 4; llama.cpp's over three, rank 2) written
  * from seed and seed + 1 to p1 / p2 (named by tag), and an engine over them loaded at loaded[]
  * (NULL: 1 each). */
@@ -520,13 +545,7 @@ static fl_engine *two_adapter_engine(const char *tag, uint64_t seed, const float
     write_llama_cpp(*p2, &hp, a2, pairs, 3, NULL, seed + 1);
     const char *paths[2] = {*p1, *p2};
     fl_engine_params ep;
-    fl_engine_params_default(&ep);
-    ep.model_path = FL_SHARED_PATH(MODEL);
-    ep.n_threads = 1;
-    ep.n_ctx = 128;
-    ep.max_seqs = 6;
-    ep.kv_mem = 1 << 20;
-    ep.kv_type = "f32";
+    small_engine_params(&ep);
     ep.lora_paths = paths;
     ep.lora_scales = loaded;
     ep.n_loras = 2;
@@ -654,6 +673,110 @@ static void test_engine_adapter_mixes(void **state) {
     two_adapter_free(e, p1, p2, &a1, &a2);
 }
 
+/* Adapters loaded and unloaded at run time (fl_engine_lora_load / _unload, vLLM's
+ * /v1/load_lora_adapter): requests apply them as they would adapters given at creation; an
+ * adapter unloaded while a request applies it stays until that request finishes, then its slot
+ * is empty (its file unmapped) and takes another; what exceeds a slot's reservation is refused. */
+static void test_engine_runtime_adapters(void **state) {
+    NEED_SHARED();
+    (void)state;
+    const fl_hparams hp = hparams();
+    char p1[64], p2[64], big[64];
+    snprintf(p1, sizeof p1, "/tmp/fl_lora_%d_r1.gguf", (int)getpid());
+    snprintf(p2, sizeof p2, "/tmp/fl_lora_%d_r2.gguf", (int)getpid());
+    snprintf(big, sizeof big, "/tmp/fl_lora_%d_r3.gguf", (int)getpid());
+    adapter a1 = {.rank = 4, .alpha = 4}, a2 = {.rank = 2, .alpha = 2}, a3 = {.rank = 8, .alpha = 8};
+    write_fitllm(p1, &hp, &a1, 0x7f, 51);
+    const int pairs[3][2] = {{0, FL_LORA_Q}, {1, FL_LORA_DOWN}, {3, FL_LORA_GATE}};
+    write_llama_cpp(p2, &hp, &a2, pairs, 3, NULL, 52);
+    write_fitllm(big, &hp, &a3, 0x7f, 53);
+    const char *paths[2] = {p1, p2};
+    fl_engine_params ep;
+    small_engine_params(&ep);
+    ep.lora_slots = 2;
+    ep.max_lora_rank = 4;
+    fl_engine *e;
+    if (fl_engine_new(&ep, &e)) fail_msg("engine: %s", fl_last_error());
+    assert_int_equal(fl_engine_n_loras(e), 2);
+    int32_t prompt[8] = {1, 3, 50, 77, 9, 400, 12, 5};
+    fl_request_params rp = {.prompt = prompt, .n_prompt = 8, .max_tokens = NG, .ignore_eos = 1, .lora = 1};
+    fl_sampling_params_default(&rp.sampling);
+    rp.sampling.temperature = 0;
+    int64_t id;
+    assert_int_equal(fl_engine_add(e, &rp, &id), FL_ERR_INVALID); /* nothing loaded yet */
+    int32_t k1, k2, k3;
+    const size_t mapped0 = fl_mem_current(FL_MEM_MAPPED);
+    assert_int_equal(fl_engine_lora_load(e, big, 1.0f, &k3), FL_ERR_BUDGET); /* rank 8 > 4: its file exceeds the slot */
+    assert_int_equal(fl_engine_lora_load(e, p1, 1.0f, &k1), FL_OK);
+    assert_int_equal(fl_engine_lora_load(e, p2, 1.0f, &k2), FL_OK);
+    assert_int_equal(fl_engine_lora_load(e, p1, 1.0f, &k3), FL_ERR_BUDGET); /* no slot left */
+    assert_int_equal(k1, 1);
+    assert_int_equal(k2, 2);
+    float sc = 0;
+    assert_int_equal(fl_engine_lora_loaded(e, 2, &sc), 1);
+    assert_true(sc == 1.0f);
+    /* four requests batched: adapter 1, adapter 2, a mix of both, none */
+    enum { NR = 4 };
+    const float mixes[NR][2] = {{1, 0}, {0, 1}, {0.5f, -1}, {0, 0}};
+    int32_t got[NR][NG], n_got[NR] = {0};
+    int64_t ids[NR];
+    for (int i = 0; i < NR; i++) {
+        rp.lora = i < 2 ? i + 1 : 0;
+        rp.lora_scales = i < 2 ? NULL : mixes[i];
+        assert_int_equal(fl_engine_add(e, &rp, &ids[i]), FL_OK);
+    }
+    run_requests(e, ids[0], NR, got, n_got);
+    int32_t base[NG];
+    greedy_ref(NULL, prompt, 8, NG, base);
+    for (int i = 0; i < NR; i++) {
+        int32_t want[NG];
+        greedy_gen(paths, 2, mixes[i], prompt, 8, NG, want);
+        assert_int_equal(n_got[i], NG);
+        if (memcmp(got[i], want, sizeof want)) fail_msg("request %d: the engine's tokens differ from its adapters alone", i);
+        if (i < 3 && !memcmp(want, base, sizeof base)) fail_msg("request %d: its adapters change nothing", i);
+    }
+    /* unloading adapter 1 while a request applies it: new requests are refused, the running one
+     * finishes through it; then the slot is free (the file unmapped) and loads another */
+    rp.lora = 1;
+    rp.lora_scales = NULL;
+    int64_t id1;
+    assert_int_equal(fl_engine_add(e, &rp, &id1), FL_OK);
+    int32_t active;
+    assert_int_equal(fl_engine_step(e, &active), FL_OK);
+    assert_int_equal(fl_engine_lora_unload(e, 1), FL_OK);
+    assert_int_equal(fl_engine_lora_unload(e, 1), FL_ERR_INVALID); /* (already unloading) */
+    assert_int_equal(fl_engine_lora_loaded(e, 1, NULL), 0);
+    assert_int_equal(fl_engine_add(e, &rp, &id), FL_ERR_INVALID);
+    const float only1[2] = {1, 0};
+    int32_t late[1][NG], n_late[1] = {0}, want1[NG];
+    run_requests(e, id1, 1, late, n_late);
+    greedy_gen(paths, 2, only1, prompt, 8, NG, want1);
+    assert_int_equal(n_late[0], NG);
+    assert_memory_equal(late[0], want1, sizeof want1);
+    assert_int_equal(fl_engine_step(e, &active), FL_OK); /* (the slot is freed at a step's start) */
+    struct stat sb;
+    assert_int_equal(stat(p2, &sb), 0);
+    assert_int_equal(fl_mem_current(FL_MEM_MAPPED), mapped0 + (size_t)sb.st_size); /* adapter 2's file alone */
+    assert_int_equal(fl_engine_lora_load(e, p2, 0.5f, &k3), FL_OK);
+    assert_int_equal(k3, 1);
+    assert_int_equal(fl_engine_lora_unload(e, 1), FL_OK); /* (no request applies it: freed at once) */
+    assert_int_equal(fl_engine_lora_unload(e, 2), FL_OK);
+    assert_int_equal(fl_mem_current(FL_MEM_MAPPED), mapped0);
+    fl_engine_free(e);
+    /* an engine without slots loads nothing */
+    ep.lora_slots = 0;
+    if (fl_engine_new(&ep, &e)) fail_msg("engine: %s", fl_last_error());
+    assert_int_equal(fl_engine_lora_load(e, p1, 1.0f, &k1), FL_ERR_UNSUPPORTED);
+    fl_engine_free(e);
+    unlink(p1);
+    unlink(p2);
+    unlink(big);
+    adapter_free(&a1);
+    adapter_free(&a2);
+    adapter_free(&a3);
+    fl_test_mem_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fitllm_file_equals_merged),
@@ -663,6 +786,7 @@ int main(void) {
         cmocka_unit_test(test_plan_counts_adapter),
         cmocka_unit_test(test_engine_adapters_per_request),
         cmocka_unit_test(test_engine_adapter_mixes),
+        cmocka_unit_test(test_engine_runtime_adapters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

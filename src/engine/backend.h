@@ -51,6 +51,12 @@ typedef struct fl_engine_backend {
      * without the mutex (the requests are the driver's: nothing else changes their tokens). */
     bool (*draft_add)(void *ctx, fl_request *r, int32_t k);
     void (*draft_run)(void *ctx);
+    /* Adapters loaded at run time (NULL: none): lora_open opens path within a slot's reservation
+     * (file I/O: called without the engine mutex), lora_put puts h (NULL: none) in slot k and gives
+     * back what was there (the mutex held; no batch in flight applies slot k), lora_close frees one. */
+    fl_status (*lora_open)(void *ctx, const char *path, float scale, void **h);
+    fl_status (*lora_put)(void *ctx, int32_t k, void *h, void **old);
+    void (*lora_close)(void *ctx, void *h);
     /* The vocabulary's special tokens fl_engine_special_token names (-1: none); may be NULL */
     int32_t (*special)(void *ctx, fl_special_token which);
     void (*kv_stats)(void *ctx, fl_backend_kv_stats *st);

@@ -42,6 +42,8 @@ struct fl_engine {
     int32_t *b_tok, *b_pos, *b_seq, *b_lora;
     float *b_mix;         /* with adapters: [max_seqs][n_loras] the adapter mixes of a step (fl_batch.lora_mix) */
     float lora_loaded[FL_ENGINE_MAX_LORAS]; /* each adapter's scale as loaded (fl_engine_params.lora_scales) */
+    uint8_t lora_state[FL_ENGINE_MAX_LORAS]; /* LORA_EMPTY, _LOADING, _LOADED or _DRAINING */
+    bool in_forward;      /* a step's forward runs (without the lock) */
     int8_t *b_logit;
     float *logits;
     int8_t *b_hid;        /* embeddings: [max_tokens] 1 = the token's final hidden state is pooled */
@@ -105,6 +107,7 @@ void fl_engine_params_default(fl_engine_params *p) {
     p->guide_masks = FL_MASK_CACHE_DEFAULT;
     p->guide_mem = -1;
     p->spec_draft_p_min = 0.75f;
+    p->max_lora_rank = 16;
 }
 
 int64_t fl_engine_guide_mem(const fl_engine_params *p) {
@@ -412,6 +415,17 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
 
 /* ---- engine life cycle ---- */
 
+enum { LORA_EMPTY, LORA_LOADING, LORA_LOADED, LORA_DRAINING }; /* a run-time adapter slot */
+
+static void lora_reap(fl_engine *e);
+
+/* Every adapter of mix is loaded (e->mu held). */
+static bool mix_loaded(const fl_engine *e, const float *mix) {
+    for (int32_t k = 0; k < e->p.n_loras; k++)
+        if (mix[k] != 0.0f && e->lora_state[k] != LORA_LOADED) return false;
+    return true;
+}
+
 #define REQS_CAP0 64  /* the request table's first capacity; it doubles */
 #define POLL_CAP0 256 /* the poll buffers' first capacity (elements); they double */
 
@@ -472,12 +486,18 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     e->p = *p;
     e->be = *be;
     pthread_mutex_init(&e->mu, NULL);
-    if (e->p.n_loras < 0 || e->p.n_loras > FL_ENGINE_MAX_LORAS) {
-        st = fl_set_error(FL_ERR_INVALID, "%s: %d LoRA adapters (at most %d)", __func__, e->p.n_loras, FL_ENGINE_MAX_LORAS);
+    if (e->p.n_loras < 0 || e->p.lora_slots < 0 || e->p.n_loras + e->p.lora_slots > FL_ENGINE_MAX_LORAS ||
+        (e->p.lora_slots > 0 && (!be->lora_open || !be->lora_put || !be->lora_close))) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: %d LoRA adapters + %d slots (at most %d in all; slots need a backend that loads them)",
+                          __func__, e->p.n_loras, e->p.lora_slots, FL_ENGINE_MAX_LORAS);
         e->p.n_loras = 0;
         goto fail;
     }
-    for (int32_t k = 0; k < e->p.n_loras; k++) e->lora_loaded[k] = e->p.lora_scales ? e->p.lora_scales[k] : 1.0f;
+    for (int32_t k = 0; k < e->p.n_loras; k++) {
+        e->lora_loaded[k] = e->p.lora_scales ? e->p.lora_scales[k] : 1.0f;
+        e->lora_state[k] = LORA_LOADED;
+    }
+    e->p.n_loras += e->p.lora_slots; /* from here, every slot (the run-time ones empty) */
     e->p.lora_paths = NULL; /* (the caller's; the backend opened them) */
     e->p.lora_scales = NULL;
     if (e->p.max_logprobs > FL_MAX_TOP_LOGPROBS || e->p.max_logprobs < -1) {
@@ -661,13 +681,22 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
     /* the request's adapter mix: each adapter's scale (0: not applied) */
     float mix[FL_ENGINE_MAX_LORAS] = {0};
     bool mixed = false;
+    pthread_mutex_lock(&e->mu); /* (the scales and states of run-time adapters change under it) */
+    if (p->lora && e->lora_state[p->lora - 1] != LORA_LOADED) {
+        pthread_mutex_unlock(&e->mu);
+        return fl_set_error(FL_ERR_INVALID, "%s: LoRA adapter %d is not loaded", __func__, p->lora);
+    }
     for (int32_t k = 0; k < e->p.n_loras; k++) {
         const float v = p->lora_scales ? p->lora_scales[k] : p->lora == k + 1 ? e->lora_loaded[k] : 0.0f;
-        if (!isfinite(v) || fabsf(v) > 1e6f)
-            return fl_set_error(FL_ERR_INVALID, "%s: LoRA adapter %d: scale %g (finite, |scale| <= 1e6)", __func__, k + 1, (double)v);
+        if (!isfinite(v) || fabsf(v) > 1e6f || (v != 0.0f && e->lora_state[k] != LORA_LOADED)) {
+            pthread_mutex_unlock(&e->mu);
+            return fl_set_error(FL_ERR_INVALID, "%s: LoRA adapter %d: %s%g", __func__, k + 1,
+                                e->lora_state[k] != LORA_LOADED ? "not loaded, scale " : "scale (finite, |scale| <= 1e6) ", (double)v);
+        }
         mix[k] = v == 0.0f ? 0.0f : v; /* (-0 is 0: one cache salt) */
         mixed |= v != 0.0f;
     }
+    pthread_mutex_unlock(&e->mu);
     if (p->priority != 0 && e->p.sched_policy != FL_SCHED_PRIORITY)
         return fl_set_error(FL_ERR_INVALID, "%s: priority %d needs the priority scheduling policy (this engine is FCFS)",
                             __func__, p->priority);
@@ -741,6 +770,11 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
         }
     }
     pthread_mutex_lock(&e->mu);
+    if (!mix_loaded(e, mix)) { /* (unloaded since it was checked) */
+        pthread_mutex_unlock(&e->mu);
+        fl_free(FL_MEM_GUIDE, rx_gbnf, rx_gbnf ? rx_gbnf_len + 1 : 0);
+        return fl_set_error(FL_ERR_INVALID, "%s: a LoRA adapter the request applies was unloaded", __func__);
+    }
     int64_t rid = e->next_id++;
     if (q.sampling.seed == 0) q.sampling.seed = (uint64_t)e->p.seed + (uint64_t)rid * 7919u;
     fl_status st = FL_OK;
@@ -1003,6 +1037,7 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
     pthread_mutex_lock(&e->mu);
     for (int32_t i = 0; i < e->n_reqs; i++)
         if (e->reqs[i]->cancel && e->reqs[i]->state != FL_REQ_FINISHED) finish(e, e->reqs[i], FL_FINISH_CANCELLED);
+    if (e->p.lora_slots > 0) lora_reap(e);
     if (e->p.spec_tokens > 0) propose_drafts(e);
     fl_sched_out out;
     st = fl_sched_schedule(e->sched, &out);
@@ -1091,11 +1126,13 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
                   n_mix ? e->b_mix : NULL, n_mix};
 
     /* forward without the lock: add/cancel/poll stay responsive */
+    e->in_forward = true;
     pthread_mutex_unlock(&e->mu);
     double t = now_s();
     fl_status fst = e->be.forward(e->be.ctx, &b, e->logits);
     e->t_forward += now_s() - t;
     pthread_mutex_lock(&e->mu);
+    e->in_forward = false;
     if (e->be.step_done) e->be.step_done(e->be.ctx);
     e->steps++;
     if (fst != FL_OK) {
@@ -1327,6 +1364,82 @@ fl_status fl_engine_tokenize(fl_engine *e, const char *text, size_t len, int add
 fl_sched_policy fl_engine_sched_policy(const fl_engine *e) { return e->p.sched_policy; }
 int32_t fl_engine_max_seqs(const fl_engine *e) { return e->p.max_seqs; }
 int32_t fl_engine_n_loras(const fl_engine *e) { return e->p.n_loras; }
+int32_t fl_engine_lora_slots(const fl_engine *e) { return e->p.lora_slots; }
+
+static bool lora_in_use(const fl_engine *e, int32_t k) {
+    for (int32_t i = 0; i < e->n_reqs; i++) {
+        const fl_request *r = e->reqs[i];
+        if (r->state != FL_REQ_FINISHED && r->lora_on && r->lora_mix[k] != 0.0f) return true;
+    }
+    return false;
+}
+
+/* Free the unloading adapters no request applies any more (e->mu held, no forward running). */
+static void lora_reap(fl_engine *e) {
+    for (int32_t k = 0; k < e->p.n_loras; k++) {
+        if (e->lora_state[k] != LORA_DRAINING || lora_in_use(e, k)) continue;
+        void *old = NULL;
+        if (e->be.lora_put(e->be.ctx, k + 1, NULL, &old) != FL_OK) {
+            fl_clear_error();
+            continue;
+        }
+        e->be.lora_close(e->be.ctx, old);
+        e->lora_state[k] = LORA_EMPTY;
+        e->lora_loaded[k] = 0.0f;
+    }
+}
+
+fl_status fl_engine_lora_load(fl_engine *e, const char *path, float scale, int32_t *k) {
+    *k = 0;
+    if (!path || !path[0] || !isfinite(scale) || fabsf(scale) > 1e6f)
+        return fl_set_error(FL_ERR_INVALID, "%s: a path and a finite scale of at most 1e6", __func__);
+    if (!e->be.lora_open || e->p.lora_slots < 1)
+        return fl_set_error(FL_ERR_UNSUPPORTED, "%s: this engine has no slots for adapters loaded at run time (lora_slots)", __func__);
+    pthread_mutex_lock(&e->mu);
+    int32_t slot = -1;
+    for (int32_t i = 0; i < e->p.n_loras && slot < 0; i++)
+        if (e->lora_state[i] == LORA_EMPTY) slot = i;
+    if (slot >= 0) e->lora_state[slot] = LORA_LOADING;
+    pthread_mutex_unlock(&e->mu);
+    if (slot < 0)
+        return fl_set_error(FL_ERR_BUDGET, "%s: every adapter slot is taken (%d run-time slots; unload one first)", __func__, e->p.lora_slots);
+    void *h = NULL, *old = NULL;
+    fl_status st = e->be.lora_open(e->be.ctx, path, scale, &h); /* (file I/O: steps go on) */
+    pthread_mutex_lock(&e->mu);
+    if (st == FL_OK) st = e->be.lora_put(e->be.ctx, slot + 1, h, &old); /* (no request applies the slot: no batch reads it) */
+    if (st == FL_OK) {
+        FL_ASSERT(!old);
+        e->lora_loaded[slot] = scale;
+        e->lora_state[slot] = LORA_LOADED;
+        *k = slot + 1;
+    } else {
+        e->lora_state[slot] = LORA_EMPTY;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (st != FL_OK && h) e->be.lora_close(e->be.ctx, h);
+    return st;
+}
+
+fl_status fl_engine_lora_unload(fl_engine *e, int32_t k) {
+    pthread_mutex_lock(&e->mu);
+    if (k < 1 || k > e->p.n_loras || e->lora_state[k - 1] != LORA_LOADED || !e->be.lora_put) {
+        pthread_mutex_unlock(&e->mu);
+        return fl_set_error(FL_ERR_INVALID, "%s: adapter %d is not loaded%s", __func__, k,
+                            e->be.lora_put ? "" : " (this backend unloads none)");
+    }
+    e->lora_state[k - 1] = LORA_DRAINING;
+    if (!e->in_forward) lora_reap(e); /* (else the next step's start) */
+    pthread_mutex_unlock(&e->mu);
+    return FL_OK;
+}
+
+int32_t fl_engine_lora_loaded(fl_engine *e, int32_t k, float *scale) {
+    pthread_mutex_lock(&e->mu);
+    const bool on = k >= 1 && k <= e->p.n_loras && e->lora_state[k - 1] == LORA_LOADED;
+    if (scale) *scale = on ? e->lora_loaded[k - 1] : 0.0f;
+    pthread_mutex_unlock(&e->mu);
+    return on;
+}
 
 int32_t fl_engine_token_text(fl_engine *e, int32_t token, char *buf, int32_t cap) {
     if (token < 0 || token >= e->be.n_vocab) return -1;

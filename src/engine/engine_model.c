@@ -19,10 +19,12 @@
 #include "kv/kv_contig.h"
 #include "kernels/ops.h"
 #include "model/llama.h"
+#include "model/lora.h"
 #include "model/tokenizer.h"
 #include "plan/plan_engine.h"
 
 #include <string.h>
+#include <sys/stat.h>
 
 #define DEFAULT_KV_MEM (256ll << 20)
 
@@ -57,6 +59,10 @@ typedef struct mbackend {
     char *chat_template;
     size_t chat_template_size;
     bool budget_set;       /* this engine set the allocator's total budget (mem_total) */
+    /* run-time adapters (fl_engine_params.lora_slots): what a slot reserves */
+    int32_t lora_rank;
+    size_t lora_file_cap, lora_misc_cap;
+    bool no_mmap;
 } mbackend;
 
 size_t fl_engine_model_misc_bytes(int32_t max_seqs) { return sizeof(mbackend) + fl_kv_adapter_misc_bytes(FL_ENGINE_SEQ_IDS(max_seqs)); }
@@ -141,6 +147,44 @@ static fl_status draft_new(const fl_engine_params *p, const fl_hparams *thp, con
 fail:
     draft_free(d);
     return st;
+}
+
+/* A run-time adapter, refused unless it fits a slot's reservation (fl_lora_slot_caps). */
+static fl_status mb_lora_open(void *ctx, const char *path, float scale, void **h) {
+    mbackend *m = ctx;
+    *h = NULL;
+    struct stat sb;
+    if (stat(path, &sb) != 0) return fl_set_error(FL_ERR_IO, "LoRA adapter %s: cannot stat it", path);
+    if ((uint64_t)sb.st_size > m->lora_file_cap)
+        return fl_set_error(FL_ERR_BUDGET, "LoRA adapter %s: %lld bytes; a slot takes %zu (an adapter of rank %d: --max-lora-rank)", path,
+                            (long long)sb.st_size, m->lora_file_cap, m->lora_rank);
+    const fl_hparams *hp = fl_model_hparams(m->model);
+    fl_lora *l = NULL;
+    fl_status st = fl_lora_open(path, hp, scale, m->no_mmap, &l);
+    if (st) return st;
+    const int64_t n_t = 2 * FL_LORA_TARGETS * (int64_t)hp->n_layer;
+    if (l->rank_max > m->lora_rank || fl_gguf_n_kv(l->g) > FL_LORA_SLOT_KEYS || fl_gguf_n_tensors(l->g) > n_t ||
+        fl_lora_misc_bytes(l) > m->lora_misc_cap) {
+        st = fl_set_error(FL_ERR_BUDGET, "LoRA adapter %s: rank %d, %lld keys, %lld tensors, %zu bytes of index; a slot takes rank %d, "
+                          "%d keys, %lld tensors, %zu bytes", path, l->rank_max, (long long)fl_gguf_n_kv(l->g), (long long)fl_gguf_n_tensors(l->g),
+                          fl_lora_misc_bytes(l), m->lora_rank, FL_LORA_SLOT_KEYS, (long long)n_t, m->lora_misc_cap);
+        fl_lora_free(l);
+        return st;
+    }
+    *h = l;
+    return FL_OK;
+}
+
+static fl_status mb_lora_put(void *ctx, int32_t k, void *h, void **old) {
+    fl_lora *o = NULL;
+    const fl_status st = fl_model_lora_put(((mbackend *)ctx)->model, k, h, &o);
+    *old = o;
+    return st;
+}
+
+static void mb_lora_close(void *ctx, void *h) {
+    (void)ctx;
+    fl_lora_free(h);
 }
 
 static bool mb_draft_add(void *ctx, fl_request *r, int32_t k) {
@@ -356,6 +400,8 @@ fl_status fl_engine_plan_input(const fl_engine_params *p, fl_plan_engine_in *pi)
     pi->lora_paths = p->lora_paths;
     pi->lora_scales = p->lora_scales;
     pi->n_loras = p->n_loras;
+    pi->lora_slots = p->lora_slots;
+    pi->max_lora_rank = p->max_lora_rank;
     return FL_OK;
 }
 
@@ -401,6 +447,8 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
     mp.lora_paths = p.lora_paths;
     mp.lora_scales = p.lora_scales;
     mp.n_loras = p.n_loras; /* (every batch names each token's adapter) */
+    mp.lora_slots = p.lora_slots;
+    mp.lora_slot_rank = p.lora_slots > 0 ? p.max_lora_rank : 0;
     st = fl_model_load(p.model_path, &mp, &m->model);
     if (st != FL_OK) goto fail;
     const fl_hparams *hp = fl_model_hparams(m->model);
@@ -492,6 +540,14 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
         be.kv = (fl_sched_kv){m, dw_n_free, dw_seq_begin, dw_n_needed, dw_reserve, dw_seq_end, dw_swap_out, dw_swap_in, dw_fork, dw_truncate};
         be.draft_add = mb_draft_add;
         be.draft_run = mb_draft_run;
+    }
+    if (p.lora_slots > 0) {
+        m->lora_rank = p.max_lora_rank;
+        m->no_mmap = p.no_mmap != 0;
+        fl_lora_slot_caps(hp, p.max_lora_rank, &m->lora_file_cap, &m->lora_misc_cap);
+        be.lora_open = mb_lora_open;
+        be.lora_put = mb_lora_put;
+        be.lora_close = mb_lora_close;
     }
     be.forward = mb_forward;
     be.step_done = mb_step_done;

@@ -160,4 +160,10 @@ void fl_gguf_writer_set_version(fl_gguf_writer *w, uint32_t version);
 fl_status fl_gguf_writer_write(fl_gguf_writer *w, const char *path,
                                void (*progress)(uint64_t done, uint64_t total, void *ud), void *ud);
 
+/* The MISC bytes g's index holds (its struct, key and tensor tables, parsed arrays), and a bound
+ * on what parsing a file of n_kv keys, n_tensors tensors and n_items array elements in all takes
+ * at its peak. */
+size_t fl_gguf_index_bytes(const fl_gguf *g);
+size_t fl_gguf_index_bound(int64_t n_kv, int64_t n_tensors, int64_t n_items);
+
 #endif

@@ -362,6 +362,23 @@ fl_status fl_gguf_open_ex(const char *path, bool no_mmap, fl_gguf **out) {
     return st;
 }
 
+size_t fl_gguf_index_bytes(const fl_gguf *g) {
+    size_t n = sizeof *g + (size_t)g->cap_blocks * sizeof *g->blocks;
+    for (int64_t i = 0; i < g->n_blocks; i++) n += g->blocks[i].bytes;
+    if (g->kv) n += (g->n_kv ? (size_t)g->n_kv : 1) * sizeof *g->kv;
+    if (g->tensors) n += (g->n_tensors ? (size_t)g->n_tensors : 1) * sizeof *g->tensors;
+    return n;
+}
+
+size_t fl_gguf_index_bound(int64_t n_kv, int64_t n_tensors, int64_t n_items) {
+    const size_t kv = (size_t)(n_kv > 1 ? n_kv : 1), nt = (size_t)(n_tensors > 1 ? n_tensors : 1);
+    size_t cap = 16; /* the item tables' bookkeeping doubles from 16 (while it grows, old and new) */
+    while (cap < kv) cap *= 2;
+    return sizeof(fl_gguf) + kv * sizeof(fl_gguf_kv) + nt * sizeof(fl_gguf_tensor) +
+           ((size_t)n_items + kv) * sizeof(fl_gguf_value) + cap * 3 / 2 * sizeof(struct item_block) +
+           (kv > nt ? kv : nt) * sizeof(void *); /* (the duplicate check's scratch, freed before it returns) */
+}
+
 void fl_gguf_free(fl_gguf *g) {
     if (!g) return;
     for (int64_t i = 0; i < g->n_blocks; i++) fl_free(FL_MEM_MISC, g->blocks[i].items, g->blocks[i].bytes);

@@ -101,6 +101,10 @@ typedef struct fl_model_params {
     int32_t n_loras;
     int32_t lora_default;      /* the adapter of a batch without fl_batch.lora (0: none; run and
                                 * perplexity --lora: 1) */
+    int32_t lora_slots;        /* more adapter slots after the n_loras files, empty at load, for
+                                * fl_model_lora_put (the engine's run-time loading); n_loras +
+                                * lora_slots <= FL_MAX_LORAS.  After load, params.n_loras counts them */
+    int32_t lora_slot_rank;    /* with lora_slots: the largest rank put in a slot (the workspace's) */
     bool repack;               /* on AVX2, rewrite the Q4_0 / Q8_0 matrices in place as Q4_0_R8 / Q8_0_R8 (kernels/matmul.h)
                                 * for its GEMV; off by default (the engine turns it on unless asked not to;
                                 * tp / pp slice rows, so they keep it off) */
@@ -158,5 +162,12 @@ void fl_model_workspace_free(fl_model *m);
  * no workspace); the kv prepare's status (FL_NO_KV_SPACE is soft: nothing was changed). */
 fl_status fl_model_forward(fl_model *m, const fl_batch *batch, const fl_kv_iface *kv, void *kv_ctx,
                            float *logits_out);
+
+/* Put adapter l (fl_lora_open'ed for this model; NULL: none) in adapter slot k (1..params.n_loras)
+ * and give back what was there in *old (the caller's to free).  The caller makes sure that no
+ * batch in flight applies slot k.  FL_ERR_INVALID when l's rank or outputs exceed the
+ * workspace's (lora_slot_rank). */
+struct fl_lora;
+fl_status fl_model_lora_put(fl_model *m, int32_t k, struct fl_lora *l, struct fl_lora **old);
 
 #endif

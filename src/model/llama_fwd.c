@@ -174,6 +174,13 @@ static void lora_add(fl_model *m, const fl_batch *b, int32_t il, int k, const fl
     const int64_t T = b->n_tokens;
     fl_model_ws *w = &m->ws;
     for (int32_t a = 1; a <= m->params.n_loras; a++) {
+        /* the slot is read only when a token applies it (slots no token applies may be changing:
+         * fl_model_lora_put) */
+        int64_t u = 0;
+        while (u < T && !(b->lora_mix ? b->lora[u] && b->lora_mix[(size_t)(b->lora[u] - 1) * (size_t)m->params.n_loras + (size_t)(a - 1)] != 0.0f
+                                      : (b->lora ? b->lora[u] : m->params.lora_default) == a))
+            u++;
+        if (u == T || !m->loras[a - 1]) continue;
         const fl_lora_slot *s = fl_lora_get(m->loras[a - 1], il, k);
         if (!s) continue;
         int64_t t0 = 0, t1 = T - 1, n = 0;

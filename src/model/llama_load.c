@@ -323,20 +323,29 @@ static fl_status repack_weights(fl_model *m) {
     return st;
 }
 
-/* The adapters of params.lora_paths (the caller's strings and scales are not kept). */
+/* The adapters of params.lora_paths (the caller's strings and scales are not kept), and the
+ * empty slots after them. */
 static fl_status open_loras(fl_model *m) {
-    const fl_model_params *p = &m->params;
-    if (p->n_loras < 0 || p->n_loras > FL_MAX_LORAS || (p->n_loras > 0 && !p->lora_paths) || p->lora_default < 0 ||
-        p->lora_default > p->n_loras)
-        return fl_set_error(FL_ERR_INVALID, "%d LoRA adapters (at most %d), default %d", p->n_loras, FL_MAX_LORAS, p->lora_default);
-    if (p->n_loras == 0) return FL_OK;
-    m->loras = fl_calloc(FL_MEM_MISC, (size_t)p->n_loras, sizeof *m->loras);
+    fl_model_params *p = &m->params;
+    const int32_t n = p->n_loras + p->lora_slots;
+    if (p->n_loras < 0 || p->lora_slots < 0 || n > FL_MAX_LORAS || (p->n_loras > 0 && !p->lora_paths) || p->lora_default < 0 ||
+        p->lora_default > p->n_loras || (p->lora_slots > 0 && (p->lora_slot_rank < 1 || p->lora_slot_rank > 4096)))
+        return fl_set_error(FL_ERR_INVALID, "%d LoRA adapters + %d slots of rank %d (at most %d in all, ranks 1..4096), default %d",
+                            p->n_loras, p->lora_slots, p->lora_slot_rank, FL_MAX_LORAS, p->lora_default);
+    if (n == 0) return FL_OK;
+    m->loras = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *m->loras);
     if (!m->loras) return FL_ERR_NOMEM;
-    for (int32_t i = 0; i < p->n_loras; i++) {
+    const int32_t n_files = p->n_loras;
+    p->n_loras = n; /* (fl_model_free frees every slot) */
+    for (int32_t i = 0; i < n_files; i++) {
         fl_status st = fl_lora_open(p->lora_paths[i], &m->hp, p->lora_scales ? p->lora_scales[i] : 1.0f, p->no_mmap, &m->loras[i]);
         if (st) return st;
         if (m->loras[i]->rank_max > m->lora_rank_max) m->lora_rank_max = m->loras[i]->rank_max;
         if (m->loras[i]->n_max > m->lora_n_max) m->lora_n_max = m->loras[i]->n_max;
+    }
+    if (p->lora_slots > 0) { /* the workspace takes any adapter up to the slots' rank */
+        if (p->lora_slot_rank > m->lora_rank_max) m->lora_rank_max = p->lora_slot_rank;
+        m->lora_n_max = fl_lora_n_bound(&m->hp);
     }
     m->params.lora_paths = NULL;
     m->params.lora_scales = NULL;
@@ -393,7 +402,7 @@ void fl_model_free(fl_model *m) {
     if (!m) return;
     fl_model_workspace_free(m);
     if (m->loras) {
-        for (int32_t i = 0; i < m->params.n_loras; i++) fl_lora_free(m->loras[i]);
+        for (int32_t i = 0; i < m->params.n_loras; i++) fl_lora_free(m->loras[i]); /* (NULL: an empty slot) */
         fl_free(FL_MEM_MISC, m->loras, (size_t)m->params.n_loras * sizeof *m->loras);
     }
     if (m->wconv) fl_free(FL_MEM_WEIGHTS, m->wconv, m->wconv_bytes);
@@ -413,3 +422,14 @@ const fl_gguf *fl_model_gguf(const fl_model *m) { return m->g; }
 const fl_tensor *fl_model_tok_embd(const fl_model *m) { return &m->tok_embd; }
 const fl_tensor *fl_model_output(const fl_model *m) { return &m->output; }
 const fl_layer *fl_model_layer(const fl_model *m, int32_t il) { return &m->layers[il]; }
+
+fl_status fl_model_lora_put(fl_model *m, int32_t k, fl_lora *l, fl_lora **old) {
+    *old = NULL;
+    if (k < 1 || k > m->params.n_loras)
+        return fl_set_error(FL_ERR_INVALID, "%s: adapter slot %d (the model has %d)", __func__, k, m->params.n_loras);
+    if (l && (l->rank_max > m->lora_rank_max || l->n_max > m->lora_n_max || l->n_layer != m->hp.n_layer))
+        return fl_set_error(FL_ERR_INVALID, "adapter of rank %d: the slots take rank %d at most", l->rank_max, m->lora_rank_max);
+    *old = m->loras[k - 1];
+    m->loras[k - 1] = l;
+    return FL_OK;
+}

@@ -172,3 +172,27 @@ size_t fl_lora_workspace_bytes(int32_t rank_max, int64_t n_max, int32_t max_toke
 }
 
 size_t fl_lora_table_bytes(int32_t n_layer) { return sizeof(fl_lora) + (size_t)n_layer * FL_LORA_TARGETS * sizeof(fl_lora_slot); }
+
+int64_t fl_lora_n_bound(const fl_hparams *hp) {
+    int64_t n = 0;
+    for (int k = 0; k < FL_LORA_TARGETS; k++) {
+        int64_t K, N;
+        target_shape(hp, k, &K, &N);
+        if (N > n) n = N;
+    }
+    return n;
+}
+
+size_t fl_lora_misc_bytes(const fl_lora *l) { return fl_lora_table_bytes(l->n_layer) + fl_gguf_index_bytes(l->g); }
+
+void fl_lora_slot_caps(const fl_hparams *hp, int32_t rank, size_t *file_cap, size_t *misc_cap) {
+    const int64_t n_t = 2 * FL_LORA_TARGETS * (int64_t)hp->n_layer; /* llama.cpp's files: A and B per layer and matrix */
+    size_t data = 0;
+    for (int k = 0; k < FL_LORA_TARGETS; k++) {
+        int64_t K, N;
+        target_shape(hp, k, &K, &N);
+        data += (size_t)rank * (size_t)(K + N) * sizeof(float);
+    }
+    *file_cap = data * (size_t)hp->n_layer + FL_LORA_SLOT_HEADER + (size_t)n_t * FL_LORA_SLOT_PER_TENSOR;
+    *misc_cap = fl_lora_table_bytes(hp->n_layer) + fl_gguf_index_bound(FL_LORA_SLOT_KEYS, n_t, FL_LORA_SLOT_ITEMS);
+}

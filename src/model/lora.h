@@ -65,5 +65,20 @@ static inline const fl_lora_slot *fl_lora_get(const fl_lora *l, int32_t il, int 
 size_t fl_lora_workspace_bytes(int32_t rank_max, int64_t n_max, int32_t max_tokens);
 /* The MISC bytes of an open adapter's slot table (the plan counts them). */
 size_t fl_lora_table_bytes(int32_t n_layer);
+/* The MISC bytes an open adapter holds: its slot table and its file's parsed index. */
+size_t fl_lora_misc_bytes(const fl_lora *l);
+/* The widest output of a matrix an adapter may adapt (the forward's buffer for a slot). */
+int64_t fl_lora_n_bound(const fl_hparams *hp);
+
+/* A slot for an adapter loaded at run time (fl_engine_lora_load) reserves what the largest
+ * adapter of rank <= rank takes: its file (every matrix of every layer, f32, and a header of
+ * FL_LORA_SLOT_HEADER bytes + FL_LORA_SLOT_PER_TENSOR per tensor: names, shapes, alignment)
+ * mapped, file_cap; its index (FL_LORA_SLOT_KEYS keys, FL_LORA_SLOT_ITEMS array elements) and
+ * table, misc_cap.  The plan counts both per slot; a larger adapter is refused. */
+#define FL_LORA_SLOT_HEADER 4096
+#define FL_LORA_SLOT_PER_TENSOR 256
+#define FL_LORA_SLOT_KEYS 64
+#define FL_LORA_SLOT_ITEMS 256
+void fl_lora_slot_caps(const fl_hparams *hp, int32_t rank, size_t *file_cap, size_t *misc_cap);
 
 #endif

@@ -171,8 +171,23 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
         if (lo->n_max > lora_n) lora_n = lo->n_max;
         fl_lora_free(lo);
     }
-    if (in->n_loras) { /* the model's table of them, the forward's two buffers */
-        out->lora_misc_bytes += (uint64_t)in->n_loras * sizeof(fl_lora *);
+    if (in->lora_slots < 0 || in->n_loras + in->lora_slots > FL_MAX_LORAS || (in->lora_slots && (in->max_lora_rank < 1 || in->max_lora_rank > 4096))) {
+        st = fl_set_error(FL_ERR_INVALID, "%s: %d LoRA adapters + %d slots of rank %d (at most %d in all)", __func__, in->n_loras,
+                          in->lora_slots, in->max_lora_rank, FL_MAX_LORAS);
+        goto done;
+    }
+    if (in->lora_slots) { /* each reserves the largest adapter of its rank; the buffers take any */
+        size_t fc, mc;
+        fl_lora_slot_caps(&hp, in->max_lora_rank, &fc, &mc);
+        out->lora_slot_file_bytes = (uint64_t)in->lora_slots * fc;
+        out->lora_slot_misc_bytes = (uint64_t)in->lora_slots * mc;
+        out->lora_file_bytes += out->lora_slot_file_bytes;
+        out->lora_misc_bytes += out->lora_slot_misc_bytes;
+        if (in->max_lora_rank > lora_rank) lora_rank = in->max_lora_rank;
+        lora_n = fl_lora_n_bound(&hp);
+    }
+    if (in->n_loras + in->lora_slots) { /* the model's table of them, the forward's two buffers */
+        out->lora_misc_bytes += (uint64_t)(in->n_loras + in->lora_slots) * sizeof(fl_lora *);
         out->lora_ws_bytes = fl_lora_workspace_bytes(lora_rank, lora_n, in->max_batch_tokens + in->max_seqs);
         out->bytes[FL_MEM_MAPPED] += out->lora_file_bytes;
     }
@@ -186,7 +201,7 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
     const uint64_t Ts = (uint64_t)in->max_batch_tokens + (uint64_t)in->max_seqs;
     out->batch_bytes = Ts * 17 + (uint64_t)R * (sizeof(void *) + 2 * sizeof(int32_t)); /* tokens, positions, sequences, adapters,
                                                                                          * logit flags; row_req, row_pos, row_spec */
-    out->batch_bytes += (uint64_t)in->max_seqs * (uint64_t)in->n_loras * sizeof(float); /* a step's adapter mixes */
+    out->batch_bytes += (uint64_t)in->max_seqs * (uint64_t)(in->n_loras + in->lora_slots) * sizeof(float); /* a step's adapter mixes */
     out->matmul_scratch = mm;
     {   /* per thread: K/V block, scores, FL_PAGED_Q_TILE-row query tile states (paged_attn.c);
          * partials of split decodes: max_seqs x partitions x n_head x (head_dim + 2) */
@@ -270,6 +285,7 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
         din.embeddings = 0;
         din.n_loras = 0;
         din.lora_paths = NULL;
+        din.lora_slots = 0;
         din.chat_template = NULL;
         din.kv_mem = 0;
         fl_plan_engine_out d;

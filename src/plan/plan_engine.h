@@ -93,6 +93,8 @@ typedef struct fl_plan_engine_in {
     const char *const *lora_paths; /* LoRA adapters applied at run time (model/lora.h) */
     const float *lora_scales;
     int32_t n_loras;
+    int32_t lora_slots;         /* run-time adapter slots (fl_engine_params.lora_slots): each reserves */
+    int32_t max_lora_rank;      /* what an adapter of this rank may take (model/lora.h fl_lora_slot_caps) */
 } fl_plan_engine_in;
 
 typedef struct fl_plan_engine_out {
@@ -111,6 +113,7 @@ typedef struct fl_plan_engine_out {
     uint64_t mask_cache_bytes;  /* MISC of the regex requests' mask cache (guide_masks) */
     uint64_t gguf_bytes, tokenizer_bytes; /* MISC of the parsed GGUF and of the tokenizer (+ chat template) */
     uint64_t lora_file_bytes, lora_misc_bytes, lora_ws_bytes; /* the adapter: MAPPED, MISC (parsed file and slot table), ACT */
+    uint64_t lora_slot_file_bytes, lora_slot_misc_bytes; /* the run-time slots' reservation: MAPPED, MISC (in the above) */
     int64_t n_params;           /* elements of the matrices and norms */
     double bits_per_weight;     /* of the weights the matmuls read */
     int32_t n_vocab, n_ctx;

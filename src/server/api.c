@@ -346,9 +346,7 @@ static void add_logprobs(fl_server *s, srv_req *r, srv_sample *sm, cJSON *c, int
 }
 
 /* The reply's model: the named adapter the request picked, else the base model. */
-static const char *srv_model_name(const fl_server *s, const srv_req *r) {
-    return r->lora > 0 && r->lora <= s->p.n_lora_names ? s->lora_names[r->lora - 1] : s->model_name;
-}
+static const char *srv_model_name(const fl_server *s, const srv_req *r) { return r->model[0] ? r->model : s->model_name; }
 
 static cJSON *chunk_base(fl_server *s, srv_req *r) {
     cJSON *o = cJSON_CreateObject();
@@ -1230,6 +1228,10 @@ static int srv_lora_parse(const fl_server *s, const cJSON *a, float *mix, char *
             return 1;
         }
         mix[(int32_t)id->valuedouble] = cJSON_IsNumber(sc) ? (float)sc->valuedouble : 0.0f;
+        if (mix[(int32_t)id->valuedouble] != 0.0f && !fl_engine_lora_loaded(s->engine, (int32_t)id->valuedouble + 1, NULL)) {
+            snprintf(err, n_err, "adapter %.0f is not loaded", id->valuedouble);
+            return 1;
+        }
     }
     return 0;
 }
@@ -1241,12 +1243,13 @@ static enum MHD_Result handle_lora_list(fl_server *s, struct MHD_Connection *con
     if (!o) return NOMEM();
     pthread_mutex_lock(&s->mu);
     for (int32_t k = 0; k < fl_engine_n_loras(s->engine); k++) {
+        if (!fl_engine_lora_loaded(s->engine, k + 1, NULL)) continue; /* (an empty run-time slot) */
         cJSON *x = cJSON_CreateObject();
         cJSON_AddItemToArray(o, x);
         cJSON_AddNumberToObject(x, "id", k);
         cJSON_AddStringToObject(x, "path", s->lora_paths[k]);
         cJSON_AddNumberToObject(x, "scale", s->lora_scales[k]);
-        if (k < s->p.n_lora_names) cJSON_AddStringToObject(x, "name", s->lora_names[k]);
+        if (s->lora_names[k][0]) cJSON_AddStringToObject(x, "name", s->lora_names[k]);
     }
     pthread_mutex_unlock(&s->mu);
     return send_json(s, conn, o);
@@ -1269,6 +1272,69 @@ static enum MHD_Result handle_lora_set(fl_server *s, struct MHD_Connection *conn
     if (!o) return NOMEM();
     cJSON_AddBoolToObject(o, "success", true);
     return send_json(s, conn, o);
+}
+
+/* vLLM's POST /v1/load_lora_adapter {"lora_name", "lora_path"} (serve --lora-slots N): the adapter
+ * goes into a free slot; a request whose model is lora_name applies it.  POST
+ * /v1/unload_lora_adapter {"lora_name"}: new requests may no longer name it; it is freed once
+ * those that apply it finish. */
+static enum MHD_Result handle_lora_runtime(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool load) {
+    enum MHD_Result ret;
+    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
+    if (!j) return BAD("malformed JSON in the request body");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "lora_name"), *path = cJSON_GetObjectItemCaseSensitive(j, "lora_path");
+    if (!cJSON_IsObject(j) || !cJSON_IsString(name) || !name->valuestring[0] || strlen(name->valuestring) >= sizeof s->lora_names[0] ||
+        (load && (!cJSON_IsString(path) || !path->valuestring[0] || strlen(path->valuestring) >= sizeof s->lora_paths[0]))) {
+        ret = BAD("give \"lora_name\" (1..127 bytes)%s", load ? " and \"lora_path\" (1..511 bytes)" : "");
+        goto out;
+    }
+    if (fl_engine_lora_slots(s->engine) < 1) {
+        ret = BAD("adapters are loaded at run time only by a server started with --lora-slots N");
+        goto out;
+    }
+    char msg[320];
+    const int32_t n = fl_engine_n_loras(s->engine);
+    pthread_mutex_lock(&s->mu);
+    int32_t k = 0;
+    for (int32_t i = 0; i < n && !k; i++)
+        if (!strcmp(s->lora_names[i], name->valuestring) && fl_engine_lora_loaded(s->engine, i + 1, NULL)) k = i + 1;
+    pthread_mutex_unlock(&s->mu);
+    if (load) {
+        if (k || !strcmp(name->valuestring, s->model_name)) {
+            ret = BAD("The lora adapter '%s' has already been loaded.", name->valuestring);
+            goto out;
+        }
+        const fl_status st = fl_engine_lora_load(s->engine, path->valuestring, 1.0f, &k);
+        if (st != FL_OK) {
+            ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", fl_last_error());
+            goto out;
+        }
+        pthread_mutex_lock(&s->mu);
+        snprintf(s->lora_names[k - 1], sizeof s->lora_names[k - 1], "%s", name->valuestring);
+        snprintf(s->lora_paths[k - 1], sizeof s->lora_paths[k - 1], "%s", path->valuestring);
+        s->lora_scales[k - 1] = 0.0f; /* (only where named, or a request's "lora" asks) */
+        pthread_mutex_unlock(&s->mu);
+        snprintf(msg, sizeof msg, "Success: LoRA adapter '%s' added successfully.", name->valuestring);
+    } else {
+        if (!k) {
+            ret = send_error(s, conn, 404, "NotFoundError", NULL, "lora_name", "The lora adapter '%s' cannot be found.", name->valuestring);
+            goto out;
+        }
+        pthread_mutex_lock(&s->mu);
+        s->lora_names[k - 1][0] = 0;
+        s->lora_paths[k - 1][0] = 0;
+        s->lora_scales[k - 1] = 0.0f;
+        pthread_mutex_unlock(&s->mu);
+        if (fl_engine_lora_unload(s->engine, k) != FL_OK) {
+            ret = BAD("%s", fl_last_error());
+            goto out;
+        }
+        snprintf(msg, sizeof msg, "Success: LoRA adapter '%s' removed successfully.", name->valuestring);
+    }
+    ret = send_text(conn, 200, "text/plain", msg, strlen(msg), NULL);
+out:
+    cJSON_Delete(j);
+    return ret;
 }
 
 static enum MHD_Result handle_props(fl_server *s, struct MHD_Connection *conn) {
@@ -1400,8 +1466,10 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
     if (model && !cJSON_IsString(model) && !cJSON_IsNull(model)) { ret = BAD("'model' must be a string"); goto out; }
     int32_t lora = 0; /* a named adapter (vLLM's LoRA modules): the reply's model is its name */
-    for (int32_t i = 0; cJSON_IsString(model) && i < s->p.n_lora_names; i++)
-        if (!strcmp(model->valuestring, s->lora_names[i])) lora = i + 1;
+    pthread_mutex_lock(&s->mu);
+    for (int32_t i = 0; cJSON_IsString(model) && i < fl_engine_n_loras(s->engine); i++)
+        if (s->lora_names[i][0] && !strcmp(model->valuestring, s->lora_names[i])) lora = i + 1;
+    pthread_mutex_unlock(&s->mu);
     /* llama.cpp's "lora": [{id, scale}] mixes the adapters for this request; a request without it
      * or a named adapter takes the server's scales (--lora, POST /lora-adapters) */
     float lmix[FL_ENGINE_MAX_LORAS];
@@ -1871,6 +1939,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         r->gs.repeat_last_n = nat->repeat_last_n, r->gs.seed = seed, r->gs.ignore_eos = rp.ignore_eos;
     }
     r->lora = lora;
+    if (lora) snprintf(r->model, sizeof r->model, "%s", model->valuestring);
     r->n_pr = n_gp;
     for (int32_t k = 0; k < n_gp; k++) {
         r->pr[k].first_tok = gp[k].toks[0];
@@ -2160,7 +2229,10 @@ static enum MHD_Result handle_models(fl_server *s, struct MHD_Connection *conn, 
     cJSON_AddStringToObject(o, "object", "list");
     cJSON *d = cJSON_AddArrayToObject(o, "data");
     add_model(s, d, s->model_name, NULL);
-    for (int32_t i = 0; i < s->p.n_lora_names; i++) add_model(s, d, s->lora_names[i], s->model_name);
+    pthread_mutex_lock(&s->mu);
+    for (int32_t i = 0; i < fl_engine_n_loras(s->engine); i++)
+        if (s->lora_names[i][0]) add_model(s, d, s->lora_names[i], s->model_name);
+    pthread_mutex_unlock(&s->mu);
     if (id) {
         cJSON *m, *hit = NULL;
         cJSON_ArrayForEach(m, d) if (!strcmp(cJSON_GetObjectItemCaseSensitive(m, "id")->valuestring, id)) hit = m;
@@ -2366,8 +2438,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     bool is_props = !strcmp(url, "/props"), is_apply = !strcmp(url, "/apply-template");
     bool is_embd = !strcmp(url, "/v1/embeddings") || !strcmp(url, "/embeddings");
     bool is_lora = !strcmp(url, "/lora-adapters");
+    bool is_lora_load = !strcmp(url, "/v1/load_lora_adapter"), is_lora_unload = !strcmp(url, "/v1/unload_lora_adapter");
     if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok && !is_native && !is_infill && !is_props && !is_apply && !is_embd &&
-        !is_lora)
+        !is_lora && !is_lora_load && !is_lora_unload)
         return send_error(s, conn, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %s", method, url);
     if (!authorized(s, conn)) return send_error(s, conn, 401, "invalid_request_error", "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
     if (is_lora && get) return handle_lora_list(s, conn);
@@ -2393,6 +2466,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (c->too_big)
         return send_error(s, conn, 413, "invalid_request_error", "body_too_large", NULL, "the request body exceeds %lld bytes", (long long)s->p.max_body_bytes);
     if (is_lora) return handle_lora_set(s, conn, c);
+    if (is_lora_load || is_lora_unload) return handle_lora_runtime(s, conn, c, is_lora_load);
     if (is_tok) return handle_tokenize(s, conn, c);
     if (is_detok) return handle_detokenize(s, conn, c);
     if (is_apply) return handle_apply_template(s, conn, c);

@@ -203,7 +203,7 @@ fl_status fl_server_start(fl_engine *e, const fl_server_params *p, fl_server **o
     snprintf(s->model_name, sizeof s->model_name, "%s", p->model_name ? p->model_name : fl_engine_model_name(e));
     if (p->api_key) snprintf(s->api_key, sizeof s->api_key, "%s", p->api_key);
     const int32_t n_loras = fl_engine_n_loras(e);
-    if (p->n_lora_names < 0 || p->n_lora_names > FL_SRV_MAX_LORAS || (p->n_lora_names && !p->lora_names) ||
+    if (p->n_lora_names < 0 || p->n_lora_names > FL_ENGINE_MAX_LORAS || (p->n_lora_names && !p->lora_names) ||
         p->n_lora_names > n_loras) {
         fl_free(FL_MEM_NET, s, sizeof *s);
         return fl_set_error(FL_ERR_INVALID, "%d adapter names: the engine has %d adapters", p->n_lora_names, n_loras);

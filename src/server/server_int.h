@@ -18,7 +18,6 @@
 
 #define SRV_MAX_N 16
 
-#define FL_SRV_MAX_LORAS 16
 
 typedef struct srv_buf {
     char *p;
@@ -110,7 +109,8 @@ typedef struct srv_req {
     struct { double temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
              int64_t top_k, n_predict, repeat_last_n, seed; bool ignore_eos; } gs;
     /* echo (/v1/completions): the prompt leads each choice's text, and its tokens the logprobs */
-    int32_t lora;          /* the engine adapter of its prompts (0: none); its name is the reply's model */
+    int32_t lora;          /* the engine adapter its model names (0: none) */
+    char model[128];       /* that adapter's name, the reply's model ("": the base model's) */
     srv_tools tools;       /* chat: tool_choice and how the output is read */
     bool reasoning;        /* chat: <think>...</think> goes to reasoning_content (reasoning.c) */
     bool think_open;       /* the prompt opened the thinking (DeepSeek-R1's template) */
@@ -158,7 +158,8 @@ struct fl_server {
     fl_engine *engine;
     fl_server_params p;
     char model_name[256];
-    char lora_names[FL_SRV_MAX_LORAS][128]; /* p.lora_names, copied */
+    char lora_names[FL_ENGINE_MAX_LORAS][128]; /* each adapter slot's name ("": none; vLLM's --lora-modules and
+                                               * /v1/load_lora_adapter; mu) */
     char lora_paths[FL_ENGINE_MAX_LORAS][512]; /* p.lora_paths, copied (GET /lora-adapters) */
     float lora_scales[FL_ENGINE_MAX_LORAS]; /* the adapters' scales for a request that names none (mu) */
     char api_key[256];
