@@ -281,6 +281,11 @@ typedef struct fl_request_params {
                                  * when added, FL_ERR_INVALID naming the line and column otherwise);
                                  * end-of-generation only where the text is a sentence, STOP where no
                                  * token can extend it.  Not with the other constraints */
+    const struct fl_grammar_trigger *grammar_triggers; /* with grammar: a lazy grammar (llama.cpp's grammar_lazy):
+                                 * the output is free until one of these n_grammar_triggers (1..16)
+                                 * fires, and from where it names on it follows the grammar (whose root
+                                 * then matches from there; the request fails where it cannot) */
+    int32_t n_grammar_triggers;
     fl_pooling pooling;         /* != NONE: an embedding request (the engine made with embeddings): the
                                  * prompt is computed, nothing generated, and the request finishes
                                  * (FL_FINISH_STOP) with fl_request_output.embedding; n 1, no sampling,
@@ -297,6 +302,19 @@ typedef struct fl_request_params {
     int32_t spec_p_min_set;     /* 1: spec_p_min replaces the engine's spec_draft_p_min (draft model) */
     float spec_p_min;           /* 0..1 */
 } fl_request_params;
+
+/* A lazy grammar's trigger (llama.cpp's common_grammar_trigger; engine/triggers.h) */
+typedef enum fl_trigger_type {
+    FL_TRIGGER_TOKEN = 0,       /* the token `token` is generated: from its first byte */
+    FL_TRIGGER_WORD = 1,        /* the text `value` appears: from its first byte */
+    FL_TRIGGER_PATTERN = 2,     /* the PCRE2 pattern `value` matches somewhere: from its first group, or the match */
+    FL_TRIGGER_PATTERN_FULL = 3 /* the pattern matches the whole output: likewise */
+} fl_trigger_type;
+typedef struct fl_grammar_trigger {
+    int32_t type;               /* fl_trigger_type */
+    const char *value;          /* the word or pattern (copied when added) */
+    int32_t token;              /* FL_TRIGGER_TOKEN's */
+} fl_grammar_trigger;
 
 typedef enum fl_request_state {
     FL_REQ_WAITING = 0, FL_REQ_RUNNING, FL_REQ_PREEMPTED, FL_REQ_FINISHED

@@ -193,6 +193,20 @@ for seed in 1 2 3; do
   post "$U" /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"sum\"}],\"max_tokens\":60,\"temperature\":1,\"seed\":$seed,\"guided_grammar\":\"$ARITH\"}"
   check "guided_grammar (recursive), seed $seed: $(jq_ "d['choices'][0]['message']['content']")" 'python3 -c "import json,re,sys; c=json.load(open(sys.argv[1]))[\"choices\"][0]; t=c[\"message\"][\"content\"]; assert c[\"finish_reason\"] == \"length\" or (re.fullmatch(r\"[(][0-9+()]+[+][0-9+()]+[)][.]\", t) and isinstance(eval(t[:-1]), int)), c" "$TMP/body"'
 done
+# llama.cpp's lazy grammar: greedy text as without one up to the trigger, the grammar's after it
+post "$U" /completion '{"prompt":"Once upon a time","n_predict":40,"temperature":0}'; FREE=$(jq_ 'd["content"]')
+for trig in '{"type":1,"value":"Lily"}' '{"type":2,"value":"named (L)"}' '{"word":"Lily"}'; do
+  post "$U" /completion "{\"prompt\":\"Once upon a time\",\"n_predict\":40,\"temperature\":0,\"grammar\":\"root ::= \\\"Lily and the red ball.\\\"\",\"grammar_lazy\":true,\"grammar_triggers\":[$trig]}"
+  check "grammar_lazy, trigger $trig: free up to it, the grammar after" 'python3 -c "
+import json, sys
+d, free = json.load(open(sys.argv[1])), sys.argv[2]
+k = free.index(\"Lily\")
+assert k > 0 and d[\"content\"] == free[:k] + \"Lily and the red ball.\", (d[\"content\"], free)" "$TMP/body" "$FREE"'
+done
+post "$U" /completion '{"prompt":"Once","n_predict":8,"grammar":"root ::= \"x\"","grammar_lazy":true}'
+check "grammar_lazy without triggers -> 400" '[ "$(status)" = 400 ]'
+post "$U" /completion '{"prompt":"Once","n_predict":8,"grammar":"root ::= \"x\"","grammar_lazy":true,"grammar_triggers":[{"type":2,"value":"("}]}'
+check "grammar_lazy, a bad pattern -> 400 naming it" '[ "$(status)" = 400 ] && grep -q "grammar trigger 0: pattern" "$TMP/body"'
 # docs/grammars/json.gbnf: the answer, where it finishes, is one JSON object (Python's json reads it)
 python3 - "$(dirname "$0")/../docs/grammars/json.gbnf" >"$TMP/gj.json" <<'PY'
 import json, sys

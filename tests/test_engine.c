@@ -986,6 +986,80 @@ static void test_toy_grammar(void **state) {
     fl_test_mem_zero();
 }
 
+/* A lazy grammar (llama.cpp's grammar_lazy): sampled freely until its trigger fires, then a
+ * sentence of the grammar from where the trigger names (here the first "["): every output that
+ * stopped is free text without "[" and then a list of 1s; the masks kept give the outputs of
+ * masks computed; each kind of trigger; a trigger whose text the grammar refuses fails the
+ * request; refusals. */
+static const char *toy_ones(const char *p) { /* "[" ("1" ("," "1")*)? "]" */
+    if (*p++ != '[') return NULL;
+    if (*p == ']') return p + 1;
+    for (;;) {
+        if (*p++ != '1') return NULL;
+        if (*p == ']') return p + 1;
+        if (*p++ != ',') return NULL;
+    }
+}
+
+static void test_toy_lazy_grammar(void **state) {
+    (void)state;
+    const char *ones = "root ::= \"[\" (\"1\" (\",\" \"1\")*)? \"]\"";
+    fl_engine *shared = json_toy_engine(), *one = json_toy_engine_masks(1);
+    fl_logit_bias bias = {5, 1.5f}; /* "[" a little likelier */
+    const fl_grammar_trigger kinds[4] = {{FL_TRIGGER_WORD, "[", 0}, {FL_TRIGGER_TOKEN, NULL, 5}, {FL_TRIGGER_PATTERN, "x?(\\[)", 0},
+                                         {FL_TRIGGER_PATTERN_FULL, "[^\\[]*(\\[)", 0}};
+    int stops = 0, free_text = 0, others = 0;
+    for (int run = 0; run < 24; run++) {
+        const fl_request_params q = {.max_tokens = 40, .grammar = ones, .grammar_triggers = kinds + run % 4, .n_grammar_triggers = 1,
+                                     .logit_bias = &bias, .n_logit_bias = 1};
+        char text[4096];
+        int32_t n_tok = 0;
+        const fl_finish_reason fin = toy_guided_run(shared, one, run, q, (uint64_t)run + 101, text, &n_tok);
+        const char *open = strchr(text, '[');
+        if (fin == FL_FINISH_STOP) { /* the grammar closed: "[" came, and a whole list after it */
+            const char *end = open ? toy_ones(open) : NULL;
+            if (!end || *end) fail_msg("run %d: '%s' stopped, but is not free text and then a list", run, text);
+            stops++;
+            free_text += open > text;
+        } else { /* cut by max_tokens or ended: no list closed, any "[" began one still open */
+            if (open && toy_ones(open)) fail_msg("run %d: '%s' (finish %d) closed its list without stopping", run, text, fin);
+            for (const char *c = open ? open + 1 : ""; *c; c++)
+                if (*c != '1' && *c != ',') fail_msg("run %d: '%s': after its '[' only the grammar's characters", run, text);
+            others++;
+        }
+    }
+    fl_engine_free(shared);
+    fl_engine_free(one);
+    print_message("lazy grammar: %d stopped (%d after free text), %d cut or ended\n", stops, free_text, others);
+    assert_true(stops >= 8 && free_text >= 4); /* (fixed by the seeds) */
+    /* the trigger's text the grammar cannot start: the request fails there; refusals when added */
+    fl_engine *e = json_toy_engine();
+    int32_t prompt[2] = {1, 3};
+    int64_t id;
+    fl_logit_bias force = {5, 50.0f};
+    fl_request_params q = {.prompt = prompt, .n_prompt = 2, .max_tokens = 8, .grammar = "root ::= \"{\"", .grammar_triggers = kinds,
+                           .n_grammar_triggers = 1, .logit_bias = &force, .n_logit_bias = 1};
+    fl_sampling_params_default(&q.sampling);
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+    char text[4096] = "";
+    int32_t n_tok = 0;
+    assert_int_equal(run_json_request(e, text, &n_tok), FL_FINISH_ERROR);
+    q.grammar = NULL;
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_ERR_INVALID); /* triggers without a grammar */
+    q.grammar = ones;
+    const fl_grammar_trigger bad[4] = {{FL_TRIGGER_PATTERN, "(", 0}, {FL_TRIGGER_TOKEN, NULL, TOY_VOCAB}, {7, "x", 0}, {FL_TRIGGER_WORD, "", 0}};
+    for (int i = 0; i < 4; i++) {
+        q.grammar_triggers = bad + i;
+        assert_int_equal(fl_engine_add(e, &q, &id), FL_ERR_INVALID);
+    }
+    assert_non_null(strstr(fl_last_error(), "grammar trigger 0"));
+    q.grammar_triggers = kinds;
+    q.n_grammar_triggers = 17;
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_ERR_INVALID);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
 /* The constraints' budget (guide_mem): 0 refuses constrained requests; a request that alone needs
  * more is refused as invalid, one that does not fit beside the others as over budget; a state that
  * outgrows what is left ends its request with an error that says so; everything comes back. */
@@ -2473,6 +2547,7 @@ int main(void) {
         cmocka_unit_test(test_toy_choices),
         cmocka_unit_test(test_toy_regex),
         cmocka_unit_test(test_toy_grammar),
+        cmocka_unit_test(test_toy_lazy_grammar),
         cmocka_unit_test(test_toy_guide_mem),
         cmocka_unit_test(test_toy_min_tokens_stop_ids),
         cmocka_unit_test(test_toy_allowed_token_ids),

@@ -14,6 +14,7 @@
 #include "engine/regex_gbnf.h"
 #include "engine/regex_guide.h"
 #include "engine/sampling.h"
+#include "engine/triggers.h"
 
 #include "core/alloc.h"
 #include "plan/plan.h"
@@ -347,19 +348,48 @@ static bool grammar_closed(fl_engine *e, fl_request *r) {
     return m && mask_empty(e, m);
 }
 
+/* Feed the token tok's text s[0, n) to r's grammar.  A lazy grammar's output is free until a
+ * trigger fires (triggers.h): the output is kept until then, and from the point the trigger names
+ * on it is fed to the grammar, which constrains every token after. */
+static fl_status grammar_take(fl_request *r, const char *s, size_t n, int32_t tok) {
+    if (!r->lazy) return fl_grammar_guide_feed(r->grammar, s, n);
+    if (r->ltext_len + n + 1 > r->ltext_cap) {
+        size_t cap = r->ltext_cap ? r->ltext_cap : 256;
+        while (cap < r->ltext_len + n + 1) cap *= 2;
+        char *t = fl_realloc(FL_MEM_GUIDE, r->ltext, r->ltext_cap, cap, 0);
+        if (!t) return fl_set_error(FL_ERR_NOMEM, "lazy grammar: no memory for the output");
+        r->ltext = t;
+        r->ltext_cap = cap;
+    }
+    memcpy(r->ltext + r->ltext_len, s, n);
+    r->ltext_len += n;
+    const int64_t at = fl_triggers_find(r->triggers, r->ltext, r->ltext_len, n, tok);
+    if (at == -2) return FL_ERR_INVALID;
+    if (at < 0) return FL_OK;
+    r->lazy = false;
+    if (fl_grammar_guide_feed(r->grammar, r->ltext + at, r->ltext_len - (size_t)at) != FL_OK)
+        return fl_set_error(FL_ERR_INVALID, "lazy grammar: the output from its trigger on (%.*s) is no sentence's start",
+                            (int)(r->ltext_len - (size_t)at > 80 ? 80 : r->ltext_len - (size_t)at), r->ltext + at);
+    fl_free(FL_MEM_GUIDE, r->ltext, r->ltext_cap);
+    r->ltext = NULL;
+    r->ltext_len = r->ltext_cap = 0;
+    return FL_OK;
+}
+
 /* Sample r's next token from its logits row (only read) and commit it, with its logprobs when
  * the request wants them; a JSON request samples among the tokens that keep its object valid
  * (its logprobs stay those of the unconstrained row) and finishes when the object closes. */
 static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
+    const bool gram = r->grammar && !r->lazy; /* (a lazy grammar constrains from its trigger on) */
     if ((r->json && json_mask(e, r, row) != FL_OK) || (r->regex && regex_mask(e, r, row) != FL_OK) ||
-        (r->grammar && grammar_mask(e, r, row) != FL_OK)) {
+        (gram && grammar_mask(e, r, row) != FL_OK)) {
         finish(e, r, FL_FINISH_ERROR);
         return;
     }
     /* the row masked (a copy) where anything takes tokens out: a constraint (done above), no end
      * before min_tokens, bad_words, allowed_token_ids */
     const bool no_end = fl_request_n_generated(r) < r->min_tokens && (e->n_eog || r->n_stop_ids);
-    const bool constrained = r->json || r->regex || r->grammar, masked = constrained || no_end || r->bad || r->allowed;
+    const bool constrained = r->json || r->regex || gram, masked = constrained || no_end || r->bad || r->allowed;
     if (masked && !constrained) memcpy(e->masked, row, (size_t)e->be.n_vocab * sizeof *e->masked);
     const float *src = masked ? e->masked : row;
     if (no_end) {
@@ -402,15 +432,14 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
         finish(e, r, FL_FINISH_ERROR);
         return;
     }
-    if (r->grammar && !is_eog(e, tok) &&
-        fl_grammar_guide_feed(r->grammar, e->voc.text + e->voc.off[tok], (size_t)(e->voc.off[tok + 1] - e->voc.off[tok])) != FL_OK) {
+    if (r->grammar && !is_eog(e, tok) && grammar_take(r, e->voc.text + e->voc.off[tok], (size_t)(e->voc.off[tok + 1] - e->voc.off[tok]), tok) != FL_OK) {
         finish(e, r, FL_FINISH_ERROR);
         return;
     }
     commit_token(e, r, tok);
     if (r->json && fl_json_fsm_done(r->json_fsm)) finish(e, r, FL_FINISH_STOP);
     if (r->regex && r->state != FL_REQ_FINISHED && regex_closed(e, r)) finish(e, r, FL_FINISH_STOP);
-    if (r->grammar && r->state != FL_REQ_FINISHED && grammar_closed(e, r)) finish(e, r, FL_FINISH_STOP);
+    if (r->grammar && !r->lazy && r->state != FL_REQ_FINISHED && grammar_closed(e, r)) finish(e, r, FL_FINISH_STOP);
 }
 
 /* ---- engine life cycle ---- */
@@ -730,6 +759,10 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
                                     p->bad_words_ids[bad_ints + i], e->be.n_vocab);
         bad_ints += p->bad_words_lens[k];
     }
+    for (int32_t i = 0; p->grammar_triggers && i < p->n_grammar_triggers && i < FL_MAX_TRIGGERS; i++)
+        if (p->grammar_triggers[i].type == FL_TRIGGER_TOKEN && (p->grammar_triggers[i].token < 0 || p->grammar_triggers[i].token >= e->be.n_vocab))
+            return fl_set_error(FL_ERR_INVALID, "%s: grammar trigger %d: token %d out of the vocabulary (%d)", __func__, i,
+                                p->grammar_triggers[i].token, e->be.n_vocab);
     for (int32_t i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= e->be.n_vocab)
             return fl_set_error(FL_ERR_INVALID, "%s: prompt token %d = %d out of the vocabulary (%d)", __func__, i,

@@ -3,6 +3,7 @@
 
 #include "engine/json_schema.h"
 #include "engine/grammar.h"
+#include "engine/triggers.h"
 #include "engine/regex_guide.h"
 
 #include "core/alloc.h"
@@ -160,6 +161,15 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
             return st;
         }
     }
+    if (p->n_grammar_triggers || p->grammar_triggers) { /* a lazy grammar */
+        const fl_status st = !p->grammar ? fl_set_error(FL_ERR_INVALID, "grammar triggers without a grammar")
+                                         : fl_triggers_new(p->grammar_triggers, p->n_grammar_triggers, INT32_MAX, &r->triggers); /* (the engine checks token ids) */
+        if (st != FL_OK) {
+            fl_request_free(r);
+            return st;
+        }
+        r->lazy = true;
+    }
     r->json = p->json_object != 0 || p->json_schema || p->n_choices;
     if (r->json) {
         if (!(r->json_fsm = fl_alloc(FL_MEM_GUIDE, sizeof *r->json_fsm, 0))) {
@@ -202,6 +212,8 @@ void fl_request_free(fl_request *r) {
     fl_json_schema_free(r->schema);
     fl_regex_guide_free(r->regex);
     fl_grammar_guide_free(r->grammar);
+    fl_triggers_free(r->triggers);
+    fl_free(FL_MEM_GUIDE, r->ltext, r->ltext_cap);
     fl_free(FL_MEM_GUIDE, r->json_fsm, r->json_fsm ? sizeof *r->json_fsm : 0);
     fl_free(FL_MEM_MISC, r, sizeof *r);
 }

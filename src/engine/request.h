@@ -97,6 +97,10 @@ struct fl_request {
                                  * only for JSON requests; GUIDE) */
     struct fl_regex_guide *regex; /* output constrained to a match of fl_request_params.regex (owned), or NULL */
     struct fl_grammar_guide *grammar; /* output constrained to a sentence of fl_request_params.grammar (owned), or NULL */
+    struct fl_triggers *triggers; /* a lazy grammar's (owned), or NULL */
+    bool lazy;                  /* a lazy grammar not yet triggered: the output is free */
+    char *ltext;                /* then the output so far (GUIDE), ltext_len of ltext_cap bytes */
+    size_t ltext_len, ltext_cap;
     bool prompt_logprobs;       /* prompt positions get logits rows too (sample 0 only) */
     fl_token_logprob *plp;      /* [n_prompt - 1][1 + n_top]: prompt token j + 1 given tokens 0..j */
     int32_t *plp_rank;          /* [n_prompt - 1]: that token's rank in the vocabulary (1: the most likely) */

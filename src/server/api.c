@@ -3,6 +3,7 @@
 #include "server/server_int.h"
 
 #include "engine/json_schema.h"
+#include "engine/triggers.h"
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/utf8.h"
@@ -1773,6 +1774,35 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         if (rp.grammar) { ret = BAD("give one grammar: '%s' and another were both given", GRAMMAR_FIELDS[i]); goto out; }
         rp.grammar = g->valuestring;
     }
+    /* llama.cpp's grammar_lazy with grammar_triggers [{"type": 0 token | 1 word | 2 pattern |
+     * 3 pattern_full, "value": text, "token": id}] (the older {"word": text} too) */
+    fl_grammar_trigger trig[FL_MAX_TRIGGERS];
+    const cJSON *glz = cJSON_GetObjectItemCaseSensitive(j, "grammar_lazy");
+    if (glz && !cJSON_IsNull(glz) && !cJSON_IsBool(glz)) { ret = BAD("'grammar_lazy' must be a boolean"); goto out; }
+    if (cJSON_IsTrue(glz)) {
+        const cJSON *ta = cJSON_GetObjectItemCaseSensitive(j, "grammar_triggers"), *x;
+        if (!rp.grammar) { ret = BAD("'grammar_lazy' needs a grammar"); goto out; }
+        if (!cJSON_IsArray(ta) || cJSON_GetArraySize(ta) < 1 || cJSON_GetArraySize(ta) > FL_MAX_TRIGGERS) {
+            ret = BAD("'grammar_lazy' needs 'grammar_triggers': an array of 1..%d {\"type\", \"value\", \"token\"}", FL_MAX_TRIGGERS);
+            goto out;
+        }
+        cJSON_ArrayForEach(x, ta) {
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(x, "type"), *va = cJSON_GetObjectItemCaseSensitive(x, "value"),
+                        *to = cJSON_GetObjectItemCaseSensitive(x, "token"), *wo = cJSON_GetObjectItemCaseSensitive(x, "word");
+            fl_grammar_trigger *t = &trig[rp.n_grammar_triggers++];
+            *t = (fl_grammar_trigger){FL_TRIGGER_WORD, cJSON_IsString(wo) ? wo->valuestring : NULL, -1};
+            if (!ty && cJSON_IsString(wo)) continue;
+            if (!cJSON_IsNumber(ty) || (!cJSON_IsString(va) && !cJSON_IsNumber(to)) ||
+                (cJSON_IsNumber(to) && to->valuedouble != (double)(int32_t)to->valuedouble)) {
+                ret = BAD("each of 'grammar_triggers' is {\"type\": 0..3, \"value\": text, \"token\": id}");
+                goto out;
+            }
+            t->type = (int32_t)ty->valuedouble;
+            t->value = cJSON_IsString(va) ? va->valuestring : NULL;
+            t->token = cJSON_IsNumber(to) ? (int32_t)to->valuedouble : -1;
+        }
+        rp.grammar_triggers = trig;
+    }
     if (schema && !cJSON_IsNull(schema)) {
         if (cJSON_IsString(schema)) rp.json_schema = schema->valuestring; /* (the schema as text) */
         else if (cJSON_IsObject(schema) || cJSON_IsBool(schema)) {
@@ -2308,7 +2338,7 @@ static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, 
     if (!(o = cJSON_CreateObject())) { ret = NOMEM(); goto out; }
     static const char *const SAME[] = {"prompt", "temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                                        "stop", "ignore_eos", "grammar", "json_schema", "stream", "model", "lora",
-                                       "speculative.n_max", "speculative.n_min", "speculative.p_min"};
+                                       "speculative.n_max", "speculative.n_min", "speculative.p_min", "grammar_lazy", "grammar_triggers"};
     for (size_t i = 0; i < sizeof SAME / sizeof *SAME; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, SAME[i]);
         if (v) cJSON_AddItemToObject(o, SAME[i], cJSON_Duplicate(v, 1));
