@@ -73,6 +73,12 @@ def body():
             'root ::= ("Lily" | "Tom") " " [a-z]+ "."', 'root ::= "(" root ")" root | ""', 'root ::= [a-z ]{1,20} "."',
             'root ::= "{" ws ("\\"" [a-z]* "\\"" ws ":" ws [0-9]+ ws)? "}"\nws ::= [ \\n]*', 'root ::= root "a"', 'root ::= x',
             'root ::= "@"+', 'root ::= ("a"?)*', 'root ::= [\u00e9-\u00ff]+', "", 7, odd()])
+        if rng.random() < 0.4:  # llama.cpp's lazy grammar: free until a trigger, valid or not
+            d["grammar_lazy"] = rng.choice([True, True, False, odd()])
+            d["grammar_triggers"] = rng.choice([
+                [{"type": 1, "value": rng.choice(["Lily", " ", "a", "The"])}], [{"type": 2, "value": "(L|T)\\w*"}],
+                [{"type": 3, "value": "[\\s\\S]*?(named)"}], [{"type": 0, "token": rng.randint(-1, 600)}], [{"word": "was"}],
+                [{"type": 2, "value": "("}], [{"type": 9, "value": "x"}], [], [{"type": 1}] * 17, odd()])
     elif r < 0.26:  # vLLM's structured_outputs, valid or not
         d["structured_outputs"] = rng.choice([
             {"choice": ["Lily", "Tom"]}, {"regex": "(Lily|Tom) [a-z]+"}, {"json": rng.choice(SCHEMAS)}, {"json_object": True},
