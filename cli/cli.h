@@ -93,7 +93,7 @@ int fl_cli_chat_template(fl_opt *opts, const char *cmd, char **owned, size_t *ow
     {"spec-ngram-min", 0, FL_OPT_INT, "N  the shortest n-gram looked up (default 2)"},                                   \
     {"spec-ngram-max", 0, FL_OPT_INT, "N  the longest n-gram looked up (default 4, at most 16)"},                        \
     {"spec-disable-by-batch-size", 0, FL_OPT_INT, "N  no drafts in a step while more than N requests run (vLLM's disable_by_batch_size: a large batch is compute-bound, and a dropped draft costs what a decoded token does; default 0 = always)"}, \
-    {"model-draft", 0, FL_OPT_STR, "FILE  speculative decoding with a draft model (llama.cpp's -md): a small GGUF with the same vocabulary drafts greedily, verified the same way (the same output); its weights, KV cache and buffers are in the plan; not with --spec-ngram"}, \
+    {"model-draft", 0, FL_OPT_STR, "FILE  speculative decoding with a draft model (llama.cpp's -md): a small GGUF with the same vocabulary drafts greedily, verified the same way (the same output); the engine's plan counts its weights, KV cache and buffers; not with --spec-ngram (run: the paged cache, without --context-shift or --tp)"}, \
     {"draft-max", 0, FL_OPT_INT, "K  with --model-draft: draft tokens per sequence per step (default 5, at most 16)"}, \
     {"draft-p-min", 0, FL_OPT_FLOAT, "P  with --model-draft: a draft stops at the first token the draft model gives less than P (llama.cpp's; default 0.75, 0 = never)"}
 int fl_cli_spec_params(fl_opt *opts, const char *cmd, fl_engine_params *ep);

@@ -17,6 +17,7 @@
 #include "dist/dist.h"
 #include "dist/tp.h"
 #include "kv/kv_cache.h"
+#include "kv/kv_contig.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -148,6 +149,101 @@ static int32_t run_piece(void *ctx, int32_t t, char *buf, int32_t cap) { return 
 
 /* --grammar: masked := logits with every token that cannot continue the grammar at -inf
  * (end-of-generation only where the text is a sentence); FL_ERR_INVALID where none is left. */
+/* --model-draft: a draft model over its own contiguous KV cache, for the one sequence. */
+typedef struct run_drafter {
+    fl_model *m;
+    fl_kv_contig *kv;
+    float *logits;         /* [n_vocab] */
+    int32_t *toks;         /* [n_ctx] the token at each position its cache holds */
+    int64_t n;             /* positions it holds */
+    int32_t n_vocab, n_ctx, max_batch;
+    float p_min;
+} run_drafter;
+
+static void drafter_free(run_drafter *d) {
+    fl_free(FL_MEM_ACT, d->logits, d->logits ? (size_t)d->n_vocab * sizeof(float) : 0);
+    fl_free(FL_MEM_MISC, d->toks, d->toks ? (size_t)d->n_ctx * sizeof(int32_t) : 0);
+    fl_kv_contig_free(d->kv);
+    fl_model_free(d->m);
+    memset(d, 0, sizeof *d);
+}
+
+/* The draft model at path over the target's vocabulary (the same texts, as the engine checks). */
+static fl_status drafter_new(const char *path, const fl_model_params *mp, const fl_model *target, int32_t n_ctx, int32_t max_batch,
+                             float p_min, run_drafter *d) {
+    memset(d, 0, sizeof *d);
+    fl_model_params dp = fl_model_default_params();
+    dp.no_mmap = mp->no_mmap;
+    dp.repack = mp->repack;
+    fl_status st = fl_model_load(path, &dp, &d->m);
+    if (st) {
+        fl_add_error_context("draft model %s", path);
+        return st;
+    }
+    const fl_hparams *hp = fl_model_hparams(d->m), *thp = fl_model_hparams(target);
+    if (hp->n_vocab != thp->n_vocab || !fl_gguf_vocab_equal(fl_model_gguf(target), fl_model_gguf(d->m))) {
+        st = fl_set_error(FL_ERR_INVALID, "draft model %s: its vocabulary (%d tokens) is not the model's (%d tokens, the same texts)", path,
+                          hp->n_vocab, thp->n_vocab);
+        drafter_free(d);
+        return st;
+    }
+    d->n_vocab = hp->n_vocab;
+    d->n_ctx = n_ctx;
+    d->max_batch = max_batch;
+    d->p_min = p_min;
+    fl_kv_contig_params kp = {hp->n_layer, hp->n_head_local, hp->n_head_kv_local, hp->head_dim, n_ctx, 1, hp->n_swa, FL_TYPE_F16};
+    if ((st = fl_kv_contig_new(&kp, &d->kv)) || (st = fl_model_workspace_new(d->m, max_batch, 1))) {
+        drafter_free(d);
+        return st;
+    }
+    d->logits = fl_alloc(FL_MEM_ACT, (size_t)d->n_vocab * sizeof(float), 64);
+    d->toks = fl_alloc(FL_MEM_MISC, (size_t)n_ctx * sizeof(int32_t), 0);
+    if (!d->logits || !d->toks) {
+        drafter_free(d);
+        return fl_set_error(FL_ERR_NOMEM, "draft model: no memory for its buffers");
+    }
+    return FL_OK;
+}
+
+/* The draft's greedy continuation of gen[0, n), at most k tokens, ending at the first it gives less
+ * than p_min (llama.cpp's --draft-p-min): its cache catches up from the first position whose token
+ * differs from gen (the rest is rewound), the last token's row gives the first draft token, then
+ * one token at a time.  A draft is a function of gen, so verifying it keeps the output exact. */
+static fl_status drafter_run(run_drafter *d, const int32_t *gen, int64_t n, int32_t k, int32_t *out, int32_t *n_out) {
+    *n_out = 0;
+    int64_t keep = 0;
+    while (keep < d->n && keep < n - 1 && d->toks[keep] == gen[keep]) keep++;
+    int32_t pos[512], seq[512] = {0};
+    for (int64_t i = keep; i < n; i += d->max_batch) { /* what it lacks, the last token's row at the end */
+        const int32_t m = (int32_t)(n - i < d->max_batch ? n - i : d->max_batch);
+        for (int32_t j = 0; j < m; j++) pos[j] = (int32_t)(i + j);
+        fl_batch b = {m, gen + i, pos, seq, NULL};
+        fl_status st = fl_model_forward(d->m, &b, fl_kv_contig_iface(), d->kv, d->logits);
+        if (st) return st;
+        memcpy(d->toks + i, gen + i, (size_t)m * sizeof(int32_t));
+    }
+    d->n = n;
+    for (int32_t j = 0; j < k; j++) {
+        int32_t best = 0;
+        for (int32_t v = 1; v < d->n_vocab; v++)
+            if (d->logits[v] > d->logits[best]) best = v;
+        if (d->p_min > 0) { /* its probability: 1 / sum of exp(x - max) */
+            double sum = 0;
+            for (int32_t v = 0; v < d->n_vocab; v++) sum += exp((double)d->logits[v] - (double)d->logits[best]);
+            if (1.0 / sum < (double)d->p_min) break;
+        }
+        out[(*n_out)++] = best;
+        if (j == k - 1 || n + j >= d->n_ctx) break;
+        int32_t p1 = (int32_t)(n + j), s1 = 0;
+        fl_batch b = {1, &best, &p1, &s1, NULL};
+        fl_status st = fl_model_forward(d->m, &b, fl_kv_contig_iface(), d->kv, d->logits);
+        if (st) return st;
+        d->toks[n + j] = best;
+        d->n = n + j + 1;
+    }
+    return FL_OK;
+}
+
 static fl_status grammar_row(fl_grammar_guide *g, const fl_vocab_text *v, const fl_tokenizer *tok, uint64_t *bits, const float *logits,
                              float *masked) {
     fl_status st = fl_grammar_guide_mask(g, v->text, v->off, v->order, v->n, bits);
@@ -239,12 +335,9 @@ int fl_cmd_run(int argc, char **argv) {
 #undef IOPT
     if (fl_args_get(opts, "seed")->set) sp.seed = (uint64_t)fl_args_get(opts, "seed")->i;
     fl_engine_params spec; /* --spec-ngram: only its three fields */
-    memset(&spec, 0, sizeof spec);
+    fl_engine_params_default(&spec);
+    spec.spec_tokens = 0; /* (off unless asked) */
     if (fl_cli_spec_params(opts, "run", &spec)) return 2;
-    if (spec.spec_draft_model) {
-        fprintf(stderr, "fitllm run: --model-draft is for the engine (serve, chat, demo, bench serve); run takes --spec-ngram\n");
-        return 2;
-    }
     const int32_t spec_k = spec.spec_tokens, spec_lo = spec.spec_ngram_min ? spec.spec_ngram_min : FL_SPEC_NGRAM_MIN;
     const int32_t spec_hi = spec.spec_ngram_max ? spec.spec_ngram_max : spec_lo > FL_SPEC_NGRAM_MAX ? spec_lo : FL_SPEC_NGRAM_MAX;
     if (spec_lo > spec_hi) {
@@ -262,6 +355,7 @@ int fl_cmd_run(int argc, char **argv) {
     int rank = 0;
     fl_tokenizer *tok = NULL;
     fl_cli_kv kv = {0};
+    run_drafter drafter = {0};
     fl_sampler *smp = NULL;
     int32_t *ids = NULL, *gen = NULL;
     int64_t n_ids = 0, n_gen = 0;
@@ -375,9 +469,13 @@ int fl_cmd_run(int argc, char **argv) {
         goto fail;
     }
     if (spec_k > 0 && (!kv.paged || shift || tpm)) {
-        fl_set_error(FL_ERR_UNSUPPORTED, "--spec-ngram needs the paged KV cache, without --context-shift and --tp");
+        fl_set_error(FL_ERR_UNSUPPORTED, "%s needs the paged KV cache, without --context-shift and --tp",
+                     spec.spec_draft_model ? "--model-draft" : "--spec-ngram");
         goto fail;
     }
+    if (spec.spec_draft_model &&
+        (st = drafter_new(spec.spec_draft_model, &mparams, m, (int32_t)n_ctx, max_batch, spec.spec_draft_p_min, &drafter)))
+        goto fail;
     if (shift && hp->rope_freq_scale != 1.0f) {
         fl_set_error(FL_ERR_UNSUPPORTED, "--context-shift: re-rotation with a RoPE frequency scale is not implemented");
         goto fail;
@@ -472,7 +570,11 @@ int fl_cmd_run(int argc, char **argv) {
             int64_t k = spec_k;
             if (k > max_gen - n_gen - 1) k = max_gen - n_gen - 1;
             if (k > n_ctx - (n_ids + n_gen)) k = n_ctx - (n_ids + n_gen);
-            if (k > 0) n_draft = fl_spec_ngram(gen, (int32_t)(n_ids + n_gen), spec_lo, spec_hi, (int32_t)k, draft);
+            if (k > 0 && drafter.m) {
+                if ((st = drafter_run(&drafter, gen, n_ids + n_gen, (int32_t)k, draft, &n_draft))) goto fail;
+            } else if (k > 0) {
+                n_draft = fl_spec_ngram(gen, (int32_t)(n_ids + n_gen), spec_lo, spec_hi, (int32_t)k, draft);
+            }
             spec_drafted += n_draft;
         }
         if (n_draft == 0) {
@@ -562,6 +664,7 @@ fail:
     fl_vocab_text_free(&voc);
     if (gbnf) fl_free(FL_MEM_MISC, gbnf, gbnf_len + 1);
     fl_cli_kv_free(&kv);
+    drafter_free(&drafter);
     if (ids) fl_free(FL_MEM_MISC, ids, (size_t)(n_ids + 1) * sizeof(int32_t));
     fl_tokenizer_free(tok);
     if (tpm) fl_tp_free(tpm);

@@ -99,8 +99,10 @@ PY
 # --spec-ngram: n-gram drafts change nothing (ids and logprobs bit for bit, greedy with q4_0
 # weights and an f16 cache, seeded with a penalty and a grammar), drafts are kept and counted
 p="Once upon a time, there was a little girl named Lily. She"
-for k in 0 4; do
-    x=; [ $k -gt 0 ] && x="--spec-ngram $k"
+# (and the same with a draft model, k = d: stories260K's Q4_0 drafting for it, every token drafted)
+for k in 0 4 d; do
+    x=; [ $k = 4 ] && x="--spec-ngram $k"
+    [ $k = d ] && x="--model-draft $shared/models/stories260K-q4_0.gguf --draft-p-min 0"
     "$fitllm" run -m "$model" -p "$p" -n 150 --temp 0 -t 2 --weights q4_0 --kv-type f16 --json --logprobs 3 $x >"$tmp/g$k.json"
     "$fitllm" run -m "$model" -p "$p" -n 120 --temp 0.8 --seed 9 --repeat-penalty 1.1 -t 1 --json $x >"$tmp/r$k.json"
     "$fitllm" run -m "$model" -p "$p" -n 60 --temp 0 -t 1 --grammar 'root ::= ("Lily" | " and" | " the" | " cat" | " ran" | "." | " ")+' --json $x >"$tmp/m$k.json"
@@ -109,13 +111,26 @@ done
 python3 - "$tmp" <<'PY' || fail "--spec-ngram: outputs differ or no drafts kept"
 import json, sys
 for f in ("g", "r", "m"):
-    a, b = (json.load(open(f"{sys.argv[1]}/{f}{k}.json")) for k in (0, 4))
-    assert a["tokens"] == b["tokens"] and a.get("logprobs") == b.get("logprobs"), f
-    assert "spec" not in a and 0 <= b["spec"]["accepted_tokens"] <= b["spec"]["draft_tokens"], (f, b.get("spec"))
-g = json.load(open(f"{sys.argv[1]}/g4.json"))
-assert g["spec"]["accepted_tokens"] > 0 and len(g["tokens"]) == 150, g["spec"]
+    for k in ("4", "d"):
+        a, b = (json.load(open(f"{sys.argv[1]}/{f}{x}.json")) for x in ("0", k))
+        assert a["tokens"] == b["tokens"] and a.get("logprobs") == b.get("logprobs"), (f, k)
+        assert "spec" not in a and 0 <= b["spec"]["accepted_tokens"] <= b["spec"]["draft_tokens"], (f, k, b.get("spec"))
+for k in ("4", "d"):
+    g = json.load(open(f"{sys.argv[1]}/g{k}.json"))
+    assert g["spec"]["accepted_tokens"] > 0 and len(g["tokens"]) == 150, (k, g["spec"])
 PY
 grep -q "speculative decoding: [1-9][0-9]* of [0-9]* draft tokens kept" "$tmp/spec.err" || fail "--spec-ngram: no line on stderr"
+# the draft model's p_min (default 0.75) ends drafts at unsure tokens: fewer drafted, a larger share kept
+for pm in 0 0.75; do
+    "$fitllm" run -m "$model" -p "$p" -n 150 --temp 0 -t 1 --model-draft "$shared/models/stories260K-q4_0.gguf" --draft-p-min $pm --json >"$tmp/pm$pm.json"
+done
+python3 - "$tmp" <<'PY' || fail "--draft-p-min: no effect"
+import json, sys
+a, b = (json.load(open(f"{sys.argv[1]}/pm{x}.json")) for x in ("0", "0.75"))
+assert a["tokens"] == b["tokens"], "tokens"
+sa, sb = a["spec"], b["spec"]
+assert sb["draft_tokens"] < sa["draft_tokens"] and sb["accepted_tokens"] * sa["draft_tokens"] > sa["accepted_tokens"] * sb["draft_tokens"], (sa, sb)
+PY
 
 # bad inputs: non-zero exit and a message
 expect_fail() { # what, then the command
@@ -136,6 +151,10 @@ expect_fail "--spec-ngram with the contiguous cache" "$fitllm" run -m "$model" -
 grep -q "paged KV cache" "$tmp/e" || fail "--spec-ngram contiguous message"
 expect_fail "--spec-ngram with --context-shift" "$fitllm" run -m "$model" -p "x" --spec-ngram 4 --context-shift
 expect_fail "--spec-ngram 17" "$fitllm" run -m "$model" -p "x" --spec-ngram 17
+expect_fail "--model-draft of another vocabulary" "$fitllm" run -m "$model" -p "x" --model-draft "$shared/models/llama-2-tiny-random.gguf"
+grep -q "vocabulary" "$tmp/e" || fail "--model-draft vocabulary message"
+expect_fail "--model-draft with --spec-ngram" "$fitllm" run -m "$model" -p "x" --model-draft "$model" --spec-ngram 3
+expect_fail "--model-draft with the contiguous cache" "$fitllm" run -m "$model" -p "x" --model-draft "$model" --kv-layout contiguous
 printf 'GGUF' >"$tmp/trunc.gguf"
 expect_fail "truncated model" "$fitllm" run -m "$tmp/trunc.gguf" -p "hi"
 

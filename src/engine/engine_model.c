@@ -102,14 +102,7 @@ static fl_status draft_new(const fl_engine_params *p, const fl_hparams *thp, con
     }
     const fl_hparams *hp = fl_model_hparams(d->model);
     /* the same vocabulary: its size and every token's text */
-    const fl_gguf_kv *ta = fl_gguf_find(tg, "tokenizer.ggml.tokens"), *da = fl_gguf_find(fl_model_gguf(d->model), "tokenizer.ggml.tokens");
-    bool same = hp->n_vocab == thp->n_vocab && ta && da && ta->value.type == FL_GGUF_ARRAY && da->value.type == FL_GGUF_ARRAY &&
-                ta->value.v.arr.n == da->value.v.arr.n;
-    for (int64_t i = 0; same && i < (int64_t)ta->value.v.arr.n; i++) {
-        const fl_gguf_str a = ta->value.v.arr.items[i].v.str, b = da->value.v.arr.items[i].v.str;
-        same = a.len == b.len && !memcmp(a.data, b.data, (size_t)a.len);
-    }
-    if (!same) {
+    if (hp->n_vocab != thp->n_vocab || !fl_gguf_vocab_equal(tg, fl_model_gguf(d->model))) {
         st = fl_set_error(FL_ERR_INVALID, "draft model %s: its vocabulary (%d tokens) is not the model's (%d tokens, the same texts)",
                           p->spec_draft_model, hp->n_vocab, thp->n_vocab);
         goto fail;

@@ -886,3 +886,13 @@ int64_t fl_detokenize(const fl_tokenizer *t, const int32_t *ids, int64_t n, char
     buf[total] = 0;
     return total;
 }
+
+bool fl_gguf_vocab_equal(const fl_gguf *a, const fl_gguf *b) {
+    const fl_gguf_kv *ta = fl_gguf_find(a, "tokenizer.ggml.tokens"), *tb = fl_gguf_find(b, "tokenizer.ggml.tokens");
+    if (!ta || !tb || ta->value.type != FL_GGUF_ARRAY || tb->value.type != FL_GGUF_ARRAY || ta->value.v.arr.n != tb->value.v.arr.n) return false;
+    for (int64_t i = 0; i < (int64_t)ta->value.v.arr.n; i++) {
+        const fl_gguf_str x = ta->value.v.arr.items[i].v.str, y = tb->value.v.arr.items[i].v.str;
+        if (x.len != y.len || memcmp(x.data, y.data, (size_t)x.len)) return false;
+    }
+    return true;
+}

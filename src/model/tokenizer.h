@@ -33,6 +33,9 @@ void fl_tokenizer_free(fl_tokenizer *t);
 int32_t fl_tokenizer_n_vocab(const fl_tokenizer *t);
 int32_t fl_tokenizer_bos(const fl_tokenizer *t);   /* -1 if none */
 int32_t fl_tokenizer_eos(const fl_tokenizer *t);
+/* The two files' vocabularies are one: as many tokens, each of the same text (a draft model's for
+ * speculative decoding must be its target's). */
+bool fl_gguf_vocab_equal(const fl_gguf *a, const fl_gguf *b);
 bool fl_tokenizer_add_bos(const fl_tokenizer *t);  /* tokenizer.ggml.add_bos_token (default per kind) */
 bool fl_tokenizer_is_eog(const fl_tokenizer *t, int32_t id); /* end of generation (eos, eot, ...) */
 
