@@ -204,7 +204,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
         if (v + 1 > g->count_cap) g->count_cap = (int)v + 1;
         if (!*q) break;
     }
-    g->code = pcre2_compile((PCRE2_SPTR)pattern, plen, PCRE2_UTF | PCRE2_NEVER_BACKSLASH_C, &err, &off, cctx);
+    g->code = pcre2_compile((PCRE2_SPTR)pattern, plen, PCRE2_UTF | PCRE2_DOLLAR_ENDONLY | PCRE2_NEVER_BACKSLASH_C, &err, &off, cctx);
     if (!g->code) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(err, msg, sizeof msg);
@@ -237,7 +237,7 @@ fl_status fl_regex_guide_new(const char *pattern, fl_regex_guide **out) {
     memcpy(w, "(?:", 3);
     memcpy(w + 3, pattern, plen);
     memcpy(w + 3 + plen, ")\\z", 3);
-    g->anchored = pcre2_compile((PCRE2_SPTR)w, plen + 6, PCRE2_UTF | PCRE2_NEVER_BACKSLASH_C, &err, &off, cctx);
+    g->anchored = pcre2_compile((PCRE2_SPTR)w, plen + 6, PCRE2_UTF | PCRE2_DOLLAR_ENDONLY | PCRE2_NEVER_BACKSLASH_C, &err, &off, cctx);
     fl_free(FL_MEM_GUIDE, w, plen + 8);
     if (g->anchored) {
         (void)pcre2_jit_compile(g->anchored, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD); /* (else its interpreter) */

@@ -3,7 +3,9 @@
  *
  * The pattern is PCRE2 syntax in UTF mode (a dot or a class is one character), anchored at both
  * ends: the output as a whole is one match (so a leading ^ and a trailing $ are dropped: they
- * say that already, and an anchor would keep the DFA state from being carried).  A check asks PCRE2 whether a text is a match or
+ * say that already, and an anchor would keep the DFA state from being carried).  A $ elsewhere
+ * is the end of the output only (PCRE2_DOLLAR_ENDONLY), never the place before a final newline:
+ * with that, PCRE2's partial matching took "\n" for the start of a match of "$".  A check asks PCRE2 whether a text is a match or
  * can still become one (a hard partial match).  Where the text is scanned whole: on the pattern
  * wrapped as (?:PATTERN)\z, JIT-compiled, with bounds on its backtracking and its memory (past
  * them the check is an error, not a hang); where that wrapping does not compile (a pattern that
