@@ -137,7 +137,6 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
     r->sample = sample;
     r->arrival = arrival;
     r->priority = p->priority;
-    r->lora = p->lora;
     r->state = FL_REQ_WAITING;
     r->n_prompt = r->n_tokens = p->n_prompt;
     r->max_tokens = p->max_tokens;

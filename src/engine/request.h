@@ -61,7 +61,6 @@ struct fl_request {
     int32_t sample;             /* sample index 0..n-1 */
     int64_t arrival;            /* monotonically increasing admission order key (FCFS) */
     int32_t priority;           /* FL_SCHED_PRIORITY: lower first, before arrival */
-    int32_t lora;               /* the engine's adapter (0: none) */
     int32_t lora_on;            /* 1: lora_mix applies (the engine set it from lora or lora_scales) */
     float lora_mix[FL_ENGINE_MAX_LORAS]; /* the scale of each adapter for this request */
     fl_request_state state;
