@@ -154,13 +154,17 @@ static void lora_b(const fl_lora_slot *s, const float *xs, int64_t n, float *out
     else fl_parallel(smallk_fn, &t);
 }
 
-/* The scale token t of b applies adapter a (1-based) with, slot s of it; 0: not applied. */
+/* Token t's weight for adapter a (1-based): its mix's scale for a, 1 where it names a, 0 where it
+ * does not apply a. */
+static inline float tok_weight(const fl_model *m, const fl_batch *b, int64_t t, int32_t a) {
+    if (b->lora_mix) return b->lora[t] ? b->lora_mix[(size_t)(b->lora[t] - 1) * (size_t)m->params.n_loras + (size_t)(a - 1)] : 0.0f;
+    return (b->lora ? b->lora[t] : m->params.lora_default) == a ? 1.0f : 0.0f;
+}
+
+/* The scale token t of b applies adapter a with, slot s of it (alpha / r on a mix's scale; the
+ * loaded scale where it names a); 0: not applied. */
 static inline float tok_scale(const fl_model *m, const fl_batch *b, int64_t t, int32_t a, const fl_lora_slot *s) {
-    if (b->lora_mix) {
-        const int32_t mi = b->lora[t];
-        return mi ? b->lora_mix[(size_t)(mi - 1) * (size_t)m->params.n_loras + (size_t)(a - 1)] * s->unit : 0.0f;
-    }
-    return (b->lora ? b->lora[t] : m->params.lora_default) == a ? s->scale : 0.0f;
+    return tok_weight(m, b, t, a) * (b->lora_mix ? s->unit : s->scale);
 }
 
 /* y (T, N) += sum over adapters a of s_a(t) B_a (A_a x) for matrix k of layer il, each token
@@ -177,9 +181,7 @@ static void lora_add(fl_model *m, const fl_batch *b, int32_t il, int k, const fl
         /* the slot is read only when a token applies it (slots no token applies may be changing:
          * fl_model_lora_put) */
         int64_t u = 0;
-        while (u < T && !(b->lora_mix ? b->lora[u] && b->lora_mix[(size_t)(b->lora[u] - 1) * (size_t)m->params.n_loras + (size_t)(a - 1)] != 0.0f
-                                      : (b->lora ? b->lora[u] : m->params.lora_default) == a))
-            u++;
+        while (u < T && tok_weight(m, b, u, a) == 0.0f) u++;
         if (u == T || !m->loras[a - 1]) continue;
         const fl_lora_slot *s = fl_lora_get(m->loras[a - 1], il, k);
         if (!s) continue;
