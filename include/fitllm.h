@@ -286,6 +286,10 @@ typedef struct fl_request_params {
                                  * fires, and from where it names on it follows the grammar (whose root
                                  * then matches from there; the request fails where it cannot) */
     int32_t n_grammar_triggers;
+    int32_t lazy_after_think;   /* a lazy grammar's triggers look at: 0 the whole output; 1 not at its
+                                 * reasoning (an output that starts, after spaces, with <think> only
+                                 * past its first </think>); 2 only past the first </think> (the
+                                 * prompt opened the reasoning) */
     fl_pooling pooling;         /* != NONE: an embedding request (the engine made with embeddings): the
                                  * prompt is computed, nothing generated, and the request finishes
                                  * (FL_FINISH_STOP) with fl_request_output.embedding; n 1, no sampling,

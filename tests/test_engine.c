@@ -1044,6 +1044,18 @@ static void test_toy_lazy_grammar(void **state) {
     char text[4096] = "";
     int32_t n_tok = 0;
     assert_int_equal(run_json_request(e, text, &n_tok), FL_FINISH_ERROR);
+    /* triggers that look past the reasoning: an output that does not start with <think> is all
+     * answer (the same failure); where the prompt opened it, no </think> comes here, so none fires */
+    q.lazy_after_think = 1;
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+    assert_int_equal(run_json_request(e, text, &n_tok), FL_FINISH_ERROR);
+    q.lazy_after_think = 2;
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_OK);
+    assert_int_equal(run_json_request(e, text, &n_tok), FL_FINISH_LENGTH);
+    assert_int_equal(n_tok, 8);
+    q.lazy_after_think = 3;
+    assert_int_equal(fl_engine_add(e, &q, &id), FL_ERR_INVALID);
+    q.lazy_after_think = 0;
     q.grammar = NULL;
     assert_int_equal(fl_engine_add(e, &q, &id), FL_ERR_INVALID); /* triggers without a grammar */
     q.grammar = ones;

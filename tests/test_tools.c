@@ -6,6 +6,7 @@
 
 #include "engine/grammar.h"
 #include "engine/json_schema.h"
+#include "engine/triggers.h"
 #include "server/server_int.h"
 
 #include <cjson/cJSON.h>
@@ -153,6 +154,121 @@ static void test_required(void **state) {
     assert_int_equal(fl_grammar_guide_allows(g, two, strlen(two)), 0);
     fl_grammar_guide_free(g);
     cJSON_free(c);
+}
+
+/* tool_choice "auto": the lazy grammar (srv_tools_lazy) fires where a call starts in the
+ * family's formats, only in the answer, and from there takes the calls that srv_tools_parse reads
+ * back, with the tools' schemas; text a call starts with in the reasoning stays free. */
+static int lazy_accepts(const char *gbnf, const char *text) {
+    fl_grammar_guide *g = NULL;
+    assert_int_equal(fl_grammar_guide_new(gbnf, &g), FL_OK);
+    const size_t n = strlen(text);
+    const int ok = fl_grammar_guide_allows(g, text, n) == 1 && fl_grammar_guide_feed(g, text, n) == FL_OK && fl_grammar_guide_complete(g);
+    fl_grammar_guide_free(g);
+    return ok;
+}
+
+static void test_lazy(void **state) {
+    (void)state;
+    srv_tools t;
+    char *c = NULL, err[200], *gbnf = NULL;
+    bool gr;
+    fl_grammar_trigger trig[SRV_TOOLS_TRIGGERS];
+    int32_t nt = -1;
+    cJSON *tools = cJSON_Parse(TOOLS);
+    assert_non_null(tools);
+    /* only "auto" has one */
+    assert_int_equal(rd(with_tools(",\"tool_choice\":\"none\""), &t, &c, &gr, err), FL_OK);
+    assert_int_equal(srv_tools_lazy(&t, tools, &gbnf, trig, &nt), FL_OK);
+    assert_null(gbnf);
+    assert_int_equal(nt, 0);
+    static const struct { const char *text; int json, reasoning, open; int64_t at; } fire[] = {
+        {"Sure, let me look that up.", 0, 0, 0, -1},
+        {"Sure.\n<tool_call>", 0, 0, 0, 6},
+        {"Sure.\n<tool_c", 0, 0, 0, -1},
+        {"[TOOL_CALLS]", 0, 0, 0, 0},
+        {"  [ {\"name\"", 0, 0, 0, 2},
+        {"[1, 2]", 0, 0, 0, -1},
+        {"{\"name\"", 0, 0, 0, -1},           /* a bare object is Llama 3's */
+        {" {\"name\"", 1, 0, 0, 1},
+        {"{\"answer\": 1}", 1, 0, 0, -1},
+        {"Well: {\"name\"", 1, 0, 0, -1},     /* only at the answer's start */
+        {"<think>I could write <tool_call> here</think>", 0, 1, 0, -1},
+        {" <think>maybe <tool_call>", 0, 1, 0, -1},
+        {"<think>a</think>\n<tool_call>", 0, 1, 0, 17},
+        {"<tool_call>", 0, 1, 0, 0},          /* no reasoning in this output */
+        {"<think>a</think> [TOOL_CALLS]", 0, 1, 0, 17},
+        {"<think>a</think> {\"name\"", 1, 1, 0, 17},
+        {"<think>{\"name\"", 1, 1, 0, -1},
+        {"so <tool_call>", 0, 1, 1, -1},      /* the prompt opened the thinking */
+        {"so</think><tool_call>", 0, 1, 1, 10},
+        {"so</think>{\"name\"", 1, 1, 1, 10},
+        {"so</think> [TOOL_CALLS]", 0, 1, 1, 11},
+        {"<think>a</think>b</think><tool_call>", 0, 1, 0, 25}, /* (past the first </think>: the answer) */
+        {"<think>a</thi", 0, 1, 0, -1},
+        {"  <thinking> <tool_call>", 0, 1, 0, 13},               /* not <think> */
+    };
+    for (size_t i = 0; i < sizeof fire / sizeof *fire; i++) {
+        t = (srv_tools){.mode = SRV_TOOLS_AUTO, .json_style = fire[i].json, .parallel = true};
+        assert_int_equal(srv_tools_lazy(&t, tools, &gbnf, trig, &nt), FL_OK);
+        assert_non_null(gbnf);
+        assert_true(nt >= 1 && nt <= SRV_TOOLS_TRIGGERS);
+        cJSON_free(gbnf);
+        /* the text as tokens of 1, 2 and 5 bytes, and whole: where it fires */
+        const size_t n = strlen(fire[i].text), steps[4] = {1, 2, 5, n};
+        for (int k = 0; k < 4; k++) {
+            fl_triggers *x = NULL;
+            const int32_t after = !fire[i].reasoning ? 0 : fire[i].open ? 2 : 1;
+            assert_int_equal(fl_triggers_new(trig, nt, 100, after, &x), FL_OK);
+            int64_t at = -1;
+            for (size_t m = 0; m < n && at < 0;) {
+                const size_t step = m + steps[k] > n ? n - m : steps[k];
+                m += step;
+                at = fl_triggers_find(x, fire[i].text, m, step, 0);
+            }
+            fl_triggers_free(x);
+            if (at != fire[i].at) fail_msg("%s (json %d, reasoning %d, open %d, %zu bytes a token): fires at %lld, expected %lld", fire[i].text,
+                                           fire[i].json, fire[i].reasoning, fire[i].open, steps[k], (long long)at, (long long)fire[i].at);
+        }
+    }
+    /* what the grammar takes from there; every text it takes is read back as calls */
+    static const struct { const char *text; int json, parallel, ok, calls; } cases[] = {
+        {"<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>", 0, 1, 1, 1},
+        {"<tool_call>{\"name\":\"add\",\"parameters\":{\"a\":1,\"b\":null}}</tool_call>\n<tool_call>{\"name\":\"now\",\"arguments\":{}}</tool_call>", 0, 1, 1, 2},
+        {"<tool_call>{\"name\":\"add\",\"parameters\":{\"a\":1,\"b\":null}}</tool_call>\n<tool_call>{\"name\":\"now\",\"arguments\":{}}</tool_call>", 0, 0, 0, 0},
+        {"<tool_call>{\"name\":\"get_wether\",\"arguments\":{\"city\":\"Paris\"}}</tool_call>", 0, 1, 0, 0}, /* no such tool */
+        {"<tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"days\":\"3\"}}</tool_call>", 0, 1, 0, 0}, /* an integer */
+        {"<tool_call>{\"name\":\"get_weather\",\"arguments\":{\"unit\":\"c\"}}</tool_call>", 0, 1, 0, 0},  /* city is required */
+        {"<tool_call>{\"name\":\"get_weather\",\"args\":{\"city\":\"Paris\"}}</tool_call>", 0, 1, 0, 0},
+        {"[TOOL_CALLS] [{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}]", 0, 1, 1, 2},
+        {"[TOOL_CALLS] [{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}]", 0, 0, 0, 0},
+        {"[{\"name\":\"now\",\"parameters\":{\"any\":[1]}}]", 0, 0, 1, 1},
+        {"{\"name\":\"now\",\"parameters\":{}}", 0, 1, 0, 0},
+        {"{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}", 1, 1, 1, 1},
+        {"{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}\n{\"name\": \"now\", \"parameters\": {}}", 1, 1, 1, 2},
+        {"{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}\n{\"name\": \"now\", \"parameters\": {}}", 1, 0, 0, 0},
+        {"{\"name\": \"add\", \"parameters\": {\"a\": \"1\", \"b\": 2}}", 1, 1, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        t = (srv_tools){.mode = SRV_TOOLS_AUTO, .json_style = cases[i].json, .parallel = cases[i].parallel};
+        assert_int_equal(srv_tools_lazy(&t, tools, &gbnf, trig, &nt), FL_OK);
+        const int ok = lazy_accepts(gbnf, cases[i].text);
+        if (ok != cases[i].ok) fail_msg("%s (json %d, parallel %d): %d, expected %d\n%s", cases[i].text, cases[i].json, cases[i].parallel, ok,
+                                        cases[i].ok, gbnf);
+        cJSON_free(gbnf);
+        if (!ok) continue;
+        srv_buf content = {0};
+        const char *pre = "Let me check.\n";
+        char txt[512];
+        snprintf(txt, sizeof txt, "%s%s", cases[i].text[0] == '<' ? pre : "", cases[i].text);
+        cJSON *calls = srv_tools_parse(&t, txt, strlen(txt), 1, true, &content);
+        if (cJSON_GetArraySize(calls) != cases[i].calls) fail_msg("%s: %d calls read", txt, cJSON_GetArraySize(calls));
+        if (cases[i].text[0] == '<') assert_memory_equal(content.p, "Let me check.", content.len);
+        else assert_int_equal(content.len, 0);
+        cJSON_Delete(calls);
+        srv_buf_free(&content);
+    }
+    cJSON_Delete(tools);
 }
 
 static void test_hold(void **state) {
@@ -477,7 +593,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render_continue),
         cmocka_unit_test(test_calls_stream),
-        cmocka_unit_test(test_read), cmocka_unit_test(test_required), cmocka_unit_test(test_hold),
+        cmocka_unit_test(test_read), cmocka_unit_test(test_required), cmocka_unit_test(test_lazy), cmocka_unit_test(test_hold),
         cmocka_unit_test(test_parse), cmocka_unit_test(test_render), cmocka_unit_test(test_think),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -162,7 +162,7 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
     }
     if (p->n_grammar_triggers || p->grammar_triggers) { /* a lazy grammar */
         const fl_status st = !p->grammar ? fl_set_error(FL_ERR_INVALID, "grammar triggers without a grammar")
-                                         : fl_triggers_new(p->grammar_triggers, p->n_grammar_triggers, INT32_MAX, &r->triggers); /* (the engine checks token ids) */
+                                         : fl_triggers_new(p->grammar_triggers, p->n_grammar_triggers, INT32_MAX, p->lazy_after_think, &r->triggers); /* (the engine checks token ids) */
         if (st != FL_OK) {
             fl_request_free(r);
             return st;

@@ -19,6 +19,9 @@ struct fl_triggers {
     pcre2_match_data *md;
     int32_t n;
     trigger t[FL_MAX_TRIGGERS];
+    int32_t after_think;
+    enum { PH_START, PH_THINK, PH_ANSWER } phase; /* where the output is (after_think) */
+    size_t scan, base; /* PH_THINK: </think> does not start before scan; PH_ANSWER: the answer's first byte */
 };
 
 void fl_triggers_free(fl_triggers *x) {
@@ -32,11 +35,14 @@ void fl_triggers_free(fl_triggers *x) {
     fl_free(FL_MEM_GUIDE, x, sizeof *x);
 }
 
-fl_status fl_triggers_new(const fl_grammar_trigger *t, int32_t n, int32_t n_vocab, fl_triggers **out) {
+fl_status fl_triggers_new(const fl_grammar_trigger *t, int32_t n, int32_t n_vocab, int32_t after_think, fl_triggers **out) {
     *out = NULL;
     if (n < 1 || n > FL_MAX_TRIGGERS || !t) return fl_set_error(FL_ERR_INVALID, "grammar triggers: %d (1..%d)", n, FL_MAX_TRIGGERS);
+    if (after_think < 0 || after_think > 2) return fl_set_error(FL_ERR_INVALID, "grammar triggers: lazy_after_think %d (0..2)", after_think);
     fl_triggers *x = fl_calloc(FL_MEM_GUIDE, 1, sizeof *x);
     if (!x) return fl_set_error(FL_ERR_NOMEM, "grammar triggers: out of memory");
+    x->after_think = after_think;
+    x->phase = after_think == 0 ? PH_ANSWER : after_think == 2 ? PH_THINK : PH_START;
     fl_status st = FL_OK;
     pcre2_compile_context *cctx = NULL;
     if (!(x->gctx = pcre2_general_context_create(fl_mem_malloc_ctx, fl_mem_free_ctx, fl_mem_ctx(FL_MEM_GUIDE))) ||
@@ -98,17 +104,55 @@ static int64_t find_word(const char *s, size_t n, size_t from, const char *w, si
     return -1;
 }
 
+static const char THINK_OPEN[] = "<think>", THINK_CLOSE[] = "</think>";
+
+/* The answer's part of text[0, n) as text[x->base, n) once the reasoning is over (false before):
+ * *last cut to the answer's bytes, all of them new where it starts in this token. */
+static bool past_reasoning(fl_triggers *x, const char *text, size_t n, size_t *last) {
+    if (x->phase == PH_START) {
+        size_t i = 0;
+        while (i < n && (text[i] == ' ' || text[i] == '\n' || text[i] == '\t' || text[i] == '\r')) i++;
+        const size_t m = n - i, lo = sizeof THINK_OPEN - 1;
+        if (m < lo && !memcmp(text + i, THINK_OPEN, m)) return false; /* (spaces, or a part of <think>: not yet known) */
+        if (m >= lo && !memcmp(text + i, THINK_OPEN, lo)) {
+            x->phase = PH_THINK;
+            x->scan = i + lo;
+        } else {
+            x->phase = PH_ANSWER;
+            x->base = 0;
+            *last = n;
+        }
+    }
+    if (x->phase == PH_THINK) {
+        const size_t lc = sizeof THINK_CLOSE - 1;
+        const int64_t at = find_word(text, n, x->scan, THINK_CLOSE, lc);
+        if (at < 0) {
+            if (n >= lc && n - (lc - 1) > x->scan) x->scan = n - (lc - 1); /* (a part of it may end the text) */
+            return false;
+        }
+        x->phase = PH_ANSWER;
+        x->base = (size_t)at + lc;
+        *last = n - x->base;
+    }
+    if (*last > n - x->base) *last = n - x->base;
+    return true;
+}
+
 int64_t fl_triggers_find(fl_triggers *x, const char *text, size_t n, size_t last, int32_t tok) {
+    if (!past_reasoning(x, text, n, &last)) return -1;
+    const size_t base = x->base;
+    text += base;
+    n -= base;
     for (int32_t i = 0; i < x->n; i++) {
         const trigger *y = &x->t[i];
         if (y->type == FL_TRIGGER_TOKEN) {
-            if (tok == y->token) return (int64_t)(n - last);
+            if (tok == y->token) return (int64_t)(base + n - last);
             continue;
         }
         if (y->type == FL_TRIGGER_WORD) { /* (an earlier token could not have completed it: it would have fired then) */
             const size_t back = last + y->len - 1, from = back < n ? n - back : 0;
             const int64_t at = find_word(text, n, from, y->value, y->len);
-            if (at >= 0) return at;
+            if (at >= 0) return (int64_t)base + at;
             continue;
         }
         const int rc = pcre2_match(y->code, (PCRE2_SPTR)text, n, 0, 0, x->md, NULL);
@@ -121,7 +165,7 @@ int64_t fl_triggers_find(fl_triggers *x, const char *text, size_t n, size_t last
             return -2;
         }
         const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(x->md);
-        return rc > 1 && ov[2] != PCRE2_UNSET ? (int64_t)ov[2] : (int64_t)ov[0];
+        return (int64_t)base + (rc > 1 && ov[2] != PCRE2_UNSET ? (int64_t)ov[2] : (int64_t)ov[0]);
     }
     return -1;
 }

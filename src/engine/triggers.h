@@ -25,11 +25,15 @@
 typedef struct fl_triggers fl_triggers;
 
 /* Copy and compile t[0, n) (FL_ERR_INVALID naming the trigger and, for a pattern, PCRE2's message
- * and offset; FL_ERR_NOMEM). */
-fl_status fl_triggers_new(const fl_grammar_trigger *t, int32_t n, int32_t n_vocab, fl_triggers **out);
+ * and offset; FL_ERR_NOMEM).  after_think (fl_request_params.lazy_after_think): 0 the triggers
+ * look at the whole output; 1 at what follows the first </think> of an output that starts (after
+ * spaces) with <think>, else at all of it; 2 at what follows the first </think>.  Where they look
+ * past the reasoning, a pattern's text starts at the answer (^ and a full pattern anchor there). */
+fl_status fl_triggers_new(const fl_grammar_trigger *t, int32_t n, int32_t n_vocab, int32_t after_think, fl_triggers **out);
 void fl_triggers_free(fl_triggers *x);
-/* The output so far is text[0, n), its last token tok (the last `last` bytes): the offset from
- * which the grammar takes over, -1 while no trigger fires, -2 on an error (set). */
+/* The output so far is text[0, n), its last token tok (the last `last` bytes); called once per
+ * token as the output grows (the reasoning's end is looked for in the new bytes only): the offset
+ * from which the grammar takes over, -1 while no trigger fires, -2 on an error (set). */
 int64_t fl_triggers_find(fl_triggers *x, const char *text, size_t n, size_t last, int32_t tok);
 
 #endif

@@ -1425,6 +1425,9 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     srv_tools tools_rd = {0};
     char *tool_schema = NULL; /* tool_choice "required" or a named function: the output's constraint, */
     bool tool_grammar = false; /* a GBNF grammar ("required") or a JSON Schema */
+    const cJSON *chat_tools = NULL; /* the request's tools, where it has some */
+    char *tool_lazy = NULL;    /* tool_choice "auto": the calls' lazy grammar (srv_tools_lazy) */
+    fl_grammar_trigger tool_trig[SRV_TOOLS_TRIGGERS];
     cJSON *j = pre ? pre : cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
     if (!j) return BAD("malformed JSON in the request body");
     if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
@@ -1498,6 +1501,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         fl_status st = srv_tools_read(j, srv_chat_json_tools(fl_engine_chat_template(s->engine)), &tools_rd, &tools, &tool_schema,
                                       &tool_grammar, err, sizeof err);
         if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", err); goto out; }
+        chat_tools = tools;
         st = srv_chat_render_ex(fl_engine_chat_template(s->engine), msgs, tools, chat_fl, &gp[0].text, &e2);
         if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
         special = true;
@@ -1826,6 +1830,8 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         reasoning = chat && strcmp(rfj->valuestring, "none");
     }
     if (rp.json_object || rp.json_schema || rp.choices || tool_schema) reasoning = false;
+    /* its generation prompt opens the thinking (DeepSeek-R1's template) */
+    const bool think_open = reasoning && srv_chat_think_open(fl_engine_chat_template(s->engine)) && !(chat_fl & SRV_CHAT_NO_GEN_PROMPT);
     if (tool_schema) { /* the call is the output: nothing else may shape it */
         if (rp.json_schema || rp.json_object || rp.regex || rp.grammar || rp.choices) {
             ret = BAD("tool_choice \"required\" or a named function constrains the output: give no other output constraint");
@@ -1833,6 +1839,17 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         }
         if (tool_grammar) rp.grammar = tool_schema;
         else rp.json_schema = tool_schema;
+    }
+    /* tool_choice "auto" with nothing else shaping the output: the calls follow the tools'
+     * schemas once one starts (llama.cpp's lazy grammar) */
+    if (tools_rd.mode == SRV_TOOLS_AUTO && !rp.grammar && !rp.json_schema && !rp.json_object && !rp.regex && !rp.choices) {
+        const fl_status st = srv_tools_lazy(&tools_rd, chat_tools, &tool_lazy, tool_trig, &rp.n_grammar_triggers);
+        if (st) { ret = NOMEM(); goto out; }
+        if (tool_lazy) {
+            rp.grammar = tool_lazy;
+            rp.grammar_triggers = tool_trig;
+            rp.lazy_after_think = !reasoning ? 0 : think_open ? 2 : 1; /* (a call the model thinks about stays free) */
+        }
     }
     /* logit_bias: {"token id": bias in [-100, 100]} */
     const cJSON *lb = cJSON_GetObjectItemCaseSensitive(j, "logit_bias");
@@ -1960,7 +1977,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     r->drop_gen = drop_gen;
     r->tools = tools_rd;
     r->reasoning = reasoning;
-    r->think_open = reasoning && srv_chat_think_open(fl_engine_chat_template(s->engine)) && !(chat_fl & SRV_CHAT_NO_GEN_PROMPT); /* (its generation prompt opens the thinking) */
+    r->think_open = think_open;
     if (nat) {
         r->native = true;
         r->return_tokens = nat->return_tokens;
@@ -2030,6 +2047,7 @@ out:
     fl_free(FL_MEM_NET, allowed, (size_t)allowed_n * sizeof *allowed);
     cJSON_free(schema_text);
     cJSON_free(tool_schema);
+    cJSON_free(tool_lazy);
     cJSON_Delete(j);
     return ret;
 }

@@ -235,6 +235,11 @@ srv_think srv_think_scan(const char *t, size_t n, bool open, bool final, size_t 
  * grammar (*is_grammar), else NULL. */
 fl_status srv_tools_read(const struct cJSON *j, bool json_style, srv_tools *t, const struct cJSON **tools_out, char **schema_text,
                          bool *is_grammar, char *err, size_t errn);
+/* tool_choice "auto": llama.cpp's lazy grammar for the calls (tools.c: the formats, where the
+ * triggers fire) as *grammar (cJSON_free; NULL where t is not "auto") and trig[0, *n_trig) (at
+ * most SRV_TOOLS_TRIGGERS; static texts), which look at the answer (lazy_after_think). */
+#define SRV_TOOLS_TRIGGERS 2
+fl_status srv_tools_lazy(const srv_tools *t, const struct cJSON *tools, char **grammar, fl_grammar_trigger *trig, int32_t *n_trig);
 /* How many bytes of the output so far may stream as content (the rest may be a call); from: the
  * bytes already streamed, where no tag starts (the scan begins there). */
 size_t srv_tools_hold(const srv_tools *t, const char *text, size_t n, size_t from);

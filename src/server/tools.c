@@ -9,7 +9,9 @@
  *   - "none": the output is content, not read for calls (the tools are still shown);
  *   - "auto" (the default with tools): the output is read for calls in the family's format
  *     (and, from any family, an output that is a JSON array of calls, as Mistral's after
- *     [TOOL_CALLS]); text outside them is the message's content;
+ *     [TOOL_CALLS]); text outside them is the message's content.  Unless the request gives its
+ *     own constraint, a lazy grammar holds a call to the tools' schemas once one starts
+ *     (srv_tools_lazy);
  *   - {"type": "function", "function": {"name": N}}: the output is constrained to N's
  *     parameters schema and is that call's arguments;
  *   - "required": the output is constrained to a JSON array of one or more
@@ -185,41 +187,83 @@ static int gram_schema(gram *g, const cJSON *sch, int depth) {
     return id;
 }
 
-/* tool_choice "required": a JSON array of one or more calls (one without parallel_tool_calls),
- * each {"name": one of the tools, "parameters": that tool's parameters} */
-static fl_status required_grammar(const cJSON *tools, bool parallel, char **out) {
-    gram g = {{0}, 0, FL_OK};
-    srv_buf calls = {0};
+/* Each tool's call as an alternative of *calls: {"name": N, KEY: N's parameters}, KEY a GBNF
+ * expression for the key (the rules of the parameters in g) */
+static void call_alts(gram *g, const cJSON *tools, const char *key, srv_buf *calls) {
     const cJSON *x;
     cJSON_ArrayForEach(x, tools) {
         const cJSON *pa = cJSON_GetObjectItemCaseSensitive(tool_fn(x), "parameters");
-        const int id = pa && cJSON_IsObject(pa) ? gram_schema(&g, pa, 0) : 0;
-        if (!g.st) g.st = srv_buf_append(&calls, calls.len ? " | " : "", calls.len ? 3 : 0);
+        const int id = pa && cJSON_IsObject(pa) ? gram_schema(g, pa, 0) : 0;
+        if (!g->st) g->st = srv_buf_append(calls, calls->len ? " | " : "", calls->len ? 3 : 0);
         cJSON *nm = cJSON_CreateString(tool_name(x));
-        gram c = {calls, 0, g.st};
+        gram c = {*calls, 0, g->st};
         if (!c.st) c.st = srv_buf_printf(&c.b, "%s", "\"{\" ws \"\\\"name\\\"\" ws \":\" ws ");
         if (nm) gram_json_lit(&c, nm);
         else c.st = FL_ERR_NOMEM;
         cJSON_Delete(nm);
         if (!c.st) {
-            if (id) c.st = srv_buf_printf(&c.b, " ws \",\" ws \"\\\"parameters\\\"\" ws \":\" ws r%d ws \"}\"", id);
-            else c.st = srv_buf_printf(&c.b, " ws \",\" ws \"\\\"parameters\\\"\" ws \":\" ws jobject ws \"}\"");
+            if (id) c.st = srv_buf_printf(&c.b, " ws \",\" ws %s ws \":\" ws r%d ws \"}\"", key, id);
+            else c.st = srv_buf_printf(&c.b, " ws \",\" ws %s ws \":\" ws jobject ws \"}\"", key);
         }
-        calls = c.b;
-        g.st = c.st;
+        *calls = c.b;
+        g->st = c.st;
     }
+}
+
+/* g's text as a string for the request (freed with cJSON_free, as the schema text) */
+static fl_status gram_out(gram *g, char **out) {
+    if (g->st) {
+        srv_buf_free(&g->b);
+        return g->st;
+    }
+    *out = cJSON_malloc(g->b.len + 1);
+    if (*out) memcpy(*out, g->b.p, g->b.len + 1);
+    srv_buf_free(&g->b);
+    return *out ? FL_OK : FL_ERR_NOMEM;
+}
+
+/* tool_choice "required": a JSON array of one or more calls (one without parallel_tool_calls),
+ * each {"name": one of the tools, "parameters": that tool's parameters} */
+static fl_status required_grammar(const cJSON *tools, bool parallel, char **out) {
+    gram g = {{0}, 0, FL_OK};
+    srv_buf calls = {0};
+    call_alts(&g, tools, "\"\\\"parameters\\\"\"", &calls);
     if (!g.st) g.st = srv_buf_printf(&g.b, "call ::= %s\n%s", calls.p, GRAM_BASE);
     if (!g.st) g.st = parallel ? srv_buf_printf(&g.b, "root ::= \"[\" ws call ws ( \",\" ws call ws )* \"]\"\n")
                                : srv_buf_printf(&g.b, "root ::= \"[\" ws call ws \"]\"\n");
     srv_buf_free(&calls);
-    if (g.st) {
-        srv_buf_free(&g.b);
-        return g.st;
-    }
-    *out = cJSON_malloc(g.b.len + 1); /* (freed with cJSON_free, as the schema text) */
-    if (*out) memcpy(*out, g.b.p, g.b.len + 1);
-    srv_buf_free(&g.b);
-    return *out ? FL_OK : FL_ERR_NOMEM;
+    return gram_out(&g, out);
+}
+
+/* tool_choice "auto", as llama.cpp constrains it: a lazy grammar whose triggers are where a call
+ * starts in the family's formats, the output free until then.  A call is {"name": a tool,
+ * "arguments" or "parameters": its parameters}, as srv_tools_parse reads it; the grammar takes
+ *   - <tool_call> call </tool_call> (several, spaces between, with parallel_tool_calls), anywhere
+ *     in the answer (a word trigger);
+ *   - at the answer's start: [TOOL_CALLS] [calls], or [calls] (one call without
+ *     parallel_tool_calls); for Llama 3 also bare calls (several, spaces between) (a full
+ *     pattern, anchored at the answer's start; with reasoning the engine's triggers look only
+ *     past it: fl_request_params.lazy_after_think). */
+fl_status srv_tools_lazy(const srv_tools *t, const cJSON *tools, char **grammar, fl_grammar_trigger *trig, int32_t *n_trig) {
+    static const char *const START[2] = {
+        "\\s*(\\[TOOL_CALLS\\][\\s\\S]*|\\[\\s*\\{\\s*\"name\"[\\s\\S]*)",
+        "\\s*(\\{\\s*\"name\"[\\s\\S]*|\\[TOOL_CALLS\\][\\s\\S]*|\\[\\s*\\{\\s*\"name\"[\\s\\S]*)"};
+    *grammar = NULL;
+    *n_trig = 0;
+    if (t->mode != SRV_TOOLS_AUTO || !tools) return FL_OK;
+    trig[(*n_trig)++] = (fl_grammar_trigger){FL_TRIGGER_PATTERN_FULL, START[t->json_style], -1};
+    trig[(*n_trig)++] = (fl_grammar_trigger){FL_TRIGGER_WORD, TAG_OPEN, -1};
+    gram g = {{0}, 0, FL_OK};
+    srv_buf calls = {0};
+    call_alts(&g, tools, "( \"\\\"arguments\\\"\" | \"\\\"parameters\\\"\" )", &calls);
+    if (!g.st) g.st = srv_buf_printf(&g.b, "call ::= %s\n%stws ::= [ \\t\\n]{0,8}\n", calls.p, GRAM_BASE);
+    if (!g.st) g.st = srv_buf_printf(&g.b, "tagged ::= \"<tool_call>\" tws call tws \"</tool_call>\"\n"
+                                           "arr ::= \"[\" tws call tws %s\"]\"\n",
+                                     t->parallel ? "( \",\" tws call tws )* " : "");
+    if (!g.st) g.st = srv_buf_printf(&g.b, "root ::= tagged%s | \"[TOOL_CALLS]\" tws arr | arr%s\n", t->parallel ? " ( tws tagged )*" : "",
+                                     !t->json_style ? "" : t->parallel ? " | call ( tws call )*" : " | call");
+    srv_buf_free(&calls);
+    return gram_out(&g, grammar);
 }
 
 fl_status srv_tools_read(const cJSON *j, bool json_style, srv_tools *t, const cJSON **tools_out, char **schema_text, bool *is_grammar,
