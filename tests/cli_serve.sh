@@ -87,8 +87,19 @@ start_server T -c 1024 --max-seqs 4
 python3 "$(dirname "$0")/serve_tools.py" "$URL_T" >"$TMP/tools.txt" 2>&1; rc=$?
 cat "$TMP/tools.txt"
 check "tool calling (tests/serve_tools.py)" '[ $rc = 0 ]'
+# tool_choice "auto"'s lazy grammar end to end (tests/serve_tools_lazy.py): a model of zero
+# weights, whose greedy output follows logit_bias, writes <tool_call>; the grammar finishes the call
+"$BIN" synth --n-embd 512 --n-layer 4 --n-head 8 --n-ff 1536 --n-vocab 512 --std 0 --vocab-from "$MODEL" --type Q8_0 -t 1 \
+  -o "$TMP/zero.gguf" >/dev/null 2>&1
+MODEL_SAVED=$MODEL; MODEL=$TMP/zero.gguf
+start_server Z -c 1024 --max-seqs 2
+MODEL=$MODEL_SAVED
+python3 "$(dirname "$0")/serve_tools_lazy.py" "$URL_Z" >"$TMP/tools_lazy.txt" 2>&1; rc=$?
+cat "$TMP/tools_lazy.txt"
+check "tool calling: auto's lazy grammar (tests/serve_tools_lazy.py)" '[ $rc = 0 ]'
+kill -TERM "$PID_Z"; wait "$PID_Z"; rcz=$?
 kill -TERM "$PID_T"; wait "$PID_T"; rc=$?
-check "tool calling: the server exits 0, no sanitizer report" '[ $rc = 0 ] && ! grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$TMP/T.log"'
+check "tool calling: the servers exit 0, no sanitizer report" '[ $rc = 0 ] && [ $rcz = 0 ] && ! grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$TMP/T.log" "$TMP/Z.log"'
 
 # embeddings: POST /v1/embeddings on a server started with --embeddings (tests/serve_embeddings.py);
 # refused without it

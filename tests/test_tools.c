@@ -482,17 +482,27 @@ static void test_render_continue(void **state) {
 
 /* Feed text to a call scan a byte at a time (and whole, in one go); collect "name=args;" per call
  * and return the scan's end state. */
-static int scan_all(const char *text, bool bytewise, char *got, size_t cap) {
+/* The calls of text read piece by piece (bytewise: as it grows a byte at a time), names and
+ * arguments into got as "name=args;..."; auto: tool_choice "auto" from h (srv_tools_auto_start),
+ * else "required" (a zeroed scan).  1 past the array, -1 off the pattern, -2 no call starts
+ * (auto), else 0. */
+static int scan_calls(const srv_tools *aut, size_t h, const char *text, bool bytewise, char *got, size_t cap) {
     srv_call_scan c;
     memset(&c, 0, sizeof c);
     const size_t n = strlen(text);
     got[0] = 0;
     char args[8][256] = {{0}}, names[8][64] = {{0}};
     int32_t ncalls = 0;
+    bool started = !aut;
     for (size_t m = bytewise ? 0 : n; m <= n; m++) {
         int32_t k;
         size_t a, e;
         srv_call_piece p;
+        if (!started) {
+            const int st = srv_tools_auto_start(aut, text, m, h, &c);
+            if (st < 0) return -2;
+            if (!(started = st > 0)) continue;
+        }
         while ((p = srv_calls_next(&c, text, m, m == n, &k, &a, &e)) != SRV_CALL_NONE) {
             assert_true(k >= 0 && k < 8 && a <= e && e <= m);
             if (p == SRV_CALL_HEADER) {
@@ -505,6 +515,7 @@ static int scan_all(const char *text, bool bytewise, char *got, size_t cap) {
             }
         }
     }
+    if (!started) return -2;
     for (int32_t k = 0; k < ncalls; k++) {
         strncat(got, names[k], cap - strlen(got) - 1);
         strncat(got, "=", cap - strlen(got) - 1);
@@ -513,6 +524,8 @@ static int scan_all(const char *text, bool bytewise, char *got, size_t cap) {
     }
     return srv_calls_done(&c) ? 1 : srv_calls_off(&c) ? -1 : 0;
 }
+
+static int scan_all(const char *text, bool bytewise, char *got, size_t cap) { return scan_calls(NULL, 0, text, bytewise, got, cap); }
 
 /* tool_choice "required" streamed: each call's name as soon as it is whole, its arguments as
  * they come (raw), byte by byte the same as whole; off the pattern, no more pieces */
@@ -547,6 +560,47 @@ static void test_calls_stream(void **state) {
     snprintf(id2, sizeof id2, "%s", cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(calls, 1), "id")->valuestring);
     assert_string_equal(id, id2); /* the streamed calls' ids are the reply's */
     cJSON_Delete(calls);
+    srv_buf_free(&content);
+
+    /* tool_choice "auto": from where the hold stops, the family's forms piece by piece; each
+     * whole output's calls are the ones srv_tools_parse reads */
+    static const struct { const char *text; int json, end; const char *want; } au[] = {
+        {"Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", 0, 0,
+         "get_weather={\"city\": \"Paris\"};"},
+        {"<tool_call>{\"name\":\"a\",\"arguments\":{\"s\":\"</tool_call>\"}}</tool_call>\n<tool_call>{\"name\":\"b\",\"parameters\":7}</tool_call>", 0, 0,
+         "a={\"s\":\"</tool_call>\"};b=7;"},
+        {"[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\", \"arguments\": {\"x\": [1]}}]", 0, 1, "a={};b={\"x\": [1]};"},
+        {" [{\"name\": \"a\", \"arguments\": {}}]", 0, 1, "a={};"},
+        {"{\"name\": \"a\", \"parameters\": {\"k\": 1}}\n{\"name\": \"b\", \"parameters\": {}}", 1, 0, "a={\"k\": 1};b={};"},
+        {"{\"name\": \"a\", \"parameters\": {}}", 0, -2, ""},            /* a bare object is Llama 3's */
+        {"[1, 2]", 0, -2, ""},                                                   /* an array, of no calls */
+        {"Well [{\"name\": \"a\", \"arguments\": {}}]", 0, -2, ""},        /* not at the answer's start */
+        {"<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call> and more", 0, -1, "a={};"}, /* content after: off (whole at the end) */
+        {"<tool_call>{\"arguments\": {}, \"name\": \"a\"}</tool_call>", 0, -1, ""},
+    };
+    for (size_t i = 0; i < sizeof au / sizeof *au; i++) {
+        srv_tools ta = {.mode = SRV_TOOLS_AUTO, .json_style = au[i].json, .parallel = true};
+        const size_t n = strlen(au[i].text), h = srv_tools_hold(&ta, au[i].text, n, 0);
+        for (int bw = 0; bw < 2; bw++) {
+            char got[512];
+            const int end = scan_calls(&ta, h, au[i].text, bw, got, sizeof got);
+            if (end != au[i].end || strcmp(got, au[i].want))
+                fail_msg("auto case %zu (%s): end %d '%s', expected %d '%s'", i, bw ? "bytewise" : "whole", end, got, au[i].end, au[i].want);
+        }
+        if (au[i].end < 0) continue;
+        cJSON *cl = srv_tools_parse(&ta, au[i].text, n, 5, true, &content);
+        char got[512] = "";
+        const cJSON *x;
+        cJSON_ArrayForEach(x, cl) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(x, "function");
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s;", cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring);
+        }
+        char names[512] = "";
+        for (const char *p = au[i].want, *q; (q = strchr(p, '=')); p = strchr(q, ';') ? strchr(q, ';') + 1 : q + strlen(q))
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%.*s;", (int)(q - p), p);
+        if (strcmp(got, names)) fail_msg("auto case %zu: the reply reads %s, the stream %s", i, got, names);
+        cJSON_Delete(cl);
+    }
     srv_buf_free(&content);
 }
 

@@ -584,11 +584,11 @@ static void call_piece_chunk(fl_server *s, srv_req *r, int i, int32_t k, bool he
     r->role_sent = true;
 }
 
-/* tool_choice "required", streamed as vLLM does: each call's id, type and name once its name is
- * whole, then its arguments as they are generated (raw: their pieces add up to the value's JSON
- * text); fin: to the end of the output.  Off the calls' pattern nothing more streams (the rest
- * goes whole at the end). */
-static void stream_required(fl_server *s, srv_req *r, int i, bool fin) {
+/* tool_choice "required" (and "auto" once its calls begin), streamed as vLLM does: each call's
+ * id, type and name once its name is whole, then its arguments as they are generated (raw: their
+ * pieces add up to the value's JSON text); fin: to the end of the output.  Off the calls' pattern
+ * nothing more streams (the rest goes whole at the end). */
+static void stream_calls(fl_server *s, srv_req *r, int i, bool fin) {
     srv_sample *sm = &r->samples[i];
     const char *txt = sm->text.p ? sm->text.p : "";
     const size_t base = sm->content_at, n = (fin ? sm->text.len : utf8_complete(txt, sm->text.len)) - base;
@@ -600,13 +600,14 @@ static void stream_required(fl_server *s, srv_req *r, int i, bool fin) {
 }
 
 /* Stream a finished chat choice that may hold tool calls: the content not yet sent and its
- * calls (a named function's streamed call: the rest of its arguments; "required": the rest as
- * they stream, and whole the calls after one off the pattern), then the finish. */
+ * calls (a named function's streamed call: the rest of its arguments; "required", and "auto"
+ * whose calls began streaming: the rest as they stream, and whole the calls after one off the
+ * pattern), then the finish. */
 static void stream_tools_finish(fl_server *s, srv_req *r, int i) {
     srv_sample *sm = &r->samples[i];
     bool calls = sm->call_sent;
-    if (r->tools.mode == SRV_TOOLS_REQUIRED) {
-        stream_required(s, r, i, true);
+    if (r->tools.mode == SRV_TOOLS_REQUIRED || sm->in_calls) {
+        stream_calls(s, r, i, true);
         calls = sm->cs.n_calls > 0;
         /* off the pattern: the calls after those streamed, whole (and the content, as the reply
          * has it); nothing streamed at all (an output cut short): the role, and that content */
@@ -651,8 +652,8 @@ static void produce_stream(fl_server *s, srv_req *r) {
             stream_named_args(s, r, i);
             break;
         }
-        if (tools && r->tools.mode == SRV_TOOLS_REQUIRED) {
-            stream_required(s, r, i, false);
+        if (tools && (r->tools.mode == SRV_TOOLS_REQUIRED || sm->in_calls)) {
+            stream_calls(s, r, i, false);
             break;
         }
         if (sm->content_at && sm->sent == sm->content_at) { /* the answer after the reasoning: from its first non-space */
@@ -673,9 +674,16 @@ static void produce_stream(fl_server *s, srv_req *r) {
             avail = utf8_complete(sm->text.p, lim);
         }
         if (fin && lim == sm->text.len) avail = lim;
-        if (tools && avail > sm->content_at) { /* what may be a call waits for the end */
+        if (tools && avail > sm->content_at) { /* what may be a call waits: for the end, or (auto with its
+                                                  * grammar) until it is one, then streams as a call */
             const size_t base = sm->content_at;
             const size_t h = base + srv_tools_hold(&r->tools, sm->text.p ? sm->text.p + base : "", avail - base, sm->sent - base);
+            const size_t whole = sm->text.p ? utf8_complete(sm->text.p, sm->text.len) : 0;
+            if (h < avail && h <= sm->sent && r->tool_lazy && !fin && whole > base &&
+                srv_tools_auto_start(&r->tools, sm->text.p + base, whole - base, h - base, &sm->cs) > 0) {
+                sm->in_calls = true; /* (the content before it went out) */
+                continue;
+            }
             if (h < avail) avail = h > sm->sent ? h : sm->sent;
         }
         bool more = avail < sm->text.len;
@@ -1426,6 +1434,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     char *tool_schema = NULL; /* tool_choice "required" or a named function: the output's constraint, */
     bool tool_grammar = false; /* a GBNF grammar ("required") or a JSON Schema */
     const cJSON *chat_tools = NULL; /* the request's tools, where it has some */
+    bool tool_lazy_on = false;
     char *tool_lazy = NULL;    /* tool_choice "auto": the calls' lazy grammar (srv_tools_lazy) */
     fl_grammar_trigger tool_trig[SRV_TOOLS_TRIGGERS];
     cJSON *j = pre ? pre : cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
@@ -1849,6 +1858,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
             rp.grammar = tool_lazy;
             rp.grammar_triggers = tool_trig;
             rp.lazy_after_think = !reasoning ? 0 : think_open ? 2 : 1; /* (a call the model thinks about stays free) */
+            tool_lazy_on = true;
         }
     }
     /* logit_bias: {"token id": bias in [-100, 100]} */
@@ -1978,6 +1988,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     r->tools = tools_rd;
     r->reasoning = reasoning;
     r->think_open = think_open;
+    r->tool_lazy = tool_lazy_on;
     if (nat) {
         r->native = true;
         r->return_tokens = nat->return_tokens;

@@ -39,6 +39,8 @@ typedef struct srv_seg {
  * srv_calls_next.  Zeroed to start. */
 typedef struct srv_call_scan {
     int state;           /* where the reading is (tools.c); past the last call DONE, off the pattern OFF */
+    int form;            /* 0: a JSON array of calls (zeroed: "required"'s); tool_choice "auto" (srv_tools_auto_start):
+                          * also tagged calls, or Llama 3's bare objects */
     int32_t n_calls;     /* calls whose header was handed out */
     size_t pos;          /* where reading resumes */
     size_t sent;         /* the current call's arguments handed out up to */
@@ -56,7 +58,8 @@ typedef struct srv_sample {
     int64_t lp_chars;    /* characters of the token texts before lp_sent (text_offset) */
     bool echo_sent;      /* stream: the echoed prompt went out */
     bool call_sent;      /* stream, a named function's call: its id and name went out (then its arguments as they come) */
-    srv_call_scan cs;    /* stream, tool_choice "required": the calls handed out so far (srv_calls_next) */
+    srv_call_scan cs;    /* stream, tool_choice "required" (and "auto" once in_calls): the calls handed out so far (srv_calls_next) */
+    bool in_calls;       /* stream, tool_choice "auto" with its lazy grammar: the content is over, calls stream from cs */
     bool think_done;     /* stream with reasoning: the reasoning is over; the answer starts at content_at */
     size_t content_at, r_sent; /* where the answer starts in text (0: no reasoning); reasoning bytes streamed to */
     int32_t n_tokens;
@@ -112,6 +115,7 @@ typedef struct srv_req {
     int32_t lora;          /* the engine adapter its model names (0: none) */
     char model[128];       /* that adapter's name, the reply's model ("": the base model's) */
     srv_tools tools;       /* chat: tool_choice and how the output is read */
+    bool tool_lazy;        /* tool_choice "auto" with its lazy grammar (srv_tools_lazy): a call, once begun, streams piece by piece */
     bool reasoning;        /* chat: <think>...</think> goes to reasoning_content (reasoning.c) */
     bool think_open;       /* the prompt opened the thinking (DeepSeek-R1's template) */
     bool echo, drop_gen;   /* drop_gen: max_tokens 0 with echo: the engine's one token is not reported */
@@ -253,6 +257,10 @@ struct cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, ui
  * pattern, its calls then to be read whole).  Resumes where the last call left off. */
 srv_call_piece srv_calls_next(srv_call_scan *c, const char *text, size_t n, bool final, int32_t *k, size_t *a, size_t *e);
 bool srv_calls_done(const srv_call_scan *c);
+/* tool_choice "auto", streamed: the answer text[0, n) is content up to h (srv_tools_hold), and
+ * may hold calls from there: 1 where they start there in one of the family's forms (*c then
+ * reads them: srv_calls_next), 0 while the text does not yet say, -1 where it is no call's start. */
+int srv_tools_auto_start(const srv_tools *t, const char *text, size_t n, size_t h, srv_call_scan *c);
 bool srv_calls_off(const srv_call_scan *c);
 /* A call's id as srv_tools_parse gives call idx of seed: "call_" + 24 hex digits (buf >= 32) */
 void srv_tools_call_id(uint64_t seed, int idx, char *buf, size_t cap);

@@ -461,6 +461,29 @@ static bool calls_of_objects(const char *s, size_t n, cJSON *calls, uint64_t see
     return true;
 }
 
+/* The calls of a tagged block whose text starts at s[a]: one or more call objects (spaces,
+ * commas, semicolons between), then spaces and the closing tag, or the end of the output (a last
+ * call may end there untagged); *b past it.  False (calls maybe added) where it is not that. */
+static bool tagged_calls(const char *s, size_t n, size_t a, cJSON *calls, uint64_t seed, size_t *b) {
+    size_t j = a;
+    int got = 0;
+    for (;;) {
+        while (j < n && (s[j] == ' ' || s[j] == '\n' || s[j] == '\t' || s[j] == '\r' || s[j] == ';' || s[j] == ',')) j++;
+        if (j == n || (n - j >= sizeof TAG_CLOSE - 1 && !memcmp(s + j, TAG_CLOSE, sizeof TAG_CLOSE - 1))) {
+            *b = j == n ? n : j + sizeof TAG_CLOSE - 1;
+            return got > 0;
+        }
+        const char *end = NULL;
+        cJSON *o = cJSON_ParseWithLengthOpts(s + j, n - j, &end, false);
+        cJSON *c = o ? call_of(o, seed, cJSON_GetArraySize(calls)) : NULL;
+        cJSON_Delete(o);
+        if (!c) return false;
+        cJSON_AddItemToArray(calls, c);
+        got++;
+        j = (size_t)(end - s);
+    }
+}
+
 /* s[0..n): one JSON array (spaces after it) of one or more call objects, added to calls (left
  * empty where it is not). */
 static bool calls_of_array(const char *s, size_t n, cJSON *calls, uint64_t seed) {
@@ -528,16 +551,18 @@ cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, uint64_t 
         const char *o = memmem(text + i, n - i, TAG_OPEN, sizeof TAG_OPEN - 1);
         if (!o) break;
         const size_t a = (size_t)(o - text) + sizeof TAG_OPEN - 1;
-        const char *cl = memmem(text + a, n - a, TAG_CLOSE, sizeof TAG_CLOSE - 1);
-        const size_t b = cl ? (size_t)(cl - text) : n; /* (a last call may end at the end of the output, untagged) */
         const int before = cJSON_GetArraySize(calls);
-        if (!calls_of_objects(text + a, b - a, calls, seed)) { /* not a call: the text stays content */
-            while (cJSON_GetArraySize(calls) > before) cJSON_DeleteItemFromArray(calls, before);
-            srv_buf_append(content, text + i, (cl ? b + sizeof TAG_CLOSE - 1 : n) - i);
-        } else {
+        size_t b = 0;
+        if (tagged_calls(text, n, a, calls, seed, &b)) { /* (its closing tag after the objects: one inside a string is theirs) */
             srv_buf_append(content, text + i, (size_t)(o - text) - i);
+            i = b;
+            continue;
         }
-        i = cl ? b + sizeof TAG_CLOSE - 1 : n;
+        while (cJSON_GetArraySize(calls) > before) cJSON_DeleteItemFromArray(calls, before);
+        const char *cl = memmem(text + a, n - a, TAG_CLOSE, sizeof TAG_CLOSE - 1); /* not a call: the text stays content */
+        const size_t e = cl ? (size_t)(cl - text) + sizeof TAG_CLOSE - 1 : n;
+        srv_buf_append(content, text + i, e - i);
+        i = e;
     }
     if (i < n) srv_buf_append(content, text + i, n - i);
     if (cJSON_GetArraySize(calls) == 0) {
@@ -558,10 +583,52 @@ cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, uint64_t 
 /* ---- "required" calls, piece by piece ----
  * The array [ {"name": N, "parameters": V} (, {...})* ] read as it grows: the states are where the
  * next byte that is not a space must be. */
-enum { CS_OPEN, CS_OBJ, CS_NAME, CS_KEY, CS_ARGS, CS_END, CS_SEP, CS_DONE, CS_OFF };
+enum { CS_OPEN, CS_OBJ, CS_NAME, CS_KEY, CS_ARGS, CS_END, CS_SEP, CS_DONE, CS_OFF,
+       CS_TAG, CS_CLOSE, CS_BARE }; /* (tool_choice "auto": <tool_call> / </tool_call> next; the next bare object) */
+enum { FORM_ARRAY, FORM_TAGGED, FORM_BARE }; /* srv_call_scan.form */
 
 bool srv_calls_done(const srv_call_scan *c) { return c->state == CS_DONE; }
 bool srv_calls_off(const srv_call_scan *c) { return c->state == CS_OFF; }
+
+int srv_tools_auto_start(const srv_tools *t, const char *text, size_t n, size_t h, srv_call_scan *c) {
+    const size_t i = skip_ws(text, h, n), m = n - i;
+    if (i == n) return 0;
+    const size_t lt = sizeof TAG_OPEN - 1, lm = sizeof MISTRAL_CALLS - 1;
+    *c = (srv_call_scan){0};
+    if (text[i] == '<') { /* a tag: once whole */
+        if (m < lt) return starts_partial(text + i, m, TAG_OPEN) ? 0 : -1;
+        if (memcmp(text + i, TAG_OPEN, lt)) return -1;
+        c->form = FORM_TAGGED;
+        c->state = CS_TAG;
+        c->pos = i;
+        return 1;
+    }
+    if (h > 0 && skip_ws(text, 0, n) < i) return -1; /* (the other forms start the answer) */
+    if (text[i] == '[') { /* [TOOL_CALLS] then an array, or an array: once its "{" */
+        size_t j = i;
+        if (starts_partial(text + i, m, MISTRAL_CALLS)) {
+            if (m < lm) return 0;
+            j = i + lm;
+        }
+        const size_t k = skip_ws(text, j, n);
+        if (k == n) return 0;
+        if (text[k] != '[') return -1;
+        const size_t o = skip_ws(text, k + 1, n);
+        if (o == n) return 0;
+        if (text[o] != '{') return -1;
+        c->form = FORM_ARRAY;
+        c->state = CS_OPEN;
+        c->pos = k;
+        return 1;
+    }
+    if (t->json_style && text[i] == '{') {
+        c->form = FORM_BARE;
+        c->state = CS_OBJ;
+        c->pos = i;
+        return 1;
+    }
+    return -1;
+}
 
 /* text[i..n) after spaces starts with lit: 1 (*i past it), -1 not, 0 not yet known */
 static int expect(const char *text, size_t n, size_t *i, const char *lit) {
@@ -585,8 +652,27 @@ srv_call_piece srv_calls_next(srv_call_scan *c, const char *text, size_t n, bool
             if (r == 0) return SRV_CALL_NONE;
             if (r < 0) break;
             c->pos = i;
-            c->state = c->state == CS_OPEN ? CS_OBJ : c->state == CS_OBJ ? CS_NAME : CS_SEP;
+            c->state = c->state == CS_OPEN ? CS_OBJ : c->state == CS_OBJ ? CS_NAME
+                     : c->form == FORM_TAGGED ? CS_CLOSE : c->form == FORM_BARE ? CS_BARE : CS_SEP;
             continue;
+        case CS_TAG:
+        case CS_CLOSE: /* (a tagged call's tags: spaces, then the tag; after a call's closing tag the next call, or the end) */
+            if (c->state == CS_TAG && skip_ws(text, i, n) == n) return SRV_CALL_NONE;
+            r = expect(text, n, &i, c->state == CS_TAG ? TAG_OPEN : TAG_CLOSE);
+            if (r == 0) return SRV_CALL_NONE;
+            if (r < 0) break;
+            c->pos = i;
+            c->state = c->state == CS_TAG ? CS_OBJ : CS_TAG;
+            continue;
+        case CS_BARE: { /* Llama 3's calls: spaces (or ; ,), then the next object, or the end */
+            size_t j = i;
+            while (j < n && (text[j] == ' ' || text[j] == '\n' || text[j] == '\t' || text[j] == '\r' || text[j] == ';' || text[j] == ',')) j++;
+            if (j == n) return SRV_CALL_NONE;
+            if (text[j] != '{') break;
+            c->pos = j;
+            c->state = CS_OBJ;
+            continue;
+        }
         case CS_SEP: {
             const size_t j = skip_ws(text, i, n);
             if (j == n) return SRV_CALL_NONE;
