@@ -759,7 +759,9 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
                                     p->bad_words_ids[bad_ints + i], e->be.n_vocab);
         bad_ints += p->bad_words_lens[k];
     }
-    for (int32_t i = 0; p->grammar_triggers && i < p->n_grammar_triggers && i < FL_MAX_TRIGGERS; i++)
+    if (p->n_grammar_triggers < 0 || p->n_grammar_triggers > FL_MAX_TRIGGERS) /* (before reading them) */
+        return fl_set_error(FL_ERR_INVALID, "%s: %d grammar triggers (at most %d)", __func__, p->n_grammar_triggers, FL_MAX_TRIGGERS);
+    for (int32_t i = 0; p->grammar_triggers && i < p->n_grammar_triggers; i++)
         if (p->grammar_triggers[i].type == FL_TRIGGER_TOKEN && (p->grammar_triggers[i].token < 0 || p->grammar_triggers[i].token >= e->be.n_vocab))
             return fl_set_error(FL_ERR_INVALID, "%s: grammar trigger %d: token %d out of the vocabulary (%d)", __func__, i,
                                 p->grammar_triggers[i].token, e->be.n_vocab);
