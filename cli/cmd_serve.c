@@ -125,6 +125,8 @@ int fl_cmd_serve(int argc, char **argv) {
                           "grammar / guided_grammar: the whole output is one sentence of this GBNF grammar\n"
                           "(grammar_lazy with grammar_triggers: from the first trigger on, llama.cpp's);\n"
                           "structured_outputs {json, regex, choice, grammar, json_object}: vLLM's form of these;\n"
+                          "structural_tag {structures: [{begin, schema, end}], triggers} (vLLM's): free text,\n"
+                          "a structure at each trigger;\n"
                           "tools, tool_choice (none, auto, required or a named function), parallel_tool_calls\n"
                           "on chat: the tools shown in the prompt, calls read back as message.tool_calls\n"
                           "(required and a named function constrain the output to the tools' schemas, auto a call\n"

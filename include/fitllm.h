@@ -290,6 +290,9 @@ typedef struct fl_request_params {
                                  * reasoning (an output that starts, after spaces, with <think> only
                                  * past its first </think>); 2 only past the first </think> (the
                                  * prompt opened the reasoning) */
+    int32_t lazy_repeat;        /* 1: where a lazy grammar's sentence ends (nothing can follow) the output
+                                 * is free again, until a trigger fires again (vLLM's structural_tag);
+                                 * 0: the request stops there */
     fl_pooling pooling;         /* != NONE: an embedding request (the engine made with embeddings): the
                                  * prompt is computed, nothing generated, and the request finishes
                                  * (FL_FINISH_STOP) with fl_request_output.embedding; n 1, no sampling,

@@ -218,6 +218,44 @@ post "$U" /completion '{"prompt":"Once","n_predict":8,"grammar":"root ::= \"x\""
 check "grammar_lazy without triggers -> 400" '[ "$(status)" = 400 ]'
 post "$U" /completion '{"prompt":"Once","n_predict":8,"grammar":"root ::= \"x\"","grammar_lazy":true,"grammar_triggers":[{"type":2,"value":"("}]}'
 check "grammar_lazy, a bad pattern -> 400 naming it" '[ "$(status)" = 400 ] && grep -q "grammar trigger 0: pattern" "$TMP/body"'
+# vLLM's structural_tag: free text to a trigger, then its structure (begin, a JSON value of the
+# schema, end), then free text again; the same from each of its three places; refusals
+post "$U" /v1/completions '{"prompt":"Once upon a time","max_tokens":120,"temperature":0}'; FREE=$(jq_ 'd["choices"][0]["text"]')
+STAG='{"structures":[{"begin":"Lily","schema":{"type":"object","properties":{"age":{"type":"integer"}},"required":["age"]},"end":"!"}],"triggers":["Lily"]}'
+STAG_TEXT=$(python3 -c 'import json,sys; print(json.dumps(json.dumps(json.loads(sys.argv[1]))))' "$STAG")
+i=0
+for field in "\"response_format\":$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["type"]="structural_tag"; print(json.dumps(d))' "$STAG")" \
+             "\"structured_outputs\":{\"structural_tag\":$STAG_TEXT}" "\"structural_tag\":$STAG"; do
+  post "$U" /v1/completions "{\"prompt\":\"Once upon a time\",\"max_tokens\":120,\"temperature\":0,$field}"
+  cp "$TMP/body" "$TMP/stag$i.json"
+  check "structural_tag ($(echo "$field" | cut -c1-30)...): free to Lily, {age} and ! after each, free between ($(jq_ "d['choices'][0]['text'][-60:]"))" 'python3 -c "
+import json, re, sys
+c, free = json.load(open(sys.argv[1]))[\"choices\"][0], sys.argv[2]
+t, k = c[\"text\"], free.index(\"Lily\")
+assert t[:k] == free[:k] and c[\"finish_reason\"] == \"length\", (t, free)
+n, at = 0, t.find(\"Lily\")
+while at >= 0:
+    m = re.match(r\" ?([{][^{}]*[}]) ?!\", t[at + 4:])
+    if not m:
+        assert re.fullmatch(r\" ?([{][^{}]*)?\", t[at + 4:]), t  # (the last, cut)
+        break
+    assert type(json.loads(m.group(1))[\"age\"]) is int, t
+    n, at = n + 1, t.find(\"Lily\", at + 4 + m.end())
+assert n >= 2, t" "$TMP/body" "$FREE"'
+  i=$((i + 1))
+done
+check "structural_tag: the same text from response_format, structured_outputs and the top-level field" 'python3 -c "
+import json, sys
+t = [json.load(open(f))[\"choices\"][0][\"text\"] for f in sys.argv[1:]]
+assert t[0] == t[1] == t[2], t" "$TMP/stag0.json" "$TMP/stag1.json" "$TMP/stag2.json"'
+for bad in '"structural_tag":{"structures":[{"begin":"Lily","schema":{},"end":"!"}]}' \
+           '"structural_tag":{"structures":[{"begin":"Tom","schema":{},"end":"!"}],"triggers":["Lily"]}' \
+           '"structural_tag":{"format":{"type":"triggered_tags"}}' '"structural_tag":"{nope"' \
+           '"structural_tag":{"structures":[{"begin":"Lily","end":"!"}],"triggers":["Lily"]},"grammar":"root ::= \"x\""' \
+           '"structural_tag":{"structures":[{"begin":"Lily","schema":false,"end":"!"}],"triggers":["Lily"]}'; do
+  post "$U" /v1/completions "{\"prompt\":\"Once\",\"max_tokens\":8,$bad}"
+  check "structural_tag refused ($(echo "$bad" | cut -c1-60)) -> 400: $(jq_ "d['error']['message'][:70]")" '[ "$(status)" = 400 ]'
+done
 # docs/grammars/json.gbnf: the answer, where it finishes, is one JSON object (Python's json reads it)
 python3 - "$(dirname "$0")/../docs/grammars/json.gbnf" >"$TMP/gj.json" <<'PY'
 import json, sys

@@ -431,7 +431,7 @@ def main_stories(shared):
             ("choice not a list", {"structured_outputs": {"choice": "a"}}, "'structured_outputs.choice' must be an array"),
             ("json_object not a boolean", {"structured_outputs": {"json_object": 1}}, "must be a boolean"),
             ("disable_any_whitespace", {"structured_outputs": {"json_object": True, "disable_any_whitespace": True}}, "not supported"),
-            ("structural_tag", {"structured_outputs": {"structural_tag": "{}"}}, "not supported"),
+            ("structural_tag without structures", {"structured_outputs": {"structural_tag": "{}"}}, "needs 'structures'"),
             ("whitespace_pattern", {"structured_outputs": {"json_object": True, "whitespace_pattern": " "}}, "not supported")]:
         st, r = post_json("/v1/completions", dict(body, prompt="a", max_tokens=4))
         msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else ""

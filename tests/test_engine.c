@@ -1028,10 +1028,36 @@ static void test_toy_lazy_grammar(void **state) {
             others++;
         }
     }
-    fl_engine_free(shared);
-    fl_engine_free(one);
     print_message("lazy grammar: %d stopped (%d after free text), %d cut or ended\n", stops, free_text, others);
     assert_true(stops >= 8 && free_text >= 4); /* (fixed by the seeds) */
+    /* lazy_repeat (vLLM's structural_tag): where a list closes the output is free again, until the
+     * next "[": every "[" opens a list that closes (the last may be cut), the request never stops
+     * at a list's end */
+    int many = 0;
+    for (int run = 0; run < 24; run++) {
+        const fl_request_params q = {.max_tokens = 40, .grammar = ones, .grammar_triggers = kinds + run % 4, .n_grammar_triggers = 1,
+                                     .logit_bias = &bias, .n_logit_bias = 1, .lazy_repeat = 1};
+        char text[4096];
+        int32_t n_tok = 0;
+        const fl_finish_reason fin = toy_guided_run(shared, one, run, q, (uint64_t)run + 101, text, &n_tok);
+        if (fin == FL_FINISH_STOP || fin == FL_FINISH_ERROR) fail_msg("run %d: '%s' finish %d", run, text, fin);
+        int lists = 0;
+        for (const char *o = strchr(text, '['); o; o = strchr(o, '[')) {
+            const char *end = toy_ones(o);
+            if (!end) { /* the last, cut: only the grammar's characters to the end */
+                for (const char *c = o + 1; *c; c++)
+                    if (*c != '1' && *c != ',') fail_msg("run %d: '%s': a list that neither closes nor runs to the end", run, text);
+                break;
+            }
+            lists++;
+            o = end;
+        }
+        many += lists >= 2;
+    }
+    print_message("lazy grammar, repeated: %d of 24 outputs with two lists or more\n", many);
+    assert_true(many >= 4);
+    fl_engine_free(shared);
+    fl_engine_free(one);
     /* the trigger's text the grammar cannot start: the request fails there; refusals when added */
     fl_engine *e = json_toy_engine();
     int32_t prompt[2] = {1, 3};

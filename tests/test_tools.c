@@ -271,6 +271,40 @@ static void test_lazy(void **state) {
     cJSON_Delete(tools);
 }
 
+/* vLLM's structural_tag: each structure's begin, a value of its schema, its end; the triggers as
+ * words; refusals */
+static void test_structural_tag(void **state) {
+    (void)state;
+    char err[200], *gbnf = NULL;
+    fl_grammar_trigger trig[FL_MAX_TRIGGERS];
+    int32_t nt = 0;
+    cJSON *st = cJSON_Parse("{\"structures\":[{\"begin\":\"<f=add>\",\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                            "\"required\":[\"a\"]},\"end\":\"</f>\"},{\"begin\":\"<f=now>\",\"end\":\"</f>\"}],\"triggers\":[\"<f=\"]}");
+    assert_int_equal(srv_structural_tag(st, &gbnf, trig, &nt, err, sizeof err), FL_OK);
+    assert_int_equal(nt, 1);
+    assert_int_equal(trig[0].type, FL_TRIGGER_WORD);
+    assert_string_equal(trig[0].value, "<f=");
+    static const struct { const char *text; int ok; } cases[] = {
+        {"<f=add>{\"a\": 3}</f>", 1}, {"<f=add> {\"a\":-3} </f>", 1}, {"<f=now>[1, \"x\"]</f>", 1}, {"<f=now>{}</f>", 1},
+        {"<f=add>{\"a\": \"3\"}</f>", 0}, {"<f=add>{\"a\": 3}", 0}, {"<f=sub>{}</f>", 0}, {"<f=add>{\"a\": 3}</f>x", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        if (lazy_accepts(gbnf, cases[i].text) != cases[i].ok) fail_msg("%s: expected %d\n%s", cases[i].text, cases[i].ok, gbnf);
+    cJSON_free(gbnf);
+    cJSON_Delete(st);
+    static const char *const bad[] = {
+        "{\"structures\":[]}", "{\"structures\":[{\"begin\":\"x\",\"end\":\"y\"}]}", "{\"structures\":[{\"begin\":\"x\",\"end\":\"y\"}],\"triggers\":[\"z\"]}",
+        "{\"structures\":[{\"begin\":\"x\",\"end\":\"y\",\"schema\":false}],\"triggers\":[\"x\"]}", "{\"structures\":[{\"begin\":\"\",\"end\":\"y\"}],\"triggers\":[\"x\"]}",
+        "{\"structures\":[{\"begin\":\"x\",\"end\":\"y\"}],\"triggers\":[\"\"]}", "{\"format\":{}}", "[]"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cJSON *b = cJSON_Parse(bad[i]);
+        assert_non_null(b);
+        if (srv_structural_tag(b, &gbnf, trig, &nt, err, sizeof err) != FL_ERR_INVALID) fail_msg("%s: not refused", bad[i]);
+        assert_null(gbnf);
+        cJSON_Delete(b);
+    }
+}
+
 static void test_hold(void **state) {
     (void)state;
     srv_tools t = {.mode = SRV_TOOLS_AUTO};
@@ -647,7 +681,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render_continue),
         cmocka_unit_test(test_calls_stream),
-        cmocka_unit_test(test_read), cmocka_unit_test(test_required), cmocka_unit_test(test_lazy), cmocka_unit_test(test_hold),
+        cmocka_unit_test(test_read), cmocka_unit_test(test_required), cmocka_unit_test(test_lazy), cmocka_unit_test(test_structural_tag), cmocka_unit_test(test_hold),
         cmocka_unit_test(test_parse), cmocka_unit_test(test_render), cmocka_unit_test(test_think),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

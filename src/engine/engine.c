@@ -439,7 +439,19 @@ static void sample_commit(fl_engine *e, fl_request *r, const float *row) {
     commit_token(e, r, tok);
     if (r->json && fl_json_fsm_done(r->json_fsm)) finish(e, r, FL_FINISH_STOP);
     if (r->regex && r->state != FL_REQ_FINISHED && regex_closed(e, r)) finish(e, r, FL_FINISH_STOP);
-    if (r->grammar && !r->lazy && r->state != FL_REQ_FINISHED && grammar_closed(e, r)) finish(e, r, FL_FINISH_STOP);
+    if (r->grammar && !r->lazy && r->state != FL_REQ_FINISHED && grammar_closed(e, r)) {
+        if (!r->lazy_repeat) {
+            finish(e, r, FL_FINISH_STOP);
+            return;
+        }
+        /* (vLLM's structural_tag) the structure is over: free text again, until the next trigger */
+        if (fl_grammar_guide_reset(r->grammar) != FL_OK) {
+            finish(e, r, FL_FINISH_ERROR);
+            return;
+        }
+        fl_triggers_rearm(r->triggers);
+        r->lazy = true;
+    }
 }
 
 /* ---- engine life cycle ---- */

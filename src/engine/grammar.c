@@ -604,6 +604,20 @@ out:
     return st;
 }
 
+/* The state before any text: root's alternatives expanded */
+static fl_status start_state(fl_grammar_guide *g) {
+    fl_status st = FL_OK;
+    g->cur.n = g->cur.n_stacks = 0;
+    g->n_pend = 0;
+    for (int32_t a = g->alt_off[g->root]; a < g->alt_off[g->root + 1] && st == FL_OK; a++) {
+        g->buf[0] = (uint32_t)g->alts[a];
+        st = expand(g, g->buf, 1, &g->cur, 0);
+    }
+    return st == FL_OK ? canonical(g, &g->cur, &g->x[0]) : st;
+}
+
+fl_status fl_grammar_guide_reset(fl_grammar_guide *g) { return start_state(g); }
+
 fl_status fl_grammar_guide_new(const char *gbnf, fl_grammar_guide **out) {
     *out = NULL;
     const size_t len = strnlen(gbnf, FL_GRAMMAR_MAX_TEXT + 1);
@@ -650,12 +664,7 @@ fl_status fl_grammar_guide_new(const char *gbnf, fl_grammar_guide **out) {
     }
     fl_free(FL_MEM_GUIDE, start, (size_t)b.n_rules * sizeof *start);
     if ((st = left_recursion(g, &b)) != FL_OK) goto fail;
-    for (int32_t a = g->alt_off[root]; a < g->alt_off[root + 1] && st == FL_OK; a++) {
-        g->buf[0] = (uint32_t)g->alts[a];
-        st = expand(g, g->buf, 1, &g->cur, 0);
-    }
-    if (st == FL_OK) st = canonical(g, &g->cur, &g->x[0]);
-    if (st != FL_OK) goto fail;
+    if ((st = start_state(g)) != FL_OK) goto fail;
     build_free(&b);
     *out = g;
     return FL_OK;

@@ -59,6 +59,9 @@ void fl_grammar_guide_free(fl_grammar_guide *g);
  * whole character), 0 where not, -1 on an error (out of memory, the bounds above; set). */
 int fl_grammar_guide_allows(fl_grammar_guide *g, const char *s, size_t n);
 
+/* Back to the state before any text (a lazy grammar's next sentence; FL_ERR_NOMEM). */
+fl_status fl_grammar_guide_reset(fl_grammar_guide *g);
+
 /* Append s[0, n) to the text (FL_ERR_INVALID where it is not allowed). */
 fl_status fl_grammar_guide_feed(fl_grammar_guide *g, const char *s, size_t n);
 

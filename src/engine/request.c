@@ -168,6 +168,7 @@ fl_status fl_request_new(const fl_request_params *p, int64_t id, int32_t sample,
             return st;
         }
         r->lazy = true;
+        r->lazy_repeat = p->lazy_repeat != 0;
     }
     r->json = p->json_object != 0 || p->json_schema || p->n_choices;
     if (r->json) {

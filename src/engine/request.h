@@ -98,6 +98,7 @@ struct fl_request {
     struct fl_grammar_guide *grammar; /* output constrained to a sentence of fl_request_params.grammar (owned), or NULL */
     struct fl_triggers *triggers; /* a lazy grammar's (owned), or NULL */
     bool lazy;                  /* a lazy grammar not yet triggered: the output is free */
+    bool lazy_repeat;           /* and free again where its sentence ends (fl_request_params.lazy_repeat) */
     char *ltext;                /* then the output so far (GUIDE), ltext_len of ltext_cap bytes */
     size_t ltext_len, ltext_cap;
     bool prompt_logprobs;       /* prompt positions get logits rows too (sample 0 only) */

@@ -138,6 +138,11 @@ static bool past_reasoning(fl_triggers *x, const char *text, size_t n, size_t *l
     return true;
 }
 
+void fl_triggers_rearm(fl_triggers *x) {
+    x->phase = PH_ANSWER;
+    x->base = 0;
+}
+
 int64_t fl_triggers_find(fl_triggers *x, const char *text, size_t n, size_t last, int32_t tok) {
     if (!past_reasoning(x, text, n, &last)) return -1;
     const size_t base = x->base;

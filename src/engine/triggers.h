@@ -35,5 +35,8 @@ void fl_triggers_free(fl_triggers *x);
  * token as the output grows (the reasoning's end is looked for in the new bytes only): the offset
  * from which the grammar takes over, -1 while no trigger fires, -2 on an error (set). */
 int64_t fl_triggers_find(fl_triggers *x, const char *text, size_t n, size_t last, int32_t tok);
+/* The output's text starts again (a lazy grammar's sentence ended, the output is free again; its
+ * reasoning is over): fl_triggers_find's next text is what follows. */
+void fl_triggers_rearm(fl_triggers *x);
 
 #endif

@@ -141,7 +141,7 @@ static bool token_ids_of(const fl_server *s, const cJSON *a, int32_t **ids, int6
 /* (refused rather than ignored, where set (not null or false): each would change the output;
  * vLLM's sampling extras this server does not follow) */
 static const char *const unsupported_fields[] = {"functions", "function_call", "best_of",
-                                                  "suffix", "audio", "modalities", "structural_tag", "guided_whitespace_pattern", "use_beam_search",
+                                                  "suffix", "audio", "modalities", "guided_whitespace_pattern", "use_beam_search",
                                                   NULL};
 
 /* vLLM's add_generation_prompt (default true) and continue_final_message (default false) of a
@@ -1434,6 +1434,10 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     char *tool_schema = NULL; /* tool_choice "required" or a named function: the output's constraint, */
     bool tool_grammar = false; /* a GBNF grammar ("required") or a JSON Schema */
     const cJSON *chat_tools = NULL; /* the request's tools, where it has some */
+    const cJSON *stag = NULL;  /* vLLM's structural_tag, */
+    cJSON *stag_parsed = NULL; /* parsed from its text */
+    char *stag_gram = NULL;    /* as a grammar (srv_structural_tag) */
+    fl_grammar_trigger stag_trig[FL_MAX_TRIGGERS];
     bool tool_lazy_on = false;
     char *tool_lazy = NULL;    /* tool_choice "auto": the calls' lazy grammar (srv_tools_lazy) */
     fl_grammar_trigger tool_trig[SRV_TOOLS_TRIGGERS];
@@ -1700,9 +1704,11 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
             const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
             schema = cJSON_IsObject(js) ? cJSON_GetObjectItemCaseSensitive(js, "schema") : NULL;
             if (!schema || cJSON_IsNull(schema)) { ret = BAD("'response_format' of type json_schema needs 'json_schema': {\"name\": ..., \"schema\": {...}}"); goto out; }
+        } else if (!strcmp(ty->valuestring, "structural_tag")) {
+            stag = rf;
         } else if (strcmp(ty->valuestring, "text")) {
             ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", "response_format",
-                             "response_format type '%.40s' is not supported (text, json_object and json_schema are)", ty->valuestring);
+                             "response_format type '%.40s' is not supported (text, json_object, json_schema and structural_tag are)", ty->valuestring);
             goto out;
         }
     }
@@ -1732,7 +1738,10 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
                                      "'structured_outputs.disable_any_whitespace' is not supported (JSON output may hold whitespace)");
                     goto out;
                 }
-            } else if (!strcmp(x->string, "whitespace_pattern") || !strcmp(x->string, "structural_tag")) {
+            } else if (!strcmp(x->string, "structural_tag")) {
+                if (stag) { ret = BAD("give one structural_tag: 'response_format' and 'structured_outputs' both have one"); goto out; }
+                stag = x;
+            } else if (!strcmp(x->string, "whitespace_pattern")) {
                 if (cJSON_IsFalse(x)) continue;
                 ret = send_error(s, conn, 400, "invalid_request_error", "unsupported_parameter", "structured_outputs",
                                  "'structured_outputs.%s' is not supported", x->string);
@@ -1787,6 +1796,28 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         if (rp.grammar) { ret = BAD("give one grammar: '%s' and another were both given", GRAMMAR_FIELDS[i]); goto out; }
         rp.grammar = g->valuestring;
     }
+    /* vLLM's structural_tag (response_format's type, structured_outputs' member, the older
+     * top-level field; an object or its JSON text): free text with structures at its triggers */
+    const cJSON *stag_top = cJSON_GetObjectItemCaseSensitive(j, "structural_tag");
+    if (stag_top && !cJSON_IsNull(stag_top)) {
+        if (stag) { ret = BAD("give one structural_tag: 'structural_tag' and another were both given"); goto out; }
+        stag = stag_top;
+    }
+    if (stag && cJSON_IsString(stag)) {
+        if (!(stag_parsed = cJSON_Parse(stag->valuestring))) { ret = BAD("'structural_tag' must be an object or its JSON text"); goto out; }
+        stag = stag_parsed;
+    }
+    if (stag) {
+        if (rp.grammar || rp.regex || rp.choices || rp.json_object || (schema && !cJSON_IsNull(schema))) {
+            ret = BAD("structural_tag constrains the output: give no other output constraint");
+            goto out;
+        }
+        const fl_status st = srv_structural_tag(stag, &stag_gram, stag_trig, &rp.n_grammar_triggers, err, sizeof err);
+        if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", err); goto out; }
+        rp.grammar = stag_gram;
+        rp.grammar_triggers = stag_trig;
+        rp.lazy_repeat = 1;
+    }
     /* llama.cpp's grammar_lazy with grammar_triggers [{"type": 0 token | 1 word | 2 pattern |
      * 3 pattern_full, "value": text, "token": id}] (the older {"word": text} too) */
     fl_grammar_trigger trig[FL_MAX_TRIGGERS];
@@ -1795,6 +1826,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     if (cJSON_IsTrue(glz)) {
         const cJSON *ta = cJSON_GetObjectItemCaseSensitive(j, "grammar_triggers"), *x;
         if (!rp.grammar) { ret = BAD("'grammar_lazy' needs a grammar"); goto out; }
+        if (stag) { ret = BAD("'grammar_lazy' does not go with structural_tag (its triggers are its own)"); goto out; }
         if (!cJSON_IsArray(ta) || cJSON_GetArraySize(ta) < 1 || cJSON_GetArraySize(ta) > FL_MAX_TRIGGERS) {
             ret = BAD("'grammar_lazy' needs 'grammar_triggers': an array of 1..%d {\"type\", \"value\", \"token\"}", FL_MAX_TRIGGERS);
             goto out;
@@ -2059,6 +2091,8 @@ out:
     cJSON_free(schema_text);
     cJSON_free(tool_schema);
     cJSON_free(tool_lazy);
+    cJSON_free(stag_gram);
+    cJSON_Delete(stag_parsed);
     cJSON_Delete(j);
     return ret;
 }

@@ -243,6 +243,10 @@ fl_status srv_tools_read(const struct cJSON *j, bool json_style, srv_tools *t, c
  * triggers fire) as *grammar (cJSON_free; NULL where t is not "auto") and trig[0, *n_trig) (at
  * most SRV_TOOLS_TRIGGERS; static texts), which look at the answer (lazy_after_think). */
 #define SRV_TOOLS_TRIGGERS 2
+/* vLLM's structural_tag ({"structures": [{"begin", "schema", "end"}], "triggers": [...]}) as a
+ * GBNF grammar (*grammar, cJSON_free) whose triggers trig[0, *n_trig) (at most 16; st's texts)
+ * start each structure, for a request with lazy_repeat; FL_ERR_INVALID with err, FL_ERR_NOMEM. */
+fl_status srv_structural_tag(const struct cJSON *st, char **grammar, fl_grammar_trigger *trig, int32_t *n_trig, char *err, size_t errn);
 fl_status srv_tools_lazy(const srv_tools *t, const struct cJSON *tools, char **grammar, fl_grammar_trigger *trig, int32_t *n_trig);
 /* How many bytes of the output so far may stream as content (the rest may be a call); from: the
  * bytes already streamed, where no tag starts (the scan begins there). */

@@ -22,6 +22,7 @@
  * A call's arguments are handed out as JSON text, as OpenAI's clients expect. */
 #include "server/server_int.h"
 #include "core/utf8.h"
+#include "engine/triggers.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -263,6 +264,67 @@ fl_status srv_tools_lazy(const srv_tools *t, const cJSON *tools, char **grammar,
     if (!g.st) g.st = srv_buf_printf(&g.b, "root ::= tagged%s | \"[TOOL_CALLS]\" tws arr | arr%s\n", t->parallel ? " ( tws tagged )*" : "",
                                      !t->json_style ? "" : t->parallel ? " | call ( tws call )*" : " | call");
     srv_buf_free(&calls);
+    return gram_out(&g, grammar);
+}
+
+/* vLLM's structural_tag in its first form, {"structures": [{"begin", "schema", "end"}],
+ * "triggers": [words]}: free text until a trigger appears; from there one structure, its begin
+ * (which starts with the trigger), a JSON value of its schema (the GBNF "required" builds, spaces
+ * of one around it), its end; then free text again (the engine's lazy_repeat).  The triggers'
+ * texts are st's (kept by the caller until the request is added). */
+fl_status srv_structural_tag(const cJSON *st, char **grammar, fl_grammar_trigger *trig, int32_t *n_trig, char *err, size_t errn) {
+    *grammar = NULL;
+    *n_trig = 0;
+    const cJSON *ss = cJSON_GetObjectItemCaseSensitive(st, "structures"), *ts = cJSON_GetObjectItemCaseSensitive(st, "triggers"), *x;
+    if (cJSON_IsObject(st) && cJSON_GetObjectItemCaseSensitive(st, "format")) {
+        snprintf(err, errn, "structural_tag: the 'format' form is not supported ({\"structures\": [...], \"triggers\": [...]} is)");
+        return FL_ERR_INVALID;
+    }
+    if (!cJSON_IsObject(st) || !cJSON_IsArray(ss) || cJSON_GetArraySize(ss) < 1 || cJSON_GetArraySize(ss) > SRV_MAX_TOOLS) {
+        snprintf(err, errn, "structural_tag needs 'structures': 1..%d {\"begin\", \"schema\", \"end\"}", SRV_MAX_TOOLS);
+        return FL_ERR_INVALID;
+    }
+    if (!cJSON_IsArray(ts) || cJSON_GetArraySize(ts) < 1 || cJSON_GetArraySize(ts) > FL_MAX_TRIGGERS) {
+        snprintf(err, errn, "structural_tag needs 'triggers': 1..%d texts", FL_MAX_TRIGGERS);
+        return FL_ERR_INVALID;
+    }
+    cJSON_ArrayForEach(x, ts) {
+        if (!cJSON_IsString(x) || !*x->valuestring || strlen(x->valuestring) > FL_TRIGGER_MAX_BYTES || !fl_utf8_is_valid(x->valuestring, strlen(x->valuestring))) {
+            snprintf(err, errn, "structural_tag: each trigger is a text of 1..%d bytes", FL_TRIGGER_MAX_BYTES);
+            return FL_ERR_INVALID;
+        }
+        trig[(*n_trig)++] = (fl_grammar_trigger){FL_TRIGGER_WORD, x->valuestring, -1};
+    }
+    gram g = {{0}, 0, FL_OK};
+    srv_buf root = {0};
+    int k = 0;
+    cJSON_ArrayForEach(x, ss) {
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(x, "begin"), *e = cJSON_GetObjectItemCaseSensitive(x, "end");
+        const cJSON *sch = cJSON_GetObjectItemCaseSensitive(x, "schema");
+        bool ok = cJSON_IsObject(x) && cJSON_IsString(b) && *b->valuestring && cJSON_IsString(e) && (!sch || cJSON_IsObject(sch) || cJSON_IsTrue(sch)) &&
+                  fl_utf8_is_valid(b->valuestring, strlen(b->valuestring)) && fl_utf8_is_valid(e->valuestring, strlen(e->valuestring));
+        bool reached = false;
+        const cJSON *t;
+        if (ok) cJSON_ArrayForEach(t, ts) reached = reached || !strncmp(b->valuestring, t->valuestring, strlen(t->valuestring));
+        if (!ok || !reached) {
+            snprintf(err, errn, !ok ? "structural_tag: structure %d must be {\"begin\": text, \"schema\": a JSON Schema, \"end\": text}"
+                                    : "structural_tag: structure %d's begin starts with none of the triggers", k);
+            srv_buf_free(&g.b);
+            srv_buf_free(&root);
+            return FL_ERR_INVALID;
+        }
+        const int id = sch && cJSON_IsObject(sch) ? gram_schema(&g, sch, 0) : 0;
+        gram r = {root, 0, g.st};
+        if (!r.st && k) r.st = srv_buf_append(&r.b, " | ", 3);
+        gram_lit(&r, b->valuestring);
+        if (!r.st) r.st = id ? srv_buf_printf(&r.b, " ws r%d ws ", id) : srv_buf_printf(&r.b, " ws jvalue ws ");
+        if (*e->valuestring) gram_lit(&r, e->valuestring);
+        root = r.b;
+        g.st = r.st;
+        k++;
+    }
+    if (!g.st) g.st = srv_buf_printf(&g.b, "%sroot ::= %s\n", GRAM_BASE, root.p);
+    srv_buf_free(&root);
     return gram_out(&g, grammar);
 }
 
