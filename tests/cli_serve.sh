@@ -529,6 +529,17 @@ check "--guide-mem 12K: JSON mode fits" '[ "$(status)" = 200 ] && [ "$(jq_ "d[\"
 m=$(curl -s "$U/metrics")
 check "metrics: the guide budget and its refusals" 'echo "$m" | grep -q "fitllm_memory_budget_bytes{category=\"guide\"} 12288" && echo "$m" | grep -Eq "fitllm_memory_refused_total\{category=\"guide\"\} [1-9]" && echo "$m" | grep -q "fitllm_memory_bytes{category=\"guide\"} 0"'
 kill -TERM "$PID_G"; wait "$PID_G"
+# constraints off (--guide-mem 0): a grammar is refused, but tool_choice auto goes without its lazy
+# grammar (the calls are read as they come), the same answer as tool_choice none
+start_server G0 -c 1024 --guide-mem 0
+U=$URL_G0
+TB='"messages":[{"role":"user","content":"Hi"}],"max_tokens":16,"temperature":0,"tools":[{"type":"function","function":{"name":"f"}}]'
+post "$U" /v1/chat/completions "{$TB,\"tool_choice\":\"none\"}"; NONE=$(jq_ 'd["choices"][0]["message"]["content"]')
+post "$U" /v1/chat/completions "{$TB}"
+check "--guide-mem 0: tool_choice auto still answers, without the calls' grammar" '[ "$(status)" = 200 ] && [ "$(jq_ "d[\"choices\"][0][\"message\"][\"content\"]")" = "$NONE" ]'
+post "$U" /v1/chat/completions "{$TB,\"grammar\":\"root ::= \\\"x\\\"\"}"
+check "--guide-mem 0: a grammar -> 400" '[ "$(status)" = 400 ]'
+kill -TERM "$PID_G0"; wait "$PID_G0"
 
 # --net-mem: the server's buffers, planned and enforced.  Requests fit; a body that can never be
 # buffered -> 413 naming the budget; /metrics shows it; below 64 KiB is refused at start

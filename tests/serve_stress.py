@@ -84,6 +84,12 @@ def body():
             {"choice": ["Lily", "Tom"]}, {"regex": "(Lily|Tom) [a-z]+"}, {"json": rng.choice(SCHEMAS)}, {"json_object": True},
             {"grammar": 'root ::= [a-z ]{1,20} "."'}, {"json": "{\"type\":"}, {"choice": "a", "regex": 3}, {"nope": 1},
             {"json_object": True, "disable_any_whitespace": rng.choice([True, False])}, {"structural_tag": "x"}, [], odd()])
+        if rng.random() < 0.5:  # vLLM's structural_tag, valid or not (Lily comes often: structures again and again)
+            tag = {"structures": [{"begin": rng.choice(["Lily", "Tom", "Li"]), "schema": rng.choice(SCHEMAS + [True, False]),
+                                   "end": rng.choice(["!", "", "</x>", odd()])}], "triggers": rng.choice([["Lily"], ["L", "T"], [], [""], odd()])}
+            where = rng.choice(["structured_outputs", "structural_tag", "response_format"])
+            d[where] = ({"structural_tag": rng.choice([tag, json.dumps(tag)])} if where == "structured_outputs" else
+                        tag if where == "structural_tag" else dict(tag, type="structural_tag"))
     elif r < 0.32 and chat:  # tool calling, valid or not: tools, tool_choice, calls and results in the messages
         tool = {"type": "function", "function": {"name": "f", "parameters": rng.choice(SCHEMAS[:4] + [{"type": "object"}, odd()])}}
         d["tools"] = rng.choice([[tool], [tool, {"type": "function", "function": {"name": "g"}}], [], [{"type": "function"}],

@@ -2057,6 +2057,14 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         rp.n_prompt = (int32_t)gp[k].n;
         rp.max_tokens = (int32_t)mt;
         fl_status st = fl_engine_add(s->engine, &rp, &r->pr[k].id);
+        if (st != FL_OK && st != FL_ERR_NOMEM && r->tool_lazy) { /* the calls' grammar helps, it was not asked for: where the
+                                                                 * constraints' memory (guide_mem) cannot take it, none */
+            rp.grammar = NULL;
+            rp.grammar_triggers = NULL;
+            rp.n_grammar_triggers = rp.lazy_after_think = 0;
+            r->tool_lazy = false;
+            st = fl_engine_add(s->engine, &rp, &r->pr[k].id);
+        }
         if (st != FL_OK) {
             r->n_pr = k; /* the ones queued go again */
             srv_cancel(s, r);
