@@ -7,7 +7,7 @@
 # recognizer of constrained decoding against a plain validator), fuzz_json_schema (JSON
 # Schema compiled and followed), fuzz_regex (guided_regex's two matchers against each other) and
 # fuzz_grammar (GBNF: pieces, keys, the vocabulary walk against a check per token), fuzz_tools
-# (tool calling's requests, grammars and output reading; the reasoning split)
+# (tool calling's requests, grammars, triggers and output reading, structural tags; the reasoning split)
 # for a third of that each.  Skips
 # (77) when clang or libFuzzer is not installed.
 # usage: cli_fuzz.sh FITLLM SHARED_DIR
@@ -139,11 +139,15 @@ bodies = [{"tools": [w, a], "tool_choice": "required"}, {"tools": [w], "tool_cho
           {"tools": [w, a]}, {"tools": [], "tool_choice": "none"}, {"tools": [w, w]},
           {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
                         {"role": "assistant", "content": "<think>a</think>\n\nOnce", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]},
-          {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}, {"role": "tool", "content": "42"}]}]
+          {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}, {"role": "tool", "content": "42"}]},
+          {"tools": [w], "structural_tag": {"structures": [{"begin": "<f=get_weather>", "schema": w["function"]["parameters"], "end": "</f>"},
+                                                           {"begin": "<f=now>", "end": ""}], "triggers": ["<f="]}}]
 outs = ['Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', '[{"name":"get_weather","parameters":{"city":"Paris"}}]',
         '{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"x": [1]}}', '[TOOL_CALLS] [{"name":"f","arguments":{}}]',
         '<think>\nhmm <tool_call>\n</think>\n\nanswer', 'plain answer', '  <think>never closed', '{"a": 1}',
-        '[ {"name": "a", "parameters": {"s": "x\\"}]"}}, {"name":"b","arguments":[1, "2"]} ]', '[{"name": "c", "parameters": 3}]']
+        '[ {"name": "a", "parameters": {"s": "x\\"}]"}}, {"name":"b","arguments":[1, "2"]} ]', '[{"name": "c", "parameters": 3}]',
+        '<tool_call>{"name":"a","arguments":{"s":"</tool_call>"}}</tool_call>\n<tool_call>{"name":"b","parameters":7}</tool_call>',
+        '<think>x</think><tool_call>{"name": "add", "arguments": {}}</tool_call> more']
 for i, b in enumerate(bodies):
     for k, o in enumerate(outs):
         open('%s/t%d_%d' % (sys.argv[1], i, k), 'wb').write(bytes([(i * 37 + k * 11) & 255]) + json.dumps(b).encode() + b'\0' + o.encode())

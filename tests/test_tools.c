@@ -207,6 +207,7 @@ static void test_lazy(void **state) {
         {"<think>a</think>b</think><tool_call>", 0, 1, 0, 25}, /* (past the first </think>: the answer) */
         {"<think>a</thi", 0, 1, 0, -1},
         {"  <thinking> <tool_call>", 0, 1, 0, 13},               /* not <think> */
+        {"ab\x9a{\"name\"", 1, 0, 0, -1},                       /* (a full pattern spans the whole output, invalid bytes and all) */
     };
     for (size_t i = 0; i < sizeof fire / sizeof *fire; i++) {
         t = (srv_tools){.mode = SRV_TOOLS_AUTO, .json_style = fire[i].json, .parallel = true};

@@ -170,6 +170,9 @@ int64_t fl_triggers_find(fl_triggers *x, const char *text, size_t n, size_t last
             return -2;
         }
         const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(x->md);
+        /* (past an invalid UTF-8 sequence PCRE2 matches the next valid stretch of text on its own,
+         * anchored there: a full pattern must span all of it) */
+        if (y->type == FL_TRIGGER_PATTERN_FULL && (ov[0] != 0 || ov[1] != n)) continue;
         return (int64_t)base + (rc > 1 && ov[2] != PCRE2_UNSET ? (int64_t)ov[2] : (int64_t)ov[0]);
     }
     return -1;

@@ -251,7 +251,7 @@ fl_status srv_tools_lazy(const srv_tools *t, const cJSON *tools, char **grammar,
         "\\s*(\\{\\s*\"name\"[\\s\\S]*|\\[TOOL_CALLS\\][\\s\\S]*|\\[\\s*\\{\\s*\"name\"[\\s\\S]*)"};
     *grammar = NULL;
     *n_trig = 0;
-    if (t->mode != SRV_TOOLS_AUTO || !tools) return FL_OK;
+    if (t->mode != SRV_TOOLS_AUTO || !cJSON_GetArraySize(tools)) return FL_OK;
     trig[(*n_trig)++] = (fl_grammar_trigger){FL_TRIGGER_PATTERN_FULL, START[t->json_style], -1};
     trig[(*n_trig)++] = (fl_grammar_trigger){FL_TRIGGER_WORD, TAG_OPEN, -1};
     gram g = {{0}, 0, FL_OK};
@@ -265,6 +265,15 @@ fl_status srv_tools_lazy(const srv_tools *t, const cJSON *tools, char **grammar,
                                      !t->json_style ? "" : t->parallel ? " | call ( tws call )*" : " | call");
     srv_buf_free(&calls);
     return gram_out(&g, grammar);
+}
+
+/* v printed as JSON is valid UTF-8: 1, 0 not, -1 out of memory */
+static int json_utf8(const cJSON *v) {
+    char *all = cJSON_PrintUnformatted(v);
+    if (!all) return -1;
+    const bool ok = fl_utf8_is_valid(all, strlen(all));
+    cJSON_free(all);
+    return ok;
 }
 
 /* vLLM's structural_tag in its first form, {"structures": [{"begin", "schema", "end"}],
@@ -288,8 +297,14 @@ fl_status srv_structural_tag(const cJSON *st, char **grammar, fl_grammar_trigger
         snprintf(err, errn, "structural_tag needs 'triggers': 1..%d texts", FL_MAX_TRIGGERS);
         return FL_ERR_INVALID;
     }
+    const int utf8 = json_utf8(st); /* (its texts and schemas become the grammar's literals) */
+    if (utf8 < 0) return FL_ERR_NOMEM;
+    if (!utf8) {
+        snprintf(err, errn, "structural_tag must be valid UTF-8");
+        return FL_ERR_INVALID;
+    }
     cJSON_ArrayForEach(x, ts) {
-        if (!cJSON_IsString(x) || !*x->valuestring || strlen(x->valuestring) > FL_TRIGGER_MAX_BYTES || !fl_utf8_is_valid(x->valuestring, strlen(x->valuestring))) {
+        if (!cJSON_IsString(x) || !*x->valuestring || strlen(x->valuestring) > FL_TRIGGER_MAX_BYTES) {
             snprintf(err, errn, "structural_tag: each trigger is a text of 1..%d bytes", FL_TRIGGER_MAX_BYTES);
             return FL_ERR_INVALID;
         }
@@ -301,8 +316,7 @@ fl_status srv_structural_tag(const cJSON *st, char **grammar, fl_grammar_trigger
     cJSON_ArrayForEach(x, ss) {
         const cJSON *b = cJSON_GetObjectItemCaseSensitive(x, "begin"), *e = cJSON_GetObjectItemCaseSensitive(x, "end");
         const cJSON *sch = cJSON_GetObjectItemCaseSensitive(x, "schema");
-        bool ok = cJSON_IsObject(x) && cJSON_IsString(b) && *b->valuestring && cJSON_IsString(e) && (!sch || cJSON_IsObject(sch) || cJSON_IsTrue(sch)) &&
-                  fl_utf8_is_valid(b->valuestring, strlen(b->valuestring)) && fl_utf8_is_valid(e->valuestring, strlen(e->valuestring));
+        const bool ok = cJSON_IsObject(x) && cJSON_IsString(b) && *b->valuestring && cJSON_IsString(e) && (!sch || cJSON_IsObject(sch) || cJSON_IsTrue(sch));
         bool reached = false;
         const cJSON *t;
         if (ok) cJSON_ArrayForEach(t, ts) reached = reached || !strncmp(b->valuestring, t->valuestring, strlen(t->valuestring));
@@ -371,10 +385,8 @@ fl_status srv_tools_read(const cJSON *j, bool json_style, srv_tools *t, const cJ
                     return FL_ERR_INVALID;
                 }
         }
-        char *all = cJSON_PrintUnformatted(tools); /* (the prompt shows them, a grammar may spell them) */
-        if (!all) return FL_ERR_NOMEM;
-        const bool utf8 = fl_utf8_is_valid(all, strlen(all));
-        cJSON_free(all);
+        const int utf8 = json_utf8(tools); /* (the prompt shows them, a grammar may spell them) */
+        if (utf8 < 0) return FL_ERR_NOMEM;
         if (!utf8) {
             snprintf(err, errn, "'tools' must be valid UTF-8");
             return FL_ERR_INVALID;

@@ -19,9 +19,17 @@
  *   - --chat-template's resolution of the output as an argument gives NULL or text;
  *   - "required" calls read piece by piece: pieces in order inside the output, headers numbered
  *     0, 1, ..., arguments only of the last call begun, and the same pieces' text whether the
- *     output comes whole or in two parts.
+ *     output comes whole or in two parts; "auto" calls likewise from where the hold stops, once
+ *     they start there (srv_tools_auto_start);
+ *   - "auto"'s lazy grammar (srv_tools_lazy) always compiles, and so do its triggers; a body's
+ *     structural_tag is read or refused with a message, and its grammar compiles;
+ *   - the triggers of the auto grammar, looking past the reasoning or not, fire inside the output,
+ *     and where they fire on a prefix given a byte at a time, the whole output (valid UTF-8) fires
+ *     no later.
  */
+#include "core/utf8.h"
 #include "engine/grammar.h"
+#include "engine/triggers.h"
 #include "server/server_int.h"
 
 #include <cjson/cJSON.h>
@@ -36,9 +44,8 @@
 
 /* Read out's calls piece by piece, the output given up to cut first (then whole): a digest of the
  * pieces (each call's name and arguments, and the end state) into d, 0 on overflow. */
-static size_t scan_digest(const char *out, size_t n, size_t cut, char *d, size_t cap) {
-    srv_call_scan c;
-    memset(&c, 0, sizeof c);
+static size_t scan_digest(const srv_call_scan *c0, const char *out, size_t n, size_t cut, char *d, size_t cap) {
+    srv_call_scan c = *c0;
     size_t dn = 0, last = 0;
     int32_t calls = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -60,6 +67,14 @@ static size_t scan_digest(const char *out, size_t n, size_t cut, char *d, size_t
     if (dn + 1 > cap) return 0;
     d[dn++] = srv_calls_done(&c) ? 'D' : srv_calls_off(&c) ? 'O' : 'P';
     return dn;
+}
+
+/* a grammar the server built compiles (it is ours), but for want of memory */
+static void grammar_compiles(const char *gbnf) {
+    fl_grammar_guide *g = NULL;
+    const fl_status gs = fl_grammar_guide_new(gbnf, &g);
+    CHECK(gs == FL_OK || gs == FL_ERR_NOMEM || gs == FL_ERR_BUDGET);
+    fl_grammar_guide_free(g);
 }
 
 static void check_calls(const cJSON *calls, size_t content_len, size_t n) {
@@ -101,14 +116,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (st == FL_OK) {
             CHECK((constraint != NULL) == (t.mode == SRV_TOOLS_REQUIRED || t.mode == SRV_TOOLS_NAMED));
             CHECK(t.mode == SRV_TOOLS_NONE || tools != NULL);
-            if (gr) {
-                fl_grammar_guide *g = NULL;
-                const fl_status gs = fl_grammar_guide_new(constraint, &g);
-                CHECK(gs == FL_OK || gs == FL_ERR_NOMEM || gs == FL_ERR_BUDGET);
-                fl_grammar_guide_free(g);
+            if (gr) grammar_compiles(constraint);
+            char *lz = NULL;
+            fl_grammar_trigger trig[SRV_TOOLS_TRIGGERS];
+            int32_t nt = 0;
+            const fl_status ls = srv_tools_lazy(&t, tools, &lz, trig, &nt);
+            CHECK(ls == FL_OK || ls == FL_ERR_NOMEM);
+            if (ls == FL_OK) CHECK((lz != NULL) == (t.mode == SRV_TOOLS_AUTO && tools) && nt >= 0 && nt <= SRV_TOOLS_TRIGGERS);
+            if (lz) {
+                grammar_compiles(lz);
+                fl_triggers *x = NULL;
+                const fl_status ts = fl_triggers_new(trig, nt, 100, (sel >> 5) % 3, &x);
+                CHECK(ts == FL_OK || ts == FL_ERR_NOMEM);
+                fl_triggers_free(x);
             }
+            cJSON_free(lz);
         }
         cJSON_free(constraint);
+        const cJSON *stag = cJSON_GetObjectItemCaseSensitive(j, "structural_tag");
+        if (stag) {
+            char *sg = NULL, serr[256] = "";
+            fl_grammar_trigger trig[FL_MAX_TRIGGERS];
+            int32_t nt = 0;
+            const fl_status ss = srv_structural_tag(stag, &sg, trig, &nt, serr, sizeof serr);
+            CHECK(ss == FL_OK || ss == FL_ERR_NOMEM || (ss == FL_ERR_INVALID && serr[0] && !sg));
+            if (ss == FL_OK) {
+                CHECK(sg && nt >= 1 && nt <= FL_MAX_TRIGGERS);
+                grammar_compiles(sg);
+            }
+            cJSON_free(sg);
+        }
         const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
         if (msgs) {
             static const char *const tmpls[] = {NULL, "<|im_start|>", "<|start_header_id|>", "<|user|><|end|>", "[INST]",
@@ -158,12 +195,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         srv_buf_free(&content);
     }
 
-    /* "required" calls piece by piece: whole, and in two parts, the same (arguments may come in
-     * more pieces: their markers are dropped before comparing) */
-    {
+    /* "required" calls piece by piece (and "auto" ones where they start at the hold): whole, and
+     * in two parts, the same (arguments may come in more pieces: their markers are dropped before
+     * comparing) */
+    srv_call_scan c0;
+    memset(&c0, 0, sizeof c0);
+    const int started = t.mode == SRV_TOOLS_AUTO && h < n ? srv_tools_auto_start(&t, out, n, h, &c0) : 0;
+    CHECK(started >= -1 && started <= 1);
+    if (t.mode == SRV_TOOLS_REQUIRED || started > 0) {
         static char d1[1 << 16], d2[1 << 16];
         const size_t cut = n ? (size_t)(sel >> 4) * n / 15 : 0;
-        const size_t l1 = scan_digest(out, n, n, d1, sizeof d1), l2 = scan_digest(out, n, cut, d2, sizeof d2);
+        const size_t l1 = scan_digest(&c0, out, n, n, d1, sizeof d1), l2 = scan_digest(&c0, out, n, cut, d2, sizeof d2);
         if (l1 && l2) {
             size_t w1 = 0, w2 = 0;
             for (size_t q = 0; q < l1; q++)
@@ -172,6 +214,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (d2[q] != '\x02') d2[w2++] = d2[q];
             CHECK(w1 == w2 && !memcmp(d1, d2, w1));
         }
+    }
+
+    /* the auto grammar's triggers: a byte at a time up to cut, then whole */
+    if (t.mode == SRV_TOOLS_AUTO) {
+        char *lz = NULL;
+        fl_grammar_trigger trig[SRV_TOOLS_TRIGGERS];
+        int32_t nt = 0;
+        cJSON *one = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]");
+        if (one && srv_tools_lazy(&t, one, &lz, trig, &nt) == FL_OK && lz) {
+            fl_triggers *x = NULL, *y = NULL;
+            const int32_t after = (sel >> 5) % 3;
+            if (fl_triggers_new(trig, nt, 100, after, &x) == FL_OK && fl_triggers_new(trig, nt, 100, after, &y) == FL_OK) {
+                const size_t cut = n ? (size_t)(sel >> 4) * n / 15 : 0;
+                int64_t at = -1;
+                for (size_t m = 1; m <= cut && at == -1; m++) at = fl_triggers_find(x, out, m, 1, 0);
+                const int64_t whole = fl_triggers_find(y, out, n, n, 0);
+                CHECK(at >= -2 && (at < 0 || (size_t)at <= cut));
+                CHECK(whole >= -2 && (whole < 0 || (size_t)whole <= n));
+                /* (a full pattern cannot span an invalid UTF-8 sequence: one that came later stops it) */
+                if (at >= 0 && fl_utf8_is_valid(out, n)) CHECK(whole >= 0 && whole <= at);
+            }
+            fl_triggers_free(x);
+            fl_triggers_free(y);
+        }
+        cJSON_free(lz);
+        cJSON_Delete(one);
     }
 
     /* the reasoning split, whole and for a prefix */
