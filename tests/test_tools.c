@@ -280,14 +280,15 @@ static void test_structural_tag(void **state) {
     fl_grammar_trigger trig[FL_MAX_TRIGGERS];
     int32_t nt = 0;
     cJSON *st = cJSON_Parse("{\"structures\":[{\"begin\":\"<f=add>\",\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
-                            "\"required\":[\"a\"]},\"end\":\"</f>\"},{\"begin\":\"<f=now>\",\"end\":\"</f>\"}],\"triggers\":[\"<f=\"]}");
+                            "\"required\":[\"a\"]},\"end\":\"</f>\"},{\"begin\":\"<f=now>\",\"end\":\"\"}],\"triggers\":[\"<f=\"]}");
     assert_int_equal(srv_structural_tag(st, &gbnf, trig, &nt, err, sizeof err), FL_OK);
     assert_int_equal(nt, 1);
     assert_int_equal(trig[0].type, FL_TRIGGER_WORD);
     assert_string_equal(trig[0].value, "<f=");
     static const struct { const char *text; int ok; } cases[] = {
-        {"<f=add>{\"a\": 3}</f>", 1}, {"<f=add> {\"a\":-3} </f>", 1}, {"<f=now>[1, \"x\"]</f>", 1}, {"<f=now>{}</f>", 1},
+        {"<f=add>{\"a\": 3}</f>", 1}, {"<f=add> {\"a\":-3} </f>", 1}, {"<f=now>[1, \"x\"]", 1}, {"<f=now> {}", 1},
         {"<f=add>{\"a\": \"3\"}</f>", 0}, {"<f=add>{\"a\": 3}", 0}, {"<f=sub>{}</f>", 0}, {"<f=add>{\"a\": 3}</f>x", 0},
+        {"<f=now>{} ", 0}, /* (no end: nothing after the value) */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         if (lazy_accepts(gbnf, cases[i].text) != cases[i].ok) fail_msg("%s: expected %d\n%s", cases[i].text, cases[i].ok, gbnf);

@@ -19,7 +19,6 @@ struct fl_triggers {
     pcre2_match_data *md;
     int32_t n;
     trigger t[FL_MAX_TRIGGERS];
-    int32_t after_think;
     enum { PH_START, PH_THINK, PH_ANSWER } phase; /* where the output is (after_think) */
     size_t scan, base; /* PH_THINK: </think> does not start before scan; PH_ANSWER: the answer's first byte */
 };
@@ -41,7 +40,6 @@ fl_status fl_triggers_new(const fl_grammar_trigger *t, int32_t n, int32_t n_voca
     if (after_think < 0 || after_think > 2) return fl_set_error(FL_ERR_INVALID, "grammar triggers: lazy_after_think %d (0..2)", after_think);
     fl_triggers *x = fl_calloc(FL_MEM_GUIDE, 1, sizeof *x);
     if (!x) return fl_set_error(FL_ERR_NOMEM, "grammar triggers: out of memory");
-    x->after_think = after_think;
     x->phase = after_think == 0 ? PH_ANSWER : after_think == 2 ? PH_THINK : PH_START;
     fl_status st = FL_OK;
     pcre2_compile_context *cctx = NULL;

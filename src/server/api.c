@@ -1438,7 +1438,6 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     cJSON *stag_parsed = NULL; /* parsed from its text */
     char *stag_gram = NULL;    /* as a grammar (srv_structural_tag) */
     fl_grammar_trigger stag_trig[FL_MAX_TRIGGERS];
-    bool tool_lazy_on = false;
     char *tool_lazy = NULL;    /* tool_choice "auto": the calls' lazy grammar (srv_tools_lazy) */
     fl_grammar_trigger tool_trig[SRV_TOOLS_TRIGGERS];
     cJSON *j = pre ? pre : cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
@@ -1890,7 +1889,6 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
             rp.grammar = tool_lazy;
             rp.grammar_triggers = tool_trig;
             rp.lazy_after_think = !reasoning ? 0 : think_open ? 2 : 1; /* (a call the model thinks about stays free) */
-            tool_lazy_on = true;
         }
     }
     /* logit_bias: {"token id": bias in [-100, 100]} */
@@ -2020,7 +2018,7 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     r->tools = tools_rd;
     r->reasoning = reasoning;
     r->think_open = think_open;
-    r->tool_lazy = tool_lazy_on;
+    r->tool_lazy = tool_lazy != NULL;
     if (nat) {
         r->native = true;
         r->return_tokens = nat->return_tokens;

@@ -331,7 +331,8 @@ fl_status srv_structural_tag(const cJSON *st, char **grammar, fl_grammar_trigger
         gram r = {root, 0, g.st};
         if (!r.st && k) r.st = srv_buf_append(&r.b, " | ", 3);
         gram_lit(&r, b->valuestring);
-        if (!r.st) r.st = id ? srv_buf_printf(&r.b, " ws r%d ws ", id) : srv_buf_printf(&r.b, " ws jvalue ws ");
+        if (!r.st) r.st = id ? srv_buf_printf(&r.b, " ws r%d", id) : srv_buf_printf(&r.b, " ws jvalue");
+        if (!r.st && *e->valuestring) r.st = srv_buf_append(&r.b, " ws ", 4); /* (no end: free again right after the value) */
         if (*e->valuestring) gram_lit(&r, e->valuestring);
         root = r.b;
         g.st = r.st;
