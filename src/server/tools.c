@@ -518,33 +518,15 @@ static cJSON *call_of(const cJSON *o, uint64_t seed, int idx) {
     return c;
 }
 
-/* The JSON values of s[0..n), one after another (spaces, commas, semicolons between): each an
- * object that is a call added to calls; false if any is not. */
-static bool calls_of_objects(const char *s, size_t n, cJSON *calls, uint64_t seed) {
-    size_t i = skip_ws(s, 0, n);
-    if (i == n) return false;
-    while (i < n) {
-        const char *end = NULL;
-        cJSON *o = cJSON_ParseWithLengthOpts(s + i, n - i, &end, false);
-        cJSON *c = o ? call_of(o, seed, cJSON_GetArraySize(calls)) : NULL;
-        cJSON_Delete(o);
-        if (!c) return false;
-        cJSON_AddItemToArray(calls, c);
-        i = (size_t)(end - s);
-        while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r' || s[i] == ';' || s[i] == ',')) i++;
-    }
-    return true;
-}
-
-/* The calls of a tagged block whose text starts at s[a]: one or more call objects (spaces,
- * commas, semicolons between), then spaces and the closing tag, or the end of the output (a last
- * call may end there untagged); *b past it.  False (calls maybe added) where it is not that. */
-static bool tagged_calls(const char *s, size_t n, size_t a, cJSON *calls, uint64_t seed, size_t *b) {
+/* Call objects from s[a] on (spaces between, and commas or semicolons after the first), to the
+ * end of s[0..n) or, with tagged, to a closing tag (*b past it; n at the end): false where a value
+ * is not a call, or there is none (calls maybe added). */
+static bool read_calls(const char *s, size_t n, size_t a, bool tagged, cJSON *calls, uint64_t seed, size_t *b) {
     size_t j = a;
     int got = 0;
     for (;;) {
-        while (j < n && (s[j] == ' ' || s[j] == '\n' || s[j] == '\t' || s[j] == '\r' || s[j] == ';' || s[j] == ',')) j++;
-        if (j == n || (n - j >= sizeof TAG_CLOSE - 1 && !memcmp(s + j, TAG_CLOSE, sizeof TAG_CLOSE - 1))) {
+        while (j < n && (s[j] == ' ' || s[j] == '\n' || s[j] == '\t' || s[j] == '\r' || (got && (s[j] == ';' || s[j] == ',')))) j++;
+        if (j == n || (tagged && n - j >= sizeof TAG_CLOSE - 1 && !memcmp(s + j, TAG_CLOSE, sizeof TAG_CLOSE - 1))) {
             *b = j == n ? n : j + sizeof TAG_CLOSE - 1;
             return got > 0;
         }
@@ -618,7 +600,8 @@ cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, uint64_t 
         i0 = skip_ws(text, i0 + sizeof MISTRAL_CALLS - 1, n);
     if (i0 < n && text[i0] == '[' && calls_of_array(text + i0, n - i0, calls, seed)) return calls;
     /* Llama 3's bare objects, or tagged calls with content around them */
-    if (t->json_style && calls_of_objects(text, n, calls, seed)) return calls;
+    size_t b = 0;
+    if (t->json_style && read_calls(text, n, 0, false, calls, seed, &b)) return calls;
     cJSON_Delete(calls);
     if (!(calls = cJSON_CreateArray())) return NULL;
     size_t i = 0;
@@ -627,8 +610,7 @@ cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, uint64_t 
         if (!o) break;
         const size_t a = (size_t)(o - text) + sizeof TAG_OPEN - 1;
         const int before = cJSON_GetArraySize(calls);
-        size_t b = 0;
-        if (tagged_calls(text, n, a, calls, seed, &b)) { /* (its closing tag after the objects: one inside a string is theirs) */
+        if (read_calls(text, n, a, true, calls, seed, &b)) { /* (its closing tag after the objects: one inside a string is theirs) */
             srv_buf_append(content, text + i, (size_t)(o - text) - i);
             i = b;
             continue;
