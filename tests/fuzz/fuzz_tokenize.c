@@ -14,7 +14,8 @@
  *   - every id is in the vocabulary, a BOS comes first exactly when add_special and the vocab
  *     adds one;
  *   - without parse_special the pieces give the text back: detokenize (leading space removed)
- *     equals the text for the vocabularies without llama.cpp's space clean-up, and the plain
+ *     equals the text (an SPM vocabulary's space mark U+2581 in it given back as a space) for the
+ *     vocabularies without llama.cpp's space clean-up, and the plain
  *     concatenation of fl_token_to_piece equals it for the others (in both, bytes the vocabulary
  *     has no token for may be missing, as in llama.cpp);
  *   - detokenize into a buffer one byte short fails with FL_ERR_RANGE.
@@ -97,7 +98,11 @@ static void find_lacking(vocab *v) {
 static bool equal_but_lacking(const vocab *v, const char *got, size_t n, const char *want, size_t len) {
     size_t i = 0;
     for (size_t j = 0; j < len; j++) {
-        if (i < n && got[i] == want[j]) i++;
+        if (v->spm && i < n && got[i] == ' ' && len - j >= 3 && !memcmp(want + j, "\xe2\x96\x81", 3)) { /* SPM's space mark, in the text
+                                                                                                       * too, comes back a space (as in llama.cpp) */
+            i++;
+            j += 2;
+        } else if (i < n && got[i] == want[j]) i++;
         else if (!v->lacks[(unsigned char)want[j]]) return false;
     }
     return i == n;
