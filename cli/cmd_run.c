@@ -17,6 +17,7 @@
 #include "dist/dist.h"
 #include "dist/tp.h"
 #include "kv/kv_cache.h"
+#include "kernels/ops.h"
 #include "kv/kv_contig.h"
 
 #include <cjson/cJSON.h>
@@ -224,9 +225,7 @@ static fl_status drafter_run(run_drafter *d, const int32_t *gen, int64_t n, int3
     }
     d->n = n;
     for (int32_t j = 0; j < k; j++) {
-        int32_t best = 0;
-        for (int32_t v = 1; v < d->n_vocab; v++)
-            if (d->logits[v] > d->logits[best]) best = v;
+        int32_t best = (int32_t)fl_ops_kernels_get()->argmax(d->logits, d->n_vocab);
         if (d->p_min > 0) { /* its probability: 1 / sum of exp(x - max) */
             double sum = 0;
             for (int32_t v = 0; v < d->n_vocab; v++) sum += exp((double)d->logits[v] - (double)d->logits[best]);

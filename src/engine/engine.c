@@ -354,8 +354,7 @@ static bool grammar_closed(fl_engine *e, fl_request *r) {
 static fl_status grammar_take(fl_request *r, const char *s, size_t n, int32_t tok) {
     if (!r->lazy) return fl_grammar_guide_feed(r->grammar, s, n);
     if (r->ltext_len + n + 1 > r->ltext_cap) {
-        size_t cap = r->ltext_cap ? r->ltext_cap : 256;
-        while (cap < r->ltext_len + n + 1) cap *= 2;
+        const size_t cap = (size_t)fl_cap_double(r->ltext_cap ? (int64_t)r->ltext_cap : 256, (int64_t)(r->ltext_len + n + 1));
         char *t = fl_realloc(FL_MEM_GUIDE, r->ltext, r->ltext_cap, cap, 0);
         if (!t) return fl_set_error(FL_ERR_NOMEM, "lazy grammar: no memory for the output");
         r->ltext = t;
