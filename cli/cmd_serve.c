@@ -93,6 +93,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"pooling", 0, FL_OPT_STR, "mean|last  how /v1/embeddings pools a prompt's states (default mean; llama.cpp's --pooling)"},
         {"reasoning-format", 0, FL_OPT_STR, "none|deepseek  chat: deepseek (default, llama.cpp's): an output's <think>...</think> (or, where the template opens the thinking as DeepSeek-R1's does, all before </think>) goes to message.reasoning_content; none: all of it is content (a request's reasoning_format overrides)"},
         {"spm-infill", 0, FL_OPT_FLAG, "/infill lays the prompt out suffix first, then the prefix (llama.cpp's --spm-infill; default: prefix first)"},
+        {"responses-mem", 0, FL_OPT_BYTES, "BYTES  /v1/responses: the most bytes of stored responses, for previous_response_id and GET /v1/responses/{id} (default 16M, 0 keeps none); the least recently used go first; counted in the server's buffers (with --net-mem, at most a quarter of it)"},
         {"regex-pcre2", 0, FL_OPT_FLAG, "guided_regex always on PCRE2's matcher (by default a pattern of the common subset runs as a grammar: masks kept by canonical state, byte tokens offered)"},
         FL_CLI_CHAT_TEMPLATE_OPTS,
         FL_CLI_SPEC_OPTS,
@@ -105,6 +106,8 @@ int fl_cmd_serve(int argc, char **argv) {
                           "fitllm serve -m MODEL [--host 127.0.0.1] [--port 8080] [--mem BYTES | --kv-mem BYTES] [options]",
                           "Serve MODEL over an OpenAI-compatible HTTP API: POST /v1/completions,\n"
                           "POST /v1/chat/completions (streaming with \"stream\": true), GET /v1/models,\n"
+                          "POST /v1/responses (OpenAI's Responses API: input items, previous_response_id,\n"
+                          "typed stream events; GET/DELETE /v1/responses/{id}, .../input_items),\n"
                           "POST /tokenize and /detokenize (vLLM's and llama.cpp's fields), GET /health,\n"
                           "GET /metrics (Prometheus), GET/POST /lora-adapters (llama.cpp's: the adapters'\n"
                           "scales for requests that name none), POST /v1/load_lora_adapter and\n"
@@ -278,6 +281,7 @@ int fl_cmd_serve(int argc, char **argv) {
     sp.lora_paths = lora_paths;
     sp.pooling = !strcmp(pool, "last") ? FL_POOLING_LAST : FL_POOLING_MEAN;
     sp.spm_infill = fl_args_get(opts, "spm-infill")->set;
+    if (fl_args_get(opts, "responses-mem")->set) sp.responses_mem = fl_args_get(opts, "responses-mem")->i;
     if (fl_args_get(opts, "reasoning-format")->set) {
         const char *rf = fl_args_get(opts, "reasoning-format")->str;
         if (strcmp(rf, "none") && strcmp(rf, "deepseek")) {

@@ -465,6 +465,8 @@ typedef struct fl_server_params {
                                  * goes to message.reasoning_content (docs/SERVER.md); 0: all of it is content */
     int32_t spm_infill;         /* /infill lays the prompt out suffix first (llama.cpp's --spm-infill); 0 (default):
                                  * prefix first */
+    int64_t responses_mem;      /* /v1/responses: the most bytes of stored responses (previous_response_id, GET);
+                                 * default 16 MiB, 0 none; charged to FL_MEM_NET (with its budget, at most a quarter) */
 } fl_server_params;
 
 void fl_server_params_default(fl_server_params *p);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The official `openai` npm client (v6, Node 20) against `fitllm serve` on stories260K:
-# one chat completion (plain and with logprobs) and one streamed completion.  Usage: cli_openai.sh FITLLM_BIN SHARED_DIR
+# one chat completion (plain and with logprobs), one streamed completion, and the Responses API
+# (create, stream, retrieve, previous_response_id, delete).  Usage: cli_openai.sh FITLLM_BIN SHARED_DIR
 set -u
 BIN=$1; SHARED=$2
 MODEL=$SHARED/models/stories260K.gguf
@@ -48,6 +49,29 @@ check("streamed text equals the non-streamed text", text === full.choices[0].tex
 check("finish_reason length", finish === "length");
 try { await client.completions.create({ model: "x", prompt: "", max_tokens: 3 }); check("empty prompt rejected", false); }
 catch (e) { check("empty prompt rejected with 400", e.status === 400); }
+// the Responses API (client.responses): output_text (the SDK's own helper), a stream of typed
+// events, retrieve, a conversation by previous_response_id, delete
+const resp = await client.responses.create({ model: models.data[0].id, input: "Once upon a time", max_output_tokens: 16, temperature: 0 });
+const same = await client.chat.completions.create({
+  model: models.data[0].id, messages: [{ role: "user", content: "Once upon a time" }], max_tokens: 16, temperature: 0 });
+check("responses.create: output_text is the chat completion's text",
+  resp.object === "response" && resp.output_text === same.choices[0].message.content && resp.usage.output_tokens === 16);
+const rstream = await client.responses.create({ model: models.data[0].id, input: "Once upon a time", max_output_tokens: 16, temperature: 0, stream: true });
+let rtext = "", types = [], final = null;
+for await (const ev of rstream) {
+  types.push(ev.type);
+  if (ev.type === "response.output_text.delta") rtext += ev.delta;
+  if (ev.type === "response.completed" || ev.type === "response.incomplete") final = ev.response;
+}
+check("responses stream: typed events, the deltas add up to output_text",
+  types[0] === "response.created" && final !== null && rtext === resp.output_text && final.output[0].content[0].text === rtext);
+const got = await client.responses.retrieve(resp.id);
+check("responses.retrieve", got.id === resp.id && got.output[0].content[0].text === resp.output_text);
+const next = await client.responses.create({ model: models.data[0].id, previous_response_id: resp.id, input: "And then?", max_output_tokens: 8, temperature: 0 });
+check("responses: previous_response_id", next.previous_response_id === resp.id && next.usage.input_tokens > resp.usage.input_tokens + resp.usage.output_tokens);
+await client.responses.delete(resp.id);
+try { await client.responses.retrieve(resp.id); check("deleted response gone", false); }
+catch (e) { check("deleted response: 404", e.status === 404); }
 console.log(passes + " passed, " + fails + " failed");
 process.exit(fails ? 1 : 0);
 JS

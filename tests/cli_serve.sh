@@ -83,10 +83,15 @@ check "logprobs (tests/serve_logprobs.py)" '[ $rc = 0 ]'
 
 # tool calling: tools in the prompt, named / required / auto calls, streamed, refusals
 # (tests/serve_tools.py; the tools' preamble needs more than 256 tokens of context)
-start_server T -c 1024 --max-seqs 4
+start_server T -c 1024 --max-seqs 4 --responses-mem 24K
 python3 "$(dirname "$0")/serve_tools.py" "$URL_T" >"$TMP/tools.txt" 2>&1; rc=$?
 cat "$TMP/tools.txt"
 check "tool calling (tests/serve_tools.py)" '[ $rc = 0 ]'
+# OpenAI's Responses API against the chat completions of the same conversations, its store
+# (tests/serve_responses.py; the store's limit checked at 24K)
+python3 "$(dirname "$0")/serve_responses.py" "$URL_T" >"$TMP/responses.txt" 2>&1; rc=$?
+cat "$TMP/responses.txt"
+check "/v1/responses (tests/serve_responses.py)" '[ $rc = 0 ]'
 # tool_choice "auto"'s lazy grammar end to end (tests/serve_tools_lazy.py): a model of zero
 # weights, whose greedy output follows logit_bias, writes <tool_call>; the grammar finishes the call
 "$BIN" synth --n-embd 512 --n-layer 4 --n-head 8 --n-ff 1536 --n-vocab 512 --std 0 --vocab-from "$MODEL" --type Q8_0 -t 1 \

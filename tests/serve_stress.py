@@ -2,7 +2,8 @@
 """Random requests against a running `fitllm serve` (a fixed seed, so each run sends the same):
 valid and invalid OpenAI bodies (wrong types, out-of-range numbers, unknown roles, token-id
 prompts, stop strings, n > 1, streaming, logprobs, echo, logit_bias, priority, the adapter name "tuned",
-JSON Schemas valid and not, tools and tool_choice valid and not, embeddings valid and not), bodies cut or with a byte changed, and clients that
+JSON Schemas valid and not, tools and tool_choice valid and not, embeddings valid and not, /v1/responses valid and not,
+chained and read back), bodies cut or with a byte changed, and clients that
 leave before or in the middle of the answer.  Every answer must be a 200 or a 4xx with an
 OpenAI error object, never a 5xx (but /infill's 501 on a model without FIM tokens); a non-streamed 200 must parse as JSON; a streamed one (by
 its Content-Type: a body with a byte changed may have lost its "stream") must end with [DONE]
@@ -151,7 +152,48 @@ def body():
             if rng.random() < 0.3:
                 d[k] = v
         return path, json.dumps(d).encode("utf-8", "surrogatepass"), False
+    elif r < 0.31 and chat:  # OpenAI's Responses API, valid or not: the messages as input (or items), its fields, chained
+        path = "/v1/responses"
+        if not altered:
+            d = responses_body(d)
+            raw = json.dumps(d).encode("utf-8", "surrogatepass")
+    elif r < 0.32 and RESP_IDS:  # a stored response read, listed or deleted
+        rid = rng.choice(RESP_IDS + ["resp_nope", "", "x/y"])
+        return rng.choice([("GET", "/v1/responses/" + rid), ("DELETE", "/v1/responses/" + rid),
+                           ("GET", "/v1/responses/%s/input_items?limit=%s&order=%s" % (rid, rng.choice(["2", "0", "x", "100"]), rng.choice(["asc", "desc", "up"])))]), b"", False
     return path, raw, d.get("stream") is True and not altered
+
+RESP_IDS = []  # responses answered (their ids, for previous_response_id and GET)
+
+def responses_body(d):
+    """a Responses request from chat body d: mostly valid (input from its messages or items, fields
+    the API has), some fields refused or odd"""
+    def pick(good, bad=()):
+        r = rng.random()
+        return odd() if r < 0.05 else rng.choice(bad) if r < 0.15 and bad else rng.choice(good)
+    msgs = [m for m in d.get("messages", []) if isinstance(m, dict) and m.get("role") in ("user", "system", "assistant", "developer")]
+    items = [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}, {"type": "function_call_output", "call_id": "c", "output": "42"},
+             {"type": "reasoning", "summary": []}, {"role": "user", "content": [{"type": "input_text", "text": "Lily"}]}]
+    e = {"input": pick([msgs or "Lily", "Once upon a time", rng.sample(items, rng.randint(1, 4))],
+                       [[{"type": "web_search_call"}], [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], []])}
+    for k, v in [("max_output_tokens", lambda: pick([rng.randint(1, 24)], [0])), ("instructions", lambda: pick(["Be kind.", ""])),
+                 ("previous_response_id", lambda: pick(RESP_IDS[-8:] or ["resp_nope"], ["resp_nope"])),
+                 ("store", lambda: pick([True, False])), ("top_logprobs", lambda: pick([2, 0], [21])),
+                 ("text", lambda: pick([{"format": {"type": "json_object"}}, {"format": {"type": "json_schema", "schema": rng.choice(SCHEMAS[:6])}},
+                                        {"format": {"type": "text"}}], [{"format": {"type": "xml"}}])),
+                 ("tools", lambda: pick([[{"type": "function", "name": "f", "parameters": rng.choice(SCHEMAS[:4])}]], [[{"type": "web_search"}]])),
+                 ("tool_choice", lambda: pick(["auto", "required", "none", {"type": "function", "name": "f"}])),
+                 ("include", lambda: pick([["message.output_text.logprobs"], ["reasoning.encrypted_content"]])),
+                 ("metadata", lambda: pick([{"a": "b"}])), ("truncation", lambda: pick(["disabled"], ["auto"])),
+                 ("temperature", lambda: pick([0, 0.7])), ("background", lambda: pick([False], [True])),
+                 ("structured_outputs", lambda: d.get("structured_outputs"))]:
+        if rng.random() < {"max_output_tokens": 0.8, "previous_response_id": 0.4}.get(k, 0.15):
+            e[k] = v()
+    if "max_output_tokens" not in e:
+        e["max_output_tokens"] = rng.randint(1, 24)
+    if d.get("stream") is True:
+        e["stream"] = True
+    return e
 
 counts, failures = {}, []
 for i in range(N):
@@ -159,7 +201,10 @@ for i in range(N):
     leave = rng.random()
     c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
     try:
-        c.putrequest("POST", path)
+        method = "POST"
+        if isinstance(path, tuple):
+            method, path = path
+        c.putrequest(method, path)
         c.putheader("Content-Type", "application/json")
         c.putheader("Content-Length", str(len(raw)))
         c.endheaders()
@@ -182,13 +227,21 @@ for i in range(N):
             last = data.rstrip().split(b"\n")[-1]  # llama.cpp's stream: no [DONE]; the last event says stop
             if not last.startswith(b"data: {") or json.loads(last[6:]).get("stop") is not True:
                 failures.append("/completion stream not ending with stop: true on %r: %r" % (raw[:160], data[-200:]))
+        elif (resp.getheader("Content-Type") or "").startswith("text/event-stream") and path == "/v1/responses":
+            last = data.rstrip().split(b"\n")[-1]  # the Responses stream: its last event has the whole response
+            if not last.startswith(b"data: {") or json.loads(last[6:]).get("type") not in ("response.completed", "response.incomplete", "response.failed"):
+                failures.append("/v1/responses stream not ending with its response on %r: %r" % (raw[:160], data[-200:]))
+            else:
+                RESP_IDS.append(json.loads(last[6:])["response"]["id"])
         elif (resp.getheader("Content-Type") or "").startswith("text/event-stream"):
             if not data.rstrip().endswith(b"data: [DONE]"):
                 failures.append("stream without [DONE] on %r: %r" % (raw[:160], data[-200:]))
         elif stream:
             failures.append("a stream asked for, a %s answer: %r" % (resp.getheader("Content-Type"), raw[:160]))
         else:
-            json.loads(data)
+            j = json.loads(data)
+            if path == "/v1/responses" and isinstance(j, dict) and j.get("object") == "response":
+                RESP_IDS.append(j["id"])
     except ConnectionRefusedError as e:
         print("server gone: %s" % e)
         sys.exit(1)
@@ -209,7 +262,7 @@ for _ in range(100):
     time.sleep(0.1)
 else:
     failures.append("after the run: %s %s" % (running, used))
-print("serve_stress: %d requests, by status %s" % (N, dict(sorted(counts.items()))))
+print("serve_stress: %d requests, by status %s; %d responses (/v1/responses) answered" % (N, dict(sorted(counts.items())), len(RESP_IDS)))
 for f in failures[:20]:
     print("FAIL: " + f)
 sys.exit(1 if failures else 0)

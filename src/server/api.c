@@ -182,7 +182,7 @@ static size_t utf8_complete(const char *s, size_t n) {
 
 /* The JSON of o onto b (as an SSE event when sse), made well-formed UTF-8: generated text can
  * hold any bytes (byte-fallback tokens), and every ill-formed byte becomes U+FFFD. */
-static fl_status append_json(srv_buf *b, cJSON *o, bool sse) {
+fl_status srv_append_json(srv_buf *b, cJSON *o, bool sse) {
     char *t = cJSON_PrintUnformatted(o);
     if (!t) return FL_ERR_NOMEM;
     size_t n = strlen(t);
@@ -368,6 +368,11 @@ static void add_usage(cJSON *u, const srv_req *r, int32_t gen) {
     cJSON_AddNumberToObject(u, "completion_tokens", gen);
     cJSON_AddNumberToObject(u, "total_tokens", srv_prompt_tokens(r) + gen);
     cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", cached);
+    if (r->reasoning) { /* the thinking's tokens (OpenAI's completion_tokens_details.reasoning_tokens) */
+        int32_t think = 0;
+        for (int k = 0; k < srv_choices(r); k++) think += r->samples[k].n_reason;
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "completion_tokens_details"), "reasoning_tokens", think);
+    }
 }
 
 static bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
@@ -408,6 +413,12 @@ static bool add_message(srv_req *r, int i, cJSON *m, const char *txt, size_t n) 
 static const char *choice_finish(const srv_req *r, const srv_sample *sm, bool calls) {
     const char *f = finish_str(sm->finish) ? finish_str(sm->finish) : "stop";
     return calls && !strcmp(f, "stop") && r->tools.mode != SRV_TOOLS_NAMED ? "tool_calls" : f;
+}
+
+/* A chat.completion.chunk of r's stream: an SSE event, or (/v1/responses) its Responses events */
+static void emit_chunk(srv_req *r, cJSON *o) {
+    if (r->resp) srv_resp_chunk(r->resp, o, &r->out);
+    else srv_append_json(&r->out, o, true);
 }
 
 /* A new chunk *o of choice i (its entry *c): its delta, with the role where none went out yet. */
@@ -452,7 +463,7 @@ static void named_args_chunk(fl_server *s, srv_req *r, int i, const char *txt, s
     }
     add_logprobs(s, r, sm, c, to, false);
     cJSON_AddNullToObject(c, "finish_reason");
-    append_json(&r->out, o, true);
+    emit_chunk(r, o);
     cJSON_Delete(o);
     r->role_sent = true;
 }
@@ -498,7 +509,7 @@ static bool stream_reasoning(fl_server *s, srv_req *r, int i, bool fin) {
         }
         add_logprobs(s, r, sm, ch, sm->n_lp, false);
         cJSON_AddNullToObject(ch, "finish_reason");
-        append_json(&r->out, o, true);
+        emit_chunk(r, o);
         cJSON_Delete(o);
         sm->r_sent = r1;
         r->role_sent = true;
@@ -549,7 +560,7 @@ static bool calls_chunk(fl_server *s, srv_req *r, int i, int skip) {
     }
     add_logprobs(s, r, sm, c, sm->n_lp, false);
     cJSON_AddNullToObject(c, "finish_reason");
-    append_json(&r->out, o, true);
+    emit_chunk(r, o);
     cJSON_Delete(o);
     srv_buf_free(&content);
     return any;
@@ -579,7 +590,7 @@ static void call_piece_chunk(fl_server *s, srv_req *r, int i, int32_t k, bool he
     fl_free(FL_MEM_NET, frag, frag ? e - a + 1 : 0);
     add_logprobs(s, r, sm, c, sm->n_lp, false);
     cJSON_AddNullToObject(c, "finish_reason");
-    append_json(&r->out, o, true);
+    emit_chunk(r, o);
     cJSON_Delete(o);
     r->role_sent = true;
 }
@@ -629,7 +640,7 @@ static void stream_tools_finish(fl_server *s, srv_req *r, int i) {
     cJSON_AddStringToObject(c, "finish_reason", choice_finish(r, sm, calls));
     add_stop_reason(c, sm);
     if (sm->finish == FL_FINISH_ERROR && sm->error[0]) cJSON_AddStringToObject(c, "error", sm->error);
-    append_json(&r->out, o, true);
+    emit_chunk(r, o);
     cJSON_Delete(o);
     sm->sent = sm->text.len;
     sm->finish_sent = true;
@@ -721,7 +732,7 @@ static void produce_stream(fl_server *s, srv_req *r) {
             }
             else cJSON_AddNullToObject(c, "finish_reason");
             cJSON_AddItemToArray(ch, c);
-            append_json(&r->out, o, true);
+            emit_chunk(r, o);
             cJSON_Delete(o);
             sm->sent = avail;
             if (r->chat) r->role_sent = true;
@@ -740,11 +751,12 @@ static void produce_stream(fl_server *s, srv_req *r) {
         int32_t gen = 0;
         for (int k = 0; k < srv_choices(r); k++) gen += r->samples[k].n_tokens;
         add_usage(u, r, gen);
-        append_json(&r->out, o, true);
+        emit_chunk(r, o);
         cJSON_Delete(o);
         r->usage_sent = true;
     }
-    srv_buf_append(&r->out, "data: [DONE]\n\n", 14);
+    if (r->resp) srv_resp_end(s, r->resp, &r->out); /* (the Responses stream ends with its own event) */
+    else srv_buf_append(&r->out, "data: [DONE]\n\n", 14);
     r->all_sent = true;
 }
 
@@ -792,7 +804,12 @@ static void produce_full(fl_server *s, srv_req *r) {
     cJSON *plp = r->chat ? prompt_logprobs_json(s, r, &r->pr[0]) : NULL; /* (vLLM: chat at the top) */
     if (plp) cJSON_AddItemToObject(o, "prompt_logprobs", plp);
     add_usage(cJSON_AddObjectToObject(o, "usage"), r, gen);
-    append_json(&r->out, o, false);
+    if (r->resp) { /* /v1/responses: the response object */
+        srv_resp_completion(r->resp, o, &r->out);
+        srv_resp_end(s, r->resp, &r->out);
+    } else {
+        srv_append_json(&r->out, o, false);
+    }
     cJSON_Delete(o);
     r->all_sent = true;
 }
@@ -929,7 +946,7 @@ static void produce_native(fl_server *s, srv_req *r) {
             one = native_final(s, r, i, false);
             if (o) cJSON_AddItemToArray(o, one);
         }
-        append_json(&r->out, o ? o : one, false);
+        srv_append_json(&r->out, o ? o : one, false);
         cJSON_Delete(o ? o : one);
         r->all_sent = true;
         return;
@@ -958,7 +975,7 @@ static void produce_native(fl_server *s, srv_req *r) {
                 cJSON_AddItemToObject(o, "completion_probabilities", native_probs(s, r, sm, sm->lp_sent, sm->n_lp));
                 sm->lp_sent = sm->n_lp;
             }
-            append_json(&r->out, o, true);
+            srv_append_json(&r->out, o, true);
             cJSON_Delete(o);
             sm->sent = avail;
             sm->tok_sent = sm->n_toks;
@@ -966,7 +983,7 @@ static void produce_native(fl_server *s, srv_req *r) {
         if (fin && sm->sent == sm->text.len) {
             if (!r->t_end) r->t_end = srv_now();
             cJSON *o = native_final(s, r, i, true);
-            append_json(&r->out, o, true);
+            srv_append_json(&r->out, o, true);
             cJSON_Delete(o);
             sm->finish_sent = true;
         }
@@ -1042,6 +1059,7 @@ static void req_free(fl_server *s, srv_req *r) {
         if (pr->plp_rank) fl_free(FL_MEM_NET, pr->plp_rank, (size_t)(pr->n_prompt - 1) * sizeof *pr->plp_rank);
     }
     pthread_cond_destroy(&r->cv);
+    srv_resp_free(r->resp);
     (void)s;
     fl_free(FL_MEM_NET, r, sizeof *r);
 }
@@ -1104,7 +1122,7 @@ static fl_status echo_text(fl_server *s, srv_prompt *pr, const srv_buf *prompt, 
 /* Send o as a 200 JSON body (made well-formed UTF-8). */
 static enum MHD_Result send_json(fl_server *s, struct MHD_Connection *conn, cJSON *o) {
     srv_buf b = {0};
-    enum MHD_Result r = append_json(&b, o, false) == FL_OK ? send_text(conn, 200, "application/json", b.p, b.len, NULL)
+    enum MHD_Result r = srv_append_json(&b, o, false) == FL_OK ? send_text(conn, 200, "application/json", b.p, b.len, NULL)
                                                             : NOMEM();
     srv_buf_free(&b);
     cJSON_Delete(o);
@@ -1417,8 +1435,10 @@ typedef struct native_opts {
 
 /* /v1/completions, /v1/chat/completions, and (nv set, pre its body translated into the OpenAI
  * fields, owned) llama.cpp's /completion. */
+/* A completion or chat request (pre: its JSON, parsed and owned, else c's body): nat, llama.cpp's
+ * /completion's settings and reply shape; rsp (owned), /v1/responses' translation of the reply. */
 static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool chat, cJSON *pre,
-                                       const native_opts *nat) {
+                                       const native_opts *nat, srv_resp *rsp) {
     char err[256] = "";
     enum MHD_Result ret;
     gen_prompt gp[SRV_MAX_N];
@@ -2005,6 +2025,8 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         goto out;
     }
     pthread_cond_init(&r->cv, NULL);
+    r->resp = rsp; /* (r owns it now) */
+    rsp = NULL;
     r->n = (int32_t)n;
     r->chat = chat;
     r->stream = stream && cJSON_IsTrue(stream);
@@ -2100,6 +2122,7 @@ out:
     cJSON_free(stag_gram);
     cJSON_Delete(stag_parsed);
     cJSON_Delete(j);
+    srv_resp_free(rsp);
     return ret;
 }
 
@@ -2463,11 +2486,74 @@ static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, 
         goto out;
     }
     cJSON_Delete(j);
-    return handle_generate(s, conn, c, false, o, &nat); /* (it owns o) */
+    return handle_generate(s, conn, c, false, o, &nat, NULL); /* (it owns o) */
 out:
     cJSON_Delete(o);
     cJSON_Delete(j);
     return ret;
+}
+
+/* POST /v1/responses: translated into a chat request (responses.c), whose reply is translated
+ * back into a response object or the Responses stream's events. */
+static enum MHD_Result handle_responses(fl_server *s, struct MHD_Connection *conn, srv_conn *c) {
+    char err[256] = "";
+    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len), *chat = NULL;
+    if (!j) return BAD("malformed JSON in the request body");
+    srv_resp *rs = NULL;
+    int http = 400;
+    const fl_status st = srv_resp_request(s, j, &chat, &rs, &http, err, sizeof err);
+    cJSON_Delete(j);
+    if (st) return send_error(s, conn, (unsigned)http, http == 404 ? "invalid_request_error" : http == 503 ? "server_error" : "invalid_request_error",
+                              http == 404 ? "not_found" : NULL, NULL, "%s", err);
+    return handle_generate(s, conn, c, true, chat, NULL, rs); /* (it owns both) */
+}
+
+/* /v1/responses/{id}: GET the stored response, DELETE it; GET /v1/responses/{id}/input_items
+ * (?limit=1..100, order=asc|desc, after=ITEM_ID): a page of its input items */
+static enum MHD_Result handle_response_id(fl_server *s, struct MHD_Connection *conn, const char *rest, const char *method) {
+    char id[96];
+    const char *slash = strchr(rest, '/');
+    const size_t n = slash ? (size_t)(slash - rest) : strlen(rest);
+    if (n == 0 || n >= sizeof id) return send_error(s, conn, 404, "invalid_request_error", "not_found", NULL, "no such response");
+    memcpy(id, rest, n);
+    id[n] = 0;
+    const bool get = !strcmp(method, "GET"), del = !strcmp(method, "DELETE");
+    int what;
+    srv_resp_page pg = {.limit = 20};
+    if (!slash) {
+        if (!get && !del) return send_error(s, conn, 405, "invalid_request_error", NULL, NULL, "use GET or DELETE for /v1/responses/{id}");
+        what = get ? SRV_RESP_GET : SRV_RESP_DELETE;
+    } else if (!strcmp(slash, "/input_items")) {
+        if (!get) return send_error(s, conn, 405, "invalid_request_error", NULL, NULL, "use GET for /v1/responses/{id}/input_items");
+        what = SRV_RESP_ITEMS;
+        const char *lim = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "limit");
+        const char *ord = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "order");
+        const char *aft = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "after");
+        char *e = NULL;
+        const long l = lim ? strtol(lim, &e, 10) : 20;
+        if (lim && (e == lim || *e || l < 1 || l > 100)) return BAD("'limit' must be an integer 1..100");
+        if (ord && strcmp(ord, "asc") && strcmp(ord, "desc")) return BAD("'order' must be asc or desc");
+        if (aft && strlen(aft) >= sizeof pg.after) return BAD("'after' is not an item id");
+        pg.limit = (int32_t)l;
+        pg.asc = ord && !strcmp(ord, "asc");
+        if (aft) snprintf(pg.after, sizeof pg.after, "%s", aft);
+    } else if (!strcmp(slash, "/cancel")) {
+        return BAD("only a background response can be cancelled, and this server runs none in the background");
+    } else {
+        return send_error(s, conn, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s /v1/responses/%s", method, rest);
+    }
+    srv_buf b = {0};
+    const fl_status st = srv_resp_get(s, id, what, &pg, &b);
+    enum MHD_Result r;
+    if (st == FL_ERR_INVALID)
+        r = send_error(s, conn, 404, "invalid_request_error", "not_found", NULL,
+                       "Response with id '%s' not found (stored responses: those asked with store true that fit --responses-mem)", id);
+    else if (st)
+        r = NOMEM();
+    else
+        r = send_text(conn, 200, "application/json", b.p, b.len, NULL);
+    srv_buf_free(&b);
+    return r;
 }
 
 /* a connection's socket context: its pool charged to NET, or refused for want of room */
@@ -2538,10 +2624,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     bool is_embd = !strcmp(url, "/v1/embeddings") || !strcmp(url, "/embeddings");
     bool is_lora = !strcmp(url, "/lora-adapters");
     bool is_lora_load = !strcmp(url, "/v1/load_lora_adapter"), is_lora_unload = !strcmp(url, "/v1/unload_lora_adapter");
+    bool is_resp = !strcmp(url, "/v1/responses");
+    const char *resp_id = !strncmp(url, "/v1/responses/", 14) && url[14] ? url + 14 : NULL;
     if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok && !is_native && !is_infill && !is_props && !is_apply && !is_embd &&
-        !is_lora && !is_lora_load && !is_lora_unload)
+        !is_lora && !is_lora_load && !is_lora_unload && !is_resp && !resp_id)
         return send_error(s, conn, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %s", method, url);
     if (!authorized(s, conn)) return send_error(s, conn, 401, "invalid_request_error", "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
+    if (resp_id) return handle_response_id(s, conn, resp_id, method);
     if (is_lora && get) return handle_lora_list(s, conn);
     if (is_lora && !post) return send_error(s, conn, 405, "invalid_request_error", NULL, NULL, "use GET or POST for %s", url);
     if (is_models || is_metrics || is_props) {
@@ -2571,7 +2660,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (is_apply) return handle_apply_template(s, conn, c);
     if (is_native || is_infill) return handle_native(s, conn, c, is_infill);
     if (is_embd) return handle_embeddings(s, conn, c);
-    return handle_generate(s, conn, c, is_chat, NULL, NULL);
+    if (is_resp) return handle_responses(s, conn, c);
+    return handle_generate(s, conn, c, is_chat, NULL, NULL, NULL);
 }
 
 /* A request's JSON (parsed and printed with cJSON) is the server's memory: NET, not MISC (whose

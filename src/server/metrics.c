@@ -84,6 +84,8 @@ fl_status srv_metrics_render(fl_server *s, srv_buf *o) {
     pthread_mutex_lock(&s->mu);
     srv_metrics m = s->m;
     int32_t live = s->n_live;
+    const int64_t stored = s->resp_count;
+    const size_t stored_bytes = s->resp_bytes;
     pthread_mutex_unlock(&s->mu);
     fl_status st = FL_OK;
     st |= srv_buf_printf(o, "# HELP fitllm_requests_total HTTP generation requests by outcome\n# TYPE fitllm_requests_total counter\n");
@@ -114,6 +116,8 @@ fl_status srv_metrics_render(fl_server *s, srv_buf *o) {
     st |= gauge(o, "fitllm_spec_accepted_tokens_total", "speculative decoding: draft tokens kept", "counter", (double)es.spec_accepted_tokens);
     st |= gauge(o, "fitllm_guide_mask_hits_total", "guided_regex and grammar token masks found kept for their state", "counter", (double)es.guide_mask_hits);
     st |= gauge(o, "fitllm_guide_mask_misses_total", "guided_regex and grammar token masks computed", "counter", (double)es.guide_mask_misses);
+    st |= gauge(o, "fitllm_responses_stored", "/v1/responses kept for previous_response_id and GET (--responses-mem)", "gauge", (double)stored);
+    st |= gauge(o, "fitllm_responses_stored_bytes", "their bytes (part of the net category)", "gauge", (double)stored_bytes);
     st |= srv_buf_printf(o, "# HELP fitllm_memory_bytes tracked memory by category\n# TYPE fitllm_memory_bytes gauge\n");
     for (int c = 0; c < FL_MEM_COUNT; c++)
         st |= srv_buf_printf(o, "fitllm_memory_bytes{category=\"%s\"} %zu\n", fl_mem_cat_name((fl_mem_cat)c), fl_mem_current((fl_mem_cat)c));

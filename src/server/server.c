@@ -20,6 +20,7 @@ void fl_server_params_default(fl_server_params *p) {
     p->max_queue = 256;
     p->max_n = 8;
     p->reasoning_format = 1;
+    p->responses_mem = (int64_t)16 << 20;
 }
 
 /* Route one engine output to its waiting connection (s->mu held). */
@@ -126,6 +127,18 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
             if (p) { sm->seg = p; sm->cap_seg = cap; }
         }
         if (sm->n_seg < sm->cap_seg) sm->seg[sm->n_seg++] = (srv_seg){sm->text.len, sm->n_lp};
+    }
+    if (r->reasoning && !sm->reason_over && o->n_new > 0) { /* count the thinking's tokens while it lasts */
+        size_t r0, r1, c;
+        const srv_think th = srv_think_scan(sm->text.p ? sm->text.p : "", sm->text.len, r->think_open, false, sm->reason_from, &r0, &r1, &c);
+        if (th == SRV_THINK_NONE) {
+            sm->n_reason = 0;
+            sm->reason_over = true;
+        } else {
+            sm->n_reason += o->n_new;
+            sm->reason_over = th == SRV_THINK_DONE;
+            if (th == SRV_THINK_IN) sm->reason_from = r1;
+        }
     }
     sm->n_tokens = o->n_generated;
     pr->n_prompt = o->n_prompt;
@@ -301,6 +314,7 @@ void fl_server_stop(fl_server *s, int32_t grace_ms) {
     pthread_cond_signal(&s->work_cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->driver, NULL);
+    srv_resp_store_free(s);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work_cv);
     fl_free(FL_MEM_NET, s, sizeof *s);

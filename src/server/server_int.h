@@ -62,6 +62,9 @@ typedef struct srv_sample {
     bool in_calls;       /* stream, tool_choice "auto" with its lazy grammar: the content is over, calls stream from cs */
     bool think_done;     /* stream with reasoning: the reasoning is over; the answer starts at content_at */
     size_t content_at, r_sent; /* where the answer starts in text (0: no reasoning); reasoning bytes streamed to */
+    int32_t n_reason;    /* reasoning: the tokens of the thinking (up to and with the one that ends it; usage's reasoning_tokens) */
+    bool reason_over;    /* the thinking is over (or there is none): n_reason is final */
+    size_t reason_from;  /* where the search for its end resumes */
     int32_t n_tokens;
     fl_finish_reason finish;
     bool finish_sent;
@@ -127,6 +130,7 @@ typedef struct srv_req {
     bool all_sent;
     char created_id[48];
     int64_t created;
+    struct srv_resp *resp; /* /v1/responses: the translation of its chat output (responses.c); NULL otherwise */
 } srv_req;
 
 /* why a choice finished, as vLLM's request_success_total labels it */
@@ -179,6 +183,9 @@ struct fl_server {
     int64_t next_local_id;
     srv_metrics m;
     int32_t port;
+    struct srv_resp_entry *resp_first, *resp_last; /* the stored responses, least recently used first (mu) */
+    size_t resp_bytes;
+    int64_t resp_count;
 };
 
 static inline int32_t srv_choices(const srv_req *r) { return r->n_pr * r->n; }
@@ -268,6 +275,30 @@ int srv_tools_auto_start(const srv_tools *t, const char *text, size_t n, size_t 
 bool srv_calls_off(const srv_call_scan *c);
 /* A call's id as srv_tools_parse gives call idx of seed: "call_" + 24 hex digits (buf >= 32) */
 void srv_tools_call_id(uint64_t seed, int idx, char *buf, size_t cap);
+/* responses.c: OpenAI's Responses API over chat completions.  srv_resp_request translates
+ * request j into a chat request (*chat) and the response's state (*rs); on failure *http is the
+ * status (400 bad input, 404 an unknown previous_response_id, 503 no memory) and err says why.
+ * srv_resp_chunk takes each chat.completion.chunk of the stream and appends its events to out;
+ * srv_resp_completion a whole chat.completion; srv_resp_end appends the last event (or the
+ * response object) and stores the response (s->mu held for both). */
+typedef struct srv_resp srv_resp;
+fl_status srv_resp_request(fl_server *s, const struct cJSON *j, struct cJSON **chat, srv_resp **rs, int *http, char *err, size_t n);
+void srv_resp_chunk(srv_resp *rs, const struct cJSON *chunk, srv_buf *out);
+void srv_resp_completion(srv_resp *rs, const struct cJSON *completion, srv_buf *out);
+void srv_resp_end(fl_server *s, srv_resp *rs, srv_buf *out);
+void srv_resp_free(srv_resp *rs);
+/* GET /v1/responses/{id} (the response), DELETE (its deletion), GET .../input_items (a page of
+ * them): the reply's JSON onto out; FL_ERR_INVALID where the store does not hold id. */
+enum { SRV_RESP_GET, SRV_RESP_DELETE, SRV_RESP_ITEMS };
+typedef struct srv_resp_page {
+    int32_t limit;     /* 1..100 (default 20) */
+    bool asc;          /* oldest first (default: newest first) */
+    char after[80];    /* the page starts after this item ("": at the start) */
+} srv_resp_page;
+fl_status srv_resp_get(fl_server *s, const char *id, int what, const srv_resp_page *pg, srv_buf *out);
+void srv_resp_store_free(fl_server *s);
+/* The JSON of o onto b (as an SSE data line when sse), made well-formed UTF-8 (api.c) */
+fl_status srv_append_json(srv_buf *b, struct cJSON *o, bool sse);
 /* util */
 /* llama.cpp's /infill (infill.c): the prompt of a fill-in-the-middle request j (input_prefix,
  * input_suffix: strings or arrays of strings and ids; input_extra: [{filename, text}]; prompt: the
