@@ -108,6 +108,7 @@ int fl_cmd_serve(int argc, char **argv) {
                           "POST /v1/chat/completions (streaming with \"stream\": true), GET /v1/models,\n"
                           "POST /v1/responses (OpenAI's Responses API: input items, previous_response_id,\n"
                           "typed stream events; GET/DELETE /v1/responses/{id}, .../input_items),\n"
+                          "POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API),\n"
                           "POST /tokenize and /detokenize (vLLM's and llama.cpp's fields), GET /health,\n"
                           "GET /metrics (Prometheus), GET/POST /lora-adapters (llama.cpp's: the adapters'\n"
                           "scales for requests that name none), POST /v1/load_lora_adapter and\n"

@@ -92,6 +92,10 @@ check "tool calling (tests/serve_tools.py)" '[ $rc = 0 ]'
 python3 "$(dirname "$0")/serve_responses.py" "$URL_T" >"$TMP/responses.txt" 2>&1; rc=$?
 cat "$TMP/responses.txt"
 check "/v1/responses (tests/serve_responses.py)" '[ $rc = 0 ]'
+# Anthropic's Messages API against the chat completions of the same conversations (tests/serve_messages.py)
+python3 "$(dirname "$0")/serve_messages.py" "$URL_T" >"$TMP/messages.txt" 2>&1; rc=$?
+cat "$TMP/messages.txt"
+check "/v1/messages (tests/serve_messages.py)" '[ $rc = 0 ]'
 # tool_choice "auto"'s lazy grammar end to end (tests/serve_tools_lazy.py): a model of zero
 # weights, whose greedy output follows logit_bias, writes <tool_call>; the grammar finishes the call
 "$BIN" synth --n-embd 512 --n-layer 4 --n-head 8 --n-ff 1536 --n-vocab 512 --std 0 --vocab-from "$MODEL" --type Q8_0 -t 1 \
@@ -469,6 +473,10 @@ post "$U" /v1/completions '{"prompt":"a","max_tokens":2}' -H 'Authorization: Bea
 check "right key -> 200" '[ "$(status)" = 200 ]'
 post "$U" /tokenize '{"prompt":"a"}'
 check "tokenize without the key -> 401" '[ "$(status)" = 401 ]'
+post "$U" /v1/messages '{"max_tokens":2,"messages":[{"role":"user","content":"a"}]}' -H 'x-api-key: wrong'
+check "Anthropic's x-api-key, wrong -> 401, in Anthropic's error shape" '[ "$(status)" = 401 ] && [ "$(jq_ "d[\"type\"], d[\"error\"][\"type\"]")" = "error authentication_error" ]'
+post "$U" /v1/messages '{"max_tokens":2,"messages":[{"role":"user","content":"a"}]}' -H 'x-api-key: sekrit'
+check "Anthropic's x-api-key, right -> 200" '[ "$(status)" = 200 ] && [ "$(jq_ "d[\"type\"]")" = message ]'
 post "$U" /v1/completions '{"prompt":"a","max_tokens":2,"logprobs":0}' -H 'Authorization: Bearer sekrit'
 check "--max-logprobs -1: logprobs -> 400" '[ "$(status)" = 400 ] && grep -q "logprobs are off" "$TMP/body"'
 CPIDS=()

@@ -25,25 +25,10 @@ def call(method, path):
 
 
 def stream(body):
-    """the events of a streamed response: [(event line's name, data)]"""
-    req = urllib.request.Request(URL + "/v1/responses", data=json.dumps(dict(body, stream=True)).encode(),
-                                 headers={"Content-Type": "application/json"})
-    events, name = [], None
-    with urllib.request.urlopen(req) as r:
-        for line in r:
-            line = line.decode().rstrip("\n")
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                events.append((name, json.loads(line[6:])))
-                name = None
-    return events
+    return client.events("/v1/responses", body)
 
 
-def chat(messages, **kw):
-    st, b = post("/v1/chat/completions", dict(kw, messages=messages, temperature=0))
-    assert st == 200, b
-    return b
+chat = client.chat
 
 
 def text_of(resp):

@@ -3,7 +3,7 @@
 valid and invalid OpenAI bodies (wrong types, out-of-range numbers, unknown roles, token-id
 prompts, stop strings, n > 1, streaming, logprobs, echo, logit_bias, priority, the adapter name "tuned",
 JSON Schemas valid and not, tools and tool_choice valid and not, embeddings valid and not, /v1/responses valid and not,
-chained and read back), bodies cut or with a byte changed, and clients that
+chained and read back, /v1/messages valid and not), bodies cut or with a byte changed, and clients that
 leave before or in the middle of the answer.  Every answer must be a 200 or a 4xx with an
 OpenAI error object, never a 5xx (but /infill's 501 on a model without FIM tokens); a non-streamed 200 must parse as JSON; a streamed one (by
 its Content-Type: a body with a byte changed may have lost its "stream") must end with [DONE]
@@ -157,11 +157,43 @@ def body():
         if not altered:
             d = responses_body(d)
             raw = json.dumps(d).encode("utf-8", "surrogatepass")
-    elif r < 0.32 and RESP_IDS:  # a stored response read, listed or deleted
+    elif r < 0.37 and chat:  # Anthropic's Messages API, valid or not: the messages as its blocks, its fields
+        path = rng.choice(["/v1/messages"] * 4 + ["/v1/messages/count_tokens"])
+        if not altered:
+            d = messages_body(d)
+            raw = json.dumps(d).encode("utf-8", "surrogatepass")
+            if path.endswith("count_tokens"):
+                d.pop("stream", None)  # (a count is never streamed)
+    elif r < 0.38 and RESP_IDS:  # a stored response read, listed or deleted
         rid = rng.choice(RESP_IDS + ["resp_nope", "", "x/y"])
         return rng.choice([("GET", "/v1/responses/" + rid), ("DELETE", "/v1/responses/" + rid),
                            ("GET", "/v1/responses/%s/input_items?limit=%s&order=%s" % (rid, rng.choice(["2", "0", "x", "100"]), rng.choice(["asc", "desc", "up"])))]), b"", False
     return path, raw, d.get("stream") is True and not altered
+
+def messages_body(d):
+    """an Anthropic Messages request from chat body d: mostly valid, some blocks and fields refused or odd"""
+    def pick(good, bad=()):
+        r = rng.random()
+        return odd() if r < 0.05 else rng.choice(bad) if r < 0.15 and bad else rng.choice(good)
+    msgs = [{"role": m["role"], "content": m.get("content")} for m in d.get("messages", []) if isinstance(m, dict) and m.get("role") in ("user", "assistant")]
+    use = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}
+    e = {"max_tokens": pick([rng.randint(1, 24)], [0, 10 ** 6]),
+         "messages": pick([msgs or [{"role": "user", "content": "Lily"}],
+                           [{"role": "user", "content": "Lily"}, {"role": "assistant", "content": [{"type": "text", "text": "ok"}, use]},
+                            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}, {"type": "text", "text": "and?"}]}],
+                           [{"role": "user", "content": "Lily"}, {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": ""}]}]],
+                          [[], [{"role": "user", "content": [{"type": "image", "source": {}}]}]])}
+    for k, v in [("system", lambda: pick(["Be kind.", [{"type": "text", "text": "Be kind."}]], [[{"type": "image"}]])),
+                 ("stop_sequences", lambda: pick([["the"], []])), ("temperature", lambda: pick([0, 0.7])),
+                 ("tools", lambda: pick([[{"name": "f", "input_schema": rng.choice(SCHEMAS[:4])}]], [[{"type": "web_search_20250305", "name": "w"}]])),
+                 ("tool_choice", lambda: pick([{"type": "auto"}, {"type": "any"}, {"type": "tool", "name": "f"}, {"type": "none"}], [{"type": "x"}])),
+                 ("thinking", lambda: pick([{"type": "enabled", "budget_tokens": 100}, {"type": "disabled"}])),
+                 ("structured_outputs", lambda: d.get("structured_outputs"))]:
+        if rng.random() < 0.2:
+            e[k] = v()
+    if d.get("stream") is True:
+        e["stream"] = True
+    return e
 
 RESP_IDS = []  # responses answered (their ids, for previous_response_id and GET)
 
@@ -221,12 +253,18 @@ for i in range(N):
             failures.append("%d on %s %r: %r" % (resp.status, path, raw[:160], data[:200]))
         elif resp.status != 200:
             e = json.loads(data)
+            if path.startswith("/v1/messages") and e.get("type") != "error":
+                failures.append("%d not in Anthropic's error shape on %s: %r" % (resp.status, path, data[:200]))
             if not isinstance(e.get("error", {}).get("message"), str):
                 failures.append("%d without an error message: %r" % (resp.status, data[:200]))
         elif (resp.getheader("Content-Type") or "").startswith("text/event-stream") and path in ("/completion", "/infill"):
             last = data.rstrip().split(b"\n")[-1]  # llama.cpp's stream: no [DONE]; the last event says stop
             if not last.startswith(b"data: {") or json.loads(last[6:]).get("stop") is not True:
                 failures.append("/completion stream not ending with stop: true on %r: %r" % (raw[:160], data[-200:]))
+        elif (resp.getheader("Content-Type") or "").startswith("text/event-stream") and path == "/v1/messages":
+            last = data.rstrip().split(b"\n")[-1]  # Anthropic's stream: message_stop, or an error event
+            if not last.startswith(b"data: {") or json.loads(last[6:]).get("type") not in ("message_stop", "error"):
+                failures.append("/v1/messages stream not ending with message_stop on %r: %r" % (raw[:160], data[-200:]))
         elif (resp.getheader("Content-Type") or "").startswith("text/event-stream") and path == "/v1/responses":
             last = data.rstrip().split(b"\n")[-1]  # the Responses stream: its last event has the whole response
             if not last.startswith(b"data: {") or json.loads(last[6:]).get("type") not in ("response.completed", "response.incomplete", "response.failed"):

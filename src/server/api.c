@@ -47,7 +47,25 @@ static void count_status(fl_server *s, unsigned status) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* OpenAI-style error body: {"error":{"message","type","param","code"}}. */
+/* The error bodies of this thread's request: OpenAI's, or Anthropic's for /v1/messages (libmicrohttpd
+ * runs each connection on its own thread; handle() sets it per request). */
+static _Thread_local bool err_anthropic;
+
+/* Anthropic's error type for an HTTP status */
+static const char *anthropic_error_type(unsigned status) {
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: return "overloaded_error";
+    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    }
+}
+
+/* OpenAI-style error body: {"error":{"message","type","param","code"}} (Anthropic's for
+ * /v1/messages: {"type":"error","error":{"type","message"}}). */
 static enum MHD_Result send_error(fl_server *s, struct MHD_Connection *conn, unsigned status, const char *type,
                                   const char *code, const char *param, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
 static enum MHD_Result send_error(fl_server *s, struct MHD_Connection *conn, unsigned status, const char *type,
@@ -61,11 +79,19 @@ static enum MHD_Result send_error(fl_server *s, struct MHD_Connection *conn, uns
      * UTF-8, or cut a character: the body stays well-formed */
     msg[fl_utf8_sanitize(raw, strlen(raw), msg)] = 0;
     count_status(s, status);
-    cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-    cJSON_AddStringToObject(e, "message", msg);
-    cJSON_AddStringToObject(e, "type", type);
-    if (param) cJSON_AddStringToObject(e, "param", param); else cJSON_AddNullToObject(e, "param");
-    if (code) cJSON_AddStringToObject(e, "code", code); else cJSON_AddNullToObject(e, "code");
+    cJSON *o = cJSON_CreateObject(), *e;
+    if (err_anthropic) {
+        cJSON_AddStringToObject(o, "type", "error");
+        e = cJSON_AddObjectToObject(o, "error");
+        cJSON_AddStringToObject(e, "type", anthropic_error_type(status));
+        cJSON_AddStringToObject(e, "message", msg);
+    } else {
+        e = cJSON_AddObjectToObject(o, "error");
+        cJSON_AddStringToObject(e, "message", msg);
+        cJSON_AddStringToObject(e, "type", type);
+        if (param) cJSON_AddStringToObject(e, "param", param); else cJSON_AddNullToObject(e, "param");
+        if (code) cJSON_AddStringToObject(e, "code", code); else cJSON_AddNullToObject(e, "code");
+    }
     char *txt = cJSON_PrintUnformatted(o);
     enum MHD_Result r;
     if (txt) r = send_text(conn, status, "application/json", txt, strlen(txt), status == 503 || status == 429 ? "1" : NULL);
@@ -415,9 +441,11 @@ static const char *choice_finish(const srv_req *r, const srv_sample *sm, bool ca
     return calls && !strcmp(f, "stop") && r->tools.mode != SRV_TOOLS_NAMED ? "tool_calls" : f;
 }
 
-/* A chat.completion.chunk of r's stream: an SSE event, or (/v1/responses) its Responses events */
+/* A chat.completion.chunk of r's stream: an SSE event, or its Responses (/v1/responses) or
+ * Anthropic (/v1/messages) events */
 static void emit_chunk(srv_req *r, cJSON *o) {
     if (r->resp) srv_resp_chunk(r->resp, o, &r->out);
+    else if (r->msgs) srv_msgs_chunk(r->msgs, o, r->pr[0].n_prompt, r->pr[0].n_cached, &r->out);
     else srv_append_json(&r->out, o, true);
 }
 
@@ -755,7 +783,8 @@ static void produce_stream(fl_server *s, srv_req *r) {
         cJSON_Delete(o);
         r->usage_sent = true;
     }
-    if (r->resp) srv_resp_end(s, r->resp, &r->out); /* (the Responses stream ends with its own event) */
+    if (r->resp) srv_resp_end(s, r->resp, &r->out); /* (the Responses and Anthropic streams end with their own events) */
+    else if (r->msgs) srv_msgs_end(r->msgs, &r->out);
     else srv_buf_append(&r->out, "data: [DONE]\n\n", 14);
     r->all_sent = true;
 }
@@ -807,6 +836,9 @@ static void produce_full(fl_server *s, srv_req *r) {
     if (r->resp) { /* /v1/responses: the response object */
         srv_resp_completion(r->resp, o, &r->out);
         srv_resp_end(s, r->resp, &r->out);
+    } else if (r->msgs) { /* /v1/messages: Anthropic's message */
+        srv_msgs_chunk(r->msgs, o, r->pr[0].n_prompt, r->pr[0].n_cached, &r->out);
+        srv_msgs_end(r->msgs, &r->out);
     } else {
         srv_append_json(&r->out, o, false);
     }
@@ -1060,6 +1092,7 @@ static void req_free(fl_server *s, srv_req *r) {
     }
     pthread_cond_destroy(&r->cv);
     srv_resp_free(r->resp);
+    srv_msgs_free(r->msgs);
     (void)s;
     fl_free(FL_MEM_NET, r, sizeof *r);
 }
@@ -1436,9 +1469,9 @@ typedef struct native_opts {
 /* /v1/completions, /v1/chat/completions, and (nv set, pre its body translated into the OpenAI
  * fields, owned) llama.cpp's /completion. */
 /* A completion or chat request (pre: its JSON, parsed and owned, else c's body): nat, llama.cpp's
- * /completion's settings and reply shape; rsp (owned), /v1/responses' translation of the reply. */
+ * /completion's settings and reply shape; rsp, msg (owned): /v1/responses' or /v1/messages' translation of the reply. */
 static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool chat, cJSON *pre,
-                                       const native_opts *nat, srv_resp *rsp) {
+                                       const native_opts *nat, srv_resp *rsp, srv_msgs *msg) {
     char err[256] = "";
     enum MHD_Result ret;
     gen_prompt gp[SRV_MAX_N];
@@ -2025,8 +2058,10 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
         goto out;
     }
     pthread_cond_init(&r->cv, NULL);
-    r->resp = rsp; /* (r owns it now) */
+    r->resp = rsp; /* (r owns them now) */
+    r->msgs = msg;
     rsp = NULL;
+    msg = NULL;
     r->n = (int32_t)n;
     r->chat = chat;
     r->stream = stream && cJSON_IsTrue(stream);
@@ -2123,6 +2158,7 @@ out:
     cJSON_Delete(stag_parsed);
     cJSON_Delete(j);
     srv_resp_free(rsp);
+    srv_msgs_free(msg);
     return ret;
 }
 
@@ -2373,11 +2409,13 @@ static enum MHD_Result handle_models(fl_server *s, struct MHD_Connection *conn, 
     return r;
 }
 
+/* "Authorization: Bearer KEY", or Anthropic's clients' "x-api-key: KEY" */
 static bool authorized(fl_server *s, struct MHD_Connection *conn) {
     if (!s->api_key[0]) return true;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7)) return false;
-    const char *k = h + 7;
+    const char *x = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key");
+    if ((!h || strncmp(h, "Bearer ", 7)) && !x) return false;
+    const char *k = h && !strncmp(h, "Bearer ", 7) ? h + 7 : x;
     size_t a = strlen(k), b = strlen(s->api_key);
     unsigned diff = (unsigned)(a ^ b); /* constant-time compare over the key length */
     for (size_t i = 0; i < b; i++) diff |= (unsigned char)(i < a ? k[i] : 0) ^ (unsigned char)s->api_key[i];
@@ -2486,7 +2524,7 @@ static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, 
         goto out;
     }
     cJSON_Delete(j);
-    return handle_generate(s, conn, c, false, o, &nat, NULL); /* (it owns o) */
+    return handle_generate(s, conn, c, false, o, &nat, NULL, NULL); /* (it owns o) */
 out:
     cJSON_Delete(o);
     cJSON_Delete(j);
@@ -2505,7 +2543,46 @@ static enum MHD_Result handle_responses(fl_server *s, struct MHD_Connection *con
     cJSON_Delete(j);
     if (st) return send_error(s, conn, (unsigned)http, http == 404 ? "invalid_request_error" : http == 503 ? "server_error" : "invalid_request_error",
                               http == 404 ? "not_found" : NULL, NULL, "%s", err);
-    return handle_generate(s, conn, c, true, chat, NULL, rs); /* (it owns both) */
+    return handle_generate(s, conn, c, true, chat, NULL, rs, NULL); /* (it owns both) */
+}
+
+/* POST /v1/messages (Anthropic's): translated into a chat request (messages.c), whose reply is
+ * translated back; POST /v1/messages/count_tokens: the tokens of the prompt it would make. */
+static enum MHD_Result handle_messages(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool count) {
+    char err[256] = "";
+    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len), *chat = NULL;
+    if (!j) return BAD("malformed JSON in the request body");
+    srv_msgs *ms = NULL;
+    fl_status st = srv_msgs_request(s, j, count, &chat, count ? NULL : &ms, err, sizeof err);
+    cJSON_Delete(j);
+    if (st) return st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", err);
+    if (!count) return handle_generate(s, conn, c, true, chat, NULL, NULL, ms); /* (it owns both) */
+    /* the prompt as a chat request renders it (its tools shown), tokenized as it is */
+    enum MHD_Result ret;
+    srv_tools td = {0};
+    const cJSON *tools = NULL;
+    char *schema = NULL;
+    bool gram = false;
+    srv_buf text = {0};
+    int32_t *toks = NULL;
+    int64_t cap = 0, n = 0;
+    const char *e2 = NULL;
+    st = srv_tools_read(chat, srv_chat_json_tools(fl_engine_chat_template(s->engine)), &td, &tools, &schema, &gram, err, sizeof err);
+    if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", err); goto out; }
+    st = srv_chat_render_ex(fl_engine_chat_template(s->engine), cJSON_GetObjectItemCaseSensitive(chat, "messages"), tools, 0, &text, &e2);
+    if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
+    if (!fl_utf8_is_valid(text.p ? text.p : "", text.len)) { ret = BAD("the messages are not valid UTF-8"); goto out; }
+    st = tokenize_all(s, &text, FL_TOKENIZE_ADD_SPECIAL | FL_TOKENIZE_PARSE_SPECIAL, &toks, &cap, &n);
+    if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("cannot tokenize: %s", fl_last_error()); goto out; }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "input_tokens", (double)n);
+    ret = send_json(s, conn, o);
+out:
+    if (toks) fl_free(FL_MEM_NET, toks, (size_t)cap * 4);
+    srv_buf_free(&text);
+    cJSON_free(schema);
+    cJSON_Delete(chat);
+    return ret;
 }
 
 /* /v1/responses/{id}: GET the stored response, DELETE it; GET /v1/responses/{id}/input_items
@@ -2579,6 +2656,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                               const char *upload_data, size_t *upload_data_size, void **con_cls) {
     fl_server *s = cls;
     srv_conn *c = *con_cls;
+    err_anthropic = !strcmp(url, "/v1/messages") || !strcmp(url, "/v1/messages/count_tokens");
     if (!c) {
         c = fl_calloc(FL_MEM_NET, 1, sizeof *c);
         if (!c) return MHD_NO;
@@ -2625,9 +2703,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     bool is_lora = !strcmp(url, "/lora-adapters");
     bool is_lora_load = !strcmp(url, "/v1/load_lora_adapter"), is_lora_unload = !strcmp(url, "/v1/unload_lora_adapter");
     bool is_resp = !strcmp(url, "/v1/responses");
+    bool is_msgs = !strcmp(url, "/v1/messages"), is_msgs_count = !strcmp(url, "/v1/messages/count_tokens");
     const char *resp_id = !strncmp(url, "/v1/responses/", 14) && url[14] ? url + 14 : NULL;
     if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok && !is_native && !is_infill && !is_props && !is_apply && !is_embd &&
-        !is_lora && !is_lora_load && !is_lora_unload && !is_resp && !resp_id)
+        !is_lora && !is_lora_load && !is_lora_unload && !is_resp && !resp_id && !is_msgs && !is_msgs_count)
         return send_error(s, conn, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %s", method, url);
     if (!authorized(s, conn)) return send_error(s, conn, 401, "invalid_request_error", "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
     if (resp_id) return handle_response_id(s, conn, resp_id, method);
@@ -2661,7 +2740,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (is_native || is_infill) return handle_native(s, conn, c, is_infill);
     if (is_embd) return handle_embeddings(s, conn, c);
     if (is_resp) return handle_responses(s, conn, c);
-    return handle_generate(s, conn, c, is_chat, NULL, NULL, NULL);
+    if (is_msgs || is_msgs_count) return handle_messages(s, conn, c, is_msgs_count);
+    return handle_generate(s, conn, c, is_chat, NULL, NULL, NULL, NULL);
 }
 
 /* A request's JSON (parsed and printed with cJSON) is the server's memory: NET, not MISC (whose

@@ -66,10 +66,7 @@ static void item_id(const srv_resp *rs, const char *prefix, int32_t k, char *buf
 
 /* ---- the request ---- */
 
-static const char *str_of(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
+#define str_of srv_json_str
 
 static bool present(const cJSON *v) { return v && !cJSON_IsNull(v); }
 
@@ -390,16 +387,7 @@ fl_status srv_resp_request(fl_server *s, const cJSON *j, cJSON **chat_out, srv_r
     fl_status st = FL_ERR_NOMEM;
     if (!rs || !chat) goto fail;
     rs->created_at = (int64_t)time(NULL);
-    pthread_mutex_lock(&s->mu);
-    const int64_t serial = ++s->next_local_id;
-    pthread_mutex_unlock(&s->mu);
-    {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        const uint64_t seed[3] = {(uint64_t)serial, (uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)rs};
-        const XXH128_hash_t h = XXH3_128bits(seed, sizeof seed);
-        snprintf(rs->id, sizeof rs->id, "resp_%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
-    }
+    srv_api_id(s, "resp", rs, rs->id, sizeof rs->id);
     if (!(rs->echo = cJSON_CreateObject()) || !(rs->conv = cJSON_CreateArray()) || !(rs->items = cJSON_CreateArray()) ||
         !(rs->output = cJSON_CreateArray()))
         goto fail;
@@ -564,12 +552,6 @@ fail:
 
 /* ---- the output: events and the response object ---- */
 
-static cJSON *event(const char *type) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "type", type);
-    return o;
-}
-
 /* Send event o (streamed; else dropped) and free it. */
 static void emit(srv_resp *rs, srv_buf *out, cJSON *o) {
     if (!o) {
@@ -578,8 +560,7 @@ static void emit(srv_resp *rs, srv_buf *out, cJSON *o) {
     }
     if (rs->stream) {
         cJSON_AddNumberToObject(o, "sequence_number", (double)rs->seq++);
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "type");
-        if (srv_buf_printf(out, "event: %s\n", t->valuestring) || srv_append_json(out, o, true)) rs->failed = FL_ERR_NOMEM;
+        if (srv_event_append(out, o)) rs->failed = FL_ERR_NOMEM;
     }
     cJSON_Delete(o);
 }
@@ -689,25 +670,25 @@ static void close_item(srv_resp *rs, srv_buf *out) {
     const char *txt = rs->text.p ? rs->text.p : "";
     cJSON *o;
     if (rs->open == IT_CALL) {
-        o = event("response.function_call_arguments.done");
+        o = srv_event("response.function_call_arguments.done");
         add_index(o, rs, false);
         cJSON_AddStringToObject(o, "name", rs->call_name);
         cJSON_AddStringToObject(o, "arguments", txt);
         emit(rs, out, o);
     } else {
         const bool msg = rs->open == IT_MESSAGE;
-        o = event(msg ? "response.output_text.done" : "response.reasoning_text.done");
+        o = srv_event(msg ? "response.output_text.done" : "response.reasoning_text.done");
         add_index(o, rs, true);
         cJSON_AddStringToObject(o, "text", txt);
         if (msg) cJSON_AddItemToObject(o, "logprobs", rs->lps ? cJSON_Duplicate(rs->lps, 1) : cJSON_CreateArray());
         emit(rs, out, o);
-        o = event("response.content_part.done");
+        o = srv_event("response.content_part.done");
         add_index(o, rs, true);
         cJSON_AddItemToObject(o, "part", text_part(msg ? "output_text" : "reasoning_text", txt, rs->lps));
         emit(rs, out, o);
     }
     cJSON *it = open_item(rs, true);
-    o = event("response.output_item.done");
+    o = srv_event("response.output_item.done");
     cJSON_AddNumberToObject(o, "output_index", rs->n_items - 1);
     cJSON_AddItemToObject(o, "item", cJSON_Duplicate(it, 1));
     emit(rs, out, o);
@@ -722,12 +703,12 @@ static void open_new(srv_resp *rs, srv_buf *out, int kind) {
     close_item(rs, out);
     rs->open = kind;
     item_id(rs, kind == IT_CALL ? "fc" : kind == IT_MESSAGE ? "msg" : "rs", rs->n_items++, rs->item_id, sizeof rs->item_id);
-    cJSON *o = event("response.output_item.added");
+    cJSON *o = srv_event("response.output_item.added");
     cJSON_AddNumberToObject(o, "output_index", rs->n_items - 1);
     cJSON_AddItemToObject(o, "item", open_item(rs, false));
     emit(rs, out, o);
     if (kind != IT_CALL) {
-        o = event("response.content_part.added");
+        o = srv_event("response.content_part.added");
         add_index(o, rs, true);
         cJSON_AddItemToObject(o, "part", text_part(kind == IT_MESSAGE ? "output_text" : "reasoning_text", "", NULL));
         emit(rs, out, o);
@@ -738,7 +719,7 @@ static void open_new(srv_resp *rs, srv_buf *out, int kind) {
 static void add_text(srv_resp *rs, srv_buf *out, int kind, const char *t, const cJSON *lps) {
     if (rs->open != kind) open_new(rs, out, kind);
     if (srv_buf_append(&rs->text, t, strlen(t))) rs->failed = FL_ERR_NOMEM;
-    cJSON *o = event(kind == IT_MESSAGE ? "response.output_text.delta" : kind == IT_CALL ? "response.function_call_arguments.delta"
+    cJSON *o = srv_event(kind == IT_MESSAGE ? "response.output_text.delta" : kind == IT_CALL ? "response.function_call_arguments.delta"
                                                                                          : "response.reasoning_text.delta");
     add_index(o, rs, kind != IT_CALL);
     cJSON_AddStringToObject(o, "delta", t);
@@ -761,18 +742,15 @@ static void feed(srv_resp *rs, srv_buf *out, const cJSON *d, const cJSON *lps) {
     int32_t k = 0;
     const cJSON *tc;
     cJSON_ArrayForEach(tc, cJSON_GetObjectItemCaseSensitive(d, "tool_calls")) {
-        const cJSON *ix = cJSON_GetObjectItemCaseSensitive(tc, "index"), *f = cJSON_GetObjectItemCaseSensitive(tc, "function");
-        const int32_t idx = cJSON_IsNumber(ix) ? (int32_t)ix->valuedouble : k;
-        const char *id = str_of(tc, "id"), *name = str_of(f, "name"), *args = str_of(f, "arguments");
-        if (rs->open != IT_CALL || idx != rs->call_index || id) {
+        srv_call_piece_in p;
+        if (srv_call_delta(tc, k++, &p) || rs->open != IT_CALL || p.index != rs->call_index) {
             close_item(rs, out);
-            rs->call_index = idx;
-            snprintf(rs->call_id, sizeof rs->call_id, "%s", id ? id : "");
-            snprintf(rs->call_name, sizeof rs->call_name, "%s", name ? name : "");
+            rs->call_index = p.index;
+            snprintf(rs->call_id, sizeof rs->call_id, "%s", p.id ? p.id : "");
+            snprintf(rs->call_name, sizeof rs->call_name, "%s", p.name ? p.name : "");
             open_new(rs, out, IT_CALL);
         }
-        if (args && *args) add_text(rs, out, IT_CALL, args, NULL);
-        k++;
+        if (p.args && *p.args) add_text(rs, out, IT_CALL, p.args, NULL);
     }
 }
 
@@ -781,10 +759,10 @@ static void start(srv_resp *rs, srv_buf *out, const cJSON *chunk) {
     rs->started = true;
     const char *model = str_of(chunk, "model");
     snprintf(rs->model, sizeof rs->model, "%s", model ? model : "");
-    cJSON *r = response_of(rs, rs->model), *o = event("response.created");
+    cJSON *r = response_of(rs, rs->model), *o = srv_event("response.created");
     cJSON_AddItemToObject(o, "response", r);
     emit(rs, out, o);
-    o = event("response.in_progress");
+    o = srv_event("response.in_progress");
     cJSON_AddItemToObject(o, "response", response_of(rs, rs->model));
     emit(rs, out, o);
 }
@@ -885,7 +863,7 @@ void srv_resp_end(fl_server *s, srv_resp *rs, srv_buf *out) {
     if (t && rs->store && strcmp(status, "failed") && strcmp(status, "cancelled")) store_put(s, rs, t);
     cJSON_free(t);
     if (rs->stream) {
-        cJSON *o = event(!strcmp(status, "failed") ? "response.failed" : !strcmp(status, "incomplete") ? "response.incomplete"
+        cJSON *o = srv_event(!strcmp(status, "failed") ? "response.failed" : !strcmp(status, "incomplete") ? "response.incomplete"
                                                                                                        : "response.completed");
         cJSON_AddItemToObject(o, "response", r);
         emit(rs, out, o);

@@ -131,6 +131,7 @@ typedef struct srv_req {
     char created_id[48];
     int64_t created;
     struct srv_resp *resp; /* /v1/responses: the translation of its chat output (responses.c); NULL otherwise */
+    struct srv_msgs *msgs; /* /v1/messages (Anthropic's): the same (messages.c) */
 } srv_req;
 
 /* why a choice finished, as vLLM's request_success_total labels it */
@@ -297,6 +298,29 @@ typedef struct srv_resp_page {
 } srv_resp_page;
 fl_status srv_resp_get(fl_server *s, const char *id, int what, const srv_resp_page *pg, srv_buf *out);
 void srv_resp_store_free(fl_server *s);
+/* messages.c: Anthropic's Messages API over chat completions.  srv_msgs_request translates
+ * request j into a chat request (*chat) and, unless count_only (count_tokens: no reply to
+ * make), the reply's state (*ms); FL_ERR_INVALID with err (a 400).  srv_msgs_chunk takes each
+ * chat.completion.chunk (or the whole chat.completion), with the prompt's tokens and those the
+ * prefix cache served; srv_msgs_end appends the last events (or the message) to out. */
+typedef struct srv_msgs srv_msgs;
+fl_status srv_msgs_request(fl_server *s, const struct cJSON *j, bool count_only, struct cJSON **chat, srv_msgs **ms, char *err, size_t n);
+void srv_msgs_chunk(srv_msgs *ms, const struct cJSON *chunk, int32_t n_prompt, int32_t n_cached, srv_buf *out);
+void srv_msgs_end(srv_msgs *ms, srv_buf *out);
+void srv_msgs_free(srv_msgs *ms);
+/* dialect.c: what those translations share.  srv_json_str: o's string field k (NULL: none);
+ * srv_api_id: a new id "PREFIX_" + 32 hex digits (unique in the server and across its runs);
+ * srv_event: {"type": type}; srv_event_append: event o as SSE with its type as the event's
+ * name; srv_call_delta: tool_calls entry k of a chat delta (true where it starts a call, its id). */
+const char *srv_json_str(const struct cJSON *o, const char *k);
+void srv_api_id(fl_server *s, const char *prefix, const void *salt, char *buf, size_t cap);
+struct cJSON *srv_event(const char *type);
+fl_status srv_event_append(srv_buf *out, struct cJSON *o);
+typedef struct srv_call_piece_in {
+    int32_t index;       /* the call's index in the chat output */
+    const char *id, *name, *args; /* NULL where the piece has none */
+} srv_call_piece_in;
+bool srv_call_delta(const struct cJSON *tc, int32_t k, srv_call_piece_in *p);
 /* The JSON of o onto b (as an SSE data line when sse), made well-formed UTF-8 (api.c) */
 fl_status srv_append_json(srv_buf *b, struct cJSON *o, bool sse);
 /* util */

@@ -1,0 +1,47 @@
+/* What the translations of other APIs onto chat completions share (responses.c: OpenAI's
+ * Responses API, messages.c: Anthropic's Messages API): ids, typed SSE events, and reading the
+ * chat deltas' tool calls. */
+#include "server/server_int.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+const char *srv_json_str(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+void srv_api_id(fl_server *s, const char *prefix, const void *salt, char *buf, size_t cap) {
+    pthread_mutex_lock(&s->mu);
+    const int64_t serial = ++s->next_local_id;
+    pthread_mutex_unlock(&s->mu);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const uint64_t seed[3] = {(uint64_t)serial, (uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)salt};
+    const XXH128_hash_t h = XXH3_128bits(seed, sizeof seed);
+    snprintf(buf, cap, "%s_%016llx%016llx", prefix, (unsigned long long)h.high64, (unsigned long long)h.low64);
+}
+
+cJSON *srv_event(const char *type) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", type);
+    return o;
+}
+
+fl_status srv_event_append(srv_buf *out, cJSON *o) {
+    const char *t = srv_json_str(o, "type");
+    fl_status st = srv_buf_printf(out, "event: %s\n", t ? t : "message");
+    return st ? st : srv_append_json(out, o, true);
+}
+
+bool srv_call_delta(const cJSON *tc, int32_t k, srv_call_piece_in *p) {
+    const cJSON *ix = cJSON_GetObjectItemCaseSensitive(tc, "index"), *f = cJSON_GetObjectItemCaseSensitive(tc, "function");
+    p->index = cJSON_IsNumber(ix) ? (int32_t)ix->valuedouble : k;
+    p->id = srv_json_str(tc, "id");
+    p->name = srv_json_str(f, "name");
+    p->args = srv_json_str(f, "arguments");
+    return p->id != NULL; /* (a call's first piece carries its id) */
+}
