@@ -8,7 +8,7 @@
 # Schema compiled and followed), fuzz_regex (guided_regex's two matchers against each other) and
 # fuzz_grammar (GBNF: pieces, keys, the vocabulary walk against a check per token), fuzz_tools
 # (tool calling's requests, grammars, triggers and output reading, structural tags; the reasoning split)
-# for a third of that each.  Skips
+# and fuzz_dialects (/v1/responses and /v1/messages: requests, their events, the store) for a third of that each.  Skips
 # (77) when clang or libFuzzer is not installed.
 # usage: cli_fuzz.sh FITLLM SHARED_DIR
 set -uo pipefail
@@ -28,7 +28,7 @@ if [ ! -f "$OUT/build.ninja" ]; then
     CC=clang cmake -S "$SRC" -B "$OUT" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFITLLM_FUZZ=ON \
         -DFITLLM_MPI=OFF -DFL_SHARED_DIR="$SHARED" >"$OUT.cmake.log" 2>&1 || { cat "$OUT.cmake.log"; exit 1; }
 fi
-ninja -C "$OUT" fuzz_gguf fuzz_plan fuzz_tokenize fuzz_json_fsm fuzz_json_schema fuzz_regex fuzz_grammar fuzz_tools >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
+ninja -C "$OUT" fuzz_gguf fuzz_plan fuzz_tokenize fuzz_json_fsm fuzz_json_schema fuzz_regex fuzz_grammar fuzz_tools fuzz_dialects >"$OUT/ninja.log" 2>&1 || { cat "$OUT/ninja.log"; exit 1; }
 
 rm -rf "$OUT/run"; mkdir -p "$OUT/run/seeds" "$OUT/run/artifacts"
 python3 "$SRC/tests/fuzz/make_seeds.py" "$OUT/run/seeds"
@@ -153,4 +153,34 @@ for i, b in enumerate(bodies):
         open('%s/t%d_%d' % (sys.argv[1], i, k), 'wb').write(bytes([(i * 37 + k * 11) & 255]) + json.dumps(b).encode() + b'\0' + o.encode())
 PY
 run_fuzzer fuzz_tools $((SECS / 3 + 1)) "$OUT/run/tools_seeds"
-echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan, fuzz_tokenize, fuzz_json_fsm, fuzz_json_schema, fuzz_regex, fuzz_grammar and fuzz_tools $((SECS / 3 + 1))s each)"
+# fuzz_dialects: the Responses and Messages APIs' translations; each seed is a selector byte
+# (bit 1: Anthropic's, 2: count_tokens, 3: input items ascending, 4: delete), a request body, a
+# NUL byte and chat deltas, one JSON object a line
+mkdir -p "$OUT/run/dialect_seeds"
+python3 - "$OUT/run/dialect_seeds" <<'PY'
+import json, sys
+fn = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+resp = [{"input": "hi", "max_output_tokens": 8}, {"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+         {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}, {"type": "function_call_output", "call_id": "c1", "output": "4"}],
+         "instructions": "Be brief.", "tools": [fn], "tool_choice": "auto", "stream": True, "top_logprobs": 2},
+        {"input": "x", "text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}, "store": False, "stream": True},
+        {"input": [{"type": "reasoning", "summary": []}, {"role": "assistant", "content": "ok"}], "previous_response_id": "resp_x"}]
+msgs = [{"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "system": [{"type": "text", "text": "Be brief."}]},
+        {"max_tokens": 8, "stream": True, "tools": [{"name": "f", "input_schema": fn["parameters"]}], "tool_choice": {"type": "any"},
+         "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "thinking", "thinking": "t"},
+                      {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "4"}, {"type": "text", "text": "so?"}]}]}]
+deltas = ['{"role":"assistant"}\n{"reasoning_content":"hmm"}\n{"content":"Hel"}\n{"content":"lo","finish_reason":"stop"}\n{"usage":{"prompt_tokens":5,"completion_tokens":3}}',
+          '{"tool_calls":[{"index":0,"id":"call_0123","type":"function","function":{"name":"f","arguments":""}}]}\n'
+          '{"tool_calls":[{"index":0,"function":{"arguments":"{\\"a\\":"}}]}\n{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]}\n'
+          '{"tool_calls":[{"index":1,"id":"call_4567","function":{"name":"g","arguments":"{}"}}],"finish_reason":"tool_calls"}',
+          '{"content":"x"}\n{"finish_reason":"length"}', '{"content":"\\u00e9"}\n{"finish_reason":"error"}']
+k = 0
+for sel, bodies in [(0, resp), (2, msgs), (6, msgs), (24, resp)]:
+    for b in bodies:
+        for d in deltas:
+            open('%s/d%03d' % (sys.argv[1], k), 'wb').write(bytes([sel]) + json.dumps(b).encode() + b'\0' + d.encode())
+            k += 1
+PY
+run_fuzzer fuzz_dialects $((SECS / 3 + 1)) "$OUT/run/dialect_seeds"
+echo "cli_fuzz: ran clean (fuzz_gguf ${SECS}s, fuzz_plan, fuzz_tokenize, fuzz_json_fsm, fuzz_json_schema, fuzz_regex, fuzz_grammar, fuzz_tools and fuzz_dialects $((SECS / 3 + 1))s each)"

@@ -65,6 +65,12 @@ check("the request's settings are repeated",
 st, g = call("GET", "/v1/responses/" + r1["id"])
 check("GET /v1/responses/{id}: the same object", st == 200 and g == r1)
 
+# ill-formed bytes (byte tokens <0xFF>, id 258, forced): U+FFFD in the reply, and so in the store
+st, rb = post("/v1/responses", {"input": Q1, "max_output_tokens": 2, "temperature": 0, "logit_bias": {"258": 100}})
+st2, gb = call("GET", "/v1/responses/" + rb["id"])
+check("ill-formed output bytes: U+FFFD in the reply, and the stored response is the same",
+      st == 200 and text_of(rb) == "\ufffd\ufffd" and st2 == 200 and gb == rb)
+
 # instructions: a system message, for this request only
 st, ri = post("/v1/responses", {"input": Q1, "instructions": "You tell short stories.", "max_output_tokens": 24, "temperature": 0})
 ci = chat([{"role": "system", "content": "You tell short stories."}, {"role": "user", "content": Q1}], max_tokens=24)

@@ -206,31 +206,6 @@ static size_t utf8_complete(const char *s, size_t n) {
     return n;
 }
 
-/* The JSON of o onto b (as an SSE event when sse), made well-formed UTF-8: generated text can
- * hold any bytes (byte-fallback tokens), and every ill-formed byte becomes U+FFFD. */
-fl_status srv_append_json(srv_buf *b, cJSON *o, bool sse) {
-    char *t = cJSON_PrintUnformatted(o);
-    if (!t) return FL_ERR_NOMEM;
-    size_t n = strlen(t);
-    const size_t ubytes = 3 * n + 1;
-    char *u = NULL;
-    if (!fl_utf8_is_valid(t, n)) {
-        if (!(u = fl_alloc(FL_MEM_NET, ubytes, 16))) {
-            cJSON_free(t);
-            return FL_ERR_NOMEM;
-        }
-        n = fl_utf8_sanitize(t, n, u);
-        u[n] = 0;
-    }
-    const char *j = u ? u : t;
-    fl_status st = sse ? srv_buf_append(b, "data: ", 6) : FL_OK;
-    if (st == FL_OK) st = srv_buf_append(b, j, n);
-    if (st == FL_OK && sse) st = srv_buf_append(b, "\n\n", 2);
-    if (u) fl_free(FL_MEM_NET, u, ubytes);
-    cJSON_free(t);
-    return st;
-}
-
 /* ---- logprobs ----
  * Each generated token has a record of 1 + n_top (token, logprob) pairs from the engine: itself,
  * then the n_top most likely tokens at its position.  /v1/completions lists them in the legacy

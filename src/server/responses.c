@@ -826,9 +826,11 @@ static void store_put(fl_server *s, const srv_resp *rs, const char *resp_json) {
     if (nb && limit > nb / 4) limit = nb / 4;
     if (!limit) return;
     cJSON *conv = conv_after(rs);
-    char *ct = conv ? cJSON_PrintUnformatted(conv) : NULL, *it = cJSON_PrintUnformatted(rs->items);
+    srv_buf cb = {0}, ib = {0}; /* (well-formed UTF-8, as the replies: srv_append_json) */
+    const bool ok = conv && !srv_append_json(&cb, conv, false) && !srv_append_json(&ib, rs->items, false);
+    const char *ct = cb.p, *it = ib.p;
     cJSON_Delete(conv);
-    if (ct && it) {
+    if (ok) {
         const size_t nr = strlen(resp_json) + 1, nc = strlen(ct) + 1, ni = strlen(it) + 1, bytes = sizeof(srv_resp_entry) + nr + nc + ni;
         srv_resp_entry *old = store_find(s, rs->id);
         if (old) store_drop(s, old);
@@ -851,17 +853,17 @@ static void store_put(fl_server *s, const srv_resp *rs, const char *resp_json) {
             s->resp_count++;
         }
     }
-    cJSON_free(ct);
-    cJSON_free(it);
+    srv_buf_free(&cb);
+    srv_buf_free(&ib);
 }
 
 void srv_resp_end(fl_server *s, srv_resp *rs, srv_buf *out) {
     close_item(rs, out);
     cJSON *r = response_of(rs, rs->model);
-    char *t = r ? cJSON_PrintUnformatted(r) : NULL;
     const char *status = status_of(rs);
-    if (t && rs->store && strcmp(status, "failed") && strcmp(status, "cancelled")) store_put(s, rs, t);
-    cJSON_free(t);
+    srv_buf t = {0}; /* kept as the reply gives it */
+    if (r && rs->store && strcmp(status, "failed") && strcmp(status, "cancelled") && !srv_append_json(&t, r, false)) store_put(s, rs, t.p);
+    srv_buf_free(&t);
     if (rs->stream) {
         cJSON *o = srv_event(!strcmp(status, "failed") ? "response.failed" : !strcmp(status, "incomplete") ? "response.incomplete"
                                                                                                        : "response.completed");

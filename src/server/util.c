@@ -1,6 +1,8 @@
 #include "server/server_int.h"
 #include "core/alloc.h"
+#include "core/utf8.h"
 
+#include <cjson/cJSON.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -57,4 +59,29 @@ double srv_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The JSON of o onto b (as an SSE event when sse), made well-formed UTF-8: generated text can
+ * hold any bytes (byte-fallback tokens), and every ill-formed byte becomes U+FFFD. */
+fl_status srv_append_json(srv_buf *b, cJSON *o, bool sse) {
+    char *t = cJSON_PrintUnformatted(o);
+    if (!t) return FL_ERR_NOMEM;
+    size_t n = strlen(t);
+    const size_t ubytes = 3 * n + 1;
+    char *u = NULL;
+    if (!fl_utf8_is_valid(t, n)) {
+        if (!(u = fl_alloc(FL_MEM_NET, ubytes, 16))) {
+            cJSON_free(t);
+            return FL_ERR_NOMEM;
+        }
+        n = fl_utf8_sanitize(t, n, u);
+        u[n] = 0;
+    }
+    const char *j = u ? u : t;
+    fl_status st = sse ? srv_buf_append(b, "data: ", 6) : FL_OK;
+    if (st == FL_OK) st = srv_buf_append(b, j, n);
+    if (st == FL_OK && sse) st = srv_buf_append(b, "\n\n", 2);
+    if (u) fl_free(FL_MEM_NET, u, ubytes);
+    cJSON_free(t);
+    return st;
 }
