@@ -4,6 +4,7 @@
 #include "core/status.h"
 #include "fitllm.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <signal.h>
@@ -71,7 +72,9 @@ int fl_cmd_serve(int argc, char **argv) {
         {"block-size", 0, FL_OPT_INT, "N  tokens per KV block (default 16)"},
         {"weights", 0, FL_OPT_STR, "T  quantize weights at load: nf4 fp8 q8_0 q4_0"},
         {"prefix-cache", 0, FL_OPT_STR, "on|off  automatic prefix caching (default on)"},
-        {"api-key", 0, FL_OPT_STR, "KEY  require 'Authorization: Bearer KEY'"},
+        {"api-key", 0, FL_OPT_STR, "KEY  require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY')"},
+        {"ssl-key-file", 0, FL_OPT_STR, "FILE  serve HTTPS with this PEM private key (llama-server's name; vLLM's --ssl-keyfile), with --ssl-cert-file"},
+        {"ssl-cert-file", 0, FL_OPT_STR, "FILE  the key's PEM certificate (chain) for HTTPS (vLLM's --ssl-certfile)"},
         {"max-queue", 0, FL_OPT_INT, "N  waiting requests before answering 503 (default 256)"},
         {"max-connections", 0, FL_OPT_INT, "N  concurrent HTTP connections (default 256)"},
         {"max-body", 0, FL_OPT_BYTES, "BYTES  largest request body (default 1M)"},
@@ -271,6 +274,21 @@ int fl_cmd_serve(int argc, char **argv) {
         return 2;
     }
     sp.api_key = fl_args_get(opts, "api-key")->str;
+    sp.ssl_key_file = fl_args_get(opts, "ssl-key-file")->str;
+    sp.ssl_cert_file = fl_args_get(opts, "ssl-cert-file")->str;
+    if (!sp.ssl_key_file != !sp.ssl_cert_file) { /* (said before the model loads) */
+        fprintf(stderr, "fitllm serve: HTTPS needs both --ssl-key-file and --ssl-cert-file\n");
+        return 2;
+    }
+    for (int k = 0; k < 2; k++) {
+        const char *f = k ? sp.ssl_cert_file : sp.ssl_key_file;
+        FILE *fp = f ? fopen(f, "rb") : NULL;
+        if (f && !fp) {
+            fprintf(stderr, "fitllm serve: cannot read %s '%s': %s\n", k ? "--ssl-cert-file" : "--ssl-key-file", f, strerror(errno));
+            return 2;
+        }
+        if (fp) fclose(fp);
+    }
     if (fl_args_get(opts, "max-queue")->set) sp.max_queue = (int32_t)fl_args_get(opts, "max-queue")->i;
     if (fl_args_get(opts, "max-connections")->set) sp.max_connections = (int32_t)fl_args_get(opts, "max-connections")->i;
     if (fl_args_get(opts, "max-body")->set) sp.max_body_bytes = fl_args_get(opts, "max-body")->i;
@@ -316,7 +334,7 @@ int fl_cmd_serve(int argc, char **argv) {
         fl_engine_free(e);
         return 1;
     }
-    fprintf(stderr, "fitllm serve: listening on http://%s:%d (model %s, ctx %d)\n", sp.host, fl_server_port(s),
+    fprintf(stderr, "fitllm serve: listening on %s://%s:%d (model %s, ctx %d)\n", sp.ssl_key_file ? "https" : "http", sp.host, fl_server_port(s),
             fl_engine_model_name(e), fl_engine_n_ctx(e));
     fflush(stderr);
     int sig = 0;

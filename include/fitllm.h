@@ -467,6 +467,8 @@ typedef struct fl_server_params {
                                  * prefix first */
     int64_t responses_mem;      /* /v1/responses: the most bytes of stored responses (previous_response_id, GET);
                                  * default 16 MiB, 0 none; charged to FL_MEM_NET (with its budget, at most a quarter) */
+    const char *ssl_key_file;   /* HTTPS (llama-server's --ssl-key-file, vLLM's --ssl-keyfile): a PEM private key */
+    const char *ssl_cert_file;  /* and its PEM certificate (chain); both or neither (NULL: plain HTTP) */
 } fl_server_params;
 
 void fl_server_params_default(fl_server_params *p);

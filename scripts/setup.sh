@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake ninja-build pkg-config libcmocka-dev libmicrohttpd-dev libcjson-dev
-      libxxhash-dev libpcre2-dev libopenmpi-dev openmpi-bin gnuplot-nox curl clang wrk python3)
+      libxxhash-dev libpcre2-dev libopenmpi-dev openmpi-bin gnuplot-nox curl clang wrk python3 openssl)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -7,6 +7,8 @@
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -201,6 +203,52 @@ static void *driver_main(void *arg) {
     return NULL;
 }
 
+/* a PEM file's text, NUL-terminated (NET) */
+static fl_status read_pem(const char *path, const char *what, char **out, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return fl_set_error(FL_ERR_IO, "cannot read the HTTPS %s '%s': %s", what, path, strerror(errno));
+    char *b = NULL;
+    size_t len = 0, cap = 0;
+    fl_status st = FL_OK;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            const size_t nc = cap ? cap * 2 : 8192;
+            if (nc > ((size_t)1 << 20)) { st = fl_set_error(FL_ERR_INVALID, "the HTTPS %s '%s' is over 1 MiB: not a PEM file", what, path); break; }
+            char *p = fl_realloc(FL_MEM_NET, b, cap, nc, 16);
+            if (!p) { st = FL_ERR_NOMEM; break; }
+            b = p;
+            cap = nc;
+        }
+        const size_t r = fread(b + len, 1, cap - len - 1, f);
+        len += r;
+        if (r == 0) break;
+    }
+    if (st == FL_OK && ferror(f)) st = fl_set_error(FL_ERR_IO, "cannot read the HTTPS %s '%s'", what, path);
+    fclose(f);
+    if (st == FL_OK && (!b || !strstr(b, "-----BEGIN ")))
+        st = fl_set_error(FL_ERR_FORMAT, "the HTTPS %s '%s' is not a PEM file (no -----BEGIN line)", what, path);
+    else if (st == FL_OK && !strstr(b, !strcmp(what, "key") ? "PRIVATE KEY-----" : "-----BEGIN CERTIFICATE-----"))
+        st = fl_set_error(FL_ERR_FORMAT, "the HTTPS %s '%s' holds no %s (PEM)", what, path, !strcmp(what, "key") ? "private key" : "certificate");
+    if (st != FL_OK) {
+        fl_free(FL_MEM_NET, b, cap);
+        return st;
+    }
+    b[len] = 0;
+    *out = b;
+    *n = cap;
+    return FL_OK;
+}
+
+static void free_tls(fl_server *s) {
+    if (s->tls_key) { /* (the key's bytes wiped before they go back) */
+        volatile char *k = s->tls_key;
+        for (size_t i = 0; i < s->tls_key_n; i++) k[i] = 0;
+    }
+    fl_free(FL_MEM_NET, s->tls_key, s->tls_key_n);
+    fl_free(FL_MEM_NET, s->tls_cert, s->tls_cert_n);
+    s->tls_key = s->tls_cert = NULL;
+}
+
 fl_status fl_server_start(fl_engine *e, const fl_server_params *p, fl_server **out) {
     *out = NULL;
     fl_server *s = fl_calloc(FL_MEM_NET, 1, sizeof *s);
@@ -253,14 +301,37 @@ fl_status fl_server_start(fl_engine *e, const fl_server_params *p, fl_server **o
         fl_free(FL_MEM_NET, s, sizeof *s);
         return st;
     }
+    /* HTTPS: the key and certificate read whole (libmicrohttpd hands them to GnuTLS) */
+    const bool tls = p->ssl_key_file || p->ssl_cert_file;
+    if (tls) {
+        fl_status st = FL_OK;
+        if (!p->ssl_key_file || !p->ssl_cert_file)
+            st = fl_set_error(FL_ERR_INVALID, "HTTPS needs both a key (--ssl-key-file) and a certificate (--ssl-cert-file)");
+        else if (!MHD_is_feature_supported(MHD_FEATURE_TLS))
+            st = fl_set_error(FL_ERR_UNSUPPORTED, "this libmicrohttpd was built without TLS: HTTPS is not available");
+        else if ((st = read_pem(p->ssl_key_file, "key", &s->tls_key, &s->tls_key_n)) == FL_OK)
+            st = read_pem(p->ssl_cert_file, "certificate", &s->tls_cert, &s->tls_cert_n);
+        if (st != FL_OK) {
+            free_tls(s);
+            pthread_mutex_destroy(&s->mu);
+            pthread_cond_destroy(&s->work_cv);
+            fl_free(FL_MEM_NET, s, sizeof *s);
+            return st;
+        }
+    }
     if (pthread_create(&s->driver, NULL, driver_main, s)) {
+        free_tls(s);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
         fl_free(FL_MEM_NET, s, sizeof *s);
         return fl_set_error(FL_ERR_INTERNAL, "cannot start the driver thread");
     }
-    s->mhd = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC,
+    struct MHD_OptionItem tls_opts[] = {{MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key}, {MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert},
+                                        {MHD_OPTION_END, 0, NULL}};
+    s->mhd = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
+                                  (tls ? MHD_USE_TLS : 0),
                               0, NULL, NULL, srv_handle, s,
+                              MHD_OPTION_ARRAY, tls ? tls_opts : tls_opts + 2,
                               MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned int)s->p.max_connections,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)120,
@@ -276,8 +347,11 @@ fl_status fl_server_start(fl_engine *e, const fl_server_params *p, fl_server **o
         pthread_join(s->driver, NULL);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work_cv);
+        free_tls(s);
         fl_free(FL_MEM_NET, s, sizeof *s);
-        return fl_set_error(FL_ERR_IO, "cannot listen on %s:%d (port in use or not permitted)", host, p->port);
+        return fl_set_error(FL_ERR_IO, tls ? "cannot listen on %s:%d over HTTPS (the port is in use or not permitted, or the key and certificate "
+                                             "are not a PEM private key and its certificate)"
+                                           : "cannot listen on %s:%d (port in use or not permitted)", host, p->port);
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : p->port;
@@ -315,6 +389,7 @@ void fl_server_stop(fl_server *s, int32_t grace_ms) {
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->driver, NULL);
     srv_resp_store_free(s);
+    free_tls(s);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work_cv);
     fl_free(FL_MEM_NET, s, sizeof *s);

@@ -167,6 +167,8 @@ struct fl_server {
     fl_engine *engine;
     fl_server_params p;
     char model_name[256];
+    char *tls_key, *tls_cert; /* HTTPS: the PEM texts (NET; libmicrohttpd reads them while it runs) */
+    size_t tls_key_n, tls_cert_n;
     char lora_names[FL_ENGINE_MAX_LORAS][128]; /* each adapter slot's name ("": none; vLLM's --lora-modules and
                                                * /v1/load_lora_adapter; mu) */
     char lora_paths[FL_ENGINE_MAX_LORAS][512]; /* p.lora_paths, copied (GET /lora-adapters) */
