@@ -225,6 +225,7 @@ static fl_status read_pem(const char *path, const char *what, char **out, size_t
     }
     if (st == FL_OK && ferror(f)) st = fl_set_error(FL_ERR_IO, "cannot read the HTTPS %s '%s'", what, path);
     fclose(f);
+    if (b) b[len] = 0; /* (cap > len: room for it was kept) */
     if (st == FL_OK && (!b || !strstr(b, "-----BEGIN ")))
         st = fl_set_error(FL_ERR_FORMAT, "the HTTPS %s '%s' is not a PEM file (no -----BEGIN line)", what, path);
     else if (st == FL_OK && !strstr(b, !strcmp(what, "key") ? "PRIVATE KEY-----" : "-----BEGIN CERTIFICATE-----"))
@@ -233,7 +234,6 @@ static fl_status read_pem(const char *path, const char *what, char **out, size_t
         fl_free(FL_MEM_NET, b, cap);
         return st;
     }
-    b[len] = 0;
     *out = b;
     *n = cap;
     return FL_OK;
