@@ -87,6 +87,10 @@ check("previous_response_id: the chat completion of the whole conversation, with
 check("previous_response_id: the prefix cache serves the earlier turn (%d cached tokens)" % r2["usage"]["input_tokens_details"]["cached_tokens"],
       r2["usage"]["input_tokens_details"]["cached_tokens"] >= r1["usage"]["input_tokens"] // 2)
 
+st, it = post("/v1/responses/input_tokens", {"input": Q2, "previous_response_id": ri["id"]})
+check("input_tokens: the prompt's tokens, as the response counted them (%s)" % it,
+      st == 200 and it == {"object": "response.input_tokens", "input_tokens": r2["usage"]["input_tokens"]})
+
 # input as items, with an assistant turn given back by the client (stateless)
 items = [{"role": "user", "content": Q1},
          {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text_of(ri)}]},
@@ -182,6 +186,8 @@ if fc:
                {"role": "tool", "tool_call_id": fc[0]["call_id"], "content": "sunny, 21 C"}], tools=[CHAT_WEATHER], max_tokens=16)
     check("function_call_output: the conversation with the call and its result, as chat renders it",
           st == 200 and ro["usage"]["input_tokens"] == co["usage"]["prompt_tokens"] and text_of(ro) == (co["choices"][0]["message"]["content"] or ""))
+    st, it = post("/v1/responses/input_tokens", dict(nxt, max_output_tokens=None))
+    check("input_tokens with tools and a call's output: as the response counted them", st == 200 and it["input_tokens"] == ro["usage"]["input_tokens"])
     stateless = dict(nxt, previous_response_id=None, input=[{"role": "user", "content": "What is the weather in Paris?"},
                                                               {"type": "function_call", "call_id": fc[0]["call_id"], "name": "get_weather",
                                                                "arguments": fc[0]["arguments"]}] + nxt["input"])

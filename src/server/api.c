@@ -476,11 +476,20 @@ static void named_args_chunk(fl_server *s, srv_req *r, int i, const char *txt, s
 static void stream_named_args(fl_server *s, srv_req *r, int i) {
     srv_sample *sm = &r->samples[i];
     const char *txt = sm->text.p ? sm->text.p : "";
-    size_t a = sm->sent, e = utf8_complete(txt, sm->text.len);
-    if (!sm->call_sent)
-        while (a < e && is_space(txt[a])) a++;
-    while (e > a && is_space(txt[e - 1])) e--;
-    if (e > a || !r->role_sent) named_args_chunk(s, r, i, txt, a, e, sm->n_lp);
+    const size_t whole = utf8_complete(txt, sm->text.len);
+    /* a chunk per engine output, as content streams (however late the connection reads): up to
+     * each recorded boundary in turn, what is held (spaces, a cut character) going with the next */
+    for (;;) {
+        while (sm->seg_sent < sm->n_seg && sm->seg[sm->seg_sent].end <= sm->sent) sm->seg_sent++;
+        const bool last = sm->seg_sent >= sm->n_seg || sm->seg[sm->seg_sent].end >= whole;
+        size_t a = sm->sent, e = last ? whole : utf8_complete(txt, sm->seg[sm->seg_sent].end);
+        if (!sm->call_sent)
+            while (a < e && is_space(txt[a])) a++;
+        while (e > a && is_space(txt[e - 1])) e--;
+        if (e > a || !r->role_sent) named_args_chunk(s, r, i, txt, a, e, last ? sm->n_lp : sm->seg[sm->seg_sent].n_lp);
+        if (last) break;
+        sm->seg_sent++;
+    }
 }
 
 /* Stream choice i's reasoning as delta.reasoning_content while it lasts; true once it is over
@@ -571,7 +580,7 @@ static bool calls_chunk(fl_server *s, srv_req *r, int i, int skip) {
 
 /* A chunk of choice i whose delta carries a piece of call k: with name (the call's start) its
  * id, type, name and empty arguments; else more of its arguments, txt[a, e). */
-static void call_piece_chunk(fl_server *s, srv_req *r, int i, int32_t k, bool header, const char *txt, size_t a, size_t e) {
+static void call_piece_chunk(fl_server *s, srv_req *r, int i, int32_t k, bool header, const char *txt, size_t a, size_t e, int32_t to) {
     srv_sample *sm = &r->samples[i];
     cJSON *o, *c, *tc, *f, *d = delta_chunk(s, r, i, &o, &c);
     cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), tc = cJSON_CreateObject());
@@ -591,7 +600,7 @@ static void call_piece_chunk(fl_server *s, srv_req *r, int i, int32_t k, bool he
     if (header) cJSON_AddStringToObject(f, "name", frag ? frag : "");
     cJSON_AddStringToObject(f, "arguments", header || !frag ? "" : frag);
     fl_free(FL_MEM_NET, frag, frag ? e - a + 1 : 0);
-    add_logprobs(s, r, sm, c, sm->n_lp, false);
+    add_logprobs(s, r, sm, c, to, false);
     cJSON_AddNullToObject(c, "finish_reason");
     emit_chunk(r, o);
     cJSON_Delete(o);
@@ -605,12 +614,25 @@ static void call_piece_chunk(fl_server *s, srv_req *r, int i, int32_t k, bool he
 static void stream_calls(fl_server *s, srv_req *r, int i, bool fin) {
     srv_sample *sm = &r->samples[i];
     const char *txt = sm->text.p ? sm->text.p : "";
-    const size_t base = sm->content_at, n = (fin ? sm->text.len : utf8_complete(txt, sm->text.len)) - base;
+    const size_t base = sm->content_at, total = fin ? sm->text.len : utf8_complete(txt, sm->text.len);
     int32_t k;
-    size_t a, e;
+    size_t a, e, lim;
     srv_call_piece p;
-    while ((p = srv_calls_next(&sm->cs, txt + base, n, fin, &k, &a, &e)) != SRV_CALL_NONE)
-        call_piece_chunk(s, r, i, k, p == SRV_CALL_HEADER, txt + base, a, e);
+    if (sm->calls_upto < base) sm->calls_upto = base;
+    /* the text as it came, one engine output at a time (the pieces then do not depend on how late
+     * the connection reads) */
+    do {
+        while (sm->seg_sent < sm->n_seg && sm->seg[sm->seg_sent].end <= sm->calls_upto) sm->seg_sent++;
+        lim = sm->seg_sent < sm->n_seg && sm->seg[sm->seg_sent].end < total ? utf8_complete(txt, sm->seg[sm->seg_sent].end) : total;
+        if (lim <= sm->calls_upto && lim < total) { /* (a boundary inside a character: on to the next) */
+            sm->seg_sent++;
+            continue;
+        }
+        while ((p = srv_calls_next(&sm->cs, txt + base, lim - base, fin && lim == total, &k, &a, &e)) != SRV_CALL_NONE)
+            call_piece_chunk(s, r, i, k, p == SRV_CALL_HEADER, txt + base, a, e,
+                             lim < total && sm->seg_sent < sm->n_seg ? sm->seg[sm->seg_sent].n_lp : sm->n_lp);
+        sm->calls_upto = lim > sm->calls_upto ? lim : sm->calls_upto;
+    } while (lim < total);
 }
 
 /* Stream a finished chat choice that may hold tool calls: the content not yet sent and its
@@ -2506,9 +2528,42 @@ out:
     return ret;
 }
 
+/* The tokens of the prompt chat request `chat` (owned) renders (its tools shown), tokenized as a
+ * generation's is, answered as /v1/messages/count_tokens does
+ * ({"input_tokens"}) or /v1/responses/input_tokens (openai: with its "object"). */
+static enum MHD_Result send_input_tokens(fl_server *s, struct MHD_Connection *conn, cJSON *chat, bool openai) {
+    enum MHD_Result ret;
+    char err[256] = "";
+    srv_tools td = {0};
+    const cJSON *tools = NULL;
+    char *schema = NULL;
+    bool gram = false;
+    srv_buf text = {0}, body = {0};
+    int32_t *toks = NULL;
+    int64_t cap = 0, n = 0;
+    const char *e2 = NULL;
+    fl_status st = srv_tools_read(chat, srv_chat_json_tools(fl_engine_chat_template(s->engine)), &td, &tools, &schema, &gram, err, sizeof err);
+    if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", err); goto out; }
+    st = srv_chat_render_ex(fl_engine_chat_template(s->engine), cJSON_GetObjectItemCaseSensitive(chat, "messages"), tools, 0, &text, &e2);
+    if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
+    if (!fl_utf8_is_valid(text.p ? text.p : "", text.len)) { ret = BAD("the messages are not valid UTF-8"); goto out; }
+    st = tokenize_all(s, &text, FL_TOKENIZE_ADD_SPECIAL | FL_TOKENIZE_PARSE_SPECIAL, &toks, &cap, &n);
+    if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("cannot tokenize: %s", fl_last_error()); goto out; }
+    ret = srv_buf_printf(&body, "{%s\"input_tokens\": %lld}", openai ? "\"object\": \"response.input_tokens\", " : "", (long long)n)
+              ? NOMEM()
+              : send_text(conn, 200, "application/json", body.p, body.len, NULL);
+out:
+    if (toks) fl_free(FL_MEM_NET, toks, (size_t)cap * 4);
+    srv_buf_free(&text);
+    srv_buf_free(&body);
+    cJSON_free(schema);
+    cJSON_Delete(chat);
+    return ret;
+}
+
 /* POST /v1/responses: translated into a chat request (responses.c), whose reply is translated
  * back into a response object or the Responses stream's events. */
-static enum MHD_Result handle_responses(fl_server *s, struct MHD_Connection *conn, srv_conn *c) {
+static enum MHD_Result handle_responses(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool count) {
     char err[256] = "";
     cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len), *chat = NULL;
     if (!j) return BAD("malformed JSON in the request body");
@@ -2518,6 +2573,10 @@ static enum MHD_Result handle_responses(fl_server *s, struct MHD_Connection *con
     cJSON_Delete(j);
     if (st) return send_error(s, conn, (unsigned)http, http == 404 ? "invalid_request_error" : http == 503 ? "server_error" : "invalid_request_error",
                               http == 404 ? "not_found" : NULL, NULL, "%s", err);
+    if (count) { /* POST /v1/responses/input_tokens: the prompt's tokens */
+        srv_resp_free(rs);
+        return send_input_tokens(s, conn, chat, true);
+    }
     return handle_generate(s, conn, c, true, chat, NULL, rs, NULL); /* (it owns both) */
 }
 
@@ -2532,32 +2591,7 @@ static enum MHD_Result handle_messages(fl_server *s, struct MHD_Connection *conn
     cJSON_Delete(j);
     if (st) return st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", err);
     if (!count) return handle_generate(s, conn, c, true, chat, NULL, NULL, ms); /* (it owns both) */
-    /* the prompt as a chat request renders it (its tools shown), tokenized as it is */
-    enum MHD_Result ret;
-    srv_tools td = {0};
-    const cJSON *tools = NULL;
-    char *schema = NULL;
-    bool gram = false;
-    srv_buf text = {0};
-    int32_t *toks = NULL;
-    int64_t cap = 0, n = 0;
-    const char *e2 = NULL;
-    st = srv_tools_read(chat, srv_chat_json_tools(fl_engine_chat_template(s->engine)), &td, &tools, &schema, &gram, err, sizeof err);
-    if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", err); goto out; }
-    st = srv_chat_render_ex(fl_engine_chat_template(s->engine), cJSON_GetObjectItemCaseSensitive(chat, "messages"), tools, 0, &text, &e2);
-    if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", e2 ? e2 : "bad messages"); goto out; }
-    if (!fl_utf8_is_valid(text.p ? text.p : "", text.len)) { ret = BAD("the messages are not valid UTF-8"); goto out; }
-    st = tokenize_all(s, &text, FL_TOKENIZE_ADD_SPECIAL | FL_TOKENIZE_PARSE_SPECIAL, &toks, &cap, &n);
-    if (st) { ret = st == FL_ERR_NOMEM ? NOMEM() : BAD("cannot tokenize: %s", fl_last_error()); goto out; }
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "input_tokens", (double)n);
-    ret = send_json(s, conn, o);
-out:
-    if (toks) fl_free(FL_MEM_NET, toks, (size_t)cap * 4);
-    srv_buf_free(&text);
-    cJSON_free(schema);
-    cJSON_Delete(chat);
-    return ret;
+    return send_input_tokens(s, conn, chat, false);
 }
 
 /* /v1/responses/{id}: GET the stored response, DELETE it; GET /v1/responses/{id}/input_items
@@ -2677,11 +2711,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     bool is_embd = !strcmp(url, "/v1/embeddings") || !strcmp(url, "/embeddings");
     bool is_lora = !strcmp(url, "/lora-adapters");
     bool is_lora_load = !strcmp(url, "/v1/load_lora_adapter"), is_lora_unload = !strcmp(url, "/v1/unload_lora_adapter");
-    bool is_resp = !strcmp(url, "/v1/responses");
+    bool is_resp = !strcmp(url, "/v1/responses"), is_resp_count = !strcmp(url, "/v1/responses/input_tokens");
     bool is_msgs = !strcmp(url, "/v1/messages"), is_msgs_count = !strcmp(url, "/v1/messages/count_tokens");
-    const char *resp_id = !strncmp(url, "/v1/responses/", 14) && url[14] ? url + 14 : NULL;
+    const char *resp_id = !strncmp(url, "/v1/responses/", 14) && url[14] && !is_resp_count ? url + 14 : NULL;
     if (!is_compl && !is_chat && !is_models && !is_metrics && !is_tok && !is_detok && !is_native && !is_infill && !is_props && !is_apply && !is_embd &&
-        !is_lora && !is_lora_load && !is_lora_unload && !is_resp && !resp_id && !is_msgs && !is_msgs_count)
+        !is_lora && !is_lora_load && !is_lora_unload && !is_resp && !is_resp_count && !resp_id && !is_msgs && !is_msgs_count)
         return send_error(s, conn, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %s", method, url);
     if (!authorized(s, conn)) return send_error(s, conn, 401, "invalid_request_error", "invalid_api_key", NULL, "missing or invalid API key (Authorization: Bearer KEY)");
     if (resp_id) return handle_response_id(s, conn, resp_id, method);
@@ -2714,7 +2748,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (is_apply) return handle_apply_template(s, conn, c);
     if (is_native || is_infill) return handle_native(s, conn, c, is_infill);
     if (is_embd) return handle_embeddings(s, conn, c);
-    if (is_resp) return handle_responses(s, conn, c);
+    if (is_resp || is_resp_count) return handle_responses(s, conn, c, is_resp_count);
     if (is_msgs || is_msgs_count) return handle_messages(s, conn, c, is_msgs_count);
     return handle_generate(s, conn, c, is_chat, NULL, NULL, NULL, NULL);
 }

@@ -60,6 +60,7 @@ typedef struct srv_sample {
     bool call_sent;      /* stream, a named function's call: its id and name went out (then its arguments as they come) */
     srv_call_scan cs;    /* stream, tool_choice "required" (and "auto" once in_calls): the calls handed out so far (srv_calls_next) */
     bool in_calls;       /* stream, tool_choice "auto" with its lazy grammar: the content is over, calls stream from cs */
+    size_t calls_upto;   /* stream, calls: the text given to srv_calls_next so far (one engine output at a time) */
     bool think_done;     /* stream with reasoning: the reasoning is over; the answer starts at content_at */
     size_t content_at, r_sent; /* where the answer starts in text (0: no reasoning); reasoning bytes streamed to */
     int32_t n_reason;    /* reasoning: the tokens of the thinking (up to and with the one that ends it; usage's reasoning_tokens) */
