@@ -176,13 +176,28 @@ static bool key_byte(fl_json_fsm *f, unsigned c) {
     return next || n->addl >= 0;
 }
 
+/* The declared members that may come next in object node n after those in seen: in declared
+ * order (as OpenAI's structured outputs, llama.cpp's json-schema-to-grammar and xgrammar write
+ * them), so those after the last one given, up to the first required one (it cannot be skipped). */
+static uint64_t next_members(const fl_js_node *n, uint64_t seen) {
+    const uint64_t all = n->np == 64 ? ~0ull : (1ull << n->np) - 1;
+    uint64_t after = all;
+    if (seen) {
+        const int hi = 63 - __builtin_clzll(seen);
+        after = hi >= 63 ? 0 : all & ~((2ull << hi) - 1);
+    }
+    const uint64_t req = n->required & after;
+    if (req) after &= ((req & (~req + 1)) << 1) - 1; /* (up to the lowest such bit; bit 63: all) */
+    return after;
+}
+
 /* the key's closing quote: which member's value follows */
 static bool key_end(fl_json_fsm *f) {
     fl_json_frame *t = &f->fr[f->depth - 1];
     const fl_js_node *n = nd(f, t->node);
     for (int32_t i = 0; i < n->np; i++)
         if (((f->cand >> i) & 1) && f->sc->str[n->p0 + i].len == f->pos) {
-            if ((t->seen >> i) & 1) return false; /* a member twice */
+            if (!((next_members(n, t->seen) >> i) & 1)) return false; /* a member twice, or out of order */
             t->seen |= 1ull << i;
             t->vnode = f->sc->str[n->p0 + i].node;
             return true;
@@ -195,7 +210,7 @@ static bool key_end(fl_json_fsm *f) {
 static bool more_members(const fl_json_fsm *f) {
     const fl_json_frame *t = &f->fr[f->depth - 1];
     const fl_js_node *n = nd(f, t->node);
-    return n->addl >= 0 || t->seen != (n->np == 64 ? ~0ull : (1ull << n->np) - 1);
+    return n->addl >= 0 || next_members(n, t->seen) != 0;
 }
 
 static bool may_close(const fl_json_fsm *f) {
@@ -212,7 +227,7 @@ static bool key_start(fl_json_fsm *f) {
     const fl_json_frame *t = &f->fr[f->depth - 1];
     const fl_js_node *n = nd(f, t->node);
     const uint64_t all = n->np == 64 ? ~0ull : (1ull << n->np) - 1;
-    f->cand = n->addl >= 0 ? all : all & ~t->seen; /* (with others allowed a declared name must not repeat) */
+    f->cand = n->addl >= 0 ? all : next_members(n, t->seen); /* (with others allowed, key_end refuses a declared name out of order) */
     f->pos = 0;
     return f->cand || n->addl >= 0;
 }

@@ -10,8 +10,9 @@
  *   - objects: properties, required, additionalProperties (false or absent: only the declared
  *     properties, as llama.cpp; true or a schema: others too; an object schema with no
  *     properties and no additionalProperties takes any members); each declared property at
- *     most once (undeclared names are not remembered, so they may repeat), in any order, every
- *     required one before the closing brace;
+ *     most once (undeclared names are not remembered, so they may repeat), in declared order (as
+ *     OpenAI's structured outputs and xgrammar: an optional one may be skipped, a required one
+ *     not; undeclared ones between them), every required one before the closing brace;
  *   - arrays: items, minItems, maxItems;  strings: minLength, maxLength (in characters),
  *     pattern (the whole decoded string one match, on PCRE2's DFA: regex_guide.h's
  *     fl_regex_str, which says what it refuses); format date, time, date-time, uuid, ipv4 and
