@@ -144,7 +144,19 @@ static void *raw_alloc(size_t size, size_t align) {
     return p;
 }
 
+static _Thread_local size_t tl_failures; /* fl_alloc's NULLs on this thread */
+
+size_t fl_mem_thread_failures(void) { return tl_failures; }
+
+static void *alloc_impl(fl_mem_cat cat, size_t size, size_t align);
+
 void *fl_alloc(fl_mem_cat cat, size_t size, size_t align) {
+    void *p = alloc_impl(cat, size, align);
+    if (!p) tl_failures++;
+    return p;
+}
+
+static void *alloc_impl(fl_mem_cat cat, size_t size, size_t align) {
     FL_ASSERT((unsigned)cat < FL_MEM_COUNT);
     if (align == 0) align = FL_ALIGN_DEFAULT;
     FL_ASSERT((align & (align - 1)) == 0);

@@ -48,6 +48,10 @@ void fl_mem_advise_huge(void *p, size_t size);
 void fl_mem_uncharge(fl_mem_cat cat, size_t size);
 
 void fl_mem_fail_after(long n); /* n < 0 disables injection */
+/* How many of this thread's fl_alloc calls have failed (any reason: a budget, the system,
+ * injection): code that builds something whose parts may be dropped on failure (cJSON's
+ * helpers) compares it before and after, to fail as a whole rather than hand out a part. */
+size_t fl_mem_thread_failures(void);
 
 /* malloc-compatible pair with a size header (for cJSON hooks and the like): charged to this
  * thread's malloc category (FL_MEM_MISC unless fl_mem_set_malloc_cat changed it), which the

@@ -2569,8 +2569,14 @@ static enum MHD_Result handle_responses(fl_server *s, struct MHD_Connection *con
     if (!j) return BAD("malformed JSON in the request body");
     srv_resp *rs = NULL;
     int http = 400;
-    const fl_status st = srv_resp_request(s, j, &chat, &rs, &http, err, sizeof err);
+    const size_t f0 = fl_mem_thread_failures();
+    fl_status st = srv_resp_request(s, j, &chat, &rs, &http, err, sizeof err);
     cJSON_Delete(j);
+    if (st == FL_OK && fl_mem_thread_failures() != f0) { /* a part may have been dropped: not a request to run */
+        cJSON_Delete(chat);
+        srv_resp_free(rs);
+        return NOMEM();
+    }
     if (st) return send_error(s, conn, (unsigned)http, http == 404 ? "invalid_request_error" : http == 503 ? "server_error" : "invalid_request_error",
                               http == 404 ? "not_found" : NULL, NULL, "%s", err);
     if (count) { /* POST /v1/responses/input_tokens: the prompt's tokens */
@@ -2587,8 +2593,14 @@ static enum MHD_Result handle_messages(fl_server *s, struct MHD_Connection *conn
     cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len), *chat = NULL;
     if (!j) return BAD("malformed JSON in the request body");
     srv_msgs *ms = NULL;
+    const size_t f0 = fl_mem_thread_failures();
     fl_status st = srv_msgs_request(s, j, count, &chat, count ? NULL : &ms, err, sizeof err);
     cJSON_Delete(j);
+    if (st == FL_OK && fl_mem_thread_failures() != f0) { /* a part may have been dropped: not a request to run */
+        cJSON_Delete(chat);
+        srv_msgs_free(ms);
+        return NOMEM();
+    }
     if (st) return st == FL_ERR_NOMEM ? NOMEM() : BAD("%s", err);
     if (!count) return handle_generate(s, conn, c, true, chat, NULL, NULL, ms); /* (it owns both) */
     return send_input_tokens(s, conn, chat, false);

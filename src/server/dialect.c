@@ -33,8 +33,26 @@ cJSON *srv_event(const char *type) {
 
 fl_status srv_event_append(srv_buf *out, cJSON *o) {
     const char *t = srv_json_str(o, "type");
-    fl_status st = srv_buf_printf(out, "event: %s\n", t ? t : "message");
-    return st ? st : srv_append_json(out, o, true);
+    srv_buf ev = {0}; /* the whole event, or nothing (a stream cut inside one would not parse) */
+    fl_status st = srv_buf_printf(&ev, "event: %s\n", t ? t : "message");
+    if (!st) st = srv_append_json(&ev, o, true);
+    if (!st) st = srv_buf_append(out, ev.p, ev.len);
+    srv_buf_free(&ev);
+    return st;
+}
+
+bool srv_add(cJSON *parent, const char *key, cJSON *child) {
+    if (!child) return false;
+    if (parent && cJSON_AddItemToObject(parent, key, child)) return true;
+    cJSON_Delete(child);
+    return false;
+}
+
+bool srv_push(cJSON *array, cJSON *child) {
+    if (!child) return false;
+    if (array && cJSON_AddItemToArray(array, child)) return true;
+    cJSON_Delete(child);
+    return false;
 }
 
 bool srv_call_delta(const cJSON *tc, int32_t k, srv_call_piece_in *p) {

@@ -87,7 +87,7 @@ static fl_status read_message(const cJSON *m, int k, cJSON *msgs, char *err, siz
     const bool user = !strcmp(role, "user");
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
     if (cJSON_IsString(c)) {
-        cJSON_AddItemToArray(msgs, message(role, c->valuestring));
+        srv_push(msgs, message(role, c->valuestring));
         return FL_OK;
     }
     if (!cJSON_IsArray(c)) {
@@ -114,12 +114,12 @@ static fl_status read_message(const cJSON *m, int k, cJSON *msgs, char *err, siz
             cJSON *tc = cJSON_CreateObject(), *f;
             cJSON_AddStringToObject(tc, "id", id);
             cJSON_AddStringToObject(tc, "type", "function");
-            cJSON_AddItemToObject(tc, "function", f = cJSON_CreateObject());
+            f = cJSON_AddObjectToObject(tc, "function");
             cJSON_AddStringToObject(f, "name", name);
             cJSON_AddStringToObject(f, "arguments", args);
             cJSON_free(args);
             if (!calls) calls = cJSON_CreateArray();
-            cJSON_AddItemToArray(calls, tc);
+            srv_push(calls, tc);
         } else if (t && user && !strcmp(t, "tool_result")) {
             const char *id = str_of(b, "tool_use_id");
             const cJSON *rc = cJSON_GetObjectItemCaseSensitive(b, "content");
@@ -131,7 +131,7 @@ static fl_status read_message(const cJSON *m, int k, cJSON *msgs, char *err, siz
             }
             cJSON *tm = message("tool", r.p ? r.p : "");
             cJSON_AddStringToObject(tm, "tool_call_id", id);
-            cJSON_AddItemToArray(msgs, tm); /* (the results answer the calls before; the text follows them) */
+            srv_push(msgs, tm); /* (the results answer the calls before; the text follows them) */
             srv_buf_free(&r);
         } else if (t && !user && (!strcmp(t, "thinking") || !strcmp(t, "redacted_thinking"))) {
             /* left out, as the templates leave an earlier turn's thinking */
@@ -143,9 +143,9 @@ static fl_status read_message(const cJSON *m, int k, cJSON *msgs, char *err, siz
     }
     if (text.len || calls || !cJSON_GetArraySize(c)) {
         cJSON *mm = message(role, text.len || !calls ? (text.p ? text.p : "") : NULL);
-        if (calls) cJSON_AddItemToObject(mm, "tool_calls", calls);
+        if (calls) srv_add(mm, "tool_calls", calls);
         calls = NULL;
-        cJSON_AddItemToArray(msgs, mm);
+        srv_push(msgs, mm);
     }
     st = FL_OK;
 out:
@@ -179,7 +179,7 @@ fl_status srv_msgs_request(fl_server *s, const cJSON *j, bool count_only, cJSON 
             srv_buf_free(&b);
             goto fail;
         }
-        cJSON_AddItemToArray(msgs, message("system", b.p ? b.p : ""));
+        srv_push(msgs, message("system", b.p ? b.p : ""));
         srv_buf_free(&b);
     }
     const cJSON *ml = cJSON_GetObjectItemCaseSensitive(j, "messages");
@@ -191,7 +191,7 @@ fl_status srv_msgs_request(fl_server *s, const cJSON *j, bool count_only, cJSON 
     cJSON_ArrayForEach(v, ml) if ((st = read_message(v, k++, msgs, err, n))) goto fail;
     st = FL_ERR_INVALID;
     for (size_t i = 0; i < sizeof SAME / sizeof *SAME; i++)
-        if ((v = cJSON_GetObjectItemCaseSensitive(j, SAME[i]))) cJSON_AddItemToObject(chat, SAME[i], cJSON_Duplicate(v, 1));
+        if ((v = cJSON_GetObjectItemCaseSensitive(j, SAME[i]))) srv_add(chat, SAME[i], cJSON_Duplicate(v, 1));
     v = cJSON_GetObjectItemCaseSensitive(j, "max_tokens");
     if (!count_only && !present(v)) { snprintf(err, n, "'max_tokens' is required"); goto fail; }
     if (present(v) && (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble != (double)(int64_t)v->valuedouble)) {
@@ -201,7 +201,7 @@ fl_status srv_msgs_request(fl_server *s, const cJSON *j, bool count_only, cJSON 
     /* (clients ask for more than a context holds, 32000 and up: as many as the server gives) */
     if (present(v)) cJSON_AddNumberToObject(chat, "max_tokens", v->valuedouble < s->p.max_tokens_limit ? v->valuedouble : s->p.max_tokens_limit);
     v = cJSON_GetObjectItemCaseSensitive(j, "stop_sequences");
-    if (present(v)) cJSON_AddItemToObject(chat, "stop", cJSON_Duplicate(v, 1));
+    if (present(v)) srv_add(chat, "stop", cJSON_Duplicate(v, 1));
     /* tools */
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(j, "tools"), *t;
     if (present(tools) && !cJSON_IsArray(tools)) { snprintf(err, n, "'tools' must be an array"); goto fail; }
@@ -216,12 +216,12 @@ fl_status srv_msgs_request(fl_server *s, const cJSON *j, bool count_only, cJSON 
             }
             cJSON *x = cJSON_CreateObject(), *f;
             cJSON_AddStringToObject(x, "type", "function");
-            cJSON_AddItemToObject(x, "function", f = cJSON_CreateObject());
+            f = cJSON_AddObjectToObject(x, "function");
             cJSON_AddStringToObject(f, "name", name);
             if (str_of(t, "description")) cJSON_AddStringToObject(f, "description", str_of(t, "description"));
             const cJSON *sch = cJSON_GetObjectItemCaseSensitive(t, "input_schema");
-            if (present(sch)) cJSON_AddItemToObject(f, "parameters", cJSON_Duplicate(sch, 1));
-            cJSON_AddItemToArray(a, x);
+            if (present(sch)) srv_add(f, "parameters", cJSON_Duplicate(sch, 1));
+            srv_push(a, x);
         }
     }
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(j, "tool_choice");
@@ -235,7 +235,7 @@ fl_status srv_msgs_request(fl_server *s, const cJSON *j, bool count_only, cJSON 
         if (!strcmp(type, "tool")) {
             cJSON *o = cJSON_AddObjectToObject(chat, "tool_choice"), *f;
             cJSON_AddStringToObject(o, "type", "function");
-            cJSON_AddItemToObject(o, "function", f = cJSON_CreateObject());
+            f = cJSON_AddObjectToObject(o, "function");
             cJSON_AddStringToObject(f, "name", str_of(tc, "name"));
         } else if (cJSON_GetArraySize(tools) || !strcmp(type, "any")) {
             cJSON_AddStringToObject(chat, "tool_choice", !strcmp(type, "any") ? "required" : type);
@@ -265,6 +265,8 @@ fail:
 }
 
 /* ---- the output ---- */
+
+static void end_out(srv_msgs *ms, srv_buf *out);
 
 static void emit(srv_msgs *ms, srv_buf *out, cJSON *o) {
     if (!o) {
@@ -297,12 +299,12 @@ static cJSON *message_of(const srv_msgs *ms, bool fin) {
     cJSON_AddStringToObject(o, "type", "message");
     cJSON_AddStringToObject(o, "role", "assistant");
     cJSON_AddStringToObject(o, "model", ms->model);
-    cJSON_AddItemToObject(o, "content", fin ? cJSON_Duplicate(ms->content, 1) : cJSON_CreateArray());
+    srv_add(o, "content", fin ? cJSON_Duplicate(ms->content, 1) : cJSON_CreateArray());
     if (fin) cJSON_AddStringToObject(o, "stop_reason", stop_reason(ms));
     else cJSON_AddNullToObject(o, "stop_reason");
     if (fin && ms->has_stop_seq) cJSON_AddStringToObject(o, "stop_sequence", ms->stop_seq);
     else cJSON_AddNullToObject(o, "stop_sequence");
-    cJSON_AddItemToObject(o, "usage", usage_of(ms));
+    srv_add(o, "usage", usage_of(ms));
     return o;
 }
 
@@ -329,7 +331,7 @@ static cJSON *block(const srv_msgs *ms, bool whole) {
             cJSON_Delete(in);
             in = cJSON_CreateObject();
         }
-        cJSON_AddItemToObject(b, "input", in);
+        srv_add(b, "input", in);
         break;
     }
     }
@@ -342,7 +344,7 @@ static void close_block(srv_msgs *ms, srv_buf *out) {
     cJSON_AddNumberToObject(o, "index", ms->n_blocks - 1);
     emit(ms, out, o);
     cJSON *b = block(ms, true);
-    if (!b || !cJSON_AddItemToArray(ms->content, b)) ms->failed = FL_ERR_NOMEM;
+    if (!b || !srv_push(ms->content, b)) ms->failed = FL_ERR_NOMEM;
     ms->open = BL_NONE;
     srv_buf_free(&ms->text);
 }
@@ -353,7 +355,7 @@ static void open_block(srv_msgs *ms, srv_buf *out, int kind) {
     ms->n_blocks++;
     cJSON *o = srv_event("content_block_start");
     cJSON_AddNumberToObject(o, "index", ms->n_blocks - 1);
-    cJSON_AddItemToObject(o, "content_block", block(ms, false));
+    srv_add(o, "content_block", block(ms, false));
     emit(ms, out, o);
 }
 
@@ -362,20 +364,28 @@ static void add_text(srv_msgs *ms, srv_buf *out, int kind, const char *t) {
     if (srv_buf_append(&ms->text, t, strlen(t))) ms->failed = FL_ERR_NOMEM;
     cJSON *o = srv_event("content_block_delta"), *d;
     cJSON_AddNumberToObject(o, "index", ms->n_blocks - 1);
-    cJSON_AddItemToObject(o, "delta", d = cJSON_CreateObject());
+    d = cJSON_AddObjectToObject(o, "delta");
     cJSON_AddStringToObject(d, "type", kind == BL_TEXT ? "text_delta" : kind == BL_THINKING ? "thinking_delta" : "input_json_delta");
     cJSON_AddStringToObject(d, kind == BL_TEXT ? "text" : kind == BL_THINKING ? "thinking" : "partial_json", t);
     emit(ms, out, o);
 }
 
+static void chunk_in(srv_msgs *ms, const cJSON *chunk, int32_t n_prompt, int32_t n_cached, srv_buf *out);
+
 void srv_msgs_chunk(srv_msgs *ms, const cJSON *chunk, int32_t n_prompt, int32_t n_cached, srv_buf *out) {
+    const size_t f0 = fl_mem_thread_failures();
+    chunk_in(ms, chunk, n_prompt, n_cached, out);
+    if (fl_mem_thread_failures() != f0) ms->failed = FL_ERR_NOMEM; /* (a part may be missing: the reply fails) */
+}
+
+static void chunk_in(srv_msgs *ms, const cJSON *chunk, int32_t n_prompt, int32_t n_cached, srv_buf *out) {
     ms->in_tokens = n_prompt;
     ms->cached = n_cached;
     if (!ms->started) {
         ms->started = true;
         snprintf(ms->model, sizeof ms->model, "%s", str_of(chunk, "model") ? str_of(chunk, "model") : "");
         cJSON *o = srv_event("message_start");
-        cJSON_AddItemToObject(o, "message", message_of(ms, false));
+        srv_add(o, "message", message_of(ms, false));
         emit(ms, out, o);
     }
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(chunk, "usage"), *x = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
@@ -412,11 +422,25 @@ void srv_msgs_chunk(srv_msgs *ms, const cJSON *chunk, int32_t n_prompt, int32_t 
 }
 
 void srv_msgs_end(srv_msgs *ms, srv_buf *out) {
+    const size_t f0 = fl_mem_thread_failures();
     close_block(ms, out);
+    if (fl_mem_thread_failures() != f0) ms->failed = FL_ERR_NOMEM;
+    const size_t f1 = fl_mem_thread_failures(), n0 = out->len;
+    end_out(ms, out);
+    if (fl_mem_thread_failures() != f1) { /* no memory for the end as made: a fixed error in its place */
+        out->len = n0;
+        if (out->p) out->p[n0] = 0;
+        static const char MSG[] = "no memory for the reply in the server's buffers (--net-mem); retry later";
+        if (ms->stream) srv_buf_printf(out, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"%s\"}}\n\n", MSG);
+        else srv_buf_printf(out, "{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"%s\"}}", MSG);
+    }
+}
+
+static void end_out(srv_msgs *ms, srv_buf *out) {
     const bool failed = ms->failed || !strcmp(ms->finish, "error") || !strcmp(ms->finish, "abort");
     if (failed) { /* the answer went out as a 200: an error event (streamed) or body ends it */
         cJSON *o = srv_event("error"), *e;
-        cJSON_AddItemToObject(o, "error", e = cJSON_CreateObject());
+        e = cJSON_AddObjectToObject(o, "error");
         cJSON_AddStringToObject(e, "type", "api_error");
         cJSON_AddStringToObject(e, "message", ms->failed ? "no memory for the reply in the server's buffers (--net-mem)"
                                               : ms->error[0] ? ms->error : "the request failed");
@@ -427,11 +451,11 @@ void srv_msgs_end(srv_msgs *ms, srv_buf *out) {
         }
     } else if (ms->stream) {
         cJSON *o = srv_event("message_delta"), *d;
-        cJSON_AddItemToObject(o, "delta", d = cJSON_CreateObject());
+        d = cJSON_AddObjectToObject(o, "delta");
         cJSON_AddStringToObject(d, "stop_reason", stop_reason(ms));
         if (ms->has_stop_seq) cJSON_AddStringToObject(d, "stop_sequence", ms->stop_seq);
         else cJSON_AddNullToObject(d, "stop_sequence");
-        cJSON_AddItemToObject(o, "usage", usage_of(ms));
+        srv_add(o, "usage", usage_of(ms));
         emit(ms, out, o);
         emit(ms, out, srv_event("message_stop"));
     } else {

@@ -86,12 +86,12 @@ static cJSON *content_of(const cJSON *c, const char *what, char *err, size_t n) 
             cJSON *x = cJSON_CreateObject();
             cJSON_AddStringToObject(x, "type", "text");
             cJSON_AddStringToObject(x, "text", txt);
-            cJSON_AddItemToArray(a, x);
+            srv_push(a, x);
         } else if (t && !strcmp(t, "refusal") && str_of(p, "refusal")) {
             cJSON *x = cJSON_CreateObject();
             cJSON_AddStringToObject(x, "type", "text");
             cJSON_AddStringToObject(x, "text", str_of(p, "refusal"));
-            cJSON_AddItemToArray(a, x);
+            srv_push(a, x);
         } else {
             snprintf(err, n, "%s: content part type '%s' is not supported (this server's models read text: input_text, output_text)",
                      what, t ? t : "(none)");
@@ -116,18 +116,19 @@ static fl_status read_input(srv_resp *rs, const cJSON *input, char *err, size_t 
         cJSON *m = cJSON_CreateObject(), *it = cJSON_CreateObject(), *parts, *p;
         cJSON_AddStringToObject(m, "role", "user");
         cJSON_AddStringToObject(m, "content", input->valuestring);
-        cJSON_AddItemToArray(rs->conv, m);
+        srv_push(rs->conv, m);
         char id[64];
         item_id(rs, "msg", -1, id, sizeof id);
         cJSON_AddStringToObject(it, "id", id);
         cJSON_AddStringToObject(it, "type", "message");
         cJSON_AddStringToObject(it, "role", "user");
         cJSON_AddStringToObject(it, "status", "completed");
-        cJSON_AddItemToObject(it, "content", parts = cJSON_CreateArray());
-        cJSON_AddItemToArray(parts, p = cJSON_CreateObject());
-        cJSON_AddStringToObject(p, "type", "input_text");
-        cJSON_AddStringToObject(p, "text", input->valuestring);
-        cJSON_AddItemToArray(rs->items, it);
+        parts = cJSON_AddArrayToObject(it, "content");
+        if (srv_push(parts, p = cJSON_CreateObject())) {
+            cJSON_AddStringToObject(p, "type", "input_text");
+            cJSON_AddStringToObject(p, "text", input->valuestring);
+        }
+        srv_push(rs->items, it);
         return FL_OK;
     }
     if (!cJSON_IsArray(input)) {
@@ -159,8 +160,8 @@ static fl_status read_input(srv_resp *rs, const cJSON *input, char *err, size_t 
             if (!c) return FL_ERR_INVALID;
             cJSON *m = cJSON_CreateObject();
             cJSON_AddStringToObject(m, "role", role);
-            cJSON_AddItemToObject(m, "content", c);
-            cJSON_AddItemToArray(rs->conv, m);
+            srv_add(m, "content", c);
+            srv_push(rs->conv, m);
         } else if (!strcmp(type, "function_call")) {
             const char *cid = str_of(x, "call_id"), *name = str_of(x, "name"), *args = str_of(x, "arguments");
             if (!cid || !name || !args) {
@@ -169,19 +170,22 @@ static fl_status read_input(srv_resp *rs, const cJSON *input, char *err, size_t 
             }
             cJSON *m = last_assistant(rs->conv);
             if (!m) {
-                cJSON_AddItemToArray(rs->conv, m = cJSON_CreateObject());
-                cJSON_AddStringToObject(m, "role", "assistant");
-                cJSON_AddNullToObject(m, "content");
+                if (srv_push(rs->conv, m = cJSON_CreateObject())) {
+                    cJSON_AddStringToObject(m, "role", "assistant");
+                    cJSON_AddNullToObject(m, "content");
+                } else {
+                    return FL_ERR_NOMEM;
+                }
             }
             cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
             if (!calls) calls = cJSON_AddArrayToObject(m, "tool_calls");
             cJSON *tc = cJSON_CreateObject(), *f;
             cJSON_AddStringToObject(tc, "id", cid);
             cJSON_AddStringToObject(tc, "type", "function");
-            cJSON_AddItemToObject(tc, "function", f = cJSON_CreateObject());
+            f = cJSON_AddObjectToObject(tc, "function");
             cJSON_AddStringToObject(f, "name", name);
             cJSON_AddStringToObject(f, "arguments", args);
-            cJSON_AddItemToArray(calls, tc);
+            srv_push(calls, tc);
             prefix = "fc";
         } else if (!strcmp(type, "function_call_output")) {
             const char *cid = str_of(x, "call_id");
@@ -194,8 +198,8 @@ static fl_status read_input(srv_resp *rs, const cJSON *input, char *err, size_t 
             cJSON *m = cJSON_CreateObject();
             cJSON_AddStringToObject(m, "role", "tool");
             cJSON_AddStringToObject(m, "tool_call_id", cid);
-            cJSON_AddItemToObject(m, "content", c);
-            cJSON_AddItemToArray(rs->conv, m);
+            srv_add(m, "content", c);
+            srv_push(rs->conv, m);
             prefix = "fco";
         } else if (!strcmp(type, "reasoning")) {
             prefix = "rs"; /* (the templates leave an earlier turn's reasoning out of the prompt) */
@@ -212,7 +216,7 @@ static fl_status read_input(srv_resp *rs, const cJSON *input, char *err, size_t 
             cJSON_DeleteItemFromObjectCaseSensitive(it, "id");
             cJSON_AddStringToObject(it, "id", id);
         }
-        cJSON_AddItemToArray(rs->items, it);
+        srv_push(rs->items, it);
         k++;
     }
     return FL_OK;
@@ -240,14 +244,14 @@ static cJSON *tools_of(const cJSON *tools, char *err, size_t n) {
         }
         cJSON *x = cJSON_CreateObject(), *f;
         cJSON_AddStringToObject(x, "type", "function");
-        cJSON_AddItemToObject(x, "function", f = cJSON_CreateObject());
+        f = cJSON_AddObjectToObject(x, "function");
         cJSON_AddStringToObject(f, "name", name);
         static const char *const KEEP[] = {"description", "parameters", "strict"};
         for (size_t i = 0; i < 3; i++) {
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(t, KEEP[i]);
-            if (present(v)) cJSON_AddItemToObject(f, KEEP[i], cJSON_Duplicate(v, 1));
+            if (present(v)) srv_add(f, KEEP[i], cJSON_Duplicate(v, 1));
         }
-        cJSON_AddItemToArray(a, x);
+        srv_push(a, x);
     }
     return a;
 }
@@ -267,7 +271,7 @@ static cJSON *tool_choice_of(const cJSON *tc, char *err, size_t n) {
     }
     cJSON *o = cJSON_CreateObject(), *f;
     cJSON_AddStringToObject(o, "type", "function");
-    cJSON_AddItemToObject(o, "function", f = cJSON_CreateObject());
+    f = cJSON_AddObjectToObject(o, "function");
     cJSON_AddStringToObject(f, "name", name);
     return o;
 }
@@ -293,11 +297,10 @@ static fl_status format_of(const cJSON *text, cJSON *chat, char *err, size_t n) 
             cJSON_Delete(rf);
             return FL_ERR_INVALID;
         }
-        cJSON *js = cJSON_CreateObject();
         cJSON_AddStringToObject(rf, "type", "json_schema");
-        cJSON_AddItemToObject(rf, "json_schema", js);
+        cJSON *js = cJSON_AddObjectToObject(rf, "json_schema");
         cJSON_AddStringToObject(js, "name", str_of(f, "name") ? str_of(f, "name") : "response");
-        cJSON_AddItemToObject(js, "schema", cJSON_Duplicate(schema, 1));
+        srv_add(js, "schema", cJSON_Duplicate(schema, 1));
         const cJSON *strict = cJSON_GetObjectItemCaseSensitive(f, "strict");
         if (cJSON_IsBool(strict)) cJSON_AddBoolToObject(js, "strict", cJSON_IsTrue(strict));
     } else {
@@ -305,7 +308,7 @@ static fl_status format_of(const cJSON *text, cJSON *chat, char *err, size_t n) 
         cJSON_Delete(rf);
         return FL_ERR_INVALID;
     }
-    cJSON_AddItemToObject(chat, "response_format", rf);
+    srv_add(chat, "response_format", rf);
     return FL_OK;
 }
 
@@ -439,19 +442,19 @@ fl_status srv_resp_request(fl_server *s, const cJSON *j, cJSON **chat_out, srv_r
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", "system");
         cJSON_AddStringToObject(m, "content", ins->valuestring);
-        cJSON_AddItemToArray(msgs, m);
+        srv_push(msgs, m);
     }
     const cJSON *m;
-    cJSON_ArrayForEach(m, rs->conv) cJSON_AddItemToArray(msgs, cJSON_Duplicate(m, 1));
+    cJSON_ArrayForEach(m, rs->conv) srv_push(msgs, cJSON_Duplicate(m, 1));
     if (cJSON_GetArraySize(msgs) == 0) { snprintf(err, n, "'input' is empty"); goto fail; }
     for (size_t i = 0; i < sizeof SAME / sizeof *SAME; i++)
-        if ((v = cJSON_GetObjectItemCaseSensitive(j, SAME[i]))) cJSON_AddItemToObject(chat, SAME[i], cJSON_Duplicate(v, 1));
+        if ((v = cJSON_GetObjectItemCaseSensitive(j, SAME[i]))) srv_add(chat, SAME[i], cJSON_Duplicate(v, 1));
     v = cJSON_GetObjectItemCaseSensitive(j, "max_output_tokens");
     if (present(v) && (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble != (double)(int64_t)v->valuedouble || v->valuedouble > 1e9)) {
         snprintf(err, n, "'max_output_tokens' must be an integer of at least 1");
         goto fail;
     }
-    if (present(v)) cJSON_AddItemToObject(chat, "max_tokens", cJSON_Duplicate(v, 1));
+    if (present(v)) srv_add(chat, "max_tokens", cJSON_Duplicate(v, 1));
     /* logprobs: top_logprobs, or include's message.output_text.logprobs */
     bool lp = false;
     const cJSON *inc = cJSON_GetObjectItemCaseSensitive(j, "include");
@@ -463,7 +466,7 @@ fl_status srv_resp_request(fl_server *s, const cJSON *j, cJSON **chat_out, srv_r
     const cJSON *tl = cJSON_GetObjectItemCaseSensitive(j, "top_logprobs");
     if (present(tl)) {
         if (!cJSON_IsNumber(tl)) { snprintf(err, n, "'top_logprobs' must be an integer"); goto fail; }
-        cJSON_AddItemToObject(chat, "top_logprobs", cJSON_Duplicate(tl, 1));
+        srv_add(chat, "top_logprobs", cJSON_Duplicate(tl, 1));
         lp = true;
     }
     if (lp) cJSON_AddTrueToObject(chat, "logprobs");
@@ -472,7 +475,7 @@ fl_status srv_resp_request(fl_server *s, const cJSON *j, cJSON **chat_out, srv_r
     if (present(tools) && cJSON_GetArraySize(tools) > 0) {
         cJSON *t = tools_of(tools, err, n);
         if (!t) goto fail;
-        cJSON_AddItemToObject(chat, "tools", t);
+        srv_add(chat, "tools", t);
     } else if (present(tools) && !cJSON_IsArray(tools)) {
         snprintf(err, n, "'tools' must be an array");
         goto fail;
@@ -482,7 +485,7 @@ fl_status srv_resp_request(fl_server *s, const cJSON *j, cJSON **chat_out, srv_r
         /* (without tools, "auto" and "none" are what there is: OpenAI takes them) */
         cJSON *c = tool_choice_of(tc, err, n);
         if (!c) goto fail;
-        cJSON_AddItemToObject(chat, "tool_choice", c);
+        srv_add(chat, "tool_choice", c);
     }
     const cJSON *text = cJSON_GetObjectItemCaseSensitive(j, "text");
     if ((st = format_of(text, chat, err, n))) goto fail;
@@ -500,7 +503,7 @@ fl_status srv_resp_request(fl_server *s, const cJSON *j, cJSON **chat_out, srv_r
 #define ECHO(key, dflt)                                                                                                  \
     do {                                                                                                                 \
         const cJSON *x_ = cJSON_GetObjectItemCaseSensitive(j, key);                                                      \
-        cJSON_AddItemToObject(e, key, present(x_) ? cJSON_Duplicate(x_, 1) : (dflt));                                    \
+        srv_add(e, key, present(x_) ? cJSON_Duplicate(x_, 1) : (dflt));                                    \
     } while (0)
     ECHO("instructions", cJSON_CreateNull());
     ECHO("max_output_tokens", cJSON_CreateNull());
@@ -510,8 +513,8 @@ fl_status srv_resp_request(fl_server *s, const cJSON *j, cJSON **chat_out, srv_r
     if (present(reas)) {
         cJSON *r = cJSON_AddObjectToObject(e, "reasoning");
         const cJSON *ef = cJSON_GetObjectItemCaseSensitive(reas, "effort"), *su = cJSON_GetObjectItemCaseSensitive(reas, "summary");
-        cJSON_AddItemToObject(r, "effort", present(ef) ? cJSON_Duplicate(ef, 1) : cJSON_CreateNull());
-        cJSON_AddItemToObject(r, "summary", present(su) ? cJSON_Duplicate(su, 1) : cJSON_CreateNull());
+        srv_add(r, "effort", present(ef) ? cJSON_Duplicate(ef, 1) : cJSON_CreateNull());
+        srv_add(r, "summary", present(su) ? cJSON_Duplicate(su, 1) : cJSON_CreateNull());
     } else {
         cJSON *r = cJSON_AddObjectToObject(e, "reasoning");
         cJSON_AddNullToObject(r, "effort");
@@ -525,7 +528,7 @@ fl_status srv_resp_request(fl_server *s, const cJSON *j, cJSON **chat_out, srv_r
             cJSON *f = cJSON_AddObjectToObject(t, "format");
             cJSON_AddStringToObject(f, "type", "text");
         }
-        cJSON_AddItemToObject(e, "text", t);
+        srv_add(e, "text", t);
     } else {
         cJSON_AddStringToObject(cJSON_AddObjectToObject(cJSON_AddObjectToObject(e, "text"), "format"), "type", "text");
     }
@@ -551,6 +554,8 @@ fail:
 }
 
 /* ---- the output: events and the response object ---- */
+
+static void chunk_in(srv_resp *rs, const cJSON *chunk, srv_buf *out);
 
 /* Send event o (streamed; else dropped) and free it. */
 static void emit(srv_resp *rs, srv_buf *out, cJSON *o) {
@@ -607,9 +612,9 @@ static cJSON *response_of(const srv_resp *rs, const char *model) {
     if (!strcmp(status, "incomplete")) cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "incomplete_details"), "reason", "max_output_tokens");
     else cJSON_AddNullToObject(o, "incomplete_details");
     cJSON_AddStringToObject(o, "model", model);
-    cJSON_AddItemToObject(o, "output", cJSON_Duplicate(rs->output, 1));
-    for (const cJSON *x = rs->echo->child; x; x = x->next) cJSON_AddItemToObject(o, x->string, cJSON_Duplicate(x, 1));
-    if (rs->usage) cJSON_AddItemToObject(o, "usage", usage_of(rs->usage));
+    srv_add(o, "output", cJSON_Duplicate(rs->output, 1));
+    for (const cJSON *x = rs->echo->child; x; x = x->next) srv_add(o, x->string, cJSON_Duplicate(x, 1));
+    if (rs->usage) srv_add(o, "usage", usage_of(rs->usage));
     else cJSON_AddNullToObject(o, "usage");
     return o;
 }
@@ -620,7 +625,7 @@ static cJSON *text_part(const char *type, const char *text, const cJSON *lps) {
     cJSON_AddStringToObject(p, "text", text);
     if (!strcmp(type, "output_text")) {
         cJSON_AddArrayToObject(p, "annotations");
-        cJSON_AddItemToObject(p, "logprobs", lps ? cJSON_Duplicate(lps, 1) : cJSON_CreateArray());
+        srv_add(p, "logprobs", lps ? cJSON_Duplicate(lps, 1) : cJSON_CreateArray());
     }
     return p;
 }
@@ -635,7 +640,7 @@ static cJSON *open_item(const srv_resp *rs, bool done) {
         cJSON_AddStringToObject(it, "id", rs->item_id);
         cJSON_AddStringToObject(it, "type", "reasoning");
         cJSON_AddArrayToObject(it, "summary");
-        if (done) cJSON_AddItemToArray(cJSON_AddArrayToObject(it, "content"), text_part("reasoning_text", txt, NULL));
+        if (done) srv_push(cJSON_AddArrayToObject(it, "content"), text_part("reasoning_text", txt, NULL));
         else cJSON_AddArrayToObject(it, "content");
         cJSON_AddStringToObject(it, "status", status);
         break;
@@ -644,7 +649,7 @@ static cJSON *open_item(const srv_resp *rs, bool done) {
         cJSON_AddStringToObject(it, "type", "message");
         cJSON_AddStringToObject(it, "status", status);
         cJSON_AddStringToObject(it, "role", "assistant");
-        if (done) cJSON_AddItemToArray(cJSON_AddArrayToObject(it, "content"), text_part("output_text", txt, rs->lps));
+        if (done) srv_push(cJSON_AddArrayToObject(it, "content"), text_part("output_text", txt, rs->lps));
         else cJSON_AddArrayToObject(it, "content");
         break;
     case IT_CALL:
@@ -680,19 +685,19 @@ static void close_item(srv_resp *rs, srv_buf *out) {
         o = srv_event(msg ? "response.output_text.done" : "response.reasoning_text.done");
         add_index(o, rs, true);
         cJSON_AddStringToObject(o, "text", txt);
-        if (msg) cJSON_AddItemToObject(o, "logprobs", rs->lps ? cJSON_Duplicate(rs->lps, 1) : cJSON_CreateArray());
+        if (msg) srv_add(o, "logprobs", rs->lps ? cJSON_Duplicate(rs->lps, 1) : cJSON_CreateArray());
         emit(rs, out, o);
         o = srv_event("response.content_part.done");
         add_index(o, rs, true);
-        cJSON_AddItemToObject(o, "part", text_part(msg ? "output_text" : "reasoning_text", txt, rs->lps));
+        srv_add(o, "part", text_part(msg ? "output_text" : "reasoning_text", txt, rs->lps));
         emit(rs, out, o);
     }
     cJSON *it = open_item(rs, true);
     o = srv_event("response.output_item.done");
     cJSON_AddNumberToObject(o, "output_index", rs->n_items - 1);
-    cJSON_AddItemToObject(o, "item", cJSON_Duplicate(it, 1));
+    srv_add(o, "item", cJSON_Duplicate(it, 1));
     emit(rs, out, o);
-    if (!it || !cJSON_AddItemToArray(rs->output, it)) rs->failed = FL_ERR_NOMEM;
+    if (!it || !srv_push(rs->output, it)) rs->failed = FL_ERR_NOMEM;
     rs->open = IT_NONE;
     srv_buf_free(&rs->text);
     cJSON_Delete(rs->lps);
@@ -705,12 +710,12 @@ static void open_new(srv_resp *rs, srv_buf *out, int kind) {
     item_id(rs, kind == IT_CALL ? "fc" : kind == IT_MESSAGE ? "msg" : "rs", rs->n_items++, rs->item_id, sizeof rs->item_id);
     cJSON *o = srv_event("response.output_item.added");
     cJSON_AddNumberToObject(o, "output_index", rs->n_items - 1);
-    cJSON_AddItemToObject(o, "item", open_item(rs, false));
+    srv_add(o, "item", open_item(rs, false));
     emit(rs, out, o);
     if (kind != IT_CALL) {
         o = srv_event("response.content_part.added");
         add_index(o, rs, true);
-        cJSON_AddItemToObject(o, "part", text_part(kind == IT_MESSAGE ? "output_text" : "reasoning_text", "", NULL));
+        srv_add(o, "part", text_part(kind == IT_MESSAGE ? "output_text" : "reasoning_text", "", NULL));
         emit(rs, out, o);
     }
 }
@@ -724,11 +729,11 @@ static void add_text(srv_resp *rs, srv_buf *out, int kind, const char *t, const 
     add_index(o, rs, kind != IT_CALL);
     cJSON_AddStringToObject(o, "delta", t);
     if (kind == IT_MESSAGE) {
-        cJSON_AddItemToObject(o, "logprobs", lps ? cJSON_Duplicate(lps, 1) : cJSON_CreateArray());
+        srv_add(o, "logprobs", lps ? cJSON_Duplicate(lps, 1) : cJSON_CreateArray());
         if (lps) {
             if (!rs->lps) rs->lps = cJSON_CreateArray();
             const cJSON *x;
-            cJSON_ArrayForEach(x, lps) cJSON_AddItemToArray(rs->lps, cJSON_Duplicate(x, 1));
+            cJSON_ArrayForEach(x, lps) srv_push(rs->lps, cJSON_Duplicate(x, 1));
         }
     }
     emit(rs, out, o);
@@ -760,14 +765,20 @@ static void start(srv_resp *rs, srv_buf *out, const cJSON *chunk) {
     const char *model = str_of(chunk, "model");
     snprintf(rs->model, sizeof rs->model, "%s", model ? model : "");
     cJSON *r = response_of(rs, rs->model), *o = srv_event("response.created");
-    cJSON_AddItemToObject(o, "response", r);
+    srv_add(o, "response", r);
     emit(rs, out, o);
     o = srv_event("response.in_progress");
-    cJSON_AddItemToObject(o, "response", response_of(rs, rs->model));
+    srv_add(o, "response", response_of(rs, rs->model));
     emit(rs, out, o);
 }
 
 void srv_resp_chunk(srv_resp *rs, const cJSON *chunk, srv_buf *out) {
+    const size_t f0 = fl_mem_thread_failures();
+    chunk_in(rs, chunk, out);
+    if (fl_mem_thread_failures() != f0) rs->failed = FL_ERR_NOMEM; /* (a part may be missing: the response fails) */
+}
+
+static void chunk_in(srv_resp *rs, const cJSON *chunk, srv_buf *out) {
     start(rs, out, chunk);
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(chunk, "usage");
     if (cJSON_IsObject(u)) {
@@ -802,18 +813,18 @@ static cJSON *conv_after(const srv_resp *rs) {
             cJSON *tc = cJSON_CreateObject(), *f;
             cJSON_AddStringToObject(tc, "id", str_of(it, "call_id"));
             cJSON_AddStringToObject(tc, "type", "function");
-            cJSON_AddItemToObject(tc, "function", f = cJSON_CreateObject());
+            f = cJSON_AddObjectToObject(tc, "function");
             cJSON_AddStringToObject(f, "name", str_of(it, "name"));
             cJSON_AddStringToObject(f, "arguments", str_of(it, "arguments"));
-            cJSON_AddItemToArray(calls, tc);
+            srv_push(calls, tc);
         }
     }
     cJSON_AddStringToObject(m, "role", "assistant");
     if (text.len || !cJSON_GetArraySize(calls)) cJSON_AddStringToObject(m, "content", text.p ? text.p : "");
     else cJSON_AddNullToObject(m, "content");
-    if (cJSON_GetArraySize(calls)) cJSON_AddItemToObject(m, "tool_calls", calls);
+    if (cJSON_GetArraySize(calls)) srv_add(m, "tool_calls", calls);
     else cJSON_Delete(calls);
-    cJSON_AddItemToArray(c, m);
+    srv_push(c, m);
     srv_buf_free(&text);
     return c;
 }
@@ -858,20 +869,39 @@ static void store_put(fl_server *s, const srv_resp *rs, const char *resp_json) {
 }
 
 void srv_resp_end(fl_server *s, srv_resp *rs, srv_buf *out) {
+    size_t f0 = fl_mem_thread_failures();
     close_item(rs, out);
+    if (fl_mem_thread_failures() != f0) rs->failed = FL_ERR_NOMEM;
+    f0 = fl_mem_thread_failures();
     cJSON *r = response_of(rs, rs->model);
+    if (fl_mem_thread_failures() != f0) { /* (a part missing: not this one, a failed one below) */
+        rs->failed = FL_ERR_NOMEM;
+        cJSON_Delete(r);
+        r = NULL;
+    }
     const char *status = status_of(rs);
     srv_buf t = {0}; /* kept as the reply gives it */
     if (r && rs->store && strcmp(status, "failed") && strcmp(status, "cancelled") && !srv_append_json(&t, r, false)) store_put(s, rs, t.p);
     srv_buf_free(&t);
-    if (rs->stream) {
+    const bool failed_before = rs->failed;
+    if (rs->stream && r) {
         cJSON *o = srv_event(!strcmp(status, "failed") ? "response.failed" : !strcmp(status, "incomplete") ? "response.incomplete"
                                                                                                        : "response.completed");
-        cJSON_AddItemToObject(o, "response", r);
+        srv_add(o, "response", r);
         emit(rs, out, o);
-    } else {
-        if (!r || srv_append_json(out, r, false)) rs->failed = FL_ERR_NOMEM;
+    } else if (r) {
+        if (srv_append_json(out, r, false)) rs->failed = FL_ERR_NOMEM;
         cJSON_Delete(r);
+    }
+    if (!r || (rs->failed && !failed_before)) { /* no memory for the whole response: a short failed one, as fixed text */
+        static const char MSG[] = "no memory for the response in the server's buffers (--net-mem); retry later";
+        if (rs->stream)
+            srv_buf_printf(out, "event: response.failed\ndata: {\"type\":\"response.failed\",\"sequence_number\":%lld,\"response\":{\"id\":\"%s\","
+                                "\"object\":\"response\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"%s\"},\"output\":[]}}\n\n",
+                           (long long)rs->seq++, rs->id, MSG);
+        else
+            srv_buf_printf(out, "{\"id\":\"%s\",\"object\":\"response\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"%s\"},"
+                                "\"output\":[]}", rs->id, MSG);
     }
 }
 
@@ -905,10 +935,10 @@ fl_status srv_resp_get(fl_server *s, const char *id, int what, const srv_resp_pa
                     }
             }
             for (; k >= 0 && k < nit && taken < pg->limit; k += step, taken++)
-                cJSON_AddItemToArray(data, cJSON_Duplicate(cJSON_GetArrayItem(items, k), 1));
+                srv_push(data, cJSON_Duplicate(cJSON_GetArrayItem(items, k), 1));
             const bool more = k >= 0 && k < nit;
             cJSON_AddStringToObject(page, "object", "list");
-            cJSON_AddItemToObject(page, "data", data);
+            srv_add(page, "data", data);
             data = NULL;
             const cJSON *d = cJSON_GetObjectItemCaseSensitive(page, "data");
             const int nd = cJSON_GetArraySize(d);

@@ -314,7 +314,7 @@ void srv_msgs_free(srv_msgs *ms);
 /* dialect.c: what those translations share.  srv_json_str: o's string field k (NULL: none);
  * srv_api_id: a new id "PREFIX_" + 32 hex digits (unique in the server and across its runs);
  * srv_event: {"type": type}; srv_event_append: event o as SSE with its type as the event's
- * name; srv_call_delta: tool_calls entry k of a chat delta (true where it starts a call, its id). */
+ * name (all of it or nothing); srv_call_delta: tool_calls entry k of a chat delta (true where it starts a call, its id). */
 const char *srv_json_str(const struct cJSON *o, const char *k);
 void srv_api_id(fl_server *s, const char *prefix, const void *salt, char *buf, size_t cap);
 struct cJSON *srv_event(const char *type);
@@ -324,6 +324,10 @@ typedef struct srv_call_piece_in {
     const char *id, *name, *args; /* NULL where the piece has none */
 } srv_call_piece_in;
 bool srv_call_delta(const struct cJSON *tc, int32_t k, srv_call_piece_in *p);
+/* child (owned) as parent's member key / array's last element; where that cannot be (no memory:
+ * a parent that could not be made, or its item), child is freed; false then */
+bool srv_add(struct cJSON *parent, const char *key, struct cJSON *child);
+bool srv_push(struct cJSON *array, struct cJSON *child);
 /* The JSON of o onto b (as an SSE data line when sse), made well-formed UTF-8 (api.c) */
 fl_status srv_append_json(srv_buf *b, struct cJSON *o, bool sse);
 /* util */
