@@ -831,7 +831,7 @@ static void produce_full(fl_server *s, srv_req *r) {
     if (plp) cJSON_AddItemToObject(o, "prompt_logprobs", plp);
     add_usage(cJSON_AddObjectToObject(o, "usage"), r, gen);
     if (r->resp) { /* /v1/responses: the response object */
-        srv_resp_completion(r->resp, o, &r->out);
+        srv_resp_chunk(r->resp, o, &r->out); /* (its message reads as one delta) */
         srv_resp_end(s, r->resp, &r->out);
     } else if (r->msgs) { /* /v1/messages: Anthropic's message */
         srv_msgs_chunk(r->msgs, o, r->pr[0].n_prompt, r->pr[0].n_cached, &r->out);

@@ -14,6 +14,8 @@ const char *srv_json_str(const cJSON *o, const char *k) {
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+bool srv_json_present(const cJSON *v) { return v && !cJSON_IsNull(v); }
+
 void srv_api_id(fl_server *s, const char *prefix, const void *salt, char *buf, size_t cap) {
     pthread_mutex_lock(&s->mu);
     const int64_t serial = ++s->next_local_id;

@@ -39,7 +39,7 @@ struct srv_msgs {
 
 #define str_of srv_json_str
 
-static bool present(const cJSON *v) { return v && !cJSON_IsNull(v); }
+#define present srv_json_present
 
 void srv_msgs_free(srv_msgs *ms) {
     if (!ms) return;

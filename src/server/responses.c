@@ -68,7 +68,7 @@ static void item_id(const srv_resp *rs, const char *prefix, int32_t k, char *buf
 
 #define str_of srv_json_str
 
-static bool present(const cJSON *v) { return v && !cJSON_IsNull(v); }
+#define present srv_json_present
 
 /* A message's content (a string, or parts) as chat content: a string, or text parts. */
 static cJSON *content_of(const cJSON *c, const char *what, char *err, size_t n) {
@@ -843,8 +843,6 @@ static void store_put(fl_server *s, const srv_resp *rs, const char *resp_json) {
     cJSON_Delete(conv);
     if (ok) {
         const size_t nr = strlen(resp_json) + 1, nc = strlen(ct) + 1, ni = strlen(it) + 1, bytes = sizeof(srv_resp_entry) + nr + nc + ni;
-        srv_resp_entry *old = store_find(s, rs->id);
-        if (old) store_drop(s, old);
         while (s->resp_first && s->resp_bytes + bytes > limit) store_drop(s, s->resp_first);
         srv_resp_entry *e = NULL;
         if (bytes <= limit)
@@ -903,10 +901,6 @@ void srv_resp_end(fl_server *s, srv_resp *rs, srv_buf *out) {
             srv_buf_printf(out, "{\"id\":\"%s\",\"object\":\"response\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"%s\"},"
                                 "\"output\":[]}", rs->id, MSG);
     }
-}
-
-void srv_resp_completion(srv_resp *rs, const cJSON *completion, srv_buf *out) {
-    srv_resp_chunk(rs, completion, out); /* (a choice's message reads as one delta) */
 }
 
 /* ---- the store's endpoints ---- */

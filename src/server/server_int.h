@@ -282,13 +282,12 @@ void srv_tools_call_id(uint64_t seed, int idx, char *buf, size_t cap);
 /* responses.c: OpenAI's Responses API over chat completions.  srv_resp_request translates
  * request j into a chat request (*chat) and the response's state (*rs); on failure *http is the
  * status (400 bad input, 404 an unknown previous_response_id, 503 no memory) and err says why.
- * srv_resp_chunk takes each chat.completion.chunk of the stream and appends its events to out;
- * srv_resp_completion a whole chat.completion; srv_resp_end appends the last event (or the
+ * srv_resp_chunk takes each chat.completion.chunk of the stream and appends its events to out
+ * (or a whole chat.completion: its message reads as one delta); srv_resp_end appends the last event (or the
  * response object) and stores the response (s->mu held for both). */
 typedef struct srv_resp srv_resp;
 fl_status srv_resp_request(fl_server *s, const struct cJSON *j, struct cJSON **chat, srv_resp **rs, int *http, char *err, size_t n);
 void srv_resp_chunk(srv_resp *rs, const struct cJSON *chunk, srv_buf *out);
-void srv_resp_completion(srv_resp *rs, const struct cJSON *completion, srv_buf *out);
 void srv_resp_end(fl_server *s, srv_resp *rs, srv_buf *out);
 void srv_resp_free(srv_resp *rs);
 /* GET /v1/responses/{id} (the response), DELETE (its deletion), GET .../input_items (a page of
@@ -316,6 +315,7 @@ void srv_msgs_free(srv_msgs *ms);
  * srv_event: {"type": type}; srv_event_append: event o as SSE with its type as the event's
  * name (all of it or nothing); srv_call_delta: tool_calls entry k of a chat delta (true where it starts a call, its id). */
 const char *srv_json_str(const struct cJSON *o, const char *k);
+bool srv_json_present(const struct cJSON *v); /* v is there and not null */
 void srv_api_id(fl_server *s, const char *prefix, const void *salt, char *buf, size_t cap);
 struct cJSON *srv_event(const char *type);
 fl_status srv_event_append(srv_buf *out, struct cJSON *o);
