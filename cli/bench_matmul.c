@@ -61,21 +61,25 @@ static float *rand_f32(int64_t n, uint64_t seed) {
     return x;
 }
 
-/* The weights of a type: quantized (q4_0_r8 / q8_0_r8: as Q4_0 / Q8_0, then repacked in place 8
- * rows at a time, as the model loader does on AVX2 and AVX-512 unless AMX-INT8 comes without AMX-BF16); false if out of memory. */
+/* The weights of a type: quantized (q4_0_r8 / q8_0_r8 / q4_K_r16: as Q4_0 / Q8_0 / Q4_K, then
+ * repacked in place a group of rows at a time, as the model loader does: fl_r8_load_type); false
+ * if out of memory. */
+/* the file type a repacked type is made from (q4_0_r8, q8_0_r8, q4_K_r16), else -1 */
+static int32_t repack_base(int32_t type) { return type == FL_TYPE_Q4_K_R16 ? FL_TYPE_Q4_K : fl_r8_base(type); }
+
 static bool quantize_w(int32_t type, const float *f, int64_t N, int64_t K, char *w) {
-    const int32_t base = fl_r8_base(type);
+    const int32_t base = repack_base(type);
     if (base < 0) return fl_quantize_tensor(type, f, N, K, w) == FL_OK;
     if (fl_quantize_tensor(base, f, N, K, w) != FL_OK) return false;
-    const size_t ldw = fl_quantize_size(base, 1, K);
-    void *tmp = fl_alloc(FL_MEM_SCRATCH, FL_R8_ROWS * ldw, 64);
+    const size_t ldw = fl_quantize_size(base, 1, K), gr = (size_t)fl_r8_group_rows(type);
+    void *tmp = fl_alloc(FL_MEM_SCRATCH, gr * ldw, 64);
     if (!tmp) return false;
-    for (int64_t r = 0; r < N; r += FL_R8_ROWS) fl_r8_repack(type, w + (size_t)r * ldw, ldw, K, tmp);
-    fl_free(FL_MEM_SCRATCH, tmp, FL_R8_ROWS * ldw);
+    for (int64_t r = 0; r < N; r += (int64_t)gr) fl_r8_repack(type, w + (size_t)r * ldw, ldw, K, tmp);
+    fl_free(FL_MEM_SCRATCH, tmp, gr * ldw);
     return true;
 }
 
-static size_t wsize(int32_t type, int64_t N, int64_t K) { return fl_quantize_size(fl_r8_base(type) >= 0 ? fl_r8_base(type) : type, N, K); }
+static size_t wsize(int32_t type, int64_t N, int64_t K) { return fl_quantize_size(repack_base(type) >= 0 ? repack_base(type) : type, N, K); }
 
 /* Microseconds per q, k, v projection of M tokens: [0] three fl_matmul calls, [1] one
  * fl_matmul_n, alternated for at least secs; false if out of memory. */
@@ -123,7 +127,7 @@ int fl_bench_matmul(int argc, char **argv) {
         {"threads", 't', FL_OPT_INT, "N  threads (default 2)"},
         {"json", 0, FL_OPT_FLAG, "print JSON"},
         {"n-prompt", 'p', FL_OPT_INT, "M  tokens for the GEMM (default 512)"},
-        {"types", 0, FL_OPT_STR, "LIST  weight types, comma separated (default Q4_0,Q8_0; Q4_0_R8 / Q8_0_R8: repacked in groups of 8 rows, as the model loader does on AVX2 and AVX-512 unless AMX-INT8 comes without AMX-BF16)"},
+        {"types", 0, FL_OPT_STR, "LIST  weight types, comma separated (default Q4_0,Q8_0; Q4_0_R8 / Q8_0_R8: repacked in groups of 8 rows, as the model loader does on AVX2 and AVX-512 unless AMX-INT8 comes without AMX-BF16; Q4_K_R16: in groups of 16, as it does on AVX-512 without AMX)"},
         {"stream-mib", 0, FL_OPT_INT, "MIB  weight bytes cycled through in GEMV, streamed GEMM and bandwidth calibration (default 1024)"},
         {"seconds", 0, FL_OPT_FLOAT, "S  minimum time per measurement (default 0.5)"},
         {0},
@@ -182,7 +186,7 @@ int fl_bench_matmul(int argc, char **argv) {
     int rc = 0;
     for (char *save = NULL, *tn = strtok_r(types_s, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
         const int32_t type = fl_type_from_name(tn);
-        if (type < 0 || fl_matmul_supported(type) != FL_OK || (!fl_quantize_supported(type) && fl_r8_base(type) < 0)) {
+        if (type < 0 || fl_matmul_supported(type) != FL_OK || (!fl_quantize_supported(type) && repack_base(type) < 0)) {
             fprintf(stderr, "fitllm bench matmul: unsupported type '%s'\n", tn);
             rc = 2;
             break;

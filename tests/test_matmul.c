@@ -1468,6 +1468,145 @@ static void test_r8(void **state) {
     fl_test_mem_zero();
 }
 
+/* Q4_K_R16 (16 interleaved rows): the repack is a permutation (rows come back byte for byte,
+ * the f32 rows are Q4_K's), the reference integer dot takes Q4_K's bits, the AVX-512 kernels
+ * (GEMV and tiles of 2-8 tokens, passes over more) against the reference with each token's bits
+ * the same in every step, and fl_matmul on the groups against the reference for every ISA the
+ * CPU has, its scratch as fl_matmul_scratch_bytes says.  Rows 16..31 carry every 6-bit scale
+ * and min pattern (random scale bytes) and codes at 0 / 15, so the planes' unpacking is seen
+ * bit by bit. */
+static void test_k16(void **state) {
+    (void)state;
+    const int32_t rtype = FL_TYPE_Q4_K_R16;
+    const int64_t N = 48, K = 768, nsb = K / 256;
+    qmat q;
+    qmat_make(&q, FL_TYPE_Q4_K, N, K);
+    const size_t ldw = q.W.nb[1];
+    for (int64_t r = 16; r < 32; r++)
+        for (int64_t b = 0; b < nsb; b++) {
+            fl_block_q4_K *blk = (fl_block_q4_K *)((char *)q.data + r * ldw) + b;
+            for (int k = 0; k < 12; k++) blk->scales[k] = (uint8_t)(frand() * 128 + 128);
+            if (r >= 24) memset(blk->qs, (r + b) % 2 ? 0xFF : 0x00, sizeof blk->qs);
+        }
+    /* rows 40..47 stay near zero, each scale tiny (dmin / d 0) */
+    char *g = fl_alloc(FL_MEM_MISC, q.bytes, 64), *row = fl_alloc(FL_MEM_MISC, ldw, 64), *tmp = fl_alloc(FL_MEM_MISC, 16 * ldw, 64);
+    memcpy(g, q.data, q.bytes);
+    assert_int_equal(fl_r8_group_rows(rtype), 16);
+    assert_int_equal(fl_r8_group_rows(FL_TYPE_Q4_K), 0);
+    for (int64_t r = 0; r < N; r += 16) fl_r8_repack(rtype, g + r * ldw, ldw, K, tmp);
+    assert_memory_not_equal(g, q.data, 16 * ldw);
+    float *fa = frand_buf(K), *fb = frand_buf(K);
+    for (int64_t r = 0; r < N; r++) {
+        fl_r8_unpack_row(rtype, g + (r / 16) * 16 * ldw, (int)(r % 16), K, row);
+        assert_memory_equal(row, (char *)q.data + r * ldw, ldw);
+        fl_r8_dequant_row(rtype, g, ldw, r, fa, K);
+        fl_dequant_row(FL_TYPE_Q4_K, (char *)q.data + r * ldw, fb, K);
+        assert_memory_equal(fa, fb, (size_t)K * 4);
+    }
+    const int64_t M = 40;
+    float *x = frand_buf(M * K);
+    for (int64_t k = 0; k < K; k++) x[k] = k % 3 ? -1.0f : 1.0f; /* token 0: codes at +-127 */
+    fl_act_q8 a;
+    assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
+    for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
+    float *y0 = frand_buf(M * N), *y1 = frand_buf(M * N);
+    fl_gemm_q8_ref(FL_TYPE_Q4_K, q.data, ldw, (int)N, &a, 0, (int)M, y0, N);
+    fl_gemm_q8_ref(rtype, g, ldw, (int)N, &a, 0, (int)M, y1, N);
+    assert_memory_equal(y0, y1, (size_t)(M * N) * 4);
+    if (fl_isa_best() == FL_ISA_AVX512) {
+        fl_act_q8 a5;
+        assert_int_equal(fl_act_q8_alloc(&a5, M, K), FL_OK);
+        for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row_avx512(&a5, m, x + m * K);
+        float *yall = frand_buf(M * N);
+        fl_k16_gemm_avx512(g, ldw, (int)N, &a5, 0, (int)M, yall, N); /* passes of 8 */
+        for (int64_t i = 0; i < M * N; i++) {
+            double mag = 0; /* the sum of |w x| bounds what f32 order can move */
+            const int64_t m = i / N, r = i % N;
+            fl_dequant_row(FL_TYPE_Q4_K, (char *)q.data + r * ldw, fb, K);
+            for (int64_t k = 0; k < K; k++) mag += fabs((double)fb[k] * a5.d[m * a5.nb + k / 32] * a5.qs[m * K + k]);
+            if (!(fabs((double)yall[i] - y0[i]) <= 1e-5 * mag + 1e-7))
+                fail_msg("q4_K_r16 AVX-512 token %lld row %lld: %.9g vs reference %.9g (|wx| %.3g)", (long long)m, (long long)r, yall[i], y0[i], mag);
+        }
+        for (int nt = 1; nt <= 10; nt++) /* each token's bits in every step: alone, and from every start */
+            for (int64_t m0 = 0; m0 + nt <= M; m0 += 3) {
+                float *yp = fpattern_buf(M * N), *yq = fpattern_buf(M * N);
+                fl_k16_gemm_avx512(g + 16 * ldw, ldw, 32, &a5, m0, nt, yp + 16, N);
+                for (int t = 0; t < nt; t++)
+                    if (memcmp(yp + t * N + 16, yall + (m0 + t) * N + 16, 32 * sizeof(float)))
+                        fail_msg("q4_K_r16 AVX-512 nt=%d m0=%lld token %d: not the bits of the 40-token step", nt, (long long)m0, t);
+                for (int64_t i = 0; i < M * N; i++) /* nothing outside rows 16..47 of tokens < nt written */
+                    if ((i % N < 16 || i / N >= nt) && yp[i] != yq[i]) fail_msg("q4_K_r16 nt=%d: y[%lld] written", nt, (long long)i);
+                fl_free(FL_MEM_MISC, yp, (size_t)(M * N) * 4);
+                fl_free(FL_MEM_MISC, yq, (size_t)(M * N) * 4);
+            }
+        /* the Q4_K panel packed from a group: the bytes packed from its 16 rows */
+        const size_t pb = fl_panel_bytes_for(FL_TYPE_Q4_K, K);
+        assert_int_equal(fl_panel_bytes_for(rtype, K), pb);
+        char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
+        for (int64_t r = 0; r < N; r += 16) {
+            memset(p0, 0x55, pb);
+            memset(p1, 0xAA, pb);
+            fl_panel_pack_avx512(FL_TYPE_Q4_K, (char *)q.data + r * ldw, ldw, 16, K, p0);
+            fl_panel_pack_avx512(rtype, g + r * ldw, ldw, 16, K, p1);
+            if (memcmp(p0, p1, pb)) fail_msg("q4_K_r16 panel of rows %lld..: not the bytes packed from the rows", (long long)r);
+        }
+        fl_free(FL_MEM_MISC, p0, pb);
+        fl_free(FL_MEM_MISC, p1, pb);
+        fl_free(FL_MEM_MISC, yall, (size_t)(M * N) * 4);
+        fl_act_q8_free(&a5);
+    }
+    /* fl_matmul on the groups, every ISA the CPU has (AVX2 / the reference: f32 rows), int8 and f32 activations */
+    qmat rq = q;
+    rq.W.type = rtype;
+    rq.W.data = g;
+    float *ref = frand_buf(M * N), *got = frand_buf(M * N);
+    const int64_t Ms[8] = {1, 2, 5, 8, 9, 17, 33, 40}; /* 33, 40: the Q4_K panels packed from the groups */
+    for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++) {
+        fl_isa_set((fl_isa)isa);
+        for (int nth = 1; nth <= 2; nth++) {
+            fl_threads_set(nth);
+            for (int mi = 0; mi < 8; mi++) {
+                fl_matmul_ref(&q.W, x, ref, Ms[mi]);
+                for (int f32 = 0; f32 < 2; f32++) {
+                    fl_matmul_set_f32_act(f32);
+                    const size_t before = fl_mem_current(FL_MEM_SCRATCH);
+                    fl_mem_reset_peaks();
+                    fl_matmul(&rq.W, x, got, Ms[mi]);
+                    const size_t used = fl_mem_peak(FL_MEM_SCRATCH) - before, want = fl_matmul_scratch_bytes(&rq.W, Ms[mi], nth);
+                    if (used != want) fail_msg("q4_K_r16 isa %d M=%lld nth=%d: scratch %zu, planned %zu", isa, (long long)Ms[mi], nth, used, want);
+                    const double e = fl_test_nmse(ref, got, Ms[mi] * N);
+                    if (!(e <= (f32 ? 1e-10 : 1e-4)))
+                        fail_msg("q4_K_r16 isa %d M=%lld nth=%d f32 act %d: NMSE %.3g", isa, (long long)Ms[mi], nth, f32, e);
+                }
+                fl_matmul_set_f32_act(false);
+            }
+        }
+    }
+    fl_isa_set(fl_isa_best());
+    fl_threads_set(0);
+    /* the loader's choice: AVX-512 without AMX, whole groups, not with f32 activations */
+    const bool k16 = fl_isa_get() == FL_ISA_AVX512 && !fl_amx_usable();
+    assert_int_equal(fl_r8_load_type(FL_TYPE_Q4_K, 48, true), k16 ? rtype : FL_TYPE_Q4_K);
+    assert_int_equal(fl_r8_load_type(FL_TYPE_Q4_K, 40, true), FL_TYPE_Q4_K);
+    assert_int_equal(fl_r8_load_type(FL_TYPE_Q4_K, 48, false), FL_TYPE_Q4_K);
+    fl_matmul_set_f32_act(true);
+    assert_int_equal(fl_r8_load_type(FL_TYPE_Q4_K, 48, true), FL_TYPE_Q4_K);
+    fl_matmul_set_f32_act(false);
+    fl_free(FL_MEM_MISC, ref, (size_t)(M * N) * 4);
+    fl_free(FL_MEM_MISC, got, (size_t)(M * N) * 4);
+    fl_free(FL_MEM_MISC, x, (size_t)(M * K) * 4);
+    fl_free(FL_MEM_MISC, y0, (size_t)(M * N) * 4);
+    fl_free(FL_MEM_MISC, y1, (size_t)(M * N) * 4);
+    fl_free(FL_MEM_MISC, fa, (size_t)K * 4);
+    fl_free(FL_MEM_MISC, fb, (size_t)K * 4);
+    fl_free(FL_MEM_MISC, tmp, 16 * ldw);
+    fl_free(FL_MEM_MISC, row, ldw);
+    fl_free(FL_MEM_MISC, g, q.bytes);
+    fl_act_q8_free(&a);
+    qmat_free(&q);
+    fl_test_mem_zero();
+}
+
 /* fl_matmul_kernel_name follows the dispatch's switches (the benchmarks' labels) */
 static void test_kernel_name(void **state) {
     (void)state;
@@ -1486,6 +1625,9 @@ static void test_kernel_name(void **state) {
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 16), r8_amx_ok() ? "r8-amx" : "r8-vnni");
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 10), "r8-vnni");
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q8_0, 1), "gemv");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K_R16, 1), "r16-vnni");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K_R16, 32), "r16-vnni");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K_R16, 33), "panels");
         if (fl_amx_bf16_usable()) {
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 512), "amx-bf16");
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K, 64), "amx-bf16");
@@ -1526,6 +1668,7 @@ int main(void) {
         cmocka_unit_test(test_dequant_simd),
         cmocka_unit_test(test_scratch_bytes),
         cmocka_unit_test(test_r8),
+        cmocka_unit_test(test_k16),
         cmocka_unit_test(test_kernel_name),
         cmocka_unit_test(test_gemm_shapes_vs_ref_isa),
     };

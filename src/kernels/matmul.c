@@ -71,6 +71,8 @@ static bool panel_path(int32_t type, int64_t M);
 static bool int8_path(int32_t type, int64_t M, bool *llama) {
     *llama = false;
     if (fl_matmul_f32_act()) return false;
+    if (type == FL_TYPE_Q4_K_R16) /* its AVX-512 kernels; on another ISA the f32 path (dequantized rows) */
+        return fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order() && M <= INT32_MAX;
     if (fl_r8_base(type) >= 0) /* its AVX2 / AVX-512 kernels or the reference */
         return !fl_matmul_llama_order() && M <= INT32_MAX;
     if (fl_matmul_llama_order() && (type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_0 || type == FL_TYPE_Q5_0)) {
@@ -155,8 +157,9 @@ static int unit_matrix(const int64_t *ubase, int64_t u) {
     return i;
 }
 
-/* Rows per tile of the GEMV shares and the tile path: the R8 types are addressed by groups of 8 rows. */
-static int64_t row_tile(int32_t type) { return fl_r8_base(type) >= 0 ? FL_R8_ROWS : 4; }
+/* Rows per tile of the GEMV shares and the tile path: the repacked types are addressed by groups
+ * (8 rows, Q4_K_R16 16). */
+static int64_t row_tile(int32_t type) { return fl_r8_group_rows(type) ? fl_r8_group_rows(type) : 4; }
 
 static void q8_quant_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
@@ -361,6 +364,7 @@ static bool panel_path(int32_t type, int64_t M) {
     const bool own = type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL ||
                      type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K; /* panels for every step on AVX2 */
     if (fl_r8_base(type) >= 0) return (isa == FL_ISA_AVX2 || isa == FL_ISA_AVX512) && M > 1 && M <= INT32_MAX && !gemv_path(type, M);
+    if (type == FL_TYPE_Q4_K_R16) return isa == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX;
     if (M <= 1 || M > INT32_MAX || gemv_path(type, M)) return false;
     const bool common = type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K;
     /* AVX-512 has panels of its own for the common types; the rest take the AVX2 panels there
@@ -374,8 +378,8 @@ static bool panel_path(int32_t type, int64_t M) {
  * f32 path, `fitllm bench matmul -t 2 -p 16` all shapes 55-63 GOP/s, against 136-271 with
  * FL_KERNELS=avx2 on the same Zen 4. */
 static bool panel_avx512(int32_t type) {
-    return fl_isa_get() == FL_ISA_AVX512 &&
-           (fl_r8_base(type) >= 0 || type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K);
+    return fl_isa_get() == FL_ISA_AVX512 && (fl_r8_group_rows(type) || type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 ||
+                                             type == FL_TYPE_Q4_K);
 }
 
 /* Q4_0_R8 steps of up to this many tokens run the tile on the groups, without the pack: one core,
@@ -389,19 +393,31 @@ static bool panel_avx512(int32_t type) {
  * while its activations stay in L1; one panel at a time streamed the whole step's activations
  * (M x K codes and their scales, 1 MiB and more at 512 tokens) from L3 once per panel. */
 #define PANEL_GROUP_BYTES (384 * 1024)
+static bool panel_direct(int32_t type, int64_t M);
 static int64_t panel_group_max(int32_t type, int64_t K, int64_t M) {
     if (!panel_avx512(type) || M <= 8) return 1;
     /* the R8 types' tiles read the rows themselves: a group is 16 rows of the matrix */
-    const size_t bytes = fl_r8_base(type) >= 0 ? FL_PANEL_ROWS * fl_type_row_size(fl_r8_base(type), K) : fl_panel_bytes_for(type, K);
+    const size_t bytes = panel_direct(type, M) ? FL_PANEL_ROWS * fl_type_row_size(type, K) : fl_panel_bytes_for(type, K);
     const int64_t g = (int64_t)(PANEL_GROUP_BYTES / bytes);
     return g < 1 ? 1 : g;
 }
 
+/* Q4_K_R16 steps of up to this many tokens run its tile on the groups (16 rows x 8 tokens a
+ * pass); more take the Q4_K panels packed from the groups, whose passes of 16 tokens share each
+ * super-block's scales and unpacked codes twice as widely.  `fitllm bench matmul --types
+ * Q4_K,Q4_K_R16 -t 2` all shapes in cache, GOP/s, the panels (from the file's rows) against the
+ * tile, two alternated runs each: 32 tokens 704, 699 / 853, 870; 64 752, 837 / 761, 730; 512
+ * 803, 669 / 621, 625. */
+#define K16_DIRECT_MAX 32
 /* The panel path runs the tile on the weight rows as they are, with no pack and no panel scratch:
- * AVX-512 on both R8 types, AVX2 on Q8_0_R8 (its vectors are the tile's layout). */
-static bool panel_direct(int32_t type) {
+ * AVX-512 on the R8 types and Q4_K_R16 (up to K16_DIRECT_MAX tokens), AVX2 on Q8_0_R8 (its
+ * vectors are the tile's layout). */
+static bool panel_direct(int32_t type, int64_t M) {
+    if (type == FL_TYPE_Q4_K_R16) return fl_isa_get() == FL_ISA_AVX512 && M <= K16_DIRECT_MAX;
     return fl_r8_base(type) >= 0 && (type == FL_TYPE_Q8_0_R8 || fl_isa_get() == FL_ISA_AVX512);
 }
+/* The type a panel of W's rows computes as (Q4_K_R16's panels are Q4_K's). */
+static int32_t panel_type(int32_t type) { return type == FL_TYPE_Q4_K_R16 ? FL_TYPE_Q4_K : type; }
 
 /* R8 steps of 11 tokens or more (passes of 11-16 of the 16-token records) run on the AMX-INT8
  * tiles where they are usable (fl_amx_r8_gemm16, the same bits): the fold per block is the VNNI
@@ -420,8 +436,16 @@ static bool r8_amx(int32_t type, int64_t M) {
  * (fl_panel_gemm16_avx512, fl_r8_gemm16_avx512), their activations in 16-token records (act16,
  * fl_act16_bytes of scratch). */
 static bool act16_path(int32_t type, int64_t M, int64_t K) {
-    /* (only the groups loop of q8_panel_task takes them: panel_group_max > 1) */
-    return panel_avx512(type) && M > 8 && panel_path(type, M) && !amx_path(type, M) && panel_group_max(type, K, M) > 1;
+    /* (only the groups loop of q8_panel_task takes them: panel_group_max > 1; Q4_K_R16's tile
+     * reads the rows) */
+    return panel_avx512(type) && !(type == FL_TYPE_Q4_K_R16 && panel_direct(type, M)) && M > 8 && panel_path(type, M) && !amx_path(type, M) && panel_group_max(type, K, M) > 1;
+}
+
+/* The AVX-512 tile straight on rows [n, n + nr) of a repacked W (panel_direct), tokens [m, m + nt). */
+static void direct_gemm(const fl_tensor *W, int64_t n, int nr, const fl_act_q8 *a, int64_t m, int nt, float *y) {
+    const char *w = (const char *)W->data + n * W->nb[1];
+    if (W->type == FL_TYPE_Q4_K_R16) fl_k16_gemm_avx512(w, W->nb[1], nr, a, m, nt, y, W->ne[1]);
+    else fl_r8_gemm_avx512(W->type, w, W->nb[1], nr, a, m, nt, y, W->ne[1]);
 }
 
 /* Each thread repacks 16-row panels into its own scratch and runs every token through the panel
@@ -443,7 +467,7 @@ static void q8_panel_task(void *p, int ith, int nth) {
             const int i = unit_matrix(c->ubase, u);
             const fl_tensor *W = c->Wv[i];
             const int64_t N = W->ne[1], np = (N + FL_PANEL_ROWS - 1) / FL_PANEL_ROWS, ng = c->groups[i];
-            const bool direct = panel_direct(W->type);
+            const bool direct = panel_direct(W->type, c->M);
             const int64_t gi = u - c->ubase[i];
             int64_t g0 = gi * np / ng, g1 = (gi + 1) * np / ng;
             if (direct) { /* whole pairs of panels: a group of an odd count ran its last panel in the
@@ -476,9 +500,9 @@ static void q8_panel_task(void *p, int ith, int nth) {
                         fl_r8_gemm16_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N,
                                             m == 0);
                     }
-                    else if (ra && nt > 8) fl_panel_gemm16_avx512(W->type, pan + (size_t)(pi - g0) * c->panel_bytes, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N);
-                    else if (direct) fl_r8_gemm_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, &c->act, m, nt, c->yv[i] + m * N + n, N);
-                    else fl_panel_gemm_avx512(W->type, pan + (size_t)(pi - g0) * c->panel_bytes, nr, &c->act, m, nt, c->yv[i] + m * N + n, N);
+                    else if (ra && nt > 8) fl_panel_gemm16_avx512(panel_type(W->type), pan + (size_t)(pi - g0) * c->panel_bytes, nr, ra, c->act.nb, nt, c->yv[i] + m * N + n, N);
+                    else if (direct) direct_gemm(W, n, nr, &c->act, m, nt, c->yv[i] + m * N + n);
+                    else fl_panel_gemm_avx512(panel_type(W->type), pan + (size_t)(pi - g0) * c->panel_bytes, nr, &c->act, m, nt, c->yv[i] + m * N + n, N);
                 }
             }
         }
@@ -500,10 +524,10 @@ static void q8_panel_task(void *p, int ith, int nth) {
         /* the tile straight on the groups: panel_direct (AVX-512 both R8 types, AVX2 Q8_0_R8), and on
          * AVX2 Q4_0_R8 for whole panels of steps up to R8_DIRECT_Q4_0 tokens (past that the pack
          * costs less than unpacking each vector per use) */
-        const bool direct = panel_direct(W->type) || (W->type == FL_TYPE_Q4_0_R8 && nr == FL_PANEL_ROWS && c->M <= R8_DIRECT_Q4_0);
+        const bool direct = panel_direct(W->type, c->M) || (W->type == FL_TYPE_Q4_0_R8 && nr == FL_PANEL_ROWS && c->M <= R8_DIRECT_Q4_0);
         if (!direct) pack(W->type, (const char *)W->data + n * ldw, ldw, nr, K, pan);
-        if (avx512 && direct) fl_r8_gemm_avx512(W->type, (const char *)W->data + n * ldw, ldw, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N);
-        else if (avx512) fl_panel_gemm_avx512(W->type, pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N);
+        if (avx512 && direct) direct_gemm(W, n, nr, &c->act, 0, (int)c->M, c->yv[i] + n);
+        else if (avx512) fl_panel_gemm_avx512(panel_type(W->type), pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N);
         else {
             const char *pf = NULL;
             size_t pf_bytes = 0;
@@ -819,7 +843,7 @@ static void f32_task(void *p, int ith, int nth) {
             const char *src = (const char *)c->W->data + (n0 + i) * c->W->nb[1];
             if (c->W->type == FL_TYPE_F32) r[i] = (const float *)src;
             else {
-                if (fl_r8_base(c->W->type) >= 0) fl_r8_dequant_row(c->W->type, c->W->data, c->W->nb[1], n0 + i, rows + i * K, K);
+                if (fl_r8_group_rows(c->W->type)) fl_r8_dequant_row(c->W->type, c->W->data, c->W->nb[1], n0 + i, rows + i * K, K);
                 else if (c->W->type == FL_TYPE_F16) c->cvt->f16_to_f32((const uint16_t *)src, rows + i * K, K);
                 else if (c->W->type == FL_TYPE_BF16) c->cvt->bf16_to_f32((const uint16_t *)src, rows + i * K, K);
                 else if (c->dot == fl_mm_dot_f32_avx512) fl_dequant_row_avx512(c->W->type, src, rows + i * K, K);
@@ -849,7 +873,7 @@ size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
         if (!llama && amx_rows_path(W->type, M)) return b + fl_amx_act_bytes(M, K);
         if (!llama && amx_path(W->type, M))
             return b + fl_amx_act_bytes(M, K) + (size_t)nth * (size_t)amx_group_max(W->type, K) * fl_amx_panel_bytes(W->type, K);
-        if (!llama && panel_path(W->type, M) && !panel_direct(W->type))
+        if (!llama && panel_path(W->type, M) && !panel_direct(W->type, M))
             b += (size_t)nth * (size_t)panel_group_max(W->type, K, M) * fl_panel_bytes_for(W->type, K);
         if (!llama && act16_path(W->type, M, K)) b += fl_act16_bytes(M, K);
         return b;
@@ -890,9 +914,9 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
         }
         if (fl_act_q8_alloc(&c.act, M, K) == FL_OK) {
             const int nth = fl_threads_get();
-            if (fl_r8_base(W->type) >= 0) c.act.qs4 = NULL; /* (the Q4_0 order is for the base type's VBMI GEMV: not made) */
-            /* the AVX-512 R8 tiles read only codes, d and s (and the records) */
-            c.act_all = !(isa == FL_ISA_AVX512 && fl_r8_base(W->type) >= 0 && !llama && !amx_path(W->type, M));
+            if (fl_r8_group_rows(W->type)) c.act.qs4 = NULL; /* (the Q4_0 order is for the base type's VBMI GEMV: not made) */
+            /* the AVX-512 tiles of the repacked types read only codes, d, s and ms (and the records) */
+            c.act_all = !(isa == FL_ISA_AVX512 && fl_r8_group_rows(W->type) && !llama && !amx_path(W->type, M));
             size_t amx_act_bytes = 0, amx_pan_bytes = 0;
             if (!llama && amx_path(W->type, M)) {
                 amx_act_bytes = fl_amx_act_bytes(M, K);
@@ -911,7 +935,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 goto each;
             }
             if (!c.amx_act && !gemv_path(W->type, M) && !panel_path(W->type, M) && W->type != FL_TYPE_Q8_0 && W->type != FL_TYPE_Q4_0 &&
-                fl_r8_base(W->type) < 0 && W->type != FL_TYPE_Q4_K && !llama) {
+                !fl_r8_group_rows(W->type) && W->type != FL_TYPE_Q4_K && !llama) {
                 fl_act_q8_free(&c.act);
                 goto f32_path;
             }
@@ -944,7 +968,7 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
                 fl_act_q8_free(&c.act);
                 return;
             }
-            const bool direct = panel_path(W->type, M) && panel_direct(W->type); /* panels without a pack */
+            const bool direct = panel_path(W->type, M) && panel_direct(W->type, M); /* panels without a pack */
             c.pgroup = panel_path(W->type, M) ? panel_group_max(W->type, K, M) : 1;
             if (panel_path(W->type, M) && !direct) {
                 c.panel_bytes = fl_panel_bytes_for(W->type, K);
@@ -1025,6 +1049,7 @@ const char *fl_matmul_kernel_name(int32_t type, int64_t M) {
     if (amx_path(type, M)) return "amx-int8";
     if (r8_amx(type, M)) return "r8-amx";
     if (fl_r8_base(type) >= 0) return fl_isa_get() == FL_ISA_AVX512 ? "r8-vnni" : fl_isa_get() == FL_ISA_AVX2 ? "r8-avx2" : "r8-ref";
+    if (type == FL_TYPE_Q4_K_R16) return panel_direct(type, M) ? "r16-vnni" : "panels";
     if (gemv_path(type, M)) return "gemv";
     if (panel_path(type, M)) return "panels";
     return "tiles";

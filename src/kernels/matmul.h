@@ -74,7 +74,7 @@ void fl_dequant_row(int32_t type, const void *src, float *dst, int64_t K);
  * ones 16+4v..; Q8_0: codes 4v..4v+3), and one convert of 8 scales serves the 8 rows
  * (kernels/avx2/matmul_avx2.c).  fl_r8_base: Q4_0 / Q8_0 of an R8 type (else -1), fl_r8_of the
  * reverse.  fl_r8_pack packs 8 rows (row i at rows + i * ldw) into a group (distinct memory);
- * fl_r8_repack does it in place (tmp: 8 * ldw bytes); fl_r8_unpack_row gives back row i of a
+ * fl_r8_repack does it in place (tmp: fl_r8_group_rows(type) * ldw bytes); fl_r8_unpack_row gives back row i of a
  * group in the base type; fl_r8_dequant_row expands row r of a matrix starting at data. */
 #define FL_R8_ROWS 8
 #define FL_R8_Q4_0_BLOCK (16 + FL_R8_ROWS * 16) /* fl_r8_block_bytes: 144 */
@@ -93,6 +93,20 @@ void fl_r8_pack(int32_t type, const void *rows, size_t ldw, int64_t K, void *gro
 void fl_r8_repack(int32_t type, void *rows, size_t ldw, int64_t K, void *tmp);
 void fl_r8_unpack_row(int32_t type, const void *group, int i, int64_t K, void *row);
 void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, float *dst, int64_t K);
+/* ---- Q4_K repacked in groups of 16 rows (FL_TYPE_Q4_K_R16; AVX-512 without AMX) ----
+ * As the R8 types: the size and row stride stay, the 16 rows of group g occupy the bytes of
+ * rows 16g..16g+15, now as K / 256 super-blocks of FL_K16_BLOCK bytes (16 x 144): the 16 rows'
+ * f16 d, then their f16 dmin (32 bytes each), then the 12 bytes of 6-bit scales and mins as 12
+ * planes of 16 (plane k: byte k of row 0..15), then 32 vectors of 64 bytes, vector 8c + v
+ * holding row i's qs[32c + 4v .. 32c + 4v + 3] at bytes 4i..4i+3.  So one 64-byte load is 16
+ * rows x 4 code bytes, each row a 32-bit lane: low nibbles codes 64c + 4v.. of sub-block 2c,
+ * high nibbles 64c + 32 + 4v.. of sub-block 2c + 1; three 64-byte loads of the planes give all
+ * 16 rows' 8 scales and 8 mins (fl_k4_scale_min_bytes' bit layout, a row per byte lane).
+ * fl_r8_group_rows(type): rows per group of a repacked type (8, 16), 0 for any other;
+ * fl_r8_pack / fl_r8_repack / fl_r8_unpack_row / fl_r8_dequant_row take this type too. */
+#define FL_K16_ROWS 16
+#define FL_K16_BLOCK (FL_K16_ROWS * 144)
+int fl_r8_group_rows(int32_t type);
 /* The same with AVX-512 (bit-identical; Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K
  * vectorized, other types forwarded to fl_dequant_row). */
 void fl_dequant_row_avx512(int32_t type, const void *src, float *dst, int64_t K);
@@ -118,7 +132,7 @@ int64_t fl_matmul_gemv_max_tokens(int32_t type);
 void fl_matmul_set_few_token_gemv(bool on);
 /* The kernel family a step of M tokens of `type` takes now (with the current switches):
  * "amx-bf16", "amx-int8", "amx-int8-rows", "r8-vnni" (the AVX-512 tiles on the R8 groups),
- * "r8-avx2", "r8-ref", "gemv", "panels", "tiles", "llama-order", "f32"; for benchmark labels. */
+ * "r8-avx2", "r8-ref", "r16-vnni" (Q4_K_R16's AVX-512 kernels), "gemv", "panels", "tiles", "llama-order", "f32"; for benchmark labels. */
 const char *fl_matmul_kernel_name(int32_t type, int64_t M);
 /* FL_MEM_SCRATCH bytes one fl_matmul(W, ., ., M) call on nth threads allocates (see above). */
 size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth);
@@ -319,6 +333,13 @@ void fl_r8_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
 size_t fl_act16_bytes(int64_t M, int64_t K);
 void fl_act16_pack_row(const fl_act_q8 *a, int64_t m, void *act);
 void fl_act16_pack_blocks(const fl_act_q8 *a, int64_t m, void *act, int64_t b0, int64_t b1);
+/* AVX-512 VNNI on Q4_K_R16 rows (kernels/avx512/k16_avx512.c), every step size: w at a group's
+ * first row, nr a multiple of 16, y[t * ldy + r] for t < nt; 16 rows x up to 8 tokens per pass,
+ * a token's result the same bits in any step (one token or many).  Reference: fl_gemm_q8_ref. */
+void fl_k16_gemm_avx512(const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy);
+/* The Q4_K panel (fl_panel_pack_avx512 of the group's 16 rows, the same bytes) of the group at w;
+ * fl_panel_pack_avx512(FL_TYPE_Q4_K_R16, ...) takes it, and the panel computes as Q4_K's. */
+void fl_k16_panel_pack_avx512(const void *w, int64_t K, void *panel);
 /* 9..16 tokens per pass on the R8 groups, act: the fl_act16 record of block 0 of the tokens'
  * group of 16, nb = K / 32: the same bits as fl_r8_gemm_avx512.  Rows 32 at a time (four groups,
  * each activation broadcast feeding two of them, the tokens in two passes of up to 8), the last

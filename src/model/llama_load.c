@@ -267,14 +267,14 @@ static fl_status convert_weights(fl_model *m) {
     return st;
 }
 
-/* ---- the Q4_0_R8 / Q8_0_R8 repack (params.repack) ---- */
+/* ---- the Q4_0_R8 / Q8_0_R8 / Q4_K_R16 repack (params.repack) ---- */
 
 static bool repacks(const fl_tensor *t) {
     return fl_r8_load_type(t->type, t->ne[1], true) != t->type && t->n_dims == 2 && t->nb[1] == fl_type_row_size(t->type, t->ne[0]);
 }
 
-/* Q4_0 and Q8_0 matrices (not the token embeddings, whose rows are looked up one at a time) rewritten in
- * place, 8 rows at a time: the same bytes, so no memory is added or planned; in a file mapping
+/* Q4_0, Q8_0 and Q4_K matrices (not the token embeddings, whose rows are looked up one at a time)
+ * rewritten in place, a group of rows at a time: the same bytes, so no memory is added or planned; in a file mapping
  * the written pages become the process's own (private) pages, the file is never changed. */
 static fl_status repack_weights(fl_model *m) {
     const fl_hparams *hp = &m->hp;
@@ -291,7 +291,7 @@ static fl_status repack_weights(fl_model *m) {
     bool mapped = false;
     for (size_t i = 0; i < n; i++) {
         if (!repacks(all[i])) continue;
-        const size_t b = (size_t)FL_R8_ROWS * all[i]->nb[1];
+        const size_t b = (size_t)fl_r8_group_rows(fl_r8_load_type(all[i]->type, all[i]->ne[1], true)) * all[i]->nb[1];
         if (b > tmp_bytes) tmp_bytes = b;
         const unsigned char *d = all[i]->data;
         if (!(m->wconv && d >= (const unsigned char *)m->wconv && d < (const unsigned char *)m->wconv + m->wconv_bytes)) mapped = true;
@@ -312,14 +312,14 @@ static fl_status repack_weights(fl_model *m) {
         fl_tensor *t = all[i];
         if (!repacks(t)) continue;
         const int32_t rt = fl_r8_load_type(t->type, t->ne[1], true);
-        for (int64_t r = 0; r < t->ne[1]; r += FL_R8_ROWS) fl_r8_repack(rt, (char *)t->data + (size_t)r * t->nb[1], t->nb[1], t->ne[0], tmp);
+        for (int64_t r = 0; r < t->ne[1]; r += fl_r8_group_rows(rt)) fl_r8_repack(rt, (char *)t->data + (size_t)r * t->nb[1], t->nb[1], t->ne[0], tmp);
         t->type = rt;
         total += fl_tensor_nbytes(t);
         count++;
     }
     if (tmp) fl_free(FL_MEM_SCRATCH, tmp, tmp_bytes);
     const fl_status st = mapped ? fl_gguf_set_writable(m->g, false) : FL_OK;
-    if (!st && count) FL_LOG_INFO("%d Q4_0 / Q8_0 matrices (%.2f MiB) repacked in groups of 8 rows (q4_0_r8 / q8_0_r8)", count, (double)total / 1048576.0);
+    if (!st && count) FL_LOG_INFO("%d Q4_0 / Q8_0 / Q4_K matrices (%.2f MiB) repacked in groups of rows (q4_0_r8 / q8_0_r8 / q4_K_r16)", count, (double)total / 1048576.0);
     return st;
 }
 

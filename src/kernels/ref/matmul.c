@@ -17,6 +17,7 @@ fl_status fl_matmul_supported(int32_t type) {
     case FL_TYPE_Q4_0: case FL_TYPE_Q4_1: case FL_TYPE_Q5_0: case FL_TYPE_Q5_1: case FL_TYPE_Q8_0:
     case FL_TYPE_Q2_K: case FL_TYPE_Q3_K: case FL_TYPE_Q4_K: case FL_TYPE_Q5_K: case FL_TYPE_Q6_K:
     case FL_TYPE_Q8_K: case FL_TYPE_IQ4_NL: case FL_TYPE_NF4: case FL_TYPE_FP8_E4M3: case FL_TYPE_Q4_0_R8: case FL_TYPE_Q8_0_R8:
+    case FL_TYPE_Q4_K_R16:
         return FL_OK;
     default: return fl_set_error(FL_ERR_UNSUPPORTED, "weight type %s is not supported by matmul", fl_type_name(type));
     }
@@ -82,7 +83,7 @@ void fl_matmul_ref(const fl_tensor *W, const float *x, float *y, int64_t M) {
     const int64_t K = W->ne[0], N = W->ne[1];
     float row[K > 0 ? K : 1];
     for (int64_t n = 0; n < N; n++) {
-        if (fl_r8_base(W->type) >= 0) fl_r8_dequant_row(W->type, W->data, W->nb[1], n, row, K);
+        if (fl_r8_group_rows(W->type)) fl_r8_dequant_row(W->type, W->data, W->nb[1], n, row, K);
         else fl_dequant_row(W->type, (const char *)W->data + (size_t)n * W->nb[1], row, K);
         for (int64_t m = 0; m < M; m++) {
             const float *xm = x + m * K;
@@ -392,6 +393,15 @@ void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_a
             for (int r = 0; r < nr; r++) y[t * ldy + r] = row((const char *)w + r * ldw, a, m0 + t);
         return;
     }
+    if (wtype == FL_TYPE_Q4_K_R16) { /* w at a group's first row, nr a multiple of 16: each row unpacked */
+        FL_ASSERT(nr % FL_K16_ROWS == 0);
+        fl_block_q4_K row[a->K / 256 > 0 ? a->K / 256 : 1];
+        for (int r = 0; r < nr; r++) {
+            fl_r8_unpack_row(wtype, (const char *)w + (size_t)(r / FL_K16_ROWS) * FL_K16_ROWS * ldw, r % FL_K16_ROWS, a->K, row);
+            for (int t = 0; t < nt; t++) y[t * ldy + r] = dot_q4_K_row(row, a, m0 + t);
+        }
+        return;
+    }
     if (fl_r8_base(wtype) >= 0) { /* w at a group's first row, nr a multiple of 8 */
         FL_ASSERT(nr % FL_R8_ROWS == 0);
         for (int t = 0; t < nt; t++)
@@ -459,6 +469,7 @@ float fl_dot_q8_llama(int32_t wtype, const void *w, const fl_act_q8 *a, int64_t 
 size_t fl_panel_bytes(int64_t K) { return (size_t)(K / 32) * PANEL_BLOCK; }
 
 size_t fl_panel_bytes_for(int32_t wtype, int64_t K) {
+    if (wtype == FL_TYPE_Q4_K_R16) wtype = FL_TYPE_Q4_K; /* (its panels are Q4_K's) */
     const size_t extra = fl_panel_has_mins(wtype) ? FL_PANEL_ROWS * 4   /* mins */
                          : wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K ? FL_PANEL_ROWS * 8 /* 2 scale words */
                          : wtype == FL_TYPE_Q2_K ? FL_PANEL_ROWS * 20 /* 2 scale, 2 min words, dmin */

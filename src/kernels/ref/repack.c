@@ -1,5 +1,6 @@
-/* Q4_0 / Q8_0 in groups of 8 interleaved rows (FL_TYPE_Q4_0_R8 / Q8_0_R8, layout in
- * kernels/matmul.h): packing, unpacking and the f32 expansion of one row. */
+/* Q4_0 / Q8_0 in groups of 8 interleaved rows (FL_TYPE_Q4_0_R8 / Q8_0_R8) and Q4_K in groups
+ * of 16 (FL_TYPE_Q4_K_R16), layouts in kernels/matmul.h: packing, unpacking and the f32
+ * expansion of one row. */
 #include "kernels/dispatch.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
@@ -8,10 +9,18 @@
 
 int32_t fl_r8_load_type(int32_t type, int64_t rows, bool repack) {
     const fl_isa isa = fl_isa_get();
+    if (!repack || fl_matmul_llama_order() || fl_matmul_f32_act() || rows <= 0) return type;
+    /* Q4_K: AVX-512 without AMX (with it, its int8 tiles take the steps of 13 tokens or more on
+     * the file's rows) */
+    if (type == FL_TYPE_Q4_K)
+        return isa == FL_ISA_AVX512 && !fl_amx_usable() && rows % FL_K16_ROWS == 0 ? FL_TYPE_Q4_K_R16 : type;
     /* with AMX, where its bf16 tiles take the prefill steps on the groups (fl_amx_bf16_panel_r8) */
-    const bool on = repack && (isa == FL_ISA_AVX2 || (isa == FL_ISA_AVX512 && (!fl_amx_usable() || fl_amx_bf16_usable()))) &&
-                    !fl_matmul_llama_order() && !fl_matmul_f32_act();
-    return on && fl_r8_of(type) >= 0 && rows > 0 && rows % FL_R8_ROWS == 0 ? fl_r8_of(type) : type;
+    const bool on = isa == FL_ISA_AVX2 || (isa == FL_ISA_AVX512 && (!fl_amx_usable() || fl_amx_bf16_usable()));
+    return on && fl_r8_of(type) >= 0 && rows % FL_R8_ROWS == 0 ? fl_r8_of(type) : type;
+}
+
+int fl_r8_group_rows(int32_t type) {
+    return type == FL_TYPE_Q4_K_R16 ? FL_K16_ROWS : fl_r8_base(type) >= 0 ? FL_R8_ROWS : 0;
 }
 
 int32_t fl_r8_base(int32_t type) {
@@ -25,8 +34,31 @@ int32_t fl_r8_of(int32_t type) {
 static size_t qs_bytes(int32_t type) { return fl_r8_base(type) == FL_TYPE_Q8_0 ? 32 : 16; }
 size_t fl_r8_block_bytes(int32_t type) { return fl_r8_base(type) == FL_TYPE_Q8_0 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK; }
 
+/* Q4_K_R16: super-block b of the group from / to the 16 rows' blocks (offsets as in matmul.h) */
+#define K16_SCALES 64
+#define K16_QS (K16_SCALES + 12 * FL_K16_ROWS)
+static void k16_pack_block(const unsigned char *rows, size_t ldw, int64_t b, unsigned char *o) {
+    for (int i = 0; i < FL_K16_ROWS; i++) {
+        const fl_block_q4_K *p = (const fl_block_q4_K *)(rows + (size_t)i * ldw) + b;
+        memcpy(o + 2 * i, &p->d, 2);
+        memcpy(o + 32 + 2 * i, &p->dmin, 2);
+        for (int k = 0; k < 12; k++) o[K16_SCALES + FL_K16_ROWS * k + i] = p->scales[k];
+        for (int v = 0; v < 32; v++) memcpy(o + K16_QS + 64 * v + 4 * i, p->qs + 4 * v, 4);
+    }
+}
+static void k16_unpack_block(const unsigned char *g, int i, fl_block_q4_K *p) {
+    memcpy(&p->d, g + 2 * i, 2);
+    memcpy(&p->dmin, g + 32 + 2 * i, 2);
+    for (int k = 0; k < 12; k++) p->scales[k] = g[K16_SCALES + FL_K16_ROWS * k + i];
+    for (int v = 0; v < 32; v++) memcpy(p->qs + 4 * v, g + K16_QS + 64 * v + 4 * i, 4);
+}
+
 /* (both block types are the f16 d, then the codes) */
 void fl_r8_pack(int32_t type, const void *rows, size_t ldw, int64_t K, void *group) {
+    if (type == FL_TYPE_Q4_K_R16) {
+        for (int64_t b = 0; b < K / 256; b++) k16_pack_block(rows, ldw, b, (unsigned char *)group + (size_t)b * FL_K16_BLOCK);
+        return;
+    }
     const size_t q = qs_bytes(type), bsz = 2 + q, gb = fl_r8_block_bytes(type);
     for (int64_t b = 0; b < K / 32; b++) {
         unsigned char *o = (unsigned char *)group + (size_t)b * gb;
@@ -39,11 +71,16 @@ void fl_r8_pack(int32_t type, const void *rows, size_t ldw, int64_t K, void *gro
 }
 
 void fl_r8_repack(int32_t type, void *rows, size_t ldw, int64_t K, void *tmp) {
-    memcpy(tmp, rows, (size_t)FL_R8_ROWS * ldw);
+    memcpy(tmp, rows, (size_t)fl_r8_group_rows(type) * ldw);
     fl_r8_pack(type, tmp, ldw, K, rows);
 }
 
 void fl_r8_unpack_row(int32_t type, const void *group, int i, int64_t K, void *row) {
+    if (type == FL_TYPE_Q4_K_R16) {
+        for (int64_t b = 0; b < K / 256; b++)
+            k16_unpack_block((const unsigned char *)group + (size_t)b * FL_K16_BLOCK, i, (fl_block_q4_K *)row + b);
+        return;
+    }
     const size_t q = qs_bytes(type), bsz = 2 + q, gb = fl_r8_block_bytes(type);
     for (int64_t b = 0; b < K / 32; b++) {
         const unsigned char *g = (const unsigned char *)group + (size_t)b * gb;
@@ -54,6 +91,15 @@ void fl_r8_unpack_row(int32_t type, const void *group, int i, int64_t K, void *r
 }
 
 void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, float *dst, int64_t K) {
+    if (type == FL_TYPE_Q4_K_R16) {
+        const unsigned char *g = (const unsigned char *)data + (size_t)(r / FL_K16_ROWS) * FL_K16_ROWS * ldw;
+        for (int64_t b = 0; b < K / 256; b++) {
+            fl_block_q4_K blk;
+            k16_unpack_block(g + (size_t)b * FL_K16_BLOCK, (int)(r % FL_K16_ROWS), &blk);
+            fl_dequant_row(FL_TYPE_Q4_K, &blk, dst + b * 256, 256);
+        }
+        return;
+    }
     const unsigned char *g = (const unsigned char *)data + (size_t)(r / FL_R8_ROWS) * FL_R8_ROWS * ldw;
     const size_t q = qs_bytes(type), gb = fl_r8_block_bytes(type);
     const int i = (int)(r % FL_R8_ROWS);

@@ -1,0 +1,232 @@
+/* Q4_K_R16 (Q4_K in groups of 16 interleaved rows, layout in kernels/matmul.h) on AVX-512 VNNI,
+ * straight on the groups for every step size.  A lane is a row: one 64-byte load of a group's
+ * codes is 16 rows x 4 code bytes, whose low nibbles go to a vpdpbusd against 4 broadcast
+ * activation codes of sub-block 2c and whose high nibbles against those of sub-block 2c + 1.
+ * Codes are unsigned (0..15), so the int32 sums need no offset.  Per super-block the 16 rows'
+ * 6-bit scales and mins come from three 64-byte loads of their planes (a row per byte lane),
+ * and per sub-block j each token folds its sums as
+ *     acc += f32(sum) * ((d * sc_j) * d_x)  then  acc += (dmin * m_j) * (-s d_x)
+ * (-s d_x: fl_act_q8.ms), so a token's result has the same bits in any step, one token or
+ * many; the integer sums are exact, so splitting them over more chains changes nothing.
+ * Against the file's rows (the GEMV of matmul_avx512.c: horizontal sums and per-row scale
+ * unpacking per super-block; the panels: a pack per call into 8-bit codes and f32 scales) this
+ * reads each weight byte once, as the file has it.  Reference: fl_gemm_q8_ref on the type. */
+#include "core/status.h"
+#include "kernels/matmul.h"
+#include "kernels/quant.h"
+
+#include <immintrin.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+#define K16_SCALES 64
+#define K16_QS (K16_SCALES + 12 * FL_K16_ROWS)
+/* tokens per pass: 8 f32 sums and 8 int32 sums stay in registers */
+#define K16_TOKENS 8
+
+/* The 16 rows' scales (d sc_j) and mins (dmin m_j) of sub-blocks 2c and 2c + 1 of super-block b. */
+typedef struct {
+    __m512 sc[2], mn[2];
+} k16_scales;
+
+/* A super-block's 16 rows: d and dmin as f32, the 8 scales and 8 mins as bytes (128-bit lane
+ * j % 4 of sc03 / sc47 holds sub-block j's, a row per byte). */
+typedef struct {
+    __m512 d, dm;
+    __m512i sc03, mn03, sc47, mn47;
+} k16_sb;
+
+INLINE void k16_sb_scales(const unsigned char *b, __m512i *sc03, __m512i *mn03, __m512i *sc47, __m512i *mn47) {
+    const __m512i m6 = _mm512_set1_epi8(0x3F), m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i p0 = _mm512_loadu_si512(b + K16_SCALES), p1 = _mm512_loadu_si512(b + K16_SCALES + 64);
+    const __m512i p2 = _mm512_loadu_si512(b + K16_SCALES + 128);
+    /* fl_k4_scale_min_bytes per byte lane: sc 0..3 = s[0..3] & 63, m 0..3 = s[4..7] & 63,
+     * sc 4..7 = (s[8..11] & 15) | (s[0..3] >> 6) << 4, m 4..7 = (s[8..11] >> 4) | (s[4..7] >> 6) << 4 */
+    *sc03 = _mm512_and_si512(p0, m6);
+    *mn03 = _mm512_and_si512(p1, m6);
+    *sc47 = _mm512_or_si512(_mm512_and_si512(p2, m4), _mm512_and_si512(_mm512_srli_epi16(p0, 2), m30));
+    *mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p2, 4), m4), _mm512_and_si512(_mm512_srli_epi16(p1, 2), m30));
+}
+
+/* 128-bit lane q (0..3, a literal) of v as 16 floats, a byte each */
+#define k16_lane_f32(v, q) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32((v), (q))))
+
+INLINE k16_sb k16_sb_load(const unsigned char *b) {
+    k16_sb sb;
+    sb.d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
+    sb.dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 32)));
+    k16_sb_scales(b, &sb.sc03, &sb.mn03, &sb.sc47, &sb.mn47);
+    return sb;
+}
+
+INLINE k16_scales k16_pair(const k16_sb *sb, const int c) {
+    k16_scales s;
+    const __m512i sc = c < 2 ? sb->sc03 : sb->sc47, mn = c < 2 ? sb->mn03 : sb->mn47;
+    const __m512 d = sb->d, dm = sb->dm;
+    if ((2 * c) % 4 == 0) { /* sub-blocks 0, 1 or 4, 5 */
+        s.sc[0] = _mm512_mul_ps(d, k16_lane_f32(sc, 0)), s.sc[1] = _mm512_mul_ps(d, k16_lane_f32(sc, 1));
+        s.mn[0] = _mm512_mul_ps(dm, k16_lane_f32(mn, 0)), s.mn[1] = _mm512_mul_ps(dm, k16_lane_f32(mn, 1));
+    } else {
+        s.sc[0] = _mm512_mul_ps(d, k16_lane_f32(sc, 2)), s.sc[1] = _mm512_mul_ps(d, k16_lane_f32(sc, 3));
+        s.mn[0] = _mm512_mul_ps(dm, k16_lane_f32(mn, 2)), s.mn[1] = _mm512_mul_ps(dm, k16_lane_f32(mn, 3));
+    }
+    return s;
+}
+
+INLINE __m512i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* Both kernels prefetch this far ahead into L1, a super-block's 36 lines spread over its four
+ * sub-block pairs: the rows stream from memory in a decode step.  `fitllm bench matmul --types
+ * Q4_K_R16 -t 2` on a Zen 5 VM, all shapes streamed: one token 33-42 GB/s without, 51-52 with
+ * 1, 2 or 4 super-blocks ahead (Q4_0_R8 42-45 in the same runs); 16 tokens 474 GOP/s without, 568
+ * one half ahead, and alternated three times 1 / 2 / 4 ahead 625, 574, 572 / 648, 595, 587 /
+ * 598, 572, 576. */
+#define K16_PF_AHEAD (2 * FL_K16_BLOCK)
+/* 16 rows (one group at g) x NT tokens (1..K16_TOKENS) from token m0; pf: prefetch (the rows
+ * come from memory: the first pass over them). */
+INLINE void k16_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, const int NT, float *y, int64_t ldy, const bool pf) {
+    const int64_t K = a->K, nb = a->nb, nsb = K / 256;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[K16_TOKENS];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const unsigned char *b = g + (size_t)i * FL_K16_BLOCK;
+        const k16_sb sb = k16_sb_load(b);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            if (pf)
+#pragma GCC unroll 9
+                for (int l = 0; l < 9; l++) _mm_prefetch((const char *)b + K16_PF_AHEAD + (9 * c + l) * 64, _MM_HINT_T0);
+            const k16_scales s = k16_pair(&sb, c);
+            const unsigned char *q = b + K16_QS + (size_t)512 * c;
+            const int64_t j = i * 8 + 2 * c; /* the 32-block of sub-block 2c */
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) { /* low nibbles: sub-block 2c, high: 2c + 1 */
+                __m512i is[K16_TOKENS];
+#pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) is[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int v = 0; v < 8; v++) {
+                    const __m512i raw = _mm512_loadu_si512(q + 64 * v);
+                    const __m512i w = h ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4) : _mm512_and_si512(raw, m4);
+#pragma GCC unroll 8
+                    for (int t = 0; t < NT; t++)
+                        is[t] = _mm512_dpbusd_epi32(is[t], w, bcast4(a->qs + (m0 + t) * K + (j + h) * 32 + 4 * v));
+                }
+#pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) {
+                    const int64_t jt = (m0 + t) * nb + j + h;
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), _mm512_mul_ps(s.sc[h], _mm512_set1_ps(a->d[jt])), acc[t]);
+                    acc[t] = _mm512_fmadd_ps(s.mn[h], _mm512_set1_ps(a->ms[jt]), acc[t]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);
+}
+
+/* One token (the GEMV): the tile's arithmetic, its 8-product chains split in two per nibble
+ * half so that four run at once (exact integer sums: the same bits). */
+INLINE void k16_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, float *y) {
+    const int64_t K = a->K, nb = a->nb, nsb = K / 256;
+    const int8_t *x = a->qs + m * K;
+    const float *dx = a->d + m * nb, *ms = a->ms + m * nb;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const unsigned char *b = g + (size_t)i * FL_K16_BLOCK;
+        const k16_sb sb = k16_sb_load(b);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const k16_scales s = k16_pair(&sb, c);
+            const unsigned char *q = b + K16_QS + (size_t)512 * c;
+#pragma GCC unroll 9
+            for (int l = 0; l < 9; l++) _mm_prefetch((const char *)b + K16_PF_AHEAD + (9 * c + l) * 64, _MM_HINT_T0);
+            const int64_t j = i * 8 + 2 * c;
+            const int8_t *xl = x + j * 32, *xh = xl + 32;
+            __m512i l0 = _mm512_setzero_si512(), l1 = l0, h0 = l0, h1 = l0;
+#pragma GCC unroll 4
+            for (int v = 0; v < 8; v += 2) {
+                const __m512i r0 = _mm512_loadu_si512(q + 64 * v), r1 = _mm512_loadu_si512(q + 64 * v + 64);
+                l0 = _mm512_dpbusd_epi32(l0, _mm512_and_si512(r0, m4), bcast4(xl + 4 * v));
+                l1 = _mm512_dpbusd_epi32(l1, _mm512_and_si512(r1, m4), bcast4(xl + 4 * v + 4));
+                h0 = _mm512_dpbusd_epi32(h0, _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), bcast4(xh + 4 * v));
+                h1 = _mm512_dpbusd_epi32(h1, _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4), bcast4(xh + 4 * v + 4));
+            }
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(l0, l1)), _mm512_mul_ps(s.sc[0], _mm512_set1_ps(dx[j])), acc);
+            acc = _mm512_fmadd_ps(s.mn[0], _mm512_set1_ps(ms[j]), acc);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(h0, h1)), _mm512_mul_ps(s.sc[1], _mm512_set1_ps(dx[j + 1])), acc);
+            acc = _mm512_fmadd_ps(s.mn[1], _mm512_set1_ps(ms[j + 1]), acc);
+        }
+    }
+    _mm512_storeu_ps(y, acc);
+}
+
+#define K16_TILE_CASE(n) \
+    case n: k16_tile(g, a, m, n, yt, ldy, pf); break;
+
+void fl_k16_gemm_avx512(const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy) {
+    FL_ASSERT(nr % FL_K16_ROWS == 0);
+    for (int r = 0; r < nr; r += FL_K16_ROWS) {
+        const unsigned char *g = (const unsigned char *)w + (size_t)r * ldw;
+        if (nt == 1) {
+            k16_gemv(g, a, m0, y + r);
+            continue;
+        }
+        for (int t0 = 0; t0 < nt; t0 += K16_TOKENS) {
+            const int n = nt - t0 < K16_TOKENS ? nt - t0 : K16_TOKENS;
+            const int64_t m = m0 + t0;
+            float *yt = y + t0 * ldy + r;
+            const bool pf = t0 == 0; /* (later passes find the group in L1 / L2) */
+            switch (n) {
+                K16_TILE_CASE(1)
+                K16_TILE_CASE(2)
+                K16_TILE_CASE(3)
+                K16_TILE_CASE(4)
+                K16_TILE_CASE(5)
+                K16_TILE_CASE(6)
+                K16_TILE_CASE(7)
+                default: k16_tile(g, a, m, 8, yt, ldy, pf); break;
+            }
+        }
+    }
+}
+
+/* The Q4_K panel of one group (fl_panel_pack_avx512's layout: per 32-block the 16 rows' f32
+ * d sc_j, then the codes [k / 4][row][k % 4] as bytes; the mins dmin m_j after the blocks): a
+ * group's 64-byte vectors are that order already, so a sub-block's codes are 8 ands (or shifts
+ * and ands) and stores. */
+void fl_k16_panel_pack_avx512(const void *w, int64_t K, void *panel) {
+    const int64_t nsb = K / 256, nb = K / 32;
+    const size_t pblock = FL_PANEL_ROWS * 4 + FL_PANEL_ROWS * 32;
+    float *mins = (float *)((char *)panel + nb * pblock);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t i = 0; i < nsb; i++) {
+        const unsigned char *b = (const unsigned char *)w + (size_t)i * FL_K16_BLOCK;
+        const k16_sb sb = k16_sb_load(b);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const k16_scales s = k16_pair(&sb, c);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                char *o = (char *)panel + (size_t)(i * 8 + 2 * c + h) * pblock;
+                _mm512_storeu_ps(o, s.sc[h]);
+                _mm512_storeu_ps(mins + (i * 8 + 2 * c + h) * FL_PANEL_ROWS, s.mn[h]);
+#pragma GCC unroll 8
+                for (int v = 0; v < 8; v++) {
+                    const __m512i raw = _mm512_loadu_si512(b + K16_QS + 512 * c + 64 * v);
+                    _mm512_storeu_si512(o + 64 + 64 * v, h ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4) : _mm512_and_si512(raw, m4));
+                }
+            }
+        }
+    }
+}
