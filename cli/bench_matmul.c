@@ -65,7 +65,9 @@ static float *rand_f32(int64_t n, uint64_t seed) {
  * repacked in place a group of rows at a time, as the model loader does: fl_r8_load_type); false
  * if out of memory. */
 /* the file type a repacked type is made from (q4_0_r8, q8_0_r8, q4_K_r16), else -1 */
-static int32_t repack_base(int32_t type) { return type == FL_TYPE_Q4_K_R16 ? FL_TYPE_Q4_K : fl_r8_base(type); }
+static int32_t repack_base(int32_t type) {
+    return type == FL_TYPE_Q4_K_R16 ? FL_TYPE_Q4_K : type == FL_TYPE_Q6_K_R16 ? FL_TYPE_Q6_K : fl_r8_base(type);
+}
 
 static bool quantize_w(int32_t type, const float *f, int64_t N, int64_t K, char *w) {
     const int32_t base = repack_base(type);

@@ -1468,27 +1468,35 @@ static void test_r8(void **state) {
     fl_test_mem_zero();
 }
 
-/* Q4_K_R16 (16 interleaved rows): the repack is a permutation (rows come back byte for byte,
- * the f32 rows are Q4_K's), the reference integer dot takes Q4_K's bits, the AVX-512 kernels
- * (GEMV and tiles of 2-8 tokens, passes over more) against the reference with each token's bits
- * the same in every step, and fl_matmul on the groups against the reference for every ISA the
- * CPU has, its scratch as fl_matmul_scratch_bytes says.  Rows 16..31 carry every 6-bit scale
- * and min pattern (random scale bytes) and codes at 0 / 15, so the planes' unpacking is seen
- * bit by bit. */
-static void test_k16(void **state) {
-    (void)state;
-    const int32_t rtype = FL_TYPE_Q4_K_R16;
+/* Q4_K_R16 / Q6_K_R16 (16 interleaved rows): the repack is a permutation (rows come back byte
+ * for byte, the f32 rows are the base type's), the reference integer dot takes the base type's
+ * bits, the AVX-512 kernels (GEMV and tiles of 2-8 tokens, passes over more) against the
+ * reference with each token's bits the same in every step, and fl_matmul on the groups against
+ * the reference for every ISA the CPU has, its scratch as fl_matmul_scratch_bytes says.  Rows
+ * 16..31 carry every scale (and Q4_K min) pattern (random scale bytes) and rows 24..31 codes at
+ * their ends (0 / 15, 0 / 63), so the planes' and the codes' unpacking is seen bit by bit. */
+static void check_k16(int32_t base) {
+    const bool q6 = base == FL_TYPE_Q6_K;
+    const int32_t rtype = q6 ? FL_TYPE_Q6_K_R16 : FL_TYPE_Q4_K_R16;
     const int64_t N = 48, K = 768, nsb = K / 256;
     qmat q;
-    qmat_make(&q, FL_TYPE_Q4_K, N, K);
+    qmat_make(&q, base, N, K);
     const size_t ldw = q.W.nb[1];
     for (int64_t r = 16; r < 32; r++)
         for (int64_t b = 0; b < nsb; b++) {
+            if (q6) {
+                fl_block_q6_K *blk = (fl_block_q6_K *)((char *)q.data + r * ldw) + b;
+                for (int k = 0; k < 16; k++) blk->scales[k] = (int8_t)(frand() * 127);
+                if (r >= 24) {
+                    memset(blk->ql, (r + b) % 2 ? 0xFF : 0x00, sizeof blk->ql);
+                    memset(blk->qh, (r + b) % 2 ? 0xFF : 0x00, sizeof blk->qh);
+                }
+                continue;
+            }
             fl_block_q4_K *blk = (fl_block_q4_K *)((char *)q.data + r * ldw) + b;
             for (int k = 0; k < 12; k++) blk->scales[k] = (uint8_t)(frand() * 128 + 128);
             if (r >= 24) memset(blk->qs, (r + b) % 2 ? 0xFF : 0x00, sizeof blk->qs);
         }
-    /* rows 40..47 stay near zero, each scale tiny (dmin / d 0) */
     char *g = fl_alloc(FL_MEM_MISC, q.bytes, 64), *row = fl_alloc(FL_MEM_MISC, ldw, 64), *tmp = fl_alloc(FL_MEM_MISC, 16 * ldw, 64);
     memcpy(g, q.data, q.bytes);
     assert_int_equal(fl_r8_group_rows(rtype), 16);
@@ -1500,7 +1508,7 @@ static void test_k16(void **state) {
         fl_r8_unpack_row(rtype, g + (r / 16) * 16 * ldw, (int)(r % 16), K, row);
         assert_memory_equal(row, (char *)q.data + r * ldw, ldw);
         fl_r8_dequant_row(rtype, g, ldw, r, fa, K);
-        fl_dequant_row(FL_TYPE_Q4_K, (char *)q.data + r * ldw, fb, K);
+        fl_dequant_row(base, (char *)q.data + r * ldw, fb, K);
         assert_memory_equal(fa, fb, (size_t)K * 4);
     }
     const int64_t M = 40;
@@ -1510,7 +1518,7 @@ static void test_k16(void **state) {
     assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
     for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row(&a, m, x + m * K);
     float *y0 = frand_buf(M * N), *y1 = frand_buf(M * N);
-    fl_gemm_q8_ref(FL_TYPE_Q4_K, q.data, ldw, (int)N, &a, 0, (int)M, y0, N);
+    fl_gemm_q8_ref(base, q.data, ldw, (int)N, &a, 0, (int)M, y0, N);
     fl_gemm_q8_ref(rtype, g, ldw, (int)N, &a, 0, (int)M, y1, N);
     assert_memory_equal(y0, y1, (size_t)(M * N) * 4);
     if (fl_isa_best() == FL_ISA_AVX512) {
@@ -1518,40 +1526,42 @@ static void test_k16(void **state) {
         assert_int_equal(fl_act_q8_alloc(&a5, M, K), FL_OK);
         for (int64_t m = 0; m < M; m++) fl_act_q8_quantize_row_avx512(&a5, m, x + m * K);
         float *yall = frand_buf(M * N);
-        fl_k16_gemm_avx512(g, ldw, (int)N, &a5, 0, (int)M, yall, N); /* passes of 8 */
+        fl_k16_gemm_avx512(rtype, g, ldw, (int)N, &a5, 0, (int)M, yall, N); /* passes of 8 */
         for (int64_t i = 0; i < M * N; i++) {
             double mag = 0; /* the sum of |w x| bounds what f32 order can move */
             const int64_t m = i / N, r = i % N;
-            fl_dequant_row(FL_TYPE_Q4_K, (char *)q.data + r * ldw, fb, K);
+            fl_dequant_row(base, (char *)q.data + r * ldw, fb, K);
             for (int64_t k = 0; k < K; k++) mag += fabs((double)fb[k] * a5.d[m * a5.nb + k / 32] * a5.qs[m * K + k]);
             if (!(fabs((double)yall[i] - y0[i]) <= 1e-5 * mag + 1e-7))
-                fail_msg("q4_K_r16 AVX-512 token %lld row %lld: %.9g vs reference %.9g (|wx| %.3g)", (long long)m, (long long)r, yall[i], y0[i], mag);
+                fail_msg("%s AVX-512 token %lld row %lld: %.9g vs reference %.9g (|wx| %.3g)", fl_type_name(rtype), (long long)m, (long long)r, yall[i], y0[i], mag);
         }
         for (int nt = 1; nt <= 10; nt++) /* each token's bits in every step: alone, and from every start */
             for (int64_t m0 = 0; m0 + nt <= M; m0 += 3) {
                 float *yp = fpattern_buf(M * N), *yq = fpattern_buf(M * N);
-                fl_k16_gemm_avx512(g + 16 * ldw, ldw, 32, &a5, m0, nt, yp + 16, N);
+                fl_k16_gemm_avx512(rtype, g + 16 * ldw, ldw, 32, &a5, m0, nt, yp + 16, N);
                 for (int t = 0; t < nt; t++)
                     if (memcmp(yp + t * N + 16, yall + (m0 + t) * N + 16, 32 * sizeof(float)))
-                        fail_msg("q4_K_r16 AVX-512 nt=%d m0=%lld token %d: not the bits of the 40-token step", nt, (long long)m0, t);
+                        fail_msg("%s AVX-512 nt=%d m0=%lld token %d: not the bits of the 40-token step", fl_type_name(rtype), nt, (long long)m0, t);
                 for (int64_t i = 0; i < M * N; i++) /* nothing outside rows 16..47 of tokens < nt written */
-                    if ((i % N < 16 || i / N >= nt) && yp[i] != yq[i]) fail_msg("q4_K_r16 nt=%d: y[%lld] written", nt, (long long)i);
+                    if ((i % N < 16 || i / N >= nt) && yp[i] != yq[i]) fail_msg("%s nt=%d: y[%lld] written", fl_type_name(rtype), nt, (long long)i);
                 fl_free(FL_MEM_MISC, yp, (size_t)(M * N) * 4);
                 fl_free(FL_MEM_MISC, yq, (size_t)(M * N) * 4);
             }
-        /* the Q4_K panel packed from a group: the bytes packed from its 16 rows */
-        const size_t pb = fl_panel_bytes_for(FL_TYPE_Q4_K, K);
-        assert_int_equal(fl_panel_bytes_for(rtype, K), pb);
-        char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
+        /* the base type's panel packed from a group (Q4_K: AVX-512's, Q6_K: AVX2's): the bytes
+         * packed from its 16 rows */
+        const size_t pb = fl_panel_bytes_for(base, K);
+        void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = q6 ? fl_panel_pack_avx2 : fl_panel_pack_avx512;
         for (int64_t r = 0; r < N; r += 16) {
+            char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
+            assert_int_equal(fl_panel_bytes_for(rtype, K), pb);
             memset(p0, 0x55, pb);
             memset(p1, 0xAA, pb);
-            fl_panel_pack_avx512(FL_TYPE_Q4_K, (char *)q.data + r * ldw, ldw, 16, K, p0);
-            fl_panel_pack_avx512(rtype, g + r * ldw, ldw, 16, K, p1);
-            if (memcmp(p0, p1, pb)) fail_msg("q4_K_r16 panel of rows %lld..: not the bytes packed from the rows", (long long)r);
+            pack(base, (char *)q.data + r * ldw, ldw, 16, K, p0);
+            pack(rtype, g + r * ldw, ldw, 16, K, p1);
+            if (memcmp(p0, p1, pb)) fail_msg("%s panel of rows %lld..: not the bytes packed from the rows", fl_type_name(rtype), (long long)r);
+            fl_free(FL_MEM_MISC, p0, pb);
+            fl_free(FL_MEM_MISC, p1, pb);
         }
-        fl_free(FL_MEM_MISC, p0, pb);
-        fl_free(FL_MEM_MISC, p1, pb);
         fl_free(FL_MEM_MISC, yall, (size_t)(M * N) * 4);
         fl_act_q8_free(&a5);
     }
@@ -1573,10 +1583,10 @@ static void test_k16(void **state) {
                     fl_mem_reset_peaks();
                     fl_matmul(&rq.W, x, got, Ms[mi]);
                     const size_t used = fl_mem_peak(FL_MEM_SCRATCH) - before, want = fl_matmul_scratch_bytes(&rq.W, Ms[mi], nth);
-                    if (used != want) fail_msg("q4_K_r16 isa %d M=%lld nth=%d: scratch %zu, planned %zu", isa, (long long)Ms[mi], nth, used, want);
+                    if (used != want) fail_msg("%s isa %d M=%lld nth=%d: scratch %zu, planned %zu", fl_type_name(rtype), isa, (long long)Ms[mi], nth, used, want);
                     const double e = fl_test_nmse(ref, got, Ms[mi] * N);
                     if (!(e <= (f32 ? 1e-10 : 1e-4)))
-                        fail_msg("q4_K_r16 isa %d M=%lld nth=%d f32 act %d: NMSE %.3g", isa, (long long)Ms[mi], nth, f32, e);
+                        fail_msg("%s isa %d M=%lld nth=%d f32 act %d: NMSE %.3g", fl_type_name(rtype), isa, (long long)Ms[mi], nth, f32, e);
                 }
                 fl_matmul_set_f32_act(false);
             }
@@ -1586,11 +1596,11 @@ static void test_k16(void **state) {
     fl_threads_set(0);
     /* the loader's choice: AVX-512 without AMX, whole groups, not with f32 activations */
     const bool k16 = fl_isa_get() == FL_ISA_AVX512 && !fl_amx_usable();
-    assert_int_equal(fl_r8_load_type(FL_TYPE_Q4_K, 48, true), k16 ? rtype : FL_TYPE_Q4_K);
-    assert_int_equal(fl_r8_load_type(FL_TYPE_Q4_K, 40, true), FL_TYPE_Q4_K);
-    assert_int_equal(fl_r8_load_type(FL_TYPE_Q4_K, 48, false), FL_TYPE_Q4_K);
+    assert_int_equal(fl_r8_load_type(base, 48, true), k16 ? rtype : base);
+    assert_int_equal(fl_r8_load_type(base, 40, true), base);
+    assert_int_equal(fl_r8_load_type(base, 48, false), base);
     fl_matmul_set_f32_act(true);
-    assert_int_equal(fl_r8_load_type(FL_TYPE_Q4_K, 48, true), FL_TYPE_Q4_K);
+    assert_int_equal(fl_r8_load_type(base, 48, true), base);
     fl_matmul_set_f32_act(false);
     fl_free(FL_MEM_MISC, ref, (size_t)(M * N) * 4);
     fl_free(FL_MEM_MISC, got, (size_t)(M * N) * 4);
@@ -1604,6 +1614,12 @@ static void test_k16(void **state) {
     fl_free(FL_MEM_MISC, g, q.bytes);
     fl_act_q8_free(&a);
     qmat_free(&q);
+}
+
+static void test_k16(void **state) {
+    (void)state;
+    check_k16(FL_TYPE_Q4_K);
+    check_k16(FL_TYPE_Q6_K);
     fl_test_mem_zero();
 }
 
@@ -1628,6 +1644,8 @@ static void test_kernel_name(void **state) {
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K_R16, 1), "r16-vnni");
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K_R16, 32), "r16-vnni");
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K_R16, 33), "panels");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q6_K_R16, 16), "r16-vnni");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q6_K_R16, 512), "panels");
         if (fl_amx_bf16_usable()) {
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 512), "amx-bf16");
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K, 64), "amx-bf16");

@@ -390,21 +390,18 @@ static void check_repack(const char *path, int32_t wq_type) {
         for (int i = 0; i <= 40; i++) fl_free(FL_MEM_MISC, lg[pass][i], sizeof(float) * (size_t)nv);
 }
 
-/* Q4_K_R16 (AVX-512 without AMX): synth256-Q4_K_M's Q4_K matrices (every one, not the
- * embeddings) change type, the file does not, and the logits of a 40-token prompt (a prefill
+/* Q4_K_R16 / Q6_K_R16 (AVX-512 without AMX): synth256-Q4_K_M's Q4_K matrices and synth256-Q6_K's
+ * Q6_K ones (every one, not the embeddings) change type, the file does not, and the logits of a 40-token prompt (a prefill
  * step: the panels packed from the groups) and of 24 one-token steps (the GEMV), fed the file
  * layout's greedy text, agree with the file layout's: the same integer sums in another f32 order,
- * so within 1e-9 (NMSE) until that order moves an 8-bit activation code (here at step 9, from
+ * so within 1e-9 (NMSE) until that order moves an 8-bit activation code (Q4_K_M at step 9, from
  * 4e-14 to 1.6e-4, and it stays in the KV cache), within 1e-3 after (as check_repack).  Random
  * weights: no greedy tie is asserted, only the logits. */
-static void test_repack_q4_K(void **state) {
-    (void)state;
-    NEED_SHARED();
-    const char *path = "models/synth256/synth256-Q4_K_M.gguf";
+static void check_repack_k16(const char *path, int32_t base, int32_t rtype) {
     size_t flen;
     char *before = fl_test_read_file(FL_SHARED_PATH(path), &flen);
     assert_non_null(before);
-    const bool k16 = fl_r8_load_type(FL_TYPE_Q4_K, 256, true) == FL_TYPE_Q4_K_R16;
+    const bool k16 = fl_r8_load_type(base, 256, true) == rtype;
     int32_t prompt[40], ids[24];
     for (int i = 0; i < 40; i++) prompt[i] = 1 + (i * 37) % 500;
     float *lg[3][25];
@@ -417,14 +414,14 @@ static void test_repack_q4_K(void **state) {
         runner r;
         runner_init_kv(&r, path, 128, 1, 40, 1, FL_TYPE_F32);
         g_load_params = NULL;
-        const int32_t want = pass && k16 ? FL_TYPE_Q4_K_R16 : FL_TYPE_Q4_K;
+        const int32_t want = pass && k16 ? rtype : base;
         for (int il = 0; il < 2; il++) {
             const fl_layer *L = fl_model_layer(r.m, il);
             const fl_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w1, &L->w2, &L->w3};
             for (int i = 0; i < 7; i++) assert_int_equal(ts[i]->type, want);
         }
         assert_int_equal(fl_model_output(r.m)->type, want);
-        assert_int_equal(fl_model_tok_embd(r.m)->type, FL_TYPE_Q4_K);
+        assert_int_equal(fl_model_tok_embd(r.m)->type, base);
         nv = r.n_vocab;
         eval(&r, 0, prompt, 40, 0, 0);
         for (int i = 0; i <= 24; i++) {
@@ -455,7 +452,8 @@ static void test_repack(void **state) {
     NEED_SHARED();
     check_repack("models/stories260K-q4_0.gguf", FL_TYPE_Q4_0);
     check_repack("models/stories260K-q8_0.gguf", FL_TYPE_Q8_0);
-    test_repack_q4_K(state);
+    check_repack_k16("models/synth256/synth256-Q4_K_M.gguf", FL_TYPE_Q4_K, FL_TYPE_Q4_K_R16);
+    check_repack_k16("models/synth256/synth256-Q6_K.gguf", FL_TYPE_Q6_K, FL_TYPE_Q6_K_R16);
     fl_test_mem_zero();
 }
 

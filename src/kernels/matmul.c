@@ -71,7 +71,7 @@ static bool panel_path(int32_t type, int64_t M);
 static bool int8_path(int32_t type, int64_t M, bool *llama) {
     *llama = false;
     if (fl_matmul_f32_act()) return false;
-    if (type == FL_TYPE_Q4_K_R16) /* its AVX-512 kernels; on another ISA the f32 path (dequantized rows) */
+    if (fl_k16_type(type)) /* its AVX-512 kernels; on another ISA the f32 path (dequantized rows) */
         return fl_isa_get() == FL_ISA_AVX512 && !fl_matmul_llama_order() && M <= INT32_MAX;
     if (fl_r8_base(type) >= 0) /* its AVX2 / AVX-512 kernels or the reference */
         return !fl_matmul_llama_order() && M <= INT32_MAX;
@@ -364,7 +364,7 @@ static bool panel_path(int32_t type, int64_t M) {
     const bool own = type == FL_TYPE_Q4_1 || type == FL_TYPE_Q5_0 || type == FL_TYPE_Q5_1 || type == FL_TYPE_IQ4_NL ||
                      type == FL_TYPE_Q3_K || type == FL_TYPE_Q2_K; /* panels for every step on AVX2 */
     if (fl_r8_base(type) >= 0) return (isa == FL_ISA_AVX2 || isa == FL_ISA_AVX512) && M > 1 && M <= INT32_MAX && !gemv_path(type, M);
-    if (type == FL_TYPE_Q4_K_R16) return isa == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX;
+    if (fl_k16_type(type)) return isa == FL_ISA_AVX512 && M > 1 && M <= INT32_MAX;
     if (M <= 1 || M > INT32_MAX || gemv_path(type, M)) return false;
     const bool common = type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 || type == FL_TYPE_Q4_K;
     /* AVX-512 has panels of its own for the common types; the rest take the AVX2 panels there
@@ -377,7 +377,9 @@ static bool panel_path(int32_t type, int64_t M) {
  * only AVX2 panels: on AVX-512 their steps of 2-12 tokens (all of them without AMX) had taken the
  * f32 path, `fitllm bench matmul -t 2 -p 16` all shapes 55-63 GOP/s, against 136-271 with
  * FL_KERNELS=avx2 on the same Zen 4. */
-static bool panel_avx512(int32_t type) {
+static bool panel_direct(int32_t type, int64_t M);
+static bool panel_avx512(int32_t type, int64_t M) {
+    if (type == FL_TYPE_Q6_K_R16) return panel_direct(type, M); /* (past that: Q6_K's AVX2 panels) */
     return fl_isa_get() == FL_ISA_AVX512 && (fl_r8_group_rows(type) || type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 ||
                                              type == FL_TYPE_Q4_K);
 }
@@ -393,31 +395,33 @@ static bool panel_avx512(int32_t type) {
  * while its activations stay in L1; one panel at a time streamed the whole step's activations
  * (M x K codes and their scales, 1 MiB and more at 512 tokens) from L3 once per panel. */
 #define PANEL_GROUP_BYTES (384 * 1024)
-static bool panel_direct(int32_t type, int64_t M);
 static int64_t panel_group_max(int32_t type, int64_t K, int64_t M) {
-    if (!panel_avx512(type) || M <= 8) return 1;
+    if (!panel_avx512(type, M) || M <= 8) return 1;
     /* the R8 types' tiles read the rows themselves: a group is 16 rows of the matrix */
     const size_t bytes = panel_direct(type, M) ? FL_PANEL_ROWS * fl_type_row_size(type, K) : fl_panel_bytes_for(type, K);
     const int64_t g = (int64_t)(PANEL_GROUP_BYTES / bytes);
     return g < 1 ? 1 : g;
 }
 
-/* Q4_K_R16 steps of up to this many tokens run its tile on the groups (16 rows x 8 tokens a
- * pass); more take the Q4_K panels packed from the groups, whose passes of 16 tokens share each
- * super-block's scales and unpacked codes twice as widely.  `fitllm bench matmul --types
- * Q4_K,Q4_K_R16 -t 2` all shapes in cache, GOP/s, the panels (from the file's rows) against the
- * tile, two alternated runs each: 32 tokens 704, 699 / 853, 870; 64 752, 837 / 761, 730; 512
- * 803, 669 / 621, 625. */
+/* Q4_K_R16 / Q6_K_R16 steps of up to this many tokens run their tile on the groups (16 rows x 8
+ * tokens a pass); more take the base type's panels packed from the groups (Q4_K: AVX-512's,
+ * whose passes of 16 tokens share each super-block's scales and unpacked codes twice as
+ * widely; Q6_K: the AVX2 panels).  `fitllm bench matmul --types T,T_R16 -t 2` all shapes in
+ * cache, GOP/s, the panels (from the file's rows) against the tile, two alternated runs each:
+ * Q4_K 32 tokens 704, 699 / 853, 870; 64 752, 837 / 761, 730; 512 803, 669 / 621, 625; Q6_K 24
+ * 434, 419 / 489, 485; 32 484, 466 / 493, 474; 64 544, 528 / 488, 484; 512 556 / 337. */
 #define K16_DIRECT_MAX 32
 /* The panel path runs the tile on the weight rows as they are, with no pack and no panel scratch:
  * AVX-512 on the R8 types and Q4_K_R16 (up to K16_DIRECT_MAX tokens), AVX2 on Q8_0_R8 (its
  * vectors are the tile's layout). */
 static bool panel_direct(int32_t type, int64_t M) {
-    if (type == FL_TYPE_Q4_K_R16) return fl_isa_get() == FL_ISA_AVX512 && M <= K16_DIRECT_MAX;
+    if (fl_k16_type(type)) return fl_isa_get() == FL_ISA_AVX512 && M <= K16_DIRECT_MAX;
     return fl_r8_base(type) >= 0 && (type == FL_TYPE_Q8_0_R8 || fl_isa_get() == FL_ISA_AVX512);
 }
-/* The type a panel of W's rows computes as (Q4_K_R16's panels are Q4_K's). */
-static int32_t panel_type(int32_t type) { return type == FL_TYPE_Q4_K_R16 ? FL_TYPE_Q4_K : type; }
+/* The type a panel of W's rows computes as (Q4_K_R16's panels are Q4_K's, Q6_K_R16's Q6_K's). */
+static int32_t panel_type(int32_t type) {
+    return type == FL_TYPE_Q4_K_R16 ? FL_TYPE_Q4_K : type == FL_TYPE_Q6_K_R16 ? FL_TYPE_Q6_K : type;
+}
 
 /* R8 steps of 11 tokens or more (passes of 11-16 of the 16-token records) run on the AMX-INT8
  * tiles where they are usable (fl_amx_r8_gemm16, the same bits): the fold per block is the VNNI
@@ -438,13 +442,13 @@ static bool r8_amx(int32_t type, int64_t M) {
 static bool act16_path(int32_t type, int64_t M, int64_t K) {
     /* (only the groups loop of q8_panel_task takes them: panel_group_max > 1; Q4_K_R16's tile
      * reads the rows) */
-    return panel_avx512(type) && !(type == FL_TYPE_Q4_K_R16 && panel_direct(type, M)) && M > 8 && panel_path(type, M) && !amx_path(type, M) && panel_group_max(type, K, M) > 1;
+    return panel_avx512(type, M) && !(fl_k16_type(type) && panel_direct(type, M)) && M > 8 && panel_path(type, M) && !amx_path(type, M) && panel_group_max(type, K, M) > 1;
 }
 
 /* The AVX-512 tile straight on rows [n, n + nr) of a repacked W (panel_direct), tokens [m, m + nt). */
 static void direct_gemm(const fl_tensor *W, int64_t n, int nr, const fl_act_q8 *a, int64_t m, int nt, float *y) {
     const char *w = (const char *)W->data + n * W->nb[1];
-    if (W->type == FL_TYPE_Q4_K_R16) fl_k16_gemm_avx512(w, W->nb[1], nr, a, m, nt, y, W->ne[1]);
+    if (fl_k16_type(W->type)) fl_k16_gemm_avx512(W->type, w, W->nb[1], nr, a, m, nt, y, W->ne[1]);
     else fl_r8_gemm_avx512(W->type, w, W->nb[1], nr, a, m, nt, y, W->ne[1]);
 }
 
@@ -454,7 +458,7 @@ static void direct_gemm(const fl_tensor *W, int64_t n, int nr, const fl_act_q8 *
  * over the threads with the rest). */
 static void q8_panel_task(void *p, int ith, int nth) {
     q8_ctx *c = p;
-    const bool avx512 = panel_avx512(c->W->type); /* (fl_matmul_n: the matrices share one type) */
+    const bool avx512 = panel_avx512(c->W->type, c->M); /* (fl_matmul_n: the matrices share one type) */
     void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = avx512 ? fl_panel_pack_avx512 : fl_panel_pack_avx2;
     const int64_t K = c->W->ne[0], units = c->ubase[c->nw];
     (void)nth;
@@ -538,8 +542,8 @@ static void q8_panel_task(void *p, int ith, int nth) {
                 pf_bytes = (size_t)(Nj - n1 < FL_PANEL_ROWS ? Nj - n1 : FL_PANEL_ROWS) * c->Wv[j]->nb[1];
             }
             if (direct) fl_r8_gemm_avx2_pf(W->type, (const char *)W->data + n * ldw, ldw, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N, pf, pf_bytes);
-            else if (fl_isa_get() == FL_ISA_AVX512 && fl_panel_halves_avx512(W->type))
-                fl_panel_gemm_halves_avx512(W->type, pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N, pf, pf_bytes);
+            else if (fl_isa_get() == FL_ISA_AVX512 && fl_panel_halves_avx512(panel_type(W->type)))
+                fl_panel_gemm_halves_avx512(panel_type(W->type), pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N, pf, pf_bytes);
             else fl_panel_gemm_avx2_pf(W->type, pan, nr, &c->act, 0, (int)c->M, c->yv[i] + n, N, pf, pf_bytes);
         }
         u = un;
@@ -915,8 +919,9 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
         if (fl_act_q8_alloc(&c.act, M, K) == FL_OK) {
             const int nth = fl_threads_get();
             if (fl_r8_group_rows(W->type)) c.act.qs4 = NULL; /* (the Q4_0 order is for the base type's VBMI GEMV: not made) */
-            /* the AVX-512 tiles of the repacked types read only codes, d, s and ms (and the records) */
-            c.act_all = !(isa == FL_ISA_AVX512 && fl_r8_group_rows(W->type) && !llama && !amx_path(W->type, M));
+            /* the AVX-512 tiles of the repacked types read only codes, d, s and ms (and the records),
+             * Q6_K_R16's o6 too */
+            c.act_all = !(isa == FL_ISA_AVX512 && fl_r8_group_rows(W->type) && W->type != FL_TYPE_Q6_K_R16 && !llama && !amx_path(W->type, M));
             size_t amx_act_bytes = 0, amx_pan_bytes = 0;
             if (!llama && amx_path(W->type, M)) {
                 amx_act_bytes = fl_amx_act_bytes(M, K);
@@ -1049,7 +1054,7 @@ const char *fl_matmul_kernel_name(int32_t type, int64_t M) {
     if (amx_path(type, M)) return "amx-int8";
     if (r8_amx(type, M)) return "r8-amx";
     if (fl_r8_base(type) >= 0) return fl_isa_get() == FL_ISA_AVX512 ? "r8-vnni" : fl_isa_get() == FL_ISA_AVX2 ? "r8-avx2" : "r8-ref";
-    if (type == FL_TYPE_Q4_K_R16) return panel_direct(type, M) ? "r16-vnni" : "panels";
+    if (fl_k16_type(type)) return panel_direct(type, M) ? "r16-vnni" : "panels";
     if (gemv_path(type, M)) return "gemv";
     if (panel_path(type, M)) return "panels";
     return "tiles";

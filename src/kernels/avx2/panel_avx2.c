@@ -29,6 +29,7 @@
  * (two vector integer multipliers) the Q4_0 tile needs one multiply per 32 products where the
  * int8 calibration loop needs two, so it can pass that loop's rate.
  * Reference: fl_panel_gemm_ref (the same integer sums; only the f32 order of the folds differs). */
+#include "core/status.h"
 #include "kernels/avx2/f16x8_avx2.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
@@ -457,6 +458,11 @@ static void pack_r8(const char *w, size_t ldw, int nr, int64_t K, char *panel, c
 }
 
 void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
+    if (wtype == FL_TYPE_Q6_K_R16) { /* (AVX-512 only: its groups are packed there) */
+        FL_ASSERT(nr == FL_PANEL_ROWS);
+        fl_k16_panel_pack_avx512(wtype, w, K, panel);
+        return;
+    }
     if (wtype == FL_TYPE_Q4_0_R8 || wtype == FL_TYPE_Q8_0_R8) { /* nr 8 or 16 (whole groups) */
         if (wtype == FL_TYPE_Q8_0_R8) pack_r8(w, ldw, nr, K, panel, true);
         else pack_r8(w, ldw, nr, K, panel, false);

@@ -1,14 +1,15 @@
-/* Q4_K_R16 (Q4_K in groups of 16 interleaved rows, layout in kernels/matmul.h) on AVX-512 VNNI,
- * straight on the groups for every step size.  A lane is a row: one 64-byte load of a group's
- * codes is 16 rows x 4 code bytes, whose low nibbles go to a vpdpbusd against 4 broadcast
- * activation codes of sub-block 2c and whose high nibbles against those of sub-block 2c + 1.
- * Codes are unsigned (0..15), so the int32 sums need no offset.  Per super-block the 16 rows'
- * 6-bit scales and mins come from three 64-byte loads of their planes (a row per byte lane),
- * and per sub-block j each token folds its sums as
- *     acc += f32(sum) * ((d * sc_j) * d_x)  then  acc += (dmin * m_j) * (-s d_x)
- * (-s d_x: fl_act_q8.ms), so a token's result has the same bits in any step, one token or
- * many; the integer sums are exact, so splitting them over more chains changes nothing.
- * Against the file's rows (the GEMV of matmul_avx512.c: horizontal sums and per-row scale
+/* Q4_K_R16 / Q6_K_R16 (Q4_K / Q6_K in groups of 16 interleaved rows, layouts in
+ * kernels/matmul.h) on AVX-512 VNNI, straight on the groups for every step size (Q4_K past 32
+ * tokens: its panels, packed from the groups here).  A lane is a row: one 64-byte load of a
+ * group's codes is 16 rows x 4 code bytes, which go to a vpdpbusd against 4 broadcast activation
+ * codes.  Codes are unsigned (Q4_K 0..15: low nibbles sub-block 2c, high 2c + 1; Q6_K 0..63 made
+ * of a nibble and two qh bits, each token's int32 sums started at -32 x its half-block's
+ * activation code sum, fl_act_q8.o6).  Per super-block the 16 rows' scales come from 64-byte
+ * loads of their planes (a row per byte lane), and per sub-block each token folds its sums as
+ *     acc += f32(sum) * ((d * sc_j) * d_x)  (Q4_K then  acc += (dmin * m_j) * (-s d_x), fl_act_q8.ms)
+ * so a token's result has the same bits in any step, one token or many; the integer sums are
+ * exact, so splitting them over more chains changes nothing.
+ * Against the file's rows (the GEMVs of matmul_avx512.c: horizontal sums and per-row scale
  * unpacking per super-block; the panels: a pack per call into 8-bit codes and f32 scales) this
  * reads each weight byte once, as the file has it.  Reference: fl_gemm_q8_ref on the type. */
 #include "core/status.h"
@@ -89,6 +90,7 @@ INLINE __m512i bcast4(const int8_t *p) {
  * one half ahead, and alternated three times 1 / 2 / 4 ahead 625, 574, 572 / 648, 595, 587 /
  * 598, 572, 576. */
 #define K16_PF_AHEAD (2 * FL_K16_BLOCK)
+#define K16_PF_Q6_AHEAD (2 * FL_K16_Q6_BLOCK) /* (52.5 lines a super-block: 26 per half, the rest with the next) */
 /* 16 rows (one group at g) x NT tokens (1..K16_TOKENS) from token m0; pf: prefetch (the rows
  * come from memory: the first pass over them). */
 INLINE void k16_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, const int NT, float *y, int64_t ldy, const bool pf) {
@@ -171,15 +173,120 @@ INLINE void k16_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, floa
     _mm512_storeu_ps(y, acc);
 }
 
-#define K16_TILE_CASE(n) \
-    case n: k16_tile(g, a, m, n, yt, ldy, pf); break;
+/* ---- Q6_K_R16 ---- */
+#define K16_Q6_SCALES 32
+#define K16_Q6_QL (K16_Q6_SCALES + 16 * FL_K16_ROWS)
+#define K16_Q6_QH (K16_Q6_QL + 32 * 64)
 
-void fl_k16_gemm_avx512(const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy) {
-    FL_ASSERT(nr % FL_K16_ROWS == 0);
+/* The 16 rows' 6-bit codes (0..63) of 32-block kb (0..7) of a super-block at l = 4v..4v + 3:
+ * Q6_K's q1..q4 (k = kb % 4) of its half n = kb / 4, from ql vector 16n + 8 (k & 1) + v (low
+ * nibbles for k < 2, high for k >= 2) and bits 2k, 2k + 1 of qh vector 8n + v (a word shift
+ * right by 2k, then left by 4: each byte's bits from its own byte, masked to bits 4, 5).
+ * lsh: the ql shift (0 or 4), hsh: 2k, as shift counts. */
+INLINE __m512i q6_codes(const unsigned char *b, int kb, int v, __m128i lsh, __m128i hsh) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const int n = kb / 4, k = kb % 4;
+    const __m512i ql = _mm512_loadu_si512(b + K16_Q6_QL + 64 * (16 * n + 8 * (k & 1) + v));
+    const __m512i qh = _mm512_loadu_si512(b + K16_Q6_QH + 64 * (8 * n + v));
+    const __m512i lo = _mm512_and_si512(_mm512_srl_epi16(ql, lsh), m4);
+    const __m512i hi = _mm512_and_si512(_mm512_slli_epi16(_mm512_srl_epi16(qh, hsh), 4), m30);
+    return _mm512_or_si512(lo, hi);
+}
+
+/* -32 x the activation code sum of 16-code half h of 32-block jb of token m (o6's two int16) */
+INLINE int32_t q6_offset(const fl_act_q8 *a, int64_t m, int64_t jb, int h) {
+    const uint32_t o = (uint32_t)a->o6[(m * a->nb + jb) * 2 + h];
+    return (int32_t)(int16_t)(o & 0xFFFFu) + (int32_t)(int16_t)(o >> 16);
+}
+
+/* The blocks run as a loop (not unrolled: with all of it unrolled GCC kept the token sums on the
+ * stack), the tokens and the 4 code vectors of a half unrolled. */
+INLINE void k16_q6_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, const int NT, float *y, int64_t ldy, const bool pf) {
+    const int64_t K = a->K, nb = a->nb, nsb = K / 256;
+    __m512 acc[K16_TOKENS];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const unsigned char *b = g + (size_t)i * FL_K16_Q6_BLOCK;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
+#pragma GCC unroll 1
+        for (int kb = 0; kb < 8; kb++) {
+            const int64_t jb = i * 8 + kb; /* the 32-block */
+            const __m128i lsh = _mm_cvtsi32_si128(kb % 4 >= 2 ? 4 : 0), hsh = _mm_cvtsi32_si128(2 * (kb % 4));
+            if (pf && kb % 2 == 0)
+#pragma GCC unroll 13
+                for (int l = 0; l < 13; l++) _mm_prefetch((const char *)b + K16_PF_Q6_AHEAD + (13 * (kb / 2) + l) * 64, _MM_HINT_T0);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) { /* its 16-code halves: scale 8 (kb / 4) + 2 (kb % 4) + h */
+                const int j = 8 * (kb / 4) + 2 * (kb % 4) + h;
+                const __m512 sc = _mm512_mul_ps(
+                    d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + K16_Q6_SCALES + 16 * j)))));
+                __m512i is[K16_TOKENS];
+#pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) is[t] = _mm512_set1_epi32(q6_offset(a, m0 + t, jb, h));
+#pragma GCC unroll 4
+                for (int v = 4 * h; v < 4 * h + 4; v++) {
+                    const __m512i w = q6_codes(b, kb, v, lsh, hsh);
+#pragma GCC unroll 8
+                    for (int t = 0; t < NT; t++) is[t] = _mm512_dpbusd_epi32(is[t], w, bcast4(a->qs + (m0 + t) * K + jb * 32 + 4 * v));
+                }
+#pragma GCC unroll 8
+                for (int t = 0; t < NT; t++)
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), _mm512_mul_ps(sc, _mm512_set1_ps(a->d[(m0 + t) * nb + jb])), acc[t]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);
+}
+
+/* One token (the GEMV): the tile's arithmetic in the same order, every loop unrolled (the 16
+ * half-block sums of a super-block are independent chains of 4). */
+INLINE void k16_q6_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, float *y) {
+    const int64_t K = a->K, nb = a->nb, nsb = K / 256;
+    const int8_t *x = a->qs + m * K;
+    const float *dx = a->d + m * nb;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const unsigned char *b = g + (size_t)i * FL_K16_Q6_BLOCK;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
+#pragma GCC unroll 8
+        for (int kb = 0; kb < 8; kb++) {
+            const int64_t jb = i * 8 + kb;
+            const __m128i lsh = _mm_cvtsi32_si128(kb % 4 >= 2 ? 4 : 0), hsh = _mm_cvtsi32_si128(2 * (kb % 4));
+            if (kb % 2 == 0)
+#pragma GCC unroll 13
+                for (int l = 0; l < 13; l++) _mm_prefetch((const char *)b + K16_PF_Q6_AHEAD + (13 * (kb / 2) + l) * 64, _MM_HINT_T0);
+            __m512i is[2];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                is[h] = _mm512_set1_epi32(q6_offset(a, m, jb, h));
+#pragma GCC unroll 4
+                for (int v = 4 * h; v < 4 * h + 4; v++) is[h] = _mm512_dpbusd_epi32(is[h], q6_codes(b, kb, v, lsh, hsh), bcast4(x + jb * 32 + 4 * v));
+            }
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const int j = 8 * (kb / 4) + 2 * (kb % 4) + h;
+                const __m512 sc = _mm512_mul_ps(
+                    d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + K16_Q6_SCALES + 16 * j)))));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[h]), _mm512_mul_ps(sc, _mm512_set1_ps(dx[jb])), acc);
+            }
+        }
+    }
+    _mm512_storeu_ps(y, acc);
+}
+
+#define K16_TILE_CASE(n) \
+    case n: (q6 ? k16_q6_tile(g, a, m, n, yt, ldy, pf) : k16_tile(g, a, m, n, yt, ldy, pf)); break;
+
+void fl_k16_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy) {
+    FL_ASSERT(nr % FL_K16_ROWS == 0 && fl_k16_type(wtype));
+    const bool q6 = wtype == FL_TYPE_Q6_K_R16;
     for (int r = 0; r < nr; r += FL_K16_ROWS) {
         const unsigned char *g = (const unsigned char *)w + (size_t)r * ldw;
         if (nt == 1) {
-            k16_gemv(g, a, m0, y + r);
+            if (q6) k16_q6_gemv(g, a, m0, y + r);
+            else k16_gemv(g, a, m0, y + r);
             continue;
         }
         for (int t0 = 0; t0 < nt; t0 += K16_TOKENS) {
@@ -195,7 +302,7 @@ void fl_k16_gemm_avx512(const void *w, size_t ldw, int nr, const fl_act_q8 *a, i
                 K16_TILE_CASE(5)
                 K16_TILE_CASE(6)
                 K16_TILE_CASE(7)
-                default: k16_tile(g, a, m, 8, yt, ldy, pf); break;
+                default: q6 ? k16_q6_tile(g, a, m, 8, yt, ldy, pf) : k16_tile(g, a, m, 8, yt, ldy, pf); break;
             }
         }
     }
@@ -205,7 +312,14 @@ void fl_k16_gemm_avx512(const void *w, size_t ldw, int nr, const fl_act_q8 *a, i
  * d sc_j, then the codes [k / 4][row][k % 4] as bytes; the mins dmin m_j after the blocks): a
  * group's 64-byte vectors are that order already, so a sub-block's codes are 8 ands (or shifts
  * and ands) and stores. */
-void fl_k16_panel_pack_avx512(const void *w, int64_t K, void *panel) {
+static void k16_q6_panel_pack(const void *w, int64_t K, void *panel);
+
+void fl_k16_panel_pack_avx512(int32_t wtype, const void *w, int64_t K, void *panel) {
+    if (wtype == FL_TYPE_Q6_K_R16) {
+        k16_q6_panel_pack(w, K, panel);
+        return;
+    }
+    FL_ASSERT(wtype == FL_TYPE_Q4_K_R16);
     const int64_t nsb = K / 256, nb = K / 32;
     const size_t pblock = FL_PANEL_ROWS * 4 + FL_PANEL_ROWS * 32;
     float *mins = (float *)((char *)panel + nb * pblock);
@@ -227,6 +341,33 @@ void fl_k16_panel_pack_avx512(const void *w, int64_t K, void *panel) {
                     _mm512_storeu_si512(o + 64 + 64 * v, h ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4) : _mm512_and_si512(raw, m4));
                 }
             }
+        }
+    }
+}
+
+/* Q6_K's AVX2 panel (kernels/avx2/panel_avx2.c, pack_q6_K): per 32-block its 16 rows' d as f32
+ * and its codes 0..63 [k / 4][row][k % 4], then after the blocks each 16-code half's scale as
+ * the int16 words (sc, sc), [super-block][half][row]; a group's planes are those rows already. */
+static void k16_q6_panel_pack(const void *w, int64_t K, void *panel) {
+    const int64_t nsb = K / 256, nb = K / 32;
+    const size_t pblock = FL_PANEL_ROWS * 4 + FL_PANEL_ROWS * 32;
+    uint32_t *words = (uint32_t *)((char *)panel + nb * pblock);
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    for (int64_t i = 0; i < nsb; i++) {
+        const unsigned char *b = (const unsigned char *)w + (size_t)i * FL_K16_Q6_BLOCK;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) {
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + K16_Q6_SCALES + 16 * j)));
+            _mm512_storeu_si512(words + (i * 16 + j) * FL_PANEL_ROWS, _mm512_or_si512(_mm512_and_si512(sc, lo16), _mm512_slli_epi32(sc, 16)));
+        }
+#pragma GCC unroll 8
+        for (int kb = 0; kb < 8; kb++) {
+            char *o = (char *)panel + (size_t)(i * 8 + kb) * pblock;
+            const __m128i lsh = _mm_cvtsi32_si128(kb % 4 >= 2 ? 4 : 0), hsh = _mm_cvtsi32_si128(2 * (kb % 4));
+            _mm512_storeu_ps(o, d);
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++) _mm512_storeu_si512(o + 64 + 64 * v, q6_codes(b, kb, v, lsh, hsh));
         }
     }
 }

@@ -681,8 +681,8 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
                        float *y, int64_t ldy) {
     const char *wc = w;
     const bool q8 = wtype == FL_TYPE_Q8_0;
-    if (wtype == FL_TYPE_Q4_K_R16) { /* (kernels/avx512/k16_avx512.c) */
-        fl_k16_gemm_avx512(w, ldw, nr, a, m0, nt, y, ldy);
+    if (fl_k16_type(wtype)) { /* (kernels/avx512/k16_avx512.c) */
+        fl_k16_gemm_avx512(wtype, w, ldw, nr, a, m0, nt, y, ldy);
         return;
     }
     if (fl_r8_base(wtype) >= 0) { /* (kernels/avx512/r8_avx512.c) */
@@ -914,7 +914,7 @@ static void pack_q4_K(const char *w, size_t ldw, int nr, int64_t K, char *panel)
 void fl_panel_pack_avx512(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
     if (wtype == FL_TYPE_Q4_K_R16) { /* (a whole group: the type's matrices have N % 16 == 0) */
         FL_ASSERT(nr == FL_PANEL_ROWS);
-        fl_k16_panel_pack_avx512(w, K, panel);
+        fl_k16_panel_pack_avx512(wtype, w, K, panel);
         return;
     }
     if (wtype == FL_TYPE_Q4_K) {

@@ -10,17 +10,17 @@
 int32_t fl_r8_load_type(int32_t type, int64_t rows, bool repack) {
     const fl_isa isa = fl_isa_get();
     if (!repack || fl_matmul_llama_order() || fl_matmul_f32_act() || rows <= 0) return type;
-    /* Q4_K: AVX-512 without AMX (with it, its int8 tiles take the steps of 13 tokens or more on
+    /* Q4_K, Q6_K: AVX-512 without AMX (with it, its int8 tiles take the steps of 13 tokens or more on
      * the file's rows) */
-    if (type == FL_TYPE_Q4_K)
-        return isa == FL_ISA_AVX512 && !fl_amx_usable() && rows % FL_K16_ROWS == 0 ? FL_TYPE_Q4_K_R16 : type;
+    if (type == FL_TYPE_Q4_K || type == FL_TYPE_Q6_K)
+        return isa == FL_ISA_AVX512 && !fl_amx_usable() && rows % FL_K16_ROWS == 0 ? (type == FL_TYPE_Q4_K ? FL_TYPE_Q4_K_R16 : FL_TYPE_Q6_K_R16) : type;
     /* with AMX, where its bf16 tiles take the prefill steps on the groups (fl_amx_bf16_panel_r8) */
     const bool on = isa == FL_ISA_AVX2 || (isa == FL_ISA_AVX512 && (!fl_amx_usable() || fl_amx_bf16_usable()));
     return on && fl_r8_of(type) >= 0 && rows % FL_R8_ROWS == 0 ? fl_r8_of(type) : type;
 }
 
 int fl_r8_group_rows(int32_t type) {
-    return type == FL_TYPE_Q4_K_R16 ? FL_K16_ROWS : fl_r8_base(type) >= 0 ? FL_R8_ROWS : 0;
+    return fl_k16_type(type) ? FL_K16_ROWS : fl_r8_base(type) >= 0 ? FL_R8_ROWS : 0;
 }
 
 int32_t fl_r8_base(int32_t type) {
@@ -52,11 +52,36 @@ static void k16_unpack_block(const unsigned char *g, int i, fl_block_q4_K *p) {
     for (int k = 0; k < 12; k++) p->scales[k] = g[K16_SCALES + FL_K16_ROWS * k + i];
     for (int v = 0; v < 32; v++) memcpy(p->qs + 4 * v, g + K16_QS + 64 * v + 4 * i, 4);
 }
+/* Q6_K_R16 */
+#define K16_Q6_SCALES 32
+#define K16_Q6_QL (K16_Q6_SCALES + 16 * FL_K16_ROWS)
+#define K16_Q6_QH (K16_Q6_QL + 32 * 64)
+static void k16_q6_pack_block(const unsigned char *rows, size_t ldw, int64_t b, unsigned char *o) {
+    for (int i = 0; i < FL_K16_ROWS; i++) {
+        const fl_block_q6_K *p = (const fl_block_q6_K *)(rows + (size_t)i * ldw) + b;
+        memcpy(o + 2 * i, &p->d, 2);
+        for (int k = 0; k < 16; k++) o[K16_Q6_SCALES + FL_K16_ROWS * k + i] = (unsigned char)p->scales[k];
+        for (int u = 0; u < 32; u++) memcpy(o + K16_Q6_QL + 64 * u + 4 * i, p->ql + 4 * u, 4);
+        for (int u = 0; u < 16; u++) memcpy(o + K16_Q6_QH + 64 * u + 4 * i, p->qh + 4 * u, 4);
+    }
+}
+static void k16_q6_unpack_block(const unsigned char *g, int i, fl_block_q6_K *p) {
+    memcpy(&p->d, g + 2 * i, 2);
+    for (int k = 0; k < 16; k++) p->scales[k] = (int8_t)g[K16_Q6_SCALES + FL_K16_ROWS * k + i];
+    for (int u = 0; u < 32; u++) memcpy(p->ql + 4 * u, g + K16_Q6_QL + 64 * u + 4 * i, 4);
+    for (int u = 0; u < 16; u++) memcpy(p->qh + 4 * u, g + K16_Q6_QH + 64 * u + 4 * i, 4);
+}
+_Static_assert(K16_Q6_QH + 16 * 64 == FL_K16_Q6_BLOCK, "q6_K_r16 super-block");
+_Static_assert(K16_QS + 32 * 64 == FL_K16_BLOCK, "q4_K_r16 super-block");
 
 /* (both block types are the f16 d, then the codes) */
 void fl_r8_pack(int32_t type, const void *rows, size_t ldw, int64_t K, void *group) {
     if (type == FL_TYPE_Q4_K_R16) {
         for (int64_t b = 0; b < K / 256; b++) k16_pack_block(rows, ldw, b, (unsigned char *)group + (size_t)b * FL_K16_BLOCK);
+        return;
+    }
+    if (type == FL_TYPE_Q6_K_R16) {
+        for (int64_t b = 0; b < K / 256; b++) k16_q6_pack_block(rows, ldw, b, (unsigned char *)group + (size_t)b * FL_K16_Q6_BLOCK);
         return;
     }
     const size_t q = qs_bytes(type), bsz = 2 + q, gb = fl_r8_block_bytes(type);
@@ -81,6 +106,11 @@ void fl_r8_unpack_row(int32_t type, const void *group, int i, int64_t K, void *r
             k16_unpack_block((const unsigned char *)group + (size_t)b * FL_K16_BLOCK, i, (fl_block_q4_K *)row + b);
         return;
     }
+    if (type == FL_TYPE_Q6_K_R16) {
+        for (int64_t b = 0; b < K / 256; b++)
+            k16_q6_unpack_block((const unsigned char *)group + (size_t)b * FL_K16_Q6_BLOCK, i, (fl_block_q6_K *)row + b);
+        return;
+    }
     const size_t q = qs_bytes(type), bsz = 2 + q, gb = fl_r8_block_bytes(type);
     for (int64_t b = 0; b < K / 32; b++) {
         const unsigned char *g = (const unsigned char *)group + (size_t)b * gb;
@@ -91,12 +121,14 @@ void fl_r8_unpack_row(int32_t type, const void *group, int i, int64_t K, void *r
 }
 
 void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, float *dst, int64_t K) {
-    if (type == FL_TYPE_Q4_K_R16) {
+    if (fl_k16_type(type)) {
         const unsigned char *g = (const unsigned char *)data + (size_t)(r / FL_K16_ROWS) * FL_K16_ROWS * ldw;
+        const bool q6 = type == FL_TYPE_Q6_K_R16;
         for (int64_t b = 0; b < K / 256; b++) {
-            fl_block_q4_K blk;
-            k16_unpack_block(g + (size_t)b * FL_K16_BLOCK, (int)(r % FL_K16_ROWS), &blk);
-            fl_dequant_row(FL_TYPE_Q4_K, &blk, dst + b * 256, 256);
+            union { fl_block_q4_K q4; fl_block_q6_K q6; } blk;
+            if (q6) k16_q6_unpack_block(g + (size_t)b * FL_K16_Q6_BLOCK, (int)(r % FL_K16_ROWS), &blk.q6);
+            else k16_unpack_block(g + (size_t)b * FL_K16_BLOCK, (int)(r % FL_K16_ROWS), &blk.q4);
+            fl_dequant_row(q6 ? FL_TYPE_Q6_K : FL_TYPE_Q4_K, &blk, dst + b * 256, 256);
         }
         return;
     }
