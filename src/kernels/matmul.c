@@ -158,7 +158,7 @@ static int unit_matrix(const int64_t *ubase, int64_t u) {
 }
 
 /* Rows per tile of the GEMV shares and the tile path: the repacked types are addressed by groups
- * (8 rows, Q4_K_R16 16). */
+ * (8 rows, Q4_K_R16 / Q6_K_R16 16). */
 static int64_t row_tile(int32_t type) { return fl_r8_group_rows(type) ? fl_r8_group_rows(type) : 4; }
 
 static void q8_quant_task(void *p, int ith, int nth) {
@@ -412,7 +412,7 @@ static int64_t panel_group_max(int32_t type, int64_t K, int64_t M) {
  * 434, 419 / 489, 485; 32 484, 466 / 493, 474; 64 544, 528 / 488, 484; 512 556 / 337. */
 #define K16_DIRECT_MAX 32
 /* The panel path runs the tile on the weight rows as they are, with no pack and no panel scratch:
- * AVX-512 on the R8 types and Q4_K_R16 (up to K16_DIRECT_MAX tokens), AVX2 on Q8_0_R8 (its
+ * AVX-512 on the R8 types and the R16 types (up to K16_DIRECT_MAX tokens), AVX2 on Q8_0_R8 (its
  * vectors are the tile's layout). */
 static bool panel_direct(int32_t type, int64_t M) {
     if (fl_k16_type(type)) return fl_isa_get() == FL_ISA_AVX512 && M <= K16_DIRECT_MAX;
@@ -440,8 +440,8 @@ static bool r8_amx(int32_t type, int64_t M) {
  * (fl_panel_gemm16_avx512, fl_r8_gemm16_avx512), their activations in 16-token records (act16,
  * fl_act16_bytes of scratch). */
 static bool act16_path(int32_t type, int64_t M, int64_t K) {
-    /* (only the groups loop of q8_panel_task takes them: panel_group_max > 1; Q4_K_R16's tile
-     * reads the rows) */
+    /* (only the groups loop of q8_panel_task takes them: panel_group_max > 1; the R16 tiles read
+     * the rows) */
     return panel_avx512(type, M) && !(fl_k16_type(type) && panel_direct(type, M)) && M > 8 && panel_path(type, M) && !amx_path(type, M) && panel_group_max(type, K, M) > 1;
 }
 

@@ -111,6 +111,12 @@ void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, fl
 #define FL_K16_ROWS 16
 #define FL_K16_BLOCK (FL_K16_ROWS * 144)
 #define FL_K16_Q6_BLOCK (FL_K16_ROWS * 210)
+/* byte offsets in a super-block: Q4_K_R16's scale planes and codes, Q6_K_R16's scale planes, ql, qh */
+#define FL_K16_SCALES 64
+#define FL_K16_QS (FL_K16_SCALES + 12 * FL_K16_ROWS)
+#define FL_K16_Q6_SCALES 32
+#define FL_K16_Q6_QL (FL_K16_Q6_SCALES + 16 * FL_K16_ROWS)
+#define FL_K16_Q6_QH (FL_K16_Q6_QL + 32 * 64)
 static inline bool fl_k16_type(int32_t type) { return type == FL_TYPE_Q4_K_R16 || type == FL_TYPE_Q6_K_R16; }
 int fl_r8_group_rows(int32_t type);
 /* The same with AVX-512 (bit-identical; Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K

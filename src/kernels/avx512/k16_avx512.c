@@ -23,8 +23,6 @@
 #include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
-#define K16_SCALES 64
-#define K16_QS (K16_SCALES + 12 * FL_K16_ROWS)
 /* tokens per pass: 8 f32 sums and 8 int32 sums stay in registers */
 #define K16_TOKENS 8
 
@@ -42,8 +40,8 @@ typedef struct {
 
 INLINE void k16_sb_scales(const unsigned char *b, __m512i *sc03, __m512i *mn03, __m512i *sc47, __m512i *mn47) {
     const __m512i m6 = _mm512_set1_epi8(0x3F), m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i p0 = _mm512_loadu_si512(b + K16_SCALES), p1 = _mm512_loadu_si512(b + K16_SCALES + 64);
-    const __m512i p2 = _mm512_loadu_si512(b + K16_SCALES + 128);
+    const __m512i p0 = _mm512_loadu_si512(b + FL_K16_SCALES), p1 = _mm512_loadu_si512(b + FL_K16_SCALES + 64);
+    const __m512i p2 = _mm512_loadu_si512(b + FL_K16_SCALES + 128);
     /* fl_k4_scale_min_bytes per byte lane: sc 0..3 = s[0..3] & 63, m 0..3 = s[4..7] & 63,
      * sc 4..7 = (s[8..11] & 15) | (s[0..3] >> 6) << 4, m 4..7 = (s[8..11] >> 4) | (s[4..7] >> 6) << 4 */
     *sc03 = _mm512_and_si512(p0, m6);
@@ -108,7 +106,7 @@ INLINE void k16_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, con
 #pragma GCC unroll 9
                 for (int l = 0; l < 9; l++) _mm_prefetch((const char *)b + K16_PF_AHEAD + (9 * c + l) * 64, _MM_HINT_T0);
             const k16_scales s = k16_pair(&sb, c);
-            const unsigned char *q = b + K16_QS + (size_t)512 * c;
+            const unsigned char *q = b + FL_K16_QS + (size_t)512 * c;
             const int64_t j = i * 8 + 2 * c; /* the 32-block of sub-block 2c */
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) { /* low nibbles: sub-block 2c, high: 2c + 1 */
@@ -150,7 +148,7 @@ INLINE void k16_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, floa
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             const k16_scales s = k16_pair(&sb, c);
-            const unsigned char *q = b + K16_QS + (size_t)512 * c;
+            const unsigned char *q = b + FL_K16_QS + (size_t)512 * c;
 #pragma GCC unroll 9
             for (int l = 0; l < 9; l++) _mm_prefetch((const char *)b + K16_PF_AHEAD + (9 * c + l) * 64, _MM_HINT_T0);
             const int64_t j = i * 8 + 2 * c;
@@ -174,9 +172,6 @@ INLINE void k16_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, floa
 }
 
 /* ---- Q6_K_R16 ---- */
-#define K16_Q6_SCALES 32
-#define K16_Q6_QL (K16_Q6_SCALES + 16 * FL_K16_ROWS)
-#define K16_Q6_QH (K16_Q6_QL + 32 * 64)
 
 /* The 16 rows' 6-bit codes (0..63) of 32-block kb (0..7) of a super-block at l = 4v..4v + 3:
  * Q6_K's q1..q4 (k = kb % 4) of its half n = kb / 4, from ql vector 16n + 8 (k & 1) + v (low
@@ -186,8 +181,8 @@ INLINE void k16_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, floa
 INLINE __m512i q6_codes(const unsigned char *b, int kb, int v, __m128i lsh, __m128i hsh) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const int n = kb / 4, k = kb % 4;
-    const __m512i ql = _mm512_loadu_si512(b + K16_Q6_QL + 64 * (16 * n + 8 * (k & 1) + v));
-    const __m512i qh = _mm512_loadu_si512(b + K16_Q6_QH + 64 * (8 * n + v));
+    const __m512i ql = _mm512_loadu_si512(b + FL_K16_Q6_QL + 64 * (16 * n + 8 * (k & 1) + v));
+    const __m512i qh = _mm512_loadu_si512(b + FL_K16_Q6_QH + 64 * (8 * n + v));
     const __m512i lo = _mm512_and_si512(_mm512_srl_epi16(ql, lsh), m4);
     const __m512i hi = _mm512_and_si512(_mm512_slli_epi16(_mm512_srl_epi16(qh, hsh), 4), m30);
     return _mm512_or_si512(lo, hi);
@@ -220,7 +215,7 @@ INLINE void k16_q6_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, 
             for (int h = 0; h < 2; h++) { /* its 16-code halves: scale 8 (kb / 4) + 2 (kb % 4) + h */
                 const int j = 8 * (kb / 4) + 2 * (kb % 4) + h;
                 const __m512 sc = _mm512_mul_ps(
-                    d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + K16_Q6_SCALES + 16 * j)))));
+                    d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + FL_K16_Q6_SCALES + 16 * j)))));
                 __m512i is[K16_TOKENS];
 #pragma GCC unroll 8
                 for (int t = 0; t < NT; t++) is[t] = _mm512_set1_epi32(q6_offset(a, m0 + t, jb, h));
@@ -268,7 +263,7 @@ INLINE void k16_q6_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, f
             for (int h = 0; h < 2; h++) {
                 const int j = 8 * (kb / 4) + 2 * (kb % 4) + h;
                 const __m512 sc = _mm512_mul_ps(
-                    d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + K16_Q6_SCALES + 16 * j)))));
+                    d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + FL_K16_Q6_SCALES + 16 * j)))));
                 acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[h]), _mm512_mul_ps(sc, _mm512_set1_ps(dx[jb])), acc);
             }
         }
@@ -337,7 +332,7 @@ void fl_k16_panel_pack_avx512(int32_t wtype, const void *w, int64_t K, void *pan
                 _mm512_storeu_ps(mins + (i * 8 + 2 * c + h) * FL_PANEL_ROWS, s.mn[h]);
 #pragma GCC unroll 8
                 for (int v = 0; v < 8; v++) {
-                    const __m512i raw = _mm512_loadu_si512(b + K16_QS + 512 * c + 64 * v);
+                    const __m512i raw = _mm512_loadu_si512(b + FL_K16_QS + 512 * c + 64 * v);
                     _mm512_storeu_si512(o + 64 + 64 * v, h ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4) : _mm512_and_si512(raw, m4));
                 }
             }
@@ -358,7 +353,7 @@ static void k16_q6_panel_pack(const void *w, int64_t K, void *panel) {
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
 #pragma GCC unroll 16
         for (int j = 0; j < 16; j++) {
-            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + K16_Q6_SCALES + 16 * j)));
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + FL_K16_Q6_SCALES + 16 * j)));
             _mm512_storeu_si512(words + (i * 16 + j) * FL_PANEL_ROWS, _mm512_or_si512(_mm512_and_si512(sc, lo16), _mm512_slli_epi32(sc, 16)));
         }
 #pragma GCC unroll 8

@@ -1,6 +1,6 @@
-/* Q4_0 / Q8_0 in groups of 8 interleaved rows (FL_TYPE_Q4_0_R8 / Q8_0_R8) and Q4_K in groups
- * of 16 (FL_TYPE_Q4_K_R16), layouts in kernels/matmul.h: packing, unpacking and the f32
- * expansion of one row. */
+/* Q4_0 / Q8_0 in groups of 8 interleaved rows (FL_TYPE_Q4_0_R8 / Q8_0_R8) and Q4_K / Q6_K in
+ * groups of 16 (FL_TYPE_Q4_K_R16 / Q6_K_R16), layouts in kernels/matmul.h: packing, unpacking and
+ * the f32 expansion of one row. */
 #include "kernels/dispatch.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
@@ -35,44 +35,39 @@ static size_t qs_bytes(int32_t type) { return fl_r8_base(type) == FL_TYPE_Q8_0 ?
 size_t fl_r8_block_bytes(int32_t type) { return fl_r8_base(type) == FL_TYPE_Q8_0 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK; }
 
 /* Q4_K_R16: super-block b of the group from / to the 16 rows' blocks (offsets as in matmul.h) */
-#define K16_SCALES 64
-#define K16_QS (K16_SCALES + 12 * FL_K16_ROWS)
 static void k16_pack_block(const unsigned char *rows, size_t ldw, int64_t b, unsigned char *o) {
     for (int i = 0; i < FL_K16_ROWS; i++) {
         const fl_block_q4_K *p = (const fl_block_q4_K *)(rows + (size_t)i * ldw) + b;
         memcpy(o + 2 * i, &p->d, 2);
         memcpy(o + 32 + 2 * i, &p->dmin, 2);
-        for (int k = 0; k < 12; k++) o[K16_SCALES + FL_K16_ROWS * k + i] = p->scales[k];
-        for (int v = 0; v < 32; v++) memcpy(o + K16_QS + 64 * v + 4 * i, p->qs + 4 * v, 4);
+        for (int k = 0; k < 12; k++) o[FL_K16_SCALES + FL_K16_ROWS * k + i] = p->scales[k];
+        for (int v = 0; v < 32; v++) memcpy(o + FL_K16_QS + 64 * v + 4 * i, p->qs + 4 * v, 4);
     }
 }
 static void k16_unpack_block(const unsigned char *g, int i, fl_block_q4_K *p) {
     memcpy(&p->d, g + 2 * i, 2);
     memcpy(&p->dmin, g + 32 + 2 * i, 2);
-    for (int k = 0; k < 12; k++) p->scales[k] = g[K16_SCALES + FL_K16_ROWS * k + i];
-    for (int v = 0; v < 32; v++) memcpy(p->qs + 4 * v, g + K16_QS + 64 * v + 4 * i, 4);
+    for (int k = 0; k < 12; k++) p->scales[k] = g[FL_K16_SCALES + FL_K16_ROWS * k + i];
+    for (int v = 0; v < 32; v++) memcpy(p->qs + 4 * v, g + FL_K16_QS + 64 * v + 4 * i, 4);
 }
-/* Q6_K_R16 */
-#define K16_Q6_SCALES 32
-#define K16_Q6_QL (K16_Q6_SCALES + 16 * FL_K16_ROWS)
-#define K16_Q6_QH (K16_Q6_QL + 32 * 64)
+/* Q6_K_R16: the same */
 static void k16_q6_pack_block(const unsigned char *rows, size_t ldw, int64_t b, unsigned char *o) {
     for (int i = 0; i < FL_K16_ROWS; i++) {
         const fl_block_q6_K *p = (const fl_block_q6_K *)(rows + (size_t)i * ldw) + b;
         memcpy(o + 2 * i, &p->d, 2);
-        for (int k = 0; k < 16; k++) o[K16_Q6_SCALES + FL_K16_ROWS * k + i] = (unsigned char)p->scales[k];
-        for (int u = 0; u < 32; u++) memcpy(o + K16_Q6_QL + 64 * u + 4 * i, p->ql + 4 * u, 4);
-        for (int u = 0; u < 16; u++) memcpy(o + K16_Q6_QH + 64 * u + 4 * i, p->qh + 4 * u, 4);
+        for (int k = 0; k < 16; k++) o[FL_K16_Q6_SCALES + FL_K16_ROWS * k + i] = (unsigned char)p->scales[k];
+        for (int u = 0; u < 32; u++) memcpy(o + FL_K16_Q6_QL + 64 * u + 4 * i, p->ql + 4 * u, 4);
+        for (int u = 0; u < 16; u++) memcpy(o + FL_K16_Q6_QH + 64 * u + 4 * i, p->qh + 4 * u, 4);
     }
 }
 static void k16_q6_unpack_block(const unsigned char *g, int i, fl_block_q6_K *p) {
     memcpy(&p->d, g + 2 * i, 2);
-    for (int k = 0; k < 16; k++) p->scales[k] = (int8_t)g[K16_Q6_SCALES + FL_K16_ROWS * k + i];
-    for (int u = 0; u < 32; u++) memcpy(p->ql + 4 * u, g + K16_Q6_QL + 64 * u + 4 * i, 4);
-    for (int u = 0; u < 16; u++) memcpy(p->qh + 4 * u, g + K16_Q6_QH + 64 * u + 4 * i, 4);
+    for (int k = 0; k < 16; k++) p->scales[k] = (int8_t)g[FL_K16_Q6_SCALES + FL_K16_ROWS * k + i];
+    for (int u = 0; u < 32; u++) memcpy(p->ql + 4 * u, g + FL_K16_Q6_QL + 64 * u + 4 * i, 4);
+    for (int u = 0; u < 16; u++) memcpy(p->qh + 4 * u, g + FL_K16_Q6_QH + 64 * u + 4 * i, 4);
 }
-_Static_assert(K16_Q6_QH + 16 * 64 == FL_K16_Q6_BLOCK, "q6_K_r16 super-block");
-_Static_assert(K16_QS + 32 * 64 == FL_K16_BLOCK, "q4_K_r16 super-block");
+_Static_assert(FL_K16_Q6_QH + 16 * 64 == FL_K16_Q6_BLOCK, "q6_K_r16 super-block");
+_Static_assert(FL_K16_QS + 32 * 64 == FL_K16_BLOCK, "q4_K_r16 super-block");
 
 /* (both block types are the f16 d, then the codes) */
 void fl_r8_pack(int32_t type, const void *rows, size_t ldw, int64_t K, void *group) {
