@@ -1468,7 +1468,7 @@ static void test_r8(void **state) {
     fl_test_mem_zero();
 }
 
-/* Q4_K_R16 / Q6_K_R16 (16 interleaved rows): the repack is a permutation (rows come back byte
+/* Q4_K_R16 / Q5_K_R16 / Q6_K_R16 (16 interleaved rows): the repack is a permutation (rows come back byte
  * for byte, the f32 rows are the base type's), the reference integer dot takes the base type's
  * bits, the AVX-512 kernels (GEMV and tiles of 2-8 tokens, passes over more) against the
  * reference with each token's bits the same in every step, and fl_matmul on the groups against
@@ -1476,8 +1476,8 @@ static void test_r8(void **state) {
  * 16..31 carry every scale (and Q4_K min) pattern (random scale bytes) and rows 24..31 codes at
  * their ends (0 / 15, 0 / 63), so the planes' and the codes' unpacking is seen bit by bit. */
 static void check_k16(int32_t base) {
-    const bool q6 = base == FL_TYPE_Q6_K;
-    const int32_t rtype = q6 ? FL_TYPE_Q6_K_R16 : FL_TYPE_Q4_K_R16;
+    const bool q6 = base == FL_TYPE_Q6_K, q5 = base == FL_TYPE_Q5_K;
+    const int32_t rtype = q6 ? FL_TYPE_Q6_K_R16 : q5 ? FL_TYPE_Q5_K_R16 : FL_TYPE_Q4_K_R16;
     const int64_t N = 48, K = 768, nsb = K / 256;
     qmat q;
     qmat_make(&q, base, N, K);
@@ -1489,6 +1489,15 @@ static void check_k16(int32_t base) {
                 for (int k = 0; k < 16; k++) blk->scales[k] = (int8_t)(frand() * 127);
                 if (r >= 24) {
                     memset(blk->ql, (r + b) % 2 ? 0xFF : 0x00, sizeof blk->ql);
+                    memset(blk->qh, (r + b) % 2 ? 0xFF : 0x00, sizeof blk->qh);
+                }
+                continue;
+            }
+            if (q5) {
+                fl_block_q5_K *blk = (fl_block_q5_K *)((char *)q.data + r * ldw) + b;
+                for (int k = 0; k < 12; k++) blk->scales[k] = (uint8_t)(frand() * 128 + 128);
+                if (r >= 24) {
+                    memset(blk->qs, (r + b) % 2 ? 0xFF : 0x00, sizeof blk->qs);
                     memset(blk->qh, (r + b) % 2 ? 0xFF : 0x00, sizeof blk->qh);
                 }
                 continue;
@@ -1547,10 +1556,10 @@ static void check_k16(int32_t base) {
                 fl_free(FL_MEM_MISC, yp, (size_t)(M * N) * 4);
                 fl_free(FL_MEM_MISC, yq, (size_t)(M * N) * 4);
             }
-        /* the base type's panel packed from a group (Q4_K: AVX-512's, Q6_K: AVX2's): the bytes
+        /* the base type's panel packed from a group (Q4_K: AVX-512's, Q5_K / Q6_K: AVX2's): the bytes
          * packed from its 16 rows */
         const size_t pb = fl_panel_bytes_for(base, K);
-        void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = q6 ? fl_panel_pack_avx2 : fl_panel_pack_avx512;
+        void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = q6 || q5 ? fl_panel_pack_avx2 : fl_panel_pack_avx512;
         for (int64_t r = 0; r < N; r += 16) {
             char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
             assert_int_equal(fl_panel_bytes_for(rtype, K), pb);
@@ -1619,6 +1628,7 @@ static void check_k16(int32_t base) {
 static void test_k16(void **state) {
     (void)state;
     check_k16(FL_TYPE_Q4_K);
+    check_k16(FL_TYPE_Q5_K);
     check_k16(FL_TYPE_Q6_K);
     fl_test_mem_zero();
 }
@@ -1646,6 +1656,7 @@ static void test_kernel_name(void **state) {
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K_R16, 33), "panels");
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q6_K_R16, 16), "r16-vnni");
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q6_K_R16, 512), "panels");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q5_K_R16, 1), "r16-vnni");
         if (fl_amx_bf16_usable()) {
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 512), "amx-bf16");
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K, 64), "amx-bf16");

@@ -52,6 +52,7 @@ static const fl_type_info type_info_ext[] = {
     {"q8_0_r8", 32, 34, true},
     {"q4_K_r16", QK_K, 144, true},
     {"q6_K_r16", QK_K, 210, true},
+    {"q5_K_r16", QK_K, 176, true},
 };
 
 const fl_type_info *fl_type_get(int32_t t) {

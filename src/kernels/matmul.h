@@ -93,9 +93,9 @@ void fl_r8_pack(int32_t type, const void *rows, size_t ldw, int64_t K, void *gro
 void fl_r8_repack(int32_t type, void *rows, size_t ldw, int64_t K, void *tmp);
 void fl_r8_unpack_row(int32_t type, const void *group, int i, int64_t K, void *row);
 void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, float *dst, int64_t K);
-/* ---- Q4_K / Q6_K repacked in groups of 16 rows (FL_TYPE_Q4_K_R16 / Q6_K_R16; AVX-512 without AMX) ----
+/* ---- Q4_K / Q5_K / Q6_K repacked in groups of 16 rows (FL_TYPE_Q4_K_R16 / Q5_K_R16 / Q6_K_R16; AVX-512 without AMX) ----
  * As the R8 types: the size and row stride stay, the 16 rows of group g occupy the bytes of
- * rows 16g..16g+15, now as K / 256 super-blocks of fl_k16_block_bytes (16 x 144, 16 x 210).
+ * rows 16g..16g+15, now as K / 256 super-blocks of 16 x the base type's block (144, 176, 210).
  * Q4_K_R16: the 16 rows' f16 d, then their f16 dmin (32 bytes each), then the 12 bytes of 6-bit
  * scales and mins as 12 planes of 16 (plane k: byte k of row 0..15), then 32 vectors of 64
  * bytes, vector 8c + v holding row i's qs[32c + 4v .. 32c + 4v + 3] at bytes 4i..4i+3.  So one
@@ -105,19 +105,26 @@ void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, fl
  * byte lane).  Q6_K_R16: the 16 rows' f16 d (32 bytes), their 16 int8 scales as 16 planes of 16,
  * then ql as 32 vectors (vector u: row i's ql[4u..4u+3] at 4i), then qh as 16 (the same), so
  * ql vectors 16n + v and 16n + 8 + v with qh vector 8n + v give the 6-bit codes
- * 128n + 4v.., + 32, + 64, + 96 of 16 rows (Q6_K's order).
+ * 128n + 4v.., + 32, + 64, + 96 of 16 rows (Q6_K's order).  Q5_K_R16: Q4_K_R16's layout with
+ * qh as 8 vectors between the scale planes and the codes (vector v: row i's qh[4v..4v+3] at 4i,
+ * bit j the fifth bit of sub-block j's codes 4v..4v+3).
  * fl_r8_group_rows(type): rows per group of a repacked type (8, 16), 0 for any other;
  * fl_r8_pack / fl_r8_repack / fl_r8_unpack_row / fl_r8_dequant_row take these types too. */
 #define FL_K16_ROWS 16
 #define FL_K16_BLOCK (FL_K16_ROWS * 144)
 #define FL_K16_Q6_BLOCK (FL_K16_ROWS * 210)
+#define FL_K16_Q5_BLOCK (FL_K16_ROWS * 176)
 /* byte offsets in a super-block: Q4_K_R16's scale planes and codes, Q6_K_R16's scale planes, ql, qh */
 #define FL_K16_SCALES 64
 #define FL_K16_QS (FL_K16_SCALES + 12 * FL_K16_ROWS)
 #define FL_K16_Q6_SCALES 32
 #define FL_K16_Q6_QL (FL_K16_Q6_SCALES + 16 * FL_K16_ROWS)
 #define FL_K16_Q6_QH (FL_K16_Q6_QL + 32 * 64)
-static inline bool fl_k16_type(int32_t type) { return type == FL_TYPE_Q4_K_R16 || type == FL_TYPE_Q6_K_R16; }
+#define FL_K16_Q5_QH FL_K16_QS                /* Q5_K_R16: qh, then the codes */
+#define FL_K16_Q5_QS (FL_K16_Q5_QH + 8 * 64)
+static inline bool fl_k16_type(int32_t type) {
+    return type == FL_TYPE_Q4_K_R16 || type == FL_TYPE_Q5_K_R16 || type == FL_TYPE_Q6_K_R16;
+}
 int fl_r8_group_rows(int32_t type);
 /* The same with AVX-512 (bit-identical; Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K
  * vectorized, other types forwarded to fl_dequant_row). */
@@ -345,14 +352,15 @@ void fl_r8_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
 size_t fl_act16_bytes(int64_t M, int64_t K);
 void fl_act16_pack_row(const fl_act_q8 *a, int64_t m, void *act);
 void fl_act16_pack_blocks(const fl_act_q8 *a, int64_t m, void *act, int64_t b0, int64_t b1);
-/* AVX-512 VNNI on Q4_K_R16 / Q6_K_R16 rows (kernels/avx512/k16_avx512.c), every step size: w at
+/* AVX-512 VNNI on Q4_K_R16 / Q5_K_R16 / Q6_K_R16 rows (kernels/avx512/k16_avx512.c), every step size: w at
  * a group's first row, nr a multiple of 16, y[t * ldy + r] for t < nt; 16 rows x up to 8 tokens
  * per pass, a token's result the same bits in any step (one token or many); Q6_K_R16 reads the
  * activations' o6 (the quantizer's `all`).  Reference: fl_gemm_q8_ref. */
 void fl_k16_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy);
 /* The panel of the group at w, the bytes of the base type's panel of its 16 rows: Q4_K_R16 the
- * AVX-512 Q4_K panel (fl_panel_pack_avx512 takes this type), Q6_K_R16 the AVX2 Q6_K panel
- * (fl_panel_pack_avx2 takes it, on AVX-512 CPUs only); the panels compute as the base type's. */
+ * AVX-512 Q4_K panel (fl_panel_pack_avx512 takes this type), Q5_K_R16 / Q6_K_R16 the AVX2 Q5_K /
+ * Q6_K panel (fl_panel_pack_avx2 takes them, on AVX-512 CPUs only); the panels compute as the
+ * base type's. */
 void fl_k16_panel_pack_avx512(int32_t wtype, const void *w, int64_t K, void *panel);
 /* 9..16 tokens per pass on the R8 groups, act: the fl_act16 record of block 0 of the tokens'
  * group of 16, nb = K / 32: the same bits as fl_r8_gemm_avx512.  Rows 32 at a time (four groups,

@@ -1,12 +1,13 @@
-/* Q4_K_R16 / Q6_K_R16 (Q4_K / Q6_K in groups of 16 interleaved rows, layouts in
- * kernels/matmul.h) on AVX-512 VNNI, straight on the groups for every step size (Q4_K past 32
- * tokens: its panels, packed from the groups here).  A lane is a row: one 64-byte load of a
- * group's codes is 16 rows x 4 code bytes, which go to a vpdpbusd against 4 broadcast activation
- * codes.  Codes are unsigned (Q4_K 0..15: low nibbles sub-block 2c, high 2c + 1; Q6_K 0..63 made
- * of a nibble and two qh bits, each token's int32 sums started at -32 x its half-block's
- * activation code sum, fl_act_q8.o6).  Per super-block the 16 rows' scales come from 64-byte
- * loads of their planes (a row per byte lane), and per sub-block each token folds its sums as
- *     acc += f32(sum) * ((d * sc_j) * d_x)  (Q4_K then  acc += (dmin * m_j) * (-s d_x), fl_act_q8.ms)
+/* Q4_K_R16 / Q5_K_R16 / Q6_K_R16 (Q4_K / Q5_K / Q6_K in groups of 16 interleaved rows, layouts
+ * in kernels/matmul.h) on AVX-512 VNNI, straight on the groups for steps of up to 32 tokens
+ * (past that: the base type's panels, packed from the groups here).  A lane is a row: one
+ * 64-byte load of a group's codes is 16 rows x 4 code bytes, which go to a vpdpbusd against 4
+ * broadcast activation codes.  Codes are unsigned (Q4_K 0..15: low nibbles sub-block 2c, high
+ * 2c + 1; Q5_K the same with the fifth bits of its qh vectors or'd in; Q6_K 0..63 made of a
+ * nibble and two qh bits, each token's int32 sums started at -32 x its half-block's activation
+ * code sum, fl_act_q8.o6).  Per super-block the 16 rows' scales come from loads of their planes
+ * (a row per byte lane), and per sub-block each token folds its sums as
+ *     acc += f32(sum) * ((d * sc_j) * d_x)  (Q4_K / Q5_K then  acc += (dmin * m_j) * (-s d_x), fl_act_q8.ms)
  * so a token's result has the same bits in any step, one token or many; the integer sums are
  * exact, so splitting them over more chains changes nothing.
  * Against the file's rows (the GEMVs of matmul_avx512.c: horizontal sums and per-row scale
@@ -87,26 +88,35 @@ INLINE __m512i bcast4(const int8_t *p) {
  * 1, 2 or 4 super-blocks ahead (Q4_0_R8 42-45 in the same runs); 16 tokens 474 GOP/s without, 568
  * one half ahead, and alternated three times 1 / 2 / 4 ahead 625, 574, 572 / 648, 595, 587 /
  * 598, 572, 576. */
-#define K16_PF_AHEAD (2 * FL_K16_BLOCK)
+/* (Q4_K / Q5_K: 2 x the super-block's bytes, written out where used) */
 #define K16_PF_Q6_AHEAD (2 * FL_K16_Q6_BLOCK) /* (52.5 lines a super-block: 26 per half, the rest with the next) */
+/* Q5_K_R16: the fifth bits (bit j of each byte of qh vector v) as 16, to or into the codes of
+ * sub-block j */
+INLINE __m512i q5_bits(const unsigned char *b, int v, int j) {
+    const __m512i qh = _mm512_loadu_si512(b + FL_K16_Q5_QH + 64 * v);
+    return _mm512_and_si512(_mm512_slli_epi16(_mm512_srl_epi16(qh, _mm_cvtsi32_si128(j)), 4), _mm512_set1_epi8(0x10));
+}
+
 /* 16 rows (one group at g) x NT tokens (1..K16_TOKENS) from token m0; pf: prefetch (the rows
- * come from memory: the first pass over them). */
-INLINE void k16_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, const int NT, float *y, int64_t ldy, const bool pf) {
+ * come from memory: the first pass over them); Q5: Q5_K_R16. */
+
+INLINE void k16_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, const int NT, float *y, int64_t ldy, const bool pf,
+                     const bool Q5) {
     const int64_t K = a->K, nb = a->nb, nsb = K / 256;
+    const size_t bsz = Q5 ? FL_K16_Q5_BLOCK : FL_K16_BLOCK, qs = Q5 ? FL_K16_Q5_QS : FL_K16_QS;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[K16_TOKENS];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
-        const unsigned char *b = g + (size_t)i * FL_K16_BLOCK;
+        const unsigned char *b = g + (size_t)i * bsz;
         const k16_sb sb = k16_sb_load(b);
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             if (pf)
-#pragma GCC unroll 9
-                for (int l = 0; l < 9; l++) _mm_prefetch((const char *)b + K16_PF_AHEAD + (9 * c + l) * 64, _MM_HINT_T0);
+                for (int l = 0; l < (Q5 ? 11 : 9); l++) _mm_prefetch((const char *)b + 2 * bsz + ((Q5 ? 11 : 9) * c + l) * 64, _MM_HINT_T0);
             const k16_scales s = k16_pair(&sb, c);
-            const unsigned char *q = b + FL_K16_QS + (size_t)512 * c;
+            const unsigned char *q = b + qs + (size_t)512 * c;
             const int64_t j = i * 8 + 2 * c; /* the 32-block of sub-block 2c */
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) { /* low nibbles: sub-block 2c, high: 2c + 1 */
@@ -116,7 +126,8 @@ INLINE void k16_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, con
 #pragma GCC unroll 8
                 for (int v = 0; v < 8; v++) {
                     const __m512i raw = _mm512_loadu_si512(q + 64 * v);
-                    const __m512i w = h ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4) : _mm512_and_si512(raw, m4);
+                    __m512i w = h ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4) : _mm512_and_si512(raw, m4);
+                    if (Q5) w = _mm512_or_si512(w, q5_bits(b, v, 2 * c + h));
 #pragma GCC unroll 8
                     for (int t = 0; t < NT; t++)
                         is[t] = _mm512_dpbusd_epi32(is[t], w, bcast4(a->qs + (m0 + t) * K + (j + h) * 32 + 4 * v));
@@ -136,31 +147,37 @@ INLINE void k16_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, con
 
 /* One token (the GEMV): the tile's arithmetic, its 8-product chains split in two per nibble
  * half so that four run at once (exact integer sums: the same bits). */
-INLINE void k16_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, float *y) {
+INLINE void k16_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, float *y, const bool Q5) {
     const int64_t K = a->K, nb = a->nb, nsb = K / 256;
+    const size_t bsz = Q5 ? FL_K16_Q5_BLOCK : FL_K16_BLOCK, qs = Q5 ? FL_K16_Q5_QS : FL_K16_QS;
     const int8_t *x = a->qs + m * K;
     const float *dx = a->d + m * nb, *ms = a->ms + m * nb;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
-        const unsigned char *b = g + (size_t)i * FL_K16_BLOCK;
+        const unsigned char *b = g + (size_t)i * bsz;
         const k16_sb sb = k16_sb_load(b);
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             const k16_scales s = k16_pair(&sb, c);
-            const unsigned char *q = b + FL_K16_QS + (size_t)512 * c;
-#pragma GCC unroll 9
-            for (int l = 0; l < 9; l++) _mm_prefetch((const char *)b + K16_PF_AHEAD + (9 * c + l) * 64, _MM_HINT_T0);
+            const unsigned char *q = b + qs + (size_t)512 * c;
+            for (int l = 0; l < (Q5 ? 11 : 9); l++) _mm_prefetch((const char *)b + 2 * bsz + ((Q5 ? 11 : 9) * c + l) * 64, _MM_HINT_T0);
             const int64_t j = i * 8 + 2 * c;
             const int8_t *xl = x + j * 32, *xh = xl + 32;
             __m512i l0 = _mm512_setzero_si512(), l1 = l0, h0 = l0, h1 = l0;
 #pragma GCC unroll 4
             for (int v = 0; v < 8; v += 2) {
                 const __m512i r0 = _mm512_loadu_si512(q + 64 * v), r1 = _mm512_loadu_si512(q + 64 * v + 64);
-                l0 = _mm512_dpbusd_epi32(l0, _mm512_and_si512(r0, m4), bcast4(xl + 4 * v));
-                l1 = _mm512_dpbusd_epi32(l1, _mm512_and_si512(r1, m4), bcast4(xl + 4 * v + 4));
-                h0 = _mm512_dpbusd_epi32(h0, _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), bcast4(xh + 4 * v));
-                h1 = _mm512_dpbusd_epi32(h1, _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4), bcast4(xh + 4 * v + 4));
+                __m512i wl0 = _mm512_and_si512(r0, m4), wl1 = _mm512_and_si512(r1, m4);
+                __m512i wh0 = _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), wh1 = _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4);
+                if (Q5) {
+                    wl0 = _mm512_or_si512(wl0, q5_bits(b, v, 2 * c)), wl1 = _mm512_or_si512(wl1, q5_bits(b, v + 1, 2 * c));
+                    wh0 = _mm512_or_si512(wh0, q5_bits(b, v, 2 * c + 1)), wh1 = _mm512_or_si512(wh1, q5_bits(b, v + 1, 2 * c + 1));
+                }
+                l0 = _mm512_dpbusd_epi32(l0, wl0, bcast4(xl + 4 * v));
+                l1 = _mm512_dpbusd_epi32(l1, wl1, bcast4(xl + 4 * v + 4));
+                h0 = _mm512_dpbusd_epi32(h0, wh0, bcast4(xh + 4 * v));
+                h1 = _mm512_dpbusd_epi32(h1, wh1, bcast4(xh + 4 * v + 4));
             }
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(l0, l1)), _mm512_mul_ps(s.sc[0], _mm512_set1_ps(dx[j])), acc);
             acc = _mm512_fmadd_ps(s.mn[0], _mm512_set1_ps(ms[j]), acc);
@@ -272,16 +289,17 @@ INLINE void k16_q6_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, f
 }
 
 #define K16_TILE_CASE(n) \
-    case n: (q6 ? k16_q6_tile(g, a, m, n, yt, ldy, pf) : k16_tile(g, a, m, n, yt, ldy, pf)); break;
+    case n: (q6 ? k16_q6_tile(g, a, m, n, yt, ldy, pf) : q5 ? k16_tile(g, a, m, n, yt, ldy, pf, true) : k16_tile(g, a, m, n, yt, ldy, pf, false)); break;
 
 void fl_k16_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy) {
     FL_ASSERT(nr % FL_K16_ROWS == 0 && fl_k16_type(wtype));
-    const bool q6 = wtype == FL_TYPE_Q6_K_R16;
+    const bool q6 = wtype == FL_TYPE_Q6_K_R16, q5 = wtype == FL_TYPE_Q5_K_R16;
     for (int r = 0; r < nr; r += FL_K16_ROWS) {
         const unsigned char *g = (const unsigned char *)w + (size_t)r * ldw;
         if (nt == 1) {
             if (q6) k16_q6_gemv(g, a, m0, y + r);
-            else k16_gemv(g, a, m0, y + r);
+            else if (q5) k16_gemv(g, a, m0, y + r, true);
+            else k16_gemv(g, a, m0, y + r, false);
             continue;
         }
         for (int t0 = 0; t0 < nt; t0 += K16_TOKENS) {
@@ -297,7 +315,7 @@ void fl_k16_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const 
                 K16_TILE_CASE(5)
                 K16_TILE_CASE(6)
                 K16_TILE_CASE(7)
-                default: q6 ? k16_q6_tile(g, a, m, 8, yt, ldy, pf) : k16_tile(g, a, m, 8, yt, ldy, pf); break;
+                default: K16_TILE_CASE(8)
             }
         }
     }
@@ -314,13 +332,16 @@ void fl_k16_panel_pack_avx512(int32_t wtype, const void *w, int64_t K, void *pan
         k16_q6_panel_pack(w, K, panel);
         return;
     }
-    FL_ASSERT(wtype == FL_TYPE_Q4_K_R16);
+    /* Q5_K's AVX2 panel (pack_q5_K): the same with codes 0..31 and the mins words dmin m_j - 16 d sc_j */
+    const bool q5 = wtype == FL_TYPE_Q5_K_R16;
+    FL_ASSERT(wtype == FL_TYPE_Q4_K_R16 || q5);
     const int64_t nsb = K / 256, nb = K / 32;
-    const size_t pblock = FL_PANEL_ROWS * 4 + FL_PANEL_ROWS * 32;
+    const size_t pblock = FL_PANEL_ROWS * 4 + FL_PANEL_ROWS * 32, bsz = q5 ? FL_K16_Q5_BLOCK : FL_K16_BLOCK, qs = q5 ? FL_K16_Q5_QS : FL_K16_QS;
     float *mins = (float *)((char *)panel + nb * pblock);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512 c16 = _mm512_set1_ps(16.0f);
     for (int64_t i = 0; i < nsb; i++) {
-        const unsigned char *b = (const unsigned char *)w + (size_t)i * FL_K16_BLOCK;
+        const unsigned char *b = (const unsigned char *)w + (size_t)i * bsz;
         const k16_sb sb = k16_sb_load(b);
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
@@ -329,11 +350,13 @@ void fl_k16_panel_pack_avx512(int32_t wtype, const void *w, int64_t K, void *pan
             for (int h = 0; h < 2; h++) {
                 char *o = (char *)panel + (size_t)(i * 8 + 2 * c + h) * pblock;
                 _mm512_storeu_ps(o, s.sc[h]);
-                _mm512_storeu_ps(mins + (i * 8 + 2 * c + h) * FL_PANEL_ROWS, s.mn[h]);
+                _mm512_storeu_ps(mins + (i * 8 + 2 * c + h) * FL_PANEL_ROWS, q5 ? _mm512_sub_ps(s.mn[h], _mm512_mul_ps(c16, s.sc[h])) : s.mn[h]);
 #pragma GCC unroll 8
                 for (int v = 0; v < 8; v++) {
-                    const __m512i raw = _mm512_loadu_si512(b + FL_K16_QS + 512 * c + 64 * v);
-                    _mm512_storeu_si512(o + 64 + 64 * v, h ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4) : _mm512_and_si512(raw, m4));
+                    const __m512i raw = _mm512_loadu_si512(b + qs + 512 * c + 64 * v);
+                    __m512i code = h ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4) : _mm512_and_si512(raw, m4);
+                    if (q5) code = _mm512_or_si512(code, q5_bits(b, v, 2 * c + h));
+                    _mm512_storeu_si512(o + 64 + 64 * v, code);
                 }
             }
         }

@@ -1,6 +1,6 @@
-/* Q4_0 / Q8_0 in groups of 8 interleaved rows (FL_TYPE_Q4_0_R8 / Q8_0_R8) and Q4_K / Q6_K in
- * groups of 16 (FL_TYPE_Q4_K_R16 / Q6_K_R16), layouts in kernels/matmul.h: packing, unpacking and
- * the f32 expansion of one row. */
+/* Q4_0 / Q8_0 in groups of 8 interleaved rows (FL_TYPE_Q4_0_R8 / Q8_0_R8) and Q4_K / Q5_K / Q6_K
+ * in groups of 16 (FL_TYPE_Q4_K_R16 / Q5_K_R16 / Q6_K_R16), layouts in kernels/matmul.h: packing,
+ * unpacking and the f32 expansion of one row. */
 #include "kernels/dispatch.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
@@ -10,10 +10,12 @@
 int32_t fl_r8_load_type(int32_t type, int64_t rows, bool repack) {
     const fl_isa isa = fl_isa_get();
     if (!repack || fl_matmul_llama_order() || fl_matmul_f32_act() || rows <= 0) return type;
-    /* Q4_K, Q6_K: AVX-512 without AMX (with it, its int8 tiles take the steps of 13 tokens or more on
+    /* Q4_K, Q5_K, Q6_K: AVX-512 without AMX (with it, its int8 tiles take the steps of 13 tokens or more on
      * the file's rows) */
-    if (type == FL_TYPE_Q4_K || type == FL_TYPE_Q6_K)
-        return isa == FL_ISA_AVX512 && !fl_amx_usable() && rows % FL_K16_ROWS == 0 ? (type == FL_TYPE_Q4_K ? FL_TYPE_Q4_K_R16 : FL_TYPE_Q6_K_R16) : type;
+    if (type == FL_TYPE_Q4_K || type == FL_TYPE_Q5_K || type == FL_TYPE_Q6_K)
+        return isa == FL_ISA_AVX512 && !fl_amx_usable() && rows % FL_K16_ROWS == 0
+                   ? (type == FL_TYPE_Q4_K ? FL_TYPE_Q4_K_R16 : type == FL_TYPE_Q5_K ? FL_TYPE_Q5_K_R16 : FL_TYPE_Q6_K_R16)
+                   : type;
     /* with AMX, where its bf16 tiles take the prefill steps on the groups (fl_amx_bf16_panel_r8) */
     const bool on = isa == FL_ISA_AVX2 || (isa == FL_ISA_AVX512 && (!fl_amx_usable() || fl_amx_bf16_usable()));
     return on && fl_r8_of(type) >= 0 && rows % FL_R8_ROWS == 0 ? fl_r8_of(type) : type;
@@ -35,20 +37,28 @@ static size_t qs_bytes(int32_t type) { return fl_r8_base(type) == FL_TYPE_Q8_0 ?
 size_t fl_r8_block_bytes(int32_t type) { return fl_r8_base(type) == FL_TYPE_Q8_0 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK; }
 
 /* Q4_K_R16: super-block b of the group from / to the 16 rows' blocks (offsets as in matmul.h) */
-static void k16_pack_block(const unsigned char *rows, size_t ldw, int64_t b, unsigned char *o) {
+/* (Q5_K_R16: the same with qh; Q4_K and Q5_K share d, dmin and scales at the start) */
+static void k16_pack_block(const unsigned char *rows, size_t ldw, int64_t b, unsigned char *o, bool q5) {
+    const size_t bs = q5 ? sizeof(fl_block_q5_K) : sizeof(fl_block_q4_K);
     for (int i = 0; i < FL_K16_ROWS; i++) {
-        const fl_block_q4_K *p = (const fl_block_q4_K *)(rows + (size_t)i * ldw) + b;
+        const unsigned char *blk = rows + (size_t)i * ldw + (size_t)b * bs;
+        const fl_block_q4_K *p = (const fl_block_q4_K *)blk;
+        const uint8_t *qs = q5 ? ((const fl_block_q5_K *)blk)->qs : p->qs;
         memcpy(o + 2 * i, &p->d, 2);
         memcpy(o + 32 + 2 * i, &p->dmin, 2);
         for (int k = 0; k < 12; k++) o[FL_K16_SCALES + FL_K16_ROWS * k + i] = p->scales[k];
-        for (int v = 0; v < 32; v++) memcpy(o + FL_K16_QS + 64 * v + 4 * i, p->qs + 4 * v, 4);
+        for (int v = 0; v < 32; v++) memcpy(o + (q5 ? FL_K16_Q5_QS : FL_K16_QS) + 64 * v + 4 * i, qs + 4 * v, 4);
+        for (int v = 0; v < 8 && q5; v++) memcpy(o + FL_K16_Q5_QH + 64 * v + 4 * i, ((const fl_block_q5_K *)blk)->qh + 4 * v, 4);
     }
 }
-static void k16_unpack_block(const unsigned char *g, int i, fl_block_q4_K *p) {
+static void k16_unpack_block(const unsigned char *g, int i, void *blk, bool q5) {
+    fl_block_q4_K *p = blk;
+    uint8_t *qs = q5 ? ((fl_block_q5_K *)blk)->qs : p->qs;
     memcpy(&p->d, g + 2 * i, 2);
     memcpy(&p->dmin, g + 32 + 2 * i, 2);
     for (int k = 0; k < 12; k++) p->scales[k] = g[FL_K16_SCALES + FL_K16_ROWS * k + i];
-    for (int v = 0; v < 32; v++) memcpy(p->qs + 4 * v, g + FL_K16_QS + 64 * v + 4 * i, 4);
+    for (int v = 0; v < 32; v++) memcpy(qs + 4 * v, g + (q5 ? FL_K16_Q5_QS : FL_K16_QS) + 64 * v + 4 * i, 4);
+    for (int v = 0; v < 8 && q5; v++) memcpy(((fl_block_q5_K *)blk)->qh + 4 * v, g + FL_K16_Q5_QH + 64 * v + 4 * i, 4);
 }
 /* Q6_K_R16: the same */
 static void k16_q6_pack_block(const unsigned char *rows, size_t ldw, int64_t b, unsigned char *o) {
@@ -68,11 +78,16 @@ static void k16_q6_unpack_block(const unsigned char *g, int i, fl_block_q6_K *p)
 }
 _Static_assert(FL_K16_Q6_QH + 16 * 64 == FL_K16_Q6_BLOCK, "q6_K_r16 super-block");
 _Static_assert(FL_K16_QS + 32 * 64 == FL_K16_BLOCK, "q4_K_r16 super-block");
+_Static_assert(FL_K16_Q5_QS + 32 * 64 == FL_K16_Q5_BLOCK, "q5_K_r16 super-block");
+static size_t k16_block_bytes(int32_t type) {
+    return type == FL_TYPE_Q4_K_R16 ? FL_K16_BLOCK : type == FL_TYPE_Q5_K_R16 ? FL_K16_Q5_BLOCK : FL_K16_Q6_BLOCK;
+}
 
 /* (both block types are the f16 d, then the codes) */
 void fl_r8_pack(int32_t type, const void *rows, size_t ldw, int64_t K, void *group) {
-    if (type == FL_TYPE_Q4_K_R16) {
-        for (int64_t b = 0; b < K / 256; b++) k16_pack_block(rows, ldw, b, (unsigned char *)group + (size_t)b * FL_K16_BLOCK);
+    if (type == FL_TYPE_Q4_K_R16 || type == FL_TYPE_Q5_K_R16) {
+        for (int64_t b = 0; b < K / 256; b++)
+            k16_pack_block(rows, ldw, b, (unsigned char *)group + (size_t)b * k16_block_bytes(type), type == FL_TYPE_Q5_K_R16);
         return;
     }
     if (type == FL_TYPE_Q6_K_R16) {
@@ -96,9 +111,11 @@ void fl_r8_repack(int32_t type, void *rows, size_t ldw, int64_t K, void *tmp) {
 }
 
 void fl_r8_unpack_row(int32_t type, const void *group, int i, int64_t K, void *row) {
-    if (type == FL_TYPE_Q4_K_R16) {
+    if (type == FL_TYPE_Q4_K_R16 || type == FL_TYPE_Q5_K_R16) {
+        const bool q5 = type == FL_TYPE_Q5_K_R16;
         for (int64_t b = 0; b < K / 256; b++)
-            k16_unpack_block((const unsigned char *)group + (size_t)b * FL_K16_BLOCK, i, (fl_block_q4_K *)row + b);
+            k16_unpack_block((const unsigned char *)group + (size_t)b * k16_block_bytes(type), i,
+                             (char *)row + (size_t)b * (q5 ? sizeof(fl_block_q5_K) : sizeof(fl_block_q4_K)), q5);
         return;
     }
     if (type == FL_TYPE_Q6_K_R16) {
@@ -118,12 +135,12 @@ void fl_r8_unpack_row(int32_t type, const void *group, int i, int64_t K, void *r
 void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, float *dst, int64_t K) {
     if (fl_k16_type(type)) {
         const unsigned char *g = (const unsigned char *)data + (size_t)(r / FL_K16_ROWS) * FL_K16_ROWS * ldw;
-        const bool q6 = type == FL_TYPE_Q6_K_R16;
+        const bool q6 = type == FL_TYPE_Q6_K_R16, q5 = type == FL_TYPE_Q5_K_R16;
         for (int64_t b = 0; b < K / 256; b++) {
-            union { fl_block_q4_K q4; fl_block_q6_K q6; } blk;
+            union { fl_block_q4_K q4; fl_block_q5_K q5; fl_block_q6_K q6; } blk;
             if (q6) k16_q6_unpack_block(g + (size_t)b * FL_K16_Q6_BLOCK, (int)(r % FL_K16_ROWS), &blk.q6);
-            else k16_unpack_block(g + (size_t)b * FL_K16_BLOCK, (int)(r % FL_K16_ROWS), &blk.q4);
-            fl_dequant_row(q6 ? FL_TYPE_Q6_K : FL_TYPE_Q4_K, &blk, dst + b * 256, 256);
+            else k16_unpack_block(g + (size_t)b * k16_block_bytes(type), (int)(r % FL_K16_ROWS), &blk, q5);
+            fl_dequant_row(q6 ? FL_TYPE_Q6_K : q5 ? FL_TYPE_Q5_K : FL_TYPE_Q4_K, &blk, dst + b * 256, 256);
         }
         return;
     }
