@@ -82,13 +82,13 @@ INLINE __m512i bcast4(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* Both kernels prefetch this far ahead into L1, a super-block's 36 lines spread over its four
- * sub-block pairs: the rows stream from memory in a decode step.  `fitllm bench matmul --types
+/* The kernels prefetch two super-blocks ahead into L1 (Q4_K / Q5_K: 2 x the block's bytes,
+ * written out where used, its 36 / 44 lines spread over the four sub-block pairs; Q6_K below):
+ * the rows stream from memory in a decode step.  `fitllm bench matmul --types
  * Q4_K_R16 -t 2` on a Zen 5 VM, all shapes streamed: one token 33-42 GB/s without, 51-52 with
  * 1, 2 or 4 super-blocks ahead (Q4_0_R8 42-45 in the same runs); 16 tokens 474 GOP/s without, 568
  * one half ahead, and alternated three times 1 / 2 / 4 ahead 625, 574, 572 / 648, 595, 587 /
  * 598, 572, 576. */
-/* (Q4_K / Q5_K: 2 x the super-block's bytes, written out where used) */
 #define K16_PF_Q6_AHEAD (2 * FL_K16_Q6_BLOCK) /* (52.5 lines a super-block: 26 per half, the rest with the next) */
 /* Q5_K_R16: the fifth bits (bit j of each byte of qh vector v) as 16, to or into the codes of
  * sub-block j */
