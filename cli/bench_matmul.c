@@ -64,9 +64,9 @@ static float *rand_f32(int64_t n, uint64_t seed) {
 /* The weights of a type: quantized (q4_0_r8 / q8_0_r8 / q4_K_r16 / q6_K_r16: as the base type, then
  * repacked in place a group of rows at a time, as the model loader does: fl_r8_load_type); false
  * if out of memory. */
-/* the file type a repacked type is made from (q4_0_r8, q8_0_r8, q4_K_r16, q6_K_r16), else -1 */
+/* the file type a repacked type is made from (q4_0_r8, q8_0_r8, the R16 types), else -1 */
 static int32_t repack_base(int32_t type) {
-    return type == FL_TYPE_Q4_K_R16 ? FL_TYPE_Q4_K : type == FL_TYPE_Q5_K_R16 ? FL_TYPE_Q5_K : type == FL_TYPE_Q6_K_R16 ? FL_TYPE_Q6_K : fl_r8_base(type);
+    return fl_k16_type(type) ? fl_k16_base(type) : fl_r8_base(type);
 }
 
 static bool quantize_w(int32_t type, const float *f, int64_t N, int64_t K, char *w) {
@@ -129,7 +129,7 @@ int fl_bench_matmul(int argc, char **argv) {
         {"threads", 't', FL_OPT_INT, "N  threads (default 2)"},
         {"json", 0, FL_OPT_FLAG, "print JSON"},
         {"n-prompt", 'p', FL_OPT_INT, "M  tokens for the GEMM (default 512)"},
-        {"types", 0, FL_OPT_STR, "LIST  weight types, comma separated (default Q4_0,Q8_0; Q4_0_R8 / Q8_0_R8: repacked in groups of 8 rows, as the model loader does on AVX2 and AVX-512 unless AMX-INT8 comes without AMX-BF16; Q4_K_R16 / Q5_K_R16 / Q6_K_R16: in groups of 16, as it does on AVX-512 without AMX)"},
+        {"types", 0, FL_OPT_STR, "LIST  weight types, comma separated (default Q4_0,Q8_0; Q4_0_R8 / Q8_0_R8: repacked in groups of 8 rows, as the model loader does on AVX2 and AVX-512 unless AMX-INT8 comes without AMX-BF16; Q4_K_R16 / Q5_K_R16 / Q6_K_R16 / Q3_K_R16 / Q2_K_R16: in groups of 16, as it does on AVX-512 without AMX)"},
         {"stream-mib", 0, FL_OPT_INT, "MIB  weight bytes cycled through in GEMV, streamed GEMM and bandwidth calibration (default 1024)"},
         {"seconds", 0, FL_OPT_FLOAT, "S  minimum time per measurement (default 0.5)"},
         {0},

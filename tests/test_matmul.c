@@ -1468,16 +1468,17 @@ static void test_r8(void **state) {
     fl_test_mem_zero();
 }
 
-/* Q4_K_R16 / Q5_K_R16 / Q6_K_R16 (16 interleaved rows): the repack is a permutation (rows come back byte
+/* Q4_K_R16 / Q5_K_R16 / Q6_K_R16 / Q3_K_R16 / Q2_K_R16 (16 interleaved rows): the repack is a permutation (rows come back byte
  * for byte, the f32 rows are the base type's), the reference integer dot takes the base type's
  * bits, the AVX-512 kernels (GEMV and tiles of 2-8 tokens, passes over more) against the
  * reference with each token's bits the same in every step, and fl_matmul on the groups against
  * the reference for every ISA the CPU has, its scratch as fl_matmul_scratch_bytes says.  Rows
- * 16..31 carry every scale (and Q4_K min) pattern (random scale bytes) and rows 24..31 codes at
- * their ends (0 / 15, 0 / 63), so the planes' and the codes' unpacking is seen bit by bit. */
+ * 16..31 carry every scale (and Q4_K / Q2_K min) pattern (random scale bytes) and rows 24..31 codes at
+ * their ends (0 / 15, 0 / 63, 0 / 7, 0 / 3), so the planes' and the codes' unpacking is seen bit by bit. */
 static void check_k16(int32_t base) {
-    const bool q6 = base == FL_TYPE_Q6_K, q5 = base == FL_TYPE_Q5_K;
-    const int32_t rtype = q6 ? FL_TYPE_Q6_K_R16 : q5 ? FL_TYPE_Q5_K_R16 : FL_TYPE_Q4_K_R16;
+    const bool q6 = base == FL_TYPE_Q6_K, q5 = base == FL_TYPE_Q5_K, q3 = base == FL_TYPE_Q3_K, q2 = base == FL_TYPE_Q2_K;
+    const int32_t rtype = q6 ? FL_TYPE_Q6_K_R16 : q5 ? FL_TYPE_Q5_K_R16 : q3 ? FL_TYPE_Q3_K_R16 : q2 ? FL_TYPE_Q2_K_R16 : FL_TYPE_Q4_K_R16;
+    assert_int_equal(fl_k16_base(rtype), base);
     const int64_t N = 48, K = 768, nsb = K / 256;
     qmat q;
     qmat_make(&q, base, N, K);
@@ -1491,6 +1492,21 @@ static void check_k16(int32_t base) {
                     memset(blk->ql, (r + b) % 2 ? 0xFF : 0x00, sizeof blk->ql);
                     memset(blk->qh, (r + b) % 2 ? 0xFF : 0x00, sizeof blk->qh);
                 }
+                continue;
+            }
+            if (q3) {
+                fl_block_q3_K *blk = (fl_block_q3_K *)((char *)q.data + r * ldw) + b;
+                for (int k = 0; k < 12; k++) blk->scales[k] = (uint8_t)(frand() * 128 + 128);
+                if (r >= 24) {
+                    memset(blk->qs, (r + b) % 2 ? 0xFF : 0x00, sizeof blk->qs);
+                    memset(blk->hmask, (r + b) % 2 ? 0xFF : 0x00, sizeof blk->hmask);
+                }
+                continue;
+            }
+            if (q2) {
+                fl_block_q2_K *blk = (fl_block_q2_K *)((char *)q.data + r * ldw) + b;
+                for (int k = 0; k < 16; k++) blk->scales[k] = (uint8_t)(frand() * 128 + 128);
+                if (r >= 24) memset(blk->qs, (r + b) % 2 ? 0xFF : 0x00, sizeof blk->qs);
                 continue;
             }
             if (q5) {
@@ -1559,7 +1575,7 @@ static void check_k16(int32_t base) {
         /* the base type's panel packed from a group (Q4_K: AVX-512's, Q5_K / Q6_K: AVX2's): the bytes
          * packed from its 16 rows */
         const size_t pb = fl_panel_bytes_for(base, K);
-        void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = q6 || q5 ? fl_panel_pack_avx2 : fl_panel_pack_avx512;
+        void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = base != FL_TYPE_Q4_K ? fl_panel_pack_avx2 : fl_panel_pack_avx512;
         for (int64_t r = 0; r < N; r += 16) {
             char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
             assert_int_equal(fl_panel_bytes_for(rtype, K), pb);
@@ -1630,6 +1646,8 @@ static void test_k16(void **state) {
     check_k16(FL_TYPE_Q4_K);
     check_k16(FL_TYPE_Q5_K);
     check_k16(FL_TYPE_Q6_K);
+    check_k16(FL_TYPE_Q3_K);
+    check_k16(FL_TYPE_Q2_K);
     fl_test_mem_zero();
 }
 
@@ -1657,6 +1675,9 @@ static void test_kernel_name(void **state) {
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q6_K_R16, 16), "r16-vnni");
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q6_K_R16, 512), "panels");
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q5_K_R16, 1), "r16-vnni");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q3_K_R16, 32), "r16-vnni");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q2_K_R16, 1), "r16-vnni");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q2_K_R16, 33), "panels");
         if (fl_amx_bf16_usable()) {
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 512), "amx-bf16");
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K, 64), "amx-bf16");

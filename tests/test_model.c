@@ -390,8 +390,8 @@ static void check_repack(const char *path, int32_t wq_type) {
         for (int i = 0; i <= 40; i++) fl_free(FL_MEM_MISC, lg[pass][i], sizeof(float) * (size_t)nv);
 }
 
-/* Q4_K_R16 / Q6_K_R16 / Q5_K_R16 (AVX-512 without AMX): synth256-Q4_K_M's Q4_K matrices,
- * synth256-Q6_K's Q6_K ones and synth256-Q5_K_M's Q5_K ones (every one, not the embeddings) change type, the file does not, and the logits of a 40-token prompt (a prefill
+/* The R16 types (AVX-512 without AMX): synth256-Q4_K_M's Q4_K matrices, synth256-Q6_K's Q6_K
+ * ones, synth256-Q5_K_M's Q5_K, -Q3_K_M's Q3_K and -Q2_K's Q2_K ones (every one, not the embeddings) change type, the file does not, and the logits of a 40-token prompt (a prefill
  * step: the panels packed from the groups) and of 24 one-token steps (the GEMV), fed the file
  * layout's greedy text, agree with the file layout's: the same integer sums in another f32 order,
  * so within 1e-9 (NMSE) until that order moves an 8-bit activation code (Q4_K_M at step 9, from
@@ -455,6 +455,8 @@ static void test_repack(void **state) {
     check_repack_k16("models/synth256/synth256-Q4_K_M.gguf", FL_TYPE_Q4_K, FL_TYPE_Q4_K_R16);
     check_repack_k16("models/synth256/synth256-Q6_K.gguf", FL_TYPE_Q6_K, FL_TYPE_Q6_K_R16);
     check_repack_k16("models/synth256/synth256-Q5_K_M.gguf", FL_TYPE_Q5_K, FL_TYPE_Q5_K_R16); /* (every matrix Q5_K) */
+    check_repack_k16("models/synth256/synth256-Q3_K_M.gguf", FL_TYPE_Q3_K, FL_TYPE_Q3_K_R16); /* (every matrix Q3_K) */
+    check_repack_k16("models/synth256/synth256-Q2_K.gguf", FL_TYPE_Q2_K, FL_TYPE_Q2_K_R16);
     fl_test_mem_zero();
 }
 

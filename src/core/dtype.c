@@ -53,6 +53,8 @@ static const fl_type_info type_info_ext[] = {
     {"q4_K_r16", QK_K, 144, true},
     {"q6_K_r16", QK_K, 210, true},
     {"q5_K_r16", QK_K, 176, true},
+    {"q3_K_r16", QK_K, 110, true},
+    {"q2_K_r16", QK_K, 84, true},
 };
 
 const fl_type_info *fl_type_get(int32_t t) {

@@ -35,10 +35,11 @@ typedef enum fl_type {
     /* Q4_0 / Q8_0 repacked at load for the AVX2 kernels: groups of 8 rows interleaved (layout in
      * kernels/matmul.h); a row alone is not addressable, the bytes per 32 weights of the base type */
     FL_TYPE_Q4_0_R8 = 103, FL_TYPE_Q8_0_R8 = 104,
-    /* Q4_K / Q6_K / Q5_K repacked at load for the AVX-512 kernels: groups of 16 rows interleaved
-     * (layout in kernels/matmul.h), 144 / 210 / 176 bytes per 256 weights as the base type */
-    FL_TYPE_Q4_K_R16 = 105, FL_TYPE_Q6_K_R16 = 106, FL_TYPE_Q5_K_R16 = 107,
-    FL_TYPE_COUNT_MAX = 108
+    /* Q4_K / Q6_K / Q5_K / Q3_K / Q2_K repacked at load for the AVX-512 kernels: groups of 16 rows
+     * interleaved (layout in kernels/matmul.h), 144 / 210 / 176 / 110 / 84 bytes per 256 weights as
+     * the base type */
+    FL_TYPE_Q4_K_R16 = 105, FL_TYPE_Q6_K_R16 = 106, FL_TYPE_Q5_K_R16 = 107, FL_TYPE_Q3_K_R16 = 108, FL_TYPE_Q2_K_R16 = 109,
+    FL_TYPE_COUNT_MAX = 110
 } fl_type;
 
 typedef struct fl_type_info {

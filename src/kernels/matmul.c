@@ -379,7 +379,7 @@ static bool panel_path(int32_t type, int64_t M) {
  * FL_KERNELS=avx2 on the same Zen 4. */
 static bool panel_direct(int32_t type, int64_t M);
 static bool panel_avx512(int32_t type, int64_t M) {
-    if (type == FL_TYPE_Q6_K_R16 || type == FL_TYPE_Q5_K_R16) return panel_direct(type, M); /* (past that: the AVX2 panels) */
+    if (fl_k16_type(type) && type != FL_TYPE_Q4_K_R16) return panel_direct(type, M); /* (past that: the AVX2 panels) */
     return fl_isa_get() == FL_ISA_AVX512 && (fl_r8_group_rows(type) || type == FL_TYPE_Q4_0 || type == FL_TYPE_Q8_0 ||
                                              type == FL_TYPE_Q4_K);
 }
@@ -418,10 +418,8 @@ static bool panel_direct(int32_t type, int64_t M) {
     if (fl_k16_type(type)) return fl_isa_get() == FL_ISA_AVX512 && M <= K16_DIRECT_MAX;
     return fl_r8_base(type) >= 0 && (type == FL_TYPE_Q8_0_R8 || fl_isa_get() == FL_ISA_AVX512);
 }
-/* The type a panel of W's rows computes as (Q4_K_R16's panels are Q4_K's, Q6_K_R16's Q6_K's). */
-static int32_t panel_type(int32_t type) {
-    return type == FL_TYPE_Q4_K_R16 ? FL_TYPE_Q4_K : type == FL_TYPE_Q5_K_R16 ? FL_TYPE_Q5_K : type == FL_TYPE_Q6_K_R16 ? FL_TYPE_Q6_K : type;
-}
+/* The type a panel of W's rows computes as (an R16 type's panels are its base type's). */
+static int32_t panel_type(int32_t type) { return fl_k16_type(type) ? fl_k16_base(type) : type; }
 
 /* R8 steps of 11 tokens or more (passes of 11-16 of the 16-token records) run on the AMX-INT8
  * tiles where they are usable (fl_amx_r8_gemm16, the same bits): the fold per block is the VNNI
@@ -920,9 +918,10 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
             const int nth = fl_threads_get();
             if (fl_r8_group_rows(W->type)) c.act.qs4 = NULL; /* (the Q4_0 order is for the base type's VBMI GEMV: not made) */
             /* the AVX-512 tiles of the repacked types read only codes, d, s and ms (and the records);
-             * Q6_K_R16's read o6, and Q5_K_R16's AVX2 panels (past 32 tokens) o4 */
-            c.act_all = !(isa == FL_ISA_AVX512 && fl_r8_group_rows(W->type) && W->type != FL_TYPE_Q6_K_R16 && W->type != FL_TYPE_Q5_K_R16 && !llama &&
-                          !amx_path(W->type, M));
+             * Q6_K_R16's, Q3_K_R16's and Q2_K_R16's read o6, and the AVX2 panels past 32 tokens of
+             * all but Q4_K_R16 read o4 / o6 */
+            c.act_all = !(isa == FL_ISA_AVX512 && fl_r8_group_rows(W->type) && (!fl_k16_type(W->type) || W->type == FL_TYPE_Q4_K_R16) &&
+                          !llama && !amx_path(W->type, M));
             size_t amx_act_bytes = 0, amx_pan_bytes = 0;
             if (!llama && amx_path(W->type, M)) {
                 amx_act_bytes = fl_amx_act_bytes(M, K);

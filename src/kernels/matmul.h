@@ -93,9 +93,11 @@ void fl_r8_pack(int32_t type, const void *rows, size_t ldw, int64_t K, void *gro
 void fl_r8_repack(int32_t type, void *rows, size_t ldw, int64_t K, void *tmp);
 void fl_r8_unpack_row(int32_t type, const void *group, int i, int64_t K, void *row);
 void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, float *dst, int64_t K);
-/* ---- Q4_K / Q5_K / Q6_K repacked in groups of 16 rows (FL_TYPE_Q4_K_R16 / Q5_K_R16 / Q6_K_R16; AVX-512 without AMX) ----
+/* ---- Q4_K / Q5_K / Q6_K / Q3_K / Q2_K repacked in groups of 16 rows (FL_TYPE_Q4_K_R16 / Q5_K_R16 / Q6_K_R16 /
+ * Q3_K_R16 / Q2_K_R16; AVX-512 without AMX) ----
  * As the R8 types: the size and row stride stay, the 16 rows of group g occupy the bytes of
- * rows 16g..16g+15, now as K / 256 super-blocks of 16 x the base type's block (144, 176, 210).
+ * rows 16g..16g+15, now as K / 256 super-blocks of 16 x the base type's block (144, 176, 210,
+ * 110, 84).
  * Q4_K_R16: the 16 rows' f16 d, then their f16 dmin (32 bytes each), then the 12 bytes of 6-bit
  * scales and mins as 12 planes of 16 (plane k: byte k of row 0..15), then 32 vectors of 64
  * bytes, vector 8c + v holding row i's qs[32c + 4v .. 32c + 4v + 3] at bytes 4i..4i+3.  So one
@@ -107,7 +109,15 @@ void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, fl
  * ql vectors 16n + v and 16n + 8 + v with qh vector 8n + v give the 6-bit codes
  * 128n + 4v.., + 32, + 64, + 96 of 16 rows (Q6_K's order).  Q5_K_R16: Q4_K_R16's layout with
  * qh as 8 vectors between the scale planes and the codes (vector v: row i's qh[4v..4v+3] at 4i,
- * bit j the fifth bit of sub-block j's codes 4v..4v+3).
+ * bit j the fifth bit of sub-block j's codes 4v..4v+3).  Q3_K_R16: the 16 rows' f16 d (32 bytes),
+ * their 12 scale bytes as 6 planes of 16 pairs (plane p: row i's bytes 2p, 2p + 1 at 2i), hmask
+ * as 8 vectors (vector v: row i's hmask[4v..4v+3] at 4i, bit kb the third bit of 32-block kb's
+ * codes 4v..4v+3), then qs as 16 (vector 8n + v: row i's qs[32n + 4v ..] at 4i, bits 2s, 2s + 1
+ * the codes of 32-block 4n + s).  Q2_K_R16: the 16 rows' f16 d, their f16 dmin, their 16 scale
+ * bytes as 8 planes of 16 pairs (plane kb: the scales and mins of 32-block kb's two halves), then
+ * qs as Q3_K_R16's.  So every R16 type is its base block's fields, each as 16 rows side by side:
+ * a field of f16 scalars as 16 of them, bytes as planes of 16 (or of 16 pairs), codes as vectors
+ * of 16 rows x 4 bytes.
  * fl_r8_group_rows(type): rows per group of a repacked type (8, 16), 0 for any other;
  * fl_r8_pack / fl_r8_repack / fl_r8_unpack_row / fl_r8_dequant_row take these types too. */
 #define FL_K16_ROWS 16
@@ -122,9 +132,25 @@ void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, fl
 #define FL_K16_Q6_QH (FL_K16_Q6_QL + 32 * 64)
 #define FL_K16_Q5_QH FL_K16_QS                /* Q5_K_R16: qh, then the codes */
 #define FL_K16_Q5_QS (FL_K16_Q5_QH + 8 * 64)
-static inline bool fl_k16_type(int32_t type) {
-    return type == FL_TYPE_Q4_K_R16 || type == FL_TYPE_Q5_K_R16 || type == FL_TYPE_Q6_K_R16;
+#define FL_K16_Q3_BLOCK (FL_K16_ROWS * 110)
+#define FL_K16_Q3_SCALES 32
+#define FL_K16_Q3_HM (FL_K16_Q3_SCALES + 12 * FL_K16_ROWS)
+#define FL_K16_Q3_QS (FL_K16_Q3_HM + 8 * 64)
+#define FL_K16_Q2_BLOCK (FL_K16_ROWS * 84)
+#define FL_K16_Q2_SCALES 64
+#define FL_K16_Q2_QS (FL_K16_Q2_SCALES + 16 * FL_K16_ROWS)
+/* The file type a group of 16 rows is made from (Q4_K_R16: Q4_K, ...), -1 for any other type. */
+static inline int32_t fl_k16_base(int32_t type) {
+    switch (type) {
+    case FL_TYPE_Q4_K_R16: return FL_TYPE_Q4_K;
+    case FL_TYPE_Q5_K_R16: return FL_TYPE_Q5_K;
+    case FL_TYPE_Q6_K_R16: return FL_TYPE_Q6_K;
+    case FL_TYPE_Q3_K_R16: return FL_TYPE_Q3_K;
+    case FL_TYPE_Q2_K_R16: return FL_TYPE_Q2_K;
+    default: return -1;
+    }
 }
+static inline bool fl_k16_type(int32_t type) { return fl_k16_base(type) >= 0; }
 int fl_r8_group_rows(int32_t type);
 /* The same with AVX-512 (bit-identical; Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K
  * vectorized, other types forwarded to fl_dequant_row). */

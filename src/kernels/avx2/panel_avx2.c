@@ -458,7 +458,7 @@ static void pack_r8(const char *w, size_t ldw, int nr, int64_t K, char *panel, c
 }
 
 void fl_panel_pack_avx2(int32_t wtype, const void *w, size_t ldw, int nr, int64_t K, void *panel) {
-    if (wtype == FL_TYPE_Q6_K_R16 || wtype == FL_TYPE_Q5_K_R16) { /* (AVX-512 only: their groups are packed there) */
+    if (fl_k16_type(wtype)) { /* Q6_K_R16, Q5_K_R16, Q3_K_R16, Q2_K_R16 (AVX-512 only: their groups are packed there) */
         FL_ASSERT(nr == FL_PANEL_ROWS);
         fl_k16_panel_pack_avx512(wtype, w, K, panel);
         return;

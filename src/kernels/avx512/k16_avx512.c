@@ -1,13 +1,15 @@
-/* Q4_K_R16 / Q5_K_R16 / Q6_K_R16 (Q4_K / Q5_K / Q6_K in groups of 16 interleaved rows, layouts
+/* Q4_K_R16 / Q5_K_R16 / Q6_K_R16 / Q3_K_R16 / Q2_K_R16 (those types in groups of 16 interleaved rows, layouts
  * in kernels/matmul.h) on AVX-512 VNNI, straight on the groups for steps of up to 32 tokens
  * (past that: the base type's panels, packed from the groups here).  A lane is a row: one
  * 64-byte load of a group's codes is 16 rows x 4 code bytes, which go to a vpdpbusd against 4
  * broadcast activation codes.  Codes are unsigned (Q4_K 0..15: low nibbles sub-block 2c, high
  * 2c + 1; Q5_K the same with the fifth bits of its qh vectors or'd in; Q6_K 0..63 made of a
  * nibble and two qh bits, each token's int32 sums started at -32 x its half-block's activation
- * code sum, fl_act_q8.o6).  Per super-block the 16 rows' scales come from loads of their planes
+ * code sum, fl_act_q8.o6; Q3_K 0..7, two qs bits and an hmask bit, started at -4 x that sum;
+ * Q2_K 0..3).  Per super-block the 16 rows' scales come from loads of their planes
  * (a row per byte lane), and per sub-block each token folds its sums as
- *     acc += f32(sum) * ((d * sc_j) * d_x)  (Q4_K / Q5_K then  acc += (dmin * m_j) * (-s d_x), fl_act_q8.ms)
+ *     acc += f32(sum) * ((d * sc_j) * d_x)  (Q4_K / Q5_K then  acc += (dmin * m_j) * (-s d_x), fl_act_q8.ms;
+ *                                           Q2_K per 16-code half block, its own -s d_x)
  * so a token's result has the same bits in any step, one token or many; the integer sums are
  * exact, so splitting them over more chains changes nothing.
  * Against the file's rows (the GEMVs of matmul_avx512.c: horizontal sums and per-row scale
@@ -288,17 +290,185 @@ INLINE void k16_q6_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, f
     _mm512_storeu_ps(y, acc);
 }
 
-#define K16_TILE_CASE(n) \
-    case n: (q6 ? k16_q6_tile(g, a, m, n, yt, ldy, pf) : q5 ? k16_tile(g, a, m, n, yt, ldy, pf, true) : k16_tile(g, a, m, n, yt, ldy, pf, false)); break;
+/* ---- Q3_K_R16 and Q2_K_R16 ----
+ * Per 32-block kb a token's two half-block sums (int32, |.| < 2^13) are packed as the int16
+ * pair (lower half, upper half) of each row's lane, and one vpmaddwd against the rows' pair of
+ * scales (sc_2kb, sc_2kb+1) gives the block's scaled integer sum I; Q2_K's mins likewise give
+ * M = m_2kb (-s_2kb) + m_2kb+1 (-s_2kb+1) from the token's half-block code sums s (from o6).
+ * Then per token and block
+ *     u = f32(I) * (d * d_x)   (Q2_K: u += f32(M) * (dmin * d_x)),   acc += u
+ * the same in every step, so a token's result has the same bits in any of them: 3 (Q2_K 6)
+ * FMA-pipe operations per block beside the vpmaddwd, where a fold per half block took 6 (8),
+ * and the GEMV's one chain through acc is 8 adds per super-block. */
+
+/* Token m's word pairs for super-block i: per 32-block kb (an int32 each) the int16 pair
+ * (-s_2kb, -s_2kb+1), s the code sums of its halves (o6's two int16 per half are -32 x parts of
+ * s); Q3_K instead the int32 start of each half's sums, -4 s (its codes are value + 4). */
+INLINE void k23_act(const fl_act_q8 *a, int64_t m, int64_t i, int32_t *act, const bool Q3) {
+    const __m512i o = _mm512_loadu_si512(a->o6 + (m * a->nb + i * 8) * 2);
+    const __m512i s32 = _mm512_add_epi32(_mm512_srai_epi32(_mm512_slli_epi32(o, 16), 16), _mm512_srai_epi32(o, 16)); /* -32 s */
+    if (Q3) _mm512_storeu_si512(act, _mm512_srai_epi32(s32, 3));
+    else _mm256_storeu_si256((__m256i *)act, _mm512_cvtepi32_epi16(_mm512_srai_epi32(s32, 5)));
+}
+
+/* The rows' scale pairs of 32-block kb as int16 words (a row per 32-bit lane: sc_2kb low,
+ * sc_2kb+1 high) from the scale bytes' pairs (the layout keeps a row's bytes 2p, 2p + 1 side by
+ * side): Q3_K's 6-bit scales - 32 (fl_q3_K_scales: low 4 bits from byte j or the high nibble of
+ * byte j - 8, the top 2 from byte 8 + j % 4 at bit 2 (j / 4); for a pair j = 2kb, 2kb + 1 that is
+ * pair kb % 4 (kb >= 4: high nibbles) and pair 4 + kb % 2 at bit 2 (kb / 2)); Q2_K's low nibbles,
+ * its mins words (the high nibbles) in *mn. */
+INLINE __m512i k23_pair_words(const unsigned char *b, int kb, __m512i *mn, const bool Q3) {
+    const __m512i m4 = _mm512_set1_epi16(0x0F);
+    if (!Q3) {
+        const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + FL_K16_Q2_SCALES + 32 * kb)));
+        *mn = _mm512_srli_epi16(w, 4);
+        return _mm512_and_si512(w, m4);
+    }
+    const __m512i lw = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + FL_K16_Q3_SCALES + 32 * (kb % 4))));
+    const __m512i hw = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + FL_K16_Q3_SCALES + 32 * (4 + kb % 2))));
+    const __m512i lo = _mm512_and_si512(_mm512_srl_epi16(lw, _mm_cvtsi32_si128(kb >= 4 ? 4 : 0)), m4);
+    const __m512i hi = _mm512_and_si512(_mm512_srl_epi16(hw, _mm_cvtsi32_si128(2 * (kb / 2))), _mm512_set1_epi16(3));
+    return _mm512_sub_epi16(_mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)), _mm512_set1_epi16(32));
+}
+
+/* The codes of 32-block kb at 4v..4v+3 of 16 rows: the two bits at 2 (kb % 4) of qs vector
+ * 8 (kb / 4) + v (sh: that shift), Q3_K plus 4 where bit kb of hmask vector v is set (hb: that bit) */
+INLINE __m512i k23_codes(const unsigned char *b, int kb, int v, __m128i sh, __m512i hb, const bool Q3) {
+    const __m512i q = _mm512_and_si512(_mm512_srl_epi16(_mm512_loadu_si512(b + (Q3 ? FL_K16_Q3_QS : FL_K16_Q2_QS) + 64 * (8 * (kb / 4) + v)), sh),
+                                       _mm512_set1_epi8(3));
+    if (!Q3) return q;
+    const __mmask64 hi = _mm512_test_epi8_mask(_mm512_loadu_si512(b + FL_K16_Q3_HM + 64 * v), hb);
+    return _mm512_mask_add_epi8(q, hi, q, _mm512_set1_epi8(4));
+}
+
+/* u of one token and 32-block: i0, i1 its half sums; sw / mw the rows' scale / mins pairs; d, dm
+ * the rows' d, dmin; dx the token's block scale; sp its (-s, -s) pair (Q2_K) */
+INLINE __m512 k23_fold(__m512i i0, __m512i i1, __m512i sw, __m512i mw, __m512 d, __m512 dm, float dx, int32_t sp, const bool Q3) {
+    const __m512i p = _mm512_mask_blend_epi16(0xAAAAAAAAu, i0, _mm512_slli_epi32(i1, 16));
+    const __m512 x = _mm512_set1_ps(dx);
+    const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(p, sw)), _mm512_mul_ps(d, x));
+    if (Q3) return u;
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(mw, _mm512_set1_epi32(sp))), _mm512_mul_ps(dm, x), u);
+}
+
+/* Lines of the super-block two ahead prefetched per 32-block: Q3_K_R16 27.5 lines a super-block, Q2_K_R16 21 */
+#define K23_PF_LINES(Q3) ((Q3) ? 4 : 3)
+
+/* 16 rows (one group at g) x NT tokens (1..K16_TOKENS) from token m0. */
+INLINE void k23_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, const int NT, float *y, int64_t ldy, const bool pf, const bool Q3) {
+    const int64_t K = a->K, nb = a->nb, nsb = K / 256;
+    const size_t bsz = Q3 ? FL_K16_Q3_BLOCK : FL_K16_Q2_BLOCK;
+    __m512 acc[K16_TOKENS];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const unsigned char *b = g + (size_t)i * bsz;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
+        const __m512 dm = Q3 ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 32)));
+        _Alignas(64) int32_t act[K16_TOKENS][16];
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) k23_act(a, m0 + t, i, act[t], Q3);
+#pragma GCC unroll 1
+        for (int kb = 0; kb < 8; kb++) {
+            const int64_t jb = i * 8 + kb; /* the 32-block */
+            const __m128i sh = _mm_cvtsi32_si128(2 * (kb % 4));
+            const __m512i hb = _mm512_set1_epi8((char)(1 << kb));
+            if (pf)
+                for (int l = 0; l < K23_PF_LINES(Q3); l++) _mm_prefetch((const char *)b + 2 * bsz + (K23_PF_LINES(Q3) * kb + l) * 64, _MM_HINT_T0);
+            __m512i is[2][K16_TOKENS];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) is[h][t] = Q3 ? _mm512_set1_epi32(act[t][2 * kb + h]) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int v = 4 * h; v < 4 * h + 4; v++) {
+                    const __m512i w = k23_codes(b, kb, v, sh, hb, Q3);
+#pragma GCC unroll 8
+                    for (int t = 0; t < NT; t++) is[h][t] = _mm512_dpbusd_epi32(is[h][t], w, bcast4(a->qs + (m0 + t) * K + jb * 32 + 4 * v));
+                }
+            }
+            __m512i mw = _mm512_setzero_si512();
+            const __m512i sw = k23_pair_words(b, kb, &mw, Q3);
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++)
+                acc[t] = _mm512_add_ps(acc[t], k23_fold(is[0][t], is[1][t], sw, mw, d, dm, a->d[(m0 + t) * nb + jb], Q3 ? 0 : act[t][kb], Q3));
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);
+}
+
+/* One token (the GEMV): the tile's arithmetic in the same order; each qs vector loaded once for
+ * its four 32-blocks, each hmask vector once for its eight, into 16 chains (one per half block). */
+INLINE void k23_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, float *y, const bool Q3) {
+    const int64_t K = a->K, nb = a->nb, nsb = K / 256;
+    const size_t bsz = Q3 ? FL_K16_Q3_BLOCK : FL_K16_Q2_BLOCK, qs = Q3 ? FL_K16_Q3_QS : FL_K16_Q2_QS;
+    const int8_t *x = a->qs + m * K;
+    const float *dx = a->d + m * nb;
+    const __m512i m3 = _mm512_set1_epi8(3);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const unsigned char *b = g + (size_t)i * bsz;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
+        const __m512 dm = Q3 ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 32)));
+        _Alignas(64) int32_t act[16];
+        k23_act(a, m, i, act, Q3);
+        const int8_t *xb = x + i * 256;
+        /* the codes at bits 2s, 2s + 1 of a byte are taken in place (an and, no shift), so the
+         * chains sum 4^s x theirs, exactly (|.| < 2^20), and are shifted back once each; Q3_K's
+         * third bit then adds 4 << 2s, so its s = 3 codes (4 << 6 is past a byte) are shifted */
+#define K23_SCALED(s) (!Q3 || (s) < 3)
+        __m512i is[16]; /* [2 kb + h] */
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) is[j] = Q3 ? _mm512_set1_epi32(act[j] * (1 << (K23_SCALED(j / 2 % 4) ? 2 * (j / 2 % 4) : 0))) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+            for (int l = 0; l < K23_PF_LINES(Q3); l++) _mm_prefetch((const char *)b + 2 * bsz + (K23_PF_LINES(Q3) * v + l) * 64, _MM_HINT_T0);
+            const __m512i hm = Q3 ? _mm512_loadu_si512(b + FL_K16_Q3_HM + 64 * v) : m3;
+#pragma GCC unroll 2
+            for (int n = 0; n < 2; n++) {
+                const __m512i q = _mm512_loadu_si512(b + qs + 64 * (8 * n + v));
+#pragma GCC unroll 4
+                for (int s = 0; s < 4; s++) {
+                    const int kb = 4 * n + s, sc = K23_SCALED(s) ? 2 * s : 0;
+                    __m512i w = K23_SCALED(s) ? _mm512_and_si512(q, _mm512_set1_epi8((char)(3 << sc))) : _mm512_and_si512(_mm512_srli_epi16(q, 2 * s), m3);
+                    if (Q3) w = _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(hm, _mm512_set1_epi8((char)(1 << kb))), w, _mm512_set1_epi8((char)(4 << sc)));
+                    is[2 * kb + v / 4] = _mm512_dpbusd_epi32(is[2 * kb + v / 4], w, bcast4(xb + kb * 32 + 4 * v));
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int kb = 0; kb < 8; kb++) {
+            const int sc = K23_SCALED(kb % 4) ? 2 * (kb % 4) : 0;
+            __m512i mw = _mm512_setzero_si512();
+            const __m512i sw = k23_pair_words(b, kb, &mw, Q3);
+            acc = _mm512_add_ps(acc, k23_fold(_mm512_srai_epi32(is[2 * kb], sc), _mm512_srai_epi32(is[2 * kb + 1], sc), sw, mw, d, dm, dx[i * 8 + kb],
+                                              Q3 ? 0 : act[kb], Q3));
+        }
+#undef K23_SCALED
+    }
+    _mm512_storeu_ps(y, acc);
+}
+
+#define K16_TILE_CASE(n)                                                                                   \
+    case n:                                                                                                \
+        (q6   ? k16_q6_tile(g, a, m, n, yt, ldy, pf)                                                       \
+         : q5 ? k16_tile(g, a, m, n, yt, ldy, pf, true)                                                    \
+         : q3 ? k23_tile(g, a, m, n, yt, ldy, pf, true)                                                    \
+         : q2 ? k23_tile(g, a, m, n, yt, ldy, pf, false)                                                   \
+              : k16_tile(g, a, m, n, yt, ldy, pf, false));                                                 \
+        break;
 
 void fl_k16_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy) {
     FL_ASSERT(nr % FL_K16_ROWS == 0 && fl_k16_type(wtype));
-    const bool q6 = wtype == FL_TYPE_Q6_K_R16, q5 = wtype == FL_TYPE_Q5_K_R16;
+    const bool q6 = wtype == FL_TYPE_Q6_K_R16, q5 = wtype == FL_TYPE_Q5_K_R16, q3 = wtype == FL_TYPE_Q3_K_R16, q2 = wtype == FL_TYPE_Q2_K_R16;
     for (int r = 0; r < nr; r += FL_K16_ROWS) {
         const unsigned char *g = (const unsigned char *)w + (size_t)r * ldw;
         if (nt == 1) {
             if (q6) k16_q6_gemv(g, a, m0, y + r);
             else if (q5) k16_gemv(g, a, m0, y + r, true);
+            else if (q3) k23_gemv(g, a, m0, y + r, true);
+            else if (q2) k23_gemv(g, a, m0, y + r, false);
             else k16_gemv(g, a, m0, y + r, false);
             continue;
         }
@@ -326,10 +496,15 @@ void fl_k16_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const 
  * group's 64-byte vectors are that order already, so a sub-block's codes are 8 ands (or shifts
  * and ands) and stores. */
 static void k16_q6_panel_pack(const void *w, int64_t K, void *panel);
+static void k23_panel_pack(const void *w, int64_t K, void *panel, bool q3);
 
 void fl_k16_panel_pack_avx512(int32_t wtype, const void *w, int64_t K, void *panel) {
     if (wtype == FL_TYPE_Q6_K_R16) {
         k16_q6_panel_pack(w, K, panel);
+        return;
+    }
+    if (wtype == FL_TYPE_Q3_K_R16 || wtype == FL_TYPE_Q2_K_R16) {
+        k23_panel_pack(w, K, panel, wtype == FL_TYPE_Q3_K_R16);
         return;
     }
     /* Q5_K's AVX2 panel (pack_q5_K): the same with codes 0..31 and the mins words dmin m_j - 16 d sc_j */
@@ -386,6 +561,46 @@ static void k16_q6_panel_pack(const void *w, int64_t K, void *panel) {
             _mm512_storeu_ps(o, d);
 #pragma GCC unroll 8
             for (int v = 0; v < 8; v++) _mm512_storeu_si512(o + 64 + 64 * v, q6_codes(b, kb, v, lsh, hsh));
+        }
+    }
+}
+
+/* Q3_K's / Q2_K's AVX2 panel (fl_panel_pack_ref): per 32-block its 16 rows' d as f32 and its codes
+ * (Q3_K 0..7 = value + 4, Q2_K 0..3) [k / 4][row][k % 4], the group's code vectors; after the
+ * blocks Q3_K each half's scale as the int16 words (sc, sc) [block][half][row], Q2_K per block
+ * the words (sc, sc) of its two halves, then (m, m), [block][4][row], then dmin as f32 [block][row]. */
+static void k23_panel_pack(const void *w, int64_t K, void *panel, bool q3) {
+    const int64_t nsb = K / 256, nb = K / 32;
+    const size_t pblock = FL_PANEL_ROWS * 4 + FL_PANEL_ROWS * 32, bsz = q3 ? FL_K16_Q3_BLOCK : FL_K16_Q2_BLOCK;
+    uint32_t *words = (uint32_t *)((char *)panel + nb * pblock);
+    float *dmin = (float *)words + nb * 4 * FL_PANEL_ROWS;
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    for (int64_t i = 0; i < nsb; i++) {
+        const unsigned char *b = (const unsigned char *)w + (size_t)i * bsz;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
+        for (int kb = 0; kb < 8; kb++) {
+            const int64_t jb = i * 8 + kb;
+            char *o = (char *)panel + (size_t)jb * pblock;
+            const __m128i sh = _mm_cvtsi32_si128(2 * (kb % 4));
+            const __m512i hb = _mm512_set1_epi8((char)(1 << kb));
+            _mm512_storeu_ps(o, d);
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++)
+                _mm512_storeu_si512(o + 64 + 64 * v, q3 ? k23_codes(b, kb, v, sh, hb, true) : k23_codes(b, kb, v, sh, hb, false));
+            __m512i mw = _mm512_setzero_si512();
+            const __m512i sw = q3 ? k23_pair_words(b, kb, &mw, true) : k23_pair_words(b, kb, &mw, false);
+            for (int h = 0; h < 2; h++) { /* half h's word of each lane, sign-extended, as (x, x) */
+                const __m512i sc = h ? _mm512_srai_epi32(sw, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sw, 16), 16);
+                const __m512i mn = h ? _mm512_srai_epi32(mw, 16) : _mm512_srai_epi32(_mm512_slli_epi32(mw, 16), 16);
+                const __m512i sc2 = _mm512_or_si512(_mm512_and_si512(sc, lo16), _mm512_slli_epi32(sc, 16));
+                if (q3) {
+                    _mm512_storeu_si512(words + (jb * 2 + h) * FL_PANEL_ROWS, sc2);
+                    continue;
+                }
+                _mm512_storeu_si512(words + (jb * 4 + h) * FL_PANEL_ROWS, sc2);
+                _mm512_storeu_si512(words + (jb * 4 + 2 + h) * FL_PANEL_ROWS, _mm512_or_si512(_mm512_and_si512(mn, lo16), _mm512_slli_epi32(mn, 16)));
+            }
+            if (!q3) _mm512_storeu_ps(dmin + jb * FL_PANEL_ROWS, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 32))));
         }
     }
 }

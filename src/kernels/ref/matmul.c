@@ -17,7 +17,7 @@ fl_status fl_matmul_supported(int32_t type) {
     case FL_TYPE_Q4_0: case FL_TYPE_Q4_1: case FL_TYPE_Q5_0: case FL_TYPE_Q5_1: case FL_TYPE_Q8_0:
     case FL_TYPE_Q2_K: case FL_TYPE_Q3_K: case FL_TYPE_Q4_K: case FL_TYPE_Q5_K: case FL_TYPE_Q6_K:
     case FL_TYPE_Q8_K: case FL_TYPE_IQ4_NL: case FL_TYPE_NF4: case FL_TYPE_FP8_E4M3: case FL_TYPE_Q4_0_R8: case FL_TYPE_Q8_0_R8:
-    case FL_TYPE_Q4_K_R16: case FL_TYPE_Q5_K_R16: case FL_TYPE_Q6_K_R16:
+    case FL_TYPE_Q4_K_R16: case FL_TYPE_Q5_K_R16: case FL_TYPE_Q6_K_R16: case FL_TYPE_Q3_K_R16: case FL_TYPE_Q2_K_R16:
         return FL_OK;
     default: return fl_set_error(FL_ERR_UNSUPPORTED, "weight type %s is not supported by matmul", fl_type_name(type));
     }
@@ -386,20 +386,24 @@ void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_a
             for (int r = 0; r < nr; r++) y[t * ldy + r] = dot_b32_row(wtype, (const char *)w + r * ldw, a, m0 + t);
         return;
     }
-    if (wtype == FL_TYPE_Q4_K || wtype == FL_TYPE_Q5_K || wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K || wtype == FL_TYPE_Q2_K) {
-        float (*row)(const void *, const fl_act_q8 *, int64_t) =
-            wtype == FL_TYPE_Q4_K ? dot_q4_K_row : wtype == FL_TYPE_Q5_K ? dot_q5_K_row : wtype == FL_TYPE_Q3_K ? dot_q3_K_row : wtype == FL_TYPE_Q2_K ? dot_q2_K_row : dot_q6_K_row;
+    const int32_t kbase = fl_k16_type(wtype) ? fl_k16_base(wtype) : wtype;
+    float (*row)(const void *, const fl_act_q8 *, int64_t) = kbase == FL_TYPE_Q4_K   ? dot_q4_K_row
+                                                             : kbase == FL_TYPE_Q5_K ? dot_q5_K_row
+                                                             : kbase == FL_TYPE_Q6_K ? dot_q6_K_row
+                                                             : kbase == FL_TYPE_Q3_K ? dot_q3_K_row
+                                                             : kbase == FL_TYPE_Q2_K ? dot_q2_K_row
+                                                                                     : NULL;
+    if (row && !fl_k16_type(wtype)) {
         for (int t = 0; t < nt; t++)
             for (int r = 0; r < nr; r++) y[t * ldy + r] = row((const char *)w + r * ldw, a, m0 + t);
         return;
     }
-    if (fl_k16_type(wtype)) { /* w at a group's first row, nr a multiple of 16: each row unpacked */
+    if (row) { /* the R16 types: w at a group's first row, nr a multiple of 16: each row unpacked */
         FL_ASSERT(nr % FL_K16_ROWS == 0);
-        fl_block_q6_K row[a->K / 256 > 0 ? a->K / 256 : 1]; /* (the larger block) */
+        fl_block_q6_K buf[a->K / 256 > 0 ? a->K / 256 : 1]; /* (the largest block) */
         for (int r = 0; r < nr; r++) {
-            fl_r8_unpack_row(wtype, (const char *)w + (size_t)(r / FL_K16_ROWS) * FL_K16_ROWS * ldw, r % FL_K16_ROWS, a->K, row);
-            for (int t = 0; t < nt; t++)
-                y[t * ldy + r] = (wtype == FL_TYPE_Q4_K_R16 ? dot_q4_K_row : wtype == FL_TYPE_Q5_K_R16 ? dot_q5_K_row : dot_q6_K_row)(row, a, m0 + t);
+            fl_r8_unpack_row(wtype, (const char *)w + (size_t)(r / FL_K16_ROWS) * FL_K16_ROWS * ldw, r % FL_K16_ROWS, a->K, buf);
+            for (int t = 0; t < nt; t++) y[t * ldy + r] = row(buf, a, m0 + t);
         }
         return;
     }
@@ -470,9 +474,7 @@ float fl_dot_q8_llama(int32_t wtype, const void *w, const fl_act_q8 *a, int64_t 
 size_t fl_panel_bytes(int64_t K) { return (size_t)(K / 32) * PANEL_BLOCK; }
 
 size_t fl_panel_bytes_for(int32_t wtype, int64_t K) {
-    if (wtype == FL_TYPE_Q4_K_R16) wtype = FL_TYPE_Q4_K; /* (their panels are the base type's) */
-    if (wtype == FL_TYPE_Q6_K_R16) wtype = FL_TYPE_Q6_K;
-    if (wtype == FL_TYPE_Q5_K_R16) wtype = FL_TYPE_Q5_K;
+    if (fl_k16_type(wtype)) wtype = fl_k16_base(wtype); /* (their panels are the base type's) */
     const size_t extra = fl_panel_has_mins(wtype) ? FL_PANEL_ROWS * 4   /* mins */
                          : wtype == FL_TYPE_Q6_K || wtype == FL_TYPE_Q3_K ? FL_PANEL_ROWS * 8 /* 2 scale words */
                          : wtype == FL_TYPE_Q2_K ? FL_PANEL_ROWS * 20 /* 2 scale, 2 min words, dmin */

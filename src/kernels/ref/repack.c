@@ -1,21 +1,26 @@
-/* Q4_0 / Q8_0 in groups of 8 interleaved rows (FL_TYPE_Q4_0_R8 / Q8_0_R8) and Q4_K / Q5_K / Q6_K
- * in groups of 16 (FL_TYPE_Q4_K_R16 / Q5_K_R16 / Q6_K_R16), layouts in kernels/matmul.h: packing,
+/* Q4_0 / Q8_0 in groups of 8 interleaved rows (FL_TYPE_Q4_0_R8 / Q8_0_R8) and Q4_K / Q5_K / Q6_K /
+ * Q3_K / Q2_K in groups of 16 (FL_TYPE_Q4_K_R16 ... Q2_K_R16), layouts in kernels/matmul.h: packing,
  * unpacking and the f32 expansion of one row. */
+#include "core/status.h"
 #include "kernels/dispatch.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 
+#include <stddef.h>
 #include <string.h>
 
 int32_t fl_r8_load_type(int32_t type, int64_t rows, bool repack) {
     const fl_isa isa = fl_isa_get();
     if (!repack || fl_matmul_llama_order() || fl_matmul_f32_act() || rows <= 0) return type;
-    /* Q4_K, Q5_K, Q6_K: AVX-512 without AMX (with it, its int8 tiles take the steps of 13 tokens or more on
+    /* Q4_K, Q5_K, Q6_K, Q3_K, Q2_K: AVX-512 without AMX (with it, its int8 tiles take the steps of 13 tokens or more on
      * the file's rows) */
-    if (type == FL_TYPE_Q4_K || type == FL_TYPE_Q5_K || type == FL_TYPE_Q6_K)
-        return isa == FL_ISA_AVX512 && !fl_amx_usable() && rows % FL_K16_ROWS == 0
-                   ? (type == FL_TYPE_Q4_K ? FL_TYPE_Q4_K_R16 : type == FL_TYPE_Q5_K ? FL_TYPE_Q5_K_R16 : FL_TYPE_Q6_K_R16)
-                   : type;
+    const int32_t k16 = type == FL_TYPE_Q4_K   ? FL_TYPE_Q4_K_R16
+                        : type == FL_TYPE_Q5_K ? FL_TYPE_Q5_K_R16
+                        : type == FL_TYPE_Q6_K ? FL_TYPE_Q6_K_R16
+                        : type == FL_TYPE_Q3_K ? FL_TYPE_Q3_K_R16
+                        : type == FL_TYPE_Q2_K ? FL_TYPE_Q2_K_R16
+                                               : -1;
+    if (k16 >= 0) return isa == FL_ISA_AVX512 && !fl_amx_usable() && rows % FL_K16_ROWS == 0 ? k16 : type;
     /* with AMX, where its bf16 tiles take the prefill steps on the groups (fl_amx_bf16_panel_r8) */
     const bool on = isa == FL_ISA_AVX2 || (isa == FL_ISA_AVX512 && (!fl_amx_usable() || fl_amx_bf16_usable()));
     return on && fl_r8_of(type) >= 0 && rows % FL_R8_ROWS == 0 ? fl_r8_of(type) : type;
@@ -36,62 +41,61 @@ int32_t fl_r8_of(int32_t type) {
 static size_t qs_bytes(int32_t type) { return fl_r8_base(type) == FL_TYPE_Q8_0 ? 32 : 16; }
 size_t fl_r8_block_bytes(int32_t type) { return fl_r8_base(type) == FL_TYPE_Q8_0 ? FL_R8_Q8_0_BLOCK : FL_R8_Q4_0_BLOCK; }
 
-/* Q4_K_R16: super-block b of the group from / to the 16 rows' blocks (offsets as in matmul.h) */
-/* (Q5_K_R16: the same with qh; Q4_K and Q5_K share d, dmin and scales at the start) */
-static void k16_pack_block(const unsigned char *rows, size_t ldw, int64_t b, unsigned char *o, bool q5) {
-    const size_t bs = q5 ? sizeof(fl_block_q5_K) : sizeof(fl_block_q4_K);
-    for (int i = 0; i < FL_K16_ROWS; i++) {
-        const unsigned char *blk = rows + (size_t)i * ldw + (size_t)b * bs;
-        const fl_block_q4_K *p = (const fl_block_q4_K *)blk;
-        const uint8_t *qs = q5 ? ((const fl_block_q5_K *)blk)->qs : p->qs;
-        memcpy(o + 2 * i, &p->d, 2);
-        memcpy(o + 32 + 2 * i, &p->dmin, 2);
-        for (int k = 0; k < 12; k++) o[FL_K16_SCALES + FL_K16_ROWS * k + i] = p->scales[k];
-        for (int v = 0; v < 32; v++) memcpy(o + (q5 ? FL_K16_Q5_QS : FL_K16_QS) + 64 * v + 4 * i, qs + 4 * v, 4);
-        for (int v = 0; v < 8 && q5; v++) memcpy(o + FL_K16_Q5_QH + 64 * v + 4 * i, ((const fl_block_q5_K *)blk)->qh + 4 * v, 4);
+/* The R16 types: each field of the base block, the 16 rows side by side (matmul.h).  A field
+ * of `len` bytes at `src` in a row's block is elements of `e` bytes (f16 scalars 2, scale bytes
+ * 1 or, Q3_K / Q2_K, pairs of them 2, codes 4); element k of row i goes to byte dst + (16 k + i) e
+ * of the group's super-block. */
+typedef struct {
+    uint16_t src, len, dst, e;
+} k16_field;
+typedef struct {
+    size_t bs; /* bytes of the base block */
+    int nf;
+    k16_field f[5];
+} k16_layout;
+static const k16_layout *k16_layout_of(int32_t type) {
+    static const k16_layout q4 = {144, 4, {{0, 2, 0, 2}, {2, 2, 32, 2}, {4, 12, FL_K16_SCALES, 1}, {16, 128, FL_K16_QS, 4}}};
+    static const k16_layout q5 = {176, 5, {{0, 2, 0, 2}, {2, 2, 32, 2}, {4, 12, FL_K16_SCALES, 1}, {16, 32, FL_K16_Q5_QH, 4}, {48, 128, FL_K16_Q5_QS, 4}}};
+    static const k16_layout q6 = {210, 4, {{0, 128, FL_K16_Q6_QL, 4}, {128, 64, FL_K16_Q6_QH, 4}, {192, 16, FL_K16_Q6_SCALES, 1}, {208, 2, 0, 2}}};
+    static const k16_layout q3 = {110, 4, {{0, 32, FL_K16_Q3_HM, 4}, {32, 64, FL_K16_Q3_QS, 4}, {96, 12, FL_K16_Q3_SCALES, 2}, {108, 2, 0, 2}}};
+    static const k16_layout q2 = {84, 4, {{0, 16, FL_K16_Q2_SCALES, 2}, {16, 64, FL_K16_Q2_QS, 4}, {80, 2, 0, 2}, {82, 2, 32, 2}}};
+    switch (type) {
+    case FL_TYPE_Q4_K_R16: return &q4;
+    case FL_TYPE_Q5_K_R16: return &q5;
+    case FL_TYPE_Q6_K_R16: return &q6;
+    case FL_TYPE_Q3_K_R16: return &q3;
+    default: FL_ASSERT(type == FL_TYPE_Q2_K_R16); return &q2;
     }
 }
-static void k16_unpack_block(const unsigned char *g, int i, void *blk, bool q5) {
-    fl_block_q4_K *p = blk;
-    uint8_t *qs = q5 ? ((fl_block_q5_K *)blk)->qs : p->qs;
-    memcpy(&p->d, g + 2 * i, 2);
-    memcpy(&p->dmin, g + 32 + 2 * i, 2);
-    for (int k = 0; k < 12; k++) p->scales[k] = g[FL_K16_SCALES + FL_K16_ROWS * k + i];
-    for (int v = 0; v < 32; v++) memcpy(qs + 4 * v, g + (q5 ? FL_K16_Q5_QS : FL_K16_QS) + 64 * v + 4 * i, 4);
-    for (int v = 0; v < 8 && q5; v++) memcpy(((fl_block_q5_K *)blk)->qh + 4 * v, g + FL_K16_Q5_QH + 64 * v + 4 * i, 4);
-}
-/* Q6_K_R16: the same */
-static void k16_q6_pack_block(const unsigned char *rows, size_t ldw, int64_t b, unsigned char *o) {
-    for (int i = 0; i < FL_K16_ROWS; i++) {
-        const fl_block_q6_K *p = (const fl_block_q6_K *)(rows + (size_t)i * ldw) + b;
-        memcpy(o + 2 * i, &p->d, 2);
-        for (int k = 0; k < 16; k++) o[FL_K16_Q6_SCALES + FL_K16_ROWS * k + i] = (unsigned char)p->scales[k];
-        for (int u = 0; u < 32; u++) memcpy(o + FL_K16_Q6_QL + 64 * u + 4 * i, p->ql + 4 * u, 4);
-        for (int u = 0; u < 16; u++) memcpy(o + FL_K16_Q6_QH + 64 * u + 4 * i, p->qh + 4 * u, 4);
-    }
-}
-static void k16_q6_unpack_block(const unsigned char *g, int i, fl_block_q6_K *p) {
-    memcpy(&p->d, g + 2 * i, 2);
-    for (int k = 0; k < 16; k++) p->scales[k] = (int8_t)g[FL_K16_Q6_SCALES + FL_K16_ROWS * k + i];
-    for (int u = 0; u < 32; u++) memcpy(p->ql + 4 * u, g + FL_K16_Q6_QL + 64 * u + 4 * i, 4);
-    for (int u = 0; u < 16; u++) memcpy(p->qh + 4 * u, g + FL_K16_Q6_QH + 64 * u + 4 * i, 4);
-}
+_Static_assert(offsetof(fl_block_q4_K, qs) == 16 && offsetof(fl_block_q5_K, qh) == 16 && offsetof(fl_block_q5_K, qs) == 48, "q4_K / q5_K fields");
+_Static_assert(offsetof(fl_block_q6_K, qh) == 128 && offsetof(fl_block_q6_K, scales) == 192 && offsetof(fl_block_q6_K, d) == 208, "q6_K fields");
+_Static_assert(offsetof(fl_block_q3_K, qs) == 32 && offsetof(fl_block_q3_K, scales) == 96 && offsetof(fl_block_q3_K, d) == 108, "q3_K fields");
+_Static_assert(offsetof(fl_block_q2_K, qs) == 16 && offsetof(fl_block_q2_K, d) == 80 && offsetof(fl_block_q2_K, dmin) == 82, "q2_K fields");
 _Static_assert(FL_K16_Q6_QH + 16 * 64 == FL_K16_Q6_BLOCK, "q6_K_r16 super-block");
 _Static_assert(FL_K16_QS + 32 * 64 == FL_K16_BLOCK, "q4_K_r16 super-block");
 _Static_assert(FL_K16_Q5_QS + 32 * 64 == FL_K16_Q5_BLOCK, "q5_K_r16 super-block");
-static size_t k16_block_bytes(int32_t type) {
-    return type == FL_TYPE_Q4_K_R16 ? FL_K16_BLOCK : type == FL_TYPE_Q5_K_R16 ? FL_K16_Q5_BLOCK : FL_K16_Q6_BLOCK;
+_Static_assert(FL_K16_Q3_QS + 16 * 64 == FL_K16_Q3_BLOCK, "q3_K_r16 super-block");
+_Static_assert(FL_K16_Q2_QS + 16 * 64 == FL_K16_Q2_BLOCK, "q2_K_r16 super-block");
+
+/* row i's block <-> its place in the group's super-block sb (to_group: block -> sb) */
+static void k16_move(const k16_layout *l, unsigned char *blk, unsigned char *sb, int i, bool to_group) {
+    for (int f = 0; f < l->nf; f++) {
+        const k16_field *x = &l->f[f];
+        for (int k = 0; k < x->len / x->e; k++) {
+            unsigned char *p = blk + x->src + k * x->e, *q = sb + x->dst + (size_t)(FL_K16_ROWS * k + i) * x->e;
+            if (to_group) memcpy(q, p, x->e);
+            else memcpy(p, q, x->e);
+        }
+    }
 }
 
 /* (both block types are the f16 d, then the codes) */
 void fl_r8_pack(int32_t type, const void *rows, size_t ldw, int64_t K, void *group) {
-    if (type == FL_TYPE_Q4_K_R16 || type == FL_TYPE_Q5_K_R16) {
+    if (fl_k16_type(type)) {
+        const k16_layout *l = k16_layout_of(type);
         for (int64_t b = 0; b < K / 256; b++)
-            k16_pack_block(rows, ldw, b, (unsigned char *)group + (size_t)b * k16_block_bytes(type), type == FL_TYPE_Q5_K_R16);
-        return;
-    }
-    if (type == FL_TYPE_Q6_K_R16) {
-        for (int64_t b = 0; b < K / 256; b++) k16_q6_pack_block(rows, ldw, b, (unsigned char *)group + (size_t)b * FL_K16_Q6_BLOCK);
+            for (int i = 0; i < FL_K16_ROWS; i++)
+                k16_move(l, (unsigned char *)rows + (size_t)i * ldw + (size_t)b * l->bs, (unsigned char *)group + (size_t)b * FL_K16_ROWS * l->bs, i, true);
         return;
     }
     const size_t q = qs_bytes(type), bsz = 2 + q, gb = fl_r8_block_bytes(type);
@@ -111,16 +115,10 @@ void fl_r8_repack(int32_t type, void *rows, size_t ldw, int64_t K, void *tmp) {
 }
 
 void fl_r8_unpack_row(int32_t type, const void *group, int i, int64_t K, void *row) {
-    if (type == FL_TYPE_Q4_K_R16 || type == FL_TYPE_Q5_K_R16) {
-        const bool q5 = type == FL_TYPE_Q5_K_R16;
+    if (fl_k16_type(type)) {
+        const k16_layout *l = k16_layout_of(type);
         for (int64_t b = 0; b < K / 256; b++)
-            k16_unpack_block((const unsigned char *)group + (size_t)b * k16_block_bytes(type), i,
-                             (char *)row + (size_t)b * (q5 ? sizeof(fl_block_q5_K) : sizeof(fl_block_q4_K)), q5);
-        return;
-    }
-    if (type == FL_TYPE_Q6_K_R16) {
-        for (int64_t b = 0; b < K / 256; b++)
-            k16_q6_unpack_block((const unsigned char *)group + (size_t)b * FL_K16_Q6_BLOCK, i, (fl_block_q6_K *)row + b);
+            k16_move(l, (unsigned char *)row + (size_t)b * l->bs, (unsigned char *)group + (size_t)b * FL_K16_ROWS * l->bs, i, false);
         return;
     }
     const size_t q = qs_bytes(type), bsz = 2 + q, gb = fl_r8_block_bytes(type);
@@ -135,12 +133,11 @@ void fl_r8_unpack_row(int32_t type, const void *group, int i, int64_t K, void *r
 void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, float *dst, int64_t K) {
     if (fl_k16_type(type)) {
         const unsigned char *g = (const unsigned char *)data + (size_t)(r / FL_K16_ROWS) * FL_K16_ROWS * ldw;
-        const bool q6 = type == FL_TYPE_Q6_K_R16, q5 = type == FL_TYPE_Q5_K_R16;
+        const k16_layout *l = k16_layout_of(type);
         for (int64_t b = 0; b < K / 256; b++) {
-            union { fl_block_q4_K q4; fl_block_q5_K q5; fl_block_q6_K q6; } blk;
-            if (q6) k16_q6_unpack_block(g + (size_t)b * FL_K16_Q6_BLOCK, (int)(r % FL_K16_ROWS), &blk.q6);
-            else k16_unpack_block(g + (size_t)b * k16_block_bytes(type), (int)(r % FL_K16_ROWS), &blk, q5);
-            fl_dequant_row(q6 ? FL_TYPE_Q6_K : q5 ? FL_TYPE_Q5_K : FL_TYPE_Q4_K, &blk, dst + b * 256, 256);
+            unsigned char blk[256]; /* (the largest base block, Q6_K, is 210 bytes) */
+            k16_move(l, blk, (unsigned char *)g + (size_t)b * FL_K16_ROWS * l->bs, (int)(r % FL_K16_ROWS), false);
+            fl_dequant_row(fl_k16_base(type), blk, dst + b * 256, 256);
         }
         return;
     }
