@@ -283,6 +283,60 @@ static void check_paged_case(int32_t n, int32_t n_q, int32_t bs, int32_t n_head,
     ffree(N, qn);
 }
 
+/* Several sequences of a few rows each at a long context (speculative drafts, the last tokens
+ * of prompts): split-K's partial states stay within what n_seq decodes at that context take
+ * (the planner's bound, plan_engine.c: max_seqs x the partitions of a whole context; before the
+ * limit this batch took 3x it), each sequence's rows have the bits they get alone (where it
+ * takes split-K) whichever path the batch gives it, and they match the naive reference. */
+static void test_paged_split_budget(void **state) {
+    (void)state;
+    rng_seed(5);
+    const int32_t n = 100, bs = 16, n_head = 8, nkv = 2, hd = 16, nb = (n + bs - 1) / bs + 3, ns = 4;
+    const int32_t nq[4] = {4, 4, 1, 3};
+    const size_t nrow = (size_t)nkv * hd, qrow = (size_t)n_head * hd;
+    float *K = falloc((size_t)n * nrow), *V = falloc((size_t)n * nrow), *Q = falloc(12 * qrow), *O = falloc(12 * qrow),
+          *A = falloc(12 * qrow), *N = falloc(12 * qrow);
+    fill(K, (size_t)n * nrow, 2.0f);
+    fill(V, (size_t)n * nrow, 1.0f);
+    fill(Q, 12 * qrow, 2.0f);
+    paged_fix f;
+    paged_fix_init(&f, K, V, n, bs, nkv, hd, nb);
+    fl_paged_attn_params pp = {.n_head = n_head, .scale = 0.25f, .part_blocks = 1}; /* 7 partitions */
+    fl_paged_seq sq[4], dec[4];
+    for (int32_t s = 0, q0 = 0; s < ns; q0 += nq[s], s++) {
+        sq[s] = (fl_paged_seq){.q0 = q0, .n_q = nq[s], .pos0 = n - nq[s], .blocks = f.blocks};
+        dec[s] = (fl_paged_seq){.q0 = s, .n_q = 1, .pos0 = n - 1, .blocks = f.blocks};
+    }
+    for (int nth = 1; nth <= 2; nth++) {
+        fl_threads_set(nth);
+        const size_t wsb = fl_paged_attn_ws_size(&f.kv, sq, ns, &pp, nth), bound = fl_paged_attn_ws_size(&f.kv, dec, ns, &pp, nth);
+        if (wsb > bound) fail_msg("nth %d: workspace %zu > %zu, what %d decodes at this context take", nth, wsb, bound, ns);
+        void *ws = fl_alloc(FL_MEM_SCRATCH, wsb, 64);
+        fl_paged_attn(&f.kv, sq, ns, &pp, Q, O, ws);
+        fl_paged_attn_naive(&f.kv, sq, ns, &pp, Q, N);
+        const double d = fl_test_max_abs_diff(O, N, 12 * (int64_t)qrow);
+        if (d > 1e-5) fail_msg("nth %d: against the naive reference %.3g", nth, d);
+        for (int32_t s = 0; s < ns; s++) { /* alone (nq <= 4 and 7 partitions: split-K) */
+            fl_paged_seq one = sq[s];
+            const size_t wb1 = fl_paged_attn_ws_size(&f.kv, &one, 1, &pp, nth);
+            void *w1 = fl_alloc(FL_MEM_SCRATCH, wb1, 64);
+            fl_paged_attn(&f.kv, &one, 1, &pp, Q, A, w1);
+            if (memcmp(A + (size_t)one.q0 * qrow, O + (size_t)one.q0 * qrow, sizeof(float) * (size_t)nq[s] * qrow))
+                fail_msg("nth %d: sequence %d's rows differ from its rows alone", nth, s);
+            fl_free(FL_MEM_SCRATCH, w1, wb1);
+        }
+        fl_free(FL_MEM_SCRATCH, ws, wsb);
+    }
+    fl_threads_set(0);
+    paged_fix_deinit(&f, nb);
+    ffree(K, (size_t)n * nrow);
+    ffree(V, (size_t)n * nrow);
+    ffree(Q, 12 * qrow);
+    ffree(O, 12 * qrow);
+    ffree(A, 12 * qrow);
+    ffree(N, 12 * qrow);
+}
+
 static void test_paged_vs_contiguous(void **state) {
     (void)state;
     rng_seed(2);
@@ -1274,7 +1328,7 @@ static void test_convert_short_rows(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_random_ops),   cmocka_unit_test(test_pool_lru_order),
-        cmocka_unit_test(test_paged_vs_contiguous), cmocka_unit_test(test_fake_model),
+        cmocka_unit_test(test_paged_vs_contiguous), cmocka_unit_test(test_paged_split_budget), cmocka_unit_test(test_fake_model),
         cmocka_unit_test(test_kv_random_ops),     cmocka_unit_test(test_prefix_cache), cmocka_unit_test(test_seq_truncate),
         cmocka_unit_test(test_batching_bitwise),  cmocka_unit_test(test_quant_types),
         cmocka_unit_test(test_sliding_window), cmocka_unit_test(test_sliding_window_16bit),    cmocka_unit_test(test_shift_rerope),

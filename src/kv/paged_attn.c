@@ -460,12 +460,31 @@ static int32_t n_blocks_of(const fl_paged_kv *kv, const fl_paged_seq *s) {
 static int32_t n_parts_of(const fl_paged_kv *kv, const fl_paged_seq *s, const fl_paged_attn_params *pp) {
     return (n_blocks_of(kv, s) + pp->part_blocks - 1) / pp->part_blocks;
 }
-static int is_split(const fl_paged_kv *kv, const fl_paged_seq *s, const fl_paged_attn_params *pp) {
-    return s->n_q <= SPLIT_MAX_Q && n_parts_of(kv, s, pp) > 1;
+/* Which sequences take split-K (a work item per partition, their partial states merged in phase
+ * 2): those with at most SPLIT_MAX_Q query rows and more than one partition, taken in order while
+ * their partial states (rows x partitions) fit within n_seq x the most partitions of the call's
+ * sequences.  That is what the planner reserves for them (max_seqs x the partitions of a whole
+ * context, plan/plan_engine.c): without the limit a step of a few rows per sequence at a long
+ * context (speculative drafts, a prompt's last tokens) needed up to SPLIT_MAX_Q x that.  The
+ * others take the row tiles, which merge the same partitions in the same order: the same bits,
+ * so which path a sequence takes never changes its result.  split_budget gives the limit,
+ * take_split decides for the next sequence (*used: the partition rows taken so far). */
+static int64_t split_budget(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n_seq, const fl_paged_attn_params *pp) {
+    int32_t most = 0;
+    for (int32_t s = 0; s < n_seq; s++)
+        if (seqs[s].n_q > 0 && n_parts_of(kv, &seqs[s], pp) > most) most = n_parts_of(kv, &seqs[s], pp);
+    return (int64_t)n_seq * most;
 }
-static int64_t n_items_of(const fl_paged_kv *kv, const fl_paged_seq *s, const fl_paged_attn_params *pp) {
+static bool take_split(const fl_paged_kv *kv, const fl_paged_seq *s, const fl_paged_attn_params *pp, int64_t budget, int64_t *used) {
+    if (s->n_q <= 0 || s->n_q > SPLIT_MAX_Q || n_parts_of(kv, s, pp) <= 1) return false;
+    const int64_t need = (int64_t)s->n_q * n_parts_of(kv, s, pp);
+    if (*used + need > budget) return false;
+    *used += need;
+    return true;
+}
+static int64_t n_items_of(const fl_paged_kv *kv, const fl_paged_seq *s, const fl_paged_attn_params *pp, bool split) {
     if (s->n_q <= 0) return 0;
-    return (int64_t)kv->n_head_kv * (is_split(kv, s, pp) ? n_parts_of(kv, s, pp) : (s->n_q + Q_TILE - 1) / Q_TILE);
+    return (int64_t)kv->n_head_kv * (split ? n_parts_of(kv, s, pp) : (s->n_q + Q_TILE - 1) / Q_TILE);
 }
 
 static int32_t k_rows(const fl_paged_kv *kv) { return kv->block_size < 16 ? 16 : kv->block_size; }
@@ -473,9 +492,12 @@ static int32_t k_rows(const fl_paged_kv *kv) { return kv->block_size < 16 ? 16 :
 static plan make_plan(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n_seq, const fl_paged_attn_params *pp) {
     plan pl = {0};
     const size_t hd = (size_t)kv->head_dim, g = (size_t)(pp->n_head / kv->n_head_kv);
+    const int64_t budget = split_budget(kv, seqs, n_seq, pp);
+    int64_t used = 0;
     for (int32_t s = 0; s < n_seq; s++) {
-        pl.n_items += n_items_of(kv, &seqs[s], pp);
-        if (seqs[s].n_q > 0 && is_split(kv, &seqs[s], pp)) {
+        const bool split = take_split(kv, &seqs[s], pp, budget, &used);
+        pl.n_items += n_items_of(kv, &seqs[s], pp, split);
+        if (split) {
             pl.n_merge += (int64_t)seqs[s].n_q * pp->n_head;
             pl.n_partial += (size_t)n_parts_of(kv, &seqs[s], pp) * (size_t)seqs[s].n_q * (size_t)pp->n_head * (hd + 2);
         }
@@ -678,7 +700,7 @@ static void prefetch_item(const job *J, int32_t s, int64_t it) {
     while (J->item_base[s + 1] <= it) s++;
     const fl_paged_seq *sq = &J->seqs[s];
     const int64_t local = it - J->item_base[s];
-    if (is_split(J->kv, sq, J->pp)) {
+    if (J->part_base[s + 1] > J->part_base[s]) { /* (split-K) */
         const int32_t nparts = n_parts_of(J->kv, sq, J->pp);
         prefetch_block(J->kv, sq->blocks[(local % nparts) * J->pp->part_blocks], (int32_t)(local / nparts));
     } else {
@@ -712,7 +734,7 @@ static void phase1(void *ctx, int ith, int nth) {
         const fl_paged_seq *sq = &J->seqs[s];
         const int64_t local = it - J->item_base[s];
         const int32_t nblk = n_blocks_of(kv, sq), P = pp->part_blocks, nparts = n_parts_of(kv, sq, pp);
-        if (is_split(kv, sq, pp)) {
+        if (J->part_base[s + 1] > J->part_base[s]) {
             /* split-K: one partition for all rows of this sequence; partial state out */
             const int32_t kh = (int32_t)(local / nparts), pi = (int32_t)(local % nparts);
             const int32_t b_hi = (pi + 1) * P < nblk ? (pi + 1) * P : nblk;
@@ -757,7 +779,7 @@ static void phase2(void *ctx, int ith, int nth) {
     int64_t k = 0;
     for (int32_t s = 0; s < J->n_seq; s++) {
         const fl_paged_seq *sq = &J->seqs[s];
-        if (sq->n_q <= 0 || !is_split(J->kv, sq, J->pp)) continue;
+        if (J->part_base[s + 1] == J->part_base[s]) continue; /* (not split) */
         const int32_t nparts = n_parts_of(J->kv, sq, J->pp);
         for (int32_t r = 0; r < sq->n_q; r++)
             for (int32_t h = 0; h < nh; h++, k++) {
@@ -782,10 +804,13 @@ void fl_paged_attn(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n_se
     J.part_base = J.item_base + n_seq + 1;
     J.item_base[0] = J.part_base[0] = 0;
     const size_t ss = (size_t)kv->head_dim + 2;
-    for (int32_t s = 0; s < n_seq; s++) {
-        J.item_base[s + 1] = J.item_base[s] + n_items_of(kv, &seqs[s], pp);
+    const int64_t budget = split_budget(kv, seqs, n_seq, pp);
+    int64_t used = 0;
+    for (int32_t s = 0; s < n_seq; s++) { /* (as make_plan: a split sequence has partial states) */
+        const bool split = take_split(kv, &seqs[s], pp, budget, &used);
+        J.item_base[s + 1] = J.item_base[s] + n_items_of(kv, &seqs[s], pp, split);
         J.part_base[s + 1] = J.part_base[s];
-        if (seqs[s].n_q > 0 && is_split(kv, &seqs[s], pp))
+        if (split)
             J.part_base[s + 1] += (int64_t)((size_t)n_parts_of(kv, &seqs[s], pp) * (size_t)seqs[s].n_q * (size_t)pp->n_head * ss);
     }
     atomic_init(&J.next, 0);
