@@ -207,14 +207,16 @@ INLINE __m512i q6_codes(const unsigned char *b, int kb, int v, __m128i lsh, __m1
     return _mm512_or_si512(lo, hi);
 }
 
-/* -32 x the activation code sum of 16-code half h of 32-block jb of token m (o6's two int16) */
-INLINE int32_t q6_offset(const fl_act_q8 *a, int64_t m, int64_t jb, int h) {
-    const uint32_t o = (uint32_t)a->o6[(m * a->nb + jb) * 2 + h];
-    return (int32_t)(int16_t)(o & 0xFFFFu) + (int32_t)(int16_t)(o >> 16);
+/* -32 x the activation code sum of each of the 16 half blocks of super-block i (j = 2 kb + h),
+ * token m: o6's two int16 per half, added */
+INLINE __m512i k16_half_sums(const fl_act_q8 *a, int64_t m, int64_t i) {
+    const __m512i o = _mm512_loadu_si512(a->o6 + (m * a->nb + i * 8) * 2);
+    return _mm512_add_epi32(_mm512_srai_epi32(_mm512_slli_epi32(o, 16), 16), _mm512_srai_epi32(o, 16));
 }
 
 /* The blocks run as a loop (not unrolled: with all of it unrolled GCC kept the token sums on the
- * stack), the tokens and the 4 code vectors of a half unrolled. */
+ * stack), the tokens and the 4 code vectors of a half unrolled; each token's 16 offsets made
+ * once per super-block (a per-half scalar load and add per token had been 128 a super-block). */
 INLINE void k16_q6_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, const int NT, float *y, int64_t ldy, const bool pf) {
     const int64_t K = a->K, nb = a->nb, nsb = K / 256;
     __m512 acc[K16_TOKENS];
@@ -223,6 +225,9 @@ INLINE void k16_q6_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, 
     for (int64_t i = 0; i < nsb; i++) {
         const unsigned char *b = g + (size_t)i * FL_K16_Q6_BLOCK;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
+        _Alignas(64) int32_t off[K16_TOKENS][16]; /* each token's 16 half-block starts */
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) _mm512_storeu_si512(off[t], k16_half_sums(a, m0 + t, i));
 #pragma GCC unroll 1
         for (int kb = 0; kb < 8; kb++) {
             const int64_t jb = i * 8 + kb; /* the 32-block */
@@ -237,7 +242,7 @@ INLINE void k16_q6_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, 
                     d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + FL_K16_Q6_SCALES + 16 * j)))));
                 __m512i is[K16_TOKENS];
 #pragma GCC unroll 8
-                for (int t = 0; t < NT; t++) is[t] = _mm512_set1_epi32(q6_offset(a, m0 + t, jb, h));
+                for (int t = 0; t < NT; t++) is[t] = _mm512_set1_epi32(off[t][2 * kb + h]);
 #pragma GCC unroll 4
                 for (int v = 4 * h; v < 4 * h + 4; v++) {
                     const __m512i w = q6_codes(b, kb, v, lsh, hsh);
@@ -264,6 +269,8 @@ INLINE void k16_q6_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, f
     for (int64_t i = 0; i < nsb; i++) {
         const unsigned char *b = g + (size_t)i * FL_K16_Q6_BLOCK;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
+        _Alignas(64) int32_t off[16];
+        _mm512_storeu_si512(off, k16_half_sums(a, m, i));
 #pragma GCC unroll 8
         for (int kb = 0; kb < 8; kb++) {
             const int64_t jb = i * 8 + kb;
@@ -274,7 +281,7 @@ INLINE void k16_q6_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, f
             __m512i is[2];
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                is[h] = _mm512_set1_epi32(q6_offset(a, m, jb, h));
+                is[h] = _mm512_set1_epi32(off[2 * kb + h]);
 #pragma GCC unroll 4
                 for (int v = 4 * h; v < 4 * h + 4; v++) is[h] = _mm512_dpbusd_epi32(is[h], q6_codes(b, kb, v, lsh, hsh), bcast4(x + jb * 32 + 4 * v));
             }
@@ -305,8 +312,7 @@ INLINE void k16_q6_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, f
  * (-s_2kb, -s_2kb+1), s the code sums of its halves (o6's two int16 per half are -32 x parts of
  * s); Q3_K instead the int32 start of each half's sums, -4 s (its codes are value + 4). */
 INLINE void k23_act(const fl_act_q8 *a, int64_t m, int64_t i, int32_t *act, const bool Q3) {
-    const __m512i o = _mm512_loadu_si512(a->o6 + (m * a->nb + i * 8) * 2);
-    const __m512i s32 = _mm512_add_epi32(_mm512_srai_epi32(_mm512_slli_epi32(o, 16), 16), _mm512_srai_epi32(o, 16)); /* -32 s */
+    const __m512i s32 = k16_half_sums(a, m, i); /* -32 s */
     if (Q3) _mm512_storeu_si512(act, _mm512_srai_epi32(s32, 3));
     else _mm256_storeu_si256((__m256i *)act, _mm512_cvtepi32_epi16(_mm512_srai_epi32(s32, 5)));
 }
