@@ -77,14 +77,21 @@ _Static_assert(FL_K16_Q5_QS + 32 * 64 == FL_K16_Q5_BLOCK, "q5_K_r16 super-block"
 _Static_assert(FL_K16_Q3_QS + 16 * 64 == FL_K16_Q3_BLOCK, "q3_K_r16 super-block");
 _Static_assert(FL_K16_Q2_QS + 16 * 64 == FL_K16_Q2_BLOCK, "q2_K_r16 super-block");
 
-/* row i's block <-> its place in the group's super-block sb (to_group: block -> sb) */
+/* row i's block <-> its place in the group's super-block sb (to_group: block -> sb); the copies
+ * of constant size (1, 2, 4 bytes) so that they compile to moves, not calls (the loader runs
+ * this for every weight) */
+static inline void k16_copy(unsigned char *to, const unsigned char *from, int e) {
+    if (e == 4) memcpy(to, from, 4);
+    else if (e == 2) memcpy(to, from, 2);
+    else *to = *from;
+}
 static void k16_move(const k16_layout *l, unsigned char *blk, unsigned char *sb, int i, bool to_group) {
     for (int f = 0; f < l->nf; f++) {
         const k16_field *x = &l->f[f];
         for (int k = 0; k < x->len / x->e; k++) {
             unsigned char *p = blk + x->src + k * x->e, *q = sb + x->dst + (size_t)(FL_K16_ROWS * k + i) * x->e;
-            if (to_group) memcpy(q, p, x->e);
-            else memcpy(p, q, x->e);
+            if (to_group) k16_copy(q, p, x->e);
+            else k16_copy(p, q, x->e);
         }
     }
 }
