@@ -314,6 +314,15 @@ static void test_tiny_random_greedy(void **state) {
     fl_test_mem_zero();
 }
 
+/* The repack never writes the file: its bytes are those read before the loads (before, flen; freed here). */
+static void check_file_unchanged(const char *path, char *before, size_t flen) {
+    size_t alen;
+    char *after = fl_test_read_file(FL_SHARED_PATH(path), &alen);
+    assert_true(alen == flen && !memcmp(before, after, flen));
+    fl_test_free_file(before, flen);
+    fl_test_free_file(after, alen);
+}
+
 /* The Q4_0_R8 / Q8_0_R8 repack (params.repack, where fl_r8_load_type says): every Q4_0 / Q8_0 matrix in whole groups
  * of 8 rows changes type (not the embeddings), the file does not, and the logits of a prompt and
  * 40 greedy tokens agree with the file's layout: the integer sums are the same and only the f32
@@ -381,11 +390,7 @@ static void check_repack(const char *path, int32_t wq_type) {
         }
         runner_free(&r);
     }
-    size_t alen;
-    char *after = fl_test_read_file(FL_SHARED_PATH(path), &alen);
-    assert_true(alen == flen && !memcmp(before, after, flen));
-    fl_test_free_file(before, flen);
-    fl_test_free_file(after, alen);
+    check_file_unchanged(path, before, flen);
     for (int pass = 0; pass < 3; pass++)
         for (int i = 0; i <= 40; i++) fl_free(FL_MEM_MISC, lg[pass][i], sizeof(float) * (size_t)nv);
 }
@@ -438,11 +443,7 @@ static void check_repack_k16(const char *path, int32_t base, int32_t rtype) {
         }
         runner_free(&r);
     }
-    size_t alen;
-    char *after = fl_test_read_file(FL_SHARED_PATH(path), &alen);
-    assert_true(alen == flen && !memcmp(before, after, flen));
-    fl_test_free_file(before, flen);
-    fl_test_free_file(after, alen);
+    check_file_unchanged(path, before, flen);
     for (int pass = 0; pass < 3; pass++)
         for (int i = 0; i <= 24; i++) fl_free(FL_MEM_MISC, lg[pass][i], sizeof(float) * (size_t)nv);
 }
