@@ -139,7 +139,7 @@ for name, b in [("no max_tokens", {"messages": USER}), ("no messages", {"max_tok
                 ("a server tool", {"max_tokens": 4, "messages": USER, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
                 ("a bad tool_choice", {"max_tokens": 4, "messages": USER, "tool_choice": {"type": "maybe"}}),
                 ("a tool_use without input", {"max_tokens": 4, "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f"}]}]}),
-                ("max_tokens 0", {"max_tokens": 0, "messages": USER})]:
+                ("max_tokens 0", {"max_tokens": 0, "messages": USER}), ("max_tokens 2.5", {"max_tokens": 2.5, "messages": USER})]:
     st, e = post("/v1/messages", b)
     check("refused: %s -> %d, Anthropic's error shape" % (name, st),
           st == 400 and e.get("type") == "error" and e["error"]["type"] == "invalid_request_error" and isinstance(e["error"]["message"], str))

@@ -226,6 +226,7 @@ for name, b, code in [("no input", {"max_output_tokens": 4}, 400),
                       ("an empty input", {"input": []}, 400),
                       ("a bad text.format", {"input": "hi", "text": {"format": {"type": "xml"}}}, 400),
                       ("max_output_tokens 0", {"input": "hi", "max_output_tokens": 0}, 400),
+                      ("max_output_tokens 1e94", {"input": "hi", "max_output_tokens": 1e94}, 400),
                       ("tool_choice required without tools", {"input": "hi", "tool_choice": "required"}, 400),
                       ("an unknown previous_response_id", {"input": "hi", "previous_response_id": "resp_nope"}, 404)]:
     st, e = post("/v1/responses", b)

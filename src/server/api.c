@@ -1272,7 +1272,7 @@ static int srv_lora_parse(const fl_server *s, const cJSON *a, float *mix, char *
     const cJSON *it;
     cJSON_ArrayForEach(it, a) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id"), *sc = cJSON_GetObjectItemCaseSensitive(it, "scale");
-        if (!cJSON_IsObject(it) || !cJSON_IsNumber(id) || id->valuedouble != (double)(int64_t)id->valuedouble) {
+        if (!cJSON_IsObject(it) || !cJSON_IsNumber(id) || id->valuedouble != floor(id->valuedouble)) {
             snprintf(err, n_err, "each entry must be {\"id\": integer, \"scale\": number}");
             return 1;
         }

@@ -17,6 +17,7 @@
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
+#include <math.h>
 #include <string.h>
 
 enum { BL_NONE, BL_THINKING, BL_TEXT, BL_TOOL };
@@ -194,7 +195,7 @@ fl_status srv_msgs_request(fl_server *s, const cJSON *j, bool count_only, cJSON 
         if ((v = cJSON_GetObjectItemCaseSensitive(j, SAME[i]))) srv_add(chat, SAME[i], cJSON_Duplicate(v, 1));
     v = cJSON_GetObjectItemCaseSensitive(j, "max_tokens");
     if (!count_only && !present(v)) { snprintf(err, n, "'max_tokens' is required"); goto fail; }
-    if (present(v) && (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble != (double)(int64_t)v->valuedouble)) {
+    if (present(v) && (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble != floor(v->valuedouble))) {
         snprintf(err, n, "'max_tokens' must be an integer of at least 1");
         goto fail;
     }

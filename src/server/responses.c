@@ -21,6 +21,7 @@
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 #include <xxhash.h>
@@ -450,7 +451,7 @@ fl_status srv_resp_request(fl_server *s, const cJSON *j, cJSON **chat_out, srv_r
     for (size_t i = 0; i < sizeof SAME / sizeof *SAME; i++)
         if ((v = cJSON_GetObjectItemCaseSensitive(j, SAME[i]))) srv_add(chat, SAME[i], cJSON_Duplicate(v, 1));
     v = cJSON_GetObjectItemCaseSensitive(j, "max_output_tokens");
-    if (present(v) && (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble != (double)(int64_t)v->valuedouble || v->valuedouble > 1e9)) {
+    if (present(v) && (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble != floor(v->valuedouble) || v->valuedouble > 1e9)) {
         snprintf(err, n, "'max_output_tokens' must be an integer of at least 1");
         goto fail;
     }
