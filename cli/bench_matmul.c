@@ -129,7 +129,7 @@ int fl_bench_matmul(int argc, char **argv) {
         {"threads", 't', FL_OPT_INT, "N  threads (default 2)"},
         {"json", 0, FL_OPT_FLAG, "print JSON"},
         {"n-prompt", 'p', FL_OPT_INT, "M  tokens for the GEMM (default 512)"},
-        {"types", 0, FL_OPT_STR, "LIST  weight types, comma separated (default Q4_0,Q8_0; Q4_0_R8 / Q8_0_R8: repacked in groups of 8 rows, as the model loader does on AVX2 and AVX-512 unless AMX-INT8 comes without AMX-BF16; Q4_K_R16 / Q5_K_R16 / Q6_K_R16 / Q3_K_R16 / Q2_K_R16: in groups of 16, as it does on AVX-512 without AMX)"},
+        {"types", 0, FL_OPT_STR, "LIST  weight types, comma separated (default Q4_0,Q8_0; Q4_0_R8 / Q8_0_R8: repacked in groups of 8 rows, as the model loader does on AVX2 and AVX-512 unless AMX-INT8 comes without AMX-BF16; Q4_K_R16 / Q5_K_R16 / Q6_K_R16 / Q3_K_R16 / Q2_K_R16 / Q4_1_R16 / Q5_0_R16 / Q5_1_R16 / IQ4_NL_R16: in groups of 16, as it does on AVX-512 without AMX)"},
         {"stream-mib", 0, FL_OPT_INT, "MIB  weight bytes cycled through in GEMV, streamed GEMM and bandwidth calibration (default 1024)"},
         {"seconds", 0, FL_OPT_FLOAT, "S  minimum time per measurement (default 0.5)"},
         {0},

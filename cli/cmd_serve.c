@@ -81,7 +81,7 @@ int fl_cmd_serve(int argc, char **argv) {
         {"max-tokens-limit", 0, FL_OPT_INT, "N  largest max_tokens accepted (default 4096)"},
         {"alias", 0, FL_OPT_STR, "NAME  model name reported by the API (default: file name)"},
         {"no-mmap", 0, FL_OPT_FLAG, "read the model file into memory (huge pages where the kernel grants them) instead of mapping it"},
-        {"no-repack", 0, FL_OPT_FLAG, "keep the weights as in the file (by default Q4_0 / Q8_0 matrices are rewritten in place in groups of 8 rows for the kernels, and on AVX-512 without AMX Q4_K / Q5_K / Q6_K / Q3_K / Q2_K in groups of 16)"},
+        {"no-repack", 0, FL_OPT_FLAG, "keep the weights as in the file (by default Q4_0 / Q8_0 matrices are rewritten in place in groups of 8 rows for the kernels, and on AVX-512 without AMX Q4_K / Q5_K / Q6_K / Q3_K / Q2_K / Q4_1 / Q5_0 / Q5_1 / IQ4_NL in groups of 16)"},
         {"lora", 0, FL_OPT_STR, "FILE[,FILE...]  up to 16 LoRA adapters applied to every request at --lora-scale, unmerged (fitllm train --lora's OUT.lora.gguf or llama.cpp adapters; F32/F16/BF16); a request's \"lora\": [{id, scale}] mixes them its own way, POST /lora-adapters sets the scales, GET /lora-adapters lists them (llama.cpp's)"},
         {"lora-init-without-apply", 0, FL_OPT_FLAG, "with --lora: load the adapters at scale 0 (applied only where a request's \"lora\" or POST /lora-adapters asks)"},
         {"lora-modules", 0, FL_OPT_STR, "NAME=FILE[,NAME=FILE...]  up to 16 LoRA adapters over one base (vLLM's): a request whose \"model\" is NAME runs with it, others with none; listed by /v1/models"},

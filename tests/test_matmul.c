@@ -1477,13 +1477,25 @@ static void test_r8(void **state) {
  * their ends (0 / 15, 0 / 63, 0 / 7, 0 / 3), so the planes' and the codes' unpacking is seen bit by bit. */
 static void check_k16(int32_t base) {
     const bool q6 = base == FL_TYPE_Q6_K, q5 = base == FL_TYPE_Q5_K, q3 = base == FL_TYPE_Q3_K, q2 = base == FL_TYPE_Q2_K;
-    const int32_t rtype = q6 ? FL_TYPE_Q6_K_R16 : q5 ? FL_TYPE_Q5_K_R16 : q3 ? FL_TYPE_Q3_K_R16 : q2 ? FL_TYPE_Q2_K_R16 : FL_TYPE_Q4_K_R16;
+    const bool b32 = base == FL_TYPE_Q4_1 || base == FL_TYPE_Q5_0 || base == FL_TYPE_Q5_1 || base == FL_TYPE_IQ4_NL;
+    const int32_t rtype = q6 ? FL_TYPE_Q6_K_R16 : q5 ? FL_TYPE_Q5_K_R16 : q3 ? FL_TYPE_Q3_K_R16 : q2 ? FL_TYPE_Q2_K_R16
+                          : base == FL_TYPE_Q4_1 ? FL_TYPE_Q4_1_R16 : base == FL_TYPE_Q5_0 ? FL_TYPE_Q5_0_R16
+                          : base == FL_TYPE_Q5_1 ? FL_TYPE_Q5_1_R16 : base == FL_TYPE_IQ4_NL ? FL_TYPE_IQ4_NL_R16 : FL_TYPE_Q4_K_R16;
     assert_int_equal(fl_k16_base(rtype), base);
+    assert_int_equal(fl_b16_type(rtype), b32);
     const int64_t N = 48, K = 768, nsb = K / 256;
     qmat q;
     qmat_make(&q, base, N, K);
     const size_t ldw = q.W.nb[1];
-    for (int64_t r = 16; r < 32; r++)
+    if (b32) /* rows 24..31: codes (and fifth bits) at their ends, block by block */
+        for (int64_t r = 24; r < 32; r++)
+            for (int64_t b = 0; b < K / 32; b++) {
+                const size_t bs = fl_type_row_size(base, 32), qs = base == FL_TYPE_Q4_1 ? 4 : base == FL_TYPE_Q5_0 ? 6 : base == FL_TYPE_Q5_1 ? 8 : 2;
+                unsigned char *blk = (unsigned char *)q.data + r * ldw + b * bs;
+                memset(blk + qs, (r + b) % 2 ? 0xFF : 0x00, 16);
+                if (base == FL_TYPE_Q5_0 || base == FL_TYPE_Q5_1) memset(blk + qs - 4, (r + b) % 2 ? 0xFF : 0x00, 4);
+            }
+    for (int64_t r = 16; r < 32 && !b32; r++)
         for (int64_t b = 0; b < nsb; b++) {
             if (q6) {
                 fl_block_q6_K *blk = (fl_block_q6_K *)((char *)q.data + r * ldw) + b;
@@ -1573,10 +1585,10 @@ static void check_k16(int32_t base) {
                 fl_free(FL_MEM_MISC, yq, (size_t)(M * N) * 4);
             }
         /* the base type's panel packed from a group (Q4_K: AVX-512's, Q5_K / Q6_K: AVX2's): the bytes
-         * packed from its 16 rows */
+         * packed from its 16 rows (the blocks of 32 have no panels: their tiles take every step) */
         const size_t pb = fl_panel_bytes_for(base, K);
         void (*pack)(int32_t, const void *, size_t, int, int64_t, void *) = base != FL_TYPE_Q4_K ? fl_panel_pack_avx2 : fl_panel_pack_avx512;
-        for (int64_t r = 0; r < N; r += 16) {
+        for (int64_t r = 0; r < N && !b32; r += 16) {
             char *p0 = fl_alloc(FL_MEM_MISC, pb, 64), *p1 = fl_alloc(FL_MEM_MISC, pb, 64);
             assert_int_equal(fl_panel_bytes_for(rtype, K), pb);
             memset(p0, 0x55, pb);
@@ -1648,6 +1660,10 @@ static void test_k16(void **state) {
     check_k16(FL_TYPE_Q6_K);
     check_k16(FL_TYPE_Q3_K);
     check_k16(FL_TYPE_Q2_K);
+    check_k16(FL_TYPE_Q4_1);
+    check_k16(FL_TYPE_Q5_0);
+    check_k16(FL_TYPE_Q5_1);
+    check_k16(FL_TYPE_IQ4_NL);
     fl_test_mem_zero();
 }
 
@@ -1678,6 +1694,8 @@ static void test_kernel_name(void **state) {
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q3_K_R16, 32), "r16-vnni");
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q2_K_R16, 1), "r16-vnni");
         assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q2_K_R16, 33), "panels");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q5_0_R16, 1), "r16-vnni");
+        assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_1_R16, 512), "r16-vnni"); /* (no panels: every step) */
         if (fl_amx_bf16_usable()) {
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_0_R8, 512), "amx-bf16");
             assert_string_equal(fl_matmul_kernel_name(FL_TYPE_Q4_K, 64), "amx-bf16");

@@ -55,6 +55,10 @@ static const fl_type_info type_info_ext[] = {
     {"q5_K_r16", QK_K, 176, true},
     {"q3_K_r16", QK_K, 110, true},
     {"q2_K_r16", QK_K, 84, true},
+    {"q4_1_r16", 32, 20, true},
+    {"q5_0_r16", 32, 22, true},
+    {"q5_1_r16", 32, 24, true},
+    {"iq4_nl_r16", 32, 18, true},
 };
 
 const fl_type_info *fl_type_get(int32_t t) {

@@ -39,7 +39,9 @@ typedef enum fl_type {
      * interleaved (layout in kernels/matmul.h), 144 / 210 / 176 / 110 / 84 bytes per 256 weights as
      * the base type */
     FL_TYPE_Q4_K_R16 = 105, FL_TYPE_Q6_K_R16 = 106, FL_TYPE_Q5_K_R16 = 107, FL_TYPE_Q3_K_R16 = 108, FL_TYPE_Q2_K_R16 = 109,
-    FL_TYPE_COUNT_MAX = 110
+    /* Q4_1 / Q5_0 / Q5_1 / IQ4_NL the same way (blocks of 32: 20 / 22 / 24 / 18 bytes per 32 weights) */
+    FL_TYPE_Q4_1_R16 = 110, FL_TYPE_Q5_0_R16 = 111, FL_TYPE_Q5_1_R16 = 112, FL_TYPE_IQ4_NL_R16 = 113,
+    FL_TYPE_COUNT_MAX = 114
 } fl_type;
 
 typedef struct fl_type_info {

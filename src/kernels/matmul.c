@@ -415,6 +415,7 @@ static int64_t panel_group_max(int32_t type, int64_t K, int64_t M) {
  * AVX-512 on the R8 types and the R16 types (up to K16_DIRECT_MAX tokens), AVX2 on Q8_0_R8 (its
  * vectors are the tile's layout). */
 static bool panel_direct(int32_t type, int64_t M) {
+    if (fl_b16_type(type)) return fl_isa_get() == FL_ISA_AVX512; /* (every step: no panels of their own) */
     if (fl_k16_type(type)) return fl_isa_get() == FL_ISA_AVX512 && M <= K16_DIRECT_MAX;
     return fl_r8_base(type) >= 0 && (type == FL_TYPE_Q8_0_R8 || fl_isa_get() == FL_ISA_AVX512);
 }
@@ -920,7 +921,8 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
             /* the AVX-512 tiles of the repacked types read only codes, d, s and ms (and the records);
              * Q6_K_R16's, Q3_K_R16's and Q2_K_R16's read o6, and the AVX2 panels past 32 tokens of
              * all but Q4_K_R16 read o4 / o6 */
-            c.act_all = !(isa == FL_ISA_AVX512 && fl_r8_group_rows(W->type) && (!fl_k16_type(W->type) || W->type == FL_TYPE_Q4_K_R16) &&
+            c.act_all = !(isa == FL_ISA_AVX512 && fl_r8_group_rows(W->type) &&
+                          (!fl_k16_type(W->type) || W->type == FL_TYPE_Q4_K_R16 || fl_b16_type(W->type)) &&
                           !llama && !amx_path(W->type, M));
             size_t amx_act_bytes = 0, amx_pan_bytes = 0;
             if (!llama && amx_path(W->type, M)) {

@@ -118,6 +118,12 @@ void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, fl
  * qs as Q3_K_R16's.  So every R16 type is its base block's fields, each as 16 rows side by side:
  * a field of f16 scalars as 16 of them, bytes as planes of 16 (or of 16 pairs), codes as vectors
  * of 16 rows x 4 bytes.
+ * Q4_1_R16 / Q5_0_R16 / Q5_1_R16 / IQ4_NL_R16 do the same per block of 32 (16 x 20 / 22 / 24 / 18
+ * bytes): the 16 rows' f16 d (32 bytes); Q4_1 / Q5_1 their f16 m (32); Q5_0 / Q5_1 their fifth
+ * bits as one vector (row i's 32 bits at 4i, rearranged: bits v and 4 + v of byte k are the
+ * fifth bits of codes 4v + k and 16 + 4v + k, so the bit a code vector needs is one shift away,
+ * fl_b16_qh_word); then qs as 4 vectors (vector v: row i's qs[4v..4v+3] at 4i: low nibbles codes
+ * 4v.., high 16 + 4v..).  fl_b16_qh / fl_b16_qs: the byte offsets of the fifth bits and codes.
  * fl_r8_group_rows(type): rows per group of a repacked type (8, 16), 0 for any other;
  * fl_r8_pack / fl_r8_repack / fl_r8_unpack_row / fl_r8_dequant_row take these types too. */
 #define FL_K16_ROWS 16
@@ -147,10 +153,44 @@ static inline int32_t fl_k16_base(int32_t type) {
     case FL_TYPE_Q6_K_R16: return FL_TYPE_Q6_K;
     case FL_TYPE_Q3_K_R16: return FL_TYPE_Q3_K;
     case FL_TYPE_Q2_K_R16: return FL_TYPE_Q2_K;
+    case FL_TYPE_Q4_1_R16: return FL_TYPE_Q4_1;
+    case FL_TYPE_Q5_0_R16: return FL_TYPE_Q5_0;
+    case FL_TYPE_Q5_1_R16: return FL_TYPE_Q5_1;
+    case FL_TYPE_IQ4_NL_R16: return FL_TYPE_IQ4_NL;
     default: return -1;
     }
 }
 static inline bool fl_k16_type(int32_t type) { return fl_k16_base(type) >= 0; }
+/* the R16 types whose blocks are 32 weights (Q4_1_R16, Q5_0_R16, Q5_1_R16, IQ4_NL_R16) */
+static inline bool fl_b16_type(int32_t type) {
+    return type == FL_TYPE_Q4_1_R16 || type == FL_TYPE_Q5_0_R16 || type == FL_TYPE_Q5_1_R16 || type == FL_TYPE_IQ4_NL_R16;
+}
+static inline size_t fl_b16_qh(int32_t type) { return type == FL_TYPE_Q5_0_R16 ? 32 : 64; }
+static inline size_t fl_b16_qs(int32_t type) {
+    return type == FL_TYPE_IQ4_NL_R16 ? 32 : type == FL_TYPE_Q4_1_R16 ? 64 : type == FL_TYPE_Q5_0_R16 ? 96 : 128;
+}
+/* A row's 32 fifth bits (qh) as the R16 group holds them, and back: byte k gathers the bits
+ * k, k + 4, ..., k + 28 (bits 4 apart folded together in three steps) */
+static inline uint32_t fl_b16_qh_word(uint32_t qh) {
+    uint32_t h = 0;
+    for (int k = 0; k < 4; k++) {
+        uint32_t t = (qh >> k) & 0x11111111u;
+        t = (t | (t >> 3)) & 0x03030303u;
+        t = (t | (t >> 6)) & 0x000F000Fu;
+        h |= ((t | (t >> 12)) & 0xFFu) << (8 * k);
+    }
+    return h;
+}
+static inline uint32_t fl_b16_qh_unword(uint32_t h) {
+    uint32_t qh = 0;
+    for (int k = 0; k < 4; k++) {
+        uint32_t t = (h >> (8 * k)) & 0xFFu;
+        t = (t | (t << 12)) & 0x000F000Fu;
+        t = (t | (t << 6)) & 0x03030303u;
+        qh |= ((t | (t << 3)) & 0x11111111u) << k;
+    }
+    return qh;
+}
 int fl_r8_group_rows(int32_t type);
 /* The same with AVX-512 (bit-identical; Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K
  * vectorized, other types forwarded to fl_dequant_row). */

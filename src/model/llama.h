@@ -105,8 +105,9 @@ typedef struct fl_model_params {
                                 * fl_model_lora_put (the engine's run-time loading); n_loras +
                                 * lora_slots <= FL_MAX_LORAS.  After load, params.n_loras counts them */
     int32_t lora_slot_rank;    /* with lora_slots: the largest rank put in a slot (the workspace's) */
-    bool repack;               /* on AVX2, rewrite the Q4_0 / Q8_0 matrices in place as Q4_0_R8 / Q8_0_R8 (kernels/matmul.h)
-                                * for its GEMV; off by default (the engine turns it on unless asked not to;
+    bool repack;               /* rewrite the matrices in place in groups of rows where fl_r8_load_type says (Q4_0 / Q8_0
+                                * as Q4_0_R8 / Q8_0_R8 on AVX2 and AVX-512, the K-quants, Q4_1, Q5_0, Q5_1 and IQ4_NL as
+                                * their R16 types on AVX-512 without AMX; kernels/matmul.h); off by default (the engine turns it on unless asked not to;
                                 * tp / pp slice rows, so they keep it off) */
 } fl_model_params;
 

@@ -267,7 +267,7 @@ static fl_status convert_weights(fl_model *m) {
     return st;
 }
 
-/* ---- the Q4_0_R8 / Q8_0_R8 and R16 (Q4_K_R16 ... Q2_K_R16) repack (params.repack) ---- */
+/* ---- the Q4_0_R8 / Q8_0_R8 and R16 (Q4_K_R16 ... Q2_K_R16, Q4_1_R16 ... IQ4_NL_R16) repack (params.repack) ---- */
 
 static bool repacks(const fl_tensor *t) {
     return fl_r8_load_type(t->type, t->ne[1], true) != t->type && t->n_dims == 2 && t->nb[1] == fl_type_row_size(t->type, t->ne[0]);
@@ -319,7 +319,7 @@ static fl_status repack_weights(fl_model *m) {
     }
     if (tmp) fl_free(FL_MEM_SCRATCH, tmp, tmp_bytes);
     const fl_status st = mapped ? fl_gguf_set_writable(m->g, false) : FL_OK;
-    if (!st && count) FL_LOG_INFO("%d Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K / Q3_K / Q2_K matrices (%.2f MiB) repacked in groups of rows (q4_0_r8 / q8_0_r8 / q4_K_r16 ... q2_K_r16)", count, (double)total / 1048576.0);
+    if (!st && count) FL_LOG_INFO("%d Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K / Q3_K / Q2_K / Q4_1 / Q5_0 / Q5_1 / IQ4_NL matrices (%.2f MiB) repacked in groups of rows (q4_0_r8 / q8_0_r8 / q4_K_r16 ... iq4_nl_r16)", count, (double)total / 1048576.0);
     return st;
 }
 

@@ -1,6 +1,7 @@
 /* Q4_K_R16 / Q5_K_R16 / Q6_K_R16 / Q3_K_R16 / Q2_K_R16 (those types in groups of 16 interleaved rows, layouts
  * in kernels/matmul.h) on AVX-512 VNNI, straight on the groups for steps of up to 32 tokens
- * (past that: the base type's panels, packed from the groups here).  A lane is a row: one
+ * (past that: the base type's panels, packed from the groups here); Q4_1_R16 / Q5_0_R16 /
+ * Q5_1_R16 / IQ4_NL_R16 (blocks of 32, at the end) for steps of any size.  A lane is a row: one
  * 64-byte load of a group's codes is 16 rows x 4 code bytes, which go to a vpdpbusd against 4
  * broadcast activation codes.  Codes are unsigned (Q4_K 0..15: low nibbles sub-block 2c, high
  * 2c + 1; Q5_K the same with the fifth bits of its qh vectors or'd in; Q6_K 0..63 made of a
@@ -456,6 +457,154 @@ INLINE void k23_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, floa
     _mm512_storeu_ps(y, acc);
 }
 
+/* ---- Q4_1_R16 / Q5_0_R16 / Q5_1_R16 / IQ4_NL_R16 (blocks of 32) ----
+ * Per block of 32 and 16 rows: the 16 d (one convert), Q4_1 / Q5_1 the 16 m, and 8 code vectors
+ * of 16 rows x 4 codes (the 4 qs vectors' low and high nibbles; Q5_x's fifth bits one shift and
+ * one ternary-logic op away, fl_b16_qh_word; IQ4_NL's table values + 128 by a byte shuffle).
+ * Each token's int32 sums start at -offset x its activation code sum (Q5_0 16, IQ4_NL 128), then
+ *     acc += f32(sum) * (d * d_x)   (Q4_1 / Q5_1 then  acc -= m * (-s d_x), fl_act_q8.ms)
+ * per block, so a token has the same bits in any step. */
+enum { B16_Q4_1, B16_Q5_0, B16_Q5_1, B16_IQ4_NL };
+#define B16_Q5(k) ((k) == B16_Q5_0 || (k) == B16_Q5_1)
+#define B16_MINS(k) ((k) == B16_Q4_1 || (k) == B16_Q5_1)
+INLINE int32_t b16_type(const int kind) {
+    return kind == B16_Q4_1 ? FL_TYPE_Q4_1_R16 : kind == B16_Q5_0 ? FL_TYPE_Q5_0_R16 : kind == B16_Q5_1 ? FL_TYPE_Q5_1_R16 : FL_TYPE_IQ4_NL_R16;
+}
+INLINE size_t b16_bytes(const int kind) {
+    return (size_t)FL_K16_ROWS * (kind == B16_Q4_1 ? 20 : kind == B16_Q5_0 ? 22 : kind == B16_Q5_1 ? 24 : 18);
+}
+/* prefetch distance into L1 (the rows stream from memory in a decode step): 16-20 blocks.
+ * TinyLlama-shaped Q5_0, `fitllm bench model -p 0 -n 64 -t 2`, three alternated rounds, paired %
+ * of the bandwidth: 1536 B 78.5, 75.1, 78.8; 3072 76.6, 85.5, 75.8; 6144 83.6, 84.3, 77.4 (within
+ * this VM's noise) */
+#define B16_PF 6144
+
+INLINE __m512i b16_table(const int kind) {
+    if (kind != B16_IQ4_NL) return _mm512_setzero_si512();
+    return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)fl_iq4nl_values)), _mm512_set1_epi8((char)0x80));
+}
+
+/* Block b's 8 code vectors: w[v] the codes 4v.. of the 16 rows (activations 4v..4v+3), w[4 + v]
+ * the codes 16 + 4v.. */
+INLINE void b16_codes(const unsigned char *b, const int kind, __m512i tab, __m512i *w) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const size_t qs = fl_b16_qs(b16_type(kind));
+    const __m512i h = B16_Q5(kind) ? _mm512_loadu_si512(b + fl_b16_qh(b16_type(kind))) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++) {
+        const __m512i z = _mm512_loadu_si512(b + qs + 64 * v);
+        __m512i lo = _mm512_and_si512(z, m4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+        if (B16_Q5(kind)) { /* lo | (bit v of h, moved to bit 4), hi | (bit 4 + v): no bit of the next byte lands on bit 4 */
+            lo = _mm512_ternarylogic_epi32(lo, _mm512_slli_epi16(h, 4 - v), b4, 0xF8);
+            hi = _mm512_ternarylogic_epi32(hi, v ? _mm512_srli_epi16(h, v) : h, b4, 0xF8);
+        }
+        if (kind == B16_IQ4_NL) lo = _mm512_shuffle_epi8(tab, lo), hi = _mm512_shuffle_epi8(tab, hi);
+        w[v] = lo, w[4 + v] = hi;
+    }
+}
+
+/* token t's fold of block j (the same in the tile and the GEMV) */
+INLINE __m512 b16_fold(__m512 acc, __m512i is, __m512 dw, __m512 mw, const fl_act_q8 *a, int64_t jt, const int kind) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(a->d[jt])), acc);
+    if (B16_MINS(kind)) acc = _mm512_fnmadd_ps(mw, _mm512_set1_ps(a->ms[jt]), acc);
+    return acc;
+}
+
+INLINE int32_t b16_off(const int kind) { return kind == B16_Q5_0 ? 16 : kind == B16_IQ4_NL ? 128 : 0; }
+
+/* 16 rows (one group at g) x NT tokens (1..K16_TOKENS) from token m0; pf: prefetch */
+INLINE void b16_tile(const unsigned char *g, const fl_act_q8 *a, int64_t m0, const int NT, float *y, int64_t ldy, const bool pf,
+                     const int kind) {
+    const int64_t K = a->K, nb = a->nb;
+    const size_t bsz = b16_bytes(kind);
+    const __m512i tab = b16_table(kind);
+    __m512 acc[K16_TOKENS];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < nb; j++) {
+        const unsigned char *b = g + (size_t)j * bsz;
+        if (pf)
+            for (size_t l = 0; l < bsz; l += 64) _mm_prefetch((const char *)b + B16_PF + l, _MM_HINT_T0);
+        __m512i w[8], is[K16_TOKENS];
+        b16_codes(b, kind, tab, w);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
+        const __m512 mw = B16_MINS(kind) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 32))) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) is[t] = _mm512_set1_epi32(-b16_off(kind) * a->s[(m0 + t) * nb + j]);
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++)
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++)
+                is[t] = _mm512_dpbusd_epi32(is[t], w[v], bcast4(a->qs + (m0 + t) * K + j * 32 + (v < 4 ? 4 * v : 16 + 4 * (v - 4))));
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) acc[t] = b16_fold(acc[t], is[t], dw, mw, a, (m0 + t) * nb + j, kind);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);
+}
+
+/* One token (the GEMV): the tile's arithmetic, the 8 products of a block in four chains (exact
+ * integer sums: the same bits). */
+INLINE void b16_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, float *y, const int kind) {
+    const int64_t K = a->K, nb = a->nb;
+    const size_t bsz = b16_bytes(kind);
+    const __m512i tab = b16_table(kind);
+    const int8_t *x = a->qs + m * K;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < nb; j++) {
+        const unsigned char *b = g + (size_t)j * bsz;
+        for (size_t l = 0; l < bsz; l += 64) _mm_prefetch((const char *)b + B16_PF + l, _MM_HINT_T0);
+        __m512i w[8];
+        b16_codes(b, kind, tab, w);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b));
+        const __m512 mw = B16_MINS(kind) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 32))) : _mm512_setzero_ps();
+        const int8_t *xb = x + j * 32;
+        const __m512i z = _mm512_setzero_si512();
+        __m512i c0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-b16_off(kind) * a->s[m * nb + j]), w[0], bcast4(xb));
+        __m512i c1 = _mm512_dpbusd_epi32(z, w[1], bcast4(xb + 4)), c2 = _mm512_dpbusd_epi32(z, w[4], bcast4(xb + 16));
+        __m512i c3 = _mm512_dpbusd_epi32(z, w[5], bcast4(xb + 20));
+        c0 = _mm512_dpbusd_epi32(c0, w[2], bcast4(xb + 8));
+        c1 = _mm512_dpbusd_epi32(c1, w[3], bcast4(xb + 12));
+        c2 = _mm512_dpbusd_epi32(c2, w[6], bcast4(xb + 24));
+        c3 = _mm512_dpbusd_epi32(c3, w[7], bcast4(xb + 28));
+        acc = b16_fold(acc, _mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)), dw, mw, a, m * nb + j, kind);
+    }
+    _mm512_storeu_ps(y, acc);
+}
+
+#define B16_TILE_CASE(kind, n)                                                                                                 \
+    case n: b16_tile(g, a, m, n, yt, ldy, pf, kind); break;
+#define B16_GEMM(name, kind)                                                                                                   \
+    static void name(const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy) {      \
+        for (int r = 0; r < nr; r += FL_K16_ROWS) {                                                                            \
+            const unsigned char *g = (const unsigned char *)w + (size_t)r * ldw;                                               \
+            if (nt == 1) {                                                                                                     \
+                b16_gemv(g, a, m0, y + r, kind);                                                                               \
+                continue;                                                                                                      \
+            }                                                                                                                  \
+            for (int t0 = 0; t0 < nt; t0 += K16_TOKENS) {                                                                      \
+                const int n = nt - t0 < K16_TOKENS ? nt - t0 : K16_TOKENS;                                                     \
+                const int64_t m = m0 + t0;                                                                                     \
+                float *yt = y + t0 * ldy + r;                                                                                  \
+                const bool pf = t0 == 0;                                                                                       \
+                switch (n) {                                                                                                   \
+                    B16_TILE_CASE(kind, 1)                                                                                     \
+                    B16_TILE_CASE(kind, 2)                                                                                     \
+                    B16_TILE_CASE(kind, 3)                                                                                     \
+                    B16_TILE_CASE(kind, 4)                                                                                     \
+                    B16_TILE_CASE(kind, 5)                                                                                     \
+                    B16_TILE_CASE(kind, 6)                                                                                     \
+                    B16_TILE_CASE(kind, 7)                                                                                     \
+                default: b16_tile(g, a, m, 8, yt, ldy, pf, kind);                                                              \
+                }                                                                                                              \
+            }                                                                                                                  \
+        }                                                                                                                      \
+    }
+B16_GEMM(b16_gemm_q4_1, B16_Q4_1)
+B16_GEMM(b16_gemm_q5_0, B16_Q5_0)
+B16_GEMM(b16_gemm_q5_1, B16_Q5_1)
+B16_GEMM(b16_gemm_iq4_nl, B16_IQ4_NL)
+
 #define K16_TILE_CASE(n)                                                                                   \
     case n:                                                                                                \
         (q6   ? k16_q6_tile(g, a, m, n, yt, ldy, pf)                                                       \
@@ -467,6 +616,13 @@ INLINE void k23_gemv(const unsigned char *g, const fl_act_q8 *a, int64_t m, floa
 
 void fl_k16_gemm_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const fl_act_q8 *a, int64_t m0, int nt, float *y, int64_t ldy) {
     FL_ASSERT(nr % FL_K16_ROWS == 0 && fl_k16_type(wtype));
+    if (fl_b16_type(wtype)) {
+        (wtype == FL_TYPE_Q4_1_R16   ? b16_gemm_q4_1
+         : wtype == FL_TYPE_Q5_0_R16 ? b16_gemm_q5_0
+         : wtype == FL_TYPE_Q5_1_R16 ? b16_gemm_q5_1
+                                     : b16_gemm_iq4_nl)(w, ldw, nr, a, m0, nt, y, ldy);
+        return;
+    }
     const bool q6 = wtype == FL_TYPE_Q6_K_R16, q5 = wtype == FL_TYPE_Q5_K_R16, q3 = wtype == FL_TYPE_Q3_K_R16, q2 = wtype == FL_TYPE_Q2_K_R16;
     for (int r = 0; r < nr; r += FL_K16_ROWS) {
         const unsigned char *g = (const unsigned char *)w + (size_t)r * ldw;
@@ -505,6 +661,7 @@ static void k16_q6_panel_pack(const void *w, int64_t K, void *panel);
 static void k23_panel_pack(const void *w, int64_t K, void *panel, bool q3);
 
 void fl_k16_panel_pack_avx512(int32_t wtype, const void *w, int64_t K, void *panel) {
+    FL_ASSERT(!fl_b16_type(wtype)); /* (their tiles take every step: matmul.c, panel_direct) */
     if (wtype == FL_TYPE_Q6_K_R16) {
         k16_q6_panel_pack(w, K, panel);
         return;

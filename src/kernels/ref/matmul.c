@@ -18,6 +18,7 @@ fl_status fl_matmul_supported(int32_t type) {
     case FL_TYPE_Q2_K: case FL_TYPE_Q3_K: case FL_TYPE_Q4_K: case FL_TYPE_Q5_K: case FL_TYPE_Q6_K:
     case FL_TYPE_Q8_K: case FL_TYPE_IQ4_NL: case FL_TYPE_NF4: case FL_TYPE_FP8_E4M3: case FL_TYPE_Q4_0_R8: case FL_TYPE_Q8_0_R8:
     case FL_TYPE_Q4_K_R16: case FL_TYPE_Q5_K_R16: case FL_TYPE_Q6_K_R16: case FL_TYPE_Q3_K_R16: case FL_TYPE_Q2_K_R16:
+    case FL_TYPE_Q4_1_R16: case FL_TYPE_Q5_0_R16: case FL_TYPE_Q5_1_R16: case FL_TYPE_IQ4_NL_R16:
         return FL_OK;
     default: return fl_set_error(FL_ERR_UNSUPPORTED, "weight type %s is not supported by matmul", fl_type_name(type));
     }
@@ -384,6 +385,15 @@ void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_a
     if (wtype == FL_TYPE_Q4_1 || wtype == FL_TYPE_Q5_0 || wtype == FL_TYPE_Q5_1 || wtype == FL_TYPE_IQ4_NL) {
         for (int t = 0; t < nt; t++)
             for (int r = 0; r < nr; r++) y[t * ldy + r] = dot_b32_row(wtype, (const char *)w + r * ldw, a, m0 + t);
+        return;
+    }
+    if (fl_b16_type(wtype)) { /* Q4_1_R16 ... IQ4_NL_R16: w at a group's first row, nr a multiple of 16: each row unpacked */
+        FL_ASSERT(nr % FL_K16_ROWS == 0);
+        fl_block_q5_1 buf[a->K / 32 > 0 ? a->K / 32 : 1]; /* (the largest block) */
+        for (int r = 0; r < nr; r++) {
+            fl_r8_unpack_row(wtype, (const char *)w + (size_t)(r / FL_K16_ROWS) * FL_K16_ROWS * ldw, r % FL_K16_ROWS, a->K, buf);
+            for (int t = 0; t < nt; t++) y[t * ldy + r] = dot_b32_row(fl_k16_base(wtype), buf, a, m0 + t);
+        }
         return;
     }
     const int32_t kbase = fl_k16_type(wtype) ? fl_k16_base(wtype) : wtype;

@@ -1,5 +1,5 @@
 /* Q4_0 / Q8_0 in groups of 8 interleaved rows (FL_TYPE_Q4_0_R8 / Q8_0_R8) and Q4_K / Q5_K / Q6_K /
- * Q3_K / Q2_K in groups of 16 (FL_TYPE_Q4_K_R16 ... Q2_K_R16), layouts in kernels/matmul.h: packing,
+ * Q3_K / Q2_K / Q4_1 / Q5_0 / Q5_1 / IQ4_NL in groups of 16 (FL_TYPE_Q4_K_R16 ... IQ4_NL_R16), layouts in kernels/matmul.h: packing,
  * unpacking and the f32 expansion of one row. */
 #include "core/status.h"
 #include "kernels/dispatch.h"
@@ -19,6 +19,10 @@ int32_t fl_r8_load_type(int32_t type, int64_t rows, bool repack) {
                         : type == FL_TYPE_Q6_K ? FL_TYPE_Q6_K_R16
                         : type == FL_TYPE_Q3_K ? FL_TYPE_Q3_K_R16
                         : type == FL_TYPE_Q2_K ? FL_TYPE_Q2_K_R16
+                        : type == FL_TYPE_Q4_1 ? FL_TYPE_Q4_1_R16
+                        : type == FL_TYPE_Q5_0 ? FL_TYPE_Q5_0_R16
+                        : type == FL_TYPE_Q5_1 ? FL_TYPE_Q5_1_R16
+                        : type == FL_TYPE_IQ4_NL ? FL_TYPE_IQ4_NL_R16
                                                : -1;
     if (k16 >= 0) return isa == FL_ISA_AVX512 && !fl_amx_usable() && rows % FL_K16_ROWS == 0 ? k16 : type;
     /* with AMX, where its bf16 tiles take the prefill steps on the groups (fl_amx_bf16_panel_r8) */
@@ -43,27 +47,37 @@ size_t fl_r8_block_bytes(int32_t type) { return fl_r8_base(type) == FL_TYPE_Q8_0
 
 /* The R16 types: each field of the base block, the 16 rows side by side (matmul.h).  A field
  * of `len` bytes at `src` in a row's block is elements of `e` bytes (f16 scalars 2, scale bytes
- * 1 or, Q3_K / Q2_K, pairs of them 2, codes 4); element k of row i goes to byte dst + (16 k + i) e
- * of the group's super-block. */
+ * 1 or, Q3_K / Q2_K, pairs of them 2, codes 4; e 5: Q5_0's / Q5_1's qh, 4 bytes rearranged by
+ * fl_b16_qh_word); element k of row i goes to byte dst + (16 k + i) e of the group's block. */
 typedef struct {
     uint16_t src, len, dst, e;
 } k16_field;
 typedef struct {
     size_t bs; /* bytes of the base block */
+    int qk;    /* its weights */
     int nf;
     k16_field f[5];
 } k16_layout;
+#define QH5 5 /* (k16_field.e of a fifth-bits word) */
 static const k16_layout *k16_layout_of(int32_t type) {
-    static const k16_layout q4 = {144, 4, {{0, 2, 0, 2}, {2, 2, 32, 2}, {4, 12, FL_K16_SCALES, 1}, {16, 128, FL_K16_QS, 4}}};
-    static const k16_layout q5 = {176, 5, {{0, 2, 0, 2}, {2, 2, 32, 2}, {4, 12, FL_K16_SCALES, 1}, {16, 32, FL_K16_Q5_QH, 4}, {48, 128, FL_K16_Q5_QS, 4}}};
-    static const k16_layout q6 = {210, 4, {{0, 128, FL_K16_Q6_QL, 4}, {128, 64, FL_K16_Q6_QH, 4}, {192, 16, FL_K16_Q6_SCALES, 1}, {208, 2, 0, 2}}};
-    static const k16_layout q3 = {110, 4, {{0, 32, FL_K16_Q3_HM, 4}, {32, 64, FL_K16_Q3_QS, 4}, {96, 12, FL_K16_Q3_SCALES, 2}, {108, 2, 0, 2}}};
-    static const k16_layout q2 = {84, 4, {{0, 16, FL_K16_Q2_SCALES, 2}, {16, 64, FL_K16_Q2_QS, 4}, {80, 2, 0, 2}, {82, 2, 32, 2}}};
+    static const k16_layout q4 = {144, 256, 4, {{0, 2, 0, 2}, {2, 2, 32, 2}, {4, 12, FL_K16_SCALES, 1}, {16, 128, FL_K16_QS, 4}}};
+    static const k16_layout q5 = {176, 256, 5, {{0, 2, 0, 2}, {2, 2, 32, 2}, {4, 12, FL_K16_SCALES, 1}, {16, 32, FL_K16_Q5_QH, 4}, {48, 128, FL_K16_Q5_QS, 4}}};
+    static const k16_layout q6 = {210, 256, 4, {{0, 128, FL_K16_Q6_QL, 4}, {128, 64, FL_K16_Q6_QH, 4}, {192, 16, FL_K16_Q6_SCALES, 1}, {208, 2, 0, 2}}};
+    static const k16_layout q3 = {110, 256, 4, {{0, 32, FL_K16_Q3_HM, 4}, {32, 64, FL_K16_Q3_QS, 4}, {96, 12, FL_K16_Q3_SCALES, 2}, {108, 2, 0, 2}}};
+    static const k16_layout q2 = {84, 256, 4, {{0, 16, FL_K16_Q2_SCALES, 2}, {16, 64, FL_K16_Q2_QS, 4}, {80, 2, 0, 2}, {82, 2, 32, 2}}};
+    static const k16_layout q41 = {20, 32, 3, {{0, 2, 0, 2}, {2, 2, 32, 2}, {4, 16, 64, 4}}};
+    static const k16_layout q50 = {22, 32, 3, {{0, 2, 0, 2}, {2, 4, 32, QH5}, {6, 16, 96, 4}}};
+    static const k16_layout q51 = {24, 32, 4, {{0, 2, 0, 2}, {2, 2, 32, 2}, {4, 4, 64, QH5}, {8, 16, 128, 4}}};
+    static const k16_layout iq4 = {18, 32, 2, {{0, 2, 0, 2}, {2, 16, 32, 4}}};
     switch (type) {
     case FL_TYPE_Q4_K_R16: return &q4;
     case FL_TYPE_Q5_K_R16: return &q5;
     case FL_TYPE_Q6_K_R16: return &q6;
     case FL_TYPE_Q3_K_R16: return &q3;
+    case FL_TYPE_Q4_1_R16: return &q41;
+    case FL_TYPE_Q5_0_R16: return &q50;
+    case FL_TYPE_Q5_1_R16: return &q51;
+    case FL_TYPE_IQ4_NL_R16: return &iq4;
     default: FL_ASSERT(type == FL_TYPE_Q2_K_R16); return &q2;
     }
 }
@@ -80,18 +94,24 @@ _Static_assert(FL_K16_Q2_QS + 16 * 64 == FL_K16_Q2_BLOCK, "q2_K_r16 super-block"
 /* row i's block <-> its place in the group's super-block sb (to_group: block -> sb); the copies
  * of constant size (1, 2, 4 bytes) so that they compile to moves, not calls (the loader runs
  * this for every weight) */
-static inline void k16_copy(unsigned char *to, const unsigned char *from, int e) {
-    if (e == 4) memcpy(to, from, 4);
+static inline void k16_copy(unsigned char *to, const unsigned char *from, int e, bool to_group) {
+    if (e == QH5) {
+        uint32_t w;
+        memcpy(&w, from, 4);
+        w = to_group ? fl_b16_qh_word(w) : fl_b16_qh_unword(w);
+        memcpy(to, &w, 4);
+    } else if (e == 4) memcpy(to, from, 4);
     else if (e == 2) memcpy(to, from, 2);
     else *to = *from;
 }
 static void k16_move(const k16_layout *l, unsigned char *blk, unsigned char *sb, int i, bool to_group) {
     for (int f = 0; f < l->nf; f++) {
         const k16_field *x = &l->f[f];
-        for (int k = 0; k < x->len / x->e; k++) {
-            unsigned char *p = blk + x->src + k * x->e, *q = sb + x->dst + (size_t)(FL_K16_ROWS * k + i) * x->e;
-            if (to_group) k16_copy(q, p, x->e);
-            else k16_copy(p, q, x->e);
+        const int e = x->e == QH5 ? 4 : x->e;
+        for (int k = 0; k < x->len / e; k++) {
+            unsigned char *p = blk + x->src + k * e, *q = sb + x->dst + (size_t)(FL_K16_ROWS * k + i) * e;
+            if (to_group) k16_copy(q, p, x->e, true);
+            else k16_copy(p, q, x->e, false);
         }
     }
 }
@@ -100,7 +120,7 @@ static void k16_move(const k16_layout *l, unsigned char *blk, unsigned char *sb,
 void fl_r8_pack(int32_t type, const void *rows, size_t ldw, int64_t K, void *group) {
     if (fl_k16_type(type)) {
         const k16_layout *l = k16_layout_of(type);
-        for (int64_t b = 0; b < K / 256; b++)
+        for (int64_t b = 0; b < K / l->qk; b++)
             for (int i = 0; i < FL_K16_ROWS; i++)
                 k16_move(l, (unsigned char *)rows + (size_t)i * ldw + (size_t)b * l->bs, (unsigned char *)group + (size_t)b * FL_K16_ROWS * l->bs, i, true);
         return;
@@ -124,7 +144,7 @@ void fl_r8_repack(int32_t type, void *rows, size_t ldw, int64_t K, void *tmp) {
 void fl_r8_unpack_row(int32_t type, const void *group, int i, int64_t K, void *row) {
     if (fl_k16_type(type)) {
         const k16_layout *l = k16_layout_of(type);
-        for (int64_t b = 0; b < K / 256; b++)
+        for (int64_t b = 0; b < K / l->qk; b++)
             k16_move(l, (unsigned char *)row + (size_t)b * l->bs, (unsigned char *)group + (size_t)b * FL_K16_ROWS * l->bs, i, false);
         return;
     }
@@ -141,10 +161,10 @@ void fl_r8_dequant_row(int32_t type, const void *data, size_t ldw, int64_t r, fl
     if (fl_k16_type(type)) {
         const unsigned char *g = (const unsigned char *)data + (size_t)(r / FL_K16_ROWS) * FL_K16_ROWS * ldw;
         const k16_layout *l = k16_layout_of(type);
-        for (int64_t b = 0; b < K / 256; b++) {
+        for (int64_t b = 0; b < K / l->qk; b++) {
             unsigned char blk[256]; /* (the largest base block, Q6_K, is 210 bytes) */
             k16_move(l, blk, (unsigned char *)g + (size_t)b * FL_K16_ROWS * l->bs, (int)(r % FL_K16_ROWS), false);
-            fl_dequant_row(fl_k16_base(type), blk, dst + b * 256, 256);
+            fl_dequant_row(fl_k16_base(type), blk, dst + b * l->qk, l->qk);
         }
         return;
     }
