@@ -359,20 +359,42 @@ static void quant_q6_K(const float *x, fl_block_q6_K *y, int64_t k) {
     }
 }
 
-/* Nearest entry of the (ascending) IQ4_NL table: binary search over the midpoints. */
-static int iq4nl_code(float v) {
-    int lo = 0, hi = 15;
-    while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (v > 0.5f * (float)(fl_iq4nl_values[mid] + fl_iq4nl_values[mid + 1])) lo = mid + 1;
-        else hi = mid;
+/* Nearest entry of the (ascending) IQ4_NL table: how many of its 15 midpoints v is above (what
+ * a binary search over them gives, without the branches it mispredicted about every other step:
+ * the quantizer below takes 3200 codes per block, and a TinyLlama-shaped `fitllm synth --type
+ * IQ4_NL` ran for more than 15 minutes).  The midpoints are integers or halves 12 or more apart,
+ * so each unit cell [n - 128, n - 127) holds at most one: base[n] counts those below the cell,
+ * mid[n] is the one inside (or +inf).  v + 128 may round up to the next integer when v is just
+ * below one, but no midpoint lies between v and that integer. */
+typedef struct {
+    uint8_t base[256];
+    float mid[256];
+} iq4nl_cells;
+
+static void iq4nl_cells_init(iq4nl_cells *L) {
+    for (int n = 0; n < 256; n++) {
+        L->base[n] = 0;
+        L->mid[n] = INFINITY;
+        for (int i = 0; i < 15; i++) {
+            const float m = 0.5f * (float)(fl_iq4nl_values[i] + fl_iq4nl_values[i + 1]);
+            if (m < (float)(n - 128)) L->base[n]++;
+            else if (m < (float)(n - 127)) L->mid[n] = m;
+        }
     }
-    return lo;
 }
 
+static int iq4nl_code(const iq4nl_cells *L, float v) {
+    if (!(v >= -128.0f)) return 0; /* (and NaN, as the search gave) */
+    if (v >= 128.0f) return 15;
+    int n = (int)(v + 128.0f);
+    if (n > 255) n = 255;
+    return L->base[n] + (v > L->mid[n]);
+}
 /* Search d over candidates that map the extreme element near either end of the table, with a
  * least-squares refit of d for each code assignment; keep the smallest squared error. */
 static void quant_iq4_nl(const float *x, fl_block_iq4_nl *y, int64_t k) {
+    iq4nl_cells cells, *mid = &cells;
+    iq4nl_cells_init(mid);
     for (int64_t i = 0; i < k / FL_QK; i++, x += FL_QK) {
         float amax = 0, max = 0;
         for (int j = 0; j < 32; j++)
@@ -384,7 +406,7 @@ static void quant_iq4_nl(const float *x, fl_block_iq4_nl *y, int64_t k) {
                 const float id = t / max;
                 double sxq = 0, sqq = 0;
                 for (int j = 0; j < 32; j++) {
-                    const float v = fl_iq4nl_values[iq4nl_code(x[j] * id)];
+                    const float v = fl_iq4nl_values[iq4nl_code(mid, x[j] * id)];
                     sxq += (double)x[j] * v; sqq += (double)v * v;
                 }
                 if (sqq <= 0) continue;
@@ -392,7 +414,7 @@ static void quant_iq4_nl(const float *x, fl_block_iq4_nl *y, int64_t k) {
                 if (d == 0) continue;
                 float err = 0;
                 for (int j = 0; j < 32; j++) {
-                    const float e = d * fl_iq4nl_values[iq4nl_code(x[j] / d)] - x[j];
+                    const float e = d * fl_iq4nl_values[iq4nl_code(mid, x[j] / d)] - x[j];
                     err += e * e;
                 }
                 if (err < best_err) { best_err = err; best_d = d; }
@@ -400,7 +422,7 @@ static void quant_iq4_nl(const float *x, fl_block_iq4_nl *y, int64_t k) {
         }
         y[i].d = F2H(best_d);
         uint8_t q[32];
-        for (int j = 0; j < 32; j++) q[j] = (uint8_t)(best_d != 0 ? iq4nl_code(x[j] / best_d) : 8);
+        for (int j = 0; j < 32; j++) q[j] = (uint8_t)(best_d != 0 ? iq4nl_code(mid, x[j] / best_d) : 8);
         for (int j = 0; j < 16; j++) y[i].qs[j] = (uint8_t)(q[j] | (q[j + 16] << 4));
     }
 }
