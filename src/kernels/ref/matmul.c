@@ -387,34 +387,27 @@ void fl_gemm_q8_ref(int32_t wtype, const void *w, size_t ldw, int nr, const fl_a
             for (int r = 0; r < nr; r++) y[t * ldy + r] = dot_b32_row(wtype, (const char *)w + r * ldw, a, m0 + t);
         return;
     }
-    if (fl_b16_type(wtype)) { /* Q4_1_R16 ... IQ4_NL_R16: w at a group's first row, nr a multiple of 16: each row unpacked */
+    if (fl_k16_type(wtype)) { /* the R16 types: w at a group's first row, nr a multiple of 16: each row
+                               * unpacked to the base type's blocks and computed as that row */
         FL_ASSERT(nr % FL_K16_ROWS == 0);
-        fl_block_q5_1 buf[a->K / 32 > 0 ? a->K / 32 : 1]; /* (the largest block) */
+        const int32_t base = fl_k16_base(wtype);
+        const size_t rb = fl_type_row_size(base, a->K);
+        uint64_t buf[rb / 8 + 1];
         for (int r = 0; r < nr; r++) {
             fl_r8_unpack_row(wtype, (const char *)w + (size_t)(r / FL_K16_ROWS) * FL_K16_ROWS * ldw, r % FL_K16_ROWS, a->K, buf);
-            for (int t = 0; t < nt; t++) y[t * ldy + r] = dot_b32_row(fl_k16_base(wtype), buf, a, m0 + t);
+            fl_gemm_q8_ref(base, buf, rb, 1, a, m0, nt, y + r, ldy);
         }
         return;
     }
-    const int32_t kbase = fl_k16_type(wtype) ? fl_k16_base(wtype) : wtype;
-    float (*row)(const void *, const fl_act_q8 *, int64_t) = kbase == FL_TYPE_Q4_K   ? dot_q4_K_row
-                                                             : kbase == FL_TYPE_Q5_K ? dot_q5_K_row
-                                                             : kbase == FL_TYPE_Q6_K ? dot_q6_K_row
-                                                             : kbase == FL_TYPE_Q3_K ? dot_q3_K_row
-                                                             : kbase == FL_TYPE_Q2_K ? dot_q2_K_row
+    float (*row)(const void *, const fl_act_q8 *, int64_t) = wtype == FL_TYPE_Q4_K   ? dot_q4_K_row
+                                                             : wtype == FL_TYPE_Q5_K ? dot_q5_K_row
+                                                             : wtype == FL_TYPE_Q6_K ? dot_q6_K_row
+                                                             : wtype == FL_TYPE_Q3_K ? dot_q3_K_row
+                                                             : wtype == FL_TYPE_Q2_K ? dot_q2_K_row
                                                                                      : NULL;
-    if (row && !fl_k16_type(wtype)) {
+    if (row) {
         for (int t = 0; t < nt; t++)
             for (int r = 0; r < nr; r++) y[t * ldy + r] = row((const char *)w + r * ldw, a, m0 + t);
-        return;
-    }
-    if (row) { /* the R16 types: w at a group's first row, nr a multiple of 16: each row unpacked */
-        FL_ASSERT(nr % FL_K16_ROWS == 0);
-        fl_block_q6_K buf[a->K / 256 > 0 ? a->K / 256 : 1]; /* (the largest block) */
-        for (int r = 0; r < nr; r++) {
-            fl_r8_unpack_row(wtype, (const char *)w + (size_t)(r / FL_K16_ROWS) * FL_K16_ROWS * ldw, r % FL_K16_ROWS, a->K, buf);
-            for (int t = 0; t < nt; t++) y[t * ldy + r] = row(buf, a, m0 + t);
-        }
         return;
     }
     if (fl_r8_base(wtype) >= 0) { /* w at a group's first row, nr a multiple of 8 */
