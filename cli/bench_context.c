@@ -226,6 +226,7 @@ int fl_bench_context(int argc, char **argv) {
         {"tp", 0, FL_OPT_FLAG, "tensor parallel over the mpirun ranks (paged f16 KV, 1/N of the heads); only that config"},
         {"pp", 0, FL_OPT_INT, "M  pipeline parallel over the mpirun ranks, M micro-batches per prefill chunk; only that config"},
         {"threads", 't', FL_OPT_INT, "N  threads per rank (default: all cores; 1 under mpirun)"},
+        {"no-repack", 0, FL_OPT_FLAG, "keep the weights in the file's layout (by default they are repacked in groups of rows, as run and serve do; --tp / --pp slice rows and keep the file's)"},
         {"plot", 0, FL_OPT_STR, "FILE.svg  write FILE.svg.dat + .gp (memory vs context) and run gnuplot (.png: PNG)"},
         {0},
     };
@@ -269,7 +270,9 @@ int fl_bench_context(int argc, char **argv) {
         return 2;
     }
     g_pp_micro = use_pp ? (int32_t)fl_args_get(opts, "pp")->i : 1;
-    if ((use_tp ? fl_tp_load(path, comm, &tp) : use_pp ? fl_pp_load(path, comm, &g_pp) : fl_model_load(path, NULL, &m)) ||
+    fl_model_params mp = fl_model_default_params();
+    mp.repack = !fl_args_get(opts, "no-repack")->set;
+    if ((use_tp ? fl_tp_load(path, comm, &tp) : use_pp ? fl_pp_load(path, comm, &g_pp) : fl_model_load(path, &mp, &m)) ||
         fl_plan_shape_from_gguf(path, &shape)) {
         fprintf(stderr, "fitllm bench context: %s\n", fl_last_error());
         fl_comm_free(comm);
