@@ -337,6 +337,73 @@ static void test_paged_split_budget(void **state) {
     ffree(N, 12 * qrow);
 }
 
+/* Decode rows of sequences at different lengths, K/V in f32 and f16 (the AVX-512 block loader
+ * for 16-row blocks of 64 dims): a batch gives each row the bits it gets alone, whether the
+ * call's work items take one kv head each (a sequence alone at a short context, or split in
+ * fewer partitions than two per thread) or all four (the batch: each block's rows read whole),
+ * on 1, 2 and 4 threads; and the naive reference agrees. */
+static void test_paged_kv_heads_per_item(void **state) {
+    (void)state;
+    const int32_t bs = 16, nkv = 4, hd = 64, n_head = 16, n = 300, ns = 4, nb = (n + bs - 1) / bs + 3;
+    const int32_t len[4] = {40, 23, 300, 71};
+    const int32_t types[2] = {FL_TYPE_F32, FL_TYPE_F16};
+    const size_t nrow = (size_t)nkv * hd, qrow = (size_t)n_head * hd;
+    for (int t = 0; t < 2; t++) {
+        rng_seed(31 + (uint32_t)t);
+        float *K = falloc((size_t)n * nrow), *V = falloc((size_t)n * nrow), *Q = falloc(ns * qrow), *O = falloc(ns * qrow),
+              *A = falloc(ns * qrow), *N = falloc(ns * qrow);
+        fill(K, (size_t)n * nrow, 2.0f);
+        fill(V, (size_t)n * nrow, 1.0f);
+        fill(Q, ns * qrow, 2.0f);
+        paged_fix f;
+        paged_fix_init(&f, K, V, n, bs, nkv, hd, nb);
+        if (types[t] == FL_TYPE_F16) { /* the same rows in f16, in place (the halves after the first are left as they were) */
+            for (size_t i = 0; i < f.bytes / 4; i++) {
+                float a, b;
+                memcpy(&a, f.k + 4 * i, 4);
+                memcpy(&b, f.v + 4 * i, 4);
+                const uint16_t ha = fl_f32_to_f16(a), hb = fl_f32_to_f16(b);
+                memcpy(f.k + 2 * i, &ha, 2);
+                memcpy(f.v + 2 * i, &hb, 2);
+            }
+            f.kv.type = FL_TYPE_F16;
+            f.kv.row_bytes = nrow * 2;
+            f.kv.block_bytes = f.kv.row_bytes * (size_t)bs;
+        }
+        fl_paged_attn_params pp = {.n_head = n_head, .scale = 0.125f, .part_blocks = 4}; /* 300 tokens: 5 partitions */
+        fl_paged_seq sq[4];
+        for (int32_t s = 0; s < ns; s++) sq[s] = (fl_paged_seq){.q0 = s, .n_q = 1, .pos0 = len[s] - 1, .blocks = f.blocks};
+        fl_paged_attn_naive(&f.kv, sq, ns, &pp, Q, N);
+        for (int nth = 1; nth <= 4; nth *= 2) {
+            fl_threads_set(nth);
+            const size_t wsb = fl_paged_attn_ws_size(&f.kv, sq, ns, &pp, nth);
+            void *ws = fl_alloc(FL_MEM_SCRATCH, wsb, 64);
+            fl_paged_attn(&f.kv, sq, ns, &pp, Q, O, ws);
+            const double d = fl_test_max_abs_diff(O, N, ns * (int64_t)qrow);
+            if (d > 1e-5) fail_msg("%s nth %d: against the naive reference %.3g", fl_type_name(types[t]), nth, d);
+            for (int32_t s = 0; s < ns; s++) {
+                const size_t wb1 = fl_paged_attn_ws_size(&f.kv, &sq[s], 1, &pp, nth);
+                void *w1 = fl_alloc(FL_MEM_SCRATCH, wb1, 64);
+                memset(A, 0, sizeof(float) * ns * qrow);
+                fl_paged_attn(&f.kv, &sq[s], 1, &pp, Q, A, w1);
+                if (memcmp(A + (size_t)s * qrow, O + (size_t)s * qrow, sizeof(float) * qrow))
+                    fail_msg("%s nth %d: sequence %d (%d tokens) differs from its row alone", fl_type_name(types[t]), nth, s, len[s]);
+                fl_free(FL_MEM_SCRATCH, w1, wb1);
+            }
+            fl_free(FL_MEM_SCRATCH, ws, wsb);
+        }
+        fl_threads_set(0);
+        paged_fix_deinit(&f, nb);
+        ffree(K, (size_t)n * nrow);
+        ffree(V, (size_t)n * nrow);
+        ffree(Q, ns * qrow);
+        ffree(O, ns * qrow);
+        ffree(A, ns * qrow);
+        ffree(N, ns * qrow);
+    }
+    fl_test_mem_zero();
+}
+
 static void test_paged_vs_contiguous(void **state) {
     (void)state;
     rng_seed(2);
@@ -1328,7 +1395,7 @@ static void test_convert_short_rows(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_random_ops),   cmocka_unit_test(test_pool_lru_order),
-        cmocka_unit_test(test_paged_vs_contiguous), cmocka_unit_test(test_paged_split_budget), cmocka_unit_test(test_fake_model),
+        cmocka_unit_test(test_paged_vs_contiguous), cmocka_unit_test(test_paged_split_budget), cmocka_unit_test(test_paged_kv_heads_per_item), cmocka_unit_test(test_fake_model),
         cmocka_unit_test(test_kv_random_ops),     cmocka_unit_test(test_prefix_cache), cmocka_unit_test(test_seq_truncate),
         cmocka_unit_test(test_batching_bitwise),  cmocka_unit_test(test_quant_types),
         cmocka_unit_test(test_sliding_window), cmocka_unit_test(test_sliding_window_16bit),    cmocka_unit_test(test_shift_rerope),

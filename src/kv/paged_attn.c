@@ -22,6 +22,7 @@
  * 16 alternated in one process, median of the paired speedups: 1.02 / 1.03 / 1.05-1.06 at 512 /
  * 1024 / 2048 tokens, the same bits (rows are independent). */
 #define Q_TILE FL_PAGED_Q_TILE
+#define ALL_KV_ITEMS 2 /* all kv heads per work item only where each thread gets this many (all_kv_ok) */
 
 /* ---- shared pieces: per-block online-softmax update and the in-order merge ---- */
 
@@ -482,9 +483,22 @@ static bool take_split(const fl_paged_kv *kv, const fl_paged_seq *s, const fl_pa
     *used += need;
     return true;
 }
-static int64_t n_items_of(const fl_paged_kv *kv, const fl_paged_seq *s, const fl_paged_attn_params *pp, bool split) {
+/* Whether a sequence's work items may take all its kv heads at once (blocks outer, heads inner):
+ * its rows' states for every head fit a tile's state buffer (rows x n_head_kv <= Q_TILE: decode
+ * rows, a few drafts).  Its K and V rows are then read whole, one block after the other, where an
+ * item per kv head reads a quarter of every row (TinyLlama's 4 kv heads: 128 of 512 bytes) and
+ * comes back for the rest three items later.  Converting one layer's K/V blocks from memory in
+ * that order (16-row f16 blocks, 4 x 64-dim heads, 22 layers of 129 blocks, one thread) took
+ * 281-292 ns per block and head against 721-757 ns head by head (a throwaway harness, not a
+ * project command). */
+static bool all_kv_ok(const fl_paged_kv *kv, const fl_paged_seq *s) { return s->n_q > 0 && s->n_q * kv->n_head_kv <= Q_TILE; }
+
+/* Work items of a sequence: per kv head (or, all_kv and all_kv_ok, for all of them) one per
+ * partition where split, else one per tile of Q_TILE rows. */
+static int64_t n_items_of(const fl_paged_kv *kv, const fl_paged_seq *s, const fl_paged_attn_params *pp, bool split, bool all_kv) {
     if (s->n_q <= 0) return 0;
-    return (int64_t)kv->n_head_kv * (split ? n_parts_of(kv, s, pp) : (s->n_q + Q_TILE - 1) / Q_TILE);
+    const int64_t heads = all_kv && all_kv_ok(kv, s) ? 1 : kv->n_head_kv;
+    return heads * (split ? n_parts_of(kv, s, pp) : (s->n_q + Q_TILE - 1) / Q_TILE);
 }
 
 static int32_t k_rows(const fl_paged_kv *kv) { return kv->block_size < 16 ? 16 : kv->block_size; }
@@ -496,7 +510,7 @@ static plan make_plan(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n
     int64_t used = 0;
     for (int32_t s = 0; s < n_seq; s++) {
         const bool split = take_split(kv, &seqs[s], pp, budget, &used);
-        pl.n_items += n_items_of(kv, &seqs[s], pp, split);
+        pl.n_items += n_items_of(kv, &seqs[s], pp, split, false);
         if (split) {
             pl.n_merge += (int64_t)seqs[s].n_q * pp->n_head;
             pl.n_partial += (size_t)n_parts_of(kv, &seqs[s], pp) * (size_t)seqs[s].n_q * (size_t)pp->n_head * (hd + 2);
@@ -530,6 +544,7 @@ typedef struct job {
     int64_t *part_base;   /* [n_seq + 1] first partial float of each split sequence */
     atomic_llong next;
     vec_ops ops;          /* dot / axpy variant for the whole call */
+    bool all_kv;          /* the sequences that may (all_kv_ok) take all kv heads per item */
 } job;
 
 /* Dequantise rows [ja, jb) of block `id` for kv head kh from `src` (kv->k or kv->v, with its
@@ -646,25 +661,27 @@ static void load_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t ja
  * hints, where T0 ones had been no faster than none; with the next item's first block too
  * (phase1) 0.75-0.80x.  In `fitllm bench serve` (16 sequences, TinyLlama-shaped Q8_0) the
  * attention's share of a decode step stayed within its run-to-run spread (5.8-8.7%). */
-static void prefetch_block(const fl_paged_kv *kv, int32_t id, int32_t kh) {
+static void prefetch_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t nkh) {
     if (id <= 0) return;
     const size_t slice = kv->row_bytes / (size_t)kv->n_head_kv, off = (size_t)(id - 1) * kv->block_bytes + (size_t)kh * slice;
     for (int32_t j = 0; j < kv->block_size; j++)
-        for (size_t l = 0; l < slice; l += 64) {
+        for (size_t l = 0; l < (size_t)nkh * slice; l += 64) {
             _mm_prefetch((const char *)kv->k + off + (size_t)j * kv->row_bytes + l, _MM_HINT_T1);
             _mm_prefetch((const char *)kv->v + off + (size_t)j * kv->row_bytes + l, _MM_HINT_T1);
         }
 }
 
-/* States for rows [ra, rb) of sequence s (relative rows), heads of kv head kh, over blocks
- * [b_lo, b_hi).  st: [(rb - ra)][g][hd + 2], initialised here. */
-static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_t ra, int32_t rb, int32_t b_lo,
+/* States for rows [ra, rb) of sequence s (relative rows), the heads of kv heads [kh0, kh0 + nkh),
+ * over blocks [b_lo, b_hi): each block for each of those kv heads in turn (a head's blocks come
+ * in the same order whatever nkh is, so the same bits).  st: [(rb - ra)][nkh g][hd + 2],
+ * initialised here. */
+static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh0, int32_t nkh, int32_t ra, int32_t rb, int32_t b_lo,
                        int32_t b_hi, float *st, float *kb, float *vb, float *sc) {
     const fl_paged_kv *kv = jb_->kv;
     const fl_paged_attn_params *pp = jb_->pp;
     const int32_t hd = kv->head_dim, bs = kv->block_size, g = pp->n_head / kv->n_head_kv, w = pp->window;
     const size_t ss = (size_t)hd + 2;
-    for (int32_t i = 0; i < (rb - ra) * g; i++) state_init(st + (size_t)i * ss, hd);
+    for (int32_t i = 0; i < (rb - ra) * nkh * g; i++) state_init(st + (size_t)i * ss, hd);
     const int32_t p_first = s->pos0 + ra, p_last = s->pos0 + rb - 1;
     const bool kt16 = jb_->ops.kt16 && bs <= 16;
     const bool fast16 = jb_->ops.scores_t == scores_avx512_t && bs == 16 && hd % 16 == 0 &&
@@ -675,37 +692,43 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh, int32_
         const int32_t ja = lo_tile > j0 ? lo_tile - j0 : 0;        /* first block row anyone sees */
         const int32_t jz = p_last - j0 + 1 < bs ? p_last - j0 + 1 : bs; /* one past the last */
         if (ja >= jz) continue;
-        if (b + 1 < b_hi) prefetch_block(kv, s->blocks[b + 1], kh);
-        if (fast16) load_block16_avx512(kv, s->blocks[b], kh, ja, jz, kb, vb);
-        else load_block(kv, s->blocks[b], kh, ja, jz, kb, vb, jb_->ops.scores_t != NULL, kt16);
-        for (int32_t r = ra; r < rb; r++) {
-            const int32_t p = s->pos0 + r;
-            const int32_t lo = w > 0 && p - w + 1 > 0 ? p - w + 1 : 0;
-            const int32_t ra_ = lo > j0 ? lo - j0 : 0, rz = p - j0 + 1 < bs ? p - j0 + 1 : bs;
-            if (ra_ >= rz) continue; /* nothing of this block is visible to row r */
-            const float *q_r = jb_->q + ((size_t)(s->q0 + r) * (size_t)pp->n_head + (size_t)(kh * g)) * (size_t)hd;
-            float *st_r = st + (size_t)(r - ra) * (size_t)g * ss;
-            if (jb_->ops.scores_t == scores_avx512_t && bs <= 16) /* the group's heads together */
-                update16_heads(g, st_r, ss, q_r, hd, kb, vb, ra_, rz, bs, pp->scale);
-            else if (kt16) fl_attn_block16_avx2(g, st_r, ss, q_r, hd, kb, vb, ra_, rz, pp->scale);
-            else
-                for (int32_t gi = 0; gi < g; gi++)
-                    state_update(&jb_->ops, st_r + (size_t)gi * ss, q_r + (size_t)gi * (size_t)hd, kb, vb, ra_, rz, hd, bs, pp->scale, sc);
+        if (b + 1 < b_hi) prefetch_block(kv, s->blocks[b + 1], kh0, nkh);
+        for (int32_t kh = kh0; kh < kh0 + nkh; kh++) {
+            if (fast16) load_block16_avx512(kv, s->blocks[b], kh, ja, jz, kb, vb);
+            else load_block(kv, s->blocks[b], kh, ja, jz, kb, vb, jb_->ops.scores_t != NULL, kt16);
+            for (int32_t r = ra; r < rb; r++) {
+                const int32_t p = s->pos0 + r;
+                const int32_t lo = w > 0 && p - w + 1 > 0 ? p - w + 1 : 0;
+                const int32_t ra_ = lo > j0 ? lo - j0 : 0, rz = p - j0 + 1 < bs ? p - j0 + 1 : bs;
+                if (ra_ >= rz) continue; /* nothing of this block is visible to row r */
+                const float *q_r = jb_->q + ((size_t)(s->q0 + r) * (size_t)pp->n_head + (size_t)(kh * g)) * (size_t)hd;
+                float *st_r = st + ((size_t)(r - ra) * (size_t)nkh + (size_t)(kh - kh0)) * (size_t)g * ss;
+                if (jb_->ops.scores_t == scores_avx512_t && bs <= 16) /* the group's heads together */
+                    update16_heads(g, st_r, ss, q_r, hd, kb, vb, ra_, rz, bs, pp->scale);
+                else if (kt16) fl_attn_block16_avx2(g, st_r, ss, q_r, hd, kb, vb, ra_, rz, pp->scale);
+                else
+                    for (int32_t gi = 0; gi < g; gi++)
+                        state_update(&jb_->ops, st_r + (size_t)gi * ss, q_r + (size_t)gi * (size_t)hd, kb, vb, ra_, rz, hd, bs, pp->scale, sc);
+            }
         }
     }
 }
 
-/* The first block of item it (sequence s or a later one) for its kv head. */
+/* The kv heads of each of sq's items (all of them, or one). */
+static int32_t item_heads(const job *J, const fl_paged_seq *sq) { return J->all_kv && all_kv_ok(J->kv, sq) ? J->kv->n_head_kv : 1; }
+
+/* The first block of item it (sequence s or a later one) for its kv heads. */
 static void prefetch_item(const job *J, int32_t s, int64_t it) {
     while (J->item_base[s + 1] <= it) s++;
     const fl_paged_seq *sq = &J->seqs[s];
     const int64_t local = it - J->item_base[s];
+    const int32_t nkh = item_heads(J, sq);
     if (J->part_base[s + 1] > J->part_base[s]) { /* (split-K) */
         const int32_t nparts = n_parts_of(J->kv, sq, J->pp);
-        prefetch_block(J->kv, sq->blocks[(local % nparts) * J->pp->part_blocks], (int32_t)(local / nparts));
+        prefetch_block(J->kv, sq->blocks[(local % nparts) * J->pp->part_blocks], (int32_t)(local / nparts) * nkh, nkh);
     } else {
         /* (block 0 of the table; where a sliding window has dropped it, the null block: nothing) */
-        prefetch_block(J->kv, sq->blocks[0], (int32_t)(local / ((sq->n_q + Q_TILE - 1) / Q_TILE)));
+        prefetch_block(J->kv, sq->blocks[0], (int32_t)(local / ((sq->n_q + Q_TILE - 1) / Q_TILE)) * nkh, nkh);
     }
 }
 
@@ -734,37 +757,36 @@ static void phase1(void *ctx, int ith, int nth) {
         const fl_paged_seq *sq = &J->seqs[s];
         const int64_t local = it - J->item_base[s];
         const int32_t nblk = n_blocks_of(kv, sq), P = pp->part_blocks, nparts = n_parts_of(kv, sq, pp);
+        const int32_t nkh = item_heads(J, sq), gh = nkh * g; /* the item's kv heads, their query heads */
         if (J->part_base[s + 1] > J->part_base[s]) {
             /* split-K: one partition for all rows of this sequence; partial state out */
-            const int32_t kh = (int32_t)(local / nparts), pi = (int32_t)(local % nparts);
+            const int32_t kh = (int32_t)(local / nparts) * nkh, pi = (int32_t)(local % nparts);
             const int32_t b_hi = (pi + 1) * P < nblk ? (pi + 1) * P : nblk;
-            run_blocks(J, sq, kh, 0, sq->n_q, pi * P, b_hi, part, kb, vb, sc);
-            for (int32_t r = 0; r < sq->n_q; r++)
-                for (int32_t gi = 0; gi < g; gi++) {
-                    const size_t o = J->part_base[s] + (((size_t)pi * (size_t)sq->n_q + (size_t)r) * (size_t)pp->n_head +
-                                                        (size_t)(kh * g + gi)) * ss;
-                    memcpy(J->partial + o, part + ((size_t)r * (size_t)g + (size_t)gi) * ss, sizeof(float) * ss);
-                }
+            run_blocks(J, sq, kh, nkh, 0, sq->n_q, pi * P, b_hi, part, kb, vb, sc);
+            for (int32_t r = 0; r < sq->n_q; r++) /* (the item's heads are consecutive in both) */
+                memcpy(J->partial + J->part_base[s] +
+                           (((size_t)pi * (size_t)sq->n_q + (size_t)r) * (size_t)pp->n_head + (size_t)(kh * g)) * ss,
+                       part + (size_t)r * (size_t)gh * ss, sizeof(float) * ss * (size_t)gh);
         } else {
             /* a tile of rows, all partitions in order, merged as they come */
             const int32_t ntile = (sq->n_q + Q_TILE - 1) / Q_TILE;
-            const int32_t kh = (int32_t)(local / ntile), ti = (int32_t)(local % ntile);
+            const int32_t kh = (int32_t)(local / ntile) * nkh, ti = (int32_t)(local % ntile);
             const int32_t ra = ti * Q_TILE, rb = ra + Q_TILE < sq->n_q ? ra + Q_TILE : sq->n_q;
             const bool v512 = J->ops.scores_t == scores_avx512_t;
             /* the first partition straight into run (merging into an empty state is a copy, or
              * nothing where no key was visible: the state run_blocks starts from) */
             for (int32_t pi = 0; pi < nparts; pi++) {
                 const int32_t b_hi = (pi + 1) * P < nblk ? (pi + 1) * P : nblk;
-                run_blocks(J, sq, kh, ra, rb, pi * P, b_hi, pi ? part : run, kb, vb, sc);
+                run_blocks(J, sq, kh, nkh, ra, rb, pi * P, b_hi, pi ? part : run, kb, vb, sc);
                 if (pi)
-                    for (int32_t i = 0; i < (rb - ra) * g; i++)
+                    for (int32_t i = 0; i < (rb - ra) * gh; i++)
                         (v512 ? state_merge_avx512 : state_merge)(run + (size_t)i * ss, part + (size_t)i * ss, hd);
             }
             void (*final)(const float *, float *, int32_t) = v512 ? state_final_avx512 : state_final;
             for (int32_t r = ra; r < rb; r++)
-                for (int32_t gi = 0; gi < g; gi++)
-                    final(run + ((size_t)(r - ra) * (size_t)g + (size_t)gi) * ss,
-                          J->out + ((size_t)(sq->q0 + r) * (size_t)pp->n_head + (size_t)(kh * g + gi)) * (size_t)hd, hd);
+                for (int32_t hh = 0; hh < gh; hh++)
+                    final(run + ((size_t)(r - ra) * (size_t)gh + (size_t)hh) * ss,
+                          J->out + ((size_t)(sq->q0 + r) * (size_t)pp->n_head + (size_t)(kh * g + hh)) * (size_t)hd, hd);
         }
     }
 }
@@ -805,14 +827,20 @@ void fl_paged_attn(const fl_paged_kv *kv, const fl_paged_seq *seqs, int32_t n_se
     J.item_base[0] = J.part_base[0] = 0;
     const size_t ss = (size_t)kv->head_dim + 2;
     const int64_t budget = split_budget(kv, seqs, n_seq, pp);
-    int64_t used = 0;
+    /* all kv heads per item where that leaves the threads ALL_KV_ITEMS items each (one sequence's
+     * decode at a short context keeps an item per kv head, or a thread would idle) */
+    int64_t used = 0, n_all = 0;
+    for (int32_t s = 0; s < n_seq; s++) n_all += n_items_of(kv, &seqs[s], pp, take_split(kv, &seqs[s], pp, budget, &used), true);
+    J.all_kv = kv->n_head_kv > 1 && n_all >= (int64_t)ALL_KV_ITEMS * nth;
+    used = 0;
     for (int32_t s = 0; s < n_seq; s++) { /* (as make_plan: a split sequence has partial states) */
         const bool split = take_split(kv, &seqs[s], pp, budget, &used);
-        J.item_base[s + 1] = J.item_base[s] + n_items_of(kv, &seqs[s], pp, split);
+        J.item_base[s + 1] = J.item_base[s] + n_items_of(kv, &seqs[s], pp, split, J.all_kv);
         J.part_base[s + 1] = J.part_base[s];
         if (split)
             J.part_base[s + 1] += (int64_t)((size_t)n_parts_of(kv, &seqs[s], pp) * (size_t)seqs[s].n_q * (size_t)pp->n_head * ss);
     }
+    J.pl.n_items = J.item_base[n_seq];
     atomic_init(&J.next, 0);
     if (J.pl.n_items) fl_parallel(phase1, &J);
     if (J.pl.n_merge) fl_parallel(phase2, &J);
