@@ -651,24 +651,22 @@ static void load_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t ja
     load_rows(kv, kv->v, kv->v_scale, id, kh, ja, jb, vb);
 }
 
-/* Prefetch kv head kh's slice of every row of block `id` in K and V into L2: the rows of the
- * block the loop takes next arrive while this one is scored (a block's slices are rows
- * row_bytes apart, and without this the conversion of each row waited on memory: `fitllm bench
- * serve -m tl-q4_0.gguf -n 16 --max-seqs 16 --prompt-len 4 --gen-len 96` spent 3.2% of its
- * samples in the f16 -> f32 row conversion, nearly all on its load, and 1.7% with this).  Into
- * L2, not L1: 16 sequences, 22 layers of 4 kv heads at 40-64 positions, the attention of a
- * decode step (a microbenchmark, the variants alternated) took 0.80-0.85x the time with T1
- * hints, where T0 ones had been no faster than none; with the next item's first block too
- * (phase1) 0.75-0.80x.  In `fitllm bench serve` (16 sequences, TinyLlama-shaped Q8_0) the
- * attention's share of a decode step stayed within its run-to-run spread (5.8-8.7%). */
-static void prefetch_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t nkh) {
+/* Bring kv heads [kh, kh + nkh) of every row of block `id` in K and V into the cache with demand
+ * loads, one byte of each line: the block the loop takes next arrives while this one is
+ * scored (a block's rows are row_bytes apart, and its conversion waits on each row's load, the
+ * update between two blocks being longer than the out-of-order window).  Software prefetches
+ * (T0, T1 or NTA, 1 to 8 blocks ahead, whole rows or one head's slice) changed nothing
+ * measurable on the Zen 5 VM, where these loads made one layer's decode attention at 4096 tokens
+ * (22 layers cycled, 2 threads, a throwaway harness calling fl_paged_attn) take 7.4 against
+ * 11.2 ms, and 16 sequences at 48 tokens 1.74 against 2.11 ms; two blocks ahead 7.8 / 1.92.  (An
+ * earlier T1 prefetch here had measured 0.80-0.85x the time of none on another machine.) */
+static void warm_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t nkh) {
     if (id <= 0) return;
     const size_t slice = kv->row_bytes / (size_t)kv->n_head_kv, off = (size_t)(id - 1) * kv->block_bytes + (size_t)kh * slice;
+    uint8_t x = 0;
     for (int32_t j = 0; j < kv->block_size; j++)
-        for (size_t l = 0; l < (size_t)nkh * slice; l += 64) {
-            _mm_prefetch((const char *)kv->k + off + (size_t)j * kv->row_bytes + l, _MM_HINT_T1);
-            _mm_prefetch((const char *)kv->v + off + (size_t)j * kv->row_bytes + l, _MM_HINT_T1);
-        }
+        for (size_t l = 0; l < (size_t)nkh * slice; l += 64) x ^= kv->k[off + (size_t)j * kv->row_bytes + l] ^ kv->v[off + (size_t)j * kv->row_bytes + l];
+    __asm__ volatile("" : : "r"(x)); /* (the loads are the point) */
 }
 
 /* States for rows [ra, rb) of sequence s (relative rows), the heads of kv heads [kh0, kh0 + nkh),
@@ -692,7 +690,7 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh0, int32
         const int32_t ja = lo_tile > j0 ? lo_tile - j0 : 0;        /* first block row anyone sees */
         const int32_t jz = p_last - j0 + 1 < bs ? p_last - j0 + 1 : bs; /* one past the last */
         if (ja >= jz) continue;
-        if (b + 1 < b_hi) prefetch_block(kv, s->blocks[b + 1], kh0, nkh);
+        if (b + 1 < b_hi) warm_block(kv, s->blocks[b + 1], kh0, nkh);
         for (int32_t kh = kh0; kh < kh0 + nkh; kh++) {
             if (fast16) load_block16_avx512(kv, s->blocks[b], kh, ja, jz, kb, vb);
             else load_block(kv, s->blocks[b], kh, ja, jz, kb, vb, jb_->ops.scores_t != NULL, kt16);
@@ -718,17 +716,17 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh0, int32
 static int32_t item_heads(const job *J, const fl_paged_seq *sq) { return J->all_kv && all_kv_ok(J->kv, sq) ? J->kv->n_head_kv : 1; }
 
 /* The first block of item it (sequence s or a later one) for its kv heads. */
-static void prefetch_item(const job *J, int32_t s, int64_t it) {
+static void warm_item(const job *J, int32_t s, int64_t it) {
     while (J->item_base[s + 1] <= it) s++;
     const fl_paged_seq *sq = &J->seqs[s];
     const int64_t local = it - J->item_base[s];
     const int32_t nkh = item_heads(J, sq);
     if (J->part_base[s + 1] > J->part_base[s]) { /* (split-K) */
         const int32_t nparts = n_parts_of(J->kv, sq, J->pp);
-        prefetch_block(J->kv, sq->blocks[(local % nparts) * J->pp->part_blocks], (int32_t)(local / nparts) * nkh, nkh);
+        warm_block(J->kv, sq->blocks[(local % nparts) * J->pp->part_blocks], (int32_t)(local / nparts) * nkh, nkh);
     } else {
         /* (block 0 of the table; where a sliding window has dropped it, the null block: nothing) */
-        prefetch_block(J->kv, sq->blocks[0], (int32_t)(local / ((sq->n_q + Q_TILE - 1) / Q_TILE)) * nkh, nkh);
+        warm_block(J->kv, sq->blocks[0], (int32_t)(local / ((sq->n_q + Q_TILE - 1) / Q_TILE)) * nkh, nkh);
     }
 }
 
@@ -747,13 +745,13 @@ static void phase1(void *ctx, int ith, int nth) {
     int32_t s = 0;
     int64_t nx = atomic_fetch_add(&J->next, 1);
     for (;;) {
-        /* each thread holds the item after its current one, whose first block is prefetched
+        /* each thread holds the item after its current one, whose first block is warmed
          * meanwhile (a decode step's items are one to a few blocks each) */
         const int64_t it = nx;
         if (it >= J->pl.n_items) break;
         nx = atomic_fetch_add(&J->next, 1);
         while (J->item_base[s + 1] <= it) s++; /* items are taken in increasing order per thread */
-        if (nx < J->pl.n_items) prefetch_item(J, s, nx);
+        if (nx < J->pl.n_items) warm_item(J, s, nx);
         const fl_paged_seq *sq = &J->seqs[s];
         const int64_t local = it - J->item_base[s];
         const int32_t nblk = n_blocks_of(kv, sq), P = pp->part_blocks, nparts = n_parts_of(kv, sq, pp);
