@@ -1360,6 +1360,130 @@ static void test_alloc_failures(void **state) {
 
 /* The paged decode converts one head slice (often 8 or 16 elements) per call: every ISA's row
  * converters must match the scalar reference bit for bit on short rows and at odd offsets. */
+/* fp8 K/V (e4m3, e5m2, a scale per block and kv head) give the bits of the same values stored as
+ * f32: on AVX-512 the fp8 blocks go through the register loader (load_block16_avx512) and f32
+ * ones through the row copies and the scalar transpose, into the same block update.  Decode
+ * rows of four sequences, then a 40-row prefill tile. */
+static void test_paged_fp8_as_f32(void **state) {
+    (void)state;
+    const int32_t bs = 16, nkv = 2, hd = 64, n_head = 8, n = 150, nb = (n + bs - 1) / bs + 3, nlb = (n + bs - 1) / bs;
+    const size_t nrow = (size_t)nkv * hd, qrow = (size_t)n_head * hd;
+    const int32_t types[2] = {FL_TYPE_FP8_E4M3, FL_TYPE_FP8_E5M2};
+    for (int t = 0; t < 2; t++) {
+        rng_seed(41 + (uint32_t)t);
+        uint8_t *codes[2];
+        float *val[2], sc[2][16][2];
+        for (int kv = 0; kv < 2; kv++) {
+            codes[kv] = fl_calloc(FL_MEM_MISC, (size_t)n * nrow, 1);
+            val[kv] = falloc((size_t)n * nrow);
+            for (int32_t b = 0; b < nlb; b++)
+                for (int32_t h = 0; h < nkv; h++) sc[kv][b][h] = 0.01f + (float)(rnd() % 1000) * 1e-4f;
+            for (int32_t j = 0; j < n; j++)
+                for (size_t e = 0; e < nrow; e++) {
+                    uint8_t c;
+                    do c = (uint8_t)rnd(); while ((c & 0x7F) == 0x7F || (types[t] == FL_TYPE_FP8_E5M2 && (c & 0x7F) >= 0x7C)); /* finite codes */
+                    codes[kv][(size_t)j * nrow + e] = c;
+                    const float x = types[t] == FL_TYPE_FP8_E4M3 ? fl_fp8_e4m3_to_f32(c) : fl_fp8_e5m2_to_f32(c);
+                    val[kv][(size_t)j * nrow + e] = sc[kv][j / bs][e / (size_t)hd] * x; /* (fl_kv_dequant's one multiply) */
+                }
+        }
+        paged_fix f; /* the values as f32, through a shuffled block table */
+        paged_fix_init(&f, val[0], val[1], n, bs, nkv, hd, nb);
+        fl_paged_kv k8 = f.kv; /* the codes, at the same block ids */
+        k8.type = types[t];
+        k8.row_bytes = nrow;
+        k8.block_bytes = nrow * (size_t)bs;
+        uint8_t *kc = fl_calloc(FL_MEM_MISC, (size_t)nb * k8.block_bytes, 1), *vc = fl_calloc(FL_MEM_MISC, (size_t)nb * k8.block_bytes, 1);
+        float *ks = falloc((size_t)nb * nkv), *vs = falloc((size_t)nb * nkv);
+        for (int32_t j = 0; j < n; j++) {
+            const size_t o = (size_t)(f.blocks[j / bs] - 1) * k8.block_bytes + (size_t)(j % bs) * nrow;
+            memcpy(kc + o, codes[0] + (size_t)j * nrow, nrow);
+            memcpy(vc + o, codes[1] + (size_t)j * nrow, nrow);
+        }
+        for (int32_t b = 0; b < nlb; b++)
+            for (int32_t h = 0; h < nkv; h++) {
+                ks[(size_t)(f.blocks[b] - 1) * nkv + h] = sc[0][b][h];
+                vs[(size_t)(f.blocks[b] - 1) * nkv + h] = sc[1][b][h];
+            }
+        k8.k = kc;
+        k8.v = vc;
+        k8.k_scale = ks;
+        k8.v_scale = vs;
+        float *Q = falloc(40 * qrow), *O32 = falloc(40 * qrow), *O8 = falloc(40 * qrow);
+        fill(Q, 40 * qrow, 2.0f);
+        fl_paged_attn_params pp = {.n_head = n_head, .scale = 0.125f, .part_blocks = 4};
+        const int32_t len[4] = {150, 17, 64, 99};
+        fl_paged_seq dec[4], pre = {.q0 = 0, .n_q = 40, .pos0 = n - 40, .blocks = f.blocks};
+        for (int32_t s = 0; s < 4; s++) dec[s] = (fl_paged_seq){.q0 = s, .n_q = 1, .pos0 = len[s] - 1, .blocks = f.blocks};
+        for (int round = 0; round < 2; round++) {
+            const fl_paged_seq *sq = round ? &pre : dec;
+            const int32_t ns = round ? 1 : 4, rows = round ? 40 : 4;
+            const size_t wsb = fl_paged_attn_ws_size(&f.kv, sq, ns, &pp, fl_threads_get());
+            void *ws = fl_alloc(FL_MEM_SCRATCH, wsb, 64);
+            fl_paged_attn(&f.kv, sq, ns, &pp, Q, O32, ws);
+            fl_paged_attn(&k8, sq, ns, &pp, Q, O8, ws);
+            if (memcmp(O32, O8, sizeof(float) * (size_t)rows * qrow))
+                fail_msg("%s %s: differs from the same values as f32 (max %.3g)", fl_type_name(types[t]), round ? "prefill" : "decode",
+                         fl_test_max_abs_diff(O32, O8, (int64_t)rows * (int64_t)qrow));
+            fl_free(FL_MEM_SCRATCH, ws, wsb);
+        }
+        fl_free(FL_MEM_MISC, kc, (size_t)nb * k8.block_bytes);
+        fl_free(FL_MEM_MISC, vc, (size_t)nb * k8.block_bytes);
+        ffree(ks, (size_t)nb * nkv);
+        ffree(vs, (size_t)nb * nkv);
+        ffree(Q, 40 * qrow);
+        ffree(O32, 40 * qrow);
+        ffree(O8, 40 * qrow);
+        paged_fix_deinit(&f, nb);
+        for (int kv = 0; kv < 2; kv++) {
+            fl_free(FL_MEM_MISC, codes[kv], (size_t)n * nrow);
+            ffree(val[kv], (size_t)n * nrow);
+        }
+    }
+    fl_test_mem_zero();
+}
+
+/* The fp8 row decode on every ISA the CPU has (AVX-512: fl_fp8x16_to_f32, 16 codes at a time)
+ * against the reference's table, bit for bit: every code (NaNs with their sign, e5m2's
+ * infinities) at several scales, offsets and lengths (those not a multiple of 16 take the
+ * table). */
+static void test_fp8_dequant_variants(void **state) {
+    (void)state;
+    uint8_t codes[288];
+    for (int i = 0; i < 288; i++) codes[i] = (uint8_t)(i * 37 + 11); /* (every byte in the first 256) */
+    const float scales[] = {1.0f, 0.37f, 3.1e-3f, 6.5e4f, 1e-30f};
+    const int32_t types[2] = {FL_TYPE_FP8_E4M3, FL_TYPE_FP8_E5M2};
+    float ref[288], got[288];
+    const fl_isa best = fl_isa_best();
+    for (int t = 0; t < 2; t++)
+        for (size_t k = 0; k < sizeof scales / sizeof scales[0]; k++)
+            for (int e0 = 0; e0 <= 32; e0 += 16)
+                for (int n = 16; n <= 256; n += n < 48 ? 8 : 208) {
+                    fl_isa_set(FL_ISA_REF);
+                    memset(ref, 0x5A, sizeof ref);
+                    fl_kv_dequant(types[t], codes, e0, n, scales[k], ref);
+                    for (int isa = FL_ISA_REF; isa <= (int)best; isa++) {
+                        fl_isa_set((fl_isa)isa);
+                        memset(got, 0x5A, sizeof got);
+                        fl_kv_dequant(types[t], codes, e0, n, scales[k], got);
+                        if (memcmp(ref, got, sizeof ref))
+                            fail_msg("%s isa %d scale %g e0 %d n %d: differs from the table", fl_type_name(types[t]), isa, (double)scales[k], e0, n);
+                    }
+                }
+    /* and the table is the scalar decoder's */
+    fl_isa_set(best);
+    fl_kv_dequant(FL_TYPE_FP8_E4M3, codes, 0, 256, 1.0f, got);
+    for (int i = 0; i < 256; i++) {
+        const float want = fl_fp8_e4m3_to_f32(codes[i]);
+        if (memcmp(&want, &got[i], 4)) fail_msg("e4m3 code 0x%02x: %g, want %g", codes[i], (double)got[i], (double)want);
+    }
+    fl_kv_dequant(FL_TYPE_FP8_E5M2, codes, 0, 256, 1.0f, got);
+    for (int i = 0; i < 256; i++) {
+        const float want = fl_fp8_e5m2_to_f32(codes[i]);
+        if (memcmp(&want, &got[i], 4)) fail_msg("e5m2 code 0x%02x: %g, want %g", codes[i], (double)got[i], (double)want);
+    }
+}
+
 static void test_convert_short_rows(void **state) {
     (void)state;
     uint16_t h[80], h2[80], h3[80];
@@ -1395,7 +1519,7 @@ static void test_convert_short_rows(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_random_ops),   cmocka_unit_test(test_pool_lru_order),
-        cmocka_unit_test(test_paged_vs_contiguous), cmocka_unit_test(test_paged_split_budget), cmocka_unit_test(test_paged_kv_heads_per_item), cmocka_unit_test(test_fake_model),
+        cmocka_unit_test(test_paged_vs_contiguous), cmocka_unit_test(test_paged_split_budget), cmocka_unit_test(test_paged_kv_heads_per_item), cmocka_unit_test(test_fp8_dequant_variants), cmocka_unit_test(test_paged_fp8_as_f32), cmocka_unit_test(test_fake_model),
         cmocka_unit_test(test_kv_random_ops),     cmocka_unit_test(test_prefix_cache), cmocka_unit_test(test_seq_truncate),
         cmocka_unit_test(test_batching_bitwise),  cmocka_unit_test(test_quant_types),
         cmocka_unit_test(test_sliding_window), cmocka_unit_test(test_sliding_window_16bit),    cmocka_unit_test(test_shift_rerope),

@@ -8,6 +8,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
 #include "kernels/avx512/exp512.h"
+#include "kernels/avx512/fp8_512.h"
 #include "kv/kv_quant.h"
 
 #include <immintrin.h>
@@ -595,42 +596,55 @@ T16_INLINE void transpose16_avx512(__m512 r[16]) {
     }
 }
 
-/* 16 f16 or bf16 values at p as f32 (exact either way); m 0: zeros, and p is not read. */
-T16_INLINE __m512 load16_f32(const uint8_t *p, bool bf, __mmask16 m) {
+/* The element types the AVX-512 block loader reads. */
+enum { L16_F16, L16_BF16, L16_E4M3, L16_E5M2 };
+
+/* 16 elements at p as f32 (f16 / bf16 exact; fp8 sc x the code's value, as fl_kv_dequant: one
+ * multiply); m 0: zeros, and p is not read. */
+T16_INLINE __m512 load16_f32(const uint8_t *p, const int kind, __m512 sc, __mmask16 m) {
+    if (kind == L16_E4M3 || kind == L16_E5M2) return _mm512_mul_ps(sc, fl_fp8x16_to_f32(p, kind == L16_E5M2, m));
     const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-    return bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+    return kind == L16_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
 }
 
-T16_INLINE void load_block16_t(const fl_paged_kv *kv, const bool bf, int32_t id, int32_t kh, int32_t ja, int32_t jb, float *kb, float *vb) {
+T16_INLINE void load_block16_t(const fl_paged_kv *kv, const int kind, int32_t id, int32_t kh, int32_t ja, int32_t jb, float *kb, float *vb) {
     const int32_t hd = kv->head_dim;
-    const size_t off = (size_t)(id - 1) * kv->block_bytes + (size_t)kh * (size_t)hd * 2, rb = kv->row_bytes;
+    const size_t es = kind == L16_E4M3 || kind == L16_E5M2 ? 1 : 2; /* bytes per element */
+    const size_t off = (size_t)(id - 1) * kv->block_bytes + (size_t)kh * (size_t)hd * es, rb = kv->row_bytes;
+    const size_t si = (size_t)(id - 1) * (size_t)kv->n_head_kv + (size_t)kh; /* (fp8: the block's scales for kh) */
+    const __m512 sk = _mm512_set1_ps(es == 1 ? kv->k_scale[si] : 1.0f), sv = _mm512_set1_ps(es == 1 ? kv->v_scale[si] : 1.0f);
     __mmask16 rm[16]; /* rows outside [ja, jb): not read, zeros */
 #pragma GCC unroll 16
     for (int32_t j = 0; j < 16; j++) rm[j] = (__mmask16)(j >= ja && j < jb ? 0xFFFF : 0);
     for (int32_t c = 0; c < hd; c += 16) {
         __m512 r[16];
 #pragma GCC unroll 16
-        for (int32_t j = 0; j < 16; j++) r[j] = load16_f32(kv->k + off + (size_t)j * rb + (size_t)c * 2, bf, rm[j]);
+        for (int32_t j = 0; j < 16; j++) r[j] = load16_f32(kv->k + off + (size_t)j * rb + (size_t)c * es, kind, sk, rm[j]);
         transpose16_avx512(r);
 #pragma GCC unroll 16
         for (int32_t d = 0; d < 16; d++) _mm512_storeu_ps(kb + (size_t)(c + d) * 16, r[d]);
     }
     for (int32_t j = ja; j < jb; j++)
         for (int32_t c = 0; c < hd; c += 16)
-            _mm512_storeu_ps(vb + (size_t)j * (size_t)hd + (size_t)c, load16_f32(kv->v + off + (size_t)j * rb + (size_t)c * 2, bf, 0xFFFF));
+            _mm512_storeu_ps(vb + (size_t)j * (size_t)hd + (size_t)c, load16_f32(kv->v + off + (size_t)j * rb + (size_t)c * es, kind, sv, 0xFFFF));
 }
 
-/* load_block for AVX-512 on 16-row blocks of f16 / bf16 with head_dim a multiple of 16: K
+/* load_block for AVX-512 on 16-row blocks of f16, bf16 or fp8 with head_dim a multiple of 16: K
  * converted and transposed 16 x 16 in registers straight into kb (kb[d * 16 + j]; rows outside
  * [ja, jb) as zeros, which the scorer masks like the stale rows it had there before), V
  * converted into vb, the same values as the row conversions and the scalar transpose.  16
  * sequences at 32-64 positions, one decode row each, 22 layers of 4 x 64-dim kv heads (a
- * microbenchmark with the caches flushed between layers, the two alternated): 1.09-1.12x. */
+ * microbenchmark with the caches flushed between layers, the two alternated): 1.09-1.12x.  fp8
+ * rows (e4m3, e5m2) had gone through fl_kv_dequant's table and a scalar transpose of K. */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void load_block16_avx512(const fl_paged_kv *kv, int32_t id, int32_t kh,
                                                                                   int32_t ja, int32_t jb, float *kb, float *vb) {
     FL_ASSERT(id > 0);
-    if (kv->type == FL_TYPE_BF16) load_block16_t(kv, true, id, kh, ja, jb, kb, vb);
-    else load_block16_t(kv, false, id, kh, ja, jb, kb, vb);
+    switch (kv->type) {
+    case FL_TYPE_BF16: load_block16_t(kv, L16_BF16, id, kh, ja, jb, kb, vb); break;
+    case FL_TYPE_FP8_E4M3: load_block16_t(kv, L16_E4M3, id, kh, ja, jb, kb, vb); break;
+    case FL_TYPE_FP8_E5M2: load_block16_t(kv, L16_E5M2, id, kh, ja, jb, kb, vb); break;
+    default: load_block16_t(kv, L16_F16, id, kh, ja, jb, kb, vb); break;
+    }
 }
 
 /* K and V rows [ja, jb) of block `id` for kv head kh: V into vb (row j at j * hd), K into kb
@@ -683,7 +697,8 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh0, int32
     const int32_t p_first = s->pos0 + ra, p_last = s->pos0 + rb - 1;
     const bool kt16 = jb_->ops.kt16 && bs <= 16;
     const bool fast16 = jb_->ops.scores_t == scores_avx512_t && bs == 16 && hd % 16 == 0 &&
-                        (kv->type == FL_TYPE_F16 || kv->type == FL_TYPE_BF16);
+                        (kv->type == FL_TYPE_F16 || kv->type == FL_TYPE_BF16 || kv->type == FL_TYPE_FP8_E4M3 ||
+                         kv->type == FL_TYPE_FP8_E5M2);
     const int32_t lo_tile = w > 0 && p_first - w + 1 > 0 ? p_first - w + 1 : 0;
     for (int32_t b = b_lo; b < b_hi; b++) {
         const int32_t j0 = b * bs;
