@@ -1360,56 +1360,68 @@ static void test_alloc_failures(void **state) {
 
 /* The paged decode converts one head slice (often 8 or 16 elements) per call: every ISA's row
  * converters must match the scalar reference bit for bit on short rows and at odd offsets. */
-/* fp8 K/V (e4m3, e5m2, a scale per block and kv head) give the bits of the same values stored as
- * f32: on AVX-512 the fp8 blocks go through the register loader (load_block16_avx512) and f32
- * ones through the row copies and the scalar transpose, into the same block update.  Decode
- * rows of four sequences, then a 40-row prefill tile. */
-static void test_paged_fp8_as_f32(void **state) {
+/* Quantized K/V (fp8 e4m3 / e5m2 with a scale per block and kv head, q8_0, q4_0) give the bits
+ * of the same values stored as f32 (each row decoded by fl_kv_dequant on the reference ISA): on
+ * AVX-512 the quantized blocks go through the register loader (load_block16_avx512) and the f32
+ * ones through the row copies and the scalar transpose, into the same block update.  Decode rows
+ * of four sequences, then a 40-row prefill tile. */
+static void test_paged_quant_as_f32(void **state) {
     (void)state;
     const int32_t bs = 16, nkv = 2, hd = 64, n_head = 8, n = 150, nb = (n + bs - 1) / bs + 3, nlb = (n + bs - 1) / bs;
     const size_t nrow = (size_t)nkv * hd, qrow = (size_t)n_head * hd;
-    const int32_t types[2] = {FL_TYPE_FP8_E4M3, FL_TYPE_FP8_E5M2};
-    for (int t = 0; t < 2; t++) {
+    const int32_t types[4] = {FL_TYPE_FP8_E4M3, FL_TYPE_FP8_E5M2, FL_TYPE_Q8_0, FL_TYPE_Q4_0};
+    const fl_isa best = fl_isa_best();
+    for (int t = 0; t < 4; t++) {
         rng_seed(41 + (uint32_t)t);
+        const bool fp8 = fl_kv_type_scaled(types[t]);
+        const size_t row8 = fl_kv_row_bytes(types[t], (int64_t)nrow);
         uint8_t *codes[2];
         float *val[2], sc[2][16][2];
         for (int kv = 0; kv < 2; kv++) {
-            codes[kv] = fl_calloc(FL_MEM_MISC, (size_t)n * nrow, 1);
+            codes[kv] = fl_calloc(FL_MEM_MISC, (size_t)n * row8, 1);
             val[kv] = falloc((size_t)n * nrow);
+            fill(val[kv], (size_t)n * nrow, kv ? 1.0f : 2.0f);
             for (int32_t b = 0; b < nlb; b++)
-                for (int32_t h = 0; h < nkv; h++) sc[kv][b][h] = 0.01f + (float)(rnd() % 1000) * 1e-4f;
-            for (int32_t j = 0; j < n; j++)
-                for (size_t e = 0; e < nrow; e++) {
-                    uint8_t c;
-                    do c = (uint8_t)rnd(); while ((c & 0x7F) == 0x7F || (types[t] == FL_TYPE_FP8_E5M2 && (c & 0x7F) >= 0x7C)); /* finite codes */
-                    codes[kv][(size_t)j * nrow + e] = c;
-                    const float x = types[t] == FL_TYPE_FP8_E4M3 ? fl_fp8_e4m3_to_f32(c) : fl_fp8_e5m2_to_f32(c);
-                    val[kv][(size_t)j * nrow + e] = sc[kv][j / bs][e / (size_t)hd] * x; /* (fl_kv_dequant's one multiply) */
+                for (int32_t h = 0; h < nkv; h++) sc[kv][b][h] = 0.01f + (float)(rnd() % 1000) * 1e-5f;
+            fl_isa_set(FL_ISA_REF);
+            for (int32_t j = 0; j < n; j++) { /* quantize each row, then read it back as the reference does */
+                float *x = val[kv] + (size_t)j * nrow;
+                uint8_t *q = codes[kv] + (size_t)j * row8;
+                if (fp8)
+                    for (int32_t h = 0; h < nkv; h++) {
+                        fl_kv_quant(types[t], x + (size_t)h * hd, q + (size_t)h * hd, hd, sc[kv][j / bs][h]);
+                        fl_kv_dequant(types[t], q, (int64_t)h * hd, hd, sc[kv][j / bs][h], x + (size_t)h * hd);
+                    }
+                else {
+                    fl_kv_quant(types[t], x, q, (int64_t)nrow, 0.0f);
+                    fl_kv_dequant(types[t], q, 0, (int64_t)nrow, 0.0f, x);
                 }
+            }
+            fl_isa_set(best);
         }
         paged_fix f; /* the values as f32, through a shuffled block table */
         paged_fix_init(&f, val[0], val[1], n, bs, nkv, hd, nb);
-        fl_paged_kv k8 = f.kv; /* the codes, at the same block ids */
-        k8.type = types[t];
-        k8.row_bytes = nrow;
-        k8.block_bytes = nrow * (size_t)bs;
-        uint8_t *kc = fl_calloc(FL_MEM_MISC, (size_t)nb * k8.block_bytes, 1), *vc = fl_calloc(FL_MEM_MISC, (size_t)nb * k8.block_bytes, 1);
+        fl_paged_kv kq = f.kv; /* the codes, at the same block ids */
+        kq.type = types[t];
+        kq.row_bytes = row8;
+        kq.block_bytes = row8 * (size_t)bs;
+        uint8_t *kc = fl_calloc(FL_MEM_MISC, (size_t)nb * kq.block_bytes, 1), *vc = fl_calloc(FL_MEM_MISC, (size_t)nb * kq.block_bytes, 1);
         float *ks = falloc((size_t)nb * nkv), *vs = falloc((size_t)nb * nkv);
         for (int32_t j = 0; j < n; j++) {
-            const size_t o = (size_t)(f.blocks[j / bs] - 1) * k8.block_bytes + (size_t)(j % bs) * nrow;
-            memcpy(kc + o, codes[0] + (size_t)j * nrow, nrow);
-            memcpy(vc + o, codes[1] + (size_t)j * nrow, nrow);
+            const size_t o = (size_t)(f.blocks[j / bs] - 1) * kq.block_bytes + (size_t)(j % bs) * row8;
+            memcpy(kc + o, codes[0] + (size_t)j * row8, row8);
+            memcpy(vc + o, codes[1] + (size_t)j * row8, row8);
         }
         for (int32_t b = 0; b < nlb; b++)
             for (int32_t h = 0; h < nkv; h++) {
                 ks[(size_t)(f.blocks[b] - 1) * nkv + h] = sc[0][b][h];
                 vs[(size_t)(f.blocks[b] - 1) * nkv + h] = sc[1][b][h];
             }
-        k8.k = kc;
-        k8.v = vc;
-        k8.k_scale = ks;
-        k8.v_scale = vs;
-        float *Q = falloc(40 * qrow), *O32 = falloc(40 * qrow), *O8 = falloc(40 * qrow);
+        kq.k = kc;
+        kq.v = vc;
+        kq.k_scale = fp8 ? ks : NULL;
+        kq.v_scale = fp8 ? vs : NULL;
+        float *Q = falloc(40 * qrow), *O32 = falloc(40 * qrow), *Oq = falloc(40 * qrow);
         fill(Q, 40 * qrow, 2.0f);
         fl_paged_attn_params pp = {.n_head = n_head, .scale = 0.125f, .part_blocks = 4};
         const int32_t len[4] = {150, 17, 64, 99};
@@ -1421,22 +1433,22 @@ static void test_paged_fp8_as_f32(void **state) {
             const size_t wsb = fl_paged_attn_ws_size(&f.kv, sq, ns, &pp, fl_threads_get());
             void *ws = fl_alloc(FL_MEM_SCRATCH, wsb, 64);
             fl_paged_attn(&f.kv, sq, ns, &pp, Q, O32, ws);
-            fl_paged_attn(&k8, sq, ns, &pp, Q, O8, ws);
-            if (memcmp(O32, O8, sizeof(float) * (size_t)rows * qrow))
+            fl_paged_attn(&kq, sq, ns, &pp, Q, Oq, ws);
+            if (memcmp(O32, Oq, sizeof(float) * (size_t)rows * qrow))
                 fail_msg("%s %s: differs from the same values as f32 (max %.3g)", fl_type_name(types[t]), round ? "prefill" : "decode",
-                         fl_test_max_abs_diff(O32, O8, (int64_t)rows * (int64_t)qrow));
+                         fl_test_max_abs_diff(O32, Oq, (int64_t)rows * (int64_t)qrow));
             fl_free(FL_MEM_SCRATCH, ws, wsb);
         }
-        fl_free(FL_MEM_MISC, kc, (size_t)nb * k8.block_bytes);
-        fl_free(FL_MEM_MISC, vc, (size_t)nb * k8.block_bytes);
+        fl_free(FL_MEM_MISC, kc, (size_t)nb * kq.block_bytes);
+        fl_free(FL_MEM_MISC, vc, (size_t)nb * kq.block_bytes);
         ffree(ks, (size_t)nb * nkv);
         ffree(vs, (size_t)nb * nkv);
         ffree(Q, 40 * qrow);
         ffree(O32, 40 * qrow);
-        ffree(O8, 40 * qrow);
+        ffree(Oq, 40 * qrow);
         paged_fix_deinit(&f, nb);
         for (int kv = 0; kv < 2; kv++) {
-            fl_free(FL_MEM_MISC, codes[kv], (size_t)n * nrow);
+            fl_free(FL_MEM_MISC, codes[kv], (size_t)n * row8);
             ffree(val[kv], (size_t)n * nrow);
         }
     }
@@ -1519,7 +1531,7 @@ static void test_convert_short_rows(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_random_ops),   cmocka_unit_test(test_pool_lru_order),
-        cmocka_unit_test(test_paged_vs_contiguous), cmocka_unit_test(test_paged_split_budget), cmocka_unit_test(test_paged_kv_heads_per_item), cmocka_unit_test(test_fp8_dequant_variants), cmocka_unit_test(test_paged_fp8_as_f32), cmocka_unit_test(test_fake_model),
+        cmocka_unit_test(test_paged_vs_contiguous), cmocka_unit_test(test_paged_split_budget), cmocka_unit_test(test_paged_kv_heads_per_item), cmocka_unit_test(test_fp8_dequant_variants), cmocka_unit_test(test_paged_quant_as_f32), cmocka_unit_test(test_fake_model),
         cmocka_unit_test(test_kv_random_ops),     cmocka_unit_test(test_prefix_cache), cmocka_unit_test(test_seq_truncate),
         cmocka_unit_test(test_batching_bitwise),  cmocka_unit_test(test_quant_types),
         cmocka_unit_test(test_sliding_window), cmocka_unit_test(test_sliding_window_16bit),    cmocka_unit_test(test_shift_rerope),

@@ -597,45 +597,68 @@ T16_INLINE void transpose16_avx512(__m512 r[16]) {
 }
 
 /* The element types the AVX-512 block loader reads. */
-enum { L16_F16, L16_BF16, L16_E4M3, L16_E5M2 };
+enum { L16_F16, L16_BF16, L16_E4M3, L16_E5M2, L16_Q8_0, L16_Q4_0 };
 
-/* 16 elements at p as f32 (f16 / bf16 exact; fp8 sc x the code's value, as fl_kv_dequant: one
- * multiply); m 0: zeros, and p is not read. */
-T16_INLINE __m512 load16_f32(const uint8_t *p, const int kind, __m512 sc, __mmask16 m) {
-    if (kind == L16_E4M3 || kind == L16_E5M2) return _mm512_mul_ps(sc, fl_fp8x16_to_f32(p, kind == L16_E5M2, m));
-    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-    return kind == L16_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+/* Elements [e, e + 16) of the row at `row` as f32: f16 / bf16 exact; fp8 sc x the code's value;
+ * q8_0 d x q, q4_0 d x (q - 8) in groups of 32 (f16 d, then the codes; q4_0's low nibbles are
+ * the group's first 16, the high ones the last), e a multiple of 16 -- each as fl_kv_dequant
+ * computes it (one multiply), so the same bits.  m 0: zeros, and nothing is read. */
+T16_INLINE __m512 load16_f32(const uint8_t *row, int64_t e, const int kind, __m512 sc, __mmask16 m) {
+    switch (kind) {
+    case L16_E4M3: case L16_E5M2: return _mm512_mul_ps(sc, fl_fp8x16_to_f32(row + e, kind == L16_E5M2, m));
+    case L16_Q8_0: case L16_Q4_0: {
+        if (!m) return _mm512_setzero_ps();
+        const uint8_t *g = row + (e / 32) * (kind == L16_Q8_0 ? 34 : 18);
+        uint16_t dh;
+        memcpy(&dh, g, 2);
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)dh));
+        __m512i q;
+        if (kind == L16_Q8_0) q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(g + 2 + e % 32)));
+        else {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(g + 2));
+            const __m128i n = _mm_and_si128(e % 32 ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(0x0F));
+            q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(n), _mm512_set1_epi32(8));
+        }
+        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(q));
+    }
+    default: {
+        const __m256i h = _mm256_maskz_loadu_epi16(m, row + 2 * e);
+        return kind == L16_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+    }
+    }
 }
 
 T16_INLINE void load_block16_t(const fl_paged_kv *kv, const int kind, int32_t id, int32_t kh, int32_t ja, int32_t jb, float *kb, float *vb) {
     const int32_t hd = kv->head_dim;
-    const size_t es = kind == L16_E4M3 || kind == L16_E5M2 ? 1 : 2; /* bytes per element */
-    const size_t off = (size_t)(id - 1) * kv->block_bytes + (size_t)kh * (size_t)hd * es, rb = kv->row_bytes;
+    const size_t off = (size_t)(id - 1) * kv->block_bytes, rb = kv->row_bytes;
+    const int64_t e0 = (int64_t)kh * hd; /* the head's first element in a row */
+    const bool fp8 = kind == L16_E4M3 || kind == L16_E5M2;
     const size_t si = (size_t)(id - 1) * (size_t)kv->n_head_kv + (size_t)kh; /* (fp8: the block's scales for kh) */
-    const __m512 sk = _mm512_set1_ps(es == 1 ? kv->k_scale[si] : 1.0f), sv = _mm512_set1_ps(es == 1 ? kv->v_scale[si] : 1.0f);
+    const __m512 sk = _mm512_set1_ps(fp8 ? kv->k_scale[si] : 1.0f), sv = _mm512_set1_ps(fp8 ? kv->v_scale[si] : 1.0f);
     __mmask16 rm[16]; /* rows outside [ja, jb): not read, zeros */
 #pragma GCC unroll 16
     for (int32_t j = 0; j < 16; j++) rm[j] = (__mmask16)(j >= ja && j < jb ? 0xFFFF : 0);
     for (int32_t c = 0; c < hd; c += 16) {
         __m512 r[16];
 #pragma GCC unroll 16
-        for (int32_t j = 0; j < 16; j++) r[j] = load16_f32(kv->k + off + (size_t)j * rb + (size_t)c * es, kind, sk, rm[j]);
+        for (int32_t j = 0; j < 16; j++) r[j] = load16_f32(kv->k + off + (size_t)j * rb, e0 + c, kind, sk, rm[j]);
         transpose16_avx512(r);
 #pragma GCC unroll 16
         for (int32_t d = 0; d < 16; d++) _mm512_storeu_ps(kb + (size_t)(c + d) * 16, r[d]);
     }
     for (int32_t j = ja; j < jb; j++)
         for (int32_t c = 0; c < hd; c += 16)
-            _mm512_storeu_ps(vb + (size_t)j * (size_t)hd + (size_t)c, load16_f32(kv->v + off + (size_t)j * rb + (size_t)c * es, kind, sv, 0xFFFF));
+            _mm512_storeu_ps(vb + (size_t)j * (size_t)hd + (size_t)c, load16_f32(kv->v + off + (size_t)j * rb, e0 + c, kind, sv, 0xFFFF));
 }
 
-/* load_block for AVX-512 on 16-row blocks of f16, bf16 or fp8 with head_dim a multiple of 16: K
- * converted and transposed 16 x 16 in registers straight into kb (kb[d * 16 + j]; rows outside
- * [ja, jb) as zeros, which the scorer masks like the stale rows it had there before), V
- * converted into vb, the same values as the row conversions and the scalar transpose.  16
- * sequences at 32-64 positions, one decode row each, 22 layers of 4 x 64-dim kv heads (a
- * microbenchmark with the caches flushed between layers, the two alternated): 1.09-1.12x.  fp8
- * rows (e4m3, e5m2) had gone through fl_kv_dequant's table and a scalar transpose of K. */
+/* load_block for AVX-512 on 16-row blocks of f16, bf16, fp8, q8_0 or q4_0 with head_dim a
+ * multiple of 16 (32 for q8_0 / q4_0, whose groups then stay within a head): K converted and
+ * transposed 16 x 16 in registers straight into kb (kb[d * 16 + j]; rows outside [ja, jb) as
+ * zeros, which the scorer masks like the stale rows it had there before), V converted into vb,
+ * the same values as the row conversions and the scalar transpose.  16 sequences at 32-64
+ * positions, one decode row each, 22 layers of 4 x 64-dim kv heads (a microbenchmark with the
+ * caches flushed between layers, the two alternated): 1.09-1.12x.  fp8, q8_0 and q4_0 rows had
+ * gone through fl_kv_dequant and a scalar transpose of K. */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void load_block16_avx512(const fl_paged_kv *kv, int32_t id, int32_t kh,
                                                                                   int32_t ja, int32_t jb, float *kb, float *vb) {
     FL_ASSERT(id > 0);
@@ -643,7 +666,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void load_block16_av
     case FL_TYPE_BF16: load_block16_t(kv, L16_BF16, id, kh, ja, jb, kb, vb); break;
     case FL_TYPE_FP8_E4M3: load_block16_t(kv, L16_E4M3, id, kh, ja, jb, kb, vb); break;
     case FL_TYPE_FP8_E5M2: load_block16_t(kv, L16_E5M2, id, kh, ja, jb, kb, vb); break;
+    case FL_TYPE_Q8_0: load_block16_t(kv, L16_Q8_0, id, kh, ja, jb, kb, vb); break;
+    case FL_TYPE_Q4_0: load_block16_t(kv, L16_Q4_0, id, kh, ja, jb, kb, vb); break;
     default: load_block16_t(kv, L16_F16, id, kh, ja, jb, kb, vb); break;
+    }
+}
+
+/* Whether load_block16_avx512 takes a block of this layer (with the AVX-512 scorer). */
+static bool fast16_ok(const fl_paged_kv *kv) {
+    if (kv->block_size != 16 || kv->head_dim % 16) return false;
+    switch (kv->type) {
+    case FL_TYPE_F16: case FL_TYPE_BF16: case FL_TYPE_FP8_E4M3: case FL_TYPE_FP8_E5M2: return true;
+    case FL_TYPE_Q8_0: case FL_TYPE_Q4_0: return kv->head_dim % 32 == 0;
+    default: return false;
     }
 }
 
@@ -696,9 +731,7 @@ static void run_blocks(const job *jb_, const fl_paged_seq *s, int32_t kh0, int32
     for (int32_t i = 0; i < (rb - ra) * nkh * g; i++) state_init(st + (size_t)i * ss, hd);
     const int32_t p_first = s->pos0 + ra, p_last = s->pos0 + rb - 1;
     const bool kt16 = jb_->ops.kt16 && bs <= 16;
-    const bool fast16 = jb_->ops.scores_t == scores_avx512_t && bs == 16 && hd % 16 == 0 &&
-                        (kv->type == FL_TYPE_F16 || kv->type == FL_TYPE_BF16 || kv->type == FL_TYPE_FP8_E4M3 ||
-                         kv->type == FL_TYPE_FP8_E5M2);
+    const bool fast16 = jb_->ops.scores_t == scores_avx512_t && fast16_ok(kv);
     const int32_t lo_tile = w > 0 && p_first - w + 1 > 0 ? p_first - w + 1 : 0;
     for (int32_t b = b_lo; b < b_hi; b++) {
         const int32_t j0 = b * bs;
