@@ -283,6 +283,16 @@ static void check_paged_case(int32_t n, int32_t n_q, int32_t bs, int32_t n_head,
     ffree(N, qn);
 }
 
+/* Whether sequence `one`'s rows of a batch's output O are what it gets alone (into A). */
+static bool same_alone(const fl_paged_kv *kv, const fl_paged_seq *one, const fl_paged_attn_params *pp, int nth, const float *Q, const float *O,
+                       float *A, size_t qrow) {
+    const size_t wb1 = fl_paged_attn_ws_size(kv, one, 1, pp, nth);
+    void *w1 = fl_alloc(FL_MEM_SCRATCH, wb1, 64);
+    fl_paged_attn(kv, one, 1, pp, Q, A, w1);
+    fl_free(FL_MEM_SCRATCH, w1, wb1);
+    return !memcmp(A + (size_t)one->q0 * qrow, O + (size_t)one->q0 * qrow, sizeof(float) * (size_t)one->n_q * qrow);
+}
+
 /* Several sequences of a few rows each at a long context (speculative drafts, the last tokens
  * of prompts): split-K's partial states stay within what n_seq decodes at that context take
  * (the planner's bound, plan_engine.c: max_seqs x the partitions of a whole context; before the
@@ -317,13 +327,7 @@ static void test_paged_split_budget(void **state) {
         const double d = fl_test_max_abs_diff(O, N, 12 * (int64_t)qrow);
         if (d > 1e-5) fail_msg("nth %d: against the naive reference %.3g", nth, d);
         for (int32_t s = 0; s < ns; s++) { /* alone (nq <= 4 and 7 partitions: split-K) */
-            fl_paged_seq one = sq[s];
-            const size_t wb1 = fl_paged_attn_ws_size(&f.kv, &one, 1, &pp, nth);
-            void *w1 = fl_alloc(FL_MEM_SCRATCH, wb1, 64);
-            fl_paged_attn(&f.kv, &one, 1, &pp, Q, A, w1);
-            if (memcmp(A + (size_t)one.q0 * qrow, O + (size_t)one.q0 * qrow, sizeof(float) * (size_t)nq[s] * qrow))
-                fail_msg("nth %d: sequence %d's rows differ from its rows alone", nth, s);
-            fl_free(FL_MEM_SCRATCH, w1, wb1);
+            if (!same_alone(&f.kv, &sq[s], &pp, nth, Q, O, A, qrow)) fail_msg("nth %d: sequence %d's rows differ from its rows alone", nth, s);
         }
         fl_free(FL_MEM_SCRATCH, ws, wsb);
     }
@@ -382,13 +386,9 @@ static void test_paged_kv_heads_per_item(void **state) {
             const double d = fl_test_max_abs_diff(O, N, ns * (int64_t)qrow);
             if (d > 1e-5) fail_msg("%s nth %d: against the naive reference %.3g", fl_type_name(types[t]), nth, d);
             for (int32_t s = 0; s < ns; s++) {
-                const size_t wb1 = fl_paged_attn_ws_size(&f.kv, &sq[s], 1, &pp, nth);
-                void *w1 = fl_alloc(FL_MEM_SCRATCH, wb1, 64);
                 memset(A, 0, sizeof(float) * ns * qrow);
-                fl_paged_attn(&f.kv, &sq[s], 1, &pp, Q, A, w1);
-                if (memcmp(A + (size_t)s * qrow, O + (size_t)s * qrow, sizeof(float) * qrow))
+                if (!same_alone(&f.kv, &sq[s], &pp, nth, Q, O, A, qrow))
                     fail_msg("%s nth %d: sequence %d (%d tokens) differs from its row alone", fl_type_name(types[t]), nth, s, len[s]);
-                fl_free(FL_MEM_SCRATCH, w1, wb1);
             }
             fl_free(FL_MEM_SCRATCH, ws, wsb);
         }

@@ -120,7 +120,7 @@ __attribute__((target("avx512f"))) static void dequant_q8_0_avx512(const uint8_t
 }
 
 /* fp8 decode of 16-element pieces (n a multiple of 16): scale x the code's value, one multiply
- * per element as the table loop below, so the same bits (test_kv test_fp8_dequant_avx512). */
+ * per element as the table loop below, so the same bits (test_kv test_fp8_dequant_variants). */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void dequant_fp8_avx512(const uint8_t *s, bool e5m2, int64_t n, float scale,
                                                                                   float *out) {
     const __m512 sc = _mm512_set1_ps(scale);

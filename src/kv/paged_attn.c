@@ -488,10 +488,10 @@ static bool take_split(const fl_paged_kv *kv, const fl_paged_seq *s, const fl_pa
  * its rows' states for every head fit a tile's state buffer (rows x n_head_kv <= Q_TILE: decode
  * rows, a few drafts).  Its K and V rows are then read whole, one block after the other, where an
  * item per kv head reads a quarter of every row (TinyLlama's 4 kv heads: 128 of 512 bytes) and
- * comes back for the rest three items later.  Converting one layer's K/V blocks from memory in
- * that order (16-row f16 blocks, 4 x 64-dim heads, 22 layers of 129 blocks, one thread) took
- * 281-292 ns per block and head against 721-757 ns head by head (a throwaway harness, not a
- * project command). */
+ * comes back for the rest three items later.  One layer's decode attention (16-row f16 blocks,
+ * 32 / 4 heads of 64, 22 layers cycled, 2 threads, a throwaway harness calling fl_paged_attn, the
+ * two alternated): one sequence at 4096 tokens 11.1-11.4 against 13.3-13.5 ms, 16 sequences at
+ * 48 tokens 2.31-2.62 against 3.15-3.38 ms. */
 static bool all_kv_ok(const fl_paged_kv *kv, const fl_paged_seq *s) { return s->n_q > 0 && s->n_q * kv->n_head_kv <= Q_TILE; }
 
 /* Work items of a sequence: per kv head (or, all_kv and all_kv_ok, for all of them) one per
@@ -704,7 +704,7 @@ static void load_block(const fl_paged_kv *kv, int32_t id, int32_t kh, int32_t ja
  * loads, one byte of each line: the block the loop takes next arrives while this one is
  * scored (a block's rows are row_bytes apart, and its conversion waits on each row's load, the
  * update between two blocks being longer than the out-of-order window).  Software prefetches
- * (T0, T1 or NTA, 1 to 8 blocks ahead, whole rows or one head's slice) changed nothing
+ * (T0 or T1, 1, 2 or 4 blocks ahead, whole rows or one head's slice) changed nothing
  * measurable on the Zen 5 VM, where these loads made one layer's decode attention at 4096 tokens
  * (22 layers cycled, 2 threads, a throwaway harness calling fl_paged_attn) take 7.4 against
  * 11.2 ms, and 16 sequences at 48 tokens 1.74 against 2.11 ms; two blocks ahead 7.8 / 1.92.  (An
