@@ -1496,6 +1496,62 @@ static void test_fp8_dequant_variants(void **state) {
     }
 }
 
+/* The fp8 row encode on every ISA the CPU has (AVX-512: fl_f32x16_to_fp8) against the scalar
+ * encoders, byte for byte: a stride through all 2^32 float bit patterns (NaNs, infinities,
+ * subnormals included), every value next to a midpoint of either grid, several scales. */
+static void test_fp8_quant_variants(void **state) {
+    (void)state;
+    enum { N = 4096 };
+    float *x = falloc(N);
+    uint8_t ref[N], got[N];
+    const fl_isa best = fl_isa_best();
+    const int32_t types[2] = {FL_TYPE_FP8_E4M3, FL_TYPE_FP8_E5M2};
+    int64_t count = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        /* pass 0: the bit patterns k * 1048573 (a prime near 2^20) for k < 4096 x 1; pass 1: the
+         * midpoints between neighbouring codes of both grids, and one float below and above */
+        for (uint64_t k0 = 0; k0 < (pass ? 1 : 1024); k0++) {
+            int32_t nx = 0;
+            if (!pass)
+                for (int i = 0; i < N; i++) {
+                    const uint32_t b = (uint32_t)((k0 * N + (uint64_t)i) * 1048573u);
+                    memcpy(&x[nx++], &b, 4);
+                }
+            else
+                for (int t = 0; t < 2 && nx + 6 <= N; t++)
+                    for (int c = 0; c < 0x7F && nx + 6 <= N; c++) {
+                        const float a = t ? fl_fp8_e5m2_to_f32((uint8_t)c) : fl_fp8_e4m3_to_f32((uint8_t)c);
+                        const float b = t ? fl_fp8_e5m2_to_f32((uint8_t)(c + 1)) : fl_fp8_e4m3_to_f32((uint8_t)(c + 1));
+                        if (!isfinite(a) || !isfinite(b)) continue;
+                        const float m = a + (b - a) * 0.5f;
+                        x[nx++] = m, x[nx++] = nextafterf(m, 0.0f), x[nx++] = nextafterf(m, INFINITY);
+                        x[nx++] = -m, x[nx++] = -nextafterf(m, 0.0f), x[nx++] = -nextafterf(m, INFINITY);
+                    }
+            nx -= nx % 16;
+            for (int t = 0; t < 2; t++)
+                for (int k = 0; k < (pass ? 3 : 1); k++) {
+                    const float scale = k == 0 ? 1.0f : k == 1 ? 0.37f : 3.0e-3f;
+                    fl_isa_set(FL_ISA_REF);
+                    fl_kv_quant(types[t], x, ref, nx, scale);
+                    for (int isa = FL_ISA_REF + 1; isa <= (int)best; isa++) {
+                        fl_isa_set((fl_isa)isa);
+                        fl_kv_quant(types[t], x, got, nx, scale);
+                        for (int i = 0; i < nx; i++)
+                            if (ref[i] != got[i]) {
+                                uint32_t b;
+                                memcpy(&b, &x[i], 4);
+                                fail_msg("%s isa %d scale %g: 0x%08x -> 0x%02x, want 0x%02x", fl_type_name(types[t]), isa, (double)scale, b, got[i], ref[i]);
+                            }
+                    }
+                    count += nx;
+                }
+        }
+    }
+    fl_isa_set(best);
+    assert_true(count > 8000000);
+    ffree(x, N);
+}
+
 static void test_convert_short_rows(void **state) {
     (void)state;
     uint16_t h[80], h2[80], h3[80];
@@ -1531,7 +1587,7 @@ static void test_convert_short_rows(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_random_ops),   cmocka_unit_test(test_pool_lru_order),
-        cmocka_unit_test(test_paged_vs_contiguous), cmocka_unit_test(test_paged_split_budget), cmocka_unit_test(test_paged_kv_heads_per_item), cmocka_unit_test(test_fp8_dequant_variants), cmocka_unit_test(test_paged_quant_as_f32), cmocka_unit_test(test_fake_model),
+        cmocka_unit_test(test_paged_vs_contiguous), cmocka_unit_test(test_paged_split_budget), cmocka_unit_test(test_paged_kv_heads_per_item), cmocka_unit_test(test_fp8_dequant_variants), cmocka_unit_test(test_fp8_quant_variants), cmocka_unit_test(test_paged_quant_as_f32), cmocka_unit_test(test_fake_model),
         cmocka_unit_test(test_kv_random_ops),     cmocka_unit_test(test_prefix_cache), cmocka_unit_test(test_seq_truncate),
         cmocka_unit_test(test_batching_bitwise),  cmocka_unit_test(test_quant_types),
         cmocka_unit_test(test_sliding_window), cmocka_unit_test(test_sliding_window_16bit),    cmocka_unit_test(test_shift_rerope),

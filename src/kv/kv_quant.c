@@ -1,4 +1,5 @@
-/* KV row codecs (see kv_quant.h).  Scalar: the attention kernel calls these per head slice. */
+/* KV row codecs (see kv_quant.h): scalar, with AVX-512 paths for q8_0 and fp8 that give the
+ * same bits.  The attention kernel calls these per head slice. */
 #include "kv/kv_quant.h"
 
 #include "kernels/avx512/fp8_512.h"
@@ -84,6 +85,14 @@ static void quant_q4_0(const float *x, uint8_t *dst, int64_t n) {
     }
 }
 
+/* fp8 encode of 16-element pieces (n a multiple of 16): code(x x (1 / scale)), the product in
+ * float as the scalar loop below, so the same bytes (fl_f32x16_to_fp8 matched the scalar encoders
+ * on all 2^32 floats; test_kv test_fp8_quant_variants samples them). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void quant_fp8_avx512(const float *x, uint8_t *dst, bool e5m2, int64_t n, float is) {
+    const __m512 vis = _mm512_set1_ps(is);
+    for (int64_t i = 0; i < n; i += 16) _mm_storeu_si128((__m128i *)(dst + i), fl_f32x16_to_fp8(_mm512_mul_ps(_mm512_loadu_ps(x + i), vis), e5m2));
+}
+
 void fl_kv_quant(int32_t t, const float *x, void *dst, int64_t n, float scale) {
     switch (t) {
     case FL_TYPE_F32: memcpy(dst, x, (size_t)n * 4); break;
@@ -91,12 +100,16 @@ void fl_kv_quant(int32_t t, const float *x, void *dst, int64_t n, float scale) {
     case FL_TYPE_BF16: fl_convert_kernels_get()->f32_to_bf16(x, dst, n); break;
     case FL_TYPE_FP8_E4M3: {
         const float is = scale > 0.0f ? 1.0f / scale : 0.0f;
-        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fl_f32_to_fp8_e4m3(x[i] * is);
+        if (n % 16 == 0 && fl_isa_get() == FL_ISA_AVX512) quant_fp8_avx512(x, dst, false, n, is);
+        else
+            for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fl_f32_to_fp8_e4m3(x[i] * is);
         break;
     }
     case FL_TYPE_FP8_E5M2: {
         const float is = scale > 0.0f ? 1.0f / scale : 0.0f;
-        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fl_f32_to_fp8_e5m2(x[i] * is);
+        if (n % 16 == 0 && fl_isa_get() == FL_ISA_AVX512) quant_fp8_avx512(x, dst, true, n, is);
+        else
+            for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fl_f32_to_fp8_e5m2(x[i] * is);
         break;
     }
     case FL_TYPE_Q8_0: quant_q8_0(x, dst, n); break;
