@@ -1,6 +1,6 @@
-/* fp8 (e4m3, e5m2) to and from f32, 16 lanes at a time, on AVX-512.  Decode: 16 fp8 codes as f32, lane for lane fl_fp8_e4m3_to_f32 /
- * fl_fp8_e5m2_to_f32 (core/dtype.h): exact values, NaN codes as +-NAN (0x7FC00000 with the
- * code's sign), e5m2's infinities as infinities.  Each code is widened to the f16 with the same
+/* fp8 (e4m3, e5m2) to and from f32, 16 lanes at a time, on AVX-512.  Decode: 16 fp8 codes as
+ * f32, lane for lane fl_fp8_e4m3_to_f32 / fl_fp8_e5m2_to_f32 (core/dtype.h): exact values, NaN
+ * codes as +-NAN (0x7FC00000 with the code's sign), e5m2's infinities as infinities.  Each code is widened to the f16 with the same
  * value (e5m2 is f16's top byte; e4m3's exponent and mantissa shifted into f16's, which then
  * reads 2^-8 of it, subnormals included) and converted by vcvtph2ps; e4m3 is then scaled by 256,
  * exactly.  Internal to the AVX-512 code: kernels/avx512 and functions with an AVX-512 target
