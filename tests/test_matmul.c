@@ -836,13 +836,17 @@ static void test_gemm_shapes_vs_ref_isa(void **state) {
 static void test_act_quant_parity(void **state) {
     (void)state;
     if (fl_isa_best() == FL_ISA_REF) skip();
-    const int64_t M = 3, K = 320;
+    /* 45 blocks a row: the AVX-512 quantizer's runs of 16 blocks and a tail; the special blocks
+     * in both (blocks 1-4 and 21-24) */
+    const int64_t M = 3, K = 45 * 32;
     float *x = frand_buf(M * K);
-    for (int j = 0; j < 32; j++) x[32 + j] = 0.0f;        /* all-zero block */
-    for (int j = 0; j < 32; j++) x[64 + j] *= 1e-7f;      /* scale below the f16 normal range */
-    for (int j = 0; j < 32; j++) x[96 + j] *= 3e4f;       /* large */
-    for (int j = 0; j < 31; j++) x[128 + j] = (float)j - 15.5f; /* amax 127: id = 1, codes are .5 ties */
-    x[128 + 31] = 127.0f;
+    for (int64_t o = 32; o <= 32 * 21; o += 32 * 20) {
+        for (int j = 0; j < 32; j++) x[o + j] = 0.0f;           /* all-zero block */
+        for (int j = 0; j < 32; j++) x[o + 32 + j] *= 1e-7f;    /* scale below the f16 normal range */
+        for (int j = 0; j < 32; j++) x[o + 64 + j] *= 3e4f;     /* large */
+        for (int j = 0; j < 31; j++) x[o + 96 + j] = (float)j - 15.5f; /* amax 127: id = 1, codes are .5 ties */
+        x[o + 96 + 31] = 127.0f;
+    }
     fl_act_q8 a, b;
     assert_int_equal(fl_act_q8_alloc(&a, M, K), FL_OK);
     assert_int_equal(fl_act_q8_alloc(&b, M, K), FL_OK);
@@ -883,6 +887,17 @@ static void test_act_quant_parity(void **state) {
         assert_memory_equal(a.ms, b.ms, (size_t)(M * a.nb) * 4);
         assert_memory_equal(r0, r1, rb);
         assert_int_equal((unsigned char)((char *)b.sv)[0], 0xEE); /* (left unset: all false) */
+        /* the rows alone (a one-token GEMV's), by ranges that start off a run of 16 */
+        memset(b.mem, 0xEE, b.bytes);
+        for (int64_t m = 0; m < M; m++) {
+            fl_act_q8_quantize_blocks_avx512(&b, m, x + m * K, 0, 7, false, true, NULL);
+            fl_act_q8_quantize_blocks_avx512(&b, m, x + m * K, 7, 40, false, true, NULL);
+            fl_act_q8_quantize_blocks_avx512(&b, m, x + m * K, 40, b.nb, false, true, NULL);
+        }
+        assert_memory_equal(a.qs, b.qs, (size_t)(M * K));
+        assert_memory_equal(a.d, b.d, (size_t)(M * a.nb) * 4);
+        assert_memory_equal(a.s, b.s, (size_t)(M * a.nb) * 4);
+        assert_memory_equal(a.ms, b.ms, (size_t)(M * a.nb) * 4);
         /* rows false: the same records, and nothing of the rows written (all true or not) */
         for (int all = 0; all < 2; all++) {
             memset(r1, 0xEE, rb);
