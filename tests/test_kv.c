@@ -1552,6 +1552,53 @@ static void test_fp8_quant_variants(void **state) {
     ffree(x, N);
 }
 
+/* The q8_0 / q4_0 row encoders on every ISA give the scalar loops' bytes: random rows at many
+ * magnitudes, and groups made to hit the edges (all zero, one non-zero value, the largest
+ * magnitude twice with both signs, code ties, infinities and NaNs among finite values). */
+static void test_kv_q_quant_variants(void **state) {
+    (void)state;
+    enum { G = 512, N = G * 32 };
+    float *x = falloc(N);
+    uint8_t ref[G * 34], got[G * 34];
+    const fl_isa best = fl_isa_best();
+    srand(23);
+    for (int round = 0; round < 8; round++) {
+        for (int i = 0; i < N; i++) x[i] = ((float)rand() / (float)RAND_MAX - 0.5f) * ldexpf(1.0f, rand() % 40 - 20);
+        for (int gi = 0; gi < G; gi++) {
+            float *v = x + gi * 32;
+            switch ((gi + round) % 12) {
+            case 0: for (int j = 0; j < 32; j++) v[j] = 0.0f; break;
+            case 1: for (int j = 0; j < 32; j++) v[j] = j == 7 ? -3.0f : 0.0f; break;
+            case 2: v[3] = 5.0f, v[20] = -5.0f; for (int j = 0; j < 32; j++) if (j != 3 && j != 20) v[j] = fminf(fabsf(v[j]), 4.0f); break;
+            case 3: v[3] = -5.0f, v[20] = 5.0f; for (int j = 0; j < 32; j++) if (j != 3 && j != 20) v[j] = fminf(fabsf(v[j]), 4.0f); break;
+            case 4: for (int j = 0; j < 32; j++) v[j] = (float)(j - 16) * 0.5f; break; /* .5 ties of x / d */
+            case 5: v[rand() % 32] = INFINITY; break;
+            case 6: v[rand() % 32] = NAN; break;
+            case 7: v[rand() % 32] = -INFINITY, v[rand() % 32] = NAN; break;
+            case 8: for (int j = 0; j < 32; j++) v[j] *= 1e-30f; break; /* a subnormal f16 scale */
+            default: break;
+            }
+        }
+        for (int t = 0; t < 2; t++) {
+            const int32_t type = t ? FL_TYPE_Q4_0 : FL_TYPE_Q8_0;
+            const size_t rb = fl_kv_row_bytes(type, N);
+            fl_isa_set(FL_ISA_REF);
+            fl_kv_quant(type, x, ref, N, 0.0f);
+            for (int isa = FL_ISA_REF + 1; isa <= (int)best; isa++) {
+                fl_isa_set((fl_isa)isa);
+                memset(got, 0xEE, sizeof got);
+                fl_kv_quant(type, x, got, N, 0.0f);
+                for (size_t i = 0; i < rb; i++)
+                    if (ref[i] != got[i])
+                        fail_msg("%s isa %d round %d: byte %zu (group %zu) 0x%02x, want 0x%02x", fl_type_name(type), isa, round, i,
+                                 i / (rb / G), got[i], ref[i]);
+            }
+        }
+    }
+    fl_isa_set(best);
+    ffree(x, N);
+}
+
 static void test_convert_short_rows(void **state) {
     (void)state;
     uint16_t h[80], h2[80], h3[80];
@@ -1587,7 +1634,8 @@ static void test_convert_short_rows(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_random_ops),   cmocka_unit_test(test_pool_lru_order),
-        cmocka_unit_test(test_paged_vs_contiguous), cmocka_unit_test(test_paged_split_budget), cmocka_unit_test(test_paged_kv_heads_per_item), cmocka_unit_test(test_fp8_dequant_variants), cmocka_unit_test(test_fp8_quant_variants), cmocka_unit_test(test_paged_quant_as_f32), cmocka_unit_test(test_fake_model),
+        cmocka_unit_test(test_paged_vs_contiguous), cmocka_unit_test(test_paged_split_budget), cmocka_unit_test(test_paged_kv_heads_per_item), cmocka_unit_test(test_fp8_dequant_variants), cmocka_unit_test(test_fp8_quant_variants),
+        cmocka_unit_test(test_kv_q_quant_variants), cmocka_unit_test(test_paged_quant_as_f32), cmocka_unit_test(test_fake_model),
         cmocka_unit_test(test_kv_random_ops),     cmocka_unit_test(test_prefix_cache), cmocka_unit_test(test_seq_truncate),
         cmocka_unit_test(test_batching_bitwise),  cmocka_unit_test(test_quant_types),
         cmocka_unit_test(test_sliding_window), cmocka_unit_test(test_sliding_window_16bit),    cmocka_unit_test(test_shift_rerope),

@@ -15,8 +15,9 @@
  *
  * fl_kv_dequant() decodes any element range [e0, e0 + n) of a row; the attention kernel calls
  * it per head slice while it loads K/V ("dequantise on load"), never producing a full f32 copy.
- * All functions are pure and thread-safe.  f16/bf16 use the dispatched row converters and q8_0
- * has an AVX-512 path for 16-aligned slices; both give the scalar reference's bits.
+ * All functions are pure and thread-safe.  f16/bf16 use the dispatched row converters; fp8 has
+ * AVX-512 paths both ways, q8_0 for decoding 16-aligned slices, and q8_0 / q4_0 for encoding
+ * whole rows; all give the scalar reference's bytes.
  */
 #ifndef FL_KV_QUANT_H
 #define FL_KV_QUANT_H
