@@ -718,13 +718,13 @@ void fl_gemm_q8_avx512(int32_t wtype, const void *w, size_t ldw, int nr, const f
  * terms differs from a lane-by-lane tree, so only for exact operations).  Four levels, each
  * pairing halves of two vectors: 256-bit halves, 128-bit quarters, then pairs and single lanes
  * within each quarter; lane 4L + e ends with v[4e + L], which one permute puts in order. */
-#define R16_LEVELS(OP)                                                                                \
-    for (int i = 0; i < 8; i++)                                                                                     \
+#define R16_LEVELS(OP)                                                                                                     \
+    for (int i = 0; i < 8; i++)                                                                                            \
         v[i] = OP(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE)); \
-    for (int i = 0; i < 4; i++)                                                                                     \
+    for (int i = 0; i < 4; i++)                                                                                            \
         v[i] = OP(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x88), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xDD)); \
-    for (int i = 0; i < 2; i++)                                                                                     \
-        v[i] = OP(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0xEE));     \
+    for (int i = 0; i < 2; i++)                                                                                            \
+        v[i] = OP(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0xEE));       \
     v[0] = OP(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xDD));
 static inline __m512i r16_order(void) { return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); }
 static inline __m512 r16_max_ps(__m512 *v) {
@@ -781,8 +781,9 @@ static void quant16_blocks(fl_act_q8 *a, int64_t m, const float *x, int64_t b, b
     if (g) { /* each block's record: -8 s, -128 s, d, ms at token t */
         int32_t f8[16] __attribute__((aligned(64))), f128[16] __attribute__((aligned(64)));
         float fd[16] __attribute__((aligned(64))), fms[16] __attribute__((aligned(64)));
-        _mm512_store_si512(f8, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-8)));
-        _mm512_store_si512(f128, _mm512_slli_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), sum), 7));
+        const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(), sum);
+        _mm512_store_si512(f8, _mm512_slli_epi32(neg, 3));
+        _mm512_store_si512(f128, _mm512_slli_epi32(neg, 7));
         _mm512_store_ps(fd, d);
         _mm512_store_ps(fms, ms);
         for (int i = 0; i < 16; i++) {
