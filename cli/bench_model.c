@@ -219,7 +219,11 @@ int fl_bench_model(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "threads", nth);
         cJSON_AddStringToObject(o, "kv_layout", kv.paged ? "paged" : "contiguous");
         cJSON_AddBoolToObject(o, "mmap", !mp.no_mmap);
-        cJSON_AddBoolToObject(o, "repack", fl_r8_base(fl_model_layer(m, 0)->wq.type) >= 0 || fl_r8_base(fl_model_layer(m, 0)->w2.type) >= 0);
+        /* repacked at load: the R8 groups (Q4_0 / Q8_0) or the R16 ones (the K-quants, Q4_1,
+         * Q5_0, Q5_1, IQ4_NL); the first layer's q and down projections as loaded */
+        const int32_t tq = fl_model_layer(m, 0)->wq.type, t2 = fl_model_layer(m, 0)->w2.type;
+        cJSON_AddBoolToObject(o, "repack", fl_r8_base(tq) >= 0 || fl_r8_base(t2) >= 0 || fl_k16_type(tq) || fl_k16_type(t2));
+        cJSON_AddStringToObject(o, "wq_type", fl_type_name(tq));
         cJSON_AddNumberToObject(o, "weight_bytes_per_token", wbytes);
         cJSON_AddNumberToObject(o, "mem_bandwidth_gbs", bw);
         cJSON_AddNumberToObject(o, "int8_peak_gops", peak);

@@ -224,6 +224,23 @@ import json, sys
 o = json.load(open(sys.argv[1]))
 assert o["pp_kernel"] != "amx-bf16" and not o["amx_bf16_prefill"], o
 PY
+# "repack": the matrices were rewritten at load (R8 groups, or R16 on AVX-512 without AMX), which
+# wq_type (the first layer's q projection as loaded) shows; --no-repack keeps the file's type
+for spec in "$shared/models/synth256/synth256-Q4_K_M.gguf:q4_K" "$shared/models/stories260K-q8_0.gguf:q8_0"; do
+    for flag in "" --no-repack; do
+        "$fitllm" bench model -m "${spec%:*}" -p 8 -n 2 -t 1 --stream-mib 16 --json $flag >"$tmp/bmr.json" ||
+            fail "bench model $flag (${spec%:*})"
+        python3 - "$tmp/bmr.json" "${spec##*:}" "$flag" <<'PY' || fail "bench model repack json $flag (${spec%:*})"
+import json, sys
+o, base, flag = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+t = o["wq_type"]
+if flag:
+    assert not o["repack"] and t == base, o
+else:
+    assert t in (base, base + "_r8", base + "_r16") and o["repack"] == (t != base), o
+PY
+    done
+done
 "$fitllm" bench model -m "$model" -r 0 >/dev/null 2>&1 && fail "bench model -r 0 accepted"
 # -p 0 / -n 0 skip that test (llama-bench's convention); both 0 is an error
 "$fitllm" bench model -m "$model" -p 0 -n 4 -t 1 --stream-mib 16 --json >"$tmp/bm0.json" || fail "bench model -p 0"
