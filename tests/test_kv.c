@@ -983,16 +983,26 @@ static void test_quant_types(void **state) {
     fl_kv_quant(FL_TYPE_Q8_0, x, buf, 64, 1);
     fl_kv_dequant(FL_TYPE_Q8_0, buf, 0, 64, 1, y);
     for (int i = 0; i < 64; i++) CHECK_NEAR(x[i], y[i], 3.0 / 127 * 0.51 + 1e-3);
-    { /* every ISA decodes q8_0 to the same bits (aligned slices take the SIMD path) */
+    { /* every ISA decodes q8_0 and q4_0 to the same bits (slices of whole 16s take the SIMD
+       * path, from either half of a group; the others the scalar loops) */
         float z[64];
-        for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++) {
-            fl_isa_set((fl_isa)isa);
-            fl_kv_dequant(FL_TYPE_Q8_0, buf, 16, 48, 1, z);
-            fl_isa_set(FL_ISA_REF);
-            fl_kv_dequant(FL_TYPE_Q8_0, buf, 16, 48, 1, y);
-            assert_memory_equal(y, z, 48 * sizeof(float));
+        for (int t = 0; t < 2; t++) {
+            const int32_t type = t ? FL_TYPE_Q4_0 : FL_TYPE_Q8_0;
+            fl_kv_quant(type, x, buf, 64, 1);
+            for (int isa = FL_ISA_REF; isa <= (int)fl_isa_best(); isa++)
+                for (int e0 = 0; e0 <= 48; e0 += 8)
+                    for (int n = 8; e0 + n <= 64; n += 8) {
+                        fl_isa_set((fl_isa)isa);
+                        memset(z, 0x5A, sizeof z);
+                        fl_kv_dequant(type, buf, e0, n, 1, z);
+                        fl_isa_set(FL_ISA_REF);
+                        memset(y, 0x5A, sizeof y);
+                        fl_kv_dequant(type, buf, e0, n, 1, y);
+                        if (memcmp(y, z, sizeof y)) fail_msg("%s isa %d [%d, %d): differs from the scalar decode", fl_type_name(type), isa, e0, e0 + n);
+                    }
         }
         fl_isa_set(fl_isa_best());
+        fl_kv_quant(FL_TYPE_Q8_0, x, buf, 64, 1);
     }
     fl_kv_dequant(FL_TYPE_Q8_0, buf, 40, 8, 1, y); /* a slice from inside a group */
     for (int i = 0; i < 8; i++) CHECK_NEAR(x[40 + i], y[i], 3.0 / 127 * 0.51 + 1e-3);

@@ -4,6 +4,7 @@
 #include "kv/kv_quant.h"
 
 #include "kernels/avx512/fp8_512.h"
+#include "kernels/avx512/kvq_512.h"
 #include "kernels/convert.h"
 #include "kernels/dispatch.h"
 
@@ -166,18 +167,10 @@ void fl_kv_quant(int32_t t, const float *x, void *dst, int64_t n, float scale) {
     }
 }
 
-/* q8_0 decode of 16-element pieces (e0 and n multiples of 16): the same single multiply
- * d * q per element as the scalar loop, so the same bits. */
-__attribute__((target("avx512f"))) static void dequant_q8_0_avx512(const uint8_t *s, int64_t e0, int64_t n, float *out) {
-    for (int64_t i = 0; i < n; i += 16) {
-        const int64_t e = e0 + i;
-        const uint8_t *g = s + (e / QK) * (2 + QK);
-        uint16_t dh;
-        memcpy(&dh, g, 2);
-        const __m128i q8 = _mm_loadu_si128((const __m128i *)(g + 2 + e % QK));
-        const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8));
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_set1_ps(fl_f16_to_f32(dh)), q));
-    }
+/* q8_0 / q4_0 decode of 16-element pieces (e0 and n multiples of 16, fl_kvq16_to_f32): the
+ * same single multiply per element as the scalar loops below, so the same bits. */
+__attribute__((target("avx512f"))) static void dequant_q_avx512(const uint8_t *s, bool q8, int64_t e0, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(out + i, fl_kvq16_to_f32(s, e0 + i, q8));
 }
 
 /* fp8 decode of 16-element pieces (n a multiple of 16): scale x the code's value, one multiply
@@ -213,7 +206,7 @@ void fl_kv_dequant(int32_t t, const void *src, int64_t e0, int64_t n, float scal
         break;
     case FL_TYPE_Q8_0:
         if (e0 % 16 == 0 && n % 16 == 0 && fl_isa_get() == FL_ISA_AVX512) {
-            dequant_q8_0_avx512(s, e0, n, out);
+            dequant_q_avx512(s, true, e0, n, out);
             break;
         }
         /* one group (and one scale conversion) at a time */
@@ -227,6 +220,10 @@ void fl_kv_dequant(int32_t t, const void *src, int64_t e0, int64_t n, float scal
         }
         break;
     case FL_TYPE_Q4_0:
+        if (e0 % 16 == 0 && n % 16 == 0 && fl_isa_get() == FL_ISA_AVX512) {
+            dequant_q_avx512(s, false, e0, n, out);
+            break;
+        }
         for (int64_t e = e0, i = 0; i < n;) {
             const uint8_t *g = s + (e / QK) * (2 + QK / 2);
             uint16_t dh;

@@ -9,6 +9,7 @@
 #include "kernels/ops.h"
 #include "kernels/avx512/exp512.h"
 #include "kernels/avx512/fp8_512.h"
+#include "kernels/avx512/kvq_512.h"
 #include "kv/kv_quant.h"
 
 #include <immintrin.h>
@@ -606,21 +607,7 @@ enum { L16_F16, L16_BF16, L16_E4M3, L16_E5M2, L16_Q8_0, L16_Q4_0 };
 T16_INLINE __m512 load16_f32(const uint8_t *row, int64_t e, const int kind, __m512 sc, __mmask16 m) {
     switch (kind) {
     case L16_E4M3: case L16_E5M2: return _mm512_mul_ps(sc, fl_fp8x16_to_f32(row + e, kind == L16_E5M2, m));
-    case L16_Q8_0: case L16_Q4_0: {
-        if (!m) return _mm512_setzero_ps();
-        const uint8_t *g = row + (e / 32) * (kind == L16_Q8_0 ? 34 : 18);
-        uint16_t dh;
-        memcpy(&dh, g, 2);
-        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)dh));
-        __m512i q;
-        if (kind == L16_Q8_0) q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(g + 2 + e % 32)));
-        else {
-            const __m128i b = _mm_loadu_si128((const __m128i *)(g + 2));
-            const __m128i n = _mm_and_si128(e % 32 ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(0x0F));
-            q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(n), _mm512_set1_epi32(8));
-        }
-        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(q));
-    }
+    case L16_Q8_0: case L16_Q4_0: return m ? fl_kvq16_to_f32(row, e, kind == L16_Q8_0) : _mm512_setzero_ps();
     default: {
         const __m256i h = _mm256_maskz_loadu_epi16(m, row + 2 * e);
         return kind == L16_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
