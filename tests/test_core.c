@@ -393,6 +393,22 @@ static void nested_task(void *ctx, int ith, int nth) {
     __atomic_fetch_add((long *)ctx, local, __ATOMIC_RELAXED);
 }
 
+typedef struct once_ctx {
+    int nth, it, bad;
+    int runs[32];
+} once_ctx;
+
+static void once_task(void *ctx, int ith, int nth) {
+    once_ctx *o = ctx;
+    if (nth != o->nth || ith < 0 || ith >= nth) {
+        __atomic_store_n(&o->bad, nth, __ATOMIC_RELAXED);
+        return;
+    }
+    volatile long spin = 0;
+    for (int k = 0; k < ((ith * 7 + o->it) % 5) * 2000; k++) spin += k; /* (some iths longer than others) */
+    __atomic_fetch_add(&o->runs[ith], 1, __ATOMIC_RELAXED);
+}
+
 static void test_threads(void **state) {
     (void)state;
     long s = 0;
@@ -407,6 +423,16 @@ static void test_threads(void **state) {
     long n = 0;
     fl_parallel_n(nested_task, &n, 3);
     assert_int_equal(n, 3L * 999 * 1000 / 2);
+    /* more threads than cores, uneven work: whoever claims an ith (a worker, or the caller once
+     * its own is done), each runs exactly once per call */
+    for (int it = 0; it < 3000; it++) {
+        once_ctx o = {.nth = 2 + it % 31, .it = it};
+        memset(o.runs, 0, sizeof o.runs);
+        fl_parallel_n(once_task, &o, o.nth);
+        for (int i = 0; i < o.nth; i++)
+            if (o.runs[i] != 1) fail_msg("iteration %d (nth %d): ith %d ran %d times", it, o.nth, i, o.runs[i]);
+        if (o.bad) fail_msg("iteration %d: a task saw nth %d", it, o.bad);
+    }
 }
 
 int main(void) {

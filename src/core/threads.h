@@ -1,9 +1,12 @@
 /*
- * threads.h - the kernel thread team (OpenMP underneath) and the ith/nth convention.
+ * threads.h - the kernel thread team (a persistent pthread pool, core/threads.c) and the ith/nth
+ * convention.
  *
- * fl_parallel(fn, ctx) runs fn(ctx, ith, nth) on nth = fl_threads_get() threads and returns when
- * all are done; with nth == 1 it is a plain call.  Kernels split rows or tiles by ith/nth
- * themselves, or take chunks from an fl_chunk_counter.  fl_threads_set(0) means all cores.
+ * fl_parallel(fn, ctx) runs fn(ctx, ith, nth) for every ith in [0, nth), nth = fl_threads_get(),
+ * and returns when all are done; with nth == 1 it is a plain call.  Each ith runs exactly once,
+ * but not necessarily on a thread of its own: the caller runs ith 0, then any ith no worker has
+ * claimed yet, so a task must not wait inside for another ith.  Kernels split rows or tiles by
+ * ith/nth themselves, or take chunks from an atomic counter.  fl_threads_set(0) means all cores.
  * The thread count is process-wide (set once by the CLI's -t); not for concurrent changes.
  */
 #ifndef FL_THREADS_H
