@@ -641,6 +641,27 @@ static void test_calls_stream(void **state) {
 }
 
 /* where reasoning and answer are, whole and as a stream sees them */
+/* srv_call_delta: a chat delta's tool_calls entry; its index where it is an integer in int32_t's
+ * range, else the entry's place (fuzz_dialects found an index of 8.9e41 cast to int32_t) */
+static void test_call_delta(void **state) {
+    (void)state;
+    const char *idx[] = {"0", "7", "2147483647", "-1", "2147483648", "8.888888888e41", "1.5", "\"3\"", "null", NULL};
+    const int32_t want[] = {0, 7, 2147483647, 5, 5, 5, 5, 5, 5, 5};
+    for (int i = 0; i < 10; i++) {
+        char body[160];
+        if (idx[i]) snprintf(body, sizeof body, "{\"index\":%s,\"id\":\"c1\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}", idx[i]);
+        else snprintf(body, sizeof body, "{\"function\":{\"arguments\":\"{}\"}}");
+        cJSON *tc = cJSON_Parse(body);
+        assert_non_null(tc);
+        srv_call_piece_in p;
+        const bool starts = srv_call_delta(tc, 5, &p);
+        if (p.index != want[i]) fail_msg("index %s: %d, want %d", idx[i] ? idx[i] : "(none)", (int)p.index, (int)want[i]);
+        assert_true(starts == (idx[i] != NULL));
+        assert_string_equal(p.args, "{}");
+        cJSON_Delete(tc);
+    }
+}
+
 static void test_think(void **state) {
     (void)state;
     static const struct { const char *t; bool open, final; srv_think want; size_t r0, r1, c; } cases[] = {
@@ -684,7 +705,7 @@ int main(void) {
         cmocka_unit_test(test_render_continue),
         cmocka_unit_test(test_calls_stream),
         cmocka_unit_test(test_read), cmocka_unit_test(test_required), cmocka_unit_test(test_lazy), cmocka_unit_test(test_structural_tag), cmocka_unit_test(test_hold),
-        cmocka_unit_test(test_parse), cmocka_unit_test(test_render), cmocka_unit_test(test_think),
+        cmocka_unit_test(test_parse), cmocka_unit_test(test_render), cmocka_unit_test(test_think), cmocka_unit_test(test_call_delta),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

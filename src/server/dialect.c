@@ -4,6 +4,8 @@
 #include "server/server_int.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -59,7 +61,10 @@ bool srv_push(cJSON *array, cJSON *child) {
 
 bool srv_call_delta(const cJSON *tc, int32_t k, srv_call_piece_in *p) {
     const cJSON *ix = cJSON_GetObjectItemCaseSensitive(tc, "index"), *f = cJSON_GetObjectItemCaseSensitive(tc, "function");
-    p->index = cJSON_IsNumber(ix) ? (int32_t)ix->valuedouble : k;
+    /* the delta's index where it is one (an integer in int32_t's range: a cast of anything else
+     * is undefined; fuzz_dialects sent 8.9e41), else the entry's place k */
+    const double v = cJSON_IsNumber(ix) ? ix->valuedouble : -1;
+    p->index = v >= 0 && v <= INT32_MAX && v == floor(v) ? (int32_t)v : k;
     p->id = srv_json_str(tc, "id");
     p->name = srv_json_str(f, "name");
     p->args = srv_json_str(f, "arguments");
