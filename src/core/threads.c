@@ -18,6 +18,7 @@
 #include "core/status.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <unistd.h>
 #if defined(__x86_64__)
@@ -47,11 +48,15 @@ static struct {
 
 static _Thread_local bool tl_in_task;
 
+int fl_threads_cpus(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    const long c = sysconf(_SC_NPROCESSORS_ONLN);
+    return c > 0 ? (int)c : 1;
+}
+
 void fl_threads_set(int n) {
-    if (n <= 0) {
-        long c = sysconf(_SC_NPROCESSORS_ONLN);
-        n = c > 0 ? (int)c : 1;
-    }
+    if (n <= 0) n = fl_threads_cpus();
     if (n > MAX_WORKERS + 1) n = MAX_WORKERS + 1;
     g_nthreads = n;
 }

@@ -6,7 +6,7 @@
  * and returns when all are done; with nth == 1 it is a plain call.  Each ith runs exactly once,
  * but not necessarily on a thread of its own: the caller runs ith 0, then any ith no worker has
  * claimed yet, so a task must not wait inside for another ith.  Kernels split rows or tiles by
- * ith/nth themselves, or take chunks from an atomic counter.  fl_threads_set(0) means all cores.
+ * ith/nth themselves, or take chunks from an atomic counter.  fl_threads_set(0) means every CPU the process may run on.
  * The thread count is process-wide (set once by the CLI's -t); not for concurrent changes.
  */
 #ifndef FL_THREADS_H
@@ -20,6 +20,9 @@ typedef void (*fl_task_fn)(void *ctx, int ith, int nth);
 #define FL_THREADS_MAX 256 /* the most threads a parallel call runs on (fl_threads_set caps n) */
 
 void fl_threads_set(int n);
+/* The CPUs this process may run on: its affinity mask (a container's cpuset, taskset), else the
+ * online CPUs.  fl_threads_set(0) takes this many. */
+int fl_threads_cpus(void);
 int fl_threads_get(void);
 void fl_parallel(fl_task_fn fn, void *ctx);
 void fl_parallel_n(fl_task_fn fn, void *ctx, int nth); /* explicit team size */

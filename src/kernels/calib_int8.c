@@ -25,9 +25,17 @@ static void peak_task(void *p, int ith, int nth) {
     c->t[ith] = now_s() - t0;
 }
 
-static double peak_gops(int nth, double seconds, bool amx) {
-    if (nth < 1) nth = 1;
+/* The calibrations run on at most one thread per CPU the process may use: the machine's rate,
+ * and a calibration of -t 256 on 2 CPUs took 256 x the loop's time (77 s). */
+static int calib_threads(int nth) {
+    const int cpus = fl_threads_cpus();
+    if (nth > cpus) nth = cpus;
     if (nth > 256) nth = 256;
+    return nth < 1 ? 1 : nth;
+}
+
+static double peak_gops(int nth, double seconds, bool amx) {
+    nth = calib_threads(nth);
     if (fl_isa_best() == FL_ISA_REF) return 0;
     peak_ctx c;
     memset(&c, 0, sizeof c);
@@ -89,8 +97,7 @@ static double bw_passes(int nth, const char *buf, size_t bytes, int reps) {
 }
 
 fl_calib_bw *fl_calib_bw_new(int nth, size_t bytes) {
-    if (nth < 1) nth = 1;
-    if (nth > 256) nth = 256;
+    nth = calib_threads(nth);
     if (fl_isa_best() == FL_ISA_REF) return NULL;
     (void)fl_isa_get(); /* (sets the GEMVs' prefetch distances the third read loop uses) */
     bytes &= ~(size_t)4095;
