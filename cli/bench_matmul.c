@@ -144,12 +144,13 @@ int fl_bench_matmul(int argc, char **argv) {
     if (r) return r == 1 ? 0 : 2;
     const int nth = opts[0].set ? (int)opts[0].i : 2;
     const int64_t M = opts[2].set ? opts[2].i : 512;
-    const size_t stream = (size_t)(opts[4].set ? opts[4].i : 1024) << 20;
+    const int64_t stream_mib = opts[4].set ? opts[4].i : 1024;
     const double secs = opts[5].set ? opts[5].f : 0.5;
-    if (nth < 1 || M < 1 || stream < (1u << 20)) {
-        fprintf(stderr, "fitllm bench matmul: bad -t, -p or --stream-mib\n");
+    if (nth < 1 || M < 1 || M > 1 << 20 || stream_mib < 1 || stream_mib > 1 << 20) {
+        fprintf(stderr, "fitllm bench matmul: bad -t, -p or --stream-mib (-t >= 1, -p 1 to 1048576, --stream-mib 1 to 1048576)\n");
         return 2;
     }
+    const size_t stream = (size_t)stream_mib << 20;
     char types_s[256];
     snprintf(types_s, sizeof types_s, "%s", opts[3].set ? opts[3].str : "Q4_0,Q8_0");
     fl_threads_set(nth);

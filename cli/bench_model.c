@@ -91,12 +91,15 @@ int fl_bench_model(int argc, char **argv) {
     }
     const int32_t np = opts[1].set ? (int32_t)opts[1].i : 512, ng = opts[2].set ? (int32_t)opts[2].i : 128;
     const int nth = opts[3].set ? (int)opts[3].i : 2;
-    const size_t stream = (size_t)(opts[5].set ? opts[5].i : 1024) << 20;
+    const int64_t stream_mib = opts[5].set ? opts[5].i : 1024;
     const int reps = opts[6].set ? (int)opts[6].i : 1;
-    if (np < 0 || ng < 0 || np + ng < 1 || nth < 1 || np > 1 << 16 || ng > 1 << 16 || reps < 1 || reps > 1000) {
-        fprintf(stderr, "fitllm bench model: bad -p, -n, -t or -r (-p and -n are 0 to 65536, not both 0; -t >= 1; -r 1 to 1000)\n");
+    if (np < 0 || ng < 0 || np + ng < 1 || nth < 1 || np > 1 << 16 || ng > 1 << 16 || reps < 1 || reps > 1000 || stream_mib < 1 ||
+        stream_mib > 1 << 20) {
+        fprintf(stderr, "fitllm bench model: bad -p, -n, -t, -r or --stream-mib (-p and -n are 0 to 65536, not both 0; -t >= 1; -r 1 to "
+                        "1000; --stream-mib 1 to 1048576)\n");
         return 2;
     }
+    const size_t stream = (size_t)stream_mib << 20;
     const int32_t nt = np > 16 ? np : 16; /* the token buffers: the prompt, or the warm-up and the tg tokens' source */
     fl_threads_set(nth);
     fl_model *m = NULL;
@@ -136,6 +139,11 @@ int fl_bench_model(int argc, char **argv) {
     /* calibrated before and again after the runs, the larger kept: this machine's speed drifts
      * over minutes, and a calibration caught in a slow moment must not inflate the percentages */
     cb = fl_calib_bw_new(nth, stream);
+    if (!cb && fl_isa_best() != FL_ISA_REF) { /* (the reference ISA has no read loop: no bandwidth, as before) */
+        fprintf(stderr, "fitllm bench model: no buffer of --stream-mib %lld MiB for the bandwidth calibration (%s)\n", (long long)stream_mib,
+                fl_last_error());
+        goto done;
+    }
     const double bw0 = cb ? fl_calib_bw_measure(cb, 3) : -1;
     const double peak0 = fl_calib_int8_peak_gops(nth, 0.3);
     const double amx_peak = fl_calib_amx_int8_peak_gops(nth, 0.3);

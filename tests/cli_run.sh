@@ -242,6 +242,14 @@ PY
     done
 done
 "$fitllm" bench model -m "$model" -r 0 >/dev/null 2>&1 && fail "bench model -r 0 accepted"
+# --stream-mib out of 1..1048576 (0, negative, a size no machine has) is refused with a message,
+# not taken as a calibration silently skipped (it had printed a bandwidth of -1 GB/s)
+for sm in 0 -1 99999999; do
+    rc=0; "$fitllm" bench model -m "$model" -p 8 -n 2 --stream-mib $sm >/dev/null 2>"$tmp/sm.err" || rc=$?
+    [ $rc -eq 2 ] && grep -q -- "--stream-mib 1 to 1048576" "$tmp/sm.err" || { cat "$tmp/sm.err"; fail "bench model --stream-mib $sm: want exit 2 and the range"; }
+    rc=0; "$fitllm" bench matmul --types Q4_0 --stream-mib $sm >/dev/null 2>"$tmp/sm.err" || rc=$?
+    [ $rc -eq 2 ] && grep -q -- "--stream-mib 1 to 1048576" "$tmp/sm.err" || { cat "$tmp/sm.err"; fail "bench matmul --stream-mib $sm: want exit 2 and the range"; }
+done
 # -p 0 / -n 0 skip that test (llama-bench's convention); both 0 is an error
 "$fitllm" bench model -m "$model" -p 0 -n 4 -t 1 --stream-mib 16 --json >"$tmp/bm0.json" || fail "bench model -p 0"
 "$fitllm" bench model -m "$model" -p 8 -n 0 -t 1 --stream-mib 16 --json >"$tmp/bm1.json" || fail "bench model -n 0"
