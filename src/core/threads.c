@@ -10,8 +10,8 @@
  * system has not scheduled (a loaded machine, more threads than cores) delays nothing: the call
  * returns when every ith has run once, whoever ran it.  (It had waited for every worker to check
  * in: TinyLlama-shaped Q4_0 decode with another process busy on one of the 2 cores ran 25 tok/s
- * on 2 threads against 40 on 1.)  A claim names the task's generation and its next ith in one
- * atomic word, so a worker that wakes late cannot take an ith of a task it has not read.  Calls
+ * on 2 threads against 40 on 1.)  A claim names the task's generation, its nth and the next ith
+ * in one atomic word, so a worker that wakes late cannot take an ith of a task it has not read.  Calls
  * from inside a task run serially (no nesting), and calls from several threads at once are
  * serialized by a mutex. */
 #include "core/threads.h"
@@ -94,10 +94,9 @@ static void run_claims(unsigned g) {
 
 static void *worker_main(void *arg) {
     (void)arg;
-    unsigned seen = atomic_load_explicit(&pool.gen, memory_order_acquire); /* (a task posted before this: claims name it) */
+    unsigned seen = atomic_load_explicit(&pool.gen, memory_order_acquire);
     tl_in_task = true;
-    /* a task posted while this worker was being created: its claims may be open */
-    run_claims(seen);
+    run_claims(seen); /* (the task posted while this worker was being created, if one was) */
     for (;;) {
         unsigned g;
         int spins = 0;

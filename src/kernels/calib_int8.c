@@ -26,7 +26,7 @@ static void peak_task(void *p, int ith, int nth) {
 }
 
 /* The calibrations run on at most one thread per CPU the process may use: the machine's rate,
- * and a calibration of -t 256 on 2 CPUs took 256 x the loop's time (77 s). */
+ * and a calibration of -t 256 on 2 CPUs ran 128 loops per CPU (over 60 s). */
 static int calib_threads(int nth) {
     const int cpus = fl_threads_cpus();
     if (nth > cpus) nth = cpus;

@@ -20,7 +20,7 @@
  *       TDPBSSD on full 16 x 64 tiles), 0 where fl_amx_usable() is false.  The int8 peak that
  *       speeds are reported against stays the VNNI one; this is printed beside it.
  * All run on fl_parallel_n teams of at most fl_threads_cpus() threads (nth beyond the CPUs the
- * process may use measures nothing more, and took nth x the loop's time); not for concurrent use
+ * process may use measures nothing more, and took nth / CPUs times as long); not for concurrent use
  * with other heavy work.
  */
 #ifndef FL_CALIB_INT8_H
