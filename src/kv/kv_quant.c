@@ -1,4 +1,4 @@
-/* KV row codecs (see kv_quant.h): scalar, with AVX-512 paths for fp8 (both ways), q8_0 decode
+/* KV row codecs (see kv_quant.h): scalar, with AVX-512 paths for fp8 (both ways), q8_0 / q4_0 decode
  * and q8_0 / q4_0 encode that give the same bytes.  The attention kernel calls the decoders per
  * head slice. */
 #include "kv/kv_quant.h"
