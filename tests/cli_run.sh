@@ -264,6 +264,15 @@ PY
 "$fitllm" bench model -m "$model" -p 0 -n 4 -t 1 --stream-mib 16 | grep -q '^pp' && fail "bench model -p 0 text: a pp line"
 "$fitllm" bench model -m "$model" -p 0 -n 0 >/dev/null 2>&1 && fail "bench model -p 0 -n 0 accepted"
 
+# more threads than the CPUs this process may use: said once on stderr, the output unchanged;
+# as many threads as CPUs: nothing said
+cpus=$(nproc)
+"$fitllm" run -m "$model" -p "Once upon a time" -n 12 --temp 0 -t $((cpus + 3)) >"$tmp/t.out" 2>"$tmp/t.err" || fail "run -t cpus+3"
+[ "$(grep -c "threads asked for, but this process may run on $cpus CPU" "$tmp/t.err")" = 1 ] || { cat "$tmp/t.err"; fail "-t $((cpus + 3)) on $cpus CPUs: want one warning"; }
+"$fitllm" run -m "$model" -p "Once upon a time" -n 12 --temp 0 -t "$cpus" >"$tmp/t1.out" 2>"$tmp/t1.err" || fail "run -t cpus"
+grep -q "threads asked for" "$tmp/t1.err" && fail "-t $cpus on $cpus CPUs warned"
+cmp -s "$tmp/t.out" "$tmp/t1.out" || fail "-t $((cpus + 3)) changed the text"
+
 # run --logprobs: with the contiguous f16 cache (llama.cpp's rounding) the first generated token's
 # logprob and its 5 alternatives equal log-softmax of llama.cpp's logits (4 prompts, to 1e-3)
 python3 - "$fitllm" "$shared" <<'PY' || fail "run --logprobs against llama.cpp's logits"
