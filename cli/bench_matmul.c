@@ -151,6 +151,22 @@ int fl_bench_matmul(int argc, char **argv) {
         return 2;
     }
     const size_t stream = (size_t)stream_mib << 20;
+    /* What a shape's pass holds at once, at most (f32 source, its copies, activations, outputs; the
+     * weights counted at 4 bytes each, the most any type takes), against the machine's memory:
+     * the system overcommits, so too large a -p would otherwise be killed part way. */
+    static const int64_t shapes[5][2] = {{2048, 2048}, {256, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
+    double need = 0;
+    for (int s = 0; s < 5; s++) {
+        const double nk = (double)shapes[s][0] * (double)shapes[s][1];
+        const double b = nk * 4 + ((double)stream + nk * 4) + (double)M * (double)(shapes[s][0] + shapes[s][1]) * 4;
+        if (b > need) need = b;
+    }
+    const uint64_t sys_bytes = fl_mem_system_bytes();
+    if (sys_bytes > 0 && need > (double)sys_bytes) {
+        fprintf(stderr, "fitllm bench matmul: -p %lld with --stream-mib %lld needs up to %.1f GiB of buffers, more than this machine's %.1f GiB\n",
+                (long long)M, (long long)stream_mib, need / (1 << 30), (double)sys_bytes / (1 << 30));
+        return 2;
+    }
     char types_s[256];
     snprintf(types_s, sizeof types_s, "%s", opts[3].set ? opts[3].str : "Q4_0,Q8_0");
     fl_threads_set(nth);
@@ -185,7 +201,6 @@ int fl_bench_matmul(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "gemm_tokens", (double)M);
     cJSON_AddItemToObject(root, "results", arr);
 
-    static const int64_t shapes[5][2] = {{2048, 2048}, {256, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
     int rc = 0;
     for (char *save = NULL, *tn = strtok_r(types_s, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
         const int32_t type = fl_type_from_name(tn);

@@ -250,6 +250,12 @@ for sm in 0 -1 99999999; do
     rc=0; "$fitllm" bench matmul --types Q4_0 --stream-mib $sm >/dev/null 2>"$tmp/sm.err" || rc=$?
     [ $rc -eq 2 ] && grep -q -- "--stream-mib 1 to 1048576" "$tmp/sm.err" || { cat "$tmp/sm.err"; fail "bench matmul --stream-mib $sm: want exit 2 and the range"; }
 done
+# bench matmul's buffers for -p 1048576 (133.5 GiB at the 32000 x 2048 shape with --stream-mib 16) against the machine's
+# memory: refused up front with both sizes, not killed part way (where the machine has less)
+if [ "$(awk '/^MemTotal/ {print $2}' /proc/meminfo)" -lt $((130 << 20)) ]; then
+    rc=0; "$fitllm" bench matmul --types Q4_0 -p 1048576 --stream-mib 16 >/dev/null 2>"$tmp/mm.err" || rc=$?
+    [ $rc -eq 2 ] && grep -q "needs up to 133.5 GiB of buffers, more than this machine's" "$tmp/mm.err" || { cat "$tmp/mm.err"; fail "bench matmul -p 1048576: rc $rc"; }
+fi
 # -p 0 / -n 0 skip that test (llama-bench's convention); both 0 is an error
 "$fitllm" bench model -m "$model" -p 0 -n 4 -t 1 --stream-mib 16 --json >"$tmp/bm0.json" || fail "bench model -p 0"
 "$fitllm" bench model -m "$model" -p 8 -n 0 -t 1 --stream-mib 16 --json >"$tmp/bm1.json" || fail "bench model -n 0"

@@ -4,10 +4,12 @@
 #include <cjson/cJSON.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 /* One padded counter set per category (zmalloc style): no false sharing between categories. */
@@ -130,6 +132,19 @@ void fl_mem_advise_huge(void *p, size_t size) {
     (void)p;
     (void)size;
 #endif
+}
+
+uint64_t fl_mem_system_bytes(void) {
+    const long pages = sysconf(_SC_PHYS_PAGES), pg = sysconf(_SC_PAGESIZE);
+    uint64_t total = pages > 0 && pg > 0 ? (uint64_t)pages * (uint64_t)pg : 0;
+    /* a cgroup v2 limit (a container's memory.max), where it is a number and smaller */
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+    if (f) {
+        unsigned long long lim = 0;
+        if (fscanf(f, "%llu", &lim) == 1 && lim > 0 && (total == 0 || lim < total)) total = lim;
+        fclose(f);
+    }
+    return total;
 }
 
 static void huge_hint(void *p, size_t size) {

@@ -47,6 +47,12 @@ fl_status fl_mem_charge(fl_mem_cat cat, size_t size);  /* FL_ERR_BUDGET if over 
 void fl_mem_advise_huge(void *p, size_t size);
 void fl_mem_uncharge(fl_mem_cat cat, size_t size);
 
+/* The memory this machine has: its physical memory, or a smaller cgroup v2 limit (memory.max);
+ * 0 if unknown.  Allocations are not checked against it (the system overcommits, so a block is
+ * only really taken when touched); commands that size buffers from their arguments compare the
+ * total they will touch with it first, rather than be killed part way. */
+uint64_t fl_mem_system_bytes(void);
+
 void fl_mem_fail_after(long n); /* n < 0 disables injection */
 /* How many of this thread's fl_alloc calls have failed (any reason: a budget, the system,
  * injection): code that builds something whose parts may be dropped on failure (cJSON's
