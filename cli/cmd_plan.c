@@ -21,7 +21,7 @@ enum {
 static const struct { fl_mem_cat cat; const char *label, *key; } cols[] = {
     {FL_MEM_WEIGHTS, "weights", "weights"}, {FL_MEM_KV, "KV", "kv"}, {FL_MEM_ACT, "activations", "activations"},
     {FL_MEM_SCRATCH, "workspace", "workspace"}, {FL_MEM_GRAD, "grads", "grads"}, {FL_MEM_OPTIM, "optimizer", "optimizer"},
-    {FL_MEM_COMM, "comm", "comm"}, {FL_MEM_MISC, "slack", "slack"},
+    {FL_MEM_COMM, "comm", "comm"}, {FL_MEM_MISC, "misc", "misc"},
 };
 #define N_COLS (sizeof cols / sizeof cols[0])
 

@@ -188,6 +188,38 @@ grep -q "a slot takes" "$T/pv.txt" || { cat "$T/pv.txt"; fail "rank-2 slot: no r
 "$F" run -m "$S/models/stories260K.gguf" --lora "$S/models/stories260K.gguf" -p "Once" -n 2 -t 1 > /dev/null 2> "$T/err8.txt"; rc=$?
 [ $rc -ne 0 ] && grep -q "not a LoRA adapter" "$T/err8.txt" || { cat "$T/err8.txt"; fail "run --lora MODEL must be refused (rc $rc)"; }
 
+# bench train: the planner's prediction of every category equals the measured peak (all but
+# the benchmark's own batch arrays, MISC: three int32 per token and the sequence offsets);
+# weights, grads and both optimizers' states from the shape; checkpointing every layer keeps
+# less; the plot is written.  Full training (2 threads), and QLoRA rank 4.
+for extra in "-t 2" "-t 1 --lora 4 --nf4"; do
+  "$F" bench train --layers 3 --embd 64 --ff 160 --heads 4 --kv-heads 2 --vocab 128 -c 48 --batch 2 --rounds 1 $extra \
+      --svg "$T/bt.svg" --json > "$T/bt.json" 2> "$T/bt.err" || { cat "$T/bt.err"; fail "bench train $extra"; }
+  python3 - "$T/bt.json" "$extra" <<'PY' || fail "bench train $extra: json"
+import json, sys
+d = json.load(open(sys.argv[1])); lora = "--lora" in sys.argv[2]
+L, C, F, V, H, KVH, ctx, B = 3, 64, 160, 128, 4, 2, 48, 2
+hd = C // H; Q, KV = H * hd, KVH * hd
+mats = [(C, Q), (C, KV), (C, KV), (Q, C), (C, F), (C, F), (F, C)]  # (in, out) of the 7 matrices
+P = 2 * V * C + C + L * (2 * C + sum(i * o for i, o in mats))
+assert d["shape"]["n_params"] == P, (d["shape"]["n_params"], P)
+assert d["optim"]["adamw_bytes"] == 8 * P and d["optim"]["adamw8bit_bytes"] == 2 * P + 8 * -(-P // 256), d["optim"]
+mine = 3 * ctx * B * 4 + (B + 1) * 4  # the benchmark's tokens, targets, positions, offsets
+trained = L * 4 * sum(i + o for i, o in mats) if lora else P  # adapters of rank 4, or everything
+for c in d["configs"]:
+    assert c["act_peak_bytes"] == c["plan_act_bytes"] and c["scratch_peak_bytes"] == c["plan_scratch_bytes"], c
+    assert c["peak_total_bytes"] - c["plan_total_bytes"] == mine, (c, mine)
+    assert c["grad_bytes"] == 4 * trained and c["optim_bytes"] == 8 * trained, c
+    if not lora: assert c["weights_bytes"] == 4 * P, c
+k = {c["ckpt_every"]: c for c in d["configs"]}
+assert k[1]["act_peak_bytes"] < k[2]["act_peak_bytes"] < k[0]["act_peak_bytes"], k
+assert abs(d["act_reduction_k1"] - k[0]["act_peak_bytes"] / k[1]["act_peak_bytes"]) < 2e-3, d["act_reduction_k1"]
+PY
+  grep -q "<svg" "$T/bt.svg" && grep -q "</svg>" "$T/bt.svg" || fail "bench train --svg: no plot"
+done
+"$F" bench train --nf4 --json > /dev/null 2>&1; [ $? -eq 2 ] || fail "bench train --nf4 without --lora must exit 2"
+"$F" bench train --embd 64 --heads 3 --json > /dev/null 2>&1; [ $? -eq 2 ] || fail "bench train --heads 3 of --embd 64 must exit 2"
+
 # no output may replace an input: the base (also through a symlink), the training text (via
 # OUT.ckpt / OUT), the adapter being merged; each copy is left as it was
 cp "$S/models/stories260K.gguf" "$T/base.gguf"; ln -s base.gguf "$T/base-link.gguf"

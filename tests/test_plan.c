@@ -379,8 +379,9 @@ static void test_training(void **state) {
     assert_int_equal(a.dev[0].bytes[FL_MEM_KV], 0);
     in.optim = FL_PLAN_OPTIM_ADAMW8BIT;
     fl_plan_result b = plan(&s, &in);
-    assert_int_equal(b.dev[0].bytes[FL_MEM_OPTIM], 2 * P);
-    assert_int_equal(a.max_total - b.max_total, 6 * P);
+    const uint64_t absmax = 2 * ((P + 255) / 256) * 4; /* an f32 absmax per block of 256, m and v */
+    assert_int_equal(b.dev[0].bytes[FL_MEM_OPTIM], 2 * P + absmax);
+    assert_int_equal(a.max_total - b.max_total, 6 * P - absmax);
     /* mixed precision as fitllm's trainer does it: f32 parameters, grads and activations, and an
      * f32 copy rounded to bf16 values for the forward (16-bit numerics, not 16-bit storage) */
     in.optim = FL_PLAN_OPTIM_ADAMW;
@@ -396,9 +397,21 @@ static void test_training(void **state) {
     fl_plan_result c = plan(&s, &in);
     uint64_t N = 2 * 1024, E = 2048, per = 4 * (4 * E + 2 * 2048 + 2 * 256 + 3 * 5632) + 8 + 4 * 32;
     uint64_t tail = N * (2 * E * 4 + 32000 * 4 + 16); /* final residual and norm, logits, 4 f32 per token */
-    assert_int_equal(act_all, N * 22 * per + tail);
+    /* on one device the plan is the trainer's own layout: these bytes and its slot table (a few
+     * KiB: a record of pointers per layer kept) */
+    const uint64_t f_all = N * 22 * per + tail;
+    if (!(act_all >= f_all && act_all - f_all < 8192)) fail_msg("activations %llu, formula %llu", (unsigned long long)act_all, (unsigned long long)f_all);
     /* (the segment's first layer reads its input from its checkpoint) */
-    assert_int_equal(c.dev[0].bytes[FL_MEM_ACT], N * 11 * E * 4 + N * 2 * per - N * E * 4 + tail);
+    const uint64_t f_ck = N * 11 * E * 4 + N * 2 * per - N * E * 4 + tail, act_ck = c.dev[0].bytes[FL_MEM_ACT];
+    if (!(act_ck >= f_ck && act_ck - f_ck < 8192)) fail_msg("checkpointed activations %llu, formula %llu", (unsigned long long)act_ck, (unsigned long long)f_ck);
+    /* with the layers on two pipeline stages each is planned by the formula alone: the first
+     * stage's 11 layers, no final norm or logits */
+    in.ckpt_every = 0;
+    in.pp = 2;
+    fl_plan_result p2 = plan(&s, &in);
+    assert_int_equal(p2.dev[0].bytes[FL_MEM_ACT], N * 11 * per);
+    in.pp = 1;
+    in.ckpt_every = 2;
     /* LoRA rank 16 on a frozen f32 base: adapters r (in + out) per matrix, their grads and AdamW
      * states; each token saves x A^T of the 7 matrices per layer; QLoRA: NF4 matrices (33 bytes
      * per 64 weights and an f32 per 256 blocks of a row) and the largest matrix as f32 scratch */

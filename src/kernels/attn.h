@@ -88,6 +88,8 @@ fl_status fl_attn_forward(const fl_attn_args *a);
 /* Bytes of workspace the flash path needs for a with fl_threads_get() threads (0 if a's n_seq
  * or head_dim are unusable); depends on n_seq, head_dim and the thread count only. */
 size_t fl_attn_workspace_bytes(const fl_attn_args *a);
+/* The same for n_seq sequences, head_dim and nth threads (what a planner asks before any call). */
+size_t fl_attn_flash_workspace_bytes(int32_t n_seq, int32_t head_dim, int nth);
 /* The two implementations behind fl_attn_forward (same contract). */
 fl_status fl_attn_forward_naive(const fl_attn_args *a);
 fl_status fl_attn_forward_flash(const fl_attn_args *a);
@@ -110,6 +112,10 @@ void fl_attn_merge(int64_t n_rows, int32_t head_dim,
  * FL_MEM_SCRATCH.  Threaded; uses the same qk/pv micro-kernels as the forward. */
 fl_status fl_attn_backward(const fl_attn_args *fa, const float *dout, int64_t dout_stride,
                            float *dq, float *dk, float *dv);
+/* The FL_MEM_SCRATCH fl_attn_backward holds during a call of n_q queries in n_seq sequences of
+ * n_head heads of head_dim, on nth threads (D, the two work-offset tables, the tiles); 0 if a
+ * size is unusable. */
+size_t fl_attn_backward_scratch_bytes(int64_t n_q, int32_t n_seq, int32_t n_head, int32_t head_dim, int nth);
 /* Reference backward: materializes P and dP per (sequence, head). Same contract. */
 fl_status fl_attn_backward_naive(const fl_attn_args *fa, const float *dout, int64_t dout_stride,
                                  float *dq, float *dk, float *dv);

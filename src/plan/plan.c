@@ -1,8 +1,11 @@
 /* Memory planner formulas: weights, KV, step buffers, training state, sharding, fitting.
  * Every formula is written down in docs/PLANNER.md and the buffers in plan.h. */
 #include "plan/plan.h"
+#include "kernels/attn.h"
 #include "kernels/matmul.h"
 #include "kv/paged_attn.h"
+#include "train/model.h"
+#include "train/optim.h"
 #include "core/dtype.h"
 #include "core/status.h"
 
@@ -285,6 +288,14 @@ uint64_t fl_plan_inference_act_bytes(const fl_model_shape *s, int64_t n_tokens_p
     return b.act_total;
 }
 
+/* ---- training state ---- */
+
+/* The optimizer states of params parameters, as fl_optim_new allocates them (8-bit: blocks of 256) */
+static uint64_t optim_bytes(const fl_plan_input *in, uint64_t params) {
+    if (params >= (uint64_t)1 << 60) return smul(params, in->optim == FL_PLAN_OPTIM_ADAMW ? 8 : 2);
+    return fl_optim_states_bytes_for(in->optim == FL_PLAN_OPTIM_ADAMW ? FL_OPTIMIZER_ADAMW : FL_OPTIMIZER_ADAMW8BIT, params, 256);
+}
+
 /* ---- training activations ---- */
 
 static bool is_mixed(const fl_plan_input *in) { return in->weights.base != FL_TYPE_F32; }
@@ -312,12 +323,49 @@ void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, i
     /* the last stage: the final residual and norm output, f32 logits, the final rms and per-token
      * loss, logsumexp and loss gradient */
     if (last_stage) a = sadd(a, smul(N, sadd(sadd(smul(2 * E, elt), smul(cdiv(u(s->n_vocab), tpu), 4)), 16)));
-    *act = a;
-    /* backward temporaries (f32): d residual x 2 and the widest intermediate gradient */
+    /* backward temporaries (f32, one allocation the trainer keeps): d residual, a buffer of
+     * max(E, qd), the widest intermediate gradient, and LoRA's gradient of x A^T */
     uint64_t wide = qd + 2 * kvd > 2 * ff ? qd + 2 * kvd : 2 * ff;
-    uint64_t sc = smul3(N, 2 * E + wide, 4);
+    uint64_t bwd = smul3(N, E + (E > qd ? E : qd) + wide, 4);
+    if (in->lora_rank > 0) bwd = sadd(bwd, smul3(N, u(in->lora_rank), 4));
+    /* One device and nothing split (fitllm's trainer): its own layout, asked of it as the matmul
+     * workspace is asked of the kernels (each buffer rounded up to 64 bytes, the slot table);
+     * the formulas above for the rest. */
+    const uint64_t i32 = INT32_MAX;
+    if (tpu == 1 && ctx_r == u(in->n_ctx) && l0 == 0 && l1 == s->n_layer && last_stage && !s->n_expert &&
+        in->attn == FL_PLAN_ATTN_FLASH && a < (uint64_t)1 << 50 && bwd < (uint64_t)1 << 50 && u(s->n_vocab) <= i32 &&
+        E <= i32 && u(s->n_ff) <= i32 && u(s->n_layer) <= 65536 && u(s->n_head) <= i32 && u(s->n_head_kv) <= i32 &&
+        hd <= i32 && ctx_r <= i32 && u(in->lora_rank) <= i32 && u(in->ckpt_every) <= i32) {
+        const fl_train_config c = {.n_vocab = (int32_t)s->n_vocab, .n_ctx = (int32_t)ctx_r, .n_embd = (int32_t)E,
+                                   .n_layer = (int32_t)s->n_layer, .n_head = (int32_t)s->n_head,
+                                   .n_head_kv = (int32_t)s->n_head_kv, .head_dim = (int32_t)hd, .n_ff = (int32_t)s->n_ff,
+                                   .rope_dim = (int32_t)(hd & ~(uint64_t)1), .rope_base = 10000.0f, .rms_eps = 1e-5f};
+        if (fl_train_config_check(&c) == FL_OK) {
+            a = fl_train_act_bytes(&c, (int64_t)N, in->ckpt_every > 0 ? (int)in->ckpt_every : 0, in->lora_rank);
+            bwd = fl_train_bwd_bytes(&c, (int64_t)N, in->lora_rank);
+        } else {
+            fl_clear_error();
+        }
+    }
+    *act = a;
+    uint64_t sc = bwd;
+    /* the attention kernels' workspace, for the length of a call (the larger of the forward's
+     * and the backward's): flash where the head size suits its micro-kernels, else the
+     * trainer's plain loops (two rows of a sequence's length per thread) */
+    if (in->attn == FL_PLAN_ATTN_FLASH && u(in->n_seq) <= i32 && heads <= i32 && hd <= i32 && smul(N, heads) < (uint64_t)1 << 50 &&
+        smul(hd, (uint64_t)(in->n_threads > 0 ? in->n_threads : 1)) < (uint64_t)1 << 30) {
+        const int nth = in->n_threads > 0 ? in->n_threads : 1;
+        uint64_t ws;
+        if (hd % 8 == 0) {
+            const uint64_t f = fl_attn_flash_workspace_bytes((int32_t)in->n_seq, (int32_t)hd, nth);
+            const uint64_t b = fl_attn_backward_scratch_bytes((int64_t)N, (int32_t)in->n_seq, (int32_t)heads, (int32_t)hd, nth);
+            ws = f > b ? f : b;
+        } else {
+            ws = smul3((uint64_t)nth, smul(2, ctx_r), 4);
+        }
+        sc = sadd(sc, ws);
+    }
     if (in->attn == FL_PLAN_ATTN_NAIVE) sc = sadd(sc, smul(smul3(u(in->n_seq), heads, ctx_r), smul(ctx_r, 4)));
-    if (in->lora_rank > 0) sc = sadd(sc, smul3(N, u(in->lora_rank), 4)); /* the gradient of x A^T */
     if (in->lora_nf4) { /* one base matrix dequantized at a time: the largest */
         const uint64_t att = smul(E, qd > kvd ? qd : kvd), ffn = smul(E, ff);
         sc = sadd(sc, smul(att > ffn ? att : ffn, 4));
@@ -496,11 +544,12 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             const uint64_t nL = (uint64_t)(e - b);
             w = sadd(sadd(w - smul(nL, mat32), smul(nL, frozen)), smul(nL, adapters));
             dev->bytes[FL_MEM_GRAD] = smul(nL, adapters);
-            dev->bytes[FL_MEM_OPTIM] = smul(smul(nL, adapters) / 4, in->optim == FL_PLAN_OPTIM_ADAMW ? 8 : 2);
+            dev->bytes[FL_MEM_OPTIM] = optim_bytes(in, smul(nL, adapters) / 4);
             fl_plan_train_act_bytes(s, in, b, e, last, &dev->bytes[FL_MEM_ACT], &dev->bytes[FL_MEM_SCRATCH]);
+            dev->bytes[FL_MEM_MISC] = sadd(dev->bytes[FL_MEM_MISC], sizeof(fl_train_model) + fl_optim_object_bytes()); /* the trainer's and optimizer's objects */
         } else if (in->train) {
             uint64_t params = w / elt;
-            uint64_t grads = w, optim = smul(params, in->optim == FL_PLAN_OPTIM_ADAMW ? 8 : 2);
+            uint64_t grads = w, optim = optim_bytes(in, params);
             if (is_mixed(in)) w = smul(w, 2); /* + the rounded compute copy */
             if (in->zero_stage >= 1) optim = cdiv(optim, dp);
             if (in->zero_stage >= 2) grads = cdiv(grads, dp);
@@ -511,6 +560,7 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             dev->bytes[FL_MEM_GRAD] = grads;
             dev->bytes[FL_MEM_OPTIM] = optim;
             fl_plan_train_act_bytes(s, in, b, e, last, &dev->bytes[FL_MEM_ACT], &dev->bytes[FL_MEM_SCRATCH]);
+            dev->bytes[FL_MEM_MISC] = sadd(dev->bytes[FL_MEM_MISC], sizeof(fl_train_model) + fl_optim_object_bytes()); /* the trainer's and optimizer's objects */
         } else {
             uint64_t kv = 0, kv_host = 0;
             int64_t e_dev = e < first_off ? e : (first_off > b ? first_off : b);

@@ -8,58 +8,13 @@
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 #include "model/llama.h"
+#include "train/layout.h"
 #include "train/ops_train.h"
 #include "train/rng.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-/* ---------------------------------------------------------------- shapes */
-
-fl_status fl_train_config_check(const fl_train_config *c) {
-    if (c->n_vocab <= 0 || c->n_embd <= 0 || c->n_layer <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 ||
-        c->head_dim <= 0 || c->n_ff <= 0 || c->n_ctx <= 0)
-        return fl_set_error(FL_ERR_INVALID, "%s: every dimension must be positive", __func__);
-    if (c->n_head % c->n_head_kv)
-        return fl_set_error(FL_ERR_INVALID, "%s: n_head %d not a multiple of n_head_kv %d", __func__, c->n_head,
-                            c->n_head_kv);
-    if (!isfinite(c->rms_eps) || c->rms_eps < 0.0f || !isfinite(c->rope_base) || c->rope_base <= 0.0f)
-        return fl_set_error(FL_ERR_INVALID, "%s: rms_eps %g must be finite and >= 0, rope_base %g finite and > 0", __func__,
-                            (double)c->rms_eps, (double)c->rope_base);
-    if (c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2)
-        return fl_set_error(FL_ERR_INVALID, "%s: rope_dim %d must be even and <= head_dim %d", __func__, c->rope_dim,
-                            c->head_dim);
-    if ((int64_t)c->n_vocab * c->n_embd > ((int64_t)1 << 40) || (int64_t)c->n_ff * c->n_embd > ((int64_t)1 << 40))
-        return fl_set_error(FL_ERR_INVALID, "%s: model too large", __func__);
-    return FL_OK;
-}
-
-bool fl_train_param_is_matrix(fl_train_param p) { return p >= FL_TP_WQ && p <= FL_TP_FFN_DOWN && p != FL_TP_FFN_NORM; }
-
-bool fl_train_param_per_layer(fl_train_param p) { return p != FL_TP_TOK_EMBD && p != FL_TP_OUT_NORM && p != FL_TP_OUTPUT; }
-
-int fl_train_param_shape(const fl_train_config *c, fl_train_param p, int64_t ne[2]) {
-    const int64_t C = c->n_embd, Q = (int64_t)c->n_head * c->head_dim, KV = (int64_t)c->n_head_kv * c->head_dim;
-    const int64_t F = c->n_ff, V = c->n_vocab;
-    ne[1] = 1;
-    switch (p) {
-    case FL_TP_TOK_EMBD: case FL_TP_OUTPUT: ne[0] = C; ne[1] = V; return 2;
-    case FL_TP_ATTN_NORM: case FL_TP_FFN_NORM: case FL_TP_OUT_NORM: ne[0] = C; return 1;
-    case FL_TP_WQ: ne[0] = C; ne[1] = Q; return 2;
-    case FL_TP_WK: case FL_TP_WV: ne[0] = C; ne[1] = KV; return 2;
-    case FL_TP_WO: ne[0] = Q; ne[1] = C; return 2;
-    case FL_TP_FFN_GATE: case FL_TP_FFN_UP: ne[0] = C; ne[1] = F; return 2;
-    case FL_TP_FFN_DOWN: ne[0] = F; ne[1] = C; return 2;
-    default: FL_UNREACHABLE();
-    }
-}
-
-int64_t fl_train_param_numel(const fl_train_config *c, fl_train_param p) {
-    int64_t ne[2];
-    fl_train_param_shape(c, p, ne);
-    return ne[0] * ne[1] * (fl_train_param_per_layer(p) ? c->n_layer : 1);
-}
 
 static const char *const k_names[FL_TP_COUNT] = {
     "token_embd", "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -75,114 +30,6 @@ float *fl_train_model_tensor(const fl_train_model *m, float *buf, fl_train_param
     int64_t ne[2];
     fl_train_param_shape(&m->cfg, p, ne);
     return buf + m->offset[p] + (fl_train_param_per_layer(p) ? (int64_t)layer * ne[0] * ne[1] : 0);
-}
-
-/* ---------------------------------------------------------------- activation layout */
-
-/* One layer's saved activations.  Shapes for N tokens: */
-typedef struct layer_acts {
-    float *inp;   /* (N, C) layer input: own buffer, or a stored checkpoint */
-    float *ln1;   /* (N, C) */
-    float *rstd1; /* (N) */
-    float *q;     /* (N, H*hd) after RoPE */
-    float *k;     /* (N, Hkv*hd) after RoPE */
-    float *v;     /* (N, Hkv*hd) */
-    float *att;   /* (N, H*hd) attention output, before wo */
-    float *lse;   /* (N, H) */
-    float *mid;   /* (N, C) inp + attention */
-    float *ln2;   /* (N, C) */
-    float *rstd2; /* (N) */
-    float *g;     /* (N, F) gate pre-activation */
-    float *u;     /* (N, F) up */
-    float *h;     /* (N, F) silu(g) * u */
-    float *xa[FL_TP_COUNT]; /* LoRA: (N, r) = (alpha/r) inp . A^T of each adapted matrix */
-} layer_acts;
-
-typedef struct act_layout {
-    int n_slots;       /* layers whose activations are held at once */
-    int n_ckpt;        /* stored layer inputs (k > 0) */
-    layer_acts *slots; /* [n_slots] */
-    float **ckpt;      /* [n_ckpt] (N, C): input of layer j*k */
-    float *xL;         /* (N, C) output of the last layer */
-    float *lnf;        /* (N, C) */
-    float *rstdf;      /* (N) */
-    float *logits;     /* (N, V), dlogits in place during backward */
-    float *losses;     /* (N) */
-    float *ce_lse;     /* (N) */
-    float *dloss;      /* (N) */
-    /* backward scratch */
-    float *dres;       /* (N, C) gradient of the residual stream */
-    float *dbuf;       /* (N, max(C, H*hd)) */
-    float *dq;         /* (N, H*hd) */
-    float *dk, *dv;    /* (N, Hkv*hd) */
-    float *dF1, *dF2;  /* (N, F) */
-    float *dlora;      /* (N, r) LoRA backward */
-    size_t meta_bytes;
-} act_layout;
-
-/* Walk the layout: with base == NULL only count bytes; otherwise also set the pointers. */
-static size_t carve(const fl_train_config *c, int64_t N, int k, int r, unsigned char *base, act_layout *L) {
-    const int64_t C = c->n_embd, Q = (int64_t)c->n_head * c->head_dim, KV = (int64_t)c->n_head_kv * c->head_dim;
-    const int64_t F = c->n_ff, V = c->n_vocab, H = c->n_head, nl = c->n_layer;
-    size_t off = 0;
-#define TAKE(ptr, n)                                                           \
-    do {                                                                       \
-        if (base) (ptr) = (float *)(base + off);                               \
-        off += (((size_t)(n) * sizeof(float)) + 63) & ~(size_t)63;             \
-    } while (0)
-    const int n_slots = k == 0 ? (int)nl : (k < nl ? k : (int)nl);
-    const int n_ckpt = k == 0 ? 0 : (int)((nl + k - 1) / k);
-    for (int s = 0; s < n_slots; s++) {
-        layer_acts dummy, *a = base ? &L->slots[s] : &dummy;
-        a->inp = NULL;
-        if (k == 0 || s > 0) TAKE(a->inp, N * C);
-        TAKE(a->ln1, N * C); TAKE(a->rstd1, N); TAKE(a->q, N * Q); TAKE(a->k, N * KV); TAKE(a->v, N * KV);
-        TAKE(a->att, N * Q); TAKE(a->lse, N * H); TAKE(a->mid, N * C); TAKE(a->ln2, N * C); TAKE(a->rstd2, N);
-        TAKE(a->g, N * F); TAKE(a->u, N * F); TAKE(a->h, N * F);
-        for (int p = 0; p < FL_TP_COUNT; p++) {
-            a->xa[p] = NULL;
-            if (r > 0 && fl_train_param_is_matrix((fl_train_param)p)) TAKE(a->xa[p], N * r);
-        }
-    }
-    for (int j = 0; j < n_ckpt; j++) {
-        float *dummy = NULL;
-        TAKE(*(base ? &L->ckpt[j] : &dummy), N * C);
-    }
-    act_layout tmpL;
-    act_layout *P = base ? L : &tmpL;
-    TAKE(P->xL, N * C); TAKE(P->lnf, N * C); TAKE(P->rstdf, N); TAKE(P->logits, N * V);
-    TAKE(P->losses, N); TAKE(P->ce_lse, N); TAKE(P->dloss, N);
-    /* backward temporaries: the FFN part (dF1, dF2) and the attention part (dq, dk, dv) are
-     * never live at once, so they share one region of max(Q + 2 KV, 2 F) per token */
-    TAKE(P->dres, N * C); TAKE(P->dbuf, N * (C > Q ? C : Q));
-    const int64_t un = (Q + 2 * KV > 2 * F ? Q + 2 * KV : 2 * F);
-    float *u0 = NULL;
-    TAKE(u0, N * un);
-    if (base) {
-        P->dF1 = u0;
-        P->dF2 = u0 + N * F;
-        P->dq = u0;
-        P->dk = u0 + N * Q;
-        P->dv = u0 + N * (Q + KV);
-    }
-    P->dlora = NULL;
-    if (r > 0) TAKE(P->dlora, N * r);
-#undef TAKE
-    if (base) {
-        L->n_slots = n_slots;
-        L->n_ckpt = n_ckpt;
-    }
-    return off;
-}
-
-static size_t layout_meta_bytes(const fl_train_config *c, int k) {
-    const int n_slots = k == 0 ? c->n_layer : (k < c->n_layer ? k : c->n_layer);
-    const int n_ckpt = k == 0 ? 0 : (c->n_layer + k - 1) / k;
-    return sizeof(act_layout) + (size_t)n_slots * sizeof(layer_acts) + (size_t)n_ckpt * sizeof(float *);
-}
-
-size_t fl_train_act_bytes(const fl_train_config *cfg, int64_t max_tokens, int ckpt_every, int lora_rank) {
-    return carve(cfg, max_tokens, ckpt_every, lora_rank, NULL, NULL) + layout_meta_bytes(cfg, ckpt_every);
 }
 
 /* ---------------------------------------------------------------- lifetime */
@@ -228,9 +75,10 @@ static void release_reserved(fl_train_model *m) {
     if (m->grads) fl_free(FL_MEM_GRAD, m->grads, (size_t)n_grads(m) * sizeof(float));
     if (m->wcompute) fl_free(FL_MEM_WEIGHTS, m->wcompute, np);
     if (m->acts) fl_free(FL_MEM_ACT, m->acts, m->acts_bytes);
+    if (m->bwd) fl_free(FL_MEM_SCRATCH, m->bwd, m->bwd_bytes);
     m->grads = m->wcompute = NULL;
-    m->acts = NULL;
-    m->acts_bytes = 0;
+    m->acts = m->bwd = NULL;
+    m->acts_bytes = m->bwd_bytes = 0;
     m->priv = NULL;
     m->have_forward = false;
 }
@@ -410,18 +258,22 @@ fl_status fl_train_model_reserve(fl_train_model *m, int64_t max_tokens, int ckpt
         m->wcompute = fl_alloc(FL_MEM_WEIGHTS, np, 64);
         if (!m->wcompute) goto fail;
     }
-    const size_t meta = layout_meta_bytes(&m->cfg, ckpt_every);
-    const size_t data = carve(&m->cfg, max_tokens, ckpt_every, m->lora_rank, NULL, NULL);
+    const size_t meta = fl_train_act_table_bytes(&m->cfg, ckpt_every);
+    const size_t data = fl_train_carve_acts(&m->cfg, max_tokens, ckpt_every, m->lora_rank, NULL, NULL);
     m->acts_bytes = data + meta;
     m->acts = fl_alloc(FL_MEM_ACT, m->acts_bytes, 64);
     if (!m->acts) goto fail;
+    m->bwd_bytes = fl_train_carve_bwd(&m->cfg, max_tokens, m->lora_rank, NULL, NULL);
+    m->bwd = fl_alloc(FL_MEM_SCRATCH, m->bwd_bytes, 64);
+    if (!m->bwd) goto fail;
     /* metadata (slot table) lives at the end of the same allocation */
     act_layout *L = (act_layout *)(m->acts + data);
     memset(L, 0, meta);
     L->slots = (layer_acts *)(L + 1);
     L->ckpt = (float **)(L->slots + (ckpt_every == 0 ? m->cfg.n_layer
                                                        : (ckpt_every < m->cfg.n_layer ? ckpt_every : m->cfg.n_layer)));
-    carve(&m->cfg, max_tokens, ckpt_every, m->lora_rank, m->acts, L);
+    fl_train_carve_acts(&m->cfg, max_tokens, ckpt_every, m->lora_rank, m->acts, L);
+    fl_train_carve_bwd(&m->cfg, max_tokens, m->lora_rank, m->bwd, L);
     m->priv = L;
     fl_train_model_sync_compute(m);
     return FL_OK;

@@ -7,6 +7,8 @@
  *   wcompute the rounded compute copy for bf16/fp16 precision, FL_MEM_WEIGHTS (absent for f32)
  *   grads    one allocation of the same layout, FL_MEM_GRAD (f32 accumulation)
  *   acts     one allocation, FL_MEM_ACT, sized by fl_train_act_bytes() for max_tokens
+ *   bwd      the backward's temporaries (residual and intermediate gradients), FL_MEM_SCRATCH,
+ *            sized by fl_train_bwd_bytes(); the attention kernels add their workspace per call
  * Parameter layout: FL_TP_* tensors in order, per-layer tensors stacked over layers
  * (e.g. wq is (L, H*hd, C)); matrices in GGUF row layout (O rows of I inputs).
  *
@@ -93,6 +95,8 @@ struct fl_train_model {
     int ckpt_every;
     unsigned char *acts;
     size_t acts_bytes;
+    unsigned char *bwd; /* backward temporaries (FL_MEM_SCRATCH) */
+    size_t bwd_bytes;
     void *priv; /* carve-up of acts (model.c) */
     /* after forward: */
     int64_t n_tokens;
@@ -105,6 +109,8 @@ fl_status fl_train_config_check(const fl_train_config *cfg);
 int64_t fl_train_param_numel(const fl_train_config *cfg, fl_train_param p);
 /* Bytes of the activation allocation for max_tokens tokens (exact, what reserve allocates). */
 size_t fl_train_act_bytes(const fl_train_config *cfg, int64_t max_tokens, int ckpt_every, int lora_rank);
+/* Bytes of the backward temporaries' allocation (exact, what reserve allocates). */
+size_t fl_train_bwd_bytes(const fl_train_config *cfg, int64_t max_tokens, int lora_rank);
 
 /* New model with zeroed parameters (FL_ERR_NOMEM / FL_ERR_BUDGET / FL_ERR_INVALID). */
 fl_status fl_train_model_new(const fl_train_config *cfg, fl_train_model **out);

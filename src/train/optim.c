@@ -104,6 +104,14 @@ static size_t state_bytes(const fl_optim *o) {
     return 2 * (size_t)o->n + 2 * (size_t)o->n_blocks * sizeof(float);
 }
 
+uint64_t fl_optim_states_bytes_for(fl_optimizer_kind kind, uint64_t n_params, int64_t block_size) {
+    if (kind == FL_OPTIMIZER_ADAMW) return 2 * n_params * sizeof(float);
+    const uint64_t bs = block_size > 0 ? (uint64_t)block_size : 256;
+    return 2 * n_params + 2 * ((n_params + bs - 1) / bs) * sizeof(float);
+}
+
+size_t fl_optim_object_bytes(void) { return sizeof(fl_optim); }
+
 fl_status fl_optim_new(const fl_optimizer_config *cfg, int64_t n_params, const int64_t *ranges, int n_ranges,
                        fl_optim **out) {
     *out = NULL;

@@ -52,6 +52,11 @@ void fl_optim_free(fl_optim *o);
 void fl_optim_step(fl_optim *o, float *params, const float *grads, float lr);
 int64_t fl_optim_steps(const fl_optim *o);
 size_t fl_optim_state_bytes(const fl_optim *o);
+/* What fl_optim_new allocates for n_params with blocks of block_size (0: 256), before it does:
+ * the states (FL_MEM_OPTIM; for 8-bit a byte per parameter and state plus an f32 absmax per block
+ * and state), and the object itself (FL_MEM_MISC). */
+uint64_t fl_optim_states_bytes_for(fl_optimizer_kind kind, uint64_t n_params, int64_t block_size);
+size_t fl_optim_object_bytes(void);
 const fl_optimizer_config *fl_optim_get_config(const fl_optim *o);
 
 /* State tensors for checkpoints: i = 0.. until FL_ERR_RANGE.  *data is the live buffer (read or

@@ -242,6 +242,12 @@ static void bwd_task2(void *p, int ith, int nth) {
     }
 }
 
+size_t fl_attn_backward_scratch_bytes(int64_t n_q, int32_t n_seq, int32_t n_head, int32_t head_dim, int nth) {
+    if (n_q < 0 || n_seq < 1 || n_head < 1 || head_dim < 1 || nth < 1) return 0;
+    const size_t d_bytes = sizeof(float) * (size_t)n_q * (size_t)n_head;
+    return (d_bytes ? d_bytes : 1) + 2 * sizeof(int64_t) * (size_t)(n_seq + 1) + bwd_tile_bytes(head_dim) * (size_t)nth;
+}
+
 fl_status fl_attn_backward(const fl_attn_args *fa, const float *dout, int64_t dout_stride,
                            float *dq, float *dk, float *dv) {
     fl_attn_res r;

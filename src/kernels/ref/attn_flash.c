@@ -250,10 +250,12 @@ static void flash_task(void *p, int ith, int nth) {
     }
 }
 
-size_t fl_attn_workspace_bytes(const fl_attn_args *a) {
-    if (a->n_seq < 1 || a->head_dim <= 0 || a->head_dim % 8) return 0;
-    return up64(sizeof(int64_t) * (size_t)(a->n_seq + 1)) + fl_attn_tile_scratch_bytes(a->head_dim) * (size_t)fl_threads_get();
+size_t fl_attn_flash_workspace_bytes(int32_t n_seq, int32_t head_dim, int nth) {
+    if (n_seq < 1 || head_dim <= 0 || head_dim % 8 || nth < 1) return 0;
+    return up64(sizeof(int64_t) * (size_t)(n_seq + 1)) + fl_attn_tile_scratch_bytes(head_dim) * (size_t)nth;
 }
+
+size_t fl_attn_workspace_bytes(const fl_attn_args *a) { return fl_attn_flash_workspace_bytes(a->n_seq, a->head_dim, fl_threads_get()); }
 
 fl_status fl_attn_forward_flash(const fl_attn_args *a) {
     fl_attn_res r;
