@@ -113,6 +113,7 @@ typedef struct toy {
     int32_t swap_toks[TOY_SEQS][TOY_CTX];
     bool seq_used[TOY_SEQS];
     int64_t forwards, max_batch;
+    int64_t fail_at; /* > 0: that forward (counting from 1) fails with FL_ERR_NOMEM, writing nothing */
 } toy;
 
 static uint64_t toy_hash(const int32_t *t, int32_t n) {
@@ -232,6 +233,7 @@ static fl_status toy_swap_in(void *ctx, fl_request *r) {
 static fl_status toy_forward(void *ctx, const fl_batch *b, float *logits) {
     toy *t = ctx;
     t->forwards++;
+    if (t->forwards == t->fail_at) return fl_set_error(FL_ERR_NOMEM, "toy: forward %lld fails", (long long)t->forwards);
     if (b->n_tokens > t->max_batch) t->max_batch = b->n_tokens;
     int32_t row = 0;
     for (int32_t i = 0; i < b->n_tokens; i++) {
@@ -1470,6 +1472,96 @@ static void test_toy_cancel(void **state) {
     fl_test_mem_zero();
 }
 
+/* A forward that fails (out of memory in the middle of a step): the step's requests finish with
+ * FL_FINISH_ERROR and give their blocks back, fl_engine_step returns the error, and every other
+ * request, and one added afterwards, still produces exactly its greedy output alone. */
+static void test_toy_forward_error(void **state) {
+    (void)state;
+    wl w;
+    make_wl(&w, 5);
+    toy *t;
+    fl_engine *e = toy_engine(4, 16, 4, 200, 0, FL_PREEMPT_RECOMPUTE, &t);
+    for (int i = 0; i < NREQ; i++) {
+        fl_request_params p = {0};
+        fl_sampling_params_default(&p.sampling);
+        p.prompt = w.prompt[i];
+        p.n_prompt = w.n_prompt[i];
+        p.max_tokens = w.max_tokens[i];
+        assert_int_equal(fl_engine_add(e, &p, &w.id[i]), FL_OK);
+    }
+    fl_request_output ev[16];
+    int done = 0, errors = 0;
+    bool failed = false;
+    for (int guard = 0; done < NREQ; guard++) {
+        assert_true(guard < 20000);
+        if (guard == 4) t->fail_at = t->forwards + 1;
+        int32_t active;
+        const fl_status st = fl_engine_step(e, &active);
+        if (guard == 4) {
+            assert_int_equal(st, FL_ERR_NOMEM);
+            assert_non_null(strstr(fl_last_error(), "toy: forward"));
+            failed = true;
+        } else {
+            assert_int_equal(st, FL_OK);
+        }
+        int32_t n;
+        while ((n = fl_engine_poll(e, ev, 16)) > 0)
+            for (int32_t k = 0; k < n; k++) {
+                const int i = idx_of(&w, ev[k].request_id);
+                memcpy(w.got[i] + w.n_got[i], ev[k].new_tokens, (size_t)ev[k].n_new * sizeof(int32_t));
+                w.n_got[i] += ev[k].n_new;
+                if (ev[k].finish == FL_FINISH_NONE) continue;
+                w.finish[i] = ev[k].finish;
+                done++;
+                if (ev[k].finish == FL_FINISH_ERROR) {
+                    assert_true(failed && guard == 4); /* only the failed step's */
+                    errors++;
+                }
+            }
+    }
+    assert_true(errors >= 1 && errors <= 4); /* the running ones (max_seqs 4) */
+    for (int i = 0; i < NREQ; i++) {
+        if (w.finish[i] == FL_FINISH_ERROR) continue;
+        int32_t ref[TOY_CTX];
+        const int32_t n = toy_reference(w.prompt[i], w.n_prompt[i], w.max_tokens[i], ref);
+        if (n != w.n_got[i] || memcmp(ref, w.got[i], (size_t)n * sizeof *ref))
+            fail_msg("request %d after the failed step: %d tokens vs reference %d (or different ids)", i, w.n_got[i], n);
+    }
+    fl_engine_stats st;
+    fl_engine_stats_get(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(t->used, 0);
+    /* the failed requests again, on the same engine: their reference outputs */
+    for (int i = 0; i < NREQ; i++) {
+        if (w.finish[i] != FL_FINISH_ERROR) continue;
+        fl_request_params p = {0};
+        fl_sampling_params_default(&p.sampling);
+        p.prompt = w.prompt[i];
+        p.n_prompt = w.n_prompt[i];
+        p.max_tokens = w.max_tokens[i];
+        int64_t id;
+        assert_int_equal(fl_engine_add(e, &p, &id), FL_OK);
+        int32_t got[TOY_CTX], n_got = 0, active = 1;
+        while (active) {
+            assert_int_equal(fl_engine_step(e, &active), FL_OK);
+            int32_t n;
+            while ((n = fl_engine_poll(e, ev, 16)) > 0)
+                for (int32_t k = 0; k < n; k++) {
+                    assert_true(ev[k].request_id == id && ev[k].finish != FL_FINISH_ERROR);
+                    memcpy(got + n_got, ev[k].new_tokens, (size_t)ev[k].n_new * sizeof(int32_t));
+                    n_got += ev[k].n_new;
+                }
+        }
+        int32_t ref[TOY_CTX];
+        const int32_t n = toy_reference(w.prompt[i], w.n_prompt[i], w.max_tokens[i], ref);
+        assert_int_equal(n_got, n);
+        assert_memory_equal(got, ref, (size_t)n * sizeof *ref);
+    }
+    assert_int_equal(t->used, 0);
+    fl_engine_free(e);
+    fl_test_mem_zero();
+}
+
 static void test_toy_stop_string(void **state) {
     (void)state;
     wl w;
@@ -2591,7 +2683,7 @@ int main(void) {
         cmocka_unit_test(test_toy_allowed_token_ids),
         cmocka_unit_test(test_toy_bad_words),
         cmocka_unit_test(test_toy_static_baseline),
-        cmocka_unit_test(test_toy_cancel),
+        cmocka_unit_test(test_toy_cancel), cmocka_unit_test(test_toy_forward_error),
         cmocka_unit_test(test_toy_stop_string),
         cmocka_unit_test(test_toy_seeds),
         cmocka_unit_test(test_toy_threads),
