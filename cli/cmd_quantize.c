@@ -136,7 +136,10 @@ int fl_cmd_quantize(int argc, char **argv) {
     void **bufs = fl_calloc(FL_MEM_MISC, (size_t)(nt > 0 ? nt : 1), sizeof(void *));
     size_t *sizes = fl_calloc(FL_MEM_MISC, (size_t)(nt > 0 ? nt : 1), sizeof(size_t));
     int rc = 1;
-    if (!w || !bufs || !sizes) goto done;
+    if (!w || !bufs || !sizes) {
+        fl_set_error(FL_ERR_NOMEM, "out of memory for the output's tables (%lld tensors)", (long long)nt);
+        goto fail;
+    }
     /* the copied general.alignment key (if any) carries the alignment; set it explicitly only
      * when it differs from the default, so files match llama.cpp's key for key */
     if (fl_gguf_alignment(g) != FL_GGUF_DEFAULT_ALIGNMENT) (void)fl_gguf_writer_set_alignment(w, fl_gguf_alignment(g));

@@ -236,11 +236,10 @@ static fl_status parse(fl_gguf *g) {
     /* a kv needs >= 8 (key len) + 4 (type) + 1 bytes; a tensor info >= 8 + 4 + 4 + 8 */
     if (n_kv > c.left / 13) return fl_set_error(FL_ERR_FORMAT, "kv count %llu cannot fit in a %zu-byte file", (unsigned long long)n_kv, g->size);
     if (n_tensors > c.left / 24) return fl_set_error(FL_ERR_FORMAT, "tensor count %llu cannot fit in a %zu-byte file", (unsigned long long)n_tensors, g->size);
-    g->kv = fl_calloc(FL_MEM_MISC, n_kv ? (size_t)n_kv : 1, sizeof *g->kv);
-    g->tensors = fl_calloc(FL_MEM_MISC, n_tensors ? (size_t)n_tensors : 1, sizeof *g->tensors);
+    /* each count is set with its table (fl_gguf_free frees a table by its count) */
+    if ((g->kv = fl_calloc(FL_MEM_MISC, n_kv ? (size_t)n_kv : 1, sizeof *g->kv))) g->n_kv = (int64_t)n_kv;
+    if ((g->tensors = fl_calloc(FL_MEM_MISC, n_tensors ? (size_t)n_tensors : 1, sizeof *g->tensors))) g->n_tensors = (int64_t)n_tensors;
     if (!g->kv || !g->tensors) return fl_set_error(FL_ERR_NOMEM, "cannot allocate the GGUF index");
-    g->n_kv = (int64_t)n_kv;
-    g->n_tensors = (int64_t)n_tensors;
 
     g->alignment = FL_GGUF_DEFAULT_ALIGNMENT;
     for (uint64_t i = 0; i < n_kv; i++) {
