@@ -18,6 +18,8 @@
 #include <regex.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1701,12 +1703,18 @@ static void test_toy_threads(void **state) {
     pthread_t th;
     pthread_create(&th, NULL, adder, &c);
     int finished = 0;
-    for (int guard = 0; finished < NREQ && guard < 100000; guard++) {
+    /* bounded by time, not steps: on a loaded machine the adder may not run for a while, and
+     * steps with nothing to do are quick (100,000 of them ran out before it added anything) */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (double waited = 0; finished < NREQ && waited < 60; waited = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec)) {
         int32_t active;
         assert_int_equal(fl_engine_step(e, &active), FL_OK);
         fl_request_output ev[8];
         int32_t k = fl_engine_poll(e, ev, 8);
         for (int32_t j = 0; j < k; j++) finished += ev[j].finish != FL_FINISH_NONE;
+        if (!active) sched_yield();
+        clock_gettime(CLOCK_MONOTONIC, &t1);
     }
     void *ret;
     pthread_join(th, &ret);
