@@ -37,8 +37,18 @@ typedef struct attn_run {
     int ok;
 } attn_run;
 
+static size_t g_run_failures; /* allocations refused inside the runs (not the report's) */
+
 /* Best of up to 5 runs (stops after ~0.5 s of total time); peaks from the accounting. */
+static attn_run run_attn_once(fl_attn_args *a);
 static attn_run run_attn(fl_attn_args *a) {
+    const size_t f = fl_mem_thread_failures();
+    const attn_run r = run_attn_once(a);
+    g_run_failures += fl_mem_thread_failures() - f;
+    return r;
+}
+
+static attn_run run_attn_once(fl_attn_args *a) {
     attn_run r = {0};
     double best = INFINITY, total = 0;
     for (int rep = 0; rep < 5 && total < 0.5; rep++) {
@@ -177,6 +187,7 @@ int fl_bench_attention(int argc, char **argv) {
 
     static const struct { int hd, n_head, n_head_kv; } cfgs[] = {{64, 8, 2}, {128, 32, 8}};
     fl_mem_install_cjson_hooks();
+    const size_t fail0 = fl_mem_thread_failures();
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "benchmark", "attention");
     cJSON_AddStringToObject(root, "isa", fl_isa_name(fl_isa_get()));
@@ -256,7 +267,7 @@ int fl_bench_attention(int argc, char **argv) {
                     cJSON_AddNumberToObject(r, "flash_pct_of_peak_wall", 100.0 * fl.gflops / peak);
                     cJSON_AddNumberToObject(r, "flash_scratch_peak_bytes", (double)fl.scratch_peak);
                     cJSON_AddNumberToObject(r, "flash_total_peak_bytes", (double)fl.total_peak);
-                    cJSON_AddItemToArray(rows, r);
+                    fl_cli_json_add(rows, NULL, r);
                     if (!json) {
                         char nbuf[3][32] = {"-", "-", "-"};
                         if (nv.ok) {
@@ -282,11 +293,7 @@ int fl_bench_attention(int argc, char **argv) {
     }
     const fl_opt *plot = fl_args_get(opts, "plot");
     if (!status && plot->set) status = write_plot(plot->str, rows);
-    if (json) {
-        char *s = cJSON_Print(root);
-        if (s) printf("%s\n", s);
-        cJSON_free(s);
-    }
-    cJSON_Delete(root);
+    if (json && fl_cli_print_json("bench attention", root, true, fail0 + g_run_failures)) status = 1;
+    else if (!json) cJSON_Delete(root);
     return status;
 }

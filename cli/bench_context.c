@@ -295,6 +295,7 @@ int fl_bench_context(int argc, char **argv) {
         cfgs[n_cfg++] = (bc_config){"naive f16", BC_SP, FL_TYPE_F16, 1, naive_max};
     }
     fl_mem_install_cjson_hooks();
+    size_t fail0 = fl_mem_thread_failures(); /* (plus each run's own failures: a budget ends a sweep) */
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "benchmark", "context");
     cJSON_AddStringToObject(root, "model", path);
@@ -315,8 +316,10 @@ int fl_bench_context(int argc, char **argv) {
             }
             bc_row r;
             memset(&r, 0, sizeof r);
+            const size_t f_run = fl_mem_thread_failures();
             fl_status st = c->kind == BC_PAGED ? bc_run_paged(m, tp, comm, c, ctx, chunk, n_decode, &r)
                                                : bc_run_sp(m, comm, c, ctx, n_decode, &r);
+            fail0 += fl_mem_thread_failures() - f_run;
             fl_mem_set_budget(FL_MEM_KV, 0);
             /* every rank must agree to stop (a budget failure may hit one rank only) */
             int32_t fail = st != FL_OK, any = 0;
@@ -358,11 +361,11 @@ int fl_bench_context(int argc, char **argv) {
             for (int k = 0; k < FL_MEM_COUNT; k++) cJSON_AddNumberToObject(pk, fl_mem_cat_name((fl_mem_cat)k), (double)r.peak[k]);
             if (N > 1) {
                 cJSON *a = cJSON_AddArrayToObject(o, "kv_peak_per_rank");
-                for (int k = 0; k < N && k < 64; k++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)kv_peaks[k]));
+                for (int k = 0; k < N && k < 64; k++) fl_cli_json_add(a, NULL, cJSON_CreateNumber((double)kv_peaks[k]));
                 cJSON_AddNumberToObject(o, "comm_bytes_per_prefill_token", (double)r.comm_prefill / n_pre);
                 cJSON_AddNumberToObject(o, "comm_bytes_per_decode_token", n_decode ? (double)r.comm_decode / n_decode : 0);
             }
-            cJSON_AddItemToArray(rows, o);
+            fl_cli_json_add(rows, NULL, o);
             if (!json && rank == 0) {
                 printf("%-13s %8lld | %10.3f %9.0f | %10.3f | %10.3f %10.3f %10.3f %10.3f %10.3f | %11.0f\n", c->name,
                        (long long)ctx, r.prefill_s, n_pre / r.prefill_s, 1e3 * r.decode_s, r.kv_bytes / 1048576.0,
@@ -374,12 +377,11 @@ int fl_bench_context(int argc, char **argv) {
         cJSON_AddNumberToObject(maxr, c->name, (double)reached);
     }
     if (rank == 0) {
-        if (json) {
-            char *txt = cJSON_Print(root);
-            printf("%s\n", txt);
-            cJSON_free(txt);
-        }
         if (fl_args_get(opts, "plot")->set) bc_plot(fl_args_get(opts, "plot")->str, rows, N);
+        if (json) {
+            if (fl_cli_print_json("bench context", root, true, fail0)) ret = 1;
+            root = NULL;
+        }
     }
     cJSON_Delete(root);
     if (tp) fl_tp_free(tp);

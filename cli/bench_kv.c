@@ -269,6 +269,7 @@ int fl_bench_kv(int argc, char **argv) {
     const double sharing = ks.tokens_logical ? 1.0 - (double)ks.tokens_live / (double)ks.tokens_logical : 0;
     if (json) {
         fl_mem_install_cjson_hooks();
+        const size_t fail0 = fl_mem_thread_failures();
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "bench", "kv");
         cJSON_AddStringToObject(o, "kv_type", fl_type_name(c.type));
@@ -296,12 +297,7 @@ int fl_bench_kv(int argc, char **argv) {
         cJSON_AddNumberToObject(ct, "waste", contig_waste);
         cJSON_AddNumberToObject(o, "concurrency_vs_contiguous", ratio);
         cJSON_AddBoolToObject(o, "invariants_ok", chk == FL_OK);
-        char *s = cJSON_Print(o);
-        if (s) {
-            puts(s);
-            cJSON_free(s);
-        }
-        cJSON_Delete(o);
+        if (fl_cli_print_json("bench kv", o, true, fail0)) chk = FL_ERR_NOMEM;
     } else {
         printf("paged KV (%s, %d-token blocks, %zu B/token, %.1f MiB):\n", fl_type_name(c.type), c.block_size, bpt, (double)ks.bytes_total / 1048576.0);
         printf("  requests %lld (%lld forked x4), sequences %d, blocks %d/%d\n", (long long)n_req, (long long)n_forked, next, ks.n_blocks_used, ks.n_blocks_total);

@@ -190,6 +190,7 @@ int fl_bench_matmul(int argc, char **argv) {
         printf("%-6s %-11s %10s %8s %10s %8s%s%s\n", "type", "N x K", "gemv GB/s", "%bw", "gemm GOP/s", "%peak", compare ? "  int8 tiles GOP/s" : "",
                stream_gemm ? "    streamed    %peak" : "");
     }
+    const size_t fail0 = fl_mem_thread_failures();
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
     cJSON_AddStringToObject(root, "isa", fl_isa_name(fl_isa_get()));
     cJSON_AddNumberToObject(root, "threads", nth);
@@ -199,7 +200,7 @@ int fl_bench_matmul(int argc, char **argv) {
     cJSON_AddBoolToObject(root, "amx_bf16_gemm", compare);
     cJSON_AddNumberToObject(root, "mem_bandwidth_gbs", bw);
     cJSON_AddNumberToObject(root, "gemm_tokens", (double)M);
-    cJSON_AddItemToObject(root, "results", arr);
+    fl_cli_json_add(root, "results", arr);
 
     int rc = 0;
     for (char *save = NULL, *tn = strtok_r(types_s, ",", &save); tn; tn = strtok_r(NULL, ",", &save)) {
@@ -318,7 +319,7 @@ int fl_bench_matmul(int argc, char **argv) {
                 cJSON_AddNumberToObject(o, "gemm_stream_gops", gops_stream);
                 cJSON_AddNumberToObject(o, "gemm_stream_pct_int8_peak", peak > 0 ? 100 * gops_stream / peak : 0);
             }
-            cJSON_AddItemToArray(arr, o);
+            fl_cli_json_add(arr, NULL, o);
             fl_free(FL_MEM_WEIGHTS, w, wbytes * R);
             fl_free(FL_MEM_SCRATCH, x, (size_t)(M * K) * 4);
             fl_free(FL_MEM_ACT, y, (size_t)(M * N) * 4);
@@ -352,7 +353,7 @@ int fl_bench_matmul(int argc, char **argv) {
             cJSON_AddNumberToObject(o, "gemm_stream_gops", gops_stream);
             cJSON_AddNumberToObject(o, "gemm_stream_pct_int8_peak", peak > 0 ? 100 * gops_stream / peak : 0);
         }
-        cJSON_AddItemToArray(arr, o);
+        fl_cli_json_add(arr, NULL, o);
         /* q, k, v in one call against three */
         double us1[2], usm[2];
         if (!time_qkv(type, 1, secs, us1) || !time_qkv(type, M, secs, usm)) {
@@ -370,12 +371,11 @@ int fl_bench_matmul(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "gemv_us_fused", us1[1]);
         cJSON_AddNumberToObject(o, "gemm_us_3_calls", usm[0]);
         cJSON_AddNumberToObject(o, "gemm_us_fused", usm[1]);
-        cJSON_AddItemToArray(arr, o);
+        fl_cli_json_add(arr, NULL, o);
     }
     if (json && !rc) {
-        char *s = cJSON_PrintUnformatted(root);
-        printf("%s\n", s);
-        cJSON_free(s);
+        rc = fl_cli_print_json("bench matmul", root, false, fail0);
+        root = NULL;
     }
     cJSON_Delete(root);
     return rc;

@@ -221,6 +221,7 @@ int fl_bench_model(int argc, char **argv) {
     const double pp8 = compare ? np / t_pp8 : 0, gops8 = compare ? 2.0 * wparams * np / t_pp8 / 1e9 : 0;
     if (opts[4].set) {
         fl_mem_install_cjson_hooks();
+        const size_t fail0 = fl_mem_thread_failures();
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "model", opts[0].str);
         cJSON_AddStringToObject(o, "isa", fl_isa_name(fl_isa_get()));
@@ -249,7 +250,7 @@ int fl_bench_model(int argc, char **argv) {
             cJSON_AddNumberToObject(o, "pp_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
             cJSON_AddNumberToObject(o, "pp_pct_int8_peak_paired", 100 * median(pp_ratio, n_pp_ratio));
             cJSON *a = cJSON_AddArrayToObject(o, "pp_pct_int8_peak_rounds");
-            for (int k = 0; a && k < n_pp_ratio; k++) cJSON_AddItemToArray(a, cJSON_CreateNumber(100 * pp_ratio[k]));
+            for (int k = 0; a && k < n_pp_ratio; k++) fl_cli_json_add(a, NULL, cJSON_CreateNumber(100 * pp_ratio[k]));
         }
         cJSON_AddNumberToObject(o, "repetitions", reps);
         cJSON_AddBoolToObject(o, "amx_bf16_prefill", compare);
@@ -266,12 +267,9 @@ int fl_bench_model(int argc, char **argv) {
             cJSON_AddNumberToObject(o, "tg_pct_bandwidth", bw > 0 ? 100 * gbs / bw : 0);
             cJSON_AddNumberToObject(o, "tg_pct_bandwidth_paired", 100 * median(tg_ratio, n_tg_ratio));
             cJSON *a = cJSON_AddArrayToObject(o, "tg_pct_bandwidth_rounds");
-            for (int k = 0; a && k < n_tg_ratio; k++) cJSON_AddItemToArray(a, cJSON_CreateNumber(100 * tg_ratio[k]));
+            for (int k = 0; a && k < n_tg_ratio; k++) fl_cli_json_add(a, NULL, cJSON_CreateNumber(100 * tg_ratio[k]));
         }
-        char *s = cJSON_PrintUnformatted(o);
-        printf("%s\n", s);
-        cJSON_free(s);
-        cJSON_Delete(o);
+        if (fl_cli_print_json(NULL, o, false, fail0)) goto fail;
     } else {
         printf("model %s: %.1f MiB of matmul weights per token, isa %s, %d threads%s\n", opts[0].str, wbytes / 1048576.0,
                fl_isa_name(fl_isa_get()), nth, mp.no_mmap ? ", weights read into memory (--no-mmap)" : "");

@@ -157,6 +157,7 @@ int fl_bench_packing(int argc, char **argv) {
         const double f_pad = fl_attn_flops(&ap), f_pack = fl_attn_flops(&ac);
         if (json) {
             fl_mem_install_cjson_hooks();
+            const size_t fail0 = fl_mem_thread_failures();
             cJSON *o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "benchmark", "packing");
             cJSON_AddNumberToObject(o, "threads", fl_threads_get());
@@ -166,7 +167,7 @@ int fl_bench_packing(int argc, char **argv) {
             cJSON_AddNumberToObject(o, "n_head", (double)nh);
             cJSON_AddNumberToObject(o, "n_head_kv", (double)nkv);
             cJSON *lens = cJSON_AddArrayToObject(o, "lengths");
-            for (int64_t s = 0; s < B; s++) cJSON_AddItemToArray(lens, cJSON_CreateNumber(len[s]));
+            for (int64_t s = 0; s < B; s++) fl_cli_json_add(lens, NULL, cJSON_CreateNumber(len[s]));
             cJSON *p = cJSON_AddObjectToObject(o, "padded");
             cJSON_AddNumberToObject(p, "tokens", (double)n_padded);
             cJSON_AddNumberToObject(p, "qkvo_bytes", b_pad);
@@ -182,10 +183,7 @@ int fl_bench_packing(int argc, char **argv) {
             cJSON_AddNumberToObject(o, "bytes_ratio", b_pad / b_pack);
             cJSON_AddNumberToObject(o, "speedup", t_pad / t_pack);
             cJSON_AddNumberToObject(o, "max_abs_diff_real_tokens", max_diff);
-            char *js = cJSON_Print(o);
-            if (js) printf("%s\n", js);
-            cJSON_free(js);
-            cJSON_Delete(o);
+            if (fl_cli_print_json("bench packing", o, true, fail0)) status = 1;
         } else {
             printf("%lld sequences, longest %lld, %lld real tokens (%.1f%% of the padded %lld)\n", (long long)B,
                    (long long)T, (long long)n_packed, 100.0 * (double)n_packed / (double)n_padded, (long long)n_padded);

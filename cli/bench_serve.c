@@ -277,12 +277,14 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
     }
     const double dur = now_s() - t0;
     cJSON *o = NULL;
-    if (!err) {
-        double *ttft = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *ttft);
+    const size_t f_report = fl_mem_thread_failures();
+    double *ttft = err ? NULL : fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *ttft);
+    if (ttft) o = cJSON_CreateObject();
+    if (!err && !o) fprintf(stderr, "fitllm bench serve: out of memory for the %s run's report\n", label);
+    if (o) {
         for (int32_t i = 0; i < n; i++) ttft[i] = t_first[i] - t_add[i];
         fl_engine_stats st;
         fl_engine_stats_get(e, &st);
-        o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "engine", label);
         cJSON_AddStringToObject(o, "model", fl_engine_model_name(e));
         cJSON_AddNumberToObject(o, "requests", n);
@@ -352,8 +354,13 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
         for (int c = 0; c < FL_MEM_COUNT; c++)
             if (fl_mem_peak((fl_mem_cat)c)) cJSON_AddNumberToObject(pk, fl_mem_cat_name((fl_mem_cat)c), (double)fl_mem_peak((fl_mem_cat)c));
         cJSON_AddNumberToObject(pk, "total", (double)fl_mem_peak_total());
-        fl_free(FL_MEM_MISC, ttft, (size_t)n * sizeof *ttft);
+        if (fl_mem_thread_failures() != f_report) { /* (cJSON left out what it could not allocate) */
+            fprintf(stderr, "fitllm bench serve: out of memory for the %s run's report\n", label);
+            cJSON_Delete(o);
+            o = NULL;
+        }
     }
+    if (ttft) fl_free(FL_MEM_MISC, ttft, (size_t)n * sizeof *ttft);
     fl_engine_free(e);
     fl_free(FL_MEM_MISC, ids, (size_t)n * sizeof *ids);
     fl_free(FL_MEM_MISC, t_add, (size_t)n * sizeof *t_add);
@@ -615,6 +622,7 @@ int fl_bench_serve(int argc, char **argv) {
         rc.ep.kv_mem = (int64_t)kvm;
     }
 
+    size_t fail0 = fl_mem_thread_failures(); /* (the report must come out whole, see below; a run's failures are its own) */
     cJSON *root = cJSON_CreateObject();
     cJSON *wj = cJSON_AddObjectToObject(root, "workload");
     cJSON_AddNumberToObject(wj, "requests", n);
@@ -679,17 +687,21 @@ int fl_bench_serve(int argc, char **argv) {
         workload_free(&w);
         return rcode;
     }
+    size_t f_run = fl_mem_thread_failures();
     cJSON *paged = run_one(&rc, &w, "paged");
+    fail0 += fl_mem_thread_failures() - f_run;
     if (!paged) rcode = 1;
-    else cJSON_AddItemToObject(root, "paged", paged);
+    else fl_cli_json_add(root, "paged", paged);
     if (!rcode && baseline) {
         run_cfg rs2 = rc;
         rs2.ep.kv_layout = FL_KV_CONTIGUOUS;
         rs2.ep.prefix_cache = 0;
         rs2.ep.spec_tokens = 0; /* (drafts need the paged cache) */
+        f_run = fl_mem_thread_failures();
         cJSON *st = run_one(&rs2, &w, "static");
+        fail0 += fl_mem_thread_failures() - f_run;
         if (!st) rcode = 1;
-        else cJSON_AddItemToObject(root, "static", st);
+        else fl_cli_json_add(root, "static", st);
     }
     /* calibrated again after the runs, the larger kept (the machine's speed drifts over minutes) */
     const double peak1 = fl_calib_int8_peak_gops(fl_threads_get(), 0.3), peak = peak0 > peak1 ? peak0 : peak1;
@@ -698,16 +710,22 @@ int fl_bench_serve(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "int8_peak_gops_after", peak1);
     for (int i = 0; i < 2 && !rcode; i++) {
         cJSON *eo = cJSON_GetObjectItem(root, i ? "static" : "paged");
-        if (!eo) continue;
-        const double gops = cJSON_GetObjectItem(eo, "decode_tok_s")->valuedouble * 2.0 * params / 1e9;
+        const cJSON *dt = cJSON_GetObjectItem(eo, "decode_tok_s");
+        if (!dt) continue;
+        const double gops = dt->valuedouble * 2.0 * params / 1e9;
         cJSON_AddNumberToObject(eo, "decode_gops", gops);
         cJSON_AddNumberToObject(eo, "decode_pct_int8_peak", peak > 0 ? 100 * gops / peak : 0);
     }
+    /* cJSON leaves out what it cannot allocate: a report built through a failed allocation is
+     * not printed, in either form (the text is read from it too) */
+    if (!rcode && (!root || fl_mem_thread_failures() != fail0)) {
+        fprintf(stderr, "fitllm bench serve: out of memory while building the report; nothing printed\n");
+        rcode = 1;
+    }
     if (!rcode) {
         if (rc.json) {
-            char *s = cJSON_PrintUnformatted(root);
-            printf("%s\n", s);
-            cJSON_free(s);
+            rcode = fl_cli_print_json("bench serve", root, false, fail0);
+            root = NULL;
         } else {
             printf("workload: %d requests, prompt %d..%d, gen %d..%d, shared prefix %d, %s, KV %.1f MiB\n", n, dp.lo,
                    dp.hi, dg.lo, dg.hi, shared, rate > 0 ? "Poisson arrivals" : "all at once",

@@ -58,8 +58,17 @@ int fl_cmd_perplexity(int argc, char **argv);
 struct fl_tokenizer;
 char *fl_cli_read_file(const char *path, size_t *len);
 struct cJSON;
-/* Add the allocator's report as "memory" to o, print o on one line to stdout, delete o. */
-void fl_cli_print_json_with_memory(struct cJSON *o);
+/* Print the JSON report o to stdout (one line, or indented) and delete it; returns 0.  Refused
+ * (returns 1, the error set, and said on stderr as "fitllm CMD: ..." unless cmd is NULL) where
+ * o is NULL or an allocation failed on this thread since fail0 (fl_mem_thread_failures() taken
+ * before the report was begun): cJSON leaves out what it cannot allocate, and a report missing
+ * fields must not pass for a whole one. */
+int fl_cli_print_json(const char *cmd, struct cJSON *o, bool pretty, size_t fail0);
+/* cJSON_AddItemToObject (key) or cJSON_AddItemToArray (key NULL) that deletes item where it
+ * cannot be added (out of memory for the key, or o NULL): cJSON leaves it to the caller then. */
+void fl_cli_json_add(struct cJSON *o, const char *key, struct cJSON *item);
+/* The same with the allocator's report added as "memory", on one line. */
+int fl_cli_print_json_with_memory(const char *cmd, struct cJSON *o, size_t fail0);
 fl_status fl_cli_tokenize(const struct fl_tokenizer *tok, const char *text, size_t len, int32_t **ids, int64_t *n);
 /* --lora FILE [--lora-scale S] of run and perplexity: their option entries, and the model
  * parameters that send every token through the adapter (*path and *scale hold what mp points

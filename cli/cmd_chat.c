@@ -71,7 +71,7 @@ static bool add_message(cJSON *msgs, const char *role, const char *content) {
         cJSON_Delete(m);
         return false;
     }
-    cJSON_AddItemToArray(msgs, m);
+    fl_cli_json_add(msgs, NULL, m);
     return true;
 }
 
@@ -348,8 +348,8 @@ int fl_cmd_chat(int argc, char **argv) {
         fl_engine_stats_get(e, &s1);
         if (json) {
             static const char *const why[] = {"", "stop", "length", "stop", "abort", "error"}; /* (EOS and a stop: "stop", as OpenAI) */
+            const size_t fail0 = fl_mem_thread_failures();
             cJSON *o = cJSON_CreateObject();
-            if (!o) goto nomem;
             cJSON_AddNumberToObject(o, "turn", (double)turns + 1);
             cJSON_AddStringToObject(o, "reply", reply.p);
             _Static_assert(FL_FINISH_ERROR == 5, "why[] follows fl_finish_reason");
@@ -358,11 +358,7 @@ int fl_cmd_chat(int argc, char **argv) {
             cJSON_AddNumberToObject(o, "cached_tokens", (double)(s1.prefix_hit_tokens - s0.prefix_hit_tokens));
             cJSON_AddNumberToObject(o, "reply_tokens", (double)got);
             cJSON_AddNumberToObject(o, "dropped_messages", (double)(dropped - dropped0));
-            char *js = cJSON_PrintUnformatted(o);
-            cJSON_Delete(o);
-            if (!js) goto nomem;
-            puts(js);
-            cJSON_free(js);
+            if (fl_cli_print_json(NULL, o, false, fail0)) goto nomem;
         } else {
             fputc('\n', stdout);
         }

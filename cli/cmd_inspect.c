@@ -94,8 +94,10 @@ int fl_cmd_inspect(int argc, char **argv) {
     uint64_t kv_per_tok = 2ull * (uint64_t)h.n_layer * (uint64_t)h.n_head_kv * (uint64_t)h.head_dim * 2ull;
     uint64_t kv_total = kv_per_tok * (uint64_t)ctx;
     int json = opts[0].set;
+    int rc = 0;
     if (json) {
         fl_mem_install_cjson_hooks();
+        const size_t fail0 = fl_mem_thread_failures();
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "file", pos[0]);
         cJSON_AddNumberToObject(o, "gguf_version", fl_gguf_version(g));
@@ -126,9 +128,9 @@ int fl_cmd_inspect(int argc, char **argv) {
             cJSON_AddStringToObject(e, "name", name);
             cJSON_AddStringToObject(e, "type", fl_type_name(t->type));
             cJSON *sh = cJSON_AddArrayToObject(e, "shape");
-            for (int d = 0; d < t->n_dims; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->ne[d]));
+            for (int d = 0; d < t->n_dims; d++) fl_cli_json_add(sh, NULL, cJSON_CreateNumber((double)t->ne[d]));
             cJSON_AddNumberToObject(e, "bytes", (double)t->size);
-            cJSON_AddItemToArray(ts, e);
+            fl_cli_json_add(ts, NULL, e);
         }
         cJSON *wb = cJSON_AddObjectToObject(o, "weights_bytes");
         for (int t = 0; t < FL_TYPE_GGML_COUNT; t++)
@@ -139,12 +141,7 @@ int fl_cmd_inspect(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "ctx", (double)ctx);
         cJSON_AddNumberToObject(o, "kv_bytes", (double)kv_total);
         cJSON_AddNumberToObject(o, "total_bytes", (double)(weights + kv_total));
-        char *s = cJSON_Print(o);
-        if (s) {
-            puts(s);
-            cJSON_free(s);
-        }
-        cJSON_Delete(o);
+        rc = fl_cli_print_json("inspect", o, true, fail0);
     } else {
         char a[32], b[32], c[32];
         printf("file:          %s (GGUF v%u, %zu bytes, alignment %u)\n", pos[0], fl_gguf_version(g), fl_gguf_file_size(g), fl_gguf_alignment(g));
@@ -187,5 +184,5 @@ int fl_cmd_inspect(int argc, char **argv) {
         printf("  total          %12s (weights + KV; activations: see `fitllm plan`)\n", a);
     }
     fl_gguf_free(g);
-    return 0;
+    return rc;
 }

@@ -232,6 +232,7 @@ int fl_cmd_perplexity(int argc, char **argv) {
     }
     if (json) {
         fl_mem_install_cjson_hooks();
+        const size_t fail0 = fl_mem_thread_failures();
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "ppl", ppl);
         cJSON_AddNumberToObject(o, "ppl_err", err);
@@ -249,7 +250,7 @@ int fl_cmd_perplexity(int argc, char **argv) {
             cJSON_AddNumberToObject(k, "max", kl_max);
             cJSON_AddNumberToObject(k, "same_top", (double)same_top / (double)count);
         }
-        fl_cli_print_json_with_memory(o);
+        if (fl_cli_print_json_with_memory(NULL, o, fail0)) goto fail;
     } else {
         printf("%lld tokens, %lld chunks of %lld, %lld scored\n", (long long)n_ids, (long long)n_chunk,
                (long long)n_ctx, (long long)count);

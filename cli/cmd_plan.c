@@ -116,7 +116,7 @@ static cJSON *plan_json(const fl_model_shape *s, const fl_plan_input *in, const 
         cJSON *b = cJSON_AddObjectToObject(e, "bytes");
         for (size_t k = 0; k < N_COLS; k++) cJSON_AddNumberToObject(b, cols[k].key, (double)r->dev[d].bytes[cols[k].cat]);
         cJSON_AddNumberToObject(e, "total", (double)r->dev[d].total);
-        cJSON_AddItemToArray(devs, e);
+        fl_cli_json_add(devs, NULL, e);
     }
     cJSON_AddNumberToObject(o, "max_total", (double)r->max_total);
     cJSON *h = cJSON_AddObjectToObject(o, "host");
@@ -132,14 +132,10 @@ static cJSON *plan_json(const fl_model_shape *s, const fl_plan_input *in, const 
     return o;
 }
 
-static void emit_json(cJSON *o) {
-    char *txt = cJSON_Print(o);
-    if (txt) {
-        puts(txt);
-        cJSON_free(txt);
-    }
-    cJSON_Delete(o);
-}
+static size_t g_fail0; /* this thread's allocation failures when the command began */
+
+/* Print o (indented) and delete it; 1 with a message where it could not be built whole. */
+static int emit_json(cJSON *o) { return fl_cli_print_json("plan", o, true, g_fail0); }
 
 /* --table: presets x weight types, columns 24/48/80 GiB and 8 x 80 GiB. */
 static int fit_table(const fl_plan_input *base, bool json) {
@@ -164,7 +160,7 @@ static int fit_table(const fl_plan_input *base, bool json) {
                 row = cJSON_CreateObject();
                 cJSON_AddStringToObject(row, "model", s.name);
                 cJSON_AddStringToObject(row, "weights", wts[w]);
-                cJSON_AddItemToArray(rows, row);
+                fl_cli_json_add(rows, NULL, row);
             }
             for (int c = 0; c < 4; c++) {
                 fl_plan_input in = *base;
@@ -191,7 +187,7 @@ static int fit_table(const fl_plan_input *base, bool json) {
                     cJSON *e = cJSON_CreateObject();
                     cJSON_AddStringToObject(e, "verdict", verdict);
                     cJSON_AddNumberToObject(e, "bytes_per_device", (double)r.max_total);
-                    cJSON_AddItemToObject(row, cap_names[c], e);
+                    fl_cli_json_add(row, cap_names[c], e);
                 } else {
                     printf(" %18s", cell);
                 }
@@ -199,7 +195,7 @@ static int fit_table(const fl_plan_input *base, bool json) {
             if (!json) printf("\n");
         }
     }
-    if (json) emit_json(rows);
+    if (json) return emit_json(rows);
     return 0;
 }
 
@@ -257,6 +253,7 @@ int fl_cmd_plan(int argc, char **argv) {
     if (r) return r == 1 ? 0 : 2;
     bool json = opts[O_JSON].set;
     fl_mem_install_cjson_hooks();
+    g_fail0 = fl_mem_thread_failures();
     if (opts[O_LIST].set) {
         for (int32_t i = 0; i < fl_plan_n_presets(); i++) printf("%s\n", fl_plan_preset_name(i));
         return 0;
@@ -404,13 +401,15 @@ int fl_cmd_plan(int argc, char **argv) {
             return 2;
         }
         if (st) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", fl_last_error());
             if (json) {
                 cJSON *o = cJSON_CreateObject();
                 cJSON_AddBoolToObject(o, "fits", false);
-                cJSON_AddStringToObject(o, "error", fl_last_error());
-                emit_json(o);
+                cJSON_AddStringToObject(o, "error", why);
+                (void)emit_json(o); /* (the exit code says it failed either way) */
             }
-            fprintf(stderr, "fitllm plan: %s\n", fl_last_error());
+            fprintf(stderr, "fitllm plan: %s\n", why);
             return st == FL_ERR_BUDGET ? 3 : 1;
         }
         if (json) {
@@ -461,7 +460,7 @@ int fl_cmd_plan(int argc, char **argv) {
     }
     if (json) {
         cJSON *o = plan_json(&s, &in, &res);
-        if (fit) cJSON_AddItemToObject(o, "fit", fit);
+        if (fit) fl_cli_json_add(o, "fit", fit);
         if (opts[O_DRAFT].set) { /* (included in the devices above) */
             cJSON *d = cJSON_AddObjectToObject(o, "draft_model");
             cJSON_AddStringToObject(d, "path", opts[O_DRAFT].str);
@@ -469,7 +468,7 @@ int fl_cmd_plan(int argc, char **argv) {
             for (size_t k = 0; k < N_COLS; k++) cJSON_AddNumberToObject(b, cols[k].key, (double)dres.dev[0].bytes[cols[k].cat]);
             cJSON_AddNumberToObject(d, "total", (double)dres.dev[0].total);
         }
-        emit_json(o);
+        if (emit_json(o)) return 1;
     } else {
         print_plan(&s, &in, &res);
         if (opts[O_DRAFT].set) {

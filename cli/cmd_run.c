@@ -35,23 +35,45 @@ static double now_s(void) {
 }
 
 /* Read a whole file into a FL_MEM_MISC buffer (NUL-terminated); *len excludes the NUL. */
-void fl_cli_print_json_with_memory(cJSON *o) {
+int fl_cli_print_json(const char *cmd, cJSON *o, bool pretty, size_t fail0) {
+    char *s = o && fl_mem_thread_failures() == fail0 ? (pretty ? cJSON_Print(o) : cJSON_PrintUnformatted(o)) : NULL;
+    cJSON_Delete(o);
+    if (!s) {
+        fl_set_error(FL_ERR_NOMEM, "out of memory while building the JSON report; nothing printed");
+        if (cmd) fprintf(stderr, "fitllm %s: %s\n", cmd, fl_last_error());
+        return 1;
+    }
+    /* generated text can hold any bytes: every ill-formed UTF-8 byte becomes U+FFFD */
+    const size_t n = strlen(s);
+    const bool valid = fl_utf8_is_valid(s, n);
+    char *u = valid ? NULL : fl_alloc(FL_MEM_MISC, 3 * n + 1, 16);
+    if (!valid && !u) {
+        cJSON_free(s);
+        fl_set_error(FL_ERR_NOMEM, "out of memory while printing the JSON report; nothing printed");
+        if (cmd) fprintf(stderr, "fitllm %s: %s\n", cmd, fl_last_error());
+        return 1;
+    }
+    if (u) {
+        fwrite(u, 1, fl_utf8_sanitize(s, n, u), stdout);
+        putchar('\n');
+        fl_free(FL_MEM_MISC, u, 3 * n + 1);
+    } else {
+        puts(s);
+    }
+    cJSON_free(s);
+    return 0;
+}
+
+void fl_cli_json_add(cJSON *o, const char *key, cJSON *item) {
+    if (!item) return;
+    if (!(o && (key ? cJSON_AddItemToObject(o, key, item) : cJSON_AddItemToArray(o, item)))) cJSON_Delete(item);
+}
+
+int fl_cli_print_json_with_memory(const char *cmd, cJSON *o, size_t fail0) {
     char mem[1024];
     fl_mem_report_json(mem, sizeof mem);
-    cJSON *mj = cJSON_Parse(mem);
-    if (mj) cJSON_AddItemToObject(o, "memory", mj);
-    char *s = cJSON_PrintUnformatted(o);
-    if (s) { /* generated text can hold any bytes: every ill-formed UTF-8 byte becomes U+FFFD */
-        const size_t n = strlen(s);
-        char *u = fl_utf8_is_valid(s, n) ? NULL : fl_alloc(FL_MEM_MISC, 3 * n + 1, 16);
-        if (u) {
-            fwrite(u, 1, fl_utf8_sanitize(s, n, u), stdout);
-            putchar('\n');
-            fl_free(FL_MEM_MISC, u, 3 * n + 1);
-        } else puts(s);
-        cJSON_free(s);
-    }
-    cJSON_Delete(o);
+    fl_cli_json_add(o, "memory", cJSON_Parse(mem)); /* (a failed parse counts as a failure) */
+    return fl_cli_print_json(cmd, o, false, fail0);
 }
 
 bool fl_cli_overwrites_input(const char *cmd, const char *out, int n, const char *const inputs[], const char *const what[]) {
@@ -605,9 +627,10 @@ int fl_cmd_run(int argc, char **argv) {
     out_text[tl < 0 ? 0 : tl] = 0;
     if (json && rank == 0) {
         fl_mem_install_cjson_hooks();
+        const size_t fail0 = fl_mem_thread_failures();
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddItemToObject(o, "prompt_tokens", cJSON_CreateIntArray(ids, (int)n_ids));
-        cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(gen + n_ids, (int)n_gen));
+        fl_cli_json_add(o, "prompt_tokens", cJSON_CreateIntArray(ids, (int)n_ids));
+        fl_cli_json_add(o, "tokens", cJSON_CreateIntArray(gen + n_ids, (int)n_gen));
         cJSON_AddStringToObject(o, "text", out_text);
         if (lp) { /* [{token, logprob, top: [[token, logprob] ...]}] per generated token */
             cJSON *a = cJSON_AddArrayToObject(o, "logprobs");
@@ -618,12 +641,12 @@ int fl_cmd_run(int argc, char **argv) {
                 cJSON_AddNumberToObject(e, "logprob", rec[0].logprob);
                 for (int64_t k = 1; k <= n_lp; k++) {
                     cJSON *pair = cJSON_CreateArray();
-                    cJSON_AddItemToArray(pair, cJSON_CreateNumber(rec[k].token));
-                    cJSON_AddItemToArray(pair, cJSON_CreateNumber(rec[k].logprob));
-                    cJSON_AddItemToArray(top, pair);
+                    fl_cli_json_add(pair, NULL, cJSON_CreateNumber(rec[k].token));
+                    fl_cli_json_add(pair, NULL, cJSON_CreateNumber(rec[k].logprob));
+                    fl_cli_json_add(top, NULL, pair);
                 }
-                cJSON_AddItemToObject(e, "top", top);
-                cJSON_AddItemToArray(a, e);
+                fl_cli_json_add(e, "top", top);
+                fl_cli_json_add(a, NULL, e);
             }
         }
         cJSON *tm = cJSON_AddObjectToObject(o, "timings");
@@ -640,7 +663,7 @@ int fl_cmd_run(int argc, char **argv) {
         cJSON_AddNumberToObject(kj, "bytes_per_token", fl_cli_kv_bytes_per_token(&kv, hp));
         cJSON_AddNumberToObject(kj, "context_shifts", (double)n_shifts);
         cJSON_AddNumberToObject(kj, "positions_dropped", (double)n_shifted);
-        fl_cli_print_json_with_memory(o);
+        if (fl_cli_print_json_with_memory(NULL, o, fail0)) goto fail;
     } else if (!json) {
         if (tpm) fprintf(stderr, "rank %d of %lld: ", rank, (long long)n_tp);
         fprintf(stderr, "prefill: %lld tokens, %.1f tok/s; decode: %lld tokens, %.1f tok/s", (long long)n_ids,

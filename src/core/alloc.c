@@ -32,12 +32,27 @@ const char *fl_mem_cat_name(fl_mem_cat cat) {
     return (unsigned)cat < FL_MEM_COUNT ? cat_names[cat] : "?";
 }
 
+static long g_env_fail_after = -1; /* FL_MEM_FAIL_AFTER as read */
+
+/* At exit, where FL_MEM_FAIL_AFTER never fired: said on stderr with the allocations made, so a
+ * sweep over N (tests/cli_oom.sh) knows it has passed the last one. */
+static void report_unfired(void) {
+    const long left = atomic_load(&g_fail_after);
+    if (left >= 0 && g_env_fail_after >= 0)
+        fprintf(stderr, "fitllm: FL_MEM_FAIL_AFTER=%ld: no allocation failed (%ld allocations)\n", g_env_fail_after,
+                g_env_fail_after - left);
+}
+
 static void read_env_once(void) {
     if (atomic_load_explicit(&g_env_read, memory_order_relaxed)) return;
     int expected = 0;
     if (!atomic_compare_exchange_strong(&g_env_read, &expected, 1)) return;
     const char *s = getenv("FL_MEM_FAIL_AFTER");
-    if (s && *s) atomic_store(&g_fail_after, atol(s));
+    if (s && *s) {
+        g_env_fail_after = atol(s);
+        atomic_store(&g_fail_after, g_env_fail_after);
+        if (g_env_fail_after >= 0) atexit(report_unfired);
+    }
 }
 
 static void peak_update(mem_counter *c, size_t now) {

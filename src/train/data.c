@@ -11,14 +11,15 @@
 /* ---------------------------------------------------------------- documents */
 
 static fl_status data_alloc(fl_train_data *d, int64_t n_ids, int64_t n_docs) {
+    /* the counts first: fl_train_data_free frees each table by its count */
+    d->n_ids = n_ids;
+    d->n_docs = n_docs;
     d->ids = fl_alloc(FL_MEM_MISC, (size_t)(n_ids > 0 ? n_ids : 1) * sizeof(int32_t), 64);
     d->doc_off = fl_alloc(FL_MEM_MISC, (size_t)(n_docs + 1) * sizeof(int64_t), 64);
     if (!d->ids || !d->doc_off) {
         fl_train_data_free(d);
         return FL_ERR_NOMEM;
     }
-    d->n_ids = n_ids;
-    d->n_docs = n_docs;
     return FL_OK;
 }
 

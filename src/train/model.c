@@ -58,8 +58,9 @@ static fl_status model_alloc(const fl_train_config *cfg, bool without_matrices, 
     m->n_params = without_matrices ? keep : off;
     m->params = fl_calloc(FL_MEM_WEIGHTS, (size_t)m->n_params, sizeof(float));
     if (!m->params) {
+        const long long n = (long long)m->n_params;
         fl_free(FL_MEM_MISC, m, sizeof *m);
-        return fl_set_error(FL_ERR_NOMEM, "%s: no memory for %lld parameters", __func__, (long long)m->n_params);
+        return fl_set_error(FL_ERR_NOMEM, "%s: no memory for %lld parameters", __func__, n);
     }
     *out = m;
     return FL_OK;
