@@ -34,7 +34,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Read a whole file into a FL_MEM_MISC buffer (NUL-terminated); *len excludes the NUL. */
+/* The CLI's JSON reports (cli.h): printed only where built whole. */
 int fl_cli_print_json(const char *cmd, cJSON *o, bool pretty, size_t fail0) {
     char *s = o && fl_mem_thread_failures() == fail0 ? (pretty ? cJSON_Print(o) : cJSON_PrintUnformatted(o)) : NULL;
     cJSON_Delete(o);
@@ -90,6 +90,7 @@ bool fl_cli_overwrites_input(const char *cmd, const char *out, int n, const char
     return false;
 }
 
+/* Read a whole file into a FL_MEM_MISC buffer (NUL-terminated); *len excludes the NUL. */
 char *fl_cli_read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) {

@@ -528,6 +528,8 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             w = sadd(w, sadd(cdiv(pp_->output, tp), pp_->other));
             if (s->tied_output && in->pp > 1) w = sadd(w, cdiv(pp_->embd, tp)); /* the last stage needs the tied matrix too */
         }
+        if (in->train) /* the trainer's model object and its optimizer's */
+            dev->bytes[FL_MEM_MISC] = sadd(dev->bytes[FL_MEM_MISC], sizeof(fl_train_model) + fl_optim_object_bytes());
         if (in->train && in->lora_rank > 0) {
             /* the frozen base: its 7 matrices per layer f32 or NF4 (rows of a multiple of 64), the
              * rest f32; the adapters f32 with their grads and optimizer states */
@@ -546,7 +548,6 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             dev->bytes[FL_MEM_GRAD] = smul(nL, adapters);
             dev->bytes[FL_MEM_OPTIM] = optim_bytes(in, smul(nL, adapters) / 4);
             fl_plan_train_act_bytes(s, in, b, e, last, &dev->bytes[FL_MEM_ACT], &dev->bytes[FL_MEM_SCRATCH]);
-            dev->bytes[FL_MEM_MISC] = sadd(dev->bytes[FL_MEM_MISC], sizeof(fl_train_model) + fl_optim_object_bytes()); /* the trainer's and optimizer's objects */
         } else if (in->train) {
             uint64_t params = w / elt;
             uint64_t grads = w, optim = optim_bytes(in, params);
@@ -560,7 +561,6 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             dev->bytes[FL_MEM_GRAD] = grads;
             dev->bytes[FL_MEM_OPTIM] = optim;
             fl_plan_train_act_bytes(s, in, b, e, last, &dev->bytes[FL_MEM_ACT], &dev->bytes[FL_MEM_SCRATCH]);
-            dev->bytes[FL_MEM_MISC] = sadd(dev->bytes[FL_MEM_MISC], sizeof(fl_train_model) + fl_optim_object_bytes()); /* the trainer's and optimizer's objects */
         } else {
             uint64_t kv = 0, kv_host = 0;
             int64_t e_dev = e < first_off ? e : (first_off > b ? first_off : b);
