@@ -37,17 +37,7 @@ typedef struct attn_run {
     int ok;
 } attn_run;
 
-static size_t g_run_failures; /* allocations refused inside the runs (not the report's) */
-
 /* Best of up to 5 runs (stops after ~0.5 s of total time); peaks from the accounting. */
-static attn_run run_attn_once(fl_attn_args *a);
-static attn_run run_attn(fl_attn_args *a) {
-    const size_t f = fl_mem_thread_failures();
-    const attn_run r = run_attn_once(a);
-    g_run_failures += fl_mem_thread_failures() - f;
-    return r;
-}
-
 static attn_run run_attn_once(fl_attn_args *a) {
     attn_run r = {0};
     double best = INFINITY, total = 0;
@@ -65,6 +55,15 @@ static attn_run run_attn_once(fl_attn_args *a) {
     r.seconds = best;
     r.gflops = fl_attn_flops(a) / best * 1e-9;
     r.gflops_cpu = r.cpu_seconds > 0 ? fl_attn_flops(a) / r.cpu_seconds * 1e-9 : 0.0;
+    return r;
+}
+
+static size_t g_run_failures; /* allocations refused inside the runs (not the report's) */
+
+static attn_run run_attn(fl_attn_args *a) {
+    const size_t f = fl_mem_thread_failures();
+    const attn_run r = run_attn_once(a);
+    g_run_failures += fl_mem_thread_failures() - f;
     return r;
 }
 
