@@ -446,9 +446,11 @@ fl_status fl_engine_new(const fl_engine_params *pin, fl_engine **out) {
     if (st != FL_OK) goto fail;
     const fl_hparams *hp = fl_model_hparams(m->model);
     const fl_gguf *g = fl_model_gguf(m->model);
-    if (fl_tokenizer_new(g, &m->tok) != FL_OK) {
-        m->tok = NULL; /* token ids still work; text does not */
-        fl_clear_error();
+    if ((st = fl_tokenizer_new(g, &m->tok)) != FL_OK) {
+        m->tok = NULL;
+        if (st == FL_ERR_NOMEM) goto fail; /* (not "a model without a tokenizer") */
+        fl_clear_error(); /* no or a malformed tokenizer: token ids still work; text does not */
+        st = FL_OK;
     }
     if (fl_gguf_get_str(g, "general.name", m->name, sizeof m->name) != FL_OK) snprintf(m->name, sizeof m->name, "%s", hp->arch);
     const fl_gguf_kv *ct = fl_gguf_find(g, "tokenizer.chat_template");

@@ -63,7 +63,8 @@ fl_status fl_plan_engine(const fl_plan_engine_in *in, fl_plan_engine_out *out) {
     out->gguf_bytes = misc1 > misc0 ? misc1 - misc0 : 0;
     {
         fl_tokenizer *tok = NULL;
-        if (fl_tokenizer_new(g, &tok) == FL_OK) {
+        if ((st = fl_tokenizer_new(g, &tok)) == FL_ERR_NOMEM) goto done;
+        if (st == FL_OK) {
             const size_t misc2 = fl_mem_current(FL_MEM_MISC);
             out->tokenizer_bytes = misc2 > misc1 ? misc2 - misc1 : 0;
             char piece[256];
