@@ -50,6 +50,9 @@ static void count_status(fl_server *s, unsigned status) {
 /* The error bodies of this thread's request: OpenAI's, or Anthropic's for /v1/messages (libmicrohttpd
  * runs each connection on its own thread; handle() sets it per request). */
 static _Thread_local bool err_anthropic;
+/* This thread's failed allocations when handle() took the request's last call: a reply built
+ * after one more failed is not sent as it is (cJSON's helpers leave out what they cannot make). */
+static _Thread_local size_t req_f0;
 
 /* Anthropic's error type for an HTTP status */
 static const char *anthropic_error_type(unsigned status) {
@@ -113,6 +116,18 @@ static enum MHD_Result send_error(fl_server *s, struct MHD_Connection *conn, uns
                                : send_error(s, conn, 500, "server_error", NULL, NULL, "out of memory"))
 
 /* ---- request parsing helpers ---- */
+
+/* The request's body parsed as JSON (NULL when it is not JSON, or when the parse ran out of
+ * memory: cJSON says only NULL, so this thread's failed allocations tell the two apart, and
+ * BAD_BODY() answers 400 or NOMEM()'s 503 / 500). */
+static _Thread_local bool body_nomem;
+static cJSON *parse_body(const srv_conn *c) {
+    const size_t f0 = fl_mem_thread_failures();
+    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
+    body_nomem = !j && fl_mem_thread_failures() != f0;
+    return j;
+}
+#define BAD_BODY() (body_nomem ? NOMEM() : BAD("malformed JSON in the request body"))
 
 /* Optional number in [lo, hi]; returns 0 ok, -1 bad (err filled). */
 static int get_num(const cJSON *o, const char *name, double lo, double hi, double *out, char *err, size_t errn) {
@@ -239,7 +254,7 @@ static cJSON *token_entry(const tok_name *t, float lp, bool chat_shape) {
     cJSON_AddNumberToObject(o, "logprob", lp);
     if (chat_shape) {
         cJSON *b = cJSON_AddArrayToObject(o, "bytes");
-        for (int32_t i = 0; i < t->nraw; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)t->raw[i]));
+        for (int32_t i = 0; i < t->nraw; i++) srv_push(b, cJSON_CreateNumber((unsigned char)t->raw[i]));
     }
     return o;
 }
@@ -260,10 +275,10 @@ static void legacy_add(fl_server *s, const legacy_lp *a, tok_name *t, int32_t to
         if (!cJSON_GetObjectItemCaseSensitive(top, t->name)) cJSON_AddNumberToObject(top, t->name, x->logprob);
     }
     token_name(s, rec ? rec[0].token : tok, t);
-    cJSON_AddItemToArray(a->tokens, cJSON_CreateString(t->name));
-    cJSON_AddItemToArray(a->lps, rec ? cJSON_CreateNumber(rec[0].logprob) : cJSON_CreateNull());
-    cJSON_AddItemToArray(a->tops, top);
-    cJSON_AddItemToArray(a->offs, cJSON_CreateNumber((double)*chars));
+    srv_push(a->tokens, cJSON_CreateString(t->name));
+    srv_push(a->lps, rec ? cJSON_CreateNumber(rec[0].logprob) : cJSON_CreateNull());
+    srv_push(a->tops, top);
+    srv_push(a->offs, cJSON_CreateNumber((double)*chars));
     for (int32_t b = 0; b < t->nraw; b++) *chars += ((unsigned char)t->raw[b] & 0xC0) != 0x80;
 }
 
@@ -284,9 +299,9 @@ static cJSON *logprobs_json(fl_server *s, srv_req *r, srv_sample *sm, int32_t to
             cJSON *e = token_entry(t, rec[0].logprob, true), *top = cJSON_AddArrayToObject(e, "top_logprobs");
             for (int32_t k = 1; k < ws; k++) {
                 token_name(s, rec[k].token, t);
-                cJSON_AddItemToArray(top, token_entry(t, rec[k].logprob, true));
+                srv_push(top, token_entry(t, rec[k].logprob, true));
             }
-            cJSON_AddItemToArray(content, e);
+            srv_push(content, e);
         }
     } else {
         legacy_lp a = {cJSON_AddArrayToObject(o, "tokens"), cJSON_AddArrayToObject(o, "token_logprobs"),
@@ -312,7 +327,7 @@ static cJSON *prompt_logprobs_json(fl_server *s, const srv_req *r, const srv_pro
     tok_name *t = fl_alloc(FL_MEM_NET, sizeof *t, 16);
     if (!t) return NULL;
     cJSON *a = cJSON_CreateArray();
-    cJSON_AddItemToArray(a, cJSON_CreateNull());
+    srv_push(a, cJSON_CreateNull());
     const int32_t w = 1 + r->n_top;
     for (int32_t i = 0; i < pr->n_plp; i++) {
         const fl_token_logprob *rec = pr->plp + (size_t)i * (size_t)w;
@@ -327,7 +342,7 @@ static cJSON *prompt_logprobs_json(fl_server *s, const srv_req *r, const srv_pro
             cJSON_AddNumberToObject(e, "rank", k ? k : pr->plp_rank[i]);
             cJSON_AddStringToObject(e, "decoded_token", t->name);
         }
-        cJSON_AddItemToArray(a, d);
+        srv_push(a, d);
     }
     fl_free(FL_MEM_NET, t, sizeof *t);
     return a;
@@ -343,7 +358,7 @@ static void add_stop_reason(cJSON *c, const srv_sample *sm) {
 /* c.logprobs := the records up to `to`, led by the prompt's when prompt (null when none) */
 static void add_logprobs(fl_server *s, srv_req *r, srv_sample *sm, cJSON *c, int32_t to, bool prompt) {
     cJSON *lp = logprobs_json(s, r, sm, to, prompt);
-    if (lp) cJSON_AddItemToObject(c, "logprobs", lp);
+    if (lp) srv_add(c, "logprobs", lp);
     else cJSON_AddNullToObject(c, "logprobs");
 }
 
@@ -351,6 +366,7 @@ static void add_logprobs(fl_server *s, srv_req *r, srv_sample *sm, cJSON *c, int
 static const char *srv_model_name(const fl_server *s, const srv_req *r) { return r->model[0] ? r->model : s->model_name; }
 
 static cJSON *chunk_base(fl_server *s, srv_req *r) {
+    r->chunk_f0 = fl_mem_thread_failures(); /* (emit_chunk checks the chunk against it) */
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", r->created_id);
     cJSON_AddStringToObject(o, "object", r->chat ? "chat.completion.chunk" : "text_completion");
@@ -403,7 +419,7 @@ static bool add_message(srv_req *r, int i, cJSON *m, const char *txt, size_t n) 
     else if (calls || (thought && !n)) cJSON_AddNullToObject(m, "content");
     else cJSON_AddStringToObject(m, "content", txt);
     if (thought) cJSON_AddStringToObject(m, "reasoning_content", think.p ? think.p : "");
-    if (calls) cJSON_AddItemToObject(m, "tool_calls", calls);
+    if (calls) srv_add(m, "tool_calls", calls);
     srv_buf_free(&content);
     srv_buf_free(&think);
     return calls != NULL;
@@ -417,18 +433,28 @@ static const char *choice_finish(const srv_req *r, const srv_sample *sm, bool ca
 }
 
 /* A chat.completion.chunk of r's stream: an SSE event, or its Responses (/v1/responses) or
- * Anthropic (/v1/messages) events */
+ * Anthropic (/v1/messages) events.  A chunk built through a failed allocation (cJSON's helpers
+ * leave the part out) is not sent: the reply is cut (end_cut). */
 static void emit_chunk(srv_req *r, cJSON *o) {
-    if (r->resp) srv_resp_chunk(r->resp, o, &r->out);
-    else if (r->msgs) srv_msgs_chunk(r->msgs, o, r->pr[0].n_prompt, r->pr[0].n_cached, &r->out);
-    else srv_append_json(&r->out, o, true);
+    const size_t n0 = r->out.len;
+    if (fl_mem_thread_failures() == r->chunk_f0) {
+        if (r->resp) srv_resp_chunk(r->resp, o, &r->out);
+        else if (r->msgs) srv_msgs_chunk(r->msgs, o, r->pr[0].n_prompt, r->pr[0].n_cached, &r->out);
+        else srv_append_json(&r->out, o, true);
+        if (fl_mem_thread_failures() == r->chunk_f0) return;
+    }
+    /* a part of the chunk, or of its events, could not be made: the reply is cut */
+    r->cut = true;
+    if (r->resp) srv_resp_fail(r->resp); /* (their whole events stay; their end says failed) */
+    else if (r->msgs) srv_msgs_fail(r->msgs);
+    else r->out.len = n0; /* (not half an event) */
 }
 
 /* A new chunk *o of choice i (its entry *c): its delta, with the role where none went out yet. */
 static cJSON *delta_chunk(fl_server *s, srv_req *r, int i, cJSON **o, cJSON **c) {
     *o = chunk_base(s, r);
     *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(*o, "choices"), *c);
+    if (!srv_push(cJSON_AddArrayToObject(*o, "choices"), *c)) *c = NULL; /* (freed; emit_chunk will not send the chunk) */
     cJSON_AddNumberToObject(*c, "index", i);
     cJSON *d = cJSON_AddObjectToObject(*c, "delta");
     if (!r->role_sent) cJSON_AddStringToObject(d, "role", "assistant");
@@ -442,7 +468,7 @@ static void named_args_chunk(fl_server *s, srv_req *r, int i, const char *txt, s
     cJSON *o, *c, *tc, *f, *d = delta_chunk(s, r, i, &o, &c);
     if (e > a) {
         char *frag = fl_alloc(FL_MEM_NET, e - a + 1, 16);
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), tc = cJSON_CreateObject());
+        if (!srv_push(cJSON_AddArrayToObject(d, "tool_calls"), tc = cJSON_CreateObject())) tc = NULL;
         cJSON_AddNumberToObject(tc, "index", 0);
         if (!sm->call_sent) { /* the call's id as the non-streamed reply would give it (srv_tools_parse: call 0 of this seed) */
             srv_buf none = {0};
@@ -568,7 +594,7 @@ static bool calls_chunk(fl_server *s, srv_req *r, int i, int skip) {
         int k = 0;
         cJSON *x;
         if (skip <= 0) cJSON_ArrayForEach(x, calls) cJSON_AddNumberToObject(x, "index", k++);
-        cJSON_AddItemToObject(d, "tool_calls", calls);
+        srv_add(d, "tool_calls", calls);
     }
     add_logprobs(s, r, sm, c, sm->n_lp, false);
     cJSON_AddNullToObject(c, "finish_reason");
@@ -583,7 +609,7 @@ static bool calls_chunk(fl_server *s, srv_req *r, int i, int skip) {
 static void call_piece_chunk(fl_server *s, srv_req *r, int i, int32_t k, bool header, const char *txt, size_t a, size_t e, int32_t to) {
     srv_sample *sm = &r->samples[i];
     cJSON *o, *c, *tc, *f, *d = delta_chunk(s, r, i, &o, &c);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), tc = cJSON_CreateObject());
+    if (!srv_push(cJSON_AddArrayToObject(d, "tool_calls"), tc = cJSON_CreateObject())) tc = NULL;
     cJSON_AddNumberToObject(tc, "index", k);
     char *frag = fl_alloc(FL_MEM_NET, e - a + 1, 16);
     if (frag) {
@@ -659,7 +685,7 @@ static void stream_tools_finish(fl_server *s, srv_req *r, int i) {
         calls = calls_chunk(s, r, i, 0);
     }
     cJSON *o = chunk_base(s, r), *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), c);
+    if (!srv_push(cJSON_AddArrayToObject(o, "choices"), c)) c = NULL;
     cJSON_AddNumberToObject(c, "index", i);
     cJSON_AddObjectToObject(c, "delta");
     cJSON_AddStringToObject(c, "finish_reason", choice_finish(r, sm, calls));
@@ -734,7 +760,11 @@ static void produce_stream(fl_server *s, srv_req *r) {
             cJSON *o = chunk_base(s, r), *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
             cJSON_AddNumberToObject(c, "index", i);
             char *delta = fl_alloc(FL_MEM_NET, dn + 1, 16);
-            if (!delta) { cJSON_Delete(o); break; }
+            if (!delta) { /* (the next round tries again) */
+                cJSON_Delete(c);
+                cJSON_Delete(o);
+                break;
+            }
             if (pre) memcpy(delta, pr->echo_text.p, pre);
             if (avail > sm->sent) memcpy(delta + pre, sm->text.p + sm->sent, avail - sm->sent); /* (the role chunk: no text yet, p may be NULL) */
             delta[dn] = 0;
@@ -756,7 +786,7 @@ static void produce_stream(fl_server *s, srv_req *r) {
                 sm->finish_sent = true;
             }
             else cJSON_AddNullToObject(c, "finish_reason");
-            cJSON_AddItemToArray(ch, c);
+            srv_push(ch, c);
             emit_chunk(r, o);
             cJSON_Delete(o);
             sm->sent = avail;
@@ -782,11 +812,15 @@ static void produce_stream(fl_server *s, srv_req *r) {
     }
     if (r->resp) srv_resp_end(s, r->resp, &r->out); /* (the Responses and Anthropic streams end with their own events) */
     else if (r->msgs) srv_msgs_end(r->msgs, &r->out);
-    else srv_buf_append(&r->out, "data: [DONE]\n\n", 14);
+    else if (srv_buf_append(&r->out, "data: [DONE]\n\n", 14)) {
+        r->cut = true;
+        return;
+    }
     r->all_sent = true;
 }
 
 static void produce_full(fl_server *s, srv_req *r) {
+    const size_t f0 = fl_mem_thread_failures();
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", r->created_id);
     cJSON_AddStringToObject(o, "object", r->chat ? "chat.completion" : "text_completion");
@@ -810,7 +844,7 @@ static void produce_full(fl_server *s, srv_req *r) {
                 srv_buf_free(&both);
                 cJSON_Delete(c);
                 cJSON_Delete(o);
-                r->all_sent = true; /* out of memory: the reply ends empty (the client sees a cut body) */
+                r->cut = true; /* out of memory: the reply is an error (end_cut) */
                 return;
             }
             cJSON_AddStringToObject(c, "text", both.p);
@@ -823,21 +857,27 @@ static void produce_full(fl_server *s, srv_req *r) {
         add_stop_reason(c, sm);
         if (sm->finish == FL_FINISH_ERROR && sm->error[0]) cJSON_AddStringToObject(c, "error", sm->error);
         cJSON *plp = r->chat ? NULL : prompt_logprobs_json(s, r, &r->pr[i / r->n]); /* (vLLM: completions per choice) */
-        if (plp) cJSON_AddItemToObject(c, "prompt_logprobs", plp);
-        cJSON_AddItemToArray(ch, c);
+        if (plp) srv_add(c, "prompt_logprobs", plp);
+        srv_push(ch, c);
         gen += sm->n_tokens;
     }
     cJSON *plp = r->chat ? prompt_logprobs_json(s, r, &r->pr[0]) : NULL; /* (vLLM: chat at the top) */
-    if (plp) cJSON_AddItemToObject(o, "prompt_logprobs", plp);
+    if (plp) srv_add(o, "prompt_logprobs", plp);
     add_usage(cJSON_AddObjectToObject(o, "usage"), r, gen);
+    const bool whole = fl_mem_thread_failures() == f0; /* (else a part of o is missing) */
     if (r->resp) { /* /v1/responses: the response object */
-        srv_resp_chunk(r->resp, o, &r->out); /* (its message reads as one delta) */
+        if (whole) srv_resp_chunk(r->resp, o, &r->out); /* (its message reads as one delta) */
+        else srv_resp_fail(r->resp);
         srv_resp_end(s, r->resp, &r->out);
     } else if (r->msgs) { /* /v1/messages: Anthropic's message */
-        srv_msgs_chunk(r->msgs, o, r->pr[0].n_prompt, r->pr[0].n_cached, &r->out);
+        if (whole) srv_msgs_chunk(r->msgs, o, r->pr[0].n_prompt, r->pr[0].n_cached, &r->out);
+        else srv_msgs_fail(r->msgs);
         srv_msgs_end(r->msgs, &r->out);
-    } else {
-        srv_append_json(&r->out, o, false);
+    } else if (!whole || srv_append_json(&r->out, o, false)) {
+        r->out.len = 0;
+        r->cut = true;
+        cJSON_Delete(o);
+        return;
     }
     cJSON_Delete(o);
     r->all_sent = true;
@@ -899,10 +939,10 @@ static cJSON *native_probs(fl_server *s, const srv_req *r, const srv_sample *sm,
                 e = x;
                 top = cJSON_AddArrayToObject(e, "top_logprobs");
             } else {
-                cJSON_AddItemToArray(top, x);
+                srv_push(top, x);
             }
         }
-        cJSON_AddItemToArray(a, e);
+        srv_push(a, e);
     }
     if (t) fl_free(FL_MEM_NET, t, sizeof *t);
     return a;
@@ -910,7 +950,7 @@ static cJSON *native_probs(fl_server *s, const srv_req *r, const srv_sample *sm,
 
 static cJSON *native_tokens(const srv_sample *sm, int32_t from, int32_t to) {
     cJSON *a = cJSON_CreateArray();
-    for (int32_t i = from; i < to; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(sm->toks[i]));
+    for (int32_t i = from; i < to; i++) srv_push(a, cJSON_CreateNumber(sm->toks[i]));
     return a;
 }
 
@@ -923,7 +963,7 @@ static cJSON *native_final(fl_server *s, srv_req *r, int i, bool streamed) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "index", i);
     cJSON_AddStringToObject(o, "content", streamed ? "" : txt);
-    cJSON_AddItemToObject(o, "tokens", r->return_tokens && !streamed ? native_tokens(sm, 0, sm->n_toks) : cJSON_CreateArray());
+    srv_add(o, "tokens", r->return_tokens && !streamed ? native_tokens(sm, 0, sm->n_toks) : cJSON_CreateArray());
     cJSON_AddNumberToObject(o, "id_slot", -1);
     cJSON_AddBoolToObject(o, "stop", true);
     cJSON_AddStringToObject(o, "model", srv_model_name(s, r));
@@ -963,20 +1003,21 @@ static cJSON *native_final(fl_server *s, srv_req *r, int i, bool streamed) {
     cJSON_AddNumberToObject(tm, "predicted_ms", gms);
     cJSON_AddNumberToObject(tm, "predicted_per_token_ms", gn > 0 ? gms / gn : 0);
     cJSON_AddNumberToObject(tm, "predicted_per_second", gms > 0 ? 1e3 * gn / gms : 0);
-    if (r->logprobs) cJSON_AddItemToObject(o, "completion_probabilities", native_probs(s, r, sm, streamed ? sm->lp_sent : 0, sm->n_lp));
+    if (r->logprobs) srv_add(o, "completion_probabilities", native_probs(s, r, sm, streamed ? sm->lp_sent : 0, sm->n_lp));
     return o;
 }
 
 static void produce_native(fl_server *s, srv_req *r) {
     if (!r->stream) {
         if (r->n_done < srv_choices(r)) return;
-        cJSON *o = srv_choices(r) > 1 ? cJSON_CreateArray() : NULL, *one = NULL;
+        const bool many = srv_choices(r) > 1;
+        cJSON *o = many ? cJSON_CreateArray() : NULL, *one = NULL;
         for (int i = 0; i < srv_choices(r); i++) {
             one = native_final(s, r, i, false);
-            if (o) cJSON_AddItemToArray(o, one);
+            if (many) srv_push(o, one);
         }
-        srv_append_json(&r->out, o ? o : one, false);
-        cJSON_Delete(o ? o : one);
+        srv_append_json(&r->out, many ? o : one, false); /* (a failure: the round's check cuts the reply) */
+        cJSON_Delete(many ? o : one);
         r->all_sent = true;
         return;
     }
@@ -995,13 +1036,13 @@ static void produce_native(fl_server *s, srv_req *r) {
             cJSON_AddNumberToObject(o, "index", i);
             cJSON_AddStringToObject(o, "content", delta);
             fl_free(FL_MEM_NET, delta, avail - sm->sent + 1);
-            cJSON_AddItemToObject(o, "tokens", native_tokens(sm, sm->tok_sent, sm->n_toks));
+            srv_add(o, "tokens", native_tokens(sm, sm->tok_sent, sm->n_toks));
             cJSON_AddBoolToObject(o, "stop", false);
             cJSON_AddNumberToObject(o, "id_slot", -1);
             cJSON_AddNumberToObject(o, "tokens_predicted", sm->n_toks);
             cJSON_AddNumberToObject(o, "tokens_evaluated", r->pr[i / r->n].n_prompt);
             if (r->logprobs) {
-                cJSON_AddItemToObject(o, "completion_probabilities", native_probs(s, r, sm, sm->lp_sent, sm->n_lp));
+                srv_add(o, "completion_probabilities", native_probs(s, r, sm, sm->lp_sent, sm->n_lp));
                 sm->lp_sent = sm->n_lp;
             }
             srv_append_json(&r->out, o, true);
@@ -1019,6 +1060,31 @@ static void produce_native(fl_server *s, srv_req *r) {
         all_fin = all_fin && sm->finish_sent;
     }
     if (all_fin) r->all_sent = true;
+}
+
+/* A part of r's reply could not be built (out of memory; the status, 200, went out before the
+ * body): what went out stays, the request stops, and the reply ends with an error in its own
+ * form, fixed text where even that finds no memory (s->mu held). */
+#define CUT_ERR "{\"message\":\"out of memory while writing the reply\",\"type\":\"server_error\",\"param\":null,\"code\":null}"
+#define CUT_ANTHROPIC "{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"out of memory while writing the reply\"}}"
+static void end_cut(fl_server *s, srv_req *r) {
+    if (r->registered) {
+        srv_cancel(s, r);
+        unregister(s, r);
+        count_aborted(s, r);
+    }
+    if (r->resp || r->msgs) { /* (failed: their end says so) */
+        if (!r->all_sent && r->resp) srv_resp_end(s, r->resp, &r->out);
+        else if (!r->all_sent) srv_msgs_end(r->msgs, &r->out);
+        if (!r->out.len && r->msgs) r->tail = r->stream ? "event: error\ndata: " CUT_ANTHROPIC "\n\n" : CUT_ANTHROPIC;
+        else if (!r->out.len) r->tail = r->stream ? "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"out of memory while writing the reply\",\"param\":null}\n\n" : "{\"error\":" CUT_ERR "}";
+    } else if (r->native) {
+        r->out.len = 0; /* (this round's objects are not known whole) */
+        r->tail = r->stream ? "data: {\"error\":" CUT_ERR "}\n\n" : "{\"error\":" CUT_ERR "}";
+    } else {
+        r->tail = r->stream ? "data: {\"error\":" CUT_ERR "}\n\ndata: [DONE]\n\n" : "{\"error\":" CUT_ERR "}";
+    }
+    r->all_sent = true;
 }
 
 static ssize_t reader_net(void *cls, uint64_t pos, char *buf, size_t max);
@@ -1045,14 +1111,26 @@ static ssize_t reader_net(void *cls, uint64_t pos, char *buf, size_t max) {
             return (ssize_t)n;
         }
         r->out.len = r->out_off = 0;
+        if (r->tail && r->tail[r->tail_off]) {
+            size_t n = strlen(r->tail + r->tail_off);
+            if (n > max) n = max;
+            memcpy(buf, r->tail + r->tail_off, n);
+            r->tail_off += n;
+            pthread_mutex_unlock(&s->mu);
+            return (ssize_t)n;
+        }
         if (r->all_sent) {
             pthread_mutex_unlock(&s->mu);
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
-        if (r->native) produce_native(s, r);
-        else if (r->stream) produce_stream(s, r);
+        if (r->native) { /* (its objects are checked as a whole, per round) */
+            const size_t f0 = fl_mem_thread_failures();
+            produce_native(s, r);
+            if (fl_mem_thread_failures() != f0) r->cut = true;
+        } else if (r->stream) produce_stream(s, r);
         else if (r->n_done == srv_choices(r)) produce_full(s, r);
-        if (r->out.len) continue;
+        if (r->cut && !r->tail) end_cut(s, r);
+        if (r->out.len || (r->tail && r->tail[r->tail_off])) continue;
         if (s->stopping || r->cancelled || client_gone(r->conn)) {
             if (r->registered) {
                 srv_cancel(s, r);
@@ -1149,11 +1227,12 @@ static fl_status echo_text(fl_server *s, srv_prompt *pr, const srv_buf *prompt, 
     return st == FL_ERR_NOMEM ? st : FL_OK;
 }
 
-/* Send o as a 200 JSON body (made well-formed UTF-8). */
+/* Send o as a 200 JSON body (made well-formed UTF-8); out of memory if a part of it may be missing. */
 static enum MHD_Result send_json(fl_server *s, struct MHD_Connection *conn, cJSON *o) {
     srv_buf b = {0};
-    enum MHD_Result r = srv_append_json(&b, o, false) == FL_OK ? send_text(conn, 200, "application/json", b.p, b.len, NULL)
-                                                            : NOMEM();
+    enum MHD_Result r = fl_mem_thread_failures() == req_f0 && srv_append_json(&b, o, false) == FL_OK
+                            ? send_text(conn, 200, "application/json", b.p, b.len, NULL)
+                            : NOMEM();
     srv_buf_free(&b);
     cJSON_Delete(o);
     return r;
@@ -1167,8 +1246,8 @@ static enum MHD_Result handle_tokenize(fl_server *s, struct MHD_Connection *conn
     srv_buf text = {0};
     int32_t *toks = NULL;
     int64_t cap = 0, n = 0;
-    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
-    if (!j) return BAD("malformed JSON in the request body");
+    cJSON *j = parse_body(c);
+    if (!j) return BAD_BODY();
     if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt"), *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
     if (!p) p = cJSON_GetObjectItemCaseSensitive(j, "content");
@@ -1203,7 +1282,7 @@ static enum MHD_Result handle_tokenize(fl_server *s, struct MHD_Connection *conn
     if (cJSON_IsTrue(wp) && !t) { cJSON_Delete(o); ret = NOMEM(); goto out; }
     for (int64_t i = 0; i < n; i++) {
         if (!t) {
-            cJSON_AddItemToArray(a, cJSON_CreateNumber(toks[i]));
+            srv_push(a, cJSON_CreateNumber(toks[i]));
             continue;
         }
         /* llama.cpp's with_pieces: {id, piece}, the piece a string where its bytes are UTF-8, else the bytes */
@@ -1213,9 +1292,9 @@ static enum MHD_Result handle_tokenize(fl_server *s, struct MHD_Connection *conn
         if (fl_utf8_is_valid(t->raw, (size_t)t->nraw)) cJSON_AddStringToObject(e, "piece", t->raw);
         else {
             cJSON *b = cJSON_AddArrayToObject(e, "piece");
-            for (int32_t k = 0; k < t->nraw; k++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)t->raw[k]));
+            for (int32_t k = 0; k < t->nraw; k++) srv_push(b, cJSON_CreateNumber((unsigned char)t->raw[k]));
         }
-        cJSON_AddItemToArray(a, e);
+        srv_push(a, e);
     }
     if (t) fl_free(FL_MEM_NET, t, sizeof *t);
     cJSON_AddNumberToObject(o, "count", (double)n);
@@ -1232,8 +1311,8 @@ out:
 static enum MHD_Result handle_apply_template(fl_server *s, struct MHD_Connection *conn, srv_conn *c) {
     enum MHD_Result ret;
     srv_buf text = {0};
-    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
-    if (!j) return BAD("malformed JSON in the request body");
+    cJSON *j = parse_body(c);
+    if (!j) return BAD_BODY();
     const cJSON *msgs = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "messages") : NULL;
     if (!msgs) { ret = BAD("'messages' is required"); goto out; }
     const char *e2 = NULL;
@@ -1302,7 +1381,7 @@ static enum MHD_Result handle_lora_list(fl_server *s, struct MHD_Connection *con
     for (int32_t k = 0; k < fl_engine_n_loras(s->engine); k++) {
         if (!fl_engine_lora_loaded(s->engine, k + 1, NULL)) continue; /* (an empty run-time slot) */
         cJSON *x = cJSON_CreateObject();
-        cJSON_AddItemToArray(o, x);
+        if (!srv_push(o, x)) x = NULL;
         cJSON_AddNumberToObject(x, "id", k);
         cJSON_AddStringToObject(x, "path", s->lora_paths[k]);
         cJSON_AddNumberToObject(x, "scale", s->lora_scales[k]);
@@ -1317,8 +1396,8 @@ static enum MHD_Result handle_lora_list(fl_server *s, struct MHD_Connection *con
 static enum MHD_Result handle_lora_set(fl_server *s, struct MHD_Connection *conn, srv_conn *c) {
     char err[160];
     float mix[FL_ENGINE_MAX_LORAS];
-    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
-    if (!j) return BAD("malformed JSON in the request body");
+    cJSON *j = parse_body(c);
+    if (!j) return BAD_BODY();
     const int bad = srv_lora_parse(s, j, mix, err, sizeof err);
     cJSON_Delete(j);
     if (bad) return BAD("%s", err);
@@ -1337,8 +1416,8 @@ static enum MHD_Result handle_lora_set(fl_server *s, struct MHD_Connection *conn
  * those that apply it finish. */
 static enum MHD_Result handle_lora_runtime(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool load) {
     enum MHD_Result ret;
-    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
-    if (!j) return BAD("malformed JSON in the request body");
+    cJSON *j = parse_body(c);
+    if (!j) return BAD_BODY();
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "lora_name"), *path = cJSON_GetObjectItemCaseSensitive(j, "lora_path");
     if (!cJSON_IsObject(j) || !cJSON_IsString(name) || !name->valuestring[0] || strlen(name->valuestring) >= sizeof s->lora_names[0] ||
         (load && (!cJSON_IsString(path) || !path->valuestring[0] || strlen(path->valuestring) >= sizeof s->lora_paths[0]))) {
@@ -1423,8 +1502,8 @@ static enum MHD_Result handle_detokenize(fl_server *s, struct MHD_Connection *co
     srv_buf text = {0};
     int32_t *ids = NULL;
     int64_t n = 0;
-    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
-    if (!j) return BAD("malformed JSON in the request body");
+    cJSON *j = parse_body(c);
+    if (!j) return BAD_BODY();
     const cJSON *t = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "tokens") : NULL;
     if (!cJSON_IsArray(t)) { ret = BAD("'tokens' must be an array of token ids"); goto out; }
     bool nomem;
@@ -1490,8 +1569,8 @@ static enum MHD_Result handle_generate(fl_server *s, struct MHD_Connection *conn
     fl_grammar_trigger stag_trig[FL_MAX_TRIGGERS];
     char *tool_lazy = NULL;    /* tool_choice "auto": the calls' lazy grammar (srv_tools_lazy) */
     fl_grammar_trigger tool_trig[SRV_TOOLS_TRIGGERS];
-    cJSON *j = pre ? pre : cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
-    if (!j) return BAD("malformed JSON in the request body");
+    cJSON *j = pre ? pre : parse_body(c);
+    if (!j) return BAD_BODY();
     if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
     for (const char *const *f = unsupported_fields; *f; f++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, *f);
@@ -2185,8 +2264,8 @@ static enum MHD_Result handle_embeddings(fl_server *s, struct MHD_Connection *co
     gen_prompt *gp = NULL;
     int32_t n = 0;
     srv_embd *m = NULL;
-    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
-    if (!j) return BAD("malformed JSON in the request body");
+    cJSON *j = parse_body(c);
+    if (!j) return BAD_BODY();
     if (!fl_engine_embeddings(s->engine)) {
         ret = send_error(s, conn, 400, "invalid_request_error", "embeddings_disabled", NULL, "this server computes no embeddings: start it with --embeddings");
         goto out;
@@ -2337,9 +2416,9 @@ static enum MHD_Result handle_embeddings(fl_server *s, struct MHD_Connection *co
             cJSON_AddStringToObject(it, "embedding", enc);
         } else {
             cJSON *a = cJSON_AddArrayToObject(it, "embedding");
-            for (int32_t i = 0; i < E; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
+            for (int32_t i = 0; i < E; i++) srv_push(a, cJSON_CreateNumber((double)v[i]));
         }
-        cJSON_AddItemToArray(d, it);
+        srv_push(d, it);
         n_tok += gp[k].n;
     }
     fl_free(FL_MEM_NET, enc, enc ? ((size_t)E * 4 + 2) / 3 * 4 + 1 : 0);
@@ -2374,7 +2453,7 @@ static void add_model(fl_server *s, cJSON *d, const char *id, const char *parent
     cJSON_AddStringToObject(m, "owned_by", "fitllm");
     if (parent) cJSON_AddStringToObject(m, "parent", parent);
     cJSON_AddNumberToObject(m, "max_model_len", fl_engine_n_ctx(s->engine));
-    cJSON_AddItemToArray(d, m);
+    srv_push(d, m);
 }
 
 /* GET /v1/models (id NULL): the model and its adapters; GET /v1/models/{id} (OpenAI's retrieve):
@@ -2399,11 +2478,7 @@ static enum MHD_Result handle_models(fl_server *s, struct MHD_Connection *conn, 
         cJSON_Delete(o);
         o = hit;
     }
-    char *t = cJSON_PrintUnformatted(o);
-    enum MHD_Result r = t ? send_text(conn, 200, "application/json", t, strlen(t), NULL) : MHD_NO;
-    cJSON_free(t);
-    cJSON_Delete(o);
-    return r;
+    return send_json(s, conn, o);
 }
 
 /* "Authorization: Bearer KEY", or Anthropic's clients' "x-api-key: KEY" */
@@ -2426,8 +2501,9 @@ static bool authorized(fl_server *s, struct MHD_Connection *conn) {
 static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool infill) {
     enum MHD_Result ret;
     char err[160];
-    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len), *o = NULL;
-    if (!j) return BAD("malformed JSON in the request body");
+    const size_t f0 = fl_mem_thread_failures(); /* (the translation fails as a whole, not a field short) */
+    cJSON *j = parse_body(c), *o = NULL;
+    if (!j) return BAD_BODY();
     if (!cJSON_IsObject(j)) { ret = BAD("the request body must be a JSON object"); goto out; }
     if (infill) { /* /infill: its fields become the prompt, as token ids; the rest is /completion's */
         int64_t n_predict = -1;
@@ -2441,7 +2517,7 @@ static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, 
         if (st != FL_OK) { ret = BAD("%s", why); goto out; }
         static const char *const DROP[] = {"input_prefix", "input_suffix", "input_extra", "prompt"};
         for (size_t i = 0; i < sizeof DROP / sizeof *DROP; i++) cJSON_DeleteItemFromObjectCaseSensitive(j, DROP[i]);
-        cJSON_AddItemToObject(j, "prompt", ids);
+        srv_add(j, "prompt", ids);
     }
     static const struct { const char *name; double off; } OFF[] = {
         {"typical_p", 1}, {"mirostat", 0}, {"dynatemp_range", 0}, {"dry_multiplier", 0}, {"xtc_probability", 0},
@@ -2468,7 +2544,7 @@ static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, 
                                        "speculative.n_max", "speculative.n_min", "speculative.p_min", "grammar_lazy", "grammar_triggers"};
     for (size_t i = 0; i < sizeof SAME / sizeof *SAME; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, SAME[i]);
-        if (v) cJSON_AddItemToObject(o, SAME[i], cJSON_Duplicate(v, 1));
+        if (v) srv_add(o, SAME[i], cJSON_Duplicate(v, 1));
     }
     static const struct { const char *name; double def; } DEF[] = {{"temperature", 0.8}, {"top_k", 40}, {"top_p", 0.95}, {"min_p", 0.05}};
     for (size_t i = 0; i < sizeof DEF / sizeof *DEF; i++) {
@@ -2481,7 +2557,7 @@ static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, 
     cJSON *tv = cJSON_GetObjectItemCaseSensitive(o, "temperature");
     if (cJSON_IsNumber(tv) && tv->valuedouble < 0) cJSON_SetNumberValue(tv, 0); /* llama.cpp: greedy */
     const cJSON *rpen = cJSON_GetObjectItemCaseSensitive(j, "repeat_penalty");
-    if (rpen && !cJSON_IsNull(rpen)) cJSON_AddItemToObject(o, "repetition_penalty", cJSON_Duplicate(rpen, 1));
+    if (rpen && !cJSON_IsNull(rpen)) srv_add(o, "repetition_penalty", cJSON_Duplicate(rpen, 1));
     int64_t seed = -1, n_probs = 0;
     native_opts nat = {.n_predict = -1, .repeat_last_n = 64};
     if (get_int(j, "seed", -1, 9.2e18, &seed, err, sizeof err) || get_int(j, "n_probs", 0, FL_MAX_TOP_LOGPROBS, &n_probs, err, sizeof err) ||
@@ -2501,7 +2577,7 @@ static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, 
     /* logit_bias: llama.cpp's [[id, bias or false], ...] (false: never), or the OpenAI object */
     const cJSON *lb = cJSON_GetObjectItemCaseSensitive(j, "logit_bias");
     if (cJSON_IsObject(lb)) {
-        cJSON_AddItemToObject(o, "logit_bias", cJSON_Duplicate(lb, 1));
+        srv_add(o, "logit_bias", cJSON_Duplicate(lb, 1));
     } else if (cJSON_IsArray(lb)) {
         cJSON *ob = cJSON_AddObjectToObject(o, "logit_bias");
         const cJSON *x;
@@ -2520,6 +2596,7 @@ static enum MHD_Result handle_native(fl_server *s, struct MHD_Connection *conn, 
         ret = BAD("'logit_bias' must be an array of [token id, bias] or an object");
         goto out;
     }
+    if (fl_mem_thread_failures() != f0) { ret = NOMEM(); goto out; }
     cJSON_Delete(j);
     return handle_generate(s, conn, c, false, o, &nat, NULL, NULL); /* (it owns o) */
 out:
@@ -2565,14 +2642,15 @@ out:
  * back into a response object or the Responses stream's events. */
 static enum MHD_Result handle_responses(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool count) {
     char err[256] = "";
-    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len), *chat = NULL;
-    if (!j) return BAD("malformed JSON in the request body");
+    cJSON *j = parse_body(c), *chat = NULL;
+    if (!j) return BAD_BODY();
     srv_resp *rs = NULL;
     int http = 400;
     const size_t f0 = fl_mem_thread_failures();
     fl_status st = srv_resp_request(s, j, &chat, &rs, &http, err, sizeof err);
     cJSON_Delete(j);
-    if (st == FL_OK && fl_mem_thread_failures() != f0) { /* a part may have been dropped: not a request to run */
+    if (fl_mem_thread_failures() != f0) { /* a part may have been dropped: not a request to run (nor a 400: the
+                                            * part missing may be what the error is about) */
         cJSON_Delete(chat);
         srv_resp_free(rs);
         return NOMEM();
@@ -2590,13 +2668,14 @@ static enum MHD_Result handle_responses(fl_server *s, struct MHD_Connection *con
  * translated back; POST /v1/messages/count_tokens: the tokens of the prompt it would make. */
 static enum MHD_Result handle_messages(fl_server *s, struct MHD_Connection *conn, srv_conn *c, bool count) {
     char err[256] = "";
-    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len), *chat = NULL;
-    if (!j) return BAD("malformed JSON in the request body");
+    cJSON *j = parse_body(c), *chat = NULL;
+    if (!j) return BAD_BODY();
     srv_msgs *ms = NULL;
     const size_t f0 = fl_mem_thread_failures();
     fl_status st = srv_msgs_request(s, j, count, &chat, count ? NULL : &ms, err, sizeof err);
     cJSON_Delete(j);
-    if (st == FL_OK && fl_mem_thread_failures() != f0) { /* a part may have been dropped: not a request to run */
+    if (fl_mem_thread_failures() != f0) { /* a part may have been dropped: not a request to run (nor a 400: the
+                                            * part missing may be what the error is about) */
         cJSON_Delete(chat);
         srv_msgs_free(ms);
         return NOMEM();
@@ -2646,7 +2725,7 @@ static enum MHD_Result handle_response_id(fl_server *s, struct MHD_Connection *c
     if (st == FL_ERR_INVALID)
         r = send_error(s, conn, 404, "invalid_request_error", "not_found", NULL,
                        "Response with id '%s' not found (stored responses: those asked with store true that fit --responses-mem)", id);
-    else if (st)
+    else if (st || fl_mem_thread_failures() != req_f0)
         r = NOMEM();
     else
         r = send_text(conn, 200, "application/json", b.p, b.len, NULL);
@@ -2680,7 +2759,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     err_anthropic = !strcmp(url, "/v1/messages") || !strcmp(url, "/v1/messages/count_tokens");
     if (!c) {
         c = fl_calloc(FL_MEM_NET, 1, sizeof *c);
-        if (!c) return MHD_NO;
+        if (!c) return NOMEM(); /* (answered now: libmicrohttpd then drops the body and closes) */
         *con_cls = c;
         return MHD_YES;
     }
@@ -2704,6 +2783,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         return MHD_YES;
     }
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    req_f0 = fl_mem_thread_failures();
     if (connection_refused(conn))
         return send_error(s, conn, 503, "server_error", "server_busy", NULL,
                           "no room for this connection's buffers in the server's memory (%zu of --net-mem %zu bytes in use); retry later",
@@ -2738,7 +2818,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         if (is_models) return handle_models(s, conn, model_id);
         if (is_props) return handle_props(s, conn);
         srv_buf b = {0};
-        if (srv_metrics_render(s, &b) != FL_OK) { srv_buf_free(&b); return MHD_NO; }
+        if (srv_metrics_render(s, &b) != FL_OK) { srv_buf_free(&b); return NOMEM(); }
         enum MHD_Result r = send_text(conn, 200, "text/plain; version=0.0.4", b.p, b.len, NULL);
         srv_buf_free(&b);
         return r;

@@ -2,6 +2,7 @@
  * Responses API, messages.c: Anthropic's Messages API): ids, typed SSE events, and reading the
  * chat deltas' tool calls. */
 #include "server/server_int.h"
+#include "core/alloc.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -29,7 +30,12 @@ void srv_api_id(fl_server *s, const char *prefix, const void *salt, char *buf, s
     snprintf(buf, cap, "%s_%016llx%016llx", prefix, (unsigned long long)h.high64, (unsigned long long)h.low64);
 }
 
+static _Thread_local size_t event_f0; /* this thread's failed allocations when its last event began */
+
+bool srv_event_whole(void) { return fl_mem_thread_failures() == event_f0; }
+
 cJSON *srv_event(const char *type) {
+    event_f0 = fl_mem_thread_failures();
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "type", type);
     return o;

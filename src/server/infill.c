@@ -148,8 +148,7 @@ fl_status srv_infill_prompt(fl_engine *e, const cJSON *j, int32_t n_batch, int64
         cJSON *a = cJSON_CreateArray();
         for (int64_t i = 0; a && i < out.n; i++) {
             cJSON *x = cJSON_CreateNumber(out.v[i]);
-            if (!x || !cJSON_AddItemToArray(a, x)) {
-                cJSON_Delete(x);
+            if (!srv_push(a, x)) { /* (it frees x) */
                 cJSON_Delete(a);
                 a = NULL;
             }

@@ -270,7 +270,8 @@ fail:
 static void end_out(srv_msgs *ms, srv_buf *out);
 
 static void emit(srv_msgs *ms, srv_buf *out, cJSON *o) {
-    if (!o) {
+    if (!o || !srv_event_whole()) {
+        cJSON_Delete(o);
         ms->failed = FL_ERR_NOMEM;
         return;
     }
@@ -420,6 +421,10 @@ static void chunk_in(srv_msgs *ms, const cJSON *chunk, int32_t n_prompt, int32_t
         if (er) snprintf(ms->error, sizeof ms->error, "%s", er);
         close_block(ms, out);
     }
+}
+
+void srv_msgs_fail(srv_msgs *ms) {
+    if (!ms->failed) ms->failed = FL_ERR_NOMEM;
 }
 
 void srv_msgs_end(srv_msgs *ms, srv_buf *out) {

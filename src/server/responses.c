@@ -560,7 +560,8 @@ static void chunk_in(srv_resp *rs, const cJSON *chunk, srv_buf *out);
 
 /* Send event o (streamed; else dropped) and free it. */
 static void emit(srv_resp *rs, srv_buf *out, cJSON *o) {
-    if (!o) {
+    if (!o || !srv_event_whole()) {
+        cJSON_Delete(o);
         rs->failed = FL_ERR_NOMEM;
         return;
     }
@@ -765,8 +766,8 @@ static void start(srv_resp *rs, srv_buf *out, const cJSON *chunk) {
     rs->started = true;
     const char *model = str_of(chunk, "model");
     snprintf(rs->model, sizeof rs->model, "%s", model ? model : "");
-    cJSON *r = response_of(rs, rs->model), *o = srv_event("response.created");
-    srv_add(o, "response", r);
+    cJSON *o = srv_event("response.created"); /* (first: emit checks what was built since) */
+    srv_add(o, "response", response_of(rs, rs->model));
     emit(rs, out, o);
     o = srv_event("response.in_progress");
     srv_add(o, "response", response_of(rs, rs->model));
@@ -865,6 +866,10 @@ static void store_put(fl_server *s, const srv_resp *rs, const char *resp_json) {
     }
     srv_buf_free(&cb);
     srv_buf_free(&ib);
+}
+
+void srv_resp_fail(srv_resp *rs) {
+    if (!rs->failed) rs->failed = FL_ERR_NOMEM;
 }
 
 void srv_resp_end(fl_server *s, srv_resp *rs, srv_buf *out) {

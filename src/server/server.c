@@ -71,9 +71,9 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
     if (o->sample == 0) pr->n_cached = o->n_cached_prompt;
     if (((r->echo && r->logprobs) || r->k_plp >= 0) && !pr->plp_got && o->sample == 0) { /* the prompt's records, as they come */
         const size_t rec = (size_t)(1 + r->n_top) * sizeof *pr->plp, nr = o->n_prompt > 1 ? (size_t)(o->n_prompt - 1) : 0;
-        if (nr && !r->lp_failed && ((!pr->plp && !(pr->plp = fl_alloc(FL_MEM_NET, nr * rec, 8))) ||
+        if (nr && !r->out_failed && ((!pr->plp && !(pr->plp = fl_alloc(FL_MEM_NET, nr * rec, 8))) ||
                                     (r->k_plp >= 0 && !pr->plp_rank && !(pr->plp_rank = fl_alloc(FL_MEM_NET, nr * sizeof *pr->plp_rank, 8))))) {
-            r->lp_failed = true; /* a reply without them would be wrong: end it as an error */
+            r->out_failed = true; /* a reply without them would be wrong: end it as an error */
             srv_cancel(s, r);
         }
         if (pr->plp && o->prompt_logprobs && o->prompt_logprobs_from + o->n_prompt_logprobs <= o->n_prompt - 1) {
@@ -90,7 +90,7 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
                                    .finish = o->finish == FL_FINISH_NONE ? FL_FINISH_NONE : FL_FINISH_LENGTH};
         o = &bare;
     }
-    if (r->logprobs && o->new_logprobs && o->n_new > 0 && !r->lp_failed) {
+    if (r->logprobs && o->new_logprobs && o->n_new > 0 && !r->out_failed) {
         const size_t rec = (size_t)(1 + r->n_top) * sizeof *sm->lp;
         if (sm->n_lp + o->n_new > sm->cap_lp) {
             int32_t cap = sm->cap_lp ? sm->cap_lp : 32;
@@ -102,11 +102,11 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
             memcpy((char *)sm->lp + (size_t)sm->n_lp * rec, o->new_logprobs, (size_t)o->n_new * rec);
             sm->n_lp += o->n_new;
         } else { /* a reply without some of its logprobs would be wrong: end it as an error */
-            r->lp_failed = true;
+            r->out_failed = true;
             srv_cancel(s, r);
         }
     }
-    if (r->native && o->n_new > 0 && !r->lp_failed) { /* /completion lists the ids */
+    if (r->native && o->n_new > 0 && !r->out_failed) { /* /completion lists the ids */
         if (sm->n_toks + o->n_new > sm->cap_toks) {
             int32_t cap = sm->cap_toks ? sm->cap_toks : 64;
             while (cap < sm->n_toks + o->n_new) cap *= 2;
@@ -117,12 +117,15 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
             memcpy(sm->toks + sm->n_toks, o->new_tokens, (size_t)o->n_new * sizeof *sm->toks);
             sm->n_toks += o->n_new;
         } else { /* a reply without some of its ids would be wrong: end it as an error */
-            r->lp_failed = true;
+            r->out_failed = true;
             srv_cancel(s, r);
         }
     }
-    if (o->new_text && *o->new_text) {
-        srv_buf_append(&sm->text, o->new_text, strlen(o->new_text));
+    if (o->new_text && *o->new_text && !r->out_failed) {
+        if (srv_buf_append(&sm->text, o->new_text, strlen(o->new_text))) { /* a reply a piece short would be wrong */
+            r->out_failed = true;
+            srv_cancel(s, r);
+        }
         if (sm->n_seg == sm->cap_seg) { /* remember the boundary: streaming sends one chunk per output */
             int32_t cap = sm->cap_seg ? sm->cap_seg * 2 : 32;
             srv_seg *p = fl_realloc(FL_MEM_NET, sm->seg, (size_t)sm->cap_seg * sizeof *p, (size_t)cap * sizeof *p, 8);
@@ -149,11 +152,14 @@ static void dispatch(fl_server *s, const fl_request_output *o) {
         srv_hist_add(&s->m.ttft, r->t_first - r->t_start);
     }
     if (o->finish != FL_FINISH_NONE && sm->finish == FL_FINISH_NONE) {
-        sm->finish = r->lp_failed && o->finish == FL_FINISH_CANCELLED ? FL_FINISH_ERROR : o->finish;
+        sm->finish = r->out_failed && o->finish == FL_FINISH_CANCELLED ? FL_FINISH_ERROR : o->finish;
         if (o->finish == FL_FINISH_ERROR && o->error) snprintf(sm->error, sizeof sm->error, "%s", o->error);
         sm->stop_token = o->stop_token;
-        if (o->stop_str) sm->stop_str = fl_strdup(FL_MEM_NET, o->stop_str); /* (none on no memory: stop_reason null) */
-        else if (sm->finish == FL_FINISH_ERROR && r->lp_failed) snprintf(sm->error, sizeof sm->error, "no memory for the logprobs or token ids of the reply");
+        if (o->stop_str && !(sm->stop_str = fl_strdup(FL_MEM_NET, o->stop_str))) { /* (stop_reason would read null) */
+            r->out_failed = true;
+            sm->finish = FL_FINISH_ERROR;
+        }
+        if (sm->finish == FL_FINISH_ERROR && r->out_failed) snprintf(sm->error, sizeof sm->error, "no memory for the text, logprobs, token ids or stop string of the reply");
         r->n_done++;
         s->m.finished[sm->finish == FL_FINISH_LENGTH      ? SRV_FINISHED_LENGTH
                       : sm->finish == FL_FINISH_CANCELLED ? SRV_FINISHED_ABORT

@@ -107,7 +107,7 @@ typedef struct srv_req {
     srv_sample samples[SRV_MAX_N]; /* by choice */
     int32_t n_done;        /* choices finished */
     bool chat, stream, cancelled, registered, role_sent, usage_sent, include_usage;
-    bool logprobs, lp_failed; /* lp_failed: no memory for a logprob record: the request ends in error */
+    bool logprobs, out_failed; /* out_failed: no memory for a part of the output (its text, a logprob record, an id): the request ends in error */
     int32_t n_top;         /* alternatives in each engine record (the most of n_show and k_plp) */
     int32_t n_show;        /* of them, listed with the output's logprobs (logprobs / top_logprobs) */
     int32_t k_plp;         /* vLLM's prompt_logprobs: alternatives listed per prompt token (-1: none asked) */
@@ -129,6 +129,10 @@ typedef struct srv_req {
     srv_buf out;           /* bytes pending for the response callback */
     size_t out_off;
     bool all_sent;
+    bool cut;              /* a part of the reply could not be built (out of memory): it ends with an error */
+    size_t chunk_f0;       /* this thread's failed allocations when the chunk being built began (chunk_base) */
+    const char *tail;      /* a fixed text sent after out (the error that ends a cut reply) */
+    size_t tail_off;
     char created_id[48];
     int64_t created;
     struct srv_resp *resp; /* /v1/responses: the translation of its chat output (responses.c); NULL otherwise */
@@ -289,6 +293,7 @@ typedef struct srv_resp srv_resp;
 fl_status srv_resp_request(fl_server *s, const struct cJSON *j, struct cJSON **chat, srv_resp **rs, int *http, char *err, size_t n);
 void srv_resp_chunk(srv_resp *rs, const struct cJSON *chunk, srv_buf *out);
 void srv_resp_end(fl_server *s, srv_resp *rs, srv_buf *out);
+void srv_resp_fail(srv_resp *rs); /* a chunk could not be made whole (out of memory): the response fails */
 void srv_resp_free(srv_resp *rs);
 /* GET /v1/responses/{id} (the response), DELETE (its deletion), GET .../input_items (a page of
  * them): the reply's JSON onto out; FL_ERR_INVALID where the store does not hold id. */
@@ -309,6 +314,7 @@ typedef struct srv_msgs srv_msgs;
 fl_status srv_msgs_request(fl_server *s, const struct cJSON *j, bool count_only, struct cJSON **chat, srv_msgs **ms, char *err, size_t n);
 void srv_msgs_chunk(srv_msgs *ms, const struct cJSON *chunk, int32_t n_prompt, int32_t n_cached, srv_buf *out);
 void srv_msgs_end(srv_msgs *ms, srv_buf *out);
+void srv_msgs_fail(srv_msgs *ms); /* a chunk could not be made whole (out of memory): the message ends in an error */
 void srv_msgs_free(srv_msgs *ms);
 /* dialect.c: what those translations share.  srv_json_str: o's string field k (NULL: none);
  * srv_api_id: a new id "PREFIX_" + 32 hex digits (unique in the server and across its runs);
@@ -318,6 +324,9 @@ const char *srv_json_str(const struct cJSON *o, const char *k);
 bool srv_json_present(const struct cJSON *v); /* v is there and not null */
 void srv_api_id(fl_server *s, const char *prefix, const void *salt, char *buf, size_t cap);
 struct cJSON *srv_event(const char *type);
+/* Whether no allocation of this thread failed since the last srv_event began: its event, built
+ * since, is whole (cJSON's helpers leave out what they cannot make).  Built one at a time. */
+bool srv_event_whole(void);
 fl_status srv_event_append(srv_buf *out, struct cJSON *o);
 typedef struct srv_call_piece_in {
     int32_t index;       /* the call's index in the chat output */

@@ -21,6 +21,7 @@
  *     compiler resolves a union by the first byte of a value, and every call is an object.
  * A call's arguments are handed out as JSON text, as OpenAI's clients expect. */
 #include "server/server_int.h"
+#include "core/alloc.h"
 #include "core/utf8.h"
 #include "engine/triggers.h"
 
@@ -116,7 +117,7 @@ static int gram_schema(gram *g, const cJSON *sch, int depth) {
         cJSON_ArrayForEach(x, ty) {
             cJSON *o = cJSON_Duplicate(sch, true);
             if (o) cJSON_ReplaceItemInObjectCaseSensitive(o, "type", cJSON_Duplicate(x, false));
-            cJSON_AddItemToArray(alts, o);
+            srv_push(alts, o);
         }
         const int id = alts ? gram_alts(g, alts, depth) : 0;
         if (!alts) g->st = FL_ERR_NOMEM;
@@ -429,6 +430,7 @@ fl_status srv_tools_read(const cJSON *j, bool json_style, srv_tools *t, const cJ
     if (t->mode == SRV_TOOLS_AUTO) return FL_OK;
     /* the constraint of "required" and of a named function */
     cJSON *sch = NULL;
+    const size_t f0 = fl_mem_thread_failures(); /* (a schema a part short would constrain wrongly) */
     if (t->mode == SRV_TOOLS_NAMED) {
         const cJSON *pa = cJSON_GetObjectItemCaseSensitive(tool_fn(named), "parameters");
         if (pa && !cJSON_IsNull(pa)) {
@@ -453,17 +455,18 @@ fl_status srv_tools_read(const cJSON *j, bool json_style, srv_tools *t, const cJ
         cJSON_AddStringToObject(sch, "type", "array");
         cJSON_AddNumberToObject(sch, "minItems", 1);
         if (!t->parallel) cJSON_AddNumberToObject(sch, "maxItems", 1);
-        cJSON_AddItemToObject(sch, "items", it);
+        /* (each part whole before it joins its parent: a part that cannot join is freed) */
         cJSON_AddStringToObject(it, "type", "object");
-        cJSON_AddItemToObject(it, "properties", props);
         cJSON_AddStringToObject(cJSON_AddObjectToObject(props, "name"), "const", tool_name(tools->child));
-        cJSON_AddItemToObject(props, "parameters", pc);
-        cJSON_AddItemToArray(req, cJSON_CreateString("name"));
-        cJSON_AddItemToArray(req, cJSON_CreateString("parameters"));
-        cJSON_AddItemToObject(it, "required", req);
+        srv_add(props, "parameters", pc);
+        srv_add(it, "properties", props);
+        srv_push(req, cJSON_CreateString("name"));
+        srv_push(req, cJSON_CreateString("parameters"));
+        srv_add(it, "required", req);
         cJSON_AddFalseToObject(it, "additionalProperties");
+        srv_add(sch, "items", it);
     }
-    if (sch) *schema_text = cJSON_PrintUnformatted(sch);
+    if (sch && fl_mem_thread_failures() == f0) *schema_text = cJSON_PrintUnformatted(sch);
     cJSON_Delete(sch);
     return sch && *schema_text ? FL_OK : FL_ERR_NOMEM;
 }
@@ -535,7 +538,7 @@ static bool read_calls(const char *s, size_t n, size_t a, bool tagged, cJSON *ca
         cJSON *c = o ? call_of(o, seed, cJSON_GetArraySize(calls)) : NULL;
         cJSON_Delete(o);
         if (!c) return false;
-        cJSON_AddItemToArray(calls, c);
+        srv_push(calls, c);
         got++;
         j = (size_t)(end - s);
     }
@@ -551,7 +554,7 @@ static bool calls_of_array(const char *s, size_t n, cJSON *calls, uint64_t seed)
     if (ok) cJSON_ArrayForEach(x, a) {
         cJSON *c = call_of(x, seed, cJSON_GetArraySize(calls));
         if (!c) { ok = false; break; }
-        cJSON_AddItemToArray(calls, c);
+        srv_push(calls, c);
     }
     cJSON_Delete(a);
     if (!ok)
@@ -585,7 +588,7 @@ cJSON *srv_tools_parse(const srv_tools *t, const char *text, size_t n, uint64_t 
         }
         cJSON_Delete(o);
         srv_buf_free(&args);
-        if (c) cJSON_AddItemToArray(calls, c);
+        if (c) srv_push(calls, c);
         return calls;
     }
     if (t->mode == SRV_TOOLS_REQUIRED) { /* a JSON array of calls */
