@@ -12,12 +12,14 @@ without injection (a failure loses nothing: no block, budget or lock is left hel
 must stop the server with exit 0 and no sanitizer report.  The sweep ends past the allocations of
 start-up and one pass.
 
-Args: fitllm model [budget-seconds]."""
+Args: fitllm model [budget-seconds [--embeddings]] (--embeddings: a server with it, and a script
+of embedding requests)."""
 import json, os, re, signal, subprocess, sys, threading, time, urllib.error, urllib.request
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 BUDGET = float(sys.argv[3]) if len(sys.argv) > 3 else 10.0
-ARGS = ["serve", "-m", MODEL, "--port", "0", "-t", "1", "--max-seqs", "4", "--kv-mem", "1MiB", "-c", "128"]
+EMBD = "--embeddings" in sys.argv[4:]  # (a server with --embeddings, and a script with embeddings)
+ARGS = ["serve", "-m", MODEL, "--port", "0", "-t", "1", "--max-seqs", "4", "--kv-mem", "1MiB", "-c", "512"] + (["--embeddings"] if EMBD else [])
 ERR_STATUS = {500, 503, 507}
 
 
@@ -83,6 +85,7 @@ def request(url, method, path, body=None, stream=False):
         if events and ("error" in events[-1] or events[-1].get("type") in ("error", "response.failed")):
             return "error", "stream"
         text = "".join((c.get("text") or c.get("delta", {}).get("content") or "") for e in events for c in e.get("choices", []))
+        text += "".join(json.dumps(t.get("function", {})) for e in events for c in e.get("choices", []) for t in c.get("delta", {}).get("tool_calls") or [])
         # the Responses API's output_text deltas, Anthropic's text deltas
         # (and llama.cpp's /completion: content)
         text += "".join(e["delta"] if isinstance(e.get("delta"), str) else e["delta"].get("text", "") if isinstance(e.get("delta"), dict)
@@ -117,12 +120,17 @@ def request(url, method, path, body=None, stream=False):
         # timings, and the prefix cache's hits (they depend on what earlier requests left cached)
         b["usage"] = {k: v for k, v in b["usage"].items() if "time" not in k and "cache" not in k and not k.endswith("tokens_details")}
     b.pop("timings", None)
+    for c in choices:  # (a tool call's id is random)
+        for t in (c.get("message") or {}).get("tool_calls") or []:
+            t.pop("id", None)
     if path == "/v1/responses":
         b.pop("output", None)  # item ids are random; the text is in output_text
         b.pop("previous_response_id", None)
     return "ok", b
 
 
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                                                    "required": ["city"]}}}]
 SCRIPT = [
     ("GET", "/health", None, False),
     ("POST", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}, False),
@@ -133,6 +141,10 @@ SCRIPT = [
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10, "temperature": 0, "stream": True}, True),
     ("POST", "/v1/completions", {"prompt": "Lily", "max_tokens": 16, "temperature": 0, "response_format": {"type": "json_object"}}, False),
     ("POST", "/v1/completions", {"prompt": "Tom", "max_tokens": 8, "temperature": 0, "guided_choice": ["yes", "no"]}, False),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 120, "temperature": 0,
+                                      "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}, False),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 120, "temperature": 0,
+                                      "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False, "stream": True}, True),
     ("POST", "/completion", {"prompt": "Once upon a time", "n_predict": 8, "temperature": 0}, False),
     ("POST", "/v1/responses", {"input": "Once upon a time", "max_output_tokens": 8, "temperature": 0}, False),
     ("POST", "/v1/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0}, False),
@@ -145,6 +157,15 @@ SCRIPT = [
     ("GET", "/v1/models", None, False),
     ("GET", "/metrics", None, False),
 ]
+
+
+if EMBD:
+    SCRIPT = SCRIPT[:2] + [
+        ("POST", "/v1/embeddings", {"input": "Once upon a time"}, False),
+        ("POST", "/v1/embeddings", {"input": ["The cat", "A dog sat", [1, 403, 407]]}, False),
+        ("POST", "/v1/embeddings", {"input": "Lily", "encoding_format": "base64"}, False),
+        ("POST", "/embeddings", {"content": "Tom"}, False),
+    ] + SCRIPT[-3:]
 
 
 def run_script(url):

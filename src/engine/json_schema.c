@@ -497,8 +497,9 @@ fl_status fl_json_schema_compile(const char *text, fl_json_schema **out) {
     *out = NULL;
     /* (cJSON's hooks are left as the process set them: installing them here would hand objects
      * a caller made with malloc to the tracked free) */
+    const size_t f0 = fl_mem_thread_failures();
     cJSON *doc = cJSON_Parse(text);
-    if (!doc) return fl_set_error(FL_ERR_INVALID, "json_schema: not valid JSON");
+    if (!doc) return fl_mem_thread_failures() != f0 ? nomem() : fl_set_error(FL_ERR_INVALID, "json_schema: not valid JSON");
     fl_json_schema *s = fl_alloc(FL_MEM_GUIDE, sizeof *s, 0);
     if (!s) {
         cJSON_Delete(doc);

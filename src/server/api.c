@@ -2347,14 +2347,17 @@ static enum MHD_Result handle_embeddings(fl_server *s, struct MHD_Connection *co
         ret = send_error(s, conn, 503, "server_error", "queue_full", NULL, "the server is busy (%d requests waiting); retry later", es.n_waiting);
         goto out;
     }
-    if (!(m = fl_calloc(FL_MEM_NET, 1, sizeof *m)) || !(m->ids = fl_calloc(FL_MEM_NET, (size_t)n, sizeof *m->ids)) ||
-        !(m->vec = fl_calloc(FL_MEM_NET, (size_t)n * (size_t)E, sizeof *m->vec))) {
+    if (!(m = fl_calloc(FL_MEM_NET, 1, sizeof *m))) {
         ret = NOMEM();
         goto out;
     }
-    m->n = n;
+    m->n = n; /* (before the arrays: out frees them by these sizes) */
     m->n_embd = E;
     pthread_cond_init(&m->cv, NULL);
+    if (!(m->ids = fl_calloc(FL_MEM_NET, (size_t)n, sizeof *m->ids)) || !(m->vec = fl_calloc(FL_MEM_NET, (size_t)n * (size_t)E, sizeof *m->vec))) {
+        ret = NOMEM();
+        goto out;
+    }
     pthread_mutex_lock(&s->mu);
     for (int32_t k = 0; k < n; k++) {
         fl_request_params rp;
@@ -2399,6 +2402,7 @@ static enum MHD_Result handle_embeddings(fl_server *s, struct MHD_Connection *co
     char *enc = b64 ? fl_alloc(FL_MEM_NET, ((size_t)E * 4 + 2) / 3 * 4 + 1, 16) : NULL;
     if (!o || (b64 && !enc)) {
         cJSON_Delete(o);
+        fl_free(FL_MEM_NET, enc, enc ? ((size_t)E * 4 + 2) / 3 * 4 + 1 : 0);
         ret = NOMEM();
         goto out;
     }
