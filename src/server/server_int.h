@@ -107,7 +107,7 @@ typedef struct srv_req {
     srv_sample samples[SRV_MAX_N]; /* by choice */
     int32_t n_done;        /* choices finished */
     bool chat, stream, cancelled, registered, role_sent, usage_sent, include_usage;
-    bool logprobs, out_failed; /* out_failed: no memory for a part of the output (its text, a logprob record, an id): the request ends in error */
+    bool logprobs, out_failed; /* out_failed: no memory for a part of the output (text, a logprob record, an id, the stop string): the request ends in error */
     int32_t n_top;         /* alternatives in each engine record (the most of n_show and k_plp) */
     int32_t n_show;        /* of them, listed with the output's logprobs (logprobs / top_logprobs) */
     int32_t k_plp;         /* vLLM's prompt_logprobs: alternatives listed per prompt token (-1: none asked) */
