@@ -118,16 +118,10 @@ static enum MHD_Result send_error(fl_server *s, struct MHD_Connection *conn, uns
 /* ---- request parsing helpers ---- */
 
 /* The request's body parsed as JSON (NULL when it is not JSON, or when the parse ran out of
- * memory: cJSON says only NULL, so this thread's failed allocations tell the two apart, and
- * BAD_BODY() answers 400 or NOMEM()'s 503 / 500). */
-static _Thread_local bool body_nomem;
-static cJSON *parse_body(const srv_conn *c) {
-    const size_t f0 = fl_mem_thread_failures();
-    cJSON *j = cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len);
-    body_nomem = !j && fl_mem_thread_failures() != f0;
-    return j;
-}
-#define BAD_BODY() (body_nomem ? NOMEM() : BAD("malformed JSON in the request body"))
+ * memory: cJSON says only NULL, so this thread's failed allocations since the request's last call
+ * tell the two apart, and BAD_BODY() answers 400 or NOMEM()'s 503 / 500). */
+static cJSON *parse_body(const srv_conn *c) { return cJSON_ParseWithLength(c->body.p ? c->body.p : "", c->body.len); }
+#define BAD_BODY() (fl_mem_thread_failures() != req_f0 ? NOMEM() : BAD("malformed JSON in the request body"))
 
 /* Optional number in [lo, hi]; returns 0 ok, -1 bad (err filled). */
 static int get_num(const cJSON *o, const char *name, double lo, double hi, double *out, char *err, size_t errn) {
