@@ -588,6 +588,23 @@ static fl_status fill_fail(void *ud, void *dst, size_t n) {
     return fl_set_error(FL_ERR_INVALID, "fill_fail: no bytes today");
 }
 
+/* pieces: each float is its index into the tensor plus the base, whatever the piece */
+static uint64_t g_last_off;
+static fl_status fill_at_ramp(void *ud, void *dst, uint64_t off, size_t n) {
+    const float base = *(const float *)ud;
+    assert_int_equal(off % sizeof(float), 0);
+    assert_true(off == 0 || off > g_last_off);
+    g_last_off = off;
+    for (size_t k = 0; k < n / sizeof(float); k++) ((float *)dst)[k] = base + (float)(off / sizeof(float) + k);
+    g_fills++;
+    return FL_OK;
+}
+static fl_status fill_at_fail(void *ud, void *dst, uint64_t off, size_t n) {
+    (void)ud, (void)dst, (void)n;
+    if (off >= 8) return fl_set_error(FL_ERR_IO, "fill_at_fail: piece at %llu lost", (unsigned long long)off);
+    return FL_OK;
+}
+
 static void test_writer_fill(void **state) {
     (void)state;
     char path[] = "/tmp/fl_test_gguf_f_XXXXXX";
@@ -620,6 +637,32 @@ static void test_writer_fill(void **state) {
     fl_gguf_writer_free(w);
     assert_int_equal(fl_gguf_open(path, &g), FL_OK); /* the first file, untouched */
     assert_non_null(fl_gguf_find_tensor(g, "c"));
+    fl_gguf_free(g);
+    /* in pieces: 10 floats in pieces of 12 bytes (3, 3, 3, 1), 6 in one piece of 64 */
+    const int64_t ne10[1] = {10};
+    w = fl_gguf_writer_new();
+    assert_int_equal(fl_gguf_writer_add_tensor_chunks(w, "p", 0, 1, ne10, fill_at_ramp, &b0, 12), FL_OK);
+    assert_int_equal(fl_gguf_writer_add_tensor(w, "b", 0, 2, ne, direct), FL_OK);
+    assert_int_equal(fl_gguf_writer_add_tensor_chunks(w, "q", 0, 2, ne, fill_at_ramp, &b1, 64), FL_OK);
+    assert_int_equal(fl_gguf_writer_add_tensor_chunks(w, "z", 0, 2, ne, fill_at_ramp, &b1, 0), FL_ERR_INVALID);
+    g_fills = 0;
+    assert_int_equal(fl_gguf_writer_write(w, path, NULL, NULL), FL_OK);
+    assert_int_equal(g_fills, 5);
+    fl_gguf_writer_free(w);
+    assert_int_equal(fl_gguf_open(path, &g), FL_OK);
+    const float want_p[10] = {100, 101, 102, 103, 104, 105, 106, 107, 108, 109}, want_q[6] = {-3, -2, -1, 0, 1, 2};
+    assert_memory_equal(fl_gguf_find_tensor(g, "p")->data, want_p, sizeof want_p);
+    assert_memory_equal(fl_gguf_find_tensor(g, "b")->data, direct, sizeof direct);
+    assert_memory_equal(fl_gguf_find_tensor(g, "q")->data, want_q, sizeof want_q);
+    fl_gguf_free(g);
+    /* a piece that fails fails the write and leaves that file */
+    w = fl_gguf_writer_new();
+    assert_int_equal(fl_gguf_writer_add_tensor_chunks(w, "p", 0, 1, ne10, fill_at_fail, NULL, 8), FL_OK);
+    assert_int_equal(fl_gguf_writer_write(w, path, NULL, NULL), FL_ERR_IO);
+    assert_non_null(strstr(fl_last_error(), "piece at 8 lost"));
+    fl_gguf_writer_free(w);
+    assert_int_equal(fl_gguf_open(path, &g), FL_OK);
+    assert_non_null(fl_gguf_find_tensor(g, "q"));
     fl_gguf_free(g);
     unlink(path);
     fl_test_mem_zero();

@@ -149,6 +149,12 @@ fl_status fl_gguf_writer_add_tensor(fl_gguf_writer *w, const char *name, int32_t
 typedef fl_status (*fl_gguf_fill_fn)(void *ud, void *dst, size_t nbytes);
 fl_status fl_gguf_writer_add_tensor_fn(fl_gguf_writer *w, const char *name, int32_t type, int32_t n_dims,
                                        const int64_t *ne, fl_gguf_fill_fn fill, void *ud);
+/* Add a tensor whose bytes fill_at(ud, dst, offset, nbytes) makes at write time in consecutive
+ * pieces [offset, offset + nbytes) of at most `chunk` bytes, into one buffer of that size: a
+ * tensor larger than the memory one would want to spend on it.  A failed fill fails the write. */
+typedef fl_status (*fl_gguf_fill_at_fn)(void *ud, void *dst, uint64_t offset, size_t nbytes);
+fl_status fl_gguf_writer_add_tensor_chunks(fl_gguf_writer *w, const char *name, int32_t type, int32_t n_dims,
+                                           const int64_t *ne, fl_gguf_fill_at_fn fill_at, void *ud, size_t chunk);
 /* Every kv and tensor of g, in order (with g's alignment and version). */
 fl_status fl_gguf_writer_copy_all(fl_gguf_writer *w, const fl_gguf *g);
 /* Alignment of the data section and of every tensor: a power of two; sets the

@@ -27,6 +27,8 @@ typedef struct wtensor {
     const void *data;
     uint64_t size;
     fl_gguf_fill_fn fill; /* or its bytes made at write time */
+    fl_gguf_fill_at_fn fill_at; /* or made in pieces of `chunk` bytes */
+    size_t chunk;
     void *fill_ud;
 } wtensor;
 
@@ -223,6 +225,17 @@ fl_status fl_gguf_writer_add_tensor_fn(fl_gguf_writer *w, const char *name, int3
     return FL_OK;
 }
 
+fl_status fl_gguf_writer_add_tensor_chunks(fl_gguf_writer *w, const char *name, int32_t type, int32_t n_dims,
+                                           const int64_t *ne, fl_gguf_fill_at_fn fill_at, void *ud, size_t chunk) {
+    if (chunk < 1) return fl_set_error(FL_ERR_INVALID, "tensor '%s': pieces of 0 bytes", name);
+    fl_status st = fl_gguf_writer_add_tensor(w, name, type, n_dims, ne, NULL);
+    if (st) return st;
+    w->t[w->n_t - 1].fill_at = fill_at;
+    w->t[w->n_t - 1].chunk = chunk;
+    w->t[w->n_t - 1].fill_ud = ud;
+    return FL_OK;
+}
+
 fl_status fl_gguf_writer_add_tensor(fl_gguf_writer *w, const char *name, int32_t type, int32_t n_dims,
                                     const int64_t *ne, const void *data) {
     const fl_type_info *ti = fl_type_get(type);
@@ -329,6 +342,22 @@ fl_status fl_gguf_writer_write(fl_gguf_writer *w, const char *path,
             st = t->fill(t->fill_ud, buf, (size_t)t->size);
             const int bad = st || fwrite_all(f, buf, (size_t)t->size);
             fl_free(FL_MEM_MISC, buf, (size_t)t->size);
+            if (st) goto fail;
+            if (bad) goto io_fail;
+        } else if (t->fill_at && t->size) { /* made in pieces into one buffer */
+            const size_t cap = t->size < t->chunk ? (size_t)t->size : t->chunk;
+            void *buf = fl_alloc(FL_MEM_MISC, cap, 64);
+            if (!buf) {
+                st = fl_set_error(FL_ERR_NOMEM, "gguf writer: no memory for a piece of tensor '%s'", t->name);
+                goto fail;
+            }
+            int bad = 0;
+            for (uint64_t o = 0; o < t->size && !st && !bad; o += cap) {
+                const size_t k = t->size - o < cap ? (size_t)(t->size - o) : cap;
+                st = t->fill_at(t->fill_ud, buf, o, k);
+                bad = st || fwrite_all(f, buf, k);
+            }
+            fl_free(FL_MEM_MISC, buf, cap);
             if (st) goto fail;
             if (bad) goto io_fail;
         } else if (t->size && fwrite_all(f, t->data, (size_t)t->size)) goto io_fail;
