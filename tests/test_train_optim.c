@@ -127,6 +127,62 @@ static void test_adamw8bit_tracks_fp32(void **state) {
     fl_test_mem_zero();
 }
 
+/* ZeRO shards: optimizers over [0, a) and [a, n) with a on a block boundary, stepped with the same
+ * gradients, hold exactly the slices fl_optim_state_unit names of one optimizer over [0, n)
+ * (what lets a checkpoint's states be read back for any number of ranks). */
+static void test_state_slices(void **state) {
+    (void)state;
+    fl_threads_set(2);
+    for (int k = 0; k < 2; k++) {
+        const int64_t n = 3000, a = 1280; /* 5 blocks of 256, then 6.7 */
+        fl_optimizer_config c = fl_optim_default();
+        c.kind = k ? FL_OPTIMIZER_ADAMW8BIT : FL_OPTIMIZER_ADAMW;
+        fl_optim *whole, *lo, *hi;
+        assert_int_equal(fl_optim_new(&c, n, NULL, -1, &whole), FL_OK);
+        assert_int_equal(fl_optim_new(&c, a, NULL, -1, &lo), FL_OK);
+        assert_int_equal(fl_optim_new(&c, n - a, NULL, -1, &hi), FL_OK);
+        float *p = fl_calloc(FL_MEM_MISC, (size_t)n, 4), *q = fl_calloc(FL_MEM_MISC, (size_t)n, 4);
+        float *g = fl_calloc(FL_MEM_MISC, (size_t)n, 4);
+        for (int step = 0; step < 5; step++) {
+            quad_loss(p, n, g);
+            fl_optim_step(whole, p, g, 1e-2f);
+            quad_loss(q, n, g);
+            fl_optim_step(lo, q, g, 1e-2f);
+            fl_optim_step(hi, q + a, g + a, 1e-2f);
+        }
+        assert_memory_equal(p, q, (size_t)n * 4);
+        int ns = 0;
+        for (int i = 0;; i++, ns++) {
+            void *dw, *dl, *dh;
+            size_t bw, bl, bh, unit;
+            const char *name;
+            int64_t per;
+            if (fl_optim_state(whole, i, &dw, &bw, &name) != FL_OK) break;
+            assert_int_equal(fl_optim_state_unit(whole, i, &per, &unit), FL_OK);
+            assert_int_equal(fl_optim_state(lo, i, &dl, &bl, &name), FL_OK);
+            assert_int_equal(fl_optim_state(hi, i, &dh, &bh, &name), FL_OK);
+            assert_int_equal(a % per, 0);
+            const size_t cut = (size_t)(a / per) * unit;
+            assert_int_equal(bl, cut);
+            assert_int_equal(bw, bl + bh);
+            assert_memory_equal(dw, dl, bl);
+            assert_memory_equal((const char *)dw + cut, dh, bh);
+            if (k && i >= 2) assert_int_equal(per, 256);
+        }
+        int64_t per;
+        size_t unit;
+        assert_int_equal(ns, k ? 4 : 2);
+        assert_int_equal(fl_optim_state_unit(whole, ns, &per, &unit), FL_ERR_RANGE);
+        fl_free(FL_MEM_MISC, p, (size_t)n * 4);
+        fl_free(FL_MEM_MISC, q, (size_t)n * 4);
+        fl_free(FL_MEM_MISC, g, (size_t)n * 4);
+        fl_optim_free(whole);
+        fl_optim_free(lo);
+        fl_optim_free(hi);
+    }
+    fl_test_mem_zero();
+}
+
 static void test_clip_and_schedule(void **state) {
     (void)state;
     float g[4] = {3, 4, 0, 0};
@@ -153,6 +209,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw_reference), cmocka_unit_test(test_dynamic_maps),
         cmocka_unit_test(test_adamw8bit_tracks_fp32), cmocka_unit_test(test_clip_and_schedule),
+        cmocka_unit_test(test_state_slices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -180,6 +180,14 @@ fl_status fl_optim_state(fl_optim *o, int i, void **data, size_t *bytes, const c
     return FL_ERR_RANGE;
 }
 
+fl_status fl_optim_state_unit(const fl_optim *o, int i, int64_t *per_params, size_t *unit_bytes) {
+    if (i < 0 || i >= (o->cfg.kind == FL_OPTIMIZER_ADAMW ? 2 : 4)) return FL_ERR_RANGE;
+    const bool block = o->cfg.kind != FL_OPTIMIZER_ADAMW && i >= 2;
+    *per_params = block ? o->cfg.block_size : 1;
+    *unit_bytes = o->cfg.kind == FL_OPTIMIZER_ADAMW || block ? sizeof(float) : 1;
+    return FL_OK;
+}
+
 /* ---------------------------------------------------------------- step */
 
 typedef struct step_ctx {

@@ -63,6 +63,11 @@ const fl_optimizer_config *fl_optim_get_config(const fl_optim *o);
  * overwrite it), *bytes its size, *name a stable key ("adam.m", "adam8.qm", ...). */
 fl_status fl_optim_state(fl_optim *o, int i, void **data, size_t *bytes, const char **name);
 void fl_optim_set_steps(fl_optim *o, int64_t t);
+/* State i's layout: *unit_bytes bytes for every *per_params parameters (1 for a per-parameter
+ * state, the block size for a per-block one; the last unit may cover fewer).  So for parameters
+ * [off, off + len) with off a multiple of *per_params, the state's bytes are
+ * [off / per * unit, ceil((off + len) / per) * unit): what a ZeRO shard holds. */
+fl_status fl_optim_state_unit(const fl_optim *o, int i, int64_t *per_params, size_t *unit_bytes);
 
 /* The 256-entry code tables (sorted ascending), for tests. */
 const float *fl_optim_dynamic_map(int is_signed);
