@@ -153,6 +153,7 @@ int fl_cmd_train(int argc, char **argv) {
         {"weight-decay", 0, FL_OPT_FLOAT, "WD  AdamW weight decay on matrices (default 0.1)"},
         {"checkpoint-every", 0, FL_OPT_INT, "K  activation checkpointing: keep the input of every K-th layer (0 = keep all)"},
         {"precision", 0, FL_OPT_STR, "f32|bf16|fp16  compute precision (fp32 master weights; fp16 uses loss scaling)"},
+        {"loss-scale", 0, FL_OPT_FLOAT, "S  fp16's initial loss scale (default 32768; halved on overflow, doubled every 200 good steps)"},
         {"optim", 0, FL_OPT_STR, "adamw|adamw8bit  optimizer (8-bit: block-wise quantized states)"},
         {"lora", 0, FL_OPT_INT, "R  train LoRA adapters of rank R on a frozen base"},
         {"lora-alpha", 0, FL_OPT_FLOAT, "A  LoRA scale numerator (default 2R)"},
@@ -222,6 +223,11 @@ int fl_cmd_train(int argc, char **argv) {
     if (OPT("clip")->set) to.clip = (float)OPT("clip")->f;
     if (OPT("weight-decay")->set) to.optim.weight_decay = (float)OPT("weight-decay")->f;
     if (OPT("checkpoint-every")->set) to.ckpt_every = (int)OPT("checkpoint-every")->i;
+    if (OPT("loss-scale")->set) {
+        const double ls = OPT("loss-scale")->f;
+        if (!(ls >= 1.0 && ls <= 1e30)) { fprintf(stderr, "fitllm train: --loss-scale takes 1 to 1e30\n"); return 2; }
+        to.loss_scale_init = (float)ls;
+    }
     if (OPT("seed")->set) to.seed = (uint64_t)OPT("seed")->i;
     if (OPT("bucket")->set) to.batch_mode = FL_BATCH_BUCKET;
     if (OPT("threads")->set) fl_threads_set((int)OPT("threads")->i);
@@ -358,9 +364,13 @@ int fl_cmd_train(int argc, char **argv) {
         t_last = tn;
         const size_t peak = fl_mem_peak_total();
         if (json) {
-            printf("{\"event\":\"step\",\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.4f,\"tokens\":%lld,"
+            /* an fp16 overflow's norm is inf / NaN, which JSON has no number for: null */
+            char gn[32];
+            if (isfinite(s.grad_norm)) snprintf(gn, sizeof gn, "%.4f", s.grad_norm);
+            else snprintf(gn, sizeof gn, "null");
+            printf("{\"event\":\"step\",\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%s,\"tokens\":%lld,"
                    "\"tokens_per_s\":%.1f,\"peak_bytes\":%zu,\"skipped\":%s,\"loss_scale\":%g,\"elapsed_s\":%.2f}\n",
-                   (long long)step, s.loss, (double)s.lr, s.grad_norm, (long long)s.tokens, tps, peak,
+                   (long long)step, s.loss, (double)s.lr, gn, (long long)s.tokens, tps, peak,
                    s.skipped ? "true" : "false", (double)s.loss_scale, el);
             fflush(stdout);
         } else if (tty) {

@@ -17,6 +17,20 @@ awk 'BEGIN{RS="\n\n"; ORS="\n\n"} NR<=60' "$S/data/tinystories_val.txt" > "$T/tr
 "$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" --precision f8 2>/dev/null; [ $? -eq 2 ] || fail "bad precision must exit 2"
 "$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" --weights nf4 2>/dev/null; [ $? -eq 2 ] || fail "nf4 without --lora must exit 2"
 "$F" train -m "$S/models/stories260K.gguf" -f "$T/missing.txt" 2>/dev/null; [ $? -eq 1 ] || fail "missing file must exit 1"
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" --precision fp16 --loss-scale 0 2>/dev/null; [ $? -eq 2 ] || fail "--loss-scale 0 must exit 2"
+
+# fp16 from a loss scale that overflows every step: each step is skipped, the scale halves, and
+# every JSON line parses (the overflowed norm is null, not -nan)
+"$F" train -m "$S/models/stories260K.gguf" -f "$T/train.txt" -c 64 --batch 2 --steps 3 --precision fp16 \
+    --loss-scale 1e30 --json -t 1 > "$T/fp16.jsonl" 2> "$T/err_fp16.txt" || { cat "$T/err_fp16.txt"; fail "fp16 train"; }
+python3 - "$T/fp16.jsonl" <<'PY' || fail "fp16 overflow steps"
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+st = [e for e in ev if e["event"] == "step"]
+assert [e["skipped"] for e in st] == [True] * 3, st
+assert [e["grad_norm"] for e in st] == [None] * 3, st
+assert [e["loss_scale"] for e in st] == [1e30, 5e29, 2.5e29], st
+PY
 
 # a vocabulary without "▁" (a random synth model's: each space is 3 byte tokens) gives more ids
 # than the text has bytes: 2 documents of 26 + 8 x 3 and 32 + 12 x 3 ids, each with BOS and EOS
