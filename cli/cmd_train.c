@@ -235,10 +235,6 @@ int fl_cmd_train(int argc, char **argv) {
     int zrank = 0;
     if (OPT("zero")->set) {
         if (OPT("zero")->i < 1 || OPT("zero")->i > 2) { fprintf(stderr, "fitllm train: --zero takes 1 or 2\n"); return 2; }
-        if (OPT("save-every")->set || OPT("resume")->set) {
-            fprintf(stderr, "fitllm train: --save-every / --resume are not supported with --zero (sharded optimizer states)\n");
-            return 2;
-        }
         if (fl_comm_new(NULL, NULL, &comm) != FL_OK) { fprintf(stderr, "fitllm train: %s\n", fl_last_error()); return 1; }
         to.comm = comm;
         to.zero_stage = (int)OPT("zero")->i;

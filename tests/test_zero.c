@@ -138,15 +138,21 @@ static void reference(double *loss, float *p) {
     adamw_free(&a);
 }
 
-static void zero_case(int32_t stage) {
+static void zero_case(int32_t stage, int64_t align) {
     const int32_t N = fl_comm_size(g_comm), r = fl_comm_rank(g_comm);
     double ref_loss[STEPS], got_loss[STEPS];
     float ref_p[NPAR], p[NPAR];
     reference(ref_loss, ref_p);
     fl_zero *z;
-    assert_int_equal(fl_zero_new(g_comm, stage, NPAR, &z), FL_OK);
+    assert_int_equal(fl_zero_new(g_comm, stage, NPAR, align, &z), FL_OK);
     int64_t off, len;
     fl_zero_shard(z, &off, &len);
+    /* the shards start on multiples of align and cover [0, NPAR) once */
+    assert_int_equal(off % align, 0);
+    double cover = (double)len;
+    assert_int_equal(fl_comm_allreduce_sum_f64(g_comm, &cover, 1), FL_OK);
+    assert_true(cover == (double)NPAR);
+    assert_true(len == 0 || off + len == NPAR || len == (fl_zero_padded_n(z) / N));
     const int64_t npad = fl_zero_padded_n(z);
     float *g = fl_calloc(FL_MEM_GRAD, (size_t)npad, sizeof(float));
     adamw a;
@@ -170,8 +176,8 @@ static void zero_case(int32_t stage) {
     double maxl = 0, maxp = 0;
     for (int s = 0; s < STEPS; s++) maxl = fmax(maxl, fabs(ref_loss[s] - got_loss[s]) / ref_loss[s]);
     for (int i = 0; i < NPAR; i++) maxp = fmax(maxp, fabs(ref_p[i] - p[i]));
-    fprintf(stderr, "rank %d/%d zero-%d: shard [%lld, +%lld) of %d, loss %.5f -> %.5f (ref %.5f -> %.5f), max rel dloss %.2g, max |dp| %.2g\n",
-            r, N, stage, (long long)off, (long long)len, NPAR, got_loss[0], got_loss[STEPS - 1], ref_loss[0],
+    fprintf(stderr, "rank %d/%d zero-%d, align %lld: shard [%lld, +%lld) of %d, loss %.5f -> %.5f (ref %.5f -> %.5f), max rel dloss %.2g, max |dp| %.2g\n",
+            r, N, stage, (long long)align, (long long)off, (long long)len, NPAR, got_loss[0], got_loss[STEPS - 1], ref_loss[0],
             ref_loss[STEPS - 1], maxl, maxp);
     assert_true(got_loss[STEPS - 1] < 0.7 * got_loss[0]); /* it learns */
     assert_true(maxl < 1e-4);
@@ -184,17 +190,62 @@ static void zero_case(int32_t stage) {
 
 static void test_zero1(void **state) {
     (void)state;
-    zero_case(1);
+    zero_case(1, 1);
+    zero_case(1, 32);
 }
 static void test_zero2(void **state) {
     (void)state;
-    zero_case(2);
+    zero_case(2, 1);
+    zero_case(2, 32);
+}
+
+/* A gradient that is not finite on one rank (an fp16 overflow): every rank gets the non-finite
+ * norm, no shard is updated, no parameter changes, and the next finite step updates again. */
+static void nonfinite_case(int32_t stage) {
+    const int32_t r = fl_comm_rank(g_comm);
+    fl_zero *z;
+    assert_int_equal(fl_zero_new(g_comm, stage, NPAR, 16, &z), FL_OK);
+    int64_t off, len;
+    fl_zero_shard(z, &off, &len);
+    const int64_t npad = fl_zero_padded_n(z);
+    float *g = fl_calloc(FL_MEM_GRAD, (size_t)npad, sizeof(float));
+    assert_non_null(g);
+    adamw a;
+    adamw_init(&a, len);
+    float p[NPAR], p0[NPAR], x[DI], t[DO];
+    init_params(p);
+    memcpy(p0, p, sizeof p);
+    sample(0, r, x, t);
+    backward(p, x, t, 1.0f, g);
+    if (r == 0) g[NPAR - 1] = INFINITY;
+    double nrm = 0;
+    assert_int_equal(fl_zero_step(z, p, g, 1.0, &nrm, adamw_update, &a), FL_OK);
+    assert_false(isfinite(nrm));
+    assert_int_equal(a.t, 0);
+    assert_memory_equal(p, p0, sizeof p);
+    memset(g, 0, (size_t)npad * sizeof(float));
+    backward(p, x, t, 1.0f, g);
+    assert_int_equal(fl_zero_step(z, p, g, 1.0, &nrm, adamw_update, &a), FL_OK);
+    assert_true(isfinite(nrm) && nrm > 0);
+    assert_int_equal(a.t, len > 0 ? 1 : 0);
+    assert_true(memcmp(p, p0, sizeof p) != 0);
+    adamw_free(&a);
+    fl_free(FL_MEM_GRAD, g, (size_t)npad * sizeof(float));
+    fl_zero_free(z);
+    mem_zero_but_comm();
+}
+
+static void test_zero_nonfinite(void **state) {
+    (void)state;
+    nonfinite_case(1);
+    nonfinite_case(2);
 }
 static void test_zero_bad(void **state) {
     (void)state;
     fl_zero *z;
-    assert_int_equal(fl_zero_new(g_comm, 3, 10, &z), FL_ERR_INVALID);
-    assert_int_equal(fl_zero_new(g_comm, 1, 0, &z), FL_ERR_INVALID);
+    assert_int_equal(fl_zero_new(g_comm, 3, 10, 1, &z), FL_ERR_INVALID);
+    assert_int_equal(fl_zero_new(g_comm, 1, 0, 1, &z), FL_ERR_INVALID);
+    assert_int_equal(fl_zero_new(g_comm, 1, 10, 0, &z), FL_ERR_INVALID);
     mem_zero_but_comm();
 }
 
@@ -205,7 +256,7 @@ int main(int argc, char **argv) {
     }
     fl_threads_set(1);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_zero_bad), cmocka_unit_test(test_zero1),
-                                       cmocka_unit_test(test_zero2)};
+                                       cmocka_unit_test(test_zero2), cmocka_unit_test(test_zero_nonfinite)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     fl_comm_free(g_comm);
     return rc;

@@ -15,10 +15,11 @@ struct fl_zero {
     float *gather;          /* FL_MEM_COMM [size * L + L] */
 };
 
-fl_status fl_zero_new(fl_comm *comm, int32_t stage, int64_t n, fl_zero **out) {
+fl_status fl_zero_new(fl_comm *comm, int32_t stage, int64_t n, int64_t align, fl_zero **out) {
     *out = NULL;
-    if ((stage != 1 && stage != 2) || n < 1)
-        return fl_set_error(FL_ERR_INVALID, "zero: stage %d with %lld parameters (stages 1 and 2)", stage, (long long)n);
+    if ((stage != 1 && stage != 2) || n < 1 || align < 1)
+        return fl_set_error(FL_ERR_INVALID, "zero: stage %d with %lld parameters, shards aligned to %lld (stages 1 and 2)",
+                            stage, (long long)n, (long long)align);
     fl_zero *z = fl_calloc(FL_MEM_MISC, 1, sizeof *z);
     if (!z) return FL_ERR_NOMEM;
     z->comm = comm;
@@ -27,8 +28,8 @@ fl_status fl_zero_new(fl_comm *comm, int32_t stage, int64_t n, fl_zero **out) {
     z->size = fl_comm_size(comm);
     z->n = n;
     z->L = (n + z->size - 1) / z->size;
-    z->off = z->rank * z->L;
-    z->len = z->off >= n ? 0 : (n - z->off < z->L ? n - z->off : z->L);
+    z->L = (z->L + align - 1) / align * align;
+    fl_zero_shard_of(z, z->rank, &z->off, &z->len);
     if (stage == 2 && !(z->gshard = fl_alloc(FL_MEM_GRAD, (size_t)z->L * sizeof(float), 64))) goto fail;
     if (!(z->gather = fl_alloc(FL_MEM_COMM, (size_t)(z->size + 1) * (size_t)z->L * sizeof(float), 64))) goto fail;
     *out = z;
@@ -48,6 +49,11 @@ void fl_zero_free(fl_zero *z) {
 void fl_zero_shard(const fl_zero *z, int64_t *off, int64_t *len) {
     *off = z->off;
     *len = z->len;
+}
+
+void fl_zero_shard_of(const fl_zero *z, int rank, int64_t *off, int64_t *len) {
+    *off = (int64_t)rank * z->L;
+    *len = *off >= z->n ? 0 : (z->n - *off < z->L ? z->n - *off : z->L);
 }
 
 int64_t fl_zero_padded_n(const fl_zero *z) { return z->L * z->size; }
@@ -75,6 +81,7 @@ fl_status fl_zero_step(fl_zero *z, float *params, float *grads, double max_norm,
     }
     const double nrm = sqrt(ss);
     if (norm) *norm = nrm;
+    if (!isfinite(nrm)) return FL_OK; /* every rank has the same norm: every rank skips the update */
     if (max_norm > 0 && nrm > max_norm) {
         const float sc = (float)(max_norm / nrm);
         for (int64_t i = 0; i < z->len; i++) g[i] *= sc;

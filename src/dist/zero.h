@@ -3,7 +3,8 @@
  *
  * Every rank holds the full parameters (the forward/backward need them) and runs the backward on
  * its own slice of the global batch.  The optimizer is sharded: rank r owns parameters
- * [off, off + len) (len = ceil(n / N), the last shard shorter) and keeps optimizer states for
+ * [off, off + len) (off = r L, L = ceil(n / N) rounded up to a multiple of `align`, len = L but
+ * the last shards shorter or empty) and keeps optimizer states for
  * those only (the caller creates its optimizer for `len` parameters: 1/N of the states).
  *   stage 1: grads are allreduced (sum over ranks) in full; each rank updates its shard.
  *   stage 2: grads are reduce-scattered: each rank receives only the summed shard (FL_MEM_GRAD,
@@ -11,13 +12,17 @@
  *            backward's (a bucketed backward could release it layer by layer: not done here).
  * Then the updated shards are all-gathered into every rank's parameters.  Gradient clipping uses
  * the global norm (stage 2: shard norms summed with an f64 allreduce).  The sum over ranks is
- * not averaged: the caller scales its local gradients (e.g. by 1 / global batch).
+ * not averaged: the caller scales its local gradients (e.g. by 1 / global batch).  A global norm
+ * that is not finite (an fp16 overflow) skips the update and the gather on every rank alike.
+ * `align` makes every shard start on a block of a blockwise optimizer (8-bit AdamW's block size):
+ * a shard's states are then the slice [off, off + len) of one optimizer's over all n parameters,
+ * byte for byte, which is how the trainer's checkpoints are written and read for any N.
  * The update is a callback, so any optimizer works on a shard (train/optim.h AdamW or 8-bit
  * AdamW created for `len` parameters with its decay ranges shifted by -off); gradient
  * checkpointing is the backward's business and combines freely.
  *
  * Buffers: stage 2 grads must have fl_zero_padded_n() elements (zeros past n); the all-gather
- * uses [N][len] + [len] floats of FL_MEM_COMM.  Errors: FL_ERR_INVALID for bad stage / sizes,
+ * uses [N][L] + [L] floats of FL_MEM_COMM.  Errors: FL_ERR_INVALID for bad stage / sizes,
  * FL_ERR_NOMEM, communicator errors.  Collective; not thread-safe.
  */
 #ifndef FL_ZERO_H
@@ -30,14 +35,16 @@ typedef struct fl_zero fl_zero;
 /* Update params[0..n) of this rank's shard from grads[0..n) (the shard's summed gradients). */
 typedef void (*fl_zero_update_fn)(void *ud, float *params, const float *grads, int64_t n);
 
-fl_status fl_zero_new(fl_comm *comm, int32_t stage, int64_t n_params, fl_zero **out);
+fl_status fl_zero_new(fl_comm *comm, int32_t stage, int64_t n_params, int64_t align, fl_zero **out);
 void fl_zero_free(fl_zero *z);
 void fl_zero_shard(const fl_zero *z, int64_t *off, int64_t *len); /* this rank's shard */
+void fl_zero_shard_of(const fl_zero *z, int rank, int64_t *off, int64_t *len); /* any rank's */
 int64_t fl_zero_padded_n(const fl_zero *z);                       /* N * ceil(n / N) */
 
 /* One data-parallel step: sum grads over ranks (stage 1: allreduce, stage 2: reduce-scatter),
  * clip to max_norm (<= 0: no clipping; *norm gets the global norm before clipping when not
- * NULL), update this rank's shard with fn, all-gather the parameters.  grads is overwritten. */
+ * NULL), update this rank's shard with fn, all-gather the parameters.  grads is overwritten.
+ * A non-finite norm returns FL_OK with params untouched (the caller decides: skip or fail). */
 fl_status fl_zero_step(fl_zero *z, float *params, float *grads, double max_norm, double *norm, fl_zero_update_fn fn,
                        void *ud);
 

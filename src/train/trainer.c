@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct micro {
@@ -83,11 +84,10 @@ fl_status fl_trainer_new(fl_train_model *m, const fl_train_data *train, const fl
     t->world = o->comm ? fl_comm_size(o->comm) : 1;
     t->rank = o->comm ? fl_comm_rank(o->comm) : 0;
     if (t->world > 1) {
-        if (o->precision == FL_TRAIN_FP16) {
-            st = fl_set_error(FL_ERR_UNSUPPORTED, "%s: fp16 loss scaling with ZeRO data parallelism is not implemented", __func__);
-            goto fail;
-        }
-        if ((st = fl_zero_new(o->comm, o->zero_stage ? o->zero_stage : 1, n, &t->zero))) goto fail;
+        /* shards start on the 8-bit optimizer's blocks: their states are slices of one
+         * optimizer's over all n parameters (checkpoints) */
+        const int64_t align = o->optim.block_size > 0 ? o->optim.block_size : 256;
+        if ((st = fl_zero_new(o->comm, o->zero_stage ? o->zero_stage : 1, n, align, &t->zero))) goto fail;
         int64_t off, len;
         fl_zero_shard(t->zero, &off, &len);
         /* this rank's optimizer covers [off, off + len): decay ranges shifted and clipped */
@@ -146,7 +146,37 @@ static void zero_update(void *ud, float *params, const float *grads, int64_t n) 
     fl_optim_step(t->opt, params, (float *)grads, t->cur_lr);
 }
 
-/* The data-parallel end of a step: global loss, ZeRO gradient sum + clip + sharded update. */
+/* fp16: the gradients back to their true size before the norm and the update. */
+static void unscale(const fl_trainer *t, float *g, int64_t n) {
+    if (t->loss_scale == 1.0f) return;
+    const float inv = 1.0f / t->loss_scale;
+    for (int64_t i = 0; i < n; i++) g[i] *= inv;
+}
+
+/* A step whose gradient norm is not finite (the parameters untouched): fp16 halves the loss
+ * scale and goes on; f32 / bf16 fail. */
+static fl_status overflowed(fl_trainer *t, fl_step_stats *s) {
+    s->skipped = true;
+    if (t->o.precision == FL_TRAIN_FP16) {
+        t->loss_scale = t->loss_scale > 1.0f ? t->loss_scale * 0.5f : 1.0f;
+        t->good_steps = 0;
+        return FL_OK;
+    }
+    return fl_set_error(FL_ERR_INVALID, "fl_trainer_step: non-finite gradient norm at step %lld (lower the LR?)",
+                        (long long)t->step);
+}
+
+/* After an update: fp16 doubles the loss scale every FL_LOSS_SCALE_WINDOW good steps. */
+static void updated(fl_trainer *t) {
+    if (t->o.precision == FL_TRAIN_FP16 && ++t->good_steps >= FL_LOSS_SCALE_WINDOW) {
+        t->loss_scale *= 2.0f;
+        t->good_steps = 0;
+    }
+}
+
+/* The data-parallel end of a step: global loss, ZeRO gradient sum + clip + sharded update.  The
+ * norm is the global one on every rank, so an fp16 overflow skips the step (and moves the loss
+ * scale) on every rank alike. */
 static fl_status zero_finish(fl_trainer *t, fl_step_stats *s, double loss, int64_t scored, int64_t tokens, float lr) {
     float *params, *grads;
     int64_t n;
@@ -157,21 +187,22 @@ static fl_status zero_finish(fl_trainer *t, fl_step_stats *s, double loss, int64
     s->tokens = tokens;
     s->scored = scored;
     s->lr = lr;
-    s->loss_scale = 1.0f;
+    s->loss_scale = t->loss_scale;
     t->cur_lr = lr;
     float *g = grads;
     if (t->gpad) {
         memcpy(t->gpad, grads, (size_t)n * sizeof(float));
         g = t->gpad;
     }
+    unscale(t, g, n);
     double norm = 0;
     st = fl_zero_step(t->zero, params, g, t->o.clip, &norm, zero_update, t);
     if (st) return st;
     s->grad_norm = norm;
     t->step++;
-    if (!isfinite(norm))
-        return fl_set_error(FL_ERR_INVALID, "%s: non-finite gradient norm at step %lld (lower the LR?)", __func__, (long long)t->step);
+    if (!isfinite(norm)) return overflowed(t, s);
     fl_train_model_after_update(t->m);
+    updated(t);
     return FL_OK;
 }
 
@@ -208,37 +239,137 @@ fl_status fl_trainer_step(fl_trainer *t, fl_step_stats *s) {
     s->scored = scored;
     s->lr = lr;
     /* unscale (fp16), check overflow, clip */
-    if (t->loss_scale != 1.0f) {
-        const float inv = 1.0f / t->loss_scale;
-        for (int64_t i = 0; i < n; i++) grads[i] *= inv;
-    }
+    unscale(t, grads, n);
     const double norm = fl_grad_clip(grads, n, t->o.clip);
     s->grad_norm = norm;
     s->loss_scale = t->loss_scale;
     t->step++;
-    if (!isfinite(norm)) {
-        s->skipped = true;
-        if (t->o.precision == FL_TRAIN_FP16) {
-            t->loss_scale = t->loss_scale > 1.0f ? t->loss_scale * 0.5f : 1.0f;
-            t->good_steps = 0;
-            return FL_OK;
-        }
-        return fl_set_error(FL_ERR_INVALID, "%s: non-finite gradient norm at step %lld (lower the LR?)", __func__,
-                            (long long)t->step);
-    }
+    if (!isfinite(norm)) return overflowed(t, s);
     fl_optim_step(t->opt, params, grads, lr);
     fl_train_model_after_update(t->m);
-    if (t->o.precision == FL_TRAIN_FP16 && ++t->good_steps >= FL_LOSS_SCALE_WINDOW) {
-        t->loss_scale *= 2.0f;
-        t->good_steps = 0;
-    }
+    updated(t);
     return FL_OK;
 }
 
 /* ---------------------------------------------------------------- checkpoints */
 
+/* This rank's parameters [*off, *off + *len) of the n trainable ones (all of them without ZeRO). */
+static void shard_of(const fl_trainer *t, int64_t *off, int64_t *len) {
+    float *p, *g;
+    int64_t n;
+    fl_train_model_trainable(t->m, &p, &g, &n);
+    *off = 0;
+    *len = n;
+    if (t->zero) fl_zero_shard(t->zero, off, len);
+}
+
+/* Optimizer state i over all n parameters: *full bytes; the part of rank r's shard
+ * [off, off + len) is [*lo, *lo + *bytes) of it (the shards start on its units: fl_zero_new's align). */
+static void state_part(const fl_trainer *t, int i, int64_t off, int64_t len, size_t *full, size_t *lo, size_t *bytes) {
+    float *p, *g;
+    int64_t n, per;
+    size_t unit;
+    fl_train_model_trainable(t->m, &p, &g, &n);
+    fl_optim_state_unit(t->opt, i, &per, &unit);
+    FL_ASSERT(off % per == 0);
+    *full = (size_t)((n + per - 1) / per) * unit;
+    *lo = (size_t)(off / per) * unit;
+    *bytes = (size_t)((len + per - 1) / per) * unit;
+}
+
+/* ZeRO: rank 0 writes each optimizer state over all parameters in pieces of CKPT_PIECE bytes
+ * (fl_gguf_writer_add_tensor_chunks: one piece in memory).  For each piece it broadcasts the
+ * request {state, first byte, end}; every rank sends the part of its shard's state that falls in
+ * it, and rank 0 receives them in rank order.  {-1, 0, 0} ends the save (after the last piece, or
+ * where the write stopped early). */
+#define CKPT_PIECE ((size_t)16 << 20)
+
+/* FL_CKPT_PIECE=BYTES overrides it (tests: many pieces, parts that straddle them). */
+static size_t ckpt_piece(void) {
+    const char *e = getenv("FL_CKPT_PIECE");
+    const long long v = e ? atoll(e) : 0;
+    return v > 0 ? (size_t)v : CKPT_PIECE;
+}
+
+typedef struct ckpt_state {
+    fl_trainer *t;
+    int i;
+} ckpt_state;
+
+/* The bytes of state i that rank r's shard holds, clipped to [a, b): [*lo, *hi) of the whole. */
+static void part_in(const fl_trainer *t, int i, int r, uint64_t a, uint64_t b, uint64_t *lo, uint64_t *hi) {
+    int64_t off, len;
+    size_t full, plo, part;
+    fl_zero_shard_of(t->zero, r, &off, &len);
+    state_part(t, i, off, len, &full, &plo, &part);
+    *lo = plo > a ? plo : a;
+    *hi = plo + part < b ? plo + part : b;
+    if (len <= 0 || *hi < *lo) *hi = *lo;
+}
+
+static fl_status fill_state(void *ud, void *dst, uint64_t offset, size_t nbytes) {
+    const ckpt_state *cs = ud;
+    fl_trainer *t = cs->t;
+    int64_t req[3] = {cs->i, (int64_t)offset, (int64_t)(offset + nbytes)};
+    fl_status st = fl_comm_bcast(t->o.comm, req, sizeof req, 0);
+    if (st) return st;
+    void *data;
+    size_t bytes;
+    const char *name;
+    fl_optim_state(t->opt, cs->i, &data, &bytes, &name);
+    for (int r = 0; r < t->world && !st; r++) {
+        uint64_t lo, hi;
+        part_in(t, cs->i, r, offset, offset + nbytes, &lo, &hi);
+        if (hi == lo) continue;
+        char *to = (char *)dst + (lo - offset);
+        if (r == 0) memcpy(to, (const char *)data + lo, (size_t)(hi - lo)); /* rank 0's shard starts at 0 */
+        else st = fl_comm_sendrecv(t->o.comm, NULL, 0, -1, to, (size_t)(hi - lo), r);
+    }
+    return st;
+}
+
+/* The other ranks' side of fill_state: send what each request asks of this rank's shard. */
+static fl_status zero_send_states(fl_trainer *t) {
+    int64_t off, len;
+    fl_zero_shard(t->zero, &off, &len);
+    for (;;) {
+        int64_t req[3];
+        fl_status st = fl_comm_bcast(t->o.comm, req, sizeof req, 0);
+        if (st) return st;
+        if (req[0] < 0) return FL_OK;
+        void *data;
+        size_t bytes, full, plo, part;
+        const char *name;
+        if (fl_optim_state(t->opt, (int)req[0], &data, &bytes, &name) != FL_OK)
+            return fl_set_error(FL_ERR_INTERNAL, "fl_trainer_save: rank 0 asked for optimizer state %lld", (long long)req[0]);
+        uint64_t lo, hi;
+        part_in(t, (int)req[0], t->rank, (uint64_t)req[1], (uint64_t)req[2], &lo, &hi);
+        if (hi == lo) continue;
+        state_part(t, (int)req[0], off, len, &full, &plo, &part);
+        if ((st = fl_comm_sendrecv(t->o.comm, (const char *)data + (lo - plo), (size_t)(hi - lo), 0, NULL, 0, -1)))
+            return st;
+    }
+}
+
+static fl_status save_local(fl_trainer *t, const char *path);
+
 fl_status fl_trainer_save(fl_trainer *t, const char *path) {
-    if (t->zero) return fl_set_error(FL_ERR_UNSUPPORTED, "%s: checkpoints of ZeRO-sharded optimizer states are not implemented", __func__);
+    if (!t->zero) return save_local(t, path);
+    /* collective: rank 0 writes, the others send their optimizer shards; all return rank 0's result */
+    fl_status st = t->rank == 0 ? save_local(t, path) : zero_send_states(t);
+    if (t->rank == 0) {
+        int64_t end[3] = {-1, 0, 0};
+        fl_status bs = fl_comm_bcast(t->o.comm, end, sizeof end, 0);
+        if (bs) return bs;
+    }
+    int32_t res = (int32_t)st;
+    fl_status bs = fl_comm_bcast(t->o.comm, &res, sizeof res, 0);
+    if (bs) return bs;
+    if (t->rank > 0 && !st && res) st = fl_set_error((fl_status)res, "fl_trainer_save: rank 0 could not write %s", path);
+    return st;
+}
+
+static fl_status save_local(fl_trainer *t, const char *path) {
     fl_gguf_writer *w = fl_gguf_writer_new();
     if (!w) return FL_ERR_NOMEM;
     fl_status st = fl_gguf_writer_set_str(w, "general.name", "fitllm-checkpoint");
@@ -257,16 +388,24 @@ fl_status fl_trainer_save(fl_trainer *t, const char *path) {
     /* LoRA: the base is frozen (it comes from -m again); only the adapters are saved */
     if (!st) st = fl_train_model_add_to_writer(t->m, w, t->m->lora_rank > 0 ? NULL : t->m->params);
     if (!st && t->m->lora_rank > 0) st = fl_train_model_add_lora_to_writer(t->m, w);
+    ckpt_state cs[8];
     for (int i = 0; !st; i++) {
         void *data;
-        size_t bytes;
+        size_t bytes, full, lo, part;
         const char *name;
         if (fl_optim_state(t->opt, i, &data, &bytes, &name) != FL_OK) break;
+        FL_ASSERT(i < 8);
         char key[96];
         snprintf(key, sizeof key, "optim.%s", name);
-        const bool f32 = strstr(name, ".q") == NULL;
-        const int64_t ne[1] = {(int64_t)(f32 ? bytes / 4 : bytes)};
-        st = fl_gguf_writer_add_tensor(w, key, f32 ? FL_TYPE_F32 : FL_TYPE_I8, 1, ne, data);
+        int64_t per;
+        size_t unit;
+        fl_optim_state_unit(t->opt, i, &per, &unit);
+        state_part(t, i, 0, 0, &full, &lo, &part); /* over all parameters */
+        const int64_t ne[1] = {(int64_t)(full / unit)};
+        const int32_t type = unit == 1 ? FL_TYPE_I8 : FL_TYPE_F32;
+        cs[i] = (ckpt_state){t, i};
+        st = t->zero ? fl_gguf_writer_add_tensor_chunks(w, key, type, 1, ne, fill_state, &cs[i], ckpt_piece())
+                     : fl_gguf_writer_add_tensor(w, key, type, 1, ne, data);
     }
     if (!st && t->bat.mode == FL_BATCH_BUCKET) {
         const int64_t ne[1] = {t->bat.n_batches};
@@ -285,8 +424,22 @@ static fl_status get_u64(const fl_gguf *g, const char *key, uint64_t *v) {
     return FL_OK;
 }
 
+static fl_status load_local(fl_trainer *t, const char *path);
+
 fl_status fl_trainer_load(fl_trainer *t, const char *path) {
-    if (t->zero) return fl_set_error(FL_ERR_UNSUPPORTED, "%s: resuming ZeRO-sharded training is not implemented", __func__);
+    fl_status st = load_local(t, path);
+    if (!t->zero) return st;
+    /* collective: every rank read the file itself; all fail if any did */
+    double bad = st ? 1.0 : 0.0;
+    fl_status cs = fl_comm_allreduce_sum_f64(t->o.comm, &bad, 1);
+    if (cs) return cs;
+    if (!st && bad > 0)
+        st = fl_set_error(FL_ERR_IO, "fl_trainer_load: %s could not be read on %.0f of %d ranks (a path every rank can read?)",
+                          path, bad, t->world);
+    return st;
+}
+
+static fl_status load_local(fl_trainer *t, const char *path) {
     fl_gguf *g;
     fl_status st = fl_gguf_open(path, &g);
     if (st) return st;
@@ -294,7 +447,7 @@ fl_status fl_trainer_load(fl_trainer *t, const char *path) {
     uint64_t step = 0, osteps = 0, pos = 0, epoch = 0, rng = 0, good = 0;
     float scale = 1.0f;
     if (fl_gguf_get_u32(g, "fitllm.train.version", &ver) != FL_OK || ver != FL_TRAIN_CKPT_VERSION) {
-        st = fl_set_error(FL_ERR_FORMAT, "%s: %s is not a version %d fitllm checkpoint", __func__, path,
+        st = fl_set_error(FL_ERR_FORMAT, "fl_trainer_load: %s is not a version %d fitllm checkpoint", path,
                           FL_TRAIN_CKPT_VERSION);
         goto done;
     }
@@ -309,43 +462,48 @@ fl_status fl_trainer_load(fl_trainer *t, const char *path) {
         goto done;
     const fl_optimizer_config *oc = fl_optim_get_config(t->opt);
     if ((int)kind != oc->kind || (int32_t)bs != oc->block_size || (int32_t)rank != t->m->lora_rank) {
-        st = fl_set_error(FL_ERR_INVALID, "%s: checkpoint optimizer/LoRA (%u, block %u, rank %u) differ from this run",
-                          __func__, kind, bs, rank);
+        st = fl_set_error(FL_ERR_INVALID, "fl_trainer_load: checkpoint optimizer/LoRA (%u, block %u, rank %u) differ from this run",
+                          kind, bs, rank);
         goto done;
     }
     fl_train_config cfg;
     if ((st = fl_train_config_from_gguf(g, &cfg))) goto done;
     if (cfg.n_embd != t->m->cfg.n_embd || cfg.n_layer != t->m->cfg.n_layer || cfg.n_vocab != t->m->cfg.n_vocab ||
         cfg.n_ff != t->m->cfg.n_ff || cfg.n_head != t->m->cfg.n_head || cfg.n_head_kv != t->m->cfg.n_head_kv) {
-        st = fl_set_error(FL_ERR_INVALID, "%s: checkpoint model shape differs", __func__);
+        st = fl_set_error(FL_ERR_INVALID, "fl_trainer_load: checkpoint model shape differs");
         goto done;
     }
     if (t->m->lora_rank <= 0 && (st = fl_train_model_read_params(t->m, g))) goto done;
     if (t->m->lora_rank > 0 && (st = fl_train_model_read_lora(t->m, g))) goto done;
+    /* the states cover all parameters: this rank's shard is a slice (any number of ranks) */
+    int64_t off, len;
+    shard_of(t, &off, &len);
     for (int i = 0;; i++) {
         void *data;
-        size_t bytes;
+        size_t bytes, full, lo, part;
         const char *name;
         if (fl_optim_state(t->opt, i, &data, &bytes, &name) != FL_OK) break;
         char key[96];
         snprintf(key, sizeof key, "optim.%s", name);
+        state_part(t, i, off, len, &full, &lo, &part);
         const fl_gguf_tensor *ts = fl_gguf_find_tensor(g, key);
-        if (!ts || ts->size != bytes) {
-            st = fl_set_error(FL_ERR_FORMAT, "%s: optimizer state '%s' missing or of the wrong size", __func__, key);
+        if (!ts || ts->size != full) {
+            st = fl_set_error(FL_ERR_FORMAT, "fl_trainer_load: optimizer state '%s' missing or of the wrong size", key);
             goto done;
         }
-        memcpy(data, ts->data, bytes);
+        FL_ASSERT(part <= bytes);
+        memcpy(data, (const char *)ts->data + lo, part);
     }
     if (t->bat.mode == FL_BATCH_BUCKET) {
         const fl_gguf_tensor *ts = fl_gguf_find_tensor(g, "data.perm");
         if (!ts || ts->size != (size_t)t->bat.n_batches * 8) {
-            st = fl_set_error(FL_ERR_FORMAT, "%s: data.perm missing or of the wrong size", __func__);
+            st = fl_set_error(FL_ERR_FORMAT, "fl_trainer_load: data.perm missing or of the wrong size");
             goto done;
         }
         memcpy(t->bat.perm, ts->data, ts->size);
     }
     if ((int64_t)pos >= (t->bat.mode == FL_BATCH_PACK ? t->data->n_ids : t->bat.n_batches)) {
-        st = fl_set_error(FL_ERR_INVALID, "%s: data position %llu past this corpus", __func__, (unsigned long long)pos);
+        st = fl_set_error(FL_ERR_INVALID, "fl_trainer_load: data position %llu past this corpus", (unsigned long long)pos);
         goto done;
     }
     fl_optim_set_steps(t->opt, (int64_t)osteps);

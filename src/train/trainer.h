@@ -14,8 +14,8 @@
  * "optim.<name>", and keys  fitllm.train.version (= FL_TRAIN_CKPT_VERSION), .step, .optim_steps,
  * .data_pos, .data_epoch, .rng, .loss_scale, .good_steps, .optim_kind, .block_size, .lora_rank,
  * .lora_alpha (+ "data.perm" for bucketed batches).  Loading restores every piece of state, so
- * the continuation is bit-identical to an uninterrupted run; a killed run loses only the steps
- * since the last checkpoint.
+ * the continuation is bit-identical to an uninterrupted run (with ZeRO: on as many ranks); a
+ * killed run loses only the steps since the last checkpoint.
  */
 #ifndef FL_TRAIN_TRAINER_H
 #define FL_TRAIN_TRAINER_H
@@ -46,7 +46,8 @@ typedef struct fl_trainer_opts {
      * step of one process with grad_accum N*K; gradients are summed (stage 1: allreduce, 2:
      * reduce-scatter), each rank updates its 1/N shard with its own 1/N of the optimizer
      * states, parameters are all-gathered.  NULL or one rank: plain single-process training.
-     * Not combinable with fp16 loss scaling or checkpoints (FL_ERR_UNSUPPORTED). */
+     * fp16 loss scaling works as in one process (the overflow test is on the global norm, so
+     * every rank skips alike).  Checkpoints are collective: see fl_trainer_save. */
     fl_comm *comm;
     int zero_stage;              /* 1 or 2 (0 -> 1) */
 } fl_trainer_opts;
@@ -72,8 +73,15 @@ fl_status fl_trainer_step(fl_trainer *t, fl_step_stats *stats);
 int64_t fl_trainer_step_count(const fl_trainer *t);
 const fl_optim *fl_trainer_optim(const fl_trainer *t);
 
+/* With ZeRO every rank calls it: rank 0 writes the file, taking the other ranks' optimizer
+ * shards over the communicator one state at a time (its peak grows by one state over all
+ * parameters, FL_MEM_MISC: 4 bytes a parameter for AdamW, 1 for 8-bit), and every rank returns
+ * rank 0's result.  The file is the one a single process writes: the states over all parameters. */
 fl_status fl_trainer_save(fl_trainer *t, const char *path);
-/* Restore a checkpoint written by fl_trainer_save for the same model shape and options. */
+/* Restore a checkpoint written by fl_trainer_save for the same model shape and options, with or
+ * without ZeRO and for any number of ranks (each rank reads its slice of the states: shards start
+ * on the optimizer's blocks).  With ZeRO every rank calls it and reads path itself (a path all
+ * ranks can read); if any rank fails, all do. */
 fl_status fl_trainer_load(fl_trainer *t, const char *path);
 
 #endif
