@@ -404,12 +404,17 @@ int fl_cmd_train(int argc, char **argv) {
     fprintf(stderr, "peak memory %s (weights %.1f MiB, grads %.1f MiB, optimizer %.1f MiB, activations %.1f MiB)\n", pk,
             (double)fl_mem_peak(FL_MEM_WEIGHTS) / 1048576.0, (double)fl_mem_peak(FL_MEM_GRAD) / 1048576.0,
             (double)fl_mem_peak(FL_MEM_OPTIM) / 1048576.0, (double)fl_mem_peak(FL_MEM_ACT) / 1048576.0);
-    if (json)
+    if (json) {
         printf("{\"event\":\"done\",\"steps\":%lld,\"train_s\":%.2f,\"loss_before\":%.6f,\"ppl_before\":%.6f,"
                "\"loss_after\":%.6f,\"ppl_after\":%.6f,\"unigram_ppl\":%.6f,\"peak_bytes\":%zu,\"act_peak_bytes\":%zu,"
-               "\"optim_bytes\":%zu}\n",
+               "\"optim_bytes\":%zu,\"peak_by_category\":{",
                (long long)fl_trainer_step_count(t), train_s, l0, exp(l0), l1, exp(l1), exp(unigram),
                fl_mem_peak_total(), fl_mem_peak(FL_MEM_ACT), fl_optim_state_bytes(fl_trainer_optim(t)));
+        /* each category's peak (this rank's), beside `fitllm plan --train`'s prediction */
+        for (int c = 0; c < FL_MEM_COUNT; c++)
+            printf("%s\"%s\":%zu", c ? "," : "", fl_mem_cat_name((fl_mem_cat)c), fl_mem_peak((fl_mem_cat)c));
+        printf("}}\n");
+    }
     if (save_every > 0 && (st = fl_trainer_save(t, ckpt))) goto fail;
     if (out && zrank == 0) {
         if (lora) { /* the adapters first: what the run learned is on disk whatever the export meets */

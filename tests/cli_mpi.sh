@@ -29,27 +29,41 @@ if [ -f "$MODEL" ] && command -v python3 >/dev/null; then
   done
 fi
 # ZeRO data-parallel training: N ranks x grad_accum 1 follow the loss curve of one process with
-# grad_accum N, and each rank holds 1/N of the optimizer states
+# grad_accum N, each rank holds 1/N of the optimizer states, and rank 0's peak in each category is
+# what `fitllm plan --train --dp N --zero S` predicts (weights, activations, grads, optimizer and
+# comm to the byte; workspace within 1%: packed batches hold more sequences than rows, 16 bytes
+# of the attention backward's offsets each)
 if [ -f "$MODEL" ] && command -v python3 >/dev/null; then
   TXT=$(mktemp); head -c 60000 "${2}/data/war-and-peace.txt" >"$TXT"
   ARGS=(train --init tiny --tokenizer "$MODEL" -f "$TXT" -c 64 --batch 2 --steps 6 --lr 3e-3 --warmup 1 --eval-tokens 500 --json)
+  TINY=$(mktemp --suffix .gguf)
+  "$BIN" "${ARGS[@]}" --steps 1 -t 1 -o "$TINY" >/dev/null 2>&1 || { echo "FAIL - the tiny model for the plans"; fails=$((fails+1)); }
   curve() { python3 -c "import sys,json; ev=[json.loads(l) for l in sys.stdin]; print([round(d['loss'],5) for d in ev if d.get('event')=='step'], [d['optim_bytes'] for d in ev if d.get('event')=='done'][0])"; }
   for np in 2 4; do
     one=$("$BIN" "${ARGS[@]}" --grad-accum $np -t 1 2>/dev/null | curve)
     for z in 1 2; do
-      dp=$(timeout 120 mpirun -np $np --oversubscribe --bind-to none "$BIN" "${ARGS[@]}" --grad-accum 1 --zero $z 2>"$DIR/mpi_zero_${np}_$z.log" | curve)
-      if python3 - "$one" "$dp" "$np" <<'PY'
-import sys, ast
+      LOG="$DIR/mpi_zero_${np}_$z.jsonl"
+      timeout 120 mpirun -np $np --oversubscribe --bind-to none "$BIN" "${ARGS[@]}" --grad-accum 1 -t 1 --zero $z 2>"$DIR/mpi_zero_${np}_$z.log" >"$LOG"
+      dp=$(curve <"$LOG")
+      plan=$("$BIN" plan -m "$TINY" --train -c 64 --batch 2 -t 1 --dp $np --zero $z --json 2>&1)
+      if python3 - "$one" "$dp" "$np" "$LOG" "$plan" <<'PY'
+import sys, ast, json
 a, b, n = sys.argv[1].rsplit(" ", 1), sys.argv[2].rsplit(" ", 1), int(sys.argv[3])
 la, lb = ast.literal_eval(a[0]), ast.literal_eval(b[0])
 assert len(la) == 6 and len(lb) == 6, (la, lb)
 assert all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(la, lb)), (la, lb)
 ratio = int(a[1]) / int(b[1])
 assert 0.9 * n <= ratio <= 1.1 * n, ("optimizer bytes per rank not 1/N", a[1], b[1])
+got = [json.loads(l) for l in open(sys.argv[4]) if '"done"' in l][0]["peak_by_category"]
+want = json.loads(sys.argv[5])["devices"][0]["bytes"]
+for g, w in (("weights", "weights"), ("act", "activations"), ("grad", "grads"), ("optim", "optimizer"), ("comm", "comm")):
+    assert got[g] == want[w], ("plan against measured", g, got[g], want[w])
+assert want["workspace"] <= got["scratch"] <= 1.01 * want["workspace"], ("workspace", got["scratch"], want["workspace"])
 PY
-      then echo "ok   - train --zero $z on $np ranks: same loss curve, optimizer states / $np"; else echo "FAIL - train --zero $z on $np ranks: $dp vs $one"; fails=$((fails+1)); fi
+      then echo "ok   - train --zero $z on $np ranks: same loss curve, optimizer states / $np, rank 0's peaks as planned"; else echo "FAIL - train --zero $z on $np ranks: $dp vs $one"; fails=$((fails+1)); fi
     done
   done
+  rm -f "$TINY"
   # ZeRO checkpoints and fp16 loss scaling (8-bit AdamW: the shards start on its blocks; fp16
   # from a loss scale that overflows now and then). ZeRO-2 skips the steps one process skips, with
   # the same loss scales; a run stopped at step 3 and resumed on as

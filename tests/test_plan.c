@@ -8,6 +8,7 @@
 #include "core/status.h"
 #include "formats/gguf.h"
 #include "plan/plan.h"
+#include "dist/zero.h"
 #include "kernels/dispatch.h"
 
 #include <stdlib.h>
@@ -446,7 +447,11 @@ static void test_training(void **state) {
     in.train = true;
     in.lora_rank = 0;
     fl_plan_parse_wtype("bf16", &in.weights);
-    /* ZeRO over 4 ranks: 1 shards the optimizer, 2 also grads, 3 also weights (+ a gather buffer) */
+    /* ZeRO over 4 ranks.  1 and 2 as fitllm's trainer runs them (dist/zero.h): rank 0 keeps the
+     * optimizer states of a shard of L parameters (ceil(P / 4) rounded up to 256), the whole
+     * gradient (2: plus the summed shard), the collectives' pieces of at most 2^20 floats per
+     * rank and the communicator.  3 (the textbook; the trainer has none) also shards grads and
+     * weights, plus a gather buffer of one layer. */
     in.ckpt_every = 0;
     in.dp = 4;
     fl_plan_result z[4];
@@ -455,10 +460,18 @@ static void test_training(void **state) {
         z[k] = plan(&s, &in);
     }
     assert_int_equal(z[0].dev[0].bytes[FL_MEM_OPTIM], 8 * P);
-    assert_int_equal(z[1].dev[0].bytes[FL_MEM_OPTIM], 8 * P / 4);
-    assert_int_equal(z[1].dev[0].bytes[FL_MEM_GRAD], 4 * P);
-    assert_int_equal(z[2].dev[0].bytes[FL_MEM_GRAD], 4 * P / 4);
-    assert_int_equal(z[2].dev[0].bytes[FL_MEM_WEIGHTS], 8 * P);
+    const uint64_t L = (uint64_t)fl_zero_stride(4, (int64_t)P, 256);
+    assert_true(L >= P / 4 && L < P / 4 + 256 && L % 256 == 0);
+    const uint64_t pieces = 5 * (L < ((uint64_t)1 << 20) ? L : ((uint64_t)1 << 20)) * 4 + fl_comm_object_bytes();
+    for (int k = 1; k <= 2; k++) {
+        assert_int_equal(z[k].dev[0].bytes[FL_MEM_OPTIM], 8 * L);
+        assert_int_equal(z[k].dev[0].bytes[FL_MEM_GRAD], 4 * P + (k == 2 ? 4 * L : 0));
+        assert_int_equal(z[k].dev[0].bytes[FL_MEM_COMM], pieces);
+        assert_int_equal(z[k].dev[0].bytes[FL_MEM_WEIGHTS], 8 * P);
+        assert_int_equal(z[k].dev[0].bytes[FL_MEM_MISC], z[0].dev[0].bytes[FL_MEM_MISC] + fl_zero_object_bytes());
+    }
+    assert_int_equal(z[3].dev[0].bytes[FL_MEM_OPTIM], 8 * P / 4);
+    assert_int_equal(z[3].dev[0].bytes[FL_MEM_GRAD], 4 * P / 4);
     assert_int_equal(z[3].dev[0].bytes[FL_MEM_WEIGHTS], 8 * P / 4);
     uint64_t layer = 4 * (2048ull * 2048 * 2 + 2048ull * 256 * 2 + 3ull * 2048 * 5632 + 2 * 2048);
     assert_int_equal(z[3].dev[0].bytes[FL_MEM_COMM], layer);

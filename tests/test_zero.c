@@ -138,23 +138,31 @@ static void reference(double *loss, float *p) {
     adamw_free(&a);
 }
 
-static void zero_case(int32_t stage, int64_t align) {
+static void zero_case(int32_t stage, int64_t align, int64_t piece) {
     const int32_t N = fl_comm_size(g_comm), r = fl_comm_rank(g_comm);
     double ref_loss[STEPS], got_loss[STEPS];
     float ref_p[NPAR], p[NPAR];
     reference(ref_loss, ref_p);
     fl_zero *z;
-    assert_int_equal(fl_zero_new(g_comm, stage, NPAR, align, &z), FL_OK);
+    const size_t comm0 = fl_mem_current(FL_MEM_COMM), misc0 = fl_mem_current(FL_MEM_MISC);
+    assert_int_equal(fl_zero_new(g_comm, stage, NPAR, align, piece, &z), FL_OK);
     int64_t off, len;
     fl_zero_shard(z, &off, &len);
+    const int64_t L = fl_zero_shard_stride(z);
+    assert_int_equal(L, fl_zero_stride(N, NPAR, align));
+    /* what it allocated is what fl_zero_bytes_for says */
+    uint64_t gb, cb;
+    fl_zero_bytes_for(stage, N, NPAR, align, piece, &gb, &cb);
+    assert_int_equal(fl_mem_current(FL_MEM_GRAD), gb);
+    assert_int_equal(fl_mem_current(FL_MEM_COMM) - comm0, cb);
+    assert_int_equal(fl_mem_current(FL_MEM_MISC) - misc0, fl_zero_object_bytes());
     /* the shards start on multiples of align and cover [0, NPAR) once */
     assert_int_equal(off % align, 0);
     double cover = (double)len;
     assert_int_equal(fl_comm_allreduce_sum_f64(g_comm, &cover, 1), FL_OK);
     assert_true(cover == (double)NPAR);
-    assert_true(len == 0 || off + len == NPAR || len == (fl_zero_padded_n(z) / N));
-    const int64_t npad = fl_zero_padded_n(z);
-    float *g = fl_calloc(FL_MEM_GRAD, (size_t)npad, sizeof(float));
+    assert_true(len == 0 || off + len == NPAR || len == L);
+    float *g = fl_calloc(FL_MEM_GRAD, NPAR, sizeof(float));
     adamw a;
     adamw_init(&a, len);
     /* the optimizer states are 1/N of a single process's */
@@ -162,7 +170,7 @@ static void zero_case(int32_t stage, int64_t align) {
     init_params(p);
     float x[DI], t[DO];
     for (int step = 0; step < STEPS; step++) {
-        memset(g, 0, (size_t)npad * sizeof(float));
+        memset(g, 0, NPAR * sizeof(float));
         double l = 0;
         for (int i = r * B / N; i < (r + 1) * B / N; i++) {
             sample(step, i, x, t);
@@ -176,27 +184,30 @@ static void zero_case(int32_t stage, int64_t align) {
     double maxl = 0, maxp = 0;
     for (int s = 0; s < STEPS; s++) maxl = fmax(maxl, fabs(ref_loss[s] - got_loss[s]) / ref_loss[s]);
     for (int i = 0; i < NPAR; i++) maxp = fmax(maxp, fabs(ref_p[i] - p[i]));
-    fprintf(stderr, "rank %d/%d zero-%d, align %lld: shard [%lld, +%lld) of %d, loss %.5f -> %.5f (ref %.5f -> %.5f), max rel dloss %.2g, max |dp| %.2g\n",
-            r, N, stage, (long long)align, (long long)off, (long long)len, NPAR, got_loss[0], got_loss[STEPS - 1], ref_loss[0],
+    fprintf(stderr, "rank %d/%d zero-%d, align %lld, pieces of %lld: shard [%lld, +%lld) of %d, loss %.5f -> %.5f (ref %.5f -> %.5f), max rel dloss %.2g, max |dp| %.2g\n",
+            r, N, stage, (long long)align, (long long)piece, (long long)off, (long long)len, NPAR, got_loss[0], got_loss[STEPS - 1], ref_loss[0],
             ref_loss[STEPS - 1], maxl, maxp);
     assert_true(got_loss[STEPS - 1] < 0.7 * got_loss[0]); /* it learns */
     assert_true(maxl < 1e-4);
     assert_true(maxp < 1e-4);
     adamw_free(&a);
-    fl_free(FL_MEM_GRAD, g, (size_t)npad * sizeof(float));
+    fl_free(FL_MEM_GRAD, g, NPAR * sizeof(float));
     fl_zero_free(z);
     mem_zero_but_comm();
 }
 
 static void test_zero1(void **state) {
     (void)state;
-    zero_case(1, 1);
-    zero_case(1, 32);
+    zero_case(1, 1, 0);
+    zero_case(1, 32, 0);
+    zero_case(1, 32, 7); /* pieces of 7 floats: the shards in several, the last short */
 }
 static void test_zero2(void **state) {
     (void)state;
-    zero_case(2, 1);
-    zero_case(2, 32);
+    zero_case(2, 1, 0);
+    zero_case(2, 32, 0);
+    zero_case(2, 32, 7);
+    zero_case(2, 1, 1);
 }
 
 /* A gradient that is not finite on one rank (an fp16 overflow): every rank gets the non-finite
@@ -204,11 +215,10 @@ static void test_zero2(void **state) {
 static void nonfinite_case(int32_t stage) {
     const int32_t r = fl_comm_rank(g_comm);
     fl_zero *z;
-    assert_int_equal(fl_zero_new(g_comm, stage, NPAR, 16, &z), FL_OK);
+    assert_int_equal(fl_zero_new(g_comm, stage, NPAR, 16, 5, &z), FL_OK);
     int64_t off, len;
     fl_zero_shard(z, &off, &len);
-    const int64_t npad = fl_zero_padded_n(z);
-    float *g = fl_calloc(FL_MEM_GRAD, (size_t)npad, sizeof(float));
+    float *g = fl_calloc(FL_MEM_GRAD, NPAR, sizeof(float));
     assert_non_null(g);
     adamw a;
     adamw_init(&a, len);
@@ -223,14 +233,14 @@ static void nonfinite_case(int32_t stage) {
     assert_false(isfinite(nrm));
     assert_int_equal(a.t, 0);
     assert_memory_equal(p, p0, sizeof p);
-    memset(g, 0, (size_t)npad * sizeof(float));
+    memset(g, 0, NPAR * sizeof(float));
     backward(p, x, t, 1.0f, g);
     assert_int_equal(fl_zero_step(z, p, g, 1.0, &nrm, adamw_update, &a), FL_OK);
     assert_true(isfinite(nrm) && nrm > 0);
     assert_int_equal(a.t, len > 0 ? 1 : 0);
     assert_true(memcmp(p, p0, sizeof p) != 0);
     adamw_free(&a);
-    fl_free(FL_MEM_GRAD, g, (size_t)npad * sizeof(float));
+    fl_free(FL_MEM_GRAD, g, NPAR * sizeof(float));
     fl_zero_free(z);
     mem_zero_but_comm();
 }
@@ -243,9 +253,10 @@ static void test_zero_nonfinite(void **state) {
 static void test_zero_bad(void **state) {
     (void)state;
     fl_zero *z;
-    assert_int_equal(fl_zero_new(g_comm, 3, 10, 1, &z), FL_ERR_INVALID);
-    assert_int_equal(fl_zero_new(g_comm, 1, 0, 1, &z), FL_ERR_INVALID);
-    assert_int_equal(fl_zero_new(g_comm, 1, 10, 0, &z), FL_ERR_INVALID);
+    assert_int_equal(fl_zero_new(g_comm, 3, 10, 1, 0, &z), FL_ERR_INVALID);
+    assert_int_equal(fl_zero_new(g_comm, 1, 0, 1, 0, &z), FL_ERR_INVALID);
+    assert_int_equal(fl_zero_new(g_comm, 1, 10, 0, 0, &z), FL_ERR_INVALID);
+    assert_int_equal(fl_zero_new(g_comm, 1, 10, 1, -1, &z), FL_ERR_INVALID);
     mem_zero_but_comm();
 }
 

@@ -69,6 +69,7 @@ int fl_comm_rank(const fl_comm *c) { return c->rank; }
 int fl_comm_size(const fl_comm *c) { return c->size; }
 bool fl_comm_is_mpi(const fl_comm *c) { return c->mpi; }
 uint64_t fl_comm_bytes_sent(const fl_comm *c) { return c->bytes_sent; }
+size_t fl_comm_object_bytes(void) { return sizeof(fl_comm); }
 
 fl_status fl_comm_barrier(fl_comm *c) { return c->ops->barrier(c); }
 

@@ -28,6 +28,7 @@ int fl_comm_rank(const fl_comm *c);
 int fl_comm_size(const fl_comm *c);
 bool fl_comm_is_mpi(const fl_comm *c);
 uint64_t fl_comm_bytes_sent(const fl_comm *c);
+size_t fl_comm_object_bytes(void); /* what fl_comm_new keeps in FL_MEM_COMM (the planner) */
 
 fl_status fl_comm_barrier(fl_comm *c);
 /* In-place sum over ranks of buf[n]. */

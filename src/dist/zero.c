@@ -11,15 +11,30 @@ struct fl_zero {
     fl_comm *comm;
     int32_t stage, rank, size;
     int64_t n, L, off, len; /* L = shard stride, len = this shard's valid length */
+    int64_t K;              /* floats per rank in one collective piece */
     float *gshard;          /* FL_MEM_GRAD [L] (stage 2) */
-    float *gather;          /* FL_MEM_COMM [size * L + L] */
+    float *buf;             /* FL_MEM_COMM [size * K + K]: the pieces of every rank, then this rank's to send */
 };
 
-fl_status fl_zero_new(fl_comm *comm, int32_t stage, int64_t n, int64_t align, fl_zero **out) {
+int64_t fl_zero_stride(int32_t size, int64_t n, int64_t align) {
+    const int64_t L = (n + size - 1) / size;
+    return (L + align - 1) / align * align;
+}
+
+void fl_zero_bytes_for(int32_t stage, int32_t size, int64_t n, int64_t align, int64_t piece, uint64_t *grad,
+                       uint64_t *comm) {
+    const int64_t L = fl_zero_stride(size, n, align), K = L < (piece > 0 ? piece : FL_ZERO_PIECE) ? L : (piece > 0 ? piece : FL_ZERO_PIECE);
+    *grad = stage == 2 ? (uint64_t)L * sizeof(float) : 0;
+    *comm = (uint64_t)(size + 1) * (uint64_t)K * sizeof(float);
+}
+
+size_t fl_zero_object_bytes(void) { return sizeof(fl_zero); }
+
+fl_status fl_zero_new(fl_comm *comm, int32_t stage, int64_t n, int64_t align, int64_t piece, fl_zero **out) {
     *out = NULL;
-    if ((stage != 1 && stage != 2) || n < 1 || align < 1)
-        return fl_set_error(FL_ERR_INVALID, "zero: stage %d with %lld parameters, shards aligned to %lld (stages 1 and 2)",
-                            stage, (long long)n, (long long)align);
+    if ((stage != 1 && stage != 2) || n < 1 || align < 1 || piece < 0)
+        return fl_set_error(FL_ERR_INVALID, "zero: stage %d with %lld parameters, shards aligned to %lld, pieces of %lld (stages 1 and 2)",
+                            stage, (long long)n, (long long)align, (long long)piece);
     fl_zero *z = fl_calloc(FL_MEM_MISC, 1, sizeof *z);
     if (!z) return FL_ERR_NOMEM;
     z->comm = comm;
@@ -27,22 +42,23 @@ fl_status fl_zero_new(fl_comm *comm, int32_t stage, int64_t n, int64_t align, fl
     z->rank = fl_comm_rank(comm);
     z->size = fl_comm_size(comm);
     z->n = n;
-    z->L = (n + z->size - 1) / z->size;
-    z->L = (z->L + align - 1) / align * align;
+    z->L = fl_zero_stride(z->size, n, align);
+    if (piece == 0) piece = FL_ZERO_PIECE;
+    z->K = z->L < piece ? z->L : piece;
     fl_zero_shard_of(z, z->rank, &z->off, &z->len);
     if (stage == 2 && !(z->gshard = fl_alloc(FL_MEM_GRAD, (size_t)z->L * sizeof(float), 64))) goto fail;
-    if (!(z->gather = fl_alloc(FL_MEM_COMM, (size_t)(z->size + 1) * (size_t)z->L * sizeof(float), 64))) goto fail;
+    if (!(z->buf = fl_alloc(FL_MEM_COMM, (size_t)(z->size + 1) * (size_t)z->K * sizeof(float), 64))) goto fail;
     *out = z;
     return FL_OK;
 fail:
     fl_zero_free(z);
-    return FL_ERR_NOMEM;
+    return fl_set_error(FL_ERR_NOMEM, "zero: no memory for the gradient shard or the collective pieces");
 }
 
 void fl_zero_free(fl_zero *z) {
     if (!z) return;
     if (z->gshard) fl_free(FL_MEM_GRAD, z->gshard, (size_t)z->L * sizeof(float));
-    if (z->gather) fl_free(FL_MEM_COMM, z->gather, (size_t)(z->size + 1) * (size_t)z->L * sizeof(float));
+    if (z->buf) fl_free(FL_MEM_COMM, z->buf, (size_t)(z->size + 1) * (size_t)z->K * sizeof(float));
     fl_free(FL_MEM_MISC, z, sizeof *z);
 }
 
@@ -56,7 +72,7 @@ void fl_zero_shard_of(const fl_zero *z, int rank, int64_t *off, int64_t *len) {
     *len = *off >= z->n ? 0 : (z->n - *off < z->L ? z->n - *off : z->L);
 }
 
-int64_t fl_zero_padded_n(const fl_zero *z) { return z->L * z->size; }
+int64_t fl_zero_shard_stride(const fl_zero *z) { return z->L; }
 
 static double sumsq(const float *g, int64_t n) {
     double s = 0;
@@ -64,17 +80,42 @@ static double sumsq(const float *g, int64_t n) {
     return s;
 }
 
+/* Of a vector of n floats, how many of [a, a + k) exist. */
+static int64_t have(int64_t n, int64_t a, int64_t k) {
+    const int64_t h = n - a;
+    return h < 0 ? 0 : (h < k ? h : k);
+}
+
+/* dst[0..k) = src[a..a+k), zeros past n. */
+static void take(float *dst, const float *src, int64_t n, int64_t a, int64_t k) {
+    const int64_t h = have(n, a, k);
+    if (h > 0) memcpy(dst, src + a, (size_t)h * sizeof(float));
+    memset(dst + h, 0, (size_t)(k - h) * sizeof(float));
+}
+
+/* dst[a..a+k) = src[0..k), clipped to n. */
+static void put(float *dst, int64_t n, int64_t a, const float *src, int64_t k) {
+    const int64_t h = have(n, a, k);
+    if (h > 0) memcpy(dst + a, src, (size_t)h * sizeof(float));
+}
+
 fl_status fl_zero_step(fl_zero *z, float *params, float *grads, double max_norm, double *norm, fl_zero_update_fn fn,
                        void *ud) {
     fl_status st;
     float *g; /* this shard's summed gradients */
     double ss;
+    const int32_t N = z->size;
     if (z->stage == 1) {
         if ((st = fl_comm_allreduce_sum_f32(z->comm, grads, z->n))) return st;
         g = grads + z->off;
         ss = sumsq(grads, z->n);
     } else {
-        if ((st = fl_comm_reduce_scatter_sum_f32(z->comm, grads, z->gshard, z->L))) return st;
+        /* reduce-scatter piece by piece: rank r's k floats at [r L + c, r L + c + k) */
+        for (int64_t c = 0; c < z->L; c += z->K) {
+            const int64_t k = z->L - c < z->K ? z->L - c : z->K;
+            for (int32_t r = 0; r < N; r++) take(z->buf + (size_t)r * (size_t)k, grads, z->n, (int64_t)r * z->L + c, k);
+            if ((st = fl_comm_reduce_scatter_sum_f32(z->comm, z->buf, z->gshard + c, k))) return st;
+        }
         g = z->gshard;
         ss = sumsq(g, z->len);
         if ((st = fl_comm_allreduce_sum_f64(z->comm, &ss, 1))) return st;
@@ -87,11 +128,13 @@ fl_status fl_zero_step(fl_zero *z, float *params, float *grads, double max_norm,
         for (int64_t i = 0; i < z->len; i++) g[i] *= sc;
     }
     if (z->len > 0) fn(ud, params + z->off, g, z->len);
-    /* all-gather the updated shards (padded to L) */
-    float *send = z->gather + (size_t)z->size * (size_t)z->L;
-    memset(send, 0, (size_t)z->L * sizeof(float));
-    if (z->len > 0) memcpy(send, params + z->off, (size_t)z->len * sizeof(float));
-    if ((st = fl_comm_allgather(z->comm, send, z->gather, (size_t)z->L * sizeof(float)))) return st;
-    memcpy(params, z->gather, (size_t)z->n * sizeof(float));
+    /* all-gather the updated shards piece by piece */
+    float *send = z->buf + (size_t)N * (size_t)z->K;
+    for (int64_t c = 0; c < z->L; c += z->K) {
+        const int64_t k = z->L - c < z->K ? z->L - c : z->K;
+        take(send, params, z->n, z->off + c, k);
+        if ((st = fl_comm_allgather(z->comm, send, z->buf, (size_t)k * sizeof(float)))) return st;
+        for (int32_t r = 0; r < N; r++) put(params, z->n, (int64_t)r * z->L + c, z->buf + (size_t)r * (size_t)k, k);
+    }
     return FL_OK;
 }

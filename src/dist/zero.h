@@ -4,12 +4,13 @@
  * Every rank holds the full parameters (the forward/backward need them) and runs the backward on
  * its own slice of the global batch.  The optimizer is sharded: rank r owns parameters
  * [off, off + len) (off = r L, L = ceil(n / N) rounded up to a multiple of `align`, len = L but
- * the last shards shorter or empty) and keeps optimizer states for
- * those only (the caller creates its optimizer for `len` parameters: 1/N of the states).
- *   stage 1: grads are allreduced (sum over ranks) in full; each rank updates its shard.
+ * the last shards shorter or empty) and keeps optimizer states for those only (the caller
+ * creates its optimizer for `len` parameters: 1/N of the states).
+ *   stage 1: grads are allreduced (sum over ranks) in place; each rank updates its shard.
  *   stage 2: grads are reduce-scattered: each rank receives only the summed shard (FL_MEM_GRAD,
- *            len floats, owned here) and updates from it; the full gradient buffer is the
- *            backward's (a bucketed backward could release it layer by layer: not done here).
+ *            L floats, owned here) and updates from it; the full gradient buffer is the
+ *            backward's (a bucketed backward could release it layer by layer: not done here),
+ *            so stage 2 holds L floats more than stage 1 and moves half the bytes.
  * Then the updated shards are all-gathered into every rank's parameters.  Gradient clipping uses
  * the global norm (stage 2: shard norms summed with an f64 allreduce).  The sum over ranks is
  * not averaged: the caller scales its local gradients (e.g. by 1 / global batch).  A global norm
@@ -21,9 +22,12 @@
  * AdamW created for `len` parameters with its decay ranges shifted by -off); gradient
  * checkpointing is the backward's business and combines freely.
  *
- * Buffers: stage 2 grads must have fl_zero_padded_n() elements (zeros past n); the all-gather
- * uses [N][L] + [L] floats of FL_MEM_COMM.  Errors: FL_ERR_INVALID for bad stage / sizes,
- * FL_ERR_NOMEM, communicator errors.  Collective; not thread-safe.
+ * Buffers: the reduce-scatter and the all-gather go in pieces of K = min(L, piece) floats per
+ * rank through one FL_MEM_COMM buffer of (N + 1) K floats (piece 0: FL_ZERO_PIECE), so the
+ * communication memory stays bounded and no MPI count passes 2^31 whatever the model's size.
+ * fl_zero_bytes_for gives these sizes before anything is allocated (the planner).
+ * Errors: FL_ERR_INVALID for bad stage / sizes, FL_ERR_NOMEM, communicator errors.
+ * Collective; not thread-safe.
  */
 #ifndef FL_ZERO_H
 #define FL_ZERO_H
@@ -32,14 +36,23 @@
 
 typedef struct fl_zero fl_zero;
 
+#define FL_ZERO_PIECE ((int64_t)1 << 20) /* floats per rank in one collective piece: 4 MiB */
+
 /* Update params[0..n) of this rank's shard from grads[0..n) (the shard's summed gradients). */
 typedef void (*fl_zero_update_fn)(void *ud, float *params, const float *grads, int64_t n);
 
-fl_status fl_zero_new(fl_comm *comm, int32_t stage, int64_t n_params, int64_t align, fl_zero **out);
+fl_status fl_zero_new(fl_comm *comm, int32_t stage, int64_t n_params, int64_t align, int64_t piece, fl_zero **out);
 void fl_zero_free(fl_zero *z);
 void fl_zero_shard(const fl_zero *z, int64_t *off, int64_t *len); /* this rank's shard */
 void fl_zero_shard_of(const fl_zero *z, int rank, int64_t *off, int64_t *len); /* any rank's */
-int64_t fl_zero_padded_n(const fl_zero *z);                       /* N * ceil(n / N) */
+int64_t fl_zero_shard_stride(const fl_zero *z);                   /* L */
+
+/* Sizes before allocating: the shard stride L over `size` ranks, and what fl_zero_new allocates:
+ * *grad (FL_MEM_GRAD: stage 2's L floats) and *comm (FL_MEM_COMM), plus the object (MISC). */
+int64_t fl_zero_stride(int32_t size, int64_t n_params, int64_t align);
+void fl_zero_bytes_for(int32_t stage, int32_t size, int64_t n_params, int64_t align, int64_t piece, uint64_t *grad,
+                       uint64_t *comm);
+size_t fl_zero_object_bytes(void);
 
 /* One data-parallel step: sum grads over ranks (stage 1: allreduce, stage 2: reduce-scatter),
  * clip to max_norm (<= 0: no clipping; *norm gets the global norm before clipping when not

@@ -1,6 +1,8 @@
 /* Memory planner formulas: weights, KV, step buffers, training state, sharding, fitting.
  * Every formula is written down in docs/PLANNER.md and the buffers in plan.h. */
 #include "plan/plan.h"
+
+#include "dist/zero.h"
 #include "kernels/attn.h"
 #include "kernels/matmul.h"
 #include "kv/paged_attn.h"
@@ -552,8 +554,22 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             uint64_t params = w / elt;
             uint64_t grads = w, optim = optim_bytes(in, params);
             if (is_mixed(in)) w = smul(w, 2); /* + the rounded compute copy */
-            if (in->zero_stage >= 1) optim = cdiv(optim, dp);
-            if (in->zero_stage >= 2) grads = cdiv(grads, dp);
+            if ((in->zero_stage == 1 || in->zero_stage == 2) && dp > 1 && params < (uint64_t)1 << 50) {
+                /* fitllm's trainer (dist/zero.h): the fullest rank (rank 0) keeps the optimizer
+                 * states of a shard of parameters (ceil(P / dp) rounded up to the 8-bit block),
+                 * the whole gradient (the backward's) plus, stage 2, the summed shard, and the
+                 * collectives' pieces; the parameters stay whole */
+                const int64_t shard = fl_zero_stride((int32_t)dp, (int64_t)params, 256);
+                uint64_t gshard, comm;
+                fl_zero_bytes_for(in->zero_stage, (int32_t)dp, (int64_t)params, 256, 0, &gshard, &comm);
+                optim = optim_bytes(in, (uint64_t)shard < params ? (uint64_t)shard : params);
+                grads = sadd(grads, gshard);
+                dev->bytes[FL_MEM_COMM] = sadd(comm, fl_comm_object_bytes()); /* + the communicator */
+                dev->bytes[FL_MEM_MISC] = sadd(dev->bytes[FL_MEM_MISC], fl_zero_object_bytes());
+            } else if (in->zero_stage >= 1) { /* the textbook sharding (stage 3: fitllm's trainer has none) */
+                optim = cdiv(optim, dp);
+                if (in->zero_stage >= 2) grads = cdiv(grads, dp);
+            }
             if (in->zero_stage >= 3) {
                 w = cdiv(w, dp);
                 dev->bytes[FL_MEM_COMM] = wmax; /* one layer gathered at a time */

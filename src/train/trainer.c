@@ -28,8 +28,6 @@ struct fl_trainer {
     /* ZeRO data parallelism (o.comm with more than one rank) */
     fl_zero *zero;
     int world, rank;
-    float *gpad;      /* stage 2: gradients padded to fl_zero_padded_n (FL_MEM_GRAD) */
-    int64_t gpad_n;
     float cur_lr;
 };
 
@@ -57,7 +55,6 @@ void fl_trainer_free(fl_trainer *t) {
     fl_batcher_deinit(&t->bat);
     fl_optim_free(t->opt);
     fl_zero_free(t->zero);
-    if (t->gpad) fl_free(FL_MEM_GRAD, t->gpad, (size_t)t->gpad_n * sizeof(float));
     fl_free(FL_MEM_MISC, t, sizeof *t);
 }
 
@@ -87,7 +84,7 @@ fl_status fl_trainer_new(fl_train_model *m, const fl_train_data *train, const fl
         /* shards start on the 8-bit optimizer's blocks: their states are slices of one
          * optimizer's over all n parameters (checkpoints) */
         const int64_t align = o->optim.block_size > 0 ? o->optim.block_size : 256;
-        if ((st = fl_zero_new(o->comm, o->zero_stage ? o->zero_stage : 1, n, align, &t->zero))) goto fail;
+        if ((st = fl_zero_new(o->comm, o->zero_stage ? o->zero_stage : 1, n, align, 0, &t->zero))) goto fail;
         int64_t off, len;
         fl_zero_shard(t->zero, &off, &len);
         /* this rank's optimizer covers [off, off + len): decay ranges shifted and clipped */
@@ -100,11 +97,6 @@ fl_status fl_trainer_new(fl_train_model *m, const fl_train_data *train, const fl
             if (a < b) { sr[2 * ns] = a - off; sr[2 * ns + 1] = b - off; ns++; }
         }
         if ((st = fl_optim_new(&o->optim, len > 0 ? len : 1, sr, ns, &t->opt))) goto fail;
-        if ((o->zero_stage == 2)) {
-            t->gpad_n = fl_zero_padded_n(t->zero);
-            t->gpad = fl_calloc(FL_MEM_GRAD, (size_t)t->gpad_n, sizeof(float));
-            if (!t->gpad) goto nomem;
-        }
     } else if ((st = fl_optim_new(&o->optim, n, ranges, nr, &t->opt))) {
         goto fail;
     }
@@ -189,14 +181,9 @@ static fl_status zero_finish(fl_trainer *t, fl_step_stats *s, double loss, int64
     s->lr = lr;
     s->loss_scale = t->loss_scale;
     t->cur_lr = lr;
-    float *g = grads;
-    if (t->gpad) {
-        memcpy(t->gpad, grads, (size_t)n * sizeof(float));
-        g = t->gpad;
-    }
-    unscale(t, g, n);
+    unscale(t, grads, n);
     double norm = 0;
-    st = fl_zero_step(t->zero, params, g, t->o.clip, &norm, zero_update, t);
+    st = fl_zero_step(t->zero, params, grads, t->o.clip, &norm, zero_update, t);
     if (st) return st;
     s->grad_norm = norm;
     t->step++;
