@@ -23,7 +23,7 @@ int64_t fl_zero_stride(int32_t size, int64_t n, int64_t align) {
 
 void fl_zero_bytes_for(int32_t stage, int32_t size, int64_t n, int64_t align, int64_t piece, uint64_t *grad,
                        uint64_t *comm) {
-    const int64_t L = fl_zero_stride(size, n, align), K = L < (piece > 0 ? piece : FL_ZERO_PIECE) ? L : (piece > 0 ? piece : FL_ZERO_PIECE);
+    const int64_t L = fl_zero_stride(size, n, align), p = piece > 0 ? piece : FL_ZERO_PIECE, K = L < p ? L : p;
     *grad = stage == 2 ? (uint64_t)L * sizeof(float) : 0;
     *comm = (uint64_t)(size + 1) * (uint64_t)K * sizeof(float);
 }
