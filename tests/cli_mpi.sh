@@ -2,7 +2,7 @@
 # Run the MPI-aware test programs under mpirun with 2 and 4 ranks (oversubscribed on 2 cores).
 # Usage: cli_mpi.sh FITLLM_BIN SHARED_DIR
 set -u
-BIN=$1
+BIN=$(readlink -f "$1") # absolute: one test runs ranks in folders of their own
 DIR=$(dirname "$BIN")
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not installed"; exit 77; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
@@ -20,7 +20,7 @@ for np in 2 4; do
   done
 done
 # the CLI: `mpirun -np N fitllm run --tp N` gives the one-process greedy tokens (stories260K)
-MODEL=${2:-}/models/stories260K.gguf
+MODEL=$(readlink -f "${2:-.}")/models/stories260K.gguf
 if [ -f "$MODEL" ] && command -v python3 >/dev/null; then
   want=$("$BIN" run -m "$MODEL" -p "Once upon a time" -n 40 --temp 0 --json -t 1 | python3 -c "import json,sys; print(json.load(sys.stdin)['tokens'])")
   for np in 2 4; do
@@ -102,6 +102,17 @@ assert len(four) == 3 and all(0 < float(x.split("/")[0]) < 7 for x in four), ("4
 PY
   then echo "ok   - ZeRO checkpoints + fp16: resume bit-identical on 2 ranks (written in pieces), the same on one process, 4 ranks resume"
   else echo "FAIL - ZeRO checkpoints + fp16: $ref | $full | $same | $one | $four"; tail -3 "$T"/*.log; fails=$((fails+1)); fi
+  # one rank reads a damaged copy (each rank runs in its own folder, the same relative path):
+  # every rank fails, and rank 0, whose copy is good, says how many could not read it
+  mkdir -p "$T/r0" "$T/r1"
+  cp "$T/z.gguf.ckpt" "$T/r0/c.ckpt"
+  head -c 100000 "$T/z.gguf.ckpt" > "$T/r1/c.ckpt"
+  timeout 120 mpirun --oversubscribe --bind-to none -np 1 -wdir "$T/r0" "$BIN" "${CK[@]}" --steps 6 --zero 2 --resume c.ckpt : \
+      -np 1 -wdir "$T/r1" "$BIN" "${CK[@]}" --steps 6 --zero 2 --resume c.ckpt >"$T/h.out" 2>"$T/h.log"
+  rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "could not be read on 1 of 2 ranks" "$T/h.log" && ! grep -q '"event":"step"' "$T/h.out"
+  then echo "ok   - ZeRO resume: a rank that cannot read the checkpoint fails them all (exit $rc)"
+  else echo "FAIL - ZeRO resume with one damaged copy: exit $rc"; tail -5 "$T/h.log"; fails=$((fails+1)); fi
   rm -rf "$T"
   rm -f "$TXT"
 fi
