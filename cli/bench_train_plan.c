@@ -26,6 +26,7 @@ int fl_bench_train_plan(const fl_bench_train_shape *b, uint64_t bytes[FL_MEM_COU
     in.train = true;
     in.n_ctx = b->n_ctx;
     in.n_seq = b->batch;
+    in.train_seqs = b->batch; /* its batches: one sequence a row */
     in.ckpt_every = b->ckpt_every;
     in.optim = b->optim8 ? FL_PLAN_OPTIM_ADAMW8BIT : FL_PLAN_OPTIM_ADAMW;
     in.n_threads = b->n_threads;

@@ -31,8 +31,8 @@ fi
 # ZeRO data-parallel training: N ranks x grad_accum 1 follow the loss curve of one process with
 # grad_accum N, each rank holds 1/N of the optimizer states, and rank 0's peak in each category is
 # what `fitllm plan --train --dp N --zero S` predicts (weights, activations, grads, optimizer and
-# comm to the byte; workspace within 1%: packed batches hold more sequences than rows, 16 bytes
-# of the attention backward's offsets each)
+# comm to the byte; the workspace a bound within 1%: the plan gives the attention kernels' offsets
+# room for a sequence per token, since packing puts several documents in a row)
 if [ -f "$MODEL" ] && command -v python3 >/dev/null; then
   TXT=$(mktemp); head -c 60000 "${2}/data/war-and-peace.txt" >"$TXT"
   ARGS=(train --init tiny --tokenizer "$MODEL" -f "$TXT" -c 64 --batch 2 --steps 6 --lr 3e-3 --warmup 1 --eval-tokens 500 --json)
@@ -58,7 +58,7 @@ got = [json.loads(l) for l in open(sys.argv[4]) if '"done"' in l][0]["peak_by_ca
 want = json.loads(sys.argv[5])["devices"][0]["bytes"]
 for g, w in (("weights", "weights"), ("act", "activations"), ("grad", "grads"), ("optim", "optimizer"), ("comm", "comm")):
     assert got[g] == want[w], ("plan against measured", g, got[g], want[w])
-assert want["workspace"] <= got["scratch"] <= 1.01 * want["workspace"], ("workspace", got["scratch"], want["workspace"])
+assert got["scratch"] <= want["workspace"] <= 1.01 * got["scratch"], ("workspace", got["scratch"], want["workspace"])
 PY
       then echo "ok   - train --zero $z on $np ranks: same loss curve, optimizer states / $np, rank 0's peaks as planned"; else echo "FAIL - train --zero $z on $np ranks: $dp vs $one"; fails=$((fails+1)); fi
     done

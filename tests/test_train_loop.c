@@ -464,6 +464,7 @@ static fl_plan_input train_plan_input(const fl_model_shape *s, const char *wt, i
     in.train = true;
     in.n_ctx = 64;
     in.n_seq = 2;
+    in.train_seqs = 2; /* the batch below: two sequences, not the bound of one per token */
     in.ckpt_every = k;
     return in;
 }

@@ -357,10 +357,13 @@ void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, i
     if (in->attn == FL_PLAN_ATTN_FLASH && u(in->n_seq) <= i32 && heads <= i32 && hd <= i32 && smul(N, heads) < (uint64_t)1 << 50 &&
         smul(hd, (uint64_t)(in->n_threads > 0 ? in->n_threads : 1)) < (uint64_t)1 << 30) {
         const int nth = in->n_threads > 0 ? in->n_threads : 1;
+        /* the micro-batch's sequences: given, or at most one per token (packed documents) */
+        uint64_t nseq = in->train_seqs > 0 ? u(in->train_seqs) : N;
+        if (nseq > i32) nseq = i32;
         uint64_t ws;
         if (hd % 8 == 0) {
-            const uint64_t f = fl_attn_flash_workspace_bytes((int32_t)in->n_seq, (int32_t)hd, nth);
-            const uint64_t b = fl_attn_backward_scratch_bytes((int64_t)N, (int32_t)in->n_seq, (int32_t)heads, (int32_t)hd, nth);
+            const uint64_t f = fl_attn_flash_workspace_bytes((int32_t)nseq, (int32_t)hd, nth);
+            const uint64_t b = fl_attn_backward_scratch_bytes((int64_t)N, (int32_t)nseq, (int32_t)heads, (int32_t)hd, nth);
             ws = f > b ? f : b;
         } else {
             ws = smul3((uint64_t)nth, smul(2, ctx_r), 4);

@@ -139,6 +139,9 @@ typedef struct fl_plan_input {
                              * (f32 weights, no grads); 0 = full training */
     bool lora_nf4;          /* with lora_rank: the frozen matrices in NF4 (QLoRA; rows not a multiple
                              * of 64 stay f32) and one f32 matrix of scratch to dequantize into */
+    int64_t train_seqs;     /* sequences in a micro-batch (the attention kernels keep offsets per
+                             * sequence); 0: the bound, one per token (packing puts a row's
+                             * documents side by side: a row holds one or many) */
     /* parallelism and offload */
     int32_t tp, pp, sp, dp;
     int64_t offload_layers; /* the last n layers run on the host (weights + KV there) */
