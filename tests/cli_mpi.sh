@@ -39,14 +39,14 @@ if [ -f "$MODEL" ] && command -v python3 >/dev/null; then
   TINY=$(mktemp --suffix .gguf)
   "$BIN" "${ARGS[@]}" --steps 1 -t 1 -o "$TINY" >/dev/null 2>&1 || { echo "FAIL - the tiny model for the plans"; fails=$((fails+1)); }
   curve() { python3 -c "import sys,json; ev=[json.loads(l) for l in sys.stdin]; print([round(d['loss'],5) for d in ev if d.get('event')=='step'], [d['optim_bytes'] for d in ev if d.get('event')=='done'][0])"; }
-  for np in 2 4; do
-    one=$("$BIN" "${ARGS[@]}" --grad-accum $np -t 1 2>/dev/null | curve)
-    for z in 1 2; do
-      LOG="$DIR/mpi_zero_${np}_$z.jsonl"
-      timeout 120 mpirun -np $np --oversubscribe --bind-to none "$BIN" "${ARGS[@]}" --grad-accum 1 -t 1 --zero $z 2>"$DIR/mpi_zero_${np}_$z.log" >"$LOG"
-      dp=$(curve <"$LOG")
-      plan=$("$BIN" plan -m "$TINY" --train -c 64 --batch 2 -t 1 --dp $np --zero $z --json 2>&1)
-      if python3 - "$one" "$dp" "$np" "$LOG" "$plan" <<'PY'
+  # zcase NAME NP Z ONE-CURVE PLAN-MODEL "PLAN FLAGS" TRAIN ARGS...: N ranks against one process's curve and the plan
+  zcase() {
+    local name=$1 np=$2 z=$3 one=$4 pm=$5 pa=$6; shift 6
+    local LOG="$DIR/mpi_zero_${name}_${np}_$z.jsonl" dp plan
+    timeout 120 mpirun -np $np --oversubscribe --bind-to none "$BIN" "$@" --grad-accum 1 -t 1 --zero $z 2>"${LOG%.jsonl}.log" >"$LOG"
+    dp=$(curve <"$LOG")
+    plan=$("$BIN" plan -m "$pm" $pa -c 64 --batch 2 -t 1 --dp $np --zero $z --json 2>&1)
+    if python3 - "$one" "$dp" "$np" "$LOG" "$plan" <<'PY'
 import sys, ast, json
 a, b, n = sys.argv[1].rsplit(" ", 1), sys.argv[2].rsplit(" ", 1), int(sys.argv[3])
 la, lb = ast.literal_eval(a[0]), ast.literal_eval(b[0])
@@ -60,9 +60,17 @@ for g, w in (("weights", "weights"), ("act", "activations"), ("grad", "grads"), 
     assert got[g] == want[w], ("plan against measured", g, got[g], want[w])
 assert got["scratch"] <= want["workspace"] <= 1.01 * got["scratch"], ("workspace", got["scratch"], want["workspace"])
 PY
-      then echo "ok   - train --zero $z on $np ranks: same loss curve, optimizer states / $np, rank 0's peaks as planned"; else echo "FAIL - train --zero $z on $np ranks: $dp vs $one"; fails=$((fails+1)); fi
-    done
+    then echo "ok   - train $name --zero $z on $np ranks: same loss curve, optimizer states / $np, rank 0's peaks as planned"
+    else echo "FAIL - train $name --zero $z on $np ranks: $dp vs $one"; tail -3 "${LOG%.jsonl}.log"; fails=$((fails+1)); fi
+  }
+  for np in 2 4; do
+    one=$("$BIN" "${ARGS[@]}" --grad-accum $np -t 1 2>/dev/null | curve)
+    for z in 1 2; do zcase full $np $z "$one" "$TINY" "--train" "${ARGS[@]}"; done
   done
+  # LoRA adapters (rank 4 on stories260K's frozen base): the shards are the adapters'
+  LA=(train -m "$MODEL" -f "$TXT" -c 64 --batch 2 --steps 6 --lr 3e-3 --warmup 1 --eval-tokens 500 --json --lora 4)
+  one=$("$BIN" "${LA[@]}" --grad-accum 2 -t 1 2>/dev/null | curve)
+  zcase lora 2 2 "$one" "$MODEL" "--train --lora-rank 4" "${LA[@]}"
   rm -f "$TINY"
   # ZeRO checkpoints and fp16 loss scaling (8-bit AdamW: the shards start on its blocks; fp16
   # from a loss scale that overflows now and then). ZeRO-2 skips the steps one process skips, with

@@ -434,8 +434,26 @@ static void test_training(void **state) {
                          2048ull * (5632 / 64 * 33 + 4);
     assert_int_equal(q.dev[0].bytes[FL_MEM_WEIGHTS], 4 * P - 22 * mats * 4 + 22 * nf4 + ad);
     assert_int_equal(q.dev[0].bytes[FL_MEM_SCRATCH], lo.dev[0].bytes[FL_MEM_SCRATCH] + 2048ull * 5632 * 4);
-    in.tp = 2; /* one device, dense, no ZeRO: refused otherwise */
+    /* QLoRA data parallel with ZeRO 1 / 2 (the trainer's): the adapters are what is sharded */
+    in.dp = 2;
+    const uint64_t Ls = (uint64_t)fl_zero_stride(2, (int64_t)(ad / 4), 256);
+    for (int k = 1; k <= 2; k++) {
+        in.zero_stage = k;
+        fl_plan_result zq = plan(&s, &in);
+        assert_int_equal(zq.dev[0].bytes[FL_MEM_WEIGHTS], q.dev[0].bytes[FL_MEM_WEIGHTS]);
+        assert_int_equal(zq.dev[0].bytes[FL_MEM_OPTIM], 8 * Ls);
+        assert_int_equal(zq.dev[0].bytes[FL_MEM_GRAD], ad + (k == 2 ? 4 * Ls : 0));
+        assert_int_equal(zq.dev[0].bytes[FL_MEM_COMM], 3 * (Ls < (1u << 20) ? Ls : (1u << 20)) * 4 + fl_comm_object_bytes());
+        assert_int_equal(zq.dev[0].bytes[FL_MEM_ACT], q.dev[0].bytes[FL_MEM_ACT]);
+    }
     fl_plan_result bad_lora;
+    in.zero_stage = 0; /* over ranks only with the trainer's ZeRO */
+    assert_int_equal(fl_plan_compute(&s, &in, &bad_lora), FL_ERR_INVALID);
+    in.zero_stage = 3;
+    assert_int_equal(fl_plan_compute(&s, &in, &bad_lora), FL_ERR_INVALID);
+    in.zero_stage = 0;
+    in.dp = 1;
+    in.tp = 2; /* tensor parallel: refused */
     assert_int_equal(fl_plan_compute(&s, &in, &bad_lora), FL_ERR_INVALID);
     in.tp = 1;
     in.lora_rank = 0; /* NF4 without adapters */

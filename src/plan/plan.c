@@ -298,6 +298,21 @@ static uint64_t optim_bytes(const fl_plan_input *in, uint64_t params) {
     return fl_optim_states_bytes_for(in->optim == FL_PLAN_OPTIM_ADAMW ? FL_OPTIMIZER_ADAMW : FL_OPTIMIZER_ADAMW8BIT, params, 256);
 }
 
+/* ZeRO stages 1 and 2 as fitllm's trainer runs them (dist/zero.h) over dp ranks for `params`
+ * trainable parameters: rank 0, the fullest, keeps the optimizer states of a shard (ceil(P / dp)
+ * rounded up to the 8-bit block), the whole gradient plus, stage 2, the summed shard, and the
+ * collectives' pieces with the communicator; the parameters stay whole. */
+static void zero_trainer_bytes(const fl_plan_input *in, uint64_t dp, uint64_t params, uint64_t *optim, uint64_t *grads,
+                               fl_plan_device *dev) {
+    const int64_t shard = fl_zero_stride((int32_t)dp, (int64_t)params, 256);
+    uint64_t gshard, comm;
+    fl_zero_bytes_for(in->zero_stage, (int32_t)dp, (int64_t)params, 256, 0, &gshard, &comm);
+    *optim = optim_bytes(in, (uint64_t)shard < params ? (uint64_t)shard : params);
+    *grads = sadd(*grads, gshard);
+    dev->bytes[FL_MEM_COMM] = sadd(comm, fl_comm_object_bytes());
+    dev->bytes[FL_MEM_MISC] = sadd(dev->bytes[FL_MEM_MISC], fl_zero_object_bytes());
+}
+
 /* ---- training activations ---- */
 
 static bool is_mixed(const fl_plan_input *in) { return in->weights.base != FL_TYPE_F32; }
@@ -456,8 +471,10 @@ static fl_status check_input(const fl_model_shape *s, const fl_plan_input *in) {
     if (in->lora_rank > 0) {
         if (in->weights.base != FL_TYPE_F32)
             return fl_set_error(FL_ERR_INVALID, "LoRA plans are of fp32 training (--weights f32, or nf4 for a QLoRA base), not %s", in->weights.name);
-        if (in->tp * in->pp * in->sp * in->dp != 1 || in->zero_stage || in->offload_layers || s->n_expert)
-            return fl_set_error(FL_ERR_INVALID, "LoRA is planned on one device, dense models, no ZeRO or offload");
+        if (in->tp * in->pp * in->sp != 1 || (in->dp > 1 && in->zero_stage != 1 && in->zero_stage != 2) ||
+            (in->dp == 1 && in->zero_stage) || in->offload_layers || s->n_expert)
+            return fl_set_error(FL_ERR_INVALID, "LoRA is planned on one device, or data parallel with ZeRO 1 or 2 "
+                                                "(the trainer's), for dense models without offload");
     }
     if (in->train) {
         int32_t t = in->weights.base;
@@ -550,25 +567,17 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             }
             const uint64_t nL = (uint64_t)(e - b);
             w = sadd(sadd(w - smul(nL, mat32), smul(nL, frozen)), smul(nL, adapters));
-            dev->bytes[FL_MEM_GRAD] = smul(nL, adapters);
-            dev->bytes[FL_MEM_OPTIM] = optim_bytes(in, smul(nL, adapters) / 4);
+            uint64_t grads = smul(nL, adapters), optim = optim_bytes(in, grads / 4);
+            if (dp > 1 && grads / 4 < (uint64_t)1 << 50) zero_trainer_bytes(in, dp, grads / 4, &optim, &grads, dev);
+            dev->bytes[FL_MEM_GRAD] = grads;
+            dev->bytes[FL_MEM_OPTIM] = optim;
             fl_plan_train_act_bytes(s, in, b, e, last, &dev->bytes[FL_MEM_ACT], &dev->bytes[FL_MEM_SCRATCH]);
         } else if (in->train) {
             uint64_t params = w / elt;
             uint64_t grads = w, optim = optim_bytes(in, params);
             if (is_mixed(in)) w = smul(w, 2); /* + the rounded compute copy */
             if ((in->zero_stage == 1 || in->zero_stage == 2) && dp > 1 && params < (uint64_t)1 << 50) {
-                /* fitllm's trainer (dist/zero.h): the fullest rank (rank 0) keeps the optimizer
-                 * states of a shard of parameters (ceil(P / dp) rounded up to the 8-bit block),
-                 * the whole gradient (the backward's) plus, stage 2, the summed shard, and the
-                 * collectives' pieces; the parameters stay whole */
-                const int64_t shard = fl_zero_stride((int32_t)dp, (int64_t)params, 256);
-                uint64_t gshard, comm;
-                fl_zero_bytes_for(in->zero_stage, (int32_t)dp, (int64_t)params, 256, 0, &gshard, &comm);
-                optim = optim_bytes(in, (uint64_t)shard < params ? (uint64_t)shard : params);
-                grads = sadd(grads, gshard);
-                dev->bytes[FL_MEM_COMM] = sadd(comm, fl_comm_object_bytes()); /* + the communicator */
-                dev->bytes[FL_MEM_MISC] = sadd(dev->bytes[FL_MEM_MISC], fl_zero_object_bytes());
+                zero_trainer_bytes(in, dp, params, &optim, &grads, dev);
             } else if (in->zero_stage >= 1) { /* the textbook sharding (stage 3: fitllm's trainer has none) */
                 optim = cdiv(optim, dp);
                 if (in->zero_stage >= 2) grads = cdiv(grads, dp);
