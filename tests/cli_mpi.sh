@@ -67,10 +67,22 @@ PY
     one=$("$BIN" "${ARGS[@]}" --grad-accum $np -t 1 2>/dev/null | curve)
     for z in 1 2; do zcase full $np $z "$one" "$TINY" "--train" "${ARGS[@]}"; done
   done
-  # LoRA adapters (rank 4 on stories260K's frozen base): the shards are the adapters'
-  LA=(train -m "$MODEL" -f "$TXT" -c 64 --batch 2 --steps 6 --lr 3e-3 --warmup 1 --eval-tokens 500 --json --lora 4)
+  # LoRA adapters (rank 4 on stories260K's frozen base): the shards are the adapters'; a run
+  # stopped at step 3 and resumed repeats steps 4-6 bit for bit (the checkpoint holds the adapters)
+  LA=(train -m "$MODEL" -f "$TXT" -c 64 --batch 2 --steps 6 --lr 3e-3 --warmup 1 --schedule constant --eval-tokens 500 --json --lora 4)
   one=$("$BIN" "${LA[@]}" --grad-accum 2 -t 1 2>/dev/null | curve)
   zcase lora 2 2 "$one" "$MODEL" "--train --lora-rank 4" "${LA[@]}"
+  LT=$(mktemp -d)
+  timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$BIN" "${LA[@]}" -t 1 --zero 2 --steps 3 --save-every 3 -o "$LT/l.gguf" >/dev/null 2>"$LT/b.log"
+  timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$BIN" "${LA[@]}" -t 1 --zero 2 --resume "$LT/l.gguf.ckpt" >"$LT/c.jsonl" 2>"$LT/c.log"
+  if python3 - "$DIR/mpi_zero_lora_2_2.jsonl" "$LT/c.jsonl" <<'PY'
+import sys, json
+full, res = ([(d["loss"], d["grad_norm"]) for d in map(json.loads, open(f)) if d.get("event") == "step"] for f in sys.argv[1:])
+assert len(full) == 6 and res == full[3:], (full, res)
+PY
+  then echo "ok   - train lora --zero 2: stopped at step 3 and resumed, steps 4-6 bit for bit"
+  else echo "FAIL - train lora --zero 2 resume"; tail -3 "$LT"/*.log; fails=$((fails+1)); fi
+  rm -rf "$LT"
   rm -f "$TINY"
   # ZeRO checkpoints and fp16 loss scaling (8-bit AdamW: the shards start on its blocks; fp16
   # from a loss scale that overflows now and then). ZeRO-2 skips the steps one process skips, with
