@@ -160,9 +160,12 @@ static void test_trainer_grad_accum(void **state) {
     assert_int_equal(sa.scored, sb.scored);
     CHECK_NEAR(sa.loss, sb.loss, 1e-6 * sa.loss);
     CHECK_NEAR(sa.grad_norm, sb.grad_norm, 1e-5 * sa.grad_norm);
+    /* The same update up to rounding: the f32 GEMM sums a micro-batch's tokens as one block
+     * (kernels/sgemm.h), so 4 rows and 2 + 2 round dW differently (measured 1.4e-6 here), against
+     * a first step that moves parameters by up to lr / 2 = 1e-3. */
     double mx = 0;
     for (int64_t i = 0; i < a->n_params; i++) mx = fmax(mx, fabs(a->params[i] - b->params[i]));
-    assert_true(mx < 1e-6);
+    assert_true(mx < 1e-5);
     fl_trainer_free(ta);
     fl_trainer_free(tb);
     fl_train_model_free(a);

@@ -5,6 +5,7 @@
 #include "dist/zero.h"
 #include "kernels/attn.h"
 #include "kernels/matmul.h"
+#include "kernels/sgemm.h"
 #include "kv/paged_attn.h"
 #include "train/model.h"
 #include "train/optim.h"
@@ -349,6 +350,10 @@ void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, i
      * workspace is asked of the kernels (each buffer rounded up to 64 bytes, the slot table);
      * the formulas above for the rest. */
     const uint64_t i32 = INT32_MAX;
+    const int nth_plan = in->n_threads > 0 ? in->n_threads : 1;
+    /* the f32 products' packing scratch (kernels/sgemm.h), live within one product: at most
+     * FL_SGEMM_KC x FL_SGEMM_NC floats per thread; exact for the trainer's own layout below */
+    uint64_t gemm = smul3((uint64_t)nth_plan, (uint64_t)FL_SGEMM_KC * FL_SGEMM_NC, 4);
     if (tpu == 1 && ctx_r == u(in->n_ctx) && l0 == 0 && l1 == s->n_layer && last_stage && !s->n_expert &&
         in->attn == FL_PLAN_ATTN_FLASH && a < (uint64_t)1 << 50 && bwd < (uint64_t)1 << 50 && u(s->n_vocab) <= i32 &&
         E <= i32 && u(s->n_ff) <= i32 && u(s->n_layer) <= 65536 && u(s->n_head) <= i32 && u(s->n_head_kv) <= i32 &&
@@ -360,6 +365,7 @@ void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, i
         if (fl_train_config_check(&c) == FL_OK) {
             a = fl_train_act_bytes(&c, (int64_t)N, in->ckpt_every > 0 ? (int)in->ckpt_every : 0, in->lora_rank);
             bwd = fl_train_bwd_bytes(&c, (int64_t)N, in->lora_rank);
+            gemm = fl_train_gemm_scratch_bytes(&c, (int64_t)N, in->lora_rank, nth_plan);
         } else {
             fl_clear_error();
         }
@@ -368,7 +374,8 @@ void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, i
     uint64_t sc = bwd;
     /* the attention kernels' workspace, for the length of a call (the larger of the forward's
      * and the backward's): flash where the head size suits its micro-kernels, else the
-     * trainer's plain loops (two rows of a sequence's length per thread) */
+     * trainer's plain loops (two rows of a sequence's length per thread); never live with a
+     * product's scratch, so the larger of the two counts */
     if (in->attn == FL_PLAN_ATTN_FLASH && u(in->n_seq) <= i32 && heads <= i32 && hd <= i32 && smul(N, heads) < (uint64_t)1 << 50 &&
         smul(hd, (uint64_t)(in->n_threads > 0 ? in->n_threads : 1)) < (uint64_t)1 << 30) {
         const int nth = in->n_threads > 0 ? in->n_threads : 1;
@@ -383,7 +390,9 @@ void fl_plan_train_act_bytes(const fl_model_shape *s, const fl_plan_input *in, i
         } else {
             ws = smul3((uint64_t)nth, smul(2, ctx_r), 4);
         }
-        sc = sadd(sc, ws);
+        sc = sadd(sc, ws > gemm ? ws : gemm);
+    } else {
+        sc = sadd(sc, gemm);
     }
     if (in->attn == FL_PLAN_ATTN_NAIVE) sc = sadd(sc, smul(smul3(u(in->n_seq), heads, ctx_r), smul(ctx_r, 4)));
     if (in->lora_nf4) { /* one base matrix dequantized at a time: the largest */

@@ -2,6 +2,7 @@
  * counted or carved. */
 #include "train/layout.h"
 #include "core/status.h"
+#include "kernels/sgemm.h"
 
 #include <math.h>
 
@@ -134,3 +135,38 @@ size_t fl_train_bwd_bytes(const fl_train_config *cfg, int64_t max_tokens, int lo
     return fl_train_carve_bwd(cfg, max_tokens, lora_rank, NULL, NULL);
 }
 
+
+/* ---- the f32 products' scratch ---- */
+
+static size_t gemm_max(size_t cur, int64_t M, int64_t N, int64_t K, int nth) {
+    const size_t b = fl_sgemm_scratch_bytes(M, N, K, nth);
+    return b > cur ? b : cur;
+}
+
+/* y = x W^T with W (O, I) over N tokens, as model.c's linear_forward / linear_backward run it */
+static size_t linear_gemm(size_t cur, int64_t N, int64_t I, int64_t O, int64_t r, int nth) {
+    cur = gemm_max(cur, N, O, I, nth); /* y = x W^T */
+    cur = gemm_max(cur, N, I, O, nth); /* dx += dy W */
+    if (r == 0) return gemm_max(cur, O, I, N, nth); /* dW += dy^T x */
+    cur = gemm_max(cur, N, r, I, nth); /* xa = x A^T */
+    cur = gemm_max(cur, N, O, r, nth); /* y += xa B^T */
+    cur = gemm_max(cur, N, r, O, nth); /* dxa = dy B */
+    cur = gemm_max(cur, O, r, N, nth); /* dB += dy^T xa */
+    cur = gemm_max(cur, N, I, r, nth); /* dx += dxa A */
+    return gemm_max(cur, r, I, N, nth); /* dA += dxa^T x */
+}
+
+size_t fl_train_gemm_scratch_bytes(const fl_train_config *c, int64_t N, int lora_rank, int nth) {
+    const int64_t C = c->n_embd, Q = (int64_t)c->n_head * c->head_dim, KV = (int64_t)c->n_head_kv * c->head_dim;
+    const int64_t F = c->n_ff, V = c->n_vocab, r = lora_rank > 0 ? lora_rank : 0;
+    size_t b = 0;
+    b = linear_gemm(b, N, C, Q, r, nth);  /* wq */
+    b = linear_gemm(b, N, C, KV, r, nth); /* wk, wv */
+    b = linear_gemm(b, N, Q, C, r, nth);  /* wo */
+    b = linear_gemm(b, N, C, F, r, nth);  /* gate, up */
+    b = linear_gemm(b, N, F, C, r, nth);  /* down */
+    b = gemm_max(b, N, V, C, nth);        /* logits = x W_out^T */
+    b = gemm_max(b, N, C, V, nth);        /* dx += dlogits W_out */
+    if (r == 0) b = gemm_max(b, V, C, N, nth);
+    return b;
+}

@@ -7,6 +7,7 @@
 #include "kernels/attn.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
+#include "kernels/sgemm.h"
 #include "model/llama.h"
 #include "train/layout.h"
 #include "train/ops_train.h"
@@ -383,13 +384,7 @@ static void linear_forward(const fl_train_model *m, fl_train_param p, int l, lay
     fl_train_matmul_forward(xa, inp, lora_A(m, m->lora, p, l), N, I, r);
     const float s = m->lora_alpha / (float)r;
     for (int64_t i = 0; i < N * r; i++) xa[i] *= s;
-    const float *B = lora_B(m, m->lora, p, l);
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t o = 0; o < O; o++) {
-            float acc = 0.0f;
-            for (int64_t j = 0; j < r; j++) acc += xa[n * r + j] * B[o * r + j];
-            out[n * O + o] += acc;
-        }
+    fl_sgemm(FL_SGEMM_TB | FL_SGEMM_ACC, N, O, r, xa, r, lora_B(m, m->lora, p, l), r, out, O); /* out += xa B^T */
 }
 
 /* Backward of linear_forward: dinp += dout . W (+ LoRA path); dW (full training) or dA, dB. */

@@ -111,6 +111,11 @@ int64_t fl_train_param_numel(const fl_train_config *cfg, fl_train_param p);
 size_t fl_train_act_bytes(const fl_train_config *cfg, int64_t max_tokens, int ckpt_every, int lora_rank);
 /* Bytes of the backward temporaries' allocation (exact, what reserve allocates). */
 size_t fl_train_bwd_bytes(const fl_train_config *cfg, int64_t max_tokens, int lora_rank);
+/* The largest FL_MEM_SCRATCH one of a step's f32 products allocates (fl_sgemm_scratch_bytes over
+ * every linear layer's forward, input gradient, weight gradient (none under LoRA) and LoRA
+ * products, and the output layer's), for max_tokens tokens on nth threads: live only within a
+ * product, never with the attention kernels' workspace. */
+size_t fl_train_gemm_scratch_bytes(const fl_train_config *cfg, int64_t max_tokens, int lora_rank, int nth);
 
 /* New model with zeroed parameters (FL_ERR_NOMEM / FL_ERR_BUDGET / FL_ERR_INVALID). */
 fl_status fl_train_model_new(const fl_train_config *cfg, fl_train_model **out);

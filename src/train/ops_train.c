@@ -5,6 +5,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "core/threads.h"
+#include "kernels/sgemm.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -59,11 +60,19 @@ void fl_train_rmsnorm_backward(float *dinp, float *dw, const float *dout, const 
 
 /* ---------------------------------------------------------------- matmul */
 
-typedef struct mm_ctx {
-    float *out, *dinp, *dw;
-    const float *inp, *w, *dout;
-    int64_t N, I, O;
-} mm_ctx;
+/* The three products of y = x W^T, through the f32 GEMM (kernels/sgemm.h; its scratch is
+ * counted by fl_train_gemm_scratch_bytes). */
+void fl_train_matmul_forward(float *out, const float *inp, const float *w, int64_t N, int64_t I, int64_t O) {
+    fl_sgemm(FL_SGEMM_TB, N, O, I, inp, I, w, I, out, O); /* (N, O) = (N, I) (O, I)^T */
+}
+
+void fl_train_matmul_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                              int64_t N, int64_t I, int64_t O) {
+    if (dinp) fl_sgemm(FL_SGEMM_ACC, N, I, O, dout, O, w, I, dinp, I);                /* (N, I) += (N, O) (O, I) */
+    if (dw) fl_sgemm(FL_SGEMM_TA | FL_SGEMM_ACC, O, I, N, dout, O, inp, I, dw, I);   /* (O, I) += (N, O)^T (N, I) */
+}
+
+/* ---------------------------------------------------------------- vector helpers (attention) */
 
 static float dotf(const float *a, const float *b, int64_t n) {
     float s = 0.0f;
@@ -75,77 +84,6 @@ static float dotf(const float *a, const float *b, int64_t n) {
 static void axpyf(float *y, float a, const float *x, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
-}
-
-/* Rows of out split by thread; 4 rows at a time share each weight row load. */
-static void mm_fwd_task(void *p, int ith, int nth) {
-    const mm_ctx *c = p;
-    int64_t lo, hi;
-    fl_split_range(c->N, ith, nth, &lo, &hi);
-    const int64_t I = c->I, O = c->O;
-    int64_t n = lo;
-    for (; n + 4 <= hi; n += 4) {
-        const float *x0 = c->inp + n * I, *x1 = x0 + I, *x2 = x1 + I, *x3 = x2 + I;
-        for (int64_t o = 0; o < O; o++) {
-            const float *w = c->w + o * I;
-            float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-            for (int64_t i = 0; i < I; i++) {
-                s0 += x0[i] * w[i];
-                s1 += x1[i] * w[i];
-                s2 += x2[i] * w[i];
-                s3 += x3[i] * w[i];
-            }
-            c->out[(n + 0) * O + o] = s0;
-            c->out[(n + 1) * O + o] = s1;
-            c->out[(n + 2) * O + o] = s2;
-            c->out[(n + 3) * O + o] = s3;
-        }
-    }
-    for (; n < hi; n++)
-        for (int64_t o = 0; o < O; o++) c->out[n * O + o] = dotf(c->inp + n * I, c->w + o * I, I);
-}
-
-void fl_train_matmul_forward(float *out, const float *inp, const float *w, int64_t N, int64_t I, int64_t O) {
-    mm_ctx c = {.out = out, .inp = inp, .w = w, .N = N, .I = I, .O = O};
-    fl_parallel(mm_fwd_task, &c);
-}
-
-/* dinp rows split by thread: dinp[n] += sum_o dout[n][o] w[o] */
-static void mm_bwd_inp_task(void *p, int ith, int nth) {
-    const mm_ctx *c = p;
-    int64_t lo, hi;
-    fl_split_range(c->N, ith, nth, &lo, &hi);
-    for (int64_t n = lo; n < hi; n++) {
-        float *dx = c->dinp + n * c->I;
-        const float *dy = c->dout + n * c->O;
-        for (int64_t o = 0; o < c->O; o++)
-            if (dy[o] != 0.0f) axpyf(dx, dy[o], c->w + o * c->I, c->I);
-    }
-}
-
-/* dw rows split by thread: dw[o] += sum_n dout[n][o] inp[n], n in blocks of 64 for cache reuse */
-static void mm_bwd_w_task(void *p, int ith, int nth) {
-    const mm_ctx *c = p;
-    int64_t lo, hi;
-    fl_split_range(c->O, ith, nth, &lo, &hi);
-    for (int64_t n0 = 0; n0 < c->N; n0 += 64) {
-        int64_t n1 = n0 + 64 < c->N ? n0 + 64 : c->N;
-        for (int64_t o = lo; o < hi; o++) {
-            float *dw = c->dw + o * c->I;
-            for (int64_t n = n0; n < n1; n++) {
-                float g = c->dout[n * c->O + o];
-                if (g != 0.0f) axpyf(dw, g, c->inp + n * c->I, c->I);
-            }
-        }
-    }
-}
-
-void fl_train_matmul_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                              int64_t N, int64_t I, int64_t O) {
-    mm_ctx c = {.dinp = dinp, .dw = dw, .dout = dout, .inp = inp, .w = w, .N = N, .I = I, .O = O};
-    if (dinp) fl_parallel(mm_bwd_inp_task, &c);
-    if (dw) fl_parallel(mm_bwd_w_task, &c);
 }
 
 /* ---------------------------------------------------------------- rope */

@@ -38,7 +38,9 @@ void fl_train_rmsnorm_backward(float *dinp, float *dw, const float *dout, const 
                                const float *rstd, int64_t N, int64_t C);
 
 /* out (N, O) = inp (N, I) . w (O, I)^T   (overwrites out)
- * backward: dinp (N, I) += dout . w, dw (O, I) += dout^T . inp ; dinp or dw may be NULL. */
+ * backward: dinp (N, I) += dout . w, dw (O, I) += dout^T . inp ; dinp or dw may be NULL.
+ * Through fl_sgemm (kernels/sgemm.h): each call allocates its packing scratch (FL_MEM_SCRATCH,
+ * fl_sgemm_scratch_bytes) for its length. */
 void fl_train_matmul_forward(float *out, const float *inp, const float *w, int64_t N, int64_t I, int64_t O);
 void fl_train_matmul_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                               int64_t N, int64_t I, int64_t O);
