@@ -37,6 +37,54 @@ static void test_adamw_reference(void **state) {
     fl_test_mem_zero();
 }
 
+/* The optimizer's code search against the binary search, for every code and the midpoints
+ * between neighbours (each +- 4 ulps), a million values in [-1.5, 1.5] and a million bit
+ * patterns (zeros, denormals, infinities and NaNs among them). */
+static float f_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint32_t u_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static void check_code(int s, float x) {
+    const uint8_t a = fl_optim_code(s, x), b = fl_optim_code_ref(s, x);
+    if (a != b) fail_msg("map %d, x %.9g (0x%08x): code %d, binary search %d", s, x, u_of(x), a, b);
+}
+
+static void test_code_search(void **state) {
+    (void)state;
+    for (int s = 0; s < 2; s++) {
+        const float *map = fl_optim_dynamic_map(s);
+        for (int i = 0; i < 256; i++) {
+            const float pts[2] = {map[i], i < 255 ? 0.5f * (map[i] + map[i + 1]) : 1.0f};
+            for (int p = 0; p < 2; p++)
+                for (int d = -4; d <= 4; d++) {
+                    check_code(s, f_of(u_of(pts[p]) + (uint32_t)d));
+                    check_code(s, -f_of(u_of(pts[p]) + (uint32_t)d));
+                }
+        }
+        uint64_t r = 0x9e3779b97f4a7c15ull + (uint64_t)s;
+        for (int i = 0; i < 1000000; i++) {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            check_code(s, (float)((double)(r >> 11) / 9007199254740992.0 * 3.0 - 1.5));
+            check_code(s, f_of((uint32_t)(r >> 32)));
+        }
+        check_code(s, 0.0f);
+        check_code(s, -0.0f);
+        check_code(s, NAN);
+        check_code(s, INFINITY);
+        check_code(s, -INFINITY);
+    }
+}
+
 static void test_dynamic_maps(void **state) {
     (void)state;
     for (int s = 0; s < 2; s++) {
@@ -207,7 +255,7 @@ static void test_clip_and_schedule(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_adamw_reference), cmocka_unit_test(test_dynamic_maps),
+        cmocka_unit_test(test_adamw_reference), cmocka_unit_test(test_dynamic_maps), cmocka_unit_test(test_code_search),
         cmocka_unit_test(test_adamw8bit_tracks_fp32), cmocka_unit_test(test_clip_and_schedule),
         cmocka_unit_test(test_state_slices),
     };

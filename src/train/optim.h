@@ -71,6 +71,11 @@ fl_status fl_optim_state_unit(const fl_optim *o, int i, int64_t *per_params, siz
 
 /* The 256-entry code tables (sorted ascending), for tests. */
 const float *fl_optim_dynamic_map(int is_signed);
+/* The index of the code nearest to x (the lower one on a tie): fl_optim_code_ref by binary
+ * search (the specification), fl_optim_code from a table of first candidates by the float's top
+ * 16 bits (what the optimizer runs; the same answer for every float). */
+uint8_t fl_optim_code(int is_signed, float x);
+uint8_t fl_optim_code_ref(int is_signed, float x);
 /* Block-wise quantize / dequantize with a code table (n elements, blocks of bs). */
 void fl_optim_quantize_blockwise(const float *x, uint8_t *q, float *absmax, int64_t n, int32_t bs, int is_signed);
 void fl_optim_dequantize_blockwise(const uint8_t *q, const float *absmax, float *x, int64_t n, int32_t bs,
