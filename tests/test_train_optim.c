@@ -3,8 +3,10 @@
 #include "test.h"
 
 #include "core/threads.h"
+#include "kernels/dispatch.h"
 #include "train/optim.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static void test_adamw_reference(void **state) {
@@ -83,6 +85,75 @@ static void test_code_search(void **state) {
         check_code(s, INFINITY);
         check_code(s, -INFINITY);
     }
+}
+
+/* The AVX-512 kernels against the scalar loops: both optimizers, weight-decay ranges that cut
+ * blocks, an odd length, gradients from 1e-12 to 10 with zeros, six steps; every parameter and
+ * state byte equal.  Then block-wise quantization of zeros, tiny, huge and NaN values. */
+static void test_simd_bits(void **state) {
+    (void)state;
+    if (fl_isa_best() < FL_ISA_AVX512) skip();
+    const int64_t n = 5000 + 37;
+    const int64_t ranges[4] = {100, 1234, 2000, 4999};
+    float *p[2], *g = malloc((size_t)n * sizeof(float));
+    assert_non_null(g);
+    for (int kind = 0; kind < 2; kind++) {
+        fl_optimizer_config cfg = fl_optim_default();
+        cfg.kind = kind ? FL_OPTIMIZER_ADAMW8BIT : FL_OPTIMIZER_ADAMW;
+        fl_optim *o[2];
+        for (int v = 0; v < 2; v++) {
+            assert_int_equal(fl_optim_new(&cfg, n, ranges, 2, &o[v]), FL_OK);
+            p[v] = malloc((size_t)n * sizeof(float));
+            assert_non_null(p[v]);
+            for (int64_t i = 0; i < n; i++) p[v][i] = (float)sin(0.1 * (double)i);
+        }
+        uint64_t r = 88172645463325252ull;
+        for (int step = 0; step < 6; step++) {
+            for (int64_t i = 0; i < n; i++) {
+                r ^= r << 13;
+                r ^= r >> 7;
+                r ^= r << 17;
+                const double u = (double)(r >> 11) / 9007199254740992.0;
+                g[i] = i % 97 == 0 ? 0.0f : (float)((u - 0.5) * pow(10.0, (double)(i % 14) - 12.0));
+            }
+            for (int v = 0; v < 2; v++) {
+                fl_isa_set(v ? FL_ISA_AVX512 : FL_ISA_REF);
+                fl_optim_step(o[v], p[v], g, 1e-3f);
+            }
+            fl_isa_set(fl_isa_best());
+            assert_memory_equal(p[0], p[1], (size_t)n * sizeof(float));
+            for (int i = 0;; i++) {
+                void *d0, *d1;
+                size_t b0, b1;
+                const char *n0, *n1;
+                if (fl_optim_state(o[0], i, &d0, &b0, &n0) != FL_OK) break;
+                assert_int_equal(fl_optim_state(o[1], i, &d1, &b1, &n1), FL_OK);
+                assert_int_equal(b0, b1);
+                assert_memory_equal(d0, d1, b0);
+            }
+        }
+        for (int v = 0; v < 2; v++) {
+            fl_optim_free(o[v]);
+            free(p[v]);
+        }
+    }
+    free(g);
+    float x[300];
+    uint8_t q[2][300];
+    float am[2][2];
+    for (int i = 0; i < 300; i++) x[i] = (float)sin(i) * (i % 3 == 0 ? 1e-30f : i % 3 == 1 ? 1.0f : 0.0f);
+    x[7] = NAN;
+    x[200] = 3e38f;
+    for (int sgn = 0; sgn < 2; sgn++) {
+        for (int v = 0; v < 2; v++) {
+            fl_isa_set(v ? FL_ISA_AVX512 : FL_ISA_REF);
+            fl_optim_quantize_blockwise(x, q[v], am[v], 300, 256, sgn);
+        }
+        fl_isa_set(fl_isa_best());
+        assert_memory_equal(q[0], q[1], 300);
+        assert_memory_equal(am[0], am[1], sizeof am[0]);
+    }
+    fl_test_mem_zero();
 }
 
 static void test_dynamic_maps(void **state) {
@@ -241,6 +312,27 @@ static void test_clip_and_schedule(void **state) {
     CHECK_NEAR(g[1], 0.8, 1e-6);
     g[2] = INFINITY;
     assert_true(isinf(fl_grad_clip(g, 4, 1.0)));
+    /* a long vector: the norm of a sum in long double, the same bits on 1 and 2 threads, every
+     * element scaled (the parts and the threads cut it unevenly) */
+    const int64_t n = 100003;
+    float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
+    assert_non_null(a);
+    assert_non_null(b);
+    long double ss = 0;
+    for (int64_t i = 0; i < n; i++) {
+        a[i] = b[i] = (float)sin((double)i) * (float)(1 + i % 7);
+        ss += (long double)a[i] * a[i];
+    }
+    fl_threads_set(1);
+    const double n1 = fl_grad_clip(a, n, 1.0);
+    fl_threads_set(2);
+    const double n2 = fl_grad_clip(b, n, 1.0);
+    assert_memory_equal(&n1, &n2, sizeof n1);
+    assert_memory_equal(a, b, (size_t)n * sizeof(float));
+    CHECK_NEAR(n1, sqrtl(ss), 1e-12 * n1);
+    CHECK_NEAR(a[n - 1], sin((double)(n - 1)) * (1 + (n - 1) % 7) / n1, 1e-6);
+    free(a);
+    free(b);
     /* warmup 10, total 110, lr 1, min 0.1 */
     CHECK_NEAR(fl_lr_at(FL_LR_COSINE, 0, 10, 110, 1.0f, 0.1f), 0.1, 1e-6);
     CHECK_NEAR(fl_lr_at(FL_LR_COSINE, 9, 10, 110, 1.0f, 0.1f), 1.0, 1e-6);
@@ -255,7 +347,7 @@ static void test_clip_and_schedule(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_adamw_reference), cmocka_unit_test(test_dynamic_maps), cmocka_unit_test(test_code_search),
+        cmocka_unit_test(test_adamw_reference), cmocka_unit_test(test_dynamic_maps), cmocka_unit_test(test_code_search), cmocka_unit_test(test_simd_bits),
         cmocka_unit_test(test_adamw8bit_tracks_fp32), cmocka_unit_test(test_clip_and_schedule),
         cmocka_unit_test(test_state_slices),
     };

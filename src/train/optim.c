@@ -4,6 +4,8 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "core/threads.h"
+#include "kernels/adam8.h"
+#include "kernels/dispatch.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -26,13 +28,14 @@ struct fl_optim {
 /* ---------------------------------------------------------------- code tables */
 
 static float g_map[2][256];
-/* First candidates for the nearest-code search (see code_fast): per map, for each float in
- * [2^-TAB_EXP0, 2) of either sign, keyed by its top 16 bits (sign, exponent, 7 mantissa bits),
- * the search's lower bracket for the bucket's smallest value. */
+/* The nearest-code search's table (see code_fast): per map, for each float in [2^-TAB_EXP0, 2)
+ * of either sign, keyed by its top 16 bits (sign, exponent, 7 mantissa bits): the code, where
+ * every float of the bucket has the same one, else 256 + the search's lower bracket for the
+ * bucket's smallest value. */
 #define TAB_EXP0 30
 #define TAB_E_LO (127 - TAB_EXP0) /* biased exponents TAB_E_LO .. 127 */
 #define TAB_KEYS ((128 - TAB_E_LO) * 128)
-static uint8_t g_tab[2][2][TAB_KEYS]; /* [map][sign][key] */
+static uint16_t g_tab[2][2 * TAB_KEYS + 2]; /* [map][sign * TAB_KEYS + key], + padding for 4-byte gathers */
 static uint8_t g_zero[2];             /* the code of 0 */
 static pthread_once_t g_map_once = PTHREAD_ONCE_INIT;
 
@@ -91,8 +94,11 @@ static void build_maps(void) {
         /* a bucket's smallest value: its first float when positive, its last when negative */
         for (int k = 0; k < TAB_KEYS; k++) {
             const uint32_t top = (uint32_t)(TAB_E_LO * 128 + k) << 16;
-            g_tab[sgn][0][k] = (uint8_t)bracket(d, f32_of(top));
-            g_tab[sgn][1][k] = (uint8_t)bracket(d, f32_of(top | 0x8000ffffu));
+            for (int neg = 0; neg < 2; neg++) { /* the bucket's smallest and largest values */
+                const float lo = f32_of(neg ? top | 0x8000ffffu : top), hi = f32_of(neg ? top | 0x80000000u : top | 0xffffu);
+                const uint8_t c0 = code_ref(d, lo); /* codes rise with x: equal ends, one code */
+                g_tab[sgn][neg * TAB_KEYS + k] = c0 == code_ref(d, hi) ? c0 : (uint16_t)(256 + bracket(d, lo));
+            }
         }
         g_zero[sgn] = code_ref(d, 0.0f);
     }
@@ -103,16 +109,18 @@ const float *fl_optim_dynamic_map(int is_signed) {
     return g_map[is_signed ? 1 : 0];
 }
 
-/* code_ref's answer from the table: the bracket from the bucket's entry, moved up past the codes
- * that lie in the bucket below x (at most a few: the codes are >= 0.7% apart, a bucket 0.8%
- * wide), then the nearer code, as code_ref picks it.  Zero, and values outside the table (tiny,
- * >= 2, NaN), take code_ref's way. */
+/* code_ref's answer from the table: the bucket's code, or where the bucket holds a choice, the
+ * bracket from its entry, moved up past the codes that lie in the bucket below x (at most a few:
+ * the codes are >= 0.7% apart, a bucket 0.8% wide), then the nearer code, as code_ref picks it.
+ * Zero, and values outside the table (tiny, >= 2, NaN), take code_ref's way. */
 static inline uint8_t code_fast(int m, const float *map, float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     const uint32_t e = (u >> 23) & 0xff;
     if (e < TAB_E_LO || e > 127) return x == 0.0f ? g_zero[m] : code_ref(map, x);
-    int lo = g_tab[m][u >> 31][(u >> 16 & 0x7fff) - TAB_E_LO * 128];
+    int lo = g_tab[m][(u >> 31) * TAB_KEYS + (u >> 16 & 0x7fff) - TAB_E_LO * 128];
+    if (lo < 256) return (uint8_t)lo;
+    lo -= 256;
     while (lo < 254 && map[lo + 1] <= x) lo++;
     return (uint8_t)(fabsf(x - map[lo]) <= fabsf(map[lo + 1] - x) ? lo : lo + 1);
 }
@@ -124,7 +132,7 @@ uint8_t fl_optim_code(int is_signed, float x) {
 
 uint8_t fl_optim_code_ref(int is_signed, float x) { return code_ref(fl_optim_dynamic_map(is_signed), x); }
 
-static void quant_block(int m, const float *x, uint8_t *q, float *absmax, int64_t n) {
+static void quant_block_ref(int m, const float *x, uint8_t *q, float *absmax, int64_t n) {
     const float *map = g_map[m];
     float a = 0.0f;
     for (int64_t i = 0; i < n; i++) {
@@ -134,6 +142,18 @@ static void quant_block(int m, const float *x, uint8_t *q, float *absmax, int64_
     *absmax = a;
     const float inv = a > 0.0f ? 1.0f / a : 0.0f;
     for (int64_t i = 0; i < n; i++) q[i] = code_fast(m, map, x[i] * inv);
+}
+
+static uint8_t code_slow(const float *map, float x) { return code_ref(map, x); }
+
+/* quant_block_ref's bits, on the AVX-512 kernel where fl_isa_get() says so */
+static void quant_block(int m, const float *x, uint8_t *q, float *absmax, int64_t n) {
+    if (fl_isa_get() == FL_ISA_AVX512) {
+        const fl_adam8_codes c = {g_map[m], g_tab[m], TAB_KEYS, TAB_E_LO, g_zero[m], code_slow};
+        fl_adam8_quant_avx512(&c, x, q, absmax, n);
+    } else {
+        quant_block_ref(m, x, q, absmax, n);
+    }
 }
 
 void fl_optim_quantize_blockwise(const float *x, uint8_t *q, float *absmax, int64_t n, int32_t bs, int is_signed) {
@@ -287,6 +307,8 @@ static void step_task(void *arg, int ith, int nth) {
     fl_split_range(nblk, ith, nth, &lo, &hi);
     float mbuf[4096], vbuf[4096];
     const float *smap = g_map[1], *umap = g_map[0];
+    const bool simd = fl_isa_get() == FL_ISA_AVX512; /* the same bits as the loops */
+    const fl_optimizer_config *h = &o->cfg;
     for (int64_t b = lo; b < hi; b++) {
         const int64_t i0 = b * bs, len = o->n - i0 < bs ? o->n - i0 : bs;
         if (o->cfg.kind == FL_OPTIMIZER_ADAMW) {
@@ -294,19 +316,34 @@ static void step_task(void *arg, int ith, int nth) {
                 int64_t end;
                 const float wd = decay_run(o, i, &end);
                 if (end > i0 + len) end = i0 + len;
+                if (simd) {
+                    fl_adam_update_avx512(c->p + i, c->g + i, o->m + i, o->v + i, end - i, h->beta1, h->beta2, c->bc1,
+                                          c->bc2, c->lr, h->eps, wd);
+                    i = end;
+                }
                 for (; i < end; i++) adam_elem(c, wd, &c->p[i], c->g[i], &o->m[i], &o->v[i]);
             }
             continue;
         }
         float *mb = mbuf, *vb = vbuf;
-        for (int64_t i = 0; i < len; i++) {
-            mb[i] = smap[o->qm[i0 + i]] * o->am[b];
-            vb[i] = umap[o->qv[i0 + i]] * o->av[b];
+        if (simd) {
+            fl_adam8_dequant_avx512(smap, o->qm + i0, o->am[b], mb, len);
+            fl_adam8_dequant_avx512(umap, o->qv + i0, o->av[b], vb, len);
+        } else {
+            for (int64_t i = 0; i < len; i++) {
+                mb[i] = smap[o->qm[i0 + i]] * o->am[b];
+                vb[i] = umap[o->qv[i0 + i]] * o->av[b];
+            }
         }
         for (int64_t i = 0; i < len;) {
             int64_t end;
             const float wd = decay_run(o, i0 + i, &end);
             end = end - i0 < len ? end - i0 : len;
+            if (simd) {
+                fl_adam_update_avx512(c->p + i0 + i, c->g + i0 + i, mb + i, vb + i, end - i, h->beta1, h->beta2, c->bc1,
+                                      c->bc2, c->lr, h->eps, wd);
+                i = end;
+            }
             for (; i < end; i++) adam_elem(c, wd, &c->p[i0 + i], c->g[i0 + i], &mb[i], &vb[i]);
         }
         quant_block(1, mb, o->qm + i0, &o->am[b], len);
@@ -323,13 +360,52 @@ void fl_optim_step(fl_optim *o, float *params, const float *grads, float lr) {
 
 /* ---------------------------------------------------------------- clipping, schedules */
 
+/* The sum of squares in CLIP_PARTS fixed parts (each over 8 interleaved double sums), the
+ * parts on the threads, added in order: the same bits on any number of threads. */
+#define CLIP_PARTS 64
+
+typedef struct {
+    float *g;
+    int64_t n;
+    float scale;
+    double part[CLIP_PARTS];
+} clip_ctx;
+
+static void part_range(int64_t n, int k, int64_t *lo, int64_t *hi) {
+    *lo = n / CLIP_PARTS * k + (k < n % CLIP_PARTS ? k : n % CLIP_PARTS);
+    *hi = *lo + n / CLIP_PARTS + (k < n % CLIP_PARTS ? 1 : 0);
+}
+
+static void clip_ss_task(void *p, int ith, int nth) {
+    clip_ctx *c = p;
+    for (int k = ith; k < CLIP_PARTS; k += nth) {
+        int64_t lo, hi;
+        part_range(c->n, k, &lo, &hi);
+        double s[8] = {0};
+        int64_t i = lo;
+        for (; i + 8 <= hi; i += 8)
+            for (int j = 0; j < 8; j++) s[j] += (double)c->g[i + j] * c->g[i + j];
+        for (int j = 0; i < hi; i++, j++) s[j] += (double)c->g[i] * c->g[i];
+        c->part[k] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    }
+}
+
+static void clip_scale_task(void *p, int ith, int nth) {
+    clip_ctx *c = p;
+    int64_t lo, hi;
+    fl_split_range(c->n, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) c->g[i] *= c->scale;
+}
+
 double fl_grad_clip(float *g, int64_t n, double max_norm) {
+    clip_ctx c = {.g = g, .n = n};
+    fl_parallel(clip_ss_task, &c);
     double ss = 0.0;
-    for (int64_t i = 0; i < n; i++) ss += (double)g[i] * g[i];
+    for (int k = 0; k < CLIP_PARTS; k++) ss += c.part[k];
     const double norm = sqrt(ss);
     if (max_norm > 0 && isfinite(norm) && norm > max_norm) {
-        const float s = (float)(max_norm / norm);
-        for (int64_t i = 0; i < n; i++) g[i] *= s;
+        c.scale = (float)(max_norm / norm);
+        fl_parallel(clip_scale_task, &c);
     }
     return norm;
 }

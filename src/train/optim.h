@@ -81,8 +81,9 @@ void fl_optim_quantize_blockwise(const float *x, uint8_t *q, float *absmax, int6
 void fl_optim_dequantize_blockwise(const uint8_t *q, const float *absmax, float *x, int64_t n, int32_t bs,
                                    int is_signed);
 
-/* Global L2 norm of g (n elements, computed in double); if max_norm > 0 and the norm exceeds it,
- * g is scaled by max_norm / norm.  Returns the norm before clipping (inf/NaN if g has any). */
+/* Global L2 norm of g (n elements, computed in double: 64 fixed parts on the threads, so the
+ * same bits on any number of them); if max_norm > 0 and the norm exceeds it, g is scaled by
+ * max_norm / norm.  Returns the norm before clipping (inf/NaN if g has any). */
 double fl_grad_clip(float *g, int64_t n, double max_norm);
 
 typedef enum fl_lr_sched { FL_LR_CONSTANT = 0, FL_LR_COSINE = 1, FL_LR_LINEAR = 2 } fl_lr_sched;

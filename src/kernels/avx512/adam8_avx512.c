@@ -1,0 +1,90 @@
+/* AdamW's update and 8-bit AdamW's codes on 16 lanes (see adam8.h); train/optim.c's scalar
+ * loops are the specification, and these give the same bits (test_train_optim). */
+#include "kernels/adam8.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+static inline __mmask16 tail(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
+
+void fl_adam_update_avx512(float *p, const float *g, float *m, float *v, int64_t n, float b1, float b2, float bc1,
+                           float bc2, float lr, float eps, float wd) {
+    const __m512 vb1 = _mm512_set1_ps(b1), vb2 = _mm512_set1_ps(b2), c1 = _mm512_set1_ps(1.0f - b1),
+                 c2 = _mm512_set1_ps(1.0f - b2), vbc1 = _mm512_set1_ps(bc1), vbc2 = _mm512_set1_ps(bc2),
+                 vlr = _mm512_set1_ps(lr), veps = _mm512_set1_ps(eps), vwd = _mm512_set1_ps(wd);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = tail(n - i);
+        const __m512 gi = _mm512_maskz_loadu_ps(k, g + i);
+        __m512 mi = _mm512_maskz_loadu_ps(k, m + i), vi = _mm512_maskz_loadu_ps(k, v + i);
+        __m512 pi = _mm512_maskz_loadu_ps(k, p + i);
+        mi = _mm512_add_ps(_mm512_mul_ps(vb1, mi), _mm512_mul_ps(c1, gi));
+        vi = _mm512_add_ps(_mm512_mul_ps(vb2, vi), _mm512_mul_ps(_mm512_mul_ps(c2, gi), gi));
+        const __m512 mh = _mm512_div_ps(mi, vbc1), vh = _mm512_div_ps(vi, vbc2);
+        const __m512 upd = _mm512_add_ps(_mm512_div_ps(mh, _mm512_add_ps(_mm512_sqrt_ps(vh), veps)), _mm512_mul_ps(vwd, pi));
+        pi = _mm512_sub_ps(pi, _mm512_mul_ps(vlr, upd));
+        _mm512_mask_storeu_ps(m + i, k, mi);
+        _mm512_mask_storeu_ps(v + i, k, vi);
+        _mm512_mask_storeu_ps(p + i, k, pi);
+    }
+}
+
+void fl_adam8_dequant_avx512(const float *map, const uint8_t *q, float scale, float *out, int64_t n) {
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = tail(n - i);
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, q + i));
+        const __m512 x = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, idx, map, 4);
+        _mm512_mask_storeu_ps(out + i, k, _mm512_mul_ps(x, s));
+    }
+}
+
+void fl_adam8_quant_avx512(const fl_adam8_codes *c, const float *x, uint8_t *q, float *absmax, int64_t n) {
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512 ax = _mm512_abs_ps(_mm512_maskz_loadu_ps(tail(n - i), x + i));
+        a = _mm512_max_ps(ax, a); /* a NaN in ax gives the second operand, a */
+    }
+    const float am = _mm512_reduce_max_ps(a);
+    *absmax = am;
+    const float inv = am > 0.0f ? 1.0f / am : 0.0f;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const __m512i one = _mm512_set1_epi32(1), top = _mm512_set1_epi32(254), e_lo = _mm512_set1_epi32(c->e_lo),
+                  e_hi = _mm512_set1_epi32(127), ff = _mm512_set1_epi32(0xff), key_lo = _mm512_set1_epi32(c->e_lo * 128),
+                  keys = _mm512_set1_epi32(c->keys);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = tail(n - i);
+        const __m512 xi = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), vinv);
+        const __m512i u = _mm512_castps_si512(xi);
+        const __m512i e = _mm512_and_si512(_mm512_srli_epi32(u, 23), ff);
+        const __mmask16 in = k & _mm512_cmpge_epi32_mask(e, e_lo) & _mm512_cmple_epi32_mask(e, e_hi);
+        /* index: sign * keys + (top 15 bits below the sign) - the first key */
+        const __m512i key = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x7fff)), key_lo);
+        const __m512i idx = _mm512_add_epi32(key, _mm512_mullo_epi32(_mm512_srli_epi32(u, 31), keys));
+        __m512i code = _mm512_and_si512(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), in, idx, c->tab, 2),
+                                        _mm512_set1_epi32(0xffff));
+        const __mmask16 open = in & _mm512_cmpge_epi32_mask(code, _mm512_set1_epi32(256)); /* a choice in the bucket */
+        if (open) {
+            __m512i lo = _mm512_sub_epi32(code, _mm512_set1_epi32(256));
+            __m512 hi_v;
+            for (;;) {
+                hi_v = _mm512_mask_i32gather_ps(_mm512_set1_ps(INFINITY), open, _mm512_add_epi32(lo, one), c->map, 4);
+                const __mmask16 up = open & _mm512_cmplt_epi32_mask(lo, top) & _mm512_cmp_ps_mask(hi_v, xi, _CMP_LE_OQ);
+                if (!up) break;
+                lo = _mm512_mask_add_epi32(lo, up, lo, one);
+            }
+            const __m512 lo_v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), open, lo, c->map, 4);
+            /* |x - map[lo]| <= |map[lo + 1] - x|: lo, else lo + 1 */
+            const __mmask16 pick_lo = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(xi, lo_v)),
+                                                         _mm512_abs_ps(_mm512_sub_ps(hi_v, xi)), _CMP_LE_OQ);
+            code = _mm512_mask_mov_epi32(code, open, _mm512_mask_add_epi32(lo, (__mmask16)~pick_lo, lo, one));
+        }
+        _mm_mask_storeu_epi8(q + i, in, _mm512_cvtepi32_epi8(code));
+        __mmask16 rest = k & (__mmask16)~in;
+        if (rest) {
+            float xs[16];
+            _mm512_storeu_ps(xs, xi);
+            for (int j = 0; j < 16; j++)
+                if (rest >> j & 1) q[i + j] = xs[j] == 0.0f ? c->zero : c->slow(c->map, xs[j]);
+        }
+    }
+}
