@@ -44,19 +44,8 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* The specification: binary search for the bracket map[lo] <= x < map[hi] (lo = 0 below map[0],
- * hi = 255 from map[255] up), then the nearer of the two, lo on a tie (NaN: 1). */
-static uint8_t code_ref(const float *map, float x) {
-    int lo = 0, hi = 255;
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (map[mid] <= x) lo = mid;
-        else hi = mid;
-    }
-    return (uint8_t)(fabsf(x - map[lo]) <= fabsf(map[hi] - x) ? lo : hi);
-}
-
-/* lo of code_ref's bracket: the count of codes <= x, less one, within [0, 254] */
+/* The bracket map[lo] <= x < map[lo + 1] by binary search: lo = 0 below map[0] (and for NaN),
+ * 254 from map[255] up. */
 static int bracket(const float *map, float x) {
     int lo = 0, hi = 255;
     while (hi - lo > 1) {
@@ -65,6 +54,12 @@ static int bracket(const float *map, float x) {
         else hi = mid;
     }
     return lo;
+}
+
+/* The specification: the nearer of the bracket's two codes, the lower on a tie (NaN: 1). */
+static uint8_t code_ref(const float *map, float x) {
+    const int lo = bracket(map, x);
+    return (uint8_t)(fabsf(x - map[lo]) <= fabsf(map[lo + 1] - x) ? lo : lo + 1);
 }
 
 static float f32_of(uint32_t u) {
