@@ -262,6 +262,40 @@ static void test_loadtime_types(void **state) {
     fl_test_mem_zero();
 }
 
+/* The NF4 quantizer's code search against the specification (nearest of all 16, the lower on a
+ * tie): every float of magnitude below 4 at a stride of 61 bit patterns (about 35 million),
+ * each value and midpoint +- 8 ulps, and the special values. */
+static void check_nf4(float v) {
+    const uint8_t a = fl_nf4_code(v), b = fl_nf4_code_ref(v);
+    if (a != b) fail_msg("NF4 code of %.9g: %d, the specification %d", v, a, b);
+}
+
+static void test_nf4_code(void **state) {
+    (void)state;
+    for (uint32_t sign = 0; sign < 2; sign++)
+        for (uint32_t u = 0; u < 0x40800000u; u += 61) { /* 0 .. 4.0 */
+            float v;
+            const uint32_t bits = u | sign << 31;
+            memcpy(&v, &bits, sizeof v);
+            check_nf4(v);
+        }
+    for (int c = 0; c < 16; c++) {
+        const float pts[2] = {fl_nf4_values[c], c < 15 ? 0.5f * (fl_nf4_values[c] + fl_nf4_values[c + 1]) : 1.0f};
+        for (int p = 0; p < 2; p++)
+            for (int d = -8; d <= 8; d++) {
+                float v = pts[p];
+                uint32_t bits;
+                memcpy(&bits, &v, sizeof v);
+                bits += (uint32_t)d;
+                memcpy(&v, &bits, sizeof v);
+                check_nf4(v);
+                check_nf4(-v);
+            }
+    }
+    const float special[] = {0.0f, -0.0f, 2.0f, -2.0f, 1e30f, -1e30f, INFINITY, -INFINITY, NAN};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) check_nf4(special[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dequant_exact),
@@ -269,6 +303,7 @@ int main(void) {
         cmocka_unit_test(test_legacy_byte_identical),
         cmocka_unit_test(test_kquant_error),
         cmocka_unit_test(test_loadtime_types),
+        cmocka_unit_test(test_nf4_code),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

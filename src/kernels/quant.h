@@ -66,6 +66,11 @@ _Static_assert(sizeof(fl_block_iq4_nl) == 18, "iq4_nl");
 
 extern const int8_t fl_iq4nl_values[16];
 extern const float fl_nf4_values[16];
+/* The index of the NF4 value nearest to v (the lower on a tie): fl_nf4_code_ref compares all 16
+ * (the specification), fl_nf4_code brackets v by halves (the quantizer's; the same answer for
+ * every float). */
+uint8_t fl_nf4_code(float v);
+uint8_t fl_nf4_code_ref(float v);
 
 /* ---- dequantization (scalar reference; k elements, a multiple of the block size) ---- */
 void fl_dequant_q4_0(const void *src, float *y, int64_t k);

@@ -427,11 +427,26 @@ static void quant_iq4_nl(const float *x, fl_block_iq4_nl *y, int64_t k) {
     }
 }
 
-static uint8_t nf4_code(float v) {
+uint8_t fl_nf4_code_ref(float v) {
     int best = 0;
     for (int c = 1; c < 16; c++)
         if (fabsf(v - fl_nf4_values[c]) < fabsf(v - fl_nf4_values[best])) best = c;
     return (uint8_t)best;
+}
+
+/* fl_nf4_code_ref's answer without its 15 comparisons: the values are sorted and at least 0.07
+ * apart, so the distances fall to the nearest value and rise after it with no ties but between
+ * the two values around v (below 2 in magnitude, where a float's rounding is far finer than the
+ * gaps); the lower index keeps a tie, as the loop's strict < does.  Other values (beyond 2 the
+ * distances can round equal; infinities, NaN) take the loop; the quantizer's are within ~1.4. */
+uint8_t fl_nf4_code(float v) {
+    if (!(fabsf(v) < 2.0f)) return fl_nf4_code_ref(v);
+    int c = 0; /* the count of values <= v, by halves */
+    for (int h = 8; h > 0; h >>= 1)
+        if (fl_nf4_values[c + h - 1] <= v) c += h;
+    if (c == 0) return 0;
+    if (c == 16) return 15;
+    return (uint8_t)(fabsf(v - fl_nf4_values[c]) < fabsf(v - fl_nf4_values[c - 1]) ? c : c - 1);
 }
 
 static void quant_nf4(const float *x, void *dst, int64_t k) {
@@ -440,19 +455,25 @@ static void quant_nf4(const float *x, void *dst, int64_t k) {
     for (int64_t g = 0; g < nb; g += 256) {
         const int64_t ng = nb - g < 256 ? nb - g : 256;
         float gmax = 0;
-        for (int64_t i = 0; i < ng * 64; i++) gmax = fmaxf(gmax, fabsf(x[g * 64 + i]));
+        for (int64_t i = 0; i < ng * 64; i++) { /* fmaxf's answers, without its calls */
+            const float a = fabsf(x[g * 64 + i]);
+            gmax = a > gmax ? a : gmax;
+        }
         const float gscale = gmax / 255;
         memcpy(p, &gscale, 4);
         p += 4;
         for (int64_t i = 0; i < ng; i++, p += 33) {
             const float *xb = x + (g + i) * 64;
             float amax = 0;
-            for (int j = 0; j < 64; j++) amax = fmaxf(amax, fabsf(xb[j]));
+            for (int j = 0; j < 64; j++) {
+                const float a = fabsf(xb[j]);
+                amax = a > amax ? a : amax;
+            }
             int sc = gscale > 0 ? (int)lrintf(amax / gscale) : 0;
             sc = clampi(sc, amax > 0 ? 1 : 0, 255);
             p[0] = (uint8_t)sc;
             const float a = gscale * (float)sc, ia = a > 0 ? 1.0f / a : 0.0f;
-            for (int j = 0; j < 32; j++) p[1 + j] = (uint8_t)(nf4_code(xb[j] * ia) | (nf4_code(xb[j + 32] * ia) << 4));
+            for (int j = 0; j < 32; j++) p[1 + j] = (uint8_t)(fl_nf4_code(xb[j] * ia) | (fl_nf4_code(xb[j + 32] * ia) << 4));
         }
     }
 }
