@@ -9,8 +9,10 @@ class Client:
         self.url, self.fails = url, 0
 
     def check(self, name, ok):
+        """print the check's line; returns ok, so a failure can say more"""
         print(("ok   " if ok else "FAIL ") + name)
         self.fails += 0 if ok else 1
+        return ok
 
     def post(self, path, body):
         """(status, parsed JSON body) of POST path with body as JSON; errors too"""

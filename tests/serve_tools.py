@@ -73,11 +73,14 @@ chunks = stream(named)
 deltas = [c["choices"][0] for c in chunks if c["choices"]]
 sc = [t for d in deltas for t in d["delta"].get("tool_calls", [])]
 # (as vLLM: the call's id, type and name first, then its arguments as they are generated)
-check("named, streamed: no content; the call's arguments in pieces that add up to the reply's, finish stop",
-      not any(d["delta"].get("content") for d in deltas) and len(sc) > 3 and all(t["index"] == 0 for t in sc)
-      and call_ok(sc[0]) and sc[0]["function"]["name"] == "get_weather"
-      and not any("id" in t or "name" in t["function"] for t in sc[1:])
-      and "".join(t["function"]["arguments"] for t in sc) == named_args and deltas[-1]["finish_reason"] == "stop")
+if not check("named, streamed: no content; the call's arguments in pieces that add up to the reply's, finish stop",
+             not any(d["delta"].get("content") for d in deltas) and len(sc) > 3 and all(t["index"] == 0 for t in sc)
+             and call_ok(sc[0]) and sc[0]["function"]["name"] == "get_weather"
+             and not any("id" in t or "name" in t["function"] for t in sc[1:])
+             and "".join(t["function"]["arguments"] for t in sc) == named_args and deltas[-1]["finish_reason"] == "stop"):
+    print("  the reply's arguments %r; streamed: %d pieces %r, finish %r, content %r" % (
+        named_args, len(sc), "".join(t["function"].get("arguments", "") for t in sc),
+        deltas[-1]["finish_reason"] if deltas else None, [d["delta"].get("content") for d in deltas if d["delta"].get("content")]))
 st, b = post("/v1/chat/completions", dict(named, n=2, temperature=1.0, seed=3))
 check("named, n=2: each choice a call by the schema",
       st == 200 and all(len(c["message"]["tool_calls"]) == 1 and weather_ok(c["message"]["tool_calls"][0]["function"]["arguments"])

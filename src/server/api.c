@@ -491,6 +491,14 @@ static void named_args_chunk(fl_server *s, srv_req *r, int i, const char *txt, s
     r->role_sent = true;
 }
 
+/* Whether choice i's text has a byte that is not a space past what was sent (a named call's
+ * arguments have begun). */
+static bool named_started(const srv_sample *sm) {
+    for (size_t k = sm->sent; k < sm->text.len; k++)
+        if (!is_space(sm->text.p[k])) return true;
+    return false;
+}
+
 /* A named function's arguments as they come (vLLM's stream): from the first byte that is not
  * a space, up to the last such byte of whole characters (the reply's arguments are trimmed). */
 static void stream_named_args(fl_server *s, srv_req *r, int i) {
@@ -668,7 +676,11 @@ static void stream_tools_finish(fl_server *s, srv_req *r, int i) {
         /* off the pattern: the calls after those streamed, whole (and the content, as the reply
          * has it); nothing streamed at all (an output cut short): the role, and that content */
         if (srv_calls_off(&sm->cs) || !r->role_sent) calls = calls_chunk(s, r, i, sm->cs.n_calls) || calls;
-    } else if (sm->call_sent) {
+    } else if (sm->call_sent || (r->tools.mode == SRV_TOOLS_NAMED && named_started(sm))) {
+        /* a named function's arguments one engine output at a time, as they stream when the
+         * connection reads in time: also for a request that finished before its first read */
+        stream_named_args(s, r, i);
+        calls = sm->call_sent;
         const char *txt = sm->text.p ? sm->text.p : "";
         size_t e = sm->text.len;
         while (e > sm->sent && is_space(txt[e - 1])) e--;
