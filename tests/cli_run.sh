@@ -327,4 +327,22 @@ r = o["results"]
 assert all(x["gemm_stream_gops"] > 0 for x in r[:6]), r
 assert all(abs(x["gemm_stream_pct_int8_peak"] - 100 * x["gemm_stream_gops"] / o["int8_peak_gops"]) < 1e-6 * x["gemm_stream_pct_int8_peak"] + 1e-9 for x in r[:6]), r
 PY
+# bench sgemm: the trainer's three f32 products on four TinyLlama shapes and their sum, against the fp32 peak
+"$fitllm" bench sgemm -p 8 --seconds 0.01 --json >"$tmp/sg.json" || fail "bench sgemm"
+python3 - "$tmp/sg.json" <<'PY' || fail "bench sgemm json"
+import json, sys
+o = json.load(open(sys.argv[1]))
+r = o["results"]
+assert o["tokens"] == 8 and o["fp32_peak_gflops"] > 0, o
+assert [(x.get("out"), x.get("in")) for x in r[:4]] == [(2048, 2048), (5632, 2048), (2048, 5632), (32000, 2048)], r
+assert r[4]["shape"] == "all" and len(r) == 5, r
+for x in r:
+    for f in ("forward", "dinp", "dw"):
+        g, p = x[f + "_gflops"], x[f + "_pct_fp32_peak"]
+        assert g > 0 and abs(p - 100 * g / o["fp32_peak_gflops"]) < 1e-6 * p + 1e-9, (f, x)
+PY
+for bad in "-p 0" "-t 0" "--seconds 0"; do
+    rc=0; "$fitllm" bench sgemm $bad >/dev/null 2>"$tmp/sg.err" || rc=$?
+    [ $rc -eq 2 ] && grep -q "bad -t, -p or --seconds" "$tmp/sg.err" || fail "bench sgemm $bad: rc $rc"
+done
 echo ok
