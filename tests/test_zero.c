@@ -138,7 +138,10 @@ static void reference(double *loss, float *p) {
     adamw_free(&a);
 }
 
-static void zero_case(int32_t stage, int64_t align, int64_t piece) {
+/* bucket > 0 (stage 2): each sample's gradient handed over in buckets of that many floats,
+ * from the end (fl_zero_reduce_range, as the trainer's backward does), then fl_zero_step
+ * without a whole gradient. */
+static void zero_case(int32_t stage, int64_t align, int64_t piece, int64_t bucket) {
     const int32_t N = fl_comm_size(g_comm), r = fl_comm_rank(g_comm);
     double ref_loss[STEPS], got_loss[STEPS];
     float ref_p[NPAR], p[NPAR];
@@ -172,20 +175,36 @@ static void zero_case(int32_t stage, int64_t align, int64_t piece) {
     for (int step = 0; step < STEPS; step++) {
         memset(g, 0, NPAR * sizeof(float));
         double l = 0;
-        for (int i = r * B / N; i < (r + 1) * B / N; i++) {
-            sample(step, i, x, t);
-            l += backward(p, x, t, 1.0f / B, g);
+        if (bucket > 0) {
+            fl_zero_begin(z);
+            for (int k = 0; k < (B + N - 1) / N; k++) { /* as many on every rank: collective */
+                const int i = r * B / N + k;
+                memset(g, 0, NPAR * sizeof(float));
+                if (i < (r + 1) * B / N) {
+                    sample(step, i, x, t);
+                    l += backward(p, x, t, 1.0f / B, g);
+                }
+                for (int64_t e = NPAR; e > 0; e -= bucket) {
+                    const int64_t b0 = e - bucket > 0 ? e - bucket : 0;
+                    assert_int_equal(fl_zero_reduce_range(z, g + b0, b0, e - b0), FL_OK);
+                }
+            }
+        } else {
+            for (int i = r * B / N; i < (r + 1) * B / N; i++) {
+                sample(step, i, x, t);
+                l += backward(p, x, t, 1.0f / B, g);
+            }
         }
         assert_int_equal(fl_comm_allreduce_sum_f64(g_comm, &l, 1), FL_OK);
         got_loss[step] = l;
         double nrm;
-        assert_int_equal(fl_zero_step(z, p, g, 1.0, &nrm, adamw_update, &a), FL_OK);
+        assert_int_equal(fl_zero_step(z, p, bucket > 0 ? NULL : g, 1.0, &nrm, adamw_update, &a), FL_OK);
     }
     double maxl = 0, maxp = 0;
     for (int s = 0; s < STEPS; s++) maxl = fmax(maxl, fabs(ref_loss[s] - got_loss[s]) / ref_loss[s]);
     for (int i = 0; i < NPAR; i++) maxp = fmax(maxp, fabs(ref_p[i] - p[i]));
-    fprintf(stderr, "rank %d/%d zero-%d, align %lld, pieces of %lld: shard [%lld, +%lld) of %d, loss %.5f -> %.5f (ref %.5f -> %.5f), max rel dloss %.2g, max |dp| %.2g\n",
-            r, N, stage, (long long)align, (long long)piece, (long long)off, (long long)len, NPAR, got_loss[0], got_loss[STEPS - 1], ref_loss[0],
+    fprintf(stderr, "rank %d/%d zero-%d, align %lld, pieces of %lld, buckets of %lld: shard [%lld, +%lld) of %d, loss %.5f -> %.5f (ref %.5f -> %.5f), max rel dloss %.2g, max |dp| %.2g\n",
+            r, N, stage, (long long)align, (long long)piece, (long long)bucket, (long long)off, (long long)len, NPAR, got_loss[0], got_loss[STEPS - 1], ref_loss[0],
             ref_loss[STEPS - 1], maxl, maxp);
     assert_true(got_loss[STEPS - 1] < 0.7 * got_loss[0]); /* it learns */
     assert_true(maxl < 1e-4);
@@ -198,16 +217,21 @@ static void zero_case(int32_t stage, int64_t align, int64_t piece) {
 
 static void test_zero1(void **state) {
     (void)state;
-    zero_case(1, 1, 0);
-    zero_case(1, 32, 0);
-    zero_case(1, 32, 7); /* pieces of 7 floats: the shards in several, the last short */
+    zero_case(1, 1, 0, 0);
+    zero_case(1, 32, 0, 0);
+    zero_case(1, 32, 7, 0); /* pieces of 7 floats: the shards in several, the last short */
 }
 static void test_zero2(void **state) {
     (void)state;
-    zero_case(2, 1, 0);
-    zero_case(2, 32, 0);
-    zero_case(2, 32, 7);
-    zero_case(2, 1, 1);
+    zero_case(2, 1, 0, 0);
+    zero_case(2, 32, 0, 0);
+    zero_case(2, 32, 7, 0);
+    zero_case(2, 1, 1, 0);
+    /* bucketed: buckets across shard ends, in pieces, one bucket for everything */
+    zero_case(2, 1, 0, 13);
+    zero_case(2, 32, 7, 13);
+    zero_case(2, 16, 5, 100);
+    zero_case(2, 1, 0, NPAR);
 }
 
 /* A gradient that is not finite on one rank (an fp16 overflow): every rank gets the non-finite
@@ -257,6 +281,18 @@ static void test_zero_bad(void **state) {
     assert_int_equal(fl_zero_new(g_comm, 1, 0, 1, 0, &z), FL_ERR_INVALID);
     assert_int_equal(fl_zero_new(g_comm, 1, 10, 0, 0, &z), FL_ERR_INVALID);
     assert_int_equal(fl_zero_new(g_comm, 1, 10, 1, -1, &z), FL_ERR_INVALID);
+    /* stage 1 keeps no shard to sum buckets into, and needs the whole gradient; ranges past n */
+    float g[10] = {0}, p[10] = {0};
+    assert_int_equal(fl_zero_new(g_comm, 1, 10, 1, 0, &z), FL_OK);
+    assert_int_equal(fl_zero_reduce_range(z, g, 0, 10), FL_ERR_INVALID);
+    assert_int_equal(fl_zero_step(z, p, NULL, 0, NULL, NULL, NULL), FL_ERR_INVALID);
+    fl_zero_free(z);
+    assert_int_equal(fl_zero_new(g_comm, 2, 10, 1, 0, &z), FL_OK);
+    assert_int_equal(fl_zero_reduce_range(z, g, 4, 7), FL_ERR_INVALID);
+    assert_int_equal(fl_zero_reduce_range(z, g, -1, 2), FL_ERR_INVALID);
+    assert_int_equal(fl_zero_reduce_range(z, g, 0, -1), FL_ERR_INVALID);
+    fl_zero_free(z);
+    fl_clear_error();
     mem_zero_but_comm();
 }
 

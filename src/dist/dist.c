@@ -33,9 +33,15 @@ static fl_status s_isendrecv(fl_comm *c, const void *s, size_t sb, int dst, void
     return s_sendrecv(c, s, sb, dst, r, rb, src);
 }
 static fl_status s_wait(fl_comm *c, fl_comm_req *q) { (void)c; (void)q; return FL_OK; }
+static fl_status s_reduce32(fl_comm *c, const float *s, float *r, int64_t n, int root) {
+    (void)c;
+    if (root != 0) return fl_set_error(FL_ERR_INVALID, "reduce: root %d in a single process", root);
+    if (r != s) memmove(r, s, (size_t)n * sizeof(float));
+    return FL_OK;
+}
 
 static const fl_comm_ops single_ops = {s_barrier, s_ar32, s_ar64, s_allgather, s_rs32, s_bcast, s_sendrecv, s_finalize,
-                                       s_isendrecv, s_wait};
+                                       s_isendrecv, s_wait, s_reduce32};
 
 fl_comm *fl_comm_new_single(void) {
     fl_comm *c = fl_calloc(FL_MEM_COMM, 1, sizeof *c);
@@ -89,6 +95,11 @@ fl_status fl_comm_allgather(fl_comm *c, const void *send, void *recv, size_t byt
 fl_status fl_comm_reduce_scatter_sum_f32(fl_comm *c, const float *send, float *recv, int64_t n) {
     if (c->size > 1) c->bytes_sent += (uint64_t)(c->size - 1) * (uint64_t)n * 4;
     return c->ops->reduce_scatter_f32(c, send, recv, n);
+}
+/* counted as a tree moves it: every rank but the root sends its buffer once */
+fl_status fl_comm_reduce_sum_f32(fl_comm *c, const float *send, float *recv, int64_t n, int root) {
+    if (c->size > 1 && c->rank != root) c->bytes_sent += (uint64_t)n * 4;
+    return c->ops->reduce_f32(c, send, recv, n, root);
 }
 fl_status fl_comm_bcast(fl_comm *c, void *buf, size_t bytes, int root) {
     if (c->size > 1 && c->rank == root) c->bytes_sent += bytes;

@@ -38,6 +38,8 @@ fl_status fl_comm_allreduce_sum_f64(fl_comm *c, double *buf, int64_t n);
 fl_status fl_comm_allgather(fl_comm *c, const void *send, void *recv, size_t bytes);
 /* send[size * n] summed over ranks; rank r receives the sum of slice r into recv[n]. */
 fl_status fl_comm_reduce_scatter_sum_f32(fl_comm *c, const float *send, float *recv, int64_t n);
+/* send[n] summed over ranks into root's recv[n] (recv is not touched on the other ranks). */
+fl_status fl_comm_reduce_sum_f32(fl_comm *c, const float *send, float *recv, int64_t n, int root);
 fl_status fl_comm_bcast(fl_comm *c, void *buf, size_t bytes, int root);
 /* Send sbytes to dst and receive rbytes from src at once (ring steps); not collective.
  * dst < 0: nothing is sent; src < 0: nothing is received (pipeline stages). */
@@ -64,6 +66,7 @@ typedef struct fl_comm_ops {
     void (*finalize)(fl_comm *c);
     fl_status (*isendrecv)(fl_comm *c, const void *s, size_t sb, int dst, void *r, size_t rb, int src, fl_comm_req *q);
     fl_status (*wait)(fl_comm *c, fl_comm_req *q);
+    fl_status (*reduce_f32)(fl_comm *c, const float *send, float *recv, int64_t n, int root);
 } fl_comm_ops;
 
 struct fl_comm {

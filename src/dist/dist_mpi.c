@@ -51,6 +51,12 @@ static fl_status m_rs32(fl_comm *c, const float *s, float *r, int64_t n) {
     return mpi_err(MPI_Reduce_scatter_block(s, r, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Reduce_scatter_block");
 }
 
+static fl_status m_reduce32(fl_comm *c, const float *s, float *r, int64_t n, int root) {
+    (void)c;
+    if (n > INT32_MAX) return fl_set_error(FL_ERR_RANGE, "reduce of %lld floats is too large", (long long)n);
+    return mpi_err(MPI_Reduce(s, r, (int)n, MPI_FLOAT, MPI_SUM, root, MPI_COMM_WORLD), "MPI_Reduce");
+}
+
 static fl_status m_bcast(fl_comm *c, void *b, size_t n, int root) {
     (void)c;
     for (size_t o = 0; o < n; o += (size_t)CHUNK) {
@@ -103,7 +109,7 @@ static fl_status m_wait(fl_comm *c, fl_comm_req *q) {
 }
 
 static const fl_comm_ops mpi_ops = {m_barrier, m_ar32, m_ar64, m_allgather, m_rs32, m_bcast, m_sendrecv, m_finalize,
-                                    m_isendrecv, m_wait};
+                                    m_isendrecv, m_wait, m_reduce32};
 
 fl_status fl_comm_new_mpi(int *argc, char ***argv, fl_comm **out) {
     *out = NULL;

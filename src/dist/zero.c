@@ -99,6 +99,33 @@ static void put(float *dst, int64_t n, int64_t a, const float *src, int64_t k) {
     if (h > 0) memcpy(dst + a, src, (size_t)h * sizeof(float));
 }
 
+void fl_zero_begin(fl_zero *z) {
+    if (z->gshard) memset(z->gshard, 0, (size_t)z->L * sizeof(float));
+}
+
+float *fl_zero_shard_grads(fl_zero *z) { return z->gshard; }
+
+fl_status fl_zero_reduce_range(fl_zero *z, const float *src, int64_t off, int64_t n) {
+    if (!z->gshard || off < 0 || n < 0 || off + n > z->n)
+        return fl_set_error(FL_ERR_INVALID, "zero: reduce of [%lld, %lld) (stage %d, %lld parameters)", (long long)off,
+                            (long long)(off + n), z->stage, (long long)z->n);
+    for (int32_t r = (int32_t)(off / z->L); r < z->size && (int64_t)r * z->L < off + n; r++) {
+        /* the part of [off, off + n) rank r owns, in pieces */
+        const int64_t a = off > (int64_t)r * z->L ? off : (int64_t)r * z->L;
+        const int64_t b = off + n < (int64_t)(r + 1) * z->L ? off + n : (int64_t)(r + 1) * z->L;
+        for (int64_t c = a; c < b; c += z->K) {
+            const int64_t k = b - c < z->K ? b - c : z->K;
+            fl_status st = fl_comm_reduce_sum_f32(z->comm, src + (c - off), z->buf, k, r);
+            if (st) return st;
+            if (r == z->rank) {
+                float *g = z->gshard + (c - a) + (a - (int64_t)r * z->L);
+                for (int64_t i = 0; i < k; i++) g[i] += z->buf[i];
+            }
+        }
+    }
+    return FL_OK;
+}
+
 fl_status fl_zero_step(fl_zero *z, float *params, float *grads, double max_norm, double *norm, fl_zero_update_fn fn,
                        void *ud) {
     fl_status st;
@@ -106,12 +133,14 @@ fl_status fl_zero_step(fl_zero *z, float *params, float *grads, double max_norm,
     double ss;
     const int32_t N = z->size;
     if (z->stage == 1) {
+        if (!grads) return fl_set_error(FL_ERR_INVALID, "zero: stage 1 needs the whole gradient");
         if ((st = fl_comm_allreduce_sum_f32(z->comm, grads, z->n))) return st;
         g = grads + z->off;
         ss = sumsq(grads, z->n);
     } else {
-        /* reduce-scatter piece by piece: rank r's k floats at [r L + c, r L + c + k) */
-        for (int64_t c = 0; c < z->L; c += z->K) {
+        /* grads NULL: fl_zero_reduce_range summed the shard already; else reduce-scatter piece
+         * by piece: rank r's k floats at [r L + c, r L + c + k) */
+        for (int64_t c = 0; grads && c < z->L; c += z->K) {
             const int64_t k = z->L - c < z->K ? z->L - c : z->K;
             for (int32_t r = 0; r < N; r++) take(z->buf + (size_t)r * (size_t)k, grads, z->n, (int64_t)r * z->L + c, k);
             if ((st = fl_comm_reduce_scatter_sum_f32(z->comm, z->buf, z->gshard + c, k))) return st;

@@ -7,10 +7,13 @@
  * the last shards shorter or empty) and keeps optimizer states for those only (the caller
  * creates its optimizer for `len` parameters: 1/N of the states).
  *   stage 1: grads are allreduced (sum over ranks) in place; each rank updates its shard.
- *   stage 2: grads are reduce-scattered: each rank receives only the summed shard (FL_MEM_GRAD,
- *            L floats, owned here) and updates from it; the full gradient buffer is the
- *            backward's (a bucketed backward could release it layer by layer: not done here),
- *            so stage 2 holds L floats more than stage 1 and moves half the bytes.
+ *   stage 2: each rank keeps only the summed gradients of its shard (FL_MEM_GRAD, L floats,
+ *            owned here) and updates from it.  Either the caller hands fl_zero_step a whole
+ *            gradient, which is reduce-scattered (L floats more than stage 1, half the bytes
+ *            moved), or the backward never holds one: it hands over its gradients a bucket at a
+ *            time (fl_zero_reduce_range after fl_zero_begin, each range summed into its owners'
+ *            shards) and calls fl_zero_step with grads NULL.  A rank then holds L floats and one
+ *            bucket, not the n floats of the whole gradient.
  * Then the updated shards are all-gathered into every rank's parameters.  Gradient clipping uses
  * the global norm (stage 2: shard norms summed with an f64 allreduce).  The sum over ranks is
  * not averaged: the caller scales its local gradients (e.g. by 1 / global batch).  A global norm
@@ -54,10 +57,20 @@ void fl_zero_bytes_for(int32_t stage, int32_t size, int64_t n_params, int64_t al
                        uint64_t *comm);
 size_t fl_zero_object_bytes(void);
 
-/* One data-parallel step: sum grads over ranks (stage 1: allreduce, stage 2: reduce-scatter),
- * clip to max_norm (<= 0: no clipping; *norm gets the global norm before clipping when not
- * NULL), update this rank's shard with fn, all-gather the parameters.  grads is overwritten.
- * A non-finite norm returns FL_OK with params untouched (the caller decides: skip or fail). */
+/* Stage 2, bucketed: fl_zero_begin clears the summed shard; fl_zero_reduce_range (collective:
+ * every rank calls it with the same off and n) adds the sum over ranks of src[0..n), the
+ * gradients of parameters [off, off + n), to the shard of each rank that owns part of them,
+ * in pieces of at most K floats through the COMM buffer.  fl_zero_shard_grads is the shard's
+ * summed gradient (len floats; fp16 unscales it there). */
+void fl_zero_begin(fl_zero *z);
+fl_status fl_zero_reduce_range(fl_zero *z, const float *src, int64_t off, int64_t n);
+float *fl_zero_shard_grads(fl_zero *z);
+
+/* One data-parallel step: sum grads over ranks (stage 1: allreduce, stage 2: reduce-scatter;
+ * stage 2 with grads NULL: the shard fl_zero_reduce_range summed), clip to max_norm (<= 0: no
+ * clipping; *norm gets the global norm before clipping when not NULL), update this rank's shard
+ * with fn, all-gather the parameters.  grads is overwritten.  A non-finite norm returns FL_OK
+ * with params untouched (the caller decides: skip or fail). */
 fl_status fl_zero_step(fl_zero *z, float *params, float *grads, double max_norm, double *norm, fl_zero_update_fn fn,
                        void *ud);
 
