@@ -66,6 +66,16 @@ PY
   for np in 2 4; do
     one=$("$BIN" "${ARGS[@]}" --grad-accum $np -t 1 2>/dev/null | curve)
     for z in 1 2; do zcase full $np $z "$one" "$TINY" "--train" "${ARGS[@]}"; done
+    # stage 2 never holds the whole gradient (stage 1's): its shard and one bucket of the backward
+    if python3 - "$DIR/mpi_zero_full_${np}_1.jsonl" "$DIR/mpi_zero_full_${np}_2.jsonl" "$np" <<'PY'
+import sys, json
+g1, g2 = ([json.loads(l) for l in open(f) if '"done"' in l][0]["peak_by_category"]["grad"] for f in sys.argv[1:3])
+n = int(sys.argv[3])
+assert g2 < g1 / n + g1 / 2, ("stage 2 grads", g2, "stage 1", g1)
+print("grads: stage 1 %d, stage 2 %d bytes" % (g1, g2))
+PY
+    then echo "ok   - train full --zero 2 on $np ranks holds its shard and a bucket of the gradient, not the whole"
+    else echo "FAIL - train full --zero 2 on $np ranks: gradient memory"; fails=$((fails+1)); fi
   done
   # LoRA adapters (rank 4 on stories260K's frozen base): the shards are the adapters'; a run
   # stopped at step 3 and resumed repeats steps 4-6 bit for bit (the checkpoint holds the adapters)

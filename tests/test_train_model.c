@@ -3,6 +3,7 @@
  *   - whole-model gradients vs double-precision finite differences on random parameters
  *   - checkpointing every k layers gives bit-identical gradients to keeping everything
  *   - gradient accumulation over micro-batches equals the big batch
+ *   - a backward handing its gradients over a bucket at a time (ZeRO-2) gives the same bits
  *   - packed documents (block-diagonal attention, positions restarting) give the same loss as
  *     the documents run one by one
  *   - bf16 compute stays close to f32; export -> reload round trip */
@@ -10,6 +11,7 @@
 
 #include "core/threads.h"
 #include "core/dtype.h"
+#include "core/status.h"
 #include "formats/gguf.h"
 #include "kv/kv_contig.h"
 #include "model/llama.h"
@@ -312,6 +314,94 @@ static void test_grad_accumulation(void **state) {
     fl_test_mem_zero();
 }
 
+/* ---------------------------------------------------------------- bucketed gradients */
+typedef struct sink_rec {
+    float *full;       /* the buckets put back in place */
+    int order[64], n;  /* the buckets, in the order they came */
+    int fail_at;       /* return an error at this bucket (-2: never) */
+} sink_rec;
+
+static fl_status rec_sink(void *ud, const fl_train_model *m, int bucket, const float *stage) {
+    sink_rec *r = ud;
+    if (r->n < 64) r->order[r->n] = bucket;
+    r->n++;
+    if (bucket == r->fail_at) return fl_set_error(FL_ERR_IO, "test sink refuses bucket %d", bucket);
+    int64_t off, soff, n;
+    for (int i = 0; fl_train_grad_bucket_tensor(m, bucket, i, &off, &soff, &n); i++)
+        for (int64_t j = 0; j < n; j++) r->full[off + j] += stage[soff + j];
+    return FL_OK;
+}
+
+/* A backward that hands its gradients over a bucket at a time (ZeRO-2's) gives the whole
+ * gradient's bits, each parameter in exactly one bucket, in the order head, layers from the
+ * last, token_embd, holding one bucket (FL_MEM_GRAD) instead of the whole. */
+static void test_bucketed_grads(void **state) {
+    (void)state;
+    NEED_SHARED();
+    fl_threads_set(2);
+    fl_train_model *m = load_stories();
+    tbatch t;
+    const int32_t *s[3] = {seq_a, seq_b, seq_c};
+    int lens[3] = {11, 7, 5};
+    make_batch(&t, s, lens, 3);
+    const int64_t np = m->n_params;
+    const size_t nb = (size_t)np * sizeof(float);
+    float *g0 = fl_alloc(FL_MEM_MISC, nb, 64);
+    grads_for(m, 0, &t.b, g0);
+    sink_rec r = {.full = fl_calloc(FL_MEM_MISC, (size_t)np, sizeof(float)), .fail_at = -2};
+    /* every parameter in exactly one bucket */
+    int64_t covered = 0, mx = 0;
+    const int nl = m->cfg.n_layer;
+    for (int b = FL_TRAIN_BUCKET_HEAD; b <= nl; b++) {
+        int64_t off, soff, n, end = 0;
+        for (int i = 0; fl_train_grad_bucket_tensor(m, b, i, &off, &soff, &n); i++) {
+            assert_int_equal(soff, end);
+            end += n;
+            for (int64_t j = 0; j < n; j++) r.full[off + j] += 1.0f;
+        }
+        covered += end;
+        if (end > mx) mx = end;
+    }
+    assert_int_equal(covered, np);
+    for (int64_t i = 0; i < np; i++) assert_true(r.full[i] == 1.0f);
+    assert_int_equal(mx, fl_train_grad_bucket_max(&m->cfg));
+    int64_t off, soff, n;
+    assert_false(fl_train_grad_bucket_tensor(m, nl + 1, 0, &off, &soff, &n));
+    assert_false(fl_train_grad_bucket_tensor(m, 0, 9, &off, &soff, &n));
+    memset(r.full, 0, nb);
+    /* with checkpointing every 2 layers, whose recompute runs between the buckets */
+    fl_train_model_set_grad_sink(m, rec_sink, &r);
+    const size_t grad_before = fl_mem_current(FL_MEM_GRAD);
+    assert_int_equal(fl_train_model_reserve(m, 64, 2, FL_TRAIN_F32), FL_OK);
+    assert_null(m->grads);
+    assert_int_equal(grad_before, nb); /* the whole gradient, then one bucket */
+    assert_int_equal(fl_mem_current(FL_MEM_GRAD), (size_t)mx * sizeof(float));
+    double loss;
+    int64_t nt;
+    assert_int_equal(fl_train_model_forward(m, &t.b, &loss, &nt), FL_OK);
+    assert_int_equal(fl_train_model_backward(m, &t.b, 1.0f / (float)nt), FL_OK);
+    assert_int_equal(r.n, nl + 2);
+    assert_int_equal(r.order[0], FL_TRAIN_BUCKET_HEAD);
+    for (int l = 0; l < nl; l++) assert_int_equal(r.order[1 + l], nl - 1 - l);
+    assert_int_equal(r.order[nl + 1], nl);
+    if (memcmp(r.full, g0, nb)) fail_msg("bucketed gradients differ from the whole gradient");
+    /* a sink's error ends the backward with it */
+    r.n = 0;
+    r.fail_at = 2;
+    assert_int_equal(fl_train_model_forward(m, &t.b, &loss, &nt), FL_OK);
+    assert_int_equal(fl_train_model_backward(m, &t.b, 1.0f / (float)nt), FL_ERR_IO);
+    assert_int_equal(r.n, 1 + (nl - 2));
+    /* buckets without a sink are refused, not dropped */
+    fl_train_model_set_grad_sink(m, NULL, NULL);
+    assert_int_equal(fl_train_model_forward(m, &t.b, &loss, &nt), FL_OK);
+    assert_int_equal(fl_train_model_backward(m, &t.b, 1.0f / (float)nt), FL_ERR_INVALID);
+    fl_clear_error();
+    fl_free(FL_MEM_MISC, r.full, nb);
+    fl_free(FL_MEM_MISC, g0, nb);
+    fl_train_model_free(m);
+    fl_test_mem_zero();
+}
+
 /* ---------------------------------------------------------------- packing */
 static void test_packing_equals_separate(void **state) {
     (void)state;
@@ -526,6 +616,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_reference_logits), cmocka_unit_test(test_whole_model_gradcheck),
         cmocka_unit_test(test_checkpointing_equal),      cmocka_unit_test(test_grad_accumulation),
+        cmocka_unit_test(test_bucketed_grads),
         cmocka_unit_test(test_packing_equals_separate),  cmocka_unit_test(test_bf16_and_export),
         cmocka_unit_test(test_export_loads_in_inference), cmocka_unit_test(test_planner_prediction),
     };

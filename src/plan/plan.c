@@ -301,17 +301,34 @@ static uint64_t optim_bytes(const fl_plan_input *in, uint64_t params) {
 
 /* ZeRO stages 1 and 2 as fitllm's trainer runs them (dist/zero.h) over dp ranks for `params`
  * trainable parameters: rank 0, the fullest, keeps the optimizer states of a shard (ceil(P / dp)
- * rounded up to the 8-bit block), the whole gradient plus, stage 2, the summed shard, and the
- * collectives' pieces with the communicator; the parameters stay whole. */
-static void zero_trainer_bytes(const fl_plan_input *in, uint64_t dp, uint64_t params, uint64_t *optim, uint64_t *grads,
-                               fl_plan_device *dev) {
+ * rounded up to the 8-bit block), the collectives' pieces with the communicator, and of the
+ * gradient: stage 1 the whole (*grads on entry); stage 2 the summed shard and, where the
+ * backward hands its gradients over a bucket at a time (`bucket` floats of staging, a full
+ * fine-tune), that bucket instead of the whole, else the whole too (LoRA's adapters).  The
+ * parameters stay whole. */
+static void zero_trainer_bytes(const fl_plan_input *in, uint64_t dp, uint64_t params, uint64_t bucket, uint64_t *optim,
+                               uint64_t *grads, fl_plan_device *dev) {
     const int64_t shard = fl_zero_stride((int32_t)dp, (int64_t)params, 256);
     uint64_t gshard, comm;
     fl_zero_bytes_for(in->zero_stage, (int32_t)dp, (int64_t)params, 256, 0, &gshard, &comm);
     *optim = optim_bytes(in, (uint64_t)shard < params ? (uint64_t)shard : params);
+    if (in->zero_stage == 2 && bucket > 0) *grads = smul(bucket, 4);
     *grads = sadd(*grads, gshard);
     dev->bytes[FL_MEM_COMM] = sadd(comm, fl_comm_object_bytes());
     dev->bytes[FL_MEM_MISC] = sadd(dev->bytes[FL_MEM_MISC], fl_zero_object_bytes());
+}
+
+/* The trainer's largest gradient bucket (fl_train_grad_bucket_max) for shape s; 0 where the
+ * shape is past what its config holds. */
+static uint64_t grad_bucket_elems(const fl_model_shape *s) {
+    const int64_t i32 = INT32_MAX;
+    if (s->n_vocab > i32 || s->n_embd > i32 || s->n_layer > i32 || s->n_head > i32 || s->n_head_kv > i32 ||
+        s->head_dim > i32 || s->n_ff > i32 || s->n_vocab < 1 || s->n_embd < 1 || s->n_expert)
+        return 0;
+    const fl_train_config c = {.n_vocab = (int32_t)s->n_vocab, .n_embd = (int32_t)s->n_embd, .n_layer = (int32_t)s->n_layer,
+                               .n_head = (int32_t)s->n_head, .n_head_kv = (int32_t)s->n_head_kv,
+                               .head_dim = (int32_t)s->head_dim, .n_ff = (int32_t)s->n_ff};
+    return (uint64_t)fl_train_grad_bucket_max(&c);
 }
 
 /* ---- training activations ---- */
@@ -577,7 +594,7 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             const uint64_t nL = (uint64_t)(e - b);
             w = sadd(sadd(w - smul(nL, mat32), smul(nL, frozen)), smul(nL, adapters));
             uint64_t grads = smul(nL, adapters), optim = optim_bytes(in, grads / 4);
-            if (dp > 1 && grads / 4 < (uint64_t)1 << 50) zero_trainer_bytes(in, dp, grads / 4, &optim, &grads, dev);
+            if (dp > 1 && grads / 4 < (uint64_t)1 << 50) zero_trainer_bytes(in, dp, grads / 4, 0, &optim, &grads, dev);
             dev->bytes[FL_MEM_GRAD] = grads;
             dev->bytes[FL_MEM_OPTIM] = optim;
             fl_plan_train_act_bytes(s, in, b, e, last, &dev->bytes[FL_MEM_ACT], &dev->bytes[FL_MEM_SCRATCH]);
@@ -586,7 +603,7 @@ fl_status fl_plan_compute(const fl_model_shape *s, const fl_plan_input *in, fl_p
             uint64_t grads = w, optim = optim_bytes(in, params);
             if (is_mixed(in)) w = smul(w, 2); /* + the rounded compute copy */
             if ((in->zero_stage == 1 || in->zero_stage == 2) && dp > 1 && params < (uint64_t)1 << 50) {
-                zero_trainer_bytes(in, dp, params, &optim, &grads, dev);
+                zero_trainer_bytes(in, dp, params, grad_bucket_elems(s), &optim, &grads, dev);
             } else if (in->zero_stage >= 1) { /* the textbook sharding (stage 3: fitllm's trainer has none) */
                 optim = cdiv(optim, dp);
                 if (in->zero_stage >= 2) grads = cdiv(grads, dp);

@@ -46,6 +46,39 @@ int fl_train_param_shape(const fl_train_config *c, fl_train_param p, int64_t ne[
     }
 }
 
+/* ---------------------------------------------------------------- gradient buckets */
+
+static const fl_train_param k_head[] = {FL_TP_OUT_NORM, FL_TP_OUTPUT};
+static const fl_train_param k_layer[] = {FL_TP_ATTN_NORM, FL_TP_WQ,       FL_TP_WK,    FL_TP_WV,      FL_TP_WO,
+                                         FL_TP_FFN_NORM,  FL_TP_FFN_GATE, FL_TP_FFN_UP, FL_TP_FFN_DOWN};
+static const fl_train_param k_embd[] = {FL_TP_TOK_EMBD};
+
+int fl_train_grad_bucket_kinds(const fl_train_config *c, int bucket, const fl_train_param **kinds) {
+    if (bucket == FL_TRAIN_BUCKET_HEAD) { *kinds = k_head; return 2; }
+    if (bucket >= 0 && bucket < c->n_layer) { *kinds = k_layer; return 9; }
+    if (bucket == c->n_layer) { *kinds = k_embd; return 1; }
+    return 0;
+}
+
+int64_t fl_train_layer_numel(const fl_train_config *c, fl_train_param p) { /* one layer's, or the tensor's */
+    int64_t ne[2];
+    fl_train_param_shape(c, p, ne);
+    return ne[0] * ne[1];
+}
+
+int64_t fl_train_grad_bucket_elems(const fl_train_config *c, int bucket) {
+    const fl_train_param *k;
+    int64_t s = 0;
+    for (int i = fl_train_grad_bucket_kinds(c, bucket, &k) - 1; i >= 0; i--) s += fl_train_layer_numel(c, k[i]);
+    return s;
+}
+
+int64_t fl_train_grad_bucket_max(const fl_train_config *c) {
+    int64_t mx = fl_train_grad_bucket_elems(c, FL_TRAIN_BUCKET_HEAD);
+    if (c->n_layer > 0 && fl_train_grad_bucket_elems(c, 0) > mx) mx = fl_train_grad_bucket_elems(c, 0);
+    return fl_train_grad_bucket_elems(c, c->n_layer) > mx ? fl_train_grad_bucket_elems(c, c->n_layer) : mx;
+}
+
 int64_t fl_train_param_numel(const fl_train_config *c, fl_train_param p) {
     int64_t ne[2];
     fl_train_param_shape(c, p, ne);

@@ -16,6 +16,13 @@
 
 #include "train/model.h"
 
+/* The gradient buckets of a bucketed backward (model.h): bucket b's tensor kinds in their order
+ * in the staging buffer (FL_TRAIN_BUCKET_HEAD, the layers 0 .. n_layer - 1, n_layer; 0 kinds
+ * past them), its floats, and the floats of one layer's tensor p (all of a global one). */
+int fl_train_grad_bucket_kinds(const fl_train_config *c, int bucket, const fl_train_param **kinds);
+int64_t fl_train_grad_bucket_elems(const fl_train_config *c, int bucket);
+int64_t fl_train_layer_numel(const fl_train_config *c, fl_train_param p);
+
 /* One layer's saved activations.  Shapes for N tokens: */
 typedef struct layer_acts {
     float *inp;   /* (N, C) layer input: own buffer, or a stored checkpoint */

@@ -27,10 +27,14 @@ void fl_train_param_name(fl_train_param p, int layer, char *buf, size_t cap) {
     else snprintf(buf, cap, "%s.weight", k_names[p]);
 }
 
-float *fl_train_model_tensor(const fl_train_model *m, float *buf, fl_train_param p, int layer) {
+static int64_t tensor_off(const fl_train_model *m, fl_train_param p, int layer) {
     int64_t ne[2];
     fl_train_param_shape(&m->cfg, p, ne);
-    return buf + m->offset[p] + (fl_train_param_per_layer(p) ? (int64_t)layer * ne[0] * ne[1] : 0);
+    return m->offset[p] + (fl_train_param_per_layer(p) ? (int64_t)layer * ne[0] * ne[1] : 0);
+}
+
+float *fl_train_model_tensor(const fl_train_model *m, float *buf, fl_train_param p, int layer) {
+    return buf + tensor_off(m, p, layer);
 }
 
 /* ---------------------------------------------------------------- lifetime */
@@ -72,9 +76,51 @@ fl_status fl_train_model_new(const fl_train_config *cfg, fl_train_model **out) {
 /* gradients are kept for the trainable buffer only */
 static int64_t n_grads(const fl_train_model *m) { return m->lora_rank > 0 ? m->n_lora : m->n_params; }
 
+/* ---------------------------------------------------------------- gradient buckets */
+
+bool fl_train_grad_bucket_tensor(const fl_train_model *m, int bucket, int i, int64_t *off, int64_t *soff, int64_t *n) {
+    const fl_train_param *k;
+    if (i < 0 || i >= fl_train_grad_bucket_kinds(&m->cfg, bucket, &k)) return false;
+    *soff = 0;
+    for (int j = 0; j < i; j++) *soff += fl_train_layer_numel(&m->cfg, k[j]);
+    *off = tensor_off(m, k[i], bucket < 0 ? 0 : bucket);
+    *n = fl_train_layer_numel(&m->cfg, k[i]);
+    return true;
+}
+
+void fl_train_model_set_grad_sink(fl_train_model *m, fl_train_grad_sink sink, void *ud) {
+    m->gsink = sink;
+    m->gsink_ud = ud;
+}
+
+/* Gradient of tensor p, layer l: in grads, or in the staging buffer of its bucket. */
+static float *grad_of(const fl_train_model *m, fl_train_param p, int l) {
+    if (!m->gstage) return fl_train_model_tensor(m, m->grads, p, l);
+    const int b = p == FL_TP_OUT_NORM || p == FL_TP_OUTPUT ? FL_TRAIN_BUCKET_HEAD : p == FL_TP_TOK_EMBD ? m->cfg.n_layer : 0;
+    const fl_train_param *k;
+    const int nk = fl_train_grad_bucket_kinds(&m->cfg, b, &k);
+    float *g = m->gstage;
+    for (int i = 0; i < nk && k[i] != p; i++) g += fl_train_layer_numel(&m->cfg, k[i]);
+    return g;
+}
+
+/* Start bucket b: its staging from zero (bucketed gradients only). */
+static void bucket_start(const fl_train_model *m, int b) {
+    if (m->gstage) memset(m->gstage, 0, (size_t)fl_train_grad_bucket_elems(&m->cfg, b) * sizeof(float));
+}
+
+/* Bucket b complete: to the sink. */
+static fl_status bucket_done(const fl_train_model *m, int b) {
+    if (!m->gstage) return FL_OK;
+    return m->gsink ? m->gsink(m->gsink_ud, m, b, m->gstage)
+                    : fl_set_error(FL_ERR_INVALID, "fl_train_model_backward: gradient buckets without a sink");
+}
+
 static void release_reserved(fl_train_model *m) {
     const size_t np = (size_t)m->n_params * sizeof(float);
     if (m->grads) fl_free(FL_MEM_GRAD, m->grads, (size_t)n_grads(m) * sizeof(float));
+    if (m->gstage) fl_free(FL_MEM_GRAD, m->gstage, (size_t)fl_train_grad_bucket_max(&m->cfg) * sizeof(float));
+    m->gstage = NULL;
     if (m->wcompute) fl_free(FL_MEM_WEIGHTS, m->wcompute, np);
     if (m->acts) fl_free(FL_MEM_ACT, m->acts, m->acts_bytes);
     if (m->bwd) fl_free(FL_MEM_SCRATCH, m->bwd, m->bwd_bytes);
@@ -254,8 +300,12 @@ fl_status fl_train_model_reserve(fl_train_model *m, int64_t max_tokens, int ckpt
     m->precision = precision;
     m->max_tokens = max_tokens;
     m->ckpt_every = ckpt_every;
-    m->grads = fl_calloc(FL_MEM_GRAD, (size_t)n_grads(m), sizeof(float));
-    if (!m->grads) goto fail;
+    if (m->gsink && m->lora_rank <= 0) {
+        m->gstage = fl_alloc(FL_MEM_GRAD, (size_t)fl_train_grad_bucket_max(&m->cfg) * sizeof(float), 64);
+        if (!m->gstage) goto fail;
+    } else if (!(m->grads = fl_calloc(FL_MEM_GRAD, (size_t)n_grads(m), sizeof(float)))) {
+        goto fail;
+    }
     if (precision != FL_TRAIN_F32) {
         m->wcompute = fl_alloc(FL_MEM_WEIGHTS, np, 64);
         if (!m->wcompute) goto fail;
@@ -390,7 +440,7 @@ static void linear_forward(const fl_train_model *m, fl_train_param p, int l, lay
 /* Backward of linear_forward: dinp += dout . W (+ LoRA path); dW (full training) or dA, dB. */
 static void linear_backward(fl_train_model *m, fl_train_param p, int l, const layer_acts *a, act_layout *L,
                             float *dinp, const float *dout, const float *inp, int64_t N, int64_t I, int64_t O) {
-    float *dw = m->lora_rank > 0 ? NULL : fl_train_model_tensor(m, m->grads, p, l);
+    float *dw = m->lora_rank > 0 ? NULL : grad_of(m, p, l);
     fl_train_matmul_backward(dinp, dw, dout, inp, W(m, p, l), N, I, O);
     if (m->lora_rank <= 0) return;
     const int64_t r = m->lora_rank;
@@ -403,7 +453,7 @@ static void linear_backward(fl_train_model *m, fl_train_param p, int l, const la
 
 /* gradient buffer of a frozen-or-trainable non-matrix tensor (NULL when frozen) */
 static float *G(const fl_train_model *m, fl_train_param p, int l) {
-    return m->lora_rank > 0 ? NULL : fl_train_model_tensor(m, m->grads, p, l);
+    return m->lora_rank > 0 ? NULL : grad_of(m, p, l);
 }
 
 /* One transformer block: a->inp (N, C) -> out (N, C), filling a's activations. */
@@ -559,12 +609,14 @@ fl_status fl_train_model_backward(fl_train_model *m, const fl_train_batch *b, fl
     fl_train_crossentropy_backward(L->logits, L->dloss, L->logits, L->ce_lse, b->targets, N, V);
     round_compute(m, L->logits, N * V);
     memset(L->dbuf, 0, (size_t)(N * C) * sizeof(float));
+    bucket_start(m, FL_TRAIN_BUCKET_HEAD);
     fl_train_matmul_backward(L->dbuf, G(m, FL_TP_OUTPUT, 0), L->logits, L->lnf, W(m, FL_TP_OUTPUT, 0), N, C, V);
     memset(L->dres, 0, (size_t)(N * C) * sizeof(float));
     fl_train_rmsnorm_backward(L->dres, G(m, FL_TP_OUT_NORM, 0), L->dbuf, L->xL,
                               m->params + m->offset[FL_TP_OUT_NORM], L->rstdf, N, C);
+    fl_status st = bucket_done(m, FL_TRAIN_BUCKET_HEAD);
+    if (st) return st;
     /* blocks, last to first; with checkpointing, recompute each segment before its backward */
-    fl_status st;
     for (int l = nl - 1; l >= 0; l--) {
         if (k > 0 && (l + 1) % k == 0 && l + 1 < nl) {
             /* entering segment [l0, l]: its activations were overwritten, recompute them */
@@ -576,10 +628,13 @@ fl_status fl_train_model_backward(fl_train_model *m, const fl_train_batch *b, fl
                 if ((st = layer_forward(m, j, b, a, out))) return st;
             }
         }
-        if ((st = layer_backward(m, l, b, slot_of(L, k, l), L))) return st;
+        bucket_start(m, l);
+        if ((st = layer_backward(m, l, b, slot_of(L, k, l), L)) || (st = bucket_done(m, l))) return st;
     }
-    if (m->lora_rank <= 0) fl_train_embed_backward(m->grads + m->offset[FL_TP_TOK_EMBD], L->dres, b->tokens, N, C);
-    return FL_OK;
+    if (m->lora_rank > 0) return FL_OK;
+    bucket_start(m, nl);
+    fl_train_embed_backward(grad_of(m, FL_TP_TOK_EMBD, 0), L->dres, b->tokens, N, C);
+    return bucket_done(m, nl);
 }
 
 /* ---------------------------------------------------------------- GGUF export */

@@ -68,6 +68,8 @@ typedef struct fl_train_batch {
 } fl_train_batch;
 
 typedef struct fl_train_model fl_train_model;
+/* Where a bucketed backward hands each bucket's gradients (fl_train_model_set_grad_sink). */
+typedef fl_status (*fl_train_grad_sink)(void *ud, const fl_train_model *m, int bucket, const float *stage);
 struct fl_train_model {
     fl_train_config cfg;
     int64_t n_params;                /* elements in params (n_full unless the matrices went NF4) */
@@ -75,7 +77,10 @@ struct fl_train_model {
     int64_t offset[FL_TP_COUNT];     /* element offset of each tensor in params (matrices last) */
     float *params;                   /* (n_params) FL_MEM_WEIGHTS */
     float *wcompute;                 /* (n_params) rounded copy or NULL (f32) */
-    float *grads;                    /* (n_params) FL_MEM_GRAD, NULL until reserve */
+    float *grads;                    /* (n_params) FL_MEM_GRAD, NULL until reserve (and with a sink) */
+    fl_train_grad_sink gsink;        /* bucketed gradients: the sink, its argument and */
+    void *gsink_ud;
+    float *gstage;                   /* (fl_train_grad_bucket_max) FL_MEM_GRAD staging, instead of grads */
     int precision;                   /* fl_train_precision */
     bool ref_attn;                   /* force the plain attention of ops_train.c (tests) */
     /* LoRA (lora_rank > 0): adapters A (r, I), B (O, r) on every matrix, base frozen */
@@ -133,6 +138,21 @@ fl_status fl_train_model_load_gguf_nf4(const fl_gguf *g, fl_train_model **out);
 fl_status fl_train_config_from_gguf(const fl_gguf *g, fl_train_config *cfg);
 /* Read every parameter of m (shapes must match m's config) from g's tensors. */
 fl_status fl_train_model_read_params(fl_train_model *m, const fl_gguf *g);
+
+/* Bucketed gradients (ZeRO-2's way to never hold the whole gradient).  With a sink set before
+ * fl_train_model_reserve (full training only: not with LoRA), reserve allocates one staging
+ * buffer of fl_train_grad_bucket_max floats instead of the n_params of grads (which stays
+ * NULL), and every backward writes its gradients a bucket at a time into it, from zero, and
+ * calls sink(ud, m, bucket, stage) when the bucket is complete, before it goes on (an error
+ * from the sink ends the backward): first FL_TRAIN_BUCKET_HEAD (output_norm, output), then the
+ * layers n_layer - 1 .. 0 (each layer's nine tensors), then n_layer (token_embd).  So the sink
+ * sees each micro-batch's gradients, not their sum over a step.  fl_train_grad_bucket_tensor
+ * gives tensor i of a bucket: its offset in the flat parameters, its offset in the staging
+ * buffer and its length (false past the last). */
+#define FL_TRAIN_BUCKET_HEAD (-1)
+void fl_train_model_set_grad_sink(fl_train_model *m, fl_train_grad_sink sink, void *ud);
+bool fl_train_grad_bucket_tensor(const fl_train_model *m, int bucket, int i, int64_t *off, int64_t *soff, int64_t *n);
+int64_t fl_train_grad_bucket_max(const fl_train_config *cfg);
 
 /* Pointer to layer `layer` of tensor p inside buf (params or grads); layer ignored for the
  * global tensors. */

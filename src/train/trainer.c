@@ -27,6 +27,7 @@ struct fl_trainer {
     int64_t good_steps;
     /* ZeRO data parallelism (o.comm with more than one rank) */
     fl_zero *zero;
+    bool bucketed; /* stage 2 without a whole gradient: the backward's buckets go to the shards */
     int world, rank;
     float cur_lr;
 };
@@ -55,7 +56,19 @@ void fl_trainer_free(fl_trainer *t) {
     fl_batcher_deinit(&t->bat);
     fl_optim_free(t->opt);
     fl_zero_free(t->zero);
+    if (t->bucketed) fl_train_model_set_grad_sink(t->m, NULL, NULL); /* the sink was this trainer */
     fl_free(FL_MEM_MISC, t, sizeof *t);
+}
+
+/* A bucket of the backward's gradients (one micro-batch's) summed into the owners' shards. */
+static fl_status zero_sink(void *ud, const fl_train_model *m, int bucket, const float *stage) {
+    fl_trainer *t = ud;
+    int64_t off, soff, n;
+    for (int i = 0; fl_train_grad_bucket_tensor(m, bucket, i, &off, &soff, &n); i++) {
+        fl_status st = fl_zero_reduce_range(t->zero, stage + soff, off, n);
+        if (st) return st;
+    }
+    return FL_OK;
 }
 
 fl_status fl_trainer_new(fl_train_model *m, const fl_train_data *train, const fl_trainer_opts *o, fl_trainer **out) {
@@ -71,8 +84,6 @@ fl_status fl_trainer_new(fl_train_model *m, const fl_train_data *train, const fl
     t->o = *o;
     t->loss_scale = o->precision == FL_TRAIN_FP16 ? (o->loss_scale_init > 0 ? o->loss_scale_init : 32768.0f) : 1.0f;
     const size_t nt = micro_tokens(t);
-    fl_status st = fl_train_model_reserve(m, (int64_t)nt, o->ckpt_every, o->precision);
-    if (st) goto fail;
     float *params, *grads;
     int64_t n;
     fl_train_model_trainable(m, &params, &grads, &n);
@@ -80,11 +91,19 @@ fl_status fl_trainer_new(fl_train_model *m, const fl_train_data *train, const fl
     const int nr = fl_train_model_decay_ranges(m, ranges, FL_OPTIM_MAX_RANGES);
     t->world = o->comm ? fl_comm_size(o->comm) : 1;
     t->rank = o->comm ? fl_comm_rank(o->comm) : 0;
+    fl_status st = FL_OK;
     if (t->world > 1) {
         /* shards start on the 8-bit optimizer's blocks: their states are slices of one
          * optimizer's over all n parameters (checkpoints) */
         const int64_t align = o->optim.block_size > 0 ? o->optim.block_size : 256;
         if ((st = fl_zero_new(o->comm, o->zero_stage ? o->zero_stage : 1, n, align, 0, &t->zero))) goto fail;
+        /* stage 2 of a full fine-tune: no whole gradient, the backward's buckets are summed into
+         * the owners' shards as they complete (LoRA's adapters are small: reduce-scattered) */
+        t->bucketed = o->zero_stage == 2 && m->lora_rank <= 0;
+        if (t->bucketed) fl_train_model_set_grad_sink(m, zero_sink, t);
+    }
+    if ((st = fl_train_model_reserve(m, (int64_t)nt, o->ckpt_every, o->precision))) goto fail;
+    if (t->zero) {
         int64_t off, len;
         fl_zero_shard(t->zero, &off, &len);
         /* this rank's optimizer covers [off, off + len): decay ranges shifted and clipped */
@@ -181,9 +200,12 @@ static fl_status zero_finish(fl_trainer *t, fl_step_stats *s, double loss, int64
     s->lr = lr;
     s->loss_scale = t->loss_scale;
     t->cur_lr = lr;
-    unscale(t, grads, n);
+    int64_t off, len;
+    fl_zero_shard(t->zero, &off, &len);
+    if (t->bucketed) unscale(t, fl_zero_shard_grads(t->zero), len);
+    else unscale(t, grads, n);
     double norm = 0;
-    st = fl_zero_step(t->zero, params, grads, t->o.clip, &norm, zero_update, t);
+    st = fl_zero_step(t->zero, params, t->bucketed ? NULL : grads, t->o.clip, &norm, zero_update, t);
     if (st) return st;
     s->grad_norm = norm;
     t->step++;
@@ -210,6 +232,7 @@ fl_status fl_trainer_step(fl_trainer *t, fl_step_stats *s) {
     int64_t n;
     fl_train_model_trainable(t->m, &params, &grads, &n);
     fl_train_model_zero_grad(t->m);
+    if (t->bucketed) fl_zero_begin(t->zero);
     double loss = 0.0;
     const float dloss = scored ? t->loss_scale / (float)scored : 0.0f;
     for (int64_t i = 0; i < t->o.grad_accum; i++) {
