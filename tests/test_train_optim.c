@@ -40,8 +40,9 @@ static void test_adamw_reference(void **state) {
 }
 
 /* The optimizer's code search against the binary search, for every code and the midpoints
- * between neighbours (each +- 4 ulps), a million values in [-1.5, 1.5] and a million bit
- * patterns (zeros, denormals, infinities and NaNs among them). */
+ * between neighbours (each +- 4 ulps), a million values in [-1.5, 1.5], a million bit
+ * patterns (zeros, denormals, infinities and NaNs among them), and each bucket of its table
+ * at its ends and where its code changes. */
 static float f_of(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
@@ -84,6 +85,48 @@ static void test_code_search(void **state) {
         check_code(s, NAN);
         check_code(s, INFINITY);
         check_code(s, -INFINITY);
+        /* every bucket of 65536 floats (the top 16 bits) from 2^-26 to 2, both signs: its ends
+         * and the floats around the one where the binary search's code changes (found here by
+         * bisection, the codes being monotone), by the scalar table and, for |x| <= 1 in blocks
+         * whose absmax is 1, by the AVX-512 quantizer */
+        float blk[256];
+        int nb = 1;
+        blk[0] = 1.0f;
+        for (uint32_t top = (127 - 26) << 7; top < 128 << 7; top++) {
+            for (uint32_t neg = 0; neg < 2; neg++) {
+                const uint32_t b = neg << 31 | top << 16;
+                const uint8_t c0 = fl_optim_code_ref(s, f_of(b));
+                uint32_t lo = 0, hi = 0xffff;
+                if (fl_optim_code_ref(s, f_of(b | hi)) == c0) lo = hi;
+                while (hi - lo > 1) {
+                    const uint32_t mid = (lo + hi) / 2;
+                    if (fl_optim_code_ref(s, f_of(b | mid)) == c0) lo = mid;
+                    else hi = mid;
+                }
+                const uint32_t at[9] = {0, 1, 2, lo - 1, lo, lo + 1, lo + 2, 0xfffe, 0xffff};
+                for (int j = 0; j < 9; j++) {
+                    if (at[j] > 0xffff) continue;
+                    const float x = f_of(b | at[j]);
+                    check_code(s, x);
+                    if (fabsf(x) <= 1.0f) blk[nb++] = x;
+                    if (nb == 256 || (top == (128 << 7) - 1 && neg && j == 8)) {
+                        if (fl_isa_best() >= FL_ISA_AVX512) {
+                            uint8_t q[256];
+                            float am;
+                            fl_isa_set(FL_ISA_AVX512);
+                            fl_optim_quantize_blockwise(blk, q, &am, nb, 256, s);
+                            fl_isa_set(fl_isa_best());
+                            assert_true(am == 1.0f);
+                            for (int i = 0; i < nb; i++)
+                                if (q[i] != fl_optim_code_ref(s, blk[i]))
+                                    fail_msg("AVX-512, map %d, x %.9g (0x%08x): code %d, binary search %d", s, blk[i],
+                                             u_of(blk[i]), q[i], fl_optim_code_ref(s, blk[i]));
+                        }
+                        nb = 1;
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -8,10 +8,12 @@
  *   fl_adam8_dequant_avx512   out[i] = map[q[i]] * scale
  *   fl_adam8_quant_avx512     absmax = max |x| (NaNs passed over); q[i] = the code nearest to
  *                             x[i] / absmax (x[i] * (1 / absmax), 0 when absmax is 0), from
- *                             the table optim.c builds (fl_adam8_codes): the bucket's code, or
- *                             256 + a first bracket, moved up while the next code is <= x, then
- *                             the nearer of the two (the lower on a tie); zero takes `zero`,
- *                             values outside the table (tiny, >= 2, NaN) `slow(map, x)`.
+ *                             the table optim.c builds (fl_adam8_codes): per bucket of 65536
+ *                             floats (the top 16 bits) the code c of its first float and the
+ *                             last low half t that takes it, past which the code is c + 1
+ *                             (c - 1 for negative floats); biased exponents below e_lo take
+ *                             `zero`, the rest (>= 2, infinities, NaN, buckets marked by bit 31)
+ *                             `slow(map, x)`.
  */
 #ifndef FL_ADAM8_H
 #define FL_ADAM8_H
@@ -20,7 +22,7 @@
 
 typedef struct {
     const float *map;        /* 256 codes, ascending */
-    const uint16_t *tab;     /* [2][keys] + 2 entries of padding: positive, negative */
+    const uint32_t *tab;     /* [2][keys]: positive, negative */
     int keys, e_lo;          /* keys per sign; the table's first biased exponent (up to 127) */
     uint8_t zero;            /* the code of 0 */
     uint8_t (*slow)(const float *map, float x);

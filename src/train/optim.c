@@ -28,14 +28,20 @@ struct fl_optim {
 /* ---------------------------------------------------------------- code tables */
 
 static float g_map[2][256];
-/* The nearest-code search's table (see code_fast): per map, for each float in [2^-TAB_EXP0, 2)
- * of either sign, keyed by its top 16 bits (sign, exponent, 7 mantissa bits): the code, where
- * every float of the bucket has the same one, else 256 + the search's lower bracket for the
- * bucket's smallest value. */
-#define TAB_EXP0 30
+/* The nearest-code table (see code_fast).  Per map, for each float in [2^-TAB_EXP0, 2) of either
+ * sign, keyed by its top 16 bits (sign, exponent, 7 mantissa bits: a bucket of 65536 floats):
+ * bits 16-23 the code c of the bucket's first float (low 16 bits 0), bits 0-15 the last low half
+ * t that still takes c (0xffff: the whole bucket does); past t the bucket takes the next code,
+ * c + 1 for positive floats and c - 1 for negative ones (their magnitude grows with the low
+ * bits).  The codes rise with x (the nearest, the lower on a tie), so a bucket holds one code or
+ * two; one whose ends lie further apart is marked by bit 31 and takes the binary search (none
+ * does for these maps).  Below 2^-TAB_EXP0 every float is nearer 0 than any other code
+ * (build_maps checks it), so the table starts there. */
+#define TAB_EXP0 23
 #define TAB_E_LO (127 - TAB_EXP0) /* biased exponents TAB_E_LO .. 127 */
 #define TAB_KEYS ((128 - TAB_E_LO) * 128)
-static uint16_t g_tab[2][2 * TAB_KEYS + 2]; /* [map][sign * TAB_KEYS + key], + padding for 4-byte gathers */
+#define TAB_SLOW 0x80000000u
+static uint32_t g_tab[2][2 * TAB_KEYS]; /* [map][sign * TAB_KEYS + key] */
 static uint8_t g_zero[2];             /* the code of 0 */
 static pthread_once_t g_map_once = PTHREAD_ONCE_INIT;
 
@@ -86,16 +92,30 @@ static void build_maps(void) {
         d[n++] = 1.0f;
         FL_ASSERT(n == 256);
         qsort(d, 256, sizeof(float), cmp_float);
-        /* a bucket's smallest value: its first float when positive, its last when negative */
         for (int k = 0; k < TAB_KEYS; k++) {
-            const uint32_t top = (uint32_t)(TAB_E_LO * 128 + k) << 16;
-            for (int neg = 0; neg < 2; neg++) { /* the bucket's smallest and largest values */
-                const float lo = f32_of(neg ? top | 0x8000ffffu : top), hi = f32_of(neg ? top | 0x80000000u : top | 0xffffu);
-                const uint8_t c0 = code_ref(d, lo); /* codes rise with x: equal ends, one code */
-                g_tab[sgn][neg * TAB_KEYS + k] = c0 == code_ref(d, hi) ? c0 : (uint16_t)(256 + bracket(d, lo));
+            for (uint32_t neg = 0; neg < 2; neg++) {
+                const uint32_t top = neg << 31 | (uint32_t)(TAB_E_LO * 128 + k) << 16;
+                const int c0 = code_ref(d, f32_of(top)), c1 = code_ref(d, f32_of(top | 0xffffu));
+                uint32_t e = (uint32_t)c0 << 16 | 0xffffu;
+                if (c1 != c0 && c1 - c0 != (neg ? -1 : 1)) {
+                    e = TAB_SLOW;
+                } else if (c1 != c0) { /* the last low half with c0, by bisection: monotone */
+                    uint32_t lo = 0, hi = 0xffff;
+                    while (hi - lo > 1) {
+                        const uint32_t mid = (lo + hi) / 2;
+                        if (code_ref(d, f32_of(top | mid)) == c0) lo = mid;
+                        else hi = mid;
+                    }
+                    e = (uint32_t)c0 << 16 | lo;
+                }
+                g_tab[sgn][neg * TAB_KEYS + k] = e;
             }
         }
         g_zero[sgn] = code_ref(d, 0.0f);
+        /* below the table: the code of 0 (the floats just under 2^-TAB_EXP0 of either sign,
+         * and with them, the codes rising with x, every smaller one) */
+        const float below = f32_of(((uint32_t)TAB_E_LO << 23) - 1u);
+        FL_ASSERT(code_ref(d, below) == g_zero[sgn] && code_ref(d, -below) == g_zero[sgn]);
     }
 }
 
@@ -104,20 +124,20 @@ const float *fl_optim_dynamic_map(int is_signed) {
     return g_map[is_signed ? 1 : 0];
 }
 
-/* code_ref's answer from the table: the bucket's code, or where the bucket holds a choice, the
- * bracket from its entry, moved up past the codes that lie in the bucket below x (at most a few:
- * the codes are >= 0.7% apart, a bucket 0.8% wide), then the nearer code, as code_ref picks it.
- * Zero, and values outside the table (tiny, >= 2, NaN), take code_ref's way. */
+/* code_ref's answer from the table: the bucket's code, or its neighbour past the bucket's
+ * threshold.  Zero and the floats below the table take the code of 0; those above it (>= 2,
+ * infinities, NaN) and a bucket marked slow, code_ref's way. */
 static inline uint8_t code_fast(int m, const float *map, float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     const uint32_t e = (u >> 23) & 0xff;
-    if (e < TAB_E_LO || e > 127) return x == 0.0f ? g_zero[m] : code_ref(map, x);
-    int lo = g_tab[m][(u >> 31) * TAB_KEYS + (u >> 16 & 0x7fff) - TAB_E_LO * 128];
-    if (lo < 256) return (uint8_t)lo;
-    lo -= 256;
-    while (lo < 254 && map[lo + 1] <= x) lo++;
-    return (uint8_t)(fabsf(x - map[lo]) <= fabsf(map[lo + 1] - x) ? lo : lo + 1);
+    if (e < TAB_E_LO) return g_zero[m];
+    if (e > 127) return code_ref(map, x);
+    const uint32_t t = g_tab[m][(u >> 31) * TAB_KEYS + (u >> 16 & 0x7fff) - TAB_E_LO * 128];
+    if (t & TAB_SLOW) return code_ref(map, x);
+    const int c = (int)(t >> 16 & 0xff);
+    if ((u & 0xffff) <= (t & 0xffff)) return (uint8_t)c;
+    return (uint8_t)(u >> 31 ? c - 1 : c + 1);
 }
 
 uint8_t fl_optim_code(int is_signed, float x) {

@@ -48,43 +48,36 @@ void fl_adam8_quant_avx512(const fl_adam8_codes *c, const float *x, uint8_t *q, 
     *absmax = am;
     const float inv = am > 0.0f ? 1.0f / am : 0.0f;
     const __m512 vinv = _mm512_set1_ps(inv);
-    const __m512i one = _mm512_set1_epi32(1), top = _mm512_set1_epi32(254), e_lo = _mm512_set1_epi32(c->e_lo),
-                  e_hi = _mm512_set1_epi32(127), ff = _mm512_set1_epi32(0xff), key_lo = _mm512_set1_epi32(c->e_lo * 128),
-                  keys = _mm512_set1_epi32(c->keys);
+    const __m512i one = _mm512_set1_epi32(1), e_lo = _mm512_set1_epi32(c->e_lo), e_hi = _mm512_set1_epi32(127),
+                  ff = _mm512_set1_epi32(0xff), lo16 = _mm512_set1_epi32(0xffff), sbit = _mm512_set1_epi32(INT32_MIN),
+                  key_lo = _mm512_set1_epi32(c->e_lo * 128), keys = _mm512_set1_epi32(c->keys),
+                  zero = _mm512_set1_epi32(c->zero);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 k = tail(n - i);
         const __m512 xi = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), vinv);
         const __m512i u = _mm512_castps_si512(xi);
         const __m512i e = _mm512_and_si512(_mm512_srli_epi32(u, 23), ff);
-        const __mmask16 in = k & _mm512_cmpge_epi32_mask(e, e_lo) & _mm512_cmple_epi32_mask(e, e_hi);
+        const __mmask16 tiny = k & _mm512_cmplt_epi32_mask(e, e_lo);
+        const __mmask16 neg = _mm512_test_epi32_mask(u, sbit);
+        __mmask16 in = k & _mm512_cmpge_epi32_mask(e, e_lo) & _mm512_cmple_epi32_mask(e, e_hi);
         /* index: sign * keys + (top 15 bits below the sign) - the first key */
         const __m512i key = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x7fff)), key_lo);
-        const __m512i idx = _mm512_add_epi32(key, _mm512_mullo_epi32(_mm512_srli_epi32(u, 31), keys));
-        __m512i code = _mm512_and_si512(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), in, idx, c->tab, 2),
-                                        _mm512_set1_epi32(0xffff));
-        const __mmask16 open = in & _mm512_cmpge_epi32_mask(code, _mm512_set1_epi32(256)); /* a choice in the bucket */
-        if (open) {
-            __m512i lo = _mm512_sub_epi32(code, _mm512_set1_epi32(256));
-            __m512 hi_v;
-            for (;;) {
-                hi_v = _mm512_mask_i32gather_ps(_mm512_set1_ps(INFINITY), open, _mm512_add_epi32(lo, one), c->map, 4);
-                const __mmask16 up = open & _mm512_cmplt_epi32_mask(lo, top) & _mm512_cmp_ps_mask(hi_v, xi, _CMP_LE_OQ);
-                if (!up) break;
-                lo = _mm512_mask_add_epi32(lo, up, lo, one);
-            }
-            const __m512 lo_v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), open, lo, c->map, 4);
-            /* |x - map[lo]| <= |map[lo + 1] - x|: lo, else lo + 1 */
-            const __mmask16 pick_lo = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(xi, lo_v)),
-                                                         _mm512_abs_ps(_mm512_sub_ps(hi_v, xi)), _CMP_LE_OQ);
-            code = _mm512_mask_mov_epi32(code, open, _mm512_mask_add_epi32(lo, (__mmask16)~pick_lo, lo, one));
-        }
+        const __m512i idx = _mm512_mask_add_epi32(key, neg, key, keys);
+        const __m512i t = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), in, idx, c->tab, 4);
+        in &= (__mmask16)~_mm512_test_epi32_mask(t, sbit); /* marked buckets: the slow way */
+        __m512i code = _mm512_and_si512(_mm512_srli_epi32(t, 16), ff);
+        const __mmask16 past = in & _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, lo16), _mm512_and_si512(t, lo16));
+        code = _mm512_mask_add_epi32(code, past & (__mmask16)~neg, code, one);
+        code = _mm512_mask_sub_epi32(code, past & neg, code, one);
+        code = _mm512_mask_mov_epi32(code, tiny, zero);
+        in |= tiny;
         _mm_mask_storeu_epi8(q + i, in, _mm512_cvtepi32_epi8(code));
         __mmask16 rest = k & (__mmask16)~in;
         if (rest) {
             float xs[16];
             _mm512_storeu_ps(xs, xi);
             for (int j = 0; j < 16; j++)
-                if (rest >> j & 1) q[i + j] = xs[j] == 0.0f ? c->zero : c->slow(c->map, xs[j]);
+                if (rest >> j & 1) q[i + j] = c->slow(c->map, xs[j]);
         }
     }
 }
