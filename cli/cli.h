@@ -49,6 +49,7 @@ int fl_cmd_synth(int argc, char **argv);
 int fl_bench_model(int argc, char **argv);
 int fl_bench_matmul(int argc, char **argv);
 int fl_bench_sgemm(int argc, char **argv);
+int fl_bench_optim(int argc, char **argv);
 int fl_cmd_serve(int argc, char **argv);
 int fl_cmd_run(int argc, char **argv);
 int fl_cmd_chat(int argc, char **argv);

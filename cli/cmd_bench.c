@@ -20,6 +20,7 @@ static const bench_entry benches[] = {
     {"tokenize", "tokenizer speed on a text file (-m VOCAB.gguf -f TEXT)", fl_bench_tokenize},
     {"kv", "paged KV cache: utilization, waste, sharing vs a contiguous reservation", fl_bench_kv},
     {"context", "long context: prefill/decode time and memory vs n_ctx (paged f16/fp8, flash/naive, --sp)", fl_bench_context},
+    {"optim", "the optimizer step alone: AdamW, 8-bit AdamW, gradient norm (s/step, ns/param, GB/s)", fl_bench_optim},
     {"sgemm", "the trainer's f32 products: GFLOP/s vs measured fp32 peak (TinyLlama shapes)", fl_bench_sgemm},
     {"serve", "synthetic serving workload through the engine (paged vs --baseline static)", fl_bench_serve},
     {"train", "training memory/time vs activation checkpointing, 8-bit optimizer states, planner check", fl_bench_train},

@@ -345,4 +345,21 @@ for bad in "-p 0" "-t 0" "--seconds 0"; do
     rc=0; "$fitllm" bench sgemm $bad >/dev/null 2>"$tmp/sg.err" || rc=$?
     [ $rc -eq 2 ] && grep -q "bad -t, -p or --seconds" "$tmp/sg.err" || fail "bench sgemm $bad: rc $rc"
 done
+# bench optim: the optimizer step alone, its figures consistent with one another
+"$fitllm" bench optim -n 100003 --steps 3 --json >"$tmp/op.json" || fail "bench optim"
+python3 - "$tmp/op.json" <<'PY' || fail "bench optim json"
+import json, sys
+o = json.load(open(sys.argv[1]))
+r = o["results"]
+n = o["params"]
+assert n == 100003 and [x["op"] for x in r] == ["adamw", "adamw8bit", "grad_norm"], o
+for x, b in zip(r, (28 * n, 16 * n + 16 * ((n + 255) // 256), 4 * n)):
+    t = x["s_per_step"]
+    assert t > 0 and abs(x["ns_per_param"] - t * 1e9 / n) < 1e-6 * x["ns_per_param"], x
+    assert abs(x["gb_per_s"] - b / t * 1e-9) < 1e-6 * x["gb_per_s"], x
+PY
+for bad in "-n 0" "-t 0" "--steps 0"; do
+    rc=0; "$fitllm" bench optim $bad >/dev/null 2>"$tmp/op.err" || rc=$?
+    [ $rc -eq 2 ] && grep -q "bad -t, -n or --steps" "$tmp/op.err" || fail "bench optim $bad: rc $rc"
+done
 echo ok
