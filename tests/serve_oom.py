@@ -12,15 +12,28 @@ without injection (a failure loses nothing: no block, budget or lock is left hel
 must stop the server with exit 0 and no sanitizer report.  The sweep ends past the allocations of
 start-up and one pass.
 
-Args: fitllm model [budget-seconds [--embeddings] [--concurrent]] (--embeddings: a server with
-it, and a script of embedding requests; --concurrent: the first pass's requests all at once, its
-/metrics gauges then not compared)."""
-import json, os, re, signal, subprocess, sys, threading, time, urllib.error, urllib.request
+Args: fitllm model [budget-seconds [--embeddings] [--concurrent] [--lora]] (--embeddings: a server
+with it, and a script of embedding requests; --concurrent: the first pass's requests all at once,
+its /metrics gauges then not compared; --lora: a server with an adapter from --lora-modules and a
+slot for run-time adapters, and a script that loads one, generates with both and unloads it; a
+request that names the run-time adapter may be refused when that pass's load was refused)."""
+import atexit, json, os, re, shutil, signal, subprocess, sys, tempfile, threading, time, urllib.error, urllib.request
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 BUDGET = float(sys.argv[3]) if len(sys.argv) > 3 else 10.0
 EMBD = "--embeddings" in sys.argv[4:]  # (a server with --embeddings, and a script with embeddings)
+LORA = "--lora" in sys.argv[4:]
 ARGS = ["serve", "-m", MODEL, "--port", "0", "-t", "1", "--max-seqs", "4", "--kv-mem", "1MiB", "-c", "512"] + (["--embeddings"] if EMBD else [])
+if LORA:  # an adapter of stories260K: two steps of `train --lora 4` on TinyStories
+    TMP = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, TMP, True)
+    text = open(os.path.join(os.path.dirname(os.path.dirname(MODEL)), "data", "tinystories_val.txt"), encoding="utf-8").read()[:20000]
+    open(os.path.join(TMP, "t.txt"), "w", encoding="utf-8").write(text)
+    ADAPTER = os.path.join(TMP, "r.lora.gguf")
+    subprocess.run([BIN, "train", "-m", MODEL, "-f", os.path.join(TMP, "t.txt"), "-c", "64", "--batch", "2", "--steps", "2",
+                    "--lr", "3e-2", "--lora", "4", "-t", "1", "-o", os.path.join(TMP, "r.gguf")], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ARGS += ["--lora-modules", "tuned=" + ADAPTER, "--lora-slots", "1", "--max-lora-rank", "4"]
 ERR_STATUS = {500, 503, 507}
 
 
@@ -78,6 +91,8 @@ def request(url, method, path, body=None, stream=False):
         return ("error", e.code) if e.code in ERR_STATUS else ("bad", "HTTP %d: %s" % (e.code, b["error"]["message"]))
     except Exception as e:
         return "bad", "no answer: %r" % e
+    if path.endswith("_lora_adapter"):
+        return "ok", raw  # (vLLM's plain-text answer)
     if stream:
         try:
             events = [json.loads(l[6:]) for l in raw.splitlines() if l.startswith("data: ") and l != "data: [DONE]"]
@@ -105,6 +120,8 @@ def request(url, method, path, body=None, stream=False):
         b = json.loads(raw)
     except ValueError:
         return "bad", "HTTP 200 with a body that is not JSON: %r" % raw[:200]
+    if isinstance(b, list):
+        return "ok", b  # (llama.cpp's /lora-adapters)
     # a request the engine could not finish: finish_reason "error" and the reason beside it
     choices = b.get("choices") if isinstance(b.get("choices"), list) else []
     if any(c.get("finish_reason") == "error" and isinstance(c.get("error"), str) for c in choices):
@@ -170,6 +187,25 @@ if EMBD:
         ("POST", "/v1/embeddings", {"input": "Lily", "encoding_format": "base64"}, False),
         ("POST", "/embeddings", {"content": "Tom"}, False),
     ] + SCRIPT[-3:]
+
+
+DEPENDS = set()  # requests on the state the pass's load_lora_adapter and unload_lora_adapter leave
+if LORA:
+    SCRIPT = SCRIPT[:1] + [
+        ("POST", "/v1/completions", {"model": "tuned", "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0}, False),
+        ("POST", "/v1/load_lora_adapter", {"lora_name": "extra", "lora_path": ADAPTER}, False),
+        ("POST", "/v1/completions", {"model": "extra", "prompt": "Lily", "max_tokens": 10, "temperature": 0}, False),
+        ("POST", "/v1/chat/completions", {"model": "extra", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+                                          "temperature": 0, "stream": True}, True),
+        ("POST", "/completion", {"prompt": "Tom", "n_predict": 8, "temperature": 0, "lora": [{"id": 0, "scale": 0.5}]}, False),
+        ("GET", "/lora-adapters", None, False),
+        ("POST", "/v1/unload_lora_adapter", {"lora_name": "extra"}, False),
+    ] + SCRIPT[-2:]
+    # what shows the run-time adapter's state: the load, the requests that name it, the lists, the
+    # unload.  A load or unload refused for memory leaves the state as it was (an adapter not
+    # loaded, or still loaded: the next pass's load then finds it), so in a pass where either
+    # answered otherwise these are not compared
+    DEPENDS = {2, 3, 4, 6, 7, 8}
 
 
 CONCURRENT = "--concurrent" in sys.argv[4:]  # (the first pass's requests all at once)
@@ -238,13 +274,23 @@ def main():
         else:
             first = run_script(url, CONCURRENT)
             second = run_script(url)  # (the injection may land here: one pass's count varies by a few)
+            if LORA and "extra" in json.dumps(request(url, "GET", "/v1/models")):
+                # an unload refused for memory: the adapter is still there, and goes now
+                cleanup = request(url, "POST", "/v1/unload_lora_adapter", {"lora_name": "extra"})
+                if cleanup != base[7]:
+                    print("FAIL: FL_MEM_FAIL_AFTER=%d: unloading the adapter again: %r" % (n, cleanup))
+                    stop(p)
+                    return 1
             third = run_script(url)
             rc = stop(p)
             why = None
             for k, got in enumerate((first, second)):
+                loaded = not DEPENDS or (got[2] == base[2] and got[7] == base[7])
                 for i, (a, b) in enumerate(zip(got, base)):
                     if CONCURRENT and k == 0 and SCRIPT[i][1] == "/metrics" and a[0] == "ok":
                         continue  # (its gauges count the requests beside it)
+                    if i in DEPENDS and not loaded:
+                        continue  # (the run-time adapter's load or unload was refused)
                     if a != b and a[0] != "error" and why is None:
                         why = "pass %d, %s %s: %r (without injection %r)" % (k + 1, SCRIPT[i][0], SCRIPT[i][1], a, b)
             for i, (a, b) in enumerate(zip(third, base)):
