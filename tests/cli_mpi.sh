@@ -77,6 +77,17 @@ PY
     then echo "ok   - train full --zero 2 on $np ranks holds its shard and a bucket of the gradient, not the whole"
     else echo "FAIL - train full --zero 2 on $np ranks: gradient memory"; fails=$((fails+1)); fi
   done
+  # stage 2 with 2 micro-batches a rank: each micro-batch's buckets summed into the shards as they
+  # come; the curve of one process with 4
+  one4=$("$BIN" "${ARGS[@]}" --grad-accum 4 -t 1 2>/dev/null | curve)
+  ga=$(timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$BIN" "${ARGS[@]}" --grad-accum 2 -t 1 --zero 2 2>"$DIR/mpi_zero_ga.log" | curve)
+  if python3 - "$one4" "$ga" <<'PY'
+import sys, ast
+a, b = (ast.literal_eval(x.rsplit(" ", 1)[0]) for x in sys.argv[1:3])
+assert len(a) == 6 and len(b) == 6 and all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(a, b)), (a, b)
+PY
+  then echo "ok   - train full --zero 2 --grad-accum 2 on 2 ranks: the loss curve of one process with --grad-accum 4"
+  else echo "FAIL - train full --zero 2 --grad-accum 2: $ga vs $one4"; tail -3 "$DIR/mpi_zero_ga.log"; fails=$((fails+1)); fi
   # LoRA adapters (rank 4 on stories260K's frozen base): the shards are the adapters'; a run
   # stopped at step 3 and resumed repeats steps 4-6 bit for bit (the checkpoint holds the adapters)
   LA=(train -m "$MODEL" -f "$TXT" -c 64 --batch 2 --steps 6 --lr 3e-3 --warmup 1 --schedule constant --eval-tokens 500 --json --lora 4)
