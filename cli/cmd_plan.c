@@ -27,6 +27,12 @@ static const struct { fl_mem_cat cat; const char *label, *key; } cols[] = {
 
 static const char *kv_name(int32_t t) { return fl_type_name(t); }
 
+/* A training plan fitllm's trainer cannot run as given: tp, pp or sp ranks, or ZeRO-3 (it runs
+ * one process, or data parallel with ZeRO 1 or 2); such a plan is the textbook split. */
+static bool train_textbook(const fl_plan_input *in) {
+    return in->train && (in->tp > 1 || in->pp > 1 || in->sp > 1 || in->zero_stage > 2);
+}
+
 static void print_plan(const fl_model_shape *s, const fl_plan_input *in, const fl_plan_result *r) {
     char a[32], b[32], c[32];
     fl_plan_fmt_bytes(r->weights_total, a, sizeof a);
@@ -69,6 +75,9 @@ static void print_plan(const fl_model_shape *s, const fl_plan_input *in, const f
         fl_plan_fmt_bytes(r->host_total, c, sizeof c);
         printf(" %11s\n", c);
     }
+    if (train_textbook(in))
+        printf("\nnote: fitllm train runs one process or data parallel with ZeRO 1 or 2; this plan's tp / pp / sp\n"
+               "      ranks or ZeRO-3 are the textbook split (docs/PLANNER.md), not checked against a run\n");
 }
 
 static cJSON *plan_json(const fl_model_shape *s, const fl_plan_input *in, const fl_plan_result *r) {
@@ -104,6 +113,7 @@ static cJSON *plan_json(const fl_model_shape *s, const fl_plan_input *in, const 
     cJSON_AddNumberToObject(ij, "sp", in->sp);
     cJSON_AddNumberToObject(ij, "dp", in->dp);
     cJSON_AddNumberToObject(ij, "zero", in->zero_stage);
+    if (in->train) cJSON_AddBoolToObject(o, "train_textbook", train_textbook(in)); /* (fitllm's trainer cannot run it) */
     cJSON_AddNumberToObject(o, "n_params", (double)r->n_params);
     cJSON_AddNumberToObject(o, "weights_total", (double)r->weights_total);
     cJSON_AddNumberToObject(o, "kv_bytes_per_token", (double)r->kv_bytes_per_token);

@@ -68,6 +68,19 @@ fi
 # training text output has the categories
 "$BIN" plan --preset llama3-8b --train --weights bf16 --zero 2 --dp 4 | grep -q "optimizer" || err "training table"
 
+# training plans fitllm's trainer cannot run (tp / pp / sp ranks, ZeRO-3) say so; those it runs do not
+for a in "--tp 2" "--pp 2" "--sp 2" "--dp 2 --zero 3"; do
+    "$BIN" plan --preset llama3-8b --train $a --json >"$TMP/t.json" || err "plan --train $a"
+    [ "$(js "$TMP/t.json" "d['train_textbook']")" = True ] || err "plan --train $a: train_textbook"
+    "$BIN" plan --preset llama3-8b --train $a | grep -q "^note: fitllm train runs one process or data parallel" || err "plan --train $a: no note"
+done
+for a in "" "--dp 2 --zero 1" "--dp 4 --zero 2"; do
+    "$BIN" plan --preset llama3-8b --train $a --json >"$TMP/t.json" || err "plan --train $a"
+    [ "$(js "$TMP/t.json" "d['train_textbook']")" = False ] || err "plan --train $a: not textbook"
+    "$BIN" plan --preset llama3-8b --train $a | grep -q "^note:" && err "plan --train $a: a note"
+done
+"$BIN" plan --preset llama3-8b --tp 2 --json >"$TMP/t.json" && [ "$(js "$TMP/t.json" "'train_textbook' in d")" = False ] || err "serving plan: train_textbook"
+
 # errors
 "$BIN" plan >/dev/null 2>&1; [ $? -eq 2 ] || err "no source: want exit 2"
 "$BIN" plan --preset x --config y >/dev/null 2>&1; [ $? -eq 2 ] || err "two sources: want exit 2"
