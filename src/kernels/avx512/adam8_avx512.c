@@ -28,13 +28,38 @@ void fl_adam_update_avx512(float *p, const float *g, float *m, float *v, int64_t
     }
 }
 
+/* map[idx] for 16 codes from the 256-entry map in 16 registers: a 32-entry permute of each pair
+ * by the low 5 bits, then bits 5, 6 and 7 pick (3x faster than a gather here) */
+static inline __m512 lut256(const __m512 t[16], __m512i idx) {
+    /* (written out: as loops over arrays, GCC at -O2 keeps the table and the picks in memory) */
+    __m512 a0 = _mm512_permutex2var_ps(t[0], idx, t[1]), a1 = _mm512_permutex2var_ps(t[2], idx, t[3]);
+    __m512 a2 = _mm512_permutex2var_ps(t[4], idx, t[5]), a3 = _mm512_permutex2var_ps(t[6], idx, t[7]);
+    __m512 a4 = _mm512_permutex2var_ps(t[8], idx, t[9]), a5 = _mm512_permutex2var_ps(t[10], idx, t[11]);
+    __m512 a6 = _mm512_permutex2var_ps(t[12], idx, t[13]), a7 = _mm512_permutex2var_ps(t[14], idx, t[15]);
+    const __mmask16 b5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32)),
+                    b6 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(64)),
+                    b7 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(128));
+    a0 = _mm512_mask_mov_ps(a0, b5, a1);
+    a2 = _mm512_mask_mov_ps(a2, b5, a3);
+    a4 = _mm512_mask_mov_ps(a4, b5, a5);
+    a6 = _mm512_mask_mov_ps(a6, b5, a7);
+    a0 = _mm512_mask_mov_ps(a0, b6, a2);
+    a4 = _mm512_mask_mov_ps(a4, b6, a6);
+    return _mm512_mask_mov_ps(a0, b7, a4);
+}
+
 void fl_adam8_dequant_avx512(const float *map, const uint8_t *q, float scale, float *out, int64_t n) {
     const __m512 s = _mm512_set1_ps(scale);
+    const __m512 t[16] = {_mm512_loadu_ps(map),       _mm512_loadu_ps(map + 16),  _mm512_loadu_ps(map + 32),
+                          _mm512_loadu_ps(map + 48),  _mm512_loadu_ps(map + 64),  _mm512_loadu_ps(map + 80),
+                          _mm512_loadu_ps(map + 96),  _mm512_loadu_ps(map + 112), _mm512_loadu_ps(map + 128),
+                          _mm512_loadu_ps(map + 144), _mm512_loadu_ps(map + 160), _mm512_loadu_ps(map + 176),
+                          _mm512_loadu_ps(map + 192), _mm512_loadu_ps(map + 208), _mm512_loadu_ps(map + 224),
+                          _mm512_loadu_ps(map + 240)};
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 k = tail(n - i);
         const __m512i idx = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, q + i));
-        const __m512 x = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, idx, map, 4);
-        _mm512_mask_storeu_ps(out + i, k, _mm512_mul_ps(x, s));
+        _mm512_mask_storeu_ps(out + i, k, _mm512_mul_ps(lut256(t, idx), s));
     }
 }
 
