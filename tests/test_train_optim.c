@@ -388,6 +388,51 @@ static void test_clip_and_schedule(void **state) {
     assert_memory_equal(a, b, (size_t)n * sizeof(float));
     CHECK_NEAR(n1, sqrtl(ss), 1e-12 * n1);
     CHECK_NEAR(a[n - 1], sin((double)(n - 1)) * (1 + (n - 1) % 7) / n1, 1e-6);
+    /* the clip's scale applied as the optimizer reads the gradient (the trainer's way) gives the
+     * bits of clipping in place and then stepping, on each ISA and for both optimizers; the
+     * gradient itself is left as it was */
+    for (int kind = 0; kind < 2; kind++) {
+        for (int isa = 0; isa < 2; isa++) {
+            if (isa && fl_isa_best() < FL_ISA_AVX512) continue;
+            fl_isa_set(isa ? FL_ISA_AVX512 : FL_ISA_REF);
+            fl_optimizer_config cfg = fl_optim_default();
+            cfg.kind = kind ? FL_OPTIMIZER_ADAMW8BIT : FL_OPTIMIZER_ADAMW;
+            fl_optim *o1, *o2;
+            assert_int_equal(fl_optim_new(&cfg, n, NULL, -1, &o1), FL_OK);
+            assert_int_equal(fl_optim_new(&cfg, n, NULL, -1, &o2), FL_OK);
+            float *p1 = malloc((size_t)n * sizeof(float)), *p2 = malloc((size_t)n * sizeof(float)),
+                  *g0 = malloc((size_t)n * sizeof(float));
+            assert_true(p1 && p2 && g0);
+            for (int64_t i = 0; i < n; i++) p1[i] = p2[i] = (float)cos((double)i);
+            for (int step = 0; step < 3; step++) {
+                for (int64_t i = 0; i < n; i++) a[i] = b[i] = g0[i] = (float)sin((double)(i + step)) * (float)(1 + (i + step) % 5);
+                const double max = step == 1 ? 1e9 : 3.0; /* (step 1: not clipped) */
+                const double na = fl_grad_clip(a, n, max);
+                fl_optim_step(o1, p1, a, 1e-2f);
+                const double nb = fl_grad_norm(b, n);
+                assert_memory_equal(&na, &nb, sizeof na);
+                assert_true(step == 1 ? fl_grad_clip_scale(nb, max) == 1.0f : fl_grad_clip_scale(nb, max) < 1.0f);
+                fl_optim_step_scaled(o2, p2, b, 1e-2f, fl_grad_clip_scale(nb, max));
+                assert_memory_equal(b, g0, (size_t)n * sizeof(float));
+                assert_memory_equal(p1, p2, (size_t)n * sizeof(float));
+                for (int i = 0;; i++) {
+                    void *d1, *d2;
+                    size_t b1, b2;
+                    const char *n1s, *n2s;
+                    if (fl_optim_state(o1, i, &d1, &b1, &n1s) != FL_OK) break;
+                    assert_int_equal(fl_optim_state(o2, i, &d2, &b2, &n2s), FL_OK);
+                    assert_memory_equal(d1, d2, b1);
+                }
+            }
+            fl_optim_free(o1);
+            fl_optim_free(o2);
+            free(p1);
+            free(p2);
+            free(g0);
+        }
+    }
+    fl_isa_set(fl_isa_best());
+    assert_true(fl_grad_clip_scale(INFINITY, 1.0) == 1.0f && fl_grad_clip_scale(5.0, 0.0) == 1.0f);
     free(a);
     free(b);
     /* warmup 10, total 110, lr 1, min 0.1 */

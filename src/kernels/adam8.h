@@ -2,7 +2,7 @@
  * adam8.h - AdamW's element-wise update and 8-bit AdamW's state codes, AVX-512 (internal to
  * train/optim.c, whose scalar loops are the specification: these give the same bits).
  *
- *   fl_adam_update_avx512     m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g g;
+ *   fl_adam_update_avx512     g = g * gs (the gradient as read); m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g g;
  *                             p -= lr ((m / bc1) / (sqrt(v / bc2) + eps) + wd p)
  *                             (each operation rounded on its own, in that order, as the C does)
  *   fl_adam8_dequant_avx512   out[i] = map[q[i]] * scale
@@ -28,8 +28,8 @@ typedef struct {
     uint8_t (*slow)(const float *map, float x);
 } fl_adam8_codes;
 
-void fl_adam_update_avx512(float *p, const float *g, float *m, float *v, int64_t n, float b1, float b2, float bc1,
-                           float bc2, float lr, float eps, float wd);
+void fl_adam_update_avx512(float *p, const float *g, float gs, float *m, float *v, int64_t n, float b1, float b2,
+                           float bc1, float bc2, float lr, float eps, float wd);
 void fl_adam8_dequant_avx512(const float *map, const uint8_t *q, float scale, float *out, int64_t n);
 void fl_adam8_quant_avx512(const fl_adam8_codes *c, const float *x, uint8_t *q, float *absmax, int64_t n);
 

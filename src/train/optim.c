@@ -288,6 +288,7 @@ typedef struct step_ctx {
     float *p;
     const float *g;
     float lr, bc1, bc2;
+    float gs; /* each gradient times this as it is read */
 } step_ctx;
 
 /* Decay of element i and the end of the run of equal decay that starts at i. */
@@ -306,6 +307,7 @@ static float decay_run(const fl_optim *o, int64_t i, int64_t *end) {
 
 static inline void adam_elem(const step_ctx *c, float wd, float *p, float g, float *m, float *v) {
     const float b1 = c->o->cfg.beta1, b2 = c->o->cfg.beta2;
+    g *= c->gs;
     *m = b1 * *m + (1.0f - b1) * g;
     *v = b2 * *v + (1.0f - b2) * g * g;
     const float mh = *m / c->bc1, vh = *v / c->bc2;
@@ -332,8 +334,8 @@ static void step_task(void *arg, int ith, int nth) {
                 const float wd = decay_run(o, i, &end);
                 if (end > i0 + len) end = i0 + len;
                 if (simd) {
-                    fl_adam_update_avx512(c->p + i, c->g + i, o->m + i, o->v + i, end - i, h->beta1, h->beta2, c->bc1,
-                                          c->bc2, c->lr, h->eps, wd);
+                    fl_adam_update_avx512(c->p + i, c->g + i, c->gs, o->m + i, o->v + i, end - i, h->beta1, h->beta2,
+                                          c->bc1, c->bc2, c->lr, h->eps, wd);
                     i = end;
                 }
                 for (; i < end; i++) adam_elem(c, wd, &c->p[i], c->g[i], &o->m[i], &o->v[i]);
@@ -355,8 +357,8 @@ static void step_task(void *arg, int ith, int nth) {
             const float wd = decay_run(o, i0 + i, &end);
             end = end - i0 < len ? end - i0 : len;
             if (simd) {
-                fl_adam_update_avx512(c->p + i0 + i, c->g + i0 + i, mb + i, vb + i, end - i, h->beta1, h->beta2, c->bc1,
-                                      c->bc2, c->lr, h->eps, wd);
+                fl_adam_update_avx512(c->p + i0 + i, c->g + i0 + i, c->gs, mb + i, vb + i, end - i, h->beta1, h->beta2,
+                                      c->bc1, c->bc2, c->lr, h->eps, wd);
                 i = end;
             }
             for (; i < end; i++) adam_elem(c, wd, &c->p[i0 + i], c->g[i0 + i], &mb[i], &vb[i]);
@@ -366,12 +368,16 @@ static void step_task(void *arg, int ith, int nth) {
     }
 }
 
-void fl_optim_step(fl_optim *o, float *params, const float *grads, float lr) {
+void fl_optim_step_scaled(fl_optim *o, float *params, const float *grads, float lr, float gscale) {
     FL_ASSERT(o->cfg.block_size <= 4096);
     o->t++;
-    step_ctx c = {o, params, grads, lr, 1.0f - powf(o->cfg.beta1, (float)o->t), 1.0f - powf(o->cfg.beta2, (float)o->t)};
+    step_ctx c = {o, params, grads, lr, 1.0f - powf(o->cfg.beta1, (float)o->t), 1.0f - powf(o->cfg.beta2, (float)o->t),
+                  gscale};
     fl_parallel(step_task, &c);
 }
+
+/* (g * 1 is g, bit for bit, for every finite and infinite g) */
+void fl_optim_step(fl_optim *o, float *params, const float *grads, float lr) { fl_optim_step_scaled(o, params, grads, lr, 1.0f); }
 
 /* ---------------------------------------------------------------- clipping, schedules */
 
@@ -412,16 +418,22 @@ static void clip_scale_task(void *p, int ith, int nth) {
     for (int64_t i = lo; i < hi; i++) c->g[i] *= c->scale;
 }
 
-double fl_grad_clip(float *g, int64_t n, double max_norm) {
-    clip_ctx c = {.g = g, .n = n};
+double fl_grad_norm(const float *g, int64_t n) {
+    clip_ctx c = {.g = (float *)g, .n = n}; /* (the sum of squares only reads g) */
     fl_parallel(clip_ss_task, &c);
     double ss = 0.0;
     for (int k = 0; k < CLIP_PARTS; k++) ss += c.part[k];
-    const double norm = sqrt(ss);
-    if (max_norm > 0 && isfinite(norm) && norm > max_norm) {
-        c.scale = (float)(max_norm / norm);
-        fl_parallel(clip_scale_task, &c);
-    }
+    return sqrt(ss);
+}
+
+float fl_grad_clip_scale(double norm, double max_norm) {
+    return max_norm > 0 && isfinite(norm) && norm > max_norm ? (float)(max_norm / norm) : 1.0f;
+}
+
+double fl_grad_clip(float *g, int64_t n, double max_norm) {
+    const double norm = fl_grad_norm(g, n);
+    clip_ctx c = {.g = g, .n = n, .scale = fl_grad_clip_scale(norm, max_norm)};
+    if (c.scale != 1.0f) fl_parallel(clip_scale_task, &c);
     return norm;
 }
 

@@ -50,6 +50,10 @@ fl_status fl_optim_new(const fl_optimizer_config *cfg, int64_t n_params, const i
 void fl_optim_free(fl_optim *o);
 /* One update of params with grads at learning rate lr (increments the step count first). */
 void fl_optim_step(fl_optim *o, float *params, const float *grads, float lr);
+/* The same with every gradient multiplied by gscale as it is read (grads left as they are): the
+ * bits of fl_optim_step after g[i] *= gscale, without that pass over the gradient (clipping:
+ * gscale from fl_grad_clip_scale). */
+void fl_optim_step_scaled(fl_optim *o, float *params, const float *grads, float lr, float gscale);
 int64_t fl_optim_steps(const fl_optim *o);
 size_t fl_optim_state_bytes(const fl_optim *o);
 /* What fl_optim_new allocates for n_params with blocks of block_size (0: 256), before it does:
@@ -85,6 +89,11 @@ void fl_optim_dequantize_blockwise(const uint8_t *q, const float *absmax, float 
  * same bits on any number of them); if max_norm > 0 and the norm exceeds it, g is scaled by
  * max_norm / norm.  Returns the norm before clipping (inf/NaN if g has any). */
 double fl_grad_clip(float *g, int64_t n, double max_norm);
+/* Its two halves: the norm (fl_grad_norm, the same bits) and the factor it scales g by
+ * (fl_grad_clip_scale: max_norm / norm as a float where max_norm > 0 and a finite norm exceeds
+ * it, else 1). */
+double fl_grad_norm(const float *g, int64_t n);
+float fl_grad_clip_scale(double norm, double max_norm);
 
 typedef enum fl_lr_sched { FL_LR_CONSTANT = 0, FL_LR_COSINE = 1, FL_LR_LINEAR = 2 } fl_lr_sched;
 /* LR at step (0-based): linear warmup from lr/warmup to lr over `warmup` steps, then constant,

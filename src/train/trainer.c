@@ -250,12 +250,12 @@ fl_status fl_trainer_step(fl_trainer *t, fl_step_stats *s) {
     s->lr = lr;
     /* unscale (fp16), check overflow, clip */
     unscale(t, grads, n);
-    const double norm = fl_grad_clip(grads, n, t->o.clip);
+    const double norm = fl_grad_norm(grads, n); /* (the clip's scale is applied as the optimizer reads) */
     s->grad_norm = norm;
     s->loss_scale = t->loss_scale;
     t->step++;
     if (!isfinite(norm)) return overflowed(t, s);
-    fl_optim_step(t->opt, params, grads, lr);
+    fl_optim_step_scaled(t->opt, params, grads, lr, fl_grad_clip_scale(norm, t->o.clip));
     fl_train_model_after_update(t->m);
     updated(t);
     return FL_OK;

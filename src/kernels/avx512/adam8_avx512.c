@@ -7,14 +7,15 @@
 
 static inline __mmask16 tail(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
 
-void fl_adam_update_avx512(float *p, const float *g, float *m, float *v, int64_t n, float b1, float b2, float bc1,
-                           float bc2, float lr, float eps, float wd) {
+void fl_adam_update_avx512(float *p, const float *g, float gs, float *m, float *v, int64_t n, float b1, float b2,
+                           float bc1, float bc2, float lr, float eps, float wd) {
+    const __m512 vgs = _mm512_set1_ps(gs);
     const __m512 vb1 = _mm512_set1_ps(b1), vb2 = _mm512_set1_ps(b2), c1 = _mm512_set1_ps(1.0f - b1),
                  c2 = _mm512_set1_ps(1.0f - b2), vbc1 = _mm512_set1_ps(bc1), vbc2 = _mm512_set1_ps(bc2),
                  vlr = _mm512_set1_ps(lr), veps = _mm512_set1_ps(eps), vwd = _mm512_set1_ps(wd);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 k = tail(n - i);
-        const __m512 gi = _mm512_maskz_loadu_ps(k, g + i);
+        const __m512 gi = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, g + i), vgs);
         __m512 mi = _mm512_maskz_loadu_ps(k, m + i), vi = _mm512_maskz_loadu_ps(k, v + i);
         __m512 pi = _mm512_maskz_loadu_ps(k, p + i);
         mi = _mm512_add_ps(_mm512_mul_ps(vb1, mi), _mm512_mul_ps(c1, gi));
