@@ -18,6 +18,7 @@
  * token and for -p tokens (the weights stay in cache: this measures the per-call work that
  * fusing saves, not memory). */
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/status.h"
@@ -34,12 +35,6 @@
 #include <time.h>
 
 #define STREAM_GEMM_TOKENS 16
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct { const float *src; float *dst; int64_t n; uint64_t seed; } fill_ctx;
 static void fill_task(void *p, int ith, int nth) {
@@ -107,12 +102,12 @@ static bool time_qkv(int32_t type, int64_t M, double secs, double us[2]) {
         double t[2] = {0, 0};
         size_t runs = 0;
         do {
-            double t0 = now_s();
+            double t0 = fl_clock_s();
             for (int i = 0; i < 3; i++) fl_matmul(Wp[i], x, yp[i], M);
-            t[0] += now_s() - t0;
-            t0 = now_s();
+            t[0] += fl_clock_s() - t0;
+            t0 = fl_clock_s();
             fl_matmul_n(3, Wp, yp, x, M);
-            t[1] += now_s() - t0;
+            t[1] += fl_clock_s() - t0;
             runs++;
         } while (t[0] + t[1] < 2 * secs);
         for (int i = 0; i < 2; i++) us[i] = 1e6 * t[i] / (double)runs;
@@ -247,12 +242,12 @@ int fl_bench_matmul(int argc, char **argv) {
                 fl_tensor_init(W, type, 2, ne, w + i * wbytes);
                 fl_matmul(W, x, y, 1);
             }
-            double t0 = now_s(), t;
+            double t0 = fl_clock_s(), t;
             do {
                 fl_tensor_init(W, type, 2, ne, w + (calls % R) * wbytes);
                 fl_matmul(W, x, y, 1);
                 calls++;
-                t = now_s() - t0;
+                t = fl_clock_s() - t0;
             } while (t < secs || calls < R);
             const double gbs = (double)wbytes * (double)calls / t / 1e9;
             sum_bytes += (double)wbytes * (double)calls;
@@ -264,14 +259,14 @@ int fl_bench_matmul(int argc, char **argv) {
             double t_int8 = 0;
             t = 0;
             do {
-                t0 = now_s();
+                t0 = fl_clock_s();
                 fl_matmul(W, x, y, M);
-                t += now_s() - t0;
+                t += fl_clock_s() - t0;
                 if (compare) {
                     fl_matmul_set_amx_bf16(false);
-                    t0 = now_s();
+                    t0 = fl_clock_s();
                     fl_matmul(W, x, y, M);
-                    t_int8 += now_s() - t0;
+                    t_int8 += fl_clock_s() - t0;
                     fl_matmul_set_amx_bf16(true);
                 }
                 runs++;
@@ -282,12 +277,12 @@ int fl_bench_matmul(int argc, char **argv) {
             double gops_stream = 0;
             if (stream_gemm) {
                 size_t scalls = 0;
-                t0 = now_s();
+                t0 = fl_clock_s();
                 do {
                     fl_tensor_init(W, type, 2, ne, w + (scalls % R) * wbytes);
                     fl_matmul(W, x, y, M);
                     scalls++;
-                    t = now_s() - t0;
+                    t = fl_clock_s() - t0;
                 } while (t < secs || scalls < R);
                 const double sops = 2.0 * (double)M * (double)N * (double)K * (double)scalls;
                 gops_stream = sops / t / 1e9;

@@ -13,6 +13,7 @@
  * cache is `fitllm run`'s (--kv-layout paged by default, --kv-type f16, --block-size 16).
  * Builds to a stub where the model module is absent. */
 #include "cli/cli.h"
+#include "core/clock.h"
 
 #include <stdio.h>
 
@@ -29,12 +30,6 @@
 #include <cjson/cJSON.h>
 #include <string.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* decode rounds, each with a bandwidth reading either side (at most) */
 #define PAIR_MAX 8
@@ -175,16 +170,16 @@ int fl_bench_model(int argc, char **argv) {
     double pk_prev = np > 0 ? fl_calib_int8_peak_gops(nth, PP_PAIR_CALIB_S) : 0;
     for (int i = 0; i < (np > 0 ? reps : 0); i++) {
         const bool pair = i < PP_PAIR_MAX;
-        t0 = now_s();
+        t0 = fl_clock_s();
         if (fl_model_forward(m, &pb, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
-        t_pp += t_one = now_s() - t0;
+        t_pp += t_one = fl_clock_s() - t0;
         fl_cli_kv_reset(&kv);
         if (pair) pp_ratio[n_pp_ratio] = paired_ratio(nth, op_pp / t_one, &pk_prev);
         if (compare) {
             fl_matmul_set_amx_bf16(false);
-            t0 = now_s();
+            t0 = fl_clock_s();
             const fl_status st = fl_model_forward(m, &pb, &kv.iface, kv.ctx, logits);
-            t_pp8 += t_one = now_s() - t0;
+            t_pp8 += t_one = fl_clock_s() - t0;
             fl_matmul_set_amx_bf16(true);
             fl_cli_kv_reset(&kv);
             if (st != FL_OK) goto fail;
@@ -204,12 +199,12 @@ int fl_bench_model(int argc, char **argv) {
     double bw_prev = ng > 0 && cb ? fl_calib_bw_measure(cb, 1) : 0;
     for (int k = 0, i = 0; k < n_rounds; k++) { /* tokens [k ng / n_rounds, (k + 1) ng / n_rounds) */
         const int32_t i1 = (int32_t)((int64_t)(k + 1) * ng / n_rounds), n_tok = i1 - i;
-        t0 = now_s();
+        t0 = fl_clock_s();
         for (; i < i1; i++) {
             fl_batch db = {1, &tok[i % nt], &i, &sid[0], NULL};
             if (fl_model_forward(m, &db, &kv.iface, kv.ctx, logits) != FL_OK) goto fail;
         }
-        const double dt = now_s() - t0;
+        const double dt = fl_clock_s() - t0;
         t_tg += dt;
         const double b = cb ? fl_calib_bw_measure(cb, 1) : 0, b_max = b > bw_prev ? b : bw_prev;
         tg_ratio[n_tg_ratio++] = b_max > 0 ? wbytes * n_tok / dt / 1e9 / b_max : 0;

@@ -6,6 +6,7 @@
  * Each is run --steps times after one untimed step, the gradients changing between steps (so the
  * states move as in training), and the median step is reported. */
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "core/alloc.h"
 #include "core/status.h"
 #include "core/threads.h"
@@ -16,12 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -103,10 +98,10 @@ int fl_bench_optim(int argc, char **argv) {
         }
         for (int s = 0; s <= steps; s++) {
             fill_grads(g, n, s);
-            const double t0 = now_s();
+            const double t0 = fl_clock_s();
             if (o) fl_optim_step(o, p, g, 1e-4f);
             else (void)fl_grad_clip(g, n, 0.0);
-            if (s > 0) ts[s - 1] = now_s() - t0; /* the first step untimed */
+            if (s > 0) ts[s - 1] = fl_clock_s() - t0; /* the first step untimed */
         }
         fl_optim_free(o);
         qsort(ts, (size_t)steps, sizeof(double), cmp_double);

@@ -5,6 +5,7 @@
  * same workload also runs as padded static batches over a contiguous max-length KV reservation
  * with the same KV bytes, side by side. */
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "core/alloc.h"
 #include "engine/engine.h"
 #include "engine/grammar.h"
@@ -54,12 +55,6 @@ static uint64_t rnd(uint64_t *s) {
 }
 static double rnd01(uint64_t *s) { return (double)(rnd(s) >> 11) * (1.0 / 9007199254740992.0); }
 static int32_t draw(const dist *d, uint64_t *s) { return d->lo + (int32_t)(rnd(s) % (uint64_t)(d->hi - d->lo + 1)); }
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_dbl(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -138,12 +133,12 @@ static double matmul_params(const char *path) {
 static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
     fl_mem_reset_peaks();
     fl_engine *e;
-    double t_load = now_s();
+    double t_load = fl_clock_s();
     if (fl_engine_new(&rc->ep, &e) != FL_OK) {
         fprintf(stderr, "fitllm bench serve: %s\n", fl_last_error());
         return NULL;
     }
-    t_load = now_s() - t_load;
+    t_load = fl_clock_s() - t_load;
     const int32_t n = w->n;
     /* the benchmark's own bookkeeping is tracked too (MISC), like every allocation */
     int64_t *ids = fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *ids);
@@ -169,9 +164,9 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
         fprintf(stderr, "fitllm bench serve: %s\n", fl_last_error());
         err = 1;
     }
-    const double t0 = now_s();
+    const double t0 = fl_clock_s();
     while (done < n && !err) {
-        double t = now_s() - t0;
+        double t = fl_clock_s() - t0;
         while (added < n && w->arrival[added] <= t) {
             fl_request_params p = {0};
             fl_sampling_params_default(&p.sampling);
@@ -198,18 +193,18 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
                 err = 1;
                 break;
             }
-            t_add[added] = now_s();
+            t_add[added] = fl_clock_s();
             added++;
         }
         int32_t active = 0;
         if (pair && pk_before == 0) pk_before = fl_calib_int8_peak_gops(fl_threads_get(), PAIRED_PEAK_S);
-        const double t_step = now_s();
+        const double t_step = fl_clock_s();
         if (fl_engine_step(e, &active) != FL_OK) {
             fprintf(stderr, "fitllm bench serve: step: %s\n", fl_last_error());
             err = 1;
             break;
         }
-        double tp = now_s();
+        double tp = fl_clock_s();
         {
             fl_engine_stats now;
             fl_engine_stats_get(e, &now);
@@ -268,14 +263,14 @@ static cJSON *run_one(const run_cfg *rc, const workload *w, const char *label) {
             n_samples++;
         }
         if (active == 0 && added < n) { /* idle until the next arrival */
-            double wait = w->arrival[added] - (now_s() - t0);
+            double wait = w->arrival[added] - (fl_clock_s() - t0);
             if (wait > 0) {
                 struct timespec ts = {(time_t)wait, (long)((wait - floor(wait)) * 1e9)};
                 nanosleep(&ts, NULL);
             }
         }
     }
-    const double dur = now_s() - t0;
+    const double dur = fl_clock_s() - t0;
     cJSON *o = NULL;
     const size_t f_report = fl_mem_thread_failures();
     double *ttft = err ? NULL : fl_calloc(FL_MEM_MISC, (size_t)n, sizeof *ttft);

@@ -6,6 +6,7 @@
  * per wall second; the peak is per CPU second of each thread, so on a shared machine the
  * percentages read low, never high).  The JSON's "all" row sums every shape's FLOP and time. */
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "core/alloc.h"
 #include "core/status.h"
 #include "core/threads.h"
@@ -16,12 +17,6 @@
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static float *filled(int64_t n, uint32_t seed) {
     float *x = fl_alloc(FL_MEM_SCRATCH, (size_t)n * sizeof(float), 64);
@@ -49,12 +44,12 @@ static double time_form(int form, int64_t M, int64_t I, int64_t O, const float *
                         float *dw, double secs) {
     call_form(form, M, I, O, x, w, y, dx, dw);
     int calls = 0;
-    const double t0 = now_s();
+    const double t0 = fl_clock_s();
     double t;
     do {
         call_form(form, M, I, O, x, w, y, dx, dw);
         calls++;
-        t = now_s() - t0;
+        t = fl_clock_s() - t0;
     } while (t < secs);
     return t / calls;
 }

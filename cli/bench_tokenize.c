@@ -6,6 +6,7 @@
  * roundtrip: fl_detokenize gives the text back (BPE vocabs with clean_spaces rewrite " ," etc.,
  * so it can be false there); roundtrip_pieces: the concatenated pieces give it back. */
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "core/alloc.h"
 #include "core/status.h"
 #include "formats/gguf.h"
@@ -15,12 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static char *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -94,9 +89,9 @@ int fl_bench_tokenize(int argc, char **argv) {
     int64_t dl = -1;
     fl_mem_reset_peaks();
     for (int r = 0; r < repeat && ids && back && !st; r++) {
-        double t0 = now_s();
+        double t0 = fl_clock_s();
         st = fl_tokenize(t, text, len, false, special, ids, cap, &n);
-        double t1 = now_s();
+        double t1 = fl_clock_s();
         if (!st && n > cap) { /* more ids than bytes (a vocabulary without "▁", say): again at its size */
             fl_free(FL_MEM_MISC, ids, (size_t)cap * sizeof(int32_t));
             cap = n;
@@ -105,7 +100,7 @@ int fl_bench_tokenize(int argc, char **argv) {
             continue;
         }
         if (!st) dl = fl_detokenize(t, ids, n, back, (int64_t)len + 16, true, special);
-        double t2 = now_s();
+        double t2 = fl_clock_s();
         if (t1 - t0 < best) best = t1 - t0;
         if (t2 - t1 < best_d) best_d = t2 - t1;
     }

@@ -2,6 +2,7 @@
  * model with activation checkpointing every 1, 2, 4 layers and without; fp32 vs 8-bit AdamW
  * state bytes; the planner's training prediction vs the measured peak. */
 #include "cli/bench_train.h"
+#include "core/clock.h"
 #include "cli/cli.h"
 #include "core/alloc.h"
 #include "core/status.h"
@@ -15,12 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* CPU seconds of the process (all threads): the work done, not the waiting for a shared CPU */
 static double cpu_s(void) {
@@ -74,7 +69,7 @@ static fl_status run_one(const fl_train_config *cfg, int64_t ctx, int64_t batch,
     double t0 = 0, c0 = 0;
     for (int s = 0; s <= steps; s++) {
         if (s == 1) {
-            t0 = now_s();
+            t0 = fl_clock_s();
             c0 = cpu_s();
         }
         double loss;
@@ -84,7 +79,7 @@ static fl_status run_one(const fl_train_config *cfg, int64_t ctx, int64_t batch,
         if ((st = fl_train_model_backward(m, &bt, 1.0f / (float)n))) goto done;
         fl_optim_step(o, tp, m->grads, 1e-4f);
     }
-    r->step_s = (now_s() - t0) / steps;
+    r->step_s = (fl_clock_s() - t0) / steps;
     r->step_cpu_s = (cpu_s() - c0) / steps;
     r->k = k;
     r->act_peak = fl_mem_peak(FL_MEM_ACT);

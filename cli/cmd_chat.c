@@ -10,6 +10,7 @@
  * Ctrl-C stops a reply (what was written stays in the conversation); at the prompt it ends the
  * chat, as the end of input and /exit do.  /clear starts over. */
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "core/alloc.h"
 #include "core/status.h"
 #include "fitllm.h"
@@ -30,12 +31,6 @@ static volatile sig_atomic_t g_interrupt;
 static void on_sigint(int sig) {
     (void)sig;
     g_interrupt = 1;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* One user turn from f into b: a line, and the lines after one that ends in a backslash (the
@@ -308,7 +303,7 @@ int fl_cmd_chat(int argc, char **argv) {
         if ((st = fl_engine_add(e, &rp, &id))) goto fail;
         reply.len = 0;
         if (srv_buf_append(&reply, "", 0)) goto nomem;
-        const double t0 = now_s();
+        const double t0 = fl_clock_s();
         double t1 = 0;
         int32_t active = 1;
         bool cancelled = false, failed = false;
@@ -324,7 +319,7 @@ int fl_cmd_chat(int argc, char **argv) {
             int32_t k;
             while ((k = fl_engine_poll(e, ev, 4)) > 0)
                 for (int32_t i = 0; i < k; i++) {
-                    if (ev[i].n_new > 0 && got == 0) t1 = now_s();
+                    if (ev[i].n_new > 0 && got == 0) t1 = fl_clock_s();
                     got += ev[i].n_new;
                     const size_t tl = strlen(ev[i].new_text);
                     if (!json) {
@@ -339,7 +334,7 @@ int fl_cmd_chat(int argc, char **argv) {
                     }
                 }
         }
-        const double t2 = now_s();
+        const double t2 = fl_clock_s();
         if (t1 > 0) {
             t_prefill += t1 - t0;
             t_decode += t2 - t1;

@@ -2,6 +2,7 @@
  * engine, then throughput, the memory report (weights / KV / activations / peak) and KV waste.
  * Without -m it synthesizes a small llama-shaped model with random weights (and says so). */
 #include "cli/cli.h"
+#include "core/clock.h"
 
 #include "core/alloc.h"
 #include "core/status.h"
@@ -31,12 +32,6 @@ static const char *const prompts[] = {
     "A little fish swam to the bottom of the sea", "The snowman smiled when",
 };
 #define N_PROMPTS ((int)(sizeof prompts / sizeof prompts[0]))
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *find_tokenizer_source(void) {
     static char buf[1024];
@@ -152,14 +147,14 @@ int fl_cmd_demo(int argc, char **argv) {
     float temp = (o = fl_args_get(opts, "temp"))->set ? (float)o->f : 0.8f;
     fl_mem_reset_peaks();
     fl_engine *e;
-    double t_load = now_s();
+    double t_load = fl_clock_s();
     fl_status st = fl_engine_new(&ep, &e);
     if (tmp[0]) unlink(tmp); /* mapped: the file can go */
     if (st != FL_OK) {
         fprintf(stderr, "fitllm demo: %s\n", fl_last_error());
         return 1;
     }
-    t_load = now_s() - t_load;
+    t_load = fl_clock_s() - t_load;
     int rc = 0;
     int64_t first_id = -1;
     char *first_text = fl_calloc(FL_MEM_MISC, 1, 65536);
@@ -169,7 +164,7 @@ int fl_cmd_demo(int argc, char **argv) {
         return 1;
     }
     size_t first_len = 0;
-    const double t0 = now_s();
+    const double t0 = fl_clock_s();
     for (int32_t i = 0; i < n_req && !rc; i++) {
         int32_t toks[256];
         int64_t nt = 0;
@@ -225,7 +220,7 @@ int fl_cmd_demo(int argc, char **argv) {
             n_waste++;
         }
     }
-    const double dur = now_s() - t0;
+    const double dur = fl_clock_s() - t0;
     if (!rc) {
         fl_engine_stats s;
         fl_engine_stats_get(e, &s);

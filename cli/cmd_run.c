@@ -3,6 +3,7 @@
  * positions and the most recent half of the rest (StreamingLLM; the paged cache re-rotates the
  * moved keys with RoPE, fl_kv_seq_stream) and go on generating. */
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "core/alloc.h"
 #include "core/status.h"
 #include "core/threads.h"
@@ -27,12 +28,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* The CLI's JSON reports (cli.h): printed only where built whole. */
 int fl_cli_print_json(const char *cmd, cJSON *o, bool pretty, size_t fail0) {
@@ -522,14 +517,14 @@ int fl_cmd_run(int argc, char **argv) {
     /* prefill in batches of up to max_batch tokens */
     int32_t pos[512], seq[512];
     memset(seq, 0, sizeof seq);
-    const double t0 = now_s();
+    const double t0 = fl_clock_s();
     for (int64_t i = 0; i < n_ids; i += max_batch) {
         const int32_t n = (int32_t)(n_ids - i < max_batch ? n_ids - i : max_batch);
         for (int32_t j = 0; j < n; j++) pos[j] = (int32_t)(i + j);
         fl_batch b = {n, ids + i, pos, seq, NULL};
         if ((st = tpm ? fl_tp_forward(tpm, &b, &kv.iface, kv.ctx, logits) : fl_model_forward(m, &b, &kv.iface, kv.ctx, logits))) goto fail;
     }
-    const double t1 = now_s();
+    const double t1 = fl_clock_s();
     /* decode */
     int64_t n_shifted = 0, n_shifts = 0; /* positions dropped by --context-shift, and how often */
     char piece[256], pending[1024];
@@ -613,7 +608,7 @@ int fl_cmd_run(int argc, char **argv) {
         }
         n_rows = 1 + n_draft;
     }
-    const double t2 = now_s();
+    const double t2 = fl_clock_s();
     if (!json && rank == 0) {
         fwrite(pending, 1, n_pending, stdout);
         printf("\n");

@@ -1,6 +1,7 @@
 /* `fitllm train`: fine-tune a GGUF model (full, LoRA, QLoRA on an NF4 base) or train one from
  * scratch on a text file; held-out perplexity before/after, checkpoints, GGUF export. */
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "dist/dist.h"
 #include "core/alloc.h"
 #include "core/status.h"
@@ -20,12 +21,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* "--init": a preset name or "key=value,..." with keys layers, embd, heads, kv_heads, ff, ctx,
  * rope_base.  Vocabulary comes from the tokenizer. */
@@ -305,7 +300,7 @@ int fl_cmd_train(int argc, char **argv) {
         if ((st = fl_train_model_enable_lora(m, lora, alpha, to.seed))) goto fail;
     }
     /* data */
-    double t0 = now_s();
+    double t0 = fl_clock_s();
     const bool raw = OPT("raw")->set;
     const double vfrac = OPT("val-frac")->set ? OPT("val-frac")->f : 0.05;
     if ((st = read_text(train_path, tok, raw, OPT("val")->set ? 0.0 : vfrac, &train, &held))) goto fail;
@@ -322,7 +317,7 @@ int fl_cmd_train(int argc, char **argv) {
     if (to.warmup >= to.steps) to.warmup = to.steps / 10;
     fprintf(stderr, "train: %lld documents, %lld tokens; held-out: %lld documents, %lld scored tokens (tokenized in %.1f s)\n",
             (long long)train.n_docs, (long long)train.n_ids, (long long)held.n_docs,
-            (long long)fl_train_data_n_scored(&held), now_s() - t0);
+            (long long)fl_train_data_n_scored(&held), fl_clock_s() - t0);
     fprintf(stderr, "model: %lld parameters (%d layers, embd %d, ff %d, heads %d/%d, vocab %d)%s%s\n",
             (long long)m->n_full, m->cfg.n_layer, m->cfg.n_embd, m->cfg.n_ff, m->cfg.n_head, m->cfg.n_head_kv,
             m->cfg.n_vocab, lora ? ", LoRA" : "", wq ? " on an NF4 base" : "");
@@ -346,7 +341,7 @@ int fl_cmd_train(int argc, char **argv) {
         printf("{\"event\":\"eval\",\"step\":%lld,\"loss\":%.6f,\"ppl\":%.6f,\"unigram_ppl\":%.6f}\n",
                (long long)fl_trainer_step_count(t), l0, exp(l0), exp(unigram));
     const double tl = OPT("time-limit")->set ? OPT("time-limit")->f : 0.0;
-    const double t_start = now_s();
+    const double t_start = fl_clock_s();
     double t_last = t_start;
     int64_t tok_window = 0;
     while (fl_trainer_step_count(t) < to.steps) {
@@ -354,7 +349,7 @@ int fl_cmd_train(int argc, char **argv) {
         if ((st = fl_trainer_step(t, &s))) goto fail;
         const int64_t step = fl_trainer_step_count(t);
         tok_window += s.tokens;
-        const double tn = now_s(), el = tn - t_start;
+        const double tn = fl_clock_s(), el = tn - t_start;
         const double tps = (double)tok_window / (tn - t_last > 1e-9 ? tn - t_last : 1e-9);
         tok_window = 0;
         t_last = tn;
@@ -394,7 +389,7 @@ int fl_cmd_train(int argc, char **argv) {
         }
     }
     if (tty) fprintf(stderr, "\n");
-    const double train_s = now_s() - t_start;
+    const double train_s = fl_clock_s() - t_start;
     double l1 = 0;
     if ((st = fl_train_eval(m, &held, to.ctx, to.batch, eval_tokens, &l1, NULL))) goto fail;
     fprintf(stderr, "held-out after %lld steps (%.1f s): loss %.4f  ppl %.3f   (before: ppl %.3f, unigram: ppl %.3f)\n",

@@ -8,6 +8,7 @@
  * flag is acted on at the next step boundary.
  */
 #include "engine/backend.h"
+#include "core/clock.h"
 #include "engine/engine.h"
 #include "engine/grammar.h"
 #include "engine/mask_cache.h"
@@ -87,12 +88,6 @@ struct fl_engine {
     int64_t spec_drafts, spec_drafted, spec_accepted;
     double t_forward;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void fl_engine_params_default(fl_engine_params *p) {
     memset(p, 0, sizeof *p);
@@ -641,7 +636,7 @@ fl_status fl_engine_new_backend(const fl_engine_params *p, const fl_engine_backe
     if (st != FL_OK) goto fail;
     if (e->p.guide_masks > 0 && (st = fl_mask_cache_new(e->p.guide_masks, be->n_vocab, &e->masks)) != FL_OK) goto fail;
     if (e->be.kv_stats) e->be.kv_stats(e->be.ctx, &e->kv_snap);
-    e->t0 = now_s();
+    e->t0 = fl_clock_s();
     *out = e;
     return FL_OK;
 fail:
@@ -824,7 +819,7 @@ fl_status fl_engine_add(fl_engine *e, const fl_request_params *p, int64_t *id) {
     int64_t rid = e->next_id++;
     if (q.sampling.seed == 0) q.sampling.seed = (uint64_t)e->p.seed + (uint64_t)rid * 7919u;
     fl_status st = FL_OK;
-    double t = now_s() - e->t0;
+    double t = fl_clock_s() - e->t0;
     int32_t added = 0;
     for (int32_t s = 0; s < n && st == FL_OK; s++) {
         fl_request *r;
@@ -928,7 +923,7 @@ static void finish(fl_engine *e, fl_request *r, fl_finish_reason why) {
         }
         e->guide_refused = refused;
     }
-    r->t_finish = now_s() - e->t0;
+    r->t_finish = fl_clock_s() - e->t0;
     int64_t s, n;
     fl_stop_release(&r->stop, true, &s, &n);
     r->event_pending = true;
@@ -955,7 +950,7 @@ fl_status fl_engine_cancel(fl_engine *e, int64_t id) {
 
 /* Append a sampled token: text, stop conditions, streaming. */
 static void commit_token(fl_engine *e, fl_request *r, int32_t tok) {
-    double t = now_s() - e->t0;
+    double t = fl_clock_s() - e->t0;
     if (fl_request_n_generated(r) == 0 && r->t_first_token == 0) r->t_first_token = t;
     r->t_last_token = t;
     e->generated++;
@@ -1174,9 +1169,9 @@ fl_status fl_engine_step(fl_engine *e, int32_t *n_active) {
     /* forward without the lock: add/cancel/poll stay responsive */
     e->in_forward = true;
     pthread_mutex_unlock(&e->mu);
-    double t = now_s();
+    double t = fl_clock_s();
     fl_status fst = e->be.forward(e->be.ctx, &b, e->logits);
-    e->t_forward += now_s() - t;
+    e->t_forward += fl_clock_s() - t;
     pthread_mutex_lock(&e->mu);
     e->in_forward = false;
     if (e->be.step_done) e->be.step_done(e->be.ctx);

@@ -1,5 +1,6 @@
 /* Calibration of the int8 multiply-add peak and of the read bandwidth (see calib_int8.h). */
 #include "kernels/calib_int8.h"
+#include "core/clock.h"
 #include "core/alloc.h"
 #include "core/threads.h"
 #include "kernels/dispatch.h"
@@ -9,20 +10,14 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 typedef struct { uint64_t iters; double t[256]; uint64_t macs[256]; bool avx512, amx; } peak_ctx;
 
 static void peak_task(void *p, int ith, int nth) {
     peak_ctx *c = p;
     (void)nth;
-    const double t0 = now_s();
+    const double t0 = fl_clock_s();
     c->macs[ith] = c->amx ? fl_calib_int8_loop_amx(c->iters) : c->avx512 ? fl_calib_int8_loop_avx512(c->iters) : fl_calib_int8_loop_avx2(c->iters);
-    c->t[ith] = now_s() - t0;
+    c->t[ith] = fl_clock_s() - t0;
 }
 
 /* The calibrations run on at most one thread per CPU the process may use: the machine's rate,
@@ -87,9 +82,9 @@ static double bw_passes(int nth, const char *buf, size_t bytes, int reps) {
     const int nloops = fl_isa_best() == FL_ISA_AVX512 ? 3 : 1;
     for (int rep = 0; rep < reps; rep++)
         for (c.loop = 0; c.loop < nloops; c.loop++) {
-            const double t0 = now_s();
+            const double t0 = fl_clock_s();
             fl_parallel_n(bw_task, &c, nth);
-            const double dt = now_s() - t0;
+            const double dt = fl_clock_s() - t0;
             const double per = (double)((bytes / (size_t)nth) & ~(size_t)4095) * nth;
             if (dt > 0 && per / dt / 1e9 > best) best = per / dt / 1e9;
         }

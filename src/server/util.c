@@ -1,4 +1,5 @@
 #include "server/server_int.h"
+#include "core/clock.h"
 #include "core/alloc.h"
 #include "core/utf8.h"
 
@@ -55,11 +56,7 @@ void srv_buf_free(srv_buf *b) {
     b->misc = misc;
 }
 
-double srv_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+double srv_now(void) { return fl_clock_s(); }
 
 /* The JSON of o onto b (as an SSE event when sse), made well-formed UTF-8: generated text can
  * hold any bytes (byte-fallback tokens), and every ill-formed byte becomes U+FFFD. */
