@@ -1168,6 +1168,64 @@ static void test_f32_dot_orders(void **state) {
     fl_free(FL_MEM_SCRATCH, b, sizeof(float) * 5635);
 }
 
+/* F32 / F16 / BF16 rows read as they are (fl_mm_wrows_avx512: 4 rows x 6 tokens; fl_mm_wrows_avx2:
+ * 2 x 3; tokens in chunks; one token: rows r and r + nr / 2 together) give each output the bits of the
+ * scalar dot in llama.cpp's order (fl_mm_dot_ggml_ref, whose bits the ISAs' f32 dots have: see
+ * test_f32_dot_orders) on the row converted to f32; and fl_matmul on such a matrix the same
+ * (x rounded to f16 for F16 weights). */
+static void test_f32_wrows(void **state) {
+    (void)state;
+    if (fl_isa_best() == FL_ISA_REF) skip();
+    const int32_t types[3] = {FL_TYPE_F32, FL_TYPE_F16, FL_TYPE_BF16};
+    const int64_t Ks[3] = {16, 112, 2048};  /* one step; 7 steps; 2048: chunks of 60 (AVX-512) / 63 tokens */
+    const int64_t Ms[7] = {1, 2, 3, 6, 7, 13, 131}; /* 131: three chunks at K = 2048 */
+    const int64_t nr = 11;                     /* one token: 5 pairs and a lone row; AVX-512 two 4-row blocks and 3 */
+    for (int isa = FL_ISA_AVX2; isa <= (int)fl_isa_best(); isa++) {
+        fl_isa_set((fl_isa)isa);
+        void (*wrows)(int32_t, const void *, size_t, int64_t, const float *, int64_t, int64_t, float *, int64_t) =
+            isa == FL_ISA_AVX512 ? fl_mm_wrows_avx512 : fl_mm_wrows_avx2;
+        for (int ti = 0; ti < 3; ti++)
+            for (int ki = 0; ki < 3; ki++) {
+                const int64_t K = Ks[ki], MX = 131;
+                qmat q;
+                qmat_make(&q, types[ti], nr, K);
+                float *w = frand_buf(nr * K), *x = frand_buf(MX * K), *y = frand_buf(MX * nr), *xr = frand_buf(MX * K);
+                for (int64_t r = 0; r < nr; r++) fl_dequant_row(types[ti], (const char *)q.data + r * q.W.nb[1], w + r * K, K);
+                for (int mi = 0; mi < 7; mi++) {
+                    const int64_t M = Ms[mi];
+                    memset(y, 0xFF, (size_t)(MX * nr) * 4);
+                    wrows(types[ti], q.data, q.W.nb[1], nr, x, M, K, y, nr);
+                    for (int64_t m = 0; m < M; m++)
+                        for (int64_t r = 0; r < nr; r++) {
+                            const float e = fl_mm_dot_ggml_ref(w + r * K, x + m * K, K, false);
+                            if (memcmp(&e, &y[m * nr + r], 4))
+                                fail_msg("%s %s K %lld M %lld: y[%lld][%lld] %.9g, the dot %.9g", fl_isa_name((fl_isa)isa),
+                                         fl_type_name(types[ti]), (long long)K, (long long)M, (long long)m, (long long)r,
+                                         (double)y[m * nr + r], (double)e);
+                        }
+                    /* through fl_matmul (2 threads where there are 2: each takes its rows) */
+                    fl_matmul(&q.W, x, y, M);
+                    for (int64_t i = 0; i < M * K; i++) xr[i] = types[ti] == FL_TYPE_F16 ? fl_f16_to_f32(fl_f32_to_f16(x[i])) : x[i];
+                    for (int64_t m = 0; m < M; m++)
+                        for (int64_t r = 0; r < nr; r++) {
+                            const float e = fl_mm_dot_ggml_ref(w + r * K, xr + m * K, K, false);
+                            if (memcmp(&e, &y[m * nr + r], 4))
+                                fail_msg("fl_matmul %s %s K %lld M %lld: y[%lld][%lld] %.9g, the dot %.9g", fl_isa_name((fl_isa)isa),
+                                         fl_type_name(types[ti]), (long long)K, (long long)M, (long long)m, (long long)r,
+                                         (double)y[m * nr + r], (double)e);
+                        }
+                }
+                fl_free(FL_MEM_MISC, w, (size_t)(nr * K) * 4);
+                fl_free(FL_MEM_MISC, x, (size_t)(MX * K) * 4);
+                fl_free(FL_MEM_MISC, xr, (size_t)(MX * K) * 4);
+                fl_free(FL_MEM_MISC, y, (size_t)(MX * nr) * 4);
+                qmat_free(&q);
+            }
+    }
+    fl_isa_set(fl_isa_best());
+    fl_test_mem_zero();
+}
+
 static void test_scratch_bytes(void **state) {
     (void)state;
     const int32_t types[5] = {FL_TYPE_Q8_0, FL_TYPE_Q4_0, FL_TYPE_Q4_K, FL_TYPE_Q5_0, FL_TYPE_Q6_K};
@@ -1736,6 +1794,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_q8_parity),
         cmocka_unit_test(test_alloc_fallbacks),
         cmocka_unit_test(test_f32_dot_orders),
+        cmocka_unit_test(test_f32_wrows),
         cmocka_unit_test(test_all_types_vs_ref),
         cmocka_unit_test(test_gemm_vs_gemv),
         cmocka_unit_test(test_panel_parity),

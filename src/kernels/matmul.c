@@ -829,6 +829,7 @@ typedef struct {
     float *y;
     int64_t M;
     float *buf; /* [nth][F32_ROWS][K] */
+    bool wrows; /* fl_mm_wrows_avx512 / _avx2 (f32_wrows), no buf */
     dot_fn dot;
     const fl_convert_kernels *cvt;
 } f32_ctx;
@@ -838,6 +839,12 @@ static void f32_task(void *p, int ith, int nth) {
     const int64_t K = c->W->ne[0], N = c->W->ne[1];
     int64_t lo, hi;
     fl_split_range(N, ith, nth, &lo, &hi);
+    if (c->wrows) {
+        if (lo < hi)
+            (fl_isa_get() == FL_ISA_AVX512 ? fl_mm_wrows_avx512 : fl_mm_wrows_avx2)(c->W->type, (const char *)c->W->data + lo * c->W->nb[1],
+                                                                                     c->W->nb[1], hi - lo, c->x, c->M, K, c->y + lo, N);
+        return;
+    }
     float *rows = c->buf ? c->buf + (size_t)ith * F32_ROWS * K : NULL;
     for (int64_t n0 = lo; n0 < hi; n0 += F32_ROWS) {
         const int64_t nr = hi - n0 < F32_ROWS ? hi - n0 : F32_ROWS;
@@ -866,6 +873,12 @@ static void f32_task(void *p, int ith, int nth) {
     }
 }
 
+/* Whether the f32 path reads W's rows as they are, with no f32 copy (fl_mm_wrows_avx512 / _avx2). */
+static bool f32_wrows(const fl_tensor *W) {
+    return (fl_isa_get() == FL_ISA_AVX512 || fl_isa_get() == FL_ISA_AVX2) && W->ne[0] % 16 == 0 &&
+           (W->type == FL_TYPE_F32 || W->type == FL_TYPE_F16 || W->type == FL_TYPE_BF16);
+}
+
 size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
     const int64_t K = W->ne[0];
     if (M <= 0) return 0;
@@ -882,7 +895,7 @@ size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {
         return b;
     }
     if (W->type == FL_TYPE_F32) return 0;
-    size_t b = (size_t)nth * F32_ROWS * (size_t)K * sizeof(float);
+    size_t b = f32_wrows(W) ? 0 : (size_t)nth * F32_ROWS * (size_t)K * sizeof(float);
     if (W->type == FL_TYPE_F16 && !fl_matmul_f32_act()) b += (size_t)M * (size_t)K * sizeof(float);
     return b;
 }
@@ -1014,9 +1027,9 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
     if (nw > 1) goto each;
 f32_path:;
     const int nth = fl_threads_get();
-    f32_ctx c = {W, x, y, M, NULL, dot_for(isa), fl_convert_kernels_get()};
+    f32_ctx c = {W, x, y, M, NULL, f32_wrows(W), dot_for(isa), fl_convert_kernels_get()};
     size_t bytes = 0;
-    if (W->type != FL_TYPE_F32) {
+    if (W->type != FL_TYPE_F32 && !c.wrows) {
         bytes = (size_t)nth * F32_ROWS * (size_t)K * sizeof(float);
         c.buf = fl_alloc(FL_MEM_SCRATCH, bytes, 64);
         if (!c.buf) { /* last resort: the single-threaded reference needs no scratch */

@@ -100,6 +100,96 @@ void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_
     }
 }
 
+/* ---- F32 / F16 / BF16 weights read as they are (K % 16 == 0) ---- */
+
+/* 16 weights of a row from k on, as f32 (the conversions are exact) */
+INLINE __m512 wrow_load(const int32_t wt, const char *row, int64_t k) {
+    if (wt == FL_TYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * k)));
+    if (wt == FL_TYPE_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 2 * k))), 16));
+    return _mm512_loadu_ps((const float *)row + k);
+}
+
+/* NR rows (row r at w + r ldw) x NT tokens over all of K, y[t ldy + r ys]: one 16-lane
+ * accumulator per output over k, then _mm512_reduce_add_ps, dot4_f32's order (so the bits of the
+ * converted rows' dots), each weight vector serving NT tokens and each activation vector NR rows. */
+INLINE void wtile(const int32_t wt, const char *w, size_t ldw, const float *x, int64_t K, float *y, int64_t ldy, int64_t ys,
+                  const int NR, const int NT) {
+    __m512 acc[4][6];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) wv[r] = wrow_load(wt, w + (size_t)r * ldw, k);
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; t++) {
+            const __m512 xv = _mm512_loadu_ps(x + t * K + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < NT; t++) y[t * ldy + r * ys] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+typedef void (*wtile_fn)(const char *, size_t, const float *, int64_t, float *, int64_t, int64_t);
+#define WT_ROW(T, nr) wt_##T##_##nr##_1, wt_##T##_##nr##_2, wt_##T##_##nr##_3, wt_##T##_##nr##_4, wt_##T##_##nr##_5, wt_##T##_##nr##_6
+#define WT_DEF(T, type, nr, nt)                                                                                    \
+    static void wt_##T##_##nr##_##nt(const char *w, size_t ldw, const float *x, int64_t K, float *y, int64_t ldy, int64_t ys) { \
+        wtile(type, w, ldw, x, K, y, ldy, ys, nr, nt);                                                                        \
+    }
+#define WT_DEFS_NR(T, type, nr) \
+    WT_DEF(T, type, nr, 1) WT_DEF(T, type, nr, 2) WT_DEF(T, type, nr, 3) WT_DEF(T, type, nr, 4) WT_DEF(T, type, nr, 5) WT_DEF(T, type, nr, 6)
+#define WT_DEFS(T, type) WT_DEFS_NR(T, type, 1) WT_DEFS_NR(T, type, 2) WT_DEFS_NR(T, type, 3) WT_DEFS_NR(T, type, 4)
+WT_DEFS(f32, FL_TYPE_F32)
+WT_DEFS(f16, FL_TYPE_F16)
+WT_DEFS(bf16, FL_TYPE_BF16)
+static const wtile_fn wtiles[3][4][6] = {
+    {{WT_ROW(f32, 1)}, {WT_ROW(f32, 2)}, {WT_ROW(f32, 3)}, {WT_ROW(f32, 4)}},
+    {{WT_ROW(f16, 1)}, {WT_ROW(f16, 2)}, {WT_ROW(f16, 3)}, {WT_ROW(f16, 4)}},
+    {{WT_ROW(bf16, 1)}, {WT_ROW(bf16, 2)}, {WT_ROW(bf16, 3)}, {WT_ROW(bf16, 4)}},
+};
+#undef WT_ROW
+#undef WT_DEF
+#undef WT_DEFS_NR
+#undef WT_DEFS
+
+
+void fl_mm_wrows_avx512(int32_t wtype, const void *w, size_t ldw, int64_t nr, const float *x, int64_t M, int64_t K, float *y,
+                        int64_t ldy) {
+    FL_ASSERT(K % 16 == 0 && (wtype == FL_TYPE_F32 || wtype == FL_TYPE_F16 || wtype == FL_TYPE_BF16));
+    const wtile_fn(*tab)[6] = wtiles[wtype == FL_TYPE_F32 ? 0 : wtype == FL_TYPE_F16 ? 1 : 2];
+    if (M == 1) {
+        /* Two rows at a time, one from each half of the range: two sequential streams far apart.
+         * 8, 4 or 2 neighbouring rows (streams ldw apart) read memory slower, and one row at a
+         * time (one stream, one fma chain) slower too: TinyLlama-shaped F16 decode, 2 Zen 4
+         * threads, five alternated rounds, median GB/s: 8 rows 24.6, 1 row 25.2, two halves
+         * 26.9; 1 row 25.8 against two halves 28.7 and four quarters 27.6. */
+        const int64_t h = nr / 2;
+        for (int64_t r = 0; r < h; r++) tab[1][0]((const char *)w + (size_t)r * ldw, (size_t)h * ldw, x, K, y + r, 1, h);
+        if (nr % 2) tab[0][0]((const char *)w + (size_t)(nr - 1) * ldw, ldw, x, K, y + nr - 1, 1, 1);
+        return;
+    }
+    int64_t mc = FL_WROWS_CHUNK_BYTES / (K * (int64_t)sizeof(float)) / 6 * 6;
+    if (mc < 6) mc = 6;
+    for (int64_t m0 = 0; m0 < M; m0 += mc) {
+        const int64_t mn = M - m0 < mc ? M - m0 : mc;
+        for (int64_t r0 = 0; r0 < nr; r0 += 4) {
+            const int nrr = nr - r0 < 4 ? (int)(nr - r0) : 4;
+            const char *wr = (const char *)w + (size_t)r0 * ldw;
+            for (int64_t t0 = 0; t0 < mn; t0 += 6) {
+                const int nt = mn - t0 < 6 ? (int)(mn - t0) : 6;
+                tab[nrr - 1][nt - 1](wr, ldw, x + (m0 + t0) * K, K, y + (m0 + t0) * ldy + r0, ldy, 1);
+            }
+        }
+    }
+}
+
 INLINE void tile(const int32_t wtype, const char *w, size_t ldw, const fl_act_q8 *a, int64_t m0, float *y, int64_t ldy,
                  const int NR, const int NT) {
     __m512 acc[4][4];
