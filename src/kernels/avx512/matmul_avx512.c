@@ -11,6 +11,7 @@
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 #include "kernels/avx512/tile16w.h"
+#include "kernels/avx512/fp8_512.h"
 
 #include <immintrin.h>
 #include <stddef.h>
@@ -100,13 +101,30 @@ void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_
     }
 }
 
-/* ---- F32 / F16 / BF16 weights read as they are (K % 16 == 0) ---- */
+/* ---- F32 / F16 / BF16 / NF4 / FP8 weights read as they are (K % 16 == 0) ---- */
 
-/* 16 weights of a row from k on, as f32 (the conversions are exact) */
+/* 16 weights of a row from k on (k % 16 == 0), as f32: F16, BF16 and F32 exactly; NF4 and FP8
+ * as fl_dequant_row's scalar code computes them (quant.h's layouts: NF4 x = (gscale * sc) *
+ * NF4[q], FP8 x = scale * e4m3(q), the same products in the same order). */
 INLINE __m512 wrow_load(const int32_t wt, const char *row, int64_t k) {
     if (wt == FL_TYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * k)));
     if (wt == FL_TYPE_BF16)
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 2 * k))), 16));
+    if (wt == FL_TYPE_FP8_E4M3) {
+        float s;
+        memcpy(&s, row, 4);
+        return _mm512_mul_ps(_mm512_set1_ps(s), fl_fp8x16_to_f32((const uint8_t *)row + 4 + k, false, 0xFFFF));
+    }
+    if (wt == FL_TYPE_NF4) {
+        const int64_t b = k >> 6, part = (k >> 4) & 3;
+        const char *g = row + (size_t)(b >> 8) * (4 + 256 * 33), *blk = g + 4 + (size_t)(b & 255) * 33;
+        float gs;
+        memcpy(&gs, g, 4);
+        const float amax = gs * (float)(uint8_t)blk[0];
+        const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 1 + (part & 1) * 16)));
+        const __m512i q = part < 2 ? _mm512_and_si512(c, _mm512_set1_epi32(0xF)) : _mm512_srli_epi32(c, 4);
+        return _mm512_mul_ps(_mm512_set1_ps(amax), _mm512_permutexvar_ps(q, _mm512_loadu_ps(fl_nf4_values)));
+    }
     return _mm512_loadu_ps((const float *)row + k);
 }
 
@@ -120,15 +138,42 @@ INLINE void wtile(const int32_t wt, const char *w, size_t ldw, const float *x, i
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-        __m512 wv[4];
+    if (wt == FL_TYPE_NF4 && NT == 1) { /* (one token: a block's scale and codes once per row, its 4 vectors in k order) */
+        const __m512 tab = _mm512_loadu_ps(fl_nf4_values);
+        for (int64_t b = 0; b < K / 64; b++) {
+            __m512 wv[4][4];
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) wv[r] = wrow_load(wt, w + (size_t)r * ldw, k);
+            for (int r = 0; r < NR; r++) {
+                const char *g = w + (size_t)r * ldw + (size_t)(b >> 8) * (4 + 256 * 33), *blk = g + 4 + (size_t)(b & 255) * 33;
+                float gs;
+                memcpy(&gs, g, 4);
+                const __m512 amax = _mm512_set1_ps(gs * (float)(uint8_t)blk[0]);
+                const __m512i c0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 1)));
+                const __m512i c1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 17)));
+                const __m512i m = _mm512_set1_epi32(0xF);
+                wv[r][0] = _mm512_mul_ps(amax, _mm512_permutexvar_ps(_mm512_and_si512(c0, m), tab));
+                wv[r][1] = _mm512_mul_ps(amax, _mm512_permutexvar_ps(_mm512_and_si512(c1, m), tab));
+                wv[r][2] = _mm512_mul_ps(amax, _mm512_permutexvar_ps(_mm512_srli_epi32(c0, 4), tab));
+                wv[r][3] = _mm512_mul_ps(amax, _mm512_permutexvar_ps(_mm512_srli_epi32(c1, 4), tab));
+            }
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const __m512 xv = _mm512_loadu_ps(x + b * 64 + j * 16);
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) acc[r][0] = _mm512_fmadd_ps(wv[r][j], xv, acc[r][0]);
+            }
+        }
+    } else {
+        for (int64_t k = 0; k < K; k += 16) {
+            __m512 wv[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) wv[r] = wrow_load(wt, w + (size_t)r * ldw, k);
 #pragma GCC unroll 6
-        for (int t = 0; t < NT; t++) {
-            const __m512 xv = _mm512_loadu_ps(x + t * K + k);
+            for (int t = 0; t < NT; t++) {
+                const __m512 xv = _mm512_loadu_ps(x + t * K + k);
 #pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+                for (int r = 0; r < NR; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+            }
         }
     }
 #pragma GCC unroll 4
@@ -149,11 +194,11 @@ typedef void (*wtile_fn)(const char *, size_t, const float *, int64_t, float *, 
 WT_DEFS(f32, FL_TYPE_F32)
 WT_DEFS(f16, FL_TYPE_F16)
 WT_DEFS(bf16, FL_TYPE_BF16)
-static const wtile_fn wtiles[3][4][6] = {
-    {{WT_ROW(f32, 1)}, {WT_ROW(f32, 2)}, {WT_ROW(f32, 3)}, {WT_ROW(f32, 4)}},
-    {{WT_ROW(f16, 1)}, {WT_ROW(f16, 2)}, {WT_ROW(f16, 3)}, {WT_ROW(f16, 4)}},
-    {{WT_ROW(bf16, 1)}, {WT_ROW(bf16, 2)}, {WT_ROW(bf16, 3)}, {WT_ROW(bf16, 4)}},
-};
+WT_DEFS(nf4, FL_TYPE_NF4)
+WT_DEFS(fp8, FL_TYPE_FP8_E4M3)
+#define WT_TAB(T) {{WT_ROW(T, 1)}, {WT_ROW(T, 2)}, {WT_ROW(T, 3)}, {WT_ROW(T, 4)}}
+static const wtile_fn wtiles[5][4][6] = {WT_TAB(f32), WT_TAB(f16), WT_TAB(bf16), WT_TAB(nf4), WT_TAB(fp8)};
+#undef WT_TAB
 #undef WT_ROW
 #undef WT_DEF
 #undef WT_DEFS_NR
@@ -162,8 +207,9 @@ static const wtile_fn wtiles[3][4][6] = {
 
 void fl_mm_wrows_avx512(int32_t wtype, const void *w, size_t ldw, int64_t nr, const float *x, int64_t M, int64_t K, float *y,
                         int64_t ldy) {
-    FL_ASSERT(K % 16 == 0 && (wtype == FL_TYPE_F32 || wtype == FL_TYPE_F16 || wtype == FL_TYPE_BF16));
-    const wtile_fn(*tab)[6] = wtiles[wtype == FL_TYPE_F32 ? 0 : wtype == FL_TYPE_F16 ? 1 : 2];
+    const int ti = wtype == FL_TYPE_F32 ? 0 : wtype == FL_TYPE_F16 ? 1 : wtype == FL_TYPE_BF16 ? 2 : wtype == FL_TYPE_NF4 ? 3 : 4;
+    FL_ASSERT(K % 16 == 0 && (ti < 4 || wtype == FL_TYPE_FP8_E4M3));
+    const wtile_fn(*tab)[6] = wtiles[ti];
     if (M == 1) {
         /* Two rows at a time, one from each half of the range: two sequential streams far apart.
          * 8, 4 or 2 neighbouring rows (streams ldw apart) read memory slower, and one row at a
