@@ -1168,7 +1168,7 @@ static void test_f32_dot_orders(void **state) {
     fl_free(FL_MEM_SCRATCH, b, sizeof(float) * 5635);
 }
 
-/* F32 / F16 / BF16 rows (AVX-512 also NF4 and FP8) read as they are (fl_mm_wrows_avx512: 4 rows x 6 tokens; fl_mm_wrows_avx2:
+/* F32 / F16 / BF16 / NF4 / FP8 rows read as they are (fl_mm_wrows_avx512: 4 rows x 6 tokens; fl_mm_wrows_avx2:
  * 2 x 3; tokens in chunks; one token: rows r and r + nr / 2 together) give each output the bits of the
  * scalar dot in llama.cpp's order (fl_mm_dot_ggml_ref, whose bits the ISAs' f32 dots have: see
  * test_f32_dot_orders) on the row dequantized by the scalar code; and fl_matmul on such a matrix the same
@@ -1176,7 +1176,7 @@ static void test_f32_dot_orders(void **state) {
 static void test_f32_wrows(void **state) {
     (void)state;
     if (fl_isa_best() == FL_ISA_REF) skip();
-    const int32_t types[5] = {FL_TYPE_F32, FL_TYPE_F16, FL_TYPE_BF16, FL_TYPE_NF4, FL_TYPE_FP8_E4M3}; /* (the last two AVX-512) */
+    const int32_t types[5] = {FL_TYPE_F32, FL_TYPE_F16, FL_TYPE_BF16, FL_TYPE_NF4, FL_TYPE_FP8_E4M3};
     /* one step; 7 steps; 2048: chunks of 60 (AVX-512) / 63 tokens; NF4: one block, 3, and 260 (two groups of scales) */
     const int64_t Ks[3] = {16, 112, 2048}, Ks_nf4[3] = {64, 192, 64 * 260};
     const int64_t Ms[7] = {1, 2, 3, 6, 7, 13, 131}; /* 131: three chunks at K = 2048 */
@@ -1185,7 +1185,7 @@ static void test_f32_wrows(void **state) {
         fl_isa_set((fl_isa)isa);
         void (*wrows)(int32_t, const void *, size_t, int64_t, const float *, int64_t, int64_t, float *, int64_t) =
             isa == FL_ISA_AVX512 ? fl_mm_wrows_avx512 : fl_mm_wrows_avx2;
-        for (int ti = 0; ti < (isa == FL_ISA_AVX512 ? 5 : 3); ti++)
+        for (int ti = 0; ti < 5; ti++)
             for (int ki = 0; ki < 3; ki++) {
                 const int64_t K = types[ti] == FL_TYPE_NF4 ? Ks_nf4[ki] : Ks[ki], MX = 131;
                 qmat q;

@@ -877,8 +877,8 @@ static void f32_task(void *p, int ith, int nth) {
 static bool f32_wrows(const fl_tensor *W) {
     const fl_isa isa = fl_isa_get();
     if (W->ne[0] % 16 != 0 || (isa != FL_ISA_AVX512 && isa != FL_ISA_AVX2)) return false;
-    return W->type == FL_TYPE_F32 || W->type == FL_TYPE_F16 || W->type == FL_TYPE_BF16 ||
-           (isa == FL_ISA_AVX512 && (W->type == FL_TYPE_NF4 || W->type == FL_TYPE_FP8_E4M3));
+    return W->type == FL_TYPE_F32 || W->type == FL_TYPE_F16 || W->type == FL_TYPE_BF16 || W->type == FL_TYPE_NF4 ||
+           W->type == FL_TYPE_FP8_E4M3;
 }
 
 size_t fl_matmul_scratch_bytes(const fl_tensor *W, int64_t M, int nth) {

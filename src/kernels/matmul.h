@@ -483,7 +483,7 @@ void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_
  * time, one from each half of the range (two sequential streams). */
 void fl_mm_wrows_avx512(int32_t wtype, const void *w, size_t ldw, int64_t nr, const float *x, int64_t M, int64_t K, float *y,
                         int64_t ldy);
-/* The same bits on AVX2 (2 rows x 3 tokens a tile; F32, F16 and BF16 only). */
+/* The same bits on AVX2 (2 rows x 3 tokens a tile). */
 void fl_mm_wrows_avx2(int32_t wtype, const void *w, size_t ldw, int64_t nr, const float *x, int64_t M, int64_t K, float *y,
                       int64_t ldy);
 /* Their chunks of tokens: the activations of at most this many bytes stay in L2 while every row

@@ -399,13 +399,40 @@ static inline float dot_ggml(const float *a, const float *b, int64_t n, bool f16
 float fl_mm_dot_f32_avx2(const float *a, const float *b, int64_t n) { return dot_ggml(a, b, n, false); }
 float fl_mm_dot_f16vals_avx2(const float *a, const float *b, int64_t n) { return dot_ggml(a, b, n, true); }
 
-/* ---- F32 / F16 / BF16 weights read as they are (K % 16 == 0): fl_mm_wrows_avx512's bits ---- */
+/* ---- F32 / F16 / BF16 / NF4 / FP8 weights read as they are (K % 16 == 0): fl_mm_wrows_avx512's bits ---- */
 
-/* 8 weights of a row from k on, as f32 (the conversions are exact) */
+/* 8 weights of a row from k on (k % 8 == 0), as f32: F16, BF16 and F32 exactly; NF4 and FP8 as
+ * fl_dequant_row's scalar code computes them (as wrow_load in matmul_avx512.c: NF4 by two 8-entry
+ * permutes picked by the code's bit 3, FP8 widened to the f16 of the same value, times 256). */
 INLINE __m256 wrow_load8(const int32_t wt, const char *row, int64_t k) {
     if (wt == FL_TYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * k)));
     if (wt == FL_TYPE_BF16)
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * k))), 16));
+    if (wt == FL_TYPE_FP8_E4M3) {
+        float s;
+        memcpy(&s, row, 4);
+        const __m128i h = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(row + 4 + k)));
+        const __m128i em = _mm_and_si128(h, _mm_set1_epi16(0x7F)), sign = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8);
+        __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(sign, _mm_slli_epi16(em, 7))), _mm256_set1_ps(256.0f));
+        const __m128i nan = _mm_cmpeq_epi16(em, _mm_set1_epi16(0x7F));
+        if (_mm_movemask_epi8(nan)) {
+            const __m256i qnan = _mm256_or_si256(_mm256_slli_epi32(_mm256_cvtepu16_epi32(sign), 16), _mm256_set1_epi32(0x7FC00000));
+            f = _mm256_blendv_ps(f, _mm256_castsi256_ps(qnan), _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan)));
+        }
+        return _mm256_mul_ps(_mm256_set1_ps(s), f);
+    }
+    if (wt == FL_TYPE_NF4) {
+        const int64_t b = k >> 6, part = (k >> 4) & 3;
+        const char *g = row + (size_t)(b >> 8) * (4 + 256 * 33), *blk = g + 4 + (size_t)(b & 255) * 33;
+        float gs;
+        memcpy(&gs, g, 4);
+        const float amax = gs * (float)(uint8_t)blk[0];
+        const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 1 + (part & 1) * 16 + ((k >> 3) & 1) * 8)));
+        const __m256i q = part < 2 ? _mm256_and_si256(c, _mm256_set1_epi32(0xF)) : _mm256_srli_epi32(c, 4);
+        const __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(fl_nf4_values), q);
+        const __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(fl_nf4_values + 8), q);
+        return _mm256_mul_ps(_mm256_set1_ps(amax), _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(q, 28))));
+    }
     return _mm256_loadu_ps((const float *)row + k);
 }
 
@@ -453,8 +480,10 @@ typedef void (*wtile8_fn)(const char *, size_t, const float *, int64_t, float *,
 WT_DEFS(f32, FL_TYPE_F32)
 WT_DEFS(f16, FL_TYPE_F16)
 WT_DEFS(bf16, FL_TYPE_BF16)
+WT_DEFS(nf4, FL_TYPE_NF4)
+WT_DEFS(fp8, FL_TYPE_FP8_E4M3)
 #define WT_TAB(T) {{wt_##T##_1_1, wt_##T##_1_2, wt_##T##_1_3}, {wt_##T##_2_1, wt_##T##_2_2, wt_##T##_2_3}}
-static const wtile8_fn wtiles8[3][2][3] = {WT_TAB(f32), WT_TAB(f16), WT_TAB(bf16)};
+static const wtile8_fn wtiles8[5][2][3] = {WT_TAB(f32), WT_TAB(f16), WT_TAB(bf16), WT_TAB(nf4), WT_TAB(fp8)};
 #undef WT_TAB
 #undef WT_DEFS
 #undef WT_DEF
@@ -463,7 +492,7 @@ static const wtile8_fn wtiles8[3][2][3] = {WT_TAB(f32), WT_TAB(f16), WT_TAB(bf16
  * tile; one token two rows at a time, one from each half of the range. */
 void fl_mm_wrows_avx2(int32_t wtype, const void *w, size_t ldw, int64_t nr, const float *x, int64_t M, int64_t K, float *y,
                       int64_t ldy) {
-    const int ti = wtype == FL_TYPE_F32 ? 0 : wtype == FL_TYPE_F16 ? 1 : 2;
+    const int ti = wtype == FL_TYPE_F32 ? 0 : wtype == FL_TYPE_F16 ? 1 : wtype == FL_TYPE_BF16 ? 2 : wtype == FL_TYPE_NF4 ? 3 : 4;
     if (M == 1) { /* (4 neighbouring rows at a time: 21.4 against 27.5 GB/s, the AVX-512 driver's measurement) */
         const int64_t h = nr / 2;
         for (int64_t r = 0; r < h; r++) wtiles8[ti][1][0]((const char *)w + (size_t)r * ldw, (size_t)h * ldw, x, K, y + r, 1, h);
