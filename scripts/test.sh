@@ -2,8 +2,8 @@
 # Set up (packages + Release build) and run the whole test suite with ctest; then build the CLI
 # again with ASan + UBSan (build-san/, Debug) and run the CLI-level tests (tests/cli_*.sh: the
 # server, engine, run, train, quantize, plan, MPI ...) on it, so that a memory error in a path
-# only the CLI reaches fails the suite.  FITLLM_TEST_SANITIZE=0 skips that second pass (about
-# 1 minute to build and 2 to run on 2 cores); extra arguments go to the first ctest.
+# only the CLI reaches fails the suite.  FITLLM_TEST_SANITIZE=0 skips that second pass (1-1.5
+# minutes to build and 3-5.5 to run on 2 cores); extra arguments go to the first ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
