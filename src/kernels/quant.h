@@ -66,6 +66,15 @@ _Static_assert(sizeof(fl_block_iq4_nl) == 18, "iq4_nl");
 
 extern const int8_t fl_iq4nl_values[16];
 extern const float fl_nf4_values[16];
+/* Block b (of 64 values) of an NF4 row: its scale gscale * sc (the scalar dequantizer's product)
+ * in *amax, and its 32 code bytes (low nibble element j, high nibble element j + 32). */
+static inline const uint8_t *fl_nf4_block(const void *row, int64_t b, float *amax) {
+    const uint8_t *g = (const uint8_t *)row + (size_t)(b >> 8) * (4 + 256 * 33), *blk = g + 4 + (size_t)(b & 255) * 33;
+    float gs;
+    memcpy(&gs, g, 4);
+    *amax = gs * (float)blk[0];
+    return blk + 1;
+}
 /* The index of the NF4 value nearest to v (the lower on a tie): fl_nf4_code_ref compares all 16
  * (the specification), fl_nf4_code brackets v by halves (the quantizer's; the same answer for
  * every float). */

@@ -422,12 +422,10 @@ INLINE __m256 wrow_load8(const int32_t wt, const char *row, int64_t k) {
         return _mm256_mul_ps(_mm256_set1_ps(s), f);
     }
     if (wt == FL_TYPE_NF4) {
-        const int64_t b = k >> 6, part = (k >> 4) & 3;
-        const char *g = row + (size_t)(b >> 8) * (4 + 256 * 33), *blk = g + 4 + (size_t)(b & 255) * 33;
-        float gs;
-        memcpy(&gs, g, 4);
-        const float amax = gs * (float)(uint8_t)blk[0];
-        const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 1 + (part & 1) * 16 + ((k >> 3) & 1) * 8)));
+        const int64_t part = (k >> 4) & 3;
+        float amax;
+        const uint8_t *qs = fl_nf4_block(row, k >> 6, &amax);
+        const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + (part & 1) * 16 + ((k >> 3) & 1) * 8)));
         const __m256i q = part < 2 ? _mm256_and_si256(c, _mm256_set1_epi32(0xF)) : _mm256_srli_epi32(c, 4);
         const __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(fl_nf4_values), q);
         const __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(fl_nf4_values + 8), q);

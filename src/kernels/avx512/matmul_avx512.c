@@ -116,12 +116,10 @@ INLINE __m512 wrow_load(const int32_t wt, const char *row, int64_t k) {
         return _mm512_mul_ps(_mm512_set1_ps(s), fl_fp8x16_to_f32((const uint8_t *)row + 4 + k, false, 0xFFFF));
     }
     if (wt == FL_TYPE_NF4) {
-        const int64_t b = k >> 6, part = (k >> 4) & 3;
-        const char *g = row + (size_t)(b >> 8) * (4 + 256 * 33), *blk = g + 4 + (size_t)(b & 255) * 33;
-        float gs;
-        memcpy(&gs, g, 4);
-        const float amax = gs * (float)(uint8_t)blk[0];
-        const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 1 + (part & 1) * 16)));
+        const int64_t part = (k >> 4) & 3;
+        float amax;
+        const uint8_t *qs = fl_nf4_block(row, k >> 6, &amax);
+        const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + (part & 1) * 16)));
         const __m512i q = part < 2 ? _mm512_and_si512(c, _mm512_set1_epi32(0xF)) : _mm512_srli_epi32(c, 4);
         return _mm512_mul_ps(_mm512_set1_ps(amax), _mm512_permutexvar_ps(q, _mm512_loadu_ps(fl_nf4_values)));
     }
@@ -144,12 +142,11 @@ INLINE void wtile(const int32_t wt, const char *w, size_t ldw, const float *x, i
             __m512 wv[4][4];
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
-                const char *g = w + (size_t)r * ldw + (size_t)(b >> 8) * (4 + 256 * 33), *blk = g + 4 + (size_t)(b & 255) * 33;
-                float gs;
-                memcpy(&gs, g, 4);
-                const __m512 amax = _mm512_set1_ps(gs * (float)(uint8_t)blk[0]);
-                const __m512i c0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 1)));
-                const __m512i c1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 17)));
+                float a;
+                const uint8_t *qs = fl_nf4_block(w + (size_t)r * ldw, b, &a);
+                const __m512 amax = _mm512_set1_ps(a);
+                const __m512i c0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+                const __m512i c1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16)));
                 const __m512i m = _mm512_set1_epi32(0xF);
                 wv[r][0] = _mm512_mul_ps(amax, _mm512_permutexvar_ps(_mm512_and_si512(c0, m), tab));
                 wv[r][1] = _mm512_mul_ps(amax, _mm512_permutexvar_ps(_mm512_and_si512(c1, m), tab));
