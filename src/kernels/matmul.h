@@ -478,9 +478,8 @@ void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_
                            bool f16_rows);
 /* The same for nr rows of an F32, F16, BF16, NF4 or FP8_E4M3 matrix read as they are (row i at w +
  * i ldw), K % 16 == 0: the bits of fl_mm_rows_f32_avx512 on the rows as fl_dequant_row makes
- * them, with no copy; rows 4 x
- * tokens 6 at a time, the tokens in chunks whose activations stay in L2; one token two rows at a
- * time, one from each half of the range (two sequential streams). */
+ * them, with no copy; rows 4 x tokens 6 at a time, the tokens in chunks whose activations stay in
+ * L2; one token two rows at a time, one from each half of the range (two sequential streams). */
 void fl_mm_wrows_avx512(int32_t wtype, const void *w, size_t ldw, int64_t nr, const float *x, int64_t M, int64_t K, float *y,
                         int64_t ldy);
 /* The same bits on AVX2 (2 rows x 3 tokens a tile). */

@@ -201,7 +201,6 @@ static const wtile_fn wtiles[5][4][6] = {WT_TAB(f32), WT_TAB(f16), WT_TAB(bf16),
 #undef WT_DEFS_NR
 #undef WT_DEFS
 
-
 void fl_mm_wrows_avx512(int32_t wtype, const void *w, size_t ldw, int64_t nr, const float *x, int64_t M, int64_t K, float *y,
                         int64_t ldy) {
     const int ti = wtype == FL_TYPE_F32 ? 0 : wtype == FL_TYPE_F16 ? 1 : wtype == FL_TYPE_BF16 ? 2 : wtype == FL_TYPE_NF4 ? 3 : 4;
