@@ -443,23 +443,50 @@ INLINE void wtile8(const int32_t wt, const char *w, size_t ldw, const float *x, 
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 3
         for (int t = 0; t < NT; t++) lo[r][t] = hi[r][t] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-        __m256 wv[2];
+    if (wt == FL_TYPE_NF4 && NT == 1) { /* (one token: a block's scale once per row, its 8 vectors in k order) */
+        const __m256 t0 = _mm256_loadu_ps(fl_nf4_values), t1 = _mm256_loadu_ps(fl_nf4_values + 8);
+        for (int64_t b = 0; b < K / 64; b++) {
+            __m256 amax[2];
+            const uint8_t *qs[2];
 #pragma GCC unroll 2
-        for (int r = 0; r < NR; r++) wv[r] = wrow_load8(wt, w + (size_t)r * ldw, k);
-#pragma GCC unroll 3
-        for (int t = 0; t < NT; t++) {
-            const __m256 xv = _mm256_loadu_ps(x + t * K + k);
+            for (int r = 0; r < NR; r++) {
+                float a;
+                qs[r] = fl_nf4_block(w + (size_t)r * ldw, b, &a);
+                amax[r] = _mm256_set1_ps(a);
+            }
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) { /* values 8j..8j+7: bytes (j & 3) * 8.., low nibbles for j < 4 */
+                const __m256 xv = _mm256_loadu_ps(x + b * 64 + j * 8);
 #pragma GCC unroll 2
-            for (int r = 0; r < NR; r++) lo[r][t] = _mm256_fmadd_ps(wv[r], xv, lo[r][t]);
+                for (int r = 0; r < NR; r++) {
+                    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs[r] + (j & 3) * 8)));
+                    const __m256i q = j < 4 ? _mm256_and_si256(c, _mm256_set1_epi32(0xF)) : _mm256_srli_epi32(c, 4);
+                    const __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, q), _mm256_permutevar8x32_ps(t1, q),
+                                                      _mm256_castsi256_ps(_mm256_slli_epi32(q, 28)));
+                    if (j & 1) hi[r][0] = _mm256_fmadd_ps(_mm256_mul_ps(amax[r], v), xv, hi[r][0]);
+                    else lo[r][0] = _mm256_fmadd_ps(_mm256_mul_ps(amax[r], v), xv, lo[r][0]);
+                }
+            }
         }
+    } else {
+        for (int64_t k = 0; k < K; k += 16) {
+            __m256 wv[2];
 #pragma GCC unroll 2
-        for (int r = 0; r < NR; r++) wv[r] = wrow_load8(wt, w + (size_t)r * ldw, k + 8);
+            for (int r = 0; r < NR; r++) wv[r] = wrow_load8(wt, w + (size_t)r * ldw, k);
 #pragma GCC unroll 3
-        for (int t = 0; t < NT; t++) {
-            const __m256 xv = _mm256_loadu_ps(x + t * K + k + 8);
+            for (int t = 0; t < NT; t++) {
+                const __m256 xv = _mm256_loadu_ps(x + t * K + k);
 #pragma GCC unroll 2
-            for (int r = 0; r < NR; r++) hi[r][t] = _mm256_fmadd_ps(wv[r], xv, hi[r][t]);
+                for (int r = 0; r < NR; r++) lo[r][t] = _mm256_fmadd_ps(wv[r], xv, lo[r][t]);
+            }
+#pragma GCC unroll 2
+            for (int r = 0; r < NR; r++) wv[r] = wrow_load8(wt, w + (size_t)r * ldw, k + 8);
+#pragma GCC unroll 3
+            for (int t = 0; t < NT; t++) {
+                const __m256 xv = _mm256_loadu_ps(x + t * K + k + 8);
+#pragma GCC unroll 2
+                for (int r = 0; r < NR; r++) hi[r][t] = _mm256_fmadd_ps(wv[r], xv, hi[r][t]);
+            }
         }
     }
 #pragma GCC unroll 2
