@@ -217,7 +217,8 @@ static uint64_t r64(uint64_t n) { return n > UINT64_MAX - 63 ? UINT64_MAX : (n +
 
 /* FL_MEM_SCRATCH fl_matmul allocates for one call: asked of kernels/matmul itself, so the plan
  * follows the kernels (q8 activations for Q8_0 / Q4_0, AVX-512 weight panels per thread for
- * M > 1, dequantized f32 rows for other types).  It is the figure for the ISA of this machine. */
+ * M > 1, dequantized f32 rows for other types unless they are read in place).  It is the
+ * figure for the ISA of this machine. */
 uint64_t fl_plan_matmul_scratch(int32_t type, int64_t M, int64_t K, int32_t n_threads) {
     if (M <= 0 || K <= 0 || type == FL_TYPE_F32) return 0;
     fl_tensor W;
