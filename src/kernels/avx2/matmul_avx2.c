@@ -401,6 +401,11 @@ float fl_mm_dot_f16vals_avx2(const float *a, const float *b, int64_t n) { return
 
 /* ---- F32 / F16 / BF16 / NF4 / FP8 weights read as they are (K % 16 == 0): fl_mm_wrows_avx512's bits ---- */
 
+/* NF4's table values of 8 codes (0..15): two 8-entry permutes, picked by bit 3 */
+INLINE __m256 nf4x8(__m256i q, __m256 t0, __m256 t1) {
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, q), _mm256_permutevar8x32_ps(t1, q), _mm256_castsi256_ps(_mm256_slli_epi32(q, 28)));
+}
+
 /* 8 weights of a row from k on (k % 8 == 0), as f32: F16, BF16 and F32 exactly; NF4 and FP8 as
  * fl_dequant_row's scalar code computes them (as wrow_load in matmul_avx512.c: NF4 by two 8-entry
  * permutes picked by the code's bit 3, FP8 widened to the f16 of the same value, times 256). */
@@ -427,9 +432,7 @@ INLINE __m256 wrow_load8(const int32_t wt, const char *row, int64_t k) {
         const uint8_t *qs = fl_nf4_block(row, k >> 6, &amax);
         const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + (part & 1) * 16 + ((k >> 3) & 1) * 8)));
         const __m256i q = part < 2 ? _mm256_and_si256(c, _mm256_set1_epi32(0xF)) : _mm256_srli_epi32(c, 4);
-        const __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(fl_nf4_values), q);
-        const __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(fl_nf4_values + 8), q);
-        return _mm256_mul_ps(_mm256_set1_ps(amax), _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(q, 28))));
+        return _mm256_mul_ps(_mm256_set1_ps(amax), nf4x8(q, _mm256_loadu_ps(fl_nf4_values), _mm256_loadu_ps(fl_nf4_values + 8)));
     }
     return _mm256_loadu_ps((const float *)row + k);
 }
@@ -461,8 +464,7 @@ INLINE void wtile8(const int32_t wt, const char *w, size_t ldw, const float *x, 
                 for (int r = 0; r < NR; r++) {
                     const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs[r] + (j & 3) * 8)));
                     const __m256i q = j < 4 ? _mm256_and_si256(c, _mm256_set1_epi32(0xF)) : _mm256_srli_epi32(c, 4);
-                    const __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, q), _mm256_permutevar8x32_ps(t1, q),
-                                                      _mm256_castsi256_ps(_mm256_slli_epi32(q, 28)));
+                    const __m256 v = nf4x8(q, t0, t1);
                     if (j & 1) hi[r][0] = _mm256_fmadd_ps(_mm256_mul_ps(amax[r], v), xv, hi[r][0]);
                     else lo[r][0] = _mm256_fmadd_ps(_mm256_mul_ps(amax[r], v), xv, lo[r][0]);
                 }
