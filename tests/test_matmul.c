@@ -1168,6 +1168,18 @@ static void test_f32_dot_orders(void **state) {
     fl_free(FL_MEM_SCRATCH, b, sizeof(float) * 5635);
 }
 
+/* y[m][r] (M x nr) against the scalar llama-order dot of row r of w and x[m], bit for bit */
+static void check_wrows(const char *what, int isa, int32_t type, const float *w, const float *x, const float *y, int64_t nr,
+                        int64_t M, int64_t K) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t r = 0; r < nr; r++) {
+            const float e = fl_mm_dot_ggml_ref(w + r * K, x + m * K, K, false);
+            if (memcmp(&e, &y[m * nr + r], 4))
+                fail_msg("%s %s %s K %lld M %lld: y[%lld][%lld] %.9g, the dot %.9g", what, fl_isa_name((fl_isa)isa), fl_type_name(type),
+                         (long long)K, (long long)M, (long long)m, (long long)r, (double)y[m * nr + r], (double)e);
+        }
+}
+
 /* F32 / F16 / BF16 / NF4 / FP8 rows read as they are (fl_mm_wrows_avx512: 4 rows x 6 tokens; fl_mm_wrows_avx2:
  * 2 x 3; tokens in chunks; one token: rows r and r + nr / 2 together) give each output the bits of the
  * scalar dot in llama.cpp's order (fl_mm_dot_ggml_ref, whose bits the ISAs' f32 dots have: see
@@ -1196,25 +1208,11 @@ static void test_f32_wrows(void **state) {
                     const int64_t M = Ms[mi];
                     memset(y, 0xFF, (size_t)(MX * nr) * 4);
                     wrows(types[ti], q.data, q.W.nb[1], nr, x, M, K, y, nr);
-                    for (int64_t m = 0; m < M; m++)
-                        for (int64_t r = 0; r < nr; r++) {
-                            const float e = fl_mm_dot_ggml_ref(w + r * K, x + m * K, K, false);
-                            if (memcmp(&e, &y[m * nr + r], 4))
-                                fail_msg("%s %s K %lld M %lld: y[%lld][%lld] %.9g, the dot %.9g", fl_isa_name((fl_isa)isa),
-                                         fl_type_name(types[ti]), (long long)K, (long long)M, (long long)m, (long long)r,
-                                         (double)y[m * nr + r], (double)e);
-                        }
+                    check_wrows("wrows", isa, types[ti], w, x, y, nr, M, K);
                     /* through fl_matmul (2 threads where there are 2: each takes its rows) */
                     fl_matmul(&q.W, x, y, M);
                     for (int64_t i = 0; i < M * K; i++) xr[i] = types[ti] == FL_TYPE_F16 ? fl_f16_to_f32(fl_f32_to_f16(x[i])) : x[i];
-                    for (int64_t m = 0; m < M; m++)
-                        for (int64_t r = 0; r < nr; r++) {
-                            const float e = fl_mm_dot_ggml_ref(w + r * K, xr + m * K, K, false);
-                            if (memcmp(&e, &y[m * nr + r], 4))
-                                fail_msg("fl_matmul %s %s K %lld M %lld: y[%lld][%lld] %.9g, the dot %.9g", fl_isa_name((fl_isa)isa),
-                                         fl_type_name(types[ti]), (long long)K, (long long)M, (long long)m, (long long)r,
-                                         (double)y[m * nr + r], (double)e);
-                        }
+                    check_wrows("fl_matmul", isa, types[ti], w, xr, y, nr, M, K);
                 }
                 fl_free(FL_MEM_MISC, w, (size_t)(nr * K) * 4);
                 fl_free(FL_MEM_MISC, x, (size_t)(MX * K) * 4);
