@@ -1189,16 +1189,18 @@ static void test_f32_wrows(void **state) {
     (void)state;
     if (fl_isa_best() == FL_ISA_REF) skip();
     const int32_t types[5] = {FL_TYPE_F32, FL_TYPE_F16, FL_TYPE_BF16, FL_TYPE_NF4, FL_TYPE_FP8_E4M3};
-    /* one step; 7 steps; 2048: chunks of 60 (AVX-512) / 63 tokens; NF4: one block, 3, and 260 (two groups of scales) */
-    const int64_t Ks[3] = {16, 112, 2048}, Ks_nf4[3] = {64, 192, 64 * 260};
+    /* one step; 7 steps; 2048: chunks of 60 (AVX-512) / 63 tokens; 4112 (and NF4's 4160, 16640): one
+     * token's x more than FL_WROWS_X_L1, four rows at a time; NF4: one block, 3, 65 and 260 (two
+     * groups of scales) */
+    const int64_t Ks[4] = {16, 112, 2048, 4112}, Ks_nf4[4] = {64, 192, 64 * 65, 64 * 260};
     const int64_t Ms[7] = {1, 2, 3, 6, 7, 13, 131}; /* 131: three chunks at K = 2048 */
-    const int64_t nr = 11;                     /* one token: 5 pairs and a lone row; AVX-512 two 4-row blocks and 3 */
+    const int64_t nr = 11; /* one token: 5 pairs and a lone row (or 2 quarters' quads and 3 rows); tokens: AVX-512 two 4-row blocks and 3 */
     for (int isa = FL_ISA_AVX2; isa <= (int)fl_isa_best(); isa++) {
         fl_isa_set((fl_isa)isa);
         void (*wrows)(int32_t, const void *, size_t, int64_t, const float *, int64_t, int64_t, float *, int64_t) =
             isa == FL_ISA_AVX512 ? fl_mm_wrows_avx512 : fl_mm_wrows_avx2;
         for (int ti = 0; ti < 5; ti++)
-            for (int ki = 0; ki < 3; ki++) {
+            for (int ki = 0; ki < 4; ki++) {
                 const int64_t K = types[ti] == FL_TYPE_NF4 ? Ks_nf4[ki] : Ks[ki], MX = 131;
                 qmat q;
                 qmat_make(&q, types[ti], nr, K);

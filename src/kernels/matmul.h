@@ -479,7 +479,8 @@ void fl_mm_rows_f32_avx512(const float *const *w, int nr, const float *x, int64_
 /* The same for nr rows of an F32, F16, BF16, NF4 or FP8_E4M3 matrix read as they are (row i at w +
  * i ldw), K % 16 == 0: the bits of fl_mm_rows_f32_avx512 on the rows as fl_dequant_row makes
  * them, with no copy; rows 4 x tokens 6 at a time, the tokens in chunks whose activations stay in
- * L2; one token two rows at a time, one from each half of the range (two sequential streams). */
+ * L2; one token two rows at a time, one from each half of the range (two sequential streams),
+ * four (one from each quarter) where x is more than FL_WROWS_X_L1 bytes. */
 void fl_mm_wrows_avx512(int32_t wtype, const void *w, size_t ldw, int64_t nr, const float *x, int64_t M, int64_t K, float *y,
                         int64_t ldy);
 /* The same bits on AVX2 (2 rows x 3 tokens a tile). */
@@ -489,6 +490,10 @@ void fl_mm_wrows_avx2(int32_t wtype, const void *w, size_t ldw, int64_t nr, cons
  * block of a call passes over them (pp 256 of a TinyLlama-shaped F16 model, 2 Zen 4 threads,
  * alternated: 128 KiB 78-83 tok/s, 256 KiB 90-92, 512 KiB 92-94, 768 KiB 89-93). */
 #define FL_WROWS_CHUNK_BYTES (512 * 1024)
+/* One token's f32 activations of more than this many bytes (K > 2048) come back from L2 as the
+ * weight streams pass through L1: the one-token form then shares each x load among four rows,
+ * not two (docs/QUANT.md). */
+#define FL_WROWS_X_L1 (8 * 1024)
 
 /* ---- AMX-INT8 GEMM (M > 1 on CPUs whose OS grants AMX tile state; kernels/amx) ----
  * C = A . B with int8 tiles: A = 16 weight rows x 32 codes (one block of 32) straight from a

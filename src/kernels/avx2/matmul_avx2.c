@@ -441,17 +441,17 @@ INLINE __m256 wrow_load8(const int32_t wt, const char *row, int64_t k) {
  * fmas and reduce16), so the bits of the converted rows' dots. */
 INLINE void wtile8(const int32_t wt, const char *w, size_t ldw, const float *x, int64_t K, float *y, int64_t ldy, int64_t ys,
                    const int NR, const int NT) {
-    __m256 lo[2][3], hi[2][3];
-#pragma GCC unroll 2
+    __m256 lo[4][3], hi[4][3];
+#pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 3
         for (int t = 0; t < NT; t++) lo[r][t] = hi[r][t] = _mm256_setzero_ps();
     if (wt == FL_TYPE_NF4 && NT == 1) { /* (one token: a block's scale once per row, its 8 vectors in k order) */
         const __m256 t0 = _mm256_loadu_ps(fl_nf4_values), t1 = _mm256_loadu_ps(fl_nf4_values + 8);
         for (int64_t b = 0; b < K / 64; b++) {
-            __m256 amax[2];
-            const uint8_t *qs[2];
-#pragma GCC unroll 2
+            __m256 amax[4];
+            const uint8_t *qs[4];
+#pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 float a;
                 qs[r] = fl_nf4_block(w + (size_t)r * ldw, b, &a);
@@ -460,7 +460,7 @@ INLINE void wtile8(const int32_t wt, const char *w, size_t ldw, const float *x, 
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) { /* values 8j..8j+7: bytes (j & 3) * 8.., low nibbles for j < 4 */
                 const __m256 xv = _mm256_loadu_ps(x + b * 64 + j * 8);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
                 for (int r = 0; r < NR; r++) {
                     const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs[r] + (j & 3) * 8)));
                     const __m256i q = j < 4 ? _mm256_and_si256(c, _mm256_set1_epi32(0xF)) : _mm256_srli_epi32(c, 4);
@@ -472,26 +472,26 @@ INLINE void wtile8(const int32_t wt, const char *w, size_t ldw, const float *x, 
         }
     } else {
         for (int64_t k = 0; k < K; k += 16) {
-            __m256 wv[2];
-#pragma GCC unroll 2
+            __m256 wv[4];
+#pragma GCC unroll 4
             for (int r = 0; r < NR; r++) wv[r] = wrow_load8(wt, w + (size_t)r * ldw, k);
 #pragma GCC unroll 3
             for (int t = 0; t < NT; t++) {
                 const __m256 xv = _mm256_loadu_ps(x + t * K + k);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
                 for (int r = 0; r < NR; r++) lo[r][t] = _mm256_fmadd_ps(wv[r], xv, lo[r][t]);
             }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int r = 0; r < NR; r++) wv[r] = wrow_load8(wt, w + (size_t)r * ldw, k + 8);
 #pragma GCC unroll 3
             for (int t = 0; t < NT; t++) {
                 const __m256 xv = _mm256_loadu_ps(x + t * K + k + 8);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
                 for (int r = 0; r < NR; r++) hi[r][t] = _mm256_fmadd_ps(wv[r], xv, hi[r][t]);
             }
         }
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 3
         for (int t = 0; t < NT; t++) y[t * ldy + r * ys] = reduce16(lo[r][t], hi[r][t]);
@@ -503,7 +503,8 @@ typedef void (*wtile8_fn)(const char *, size_t, const float *, int64_t, float *,
         wtile8(type, w, ldw, x, K, y, ldy, ys, nr, nt);                                                                       \
     }
 #define WT_DEFS(T, type) \
-    WT_DEF(T, type, 1, 1) WT_DEF(T, type, 1, 2) WT_DEF(T, type, 1, 3) WT_DEF(T, type, 2, 1) WT_DEF(T, type, 2, 2) WT_DEF(T, type, 2, 3)
+    WT_DEF(T, type, 1, 1) WT_DEF(T, type, 1, 2) WT_DEF(T, type, 1, 3) WT_DEF(T, type, 2, 1) WT_DEF(T, type, 2, 2) WT_DEF(T, type, 2, 3) \
+    WT_DEF(T, type, 4, 1)
 WT_DEFS(f32, FL_TYPE_F32)
 WT_DEFS(f16, FL_TYPE_F16)
 WT_DEFS(bf16, FL_TYPE_BF16)
@@ -511,6 +512,8 @@ WT_DEFS(nf4, FL_TYPE_NF4)
 WT_DEFS(fp8, FL_TYPE_FP8_E4M3)
 #define WT_TAB(T) {{wt_##T##_1_1, wt_##T##_1_2, wt_##T##_1_3}, {wt_##T##_2_1, wt_##T##_2_2, wt_##T##_2_3}}
 static const wtile8_fn wtiles8[5][2][3] = {WT_TAB(f32), WT_TAB(f16), WT_TAB(bf16), WT_TAB(nf4), WT_TAB(fp8)};
+/* one token, four rows (one from each quarter of a range: fl_mm_wrows_avx2) */
+static const wtile8_fn wtiles8_4[5] = {wt_f32_4_1, wt_f16_4_1, wt_bf16_4_1, wt_nf4_4_1, wt_fp8_4_1};
 #undef WT_TAB
 #undef WT_DEFS
 #undef WT_DEF
@@ -521,6 +524,12 @@ void fl_mm_wrows_avx2(int32_t wtype, const void *w, size_t ldw, int64_t nr, cons
                       int64_t ldy) {
     const int ti = wtype == FL_TYPE_F32 ? 0 : wtype == FL_TYPE_F16 ? 1 : wtype == FL_TYPE_BF16 ? 2 : wtype == FL_TYPE_NF4 ? 3 : 4;
     if (M == 1) { /* (4 neighbouring rows at a time: 21.4 against 27.5 GB/s, the AVX-512 driver's measurement) */
+        if (K * (int64_t)sizeof(float) > FL_WROWS_X_L1 && nr >= 4) { /* (as the AVX-512 driver: a row from each quarter) */
+            const int64_t q = nr / 4;
+            for (int64_t r = 0; r < q; r++) wtiles8_4[ti]((const char *)w + (size_t)r * ldw, (size_t)q * ldw, x, K, y + r, 1, q);
+            for (int64_t r = 4 * q; r < nr; r++) wtiles8[ti][0][0]((const char *)w + (size_t)r * ldw, ldw, x, K, y + r, 1, 1);
+            return;
+        }
         const int64_t h = nr / 2;
         for (int64_t r = 0; r < h; r++) wtiles8[ti][1][0]((const char *)w + (size_t)r * ldw, (size_t)h * ldw, x, K, y + r, 1, h);
         if (nr % 2) wtiles8[ti][0][0]((const char *)w + (size_t)(nr - 1) * ldw, ldw, x, K, y + nr - 1, 1, 1);

@@ -211,7 +211,18 @@ void fl_mm_wrows_avx512(int32_t wtype, const void *w, size_t ldw, int64_t nr, co
          * 8, 4 or 2 neighbouring rows (streams ldw apart) read memory slower, and one row at a
          * time (one stream, one fma chain) slower too: TinyLlama-shaped F16 decode, 2 Zen 4
          * threads, five alternated rounds, median GB/s: 8 rows 24.6, 1 row 25.2, two halves
-         * 26.9; 1 row 25.8 against two halves 28.7 and four quarters 27.6. */
+         * 26.9; 1 row 25.8 against two halves 28.7 and four quarters 27.6.
+         * Where x outgrows its share of L1 (FL_WROWS_X_L1), four rows at a time, one from each
+         * quarter: x, reloaded from L2 once per row pair, cost the streams more than the four
+         * streams cost.  2 Zen 4 threads, 24 streamed matrices alternated call by call (a
+         * throwaway harness), GB/s halves / quarters: F16 2048 x 5632 25.9 / 28.6, 28.6 / 31.1,
+         * BF16 24.9 / 27.2; F16 4096 x 4096 24.3 / 26.3; K 2048 even (docs/QUANT.md). */
+        if (K * (int64_t)sizeof(float) > FL_WROWS_X_L1 && nr >= 4) {
+            const int64_t q = nr / 4;
+            for (int64_t r = 0; r < q; r++) tab[3][0]((const char *)w + (size_t)r * ldw, (size_t)q * ldw, x, K, y + r, 1, q);
+            for (int64_t r = 4 * q; r < nr; r++) tab[0][0]((const char *)w + (size_t)r * ldw, ldw, x, K, y + r, 1, 1);
+            return;
+        }
         const int64_t h = nr / 2;
         for (int64_t r = 0; r < h; r++) tab[1][0]((const char *)w + (size_t)r * ldw, (size_t)h * ldw, x, K, y + r, 1, h);
         if (nr % 2) tab[0][0]((const char *)w + (size_t)(nr - 1) * ldw, ldw, x, K, y + nr - 1, 1, 1);
