@@ -1469,6 +1469,22 @@ static void check_r8(int32_t base) {
     fl_threads_set(0);
     fl_matmul_set_f32_act(false);
     fl_isa_set(fl_isa_best());
+    /* fl_matmul_n over three of them (steps of 9-16 tokens on AVX-512: the threads' shares of
+     * 32-row units run across the matrices' ends): fl_matmul's bits */
+    for (int nth = 1; nth <= 3; nth++)
+        for (int64_t M3 = 9; M3 <= 16; M3 += 7) {
+            fl_threads_set(nth);
+            const fl_tensor *W3[3] = {&W8, &W8, &W8};
+            float *y3[3] = {frand_buf(M3 * N), frand_buf(M3 * N), frand_buf(M3 * N)};
+            fl_matmul(&W8, xb, ya, M3);
+            fl_matmul_n(3, W3, y3, xb, M3);
+            for (int i = 0; i < 3; i++) {
+                if (memcmp(ya, y3[i], sizeof(float) * (size_t)(M3 * N)))
+                    fail_msg("%s fl_matmul_n M=%lld nth=%d: matrix %d not fl_matmul's bits", fl_type_name(rtype), (long long)M3, nth, i);
+                fl_free(FL_MEM_MISC, y3[i], (size_t)(M3 * N) * 4);
+            }
+        }
+    fl_threads_set(0);
     if (fl_isa_best() == FL_ISA_AVX512 && fl_amx_bf16_usable()) { /* K past one chunk of the bf16 panels (1024 + 1024 + 32) */
         const int64_t K2 = 2080, N2 = 24, M2 = 64;
         qmat q2;

@@ -139,15 +139,16 @@ typedef struct {
     const fl_tensor *Wv[FL_MATMUL_N_MAX];
     float *yv[FL_MATMUL_N_MAX];
     int64_t ubase[FL_MATMUL_N_MAX + 1]; /* matrix i's units (GEMV: row tiles) are [ubase[i], ubase[i + 1]) */
-    int64_t take;                       /* GEMV: row tiles per take from a share */
-    int nshare;                         /* GEMV: the shares (the threads counted when they were made) */
-    _Atomic uint64_t share[FL_THREADS_MAX]; /* GEMV: share t's untaken row tiles [front, back), 32 | 32 bits */
+    int64_t take;                       /* GEMV, r8_shares: units per take from a share */
+    int nshare;                         /* GEMV, r8_shares: the shares (the threads counted when they were made) */
+    _Atomic uint64_t share[FL_THREADS_MAX]; /* GEMV, r8_shares: share t's untaken units [front, back), 32 | 32 bits */
     int64_t pgroup;                     /* AVX-512 panels: panels a thread's scratch holds (panel_group_max);
                                          * with > 1 a unit is a group of them (groups[i] per matrix) */
     int64_t groups[FL_MATMUL_N_MAX];
     int64_t unit_rows; /* panels one at a time (pgroup 1): rows per unit, FL_PANEL_ROWS or, where the
                         * AVX-512 R8 tiles take 32 rows a pass, two panels */
     bool rows_all; /* AVX-512 with act16: quantize every token into the rows too (no panel scratch) */
+    bool r8_shares; /* one token tile (9-16) on the AVX-512 R8 groups: units of 32 rows in shares (row_shares) */
 } q8_ctx;
 
 /* The matrix a unit u (0 <= u < ubase[nw]) belongs to. */
@@ -246,17 +247,36 @@ static void gemv_tiles(const q8_ctx *c, int64_t t0, int64_t n) {
     }
 }
 
-/* Share the call's row tiles (ubase) among nth threads (GEMV_TAKE_BYTES a take; nth <= FL_THREADS_MAX). */
-static void gemv_shares(q8_ctx *c, int nth) {
+/* Share the call's units of rt rows (ubase) among nth threads (GEMV_TAKE_BYTES a take; nth <= FL_THREADS_MAX). */
+static void row_shares(q8_ctx *c, int nth, int64_t rt) {
     const fl_tensor *W = c->Wv[0];
     c->nshare = nth;
-    for (int i = 0; i < c->nw; i++) c->ubase[i + 1] = c->ubase[i] + (c->Wv[i]->ne[1] + row_tile(W->type) - 1) / row_tile(W->type);
-    c->take = (int64_t)(GEMV_TAKE_BYTES / ((size_t)row_tile(W->type) * W->nb[1]));
+    for (int i = 0; i < c->nw; i++) c->ubase[i + 1] = c->ubase[i] + (c->Wv[i]->ne[1] + rt - 1) / rt;
+    c->take = (int64_t)(GEMV_TAKE_BYTES / ((size_t)rt * W->nb[1]));
     if (c->take < 1) c->take = 1;
     for (int t = 0; t < nth; t++) {
         int64_t lo, hi;
         fl_split_range(c->ubase[c->nw], t, nth, &lo, &hi);
         atomic_init(&c->share[t], ((uint64_t)lo << 32) | (uint64_t)hi);
+    }
+}
+
+/* Thread ith's part of a call on shares: its own share from the front, then the back of the
+ * share with the most left until none has any; run(c, t0, n) on each take. */
+static void run_shares(q8_ctx *c, int ith, void (*run)(const q8_ctx *, int64_t, int64_t)) {
+    int64_t t0, n;
+    if (ith < c->nshare)
+        while ((n = share_take(c, ith, true, &t0)) > 0) run(c, t0, n);
+    for (;;) { /* (every share: the call may run on fewer threads than there are shares) */
+        int r = -1;
+        int64_t most = 0;
+        for (int t = 0; t < c->nshare; t++) {
+            const uint64_t v = atomic_load_explicit(&c->share[t], memory_order_relaxed);
+            const int64_t left = (int64_t)(v & 0xFFFFFFFFu) - (int64_t)(v >> 32);
+            if (left > most) most = left, r = t;
+        }
+        if (r < 0) break;
+        if ((n = share_take(c, r, false, &t0)) > 0) run(c, t0, n);
     }
 }
 
@@ -270,21 +290,8 @@ static void q8_gemm_task(void *p, int ith, int nth) {
     fl_split_range(ntiles, ith, nth, &lo, &hi);
     lo *= rt;
     hi = hi * rt < N ? hi * rt : N;
-    if (gemv_path(c->W->type, c->M)) { /* GEMV: the thread's share (gemv_shares), then the others' backs */
-        int64_t t0, n;
-        if (ith < c->nshare)
-            while ((n = share_take(c, ith, true, &t0)) > 0) gemv_tiles(c, t0, n);
-        for (;;) { /* (every share: the call may run on fewer threads than there are shares) */
-            int r = -1;
-            int64_t most = 0;
-            for (int t = 0; t < c->nshare; t++) {
-                const uint64_t v = atomic_load_explicit(&c->share[t], memory_order_relaxed);
-                const int64_t left = (int64_t)(v & 0xFFFFFFFFu) - (int64_t)(v >> 32);
-                if (left > most) most = left, r = t;
-            }
-            if (r < 0) break;
-            if ((n = share_take(c, r, false, &t0)) > 0) gemv_tiles(c, t0, n);
-        }
+    if (gemv_path(c->W->type, c->M)) { /* GEMV: the thread's share (row_shares), then the others' backs */
+        run_shares(c, ith, gemv_tiles);
         return;
     }
     int64_t chunk = (int64_t)(CHUNK_BYTES / ldw);
@@ -451,6 +458,30 @@ static void direct_gemm(const fl_tensor *W, int64_t n, int nr, const fl_act_q8 *
     else fl_r8_gemm_avx512(W->type, w, W->nb[1], nr, a, m, nt, y, W->ne[1]);
 }
 
+/* The AVX-512 R8 tiles on units [t0, t0 + n) of 32 rows, every token of a step of 9-16 (its
+ * records), the rows prefetched as they stream (fl_r8_gemm16_avx512, pf).  Such a step (batched
+ * decode) reads each row once, so it takes the GEMV's shares (row_shares, run_shares): each
+ * thread streams its own contiguous share of the call's rows, the tiles' prefetch running on
+ * into its next take, where groups of panels taken from one counter had started a new stream
+ * per group and left up to a group's work to one thread at the end.  The matmuls of a
+ * TinyLlama-shaped layer at 16 tokens (q, k, v and gate, up as fl_matmul_n), 24 layers' weights
+ * streamed, 2 Zen 4 threads, the two alternated layer by layer (a throwaway harness), time of
+ * the groups over the shares: Q8_0 1.035, 1.018, 1.017, 1.016; Q4_0 1.036, 1.016, 1.045; Q8_0
+ * at 12 tokens 1.013, Q4_0 at 10 1.044.  Takes of 128 KiB to 2 MiB against the GEMV's 512 KiB:
+ * no better (0.98-1.03). */
+static void r8_units(const q8_ctx *c, int64_t t0, int64_t n) {
+    for (int i = 0; i < c->nw && n > 0; i++) {
+        if (t0 >= c->ubase[i + 1]) continue;
+        const fl_tensor *W = c->Wv[i];
+        const int64_t Ni = W->ne[1], k = c->ubase[i + 1] - t0 < n ? c->ubase[i + 1] - t0 : n;
+        const int64_t n0 = (t0 - c->ubase[i]) * 2 * FL_PANEL_ROWS, n1 = n0 + k * 2 * FL_PANEL_ROWS < Ni ? n0 + k * 2 * FL_PANEL_ROWS : Ni;
+        fl_r8_gemm16_avx512(W->type, (const char *)W->data + n0 * W->nb[1], W->nb[1], (int)(n1 - n0), c->act16, c->act.nb, (int)c->M,
+                            c->yv[i] + n0, Ni, true);
+        t0 += k;
+        n -= k;
+    }
+}
+
 /* Each thread repacks 16-row panels into its own scratch and runs every token through the panel
  * (fl_panel_gemm_avx512 / _avx2).  The units are the panels of all the matrices (fl_matmul_n:
  * q, k, v or gate, up share one quantized x and one parallel pass, and the small k, v spread
@@ -462,6 +493,10 @@ static void q8_panel_task(void *p, int ith, int nth) {
     const int64_t K = c->W->ne[0], units = c->ubase[c->nw];
     (void)nth;
     char *pan = c->panels ? c->panels + (size_t)ith * (size_t)c->pgroup * c->panel_bytes : NULL; /* (none where panel_direct) */
+    if (c->r8_shares) {
+        run_shares(c, ith, r8_units);
+        return;
+    }
     if (c->pgroup > 1) { /* groups of panels (panel_group_max), 8-token tiles through each group */
         const bool amx_r8 = c->act16 && r8_amx(c->W->type, c->M);
         if (amx_r8) fl_amx_r8_begin();
@@ -1006,14 +1041,18 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
             }
             if (c.panels || direct) {
                 c.unit_rows = direct && isa == FL_ISA_AVX512 ? 2 * FL_PANEL_ROWS : FL_PANEL_ROWS; /* (fl_r8_gemm_avx512's 32-row tiles) */
-                for (int i = 0; i < nw; i++) {
-                    c.groups[i] = c.pgroup > 1 ? panel_groups(Ws[i]->ne[1], c.pgroup, nth) : 0;
-                    c.ubase[i + 1] = c.ubase[i] + (c.pgroup > 1 ? c.groups[i] : (Ws[i]->ne[1] + c.unit_rows - 1) / c.unit_rows);
-                }
+                c.r8_shares = direct && c.act16 && M <= FL_ACT16_TOKENS && isa == FL_ISA_AVX512 && fl_r8_base(W->type) >= 0 &&
+                              !r8_amx(W->type, M);
+                if (c.r8_shares) row_shares(&c, nth, 2 * FL_PANEL_ROWS);
+                else
+                    for (int i = 0; i < nw; i++) {
+                        c.groups[i] = c.pgroup > 1 ? panel_groups(Ws[i]->ne[1], c.pgroup, nth) : 0;
+                        c.ubase[i + 1] = c.ubase[i] + (c.pgroup > 1 ? c.groups[i] : (Ws[i]->ne[1] + c.unit_rows - 1) / c.unit_rows);
+                    }
                 fl_parallel_n(q8_panel_task, &c, nth);
                 if (c.panels) fl_free(FL_MEM_SCRATCH, c.panels, (size_t)nth * (size_t)c.pgroup * c.panel_bytes);
             } else {
-                if (gemv_path(W->type, M)) gemv_shares(&c, fl_threads_get());
+                if (gemv_path(W->type, M)) row_shares(&c, fl_threads_get(), row_tile(W->type));
                 if (c.act16) { /* (no panel scratch: the tiles below read the rows, which had been left to the records) */
                     c.rows_all = true;
                     fl_parallel(q8_quant_task, &c);
