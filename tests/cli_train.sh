@@ -8,6 +8,8 @@ S=$2
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+BIN=$F TMP=$T
+. "$(cd "$(dirname "$0")" && pwd)/serve_lib.sh" # (srv_start, srv_stop)
 
 # a small corpus: the first 60 stories
 awk 'BEGIN{RS="\n\n"; ORS="\n\n"} NR<=60' "$S/data/tinystories_val.txt" > "$T/train.txt"
@@ -106,18 +108,15 @@ python3 -c "import sys; b,l,m=map(float,sys.argv[1:]); sys.exit(0 if abs(l-m)<=1
 # serve --lora-modules: a request naming the adapter gets it (what run --lora generates), the
 # others the base model; /v1/models lists it
 if command -v curl >/dev/null; then
-  "$F" serve -m "$S/models/stories260K.gguf" --port 0 -t 1 -c 256 --lora-modules "tuned=$T/r.lora.gguf" 2> "$T/srv.log" &
-  spid=$!
-  for _ in $(seq 1 100); do port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$T/srv.log"); [ -n "$port" ] && break; sleep 0.1; done
-  [ -n "$port" ] || { cat "$T/srv.log"; kill $spid; fail "serve --lora-modules did not start"; }
-  gen() { curl -s "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+  srv_start "$S/models/stories260K.gguf" -c 256 --lora-modules "tuned=$T/r.lora.gguf"
+  gen() { curl -s "$URL/v1/completions" -H 'Content-Type: application/json' \
           -d "{\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0$1}"; }
   run_text() { "$F" run -m "$S/models/stories260K.gguf" "$@" -p "Once upon a time" -n 16 --temp 0 -t 1 -c 256 --json 2>/dev/null |
                python3 -c "import json,sys; print(json.load(sys.stdin)['text'])"; }
   s_tuned=$(gen ',"model":"tuned"'); s_base=$(gen ',"model":"other"')
   t_tuned=$(run_text --lora "$T/r.lora.gguf"); t_base=$(run_text)
-  models=$(curl -s "http://127.0.0.1:$port/v1/models")
-  kill $spid; wait $spid
+  models=$(curl -s "$URL/v1/models")
+  srv_stop
   python3 - "$s_tuned" "$s_base" "$t_tuned" "$t_base" "$models" <<'PY' || fail "serve --lora-modules: $s_tuned / $s_base / $t_tuned / $t_base / $models"
 import json, sys
 st, sb, tt, tb, ms = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
@@ -128,25 +127,19 @@ assert [m["id"] for m in ms["data"]][1:] == ["tuned"] and ms["data"][1]["parent"
 PY
   # serve --lora (llama.cpp's): every request gets the adapter unless its "lora" says otherwise;
   # GET/POST /lora-adapters list and set the scales; a request's scale is run --lora-scale's
-  "$F" serve -m "$S/models/stories260K.gguf" --port 0 -t 1 -c 256 --lora "$T/r.lora.gguf" 2> "$T/srv.log" &
-  spid=$!
-  for _ in $(seq 1 100); do port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$T/srv.log"); [ -n "$port" ] && break; sleep 0.1; done
-  [ -n "$port" ] || { cat "$T/srv.log"; kill $spid; fail "serve --lora did not start"; }
+  srv_start "$S/models/stories260K.gguf" -c 256 --lora "$T/r.lora.gguf"
   t_neg=$(run_text --lora "$T/r.lora.gguf" --lora-scale -1)
-  l0=$(curl -s "http://127.0.0.1:$port/lora-adapters")
+  l0=$(curl -s "$URL/lora-adapters")
   d_on=$(gen ''); d_none=$(gen ',"lora":[]'); d_neg=$(gen ',"lora":[{"id":0,"scale":-1}]')
   d_bad=$(gen ',"lora":[{"id":1,"scale":1}]')
-  n_none=$(curl -s "http://127.0.0.1:$port/completion" -d '{"prompt":"Once upon a time","n_predict":16,"temperature":0,"lora":[{"id":0,"scale":0}]}')
-  set_off=$(curl -s "http://127.0.0.1:$port/lora-adapters" -d '[{"id":0,"scale":0}]')
-  set_bad=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/lora-adapters" -d '[{"id":3,"scale":1}]')
-  l1=$(curl -s "http://127.0.0.1:$port/lora-adapters"); d_off=$(gen '')
-  kill $spid; wait $spid
-  "$F" serve -m "$S/models/stories260K.gguf" --port 0 -t 1 -c 256 --lora "$T/r.lora.gguf" --lora-init-without-apply 2> "$T/srv.log" &
-  spid=$!
-  for _ in $(seq 1 100); do port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$T/srv.log"); [ -n "$port" ] && break; sleep 0.1; done
-  [ -n "$port" ] || { cat "$T/srv.log"; kill $spid; fail "serve --lora-init-without-apply did not start"; }
+  n_none=$(curl -s "$URL/completion" -d '{"prompt":"Once upon a time","n_predict":16,"temperature":0,"lora":[{"id":0,"scale":0}]}')
+  set_off=$(curl -s "$URL/lora-adapters" -d '[{"id":0,"scale":0}]')
+  set_bad=$(curl -s -o /dev/null -w '%{http_code}' "$URL/lora-adapters" -d '[{"id":3,"scale":1}]')
+  l1=$(curl -s "$URL/lora-adapters"); d_off=$(gen '')
+  srv_stop
+  srv_start "$S/models/stories260K.gguf" -c 256 --lora "$T/r.lora.gguf" --lora-init-without-apply
   i_def=$(gen ''); i_on=$(gen ',"lora":[{"id":0,"scale":1}]')
-  kill $spid; wait $spid
+  srv_stop
   python3 - "$T/r.lora.gguf" "$t_tuned" "$t_base" "$t_neg" "$l0" "$d_on" "$d_none" "$d_neg" "$d_bad" "$n_none" "$set_off" "$set_bad" "$l1" "$d_off" "$i_def" "$i_on" <<'PY' ||
 import json, sys
 path, tt, tb, th = sys.argv[1:5]
@@ -163,18 +156,15 @@ PY
     fail "serve --lora: /lora-adapters and per-request scales"
   # run-time adapters (vLLM's /v1/load_lora_adapter, /v1/unload_lora_adapter; serve --lora-slots):
   # a loaded adapter answers as run --lora does, under its name; unloading frees its slot
-  "$F" serve -m "$S/models/stories260K.gguf" --port 0 -t 1 -c 256 --lora-slots 1 --max-lora-rank 4 2> "$T/srv.log" &
-  spid=$!
-  for _ in $(seq 1 100); do port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$T/srv.log"); [ -n "$port" ] && break; sleep 0.1; done
-  [ -n "$port" ] || { cat "$T/srv.log"; kill $spid; fail "serve --lora-slots did not start"; }
-  post() { curl -s -w ' %{http_code}' "http://127.0.0.1:$port/v1/$1" -H 'Content-Type: application/json' -d "$2"; }
+  srv_start "$S/models/stories260K.gguf" -c 256 --lora-slots 1 --max-lora-rank 4
+  post() { curl -s -w ' %{http_code}' "$URL/v1/$1" -H 'Content-Type: application/json' -d "$2"; }
   r_load=$(post load_lora_adapter "{\"lora_name\":\"tuned\",\"lora_path\":\"$T/r.lora.gguf\"}")
   r_full=$(post load_lora_adapter "{\"lora_name\":\"again\",\"lora_path\":\"$T/r.lora.gguf\"}")
-  r_tuned=$(gen ',"model":"tuned"'); r_base=$(gen ''); r_models=$(curl -s "http://127.0.0.1:$port/v1/models")
+  r_tuned=$(gen ',"model":"tuned"'); r_base=$(gen ''); r_models=$(curl -s "$URL/v1/models")
   r_unload=$(post unload_lora_adapter '{"lora_name":"tuned"}'); r_gone=$(post unload_lora_adapter '{"lora_name":"tuned"}')
   r_after=$(gen ',"model":"tuned"'); r_reload=$(post load_lora_adapter "{\"lora_name\":\"again\",\"lora_path\":\"$T/r.lora.gguf\"}")
   r_again=$(gen ',"model":"again"')
-  kill $spid; wait $spid
+  srv_stop
   python3 - "$t_tuned" "$t_base" "$r_load" "$r_full" "$r_tuned" "$r_base" "$r_models" "$r_unload" "$r_gone" "$r_after" "$r_reload" "$r_again" <<'PY' ||
 import json, sys
 tt, tb, load, full, tuned, base, models, unload, gone, after, reload, again = sys.argv[1:]

@@ -4,9 +4,12 @@ fails=0; passes=0; PID=; URL=
 ok() { passes=$((passes+1)); echo "ok   - $1"; }
 bad() { fails=$((fails+1)); echo "FAIL - $1"; }
 check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
-# srv_start MODEL ARGS... -> PID, URL (any free port, one thread; its log in $TMP/srv.log)
+# srv_start MODEL ARGS... -> PID, URL (any free port, one thread; its log in $TMP/srv.log, emptied
+# here first: the child's own redirection can come after the first look, which then read the
+# port of the server before)
 srv_start() {
   local m=$1; shift
+  : > "$TMP/srv.log"
   "$BIN" serve -m "$m" --port 0 -t 1 "$@" 2>"$TMP/srv.log" &
   PID=$!; URL=
   for _ in $(seq 1 100); do
