@@ -1469,10 +1469,13 @@ static void check_r8(int32_t base) {
     fl_threads_set(0);
     fl_matmul_set_f32_act(false);
     fl_isa_set(fl_isa_best());
-    /* fl_matmul_n over three of them (steps of 9-16 tokens on AVX-512: the threads' shares of
-     * 32-row units run across the matrices' ends): fl_matmul's bits */
+    /* fl_matmul_n over three of them (steps of 2-16 tokens on AVX-512: the threads' shares of
+     * 32-row units run across the matrices' ends; 2-8 from the rows, 9-16 from the records):
+     * fl_matmul's bits */
+    const int64_t M3s[4] = {2, 5, 9, 16};
     for (int nth = 1; nth <= 3; nth++)
-        for (int64_t M3 = 9; M3 <= 16; M3 += 7) {
+        for (int mi = 0; mi < 4; mi++) {
+            const int64_t M3 = M3s[mi];
             fl_threads_set(nth);
             const fl_tensor *W3[3] = {&W8, &W8, &W8};
             float *y3[3] = {frand_buf(M3 * N), frand_buf(M3 * N), frand_buf(M3 * N)};
