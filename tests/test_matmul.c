@@ -1723,6 +1723,21 @@ static void check_k16(int32_t base) {
         }
     }
     fl_isa_set(fl_isa_best());
+    /* fl_matmul_n over three of them (2-8 tokens on AVX-512: the threads' shares of 32-row units
+     * run across the matrices' ends): fl_matmul's bits */
+    for (int nth = 1; nth <= 3; nth++)
+        for (int64_t M3 = 2; M3 <= 8; M3 += 3) {
+            fl_threads_set(nth);
+            const fl_tensor *W3[3] = {&rq.W, &rq.W, &rq.W};
+            float *y3[3] = {frand_buf(M3 * N), frand_buf(M3 * N), frand_buf(M3 * N)};
+            fl_matmul(&rq.W, x, got, M3);
+            fl_matmul_n(3, W3, y3, x, M3);
+            for (int i = 0; i < 3; i++) {
+                if (memcmp(got, y3[i], sizeof(float) * (size_t)(M3 * N)))
+                    fail_msg("%s fl_matmul_n M=%lld nth=%d: matrix %d not fl_matmul's bits", fl_type_name(rtype), (long long)M3, nth, i);
+                fl_free(FL_MEM_MISC, y3[i], (size_t)(M3 * N) * 4);
+            }
+        }
     fl_threads_set(0);
     /* the loader's choice: AVX-512 without AMX, whole groups, not with f32 activations */
     const bool k16 = fl_isa_get() == FL_ISA_AVX512 && !fl_amx_usable();

@@ -148,7 +148,7 @@ typedef struct {
     int64_t unit_rows; /* panels one at a time (pgroup 1): rows per unit, FL_PANEL_ROWS or, where the
                         * AVX-512 R8 tiles take 32 rows a pass, two panels */
     bool rows_all; /* AVX-512 with act16: quantize every token into the rows too (no panel scratch) */
-    bool r8_shares; /* one token tile (2-16) on the AVX-512 R8 groups: units of 32 rows in shares (row_shares) */
+    bool r8_shares; /* one token tile on the AVX-512 groups (R8 2-16 tokens, R16 2-8): units of 32 rows in shares (row_shares) */
 } q8_ctx;
 
 /* The matrix a unit u (0 <= u < ubase[nw]) belongs to. */
@@ -460,7 +460,8 @@ static void direct_gemm(const fl_tensor *W, int64_t n, int nr, const fl_act_q8 *
 
 /* The AVX-512 R8 tiles on units [t0, t0 + n) of 32 rows, every token of a step of 2-16 (9-16
  * from their records, fl_r8_gemm16_avx512, which prefetches the rows as they stream; 2-8 from
- * fl_act_q8's rows).  Such a step (batched decode) reads each row once, so it takes the GEMV's
+ * fl_act_q8's rows), and the R16 tiles at 2-8 tokens (fl_k16_gemm_avx512; 9-32 take groups of
+ * panels, two token tiles each).  Such a step (batched decode) reads each row once, so it takes the GEMV's
  * shares (row_shares, run_shares): each thread streams its own contiguous share of the call's
  * rows, the tiles' prefetch running on into its next take.  Before, units taken from one
  * counter (9-16 tokens: groups of panels; 2-8: single 32-row units) interleaved the threads, so
@@ -470,8 +471,9 @@ static void direct_gemm(const fl_tensor *W, int64_t n, int nr, const fl_act_q8 *
  * the old units over the shares: 16 tokens Q8_0 1.035, 1.018, 1.017, 1.016, Q4_0 1.036, 1.016,
  * 1.045; Q8_0 at 12 tokens 1.013, Q4_0 at 10 1.044; 8 tokens Q8_0 1.048, 1.139, Q4_0 1.078,
  * 1.189; 4 tokens Q8_0 1.038, 1.010, Q4_0 1.106, 1.210; 2 tokens Q8_0 1.020, 1.057, Q4_0 1.115,
- * 1.182.  Takes of 128 KiB to 2 MiB against the GEMV's 512 KiB: no better (0.98-1.03, 16
- * tokens). */
+ * 1.182; the R16 types at 4 tokens Q4_K 1.109, Q5_K 1.136, Q6_K 1.148, Q3_K 1.242, Q2_K
+ * 1.293, Q4_1 1.165, Q5_0 1.168 (2 and 8 tokens: Q4_K 1.092, 1.105, Q6_K 1.352, 1.221).  Takes
+ * of 128 KiB to 2 MiB against the GEMV's 512 KiB: no better (0.98-1.03, 16 tokens). */
 static void r8_units(const q8_ctx *c, int64_t t0, int64_t n) {
     for (int i = 0; i < c->nw && n > 0; i++) {
         if (t0 >= c->ubase[i + 1]) continue;
@@ -1046,7 +1048,8 @@ static void matmul_n(const fl_tensor *const *Ws, float *const *ys, int nw, const
             }
             if (c.panels || direct) {
                 c.unit_rows = direct && isa == FL_ISA_AVX512 ? 2 * FL_PANEL_ROWS : FL_PANEL_ROWS; /* (fl_r8_gemm_avx512's 32-row tiles) */
-                c.r8_shares = direct && M <= FL_ACT16_TOKENS && isa == FL_ISA_AVX512 && fl_r8_base(W->type) >= 0 && !r8_amx(W->type, M);
+                c.r8_shares = direct && isa == FL_ISA_AVX512 && !r8_amx(W->type, M) &&
+                              ((fl_r8_base(W->type) >= 0 && M <= FL_ACT16_TOKENS) || (fl_k16_type(W->type) && M <= 8));
                 if (c.r8_shares) row_shares(&c, nth, 2 * FL_PANEL_ROWS);
                 else
                     for (int i = 0; i < nw; i++) {
