@@ -1259,6 +1259,29 @@ static void test_scratch_bytes(void **state) {
     fl_test_mem_zero();
 }
 
+/* fl_matmul_n over three copies of W gives fl_matmul's bits for each, at each of the nm token
+ * counts Ms (x: that many rows of W->ne[0]) on 1-3 threads: where the threads take shares of
+ * 32-row units (AVX-512, the repacked groups), those run across the matrices' ends. */
+static void check_matmul_n_same(const fl_tensor *W, const float *x, const int64_t *Ms, int nm) {
+    const int64_t N = W->ne[1];
+    for (int nth = 1; nth <= 3; nth++)
+        for (int mi = 0; mi < nm; mi++) {
+            const int64_t M = Ms[mi];
+            fl_threads_set(nth);
+            const fl_tensor *W3[3] = {W, W, W};
+            float *ref = frand_buf(M * N), *y3[3] = {frand_buf(M * N), frand_buf(M * N), frand_buf(M * N)};
+            fl_matmul(W, x, ref, M);
+            fl_matmul_n(3, W3, y3, x, M);
+            for (int i = 0; i < 3; i++) {
+                if (memcmp(ref, y3[i], sizeof(float) * (size_t)(M * N)))
+                    fail_msg("%s fl_matmul_n M=%lld nth=%d: matrix %d not fl_matmul's bits", fl_type_name(W->type), (long long)M, nth, i);
+                fl_free(FL_MEM_MISC, y3[i], (size_t)(M * N) * 4);
+            }
+            fl_free(FL_MEM_MISC, ref, (size_t)(M * N) * 4);
+        }
+    fl_threads_set(0);
+}
+
 /* Q4_0_R8 / Q8_0_R8 (8 interleaved rows): the repack is a permutation (rows come back byte for
  * byte, the f32 rows are the base type's), the reference integer dot takes the same bits as on
  * the base rows, the AVX2 GEMV and its panel pack against them (tails of 1-5 tokens, codes and
@@ -1469,25 +1492,9 @@ static void check_r8(int32_t base) {
     fl_threads_set(0);
     fl_matmul_set_f32_act(false);
     fl_isa_set(fl_isa_best());
-    /* fl_matmul_n over three of them (steps of 2-16 tokens on AVX-512: the threads' shares of
-     * 32-row units run across the matrices' ends; 2-8 from the rows, 9-16 from the records):
-     * fl_matmul's bits */
+    /* steps of 2-16 tokens on AVX-512 (2-8 from the rows, 9-16 from the records) */
     const int64_t M3s[4] = {2, 5, 9, 16};
-    for (int nth = 1; nth <= 3; nth++)
-        for (int mi = 0; mi < 4; mi++) {
-            const int64_t M3 = M3s[mi];
-            fl_threads_set(nth);
-            const fl_tensor *W3[3] = {&W8, &W8, &W8};
-            float *y3[3] = {frand_buf(M3 * N), frand_buf(M3 * N), frand_buf(M3 * N)};
-            fl_matmul(&W8, xb, ya, M3);
-            fl_matmul_n(3, W3, y3, xb, M3);
-            for (int i = 0; i < 3; i++) {
-                if (memcmp(ya, y3[i], sizeof(float) * (size_t)(M3 * N)))
-                    fail_msg("%s fl_matmul_n M=%lld nth=%d: matrix %d not fl_matmul's bits", fl_type_name(rtype), (long long)M3, nth, i);
-                fl_free(FL_MEM_MISC, y3[i], (size_t)(M3 * N) * 4);
-            }
-        }
-    fl_threads_set(0);
+    check_matmul_n_same(&W8, xb, M3s, 4);
     if (fl_isa_best() == FL_ISA_AVX512 && fl_amx_bf16_usable()) { /* K past one chunk of the bf16 panels (1024 + 1024 + 32) */
         const int64_t K2 = 2080, N2 = 24, M2 = 64;
         qmat q2;
@@ -1723,21 +1730,9 @@ static void check_k16(int32_t base) {
         }
     }
     fl_isa_set(fl_isa_best());
-    /* fl_matmul_n over three of them (2-8 tokens on AVX-512: the threads' shares of 32-row units
-     * run across the matrices' ends): fl_matmul's bits */
-    for (int nth = 1; nth <= 3; nth++)
-        for (int64_t M3 = 2; M3 <= 8; M3 += 3) {
-            fl_threads_set(nth);
-            const fl_tensor *W3[3] = {&rq.W, &rq.W, &rq.W};
-            float *y3[3] = {frand_buf(M3 * N), frand_buf(M3 * N), frand_buf(M3 * N)};
-            fl_matmul(&rq.W, x, got, M3);
-            fl_matmul_n(3, W3, y3, x, M3);
-            for (int i = 0; i < 3; i++) {
-                if (memcmp(got, y3[i], sizeof(float) * (size_t)(M3 * N)))
-                    fail_msg("%s fl_matmul_n M=%lld nth=%d: matrix %d not fl_matmul's bits", fl_type_name(rtype), (long long)M3, nth, i);
-                fl_free(FL_MEM_MISC, y3[i], (size_t)(M3 * N) * 4);
-            }
-        }
+    /* steps of 2-8 tokens on AVX-512 */
+    const int64_t M3s[3] = {2, 5, 8};
+    check_matmul_n_same(&rq.W, x, M3s, 3);
     fl_threads_set(0);
     /* the loader's choice: AVX-512 without AMX, whole groups, not with f32 activations */
     const bool k16 = fl_isa_get() == FL_ISA_AVX512 && !fl_amx_usable();
