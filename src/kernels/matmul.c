@@ -140,6 +140,7 @@ typedef struct {
     float *yv[FL_MATMUL_N_MAX];
     int64_t ubase[FL_MATMUL_N_MAX + 1]; /* matrix i's units (GEMV: row tiles) are [ubase[i], ubase[i + 1]) */
     int64_t take;                       /* GEMV, r8_shares: units per take from a share */
+    int64_t share_rows;                 /* GEMV, r8_shares: rows per unit (row_shares) */
     int nshare;                         /* GEMV, r8_shares: the shares (the threads counted when they were made) */
     _Atomic uint64_t share[FL_THREADS_MAX]; /* GEMV, r8_shares: share t's untaken units [front, back), 32 | 32 bits */
     int64_t pgroup;                     /* AVX-512 panels: panels a thread's scratch holds (panel_group_max);
@@ -232,25 +233,18 @@ static int64_t share_take(q8_ctx *c, int r, bool front, int64_t *t0) {
     }
 }
 
-/* The GEMV on row tiles [t0, t0 + n) of the call (matrix i's tiles are [ubase[i], ubase[i + 1])),
- * one kernel call per matrix it touches (per-call work on the activations, Q2_K / Q3_K's, is
- * done once per take). */
-static void gemv_tiles(const q8_ctx *c, int64_t t0, int64_t n) {
-    for (int i = 0; i < c->nw && n > 0; i++) {
-        if (t0 >= c->ubase[i + 1]) continue;
-        const fl_tensor *W = c->Wv[i];
-        const int64_t rt = row_tile(W->type), Ni = W->ne[1], k = c->ubase[i + 1] - t0 < n ? c->ubase[i + 1] - t0 : n;
-        const int64_t n0 = (t0 - c->ubase[i]) * rt, n1 = n0 + k * rt < Ni ? n0 + k * rt : Ni;
-        c->gemm(W->type, (const char *)W->data + n0 * W->nb[1], W->nb[1], (int)(n1 - n0), &c->act, 0, (int)c->M, c->yv[i] + n0, Ni);
-        t0 += k;
-        n -= k;
-    }
+/* The GEMV on rows [n0, n1) of matrix i (per-call work on the activations, Q2_K / Q3_K's, is
+ * done once per take and matrix). */
+static void gemv_span(const q8_ctx *c, int i, int64_t n0, int64_t n1) {
+    const fl_tensor *W = c->Wv[i];
+    c->gemm(W->type, (const char *)W->data + n0 * W->nb[1], W->nb[1], (int)(n1 - n0), &c->act, 0, (int)c->M, c->yv[i] + n0, W->ne[1]);
 }
 
 /* Share the call's units of rt rows (ubase) among nth threads (GEMV_TAKE_BYTES a take; nth <= FL_THREADS_MAX). */
 static void row_shares(q8_ctx *c, int nth, int64_t rt) {
     const fl_tensor *W = c->Wv[0];
     c->nshare = nth;
+    c->share_rows = rt;
     for (int i = 0; i < c->nw; i++) c->ubase[i + 1] = c->ubase[i] + (c->Wv[i]->ne[1] + rt - 1) / rt;
     c->take = (int64_t)(GEMV_TAKE_BYTES / ((size_t)rt * W->nb[1]));
     if (c->take < 1) c->take = 1;
@@ -261,12 +255,28 @@ static void row_shares(q8_ctx *c, int nth, int64_t rt) {
     }
 }
 
+typedef void (*span_fn)(const q8_ctx *c, int i, int64_t n0, int64_t n1);
+
+/* Units [t0, t0 + n) of the call (matrix i's are [ubase[i], ubase[i + 1]), share_rows rows
+ * each): span(c, i, n0, n1) once per matrix they touch, on its rows [n0, n1). */
+static void run_spans(const q8_ctx *c, int64_t t0, int64_t n, span_fn span) {
+    const int64_t rt = c->share_rows;
+    for (int i = 0; i < c->nw && n > 0; i++) {
+        if (t0 >= c->ubase[i + 1]) continue;
+        const int64_t Ni = c->Wv[i]->ne[1], k = c->ubase[i + 1] - t0 < n ? c->ubase[i + 1] - t0 : n;
+        const int64_t n0 = (t0 - c->ubase[i]) * rt, n1 = n0 + k * rt < Ni ? n0 + k * rt : Ni;
+        span(c, i, n0, n1);
+        t0 += k;
+        n -= k;
+    }
+}
+
 /* Thread ith's part of a call on shares: its own share from the front, then the back of the
- * share with the most left until none has any; run(c, t0, n) on each take. */
-static void run_shares(q8_ctx *c, int ith, void (*run)(const q8_ctx *, int64_t, int64_t)) {
+ * share with the most left until none has any; each take's rows through span (run_spans). */
+static void run_shares(q8_ctx *c, int ith, span_fn span) {
     int64_t t0, n;
     if (ith < c->nshare)
-        while ((n = share_take(c, ith, true, &t0)) > 0) run(c, t0, n);
+        while ((n = share_take(c, ith, true, &t0)) > 0) run_spans(c, t0, n, span);
     for (;;) { /* (every share: the call may run on fewer threads than there are shares) */
         int r = -1;
         int64_t most = 0;
@@ -276,7 +286,7 @@ static void run_shares(q8_ctx *c, int ith, void (*run)(const q8_ctx *, int64_t, 
             if (left > most) most = left, r = t;
         }
         if (r < 0) break;
-        if ((n = share_take(c, r, false, &t0)) > 0) run(c, t0, n);
+        if ((n = share_take(c, r, false, &t0)) > 0) run_spans(c, t0, n, span);
     }
 }
 
@@ -291,7 +301,7 @@ static void q8_gemm_task(void *p, int ith, int nth) {
     lo *= rt;
     hi = hi * rt < N ? hi * rt : N;
     if (gemv_path(c->W->type, c->M)) { /* GEMV: the thread's share (row_shares), then the others' backs */
-        run_shares(c, ith, gemv_tiles);
+        run_shares(c, ith, gemv_span);
         return;
     }
     int64_t chunk = (int64_t)(CHUNK_BYTES / ldw);
@@ -458,11 +468,12 @@ static void direct_gemm(const fl_tensor *W, int64_t n, int nr, const fl_act_q8 *
     else fl_r8_gemm_avx512(W->type, w, W->nb[1], nr, a, m, nt, y, W->ne[1]);
 }
 
-/* The AVX-512 R8 tiles on units [t0, t0 + n) of 32 rows, every token of a step of 2-16 (9-16
- * from their records, fl_r8_gemm16_avx512, which prefetches the rows as they stream; 2-8 from
- * fl_act_q8's rows), and the R16 tiles at 2-8 tokens (fl_k16_gemm_avx512; 9-32 take groups of
- * panels, two token tiles each).  Such a step (batched decode) reads each row once, so it takes the GEMV's
- * shares (row_shares, run_shares): each thread streams its own contiguous share of the call's
+/* The AVX-512 tiles on rows [n0, n1) of matrix i (units of 32 rows), every token of a step:
+ * the R8 groups at 2-16 tokens (9-16 from their records, fl_r8_gemm16_avx512, which prefetches
+ * the rows as they stream; 2-8 from fl_act_q8's rows), the R16 groups at 2-8 tokens
+ * (fl_k16_gemm_avx512; 9-32 take groups of panels, two token tiles each).  Such a step (batched
+ * decode) reads each row once, so it takes the GEMV's shares (row_shares, run_shares): each
+ * thread streams its own contiguous share of the call's
  * rows, the tiles' prefetch running on into its next take.  Before, units taken from one
  * counter (9-16 tokens: groups of panels; 2-8: single 32-row units) interleaved the threads, so
  * each unit began a new stream, and the last could leave one thread working alone.  The
@@ -474,19 +485,12 @@ static void direct_gemm(const fl_tensor *W, int64_t n, int nr, const fl_act_q8 *
  * 1.182; the R16 types at 4 tokens Q4_K 1.109, Q5_K 1.136, Q6_K 1.148, Q3_K 1.242, Q2_K
  * 1.293, Q4_1 1.165, Q5_0 1.168 (2 and 8 tokens: Q4_K 1.092, 1.105, Q6_K 1.352, 1.221).  Takes
  * of 128 KiB to 2 MiB against the GEMV's 512 KiB: no better (0.98-1.03, 16 tokens). */
-static void r8_units(const q8_ctx *c, int64_t t0, int64_t n) {
-    for (int i = 0; i < c->nw && n > 0; i++) {
-        if (t0 >= c->ubase[i + 1]) continue;
-        const fl_tensor *W = c->Wv[i];
-        const int64_t Ni = W->ne[1], k = c->ubase[i + 1] - t0 < n ? c->ubase[i + 1] - t0 : n;
-        const int64_t n0 = (t0 - c->ubase[i]) * 2 * FL_PANEL_ROWS, n1 = n0 + k * 2 * FL_PANEL_ROWS < Ni ? n0 + k * 2 * FL_PANEL_ROWS : Ni;
-        if (c->act16)
-            fl_r8_gemm16_avx512(W->type, (const char *)W->data + n0 * W->nb[1], W->nb[1], (int)(n1 - n0), c->act16, c->act.nb, (int)c->M,
-                                c->yv[i] + n0, Ni, true);
-        else direct_gemm(W, n0, (int)(n1 - n0), &c->act, 0, (int)c->M, c->yv[i] + n0);
-        t0 += k;
-        n -= k;
-    }
+static void r8_span(const q8_ctx *c, int i, int64_t n0, int64_t n1) {
+    const fl_tensor *W = c->Wv[i];
+    if (c->act16)
+        fl_r8_gemm16_avx512(W->type, (const char *)W->data + n0 * W->nb[1], W->nb[1], (int)(n1 - n0), c->act16, c->act.nb, (int)c->M,
+                            c->yv[i] + n0, W->ne[1], true);
+    else direct_gemm(W, n0, (int)(n1 - n0), &c->act, 0, (int)c->M, c->yv[i] + n0);
 }
 
 /* Each thread repacks 16-row panels into its own scratch and runs every token through the panel
@@ -501,7 +505,7 @@ static void q8_panel_task(void *p, int ith, int nth) {
     (void)nth;
     char *pan = c->panels ? c->panels + (size_t)ith * (size_t)c->pgroup * c->panel_bytes : NULL; /* (none where panel_direct) */
     if (c->r8_shares) {
-        run_shares(c, ith, r8_units);
+        run_shares(c, ith, r8_span);
         return;
     }
     if (c->pgroup > 1) { /* groups of panels (panel_group_max), 8-token tiles through each group */
